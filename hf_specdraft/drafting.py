@@ -1,0 +1,153 @@
+"""Drafters: the common base every hf_specdraft drafter extends, and the plain draft-model drafter.
+
+Every drafter is a ``transformers.generation.CandidateGenerator``. Ours propose a :class:`DraftTree`
+through :meth:`TreeCandidateGenerator.propose`; their ``get_candidates`` returns the tree's main chain,
+so they also work in a chain-only loop. The decoding loop owns the target cache: a drafter may read it
+(GLIDE does) and must never change it.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers.generation import CandidateGenerator, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from .tree import DraftTree
+
+
+def output_vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the model's output embedding (what its logits index), falling back to ``config.vocab_size``."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel, argument: str = "draft_model") -> None:
+    target_vocab, draft_vocab = output_vocab_size(target), output_vocab_size(draft)
+    if target_vocab != draft_vocab:
+        raise ValueError(
+            f"{argument} predicts {draft_vocab} token ids but the target predicts {target_vocab}; a draft must share "
+            "the target's vocabulary (use a draft trained with the target's tokenizer)"
+        )
+
+
+def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList:
+    """The temperature / top-k / top-p warpers a draft applies to q so that it samples like the target."""
+    warpers = LogitsProcessorList()
+    if not generation_config.do_sample:
+        return warpers
+    if generation_config.temperature is not None and generation_config.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(generation_config.temperature))
+    if generation_config.top_k is not None and generation_config.top_k != 0:
+        warpers.append(TopKLogitsWarper(generation_config.top_k))
+    if generation_config.top_p is not None and generation_config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(generation_config.top_p))
+    return warpers
+
+
+class TreeCandidateGenerator(CandidateGenerator):
+    """Base class of hf_specdraft drafters.
+
+    Subclasses implement :meth:`propose`. The loop calls :meth:`prepare` once per ``generate`` call, then
+    :meth:`propose` once per step, then ``update_candidate_strategy``.
+    """
+
+    def __init__(self):
+        self.generation_config = GenerationConfig()
+        self.warpers = LogitsProcessorList()
+        self.forward_calls: dict[str, int] = {}
+
+    def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
+        """Bind to one ``generate`` call: remember the sampling settings, reset per-call state."""
+        self.generation_config = generation_config
+        self.warpers = sampling_warpers(generation_config)
+        self.forward_calls = {}
+
+    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
+        """Draft a tree to follow ``input_ids`` `(1, L)`.
+
+        ``target_cache`` is the target's live cache; it covers ``input_ids[:, :-1]``. Read-only.
+        """
+        raise NotImplementedError
+
+    def draft_distribution(self, logits: torch.Tensor, input_ids: torch.LongTensor) -> torch.Tensor:
+        """q `(1, V)` float32 from draft ``logits`` `(1, V)`, warped like the target when sampling."""
+        return torch.softmax(self.warpers(input_ids, logits.float()), dim=-1)
+
+    def pick(self, q: torch.Tensor) -> torch.Tensor:
+        """Sample from q when sampling, else its argmax. ``q`` `(1, V)` -> `(1, 1)`."""
+        if self.generation_config.do_sample:
+            return torch.multinomial(q, 1)
+        return q.argmax(-1, keepdim=True)
+
+    def count_call(self, name: str, n: int = 1) -> None:
+        self.forward_calls[name] = self.forward_calls.get(name, 0) + n
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+        model_kwargs = kwargs.get("model_kwargs") or {}
+        chain = self.propose(input_ids, model_kwargs.get("past_key_values")).main_chain()
+        ids = torch.cat([input_ids, chain.tokens.to(input_ids.device)[None]], dim=-1)
+        logits = None if chain.draft_probs is None else chain.draft_probs.clamp_min(1e-30).log()[None]
+        return ids, logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
+        return None
+
+
+def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the common prefix of 1-D tensors ``a`` and ``b``."""
+    m = min(a.numel(), b.numel())
+    differ = (a[:m] != b[:m]).nonzero()
+    return int(differ[0]) if differ.numel() else m
+
+
+class DraftModelCandidateGenerator(TreeCandidateGenerator):
+    """Vanilla speculative decoding's drafter: any small causal LM with the target's vocabulary.
+
+    Proposes a chain of ``num_draft_tokens`` (γ) tokens with their draft distributions q, so speculative
+    sampling applies. The draft keeps its own KV cache across steps and re-syncs it to the accepted text.
+
+    Args:
+        draft_model: a causal LM sharing the target's vocabulary.
+        num_draft_tokens: γ, tokens drafted per step.
+    """
+
+    def __init__(self, draft_model: PreTrainedModel, num_draft_tokens: int = 5):
+        super().__init__()
+        if not isinstance(draft_model, PreTrainedModel):
+            raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
+        if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
+        self.draft_model = draft_model
+        self.num_draft_tokens = num_draft_tokens
+        self._reset()
+
+    def _reset(self):
+        self.cache = DynamicCache(config=self.draft_model.config)
+        self.seen = torch.zeros(0, dtype=torch.long)  # tokens the draft cache covers
+
+    def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
+        super().prepare(target, generation_config)
+        check_same_vocab(target, self.draft_model)
+        self._reset()
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
+        device = self.draft_model.device
+        ids = input_ids[0].to(device)
+        keep = min(common_prefix_length(self.seen.to(device), ids), ids.numel() - 1)
+        if self.cache.get_seq_length() > keep:
+            self.cache.crop(keep - self.cache.get_seq_length())
+        feed = ids[keep:][None]  # invariant after this: cache covers ids, then each drafted token
+        tokens, probs = [], []
+        for _ in range(self.num_draft_tokens):
+            logits = self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True).logits[:, -1]
+            q = self.draft_distribution(logits, torch.cat([ids[None], *[t for t in tokens]], dim=-1) if self.warpers else ids[None])
+            feed = self.pick(q)
+            tokens.append(feed)
+            probs.append(q[0])
+        self.count_call("draft", self.num_draft_tokens)
+        drafted = torch.cat(tokens, dim=-1)[0]
+        self.seen = torch.cat([ids, drafted[:-1]])
+        return DraftTree.chain(drafted, torch.stack(probs))

@@ -1,0 +1,350 @@
+"""The one speculative decoding loop every drafter shares (draft → verify in one forward → accept → compact).
+
+This is the only module that touches transformers' generation internals. It runs as transformers'
+supported ``custom_generate`` callable, so ``generate`` prepares the generation config, the logits
+processors and the stopping criteria exactly as it does for its own decoding methods::
+
+    out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft, max_new_tokens=64)
+
+or called directly (it then goes through ``target.generate`` itself)::
+
+    out = speculative_generate(target, input_ids, candidate_generator=MyDrafter(), max_new_tokens=64)
+
+Invariant of the loop: the target's ``DynamicCache`` covers ``input_ids[:, :-1]`` at the start of every
+step. A step sends ``[last token] + tree`` through the target with a tree mask, picks the accepted path
+(:mod:`hf_specdraft.acceptance`), appends it plus the target's own next token, and compacts the cache
+to the accepted path (:func:`hf_specdraft.tree.compact_cache`).
+
+Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation import CandidateGenerator
+from transformers.utils import ModelOutput
+
+from .acceptance import ConditionalAcceptance, speculative_sampling
+from .drafting import DraftModelCandidateGenerator, TreeCandidateGenerator, output_vocab_size
+from .metrics import SpeculativeStats
+from .tree import DraftTree, compact_cache, tree_attention_inputs
+
+
+@dataclass
+class SpeculativeGenerateOutput(ModelOutput):
+    """``return_dict_in_generate=True`` result.
+
+    Args:
+        sequences (`torch.LongTensor` of shape `(1, L)`): prompt + generated tokens.
+        scores (`tuple(torch.FloatTensor)`, *optional*): processed target scores `(1, V)` per generated
+            token (``output_scores=True``).
+        logits (`tuple(torch.FloatTensor)`, *optional*): raw target logits `(1, V)` per generated token
+            (``output_logits=True``).
+        past_key_values: the target cache, covering ``sequences[:, :-1]``.
+        speculative_stats (:class:`~hf_specdraft.metrics.SpeculativeStats`): per-step statistics.
+    """
+
+    sequences: torch.LongTensor | None = None
+    scores: tuple[torch.FloatTensor, ...] | None = None
+    logits: tuple[torch.FloatTensor, ...] | None = None
+    past_key_values: DynamicCache | None = None
+    speculative_stats: SpeculativeStats | None = None
+
+
+def speculative_generate(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: GenerationConfig | None = None,
+    candidate_generator: CandidateGenerator | None = None,
+    draft_model: PreTrainedModel | None = None,
+    num_draft_tokens: int = 5,
+    acceptance: ConditionalAcceptance | None = None,
+    token_streamer=None,
+    **kwargs,
+):
+    """Speculative decoding with any drafter, as a ``custom_generate`` callable or a direct call.
+
+    Args:
+        model: the target causal LM.
+        input_ids (`torch.LongTensor` of shape `(1, L)`): the prompt (batch size 1).
+        candidate_generator: any ``transformers.generation.CandidateGenerator``. hf_specdraft drafters
+            (:class:`~hf_specdraft.drafting.TreeCandidateGenerator`) may propose trees.
+        draft_model: shortcut for ``candidate_generator=DraftModelCandidateGenerator(draft_model, num_draft_tokens)``.
+        num_draft_tokens: γ for ``draft_model``.
+        acceptance: ``None`` for exact verification (greedy match, or speculative sampling when
+            ``do_sample=True``: lossless), or a :class:`~hf_specdraft.acceptance.ConditionalAcceptance` (CASD).
+        token_streamer: a transformers streamer. Under ``generate(custom_generate=...)`` transformers drops
+            its own ``streamer=`` argument before calling a custom callable, so pass it under this name
+            there; a direct call also accepts ``streamer=``.
+        kwargs: anything ``generate`` takes (``max_new_tokens``, ``do_sample``, ``eos_token_id``,
+            ``stopping_criteria``, ``repetition_penalty``, ``return_dict_in_generate``, …).
+
+    Returns:
+        `torch.LongTensor` `(1, L + n)`, or :class:`SpeculativeGenerateOutput` with
+        ``return_dict_in_generate=True``.
+    """
+    prepared = (
+        isinstance(logits_processor, LogitsProcessorList)
+        and isinstance(stopping_criteria, StoppingCriteriaList)
+        and isinstance(generation_config, GenerationConfig)
+        and "use_cache" in kwargs
+    )
+    if prepared:  # called by transformers' generate(custom_generate=speculative_generate)
+        return _speculative_loop(
+            model, input_ids, logits_processor, stopping_criteria, generation_config,
+            _resolve_generator(candidate_generator, draft_model, num_draft_tokens), acceptance, token_streamer, kwargs,
+        )
+    if input_ids is None:
+        input_ids = kwargs.pop("inputs", None)
+    _check_input_ids(input_ids)
+    _resolve_generator(candidate_generator, draft_model, num_draft_tokens)  # fail before generate's preparation
+    max_new_tokens = kwargs.get("max_new_tokens")
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens <= 0):
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    streamer = kwargs.pop("streamer", None) or token_streamer
+    return model.generate(
+        input_ids,
+        generation_config=generation_config,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        custom_generate=speculative_generate,
+        candidate_generator=candidate_generator,
+        draft_model=draft_model,
+        num_draft_tokens=num_draft_tokens,
+        acceptance=acceptance,
+        token_streamer=streamer,
+        **kwargs,
+    )
+
+
+def _resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> CandidateGenerator:
+    if candidate_generator is not None and draft_model is not None:
+        raise ValueError("pass either candidate_generator= or draft_model=, not both")
+    if candidate_generator is None and draft_model is None:
+        raise ValueError("speculative_generate needs a drafter: pass candidate_generator=<CandidateGenerator> or draft_model=<causal LM>")
+    if draft_model is not None:
+        return DraftModelCandidateGenerator(draft_model, num_draft_tokens)
+    if not isinstance(candidate_generator, CandidateGenerator):
+        raise TypeError(f"candidate_generator must be a transformers CandidateGenerator, got {type(candidate_generator).__name__}")
+    if getattr(candidate_generator, "requires_model_outputs", False) and not isinstance(candidate_generator, TreeCandidateGenerator):
+        raise ValueError(
+            f"{type(candidate_generator).__name__} needs transformers' assisted-decoding model outputs, which this loop does not "
+            "produce; use it with target.generate(assistant_model=...) instead"
+        )
+    return candidate_generator
+
+
+def _check_input_ids(input_ids) -> None:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a 2-D LongTensor of shape (1, L), got {type(input_ids).__name__} {getattr(input_ids, 'shape', '')}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"speculative decoding supports batch size 1, got input_ids with batch size {input_ids.shape[0]}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: the prompt needs at least one token")
+
+
+def _check_generation_setup(model, input_ids, generation_config, model_kwargs, cache: DynamicCache) -> None:
+    if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
+        raise ValueError("num_beams and num_return_sequences must be 1 (generate expands the batch for them) with speculative decoding")
+    _check_input_ids(input_ids)
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.bool().all()):
+        raise ValueError("attention_mask has padding (zeros); speculative decoding supports one unpadded sequence, so pass the prompt without padding")
+    if generation_config.cache_implementation in ("static", "offloaded_static", "sliding_window", "hybrid"):
+        raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: speculative decoding compacts the cache and needs a DynamicCache (leave cache_implementation unset)")
+    passed = model_kwargs.get("past_key_values")
+    if passed is not None and (not isinstance(passed, DynamicCache) or passed.get_seq_length() > 0):
+        raise ValueError(f"past_key_values must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: speculative decoding needs its own DynamicCache")
+    if not generation_config.use_cache:
+        raise ValueError("use_cache must be True: speculative decoding verifies drafts against the target's KV cache")
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    sliding = any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers)
+    if sliding and generation_config.max_length >= window:
+        raise ValueError(
+            f"the target uses sliding-window attention (sliding_window={window}) and max_length={generation_config.max_length} "
+            "reaches the window; tree verification is only supported inside the window, so lower max_new_tokens or the prompt length"
+        )
+
+
+class _TargetRows:
+    """The target's next-token scores at each verified position, processed lazily.
+
+    Row 0 scores the token after the last accepted one; row ``1+i`` the token after tree node ``i``.
+    Logits processors see the row's own prefix (the accepted text plus the node's path), as in
+    transformers' assisted decoding. Rows are processed only when acceptance asks for them.
+    """
+
+    def __init__(self, logits, input_ids, tree, processor, generation_config):
+        self.logits, self.input_ids, self.tree = logits, input_ids, tree  # logits: (1+N, V) float32
+        self.processor = processor if len(processor) else None
+        self.do_sample = generation_config.do_sample
+        self._scores, self._choice = {}, {}
+        if self.processor is None and not self.do_sample:
+            self._choice = dict(enumerate(logits.argmax(-1).tolist()))
+
+    def scores(self, row: int) -> torch.Tensor:
+        if row not in self._scores:
+            if self.processor is None:
+                self._scores[row] = self.logits[row]
+            else:
+                path = self.tree.tokens[self.tree.path_to(row - 1)].to(self.input_ids.device)
+                prefix = torch.cat([self.input_ids, path[None]], dim=-1)
+                self._scores[row] = self.processor(prefix, self.logits[row : row + 1].clone())[0]
+        return self._scores[row]
+
+    def probs(self, row: int) -> torch.Tensor:
+        return torch.softmax(self.scores(row), dim=-1)
+
+    def choice(self, row: int) -> int:
+        """The target's own token at this row: argmax, or a sample from p when sampling."""
+        if row not in self._choice:
+            self._choice[row] = int(torch.multinomial(self.probs(row), 1)) if self.do_sample else int(self.scores(row).argmax())
+        return self._choice[row]
+
+
+def accept_tree(rows: _TargetRows, tree: DraftTree, acceptance: ConditionalAcceptance | None, eos_token_ids: list[int]) -> tuple[list[int], int]:
+    """Pick the accepted path through ``tree`` and the target's next token after it.
+
+    A node is accepted when its parent was and its token equals the target's choice at the parent's row
+    (exact: lossless for greedy, and for sampling because the choice is a sample from p) or, with
+    ``acceptance``, passes CASD's condition. The deepest accepted node wins (earliest on ties).
+
+    Returns:
+        `(path, next_token)`: accepted node indices root-to-leaf, and the target's token after them.
+    """
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    accepted, depth = [False] * len(tokens), [0] * len(tokens)
+    best = -1
+    for i, (parent, token) in enumerate(zip(parents, tokens)):
+        if parent >= 0 and not accepted[parent]:
+            continue
+        row = parent + 1
+        ok = token == rows.choice(row)
+        if not ok and acceptance is not None:
+            ok = acceptance.accepts(rows.probs(row), token, eos_token_ids)
+        if ok:
+            accepted[i] = True
+            depth[i] = 0 if parent < 0 else depth[parent] + 1
+            if best < 0 or depth[i] > depth[best]:
+                best = i
+    path = tree.path_to(best)
+    return path, rows.choice(best + 1)
+
+
+def _eos_list(generation_config: GenerationConfig) -> list[int]:
+    eos = generation_config.eos_token_id
+    if eos is None:
+        return []
+    if isinstance(eos, torch.Tensor):
+        return eos.flatten().tolist()
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+@torch.no_grad()
+def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
+    cache = DynamicCache(config=model.config)
+    _check_generation_setup(model, input_ids, generation_config, model_kwargs, cache)
+    if acceptance is not None and not isinstance(acceptance, ConditionalAcceptance):
+        raise TypeError(f"acceptance must be None or a ConditionalAcceptance, got {type(acceptance).__name__}")
+    vocab = output_vocab_size(model)
+    eos_ids = _eos_list(generation_config)
+    max_length = generation_config.max_length
+    want_scores, want_logits = generation_config.output_scores, generation_config.output_logits
+    scores, raw_logits = [], []
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    sliding = any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers)
+
+    if isinstance(generator, TreeCandidateGenerator):
+        generator.prepare(model, generation_config)
+    stats = SpeculativeStats()
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    start = time.perf_counter()
+    if input_ids.shape[1] > 1:  # invariant: cache covers input_ids[:, :-1]
+        model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True)
+    stats.prefill_seconds = time.perf_counter() - start
+
+    done = input_ids.shape[1] >= max_length
+    while not done:
+        cur_len = input_ids.shape[1]
+        t0 = time.perf_counter()
+        tree = _propose(generator, input_ids, cache)
+        tree = tree.truncate_depth(max_length - cur_len - 1)  # room for the accepted tokens and the bonus
+        if sliding and cur_len + len(tree) >= window:
+            keep = max(window - cur_len - 1, 0)
+            tree = DraftTree(tree.tokens[:keep], tree.parents[:keep], None if tree.draft_probs is None else tree.draft_probs[:keep])
+        if len(tree) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
+            raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
+        t1 = time.perf_counter()
+
+        verify_ids = torch.cat([input_ids[:, -1:], tree.tokens.to(input_ids.device)[None]], dim=-1)
+        forward_kwargs = {}
+        if len(tree) and not tree.is_chain:
+            mask, positions = tree_attention_inputs(tree, cur_len - 1, model.dtype, input_ids.device)
+            forward_kwargs = {"attention_mask": mask, "position_ids": positions}
+        logits = model(input_ids=verify_ids, past_key_values=cache, use_cache=True, **forward_kwargs).logits[0].float()
+        rows = _TargetRows(logits, input_ids, tree, logits_processor, generation_config)
+        if generation_config.do_sample and acceptance is None and tree.is_chain and tree.draft_probs is not None and len(tree):
+            p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
+            n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
+            path = list(range(n))
+        else:
+            path, next_token = accept_tree(rows, tree, acceptance, eos_ids)
+        t2 = time.perf_counter()
+
+        new_tokens = tree.tokens[path].tolist() + [next_token]
+        path_rows = [0] + [i + 1 for i in path]
+        emitted = []
+        for j, token in enumerate(new_tokens):
+            emitted.append(token)
+            candidate = torch.cat([input_ids, torch.tensor([emitted], device=input_ids.device)], dim=-1)
+            row_scores = rows.scores(path_rows[j])[None]
+            if want_scores:
+                scores.append(row_scores)
+            if want_logits:
+                raw_logits.append(logits[path_rows[j]][None])
+            if bool(stopping_criteria(candidate, row_scores).all()):
+                done = True
+                break
+        input_ids = candidate
+        keep = torch.cat([torch.arange(cur_len, device=input_ids.device), cur_len + torch.tensor(path[: len(emitted) - 1], dtype=torch.long, device=input_ids.device)])
+        compact_cache(cache, keep)
+        if streamer is not None:
+            streamer.put(torch.tensor(emitted))
+        generator.update_candidate_strategy(input_ids, logits[path_rows[: len(emitted)]][None], len(path))
+        stats.record(drafted=int(tree.depth.max()) + 1 if len(tree) else 0, tree_size=len(tree), accepted=min(len(path), len(emitted)),
+                     emitted=len(emitted), draft_seconds=t1 - t0, verify_seconds=t2 - t1)
+
+    if streamer is not None:
+        streamer.end()
+    stats.drafter_calls = dict(getattr(generator, "forward_calls", {}))
+    try:
+        generator.last_stats = stats
+    except AttributeError:  # a generator with __slots__
+        pass
+    if generation_config.return_dict_in_generate:
+        return SpeculativeGenerateOutput(
+            sequences=input_ids,
+            scores=tuple(scores) if want_scores else None,
+            logits=tuple(raw_logits) if want_logits else None,
+            past_key_values=cache,
+            speculative_stats=stats,
+        )
+    return input_ids
+
+
+def _propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache) -> DraftTree:
+    if isinstance(generator, TreeCandidateGenerator):
+        return generator.propose(input_ids, cache)
+    candidate_ids, candidate_logits = generator.get_candidates(input_ids)
+    tokens = candidate_ids[0, input_ids.shape[1] :]
+    probs = None
+    if candidate_logits is not None and candidate_logits.shape[1] == tokens.numel():
+        probs = torch.softmax(candidate_logits[0].float(), dim=-1)
+    return DraftTree.chain(tokens, probs)

@@ -1,0 +1,138 @@
+"""Statistics of a speculative decoding call, and the papers' speedup formulas.
+
+- acceptance rate α: accepted draft tokens / drafted tokens on the verified path (for trees, the
+  drafted length of a step is the tree's depth: the most tokens one step could accept).
+- mean accepted length τ: tokens emitted per target forward (accepted + the target's own token).
+- expected speedup: Leviathan et al. 2023 eq. 1, as used in glide_cape.txt §5.1.
+- SWI: standardized walltime improvement, cascade_speculative_drafting.txt §5.1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class StepRecord:
+    drafted: int  # depth of the proposal (chain length for chains)
+    tree_size: int  # tokens sent to verification besides the last accepted one
+    accepted: int  # draft tokens accepted (the target's bonus token not counted)
+    emitted: int  # tokens appended this step (accepted + bonus, after length / eos truncation)
+    draft_seconds: float
+    verify_seconds: float
+
+
+@dataclass
+class SpeculativeStats:
+    """Per-step records of one ``speculative_generate`` call, with the summary figures."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    drafter_calls: dict[str, int] = field(default_factory=dict)  # per-model forward counts (cascade, SWI)
+
+    def record(self, **kwargs) -> None:
+        self.steps.append(StepRecord(**kwargs))
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def drafted_tokens(self) -> int:
+        return sum(s.drafted for s in self.steps)
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(s.accepted for s in self.steps)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(s.emitted for s in self.steps)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """α: accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """τ: tokens emitted per target forward (1.0 = no gain over target-only decoding)."""
+        return self.new_tokens / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def verification_tokens_per_step(self) -> float:
+        return sum(s.tree_size + 1 for s in self.steps) / self.num_steps if self.num_steps else 0.0
+
+    def acceptance_by_position(self) -> list[float]:
+        """Entry ``i``: among steps that drafted ≥ i+1 tokens deep, the fraction that accepted ≥ i+1."""
+        depth = max((s.drafted for s in self.steps), default=0)
+        rates = []
+        for i in range(depth):
+            tried = [s for s in self.steps if s.drafted > i]
+            rates.append(sum(s.accepted > i for s in tried) / len(tried))
+        return rates
+
+    @property
+    def draft_seconds(self) -> float:
+        return sum(s.draft_seconds for s in self.steps)
+
+    @property
+    def verify_seconds(self) -> float:
+        return sum(s.verify_seconds for s in self.steps)
+
+    def summary(self) -> dict:
+        return {
+            "steps": self.num_steps,
+            "new_tokens": self.new_tokens,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "verification_tokens_per_step": self.verification_tokens_per_step,
+            "acceptance_by_position": self.acceptance_by_position(),
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "drafter_calls": dict(self.drafter_calls),
+        }
+
+    def to_dict(self) -> dict:
+        return {"summary": self.summary(), "steps": [asdict(s) for s in self.steps]}
+
+    @classmethod
+    def merge(cls, stats: list[SpeculativeStats]) -> SpeculativeStats:
+        merged = cls()
+        for s in stats:
+            merged.steps.extend(s.steps)
+            merged.prefill_seconds += s.prefill_seconds
+            for name, count in s.drafter_calls.items():
+                merged.drafter_calls[name] = merged.drafter_calls.get(name, 0) + count
+        return merged
+
+
+def expected_speedup(acceptance_rate: float, num_draft_tokens: int, cost_coefficient: float) -> float:
+    """Expected walltime improvement factor (Leviathan et al. 2023, Theorem 3.8; glide_cape.txt §5.1).
+
+    ``(1 - α^(γ+1)) / ((1 - α)(γ c + 1))`` with α the acceptance rate, γ the proposal length and c the
+    cost coefficient (draft forward time / target forward time).
+    """
+    alpha, gamma, c = acceptance_rate, num_draft_tokens, cost_coefficient
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"acceptance_rate must be in [0, 1], got {alpha}")
+    if gamma < 0 or c < 0:
+        raise ValueError(f"num_draft_tokens and cost_coefficient must be >= 0, got {gamma} and {c}")
+    expected_tokens = gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return expected_tokens / (gamma * c + 1)
+
+
+def standardized_walltime_improvement(new_tokens: int, target_calls: int, draft_calls: dict[str, int], cost_coefficients: dict[str, float]) -> float:
+    """SWI (cascade_speculative_drafting.txt §5.1): ``n / (count(M_t) + Σ_i count(M_di) c_i)``.
+
+    Target-only decoding scores 1.0 per token per call, so SWI is a speedup over it that does not depend
+    on the machine once the ``c_i`` are fixed.
+    """
+    missing = set(draft_calls) - set(cost_coefficients)
+    if missing:
+        raise ValueError(f"cost_coefficients has no entry for drafters {sorted(missing)}")
+    cost = target_calls + sum(count * cost_coefficients[name] for name, count in draft_calls.items())
+    return new_tokens / cost if cost else 0.0

@@ -1,0 +1,167 @@
+"""Token trees: the data a drafter proposes, and the buffers that verify it in one target forward.
+
+A tree is *data*: ``tokens[i]`` and ``parents[i]`` for nodes ``i = 0..N-1``, with ``parents[i] < i`` and
+``-1`` for a node whose parent is the last accepted token (the "root", which is not part of the tree).
+A chain is the tree ``parents = [-1, 0, 1, ...]``. Verification (SpecInfer, Miao et al. 2023; Medusa,
+Cai et al. 2024) runs ``[last token] + tokens`` through the target with a mask in which each node sees
+the verified prefix and its own ancestors, at position ``prefix_len + depth``.
+
+    >>> tree = DraftTree(tokens=torch.tensor([5, 6, 7]), parents=torch.tensor([-1, -1, 0]))
+    >>> tree.depth.tolist()
+    [0, 0, 1]
+    >>> build_tree_buffers(tree.parents)[0].int().tolist()
+    [[1, 0, 0], [0, 1, 0], [1, 0, 1]]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class DraftTree:
+    """A drafter's proposal.
+
+    Args:
+        tokens (`torch.LongTensor` of shape `(N,)`): proposed token ids.
+        parents (`torch.LongTensor` of shape `(N,)`): index of each node's parent, ``-1`` for children of
+            the last accepted token. Topological: ``parents[i] < i``.
+        draft_probs (`torch.FloatTensor` of shape `(N, V)`, *optional*): q, the draft distribution each
+            token was drawn from (row ``i`` is the distribution at node ``i``'s position). Needed for
+            speculative sampling (Leviathan et al. 2023, Algorithm 1) and lenient acceptance.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self):
+        self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
+        self.parents = torch.as_tensor(self.parents, dtype=torch.long, device=self.tokens.device).reshape(-1)
+        if self.tokens.shape != self.parents.shape:
+            raise ValueError(f"tokens and parents must have the same length, got {self.tokens.numel()} and {self.parents.numel()}")
+        index = torch.arange(self.parents.numel(), device=self.parents.device)
+        if bool(((self.parents < -1) | (self.parents >= index)).any()):
+            raise ValueError(f"parents must satisfy -1 <= parents[i] < i (topological order), got {self.parents.tolist()}")
+        if self.draft_probs is not None and self.draft_probs.shape[0] != self.tokens.numel():
+            raise ValueError(f"draft_probs must have one row per token ({self.tokens.numel()}), got shape {tuple(self.draft_probs.shape)}")
+
+    @classmethod
+    def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None) -> DraftTree:
+        """A single branch: ``tokens`` ``(k,)``, each the child of the previous one."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        return cls(tokens, torch.arange(tokens.numel(), device=tokens.device) - 1, draft_probs)
+
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> DraftTree:
+        return cls(torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, dtype=torch.long, device=device))
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def depth(self) -> torch.Tensor:
+        """``(N,)`` depth of each node; children of the root have depth 0."""
+        return build_tree_buffers(self.parents)[1]
+
+    @property
+    def is_chain(self) -> bool:
+        return bool((self.parents == torch.arange(len(self), device=self.parents.device) - 1).all())
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (inclusive); ``[]`` for ``node = -1``."""
+        path, parents = [], self.parents.tolist()
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+    def main_chain(self) -> DraftTree:
+        """The first-child path from the root (a drafter's greedy chain): a chain-only loop verifies it."""
+        nodes, parent, parents = [], -1, self.parents.tolist()
+        for i, p in enumerate(parents):
+            if p == parent:
+                nodes.append(i)
+                parent = i
+        index = torch.tensor(nodes, dtype=torch.long, device=self.tokens.device)
+        probs = None if self.draft_probs is None else self.draft_probs[index]
+        return DraftTree.chain(self.tokens[index], probs)
+
+    def truncate_depth(self, max_depth: int) -> DraftTree:
+        """Drop nodes at depth ``>= max_depth`` (the length budget); parents stay topological."""
+        keep = (self.depth < max_depth).nonzero().flatten()
+        if keep.numel() == len(self):
+            return self
+        remap = torch.full((len(self),), -1, dtype=torch.long, device=self.parents.device)
+        remap[keep] = torch.arange(keep.numel(), device=keep.device)
+        parents = self.parents[keep]
+        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
+        probs = None if self.draft_probs is None else self.draft_probs[keep]
+        return DraftTree(self.tokens[keep], parents, probs)
+
+
+def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ancestor-or-self matrix and depths of a tree.
+
+    Args:
+        parents (`torch.LongTensor` of shape `(N,)`): topological parent indices (``-1`` = root).
+
+    Returns:
+        `(ancestors, depth)`: ``ancestors[i, j]`` is True when node ``j`` is node ``i`` or one of its
+        ancestors (`(N, N)` bool); ``depth`` `(N,)` long.
+    """
+    n = parents.numel()
+    ancestors = torch.eye(n, dtype=torch.bool, device=parents.device)
+    depth = torch.zeros(n, dtype=torch.long, device=parents.device)
+    for i, p in enumerate(parents.tolist()):  # rows are built from already-finished parent rows
+        if p >= 0:
+            ancestors[i] |= ancestors[p]
+            depth[i] = depth[p] + 1
+    return ancestors, depth
+
+
+def tree_attention_inputs(tree: DraftTree, past_length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask and positions to verify ``[last token] + tree.tokens`` on top of a cache of ``past_length``.
+
+    The last accepted token sits at position ``past_length`` and sees the whole cache; node ``i`` sits at
+    ``past_length + 1 + depth[i]`` and sees the cache, the last token and its ancestors-or-self.
+
+    Returns:
+        `(attention_mask, position_ids)`: an additive float mask `(1, 1, 1+N, past_length+1+N)` in
+        ``dtype`` (0 where attended, ``finfo.min`` where blocked; a bool mask is silently wrong with eager
+        attention) and `(1, 1+N)` long positions.
+    """
+    ancestors, depth = build_tree_buffers(tree.parents.to(device))
+    n = len(tree)
+    allowed = torch.zeros(1 + n, past_length + 1 + n, dtype=torch.bool, device=device)
+    allowed[:, : past_length + 1] = True
+    allowed[1:, past_length + 1 :] = ancestors
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    positions = torch.cat([torch.zeros(1, dtype=torch.long, device=device), depth + 1]) + past_length
+    return mask[None, None], positions[None]
+
+
+def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
+    """Keep only the sequence positions ``keep`` `(M,)` of every layer of ``cache``, in place.
+
+    When ``keep`` is ``arange(M)`` this is a crop. Otherwise keys/values are gathered with
+    ``index_select`` on the sequence dimension; cached keys are post-RoPE, and the kept tree nodes were
+    rotated at ``prefix_len + depth``, which is exactly their final sequence position.
+    """
+    length = cache.get_seq_length()
+    m = keep.numel()
+    if m == length:
+        return
+    if bool((keep == torch.arange(m, device=keep.device)).all()):
+        cache.crop(m - length)  # transformers 5.23 crops by a negative count of tokens to drop
+        return
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
+            index = keep.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+            if hasattr(layer, "cumulative_length"):  # sliding-window layers count tokens seen; the loop stays inside the window
+                layer.cumulative_length = m

@@ -1,0 +1,73 @@
+"""Tiny random models and oracle drafters shared by the tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+from hf_specdraft.drafting import TreeCandidateGenerator
+from hf_specdraft.tree import DraftTree
+
+VOCAB = 96
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+def tiny_config(arch: str, vocab_size: int = VOCAB, **overrides):
+    common = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=64, max_position_embeddings=512, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    common.update(overrides)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "mistral":
+        return MistralConfig(**{"sliding_window": 256, **common})
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    raise ValueError(arch)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, attn_implementation: str = "sdpa", **overrides):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides), attn_implementation=attn_implementation)
+    return model.eval()
+
+
+def greedy_reference(model, input_ids, max_new_tokens, **kwargs):
+    return model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+
+
+class OracleDrafter(TreeCandidateGenerator):
+    """Knows the target's greedy continuation ``reference`` `(1, T)` and drafts from it.
+
+    mode "right": the next ``k`` reference tokens (always accepted);
+    mode "wrong": each reference token + 1 (never accepted);
+    mode "tree": a multi-branch tree whose accepted path is never the first child, so verification
+    must use the tree mask and the cache compaction must gather, not crop.
+    """
+
+    def __init__(self, reference: torch.Tensor, mode: str = "right", k: int = 4, vocab_size: int = VOCAB):
+        super().__init__()
+        self.reference, self.mode, self.k, self.vocab_size = reference[0], mode, k, vocab_size
+
+    def propose(self, input_ids, target_cache=None):
+        length = input_ids.shape[1]
+        assert torch.equal(input_ids[0], self.reference[:length]), "the loop diverged from the target's greedy output"
+        right = self.reference[length : length + self.k]
+        wrong = (right + 1) % self.vocab_size
+        if self.mode == "right":
+            return DraftTree.chain(right)
+        if self.mode == "wrong":
+            return DraftTree.chain(wrong)
+        tokens, parents, parent = [], [], -1
+        for r, w in zip(right.tolist(), wrong.tolist()):
+            tokens += [w, r]
+            parents += [parent, parent]
+            tokens.append((w + 1) % self.vocab_size)  # a child of the wrong branch: never reached
+            parents.append(len(tokens) - 3)
+            parent = len(tokens) - 2
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+
+
+@pytest.fixture(params=ARCHITECTURES)
+def arch(request):
+    return request.param

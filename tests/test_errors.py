@@ -1,0 +1,92 @@
+"""Every bad input gets a clear ValueError / TypeError naming the argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
+from conftest import OracleDrafter, tiny_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model()
+
+
+X = torch.tensor([[1, 2, 3, 4]])
+
+
+def test_batch_size_above_one(target):
+    with pytest.raises(ValueError, match="batch size 1"):
+        speculative_generate(target, torch.ones(2, 4, dtype=torch.long), draft_model=target, max_new_tokens=4)
+
+
+def test_padded_attention_mask(target):
+    with pytest.raises(ValueError, match="attention_mask has padding"):
+        speculative_generate(target, X, draft_model=target, attention_mask=torch.tensor([[0, 1, 1, 1]]), max_new_tokens=4)
+
+
+def test_empty_input_ids(target):
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        speculative_generate(target, torch.zeros(1, 0, dtype=torch.long), draft_model=target, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_max_new_tokens_not_positive(target, bad):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        speculative_generate(target, X, draft_model=target, max_new_tokens=bad)
+
+
+def test_draft_with_another_vocabulary(target):
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative_generate(target, X, draft_model=tiny_model(vocab_size=50), max_new_tokens=4)
+
+
+def test_static_cache(target):
+    with pytest.raises(ValueError, match="cache_implementation"):
+        target.generate(X, custom_generate=speculative_generate, draft_model=target, max_new_tokens=4, cache_implementation="static")
+
+
+def test_sliding_window_model_past_its_window():
+    mistral = tiny_model("mistral", sliding_window=16)
+    with pytest.raises(ValueError, match="sliding_window=16"):
+        speculative_generate(mistral, X, draft_model=mistral, max_new_tokens=20)
+    out = speculative_generate(mistral, X, draft_model=mistral, max_new_tokens=8)  # inside the window it works
+    assert torch.equal(out, mistral.generate(X, max_new_tokens=8, do_sample=False))
+
+
+def test_no_drafter_or_two_drafters(target):
+    with pytest.raises(ValueError, match="needs a drafter"):
+        speculative_generate(target, X, max_new_tokens=4)
+    with pytest.raises(ValueError, match="not both"):
+        speculative_generate(target, X, draft_model=target, candidate_generator=OracleDrafter(X), max_new_tokens=4)
+    with pytest.raises(TypeError, match="candidate_generator"):
+        speculative_generate(target, X, candidate_generator="prompt lookup", max_new_tokens=4)
+
+
+def test_bad_num_draft_tokens(target):
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        DraftModelCandidateGenerator(target, num_draft_tokens=0)
+    with pytest.raises(TypeError, match="draft_model"):
+        DraftModelCandidateGenerator("gpt2")
+
+
+def test_drafter_proposing_ids_outside_vocab(target):
+    class Bad(OracleDrafter):
+        def propose(self, input_ids, target_cache=None):
+            from hf_specdraft import DraftTree
+            return DraftTree.chain(torch.tensor([10_000]))
+
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        speculative_generate(target, X, candidate_generator=Bad(X), max_new_tokens=4)
+
+
+def test_bad_acceptance(target):
+    with pytest.raises(TypeError, match="acceptance"):
+        speculative_generate(target, X, draft_model=target, acceptance="lenient", max_new_tokens=4)
+
+
+def test_beams(target):
+    with pytest.raises(ValueError, match="num_beams"):
+        target.generate(X, custom_generate=speculative_generate, draft_model=target, max_new_tokens=4, num_beams=2)

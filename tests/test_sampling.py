@@ -1,0 +1,61 @@
+"""Speculative sampling is lossless in distribution (Leviathan et al. 2023, Algorithm 1).
+
+Threshold: each chi-square goodness-of-fit test must have p-value > 1e-3. With a fixed seed the test is
+deterministic; a correct implementation fails it with probability 1e-3 per fresh seed, a wrong one
+(e.g. accepting with p/q without the residual, or ignoring q) fails it reliably at these sample sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+from scipy.stats import chisquare
+
+from hf_specdraft import speculative_generate, speculative_sampling
+from conftest import tiny_model
+
+P_VALUE = 1e-3
+
+
+def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    keep = probs * counts.sum() >= 5  # cells with tiny expectations make chi-square unreliable: pool them
+    observed = torch.cat([counts[keep], counts[~keep].sum()[None]]).double()
+    expected = torch.cat([probs[keep], probs[~keep].sum()[None]]).double() * counts.sum()
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    expected = expected / expected.sum() * observed.sum()  # float rounding: scipy wants equal totals
+    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
+
+
+def test_speculative_sampling_function_matches_p():
+    g = torch.Generator().manual_seed(0)
+    V, k = 6, 2
+    p = torch.softmax(torch.randn(k + 1, V, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(k, V, generator=g) * 2, -1)
+    counts = torch.zeros(V)
+    wrong = torch.zeros(V)
+    for _ in range(20000):
+        x = torch.multinomial(q[0], 1, generator=g)
+        n, nxt = speculative_sampling(p, q, torch.cat([x, torch.multinomial(q[1], 1, generator=g)]), generator=g)
+        first = int(x) if n >= 1 else nxt
+        counts[first] += 1
+        wrong[int(x)] += 1  # "always accept": distributed as q, which the test must reject
+    assert chi_square_p(counts, p[0]) > P_VALUE
+    assert chi_square_p(wrong, p[0]) < P_VALUE
+
+
+def test_speculative_generate_samples_from_target():
+    V = 8
+    target = tiny_model(vocab_size=V, seed=0)
+    draft = tiny_model(vocab_size=V, seed=7, num_hidden_layers=1)
+    x = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():  # exact joint distribution of the first two sampled tokens at temperature 1.3
+        p1 = torch.softmax(target(x).logits[0, -1] / 1.3, -1)
+        p2 = torch.stack([torch.softmax(target(torch.cat([x, torch.tensor([[t]])], 1)).logits[0, -1] / 1.3, -1) for t in range(V)])
+    joint = (p1[:, None] * p2).flatten()
+    counts = torch.zeros(V * V)
+    torch.manual_seed(0)
+    for _ in range(1500):
+        out = speculative_generate(target, x, draft_model=draft, num_draft_tokens=2, max_new_tokens=2, do_sample=True,
+                                   temperature=1.3, top_k=0)
+        counts[out[0, 3] * V + out[0, 4]] += 1
+    assert chi_square_p(counts, joint) > P_VALUE

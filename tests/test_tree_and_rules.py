@@ -1,0 +1,117 @@
+"""Trees drawn by hand, cache compaction, acceptance rules and the speedup formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from hf_specdraft import ConditionalAcceptance, DraftTree, expected_speedup, standardized_walltime_improvement
+from hf_specdraft.acceptance import accept_chain_greedy, accept_chain_lenient, check_lenience, lenient_accepts
+from hf_specdraft.tree import build_tree_buffers, compact_cache, tree_attention_inputs
+from conftest import ARCHITECTURES, tiny_model
+
+
+def test_tree_buffers_by_hand():
+    #        root
+    #       /    \
+    #      0      1
+    #     / \      \
+    #    2   3      4
+    #        |
+    #        5
+    parents = torch.tensor([-1, -1, 0, 0, 1, 3])
+    ancestors, depth = build_tree_buffers(parents)
+    assert depth.tolist() == [0, 0, 1, 1, 1, 2]
+    assert ancestors[5].nonzero().flatten().tolist() == [0, 3, 5]
+    assert ancestors[4].nonzero().flatten().tolist() == [1, 4]
+    tree = DraftTree(torch.arange(6), parents)
+    mask, positions = tree_attention_inputs(tree, past_length=3, dtype=torch.float32, device=torch.device("cpu"))
+    assert mask.shape == (1, 1, 7, 10)
+    assert positions.tolist() == [[3, 4, 4, 5, 5, 5, 6]]
+    visible = (mask[0, 0] == 0)
+    assert visible[0].tolist() == [True] * 4 + [False] * 6  # the last token sees the cache and itself
+    assert visible[6].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 7, 9]  # node 5: cache, last, 0, 3, 5
+    assert tree.path_to(5) == [0, 3, 5] and tree.main_chain().tokens.tolist() == [0, 2]
+
+
+def test_tree_validation_errors():
+    with pytest.raises(ValueError, match="topological"):
+        DraftTree(torch.tensor([1, 2]), torch.tensor([1, -1]))
+    with pytest.raises(ValueError, match="same length"):
+        DraftTree(torch.tensor([1, 2]), torch.tensor([-1]))
+    with pytest.raises(ValueError, match="draft_probs"):
+        DraftTree.chain(torch.tensor([1, 2]), torch.ones(3, 5))
+
+
+def test_truncate_depth_keeps_a_valid_tree():
+    tree = DraftTree(torch.tensor([7, 8, 9, 10]), torch.tensor([-1, 0, -1, 1]))
+    short = tree.truncate_depth(2)
+    assert short.tokens.tolist() == [7, 8, 9] and short.parents.tolist() == [-1, 0, -1]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tree_verification_and_compaction_match_a_fresh_run(arch, attn):
+    model = tiny_model(arch, attn_implementation=attn)
+    prefix = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(0))
+    tree = DraftTree(torch.tensor([11, 12, 13, 14, 15, 16]), torch.tensor([-1, -1, 0, 0, 1, 3]))
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(prefix[:, :-1], past_key_values=cache)
+        mask, pos = tree_attention_inputs(tree, 8, model.dtype, torch.device("cpu"))
+        logits = model(torch.cat([prefix[:, -1:], tree.tokens[None]], 1), attention_mask=mask, position_ids=pos, past_key_values=cache).logits
+        for node in range(6):
+            path = tree.path_to(node)
+            fresh = model(torch.cat([prefix, tree.tokens[path][None]], 1)).logits[0, -1]
+            torch.testing.assert_close(logits[0, 1 + node], fresh, atol=1e-4, rtol=1e-4)
+        compact_cache(cache, torch.cat([torch.arange(9), 9 + torch.tensor([0, 3])]))  # accept path 0 -> 3
+        assert cache.get_seq_length() == 11
+        step = model(torch.tensor([[16]]), past_key_values=cache).logits[0, -1]
+        fresh = model(torch.cat([prefix, torch.tensor([[11, 14, 16]])], 1)).logits[0, -1]
+    torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_and_lenient_chain_rules():
+    p = torch.tensor([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3], [0.3, 0.3, 0.4]])
+    q = torch.tensor([[0.0, 0.9, 0.1], [0.1, 0.1, 0.8]])
+    cand = torch.tensor([1, 2])
+    assert accept_chain_greedy(p.log(), cand) == 1  # second token is not p's argmax
+    assert accept_chain_lenient(p, q, cand, 1.0) == 1  # q(2)=0.8 > 1 * p(2)=0.3
+    assert accept_chain_lenient(p, q, cand, 3.0) == 2  # 0.8 <= 3 * 0.3
+    assert lenient_accepts(p[1], q[1], 2, 2.0) is False and lenient_accepts(p[1], q[1], 2, 3.0) is True
+
+
+@pytest.mark.parametrize("bad", [0.5, 0, -1, float("nan"), "2"])
+def test_lenience_below_one_is_rejected(bad):
+    with pytest.raises(ValueError, match="lenience"):
+        check_lenience(bad)
+
+
+def test_conditional_acceptance_threshold_and_eos():
+    rule = ConditionalAcceptance(threshold=0.1)
+    probs = torch.tensor([0.05, 0.11, 0.09, 0.75])
+    assert rule.accepts(probs, 1, eos_token_ids=[]) is True  # 0.11 > 0.1
+    assert rule.accepts(probs, 2, eos_token_ids=[]) is False  # 0.09 < 0.1
+    assert rule.accepts(probs, 1, eos_token_ids=[3]) is False  # p(eos)=0.75 > 0.11
+    mixed = ConditionalAcceptance(threshold=0.01, top_k=2)
+    assert mixed.accepts(probs, 1, []) is True and mixed.accepts(probs, 0, []) is False
+
+
+@pytest.mark.parametrize("kwargs", [{"threshold": 0}, {"threshold": 1}, {"threshold": 1.5}, {"threshold": -0.1}, {"top_k": 0}])
+def test_conditional_acceptance_bad_arguments(kwargs):
+    with pytest.raises(ValueError, match="threshold|top_k"):
+        ConditionalAcceptance(**kwargs)
+
+
+def test_expected_speedup_and_swi():
+    assert expected_speedup(0.0, 5, 0.0) == pytest.approx(1.0)
+    assert expected_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    assert expected_speedup(0.5, 1, 0.5) == pytest.approx(1.5 / 1.5)
+    # α=0.8, γ=5, c=0.05 -> (1-0.8^6)/(0.2*1.25)
+    assert expected_speedup(0.8, 5, 0.05) == pytest.approx((1 - 0.8**6) / (0.2 * 1.25))
+    with pytest.raises(ValueError, match="acceptance_rate"):
+        expected_speedup(1.5, 5, 0.1)
+    assert standardized_walltime_improvement(100, 40, {"draft": 200}, {"draft": 0.05}) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="cost_coefficients"):
+        standardized_walltime_improvement(100, 40, {"draft": 200}, {})
