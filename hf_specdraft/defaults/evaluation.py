@@ -1,0 +1,79 @@
+"""Measures of the embedded default: held-out perplexity, unigram baseline, repeated 4-grams."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+
+def heldout_windows(tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_len: int, count: int, seed: int) -> torch.Tensor:
+    """``[count, seq_len]`` non-overlapping held-out windows, drawn with a fixed seed."""
+    windows = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        windows.extend(ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len))
+    if not windows:
+        raise ValueError(f"no held-out text is {seq_len} tokens long")
+    random.Random(seed).shuffle(windows)
+    return torch.tensor(windows[:count], dtype=torch.long)
+
+
+def heldout_prompts(tokenizer: PreTrainedTokenizerFast, texts: list[str], count: int, seed: int, length: int = 128) -> list[torch.Tensor]:
+    """Prompts of ``length`` tokens taken from random positions of held-out files: ``[1, length]`` each."""
+    rng = random.Random(seed + 1)
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    prompts = []
+    for i in order:
+        ids = tokenizer(texts[i], add_special_tokens=False)["input_ids"]
+        if len(ids) >= 2 * length:
+            start = rng.randrange(0, len(ids) - 2 * length)
+            prompts.append(torch.tensor([ids[start : start + length]]))
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+@torch.no_grad()
+def evaluate_perplexity(model: PreTrainedModel, windows: torch.Tensor, batch_size: int = 16) -> float:
+    """exp(mean next-token cross-entropy) over ``windows`` ``[N, S]``."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    for start in range(0, windows.shape[0], batch_size):
+        batch = windows[start : start + batch_size].to(device)
+        loss = model(input_ids=batch, labels=batch).loss.float().item()
+        n = batch.shape[0] * (batch.shape[1] - 1)
+        total, count = total + loss * n, count + n
+    model.train(was_training)
+    return math.exp(total / count)
+
+
+def unigram_perplexity(train_ids: torch.Tensor, windows: torch.Tensor, vocab_size: int) -> float:
+    """Perplexity of the add-one-smoothed unigram distribution of the train split on ``windows``."""
+    counts = torch.bincount(train_ids.long(), minlength=vocab_size).double() + 1.0
+    logp = (counts / counts.sum()).log()
+    return math.exp(-logp[windows[:, 1:].reshape(-1)].mean().item())
+
+
+def repeated_ngram_fraction(ids: list[int], n: int = 4) -> float:
+    """Fraction of the n-grams of ``ids`` that already occurred earlier in ``ids`` (0 for none)."""
+    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+    if not grams:
+        return 0.0
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+@torch.no_grad()
+def repeat_fraction(model: PreTrainedModel, prompts: list[torch.Tensor], max_new_tokens: int = 64) -> float:
+    """Mean repeated-4-gram fraction of greedy continuations (a looping LM scores high)."""
+    device = next(model.parameters()).device
+    fractions = []
+    for prompt in prompts:
+        out = model.generate(prompt.to(device), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+        fractions.append(repeated_ngram_fraction(out[0, prompt.shape[1] :].tolist()))
+    return sum(fractions) / max(len(fractions), 1)

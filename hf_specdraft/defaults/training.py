@@ -1,0 +1,223 @@
+"""Train the embedded default (tokenizer, target LM, plain draft) from a recipe, with 🤗 accelerate.
+
+    hf-specdraft train-default                       # the shipped CPU recipe (hours on 2 cores)
+    hf-specdraft train-default --recipe tiny --output-dir /tmp/tiny   # seconds; tests only
+    accelerate launch -m hf_specdraft train-default --recipe gpu --output-dir runs/gpu
+
+Output directory layout (what ``hf_specdraft.defaults.load_default`` reads)::
+
+    tokenizer/  target/  draft/  recipe.json  training_log.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
+
+from .corpus import Corpus, build_corpus
+from .evaluation import evaluate_perplexity, heldout_prompts, heldout_windows, repeat_fraction, unigram_perplexity
+from .recipe import ModelRecipe, Recipe, TrainSchedule
+from .tokenizer import train_tokenizer
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("HF_SPECDRAFT_CACHE", Path.home() / ".cache" / "hf_specdraft"))
+
+
+@dataclass
+class TrainingData:
+    tokenizer: PreTrainedTokenizerFast
+    train_ids: torch.Tensor  # [T] int32, documents joined by eos
+    heldout_texts: list[str]
+
+
+def tokenize_texts(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
+    """Concatenate the token ids of ``texts``, each followed by eos. Returns ``[T]`` int32."""
+    eos = tokenizer.eos_token_id
+    chunks = []
+    for start in range(0, len(texts), 256):
+        for ids in tokenizer(texts[start : start + 256], add_special_tokens=False)["input_ids"]:
+            chunks.append(torch.tensor(ids + [eos], dtype=torch.int32))
+    return torch.cat(chunks)
+
+
+def prepare_data(recipe: Recipe, output_dir: Path, corpus: Corpus | None = None, cache_dir: Path | None = None) -> TrainingData:
+    """Train (or reload) the tokenizer into ``output_dir/tokenizer`` and tokenize the train split (cached)."""
+    corpus = corpus or build_corpus(recipe.packages)
+    tok_dir = output_dir / "tokenizer"
+    if (tok_dir / "tokenizer.json").exists():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)
+    else:
+        tokenizer = train_tokenizer((f.read() for f in corpus.train), recipe.vocab_size, max_chars=recipe.tokenizer_chars)
+        tokenizer.save_pretrained(tok_dir)
+    # the token stream depends only on the tokenizer settings and the corpus, not on model shapes or schedules
+    source = {"vocab_size": recipe.vocab_size, "tokenizer_chars": recipe.tokenizer_chars, "max_train_chars": recipe.max_train_chars,
+              "versions": corpus.versions, "train_files": len(corpus.train)}
+    key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
+    cache = (cache_dir or default_cache_dir()) / f"train_ids-{key}.safetensors"
+    if cache.exists():
+        train_ids = load_file(cache)["ids"]
+    else:
+        texts, total = [], 0
+        for f in tqdm(corpus.train, desc="reading train split", leave=False):
+            texts.append(f.read())
+            total += len(texts[-1])
+            if recipe.max_train_chars is not None and total >= recipe.max_train_chars:
+                break
+        train_ids = tokenize_texts(tokenizer, texts)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        save_file({"ids": train_ids}, cache)
+    return TrainingData(tokenizer, train_ids, [f.read() for f in corpus.heldout])
+
+
+def build_model(shape: ModelRecipe, recipe: Recipe, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=max(2048, 4 * recipe.seq_len),  # generation runs past the training length
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(recipe.seed)
+    return LlamaForCausalLM(config)
+
+
+def sample_batch(train_ids: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    """``[batch_size, seq_len]`` random windows of the token stream."""
+    starts = torch.randint(0, train_ids.numel() - seq_len - 1, (batch_size,), generator=generator)
+    return torch.stack([train_ids[s : s + seq_len] for s in starts.tolist()]).long()
+
+
+def train_lm(
+    model: LlamaForCausalLM,
+    data: TrainingData,
+    recipe: Recipe,
+    schedule: TrainSchedule,
+    save_dir: Path,
+    desc: str,
+    eval_ids: torch.Tensor,
+) -> list[dict]:
+    """Optimise ``model`` on random windows of the train split; checkpoint every ``schedule.checkpoint_every``.
+
+    Returns the training log: one entry per logged step (loss, lr, tokens seen, elapsed seconds,
+    held-out perplexity at checkpoints).
+    """
+    accum = schedule.batch_size // schedule.micro_batch_size
+    accelerator = Accelerator(mixed_precision="bf16" if torch.cuda.is_available() else "no", gradient_accumulation_steps=accum)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": schedule.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=schedule.learning_rate,
+        betas=(0.9, 0.95),
+    )
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, schedule.warmup_steps, schedule.steps, min_lr_rate=schedule.min_lr_ratio
+    )
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    unwrapped = accelerator.unwrap_model(model)
+
+    def loss_of(batch):
+        return model(input_ids=batch, labels=batch).loss
+
+    compute_loss = torch.compile(loss_of) if recipe.compile else loss_of
+    generator = torch.Generator().manual_seed(recipe.seed + 1000 * accelerator.process_index)
+    log, tokens, start = [], 0, time.time()
+    model.train()
+    bar = tqdm(range(1, schedule.steps + 1), desc=desc, disable=not accelerator.is_main_process)
+    for step in bar:
+        running = 0.0
+        for _ in range(accum):
+            batch = sample_batch(data.train_ids, schedule.micro_batch_size, recipe.seq_len, generator).to(accelerator.device)
+            with accelerator.accumulate(model):
+                loss = compute_loss(batch)
+                accelerator.backward(loss)
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            running += loss.item() / accum
+            tokens += batch.numel() * accelerator.num_processes
+        bar.set_postfix(loss=f"{running:.3f}")
+        entry = {"step": step, "loss": round(running, 4), "lr": scheduler.get_last_lr()[0], "tokens": tokens, "seconds": round(time.time() - start, 1)}
+        if step % schedule.checkpoint_every == 0 or step == schedule.steps:
+            model.eval()
+            entry["heldout_perplexity"] = round(evaluate_perplexity(unwrapped, eval_ids[:64]), 3)
+            model.train()
+            if accelerator.is_main_process:
+                save_checkpoint(unwrapped, save_dir)
+        if step % 10 == 0 or "heldout_perplexity" in entry:
+            log.append(entry)
+    accelerator.wait_for_everyone()
+    return log
+
+
+def save_checkpoint(model: LlamaForCausalLM, save_dir: Path) -> None:
+    """Write bf16 sharded safetensors (the shipped form: ≤ 50 MB in the repository)."""
+    model.save_pretrained(save_dir, max_shard_size="20MB", state_dict={k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()})
+    cfg = json.loads((save_dir / "config.json").read_text())
+    cfg["dtype"] = "bfloat16"
+    (save_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def train_default(recipe: Recipe, output_dir: str | Path, parts: tuple[str, ...] = ("draft", "target"), corpus: Corpus | None = None) -> dict:
+    """Reproduce the embedded default from ``recipe``: tokenizer, then each of ``parts``, then the evaluation.
+
+    Returns the training log (also written to ``output_dir/training_log.json``).
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    unknown = set(parts) - {"draft", "target"}
+    if unknown:
+        raise ValueError(f"parts must be drawn from ('draft', 'target'), got {sorted(unknown)}")
+    corpus = corpus or build_corpus(recipe.packages)
+    data = prepare_data(recipe, output_dir, corpus)
+    eval_ids = heldout_windows(data.tokenizer, data.heldout_texts, recipe.seq_len, recipe.eval_windows, recipe.seed)
+    log_path = output_dir / "training_log.json"
+    log = json.loads(log_path.read_text()) if log_path.exists() else {}
+    log.update({"recipe": recipe.name, "recipe_hash": recipe.hash(), "corpus": corpus.describe(), "train_tokens": int(data.train_ids.numel())})
+    log["hardware"] = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    for part in parts:
+        shape, schedule = (recipe.draft, recipe.draft_schedule) if part == "draft" else (recipe.target, recipe.target_schedule)
+        model = build_model(shape, recipe, data.tokenizer)
+        start = time.time()
+        steps = train_lm(model, data, recipe, schedule, output_dir / part, f"train {part}", eval_ids)
+        log[part] = {"parameters": sum(p.numel() for p in model.parameters()), "train_seconds": round(time.time() - start, 1), "steps": steps}
+        log_path.write_text(json.dumps(log, indent=1) + "\n")
+    log["evaluation"] = evaluate_default(output_dir, data, recipe, eval_ids)
+    log_path.write_text(json.dumps(log, indent=1) + "\n")
+    (output_dir / "recipe.json").write_text(json.dumps({"recipe": recipe.to_dict(), "hash": recipe.hash()}, indent=1, sort_keys=True) + "\n")
+    return log
+
+
+def evaluate_default(output_dir: Path, data: TrainingData, recipe: Recipe, eval_ids: torch.Tensor) -> dict:
+    """Held-out perplexity (target, draft, unigram) and the target's greedy repeated-4-gram fraction."""
+    result = {"unigram_perplexity": round(unigram_perplexity(data.train_ids, eval_ids, len(data.tokenizer)), 3)}
+    prompts = heldout_prompts(data.tokenizer, data.heldout_texts, recipe.eval_prompts, recipe.seed)
+    for part in ("target", "draft"):
+        if (output_dir / part / "config.json").exists():
+            model = LlamaForCausalLM.from_pretrained(output_dir / part, dtype=torch.float32)
+            result[f"{part}_perplexity"] = round(evaluate_perplexity(model, eval_ids), 3)
+            result[f"{part}_repeat_fraction"] = round(repeat_fraction(model, prompts, max_new_tokens=64), 4)
+    result["eval_windows"] = int(eval_ids.shape[0])
+    result["seq_len"] = recipe.seq_len
+    if not math.isfinite(result["unigram_perplexity"]):
+        raise RuntimeError("unigram perplexity is not finite; the held-out windows are empty")
+    return result
