@@ -1,0 +1,174 @@
+"""One harness for every method: same prompts, one run, methods interleaved per prompt, JSON out.
+
+    hf-specdraft bench                                  # cpu profile on the embedded default
+    hf-specdraft bench --methods target-only,draft-model --num-prompts 5 --output bench.json
+
+Wall time is only reported as a ratio against target-only decoding measured in the same run on the
+same prompts (interleaving spreads machine noise over all methods alike).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..defaults import DefaultBundle
+from ..defaults.tasks import TaskItem, build_tasks, edit_similarity
+from .methods import METHODS, BenchContext
+
+PROFILES = {
+    # prompts per task, new tokens per prompt
+    "cpu": {"num_prompts": 20, "max_new_tokens": 64},
+    "gpu": {"num_prompts": 100, "max_new_tokens": 128},
+}
+
+
+@dataclass
+class BenchConfig:
+    profile: str = "cpu"
+    methods: tuple[str, ...] = ("target-only", "stock-assisted", "prompt-lookup", "draft-model")
+    task: str = "completion"
+    num_prompts: int | None = None
+    max_new_tokens: int | None = None
+    seed: int = 0
+    warmup: int = 1  # untimed runs of every method before timing (allocator, caches)
+
+    def __post_init__(self):
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; choose one of {sorted(PROFILES)}")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; registered: {sorted(METHODS)}")
+        if "target-only" not in self.methods:
+            self.methods = ("target-only", *self.methods)  # every ratio needs the baseline from the same run
+        self.num_prompts = self.num_prompts or PROFILES[self.profile]["num_prompts"]
+        self.max_new_tokens = self.max_new_tokens or PROFILES[self.profile]["max_new_tokens"]
+        if self.num_prompts < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"num_prompts and max_new_tokens must be positive, got {self.num_prompts} and {self.max_new_tokens}")
+
+
+def environment(bundle: DefaultBundle) -> dict:
+    import accelerate
+    import transformers
+
+    device = bundle.target.device
+    return {
+        "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "device": str(device),
+        "dtype": str(bundle.target.dtype).removeprefix("torch."),
+        "batch_size": 1,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+                     "accelerate": accelerate.__version__},
+        "target": str(bundle.path / "target"),
+        "target_parameters": sum(p.numel() for p in bundle.target.parameters()),
+        "draft_parameters": sum(p.numel() for p in bundle.draft.parameters()) if bundle.draft is not None else None,
+    }
+
+
+class _ForwardCounter:
+    """Counts target forwards (a forward hook), so every method reports tokens per target call."""
+
+    def __init__(self, model):
+        self.count = 0
+        self.handle = model.register_forward_hook(self._hook)
+
+    def _hook(self, *args):
+        self.count += 1
+
+
+def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
+    counter.count = 0
+    if ctx.target.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    sequences, stats = METHODS[method].run(ctx)
+    if ctx.target.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    new = sequences[0, ctx.prompt_ids.shape[1] :]
+    text = ctx.tokenizer.decode(new, skip_special_tokens=True)
+    record = {"method": method, "seconds": seconds, "new_tokens": int(new.numel()), "target_calls": counter.count,
+              "edit_similarity": edit_similarity(text[: len(ctx.item.reference)], ctx.item.reference), "tokens": new.tolist()}
+    if stats is not None:
+        record["stats"] = stats.summary()
+    return record
+
+
+def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
+    by_method = {m: [r for r in records if r["method"] == m] for m in methods}
+    base = by_method["target-only"]
+    base_seconds = sum(r["seconds"] for r in base)
+    summary = {}
+    for m, rs in by_method.items():
+        seconds, new = sum(r["seconds"] for r in rs), sum(r["new_tokens"] for r in rs)
+        stats = [r["stats"] for r in rs if "stats" in r]
+        steps = sum(s["steps"] for s in stats)
+        drafted = sum(s["drafted_tokens"] for s in stats)
+        summary[m] = {
+            "prompts": len(rs),
+            "new_tokens": new,
+            "tokens_per_second": new / seconds if seconds else 0.0,
+            "speedup_vs_target_only": base_seconds / seconds if seconds else 0.0,
+            "tokens_per_target_call": new / max(sum(r["target_calls"] for r in rs), 1),
+            "mean_accepted_length": sum(s["new_tokens"] for s in stats) / steps if steps else None,
+            "acceptance_rate": sum(s["accepted_tokens"] for s in stats) / drafted if drafted else None,
+            "verification_tokens_per_step": sum(s["verification_tokens_per_step"] * s["steps"] for s in stats) / steps if steps else None,
+            "draft_ms_per_step": 1000 * sum(s["draft_seconds"] for s in stats) / steps if steps else None,
+            "equals_target_only": sum(r["tokens"] == b["tokens"] for r, b in zip(rs, base)) / len(rs),
+            "edit_similarity": sum(r["edit_similarity"] for r in rs) / len(rs),
+        }
+    return summary
+
+
+def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = None, output: str | Path | None = None,
+              items: list[TaskItem] | None = None) -> dict:
+    """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result."""
+    extras = extras or {}
+    for m in config.methods:
+        if not METHODS[m].available(extras, bundle.draft is not None):
+            raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
+    items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed)
+    counter = _ForwardCounter(bundle.target)
+    records = []
+    try:
+        for index, item in enumerate(tqdm(items, desc=f"bench {config.task}")):
+            ids = bundle.tokenizer(item.prompt, return_tensors="pt").input_ids.to(bundle.target.device)
+            ctx = BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, extras)
+            if index < config.warmup:
+                for m in config.methods:
+                    run_one(m, ctx, counter)
+            for m in config.methods:
+                records.append({"prompt": index, **run_one(m, ctx, counter)})
+    finally:
+        counter.handle.remove()
+    result = {
+        "meta": {**environment(bundle), "profile": config.profile, "task": config.task, "num_prompts": len(items),
+                 "max_new_tokens": config.max_new_tokens, "seed": config.seed, "methods": list(config.methods),
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+        "summary": summarize(records, config.methods),
+        "records": records,
+    }
+    if output is not None:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def format_table(summary: dict) -> str:
+    """A fixed-width table of the summary (what ``demo`` and ``bench`` print)."""
+    header = f"{'method':<22}{'tok/s':>8}{'speedup':>9}{'MAL':>7}{'α':>7}{'tok/call':>10}{'=target':>9}{'edit sim':>10}"
+    rows = [header, "-" * len(header)]
+    def cell(value, width: int, spec: str = ".2f") -> str:
+        return f"{'-' if value is None else format(value, spec):>{width}}"
+
+    for name, s in summary.items():
+        rows.append(f"{name:<22}{cell(s['tokens_per_second'], 8, '.1f')}{cell(s['speedup_vs_target_only'], 8)}x"
+                    f"{cell(s['mean_accepted_length'], 7)}{cell(s['acceptance_rate'], 7)}{cell(s['tokens_per_target_call'], 10)}"
+                    f"{'yes' if s['equals_target_only'] == 1 else 'no':>9}{cell(s['edit_similarity'], 10, '.3f')}")
+    return "\n".join(rows)

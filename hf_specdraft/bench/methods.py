@@ -1,0 +1,90 @@
+"""The methods the bench harness and the demo put side by side. Method packages register theirs here.
+
+A method is a function ``run(ctx) -> (sequences (1, L+n), SpeculativeStats | None)``. Baselines use
+stock ``generate``; speculative methods go through :func:`hf_specdraft.speculative_generate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..defaults.tasks import TaskItem
+from ..drafting import TreeCandidateGenerator
+from ..generation import speculative_generate
+from ..metrics import SpeculativeStats
+from ..tree import DraftTree
+
+
+@dataclass
+class BenchContext:
+    target: PreTrainedModel
+    draft: PreTrainedModel | None
+    tokenizer: PreTrainedTokenizerBase
+    item: TaskItem
+    prompt_ids: torch.Tensor  # (1, L)
+    max_new_tokens: int
+    extras: dict = field(default_factory=dict)  # trained drafters, tables, … keyed by name
+
+    def generate_kwargs(self) -> dict:
+        return {"max_new_tokens": self.max_new_tokens, "do_sample": False, "eos_token_id": self.tokenizer.eos_token_id,
+                "pad_token_id": self.tokenizer.pad_token_id}
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    run: Callable[[BenchContext], tuple[torch.Tensor, SpeculativeStats | None]]
+    tasks: tuple[str, ...] = ("completion", "context")
+    requires: tuple[str, ...] = ()  # names in ctx.extras (or "draft") that must be present
+    lossless: bool = True  # greedy output must equal target-only greedy
+    description: str = ""
+
+    def available(self, ctx_extras: dict, has_draft: bool) -> bool:
+        return all((name == "draft" and has_draft) or name in ctx_extras for name in self.requires)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    if method.name in METHODS:
+        raise ValueError(f"a bench method named {method.name!r} is already registered")
+    METHODS[method.name] = method
+    return method
+
+
+class NullCandidateGenerator(TreeCandidateGenerator):
+    """Proposes nothing: every step is one plain target forward. Measures the loop's own overhead."""
+
+    def propose(self, input_ids, target_cache=None) -> DraftTree:
+        return DraftTree.empty(input_ids.device)
+
+
+def _target_only(ctx):
+    return ctx.target.generate(ctx.prompt_ids, **ctx.generate_kwargs()), None
+
+
+def _stock_assisted(ctx):
+    return ctx.target.generate(ctx.prompt_ids, assistant_model=ctx.draft, **ctx.generate_kwargs()), None
+
+
+def _prompt_lookup(ctx):
+    return ctx.target.generate(ctx.prompt_ids, prompt_lookup_num_tokens=10, **ctx.generate_kwargs()), None
+
+
+def _speculative(ctx, **kwargs):
+    out = speculative_generate(ctx.target, ctx.prompt_ids, return_dict_in_generate=True, **kwargs, **ctx.generate_kwargs())
+    return out.sequences, out.speculative_stats
+
+
+register_method(Method("target-only", _target_only, description="target.generate(do_sample=False)"))
+register_method(Method("stock-assisted", _stock_assisted, requires=("draft",), description="transformers assisted decoding with the plain draft"))
+register_method(Method("prompt-lookup", _prompt_lookup, description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10)"))
+register_method(Method("draft-model", lambda ctx: _speculative(ctx, draft_model=ctx.draft, num_draft_tokens=5), requires=("draft",),
+                       description="speculative_generate with the plain draft, γ=5"))
+register_method(Method("null-drafter", lambda ctx: _speculative(ctx, candidate_generator=NullCandidateGenerator()),
+                       description="speculative_generate proposing nothing (loop overhead)"))

@@ -1,0 +1,122 @@
+"""The ``hf-specdraft`` command (also ``python -m hf_specdraft``).
+
+    hf-specdraft demo                       # the shipped default: every method vs target-only, one table
+    hf-specdraft demo --target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID
+    hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
+    hf-specdraft train-default [--recipe default|gpu|tiny] [--output-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def load_bundle(target: str | None, draft: str | None, device: str | None = None):
+    """The embedded default, or user checkpoints (local paths or Hub ids)."""
+    from .defaults import DefaultBundle, load_default
+
+    if target is None or (Path(target) / "target" / "config.json").is_file():  # the default, or a train-default directory
+        bundle = load_default(target, device=device)
+        if draft is not None:
+            bundle.draft = _load_causal_lm(draft, "--draft", bundle.target)
+        return bundle
+    from transformers import AutoTokenizer
+
+    model = _load_causal_lm(target, "--target")
+    return DefaultBundle(model, _load_causal_lm(draft, "--draft", model) if draft else None, AutoTokenizer.from_pretrained(target), Path(target))
+
+
+def _load_causal_lm(name: str, argument: str, like=None):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=like.dtype if like is not None else torch.float32)
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{argument} {name!r} is not a causal LM checkpoint that AutoModelForCausalLM can load: {err}") from err
+    return model.to(like.device if like is not None else ("cuda" if torch.cuda.is_available() else "cpu")).eval()
+
+
+def cmd_demo(args) -> int:
+    from .bench import METHODS, BenchConfig, format_table, run_bench
+
+    bundle = load_bundle(args.target, args.draft)
+    has_draft = bundle.draft is not None
+    methods = tuple(m for m, spec in METHODS.items() if m != "null-drafter" and spec.available({}, has_draft) and "completion" in spec.tasks)
+    config = BenchConfig(methods=methods, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, warmup=1)
+    result = run_bench(bundle, config)
+    print(f"\n{result['meta']['hardware']}, {result['meta']['dtype']}, target {result['meta']['target_parameters'] / 1e6:.1f}M parameters, "
+          f"{config.num_prompts} held-out prompts x {config.max_new_tokens} new tokens (greedy)\n")
+    print(format_table(result["summary"]))
+    print("\nspeedup: wall time of target-only / wall time of the method, same prompts, same run. MAL: tokens per target forward "
+          "(speculative loop). =target: output identical to target-only greedy.")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import BenchConfig, format_table, run_bench
+
+    methods = tuple(args.methods.split(",")) if args.methods else BenchConfig.methods
+    config = BenchConfig(profile=args.profile, methods=methods, task=args.task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    if config.profile == "gpu" and not torch.cuda.is_available():
+        raise ValueError("--profile gpu needs a CUDA device; use --profile cpu here")
+    bundle = load_bundle(args.target, args.draft)
+    output = args.output or f"benchmarks/results/{config.profile}-{config.task}.json"
+    result = run_bench(bundle, config, output=output)
+    print(format_table(result["summary"]))
+    print(f"\nwrote {output}")
+    return 0
+
+
+def cmd_train_default(args) -> int:
+    from .defaults.recipe import get_recipe
+    from .defaults.training import train_default
+
+    log = train_default(get_recipe(args.recipe), args.output_dir, parts=tuple(args.parts.split(",")))
+    print(json.dumps(log["evaluation"], indent=1))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-specdraft", description="Speculative decoding for 🤗 Transformers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run every method on the shipped default (or --target) and print a table")
+    demo.add_argument("--target", help="a causal LM (local path or Hub id) or a train-default directory (default: the embedded default)")
+    demo.add_argument("--draft", help="a draft causal LM with the target's vocabulary")
+    demo.add_argument("--num-prompts", type=int, default=3)
+    demo.add_argument("--max-new-tokens", type=int, default=48)
+    demo.set_defaults(func=cmd_demo)
+    bench = sub.add_parser("bench", help="benchmark methods side by side; writes JSON")
+    bench.add_argument("--profile", default="cpu", help="cpu or gpu")
+    bench.add_argument("--methods", help="comma-separated method names (default: the baselines)")
+    bench.add_argument("--task", default="completion", help="completion or context")
+    bench.add_argument("--num-prompts", type=int)
+    bench.add_argument("--max-new-tokens", type=int)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--target")
+    bench.add_argument("--draft")
+    bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json)")
+    bench.set_defaults(func=cmd_bench)
+    train = sub.add_parser("train-default", help="reproduce the embedded default from its recipe")
+    train.add_argument("--recipe", default="default", help="default, gpu or tiny")
+    train.add_argument("--output-dir", default="hf_specdraft/defaults/checkpoint")
+    train.add_argument("--parts", default="draft,target")
+    train.set_defaults(func=cmd_train_default)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"hf-specdraft {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

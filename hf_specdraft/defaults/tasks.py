@@ -1,0 +1,112 @@
+"""Held-out evaluation tasks built from the corpus's held-out files, with a fixed seed.
+
+- ``completion``: complete a function from its signature and docstring (GLIDE, CAPE, cascade).
+- ``context``: complete the next lines of a file with the rest of the same file as context, like the
+  LCC / RepoBench-P code tasks in casd.txt §4: the prompt holds only the code just before the cut (the
+  target was trained on 256-token windows), while ``context`` holds the whole file minus the lines to
+  predict — the draft pool CASD retrieves from.
+
+Both are scored by edit similarity (Levenshtein ratio, as LongBench scores LCC).
+
+    >>> items = build_tasks("completion", count=100)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+from dataclasses import asdict, dataclass
+
+from .corpus import Corpus, build_corpus
+
+TASKS = ("completion", "context")
+PROMPT_CHARS = 700  # ≈ 190 tokens: prompts stay inside the 256-token windows the default target saw
+REFERENCE_CHARS = 240
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    task: str
+    source: str  # corpus file name
+    prompt: str
+    reference: str
+    context: str = ""  # "context" task only: the file without the reference span
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def edit_similarity(prediction: str, reference: str) -> float:
+    """1 − Levenshtein(prediction, reference) / max(len): 1.0 for identical strings, 0.0 for disjoint."""
+    if not prediction and not reference:
+        return 1.0
+    previous = list(range(len(reference) + 1))
+    for i, a in enumerate(prediction, 1):
+        current = [i]
+        for j, b in enumerate(reference, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a != b)))
+        previous = current
+    return 1.0 - previous[-1] / max(len(prediction), len(reference))
+
+
+def _function_items(name: str, text: str) -> list[TaskItem]:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    lines = text.splitlines(keepends=True)
+    items = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 2:
+            continue
+        doc = node.body[0]
+        if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
+            continue
+        start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
+        prompt = "".join(lines[start : doc.end_lineno])
+        body = "".join(lines[doc.end_lineno : node.end_lineno])
+        if 40 <= len(prompt) <= PROMPT_CHARS and len(body.strip()) >= 20:
+            items.append(TaskItem("completion", name, prompt, body[:REFERENCE_CHARS]))
+    return items
+
+
+def _context_item(name: str, text: str, rng: random.Random) -> TaskItem | None:
+    lines = text.splitlines(keepends=True)
+    if len(lines) < 40:
+        return None
+    cut = rng.randrange(len(lines) // 3, len(lines) - 6)
+    reference = "".join(lines[cut : cut + 4])
+    if len(reference.strip()) < 20:
+        return None
+    before, after = "".join(lines[:cut]), "".join(lines[cut + 4 :])
+    prompt = before[-PROMPT_CHARS:]
+    prompt = prompt[prompt.find("\n") + 1 :] if len(before) > PROMPT_CHARS else prompt  # start on a line boundary
+    return TaskItem("context", name, prompt, reference[:REFERENCE_CHARS], context=before + after)
+
+
+def build_tasks(task: str, count: int = 100, seed: int = 0, corpus: Corpus | None = None) -> list[TaskItem]:
+    """``count`` items of ``task`` from the held-out split, chosen with ``seed``.
+
+    Raises:
+        ValueError: unknown task, or fewer than ``count`` items available.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    corpus = corpus or build_corpus()
+    rng = random.Random(seed)
+    files = sorted(corpus.heldout, key=lambda f: f.name)
+    rng.shuffle(files)
+    items: list[TaskItem] = []
+    for f in files:
+        text = f.read()
+        if task == "completion":
+            candidates = _function_items(f.name, text)
+            if candidates:
+                items.append(rng.choice(candidates))  # one per file: no file dominates the task
+        else:
+            item = _context_item(f.name, text, rng)
+            if item is not None:
+                items.append(item)
+        if len(items) == count:
+            return items
+    raise ValueError(f"only {len(items)} {task!r} items could be built from {len(files)} held-out files; asked for {count}")

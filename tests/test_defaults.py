@@ -1,0 +1,143 @@
+"""The embedded default's plumbing on the tiny recipe (never a measurement), and the shipped checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_specdraft.defaults import CHECKPOINT_DIR, check_recipe, load_default
+from hf_specdraft.defaults.corpus import build_corpus, is_heldout
+from hf_specdraft.defaults.recipe import get_recipe
+from hf_specdraft.defaults.tasks import build_tasks, edit_similarity
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    return build_corpus()
+
+
+@pytest.fixture(scope="session")
+def tiny_default(tmp_path_factory, corpus):
+    """The tiny recipe trained end to end (seconds) into a temporary directory."""
+    from hf_specdraft.defaults.training import train_default
+
+    out = tmp_path_factory.mktemp("tiny_default")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_SPECDRAFT_CACHE", str(out / "cache"))
+    try:
+        log = train_default(get_recipe("tiny"), out / "run", corpus=corpus)
+    finally:
+        mp.undo()
+    return out / "run", log
+
+
+def test_corpus_split_is_deterministic_and_disjoint(corpus):
+    again = build_corpus()
+    assert [f.name for f in corpus.train] == [f.name for f in again.train]
+    assert [f.name for f in corpus.heldout] == [f.name for f in again.heldout]
+    assert not {f.name for f in corpus.train} & {f.name for f in corpus.heldout}
+    assert all(is_heldout(f.name) for f in corpus.heldout) and not any(is_heldout(f.name) for f in corpus.train)
+    assert {"python", "transformers", "torch"} <= set(corpus.versions)
+
+
+def test_unreadable_corpus_root(tmp_path):
+    with pytest.raises(ValueError, match="not a readable directory"):
+        build_corpus(roots={"missing": tmp_path / "nope"})
+
+
+def test_tiny_recipe_trains_and_loads(tiny_default):
+    path, log = tiny_default
+    assert set(log["evaluation"]) >= {"unigram_perplexity", "target_perplexity", "draft_perplexity", "target_repeat_fraction"}
+    assert log["target"]["steps"][-1]["loss"] < log["target"]["steps"][0]["loss"]
+    bundle = load_default(path)
+    assert check_recipe(path)
+    text = "def add(a, b):\n    return a + b\n"
+    assert bundle.tokenizer.decode(bundle.tokenizer(text).input_ids) == text  # byte-level BPE round trip
+    assert bundle.target.config.num_key_value_heads < bundle.target.config.num_attention_heads  # grouped-query attention
+    assert bundle.draft is not None
+
+
+def test_load_default_rejects_other_directories(tmp_path):
+    with pytest.raises(ValueError, match="not an embedded-default directory"):
+        load_default(tmp_path)
+
+
+@pytest.mark.skipif(not (CHECKPOINT_DIR / "recipe.json").is_file(), reason="the trained default is not shipped in this checkout")
+def test_shipped_checkpoint_loads_and_its_recipe_hash_matches():
+    assert check_recipe(CHECKPOINT_DIR)
+    bundle = load_default()
+    meta = json.loads((CHECKPOINT_DIR / "recipe.json").read_text())
+    assert bundle.target.config.hidden_size == meta["recipe"]["target"]["hidden_size"]
+    shards = list((CHECKPOINT_DIR / "target").glob("*.safetensors"))
+    assert shards and sum(s.stat().st_size for s in shards) <= 50 * 2**20
+    ids = bundle.tokenizer("import os\n", return_tensors="pt").input_ids
+    assert torch.isfinite(bundle.target(ids).logits).all()
+
+
+@pytest.mark.parametrize("task", ["completion", "context"])
+def test_task_builders(task, corpus):
+    items = build_tasks(task, count=100, seed=0, corpus=corpus)
+    assert len(items) == 100 and items == build_tasks(task, count=100, seed=0, corpus=corpus)
+    heldout = {f.name for f in corpus.heldout}
+    assert all(i.source in heldout and i.prompt and i.reference for i in items)
+    if task == "context":
+        assert all(i.prompt in i.context and len(i.context) > len(i.prompt) for i in items)  # the pool sees more than the prompt
+    with pytest.raises(ValueError, match="unknown task"):
+        build_tasks("translation")
+
+
+def test_edit_similarity():
+    assert edit_similarity("abc", "abc") == 1.0
+    assert edit_similarity("", "abc") == 0.0
+    assert edit_similarity("kitten", "sitting") == pytest.approx(1 - 3 / 7)
+
+
+def test_bench_json_schema(tiny_default, tmp_path):
+    from hf_specdraft.bench import BenchConfig, run_bench
+
+    bundle = load_default(tiny_default[0])
+    config = BenchConfig(methods=("target-only", "draft-model", "null-drafter", "prompt-lookup", "stock-assisted"), num_prompts=2, max_new_tokens=8, warmup=0)
+    result = run_bench(bundle, config, output=tmp_path / "bench.json")
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["meta"]["versions"]["transformers"] and saved["meta"]["dtype"] == "float32" and saved["meta"]["hardware"]
+    assert set(saved["summary"]) == set(config.methods)
+    for name, s in saved["summary"].items():
+        assert s["equals_target_only"] == 1.0, name  # every baseline here is lossless
+        assert s["speedup_vs_target_only"] > 0
+    assert saved["summary"]["draft-model"]["mean_accepted_length"] >= 1
+    assert len(saved["records"]) == 2 * len(config.methods)
+    assert result["summary"] == saved["summary"]
+
+
+def test_bench_config_errors():
+    from hf_specdraft.bench import BenchConfig
+
+    with pytest.raises(ValueError, match="unknown profile"):
+        BenchConfig(profile="tpu")
+    with pytest.raises(ValueError, match="unknown methods"):
+        BenchConfig(methods=("warp-drive",))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "hf_specdraft", *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def test_cli_demo_on_tiny_default(tiny_default):
+    done = run_cli("demo", "--target", str(tiny_default[0]), "--num-prompts", "1", "--max-new-tokens", "8")
+    assert done.returncode == 0, done.stderr
+    assert "target-only" in done.stdout and "draft-model" in done.stdout and "speedup" in done.stdout
+
+
+def test_cli_errors(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    done = run_cli("demo", "--target", str(tmp_path))
+    assert done.returncode == 2 and "not a causal LM" in done.stderr
+    done = run_cli("bench", "--profile", "tpu")
+    assert done.returncode == 2 and "unknown profile" in done.stderr
