@@ -4,6 +4,7 @@
     hf-specdraft demo --target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID
     hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
     hf-specdraft train-default [--recipe default|gpu|tiny] [--output-dir DIR]
+    hf-specdraft report                     # BENCHMARKS.md from benchmarks/results/*.json
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ def cmd_train_default(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from .bench.report import write_report
+
+    print(f"wrote {write_report(args.output, args.results_dir)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-specdraft", description="Speculative decoding for 🤗 Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--output-dir", default="hf_specdraft/defaults/checkpoint")
     train.add_argument("--parts", default="draft,target")
     train.set_defaults(func=cmd_train_default)
+    report = sub.add_parser("report", help="render BENCHMARKS.md from benchmarks/results/*.json")
+    report.add_argument("--results-dir", default="benchmarks/results")
+    report.add_argument("--output", default="BENCHMARKS.md")
+    report.set_defaults(func=cmd_report)
     return parser
 
 

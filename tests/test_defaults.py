@@ -115,6 +115,11 @@ def test_bench_json_schema(tiny_default, tmp_path):
     assert len(saved["records"]) == 2 * len(config.methods)
     assert result["summary"] == saved["summary"]
 
+    from hf_specdraft.bench.report import render
+
+    report = render(tmp_path, checkpoint=tiny_default[0])
+    assert "## The embedded default" in report and "| draft-model |" in report and "unigram baseline" in report
+
 
 def test_bench_config_errors():
     from hf_specdraft.bench import BenchConfig

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +151,7 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
     result = {
         "meta": {**environment(bundle), "profile": config.profile, "task": config.task, "num_prompts": len(items),
                  "max_new_tokens": config.max_new_tokens, "seed": config.seed, "methods": list(config.methods),
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None},
         "summary": summarize(records, config.methods),
         "records": records,
     }
