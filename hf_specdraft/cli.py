@@ -17,26 +17,29 @@ from pathlib import Path
 import torch
 
 
-def load_bundle(target: str | None, draft: str | None, device: str | None = None):
+DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def load_bundle(target: str | None, draft: str | None, device: str | None = None, dtype: torch.dtype | None = None):
     """The embedded default, or user checkpoints (local paths or Hub ids)."""
     from .defaults import DefaultBundle, load_default
 
     if target is None or (Path(target) / "target" / "config.json").is_file():  # the default, or a train-default directory
-        bundle = load_default(target, device=device)
+        bundle = load_default(target, device=device, dtype=dtype)
         if draft is not None:
             bundle.draft = _load_causal_lm(draft, "--draft", bundle.target)
         return bundle
     from transformers import AutoTokenizer
 
-    model = _load_causal_lm(target, "--target")
+    model = _load_causal_lm(target, "--target", dtype=dtype)
     return DefaultBundle(model, _load_causal_lm(draft, "--draft", model) if draft else None, AutoTokenizer.from_pretrained(target), Path(target))
 
 
-def _load_causal_lm(name: str, argument: str, like=None):
+def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | None = None):
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=like.dtype if like is not None else torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=like.dtype if like is not None else (dtype or torch.float32))
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"{argument} {name!r} is not a causal LM checkpoint that AutoModelForCausalLM can load: {err}") from err
     return model.to(like.device if like is not None else ("cuda" if torch.cuda.is_available() else "cpu")).eval()
@@ -65,7 +68,15 @@ def cmd_bench(args) -> int:
     config = BenchConfig(profile=args.profile, methods=methods, task=args.task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed)
     if config.profile == "gpu" and not torch.cuda.is_available():
         raise ValueError("--profile gpu needs a CUDA device; use --profile cpu here")
-    bundle = load_bundle(args.target, args.draft)
+    target = args.target
+    if config.profile == "gpu" and target is None:  # the gpu profile trains its bigger target inside the run (≤ 6 min on one H200)
+        from .defaults.recipe import get_recipe
+        from .defaults.training import train_default
+
+        target = args.gpu_default_dir
+        if not (Path(target) / "recipe.json").is_file():
+            train_default(get_recipe("gpu"), target)
+    bundle = load_bundle(target, args.draft, dtype=DTYPES[args.dtype])
     output = args.output or f"benchmarks/results/{config.profile}-{config.task}.json"
     result = run_bench(bundle, config, output=output)
     print(format_table(result["summary"]))
@@ -108,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--target")
     bench.add_argument("--draft")
     bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json)")
+    bench.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="auto: fp32 on CPU, bf16 on CUDA")
+    bench.add_argument("--gpu-default-dir", default="runs/gpu-default", help="where --profile gpu trains (or finds) its target")
     bench.set_defaults(func=cmd_bench)
     train = sub.add_parser("train-default", help="reproduce the embedded default from its recipe")
     train.add_argument("--recipe", default="default", help="default, gpu or tiny")
