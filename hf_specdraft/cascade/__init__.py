@@ -1,0 +1,37 @@
+"""Cascade Speculative Drafting with Max-Gram (cascade_speculative_drafting.txt).
+
+    >>> from hf_specdraft import speculative_generate
+    >>> from hf_specdraft.cascade import CascadeCandidateGenerator, load_bigram_table
+    >>> drafter = CascadeCandidateGenerator([draft], k_matrix=[[5, 10], [0, 10]], lenience=2,
+    ...                                     bigram_table=load_bigram_table("bigram.safetensors"))  # doctest: +SKIP
+    >>> out = target.generate(input_ids, custom_generate=speculative_generate, candidate_generator=drafter,
+    ...                       max_new_tokens=64)  # doctest: +SKIP
+"""
+
+from .bigram import build_bigram_table, load_bigram_table, main_build_bigram, save_bigram_table
+from .cascade import CascadeCandidateGenerator, default_k_matrix, lenient_review, validate_k_matrix
+from .factory import build_cascade_for_bench, build_max_gram_for_bench
+from .max_gram import MaxGramCandidateGenerator, benchmark_max_gram, longest_suffix_match, max_gram_draft
+from .swi import cascade_swi, measure_cost_coefficients, parameter_cost_coefficients, swi_from_stats, swi_report
+
+__all__ = [
+    "CascadeCandidateGenerator",
+    "MaxGramCandidateGenerator",
+    "benchmark_max_gram",
+    "build_bigram_table",
+    "build_cascade_for_bench",
+    "build_max_gram_for_bench",
+    "cascade_swi",
+    "default_k_matrix",
+    "lenient_review",
+    "load_bigram_table",
+    "longest_suffix_match",
+    "main_build_bigram",
+    "max_gram_draft",
+    "measure_cost_coefficients",
+    "parameter_cost_coefficients",
+    "save_bigram_table",
+    "swi_from_stats",
+    "swi_report",
+    "validate_k_matrix",
+]

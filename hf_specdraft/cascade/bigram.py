@@ -1,0 +1,156 @@
+"""The argmax bigram table Max-Gram falls back to (cascade_speculative_drafting.txt §3.3).
+
+``table[t]`` is the token that most often follows ``t`` in a corpus (ties: the smallest id). The paper
+builds it from Wikipedia "to maintain the generality"; ``hf-specdraft build-bigram`` builds it from any
+corpus for a given tokenizer, by default the embedded default's train split. Tokens never seen followed
+by anything map to the corpus's most frequent token (``unseen="most_frequent"``, the best guess with no
+context) or to themselves (``unseen="self"``). Pairs are counted sparsely (``prev * V + next`` int64 keys),
+so memory follows the number of distinct pairs, not ``V²``, and ids above 65,535 are exact.
+
+Build the table for the embedded default (the train split of the local Python corpus)::
+
+    hf-specdraft build-bigram --output bigram.safetensors
+    hf-specdraft build-bigram --tokenizer path/to/tokenizer_dir --source path/to/code --output bigram.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .max_gram import check_bigram_table
+
+TABLE_KEY = "bigram_table"
+FORMAT = "hf_specdraft.bigram_table.v1"
+MERGE_EVERY = 4_000_000  # pending pair keys before they are reduced to (unique key, count); bounds memory
+
+
+class _PairCounts:
+    """Sparse counts of ``(prev, next)`` pairs, reduced every ``MERGE_EVERY`` pending keys."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.keys = torch.zeros(0, dtype=torch.long)
+        self.counts = torch.zeros(0, dtype=torch.long)
+        self.unigram = torch.zeros(vocab_size, dtype=torch.long)
+        self.pending: list[torch.Tensor] = []
+        self.pending_size = 0
+
+    def add(self, ids: torch.Tensor) -> None:
+        ids = torch.as_tensor(ids).long().flatten().cpu()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"token ids must be in [0, vocab_size={self.vocab_size}), got ids in [{int(ids.min())}, {int(ids.max())}]")
+        self.unigram += torch.bincount(ids, minlength=self.vocab_size)
+        if ids.numel() < 2:
+            return
+        self.pending.append(ids[:-1] * self.vocab_size + ids[1:])
+        self.pending_size += ids.numel() - 1
+        if self.pending_size >= MERGE_EVERY:
+            self.merge()
+
+    def merge(self) -> None:
+        if not self.pending:
+            return
+        keys = torch.cat([self.keys, *self.pending])
+        counts = torch.cat([self.counts, torch.ones(self.pending_size, dtype=torch.long)])
+        self.keys, inverse = torch.unique(keys, return_inverse=True)
+        self.counts = torch.zeros(self.keys.numel(), dtype=torch.long).index_add_(0, inverse, counts)
+        self.pending, self.pending_size = [], 0
+
+
+def build_bigram_table(token_ids_iterable: Iterable, vocab_size: int, unseen: str = "most_frequent") -> torch.LongTensor:
+    """Argmax next-token table from a corpus of token-id sequences.
+
+    Args:
+        token_ids_iterable: sequences of token ids (lists or 1-D tensors), e.g. one per document; pairs
+            are counted inside each sequence, never across two.
+        vocab_size: V, the table's length (the tokenizer's ``len(tokenizer)``).
+        unseen: ``"most_frequent"`` maps ids never followed by anything to the corpus's most frequent
+            token; ``"self"`` maps them to themselves.
+
+    Returns:
+        `torch.LongTensor` of shape `(V,)`: ``table[t]`` = the most frequent next token after ``t``
+        (ties broken by the smallest id).
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    if unseen not in ("most_frequent", "self"):
+        raise ValueError(f"unseen must be 'most_frequent' or 'self', got {unseen!r}")
+    pairs = _PairCounts(vocab_size)
+    for ids in token_ids_iterable:
+        pairs.add(ids)
+    pairs.merge()
+    if unseen == "most_frequent" and int(pairs.unigram.sum()) > 0:
+        table = torch.full((vocab_size,), int(pairs.unigram.argmax()), dtype=torch.long)
+    else:
+        table = torch.arange(vocab_size, dtype=torch.long)
+    if pairs.keys.numel():
+        prev, nxt = pairs.keys // vocab_size, pairs.keys % vocab_size  # keys are sorted: by prev, then next
+        order = torch.sort(-pairs.counts, stable=True).indices  # most frequent first; ties keep the smaller next
+        order = order[torch.sort(prev[order], stable=True).indices]  # group by prev, keeping that order
+        first = torch.ones(order.numel(), dtype=torch.bool)
+        first[1:] = prev[order][1:] != prev[order][:-1]
+        table[prev[order][first]] = nxt[order][first]
+    return table
+
+
+def save_bigram_table(table: torch.Tensor, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """Write ``table`` `(V,)` to a safetensors file (key ``"bigram_table"``), with string ``metadata``."""
+    table = check_bigram_table(table)
+    meta = {"format": FORMAT, "vocab_size": str(table.numel()), **{str(k): str(v) for k, v in (metadata or {}).items()}}
+    save_file({TABLE_KEY: table.contiguous().cpu()}, str(path), metadata=meta)
+
+
+def load_bigram_table(path: str | Path, device: str | torch.device = "cpu") -> torch.LongTensor:
+    """Read a table written by :func:`save_bigram_table`. Returns `torch.LongTensor` `(V,)`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"bigram table file {str(path)!r} does not exist (build one with `hf-specdraft build-bigram`)")
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        if TABLE_KEY not in f.keys():
+            raise ValueError(f"{str(path)!r} holds no {TABLE_KEY!r} tensor; it was not written by save_bigram_table")
+        table = f.get_tensor(TABLE_KEY)
+    return check_bigram_table(table, argument=f"the table in {str(path)!r}").to(device)
+
+
+def bigram_table_metadata(path: str | Path) -> dict[str, str]:
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return dict(f.metadata() or {})
+
+
+def main_build_bigram(argv: list[str] | None = None) -> int:
+    """``hf-specdraft build-bigram``: tokenize a corpus, build the argmax bigram table, save it. Returns 0."""
+    parser = argparse.ArgumentParser(prog="hf-specdraft build-bigram", description=main_build_bigram.__doc__)
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the embedded default's tokenizer)")
+    parser.add_argument("--output", required=True, help="safetensors file to write")
+    parser.add_argument("--source", default=None, help="a directory of .py files to use instead of the embedded default's corpus (split by file the same way)")
+    parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split (default: train)")
+    parser.add_argument("--max-files", type=int, default=None, help="read only the first N files of the split (quick runs)")
+    parser.add_argument("--unseen", choices=("most_frequent", "self"), default="most_frequent", help="what ids never seen map to")
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from ..defaults.corpus import build_corpus
+
+    tokenizer_dir = Path(args.tokenizer) if args.tokenizer else Path(__file__).resolve().parents[1] / "defaults" / "checkpoint" / "tokenizer"
+    if not tokenizer_dir.is_dir():
+        parser.error(f"--tokenizer {str(tokenizer_dir)!r} is not a directory")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if args.max_files is not None and args.max_files < 1:
+        parser.error(f"--max-files must be a positive int, got {args.max_files}")
+    try:
+        corpus = build_corpus(roots={"source": Path(args.source)} if args.source else None)
+    except ValueError as err:
+        parser.error(f"--source: {err}")
+    files = getattr(corpus, args.split)[: args.max_files]
+    texts = (f.read() for f in files)
+    ids = (tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts)
+    table = build_bigram_table(ids, len(tokenizer), unseen=args.unseen)
+    save_bigram_table(table, args.output, {"tokenizer": str(tokenizer_dir), "split": args.split, "files": str(len(files)), "unseen": args.unseen})
+    print(f"wrote {args.output}: {table.numel()} entries from {len(files)} {args.split} files")
+    return 0

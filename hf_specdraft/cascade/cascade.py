@@ -1,0 +1,256 @@
+"""Cascade Speculative Drafting (CS Drafting): vertical and horizontal cascades (cascade_speculative_drafting.txt §3).
+
+Drafters, largest first: neural drafts ``M_d1 … M_dn`` (``drafts[0..n-1]``) and Max-Gram (MaG, §3.3) at the
+bottom; the target ``M_t`` reviews last. Notation follows Algorithm 1 (``CascadeSpeculativeDraftingStep``):
+
+- *horizontal cascade* (§3.2): at one level, drafter ``i`` (largest first) extends the draft until it is
+  ``k_1 + … + k_i`` tokens past the level's prefix, so the cheap drafters produce the late, rarely
+  accepted tokens.
+- *vertical cascade* (§3.1): a neural drafter never decodes autoregressively; it reviews the draft of
+  the cascade below it (the drafters after it, with the sub-matrix ``K[i+1:, i+1:]``) in one forward,
+  keeps the accepted prefix and adds its own next token.
+- ``K`` (`(n+1, n+1)`, upper triangular): row 0 holds the horizontal budgets of the level the target
+  reviews, one per drafter (``n`` drafts, then MaG); the sub-matrix with its top-left corner at
+  ``(i+1, i+1)`` drives the recursion in which ``drafts[i]`` reviews. Entries are per-drafter budgets, as
+  in the official code: the paper's Table 2 ``k_12`` is ``K[0, 0] + K[0, 1]`` here. A zero skips that
+  drafter at that level (a draft whose whole row is zero decodes one token per forward, as in vanilla SD).
+- lenience ``l`` (§3.1): a drafted token ``x`` with drafter probability ``q(x)`` passes a draft's review
+  when the reviewer's argmax is ``x`` or ``q(x) <= l * p(x)``. As in §5.2, never when the target reviews
+  (the decoding loop verifies exactly, so greedy output is lossless) and never for MaG's raw tokens
+  ("significant performance gap between MaG and a neural model"); ``l = 1`` is exact review.
+
+Each review by a draft is one forward of that draft on its own KV cache, re-synced to the new text by
+common prefix; calls are counted as ``"draft0"``, ``"draft1"``, … and ``"max_gram"`` for SWI (§5.1).
+Inside the cascade every review is greedy (the paper decodes at temperature 0, §5.2); with
+``do_sample=True`` the loop's exact match against the target's own sample keeps sampling lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+
+from ..acceptance import check_lenience
+from ..drafting import TreeCandidateGenerator, check_same_vocab, common_prefix_length
+from ..tree import DraftTree
+from .max_gram import MAX_GRAM_TOKENS, MaxGramCandidateGenerator
+
+UNBOUNDED = 2**62  # no length limit known (propose called outside generate): the budgets alone bound the draft
+
+
+def default_k_matrix(num_drafts: int) -> list[list[int]]:
+    """The official code's settings: ``[[10]]`` (MaG alone), ``[[5, 10], [0, 10]]`` (one draft, its
+    LLaMA example) and ``[[5, 14, 10], [0, 1, 10], [0, 0, 10]]`` (two drafts, its FLAN-T5 config);
+    deeper cascades give every draft 5 and MaG 10 per level."""
+    if num_drafts == 1:
+        return [[5, 10], [0, 10]]
+    if num_drafts == 2:
+        return [[5, 14, 10], [0, 1, 10], [0, 0, 10]]
+    size = num_drafts + 1
+    return [[0] * i + [5] * (num_drafts - i) + [MAX_GRAM_TOKENS] for i in range(size)]
+
+
+def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
+    """Check ``k_matrix`` for ``num_drafts`` neural drafts + MaG; returns it as nested int lists.
+
+    Raises:
+        ValueError: not a square ``(num_drafts + 1)``-sized integer matrix, a negative entry, a non-zero
+            entry below the diagonal, or a first row summing to 0 (the cascade would never draft).
+    """
+    size = num_drafts + 1
+    try:
+        matrix = torch.as_tensor(k_matrix)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"k_matrix must be a square matrix of ints, got {k_matrix!r}") from err
+    if matrix.dim() != 2 or tuple(matrix.shape) != (size, size):
+        raise ValueError(f"k_matrix must have shape ({size}, {size}) for {num_drafts} draft(s) + Max-Gram, got shape {tuple(matrix.shape)}")
+    integral = not (matrix.dtype == torch.bool or matrix.is_complex()) and (
+        not matrix.is_floating_point() or bool((torch.isfinite(matrix) & (matrix == matrix.round())).all())
+    )
+    if not integral:
+        raise ValueError(f"k_matrix entries must be integers, got {matrix.tolist()}")
+    matrix = matrix.long()
+    if bool((matrix < 0).any()):
+        raise ValueError(f"k_matrix entries must be >= 0 (token budgets), got {matrix.tolist()}")
+    if bool(torch.tril(matrix, diagonal=-1).any()):
+        raise ValueError(f"k_matrix must be upper-triangular (entries below the diagonal are never used and must be 0), got {matrix.tolist()}")
+    if int(matrix[0].sum()) == 0:
+        raise ValueError(f"k_matrix's first row (the budgets of the level the target reviews) sums to 0, so nothing would be drafted: {matrix.tolist()}")
+    return matrix.tolist()
+
+
+def lenient_review(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torch.Tensor, lenience: float) -> int:
+    """Greedy (lenient) review by a draft (§3.1): how many leading ``candidates`` the reviewer keeps.
+
+    Args:
+        p (`torch.FloatTensor` of shape `(k+1, V)`): the reviewer's distribution at each position.
+        candidates (`torch.LongTensor` of shape `(k,)`).
+        q_candidates (`torch.FloatTensor` of shape `(k,)`): ``q(x)`` of each candidate under the drafter
+            that proposed it; ``inf`` for tokens that must match exactly (MaG's).
+        lenience: ``l >= 1``; ``1`` accepts only the reviewer's argmax (the official code applies the
+            lenient clause only when ``l > 1``).
+    """
+    k = candidates.numel()
+    ok = p[:k].argmax(-1) == candidates
+    if lenience > 1:
+        p_x = p[torch.arange(k, device=p.device), candidates]
+        ok |= q_candidates.to(p.device) <= lenience * p_x
+    return int(ok.long().cumprod(0).sum())
+
+
+class CascadeCandidateGenerator(TreeCandidateGenerator):
+    """CS Drafting (cascade_speculative_drafting.txt Algorithm 1) as a chain drafter for the decoding loop.
+
+    ``propose`` runs ``CascadeSpeculativeDraftingStep`` with ``isFirstCall`` true, down to the point where
+    the target reviews; that review is the loop's exact verification (lenience 1, as Algorithm 1 sets).
+
+    Args:
+        drafts: neural drafts ``[M_d1, …, M_dn]``, largest first, each sharing the target's vocabulary.
+        k_matrix: ``K``, `(n+1, n+1)` upper-triangular per-drafter budgets (see the module docstring);
+            default :func:`default_k_matrix`.
+        lenience: ``l >= 1`` for reviews by drafts (§3.1).
+        bigram_table (`torch.LongTensor` of shape `(V,)`, *optional*): MaG's fallback.
+        max_gram_tokens: tokens MaG proposes per call (the paper: a fixed 10).
+        num_draft_tokens: optional cap on the tokens proposed to the target per step.
+        max_gram: a ready :class:`MaxGramCandidateGenerator` instead of ``bigram_table`` / ``max_gram_tokens``.
+    """
+
+    def __init__(self, drafts: list[PreTrainedModel], k_matrix=None, lenience: float = 1.0, bigram_table: torch.Tensor | None = None,
+                 max_gram_tokens: int = MAX_GRAM_TOKENS, num_draft_tokens: int | None = None, max_gram: MaxGramCandidateGenerator | None = None):
+        super().__init__()
+        if not isinstance(drafts, (list, tuple)) or not drafts:
+            raise ValueError("drafts must be a non-empty list of draft models, largest first (for Max-Gram alone use MaxGramCandidateGenerator)")
+        for i, draft in enumerate(drafts):
+            if not isinstance(draft, PreTrainedModel):
+                raise TypeError(f"drafts[{i}] must be a transformers PreTrainedModel, got {type(draft).__name__}")
+        if num_draft_tokens is not None and (isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1):
+            raise ValueError(f"num_draft_tokens must be None or a positive int, got {num_draft_tokens!r}")
+        if isinstance(max_gram_tokens, bool) or not isinstance(max_gram_tokens, int) or max_gram_tokens < 1:
+            raise ValueError(f"max_gram_tokens must be a positive int, got {max_gram_tokens!r}")
+        if max_gram is not None and not isinstance(max_gram, MaxGramCandidateGenerator):
+            raise TypeError(f"max_gram must be a MaxGramCandidateGenerator, got {type(max_gram).__name__}")
+        self.drafts = list(drafts)
+        self.k_matrix = validate_k_matrix(default_k_matrix(len(drafts)) if k_matrix is None else k_matrix, len(drafts))
+        self.lenience = check_lenience(lenience)
+        self.max_gram = max_gram or MaxGramCandidateGenerator(bigram_table, num_draft_tokens=max_gram_tokens)
+        self.num_draft_tokens = num_draft_tokens
+        self.max_length: int | None = None  # set by prepare: drafting past generate's max_length is wasted
+        self._reset()
+
+    def _reset(self) -> None:
+        self.caches = [DynamicCache(config=d.config) for d in self.drafts]
+        self.seen = [torch.zeros(0, dtype=torch.long, device=d.device) for d in self.drafts]  # tokens each cache covers
+
+    def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
+        super().prepare(target, generation_config)
+        for i, draft in enumerate(self.drafts):
+            check_same_vocab(target, draft, argument=f"drafts[{i}]")
+        self.max_gram.prepare(target, generation_config)
+        self.max_length = generation_config.max_length
+        self._reset()
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
+        """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text.
+            target_cache: unused (the drafts keep their own caches).
+
+        Returns:
+            :class:`DraftTree` chain of the drafted tokens (no q: the target verifies by exact match).
+        """
+        cur_gen = input_ids[0]
+        limit = UNBOUNDED if self.max_length is None else self.max_length - 1  # the loop keeps room for its bonus token
+        if self.num_draft_tokens is not None:
+            limit = min(limit, cur_gen.numel() + self.num_draft_tokens)
+        cur_probs = torch.zeros(0, device=cur_gen.device)
+        cur_gen, _ = self.cascade_step(0, cur_gen, cur_probs, limit)
+        return DraftTree.chain(cur_gen[input_ids.shape[1] : limit])
+
+    def cascade_step(self, level: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int) -> tuple[torch.LongTensor, torch.Tensor]:
+        """``CascadeSpeculativeDraftingStep`` (Algorithm 1) for the level whose drafters are ``drafts[level:]`` + MaG.
+
+        The reviewer of level ``level`` is the target (``level == 0``, reviewed later by the loop) or
+        ``drafts[level - 1]``; ``curK`` is ``K[level:, level:]`` and its first row the horizontal budgets.
+        Level ``n + 1`` is the base case: the reviewer is MaG, the draft list is empty, MaG generates.
+
+        Args:
+            cur_gen (`torch.LongTensor` of shape `(L + j,)`): accepted text + the ``j`` tokens drafted so far.
+            cur_probs (`torch.FloatTensor` of shape `(j,)`): ``q(x)`` of each drafted token (``curProbs``).
+            limit: stop drafting at this total length.
+
+        Returns:
+            `(cur_gen, cur_probs)` extended by this level's output.
+        """
+        if level == len(self.drafts) + 1:
+            return self.max_gram_step(cur_gen, cur_probs, limit)
+        budgets = self.k_matrix[level][level:]  # [k_1, …] for drafters drafts[level:] + MaG
+        prefix_length = cur_gen.numel()
+        goal = prefix_length
+        for i, k in enumerate(budgets):  # horizontal cascade: largest drafter first
+            goal = min(goal + k, limit)
+            while cur_gen.numel() < goal:  # vertical cascade: drafter level+i reviews the cascade below it
+                before = cur_gen.numel()
+                cur_gen, cur_probs = self.cascade_step(level + i + 1, cur_gen, cur_probs, limit)
+                if cur_gen.numel() == before:  # MaG found nothing (no match, no bigram table)
+                    break
+        if level == 0:
+            return cur_gen, cur_probs  # the target reviews in the decoding loop, with lenience 1
+        return self.review(level - 1, cur_gen, cur_probs, prefix_length)
+
+    def max_gram_step(self, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Base case of Algorithm 1: MaG proposes its tokens; their ``q(x)`` is ``inf`` (never lenient)."""
+        count = min(self.max_gram.num_draft_tokens, limit - cur_gen.numel())
+        if count <= 0:
+            return cur_gen, cur_probs
+        tokens = self.max_gram.draft(cur_gen, count).to(cur_gen.device)
+        self.count_call("max_gram")
+        inf = torch.full((tokens.numel(),), float("inf"), device=cur_probs.device)
+        return torch.cat([cur_gen, tokens]), torch.cat([cur_probs, inf])
+
+    def review(self, index: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, review_index: int) -> tuple[torch.LongTensor, torch.Tensor]:
+        """``review(M_d, curGen, curProbs, l)``: ``drafts[index]`` reviews ``cur_gen[review_index:]`` in one forward.
+
+        Keeps the accepted prefix (:func:`lenient_review`) and appends the reviewer's own next token. The
+        kept tokens now carry the reviewer's ``p(x)`` as their ``q(x)``, as in the official code.
+
+        Returns:
+            `(cur_gen, cur_probs)`: ``cur_gen[:review_index + accepted]`` + the reviewer's token.
+        """
+        logits = self.draft_logits(index, cur_gen, review_index)  # (k+1, V)
+        p = self.draft_distribution(logits, cur_gen[None])
+        base = cur_gen.numel() - cur_probs.numel()  # the accepted text's length
+        candidates = cur_gen[review_index:].to(p.device)
+        accepted = lenient_review(p, candidates, cur_probs[review_index - base :], self.lenience)
+        next_token = p[accepted].argmax(-1, keepdim=True)
+        kept = torch.cat([candidates[:accepted], next_token])
+        kept_q = p[torch.arange(accepted + 1, device=p.device), kept].to(cur_probs.device)
+        cur_gen = torch.cat([cur_gen[: review_index + accepted], next_token.to(cur_gen.device)])
+        return cur_gen, torch.cat([cur_probs[: review_index - base], kept_q])
+
+    def draft_logits(self, index: int, cur_gen: torch.LongTensor, review_index: int) -> torch.Tensor:
+        """Logits `(len(cur_gen) - review_index + 1, V)` of ``drafts[index]`` at positions ``review_index - 1 …``.
+
+        The draft's cache is cropped to the common prefix with the text it last saw (never past
+        ``review_index - 1``, so the first needed row is recomputed), then fed the rest.
+        """
+        draft, cache = self.drafts[index], self.caches[index]
+        ids = cur_gen.to(draft.device)
+        keep = min(common_prefix_length(self.seen[index], ids), review_index - 1)
+        if cache.get_seq_length() > keep:
+            if _can_roll_back(cache):
+                cache.crop(keep - cache.get_seq_length())  # transformers 5.23 crops by a negative count
+            else:  # a sliding-window layer past its window keeps no past to roll back to: re-encode
+                cache = self.caches[index] = DynamicCache(config=draft.config)
+                keep = 0
+        rows = ids.numel() - review_index + 1
+        out = draft(input_ids=ids[None, keep:], past_key_values=cache, use_cache=True, logits_to_keep=rows)
+        self.seen[index] = ids  # invariant: the cache covers self.seen[index]
+        self.count_call(f"draft{index}")
+        return out.logits[0, -rows:]
+
+
+def _can_roll_back(cache: DynamicCache) -> bool:
+    """Whether ``cache.crop`` can remove tokens: not once a sliding-window layer has filled its window."""
+    return not any(getattr(layer, "is_sliding", False) and layer.get_seq_length() >= layer.sliding_window for layer in cache.layers)

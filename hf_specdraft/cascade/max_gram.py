@@ -1,0 +1,236 @@
+"""Max-Gram (MaG): the statistical drafter at the bottom of a cascade (cascade_speculative_drafting.txt §3.3, App. A).
+
+MaG finds the longest earlier occurrence of the sequence's recent suffix in the prompt and the generated
+text, and proposes the tokens that followed it. When the last token never occurred before, it falls back
+to an argmax bigram table (``table[t]`` = the most frequent token after ``t`` in a corpus; see
+:mod:`hf_specdraft.cascade.bigram`) and follows that chain for the whole budget.
+
+Everything is tensor ops on the sequence's own device: one ``==`` over the sequence finds the places
+where the last token occurred, then each round extends all surviving matches by a window of look-back
+offsets at once (the window doubles every round), so the Python loop runs over match-length rounds,
+never over sequence positions. Token ids stay ``int64``, so vocabularies above 65,535 ids work.
+
+    >>> seq = torch.tensor([5, 6, 7, 8, 1, 6, 7, 9, 2, 5, 6, 7])
+    >>> longest_suffix_match(seq)  # "5 6 7" ends at position 2; "6 7" at 6 is shorter
+    (2, 3)
+    >>> max_gram_draft(seq, 3).tolist()
+    [8, 1, 6]
+
+Time one proposal at an 8K-token context (CPU)::
+
+    python -c "from hf_specdraft.cascade.max_gram import benchmark_max_gram; print(benchmark_max_gram())"
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+
+from ..drafting import TreeCandidateGenerator, output_vocab_size
+from ..tree import DraftTree
+
+MAX_GRAM_TOKENS = 10  # §5.2 "we use MaG to generate 10 tokens at once, as it is rare for more than 10 tokens to be accepted"
+FIRST_WINDOW = 8  # look-back offsets compared in the first extension round; doubles each round
+
+
+def longest_suffix_match(sequence: torch.LongTensor, max_match_length: int | None = None) -> tuple[int, int]:
+    """The earlier occurrence of the longest suffix of ``sequence`` (Max-Gram's match, §3.3).
+
+    Among the positions ``j < L - 1`` with ``sequence[j - t] == sequence[L - 1 - t]`` for
+    ``t = 0 .. m - 1``, take the longest ``m`` first, then the most recent ``j``.
+
+    Args:
+        sequence (`torch.LongTensor` of shape `(L,)`): prompt + generated tokens.
+        max_match_length: matches at least this long count as equally long (then the most recent wins),
+            which bounds the work on degenerate, endlessly repeating text. ``None``: no bound.
+
+    Returns:
+        `(end, length)`: the match's last position ``j`` and its length ``m``; ``(-1, 0)`` when the last
+        token never occurred before.
+    """
+    length_total = sequence.numel()
+    if length_total < 2:
+        return -1, 0
+    ends = (sequence[:-1] == sequence[-1]).nonzero().flatten()  # (C,) every match of length >= 1
+    if ends.numel() == 0:
+        return -1, 0
+    cap = length_total - 1 if max_match_length is None else min(max_match_length, length_total - 1)
+    if int(_match_length(sequence, ends[-1:], cap)) == cap:  # the most recent match is already as long as allowed
+        return int(ends[-1]), cap  # (repetition loops: skips extending thousands of long matches)
+    length, window = 1, FIRST_WINDOW
+    while length < cap:
+        width = min(window, cap - length)
+        run = _match_length(sequence, ends, width, offset=length)  # (C,) tokens matched in this window
+        full = run == width
+        if not bool(full.any()):  # every match ends inside this window: the longest ones win
+            best = run.max()
+            ends = ends[run == best]
+            length += int(best)
+            break
+        ends, length, window = ends[full], length + width, window * 2  # only full matches can still be longest
+    return int(ends.max()), length
+
+
+def _match_length(sequence: torch.LongTensor, ends: torch.LongTensor, width: int, offset: int = 0) -> torch.LongTensor:
+    """For each end ``j`` in ``ends`` `(C,)`, how many of the look-back offsets ``offset .. offset+width-1``
+    match the suffix without a break: ``sequence[j - t] == sequence[L - 1 - t]``. Returns `(C,)`."""
+    back = offset + torch.arange(width, device=sequence.device)  # (w,) look-back offsets t
+    src = ends[:, None] - back  # (C, w) positions in the earlier occurrence
+    same = (src >= 0) & (sequence[src.clamp(min=0)] == sequence[sequence.numel() - 1 - back])
+    return same.long().cumprod(dim=1).sum(dim=1)
+
+
+def bigram_chain(bigram_table: torch.LongTensor, token: torch.Tensor, num_tokens: int) -> torch.LongTensor:
+    """Follow an argmax bigram table ``num_tokens`` steps from ``token`` (0-d). Returns `(num_tokens,)`.
+
+    Ids outside the table map to themselves. The loop runs over the draft budget, not the sequence, and
+    never leaves the device.
+    """
+    out = torch.empty(num_tokens, dtype=torch.long, device=bigram_table.device)
+    token = token.to(bigram_table.device)
+    size = bigram_table.numel()
+    for i in range(num_tokens):
+        token = torch.where(token < size, bigram_table[token.clamp(max=size - 1)], token)
+        out[i] = token
+    return out
+
+
+def max_gram_draft(
+    sequence: torch.LongTensor,
+    num_tokens: int = MAX_GRAM_TOKENS,
+    bigram_table: torch.LongTensor | None = None,
+    max_match_length: int | None = None,
+) -> torch.LongTensor:
+    """One Max-Gram proposal (§3.3, Appendix A): the ``num_tokens`` tokens that followed the longest match.
+
+    The copy may run into the tokens it is itself proposing (an overlapping copy, as in LZ77): a match
+    ``d`` tokens back proposes ``sequence[j + 1 + (i mod d)]``, which is what re-running MaG on the
+    extended text finds when it repeats with period ``d`` (the official code searches the extended
+    text a second time for this). With no match, the bigram chain from the last token.
+
+    Args:
+        sequence (`torch.LongTensor` of shape `(L,)`): prompt + generated tokens.
+        num_tokens: proposal length.
+        bigram_table (`torch.LongTensor` of shape `(V,)`, *optional*): fallback; without it an unmatched
+            sequence gets an empty proposal.
+        max_match_length: see :func:`longest_suffix_match`.
+
+    Returns:
+        `torch.LongTensor` of shape `(num_tokens,)`, or `(0,)` when nothing matches and there is no table.
+    """
+    end, _ = longest_suffix_match(sequence, max_match_length)
+    if end >= 0:
+        distance = sequence.numel() - 1 - end
+        return sequence[end + 1 + torch.arange(num_tokens, device=sequence.device) % distance]
+    if bigram_table is None or sequence.numel() == 0:
+        return sequence[:0]
+    return bigram_chain(bigram_table, sequence[-1], num_tokens).to(sequence.device)
+
+
+class MaxGramCandidateGenerator(TreeCandidateGenerator):
+    """Max-Gram alone as a drafter (cascade_speculative_drafting.txt §3.3): no model, near-zero cost.
+
+    Proposes a chain of ``num_draft_tokens`` tokens per step (:func:`max_gram_draft`). Its calls are counted
+    under ``"max_gram"`` in ``forward_calls``; SWI gives them cost 0 by default, as the paper does.
+
+    Args:
+        bigram_table (`torch.LongTensor` of shape `(V,)`, *optional*): argmax bigram fallback, e.g. from
+            :func:`~hf_specdraft.cascade.bigram.load_bigram_table`. Shorter than the target's vocabulary
+            is fine (the missing ids map to themselves); longer, or holding ids outside it, is an error.
+        num_draft_tokens: γ, tokens per proposal (the paper's MaG uses a fixed 10).
+        max_match_length: see :func:`longest_suffix_match`.
+    """
+
+    def __init__(self, bigram_table: torch.Tensor | None = None, num_draft_tokens: int = MAX_GRAM_TOKENS, max_match_length: int | None = 256):
+        super().__init__()
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
+        if max_match_length is not None and (isinstance(max_match_length, bool) or not isinstance(max_match_length, int) or max_match_length < 1):
+            raise ValueError(f"max_match_length must be None or a positive int, got {max_match_length!r}")
+        self.bigram_table = check_bigram_table(bigram_table) if bigram_table is not None else None
+        self.num_draft_tokens = num_draft_tokens
+        self.max_match_length = max_match_length
+
+    def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
+        super().prepare(target, generation_config)
+        if self.bigram_table is not None:
+            check_bigram_table(self.bigram_table, output_vocab_size(target))
+
+    def draft(self, sequence: torch.LongTensor, num_tokens: int | None = None) -> torch.LongTensor:
+        """``num_tokens`` (default γ) tokens to follow ``sequence`` `(L,)`; counted as one ``"max_gram"`` call."""
+        table = self.bigram_table
+        if table is not None and table.device != sequence.device:
+            table = self.bigram_table = table.to(sequence.device)
+        self.count_call("max_gram")
+        return max_gram_draft(sequence, num_tokens or self.num_draft_tokens, table, self.max_match_length)
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
+        return DraftTree.chain(self.draft(input_ids[0]))
+
+
+def check_bigram_table(table: torch.Tensor, vocab_size: int | None = None, argument: str = "bigram_table") -> torch.LongTensor:
+    """Validate a bigram table: a 1-D integer tensor of ids in ``[0, vocab_size)``, at most ``vocab_size`` long."""
+    if not isinstance(table, torch.Tensor) or table.dim() != 1 or table.numel() == 0 or table.is_floating_point() or table.dtype == torch.bool:
+        raise ValueError(f"{argument} must be a non-empty 1-D integer tensor (next token id per token id), got {type(table).__name__} {tuple(getattr(table, 'shape', ()))}")
+    table = table.long()
+    limit = table.numel() if vocab_size is None else vocab_size
+    if vocab_size is not None and table.numel() > vocab_size:
+        raise ValueError(f"{argument} has {table.numel()} entries but the target predicts only {vocab_size} token ids; build it with the target's tokenizer")
+    if int(table.min()) < 0 or int(table.max()) >= max(limit, table.numel()):
+        raise ValueError(f"{argument} holds token ids outside [0, {max(limit, table.numel())})")
+    return table
+
+
+def benchmark_max_gram(
+    context_length: int = 8192,
+    vocab_size: int = 32000,
+    num_draft_tokens: int = MAX_GRAM_TOKENS,
+    repeats: int = 200,
+    device: str = "cpu",
+    sequence: torch.Tensor | None = None,
+    seed: int = 0,
+) -> dict:
+    """Median milliseconds per Max-Gram proposal, as the decoding loop calls it (not a test).
+
+    The default context is Zipf-distributed tokens with copied spans, so the last token has many earlier
+    occurrences (like newlines and indentation in code) and long matches exist. ``repeats`` proposals
+    are timed, each on a context one token longer (a decoding step appends at least one token).
+
+    Returns:
+        dict with ``context_length``, ``median_ms``, ``p90_ms``, ``device``, ``num_draft_tokens``.
+    """
+    if sequence is None:
+        sequence = synthetic_context(context_length + repeats, vocab_size, seed)
+    sequence = sequence.to(device).long()
+    generator = MaxGramCandidateGenerator(torch.arange(vocab_size, device=device).roll(-1), num_draft_tokens)
+    start_length = max(2, sequence.numel() - repeats)
+    times = []
+    for i in range(repeats + 5):
+        ids = sequence[None, : min(start_length + max(i - 5, 0), sequence.numel())]
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        generator.propose(ids)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        if i >= 5:  # warm-up
+            times.append(1000 * (time.perf_counter() - t0))
+    times.sort()
+    return {"context_length": start_length, "median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))],
+            "device": device, "num_draft_tokens": num_draft_tokens}
+
+
+def synthetic_context(length: int, vocab_size: int = 32000, seed: int = 0) -> torch.LongTensor:
+    """Zipf-distributed tokens where every 64-token block has a 50 % chance to copy an earlier span."""
+    gen = torch.Generator().manual_seed(seed)
+    ranks = torch.arange(1, vocab_size + 1, dtype=torch.float64)
+    tokens = torch.multinomial(1.0 / ranks, length, replacement=True, generator=gen)
+    for start in range(256, length - 64, 64):
+        if torch.rand(1, generator=gen).item() < 0.5:
+            src = int(torch.randint(0, start - 64, (1,), generator=gen))
+            tokens[start : start + 64] = tokens[src : src + 64].clone()
+    return tokens
