@@ -1,0 +1,27 @@
+"""CAPE: confidence-aware proposal expansion (glide_cape.txt §4.2), with the fixed-K (§5.4) and beam (§5.3) ablations.
+
+    >>> from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
+    >>> from hf_specdraft.cape import CapeCandidateGenerator
+    >>> drafter = CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 5))  # doctest: +SKIP
+    >>> target.generate(input_ids, custom_generate=speculative_generate, candidate_generator=drafter)  # doctest: +SKIP
+
+``write_custom_generate(directory)`` puts a self-contained ``custom_generate/`` folder (greedy CAPE with a
+draft passed as ``assistant_model=``) into a checkpoint directory, so that only transformers is needed.
+"""
+
+from .beam import DraftModelTreeScorer, beam_search_proposal
+from .candidate_generator import CapeCandidateGenerator, build_cape_for_bench
+from .config import CapeConfig
+from .expansion import expand_proposal, expansion_sizes
+from .packaging import write_custom_generate
+
+__all__ = [
+    "CapeCandidateGenerator",
+    "CapeConfig",
+    "DraftModelTreeScorer",
+    "beam_search_proposal",
+    "build_cape_for_bench",
+    "expand_proposal",
+    "expansion_sizes",
+    "write_custom_generate",
+]

@@ -1,0 +1,134 @@
+"""CAPE's drafter: a chain drafter's proposal, widened by confidence and verified as one tree (glide_cape.txt §4.2).
+
+    >>> from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
+    >>> from hf_specdraft.cape import CapeCandidateGenerator, CapeConfig
+    >>> drafter = CapeCandidateGenerator(DraftModelCandidateGenerator(draft, num_draft_tokens=5), CapeConfig())  # doctest: +SKIP
+    >>> out = target.generate(input_ids, custom_generate=speculative_generate, candidate_generator=drafter)  # doctest: +SKIP
+
+Verification is :func:`hf_specdraft.speculative_generate`'s tree path: the linearized expanded proposal
+runs through the target in one forward under the CAPE mask (§4.2, "Verification of Expanded Proposals");
+the accepted path may end in an expansion token and the target's own next token follows it.
+
+Notation: q is the draft distribution, p = max q the draft's confidence (§4.2).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+
+from ..drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
+from ..tree import DraftTree
+from .beam import DraftModelTreeScorer, beam_search_proposal
+from .config import CapeConfig
+from .expansion import expand_proposal, expansion_sizes
+
+
+class CapeCandidateGenerator(TreeCandidateGenerator):
+    """Confidence-aware proposal expansion (CAPE) over any chain drafter that reports q.
+
+    ``mode="confidence"`` and ``"fixed"`` call the wrapped drafter once per step and add expansion sets
+    computed from the q it already returned: no extra draft forward (§4.2). ``mode="beam"`` replaces the
+    chain by a beam-search tree of the same depth γ (§5.3), which needs the draft model itself.
+
+    Args:
+        drafter (:class:`~hf_specdraft.drafting.TreeCandidateGenerator`): proposes a chain with
+            ``draft_probs`` (e.g. :class:`~hf_specdraft.DraftModelCandidateGenerator`, or GLIDE's drafter).
+        config (:class:`CapeConfig`, *optional*): defaults to ``CapeConfig(**options)``.
+        options: :class:`CapeConfig` fields, when ``config`` is not given.
+
+    Attributes:
+        expansion_sizes (`list[list[int]]`): per step of the current ``generate`` call, K_i of each drafted
+            position (beam mode: beams at each depth minus one). Reset by :meth:`prepare`.
+        confidences (`list[list[float]]`): per step, p_i = max q_i of each drafted position (empty in beam mode).
+    """
+
+    def __init__(self, drafter: TreeCandidateGenerator, config: CapeConfig | None = None, **options):
+        super().__init__()
+        if not isinstance(drafter, TreeCandidateGenerator):
+            raise TypeError(f"drafter must be an hf_specdraft TreeCandidateGenerator proposing a chain with draft_probs, got {type(drafter).__name__}")
+        if config is not None and options:
+            raise ValueError(f"pass either config= or CapeConfig options ({sorted(options)}), not both")
+        self.config = config if config is not None else CapeConfig(**options)
+        if not isinstance(self.config, CapeConfig):
+            raise TypeError(f"config must be a CapeConfig, got {type(self.config).__name__}")
+        gamma = getattr(drafter, "num_draft_tokens", None)
+        if isinstance(gamma, int):
+            self.config.check_chain_length(gamma)  # fail at construction, not at the first step
+        self.drafter = drafter
+        self.requires_model_outputs = getattr(drafter, "requires_model_outputs", False)
+        self.scorer = self._beam_scorer() if self.config.mode == "beam" else None
+        self.expansion_sizes: list[list[int]] = []
+        self.confidences: list[list[float]] = []
+
+    def _beam_scorer(self):
+        if not isinstance(getattr(self.drafter, "num_draft_tokens", None), int):
+            raise ValueError(f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(self.drafter).__name__} has no int num_draft_tokens")
+        if hasattr(self.drafter, "beam_scorer"):  # a drafter with its own tree forward (e.g. GLIDE) provides it
+            return self.drafter.beam_scorer(self._distribution)
+        if isinstance(self.drafter, DraftModelCandidateGenerator):
+            return DraftModelTreeScorer(self.drafter.draft_model, self._distribution)
+        raise ValueError(
+            f"mode='beam' drafts a beam-search tree, which needs a draft model: wrap a DraftModelCandidateGenerator, or give "
+            f"{type(self.drafter).__name__} a beam_scorer(distribution) method (see hf_specdraft.cape.beam.DraftModelTreeScorer)"
+        )
+
+    def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """q `(n, V)` from draft logits `(n, V)`; the warpers used here ignore ``input_ids``."""
+        return torch.softmax(self.warpers(None, logits.float()), dim=-1) if self.warpers else torch.softmax(logits.float(), dim=-1)
+
+    def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
+        super().prepare(target, generation_config)
+        self.drafter.prepare(target, generation_config)
+        if self.scorer is not None:
+            self.scorer.reset()
+            self.scorer.forward_calls = 0
+        self.expansion_sizes, self.confidences = [], []
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
+        """The expanded proposal after ``input_ids`` `(1, L)`: the drafter's chain plus one expansion set per position."""
+        if self.scorer is not None:
+            return self._propose_beam(input_ids, target_cache)
+        chain = self.drafter.propose(input_ids, target_cache)
+        self.forward_calls = dict(self.drafter.forward_calls)
+        if chain.draft_probs is None:
+            raise ValueError(
+                f"{type(self.drafter).__name__} proposed a chain without draft_probs; CAPE sizes each expansion set by the "
+                "draft's confidence max q, so wrap a drafter that returns its distributions (e.g. DraftModelCandidateGenerator, GLIDE)"
+            )
+        if not chain.is_chain:
+            raise ValueError(f"{type(self.drafter).__name__} proposed a tree; CAPE expands a chain (parents = [-1, 0, 1, ...])")
+        sizes = expansion_sizes(chain.draft_probs, self.config)
+        tree = expand_proposal(chain, self.config, sizes)
+        record = torch.stack([sizes.float(), chain.draft_probs.float().amax(-1)]).tolist() if len(chain) else [[], []]
+        self.expansion_sizes.append([int(k) for k in record[0]])
+        self.confidences.append(record[1])
+        return tree
+
+    def _propose_beam(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None) -> DraftTree:
+        depth = self.drafter.num_draft_tokens
+        tree = beam_search_proposal(self.scorer, input_ids, depth, self.config.beam_width, self.config.budget, target_cache)
+        self.forward_calls = {"draft": self.scorer.forward_calls}
+        widths = torch.bincount(tree.depth, minlength=depth).tolist() if len(tree) else []
+        self.expansion_sizes.append([w - 1 for w in widths if w > 0])
+        return tree
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+        """A chain-only loop cannot verify expansion sets, so it gets the wrapped drafter's chain (and its q)."""
+        return self.drafter.get_candidates(input_ids, **kwargs)
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
+        return self.drafter.update_candidate_strategy(input_ids, scores, num_matches)
+
+
+def build_cape_for_bench(chain_drafter: TreeCandidateGenerator, mode: str = "confidence", **options) -> CapeCandidateGenerator:
+    """The bench harness's entry point: CAPE (``"confidence"``), fixed-K (``"fixed"``) or beam (``"beam"``) over ``chain_drafter``.
+
+    Args:
+        chain_drafter: GLIDE's drafter or a :class:`~hf_specdraft.DraftModelCandidateGenerator` (γ is its
+            ``num_draft_tokens``; beam mode needs the latter or a drafter with ``beam_scorer``).
+        mode: one of ``"confidence"``, ``"fixed"``, ``"beam"`` (glide_cape.txt §4.2, §5.4, §5.3).
+        options: other :class:`CapeConfig` fields (``budget``, ``schedule``, ``fixed_k``, ``beam_width``).
+    """
+    return CapeCandidateGenerator(chain_drafter, CapeConfig(mode=mode, **options))

@@ -1,0 +1,103 @@
+"""CAPE's options: the confidence schedule S(p), the verification budget and the ablation modes.
+
+Reference: Du et al. 2024, "GLIDE with a CAPE" (../shared/papers/glide_cape.txt), §4.2 (proposal expansion),
+§5.3 (GLIDE+BeamSearch baseline, beam 4) and §5.4 (fixed-size expansion, K = 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("confidence", "fixed", "beam")
+
+# §4.2: S(p) = 7, 5, 3, 1 for p in (0, .3], (.3, .6], (.6, .8], (.8, 1]. The official code keeps the
+# top-8/6/4/2 tokens *including* the greedy one, i.e. the same 7/5/3/1 extra tokens (DESIGN.md, Lessons).
+DEFAULT_SCHEDULE = ((0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1))
+
+
+@dataclass
+class CapeConfig:
+    """How :class:`~hf_specdraft.cape.CapeCandidateGenerator` widens a drafted chain.
+
+    Args:
+        schedule (`tuple[tuple[float, int], ...]`): S(p) as ``(upper_bound, K)`` bins: a drafted position
+            whose confidence p = max q falls in ``(previous_bound, upper_bound]`` gets ``K`` extra tokens.
+            Bounds increase strictly and the last one is 1.0 so every p is covered; ``K`` never grows
+            with confidence (a confident draft needs fewer alternatives, §4.2 and Figure 1(b)).
+        budget (`int`): most tokens sent to verification per step besides the last accepted one: the
+            chain plus all expansion sets (or the beam tree). 32 as in §5.3 ("maximum number of tokens for
+            verification at each step"). Expansion sets of earlier positions are filled first.
+        mode (`str`): ``"confidence"`` (CAPE), ``"fixed"`` (every position gets ``fixed_k`` extra tokens,
+            the §5.4 ablation) or ``"beam"`` (beam-search expansion, the §5.3 baseline; it runs extra
+            draft forwards by nature).
+        fixed_k (`int`): K for ``mode="fixed"``; 4 is "the average size of the practical expansion sets" (§5.4).
+        beam_width (`int`): beams for ``mode="beam"``; 4 as in §5.3.
+    """
+
+    schedule: tuple[tuple[float, int], ...] = DEFAULT_SCHEDULE
+    budget: int = 32  # §5.3: CAPE verifies at most 32 tokens per step (Medusa: 64)
+    mode: str = "confidence"
+    fixed_k: int = 4  # §5.4: the mean size of CAPE's expansion sets
+    beam_width: int = 4  # §5.3: GLIDE+BeamSearch with beam size 4
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        self.schedule = _check_schedule(self.schedule)
+        if not _is_int(self.budget) or self.budget < 1:
+            raise ValueError(f"budget must be a positive int (tokens verified per step), got {self.budget!r}")
+        if not _is_int(self.fixed_k) or self.fixed_k < 0:
+            raise ValueError(f"fixed_k must be an int >= 0, got {self.fixed_k!r}")
+        if not _is_int(self.beam_width) or self.beam_width < 1:
+            raise ValueError(f"beam_width must be a positive int, got {self.beam_width!r}")
+
+    @property
+    def bounds(self) -> tuple[float, ...]:
+        """Upper bounds of the confidence bins, increasing, last = 1.0."""
+        return tuple(bound for bound, _ in self.schedule)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """K of each confidence bin (non-increasing)."""
+        return tuple(k for _, k in self.schedule)
+
+    @property
+    def max_expansion(self) -> int:
+        """The largest expansion set this config can ask for."""
+        if self.mode == "fixed":
+            return self.fixed_k
+        return max(self.sizes)
+
+    def check_chain_length(self, length: int) -> None:
+        """Raise when a chain of ``length`` drafted tokens does not fit the budget."""
+        if length > self.budget:
+            raise ValueError(
+                f"budget={self.budget} is smaller than the drafted chain ({length} tokens): CAPE verifies the whole chain "
+                f"plus its expansion sets, so raise budget to at least {length} or draft fewer tokens"
+            )
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_schedule(schedule) -> tuple[tuple[float, int], ...]:
+    try:
+        pairs = tuple((float(bound), k) for bound, k in schedule)
+    except (TypeError, ValueError):
+        raise ValueError(f"schedule must be a sequence of (upper_bound, K) pairs, got {schedule!r}") from None
+    if not pairs:
+        raise ValueError("schedule is empty: give at least one (upper_bound, K) bin, e.g. ((1.0, 3),)")
+    bounds, sizes = [b for b, _ in pairs], [k for _, k in pairs]
+    if any(not _is_int(k) or k < 0 for k in sizes):
+        raise ValueError(f"every K in schedule must be an int >= 0, got {sizes}")
+    if any(not 0.0 < b <= 1.0 for b in bounds) or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
+        raise ValueError(f"schedule bounds must increase strictly within (0, 1], got {bounds}")
+    if bounds[-1] != 1.0:
+        raise ValueError(f"the last schedule bound must be 1.0 so that every confidence has a K, got {bounds[-1]}")
+    if any(k2 > k1 for k1, k2 in zip(sizes, sizes[1:])):
+        raise ValueError(
+            f"schedule is not monotone: K must not grow with confidence (CAPE widens uncertain positions), got K = {sizes} "
+            f"for bounds {bounds}"
+        )
+    return pairs

@@ -1,0 +1,64 @@
+"""Ship CAPE with a checkpoint: copy the self-contained ``custom_generate/`` folder into a checkpoint directory.
+
+After ``write_custom_generate(d)``, with only torch and transformers installed (notes/transformers-5.23.md §6)::
+
+    target.generate(input_ids=x, custom_generate=str(d), trust_remote_code=True, max_new_tokens=64)
+
+runs greedy CAPE with the draft saved in ``d`` (or with ``assistant_model=<draft>``). The same works
+from the Hub once ``d`` is pushed. ``python -m pytest tests/test_cape_custom_generate.py`` checks it in a
+fresh process where hf_specdraft cannot be imported.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+TEMPLATE = Path(__file__).parent / "custom_generate"
+FILES = ("generate.py", "cape_tree.py", "cape_draft.py")  # generate.py and its flat siblings (`from .x import`)
+
+README = """---
+library_name: transformers
+tags:
+- custom_generate
+- speculative-decoding
+---
+
+# Greedy speculative decoding with CAPE
+
+`custom_generate/generate.py` runs greedy speculative decoding with confidence-aware proposal expansion
+(CAPE, Du et al. 2024, "GLIDE with a CAPE", §4.2) and tree verification, needing only `torch` and `transformers`:
+
+```python
+out = target.generate(input_ids=input_ids, custom_generate="{repo}", trust_remote_code=True, max_new_tokens=64)
+```
+
+Pass `assistant_model=<draft>` to use another draft than the one saved here. Options: `num_draft_tokens`
+(default 5), `verification_budget` (default 32), `expansion_schedule` (default ((.3, 7), (.6, 5), (.8, 3), (1., 1))).
+The output equals the target's greedy decoding.
+"""
+
+
+def write_custom_generate(directory: str | Path, readme: bool = True) -> list[Path]:
+    """Copy the CAPE ``custom_generate/`` folder into a checkpoint directory.
+
+    Args:
+        directory: the checkpoint directory (created if missing); files go to ``directory/custom_generate/``
+            and replace earlier copies.
+        readme: also write a ``README.md`` tagged ``custom_generate`` when the directory has none (a model
+            card written by the checkpoint's own save path is left untouched).
+
+    Returns:
+        `list[Path]`: the files written.
+    """
+    target = Path(directory) / "custom_generate"
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in FILES:
+        shutil.copyfile(TEMPLATE / name, target / name)
+        written.append(target / name)
+    card = Path(directory) / "README.md"
+    if readme and not card.exists():
+        card.write_text(README.replace("{repo}", Path(directory).name), encoding="utf-8")
+        written.append(card)
+    return written

@@ -1,0 +1,162 @@
+"""The checkpoint-shipped CAPE ``custom_generate/`` folder: same expansion as the package, lossless, runs without hf_specdraft."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hf_specdraft.cape import CapeConfig, expand_proposal, write_custom_generate
+from hf_specdraft.cape.custom_generate import cape_tree
+from hf_specdraft.cape.custom_generate.generate import generate as cape_generate
+from hf_specdraft.tree import DraftTree
+from conftest import VOCAB, greedy_reference, tiny_config, tiny_model
+
+
+def prompt(length=7, seed=1):
+    return torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("budget", [5, 12, 32, 64])
+def test_template_expansion_equals_expand_proposal(budget):
+    gen = torch.Generator().manual_seed(budget)
+    q = torch.softmax(torch.randn(5, 50, generator=gen) * torch.tensor([0.5, 2.0, 4.0, 8.0, 1.0])[:, None], dim=-1)
+    chain = torch.multinomial(q, 1, generator=gen)[:, 0]  # sampled, so not always the argmax
+    tree = expand_proposal(DraftTree.chain(chain, q), CapeConfig(budget=budget))
+    tokens, parents = cape_tree.expand(chain, q, cape_tree.check_schedule(cape_tree.DEFAULT_SCHEDULE), budget)
+    assert torch.equal(tokens, tree.tokens) and torch.equal(parents, tree.parents)
+
+
+@pytest.mark.parametrize("draft_kind", ["random", "perfect"])
+def test_template_loop_is_lossless(arch, draft_kind):
+    target = tiny_model(arch)
+    draft = target if draft_kind == "perfect" else tiny_model(arch, seed=3, num_hidden_layers=1)
+    x = prompt()
+    out = cape_generate(target, input_ids=x, assistant_model=draft, max_new_tokens=20, num_draft_tokens=4)
+    assert torch.equal(out, greedy_reference(target, x, 20))
+
+
+def test_template_loop_stops_at_eos():
+    target = tiny_model()
+    x = prompt()
+    eos = greedy_reference(target, x, 16)[0, x.shape[1] + 5].item()
+    out = cape_generate(target, inputs=x, assistant_model=target, max_new_tokens=16, eos_token_id=eos, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy_reference(target, x, 16, eos_token_id=eos))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"do_sample": True}, "greedy"),
+    ({"attention_mask": torch.tensor([[0, 1, 1, 1, 1, 1, 1]])}, "padding"),
+    ({"num_draft_token": 3}, "unsupported generate arguments"),
+    ({"repetition_penalty": 1.3}, "repetition_penalty"),
+    ({"verification_budget": 2}, "smaller than the drafted chain"),
+    ({"expansion_schedule": ((0.5, 1), (1.0, 3))}, "must not grow"),
+    ({"assistant_model": None}, "no draft model"),
+])
+def test_template_errors(kwargs, match):
+    target = tiny_model()
+    options = {"assistant_model": target, "max_new_tokens": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        cape_generate(target, input_ids=prompt(), **options)
+
+
+def test_write_custom_generate_keeps_an_existing_model_card(tmp_path):
+    (tmp_path / "README.md").write_text("my card")
+    written = write_custom_generate(tmp_path)
+    assert sorted(p.name for p in written) == ["cape_draft.py", "cape_tree.py", "generate.py"]
+    assert (tmp_path / "README.md").read_text() == "my card"
+    assert "custom_generate" in (write_custom_generate(tmp_path / "fresh")[-1]).read_text()
+
+
+FRESH_PROCESS = r'''
+import json, sys, torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2Config
+try:
+    import hf_specdraft
+    sys.exit("hf_specdraft must not be importable here")
+except ImportError:
+    pass
+CKPT = sys.argv[1]
+CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
+COMMON = COMMON_CONFIG
+
+
+class ExpansionOracle:
+    """Chain right up to position 1, wrong there with the right token second in q: ends every path in an expansion token."""
+    def __init__(self, reference):
+        self.reference = reference[0]
+    def propose(self, input_ids, target_cache, num_tokens):
+        right = self.reference[input_ids.shape[1]: input_ids.shape[1] + num_tokens]
+        q = torch.full((right.numel(), COMMON["vocab_size"]), 0.01)
+        chain = right.clone()
+        chain[1:] = (right[1:] + 1) % COMMON["vocab_size"]
+        q[torch.arange(right.numel()), chain] = 0.5
+        q[torch.arange(1, right.numel()), right[1:]] = 0.3
+        return chain, q / q.sum(-1, keepdim=True)
+
+
+class OracleDraft(LlamaForCausalLM):
+    def cape_drafter(self, target):
+        return ExpansionOracle(self.reference)
+
+
+results = {}
+for arch, cls in CONFIGS.items():
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_config(cls(**COMMON)).eval()
+    x = torch.randint(0, COMMON["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(1))
+    ref = target.generate(x, max_new_tokens=24, do_sample=False)
+    run = lambda **kw: target.generate(input_ids=x, custom_generate=CKPT, trust_remote_code=True, max_new_tokens=24, **kw)
+    draft = AutoModelForCausalLM.from_pretrained(CKPT)
+    oracle = OracleDraft(draft.config).eval()
+    oracle.reference = ref
+    calls = []
+    hook = target.register_forward_hook(lambda *args: calls.append(1))
+    forced = run(assistant_model=oracle)
+    hook.remove()
+    results[arch] = {
+        "explicit_draft": torch.equal(run(assistant_model=draft), ref),
+        "draft_from_checkpoint": torch.equal(run(), ref),
+        "perfect_draft": arch != "llama" or torch.equal(run(assistant_model=target, num_draft_tokens=3), ref),  # once is enough
+        "forced_expansion": torch.equal(forced, ref),
+        "target_forwards": len(calls),
+    }
+results["imported"] = sorted(m for m in sys.modules if m.startswith("hf_specdraft"))
+try:
+    target.generate(input_ids=x, custom_generate=CKPT, assistant_model=draft, max_new_tokens=4)
+    results["untrusted"] = "ran"
+except ValueError as error:
+    results["untrusted"] = "trust_remote_code" in str(error)
+print("RESULTS" + json.dumps(results))
+'''
+
+
+def test_custom_generate_directory_runs_without_hf_specdraft(tmp_path):
+    checkpoint = tmp_path / "cape-draft"
+    tiny_model("llama", seed=3, num_hidden_layers=1).save_pretrained(checkpoint)
+    write_custom_generate(checkpoint)
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "hf_specdraft.py").write_text("raise ImportError('hf_specdraft is blocked in this test')\n")
+    common = {k: v for k, v in tiny_config("llama").to_dict().items() if k in ("vocab_size", "hidden_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "intermediate_size", "max_position_embeddings")}
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(FRESH_PROCESS).replace("COMMON_CONFIG", repr({**common, "eos_token_id": None, "bos_token_id": None, "pad_token_id": None})))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(blocker), HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    done = subprocess.run([sys.executable, "-P", str(script), str(checkpoint)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.split("RESULTS", 1)[1])
+    for arch in ("llama", "mistral", "qwen2"):
+        outcome = results[arch]
+        assert outcome["explicit_draft"] and outcome["draft_from_checkpoint"] and outcome["perfect_draft"], (arch, outcome)
+        assert outcome["forced_expansion"], (arch, outcome)
+        assert outcome["target_forwards"] == 1 + 24 // 3  # prefill + steps of (chain token, expansion token, bonus)
+    assert results["imported"] == []
+    assert results["untrusted"] is True
