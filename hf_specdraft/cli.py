@@ -50,7 +50,7 @@ def cmd_demo(args) -> int:
 
     bundle = load_bundle(args.target, args.draft)
     has_draft = bundle.draft is not None
-    methods = tuple(m for m, spec in METHODS.items() if m != "null-drafter" and spec.available({}, has_draft) and "completion" in spec.tasks)
+    methods = tuple(m for m, spec in METHODS.items() if m != "null-drafter" and spec.available(bundle.extras, has_draft) and "completion" in spec.tasks)
     config = BenchConfig(methods=methods, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, warmup=1)
     result = run_bench(bundle, config)
     print(f"\n{result['meta']['hardware']}, {result['meta']['dtype']}, target {result['meta']['target_parameters'] / 1e6:.1f}M parameters, "

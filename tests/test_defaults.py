@@ -62,6 +62,7 @@ def test_tiny_recipe_trains_and_loads(tiny_default):
     assert bundle.tokenizer.decode(bundle.tokenizer(text).input_ids) == text  # byte-level BPE round trip
     assert bundle.target.config.num_key_value_heads < bundle.target.config.num_attention_heads  # grouped-query attention
     assert bundle.draft is not None
+    assert bundle.extras["bigram_table"].shape == (len(bundle.tokenizer),)  # Max-Gram's fallback, built from the same stream
 
 
 def test_load_default_rejects_other_directories(tmp_path):

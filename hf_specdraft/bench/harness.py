@@ -130,7 +130,7 @@ def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
 def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = None, output: str | Path | None = None,
               items: list[TaskItem] | None = None) -> dict:
     """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result."""
-    extras = extras or {}
+    extras = {**bundle.extras, **(extras or {})}
     for m in config.methods:
         if not METHODS[m].available(extras, bundle.draft is not None):
             raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")

@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..defaults.tasks import TaskItem
-from ..drafting import TreeCandidateGenerator
+from ..drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
 from ..generation import speculative_generate
 from ..metrics import SpeculativeStats
 from ..tree import DraftTree
@@ -88,3 +88,42 @@ register_method(Method("draft-model", lambda ctx: _speculative(ctx, draft_model=
                        description="speculative_generate with the plain draft, γ=5"))
 register_method(Method("null-drafter", lambda ctx: _speculative(ctx, candidate_generator=NullCandidateGenerator()),
                        description="speculative_generate proposing nothing (loop overhead)"))
+
+
+# --- cascade speculative drafting (hf_specdraft.cascade) -------------------------------------------------
+
+def _bigram(ctx):
+    return ctx.extras.get("bigram_table")
+
+
+def _max_gram(ctx):
+    from ..cascade import build_max_gram_for_bench
+
+    return _speculative(ctx, candidate_generator=build_max_gram_for_bench(ctx.target, _bigram(ctx)))
+
+
+def _cascade(ctx, drafts):
+    from ..cascade import build_cascade_for_bench
+
+    return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx)))
+
+
+register_method(Method("max-gram", _max_gram, description="Max-Gram (10 tokens) with the bigram fallback"))
+register_method(Method("cascade-1draft", lambda ctx: _cascade(ctx, [ctx.draft]), requires=("draft",),
+                       description="CS drafting: plain draft + Max-Gram, default K matrix"))
+register_method(Method("cascade-2drafts", lambda ctx: _cascade(ctx, [ctx.draft, ctx.extras["small_draft"]]), requires=("draft", "small_draft"),
+                       description="CS drafting: plain draft + smaller draft + Max-Gram"))
+
+
+# --- CAPE over the plain draft (hf_specdraft.cape); GLIDE variants register with the GLIDE package ---------
+
+def _cape(ctx, mode):
+    from ..cape import build_cape_for_bench
+
+    chain = DraftModelCandidateGenerator(ctx.draft, num_draft_tokens=5)
+    return _speculative(ctx, candidate_generator=build_cape_for_bench(chain, mode=mode))
+
+
+for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
+    register_method(Method(f"draft-model+{_label}", lambda ctx, m=_mode: _cape(ctx, m), requires=("draft",),
+                           description=f"plain draft γ=5 with {_label} expansion, one tree-verified forward"))

@@ -21,6 +21,7 @@ class DefaultBundle:
     tokenizer: PreTrainedTokenizerBase
     path: Path
     info: dict = field(default_factory=dict)  # recipe.json + training_log.json evaluation
+    extras: dict = field(default_factory=dict)  # further shipped drafters / tables, by bench name (e.g. "bigram_table")
 
 
 def check_recipe(path: str | Path = CHECKPOINT_DIR) -> bool:
@@ -55,4 +56,9 @@ def load_default(path: str | Path | None = None, dtype: torch.dtype | None = Non
         if (path / name).is_file():
             data = json.loads((path / name).read_text())
             info[name.removesuffix(".json")] = data if name == "recipe.json" else {k: v for k, v in data.items() if k not in ("target", "draft")}
-    return DefaultBundle(load("target"), draft, AutoTokenizer.from_pretrained(path / "tokenizer"), path, info)
+    extras = {}
+    if (path / "bigram.safetensors").is_file():  # Max-Gram's fallback table (hf-specdraft build-bigram)
+        from ..cascade.bigram import load_bigram_table
+
+        extras["bigram_table"] = load_bigram_table(path / "bigram.safetensors", device=device)
+    return DefaultBundle(load("target"), draft, AutoTokenizer.from_pretrained(path / "tokenizer"), path, info, extras)

@@ -6,7 +6,7 @@
 
 Output directory layout (what ``hf_specdraft.defaults.load_default`` reads)::
 
-    tokenizer/  target/  draft/  recipe.json  training_log.json
+    tokenizer/  target/  draft/  bigram.safetensors  recipe.json  training_log.json
 """
 
 from __future__ import annotations
@@ -190,6 +190,11 @@ def train_default(recipe: Recipe, output_dir: str | Path, parts: tuple[str, ...]
     corpus = corpus or build_corpus(recipe.packages)
     data = prepare_data(recipe, output_dir, corpus)
     eval_ids = heldout_windows(data.tokenizer, data.heldout_texts, recipe.seq_len, recipe.eval_windows, recipe.seed)
+    if not (output_dir / "bigram.safetensors").is_file():  # Max-Gram's fallback table, from the same token stream
+        from ..cascade.bigram import build_bigram_table, save_bigram_table
+
+        table = build_bigram_table([data.train_ids.long()], len(data.tokenizer))
+        save_bigram_table(table, output_dir / "bigram.safetensors", {"source": f"recipe {recipe.name} train split", "tokens": data.train_ids.numel()})
     log_path = output_dir / "training_log.json"
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     log.update({"recipe": recipe.name, "recipe_hash": recipe.hash(), "corpus": corpus.describe(), "train_tokens": int(data.train_ids.numel())})
