@@ -1,0 +1,40 @@
+"""CASD: context-aware speculative decoding (casd.txt).
+
+Drafts are retrieved from the request's own context (a suffix-array draft pool, REST-style trees) and
+verified exactly (``strict``, lossless) or by the conditional rule ``p(x) > max(δ, p(eos))`` (eq. 3),
+optionally with top-k membership (eq. 4).
+
+    >>> from hf_specdraft.casd import casd_generate
+    >>> out = casd_generate(model, tokenizer, question, context=document, threshold=0.1, max_new_tokens=64)  # doctest: +SKIP
+"""
+
+from .candidate_generator import CasdCandidateGenerator, build_casd_for_bench, casd_acceptance, tokenize_context
+from .configuration_casd import CasdConfig
+from .generate import (
+    CasdGenerateOutput,
+    CasdInputs,
+    build_casd_inputs,
+    casd_generate,
+    compress_context,
+    llmlingua2_compressor,
+)
+from .pool import DraftPool, build_suffix_array
+from .retrieval import merge_continuations, retrieve
+
+__all__ = [
+    "CasdCandidateGenerator",
+    "CasdConfig",
+    "CasdGenerateOutput",
+    "CasdInputs",
+    "DraftPool",
+    "build_casd_for_bench",
+    "build_casd_inputs",
+    "build_suffix_array",
+    "casd_acceptance",
+    "casd_generate",
+    "compress_context",
+    "llmlingua2_compressor",
+    "merge_continuations",
+    "retrieve",
+    "tokenize_context",
+]

@@ -1,0 +1,128 @@
+"""CASD's drafter: draft trees retrieved from the request's own context (casd.txt §3, Algorithm 1).
+
+Notation: p is the target's distribution; retrieval drafts have no draft distribution q. Verification is
+the core loop's: exact (lossless context lookup decoding) with ``acceptance=None``, or CASD's conditional
+rule ``p(x) > max(δ, p(eos))`` (eq. 3), optionally with ``x ∈ top-k(p)`` (eq. 4), with
+``acceptance=ConditionalAcceptance(threshold=δ, top_k=k)``::
+
+    generator = CasdCandidateGenerator(context_ids)
+    out = target.generate(prompt_ids, custom_generate=speculative_generate, candidate_generator=generator,
+                          acceptance=ConditionalAcceptance(threshold=0.1), max_new_tokens=64)
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+from ..acceptance import ConditionalAcceptance
+from ..drafting import TreeCandidateGenerator, output_vocab_size
+from ..tree import DraftTree
+from .configuration_casd import CasdConfig
+from .pool import DraftPool, context_token_ids
+from .retrieval import retrieve
+
+
+def tokenize_context(context, tokenizer=None, argument: str = "context"):
+    """Token ids `(n,)` int64 of a context given as text (with ``tokenizer``) or as token ids.
+
+    Text is tokenized without special tokens: the pool holds the context's own tokens, not a BOS.
+
+    Raises:
+        ValueError: naming ``argument``, for empty text or ids, text without a tokenizer, or bad ids.
+    """
+    if isinstance(context, str):
+        if tokenizer is None:
+            raise ValueError(f"{argument} is text; pass tokenizer= to tokenize it, or pass token ids")
+        if not context.strip():
+            raise ValueError(f"{argument} is empty: CASD drafts from the request's context, so it needs some text")
+        context = tokenizer(context, add_special_tokens=False)["input_ids"]
+    return context_token_ids(context, argument)
+
+
+def casd_acceptance(threshold: float = 0.1, top_k: int | None = None, strict: bool = False) -> ConditionalAcceptance | None:
+    """The verification rule to pass as ``speculative_generate(acceptance=...)``.
+
+    Args:
+        threshold: δ in (0, 1) of eq. 3 (casd.txt §4.1 uses 0.1). Validated even when ``strict``.
+        top_k: k of the mixed rule, eq. 4 (casd.txt "CASD (Mixed)" uses 5); None for eq. 3 alone.
+        strict: exact verification instead (lossless context lookup decoding).
+
+    Returns:
+        :class:`~hf_specdraft.acceptance.ConditionalAcceptance`, or None when ``strict``.
+    """
+    rule = ConditionalAcceptance(threshold=threshold, top_k=top_k)  # raises ValueError for δ outside (0, 1)
+    return None if strict else rule
+
+
+class CasdCandidateGenerator(TreeCandidateGenerator):
+    """Drafts trees retrieved from a context (casd.txt Algorithm 1: line 1 builds R, line 7 retrieves 𝕋).
+
+    The pool is built once, here, from the full context; the prompt the target sees may hold a
+    compressed copy of it (§3, §4.4). Each step matches the longest suffix (16 down to 2 tokens) of the
+    current sequence in the pool and merges the continuations of its occurrences into a tree of the
+    most frequent ones (REST, He et al. 2024).
+
+    Args:
+        context (`str`, `torch.LongTensor`, `np.ndarray` or list of ints): the full context d_q, as text
+            (needs ``tokenizer``) or token ids of shape `(n,)` or `(1, n)`.
+        tokenizer: the target's tokenizer, when ``context`` is text.
+        config (:class:`CasdConfig`, *optional*): retrieval options; or pass them as keywords
+            (``max_nodes=64, max_suffix_length=16, min_suffix_length=2, max_draft_length=10,
+            max_matches=5000``).
+
+    Attributes:
+        match_lengths (`list[int]`): matched suffix length per step of the last ``generate`` call (0 =
+            nothing retrieved).
+    """
+
+    def __init__(self, context, tokenizer=None, config: CasdConfig | None = None, **options):
+        super().__init__()
+        if config is not None and options:
+            raise ValueError(f"pass either config= or retrieval options as keywords, not both (got {sorted(options)})")
+        if config is not None and not isinstance(config, CasdConfig):
+            raise TypeError(f"config must be a CasdConfig, got {type(config).__name__}")
+        self.config = config if config is not None else CasdConfig(**options)
+        self.pool = DraftPool(tokenize_context(context, tokenizer), self.config.max_suffix_length)
+        self.match_lengths: list[int] = []
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Raise ValueError when the context holds an id the target cannot score (``>= vocab_size``)."""
+        if self.pool.max_token_id >= vocab_size:
+            raise ValueError(
+                f"context holds token id {self.pool.max_token_id}, outside the target's vocabulary [0, {vocab_size}); "
+                "tokenize the context with the target's tokenizer"
+            )
+
+    def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
+        super().prepare(target, generation_config)
+        self.check_vocabulary(output_vocab_size(target))
+        self.match_lengths = []
+
+    def propose(self, input_ids: torch.LongTensor, target_cache=None) -> DraftTree:
+        """𝕋 ← R(p) for ``input_ids`` `(1, L)`; the target cache is not read."""
+        tree, length = retrieve(self.pool, input_ids[0, -self.config.max_suffix_length :], self.config)
+        self.match_lengths.append(length)
+        return DraftTree(tree.tokens.to(input_ids.device), tree.parents.to(input_ids.device))
+
+
+def build_casd_for_bench(target: PreTrainedModel, context_ids: torch.Tensor, **options) -> tuple[CasdCandidateGenerator, ConditionalAcceptance | None]:
+    """A CASD drafter and its acceptance rule, for the benchmark harness.
+
+    Args:
+        target: the target model (its vocabulary is checked against the context now).
+        context_ids (`torch.LongTensor` of shape `(n,)` or `(1, n)`): the full context.
+        options: ``threshold`` (δ, default 0.1), ``top_k`` (default None; 5 for "mixed"), ``strict``
+            (default False) and any :class:`CasdConfig` field.
+
+    Returns:
+        `(candidate_generator, acceptance)` for ``speculative_generate(candidate_generator=...,
+        acceptance=...)``; ``acceptance`` is None in strict mode.
+    """
+    threshold = options.pop("threshold", 0.1)
+    top_k = options.pop("top_k", None)
+    strict = options.pop("strict", False)
+    acceptance = casd_acceptance(threshold, top_k, strict)
+    generator = CasdCandidateGenerator(context_ids, **options)
+    generator.check_vocabulary(output_vocab_size(target))
+    return generator, acceptance

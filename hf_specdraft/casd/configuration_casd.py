@@ -1,0 +1,56 @@
+"""Options of CASD's context-aware drafting (casd.txt §3, "Context-aware drafting").
+
+The retrieval follows REST (He et al. 2024), which CASD uses unchanged: match the longest suffix of the
+current sequence in the draft pool (lengths 16 down to 2, first hit wins), take the continuations of its
+occurrences and keep the most frequent ones as a draft tree of at most 64 nodes.
+
+    >>> CasdConfig(max_nodes=32).max_nodes
+    32
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class CasdConfig:
+    """How the draft pool is searched and how the draft tree 𝕋 (casd.txt eq. 2) is built.
+
+    Args:
+        max_nodes: most nodes of the draft tree; the most frequent continuation prefixes are kept.
+        max_suffix_length: longest suffix of the current sequence that is looked up in the pool.
+        min_suffix_length: shortest suffix tried; below it nothing is drafted for this step.
+        max_draft_length: continuation length taken after each occurrence (the tree's depth m, eq. 2).
+        max_matches: most occurrences whose continuations are merged per step; beyond it an evenly
+            spaced sample of the occurrences (in suffix-array order, i.e. grouped by continuation) is
+            used, which keeps the continuations' frequencies.
+        fill_from_shorter_suffixes: top a tree smaller than ``max_nodes`` up with the continuations of
+            ever shorter suffixes. Off by default: casd.txt / REST use the longest match only.
+    """
+
+    max_nodes: int = 64  # casd.txt §3 / REST: "choices=64" draft tokens verified per step
+    max_suffix_length: int = 16  # REST token spans 16 ... 2, first hit wins
+    min_suffix_length: int = 2  # a 1-token match is too weak a signal to spend verification on
+    max_draft_length: int = 10  # REST's continuation length ("long=10")
+    max_matches: int = 5000  # REST retrieves at most 5000 occurrences per lookup
+    fill_from_shorter_suffixes: bool = False  # casd.txt / REST: first hit wins, its tree alone is drafted
+
+    def __post_init__(self):
+        for name in ("max_nodes", "max_suffix_length", "min_suffix_length", "max_draft_length", "max_matches"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.fill_from_shorter_suffixes, bool):
+            raise ValueError(f"fill_from_shorter_suffixes must be a bool, got {self.fill_from_shorter_suffixes!r}")
+        if self.min_suffix_length > self.max_suffix_length:
+            raise ValueError(
+                f"min_suffix_length ({self.min_suffix_length}) must not exceed max_suffix_length ({self.max_suffix_length})"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
