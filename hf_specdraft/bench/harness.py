@@ -132,6 +132,8 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
     """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result."""
     extras = {**bundle.extras, **(extras or {})}
     for m in config.methods:
+        if config.task not in METHODS[m].tasks:
+            raise ValueError(f"method {m!r} runs on tasks {METHODS[m].tasks}, not {config.task!r}")
         if not METHODS[m].available(extras, bundle.draft is not None):
             raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
     items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed)

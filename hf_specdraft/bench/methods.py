@@ -127,3 +127,21 @@ def _cape(ctx, mode):
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
     register_method(Method(f"draft-model+{_label}", lambda ctx, m=_mode: _cape(ctx, m), requires=("draft",),
                            description=f"plain draft γ=5 with {_label} expansion, one tree-verified forward"))
+
+
+# --- CASD (hf_specdraft.casd): the "context" task, drafts retrieved from the rest of the file ----------------
+
+def _casd(ctx, **options):
+    from ..casd import build_casd_for_bench
+
+    context_ids = torch.tensor(ctx.tokenizer(ctx.item.context, add_special_tokens=False).input_ids)
+    generator, acceptance = build_casd_for_bench(ctx.target, context_ids, **options)
+    return _speculative(ctx, candidate_generator=generator, acceptance=acceptance)
+
+
+register_method(Method("casd-strict", lambda ctx: _casd(ctx, strict=True), tasks=("context",),
+                       description="CASD, exact verification (lossless context lookup decoding)"))
+register_method(Method("casd-conditional", lambda ctx: _casd(ctx, threshold=0.1), tasks=("context",), lossless=False,
+                       description="CASD, conditional verification p > max(0.1, p(eos)) (eq. 3)"))
+register_method(Method("casd-mixed", lambda ctx: _casd(ctx, threshold=0.1, top_k=5), tasks=("context",), lossless=False,
+                       description="CASD, conditional + top-5 (eq. 4)"))
