@@ -1,0 +1,54 @@
+"""GLIDE: a draft model that glimpses the target's KV cache (Du et al. 2024, "GLIDE with a CAPE", §4.1).
+
+    configuration_glide.py   GlideConfig: the draft's shape + the target it was built for (trust_remote_code-safe)
+    modeling_glide.py        GlideForCausalLM: self-attention -> cross-attention to target KV -> MLP (trust_remote_code-safe)
+    candidate_generator.py   GlideCandidateGenerator: the drafter for hf_specdraft.speculative_generate
+    training.py              train_glide / GlideTrainingArguments: frozen target, block-wise mask, accelerate
+
+Two ways to decode with GLIDE::
+
+    glide.attach(target)                                              # stock transformers assisted decoding
+    target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
+
+    speculative_generate(target, input_ids, candidate_generator=GlideCandidateGenerator(glide), max_new_tokens=64)
+"""
+
+from __future__ import annotations
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from .candidate_generator import GlideCandidateGenerator, check_target_cache
+from .configuration_glide import GlideConfig
+from .model_card import write_model_card
+from .modeling_glide import GlideForCausalLM, GlideModel, GlidePreTrainedModel
+
+_TRAINING = ("GlideTrainingArguments", "train_glide")
+
+
+def register_auto_classes() -> None:
+    """Register GLIDE with ``AutoConfig`` / ``AutoModelForCausalLM`` so an installed hf_specdraft loads GLIDE
+    checkpoints without ``trust_remote_code`` (checkpoints also carry ``auto_map`` for users without it)."""
+    AutoConfig.register(GlideConfig.model_type, GlideConfig, exist_ok=True)
+    AutoModelForCausalLM.register(GlideConfig, GlideForCausalLM, exist_ok=True)
+
+
+def __getattr__(name: str):
+    if name in _TRAINING:  # training pulls in accelerate and huggingface_hub cards: import on first use
+        from . import training
+
+        return getattr(training, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "GlideCandidateGenerator",
+    "GlideConfig",
+    "GlideForCausalLM",
+    "GlideModel",
+    "GlidePreTrainedModel",
+    "GlideTrainingArguments",
+    "check_target_cache",
+    "register_auto_classes",
+    "train_glide",
+    "write_model_card",
+]

@@ -1,0 +1,111 @@
+"""GLIDE as an hf_specdraft drafter: a chain of γ tokens drafted while glimpsing the target's KV cache.
+
+    from hf_specdraft import speculative_generate
+    from hf_specdraft.glide import GlideCandidateGenerator
+    out = speculative_generate(target, input_ids, candidate_generator=GlideCandidateGenerator(glide), max_new_tokens=64)
+
+The loop hands :meth:`GlideCandidateGenerator.propose` the target's live cache, which covers
+``input_ids[:, :-1]``: the verified prefix up to ``t - 1`` that GLIDE §4.1 lets the draft glimpse. Unlike
+stock assisted decoding, the loop prefills the target before the first draft, so even the first step
+glimpses the prompt. Each drafted token comes with its draft distribution q, so speculative sampling
+(Leviathan et al. 2023, Algorithm 1) keeps ``do_sample=True`` exact.
+
+Notation: p target distribution, q draft distribution; γ is ``num_draft_tokens``.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+
+from ..drafting import TreeCandidateGenerator, check_same_vocab, common_prefix_length
+from ..tree import DraftTree
+from .modeling_glide import read_target_layer
+
+
+def check_target_cache(target_cache, config) -> None:
+    """Raise `ValueError` unless ``target_cache`` holds readable keys/values for every layer GLIDE reads."""
+    if target_cache is None:
+        raise ValueError(
+            "target_cache is None: GLIDE cross-attends to the target's KV cache, so the decoding loop must pass the "
+            "target's live cache to propose() (speculative_generate does)"
+        )
+    try:
+        for layer_idx in config.target_layer_ids:
+            read_target_layer(target_cache, layer_idx, config)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"target_cache is not a KV cache GLIDE can read: {error}") from error
+
+
+class GlideCandidateGenerator(TreeCandidateGenerator):
+    """Drafts with GLIDE (GLIDE §4.1): γ tokens, each conditioned on the target's cached keys and values.
+
+    GLIDE keeps its own self-attention cache across steps and re-syncs it to the accepted text by common
+    prefix, like :class:`~hf_specdraft.drafting.DraftModelCandidateGenerator`. It never writes to the
+    target cache.
+
+    Args:
+        glide: a GLIDE model (``config.model_type == "glide"``): :class:`GlideForCausalLM`, or the same class
+            loaded from the Hub with ``trust_remote_code=True``. The vanilla drafter (``cross_attention=False``)
+            works too and ignores the target cache.
+        num_draft_tokens: γ, tokens drafted per step (§5.1 uses 5).
+    """
+
+    def __init__(self, glide: PreTrainedModel, num_draft_tokens: int = 5):
+        super().__init__()
+        if not isinstance(glide, PreTrainedModel) or getattr(glide.config, "model_type", None) != "glide":
+            raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
+        if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
+        self.glide = glide
+        self.num_draft_tokens = num_draft_tokens
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cache = DynamicCache(config=self.glide.config)
+        self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
+
+    def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
+        """Check that ``target`` is the kind of target GLIDE was built for, then start a fresh draft cache."""
+        super().prepare(target, generation_config)
+        problems = self.glide.config.target_mismatches(target.config)
+        if problems:
+            raise ValueError("glide was built for a different target:\n  " + "\n  ".join(problems))
+        check_same_vocab(target, self.glide, argument="glide")
+        self._reset()
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
+        """Draft a chain of γ tokens after ``input_ids`` `(1, L)`.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text; its last token is the target's
+                newest (bonus) token, at position ``t = L - 1``.
+            target_cache: the target's live cache covering ``input_ids[:, :-1]`` (read-only).
+
+        Returns:
+            a chain :class:`~hf_specdraft.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
+        """
+        cross = self.glide.config.cross_attention
+        if cross:
+            check_target_cache(target_cache, self.glide.config)
+        device = self.glide.device
+        ids = input_ids[0].to(device)
+        keep = min(common_prefix_length(self.seen.to(device), ids), ids.numel() - 1)
+        if self.cache.get_seq_length() > keep:
+            self.cache.crop(keep - self.cache.get_seq_length())
+        feed = ids[keep:][None]  # invariant after this: GLIDE's cache covers ids, then each drafted token
+        tokens, probs = [], []
+        for _ in range(self.num_draft_tokens):
+            logits = self.glide(
+                input_ids=feed, past_key_values=self.cache, use_cache=True, target_past_key_values=target_cache if cross else None
+            ).logits[:, -1]
+            context = torch.cat([ids[None], *tokens], dim=-1) if self.warpers else ids[None]  # warpers see the drafted prefix
+            q = self.draft_distribution(logits, context)
+            feed = self.pick(q)
+            tokens.append(feed)
+            probs.append(q[0])
+        self.count_call("draft", self.num_draft_tokens)
+        drafted = torch.cat(tokens, dim=-1)[0]
+        self.seen = torch.cat([ids, drafted[:-1]])
+        return DraftTree.chain(drafted, torch.stack(probs))

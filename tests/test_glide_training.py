@@ -1,0 +1,149 @@
+"""Training GLIDE (§4.1 block-wise mask, Appendix B distillation) in-process and under accelerate with 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import VOCAB, tiny_model
+from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
+from hf_specdraft.glide.training import token_stream
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def periodic_stream(period: int = 40, repeats: int = 50) -> torch.Tensor:
+    """A learnable token stream: one random phrase repeated, so next-token loss can fall fast."""
+    return torch.randint(0, VOCAB, (period,), generator=torch.Generator().manual_seed(0)).repeat(repeats)
+
+
+def make_glide(target, **overrides) -> GlideForCausalLM:
+    torch.manual_seed(0)
+    return GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32, **overrides))
+
+
+def quick_args(output_dir, **overrides) -> GlideTrainingArguments:
+    values = dict(output_dir=str(output_dir), max_steps=30, seq_len=32, per_device_batch_size=4, learning_rate=3e-3,
+                  warmup_steps=3, logging_steps=5, progress_bar=False)
+    return GlideTrainingArguments(**{**values, **overrides})
+
+
+def changed_parameters(before: dict, model) -> set[str]:
+    return {name for name, value in model.state_dict().items() if not torch.equal(before[name], value)}
+
+
+def test_train_glide_with_distillation_learns_and_writes_a_checkpoint(tmp_path):
+    target = tiny_model("llama")
+    glide = make_glide(target)
+    before = {k: v.clone() for k, v in glide.state_dict().items()}
+    target_before = {k: v.clone() for k, v in target.state_dict().items()}
+    log = train_glide(target, glide, periodic_stream(), quick_args(tmp_path, distillation_weight=0.3),
+                      metrics={"acceptance_rate": 0.5, "expected_speedup": 1.4})
+    losses = [step["ce"] for step in log["steps"]]
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert "kl" in log["steps"][-1]
+    assert changed_parameters(before, glide) >= {"model.layers.0.cross_attn.q_proj.weight", "model.layers.0.cross_attn.o_proj.weight",
+                                                 "model.layers.0.mlp.up_proj.weight", "lm_head.weight"}
+    assert not changed_parameters(target_before, target), "the target must stay frozen"
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {"config.json", "model.safetensors", "modeling_glide.py", "configuration_glide.py", "README.md", "training_log.json"} <= files
+    card = (tmp_path / "README.md").read_text()
+    assert "acceptance rate: 0.5" in card and "expected speedup: 1.4" in card and "library_name: transformers" in card
+    reloaded = GlideForCausalLM.from_pretrained(tmp_path).eval()
+    x = periodic_stream()[None, :12]
+    with torch.no_grad():
+        cache = target(x[:, :-1], use_cache=True).past_key_values
+        torch.testing.assert_close(reloaded(x, target_past_key_values=cache).logits, glide.eval()(x, target_past_key_values=cache).logits)
+
+
+def test_train_vanilla_drafter(tmp_path):
+    target = tiny_model("qwen2")
+    vanilla = make_glide(target, cross_attention=False)
+    before = {k: v.clone() for k, v in vanilla.state_dict().items()}
+    log = train_glide(target, vanilla, periodic_stream(), quick_args(tmp_path, max_steps=15))
+    assert log["steps"][-1]["loss"] < log["steps"][0]["loss"]
+    assert changed_parameters(before, vanilla)
+    assert "vanilla drafter" in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "overrides, argument",
+    [
+        ({"max_steps": 0}, "max_steps"),
+        ({"seq_len": 1}, "seq_len"),
+        ({"learning_rate": 0.0}, "learning_rate"),
+        ({"distillation_weight": 1.5}, "distillation_weight"),
+        ({"mixed_precision": "fp8"}, "mixed_precision"),
+        ({"push_to_hub": True}, "hub_model_id"),
+        ({"block_size": 0}, "block_size"),
+    ],
+)
+def test_training_arguments_are_validated(tmp_path, overrides, argument):
+    with pytest.raises(ValueError, match=argument):
+        quick_args(tmp_path, **overrides)
+
+
+def test_train_glide_rejects_bad_inputs(tmp_path):
+    target = tiny_model("llama")
+    glide = make_glide(target)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        train_glide(tiny_model("llama", num_hidden_layers=3), glide, periodic_stream(), quick_args(tmp_path))
+    with pytest.raises(ValueError, match="vocabulary"):
+        train_glide(target, glide, torch.full((100,), VOCAB), quick_args(tmp_path))
+    with pytest.raises(ValueError, match="seq_len"):
+        train_glide(target, glide, torch.arange(10), quick_args(tmp_path))
+    with pytest.raises(TypeError, match="glide"):
+        train_glide(target, target, periodic_stream(), quick_args(tmp_path))
+    with pytest.raises(TypeError, match="data"):
+        token_stream("not tokens")
+
+
+def test_token_stream_accepts_documents_and_columns():
+    assert token_stream([[1, 2], [3]], eos_token_id=0).tolist() == [1, 2, 0, 3, 0]
+    assert token_stream({"input_ids": [[4, 5]]}).tolist() == [4, 5]
+    assert token_stream(torch.tensor([[1, 2], [3, 4]])).tolist() == [1, 2, 3, 4]
+
+
+def test_accelerate_launch_two_processes(tmp_path):
+    """`accelerate launch` with 2 CPU processes (gloo) runs the CLI entry point: loss falls, parameters change.
+
+    accelerate 1.x's ``--cpu --num_processes 2`` starts a single process unless mpirun is configured, so
+    the test uses the torchrun launcher (``--multi_gpu``) with ``ACCELERATE_USE_CPU=1``.
+    """
+    target = tiny_model("qwen2")
+    target.save_pretrained(tmp_path / "target")
+    glide = make_glide(target)
+    glide.save_pretrained(tmp_path / "init")
+    save_file({"input_ids": periodic_stream()}, tmp_path / "ids.safetensors")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "hf_specdraft.glide.training",
+               "--target", str(tmp_path / "target"), "--glide", str(tmp_path / "init"), "--data", str(tmp_path / "ids.safetensors"),
+               "--output-dir", str(tmp_path / "out"), "--max-steps", "30", "--seq-len", "32", "--batch-size", "2", "--lr", "3e-3",
+               "--warmup-steps", "3", "--logging-steps", "5", "--no-progress", "--dataset-name", "periodic test stream"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = json.loads((tmp_path / "out" / "training_log.json").read_text())
+    assert log["processes"] == 2
+    losses = [step["loss"] for step in log["steps"]]
+    assert losses[-1] < losses[0] - 0.5, losses
+    trained = GlideForCausalLM.from_pretrained(tmp_path / "out")
+    before = glide.state_dict()
+    assert changed_parameters(before, trained) >= {"model.layers.0.cross_attn.q_proj.weight", "lm_head.weight"}
+    assert "periodic test stream" in (tmp_path / "out" / "README.md").read_text()
