@@ -5,20 +5,36 @@
 """
 
 from .acceptance import ConditionalAcceptance, speculative_sampling
+from .cape import CapeCandidateGenerator, CapeConfig
+from .cascade import CascadeCandidateGenerator, MaxGramCandidateGenerator
+from .casd import CasdCandidateGenerator, CasdConfig, casd_generate
 from .drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
 from .generation import SpeculativeGenerateOutput, speculative_generate
+from .glide import GlideCandidateGenerator, GlideConfig, GlideForCausalLM, register_auto_classes
 from .metrics import SpeculativeStats, expected_speedup, standardized_walltime_improvement
 from .tree import DraftTree
 
 __version__ = "0.1.0"
 
+register_auto_classes()  # AutoConfig / AutoModelForCausalLM load GLIDE checkpoints without trust_remote_code
+
 __all__ = [
+    "CapeCandidateGenerator",
+    "CapeConfig",
+    "CascadeCandidateGenerator",
+    "CasdCandidateGenerator",
+    "CasdConfig",
     "ConditionalAcceptance",
     "DraftModelCandidateGenerator",
     "DraftTree",
+    "GlideCandidateGenerator",
+    "GlideConfig",
+    "GlideForCausalLM",
+    "MaxGramCandidateGenerator",
     "SpeculativeGenerateOutput",
     "SpeculativeStats",
     "TreeCandidateGenerator",
+    "casd_generate",
     "expected_speedup",
     "speculative_generate",
     "speculative_sampling",

@@ -5,6 +5,8 @@
     hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
     hf-specdraft train-default [--recipe default|gpu|tiny] [--output-dir DIR]
     hf-specdraft report                     # BENCHMARKS.md from benchmarks/results/*.json
+    hf-specdraft train-glide --target DIR --data FILES --output-dir DIR   # see --help
+    hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
 """
 
 from __future__ import annotations
@@ -100,6 +102,21 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_train_glide(argv: list[str]) -> int:
+    from .glide.training import main as train_glide_main
+
+    return train_glide_main(argv)
+
+
+def cmd_build_bigram(argv: list[str]) -> int:
+    from .cascade.bigram import main_build_bigram
+
+    return main_build_bigram(argv)
+
+
+PASSTHROUGH = {"train-glide": cmd_train_glide, "build-bigram": cmd_build_bigram}  # commands with their own parsers
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-specdraft", description="Speculative decoding for 🤗 Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,16 +142,21 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train-default", help="reproduce the embedded default from its recipe")
     train.add_argument("--recipe", default="default", help="default, gpu or tiny")
     train.add_argument("--output-dir", default="hf_specdraft/defaults/checkpoint")
-    train.add_argument("--parts", default="draft,target")
+    train.add_argument("--parts", default="draft,target,glide,vanilla", help="any of draft,target,glide,vanilla (in that order)")
     train.set_defaults(func=cmd_train_default)
     report = sub.add_parser("report", help="render BENCHMARKS.md from benchmarks/results/*.json")
     report.add_argument("--results-dir", default="benchmarks/results")
     report.add_argument("--output", default="BENCHMARKS.md")
     report.set_defaults(func=cmd_report)
+    for name in PASSTHROUGH:  # listed in --help here; main() hands their arguments to their own parsers
+        sub.add_parser(name, help=f"see `hf-specdraft {name} --help`", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PASSTHROUGH:
+        return PASSTHROUGH[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -75,7 +75,8 @@ def speculative_generate(
         input_ids (`torch.LongTensor` of shape `(1, L)`): the prompt (batch size 1).
         candidate_generator: any ``transformers.generation.CandidateGenerator``. hf_specdraft drafters
             (:class:`~hf_specdraft.drafting.TreeCandidateGenerator`) may propose trees.
-        draft_model: shortcut for ``candidate_generator=DraftModelCandidateGenerator(draft_model, num_draft_tokens)``.
+        draft_model: shortcut for ``candidate_generator=DraftModelCandidateGenerator(draft_model, num_draft_tokens)``
+            (``GlideCandidateGenerator`` for a GLIDE draft).
         num_draft_tokens: γ for ``draft_model``.
         acceptance: ``None`` for exact verification (greedy match, or speculative sampling when
             ``do_sample=True``: lossless), or a :class:`~hf_specdraft.acceptance.ConditionalAcceptance` (CASD).
@@ -129,6 +130,10 @@ def _resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> Ca
     if candidate_generator is None and draft_model is None:
         raise ValueError("speculative_generate needs a drafter: pass candidate_generator=<CandidateGenerator> or draft_model=<causal LM>")
     if draft_model is not None:
+        if getattr(draft_model.config, "model_type", None) == "glide":  # GLIDE reads the target's cache: its own drafter
+            from .glide import GlideCandidateGenerator
+
+            return GlideCandidateGenerator(draft_model, num_draft_tokens)
         return DraftModelCandidateGenerator(draft_model, num_draft_tokens)
     if not isinstance(candidate_generator, CandidateGenerator):
         raise TypeError(f"candidate_generator must be a transformers CandidateGenerator, got {type(candidate_generator).__name__}")

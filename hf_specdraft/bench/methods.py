@@ -145,3 +145,35 @@ register_method(Method("casd-conditional", lambda ctx: _casd(ctx, threshold=0.1)
                        description="CASD, conditional verification p > max(0.1, p(eos)) (eq. 3)"))
 register_method(Method("casd-mixed", lambda ctx: _casd(ctx, threshold=0.1, top_k=5), tasks=("context",), lossless=False,
                        description="CASD, conditional + top-5 (eq. 4)"))
+
+
+# --- GLIDE (hf_specdraft.glide): the default target's GLIDE and its vanilla twin, alone and with CAPE -----------
+
+def _glide_chain(ctx, kind: str):
+    from ..glide import GlideCandidateGenerator
+
+    return GlideCandidateGenerator(ctx.extras[kind], num_draft_tokens=5)
+
+
+def _glide_cape(ctx, mode):
+    from ..cape import build_cape_for_bench
+
+    return _speculative(ctx, candidate_generator=build_cape_for_bench(_glide_chain(ctx, "glide"), mode=mode))
+
+
+def _stock_glide(ctx, kind: str):
+    glide = ctx.extras[kind].attach(ctx.target)
+    try:
+        return ctx.target.generate(ctx.prompt_ids, assistant_model=glide, **ctx.generate_kwargs()), None
+    finally:
+        glide.detach()
+
+
+for _kind in ("glide", "vanilla"):
+    register_method(Method(_kind, lambda ctx, k=_kind: _speculative(ctx, candidate_generator=_glide_chain(ctx, k)), requires=(_kind,),
+                           description=f"speculative_generate with the default's {_kind} drafter, γ=5"))
+    register_method(Method(f"stock-assisted-{_kind}", lambda ctx, k=_kind: _stock_glide(ctx, k), requires=(_kind,),
+                           description=f"transformers assisted decoding with the {_kind} drafter (attach)"))
+for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k")):  # beam expansion needs a GLIDE beam scorer (not yet)
+    register_method(Method(f"glide+{_label}", lambda ctx, m=_mode: _glide_cape(ctx, m), requires=("glide",),
+                           description=f"GLIDE γ=5 with {_label} expansion"))

@@ -61,4 +61,9 @@ def load_default(path: str | Path | None = None, dtype: torch.dtype | None = Non
         from ..cascade.bigram import load_bigram_table
 
         extras["bigram_table"] = load_bigram_table(path / "bigram.safetensors", device=device)
+    for kind in ("glide", "vanilla"):  # GLIDE and its vanilla twin, when trained for this target
+        if (path / kind / "config.json").is_file():
+            from ..glide import GlideForCausalLM
+
+            extras[kind] = GlideForCausalLM.from_pretrained(path / kind, dtype=dtype).to(device).eval()
     return DefaultBundle(load("target"), draft, AutoTokenizer.from_pretrained(path / "tokenizer"), path, info, extras)

@@ -31,6 +31,9 @@ from .recipe import ModelRecipe, Recipe, TrainSchedule
 from .tokenizer import train_tokenizer
 
 
+PARTS = ("draft", "target", "glide", "vanilla")  # in training order: GLIDE reads the trained target
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("HF_SPECDRAFT_CACHE", Path.home() / ".cache" / "hf_specdraft"))
 
@@ -177,16 +180,16 @@ def save_checkpoint(model: LlamaForCausalLM, save_dir: Path) -> None:
     (save_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def train_default(recipe: Recipe, output_dir: str | Path, parts: tuple[str, ...] = ("draft", "target"), corpus: Corpus | None = None) -> dict:
+def train_default(recipe: Recipe, output_dir: str | Path, parts: tuple[str, ...] = PARTS, corpus: Corpus | None = None) -> dict:
     """Reproduce the embedded default from ``recipe``: tokenizer, then each of ``parts``, then the evaluation.
 
     Returns the training log (also written to ``output_dir/training_log.json``).
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    unknown = set(parts) - {"draft", "target"}
+    unknown = set(parts) - set(PARTS)
     if unknown:
-        raise ValueError(f"parts must be drawn from ('draft', 'target'), got {sorted(unknown)}")
+        raise ValueError(f"parts must be drawn from {PARTS}, got {sorted(unknown)}")
     corpus = corpus or build_corpus(recipe.packages)
     data = prepare_data(recipe, output_dir, corpus)
     eval_ids = heldout_windows(data.tokenizer, data.heldout_texts, recipe.seq_len, recipe.eval_windows, recipe.seed)
@@ -199,13 +202,21 @@ def train_default(recipe: Recipe, output_dir: str | Path, parts: tuple[str, ...]
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     log.update({"recipe": recipe.name, "recipe_hash": recipe.hash(), "corpus": corpus.describe(), "train_tokens": int(data.train_ids.numel())})
     log["hardware"] = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-    for part in parts:
+    for part in [p for p in PARTS[:2] if p in parts]:
         shape, schedule = (recipe.draft, recipe.draft_schedule) if part == "draft" else (recipe.target, recipe.target_schedule)
         model = build_model(shape, recipe, data.tokenizer)
         start = time.time()
         steps = train_lm(model, data, recipe, schedule, output_dir / part, f"train {part}", eval_ids)
         log[part] = {"parameters": sum(p.numel() for p in model.parameters()), "train_seconds": round(time.time() - start, 1), "steps": steps}
         log_path.write_text(json.dumps(log, indent=1) + "\n")
+    for part in [p for p in PARTS[2:] if p in parts]:  # GLIDE and its vanilla twin need the trained target
+        from .drafters import train_default_drafter
+
+        glide_log = train_default_drafter(part, output_dir, recipe, data.train_ids)
+        log[part] = {"train_seconds": glide_log["train_seconds"], "steps": glide_log["steps"][-1]}
+        log_path.write_text(json.dumps(log, indent=1) + "\n")
+    if not {"draft", "target"} & set(parts):
+        return log
     log["evaluation"] = evaluate_default(output_dir, data, recipe, eval_ids)
     log_path.write_text(json.dumps(log, indent=1) + "\n")
     (output_dir / "recipe.json").write_text(json.dumps({"recipe": recipe.to_dict(), "hash": recipe.hash()}, indent=1, sort_keys=True) + "\n")
