@@ -29,6 +29,7 @@ class SpeculativeStats:
     steps: list[StepRecord] = field(default_factory=list)
     prefill_seconds: float = 0.0
     drafter_calls: dict[str, int] = field(default_factory=dict)  # per-model forward counts (cascade, SWI)
+    extra: dict = field(default_factory=dict)  # method-specific records (e.g. CAPE's expansion-set sizes)
 
     def record(self, **kwargs) -> None:
         self.steps.append(StepRecord(**kwargs))
@@ -94,6 +95,7 @@ class SpeculativeStats:
             "verify_seconds": self.verify_seconds,
             "prefill_seconds": self.prefill_seconds,
             "drafter_calls": dict(self.drafter_calls),
+            **({"extra": self.extra} if self.extra else {}),
         }
 
     def to_dict(self) -> dict:

@@ -117,11 +117,17 @@ register_method(Method("cascade-2drafts", lambda ctx: _cascade(ctx, [ctx.draft, 
 
 # --- CAPE over the plain draft (hf_specdraft.cape); GLIDE variants register with the GLIDE package ---------
 
+def _with_expansion_sizes(ctx, generator):
+    sequences, stats = _speculative(ctx, candidate_generator=generator)
+    stats.extra["expansion_sizes"] = [list(map(int, sizes)) for sizes in generator.expansion_sizes]  # per step, per position
+    return sequences, stats
+
+
 def _cape(ctx, mode):
     from ..cape import build_cape_for_bench
 
     chain = DraftModelCandidateGenerator(ctx.draft, num_draft_tokens=5)
-    return _speculative(ctx, candidate_generator=build_cape_for_bench(chain, mode=mode))
+    return _with_expansion_sizes(ctx, build_cape_for_bench(chain, mode=mode))
 
 
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
@@ -158,7 +164,7 @@ def _glide_chain(ctx, kind: str):
 def _glide_cape(ctx, mode):
     from ..cape import build_cape_for_bench
 
-    return _speculative(ctx, candidate_generator=build_cape_for_bench(_glide_chain(ctx, "glide"), mode=mode))
+    return _with_expansion_sizes(ctx, build_cape_for_bench(_glide_chain(ctx, "glide"), mode=mode))
 
 
 def _stock_glide(ctx, kind: str):
