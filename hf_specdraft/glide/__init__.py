@@ -1,14 +1,19 @@
 """GLIDE: a draft model that glimpses the target's KV cache (Du et al. 2024, "GLIDE with a CAPE", §4.1).
 
     configuration_glide.py   GlideConfig: the draft's shape + the target it was built for (trust_remote_code-safe)
-    modeling_glide.py        GlideForCausalLM: self-attention -> cross-attention to target KV -> MLP (trust_remote_code-safe)
+    modeling_glide.py        GlideForCausalLM: self-attention -> cross-attention to target KV -> MLP (trust_remote_code-safe);
+                             GlideCapeDrafter: its drafter for the CAPE custom_generate/ loop
     candidate_generator.py   GlideCandidateGenerator: the drafter for hf_specdraft.speculative_generate
+    model_card.py            save_glide_checkpoint / write_model_card: Hub-ready checkpoint with card and custom_generate/
     training.py              train_glide / GlideTrainingArguments: frozen target, block-wise mask, accelerate
 
-Two ways to decode with GLIDE::
+Three ways to decode with GLIDE::
 
     glide.attach(target)                                              # stock transformers assisted decoding
     target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
+
+    save_glide_checkpoint(glide, "glide-dir", target_name="org/target")  # GLIDE + CAPE, only transformers needed
+    target.generate(**inputs, custom_generate="glide-dir", trust_remote_code=True, max_new_tokens=64)
 
     speculative_generate(target, input_ids, candidate_generator=GlideCandidateGenerator(glide), max_new_tokens=64)
 """
@@ -19,8 +24,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from .candidate_generator import GlideCandidateGenerator, check_target_cache
 from .configuration_glide import GlideConfig
-from .model_card import write_model_card
-from .modeling_glide import GlideForCausalLM, GlideModel, GlidePreTrainedModel
+from .model_card import save_glide_checkpoint, write_model_card
+from .modeling_glide import GlideCapeDrafter, GlideForCausalLM, GlideModel, GlidePreTrainedModel
 
 _TRAINING = ("GlideTrainingArguments", "train_glide")
 
@@ -42,6 +47,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "GlideCandidateGenerator",
+    "GlideCapeDrafter",
     "GlideConfig",
     "GlideForCausalLM",
     "GlideModel",
@@ -49,6 +55,7 @@ __all__ = [
     "GlideTrainingArguments",
     "check_target_cache",
     "register_auto_classes",
+    "save_glide_checkpoint",
     "train_glide",
     "write_model_card",
 ]

@@ -1,7 +1,13 @@
-"""The model card a GLIDE checkpoint ships with (huggingface_hub ``ModelCard``): metadata, usage, shape, training, results.
+"""A Hub-ready GLIDE checkpoint: model files, the model card (huggingface_hub ``ModelCard``) and CAPE's ``custom_generate/``.
 
-    card = write_model_card(glide.config, "glide-out", base_model="meta-llama/Llama-3.2-1B", dataset="my corpus",
-                            metrics={"acceptance_rate": 0.61, "expected_speedup": 1.8})
+    save_glide_checkpoint(glide, "glide-out", target_name="meta-llama/Llama-3.2-1B",
+                          card_info={"dataset": "my corpus", "metrics": {"acceptance_rate": 0.61}})
+
+writes ``model.safetensors``, ``config.json`` with ``auto_map`` and the trust_remote_code files
+(``modeling_glide.py``, ``configuration_glide.py``), ``README.md``, and ``custom_generate/`` (greedy GLIDE+CAPE,
+glide_cape.txt §4.2). With only transformers installed, the directory (or its Hub copy) then decodes the target::
+
+    target.generate(**inputs, custom_generate="glide-out", trust_remote_code=True, max_new_tokens=64)
 """
 
 from __future__ import annotations
@@ -11,6 +17,10 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from ..cape.packaging import write_custom_generate
+
+CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id")  # what save_glide_checkpoint's card_info may hold
+
 
 def _hub_id(name: str | None) -> str | None:
     """``name`` when it looks like a Hub repo id (``org/name``, not a local path), else `None`."""
@@ -19,9 +29,77 @@ def _hub_id(name: str | None) -> str | None:
     return name
 
 
+def save_glide_checkpoint(glide, directory, target_name: str | None = None, card_info: dict | None = None) -> Path:
+    """Save ``glide`` as a checkpoint that runs on the Hub with only transformers installed.
+
+    Two ways to decode with it (both on the model card): ``target.generate(custom_generate=<dir or Hub id>,
+    trust_remote_code=True)`` runs GLIDE+CAPE (glide_cape.txt §4.1-4.2); ``glide.attach(target)`` then
+    ``target.generate(assistant_model=glide)`` runs GLIDE in transformers' assisted decoding.
+
+    Args:
+        glide: a GLIDE model ([`GlideForCausalLM`], or the same class loaded with ``trust_remote_code``).
+        directory: the checkpoint directory (created if missing; files there are replaced).
+        target_name (`str`, *optional*): the target's Hub id or path; defaults to ``glide.config.target_name_or_path``.
+            A Hub id becomes the card's ``base_model``.
+        card_info (`dict`, *optional*): more for the card, keys among ``dataset``, ``metrics``, ``training_log``
+            and ``repo_id`` (the Hub id the usage snippets load; see [`write_model_card`]).
+
+    Returns:
+        `Path`: the checkpoint directory.
+    """
+    if getattr(getattr(glide, "config", None), "model_type", None) != "glide" or not hasattr(glide, "save_pretrained"):
+        raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
+    card_info = dict(card_info or {})
+    unknown = sorted(set(card_info) - set(CARD_INFO_KEYS))
+    if unknown:
+        raise ValueError(f"card_info keys {unknown} are not understood; use {list(CARD_INFO_KEYS)}")
+    if target_name is not None and (not isinstance(target_name, str) or not target_name):
+        raise ValueError(f"target_name must be a non-empty str (the target's Hub id or path), got {target_name!r}")
+    directory = Path(directory)
+    glide.save_pretrained(directory)  # weights, config.json with auto_map, modeling_glide.py + configuration_glide.py
+    write_model_card(glide.config, directory, base_model=target_name or glide.config.target_name_or_path, **card_info)
+    write_custom_generate(directory, readme=False)  # the card above already tags custom_generate
+    return directory
+
+
+def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_generate: bool) -> list[str]:
+    """The card's usage snippet: GLIDE+CAPE through ``custom_generate``, then GLIDE through ``assistant_model``."""
+    target, repo = base_model or "<target>", repo_id or "<this repo>"
+    lines = ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+             f'target = AutoModelForCausalLM.from_pretrained("{target}")',
+             f'inputs = AutoTokenizer.from_pretrained("{target}")("The quick brown fox", return_tensors="pt")']
+    if custom_generate:
+        lines += ["", "# GLIDE + CAPE (tree verification), with only transformers installed; greedy, batch size 1",
+                  f'out = target.generate(**inputs, custom_generate="{repo}", trust_remote_code=True, max_new_tokens=128)']
+    lines += ["", "# GLIDE in transformers' own assisted decoding",
+              f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)']
+    if config.cross_attention:
+        lines.append("glide.attach(target)  # the draft reads the target's live KV cache")
+    lines += ["out = target.generate(**inputs, assistant_model=glide, max_new_tokens=128)"]
+    if config.cross_attention:
+        lines.append("glide.detach()")
+    lines += ["```", ""]
+    if custom_generate:
+        lines += ["`custom_generate/` options (keyword arguments of `generate`): `num_draft_tokens` (γ, default 5), "
+                  "`verification_budget` (default 32), `expansion_schedule` (default ((.3, 7), (.6, 5), (.8, 3), (1., 1))). "
+                  "Its output equals the target's greedy decoding.", ""]
+    return lines
+
+
+def _training_lines(config, dataset: str | None, training_log: dict | None) -> list[str]:
+    lines = ["## Training", "", f"- data: {dataset or 'not recorded'}"]
+    if training_log and training_log.get("steps"):
+        last, args = training_log["steps"][-1], training_log.get("arguments", {})
+        lines += [f"- {last['step']} steps, {last['tokens']} tokens, final loss {last['loss']}, {training_log.get('train_seconds')} s "
+                  f"on {training_log.get('processes', 1)} process(es); block-wise mask L = {args.get('block_size') or config.block_size}, "
+                  f"lr {args.get('learning_rate')}, distillation weight {args.get('distillation_weight', 0.0)}"]
+    return lines
+
+
 def write_model_card(config, output_dir, base_model: str | None = None, dataset: str | None = None,
-                     metrics: dict | None = None, training_log: dict | None = None) -> ModelCard:
-    """Generate ``output_dir/README.md``: metadata (base model, data, tags) and what the checkpoint is and measured.
+                     metrics: dict | None = None, training_log: dict | None = None, repo_id: str | None = None,
+                     custom_generate: bool = True) -> ModelCard:
+    """Generate ``output_dir/README.md``: metadata (base model, data, tags), usage, shape, training, results.
 
     Args:
         config: the GLIDE config.
@@ -30,32 +108,26 @@ def write_model_card(config, output_dir, base_model: str | None = None, dataset:
         metrics: measured numbers, e.g. ``acceptance_rate``, ``mean_accepted_length``, ``expected_speedup``,
             ``walltime_speedup``, ``num_draft_tokens``, ``hardware``.
         training_log: the log :func:`train_glide` returns (steps, final loss, time).
+        repo_id: the Hub id the usage snippets load (default ``"<this repo>"``).
+        custom_generate: whether the checkpoint carries CAPE's ``custom_generate/`` ([`save_glide_checkpoint`]
+            writes it): adds the ``custom_generate`` tag and the ``target.generate(custom_generate=...)`` snippet.
     """
     kind = "GLIDE" if config.cross_attention else "vanilla drafter (GLIDE without cross-attention)"
+    tags = ["speculative-decoding", "glide", "draft-model", "hf-specdraft", "custom_code"] + (["custom_generate", "cape"] if custom_generate else [])
     data = ModelCardData(base_model=_hub_id(base_model), datasets=[_hub_id(dataset)] if _hub_id(dataset) else None,
-                         library_name="transformers", pipeline_tag="text-generation",
-                         tags=["speculative-decoding", "glide", "draft-model", "hf-specdraft", "custom_code"])
+                         library_name="transformers", pipeline_tag="text-generation", tags=tags)
     lines = [f"# {kind} draft model for `{base_model or config.target_model_type}`", "",
              "A draft model for speculative decoding (Du et al. 2024, *GLIDE with a CAPE*, §4.1): "
-             + ("each layer cross-attends to the target model's KV cache." if config.cross_attention else "no cross-attention; a baseline for GLIDE."),
-             "", "## Usage", "", "```python",
-             "from transformers import AutoModelForCausalLM",
-             f'target = AutoModelForCausalLM.from_pretrained("{base_model or "<target>"}")',
-             'glide = AutoModelForCausalLM.from_pretrained("<this repo>", trust_remote_code=True)',
-             *(["glide.attach(target)  # the draft reads the target's live KV cache"] if config.cross_attention else []),
-             "out = target.generate(**inputs, assistant_model=glide, max_new_tokens=128)", "```", "",
+             + ("each layer cross-attends to the target model's KV cache." if config.cross_attention else "no cross-attention; a baseline for GLIDE.")
+             + (" `custom_generate/` adds CAPE (§4.2): each drafted position is widened by the draft's confidence and "
+                "all candidates are verified as one tree." if custom_generate else ""), "",
+             *_usage_lines(config, base_model, repo_id, custom_generate),
              "## Architecture", "", "| | |", "|---|---|",
              f"| layers / hidden size | {config.num_hidden_layers} / {config.hidden_size} |",
              f"| target layers read | {config.target_layer_ids if config.cross_attention else '-'} |",
              f"| target | {config.target_model_type}, {config.target_num_hidden_layers} layers, {config.target_num_attention_heads} heads "
              f"({config.target_num_key_value_heads} KV), head_dim {config.target_head_dim}, vocab {config.target_vocab_size} |",
-             "", "## Training", "", f"- data: {dataset or 'not recorded'}"]
-    if training_log and training_log.get("steps"):
-        last, args = training_log["steps"][-1], training_log.get("arguments", {})
-        lines += [f"- {last['step']} steps, {last['tokens']} tokens, final loss {last['loss']}, {training_log.get('train_seconds')} s "
-                  f"on {training_log.get('processes', 1)} process(es); block-wise mask L = {args.get('block_size') or config.block_size}, "
-                  f"lr {args.get('learning_rate')}, distillation weight {args.get('distillation_weight', 0.0)}"]
-    lines += ["", "## Evaluation", ""]
+             "", *_training_lines(config, dataset, training_log), "", "## Evaluation", ""]
     lines += [f"- {name.replace('_', ' ')}: {value}" for name, value in (metrics or {}).items()] or ["- not measured yet"]
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
     card.save(str(Path(output_dir) / "README.md"))

@@ -23,6 +23,11 @@ Usage with a stock target (transformers' own assisted decoding; batch size 1)::
     glide.attach(target)  # a forward pre-hook records the target's live KV cache
     out = target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
     glide.detach()
+
+Usage with only transformers installed (GLIDE + CAPE, glide_cape.txt §4.2; the checkpoint carries ``custom_generate/``,
+which drafts through :meth:`GlideForCausalLM.cape_drafter`)::
+
+    out = target.generate(**inputs, custom_generate="you/glide-for-x", trust_remote_code=True, max_new_tokens=64)
 """
 
 from __future__ import annotations
@@ -379,6 +384,76 @@ class _TargetBinding:
         self.cache = None
 
 
+class GlideCapeDrafter:
+    """GLIDE's drafter for the CAPE ``custom_generate/`` loop a GLIDE checkpoint ships (glide_cape.txt §4.1-4.2).
+
+    Drafts a greedy chain of γ tokens, each glimpsing the target's *live* KV cache, and returns the draft
+    distribution q of every position, from which CAPE builds its expansion sets (§4.2). The loop hands over
+    the target cache covering ``input_ids[:, :-1]``: the verified prefix up to ``t - 1``, exactly what §4.1
+    lets GLIDE see at inference ("KV cache delay"). GLIDE only reads that cache. Its own self-attention cache
+    persists across steps and is re-synced to the accepted text by common prefix, like the stock drafters.
+
+    Interface (``custom_generate/cape_draft.py``): ``propose(input_ids, target_cache, num_tokens) -> (tokens, q)``.
+
+    Args:
+        glide: the [`GlideForCausalLM`] that drafts (the vanilla drafter works too and ignores the target cache).
+    """
+
+    def __init__(self, glide: GlideForCausalLM):
+        self.glide = glide
+        self.cache = DynamicCache(config=glide.config)
+        self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
+
+    def _check(self, input_ids: torch.Tensor, target_cache, num_tokens: int) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be a non-empty tensor of shape (1, L), got {getattr(input_ids, 'shape', input_ids)!r}")
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+        if not self.glide.config.cross_attention:
+            return
+        if not hasattr(target_cache, "get_seq_length"):
+            raise ValueError(f"target_cache must be the target's live transformers Cache, got {type(target_cache).__name__}")
+        covered = target_cache.get_seq_length()
+        if covered != input_ids.shape[1] - 1:  # invariant: cache covers input_ids[:, :-1], the verified prefix only
+            raise ValueError(
+                f"target_cache covers {covered} tokens but must cover input_ids[:, :-1] ({input_ids.shape[1] - 1} tokens): "
+                "GLIDE glimpses the verified prefix only (GLIDE §4.1)"
+            )
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, target_cache, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft ``num_tokens`` greedy tokens after ``input_ids``.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text; its last token is the target's
+                bonus token, at position ``t = L - 1``.
+            target_cache (`Cache`): the target's live cache covering ``input_ids[:, :-1]`` (read, never written).
+            num_tokens (`int`): γ, the chain length k.
+
+        Returns:
+            `(tokens, q)`: `torch.LongTensor` `(k,)` drafted ids and `torch.FloatTensor` `(k, V)` float32 draft
+            distributions (q at each drafted position; ``tokens[i] = argmax q[i]``).
+        """
+        self._check(input_ids, target_cache, num_tokens)
+        glimpse = target_cache if self.glide.config.cross_attention else None
+        ids = input_ids[0].to(self.glide.device)
+        seen = self.seen.to(ids.device)[: ids.numel()]
+        differ = (seen != ids[: seen.numel()]).nonzero()
+        keep = min(int(differ[0]) if differ.numel() else seen.numel(), ids.numel() - 1)
+        if self.cache.get_seq_length() > keep:  # drop rejected draft tokens from GLIDE's own cache
+            self.cache.crop(keep - self.cache.get_seq_length())
+        feed, tokens, probs = ids[keep:][None], [], []  # invariant after this: GLIDE's cache covers ids, then each draft
+        for _ in range(num_tokens):
+            logits = self.glide(input_ids=feed, past_key_values=self.cache, use_cache=True, target_past_key_values=glimpse,
+                                logits_to_keep=1).logits[0, -1]
+            q = torch.softmax(logits.float(), dim=-1)
+            feed = q.argmax()[None, None]
+            tokens.append(feed[0])
+            probs.append(q)
+        self.seen = torch.cat([ids, *tokens])[:-1]  # the last drafted token was never fed
+        return torch.cat(tokens), torch.stack(probs)
+
+
 class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
     """GLIDE with an LM head: a draft model for speculative decoding that glimpses the target's KV cache.
 
@@ -461,6 +536,27 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
             )
         return self._glide_binding.cache
 
+    def cape_drafter(self, target: nn.Module) -> GlideCapeDrafter:
+        """The drafter the CAPE ``custom_generate/`` loop asks a draft model for (glide_cape.txt §4.2).
+
+        ``target.generate(input_ids=x, custom_generate=<GLIDE checkpoint>, trust_remote_code=True)`` loads this
+        GLIDE and drafts through the returned [`GlideCapeDrafter`], which glimpses ``target``'s live cache.
+        Raises `ValueError` when ``target`` is not the kind of target GLIDE was built for.
+        """
+        self.check_target(target)
+        return GlideCapeDrafter(self)
+
+    def adjust_generation_fn(self, *args, **kwargs):
+        """Load the generation config as any model does, but keep GLIDE's own ``generate``.
+
+        A GLIDE checkpoint's ``custom_generate/`` decodes its *target* with GLIDE+CAPE. transformers would also
+        install it as the loaded GLIDE's ``generate`` (``from_pretrained(..., trust_remote_code=True)``), while
+        stock assisted decoding drafts by calling ``glide.generate`` (``target.generate(assistant_model=glide)``
+        after :meth:`attach`), so the installed instance attribute is dropped again.
+        """
+        super().adjust_generation_fn(*args, **kwargs)
+        self.__dict__.pop("generate", None)
+
     def generate(self, *args, **kwargs):
         """``GenerationMixin.generate`` that keeps the attached target's cache in step with assisted decoding.
 
@@ -537,4 +633,4 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
 
 GlideForCausalLM.register_for_auto_class("AutoModelForCausalLM")  # save_pretrained writes auto_map and copies this file
 
-__all__ = ["GlideCrossAttention", "GlideDecoderLayer", "GlideForCausalLM", "GlideModel", "GlidePreTrainedModel"]
+__all__ = ["GlideCapeDrafter", "GlideCrossAttention", "GlideDecoderLayer", "GlideForCausalLM", "GlideModel", "GlidePreTrainedModel"]

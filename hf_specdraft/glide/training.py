@@ -44,7 +44,7 @@ from accelerate import Accelerator, PartialState
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
-from .model_card import write_model_card
+from .model_card import save_glide_checkpoint
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 
@@ -54,7 +54,8 @@ class GlideTrainingArguments:
     """How to train GLIDE (defaults follow Appendix A where it says; batch sizes are per process).
 
     Args:
-        output_dir: where the checkpoint, ``training_log.json`` and the model card go.
+        output_dir: where the checkpoint (:func:`save_glide_checkpoint`: model card and CAPE's ``custom_generate/``
+            included) and ``training_log.json`` go.
         max_steps: optimizer steps; windows are drawn at random from the data.
         seq_len: tokens per training window.
         per_device_batch_size: windows per process per micro-batch.
@@ -276,13 +277,13 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
 
 
 def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metrics: dict | None) -> None:
-    """Write safetensors + config + trust_remote_code files, ``training_log.json`` and ``README.md``; push if asked."""
+    """Write the Hub-ready checkpoint (:func:`save_glide_checkpoint`: weights, trust_remote_code files, ``README.md``,
+    CAPE's ``custom_generate/``) and ``training_log.json``; push if asked."""
     output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    glide.save_pretrained(output_dir)
-    (output_dir / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     base_model = getattr(target.config, "_name_or_path", None) or glide.config.target_name_or_path
-    write_model_card(glide.config, output_dir, base_model=base_model, dataset=args.dataset_name, metrics=metrics, training_log=log)
+    card_info = {"dataset": args.dataset_name, "metrics": metrics, "training_log": log, "repo_id": args.hub_model_id}
+    save_glide_checkpoint(glide, output_dir, target_name=base_model, card_info=card_info)
+    (output_dir / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if args.push_to_hub:
         from huggingface_hub import HfApi
 
