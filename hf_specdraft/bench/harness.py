@@ -101,7 +101,31 @@ def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
     return record
 
 
-def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
+def _swi(stats: list[dict], method: str, parameters: dict, target_parameters: int) -> tuple[float | None, float | None]:
+    """SWI (cascade §5.1) from the run's call counts: (parameter-count ``c_i``, measured in-run cost).
+
+    Measured: one target run costs this run's verify time per step; the drafters cost their measured
+    draft time. Parameter heuristic: ``c_i`` = drafter parameters / target parameters (Max-Gram: 0).
+    """
+    steps = sum(s["steps"] for s in stats)
+    new = sum(s["new_tokens"] for s in stats)
+    if not steps:
+        return None, None
+    verify_per_step = sum(s["verify_seconds"] for s in stats) / steps
+    measured = new * verify_per_step / (steps * verify_per_step + sum(s["draft_seconds"] for s in stats))
+    cost_models = METHODS[method].cost_models
+    if cost_models is None:
+        return None, measured
+    calls: dict[str, int] = {}
+    for s in stats:
+        for name, count in s["drafter_calls"].items():
+            calls[name] = calls.get(name, 0) + count
+    models = parameters.get(method, {})
+    cost = steps + sum(count * models.get(name, 0) / target_parameters for name, count in calls.items())
+    return new / cost, measured
+
+
+def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | None = None, target_parameters: int = 1) -> dict:
     by_method = {m: [r for r in records if r["method"] == m] for m in methods}
     base = by_method["target-only"]
     base_seconds = sum(r["seconds"] for r in base)
@@ -124,6 +148,7 @@ def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
             "equals_target_only": sum(r["tokens"] == b["tokens"] for r, b in zip(rs, base)) / len(rs),
             "edit_similarity": sum(r["edit_similarity"] for r in rs) / len(rs),
         }
+        summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
     return summary
 
 
@@ -150,11 +175,17 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
                 records.append({"prompt": index, **run_one(m, ctx, counter)})
     finally:
         counter.handle.remove()
+    named = {**extras, "draft": bundle.draft}
+    parameters = {m: {name: (sum(p.numel() for p in model.parameters()) if model is not None else 0)
+                      for name, model in METHODS[m].cost_models(named).items()}
+                  for m in config.methods if METHODS[m].cost_models is not None}
+    target_parameters = sum(p.numel() for p in bundle.target.parameters())
     result = {
         "meta": {**environment(bundle), "profile": config.profile, "task": config.task, "num_prompts": len(items),
                  "max_new_tokens": config.max_new_tokens, "seed": config.seed, "methods": list(config.methods),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None},
-        "summary": summarize(records, config.methods),
+        "summary": summarize(records, config.methods, parameters, target_parameters),
+        "drafter_parameters": parameters,
         "records": records,
     }
     if output is not None:

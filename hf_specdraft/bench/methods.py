@@ -42,6 +42,7 @@ class Method:
     requires: tuple[str, ...] = ()  # names in ctx.extras (or "draft") that must be present
     lossless: bool = True  # greedy output must equal target-only greedy
     description: str = ""
+    cost_models: Callable[[dict], dict] | None = None  # extras (+ "draft") -> {drafter_calls name: model or None (free)}, for SWI
 
     def available(self, ctx_extras: dict, has_draft: bool) -> bool:
         return all((name == "draft" and has_draft) or name in ctx_extras for name in self.requires)
@@ -85,7 +86,7 @@ register_method(Method("target-only", _target_only, description="target.generate
 register_method(Method("stock-assisted", _stock_assisted, requires=("draft",), description="transformers assisted decoding with the plain draft"))
 register_method(Method("prompt-lookup", _prompt_lookup, description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10)"))
 register_method(Method("draft-model", lambda ctx: _speculative(ctx, draft_model=ctx.draft, num_draft_tokens=5), requires=("draft",),
-                       description="speculative_generate with the plain draft, γ=5"))
+                       description="speculative_generate with the plain draft, γ=5", cost_models=lambda e: {"draft": e["draft"]}))
 register_method(Method("null-drafter", lambda ctx: _speculative(ctx, candidate_generator=NullCandidateGenerator()),
                        description="speculative_generate proposing nothing (loop overhead)"))
 
@@ -108,11 +109,13 @@ def _cascade(ctx, drafts):
     return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx)))
 
 
-register_method(Method("max-gram", _max_gram, description="Max-Gram (10 tokens) with the bigram fallback"))
+register_method(Method("max-gram", _max_gram, description="Max-Gram (10 tokens) with the bigram fallback", cost_models=lambda e: {"max_gram": None}))
 register_method(Method("cascade-1draft", lambda ctx: _cascade(ctx, [ctx.draft]), requires=("draft",),
-                       description="CS drafting: plain draft + Max-Gram, default K matrix"))
+                       description="CS drafting: plain draft + Max-Gram, default K matrix",
+                       cost_models=lambda e: {"draft0": e["draft"], "max_gram": None}))
 register_method(Method("cascade-2drafts", lambda ctx: _cascade(ctx, [ctx.draft, ctx.extras["small_draft"]]), requires=("draft", "small_draft"),
-                       description="CS drafting: plain draft + smaller draft + Max-Gram"))
+                       description="CS drafting: plain draft + smaller draft + Max-Gram",
+                       cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
 
 
 # --- CAPE over the plain draft (hf_specdraft.cape); GLIDE variants register with the GLIDE package ---------
@@ -132,7 +135,8 @@ def _cape(ctx, mode):
 
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
     register_method(Method(f"draft-model+{_label}", lambda ctx, m=_mode: _cape(ctx, m), requires=("draft",),
-                           description=f"plain draft γ=5 with {_label} expansion, one tree-verified forward"))
+                           description=f"plain draft γ=5 with {_label} expansion, one tree-verified forward",
+                           cost_models=lambda e: {"draft": e["draft"]}))
 
 
 # --- CASD (hf_specdraft.casd): the "context" task, drafts retrieved from the rest of the file ----------------
@@ -177,9 +181,10 @@ def _stock_glide(ctx, kind: str):
 
 for _kind in ("glide", "vanilla"):
     register_method(Method(_kind, lambda ctx, k=_kind: _speculative(ctx, candidate_generator=_glide_chain(ctx, k)), requires=(_kind,),
-                           description=f"speculative_generate with the default's {_kind} drafter, γ=5"))
+                           description=f"speculative_generate with the default's {_kind} drafter, γ=5",
+                           cost_models=lambda e, k=_kind: {"draft": e[k]}))
     register_method(Method(f"stock-assisted-{_kind}", lambda ctx, k=_kind: _stock_glide(ctx, k), requires=(_kind,),
                            description=f"transformers assisted decoding with the {_kind} drafter (attach)"))
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k")):  # beam expansion needs a GLIDE beam scorer (not yet)
     register_method(Method(f"glide+{_label}", lambda ctx, m=_mode: _glide_cape(ctx, m), requires=("glide",),
-                           description=f"GLIDE γ=5 with {_label} expansion"))
+                           description=f"GLIDE γ=5 with {_label} expansion", cost_models=lambda e: {"draft": e["glide"]}))
