@@ -21,7 +21,7 @@ Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
@@ -251,95 +251,126 @@ def _eos_list(generation_config: GenerationConfig) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
+@dataclass
+class _Outputs:
+    """What the loop accumulates besides the sequence."""
+
+    stats: SpeculativeStats
+    scores: list = field(default_factory=list)
+    logits: list = field(default_factory=list)
+
+
 @torch.no_grad()
 def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
     cache = DynamicCache(config=model.config)
     _check_generation_setup(model, input_ids, generation_config, model_kwargs, cache)
     if acceptance is not None and not isinstance(acceptance, ConditionalAcceptance):
         raise TypeError(f"acceptance must be None or a ConditionalAcceptance, got {type(acceptance).__name__}")
-    vocab = output_vocab_size(model)
-    eos_ids = _eos_list(generation_config)
-    max_length = generation_config.max_length
-    want_scores, want_logits = generation_config.output_scores, generation_config.output_logits
-    scores, raw_logits = [], []
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
-    sliding = any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers)
-
     if isinstance(generator, TreeCandidateGenerator):
         generator.prepare(model, generation_config)
-    stats = SpeculativeStats()
+    out = _Outputs(SpeculativeStats())
     if streamer is not None:
         streamer.put(input_ids.cpu())
     start = time.perf_counter()
     if input_ids.shape[1] > 1:  # invariant: cache covers input_ids[:, :-1]
         model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True)
-    stats.prefill_seconds = time.perf_counter() - start
+    out.stats.prefill_seconds = time.perf_counter() - start
 
-    done = input_ids.shape[1] >= max_length
+    done = input_ids.shape[1] >= generation_config.max_length
     while not done:
         cur_len = input_ids.shape[1]
         t0 = time.perf_counter()
-        tree = _propose(generator, input_ids, cache)
-        tree = tree.truncate_depth(max_length - cur_len - 1)  # room for the accepted tokens and the bonus
-        if sliding and cur_len + len(tree) >= window:
-            keep = max(window - cur_len - 1, 0)
-            tree = DraftTree(tree.tokens[:keep], tree.parents[:keep], None if tree.draft_probs is None else tree.draft_probs[:keep])
-        if len(tree) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
-            raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
+        tree = propose(generator, input_ids, cache, model, generation_config.max_length)
         t1 = time.perf_counter()
-
-        verify_ids = torch.cat([input_ids[:, -1:], tree.tokens.to(input_ids.device)[None]], dim=-1)
-        forward_kwargs = {}
-        if len(tree) and not tree.is_chain:
-            mask, positions = tree_attention_inputs(tree, cur_len - 1, model.dtype, input_ids.device)
-            forward_kwargs = {"attention_mask": mask, "position_ids": positions}
-        logits = model(input_ids=verify_ids, past_key_values=cache, use_cache=True, **forward_kwargs).logits[0].float()
+        logits = verify_tree(model, input_ids, cache, tree)
         rows = _TargetRows(logits, input_ids, tree, logits_processor, generation_config)
-        if generation_config.do_sample and acceptance is None and tree.is_chain and tree.draft_probs is not None and len(tree):
-            p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
-            n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
-            path = list(range(n))
-        else:
-            path, next_token = accept_tree(rows, tree, acceptance, eos_ids)
+        path, next_token = select_accepted(rows, tree, acceptance, generation_config)
         t2 = time.perf_counter()
-
-        new_tokens = tree.tokens[path].tolist() + [next_token]
-        path_rows = [0] + [i + 1 for i in path]
-        emitted = []
-        for j, token in enumerate(new_tokens):
-            emitted.append(token)
-            candidate = torch.cat([input_ids, torch.tensor([emitted], device=input_ids.device)], dim=-1)
-            row_scores = rows.scores(path_rows[j])[None]
-            if want_scores:
-                scores.append(row_scores)
-            if want_logits:
-                raw_logits.append(logits[path_rows[j]][None])
-            if bool(stopping_criteria(candidate, row_scores).all()):
-                done = True
-                break
-        input_ids = candidate
-        keep = torch.cat([torch.arange(cur_len, device=input_ids.device), cur_len + torch.tensor(path[: len(emitted) - 1], dtype=torch.long, device=input_ids.device)])
-        compact_cache(cache, keep)
+        input_ids, emitted, done = emit_tokens(input_ids, tree, path, next_token, rows, stopping_criteria, generation_config, out)
+        compact_cache(cache, torch.cat([torch.arange(cur_len), cur_len + torch.tensor(path[: emitted - 1], dtype=torch.long)]).to(input_ids.device))
         if streamer is not None:
-            streamer.put(torch.tensor(emitted))
-        generator.update_candidate_strategy(input_ids, logits[path_rows[: len(emitted)]][None], len(path))
-        stats.record(drafted=int(tree.depth.max()) + 1 if len(tree) else 0, tree_size=len(tree), accepted=min(len(path), len(emitted)),
-                     emitted=len(emitted), draft_seconds=t1 - t0, verify_seconds=t2 - t1)
-
+            streamer.put(input_ids[0, cur_len:].cpu())
+        generator.update_candidate_strategy(input_ids, logits[[0] + [i + 1 for i in path[: emitted - 1]]][None], len(path))
+        out.stats.record(drafted=int(tree.depth.max()) + 1 if len(tree) else 0, tree_size=len(tree), accepted=min(len(path), emitted),
+                         emitted=emitted, draft_seconds=t1 - t0, verify_seconds=t2 - t1)
     if streamer is not None:
         streamer.end()
-    stats.drafter_calls = dict(getattr(generator, "forward_calls", {}))
+    return _finish(generator, generation_config, input_ids, cache, out)
+
+
+def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, model: PreTrainedModel, max_length: int) -> DraftTree:
+    """Draft a tree for the next step and fit it to the length budget and the model's limits."""
+    tree = _propose(generator, input_ids, cache)
+    cur_len = input_ids.shape[1]
+    tree = tree.truncate_depth(max_length - cur_len - 1)  # room for the accepted tokens and the target's own token
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    if window and cur_len + len(tree) >= window and any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers):
+        keep = max(window - cur_len - 1, 0)  # a prefix of a topological tree is a tree
+        tree = DraftTree(tree.tokens[:keep], tree.parents[:keep], None if tree.draft_probs is None else tree.draft_probs[:keep])
+    vocab = output_vocab_size(model)
+    if len(tree) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
+        raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
+    return tree
+
+
+def verify_tree(model: PreTrainedModel, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> torch.Tensor:
+    """One target forward over ``[last token] + tree`` on the cache. Returns float32 logits `(1+N, V)`.
+
+    A chain uses the model's own causal mask (keeping the fast SDPA path); a tree uses the float tree mask
+    and explicit positions (:func:`~hf_specdraft.tree.tree_attention_inputs`).
+    """
+    verify_ids = torch.cat([input_ids[:, -1:], tree.tokens.to(input_ids.device)[None]], dim=-1)
+    kwargs = {}
+    if len(tree) and not tree.is_chain:
+        mask, positions = tree_attention_inputs(tree, input_ids.shape[1] - 1, model.dtype, input_ids.device)
+        kwargs = {"attention_mask": mask, "position_ids": positions}
+    return model(input_ids=verify_ids, past_key_values=cache, use_cache=True, **kwargs).logits[0].float()
+
+
+def select_accepted(rows: _TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig) -> tuple[list[int], int]:
+    """The accepted path and the target's next token: speculative sampling for a chain with q when sampling
+    exactly (Leviathan et al. 2023, Algorithm 1), otherwise the tree walk of :func:`accept_tree`."""
+    if generation_config.do_sample and acceptance is None and len(tree) and tree.is_chain and tree.draft_probs is not None:
+        p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
+        n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
+        return list(range(n)), next_token
+    return accept_tree(rows, tree, acceptance, _eos_list(generation_config))
+
+
+def emit_tokens(input_ids, tree, path, next_token, rows, stopping_criteria, generation_config, out: _Outputs):
+    """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would.
+
+    Returns:
+        `(input_ids, emitted, done)`: the extended sequence, how many tokens were appended, whether to stop.
+    """
+    tokens = tree.tokens[path].tolist() + [next_token]
+    row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
+    cur_len = input_ids.shape[1]
+    extended = torch.cat([input_ids, torch.tensor([tokens], device=input_ids.device)], dim=-1)
+    for j in range(len(tokens)):
+        row_scores = rows.scores(row_of[j])[None]
+        if generation_config.output_scores:
+            out.scores.append(row_scores)
+        if generation_config.output_logits:
+            out.logits.append(rows.logits[row_of[j]][None])
+        if bool(stopping_criteria(extended[:, : cur_len + j + 1], row_scores).all()):
+            return extended[:, : cur_len + j + 1], j + 1, True
+    return extended, len(tokens), False
+
+
+def _finish(generator, generation_config, input_ids, cache, out: _Outputs):
+    out.stats.drafter_calls = dict(getattr(generator, "forward_calls", {}))
     try:
-        generator.last_stats = stats
+        generator.last_stats = out.stats
     except AttributeError:  # a generator with __slots__
         pass
     if generation_config.return_dict_in_generate:
         return SpeculativeGenerateOutput(
             sequences=input_ids,
-            scores=tuple(scores) if want_scores else None,
-            logits=tuple(raw_logits) if want_logits else None,
+            scores=tuple(out.scores) if generation_config.output_scores else None,
+            logits=tuple(out.logits) if generation_config.output_logits else None,
             past_key_values=cache,
-            speculative_stats=stats,
+            speculative_stats=out.stats,
         )
     return input_ids
 
