@@ -99,6 +99,7 @@ def plot_acceptance_by_position(result: dict, path: Path) -> Path | None:
     ax = figure.add_subplot()
     for method, rates in curves.items():
         ax.plot(range(1, len(rates) + 1), rates, marker="o", markersize=3, label=method)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (mean over prompts)")
     ax.set_ylim(0, 1.05)
