@@ -134,20 +134,40 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
-        device = self.draft_model.device
-        ids = input_ids[0].to(device)
-        keep = min(common_prefix_length(self.seen.to(device), ids), ids.numel() - 1)
-        if self.cache.get_seq_length() > keep:
-            self.cache.crop(keep - self.cache.get_seq_length())
-        feed = ids[keep:][None]  # invariant after this: cache covers ids, then each drafted token
-        tokens, probs = [], []
-        for _ in range(self.num_draft_tokens):
-            logits = self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True).logits[:, -1]
-            q = self.draft_distribution(logits, torch.cat([ids[None], *[t for t in tokens]], dim=-1) if self.warpers else ids[None])
-            feed = self.pick(q)
-            tokens.append(feed)
-            probs.append(q[0])
-        self.count_call("draft", self.num_draft_tokens)
-        drafted = torch.cat(tokens, dim=-1)[0]
-        self.seen = torch.cat([ids, drafted[:-1]])
-        return DraftTree.chain(drafted, torch.stack(probs))
+        def next_logits(feed: torch.Tensor) -> torch.Tensor:
+            return self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True).logits[:, -1]
+
+        return draft_chain(self, input_ids, next_logits, self.draft_model.device)
+
+
+def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, next_logits, device: torch.device) -> DraftTree:
+    """Draft ``generator.num_draft_tokens`` tokens autoregressively on the generator's own KV cache.
+
+    The cache (``generator.cache``, covering ``generator.seen``) is first re-synced to ``input_ids`` by
+    common prefix, so only the newly accepted tokens are fed. Shared by the plain draft-model drafter and GLIDE.
+
+    Args:
+        generator: a drafter with ``cache``, ``seen`` and ``num_draft_tokens``.
+        input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text.
+        next_logits: ``feed (1, n) -> logits (1, V)`` of the token after ``feed``, run on ``generator.cache``.
+        device: where the draft runs.
+
+    Returns:
+        a chain :class:`DraftTree` with ``draft_probs`` q `(γ, V)`.
+    """
+    ids = input_ids[0].to(device)
+    keep = min(common_prefix_length(generator.seen.to(device), ids), ids.numel() - 1)
+    if generator.cache.get_seq_length() > keep:
+        generator.cache.crop(keep - generator.cache.get_seq_length())
+    feed = ids[keep:][None]  # invariant after this: the cache covers ids, then each drafted token
+    tokens, probs = [], []
+    for _ in range(generator.num_draft_tokens):
+        context = torch.cat([ids[None], *tokens], dim=-1) if generator.warpers else ids[None]  # warpers see the drafted prefix
+        q = generator.draft_distribution(next_logits(feed), context)
+        feed = generator.pick(q)
+        tokens.append(feed)
+        probs.append(q[0])
+    generator.count_call("draft", generator.num_draft_tokens)
+    drafted = torch.cat(tokens, dim=-1)[0]
+    generator.seen = torch.cat([ids, drafted[:-1]])
+    return DraftTree.chain(drafted, torch.stack(probs))

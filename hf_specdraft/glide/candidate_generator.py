@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..drafting import TreeCandidateGenerator, check_same_vocab, common_prefix_length
+from ..drafting import TreeCandidateGenerator, check_same_vocab, draft_chain
 from ..tree import DraftTree
 from .modeling_glide import read_target_layer
 
@@ -89,23 +89,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         cross = self.glide.config.cross_attention
         if cross:
             check_target_cache(target_cache, self.glide.config)
-        device = self.glide.device
-        ids = input_ids[0].to(device)
-        keep = min(common_prefix_length(self.seen.to(device), ids), ids.numel() - 1)
-        if self.cache.get_seq_length() > keep:
-            self.cache.crop(keep - self.cache.get_seq_length())
-        feed = ids[keep:][None]  # invariant after this: GLIDE's cache covers ids, then each drafted token
-        tokens, probs = [], []
-        for _ in range(self.num_draft_tokens):
-            logits = self.glide(
-                input_ids=feed, past_key_values=self.cache, use_cache=True, target_past_key_values=target_cache if cross else None
-            ).logits[:, -1]
-            context = torch.cat([ids[None], *tokens], dim=-1) if self.warpers else ids[None]  # warpers see the drafted prefix
-            q = self.draft_distribution(logits, context)
-            feed = self.pick(q)
-            tokens.append(feed)
-            probs.append(q[0])
-        self.count_call("draft", self.num_draft_tokens)
-        drafted = torch.cat(tokens, dim=-1)[0]
-        self.seen = torch.cat([ids, drafted[:-1]])
-        return DraftTree.chain(drafted, torch.stack(probs))
+
+        def next_logits(feed: torch.Tensor) -> torch.Tensor:
+            return self.glide(input_ids=feed, past_key_values=self.cache, use_cache=True,
+                              target_past_key_values=target_cache if cross else None).logits[:, -1]
+
+        return draft_chain(self, input_ids, next_logits, self.glide.device)
