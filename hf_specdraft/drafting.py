@@ -135,7 +135,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
         def next_logits(feed: torch.Tensor) -> torch.Tensor:
-            return self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True).logits[:, -1]
+            return self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
 
         return draft_chain(self, input_ids, next_logits, self.draft_model.device)
 

@@ -92,6 +92,6 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
         def next_logits(feed: torch.Tensor) -> torch.Tensor:
             return self.glide(input_ids=feed, past_key_values=self.cache, use_cache=True,
-                              target_past_key_values=target_cache if cross else None).logits[:, -1]
+                              target_past_key_values=target_cache if cross else None, logits_to_keep=1).logits[:, -1]
 
         return draft_chain(self, input_ids, next_logits, self.glide.device)
