@@ -11,6 +11,7 @@ Output directory layout (what ``hf_specdraft.defaults.load_default`` reads)::
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -174,7 +175,7 @@ def train_lm(
 
 def save_checkpoint(model: LlamaForCausalLM, save_dir: Path) -> None:
     """Write bf16 sharded safetensors (the shipped form: ≤ 50 MB in the repository)."""
-    model.save_pretrained(save_dir, max_shard_size="20MB", state_dict={k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()})
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(save_dir, max_shard_size="20MB")  # tied head saved once
     cfg = json.loads((save_dir / "config.json").read_text())
     cfg["dtype"] = "bfloat16"
     (save_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
