@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train-default", help="reproduce the embedded default from its recipe")
     train.add_argument("--recipe", default="default", help="default, gpu or tiny")
     train.add_argument("--output-dir", default="hf_specdraft/defaults/checkpoint")
-    train.add_argument("--parts", default="draft,target,glide,vanilla", help="any of draft,target,glide,vanilla (in that order)")
+    train.add_argument("--parts", default="draft,target,small_draft,glide,vanilla", help="any of draft,target,small_draft,glide,vanilla")
     train.set_defaults(func=cmd_train_default)
     report = sub.add_parser("report", help="render BENCHMARKS.md from benchmarks/results/*.json")
     report.add_argument("--results-dir", default="benchmarks/results")

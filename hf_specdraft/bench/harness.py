@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..defaults import DefaultBundle
 from ..defaults.tasks import TaskItem, build_tasks, edit_similarity
+from ..metrics import expected_speedup
 from .methods import METHODS, BenchContext
 
 PROFILES = {
@@ -125,6 +126,18 @@ def _swi(stats: list[dict], method: str, parameters: dict, target_parameters: in
     return new / cost, measured
 
 
+def _expected_speedup(stats: list[dict], alpha: float | None) -> tuple[float | None, float | None]:
+    """c measured in the run (one draft forward over one verification forward) and E(speedup) (glide_cape §5.1)
+    for single-draft chain methods; None for others."""
+    calls = sum(s["drafter_calls"].get("draft", 0) for s in stats)
+    steps = sum(s["steps"] for s in stats)
+    if not calls or not steps or alpha is None or any(set(s["drafter_calls"]) - {"draft"} for s in stats):
+        return None, None
+    c = (sum(s["draft_seconds"] for s in stats) / calls) / (sum(s["verify_seconds"] for s in stats) / steps)
+    gamma = round(calls / steps)
+    return c, expected_speedup(alpha, gamma, c)
+
+
 def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | None = None, target_parameters: int = 1) -> dict:
     by_method = {m: [r for r in records if r["method"] == m] for m in methods}
     base = by_method["target-only"]
@@ -149,6 +162,7 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
             "edit_similarity": sum(r["edit_similarity"] for r in rs) / len(rs),
         }
         summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
+        summary[m]["cost_coefficient"], summary[m]["expected_speedup"] = _expected_speedup(stats, summary[m]["acceptance_rate"])
     return summary
 
 

@@ -61,6 +61,8 @@ def load_default(path: str | Path | None = None, dtype: torch.dtype | None = Non
         from ..cascade.bigram import load_bigram_table
 
         extras["bigram_table"] = load_bigram_table(path / "bigram.safetensors", device=device)
+    if (path / "small_draft" / "config.json").is_file():  # the cascade's second, smaller draft
+        extras["small_draft"] = load("small_draft")
     for kind in ("glide", "vanilla"):  # GLIDE and its vanilla twin, when trained for this target
         if (path / kind / "config.json").is_file():
             from ..glide import GlideForCausalLM

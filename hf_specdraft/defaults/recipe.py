@@ -160,3 +160,15 @@ GLIDE_RECIPES: dict[str, GlideRecipe] = {
     "gpu": GlideRecipe(hidden_size=512, num_hidden_layers=1, steps=2000, batch_size=64, seq_len=512, learning_rate=1e-3, warmup_steps=100),
     "tiny": GlideRecipe(hidden_size=32, num_hidden_layers=1, steps=10, batch_size=4, seq_len=64, learning_rate=3e-3, warmup_steps=2),
 }
+
+
+# The cascade's second, smaller neural draft (cascade_speculative_drafting.txt §3.1: drafts of decreasing size).
+# Kept out of Recipe so the shipped target's recipe hash stays what trained it.
+SMALL_DRAFT_RECIPES: dict[str, tuple[ModelRecipe, TrainSchedule]] = {
+    "default": (ModelRecipe(hidden_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256),
+                TrainSchedule(steps=200, batch_size=32, micro_batch_size=32, learning_rate=3e-3, warmup_steps=10)),
+    "gpu": (ModelRecipe(hidden_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256),
+            TrainSchedule(steps=1000, batch_size=64, micro_batch_size=64, learning_rate=3e-3, warmup_steps=50, checkpoint_every=1000)),
+    "tiny": (ModelRecipe(hidden_size=16, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, intermediate_size=32),
+             TrainSchedule(steps=10, batch_size=8, micro_batch_size=8, learning_rate=3e-3, warmup_steps=2, checkpoint_every=1000)),
+}

@@ -6,7 +6,7 @@
 
 Output directory layout (what ``hf_specdraft.defaults.load_default`` reads)::
 
-    tokenizer/  target/  draft/  bigram.safetensors  recipe.json  training_log.json
+    tokenizer/  target/  draft/  small_draft/  glide/  vanilla/  bigram.safetensors  recipe.json  training_log.json
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 
 from .corpus import Corpus, build_corpus
 from .evaluation import evaluate_perplexity, heldout_prompts, heldout_windows, repeat_fraction, unigram_perplexity
-from .recipe import ModelRecipe, Recipe, TrainSchedule
+from .recipe import SMALL_DRAFT_RECIPES, ModelRecipe, Recipe, TrainSchedule
 from .tokenizer import train_tokenizer
 
 
-PARTS = ("draft", "target", "glide", "vanilla")  # in training order: GLIDE reads the trained target
+PARTS = ("draft", "target", "small_draft", "glide", "vanilla")  # in training order: GLIDE reads the trained target
 
 
 def default_cache_dir() -> Path:
@@ -203,14 +203,16 @@ def train_default(recipe: Recipe, output_dir: str | Path, parts: tuple[str, ...]
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     log.update({"recipe": recipe.name, "recipe_hash": recipe.hash(), "corpus": corpus.describe(), "train_tokens": int(data.train_ids.numel())})
     log["hardware"] = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-    for part in [p for p in PARTS[:2] if p in parts]:
-        shape, schedule = (recipe.draft, recipe.draft_schedule) if part == "draft" else (recipe.target, recipe.target_schedule)
+    shapes = {"draft": (recipe.draft, recipe.draft_schedule), "target": (recipe.target, recipe.target_schedule),
+              "small_draft": SMALL_DRAFT_RECIPES[recipe.name]}
+    for part in [p for p in PARTS[:3] if p in parts]:
+        shape, schedule = shapes[part]
         model = build_model(shape, recipe, data.tokenizer)
         start = time.time()
         steps = train_lm(model, data, recipe, schedule, output_dir / part, f"train {part}", eval_ids)
         log[part] = {"parameters": sum(p.numel() for p in model.parameters()), "train_seconds": round(time.time() - start, 1), "steps": steps}
         log_path.write_text(json.dumps(log, indent=1) + "\n")
-    for part in [p for p in PARTS[2:] if p in parts]:  # GLIDE and its vanilla twin need the trained target
+    for part in [p for p in PARTS[3:] if p in parts]:  # GLIDE and its vanilla twin need the trained target
         from .drafters import train_default_drafter
 
         glide_log = train_default_drafter(part, output_dir, recipe, data.train_ids)
