@@ -68,6 +68,15 @@ class OracleDrafter(TreeCandidateGenerator):
         return DraftTree(torch.tensor(tokens), torch.tensor(parents))
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models on a shared CPU: more than one intra-op thread only adds contention."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=ARCHITECTURES)
 def arch(request):
     return request.param

@@ -26,13 +26,7 @@ from hf_specdraft.glide import (
 from test_sampling import P_VALUE, chi_square_p
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared CPU: more than one intra-op thread only adds contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_glide(target, seed: int = 1, **overrides) -> GlideForCausalLM:

@@ -23,13 +23,7 @@ HUB_ARCHITECTURES = ("llama", "qwen2")
 MAX_NEW_TOKENS = 24
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared CPU: more than one intra-op thread only adds contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- GLIDE's CAPE drafter, in process ---------------------------------------------------------------------

@@ -19,12 +19,7 @@ from hf_specdraft.glide.training import token_stream
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def periodic_stream(period: int = 40, repeats: int = 50) -> torch.Tensor:
