@@ -147,3 +147,18 @@ def test_cli_errors(tmp_path):
     assert done.returncode == 2 and "not a causal LM" in done.stderr
     done = run_cli("bench", "--profile", "tpu")
     assert done.returncode == 2 and "unknown profile" in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["glide", "vanilla"])
+def test_shipped_drafter_code_copies_match_the_package(kind):
+    """The shipped GLIDE folders are Hub-ready, so they carry copies of the trust_remote_code files; a change to
+    the package's code must re-save them (``hf-specdraft train-default --parts glide,vanilla``) or this fails."""
+    folder = CHECKPOINT_DIR / kind
+    if not folder.is_dir():
+        pytest.skip(f"no shipped {kind} drafter in this checkout")
+    package = REPO / "hf_specdraft"
+    pairs = [(folder / name, package / "glide" / name) for name in ("modeling_glide.py", "configuration_glide.py")]
+    pairs += [(p, package / "cape" / "custom_generate" / p.name) for p in (folder / "custom_generate").glob("*.py")]
+    assert len(pairs) > 2
+    for shipped, source in pairs:
+        assert shipped.read_text() == source.read_text(), f"{shipped} is stale against {source}"
