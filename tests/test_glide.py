@@ -428,3 +428,53 @@ def test_eager_and_sdpa_attention_agree():
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         full = glide(x, target_past_key_values=cache).logits[:, -1]
     torch.testing.assert_close(a[:, -1], full, atol=1e-5, rtol=1e-5)
+
+
+# --- GLIDE under CAPE's modes (glide_cape.txt §4.2, §5.3-5.4) ------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["confidence", "fixed", "beam"])
+def test_glide_with_every_cape_mode_is_lossless(arch, mode, tmp_path):
+    from hf_specdraft.cape import build_cape_for_bench
+
+    target = tiny_model(arch)
+    glide = briefly_trained_glide(target, tmp_path)
+    x = prompt(7, seed=1)
+    drafter = build_cape_for_bench(GlideCandidateGenerator(glide, num_draft_tokens=4), mode=mode)
+    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=20, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy_reference(target, x, 20))
+    assert sum(step.accepted for step in out.speculative_stats.steps) > 0
+    if mode == "beam":  # one prefix forward + one per further depth, each over the whole beam
+        assert out.speculative_stats.drafter_calls["draft"] <= out.speculative_stats.num_steps * 4
+        assert max(len(sizes) for sizes in drafter.expansion_sizes) > 1
+
+
+def test_glide_tree_scorer_equals_chain_drafting():
+    """q of every beam node equals GLIDE's q for that path drafted as a chain: tree mask, positions and glimpse agree."""
+    from hf_specdraft.cape import CapeCandidateGenerator
+
+    target = tiny_model("llama")
+    glide = make_glide(target)
+    x = prompt(6, seed=3)
+    cache = target_cache(target, x)
+    scorer = CapeCandidateGenerator(GlideCandidateGenerator(glide, num_draft_tokens=3), mode="beam").scorer
+    scorer.reset()
+    q_root = scorer.start(x, cache)
+    q_level1 = scorer.extend(torch.tensor([5, 9]), torch.tensor([-1, -1]))
+    q_level2 = scorer.extend(torch.tensor([11]), torch.tensor([-1, -1, 1]))
+    scorer.finish()
+    assert scorer.cache.get_seq_length() == x.shape[1]
+    for path, q in (([], q_root[0]), ([5], q_level1[0]), ([9], q_level1[1]), ([9, 11], q_level2[0])):
+        ids = torch.cat([x, torch.tensor([path], dtype=torch.long)], dim=1) if path else x
+        with torch.no_grad():
+            expected = torch.softmax(glide(ids, target_past_key_values=cache).logits[0, -1].float(), -1)
+        torch.testing.assert_close(q, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_glide_tree_scorer_needs_the_target_cache():
+    from hf_specdraft.cape import CapeCandidateGenerator
+
+    target = tiny_model("llama")
+    scorer = CapeCandidateGenerator(GlideCandidateGenerator(make_glide(target), num_draft_tokens=3), mode="beam").scorer
+    with pytest.raises(ValueError, match="target_cache is None"):
+        scorer.start(prompt(4), None)

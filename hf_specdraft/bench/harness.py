@@ -138,6 +138,12 @@ def _expected_speedup(stats: list[dict], alpha: float | None) -> tuple[float | N
     return c, expected_speedup(alpha, gamma, c)
 
 
+def _expansion_ms(stats: list[dict], steps: int) -> float | None:
+    """CAPE's expansion time per step (part of the draft time), for methods that record it."""
+    timed = [s["extra"]["expansion_seconds"] for s in stats if "expansion_seconds" in s.get("extra", {})]
+    return 1000 * sum(timed) / steps if timed and steps else None
+
+
 def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | None = None, target_parameters: int = 1) -> dict:
     by_method = {m: [r for r in records if r["method"] == m] for m in methods}
     base = by_method["target-only"]
@@ -158,6 +164,7 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
             "acceptance_rate": sum(s["accepted_tokens"] for s in stats) / drafted if drafted else None,
             "verification_tokens_per_step": sum(s["verification_tokens_per_step"] * s["steps"] for s in stats) / steps if steps else None,
             "draft_ms_per_step": 1000 * sum(s["draft_seconds"] for s in stats) / steps if steps else None,
+            "expansion_ms_per_step": _expansion_ms(stats, steps),
             "equals_target_only": sum(r["tokens"] == b["tokens"] for r, b in zip(rs, base)) / len(rs),
             "edit_similarity": sum(r["edit_similarity"] for r in rs) / len(rs),
         }

@@ -123,6 +123,8 @@ register_method(Method("cascade-2drafts", lambda ctx: _cascade(ctx, [ctx.draft, 
 def _with_expansion_sizes(ctx, generator):
     sequences, stats = _speculative(ctx, candidate_generator=generator)
     stats.extra["expansion_sizes"] = [list(map(int, sizes)) for sizes in generator.expansion_sizes]  # per step, per position
+    if generator.expansion_seconds:  # CAPE's own share of the draft time (confidence / fixed modes)
+        stats.extra["expansion_seconds"] = sum(generator.expansion_seconds)
     return sequences, stats
 
 
@@ -185,6 +187,6 @@ for _kind in ("glide", "vanilla"):
                            cost_models=lambda e, k=_kind: {"draft": e[k]}))
     register_method(Method(f"stock-assisted-{_kind}", lambda ctx, k=_kind: _stock_glide(ctx, k), requires=(_kind,),
                            description=f"transformers assisted decoding with the {_kind} drafter (attach)"))
-for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k")):  # beam expansion needs a GLIDE beam scorer (not yet)
+for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
     register_method(Method(f"glide+{_label}", lambda ctx, m=_mode: _glide_cape(ctx, m), requires=("glide",),
                            description=f"GLIDE γ=5 with {_label} expansion", cost_models=lambda e: {"draft": e["glide"]}))

@@ -15,7 +15,7 @@ from ..defaults import CHECKPOINT_DIR
 from .plots import make_plots, plot_paths
 
 COLUMNS = [("tok/s", "tokens_per_second", ".1f"), ("speedup", "speedup_vs_target_only", ".2f"), ("MAL", "mean_accepted_length", ".2f"),
-           ("α", "acceptance_rate", ".3f"), ("c", "cost_coefficient", ".3f"), ("E(speedup)", "expected_speedup", ".2f"), ("verify tok/step", "verification_tokens_per_step", ".1f"), ("draft ms/step", "draft_ms_per_step", ".2f"),
+           ("α", "acceptance_rate", ".3f"), ("c", "cost_coefficient", ".3f"), ("E(speedup)", "expected_speedup", ".2f"), ("verify tok/step", "verification_tokens_per_step", ".1f"), ("draft ms/step", "draft_ms_per_step", ".2f"), ("expansion ms/step", "expansion_ms_per_step", ".2f"),
            ("tok/target call", "tokens_per_target_call", ".2f"), ("SWI (params)", "swi_parameters", ".2f"), ("SWI (measured)", "swi_measured", ".2f"), ("= target-only", "equals_target_only", ".0%"), ("edit sim", "edit_similarity", ".3f")]
 
 

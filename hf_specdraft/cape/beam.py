@@ -42,19 +42,21 @@ class DraftModelTreeScorer:
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.draft_model.config)
+        self.target_cache = None
         self.seen = torch.zeros(0, dtype=torch.long)  # invariant between steps: the cache covers exactly `seen`
 
     def start(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> torch.Tensor:
         """Cache ``input_ids`` `(1, L)` (re-using the common prefix with the last step) and return q `(1, V)` after it.
 
-        ``target_cache`` (the target's live cache, read-only) is unused by a plain draft model; GLIDE's scorer reads it.
+        ``target_cache`` (the target's live cache, read-only) is unused by a plain draft model; GLIDE's scorer
+        glimpses it in this and every :meth:`extend` of the step.
         """
         ids = input_ids[0].to(self.draft_model.device)
         keep = min(common_prefix_length(self.seen.to(ids.device), ids), ids.numel() - 1)
         if self.cache.get_seq_length() > keep:
             self.cache.crop(keep - self.cache.get_seq_length())
-        logits = self.draft_model(input_ids=ids[keep:][None], past_key_values=self.cache, use_cache=True).logits[0, -1:]
-        self.forward_calls += 1
+        logits = self._forward(target_cache, input_ids=ids[keep:][None], past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+        self.target_cache = target_cache
         self.seen = ids
         return self.distribution(logits)
 
@@ -78,12 +80,16 @@ class DraftModelTreeScorer:
         # additive float mask: a bool mask is silently wrong with eager attention (notes §3)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
         positions = (prefix + depth[total - n :])[None]
-        logits = self.draft_model(
-            input_ids=tokens.to(device)[None], attention_mask=mask[None, None], position_ids=positions,
+        logits = self._forward(
+            self.target_cache, input_ids=tokens.to(device)[None], attention_mask=mask[None, None], position_ids=positions,
             past_key_values=self.cache, use_cache=True,
         ).logits[0]
-        self.forward_calls += 1
         return self.distribution(logits)
+
+    def _forward(self, target_cache: DynamicCache | None, **inputs):
+        """One draft forward; a subclass whose draft reads the target's cache (GLIDE) passes ``target_cache`` on."""
+        self.forward_calls += 1
+        return self.draft_model(**inputs)
 
     def finish(self) -> None:
         """Drop the tree nodes: the cache covers the prefix again."""

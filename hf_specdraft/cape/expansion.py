@@ -17,6 +17,7 @@ position and itself, which is exactly the mask_CAPE of §4.2 expressed as a :cla
 
 from __future__ import annotations
 
+import numpy
 import torch
 
 from ..tree import DraftTree
@@ -36,35 +37,42 @@ def expansion_sizes(draft_probs: torch.Tensor, config: CapeConfig) -> torch.Long
     Returns:
         `torch.LongTensor` of shape `(k,)`: the size of each expansion set (≤ V - 1), on ``draft_probs``' device.
     """
+    return torch.tensor(_sizes(draft_probs, config)[0], dtype=torch.long, device=draft_probs.device)
+
+
+def _sizes(draft_probs: torch.Tensor, config: CapeConfig) -> tuple[list[int], list[float]]:
+    """``(K_i, p_i)`` as Python lists: k ≤ a few dozen positions, so plain Python beats a dozen tiny tensor ops."""
     if config.mode == "beam":
         raise ValueError("expansion_sizes applies to mode='confidence' or 'fixed'; beam mode drafts its own tree (see beam.py)")
     k, vocab = draft_probs.shape
     config.check_chain_length(k)
-    device = draft_probs.device
+    confidence = draft_probs.amax(dim=-1).tolist() if k else []  # p_i = max q_i
     if config.mode == "fixed":
-        wanted = torch.full((k,), config.fixed_k, dtype=torch.long, device=device)
+        wanted = [config.fixed_k] * k
     else:
-        confidence = draft_probs.float().amax(dim=-1)  # p_i = max q_i
-        bounds = torch.tensor(config.bounds, dtype=torch.float32, device=device)
-        # bucketize(right=False) finds i with bounds[i-1] < p <= bounds[i]: the paper's right-closed bins
-        bins = torch.bucketize(confidence, bounds).clamp_(max=len(config.bounds) - 1)
-        wanted = torch.tensor(config.sizes, dtype=torch.long, device=device)[bins]
-    wanted = wanted.clamp(max=vocab - 1)
-    room = config.budget - k
-    spent_before = wanted.cumsum(0) - wanted
-    return torch.minimum(wanted, (room - spent_before).clamp(min=0))
+        # the paper's right-closed bins: K = sizes[j] for the first bound with p <= bounds[j]; bounds are
+        # rounded to float32 like p, so p = 0.3 lands in (0, 0.3] and not in the next bin
+        bins = list(zip((float(numpy.float32(b)) for b in config.bounds), config.sizes))
+        wanted = [next((size for bound, size in bins if p <= bound), config.sizes[-1]) for p in confidence]
+    room, sizes = config.budget - k, []
+    for want in wanted:
+        take = max(0, min(want, vocab - 1, room))
+        sizes.append(take)
+        room -= take
+    return sizes, confidence
 
 
-def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | None = None, with_draft_probs: bool = False) -> DraftTree:
+def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | list[int] | None = None,
+                    with_draft_probs: bool = False) -> DraftTree:
     """Add each position's expansion set to a drafted chain, as leaves (glide_cape.txt §4.2, "Proposal Expansion").
 
     Pure: reads only ``chain.draft_probs``; no draft forward is run, which is why CAPE costs almost no
-    draft time (§5.4: +0.2 ms on a 5.5 ms speculation step).
+    draft time (§5.4: +0.2 ms on a 5.5 ms speculation step). One ``topk`` over q does the tensor work.
 
     Args:
         chain (:class:`~hf_specdraft.tree.DraftTree`): a chain of ``k`` tokens with ``draft_probs`` `(k, V)`.
         config (:class:`CapeConfig`): the schedule and the budget.
-        sizes (`torch.LongTensor` of shape `(k,)`, *optional*): precomputed :func:`expansion_sizes`.
+        sizes (`torch.LongTensor` or `list[int]` of length `k`, *optional*): precomputed :func:`expansion_sizes`.
         with_draft_probs (`bool`): also return ``draft_probs`` (leaf rows repeat q_i). Off by default:
             tree verification is an exact match that never reads q, and copying ``(N, V)`` rows is most of
             the expansion's cost on CPU.
@@ -79,17 +87,23 @@ def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | 
         raise ValueError("expand_proposal expands a chain (parents = [-1, 0, 1, ...]); got a tree with several branches")
     q = chain.draft_probs
     if sizes is None:
-        sizes = expansion_sizes(q, config)
-    widest = min(config.max_expansion, q.shape[-1] - 1)
+        sizes = _sizes(q, config)[0]
+    sizes = sizes.tolist() if isinstance(sizes, torch.Tensor) else list(sizes)
+    widest = min(max(sizes, default=0), q.shape[-1] - 1)
     if len(chain) == 0 or widest == 0:
         return chain if with_draft_probs else DraftTree(chain.tokens, chain.parents)
-    tokens = chain.tokens.to(q.device)
-    others = q.scatter(-1, tokens[:, None], -1.0)  # a copy in which x_{t+i} ranks last: X_i excludes it
-    top = others.topk(widest, dim=-1).indices  # (k, widest), best first
-    keep = torch.arange(widest, device=q.device)[None] < sizes.to(q.device)[:, None]
-    position = torch.arange(len(chain), device=q.device)[:, None].expand(-1, widest)[keep]  # pos(i) of each leaf
+    chain_tokens = chain.tokens.tolist()
+    # widest + 1 candidates per position: X_i is the best K_i of them other than the chain token x_{t+i}
+    ranked = q.topk(widest + 1, dim=-1).indices.tolist()
+    tokens, parents, position = list(chain_tokens), [-1] + list(range(len(chain) - 1)), []
+    for i, (size, row) in enumerate(zip(sizes, ranked)):
+        leaves = [token for token in row if token != chain_tokens[i]][:size]
+        tokens += leaves
+        parents += [i - 1] * len(leaves)
+        position += [i] * len(leaves)
+    device = q.device
     return DraftTree(
-        tokens=torch.cat([tokens, top[keep]]),
-        parents=torch.cat([chain.parents.to(q.device), chain.parents.to(q.device)[position]]),
-        draft_probs=torch.cat([q, q[position]]) if with_draft_probs else None,
+        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+        parents=torch.tensor(parents, dtype=torch.long, device=device),
+        draft_probs=torch.cat([q, q[torch.tensor(position, device=device)]]) if with_draft_probs else None,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
+from ..cape.beam import DraftModelTreeScorer
 from ..drafting import TreeCandidateGenerator, check_same_vocab, draft_chain
 from ..tree import DraftTree
 from .modeling_glide import read_target_layer
@@ -95,3 +96,22 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
                               target_past_key_values=target_cache if cross else None, logits_to_keep=1).logits[:, -1]
 
         return draft_chain(self, input_ids, next_logits, self.glide.device)
+
+    def beam_scorer(self, distribution) -> GlideTreeScorer:
+        """The scorer CAPE's beam mode (glide_cape.txt §5.3, GLIDE+BeamSearch) drafts its tree with."""
+        return GlideTreeScorer(self.glide, distribution)
+
+
+class GlideTreeScorer(DraftModelTreeScorer):
+    """:class:`~hf_specdraft.cape.beam.DraftModelTreeScorer` for GLIDE: every beam node glimpses the target cache.
+
+    Tree nodes sit at sequence indices past the target cache (which covers ``input_ids[:, :-1]``), so each
+    node sees the whole verified prefix, as chain drafting does (§4.1). Beam search and CAPE's beam mode
+    ignore ``num_draft_tokens`` here; they take γ from the wrapping generator.
+    """
+
+    def _forward(self, target_cache: DynamicCache | None, **inputs):
+        if self.draft_model.config.cross_attention:
+            check_target_cache(target_cache, self.draft_model.config)
+            inputs["target_past_key_values"] = target_cache
+        return super()._forward(target_cache, **inputs)
