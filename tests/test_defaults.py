@@ -65,6 +65,32 @@ def test_tiny_recipe_trains_and_loads(tiny_default):
     assert bundle.extras["bigram_table"].shape == (len(bundle.tokenizer),)  # Max-Gram's fallback, built from the same stream
 
 
+def test_resume_target_runs_only_the_continuation(tiny_default, corpus, tmp_path, monkeypatch):
+    import dataclasses
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from hf_specdraft.defaults.recipe import TrainSchedule
+    from hf_specdraft.defaults.training import train_default
+
+    path, _ = tiny_default
+    monkeypatch.setenv("HF_SPECDRAFT_CACHE", str(path.parent / "cache"))
+    run = tmp_path / "run"
+    shutil.copytree(path, run)
+    before = load_file(run / "target" / "model.safetensors")
+    with pytest.raises(ValueError, match="target_continuation"):
+        train_default(get_recipe("tiny"), run, parts=("target",), corpus=corpus, resume_target=True)
+    recipe = dataclasses.replace(get_recipe("tiny"), target_continuation=TrainSchedule(steps=4, batch_size=4, micro_batch_size=4, learning_rate=1e-3, warmup_steps=1))
+    log = train_default(recipe, run, parts=("target",), corpus=corpus, resume_target=True)
+    assert log["target"]["steps"][-1]["step"] == 30 and log["target"]["continuation"]["steps"][-1]["step"] == 4
+    after = load_file(run / "target" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert json.loads((run / "recipe.json").read_text())["hash"] == recipe.hash()
+    with pytest.raises(ValueError, match="finished first stage"):  # the continuation already ran
+        train_default(recipe, run, parts=("target",), corpus=corpus, resume_target=True)
+
+
 def test_load_default_rejects_other_directories(tmp_path):
     with pytest.raises(ValueError, match="not an embedded-default directory"):
         load_default(tmp_path)
@@ -120,6 +146,23 @@ def test_bench_json_schema(tiny_default, tmp_path):
 
     report = render(tmp_path, checkpoint=tiny_default[0])
     assert "## The embedded default" in report and "| draft-model |" in report and "unigram baseline" in report
+
+
+def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
+    from hf_specdraft.bench import BenchConfig, run_bench
+    from hf_specdraft.bench.k_sweep import k_grid, register_grid
+    from hf_specdraft.cascade.cascade import validate_k_matrix
+
+    for drafts in (1, 2):
+        assert all(validate_k_matrix(k, drafts) == k for k in k_grid(drafts))
+    names = register_grid(2)
+    assert register_grid(2) == names  # registering twice is harmless
+    chosen = tuple(names)[:2]
+    result = run_bench(load_default(tiny_default[0]), BenchConfig(methods=chosen, num_prompts=1, max_new_tokens=8, warmup=0))
+    for name in chosen:
+        assert result["summary"][name]["equals_target_only"] == 1.0 and result["summary"][name]["swi_parameters"] > 0
+    with pytest.raises(ValueError, match="num_drafts"):
+        k_grid(3)
 
 
 def test_bench_config_errors():

@@ -1,0 +1,80 @@
+"""Search the cascade's K matrix for a target and its drafts (cascade_speculative_drafting.txt Algorithm 1, §5.1).
+
+The paper tunes K per model family (its FLAN-T5 and LLaMA settings differ); the defaults here are the
+official code's. This runs a grid of K matrices through the bench harness on the same prompts, in one
+run, and ranks them by SWI from the parameter-count heuristic (deterministic: it counts calls, not
+seconds), with the measured-cost SWI and the wall-time ratio beside it::
+
+    python -m hf_specdraft.bench.k_sweep --drafts 2 --num-prompts 8 --output benchmarks/results/cpu-k-sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+from .harness import BenchConfig, run_bench
+from .methods import METHODS, Method, _bigram, _speculative, register_method
+
+
+def k_grid(num_drafts: int) -> list[list[list[int]]]:
+    """Candidate K matrices for one or two neural drafts + Max-Gram (MaG's row keeps its 10 tokens)."""
+    if num_drafts == 1:
+        return [[[k, m], [0, 10]] for k, m in itertools.product((2, 3, 5, 8), (4, 10))]
+    if num_drafts == 2:
+        return [[[a, b, 10], [0, c, 10], [0, 0, 10]] for a, b, c in itertools.product((3, 5), (2, 6, 14), (1, 3))]
+    raise ValueError(f"num_drafts must be 1 or 2, got {num_drafts!r}")
+
+
+def register_grid(num_drafts: int) -> dict[str, list[list[int]]]:
+    """Register one bench method per K matrix; returns {method name: K}."""
+    from ..cascade import build_cascade_for_bench
+
+    names = {}
+    for k_matrix in k_grid(num_drafts):
+        name = f"cascade-{num_drafts}d-K{json.dumps(k_matrix, separators=(',', ':'))}"
+
+        def run(ctx, k=k_matrix):
+            drafts = [ctx.draft] if num_drafts == 1 else [ctx.draft, ctx.extras["small_draft"]]
+            return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx), k_matrix=k))
+
+        costs = (lambda e: {"draft0": e["draft"], "max_gram": None}) if num_drafts == 1 else \
+            (lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None})
+        if name not in METHODS:
+            register_method(Method(name, run, requires=("draft",) if num_drafts == 1 else ("draft", "small_draft"),
+                                   description=f"CS drafting, K = {k_matrix}", cost_models=costs))
+        names[name] = k_matrix
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..defaults import load_default
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--drafts", type=int, default=2, choices=(1, 2), help="neural drafts in the cascade")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+    names = register_grid(args.drafts)
+    baseline = ["draft-model", "cascade-1draft"] + (["cascade-2drafts"] if args.drafts == 2 else [])
+    config = BenchConfig(methods=("target-only", *baseline, *names), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
+    result = run_bench(load_default(), config)
+    result["meta"]["command"] = "python -m hf_specdraft.bench.k_sweep " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    result["k_matrices"] = names
+    ranked = sorted(names, key=lambda n: -(result["summary"][n]["swi_parameters"] or 0))
+    result["ranking"] = ranked
+    for name in [*baseline, *ranked]:
+        s = result["summary"][name]
+        print(f"{name:60s} SWI(params) {s['swi_parameters']:.3f}  SWI(measured) {s['swi_measured']:.3f}  "
+              f"tok/call {s['tokens_per_target_call']:.2f}  speedup {s['speedup_vs_target_only']:.2f}x")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
