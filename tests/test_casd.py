@@ -160,6 +160,8 @@ def test_strict_equals_target_greedy(arch):
         generator = CasdCandidateGenerator(context)
         out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=32, return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref), name
+        with_output = CasdCandidateGenerator(context, draft_from_output=True)
+        assert torch.equal(speculative_generate(target, x, candidate_generator=with_output, max_new_tokens=32), ref), name
         if name == "holds the answer":
             assert out.speculative_stats.mean_accepted_length > 2.0
             assert any(s.tree_size > s.drafted for s in out.speculative_stats.steps)  # real trees were verified
@@ -382,11 +384,26 @@ def test_threshold_outside_unit_interval(threshold):
         build_casd_for_bench(target, torch.tensor([3, 4]), threshold=threshold, strict=True)
 
 
+def test_draft_from_output_retrieves_from_the_generated_tokens():
+    target = tiny_model("llama")
+    context, prompt = random_ids(50, 6), torch.tensor([[3, 4, 5]])
+    generated = torch.tensor([[7, 8, 9, 11, 7, 8]])  # "7 8" occurs earlier in the output, followed by 9 11 7 8
+    trees = {}
+    for flag in (False, True):
+        generator = CasdCandidateGenerator(context, draft_from_output=flag, max_draft_length=3)
+        generator.prepare(target, target.generation_config)
+        generator.propose(prompt)  # the first step marks where the output starts
+        trees[flag] = generator.propose(torch.cat([prompt, generated], dim=1))
+    pool_hit = CasdCandidateGenerator(context).pool.match([7, 8])[0]
+    assert pool_hit == 0 and len(trees[False]) == 0  # the context alone has nothing to offer
+    assert trees[True].main_chain().tokens.tolist() == [9, 11, 7]
+
+
 @pytest.mark.parametrize("options, match", [
     ({"max_nodes": 0}, "max_nodes"), ({"max_nodes": -3}, "max_nodes"), ({"max_nodes": 2.5}, "max_nodes"),
     ({"max_nodes": True}, "max_nodes"), ({"max_nodes": "64"}, "max_nodes"),
     ({"min_suffix_length": 5, "max_suffix_length": 4}, "min_suffix_length"), ({"max_draft_length": 0}, "max_draft_length"),
-    ({"fill_from_shorter_suffixes": 1}, "fill_from_shorter_suffixes"),
+    ({"fill_from_shorter_suffixes": 1}, "fill_from_shorter_suffixes"), ({"draft_from_output": "yes"}, "draft_from_output"),
 ])
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):

@@ -153,6 +153,8 @@ def _casd(ctx, **options):
 
 register_method(Method("casd-strict", lambda ctx: _casd(ctx, strict=True), tasks=("context",),
                        description="CASD, exact verification (lossless context lookup decoding)"))
+register_method(Method("casd-strict+output", lambda ctx: _casd(ctx, strict=True, draft_from_output=True), tasks=("context",),
+                       description="CASD strict, retrieving from the generated tokens too (not in casd.txt)"))
 register_method(Method("casd-conditional", lambda ctx: _casd(ctx, threshold=0.1), tasks=("context",), lossless=False,
                        description="CASD, conditional verification p > max(0.1, p(eos)) (eq. 3)"))
 register_method(Method("casd-mixed", lambda ctx: _casd(ctx, threshold=0.1, top_k=5), tasks=("context",), lossless=False,

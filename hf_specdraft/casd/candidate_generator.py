@@ -20,7 +20,7 @@ from ..drafting import TreeCandidateGenerator, output_vocab_size
 from ..tree import DraftTree
 from .configuration_casd import CasdConfig
 from .pool import DraftPool, context_token_ids
-from .retrieval import retrieve
+from .retrieval import add_nodes, retrieve
 
 
 def tokenize_context(context, tokenizer=None, argument: str = "context"):
@@ -85,6 +85,7 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         self.config = config if config is not None else CasdConfig(**options)
         self.pool = DraftPool(tokenize_context(context, tokenizer), self.config.max_suffix_length)
         self.match_lengths: list[int] = []
+        self.prompt_length: int | None = None  # set by the first propose() of a generate call
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Raise ValueError when the context holds an id the target cannot score (``>= vocab_size``)."""
@@ -98,12 +99,29 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         super().prepare(target, generation_config)
         self.check_vocabulary(output_vocab_size(target))
         self.match_lengths = []
+        self.prompt_length = None
 
     def propose(self, input_ids: torch.LongTensor, target_cache=None) -> DraftTree:
         """𝕋 ← R(p) for ``input_ids`` `(1, L)`; the target cache is not read."""
-        tree, length = retrieve(self.pool, input_ids[0, -self.config.max_suffix_length :], self.config)
+        if self.prompt_length is None:
+            self.prompt_length = input_ids.shape[1]
+        suffix = input_ids[0, -self.config.max_suffix_length :]
+        tree, length = retrieve(self.pool, suffix, self.config)
+        output = input_ids[0, self.prompt_length :]
+        if self.config.draft_from_output and output.numel() > self.config.min_suffix_length:
+            tree, length = self._with_output(tree, length, output, suffix)
         self.match_lengths.append(length)
         return DraftTree(tree.tokens.to(input_ids.device), tree.parents.to(input_ids.device))
+
+    def _with_output(self, tree: DraftTree, length: int, output: torch.Tensor, suffix: torch.Tensor) -> tuple[DraftTree, int]:
+        """Merge the tree retrieved from the generated tokens with the context's: the longer match first."""
+        own, own_length = retrieve(DraftPool(output.cpu(), self.config.max_suffix_length), suffix, self.config)
+        if own_length == 0:
+            return tree, length
+        first, second = (own, tree) if own_length > length else (tree, own)
+        tokens, parents = first.tokens.tolist(), first.parents.tolist()
+        add_nodes(tokens, parents, second, self.config.max_nodes)
+        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)), max(length, own_length)
 
 
 def build_casd_for_bench(target: PreTrainedModel, context_ids: torch.Tensor, **options) -> tuple[CasdCandidateGenerator, ConditionalAcceptance | None]:

@@ -31,6 +31,9 @@ class CasdConfig:
             used, which keeps the continuations' frequencies.
         fill_from_shorter_suffixes: top a tree smaller than ``max_nodes`` up with the continuations of
             ever shorter suffixes. Off by default: casd.txt / REST use the longest match only.
+        draft_from_output: also retrieve from the tokens generated so far (a second pool, rebuilt each
+            step), as prompt lookup decoding does; the longer match's tree comes first and the other tops
+            it up. Off by default: casd.txt's pool holds the context only (Algorithm 1 line 1).
     """
 
     max_nodes: int = 64  # casd.txt §3 / REST: "choices=64" draft tokens verified per step
@@ -39,14 +42,16 @@ class CasdConfig:
     max_draft_length: int = 10  # REST's continuation length ("long=10")
     max_matches: int = 5000  # REST retrieves at most 5000 occurrences per lookup
     fill_from_shorter_suffixes: bool = False  # casd.txt / REST: first hit wins, its tree alone is drafted
+    draft_from_output: bool = False  # casd.txt: the pool is the context alone
 
     def __post_init__(self):
         for name in ("max_nodes", "max_suffix_length", "min_suffix_length", "max_draft_length", "max_matches"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(self.fill_from_shorter_suffixes, bool):
-            raise ValueError(f"fill_from_shorter_suffixes must be a bool, got {self.fill_from_shorter_suffixes!r}")
+        for name in ("fill_from_shorter_suffixes", "draft_from_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.min_suffix_length > self.max_suffix_length:
             raise ValueError(
                 f"min_suffix_length ({self.min_suffix_length}) must not exceed max_suffix_length ({self.max_suffix_length})"
