@@ -68,6 +68,13 @@ def test_expansion_sizes_follow_the_confidence_bins():
     assert sizes.tolist() == [7, 5, 3, 1, 7, 5, 3, 1]
 
 
+@pytest.mark.parametrize("sizes", [[1, 1], [1, 1, 1, 1], [1, -1, 0]])
+def test_expand_proposal_rejects_bad_sizes(sizes):
+    q = torch.stack([peaked(16, {0: 0.5})] * 3)
+    with pytest.raises(ValueError, match="sizes must hold one int"):
+        expand_proposal(DraftTree.chain(torch.zeros(3, dtype=torch.long), q), CapeConfig(), sizes)
+
+
 def test_budget_prefers_earlier_positions():
     q = torch.stack([peaked(16, {0: 0.2})] * 4)  # every position wants K = 7
     assert expansion_sizes(q, CapeConfig(budget=4 + 10)).tolist() == [7, 3, 0, 0]

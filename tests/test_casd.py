@@ -397,6 +397,8 @@ def test_draft_from_output_retrieves_from_the_generated_tokens():
     pool_hit = CasdCandidateGenerator(context).pool.match([7, 8])[0]
     assert pool_hit == 0 and len(trees[False]) == 0  # the context alone has nothing to offer
     assert trees[True].main_chain().tokens.tolist() == [9, 11, 7]
+    generator.propose(torch.tensor([[5, 5]]))  # another request without prepare() (stock assisted loops): a new prompt
+    assert generator.prompt_length == 2
 
 
 @pytest.mark.parametrize("options, match", [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 from pathlib import Path
 
 from .harness import BenchConfig, run_bench
@@ -62,17 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     baseline = ["draft-model", "cascade-1draft"] + (["cascade-2drafts"] if args.drafts == 2 else [])
     config = BenchConfig(methods=("target-only", *baseline, *names), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
     result = run_bench(load_default(), config)
-    result["meta"]["command"] = "python -m hf_specdraft.bench.k_sweep " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    result["meta"]["command"] = "python -m hf_specdraft.bench.k_sweep " + " ".join(sys.argv[1:] if argv is None else argv)
     result["k_matrices"] = names
-    ranked = sorted(names, key=lambda n: -(result["summary"][n]["swi_parameters"] or 0))
-    result["ranking"] = ranked
-    for name in [*baseline, *ranked]:
-        s = result["summary"][name]
-        print(f"{name:60s} SWI(params) {s['swi_parameters']:.3f}  SWI(measured) {s['swi_measured']:.3f}  "
-              f"tok/call {s['tokens_per_target_call']:.2f}  speedup {s['speedup_vs_target_only']:.2f}x")
+    result["ranking"] = sorted(names, key=lambda n: -(result["summary"][n]["swi_parameters"] or 0))
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1) + "\n")
+    for name in [*baseline, *result["ranking"]]:
+        s = result["summary"][name]
+        cells = [f"{label} {'-' if s[key] is None else format(s[key], '.3f')}" for label, key in
+                 (("SWI(params)", "swi_parameters"), ("SWI(measured)", "swi_measured"), ("tok/call", "tokens_per_target_call"),
+                  ("speedup", "speedup_vs_target_only"))]
+        print(f"{name:60s} " + "  ".join(cells))
     return 0
 
 

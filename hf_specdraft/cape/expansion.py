@@ -89,6 +89,8 @@ def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | 
     if sizes is None:
         sizes = _sizes(q, config)[0]
     sizes = sizes.tolist() if isinstance(sizes, torch.Tensor) else list(sizes)
+    if len(sizes) != len(chain) or any(not isinstance(k, int) or k < 0 for k in sizes):
+        raise ValueError(f"sizes must hold one int >= 0 per drafted position ({len(chain)}), got {sizes}")
     widest = min(max(sizes, default=0), q.shape[-1] - 1)
     if len(chain) == 0 or widest == 0:
         return chain if with_draft_probs else DraftTree(chain.tokens, chain.parents)

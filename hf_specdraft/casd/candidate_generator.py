@@ -103,8 +103,8 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
 
     def propose(self, input_ids: torch.LongTensor, target_cache=None) -> DraftTree:
         """𝕋 ← R(p) for ``input_ids`` `(1, L)`; the target cache is not read."""
-        if self.prompt_length is None:
-            self.prompt_length = input_ids.shape[1]
+        if self.prompt_length is None or not self._continues(input_ids):  # a new generate call (stock loops skip prepare)
+            self.prompt_length, self._prompt = input_ids.shape[1], input_ids[0].clone()
         suffix = input_ids[0, -self.config.max_suffix_length :]
         tree, length = retrieve(self.pool, suffix, self.config)
         output = input_ids[0, self.prompt_length :]
@@ -112,6 +112,10 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
             tree, length = self._with_output(tree, length, output, suffix)
         self.match_lengths.append(length)
         return DraftTree(tree.tokens.to(input_ids.device), tree.parents.to(input_ids.device))
+
+    def _continues(self, input_ids: torch.LongTensor) -> bool:
+        """Whether ``input_ids`` extends the prompt this generator saw first."""
+        return input_ids.shape[1] >= self.prompt_length and torch.equal(input_ids[0, : self.prompt_length], self._prompt.to(input_ids.device))
 
     def _with_output(self, tree: DraftTree, length: int, output: torch.Tensor, suffix: torch.Tensor) -> tuple[DraftTree, int]:
         """Merge the tree retrieved from the generated tokens with the context's: the longer match first."""

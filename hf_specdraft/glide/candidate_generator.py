@@ -106,8 +106,8 @@ class GlideTreeScorer(DraftModelTreeScorer):
     """:class:`~hf_specdraft.cape.beam.DraftModelTreeScorer` for GLIDE: every beam node glimpses the target cache.
 
     Tree nodes sit at sequence indices past the target cache (which covers ``input_ids[:, :-1]``), so each
-    node sees the whole verified prefix, as chain drafting does (§4.1). Beam search and CAPE's beam mode
-    ignore ``num_draft_tokens`` here; they take γ from the wrapping generator.
+    node sees the whole verified prefix, as chain drafting does (§4.1). The scorer itself has no depth:
+    CAPE's beam mode drafts as deep as the GLIDE generator's ``num_draft_tokens``.
     """
 
     def _forward(self, target_cache: DynamicCache | None, **inputs):
