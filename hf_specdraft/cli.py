@@ -94,7 +94,7 @@ def cmd_train_default(args) -> int:
     from .defaults.recipe import get_recipe
     from .defaults.training import train_default
 
-    log = train_default(get_recipe(args.recipe), args.output_dir, parts=tuple(args.parts.split(",")))
+    log = train_default(get_recipe(args.recipe), args.output_dir, parts=tuple(args.parts.split(",")), resume_target=args.resume_target)
     print(json.dumps(log["evaluation"], indent=1))
     return 0
 
@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--recipe", default="default", help="default, gpu or tiny")
     train.add_argument("--output-dir", default="hf_specdraft/defaults/checkpoint")
     train.add_argument("--parts", default="draft,target,small_draft,glide,vanilla", help="any of draft,target,small_draft,glide,vanilla")
+    train.add_argument("--resume-target", action="store_true", help="keep the trained first target stage in --output-dir and train only the recipe's continuation of it (use with --parts target)")
     train.set_defaults(func=cmd_train_default)
     report = sub.add_parser("report", help="render BENCHMARKS.md from benchmarks/results/*.json")
     report.add_argument("--results-dir", default="benchmarks/results")

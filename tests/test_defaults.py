@@ -54,7 +54,9 @@ def test_unreadable_corpus_root(tmp_path):
 
 def test_tiny_recipe_trains_and_loads(tiny_default):
     path, log = tiny_default
-    assert set(log["evaluation"]) >= {"unigram_perplexity", "target_perplexity", "draft_perplexity", "target_repeat_fraction"}
+    assert set(log["evaluation"]) >= {"unigram_perplexity", "target_perplexity", "draft_perplexity", "target_repeat_fraction", "reference_repeat_fraction"}
+    assert 0.0 <= log["evaluation"]["reference_repeat_fraction"] < 1.0
+    assert {"stdlib", "transformers"} <= set(log["evaluation"]["target_perplexity_by_source"])
     assert log["target"]["steps"][-1]["loss"] < log["target"]["steps"][0]["loss"]
     bundle = load_default(path)
     assert check_recipe(path)
@@ -82,13 +84,18 @@ def test_resume_target_runs_only_the_continuation(tiny_default, corpus, tmp_path
     with pytest.raises(ValueError, match="target_continuation"):
         train_default(get_recipe("tiny"), run, parts=("target",), corpus=corpus, resume_target=True)
     recipe = dataclasses.replace(get_recipe("tiny"), target_continuation=TrainSchedule(steps=4, batch_size=4, micro_batch_size=4, learning_rate=1e-3, warmup_steps=1))
-    log = train_default(recipe, run, parts=("target",), corpus=corpus, resume_target=True)
+    with pytest.raises(ValueError, match="does not include 'target'"):
+        train_default(recipe, run, parts=("draft",), corpus=corpus, resume_target=True)
+    with pytest.warns(UserWarning, match="trained on the previous target"):  # the tiny run has GLIDE drafters
+        log = train_default(recipe, run, parts=("target",), corpus=corpus, resume_target=True)
     assert log["target"]["steps"][-1]["step"] == 30 and log["target"]["continuation"]["steps"][-1]["step"] == 4
+    assert "started" in json.loads((run / "training_log.json").read_text())["target"]["continuation"]  # written before training
     after = load_file(run / "target" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert json.loads((run / "recipe.json").read_text())["hash"] == recipe.hash()
-    with pytest.raises(ValueError, match="finished first stage"):  # the continuation already ran
+    with pytest.raises(ValueError, match="finished first stage"):  # the continuation already ran (or started and was cut short)
         train_default(recipe, run, parts=("target",), corpus=corpus, resume_target=True)
+    assert get_recipe("tiny").to_dict().keys() == recipe.to_dict().keys() - {"target_continuation"}  # other recipes keep their hashes
 
 
 def test_load_default_rejects_other_directories(tmp_path):
@@ -163,6 +170,24 @@ def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
         assert result["summary"][name]["equals_target_only"] == 1.0 and result["summary"][name]["swi_parameters"] > 0
     with pytest.raises(ValueError, match="num_drafts"):
         k_grid(3)
+
+
+def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
+    import shutil
+
+    from hf_specdraft.defaults.drafters import write_drafter_cards
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_default[0], run)
+    row = {"acceptance_rate": 0.25, "mean_accepted_length": 2.5, "cost_coefficient": 0.1, "expected_speedup": 1.5, "speedup_vs_target_only": 0.9}
+    result = {"meta": {"hardware": "CPU", "dtype": "float32", "num_prompts": 2, "task": "completion", "max_new_tokens": 8, "date": "today"},
+              "summary": {"glide": row, "glide+cape": {**row, "mean_accepted_length": 3.0}, "vanilla": row}}
+    (tmp_path / "bench.json").write_text(json.dumps(result))
+    cards = write_drafter_cards(run, tmp_path / "bench.json")
+    assert cards == [run / "glide" / "README.md", run / "vanilla" / "README.md"]
+    glide_card = cards[0].read_text()
+    assert "glide+cape: α 0.250, mean accepted length 3.000" in glide_card and "not measured yet" not in glide_card
+    assert "custom_generate" in glide_card and "## Training" in glide_card
 
 
 def test_bench_config_errors():

@@ -3,7 +3,8 @@
 The paper tunes K per model family (its FLAN-T5 and LLaMA settings differ); the defaults here are the
 official code's. This runs a grid of K matrices through the bench harness on the same prompts, in one
 run, and ranks them by SWI from the parameter-count heuristic (deterministic: it counts calls, not
-seconds), with the measured-cost SWI and the wall-time ratio beside it::
+seconds), with the measured-cost SWI and the wall-time ratio beside it. It tunes on task items after the
+bench's own 20 prompts, so a K chosen here is then measured on prompts it was not chosen on::
 
     python -m hf_specdraft.bench.k_sweep --drafts 2 --num-prompts 8 --output benchmarks/results/cpu-k-sweep.json
 """
@@ -16,14 +17,16 @@ import json
 import sys
 from pathlib import Path
 
+from ..defaults.tasks import build_tasks
 from .harness import BenchConfig, run_bench
+from ..drafting import DraftModelCandidateGenerator
 from .methods import METHODS, Method, _bigram, _speculative, register_method
 
 
 def k_grid(num_drafts: int) -> list[list[list[int]]]:
     """Candidate K matrices for one or two neural drafts + Max-Gram (MaG's row keeps its 10 tokens)."""
     if num_drafts == 1:
-        return [[[k, m], [0, 10]] for k, m in itertools.product((2, 3, 5, 8), (4, 10))]
+        return [[[k, m], [0, 10]] for k, m in itertools.product((1, 2, 3, 5, 8), (4, 10))]
     if num_drafts == 2:
         return [[[a, b, 10], [0, c, 10], [0, 0, 10]] for a, b, c in itertools.product((3, 5), (2, 6, 14), (1, 3))]
     raise ValueError(f"num_drafts must be 1 or 2, got {num_drafts!r}")
@@ -50,22 +53,40 @@ def register_grid(num_drafts: int) -> dict[str, list[list[int]]]:
     return names
 
 
+def register_draft_gammas(gammas: tuple[int, ...] = (2, 3, 5, 8)) -> list[str]:
+    """Plain speculative decoding with each γ: the SD baseline gets the same tuning as the cascade's K."""
+    names = []
+    for gamma in gammas:
+        name = f"draft-model-gamma{gamma}"
+        if name not in METHODS:
+            register_method(Method(name, lambda ctx, g=gamma: _speculative(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, num_draft_tokens=g)),
+                                   requires=("draft",), description=f"plain draft γ={gamma}", cost_models=lambda e: {"draft": e["draft"]}))
+        names.append(name)
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..defaults import load_default
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--drafts", type=int, default=2, choices=(1, 2), help="neural drafts in the cascade")
     parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--skip-prompts", type=int, default=20,
+                        help="tune on the task's items after the first N (the bench's own prompts), so K is not chosen on them")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     names = register_grid(args.drafts)
-    baseline = ["draft-model", "cascade-1draft"] + (["cascade-2drafts"] if args.drafts == 2 else [])
+    gammas = register_draft_gammas()
+    baseline = gammas + ["cascade-1draft"] + (["cascade-2drafts"] if args.drafts == 2 else [])
     config = BenchConfig(methods=("target-only", *baseline, *names), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
-    result = run_bench(load_default(), config)
+    items = build_tasks("completion", count=args.skip_prompts + args.num_prompts, seed=config.seed)[args.skip_prompts :]
+    result = run_bench(load_default(), config, items=items)
+    result["meta"]["prompts"] = f"completion items {args.skip_prompts}..{args.skip_prompts + args.num_prompts - 1} (seed {config.seed})"
     result["meta"]["command"] = "python -m hf_specdraft.bench.k_sweep " + " ".join(sys.argv[1:] if argv is None else argv)
     result["k_matrices"] = names
     result["ranking"] = sorted(names, key=lambda n: -(result["summary"][n]["swi_parameters"] or 0))
+    result["draft_model_ranking"] = sorted(gammas, key=lambda n: -(result["summary"][n]["swi_parameters"] or 0))
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1) + "\n")

@@ -117,6 +117,29 @@ register_method(Method("cascade-2drafts", lambda ctx: _cascade(ctx, [ctx.draft, 
                        description="CS drafting: plain draft + smaller draft + Max-Gram",
                        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
 
+# Tuned for the embedded default by `python -m hf_specdraft.bench.k_sweep` on completion items 20..27
+# (benchmarks/results/cpu-k-sweep-*.json), best SWI (parameters): the bench measures them on its own prompts 0..19.
+# SD's γ gets the same tuning as the cascade's K, so the comparison stays fair.
+TUNED_GAMMA = 2
+TUNED_K_1DRAFT = [[1, 4], [0, 10]]
+TUNED_K_2DRAFTS = [[3, 2, 10], [0, 1, 10], [0, 0, 10]]
+
+
+def _tuned_cascade(ctx, drafts, k_matrix):
+    from ..cascade import build_cascade_for_bench
+
+    return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx), k_matrix=k_matrix))
+
+
+register_method(Method("draft-model-tuned", lambda ctx: _speculative(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, TUNED_GAMMA)),
+                       requires=("draft",), description=f"plain draft, γ={TUNED_GAMMA} (tuned)", cost_models=lambda e: {"draft": e["draft"]}))
+register_method(Method("cascade-1draft-tuned", lambda ctx: _tuned_cascade(ctx, [ctx.draft], TUNED_K_1DRAFT), requires=("draft",),
+                       description=f"CS drafting: plain draft + Max-Gram, K = {TUNED_K_1DRAFT} (tuned)",
+                       cost_models=lambda e: {"draft0": e["draft"], "max_gram": None}))
+register_method(Method("cascade-2drafts-tuned", lambda ctx: _tuned_cascade(ctx, [ctx.draft, ctx.extras["small_draft"]], TUNED_K_2DRAFTS),
+                       requires=("draft", "small_draft"), description=f"CS drafting: two drafts + Max-Gram, K = {TUNED_K_2DRAFTS} (tuned)",
+                       cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
+
 
 # --- CAPE over the plain draft (hf_specdraft.cape); GLIDE variants register with the GLIDE package ---------
 

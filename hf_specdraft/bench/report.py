@@ -48,10 +48,19 @@ def default_section(log: dict) -> str:
             "| model | parameters | tokens seen | train time | held-out perplexity | repeated 4-grams |", "|---|---:|---:|---:|---:|---:|"]
     for part in ("target", "draft"):
         if part in log:
-            steps = log[part]["steps"]
-            rows.append(f"| {part} | {log[part]['parameters'] / 1e6:.1f}M | {steps[-1]['tokens'] / 1e6:.1f}M | {log[part]['train_seconds'] / 60:.0f} min | "
+            stages = [log[part]] + ([log[part]["continuation"]] if "steps" in log[part].get("continuation", {}) else [])
+            tokens = sum(stage["steps"][-1]["tokens"] for stage in stages)
+            minutes = sum(stage["train_seconds"] for stage in stages) / 60
+            label = part if len(stages) == 1 else f"{part} ({' + '.join(str(stage['steps'][-1]['step']) for stage in stages)} steps, warm restart)"
+            rows.append(f"| {label} | {log[part]['parameters'] / 1e6:.1f}M | {tokens / 1e6:.1f}M | {minutes:.0f} min | "
                         f"{_cell(ev.get(f'{part}_perplexity'), '.1f')} | {_cell(ev.get(f'{part}_repeat_fraction'), '.1%')} |")
     rows.append(f"| unigram baseline | – | – | – | {_cell(ev.get('unigram_perplexity'), '.1f')} | – |")
+    if "reference_repeat_fraction" in ev:
+        rows.append(f"| held-out code after the same prompts | – | – | – | – | {ev['reference_repeat_fraction']:.1%} |")
+    if ev.get("target_perplexity_by_source"):
+        by_source = ", ".join(f"{name} {value:.1f}" for name, value in ev["target_perplexity_by_source"].items())
+        rows += ["", f"Target held-out perplexity by source: {by_source}. transformers' model files are near-copies of each other "
+                 "(\"Copied from\"), so its held-out files have close relatives in the train split."]
     return "\n".join(rows) + "\n"
 
 

@@ -21,8 +21,13 @@ def heldout_windows(tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_le
     return torch.tensor(windows[:count], dtype=torch.long)
 
 
-def heldout_prompts(tokenizer: PreTrainedTokenizerFast, texts: list[str], count: int, seed: int, length: int = 128) -> list[torch.Tensor]:
-    """Prompts of ``length`` tokens taken from random positions of held-out files: ``[1, length]`` each."""
+def heldout_prompts(tokenizer: PreTrainedTokenizerFast, texts: list[str], count: int, seed: int, length: int = 128,
+                    continuation: int = 0) -> list[torch.Tensor]:
+    """Prompts of ``length`` tokens taken from random positions of held-out files: ``[1, length]`` each.
+
+    With ``continuation`` (≤ ``length``) each row also holds the file's next ``continuation`` tokens, for the
+    same prompts: ``[1, length + continuation]``.
+    """
     rng = random.Random(seed + 1)
     order = list(range(len(texts)))
     rng.shuffle(order)
@@ -31,7 +36,7 @@ def heldout_prompts(tokenizer: PreTrainedTokenizerFast, texts: list[str], count:
         ids = tokenizer(texts[i], add_special_tokens=False)["input_ids"]
         if len(ids) >= 2 * length:
             start = rng.randrange(0, len(ids) - 2 * length)
-            prompts.append(torch.tensor([ids[start : start + length]]))
+            prompts.append(torch.tensor([ids[start : start + length + min(continuation, length)]]))
         if len(prompts) == count:
             break
     return prompts
@@ -77,3 +82,27 @@ def repeat_fraction(model: PreTrainedModel, prompts: list[torch.Tensor], max_new
         out = model.generate(prompt.to(device), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
         fractions.append(repeated_ngram_fraction(out[0, prompt.shape[1] :].tolist()))
     return sum(fractions) / max(len(fractions), 1)
+
+
+def reference_repeat_fraction(windows: list[torch.Tensor], length: int = 128) -> float:
+    """Mean repeated-4-gram fraction of the real text after each prompt (``windows`` from
+    ``heldout_prompts(..., continuation=n)``): how repetitive the held-out code itself is."""
+    fractions = [repeated_ngram_fraction(w[0, length:].tolist()) for w in windows]
+    return sum(fractions) / max(len(fractions), 1)
+
+
+def perplexity_by_source(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, files, seq_len: int, count: int, seed: int) -> dict[str, float]:
+    """Held-out perplexity per corpus source (``stdlib``, ``transformers``, …: a file name's first part).
+
+    Sources differ a lot: transformers' model files are near-copies of each other ("Copied from"), so a
+    file-level split leaves close relatives of its held-out files in the train split.
+    """
+    groups: dict[str, list[str]] = {}
+    for f in files:
+        groups.setdefault(f.name.split("/")[0], []).append(f.read())
+    result = {}
+    for source, texts in sorted(groups.items()):
+        windows = heldout_windows(tokenizer, texts, seq_len, count, seed)
+        if windows.shape[0]:
+            result[source] = round(evaluate_perplexity(model, windows), 3)
+    return result

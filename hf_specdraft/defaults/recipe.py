@@ -66,9 +66,15 @@ class Recipe:
     compile: bool  # torch.compile the training forward (≈1.8x on CPU)
     seed: int = 0
     packages: tuple[str, ...] = field(default=("transformers", "torch", "accelerate", "huggingface_hub", "tokenizers", "safetensors", "tqdm"))
+    # A second target stage: a warm restart (fresh warmup + cosine) from the bf16 checkpoint of the first.
+    # It lets a CPU recipe grow across sessions without retraining what is already trained.
+    target_continuation: TrainSchedule | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["target_continuation"] is None:  # recipes without a second stage keep the hashes they were trained under
+            del d["target_continuation"]
+        return d
 
     def hash(self) -> str:
         """sha256 of the canonical JSON form; stored in the checkpoint's ``recipe.json``."""
@@ -91,6 +97,8 @@ RECIPES: dict[str, Recipe] = {
         eval_windows=256,
         eval_prompts=32,
         compile=True,
+        # Second session: ≈11M more tokens (≈1.5 hours on 2 cores).
+        target_continuation=TrainSchedule(steps=1400, batch_size=32, micro_batch_size=16, learning_rate=1.2e-3, warmup_steps=50, checkpoint_every=200),
     ),
     "gpu": Recipe(
         name="gpu",
@@ -155,8 +163,8 @@ class GlideRecipe:
 
 
 GLIDE_RECIPES: dict[str, GlideRecipe] = {
-    # ≈3M parameters; the frozen target's forward dominates each step on CPU (≈10 minutes on 2 cores).
-    "default": GlideRecipe(hidden_size=256, num_hidden_layers=1, steps=300, batch_size=32, seq_len=256, learning_rate=2e-3, warmup_steps=20),
+    # ≈3M parameters; the frozen target's forward dominates each step on CPU (≈17 minutes on 2 cores).
+    "default": GlideRecipe(hidden_size=256, num_hidden_layers=1, steps=450, batch_size=32, seq_len=256, learning_rate=2e-3, warmup_steps=20),
     "gpu": GlideRecipe(hidden_size=512, num_hidden_layers=1, steps=2000, batch_size=64, seq_len=512, learning_rate=1e-3, warmup_steps=100),
     "tiny": GlideRecipe(hidden_size=32, num_hidden_layers=1, steps=10, batch_size=4, seq_len=64, learning_rate=3e-3, warmup_steps=2),
 }

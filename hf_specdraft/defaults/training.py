@@ -1,6 +1,7 @@
 """Train the embedded default (tokenizer, target LM, plain draft) from a recipe, with 🤗 accelerate.
 
     hf-specdraft train-default                       # the shipped CPU recipe (hours on 2 cores)
+    hf-specdraft train-default --parts target --resume-target   # only the target's second stage, from its first
     hf-specdraft train-default --recipe tiny --output-dir /tmp/tiny   # seconds; tests only
     accelerate launch -m hf_specdraft train-default --recipe gpu --output-dir runs/gpu
 
@@ -17,6 +18,7 @@ import json
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +29,15 @@ from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
 
 from .corpus import Corpus, build_corpus
-from .evaluation import evaluate_perplexity, heldout_prompts, heldout_windows, repeat_fraction, unigram_perplexity
+from .evaluation import (
+    evaluate_perplexity,
+    heldout_prompts,
+    heldout_windows,
+    perplexity_by_source,
+    reference_repeat_fraction,
+    repeat_fraction,
+    unigram_perplexity,
+)
 from .recipe import SMALL_DRAFT_RECIPES, ModelRecipe, Recipe, TrainSchedule
 from .tokenizer import train_tokenizer
 
@@ -117,6 +127,7 @@ def train_lm(
     save_dir: Path,
     desc: str,
     eval_ids: torch.Tensor,
+    seed_offset: int = 0,
 ) -> list[dict]:
     """Optimise ``model`` on random windows of the train split; checkpoint every ``schedule.checkpoint_every``.
 
@@ -142,7 +153,7 @@ def train_lm(
         return model(input_ids=batch, labels=batch).loss
 
     compute_loss = torch.compile(loss_of) if recipe.compile else loss_of
-    generator = torch.Generator().manual_seed(recipe.seed + 1000 * accelerator.process_index)
+    generator = torch.Generator().manual_seed(recipe.seed + seed_offset + 1000 * accelerator.process_index)
     log, tokens, start = [], 0, time.time()
     model.train()
     bar = tqdm(range(1, schedule.steps + 1), desc=desc, disable=not accelerator.is_main_process)
@@ -181,9 +192,17 @@ def save_checkpoint(model: LlamaForCausalLM, save_dir: Path) -> None:
     (save_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def train_default(recipe: Recipe, output_dir: str | Path, parts: tuple[str, ...] = PARTS, corpus: Corpus | None = None) -> dict:
+def train_default(
+    recipe: Recipe,
+    output_dir: str | Path,
+    parts: tuple[str, ...] = PARTS,
+    corpus: Corpus | None = None,
+    resume_target: bool = False,
+) -> dict:
     """Reproduce the embedded default from ``recipe``: tokenizer, then each of ``parts``, then the evaluation.
 
+    With ``resume_target`` the target's first stage is taken from ``output_dir/target`` (its training log
+    must show that stage finished under the same schedule) and only ``recipe.target_continuation`` runs.
     Returns the training log (also written to ``output_dir/training_log.json``).
     """
     output_dir = Path(output_dir)
@@ -201,17 +220,29 @@ def train_default(recipe: Recipe, output_dir: str | Path, parts: tuple[str, ...]
         save_bigram_table(table, output_dir / "bigram.safetensors", {"source": f"recipe {recipe.name} train split", "tokens": data.train_ids.numel()})
     log_path = output_dir / "training_log.json"
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
+    if resume_target:
+        check_first_stage(log, recipe, output_dir, parts)
     log.update({"recipe": recipe.name, "recipe_hash": recipe.hash(), "corpus": corpus.describe(), "train_tokens": int(data.train_ids.numel())})
     log["hardware"] = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
     shapes = {"draft": (recipe.draft, recipe.draft_schedule), "target": (recipe.target, recipe.target_schedule),
               "small_draft": SMALL_DRAFT_RECIPES[recipe.name]}
     for part in [p for p in PARTS[:3] if p in parts]:
         shape, schedule = shapes[part]
-        model = build_model(shape, recipe, data.tokenizer)
-        start = time.time()
-        steps = train_lm(model, data, recipe, schedule, output_dir / part, f"train {part}", eval_ids)
-        log[part] = {"parameters": sum(p.numel() for p in model.parameters()), "train_seconds": round(time.time() - start, 1), "steps": steps}
-        log_path.write_text(json.dumps(log, indent=1) + "\n")
+        if not (part == "target" and resume_target):
+            model = build_model(shape, recipe, data.tokenizer)
+            start = time.time()
+            steps = train_lm(model, data, recipe, schedule, output_dir / part, f"train {part}", eval_ids)
+            log[part] = {"parameters": sum(p.numel() for p in model.parameters()), "train_seconds": round(time.time() - start, 1), "steps": steps}
+            log_path.write_text(json.dumps(log, indent=1) + "\n")
+        if part == "target" and recipe.target_continuation is not None:
+            # Both paths (fresh and resumed) continue from the saved bf16 checkpoint, so they match.
+            model = LlamaForCausalLM.from_pretrained(output_dir / "target", dtype=torch.float32)
+            start = time.time()
+            log["target"]["continuation"] = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # a cut-short run cannot be resumed again
+            log_path.write_text(json.dumps(log, indent=1) + "\n")
+            steps = train_lm(model, data, recipe, recipe.target_continuation, output_dir / "target", "continue target", eval_ids, seed_offset=1)
+            log["target"]["continuation"].update({"train_seconds": round(time.time() - start, 1), "steps": steps})
+            log_path.write_text(json.dumps(log, indent=1) + "\n")
     for part in [p for p in PARTS[3:] if p in parts]:  # GLIDE and its vanilla twin need the trained target
         from .drafters import train_default_drafter
 
@@ -220,13 +251,35 @@ def train_default(recipe: Recipe, output_dir: str | Path, parts: tuple[str, ...]
         log_path.write_text(json.dumps(log, indent=1) + "\n")
     if not {"draft", "target"} & set(parts):
         return log
-    log["evaluation"] = evaluate_default(output_dir, data, recipe, eval_ids)
+    log["evaluation"] = evaluate_default(output_dir, data, recipe, eval_ids, corpus)
     log_path.write_text(json.dumps(log, indent=1) + "\n")
     (output_dir / "recipe.json").write_text(json.dumps({"recipe": recipe.to_dict(), "hash": recipe.hash()}, indent=1, sort_keys=True) + "\n")
     return log
 
 
-def evaluate_default(output_dir: Path, data: TrainingData, recipe: Recipe, eval_ids: torch.Tensor) -> dict:
+def check_first_stage(log: dict, recipe: Recipe, output_dir: Path, parts: tuple[str, ...]) -> None:
+    """Raise unless ``output_dir`` holds a target whose first stage, and nothing after it, finished under ``recipe``.
+
+    ``log`` is the directory's training log as it was before this run.
+    """
+    if recipe.target_continuation is None:
+        raise ValueError(f"resume_target needs a recipe with target_continuation; recipe {recipe.name!r} has none")
+    if "target" not in parts:
+        raise ValueError(f"resume_target continues the target, but parts={parts} does not include 'target'")
+    if not (output_dir / "target" / "config.json").is_file():
+        raise ValueError(f"resume_target: no trained target in {output_dir / 'target'}; train it first (without resume_target)")
+    steps = log.get("target", {}).get("steps") or [{}]
+    if log.get("recipe") != recipe.name or steps[-1].get("step") != recipe.target_schedule.steps or "continuation" in log["target"]:
+        raise ValueError(
+            f"resume_target: {output_dir / 'training_log.json'} does not show a finished first stage of recipe {recipe.name!r} "
+            f"({recipe.target_schedule.steps} steps, no continuation started yet); retrain the target without resume_target"
+        )
+    stale = [kind for kind in ("glide", "vanilla") if (output_dir / kind / "config.json").is_file() and kind not in parts]
+    if stale:
+        warnings.warn(f"{stale} in {output_dir} were trained on the previous target; retrain them with --parts {','.join(stale)}", stacklevel=3)
+
+
+def evaluate_default(output_dir: Path, data: TrainingData, recipe: Recipe, eval_ids: torch.Tensor, corpus: Corpus | None = None) -> dict:
     """Held-out perplexity (target, draft, unigram) and the target's greedy repeated-4-gram fraction."""
     result = {"unigram_perplexity": round(unigram_perplexity(data.train_ids, eval_ids, len(data.tokenizer)), 3)}
     prompts = heldout_prompts(data.tokenizer, data.heldout_texts, recipe.eval_prompts, recipe.seed)
@@ -235,6 +288,11 @@ def evaluate_default(output_dir: Path, data: TrainingData, recipe: Recipe, eval_
             model = LlamaForCausalLM.from_pretrained(output_dir / part, dtype=torch.float32)
             result[f"{part}_perplexity"] = round(evaluate_perplexity(model, eval_ids), 3)
             result[f"{part}_repeat_fraction"] = round(repeat_fraction(model, prompts, max_new_tokens=64), 4)
+            if part == "target" and corpus is not None:
+                result["target_perplexity_by_source"] = perplexity_by_source(
+                    model, data.tokenizer, corpus.heldout, recipe.seq_len, recipe.eval_windows // 4, recipe.seed)
+    windows = heldout_prompts(data.tokenizer, data.heldout_texts, recipe.eval_prompts, recipe.seed, continuation=64)
+    result["reference_repeat_fraction"] = round(reference_repeat_fraction(windows), 4)  # the held-out code's own repetition
     result["eval_windows"] = int(eval_ids.shape[0])
     result["seq_len"] = recipe.seq_len
     if not math.isfinite(result["unigram_perplexity"]):
