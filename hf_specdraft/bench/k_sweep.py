@@ -20,7 +20,7 @@ from pathlib import Path
 from ..defaults.tasks import build_tasks
 from .harness import BenchConfig, run_bench
 from ..drafting import DraftModelCandidateGenerator
-from .methods import METHODS, Method, _bigram, _speculative, register_method
+from .methods import METHODS, Method, _cascade, _speculative, register_method
 
 
 def k_grid(num_drafts: int) -> list[list[list[int]]]:
@@ -34,15 +34,13 @@ def k_grid(num_drafts: int) -> list[list[list[int]]]:
 
 def register_grid(num_drafts: int) -> dict[str, list[list[int]]]:
     """Register one bench method per K matrix; returns {method name: K}."""
-    from ..cascade import build_cascade_for_bench
-
     names = {}
     for k_matrix in k_grid(num_drafts):
         name = f"cascade-{num_drafts}d-K{json.dumps(k_matrix, separators=(',', ':'))}"
 
         def run(ctx, k=k_matrix):
             drafts = [ctx.draft] if num_drafts == 1 else [ctx.draft, ctx.extras["small_draft"]]
-            return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx), k_matrix=k))
+            return _cascade(ctx, drafts, k)
 
         costs = (lambda e: {"draft0": e["draft"], "max_gram": None}) if num_drafts == 1 else \
             (lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None})

@@ -103,10 +103,11 @@ def _max_gram(ctx):
     return _speculative(ctx, candidate_generator=build_max_gram_for_bench(ctx.target, _bigram(ctx)))
 
 
-def _cascade(ctx, drafts):
+def _cascade(ctx, drafts, k_matrix=None):
     from ..cascade import build_cascade_for_bench
 
-    return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx)))
+    options = {} if k_matrix is None else {"k_matrix": k_matrix}
+    return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx), **options))
 
 
 register_method(Method("max-gram", _max_gram, description="Max-Gram (10 tokens) with the bigram fallback", cost_models=lambda e: {"max_gram": None}))
@@ -123,20 +124,12 @@ register_method(Method("cascade-2drafts", lambda ctx: _cascade(ctx, [ctx.draft, 
 TUNED_GAMMA = 2
 TUNED_K_1DRAFT = [[1, 4], [0, 10]]
 TUNED_K_2DRAFTS = [[3, 2, 10], [0, 1, 10], [0, 0, 10]]
-
-
-def _tuned_cascade(ctx, drafts, k_matrix):
-    from ..cascade import build_cascade_for_bench
-
-    return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx), k_matrix=k_matrix))
-
-
 register_method(Method("draft-model-tuned", lambda ctx: _speculative(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, TUNED_GAMMA)),
                        requires=("draft",), description=f"plain draft, γ={TUNED_GAMMA} (tuned)", cost_models=lambda e: {"draft": e["draft"]}))
-register_method(Method("cascade-1draft-tuned", lambda ctx: _tuned_cascade(ctx, [ctx.draft], TUNED_K_1DRAFT), requires=("draft",),
+register_method(Method("cascade-1draft-tuned", lambda ctx: _cascade(ctx, [ctx.draft], TUNED_K_1DRAFT), requires=("draft",),
                        description=f"CS drafting: plain draft + Max-Gram, K = {TUNED_K_1DRAFT} (tuned)",
                        cost_models=lambda e: {"draft0": e["draft"], "max_gram": None}))
-register_method(Method("cascade-2drafts-tuned", lambda ctx: _tuned_cascade(ctx, [ctx.draft, ctx.extras["small_draft"]], TUNED_K_2DRAFTS),
+register_method(Method("cascade-2drafts-tuned", lambda ctx: _cascade(ctx, [ctx.draft, ctx.extras["small_draft"]], TUNED_K_2DRAFTS),
                        requires=("draft", "small_draft"), description=f"CS drafting: two drafts + Max-Gram, K = {TUNED_K_2DRAFTS} (tuned)",
                        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
 
