@@ -175,6 +175,8 @@ def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
 def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
     import shutil
 
+    from huggingface_hub import ModelCard
+
     from hf_specdraft.defaults.drafters import write_drafter_cards
 
     run = tmp_path / "run"
@@ -188,6 +190,7 @@ def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
     glide_card = cards[0].read_text()
     assert "glide+cape: α 0.250, mean accepted length 3.000" in glide_card and "not measured yet" not in glide_card
     assert "custom_generate" in glide_card and "## Training" in glide_card
+    assert ModelCard.load(cards[1]).data.license == "apache-2.0"  # the project's license (pyproject.toml)
 
 
 def test_bench_config_errors():

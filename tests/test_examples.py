@@ -150,9 +150,10 @@ def test_filled_model_card(tiny_env, tmp_path):
     log = json.loads((trained / "training_log.json").read_text())
     metrics = {"acceptance_rate": 0.61, "mean_accepted_length": 2.9, "walltime_speedup": 2.1}
     save_glide_checkpoint(glide, tmp_path, target_name="lmsys/vicuna-7b-v1.5",
-                          card_info={"dataset": "DKYoon/SlimPajama-6B", "metrics": metrics, "training_log": log, "repo_id": "you/glide-vicuna"})
+                          card_info={"dataset": "DKYoon/SlimPajama-6B", "metrics": metrics, "training_log": log, "repo_id": "you/glide-vicuna",
+                                     "license": "llama2"})
     card = ModelCard.load(tmp_path / "README.md")
-    assert card.data.base_model == "lmsys/vicuna-7b-v1.5"
+    assert card.data.base_model == "lmsys/vicuna-7b-v1.5" and card.data.license == "llama2"
     assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
     assert {"speculative-decoding", "glide", "custom_generate"} <= set(card.data.tags)
     assert card.data.datasets == ["DKYoon/SlimPajama-6B"]
@@ -161,7 +162,9 @@ def test_filled_model_card(tiny_env, tmp_path):
     assert "- data: DKYoon/SlimPajama-6B" in card.text and f"{log['steps'][-1]['step']} steps" in card.text
     assert "- acceptance rate: 0.61" in card.text and "- walltime speedup: 2.1" in card.text
     documented = (REPO / "model_cards" / "README.md").read_text()
-    assert all(key in documented for key in ("base_model", "library_name", "pipeline_tag", "tags", "hf_specdraft/glide/model_card.py"))
+    assert all(key in documented for key in ("base_model", "license", "library_name", "pipeline_tag", "tags", "hf_specdraft/glide/model_card.py"))
+    with pytest.raises(ValueError, match="license"):
+        save_glide_checkpoint(glide, tmp_path, card_info={"license": ""})
 
 
 def test_deepspeed_config_is_the_papers_zero2():

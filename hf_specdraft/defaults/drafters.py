@@ -14,6 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from .recipe import GLIDE_RECIPES, Recipe
 
+LICENSE = "apache-2.0"  # the shipped drafters' weights carry the project's license (pyproject.toml)
+
 
 def train_default_drafter(kind: str, output_dir: Path, recipe: Recipe, train_ids: torch.Tensor) -> dict:
     """Train ``kind`` ("glide" or "vanilla") for the target in ``output_dir/target``; returns its training log."""
@@ -29,7 +31,8 @@ def train_default_drafter(kind: str, output_dir: Path, recipe: Recipe, train_ids
     model = GlideForCausalLM(config)
     args = GlideTrainingArguments(output_dir=str(output_dir / kind), max_steps=spec.steps, seq_len=spec.seq_len,
                                   per_device_batch_size=spec.batch_size, learning_rate=spec.learning_rate, warmup_steps=spec.warmup_steps,
-                                  seed=spec.seed, dataset_name="hf-specdraft embedded default train split (stdlib + dependency source)")
+                                  seed=spec.seed, dataset_name="hf-specdraft embedded default train split (stdlib + dependency source)",
+                                  license=LICENSE)
     log = train_glide(target, model, train_ids.long(), args)
     (output_dir / kind / "recipe.json").write_text(json.dumps({"recipe": spec.to_dict(), "hash": spec.hash(), "target_recipe": recipe.name}, indent=1) + "\n")
     return log
@@ -65,7 +68,8 @@ def write_drafter_cards(output_dir: str | Path, bench_json: str | Path) -> list[
         config = GlideConfig.from_pretrained(folder)
         log = json.loads((folder / "training_log.json").read_text()) if (folder / "training_log.json").is_file() else None
         write_model_card(config, folder, base_model=config.target_name_or_path,
-                         dataset=(log or {}).get("arguments", {}).get("dataset_name"), metrics=metrics, training_log=log)
+                         dataset=(log or {}).get("arguments", {}).get("dataset_name"), metrics=metrics, training_log=log,
+                         license=LICENSE)
         written.append(folder / "README.md")
     return written
 

@@ -19,7 +19,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..cape.packaging import write_custom_generate
 
-CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id")  # what save_glide_checkpoint's card_info may hold
+CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id", "license")  # what save_glide_checkpoint's card_info may hold
 
 
 def _hub_id(name: str | None) -> str | None:
@@ -41,8 +41,8 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
         directory: the checkpoint directory (created if missing; files there are replaced).
         target_name (`str`, *optional*): the target's Hub id or path; defaults to ``glide.config.target_name_or_path``.
             A Hub id becomes the card's ``base_model``.
-        card_info (`dict`, *optional*): more for the card, keys among ``dataset``, ``metrics``, ``training_log``
-            and ``repo_id`` (the Hub id the usage snippets load; see [`write_model_card`]).
+        card_info (`dict`, *optional*): more for the card, keys among ``dataset``, ``metrics``, ``training_log``,
+            ``repo_id`` (the Hub id the usage snippets load) and ``license``; see [`write_model_card`].
 
     Returns:
         `Path`: the checkpoint directory.
@@ -98,7 +98,7 @@ def _training_lines(config, dataset: str | None, training_log: dict | None) -> l
 
 def write_model_card(config, output_dir, base_model: str | None = None, dataset: str | None = None,
                      metrics: dict | None = None, training_log: dict | None = None, repo_id: str | None = None,
-                     custom_generate: bool = True) -> ModelCard:
+                     custom_generate: bool = True, license: str | None = None) -> ModelCard:
     """Generate ``output_dir/README.md``: metadata (base model, data, tags), usage, shape, training, results.
 
     Args:
@@ -111,11 +111,18 @@ def write_model_card(config, output_dir, base_model: str | None = None, dataset:
         repo_id: the Hub id the usage snippets load (default ``"<this repo>"``).
         custom_generate: whether the checkpoint carries CAPE's ``custom_generate/`` ([`save_glide_checkpoint`]
             writes it): adds the ``custom_generate`` tag and the ``target.generate(custom_generate=...)`` snippet.
+        license: the weights' license as a Hub license id (``"apache-2.0"``, ``"mit"``, ``"other"``, ...);
+            `None` leaves it out (the Hub then shows none: set it before publishing).
+
+    Raises:
+        ValueError: ``license`` is not a non-empty str.
     """
+    if license is not None and (not isinstance(license, str) or not license.strip()):
+        raise ValueError(f"license must be None or a Hub license id such as 'apache-2.0', got {license!r}")
     kind = "GLIDE" if config.cross_attention else "vanilla drafter (GLIDE without cross-attention)"
     tags = ["speculative-decoding", "glide", "draft-model", "hf-specdraft", "custom_code"] + (["custom_generate", "cape"] if custom_generate else [])
     data = ModelCardData(base_model=_hub_id(base_model), datasets=[_hub_id(dataset)] if _hub_id(dataset) else None,
-                         library_name="transformers", pipeline_tag="text-generation", tags=tags)
+                         library_name="transformers", pipeline_tag="text-generation", tags=tags, license=license)
     lines = [f"# {kind} draft model for `{base_model or config.target_model_type}`", "",
              "A draft model for speculative decoding (Du et al. 2024, *GLIDE with a CAPE*, §4.1): "
              + ("each layer cross-attends to the target model's KV cache." if config.cross_attention else "no cross-attention; a baseline for GLIDE.")

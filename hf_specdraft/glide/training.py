@@ -73,6 +73,7 @@ class GlideTrainingArguments:
         logging_steps: log every this many steps.
         progress_bar: show tqdm on the main process.
         dataset_name: what the data is, for the model card (a Hub dataset id or a description).
+        license: the weights' license for the model card, a Hub license id (e.g. ``"apache-2.0"``); `None` = none.
         push_to_hub: upload the checkpoint and card to ``hub_model_id`` after training.
         hub_model_id: ``"user/repo"`` to push to.
     """
@@ -95,6 +96,7 @@ class GlideTrainingArguments:
     logging_steps: int = 10
     progress_bar: bool = True
     dataset_name: str | None = None
+    license: str | None = None
     push_to_hub: bool = False
     hub_model_id: str | None = None
 
@@ -121,6 +123,8 @@ class GlideTrainingArguments:
             raise ValueError(f"distillation_temperature must be > 0, got {self.distillation_temperature}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
+        if self.license is not None and (not isinstance(self.license, str) or not self.license.strip()):
+            raise ValueError(f"license must be None or a Hub license id such as 'apache-2.0', got {self.license!r}")
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("push_to_hub=True needs hub_model_id='user/repo'")
 
@@ -281,7 +285,8 @@ def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metr
     CAPE's ``custom_generate/``) and ``training_log.json``; push if asked."""
     output_dir = Path(args.output_dir)
     base_model = getattr(target.config, "_name_or_path", None) or glide.config.target_name_or_path
-    card_info = {"dataset": args.dataset_name, "metrics": metrics, "training_log": log, "repo_id": args.hub_model_id}
+    card_info = {"dataset": args.dataset_name, "metrics": metrics, "training_log": log, "repo_id": args.hub_model_id,
+                 "license": args.license}
     save_glide_checkpoint(glide, output_dir, target_name=base_model, card_info=card_info)
     (output_dir / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if args.push_to_hub:
@@ -345,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-size", dest="block_size", type=int, help="block-wise mask L (default: the config's, 5)")
     parser.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
     parser.add_argument("--dataset-name", help="what the data is, for the model card")
+    parser.add_argument("--license", help="the weights' license for the model card, a Hub license id such as apache-2.0")
     parser.add_argument("--metrics", help="JSON file of measured metrics for the model card")
     parser.add_argument("--push-to-hub", action="store_true")
     parser.add_argument("--hub-model-id")
