@@ -71,7 +71,8 @@ def cmd_bench(args) -> int:
     from .bench import BenchConfig, format_table, run_bench
 
     methods = tuple(args.methods.split(",")) if args.methods else BenchConfig.methods
-    config = BenchConfig(profile=args.profile, methods=methods, task=args.task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    config = BenchConfig(profile=args.profile, methods=methods, task=args.task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                         context_prompt_chars=args.context_prompt_chars)
     if config.profile == "gpu" and not torch.cuda.is_available():
         raise ValueError("--profile gpu needs a CUDA device; use --profile cpu here")
     target = args.target
@@ -137,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-prompts", type=int)
     bench.add_argument("--max-new-tokens", type=int)
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--context-prompt-chars", type=int, help="context task: characters of the file before the cut in the prompt "
+                       "(default 700 for --profile cpu, 1400 for gpu; a long-context --target can take the whole file, e.g. 1000000)")
     bench.add_argument("--target")
     bench.add_argument("--draft")
     bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json)")

@@ -123,6 +123,11 @@ def test_task_builders(task, corpus):
     assert all(i.source in heldout and i.prompt and i.reference for i in items)
     if task == "context":
         assert all(i.prompt in i.context and len(i.context) > len(i.prompt) for i in items)  # the pool sees more than the prompt
+        longer = build_tasks(task, count=100, seed=0, corpus=corpus, context_prompt_chars=10**9)  # the whole file before the cut
+        assert [(i.source, i.reference, i.context) for i in longer] == [(i.source, i.reference, i.context) for i in items]
+        assert all(i.context.startswith(j.prompt) and j.prompt.endswith(i.prompt) for i, j in zip(items, longer))
+        with pytest.raises(ValueError, match="context_prompt_chars"):
+            build_tasks(task, count=2, corpus=corpus, context_prompt_chars=0)
     with pytest.raises(ValueError, match="unknown task"):
         build_tasks("translation")
 
@@ -153,6 +158,28 @@ def test_bench_json_schema(tiny_default, tmp_path):
 
     report = render(tmp_path, checkpoint=tiny_default[0])
     assert "## The embedded default" in report and "| draft-model |" in report and "unigram baseline" in report
+
+
+def test_copyable_fraction():
+    from hf_specdraft.defaults.tasks import copyable_fraction
+
+    assert copyable_fraction([1, 2, 3, 4, 9], [0, 1, 2, 3, 4]) == pytest.approx(0.8)
+    assert copyable_fraction([5, 6, 7, 8, 5, 6, 7, 8], [5, 6, 7, 8]) == 1.0  # every occurrence counts
+    assert copyable_fraction([1, 2, 3], [1, 2, 3]) == 0.0  # shorter than one 4-gram
+    assert copyable_fraction([1, 2, 3], [1, 2, 3], n=3) == 1.0 and copyable_fraction([], [1, 2]) == 0.0
+    with pytest.raises(ValueError, match="n must be"):
+        copyable_fraction([1], [1], n=0)
+
+
+def test_context_bench_records_what_the_pool_can_copy(tiny_default, tmp_path):
+    from hf_specdraft.bench import BenchConfig, run_bench
+    from hf_specdraft.bench.report import render
+
+    config = BenchConfig(task="context", methods=("target-only", "casd-strict"), num_prompts=2, max_new_tokens=8, warmup=0)
+    stats = run_bench(load_default(tiny_default[0]), config, output=tmp_path / "context.json")["task_statistics"]
+    assert stats["ngram"] == 4 and stats["context_tokens"] > stats["prompt_tokens"] > 0
+    assert 0.0 <= stats["reference_copyable_from_prompt"] <= 1.0 and 0.0 < stats["reference_copyable_from_context"] <= 1.0
+    assert "of the reference continuation's tokens lie in a 4-gram of the context" in render(tmp_path, checkpoint=tiny_default[0])
 
 
 def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
@@ -200,6 +227,10 @@ def test_bench_config_errors():
         BenchConfig(profile="tpu")
     with pytest.raises(ValueError, match="unknown methods"):
         BenchConfig(methods=("warp-drive",))
+    for bad in (0, -5, True, "all"):
+        with pytest.raises(ValueError, match="context_prompt_chars"):
+            BenchConfig(task="context", context_prompt_chars=bad)
+    assert BenchConfig(profile="gpu").context_prompt_chars > BenchConfig().context_prompt_chars
 
 
 def run_cli(*args):

@@ -20,14 +20,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ..defaults import DefaultBundle
-from ..defaults.tasks import TaskItem, build_tasks, edit_similarity
+from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, copyable_fraction, edit_similarity
 from ..metrics import expected_speedup
 from .methods import METHODS, BenchContext
 
 PROFILES = {
-    # prompts per task, new tokens per prompt
-    "cpu": {"num_prompts": 20, "max_new_tokens": 64},
-    "gpu": {"num_prompts": 100, "max_new_tokens": 128},
+    # prompts per task, new tokens per prompt, characters of the file before the cut in a context-task prompt
+    # (≈ 190 / 380 tokens: inside the 256 / 512-token windows the cpu / gpu default targets train on)
+    "cpu": {"num_prompts": 20, "max_new_tokens": 64, "context_prompt_chars": PROMPT_CHARS},
+    "gpu": {"num_prompts": 100, "max_new_tokens": 128, "context_prompt_chars": 2 * PROMPT_CHARS},
 }
 
 
@@ -40,6 +41,7 @@ class BenchConfig:
     max_new_tokens: int | None = None
     seed: int = 0
     warmup: int = 1  # untimed runs of every method before timing (allocator, caches)
+    context_prompt_chars: int | None = None  # context task: file characters before the cut in the prompt (profile's default)
 
     def __post_init__(self):
         if self.profile not in PROFILES:
@@ -53,6 +55,10 @@ class BenchConfig:
         self.max_new_tokens = self.max_new_tokens or PROFILES[self.profile]["max_new_tokens"]
         if self.num_prompts < 1 or self.max_new_tokens < 1:
             raise ValueError(f"num_prompts and max_new_tokens must be positive, got {self.num_prompts} and {self.max_new_tokens}")
+        if self.context_prompt_chars is None:
+            self.context_prompt_chars = PROFILES[self.profile]["context_prompt_chars"]
+        if not isinstance(self.context_prompt_chars, int) or isinstance(self.context_prompt_chars, bool) or self.context_prompt_chars < 1:
+            raise ValueError(f"context_prompt_chars must be a positive int, got {self.context_prompt_chars!r}")
 
 
 def environment(bundle: DefaultBundle) -> dict:
@@ -173,6 +179,19 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
     return summary
 
 
+def context_statistics(items: list[TaskItem], tokenizer, n: int = 4) -> dict:
+    """What a context-lookup drafter has to work with on the ``context`` task, averaged over ``items``:
+    prompt and context lengths in tokens, and the share of reference tokens inside an ``n``-gram of the
+    whole context vs of the prompt alone (:func:`~hf_specdraft.defaults.tasks.copyable_fraction`)."""
+    rows = []
+    for item in items:
+        reference, context, prompt = (tokenizer(text, add_special_tokens=False).input_ids for text in (item.reference, item.context, item.prompt))
+        rows.append((len(prompt), len(context), copyable_fraction(reference, context, n), copyable_fraction(reference, prompt, n)))
+    mean = lambda k: round(sum(r[k] for r in rows) / len(rows), 4)  # noqa: E731
+    return {"ngram": n, "prompt_tokens": mean(0), "context_tokens": mean(1),
+            "reference_copyable_from_context": mean(2), "reference_copyable_from_prompt": mean(3)}
+
+
 def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = None, output: str | Path | None = None,
               items: list[TaskItem] | None = None) -> dict:
     """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result."""
@@ -182,7 +201,7 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
             raise ValueError(f"method {m!r} runs on tasks {METHODS[m].tasks}, not {config.task!r}")
         if not METHODS[m].available(extras, bundle.draft is not None):
             raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
-    items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed)
+    items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars)
     counter = _ForwardCounter(bundle.target)
     records = []
     try:
@@ -204,11 +223,14 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
     result = {
         "meta": {**environment(bundle), "profile": config.profile, "task": config.task, "num_prompts": len(items),
                  "max_new_tokens": config.max_new_tokens, "seed": config.seed, "methods": list(config.methods),
+                 **({"context_prompt_chars": config.context_prompt_chars} if config.task == "context" else {}),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None},
         "summary": summarize(records, config.methods, parameters, target_parameters),
         "drafter_parameters": parameters,
         "records": records,
     }
+    if config.task == "context":
+        result["task_statistics"] = context_statistics(items, bundle.tokenizer)
     if output is not None:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps(result, indent=1) + "\n")

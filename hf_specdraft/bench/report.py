@@ -34,6 +34,12 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
              "| method | " + " | ".join(c[0] for c in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
     for method, s in result["summary"].items():
         lines.append(f"| {method} | " + " | ".join(_cell(s.get(key), spec) for _, key, spec in COLUMNS) + " |")
+    stats = result.get("task_statistics")
+    if stats:
+        lines += ["", f"The task: prompts of {stats['prompt_tokens']:.0f} tokens on average, contexts (CASD's pool) of "
+                  f"{stats['context_tokens']:.0f}; {stats['reference_copyable_from_context']:.0%} of the reference continuation's "
+                  f"tokens lie in a {stats['ngram']}-gram of the context, {stats['reference_copyable_from_prompt']:.0%} in one of the "
+                  "prompt the target sees."]
     if images:
         lines += [""] + [f"![{Path(image).stem}]({image})" for image in images]
     return "\n".join(lines) + "\n"

@@ -49,6 +49,25 @@ def edit_similarity(prediction: str, reference: str) -> float:
     return 1.0 - previous[-1] / max(len(prediction), len(reference))
 
 
+def copyable_fraction(reference: list[int], source: list[int], n: int = 4) -> float:
+    """Share of ``reference``'s tokens that lie inside an ``n``-gram also found in ``source``.
+
+    On the ``context`` task it tells how much of the true continuation a context-lookup drafter (CASD,
+    prompt lookup) could copy from ``source``: the whole context, or only the prompt the target sees.
+
+        >>> copyable_fraction([1, 2, 3, 4, 9], [0, 1, 2, 3, 4], n=4)
+        0.8
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    grams = {tuple(source[i : i + n]) for i in range(len(source) - n + 1)}
+    covered = [False] * len(reference)
+    for i in range(len(reference) - n + 1):
+        if tuple(reference[i : i + n]) in grams:
+            covered[i : i + n] = [True] * n
+    return sum(covered) / len(reference) if reference else 0.0
+
+
 def _function_items(name: str, text: str) -> list[TaskItem]:
     try:
         tree = ast.parse(text)
@@ -70,7 +89,7 @@ def _function_items(name: str, text: str) -> list[TaskItem]:
     return items
 
 
-def _context_item(name: str, text: str, rng: random.Random) -> TaskItem | None:
+def _context_item(name: str, text: str, rng: random.Random, prompt_chars: int) -> TaskItem | None:
     lines = text.splitlines(keepends=True)
     if len(lines) < 40:
         return None
@@ -79,19 +98,28 @@ def _context_item(name: str, text: str, rng: random.Random) -> TaskItem | None:
     if len(reference.strip()) < 20:
         return None
     before, after = "".join(lines[:cut]), "".join(lines[cut + 4 :])
-    prompt = before[-PROMPT_CHARS:]
-    prompt = prompt[prompt.find("\n") + 1 :] if len(before) > PROMPT_CHARS else prompt  # start on a line boundary
+    prompt = before[-prompt_chars:]
+    prompt = prompt[prompt.find("\n") + 1 :] if len(before) > prompt_chars else prompt  # start on a line boundary
     return TaskItem("context", name, prompt, reference[:REFERENCE_CHARS], context=before + after)
 
 
-def build_tasks(task: str, count: int = 100, seed: int = 0, corpus: Corpus | None = None) -> list[TaskItem]:
+def build_tasks(task: str, count: int = 100, seed: int = 0, corpus: Corpus | None = None,
+                context_prompt_chars: int = PROMPT_CHARS) -> list[TaskItem]:
     """``count`` items of ``task`` from the held-out split, chosen with ``seed``.
 
+    Args:
+        context_prompt_chars: ``context`` task only: how much of the file before the cut the prompt holds
+            (cut back to a line start). The default fits the embedded default's 256-token windows; a
+            long-context target can read the whole file before the cut, as LCC's prompts do (pass a large
+            number). The items (files, cuts, references, contexts) do not depend on it.
+
     Raises:
-        ValueError: unknown task, or fewer than ``count`` items available.
+        ValueError: unknown task, ``context_prompt_chars`` not a positive int, or fewer than ``count`` items.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    if not isinstance(context_prompt_chars, int) or isinstance(context_prompt_chars, bool) or context_prompt_chars < 1:
+        raise ValueError(f"context_prompt_chars must be a positive int (characters of the file before the cut), got {context_prompt_chars!r}")
     corpus = corpus or build_corpus()
     rng = random.Random(seed)
     files = sorted(corpus.heldout, key=lambda f: f.name)
@@ -104,7 +132,7 @@ def build_tasks(task: str, count: int = 100, seed: int = 0, corpus: Corpus | Non
             if candidates:
                 items.append(rng.choice(candidates))  # one per file: no file dominates the task
         else:
-            item = _context_item(f.name, text, rng)
+            item = _context_item(f.name, text, rng, context_prompt_chars)
             if item is not None:
                 items.append(item)
         if len(items) == count:
