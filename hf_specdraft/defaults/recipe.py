@@ -163,7 +163,7 @@ class GlideRecipe:
 
 
 GLIDE_RECIPES: dict[str, GlideRecipe] = {
-    # ≈3M parameters; the frozen target's forward dominates each step on CPU (≈40 minutes on 2 cores; vanilla ≈15).
+    # ≈3M parameters; the frozen target's forward dominates each step on CPU (≈36 minutes on 2 cores; vanilla ≈15).
     "default": GlideRecipe(hidden_size=256, num_hidden_layers=1, steps=1000, batch_size=32, seq_len=256, learning_rate=2e-3, warmup_steps=20),
     "gpu": GlideRecipe(hidden_size=512, num_hidden_layers=1, steps=2000, batch_size=64, seq_len=512, learning_rate=1e-3, warmup_steps=100),
     "tiny": GlideRecipe(hidden_size=32, num_hidden_layers=1, steps=10, batch_size=4, seq_len=64, learning_rate=3e-3, warmup_steps=2),
