@@ -86,6 +86,7 @@ def test_train_vanilla_drafter(tmp_path):
         ({"mixed_precision": "fp8"}, "mixed_precision"),
         ({"push_to_hub": True}, "hub_model_id"),
         ({"block_size": 0}, "block_size"),
+        ({"license": " "}, "license"),
     ],
 )
 def test_training_arguments_are_validated(tmp_path, overrides, argument):

@@ -22,6 +22,12 @@ from ..cape.packaging import write_custom_generate
 CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id", "license")  # what save_glide_checkpoint's card_info may hold
 
 
+def check_license(license) -> None:
+    """Raise a `ValueError` unless ``license`` is `None` or a non-empty str (a Hub license id)."""
+    if license is not None and (not isinstance(license, str) or not license.strip()):
+        raise ValueError(f"license must be None or a Hub license id such as 'apache-2.0', got {license!r}")
+
+
 def _hub_id(name: str | None) -> str | None:
     """``name`` when it looks like a Hub repo id (``org/name``, not a local path), else `None`."""
     if not name or os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") != 1:
@@ -117,8 +123,7 @@ def write_model_card(config, output_dir, base_model: str | None = None, dataset:
     Raises:
         ValueError: ``license`` is not a non-empty str.
     """
-    if license is not None and (not isinstance(license, str) or not license.strip()):
-        raise ValueError(f"license must be None or a Hub license id such as 'apache-2.0', got {license!r}")
+    check_license(license)
     kind = "GLIDE" if config.cross_attention else "vanilla drafter (GLIDE without cross-attention)"
     tags = ["speculative-decoding", "glide", "draft-model", "hf-specdraft", "custom_code"] + (["custom_generate", "cape"] if custom_generate else [])
     data = ModelCardData(base_model=_hub_id(base_model), datasets=[_hub_id(dataset)] if _hub_id(dataset) else None,

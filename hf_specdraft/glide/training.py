@@ -44,7 +44,7 @@ from accelerate import Accelerator, PartialState
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
-from .model_card import save_glide_checkpoint
+from .model_card import check_license, save_glide_checkpoint
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 
@@ -123,8 +123,7 @@ class GlideTrainingArguments:
             raise ValueError(f"distillation_temperature must be > 0, got {self.distillation_temperature}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
-        if self.license is not None and (not isinstance(self.license, str) or not self.license.strip()):
-            raise ValueError(f"license must be None or a Hub license id such as 'apache-2.0', got {self.license!r}")
+        check_license(self.license)  # here, not after training, where the card is written
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("push_to_hub=True needs hub_model_id='user/repo'")
 
