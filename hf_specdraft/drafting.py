@@ -16,7 +16,12 @@ from .tree import DraftTree
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
-    """Rows of the model's output embedding (what its logits index), falling back to ``config.vocab_size``."""
+    """Rows of the model's output embedding (what its logits index), falling back to ``config.vocab_size``.
+
+    A draft with a reduced vocabulary mapped back to the target's (GLIDE's ``draft_token_ids``) indexes ``vocab_size``.
+    """
+    if getattr(model.config, "draft_token_ids", None) is not None:
+        return int(model.config.vocab_size)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..defaults import DefaultBundle
-from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, copyable_fraction, edit_similarity
+from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, copyable_fraction, edit_similarity
 from ..metrics import expected_speedup
 from .methods import METHODS, BenchContext
 
@@ -51,8 +51,10 @@ class BenchConfig:
             raise ValueError(f"unknown methods {unknown}; registered: {sorted(METHODS)}")
         if "target-only" not in self.methods:
             self.methods = ("target-only", *self.methods)  # every ratio needs the baseline from the same run
-        self.num_prompts = self.num_prompts or PROFILES[self.profile]["num_prompts"]
-        self.max_new_tokens = self.max_new_tokens or PROFILES[self.profile]["max_new_tokens"]
+        if self.num_prompts is None:  # 0 is not "unset": it is refused below
+            self.num_prompts = PROFILES[self.profile]["num_prompts"]
+        if self.max_new_tokens is None:
+            self.max_new_tokens = PROFILES[self.profile]["max_new_tokens"]
         if self.num_prompts < 1 or self.max_new_tokens < 1:
             raise ValueError(f"num_prompts and max_new_tokens must be positive, got {self.num_prompts} and {self.max_new_tokens}")
         if self.context_prompt_chars is None:
@@ -73,7 +75,7 @@ def environment(bundle: DefaultBundle) -> dict:
         "batch_size": 1,
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
                      "accelerate": accelerate.__version__},
-        "target": str(bundle.path / "target"),
+        "target": bundle.info.get("target_description") or str(bundle.path / "target"),
         "target_parameters": sum(p.numel() for p in bundle.target.parameters()),
         "draft_parameters": sum(p.numel() for p in bundle.draft.parameters()) if bundle.draft is not None else None,
     }
@@ -192,6 +194,13 @@ def context_statistics(items: list[TaskItem], tokenizer, n: int = 4) -> dict:
             "reference_copyable_from_context": mean(2), "reference_copyable_from_prompt": mean(3)}
 
 
+def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
+    """`(1, L)` prompt ids of ``item``: a ``chat`` request goes through the target's chat template."""
+    if item.task == "chat":
+        return tokenizer(chat_prompt(tokenizer, item.prompt), return_tensors="pt", add_special_tokens=False).input_ids
+    return tokenizer(item.prompt, return_tensors="pt").input_ids
+
+
 def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = None, output: str | Path | None = None,
               items: list[TaskItem] | None = None) -> dict:
     """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result."""
@@ -206,7 +215,7 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
     records = []
     try:
         for index, item in enumerate(tqdm(items, desc=f"bench {config.task}")):
-            ids = bundle.tokenizer(item.prompt, return_tensors="pt").input_ids.to(bundle.target.device)
+            ids = prompt_ids(bundle.tokenizer, item).to(bundle.target.device)
             ctx = BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, extras)
             if index < config.warmup:
                 for m in config.methods:

@@ -38,7 +38,7 @@ class BenchContext:
 class Method:
     name: str
     run: Callable[[BenchContext], tuple[torch.Tensor, SpeculativeStats | None]]
-    tasks: tuple[str, ...] = ("completion", "context")
+    tasks: tuple[str, ...] = ("completion", "context", "chat")
     requires: tuple[str, ...] = ()  # names in ctx.extras (or "draft") that must be present
     lossless: bool = True  # greedy output must equal target-only greedy
     description: str = ""

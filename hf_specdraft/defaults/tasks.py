@@ -5,6 +5,9 @@
   LCC / RepoBench-P code tasks in casd.txt §4: the prompt holds only the code just before the cut (the
   target was trained on 256-token windows), while ``context`` holds the whole file minus the lines to
   predict — the draft pool CASD retrieves from.
+- ``chat``: a request written from a held-out function's signature and docstring ("Write a Python
+  function ..."), for instruction-tuned targets; ``prompt`` is the user message (apply the target's
+  chat template, :func:`chat_prompt`), ``reference`` the function's source.
 
 Both are scored by edit similarity (Levenshtein ratio, as LongBench scores LCC).
 
@@ -19,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from .corpus import Corpus, build_corpus
 
-TASKS = ("completion", "context")
+TASKS = ("completion", "context", "chat")
 PROMPT_CHARS = 700  # ≈ 190 tokens: prompts stay inside the 256-token windows the default target saw
 REFERENCE_CHARS = 240
 
@@ -68,7 +71,7 @@ def copyable_fraction(reference: list[int], source: list[int], n: int = 4) -> fl
     return sum(covered) / len(reference) if reference else 0.0
 
 
-def _function_items(name: str, text: str) -> list[TaskItem]:
+def function_items(name: str, text: str) -> list[TaskItem]:
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
@@ -87,6 +90,23 @@ def _function_items(name: str, text: str) -> list[TaskItem]:
         if 40 <= len(prompt) <= PROMPT_CHARS and len(body.strip()) >= 20:
             items.append(TaskItem("completion", name, prompt, body[:REFERENCE_CHARS]))
     return items
+
+
+def chat_request(item: TaskItem) -> str:
+    """The user message of a ``chat`` item built from a completion item (signature + docstring)."""
+    return f"Write a Python function with this signature and docstring:\n\n```python\n{item.prompt.rstrip()}\n```"
+
+
+def chat_prompt(tokenizer, request: str) -> str:
+    """``request`` as one user turn in ``tokenizer``'s chat template, ready for the assistant's answer."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the chat task needs a tokenizer with a chat_template (an instruction-tuned target)")
+    return tokenizer.apply_chat_template([{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True)
+
+
+def _chat_item(item: TaskItem) -> TaskItem:
+    body = item.prompt + item.reference
+    return TaskItem("chat", item.source, chat_request(item), body[:REFERENCE_CHARS])
 
 
 def _context_item(name: str, text: str, rng: random.Random, prompt_chars: int) -> TaskItem | None:
@@ -127,10 +147,11 @@ def build_tasks(task: str, count: int = 100, seed: int = 0, corpus: Corpus | Non
     items: list[TaskItem] = []
     for f in files:
         text = f.read()
-        if task == "completion":
-            candidates = _function_items(f.name, text)
+        if task in ("completion", "chat"):
+            candidates = function_items(f.name, text)
             if candidates:
-                items.append(rng.choice(candidates))  # one per file: no file dominates the task
+                item = rng.choice(candidates)  # one per file: no file dominates the task
+                items.append(item if task == "completion" else _chat_item(item))
         else:
             item = _context_item(f.name, text, rng, context_prompt_chars)
             if item is not None:

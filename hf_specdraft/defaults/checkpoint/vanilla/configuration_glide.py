@@ -149,6 +149,12 @@ class GlideConfig(PretrainedConfig):
             exactly like the target rotated the cached keys. Defaults to default RoPE with theta 10000.
         target_name_or_path (`str`, *optional*):
             Informational: the checkpoint GLIDE was trained against (model cards, error messages).
+        draft_token_ids (`list[int]`, *optional*):
+            A reduced draft vocabulary (as FR-Spec and EAGLE-3 use): the target ids GLIDE can propose, most
+            frequent first. The embedding and LM head then hold ``len(draft_token_ids) + 1`` rows (the last one
+            stands for every other input token), and the logits are scattered back to the target's ``vocab_size``
+            (other ids get the dtype's minimum). A 49K-token LM head costs a small target more than a draft
+            layer does; `None` keeps the full vocabulary.
     """
 
     model_type = "glide"
@@ -186,6 +192,7 @@ class GlideConfig(PretrainedConfig):
         target_max_position_embeddings: int | None = None,
         target_rope_parameters: dict | None = None,
         target_name_or_path: str | None = None,
+        draft_token_ids: list[int] | None = None,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
@@ -220,6 +227,7 @@ class GlideConfig(PretrainedConfig):
         self.target_max_position_embeddings = target_max_position_embeddings if target_max_position_embeddings is not None else max_position_embeddings
         self.target_rope_parameters = copy.deepcopy(target_rope_parameters) or {"rope_type": "default", "rope_theta": 10000.0}
         self.target_name_or_path = target_name_or_path
+        self.draft_token_ids = [int(i) for i in draft_token_ids] if draft_token_ids is not None else None
         if target_layer_ids is None:  # §4.1: l = N_T - N_D + m, the top target layers (0-based here)
             target_layer_ids = [target_num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)]
         self.target_layer_ids = [int(i) for i in target_layer_ids] if isinstance(target_layer_ids, (list, tuple)) else target_layer_ids
@@ -247,10 +255,14 @@ class GlideConfig(PretrainedConfig):
             raise ValueError(f"target_head_dim must be even (RoPE rotates pairs), got {self.target_head_dim}")
         if not isinstance(self.cross_attention, bool):
             raise TypeError(f"cross_attention must be a bool, got {type(self.cross_attention).__name__}")
-        if self.vocab_size != self.target_vocab_size:
+        if self.vocab_size != self.target_vocab_size:  # the logits' size, also with a reduced draft_token_ids
             raise ValueError(f"vocab_size ({self.vocab_size}) must equal target_vocab_size ({self.target_vocab_size}): GLIDE drafts the target's tokens")
         if not isinstance(self.target_rope_parameters, dict) or "rope_theta" not in self.target_rope_parameters:
             raise ValueError(f"target_rope_parameters must be a dict with rope_type and rope_theta, got {self.target_rope_parameters!r}")
+        if self.draft_token_ids is not None:
+            ids = self.draft_token_ids
+            if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise ValueError(f"draft_token_ids must be distinct ids in [0, vocab_size={self.vocab_size}), at least one")
         ids = self.target_layer_ids
         if not isinstance(ids, list) or len(ids) != self.num_hidden_layers:
             raise ValueError(f"target_layer_ids must list one target layer per draft layer ({self.num_hidden_layers}), got {ids!r}")

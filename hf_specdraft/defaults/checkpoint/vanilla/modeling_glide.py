@@ -156,6 +156,11 @@ def self_attention_mask(past_seen: int, q_len: int, padding_mask: torch.Tensor |
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
+def draft_vocab_rows(config: GlideConfig) -> int:
+    """Rows of the embedding and LM head: the full vocabulary, or the reduced one plus a row for all other ids."""
+    return config.vocab_size if config.draft_token_ids is None else len(config.draft_token_ids) + 1
+
+
 def attention_interface(config: GlideConfig):
     """The attention kernel for ``config._attn_implementation`` (eager or sdpa), across transformers 5.x releases."""
     implementation = config._attn_implementation
@@ -290,8 +295,12 @@ class GlideModel(GlidePreTrainedModel):
 
     def __init__(self, config: GlideConfig):
         super().__init__(config)
-        self.padding_idx = config.pad_token_id
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.padding_idx = config.pad_token_id if config.draft_token_ids is None else None
+        self.embed_tokens = nn.Embedding(draft_vocab_rows(config), config.hidden_size, self.padding_idx)
+        if config.draft_token_ids is not None:  # target id -> draft row; ids outside the draft vocabulary share the last row
+            to_draft = torch.full((config.vocab_size,), len(config.draft_token_ids), dtype=torch.long)
+            to_draft[torch.tensor(config.draft_token_ids)] = torch.arange(len(config.draft_token_ids))
+            self.register_buffer("target_to_draft", to_draft, persistent=False)
         self.layers = nn.ModuleList([GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
@@ -330,7 +339,8 @@ class GlideModel(GlidePreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+            rows = input_ids if self.config.draft_token_ids is None else self.target_to_draft[input_ids]
+            inputs_embeds = self.embed_tokens(rows)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -468,7 +478,9 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = GlideModel(config)
         self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, draft_vocab_rows(config), bias=False)
+        if config.draft_token_ids is not None:
+            self.register_buffer("draft_token_ids", torch.tensor(config.draft_token_ids, dtype=torch.long), persistent=False)
         self._glide_binding: _TargetBinding | None = None
         self.post_init()
         if self.generation_config is not None:  # §5.1: γ = 5, fixed, every step (stock assisted decoding reads these)
@@ -487,6 +499,14 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
+
+    def to_target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """`(..., draft rows)` logits of a reduced draft vocabulary -> `(..., vocab_size)`: the target's ids, with
+        every id GLIDE cannot propose at the dtype's minimum (its probability is exactly 0). Identity without one."""
+        if self.config.draft_token_ids is None:
+            return draft_logits
+        full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), torch.finfo(draft_logits.dtype).min)
+        return full.index_copy_(-1, self.draft_token_ids, draft_logits[..., : self.draft_token_ids.numel()])
 
     def check_target(self, target) -> None:
         """Raise `ValueError` unless ``target`` (a model or its config) is the kind of target GLIDE was built for."""
@@ -624,7 +644,7 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
             hidden_states = hidden_states[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, torch.Tensor):
             hidden_states = hidden_states[:, logits_to_keep]
-        logits = self.lm_head(hidden_states)
+        logits = self.to_target_logits(self.lm_head(hidden_states))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)

