@@ -194,3 +194,23 @@ def test_smollm2_default_loads_with_its_drafters_and_glide_is_lossless():
     expected = greedy_reference(bundle.target, x, 24)
     for name in ("glide", "vanilla", "small_draft"):
         assert torch.equal(speculative_generate(bundle.target, x, draft_model=bundle.extras[name], max_new_tokens=24), expected)
+
+
+def test_training_command_writes_hub_ready_drafters_with_cards(tmp_path, monkeypatch):
+    from hf_specdraft.defaults import smollm2_drafters
+
+    target = tiny_model("llama", eos_token_id=2)
+    target.config._name_or_path = smollm2.HUB_ID  # as load_smollm2 names it
+    store_dir = tiny_store(target, tmp_path)
+    monkeypatch.setattr(smollm2, "load_smollm2", lambda dtype=None, device=None: (target, None))
+    tiny = {kind: dataclasses.replace(r, intermediate_size=32, draft_vocab_size=40, steps=2, batch_size=2, warmup_steps=1)
+            for kind, r in RECIPES.items()}
+    monkeypatch.setattr(smollm2_drafters, "RECIPES", tiny)
+    assert smollm2_drafters.main([str(store_dir), str(tmp_path / "out"), "--kinds", "glide,small"]) == 0
+    glide = GlideForCausalLM.from_pretrained(tmp_path / "out" / "glide")
+    assert glide.config.cross_attention and glide.config.target_name_or_path == smollm2.HUB_ID and 2 in glide.config.draft_token_ids
+    card = (tmp_path / "out" / "glide" / "README.md").read_text()
+    assert f"base_model: {smollm2.HUB_ID}" in card and "license: apache-2.0" in card
+    assert not GlideForCausalLM.from_pretrained(tmp_path / "out" / "small").config.cross_attention
+    with pytest.raises(SystemExit):
+        smollm2_drafters.main([str(store_dir), str(tmp_path / "out"), "--kinds", "medium"])

@@ -124,9 +124,9 @@ def bigram_table_metadata(path: str | Path) -> dict[str, str]:
 
 
 def main_build_bigram(argv: list[str] | None = None) -> int:
-    """``hf-specdraft build-bigram``: tokenize a corpus, build the argmax bigram table, save it. Returns 0."""
+    """``hf-specdraft build-bigram``: tokenize a corpus, build the argmax bigram table, save it."""
     parser = argparse.ArgumentParser(prog="hf-specdraft build-bigram", description=main_build_bigram.__doc__)
-    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the embedded default's tokenizer)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the embedded default's, SmolLM2-135M-Instruct)")
     parser.add_argument("--output", required=True, help="safetensors file to write")
     parser.add_argument("--source", default=None, help="a directory of .py files to use instead of the embedded default's corpus (split by file the same way)")
     parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split (default: train)")
@@ -137,7 +137,15 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
 
     from ..defaults.corpus import build_corpus
 
-    tokenizer_dir = Path(args.tokenizer) if args.tokenizer else Path(__file__).resolve().parents[1] / "defaults" / "checkpoint" / "tokenizer"
+    if args.tokenizer is None:
+        from ..defaults.smollm2 import converted_dir
+
+        try:
+            tokenizer_dir = converted_dir()
+        except ValueError as err:
+            parser.error(f"--tokenizer not given and the default target is not available: {err}")
+    else:
+        tokenizer_dir = Path(args.tokenizer)
     if not tokenizer_dir.is_dir():
         parser.error(f"--tokenizer {str(tokenizer_dir)!r} is not a directory")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)

@@ -170,28 +170,47 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
     return model
 
 
+DATASET = ("hf-specdraft distillation store: train split of the local Python corpus (stdlib + installed dependencies), "
+           "15 % as chat requests in SmolLM2's template; labels = the target's top-8 next-token distribution")
+
+
+def training_log(kind: str, store: dict[str, torch.Tensor], state: dict) -> dict:
+    """The drafter's training log in the shape GLIDE model cards read (steps with tokens, arguments)."""
+    recipe = RECIPES[kind]
+    tokens_per_step = recipe.batch_size * store["input_ids"].shape[1]
+    steps = [{**row, "tokens": row["step"] * tokens_per_step} for row in state["log"]]
+    return {"steps": steps, "train_seconds": steps[-1]["seconds"] if steps else 0.0, "processes": 1,
+            "arguments": {"block_size": recipe.block_size, "learning_rate": recipe.learning_rate, "distillation_weight": 1.0,
+                          "dataset_name": DATASET},
+            "recipe": recipe.to_dict(), "store_windows": int(store["input_ids"].shape[0]), "store_tokens": int(store["input_ids"].numel()),
+            "draft_vocab_size": len(state["draft_token_ids"])}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train SmolLM2's shipped drafters from a distillation store (resumable).")
-    parser.add_argument("store")
-    parser.add_argument("output_dir")
-    parser.add_argument("--kinds", default="glide,vanilla,small")
-    parser.add_argument("--max-windows", type=int, default=None, help="use only the first N windows of the store")
+    parser.add_argument("store", help="a store written by python -m hf_specdraft.defaults.distillation")
+    parser.add_argument("output_dir", help="checkpoints land in OUTPUT_DIR/<kind>; resumable state in OUTPUT_DIR/state/<kind>")
+    parser.add_argument("--kinds", default="glide,vanilla,small", help=f"comma-separated, any of {sorted(RECIPES)}")
     args = parser.parse_args(argv)
+    kinds = args.kinds.split(",")
+    unknown = sorted(set(kinds) - set(RECIPES))
+    if unknown:
+        parser.error(f"--kinds: unknown {unknown}; choose among {sorted(RECIPES)}")
+    from ..glide.model_card import save_glide_checkpoint
     from .distillation import load_store
-    from .smollm2 import load_smollm2
+    from .drafters import LICENSE
+    from .smollm2 import HUB_ID, load_smollm2
 
     target, _ = load_smollm2(dtype=torch.float32, device="cpu")
     store = load_store(args.store)
-    if args.max_windows:
-        store = {k: v[: args.max_windows] for k, v in store.items()}
-    for kind in args.kinds.split(","):
-        out = Path(args.output_dir) / kind
-        model = train_drafter(kind, target, store, out)
-        model.to(torch.bfloat16).save_pretrained(out / "model")
-        state = json.loads((_state_path(out) / "state.json").read_text())
-        (out / "model" / "training_log.json").write_text(json.dumps(
-            {"recipe": RECIPES[kind].to_dict(), "store_windows": int(store["input_ids"].shape[0]),
-             "store_tokens": int(store["input_ids"].numel()), "log": state["log"]}, indent=1) + "\n")
+    for kind in kinds:
+        state_dir = Path(args.output_dir) / "state" / kind
+        model = train_drafter(kind, target, store, state_dir)
+        log = training_log(kind, store, json.loads((_state_path(state_dir) / "state.json").read_text()))
+        out = save_glide_checkpoint(model.to(torch.bfloat16), Path(args.output_dir) / kind, target_name=HUB_ID,
+                                    card_info={"dataset": DATASET, "training_log": log, "license": LICENSE})
+        (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
+        print(f"wrote {out}")
     return 0
 
 
