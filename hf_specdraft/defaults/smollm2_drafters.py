@@ -174,7 +174,7 @@ DATASET = ("hf-specdraft distillation store: train split of the local Python cor
            "15 % as chat requests in SmolLM2's template; labels = the target's top-8 next-token distribution")
 
 
-def training_log(kind: str, store: dict[str, torch.Tensor], state: dict) -> dict:
+def training_log(kind: str, store: dict[str, torch.Tensor], state: dict, parameters: int) -> dict:
     """The drafter's training log in the shape GLIDE model cards read (steps with tokens, arguments)."""
     recipe = RECIPES[kind]
     tokens_per_step = recipe.batch_size * store["input_ids"].shape[1]
@@ -183,7 +183,7 @@ def training_log(kind: str, store: dict[str, torch.Tensor], state: dict) -> dict
             "arguments": {"block_size": recipe.block_size, "learning_rate": recipe.learning_rate, "distillation_weight": 1.0,
                           "dataset_name": DATASET},
             "recipe": recipe.to_dict(), "store_windows": int(store["input_ids"].shape[0]), "store_tokens": int(store["input_ids"].numel()),
-            "draft_vocab_size": len(state["draft_token_ids"])}
+            "draft_vocab_size": len(state["draft_token_ids"]), "parameters": parameters}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in kinds:
         state_dir = Path(args.output_dir) / "state" / kind
         model = train_drafter(kind, target, store, state_dir)
-        log = training_log(kind, store, json.loads((_state_path(state_dir) / "state.json").read_text()))
+        log = training_log(kind, store, json.loads((_state_path(state_dir) / "state.json").read_text()),
+                           sum(p.numel() for p in model.parameters()))
         out = save_glide_checkpoint(model.to(torch.bfloat16), Path(args.output_dir) / kind, target_name=HUB_ID,
                                     card_info={"dataset": DATASET, "training_log": log, "license": LICENSE})
         (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
