@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--context-prompt-chars", type=int, help="context task: characters of the file before the cut in the prompt "
-                       "(default 700 for --profile cpu, 1400 for gpu; a long-context --target can take the whole file, e.g. 1000000)")
+                       "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)")
     bench.add_argument("--target")
     bench.add_argument("--draft")
     bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json)")

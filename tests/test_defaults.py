@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_specdraft.defaults import CHECKPOINT_DIR, check_recipe, load_default
+from hf_specdraft.defaults import SMOLLM2_DRAFTERS_DIR, check_recipe, load_default
 from hf_specdraft.defaults.corpus import build_corpus, is_heldout
 from hf_specdraft.defaults.recipe import get_recipe
 from hf_specdraft.defaults.tasks import build_tasks, edit_similarity
@@ -103,16 +103,23 @@ def test_load_default_rejects_other_directories(tmp_path):
         load_default(tmp_path)
 
 
-@pytest.mark.skipif(not (CHECKPOINT_DIR / "recipe.json").is_file(), reason="the trained default is not shipped in this checkout")
-def test_shipped_checkpoint_loads_and_its_recipe_hash_matches():
-    assert check_recipe(CHECKPOINT_DIR)
-    bundle = load_default()
-    meta = json.loads((CHECKPOINT_DIR / "recipe.json").read_text())
-    assert bundle.target.config.hidden_size == meta["recipe"]["target"]["hidden_size"]
-    shards = list((CHECKPOINT_DIR / "target").glob("*.safetensors"))
-    assert shards and sum(s.stat().st_size for s in shards) <= 50 * 2**20
-    ids = bundle.tokenizer("import os\n", return_tensors="pt").input_ids
-    assert torch.isfinite(bundle.target(ids).logits).all()
+SHIPPED = ("glide", "vanilla", "small")
+
+
+@pytest.mark.skipif(not (SMOLLM2_DRAFTERS_DIR / "glide" / "config.json").is_file(), reason="no shipped drafters in this checkout")
+def test_shipped_drafters_are_small_bf16_and_name_their_target():
+    from hf_specdraft.defaults.smollm2 import HUB_ID
+    from hf_specdraft.glide import GlideConfig
+
+    total = sum(f.stat().st_size for f in SMOLLM2_DRAFTERS_DIR.rglob("*") if f.is_file())
+    assert total <= 40 * 2**20, f"shipped drafters take {total / 2**20:.1f} MiB (budget 40)"
+    for kind in SHIPPED:
+        config = GlideConfig.from_pretrained(SMOLLM2_DRAFTERS_DIR / kind)
+        assert config.target_name_or_path == HUB_ID and config.cross_attention == (kind == "glide")
+        assert config.draft_token_ids and config.dtype in ("bfloat16", torch.bfloat16)
+        card = (SMOLLM2_DRAFTERS_DIR / kind / "README.md").read_text()
+        assert f"base_model: {HUB_ID}" in card
+    assert (SMOLLM2_DRAFTERS_DIR / "bigram.safetensors").is_file()
 
 
 @pytest.mark.parametrize("task", ["completion", "context"])
@@ -251,11 +258,11 @@ def test_cli_errors(tmp_path):
     assert done.returncode == 2 and "unknown profile" in done.stderr
 
 
-@pytest.mark.parametrize("kind", ["glide", "vanilla"])
+@pytest.mark.parametrize("kind", SHIPPED)
 def test_shipped_drafter_code_copies_match_the_package(kind):
     """The shipped GLIDE folders are Hub-ready, so they carry copies of the trust_remote_code files; a change to
-    the package's code must re-save them (``hf-specdraft train-default --parts glide,vanilla``) or this fails."""
-    folder = CHECKPOINT_DIR / kind
+    the package's code must re-save them (``python -m hf_specdraft.defaults.smollm2_drafters``) or this fails."""
+    folder = SMOLLM2_DRAFTERS_DIR / kind
     if not folder.is_dir():
         pytest.skip(f"no shipped {kind} drafter in this checkout")
     package = REPO / "hf_specdraft"

@@ -212,5 +212,67 @@ def test_training_command_writes_hub_ready_drafters_with_cards(tmp_path, monkeyp
     card = (tmp_path / "out" / "glide" / "README.md").read_text()
     assert f"base_model: {smollm2.HUB_ID}" in card and "license: apache-2.0" in card
     assert not GlideForCausalLM.from_pretrained(tmp_path / "out" / "small").config.cross_attention
+    # stage 2: from stage 1's weights (its vocabulary kept), on a mix with a second store
+    assert smollm2_drafters.main([str(store_dir), str(tmp_path / "out2"), "--kinds", "glide", "--init-from", str(tmp_path / "out"),
+                                  "--extra-store", str(store_dir), "--extra-weight", "2"]) == 0
+    second = GlideForCausalLM.from_pretrained(tmp_path / "out2" / "glide")
+    assert second.config.draft_token_ids == glide.config.draft_token_ids
+    log = json.loads((tmp_path / "out2" / "glide" / "training_log.json").read_text())
+    assert log["stage_1"]["steps"] and log["store_windows"] == 3 * 12
     with pytest.raises(SystemExit):
         smollm2_drafters.main([str(store_dir), str(tmp_path / "out"), "--kinds", "medium"])
+
+
+class _CharTokenizer:
+    """Just enough of a tokenizer for the self-distillation helpers: one id per character, left padding."""
+
+    chat_template = "{{ messages }}"
+    eos_token_id, pad_token_id = 1, 0
+    padding_side = "right"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return f"<user>{messages[0]['content']}<assistant>"
+
+    def __call__(self, texts, return_tensors="pt", padding=True, add_special_tokens=False, truncation=True, max_length=None):
+        from transformers import BatchEncoding
+
+        rows = [[2 + ord(c) % (VOCAB - 2) for c in text][-max_length:] for text in texts]
+        width = max(map(len, rows))
+        ids = [[0] * (width - len(r)) + r for r in rows]
+        mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+        return BatchEncoding({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)})
+
+
+def test_self_distillation_uses_train_prompts_and_the_targets_own_greedy_text():
+    from hf_specdraft.defaults.distillation import self_distillation_prompts, self_generated_windows
+
+    from hf_specdraft.defaults.corpus import Corpus
+
+    tok = _CharTokenizer()
+    full = build_corpus()
+    corpus = Corpus(train=full.train[:200], heldout=full.heldout)
+    prompts = self_distillation_prompts(tok, 12, corpus=corpus)
+    assert len(prompts) == 12 and any(p.startswith("<user>Write a Python function") for p in prompts)
+    train_text = "".join(f.read() for f in corpus.train)
+    for text in prompts:  # every prompt is cut from a train file (the bench's held-out files are never read)
+        code = text.split("```python\n", 1)[1].rsplit("\n```", 1)[0] if text.startswith("<user>") else text
+        assert code.rstrip() in train_text
+    target = tiny_model("llama")
+    short = ["def f(x):\n", "import os\nimport sys\n"]
+    windows = self_generated_windows(target, tok, short, max_new_tokens=6, batch_size=2, seq_len=32)
+    stream = windows.flatten().tolist()
+    expected = greedy_reference(target, tok([short[0]], max_length=10**6)["input_ids"], 6)[0].tolist()
+    assert stream[: len(expected)] == expected and stream[len(expected)] == tok.eos_token_id  # no padding, eos between texts
+
+
+def test_report_lists_the_shipped_drafters_with_both_training_stages(tmp_path):
+    from hf_specdraft.bench.report import render
+
+    folder = tmp_path / "drafters" / "glide"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": 1, "hidden_size": 576, "intermediate_size": 1536, "cross_attention": True}))
+    stage = lambda step, seconds: {"steps": [{"step": step, "tokens": step * 2048, "loss": 2.5}], "train_seconds": seconds}  # noqa: E731
+    (folder / "training_log.json").write_text(json.dumps({**stage(300, 300), "draft_vocab_size": 6144, "parameters": 8_200_000,
+                                                          "stage_1": stage(400, 480)}))
+    report = render(tmp_path / "results", drafters_dir=tmp_path / "drafters")
+    assert "| glide | 8.2M | 1 / 576 / 1536 | yes | 6,144 | 400 + 300 | 1.43M | 2.500 | 13 min |" in report

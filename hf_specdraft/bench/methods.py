@@ -179,16 +179,22 @@ register_method(Method("casd-mixed", lambda ctx: _casd(ctx, threshold=0.1, top_k
 
 # --- GLIDE (hf_specdraft.glide): the default target's GLIDE and its vanilla twin, alone and with CAPE -----------
 
+# γ and CAPE's verification budget for the default target on CPU, tuned by `python -m hf_specdraft.bench.tune_glide`
+# on completion items 20..25 (benchmarks/results/cpu-tune-glide.json); the bench measures them on items 0..N-1.
+GLIDE_GAMMA = 5
+CAPE_BUDGET = 32
+
+
 def _glide_chain(ctx, kind: str):
     from ..glide import GlideCandidateGenerator
 
-    return GlideCandidateGenerator(ctx.extras[kind], num_draft_tokens=5)
+    return GlideCandidateGenerator(ctx.extras[kind], num_draft_tokens=GLIDE_GAMMA)
 
 
 def _glide_cape(ctx, mode):
     from ..cape import build_cape_for_bench
 
-    return _with_expansion_sizes(ctx, build_cape_for_bench(_glide_chain(ctx, "glide"), mode=mode))
+    return _with_expansion_sizes(ctx, build_cape_for_bench(_glide_chain(ctx, "glide"), mode=mode, budget=CAPE_BUDGET))
 
 
 def _stock_glide(ctx, kind: str):
@@ -201,10 +207,10 @@ def _stock_glide(ctx, kind: str):
 
 for _kind in ("glide", "vanilla"):
     register_method(Method(_kind, lambda ctx, k=_kind: _speculative(ctx, candidate_generator=_glide_chain(ctx, k)), requires=(_kind,),
-                           description=f"speculative_generate with the default's {_kind} drafter, γ=5",
+                           description=f"speculative_generate with the default's {_kind} drafter, γ={GLIDE_GAMMA}",
                            cost_models=lambda e, k=_kind: {"draft": e[k]}))
     register_method(Method(f"stock-assisted-{_kind}", lambda ctx, k=_kind: _stock_glide(ctx, k), requires=(_kind,),
                            description=f"transformers assisted decoding with the {_kind} drafter (attach)"))
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
     register_method(Method(f"glide+{_label}", lambda ctx, m=_mode: _glide_cape(ctx, m), requires=("glide",),
-                           description=f"GLIDE γ=5 with {_label} expansion", cost_models=lambda e: {"draft": e["glide"]}))
+                           description=f"GLIDE γ={GLIDE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET})", cost_models=lambda e: {"draft": e["glide"]}))

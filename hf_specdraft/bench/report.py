@@ -84,10 +84,13 @@ def drafters_section(drafters_dir: Path) -> str:
         if not (folder / "training_log.json").is_file():
             continue
         log, config = json.loads((folder / "training_log.json").read_text()), json.loads((folder / "config.json").read_text())
-        last, recipe = log["steps"][-1], log["recipe"]
+        stages = [stage for stage in (log.get("stage_1"), log) if stage]  # stage 1, then the fine-tune on the target's own text
+        steps = " + ".join(str(stage["steps"][-1]["step"]) for stage in stages)
+        tokens = sum(stage["steps"][-1]["tokens"] for stage in stages if "tokens" in stage["steps"][-1])
+        minutes = sum(stage["train_seconds"] for stage in stages) / 60
         rows.append(f"| {kind} | {log.get('parameters', 0) / 1e6:.1f}M | {config['num_hidden_layers']} / {config['hidden_size']} / "
                     f"{config['intermediate_size']} | {'yes' if config['cross_attention'] else 'no'} | {log['draft_vocab_size']:,} | "
-                    f"{last['step']} | {last['tokens'] / 1e6:.2f}M | {last['loss']:.3f} | {log['train_seconds'] / 60:.0f} min |")
+                    f"{steps} | {tokens / 1e6:.2f}M | {log['steps'][-1]['loss']:.3f} | {minutes:.0f} min |")
     return "\n".join(rows) + "\n" if len(rows) > 6 else ""
 
 

@@ -19,8 +19,8 @@ from ..defaults.tasks import build_tasks
 from .harness import BenchConfig, run_bench
 from .methods import METHODS, Method, _speculative, _with_expansion_sizes, register_method
 
-GAMMAS = (3, 4, 5, 6, 8)
-CAPE_SETTINGS = ((4, 12), (5, 12), (5, 16), (6, 16), (5, 32))  # (γ, budget)
+GAMMAS = (1, 2, 3, 4, 5)
+CAPE_SETTINGS = ((2, 8), (3, 8), (3, 12), (5, 12), (5, 32))  # (γ, budget)
 
 
 def register_grid() -> tuple[list[str], list[str]]:

@@ -18,12 +18,18 @@ Loss: cross-entropy against the target's renormalised top-k next-token distribut
 glide_cape Appendix B's cheaper form): the drafts learn what the target says, which greedy acceptance rewards.
 Training is resumable: a checkpoint (weights + optimizer + step) every ``checkpoint_every`` steps.
 
-    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 OUTPUT_DIR --kinds glide,vanilla,small
+    # stage 1 on the corpus store, stage 2 from its weights on both stores (the target's own text 4x)
+    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters --kinds glide,vanilla
+    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters2 --kinds glide,vanilla \
+        --init-from /work/drafters --extra-store /work/store/selfgen --extra-weight 4
+    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters2 --kinds small \
+        --extra-store /work/store/selfgen --extra-weight 4
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import time
@@ -61,6 +67,8 @@ class DrafterRecipe:
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
+
+FINETUNE = {"steps": 300, "learning_rate": 5e-4, "warmup_steps": 10}  # stage 2: from stage 1's weights, on the target's own text
 
 RECIPES: dict[str, DrafterRecipe] = {
     "glide": DrafterRecipe("glide"),
@@ -120,8 +128,11 @@ def _state_path(output_dir: Path) -> Path:
 
 
 def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Tensor], output_dir: str | Path,
-                  recipe: DrafterRecipe | None = None, progress: bool = True) -> GlideForCausalLM:
-    """Train one drafter from ``store`` into ``output_dir`` (resuming from ``output_dir/training_state`` if present)."""
+                  recipe: DrafterRecipe | None = None, progress: bool = True, init_from: str | Path | None = None) -> GlideForCausalLM:
+    """Train one drafter from ``store`` into ``output_dir`` (resuming from ``output_dir/training_state`` if present).
+
+    ``init_from``: a trained drafter checkpoint of the same kind to start from (its draft vocabulary is kept).
+    """
     recipe = recipe or RECIPES[kind]
     output_dir = Path(output_dir)
     state_dir = _state_path(output_dir)
@@ -130,8 +141,16 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
         raise ValueError(f"{str(state_dir)!r} was written by another recipe; remove it to start over")
     eos = target.config.eos_token_id
     eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
-    vocab = meta["draft_token_ids"] if meta else choose_draft_vocab(store, recipe.draft_vocab_size, target.config.vocab_size, always=eos)
+    start_from = GlideForCausalLM.from_pretrained(init_from, dtype=torch.float32) if init_from is not None and meta is None else None
+    if meta:
+        vocab = meta["draft_token_ids"]
+    elif start_from is not None:
+        vocab = start_from.config.draft_token_ids
+    else:
+        vocab = choose_draft_vocab(store, recipe.draft_vocab_size, target.config.vocab_size, always=eos)
     model = build_drafter(kind, target, vocab, recipe)
+    if start_from is not None:
+        model.load_state_dict(start_from.state_dict())
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, recipe.warmup_steps, recipe.steps, min_lr_rate=recipe.min_lr_ratio)
@@ -174,9 +193,8 @@ DATASET = ("hf-specdraft distillation store: train split of the local Python cor
            "15 % as chat requests in SmolLM2's template; labels = the target's top-8 next-token distribution")
 
 
-def training_log(kind: str, store: dict[str, torch.Tensor], state: dict, parameters: int) -> dict:
+def training_log(kind: str, store: dict[str, torch.Tensor], state: dict, parameters: int, recipe: DrafterRecipe) -> dict:
     """The drafter's training log in the shape GLIDE model cards read (steps with tokens, arguments)."""
-    recipe = RECIPES[kind]
     tokens_per_step = recipe.batch_size * store["input_ids"].shape[1]
     steps = [{**row, "tokens": row["step"] * tokens_per_step} for row in state["log"]]
     return {"steps": steps, "train_seconds": steps[-1]["seconds"] if steps else 0.0, "processes": 1,
@@ -191,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("store", help="a store written by python -m hf_specdraft.defaults.distillation")
     parser.add_argument("output_dir", help="checkpoints land in OUTPUT_DIR/<kind>; resumable state in OUTPUT_DIR/state/<kind>")
     parser.add_argument("--kinds", default="glide,vanilla,small", help=f"comma-separated, any of {sorted(RECIPES)}")
+    parser.add_argument("--init-from", help="stage 2: start each drafter from INIT_FROM/<kind> and fine-tune with FINETUNE's schedule")
+    parser.add_argument("--extra-store", help="a second store (e.g. the target's own text) mixed into the training windows")
+    parser.add_argument("--extra-weight", type=int, default=1, help="how many times the extra store's windows are repeated in the mix")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
     unknown = sorted(set(kinds) - set(RECIPES))
@@ -203,11 +224,19 @@ def main(argv: list[str] | None = None) -> int:
 
     target, _ = load_smollm2(dtype=torch.float32, device="cpu")
     store = load_store(args.store)
+    if args.extra_store:
+        extra = load_store(args.extra_store)
+        store = {k: torch.cat([v, *[extra[k]] * args.extra_weight]) for k, v in store.items()}
     for kind in kinds:
         state_dir = Path(args.output_dir) / "state" / kind
-        model = train_drafter(kind, target, store, state_dir)
+        recipe = RECIPES[kind] if args.init_from is None else dataclasses.replace(RECIPES[kind], **FINETUNE)
+        init_from = None if args.init_from is None else Path(args.init_from) / kind
+        model = train_drafter(kind, target, store, state_dir, recipe, init_from=init_from)
         log = training_log(kind, store, json.loads((_state_path(state_dir) / "state.json").read_text()),
-                           sum(p.numel() for p in model.parameters()))
+                           sum(p.numel() for p in model.parameters()), recipe)
+        if args.init_from is not None:
+            first = json.loads((Path(args.init_from) / kind / "training_log.json").read_text())
+            log["stage_1"] = {key: first[key] for key in ("steps", "train_seconds", "recipe", "store_windows", "store_tokens") if key in first}
         out = save_glide_checkpoint(model.to(torch.bfloat16), Path(args.output_dir) / kind, target_name=HUB_ID,
                                     card_info={"dataset": DATASET, "training_log": log, "license": LICENSE})
         (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
