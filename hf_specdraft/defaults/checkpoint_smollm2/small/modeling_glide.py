@@ -1,0 +1,656 @@
+"""GLIDE, the glimpse draft model (Du et al. 2024, "GLIDE with a CAPE", §4.1, Figure 2).
+
+A small decoder whose every layer is self-attention → **cross-attention to the target's KV cache** → MLP.
+The cross-attention has only a query and an output projection: keys and values are the target's cached
+ones, already rotated by the target's RoPE, so the queries are rotated with the *target's* rotary settings
+at their absolute positions, and grouped-query heads are expanded with ``repeat_kv`` (§4.1, Eq. MultiHead).
+Draft layer m reads target layer ``N_T - N_D + m`` unless ``config.target_layer_ids`` says otherwise.
+
+Which target positions a draft token sees (position j, target keys at positions k):
+
+* inference: ``k < j``, limited by what the target cache holds. While drafting, the target has verified
+  the prefix up to ``t - 1`` and holds KV for exactly those positions, so drafted tokens glimpse the
+  verified prefix only (§4.1, "KV cache delay").
+* training (``cross_attention_block_size=L``): ``block(k) < block(j)``, the block-wise mask that simulates
+  that delay (§4.1, Mask_Block; L = 5). A token with nothing visible gets a zero cross-attention output.
+
+This file ships with checkpoints as trust_remote_code: it imports only ``torch``, ``transformers`` and its
+flat sibling ``configuration_glide``.
+
+Usage with a stock target (transformers' own assisted decoding; batch size 1)::
+
+    glide = AutoModelForCausalLM.from_pretrained("you/glide-for-x", trust_remote_code=True)
+    glide.attach(target)  # a forward pre-hook records the target's live KV cache
+    out = target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
+    glide.detach()
+
+Usage with only transformers installed (GLIDE + CAPE, glide_cape.txt §4.2; the checkpoint carries ``custom_generate/``,
+which drafts through :meth:`GlideForCausalLM.cape_drafter`)::
+
+    out = target.generate(**inputs, custom_generate="you/glide-for-x", trust_remote_code=True, max_new_tokens=64)
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from transformers import Cache, DynamicCache, GenerationMixin, LlamaConfig, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    eager_attention_forward,
+    rotate_half,
+)
+
+from .configuration_glide import GlideConfig
+
+# One target layer's cache as the cross-attention reads it: keys and values `(B, kv_heads, S, head_dim)`
+# (post-RoPE) and the sequence index of their first entry (non-zero for a trimmed sliding-window layer).
+TargetLayerKV = tuple[torch.Tensor, torch.Tensor, int]
+
+
+def read_target_layer(target_past_key_values, layer_idx: int, config: GlideConfig) -> TargetLayerKV | None:
+    """Keys and values of target layer ``layer_idx`` from the target's cache, or `None` when it is empty.
+
+    Args:
+        target_past_key_values: the target's cache — a transformers ``Cache`` whose ``layers[i]`` hold
+            ``keys`` / ``values`` `(B, kv_heads, S, head_dim)` (``DynamicCache``), or a sequence of
+            ``(keys, values)`` pairs per layer (what training passes).
+        layer_idx: the target layer to read (0-based).
+        config: the GLIDE config (shapes the cache must have).
+    """
+    if isinstance(target_past_key_values, Cache) or hasattr(target_past_key_values, "layers"):
+        layers = target_past_key_values.layers
+        if not layers:  # a lazily built DynamicCache() before its first update: nothing cached yet
+            return None
+        if layer_idx >= len(layers):
+            raise ValueError(
+                f"target_past_key_values has {len(layers)} layers but GLIDE reads target layer {layer_idx} "
+                f"(built for a {config.target_num_hidden_layers}-layer target)"
+            )
+        layer = layers[layer_idx]
+        if not (hasattr(layer, "keys") and hasattr(layer, "values")):
+            raise ValueError(
+                f"layer {layer_idx} of target_past_key_values ({type(layer).__name__}) has no readable keys/values; "
+                "GLIDE needs an attention KV cache such as transformers' DynamicCache"
+            )
+        keys, values = layer.keys, layer.values
+        if keys is None or keys.numel() == 0:
+            return None
+        seen = layer.get_seq_length() if hasattr(layer, "get_seq_length") else keys.shape[-2]
+        offset = int(seen) - keys.shape[-2]  # sliding-window layers keep only the newest keys
+    elif isinstance(target_past_key_values, Sequence) and not isinstance(target_past_key_values, (str, bytes)):
+        if layer_idx >= len(target_past_key_values):
+            raise ValueError(f"target_past_key_values has {len(target_past_key_values)} layers but GLIDE reads target layer {layer_idx}")
+        keys, values = target_past_key_values[layer_idx][:2]
+        if keys is None or keys.numel() == 0:
+            return None
+        offset = 0
+    else:
+        raise TypeError(
+            f"target_past_key_values must be a transformers Cache or a sequence of (keys, values) pairs, got {type(target_past_key_values).__name__}"
+        )
+    expected = (config.target_num_key_value_heads, config.target_head_dim)
+    if keys.dim() != 4 or (keys.shape[1], keys.shape[3]) != expected or values.shape != keys.shape:
+        raise ValueError(
+            f"target_past_key_values layer {layer_idx} has keys {tuple(keys.shape)} / values {tuple(values.shape)}; GLIDE expects "
+            f"(batch, {expected[0]}, seq, {expected[1]}) for the target it was built for"
+        )
+    return keys, values, offset
+
+
+def cross_attention_mask(
+    query_index: torch.Tensor,
+    key_index: torch.Tensor,
+    block_size: int | None,
+    dtype: torch.dtype,
+    padding_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which target positions each draft query may glimpse.
+
+    Args:
+        query_index (`torch.LongTensor` of shape `(q,)`): sequence index j of each query.
+        key_index (`torch.LongTensor` of shape `(S,)`): sequence index k of each cached target key.
+        block_size (`int`, *optional*): `None` at inference (``k < j``); L in training (``block(k) < block(j)``,
+            GLIDE §4.1 Mask_Block).
+        dtype: dtype of the additive mask.
+        padding_mask (`torch.Tensor` of shape `(B, >= max(key_index) + 1)`, *optional*): 2D attention mask,
+            0 for padding.
+
+    Returns:
+        `(mask, visible)`: additive mask `(B|1, 1, q, S)` (0 attended, ``finfo.min`` blocked) and `(B|1, q, 1)`
+        1.0 where the query sees at least one key (rows seeing nothing get a zero output, not NaN).
+    """
+    limit = query_index if block_size is None else torch.div(query_index, block_size, rounding_mode="floor") * block_size
+    allowed = (key_index[None, :] < limit[:, None])[None]  # (1, q, S)
+    if padding_mask is not None and padding_mask.dim() == 2 and padding_mask.shape[-1] > int(key_index.max()):
+        allowed = allowed & padding_mask[:, key_index].bool()[:, None, :]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None], allowed.any(-1, keepdim=True).to(dtype)
+
+
+def self_attention_mask(past_seen: int, q_len: int, padding_mask: torch.Tensor | None, dtype: torch.dtype,
+                        device: torch.device) -> torch.Tensor | None:
+    """Causal mask of GLIDE's own self-attention over its cache plus the new tokens.
+
+    Returns:
+        an additive mask `(B|1, 1, q, past_seen + q)` (0 attended, ``finfo.min`` blocked), or `None` when a
+        single unpadded query may see everything (the fast path of every drafting step).
+    """
+    if q_len == 1 and padding_mask is None:
+        return None
+    key_index = torch.arange(past_seen + q_len, device=device)
+    allowed = (key_index[None, :] <= (past_seen + torch.arange(q_len, device=device))[:, None])[None]  # (1, q, kv)
+    if padding_mask is not None:
+        if padding_mask.shape[-1] != past_seen + q_len:
+            raise ValueError(f"attention_mask covers {padding_mask.shape[-1]} tokens; it must cover the cached and new tokens ({past_seen + q_len})")
+        allowed = allowed & padding_mask[:, None, :].to(device).bool()
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def draft_vocab_rows(config: GlideConfig) -> int:
+    """Rows of the embedding and LM head: the full vocabulary, or the reduced one plus a row for all other ids."""
+    return config.vocab_size if config.draft_token_ids is None else len(config.draft_token_ids) + 1
+
+
+def attention_interface(config: GlideConfig):
+    """The attention kernel for ``config._attn_implementation`` (eager or sdpa), across transformers 5.x releases."""
+    implementation = config._attn_implementation
+    if implementation in (None, "eager"):
+        return eager_attention_forward
+    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):
+        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+def target_rotary_config(config: GlideConfig) -> LlamaConfig:
+    """A config that makes ``LlamaRotaryEmbedding`` rotate exactly like the target (theta, scaling, head_dim)."""
+    return LlamaConfig(
+        vocab_size=config.target_vocab_size,
+        hidden_size=config.target_hidden_size,
+        num_hidden_layers=config.target_num_hidden_layers,
+        num_attention_heads=config.target_num_attention_heads,
+        num_key_value_heads=config.target_num_key_value_heads,
+        head_dim=config.target_head_dim,
+        max_position_embeddings=config.target_max_position_embeddings,
+        rope_parameters=dict(config.target_rope_parameters),
+    )
+
+
+class GlideCrossAttention(nn.Module):
+    """The glimpse (GLIDE §4.1): draft queries against one target layer's cached keys and values.
+
+    ``Q^{m,j} = H^m W_j`` projects the draft hidden states to the target's ``h`` query heads of size ``d_k``;
+    ``hd_j = softmax(Q K^T / sqrt(d_k)) V`` over the target's K/V (GQA via ``repeat_kv``); ``W^O`` projects
+    the concatenated heads back to the draft width. No key/value projections exist.
+    """
+
+    def __init__(self, config: GlideConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.target_layer_idx = config.target_layer_ids[layer_idx]
+        self.num_heads = config.target_num_attention_heads
+        self.head_dim = config.target_head_dim
+        self.num_key_value_groups = config.target_num_attention_heads // config.target_num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = False
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        target_position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        target_kv: TargetLayerKV | None,
+        query_index: torch.Tensor,
+        block_size: int | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``hidden_states`` `(B, q, hidden)` -> `(B, q, hidden)`; zeros when the target cache is empty."""
+        if target_kv is None:
+            return torch.zeros_like(hidden_states)
+        keys, values, offset = target_kv
+        batch, q_len, _ = hidden_states.shape
+        query = self.q_proj(hidden_states).view(batch, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        cos, sin = target_position_embeddings  # (B, q, d_k): the target's RoPE at the queries' absolute positions
+        query = query * cos.unsqueeze(1) + rotate_half(query) * sin.unsqueeze(1)
+        keys = keys.to(device=query.device, dtype=query.dtype)
+        values = values.to(device=query.device, dtype=query.dtype)
+        if keys.shape[0] != batch:
+            if keys.shape[0] != 1:
+                raise ValueError(f"target_past_key_values has batch size {keys.shape[0]} but the draft input has {batch}")
+            keys, values = keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1)
+        key_index = torch.arange(keys.shape[-2], device=query.device) + offset
+        mask, visible = cross_attention_mask(query_index, key_index, block_size, query.dtype, padding_mask)
+        output, _ = attention_interface(self.config)(
+            self, query, keys, values, mask, dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, is_causal=False
+        )
+        return self.o_proj(output.reshape(batch, q_len, -1)) * visible
+
+
+class GlideDecoderLayer(GradientCheckpointingLayer):
+    """Self-attention → cross-attention to the target KV (absent in the vanilla drafter) → MLP, pre-norm residuals."""
+
+    def __init__(self, config: GlideConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config=config, layer_idx=layer_idx)
+        if config.cross_attention:
+            self.cross_attn_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.cross_attn = GlideCrossAttention(config, layer_idx)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        target_position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+        target_kv: TargetLayerKV | None,
+        query_index: torch.Tensor,
+        past_key_values: Cache | None = None,
+        block_size: int | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(
+            self.input_layernorm(hidden_states),
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+        )
+        hidden_states = residual + hidden_states
+        if hasattr(self, "cross_attn"):
+            hidden_states = hidden_states + self.cross_attn(
+                self.cross_attn_layernorm(hidden_states), target_position_embeddings, target_kv, query_index, block_size, padding_mask
+            )
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class GlidePreTrainedModel(PreTrainedModel):
+    config_class = GlideConfig
+    config: GlideConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["GlideDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values", "target_past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = False  # the cross-attention needs an arbitrary mask over the target's keys
+    _supports_flex_attn = False
+
+
+class GlideModel(GlidePreTrainedModel):
+    """The GLIDE decoder stack (no LM head)."""
+
+    def __init__(self, config: GlideConfig):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id if config.draft_token_ids is None else None
+        self.embed_tokens = nn.Embedding(draft_vocab_rows(config), config.hidden_size, self.padding_idx)
+        if config.draft_token_ids is not None:  # target id -> draft row; ids outside the draft vocabulary share the last row
+            to_draft = torch.full((config.vocab_size,), len(config.draft_token_ids), dtype=torch.long)
+            to_draft[torch.tensor(config.draft_token_ids)] = torch.arange(len(config.draft_token_ids))
+            self.register_buffer("target_to_draft", to_draft)  # saved: from_pretrained builds modules on the meta device
+        self.layers = nn.ModuleList([GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        if config.cross_attention:  # the target's rotary settings: its cached keys were rotated with these
+            self.target_rotary_emb = LlamaRotaryEmbedding(config=target_rotary_config(config))
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        target_past_key_values=None,
+        cross_attention_block_size: int | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        """
+        Args:
+            input_ids (`torch.LongTensor` of shape `(B, q)`): tokens at sequence indices ``past .. past+q-1``.
+            attention_mask (`torch.Tensor` of shape `(B, past+q)`, *optional*): 2D padding mask (or a prepared 4D mask).
+            position_ids (`torch.LongTensor` of shape `(B, q)`, *optional*): RoPE positions (default ``past + arange(q)``).
+            past_key_values (`Cache`, *optional*): GLIDE's own self-attention cache.
+            target_past_key_values (*optional*): the target's cache (see [`read_target_layer`]); `None` = nothing to glimpse.
+            cross_attention_block_size (`int`, *optional*): training only: the block-wise mask's L (§4.1).
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            rows = input_ids if self.config.draft_token_ids is None else self.target_to_draft[input_ids]
+            inputs_embeds = self.embed_tokens(rows)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        query_index = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen
+        if position_ids is None:
+            position_ids = query_index[None]
+        padding_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+        if padding_mask is not None and bool(padding_mask.bool().all()):
+            padding_mask = None  # no padding: the plain causal mask (and the mask-free single-query path) applies
+        causal_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 4 else self_attention_mask(
+            past_seen, inputs_embeds.shape[1], padding_mask, inputs_embeds.dtype, inputs_embeds.device
+        )
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        target_position_embeddings = None
+        if self.config.cross_attention:
+            target_position_embeddings = self.target_rotary_emb(hidden_states, position_ids=position_ids)
+        for layer in self.layers:
+            target_kv = None
+            if self.config.cross_attention and target_past_key_values is not None:
+                target_kv = read_target_layer(target_past_key_values, layer.cross_attn.target_layer_idx, self.config)
+            hidden_states = layer(
+                hidden_states,
+                attention_mask=causal_mask,
+                position_embeddings=position_embeddings,
+                target_position_embeddings=target_position_embeddings,
+                target_kv=target_kv,
+                query_index=query_index,
+                past_key_values=past_key_values,
+                block_size=cross_attention_block_size,
+                padding_mask=padding_mask,
+            )
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+
+
+class _TargetBinding:
+    """What :meth:`GlideForCausalLM.attach` keeps: the target (weakly), its hook, and its live cache as last seen."""
+
+    def __init__(self, target: nn.Module):
+        self.target = weakref.ref(target)
+        self.cache = None  # the past_key_values object of the target's latest forward call
+        self.handle = target.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        cache = kwargs.get("past_key_values")
+        if cache is not None:
+            self.cache = cache
+
+    def remove(self) -> None:
+        self.handle.remove()
+        self.cache = None
+
+
+class GlideCapeDrafter:
+    """GLIDE's drafter for the CAPE ``custom_generate/`` loop a GLIDE checkpoint ships (glide_cape.txt §4.1-4.2).
+
+    Drafts a greedy chain of γ tokens, each glimpsing the target's *live* KV cache, and returns the draft
+    distribution q of every position, from which CAPE builds its expansion sets (§4.2). The loop hands over
+    the target cache covering ``input_ids[:, :-1]``: the verified prefix up to ``t - 1``, exactly what §4.1
+    lets GLIDE see at inference ("KV cache delay"). GLIDE only reads that cache. Its own self-attention cache
+    persists across steps and is re-synced to the accepted text by common prefix, like the stock drafters.
+
+    Interface (``custom_generate/cape_draft.py``): ``propose(input_ids, target_cache, num_tokens) -> (tokens, q)``.
+
+    Args:
+        glide: the [`GlideForCausalLM`] that drafts (the vanilla drafter works too and ignores the target cache).
+    """
+
+    def __init__(self, glide: GlideForCausalLM):
+        self.glide = glide
+        self.cache = DynamicCache(config=glide.config)
+        self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
+
+    def _check(self, input_ids: torch.Tensor, target_cache, num_tokens: int) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be a non-empty tensor of shape (1, L), got {getattr(input_ids, 'shape', input_ids)!r}")
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+        if not self.glide.config.cross_attention:
+            return
+        if not hasattr(target_cache, "get_seq_length"):
+            raise ValueError(f"target_cache must be the target's live transformers Cache, got {type(target_cache).__name__}")
+        covered = target_cache.get_seq_length()
+        if covered != input_ids.shape[1] - 1:  # invariant: cache covers input_ids[:, :-1], the verified prefix only
+            raise ValueError(
+                f"target_cache covers {covered} tokens but must cover input_ids[:, :-1] ({input_ids.shape[1] - 1} tokens): "
+                "GLIDE glimpses the verified prefix only (GLIDE §4.1)"
+            )
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, target_cache, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft ``num_tokens`` greedy tokens after ``input_ids``.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text; its last token is the target's
+                bonus token, at position ``t = L - 1``.
+            target_cache (`Cache`): the target's live cache covering ``input_ids[:, :-1]`` (read, never written).
+            num_tokens (`int`): γ, the chain length k.
+
+        Returns:
+            `(tokens, q)`: `torch.LongTensor` `(k,)` drafted ids and `torch.FloatTensor` `(k, V)` float32 draft
+            distributions (q at each drafted position; ``tokens[i] = argmax q[i]``).
+        """
+        self._check(input_ids, target_cache, num_tokens)
+        glimpse = target_cache if self.glide.config.cross_attention else None
+        ids = input_ids[0].to(self.glide.device)
+        seen = self.seen.to(ids.device)[: ids.numel()]
+        differ = (seen != ids[: seen.numel()]).nonzero()
+        keep = min(int(differ[0]) if differ.numel() else seen.numel(), ids.numel() - 1)
+        if self.cache.get_seq_length() > keep:  # drop rejected draft tokens from GLIDE's own cache
+            self.cache.crop(keep - self.cache.get_seq_length())
+        feed, tokens, probs = ids[keep:][None], [], []  # invariant after this: GLIDE's cache covers ids, then each draft
+        for _ in range(num_tokens):
+            logits = self.glide(input_ids=feed, past_key_values=self.cache, use_cache=True, target_past_key_values=glimpse,
+                                logits_to_keep=1).logits[0, -1]
+            q = torch.softmax(logits.float(), dim=-1)
+            feed = q.argmax()[None, None]
+            tokens.append(feed[0])
+            probs.append(q)
+        self.seen = torch.cat([ids, *tokens])[:-1]  # the last drafted token was never fed
+        return torch.cat(tokens), torch.stack(probs)
+
+
+class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
+    """GLIDE with an LM head: a draft model for speculative decoding that glimpses the target's KV cache.
+
+    It drafts through transformers' stock assisted decoding once bound to its target with :meth:`attach`
+    (``target.generate(..., assistant_model=glide)``), or through hf_specdraft's ``GlideCandidateGenerator``,
+    which hands it the target cache explicitly.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: GlideConfig):
+        super().__init__(config)
+        self.model = GlideModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, draft_vocab_rows(config), bias=False)
+        if config.draft_token_ids is not None:
+            self.register_buffer("draft_token_ids", torch.tensor(config.draft_token_ids, dtype=torch.long))
+        self._glide_binding: _TargetBinding | None = None
+        self.post_init()
+        if self.generation_config is not None:  # §5.1: γ = 5, fixed, every step (stock assisted decoding reads these)
+            self.generation_config.num_assistant_tokens = 5
+            self.generation_config.num_assistant_tokens_schedule = "constant"
+            self.generation_config.assistant_confidence_threshold = 0.0
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def to_target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """`(..., draft rows)` logits of a reduced draft vocabulary -> `(..., vocab_size)`: the target's ids, with
+        every id GLIDE cannot propose at the dtype's minimum (its probability is exactly 0). Identity without one."""
+        if self.config.draft_token_ids is None:
+            return draft_logits
+        full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), torch.finfo(draft_logits.dtype).min)
+        return full.index_copy_(-1, self.draft_token_ids, draft_logits[..., : self.draft_token_ids.numel()])
+
+    def check_target(self, target) -> None:
+        """Raise `ValueError` unless ``target`` (a model or its config) is the kind of target GLIDE was built for."""
+        config = getattr(target, "config", target)
+        problems = self.config.target_mismatches(config)
+        if problems:
+            raise ValueError(
+                "target does not match the target this GLIDE was built for"
+                + (f" ({self.config.target_name_or_path})" if self.config.target_name_or_path else "")
+                + ":\n  " + "\n  ".join(problems)
+            )
+
+    def attach(self, target: nn.Module) -> GlideForCausalLM:
+        """Bind GLIDE to ``target`` for ``target.generate(..., assistant_model=glide)``.
+
+        Registers a forward pre-hook on ``target`` (public PyTorch API, ``with_kwargs=True``) that records the
+        ``past_key_values`` object of each target forward. During assisted decoding that object is the target's
+        live ``DynamicCache``, which at drafting time covers exactly the verified prefix (``input_ids[:, :-1]``).
+        Replaces a previous binding. Returns ``self``.
+        """
+        if not isinstance(target, nn.Module) or not hasattr(target, "config"):
+            raise TypeError(f"target must be a transformers model, got {type(target).__name__}")
+        self.check_target(target)
+        self.detach()
+        if self.config.cross_attention:
+            self._glide_binding = _TargetBinding(target)
+        return self
+
+    def detach(self) -> None:
+        """Remove the hook :meth:`attach` placed on the target (no-op when not attached)."""
+        if self._glide_binding is not None:
+            self._glide_binding.remove()
+            self._glide_binding = None
+
+    @property
+    def attached_target(self) -> nn.Module | None:
+        return None if self._glide_binding is None else self._glide_binding.target()
+
+    def _attached_cache(self, target_past_key_values):
+        """The target cache a forward glimpses: explicit, else the attached target's (None before its first forward)."""
+        if not self.config.cross_attention or target_past_key_values is not None:
+            return target_past_key_values
+        if self._glide_binding is None:
+            raise ValueError(
+                "GLIDE has no target attached: call glide.attach(target) before target.generate(..., assistant_model=glide), "
+                "or pass target_past_key_values= (hf_specdraft's GlideCandidateGenerator does)"
+            )
+        return self._glide_binding.cache
+
+    def cape_drafter(self, target: nn.Module) -> GlideCapeDrafter:
+        """The drafter the CAPE ``custom_generate/`` loop asks a draft model for (glide_cape.txt §4.2).
+
+        ``target.generate(input_ids=x, custom_generate=<GLIDE checkpoint>, trust_remote_code=True)`` loads this
+        GLIDE and drafts through the returned [`GlideCapeDrafter`], which glimpses ``target``'s live cache.
+        Raises `ValueError` when ``target`` is not the kind of target GLIDE was built for.
+        """
+        self.check_target(target)
+        return GlideCapeDrafter(self)
+
+    def adjust_generation_fn(self, *args, **kwargs):
+        """Load the generation config as any model does, but keep GLIDE's own ``generate``.
+
+        A GLIDE checkpoint's ``custom_generate/`` decodes its *target* with GLIDE+CAPE. transformers would also
+        install it as the loaded GLIDE's ``generate`` (``from_pretrained(..., trust_remote_code=True)``), while
+        stock assisted decoding drafts by calling ``glide.generate`` (``target.generate(assistant_model=glide)``
+        after :meth:`attach`), so the installed instance attribute is dropped again.
+        """
+        super().adjust_generation_fn(*args, **kwargs)
+        self.__dict__.pop("generate", None)
+
+    def generate(self, *args, **kwargs):
+        """``GenerationMixin.generate`` that keeps the attached target's cache in step with assisted decoding.
+
+        Stock assisted decoding calls this once per round; the first round of a ``target.generate`` call
+        comes without GLIDE's own cache, before the target has run, so a cache recorded earlier is stale and
+        GLIDE drafts that round without a glimpse. Later rounds must find the target cache covering
+        ``input_ids[:, :-1]``; anything else means ``generate`` runs on a model GLIDE is not attached to.
+        """
+        binding = self._glide_binding
+        if self.config.cross_attention and binding is None and kwargs.get("target_past_key_values") is None:
+            self._attached_cache(None)  # raises: no target attached
+        if binding is not None:
+            if kwargs.get("past_key_values") is None:
+                binding.cache = None
+            else:
+                input_ids = kwargs.get("input_ids", args[0] if args else None)
+                covered = None if binding.cache is None else binding.cache.get_seq_length()
+                if input_ids is not None and covered != input_ids.shape[-1] - 1:
+                    raise ValueError(
+                        f"GLIDE is attached to a {type(binding.target()).__name__} whose cache covers {covered} tokens, but it is asked to "
+                        f"continue {input_ids.shape[-1]} tokens: call glide.attach(model) with the model you call generate on"
+                    )
+        return super().generate(*args, **kwargs)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        target_past_key_values=None,
+        cross_attention_block_size: int | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """
+        Args:
+            input_ids (`torch.LongTensor` of shape `(B, q)`): draft input tokens.
+            labels (`torch.LongTensor` of shape `(B, q)`, *optional*): next-token cross-entropy targets
+                (shifted inside, -100 ignored).
+            logits_to_keep (`int`, *optional*): compute logits for the last ``logits_to_keep`` positions only (0: all).
+            target_past_key_values (*optional*): the target's KV cache (a ``DynamicCache`` or per-layer
+                ``(keys, values)`` pairs). Defaults to the attached target's live cache (:meth:`attach`).
+            cross_attention_block_size (`int`, *optional*): L of the training-time block-wise mask (§4.1);
+                leave `None` at inference.
+
+        Returns:
+            [`CausalLMOutputWithPast`] with ``logits`` `(B, q or logits_to_keep, vocab)`.
+        """
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache if use_cache is not None else self.config.use_cache and not self.training,
+            target_past_key_values=self._attached_cache(target_past_key_values),
+            cross_attention_block_size=cross_attention_block_size,
+        )
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden_states = hidden_states[:, logits_to_keep]
+        logits = self.to_target_logits(self.lm_head(hidden_states))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+
+
+GlideForCausalLM.register_for_auto_class("AutoModelForCausalLM")  # save_pretrained writes auto_map and copies this file
+
+__all__ = ["GlideCapeDrafter", "GlideCrossAttention", "GlideDecoderLayer", "GlideForCausalLM", "GlideModel", "GlidePreTrainedModel"]

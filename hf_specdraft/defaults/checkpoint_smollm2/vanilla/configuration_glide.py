@@ -1,0 +1,350 @@
+"""GLIDE configuration (Du et al. 2024, "GLIDE with a CAPE", §4.1, Appendices A and E).
+
+GLIDE is a small draft decoder whose layers cross-attend to the *target* model's KV cache. Its config
+therefore describes two models: the draft itself (``hidden_size``, ``num_hidden_layers``, …) and the target
+it was built for (``target_*``), whose cached keys and values the cross-attention reads. The target fields
+let a GLIDE checkpoint refuse a target it cannot read (:meth:`GlideConfig.target_mismatches`).
+
+This file ships with checkpoints as trust_remote_code: it imports only ``transformers`` (and the standard
+library), never ``hf_specdraft``.
+
+    >>> from transformers import LlamaConfig
+    >>> target = LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+    >>> config = GlideConfig.from_target_config(target, num_hidden_layers=1, hidden_size=32)
+    >>> config.target_layer_ids  # draft layer m reads target layer N_T - N_D + m
+    [3]
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from transformers import PretrainedConfig
+
+# What must agree between a GLIDE checkpoint and the target it is paired with: the cross-attention's
+# queries are shaped (and rotated) for these, and the drafted token ids must mean the same thing.
+_TARGET_FIELDS = (
+    "model_type",
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "rope_parameters",
+)
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _rope_parameters(config) -> dict[str, Any]:
+    """A target's RoPE settings as one flat transformers 5 ``rope_parameters`` dict (rope_theta included)."""
+    rope = getattr(config, "rope_parameters", None)
+    if rope is None:  # configs written before transformers 5 kept rope_theta / rope_scaling apart
+        rope = dict(getattr(config, "rope_scaling", None) or {})
+        rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    rope = copy.deepcopy(dict(rope))
+    if any(isinstance(value, dict) for value in rope.values()):
+        raise ValueError(
+            f"target_config has per-layer-type RoPE settings ({sorted(rope)}); GLIDE supports targets with one RoPE for all layers"
+        )
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(
+            f"target_config rotates only part of each head (partial_rotary_factor={rope['partial_rotary_factor']}); "
+            "GLIDE supports targets with full-head RoPE (Llama, Mistral, Qwen2/3, ...)"
+        )
+    return rope
+
+
+def target_description(target_config) -> dict[str, Any]:
+    """The ``_TARGET_FIELDS`` of a target's (text) config, as :class:`GlideConfig` records them."""
+    if not isinstance(target_config, PretrainedConfig):
+        raise TypeError(f"target_config must be a transformers PretrainedConfig, got {type(target_config).__name__}")
+    text = target_config.get_text_config()
+    return {
+        "model_type": text.model_type,
+        "num_hidden_layers": text.num_hidden_layers,
+        "hidden_size": text.hidden_size,
+        "num_attention_heads": text.num_attention_heads,
+        "num_key_value_heads": getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+        "head_dim": _head_dim(text),
+        "vocab_size": text.vocab_size,
+        "rope_parameters": _rope_parameters(text),
+    }
+
+
+class GlideConfig(PretrainedConfig):
+    r"""Configuration of a [`GlideForCausalLM`]: a small decoder with self-attention → cross-attention to the
+    target's KV cache → MLP in every layer (GLIDE §4.1, Figure 2).
+
+    Defaults describe the paper's GLIDE for a Vicuna-7B (Llama-2-7B-shaped) target (Appendix A: one layer,
+    hidden size 4096). Build a config for your own target with [`GlideConfig.from_target_config`].
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 32000):
+            The target's vocabulary: GLIDE drafts token ids the target verifies.
+        hidden_size (`int`, *optional*, defaults to 4096):
+            d_D. Appendix E: a wide single layer beats a deep narrow draft; 4096 for 7B/13B targets.
+        intermediate_size (`int`, *optional*, defaults to 11008):
+            MLP width (the target's ratio to ``hidden_size`` by default in ``from_target_config``).
+        num_hidden_layers (`int`, *optional*, defaults to 1):
+            N_D. Appendix E: 1 layer for targets up to 13B, 2 for 33B; every layer is sequential latency.
+        num_attention_heads (`int`, *optional*, defaults to 32):
+            Heads of the draft's own self-attention.
+        num_key_value_heads (`int`, *optional*):
+            KV heads of the draft's self-attention (defaults to ``num_attention_heads``: the draft is small).
+        head_dim (`int`, *optional*):
+            Head size of the draft's self-attention (defaults to ``hidden_size // num_attention_heads``).
+        hidden_act (`str`, *optional*, defaults to `"silu"`):
+            MLP activation (Llama's SwiGLU).
+        max_position_embeddings (`int`, *optional*, defaults to 4096):
+            Longest position the draft's RoPE is set up for (the target's by default).
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Std of the normal init; GLIDE is trained from scratch (§4.1).
+        rms_norm_eps (`float`, *optional*, defaults to 1e-6):
+            RMSNorm epsilon.
+        use_cache (`bool`, *optional*, defaults to `True`):
+            Keep the draft's own self-attention KV cache while drafting.
+        tie_word_embeddings (`bool`, *optional*, defaults to `False`):
+            Share the input embedding and LM head (saves ``vocab × hidden`` parameters for small drafts).
+        rope_parameters (`dict`, *optional*):
+            RoPE of the draft's *self*-attention (``rope_type``, ``rope_theta``, …); the target's by default.
+        attention_bias (`bool`, *optional*, defaults to `False`):
+            Bias in the attention projections (Llama has none).
+        attention_dropout (`float`, *optional*, defaults to 0.0):
+            Attention dropout while training.
+        mlp_bias (`bool`, *optional*, defaults to `False`):
+            Bias in the MLP projections.
+        cross_attention (`bool`, *optional*, defaults to `True`):
+            `False` builds the paper's "Vanilla Drafter" (§5.2, Figure 4): the same model without the
+            cross-attention sub-layers, for controlled comparisons.
+        target_layer_ids (`list[int]`, *optional*):
+            Which target layer (0-based) each draft layer reads. Defaults to §4.1's ``l = N_T - N_D + m``:
+            the top target layers, "presumably more contextualized".
+        block_size (`int`, *optional*, defaults to 5):
+            L of the block-wise cross-attention mask used in training only (§4.1): a token sees the target's
+            KV of earlier blocks, which simulates the KV-cache delay of inference.
+        target_model_type (`str`, *optional*, defaults to `"llama"`):
+            ``model_type`` of the target (an architecture check, not an identity check).
+        target_num_hidden_layers (`int`, *optional*, defaults to 32):
+            N_T, layers of the target.
+        target_hidden_size (`int`, *optional*, defaults to 4096):
+            Hidden size of the target.
+        target_num_attention_heads (`int`, *optional*, defaults to 32):
+            h, query heads of the target: the cross-attention projects to ``h × d_k`` (§4.1, Q^{m,j} = H^m W_j).
+        target_num_key_value_heads (`int`, *optional*):
+            KV heads of the target's cache (grouped-query attention; defaults to ``target_num_attention_heads``).
+        target_head_dim (`int`, *optional*):
+            d_k, head size of the target's cached keys (defaults to ``target_hidden_size // target_num_attention_heads``).
+        target_vocab_size (`int`, *optional*):
+            The target's vocabulary size (defaults to ``vocab_size``).
+        target_max_position_embeddings (`int`, *optional*):
+            The target's ``max_position_embeddings`` (RoPE scaling types read it).
+        target_rope_parameters (`dict`, *optional*):
+            The target's RoPE (``rope_type``, ``rope_theta``, scaling): the cross-attention rotates its queries
+            exactly like the target rotated the cached keys. Defaults to default RoPE with theta 10000.
+        target_name_or_path (`str`, *optional*):
+            Informational: the checkpoint GLIDE was trained against (model cards, error messages).
+        draft_token_ids (`list[int]`, *optional*):
+            A reduced draft vocabulary (as FR-Spec and EAGLE-3 use): the target ids GLIDE can propose, most
+            frequent first. The embedding and LM head then hold ``len(draft_token_ids) + 1`` rows (the last one
+            stands for every other input token), and the logits are scattered back to the target's ``vocab_size``
+            (other ids get the dtype's minimum). A 49K-token LM head costs a small target more than a draft
+            layer does; `None` keeps the full vocabulary.
+    """
+
+    model_type = "glide"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 4096,
+        intermediate_size: int = 11008,
+        num_hidden_layers: int = 1,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 4096,
+        initializer_range: float = 0.02,
+        rms_norm_eps: float = 1e-6,
+        use_cache: bool = True,
+        tie_word_embeddings: bool = False,
+        rope_parameters: dict | None = None,
+        attention_bias: bool = False,
+        attention_dropout: float = 0.0,
+        mlp_bias: bool = False,
+        cross_attention: bool = True,
+        target_layer_ids: list[int] | None = None,
+        block_size: int = 5,
+        target_model_type: str = "llama",
+        target_num_hidden_layers: int = 32,
+        target_hidden_size: int = 4096,
+        target_num_attention_heads: int = 32,
+        target_num_key_value_heads: int | None = None,
+        target_head_dim: int | None = None,
+        target_vocab_size: int | None = None,
+        target_max_position_embeddings: int | None = None,
+        target_rope_parameters: dict | None = None,
+        target_name_or_path: str | None = None,
+        draft_token_ids: list[int] | None = None,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | list[int] | None = None,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads if num_key_value_heads is not None else num_attention_heads
+        self.head_dim = head_dim if head_dim is not None else hidden_size // max(num_attention_heads, 1)
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.initializer_range = initializer_range
+        self.rms_norm_eps = rms_norm_eps
+        self.use_cache = use_cache
+        self.tie_word_embeddings = tie_word_embeddings
+        self.rope_parameters = copy.deepcopy(rope_parameters)
+        self.attention_bias = attention_bias
+        self.attention_dropout = attention_dropout
+        self.mlp_bias = mlp_bias
+        self.cross_attention = cross_attention
+        self.block_size = block_size
+        self.target_model_type = target_model_type
+        self.target_num_hidden_layers = target_num_hidden_layers
+        self.target_hidden_size = target_hidden_size
+        self.target_num_attention_heads = target_num_attention_heads
+        self.target_num_key_value_heads = target_num_key_value_heads if target_num_key_value_heads is not None else target_num_attention_heads
+        self.target_head_dim = target_head_dim if target_head_dim is not None else target_hidden_size // max(target_num_attention_heads, 1)
+        self.target_vocab_size = target_vocab_size if target_vocab_size is not None else vocab_size
+        self.target_max_position_embeddings = target_max_position_embeddings if target_max_position_embeddings is not None else max_position_embeddings
+        self.target_rope_parameters = copy.deepcopy(target_rope_parameters) or {"rope_type": "default", "rope_theta": 10000.0}
+        self.target_name_or_path = target_name_or_path
+        self.draft_token_ids = [int(i) for i in draft_token_ids] if draft_token_ids is not None else None
+        if target_layer_ids is None:  # §4.1: l = N_T - N_D + m, the top target layers (0-based here)
+            target_layer_ids = [target_num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)]
+        self.target_layer_ids = [int(i) for i in target_layer_ids] if isinstance(target_layer_ids, (list, tuple)) else target_layer_ids
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self._validate()
+        super().__init__(**kwargs)
+
+    def _validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "head_dim", "max_position_embeddings", "block_size", "target_num_hidden_layers", "target_hidden_size",
+                     "target_num_attention_heads", "target_num_key_value_heads", "target_head_dim", "target_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads ({self.num_key_value_heads})")
+        if self.target_num_attention_heads % self.target_num_key_value_heads:
+            raise ValueError(
+                f"target_num_attention_heads ({self.target_num_attention_heads}) must be a multiple of "
+                f"target_num_key_value_heads ({self.target_num_key_value_heads})"
+            )
+        if self.target_head_dim % 2:
+            raise ValueError(f"target_head_dim must be even (RoPE rotates pairs), got {self.target_head_dim}")
+        if not isinstance(self.cross_attention, bool):
+            raise TypeError(f"cross_attention must be a bool, got {type(self.cross_attention).__name__}")
+        if self.vocab_size != self.target_vocab_size:  # the logits' size, also with a reduced draft_token_ids
+            raise ValueError(f"vocab_size ({self.vocab_size}) must equal target_vocab_size ({self.target_vocab_size}): GLIDE drafts the target's tokens")
+        if not isinstance(self.target_rope_parameters, dict) or "rope_theta" not in self.target_rope_parameters:
+            raise ValueError(f"target_rope_parameters must be a dict with rope_type and rope_theta, got {self.target_rope_parameters!r}")
+        if self.draft_token_ids is not None:
+            ids = self.draft_token_ids
+            if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise ValueError(f"draft_token_ids must be distinct ids in [0, vocab_size={self.vocab_size}), at least one")
+        ids = self.target_layer_ids
+        if not isinstance(ids, list) or len(ids) != self.num_hidden_layers:
+            raise ValueError(f"target_layer_ids must list one target layer per draft layer ({self.num_hidden_layers}), got {ids!r}")
+        if self.cross_attention and any(not 0 <= i < self.target_num_hidden_layers for i in ids):
+            raise ValueError(f"target_layer_ids must lie in [0, target_num_hidden_layers={self.target_num_hidden_layers}), got {ids}")
+
+    @classmethod
+    def from_target_config(
+        cls,
+        target_config: PretrainedConfig,
+        num_hidden_layers: int = 1,
+        hidden_size: int | None = None,
+        num_attention_heads: int | None = None,
+        intermediate_size: int | None = None,
+        cross_attention: bool = True,
+        target_layer_ids: list[int] | None = None,
+        **kwargs,
+    ) -> GlideConfig:
+        """A GLIDE config that matches ``target_config`` (a Llama/Mistral/Qwen2-style decoder config).
+
+        Args:
+            target_config: the target's config; its shapes, vocabulary and RoPE are recorded.
+            num_hidden_layers: N_D (Appendix E: 1 up to 13B targets, 2 for 33B).
+            hidden_size: d_D; defaults to the target's hidden size (Appendix A: 4096 for 7B/13B targets).
+            num_attention_heads: self-attention heads; defaults to ``hidden_size // target head_dim``.
+            intermediate_size: MLP width; defaults to the target's MLP/hidden ratio times ``hidden_size``.
+            cross_attention: `False` for the vanilla drafter (§5.2).
+            target_layer_ids: target layer read by each draft layer; defaults to ``N_T - N_D + m``.
+            kwargs: any other [`GlideConfig`] argument (``tie_word_embeddings``, ``block_size``, …).
+        """
+        target = target_description(target_config)
+        text = target_config.get_text_config()
+        hidden_size = hidden_size if hidden_size is not None else target["hidden_size"]
+        if num_attention_heads is None:
+            if hidden_size % target["head_dim"]:
+                raise ValueError(
+                    f"hidden_size ({hidden_size}) is not a multiple of the target's head_dim ({target['head_dim']}); pass num_attention_heads"
+                )
+            num_attention_heads = hidden_size // target["head_dim"]
+        if intermediate_size is None:
+            ratio = getattr(text, "intermediate_size", None) or 4 * target["hidden_size"]
+            intermediate_size = max(1, round(hidden_size * ratio / target["hidden_size"]))
+        defaults = dict(
+            vocab_size=target["vocab_size"],
+            hidden_act=getattr(text, "hidden_act", "silu"),
+            max_position_embeddings=getattr(text, "max_position_embeddings", 4096),
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rope_parameters=copy.deepcopy(target["rope_parameters"]),  # same positions, same rotary settings
+            pad_token_id=getattr(text, "pad_token_id", None),
+            bos_token_id=getattr(text, "bos_token_id", None),
+            eos_token_id=getattr(text, "eos_token_id", None),
+            target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
+        )
+        defaults.update(kwargs)
+        return cls(
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads,
+            cross_attention=cross_attention,
+            target_layer_ids=target_layer_ids,
+            target_model_type=target["model_type"],
+            target_num_hidden_layers=target["num_hidden_layers"],
+            target_hidden_size=target["hidden_size"],
+            target_num_attention_heads=target["num_attention_heads"],
+            target_num_key_value_heads=target["num_key_value_heads"],
+            target_head_dim=target["head_dim"],
+            target_vocab_size=target["vocab_size"],
+            target_max_position_embeddings=getattr(text, "max_position_embeddings", None),
+            target_rope_parameters=target["rope_parameters"],
+            **defaults,
+        )
+
+    def target_mismatches(self, target_config: PretrainedConfig) -> list[str]:
+        """Human-readable differences between the recorded target and ``target_config`` (empty: compatible)."""
+        actual = target_description(target_config)
+        recorded = {name: getattr(self, f"target_{name}") for name in _TARGET_FIELDS}
+        return [
+            f"{name}: GLIDE was built for {recorded[name]!r}, the target has {actual[name]!r}"
+            for name in _TARGET_FIELDS
+            if recorded[name] != actual[name]
+        ]
+
+
+GlideConfig.register_for_auto_class()  # save_pretrained writes auto_map["AutoConfig"] and copies this file
