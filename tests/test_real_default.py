@@ -276,3 +276,12 @@ def test_report_lists_the_shipped_drafters_with_both_training_stages(tmp_path):
                                                           "stage_1": stage(400, 480)}))
     report = render(tmp_path / "results", drafters_dir=tmp_path / "drafters")
     assert "| glide | 8.2M | 1 / 576 / 1536 | yes | 6,144 | 400 + 300 | 1.43M | 2.500 | 13 min |" in report
+
+
+@pytest.mark.parametrize("field", ["num_prompts", "max_new_tokens"])
+def test_zero_is_refused_not_taken_for_the_profile_default(field):
+    from hf_specdraft.bench import BenchConfig
+
+    with pytest.raises(ValueError, match="must be positive"):
+        BenchConfig(**{field: 0})
+    assert getattr(BenchConfig(), field) > 0  # None still means "the profile's default"

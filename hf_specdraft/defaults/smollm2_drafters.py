@@ -189,8 +189,9 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
     return model
 
 
-DATASET = ("hf-specdraft distillation store: train split of the local Python corpus (stdlib + installed dependencies), "
-           "15 % as chat requests in SmolLM2's template; labels = the target's top-8 next-token distribution")
+DATASET = ("hf-specdraft distillation stores: the train split of the local Python corpus (stdlib + installed dependencies; "
+           "15 % as chat requests in SmolLM2's template) and, for the fine-tune, the target's own greedy continuations of "
+           "train-split prompts; labels = the target's top-8 next-token distribution")
 
 
 def training_log(kind: str, store: dict[str, torch.Tensor], state: dict, parameters: int, recipe: DrafterRecipe) -> dict:
@@ -202,6 +203,25 @@ def training_log(kind: str, store: dict[str, torch.Tensor], state: dict, paramet
                           "dataset_name": DATASET},
             "recipe": recipe.to_dict(), "store_windows": int(store["input_ids"].shape[0]), "store_tokens": int(store["input_ids"].numel()),
             "draft_vocab_size": len(state["draft_token_ids"]), "parameters": parameters}
+
+
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "README.md", "training_log.json")
+
+
+def ship_drafter(checkpoint: str | Path, destination: str | Path) -> Path:
+    """Copy a trained drafter into the package without code: weights, config, card and log only.
+
+    The package loads it with ``GlideForCausalLM``; the trust_remote_code files and CAPE's ``custom_generate/``
+    are written from the library's one source when it is saved for the Hub (``save_glide_checkpoint``).
+    """
+    import shutil
+
+    checkpoint, destination = Path(checkpoint), Path(destination)
+    shutil.rmtree(destination, ignore_errors=True)
+    destination.mkdir(parents=True)
+    for name in SHIPPED_FILES:
+        shutil.copy2(checkpoint / name, destination / name)
+    return destination
 
 
 def main(argv: list[str] | None = None) -> int:

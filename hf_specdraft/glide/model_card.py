@@ -96,6 +96,11 @@ def _training_lines(config, dataset: str | None, training_log: dict | None) -> l
     lines = ["## Training", "", f"- data: {dataset or 'not recorded'}"]
     if training_log and training_log.get("steps"):
         last, args = training_log["steps"][-1], training_log.get("arguments", {})
+        first = training_log.get("stage_1")  # a fine-tune records the run it started from
+        if first and first.get("steps"):
+            head = first["steps"][-1]
+            lines.append(f"- stage 1: {head['step']} steps, {head.get('tokens', '?')} tokens, final loss {head['loss']}, "
+                         f"{first.get('train_seconds')} s; then, from its weights:")
         lines += [f"- {last['step']} steps, {last['tokens']} tokens, final loss {last['loss']}, {training_log.get('train_seconds')} s "
                   f"on {training_log.get('processes', 1)} process(es); block-wise mask L = {args.get('block_size') or config.block_size}, "
                   f"lr {args.get('learning_rate')}, distillation weight {args.get('distillation_weight', 0.0)}"]
