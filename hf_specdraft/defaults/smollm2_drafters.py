@@ -133,6 +133,8 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
 
     ``init_from``: a trained drafter checkpoint of the same kind to start from (its draft vocabulary is kept).
     """
+    if kind not in RECIPES:
+        raise ValueError(f"kind must be one of {sorted(RECIPES)}, got {kind!r}")
     recipe = recipe or RECIPES[kind]
     output_dir = Path(output_dir)
     state_dir = _state_path(output_dir)
