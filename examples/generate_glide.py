@@ -60,7 +60,8 @@ def main():
         out, seconds = timed(custom_generate=speculative_generate, candidate_generator=drafter, return_dict_in_generate=True)
         stats = out.speculative_stats
         print(f"{name:<16} {seconds:6.2f} s  speedup {base / seconds:.2f}x  = target-only: {torch.equal(out.sequences, reference)}  "
-              f"mean accepted length {stats.mean_accepted_length:.2f}  acceptance rate {stats.acceptance_rate:.2f}")
+              f"mean accepted length {stats.mean_accepted_length:.2f}  accepted per judged position {stats.position_acceptance_rate:.2f}"
+              + ("" if stats.alpha is None else f"  α (1 - TV(p, q)) {stats.alpha:.2f}"))  # α needs a chain with q: not CAPE's trees
     print(tokenizer.decode(out.sequences[0, inputs.input_ids.shape[1]:], skip_special_tokens=True))
 
 

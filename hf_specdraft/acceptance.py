@@ -6,6 +6,7 @@ drafted token. Every rule here is a small pure function of p (and q) at one posi
 - :func:`greedy_accepts` — exact match with the reviewer's argmax (lossless for greedy decoding).
 - :func:`speculative_sampling` — Leviathan et al. 2023, Algorithm 1, for a chain with q (lossless in
   distribution).
+- :func:`tree_rejection_sampling` — multi-branch rejection sampling down a tree (SpecInfer), for trees with q.
 - :func:`lenient_accepts` — cascade speculative drafting §3.1: accept when argmax agrees or
   ``q(x) <= l * p(x)``; lossy, so the cascade applies it only when a *draft* reviews.
 - :class:`ConditionalAcceptance` — CASD eq. 3 (``p(x) > max(δ, p(eos))``) and eq. 4 (also ``x ∈ top-k(p)``).
@@ -66,6 +67,64 @@ def speculative_sampling(
     else:
         next_token = int(torch.multinomial(p[k], 1, generator=generator))
     return n, next_token
+
+
+def tree_rejection_sampling(target_probs, tree, generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """Multi-branch rejection sampling down a token tree: lossless in distribution, and it uses q.
+
+    SpecInfer's multi-step speculative sampling (Miao et al. 2023, Algorithm 2), extended to children that
+    were *picked* rather than drawn (CAPE's expansion sets, glide_cape §4.2). At each accepted node, with r
+    the target's distribution p at that row, the children are tried in turn, drawn ones first:
+
+    - a child ``x`` drawn from its q row is accepted with probability ``min(1, r(x) / q(x))``; otherwise
+      ``r <- norm(max(0, r - q))`` (Leviathan et al.'s residual);
+    - a picked child ``x`` is accepted with probability ``r(x)``; otherwise ``r <- norm(r with r(x) = 0)``.
+
+    The walk goes down the first accepted child; when none is, the next token is drawn from r. Each rejection
+    leaves r as the exact distribution of the output given that rejection, so the emitted tokens follow p
+    whatever the tree. Accepts at least as often as token matching on drawn children (``Σ min(p, q)`` vs
+    ``Σ p q`` for one child) and as often on picked ones.
+
+    Args:
+        target_probs: ``row -> p`` `(V,)`: row 0 scores the children of the root, row ``i + 1`` those of node ``i``.
+        tree (:class:`~hf_specdraft.tree.DraftTree`): with ``draft_probs`` and ``sampled`` flags; siblings unique.
+        generator: optional RNG.
+
+    Returns:
+        `(path, next_token)`: the accepted node indices root-to-leaf and the token after them.
+    """
+    if tree.draft_probs is None or tree.sampled is None:
+        raise ValueError("tree_rejection_sampling needs a tree with draft_probs and sampled flags")
+    children: list[list[int]] = [[] for _ in range(len(tree) + 1)]
+    for node, parent in enumerate(tree.parents.tolist()):
+        children[parent + 1].append(node)
+    tokens, sampled = tree.tokens.tolist(), tree.sampled.tolist()
+    path, row = [], 0
+    while True:
+        r = target_probs(row).float().clone()
+        chosen = None
+        for child in sorted(children[row], key=lambda c: not sampled[c]):  # drawn children first
+            x = tokens[child]
+            u = float(torch.rand((), generator=generator))
+            if sampled[child]:
+                q = tree.draft_probs[child].to(r.device).float()
+                if u * float(q[x]) <= float(r[x]):
+                    chosen = child
+                    break
+                residual = (r - q).clamp(min=0)
+            else:
+                if u < float(r[x]):
+                    chosen = child
+                    break
+                residual = r.clone()
+                residual[x] = 0
+            total = float(residual.sum())
+            if total > 0:  # (0 only by float rounding: r is then kept)
+                r = residual / total
+        if chosen is None:
+            return path, int(torch.multinomial(r, 1, generator=generator))
+        path.append(chosen)
+        row = chosen + 1
 
 
 def check_lenience(lenience: float) -> float:

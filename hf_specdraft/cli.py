@@ -68,7 +68,9 @@ def cmd_demo(args) -> int:
               f"{config.num_prompts} held-out prompts x {config.max_new_tokens} new tokens (greedy)\n")
         print(format_table(result["summary"]))
     print("\nspeedup: wall time of target-only / wall time of the method, same prompts, same run. MAL: tokens per target forward "
-          "(speculative loop). =target: output identical to target-only greedy (CASD's conditional rules may differ by design).")
+          "(speculative loop). α: the paper's acceptance rate, 1 - TV(p, q) per judged draft position (drafters with a distribution "
+          "q). acc/pos: accepted / judged draft positions. tok/call: tokens per target forward. =target: output identical to "
+          "target-only greedy (CASD's conditional rules may differ by design). edit sim: similarity to the held-out reference.")
     return 0
 
 

@@ -175,4 +175,5 @@ def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, 
     generator.count_call("draft", generator.num_draft_tokens)
     drafted = torch.cat(tokens, dim=-1)[0]
     generator.seen = torch.cat([ids, drafted[:-1]])
-    return DraftTree.chain(drafted, torch.stack(probs))
+    sampled = torch.ones(drafted.numel(), dtype=torch.bool) if generator.generation_config.do_sample else None
+    return DraftTree.chain(drafted, torch.stack(probs), sampled)

@@ -28,9 +28,9 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation import CandidateGenerator
 from transformers.utils import ModelOutput
 
-from .acceptance import ConditionalAcceptance, speculative_sampling
+from .acceptance import ConditionalAcceptance, speculative_sampling, tree_rejection_sampling
 from .drafting import DraftModelCandidateGenerator, TreeCandidateGenerator, output_vocab_size
-from .metrics import SpeculativeStats
+from .metrics import SpeculativeStats, overlap
 from .tree import DraftTree, compact_cache, tree_attention_inputs
 
 
@@ -214,7 +214,8 @@ class _TargetRows:
 
 
 def accept_tree(rows: _TargetRows, tree: DraftTree, acceptance: ConditionalAcceptance | None, eos_token_ids: list[int]) -> tuple[list[int], int]:
-    """Pick the accepted path through ``tree`` and the target's next token after it.
+    """Pick the accepted path through ``tree`` (siblings unique: :meth:`DraftTree.merge_duplicates`) and the target's
+    next token after it.
 
     A node is accepted when its parent was and its token equals the target's choice at the parent's row
     (exact: lossless for greedy, and for sampling because the choice is a sample from p) or, with
@@ -291,22 +292,38 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
         if streamer is not None:
             streamer.put(input_ids[0, cur_len:].cpu())
         generator.update_candidate_strategy(input_ids, logits[[0] + [i + 1 for i in path[: emitted - 1]]][None], len(path))
-        out.stats.record(drafted=int(tree.depth.max()) + 1 if len(tree) else 0, tree_size=len(tree), accepted=min(len(path), emitted),
-                         emitted=emitted, draft_seconds=t1 - t0, verify_seconds=t2 - t1)
+        drafted, accepted = int(tree.depth.max()) + 1 if len(tree) else 0, min(len(path), emitted)
+        judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
+        out.stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=t1 - t0,
+                         verify_seconds=t2 - t1, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
     if streamer is not None:
         streamer.end()
     return _finish(generator, generation_config, input_ids, cache, out)
 
 
+def chain_overlaps(rows: _TargetRows, tree: DraftTree, judged: int) -> list[float] | None:
+    """``1 - TV(p, q)`` at the first ``judged`` positions of a chain with q (the paper's α, :mod:`~hf_specdraft.metrics`).
+
+    Row ``i`` of the target scores chain node ``i``, so p and q there share one prefix. ``None`` for a tree,
+    a proposal without q, or a q over another vocabulary size.
+    """
+    q = tree.draft_probs
+    if not judged or q is None or not tree.is_chain or q.shape[-1] != rows.logits.shape[-1]:
+        return None
+    p = torch.stack([rows.probs(i) for i in range(judged)])
+    return overlap(p, q[:judged].to(p.device).float()).tolist()
+
+
 def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, model: PreTrainedModel, max_length: int) -> DraftTree:
-    """Draft a tree for the next step and fit it to the length budget and the model's limits."""
-    tree = _propose(generator, input_ids, cache)
+    """Draft a tree for the next step, merge duplicate siblings (:meth:`DraftTree.merge_duplicates`: verification
+    needs unique siblings) and fit it to the length budget and the model's limits."""
+    tree = _propose(generator, input_ids, cache).merge_duplicates()
     cur_len = input_ids.shape[1]
     tree = tree.truncate_depth(max_length - cur_len - 1)  # room for the accepted tokens and the target's own token
     window = getattr(model.config.get_text_config(), "sliding_window", None)
     if window and cur_len + len(tree) >= window and any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers):
         keep = max(window - cur_len - 1, 0)  # a prefix of a topological tree is a tree
-        tree = DraftTree(tree.tokens[:keep], tree.parents[:keep], None if tree.draft_probs is None else tree.draft_probs[:keep])
+        tree = tree.select(torch.arange(keep, device=tree.tokens.device), tree.parents[:keep])
     vocab = output_vocab_size(model)
     if len(tree) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
         raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
@@ -328,12 +345,15 @@ def verify_tree(model: PreTrainedModel, input_ids: torch.LongTensor, cache: Dyna
 
 
 def select_accepted(rows: _TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig) -> tuple[list[int], int]:
-    """The accepted path and the target's next token: speculative sampling for a chain with q when sampling
-    exactly (Leviathan et al. 2023, Algorithm 1), otherwise the tree walk of :func:`accept_tree`."""
+    """The accepted path and the target's next token: when sampling exactly, speculative sampling for a chain with q
+    (Leviathan et al. 2023, Algorithm 1) and multi-branch rejection sampling for a tree with q and ``sampled`` flags
+    (:func:`~hf_specdraft.acceptance.tree_rejection_sampling`); otherwise the tree walk of :func:`accept_tree`."""
     if generation_config.do_sample and acceptance is None and len(tree) and tree.is_chain and tree.draft_probs is not None:
         p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
         n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
         return list(range(n)), next_token
+    if generation_config.do_sample and acceptance is None and len(tree) and tree.sampled is not None:
+        return tree_rejection_sampling(rows.probs, tree)
     return accept_tree(rows, tree, acceptance, _eos_list(generation_config))
 
 

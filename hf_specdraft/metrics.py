@@ -1,7 +1,14 @@
 """Statistics of a speculative decoding call, and the papers' speedup formulas.
 
-- acceptance rate α: accepted draft tokens / drafted tokens on the verified path (for trees, the
-  drafted length of a step is the tree's depth: the most tokens one step could accept).
+- α, the paper's acceptance rate (glide_cape.txt §5.1 after Leviathan et al. 2023): the expected acceptance
+  of one drafted token, ``E[Σ_v min(p(v), q(v))] = 1 - TV(p, q)``, averaged over the drafted positions the
+  target judged (each chain position up to and including the first rejection, where p and q are both
+  conditioned on accepted text). Needs the draft's q: ``None`` for drafters without one (n-gram lookups,
+  CASD) and for trees (the paper: "not applicable" when more than one candidate is proposed).
+- position acceptance rate: accepted / judged positions — the per-token acceptance the run actually saw
+  (under greedy decoding, Leviathan's α at temperature 0: how often the draft's token is the target's).
+- accepted per drafted: accepted draft tokens / drafted depth (a tree's depth is the most one step could
+  accept). Not an α: every position after a rejection counts as a failure, so it understates α.
 - mean accepted length τ: tokens emitted per target forward (accepted + the target's own token).
 - expected speedup: Leviathan et al. 2023 eq. 1, as used in glide_cape.txt §5.1.
 - SWI: standardized walltime improvement, cascade_speculative_drafting.txt §5.1.
@@ -9,7 +16,10 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
+
+import torch
 
 
 @dataclass
@@ -20,6 +30,8 @@ class StepRecord:
     emitted: int  # tokens appended this step (accepted + bonus, after length / eos truncation)
     draft_seconds: float
     verify_seconds: float
+    judged: int = 0  # drafted positions the target judged: accepted ones plus the first rejected one, if any
+    overlaps: list[float] | None = None  # Σ_v min(p, q) at each judged chain position (None: no q, or a tree)
 
 
 @dataclass
@@ -51,9 +63,46 @@ class SpeculativeStats:
         return sum(s.emitted for s in self.steps)
 
     @property
-    def acceptance_rate(self) -> float:
-        """α: accepted / drafted (0 when nothing was drafted)."""
+    def judged_tokens(self) -> int:
+        return sum(s.judged for s in self.steps)
+
+    @property
+    def alpha(self) -> float | None:
+        """The paper's α: mean ``1 - TV(p, q)`` over judged chain positions with q (``None`` without any)."""
+        overlaps = [o for s in self.steps if s.overlaps for o in s.overlaps]
+        return sum(overlaps) / len(overlaps) if overlaps else None
+
+    @property
+    def alpha_positions(self) -> int:
+        """How many judged positions :attr:`alpha` averages over."""
+        return sum(len(s.overlaps) for s in self.steps if s.overlaps)
+
+    def alpha_by_position(self) -> list[float]:
+        """Entry ``i``: the paper's α at draft position ``i``, over steps that judged position ``i`` with q."""
+        rates = []
+        for i in range(max((len(s.overlaps) for s in self.steps if s.overlaps), default=0)):
+            values = [s.overlaps[i] for s in self.steps if s.overlaps and len(s.overlaps) > i]
+            rates.append(sum(values) / len(values))
+        return rates
+
+    @property
+    def position_acceptance_rate(self) -> float:
+        """Accepted / judged drafted positions: the per-token acceptance the run saw (0 when nothing was judged)."""
+        judged = self.judged_tokens
+        return self.accepted_tokens / judged if judged else 0.0
+
+    @property
+    def accepted_per_drafted(self) -> float:
+        """Accepted / drafted tokens (0 when nothing was drafted); not the paper's α, see the module docstring."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Deprecated: accepted / drafted, which is not the paper's α. Use :attr:`alpha`,
+        :attr:`position_acceptance_rate` or :attr:`accepted_per_drafted`."""
+        warnings.warn("SpeculativeStats.acceptance_rate is deprecated: it is accepted / drafted, not the paper's α; use "
+                      ".alpha (1 - TV(p, q)), .position_acceptance_rate or .accepted_per_drafted", FutureWarning, stacklevel=2)
+        return self.accepted_per_drafted
 
     @property
     def mean_accepted_length(self) -> float:
@@ -87,7 +136,12 @@ class SpeculativeStats:
             "new_tokens": self.new_tokens,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
-            "acceptance_rate": self.acceptance_rate,
+            "judged_tokens": self.judged_tokens,
+            "alpha": self.alpha,
+            "alpha_positions": self.alpha_positions,
+            "alpha_by_position": self.alpha_by_position(),
+            "position_acceptance_rate": self.position_acceptance_rate,
+            "accepted_per_drafted": self.accepted_per_drafted,
             "mean_accepted_length": self.mean_accepted_length,
             "verification_tokens_per_step": self.verification_tokens_per_step,
             "acceptance_by_position": self.acceptance_by_position(),
@@ -112,15 +166,21 @@ class SpeculativeStats:
         return merged
 
 
-def expected_speedup(acceptance_rate: float, num_draft_tokens: int, cost_coefficient: float) -> float:
+def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``Σ_v min(p(v), q(v)) = 1 - TV(p, q)`` over the last axis: the probability that speculative sampling
+    accepts a token drawn from q (Leviathan et al. 2023, §3.3). ``p``, ``q`` `(..., V)` -> `(...)`."""
+    return torch.minimum(p, q).sum(-1)
+
+
+def expected_speedup(alpha: float, num_draft_tokens: int, cost_coefficient: float) -> float:
     """Expected walltime improvement factor (Leviathan et al. 2023, Theorem 3.8; glide_cape.txt §5.1).
 
-    ``(1 - α^(γ+1)) / ((1 - α)(γ c + 1))`` with α the acceptance rate, γ the proposal length and c the
-    cost coefficient (draft forward time / target forward time).
+    ``(1 - α^(γ+1)) / ((1 - α)(γ c + 1))`` with α the per-token acceptance rate (:attr:`SpeculativeStats.alpha`),
+    γ the proposal length and c the cost coefficient (draft forward time / target forward time).
     """
-    alpha, gamma, c = acceptance_rate, num_draft_tokens, cost_coefficient
+    gamma, c = num_draft_tokens, cost_coefficient
     if not 0 <= alpha <= 1:
-        raise ValueError(f"acceptance_rate must be in [0, 1], got {alpha}")
+        raise ValueError(f"alpha (the acceptance rate) must be in [0, 1], got {alpha}")
     if gamma < 0 or c < 0:
         raise ValueError(f"num_draft_tokens and cost_coefficient must be >= 0, got {gamma} and {c}")
     expected_tokens = gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)

@@ -32,11 +32,15 @@ class DraftTree:
         draft_probs (`torch.FloatTensor` of shape `(N, V)`, *optional*): q, the draft distribution each
             token was drawn from (row ``i`` is the distribution at node ``i``'s position). Needed for
             speculative sampling (Leviathan et al. 2023, Algorithm 1) and lenient acceptance.
+        sampled (`torch.BoolTensor` of shape `(N,)`, *optional*): True where the node's token was *drawn* from its
+            ``draft_probs`` row (not picked, e.g. a CAPE expansion token or a beam). Under sampling, trees with it are
+            verified by multi-branch rejection sampling (:func:`~hf_specdraft.acceptance.tree_rejection_sampling`).
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     draft_probs: torch.Tensor | None = None
+    sampled: torch.Tensor | None = None
 
     def __post_init__(self):
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
@@ -48,12 +52,23 @@ class DraftTree:
             raise ValueError(f"parents must satisfy -1 <= parents[i] < i (topological order), got {self.parents.tolist()}")
         if self.draft_probs is not None and self.draft_probs.shape[0] != self.tokens.numel():
             raise ValueError(f"draft_probs must have one row per token ({self.tokens.numel()}), got shape {tuple(self.draft_probs.shape)}")
+        if self.sampled is not None:
+            self.sampled = torch.as_tensor(self.sampled, dtype=torch.bool, device=self.tokens.device).reshape(-1)
+            if self.sampled.shape != self.tokens.shape or self.draft_probs is None:
+                raise ValueError(f"sampled must have one flag per token ({self.tokens.numel()}) and needs draft_probs, got "
+                                 f"{self.sampled.numel()} flags and draft_probs={'None' if self.draft_probs is None else 'set'}")
+
+    def select(self, index: torch.Tensor, parents: torch.Tensor) -> DraftTree:
+        """The nodes ``index`` `(M,)` (with their q rows and flags) under new ``parents`` `(M,)`."""
+        probs = None if self.draft_probs is None else self.draft_probs[index]
+        sampled = None if self.sampled is None else self.sampled[index]
+        return DraftTree(self.tokens[index], parents, probs, sampled)
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None) -> DraftTree:
+    def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None, sampled: torch.Tensor | None = None) -> DraftTree:
         """A single branch: ``tokens`` ``(k,)``, each the child of the previous one."""
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens, torch.arange(tokens.numel(), device=tokens.device) - 1, draft_probs)
+        return cls(tokens, torch.arange(tokens.numel(), device=tokens.device) - 1, draft_probs, sampled)
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> DraftTree:
@@ -87,8 +102,34 @@ class DraftTree:
                 nodes.append(i)
                 parent = i
         index = torch.tensor(nodes, dtype=torch.long, device=self.tokens.device)
-        probs = None if self.draft_probs is None else self.draft_probs[index]
-        return DraftTree.chain(self.tokens[index], probs)
+        return self.select(index, torch.arange(len(nodes), device=self.tokens.device) - 1)
+
+    def merge_duplicates(self) -> DraftTree:
+        """The same tree with duplicate siblings (same parent, same token) merged into the first of them.
+
+        The merged node keeps the first duplicate's q row and flag, and the other duplicates' children become its
+        children (themselves merged in turn). Verification needs unique siblings: under sampling each
+        verified row draws one target sample, so two copies of a token would both match it and the walk
+        would pick the deeper of their independently verified subtrees, a choice among draws that biases
+        the output. Returns ``self`` when no siblings repeat.
+        """
+        if self.is_chain:
+            return self
+        keep: list[int] = []
+        new_index: dict[tuple[int, int], int] = {}
+        remap: list[int] = []
+        parents = []
+        for parent, token in zip(self.parents.tolist(), self.tokens.tolist()):
+            key = (remap[parent] if parent >= 0 else -1, token)
+            if key not in new_index:
+                new_index[key] = len(keep)
+                keep.append(len(remap))
+                parents.append(key[0])
+            remap.append(new_index[key])
+        if len(keep) == len(self):
+            return self
+        index = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
+        return self.select(index, torch.tensor(parents, dtype=torch.long, device=self.tokens.device))
 
     def truncate_depth(self, max_depth: int) -> DraftTree:
         """Drop nodes at depth ``>= max_depth`` (the length budget); parents stay topological."""
@@ -98,9 +139,7 @@ class DraftTree:
         remap = torch.full((len(self),), -1, dtype=torch.long, device=self.parents.device)
         remap[keep] = torch.arange(keep.numel(), device=keep.device)
         parents = self.parents[keep]
-        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
-        probs = None if self.draft_probs is None else self.draft_probs[keep]
-        return DraftTree(self.tokens[keep], parents, probs)
+        return self.select(keep, torch.where(parents >= 0, remap[parents.clamp(min=0)], parents))
 
 
 def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,7 +65,7 @@ def test_draft_equal_to_target_is_fully_accepted():
     out = speculative_generate(target, x, candidate_generator=CascadeCandidateGenerator([target], k_matrix=[[4, 0], [0, 3]]),
                                max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
-    assert out.speculative_stats.acceptance_rate == 1.0
+    assert out.speculative_stats.accepted_per_drafted == 1.0
     assert out.speculative_stats.mean_accepted_length >= 4  # K[0, 0] = 4 tokens per step, + the target's own
 
 
@@ -84,6 +84,59 @@ def test_sampling_runs():
     out = speculative_generate(target, x, candidate_generator=drafter,
                                max_new_tokens=12, do_sample=True, top_k=10)
     assert out.shape == (1, x.shape[1] + 12)
+
+
+def test_lenient_sampling_review_follows_section_3_1():
+    """A candidate with q(x) > l p(x) passes with probability l p(x) / q(x); one with q(x) <= l p(x) always passes;
+    MaG's tokens (q = inf) pass with probability p(x)."""
+    from hf_specdraft.cascade.cascade import lenient_review_sampling
+
+    p = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]])
+    g = torch.Generator().manual_seed(0)
+    trials = 4000
+    strict = sum(lenient_review_sampling(p, torch.tensor([0]), torch.tensor([0.5]), 1.0, g)[0] for _ in range(trials)) / trials
+    lenient = sum(lenient_review_sampling(p, torch.tensor([0]), torch.tensor([0.5]), 3.0, g)[0] for _ in range(trials)) / trials
+    assert strict == pytest.approx(0.1 / 0.5, abs=0.03) and lenient == pytest.approx(0.3 / 0.5, abs=0.03)
+    assert all(lenient_review_sampling(p, torch.tensor([2]), torch.tensor([0.5]), 2.0, g)[0] == 1 for _ in range(50))  # 0.5 <= 2 * 0.3
+    mag = sum(lenient_review_sampling(p, torch.tensor([1]), torch.tensor([float("inf")]), 100.0, g)[0] for _ in range(trials)) / trials
+    assert mag == pytest.approx(0.6, abs=0.03)
+    rejected_next = [lenient_review_sampling(p, torch.tensor([1]), torch.tensor([0.9]), 1.0, g) for _ in range(300)]
+    assert all(token != 1 for n, token in rejected_next if n == 0)  # the reviewer's own token after a rejection is another one
+
+
+def test_lenient_sampling_is_lossless_at_the_target():
+    """§3.1: lenience applies only where drafts review, so sampled output still follows the target (chi-square on the
+    first two tokens, large lenience), while the lenient reviews do change what the drafts propose."""
+    from scipy.stats import chisquare
+
+    vocab = 6
+    target, draft = tiny_model(vocab_size=vocab, seed=0), tiny_model(vocab_size=vocab, seed=5, num_hidden_layers=1)
+    x = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        p1 = torch.softmax(target(x).logits[0, -1], -1)
+        p2 = torch.stack([torch.softmax(target(torch.cat([x, torch.tensor([[t]])], 1)).logits[0, -1], -1) for t in range(vocab)])
+    joint = (p1[:, None] * p2).flatten().double()
+    counts = torch.zeros(vocab * vocab)
+    drafter = CascadeCandidateGenerator([draft], k_matrix=[[2, 2], [0, 3]], lenience=50.0, bigram_table=torch.arange(vocab).roll(1))
+    torch.manual_seed(0)
+    for _ in range(600):
+        out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=2, do_sample=True, top_k=0)
+        counts[out[0, 3] * vocab + out[0, 4]] += 1
+    assert chisquare(counts.double().numpy(), (joint / joint.sum() * counts.sum()).numpy()).pvalue > 1e-3
+
+    small = tiny_model(vocab_size=vocab, seed=8, num_hidden_layers=1)
+
+    def reviews_by_the_first_draft(lenience: float) -> int:
+        gen = CascadeCandidateGenerator([draft, small], k_matrix=[[6, 0, 0], [0, 3, 0], [0, 0, 2]], lenience=lenience,
+                                        bigram_table=torch.arange(vocab).roll(1))
+        gen.prepare(target, GenerationConfig(do_sample=True, top_k=0, max_length=64))
+        torch.manual_seed(1)
+        for _ in range(100):
+            gen.propose(x)
+        return gen.forward_calls["draft0"]
+
+    # the first draft reviews the second's tokens: under lenience more pass, so fewer reviews fill the same budget
+    assert reviews_by_the_first_draft(1e6) < reviews_by_the_first_draft(1.0)
 
 
 # --- Algorithm 1's call structure, with scripted reviewers -------------------------------------------

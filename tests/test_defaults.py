@@ -215,14 +215,14 @@ def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
 
     run = tmp_path / "run"
     shutil.copytree(tiny_default[0], run)
-    row = {"acceptance_rate": 0.25, "mean_accepted_length": 2.5, "cost_coefficient": 0.1, "expected_speedup": 1.5, "speedup_vs_target_only": 0.9}
+    row = {"alpha": 0.25, "position_acceptance_rate": 0.5, "mean_accepted_length": 2.5, "cost_coefficient": 0.1, "expected_speedup": 1.5, "speedup_vs_target_only": 0.9}
     result = {"meta": {"hardware": "CPU", "dtype": "float32", "num_prompts": 2, "task": "completion", "max_new_tokens": 8, "date": "today"},
               "summary": {"glide": row, "glide+cape": {**row, "mean_accepted_length": 3.0}, "vanilla": row}}
     (tmp_path / "bench.json").write_text(json.dumps(result))
     cards = write_drafter_cards(run, tmp_path / "bench.json")
     assert cards == [run / "glide" / "README.md", run / "vanilla" / "README.md"]
     glide_card = cards[0].read_text()
-    assert "- glide+cape (GLIDE γ=" in glide_card and "α 0.250, mean accepted length 3.000" in glide_card  # the row names its settings
+    assert "- glide+cape (GLIDE γ=" in glide_card and "α (1 - TV(p, q)) 0.250, accepted / judged positions 0.500, mean accepted length 3.000" in glide_card  # the row names its settings
     assert "not measured yet" not in glide_card
     assert "custom_generate" in glide_card and "## Training" in glide_card
     assert ModelCard.load(cards[1]).data.license == "apache-2.0"  # the project's license (pyproject.toml)

@@ -47,7 +47,9 @@ def test_draft_model_drafter_is_fully_accepted_when_draft_is_target():
     x = prompt()
     out = speculative_generate(target, x, draft_model=target, num_draft_tokens=3, max_new_tokens=16, return_dict_in_generate=True)
     assert torch.equal(out.sequences, greedy_reference(target, x, 16))
-    assert out.speculative_stats.acceptance_rate == 1.0
+    stats = out.speculative_stats
+    assert stats.accepted_per_drafted == 1.0 and stats.position_acceptance_rate == 1.0
+    assert stats.alpha == pytest.approx(1.0, abs=1e-5)  # p == q: 1 - TV = 1
 
 
 def test_eos_inside_accepted_draft():
@@ -144,7 +146,7 @@ def test_stats_are_consistent():
     out = speculative_generate(target, x, draft_model=tiny_model(seed=9), num_draft_tokens=3, max_new_tokens=20, return_dict_in_generate=True)
     s = out.speculative_stats
     assert s.new_tokens == out.sequences.shape[1] - x.shape[1] == 20
-    assert s.num_steps == len(s.steps) and 0 <= s.acceptance_rate <= 1
+    assert s.num_steps == len(s.steps) and 0 <= s.accepted_per_drafted <= s.position_acceptance_rate <= 1
     assert s.mean_accepted_length == pytest.approx(20 / s.num_steps)
     assert all(0 <= r <= 1 for r in s.acceptance_by_position())
     assert s.drafter_calls["draft"] == 3 * s.num_steps

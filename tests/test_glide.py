@@ -478,3 +478,32 @@ def test_glide_tree_scorer_needs_the_target_cache():
     scorer = CapeCandidateGenerator(GlideCandidateGenerator(make_glide(target), num_draft_tokens=3), mode="beam").scorer
     with pytest.raises(ValueError, match="target_cache is None"):
         scorer.start(prompt(4), None)
+
+
+def test_stock_rounds_of_a_two_layer_glide_match_the_explicit_drafter():
+    """Stock assisted decoding drafts its first round without a glimpse (the target has not run); GLIDE then
+    rebuilds its own cache, so from the second round on its candidates equal the explicit drafter's on the same text
+    (the first round accepts no draft here, so both hold the same glimpsed keys and values)."""
+    target = tiny_model()
+    glide = make_glide(target, num_hidden_layers=2).attach(target)
+    glide.generation_config.num_assistant_tokens, glide.generation_config.num_assistant_tokens_schedule = 4, "constant"
+    glide.generation_config.assistant_confidence_threshold = 0.0
+    rounds, stock_generate = [], glide.generate
+
+    def recording_generate(*args, **kwargs):
+        out = stock_generate(*args, **kwargs)
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        sequences = out.sequences if hasattr(out, "sequences") else out
+        rounds.append((ids.clone(), sequences[0, ids.shape[1] :].clone()))
+        return out
+
+    glide.generate = recording_generate
+    x = prompt(9, seed=4)
+    assert torch.equal(target.generate(x, assistant_model=glide, max_new_tokens=24, do_sample=False), greedy_reference(target, x, 24))
+    assert rounds[1][0].shape[1] == x.shape[1] + 1, "the first round accepted a draft: pick another prompt"
+    explicit = GlideCandidateGenerator(glide, num_draft_tokens=4)
+    explicit.prepare(target, GenerationConfig(do_sample=False))
+    for ids, stock in rounds[1:]:
+        drafted = explicit.propose(ids, target_cache(target, ids)).tokens
+        assert torch.equal(stock, drafted[: stock.numel()])
+    assert len(rounds) > 5

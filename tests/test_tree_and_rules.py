@@ -110,7 +110,7 @@ def test_expected_speedup_and_swi():
     assert expected_speedup(0.5, 1, 0.5) == pytest.approx(1.5 / 1.5)
     # α=0.8, γ=5, c=0.05 -> (1-0.8^6)/(0.2*1.25)
     assert expected_speedup(0.8, 5, 0.05) == pytest.approx((1 - 0.8**6) / (0.2 * 1.25))
-    with pytest.raises(ValueError, match="acceptance_rate"):
+    with pytest.raises(ValueError, match="alpha"):
         expected_speedup(1.5, 5, 0.1)
     assert standardized_walltime_improvement(100, 40, {"draft": 200}, {"draft": 0.05}) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="cost_coefficients"):

@@ -147,6 +147,16 @@ def _expected_speedup(stats: list[dict], alpha: float | None) -> tuple[float | N
     return c, expected_speedup(alpha, gamma, c)
 
 
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def _alpha(stats: list[dict]) -> float | None:
+    """The paper's α over every judged position of the method's calls (weighted by positions); None without q."""
+    positions = sum(s.get("alpha_positions", 0) for s in stats)
+    return sum(s["alpha"] * s["alpha_positions"] for s in stats if s.get("alpha_positions")) / positions if positions else None
+
+
 def _expansion_ms(stats: list[dict], steps: int) -> float | None:
     """CAPE's expansion time per step (part of the draft time), for methods that record it."""
     timed = [s["extra"]["expansion_seconds"] for s in stats if "expansion_seconds" in s.get("extra", {})]
@@ -170,7 +180,9 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
             "speedup_vs_target_only": base_seconds / seconds if seconds else 0.0,
             "tokens_per_target_call": new / max(sum(r["target_calls"] for r in rs), 1),
             "mean_accepted_length": sum(s["new_tokens"] for s in stats) / steps if steps else None,
-            "acceptance_rate": sum(s["accepted_tokens"] for s in stats) / drafted if drafted else None,
+            "alpha": _alpha(stats),
+            "position_acceptance_rate": _ratio(sum(s["accepted_tokens"] for s in stats), sum(s.get("judged_tokens", 0) for s in stats)),
+            "accepted_per_drafted": _ratio(sum(s["accepted_tokens"] for s in stats), drafted),
             "verification_tokens_per_step": sum(s["verification_tokens_per_step"] * s["steps"] for s in stats) / steps if steps else None,
             "draft_ms_per_step": 1000 * sum(s["draft_seconds"] for s in stats) / steps if steps else None,
             "expansion_ms_per_step": _expansion_ms(stats, steps),
@@ -178,7 +190,9 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
             "edit_similarity": sum(r["edit_similarity"] for r in rs) / len(rs),
         }
         summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
-        summary[m]["cost_coefficient"], summary[m]["expected_speedup"] = _expected_speedup(stats, summary[m]["acceptance_rate"])
+        c, summary[m]["expected_speedup"] = _expected_speedup(stats, summary[m]["alpha"])
+        c2, summary[m]["expected_speedup_position"] = _expected_speedup(stats, summary[m]["position_acceptance_rate"])
+        summary[m]["cost_coefficient"] = c if c is not None else c2
     return summary
 
 
@@ -249,13 +263,14 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
 
 def format_table(summary: dict) -> str:
     """A fixed-width table of the summary (what ``demo`` and ``bench`` print)."""
-    header = f"{'method':<22}{'tok/s':>8}{'speedup':>9}{'MAL':>7}{'α':>7}{'tok/call':>10}{'=target':>9}{'edit sim':>10}"
+    header = f"{'method':<22}{'tok/s':>8}{'speedup':>9}{'MAL':>7}{'α':>7}{'acc/pos':>8}{'tok/call':>10}{'=target':>9}{'edit sim':>10}"
     rows = [header, "-" * len(header)]
     def cell(value, width: int, spec: str = ".2f") -> str:
         return f"{'-' if value is None else format(value, spec):>{width}}"
 
     for name, s in summary.items():
         rows.append(f"{name:<22}{cell(s['tokens_per_second'], 8, '.1f')}{cell(s['speedup_vs_target_only'], 8)}x"
-                    f"{cell(s['mean_accepted_length'], 7)}{cell(s['acceptance_rate'], 7)}{cell(s['tokens_per_target_call'], 10)}"
+                    f"{cell(s['mean_accepted_length'], 7)}{cell(s['alpha'], 7)}{cell(s['position_acceptance_rate'], 8)}"
+                    f"{cell(s['tokens_per_target_call'], 10)}"
                     f"{'yes' if s['equals_target_only'] == 1 else 'no':>9}{cell(s['edit_similarity'], 10, '.3f')}")
     return "\n".join(rows)

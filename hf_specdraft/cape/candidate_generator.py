@@ -108,7 +108,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             torch.cuda.synchronize(chain.draft_probs.device)
         start = time.perf_counter()
         sizes, confidences = _sizes(chain.draft_probs, self.config)
-        tree = expand_proposal(chain, self.config, sizes)
+        tree = expand_proposal(chain, self.config, sizes, with_draft_probs=self.generation_config.do_sample)  # q: rejection sampling
         self.expansion_seconds.append(time.perf_counter() - start)
         self.expansion_sizes.append(sizes)
         self.confidences.append(confidences)

@@ -73,9 +73,10 @@ def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | 
         chain (:class:`~hf_specdraft.tree.DraftTree`): a chain of ``k`` tokens with ``draft_probs`` `(k, V)`.
         config (:class:`CapeConfig`): the schedule and the budget.
         sizes (`torch.LongTensor` or `list[int]` of length `k`, *optional*): precomputed :func:`expansion_sizes`.
-        with_draft_probs (`bool`): also return ``draft_probs`` (leaf rows repeat q_i). Off by default:
-            tree verification is an exact match that never reads q, and copying ``(N, V)`` rows is most of
-            the expansion's cost on CPU.
+        with_draft_probs (`bool`): also return ``draft_probs`` (leaf rows repeat q_i) and, when the chain has
+            them, ``sampled`` flags (expansion leaves are picked, not drawn), which multi-branch rejection sampling
+            reads under ``do_sample=True``. Off for greedy decoding: its exact match never reads q, and copying
+            ``(N, V)`` rows is most of the expansion's cost on CPU.
 
     Returns:
         :class:`~hf_specdraft.tree.DraftTree` of ``k + sum(K_i)`` nodes: the chain, then X_0, X_1, ...
@@ -108,4 +109,5 @@ def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | 
         tokens=torch.tensor(tokens, dtype=torch.long, device=device),
         parents=torch.tensor(parents, dtype=torch.long, device=device),
         draft_probs=torch.cat([q, q[torch.tensor(position, device=device)]]) if with_draft_probs else None,
+        sampled=torch.cat([chain.sampled, chain.sampled.new_zeros(len(position))]) if with_draft_probs and chain.sampled is not None else None,
     )

@@ -21,8 +21,10 @@ bottom; the target ``M_t`` reviews last. Notation follows Algorithm 1 (``Cascade
 
 Each review by a draft is one forward of that draft on its own KV cache, re-synced to the new text by
 common prefix; calls are counted as ``"draft0"``, ``"draft1"``, … and ``"max_gram"`` for SWI (§5.1).
-Inside the cascade every review is greedy (the paper decodes at temperature 0, §5.2); with
-``do_sample=True`` the loop's exact match against the target's own sample keeps sampling lossless.
+With ``do_sample=False`` every review inside the cascade is greedy (the paper decodes at temperature 0, §5.2).
+With ``do_sample=True`` the drafts review probabilistically (:func:`lenient_review_sampling`, §3.1's sampling
+rule) on their warped distributions, and the loop's exact match against the target's own sample keeps the
+output lossless: lenience only changes the drafts.
 """
 
 from __future__ import annotations
@@ -96,6 +98,39 @@ def lenient_review(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torc
         p_x = p[torch.arange(k, device=p.device), candidates]
         ok |= q_candidates.to(p.device) <= lenience * p_x
     return int(ok.long().cumprod(0).sum())
+
+
+def lenient_review_sampling(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torch.Tensor, lenience: float,
+                            generator: torch.Generator | None = None) -> tuple[int, int]:
+    """Probabilistic (lenient) review by a draft when sampling (§3.1).
+
+    Candidate ``x_i`` with drafter probability ``q(x_i)`` passes when ``q(x_i) <= l * p_i(x_i)``, else with
+    probability ``l * p_i(x_i) / q(x_i)``; the first rejection ends the review. MaG's tokens (``q = inf``) are
+    point masses and are never lenient: each passes with probability ``p_i(x_i)``. The reviewer's own token
+    after the kept prefix is drawn from ``p`` at that position, without the rejected token when there is one.
+    Lossy by design (only drafts review this way; the target's review stays exact, so the output is not).
+
+    Args:
+        p (`torch.FloatTensor` of shape `(k+1, V)`): the reviewer's (warped) distribution at each position.
+        candidates (`torch.LongTensor` of shape `(k,)`), q_candidates (`torch.FloatTensor` of shape `(k,)`): as in
+            :func:`lenient_review`.
+        lenience: ``l >= 1``.
+
+    Returns:
+        `(accepted, next_token)`.
+    """
+    k = candidates.numel()
+    p_x = p[torch.arange(k, device=p.device), candidates.to(p.device)].tolist()
+    for i, (p_i, q_i) in enumerate(zip(p_x, q_candidates.tolist())):
+        threshold = p_i if q_i == float("inf") else lenience * p_i / q_i if q_i > 0 else 1.0
+        if threshold >= 1 or float(torch.rand((), generator=generator)) < threshold:
+            continue
+        residual = p[i].clone()
+        residual[int(candidates[i])] = 0
+        if float(residual.sum()) <= 0:
+            residual = p[i]
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return k, int(torch.multinomial(p[k], 1, generator=generator))
 
 
 class CascadeCandidateGenerator(TreeCandidateGenerator):
@@ -222,8 +257,12 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         p = self.draft_distribution(logits, cur_gen[None])
         base = cur_gen.numel() - cur_probs.numel()  # the accepted text's length
         candidates = cur_gen[review_index:].to(p.device)
-        accepted = lenient_review(p, candidates, cur_probs[review_index - base :], self.lenience)
-        next_token = p[accepted].argmax(-1, keepdim=True)
+        if self.generation_config.do_sample:
+            accepted, token = lenient_review_sampling(p, candidates, cur_probs[review_index - base :], self.lenience)
+            next_token = torch.tensor([token], device=p.device)
+        else:
+            accepted = lenient_review(p, candidates, cur_probs[review_index - base :], self.lenience)
+            next_token = p[accepted].argmax(-1, keepdim=True)
         kept = torch.cat([candidates[:accepted], next_token])
         kept_q = p[torch.arange(accepted + 1, device=p.device), kept].to(cur_probs.device)
         cur_gen = torch.cat([cur_gen[: review_index + accepted], next_token.to(cur_gen.device)])

@@ -85,9 +85,14 @@ def build_windows(tokenizer, num_windows: int, corpus: Corpus | None = None, seq
     return torch.tensor(windows, dtype=torch.long)
 
 
-def self_distillation_prompts(tokenizer, count: int, corpus: Corpus | None = None, seed: int = 1) -> list[str]:
+def self_distillation_prompts(tokenizer, count: int, corpus: Corpus | None = None, seed: int = 1, skip: int = 0) -> list[str]:
     """``count`` train-split prompts shaped like the bench tasks: 50 % a function's signature + docstring (completion),
-    35 % the same as a chat request in the target's template, 15 % a file's first 700-1,500 characters (context)."""
+    35 % the same as a chat request in the target's template, 15 % a file's first 700-1,500 characters (context).
+
+    ``skip``: leave out the first ``skip`` prompts of the same sequence, so a second store holds new ones.
+    """
+    if count < 1 or skip < 0:
+        raise ValueError(f"count must be >= 1 and skip >= 0, got count={count}, skip={skip}")
     corpus = corpus or build_corpus()
     rng = random.Random(seed)
     files = sorted(corpus.train, key=lambda f: f.name)
@@ -106,9 +111,9 @@ def self_distillation_prompts(tokenizer, count: int, corpus: Corpus | None = Non
                 continue
             item = rng.choice(items)
             prompts.append(chat_prompt(tokenizer, chat_request(item)) if chat and roll < 0.5 else item.prompt)
-        if len(prompts) == count:
+        if len(prompts) == skip + count:
             break
-    return prompts
+    return prompts[skip:]
 
 
 @torch.inference_mode()
@@ -179,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=1, help="GLIDE layers the store serves: the top N target layers' KV are kept")
     parser.add_argument("--self-generated", type=int, default=0, metavar="PROMPTS",
                         help="build the store from the target's own greedy continuations of this many train-split prompts")
+    parser.add_argument("--skip-prompts", type=int, default=0, metavar="N",
+                        help="with --self-generated: start after the first N prompts (a second store with new prompts)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="with --self-generated: tokens the target writes per prompt")
     args = parser.parse_args(argv)
     from .smollm2 import load_smollm2
 
@@ -188,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         if saved.is_file():
             windows = load_file(str(saved))["input_ids"]
         else:
-            windows = self_generated_windows(target, tokenizer, self_distillation_prompts(tokenizer, args.self_generated))
+            prompts = self_distillation_prompts(tokenizer, args.self_generated, skip=args.skip_prompts)
+            windows = self_generated_windows(target, tokenizer, prompts, max_new_tokens=args.max_new_tokens)
             saved.parent.mkdir(parents=True, exist_ok=True)
             save_file({"input_ids": windows.contiguous()}, str(saved))
     else:

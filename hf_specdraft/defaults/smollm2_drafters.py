@@ -232,9 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output_dir", help="checkpoints land in OUTPUT_DIR/<kind>; resumable state in OUTPUT_DIR/state/<kind>")
     parser.add_argument("--kinds", default="glide,vanilla,small", help=f"comma-separated, any of {sorted(RECIPES)}")
     parser.add_argument("--init-from", help="stage 2: start each drafter from INIT_FROM/<kind> and fine-tune with FINETUNE's schedule")
-    parser.add_argument("--extra-store", help="a second store (e.g. the target's own text) mixed into the training windows")
-    parser.add_argument("--extra-weight", type=int, default=1, help="how many times the extra store's windows are repeated in the mix")
+    parser.add_argument("--extra-store", action="append", default=[],
+                        help="another store (e.g. the target's own text) mixed into the training windows; may be repeated")
+    parser.add_argument("--extra-weight", type=int, default=1, help="how many times each extra store's windows are repeated in the mix")
+    parser.add_argument("--steps", type=int, help="override the recipe's (or, with --init-from, FINETUNE's) number of steps")
+    parser.add_argument("--learning-rate", type=float, help="override the recipe's (or FINETUNE's) peak learning rate")
     args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    if args.learning_rate is not None and not args.learning_rate > 0:
+        parser.error(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if args.extra_weight < 1:
+        parser.error(f"--extra-weight must be >= 1, got {args.extra_weight}")
     kinds = args.kinds.split(",")
     unknown = sorted(set(kinds) - set(RECIPES))
     if unknown:
@@ -246,12 +255,14 @@ def main(argv: list[str] | None = None) -> int:
 
     target, _ = load_smollm2(dtype=torch.float32, device="cpu")
     store = load_store(args.store)
-    if args.extra_store:
-        extra = load_store(args.extra_store)
+    for path in args.extra_store:
+        extra = load_store(path)
         store = {k: torch.cat([v, *[extra[k]] * args.extra_weight]) for k, v in store.items()}
     for kind in kinds:
         state_dir = Path(args.output_dir) / "state" / kind
         recipe = RECIPES[kind] if args.init_from is None else dataclasses.replace(RECIPES[kind], **FINETUNE)
+        overrides = {"steps": args.steps, "learning_rate": args.learning_rate}
+        recipe = dataclasses.replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
         init_from = None if args.init_from is None else Path(args.init_from) / kind
         model = train_drafter(kind, target, store, state_dir, recipe, init_from=init_from)
         log = training_log(kind, store, json.loads((_state_path(state_dir) / "state.json").read_text()),

@@ -382,6 +382,7 @@ class _TargetBinding:
     def __init__(self, target: nn.Module):
         self.target = weakref.ref(target)
         self.cache = None  # the past_key_values object of the target's latest forward call
+        self.unglimpsed = False  # GLIDE's own cache was built in a round with nothing to glimpse (the first)
         self.handle = target.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module, args, kwargs):
@@ -582,8 +583,11 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
 
         Stock assisted decoding calls this once per round; the first round of a ``target.generate`` call
         comes without GLIDE's own cache, before the target has run, so a cache recorded earlier is stale and
-        GLIDE drafts that round without a glimpse. Later rounds must find the target cache covering
-        ``input_ids[:, :-1]``; anything else means ``generate`` runs on a model GLIDE is not attached to.
+        GLIDE drafts that round without a glimpse. In the next round GLIDE's own cache is emptied, so the whole
+        prefix is fed again with the glimpse: with two or more layers, the keys and values of layers >= 1 depend
+        on layer 0's cross-attention, and keeping the unglimpsed ones would weaken every later draft. Later
+        rounds must find the target cache covering ``input_ids[:, :-1]``; anything else means ``generate`` runs
+        on a model GLIDE is not attached to.
         """
         binding = self._glide_binding
         if self.config.cross_attention and binding is None and kwargs.get("target_past_key_values") is None:
@@ -591,7 +595,13 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
         if binding is not None:
             if kwargs.get("past_key_values") is None:
                 binding.cache = None
+                binding.unglimpsed = self.config.num_hidden_layers > 1
             else:
+                if binding.unglimpsed and binding.cache is not None:
+                    own = kwargs["past_key_values"]
+                    if own.get_seq_length():
+                        own.crop(-own.get_seq_length())  # rebuilt from the prompt on, every layer glimpsing
+                    binding.unglimpsed = False
                 input_ids = kwargs.get("input_ids", args[0] if args else None)
                 covered = None if binding.cache is None else binding.cache.get_seq_length()
                 if input_ids is not None and covered != input_ids.shape[-1] - 1:
