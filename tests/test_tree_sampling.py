@@ -218,3 +218,17 @@ def test_cape_under_sampling_uses_rejection_sampling_and_samples_from_the_target
         counts[out[0, 3] * vocab + out[0, 4]] += 1
     assert len(calls) >= 600
     assert chi_square_p(counts, (p1[:, None] * p2).flatten()) > P_VALUE
+
+
+def test_bench_wrapper_without_flags_falls_back_to_token_matching(monkeypatch):
+    """``bench.tree_sampling``'s comparison row: the same CAPE trees, verified by token matching."""
+    import hf_specdraft.generation as generation
+    from hf_specdraft import CapeCandidateGenerator, DraftModelCandidateGenerator
+    from hf_specdraft.bench.tree_sampling import WithoutSampledFlags
+
+    calls = []
+    monkeypatch.setattr(generation, "tree_rejection_sampling", lambda *a, **k: calls.append(1))
+    target, draft = tiny_model(vocab_size=V, seed=0), tiny_model(vocab_size=V, seed=7, num_hidden_layers=1)
+    drafter = WithoutSampledFlags(CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 2), budget=4))
+    out = speculative_generate(target, torch.tensor([[1, 2]]), candidate_generator=drafter, max_new_tokens=6, do_sample=True)
+    assert out.shape == (1, 8) and not calls

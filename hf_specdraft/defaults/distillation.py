@@ -21,7 +21,8 @@ on such a continuation vs 0.50 on code).
 Bench items come from the held-out split and never appear here.
 
     python -m hf_specdraft.defaults.distillation /work/store/smollm2 --windows 2400           # 40 min on 2 cores
-    python -m hf_specdraft.defaults.distillation /work/store/selfgen --self-generated 320    # 8 min; both resumable
+    python -m hf_specdraft.defaults.distillation /work/store/selfgen --self-generated 320    # 8 min; all resumable
+    python -m hf_specdraft.defaults.distillation /work/store/selfgen2 --self-generated 640 --skip-prompts 320 --max-new-tokens 96
 """
 
 from __future__ import annotations

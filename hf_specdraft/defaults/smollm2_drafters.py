@@ -18,10 +18,11 @@ Loss: cross-entropy against the target's renormalised top-k next-token distribut
 glide_cape Appendix B's cheaper form): the drafts learn what the target says, which greedy acceptance rewards.
 Training is resumable: a checkpoint (weights + optimizer + step) every ``checkpoint_every`` steps.
 
-    # stage 1 on the corpus store, stage 2 from its weights on both stores (the target's own text 4x)
+    # stage 1 on the corpus store; stage 2 (what ships for glide and vanilla) from its weights, 600 steps, on the
+    # corpus store plus two stores of the target's own text, each 3x (distillation.py's docstring builds them)
     python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters --kinds glide,vanilla
-    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters2 --kinds glide,vanilla \
-        --init-from /work/drafters --extra-store /work/store/selfgen --extra-weight 4
+    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters3 --kinds glide,vanilla \
+        --init-from /work/drafters --extra-store /work/store/selfgen --extra-store /work/store/selfgen2 --extra-weight 3 --steps 600
     python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters2 --kinds small \
         --extra-store /work/store/selfgen --extra-weight 4
 """
