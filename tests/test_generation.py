@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import TextIteratorStreamer
 from transformers.generation import PromptLookupCandidateGenerator
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
+from hf_specdraft import speculative_generate
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 
 
