@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -74,6 +75,17 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def bench_output_path(output: str | None, profile: str, task: str, overwrite: bool = False) -> Path:
+    """Where ``bench`` writes: ``--output`` as given, else ``benchmarks/results/<profile>-<task>.json`` unless that file
+    exists (a committed result) and ``--overwrite`` is not set; then a new timestamped file next to it."""
+    if output is not None:
+        return Path(output)
+    path = Path(f"benchmarks/results/{profile}-{task}.json")
+    if path.exists() and not overwrite:
+        path = path.with_name(f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    return path
+
+
 def cmd_bench(args) -> int:
     from .bench import BenchConfig, format_table, run_bench
 
@@ -91,7 +103,7 @@ def cmd_bench(args) -> int:
         if not (Path(target) / "recipe.json").is_file():
             train_default(get_recipe("gpu"), target)
     bundle = load_bundle(target, args.draft, dtype=DTYPES[args.dtype])
-    output = args.output or f"benchmarks/results/{config.profile}-{config.task}.json"
+    output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
     result = run_bench(bundle, config, output=output)
     print(format_table(result["summary"]))
     print(f"\nwrote {output}")
@@ -150,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)")
     bench.add_argument("--target")
     bench.add_argument("--draft")
-    bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json)")
+    bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json; when that exists, a new "
+                       "timestamped file beside it unless --overwrite)")
+    bench.add_argument("--overwrite", action="store_true", help="replace benchmarks/results/<profile>-<task>.json when --output is not given")
     bench.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="auto: fp32 on CPU, bf16 on CUDA")
     bench.add_argument("--gpu-default-dir", default="runs/gpu-default", help="where --profile gpu trains (or finds) its target")
     bench.set_defaults(func=cmd_bench)

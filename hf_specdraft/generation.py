@@ -130,6 +130,13 @@ def _resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> Ca
     if candidate_generator is None and draft_model is None:
         raise ValueError("speculative_generate needs a drafter: pass candidate_generator=<CandidateGenerator> or draft_model=<causal LM>")
     if draft_model is not None:
+        if isinstance(draft_model, str):
+            raise TypeError(
+                f"draft_model must be a loaded model, got the string {draft_model!r}: load it first, e.g. "
+                f"draft_model=AutoModelForCausalLM.from_pretrained({draft_model!r})"
+            )
+        if not isinstance(draft_model, PreTrainedModel):
+            raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
         if getattr(draft_model.config, "model_type", None) == "glide":  # GLIDE reads the target's cache: its own drafter
             from .glide import GlideCandidateGenerator
 

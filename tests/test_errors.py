@@ -90,3 +90,32 @@ def test_bad_acceptance(target):
 def test_beams(target):
     with pytest.raises(ValueError, match="num_beams"):
         target.generate(X, custom_generate=speculative_generate, draft_model=target, max_new_tokens=4, num_beams=2)
+
+
+@pytest.mark.parametrize("draft", ["Qwen/Qwen2.5-0.5B", 3])
+def test_draft_model_that_is_not_a_model(target, draft):
+    with pytest.raises(TypeError, match="draft_model must be"):
+        speculative_generate(target, X, draft_model=draft, max_new_tokens=4)
+    with pytest.raises(TypeError, match="from_pretrained" if isinstance(draft, str) else "PreTrainedModel"):
+        target.generate(X, custom_generate=speculative_generate, draft_model=draft, max_new_tokens=4)
+
+
+def test_casd_context_none_says_what_is_accepted(target):
+    from hf_specdraft.casd import casd_generate
+
+    with pytest.raises(ValueError, match="context is None: pass the context as text"):
+        casd_generate(target, None, None, context=None, max_new_tokens=4)
+
+
+def test_bench_never_overwrites_a_result_unless_told(tmp_path, monkeypatch):
+    from hf_specdraft.cli import bench_output_path
+
+    monkeypatch.chdir(tmp_path)
+    assert bench_output_path(None, "cpu", "chat") == tmp_path.joinpath("benchmarks/results/cpu-chat.json").relative_to(tmp_path)
+    committed = tmp_path / "benchmarks" / "results" / "cpu-chat.json"
+    committed.parent.mkdir(parents=True)
+    committed.write_text("{}")
+    fresh = bench_output_path(None, "cpu", "chat")
+    assert fresh.parent == committed.parent.relative_to(tmp_path) and fresh.name.startswith("cpu-chat-") and not fresh.exists()
+    assert bench_output_path(None, "cpu", "chat", overwrite=True).name == "cpu-chat.json"
+    assert bench_output_path("mine.json", "cpu", "chat") == __import__("pathlib").Path("mine.json")

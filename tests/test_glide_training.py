@@ -143,3 +143,24 @@ def test_accelerate_launch_two_processes(tmp_path):
     before = glide.state_dict()
     assert changed_parameters(before, trained) >= {"model.layers.0.cross_attn.q_proj.weight", "lm_head.weight"}
     assert "periodic test stream" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "/nonexistent/model"], "--target: '/nonexistent/model' is not a directory"),
+    (["--target", "{here}", "--glide", "./no/such/glide"], "--glide: './no/such/glide' is not a directory"),
+    (["--target", "{here}", "--data", "/no/such/file.py"], "--data: '/no/such/file.py' does not exist"),
+    (["--target", "{here}"], "--target: cannot load a causal LM from"),
+])
+def test_train_glide_cli_names_a_missing_path_in_one_line(args, message, tmp_path, capsys):
+    from hf_specdraft.glide.training import main
+
+    data = tmp_path / "data.py"
+    data.write_text("def f():\n    return 1\n")
+    argv = [a.replace("{here}", str(tmp_path)) for a in args]
+    if "--data" not in argv:
+        argv += ["--data", str(data)]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--output-dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

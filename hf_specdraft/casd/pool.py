@@ -32,6 +32,8 @@ def context_token_ids(context, argument: str = "context") -> np.ndarray:
         ValueError: naming ``argument``, for an empty context, a non-integer dtype, more than one
             sequence, or a negative id.
     """
+    if context is None:
+        raise ValueError(f"{argument} is None: pass the context as text (with a tokenizer) or as token ids (a list, array or tensor)")
     if isinstance(context, str):
         raise ValueError(f"{argument} is text; pass a tokenizer to turn it into token ids")
     if isinstance(context, torch.Tensor):

@@ -357,6 +357,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def model_location_problem(value: str | None) -> str | None:
+    """Why ``value`` can be neither a local checkpoint directory nor a Hub repo id (``None`` when it may be one)."""
+    if value is None or Path(value).expanduser().is_dir():
+        return None
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    local = value.startswith((".", "/", "~")) or Path(value).expanduser().exists()
+    if not local:
+        try:
+            validate_repo_id(value)
+            return None
+        except HFValidationError:
+            pass
+    return f"{value!r} is not a directory (and not a Hub repo id like 'namespace/name')"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``hf-specdraft train-glide``: load the target, build or load GLIDE, train, write the checkpoint."""
     from transformers import AutoModelForCausalLM
@@ -364,13 +380,29 @@ def main(argv: list[str] | None = None) -> int:
     from .configuration_glide import GlideConfig
     from .modeling_glide import GlideForCausalLM
 
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    for flag, value in (("--target", ns.target), ("--glide", ns.glide), ("--tokenizer", ns.tokenizer)):
+        problem = model_location_problem(value)
+        if problem:
+            parser.error(f"{flag}: {problem}")
+    for path in ns.data:
+        if not Path(path).exists():
+            parser.error(f"--data: {path!r} does not exist")
+    if ns.metrics and not Path(ns.metrics).is_file():
+        parser.error(f"--metrics: {ns.metrics!r} is not a file")
     arg_names = set(GlideTrainingArguments.__dataclass_fields__)
     args = GlideTrainingArguments(**{k: v for k, v in vars(ns).items() if k in arg_names})
     dtype = "auto" if ns.target_dtype == "auto" else getattr(torch, ns.target_dtype)
-    target = AutoModelForCausalLM.from_pretrained(ns.target, dtype=dtype)
+    try:
+        target = AutoModelForCausalLM.from_pretrained(ns.target, dtype=dtype)
+    except (OSError, ValueError) as error:
+        parser.error(f"--target: cannot load a causal LM from {ns.target!r}: {str(error).splitlines()[0]}")
     if ns.glide:
-        glide = GlideForCausalLM.from_pretrained(ns.glide)
+        try:
+            glide = GlideForCausalLM.from_pretrained(ns.glide)
+        except (OSError, ValueError) as error:
+            parser.error(f"--glide: cannot load a GLIDE checkpoint from {ns.glide!r}: {str(error).splitlines()[0]}")
     else:
         torch.manual_seed(args.seed)
         config = GlideConfig.from_target_config(target.config, num_hidden_layers=ns.num_layers, hidden_size=ns.hidden_size,
