@@ -146,3 +146,13 @@ def test_merge_keeps_judged_positions_and_overlaps():
     assert merged.alpha == pytest.approx(3.5 / 5)
     assert merged.alpha_by_position() == pytest.approx([0.95, 0.5, 0.6])
     assert merged.position_acceptance_rate == pytest.approx(4 / 5)
+
+
+def test_report_shows_older_files_accepted_per_drafted_under_its_own_name():
+    from hf_specdraft.bench.report import bench_section
+
+    meta = {"hardware": "CPU", "dtype": "float32", "batch_size": 1, "task": "completion", "num_prompts": 1, "max_new_tokens": 8,
+            "seed": 0, "versions": {"torch": "2", "transformers": "5"}, "target_parameters": 1e6}
+    old = bench_section("old", {"meta": meta, "summary": {"glide": {"acceptance_rate": 0.123}}})
+    row = next(line for line in old.splitlines() if line.startswith("| glide"))
+    assert row.split(" | ")[4:7] == ["–", "–", "0.123"]  # α, acc/pos, acc/drafted

@@ -35,6 +35,7 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
              f"Command: `{meta.get('command', 'hf-specdraft bench')}`", "",
              "| method | " + " | ".join(c[0] for c in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
     for method, s in result["summary"].items():
+        s = {"accepted_per_drafted": s.get("acceptance_rate"), **s}  # older files named accepted / drafted "acceptance_rate"
         lines.append(f"| {method} | " + " | ".join(_cell(s.get(key), spec) for _, key, spec in COLUMNS) + " |")
     stats = result.get("task_statistics")
     if stats:
@@ -124,7 +125,8 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
              "1 - TV(p, q) averaged over the drafted positions the target judged, for chain drafters with a distribution q; acc/pos: "
              "accepted / judged positions (greedy: how often the drafted token was the target's); acc/drafted: accepted / drafted "
              "tokens (counts every position after a rejection as a failure). E(speedup) is computed from α (older result files "
-             "recorded only accepted / drafted: their α cells are empty).", ""]
+             "recorded only accepted / drafted, shown as acc/drafted; their α and acc/pos cells are empty and their E(speedup) "
+             "came from accepted / drafted).", ""]
     drafters = drafters_section(Path(drafters_dir))
     if drafters:
         parts.append(drafters)
