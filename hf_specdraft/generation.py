@@ -196,7 +196,7 @@ class _TargetRows:
         self.logits, self.input_ids, self.tree = logits, input_ids, tree  # logits: (1+N, V) float32
         self.processor = processor if len(processor) else None
         self.do_sample = generation_config.do_sample
-        self._scores, self._choice = {}, {}
+        self._scores, self._probs, self._choice = {}, {}, {}
         if self.processor is None and not self.do_sample:
             self._choice = dict(enumerate(logits.argmax(-1).tolist()))
 
@@ -211,7 +211,9 @@ class _TargetRows:
         return self._scores[row]
 
     def probs(self, row: int) -> torch.Tensor:
-        return torch.softmax(self.scores(row), dim=-1)
+        if row not in self._probs:  # read by acceptance and again by the α statistics
+            self._probs[row] = torch.softmax(self.scores(row), dim=-1)
+        return self._probs[row]
 
     def choice(self, row: int) -> int:
         """The target's own token at this row: argmax, or a sample from p when sampling."""

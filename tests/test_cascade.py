@@ -23,6 +23,7 @@ from hf_specdraft.cascade import (
     validate_k_matrix,
 )
 from conftest import VOCAB, greedy_reference, tiny_model
+from test_sampling import first_two_joint
 
 NEW_TOKENS = 16
 TABLE = torch.randint(0, VOCAB, (VOCAB,), generator=torch.Generator().manual_seed(2))
@@ -112,10 +113,7 @@ def test_lenient_sampling_is_lossless_at_the_target():
     vocab = 6
     target, draft = tiny_model(vocab_size=vocab, seed=0), tiny_model(vocab_size=vocab, seed=5, num_hidden_layers=1)
     x = torch.tensor([[1, 2, 3]])
-    with torch.no_grad():
-        p1 = torch.softmax(target(x).logits[0, -1], -1)
-        p2 = torch.stack([torch.softmax(target(torch.cat([x, torch.tensor([[t]])], 1)).logits[0, -1], -1) for t in range(vocab)])
-    joint = (p1[:, None] * p2).flatten().double()
+    joint = first_two_joint(target, x).flatten().double()
     counts = torch.zeros(vocab * vocab)
     drafter = CascadeCandidateGenerator([draft], k_matrix=[[2, 2], [0, 3]], lenience=50.0, bigram_table=torch.arange(vocab).roll(1))
     torch.manual_seed(0)

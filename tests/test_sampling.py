@@ -26,6 +26,15 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
+def first_two_joint(target, x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The exact joint distribution `(V, V)` of the first two tokens ``target`` samples after ``x`` `(1, L)`."""
+    with torch.no_grad():
+        p1 = torch.softmax(target(x).logits[0, -1] / temperature, -1)
+        p2 = torch.stack([torch.softmax(target(torch.cat([x, torch.tensor([[t]])], 1)).logits[0, -1] / temperature, -1)
+                          for t in range(p1.numel())])
+    return p1[:, None] * p2
+
+
 def test_speculative_sampling_function_matches_p():
     g = torch.Generator().manual_seed(0)
     V, k = 6, 2
@@ -48,10 +57,7 @@ def test_speculative_generate_samples_from_target():
     target = tiny_model(vocab_size=V, seed=0)
     draft = tiny_model(vocab_size=V, seed=7, num_hidden_layers=1)
     x = torch.tensor([[1, 2, 3]])
-    with torch.no_grad():  # exact joint distribution of the first two sampled tokens at temperature 1.3
-        p1 = torch.softmax(target(x).logits[0, -1] / 1.3, -1)
-        p2 = torch.stack([torch.softmax(target(torch.cat([x, torch.tensor([[t]])], 1)).logits[0, -1] / 1.3, -1) for t in range(V)])
-    joint = (p1[:, None] * p2).flatten()
+    joint = first_two_joint(target, x, temperature=1.3).flatten()
     counts = torch.zeros(V * V)
     torch.manual_seed(0)
     for _ in range(1500):

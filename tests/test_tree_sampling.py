@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sampling import P_VALUE, chi_square_p
+from test_sampling import P_VALUE, chi_square_p, first_two_joint
 
 from hf_specdraft import speculative_generate
 from hf_specdraft.drafting import TreeCandidateGenerator
@@ -113,12 +113,10 @@ def test_loop_verifies_merged_trees_and_samples_from_the_target_with_eos_inside(
     target = tiny_model(vocab_size=V, seed=0)
     eos = 2
     x = torch.tensor([[1, 3, 4]])
-    with torch.no_grad():
-        p1 = torch.softmax(target(x).logits[0, -1], -1)
-        p2 = torch.stack([torch.softmax(target(torch.cat([x, torch.tensor([[t]])], 1)).logits[0, -1], -1) for t in range(V)])
-    expected = (p1[:, None] * p2)
+    expected = first_two_joint(target, x)
+    eos_first = expected[eos].sum()
     expected[eos] = 0
-    expected = torch.cat([expected.flatten(), p1[eos][None]])  # last cell: eos first, text ends
+    expected = torch.cat([expected.flatten(), eos_first[None]])  # last cell: eos first, text ends
     tree = DraftTree(torch.tensor([0, 2, 0, 2, 3, 1]), torch.tensor([-1, -1, -1, 0, 2, 1]))
     counts = torch.zeros(V * V + 1)
     torch.manual_seed(0)
@@ -207,9 +205,7 @@ def test_cape_under_sampling_uses_rejection_sampling_and_samples_from_the_target
     vocab = 8
     target, draft = tiny_model(vocab_size=vocab, seed=0), tiny_model(vocab_size=vocab, seed=7, num_hidden_layers=1)
     x = torch.tensor([[1, 2, 3]])
-    with torch.no_grad():
-        p1 = torch.softmax(target(x).logits[0, -1], -1)
-        p2 = torch.stack([torch.softmax(target(torch.cat([x, torch.tensor([[t]])], 1)).logits[0, -1], -1) for t in range(vocab)])
+    joint = first_two_joint(target, x).flatten()
     counts = torch.zeros(vocab * vocab)
     torch.manual_seed(0)
     drafter = CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 2), budget=6)
@@ -217,7 +213,7 @@ def test_cape_under_sampling_uses_rejection_sampling_and_samples_from_the_target
         out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=2, do_sample=True, top_k=0)
         counts[out[0, 3] * vocab + out[0, 4]] += 1
     assert len(calls) >= 600
-    assert chi_square_p(counts, (p1[:, None] * p2).flatten()) > P_VALUE
+    assert chi_square_p(counts, joint) > P_VALUE
 
 
 def test_bench_wrapper_without_flags_falls_back_to_token_matching(monkeypatch):

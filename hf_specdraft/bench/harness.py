@@ -135,16 +135,14 @@ def _swi(stats: list[dict], method: str, parameters: dict, target_parameters: in
     return new / cost, measured
 
 
-def _expected_speedup(stats: list[dict], alpha: float | None) -> tuple[float | None, float | None]:
-    """c measured in the run (one draft forward over one verification forward) and E(speedup) (glide_cape §5.1)
-    for single-draft chain methods; None for others."""
+def _cost_coefficient(stats: list[dict]) -> tuple[float, int] | None:
+    """c measured in the run (one draft forward over one verification forward) and γ, for single-draft chain
+    methods; None for others."""
     calls = sum(s["drafter_calls"].get("draft", 0) for s in stats)
     steps = sum(s["steps"] for s in stats)
-    if not calls or not steps or alpha is None or any(set(s["drafter_calls"]) - {"draft"} for s in stats):
-        return None, None
-    c = (sum(s["draft_seconds"] for s in stats) / calls) / (sum(s["verify_seconds"] for s in stats) / steps)
-    gamma = round(calls / steps)
-    return c, expected_speedup(alpha, gamma, c)
+    if not calls or not steps or any(set(s["drafter_calls"]) - {"draft"} for s in stats):
+        return None
+    return (sum(s["draft_seconds"] for s in stats) / calls) / (sum(s["verify_seconds"] for s in stats) / steps), round(calls / steps)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -190,9 +188,10 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
             "edit_similarity": sum(r["edit_similarity"] for r in rs) / len(rs),
         }
         summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
-        c, summary[m]["expected_speedup"] = _expected_speedup(stats, summary[m]["alpha"])
-        c2, summary[m]["expected_speedup_position"] = _expected_speedup(stats, summary[m]["position_acceptance_rate"])
-        summary[m]["cost_coefficient"] = c if c is not None else c2
+        cost = _cost_coefficient(stats)  # E(speedup), glide_cape §5.1: from α, and from accepted / judged
+        summary[m]["cost_coefficient"] = cost and cost[0]
+        for key, alpha in (("expected_speedup", summary[m]["alpha"]), ("expected_speedup_position", summary[m]["position_acceptance_rate"])):
+            summary[m][key] = expected_speedup(alpha, cost[1], cost[0]) if cost and alpha is not None else None
     return summary
 
 
