@@ -162,3 +162,26 @@ def test_bf16_runs_and_agreement_is_reported(capsys):
     agreement = (out == ref).float().mean().item()
     print(f"bf16 agreement with target-only greedy: {agreement:.3f}")
     assert 0 <= agreement <= 1
+
+
+class DuplicatingDrafter(OracleDrafter):
+    """Every branch of the oracle's proposal twice (same parent, same token): the loop merges the copies."""
+
+    def propose(self, input_ids, target_cache=None):
+        from hf_specdraft.tree import DraftTree
+
+        tree = super().propose(input_ids, target_cache)
+        n = len(tree)
+        parents = torch.cat([tree.parents, torch.where(tree.parents >= 0, tree.parents + n, tree.parents)])
+        return DraftTree(torch.cat([tree.tokens, tree.tokens]), parents)
+
+
+@pytest.mark.parametrize("mode", ["right", "wrong", "tree"])
+def test_duplicated_branches_stay_lossless_and_are_merged(arch, mode):
+    target = tiny_model(arch)
+    x = prompt()
+    ref = greedy_reference(target, x, 16)
+    out = speculative_generate(target, x, candidate_generator=DuplicatingDrafter(ref, mode, k=3), max_new_tokens=16,
+                               return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert all(step.tree_size <= {"right": 3, "wrong": 3, "tree": 9}[mode] for step in out.speculative_stats.steps)

@@ -507,3 +507,11 @@ def test_stock_rounds_of_a_two_layer_glide_match_the_explicit_drafter():
         drafted = explicit.propose(ids, target_cache(target, ids)).tokens
         assert torch.equal(stock, drafted[: stock.numel()])
     assert len(rounds) > 5
+
+
+def test_stock_assisted_two_layer_glide_is_lossless(arch):
+    """The rebuilt cache (second round) changes only what GLIDE drafts: greedy output stays the target's."""
+    target = tiny_model(arch)
+    glide = make_glide(target, num_hidden_layers=2).attach(target)
+    x = prompt(7, seed=5)
+    assert torch.equal(target.generate(x, assistant_model=glide, max_new_tokens=20, do_sample=False), greedy_reference(target, x, 20))
