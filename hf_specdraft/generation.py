@@ -20,6 +20,7 @@ Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from transformers.utils import ModelOutput
 from .acceptance import ConditionalAcceptance, speculative_sampling, tree_rejection_sampling
 from .drafting import DraftModelCandidateGenerator, TreeCandidateGenerator, output_vocab_size
 from .metrics import SpeculativeStats, overlap
+from .projection import few_token_projection
 from .tree import DraftTree, compact_cache, tree_attention_inputs
 
 
@@ -282,32 +284,45 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     if streamer is not None:
         streamer.put(input_ids.cpu())
     start = time.perf_counter()
-    if input_ids.shape[1] > 1:  # invariant: cache covers input_ids[:, :-1]
-        model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True)
+    if input_ids.shape[1] > 1:  # invariant: cache covers input_ids[:, :-1]; the prefill's logits are not needed
+        model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, **_no_logits_kwargs(model))
     out.stats.prefill_seconds = time.perf_counter() - start
 
-    done = input_ids.shape[1] >= generation_config.max_length
-    while not done:
-        cur_len = input_ids.shape[1]
-        t0 = time.perf_counter()
-        tree = propose(generator, input_ids, cache, model, generation_config.max_length)
-        t1 = time.perf_counter()
-        logits = verify_tree(model, input_ids, cache, tree)
-        rows = _TargetRows(logits, input_ids, tree, logits_processor, generation_config)
-        path, next_token = select_accepted(rows, tree, acceptance, generation_config)
-        t2 = time.perf_counter()
-        input_ids, emitted, done = emit_tokens(input_ids, tree, path, next_token, rows, stopping_criteria, generation_config, out)
-        compact_cache(cache, torch.cat([torch.arange(cur_len), cur_len + torch.tensor(path[: emitted - 1], dtype=torch.long)]).to(input_ids.device))
-        if streamer is not None:
-            streamer.put(input_ids[0, cur_len:].cpu())
-        generator.update_candidate_strategy(input_ids, logits[[0] + [i + 1 for i in path[: emitted - 1]]][None], len(path))
-        drafted, accepted = int(tree.depth.max()) + 1 if len(tree) else 0, min(len(path), emitted)
-        judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
-        out.stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=t1 - t0,
-                         verify_seconds=t2 - t1, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
+    with few_token_projection(model):
+        done = input_ids.shape[1] >= generation_config.max_length
+        while not done:
+            input_ids, done = _step(model, input_ids, cache, generator, acceptance, logits_processor, stopping_criteria,
+                                    generation_config, streamer, out)
     if streamer is not None:
         streamer.end()
     return _finish(generator, generation_config, input_ids, cache, out)
+
+
+def _step(model, input_ids, cache, generator, acceptance, logits_processor, stopping_criteria, generation_config, streamer, out: _Outputs):
+    """One speculative step: propose, verify in one forward, accept, emit, compact. Returns (input_ids, done)."""
+    cur_len = input_ids.shape[1]
+    t0 = time.perf_counter()
+    tree = propose(generator, input_ids, cache, model, generation_config.max_length)
+    t1 = time.perf_counter()
+    logits = verify_tree(model, input_ids, cache, tree)
+    rows = _TargetRows(logits, input_ids, tree, logits_processor, generation_config)
+    path, next_token = select_accepted(rows, tree, acceptance, generation_config)
+    t2 = time.perf_counter()
+    input_ids, emitted, done = emit_tokens(input_ids, tree, path, next_token, rows, stopping_criteria, generation_config, out)
+    compact_cache(cache, torch.cat([torch.arange(cur_len), cur_len + torch.tensor(path[: emitted - 1], dtype=torch.long)]).to(input_ids.device))
+    if streamer is not None:
+        streamer.put(input_ids[0, cur_len:].cpu())
+    generator.update_candidate_strategy(input_ids, logits[[0] + [i + 1 for i in path[: emitted - 1]]][None], len(path))
+    drafted, accepted = int(tree.depth.max()) + 1 if len(tree) else 0, min(len(path), emitted)
+    judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
+    out.stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=t1 - t0,
+                     verify_seconds=t2 - t1, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
+    return input_ids, done
+
+
+def _no_logits_kwargs(model) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it: a prefill needs the cache, not V logits per prompt token."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 def chain_overlaps(rows: _TargetRows, tree: DraftTree, judged: int) -> list[float] | None:

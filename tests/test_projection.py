@@ -1,0 +1,68 @@
+"""The few-token output projection (hf_specdraft.projection): same logits, applied only where safe, always restored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hf_specdraft import speculative_generate
+from hf_specdraft.projection import few_token_projection
+
+from conftest import OracleDrafter, greedy_reference, tiny_model
+
+
+@pytest.mark.parametrize("rows", [1, 2, 6, 17])
+def test_logits_match_linear(rows):
+    model = tiny_model("llama", vocab_size=4096)
+    hidden = torch.randn(1, rows, model.config.hidden_size)
+    head = model.get_output_embeddings()
+    expected = nn.functional.linear(hidden, head.weight)
+    with torch.no_grad(), few_token_projection(model) as applied:
+        got = head(hidden)
+    assert applied and got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bias_and_restore_on_error():
+    model = tiny_model("llama", vocab_size=300)
+    head = model.get_output_embeddings()
+    head.bias = nn.Parameter(torch.randn(300))
+    hidden = torch.randn(1, 4, model.config.hidden_size)
+    with pytest.raises(RuntimeError, match="boom"), torch.no_grad(), few_token_projection(model):
+        torch.testing.assert_close(head(hidden), nn.functional.linear(hidden, head.weight, head.bias))
+        raise RuntimeError("boom")
+    assert "forward" not in vars(head)  # the class' own forward again
+
+
+def test_not_applied_where_it_could_change_what_runs():
+    model = tiny_model("llama")
+    head = model.get_output_embeddings()
+    head.forward = head.forward  # somebody else's wrapper (accelerate hooks, adapters) stays untouched
+    with few_token_projection(model) as applied:
+        assert not applied
+    del head.forward
+    model.lm_head = nn.Sequential(model.lm_head)
+    with few_token_projection(model) as applied:
+        assert not applied
+
+
+def test_keeps_linear_under_autograd():
+    model = tiny_model("llama").train()
+    hidden = torch.randn(1, 4, model.config.hidden_size, requires_grad=True)
+    with few_token_projection(model):
+        model.get_output_embeddings()(hidden).sum().backward()
+    assert hidden.grad is not None and model.lm_head.weight.grad is not None
+
+
+def test_loop_uses_it_and_stays_lossless(monkeypatch):
+    model = tiny_model("qwen2", vocab_size=2048)
+    prompt = torch.randint(0, 2048, (1, 9), generator=torch.Generator().manual_seed(3))
+    reference = greedy_reference(model, prompt, 24)
+    rows_seen = []
+    original = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b: rows_seen.append(b.shape[-1]) or original(a, b))
+    out = speculative_generate(model, prompt, candidate_generator=OracleDrafter(reference, "right", vocab_size=2048), max_new_tokens=24)
+    assert torch.equal(out, reference)
+    assert rows_seen and max(rows_seen) == 5  # [last token] + 4 drafts went through the transposed product
+    assert "forward" not in vars(model.get_output_embeddings())
