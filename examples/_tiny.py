@@ -1,13 +1,13 @@
 """``--tiny``: the embedded default's tiny recipe (hf_specdraft.defaults, seconds on a CPU), so the examples run anywhere.
 
-The tiny models are plumbing, not measurements. ``HF_SPECDRAFT_TINY_DIR`` points every example at one trained
-directory (the tests train it once); unset, each run trains its own into a temporary directory.
+The tiny models are plumbing, not measurements. They are trained once into ``$HF_SPECDRAFT_CACHE/tiny-default``
+(``~/.cache/hf_specdraft/tiny-default``) and reused by every example; ``HF_SPECDRAFT_TINY_DIR`` points them at
+another directory (the tests train one there).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -16,7 +16,8 @@ def tiny_default_dir() -> Path:
     from hf_specdraft.defaults.recipe import get_recipe
     from hf_specdraft.defaults.training import train_default
 
-    path = Path(os.environ.get("HF_SPECDRAFT_TINY_DIR") or tempfile.mkdtemp(prefix="hf-specdraft-tiny-"))
+    cache = Path(os.environ.get("HF_SPECDRAFT_CACHE", Path.home() / ".cache" / "hf_specdraft"))
+    path = Path(os.environ.get("HF_SPECDRAFT_TINY_DIR") or cache / "tiny-default")
     if not (path / "recipe.json").is_file():  # written last: its presence means the run finished
         train_default(get_recipe("tiny"), path, parts=("draft", "target", "glide"))
     return path

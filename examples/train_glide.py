@@ -12,7 +12,6 @@ defaults to one pass over those tokens. The checkpoint gets the model card and C
 """
 
 import argparse
-import tempfile
 from pathlib import Path
 
 import torch
@@ -57,7 +56,7 @@ def main():
         tiny = tiny_default_dir()
         args.target, tokenizer_dir = str(tiny / "target"), str(tiny / "tokenizer")
         args.max_steps, args.seq_len, args.batch_size = args.max_steps or 5, 64, 4
-        args.output_dir = args.output_dir or tempfile.mkdtemp(prefix="glide-tiny-")
+        args.output_dir = args.output_dir or str(tiny / "glide-example")  # beside the tiny run, replaced on each run
         data = load_data([str(Path(hf_specdraft.__file__).parent)], tokenizer_dir)
     else:
         data = hub_tokens(args.dataset, AutoTokenizer.from_pretrained(args.target), args.max_tokens)

@@ -60,19 +60,42 @@ def cmd_demo(args) -> int:
 
     bundle = load_bundle(args.target, args.draft)
     has_draft = bundle.draft is not None
+    shown: list[str] = []
     for task, names in DEMO_METHODS.items():
         methods = tuple(m for m in names if METHODS[m].available(bundle.extras, has_draft))
-        config = BenchConfig(methods=methods, task=task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, warmup=1)
+        config = BenchConfig(methods=methods, task=task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, warmup=1,
+                             repeats=args.repeats)
         result = run_bench(bundle, config)
         meta = result["meta"]
         print(f"\n[{task}] {meta['hardware']}, {meta['dtype']}, target {meta['target_parameters'] / 1e6:.1f}M parameters, "
               f"{config.num_prompts} held-out prompts x {config.max_new_tokens} new tokens (greedy)\n")
-        print(format_table(result["summary"]))
-    print("\nspeedup: wall time of target-only / wall time of the method, same prompts, same run. MAL: tokens per target forward "
-          "(speculative loop). α: the paper's acceptance rate, 1 - TV(p, q) per judged draft position (drafters with a distribution "
-          "q). acc/pos: accepted / judged draft positions. tok/call: tokens per target forward. =target: output identical to "
-          "target-only greedy (CASD's conditional rules may differ by design). edit sim: similarity to the held-out reference.")
+        print(format_table(result["summary"], result["timing"]))
+        print(sample_text(result, bundle.tokenizer))
+        shown += [m for m in methods if m not in shown]
+    print("\n" + DEMO_LEGEND)
+    print("methods:\n" + "\n".join(f"  {m:<18} {METHODS[m].description}" for m in shown))
     return 0
+
+
+DEMO_LEGEND = (
+    "speedup: wall time of target-only / wall time of the method on the same prompts in the same run (median of the repeats per "
+    "prompt); below 1 the method is slower: a slowdown. per-prompt range: the lowest and highest of those ratios over the prompts. "
+    "MAL: mean accepted length, tokens per target forward of the speculative loop. α: the paper's acceptance rate, 1 - TV(p, q) per "
+    "judged draft position (drafters with a distribution q). acc/pos: accepted / judged draft positions. tok/call: tokens per "
+    "target forward. =target: output identical to target-only greedy (CASD's conditional rules may differ by design). edit sim: "
+    "similarity to the held-out reference (1 = the same text).")
+
+
+def sample_text(result: dict, tokenizer, width: int = 240) -> str:
+    """The first prompt's continuation by target-only and by the fastest other method, side by side in text."""
+    first = {r["method"]: r for r in result["records"] if r["prompt"] == 0 and r.get("repeat", 0) == 0}
+    others = [m for m in result["summary"] if m != "target-only"]
+    if not others:
+        return ""
+    best = max(others, key=lambda m: result["summary"][m]["speedup_vs_target_only"])
+    show = lambda m: tokenizer.decode(first[m]["tokens"], skip_special_tokens=True)[:width].replace("\n", "\n    ")  # noqa: E731
+    same = "identical" if first[best]["tokens"] == first["target-only"]["tokens"] else "differs"
+    return f"\nprompt 1, target-only:\n    {show('target-only')}\nprompt 1, {best} (fastest here; {same}):\n    {show(best)}"
 
 
 def bench_output_path(output: str | None, profile: str, task: str, overwrite: bool = False) -> Path:
@@ -91,7 +114,7 @@ def cmd_bench(args) -> int:
 
     methods = tuple(args.methods.split(",")) if args.methods else BenchConfig.methods
     config = BenchConfig(profile=args.profile, methods=methods, task=args.task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                         context_prompt_chars=args.context_prompt_chars)
+                         context_prompt_chars=args.context_prompt_chars, repeats=args.repeats)
     if config.profile == "gpu" and not torch.cuda.is_available():
         raise ValueError("--profile gpu needs a CUDA device; use --profile cpu here")
     target = args.target
@@ -105,7 +128,7 @@ def cmd_bench(args) -> int:
     bundle = load_bundle(target, args.draft, dtype=DTYPES[args.dtype])
     output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
     result = run_bench(bundle, config, output=output)
-    print(format_table(result["summary"]))
+    print(format_table(result["summary"], result["timing"]))
     print(f"\nwrote {output}")
     return 0
 
@@ -122,7 +145,8 @@ def cmd_train_default(args) -> int:
 def cmd_report(args) -> int:
     from .bench.report import write_report
 
-    print(f"wrote {write_report(args.output, args.results_dir)}")
+    path = write_report(args.output, args.results_dir)
+    print(f"wrote {path} (plots in {Path(args.results_dir).parent / 'plots'})")
     return 0
 
 
@@ -144,19 +168,25 @@ PASSTHROUGH = {"train-glide": cmd_train_glide, "build-bigram": cmd_build_bigram}
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-specdraft", description="Speculative decoding for 🤗 Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run every method on the shipped default (or --target) and print a table")
+    shown = argparse.ArgumentDefaultsHelpFormatter  # every option's default in --help
+    demo = sub.add_parser("demo", help="run every method on the shipped default (or --target) and print a table", formatter_class=shown)
     demo.add_argument("--target", help="a causal LM (local path or Hub id) or a train-default directory (default: the embedded default)")
     demo.add_argument("--draft", help="a draft causal LM with the target's vocabulary")
-    demo.add_argument("--num-prompts", type=int, default=2)
-    demo.add_argument("--max-new-tokens", type=int, default=40)
+    demo.add_argument("--num-prompts", type=int, default=2, help="held-out prompts per task")
+    demo.add_argument("--max-new-tokens", type=int, default=40, help="new tokens per prompt")
+    demo.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt; the median counts")
     demo.set_defaults(func=cmd_demo)
-    bench = sub.add_parser("bench", help="benchmark methods side by side; writes JSON")
-    bench.add_argument("--profile", default="cpu", help="cpu or gpu")
-    bench.add_argument("--methods", help="comma-separated method names (default: the baselines)")
+    from .bench.methods import METHODS
+
+    bench = sub.add_parser("bench", help="benchmark methods side by side; writes JSON", formatter_class=shown)
+    bench.add_argument("--profile", default="cpu", choices=("cpu", "gpu"), help="prompt counts, lengths and repeats (gpu also trains its target)")
+    bench.add_argument("--methods", help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,draft-model); "
+                       "one of: " + ", ".join(METHODS))
     bench.add_argument("--task", default="completion", choices=("completion", "context", "chat"),
                        help="completion, context (CASD's rest-of-file task) or chat (requests in the target's chat template)")
-    bench.add_argument("--num-prompts", type=int)
-    bench.add_argument("--max-new-tokens", type=int)
+    bench.add_argument("--num-prompts", type=int, help="held-out prompts (default: the profile's, 20 on cpu)")
+    bench.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default: the profile's, 64 on cpu)")
+    bench.add_argument("--repeats", type=int, help="timed runs per method and prompt, median kept (default: the profile's, 3)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--context-prompt-chars", type=int, help="context task: characters of the file before the cut in the prompt "
                        "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)")
@@ -168,13 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="auto: fp32 on CPU, bf16 on CUDA")
     bench.add_argument("--gpu-default-dir", default="runs/gpu-default", help="where --profile gpu trains (or finds) its target")
     bench.set_defaults(func=cmd_bench)
-    train = sub.add_parser("train-default", help="train your own small target + drafts from a recipe (the 15.7M code LM of earlier versions)")
+    train = sub.add_parser("train-default", formatter_class=shown, help="train your own small target + drafts from a recipe (the 15.7M code LM of earlier versions)")
     train.add_argument("--recipe", default="default", help="default, gpu or tiny")
     train.add_argument("--output-dir", required=True, help="where the target, drafts, tokenizer and logs go (e.g. runs/my-default)")
     train.add_argument("--parts", default="draft,target,small_draft,glide,vanilla", help="any of draft,target,small_draft,glide,vanilla")
     train.add_argument("--resume-target", action="store_true", help="keep the trained first target stage in --output-dir and train only the recipe's continuation of it (use with --parts target)")
     train.set_defaults(func=cmd_train_default)
-    report = sub.add_parser("report", help="render BENCHMARKS.md from benchmarks/results/*.json")
+    report = sub.add_parser("report", help="render BENCHMARKS.md from benchmarks/results/*.json", formatter_class=shown)
     report.add_argument("--results-dir", default="benchmarks/results")
     report.add_argument("--output", default="BENCHMARKS.md")
     report.set_defaults(func=cmd_report)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,7 +151,8 @@ def test_bench_json_schema(tiny_default, tmp_path):
     from hf_specdraft.bench import BenchConfig, run_bench
 
     bundle = load_default(tiny_default[0])
-    config = BenchConfig(methods=("target-only", "draft-model", "null-drafter", "prompt-lookup", "stock-assisted"), num_prompts=2, max_new_tokens=8, warmup=0)
+    config = BenchConfig(methods=("target-only", "draft-model", "null-drafter", "prompt-lookup", "stock-assisted"), num_prompts=2, max_new_tokens=8, warmup=0,
+                         repeats=2)
     result = run_bench(bundle, config, output=tmp_path / "bench.json")
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["meta"]["versions"]["transformers"] and saved["meta"]["dtype"] == "float32" and saved["meta"]["hardware"]
@@ -158,7 +161,10 @@ def test_bench_json_schema(tiny_default, tmp_path):
         assert s["equals_target_only"] == 1.0, name  # every baseline here is lossless
         assert s["speedup_vs_target_only"] > 0
     assert saved["summary"]["draft-model"]["mean_accepted_length"] >= 1
-    assert len(saved["records"]) == 2 * len(config.methods)
+    assert len(saved["records"]) == 2 * 2 * len(config.methods) and {r["repeat"] for r in saved["records"]} == {0, 1}
+    assert all(s["repeats"] == 2 and s["speedup_spread"]["min"] <= s["speedup_vs_target_only"] * 1.0001 or s["prompts"] > 1
+               for s in saved["summary"].values())
+    assert saved["timing"]["repeats"] == 2 and isinstance(saved["timing"]["reliable"], bool)
     assert result["summary"] == saved["summary"]
 
     from hf_specdraft.bench.report import render
@@ -182,7 +188,7 @@ def test_context_bench_records_what_the_pool_can_copy(tiny_default, tmp_path):
     from hf_specdraft.bench import BenchConfig, run_bench
     from hf_specdraft.bench.report import render
 
-    config = BenchConfig(task="context", methods=("target-only", "casd-strict"), num_prompts=2, max_new_tokens=8, warmup=0)
+    config = BenchConfig(task="context", methods=("target-only", "casd-strict"), num_prompts=2, max_new_tokens=8, warmup=0, repeats=1)
     stats = run_bench(load_default(tiny_default[0]), config, output=tmp_path / "context.json")["task_statistics"]
     assert stats["ngram"] == 4 and stats["context_tokens"] > stats["prompt_tokens"] > 0
     assert 0.0 <= stats["reference_copyable_from_prompt"] <= 1.0 and 0.0 < stats["reference_copyable_from_context"] <= 1.0
@@ -199,7 +205,7 @@ def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
     names = register_grid(2)
     assert register_grid(2) == names  # registering twice is harmless
     chosen = tuple(names)[:2]
-    result = run_bench(load_default(tiny_default[0]), BenchConfig(methods=chosen, num_prompts=1, max_new_tokens=8, warmup=0))
+    result = run_bench(load_default(tiny_default[0]), BenchConfig(methods=chosen, num_prompts=1, max_new_tokens=8, warmup=0, repeats=1))
     for name in chosen:
         assert result["summary"][name]["equals_target_only"] == 1.0 and result["summary"][name]["swi_parameters"] > 0
     with pytest.raises(ValueError, match="num_drafts"):
@@ -251,12 +257,32 @@ def test_cli_demo_on_tiny_default(tiny_default):
     assert "target-only" in done.stdout and "draft-model" in done.stdout and "speedup" in done.stdout
 
 
+def test_demo_on_a_busy_machine_says_its_ratios_are_unreliable(tiny_default):
+    """Issue #19: busy loops on every core this process leaves free, plus one: the demo must say so, loudly."""
+    import torch
+
+    from hf_specdraft.bench.timing import _cpu_jiffies
+
+    cpus = _cpu_jiffies()[2] if _cpu_jiffies() else (os.cpu_count() or 1)
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(min(max(cpus - torch.get_num_threads(), 0) + 1, 8))]
+    try:
+        time.sleep(0.5)
+        done = run_cli("demo", "--target", str(tiny_default[0]), "--num-prompts", "1", "--max-new-tokens", "8", "--repeats", "2")
+    finally:
+        for loop in loops:
+            loop.kill()
+    assert done.returncode == 0, done.stderr
+    assert "WARNING: these speed ratios are unreliable" in done.stdout and "other processes used" in done.stdout
+
+
 def test_cli_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     done = run_cli("demo", "--target", str(tmp_path))
     assert done.returncode == 2 and "not a causal LM" in done.stderr
     done = run_cli("bench", "--profile", "tpu")
-    assert done.returncode == 2 and "unknown profile" in done.stderr
+    assert done.returncode == 2 and "invalid choice: 'tpu'" in done.stderr
+    done = run_cli("bench", "--num-prompts", "0")
+    assert done.returncode == 2 and "num_prompts must be a positive int, got 0" in done.stderr
 
 
 @pytest.mark.parametrize("kind", SHIPPED)

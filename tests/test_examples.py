@@ -133,7 +133,7 @@ def test_plots_from_a_harness_run(tiny_env, tmp_path):
     from hf_specdraft.defaults import load_default
 
     bundle = load_default(tiny_env["HF_SPECDRAFT_TINY_DIR"], device="cpu")
-    config = BenchConfig(methods=("target-only", "glide", "glide+cape", "max-gram"), num_prompts=1, max_new_tokens=8, warmup=0)
+    config = BenchConfig(methods=("target-only", "glide", "glide+cape", "max-gram"), num_prompts=1, max_new_tokens=8, warmup=0, repeats=1)
     run_bench(bundle, config, output=tmp_path / "results" / "tiny.json")
     assert len(make_plots(tmp_path / "results", tmp_path / "plots")) == 3
 
@@ -174,3 +174,28 @@ def test_deepspeed_config_is_the_papers_zero2():
     assert config["distributed_type"] == "DEEPSPEED" and config["deepspeed_config"]["zero_stage"] == 2
     assert config["mixed_precision"] == "bf16" and config["num_processes"] == 8  # glide_cape.txt Appendix A: 8 GPUs
     assert "--config_file examples/accelerate_deepspeed_zero2.yaml examples/train_glide.py" in (EXAMPLES / "train_glide.py").read_text()
+
+
+def test_tiny_runs_go_to_the_user_cache_not_temporary_folders(tmp_path, monkeypatch):
+    """--tiny trains once into $HF_SPECDRAFT_CACHE/tiny-default and reuses it: nothing is left in the temp directory."""
+    import tempfile
+
+    import hf_specdraft.defaults.training as training
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import _tiny
+
+    trained = []
+
+    def fake_train_default(recipe, path, parts):
+        trained.append(path)
+        path.mkdir(parents=True)
+        (path / "recipe.json").write_text("{}")  # what a finished run leaves last
+
+    monkeypatch.setattr(training, "train_default", fake_train_default)
+    monkeypatch.delenv("HF_SPECDRAFT_TINY_DIR", raising=False)
+    monkeypatch.setenv("HF_SPECDRAFT_CACHE", str(tmp_path / "cache"))
+    before = set(Path(tempfile.gettempdir()).glob("hf-specdraft-tiny-*"))
+    assert _tiny.tiny_default_dir() == tmp_path / "cache" / "tiny-default" == _tiny.tiny_default_dir()
+    assert trained == [tmp_path / "cache" / "tiny-default"]  # trained once, then reused
+    assert set(Path(tempfile.gettempdir()).glob("hf-specdraft-tiny-*")) == before

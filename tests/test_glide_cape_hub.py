@@ -216,3 +216,40 @@ def test_training_writes_the_same_hub_ready_checkpoint(checkpoints):
     directory = checkpoints / "llama_trained"
     assert (directory / "custom_generate" / "generate.py").is_file() and (directory / "training_log.json").is_file()
     assert "custom_generate" in ModelCard.load(directory / "README.md").data.tags
+
+
+# --- the model card's snippet is code users copy: it runs as written ------------------------------------------
+
+
+def _word_tokenizer(directory):
+    """A word-level tokenizer over the tiny vocabulary (the card's snippet loads one from the target's directory)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "The", "quick", "brown", "fox"] + [f"w{i}" for i in range(VOCAB - 5)]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>").save_pretrained(directory)
+
+
+def test_model_card_snippet_runs_as_written(checkpoints):
+    """The README's python block, with the Hub ids pointed at the local checkpoints, in a process without hf_specdraft."""
+    arch = HUB_ARCHITECTURES[0]
+    _word_tokenizer(checkpoints / f"{arch}_target")
+    card = (checkpoints / f"{arch}_glide" / "README.md").read_text()
+    snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'dtype=torch.float32' in snippet and f'"my-org/glide-{arch}"' in snippet and f'"my-org/tiny-{arch}"' in snippet
+    snippet = snippet.replace(f"my-org/glide-{arch}", f"{arch}_glide").replace(f"my-org/tiny-{arch}", f"{arch}_target")
+    check = snippet.replace("out = target.generate(**inputs, custom_generate", "cape_out = target.generate(**inputs, custom_generate")
+    check += textwrap.dedent("""
+        reference = target.generate(**inputs, max_new_tokens=128, do_sample=False)
+        print("SNIPPET", torch.equal(cape_out, reference), torch.equal(out, reference))
+    """)
+    (checkpoints / "card_snippet.py").write_text(check)
+    (checkpoints / "hf_specdraft.py").write_text("raise ImportError('hf_specdraft is hidden from this process')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(HF_MODULES_CACHE=str(checkpoints / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    done = subprocess.run([sys.executable, "card_snippet.py"], cwd=checkpoints, env=env, capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("SNIPPET", 1)[1].split() == ["True", "True"]

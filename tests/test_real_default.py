@@ -282,6 +282,6 @@ def test_report_lists_the_shipped_drafters_with_both_training_stages(tmp_path):
 def test_zero_is_refused_not_taken_for_the_profile_default(field):
     from hf_specdraft.bench import BenchConfig
 
-    with pytest.raises(ValueError, match="must be positive"):
+    with pytest.raises(ValueError, match=f"{field} must be a positive int"):
         BenchConfig(**{field: 0})
     assert getattr(BenchConfig(), field) > 0  # None still means "the profile's default"

@@ -4,15 +4,19 @@
     hf-specdraft bench --methods target-only,draft-model --num-prompts 5 --output bench.json
 
 Wall time is only reported as a ratio against target-only decoding measured in the same run on the
-same prompts (interleaving spreads machine noise over all methods alike).
+same prompts: every method runs ``repeats`` times per prompt in a rotated order, the median per prompt
+counts, and the spread of the per-prompt ratios and the machine's load are reported
+(:mod:`hf_specdraft.bench.timing`).
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,13 +27,15 @@ from ..defaults import DefaultBundle
 from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, copyable_fraction, edit_similarity
 from ..metrics import expected_speedup
 from .methods import METHODS, BenchContext
+from .timing import LoadMonitor, relative_range, spread, verdict, warning_text
 
 PROFILES = {
     # prompts per task, new tokens per prompt, characters of the file before the cut in a context-task prompt:
     # cpu ≈ 800 tokens (SmolLM2 reads 8K; more makes every prefill seconds longer on 2 cores), gpu ≈ 380 tokens
     # (inside the 512-token windows of the target the gpu profile trains)
-    "cpu": {"num_prompts": 20, "max_new_tokens": 64, "context_prompt_chars": 3000},
-    "gpu": {"num_prompts": 100, "max_new_tokens": 128, "context_prompt_chars": 2 * PROMPT_CHARS},
+    # repeats: timed runs of every method per prompt, the median counts (3: one outlier cannot move it)
+    "cpu": {"num_prompts": 20, "max_new_tokens": 64, "context_prompt_chars": 3000, "repeats": 3},
+    "gpu": {"num_prompts": 100, "max_new_tokens": 128, "context_prompt_chars": 2 * PROMPT_CHARS, "repeats": 3},
 }
 
 
@@ -43,6 +49,7 @@ class BenchConfig:
     seed: int = 0
     warmup: int = 1  # untimed runs of every method before timing (allocator, caches)
     context_prompt_chars: int | None = None  # context task: file characters before the cut in the prompt (profile's default)
+    repeats: int | None = None  # timed runs per method and prompt, median kept (profile's default)
 
     def __post_init__(self):
         if self.profile not in PROFILES:
@@ -56,8 +63,14 @@ class BenchConfig:
             self.num_prompts = PROFILES[self.profile]["num_prompts"]
         if self.max_new_tokens is None:
             self.max_new_tokens = PROFILES[self.profile]["max_new_tokens"]
-        if self.num_prompts < 1 or self.max_new_tokens < 1:
-            raise ValueError(f"num_prompts and max_new_tokens must be positive, got {self.num_prompts} and {self.max_new_tokens}")
+        if self.repeats is None:
+            self.repeats = PROFILES[self.profile]["repeats"]
+        for name in ("num_prompts", "max_new_tokens", "repeats"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
+            raise ValueError(f"warmup must be an int >= 0 (prompts whose runs are not timed), got {self.warmup!r}")
         if self.context_prompt_chars is None:
             self.context_prompt_chars = PROFILES[self.profile]["context_prompt_chars"]
         if not isinstance(self.context_prompt_chars, int) or isinstance(self.context_prompt_chars, bool) or self.context_prompt_chars < 1:
@@ -161,21 +174,44 @@ def _expansion_ms(stats: list[dict], steps: int) -> float | None:
     return 1000 * sum(timed) / steps if timed and steps else None
 
 
+def _median_seconds(records: list[dict]) -> dict[int, float]:
+    """Median wall time per prompt over its timed repeats."""
+    by_prompt: dict[int, list[float]] = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt"], []).append(r["seconds"])
+    return {p: statistics.median(v) for p, v in by_prompt.items()}
+
+
+def _noise(records: list[dict]) -> float:
+    """Median over prompts of the repeats' relative range (0 with one repeat)."""
+    by_prompt: dict[int, list[float]] = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt"], []).append(r["seconds"])
+    return statistics.median(relative_range(v) for v in by_prompt.values()) if by_prompt else 0.0
+
+
 def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | None = None, target_parameters: int = 1) -> dict:
-    by_method = {m: [r for r in records if r["method"] == m] for m in methods}
+    """Per method: speed from the median time per prompt (all repeats), everything else from the first repeat
+    (greedy decoding gives the same tokens and statistics on every repeat)."""
+    timed = {m: [r for r in records if r["method"] == m] for m in methods}
+    by_method = {m: [r for r in rs if r.get("repeat", 0) == 0] for m, rs in timed.items()}
     base = by_method["target-only"]
-    base_seconds = sum(r["seconds"] for r in base)
+    base_seconds = _median_seconds(timed["target-only"])
     summary = {}
     for m, rs in by_method.items():
-        seconds, new = sum(r["seconds"] for r in rs), sum(r["new_tokens"] for r in rs)
+        medians = _median_seconds(timed[m])
+        seconds, new = sum(medians.values()), sum(r["new_tokens"] for r in rs)
         stats = [r["stats"] for r in rs if "stats" in r]
         steps = sum(s["steps"] for s in stats)
         drafted = sum(s["drafted_tokens"] for s in stats)
         summary[m] = {
             "prompts": len(rs),
+            "repeats": len(timed[m]) // max(len(rs), 1),
             "new_tokens": new,
             "tokens_per_second": new / seconds if seconds else 0.0,
-            "speedup_vs_target_only": base_seconds / seconds if seconds else 0.0,
+            "speedup_vs_target_only": sum(base_seconds[p] for p in medians) / seconds if seconds else 0.0,
+            "speedup_spread": spread([base_seconds[p] / medians[p] for p in medians]) if medians else None,
+            "timing_noise": _noise(timed[m]),
             "tokens_per_target_call": new / max(sum(r["target_calls"] for r in rs), 1),
             "mean_accepted_length": sum(s["new_tokens"] for s in stats) / steps if steps else None,
             "alpha": _alpha(stats),
@@ -215,6 +251,11 @@ def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
     return tokenizer(item.prompt, return_tensors="pt").input_ids
 
 
+def _timing_only(record: dict) -> dict:
+    """A later repeat keeps its time and counts (its tokens and statistics repeat the first's)."""
+    return {k: record[k] for k in ("method", "seconds", "new_tokens", "target_calls")}
+
+
 def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = None, output: str | Path | None = None,
               items: list[TaskItem] | None = None) -> dict:
     """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result."""
@@ -227,17 +268,25 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
     items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars)
     counter = _ForwardCounter(bundle.target)
     records = []
+    monitor = LoadMonitor().start()
     try:
-        for index, item in enumerate(tqdm(items, desc=f"bench {config.task}")):
+        bar = tqdm(items, desc=f"bench {config.task}")
+        for index, item in enumerate(bar):
             ids = prompt_ids(bundle.tokenizer, item).to(bundle.target.device)
             ctx = BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, extras)
             if index < config.warmup:
+                bar.set_postfix_str("warm-up (untimed)")
                 for m in config.methods:
                     run_one(m, ctx, counter)
-            for m in config.methods:
-                records.append({"prompt": index, **run_one(m, ctx, counter)})
+            for repeat in range(config.repeats):  # rotated order: no method always runs first or right after another
+                bar.set_postfix_str(f"repeat {repeat + 1}/{config.repeats}")
+                shift = (index + repeat) % len(config.methods)
+                for m in config.methods[shift:] + config.methods[:shift]:
+                    record = run_one(m, ctx, counter)
+                    records.append({"prompt": index, "repeat": repeat, **(record if repeat == 0 else _timing_only(record))})
     finally:
         counter.handle.remove()
+    load = monitor.other_cores()
     named = {**extras, "draft": bundle.draft}
     parameters = {m: {name: (sum(p.numel() for p in model.parameters()) if model is not None else 0)
                       for name, model in METHODS[m].cost_models(named).items()}
@@ -250,8 +299,13 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
                  "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None},
         "summary": summarize(records, config.methods, parameters, target_parameters),
         "drafter_parameters": parameters,
+        "timing": None,
         "records": records,
     }
+    result["timing"] = {"repeats": config.repeats, "warmup_prompts": min(config.warmup, len(items)),
+                        **verdict(load, torch.get_num_threads(), statistics.median(s["timing_noise"] for s in result["summary"].values()))}
+    if not result["timing"]["reliable"]:
+        warnings.warn(warning_text(result["timing"]), stacklevel=2)
     if config.task == "context":
         result["task_statistics"] = context_statistics(items, bundle.tokenizer)
     if output is not None:
@@ -260,16 +314,35 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
     return result
 
 
-def format_table(summary: dict) -> str:
-    """A fixed-width table of the summary (what ``demo`` and ``bench`` print)."""
-    header = f"{'method':<22}{'tok/s':>8}{'speedup':>9}{'MAL':>7}{'α':>7}{'acc/pos':>8}{'tok/call':>10}{'=target':>9}{'edit sim':>10}"
+def speed_word(speedup: float) -> str:
+    """Say what a wall-time ratio means: below 1 is a slowdown."""
+    if speedup >= 1.005:
+        return f"{speedup:.2f}x faster"
+    if speedup <= 0.995:
+        return f"slowdown {1 / speedup:.2f}x" if speedup else "-"
+    return "same speed"
+
+
+def format_table(summary: dict, timing: dict | None = None) -> str:
+    """A fixed-width table of the summary (what ``demo`` and ``bench`` print); an unreliable run's warning on top."""
+    header = (f"{'method':<22}{'tok/s':>8}{'speedup':>9}{'per-prompt range':>18}  {'verdict':<17}{'MAL':>6}{'α':>7}{'acc/pos':>8}"
+              f"{'tok/call':>9}{'=target':>8}{'edit sim':>9}")
     rows = [header, "-" * len(header)]
     def cell(value, width: int, spec: str = ".2f") -> str:
         return f"{'-' if value is None else format(value, spec):>{width}}"
 
     for name, s in summary.items():
-        rows.append(f"{name:<22}{cell(s['tokens_per_second'], 8, '.1f')}{cell(s['speedup_vs_target_only'], 8)}x"
-                    f"{cell(s['mean_accepted_length'], 7)}{cell(s['alpha'], 7)}{cell(s['position_acceptance_rate'], 8)}"
-                    f"{cell(s['tokens_per_target_call'], 10)}"
-                    f"{'yes' if s['equals_target_only'] == 1 else 'no':>9}{cell(s['edit_similarity'], 10, '.3f')}")
+        spread = s.get("speedup_spread")
+        span = f"{spread['min']:.2f}-{spread['max']:.2f}" if spread else "-"
+        verdict = "(baseline)" if name == "target-only" else speed_word(s["speedup_vs_target_only"])
+        rows.append(f"{name:<22}{cell(s['tokens_per_second'], 8, '.1f')}{cell(s['speedup_vs_target_only'], 8)}x{span:>18}  {verdict:<17}"
+                    f"{cell(s['mean_accepted_length'], 6)}{cell(s['alpha'], 7)}{cell(s['position_acceptance_rate'], 8)}"
+                    f"{cell(s['tokens_per_target_call'], 9)}"
+                    f"{'yes' if s['equals_target_only'] == 1 else 'no':>8}{cell(s['edit_similarity'], 9, '.3f')}")
+    if timing is not None:
+        other = "not measured" if timing["other_cpu_cores"] is None else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
+        rows.append(f"timing: median of {timing['repeats']} runs per method and prompt, methods interleaved; other processes used "
+                    f"{other}; repeats differed by {timing['timing_noise']:.0%} (median)")
+        if not timing["reliable"]:
+            rows.insert(0, warning_text(timing))
     return "\n".join(rows)

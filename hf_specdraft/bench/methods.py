@@ -69,8 +69,22 @@ def _target_only(ctx):
     return ctx.target.generate(ctx.prompt_ids, **ctx.generate_kwargs()), None
 
 
+def _stock_generate(ctx, **kwargs) -> torch.Tensor:
+    """``target.generate`` with transformers' own warnings held back: assisted decoding calls the assistant's
+    ``generate`` with a generation config and arguments together, and its deprecation notice would land in the
+    middle of the bench's progress and tables (it is transformers' internal call, nothing the user passed)."""
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        return ctx.target.generate(ctx.prompt_ids, **kwargs, **ctx.generate_kwargs())
+    finally:
+        logging.set_verbosity(verbosity)
+
+
 def _stock_assisted(ctx):
-    return ctx.target.generate(ctx.prompt_ids, assistant_model=ctx.draft, **ctx.generate_kwargs()), None
+    return _stock_generate(ctx, assistant_model=ctx.draft), None
 
 
 def _prompt_lookup(ctx):
@@ -202,7 +216,7 @@ def _glide_cape(ctx, mode):
 def _stock_glide(ctx, kind: str):
     glide = ctx.extras[kind].attach(ctx.target)
     try:
-        return ctx.target.generate(ctx.prompt_ids, assistant_model=glide, **ctx.generate_kwargs()), None
+        return _stock_generate(ctx, assistant_model=glide), None
     finally:
         glide.detach()
 

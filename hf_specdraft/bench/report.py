@@ -14,14 +14,16 @@ from pathlib import Path
 from ..defaults import SMOLLM2_DRAFTERS_DIR
 from .plots import make_plots, plot_paths
 
-COLUMNS = [("tok/s", "tokens_per_second", ".1f"), ("speedup", "speedup_vs_target_only", ".2f"), ("MAL", "mean_accepted_length", ".2f"),
+COLUMNS = [("tok/s", "tokens_per_second", ".1f"), ("speedup", "speedup_vs_target_only", ".2f"), ("per-prompt range", "speedup_spread", "range"), ("MAL", "mean_accepted_length", ".2f"),
            ("α", "alpha", ".3f"), ("acc/pos", "position_acceptance_rate", ".3f"), ("acc/drafted", "accepted_per_drafted", ".3f"),
            ("c", "cost_coefficient", ".3f"), ("E(speedup)", "expected_speedup", ".2f"), ("verify tok/step", "verification_tokens_per_step", ".1f"), ("draft ms/step", "draft_ms_per_step", ".2f"), ("expansion ms/step", "expansion_ms_per_step", ".2f"),
            ("tok/target call", "tokens_per_target_call", ".2f"), ("SWI (params)", "swi_parameters", ".2f"), ("SWI (measured)", "swi_measured", ".2f"), ("= target-only", "equals_target_only", ".0%"), ("edit sim", "edit_similarity", ".3f")]
 
 
 def _cell(value, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
+    if value is None:
+        return "–"
+    return f"{value['min']:.2f}–{value['max']:.2f}" if spec == "range" else format(value, spec)
 
 
 def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
@@ -32,7 +34,7 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
              f"{meta['max_new_tokens']} new tokens, greedy, seed {meta['seed']}; torch {meta['versions']['torch']}, transformers "
              f"{meta['versions']['transformers']}; target {meta.get('target', 'not recorded')} ({meta['target_parameters'] / 1e6:.1f}M parameters). "
              f"Run {meta.get('date', '')}.",
-             f"Command: `{meta.get('command', 'hf-specdraft bench')}`", "",
+             f"Command: `{meta.get('command', 'hf-specdraft bench')}`", "", timing_line(result.get("timing")), "",
              "| method | " + " | ".join(c[0] for c in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
     for method, s in result["summary"].items():
         s = {"accepted_per_drafted": s.get("acceptance_rate"), **s}  # older files named accepted / drafted "acceptance_rate"
@@ -46,6 +48,17 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
     if images:
         lines += [""] + [f"![{Path(image).stem}]({image})" for image in images]
     return "\n".join(lines) + "\n"
+
+
+def timing_line(timing: dict | None) -> str:
+    """How the run was timed, and a warning if it cannot be trusted."""
+    if timing is None:
+        return "Timing: one run per method and prompt (a result file from before repeated timing)."
+    other = "not measured" if timing.get("other_cpu_cores") is None else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
+    line = (f"Timing: median of {timing['repeats']} runs per method and prompt, methods interleaved in a rotated order, "
+            f"{timing['warmup_prompts']} warm-up prompt(s) untimed; other processes used {other}; repeats differed by "
+            f"{timing['timing_noise']:.0%} (median).")
+    return line + ("" if timing["reliable"] else " **Unreliable: " + "; ".join(timing["warnings"]) + ".**")
 
 
 def default_section(log: dict) -> str:
@@ -105,6 +118,19 @@ def overhead_section(result: dict) -> str:
             f"Command: `python -m hf_specdraft.bench.overhead`.\n")
 
 
+def verification_section(result: dict) -> str:
+    """The cost of a forward over n tokens relative to one, with and without the few-token projection."""
+    ratios = result["ratio_to_one_token"]
+    lengths = list(next(iter(ratios.values())))
+    rows = ["## Verification cost", "", f"A target forward over n new tokens on a {result['meta']['prefix']}-token cache, relative to a "
+            f"one-token forward (median of {result['meta']['repeats']}), {result['meta']['hardware']}, {result['meta']['dtype']}; "
+            f"one-token forward {result['milliseconds'][next(iter(ratios))]['1']:.1f} ms. `few_token_projection` is what the "
+            f"loop uses on CPU (`hf_specdraft/projection.py`). Command: `{result['meta']['command']}`.", "",
+            "| output projection | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+    rows += [f"| {name} | " + " | ".join(f"{per_n[n]:.2f}" for n in lengths) + " |" for name, per_n in ratios.items()]
+    return "\n".join(rows) + "\n"
+
+
 def _images(name: str, plots_dir: Path, report_dir: Path) -> list[str]:
     """The plots of result ``name`` that exist, as links relative to the report's directory."""
     return [Path(os.path.relpath(p, report_dir)).as_posix() for p in plot_paths(name, plots_dir).values() if p.is_file()]
@@ -119,7 +145,7 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
     drafters of the default target."""
     results_dir = Path(results_dir)
     plots_dir = results_dir.parent / "plots" if plots_dir is None else Path(plots_dir)
-    parts = ["# Benchmarks", "", "Generated by `hf-specdraft report` from the JSON files in `benchmarks/results/`; do not edit by hand. "
+    parts = ["# Benchmarks", "", f"Generated by `hf-specdraft report` from the JSON files in `{results_dir.as_posix()}/`; do not edit by hand. "
              "Speedups are wall-time ratios against target-only decoding measured in the same run on the same prompts. "
              "MAL: tokens per target forward of the speculative loop; α: the paper's acceptance rate (glide_cape §5.1, Leviathan et al.), "
              "1 - TV(p, q) averaged over the drafted positions the target judged, for chain drafters with a distribution q; acc/pos: "
@@ -136,6 +162,9 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
     overhead = results_dir / "overhead-cpu.json"
     if overhead.is_file():
         parts.append(overhead_section(json.loads(overhead.read_text())))
+    verification = results_dir.parent / "verification" / "cpu-verification-cost.json"
+    if verification.is_file():
+        parts.append(verification_section(json.loads(verification.read_text())))
     benches = sorted(p for p in results_dir.glob("*.json") if p.name != overhead.name)
     if benches:
         parts.append("## Methods side by side\n")
@@ -144,7 +173,14 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
 
 
 def write_report(output: str | Path = "BENCHMARKS.md", results_dir: str | Path = "benchmarks/results") -> Path:
-    """Draw the plots into ``results_dir/../plots`` (benchmarks/plots), then write the report linking them."""
+    """Draw the plots into ``results_dir/../plots`` (benchmarks/plots), then write the report linking them.
+
+    Raises:
+        ValueError: ``results_dir`` is not a directory or holds no ``*.json`` result (e.g. run outside the repository).
+    """
+    if not Path(results_dir).is_dir() or not any(Path(results_dir).glob("*.json")):
+        raise ValueError(f"--results-dir {str(results_dir)!r} holds no benchmark JSON files (run `hf-specdraft bench` first, or run "
+                         "`hf-specdraft report` from the repository root, where benchmarks/results/ is)")
     plots_dir = Path(results_dir).parent / "plots"
     try:
         make_plots(results_dir, plots_dir)

@@ -71,8 +71,9 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
 def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_generate: bool) -> list[str]:
     """The card's usage snippet: GLIDE+CAPE through ``custom_generate``, then GLIDE through ``assistant_model``."""
     target, repo = base_model or "<target>", repo_id or "<this repo>"
-    lines = ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-             f'target = AutoModelForCausalLM.from_pretrained("{target}")',
+    lines = ["## Usage", "", "```python", "import torch", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+             "# float32: in bf16 a tree-verification forward and a one-token forward round differently, so greedy texts can part",
+             f'target = AutoModelForCausalLM.from_pretrained("{target}", dtype=torch.float32)',
              f'inputs = AutoTokenizer.from_pretrained("{target}")("The quick brown fox", return_tensors="pt")']
     if custom_generate:
         lines += ["", "# GLIDE + CAPE (tree verification), with only transformers installed; greedy, batch size 1",
@@ -88,7 +89,7 @@ def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_gen
     if custom_generate:
         lines += ["`custom_generate/` options (keyword arguments of `generate`): `num_draft_tokens` (γ, default 5), "
                   "`verification_budget` (default 32), `expansion_schedule` (default ((.3, 7), (.6, 5), (.8, 3), (1., 1))). "
-                  "Its output equals the target's greedy decoding.", ""]
+                  "In float32 its output equals the target's greedy decoding.", ""]
     return lines
 
 

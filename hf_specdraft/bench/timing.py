@@ -1,0 +1,103 @@
+"""Timing a user can trust: repeats, medians, spread, and a loud word when the machine is busy.
+
+A ratio of wall times is only as good as the machine was quiet. The harness runs every method on a prompt
+``repeats`` times in a rotated order (so no method always runs first or last), keeps the median per prompt
+(as ``torch.utils.benchmark`` and pyperf do), reports the spread of the per-prompt ratios, and watches
+two signs of a busy machine:
+
+- other processes' CPU use during the run, in cores (Linux ``/proc/stat`` minus this process' own CPU time),
+  against the cores this process' threads leave free: a busy loop on one core of a 2-core machine, where
+  torch runs 2 threads, reads ≈ 1 core against 0 free;
+- the timing noise: the relative range (max − min) / median of one method's repeats on one prompt.
+
+Either past its threshold makes the run *unreliable*: the result says so and the command prints it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, field
+
+BUSY_CORES = 0.25  # other processes took a quarter core more than our threads left free: they competed with us
+NOISY_RANGE = 0.15  # repeats of one method on one prompt differ by more than 15 % of their median
+
+
+def _cpu_jiffies() -> tuple[int, int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot and the number of CPUs, from /proc/stat; None where there is
+    none (macOS, Windows)."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+        fields = [int(v) for v in lines[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is counted in user)
+    return total - idle, total, sum(line.startswith("cpu") and line[3:4].isdigit() for line in lines)
+
+
+def _own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+@dataclass
+class LoadMonitor:
+    """Measures what other processes take of the CPU between :meth:`start` and :meth:`share`."""
+
+    _start: tuple[tuple[int, int, int] | None, float] = field(default=(None, 0.0), repr=False)
+
+    def start(self) -> LoadMonitor:
+        self._start = (_cpu_jiffies(), _own_cpu_seconds())
+        return self
+
+    def other_cores(self) -> tuple[float, int] | None:
+        """(cores' worth of CPU other processes used since :meth:`start`, CPUs); None if not measurable."""
+        (jiffies, own), now = self._start, _cpu_jiffies()
+        if jiffies is None or now is None:
+            return None
+        return other_cores(now[0] - jiffies[0], now[1] - jiffies[1], now[2], _own_cpu_seconds() - own, os.sysconf("SC_CLK_TCK")), now[2]
+
+
+def other_cores(busy_jiffies: int, total_jiffies: int, cpus: int, own_seconds: float, ticks_per_second: int) -> float:
+    """``(busy − own) / total × cpus``: how many cores' worth of time went to other processes."""
+    if total_jiffies <= 0:
+        return 0.0
+    return min(max((busy_jiffies - own_seconds * ticks_per_second) / total_jiffies, 0.0), 1.0) * cpus
+
+
+def relative_range(values: list[float]) -> float:
+    """(max − min) / median of repeated timings; 0 for a single one."""
+    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 and statistics.median(values) else 0.0
+
+
+def spread(values: list[float]) -> dict:
+    """min, quartiles and max of per-prompt ratios (quartiles need two or more)."""
+    quartiles = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return {"min": min(values), "q1": quartiles[0], "median": quartiles[1], "q3": quartiles[2], "max": max(values)}
+
+
+def verdict(load: tuple[float, int] | None, threads: int, timing_noise: float) -> dict:
+    """Whether a run's ratios can be trusted, and why not. ``load``: :meth:`LoadMonitor.other_cores`;
+    ``threads``: this process' compute threads (``torch.get_num_threads()``)."""
+    warnings = []
+    other, cpus = load if load is not None else (None, None)
+    free = max(cpus - threads, 0) if cpus is not None else None
+    if other is not None and other > free + BUSY_CORES:
+        warnings.append(f"other processes used {other:.1f} of {cpus} CPU cores during the run while this one ran {threads} threads "
+                        f"({free} left free)")
+    if timing_noise > NOISY_RANGE:
+        warnings.append(f"repeated timings of one method on one prompt differed by {timing_noise:.0%} of their median "
+                        f"(median over prompts and methods; threshold {NOISY_RANGE:.0%})")
+    return {"other_cpu_cores": other, "cpu_cores": cpus, "threads": threads, "timing_noise": timing_noise,
+            "reliable": not warnings, "warnings": warnings}
+
+
+def warning_text(timing: dict) -> str:
+    """The loud line a command prints above an unreliable table (empty when reliable)."""
+    if timing["reliable"]:
+        return ""
+    return ("WARNING: these speed ratios are unreliable: " + "; ".join(timing["warnings"])
+            + ". Close other programs (or wait for them) and run again.")
+
