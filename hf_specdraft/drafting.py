@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation import CandidateGenerator, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
 from .tree import DraftTree
 
 
@@ -35,6 +36,14 @@ def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel, argument: 
             f"{argument} predicts {draft_vocab} token ids but the target predicts {target_vocab}; a draft must share "
             "the target's vocabulary (use a draft trained with the target's tokenizer)"
         )
+
+
+def check_drafter(draft_model: PreTrainedModel, argument: str = "draft_model") -> None:
+    """A drafter re-syncs its own cache by cropping it to the accepted prefix: attention layers only."""
+    others = sorted({name for name in cache_layer_names(draft_model) if name not in ATTENTION_LAYERS})
+    if others or recurrent_state(draft_model):
+        raise ValueError(f"{argument} is a {model_type(draft_model)!r} model whose cache holds {others or 'its own recurrent state'}; "
+                         "a draft model must be attention-only (its cache is cropped back to the accepted text every step)")
 
 
 def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList:
@@ -135,6 +144,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
         check_same_vocab(target, self.draft_model)
+        check_drafter(self.draft_model)
         self._reset()
 
     @torch.no_grad()

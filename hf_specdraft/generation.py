@@ -33,6 +33,7 @@ from .acceptance import ConditionalAcceptance, speculative_sampling, tree_reject
 from .drafting import DraftModelCandidateGenerator, TreeCandidateGenerator, output_vocab_size
 from .metrics import SpeculativeStats, overlap
 from .projection import few_token_projection
+from .support import cache_window, chains_only, check_target, convolution_only
 from .tree import DraftTree, compact_cache, tree_attention_inputs
 
 
@@ -175,14 +176,14 @@ def _check_generation_setup(model, input_ids, generation_config, model_kwargs, c
     passed = model_kwargs.get("past_key_values")
     if passed is not None and (not isinstance(passed, DynamicCache) or passed.get_seq_length() > 0):
         raise ValueError(f"past_key_values must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: speculative decoding needs its own DynamicCache")
-    if not generation_config.use_cache:
-        raise ValueError("use_cache must be True: speculative decoding verifies drafts against the target's KV cache")
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
-    sliding = any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers)
-    if sliding and generation_config.max_length >= window:
+    # use_cache=False (MPT's config default, for one) is not refused: the loop always verifies against its own
+    # KV cache, and caching changes no output token.
+    window = cache_window(cache)  # sliding windows and attention chunks, as transformers built the cache's layers
+    if window is not None and generation_config.max_length >= window:
         raise ValueError(
-            f"the target uses sliding-window attention (sliding_window={window}) and max_length={generation_config.max_length} "
-            "reaches the window; tree verification is only supported inside the window, so lower max_new_tokens or the prompt length"
+            f"the target uses sliding-window (or chunked) attention (sliding_window={window} tokens) and max_length="
+            f"{generation_config.max_length} reaches the window; tree verification is only supported inside the window, so lower "
+            "max_new_tokens or the prompt length"
         )
 
 
@@ -274,13 +275,19 @@ class _Outputs:
 
 @torch.no_grad()
 def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
+    check_target(model)  # recurrent-state models are refused before any forward (hf_specdraft.support)
     cache = DynamicCache(config=model.config)
+    if convolution_only(model):
+        cache.activate_past_recording()  # convolution layers keep the inputs a crop needs to roll back
     _check_generation_setup(model, input_ids, generation_config, model_kwargs, cache)
     if acceptance is not None and not isinstance(acceptance, ConditionalAcceptance):
         raise TypeError(f"acceptance must be None or a ConditionalAcceptance, got {type(acceptance).__name__}")
     if isinstance(generator, TreeCandidateGenerator):
         generator.prepare(model, generation_config)
     out = _Outputs(SpeculativeStats())
+    chains = chains_only(model)
+    if chains:
+        out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     if streamer is not None:
         streamer.put(input_ids.cpu())
     start = time.perf_counter()
@@ -303,6 +310,9 @@ def _step(model, input_ids, cache, generator, acceptance, logits_processor, stop
     cur_len = input_ids.shape[1]
     t0 = time.perf_counter()
     tree = propose(generator, input_ids, cache, model, generation_config.max_length)
+    if "chains_only" in out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the tree's first-child chain
+        tree = tree.main_chain()
+        out.stats.extra["trees_verified_as_chains"] += 1
     t1 = time.perf_counter()
     logits = verify_tree(model, input_ids, cache, tree)
     rows = _TargetRows(logits, input_ids, tree, logits_processor, generation_config)
@@ -344,8 +354,8 @@ def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: D
     tree = _propose(generator, input_ids, cache).merge_duplicates()
     cur_len = input_ids.shape[1]
     tree = tree.truncate_depth(max_length - cur_len - 1)  # room for the accepted tokens and the target's own token
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
-    if window and cur_len + len(tree) >= window and any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in cache.layers):
+    window = cache_window(cache)
+    if window and cur_len + len(tree) >= window:
         keep = max(window - cur_len - 1, 0)  # a prefix of a topological tree is a tree
         tree = tree.select(torch.arange(keep, device=tree.tokens.device), tree.parents[:keep])
     vocab = output_vocab_size(model)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
@@ -80,3 +84,15 @@ def one_thread():
 @pytest.fixture(params=ARCHITECTURES)
 def arch(request):
     return request.param
+
+
+def run_without_hf_specdraft(folder, script: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    """Run ``folder/script`` in a fresh Python where hf_specdraft cannot be imported (a blocking module in the
+    script's folder shadows it, even pip-installed), offline, one thread; assert it succeeded."""
+    (folder / "hf_specdraft.py").write_text("raise ImportError('hf_specdraft is hidden from this process')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(HF_MODULES_CACHE=str(folder / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    done = subprocess.run([sys.executable, script, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done

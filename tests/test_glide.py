@@ -4,16 +4,13 @@ the glimpse really reads the target's KV cache, trust_remote_code checkpoints, a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, GenerationConfig, LlamaConfig
 
-from conftest import ARCHITECTURES, VOCAB, greedy_reference, tiny_model
+from conftest import ARCHITECTURES, VOCAB, greedy_reference, run_without_hf_specdraft, tiny_model
 from hf_specdraft import speculative_generate, speculative_sampling
 from hf_specdraft.glide import (
     GlideCandidateGenerator,
@@ -357,13 +354,7 @@ def fresh_process_result(tmp_path_factory):
         torch.save(glide(x, target_past_key_values=target_cache(target, x)).logits, root / "logits.pt")
     torch.save(x, root / "inputs.pt")
     (root / "check.py").write_text(FRESH_PROCESS)
-    # the script's folder comes first on sys.path: this shadows hf_specdraft even if it gets pip-installed
-    (root / "hf_specdraft.py").write_text("raise ImportError('hf_specdraft is hidden from this process')\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(HF_MODULES_CACHE=str(root / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
-    done = subprocess.run([sys.executable, "check.py"], cwd=root, env=env, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_without_hf_specdraft(root, "check.py", timeout=120)
     files = sorted(p.name for p in (root / "glide").iterdir())
     return json.loads(done.stdout.rsplit("RESULT ", 1)[1]), files, json.loads((root / "glide" / "config.json").read_text())
 

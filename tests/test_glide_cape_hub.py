@@ -5,16 +5,13 @@ the model card shows both ways to decode."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 from huggingface_hub import ModelCard
 
-from conftest import VOCAB, greedy_reference, tiny_model
+from conftest import VOCAB, greedy_reference, run_without_hf_specdraft, tiny_model
 from hf_specdraft.cape.custom_generate.generate import generate as cape_generate
 from hf_specdraft.glide import GlideCapeDrafter, save_glide_checkpoint
 from test_glide import briefly_trained_glide, make_glide, prompt, target_cache
@@ -173,12 +170,7 @@ FRESH_PROCESS = textwrap.dedent(
 def fresh_process_results(checkpoints):
     """Run the checkpoints in a new Python where hf_specdraft cannot be imported (a blocking module comes first)."""
     (checkpoints / "check.py").write_text(FRESH_PROCESS)
-    (checkpoints / "hf_specdraft.py").write_text("raise ImportError('hf_specdraft is hidden from this process')\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(HF_MODULES_CACHE=str(checkpoints / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
-    done = subprocess.run([sys.executable, "check.py", *HUB_ARCHITECTURES], cwd=checkpoints, env=env, capture_output=True, text=True,
-                          timeout=180, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_without_hf_specdraft(checkpoints, "check.py", *HUB_ARCHITECTURES)
     return json.loads(done.stdout.split("RESULTS", 1)[1])
 
 
@@ -246,10 +238,5 @@ def test_model_card_snippet_runs_as_written(checkpoints):
         print("SNIPPET", torch.equal(cape_out, reference), torch.equal(out, reference))
     """)
     (checkpoints / "card_snippet.py").write_text(check)
-    (checkpoints / "hf_specdraft.py").write_text("raise ImportError('hf_specdraft is hidden from this process')\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(HF_MODULES_CACHE=str(checkpoints / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
-    done = subprocess.run([sys.executable, "card_snippet.py"], cwd=checkpoints, env=env, capture_output=True, text=True, timeout=180,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_without_hf_specdraft(checkpoints, "card_snippet.py")
     assert done.stdout.split("SNIPPET", 1)[1].split() == ["True", "True"]

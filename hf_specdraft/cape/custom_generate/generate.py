@@ -92,10 +92,30 @@ def _generation_setup(model, generation_config, kwargs, prompt):
         max_length = prompt.shape[1] + config.max_new_tokens
     else:
         max_length = config.max_length if config.max_length is not None else 20  # transformers' default max_length
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    _check_tree_target(model, max_length)
+    return config, max_length
+
+
+def _check_tree_target(model, max_length):
+    """Refuse, before any forward, targets whose cache or attention cannot take a verified tree.
+
+    Sliding windows are asked the way transformers builds the cache (layer_types / use_sliding_window /
+    max_window_layers), so a config that merely carries an unused ``sliding_window`` (Qwen2-MoE's 0) is fine.
+    """
+    text = model.config.get_text_config()
+    model_type = getattr(text, "model_type", None) or model.config.model_type
+    cache_layers = DynamicCache(config=model.config).layers
+    layers = [type(layer).__name__ for layer in cache_layers]
+    if any(name not in ("DynamicLayer", "DynamicSlidingWindowLayer") for name in layers):
+        raise ValueError(f"the target is a {model_type!r} model whose cache holds non-attention layers ({sorted(set(layers))}); "
+                         "tree verification cannot roll them back. Use hf_specdraft's speculative_generate (it refuses or runs chains)")
+    if model_type in ("bloom", "mpt") or getattr(text, "alibi", False):
+        raise ValueError(f"the target is a {model_type!r} model with ALiBi attention, which takes no tree mask; "
+                         "use hf_specdraft's speculative_generate, which verifies such targets' drafts as chains")
+    windows = [layer.sliding_window for layer in cache_layers if type(layer).__name__ == "DynamicSlidingWindowLayer"]
+    window = min(windows) if windows else None  # sliding windows and Llama 4's attention chunks
     if window is not None and max_length >= window:
         raise ValueError(f"max_length={max_length} reaches the target's sliding_window={window}; tree verification runs inside the window only")
-    return config, max_length
 
 
 def _eos_ids(config):

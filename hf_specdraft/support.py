@@ -1,0 +1,109 @@
+"""Which models the loop can verify drafts for, asked of the model's config and of the cache transformers builds.
+
+Tree verification needs three things of a target: a KV cache whose positions can be gathered to the accepted
+path (:func:`~hf_specdraft.tree.compact_cache`), an attention that takes a 4-D mask with a position per tree
+node, and a forward that takes ``past_key_values``. Models fall in three groups:
+
+- **trees and chains**: attention-only models (Llama, Mistral, Qwen, Gemma, GPT-2, …): every layer of
+  ``DynamicCache(config=...)`` is a ``DynamicLayer`` or ``DynamicSlidingWindowLayer``.
+- **chains only**: ALiBi models (Bloom, MPT, Falcon with ``alibi=True``) build their position bias from a 2-D
+  padding mask and reject a 4-D tree mask, so every proposed tree is verified as its first-child chain
+  (:meth:`~hf_specdraft.tree.DraftTree.main_chain`; counted in ``speculative_stats.extra``). Models whose only
+  non-attention layers are short convolutions (LFM2's ``conv`` layers) keep, with past recording, the inputs a
+  ``crop`` needs to roll their state back exactly: chains, on the cache's own ``crop``.
+- **refused**: the few model types listed in ``MISMATCHED_MODEL_TYPES`` (output that did not match their own
+  ``generate`` in the grid), and models with a recurrent state (Mamba and Mamba-2 layers, linear attention, RWKV, xLSTM: Mamba,
+  Jamba, Bamba, Zamba2, Falcon-H1, Qwen3-Next, …). transformers 5.23's ``LinearAttentionLayer.crop`` rolls back
+  the convolution inputs only, not the recurrent state, so a rejected draft would stay folded into the state and
+  the output would drift silently. :func:`check_target` raises before any forward, naming the model type.
+
+``sliding_window_layers`` is the one answer to "does this model use a sliding window": the layers transformers
+itself builds as ``DynamicSlidingWindowLayer`` from ``layer_types`` / ``use_sliding_window`` /
+``max_window_layers`` (a ``sliding_window`` attribute alone, e.g. Qwen2-MoE's ``0``, does not count).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from transformers import DynamicCache, PreTrainedModel
+
+ATTENTION_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer")
+# Model types whose greedy output under this loop did not match their own ``generate`` in the architecture grid
+# (tests/test_architectures.py): refused by name until the cause is found, never decoded wrongly in silence.
+MISMATCHED_MODEL_TYPES = {
+    **dict.fromkeys(("roberta", "roberta-prelayernorm", "camembert", "data2vec-text", "xlm-roberta", "xlm-roberta-xl"),
+                    "used as a decoder, its speculative output did not match its own generate (RoBERTa-style embeddings)"),
+    "cpmant": "its forward prepends its own prompt positions, so its cache does not line up with input_ids",
+    "prophetnet": "its decoder takes one token per forward once it has a cache, and a verification feeds several",
+}
+ALIBI_MODEL_TYPES = ("bloom", "mpt")  # Falcon: only with config.alibi
+CONVOLUTION_LAYER_TYPES = ("conv",)  # layer_types whose state is a short window of inputs, which crop restores exactly
+
+
+def model_type(model: PreTrainedModel) -> str:
+    return getattr(model.config.get_text_config(), "model_type", None) or model.config.model_type
+
+
+def cache_layer_names(model: PreTrainedModel) -> list[str]:
+    """Class names of the layers of the ``DynamicCache`` transformers builds for ``model``."""
+    return [type(layer).__name__ for layer in DynamicCache(config=model.config).layers]
+
+
+def sliding_window_layers(model: PreTrainedModel) -> int:
+    """How many of ``model``'s layers transformers caches as sliding-window layers (0: none)."""
+    return sum(name == "DynamicSlidingWindowLayer" for name in cache_layer_names(model))
+
+
+def cache_window(cache: DynamicCache) -> int | None:
+    """The smallest window of the cache's sliding-window layers (``sliding_window``, or Llama 4's
+    ``attention_chunk_size``, as transformers passed it to the layer); None without such layers."""
+    windows = [layer.sliding_window for layer in cache.layers if type(layer).__name__ == "DynamicSlidingWindowLayer"]
+    return min(windows) if windows else None
+
+
+def uses_alibi(model: PreTrainedModel) -> bool:
+    """ALiBi position bias built from a 2-D mask: trees are verified as chains."""
+    config = model.config.get_text_config()
+    return model_type(model) in ALIBI_MODEL_TYPES or bool(getattr(config, "alibi", False))
+
+
+def recurrent_state(model: PreTrainedModel) -> str | None:
+    """Why ``model``'s cache cannot be rolled back to an accepted prefix (or the loop is known not to match it),
+    or None when it can."""
+    if model_type(model) in MISMATCHED_MODEL_TYPES:
+        return MISMATCHED_MODEL_TYPES[model_type(model)]
+    if "past_key_values" not in inspect.signature(model.forward).parameters:
+        return "its forward takes no past_key_values (no KV cache to verify drafts against and roll back)"
+    names = [name for name in cache_layer_names(model) if name not in ATTENTION_LAYERS]
+    if not names:
+        return None
+    if convolution_only(model):
+        return None
+    return (f"its cache holds {sorted(set(names))} layers, whose recurrent state transformers' crop does not roll back "
+            "to the accepted tokens (a rejected draft would stay in the state)")
+
+
+def convolution_only(model: PreTrainedModel) -> bool:
+    """Every non-attention layer is a short convolution (LFM2 ``conv``): crop restores it exactly, chains work."""
+    types = getattr(model.config.get_text_config(), "layer_types", None) or []
+    other = {t for t in types if "attention" not in t}
+    return bool(other) and other <= set(CONVOLUTION_LAYER_TYPES)
+
+
+def chains_only(model: PreTrainedModel) -> str | None:
+    """Why ``model`` verifies trees as chains (its first-child path), or None when it verifies trees."""
+    if uses_alibi(model):
+        return "ALiBi attention takes a 2-D mask only"
+    if convolution_only(model):
+        return "convolution layers roll back by crop only"
+    return None
+
+
+def check_target(model: PreTrainedModel, argument: str = "model") -> None:
+    """Raise a `ValueError` naming the model type when speculative decoding cannot run on ``model`` exactly."""
+    why = recurrent_state(model)
+    if why is not None:
+        raise ValueError(f"{argument} is a {model_type(model)!r} model, which speculative decoding refuses: {why}. Supported: "
+                         "attention-based causal LMs (LFM2-style convolution hybrids and ALiBi models with chains only); see "
+                         "the README's Architectures section")
