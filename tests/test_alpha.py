@@ -123,10 +123,10 @@ def _record(method: str, alpha: float | None, positions: int, accepted: int, jud
 
 
 def test_bench_summary_weights_alpha_by_positions_and_feeds_it_to_expected_speedup():
-    records = [{"method": "target-only", "seconds": 2.0, "new_tokens": 10, "target_calls": 10, "tokens": [1], "edit_similarity": 1.0},
-               {"method": "target-only", "seconds": 2.0, "new_tokens": 10, "target_calls": 10, "tokens": [1], "edit_similarity": 1.0},
-               _record("glide", 0.5, 10, accepted=6, judged=10, drafted=20, steps=4),
-               _record("glide", 0.8, 30, accepted=24, judged=30, drafted=40, steps=8)]
+    records = [{"method": "target-only", "prompt": 0, "seconds": 2.0, "new_tokens": 10, "target_calls": 10, "tokens": [1], "edit_similarity": 1.0},
+               {"method": "target-only", "prompt": 1, "seconds": 2.0, "new_tokens": 10, "target_calls": 10, "tokens": [1], "edit_similarity": 1.0},
+               {**_record("glide", 0.5, 10, accepted=6, judged=10, drafted=20, steps=4), "prompt": 0},
+               {**_record("glide", 0.8, 30, accepted=24, judged=30, drafted=40, steps=8), "prompt": 1}]
     s = summarize(records, ("target-only", "glide"))["glide"]
     assert s["alpha"] == pytest.approx((0.5 * 10 + 0.8 * 30) / 40)
     assert s["position_acceptance_rate"] == pytest.approx(30 / 40)
@@ -155,4 +155,4 @@ def test_report_shows_older_files_accepted_per_drafted_under_its_own_name():
             "seed": 0, "versions": {"torch": "2", "transformers": "5"}, "target_parameters": 1e6}
     old = bench_section("old", {"meta": meta, "summary": {"glide": {"acceptance_rate": 0.123}}})
     row = next(line for line in old.splitlines() if line.startswith("| glide"))
-    assert row.split(" | ")[4:7] == ["–", "–", "0.123"]  # α, acc/pos, acc/drafted
+    assert row.split(" | ")[5:8] == ["–", "–", "0.123"]  # α, acc/pos, acc/drafted (after tok/s, speedup, per-prompt range)

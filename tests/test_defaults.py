@@ -285,6 +285,18 @@ def test_cli_errors(tmp_path):
     assert done.returncode == 2 and "num_prompts must be a positive int, got 0" in done.stderr
 
 
+def test_cli_report_and_help_say_what_they_do(tmp_path, capsys):
+    """Issue #19: report outside the repository refused in one line (no empty BENCHMARKS.md); --help names methods and defaults."""
+    from hf_specdraft.cli import build_parser, main
+
+    assert main(["report", "--results-dir", str(tmp_path / "nothing"), "--output", str(tmp_path / "B.md")]) == 2
+    assert "holds no benchmark JSON files" in capsys.readouterr().err and not (tmp_path / "B.md").exists()
+    bench_help = build_parser()._subparsers._group_actions[0].choices["bench"].format_help()
+    assert "glide+cape" in bench_help and "casd-strict" in bench_help and "(default: cpu)" in bench_help
+    demo_help = build_parser()._subparsers._group_actions[0].choices["demo"].format_help()
+    assert "--repeats" in demo_help and "(default: 3)" in demo_help
+
+
 @pytest.mark.parametrize("kind", SHIPPED)
 def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
     """The package ships weights, config, card and log only; the trust_remote_code files and custom_generate/ come

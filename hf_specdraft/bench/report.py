@@ -56,8 +56,8 @@ def timing_line(timing: dict | None) -> str:
         return "Timing: one run per method and prompt (a result file from before repeated timing)."
     other = "not measured" if timing.get("other_cpu_cores") is None else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
     line = (f"Timing: median of {timing['repeats']} runs per method and prompt, methods interleaved in a rotated order, "
-            f"{timing['warmup_prompts']} warm-up prompt(s) untimed; other processes used {other}; repeats differed by "
-            f"{timing['timing_noise']:.0%} (median).")
+            f"{timing['warmup_prompts']} warm-up prompt(s) untimed; other processes used {other}; a speedup moved by "
+            f"{timing['timing_noise']:.0%} between repeats (median over methods).")
     return line + ("" if timing["reliable"] else " **Unreliable: " + "; ".join(timing["warnings"]) + ".**")
 
 
