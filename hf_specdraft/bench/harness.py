@@ -11,6 +11,7 @@ counts, and the spread of the per-prompt ratios and the machine's load are repor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import statistics
@@ -37,6 +38,9 @@ PROFILES = {
     "cpu": {"num_prompts": 20, "max_new_tokens": 64, "context_prompt_chars": 3000, "repeats": 3},
     "gpu": {"num_prompts": 100, "max_new_tokens": 128, "context_prompt_chars": 2 * PROMPT_CHARS, "repeats": 3},
 }
+
+
+WARMUP_TOKENS = 8  # new tokens per untimed warm-up run
 
 
 @dataclass
@@ -287,10 +291,11 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
         for index, item in enumerate(bar):
             ids = prompt_ids(bundle.tokenizer, item).to(bundle.target.device)
             ctx = BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, extras)
-            if index < config.warmup:
+            if index < config.warmup:  # a few tokens suffice to warm allocators and caches; the timed runs are full length
                 bar.set_postfix_str("warm-up (untimed)")
+                warm = dataclasses.replace(ctx, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens))
                 for m in config.methods:
-                    run_one(m, ctx, counter)
+                    run_one(m, warm, counter)
             for repeat in range(config.repeats):  # rotated order: no method always runs first or right after another
                 bar.set_postfix_str(f"repeat {repeat + 1}/{config.repeats}")
                 shift = (index + repeat) % len(config.methods)
