@@ -32,7 +32,7 @@ from transformers.utils import ModelOutput
 from .acceptance import ConditionalAcceptance, speculative_sampling, tree_rejection_sampling
 from .drafting import DraftModelCandidateGenerator, TreeCandidateGenerator, output_vocab_size
 from .metrics import SpeculativeStats, overlap
-from .projection import few_token_projection
+from .projection import few_token_linears
 from .support import cache_window, chains_only, check_target, convolution_only
 from .tree import DraftTree, compact_cache, tree_attention_inputs
 
@@ -295,7 +295,7 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
         model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, **_no_logits_kwargs(model))
     out.stats.prefill_seconds = time.perf_counter() - start
 
-    with few_token_projection(model):
+    with few_token_linears(model):
         done = input_ids.shape[1] >= generation_config.max_length
         while not done:
             input_ids, done = _step(model, input_ids, cache, generator, acceptance, logits_processor, stopping_criteria,

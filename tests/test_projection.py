@@ -1,4 +1,4 @@
-"""The few-token output projection (hf_specdraft.projection): same logits, applied only where safe, always restored."""
+"""The few-token linears (hf_specdraft.projection): same logits, applied only where safe, always restored."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from hf_specdraft import speculative_generate
-from hf_specdraft.projection import few_token_projection
+from hf_specdraft.projection import few_token_linears, few_token_projection
 
 from conftest import OracleDrafter, greedy_reference, tiny_model
 
@@ -22,6 +22,28 @@ def test_logits_match_linear(rows):
         got = head(hidden)
     assert applied and got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_every_linear_of_a_forward(model_type, rows):
+    model = tiny_model(model_type, vocab_size=512)
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    ids = torch.randint(0, 512, (1, 7 + rows), generator=torch.Generator().manual_seed(rows))
+    with torch.no_grad():
+        expected = model(ids).logits
+        calls = []
+        original = torch.matmul
+        with few_token_linears(model) as swapped:
+            torch.matmul = lambda a, b: calls.append(a.shape) or original(a, b)
+            try:
+                got = model(ids).logits
+            finally:
+                torch.matmul = original
+    assert swapped == len(linears) > 7  # every projection of every layer and the head
+    assert len(calls) == len(linears)  # each ran as W @ h.T
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not any("forward" in vars(m) for m in linears)
 
 
 def test_bias_and_restore_on_error():
@@ -65,4 +87,5 @@ def test_loop_uses_it_and_stays_lossless(monkeypatch):
     out = speculative_generate(model, prompt, candidate_generator=OracleDrafter(reference, "right", vocab_size=2048), max_new_tokens=24)
     assert torch.equal(out, reference)
     assert rows_seen and max(rows_seen) == 5  # [last token] + 4 drafts went through the transposed product
-    assert "forward" not in vars(model.get_output_embeddings())
+    assert len(rows_seen) > 2 * model.config.num_hidden_layers  # the decoder layers' projections too, not only the head
+    assert not any("forward" in vars(m) for m in model.modules())

@@ -1,5 +1,6 @@
 """What a verification forward costs: the default target over 1 + N tokens on its cache, with the model's own
-output projection and with :func:`hf_specdraft.projection.few_token_projection`, against a one-token forward.
+own linear layers, with :func:`hf_specdraft.projection.few_token_projection` (the output projection as ``W @ h.T``) and with
+:func:`hf_specdraft.projection.few_token_linears` (every linear layer so: what the loop uses), against a one-token forward.
 
     python -m hf_specdraft.bench.projection --output benchmarks/verification/cpu-verification-cost.json
 
@@ -21,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from ..projection import few_token_projection
+from ..projection import few_token_linears, few_token_projection
 from .harness import environment
 
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
@@ -32,7 +33,8 @@ def time_forwards(model, prefix: int = 96, lengths=LENGTHS, repeats: int = 15, s
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.get_text_config().vocab_size
     cache = DynamicCache(config=model.config)
-    settings = {"model's own": contextlib.nullcontext, "few_token_projection": lambda: few_token_projection(model)}
+    settings = {"model's own": contextlib.nullcontext, "few_token_projection": lambda: few_token_projection(model),
+                "few_token_linears": lambda: few_token_linears(model)}
     samples = {name: {n: [] for n in lengths} for name in settings}
     with torch.no_grad():
         model(torch.randint(0, vocab, (1, prefix), generator=g), past_key_values=cache, use_cache=True)

@@ -119,14 +119,14 @@ def overhead_section(result: dict) -> str:
 
 
 def verification_section(result: dict) -> str:
-    """The cost of a forward over n tokens relative to one, with and without the few-token projection."""
+    """The cost of a forward over n tokens relative to one, with the model's own linears and the transposed ones."""
     ratios = result["ratio_to_one_token"]
     lengths = list(next(iter(ratios.values())))
     rows = ["## Verification cost", "", f"A target forward over n new tokens on a {result['meta']['prefix']}-token cache, relative to a "
             f"one-token forward (median of {result['meta']['repeats']}), {result['meta']['hardware']}, {result['meta']['dtype']}; "
-            f"one-token forward {result['milliseconds'][next(iter(ratios))]['1']:.1f} ms. `few_token_projection` is what the "
-            f"loop uses on CPU (`hf_specdraft/projection.py`). Command: `{result['meta']['command']}`.", "",
-            "| output projection | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+            f"one-token forward {result['milliseconds'][next(iter(ratios))]['1']:.1f} ms. `few_token_projection` computes the output "
+            f"projection as `W @ h.T`, `few_token_linears` every linear layer (what the loop uses on CPU, `hf_specdraft/projection.py`). Command: `{result['meta']['command']}`.", "",
+            "| linear layers | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
     rows += [f"| {name} | " + " | ".join(f"{per_n[n]:.2f}" for n in lengths) + " |" for name, per_n in ratios.items()]
     return "\n".join(rows) + "\n"
 
