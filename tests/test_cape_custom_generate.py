@@ -41,6 +41,17 @@ def test_template_loop_is_lossless(arch, draft_kind):
     assert torch.equal(out, greedy_reference(target, x, 20))
 
 
+def test_template_loop_verifies_with_transposed_linears(monkeypatch):
+    target = tiny_model("qwen2")
+    x = prompt()
+    rows_seen, original = [], torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b: rows_seen.append(b.shape[-1]) or original(a, b))
+    out = cape_generate(target, input_ids=x, assistant_model=target, max_new_tokens=12, num_draft_tokens=3, verification_budget=5)
+    assert torch.equal(out, greedy_reference(target, x, 12))
+    assert rows_seen and max(rows_seen) > 1  # few-token verification forwards went through W @ h.T
+    assert not any("forward" in vars(m) for m in target.modules())  # and every linear got its own forward back
+
+
 def test_template_loop_stops_at_eos():
     target = tiny_model()
     x = prompt()
@@ -68,8 +79,12 @@ def test_template_errors(kwargs, match):
 def test_write_custom_generate_keeps_an_existing_model_card(tmp_path):
     (tmp_path / "README.md").write_text("my card")
     written = write_custom_generate(tmp_path)
-    assert sorted(p.name for p in written) == ["cape_draft.py", "cape_tree.py", "generate.py"]
+    assert sorted(p.name for p in written) == ["cape_draft.py", "cape_tree.py", "generate.py", "projection.py"]
     assert (tmp_path / "README.md").read_text() == "my card"
+    import hf_specdraft.projection
+
+    # the library's module itself, written at save time (no copy kept in the template)
+    assert (tmp_path / "custom_generate" / "projection.py").read_text() == open(hf_specdraft.projection.__file__).read()
     assert "custom_generate" in (write_custom_generate(tmp_path / "fresh")[-1]).read_text()
 
 

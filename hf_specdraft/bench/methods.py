@@ -173,32 +173,40 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
 
 # --- CASD (hf_specdraft.casd): the "context" task, drafts retrieved from the rest of the file ----------------
 
+# CASD's draft-tree size for the default target on CPU, tuned by `python -m hf_specdraft.bench.tune_casd` on context items
+# 8..13 (benchmarks/results/cpu-tune-casd.json): 8 nodes 1.09x, 4 nodes 1.09x, 16: 1.01x, REST's 64: 0.91x; a
+# 64-node verification costs ~2.5x a one-token forward here. The library's CasdConfig keeps REST's 64.
+CASD_MAX_NODES = 8
+
+
 def _casd(ctx, **options):
     from ..casd import build_casd_for_bench
 
+    options.setdefault("max_nodes", CASD_MAX_NODES)
     context_ids = torch.tensor(ctx.tokenizer(ctx.item.context, add_special_tokens=False).input_ids)
     generator, acceptance = build_casd_for_bench(ctx.target, context_ids, **options)
     return _speculative(ctx, candidate_generator=generator, acceptance=acceptance)
 
 
 register_method(Method("casd-strict", lambda ctx: _casd(ctx, strict=True), tasks=("context",),
-                       description="CASD, exact verification (lossless context lookup decoding)"))
+                       description=f"CASD, exact verification (lossless context lookup decoding), {CASD_MAX_NODES} draft nodes"))
 register_method(Method("casd-strict+output", lambda ctx: _casd(ctx, strict=True, draft_from_output=True), tasks=("context",),
-                       description="CASD strict, retrieving from the generated tokens too (not in casd.txt)"))
+                       description=f"CASD strict, retrieving from the generated tokens too (not in casd.txt), {CASD_MAX_NODES} draft nodes"))
 register_method(Method("casd-conditional", lambda ctx: _casd(ctx, threshold=0.1), tasks=("context",), lossless=False,
-                       description="CASD, conditional verification p > max(0.1, p(eos)) (eq. 3)"))
+                       description=f"CASD, conditional verification p > max(0.1, p(eos)) (eq. 3), {CASD_MAX_NODES} draft nodes"))
 register_method(Method("casd-mixed", lambda ctx: _casd(ctx, threshold=0.1, top_k=5), tasks=("context",), lossless=False,
-                       description="CASD, conditional + top-5 (eq. 4)"))
+                       description=f"CASD, conditional + top-5 (eq. 4), {CASD_MAX_NODES} draft nodes"))
 
 
 # --- GLIDE (hf_specdraft.glide): the default target's GLIDE and its vanilla twin, alone and with CAPE -----------
 
 # γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m hf_specdraft.bench.tune_glide`
 # on completion items 20..25 (benchmarks/results/cpu-tune-glide.json); the bench measures them on items 0..N-1.
-# GLIDE alone: γ = 4 and 5 tie (0.824x), so the paper's 5 stays; CAPE: γ = 3 with a 12-token budget (0.868x) beats
-# the paper's γ = 5 / 32 tokens (0.680x): on this CPU a 32-token verification costs ~2x a one-token forward.
-GLIDE_GAMMA = 5
-CAPE_GAMMA, CAPE_BUDGET = 3, 12
+# With every linear of a verification forward as W @ h.T (hf_specdraft/projection.py), verifying 2-4 tokens costs
+# about one one-token forward and 6 tokens ~1.4x, so short drafts win: GLIDE γ = 3 (1.48x; γ = 5: 1.19x), CAPE γ = 2
+# with a 3-token budget (1.54x; γ = 3 / 12 tokens: 0.97x). The paper's γ = 5 / 32 tokens assume a GPU's flat cost.
+GLIDE_GAMMA = 3
+CAPE_GAMMA, CAPE_BUDGET = 2, 3
 
 
 def _glide_chain(ctx, kind: str, gamma: int = GLIDE_GAMMA):

@@ -1,4 +1,4 @@
-"""Ship CAPE with a checkpoint: copy the self-contained ``custom_generate/`` folder into a checkpoint directory.
+"""Ship CAPE with a checkpoint: write the self-contained ``custom_generate/`` folder into a checkpoint directory.
 
 After ``write_custom_generate(d)``, with only torch and transformers installed (notes/transformers-5.23.md §6)::
 
@@ -15,7 +15,10 @@ import shutil
 from pathlib import Path
 
 TEMPLATE = Path(__file__).parent / "custom_generate"
-FILES = ("generate.py", "cape_tree.py", "cape_draft.py")  # generate.py and its flat siblings (`from .x import`)
+# generate.py and its flat siblings (`from .x import`), by the name they get in the folder. projection.py is the
+# library's own module (torch only), written from its one source at save time rather than kept as a copy.
+FILES = {"generate.py": TEMPLATE / "generate.py", "cape_tree.py": TEMPLATE / "cape_tree.py", "cape_draft.py": TEMPLATE / "cape_draft.py",
+         "projection.py": Path(__file__).parents[1] / "projection.py"}
 
 README = """---
 library_name: transformers
@@ -54,8 +57,8 @@ def write_custom_generate(directory: str | Path, readme: bool = True) -> list[Pa
     target = Path(directory) / "custom_generate"
     target.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in FILES:
-        shutil.copyfile(TEMPLATE / name, target / name)
+    for name, source in FILES.items():
+        shutil.copyfile(source, target / name)
         written.append(target / name)
     card = Path(directory) / "README.md"
     if readme and not card.exists():

@@ -11,7 +11,8 @@ Each step: the draft proposes a greedy chain of γ = ``num_draft_tokens`` tokens
 q_i; every position gets an expansion set of the K_i = S(max q_i) next-best tokens (leaves beside the
 chain token); chain and sets go through the target in one forward under a tree mask; the deepest path
 that matches the target's argmax is kept, plus the target's own next token. The output equals the
-target's greedy decoding.
+target's greedy decoding. On CPU every linear layer of a few-token verification runs as ``W @ h.T``
+(``projection.py``, written beside this file from hf_specdraft's own module at save time).
 
 Options (keyword arguments of ``generate``): ``num_draft_tokens`` (γ, default 5), ``verification_budget``
 (most tokens verified per step, default 32 as in §5.3), ``expansion_schedule`` ((upper_bound, K) bins,
@@ -26,6 +27,11 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 from .cape_draft import load_draft, make_drafter
 from .cape_tree import DEFAULT_SCHEDULE, accept_greedy, check_schedule, compact_cache, expand, tree_inputs
+
+try:  # written beside this file by write_custom_generate, from hf_specdraft/projection.py
+    from .projection import few_token_linears
+except ImportError:  # the template inside the installed library (absolute: transformers reads `from .` lines as sibling files)
+    from hf_specdraft.projection import few_token_linears
 
 # generate() hands these to every custom_generate function; this greedy loop needs them unset
 _PASSED_THROUGH = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "negative_prompt_ids", "negative_prompt_attention_mask")
@@ -131,6 +137,11 @@ def _eos_ids(config):
 def _cape_loop(model, drafter, input_ids, max_length, eos_ids, gamma, schedule, budget, streamer):
     """Draft → expand → verify in one forward → accept → compact, until max_length or EOS."""
     cache = DynamicCache(config=model.config)
+    with few_token_linears(model):  # CPU: every linear of a few-token verification as W @ h.T (projection.py)
+        return _cape_steps(model, drafter, input_ids, cache, max_length, eos_ids, gamma, schedule, budget, streamer)
+
+
+def _cape_steps(model, drafter, input_ids, cache, max_length, eos_ids, gamma, schedule, budget, streamer):
     if input_ids.shape[1] > 1:  # invariant: the target cache covers input_ids[:, :-1]
         model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True)
     if streamer is not None:

@@ -1,0 +1,31 @@
+"""The tuning runs (hf_specdraft.bench.tune_glide, tune_casd): their grids and their argument checks (the runs
+themselves load the real default and take minutes; their results are committed JSON)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_specdraft.bench import METHODS
+from hf_specdraft.bench import tune_casd, tune_glide
+
+
+def test_grids_register_once_with_their_settings():
+    gammas, capes = tune_glide.register_grid()
+    assert gammas == [f"glide-gamma{g}" for g in tune_glide.GAMMAS]
+    assert capes == [f"glide+cape-gamma{g}-budget{b}" for g, b in tune_glide.CAPE_SETTINGS]
+    nodes = tune_casd.register_grid()
+    assert nodes == [f"casd-strict-nodes{n}" for n in tune_casd.MAX_NODES]
+    assert all(METHODS[n].tasks == ("context",) for n in nodes)
+    assert tune_casd.register_grid() == nodes  # a second call registers nothing twice
+
+
+@pytest.mark.parametrize("module", [tune_glide, tune_casd])
+@pytest.mark.parametrize("argv, flag", [(["--num-prompts", "0"], "--num-prompts"), (["--max-new-tokens", "-1"], "--max-new-tokens"),
+                                        (["--skip-prompts", "-2"], "--skip-prompts")])
+def test_bad_arguments_are_refused_before_anything_loads(module, argv, flag, capsys, monkeypatch):
+    import hf_specdraft.defaults
+
+    monkeypatch.setattr(hf_specdraft.defaults, "load_default", lambda *a, **k: pytest.fail("loaded the default"))
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err
