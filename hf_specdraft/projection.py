@@ -50,7 +50,7 @@ from torch import nn
 def _transposed_linear(module: nn.Linear, original):
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
         rows = hidden_states.numel() // max(hidden_states.shape[-1], 1)
-        if hidden_states.dim() < 2 or rows <= 1 or hidden_states.requires_grad or module.weight.requires_grad and torch.is_grad_enabled():
+        if hidden_states.dim() < 2 or rows <= 1 or hidden_states.requires_grad or (module.weight.requires_grad and torch.is_grad_enabled()):
             return original(hidden_states)
         flat = hidden_states.reshape(rows, hidden_states.shape[-1])  # (M, d_in)
         out = torch.matmul(module.weight, flat.T).T.contiguous()  # (M, d_out): the BLAS' fast orientation for small M; laid out as linear's

@@ -12,7 +12,7 @@ target-only measured in the same run (methods interleaved)::
 from __future__ import annotations
 
 from .methods import METHODS, Method, _casd, register_method
-from .tune_glide import run_tuning, tuning_parser
+from .tuning import run_tuning, tuning_parser
 
 MAX_NODES = (4, 8, 16, 32, 64)
 
