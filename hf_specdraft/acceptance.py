@@ -3,12 +3,13 @@
 Notation (Leviathan et al. 2023): p is the reviewer's (target's) distribution, q the drafter's; ``x`` a
 drafted token. Every rule here is a small pure function of p (and q) at one position.
 
-- :func:`greedy_accepts` — exact match with the reviewer's argmax (lossless for greedy decoding).
+- :func:`accept_tree` — the loop's walk down a verified tree: exact match with the target's own token at each
+  node (argmax, or its sample: lossless), or CASD's condition; the deepest accepted node wins.
 - :func:`speculative_sampling` — Leviathan et al. 2023, Algorithm 1, for a chain with q (lossless in
   distribution).
 - :func:`tree_rejection_sampling` — multi-branch rejection sampling down a tree (SpecInfer), for trees with q.
-- :func:`lenient_accepts` — cascade speculative drafting §3.1: accept when argmax agrees or
-  ``q(x) <= l * p(x)``; lossy, so the cascade applies it only when a *draft* reviews.
+- :func:`lenient_review` / :func:`lenient_review_sampling` — cascade speculative drafting §3.1: accept when the
+  argmax agrees or ``q(x) <= l * p(x)``; lossy, so the cascade applies it only when a *draft* reviews.
 - :class:`ConditionalAcceptance` — CASD eq. 3 (``p(x) > max(δ, p(eos))``) and eq. 4 (also ``x ∈ top-k(p)``).
 """
 
@@ -18,21 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def greedy_accepts(target_logits: torch.Tensor, token: int) -> bool:
-    """Exact greedy acceptance: ``token == argmax p``. ``target_logits`` `(V,)`."""
-    return int(target_logits.argmax()) == token
-
-
-def accept_chain_greedy(target_logits: torch.Tensor, candidates: torch.Tensor) -> int:
-    """Number of leading candidates equal to the target's argmax.
-
-    Args:
-        target_logits (`torch.FloatTensor` of shape `(k+1, V)`): row ``i`` scores position ``i``.
-        candidates (`torch.LongTensor` of shape `(k,)`).
-    """
-    matches = candidates == target_logits[: candidates.numel()].argmax(-1)
-    return int(matches.long().cumprod(0).sum())
+from .tree import DraftTree
 
 
 def speculative_sampling(
@@ -133,25 +120,6 @@ def check_lenience(lenience: float) -> float:
     return float(lenience)
 
 
-def lenient_accepts(p: torch.Tensor, q: torch.Tensor, token: int, lenience: float) -> bool:
-    """Greedy lenient review (cascade speculative drafting §3.1).
-
-    Accept ``token`` when the reviewer's argmax agrees, or when ``q(token) <= l * p(token)``.
-    ``p`` `(V,)` reviewer probabilities, ``q`` `(V,)` drafter probabilities, ``l >= 1``.
-    """
-    check_lenience(lenience)
-    return int(p.argmax()) == token or float(q[token]) <= lenience * float(p[token])
-
-
-def accept_chain_lenient(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, lenience: float) -> int:
-    """Number of leading ``candidates`` `(k,)` a reviewer keeps under lenience ``l`` (``p`` `(k+1, V)`, ``q`` `(k, V)`)."""
-    check_lenience(lenience)
-    k = candidates.numel()
-    idx = torch.arange(k, device=candidates.device)
-    ok = (p[:k].argmax(-1) == candidates) | (q[idx, candidates] <= lenience * p[idx, candidates])
-    return int(ok.long().cumprod(0).sum())
-
-
 @dataclass(frozen=True)
 class ConditionalAcceptance:
     """CASD conditional verification (casd.txt §3, eq. 3–4).
@@ -184,3 +152,93 @@ class ConditionalAcceptance:
         if self.top_k is not None:
             return p_x >= float(probs.topk(min(self.top_k, probs.numel())).values[-1])
         return True
+
+
+def lenient_review(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torch.Tensor, lenience: float) -> int:
+    """Greedy (lenient) review by a draft (§3.1): how many leading ``candidates`` the reviewer keeps.
+
+    Args:
+        p (`torch.FloatTensor` of shape `(k+1, V)`): the reviewer's distribution at each position.
+        candidates (`torch.LongTensor` of shape `(k,)`).
+        q_candidates (`torch.FloatTensor` of shape `(k,)`): ``q(x)`` of each candidate under the drafter
+            that proposed it; ``inf`` for tokens that must match exactly (MaG's).
+        lenience: ``l >= 1``; ``1`` accepts only the reviewer's argmax (the official code applies the
+            lenient clause only when ``l > 1``).
+    """
+    k = candidates.numel()
+    ok = p[:k].argmax(-1) == candidates
+    if lenience > 1:
+        p_x = p[torch.arange(k, device=p.device), candidates]
+        ok |= q_candidates.to(p.device) <= lenience * p_x
+    return int(ok.long().cumprod(0).sum())
+
+
+def lenient_review_sampling(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torch.Tensor, lenience: float,
+                            generator: torch.Generator | None = None) -> tuple[int, int]:
+    """Probabilistic (lenient) review by a draft when sampling (§3.1).
+
+    Candidate ``x_i`` with drafter probability ``q(x_i)`` passes when ``q(x_i) <= l * p_i(x_i)``, else with
+    probability ``l * p_i(x_i) / q(x_i)``; the first rejection ends the review. MaG's tokens (``q = inf``) are
+    point masses and are never lenient: each passes with probability ``p_i(x_i)``. The reviewer's own token
+    after the kept prefix is drawn from ``p`` at that position, without the rejected token when there is one.
+    Lossy by design (only drafts review this way; the target's review stays exact, so the output is not).
+
+    Args:
+        p (`torch.FloatTensor` of shape `(k+1, V)`): the reviewer's (warped) distribution at each position.
+        candidates (`torch.LongTensor` of shape `(k,)`), q_candidates (`torch.FloatTensor` of shape `(k,)`): as in
+            :func:`lenient_review`.
+        lenience: ``l >= 1``.
+
+    Returns:
+        `(accepted, next_token)`.
+    """
+    k = candidates.numel()
+    p_x = p[torch.arange(k, device=p.device), candidates.to(p.device)].tolist()
+    for i, (p_i, q_i) in enumerate(zip(p_x, q_candidates.tolist())):
+        threshold = p_i if q_i == float("inf") else lenience * p_i / q_i if q_i > 0 else 1.0
+        if threshold >= 1 or float(torch.rand((), generator=generator)) < threshold:
+            continue
+        residual = p[i].clone()
+        residual[int(candidates[i])] = 0
+        if float(residual.sum()) <= 0:
+            residual = p[i]
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return k, int(torch.multinomial(p[k], 1, generator=generator))
+
+
+def accept_tree(rows, tree: DraftTree, acceptance: ConditionalAcceptance | None, eos_token_ids: list[int]) -> tuple[list[int], int]:
+    """Pick the accepted path through ``tree`` (siblings unique: :meth:`DraftTree.merge_duplicates`) and the target's
+    next token after it.
+
+    A node is accepted when its parent was and its token equals the target's choice at the parent's row
+    (exact: lossless for greedy, and for sampling because the choice is a sample from p) or, with
+    ``acceptance``, passes CASD's condition. The deepest accepted node wins (earliest on ties).
+
+    Args:
+        rows: the target's rows, with ``choice(row) -> int`` (its own token: argmax, or a sample from p) and
+            ``probs(row) -> (V,)``; row 0 scores the token after the last accepted one, row ``1 + i`` the token
+            after node ``i`` (the loop's ``_TargetRows``).
+        tree (:class:`~hf_specdraft.tree.DraftTree`): the verified proposal.
+        acceptance: CASD's rule, or `None` for exact matching.
+        eos_token_ids: what ``p(eos)`` means for ``acceptance``.
+
+    Returns:
+        `(path, next_token)`: accepted node indices root-to-leaf, and the target's token after them.
+    """
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    accepted, depth = [False] * len(tokens), [0] * len(tokens)
+    best = -1
+    for i, (parent, token) in enumerate(zip(parents, tokens)):
+        if parent >= 0 and not accepted[parent]:
+            continue
+        row = parent + 1
+        ok = token == rows.choice(row)
+        if not ok and acceptance is not None:
+            ok = acceptance.accepts(rows.probs(row), token, eos_token_ids)
+        if ok:
+            accepted[i] = True
+            depth[i] = 0 if parent < 0 else depth[parent] + 1
+            if best < 0 or depth[i] > depth[best]:
+                best = i
+    path = tree.path_to(best)
+    return path, rows.choice(best + 1)

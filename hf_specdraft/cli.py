@@ -23,26 +23,30 @@ import torch
 DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def load_bundle(target: str | None, draft: str | None, device: str | None = None, dtype: torch.dtype | None = None):
-    """The embedded default, or user checkpoints (local paths or Hub ids)."""
+def load_bundle(target: str | None, draft: str | None, device: str | None = None, dtype: torch.dtype | None = None,
+                draft_dtype: torch.dtype | None = None):
+    """The embedded default, or user checkpoints (local paths or Hub ids); ``draft_dtype`` `None`: the loader's
+    default for the embedded drafters, the target's dtype for a ``--draft`` checkpoint."""
     from .defaults import DefaultBundle, load_default
 
     if target is None or (Path(target) / "target" / "config.json").is_file():  # the default, or a train-default directory
-        bundle = load_default(target, device=device, dtype=dtype)
+        bundle = load_default(target, device=device, dtype=dtype, draft_dtype=draft_dtype)
         if draft is not None:
-            bundle.draft = _load_causal_lm(draft, "--draft", bundle.target)
+            bundle.draft = _load_causal_lm(draft, "--draft", bundle.target, draft_dtype)
         return bundle
     from transformers import AutoTokenizer
 
     model = _load_causal_lm(target, "--target", dtype=dtype)
-    return DefaultBundle(model, _load_causal_lm(draft, "--draft", model) if draft else None, AutoTokenizer.from_pretrained(target), Path(target))
+    draft_model = _load_causal_lm(draft, "--draft", model, draft_dtype) if draft else None
+    return DefaultBundle(model, draft_model, AutoTokenizer.from_pretrained(target), Path(target))
 
 
 def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | None = None):
     from transformers import AutoModelForCausalLM
 
+    dtype = dtype or (like.dtype if like is not None else torch.float32)
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=like.dtype if like is not None else (dtype or torch.float32))
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"{argument} {name!r} is not a causal LM checkpoint that AutoModelForCausalLM can load: {err}") from err
     return model.to(like.device if like is not None else ("cuda" if torch.cuda.is_available() else "cpu")).eval()
@@ -50,7 +54,7 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
 
 # One method per idea, so the demo stays a few minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
 DEMO_METHODS = {
-    "completion": ("target-only", "stock-assisted", "prompt-lookup", "draft-model", "glide", "glide+cape", "max-gram", "cascade-2drafts"),
+    "completion": ("target-only", "stock-assisted", "prompt-lookup", "draft-model", "glide", "glide+cape", "max-gram", "cascade-1draft-tuned"),
     "context": ("target-only", "prompt-lookup", "max-gram", "casd-strict"),  # CASD drafts from a context: its own table
 }
 
@@ -125,7 +129,7 @@ def cmd_bench(args) -> int:
         target = args.gpu_default_dir
         if not (Path(target) / "recipe.json").is_file():
             train_default(get_recipe("gpu"), target)
-    bundle = load_bundle(target, args.draft, dtype=DTYPES[args.dtype])
+    bundle = load_bundle(target, args.draft, dtype=DTYPES[args.dtype], draft_dtype=DTYPES[args.draft_dtype])
     output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
     result = run_bench(bundle, config, output=output)
     print(format_table(result["summary"], result["timing"]))
@@ -157,7 +161,7 @@ def cmd_train_glide(argv: list[str]) -> int:
 
 
 def cmd_build_bigram(argv: list[str]) -> int:
-    from .cascade.bigram import main_build_bigram
+    from .defaults.bigram import main_build_bigram
 
     return main_build_bigram(argv)
 
@@ -195,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json; when that exists, a new "
                        "timestamped file beside it unless --overwrite)")
     bench.add_argument("--overwrite", action="store_true", help="replace benchmarks/results/<profile>-<task>.json when --output is not given")
-    bench.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="auto: fp32 on CPU, bf16 on CUDA")
+    bench.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="the target's; auto: fp32 on CPU, bf16 on CUDA")
+    bench.add_argument("--draft-dtype", default="auto", choices=sorted(DTYPES),
+                       help="the drafters'; auto: bf16 for the embedded default's (the weights they ship in; bf16 halves a "
+                       "draft forward's weight reads), the target's for --draft and train-default drafters")
     bench.add_argument("--gpu-default-dir", default="runs/gpu-default", help="where --profile gpu trains (or finds) its target")
     bench.set_defaults(func=cmd_bench)
     train = sub.add_parser("train-default", formatter_class=shown, help="train your own small target + drafts from a recipe (the 15.7M code LM of earlier versions)")

@@ -1,4 +1,5 @@
-"""Drafters: the common base every hf_specdraft drafter extends, and the plain draft-model drafter.
+"""Drafters: the common base every hf_specdraft drafter extends, the plain draft-model drafter, the registry that
+picks a drafter for a draft model's type, and a draft model scoring a token tree (what beam drafting extends).
 
 Every drafter is a ``transformers.generation.CandidateGenerator``. Ours propose a :class:`DraftTree`
 through :meth:`TreeCandidateGenerator.propose`; their ``get_candidates`` returns the tree's main chain,
@@ -8,12 +9,14 @@ so they also work in a chain-only loop. The decoding loop owns the target cache:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation import CandidateGenerator, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
-from .tree import DraftTree
+from .tree import DraftTree, build_tree_buffers
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
@@ -155,6 +158,27 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         return draft_chain(self, input_ids, next_logits, self.draft_model.device)
 
 
+DrafterFactory = Callable[[PreTrainedModel, int], TreeCandidateGenerator]
+DRAFTERS: dict[str, DrafterFactory] = {}  # model_type -> drafter, filled by the method packages (hf_specdraft.glide)
+
+
+def register_drafter(model_type: str, factory: DrafterFactory) -> None:
+    """Make ``speculative_generate(draft_model=...)`` draft models of ``model_type`` through
+    ``factory(draft_model, num_draft_tokens)`` instead of :class:`DraftModelCandidateGenerator` (GLIDE registers
+    its own: it reads the target's cache). The loop imports no method; methods register here."""
+    if not isinstance(model_type, str) or not model_type:
+        raise ValueError(f"model_type must be a non-empty string, got {model_type!r}")
+    if not callable(factory):
+        raise TypeError(f"factory must be callable as factory(draft_model, num_draft_tokens), got {type(factory).__name__}")
+    DRAFTERS[model_type] = factory
+
+
+def drafter_for(draft_model: PreTrainedModel, num_draft_tokens: int) -> TreeCandidateGenerator:
+    """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`."""
+    factory = DRAFTERS.get(getattr(draft_model.config, "model_type", None), DraftModelCandidateGenerator)
+    return factory(draft_model, num_draft_tokens)
+
+
 def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, next_logits, device: torch.device) -> DraftTree:
     """Draft ``generator.num_draft_tokens`` tokens autoregressively on the generator's own KV cache.
 
@@ -187,3 +211,78 @@ def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, 
     generator.seen = torch.cat([ids, drafted[:-1]])
     sampled = torch.ones(drafted.numel(), dtype=torch.bool) if generator.generation_config.do_sample else None
     return DraftTree.chain(drafted, torch.stack(probs), sampled)
+
+
+class DraftModelTreeScorer:
+    """Runs a causal-LM draft over a growing token tree on top of its cached prefix.
+
+    The protocol CAPE's beam mode (:func:`hf_specdraft.cape.beam.beam_search_proposal`) needs (another drafter, e.g. GLIDE, can provide the same
+    three methods): :meth:`start` caches the prefix and returns q after it, :meth:`extend` returns q after
+    each new node, :meth:`finish` drops the tree nodes from the cache again.
+
+    Args:
+        draft_model: a causal LM sharing the target's vocabulary.
+        distribution: maps draft logits `(n, V)` to q `(n, V)` (softmax, warped like the target when sampling).
+    """
+
+    def __init__(self, draft_model: PreTrainedModel, distribution: Callable[[torch.Tensor], torch.Tensor]):
+        self.draft_model, self.distribution = draft_model, distribution
+        self.forward_calls = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.draft_model.config)
+        self.target_cache = None
+        self.seen = torch.zeros(0, dtype=torch.long)  # invariant between steps: the cache covers exactly `seen`
+
+    def start(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> torch.Tensor:
+        """Cache ``input_ids`` `(1, L)` (re-using the common prefix with the last step) and return q `(1, V)` after it.
+
+        ``target_cache`` (the target's live cache, read-only) is unused by a plain draft model; GLIDE's scorer
+        glimpses it in this and every :meth:`extend` of the step.
+        """
+        ids = input_ids[0].to(self.draft_model.device)
+        keep = min(common_prefix_length(self.seen.to(ids.device), ids), ids.numel() - 1)
+        if self.cache.get_seq_length() > keep:
+            self.cache.crop(keep - self.cache.get_seq_length())
+        logits = self._forward(target_cache, input_ids=ids[keep:][None], past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+        self.target_cache = target_cache
+        self.seen = ids
+        return self.distribution(logits)
+
+    def extend(self, tokens: torch.LongTensor, parents: torch.LongTensor) -> torch.Tensor:
+        """Append the newest ``n`` nodes of a tree to the cache and return q after each of them.
+
+        Args:
+            tokens (`torch.LongTensor` of shape `(n,)`): the new nodes, the last ``n`` of the tree.
+            parents (`torch.LongTensor` of shape `(M,)`): parents of *all* ``M`` tree nodes so far,
+                the new ones included (``-1`` = child of the last prefix token).
+
+        Returns:
+            `torch.FloatTensor` of shape `(n, V)`.
+        """
+        device, dtype = self.draft_model.device, self.draft_model.dtype
+        prefix, total, n = self.seen.numel(), parents.numel(), tokens.numel()
+        ancestors, depth = build_tree_buffers(parents.to(device))
+        allowed = torch.zeros(n, prefix + total, dtype=torch.bool, device=device)
+        allowed[:, :prefix] = True
+        allowed[:, prefix:] = ancestors[total - n :]
+        # additive float mask: a bool mask is silently wrong with eager attention (notes §3)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = (prefix + depth[total - n :])[None]
+        logits = self._forward(
+            self.target_cache, input_ids=tokens.to(device)[None], attention_mask=mask[None, None], position_ids=positions,
+            past_key_values=self.cache, use_cache=True,
+        ).logits[0]
+        return self.distribution(logits)
+
+    def _forward(self, target_cache: DynamicCache | None, **inputs):
+        """One draft forward; a subclass whose draft reads the target's cache (GLIDE) passes ``target_cache`` on."""
+        self.forward_calls += 1
+        return self.draft_model(**inputs)
+
+    def finish(self) -> None:
+        """Drop the tree nodes: the cache covers the prefix again."""
+        extra = self.cache.get_seq_length() - self.seen.numel()
+        if extra > 0:
+            self.cache.crop(-extra)

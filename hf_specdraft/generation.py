@@ -29,8 +29,8 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation import CandidateGenerator
 from transformers.utils import ModelOutput
 
-from .acceptance import ConditionalAcceptance, speculative_sampling, tree_rejection_sampling
-from .drafting import DraftModelCandidateGenerator, TreeCandidateGenerator, output_vocab_size
+from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
+from .drafting import TreeCandidateGenerator, drafter_for, output_vocab_size
 from .metrics import SpeculativeStats, overlap
 from .projection import few_token_linears
 from .support import cache_window, chains_only, check_target, convolution_only
@@ -79,7 +79,8 @@ def speculative_generate(
         candidate_generator: any ``transformers.generation.CandidateGenerator``. hf_specdraft drafters
             (:class:`~hf_specdraft.drafting.TreeCandidateGenerator`) may propose trees.
         draft_model: shortcut for ``candidate_generator=DraftModelCandidateGenerator(draft_model, num_draft_tokens)``
-            (``GlideCandidateGenerator`` for a GLIDE draft).
+            (the drafter registered for its model type instead, :func:`~hf_specdraft.drafting.register_drafter`:
+            ``GlideCandidateGenerator`` for a GLIDE draft).
         num_draft_tokens: γ for ``draft_model``.
         acceptance: ``None`` for exact verification (greedy match, or speculative sampling when
             ``do_sample=True``: lossless), or a :class:`~hf_specdraft.acceptance.ConditionalAcceptance` (CASD).
@@ -140,11 +141,7 @@ def _resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> Ca
             )
         if not isinstance(draft_model, PreTrainedModel):
             raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
-        if getattr(draft_model.config, "model_type", None) == "glide":  # GLIDE reads the target's cache: its own drafter
-            from .glide import GlideCandidateGenerator
-
-            return GlideCandidateGenerator(draft_model, num_draft_tokens)
-        return DraftModelCandidateGenerator(draft_model, num_draft_tokens)
+        return drafter_for(draft_model, num_draft_tokens)  # GLIDE registers its own drafter: it reads the target's cache
     if not isinstance(candidate_generator, CandidateGenerator):
         raise TypeError(f"candidate_generator must be a transformers CandidateGenerator, got {type(candidate_generator).__name__}")
     if getattr(candidate_generator, "requires_model_outputs", False) and not isinstance(candidate_generator, TreeCandidateGenerator):
@@ -223,36 +220,6 @@ class _TargetRows:
         if row not in self._choice:
             self._choice[row] = int(torch.multinomial(self.probs(row), 1)) if self.do_sample else int(self.scores(row).argmax())
         return self._choice[row]
-
-
-def accept_tree(rows: _TargetRows, tree: DraftTree, acceptance: ConditionalAcceptance | None, eos_token_ids: list[int]) -> tuple[list[int], int]:
-    """Pick the accepted path through ``tree`` (siblings unique: :meth:`DraftTree.merge_duplicates`) and the target's
-    next token after it.
-
-    A node is accepted when its parent was and its token equals the target's choice at the parent's row
-    (exact: lossless for greedy, and for sampling because the choice is a sample from p) or, with
-    ``acceptance``, passes CASD's condition. The deepest accepted node wins (earliest on ties).
-
-    Returns:
-        `(path, next_token)`: accepted node indices root-to-leaf, and the target's token after them.
-    """
-    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
-    accepted, depth = [False] * len(tokens), [0] * len(tokens)
-    best = -1
-    for i, (parent, token) in enumerate(zip(parents, tokens)):
-        if parent >= 0 and not accepted[parent]:
-            continue
-        row = parent + 1
-        ok = token == rows.choice(row)
-        if not ok and acceptance is not None:
-            ok = acceptance.accepts(rows.probs(row), token, eos_token_ids)
-        if ok:
-            accepted[i] = True
-            depth[i] = 0 if parent < 0 else depth[parent] + 1
-            if best < 0 or depth[i] > depth[best]:
-                best = i
-    path = tree.path_to(best)
-    return path, rows.choice(best + 1)
 
 
 def _eos_list(generation_config: GenerationConfig) -> list[int]:

@@ -96,3 +96,27 @@ def run_without_hf_specdraft(folder, script: str, *args: str, timeout: int = 180
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    from hf_specdraft.defaults.corpus import build_corpus
+
+    return build_corpus()
+
+
+@pytest.fixture(scope="session")
+def tiny_default(tmp_path_factory, corpus):
+    """The tiny recipe trained end to end (target, drafts, GLIDE, bigram table; seconds) once per test run:
+    the embedded default's plumbing tests and the examples / notebooks share it. Returns (directory, log)."""
+    from hf_specdraft.defaults.recipe import get_recipe
+    from hf_specdraft.defaults.training import train_default
+
+    out = tmp_path_factory.mktemp("tiny_default")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_SPECDRAFT_CACHE", str(out / "cache"))
+    try:
+        log = train_default(get_recipe("tiny"), out / "run", corpus=corpus)
+    finally:
+        mp.undo()
+    return out / "run", log

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,12 +80,16 @@ def test_template_errors(kwargs, match):
 def test_write_custom_generate_keeps_an_existing_model_card(tmp_path):
     (tmp_path / "README.md").write_text("my card")
     written = write_custom_generate(tmp_path)
-    assert sorted(p.name for p in written) == ["cape_draft.py", "cape_tree.py", "generate.py", "projection.py"]
+    assert sorted(p.name for p in written) == ["acceptance.py", "cape_draft.py", "cape_tree.py", "generate.py", "projection.py", "tree.py"]
     assert (tmp_path / "README.md").read_text() == "my card"
+    import hf_specdraft.acceptance
     import hf_specdraft.projection
+    import hf_specdraft.tree
 
-    # the library's module itself, written at save time (no copy kept in the template)
-    assert (tmp_path / "custom_generate" / "projection.py").read_text() == open(hf_specdraft.projection.__file__).read()
+    # the library's modules themselves, written at save time (no copies kept in the template)
+    for module in (hf_specdraft.projection, hf_specdraft.tree, hf_specdraft.acceptance):
+        name = Path(module.__file__).name
+        assert (tmp_path / "custom_generate" / name).read_text() == Path(module.__file__).read_text()
     assert "custom_generate" in (write_custom_generate(tmp_path / "fresh")[-1]).read_text()
 
 

@@ -20,26 +20,6 @@ from hf_specdraft.defaults.tasks import build_tasks, edit_similarity
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session")
-def corpus():
-    return build_corpus()
-
-
-@pytest.fixture(scope="session")
-def tiny_default(tmp_path_factory, corpus):
-    """The tiny recipe trained end to end (seconds) into a temporary directory."""
-    from hf_specdraft.defaults.training import train_default
-
-    out = tmp_path_factory.mktemp("tiny_default")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_SPECDRAFT_CACHE", str(out / "cache"))
-    try:
-        log = train_default(get_recipe("tiny"), out / "run", corpus=corpus)
-    finally:
-        mp.undo()
-    return out / "run", log
-
-
 def test_corpus_split_is_deterministic_and_disjoint(corpus):
     again = build_corpus()
     assert [f.name for f in corpus.train] == [f.name for f in again.train]
@@ -69,6 +49,7 @@ def test_tiny_recipe_trains_and_loads(tiny_default):
     assert bundle.extras["bigram_table"].shape == (len(bundle.tokenizer),)  # Max-Gram's fallback, built from the same stream
 
 
+@pytest.mark.slow  # ~28 s: trains the tiny target's continuation twice
 def test_resume_target_runs_only_the_continuation(tiny_default, corpus, tmp_path, monkeypatch):
     import dataclasses
     import shutil
@@ -156,6 +137,7 @@ def test_bench_json_schema(tiny_default, tmp_path):
     result = run_bench(bundle, config, output=tmp_path / "bench.json")
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["meta"]["versions"]["transformers"] and saved["meta"]["dtype"] == "float32" and saved["meta"]["hardware"]
+    assert saved["meta"]["draft_dtypes"]["draft"] == "float32"  # a train-default directory's drafts load at the target's dtype
     assert set(saved["summary"]) == set(config.methods)
     for name, s in saved["summary"].items():
         assert s["equals_target_only"] == 1.0, name  # every baseline here is lossless
@@ -171,6 +153,18 @@ def test_bench_json_schema(tiny_default, tmp_path):
 
     report = render(tmp_path, checkpoint=tiny_default[0])
     assert "## The embedded default" in report and "| draft-model |" in report and "unigram baseline" in report
+
+
+def test_draft_dtype_section_renders_both_measurements():
+    from hf_specdraft.bench.report import draft_dtype_section
+
+    ms = {"float32": {"1": 6.8, "3": 8.4}, "bfloat16": {"1": 4.1, "3": 5.5}}
+    result = {"meta": {"gamma": 3, "prompts": "completion items 20..", "hardware": "CPU", "command": "python -m hf_specdraft.bench.draft_dtype"},
+              "draft_forward_ms": {"glide": ms},
+              "end_to_end": {"target-only": {"speedup_vs_target_only": 1.0, "mean_accepted_length": None, "equals_target_only": True},
+                             "glide/bfloat16": {"speedup_vs_target_only": 1.42, "mean_accepted_length": 1.93, "equals_target_only": True}}}
+    text = draft_dtype_section(result)
+    assert "| glide | 6.80 | 4.10 | 8.40 | 5.50 |" in text and "| glide/bfloat16 | 1.42× | 1.93 | yes |" in text
 
 
 def test_copyable_fraction():
@@ -202,6 +196,10 @@ def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
 
     for drafts in (1, 2):
         assert all(validate_k_matrix(k, drafts) == k for k in k_grid(drafts))
+    short = k_grid(1, "short")
+    assert all(validate_k_matrix(k, 1) == k and 2 <= sum(k[0]) <= 4 for k in short)
+    mag = register_grid(1, "mag", (2, 3))
+    assert len(mag) == 2 * len(k_grid(1, "mag")) and all(name.endswith(("-mag2", "-mag3")) for name in mag)
     names = register_grid(2)
     assert register_grid(2) == names  # registering twice is harmless
     chosen = tuple(names)[:2]
@@ -210,6 +208,10 @@ def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
         assert result["summary"][name]["equals_target_only"] == 1.0 and result["summary"][name]["swi_parameters"] > 0
     with pytest.raises(ValueError, match="num_drafts"):
         k_grid(3)
+    with pytest.raises(ValueError, match="num_drafts"):
+        k_grid(2, "short")
+    with pytest.raises(ValueError, match="grid"):
+        k_grid(1, "long")
 
 
 def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
@@ -222,10 +224,12 @@ def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(tiny_default[0], run)
     row = {"alpha": 0.25, "position_acceptance_rate": 0.5, "mean_accepted_length": 2.5, "cost_coefficient": 0.1, "expected_speedup": 1.5, "speedup_vs_target_only": 0.9}
-    result = {"meta": {"hardware": "CPU", "dtype": "float32", "num_prompts": 2, "task": "completion", "max_new_tokens": 8, "date": "today"},
+    result = {"meta": {"hardware": "CPU", "dtype": "float32", "num_prompts": 2, "task": "completion", "max_new_tokens": 8, "date": "today",
+                       "draft_dtypes": {"glide": "bfloat16", "vanilla": "bfloat16"}},
               "summary": {"glide": row, "glide+cape": {**row, "mean_accepted_length": 3.0}, "vanilla": row}}
     (tmp_path / "bench.json").write_text(json.dumps(result))
     cards = write_drafter_cards(run, tmp_path / "bench.json")
+    assert "CPU, float32 (drafters bfloat16)" in cards[0].read_text()
     assert cards == [run / "glide" / "README.md", run / "vanilla" / "README.md"]
     glide_card = cards[0].read_text()
     assert "- glide+cape (GLIDE γ=" in glide_card and "α (1 - TV(p, q)) 0.250, accepted / judged positions 0.500, mean accepted length 3.000" in glide_card  # the row names its settings
@@ -257,6 +261,7 @@ def test_cli_demo_on_tiny_default(tiny_default):
     assert "target-only" in done.stdout and "draft-model" in done.stdout and "speedup" in done.stdout
 
 
+@pytest.mark.slow  # ~10 s: the demo under busy loops
 def test_demo_on_a_busy_machine_says_its_ratios_are_unreliable(tiny_default):
     """Issue #19: busy loops on every core this process leaves free, plus one: the demo must say so, loudly."""
     import torch
@@ -275,6 +280,7 @@ def test_demo_on_a_busy_machine_says_its_ratios_are_unreliable(tiny_default):
     assert "WARNING: these speed ratios are unreliable" in done.stdout and "other processes used" in done.stdout
 
 
+@pytest.mark.slow  # ~16 s: one fresh CLI process per bad input
 def test_cli_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     done = run_cli("demo", "--target", str(tmp_path))

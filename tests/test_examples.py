@@ -1,7 +1,7 @@
 """examples/ (scripts with --tiny, Colab notebooks), the benchmark plots and the GLIDE model card, on the tiny recipe.
 
-One tiny default (target, plain draft, GLIDE, bigram table) is trained once for the module; every example
-and notebook is pointed at it through ``HF_SPECDRAFT_TINY_DIR`` instead of training its own.
+The test run's one tiny default (conftest's ``tiny_default``: target, drafts, GLIDE, bigram table) is shared; every
+example and notebook is pointed at it through ``HF_SPECDRAFT_TINY_DIR`` instead of training its own.
 """
 
 from __future__ import annotations
@@ -19,23 +19,14 @@ EXAMPLES = REPO / "examples"
 
 
 @pytest.fixture(scope="module")
-def tiny_env(tmp_path_factory):
-    """Environment for examples and notebooks: the tiny default trained once, the repository importable."""
-    from hf_specdraft.defaults.recipe import get_recipe
-    from hf_specdraft.defaults.training import train_default
-
+def tiny_env(tmp_path_factory, tiny_default):
+    """Environment for examples and notebooks: the run's tiny default (conftest), the repository importable."""
     root = tmp_path_factory.mktemp("examples")
-    env = {"HF_SPECDRAFT_TINY": "1", "HF_SPECDRAFT_TINY_DIR": str(root / "tiny"), "HF_SPECDRAFT_CACHE": str(root / "cache"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), "TQDM_DISABLE": "1"}
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_SPECDRAFT_CACHE", env["HF_SPECDRAFT_CACHE"])
-    try:
-        train_default(get_recipe("tiny"), root / "tiny", parts=("draft", "target", "glide"))  # what examples/_tiny.py trains
-    finally:
-        mp.undo()
-    return env
+    return {"HF_SPECDRAFT_TINY": "1", "HF_SPECDRAFT_TINY_DIR": str(tiny_default[0]), "HF_SPECDRAFT_CACHE": str(root / "cache"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), "TQDM_DISABLE": "1"}
 
 
+@pytest.mark.slow  # example scripts: ~6 s each in a fresh process
 @pytest.mark.parametrize(
     "script, args, expected",
     [
@@ -61,6 +52,7 @@ def test_example_script_runs_tiny(script, args, expected, tiny_env, tmp_path):
         assert done.stdout.count("= target-only: True") == 3
 
 
+@pytest.mark.slow  # notebooks: ~8 s each through a kernel
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "train_your_own_glide.ipynb"])
 def test_notebook_executes_on_tiny_recipe(name, tiny_env, tmp_path, monkeypatch):
     import nbformat

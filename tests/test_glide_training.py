@@ -115,6 +115,7 @@ def test_token_stream_accepts_documents_and_columns():
     assert token_stream(torch.tensor([[1, 2], [3, 4]])).tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.slow  # ~10 s: accelerate launch with two processes
 def test_accelerate_launch_two_processes(tmp_path):
     """`accelerate launch` with 2 CPU processes (gloo) runs the CLI entry point: loss falls, parameters change.
 

@@ -14,11 +14,11 @@ from hf_specdraft.cascade import (
     build_max_gram_for_bench,
     load_bigram_table,
     longest_suffix_match,
-    main_build_bigram,
     max_gram_draft,
     save_bigram_table,
 )
 from hf_specdraft.cascade.bigram import bigram_table_metadata
+from hf_specdraft.defaults.bigram import main_build_bigram
 from conftest import VOCAB, greedy_reference, tiny_model
 
 

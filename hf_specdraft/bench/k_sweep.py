@@ -7,6 +7,9 @@ seconds), with the measured-cost SWI and the wall-time ratio beside it. It tunes
 bench's own 20 prompts, so a K chosen here is then measured on prompts it was not chosen on::
 
     python -m hf_specdraft.bench.k_sweep --drafts 2 --num-prompts 8 --output benchmarks/results/cpu-k-sweep.json
+    # a CPU where verifying more than ~4 tokens costs extra (bench.projection): the target reviews <= 4 tokens
+    python -m hf_specdraft.bench.k_sweep --drafts 1 --grid short --gammas 2,3,4 --num-prompts 5 --max-new-tokens 48 \
+        --output benchmarks/results/cpu-k-sweep-short.json
 """
 
 from __future__ import annotations
@@ -20,11 +23,32 @@ from pathlib import Path
 from ..defaults.tasks import build_tasks
 from .harness import BenchConfig, run_bench
 from ..drafting import DraftModelCandidateGenerator
+from ..cascade.max_gram import MAX_GRAM_TOKENS
 from .methods import METHODS, Method, _cascade, _speculative, register_method
 
 
-def k_grid(num_drafts: int) -> list[list[list[int]]]:
-    """Candidate K matrices for one or two neural drafts + Max-Gram (MaG's row keeps its 10 tokens)."""
+GRIDS = ("paper", "short", "mag")
+
+
+def k_grid(num_drafts: int, grid: str = "paper") -> list[list[list[int]]]:
+    """Candidate K matrices for one or two neural drafts + Max-Gram.
+
+    ``grid="paper"``: budgets around the official code's (MaG's row keeps its 10 tokens), for hardware where
+    verifying 15 tokens costs about one. ``grid="short"`` (one draft, reviewing 4 MaG tokens a forward): for hardware where
+    verification cost grows past a few tokens (a small target on a CPU: ``bench.projection``):
+    ``K[0] = (a, b)`` with ``2 <= a + b <= 4``. Algorithm 1's base case returns all of MaG's tokens at once, so a
+    non-zero MaG budget adds MaG's whole draft (``max_gram_tokens``, the paper's 10) to the level: ``grid="mag"``
+    (one draft) crosses a few short K with MaG lengths (``register_grid``'s ``max_gram_tokens``), each level asking
+    MaG once.
+    """
+    if grid not in GRIDS:
+        raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
+    if grid in ("short", "mag") and num_drafts != 1:
+        raise ValueError(f"the {grid} grid is for one neural draft (num_drafts=1)")
+    if grid == "short":
+        return [[[a, b], [0, 4]] for a in (1, 2, 3, 4) for b in (0, 1, 2, 3) if 2 <= a + b <= 4]
+    if grid == "mag":
+        return [[[a, b], [0, 1]] for a, b in ((2, 0), (3, 0), (1, 1), (2, 1))]
     if num_drafts == 1:
         return [[[k, m], [0, 10]] for k, m in itertools.product((1, 2, 3, 5, 8), (4, 10))]
     if num_drafts == 2:
@@ -32,26 +56,26 @@ def k_grid(num_drafts: int) -> list[list[list[int]]]:
     raise ValueError(f"num_drafts must be 1 or 2, got {num_drafts!r}")
 
 
-def register_grid(num_drafts: int) -> dict[str, list[list[int]]]:
-    """Register one bench method per K matrix; returns {method name: K}."""
+def register_grid(num_drafts: int, grid: str = "paper", max_gram_tokens: tuple[int, ...] = (MAX_GRAM_TOKENS,)) -> dict[str, list[list[int]]]:
+    """Register one bench method per K matrix and MaG length; returns {method name: K}."""
     names = {}
-    for k_matrix in k_grid(num_drafts):
-        name = f"cascade-{num_drafts}d-K{json.dumps(k_matrix, separators=(',', ':'))}"
+    for k_matrix, mag in itertools.product(k_grid(num_drafts, grid), max_gram_tokens):
+        name = f"cascade-{num_drafts}d-K{json.dumps(k_matrix, separators=(',', ':'))}" + (f"-mag{mag}" if mag != MAX_GRAM_TOKENS else "")
 
-        def run(ctx, k=k_matrix):
+        def run(ctx, k=k_matrix, mag=mag):
             drafts = [ctx.draft] if num_drafts == 1 else [ctx.draft, ctx.extras["small_draft"]]
-            return _cascade(ctx, drafts, k)
+            return _cascade(ctx, drafts, k, max_gram_tokens=mag)
 
         costs = (lambda e: {"draft0": e["draft"], "max_gram": None}) if num_drafts == 1 else \
             (lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None})
         if name not in METHODS:
             register_method(Method(name, run, requires=("draft",) if num_drafts == 1 else ("draft", "small_draft"),
-                                   description=f"CS drafting, K = {k_matrix}", cost_models=costs))
+                                   description=f"CS drafting, K = {k_matrix}, MaG {mag} tokens", cost_models=costs))
         names[name] = k_matrix
     return names
 
 
-def register_draft_gammas(gammas: tuple[int, ...] = (2, 3, 5, 8)) -> list[str]:
+def register_draft_gammas(gammas: tuple[int, ...] = (2, 3, 4, 5, 8)) -> list[str]:
     """Plain speculative decoding with each γ: the SD baseline gets the same tuning as the cascade's K."""
     names = []
     for gamma in gammas:
@@ -72,10 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-prompts", type=int, default=20,
                         help="tune on the task's items after the first N (the bench's own prompts), so K is not chosen on them")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--grid", default="paper", choices=("paper", "short"), help="see k_grid: short keeps the target's review to <= 5 tokens")
+    parser.add_argument("--gammas", default="2,3,5,8", help="the plain draft's γ values run beside the grid (SD baseline)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
-    names = register_grid(args.drafts)
-    gammas = register_draft_gammas()
+    try:
+        gammas = tuple(int(g) for g in args.gammas.split(","))
+        lengths = tuple(int(m) for m in args.max_gram_tokens.split(","))
+        if any(g < 1 for g in gammas) or any(m < 1 for m in lengths):
+            raise ValueError(f"--gammas and --max-gram-tokens must be positive integers, got {args.gammas!r} and {args.max_gram_tokens!r}")
+        names = register_grid(args.drafts, args.grid, lengths)
+        gammas = register_draft_gammas(gammas)
+    except ValueError as error:
+        parser.error(str(error))
     baseline = gammas + ["cascade-1draft"] + (["cascade-2drafts"] if args.drafts == 2 else [])
     config = BenchConfig(methods=("target-only", *baseline, *names), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
     items = build_tasks("completion", count=args.skip_prompts + args.num_prompts, seed=config.seed)[args.skip_prompts :]

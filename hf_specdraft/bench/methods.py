@@ -19,6 +19,16 @@ from ..metrics import SpeculativeStats
 from ..tree import DraftTree
 
 
+# Drafts' γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m hf_specdraft.bench.tune_glide`
+# on completion items 20..25 (benchmarks/results/cpu-tune-glide.json); the bench measures them on items 0..N-1.
+# With every linear of a verification forward as W @ h.T (hf_specdraft/projection.py), verifying 2-4 tokens costs
+# about one one-token forward and 6 tokens ~1.4x, so short drafts win: GLIDE γ = 3 (1.48x; γ = 5: 1.19x), CAPE γ = 2
+# with a 3-token budget (1.54x; γ = 3 / 12 tokens: 0.97x). The paper's γ = 5 / 32 tokens assume a GPU's flat cost.
+GLIDE_GAMMA = 3
+CAPE_GAMMA, CAPE_BUDGET = 2, 3
+# The plain draft (the vanilla twin) drafts with the same γ and CAPE settings.
+
+
 @dataclass
 class BenchContext:
     target: PreTrainedModel
@@ -99,8 +109,8 @@ def _speculative(ctx, **kwargs):
 register_method(Method("target-only", _target_only, description="target.generate(do_sample=False)"))
 register_method(Method("stock-assisted", _stock_assisted, requires=("draft",), description="transformers assisted decoding with the plain draft"))
 register_method(Method("prompt-lookup", _prompt_lookup, description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10)"))
-register_method(Method("draft-model", lambda ctx: _speculative(ctx, draft_model=ctx.draft, num_draft_tokens=5), requires=("draft",),
-                       description="speculative_generate with the plain draft, γ=5", cost_models=lambda e: {"draft": e["draft"]}))
+register_method(Method("draft-model", lambda ctx: _speculative(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA), requires=("draft",),
+                       description=f"speculative_generate with the plain draft, γ={GLIDE_GAMMA}", cost_models=lambda e: {"draft": e["draft"]}))
 register_method(Method("null-drafter", lambda ctx: _speculative(ctx, candidate_generator=NullCandidateGenerator()),
                        description="speculative_generate proposing nothing (loop overhead)"))
 
@@ -117,10 +127,10 @@ def _max_gram(ctx):
     return _speculative(ctx, candidate_generator=build_max_gram_for_bench(ctx.target, _bigram(ctx)))
 
 
-def _cascade(ctx, drafts, k_matrix=None):
+def _cascade(ctx, drafts, k_matrix=None, **options):
     from ..cascade import build_cascade_for_bench
 
-    options = {} if k_matrix is None else {"k_matrix": k_matrix}
+    options = options if k_matrix is None else {"k_matrix": k_matrix, **options}
     return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx), **options))
 
 
@@ -132,11 +142,13 @@ register_method(Method("cascade-2drafts", lambda ctx: _cascade(ctx, [ctx.draft, 
                        description="CS drafting: plain draft + smaller draft + Max-Gram",
                        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
 
-# Tuned for the embedded default by `python -m hf_specdraft.bench.k_sweep` on completion items 20..27
-# (benchmarks/results/cpu-k-sweep-*.json), best SWI (parameters): the bench measures them on its own prompts 0..19.
+# Tuned for the embedded default on CPU by `python -m hf_specdraft.bench.k_sweep --drafts 1 --grid short` on completion
+# items 20..24 (benchmarks/results/cpu-k-sweep-short.json), chosen by wall time against target-only (the paper ranks by
+# SWI, whose cost model ignores that verifying more tokens costs more here): K = [[3, 0], [0, 4]] 1.12x (SWI 1.73;
+# best SWI [[1, 1], [0, 4]] 1.78 ran 0.91x: MaG's level-0 call adds its 10 tokens to every verification), SD γ = 3 1.34x.
 # SD's γ gets the same tuning as the cascade's K, so the comparison stays fair.
-TUNED_GAMMA = 2
-TUNED_K_1DRAFT = [[1, 4], [0, 10]]
+TUNED_GAMMA = 3
+TUNED_K_1DRAFT = [[3, 0], [0, 4]]
 TUNED_K_2DRAFTS = [[3, 2, 10], [0, 1, 10], [0, 0, 10]]
 register_method(Method("draft-model-tuned", lambda ctx: _speculative(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, TUNED_GAMMA)),
                        requires=("draft",), description=f"plain draft, γ={TUNED_GAMMA} (tuned)", cost_models=lambda e: {"draft": e["draft"]}))
@@ -161,13 +173,13 @@ def _with_expansion_sizes(ctx, generator):
 def _cape(ctx, mode):
     from ..cape import build_cape_for_bench
 
-    chain = DraftModelCandidateGenerator(ctx.draft, num_draft_tokens=5)
-    return _with_expansion_sizes(ctx, build_cape_for_bench(chain, mode=mode))
+    chain = DraftModelCandidateGenerator(ctx.draft, num_draft_tokens=CAPE_GAMMA)
+    return _with_expansion_sizes(ctx, build_cape_for_bench(chain, mode=mode, budget=CAPE_BUDGET))
 
 
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
     register_method(Method(f"draft-model+{_label}", lambda ctx, m=_mode: _cape(ctx, m), requires=("draft",),
-                           description=f"plain draft γ=5 with {_label} expansion, one tree-verified forward",
+                           description=f"plain draft γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), one tree-verified forward",
                            cost_models=lambda e: {"draft": e["draft"]}))
 
 
@@ -199,15 +211,6 @@ register_method(Method("casd-mixed", lambda ctx: _casd(ctx, threshold=0.1, top_k
 
 
 # --- GLIDE (hf_specdraft.glide): the default target's GLIDE and its vanilla twin, alone and with CAPE -----------
-
-# γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m hf_specdraft.bench.tune_glide`
-# on completion items 20..25 (benchmarks/results/cpu-tune-glide.json); the bench measures them on items 0..N-1.
-# With every linear of a verification forward as W @ h.T (hf_specdraft/projection.py), verifying 2-4 tokens costs
-# about one one-token forward and 6 tokens ~1.4x, so short drafts win: GLIDE γ = 3 (1.48x; γ = 5: 1.19x), CAPE γ = 2
-# with a 3-token budget (1.54x; γ = 3 / 12 tokens: 0.97x). The paper's γ = 5 / 32 tokens assume a GPU's flat cost.
-GLIDE_GAMMA = 3
-CAPE_GAMMA, CAPE_BUDGET = 2, 3
-
 
 def _glide_chain(ctx, kind: str, gamma: int = GLIDE_GAMMA):
     from ..glide import GlideCandidateGenerator

@@ -29,8 +29,10 @@ def _cell(value, spec: str) -> str:
 def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
     """One result's table, then ``images`` (paths relative to the report) as markdown images."""
     meta = result["meta"]
+    draft_dtypes = sorted(set(meta.get("draft_dtypes", {}).values()))
+    dtype = meta["dtype"] + (f" (drafters {', '.join(draft_dtypes)})" if draft_dtypes and draft_dtypes != [meta["dtype"]] else "")
     lines = [f"### {name}", "",
-             f"{meta['hardware']}, {meta['dtype']}, batch size {meta['batch_size']}; task `{meta['task']}`, {meta['num_prompts']} prompts x "
+             f"{meta['hardware']}, {dtype}, batch size {meta['batch_size']}; task `{meta['task']}`, {meta['num_prompts']} prompts x "
              f"{meta['max_new_tokens']} new tokens, greedy, seed {meta['seed']}; torch {meta['versions']['torch']}, transformers "
              f"{meta['versions']['transformers']}; target {meta.get('target', 'not recorded')} ({meta['target_parameters'] / 1e6:.1f}M parameters). "
              f"Run {meta.get('date', '')}.",
@@ -131,6 +133,23 @@ def verification_section(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def draft_dtype_section(result: dict) -> str:
+    """The shipped drafters' forward time in float32 and bfloat16 next to the float32 target, and GLIDE / vanilla end to end."""
+    meta = result["meta"]
+    forwards = result["draft_forward_ms"]
+    rows = ["## Drafter dtype", "", f"One draft forward right after a target forward (the draft's weights come from memory, as in the loop), "
+            f"median ms over n tokens, and γ = {meta['gamma']} end to end on {meta['prompts']} (target float32 in both), {meta['hardware']}. "
+            f"The embedded default loads its drafters in bfloat16. Command: `{meta['command']}`.", "",
+            "| drafter | fp32, n=1 | bf16, n=1 | fp32, n=3 | bf16, n=3 |", "|---|---:|---:|---:|---:|"]
+    rows += [f"| {name} | {ms['float32']['1']:.2f} | {ms['bfloat16']['1']:.2f} | {ms['float32']['3']:.2f} | {ms['bfloat16']['3']:.2f} |"
+             for name, ms in forwards.items()]
+    rows += ["", "| run | speedup vs target-only | MAL | = target-only |", "|---|---:|---:|---|"]
+    for name, r in result["end_to_end"].items():
+        mal = "–" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
+        rows.append(f"| {name} | {r['speedup_vs_target_only']:.2f}× | {mal} | {'yes' if r['equals_target_only'] else 'no'} |")
+    return "\n".join(rows) + "\n"
+
+
 def _images(name: str, plots_dir: Path, report_dir: Path) -> list[str]:
     """The plots of result ``name`` that exist, as links relative to the report's directory."""
     return [Path(os.path.relpath(p, report_dir)).as_posix() for p in plot_paths(name, plots_dir).values() if p.is_file()]
@@ -165,6 +184,9 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
     verification = results_dir.parent / "verification" / "cpu-verification-cost.json"
     if verification.is_file():
         parts.append(verification_section(json.loads(verification.read_text())))
+    draft_dtype = results_dir.parent / "verification" / "cpu-draft-dtype.json"
+    if draft_dtype.is_file():
+        parts.append(draft_dtype_section(json.loads(draft_dtype.read_text())))
     benches = sorted(p for p in results_dir.glob("*.json") if p.name != overhead.name)
     if benches:
         parts.append("## Methods side by side\n")

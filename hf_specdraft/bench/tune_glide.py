@@ -14,7 +14,7 @@ from .methods import METHODS, Method, _speculative, _with_expansion_sizes, regis
 from .tuning import run_tuning, tuning_parser
 
 GAMMAS = (1, 2, 3, 4, 5)
-CAPE_SETTINGS = ((1, 3), (2, 3), (2, 5), (3, 7), (4, 7), (3, 12))  # (γ, budget): a budget of B verifies ≤ B + 1 tokens
+CAPE_SETTINGS = ((1, 3), (2, 3), (2, 5), (3, 5), (3, 7), (4, 7), (3, 12))  # (γ, budget): a budget of B verifies ≤ B + 1 tokens
 
 
 def register_grid() -> tuple[list[str], list[str]]:

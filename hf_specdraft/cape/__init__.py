@@ -9,7 +9,8 @@
 draft passed as ``assistant_model=``) into a checkpoint directory, so that only transformers is needed.
 """
 
-from .beam import DraftModelTreeScorer, beam_search_proposal
+from ..drafting import DraftModelTreeScorer
+from .beam import beam_search_proposal
 from .candidate_generator import CapeCandidateGenerator, build_cape_for_bench
 from .config import CapeConfig
 from .expansion import expand_proposal, expansion_sizes

@@ -14,88 +14,10 @@ Notation: q is the draft distribution (Leviathan et al. 2023).
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache
 
-from ..drafting import common_prefix_length
-from ..tree import DraftTree, build_tree_buffers
-
-
-class DraftModelTreeScorer:
-    """Runs a causal-LM draft over a growing token tree on top of its cached prefix.
-
-    The protocol :func:`beam_search_proposal` needs (another drafter, e.g. GLIDE, can provide the same
-    three methods): :meth:`start` caches the prefix and returns q after it, :meth:`extend` returns q after
-    each new node, :meth:`finish` drops the tree nodes from the cache again.
-
-    Args:
-        draft_model: a causal LM sharing the target's vocabulary.
-        distribution: maps draft logits `(n, V)` to q `(n, V)` (softmax, warped like the target when sampling).
-    """
-
-    def __init__(self, draft_model: PreTrainedModel, distribution: Callable[[torch.Tensor], torch.Tensor]):
-        self.draft_model, self.distribution = draft_model, distribution
-        self.forward_calls = 0
-        self.reset()
-
-    def reset(self) -> None:
-        self.cache = DynamicCache(config=self.draft_model.config)
-        self.target_cache = None
-        self.seen = torch.zeros(0, dtype=torch.long)  # invariant between steps: the cache covers exactly `seen`
-
-    def start(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> torch.Tensor:
-        """Cache ``input_ids`` `(1, L)` (re-using the common prefix with the last step) and return q `(1, V)` after it.
-
-        ``target_cache`` (the target's live cache, read-only) is unused by a plain draft model; GLIDE's scorer
-        glimpses it in this and every :meth:`extend` of the step.
-        """
-        ids = input_ids[0].to(self.draft_model.device)
-        keep = min(common_prefix_length(self.seen.to(ids.device), ids), ids.numel() - 1)
-        if self.cache.get_seq_length() > keep:
-            self.cache.crop(keep - self.cache.get_seq_length())
-        logits = self._forward(target_cache, input_ids=ids[keep:][None], past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
-        self.target_cache = target_cache
-        self.seen = ids
-        return self.distribution(logits)
-
-    def extend(self, tokens: torch.LongTensor, parents: torch.LongTensor) -> torch.Tensor:
-        """Append the newest ``n`` nodes of a tree to the cache and return q after each of them.
-
-        Args:
-            tokens (`torch.LongTensor` of shape `(n,)`): the new nodes, the last ``n`` of the tree.
-            parents (`torch.LongTensor` of shape `(M,)`): parents of *all* ``M`` tree nodes so far,
-                the new ones included (``-1`` = child of the last prefix token).
-
-        Returns:
-            `torch.FloatTensor` of shape `(n, V)`.
-        """
-        device, dtype = self.draft_model.device, self.draft_model.dtype
-        prefix, total, n = self.seen.numel(), parents.numel(), tokens.numel()
-        ancestors, depth = build_tree_buffers(parents.to(device))
-        allowed = torch.zeros(n, prefix + total, dtype=torch.bool, device=device)
-        allowed[:, :prefix] = True
-        allowed[:, prefix:] = ancestors[total - n :]
-        # additive float mask: a bool mask is silently wrong with eager attention (notes §3)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = (prefix + depth[total - n :])[None]
-        logits = self._forward(
-            self.target_cache, input_ids=tokens.to(device)[None], attention_mask=mask[None, None], position_ids=positions,
-            past_key_values=self.cache, use_cache=True,
-        ).logits[0]
-        return self.distribution(logits)
-
-    def _forward(self, target_cache: DynamicCache | None, **inputs):
-        """One draft forward; a subclass whose draft reads the target's cache (GLIDE) passes ``target_cache`` on."""
-        self.forward_calls += 1
-        return self.draft_model(**inputs)
-
-    def finish(self) -> None:
-        """Drop the tree nodes: the cache covers the prefix again."""
-        extra = self.cache.get_seq_length() - self.seen.numel()
-        if extra > 0:
-            self.cache.crop(-extra)
+from ..tree import DraftTree
 
 
 def beam_search_proposal(scorer, input_ids: torch.LongTensor, depth: int, beam_width: int, budget: int,
@@ -108,7 +30,7 @@ def beam_search_proposal(scorer, input_ids: torch.LongTensor, depth: int, beam_w
     child path is the best-scored beam prefix.
 
     Args:
-        scorer: a :class:`DraftModelTreeScorer` (or any object with ``start`` / ``extend`` / ``finish``).
+        scorer: a :class:`~hf_specdraft.drafting.DraftModelTreeScorer` (or any object with ``start`` / ``extend`` / ``finish``).
         input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text.
         depth (`int`): γ, the deepest drafted position.
         beam_width (`int`): beams kept at each depth (4 in §5.3).

@@ -19,9 +19,9 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
+from ..drafting import DraftModelCandidateGenerator, DraftModelTreeScorer, TreeCandidateGenerator
 from ..tree import DraftTree
-from .beam import DraftModelTreeScorer, beam_search_proposal
+from .beam import beam_search_proposal
 from .config import CapeConfig
 from .expansion import _sizes, expand_proposal
 
@@ -75,7 +75,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             return DraftModelTreeScorer(self.drafter.draft_model, self._distribution)
         raise ValueError(
             f"mode='beam' drafts a beam-search tree, which needs a draft model: wrap a DraftModelCandidateGenerator, or give "
-            f"{type(self.drafter).__name__} a beam_scorer(distribution) method (see hf_specdraft.cape.beam.DraftModelTreeScorer)"
+            f"{type(self.drafter).__name__} a beam_scorer(distribution) method (see hf_specdraft.drafting.DraftModelTreeScorer)"
         )
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@
     ...                       max_new_tokens=64)  # doctest: +SKIP
 """
 
-from .bigram import build_bigram_table, load_bigram_table, main_build_bigram, save_bigram_table
+from .bigram import build_bigram_table, load_bigram_table, save_bigram_table
 from .cascade import CascadeCandidateGenerator, default_k_matrix, lenient_review, validate_k_matrix
 from .factory import build_cascade_for_bench, build_max_gram_for_bench
 from .max_gram import MaxGramCandidateGenerator, benchmark_max_gram, longest_suffix_match, max_gram_draft
@@ -26,7 +26,6 @@ __all__ = [
     "lenient_review",
     "load_bigram_table",
     "longest_suffix_match",
-    "main_build_bigram",
     "max_gram_draft",
     "measure_cost_coefficients",
     "parameter_cost_coefficients",

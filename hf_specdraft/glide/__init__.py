@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from ..drafting import register_drafter
 from .candidate_generator import GlideCandidateGenerator, check_target_cache
 from .configuration_glide import GlideConfig
 from .model_card import save_glide_checkpoint, write_model_card
 from .modeling_glide import GlideCapeDrafter, GlideForCausalLM, GlideModel, GlidePreTrainedModel
 
 _TRAINING = ("GlideTrainingArguments", "train_glide")
+
+register_drafter(GlideConfig.model_type, GlideCandidateGenerator)  # speculative_generate(draft_model=glide) glimpses the target
 
 
 def register_auto_classes() -> None:

@@ -18,8 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..cape.beam import DraftModelTreeScorer
-from ..drafting import TreeCandidateGenerator, check_same_vocab, draft_chain
+from ..drafting import DraftModelTreeScorer, TreeCandidateGenerator, check_same_vocab, draft_chain
 from ..tree import DraftTree
 from .modeling_glide import read_target_layer
 
@@ -103,7 +102,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
 
 class GlideTreeScorer(DraftModelTreeScorer):
-    """:class:`~hf_specdraft.cape.beam.DraftModelTreeScorer` for GLIDE: every beam node glimpses the target cache.
+    """:class:`~hf_specdraft.drafting.DraftModelTreeScorer` for GLIDE: every beam node glimpses the target cache.
 
     Tree nodes sit at sequence indices past the target cache (which covers ``input_ids[:, :-1]``), so each
     node sees the whole verified prefix, as chain drafting does (§4.1). The scorer itself has no depth:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ..cape.packaging import write_custom_generate
 
 CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id", "license")  # what save_glide_checkpoint's card_info may hold
 
@@ -33,6 +32,19 @@ def _hub_id(name: str | None) -> str | None:
     if not name or os.path.exists(name) or name.startswith((".", "/", "~")) or name.count("/") != 1:
         return None
     return name
+
+
+# CAPE's custom_generate/ folder is composed in from above (hf_specdraft/__init__.py sets CAPE's writer), so the glide
+# package imports no other method; without a writer, checkpoints carry no custom_generate/ and their cards say so.
+_custom_generate_writer = None
+
+
+def set_custom_generate_writer(writer) -> None:
+    """Set what writes ``custom_generate/`` into a checkpoint directory (``writer(directory)``), or `None` for none."""
+    global _custom_generate_writer
+    if writer is not None and not callable(writer):
+        raise TypeError(f"writer must be callable as writer(directory) or None, got {type(writer).__name__}")
+    _custom_generate_writer = writer
 
 
 def save_glide_checkpoint(glide, directory, target_name: str | None = None, card_info: dict | None = None) -> Path:
@@ -63,8 +75,11 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
         raise ValueError(f"target_name must be a non-empty str (the target's Hub id or path), got {target_name!r}")
     directory = Path(directory)
     glide.save_pretrained(directory)  # weights, config.json with auto_map, modeling_glide.py + configuration_glide.py
-    write_model_card(glide.config, directory, base_model=target_name or glide.config.target_name_or_path, **card_info)
-    write_custom_generate(directory, readme=False)  # the card above already tags custom_generate
+    custom_generate = _custom_generate_writer is not None
+    write_model_card(glide.config, directory, base_model=target_name or glide.config.target_name_or_path, custom_generate=custom_generate,
+                     **card_info)
+    if custom_generate:
+        _custom_generate_writer(directory)  # CAPE's loop (hf_specdraft.cape.write_custom_generate, readme=False: the card tags it)
     return directory
 
 

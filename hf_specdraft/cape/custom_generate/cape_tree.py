@@ -1,8 +1,9 @@
-"""CAPE's expanded proposal as a token tree, its verification buffers, greedy acceptance and cache compaction.
+"""CAPE's expanded proposal as a token tree (the tree mask, acceptance and compaction come from hf_specdraft's
+own ``tree.py`` and ``acceptance.py``, written beside it at save time).
 
-Self-contained (torch and transformers only) because it ships inside a checkpoint's ``custom_generate/``.
-hf_specdraft's own implementation is ``hf_specdraft.cape.expansion`` + ``hf_specdraft.tree``; a test keeps
-the two expansions identical.
+Torch only because it ships inside a checkpoint's ``custom_generate/``; the library's expansion
+(``hf_specdraft.cape.expansion``) works on a :class:`CapeConfig` and a ``DraftTree`` with q rows, and a
+test keeps the two expansions identical.
 
 Reference: glide_cape.txt §4.2. q_i is the draft distribution at drafted position i, p_i = max q_i,
 K_i = S(p_i) the size of the expansion set X_i (the K_i best tokens of q_i other than the chain token).
@@ -67,67 +68,3 @@ def expand(chain, q, schedule, budget):
     keep = torch.arange(widest, device=q.device)[None] < sizes[:, None]
     position = torch.arange(k, device=q.device)[:, None].expand(-1, widest)[keep]
     return torch.cat([chain, top[keep]]), torch.cat([parents, position - 1])
-
-
-def tree_inputs(parents, past_length, dtype, device):
-    """Mask and positions that verify ``[last token] + tree`` on top of a cache of ``past_length`` tokens.
-
-    Node i sees the cache, the last token and its ancestors-or-self (the CAPE mask of §4.2), at position
-    ``past_length + 1 + depth[i]``. The mask is additive float (a bool mask is silently wrong with eager).
-
-    Returns:
-        `(attention_mask, position_ids)` of shapes `(1, 1, 1+N, past_length+1+N)` and `(1, 1+N)`.
-    """
-    n = parents.numel()
-    ancestors = torch.eye(n, dtype=torch.bool, device=device)
-    depth = torch.zeros(n, dtype=torch.long, device=device)
-    for i, p in enumerate(parents.tolist()):
-        if p >= 0:
-            ancestors[i] |= ancestors[p]
-            depth[i] = depth[p] + 1
-    allowed = torch.zeros(1 + n, past_length + 1 + n, dtype=torch.bool, device=device)
-    allowed[:, : past_length + 1] = True
-    allowed[1:, past_length + 1 :] = ancestors
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    positions = torch.cat([torch.zeros(1, dtype=torch.long, device=device), depth + 1]) + past_length
-    return mask[None, None], positions[None]
-
-
-def accept_greedy(tokens, parents, choice):
-    """Deepest node whose whole path matches the target's argmax, and the target's token after it.
-
-    Args:
-        choice (`list[int]`): the target's argmax at each verified row; row ``1 + i`` follows node ``i``.
-
-    Returns:
-        `(path, next_token)`: accepted node indices root-to-leaf and the target's bonus token.
-    """
-    accepted, depth, best = {}, {}, -1
-    for i, (parent, token) in enumerate(zip(parents.tolist(), tokens.tolist())):
-        if (parent < 0 or parent in accepted) and token == choice[parent + 1]:
-            accepted[i] = True
-            depth[i] = 0 if parent < 0 else depth[parent] + 1
-            if best < 0 or depth[i] > depth[best]:
-                best = i
-    path, node, parent_of = [], best, parents.tolist()
-    while node >= 0:
-        path.append(node)
-        node = parent_of[node]
-    return path[::-1], choice[best + 1]
-
-
-def compact_cache(cache, keep):
-    """Keep the sequence positions ``keep`` `(M,)` of every cache layer (keys are post-RoPE at their final positions)."""
-    length, m = cache.get_seq_length(), keep.numel()
-    if m == length:
-        return
-    if bool((keep == torch.arange(m, device=keep.device)).all()):
-        cache.crop(m - length)
-        return
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
-            index = keep.to(layer.keys.device)
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
-            if hasattr(layer, "cumulative_length"):  # sliding-window layers; decoding stays inside the window
-                layer.cumulative_length = m

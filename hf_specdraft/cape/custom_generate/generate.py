@@ -11,8 +11,9 @@ Each step: the draft proposes a greedy chain of γ = ``num_draft_tokens`` tokens
 q_i; every position gets an expansion set of the K_i = S(max q_i) next-best tokens (leaves beside the
 chain token); chain and sets go through the target in one forward under a tree mask; the deepest path
 that matches the target's argmax is kept, plus the target's own next token. The output equals the
-target's greedy decoding. On CPU every linear layer of a few-token verification runs as ``W @ h.T``
-(``projection.py``, written beside this file from hf_specdraft's own module at save time).
+target's greedy decoding. On CPU every linear layer of a few-token verification runs as ``W @ h.T``.
+``projection.py``, ``tree.py`` (the tree mask and cache compaction) and ``acceptance.py`` (the tree walk) are
+hf_specdraft's own modules, written beside this file at save time; ``cape_tree.py`` holds CAPE's expansion.
 
 Options (keyword arguments of ``generate``): ``num_draft_tokens`` (γ, default 5), ``verification_budget``
 (most tokens verified per step, default 32 as in §5.3), ``expansion_schedule`` ((upper_bound, K) bins,
@@ -26,12 +27,16 @@ from transformers import DynamicCache
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from .cape_draft import load_draft, make_drafter
-from .cape_tree import DEFAULT_SCHEDULE, accept_greedy, check_schedule, compact_cache, expand, tree_inputs
+from .cape_tree import DEFAULT_SCHEDULE, check_schedule, expand
 
-try:  # written beside this file by write_custom_generate, from hf_specdraft/projection.py
+try:  # written beside this file by write_custom_generate, from hf_specdraft's own projection.py, tree.py and acceptance.py
+    from .acceptance import accept_tree
     from .projection import few_token_linears
+    from .tree import DraftTree, compact_cache, tree_attention_inputs
 except ImportError:  # the template inside the installed library (absolute: transformers reads `from .` lines as sibling files)
+    from hf_specdraft.acceptance import accept_tree
     from hf_specdraft.projection import few_token_linears
+    from hf_specdraft.tree import DraftTree, compact_cache, tree_attention_inputs
 
 # generate() hands these to every custom_generate function; this greedy loop needs them unset
 _PASSED_THROUGH = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "negative_prompt_ids", "negative_prompt_attention_mask")
@@ -133,6 +138,19 @@ def _eos_ids(config):
     return {eos} if isinstance(eos, int) else set(eos)
 
 
+class _GreedyRows:
+    """The target's verification rows as ``accept_tree`` reads them: row ``r``'s choice is its argmax."""
+
+    def __init__(self, logits):
+        self.logits, self.argmax = logits, logits.argmax(-1).tolist()
+
+    def choice(self, row):
+        return self.argmax[row]
+
+    def probs(self, row):
+        return torch.softmax(self.logits[row].float(), dim=-1)
+
+
 @torch.no_grad()
 def _cape_loop(model, drafter, input_ids, max_length, eos_ids, gamma, schedule, budget, streamer):
     """Draft → expand → verify in one forward → accept → compact, until max_length or EOS."""
@@ -154,10 +172,11 @@ def _cape_steps(model, drafter, input_ids, cache, max_length, eos_ids, gamma, sc
         if k > 0:
             chain, q = drafter.propose(input_ids, cache, k)
             tokens, parents = expand(chain.to(input_ids.device), q.to(input_ids.device), schedule, budget)
-        mask, positions = tree_inputs(parents, length - 1, model.dtype, input_ids.device)
+        tree = DraftTree(tokens, parents)
+        mask, positions = tree_attention_inputs(tree, length - 1, model.dtype, input_ids.device)
         verify_ids = torch.cat([input_ids[:, -1:], tokens[None]], dim=-1)
         logits = model(input_ids=verify_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).logits
-        path, next_token = accept_greedy(tokens, parents, logits[0].argmax(-1).tolist())
+        path, next_token = accept_tree(_GreedyRows(logits[0]), tree, None, eos_ids)
         new_tokens = tokens[path].tolist() + [next_token]
         for n, token in enumerate(new_tokens):
             if token in eos_ids:

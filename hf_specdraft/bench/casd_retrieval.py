@@ -3,7 +3,7 @@
 casd.txt §5.1 / Figure 3 reports < 100 ms per retrieval for contexts up to 1M tokens; our goals on one
 CPU core are a pool build <= 2 s and a retrieval <= 5 ms per step at 1M tokens. Run::
 
-    python -m hf_specdraft.casd.benchmark --output casd_retrieval.json
+    python -m hf_specdraft.bench.casd_retrieval --output casd_retrieval.json
 
 Two pools per size: ``corpus`` (Python source from the embedded default's corpus, tokenized with its
 tokenizer, when the shipped tokenizer is present) and ``synthetic`` (Zipf-distributed ids spread over a
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .configuration_casd import CasdConfig
-from .pool import DraftPool
-from .retrieval import retrieve
+from ..casd.configuration_casd import CasdConfig
+from ..casd.pool import DraftPool
+from ..casd.retrieval import retrieve
 
 SYNTHETIC_VOCAB = 262_144  # Gemma-sized vocabulary: ids far beyond uint16
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
