@@ -68,3 +68,15 @@ def test_no_import_runs_against_the_layers():
                                               ("hf_specdraft/bench/casd_retrieval.py", {"casd", "defaults", "bench"})])
 def test_the_resolver_sees_relative_and_nested_imports(source, expected):
     assert expected <= imports(PACKAGE.parent / source) | {unit(Path(source).relative_to("hf_specdraft").parts)}
+
+
+def test_composition_hooks_refuse_bad_arguments():
+    from hf_specdraft.drafting import register_drafter
+    from hf_specdraft.glide.model_card import set_custom_generate_writer
+
+    with pytest.raises(ValueError, match="model_type"):
+        register_drafter("", lambda model, gamma: None)
+    with pytest.raises(TypeError, match="factory"):
+        register_drafter("my-draft", "not callable")
+    with pytest.raises(TypeError, match="writer"):
+        set_custom_generate_writer("custom_generate/")

@@ -29,3 +29,36 @@ def test_bad_arguments_are_refused_before_anything_loads(module, argv, flag, cap
     with pytest.raises(SystemExit) as exit_info:
         module.main(argv)
     assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [(["--gammas", "0"], "--gammas"), (["--max-gram-tokens", "two"], "two"),
+                                        (["--grid", "short", "--drafts", "2"], "short grid"), (["--grid", "long"], "--grid")])
+def test_k_sweep_refuses_bad_arguments_before_anything_loads(argv, flag, capsys, monkeypatch):
+    import hf_specdraft.defaults
+    from hf_specdraft.bench import k_sweep
+
+    monkeypatch.setattr(hf_specdraft.defaults, "load_default", lambda *a, **k: pytest.fail("loaded the default"))
+    with pytest.raises(SystemExit) as exit_info:
+        k_sweep.main(argv)
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_k_sweep_mag_grid_runs_every_length(monkeypatch):
+    import hf_specdraft.defaults
+    from hf_specdraft.bench import k_sweep
+
+    seen = {}
+
+    class Ran(Exception):
+        pass
+
+    def fake_run_bench(bundle, config, items):
+        seen["methods"] = config.methods
+        raise Ran
+
+    monkeypatch.setattr(hf_specdraft.defaults, "load_default", lambda *a, **k: None)
+    monkeypatch.setattr(k_sweep, "run_bench", fake_run_bench)
+    with pytest.raises(Ran):
+        k_sweep.main(["--drafts", "1", "--grid", "mag", "--max-gram-tokens", "2,3", "--gammas", "3"])
+    grid = [m for m in seen["methods"] if m.startswith("cascade-1d-")]
+    assert len(grid) == 2 * len(k_sweep.k_grid(1, "mag")) and "draft-model-gamma3" in seen["methods"]

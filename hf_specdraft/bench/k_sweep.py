@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-prompts", type=int, default=20,
                         help="tune on the task's items after the first N (the bench's own prompts), so K is not chosen on them")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--grid", default="paper", choices=("paper", "short"), help="see k_grid: short keeps the target's review to <= 5 tokens")
+    parser.add_argument("--grid", default="paper", choices=GRIDS, help="see k_grid: short keeps the target's review to <= 4 tokens; "
+                        "mag crosses short K with --max-gram-tokens")
+    parser.add_argument("--max-gram-tokens", default=str(MAX_GRAM_TOKENS), help="MaG's draft lengths to cross with the grid (comma-separated)")
     parser.add_argument("--gammas", default="2,3,5,8", help="the plain draft's γ values run beside the grid (SD baseline)")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)

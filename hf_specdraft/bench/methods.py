@@ -22,8 +22,9 @@ from ..tree import DraftTree
 # Drafts' γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m hf_specdraft.bench.tune_glide`
 # on completion items 20..25 (benchmarks/results/cpu-tune-glide.json); the bench measures them on items 0..N-1.
 # With every linear of a verification forward as W @ h.T (hf_specdraft/projection.py), verifying 2-4 tokens costs
-# about one one-token forward and 6 tokens ~1.4x, so short drafts win: GLIDE γ = 3 (1.48x; γ = 5: 1.19x), CAPE γ = 2
-# with a 3-token budget (1.54x; γ = 3 / 12 tokens: 0.97x). The paper's γ = 5 / 32 tokens assume a GPU's flat cost.
+# about one one-token forward and 6 tokens ~1.4x, so short drafts win. With bf16 drafters: GLIDE γ = 3 (1.37x; γ = 1:
+# 1.33x, γ = 5: 1.15x), CAPE γ = 2 with a 3-token budget (1.51x; γ = 3 / 12 tokens: 0.91x); the fp32 run before chose the
+# same. The paper's γ = 5 / 32 tokens assume a GPU's flat cost.
 GLIDE_GAMMA = 3
 CAPE_GAMMA, CAPE_BUDGET = 2, 3
 # The plain draft (the vanilla twin) drafts with the same γ and CAPE settings.
