@@ -16,7 +16,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation import CandidateGenerator, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
-from .tree import DraftTree, build_tree_buffers
+from .tree import DraftTree, build_tree_buffers, croppable_cache, layer_masks
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
@@ -141,7 +141,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         self._reset()
 
     def _reset(self):
-        self.cache = DynamicCache(config=self.draft_model.config)
+        self.cache = croppable_cache(self.draft_model)
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens the draft cache covers
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
@@ -231,7 +231,7 @@ class DraftModelTreeScorer:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.draft_model.config)
+        self.cache = croppable_cache(self.draft_model)
         self.target_cache = None
         self.seen = torch.zeros(0, dtype=torch.long)  # invariant between steps: the cache covers exactly `seen`
 
@@ -270,8 +270,10 @@ class DraftModelTreeScorer:
         # additive float mask: a bool mask is silently wrong with eager attention (notes §3)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
         positions = (prefix + depth[total - n :])[None]
+        keys = torch.cat([torch.arange(prefix, device=device), prefix + depth])  # the cache holds the prefix, then every node
         logits = self._forward(
-            self.target_cache, input_ids=tokens.to(device)[None], attention_mask=mask[None, None], position_ids=positions,
+            self.target_cache, input_ids=tokens.to(device)[None], position_ids=positions,
+            attention_mask=layer_masks(self.draft_model, self.cache, mask[None, None], positions, keys),
             past_key_values=self.cache, use_cache=True,
         ).logits[0]
         return self.distribution(logits)

@@ -34,7 +34,7 @@ from .drafting import TreeCandidateGenerator, drafter_for, output_vocab_size
 from .metrics import SpeculativeStats, overlap
 from .projection import few_token_linears
 from .support import cache_window, chains_only, check_target, convolution_only
-from .tree import DraftTree, compact_cache, tree_attention_inputs
+from .tree import DraftTree, compact_cache, layer_masks, tree_attention_inputs
 
 
 @dataclass
@@ -175,13 +175,6 @@ def _check_generation_setup(model, input_ids, generation_config, model_kwargs, c
         raise ValueError(f"past_key_values must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: speculative decoding needs its own DynamicCache")
     # use_cache=False (MPT's config default, for one) is not refused: the loop always verifies against its own
     # KV cache, and caching changes no output token.
-    window = cache_window(cache)  # sliding windows and attention chunks, as transformers built the cache's layers
-    if window is not None and generation_config.max_length >= window:
-        raise ValueError(
-            f"the target uses sliding-window (or chunked) attention (sliding_window={window} tokens) and max_length="
-            f"{generation_config.max_length} reaches the window; tree verification is only supported inside the window, so lower "
-            "max_new_tokens or the prompt length"
-        )
 
 
 class _TargetRows:
@@ -244,8 +237,10 @@ class _Outputs:
 def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
     check_target(model)  # recurrent-state models are refused before any forward (hf_specdraft.support)
     cache = DynamicCache(config=model.config)
-    if convolution_only(model):
-        cache.activate_past_recording()  # convolution layers keep the inputs a crop needs to roll back
+    if convolution_only(model) or cache_window(cache) is not None:
+        # convolution layers keep the inputs a crop needs to roll back; sliding-window layers keep every key until
+        # compaction, so a rejected branch never pushes an accepted key out of the window (tree.trim_windows)
+        cache.activate_past_recording()
     _check_generation_setup(model, input_ids, generation_config, model_kwargs, cache)
     if acceptance is not None and not isinstance(acceptance, ConditionalAcceptance):
         raise TypeError(f"acceptance must be None or a ConditionalAcceptance, got {type(acceptance).__name__}")
@@ -321,10 +316,6 @@ def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: D
     tree = _propose(generator, input_ids, cache).merge_duplicates()
     cur_len = input_ids.shape[1]
     tree = tree.truncate_depth(max_length - cur_len - 1)  # room for the accepted tokens and the target's own token
-    window = cache_window(cache)
-    if window and cur_len + len(tree) >= window:
-        keep = max(window - cur_len - 1, 0)  # a prefix of a topological tree is a tree
-        tree = tree.select(torch.arange(keep, device=tree.tokens.device), tree.parents[:keep])
     vocab = output_vocab_size(model)
     if len(tree) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
         raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
@@ -341,7 +332,8 @@ def verify_tree(model: PreTrainedModel, input_ids: torch.LongTensor, cache: Dyna
     kwargs = {}
     if len(tree) and not tree.is_chain:
         mask, positions = tree_attention_inputs(tree, input_ids.shape[1] - 1, model.dtype, input_ids.device)
-        kwargs = {"attention_mask": mask, "position_ids": positions}
+        keys = torch.cat([torch.arange(input_ids.shape[1] - 1, device=input_ids.device), positions[0]])
+        kwargs = {"attention_mask": layer_masks(model, cache, mask, positions, keys), "position_ids": positions}
     return model(input_ids=verify_ids, past_key_values=cache, use_cache=True, **kwargs).logits[0].float()
 
 

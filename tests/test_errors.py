@@ -48,14 +48,6 @@ def test_static_cache(target):
         target.generate(X, custom_generate=speculative_generate, draft_model=target, max_new_tokens=4, cache_implementation="static")
 
 
-def test_sliding_window_model_past_its_window():
-    mistral = tiny_model("mistral", sliding_window=16)
-    with pytest.raises(ValueError, match="sliding_window=16"):
-        speculative_generate(mistral, X, draft_model=mistral, max_new_tokens=20)
-    out = speculative_generate(mistral, X, draft_model=mistral, max_new_tokens=8)  # inside the window it works
-    assert torch.equal(out, mistral.generate(X, max_new_tokens=8, do_sample=False))
-
-
 def test_no_drafter_or_two_drafters(target):
     with pytest.raises(ValueError, match="needs a drafter"):
         speculative_generate(target, X, max_new_tokens=4)

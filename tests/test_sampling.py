@@ -59,11 +59,18 @@ def test_speculative_generate_samples_from_target():
     target = tiny_model(vocab_size=V, seed=0)
     draft = tiny_model(vocab_size=V, seed=7, num_hidden_layers=1)
     x = torch.tensor([[1, 2, 3]])
-    joint = first_two_joint(target, x, temperature=1.3).flatten()
+    assert first_two_p_value(target, draft, x) > P_VALUE
+
+
+def first_two_p_value(target, draft, x: torch.Tensor, draws: int = 1500, temperature: float = 1.3) -> float:
+    """Chi-square p-value of the first two tokens speculative sampling draws after ``x`` (draft γ = 2) against the
+    target's own joint distribution of them."""
+    V = target.config.vocab_size
+    joint = first_two_joint(target, x, temperature=temperature).flatten()
     counts = torch.zeros(V * V)
     torch.manual_seed(0)
-    for _ in range(1500):
+    for _ in range(draws):
         out = speculative_generate(target, x, draft_model=draft, num_draft_tokens=2, max_new_tokens=2, do_sample=True,
-                                   temperature=1.3, top_k=0)
-        counts[out[0, 3] * V + out[0, 4]] += 1
-    assert chi_square_p(counts, joint) > P_VALUE
+                                   temperature=temperature, top_k=0)
+        counts[out[0, -2] * V + out[0, -1]] += 1
+    return chi_square_p(counts, joint)

@@ -40,8 +40,10 @@ def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def _rope_parameters(config) -> dict[str, Any]:
-    """A target's RoPE settings as one flat transformers 5 ``rope_parameters`` dict (rope_theta included)."""
+def _rope_parameters(config, layer_ids: list[int] | None = None) -> dict[str, Any]:
+    """The RoPE settings of the target layers GLIDE reads, as one flat transformers 5 ``rope_parameters`` dict
+    (rope_theta included). Targets with one RoPE per layer type (Gemma 3: local and global layers rotate with
+    different thetas) give the settings of the read layers' type; ``layer_ids`` None: the last layer's."""
     rope = getattr(config, "rope_parameters", None)
     if rope is None:  # configs written before transformers 5 kept rope_theta / rope_scaling apart
         rope = dict(getattr(config, "rope_scaling", None) or {})
@@ -49,9 +51,15 @@ def _rope_parameters(config) -> dict[str, Any]:
         rope.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     rope = copy.deepcopy(dict(rope))
     if any(isinstance(value, dict) for value in rope.values()):
-        raise ValueError(
-            f"target_config has per-layer-type RoPE settings ({sorted(rope)}); GLIDE supports targets with one RoPE for all layers"
-        )
+        layer_types = getattr(config, "layer_types", None) or []
+        ids = layer_ids if layer_ids is not None else [config.num_hidden_layers - 1]
+        kinds = {layer_types[i] for i in ids if 0 <= i < len(layer_types)}
+        if len(kinds) != 1 or not isinstance(rope.get(next(iter(kinds))), dict):
+            raise ValueError(
+                f"target_config has per-layer-type RoPE settings ({sorted(rope)}) and GLIDE reads target layers {ids} of types "
+                f"{sorted(kinds)}; pass target_layer_ids whose layers share one type (one RoPE for GLIDE's queries)"
+            )
+        rope = rope[next(iter(kinds))]
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(
             f"target_config rotates only part of each head (partial_rotary_factor={rope['partial_rotary_factor']}); "
@@ -60,8 +68,9 @@ def _rope_parameters(config) -> dict[str, Any]:
     return rope
 
 
-def target_description(target_config) -> dict[str, Any]:
-    """The ``_TARGET_FIELDS`` of a target's (text) config, as :class:`GlideConfig` records them."""
+def target_description(target_config, layer_ids: list[int] | None = None) -> dict[str, Any]:
+    """The ``_TARGET_FIELDS`` of a target's (text) config, as :class:`GlideConfig` records them for the target
+    layers ``layer_ids`` it reads (they decide the RoPE of a target with one per layer type)."""
     if not isinstance(target_config, PretrainedConfig):
         raise TypeError(f"target_config must be a transformers PretrainedConfig, got {type(target_config).__name__}")
     text = target_config.get_text_config()
@@ -73,7 +82,7 @@ def target_description(target_config) -> dict[str, Any]:
         "num_key_value_heads": getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
         "head_dim": _head_dim(text),
         "vocab_size": text.vocab_size,
-        "rope_parameters": _rope_parameters(text),
+        "rope_parameters": _rope_parameters(text, layer_ids),
     }
 
 
@@ -293,8 +302,12 @@ class GlideConfig(PretrainedConfig):
             target_layer_ids: target layer read by each draft layer; defaults to ``N_T - N_D + m``.
             kwargs: any other [`GlideConfig`] argument (``tie_word_embeddings``, ``block_size``, …).
         """
-        target = target_description(target_config)
+        if not isinstance(target_config, PretrainedConfig):
+            raise TypeError(f"target_config must be a transformers PretrainedConfig, got {type(target_config).__name__}")
         text = target_config.get_text_config()
+        if target_layer_ids is None:  # §4.1: l = N_T - N_D + m, the top target layers (0-based here)
+            target_layer_ids = [text.num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)]
+        target = target_description(target_config, target_layer_ids)
         hidden_size = hidden_size if hidden_size is not None else target["hidden_size"]
         if num_attention_heads is None:
             if hidden_size % target["head_dim"]:
@@ -338,7 +351,7 @@ class GlideConfig(PretrainedConfig):
 
     def target_mismatches(self, target_config: PretrainedConfig) -> list[str]:
         """Human-readable differences between the recorded target and ``target_config`` (empty: compatible)."""
-        actual = target_description(target_config)
+        actual = target_description(target_config, self.target_layer_ids)
         recorded = {name: getattr(self, f"target_{name}") for name in _TARGET_FIELDS}
         return [
             f"{name}: GLIDE was built for {recorded[name]!r}, the target has {actual[name]!r}"

@@ -1,6 +1,6 @@
 """The draft side of the CAPE ``custom_generate`` loop: a greedy chain drafter that returns q, and draft loading.
 
-Self-contained (torch and transformers only): it ships inside a checkpoint's ``custom_generate/``.
+Self-contained (torch, transformers and the library's ``tree.py`` written beside it): it ships inside a checkpoint's ``custom_generate/``.
 
 A drafter is any object with ``propose(input_ids, target_cache, num_tokens) -> (tokens (k,), q (k, V))``.
 A draft model may bring its own drafter through a ``cape_drafter(target)`` method (GLIDE's does: its
@@ -10,7 +10,12 @@ layers read the target cache); any other causal LM gets :class:`CausalLMDrafter`
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
+
+try:  # written beside this file by write_custom_generate, from hf_specdraft's own tree.py
+    from .tree import croppable_cache
+except ImportError:  # the template inside the installed library
+    from hf_specdraft.tree import croppable_cache
 
 _LOADED_DRAFTS = {}  # (checkpoint, device, dtype) -> draft model, so repeated generate calls load it once
 
@@ -34,7 +39,7 @@ class CausalLMDrafter:
 
     def __init__(self, draft_model):
         self.draft_model = draft_model
-        self.cache = DynamicCache(config=draft_model.config)
+        self.cache = croppable_cache(draft_model)  # sliding-window drafts too crop back past their window
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens the draft cache covers
 
     @torch.no_grad()

@@ -32,11 +32,11 @@ from .cape_tree import DEFAULT_SCHEDULE, check_schedule, expand
 try:  # written beside this file by write_custom_generate, from hf_specdraft's own projection.py, tree.py and acceptance.py
     from .acceptance import accept_tree
     from .projection import few_token_linears
-    from .tree import DraftTree, compact_cache, tree_attention_inputs
+    from .tree import DraftTree, compact_cache, layer_masks, tree_attention_inputs
 except ImportError:  # the template inside the installed library (absolute: transformers reads `from .` lines as sibling files)
     from hf_specdraft.acceptance import accept_tree
     from hf_specdraft.projection import few_token_linears
-    from hf_specdraft.tree import DraftTree, compact_cache, tree_attention_inputs
+    from hf_specdraft.tree import DraftTree, compact_cache, layer_masks, tree_attention_inputs
 
 # generate() hands these to every custom_generate function; this greedy loop needs them unset
 _PASSED_THROUGH = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "negative_prompt_ids", "negative_prompt_attention_mask")
@@ -103,15 +103,14 @@ def _generation_setup(model, generation_config, kwargs, prompt):
         max_length = prompt.shape[1] + config.max_new_tokens
     else:
         max_length = config.max_length if config.max_length is not None else 20  # transformers' default max_length
-    _check_tree_target(model, max_length)
+    _check_tree_target(model)
     return config, max_length
 
 
-def _check_tree_target(model, max_length):
+def _check_tree_target(model):
     """Refuse, before any forward, targets whose cache or attention cannot take a verified tree.
 
-    Sliding windows are asked the way transformers builds the cache (layer_types / use_sliding_window /
-    max_window_layers), so a config that merely carries an unused ``sliding_window`` (Qwen2-MoE's 0) is fine.
+    Sliding-window and chunked layers verify trees at any length (``layer_masks`` windows each layer's mask).
     """
     text = model.config.get_text_config()
     model_type = getattr(text, "model_type", None) or model.config.model_type
@@ -123,10 +122,6 @@ def _check_tree_target(model, max_length):
     if model_type in ("bloom", "mpt") or getattr(text, "alibi", False):
         raise ValueError(f"the target is a {model_type!r} model with ALiBi attention, which takes no tree mask; "
                          "use hf_specdraft's speculative_generate, which verifies such targets' drafts as chains")
-    windows = [layer.sliding_window for layer in cache_layers if type(layer).__name__ == "DynamicSlidingWindowLayer"]
-    window = min(windows) if windows else None  # sliding windows and Llama 4's attention chunks
-    if window is not None and max_length >= window:
-        raise ValueError(f"max_length={max_length} reaches the target's sliding_window={window}; tree verification runs inside the window only")
 
 
 def _eos_ids(config):
@@ -155,6 +150,7 @@ class _GreedyRows:
 def _cape_loop(model, drafter, input_ids, max_length, eos_ids, gamma, schedule, budget, streamer):
     """Draft → expand → verify in one forward → accept → compact, until max_length or EOS."""
     cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()  # sliding-window layers keep every key until compaction trims them (tree.trim_windows)
     with few_token_linears(model):  # CPU: every linear of a few-token verification as W @ h.T (projection.py)
         return _cape_steps(model, drafter, input_ids, cache, max_length, eos_ids, gamma, schedule, budget, streamer)
 
@@ -175,6 +171,8 @@ def _cape_steps(model, drafter, input_ids, cache, max_length, eos_ids, gamma, sc
         tree = DraftTree(tokens, parents)
         mask, positions = tree_attention_inputs(tree, length - 1, model.dtype, input_ids.device)
         verify_ids = torch.cat([input_ids[:, -1:], tokens[None]], dim=-1)
+        keys = torch.cat([torch.arange(length - 1, device=input_ids.device), positions[0]])
+        mask = layer_masks(model, cache, mask, positions, keys)
         logits = model(input_ids=verify_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).logits
         path, next_token = accept_tree(_GreedyRows(logits[0]), tree, None, eos_ids)
         new_tokens = tokens[path].tolist() + [next_token]
