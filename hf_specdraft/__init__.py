@@ -12,7 +12,7 @@ from functools import partial
 
 from .acceptance import ConditionalAcceptance, speculative_sampling
 from .cape import CapeCandidateGenerator, CapeConfig
-from .cascade import CascadeCandidateGenerator, MaxGramCandidateGenerator
+from .cascade import CascadeCandidateGenerator, CascadeConfig, MaxGramCandidateGenerator
 from .casd import CasdCandidateGenerator, CasdConfig, casd_generate
 from .drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
 from .generation import SpeculativeGenerateOutput, speculative_generate
@@ -31,6 +31,7 @@ __all__ = [
     "CapeCandidateGenerator",
     "CapeConfig",
     "CascadeCandidateGenerator",
+    "CascadeConfig",
     "CasdCandidateGenerator",
     "CasdConfig",
     "ConditionalAcceptance",

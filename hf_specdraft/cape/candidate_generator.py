@@ -19,8 +19,13 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..drafting import DraftModelCandidateGenerator, DraftModelTreeScorer, TreeCandidateGenerator
+from ..drafting import (
+    DraftModelCandidateGenerator,
+    DraftModelTreeScorer,
+    TreeCandidateGenerator,
+)
 from ..tree import DraftTree
+from ..validation import method_config
 from .beam import beam_search_proposal
 from .config import CapeConfig
 from .expansion import _sizes, expand_proposal
@@ -51,11 +56,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         super().__init__()
         if not isinstance(drafter, TreeCandidateGenerator):
             raise TypeError(f"drafter must be an hf_specdraft TreeCandidateGenerator proposing a chain with draft_probs, got {type(drafter).__name__}")
-        if config is not None and options:
-            raise ValueError(f"pass either config= or CapeConfig options ({sorted(options)}), not both")
-        self.config = config if config is not None else CapeConfig(**options)
-        if not isinstance(self.config, CapeConfig):
-            raise TypeError(f"config must be a CapeConfig, got {type(self.config).__name__}")
+        self.config = method_config(CapeConfig, config, options)
         gamma = getattr(drafter, "num_draft_tokens", None)
         if isinstance(gamma, int):
             self.config.check_chain_length(gamma)  # fail at construction, not at the first step

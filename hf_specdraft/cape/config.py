@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..validation import check_int, is_int
+
 MODES = ("confidence", "fixed", "beam")
 
 # §4.2: S(p) = 7, 5, 3, 1 for p in (0, .3], (.3, .6], (.6, .8], (.8, 1]. The official code keeps the
@@ -15,7 +17,7 @@ MODES = ("confidence", "fixed", "beam")
 DEFAULT_SCHEDULE = ((0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1))
 
 
-@dataclass
+@dataclass(frozen=True)
 class CapeConfig:
     """How :class:`~hf_specdraft.cape.CapeCandidateGenerator` widens a drafted chain.
 
@@ -43,13 +45,10 @@ class CapeConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        self.schedule = _check_schedule(self.schedule)
-        if not _is_int(self.budget) or self.budget < 1:
-            raise ValueError(f"budget must be a positive int (tokens verified per step), got {self.budget!r}")
-        if not _is_int(self.fixed_k) or self.fixed_k < 0:
-            raise ValueError(f"fixed_k must be an int >= 0, got {self.fixed_k!r}")
-        if not _is_int(self.beam_width) or self.beam_width < 1:
-            raise ValueError(f"beam_width must be a positive int, got {self.beam_width!r}")
+        object.__setattr__(self, "schedule", _check_schedule(self.schedule))
+        check_int("budget", self.budget, what="tokens verified per step")
+        check_int("fixed_k", self.fixed_k, minimum=0)
+        check_int("beam_width", self.beam_width)
 
     @property
     def bounds(self) -> tuple[float, ...]:
@@ -77,10 +76,6 @@ class CapeConfig:
             )
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_schedule(schedule) -> tuple[tuple[float, int], ...]:
     try:
         pairs = tuple((float(bound), k) for bound, k in schedule)
@@ -89,7 +84,7 @@ def _check_schedule(schedule) -> tuple[tuple[float, int], ...]:
     if not pairs:
         raise ValueError("schedule is empty: give at least one (upper_bound, K) bin, e.g. ((1.0, 3),)")
     bounds, sizes = [b for b, _ in pairs], [k for _, k in pairs]
-    if any(not _is_int(k) or k < 0 for k in sizes):
+    if any(not is_int(k) or k < 0 for k in sizes):
         raise ValueError(f"every K in schedule must be an int >= 0, got {sizes}")
     if any(not 0.0 < b <= 1.0 for b in bounds) or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
         raise ValueError(f"schedule bounds must increase strictly within (0, 1], got {bounds}")

@@ -32,9 +32,11 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..acceptance import check_lenience, lenient_review, lenient_review_sampling
+from ..acceptance import lenient_review, lenient_review_sampling
 from ..drafting import TreeCandidateGenerator, check_same_vocab, common_prefix_length
-from ..tree import DraftTree
+from ..tree import DraftTree, croppable_cache
+from ..validation import method_config
+from .config import CascadeConfig
 from .max_gram import MAX_GRAM_TOKENS, MaxGramCandidateGenerator
 
 UNBOUNDED = 2**62  # no length limit known (propose called outside generate): the budgets alone bound the draft
@@ -89,39 +91,34 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
 
     Args:
         drafts: neural drafts ``[M_d1, …, M_dn]``, largest first, each sharing the target's vocabulary.
-        k_matrix: ``K``, `(n+1, n+1)` upper-triangular per-drafter budgets (see the module docstring);
-            default :func:`default_k_matrix`.
-        lenience: ``l >= 1`` for reviews by drafts (§3.1).
+        config: a :class:`~hf_specdraft.cascade.CascadeConfig` (K, lenience, Max-Gram's length, γ cap); or pass
+            its fields as keywords (``k_matrix=``, ``lenience=``, ``max_gram_tokens=``, ``num_draft_tokens=``).
         bigram_table (`torch.LongTensor` of shape `(V,)`, *optional*): MaG's fallback.
-        max_gram_tokens: tokens MaG proposes per call (the paper: a fixed 10).
-        num_draft_tokens: optional cap on the tokens proposed to the target per step.
         max_gram: a ready :class:`MaxGramCandidateGenerator` instead of ``bigram_table`` / ``max_gram_tokens``.
     """
 
-    def __init__(self, drafts: list[PreTrainedModel], k_matrix=None, lenience: float = 1.0, bigram_table: torch.Tensor | None = None,
-                 max_gram_tokens: int = MAX_GRAM_TOKENS, num_draft_tokens: int | None = None, max_gram: MaxGramCandidateGenerator | None = None):
+    def __init__(self, drafts: list[PreTrainedModel], config: CascadeConfig | None = None, bigram_table: torch.Tensor | None = None,
+                 max_gram: MaxGramCandidateGenerator | None = None, **options):
         super().__init__()
         if not isinstance(drafts, (list, tuple)) or not drafts:
             raise ValueError("drafts must be a non-empty list of draft models, largest first (for Max-Gram alone use MaxGramCandidateGenerator)")
         for i, draft in enumerate(drafts):
             if not isinstance(draft, PreTrainedModel):
                 raise TypeError(f"drafts[{i}] must be a transformers PreTrainedModel, got {type(draft).__name__}")
-        if num_draft_tokens is not None and (isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1):
-            raise ValueError(f"num_draft_tokens must be None or a positive int, got {num_draft_tokens!r}")
-        if isinstance(max_gram_tokens, bool) or not isinstance(max_gram_tokens, int) or max_gram_tokens < 1:
-            raise ValueError(f"max_gram_tokens must be a positive int, got {max_gram_tokens!r}")
+        self.config = method_config(CascadeConfig, config, options)
         if max_gram is not None and not isinstance(max_gram, MaxGramCandidateGenerator):
             raise TypeError(f"max_gram must be a MaxGramCandidateGenerator, got {type(max_gram).__name__}")
         self.drafts = list(drafts)
+        k_matrix = self.config.k_matrix
         self.k_matrix = validate_k_matrix(default_k_matrix(len(drafts)) if k_matrix is None else k_matrix, len(drafts))
-        self.lenience = check_lenience(lenience)
-        self.max_gram = max_gram or MaxGramCandidateGenerator(bigram_table, num_draft_tokens=max_gram_tokens)
-        self.num_draft_tokens = num_draft_tokens
+        self.lenience = self.config.lenience
+        self.max_gram = max_gram or MaxGramCandidateGenerator(bigram_table, num_draft_tokens=self.config.max_gram_tokens)
+        self.num_draft_tokens = self.config.num_draft_tokens
         self.max_length: int | None = None  # set by prepare: drafting past generate's max_length is wasted
         self._reset()
 
     def _reset(self) -> None:
-        self.caches = [DynamicCache(config=d.config) for d in self.drafts]
+        self.caches = [croppable_cache(d) for d in self.drafts]
         self.seen = [torch.zeros(0, dtype=torch.long, device=d.device) for d in self.drafts]  # tokens each cache covers
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
@@ -226,18 +223,10 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         ids = cur_gen.to(draft.device)
         keep = min(common_prefix_length(self.seen[index], ids), review_index - 1)
         if cache.get_seq_length() > keep:
-            if _can_roll_back(cache):
-                cache.crop(keep - cache.get_seq_length())  # transformers 5.23 crops by a negative count
-            else:  # a sliding-window layer past its window keeps no past to roll back to: re-encode
-                cache = self.caches[index] = DynamicCache(config=draft.config)
-                keep = 0
+            cache.crop(keep - cache.get_seq_length())  # transformers 5.23 crops by a negative count
         rows = ids.numel() - review_index + 1
         out = draft(input_ids=ids[None, keep:], past_key_values=cache, use_cache=True, logits_to_keep=rows)
         self.seen[index] = ids  # invariant: the cache covers self.seen[index]
         self.count_call(f"draft{index}")
         return out.logits[0, -rows:]
 
-
-def _can_roll_back(cache: DynamicCache) -> bool:
-    """Whether ``cache.crop`` can remove tokens: not once a sliding-window layer has filled its window."""
-    return not any(getattr(layer, "is_sliding", False) and layer.get_seq_length() >= layer.sliding_window for layer in cache.layers)

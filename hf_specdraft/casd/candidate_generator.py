@@ -18,6 +18,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from ..acceptance import ConditionalAcceptance
 from ..drafting import TreeCandidateGenerator, output_vocab_size
 from ..tree import DraftTree
+from ..validation import method_config
 from .configuration_casd import CasdConfig
 from .pool import DraftPool, context_token_ids
 from .retrieval import add_nodes, retrieve
@@ -78,11 +79,7 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
 
     def __init__(self, context, tokenizer=None, config: CasdConfig | None = None, **options):
         super().__init__()
-        if config is not None and options:
-            raise ValueError(f"pass either config= or retrieval options as keywords, not both (got {sorted(options)})")
-        if config is not None and not isinstance(config, CasdConfig):
-            raise TypeError(f"config must be a CasdConfig, got {type(config).__name__}")
-        self.config = config if config is not None else CasdConfig(**options)
+        self.config = method_config(CasdConfig, config, options)
         self.pool = DraftPool(tokenize_context(context, tokenizer), self.config.max_suffix_length)
         self.match_lengths: list[int] = []
         self.prompt_length: int | None = None  # set by the first propose() of a generate call

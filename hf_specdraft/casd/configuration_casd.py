@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+from ..validation import check_bool, check_int
 
 
 @dataclass(frozen=True)
@@ -46,12 +44,9 @@ class CasdConfig:
 
     def __post_init__(self):
         for name in ("max_nodes", "max_suffix_length", "min_suffix_length", "max_draft_length", "max_matches"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, getattr(self, name))
         for name in ("fill_from_shorter_suffixes", "draft_from_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
         if self.min_suffix_length > self.max_suffix_length:
             raise ValueError(
                 f"min_suffix_length ({self.min_suffix_length}) must not exceed max_suffix_length ({self.max_suffix_length})"

@@ -1,0 +1,43 @@
+"""The cascade's options: the K matrix, lenience, Max-Gram's draft length and a cap on what the target verifies.
+
+Reference: Chen et al. 2024, "Cascade Speculative Drafting" (../shared/papers/cascade_speculative_drafting.txt),
+§3.1 (vertical cascade, lenience), §3.2 (horizontal cascade), §3.3 (Max-Gram), Algorithm 1.
+
+    >>> CascadeConfig(lenience=2).lenience
+    2.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..acceptance import check_lenience
+from ..validation import check_int
+from .max_gram import MAX_GRAM_TOKENS
+
+
+@dataclass(frozen=True)
+class CascadeConfig:
+    """How :class:`~hf_specdraft.cascade.CascadeCandidateGenerator` drafts.
+
+    Args:
+        k_matrix: ``K``, `(n+1, n+1)` upper-triangular per-drafter budgets for ``n`` drafts + Max-Gram (see
+            :mod:`hf_specdraft.cascade.cascade`); checked against the drafts when the generator is built.
+            ``None``: :func:`~hf_specdraft.cascade.default_k_matrix` (the official code's settings).
+        lenience: ``l >= 1`` for reviews by drafts (§3.1); 1 is exact review. Never applied when the target reviews.
+        max_gram_tokens: tokens Max-Gram proposes per call (§3.3: a fixed 10).
+        num_draft_tokens: optional cap on the tokens proposed to the target per step (γ); ``None``: the budgets alone.
+    """
+
+    k_matrix: list[list[int]] | None = None  # checked against the drafts by the generator (validate_k_matrix)
+    lenience: float = 1.0  # §3.1: l = 1 reviews exactly; Table 2 tunes it per task
+    max_gram_tokens: int = MAX_GRAM_TOKENS
+    num_draft_tokens: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "lenience", check_lenience(self.lenience))
+        check_int("max_gram_tokens", self.max_gram_tokens)
+        check_int("num_draft_tokens", self.num_draft_tokens, allow_none=True)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

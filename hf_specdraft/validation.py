@@ -1,0 +1,38 @@
+"""Argument checks every method's config shares: one wording for the same mistake, whichever method it is made in."""
+
+from __future__ import annotations
+
+
+def is_int(value) -> bool:
+    """A Python int that is not a bool (``True`` is an int to Python, never a count to a user)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(name: str, value, minimum: int = 1, allow_none: bool = False, what: str = "") -> None:
+    """Raise a ``ValueError`` naming ``name`` unless ``value`` is an int ``>= minimum`` (or None when allowed)."""
+    if allow_none and value is None:
+        return
+    if not is_int(value) or value < minimum:
+        valid = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {'None or ' if allow_none else ''}{valid}{f' ({what})' if what else ''}, got {value!r}")
+
+
+def check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def method_config(config_class, config, options: dict):
+    """The config a method's candidate generator runs with: ``config`` (an instance of ``config_class``) or one built
+    from ``options`` (its fields as keywords), never both — the one calling convention of CAPE, the cascade and CASD."""
+    if config is not None and options:
+        raise ValueError(f"pass either config= or {config_class.__name__} fields as keywords ({sorted(options)}), not both")
+    if config is not None and not isinstance(config, config_class):
+        raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}")
+    if config is not None:
+        return config
+    fields = set(config_class.__dataclass_fields__)
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {unknown}; {config_class.__name__} fields are {sorted(fields)}")
+    return config_class(**options)
