@@ -235,7 +235,14 @@ def test_training_command_writes_hub_ready_drafters_with_cards(tmp_path, monkeyp
     second = GlideForCausalLM.from_pretrained(tmp_path / "out2" / "glide")
     assert second.config.draft_token_ids == glide.config.draft_token_ids
     log = json.loads((tmp_path / "out2" / "glide" / "training_log.json").read_text())
-    assert log["stage_1"]["steps"] and log["store_windows"] == 3 * 12
+    assert len(log["earlier_stages"]) == 1 and log["earlier_stages"][0]["steps"] and log["store_windows"] == 3 * 12
+    # stage 3 from stage 2: both earlier stages recorded, oldest first, in the log and on the card
+    assert smollm2_drafters.main([str(store_dir), str(tmp_path / "out3"), "--kinds", "glide", "--init-from", str(tmp_path / "out2"),
+                                  "--steps", "1"]) == 0
+    third = json.loads((tmp_path / "out3" / "glide" / "training_log.json").read_text())
+    assert [stage["steps"][-1]["step"] for stage in third["earlier_stages"]] == [2, 300] and third["steps"][-1]["step"] == 1  # FINETUNE: 300
+    card = (tmp_path / "out3" / "glide" / "README.md").read_text()
+    assert "- stage 1: 2 steps" in card and "- stage 2: 300 steps" in card
     with pytest.raises(SystemExit):
         smollm2_drafters.main([str(store_dir), str(tmp_path / "out"), "--kinds", "medium"])
 
@@ -282,7 +289,7 @@ def test_self_distillation_uses_train_prompts_and_the_targets_own_greedy_text():
     assert stream[: len(expected)] == expected and stream[len(expected)] == tok.eos_token_id  # no padding, eos between texts
 
 
-def test_report_lists_the_shipped_drafters_with_both_training_stages(tmp_path):
+def test_report_lists_the_shipped_drafters_with_every_training_stage(tmp_path):
     from hf_specdraft.bench.report import render
 
     folder = tmp_path / "drafters" / "glide"
@@ -293,6 +300,10 @@ def test_report_lists_the_shipped_drafters_with_both_training_stages(tmp_path):
                                                           "stage_1": stage(400, 480)}))
     report = render(tmp_path / "results", drafters_dir=tmp_path / "drafters")
     assert "| glide | 8.2M | 1 / 576 / 1536 | yes | 6,144 | 400 + 300 | 1.43M | 2.500 | 13 min |" in report
+    (folder / "training_log.json").write_text(json.dumps({**stage(900, 600), "draft_vocab_size": 6144, "parameters": 8_200_000,
+                                                          "earlier_stages": [stage(400, 480), stage(300, 300)]}))
+    report = render(tmp_path / "results", drafters_dir=tmp_path / "drafters")
+    assert "| glide | 8.2M | 1 / 576 / 1536 | yes | 6,144 | 400 + 300 + 900 | 3.28M | 2.500 | 23 min |" in report
 
 
 @pytest.mark.parametrize("field", ["num_prompts", "max_new_tokens"])

@@ -143,18 +143,20 @@ register_method(Method("cascade-2drafts", lambda ctx: _cascade(ctx, [ctx.draft, 
                        description="CS drafting: plain draft + smaller draft + Max-Gram",
                        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
 
-# Tuned for the embedded default on CPU by `python -m hf_specdraft.bench.k_sweep --drafts 1 --grid short` on completion
-# items 20..24 (benchmarks/results/cpu-k-sweep-short.json), chosen by wall time against target-only (the paper ranks by
-# SWI, whose cost model ignores that verifying more tokens costs more here): K = [[3, 0], [0, 4]] 1.12x (SWI 1.73;
-# best SWI [[1, 1], [0, 4]] 1.78 ran 0.91x: MaG's level-0 call adds its 10 tokens to every verification), SD γ = 3 1.34x.
-# SD's γ gets the same tuning as the cascade's K, so the comparison stays fair.
+# Tuned for the embedded default on CPU by `python -m hf_specdraft.bench.k_sweep --drafts 1` on completion items 20..24,
+# chosen by wall time against target-only (the paper ranks by SWI, whose cost model ignores that verifying more tokens
+# costs more here). `--grid short` (cpu-k-sweep-short.json, MaG's 10 tokens): K = [[3, 0], [0, 4]] 1.12x; MaG's level-0
+# call adds all its tokens to every verification, so `--grid mag --max-gram-tokens 2,3` (cpu-k-sweep-mag.json) shortened
+# MaG: K = [[3, 0], [0, 1]] with 3 MaG tokens 1.41x (SWI 1.78) beside SD γ = 3 at 1.44x (SWI 1.66); best SWI
+# [[2, 1], [0, 1]] / 3 tokens 1.83, 1.19x. SD's γ gets the same tuning as the cascade's K, so the comparison stays fair.
 TUNED_GAMMA = 3
-TUNED_K_1DRAFT = [[3, 0], [0, 4]]
+TUNED_K_1DRAFT = [[3, 0], [0, 1]]
+TUNED_MAX_GRAM_TOKENS = 3
 TUNED_K_2DRAFTS = [[3, 2, 10], [0, 1, 10], [0, 0, 10]]
 register_method(Method("draft-model-tuned", lambda ctx: _speculative(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, TUNED_GAMMA)),
                        requires=("draft",), description=f"plain draft, γ={TUNED_GAMMA} (tuned)", cost_models=lambda e: {"draft": e["draft"]}))
-register_method(Method("cascade-1draft-tuned", lambda ctx: _cascade(ctx, [ctx.draft], TUNED_K_1DRAFT), requires=("draft",),
-                       description=f"CS drafting: plain draft + Max-Gram, K = {TUNED_K_1DRAFT} (tuned)",
+register_method(Method("cascade-1draft-tuned", lambda ctx: _cascade(ctx, [ctx.draft], TUNED_K_1DRAFT, max_gram_tokens=TUNED_MAX_GRAM_TOKENS),
+                       requires=("draft",), description=f"CS drafting: plain draft + Max-Gram ({TUNED_MAX_GRAM_TOKENS} tokens), K = {TUNED_K_1DRAFT} (tuned)",
                        cost_models=lambda e: {"draft0": e["draft"], "max_gram": None}))
 register_method(Method("cascade-2drafts-tuned", lambda ctx: _cascade(ctx, [ctx.draft, ctx.extras["small_draft"]], TUNED_K_2DRAFTS),
                        requires=("draft", "small_draft"), description=f"CS drafting: two drafts + Max-Gram, K = {TUNED_K_2DRAFTS} (tuned)",

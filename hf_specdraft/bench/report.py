@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from ..defaults import SMOLLM2_DRAFTERS_DIR
+from ..glide.model_card import training_stages
 from .plots import make_plots, plot_paths
 
 COLUMNS = [("tok/s", "tokens_per_second", ".1f"), ("speedup", "speedup_vs_target_only", ".2f"), ("per-prompt range", "speedup_spread", "range"), ("MAL", "mean_accepted_length", ".2f"),
@@ -102,7 +103,7 @@ def drafters_section(drafters_dir: Path) -> str:
         if not (folder / "training_log.json").is_file():
             continue
         log, config = json.loads((folder / "training_log.json").read_text()), json.loads((folder / "config.json").read_text())
-        stages = [stage for stage in (log.get("stage_1"), log) if stage]  # stage 1, then the fine-tune on the target's own text
+        stages = training_stages(log)  # stage 1, then the fine-tunes on the target's own text
         steps = " + ".join(str(stage["steps"][-1]["step"]) for stage in stages)
         tokens = sum(stage["steps"][-1]["tokens"] for stage in stages if "tokens" in stage["steps"][-1])
         minutes = sum(stage["train_seconds"] for stage in stages) / 60
@@ -150,6 +151,31 @@ def draft_dtype_section(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def sliding_window_section(result: dict) -> str:
+    """Verification past a sliding window: per-step cost in and past the window for both cache designs, cache memory,
+    and GLIDE end to end on a windowed target (issue #13)."""
+    meta, window = result["meta"], result["window"]
+    rows = ["## Sliding windows", "", f"The default target's weights as a sliding-window model (every layer, window {window} tokens), "
+            f"{meta['hardware']}, {meta['dtype']}: median ms of one verification step (forward over [last] + draft, then compaction to a "
+            f"2-node accepted path; median of {meta['repeats']}). *trimmed*: what the loop does (transformers' sliding layers, past "
+            "recording during a step, trimmed back to the window after compaction); *full*: every layer keeps the whole past and "
+            f"only the mask applies the window; *no window*: the same weights without one. Command: `{meta['command']}`.", "",
+            "| context | draft | trimmed | full | no window |", "|---|---|---:|---:|---:|"]
+    for context, shapes in result["step_milliseconds"].items():
+        rows += [f"| {context} | {shape} | {ms['trimmed']:.1f} | {ms['full']:.1f} | {ms['no window']:.1f} |" for shape, ms in shapes.items()]
+    memory = result["cache_bytes_at_4x_window"]
+    e2e = result["end_to_end"]
+    rows += ["", f"Cache at 4× the window ({4 * window} tokens): trimmed {memory['trimmed'] / 2**20:.1f} MiB, full "
+             f"{memory['full'] / 2**20:.1f} MiB. End to end on a {e2e['prompt_tokens']}-token held-out prompt, {e2e['new_tokens']} new "
+             "tokens, target-only `generate` against GLIDE (γ 3) in the loop, interleaved:", "",
+             "| target | target-only s | GLIDE s | speedup | MAL | α | = target-only |", "|---|---:|---:|---:|---:|---:|---|"]
+    for name in ("windowed", "no window"):
+        r = e2e[name]
+        rows.append(f"| {name} | {r['seconds']['target-only']:.2f} | {r['seconds']['glide']:.2f} | {r['glide_speedup']:.2f}× | "
+                    f"{r['mean_accepted_length']:.2f} | {r['alpha']:.3f} | {'yes' if r['identical_to_target'] else 'NO'} |")
+    return "\n".join(rows) + "\n"
+
+
 def _images(name: str, plots_dir: Path, report_dir: Path) -> list[str]:
     """The plots of result ``name`` that exist, as links relative to the report's directory."""
     return [Path(os.path.relpath(p, report_dir)).as_posix() for p in plot_paths(name, plots_dir).values() if p.is_file()]
@@ -187,6 +213,9 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
     draft_dtype = results_dir.parent / "verification" / "cpu-draft-dtype.json"
     if draft_dtype.is_file():
         parts.append(draft_dtype_section(json.loads(draft_dtype.read_text())))
+    sliding = results_dir.parent / "verification" / "cpu-sliding-window.json"
+    if sliding.is_file():
+        parts.append(sliding_window_section(json.loads(sliding.read_text())))
     benches = sorted(p for p in results_dir.glob("*.json") if p.name != overhead.name)
     if benches:
         parts.append("## Methods side by side\n")

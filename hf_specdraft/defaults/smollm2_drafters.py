@@ -18,11 +18,15 @@ Loss: cross-entropy against the target's renormalised top-k next-token distribut
 glide_cape Appendix B's cheaper form): the drafts learn what the target says, which greedy acceptance rewards.
 Training is resumable: a checkpoint (weights + optimizer + step) every ``checkpoint_every`` steps.
 
-    # stage 1 on the corpus store; stage 2 (what ships for glide and vanilla) from its weights, 600 steps, on the
-    # corpus store plus two stores of the target's own text, each 3x (distillation.py's docstring builds them)
+    # stage 1 on the corpus store; stage 2 from its weights, 600 steps, on the corpus store plus two stores of the
+    # target's own text, each 3x (distillation.py's docstring builds them); stage 3 (what ships for glide and
+    # vanilla) 900 more steps on the same mix at a lower peak learning rate
     python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters --kinds glide,vanilla
     python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters3 --kinds glide,vanilla \
         --init-from /work/drafters --extra-store /work/store/selfgen --extra-store /work/store/selfgen2 --extra-weight 3 --steps 600
+    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters4 --kinds glide,vanilla \
+        --init-from /work/drafters3 --extra-store /work/store/selfgen --extra-store /work/store/selfgen2 --extra-weight 3 \
+        --steps 900 --learning-rate 3e-4
     python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters2 --kinds small \
         --extra-store /work/store/selfgen --extra-weight 4
 """
@@ -43,6 +47,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
 from ..glide import GlideConfig, GlideForCausalLM
+from ..glide.model_card import training_stages
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,12 @@ def training_log(kind: str, store: dict[str, torch.Tensor], state: dict, paramet
             "draft_vocab_size": len(state["draft_token_ids"]), "parameters": parameters}
 
 
+def earlier_stages(log: dict) -> list[dict]:
+    """The stages a fine-tune started from, oldest first: those ``log``'s run started from, then that run itself."""
+    keys = ("steps", "train_seconds", "recipe", "store_windows", "store_tokens")
+    return [*training_stages(log)[:-1], {key: log[key] for key in keys if key in log}]
+
+
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "README.md", "training_log.json")
 
 
@@ -270,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                            sum(p.numel() for p in model.parameters()), recipe)
         if args.init_from is not None:
             first = json.loads((Path(args.init_from) / kind / "training_log.json").read_text())
-            log["stage_1"] = {key: first[key] for key in ("steps", "train_seconds", "recipe", "store_windows", "store_tokens") if key in first}
+            log["earlier_stages"] = earlier_stages(first)
         out = save_glide_checkpoint(model.to(torch.bfloat16), Path(args.output_dir) / kind, target_name=HUB_ID,
                                     card_info={"dataset": DATASET, "training_log": log, "license": LICENSE})
         (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")

@@ -108,15 +108,21 @@ def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_gen
     return lines
 
 
+def training_stages(training_log: dict) -> list[dict]:
+    """Every stage of a drafter's training, oldest first, the log's own run last. A fine-tune records the runs it
+    started from as ``earlier_stages`` (logs written before there were three stages: ``stage_1``)."""
+    earlier = training_log.get("earlier_stages") or ([training_log["stage_1"]] if training_log.get("stage_1") else [])
+    return [stage for stage in (*earlier, training_log) if stage and stage.get("steps")]
+
+
 def _training_lines(config, dataset: str | None, training_log: dict | None) -> list[str]:
     lines = ["## Training", "", f"- data: {dataset or 'not recorded'}"]
     if training_log and training_log.get("steps"):
         last, args = training_log["steps"][-1], training_log.get("arguments", {})
-        first = training_log.get("stage_1")  # a fine-tune records the run it started from
-        if first and first.get("steps"):
-            head = first["steps"][-1]
-            lines.append(f"- stage 1: {head['step']} steps, {head.get('tokens', '?')} tokens, final loss {head['loss']}, "
-                         f"{first.get('train_seconds')} s; then, from its weights:")
+        for number, stage in enumerate(training_stages(training_log)[:-1], start=1):
+            head = stage["steps"][-1]
+            lines.append(f"- stage {number}: {head['step']} steps, {head.get('tokens', '?')} tokens, final loss {head['loss']}, "
+                         f"{stage.get('train_seconds')} s; then, from its weights:")
         lines += [f"- {last['step']} steps, {last['tokens']} tokens, final loss {last['loss']}, {training_log.get('train_seconds')} s "
                   f"on {training_log.get('processes', 1)} process(es); block-wise mask L = {args.get('block_size') or config.block_size}, "
                   f"lr {args.get('learning_rate')}, distillation weight {args.get('distillation_weight', 0.0)}"]
