@@ -16,7 +16,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation import CandidateGenerator, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
-from .tree import DraftTree, build_tree_buffers, croppable_cache, layer_masks
+from .tree import DraftTree, build_tree_buffers, croppable_cache, layer_masks, resync_cache
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
@@ -112,13 +112,6 @@ class TreeCandidateGenerator(CandidateGenerator):
         return None
 
 
-def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Length of the common prefix of 1-D tensors ``a`` and ``b``."""
-    m = min(a.numel(), b.numel())
-    differ = (a[:m] != b[:m]).nonzero()
-    return int(differ[0]) if differ.numel() else m
-
-
 class DraftModelCandidateGenerator(TreeCandidateGenerator):
     """Vanilla speculative decoding's drafter: any small causal LM with the target's vocabulary.
 
@@ -164,19 +157,19 @@ DRAFTERS: dict[str, DrafterFactory] = {}  # model_type -> drafter, filled by the
 
 def register_drafter(model_type: str, factory: DrafterFactory) -> None:
     """Make ``speculative_generate(draft_model=...)`` draft models of ``model_type`` through
-    ``factory(draft_model, num_draft_tokens)`` instead of :class:`DraftModelCandidateGenerator` (GLIDE registers
+    ``factory(draft_model, num_draft_tokens=γ)`` instead of :class:`DraftModelCandidateGenerator` (GLIDE registers
     its own: it reads the target's cache). The loop imports no method; methods register here."""
     if not isinstance(model_type, str) or not model_type:
         raise ValueError(f"model_type must be a non-empty string, got {model_type!r}")
     if not callable(factory):
-        raise TypeError(f"factory must be callable as factory(draft_model, num_draft_tokens), got {type(factory).__name__}")
+        raise TypeError(f"factory must be callable as factory(draft_model, num_draft_tokens=...), got {type(factory).__name__}")
     DRAFTERS[model_type] = factory
 
 
 def drafter_for(draft_model: PreTrainedModel, num_draft_tokens: int) -> TreeCandidateGenerator:
     """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`."""
     factory = DRAFTERS.get(getattr(draft_model.config, "model_type", None), DraftModelCandidateGenerator)
-    return factory(draft_model, num_draft_tokens)
+    return factory(draft_model, num_draft_tokens=num_draft_tokens)
 
 
 def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, next_logits, device: torch.device) -> DraftTree:
@@ -195,9 +188,7 @@ def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, 
         a chain :class:`DraftTree` with ``draft_probs`` q `(γ, V)`.
     """
     ids = input_ids[0].to(device)
-    keep = min(common_prefix_length(generator.seen.to(device), ids), ids.numel() - 1)
-    if generator.cache.get_seq_length() > keep:
-        generator.cache.crop(keep - generator.cache.get_seq_length())
+    keep = resync_cache(generator.cache, generator.seen, ids)
     feed = ids[keep:][None]  # invariant after this: the cache covers ids, then each drafted token
     tokens, probs = [], []
     for _ in range(generator.num_draft_tokens):
@@ -242,9 +233,7 @@ class DraftModelTreeScorer:
         glimpses it in this and every :meth:`extend` of the step.
         """
         ids = input_ids[0].to(self.draft_model.device)
-        keep = min(common_prefix_length(self.seen.to(ids.device), ids), ids.numel() - 1)
-        if self.cache.get_seq_length() > keep:
-            self.cache.crop(keep - self.cache.get_seq_length())
+        keep = resync_cache(self.cache, self.seen, ids)
         logits = self._forward(target_cache, input_ids=ids[keep:][None], past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
         self.target_cache = target_cache
         self.seen = ids

@@ -285,3 +285,20 @@ def croppable_cache(model) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
     return cache
+
+
+def resync_cache(cache: DynamicCache, seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
+    """Crop a draft's own cache (covering the 1-D tokens ``seen``) back to its common prefix with the accepted text
+    ``ids`` `(L,)`, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits).
+
+    Every drafter that keeps its cache across steps (draft model, GLIDE, CAPE's beam scorer, the cascade's drafts,
+    the shipped CAPE loop) re-syncs this way after verification. Returns the kept length: feed ``ids[keep:]`` next.
+    """
+    seen = seen.to(ids.device)
+    m = min(seen.numel(), ids.numel())
+    differ = (seen[:m] != ids[:m]).nonzero()
+    keep = min(int(differ[0]) if differ.numel() else m, ids.numel() - 1 if limit is None else limit)
+    if cache.get_seq_length() > keep:
+        cache.crop(keep - cache.get_seq_length())  # transformers 5.23 crops by a negative count too
+    return keep
+

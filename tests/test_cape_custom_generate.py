@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hf_specdraft.cape import CapeConfig, expand_proposal, write_custom_generate
-from hf_specdraft.cape.custom_generate import cape_tree
+from hf_specdraft.cape import expansion_sets
 from hf_specdraft.cape.custom_generate.generate import generate as cape_generate
 from hf_specdraft.tree import DraftTree
 from conftest import VOCAB, greedy_reference, tiny_config, tiny_model
@@ -29,7 +29,7 @@ def test_template_expansion_equals_expand_proposal(budget):
     q = torch.softmax(torch.randn(5, 50, generator=gen) * torch.tensor([0.5, 2.0, 4.0, 8.0, 1.0])[:, None], dim=-1)
     chain = torch.multinomial(q, 1, generator=gen)[:, 0]  # sampled, so not always the argmax
     tree = expand_proposal(DraftTree.chain(chain, q), CapeConfig(budget=budget))
-    tokens, parents = cape_tree.expand(chain, q, cape_tree.check_schedule(cape_tree.DEFAULT_SCHEDULE), budget)
+    tokens, parents = expansion_sets.expand(chain, q, expansion_sets.check_schedule(expansion_sets.DEFAULT_SCHEDULE), budget)
     assert torch.equal(tokens, tree.tokens) and torch.equal(parents, tree.parents)
 
 
@@ -80,7 +80,7 @@ def test_template_errors(kwargs, match):
 def test_write_custom_generate_keeps_an_existing_model_card(tmp_path):
     (tmp_path / "README.md").write_text("my card")
     written = write_custom_generate(tmp_path)
-    assert sorted(p.name for p in written) == ["acceptance.py", "cape_draft.py", "cape_tree.py", "generate.py", "projection.py", "tree.py"]
+    assert sorted(p.name for p in written) == ["acceptance.py", "cape_draft.py", "expansion_sets.py", "generate.py", "projection.py", "tree.py"]
     assert (tmp_path / "README.md").read_text() == "my card"
     import hf_specdraft.acceptance
     import hf_specdraft.projection

@@ -31,8 +31,8 @@ def generators(target, arch):
     glide = make_glide(target).to(torch.bfloat16)
     return {
         "draft-model": DraftModelCandidateGenerator(draft, 4),
-        "glide": GlideCandidateGenerator(glide, 3),
-        "glide+cape": CapeCandidateGenerator(GlideCandidateGenerator(glide, 2), budget=5),
+        "glide": GlideCandidateGenerator(glide, num_draft_tokens=3),
+        "glide+cape": CapeCandidateGenerator(GlideCandidateGenerator(glide, num_draft_tokens=2), budget=5),
         "draft+cape": CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 3), budget=8),
         "cascade": CascadeCandidateGenerator([draft, bf16_copy(tiny_model(arch, seed=3))], k_matrix=[[2, 1, 2], [0, 1, 2], [0, 0, 2]],
                                              bigram_table=TABLE),

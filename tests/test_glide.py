@@ -101,7 +101,7 @@ def test_vanilla_drafter_is_lossless_and_has_no_cross_attention():
     x = prompt(6, seed=2)
     expected = greedy_reference(target, x, 16)
     assert torch.equal(target.generate(x, assistant_model=vanilla, max_new_tokens=16, do_sample=False), expected)  # no attach needed
-    out = speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(vanilla, 3), max_new_tokens=16)
+    out = speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(vanilla, num_draft_tokens=3), max_new_tokens=16)
     assert torch.equal(out, expected)
 
 
@@ -361,7 +361,7 @@ def fresh_process_result(tmp_path_factory):
 
 def test_checkpoint_is_hub_ready(fresh_process_result):
     _, files, config = fresh_process_result
-    assert {"config.json", "model.safetensors", "modeling_glide.py", "configuration_glide.py"} <= set(files)
+    assert {"config.json", "model.safetensors", "modeling_glide.py", "configuration_glide.py", "target_binding.py"} <= set(files)
     assert config["auto_map"] == {"AutoConfig": "configuration_glide.GlideConfig", "AutoModelForCausalLM": "modeling_glide.GlideForCausalLM"}
 
 

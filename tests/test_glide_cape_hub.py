@@ -12,8 +12,9 @@ import torch
 from huggingface_hub import ModelCard
 
 from conftest import VOCAB, greedy_reference, run_without_hf_specdraft, tiny_model
+from hf_specdraft.cape.custom_generate.cape_draft import CausalLMDrafter, make_drafter
 from hf_specdraft.cape.custom_generate.generate import generate as cape_generate
-from hf_specdraft.glide import GlideCapeDrafter, save_glide_checkpoint
+from hf_specdraft.glide import save_glide_checkpoint
 from test_glide import briefly_trained_glide, make_glide, prompt, target_cache
 
 HUB_ARCHITECTURES = ("llama", "qwen2")
@@ -28,8 +29,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_cape_drafter_returns_a_greedy_chain_with_q():
     target = tiny_model("llama")
-    drafter = make_glide(target).cape_drafter(target)
-    assert isinstance(drafter, GlideCapeDrafter)
+    drafter = make_drafter(make_glide(target), target)
+    assert isinstance(drafter, CausalLMDrafter) and drafter.glimpses
     x = prompt(9, seed=3)
     tokens, q = drafter.propose(x, target_cache(target, x), 4)
     assert tokens.shape == (4,) and q.shape == (4, VOCAB) and q.dtype == torch.float32
@@ -42,17 +43,17 @@ def test_cape_drafter_glimpses_the_target_cache():
     target = tiny_model("llama")
     glide = make_glide(target)
     x = prompt(9, seed=4)
-    _, q = glide.cape_drafter(target).propose(x, target_cache(target, x), 3)
+    _, q = make_drafter(glide, target).propose(x, target_cache(target, x), 3)
     changed = target_cache(target, x)
     changed.layers[glide.config.target_layer_ids[0]].keys.normal_()
-    _, q_changed = glide.cape_drafter(target).propose(x, changed, 3)
+    _, q_changed = make_drafter(glide, target).propose(x, changed, 3)
     assert not torch.allclose(q, q_changed)
 
 
 def test_cape_drafter_rejects_bad_input():
     target = tiny_model("llama")
     glide = make_glide(target)
-    drafter = glide.cape_drafter(target)
+    drafter = make_drafter(glide, target)
     x = prompt(6)
     with pytest.raises(ValueError, match=r"must cover input_ids\[:, :-1\]"):
         drafter.propose(x, target_cache(target, x[:, :-1]), 3)  # one token short of the verified prefix
@@ -63,7 +64,7 @@ def test_cape_drafter_rejects_bad_input():
     with pytest.raises(ValueError, match=r"shape \(1, L\)"):
         drafter.propose(x.repeat(2, 1), target_cache(target, x), 3)
     with pytest.raises(ValueError, match="num_hidden_layers"):
-        glide.cape_drafter(tiny_model("llama", num_hidden_layers=3))
+        make_drafter(glide, tiny_model("llama", num_hidden_layers=3))
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
@@ -134,9 +135,10 @@ FRESH_PROCESS = textwrap.dedent(
         target = AutoModelForCausalLM.from_pretrained(arch + "_target").eval()
         reference = target.generate(x, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
         first, _ = run(arch, target)  # loads GLIDE from the checkpoint
-        loaded = [m._LOADED_DRAFTS for name, m in sys.modules.items() if name.startswith("transformers_modules") and name.endswith(".cape_draft")]
-        glide = next(draft for drafts in loaded for key, draft in drafts.items() if key[0] == arch + "_glide")
-        drafter_class = sys.modules[type(glide).__module__].GlideCapeDrafter
+        cape_draft = [m for name, m in sys.modules.items() if name.startswith("transformers_modules") and name.endswith(".cape_draft")]
+        module = next(m for m in cape_draft if any(key[0] == arch + "_glide" for key in m._LOADED_DRAFTS))
+        glide = next(draft for key, draft in module._LOADED_DRAFTS.items() if key[0] == arch + "_glide")
+        drafter_class = module.CausalLMDrafter
         seen, propose = [], drafter_class.propose
 
         def recording_propose(self, input_ids, target_cache, num_tokens):
@@ -193,9 +195,9 @@ def test_checkpoint_loaded_with_trust_remote_code_still_drafts_for_assisted_deco
 
 def test_model_card_shows_both_calls_and_metadata(checkpoints):
     directory = checkpoints / "llama_glide"
-    assert {"config.json", "model.safetensors", "modeling_glide.py", "configuration_glide.py", "README.md"} <= {p.name for p in directory.iterdir()}
-    assert sorted(p.name for p in (directory / "custom_generate").iterdir()) == ["acceptance.py", "cape_draft.py", "cape_tree.py", "generate.py",
-                                                                               "projection.py", "tree.py"]
+    assert {"config.json", "model.safetensors", "modeling_glide.py", "configuration_glide.py", "target_binding.py", "README.md"} <= {p.name for p in directory.iterdir()}
+    assert sorted(p.name for p in (directory / "custom_generate").iterdir()) == ["acceptance.py", "cape_draft.py", "expansion_sets.py",
+                                                                               "generate.py", "projection.py", "tree.py"]
     assert json.loads((directory / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == "modeling_glide.GlideForCausalLM"
     card = ModelCard.load(directory / "README.md")
     assert {"custom_generate", "speculative-decoding"} <= set(card.data.tags)

@@ -34,8 +34,8 @@ METHODS = {  # name -> (drafter from a draft source, whether the target itself c
     "cape-fixed": (lambda target, source, x: CapeCandidateGenerator(DraftModelCandidateGenerator(source, 2), mode="fixed", fixed_k=2), True),
     "cape-beam": (lambda target, source, x: CapeCandidateGenerator(DraftModelCandidateGenerator(source, 2), mode="beam", beam_width=2), True),
     "cascade": (lambda target, source, x: CascadeCandidateGenerator([source], k_matrix=[[2, 2], [0, 2]], bigram_table=TABLE), True),
-    "glide": (lambda target, source, x: GlideCandidateGenerator(glide_for(target), 3), False),
-    "glide+cape": (lambda target, source, x: CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), 2), budget=5), False),
+    "glide": (lambda target, source, x: GlideCandidateGenerator(glide_for(target), num_draft_tokens=3), False),
+    "glide+cape": (lambda target, source, x: CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=2), budget=5), False),
     "max-gram": (lambda target, source, x: MaxGramCandidateGenerator(TABLE, num_draft_tokens=4), False),
     "casd": (lambda target, source, x: CasdCandidateGenerator(torch.cat([x[0], x[0]]), min_suffix_length=1), False),
 }

@@ -196,7 +196,7 @@ def test_shipped_drafters_load_in_bf16_unless_told(monkeypatch, tmp_path, draft_
     bundle = load_smollm2_default(drafters_dir=tmp_path, draft_dtype=draft_dtype)
     assert bundle.extras["glide"].dtype == (draft_dtype or torch.bfloat16) and bundle.target.dtype == torch.float32
     x = torch.tensor([[5, 20, 40, 7]])
-    out = speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(bundle.extras["glide"], 3), max_new_tokens=12)
+    out = speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(bundle.extras["glide"], num_draft_tokens=3), max_new_tokens=12)
     assert torch.equal(out, greedy_reference(target, x, 12))
 
 

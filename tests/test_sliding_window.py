@@ -89,7 +89,7 @@ METHODS = {
     "draft model": lambda target, draft, x: DraftModelCandidateGenerator(draft, 3),
     "cape": lambda target, draft, x: CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 3)),
     "cape beam": lambda target, draft, x: CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 3), mode="beam"),
-    "glide": lambda target, draft, x: GlideCandidateGenerator(make_glide(target), 3),
+    "glide": lambda target, draft, x: GlideCandidateGenerator(make_glide(target), num_draft_tokens=3),
     "max-gram": lambda target, draft, x: MaxGramCandidateGenerator(),
     "cascade": lambda target, draft, x: CascadeCandidateGenerator([draft]),
     "casd": lambda target, draft, x: CasdCandidateGenerator(x[0, : x.shape[1] // 2]),

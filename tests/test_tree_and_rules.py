@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from hf_specdraft import ConditionalAcceptance, DraftTree, expected_speedup, standardized_walltime_improvement
 from hf_specdraft.acceptance import accept_tree, check_lenience, lenient_review
-from hf_specdraft.tree import build_tree_buffers, compact_cache, tree_attention_inputs
+from hf_specdraft.tree import build_tree_buffers, compact_cache, resync_cache, tree_attention_inputs
 from conftest import ARCHITECTURES, tiny_model
 
 
@@ -131,3 +131,19 @@ def test_expected_speedup_and_swi():
     assert standardized_walltime_improvement(100, 40, {"draft": 200}, {"draft": 0.05}) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="cost_coefficients"):
         standardized_walltime_improvement(100, 40, {"draft": 200}, {})
+
+
+@pytest.mark.parametrize("seen, ids, limit, keep", [
+    ([5, 6, 7, 8], [5, 6, 9, 1, 2], None, 2),  # diverges at 2: rows 2.. go
+    ([5, 6, 7], [5, 6, 7, 8], None, 3),  # a prefix: nothing to crop
+    ([5, 6, 7, 8], [5, 6, 7, 8], None, 3),  # identical: the newest token is fed again for its logits
+    ([5, 6, 7, 8], [5, 6, 7, 8, 9], 2, 2),  # the cascade's review index caps it
+    ([], [5], None, 0),
+])
+def test_resync_cache_crops_to_the_common_prefix(seen, ids, limit, keep):
+    cache = DynamicCache()
+    if seen:
+        cache.update(torch.randn(1, 1, len(seen), 2), torch.randn(1, 1, len(seen), 2), 0)
+    assert resync_cache(cache, torch.tensor(seen, dtype=torch.long), torch.tensor(ids), limit) == keep
+    assert cache.get_seq_length() == min(keep, len(seen))
+

@@ -86,7 +86,7 @@ def end_to_end(bundle, drafters: dict, num_prompts: int = 6, max_new_tokens: int
     methods = {"target-only": lambda x: (target.generate(x, **kwargs), None)}
     for key, model in drafters.items():
         if key[0] in ("glide", "vanilla"):
-            methods["/".join(key)] = lambda x, model=model: _spec(target, x, GlideCandidateGenerator(model, gamma), kwargs)
+            methods["/".join(key)] = lambda x, model=model: _spec(target, x, GlideCandidateGenerator(model, num_draft_tokens=gamma), kwargs)
     for run in methods.values():  # warm-up
         run(prompts[0][:, :32])
     seconds = {name: [] for name in methods}

@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     bundle = load_default()
     glide = bundle.extras["glide"]
     drafters = {
-        "glide (chain, speculative sampling)": lambda: GlideCandidateGenerator(glide, GLIDE_GAMMA),
-        "glide+cape, rejection": lambda: build_cape_for_bench(GlideCandidateGenerator(glide, CAPE_GAMMA), budget=CAPE_BUDGET),
-        "glide+cape, matching": lambda: WithoutSampledFlags(build_cape_for_bench(GlideCandidateGenerator(glide, CAPE_GAMMA), budget=CAPE_BUDGET)),
+        "glide (chain, speculative sampling)": lambda: GlideCandidateGenerator(glide, num_draft_tokens=GLIDE_GAMMA),
+        "glide+cape, rejection": lambda: build_cape_for_bench(GlideCandidateGenerator(glide, num_draft_tokens=CAPE_GAMMA), budget=CAPE_BUDGET),
+        "glide+cape, matching": lambda: WithoutSampledFlags(build_cape_for_bench(GlideCandidateGenerator(glide, num_draft_tokens=CAPE_GAMMA), budget=CAPE_BUDGET)),
     }
     items = build_tasks("completion", count=args.num_prompts, seed=args.seed)
     sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens,

@@ -26,14 +26,14 @@ def register_grid() -> tuple[list[str], list[str]]:
     for gamma in GAMMAS:
         name = f"glide-gamma{gamma}"
         if name not in METHODS:
-            register_method(Method(name, lambda ctx, g=gamma: _speculative(ctx, candidate_generator=GlideCandidateGenerator(ctx.extras["glide"], g)),
+            register_method(Method(name, lambda ctx, g=gamma: _speculative(ctx, candidate_generator=GlideCandidateGenerator(ctx.extras["glide"], num_draft_tokens=g)),
                                    requires=("glide",), description=f"GLIDE γ={gamma}", cost_models=lambda e: {"draft": e["glide"]}))
         gammas.append(name)
     for gamma, budget in CAPE_SETTINGS:
         name = f"glide+cape-gamma{gamma}-budget{budget}"
         if name not in METHODS:
             register_method(Method(name, lambda ctx, g=gamma, b=budget: _with_expansion_sizes(
-                ctx, build_cape_for_bench(GlideCandidateGenerator(ctx.extras["glide"], g), budget=b)),
+                ctx, build_cape_for_bench(GlideCandidateGenerator(ctx.extras["glide"], num_draft_tokens=g), budget=b)),
                 requires=("glide",), description=f"GLIDE γ={gamma} + CAPE, budget {budget}", cost_models=lambda e: {"draft": e["glide"]}))
         capes.append(name)
     return gammas, capes

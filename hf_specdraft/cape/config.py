@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..validation import check_int, is_int
+from ..validation import check_int
+from .expansion_sets import DEFAULT_SCHEDULE, check_schedule
 
 MODES = ("confidence", "fixed", "beam")
-
-# §4.2: S(p) = 7, 5, 3, 1 for p in (0, .3], (.3, .6], (.6, .8], (.8, 1]. The official code keeps the
-# top-8/6/4/2 tokens *including* the greedy one, i.e. the same 7/5/3/1 extra tokens (DESIGN.md, Lessons).
-DEFAULT_SCHEDULE = ((0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1))
-
 
 @dataclass(frozen=True)
 class CapeConfig:
@@ -45,7 +41,7 @@ class CapeConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        object.__setattr__(self, "schedule", _check_schedule(self.schedule))
+        object.__setattr__(self, "schedule", check_schedule(self.schedule))
         check_int("budget", self.budget, what="tokens verified per step")
         check_int("fixed_k", self.fixed_k, minimum=0)
         check_int("beam_width", self.beam_width)
@@ -75,24 +71,3 @@ class CapeConfig:
                 f"plus its expansion sets, so raise budget to at least {length} or draft fewer tokens"
             )
 
-
-def _check_schedule(schedule) -> tuple[tuple[float, int], ...]:
-    try:
-        pairs = tuple((float(bound), k) for bound, k in schedule)
-    except (TypeError, ValueError):
-        raise ValueError(f"schedule must be a sequence of (upper_bound, K) pairs, got {schedule!r}") from None
-    if not pairs:
-        raise ValueError("schedule is empty: give at least one (upper_bound, K) bin, e.g. ((1.0, 3),)")
-    bounds, sizes = [b for b, _ in pairs], [k for _, k in pairs]
-    if any(not is_int(k) or k < 0 for k in sizes):
-        raise ValueError(f"every K in schedule must be an int >= 0, got {sizes}")
-    if any(not 0.0 < b <= 1.0 for b in bounds) or any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
-        raise ValueError(f"schedule bounds must increase strictly within (0, 1], got {bounds}")
-    if bounds[-1] != 1.0:
-        raise ValueError(f"the last schedule bound must be 1.0 so that every confidence has a K, got {bounds[-1]}")
-    if any(k2 > k1 for k1, k2 in zip(sizes, sizes[1:])):
-        raise ValueError(
-            f"schedule is not monotone: K must not grow with confidence (CAPE widens uncertain positions), got K = {sizes} "
-            f"for bounds {bounds}"
-        )
-    return pairs

@@ -17,11 +17,11 @@ position and itself, which is exactly the mask_CAPE of §4.2 expressed as a :cla
 
 from __future__ import annotations
 
-import numpy
 import torch
 
 from ..tree import DraftTree
 from .config import CapeConfig
+from .expansion_sets import expansion_sets, fit_budget, scheduled_sizes
 
 
 def expansion_sizes(draft_probs: torch.Tensor, config: CapeConfig) -> torch.LongTensor:
@@ -47,18 +47,8 @@ def _sizes(draft_probs: torch.Tensor, config: CapeConfig) -> tuple[list[int], li
     k, vocab = draft_probs.shape
     config.check_chain_length(k)
     confidence = draft_probs.amax(dim=-1).tolist() if k else []  # p_i = max q_i
-    if config.mode == "fixed":
-        wanted = [config.fixed_k] * k
-    else:
-        # the paper's right-closed bins: K = sizes[j] for the first bound with p <= bounds[j]; bounds are
-        # rounded to float32 like p, so p = 0.3 lands in (0, 0.3] and not in the next bin
-        bins = list(zip((float(numpy.float32(b)) for b in config.bounds), config.sizes))
-        wanted = [next((size for bound, size in bins if p <= bound), config.sizes[-1]) for p in confidence]
-    room, sizes = config.budget - k, []
-    for want in wanted:
-        take = max(0, min(want, vocab - 1, room))
-        sizes.append(take)
-        room -= take
+    wanted = [config.fixed_k] * k if config.mode == "fixed" else scheduled_sizes(confidence, config.schedule)
+    sizes = fit_budget(wanted, config.budget - k, vocab)
     return sizes, confidence
 
 
@@ -92,18 +82,9 @@ def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | 
     sizes = sizes.tolist() if isinstance(sizes, torch.Tensor) else list(sizes)
     if len(sizes) != len(chain) or any(not isinstance(k, int) or k < 0 for k in sizes):
         raise ValueError(f"sizes must hold one int >= 0 per drafted position ({len(chain)}), got {sizes}")
-    widest = min(max(sizes, default=0), q.shape[-1] - 1)
-    if len(chain) == 0 or widest == 0:
+    if len(chain) == 0 or min(max(sizes, default=0), q.shape[-1] - 1) == 0:
         return chain if with_draft_probs else DraftTree(chain.tokens, chain.parents)
-    chain_tokens = chain.tokens.tolist()
-    # widest + 1 candidates per position: X_i is the best K_i of them other than the chain token x_{t+i}
-    ranked = q.topk(widest + 1, dim=-1).indices.tolist()
-    tokens, parents, position = list(chain_tokens), [-1] + list(range(len(chain) - 1)), []
-    for i, (size, row) in enumerate(zip(sizes, ranked)):
-        leaves = [token for token in row if token != chain_tokens[i]][:size]
-        tokens += leaves
-        parents += [i - 1] * len(leaves)
-        position += [i] * len(leaves)
+    tokens, parents, position = expansion_sets(chain.tokens.tolist(), q, sizes)
     device = q.device
     return DraftTree(
         tokens=torch.tensor(tokens, dtype=torch.long, device=device),

@@ -16,11 +16,12 @@ from pathlib import Path
 
 TEMPLATE = Path(__file__).parent / "custom_generate"
 LIBRARY = Path(__file__).parents[1]
-# generate.py and its flat siblings (`from .x import`), by the name they get in the folder. projection.py, tree.py and
-# acceptance.py are the library's own modules (torch and transformers only; acceptance imports `.tree`, a sibling
-# there too), written from their one source at save time rather than kept as copies.
-FILES = {"generate.py": TEMPLATE / "generate.py", "cape_tree.py": TEMPLATE / "cape_tree.py", "cape_draft.py": TEMPLATE / "cape_draft.py",
-         "projection.py": LIBRARY / "projection.py", "tree.py": LIBRARY / "tree.py", "acceptance.py": LIBRARY / "acceptance.py"}
+# generate.py and its flat siblings (`from .x import`), by the name they get in the folder. projection.py, tree.py,
+# acceptance.py and expansion_sets.py are the library's own modules (torch and transformers only; acceptance imports
+# `.tree`, a sibling there too), written from their one source at save time rather than kept as copies.
+FILES = {"generate.py": TEMPLATE / "generate.py", "cape_draft.py": TEMPLATE / "cape_draft.py",
+         "expansion_sets.py": LIBRARY / "cape" / "expansion_sets.py", "projection.py": LIBRARY / "projection.py",
+         "tree.py": LIBRARY / "tree.py", "acceptance.py": LIBRARY / "acceptance.py"}
 
 README = """---
 library_name: transformers

@@ -33,8 +33,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..acceptance import lenient_review, lenient_review_sampling
-from ..drafting import TreeCandidateGenerator, check_same_vocab, common_prefix_length
-from ..tree import DraftTree, croppable_cache
+from ..drafting import TreeCandidateGenerator, check_same_vocab
+from ..tree import DraftTree, croppable_cache, resync_cache
 from ..validation import method_config
 from .config import CascadeConfig
 from .max_gram import MAX_GRAM_TOKENS, MaxGramCandidateGenerator
@@ -221,9 +221,7 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         """
         draft, cache = self.drafts[index], self.caches[index]
         ids = cur_gen.to(draft.device)
-        keep = min(common_prefix_length(self.seen[index], ids), review_index - 1)
-        if cache.get_seq_length() > keep:
-            cache.crop(keep - cache.get_seq_length())  # transformers 5.23 crops by a negative count
+        keep = resync_cache(cache, self.seen[index], ids, limit=review_index - 1)
         rows = ids.numel() - review_index + 1
         out = draft(input_ids=ids[None, keep:], past_key_values=cache, use_cache=True, logits_to_keep=rows)
         self.seen[index] = ids  # invariant: the cache covers self.seen[index]

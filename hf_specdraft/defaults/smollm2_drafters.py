@@ -249,11 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-weight", type=int, default=1, help="how many times each extra store's windows are repeated in the mix")
     parser.add_argument("--steps", type=int, help="override the recipe's (or, with --init-from, FINETUNE's) number of steps")
     parser.add_argument("--learning-rate", type=float, help="override the recipe's (or FINETUNE's) peak learning rate")
+    parser.add_argument("--seed", type=int,
+                        help="override the recipe's seed: a later stage with another seed draws other windows (the batch "
+                             "of step s depends on seed and s alone)")
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.learning_rate is not None and not args.learning_rate > 0:
         parser.error(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if args.seed is not None and args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
     if args.extra_weight < 1:
         parser.error(f"--extra-weight must be >= 1, got {args.extra_weight}")
     kinds = args.kinds.split(",")
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in kinds:
         state_dir = Path(args.output_dir) / "state" / kind
         recipe = RECIPES[kind] if args.init_from is None else dataclasses.replace(RECIPES[kind], **FINETUNE)
-        overrides = {"steps": args.steps, "learning_rate": args.learning_rate}
+        overrides = {"steps": args.steps, "learning_rate": args.learning_rate, "seed": args.seed}
         recipe = dataclasses.replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
         init_from = None if args.init_from is None else Path(args.init_from) / kind
         model = train_drafter(kind, target, store, state_dir, recipe, init_from=init_from)

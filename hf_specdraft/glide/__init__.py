@@ -1,8 +1,9 @@
 """GLIDE: a draft model that glimpses the target's KV cache (Du et al. 2024, "GLIDE with a CAPE", §4.1).
 
     configuration_glide.py   GlideConfig: the draft's shape + the target it was built for (trust_remote_code-safe)
-    modeling_glide.py        GlideForCausalLM: self-attention -> cross-attention to target KV -> MLP (trust_remote_code-safe);
-                             GlideCapeDrafter: its drafter for the CAPE custom_generate/ loop
+    modeling_glide.py        GlideForCausalLM: self-attention -> cross-attention to target KV -> MLP (trust_remote_code-safe)
+    target_binding.py        attach / detach: GLIDE bound to a live target for stock assisted decoding (ships beside it)
+    drafting_config.py       GlideDraftingConfig: the decoding options (γ), validated like every method's config
     candidate_generator.py   GlideCandidateGenerator: the drafter for hf_specdraft.speculative_generate
     model_card.py            save_glide_checkpoint / write_model_card: Hub-ready checkpoint with card and custom_generate/
     training.py              train_glide / GlideTrainingArguments: frozen target, block-wise mask, accelerate
@@ -26,7 +27,8 @@ from ..drafting import register_drafter
 from .candidate_generator import GlideCandidateGenerator, check_target_cache
 from .configuration_glide import GlideConfig
 from .model_card import save_glide_checkpoint, write_model_card
-from .modeling_glide import GlideCapeDrafter, GlideForCausalLM, GlideModel, GlidePreTrainedModel
+from .drafting_config import GlideDraftingConfig
+from .modeling_glide import GlideForCausalLM, GlideModel, GlidePreTrainedModel
 
 _TRAINING = ("GlideTrainingArguments", "train_glide")
 
@@ -50,8 +52,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "GlideCandidateGenerator",
-    "GlideCapeDrafter",
     "GlideConfig",
+    "GlideDraftingConfig",
     "GlideForCausalLM",
     "GlideModel",
     "GlidePreTrainedModel",

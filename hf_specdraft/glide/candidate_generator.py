@@ -20,6 +20,8 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..drafting import DraftModelTreeScorer, TreeCandidateGenerator, check_same_vocab, draft_chain
 from ..tree import DraftTree
+from ..validation import method_config
+from .drafting_config import GlideDraftingConfig
 from .modeling_glide import read_target_layer
 
 
@@ -48,17 +50,17 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         glide: a GLIDE model (``config.model_type == "glide"``): :class:`GlideForCausalLM`, or the same class
             loaded from the Hub with ``trust_remote_code=True``. The vanilla drafter (``cross_attention=False``)
             works too and ignores the target cache.
-        num_draft_tokens: γ, tokens drafted per step (§5.1 uses 5).
+        config (:class:`GlideDraftingConfig`, *optional*): the options; or pass its fields as keywords
+            (``num_draft_tokens``: γ, tokens drafted per step, §5.1 uses 5).
     """
 
-    def __init__(self, glide: PreTrainedModel, num_draft_tokens: int = 5):
+    def __init__(self, glide: PreTrainedModel, config: GlideDraftingConfig | None = None, **options):
         super().__init__()
         if not isinstance(glide, PreTrainedModel) or getattr(glide.config, "model_type", None) != "glide":
             raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
-        if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
         self.glide = glide
-        self.num_draft_tokens = num_draft_tokens
+        self.config = method_config(GlideDraftingConfig, config, options)
+        self.num_draft_tokens = self.config.num_draft_tokens  # what the loop and CAPE read
         self._reset()
 
     def _reset(self) -> None:

@@ -4,8 +4,8 @@
                           card_info={"dataset": "my corpus", "metrics": {"acceptance_rate": 0.61}})
 
 writes ``model.safetensors``, ``config.json`` with ``auto_map`` and the trust_remote_code files
-(``modeling_glide.py``, ``configuration_glide.py``), ``README.md``, and ``custom_generate/`` (greedy GLIDE+CAPE,
-glide_cape.txt §4.2). With only transformers installed, the directory (or its Hub copy) then decodes the target::
+(``modeling_glide.py``, ``configuration_glide.py``, ``target_binding.py``), ``README.md``, and ``custom_generate/``
+(greedy GLIDE+CAPE, glide_cape.txt §4.2). With only transformers installed, the directory (or its Hub copy) then decodes the target::
 
     target.generate(**inputs, custom_generate="glide-out", trust_remote_code=True, max_new_tokens=64)
 """
@@ -74,7 +74,7 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
     if target_name is not None and (not isinstance(target_name, str) or not target_name):
         raise ValueError(f"target_name must be a non-empty str (the target's Hub id or path), got {target_name!r}")
     directory = Path(directory)
-    glide.save_pretrained(directory)  # weights, config.json with auto_map, modeling_glide.py + configuration_glide.py
+    glide.save_pretrained(directory)  # weights, config.json with auto_map, modeling_glide.py and its flat siblings
     custom_generate = _custom_generate_writer is not None
     write_model_card(glide.config, directory, base_model=target_name or glide.config.target_name_or_path, custom_generate=custom_generate,
                      **card_info)

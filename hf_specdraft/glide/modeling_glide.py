@@ -15,7 +15,7 @@ Which target positions a draft token sees (position j, target keys at positions 
   that delay (§4.1, Mask_Block; L = 5). A token with nothing visible gets a zero cross-attention output.
 
 This file ships with checkpoints as trust_remote_code: it imports only ``torch``, ``transformers`` and its
-flat sibling ``configuration_glide``.
+flat siblings ``configuration_glide`` and ``target_binding`` (``attach`` for stock assisted decoding).
 
 Usage with a stock target (transformers' own assisted decoding; batch size 1)::
 
@@ -25,14 +25,13 @@ Usage with a stock target (transformers' own assisted decoding; batch size 1)::
     glide.detach()
 
 Usage with only transformers installed (GLIDE + CAPE, glide_cape.txt §4.2; the checkpoint carries ``custom_generate/``,
-which drafts through :meth:`GlideForCausalLM.cape_drafter`)::
+whose drafter hands GLIDE the target's live cache as ``target_past_key_values``)::
 
     out = target.generate(**inputs, custom_generate="you/glide-for-x", trust_remote_code=True, max_new_tokens=64)
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 
 import torch
@@ -51,6 +50,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from .configuration_glide import GlideConfig
+from .target_binding import TargetBindingMixin
 
 # One target layer's cache as the cross-attention reads it: keys and values `(B, kv_heads, S, head_dim)`
 # (post-RoPE) and the sequence index of their first entry (non-zero for a trimmed sliding-window layer).
@@ -376,96 +376,7 @@ class GlideModel(GlidePreTrainedModel):
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
 
 
-class _TargetBinding:
-    """What :meth:`GlideForCausalLM.attach` keeps: the target (weakly), its hook, and its live cache as last seen."""
-
-    def __init__(self, target: nn.Module):
-        self.target = weakref.ref(target)
-        self.cache = None  # the past_key_values object of the target's latest forward call
-        self.unglimpsed = False  # GLIDE's own cache was built in a round with nothing to glimpse (the first)
-        self.handle = target.register_forward_pre_hook(self._record, with_kwargs=True)
-
-    def _record(self, module, args, kwargs):
-        cache = kwargs.get("past_key_values")
-        if cache is not None:
-            self.cache = cache
-
-    def remove(self) -> None:
-        self.handle.remove()
-        self.cache = None
-
-
-class GlideCapeDrafter:
-    """GLIDE's drafter for the CAPE ``custom_generate/`` loop a GLIDE checkpoint ships (glide_cape.txt §4.1-4.2).
-
-    Drafts a greedy chain of γ tokens, each glimpsing the target's *live* KV cache, and returns the draft
-    distribution q of every position, from which CAPE builds its expansion sets (§4.2). The loop hands over
-    the target cache covering ``input_ids[:, :-1]``: the verified prefix up to ``t - 1``, exactly what §4.1
-    lets GLIDE see at inference ("KV cache delay"). GLIDE only reads that cache. Its own self-attention cache
-    persists across steps and is re-synced to the accepted text by common prefix, like the stock drafters.
-
-    Interface (``custom_generate/cape_draft.py``): ``propose(input_ids, target_cache, num_tokens) -> (tokens, q)``.
-
-    Args:
-        glide: the [`GlideForCausalLM`] that drafts (the vanilla drafter works too and ignores the target cache).
-    """
-
-    def __init__(self, glide: GlideForCausalLM):
-        self.glide = glide
-        self.cache = DynamicCache(config=glide.config)
-        self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
-
-    def _check(self, input_ids: torch.Tensor, target_cache, num_tokens: int) -> None:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
-            raise ValueError(f"input_ids must be a non-empty tensor of shape (1, L), got {getattr(input_ids, 'shape', input_ids)!r}")
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
-            raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
-        if not self.glide.config.cross_attention:
-            return
-        if not hasattr(target_cache, "get_seq_length"):
-            raise ValueError(f"target_cache must be the target's live transformers Cache, got {type(target_cache).__name__}")
-        covered = target_cache.get_seq_length()
-        if covered != input_ids.shape[1] - 1:  # invariant: cache covers input_ids[:, :-1], the verified prefix only
-            raise ValueError(
-                f"target_cache covers {covered} tokens but must cover input_ids[:, :-1] ({input_ids.shape[1] - 1} tokens): "
-                "GLIDE glimpses the verified prefix only (GLIDE §4.1)"
-            )
-
-    @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, target_cache, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft ``num_tokens`` greedy tokens after ``input_ids``.
-
-        Args:
-            input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text; its last token is the target's
-                bonus token, at position ``t = L - 1``.
-            target_cache (`Cache`): the target's live cache covering ``input_ids[:, :-1]`` (read, never written).
-            num_tokens (`int`): γ, the chain length k.
-
-        Returns:
-            `(tokens, q)`: `torch.LongTensor` `(k,)` drafted ids and `torch.FloatTensor` `(k, V)` float32 draft
-            distributions (q at each drafted position; ``tokens[i] = argmax q[i]``).
-        """
-        self._check(input_ids, target_cache, num_tokens)
-        glimpse = target_cache if self.glide.config.cross_attention else None
-        ids = input_ids[0].to(self.glide.device)
-        seen = self.seen.to(ids.device)[: ids.numel()]
-        differ = (seen != ids[: seen.numel()]).nonzero()
-        keep = min(int(differ[0]) if differ.numel() else seen.numel(), ids.numel() - 1)
-        if self.cache.get_seq_length() > keep:  # drop rejected draft tokens from GLIDE's own cache
-            self.cache.crop(keep - self.cache.get_seq_length())
-        feed, tokens, probs = ids[keep:][None], [], []  # invariant after this: GLIDE's cache covers ids, then each draft
-        for _ in range(num_tokens):
-            logits = self.glide(input_ids=feed, past_key_values=self.cache, use_cache=True, target_past_key_values=glimpse,
-                                logits_to_keep=1).logits[0, -1]
-            q = torch.softmax(logits.float(), dim=-1)
-            feed = q.argmax()[None, None]
-            tokens.append(feed[0])
-            probs.append(q)
-        self.seen = torch.cat([ids, *tokens])[:-1]  # the last drafted token was never fed
-        return torch.cat(tokens), torch.stack(probs)
-
-
-class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
+class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin):
     """GLIDE with an LM head: a draft model for speculative decoding that glimpses the target's KV cache.
 
     It drafts through transformers' stock assisted decoding once bound to its target with :meth:`attach`
@@ -482,7 +393,6 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, draft_vocab_rows(config), bias=False)
         if config.draft_token_ids is not None:
             self.register_buffer("draft_token_ids", torch.tensor(config.draft_token_ids, dtype=torch.long))
-        self._glide_binding: _TargetBinding | None = None
         self.post_init()
         if self.generation_config is not None:  # §5.1: γ = 5, fixed, every step (stock assisted decoding reads these)
             self.generation_config.num_assistant_tokens = 5
@@ -519,97 +429,6 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
                 + (f" ({self.config.target_name_or_path})" if self.config.target_name_or_path else "")
                 + ":\n  " + "\n  ".join(problems)
             )
-
-    def attach(self, target: nn.Module) -> GlideForCausalLM:
-        """Bind GLIDE to ``target`` for ``target.generate(..., assistant_model=glide)``.
-
-        Registers a forward pre-hook on ``target`` (public PyTorch API, ``with_kwargs=True``) that records the
-        ``past_key_values`` object of each target forward. During assisted decoding that object is the target's
-        live ``DynamicCache``, which at drafting time covers exactly the verified prefix (``input_ids[:, :-1]``).
-        Replaces a previous binding. Returns ``self``.
-        """
-        if not isinstance(target, nn.Module) or not hasattr(target, "config"):
-            raise TypeError(f"target must be a transformers model, got {type(target).__name__}")
-        self.check_target(target)
-        self.detach()
-        if self.config.cross_attention:
-            self._glide_binding = _TargetBinding(target)
-        return self
-
-    def detach(self) -> None:
-        """Remove the hook :meth:`attach` placed on the target (no-op when not attached)."""
-        if self._glide_binding is not None:
-            self._glide_binding.remove()
-            self._glide_binding = None
-
-    @property
-    def attached_target(self) -> nn.Module | None:
-        return None if self._glide_binding is None else self._glide_binding.target()
-
-    def _attached_cache(self, target_past_key_values):
-        """The target cache a forward glimpses: explicit, else the attached target's (None before its first forward)."""
-        if not self.config.cross_attention or target_past_key_values is not None:
-            return target_past_key_values
-        if self._glide_binding is None:
-            raise ValueError(
-                "GLIDE has no target attached: call glide.attach(target) before target.generate(..., assistant_model=glide), "
-                "or pass target_past_key_values= (hf_specdraft's GlideCandidateGenerator does)"
-            )
-        return self._glide_binding.cache
-
-    def cape_drafter(self, target: nn.Module) -> GlideCapeDrafter:
-        """The drafter the CAPE ``custom_generate/`` loop asks a draft model for (glide_cape.txt §4.2).
-
-        ``target.generate(input_ids=x, custom_generate=<GLIDE checkpoint>, trust_remote_code=True)`` loads this
-        GLIDE and drafts through the returned [`GlideCapeDrafter`], which glimpses ``target``'s live cache.
-        Raises `ValueError` when ``target`` is not the kind of target GLIDE was built for.
-        """
-        self.check_target(target)
-        return GlideCapeDrafter(self)
-
-    def adjust_generation_fn(self, *args, **kwargs):
-        """Load the generation config as any model does, but keep GLIDE's own ``generate``.
-
-        A GLIDE checkpoint's ``custom_generate/`` decodes its *target* with GLIDE+CAPE. transformers would also
-        install it as the loaded GLIDE's ``generate`` (``from_pretrained(..., trust_remote_code=True)``), while
-        stock assisted decoding drafts by calling ``glide.generate`` (``target.generate(assistant_model=glide)``
-        after :meth:`attach`), so the installed instance attribute is dropped again.
-        """
-        super().adjust_generation_fn(*args, **kwargs)
-        self.__dict__.pop("generate", None)
-
-    def generate(self, *args, **kwargs):
-        """``GenerationMixin.generate`` that keeps the attached target's cache in step with assisted decoding.
-
-        Stock assisted decoding calls this once per round; the first round of a ``target.generate`` call
-        comes without GLIDE's own cache, before the target has run, so a cache recorded earlier is stale and
-        GLIDE drafts that round without a glimpse. In the next round GLIDE's own cache is emptied, so the whole
-        prefix is fed again with the glimpse: with two or more layers, the keys and values of layers >= 1 depend
-        on layer 0's cross-attention, and keeping the unglimpsed ones would weaken every later draft. Later
-        rounds must find the target cache covering ``input_ids[:, :-1]``; anything else means ``generate`` runs
-        on a model GLIDE is not attached to.
-        """
-        binding = self._glide_binding
-        if self.config.cross_attention and binding is None and kwargs.get("target_past_key_values") is None:
-            self._attached_cache(None)  # raises: no target attached
-        if binding is not None:
-            if kwargs.get("past_key_values") is None:
-                binding.cache = None
-                binding.unglimpsed = self.config.num_hidden_layers > 1
-            else:
-                if binding.unglimpsed and binding.cache is not None:
-                    own = kwargs["past_key_values"]
-                    if own.get_seq_length():
-                        own.crop(-own.get_seq_length())  # rebuilt from the prompt on, every layer glimpsing
-                    binding.unglimpsed = False
-                input_ids = kwargs.get("input_ids", args[0] if args else None)
-                covered = None if binding.cache is None else binding.cache.get_seq_length()
-                if input_ids is not None and covered != input_ids.shape[-1] - 1:
-                    raise ValueError(
-                        f"GLIDE is attached to a {type(binding.target()).__name__} whose cache covers {covered} tokens, but it is asked to "
-                        f"continue {input_ids.shape[-1]} tokens: call glide.attach(model) with the model you call generate on"
-                    )
-        return super().generate(*args, **kwargs)
 
     def forward(
         self,
@@ -663,4 +482,4 @@ class GlideForCausalLM(GlidePreTrainedModel, GenerationMixin):
 
 GlideForCausalLM.register_for_auto_class("AutoModelForCausalLM")  # save_pretrained writes auto_map and copies this file
 
-__all__ = ["GlideCapeDrafter", "GlideCrossAttention", "GlideDecoderLayer", "GlideForCausalLM", "GlideModel", "GlidePreTrainedModel"]
+__all__ = ["GlideCrossAttention", "GlideDecoderLayer", "GlideForCausalLM", "GlideModel", "GlidePreTrainedModel"]

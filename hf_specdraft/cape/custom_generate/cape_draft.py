@@ -3,8 +3,8 @@
 Self-contained (torch, transformers and the library's ``tree.py`` written beside it): it ships inside a checkpoint's ``custom_generate/``.
 
 A drafter is any object with ``propose(input_ids, target_cache, num_tokens) -> (tokens (k,), q (k, V))``.
-A draft model may bring its own drafter through a ``cape_drafter(target)`` method (GLIDE's does: its
-layers read the target cache); any other causal LM gets :class:`CausalLMDrafter`.
+A draft model may bring its own drafter through a ``cape_drafter(target)`` method; any other causal LM, GLIDE
+included (its layers read the target cache), gets :class:`CausalLMDrafter`.
 """
 
 import sys
@@ -13,9 +13,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 try:  # written beside this file by write_custom_generate, from hf_specdraft's own tree.py
-    from .tree import croppable_cache
+    from .tree import croppable_cache, resync_cache
 except ImportError:  # the template inside the installed library
-    from hf_specdraft.tree import croppable_cache
+    from hf_specdraft.tree import croppable_cache, resync_cache
 
 _LOADED_DRAFTS = {}  # (checkpoint, device, dtype) -> draft model, so repeated generate calls load it once
 
@@ -31,33 +31,63 @@ def output_vocab_size(model):
 
 
 class CausalLMDrafter:
-    """Greedy chain drafting with a plain causal LM that keeps its own KV cache across steps.
+    """Greedy chain drafting with a causal LM that keeps its own KV cache across steps.
+
+    A draft that glimpses the target (GLIDE, glide_cape.txt §4.1: ``config.cross_attention``) reads the target's
+    *live* cache at every drafted token: the loop hands over the cache covering ``input_ids[:, :-1]``, the verified
+    prefix up to ``t - 1``, exactly what §4.1 lets GLIDE see at inference ("KV cache delay"); it is only read.
+    The draft's own cache is re-synced to the accepted text by common prefix.
 
     Args:
-        draft_model: a causal LM sharing the target's vocabulary.
+        draft_model: a causal LM sharing the target's vocabulary (a GLIDE checkpoint included).
+        glimpses (`bool`): pass the target cache to the draft as ``target_past_key_values``.
     """
 
-    def __init__(self, draft_model):
+    def __init__(self, draft_model, glimpses=False):
         self.draft_model = draft_model
+        self.glimpses = glimpses
         self.cache = croppable_cache(draft_model)  # sliding-window drafts too crop back past their window
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens the draft cache covers
 
+    def _check(self, input_ids, target_cache, num_tokens):
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be a non-empty tensor of shape (1, L), got {getattr(input_ids, 'shape', input_ids)!r}")
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+        if not self.glimpses:
+            return
+        if not hasattr(target_cache, "get_seq_length"):
+            raise ValueError(f"target_cache must be the target's live transformers Cache, got {type(target_cache).__name__}")
+        covered = target_cache.get_seq_length()
+        if covered != input_ids.shape[1] - 1:  # invariant: the cache covers input_ids[:, :-1], the verified prefix only
+            raise ValueError(
+                f"target_cache covers {covered} tokens but must cover input_ids[:, :-1] ({input_ids.shape[1] - 1} tokens): "
+                "GLIDE glimpses the verified prefix only (GLIDE §4.1)"
+            )
+
     @torch.no_grad()
     def propose(self, input_ids, target_cache, num_tokens):
-        """Draft ``num_tokens`` greedy tokens after ``input_ids`` `(1, L)`; ``target_cache`` is unused.
+        """Draft ``num_tokens`` greedy tokens after ``input_ids``.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text; its last token is the target's
+                bonus token, at position ``t = L - 1``.
+            target_cache (`Cache`): the target's live cache covering ``input_ids[:, :-1]`` (read by a draft that
+                glimpses, unused otherwise).
+            num_tokens (`int`): γ, the chain length k.
 
         Returns:
-            `(tokens, q)`: `(k,)` drafted ids and `(k, V)` float32 draft distributions.
+            `(tokens, q)`: `torch.LongTensor` `(k,)` drafted ids and `torch.FloatTensor` `(k, V)` float32 draft
+            distributions (q at each drafted position; ``tokens[i] = argmax q[i]``).
         """
+        self._check(input_ids, target_cache, num_tokens)
+        glimpse = {"target_past_key_values": target_cache} if self.glimpses else {}
         ids = input_ids[0].to(self.draft_model.device)
-        common = self.seen.to(ids.device)[: ids.numel()]
-        differ = (common != ids[: common.numel()]).nonzero()
-        keep = min(int(differ[0]) if differ.numel() else common.numel(), ids.numel() - 1)
-        if self.cache.get_seq_length() > keep:  # drop the rejected draft tokens
-            self.cache.crop(keep - self.cache.get_seq_length())
-        feed, tokens, probs = ids[keep:][None], [], []
+        keep = resync_cache(self.cache, self.seen, ids)  # drop the rejected draft tokens
+        feed, tokens, probs = ids[keep:][None], [], []  # invariant after this: the cache covers ids, then each draft
         for _ in range(num_tokens):
-            logits = self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True).logits[0, -1]
+            logits = self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+                                      **glimpse).logits[0, -1]
             q = torch.softmax(logits.float(), dim=-1)
             feed = q.argmax()[None, None]
             tokens.append(feed[0])
@@ -67,7 +97,8 @@ class CausalLMDrafter:
 
 
 def make_drafter(draft_model, target):
-    """The drafter for ``draft_model``: its own ``cape_drafter(target)`` if it has one, else :class:`CausalLMDrafter`."""
+    """The drafter for ``draft_model``: its own ``cape_drafter(target)`` if it has one, else :class:`CausalLMDrafter`
+    (glimpsing the target cache when the draft cross-attends to it, after checking it was built for ``target``)."""
     if output_vocab_size(draft_model) != output_vocab_size(target):
         raise ValueError(
             f"the draft predicts {output_vocab_size(draft_model)} token ids but the target predicts "
@@ -75,7 +106,9 @@ def make_drafter(draft_model, target):
         )
     if hasattr(draft_model, "cape_drafter"):
         return draft_model.cape_drafter(target)
-    return CausalLMDrafter(draft_model)
+    if hasattr(draft_model, "check_target"):  # GLIDE: a draft built for one kind of target
+        draft_model.check_target(target)
+    return CausalLMDrafter(draft_model, glimpses=bool(getattr(draft_model.config, "cross_attention", False)))
 
 
 def checkpoint_of_call(target):

@@ -12,8 +12,9 @@ q_i; every position gets an expansion set of the K_i = S(max q_i) next-best toke
 chain token); chain and sets go through the target in one forward under a tree mask; the deepest path
 that matches the target's argmax is kept, plus the target's own next token. The output equals the
 target's greedy decoding. On CPU every linear layer of a few-token verification runs as ``W @ h.T``.
-``projection.py``, ``tree.py`` (the tree mask and cache compaction) and ``acceptance.py`` (the tree walk) are
-hf_specdraft's own modules, written beside this file at save time; ``cape_tree.py`` holds CAPE's expansion.
+``projection.py``, ``tree.py`` (the tree mask and cache compaction), ``acceptance.py`` (the tree walk) and
+``expansion_sets.py`` (CAPE's S(p) and expansion sets) are hf_specdraft's own modules, written beside this file at
+save time.
 
 Options (keyword arguments of ``generate``): ``num_draft_tokens`` (γ, default 5), ``verification_budget``
 (most tokens verified per step, default 32 as in §5.3), ``expansion_schedule`` ((upper_bound, K) bins,
@@ -27,14 +28,15 @@ from transformers import DynamicCache
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from .cape_draft import load_draft, make_drafter
-from .cape_tree import DEFAULT_SCHEDULE, check_schedule, expand
 
-try:  # written beside this file by write_custom_generate, from hf_specdraft's own projection.py, tree.py and acceptance.py
-    from .acceptance import accept_tree
+try:  # written beside this file by write_custom_generate, from hf_specdraft's own projection.py, tree.py, acceptance.py
+    from .acceptance import accept_tree  # and cape/expansion_sets.py
+    from .expansion_sets import DEFAULT_SCHEDULE, check_schedule, expand
     from .projection import few_token_linears
     from .tree import DraftTree, compact_cache, layer_masks, tree_attention_inputs
 except ImportError:  # the template inside the installed library (absolute: transformers reads `from .` lines as sibling files)
     from hf_specdraft.acceptance import accept_tree
+    from hf_specdraft.cape.expansion_sets import DEFAULT_SCHEDULE, check_schedule, expand
     from hf_specdraft.projection import few_token_linears
     from hf_specdraft.tree import DraftTree, compact_cache, layer_masks, tree_attention_inputs
 
@@ -68,7 +70,7 @@ def generate(model, inputs=None, input_ids=None, generation_config=None, assista
         raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
     if not isinstance(verification_budget, int) or verification_budget < num_draft_tokens:
         raise ValueError(f"verification_budget={verification_budget!r} is smaller than the drafted chain (num_draft_tokens={num_draft_tokens})")
-    schedule = check_schedule(expansion_schedule)
+    schedule = check_schedule(expansion_schedule, "expansion_schedule")
     config, max_length = _generation_setup(model, generation_config, kwargs, prompt)
     drafter = make_drafter(assistant_model if assistant_model is not None else load_draft(model), model)
     sequences, cache = _cape_loop(model, drafter, prompt, max_length, _eos_ids(config), num_draft_tokens, schedule,

@@ -1,0 +1,130 @@
+"""GLIDE bound to a live target, for transformers' stock assisted decoding (glide_cape.txt §4.1, "KV cache delay").
+
+``target.generate(..., assistant_model=glide)`` never hands a draft the target's cache, so :meth:`TargetBindingMixin.attach`
+records it: a forward pre-hook on the target keeps the ``past_key_values`` object of each target forward, which at
+drafting time covers exactly the verified prefix (``input_ids[:, :-1]``). GLIDE's forward then glimpses that cache
+when no ``target_past_key_values`` is passed. hf_specdraft's own loop passes the cache explicitly and needs none of
+this.
+
+    glide.attach(target)
+    out = target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
+    glide.detach()
+
+Ships beside ``modeling_glide.py`` as trust_remote_code (a flat sibling: torch and transformers only).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from torch import nn
+
+
+class _TargetBinding:
+    """What :meth:`TargetBindingMixin.attach` keeps: the target (weakly), its hook, and its live cache as last seen."""
+
+    def __init__(self, target: nn.Module):
+        self.target = weakref.ref(target)
+        self.cache = None  # the past_key_values object of the target's latest forward call
+        self.unglimpsed = False  # GLIDE's own cache was built in a round with nothing to glimpse (the first)
+        self.handle = target.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        cache = kwargs.get("past_key_values")
+        if cache is not None:
+            self.cache = cache
+
+    def remove(self) -> None:
+        self.handle.remove()
+        self.cache = None
+
+
+class TargetBindingMixin:
+    """``attach`` / ``detach`` and the ``generate`` that keeps GLIDE in step with stock assisted decoding.
+
+    Mixed into :class:`GlideForCausalLM` ahead of ``PreTrainedModel``; relies on ``self.config.cross_attention``,
+    ``self.config.num_hidden_layers`` and ``self.check_target``.
+    """
+
+    _glide_binding: _TargetBinding | None = None
+
+    def attach(self, target: nn.Module) -> "TargetBindingMixin":
+        """Bind GLIDE to ``target`` for ``target.generate(..., assistant_model=glide)``.
+
+        Registers a forward pre-hook on ``target`` (public PyTorch API, ``with_kwargs=True``) that records the
+        ``past_key_values`` object of each target forward. During assisted decoding that object is the target's
+        live ``DynamicCache``, which at drafting time covers exactly the verified prefix (``input_ids[:, :-1]``).
+        Replaces a previous binding. Returns ``self``.
+        """
+        if not isinstance(target, nn.Module) or not hasattr(target, "config"):
+            raise TypeError(f"target must be a transformers model, got {type(target).__name__}")
+        self.check_target(target)
+        self.detach()
+        if self.config.cross_attention:
+            self._glide_binding = _TargetBinding(target)
+        return self
+
+    def detach(self) -> None:
+        """Remove the hook :meth:`attach` placed on the target (no-op when not attached)."""
+        if self._glide_binding is not None:
+            self._glide_binding.remove()
+            self._glide_binding = None
+
+    @property
+    def attached_target(self) -> nn.Module | None:
+        return None if self._glide_binding is None else self._glide_binding.target()
+
+    def _attached_cache(self, target_past_key_values):
+        """The target cache a forward glimpses: explicit, else the attached target's (None before its first forward)."""
+        if not self.config.cross_attention or target_past_key_values is not None:
+            return target_past_key_values
+        if self._glide_binding is None:
+            raise ValueError(
+                "GLIDE has no target attached: call glide.attach(target) before target.generate(..., assistant_model=glide), "
+                "or pass target_past_key_values= (hf_specdraft's GlideCandidateGenerator does)"
+            )
+        return self._glide_binding.cache
+
+    def adjust_generation_fn(self, *args, **kwargs):
+        """Load the generation config as any model does, but keep GLIDE's own ``generate``.
+
+        A GLIDE checkpoint's ``custom_generate/`` decodes its *target* with GLIDE+CAPE. transformers would also
+        install it as the loaded GLIDE's ``generate`` (``from_pretrained(..., trust_remote_code=True)``), while
+        stock assisted decoding drafts by calling ``glide.generate`` (``target.generate(assistant_model=glide)``
+        after :meth:`attach`), so the installed instance attribute is dropped again.
+        """
+        super().adjust_generation_fn(*args, **kwargs)
+        self.__dict__.pop("generate", None)
+
+    def generate(self, *args, **kwargs):
+        """``GenerationMixin.generate`` that keeps the attached target's cache in step with assisted decoding.
+
+        Stock assisted decoding calls this once per round; the first round of a ``target.generate`` call
+        comes without GLIDE's own cache, before the target has run, so a cache recorded earlier is stale and
+        GLIDE drafts that round without a glimpse. In the next round GLIDE's own cache is emptied, so the whole
+        prefix is fed again with the glimpse: with two or more layers, the keys and values of layers >= 1 depend
+        on layer 0's cross-attention, and keeping the unglimpsed ones would weaken every later draft. Later
+        rounds must find the target cache covering ``input_ids[:, :-1]``; anything else means ``generate`` runs
+        on a model GLIDE is not attached to.
+        """
+        binding = self._glide_binding
+        if self.config.cross_attention and binding is None and kwargs.get("target_past_key_values") is None:
+            self._attached_cache(None)  # raises: no target attached
+        if binding is not None:
+            if kwargs.get("past_key_values") is None:
+                binding.cache = None
+                binding.unglimpsed = self.config.num_hidden_layers > 1
+            else:
+                if binding.unglimpsed and binding.cache is not None:
+                    own = kwargs["past_key_values"]
+                    if own.get_seq_length():
+                        own.crop(-own.get_seq_length())  # rebuilt from the prompt on, every layer glimpsing
+                    binding.unglimpsed = False
+                input_ids = kwargs.get("input_ids", args[0] if args else None)
+                covered = None if binding.cache is None else binding.cache.get_seq_length()
+                if input_ids is not None and covered != input_ids.shape[-1] - 1:
+                    raise ValueError(
+                        f"GLIDE is attached to a {type(binding.target()).__name__} whose cache covers {covered} tokens, but it is asked to "
+                        f"continue {input_ids.shape[-1]} tokens: call glide.attach(model) with the model you call generate on"
+                    )
+        return super().generate(*args, **kwargs)
