@@ -16,7 +16,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation import CandidateGenerator, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
-from .tree import DraftTree, build_tree_buffers, croppable_cache, layer_masks, resync_cache
+from .tree import DraftTree, croppable_cache, layer_masks, resync_cache, tree_mask
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
@@ -251,18 +251,13 @@ class DraftModelTreeScorer:
             `torch.FloatTensor` of shape `(n, V)`.
         """
         device, dtype = self.draft_model.device, self.draft_model.dtype
-        prefix, total, n = self.seen.numel(), parents.numel(), tokens.numel()
-        ancestors, depth = build_tree_buffers(parents.to(device))
-        allowed = torch.zeros(n, prefix + total, dtype=torch.bool, device=device)
-        allowed[:, :prefix] = True
-        allowed[:, prefix:] = ancestors[total - n :]
-        # additive float mask: a bool mask is silently wrong with eager attention (notes §3)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = (prefix + depth[total - n :])[None]
-        keys = torch.cat([torch.arange(prefix, device=device), prefix + depth])  # the cache holds the prefix, then every node
+        prefix, n = self.seen.numel(), tokens.numel()
+        mask, node_positions = tree_mask(parents, prefix, dtype, device, queries=n)
+        positions = node_positions[:, -n:]
+        keys = torch.cat([torch.arange(prefix, device=device), node_positions[0]])  # the cache holds the prefix, then every node
         logits = self._forward(
             self.target_cache, input_ids=tokens.to(device)[None], position_ids=positions,
-            attention_mask=layer_masks(self.draft_model, self.cache, mask[None, None], positions, keys),
+            attention_mask=layer_masks(self.draft_model, self.cache, mask, positions, keys),
             past_key_values=self.cache, use_cache=True,
         ).logits[0]
         return self.distribution(logits)

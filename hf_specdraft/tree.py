@@ -165,25 +165,47 @@ def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return ancestors, depth
 
 
+def tree_mask(parents: torch.Tensor, prefix_length: int, dtype: torch.dtype, device: torch.device,
+              queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask and positions for tree nodes on top of a cached prefix: each node sees the prefix and its ancestors-or-self.
+
+    The one tree mask of the library: verification (:func:`tree_attention_inputs`) and a draft scoring a beam tree
+    (:class:`~hf_specdraft.drafting.DraftModelTreeScorer`) both build theirs here.
+
+    Args:
+        parents (`torch.LongTensor` of shape `(N,)`): every node of the tree (``-1``: a child of the prefix).
+        prefix_length (`int`): tokens in the cache before the tree, at positions ``0 .. prefix_length - 1``.
+        queries (`int`, *optional*): only the last ``queries`` nodes are fed (the others are cached); default all.
+
+    Returns:
+        `(attention_mask, position_ids)`: an additive float mask `(1, 1, queries, prefix_length + N)` in ``dtype`` (0
+        where attended, ``finfo.min`` where blocked; a bool mask is silently wrong with eager attention) and the
+        positions ``prefix_length + depth`` of *all* N nodes, `(1, N)` long (the queries' are the last ``queries``).
+    """
+    ancestors, depth = build_tree_buffers(parents.to(device))
+    n = parents.numel()
+    queries = n if queries is None else queries
+    allowed = torch.zeros(queries, prefix_length + n, dtype=torch.bool, device=device)
+    allowed[:, :prefix_length] = True
+    allowed[:, prefix_length:] = ancestors[n - queries :]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None], (prefix_length + depth)[None]
+
+
 def tree_attention_inputs(tree: DraftTree, past_length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask and positions to verify ``[last token] + tree.tokens`` on top of a cache of ``past_length``.
 
     The last accepted token sits at position ``past_length`` and sees the whole cache; node ``i`` sits at
-    ``past_length + 1 + depth[i]`` and sees the cache, the last token and its ancestors-or-self.
+    ``past_length + 1 + depth[i]`` and sees the cache, the last token and its ancestors-or-self: the tree with the
+    last token as its root, through :func:`tree_mask`.
 
     Returns:
         `(attention_mask, position_ids)`: an additive float mask `(1, 1, 1+N, past_length+1+N)` in
-        ``dtype`` (0 where attended, ``finfo.min`` where blocked; a bool mask is silently wrong with eager
-        attention) and `(1, 1+N)` long positions.
+        ``dtype`` and `(1, 1+N)` long positions.
     """
-    ancestors, depth = build_tree_buffers(tree.parents.to(device))
-    n = len(tree)
-    allowed = torch.zeros(1 + n, past_length + 1 + n, dtype=torch.bool, device=device)
-    allowed[:, : past_length + 1] = True
-    allowed[1:, past_length + 1 :] = ancestors
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    positions = torch.cat([torch.zeros(1, dtype=torch.long, device=device), depth + 1]) + past_length
-    return mask[None, None], positions[None]
+    parents = tree.parents.to(device)
+    rooted = torch.cat([parents.new_full((1,), -1), torch.where(parents < 0, 0, parents + 1)])
+    return tree_mask(rooted, past_length, dtype, device)
 
 
 def layer_masks(model, cache: DynamicCache, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor):
