@@ -9,6 +9,7 @@ so they also work in a chain-only loop. The decoding loop owns the target cache:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -16,6 +17,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation import CandidateGenerator, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
+from .batch_drafting import BatchChainDrafter, BatchProposer
 from .tree import DraftTree, croppable_cache, layer_masks, resync_cache, tree_mask
 
 
@@ -98,6 +100,23 @@ class TreeCandidateGenerator(CandidateGenerator):
             return torch.multinomial(q, 1)
         return q.argmax(-1, keepdim=True)
 
+    def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
+        """A proposer for every row of a batch at once (:class:`~hf_specdraft.batch_drafting.BatchChainDrafter`: one
+        draft forward of batch B per drafted token), or `None` (the default): the batched loop then calls each row's
+        :meth:`propose`. ``drafters`` are the rows' drafters, this one and its forks."""
+        return None
+
+    def fork(self) -> TreeCandidateGenerator:
+        """A copy of this drafter for another sequence of a batch (:mod:`hf_specdraft.batched`).
+
+        Models, modules and tensors (weights, Max-Gram's table, a CASD context) are shared, not copied: drafters
+        replace their per-request tensors rather than write into them. Everything else (caches, counters, options) is
+        copied, and :meth:`prepare` resets the per-request state of each copy.
+        """
+        memo: dict[int, object] = {}
+        _share_tensors(self, memo, set())
+        return copy.deepcopy(self, memo)
+
     def count_call(self, name: str, n: int = 1) -> None:
         self.forward_calls[name] = self.forward_calls.get(name, 0) + n
 
@@ -110,6 +129,24 @@ class TreeCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         return None
+
+
+def _share_tensors(obj, memo: dict[int, object], visited: set[int], depth: int = 0) -> None:
+    """Mark every module and tensor reachable from ``obj`` as its own deep copy (``memo``): :meth:`fork` shares them."""
+    if id(obj) in visited or depth > 8 or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return
+    visited.add(id(obj))
+    if isinstance(obj, (torch.nn.Module, torch.Tensor, memoryview)) or type(obj).__module__ == "numpy":  # read-only while drafting
+        memo[id(obj)] = obj
+        return
+    if isinstance(obj, dict):
+        children = list(obj.keys()) + list(obj.values())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        children = list(obj)
+    else:
+        children = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
+    for child in children:
+        _share_tensors(child, memo, visited, depth + 1)
 
 
 class DraftModelCandidateGenerator(TreeCandidateGenerator):
@@ -149,6 +186,24 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
             return self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
 
         return draft_chain(self, input_ids, next_logits, self.draft_model.device)
+
+    def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
+        if not same_drafters(self, drafters, "draft_model"):
+            return None
+        model, cache = self.draft_model, croppable_cache(self.draft_model)
+
+        def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                         logits_to_keep=1).logits[:, -1]
+
+        return BatchChainDrafter(drafters, cache, forward)
+
+
+def same_drafters(first: TreeCandidateGenerator, drafters: list[TreeCandidateGenerator], model_attribute: str) -> bool:
+    """Whether every row drafts as ``first`` does: same class, same model object, same γ (batched drafting needs it)."""
+    model = getattr(first, model_attribute)
+    return all(type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens
+               for d in drafters)
 
 
 DrafterFactory = Callable[[PreTrainedModel, int], TreeCandidateGenerator]

@@ -30,6 +30,7 @@ from transformers.generation import CandidateGenerator
 from transformers.utils import ModelOutput
 
 from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
+from .batched import batched_loop, check_batch_setup, check_padding, row_drafters
 from .drafting import TreeCandidateGenerator, drafter_for, output_vocab_size
 from .metrics import SpeculativeStats, overlap
 from .projection import few_token_linears
@@ -42,13 +43,16 @@ class SpeculativeGenerateOutput(ModelOutput):
     """``return_dict_in_generate=True`` result.
 
     Args:
-        sequences (`torch.LongTensor` of shape `(1, L)`): prompt + generated tokens.
+        sequences (`torch.LongTensor` of shape `(B, L)`): prompt + generated tokens (a batch's finished rows padded with
+            ``pad_token_id`` on the right).
         scores (`tuple(torch.FloatTensor)`, *optional*): processed target scores `(1, V)` per generated
             token (``output_scores=True``).
         logits (`tuple(torch.FloatTensor)`, *optional*): raw target logits `(1, V)` per generated token
             (``output_logits=True``).
         past_key_values: the target cache, covering ``sequences[:, :-1]``.
-        speculative_stats (:class:`~hf_specdraft.metrics.SpeculativeStats`): per-step statistics.
+        speculative_stats (:class:`~hf_specdraft.metrics.SpeculativeStats`): per-step statistics (of every row, for a
+            padded batch: :mod:`hf_specdraft.batched`).
+        row_stats (`tuple(SpeculativeStats)`, *optional*): a padded batch's statistics per row.
     """
 
     sequences: torch.LongTensor | None = None
@@ -56,6 +60,7 @@ class SpeculativeGenerateOutput(ModelOutput):
     logits: tuple[torch.FloatTensor, ...] | None = None
     past_key_values: DynamicCache | None = None
     speculative_stats: SpeculativeStats | None = None
+    row_stats: tuple[SpeculativeStats, ...] | None = None
 
 
 def speculative_generate(
@@ -75,7 +80,8 @@ def speculative_generate(
 
     Args:
         model: the target causal LM.
-        input_ids (`torch.LongTensor` of shape `(1, L)`): the prompt (batch size 1).
+        input_ids (`torch.LongTensor` of shape `(B, L)`): the prompts, left-padded with ``attention_mask`` when `B > 1`
+            (each row drafts and accepts on its own, :mod:`hf_specdraft.batched`).
         candidate_generator: any ``transformers.generation.CandidateGenerator``. hf_specdraft drafters
             (:class:`~hf_specdraft.drafting.TreeCandidateGenerator`) may propose trees.
         draft_model: shortcut for ``candidate_generator=DraftModelCandidateGenerator(draft_model, num_draft_tokens)``
@@ -91,7 +97,7 @@ def speculative_generate(
             ``stopping_criteria``, ``repetition_penalty``, ``return_dict_in_generate``, …).
 
     Returns:
-        `torch.LongTensor` `(1, L + n)`, or :class:`SpeculativeGenerateOutput` with
+        `torch.LongTensor` `(B, L + n)`, or :class:`SpeculativeGenerateOutput` with
         ``return_dict_in_generate=True``.
     """
     prepared = (
@@ -142,8 +148,12 @@ def _resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> Ca
         if not isinstance(draft_model, PreTrainedModel):
             raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
         return drafter_for(draft_model, num_draft_tokens)  # GLIDE registers its own drafter: it reads the target's cache
+    if isinstance(candidate_generator, (list, tuple)):  # one drafter per row of a batch
+        if not candidate_generator:
+            raise ValueError("candidate_generator is an empty list: give one drafter per row of input_ids")
+        return [_resolve_generator(g, None, num_draft_tokens) for g in candidate_generator]
     if not isinstance(candidate_generator, CandidateGenerator):
-        raise TypeError(f"candidate_generator must be a transformers CandidateGenerator, got {type(candidate_generator).__name__}")
+        raise TypeError(f"candidate_generator must be a transformers CandidateGenerator (or a list of one per row), got {type(candidate_generator).__name__}")
     if getattr(candidate_generator, "requires_model_outputs", False) and not isinstance(candidate_generator, TreeCandidateGenerator):
         raise ValueError(
             f"{type(candidate_generator).__name__} needs transformers' assisted-decoding model outputs, which this loop does not "
@@ -154,9 +164,9 @@ def _resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> Ca
 
 def _check_input_ids(input_ids) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be a 2-D LongTensor of shape (1, L), got {type(input_ids).__name__} {getattr(input_ids, 'shape', '')}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"speculative decoding supports batch size 1, got input_ids with batch size {input_ids.shape[0]}")
+        raise ValueError(f"input_ids must be a 2-D LongTensor of shape (B, L), got {type(input_ids).__name__} {getattr(input_ids, 'shape', '')}")
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids holds no rows: pass at least one prompt")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: the prompt needs at least one token")
 
@@ -165,9 +175,6 @@ def _check_generation_setup(model, input_ids, generation_config, model_kwargs, c
     if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
         raise ValueError("num_beams and num_return_sequences must be 1 (generate expands the batch for them) with speculative decoding")
     _check_input_ids(input_ids)
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.bool().all()):
-        raise ValueError("attention_mask has padding (zeros); speculative decoding supports one unpadded sequence, so pass the prompt without padding")
     if generation_config.cache_implementation in ("static", "offloaded_static", "sliding_window", "hybrid"):
         raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: speculative decoding compacts the cache and needs a DynamicCache (leave cache_implementation unset)")
     passed = model_kwargs.get("past_key_values")
@@ -236,6 +243,16 @@ class _Outputs:
 @torch.no_grad()
 def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
     check_target(model)  # recurrent-state models are refused before any forward (hf_specdraft.support)
+    _check_input_ids(input_ids)
+    lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
+    if input_ids.shape[0] > 1 or int(lengths[0]) < input_ids.shape[1]:  # a batch, or one left-padded prompt
+        check_batch_setup(model, generation_config, streamer, input_ids.shape[0])
+        _check_generation_setup(model, input_ids, generation_config, model_kwargs, None)
+        if acceptance is not None and not isinstance(acceptance, ConditionalAcceptance):
+            raise TypeError(f"acceptance must be None or a ConditionalAcceptance, got {type(acceptance).__name__}")
+        return batched_loop(model, input_ids, lengths, logits_processor, stopping_criteria, generation_config, generator, acceptance, model_kwargs)
+    if isinstance(generator, (list, tuple)):
+        generator = row_drafters(generator, 1)[0]
     cache = DynamicCache(config=model.config)
     if convolution_only(model) or cache_window(cache) is not None:
         # convolution layers keep the inputs a crop needs to roll back; sliding-window layers keep every key until
@@ -285,11 +302,17 @@ def _step(model, input_ids, cache, generator, acceptance, logits_processor, stop
     if streamer is not None:
         streamer.put(input_ids[0, cur_len:].cpu())
     generator.update_candidate_strategy(input_ids, logits[[0] + [i + 1 for i in path[: emitted - 1]]][None], len(path))
+    record_step(out.stats, rows, tree, path, emitted, t1 - t0, t2 - t1)
+    return input_ids, done
+
+
+def record_step(stats: SpeculativeStats, rows: _TargetRows, tree: DraftTree, path: list[int], emitted: int,
+                draft_seconds: float, verify_seconds: float) -> None:
+    """One step's record: drafted depth, tree size, accepted and emitted tokens, timings, judged positions and α's overlaps."""
     drafted, accepted = int(tree.depth.max()) + 1 if len(tree) else 0, min(len(path), emitted)
     judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
-    out.stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=t1 - t0,
-                     verify_seconds=t2 - t1, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
-    return input_ids, done
+    stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
+                 verify_seconds=verify_seconds, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
 
 
 def _no_logits_kwargs(model) -> dict:
@@ -313,9 +336,13 @@ def chain_overlaps(rows: _TargetRows, tree: DraftTree, judged: int) -> list[floa
 def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, model: PreTrainedModel, max_length: int) -> DraftTree:
     """Draft a tree for the next step, merge duplicate siblings (:meth:`DraftTree.merge_duplicates`: verification
     needs unique siblings) and fit it to the length budget and the model's limits."""
-    tree = _propose(generator, input_ids, cache).merge_duplicates()
-    cur_len = input_ids.shape[1]
-    tree = tree.truncate_depth(max_length - cur_len - 1)  # room for the accepted tokens and the target's own token
+    return fit_proposal(_propose(generator, input_ids, cache), generator, model, max_length - input_ids.shape[1])
+
+
+def fit_proposal(tree: DraftTree, generator: CandidateGenerator, model: PreTrainedModel, room: int) -> DraftTree:
+    """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length; one
+    is the target's own token) and its ids checked against the target's vocabulary."""
+    tree = tree.merge_duplicates().truncate_depth(room - 1)
     vocab = output_vocab_size(model)
     if len(tree) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
         raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")

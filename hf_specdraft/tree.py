@@ -309,6 +309,15 @@ def croppable_cache(model) -> DynamicCache:
     return cache
 
 
+def common_prefix(seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
+    """How many of a draft cache's tokens ``seen`` `(S,)` a re-sync to the accepted text ``ids`` `(L,)` keeps: their common
+    prefix, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits)."""
+    seen = seen.to(ids.device)
+    m = min(seen.numel(), ids.numel())
+    differ = (seen[:m] != ids[:m]).nonzero()
+    return min(int(differ[0]) if differ.numel() else m, ids.numel() - 1 if limit is None else limit)
+
+
 def resync_cache(cache: DynamicCache, seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
     """Crop a draft's own cache (covering the 1-D tokens ``seen``) back to its common prefix with the accepted text
     ``ids`` `(L,)`, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits).
@@ -316,10 +325,7 @@ def resync_cache(cache: DynamicCache, seen: torch.Tensor, ids: torch.Tensor, lim
     Every drafter that keeps its cache across steps (draft model, GLIDE, CAPE's beam scorer, the cascade's drafts,
     the shipped CAPE loop) re-syncs this way after verification. Returns the kept length: feed ``ids[keep:]`` next.
     """
-    seen = seen.to(ids.device)
-    m = min(seen.numel(), ids.numel())
-    differ = (seen[:m] != ids[:m]).nonzero()
-    keep = min(int(differ[0]) if differ.numel() else m, ids.numel() - 1 if limit is None else limit)
+    keep = common_prefix(seen, ids, limit)
     if cache.get_seq_length() > keep:
         cache.crop(keep - cache.get_seq_length())  # transformers 5.23 crops by a negative count too
     return keep

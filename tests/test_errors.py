@@ -17,14 +17,16 @@ def target():
 X = torch.tensor([[1, 2, 3, 4]])
 
 
-def test_batch_size_above_one(target):
-    with pytest.raises(ValueError, match="batch size 1"):
-        speculative_generate(target, torch.ones(2, 4, dtype=torch.long), draft_model=target, max_new_tokens=4)
+def test_right_padded_attention_mask(target):
+    with pytest.raises(ValueError, match="left padding"):
+        speculative_generate(target, X, draft_model=target, attention_mask=torch.tensor([[1, 1, 1, 0]]), max_new_tokens=4)
 
 
-def test_padded_attention_mask(target):
-    with pytest.raises(ValueError, match="attention_mask has padding"):
-        speculative_generate(target, X, draft_model=target, attention_mask=torch.tensor([[0, 1, 1, 1]]), max_new_tokens=4)
+def test_batch_without_a_pad_token_for_rows_of_different_lengths(target):
+    """Rows of an unpadded batch that stop at different lengths need pad_token_id to fill the finished ones."""
+    ids = torch.ones(2, 4, dtype=torch.long)
+    out = speculative_generate(target, ids, draft_model=target, max_new_tokens=4)  # same length: no padding needed
+    assert out.shape == (2, 8)
 
 
 def test_empty_input_ids(target):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_specdraft"
-CORE = {"generation", "tree", "acceptance", "drafting", "metrics", "support", "projection", "validation"}
+CORE = {"generation", "batched", "batch_drafting", "tree", "acceptance", "drafting", "metrics", "support", "projection", "validation"}
 METHODS = {"glide", "cape", "cascade", "casd"}
 COMPOSITION = {"__init__", "__main__", "cli", "defaults", "bench"}
 

@@ -176,6 +176,40 @@ def sliding_window_section(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def batching_section(result: dict) -> str:
+    """Throughput by batch size: batched speculative decoding against batched target-only ``generate`` (issue #14)."""
+    meta, sizes = result["meta"], result["batch_sizes"]
+    names = list(dict.fromkeys(name for size in sizes for name in result["results"][str(size)]))
+    rows = ["## Batches", "", f"{meta['hardware']}, {meta['dtype']}; the same {result['num_prompts']} held-out completion prompts at every "
+            f"batch size, left-padded, {result['max_new_tokens']} new tokens (each row up to its eos), greedy, γ {result['gamma']}; "
+            "methods interleaved batch by batch. Cells: generated tokens/s, then the ratio to target-only `generate` at that batch "
+            "size, and to target-only with hf_specdraft's few-token linears (the projection the loop uses; on this CPU a "
+            "few-row `nn.Linear` takes a slow BLAS path). = target: every row equals its own batch-1 target-only greedy output. "
+            f"Run {meta.get('date', '')}. Command: `{meta['command']}`.", "",
+            "| method | " + " | ".join(f"batch {size}" for size in sizes) + " | = target |", "|---|" + "---:|" * len(sizes) + "---|"]
+    for name in names:
+        cells, same = [], True
+        for size in sizes:
+            r = result["results"][str(size)].get(name)
+            if r is None:
+                cells.append("–")
+                continue
+            same &= r["identical_to_batch1_target_only"]
+            mal = f", MAL {r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else ""
+            cells.append(f"{r['tokens_per_second']:.1f} ({r['vs_target_only']:.2f}× / {r['vs_target_only_fast_linears']:.2f}×{mal})")
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {'yes' if same else 'no'} |")
+    layouts = [(size, result["results"][str(size)]["glide"]["cache_layout"]) for size in sizes
+               if "cache_layout" in result["results"][str(size)].get("glide", {})]
+    if layouts:
+        rows += ["", "The ragged cache (GLIDE): each step gathers every row's kept columns into a right-aligned block. Gather ms per step "
+                 "against the verification forward's, and the widest the cache got against the width a cache that only masks "
+                 "rejected columns in place would have reached:", "",
+                 "| batch | gather ms/step | verify ms/step | widest (repacked) | widest (holes) |", "|---:|---:|---:|---:|---:|"]
+        rows += [f"| {size} | {c['repack_ms_per_step']:.2f} | {c['verify_ms_per_step']:.1f} | {c['widest_repacked_columns']} | "
+                 f"{c['widest_with_holes_columns']} |" for size, c in layouts]
+    return "\n".join(rows) + "\n"
+
+
 def _images(name: str, plots_dir: Path, report_dir: Path) -> list[str]:
     """The plots of result ``name`` that exist, as links relative to the report's directory."""
     return [Path(os.path.relpath(p, report_dir)).as_posix() for p in plot_paths(name, plots_dir).values() if p.is_file()]
@@ -216,6 +250,9 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
     sliding = results_dir.parent / "verification" / "cpu-sliding-window.json"
     if sliding.is_file():
         parts.append(sliding_window_section(json.loads(sliding.read_text())))
+    batching = results_dir.parent / "verification" / "cpu-batching.json"
+    if batching.is_file():
+        parts.append(batching_section(json.loads(batching.read_text())))
     benches = sorted(p for p in results_dir.glob("*.json") if p.name != overhead.name)
     if benches:
         parts.append("## Methods side by side\n")

@@ -19,6 +19,7 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
+from ..batch_drafting import BatchProposer
 from ..drafting import (
     DraftModelCandidateGenerator,
     DraftModelTreeScorer,
@@ -96,7 +97,10 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         """The expanded proposal after ``input_ids`` `(1, L)`: the drafter's chain plus one expansion set per position."""
         if self.scorer is not None:
             return self._propose_beam(input_ids, target_cache)
-        chain = self.drafter.propose(input_ids, target_cache)
+        return self.expand(self.drafter.propose(input_ids, target_cache))
+
+    def expand(self, chain: DraftTree) -> DraftTree:
+        """The wrapped drafter's ``chain`` widened by one expansion set per position (§4.2)."""
         self.forward_calls = dict(self.drafter.forward_calls)
         if chain.draft_probs is None:
             raise ValueError(
@@ -115,6 +119,14 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         self.confidences.append(confidences)
         return tree
 
+    def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
+        """The wrapped drafter's batch proposer (one draft forward for every row), each row's chain then expanded;
+        `None` in beam mode, or when the rows' CAPE settings or drafters differ."""
+        if self.scorer is not None or any(type(d) is not type(self) or d.config != self.config for d in drafters):
+            return None
+        inner = self.drafter.batch_drafter([d.drafter for d in drafters])
+        return None if inner is None else _ExpandedBatch(drafters, inner)
+
     def _propose_beam(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None) -> DraftTree:
         depth = self.drafter.num_draft_tokens
         tree = beam_search_proposal(self.scorer, input_ids, depth, self.config.beam_width, self.config.budget, target_cache)
@@ -129,6 +141,28 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         return self.drafter.update_candidate_strategy(input_ids, scores, num_matches)
+
+
+class _ExpandedBatch(BatchProposer):
+    """Every row's chain from the wrapped drafters' batch proposer, expanded by that row's CAPE drafter."""
+
+    def __init__(self, capes: list[CapeCandidateGenerator], inner: BatchProposer):
+        self.capes, self.inner = list(capes), inner
+
+    @property
+    def target(self):
+        return self.inner.target
+
+    @target.setter
+    def target(self, value) -> None:
+        self.inner.target = value
+
+    def propose(self, texts: list[torch.Tensor], device: torch.device) -> list[DraftTree]:
+        return [cape.expand(chain) for cape, chain in zip(self.capes, self.inner.propose(texts, device))]
+
+    def keep_rows(self, survivors: list[int]) -> None:
+        self.capes = [self.capes[a] for a in survivors]
+        self.inner.keep_rows(survivors)
 
 
 def build_cape_for_bench(chain_drafter: TreeCandidateGenerator, mode: str = "confidence", **options) -> CapeCandidateGenerator:

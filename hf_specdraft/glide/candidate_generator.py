@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..drafting import DraftModelTreeScorer, TreeCandidateGenerator, check_same_vocab, draft_chain
+from ..batch_drafting import BatchChainDrafter, target_key_mask
+from ..drafting import DraftModelTreeScorer, TreeCandidateGenerator, check_same_vocab, draft_chain, same_drafters
 from ..tree import DraftTree
 from ..validation import method_config
 from .drafting_config import GlideDraftingConfig
@@ -97,6 +98,24 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
                               target_past_key_values=target_cache if cross else None, logits_to_keep=1).logits[:, -1]
 
         return draft_chain(self, input_ids, next_logits, self.glide.device)
+
+    def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
+        """Every row's γ tokens in one GLIDE forward per token; each row glimpses its own columns of the target cache."""
+        if not same_drafters(self, drafters, "glide"):
+            return None
+        glide, cache = self.glide, DynamicCache(config=self.glide.config)
+
+        def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            glimpse = {}
+            if glide.config.cross_attention:
+                target_cache, cached = batch.target
+                glimpse = {"target_past_key_values": target_cache,
+                           "target_attention_mask": target_key_mask(target_cache.get_seq_length(), cached, positions, glide.dtype)}
+            return glide(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                         logits_to_keep=1, **glimpse).logits[:, -1]
+
+        batch = BatchChainDrafter(drafters, cache, forward)
+        return batch
 
     def beam_scorer(self, distribution) -> GlideTreeScorer:
         """The scorer CAPE's beam mode (glide_cape.txt §5.3, GLIDE+BeamSearch) drafts its tree with."""

@@ -215,8 +215,13 @@ class GlideCrossAttention(nn.Module):
         query_index: torch.Tensor,
         block_size: int | None = None,
         padding_mask: torch.Tensor | None = None,
+        target_attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``hidden_states`` `(B, q, hidden)` -> `(B, q, hidden)`; zeros when the target cache is empty."""
+        """``hidden_states`` `(B, q, hidden)` -> `(B, q, hidden)`; zeros when the target cache is empty.
+
+        ``target_attention_mask`` (`(B, 1, q, S)` additive, *optional*): which cached target keys each query sees, given
+        outright (batched drafting over rows whose caches are right-aligned, :mod:`hf_specdraft.batch_drafting`);
+        replaces the rule ``k < j`` on sequence indices."""
         if target_kv is None:
             return torch.zeros_like(hidden_states)
         keys, values, offset = target_kv
@@ -230,8 +235,12 @@ class GlideCrossAttention(nn.Module):
             if keys.shape[0] != 1:
                 raise ValueError(f"target_past_key_values has batch size {keys.shape[0]} but the draft input has {batch}")
             keys, values = keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1)
-        key_index = torch.arange(keys.shape[-2], device=query.device) + offset
-        mask, visible = cross_attention_mask(query_index, key_index, block_size, query.dtype, padding_mask)
+        if target_attention_mask is not None:
+            mask = target_attention_mask.to(query.dtype)
+            visible = (mask > torch.finfo(mask.dtype).min / 2).any(-1)[:, 0, :, None].to(query.dtype)
+        else:
+            key_index = torch.arange(keys.shape[-2], device=query.device) + offset
+            mask, visible = cross_attention_mask(query_index, key_index, block_size, query.dtype, padding_mask)
         output, _ = attention_interface(self.config)(
             self, query, keys, values, mask, dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, is_causal=False
         )
@@ -262,6 +271,7 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
         past_key_values: Cache | None = None,
         block_size: int | None = None,
         padding_mask: torch.Tensor | None = None,
+        target_attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         residual = hidden_states
         hidden_states, _ = self.self_attn(
@@ -273,7 +283,8 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
         hidden_states = residual + hidden_states
         if hasattr(self, "cross_attn"):
             hidden_states = hidden_states + self.cross_attn(
-                self.cross_attn_layernorm(hidden_states), target_position_embeddings, target_kv, query_index, block_size, padding_mask
+                self.cross_attn_layernorm(hidden_states), target_position_embeddings, target_kv, query_index, block_size, padding_mask,
+                target_attention_mask,
             )
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
@@ -325,6 +336,7 @@ class GlideModel(GlidePreTrainedModel):
         use_cache: bool | None = None,
         target_past_key_values=None,
         cross_attention_block_size: int | None = None,
+        target_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """
@@ -335,6 +347,8 @@ class GlideModel(GlidePreTrainedModel):
             past_key_values (`Cache`, *optional*): GLIDE's own self-attention cache.
             target_past_key_values (*optional*): the target's cache (see [`read_target_layer`]); `None` = nothing to glimpse.
             cross_attention_block_size (`int`, *optional*): training only: the block-wise mask's L (§4.1).
+            target_attention_mask (`torch.Tensor` of shape `(B, 1, q, S)`, *optional*): additive mask of the target keys
+                each query glimpses, given outright (see :class:`GlideCrossAttention`).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
@@ -372,6 +386,7 @@ class GlideModel(GlidePreTrainedModel):
                 past_key_values=past_key_values,
                 block_size=cross_attention_block_size,
                 padding_mask=padding_mask,
+                target_attention_mask=target_attention_mask,
             )
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
 
@@ -442,6 +457,7 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         logits_to_keep: int | torch.Tensor = 0,
         target_past_key_values=None,
         cross_attention_block_size: int | None = None,
+        target_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """
@@ -454,6 +470,8 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
                 ``(keys, values)`` pairs). Defaults to the attached target's live cache (:meth:`attach`).
             cross_attention_block_size (`int`, *optional*): L of the training-time block-wise mask (§4.1);
                 leave `None` at inference.
+            target_attention_mask (`torch.Tensor` of shape `(B, 1, q, S)`, *optional*): the target keys each query
+                glimpses, as an additive mask (batched drafting; default: every key before the query's index).
 
         Returns:
             [`CausalLMOutputWithPast`] with ``logits`` `(B, q or logits_to_keep, vocab)`.
@@ -467,6 +485,7 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
             use_cache=use_cache if use_cache is not None else self.config.use_cache and not self.training,
             target_past_key_values=self._attached_cache(target_past_key_values),
             cross_attention_block_size=cross_attention_block_size,
+            target_attention_mask=target_attention_mask,
         )
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:

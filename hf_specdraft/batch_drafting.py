@@ -1,0 +1,131 @@
+"""One draft forward for every row of a batch: chain drafting over a ragged draft cache (:mod:`hf_specdraft.batched`).
+
+Run per row, a draft model costs ``B`` forwards per drafted token; here it costs one of batch ``B``. The draft's
+own ``DynamicCache`` holds every active row; each row remembers which of its columns are valid (``columns[a]``, in
+sequence order) and which tokens they cover (``seen[a]``). A step re-syncs each row to its accepted text by common
+prefix (:func:`~hf_specdraft.tree.resync_cache`'s rule), gathers the kept columns back into a right-aligned block
+(:func:`~hf_specdraft.batched.repack_cache`), feeds each row's new tokens (left-padded to the longest feed: the
+padding slots stay in the cache as masked holes until the next gather) and drafts γ tokens in lockstep. The draft
+sees a 2D padding mask and explicit positions, so every row is computed as it would be alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import DynamicCache
+
+from .tree import DraftTree, common_prefix
+
+# forward(input_ids (A, k), attention_mask (A, K) 0/1 over cache + new columns, position_ids (A, k)) -> logits (A, V) of the last column
+DraftForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def target_key_mask(width: int, cached: list[int], positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Which columns of a right-aligned batch target cache each draft query may read (GLIDE's glimpse in a batch).
+
+    Args:
+        width: the target cache's columns; row ``a`` holds its positions ``0 .. cached[a] - 1`` in the last ``cached[a]``.
+        positions (`torch.LongTensor` of shape `(A, q)`): each query's sequence position.
+
+    Returns:
+        an additive mask `(A, 1, q, width)`: 0 where the column is the row's and at a position before the query's.
+    """
+    columns = torch.arange(width, device=positions.device)[None]
+    key_positions = columns - (width - torch.tensor(cached, device=positions.device))[:, None]  # (A, width); < 0: padding
+    allowed = (key_positions >= 0)[:, None, :] & (key_positions[:, None, :] < positions[:, :, None])
+    return torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+class BatchProposer:
+    """What the batched loop asks of a drafter that proposes for every active row at once
+    (:meth:`~hf_specdraft.drafting.TreeCandidateGenerator.batch_drafter` returns one).
+
+    The loop sets :attr:`target` to ``(target cache, [cached columns per row])`` before each :meth:`propose`, and calls
+    :meth:`keep_rows` when rows leave the batch.
+    """
+
+    target = None
+
+    def propose(self, texts: list[torch.Tensor], device: torch.device) -> list[DraftTree]:
+        """One proposal per row after its accepted text ``texts[a]`` `(L_a,)`."""
+        raise NotImplementedError
+
+    def keep_rows(self, survivors: list[int]) -> None:
+        """Rows ``survivors`` (indices into the current rows) stay; the others left the batch."""
+        raise NotImplementedError
+
+
+class BatchChainDrafter(BatchProposer):
+    """Chain drafting of ``num_draft_tokens`` (γ) tokens for every active row in one forward per token.
+
+    Args:
+        drafters: the rows' drafters (forks of one :class:`~hf_specdraft.drafting.TreeCandidateGenerator` sharing a model):
+            each keeps its sampling settings and forward counts; the cache lives here.
+        cache: the draft's empty cache, built as the drafter builds its own.
+        forward: one draft forward (see :data:`DraftForward`); it may read ``self.target`` (set per step).
+    """
+
+    def __init__(self, drafters: list, cache: DynamicCache, forward: DraftForward):
+        self.drafters, self.cache, self.forward = list(drafters), cache, forward
+        self.num_draft_tokens = drafters[0].num_draft_tokens
+        self.seen = [torch.zeros(0, dtype=torch.long) for _ in drafters]
+        self.columns = [torch.zeros(0, dtype=torch.long) for _ in drafters]
+
+    def keep_rows(self, survivors: list[int]) -> None:
+        self.drafters = [self.drafters[a] for a in survivors]
+        self.seen = [self.seen[a] for a in survivors]
+        self.columns = [self.columns[a] for a in survivors]
+        index = torch.tensor(survivors, dtype=torch.long)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys, layer.values = layer.keys.index_select(0, index.to(layer.keys.device)), layer.values.index_select(0, index.to(layer.keys.device))
+
+    @torch.no_grad()
+    def propose(self, texts: list[torch.Tensor], device: torch.device) -> list[DraftTree]:
+        """Draft a γ-token chain after each row's accepted text ``texts[a]`` `(L_a,)`; the forward may read :attr:`target`."""
+        from .batched import repack_cache
+
+        keep = [common_prefix(seen, ids.to(seen.device)) for seen, ids in zip(self.seen, texts)]
+        if self.cache.layers and getattr(self.cache.layers[0], "keys", None) is not None and self.cache.layers[0].keys.numel():
+            repack_cache(self.cache, [self.columns[a][: keep[a]] for a in range(len(texts))], torch.arange(len(texts)))
+        width = max(keep)
+        feeds = [ids[k:].to(device) for ids, k in zip(texts, keep)]
+        chunk = max(f.numel() for f in feeds)
+        ids = torch.zeros(len(texts), chunk, dtype=torch.long, device=device)
+        mask = torch.zeros(len(texts), width + chunk, dtype=torch.long, device=device)
+        positions = torch.zeros(len(texts), chunk, dtype=torch.long, device=device)
+        for a, (feed, k) in enumerate(zip(feeds, keep)):
+            ids[a, chunk - feed.numel() :] = feed
+            mask[a, width - k : width] = 1
+            mask[a, width + chunk - feed.numel() :] = 1
+            positions[a, chunk - feed.numel() :] = k + torch.arange(feed.numel(), device=device)
+            self.columns[a] = torch.cat([torch.arange(width - k, width), torch.arange(width + chunk - feed.numel(), width + chunk)])
+        tokens, probs = [], []
+        for step in range(self.num_draft_tokens):
+            logits = self.forward(ids, mask, positions)  # (A, V)
+            picked, q = [], []
+            for a, drafter in enumerate(self.drafters):
+                context = torch.cat([texts[a].to(device)[None], *[t[a : a + 1] for t in tokens]], dim=-1)
+                row_q = drafter.draft_distribution(logits[a : a + 1], context)
+                picked.append(drafter.pick(row_q))
+                q.append(row_q[0])
+            ids = torch.cat(picked)  # (A, 1)
+            tokens.append(ids)
+            probs.append(torch.stack(q))
+            if step < self.num_draft_tokens - 1:  # the last drafted token is not fed: its KV is computed next step if accepted
+                columns = mask.shape[1]
+                mask = torch.cat([mask, mask.new_ones(len(texts), 1)], dim=-1)
+                positions = positions[:, -1:] + 1
+                for a in range(len(texts)):
+                    self.columns[a] = torch.cat([self.columns[a], torch.tensor([columns])])
+        drafted = torch.cat(tokens, dim=-1)  # (A, γ)
+        q = torch.stack(probs, dim=1)  # (A, γ, V)
+        trees = []
+        for a, drafter in enumerate(self.drafters):
+            drafter.count_call("draft", self.num_draft_tokens)
+            self.seen[a] = torch.cat([texts[a].to(device), drafted[a, :-1]])
+            sampled = torch.ones(self.num_draft_tokens, dtype=torch.bool) if drafter.generation_config.do_sample else None
+            trees.append(DraftTree.chain(drafted[a], q[a], sampled))
+        return trees

@@ -1,0 +1,165 @@
+"""Throughput at batch size 1, 4, 8 and 16 on the default target: batched speculative decoding against batched
+target-only ``generate`` (issue #14).
+
+The same held-out completion prompts (the bench's ``completion`` items) run at every batch size, split into
+left-padded batches in their order; each method runs every batch once after an untimed warm-up, methods interleaved
+batch by batch. Reported per batch size and method: generated tokens per second (tokens up to each row's eos), the
+ratio to target-only ``generate`` at the same batch size, the mean accepted length, and whether every row equals
+its own batch-1 target-only greedy output.
+
+Two target-only baselines: ``generate`` as transformers runs it, and the same with hf_specdraft's few-token linears
+(:mod:`hf_specdraft.projection`, which the speculative loop uses): on this CPU a 4-row ``nn.Linear`` takes MKL's slow
+small-M path, so part of a batched method's lead over stock ``generate`` is that projection, not speculation; the
+second baseline separates the two. Stock assisted decoding runs at batch 1 only (transformers refuses more).
+
+    python -m hf_specdraft.bench.batching --output benchmarks/verification/cpu-batching.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..generation import speculative_generate
+from ..projection import few_token_linears
+from .harness import environment, prompt_ids
+
+BATCH_SIZES = (1, 4, 8, 16)
+GAMMA = 3  # the chain drafters' γ, as in the batch-1 bench
+
+
+def left_padded(prompts: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(B, P)` ids and attention mask of 1-D prompts, left-padded with ``pad``."""
+    width = max(p.numel() for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - p.numel() :], mask[i, width - p.numel() :] = p, 1
+    return ids, mask
+
+
+def generated(row: torch.Tensor, eos: int) -> list[int]:
+    """A row's new tokens up to and including its first eos."""
+    tokens = row.tolist()
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+def cache_layout(runs: list[dict]) -> dict:
+    """What the repacked cache cost over a method's batches: gather ms per step against the verification forward's, and
+    the widest it got against the width a cache that only masks rejected columns would have reached."""
+    steps = sum(r["steps"] for r in runs)
+    return {"repack_ms_per_step": 1000 * sum(r["repack_seconds"] for r in runs) / max(steps, 1),
+            "verify_ms_per_step": 1000 * sum(r["verify_seconds"] for r in runs) / max(steps, 1),
+            "widest_repacked_columns": max(r["widest_repacked"] for r in runs),
+            "widest_with_holes_columns": max(r["holes_columns"] for r in runs)}
+
+
+def methods(bundle) -> dict:
+    """name -> (run(ids, mask, kwargs) -> (sequences, stats or None), batch sizes it runs at)."""
+    from ..cascade import build_max_gram_for_bench
+    from ..glide import GlideCandidateGenerator
+
+    target, extras = bundle.target, bundle.extras
+
+    def target_only(ids, mask, kwargs):
+        return target.generate(ids, attention_mask=mask, **kwargs), None
+
+    def target_only_fast(ids, mask, kwargs):
+        with few_token_linears(target):
+            return target.generate(ids, attention_mask=mask, **kwargs), None
+
+    def stock_assisted(ids, mask, kwargs):
+        return target.generate(ids, attention_mask=mask, assistant_model=bundle.draft, **kwargs), None
+
+    def ours(build):
+        def run(ids, mask, kwargs):
+            out = speculative_generate(target, ids, attention_mask=mask, candidate_generator=build(), return_dict_in_generate=True, **kwargs)
+            return out.sequences, out.speculative_stats
+        return run
+
+    return {
+        "target-only": (target_only, BATCH_SIZES),
+        "target-only (few-token linears)": (target_only_fast, BATCH_SIZES),
+        "stock-assisted": (stock_assisted, (1,)),
+        "glide": (ours(lambda: GlideCandidateGenerator(extras["glide"], num_draft_tokens=GAMMA)), BATCH_SIZES),
+        "vanilla": (ours(lambda: GlideCandidateGenerator(extras["vanilla"], num_draft_tokens=GAMMA)), BATCH_SIZES),
+        "max-gram": (ours(lambda: build_max_gram_for_bench(target, extras["bigram_table"])), BATCH_SIZES),
+    }
+
+
+def run(bundle, num_prompts: int = 16, max_new_tokens: int = 64, batch_sizes=BATCH_SIZES) -> dict:
+    from transformers.utils import logging
+
+    from ..defaults.tasks import build_tasks
+
+    tok = bundle.tokenizer
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    prompts = [prompt_ids(tok, item)[0] for item in build_tasks("completion", count=num_prompts, seed=0)]
+    kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, "eos_token_id": eos, "pad_token_id": pad}
+    table = methods(bundle)
+    outputs: dict[int, dict[str, dict[int, list[int]]]] = {}  # batch size -> method -> prompt -> its new tokens
+    results: dict[str, dict] = {}
+    logging.set_verbosity_error()  # assisted decoding's internal deprecation notices would break the progress bar
+    for size in tqdm(batch_sizes, desc="batch sizes"):
+        batches = [prompts[i : i + size] for i in range(0, len(prompts), size)]
+        names = [name for name, (_, sizes) in table.items() if size in sizes]
+        warm_ids, warm_mask = left_padded(batches[0], pad)
+        for name in names:
+            table[name][0](warm_ids, warm_mask, {**kwargs, "max_new_tokens": 8})
+        seconds = {name: 0.0 for name in names}
+        tokens = {name: 0 for name in names}
+        outputs[size] = {name: {} for name in names}
+        layouts = {name: [] for name in names}
+        steps = {name: [] for name in names}
+        for b, batch in enumerate(tqdm(batches, desc=f"batch size {size}", leave=False)):
+            ids, mask = left_padded(batch, pad)
+            for name in names[b % len(names) :] + names[: b % len(names)]:  # rotated: no method always first
+                start = time.perf_counter()
+                sequences, stats = table[name][0](ids, mask, kwargs)
+                seconds[name] += time.perf_counter() - start
+                for i in range(len(batch)):
+                    outputs[size][name][b * size + i] = generated(sequences[i, ids.shape[1] :], eos)
+                    tokens[name] += len(outputs[size][name][b * size + i])
+                if stats is not None:
+                    steps[name].append((stats.new_tokens, stats.num_steps))
+                    layouts[name].append({**stats.extra.get("cache_layout", {}), "verify_seconds": stats.verify_seconds})
+        base = tokens["target-only"] / seconds["target-only"]
+        fast = tokens["target-only (few-token linears)"] / seconds["target-only (few-token linears)"]
+        results[str(size)] = {
+            name: {"seconds": seconds[name], "new_tokens": tokens[name], "tokens_per_second": tokens[name] / seconds[name],
+                   "vs_target_only": tokens[name] / seconds[name] / base, "vs_target_only_fast_linears": tokens[name] / seconds[name] / fast,
+                   "mean_accepted_length": (sum(n for n, _ in steps[name]) / sum(s for _, s in steps[name])) if steps[name] else None,
+                   "identical_to_batch1_target_only": outputs[size][name] == outputs[min(outputs)]["target-only"],
+                   **({"cache_layout": cache_layout(layouts[name])} if layouts[name] and "steps" in layouts[name][0] else {})}
+            for name in names}
+    return {"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "gamma": GAMMA, "batch_sizes": list(batch_sizes), "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..defaults import load_default
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", default="benchmarks/verification/cpu-batching.json")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    if args.num_prompts < 1 or args.max_new_tokens < 1:
+        parser.error("--num-prompts and --max-new-tokens must be positive")
+    bundle = load_default()
+    result = {"meta": {**environment(bundle), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                       "command": "python -m hf_specdraft.bench.batching " + " ".join(argv if argv is not None else __import__("sys").argv[1:])},
+              **run(bundle, args.num_prompts, args.max_new_tokens)}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["results"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

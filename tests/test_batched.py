@@ -1,0 +1,192 @@
+"""Batched speculative decoding (issue #14): each row of a left-padded batch equals its own batch-1 greedy output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import StoppingCriteria, TextStreamer
+from transformers.generation import PromptLookupCandidateGenerator
+
+from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
+from hf_specdraft import DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate
+from hf_specdraft.cape import CapeCandidateGenerator
+from hf_specdraft.casd import CasdCandidateGenerator
+from test_method_grid import METHODS, glide_for
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+NEW_TOKENS = 12
+LENGTHS = (9, 3, 6, 1)  # prompts of different lengths, one of a single token
+
+
+def padded_batch(lengths=LENGTHS, seed: int = 4, pad: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(1, VOCAB, (n,), generator=g) for n in lengths]
+    width = max(lengths)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - row.numel() :], mask[i, width - row.numel() :] = row, 1
+    return rows, ids, mask
+
+
+def assert_rows_match(out: torch.Tensor, rows, references, pad: int = 0, width: int | None = None):
+    width = width or max(r.numel() for r in rows)
+    for i, (row, reference) in enumerate(zip(rows, references)):
+        got = out[i, width - row.numel() :]
+        expected = torch.cat([reference[0], torch.full((got.numel() - reference.shape[1],), pad, dtype=torch.long)])
+        assert torch.equal(got, expected), (i, got.tolist(), expected.tolist())
+
+
+@pytest.mark.parametrize("mode", ["right", "wrong", "tree"])
+def test_oracle_rows(arch, mode):
+    target = tiny_model(arch)
+    rows, ids, mask = padded_batch()
+    references = [greedy_reference(target, r[None], NEW_TOKENS) for r in rows]
+    drafters = [OracleDrafter(ref, mode, k=3) for ref in references]
+    out = speculative_generate(target, ids, attention_mask=mask, candidate_generator=drafters, max_new_tokens=NEW_TOKENS,
+                               return_dict_in_generate=True)
+    assert_rows_match(out.sequences, rows, references)
+    assert len(out.row_stats) == len(rows) and all(s.new_tokens == NEW_TOKENS for s in out.row_stats)
+    assert out.speculative_stats.new_tokens == NEW_TOKENS * len(rows)
+    if mode == "wrong":
+        assert all(s.accepted_tokens == 0 for s in out.row_stats)
+    else:
+        assert all(s.mean_accepted_length > 2 for s in out.row_stats)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_forked_per_row(arch, method):
+    target = tiny_model(arch)
+    rows, ids, mask = padded_batch()
+    references = [greedy_reference(target, r[None], NEW_TOKENS) for r in rows]
+    build, self_draftable = METHODS[method]
+    source = target if self_draftable else tiny_model(arch, seed=3, num_hidden_layers=1)
+    drafter = build(target, source, rows[0][None])
+    out = speculative_generate(target, ids, attention_mask=mask, candidate_generator=drafter, max_new_tokens=NEW_TOKENS,
+                               return_dict_in_generate=True)
+    assert_rows_match(out.sequences, rows, references)
+    assert drafter.last_stats is out.speculative_stats and out.speculative_stats.extra["batch_size"] == len(rows)
+    if self_draftable:  # the target drafting for itself: always right in every row
+        assert all(s.mean_accepted_length > 2 for s in out.row_stats), [s.mean_accepted_length for s in out.row_stats]
+
+
+@pytest.mark.parametrize("kind", ["draft-model", "glide", "glide+cape"])
+def test_batched_drafting_drafts_what_each_row_drafts_alone(kind):
+    """One draft forward for the batch proposes exactly what each row's own drafter proposes at batch 1."""
+    target = tiny_model("llama")
+    draft = tiny_model("llama", seed=3, num_hidden_layers=1) if kind == "draft-model" else glide_for(target)
+    builders = {"draft-model": lambda: DraftModelCandidateGenerator(draft, 3),
+                "glide": lambda: GlideCandidateGenerator(draft, num_draft_tokens=3),
+                "glide+cape": lambda: CapeCandidateGenerator(GlideCandidateGenerator(draft, num_draft_tokens=3), budget=6)}
+    build = builders[kind]
+    assert build().batch_drafter([build(), build()]) is not None  # drafters of one model propose together
+    assert DraftModelCandidateGenerator(target, 3).batch_drafter([DraftModelCandidateGenerator(target, 2)]) is None  # not other γs
+    rows, ids, mask = padded_batch(lengths=(7, 2, 5))
+    batched = speculative_generate(target, ids, attention_mask=mask, candidate_generator=build(), max_new_tokens=16,
+                                   return_dict_in_generate=True)
+    for i, row in enumerate(rows):
+        alone = speculative_generate(target, row[None], candidate_generator=build(), max_new_tokens=16, return_dict_in_generate=True)
+        assert [(s.tree_size, s.accepted) for s in batched.row_stats[i].steps] == [(s.tree_size, s.accepted) for s in alone.speculative_stats.steps], i
+    assert_rows_match(batched.sequences, rows, [greedy_reference(target, r[None], 16) for r in rows])
+
+
+def test_glide_rows_drafting_alone_read_their_own_target_columns():
+    """Rows whose GLIDE drafters differ (γ 2 and 3) draft one by one, each on a view of its own columns of the batch's
+    target cache: what each proposes equals what it proposes at batch 1."""
+    target = tiny_model("qwen2")
+    glide = glide_for(target)
+    rows, ids, mask = padded_batch(lengths=(6, 2, 9))
+    drafters = [GlideCandidateGenerator(glide, num_draft_tokens=2 + i % 2) for i in range(len(rows))]
+    assert drafters[0].batch_drafter(drafters) is None
+    out = speculative_generate(target, ids, attention_mask=mask, candidate_generator=drafters, max_new_tokens=16, return_dict_in_generate=True)
+    for i, row in enumerate(rows):
+        alone = speculative_generate(target, row[None], candidate_generator=GlideCandidateGenerator(glide, num_draft_tokens=2 + i % 2),
+                                     max_new_tokens=16, return_dict_in_generate=True)
+        assert [s.accepted for s in out.row_stats[i].steps] == [s.accepted for s in alone.speculative_stats.steps], i
+    assert_rows_match(out.sequences, rows, [greedy_reference(target, r[None], 16) for r in rows])
+
+
+def test_rows_stop_early_on_eos_and_are_padded(arch):
+    target = tiny_model(arch)
+    rows, ids, mask = padded_batch()
+    plain = greedy_reference(target, rows[0][None], NEW_TOKENS)
+    eos = int(plain[0, rows[0].numel() + 3])  # row 0 emits it as its 4th new token
+    references = [greedy_reference(target, r[None], NEW_TOKENS, eos_token_id=eos, pad_token_id=0) for r in rows]
+    out = speculative_generate(target, ids, attention_mask=mask, draft_model=tiny_model(arch, seed=3, num_hidden_layers=1),
+                               num_draft_tokens=3, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0,
+                               return_dict_in_generate=True)
+    assert_rows_match(out.sequences, rows, references)
+    assert out.row_stats[0].new_tokens == 4 < out.sequences.shape[1] - ids.shape[1]
+
+
+def test_casd_one_context_per_row():
+    target = tiny_model("qwen2")
+    rows, ids, mask = padded_batch()
+    references = [greedy_reference(target, r[None], NEW_TOKENS) for r in rows]
+    drafters = [CasdCandidateGenerator(ref[0], min_suffix_length=1) for ref in references]  # each row's own context
+    out = speculative_generate(target, ids, attention_mask=mask, candidate_generator=drafters, max_new_tokens=NEW_TOKENS,
+                               return_dict_in_generate=True)
+    assert_rows_match(out.sequences, rows, references)
+    assert all(s.mean_accepted_length > 2 for s in out.row_stats)
+
+
+def test_one_left_padded_prompt_and_generate_entry_point():
+    target = tiny_model("mistral")
+    rows, ids, mask = padded_batch(lengths=(3, 8))
+    reference = greedy_reference(target, rows[0][None], NEW_TOKENS)
+    draft = tiny_model("mistral", seed=3, num_hidden_layers=1)
+    out = target.generate(ids[:1], attention_mask=mask[:1], custom_generate=speculative_generate, draft_model=draft, max_new_tokens=NEW_TOKENS,
+                          do_sample=False)
+    assert_rows_match(out, rows[:1], [reference], width=ids.shape[1])
+
+
+def test_sampling_per_row_matches_the_target_distribution():
+    """256 rows of one prompt sampled in one batch: the second token's frequencies follow the target's own p."""
+    target = tiny_model("llama", vocab_size=8, seed=1)
+    draft = tiny_model("llama", vocab_size=8, seed=2, num_hidden_layers=1)
+    prompt = torch.tensor([[3, 1, 4, 1]])
+    n = 2048
+    torch.manual_seed(0)
+    out = speculative_generate(target, prompt.expand(n, -1), draft_model=draft, num_draft_tokens=2, max_new_tokens=2, do_sample=True,
+                               pad_token_id=0)
+    with torch.no_grad():
+        first = torch.softmax(target(prompt).logits[0, -1], -1)
+        second = torch.softmax(target(torch.cat([prompt.expand(8, -1), torch.arange(8)[:, None]], 1)).logits[:, -1], -1)
+    exact = first @ second  # p(x2) = sum_u p(u) p(x2 | u)
+    empirical = torch.bincount(out[:, -1], minlength=8).float() / n
+    assert float((empirical - exact).abs().sum() / 2) < 0.05, (empirical.tolist(), exact.tolist())
+
+
+class _Never(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_clear_errors_for_batches():
+    target = tiny_model("llama")
+    draft = tiny_model("llama", seed=3, num_hidden_layers=1)
+    rows, ids, mask = padded_batch()
+    run = dict(draft_model=draft, max_new_tokens=4)
+    right = mask.flip(-1)
+    with pytest.raises(ValueError, match="left padding"):
+        speculative_generate(target, ids, attention_mask=right, **run)
+    with pytest.raises(ValueError, match="only 0"):
+        speculative_generate(target, ids, attention_mask=mask * 2, **run)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        speculative_generate(target, ids, attention_mask=mask, num_return_sequences=2, do_sample=True, **run)
+    with pytest.raises(ValueError, match="streamer"):
+        speculative_generate(target, ids, attention_mask=mask, streamer=TextStreamer(None), **run)
+    with pytest.raises(ValueError, match="output_scores"):
+        speculative_generate(target, ids, attention_mask=mask, output_scores=True, return_dict_in_generate=True, **run)
+    stock = PromptLookupCandidateGenerator(num_output_tokens=3)
+    with pytest.raises(ValueError, match="one sequence"):
+        speculative_generate(target, ids, attention_mask=mask, candidate_generator=stock, max_new_tokens=4)
+    one = DraftModelCandidateGenerator(draft, 2)
+    with pytest.raises(ValueError, match="one per row"):
+        speculative_generate(target, ids, attention_mask=mask, candidate_generator=[one, one.fork()], max_new_tokens=4)
+    with pytest.raises(ValueError, match="twice"):
+        speculative_generate(target, ids, attention_mask=mask, candidate_generator=[one] * len(rows), max_new_tokens=4)
+    with pytest.raises(ValueError, match="all padding"):
+        empty = mask.clone()
+        empty[1] = 0
+        speculative_generate(target, ids, attention_mask=empty, **run)
