@@ -20,6 +20,7 @@ from .cape.packaging import write_custom_generate
 from .glide import GlideCandidateGenerator, GlideConfig, GlideForCausalLM, register_auto_classes
 from .glide.model_card import set_custom_generate_writer
 from .metrics import SpeculativeStats, expected_speedup, standardized_walltime_improvement
+from .projection import few_token_linears
 from .tree import DraftTree
 
 __version__ = "0.1.0"
@@ -46,6 +47,7 @@ __all__ = [
     "TreeCandidateGenerator",
     "casd_generate",
     "expected_speedup",
+    "few_token_linears",
     "speculative_generate",
     "speculative_sampling",
     "standardized_walltime_improvement",

@@ -62,3 +62,40 @@ def test_k_sweep_mag_grid_runs_every_length(monkeypatch):
         k_sweep.main(["--drafts", "1", "--grid", "mag", "--max-gram-tokens", "2,3", "--gammas", "3"])
     grid = [m for m in seen["methods"] if m.startswith("cascade-1d-")]
     assert len(grid) == 2 * len(k_sweep.k_grid(1, "mag")) and "draft-model-gamma3" in seen["methods"]
+
+
+@pytest.mark.parametrize("argv, flag", [(["--gammas", "0,1"], "--gammas"), (["--batch-sizes", "four"], "--batch-sizes"),
+                                        (["--skip-prompts", "-1"], "--skip-prompts"), (["--methods", "glide γ=2"], "--methods"),
+                                        (["--gammas", "1,3", "--methods", "glide"], "glide γ=1")])
+def test_batching_bench_refuses_bad_arguments_before_anything_loads(argv, flag, capsys, monkeypatch):
+    import hf_specdraft.defaults
+    from hf_specdraft.bench import batching
+
+    monkeypatch.setattr(hf_specdraft.defaults, "load_default", lambda *a, **k: pytest.fail("loaded the default"))
+    with pytest.raises(SystemExit) as exit_info:
+        batching.main(argv)
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_batching_bench_names_one_run_per_gamma():
+    from hf_specdraft.bench import batching
+
+    assert batching.method_names((3,)) == ["target-only", "target-only (few-token linears)", "stock-assisted", "glide", "vanilla", "max-gram"]
+    assert batching.method_names((1, 3))[3:7] == ["glide γ=1", "glide γ=3", "vanilla γ=1", "vanilla γ=3"]
+    from types import SimpleNamespace
+
+    bundle = SimpleNamespace(target=None, draft=None, extras={})  # methods() only builds the runs' closures
+    assert list(batching.methods(bundle, (1, 3))) == batching.method_names((1, 3))
+
+
+def test_save_run_writes_meta_and_body(tmp_path, monkeypatch):
+    import json
+
+    from hf_specdraft.bench import harness
+
+    monkeypatch.setattr(harness, "environment", lambda bundle: {"hardware": "CPU: test"})
+    out = tmp_path / "runs" / "r.json"
+    written = harness.save_run(None, out, "python -m x", {"results": {"1": 2.0}}, repeats=3)
+    assert json.loads(out.read_text()) == written
+    assert written["meta"]["hardware"] == "CPU: test" and written["meta"]["command"] == "python -m x" and written["meta"]["repeats"] == 3
+    assert written["results"] == {"1": 2.0} and "date" in written["meta"]

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from ..generation import speculative_generate
 from ..projection import few_token_linears
-from .harness import environment, prompt_ids
+from .harness import prompt_ids, save_run
 
 BATCH_SIZES = (1, 4, 8, 16)
 GAMMA = 3  # the chain drafters' γ, as in the batch-1 bench
@@ -59,8 +59,20 @@ def cache_layout(runs: list[dict]) -> dict:
             "widest_with_holes_columns": max(r["holes_columns"] for r in runs)}
 
 
-def methods(bundle) -> dict:
-    """name -> (run(ids, mask, kwargs) -> (sequences, stats or None), batch sizes it runs at)."""
+def chain_names(drafter: str, gammas) -> list[str]:
+    """The bench names of a chain drafter's runs: ``glide`` for one γ, ``glide γ=1``, ``glide γ=3`` … for several."""
+    return [drafter] if len(gammas) == 1 else [f"{drafter} γ={g}" for g in gammas]
+
+
+def method_names(gammas=(GAMMA,)) -> list[str]:
+    """Every method :func:`methods` builds for ``gammas``, in its order."""
+    return ["target-only", "target-only (few-token linears)", "stock-assisted", *chain_names("glide", gammas),
+            *chain_names("vanilla", gammas), "max-gram"]
+
+
+def methods(bundle, gammas=(GAMMA,)) -> dict:
+    """name -> (run(ids, mask, kwargs) -> (sequences, stats or None), batch sizes it runs at). The chain drafters run
+    once per γ in ``gammas`` (named ``glide`` for one γ, ``glide γ=2`` … for several)."""
     from ..cascade import build_max_gram_for_bench
     from ..glide import GlideCandidateGenerator
 
@@ -82,17 +94,22 @@ def methods(bundle) -> dict:
             return out.sequences, out.speculative_stats
         return run
 
-    return {
-        "target-only": (target_only, BATCH_SIZES),
-        "target-only (few-token linears)": (target_only_fast, BATCH_SIZES),
-        "stock-assisted": (stock_assisted, (1,)),
-        "glide": (ours(lambda: GlideCandidateGenerator(extras["glide"], num_draft_tokens=GAMMA)), BATCH_SIZES),
-        "vanilla": (ours(lambda: GlideCandidateGenerator(extras["vanilla"], num_draft_tokens=GAMMA)), BATCH_SIZES),
-        "max-gram": (ours(lambda: build_max_gram_for_bench(target, extras["bigram_table"])), BATCH_SIZES),
-    }
+    def chain(drafter, gamma):
+        return ours(lambda: GlideCandidateGenerator(extras[drafter], num_draft_tokens=gamma))
+
+    table = {"target-only": (target_only, BATCH_SIZES), "target-only (few-token linears)": (target_only_fast, BATCH_SIZES),
+             "stock-assisted": (stock_assisted, (1,))}
+    for drafter in ("glide", "vanilla"):
+        table.update({name: (chain(drafter, g), BATCH_SIZES) for name, g in zip(chain_names(drafter, gammas), gammas)})
+    table["max-gram"] = (ours(lambda: build_max_gram_for_bench(target, extras["bigram_table"])), BATCH_SIZES)
+    return table
 
 
-def run(bundle, num_prompts: int = 16, max_new_tokens: int = 64, batch_sizes=BATCH_SIZES) -> dict:
+def run(bundle, num_prompts: int = 16, max_new_tokens: int = 64, batch_sizes=BATCH_SIZES, gammas=(GAMMA,),
+        skip_prompts: int = 0, only: tuple[str, ...] | None = None) -> dict:
+    """Every method of :func:`methods` (or those named in ``only``; both target-only baselines always run) over
+    completion items ``skip_prompts .. skip_prompts + num_prompts - 1``: the bench's own are the first 16, later ones
+    are for tuning."""
     from transformers.utils import logging
 
     from ..defaults.tasks import build_tasks
@@ -100,9 +117,13 @@ def run(bundle, num_prompts: int = 16, max_new_tokens: int = 64, batch_sizes=BAT
     tok = bundle.tokenizer
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
-    prompts = [prompt_ids(tok, item)[0] for item in build_tasks("completion", count=num_prompts, seed=0)]
+    items = build_tasks("completion", count=skip_prompts + num_prompts, seed=0)[skip_prompts:]
+    prompts = [prompt_ids(tok, item)[0] for item in items]
     kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, "eos_token_id": eos, "pad_token_id": pad}
-    table = methods(bundle)
+    table = methods(bundle, tuple(gammas))
+    if only is not None:
+        check_methods(only, gammas)
+        table = {name: entry for name, entry in table.items() if name in only or name.startswith("target-only")}
     outputs: dict[int, dict[str, dict[int, list[int]]]] = {}  # batch size -> method -> prompt -> its new tokens
     results: dict[str, dict] = {}
     logging.set_verbosity_error()  # assisted decoding's internal deprecation notices would break the progress bar
@@ -138,7 +159,27 @@ def run(bundle, num_prompts: int = 16, max_new_tokens: int = 64, batch_sizes=BAT
                    "identical_to_batch1_target_only": outputs[size][name] == outputs[min(outputs)]["target-only"],
                    **({"cache_layout": cache_layout(layouts[name])} if layouts[name] and "steps" in layouts[name][0] else {})}
             for name in names}
-    return {"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "gamma": GAMMA, "batch_sizes": list(batch_sizes), "results": results}
+    return {"num_prompts": len(prompts), "prompts": f"completion items {skip_prompts}..{skip_prompts + len(prompts) - 1} (seed 0)",
+            "reference_batch_size": min(outputs),  # "identical_to_batch1_target_only" compares with target-only at this batch size
+            "max_new_tokens": max_new_tokens, "gamma": gammas[0] if len(gammas) == 1 else list(gammas), "batch_sizes": list(batch_sizes),
+            "results": results}
+
+
+def check_methods(only, gammas) -> None:
+    """Raise ``ValueError`` naming the known methods if ``only`` holds a name :func:`methods` does not build."""
+    unknown = sorted(set(only) - set(method_names(gammas)))
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose among {method_names(gammas)}")
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,15 +189,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default="benchmarks/verification/cpu-batching.json")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-sizes", type=_positive_ints, default=BATCH_SIZES, help="comma-separated, e.g. 4,8")
+    parser.add_argument("--gammas", type=_positive_ints, default=(GAMMA,), help=f"the chain drafters' γ, comma-separated (default {GAMMA})")
+    parser.add_argument("--skip-prompts", type=int, default=0, help="start after the first N completion items (tune on items the bench does not report)")
+    parser.add_argument("--methods", type=lambda text: tuple(text.split(",")), default=None,
+                        help="comma-separated subset (both target-only baselines always run)")
     args = parser.parse_args(argv)
-    if args.num_prompts < 1 or args.max_new_tokens < 1:
-        parser.error("--num-prompts and --max-new-tokens must be positive")
+    if args.num_prompts < 1 or args.max_new_tokens < 1 or args.skip_prompts < 0:
+        parser.error("--num-prompts and --max-new-tokens must be positive, --skip-prompts 0 or more")
+    if args.methods is not None:
+        try:
+            check_methods(args.methods, args.gammas)
+        except ValueError as error:
+            parser.error(f"--methods: {error}")
     bundle = load_default()
-    result = {"meta": {**environment(bundle), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                       "command": "python -m hf_specdraft.bench.batching " + " ".join(argv if argv is not None else __import__("sys").argv[1:])},
-              **run(bundle, args.num_prompts, args.max_new_tokens)}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    command = "python -m hf_specdraft.bench.batching " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = save_run(bundle, args.output, command,
+                      run(bundle, args.num_prompts, args.max_new_tokens, args.batch_sizes, args.gammas, args.skip_prompts, args.methods))
     print(json.dumps(result["results"], indent=1))
     return 0
 

@@ -22,14 +22,13 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from ..generation import speculative_generate
-from .harness import environment
+from .harness import save_run
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KINDS = {"glide": "glide", "vanilla": "vanilla", "small_draft": "small"}  # bundle name -> shipped folder
@@ -139,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     generation = end_to_end(bundle, drafters, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, runs=args.runs)
     command = "python -m hf_specdraft.bench.draft_dtype" + "".join(
         f" --{k.replace('_', '-')} {getattr(args, k)}" for k in ("output", "repeats", "num_prompts", "max_new_tokens", "runs"))
-    result = {"meta": {**environment(bundle), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
-                       "prompts": "completion items 20..", "gamma": 3},
-              "draft_forward_ms": forwards, "end_to_end": generation}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    save_run(bundle, args.output, command, {"draft_forward_ms": forwards, "end_to_end": generation}, prompts="completion items 20..", gamma=3)
     print(json.dumps({"draft_forward_ms": forwards, "end_to_end": generation}, indent=1))
     return 0
 

@@ -87,7 +87,7 @@ def environment(bundle: DefaultBundle) -> dict:
 
     device = bundle.target.device
     return {
-        "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU: {cpu_model()}, {torch.get_num_threads()} threads",
         "device": str(device),
         "dtype": str(bundle.target.dtype).removeprefix("torch."),
         "draft_dtypes": {name: str(model.dtype).removeprefix("torch.") for name, model in drafters(bundle).items()},
@@ -98,6 +98,26 @@ def environment(bundle: DefaultBundle) -> dict:
         "target_parameters": sum(p.numel() for p in bundle.target.parameters()),
         "draft_parameters": sum(p.numel() for p in bundle.draft.parameters()) if bundle.draft is not None else None,
     }
+
+
+def save_run(bundle: DefaultBundle, output: str | Path, command: str, body: dict, **meta) -> dict:
+    """Write one bench run as JSON to ``output``: ``meta`` (:func:`environment`, date, the command, then ``meta``'s
+    items) and ``body``'s items beside it. Returns what it wrote."""
+    result = {"meta": {**environment(bundle), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command, **meta}, **body}
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what :mod:`platform` knows: runs on two VMs of one cloud
+    can differ by 1.5x in speed, and the JSON should say which CPU it came from."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else (platform.processor() or platform.machine())
 
 
 def drafters(bundle: DefaultBundle) -> dict:

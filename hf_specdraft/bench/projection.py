@@ -16,14 +16,13 @@ import contextlib
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from ..projection import few_token_linears, few_token_projection
-from .harness import environment
+from .harness import save_run
 
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
@@ -65,12 +64,10 @@ def main(argv: list[str] | None = None) -> int:
 
     bundle = load_default()
     milliseconds = time_forwards(bundle.target, prefix=args.prefix, repeats=args.repeats)
-    result = {"meta": {**environment(bundle), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "prefix": args.prefix, "repeats": args.repeats,
-                       "command": f"python -m hf_specdraft.bench.projection --output {args.output}"},
-              "milliseconds": milliseconds,
-              "ratio_to_one_token": {name: {n: ms / per_n["1"] for n, ms in per_n.items()} for name, per_n in milliseconds.items()}}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    result = save_run(bundle, args.output, f"python -m hf_specdraft.bench.projection --output {args.output}",
+                      {"milliseconds": milliseconds,
+                       "ratio_to_one_token": {name: {n: ms / per_n["1"] for n, ms in per_n.items()} for name, per_n in milliseconds.items()}},
+                      prefix=args.prefix, repeats=args.repeats)
     print(json.dumps(result["ratio_to_one_token"], indent=1))
     return 0
 

@@ -180,8 +180,9 @@ def batching_section(result: dict) -> str:
     """Throughput by batch size: batched speculative decoding against batched target-only ``generate`` (issue #14)."""
     meta, sizes = result["meta"], result["batch_sizes"]
     names = list(dict.fromkeys(name for size in sizes for name in result["results"][str(size)]))
+    gammas = f"γ {result['gamma']}" if isinstance(result["gamma"], int) else "the chain drafters' γ in their names"
     rows = ["## Batches", "", f"{meta['hardware']}, {meta['dtype']}; the same {result['num_prompts']} held-out completion prompts at every "
-            f"batch size, left-padded, {result['max_new_tokens']} new tokens (each row up to its eos), greedy, γ {result['gamma']}; "
+            f"batch size, left-padded, {result['max_new_tokens']} new tokens (each row up to its eos), greedy, {gammas}; "
             "methods interleaved batch by batch. Cells: generated tokens/s, then the ratio to target-only `generate` at that batch "
             "size, and to target-only with hf_specdraft's few-token linears (the projection the loop uses; on this CPU a "
             "few-row `nn.Linear` takes a slow BLAS path). = target: every row equals its own batch-1 target-only greedy output. "
@@ -198,10 +199,11 @@ def batching_section(result: dict) -> str:
             mal = f", MAL {r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else ""
             cells.append(f"{r['tokens_per_second']:.1f} ({r['vs_target_only']:.2f}× / {r['vs_target_only_fast_linears']:.2f}×{mal})")
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {'yes' if same else 'no'} |")
-    layouts = [(size, result["results"][str(size)]["glide"]["cache_layout"]) for size in sizes
-               if "cache_layout" in result["results"][str(size)].get("glide", {})]
+    glide = next((name for name in names if name.startswith("glide")), "glide")
+    layouts = [(size, result["results"][str(size)][glide]["cache_layout"]) for size in sizes
+               if "cache_layout" in result["results"][str(size)].get(glide, {})]
     if layouts:
-        rows += ["", "The ragged cache (GLIDE): each step gathers every row's kept columns into a right-aligned block. Gather ms per step "
+        rows += ["", f"The ragged cache ({glide}): each step gathers every row's kept columns into a right-aligned block. Gather ms per step "
                  "against the verification forward's, and the widest the cache got against the width a cache that only masks "
                  "rejected columns in place would have reached:", "",
                  "| batch | gather ms/step | verify ms/step | widest (repacked) | widest (holes) |", "|---:|---:|---:|---:|---:|"]

@@ -27,7 +27,6 @@ import copy
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -36,7 +35,7 @@ from transformers import DynamicCache, MistralConfig, MistralForCausalLM
 from ..generation import speculative_generate, verify_tree
 from ..projection import few_token_linears
 from ..tree import DraftTree, compact_cache, croppable_cache
-from .harness import environment
+from .harness import save_run
 
 TREE_PARENTS = [-1, 0, 1, -1, 0, 3, -1, 2]  # 8 nodes, depth up to 3, three roots: a CAPE-sized tree
 CHAIN_LENGTH = 4
@@ -161,12 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..defaults import load_default
 
     bundle = load_default()
-    result = run(bundle, window=args.window, repeats=args.repeats)
-    result = {"meta": {**environment(bundle), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "repeats": args.repeats,
-                       "command": f"python -m hf_specdraft.bench.sliding_window --window {args.window} --output {args.output}"},
-              **result}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    result = save_run(bundle, args.output, f"python -m hf_specdraft.bench.sliding_window --window {args.window} --output {args.output}",
+                      run(bundle, window=args.window, repeats=args.repeats), repeats=args.repeats)
     print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=1))
     return 0
 
