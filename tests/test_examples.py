@@ -34,6 +34,7 @@ def tiny_env(tmp_path_factory, tiny_default):
         ("generate_glide.py", ["--max-new-tokens", "8"], ["stock-assisted", "glide+cape", "= target-only: True"]),
         ("generate_cascade.py", ["--max-new-tokens", "12"], ["max-gram", "cascade", "= target-only: True"]),
         ("generate_casd.py", ["--max-new-tokens", "12"], ["casd-strict", "casd-conditional", "= target-only: True"]),
+        ("generate_batch.py", ["--max-new-tokens", "12"], ["few_token_linears", "each row = its batch-1 greedy: True", "row 3:"]),
     ],
 )
 def test_example_script_runs_tiny(script, args, expected, tiny_env, tmp_path):
@@ -50,6 +51,8 @@ def test_example_script_runs_tiny(script, args, expected, tiny_env, tmp_path):
         assert {"README.md", "model.safetensors", "config.json", "custom_generate", "training_log.json"} <= {p.name for p in (tmp_path / "glide").iterdir()}
     if script == "generate_glide.py":  # GLIDE alone: greedy speculative output equals target-only greedy
         assert done.stdout.count("= target-only: True") == 3
+    if script == "generate_batch.py":  # the batch equals batched target-only, with and without the linears
+        assert done.stdout.count("= target-only: True") == 2
 
 
 @pytest.mark.slow  # notebooks: ~8 s each through a kernel
