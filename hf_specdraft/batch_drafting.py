@@ -47,9 +47,10 @@ class BatchProposer:
     """
 
     target = None
+    forwards = 0  # draft forwards run for the whole batch (each one drafts a token for every active row)
 
-    def propose(self, texts: list[torch.Tensor], device: torch.device) -> list[DraftTree]:
-        """One proposal per row after its accepted text ``texts[a]`` `(L_a,)`."""
+    def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
+        """One proposal per row after its accepted text ``texts[a]`` `(L_a,)` (any device: the proposer drafts on its own)."""
         raise NotImplementedError
 
     def keep_rows(self, survivors: list[int]) -> None:
@@ -65,10 +66,11 @@ class BatchChainDrafter(BatchProposer):
             each keeps its sampling settings and forward counts; the cache lives here.
         cache: the draft's empty cache, built as the drafter builds its own.
         forward: one draft forward (see :data:`DraftForward`); it may read ``self.target`` (set per step).
+        device: the draft model's device, where its inputs are built (the target may sit elsewhere).
     """
 
-    def __init__(self, drafters: list, cache: DynamicCache, forward: DraftForward):
-        self.drafters, self.cache, self.forward = list(drafters), cache, forward
+    def __init__(self, drafters: list, cache: DynamicCache, forward: DraftForward, device: torch.device):
+        self.drafters, self.cache, self.forward, self.device = list(drafters), cache, forward, torch.device(device)
         self.num_draft_tokens = drafters[0].num_draft_tokens
         self.seen = [torch.zeros(0, dtype=torch.long) for _ in drafters]
         self.columns = [torch.zeros(0, dtype=torch.long) for _ in drafters]
@@ -83,11 +85,13 @@ class BatchChainDrafter(BatchProposer):
                 layer.keys, layer.values = layer.keys.index_select(0, index.to(layer.keys.device)), layer.values.index_select(0, index.to(layer.keys.device))
 
     @torch.no_grad()
-    def propose(self, texts: list[torch.Tensor], device: torch.device) -> list[DraftTree]:
+    def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
         """Draft a γ-token chain after each row's accepted text ``texts[a]`` `(L_a,)`; the forward may read :attr:`target`."""
         from .batched import repack_cache
 
-        keep = [common_prefix(seen, ids.to(seen.device)) for seen, ids in zip(self.seen, texts)]
+        device = self.device
+        texts = [t.to(device) for t in texts]
+        keep = [common_prefix(seen.to(device), ids) for seen, ids in zip(self.seen, texts)]
         if self.cache.layers and getattr(self.cache.layers[0], "keys", None) is not None and self.cache.layers[0].keys.numel():
             repack_cache(self.cache, [self.columns[a][: keep[a]] for a in range(len(texts))], torch.arange(len(texts)))
         width = max(keep)
@@ -105,9 +109,10 @@ class BatchChainDrafter(BatchProposer):
         tokens, probs = [], []
         for step in range(self.num_draft_tokens):
             logits = self.forward(ids, mask, positions)  # (A, V)
+            self.forwards += 1
             picked, q = [], []
             for a, drafter in enumerate(self.drafters):
-                context = torch.cat([texts[a].to(device)[None], *[t[a : a + 1] for t in tokens]], dim=-1)
+                context = torch.cat([texts[a][None], *[t[a : a + 1] for t in tokens]], dim=-1)
                 row_q = drafter.draft_distribution(logits[a : a + 1], context)
                 picked.append(drafter.pick(row_q))
                 q.append(row_q[0])
@@ -125,7 +130,7 @@ class BatchChainDrafter(BatchProposer):
         trees = []
         for a, drafter in enumerate(self.drafters):
             drafter.count_call("draft", self.num_draft_tokens)
-            self.seen[a] = torch.cat([texts[a].to(device), drafted[a, :-1]])
+            self.seen[a] = torch.cat([texts[a], drafted[a, :-1]])
             sampled = torch.ones(self.num_draft_tokens, dtype=torch.bool) if drafter.generation_config.do_sample else None
             trees.append(DraftTree.chain(drafted[a], q[a], sampled))
         return trees

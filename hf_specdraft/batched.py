@@ -26,13 +26,19 @@ state fresh); a list gives each row its own. A drafter that reads the target's c
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
-from transformers.generation import CandidateGenerator
+from transformers.generation import CandidateGenerator, LogitsProcessorList
+from transformers.generation.logits_process import (
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    UnbatchedClassifierFreeGuidanceLogitsProcessor,
+)
 
 from .drafting import TreeCandidateGenerator
 from .metrics import SpeculativeStats
@@ -100,6 +106,34 @@ def row_drafters(generator, batch: int) -> list[CandidateGenerator]:
     return [generator.fork() for _ in range(batch)]
 
 
+def row_processors(processors: LogitsProcessorList, row: int, batch: int) -> LogitsProcessorList:
+    """Row ``row``'s own copy of ``generate``'s logits processors, which were built for the whole batch.
+
+    The loop calls them on one row at a time, so state kept per batch row is cut to that row: the repetition
+    penalty's per-row padding lengths `(B,)`, the batch id ``prefix_allowed_tokens_fn`` receives, the unconditional
+    context of classifier-free guidance (one running cache per row). Every other processor is copied shallowly, so
+    state it creates on its first call (SynthID's) is the row's own.
+    """
+    if batch == 1:
+        return processors
+    own = LogitsProcessorList()
+    for processor in processors:
+        mine = copy.copy(processor)
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(processor.prompt_ignore_length, torch.Tensor):
+            mine.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+            allowed = processor._prefix_allowed_tokens_fn
+            mine._prefix_allowed_tokens_fn = lambda batch_id, sent, allowed=allowed: allowed(row + batch_id, sent)
+        elif isinstance(processor, UnbatchedClassifierFreeGuidanceLogitsProcessor):
+            context = dict(processor.unconditional_context)
+            for key in ("input_ids", "attention_mask"):
+                if isinstance(context[key], torch.Tensor) and context[key].shape[0] == batch:
+                    context[key] = context[key][row : row + 1]
+            mine.unconditional_context = context
+        own.append(mine)
+    return own
+
+
 @dataclass
 class _Row:
     """One request of the batch."""
@@ -109,6 +143,7 @@ class _Row:
     pad: int  # left padding of the prompt
     generator: CandidateGenerator
     out: object  # generation._Outputs
+    processor: LogitsProcessorList  # generate's processors with this row's state (row_processors)
     done: bool = False
 
     @property
@@ -176,18 +211,21 @@ def repack_cache(cache: DynamicCache, keep: list[torch.Tensor], rows: torch.Tens
         rows: `(A',)` the batch rows that survive (finished rows leave).
     """
     width = max(int(k.numel()) for k in keep)
-    device = cache.layers[0].keys.device
     index = torch.empty(len(keep), width, dtype=torch.long)
     for i, k in enumerate(keep):
         filler = k[:1] if k.numel() else torch.zeros(1, dtype=torch.long)
         index[i] = torch.cat([filler.expand(width - k.numel()), k])  # padding slots copy a kept column: finite, masked
-    flats: dict[tuple[int, int], torch.Tensor] = {}  # (heads, columns) -> flat indices of the kept (row, head, column) vectors
+    rows = rows.cpu()
+    flats: dict[tuple, torch.Tensor] = {}  # (heads, columns, device) -> flat indices of the kept (row, head, column) vectors
     for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or not layer.keys.numel():
+            continue  # a layer that holds nothing yet (pipeline-split or lazily built caches) has nothing to keep
         heads, columns = layer.keys.shape[1:3]
-        if (heads, columns) not in flats:
-            flats[heads, columns] = ((rows[:, None, None] * heads + torch.arange(heads)[None, :, None]) * columns
-                                     + index[:, None, :]).reshape(-1).to(device)
-        flat = flats[heads, columns]  # one index_select per tensor: 3x faster on CPU than gather with an expanded index
+        key = (heads, columns, layer.keys.device)
+        if key not in flats:  # layers may sit on several devices (device_map="auto")
+            flats[key] = ((rows[:, None, None] * heads + torch.arange(heads)[None, :, None]) * columns
+                          + index[:, None, :]).reshape(-1).to(layer.keys.device)
+        flat = flats[key]  # one index_select per tensor: 3x faster on CPU than gather with an expanded index
         layer.keys = layer.keys.reshape(-1, layer.keys.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
         layer.values = layer.values.reshape(-1, layer.values.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
 
@@ -195,7 +233,7 @@ def repack_cache(cache: DynamicCache, keep: list[torch.Tensor], rows: torch.Tens
 @torch.no_grad()
 def batched_loop(model, input_ids, lengths, logits_processor, stopping_criteria, generation_config, generator, acceptance, model_kwargs):
     """The speculative loop over a left-padded batch (see the module docstring). Returns what ``generate`` would."""
-    from .generation import SpeculativeGenerateOutput, _Outputs  # the batch-1 loop's pieces, applied per row
+    from .generation import SpeculativeGenerateOutput, _no_logits_kwargs, _Outputs  # the batch-1 loop's pieces, applied per row
 
     check_target(model)
     batch, padded = input_ids.shape
@@ -203,7 +241,8 @@ def batched_loop(model, input_ids, lengths, logits_processor, stopping_criteria,
     if isinstance(pad_token, torch.Tensor):
         pad_token = int(pad_token.flatten()[0])
     drafters = row_drafters(generator, batch)
-    rows = [_Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, _Outputs(SpeculativeStats())) for r, g in enumerate(drafters)]
+    rows = [_Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, _Outputs(SpeculativeStats()), row_processors(logits_processor, r, batch))
+            for r, g in enumerate(drafters)]
     for row in rows:
         if isinstance(row.generator, TreeCandidateGenerator):
             row.generator.prepare(model, generation_config)
@@ -214,7 +253,8 @@ def batched_loop(model, input_ids, lengths, logits_processor, stopping_criteria,
     if padded > 1:  # invariant: row a's text but its newest token sits in the cache's last rows[a].cached columns
         mask = (torch.arange(padded, device=device)[None] >= torch.tensor([r.pad for r in rows], device=device)[:, None]).long()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache, use_cache=True)
+        model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache, use_cache=True,
+              **_no_logits_kwargs(model))
         for layer in cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
             layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
     prefill = time.perf_counter() - start
@@ -226,17 +266,21 @@ def batched_loop(model, input_ids, lengths, logits_processor, stopping_criteria,
     if len(active) < batch:
         _drop_rows(cache, rows, active)
     with few_token_linears(model):
-        layout = _steps(model, cache, active, logits_processor, stopping_criteria, generation_config, acceptance)
+        layout = _steps(model, cache, active, stopping_criteria, generation_config, acceptance)
     return _batch_result(rows, generator, generation_config, pad_token, layout, SpeculativeGenerateOutput)
 
 
-def _steps(model, cache, active, logits_processor, stopping_criteria, generation_config, acceptance) -> dict:
+def _steps(model, cache, active, stopping_criteria, generation_config, acceptance) -> dict:
     """Speculative steps until every row is done: each row proposes, one forward verifies all, each row accepts.
 
     Returns what the cache layout cost: ``repack_seconds`` and ``steps`` (gathers), ``widest_repacked`` (the widest
     the repacked cache got) and ``holes_columns`` (how wide a cache masking rejected columns in place would have grown
-    from the prompt: the sum of every step's verified width)."""
-    layout = {"repack_seconds": 0.0, "steps": 0, "widest_repacked": cache.get_seq_length(), "holes_columns": cache.get_seq_length()}
+    from the prompt: the sum of every step's verified width); and the forwards run for the whole batch
+    (``target_forwards``; ``batch_draft_forwards``, `None` when rows draft one by one), which the result's
+    ``extra["batch_forwards"]`` reports: the rows' own statistics, and their merge, count a batch forward once in
+    every row it served."""
+    layout = {"repack_seconds": 0.0, "steps": 0, "widest_repacked": cache.get_seq_length(), "holes_columns": cache.get_seq_length(),
+              "target_forwards": 0, "batch_draft_forwards": None}
     from .generation import _TargetRows, emit_tokens, fit_proposal, propose, record_step, select_accepted
 
     device = active[0].ids.device if active else None
@@ -248,7 +292,7 @@ def _steps(model, cache, active, logits_processor, stopping_criteria, generation
         if together is not None:  # one draft forward of the whole batch per drafted token
             started = time.perf_counter()
             together.target = (cache, [row.cached for row in active])
-            proposals = together.propose([row.text[0] for row in active], device)
+            proposals = together.propose([row.text[0] for row in active])
             trees = [fit_proposal(tree, row.generator, model, generation_config.max_length - row.ids.shape[1])
                      for row, tree in zip(active, proposals)]
             draft_seconds = [(time.perf_counter() - started) / len(active)] * len(active)
@@ -259,11 +303,12 @@ def _steps(model, cache, active, logits_processor, stopping_criteria, generation
         t1 = time.perf_counter()
         ids, mask, positions = batch_verify_inputs(active, trees, columns, model.dtype, device)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).logits.float()
+        layout["target_forwards"] += 1
         t2 = time.perf_counter()
         keep, survivors = [], []
         for a, (row, tree) in enumerate(zip(active, trees)):
             q = 1 + len(tree)
-            target_rows = _TargetRows(logits[a, :q], row.ids, tree, logits_processor, generation_config)
+            target_rows = _TargetRows(logits[a, :q], row.ids, tree, row.processor, generation_config)
             path, next_token = select_accepted(target_rows, tree, acceptance, generation_config)
             row.ids, emitted, row.done = emit_tokens(row.ids, tree, path, next_token, target_rows, stopping_criteria, generation_config, row.out)
             kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]
@@ -283,6 +328,8 @@ def _steps(model, cache, active, logits_processor, stopping_criteria, generation
             layout["widest_repacked"] = max(layout["widest_repacked"], cache.get_seq_length())
             if together is not None and len(survivors) < len(trees):
                 together.keep_rows(survivors)
+    if together is not None:
+        layout["batch_draft_forwards"] = together.forwards
     return layout
 
 
@@ -308,7 +355,8 @@ def _batch_result(rows: list[_Row], generator, generation_config, pad_token, lay
         row.out.stats.drafter_calls = dict(getattr(row.generator, "forward_calls", {}))
         row_stats.append(row.out.stats)
     stats = SpeculativeStats.merge(row_stats)
-    stats.extra.update(batch_size=len(rows), cache_layout=layout)
+    forwards = {"target": layout.pop("target_forwards"), "draft": layout.pop("batch_draft_forwards")}
+    stats.extra.update(batch_size=len(rows), cache_layout=layout, batch_forwards=forwards)
     for drafter in {id(g): g for g in ([generator] if not isinstance(generator, (list, tuple)) else generator)}.values():
         try:
             drafter.last_stats = stats

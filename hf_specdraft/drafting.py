@@ -188,7 +188,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         return draft_chain(self, input_ids, next_logits, self.draft_model.device)
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
-        if not same_drafters(self, drafters, "draft_model"):
+        if not same_drafters(self, drafters, "draft_model", DraftModelCandidateGenerator):
             return None
         model, cache = self.draft_model, croppable_cache(self.draft_model)
 
@@ -196,14 +196,16 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
             return model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
                          logits_to_keep=1).logits[:, -1]
 
-        return BatchChainDrafter(drafters, cache, forward)
+        return BatchChainDrafter(drafters, cache, forward, model.device)
 
 
-def same_drafters(first: TreeCandidateGenerator, drafters: list[TreeCandidateGenerator], model_attribute: str) -> bool:
-    """Whether every row drafts as ``first`` does: same class, same model object, same γ (batched drafting needs it)."""
+def same_drafters(first: TreeCandidateGenerator, drafters: list[TreeCandidateGenerator], model_attribute: str, owner: type) -> bool:
+    """Whether every row drafts as ``first`` does (same class, same model object, same γ) and that class proposes
+    with ``owner``'s own :meth:`propose`, which the batch proposer stands in for: a subclass that overrides
+    ``propose`` drafts row by row, through its override."""
     model = getattr(first, model_attribute)
-    return all(type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens
-               for d in drafters)
+    return type(first).propose is owner.propose and all(
+        type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens for d in drafters)
 
 
 DrafterFactory = Callable[[PreTrainedModel, int], TreeCandidateGenerator]

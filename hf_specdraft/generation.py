@@ -113,7 +113,8 @@ def speculative_generate(
         )
     if input_ids is None:
         input_ids = kwargs.pop("inputs", None)
-    _check_input_ids(input_ids)
+    _check_input_ids(input_ids, model)
+    check_padding(kwargs.get("attention_mask"), input_ids)  # a mask of another shape or padded on the right fails here
     _resolve_generator(candidate_generator, draft_model, num_draft_tokens)  # fail before generate's preparation
     max_new_tokens = kwargs.get("max_new_tokens")
     if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens <= 0):
@@ -162,13 +163,24 @@ def _resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> Ca
     return candidate_generator
 
 
-def _check_input_ids(input_ids) -> None:
+def _check_input_ids(input_ids, model=None) -> None:
+    """A 2-D integer tensor of ids the model's embedding holds; a clear `ValueError` naming what is wrong otherwise."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(f"input_ids must be a 2-D LongTensor of shape (B, L), got {type(input_ids).__name__} {getattr(input_ids, 'shape', '')}")
     if input_ids.shape[0] == 0:
         raise ValueError("input_ids holds no rows: pass at least one prompt")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: the prompt needs at least one token")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype}")
+    embeddings = model.get_input_embeddings() if model is not None else None
+    vocab = getattr(embeddings, "num_embeddings", None)
+    if vocab is not None:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab:
+            raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the model's vocabulary [0, {vocab}): "
+                             "was the prompt tokenized with another model's tokenizer?")
+
 
 
 def _check_generation_setup(model, input_ids, generation_config, model_kwargs, cache: DynamicCache) -> None:
@@ -243,7 +255,7 @@ class _Outputs:
 @torch.no_grad()
 def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
     check_target(model)  # recurrent-state models are refused before any forward (hf_specdraft.support)
-    _check_input_ids(input_ids)
+    _check_input_ids(input_ids, model)
     lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
     if input_ids.shape[0] > 1 or int(lengths[0]) < input_ids.shape[1]:  # a batch, or one left-padded prompt
         check_batch_setup(model, generation_config, streamer, input_ids.shape[0])

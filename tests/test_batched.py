@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from transformers import StoppingCriteria, TextStreamer
@@ -190,3 +192,101 @@ def test_clear_errors_for_batches():
         empty = mask.clone()
         empty[1] = 0
         speculative_generate(target, ids, attention_mask=empty, **run)
+
+
+@pytest.mark.parametrize("processor", ["repetition_penalty", "prefix_allowed_tokens_fn", "guidance_scale"])
+def test_processors_that_keep_batch_state_see_their_own_row(processor):
+    """generate builds its processors for the whole batch: each row gets its padding length (repetition penalty),
+    its batch id (prefix constraint) and its own unconditional context (classifier-free guidance)."""
+    target = tiny_model("llama")
+    rows, ids, mask = padded_batch()
+    option = {"repetition_penalty": 1.5, "prefix_allowed_tokens_fn": lambda batch_id, sent: list(range(10 * batch_id + 1, 10 * batch_id + 11)),
+              "guidance_scale": 2.0}[processor]
+    run = dict(max_new_tokens=NEW_TOKENS, pad_token_id=0, **{processor: option})
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, **run)
+    out = speculative_generate(target, ids, attention_mask=mask, draft_model=tiny_model("llama", seed=3, num_hidden_layers=1), **run)
+    assert torch.equal(out, reference), (out[:, -NEW_TOKENS:].tolist(), reference[:, -NEW_TOKENS:].tolist())
+
+
+class _CountingDrafter(DraftModelCandidateGenerator):
+    """A subclass that proposes through its own propose: the batch must not draft around it."""
+
+    calls = 0
+
+    def propose(self, input_ids, target_cache=None):
+        type(self).calls += 1
+        return super().propose(input_ids, target_cache)
+
+
+def test_a_subclass_overriding_propose_drafts_row_by_row_through_it():
+    target = tiny_model("llama")
+    draft = tiny_model("llama", seed=3, num_hidden_layers=1)
+    assert _CountingDrafter(draft, 2).batch_drafter([_CountingDrafter(draft, 2)]) is None
+    assert CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 2), budget=4).batch_drafter is not None
+    rows, ids, mask = padded_batch()
+    _CountingDrafter.calls = 0
+    out = speculative_generate(target, ids, attention_mask=mask, candidate_generator=_CountingDrafter(draft, 2), max_new_tokens=NEW_TOKENS,
+                               return_dict_in_generate=True)
+    assert _CountingDrafter.calls == sum(s.num_steps for s in out.row_stats) > 0
+    assert out.speculative_stats.extra["batch_forwards"]["draft"] is None  # rows drafted one by one
+    assert_rows_match(out.sequences, rows, [greedy_reference(target, r[None], NEW_TOKENS) for r in rows])
+
+
+def test_batch_forwards_counted_once_and_per_row():
+    target = tiny_model("llama")
+    draft = tiny_model("llama", seed=3, num_hidden_layers=1)
+    rows, ids, mask = padded_batch()
+    drafter = DraftModelCandidateGenerator(draft, 3)
+    assert drafter.batch_drafter([drafter.fork(), drafter.fork()]).device == draft.device  # draft inputs go to the draft's device
+    out = speculative_generate(target, ids, attention_mask=mask, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
+    forwards = out.speculative_stats.extra["batch_forwards"]
+    assert forwards["target"] == max(s.num_steps for s in out.row_stats)  # one forward a step for every active row
+    assert forwards["draft"] == 3 * forwards["target"]
+    assert out.speculative_stats.drafter_calls["draft"] == sum(s.drafter_calls["draft"] for s in out.row_stats) > forwards["draft"]
+
+
+def test_batched_prefill_asks_for_no_logits(monkeypatch):
+    target = tiny_model("llama")
+    seen = []
+    forward = target.forward
+
+    @functools.wraps(forward)  # keeps forward's signature, which the loop reads
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("logits_to_keep"))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", recording)
+    rows, ids, mask = padded_batch()
+    speculative_generate(target, ids, attention_mask=mask, draft_model=tiny_model("llama", seed=3, num_hidden_layers=1), max_new_tokens=2)
+    assert seen[0] == 1  # the prompt's forward: the cache, not (B, L, V) logits
+
+
+def test_repack_skips_layers_that_hold_nothing():
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    from hf_specdraft.batched import repack_cache
+
+    cache = DynamicCache()
+    full, empty = DynamicLayer(), DynamicLayer()
+    full.lazy_initialization(torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4, 3))
+    full.keys = torch.arange(2 * 4 * 3, dtype=torch.float).view(2, 1, 4, 3)
+    full.values = full.keys.clone()
+    cache.layers = [full, empty]
+    repack_cache(cache, [torch.tensor([1, 3]), torch.tensor([2])], torch.tensor([0, 1]))
+    assert torch.equal(full.keys[0, 0], torch.arange(24, dtype=torch.float).view(2, 4, 3)[0, [1, 3]])
+    assert torch.equal(full.keys[1, 0], torch.arange(24, dtype=torch.float).view(2, 4, 3)[1, [2, 2]])  # left slot: a masked copy
+    assert empty.keys is None
+
+
+@pytest.mark.parametrize("case, message", [("1-D mask", "attention_mask must be a tensor"), ("list mask", "attention_mask must be a tensor"),
+                                           ("float ids", "integer token ids"), ("ids past the vocabulary", "outside the model's vocabulary"),
+                                           ("negative ids", "outside the model's vocabulary")])
+def test_clear_errors_for_bad_inputs(case, message):
+    target = tiny_model("llama")
+    rows, ids, mask = padded_batch()
+    inputs = {"1-D mask": dict(input_ids=ids[:1], attention_mask=mask[0]), "list mask": dict(input_ids=ids, attention_mask=mask.tolist()),
+              "float ids": dict(input_ids=ids.float()), "ids past the vocabulary": dict(input_ids=ids + VOCAB),
+              "negative ids": dict(input_ids=ids - 5)}[case]
+    with pytest.raises(ValueError, match=message):
+        speculative_generate(target, draft_model=tiny_model("llama", seed=3, num_hidden_layers=1), max_new_tokens=2, **inputs)

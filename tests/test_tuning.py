@@ -99,3 +99,29 @@ def test_save_run_writes_meta_and_body(tmp_path, monkeypatch):
     assert json.loads(out.read_text()) == written
     assert written["meta"]["hardware"] == "CPU: test" and written["meta"]["command"] == "python -m x" and written["meta"]["repeats"] == 3
     assert written["results"] == {"1": 2.0} and "date" in written["meta"]
+
+
+def test_batching_bench_checks_every_batch_size_against_the_smallest(monkeypatch):
+    """Given in any order, batch sizes run smallest first, so each is compared with the smallest's target-only output."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import hf_specdraft.defaults.tasks
+    from hf_specdraft.bench import batching
+
+    def fake(shifted):  # a "method" emitting 3 tokens per row; shifted ones change their tokens at batch size 2
+        def run(ids, mask, kwargs):
+            new = torch.full((ids.shape[0], 3), 5 + (shifted and ids.shape[0] == 2), dtype=torch.long)
+            return torch.cat([ids, new], dim=1), None
+        return run
+
+    monkeypatch.setattr(batching, "methods", lambda bundle, gammas: {"target-only": (fake(True), (1, 2)),
+                                                                     "target-only (few-token linears)": (fake(False), (1, 2))})
+    monkeypatch.setattr(hf_specdraft.defaults.tasks, "build_tasks", lambda task, count, seed: list(range(count)))
+    monkeypatch.setattr(batching, "prompt_ids", lambda tok, item: torch.tensor([[1, 2, 3]]))
+    result = batching.run(SimpleNamespace(tokenizer=SimpleNamespace(eos_token_id=0, pad_token_id=0)), num_prompts=4, batch_sizes=(2, 1))
+    assert result["reference_batch_size"] == 1 and result["batch_sizes"] == [1, 2]
+    assert result["results"]["1"]["target-only"]["identical_to_batch1_target_only"]
+    assert not result["results"]["2"]["target-only"]["identical_to_batch1_target_only"]
+    assert result["results"]["2"]["target-only (few-token linears)"]["identical_to_batch1_target_only"]

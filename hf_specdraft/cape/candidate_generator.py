@@ -122,7 +122,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
         """The wrapped drafter's batch proposer (one draft forward for every row), each row's chain then expanded;
         `None` in beam mode, or when the rows' CAPE settings or drafters differ."""
-        if self.scorer is not None or any(type(d) is not type(self) or d.config != self.config for d in drafters):
+        if (self.scorer is not None or type(self).propose is not CapeCandidateGenerator.propose  # an override proposes row by row
+                or any(type(d) is not type(self) or d.config != self.config for d in drafters)):
             return None
         inner = self.drafter.batch_drafter([d.drafter for d in drafters])
         return None if inner is None else _ExpandedBatch(drafters, inner)
@@ -157,8 +158,12 @@ class _ExpandedBatch(BatchProposer):
     def target(self, value) -> None:
         self.inner.target = value
 
-    def propose(self, texts: list[torch.Tensor], device: torch.device) -> list[DraftTree]:
-        return [cape.expand(chain) for cape, chain in zip(self.capes, self.inner.propose(texts, device))]
+    @property
+    def forwards(self) -> int:
+        return self.inner.forwards
+
+    def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
+        return [cape.expand(chain) for cape, chain in zip(self.capes, self.inner.propose(texts))]
 
     def keep_rows(self, survivors: list[int]) -> None:
         self.capes = [self.capes[a] for a in survivors]

@@ -101,7 +101,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
         """Every row's γ tokens in one GLIDE forward per token; each row glimpses its own columns of the target cache."""
-        if not same_drafters(self, drafters, "glide"):
+        if not same_drafters(self, drafters, "glide", GlideCandidateGenerator):
             return None
         glide, cache = self.glide, DynamicCache(config=self.glide.config)
 
@@ -114,7 +114,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             return glide(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
                          logits_to_keep=1, **glimpse).logits[:, -1]
 
-        batch = BatchChainDrafter(drafters, cache, forward)
+        batch = BatchChainDrafter(drafters, cache, forward, glide.device)
         return batch
 
     def beam_scorer(self, distribution) -> GlideTreeScorer:
