@@ -18,7 +18,7 @@ def test_logits_match_linear(rows):
     hidden = torch.randn(1, rows, model.config.hidden_size)
     head = model.get_output_embeddings()
     expected = nn.functional.linear(hidden, head.weight)
-    with torch.no_grad(), few_token_projection(model) as applied:
+    with torch.no_grad(), few_token_projection(model, orientation="transposed") as applied:
         got = head(hidden)
     assert applied and got.shape == expected.shape and got.is_contiguous()  # laid out as linear's: models view and complex-view it
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -34,7 +34,7 @@ def test_every_linear_of_a_forward(model_type, rows):
         expected = model(ids).logits
         calls = []
         original = torch.matmul
-        with few_token_linears(model) as swapped:
+        with few_token_linears(model, orientation="transposed") as swapped:
             torch.matmul = lambda a, b: calls.append(a.shape) or original(a, b)
             try:
                 got = model(ids).logits
@@ -78,6 +78,9 @@ def test_keeps_linear_under_autograd():
 
 
 def test_loop_uses_it_and_stays_lossless(monkeypatch):
+    import hf_specdraft.projection as projection
+
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: True)  # as calibrated on the AMD VMs
     model = tiny_model("qwen2", vocab_size=2048)
     prompt = torch.randint(0, 2048, (1, 9), generator=torch.Generator().manual_seed(3))
     reference = greedy_reference(model, prompt, 24)
@@ -89,3 +92,48 @@ def test_loop_uses_it_and_stays_lossless(monkeypatch):
     assert rows_seen and max(rows_seen) == 5  # [last token] + 4 drafts went through the transposed product
     assert len(rows_seen) > 2 * model.config.num_hidden_layers  # the decoder layers' projections too, not only the head
     assert not any("forward" in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_auto_follows_the_calibration_per_row_count(monkeypatch, faster):
+    import hf_specdraft.projection as projection
+
+    asked = []
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: asked.append(rows) or faster)
+    model = tiny_model("llama", vocab_size=512)
+    ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(0))
+    calls = []
+    original = torch.matmul
+    with torch.no_grad():
+        expected = model(ids).logits
+        with few_token_linears(model) as wrapped:
+            monkeypatch.setattr(torch, "matmul", lambda a, b: calls.append(a.shape) or original(a, b))
+            got = model(ids).logits
+            monkeypatch.setattr(torch, "matmul", original)
+            model(torch.randint(0, 512, (1, projection.MAX_CALIBRATED_ROWS + 1)))  # a prefill keeps linear, uncalibrated
+    assert wrapped > 7 and set(asked) == {9} and bool(calls) == faster
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_calibration_times_each_shape_once_and_is_recorded(monkeypatch):
+    import hf_specdraft.projection as projection
+
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
+    weight = torch.randn(96, 32)
+    first = projection.transposed_is_faster(weight, 3)
+    timed = []
+    monkeypatch.setattr(projection, "_seconds", lambda run: timed.append(run) or 0.0)
+    assert projection.transposed_is_faster(torch.randn(96, 32), 3) == first and not timed  # same shape, dtype, rows: cached
+    assert projection.transposed_is_faster(weight, 4) is False  # equal times: linear stays (W @ h.T must win by 10 %)
+    assert len(timed) == 2 * projection.CALIBRATION_REPEATS
+    assert projection.calibrated_choices() == [{"weight": [96, 32], "dtype": "float32", "rows": 3, "threads": torch.get_num_threads(), "transposed": first},
+                                               {"weight": [96, 32], "dtype": "float32", "rows": 4, "threads": torch.get_num_threads(), "transposed": False}]
+
+
+def test_linear_orientation_changes_nothing_and_a_bad_one_is_refused():
+    model = tiny_model("llama")
+    with few_token_linears(model, orientation="linear") as wrapped:
+        assert wrapped == 0 and not any("forward" in vars(m) for m in model.modules())
+    with pytest.raises(ValueError, match="orientation must be one of"):
+        with few_token_linears(model, orientation="fast"):
+            pass

@@ -1,6 +1,8 @@
 """What a verification forward costs: the default target over 1 + N tokens on its cache, with the model's own
 own linear layers, with :func:`hf_specdraft.projection.few_token_projection` (the output projection as ``W @ h.T``) and with
-:func:`hf_specdraft.projection.few_token_linears` (every linear layer so: what the loop uses), against a one-token forward.
+:func:`hf_specdraft.projection.few_token_linears` (every linear layer so), and with ``few_token_linears`` calibrated
+(``orientation="auto"``, what the loop uses: each few-row linear takes whichever orientation was faster on this CPU),
+against a one-token forward.
 
     python -m hf_specdraft.bench.projection --output benchmarks/verification/cpu-verification-cost.json
 
@@ -32,8 +34,9 @@ def time_forwards(model, prefix: int = 96, lengths=LENGTHS, repeats: int = 15, s
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.get_text_config().vocab_size
     cache = DynamicCache(config=model.config)
-    settings = {"model's own": contextlib.nullcontext, "few_token_projection": lambda: few_token_projection(model),
-                "few_token_linears": lambda: few_token_linears(model)}
+    settings = {"model's own": contextlib.nullcontext, "few_token_projection": lambda: few_token_projection(model, "transposed"),
+                "few_token_linears": lambda: few_token_linears(model, "transposed"),
+                "few_token_linears (auto)": lambda: few_token_linears(model)}  # what the loop uses: calibrated per machine
     samples = {name: {n: [] for n in lengths} for name in settings}
     with torch.no_grad():
         model(torch.randint(0, vocab, (1, prefix), generator=g), past_key_values=cache, use_cache=True)

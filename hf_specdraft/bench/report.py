@@ -128,7 +128,8 @@ def verification_section(result: dict) -> str:
     rows = ["## Verification cost", "", f"A target forward over n new tokens on a {result['meta']['prefix']}-token cache, relative to a "
             f"one-token forward (median of {result['meta']['repeats']}), {result['meta']['hardware']}, {result['meta']['dtype']}; "
             f"one-token forward {result['milliseconds'][next(iter(ratios))]['1']:.1f} ms. `few_token_projection` computes the output "
-            f"projection as `W @ h.T`, `few_token_linears` every linear layer (what the loop uses on CPU, `hf_specdraft/projection.py`). Command: `{result['meta']['command']}`.", "",
+            f"projection as `W @ h.T`, `few_token_linears` every linear layer; `few_token_linears (auto)` (what the loop uses on CPU, "
+            f"`hf_specdraft/projection.py`; absent in older runs) takes `W @ h.T` only where it timed faster on this CPU. Command: `{result['meta']['command']}`.", "",
             "| linear layers | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
     rows += [f"| {name} | " + " | ".join(f"{per_n[n]:.2f}" for n in lengths) + " |" for name, per_n in ratios.items()]
     return "\n".join(rows) + "\n"
@@ -148,6 +149,23 @@ def draft_dtype_section(result: dict) -> str:
     for name, r in result["end_to_end"].items():
         mal = "–" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
         rows.append(f"| {name} | {r['speedup_vs_target_only']:.2f}× | {mal} | {'yes' if r['equals_target_only'] else 'no'} |")
+    return "\n".join(rows) + "\n"
+
+
+def glide_glimpse_section(result: dict) -> str:
+    """What GLIDE's glimpse of the target cache is worth, teacher-forced: by cache delay, and by the target layer read."""
+    meta = result["meta"]
+    rows = ["## GLIDE's glimpse", "", f"The shipped GLIDE and its vanilla twin teacher-forced on {meta['prompts']} (held-out files), "
+            f"{meta['hardware']}: α = 1 − TV(p, q) against the target's top-8 and greedy agreement, positions {meta['skip']} onwards. "
+            "Delay d: the token at j glimpses target keys up to j − d (the loop's first drafted token has d = 1, the γ-th d = γ). "
+            f"Run {meta.get('date', '')}. Command: `{meta['command']}`.", "", "| drafter | α | agreement |", "|---|---:|---:|"]
+    rows += [f"| {name} | {r['alpha']:.3f} | {r['agreement']:.3f} |" for name, r in result["glimpse"].items()]
+    if result.get("layers"):
+        rows += ["", f"Which target layer to read (the shipped GLIDE reads {result['shipped_layer']}): GLIDE's cross-attention re-initialised "
+                 "and the draft fine-tuned on the same train-split windows for each layer (delay 1); the vanilla twin fine-tuned alike:", "",
+                 "| drafter | α | agreement | last loss |", "|---|---:|---:|---:|"]
+        rows += [f"| {name} | {r['alpha']:.3f} | {r['agreement']:.3f} | {r['last_loss']:.3f} |" if "last_loss" in r else
+                 f"| {name} | {r['alpha']:.3f} | {r['agreement']:.3f} | – |" for name, r in result["layers"].items()]
     return "\n".join(rows) + "\n"
 
 
@@ -249,6 +267,9 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
     draft_dtype = results_dir.parent / "verification" / "cpu-draft-dtype.json"
     if draft_dtype.is_file():
         parts.append(draft_dtype_section(json.loads(draft_dtype.read_text())))
+    glimpse = results_dir.parent / "verification" / "cpu-glide-glimpse.json"
+    if glimpse.is_file():
+        parts.append(glide_glimpse_section(json.loads(glimpse.read_text())))
     sliding = results_dir.parent / "verification" / "cpu-sliding-window.json"
     if sliding.is_file():
         parts.append(sliding_window_section(json.loads(sliding.read_text())))

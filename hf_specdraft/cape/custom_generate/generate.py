@@ -153,7 +153,7 @@ def _cape_loop(model, drafter, input_ids, max_length, eos_ids, gamma, schedule, 
     """Draft → expand → verify in one forward → accept → compact, until max_length or EOS."""
     cache = DynamicCache(config=model.config)
     cache.activate_past_recording()  # sliding-window layers keep every key until compaction trims them (tree.trim_windows)
-    with few_token_linears(model):  # CPU: every linear of a few-token verification as W @ h.T (projection.py)
+    with few_token_linears(model):  # CPU: each few-token linear as W @ h.T where this CPU runs that faster (projection.py)
         return _cape_steps(model, drafter, input_ids, cache, max_length, eos_ids, gamma, schedule, budget, streamer)
 
 
