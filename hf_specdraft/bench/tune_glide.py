@@ -1,9 +1,10 @@
 """Tune GLIDE's γ and CAPE's verification budget for a target on this hardware (glide_cape §5.1, §5.3).
 
 The paper fixes γ = 5 and a 32-token budget for 7B-33B targets on GPUs, where a 32-token verification costs
-about what a 1-token one does. On a small target on a CPU it does not (SmolLM2-135M, 2 cores, the loop's transposed linears:
-2–4 tokens ≈ 1.0–1.1×, 6 ≈ 1.4×, 12 ≈ 1.9×, 32 ≈ 2.3× a one-token forward), so both are tuned here — on completion items after the bench's own
-prompts, ranked by wall-time ratio against target-only measured in the same run (methods interleaved)::
+about what a 1-token one does. On a small target on a CPU it does not, and the cost curve differs between CPUs
+(SmolLM2-135M, 2 cores: 2–4 tokens ≈ 1.0–1.1×, 6 ≈ 1.4× a one-token forward on an AMD EPYC VM; 2–3 tokens ≈ 1.0–1.1×,
+4 ≈ 1.5× on an AVX-512 Xeon VM; ``python -m hf_specdraft.bench.projection``), so both are tuned per machine — on completion
+items after the bench's own prompts, ranked by wall-time ratio against target-only measured in the same run (methods interleaved)::
 
     python -m hf_specdraft.bench.tune_glide --num-prompts 6 --output benchmarks/results/cpu-tune-glide.json
 """
@@ -14,7 +15,7 @@ from .methods import METHODS, Method, _speculative, _with_expansion_sizes, regis
 from .tuning import run_tuning, tuning_parser
 
 GAMMAS = (1, 2, 3, 4, 5)
-CAPE_SETTINGS = ((1, 3), (2, 3), (2, 5), (3, 5), (3, 7), (4, 7), (3, 12))  # (γ, budget): a budget of B verifies ≤ B + 1 tokens
+CAPE_SETTINGS = ((1, 2), (2, 2), (1, 3), (2, 3), (2, 5), (3, 5), (3, 7), (4, 7), (3, 12))  # (γ, budget): a budget of B verifies ≤ B + 1 tokens
 
 
 def register_grid() -> tuple[list[str], list[str]]:
