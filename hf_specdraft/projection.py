@@ -22,25 +22,33 @@ vocabulary projection took 2.3 / 2.3 / 4.4 ms with ``linear`` at M = 1 / 2 / 4 a
 ``W @ h.T``, and a whole verification forward over 2 tokens cost 1.03× a one-token forward with the model's own
 linears against 2.24× transposed. So :func:`few_token_linears` measures it: by default (``orientation="auto"``)
 each few-row linear runs ``W @ h.T`` only where :func:`transposed_is_faster` timed it at least 10 % faster for
-that weight shape and row count on this machine (timed once per process, on the layer's own weight).
+that weight shape and row count on this machine (timed once per process, on copies of the layer's weight).
 
 A one-row ``linear`` is a matrix-vector product that streams each weight once; a few-row one should cost
-about the same, and on the AMD VM as ``W @ h.T`` it did. :func:`few_token_linears` wraps the forward of every plain CPU
-``nn.Linear`` of a model while the loop runs (through the model's own forward,
-so soft-capping, logit scales and ``logits_to_keep`` still apply); a one-row forward (and every GPU) keeps
-``linear``. Both are fp32 dot products of the same numbers; only the summation blocking differs (≤ 1e-4 on
-the default's logits), as it already does between a 1-row and a 6-row ``linear``.
+about the same, and on the AMD VM as ``W @ h.T`` it did. There the one-row product itself ran on one core (MKL's
+fp32 matrix-vector path), while two rows as ``W @ h.T`` use both, so a one-row input is computed as two (the row
+twice, the first column kept) where that times faster. Streamed like a forward (60 distinct decoder weights, the
+AMD VM of 2026-11-25), a one-row fp32 ``linear`` took 2.4-3.1x as long as the padded product; in bf16 the
+matrix-vector path was the faster one (the padded product 1.5-2x slower), and bf16 weights are left alone.
+
+:func:`few_token_linears` wraps the forward of every plain CPU fp32 ``nn.Linear`` of a model inside the block
+(through the model's own forward, so soft-capping, logit scales and ``logits_to_keep`` still apply); GPUs and
+every other dtype keep ``linear``. Both are fp32 dot products of the same numbers; only the summation blocking
+differs (≤ 1e-4 on the default's logits), as it already does between a 1-row and a 6-row ``linear``.
 
 A whole forward of the default target over n new tokens on a 96-token cache, relative to a one-token
-forward (``python -m hf_specdraft.bench.projection``, median of 15, the AMD VM)::
+forward (``python -m hf_specdraft.bench.projection``, median of 15, an AMD VM of 2026-11-24, before the one-row
+path: each row relative to the model's own one-token forward)::
 
     n                        2      3      4      6      8     12     32
     model's own           1.65   2.05   1.96   1.83   1.85   1.97   2.61
     output projection     1.53   1.76   1.74   1.70   1.80   2.03   2.66
     every linear          0.96   1.21   1.07   1.39   1.49   1.88   2.30
 
-A one-token ``linear`` runs on one core here (a matrix-vector product); two rows as ``W @ h.T`` use both,
-which is why n = 2 costs less than n = 1.
+With the one-row path (the AMD VM of 2026-11-25; ``benchmarks/verification/``) the one-token forward itself
+fell from 56 to 38 ms, and plain greedy ``generate`` inside ``few_token_linears`` from 16.3 to 25.1 tokens/s,
+token-identical: on such a CPU it is the fair target-only baseline, and the bench runs it
+(``target-only+linears``).
 
 This module imports torch only: :func:`hf_specdraft.cape.write_custom_generate` writes it, as it is, into the
 ``custom_generate/`` folder a checkpoint ships.
@@ -60,6 +68,8 @@ ORIENTATIONS = ("auto", "transposed", "linear")
 MAX_CALIBRATED_ROWS = 64  # past this a forward is an ordinary GEMM (a prefill): linear's own path
 SWITCH_MARGIN = 0.9  # W @ h.T must beat linear by 10 % in calibration: noise never moves a model off its own path
 CALIBRATION_REPEATS = 5
+CALIBRATION_BYTES = 64 * 2**20  # more than a 2-core VM's cache share: calibration streams weights as a forward does
+MAX_CALIBRATION_COPIES = 256  # tiny test models' weights: a few hundred suffice, thousands would only take time
 _FASTER_TRANSPOSED: dict[tuple, bool] = {}
 
 
@@ -71,17 +81,23 @@ def _seconds(run) -> float:
 
 def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
     """Whether ``W @ h.T`` beats ``linear(h, W)`` for ``rows`` rows on this machine, timed once per weight shape,
-    dtype, row count and thread count on ``weight`` itself (both interleaved, median of ``CALIBRATION_REPEATS``).
+    dtype, row count and thread count (both interleaved, median of ``CALIBRATION_REPEATS``).
 
-    The answer depends on the CPU's BLAS kernels: 2-4x in favour of the transposed product on the AMD EPYC VMs
-    measured in the module docstring, 1.5-3x against it on an AVX-512 Xeon (both fp32, MKL, torch 2.13), so it is
-    measured, not assumed. Takes ~0.1 s the first time for a 49K-row vocabulary projection, microseconds after."""
+    Timed as a forward runs them: on copies of ``weight`` that together exceed ``CALIBRATION_BYTES``, each used once
+    per pass, so every weight is streamed from memory as in a model's forward, not read from the cache (from the
+    cache a one-row ``linear`` of a decoder layer's weights looked as fast as the two-row product; streamed, on the
+    AMD VM, it was 2.4-2.7x slower). The answer depends on the CPU's BLAS kernels: 2-4x in favour of the transposed
+    product on the AMD EPYC VMs measured in the module docstring, 1.5-3x against it on an AVX-512 Xeon (both fp32,
+    MKL, torch 2.13), so it is measured, not assumed. Takes ~0.1 s the first time per shape and row count (2-3 s for
+    a model and the row counts a generation uses), microseconds after."""
     key = (tuple(weight.shape), weight.dtype, rows, torch.get_num_threads())
     if key not in _FASTER_TRANSPOSED:
         hidden = torch.randn(rows, weight.shape[1], dtype=weight.dtype, generator=torch.Generator().manual_seed(rows))
+        copies = min(MAX_CALIBRATION_COPIES, max(1, -(-CALIBRATION_BYTES // (weight.numel() * weight.element_size()))))
         with torch.no_grad():
-            linear = lambda: nn.functional.linear(hidden, weight)  # noqa: E731
-            transposed = lambda: torch.matmul(weight, hidden.T).T.contiguous()  # noqa: E731
+            weights = [weight.detach().clone() for _ in range(copies)]
+            linear = lambda: [nn.functional.linear(hidden, w) for w in weights]  # noqa: E731
+            transposed = lambda: [_transposed_product(w, hidden) for w in weights]  # noqa: E731
             linear(), transposed()  # warm-up: first-call allocations
             seconds = {"linear": [], "transposed": []}
             for _ in range(CALIBRATION_REPEATS):  # interleaved, so a burst of other work hits both
@@ -89,6 +105,17 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
                 seconds["transposed"].append(_seconds(transposed))
         _FASTER_TRANSPOSED[key] = statistics.median(seconds["transposed"]) < SWITCH_MARGIN * statistics.median(seconds["linear"])
     return _FASTER_TRANSPOSED[key]
+
+
+def _transposed_product(weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``linear(flat, weight)`` as ``W @ h.T``: ``flat`` `(M, d_in)` -> `(M, d_out)`, laid out as linear's.
+
+    One row is computed as two (the row twice, the first column kept): ``W @ h.T`` of a single row is the same
+    matrix-vector product as ``linear``'s, which MKL ran on one core on the AMD EPYC VM; as a two-column GEMM it
+    streams the weight on both (the module docstring's table)."""
+    if flat.shape[0] == 1:
+        return torch.matmul(weight, flat.repeat(2, 1).T)[:, :1].T.contiguous()
+    return torch.matmul(weight, flat.T).T.contiguous()  # the BLAS' fast orientation for small M on some CPUs
 
 
 def calibrated_choices() -> list[dict]:
@@ -100,12 +127,11 @@ def calibrated_choices() -> list[dict]:
 def _transposed_linear(module: nn.Linear, original, orientation: str):
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
         rows = hidden_states.numel() // max(hidden_states.shape[-1], 1)
-        if hidden_states.dim() < 2 or rows <= 1 or hidden_states.requires_grad or (module.weight.requires_grad and torch.is_grad_enabled()):
+        if hidden_states.dim() < 2 or rows < 1 or hidden_states.requires_grad or (module.weight.requires_grad and torch.is_grad_enabled()):
             return original(hidden_states)
         if orientation == "auto" and (rows > MAX_CALIBRATED_ROWS or not transposed_is_faster(module.weight, rows)):
             return original(hidden_states)
-        flat = hidden_states.reshape(rows, hidden_states.shape[-1])  # (M, d_in)
-        out = torch.matmul(module.weight, flat.T).T.contiguous()  # (M, d_out): the BLAS' fast orientation for small M; laid out as linear's
+        out = _transposed_product(module.weight, hidden_states.reshape(rows, hidden_states.shape[-1]))  # (M, d_out)
         if module.bias is not None:
             out = out + module.bias
         return out.reshape(*hidden_states.shape[:-1], out.shape[-1])
@@ -135,13 +161,14 @@ def _transposed(modules: Iterable[nn.Module], orientation: str = "auto") -> Iter
 
 @contextlib.contextmanager
 def few_token_linears(model: nn.Module, orientation: str = "auto") -> Iterator[int]:
-    """Compute the plain CPU ``nn.Linear`` layers of ``model`` as ``W @ h.T`` for multi-row inputs inside the block,
-    where that is faster on this machine.
+    """Compute the plain CPU fp32 ``nn.Linear`` layers of ``model`` as ``W @ h.T`` inside the block (a one-row input as two
+    rows), where that is faster on this machine: for a few-token verification and, on CPUs whose one-row product runs on
+    one core, for plain decoding too (``with few_token_linears(model): model.generate(...)``).
 
     Args:
         orientation: ``"auto"`` (default): per weight shape and row count, whichever orientation
             :func:`transposed_is_faster` measured faster (the model's own ``linear`` unless ``W @ h.T`` wins by 10 %);
-            ``"transposed"``: always ``W @ h.T`` for 2+ rows; ``"linear"``: nothing changes.
+            ``"transposed"``: always ``W @ h.T`` up to any row count; ``"linear"``: nothing changes.
 
     Applies only to modules where it cannot change which code runs (see the module docstring); others keep
     their forward. Yields how many modules it wrapped (0 on GPU and with ``"linear"``). Restores each module's own

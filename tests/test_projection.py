@@ -137,3 +137,51 @@ def test_linear_orientation_changes_nothing_and_a_bad_one_is_refused():
     with pytest.raises(ValueError, match="orientation must be one of"):
         with few_token_linears(model, orientation="fast"):
             pass
+
+
+def test_one_row_runs_as_two(monkeypatch):
+    """A one-row W @ h.T is linear's own matrix-vector product: it is computed as a two-column GEMM, first column kept."""
+    import hf_specdraft.projection as projection
+
+    model = tiny_model("llama", vocab_size=1024)
+    head = model.get_output_embeddings()
+    hidden = torch.randn(1, 1, model.config.hidden_size)
+    columns, original = [], torch.matmul
+    with torch.no_grad(), few_token_projection(model, orientation="transposed"):
+        monkeypatch.setattr(torch, "matmul", lambda a, b: columns.append(b.shape[-1]) or original(a, b))
+        got = head(hidden)
+        monkeypatch.setattr(torch, "matmul", original)
+    assert columns == [2] and got.shape == (1, 1, 1024) and got.is_contiguous()
+    torch.testing.assert_close(got, nn.functional.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: False)
+    with torch.no_grad(), few_token_linears(model):  # auto, calibrated slower: linear's own path
+        monkeypatch.setattr(torch, "matmul", lambda a, b: columns.append(b.shape[-1]) or original(a, b))
+        head(hidden)
+    assert columns == [2]
+
+
+def test_calibration_streams_copies_of_the_weight(monkeypatch):
+    import hf_specdraft.projection as projection
+
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
+    monkeypatch.setattr(projection, "CALIBRATION_BYTES", 96 * 32 * 4 * 3)  # three copies of a (96, 32) fp32 weight
+    seen = []
+    original = nn.functional.linear
+    monkeypatch.setattr(nn.functional, "linear", lambda h, w: seen.append(w.data_ptr()) or original(h, w))
+    weight = torch.randn(96, 32)
+    projection.transposed_is_faster(weight, 1)
+    assert len(set(seen)) == 3 and weight.data_ptr() not in seen  # each pass reads three distinct copies, as a forward reads its layers
+    assert len(seen) == 3 * (1 + projection.CALIBRATION_REPEATS)
+
+
+def test_report_renders_one_verification_table_per_cpu():
+    from hf_specdraft.bench.report import verification_section
+
+    def run(hardware, one, two):
+        meta = {"hardware": hardware, "dtype": "float32", "prefix": 96, "repeats": 15, "command": "python -m hf_specdraft.bench.projection"}
+        return {"meta": meta, "milliseconds": {"model's own": {"1": one, "2": two}}, "ratio_to_one_token": {"model's own": {"1": 1.0, "2": two / one}}}
+
+    text = verification_section([run("CPU: AMD EPYC, 2 threads", 56.0, 84.0), run("CPU: Intel(R) Xeon(R), 2 threads", 30.0, 31.5)])
+    assert text.count("| linear layers | n=1 | n=2 |") == 2 and "| model's own | 1.00 | 1.50 |" in text and "| model's own | 1.00 | 1.05 |" in text
+    assert "AMD EPYC" in text and "Xeon" in text and "model's own 56.0" in text
+    assert text.count("before the one-row path") == 2  # neither run recorded a one-row calibration
