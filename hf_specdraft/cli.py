@@ -54,7 +54,7 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
 
 # One method per idea, so the demo stays a few minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
 DEMO_METHODS = {
-    "completion": ("target-only", "stock-assisted", "prompt-lookup", "draft-model", "glide", "glide+cape", "max-gram", "cascade-1draft-tuned"),
+    "completion": ("target-only", "target-only+linears", "stock-assisted", "prompt-lookup", "draft-model", "glide", "glide+cape", "max-gram", "cascade-1draft-tuned"),
     "context": ("target-only", "prompt-lookup", "max-gram", "casd-strict"),  # CASD drafts from a context: its own table
 }
 
@@ -84,6 +84,8 @@ def cmd_demo(args) -> int:
 DEMO_LEGEND = (
     "speedup: wall time of target-only / wall time of the method on the same prompts in the same run (median of the repeats per "
     "prompt); below 1 the method is slower: a slowdown. per-prompt range: the lowest and highest of those ratios over the prompts. "
+    "vs +linears: the same against target-only+linears, plain greedy generate inside few_token_linears (the few-row linears in the "
+    "orientation this CPU runs fastest, as our loop uses them; on some CPUs that makes plain decoding itself 1.5x faster). "
     "MAL: mean accepted length, tokens per target forward of the speculative loop. α: the paper's acceptance rate, 1 - TV(p, q) per "
     "judged draft position (drafters with a distribution q). acc/pos: accepted / judged draft positions. tok/call: tokens per "
     "target forward. =target: output identical to target-only greedy (CASD's conditional rules may differ by design). edit sim: "

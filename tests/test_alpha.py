@@ -155,4 +155,4 @@ def test_report_shows_older_files_accepted_per_drafted_under_its_own_name():
             "seed": 0, "versions": {"torch": "2", "transformers": "5"}, "target_parameters": 1e6}
     old = bench_section("old", {"meta": meta, "summary": {"glide": {"acceptance_rate": 0.123}}})
     row = next(line for line in old.splitlines() if line.startswith("| glide"))
-    assert row.split(" | ")[5:8] == ["–", "–", "0.123"]  # α, acc/pos, acc/drafted (after tok/s, speedup, per-prompt range)
+    assert row.split(" | ")[6:9] == ["–", "–", "0.123"]  # α, acc/pos, acc/drafted (after tok/s, speedup, per-prompt range, vs +linears)

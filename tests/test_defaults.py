@@ -132,7 +132,7 @@ def test_bench_json_schema(tiny_default, tmp_path):
     from hf_specdraft.bench import BenchConfig, run_bench
 
     bundle = load_default(tiny_default[0])
-    config = BenchConfig(methods=("target-only", "draft-model", "null-drafter", "prompt-lookup", "stock-assisted"), num_prompts=2, max_new_tokens=8, warmup=0,
+    config = BenchConfig(methods=("target-only", "target-only+linears", "draft-model", "null-drafter", "prompt-lookup", "stock-assisted+linears"), num_prompts=2, max_new_tokens=8, warmup=0,
                          repeats=2)
     result = run_bench(bundle, config, output=tmp_path / "bench.json")
     saved = json.loads((tmp_path / "bench.json").read_text())
@@ -143,6 +143,7 @@ def test_bench_json_schema(tiny_default, tmp_path):
         assert s["equals_target_only"] == 1.0, name  # every baseline here is lossless
         assert s["speedup_vs_target_only"] > 0
     assert saved["summary"]["draft-model"]["mean_accepted_length"] >= 1
+    assert all(s["speedup_vs_target_only_linears"] > 0 for s in saved["summary"].values())
     assert len(saved["records"]) == 2 * 2 * len(config.methods) and {r["repeat"] for r in saved["records"]} == {0, 1}
     assert all(s["repeats"] == 2 and s["speedup_spread"]["min"] <= s["speedup_vs_target_only"] * 1.0001 or s["prompts"] > 1
                for s in saved["summary"].values())

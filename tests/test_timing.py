@@ -57,6 +57,20 @@ def test_summary_uses_the_median_of_repeats_and_reports_the_spread():
     assert table.startswith("WARNING: these speed ratios are unreliable") and "0.50-2.00" in table and "slowdown 1.50x" in table
 
 
+def test_summary_adds_the_ratio_against_the_fast_baseline_when_it_ran():
+    records = []
+    for prompt, (base, fast, m) in enumerate([(2.0, 1.0, 0.5), (4.0, 3.0, 1.5)]):
+        records += [_record("target-only", prompt, 0, base), _record("target-only+linears", prompt, 0, fast), _record("m", prompt, 0, m)]
+    summary = summarize(records, ("target-only", "target-only+linears", "m"))
+    assert summary["m"]["speedup_vs_target_only"] == pytest.approx(6.0 / 2.0)
+    assert summary["m"]["speedup_vs_target_only_linears"] == pytest.approx(4.0 / 2.0)
+    assert summary["target-only+linears"]["speedup_vs_target_only_linears"] == pytest.approx(1.0)
+    assert "speedup_vs_target_only_linears" not in summarize(records[:1] + records[2:3], ("target-only", "m"))["m"]
+    table = format_table(summary).splitlines()
+    assert "vs +linears" in table[0] and "2.00x" in table[-1]  # m's row: 3x against plain target-only, 2x against the fast one
+    assert "vs +linears" not in format_table(summarize(records[:1] + records[2:3], ("target-only", "m")))
+
+
 def test_speed_words():
     assert speed_word(1.3) == "1.30x faster" and speed_word(0.5) == "slowdown 2.00x" and speed_word(1.0) == "same speed"
 

@@ -4,7 +4,7 @@ own linear layers, with :func:`hf_specdraft.projection.few_token_projection` (th
 (``orientation="auto"``, what the loop uses: each few-row linear takes whichever orientation was faster on this CPU),
 against a one-token forward.
 
-    python -m hf_specdraft.bench.projection --output benchmarks/verification/cpu-verification-cost.json
+    python -m hf_specdraft.bench.projection --output benchmarks/verification/cpu-verification-cost-amd-epyc.json
 
 Median of ``--repeats`` forwards per length after a warm-up, both settings interleaved per repeat, on a
 prefix of ``--prefix`` random tokens (the cache is cropped back after each forward). A ratio near 1 means
@@ -56,7 +56,7 @@ def time_forwards(model, prefix: int = 96, lengths=LENGTHS, repeats: int = 15, s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default="benchmarks/verification/cpu-verification-cost.json")
+    parser.add_argument("--output", default="benchmarks/verification/cpu-verification-cost-amd-epyc.json")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--prefix", type=int, default=96)
     args = parser.parse_args(argv)

@@ -15,7 +15,8 @@ from ..defaults import SMOLLM2_DRAFTERS_DIR
 from ..glide.model_card import training_stages
 from .plots import make_plots, plot_paths
 
-COLUMNS = [("tok/s", "tokens_per_second", ".1f"), ("speedup", "speedup_vs_target_only", ".2f"), ("per-prompt range", "speedup_spread", "range"), ("MAL", "mean_accepted_length", ".2f"),
+COLUMNS = [("tok/s", "tokens_per_second", ".1f"), ("speedup", "speedup_vs_target_only", ".2f"), ("per-prompt range", "speedup_spread", "range"),
+           ("speedup vs target-only+linears", "speedup_vs_target_only_linears", ".2f"), ("MAL", "mean_accepted_length", ".2f"),
            ("α", "alpha", ".3f"), ("acc/pos", "position_acceptance_rate", ".3f"), ("acc/drafted", "accepted_per_drafted", ".3f"),
            ("c", "cost_coefficient", ".3f"), ("E(speedup)", "expected_speedup", ".2f"), ("verify tok/step", "verification_tokens_per_step", ".1f"), ("draft ms/step", "draft_ms_per_step", ".2f"), ("expansion ms/step", "expansion_ms_per_step", ".2f"),
            ("tok/target call", "tokens_per_target_call", ".2f"), ("SWI (params)", "swi_parameters", ".2f"), ("SWI (measured)", "swi_measured", ".2f"), ("= target-only", "equals_target_only", ".0%"), ("edit sim", "edit_similarity", ".3f")]
@@ -121,18 +122,25 @@ def overhead_section(result: dict) -> str:
             f"Command: `python -m hf_specdraft.bench.overhead`.\n")
 
 
-def verification_section(result: dict) -> str:
-    """The cost of a forward over n tokens relative to one, with the model's own linears and the transposed ones."""
-    ratios = result["ratio_to_one_token"]
-    lengths = list(next(iter(ratios.values())))
-    rows = ["## Verification cost", "", f"A target forward over n new tokens on a {result['meta']['prefix']}-token cache, relative to a "
-            f"one-token forward (median of {result['meta']['repeats']}), {result['meta']['hardware']}, {result['meta']['dtype']}; "
-            f"one-token forward {result['milliseconds'][next(iter(ratios))]['1']:.1f} ms. `few_token_projection` computes the output "
-            f"projection as `W @ h.T`, `few_token_linears` every linear layer; `few_token_linears (auto)` (what the loop uses on CPU, "
-            f"`hf_specdraft/projection.py`; absent in older runs) takes `W @ h.T` only where it timed faster on this CPU. Command: `{result['meta']['command']}`.", "",
-            "| linear layers | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-    rows += [f"| {name} | " + " | ".join(f"{per_n[n]:.2f}" for n in lengths) + " |" for name, per_n in ratios.items()]
-    return "\n".join(rows) + "\n"
+def verification_section(results: list[dict]) -> str:
+    """The cost of a forward over n tokens relative to one, with the model's own linears and the transposed ones: one table per
+    run (per CPU: the answer depends on its BLAS kernels)."""
+    rows = ["## Verification cost", "", "A target forward over n new tokens relative to a one-token forward with the same linear layers: "
+            "`few_token_projection` computes the output projection as `W @ h.T`, `few_token_linears` every linear layer (a one-row input "
+            "as two rows, since a one-row `W @ h.T` is the same matrix-vector product); `few_token_linears (auto)` (what the loop uses on "
+            "CPU, `hf_specdraft/projection.py`; absent in older runs) takes `W @ h.T` only where it timed faster on that CPU. The "
+            "milliseconds of the one-token forwards tell what plain decoding costs with each.", ""]
+    for result in results:
+        ratios, meta = result["ratio_to_one_token"], result["meta"]
+        lengths = list(next(iter(ratios.values())))
+        ones = ", ".join(f"{name} {per_n['1']:.1f}" for name, per_n in result["milliseconds"].items())
+        rows += [f"{meta['hardware']}, {meta['dtype']}, {meta['prefix']}-token cache, median of {meta['repeats']}"
+                 + (f", run {meta['date']}" if meta.get("date") else "") + f"; one-token forward (ms): {ones}"
+                 + ("" if any(c["rows"] == 1 for c in meta.get("few_token_linears", [])) else " (a run from before the one-row path: "
+                    "every row's one-token forward used linear's own product)") + f". Command: `{meta['command']}`.", "",
+                 "| linear layers | " + " | ".join(f"n={n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+        rows += [f"| {name} | " + " | ".join(f"{per_n[n]:.2f}" for n in lengths) + " |" for name, per_n in ratios.items()] + [""]
+    return "\n".join(rows)
 
 
 def draft_dtype_section(result: dict) -> str:
@@ -261,9 +269,9 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
     overhead = results_dir / "overhead-cpu.json"
     if overhead.is_file():
         parts.append(overhead_section(json.loads(overhead.read_text())))
-    verification = results_dir.parent / "verification" / "cpu-verification-cost.json"
-    if verification.is_file():
-        parts.append(verification_section(json.loads(verification.read_text())))
+    verification = sorted((results_dir.parent / "verification").glob("cpu-verification-cost*.json"))
+    if verification:
+        parts.append(verification_section([json.loads(path.read_text()) for path in verification]))
     draft_dtype = results_dir.parent / "verification" / "cpu-draft-dtype.json"
     if draft_dtype.is_file():
         parts.append(draft_dtype_section(json.loads(draft_dtype.read_text())))

@@ -70,7 +70,8 @@ def write_drafter_cards(output_dir: str | Path, bench_json: str | Path) -> list[
                 continue
             cells = {"α (1 - TV(p, q))": s.get("alpha"), "accepted / judged positions": s.get("position_acceptance_rate"),
                      "mean accepted length": s["mean_accepted_length"], "c": s["cost_coefficient"],
-                     "E(speedup)": s["expected_speedup"], "wall-time speedup vs target-only": s["speedup_vs_target_only"]}
+                     "E(speedup)": s["expected_speedup"], "wall-time speedup vs target-only": s["speedup_vs_target_only"],
+                     "vs target-only with few_token_linears": s.get("speedup_vs_target_only_linears")}
             described = f" ({METHODS[row].description})" if row in METHODS else ""
             metrics[f"{row}{described}"] = ", ".join(f"{name} {value:.3f}" for name, value in cells.items() if value is not None)
         config = GlideConfig.from_pretrained(folder)
