@@ -31,9 +31,9 @@ twice, the first column kept) where that times faster. Streamed like a forward (
 AMD VM of 2026-11-25), a one-row fp32 ``linear`` took 2.4-3.1x as long as the padded product; in bf16 the
 matrix-vector path was the faster one (the padded product 1.5-2x slower), and bf16 weights are left alone.
 
-:func:`few_token_linears` wraps the forward of every plain CPU fp32 ``nn.Linear`` of a model inside the block
-(through the model's own forward, so soft-capping, logit scales and ``logits_to_keep`` still apply); GPUs and
-every other dtype keep ``linear``. Both are fp32 dot products of the same numbers; only the summation blocking
+:func:`few_token_linears` wraps the forward of every plain CPU fp32 / fp64 ``nn.Linear`` of a model inside the
+block (through the model's own forward, so soft-capping, logit scales and ``logits_to_keep`` still apply); GPUs and
+bf16 / fp16 weights keep ``linear``. Both are fp32 dot products of the same numbers; only the summation blocking
 differs (≤ 1e-4 on the default's logits), as it already does between a 1-row and a 6-row ``linear``.
 
 A whole forward of the default target over n new tokens on a 96-token cache, relative to a one-token
@@ -46,8 +46,8 @@ path: each row relative to the model's own one-token forward)::
     every linear          0.96   1.21   1.07   1.39   1.49   1.88   2.30
 
 With the one-row path (the AMD VM of 2026-11-25; ``benchmarks/verification/``) the one-token forward itself
-fell from 56 to 38 ms, and plain greedy ``generate`` inside ``few_token_linears`` from 16.3 to 25.1 tokens/s,
-token-identical: on such a CPU it is the fair target-only baseline, and the bench runs it
+fell from 56 to 38 ms, and plain greedy ``generate`` inside ``few_token_linears`` from 16.5 to 22.8 tokens/s on the
+completion task (``benchmarks/results/cpu-completion.json``), token-identical: on such a CPU it is the fair target-only baseline, and the bench runs it
 (``target-only+linears``).
 
 This module imports torch only: :func:`hf_specdraft.cape.write_custom_generate` writes it, as it is, into the
