@@ -185,3 +185,21 @@ def test_report_renders_one_verification_table_per_cpu():
     assert text.count("| linear layers | n=1 | n=2 |") == 2 and "| model's own | 1.00 | 1.50 |" in text and "| model's own | 1.00 | 1.05 |" in text
     assert "AMD EPYC" in text and "Xeon" in text and "model's own 56.0" in text
     assert text.count("before the one-row path") == 2  # neither run recorded a one-row calibration
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("mode", ["right", "wrong"])
+def test_every_row_count_transposed_stays_lossless(monkeypatch, arch, mode):
+    """With W @ h.T forced for every row count (one row as two), the loop's greedy output and plain greedy
+    generate inside few_token_linears both equal target-only greedy, with drafts always right and always wrong."""
+    import hf_specdraft.projection as projection
+
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: True)
+    model = tiny_model(arch, vocab_size=1024)
+    prompt = torch.randint(0, 1024, (1, 7), generator=torch.Generator().manual_seed(11))
+    reference = greedy_reference(model, prompt, 20)
+    out = speculative_generate(model, prompt, candidate_generator=OracleDrafter(reference, mode, vocab_size=1024), max_new_tokens=20)
+    assert torch.equal(out, reference)
+    with few_token_linears(model) as wrapped:
+        plain = model.generate(prompt, max_new_tokens=20, do_sample=False)
+    assert wrapped and torch.equal(plain, reference)
