@@ -3,25 +3,25 @@
     >>> from hf_specdraft import speculative_generate
     >>> out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft, max_new_tokens=64)  # doctest: +SKIP
 
-Layers: the core (generation, tree, acceptance, drafting, metrics, support, projection) imports no method; each
+Layers: the core (``hf_specdraft.core``: the loop and its steps) imports no method; each
 method package (glide, cape, cascade, casd) imports only the core; this module, ``defaults``, ``bench`` and the CLI
 compose them (``tests/test_layers.py`` checks it). What one method lends another is wired here.
 """
 
 from functools import partial
 
-from .acceptance import ConditionalAcceptance, speculative_sampling
+from .core.acceptance import ConditionalAcceptance, speculative_sampling
 from .cape import CapeCandidateGenerator, CapeConfig
 from .cascade import CascadeCandidateGenerator, CascadeConfig, MaxGramCandidateGenerator
 from .casd import CasdCandidateGenerator, CasdConfig, casd_generate
-from .drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
-from .generation import SpeculativeGenerateOutput, speculative_generate
+from .core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
+from .core.loop import SpeculativeGenerateOutput, speculative_generate
 from .cape.packaging import write_custom_generate
 from .glide import GlideCandidateGenerator, GlideConfig, GlideForCausalLM, register_auto_classes
 from .glide.model_card import set_custom_generate_writer
-from .metrics import SpeculativeStats, expected_speedup, standardized_walltime_improvement
-from .projection import few_token_linears
-from .tree import DraftTree
+from .core.stats import SpeculativeStats, expected_speedup, standardized_walltime_improvement
+from .core.projection import few_token_linears
+from .core.tree import DraftTree
 
 __version__ = "0.1.0"
 

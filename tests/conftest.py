@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
-from hf_specdraft.drafting import TreeCandidateGenerator
-from hf_specdraft.tree import DraftTree
+from hf_specdraft.core.drafting import TreeCandidateGenerator
+from hf_specdraft.core.tree import DraftTree
 
 VOCAB = 96
 ARCHITECTURES = ("llama", "mistral", "qwen2")

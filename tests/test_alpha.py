@@ -10,7 +10,7 @@ from transformers.generation import PromptLookupCandidateGenerator
 
 from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
 from hf_specdraft.bench.harness import summarize
-from hf_specdraft.metrics import SpeculativeStats, expected_speedup, overlap
+from hf_specdraft.core.stats import SpeculativeStats, expected_speedup, overlap
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 
 

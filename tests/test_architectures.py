@@ -7,7 +7,7 @@ built from its config class (hidden 32, 2 layers, vocabulary 96; per-type fixes 
 - ``TREES``: greedy output of speculative_generate equals ``target.generate(do_sample=False)`` with an
   always-right chain, an always-wrong chain and a hand-drawn tree whose accepted path is never the first child;
 - ``CHAINS``: the same, with every tree verified as its first-child chain (said in the statistics);
-- ``REFUSED``: a clear ValueError naming the model type before any forward (hf_specdraft.support);
+- ``REFUSED``: a clear ValueError naming the model type before any forward (hf_specdraft.core.support);
 - ``SKIPPED``: not built here, with the reason.
 """
 
@@ -22,7 +22,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from conftest import OracleDrafter
 from hf_specdraft import speculative_generate
-from hf_specdraft.support import check_target
+from hf_specdraft.core.support import check_target
 
 VOCAB = 96
 TINY = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,

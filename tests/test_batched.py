@@ -265,7 +265,7 @@ def test_repack_skips_layers_that_hold_nothing():
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    from hf_specdraft.batched import repack_cache
+    from hf_specdraft.core.cache import repack_cache
 
     cache = DynamicCache()
     full, empty = DynamicLayer(), DynamicLayer()

@@ -15,8 +15,8 @@ from hf_specdraft.cape import (
     expand_proposal,
     expansion_sizes,
 )
-from hf_specdraft.drafting import TreeCandidateGenerator
-from hf_specdraft.tree import DraftTree, build_tree_buffers
+from hf_specdraft.core.drafting import TreeCandidateGenerator
+from hf_specdraft.core.tree import DraftTree, build_tree_buffers
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 
 

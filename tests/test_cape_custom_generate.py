@@ -15,7 +15,7 @@ import torch
 from hf_specdraft.cape import CapeConfig, expand_proposal, write_custom_generate
 from hf_specdraft.cape import expansion_sets
 from hf_specdraft.cape.custom_generate.generate import generate as cape_generate
-from hf_specdraft.tree import DraftTree
+from hf_specdraft.core.tree import DraftTree
 from conftest import VOCAB, greedy_reference, tiny_config, tiny_model
 
 
@@ -43,7 +43,7 @@ def test_template_loop_is_lossless(arch, draft_kind):
 
 
 def test_template_loop_verifies_with_transposed_linears(monkeypatch):
-    import hf_specdraft.projection as projection
+    import hf_specdraft.core.projection as projection
 
     monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: True)  # a CPU where W @ h.T wins (the AMD VMs)
     target = tiny_model("qwen2")
@@ -83,17 +83,24 @@ def test_template_errors(kwargs, match):
 def test_write_custom_generate_keeps_an_existing_model_card(tmp_path):
     (tmp_path / "README.md").write_text("my card")
     written = write_custom_generate(tmp_path)
-    assert sorted(p.name for p in written) == ["acceptance.py", "cape_draft.py", "expansion_sets.py", "generate.py", "projection.py", "tree.py"]
+    assert {"cape_draft.py", "expansion_sets.py", "generate.py", "loop.py", "tree.py"} <= {p.name for p in written}
     assert (tmp_path / "README.md").read_text() == "my card"
-    import hf_specdraft.acceptance
-    import hf_specdraft.projection
-    import hf_specdraft.tree
-
-    # the library's modules themselves, written at save time (no copies kept in the template)
-    for module in (hf_specdraft.projection, hf_specdraft.tree, hf_specdraft.acceptance):
-        name = Path(module.__file__).name
-        assert (tmp_path / "custom_generate" / name).read_text() == Path(module.__file__).read_text()
     assert "custom_generate" in (write_custom_generate(tmp_path / "fresh")[-1]).read_text()
+
+
+def test_the_shipped_folder_is_made_of_the_core_s_own_files(tmp_path):
+    """No drift: the folder's loop is the core's loop, file for file; only the entry point and the drafter are templates."""
+    import hf_specdraft.core.loop
+
+    core = Path(hf_specdraft.core.loop.__file__).parent
+    modules = {p.name for p in core.glob("*.py")} - {"__init__.py"}
+    written = {p.name for p in write_custom_generate(tmp_path, readme=False)}
+    assert written == modules | {"expansion_sets.py", "generate.py", "cape_draft.py"}
+    folder = tmp_path / "custom_generate"
+    for name in modules:
+        assert (folder / name).read_text() == (core / name).read_text(), f"custom_generate/{name} drifted from hf_specdraft/core/{name}"
+    entry = (folder / "generate.py").read_text()
+    assert "speculative_generate" in entry and "past_key_values" not in entry  # the entry runs no forward: the core's loop does
 
 
 FRESH_PROCESS = r'''

@@ -90,7 +90,7 @@ def test_sampling_runs():
 def test_lenient_sampling_review_follows_section_3_1():
     """A candidate with q(x) > l p(x) passes with probability l p(x) / q(x); one with q(x) <= l p(x) always passes;
     MaG's tokens (q = inf) pass with probability p(x)."""
-    from hf_specdraft.acceptance import lenient_review_sampling
+    from hf_specdraft.core.acceptance import lenient_review_sampling
 
     p = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]])
     g = torch.Generator().manual_seed(0)

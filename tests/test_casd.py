@@ -23,7 +23,7 @@ from hf_specdraft.casd import (
     merge_continuations,
     retrieve,
 )
-from hf_specdraft.acceptance import accept_tree
+from hf_specdraft.core.acceptance import accept_tree
 from conftest import VOCAB, greedy_reference, tiny_model
 
 

@@ -168,7 +168,7 @@ class DuplicatingDrafter(OracleDrafter):
     """Every branch of the oracle's proposal twice (same parent, same token): the loop merges the copies."""
 
     def propose(self, input_ids, target_cache=None):
-        from hf_specdraft.tree import DraftTree
+        from hf_specdraft.core.tree import DraftTree
 
         tree = super().propose(input_ids, target_cache)
         n = len(tree)

@@ -196,8 +196,9 @@ def test_checkpoint_loaded_with_trust_remote_code_still_drafts_for_assisted_deco
 def test_model_card_shows_both_calls_and_metadata(checkpoints):
     directory = checkpoints / "llama_glide"
     assert {"config.json", "model.safetensors", "modeling_glide.py", "configuration_glide.py", "target_binding.py", "README.md"} <= {p.name for p in directory.iterdir()}
-    assert sorted(p.name for p in (directory / "custom_generate").iterdir()) == ["acceptance.py", "cape_draft.py", "expansion_sets.py",
-                                                                               "generate.py", "projection.py", "tree.py"]
+    from hf_specdraft.cape.packaging import shipped_files
+
+    assert sorted(p.name for p in (directory / "custom_generate").iterdir()) == sorted(shipped_files())
     assert json.loads((directory / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == "modeling_glide.GlideForCausalLM"
     card = ModelCard.load(directory / "README.md")
     assert {"custom_generate", "speculative-decoding"} <= set(card.data.tags)

@@ -1,4 +1,4 @@
-"""The import contract: the core imports no method, each method package only the core, composition sits above.
+"""The import contract: the core imports no method, each method package only the core, composition sits above; no cycles.
 
 Every ``import`` / ``from ... import`` in hf_specdraft (function-level ones included) is resolved to the
 package or core module it reaches; an arrow from a lower layer to a higher one, or between two methods,
@@ -8,12 +8,13 @@ fails the test with the file that draws it.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_specdraft"
-CORE = {"generation", "batched", "batch_drafting", "tree", "acceptance", "drafting", "metrics", "support", "projection", "validation"}
+CORE = {"core"}  # hf_specdraft/core/: the loop and the steps it is made of
 METHODS = {"glide", "cape", "cascade", "casd"}
 COMPOSITION = {"__init__", "__main__", "cli", "defaults", "bench"}
 
@@ -64,14 +65,14 @@ def test_no_import_runs_against_the_layers():
     assert not against, "imports against the layers:\n" + "\n".join(f"  {f}: {s} -> {t}" for s, t, f in against)
 
 
-@pytest.mark.parametrize("source, expected", [("hf_specdraft/glide/candidate_generator.py", {"drafting", "tree", "glide"}),
+@pytest.mark.parametrize("source, expected", [("hf_specdraft/glide/candidate_generator.py", {"core", "glide"}),
                                               ("hf_specdraft/bench/casd_retrieval.py", {"casd", "defaults", "bench"})])
 def test_the_resolver_sees_relative_and_nested_imports(source, expected):
     assert expected <= imports(PACKAGE.parent / source) | {unit(Path(source).relative_to("hf_specdraft").parts)}
 
 
 def test_composition_hooks_refuse_bad_arguments():
-    from hf_specdraft.drafting import register_drafter
+    from hf_specdraft.core.drafting import register_drafter
     from hf_specdraft.glide.model_card import set_custom_generate_writer
 
     with pytest.raises(ValueError, match="model_type"):
@@ -80,3 +81,91 @@ def test_composition_hooks_refuse_bad_arguments():
         register_drafter("my-draft", "not callable")
     with pytest.raises(TypeError, match="writer"):
         set_custom_generate_writer("custom_generate/")
+
+
+def module_of(path: Path) -> str:
+    """Dotted module name of a file inside hf_specdraft (a package's ``__init__`` is the package)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(path: Path, known: set[str]) -> set[str]:
+    """The hf_specdraft modules ``path`` imports, function-level ones included (``from . import x`` counts as ``x``)."""
+    package = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join(base + (node.module.split(".") if node.module else []))
+            else:
+                module = node.module or ""
+            candidates = [f"{module}.{alias.name}" for alias in node.names] + [module]
+        elif isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in candidates:
+            if name in known:
+                found.add(name)
+                break
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = [p for p in sorted(PACKAGE.rglob("*.py")) if "custom_generate" not in p.parts]
+    known = {module_of(p) for p in files}
+    return {module_of(p): module_imports(p, known) - {module_of(p)} for p in files}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as a list of modules (first == last), or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_anywhere_in_the_package():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_sees_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    graph = import_graph()
+    assert "hf_specdraft.core.tree" in graph["hf_specdraft.core.loop"]  # the resolver reads relative imports
+    assert "hf_specdraft.glide.training" in graph["hf_specdraft.glide"]  # and function-level `from . import x`
+
+
+def test_the_core_imports_only_torch_transformers_and_its_siblings():
+    """What lets write_custom_generate ship the core's own files as flat siblings in a checkpoint."""
+    allowed = {"torch", "transformers", "__future__"}
+    for path in sorted((PACKAGE / "core").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1 and node.module, f"{path.name}: only `from .sibling import x` inside the core"
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                for name in names:
+                    top = name.split(".")[0]
+                    assert top in allowed or top in sys.stdlib_module_names, f"{path.name} imports {name}"

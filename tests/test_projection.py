@@ -1,4 +1,4 @@
-"""The few-token linears (hf_specdraft.projection): same logits, applied only where safe, always restored."""
+"""The few-token linears (hf_specdraft.core.projection): same logits, applied only where safe, always restored."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from hf_specdraft import speculative_generate
-from hf_specdraft.projection import few_token_linears, few_token_projection
+from hf_specdraft.core.projection import few_token_linears, few_token_projection
 
 from conftest import OracleDrafter, greedy_reference, tiny_model
 
@@ -78,7 +78,7 @@ def test_keeps_linear_under_autograd():
 
 
 def test_loop_uses_it_and_stays_lossless(monkeypatch):
-    import hf_specdraft.projection as projection
+    import hf_specdraft.core.projection as projection
 
     monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: True)  # as calibrated on the AMD VMs
     model = tiny_model("qwen2", vocab_size=2048)
@@ -96,7 +96,7 @@ def test_loop_uses_it_and_stays_lossless(monkeypatch):
 
 @pytest.mark.parametrize("faster", [True, False])
 def test_auto_follows_the_calibration_per_row_count(monkeypatch, faster):
-    import hf_specdraft.projection as projection
+    import hf_specdraft.core.projection as projection
 
     asked = []
     monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: asked.append(rows) or faster)
@@ -116,7 +116,7 @@ def test_auto_follows_the_calibration_per_row_count(monkeypatch, faster):
 
 
 def test_calibration_times_each_shape_once_and_is_recorded(monkeypatch):
-    import hf_specdraft.projection as projection
+    import hf_specdraft.core.projection as projection
 
     monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     weight = torch.randn(96, 32)
@@ -141,7 +141,7 @@ def test_linear_orientation_changes_nothing_and_a_bad_one_is_refused():
 
 def test_one_row_runs_as_two(monkeypatch):
     """A one-row W @ h.T is linear's own matrix-vector product: it is computed as a two-column GEMM, first column kept."""
-    import hf_specdraft.projection as projection
+    import hf_specdraft.core.projection as projection
 
     model = tiny_model("llama", vocab_size=1024)
     head = model.get_output_embeddings()
@@ -161,7 +161,7 @@ def test_one_row_runs_as_two(monkeypatch):
 
 
 def test_calibration_streams_copies_of_the_weight(monkeypatch):
-    import hf_specdraft.projection as projection
+    import hf_specdraft.core.projection as projection
 
     monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     monkeypatch.setattr(projection, "CALIBRATION_BYTES", 96 * 32 * 4 * 3)  # three copies of a (96, 32) fp32 weight
@@ -192,7 +192,7 @@ def test_report_renders_one_verification_table_per_cpu():
 def test_every_row_count_transposed_stays_lossless(monkeypatch, arch, mode):
     """With W @ h.T forced for every row count (one row as two), the loop's greedy output and plain greedy
     generate inside few_token_linears both equal target-only greedy, with drafts always right and always wrong."""
-    import hf_specdraft.projection as projection
+    import hf_specdraft.core.projection as projection
 
     monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: True)
     model = tiny_model(arch, vocab_size=1024)

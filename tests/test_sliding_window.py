@@ -28,9 +28,9 @@ from hf_specdraft import speculative_generate
 from hf_specdraft.cape import CapeCandidateGenerator
 from hf_specdraft.cascade import CascadeCandidateGenerator, MaxGramCandidateGenerator
 from hf_specdraft.casd import CasdCandidateGenerator
-from hf_specdraft.drafting import DraftModelCandidateGenerator
+from hf_specdraft.core.drafting import DraftModelCandidateGenerator
 from hf_specdraft.glide import GlideCandidateGenerator, GlideConfig, GlideForCausalLM
-from hf_specdraft.tree import croppable_cache
+from hf_specdraft.core.cache import croppable_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -173,8 +173,8 @@ def test_sliding_window_bench_pieces():
     from conftest import tiny_model
     from hf_specdraft.bench.report import sliding_window_section
     from hf_specdraft.bench.sliding_window import cache_bytes, main, prefilled, windowed_copy
-    from hf_specdraft.generation import verify_tree
-    from hf_specdraft.tree import DraftTree
+    from hf_specdraft.core.verify import verify_tree
+    from hf_specdraft.core.tree import DraftTree
 
     llama = tiny_model("llama")
     windowed = windowed_copy(llama, window=8)

@@ -1,4 +1,4 @@
-"""Which targets the loop verifies trees for, chains for, or refuses (hf_specdraft.support; issue #18)."""
+"""Which targets the loop verifies trees for, chains for, or refuses (hf_specdraft.core.support; issue #18)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
 from hf_specdraft.cape.custom_generate.generate import generate as cape_generate
 from hf_specdraft.cascade import MaxGramCandidateGenerator
-from hf_specdraft.support import chains_only, check_target, sliding_window_layers
+from hf_specdraft.core.support import chains_only, check_target, sliding_window_layers
 
 TINY = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=None, eos_token_id=None)
 CHAIN_ONLY = {  # model type -> tiny config kwargs; ALiBi (a 2-D mask only) and convolution hybrids (crop rolls them back)

@@ -7,8 +7,10 @@ import torch
 from transformers import DynamicCache
 
 from hf_specdraft import ConditionalAcceptance, DraftTree, expected_speedup, standardized_walltime_improvement
-from hf_specdraft.acceptance import accept_tree, check_lenience, lenient_review
-from hf_specdraft.tree import build_tree_buffers, compact_cache, resync_cache, tree_attention_inputs
+from hf_specdraft.core.acceptance import accept_tree, check_lenience, lenient_review
+from hf_specdraft.core.tree import build_tree_buffers
+from hf_specdraft.core.cache import compact_cache, resync_cache
+from hf_specdraft.core.verify import tree_attention_inputs
 from conftest import ARCHITECTURES, tiny_model
 
 

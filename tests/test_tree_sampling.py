@@ -13,9 +13,9 @@ import torch
 from test_sampling import P_VALUE, chi_square_p, first_two_joint
 
 from hf_specdraft import speculative_generate
-from hf_specdraft.drafting import TreeCandidateGenerator
-from hf_specdraft.generation import accept_tree
-from hf_specdraft.tree import DraftTree
+from hf_specdraft.core.drafting import TreeCandidateGenerator
+from hf_specdraft.core.acceptance import accept_tree
+from hf_specdraft.core.tree import DraftTree
 from conftest import tiny_model
 
 V = 5
@@ -152,7 +152,7 @@ def cape_like_tree(g: torch.Generator) -> DraftTree:
 
 
 def test_tree_rejection_sampling_is_lossless_and_accepts_more_than_token_matching():
-    from hf_specdraft.acceptance import tree_rejection_sampling
+    from hf_specdraft.core.acceptance import tree_rejection_sampling
 
     g = torch.Generator().manual_seed(3)
     counts, accepted, matched = torch.zeros(V * V), 0, 0
@@ -196,7 +196,7 @@ def test_rejection_without_the_residual_is_caught():
 
 
 def test_cape_under_sampling_uses_rejection_sampling_and_samples_from_the_target(monkeypatch):
-    import hf_specdraft.generation as generation
+    import hf_specdraft.core.loop as generation
     from hf_specdraft import CapeCandidateGenerator, DraftModelCandidateGenerator
 
     calls = []
@@ -218,7 +218,7 @@ def test_cape_under_sampling_uses_rejection_sampling_and_samples_from_the_target
 
 def test_bench_wrapper_without_flags_falls_back_to_token_matching(monkeypatch):
     """``bench.tree_sampling``'s comparison row: the same CAPE trees, verified by token matching."""
-    import hf_specdraft.generation as generation
+    import hf_specdraft.core.loop as generation
     from hf_specdraft import CapeCandidateGenerator, DraftModelCandidateGenerator
     from hf_specdraft.bench.tree_sampling import WithoutSampledFlags
 

@@ -8,7 +8,7 @@ ratio to target-only ``generate`` at the same batch size, the mean accepted leng
 its own batch-1 target-only greedy output.
 
 Two target-only baselines: ``generate`` as transformers runs it, and the same with hf_specdraft's few-token linears
-(:mod:`hf_specdraft.projection`, which the speculative loop uses): on this CPU a 4-row ``nn.Linear`` takes MKL's slow
+(:mod:`hf_specdraft.core.projection`, which the speculative loop uses): on this CPU a 4-row ``nn.Linear`` takes MKL's slow
 small-M path, so part of a batched method's lead over stock ``generate`` is that projection, not speculation; the
 second baseline separates the two. Stock assisted decoding runs at batch 1 only (transformers refuses more).
 
@@ -25,8 +25,8 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from ..generation import speculative_generate
-from ..projection import few_token_linears
+from ..core.loop import speculative_generate
+from ..core.projection import few_token_linears
 from .harness import prompt_ids, save_run
 
 BATCH_SIZES = (1, 4, 8, 16)

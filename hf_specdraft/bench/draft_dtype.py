@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from ..generation import speculative_generate
+from ..core.loop import speculative_generate
 from .harness import save_run
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -26,8 +26,8 @@ from tqdm.auto import tqdm
 
 from ..defaults import DefaultBundle
 from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, copyable_fraction, edit_similarity
-from ..metrics import expected_speedup
-from ..projection import calibrated_choices
+from ..core.stats import expected_speedup
+from ..core.projection import calibrated_choices
 from .methods import FAST_BASELINE, METHODS, BenchContext
 from .timing import LoadMonitor, relative_range, spread, verdict, warning_text
 
@@ -98,7 +98,7 @@ def environment(bundle: DefaultBundle) -> dict:
         "target": bundle.info.get("target_description") or str(bundle.path / "target"),
         "target_parameters": sum(p.numel() for p in bundle.target.parameters()),
         "draft_parameters": sum(p.numel() for p in bundle.draft.parameters()) if bundle.draft is not None else None,
-        # which orientation each few-row linear took on this CPU (hf_specdraft.projection calibrates it per machine)
+        # which orientation each few-row linear took on this CPU (hf_specdraft.core.projection calibrates it per machine)
         "few_token_linears": calibrated_choices(),
     }
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..defaults.tasks import build_tasks
 from .harness import BenchConfig, run_bench
-from ..drafting import DraftModelCandidateGenerator
+from ..core.drafting import DraftModelCandidateGenerator
 from ..cascade.max_gram import MAX_GRAM_TOKENS
 from .methods import METHODS, Method, _cascade, _speculative, register_method
 

@@ -13,11 +13,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..defaults.tasks import TaskItem
-from ..drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
-from ..generation import speculative_generate
-from ..metrics import SpeculativeStats
-from ..projection import few_token_linears
-from ..tree import DraftTree
+from ..core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
+from ..core.loop import speculative_generate
+from ..core.stats import SpeculativeStats
+from ..core.projection import few_token_linears
+from ..core.tree import DraftTree
 
 
 # Drafts' γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m hf_specdraft.bench.tune_glide`
@@ -114,7 +114,7 @@ register_method(Method("target-only", _target_only, description="target.generate
 
 
 def _with_linears(run):
-    """``run`` inside :func:`~hf_specdraft.projection.few_token_linears`: stock ``generate`` with the linears in the
+    """``run`` inside :func:`~hf_specdraft.core.projection.few_token_linears`: stock ``generate`` with the linears in the
     orientation this CPU's BLAS runs fastest (what our loop uses), so its rows compare loops, not matrix kernels."""
     def wrapped(ctx):
         with few_token_linears(ctx.target):

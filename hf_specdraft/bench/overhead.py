@@ -18,7 +18,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ..generation import speculative_generate
+from ..core.loop import speculative_generate
 from .methods import NullCandidateGenerator
 
 

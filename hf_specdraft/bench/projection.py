@@ -1,6 +1,6 @@
 """What a verification forward costs: the default target over 1 + N tokens on its cache, with the model's own
-own linear layers, with :func:`hf_specdraft.projection.few_token_projection` (the output projection as ``W @ h.T``) and with
-:func:`hf_specdraft.projection.few_token_linears` (every linear layer so), and with ``few_token_linears`` calibrated
+own linear layers, with :func:`hf_specdraft.core.projection.few_token_projection` (the output projection as ``W @ h.T``) and with
+:func:`hf_specdraft.core.projection.few_token_linears` (every linear layer so), and with ``few_token_linears`` calibrated
 (``orientation="auto"``, what the loop uses: each few-row linear takes whichever orientation was faster on this CPU),
 against a one-token forward.
 
@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from ..projection import few_token_linears, few_token_projection
+from ..core.projection import few_token_linears, few_token_projection
 from .harness import save_run
 
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)

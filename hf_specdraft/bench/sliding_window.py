@@ -32,9 +32,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, MistralConfig, MistralForCausalLM
 
-from ..generation import speculative_generate, verify_tree
-from ..projection import few_token_linears
-from ..tree import DraftTree, compact_cache, croppable_cache
+from ..core.loop import speculative_generate
+from ..core.verify import verify_tree
+from ..core.projection import few_token_linears
+from ..core.tree import DraftTree
+from ..core.cache import compact_cache, croppable_cache
 from .harness import save_run
 
 TREE_PARENTS = [-1, 0, 1, -1, 0, 3, -1, 2]  # 8 nodes, depth up to 3, three roots: a CAPE-sized tree

@@ -3,7 +3,7 @@
 GLIDE + CAPE with ``do_sample=True`` (temperature 1, no top-k / top-p) on held-out completion prompts. The same
 trees are verified two ways, each run seeded alike per prompt:
 
-- ``rejection``: :func:`~hf_specdraft.acceptance.tree_rejection_sampling` (the loop's default for trees that carry
+- ``rejection``: :func:`~hf_specdraft.core.acceptance.tree_rejection_sampling` (the loop's default for trees that carry
   q and ``sampled`` flags): a drawn chain token passes with ``min(1, p/q)``;
 - ``matching``: the same drafter with its trees' ``sampled`` flags dropped, so the loop falls back to token
   matching (a node passes when it equals the target's own sample at its parent's row).
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..drafting import TreeCandidateGenerator
-from ..generation import speculative_generate
-from ..metrics import SpeculativeStats
-from ..tree import DraftTree
+from ..core.drafting import TreeCandidateGenerator
+from ..core.loop import speculative_generate
+from ..core.stats import SpeculativeStats
+from ..core.tree import DraftTree
 from .harness import environment, prompt_ids
 from .methods import CAPE_BUDGET, CAPE_GAMMA, GLIDE_GAMMA
 

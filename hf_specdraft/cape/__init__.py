@@ -9,7 +9,7 @@
 draft passed as ``assistant_model=``) into a checkpoint directory, so that only transformers is needed.
 """
 
-from ..drafting import DraftModelTreeScorer
+from ..core.drafting import DraftModelTreeScorer
 from .beam import beam_search_proposal
 from .candidate_generator import CapeCandidateGenerator, build_cape_for_bench
 from .config import CapeConfig

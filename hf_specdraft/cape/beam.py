@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ..tree import DraftTree
+from ..core.tree import DraftTree
 
 
 def beam_search_proposal(scorer, input_ids: torch.LongTensor, depth: int, beam_width: int, budget: int,
@@ -30,7 +30,7 @@ def beam_search_proposal(scorer, input_ids: torch.LongTensor, depth: int, beam_w
     child path is the best-scored beam prefix.
 
     Args:
-        scorer: a :class:`~hf_specdraft.drafting.DraftModelTreeScorer` (or any object with ``start`` / ``extend`` / ``finish``).
+        scorer: a :class:`~hf_specdraft.core.drafting.DraftModelTreeScorer` (or any object with ``start`` / ``extend`` / ``finish``).
         input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text.
         depth (`int`): γ, the deepest drafted position.
         beam_width (`int`): beams kept at each depth (4 in §5.3).
@@ -38,7 +38,7 @@ def beam_search_proposal(scorer, input_ids: torch.LongTensor, depth: int, beam_w
         target_cache: the target's live cache (covers ``input_ids[:, :-1]``), handed to ``scorer.start``.
 
     Returns:
-        :class:`~hf_specdraft.tree.DraftTree` (without ``draft_probs``: exact tree verification never reads q).
+        :class:`~hf_specdraft.core.tree.DraftTree` (without ``draft_probs``: exact tree verification never reads q).
     """
     q_root = scorer.start(input_ids, target_cache)  # (1, V)
     vocab = q_root.shape[-1]

@@ -19,14 +19,10 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..batch_drafting import BatchProposer
-from ..drafting import (
-    DraftModelCandidateGenerator,
-    DraftModelTreeScorer,
-    TreeCandidateGenerator,
-)
-from ..tree import DraftTree
-from ..validation import method_config
+from ..core.batch_drafting import BatchProposer
+from ..core.drafting import DraftModelCandidateGenerator, DraftModelTreeScorer, TreeCandidateGenerator
+from ..core.tree import DraftTree
+from ..core.validation import method_config
 from .beam import beam_search_proposal
 from .config import CapeConfig
 from .expansion import _sizes, expand_proposal
@@ -40,7 +36,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     chain by a beam-search tree of the same depth γ (§5.3), which needs the draft model itself.
 
     Args:
-        drafter (:class:`~hf_specdraft.drafting.TreeCandidateGenerator`): proposes a chain with
+        drafter (:class:`~hf_specdraft.core.drafting.TreeCandidateGenerator`): proposes a chain with
             ``draft_probs`` (e.g. :class:`~hf_specdraft.DraftModelCandidateGenerator`, or GLIDE's drafter).
         config (:class:`CapeConfig`, *optional*): defaults to ``CapeConfig(**options)``.
         options: :class:`CapeConfig` fields, when ``config`` is not given.
@@ -77,7 +73,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             return DraftModelTreeScorer(self.drafter.draft_model, self._distribution)
         raise ValueError(
             f"mode='beam' drafts a beam-search tree, which needs a draft model: wrap a DraftModelCandidateGenerator, or give "
-            f"{type(self.drafter).__name__} a beam_scorer(distribution) method (see hf_specdraft.drafting.DraftModelTreeScorer)"
+            f"{type(self.drafter).__name__} a beam_scorer(distribution) method (see hf_specdraft.core.drafting.DraftModelTreeScorer)"
         )
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..validation import check_int
+from ..core.validation import check_int
 from .expansion_sets import DEFAULT_SCHEDULE, check_schedule
 
 MODES = ("confidence", "fixed", "beam")

@@ -6,7 +6,7 @@ X_i: the K_i most probable tokens of q_i other than x_{t+i}.
 
 The expanded proposal is *linearized* as in §4.2: the chain first, then X_0, X_1, ... . Each expansion
 token is a leaf whose parent is the parent of its chain token, i.e. it sees the chain tokens before its
-position and itself, which is exactly the mask_CAPE of §4.2 expressed as a :class:`~hf_specdraft.tree.DraftTree`:
+position and itself, which is exactly the mask_CAPE of §4.2 expressed as a :class:`~hf_specdraft.core.tree.DraftTree`:
 
     >>> import torch
     >>> q = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.15, 0.1, 0.05, 0.7]])  # p_0 = .5 -> K = 5, p_1 = .7 -> K = 3
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import DraftTree
+from ..core.tree import DraftTree
 from .config import CapeConfig
 from .expansion_sets import expansion_sets, fit_budget, scheduled_sizes
 
@@ -60,7 +60,7 @@ def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | 
     draft time (§5.4: +0.2 ms on a 5.5 ms speculation step). One ``topk`` over q does the tensor work.
 
     Args:
-        chain (:class:`~hf_specdraft.tree.DraftTree`): a chain of ``k`` tokens with ``draft_probs`` `(k, V)`.
+        chain (:class:`~hf_specdraft.core.tree.DraftTree`): a chain of ``k`` tokens with ``draft_probs`` `(k, V)`.
         config (:class:`CapeConfig`): the schedule and the budget.
         sizes (`torch.LongTensor` or `list[int]` of length `k`, *optional*): precomputed :func:`expansion_sizes`.
         with_draft_probs (`bool`): also return ``draft_probs`` (leaf rows repeat q_i) and, when the chain has
@@ -69,7 +69,7 @@ def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | 
             ``(N, V)`` rows is most of the expansion's cost on CPU.
 
     Returns:
-        :class:`~hf_specdraft.tree.DraftTree` of ``k + sum(K_i)`` nodes: the chain, then X_0, X_1, ...
+        :class:`~hf_specdraft.core.tree.DraftTree` of ``k + sum(K_i)`` nodes: the chain, then X_0, X_1, ...
         (each set best-first). Leaf ``x'`` of X_i has parent ``chain.parents[i]``.
     """
     if chain.draft_probs is None:

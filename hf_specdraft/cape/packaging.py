@@ -15,13 +15,21 @@ import shutil
 from pathlib import Path
 
 TEMPLATE = Path(__file__).parent / "custom_generate"
-LIBRARY = Path(__file__).parents[1]
-# generate.py and its flat siblings (`from .x import`), by the name they get in the folder. projection.py, tree.py,
-# acceptance.py and expansion_sets.py are the library's own modules (torch and transformers only; acceptance imports
-# `.tree`, a sibling there too), written from their one source at save time rather than kept as copies.
-FILES = {"generate.py": TEMPLATE / "generate.py", "cape_draft.py": TEMPLATE / "cape_draft.py",
-         "expansion_sets.py": LIBRARY / "cape" / "expansion_sets.py", "projection.py": LIBRARY / "projection.py",
-         "tree.py": LIBRARY / "tree.py", "acceptance.py": LIBRARY / "acceptance.py"}
+CORE = Path(__file__).parents[1] / "core"
+
+
+def shipped_files() -> dict[str, Path]:
+    """What the folder holds, by the name each file gets there, and its one source.
+
+    The decoding loop is the core's own: every module of ``hf_specdraft/core/`` (torch, transformers and flat siblings
+    only, ``tests/test_layers.py`` checks it) is written as it is, beside CAPE's ``expansion_sets.py``. Only the
+    entry point (``generate.py``: the Hub call's options and checks) and the drafter (``cape_draft.py``) are templates.
+    """
+    files = {path.name: path for path in sorted(CORE.glob("*.py")) if path.name != "__init__.py"}
+    files.update({"expansion_sets.py": Path(__file__).parent / "expansion_sets.py",
+                  "generate.py": TEMPLATE / "generate.py", "cape_draft.py": TEMPLATE / "cape_draft.py"})
+    return files
+
 
 README = """---
 library_name: transformers
@@ -60,7 +68,7 @@ def write_custom_generate(directory: str | Path, readme: bool = True) -> list[Pa
     target = Path(directory) / "custom_generate"
     target.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, source in FILES.items():
+    for name, source in shipped_files().items():
         shutil.copyfile(source, target / name)
         written.append(target / name)
     card = Path(directory) / "README.md"

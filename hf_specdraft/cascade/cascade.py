@@ -32,10 +32,11 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..acceptance import lenient_review, lenient_review_sampling
-from ..drafting import TreeCandidateGenerator, check_same_vocab
-from ..tree import DraftTree, croppable_cache, resync_cache
-from ..validation import method_config
+from ..core.acceptance import lenient_review, lenient_review_sampling
+from ..core.drafting import TreeCandidateGenerator, check_same_vocab
+from ..core.tree import DraftTree
+from ..core.cache import croppable_cache, resync_cache
+from ..core.validation import method_config
 from .config import CascadeConfig
 from .max_gram import MAX_GRAM_TOKENS, MaxGramCandidateGenerator
 

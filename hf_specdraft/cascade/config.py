@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..acceptance import check_lenience
-from ..validation import check_int
+from ..core.acceptance import check_lenience
+from ..core.validation import check_int
 from .max_gram import MAX_GRAM_TOKENS
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from ..drafting import check_same_vocab, output_vocab_size
+from ..core.drafting import check_same_vocab, output_vocab_size
 from .bigram import load_bigram_table
 from .cascade import CascadeCandidateGenerator
 from .max_gram import MaxGramCandidateGenerator, check_bigram_table

@@ -29,8 +29,8 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..drafting import TreeCandidateGenerator, output_vocab_size
-from ..tree import DraftTree
+from ..core.drafting import TreeCandidateGenerator, output_vocab_size
+from ..core.tree import DraftTree
 
 MAX_GRAM_TOKENS = 10  # §5.2 "we use MaG to generate 10 tokens at once, as it is rare for more than 10 tokens to be accepted"
 FIRST_WINDOW = 8  # look-back offsets compared in the first extension round; doubles each round

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..metrics import SpeculativeStats, standardized_walltime_improvement
+from ..core.stats import SpeculativeStats, standardized_walltime_improvement
 from .max_gram import MaxGramCandidateGenerator
 
 

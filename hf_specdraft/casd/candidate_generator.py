@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from ..acceptance import ConditionalAcceptance
-from ..drafting import TreeCandidateGenerator, output_vocab_size
-from ..tree import DraftTree
-from ..validation import method_config
+from ..core.acceptance import ConditionalAcceptance
+from ..core.drafting import TreeCandidateGenerator, output_vocab_size
+from ..core.tree import DraftTree
+from ..core.validation import method_config
 from .configuration_casd import CasdConfig
 from .pool import DraftPool, context_token_ids
 from .retrieval import add_nodes, retrieve
@@ -50,7 +50,7 @@ def casd_acceptance(threshold: float = 0.1, top_k: int | None = None, strict: bo
         strict: exact verification instead (lossless context lookup decoding).
 
     Returns:
-        :class:`~hf_specdraft.acceptance.ConditionalAcceptance`, or None when ``strict``.
+        :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance`, or None when ``strict``.
     """
     rule = ConditionalAcceptance(threshold=threshold, top_k=top_k)  # raises ValueError for δ outside (0, 1)
     return None if strict else rule

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..validation import check_bool, check_int
+from ..core.validation import check_bool, check_int
 
 
 @dataclass(frozen=True)

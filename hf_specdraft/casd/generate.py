@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from ..generation import SpeculativeGenerateOutput, speculative_generate
-from ..metrics import SpeculativeStats
+from ..core.loop import SpeculativeGenerateOutput, speculative_generate
+from ..core.stats import SpeculativeStats
 from .candidate_generator import CasdCandidateGenerator, casd_acceptance, tokenize_context
 from .configuration_casd import CasdConfig
 from .pool import context_token_ids

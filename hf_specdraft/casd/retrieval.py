@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..tree import DraftTree
+from ..core.tree import DraftTree
 from .configuration_casd import CasdConfig
 from .pool import DraftPool
 
@@ -109,7 +109,7 @@ def merge_continuations(continuations: np.ndarray, max_nodes: int, rows_sorted: 
             returns them).
 
     Returns:
-        :class:`~hf_specdraft.tree.DraftTree` with at most ``max_nodes`` nodes, on the CPU.
+        :class:`~hf_specdraft.core.tree.DraftTree` with at most ``max_nodes`` nodes, on the CPU.
     """
     if continuations.size == 0:
         return DraftTree.empty()

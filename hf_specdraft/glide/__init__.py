@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..drafting import register_drafter
+from ..core.drafting import register_drafter
 from .candidate_generator import GlideCandidateGenerator, check_target_cache
 from .configuration_glide import GlideConfig
 from .model_card import save_glide_checkpoint, write_model_card

@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..batch_drafting import BatchChainDrafter, target_key_mask
-from ..drafting import DraftModelTreeScorer, TreeCandidateGenerator, check_same_vocab, draft_chain, same_drafters
-from ..tree import DraftTree
-from ..validation import method_config
+from ..core.batch_drafting import BatchChainDrafter, target_key_mask
+from ..core.drafting import DraftModelTreeScorer, TreeCandidateGenerator, check_same_vocab, draft_chain, same_drafters
+from ..core.tree import DraftTree
+from ..core.validation import method_config
 from .drafting_config import GlideDraftingConfig
 from .modeling_glide import read_target_layer
 
@@ -44,7 +44,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     """Drafts with GLIDE (GLIDE §4.1): γ tokens, each conditioned on the target's cached keys and values.
 
     GLIDE keeps its own self-attention cache across steps and re-syncs it to the accepted text by common
-    prefix, like :class:`~hf_specdraft.drafting.DraftModelCandidateGenerator`. It never writes to the
+    prefix, like :class:`~hf_specdraft.core.drafting.DraftModelCandidateGenerator`. It never writes to the
     target cache.
 
     Args:
@@ -87,7 +87,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             target_cache: the target's live cache covering ``input_ids[:, :-1]`` (read-only).
 
         Returns:
-            a chain :class:`~hf_specdraft.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
+            a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
         """
         cross = self.glide.config.cross_attention
         if cross:
@@ -123,7 +123,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
 
 class GlideTreeScorer(DraftModelTreeScorer):
-    """:class:`~hf_specdraft.drafting.DraftModelTreeScorer` for GLIDE: every beam node glimpses the target cache.
+    """:class:`~hf_specdraft.core.drafting.DraftModelTreeScorer` for GLIDE: every beam node glimpses the target cache.
 
     Tree nodes sit at sequence indices past the target cache (which covers ``input_ids[:, :-1]``), so each
     node sees the whole verified prefix, as chain drafting does (§4.1). The scorer itself has no depth:

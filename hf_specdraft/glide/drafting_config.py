@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..validation import check_int
+from ..core.validation import check_int
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,7 @@ class GlideCrossAttention(nn.Module):
         """``hidden_states`` `(B, q, hidden)` -> `(B, q, hidden)`; zeros when the target cache is empty.
 
         ``target_attention_mask`` (`(B, 1, q, S)` additive, *optional*): which cached target keys each query sees, given
-        outright (batched drafting over rows whose caches are right-aligned, :mod:`hf_specdraft.batch_drafting`);
+        outright (batched drafting over rows whose caches are right-aligned, :mod:`hf_specdraft.core.batch_drafting`);
         replaces the rule ``k < j`` on sequence indices."""
         if target_kv is None:
             return torch.zeros_like(hidden_states)

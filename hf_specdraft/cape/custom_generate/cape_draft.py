@@ -1,8 +1,11 @@
-"""The draft side of the CAPE ``custom_generate`` loop: a greedy chain drafter that returns q, and draft loading.
+"""The draft side of the shipped CAPE ``custom_generate``: a greedy chain drafter that returns q, CAPE's tree over it for
+the core loop, and draft loading.
 
-Self-contained (torch, transformers and the library's ``tree.py`` written beside it): it ships inside a checkpoint's ``custom_generate/``.
+Self-contained (torch, transformers and hf_specdraft's core modules and ``expansion_sets.py`` written beside it): it
+ships inside a checkpoint's ``custom_generate/``.
 
-A drafter is any object with ``propose(input_ids, target_cache, num_tokens) -> (tokens (k,), q (k, V))``.
+A chain drafter is any object with ``propose(input_ids, target_cache, num_tokens) -> (tokens (k,), q (k, V))``;
+:class:`CapeTreeDrafter` expands its chain into CAPE's tree (glide_cape.txt §4.2) for the core loop.
 A draft model may bring its own drafter through a ``cape_drafter(target)`` method; any other causal LM, GLIDE
 included (its layers read the target cache), gets :class:`CausalLMDrafter`.
 """
@@ -12,22 +15,18 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-try:  # written beside this file by write_custom_generate, from hf_specdraft's own tree.py
-    from .tree import croppable_cache, resync_cache
+try:  # written beside this file by write_custom_generate, from hf_specdraft's core and cape/expansion_sets.py
+    from .cache import croppable_cache, resync_cache
+    from .drafting import TreeCandidateGenerator, output_vocab_size
+    from .expansion_sets import expand
+    from .tree import DraftTree
 except ImportError:  # the template inside the installed library
-    from hf_specdraft.tree import croppable_cache, resync_cache
+    from hf_specdraft.cape.expansion_sets import expand
+    from hf_specdraft.core.cache import croppable_cache, resync_cache
+    from hf_specdraft.core.drafting import TreeCandidateGenerator, output_vocab_size
+    from hf_specdraft.core.tree import DraftTree
 
 _LOADED_DRAFTS = {}  # (checkpoint, device, dtype) -> draft model, so repeated generate calls load it once
-
-
-def output_vocab_size(model):
-    """Rows of the model's output embedding, i.e. how many token ids its logits score."""
-    if getattr(model.config, "draft_token_ids", None) is not None:  # a reduced draft vocabulary scored as the full one
-        return int(model.config.vocab_size)
-    head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is not None:
-        return int(head.weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
 
 
 class CausalLMDrafter:
@@ -94,6 +93,25 @@ class CausalLMDrafter:
             probs.append(q)
         self.seen = torch.cat([ids, *tokens])[:-1]  # the last drafted token was never fed
         return torch.cat(tokens), torch.stack(probs)
+
+
+class CapeTreeDrafter(TreeCandidateGenerator):
+    """CAPE over a chain drafter, as the core loop's drafter: each step the chain of γ greedy tokens with q, every
+    position's expansion set of K_i = S(max q_i) next-best tokens as leaves beside it, within the verification budget.
+
+    Args:
+        drafter: a chain drafter (:class:`CausalLMDrafter`, or a draft model's own ``cape_drafter(target)``).
+        num_draft_tokens (`int`): γ. schedule: S(p) as checked ``(upper_bound, K)`` bins. budget (`int`): most tree nodes.
+    """
+
+    def __init__(self, drafter, num_draft_tokens, schedule, budget):
+        super().__init__()
+        self.drafter, self.num_draft_tokens, self.schedule, self.budget = drafter, num_draft_tokens, schedule, budget
+
+    def propose(self, input_ids, target_cache=None):
+        chain, q = self.drafter.propose(input_ids, target_cache, self.num_draft_tokens)
+        tokens, parents = expand(chain.to(input_ids.device), q.to(input_ids.device), self.schedule, self.budget)
+        return DraftTree(tokens, parents)
 
 
 def make_drafter(draft_model, target):

@@ -74,7 +74,7 @@ def tree_rejection_sampling(target_probs, tree, generator: torch.Generator | Non
 
     Args:
         target_probs: ``row -> p`` `(V,)`: row 0 scores the children of the root, row ``i + 1`` those of node ``i``.
-        tree (:class:`~hf_specdraft.tree.DraftTree`): with ``draft_probs`` and ``sampled`` flags; siblings unique.
+        tree (:class:`~hf_specdraft.core.tree.DraftTree`): with ``draft_probs`` and ``sampled`` flags; siblings unique.
         generator: optional RNG.
 
     Returns:
@@ -218,7 +218,7 @@ def accept_tree(rows, tree: DraftTree, acceptance: ConditionalAcceptance | None,
         rows: the target's rows, with ``choice(row) -> int`` (its own token: argmax, or a sample from p) and
             ``probs(row) -> (V,)``; row 0 scores the token after the last accepted one, row ``1 + i`` the token
             after node ``i`` (the loop's ``_TargetRows``).
-        tree (:class:`~hf_specdraft.tree.DraftTree`): the verified proposal.
+        tree (:class:`~hf_specdraft.core.tree.DraftTree`): the verified proposal.
         acceptance: CASD's rule, or `None` for exact matching.
         eos_token_ids: what ``p(eos)`` means for ``acceptance``.
 

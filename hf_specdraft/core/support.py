@@ -1,14 +1,14 @@
 """Which models the loop can verify drafts for, asked of the model's config and of the cache transformers builds.
 
 Tree verification needs three things of a target: a KV cache whose positions can be gathered to the accepted
-path (:func:`~hf_specdraft.tree.compact_cache`), an attention that takes a 4-D mask with a position per tree
+path (:func:`~hf_specdraft.core.cache.compact_cache`), an attention that takes a 4-D mask with a position per tree
 node, and a forward that takes ``past_key_values``. Models fall in three groups:
 
 - **trees and chains**: attention-only models (Llama, Mistral, Qwen, Gemma, GPT-2, …): every layer of
   ``DynamicCache(config=...)`` is a ``DynamicLayer`` or ``DynamicSlidingWindowLayer``.
 - **chains only**: ALiBi models (Bloom, MPT, Falcon with ``alibi=True``) build their position bias from a 2-D
   padding mask and reject a 4-D tree mask, so every proposed tree is verified as its first-child chain
-  (:meth:`~hf_specdraft.tree.DraftTree.main_chain`; counted in ``speculative_stats.extra``). Models whose only
+  (:meth:`~hf_specdraft.core.tree.DraftTree.main_chain`; counted in ``speculative_stats.extra``). Models whose only
   non-attention layers are short convolutions (LFM2's ``conv`` layers) keep, with past recording, the inputs a
   ``crop`` needs to roll their state back exactly: chains, on the cache's own ``crop``.
 - **refused**: the few model types listed in ``MISMATCHED_MODEL_TYPES`` (output that did not match their own

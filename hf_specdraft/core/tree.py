@@ -18,10 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
-
-WINDOWED_LAYER_TYPES = ("sliding_attention", "chunked_attention")  # transformers' names for layers with a window
 
 
 @dataclass
@@ -37,7 +33,7 @@ class DraftTree:
             speculative sampling (Leviathan et al. 2023, Algorithm 1) and lenient acceptance.
         sampled (`torch.BoolTensor` of shape `(N,)`, *optional*): True where the node's token was *drawn* from its
             ``draft_probs`` row (not picked, e.g. a CAPE expansion token or a beam). Under sampling, trees with it are
-            verified by multi-branch rejection sampling (:func:`~hf_specdraft.acceptance.tree_rejection_sampling`).
+            verified by multi-branch rejection sampling (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`).
     """
 
     tokens: torch.Tensor
@@ -170,7 +166,7 @@ def tree_mask(parents: torch.Tensor, prefix_length: int, dtype: torch.dtype, dev
     """Mask and positions for tree nodes on top of a cached prefix: each node sees the prefix and its ancestors-or-self.
 
     The one tree mask of the library: verification (:func:`tree_attention_inputs`) and a draft scoring a beam tree
-    (:class:`~hf_specdraft.drafting.DraftModelTreeScorer`) both build theirs here.
+    (:class:`~hf_specdraft.core.drafting.DraftModelTreeScorer`) both build theirs here.
 
     Args:
         parents (`torch.LongTensor` of shape `(N,)`): every node of the tree (``-1``: a child of the prefix).
@@ -190,143 +186,3 @@ def tree_mask(parents: torch.Tensor, prefix_length: int, dtype: torch.dtype, dev
     allowed[:, prefix_length:] = ancestors[n - queries :]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None], (prefix_length + depth)[None]
-
-
-def tree_attention_inputs(tree: DraftTree, past_length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask and positions to verify ``[last token] + tree.tokens`` on top of a cache of ``past_length``.
-
-    The last accepted token sits at position ``past_length`` and sees the whole cache; node ``i`` sits at
-    ``past_length + 1 + depth[i]`` and sees the cache, the last token and its ancestors-or-self: the tree with the
-    last token as its root, through :func:`tree_mask`.
-
-    Returns:
-        `(attention_mask, position_ids)`: an additive float mask `(1, 1, 1+N, past_length+1+N)` in
-        ``dtype`` and `(1, 1+N)` long positions.
-    """
-    parents = tree.parents.to(device)
-    rooted = torch.cat([parents.new_full((1,), -1), torch.where(parents < 0, 0, parents + 1)])
-    return tree_mask(rooted, past_length, dtype, device)
-
-
-def layer_masks(model, cache: DynamicCache, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor):
-    """The tree mask each attention layer of ``model`` takes on ``cache``.
-
-    Without sliding-window or chunked layers this is ``mask`` itself. With them, transformers' models take one
-    mask per ``config.layer_types`` entry (a dict; Mistral-style configs without ``layer_types`` window every
-    layer and take one tensor). A windowed layer attends from a query at position ``p`` only to keys at positions
-    ``> p - window`` (transformers' ``sliding_window_overlay``; chunked, Llama 4: keys in ``p``'s chunk of
-    ``window`` positions), each tree node counted at its own position. A sliding-window cache layer hands the
-    attention only its newest keys (``cache.get_mask_sizes``): its mask keeps only their columns. Every key a
-    tree node may see is among them, since every node sits at or after the last accepted position.
-
-    Args:
-        mask: additive float mask `(1, 1, Q, K)` over every cached key plus the queries.
-        query_positions: `(1, Q)` long, as passed to the model.
-        key_positions: `(K,)` long, the position of each of ``mask``'s columns.
-
-    Returns:
-        ``mask``, or a dict ``{layer type: (1, 1, Q, K_type) mask}``, or one windowed mask.
-    """
-    config = model.config.get_text_config()
-    declared = getattr(config, "layer_types", None) or ()
-    if not (getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
-            or any(kind in WINDOWED_LAYER_TYPES for kind in declared)):
-        return mask  # no windowed layer can be built from this config (Llama, GPT-2, ...): nothing to ask per layer
-    types, kwargs = get_layer_types_and_kwargs(config)
-    windowed = {i for i, t in enumerate(types) if t in WINDOWED_LAYER_TYPES}
-    if not windowed:
-        return mask
-    q = query_positions.shape[-1]
-    masks = {}
-    for i, kind in enumerate(types):
-        if kind in masks:
-            continue
-        if i not in windowed:
-            masks[kind] = mask
-            continue
-        window = kwargs[i]["sliding_window"]
-        handed = cache.get_mask_sizes(q, i)[0]  # a sliding cache layer hands over only its newest keys
-        keys, query = key_positions[-handed:].to(mask.device), query_positions[0, :, None].to(mask.device)
-        inside = (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)
-        masks[kind] = mask[..., -handed:].masked_fill(~inside[None, None], torch.finfo(mask.dtype).min)
-    return masks if getattr(config, "layer_types", None) is not None else masks[types[0]]
-
-
-def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
-    """Keep only the sequence positions ``keep`` `(M,)` of every layer of ``cache``, in place.
-
-    When ``keep`` is ``arange(M)`` this is a crop. Otherwise keys/values are gathered with
-    ``index_select`` on the sequence dimension; cached keys are post-RoPE, and the kept tree nodes were
-    rotated at ``prefix_len + depth``, which is exactly their final sequence position. A sliding-window
-    layer holds only its newest keys: its indices are shifted by what it no longer holds, and afterwards it
-    is trimmed back to the ``window - 1`` keys the next forward can see (:func:`trim_windows`).
-    """
-    length = cache.get_seq_length()
-    m = keep.numel()
-    if m == length:
-        trim_windows(cache)
-        return
-    if bool((keep == torch.arange(m, device=keep.device)).all()):
-        cache.crop(m - length)  # transformers 5.23 crops by a negative count of tokens to drop (sliding layers too)
-        trim_windows(cache)
-        return
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
-            shift = length - layer.keys.shape[-2]  # positions a sliding-window layer no longer holds
-            index = keep.to(layer.keys.device)
-            index = index[index >= shift] - shift
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
-            if hasattr(layer, "cumulative_length"):  # sliding-window layers count the tokens seen
-                layer.cumulative_length = m
-    trim_windows(cache)
-
-
-def trim_windows(cache: DynamicCache) -> None:
-    """Drop the keys no later forward can see from sliding-window layers that record their past.
-
-    With past recording on (the loop turns it on, so that a rejected branch never pushes a key out of
-    the window), such a layer keeps every key until a crop. After compaction only the newest
-    ``window - 1`` are ever seen again, so the cache stays the window's size at any length.
-    """
-    for layer in cache.layers:
-        window = getattr(layer, "sliding_window", None)
-        if window and getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > window - 1 >= 0 and layer.cumulative_length >= window:
-            layer.keys = layer.keys[:, :, -window + 1 :]
-            layer.values = layer.values[:, :, -window + 1 :]
-
-
-def croppable_cache(model) -> DynamicCache:
-    """A cache for a draft that is cropped back to the accepted text every step, at any length.
-
-    The layers transformers builds for ``model``, with each sliding-window (or chunked) layer replaced by a full
-    one: such a layer drops the keys a crop past its window would need. transformers' own sliding masks select
-    the window on a full layer, and tree masks get it from :func:`~hf_specdraft.tree.layer_masks`. A draft is
-    small, so keeping its whole past costs little; the target keeps its windows (the loop trims them).
-    """
-    cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
-    return cache
-
-
-def common_prefix(seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
-    """How many of a draft cache's tokens ``seen`` `(S,)` a re-sync to the accepted text ``ids`` `(L,)` keeps: their common
-    prefix, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits)."""
-    seen = seen.to(ids.device)
-    m = min(seen.numel(), ids.numel())
-    differ = (seen[:m] != ids[:m]).nonzero()
-    return min(int(differ[0]) if differ.numel() else m, ids.numel() - 1 if limit is None else limit)
-
-
-def resync_cache(cache: DynamicCache, seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
-    """Crop a draft's own cache (covering the 1-D tokens ``seen``) back to its common prefix with the accepted text
-    ``ids`` `(L,)`, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits).
-
-    Every drafter that keeps its cache across steps (draft model, GLIDE, CAPE's beam scorer, the cascade's drafts,
-    the shipped CAPE loop) re-syncs this way after verification. Returns the kept length: feed ``ids[keep:]`` next.
-    """
-    keep = common_prefix(seen, ids, limit)
-    if cache.get_seq_length() > keep:
-        cache.crop(keep - cache.get_seq_length())  # transformers 5.23 crops by a negative count too
-    return keep
-

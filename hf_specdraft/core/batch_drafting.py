@@ -1,10 +1,10 @@
-"""One draft forward for every row of a batch: chain drafting over a ragged draft cache (:mod:`hf_specdraft.batched`).
+"""One draft forward for every row of a batch: chain drafting over a ragged draft cache (:mod:`hf_specdraft.core.loop`).
 
 Run per row, a draft model costs ``B`` forwards per drafted token; here it costs one of batch ``B``. The draft's
 own ``DynamicCache`` holds every active row; each row remembers which of its columns are valid (``columns[a]``, in
 sequence order) and which tokens they cover (``seen[a]``). A step re-syncs each row to its accepted text by common
-prefix (:func:`~hf_specdraft.tree.resync_cache`'s rule), gathers the kept columns back into a right-aligned block
-(:func:`~hf_specdraft.batched.repack_cache`), feeds each row's new tokens (left-padded to the longest feed: the
+prefix (:func:`~hf_specdraft.core.cache.resync_cache`'s rule), gathers the kept columns back into a right-aligned block
+(:func:`~hf_specdraft.core.cache.repack_cache`), feeds each row's new tokens (left-padded to the longest feed: the
 padding slots stay in the cache as masked holes until the next gather) and drafts γ tokens in lockstep. The draft
 sees a 2D padding mask and explicit positions, so every row is computed as it would be alone.
 """
@@ -16,7 +16,8 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache
 
-from .tree import DraftTree, common_prefix
+from .cache import common_prefix, repack_cache
+from .tree import DraftTree
 
 # forward(input_ids (A, k), attention_mask (A, K) 0/1 over cache + new columns, position_ids (A, k)) -> logits (A, V) of the last column
 DraftForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -40,7 +41,7 @@ def target_key_mask(width: int, cached: list[int], positions: torch.Tensor, dtyp
 
 class BatchProposer:
     """What the batched loop asks of a drafter that proposes for every active row at once
-    (:meth:`~hf_specdraft.drafting.TreeCandidateGenerator.batch_drafter` returns one).
+    (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.batch_drafter` returns one).
 
     The loop sets :attr:`target` to ``(target cache, [cached columns per row])`` before each :meth:`propose`, and calls
     :meth:`keep_rows` when rows leave the batch.
@@ -62,7 +63,7 @@ class BatchChainDrafter(BatchProposer):
     """Chain drafting of ``num_draft_tokens`` (γ) tokens for every active row in one forward per token.
 
     Args:
-        drafters: the rows' drafters (forks of one :class:`~hf_specdraft.drafting.TreeCandidateGenerator` sharing a model):
+        drafters: the rows' drafters (forks of one :class:`~hf_specdraft.core.drafting.TreeCandidateGenerator` sharing a model):
             each keeps its sampling settings and forward counts; the cache lives here.
         cache: the draft's empty cache, built as the drafter builds its own.
         forward: one draft forward (see :data:`DraftForward`); it may read ``self.target`` (set per step).
@@ -87,8 +88,6 @@ class BatchChainDrafter(BatchProposer):
     @torch.no_grad()
     def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
         """Draft a γ-token chain after each row's accepted text ``texts[a]`` `(L_a,)`; the forward may read :attr:`target`."""
-        from .batched import repack_cache
-
         device = self.device
         texts = [t.to(device) for t in texts]
         keep = [common_prefix(seen.to(device), ids) for seen, ids in zip(self.seen, texts)]

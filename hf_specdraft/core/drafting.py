@@ -18,7 +18,9 @@ from transformers.generation import CandidateGenerator, TemperatureLogitsWarper,
 
 from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
 from .batch_drafting import BatchChainDrafter, BatchProposer
-from .tree import DraftTree, croppable_cache, layer_masks, resync_cache, tree_mask
+from .cache import croppable_cache, resync_cache
+from .tree import DraftTree, tree_mask
+from .verify import layer_masks
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
@@ -101,13 +103,13 @@ class TreeCandidateGenerator(CandidateGenerator):
         return q.argmax(-1, keepdim=True)
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
-        """A proposer for every row of a batch at once (:class:`~hf_specdraft.batch_drafting.BatchChainDrafter`: one
+        """A proposer for every row of a batch at once (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`: one
         draft forward of batch B per drafted token), or `None` (the default): the batched loop then calls each row's
         :meth:`propose`. ``drafters`` are the rows' drafters, this one and its forks."""
         return None
 
     def fork(self) -> TreeCandidateGenerator:
-        """A copy of this drafter for another sequence of a batch (:mod:`hf_specdraft.batched`).
+        """A copy of this drafter for another sequence of a batch (:mod:`hf_specdraft.core.loop`).
 
         Models, modules and tensors (weights, Max-Gram's table, a CASD context) are shared, not copied: drafters
         replace their per-request tensors rather than write into them. Everything else (caches, counters, options) is

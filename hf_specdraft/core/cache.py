@@ -1,0 +1,171 @@
+"""Cache operations of the loop and the drafters: compaction after acceptance, repacking a batch, windows, re-syncs.
+
+The loop owns the target's ``DynamicCache`` (:func:`target_cache`). After each step it keeps only the verified
+prefix and the accepted path:
+
+* a row that owns the cache (batch 1, unpadded) is *compacted* in place (:func:`compact_cache`: a crop when the
+  first-child chain was accepted, an ``index_select`` otherwise; sliding-window layers trimmed to their window);
+* a padded batch shares one right-aligned cache, *repacked* each step (:func:`repack_cache`: one ``index_select``
+  per tensor keeps every surviving row's columns). Why repacked, not holed: rejected tree columns leave the cache at
+  once, so attention and memory stay at the longest row's accepted length, never the sum of everything verified;
+  the gather costs one copy of the cache a step, which ``DynamicCache.update``'s own concatenation already pays.
+
+Drafters keep caches of their own and crop them back to the accepted text (:func:`resync_cache`).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .rows import Row
+from .support import cache_window, convolution_only
+
+
+def target_cache(model, shared: bool) -> DynamicCache:
+    """The target's cache for one ``generate`` call.
+
+    A row that owns it keeps the layers transformers builds; sliding-window layers and convolution layers record
+    their past during a step (a rejected branch never pushes an accepted key out of the window, and a crop restores a
+    convolution's inputs), trimmed after compaction (:func:`trim_windows`). A ``shared`` (padded batch) cache is
+    :func:`croppable_cache`: full layers, repacked by index (windowed targets stay within one window there,
+    :func:`~hf_specdraft.core.inputs.check_batch_setup`).
+    """
+    if shared:
+        return croppable_cache(model)
+    cache = DynamicCache(config=model.config)
+    if convolution_only(model) or cache_window(cache) is not None:
+        cache.activate_past_recording()
+    return cache
+
+
+def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
+    """Keep only the sequence positions ``keep`` `(M,)` of every layer of ``cache``, in place.
+
+    When ``keep`` is ``arange(M)`` this is a crop. Otherwise keys/values are gathered with
+    ``index_select`` on the sequence dimension; cached keys are post-RoPE, and the kept tree nodes were
+    rotated at ``prefix_len + depth``, which is exactly their final sequence position. A sliding-window
+    layer holds only its newest keys: its indices are shifted by what it no longer holds, and afterwards it
+    is trimmed back to the ``window - 1`` keys the next forward can see (:func:`trim_windows`).
+    """
+    length = cache.get_seq_length()
+    m = keep.numel()
+    if m == length:
+        trim_windows(cache)
+        return
+    if bool((keep == torch.arange(m, device=keep.device)).all()):
+        cache.crop(m - length)  # transformers 5.23 crops by a negative count of tokens to drop (sliding layers too)
+        trim_windows(cache)
+        return
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
+            shift = length - layer.keys.shape[-2]  # positions a sliding-window layer no longer holds
+            index = keep.to(layer.keys.device)
+            index = index[index >= shift] - shift
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+            if hasattr(layer, "cumulative_length"):  # sliding-window layers count the tokens seen
+                layer.cumulative_length = m
+    trim_windows(cache)
+
+
+def trim_windows(cache: DynamicCache) -> None:
+    """Drop the keys no later forward can see from sliding-window layers that record their past.
+
+    With past recording on (the loop turns it on, so that a rejected branch never pushes a key out of
+    the window), such a layer keeps every key until a crop. After compaction only the newest
+    ``window - 1`` are ever seen again, so the cache stays the window's size at any length.
+    """
+    for layer in cache.layers:
+        window = getattr(layer, "sliding_window", None)
+        if window and getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > window - 1 >= 0 and layer.cumulative_length >= window:
+            layer.keys = layer.keys[:, :, -window + 1 :]
+            layer.values = layer.values[:, :, -window + 1 :]
+
+
+def croppable_cache(model) -> DynamicCache:
+    """A cache for a draft that is cropped back to the accepted text every step, at any length.
+
+    The layers transformers builds for ``model``, with each sliding-window (or chunked) layer replaced by a full
+    one: such a layer drops the keys a crop past its window would need. transformers' own sliding masks select
+    the window on a full layer, and tree masks get it from :func:`~hf_specdraft.core.verify.layer_masks`. A draft is
+    small, so keeping its whole past costs little; the target keeps its windows (the loop trims them).
+    """
+    cache = DynamicCache(config=model.config)
+    cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
+    return cache
+
+
+def common_prefix(seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
+    """How many of a draft cache's tokens ``seen`` `(S,)` a re-sync to the accepted text ``ids`` `(L,)` keeps: their common
+    prefix, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits)."""
+    seen = seen.to(ids.device)
+    m = min(seen.numel(), ids.numel())
+    differ = (seen[:m] != ids[:m]).nonzero()
+    return min(int(differ[0]) if differ.numel() else m, ids.numel() - 1 if limit is None else limit)
+
+
+def resync_cache(cache: DynamicCache, seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
+    """Crop a draft's own cache (covering the 1-D tokens ``seen``) back to its common prefix with the accepted text
+    ``ids`` `(L,)`, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits).
+
+    Every drafter that keeps its cache across steps (draft model, GLIDE, CAPE's beam scorer, the cascade's drafts,
+    the shipped CAPE loop) re-syncs this way after verification. Returns the kept length: feed ``ids[keep:]`` next.
+    """
+    keep = common_prefix(seen, ids, limit)
+    if cache.get_seq_length() > keep:
+        cache.crop(keep - cache.get_seq_length())  # transformers 5.23 crops by a negative count too
+    return keep
+
+
+def repack_cache(cache: DynamicCache, keep: list[torch.Tensor], rows: torch.Tensor) -> None:
+    """Keep, for each surviving row, the cache columns ``keep[i]`` (ascending), right-aligned into one block.
+
+    Args:
+        keep: per surviving row, the `(n_i,)` column indices it keeps; the block is ``max n_i`` wide.
+        rows: `(A',)` the batch rows that survive (finished rows leave).
+    """
+    width = max(int(k.numel()) for k in keep)
+    index = torch.empty(len(keep), width, dtype=torch.long)
+    for i, k in enumerate(keep):
+        filler = k[:1] if k.numel() else torch.zeros(1, dtype=torch.long)
+        index[i] = torch.cat([filler.expand(width - k.numel()), k])  # padding slots copy a kept column: finite, masked
+    rows = rows.cpu()
+    flats: dict[tuple, torch.Tensor] = {}  # (heads, columns, device) -> flat indices of the kept (row, head, column) vectors
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or not layer.keys.numel():
+            continue  # a layer that holds nothing yet (pipeline-split or lazily built caches) has nothing to keep
+        heads, columns = layer.keys.shape[1:3]
+        key = (heads, columns, layer.keys.device)
+        if key not in flats:  # layers may sit on several devices (device_map="auto")
+            flats[key] = ((rows[:, None, None] * heads + torch.arange(heads)[None, :, None]) * columns
+                          + index[:, None, :]).reshape(-1).to(layer.keys.device)
+        flat = flats[key]  # one index_select per tensor: 3x faster on CPU than gather with an expanded index
+        layer.keys = layer.keys.reshape(-1, layer.keys.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
+        layer.values = layer.values.reshape(-1, layer.values.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
+
+
+def row_cache(cache: DynamicCache, a: int, row: Row) -> DynamicCache:
+    """Row ``a``'s part of a shared batch cache as its own `(1, H, n_a, D)` cache of views (no copy), for a drafter."""
+    view = DynamicCache()
+    columns = cache.get_seq_length()
+    layers = []
+    for layer in cache.layers:
+        own = DynamicLayer()
+        if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+            own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
+            own.keys = layer.keys[a : a + 1, :, columns - row.cached :]
+            own.values = layer.values[a : a + 1, :, columns - row.cached :]
+        layers.append(own)
+    view.layers = layers
+    return view
+
+
+def keep_columns(cache: DynamicCache, keep: list[torch.Tensor], survivors: list[int], shared: bool) -> None:
+    """After a step: a row that owns the cache is compacted to ``keep[0]`` (finished or not: the returned cache covers
+    ``sequences[:, :-1]``); a shared cache is repacked to the surviving rows' ``keep`` (finished rows leave it)."""
+    if not shared:
+        compact_cache(cache, keep[0])
+    elif survivors:
+        repack_cache(cache, [keep[a] for a in survivors], torch.tensor(survivors, dtype=torch.long))

@@ -1,0 +1,186 @@
+"""Inputs of a call, checked before any forward: the prompt, its padding, the generation setup, one drafter per row and
+each row's own logits processors.
+
+Semantics follow transformers' batched ``generate``: prompts are left-padded with an ``attention_mask``, logits
+processors see the row with its left padding. Drafters: one per row. ``draft_model=`` builds one per row through the
+registry; one hf_specdraft drafter is copied per row (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.fork`:
+models and tables shared, per-request state fresh); a list gives each row its own.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers.generation import CandidateGenerator, LogitsProcessorList
+from transformers.generation.logits_process import (
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    UnbatchedClassifierFreeGuidanceLogitsProcessor,
+)
+
+from .acceptance import ConditionalAcceptance
+from .drafting import TreeCandidateGenerator, drafter_for
+from .support import cache_window, chains_only, convolution_only
+
+
+def check_input_ids(input_ids, model=None) -> None:
+    """A 2-D integer tensor of ids the model's embedding holds; a clear `ValueError` naming what is wrong otherwise."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a 2-D LongTensor of shape (B, L), got {type(input_ids).__name__} {getattr(input_ids, 'shape', '')}")
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids holds no rows: pass at least one prompt")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is empty: the prompt needs at least one token")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype}")
+    embeddings = model.get_input_embeddings() if model is not None else None
+    vocab = getattr(embeddings, "num_embeddings", None)
+    if vocab is not None:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab:
+            raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the model's vocabulary [0, {vocab}): "
+                             "was the prompt tokenized with another model's tokenizer?")
+
+
+def check_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
+    """The prompt lengths `(B,)` of a left-padded batch; a clear `ValueError` for any other mask."""
+    batch, length = input_ids.shape
+    if attention_mask is None:
+        return torch.full((batch,), length, dtype=torch.long)
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got "
+                         f"{type(attention_mask).__name__} {tuple(getattr(attention_mask, 'shape', ()))}")
+    mask = attention_mask.detach().cpu()
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token); got other values")
+    mask = mask.long()
+    lengths = mask.sum(-1)
+    if bool((lengths == 0).any()):
+        raise ValueError(f"attention_mask rows {(lengths == 0).nonzero().flatten().tolist()} are all padding: every prompt needs a token")
+    left_padded = torch.arange(length)[None] >= (length - lengths)[:, None]
+    if not torch.equal(mask.bool(), left_padded):
+        raise ValueError("attention_mask is not left padding: speculative decoding appends to the right of every row, so pad prompts "
+                         "on the left (tokenizer.padding_side = 'left', as for transformers' batched generate)")
+    return lengths
+
+
+def check_generation_setup(input_ids, generation_config: GenerationConfig, model_kwargs: dict, acceptance) -> None:
+    """What generate may hand the loop that speculative decoding cannot honour, refused by name before any forward."""
+    if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
+        raise ValueError("num_beams and num_return_sequences must be 1 (generate expands the batch for them) with speculative decoding")
+    check_input_ids(input_ids)
+    if generation_config.cache_implementation in ("static", "offloaded_static", "sliding_window", "hybrid"):
+        raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: speculative decoding compacts the cache and needs a DynamicCache (leave cache_implementation unset)")
+    passed = model_kwargs.get("past_key_values")
+    if passed is not None and (not isinstance(passed, DynamicCache) or passed.get_seq_length() > 0):
+        raise ValueError(f"past_key_values must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: speculative decoding needs its own DynamicCache")
+    # use_cache=False (MPT's config default, for one) is not refused: the loop always verifies against its own
+    # KV cache, and caching changes no output token.
+    if acceptance is not None and not isinstance(acceptance, ConditionalAcceptance):
+        raise TypeError(f"acceptance must be None or a ConditionalAcceptance, got {type(acceptance).__name__}")
+
+
+def check_batch_setup(model: PreTrainedModel, generation_config: GenerationConfig, streamer, batch: int) -> None:
+    """What the batched loop does not do yet, refused by name before any forward."""
+    if streamer is not None and batch > 1:
+        raise ValueError("a streamer takes one sequence: stream with batch size 1, or drop streamer= for a batch")
+    if generation_config.output_scores or generation_config.output_logits:
+        raise ValueError("output_scores / output_logits are per-step tensors of the whole batch, which rows that accept different "
+                         "numbers of tokens do not share: leave them off with a padded batch (batch size 1 unpadded supports them)")
+    chains = chains_only(model)
+    if chains or convolution_only(model):
+        raise ValueError(f"{type(model).__name__} cannot verify a padded batch: {chains or 'its convolution state is per sequence'}; "
+                         "run one unpadded prompt at a time")
+    window = cache_window(DynamicCache(config=model.config))
+    if window is not None and generation_config.max_length > window:
+        raise ValueError(f"{type(model).__name__} has a sliding window of {window} tokens and max_length is {generation_config.max_length}: "
+                         "batched speculative decoding supports windowed targets only within one window; lower max_new_tokens or "
+                         "run one unpadded prompt at a time")
+
+
+def resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> CandidateGenerator:
+    """The drafter of a call: ``candidate_generator`` checked (a list: one per row), or the registered drafter of ``draft_model``."""
+    if candidate_generator is not None and draft_model is not None:
+        raise ValueError("pass either candidate_generator= or draft_model=, not both")
+    if candidate_generator is None and draft_model is None:
+        raise ValueError("speculative_generate needs a drafter: pass candidate_generator=<CandidateGenerator> or draft_model=<causal LM>")
+    if draft_model is not None:
+        if isinstance(draft_model, str):
+            raise TypeError(
+                f"draft_model must be a loaded model, got the string {draft_model!r}: load it first, e.g. "
+                f"draft_model=AutoModelForCausalLM.from_pretrained({draft_model!r})"
+            )
+        if not isinstance(draft_model, PreTrainedModel):
+            raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
+        return drafter_for(draft_model, num_draft_tokens)  # GLIDE registers its own drafter: it reads the target's cache
+    if isinstance(candidate_generator, (list, tuple)):  # one drafter per row of a batch
+        if not candidate_generator:
+            raise ValueError("candidate_generator is an empty list: give one drafter per row of input_ids")
+        return [resolve_generator(g, None, num_draft_tokens) for g in candidate_generator]
+    if not isinstance(candidate_generator, CandidateGenerator):
+        raise TypeError(f"candidate_generator must be a transformers CandidateGenerator (or a list of one per row), got {type(candidate_generator).__name__}")
+    if getattr(candidate_generator, "requires_model_outputs", False) and not isinstance(candidate_generator, TreeCandidateGenerator):
+        raise ValueError(
+            f"{type(candidate_generator).__name__} needs transformers' assisted-decoding model outputs, which this loop does not "
+            "produce; use it with target.generate(assistant_model=...) instead"
+        )
+    return candidate_generator
+
+
+def row_drafters(generator, batch: int) -> list[CandidateGenerator]:
+    """One drafter per row: ``generator`` itself for one row, a list as given, else forks of one hf_specdraft drafter."""
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != batch:
+            raise ValueError(f"candidate_generator lists {len(generator)} drafters for a batch of {batch} rows: give one per row")
+        bad = [type(g).__name__ for g in generator if not isinstance(g, CandidateGenerator)]
+        if bad:
+            raise TypeError(f"candidate_generator list must hold transformers CandidateGenerators, got {bad}")
+        if batch > 1 and len({id(g) for g in generator}) != batch:
+            raise ValueError("candidate_generator lists the same drafter object twice: each row needs its own (drafter.fork())")
+        return list(generator)
+    if batch == 1:
+        return [generator]
+    if not isinstance(generator, TreeCandidateGenerator):
+        raise ValueError(f"{type(generator).__name__} drafts for one sequence and cannot be copied per row; pass one prompt, a list of "
+                         "one drafter per row, or an hf_specdraft drafter (TreeCandidateGenerator)")
+    return [generator.fork() for _ in range(batch)]
+
+
+def row_processors(processors: LogitsProcessorList, row: int, batch: int) -> LogitsProcessorList:
+    """Row ``row``'s own copy of ``generate``'s logits processors, which were built for the whole batch.
+
+    The loop calls them on one row at a time, so state kept per batch row is cut to that row: the repetition
+    penalty's per-row padding lengths `(B,)`, the batch id ``prefix_allowed_tokens_fn`` receives, the unconditional
+    context of classifier-free guidance (one running cache per row). Every other processor is copied shallowly, so
+    state it creates on its first call (SynthID's) is the row's own.
+    """
+    if batch == 1:
+        return processors
+    own = LogitsProcessorList()
+    for processor in processors:
+        mine = copy.copy(processor)
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(processor.prompt_ignore_length, torch.Tensor):
+            mine.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+            allowed = processor._prefix_allowed_tokens_fn
+            mine._prefix_allowed_tokens_fn = lambda batch_id, sent, allowed=allowed: allowed(row + batch_id, sent)
+        elif isinstance(processor, UnbatchedClassifierFreeGuidanceLogitsProcessor):
+            context = dict(processor.unconditional_context)
+            for key in ("input_ids", "attention_mask"):
+                if isinstance(context[key], torch.Tensor) and context[key].shape[0] == batch:
+                    context[key] = context[key][row : row + 1]
+            mine.unconditional_context = context
+        own.append(mine)
+    return own
+
+
+def eos_list(generation_config: GenerationConfig) -> list[int]:
+    """The eos token ids of ``generation_config`` as a list (empty without one)."""
+    eos = generation_config.eos_token_id
+    if eos is None:
+        return []
+    if isinstance(eos, torch.Tensor):
+        return eos.flatten().tolist()
+    return [eos] if isinstance(eos, int) else list(eos)

@@ -1,0 +1,426 @@
+"""The one speculative decoding loop every drafter shares, for any batch size: propose → verify → accept → emit → compact.
+
+This is the only module that touches transformers' generation internals. It runs as transformers'
+supported ``custom_generate`` callable, so ``generate`` prepares the generation config, the logits
+processors and the stopping criteria exactly as it does for its own decoding methods::
+
+    out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft, max_new_tokens=64)
+
+or called directly (it then goes through ``target.generate`` itself)::
+
+    out = speculative_generate(target, input_ids, candidate_generator=MyDrafter(), max_new_tokens=64)
+
+A call decodes ``B >= 1`` rows (:class:`~hf_specdraft.core.rows.Row`); batch 1 is one row. Each step
+(:func:`speculative_step`) every active row proposes a tree, one target forward verifies every row's
+``[last token] + tree`` (:mod:`~hf_specdraft.core.verify`), each row accepts a path by its own rule
+(:mod:`~hf_specdraft.core.acceptance`) and emits it plus the target's next token, stopping where ``generate`` would;
+then the cache keeps each row's accepted path (:mod:`~hf_specdraft.core.cache`). Rows accept different numbers of
+tokens, stop at different times and then leave the batch.
+
+Invariant at the start of every step: each active row's text but its newest token sits in the target cache, in the
+cache's last ``row.cached`` columns. One unpadded row *owns* the cache (its columns are all of them); a padded batch
+*shares* it, right-aligned. Batch semantics follow transformers' batched ``generate``: ``max_length`` counts from the
+padded prompt, finished rows are padded with ``pad_token_id`` on the right; each row's greedy output equals its own
+batch-1 ``generate(do_sample=False)``.
+
+Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation import CandidateGenerator
+from transformers.utils import ModelOutput
+
+from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
+from .cache import keep_columns, row_cache, target_cache
+from .drafting import TreeCandidateGenerator, output_vocab_size
+from .inputs import (
+    check_batch_setup,
+    check_generation_setup,
+    check_input_ids,
+    check_padding,
+    eos_list,
+    resolve_generator,
+    row_drafters,
+    row_processors,
+)
+from .projection import few_token_linears
+from .rows import Outputs, Row, TargetRows
+from .stats import SpeculativeStats, overlap
+from .support import chains_only, check_target
+from .tree import DraftTree
+from .verify import verify_inputs
+
+
+@dataclass
+class SpeculativeGenerateOutput(ModelOutput):
+    """``return_dict_in_generate=True`` result.
+
+    Args:
+        sequences (`torch.LongTensor` of shape `(B, L)`): prompt + generated tokens (a batch's finished rows padded with
+            ``pad_token_id`` on the right).
+        scores (`tuple(torch.FloatTensor)`, *optional*): processed target scores `(1, V)` per generated
+            token (``output_scores=True``).
+        logits (`tuple(torch.FloatTensor)`, *optional*): raw target logits `(1, V)` per generated token
+            (``output_logits=True``).
+        past_key_values: the target cache, covering ``sequences[:, :-1]``.
+        speculative_stats (:class:`~hf_specdraft.core.stats.SpeculativeStats`): per-step statistics (of every row, for a
+            padded batch: :func:`speculative_steps`).
+        row_stats (`tuple(SpeculativeStats)`, *optional*): a padded batch's statistics per row.
+    """
+
+    sequences: torch.LongTensor | None = None
+    scores: tuple[torch.FloatTensor, ...] | None = None
+    logits: tuple[torch.FloatTensor, ...] | None = None
+    past_key_values: DynamicCache | None = None
+    speculative_stats: SpeculativeStats | None = None
+    row_stats: tuple[SpeculativeStats, ...] | None = None
+
+
+def speculative_generate(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: GenerationConfig | None = None,
+    candidate_generator: CandidateGenerator | None = None,
+    draft_model: PreTrainedModel | None = None,
+    num_draft_tokens: int = 5,
+    acceptance: ConditionalAcceptance | None = None,
+    token_streamer=None,
+    **kwargs,
+):
+    """Speculative decoding with any drafter, as a ``custom_generate`` callable or a direct call.
+
+    Args:
+        model: the target causal LM.
+        input_ids (`torch.LongTensor` of shape `(B, L)`): the prompts, left-padded with ``attention_mask`` when `B > 1`
+            (each row drafts and accepts on its own, :func:`speculative_steps`).
+        candidate_generator: any ``transformers.generation.CandidateGenerator``. hf_specdraft drafters
+            (:class:`~hf_specdraft.core.drafting.TreeCandidateGenerator`) may propose trees.
+        draft_model: shortcut for ``candidate_generator=DraftModelCandidateGenerator(draft_model, num_draft_tokens)``
+            (the drafter registered for its model type instead, :func:`~hf_specdraft.core.drafting.register_drafter`:
+            ``GlideCandidateGenerator`` for a GLIDE draft).
+        num_draft_tokens: γ for ``draft_model``.
+        acceptance: ``None`` for exact verification (greedy match, or speculative sampling when
+            ``do_sample=True``: lossless), or a :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance` (CASD).
+        token_streamer: a transformers streamer. Under ``generate(custom_generate=...)`` transformers drops
+            its own ``streamer=`` argument before calling a custom callable, so pass it under this name
+            there; a direct call also accepts ``streamer=``.
+        kwargs: anything ``generate`` takes (``max_new_tokens``, ``do_sample``, ``eos_token_id``,
+            ``stopping_criteria``, ``repetition_penalty``, ``return_dict_in_generate``, …).
+
+    Returns:
+        `torch.LongTensor` `(B, L + n)`, or :class:`SpeculativeGenerateOutput` with
+        ``return_dict_in_generate=True``.
+    """
+    prepared = (
+        isinstance(logits_processor, LogitsProcessorList)
+        and isinstance(stopping_criteria, StoppingCriteriaList)
+        and isinstance(generation_config, GenerationConfig)
+        and "use_cache" in kwargs
+    )
+    if prepared:  # called by transformers' generate(custom_generate=speculative_generate)
+        return _speculative_loop(
+            model, input_ids, logits_processor, stopping_criteria, generation_config,
+            resolve_generator(candidate_generator, draft_model, num_draft_tokens), acceptance, token_streamer, kwargs,
+        )
+    if input_ids is None:
+        input_ids = kwargs.pop("inputs", None)
+    check_input_ids(input_ids, model)
+    check_padding(kwargs.get("attention_mask"), input_ids)  # a mask of another shape or padded on the right fails here
+    resolve_generator(candidate_generator, draft_model, num_draft_tokens)  # fail before generate's preparation
+    max_new_tokens = kwargs.get("max_new_tokens")
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens <= 0):
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    streamer = kwargs.pop("streamer", None) or token_streamer
+    return model.generate(
+        input_ids,
+        generation_config=generation_config,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        custom_generate=speculative_generate,
+        candidate_generator=candidate_generator,
+        draft_model=draft_model,
+        num_draft_tokens=num_draft_tokens,
+        acceptance=acceptance,
+        token_streamer=streamer,
+        **kwargs,
+    )
+
+
+@torch.no_grad()
+def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
+    """Check the call, prefill the target, run :func:`speculative_steps`, return what ``generate`` would."""
+    check_target(model)  # recurrent-state models are refused before any forward (core.support)
+    check_input_ids(input_ids, model)
+    lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
+    batch, padded = input_ids.shape
+    shared = batch > 1 or int(lengths[0]) < padded  # a batch, or one left-padded prompt: rows share a right-aligned cache
+    if shared:
+        check_batch_setup(model, generation_config, streamer, batch)
+    check_generation_setup(input_ids, generation_config, model_kwargs, acceptance)
+    rows = [Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), row_processors(logits_processor, r, batch))
+            for r, g in enumerate(row_drafters(generator, batch))]
+    for row in rows:
+        if isinstance(row.generator, TreeCandidateGenerator):
+            row.generator.prepare(model, generation_config)
+    chains = chains_only(model)  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
+    if chains:
+        rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
+    cache = target_cache(model, shared)
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    prefill = _prefill(model, cache, input_ids, rows, shared)
+    for row in rows:
+        row.out.stats.prefill_seconds = prefill / batch
+        row.done = row.ids.shape[1] >= generation_config.max_length
+    active = [row for row in rows if not row.done]
+    if shared and len(active) < batch:  # rows finished before any step (the prompt already at max_length) leave the cache
+        keep_columns(cache, [torch.arange(cache.get_seq_length() - row.cached, cache.get_seq_length()) for row in rows],
+                     [row.index for row in active], shared)
+    with few_token_linears(model):
+        layout = speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared)
+    if streamer is not None:
+        streamer.end()
+    return _result(rows, generator, generation_config, cache, layout, shared)
+
+
+def _prefill(model, cache: DynamicCache, input_ids: torch.LongTensor, rows: list[Row], shared: bool) -> float:
+    """Fill the cache with every row's prompt but its newest token; the logits are not needed. Returns seconds."""
+    start = time.perf_counter()
+    if input_ids.shape[1] > 1 and not shared:
+        model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, **_no_logits_kwargs(model))
+    elif input_ids.shape[1] > 1:
+        device = input_ids.device
+        mask = (torch.arange(input_ids.shape[1], device=device)[None] >= torch.tensor([r.pad for r in rows], device=device)[:, None]).long()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
+              use_cache=True, **_no_logits_kwargs(model))
+        for layer in cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
+            layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
+    return time.perf_counter() - start
+
+
+def speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared) -> dict:
+    """Speculative steps until every row is done.
+
+    Returns what the loop's layout cost, for a shared cache's statistics: ``repack_seconds`` and ``steps`` (gathers),
+    ``widest_repacked`` (the widest the repacked cache got) and ``holes_columns`` (how wide a cache masking rejected
+    columns in place would have grown from the prompt: the sum of every step's verified width); and the forwards run
+    for the whole batch (``target_forwards``; ``batch_draft_forwards``, `None` when rows draft one by one).
+    """
+    layout = {"repack_seconds": 0.0, "steps": 0, "widest_repacked": cache.get_seq_length(), "holes_columns": cache.get_seq_length(),
+              "target_forwards": 0, "batch_draft_forwards": None}
+    drafters = [row.generator for row in active]
+    together = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
+    if shared and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters):
+        together = drafters[0].batch_drafter(drafters)
+    while active:
+        active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout)
+    if together is not None:
+        layout["batch_draft_forwards"] = together.forwards
+    return layout
+
+
+def speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout) -> list[Row]:
+    """One step of every active row: propose, verify in one forward, accept, emit, compact. Returns the rows still active."""
+    columns = cache.get_seq_length() if shared else active[0].cached  # invariant: row a holds the last active[a].cached
+    trees, draft_seconds = draft_rows(model, cache, active, together, generation_config, shared)
+    started = time.perf_counter()
+    logits = model(**verify_inputs(model, cache, active, trees, shared), past_key_values=cache, use_cache=True).logits.float()  # (A, Q, V)
+    forward_seconds = (time.perf_counter() - started) / len(active)
+    layout["target_forwards"] += 1
+    layout["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
+    keep, survivors = [], []
+    for a, (row, tree) in enumerate(zip(active, trees)):
+        started, cur_len = time.perf_counter(), row.ids.shape[1]
+        rows = TargetRows(logits[a, : 1 + len(tree)], row.ids, tree, row.processor, generation_config)
+        path, next_token = select_accepted(rows, tree, acceptance, generation_config)
+        verify_seconds = forward_seconds + time.perf_counter() - started
+        row.ids, emitted, row.done = emit_tokens(row.ids, tree, path, next_token, rows, stopping_criteria, generation_config, row.out)
+        if streamer is not None:
+            streamer.put(row.ids[0, cur_len:].cpu())
+        kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]  # the last token's column and the accepted path's
+        row.generator.update_candidate_strategy(row.text, logits[a, kept_nodes][None], len(path))
+        record_step(row.out.stats, rows, tree, path, emitted, draft_seconds[a], verify_seconds)
+        old = torch.arange(columns - (row.cached - emitted), columns)
+        keep.append(torch.cat([old, columns + torch.tensor(kept_nodes, dtype=torch.long)]))
+        if not row.done:
+            survivors.append(a)
+    started = time.perf_counter()
+    keep_columns(cache, keep, survivors, shared)
+    if shared and survivors:
+        layout["repack_seconds"] += time.perf_counter() - started
+        layout["steps"] += 1
+        layout["widest_repacked"] = max(layout["widest_repacked"], cache.get_seq_length())
+        if together is not None and len(survivors) < len(active):
+            together.keep_rows(survivors)
+    return [active[a] for a in survivors]
+
+
+def draft_rows(model, cache, active: list[Row], together, generation_config, shared) -> tuple[list[DraftTree], list[float]]:
+    """Every active row's proposal, fitted to its room before ``max_length``, and its drafting seconds: one batch
+    proposer for all rows (``together``), or each row's drafter on the cache (its own columns of a shared one)."""
+    if together is not None:
+        started = time.perf_counter()
+        together.target = (cache, [row.cached for row in active])
+        proposals = together.propose([row.text[0] for row in active])
+        trees = [fit_proposal(tree, row.generator, model, generation_config.max_length - row.ids.shape[1])
+                 for row, tree in zip(active, proposals)]
+        return trees, [(time.perf_counter() - started) / len(active)] * len(active)
+    trees, seconds = [], []
+    for a, row in enumerate(active):
+        started = time.perf_counter()
+        tree = propose(row.generator, row.text, row_cache(cache, a, row) if shared else cache, model, generation_config.max_length - row.pad)
+        if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
+            tree = tree.main_chain()
+            row.out.stats.extra["trees_verified_as_chains"] += 1
+        trees.append(tree)
+        seconds.append(time.perf_counter() - started)
+    return trees, seconds
+
+
+def record_step(stats: SpeculativeStats, rows: TargetRows, tree: DraftTree, path: list[int], emitted: int,
+                draft_seconds: float, verify_seconds: float) -> None:
+    """One step's record: drafted depth, tree size, accepted and emitted tokens, timings, judged positions and α's overlaps."""
+    drafted, accepted = int(tree.depth.max()) + 1 if len(tree) else 0, min(len(path), emitted)
+    judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
+    stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
+                 verify_seconds=verify_seconds, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
+
+
+def _no_logits_kwargs(model) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it: a prefill needs the cache, not V logits per prompt token."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def chain_overlaps(rows: TargetRows, tree: DraftTree, judged: int) -> list[float] | None:
+    """``1 - TV(p, q)`` at the first ``judged`` positions of a chain with q (the paper's α, :mod:`~hf_specdraft.core.stats`).
+
+    Row ``i`` of the target scores chain node ``i``, so p and q there share one prefix. ``None`` for a tree,
+    a proposal without q, or a q over another vocabulary size.
+    """
+    q = tree.draft_probs
+    if not judged or q is None or not tree.is_chain or q.shape[-1] != rows.logits.shape[-1]:
+        return None
+    p = torch.stack([rows.probs(i) for i in range(judged)])
+    return overlap(p, q[:judged].to(p.device).float()).tolist()
+
+
+def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, model: PreTrainedModel, max_length: int) -> DraftTree:
+    """Draft a tree for the next step, merge duplicate siblings (:meth:`DraftTree.merge_duplicates`: verification
+    needs unique siblings) and fit it to the length budget and the model's limits."""
+    return fit_proposal(_propose(generator, input_ids, cache), generator, model, max_length - input_ids.shape[1])
+
+
+def fit_proposal(tree: DraftTree, generator: CandidateGenerator, model: PreTrainedModel, room: int) -> DraftTree:
+    """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length; one
+    is the target's own token) and its ids checked against the target's vocabulary."""
+    tree = tree.merge_duplicates().truncate_depth(room - 1)
+    vocab = output_vocab_size(model)
+    if len(tree) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
+        raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
+    return tree
+
+
+def select_accepted(rows: TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig) -> tuple[list[int], int]:
+    """The accepted path and the target's next token: when sampling exactly, speculative sampling for a chain with q
+    (Leviathan et al. 2023, Algorithm 1) and multi-branch rejection sampling for a tree with q and ``sampled`` flags
+    (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`); otherwise the tree walk of :func:`accept_tree`."""
+    if generation_config.do_sample and acceptance is None and len(tree) and tree.is_chain and tree.draft_probs is not None:
+        p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
+        n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
+        return list(range(n)), next_token
+    if generation_config.do_sample and acceptance is None and len(tree) and tree.sampled is not None:
+        return tree_rejection_sampling(rows.probs, tree)
+    return accept_tree(rows, tree, acceptance, eos_list(generation_config))
+
+
+def emit_tokens(input_ids, tree, path, next_token, rows, stopping_criteria, generation_config, out: Outputs):
+    """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would.
+
+    Returns:
+        `(input_ids, emitted, done)`: the extended sequence, how many tokens were appended, whether to stop.
+    """
+    tokens = tree.tokens[path].tolist() + [next_token]
+    row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
+    cur_len = input_ids.shape[1]
+    extended = torch.cat([input_ids, torch.tensor([tokens], device=input_ids.device)], dim=-1)
+    for j in range(len(tokens)):
+        row_scores = rows.scores(row_of[j])[None]
+        if generation_config.output_scores:
+            out.scores.append(row_scores)
+        if generation_config.output_logits:
+            out.logits.append(rows.logits[row_of[j]][None])
+        if bool(stopping_criteria(extended[:, : cur_len + j + 1], row_scores).all()):
+            return extended[:, : cur_len + j + 1], j + 1, True
+    return extended, len(tokens), False
+
+
+def _result(rows: list[Row], generator, generation_config: GenerationConfig, cache: DynamicCache, layout: dict, shared: bool):
+    """What ``generate`` returns: the sequences (finished rows padded on the right), or :class:`SpeculativeGenerateOutput`.
+
+    One row that owned the cache returns its own statistics, scores and the cache; a shared cache's call merges the
+    rows' statistics (``row_stats`` keeps each) and adds the layout's cost and ``extra["batch_forwards"]``: the rows'
+    own statistics count a batch forward once in every row it served.
+    """
+    for row in rows:
+        row.out.stats.drafter_calls = dict(getattr(row.generator, "forward_calls", {}))
+    stats = rows[0].out.stats if not shared else SpeculativeStats.merge([row.out.stats for row in rows])
+    if shared:
+        forwards = {"target": layout.pop("target_forwards"), "draft": layout.pop("batch_draft_forwards")}
+        stats.extra.update(batch_size=len(rows), cache_layout=layout, batch_forwards=forwards)
+    for drafter in {id(g): g for g in (generator if isinstance(generator, (list, tuple)) else [generator])}.values():
+        try:
+            drafter.last_stats = stats
+        except AttributeError:  # a generator with __slots__
+            pass
+    sequences = _padded_sequences(rows, generation_config)
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    if shared:
+        return SpeculativeGenerateOutput(sequences=sequences, past_key_values=None, speculative_stats=stats,
+                                         row_stats=tuple(row.out.stats for row in rows))
+    out = rows[0].out
+    return SpeculativeGenerateOutput(
+        sequences=sequences,
+        scores=tuple(out.scores) if generation_config.output_scores else None,
+        logits=tuple(out.logits) if generation_config.output_logits else None,
+        past_key_values=cache,
+        speculative_stats=stats,
+    )
+
+
+def _padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> torch.LongTensor:
+    """`(B, longest)`: every row's ids, rows that finished early padded with ``pad_token_id`` on the right."""
+    if len(rows) == 1:
+        return rows[0].ids
+    pad_token = generation_config.pad_token_id
+    if isinstance(pad_token, torch.Tensor):
+        pad_token = int(pad_token.flatten()[0])
+    longest = max(row.ids.shape[1] for row in rows)
+    if pad_token is None and any(row.ids.shape[1] < longest for row in rows):
+        raise ValueError("rows finished at different lengths and generation_config.pad_token_id is None: set pad_token_id "
+                         "(e.g. tokenizer.pad_token_id or the eos token id) to pad the finished rows")
+    sequences = torch.full((len(rows), longest), 0 if pad_token is None else pad_token, dtype=torch.long, device=rows[0].ids.device)
+    for row in rows:
+        sequences[row.index, : row.ids.shape[1]] = row.ids[0]
+    return sequences
+
+
+def _propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache) -> DraftTree:
+    if isinstance(generator, TreeCandidateGenerator):
+        return generator.propose(input_ids, cache)
+    candidate_ids, candidate_logits = generator.get_candidates(input_ids)
+    tokens = candidate_ids[0, input_ids.shape[1] :]
+    probs = None
+    if candidate_logits is not None and candidate_logits.shape[1] == tokens.numel():
+        probs = torch.softmax(candidate_logits[0].float(), dim=-1)
+    return DraftTree.chain(tokens, probs)

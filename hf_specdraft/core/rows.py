@@ -1,0 +1,86 @@
+"""What the loop keeps per request: a batch row, its outputs, and the target's scores at its verified positions.
+
+Notation: p target distribution (Leviathan et al. 2023).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+from transformers.generation import CandidateGenerator
+
+from .stats import SpeculativeStats
+from .tree import DraftTree
+
+
+@dataclass
+class Outputs:
+    """What the loop accumulates for a row besides its sequence."""
+
+    stats: SpeculativeStats
+    scores: list = field(default_factory=list)
+    logits: list = field(default_factory=list)
+
+
+@dataclass
+class Row:
+    """One request of the batch (batch 1 is one row)."""
+
+    index: int  # its row in the caller's batch
+    ids: torch.LongTensor  # (1, P + n): the padded prompt row and the accepted tokens (what generate's criteria see)
+    pad: int  # left padding of the prompt
+    generator: CandidateGenerator
+    out: Outputs
+    processor: LogitsProcessorList  # generate's processors with this row's state (inputs.row_processors)
+    done: bool = False
+
+    @property
+    def text(self) -> torch.LongTensor:
+        """`(1, L + n)`: the row without its padding, what its drafter sees."""
+        return self.ids[:, self.pad :]
+
+    @property
+    def cached(self) -> int:
+        """Columns of the target cache this row uses: its text but the newest token."""
+        return self.text.shape[1] - 1
+
+
+class TargetRows:
+    """The target's next-token scores at each verified position of one row, processed lazily.
+
+    Row 0 scores the token after the last accepted one; row ``1+i`` the token after tree node ``i``.
+    Logits processors see the row's own prefix (the accepted text plus the node's path), as in
+    transformers' assisted decoding. Rows are processed only when acceptance asks for them.
+    """
+
+    def __init__(self, logits: torch.Tensor, input_ids: torch.LongTensor, tree: DraftTree, processor: LogitsProcessorList,
+                 generation_config: GenerationConfig):
+        self.logits, self.input_ids, self.tree = logits, input_ids, tree  # logits: (1+N, V) float32
+        self.processor = processor if len(processor) else None
+        self.do_sample = generation_config.do_sample
+        self._scores, self._probs, self._choice = {}, {}, {}
+        if self.processor is None and not self.do_sample:
+            self._choice = dict(enumerate(logits.argmax(-1).tolist()))
+
+    def scores(self, row: int) -> torch.Tensor:
+        if row not in self._scores:
+            if self.processor is None:
+                self._scores[row] = self.logits[row]
+            else:
+                path = self.tree.tokens[self.tree.path_to(row - 1)].to(self.input_ids.device)
+                prefix = torch.cat([self.input_ids, path[None]], dim=-1)
+                self._scores[row] = self.processor(prefix, self.logits[row : row + 1].clone())[0]
+        return self._scores[row]
+
+    def probs(self, row: int) -> torch.Tensor:
+        if row not in self._probs:  # read by acceptance and again by the α statistics
+            self._probs[row] = torch.softmax(self.scores(row), dim=-1)
+        return self._probs[row]
+
+    def choice(self, row: int) -> int:
+        """The target's own token at this row: argmax, or a sample from p when sampling."""
+        if row not in self._choice:
+            self._choice[row] = int(torch.multinomial(self.probs(row), 1)) if self.do_sample else int(self.scores(row).argmax())
+        return self._choice[row]

@@ -1,0 +1,138 @@
+"""Verification inputs: what one target forward over every active row's ``[last token] + tree`` takes.
+
+A tree is verified in one forward (SpecInfer, Miao et al. 2023; Medusa, Cai et al. 2024): node ``i`` sits at position
+``past + 1 + depth[i]`` and sees the verified prefix, the last accepted token and its own ancestors. Two layouts:
+
+* **one row that owns the cache** (batch 1, unpadded): a chain keeps the model's own causal mask (the fast SDPA
+  path), a tree takes the float tree mask and explicit positions, windowed per layer type
+  (:func:`layer_masks`: sliding-window and chunked layers verify trees at any length);
+* **a padded batch** sharing one right-aligned cache (:mod:`hf_specdraft.core.cache`): every row's tree padded to
+  the widest, one 4D mask (:func:`batch_verify_inputs`).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+from .rows import Row
+from .tree import DraftTree, tree_mask
+
+WINDOWED_LAYER_TYPES = ("sliding_attention", "chunked_attention")  # transformers' names for layers with a window
+
+
+def tree_attention_inputs(tree: DraftTree, past_length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask and positions to verify ``[last token] + tree.tokens`` on top of a cache of ``past_length``.
+
+    The last accepted token sits at position ``past_length`` and sees the whole cache; node ``i`` sits at
+    ``past_length + 1 + depth[i]`` and sees the cache, the last token and its ancestors-or-self: the tree with the
+    last token as its root, through :func:`tree_mask`.
+
+    Returns:
+        `(attention_mask, position_ids)`: an additive float mask `(1, 1, 1+N, past_length+1+N)` in
+        ``dtype`` and `(1, 1+N)` long positions.
+    """
+    parents = tree.parents.to(device)
+    rooted = torch.cat([parents.new_full((1,), -1), torch.where(parents < 0, 0, parents + 1)])
+    return tree_mask(rooted, past_length, dtype, device)
+
+
+def layer_masks(model, cache: DynamicCache, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor):
+    """The tree mask each attention layer of ``model`` takes on ``cache``.
+
+    Without sliding-window or chunked layers this is ``mask`` itself. With them, transformers' models take one
+    mask per ``config.layer_types`` entry (a dict; Mistral-style configs without ``layer_types`` window every
+    layer and take one tensor). A windowed layer attends from a query at position ``p`` only to keys at positions
+    ``> p - window`` (transformers' ``sliding_window_overlay``; chunked, Llama 4: keys in ``p``'s chunk of
+    ``window`` positions), each tree node counted at its own position. A sliding-window cache layer hands the
+    attention only its newest keys (``cache.get_mask_sizes``): its mask keeps only their columns. Every key a
+    tree node may see is among them, since every node sits at or after the last accepted position.
+
+    Args:
+        mask: additive float mask `(1, 1, Q, K)` over every cached key plus the queries.
+        query_positions: `(1, Q)` long, as passed to the model.
+        key_positions: `(K,)` long, the position of each of ``mask``'s columns.
+
+    Returns:
+        ``mask``, or a dict ``{layer type: (1, 1, Q, K_type) mask}``, or one windowed mask.
+    """
+    config = model.config.get_text_config()
+    declared = getattr(config, "layer_types", None) or ()
+    if not (getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
+            or any(kind in WINDOWED_LAYER_TYPES for kind in declared)):
+        return mask  # no windowed layer can be built from this config (Llama, GPT-2, ...): nothing to ask per layer
+    types, kwargs = get_layer_types_and_kwargs(config)
+    windowed = {i for i, t in enumerate(types) if t in WINDOWED_LAYER_TYPES}
+    if not windowed:
+        return mask
+    q = query_positions.shape[-1]
+    masks = {}
+    for i, kind in enumerate(types):
+        if kind in masks:
+            continue
+        if i not in windowed:
+            masks[kind] = mask
+            continue
+        window = kwargs[i]["sliding_window"]
+        handed = cache.get_mask_sizes(q, i)[0]  # a sliding cache layer hands over only its newest keys
+        keys, query = key_positions[-handed:].to(mask.device), query_positions[0, :, None].to(mask.device)
+        inside = (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)
+        masks[kind] = mask[..., -handed:].masked_fill(~inside[None, None], torch.finfo(mask.dtype).min)
+    return masks if getattr(config, "layer_types", None) is not None else masks[types[0]]
+
+
+def batch_verify_inputs(rows: list[Row], trees: list[DraftTree], columns: int, dtype: torch.dtype, device: torch.device):
+    """Inputs of one target forward over every row's ``[last token] + tree``, trees padded to the widest.
+
+    Args:
+        rows: the ``A`` active rows; row ``a`` occupies the last ``rows[a].cached`` of the cache's ``columns``.
+        trees: one proposal per row, ``N_a`` nodes.
+
+    Returns:
+        `(input_ids, attention_mask, position_ids)`: `(A, Q)` tokens with ``Q = 1 + max N_a`` (padded slots hold
+        token 0), an additive float mask `(A, 1, Q, columns + Q)` (each node sees its row's cached columns, its last
+        token and its ancestors; a padded slot sees only itself) and `(A, Q)` positions.
+    """
+    width = 1 + max(len(t) for t in trees)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    positions = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    mask = torch.full((len(rows), 1, width, columns + width), torch.finfo(dtype).min, dtype=dtype, device=device)
+    diagonal = torch.arange(width, device=device)
+    mask[:, 0, diagonal, columns + diagonal] = 0  # padded slots see themselves (a row of all -inf would be NaN)
+    for a, (row, tree) in enumerate(zip(rows, trees)):
+        q = 1 + len(tree)
+        ids[a, 0] = row.ids[0, -1]
+        ids[a, 1:q] = tree.tokens.to(device)
+        row_mask, row_positions = tree_attention_inputs(tree, row.cached, dtype, device)
+        positions[a, :q] = row_positions[0]
+        positions[a, q:] = row.cached
+        mask[a, 0, :q, columns - row.cached : columns] = row_mask[0, 0, :, : row.cached]
+        mask[a, 0, :q, columns : columns + q] = row_mask[0, 0, :, row.cached :]
+    return ids, mask, positions
+
+
+def single_row_inputs(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> dict:
+    """Inputs of the forward over ``[last token] + tree`` for one unpadded row that owns ``cache`` (covering
+    ``input_ids[:, :-1]``): a chain keeps the model's own causal mask, a tree takes the tree mask, per layer type."""
+    verify_ids = torch.cat([input_ids[:, -1:], tree.tokens.to(input_ids.device)[None]], dim=-1)
+    if not len(tree) or tree.is_chain:
+        return {"input_ids": verify_ids}
+    mask, positions = tree_attention_inputs(tree, input_ids.shape[1] - 1, model.dtype, input_ids.device)
+    keys = torch.cat([torch.arange(input_ids.shape[1] - 1, device=input_ids.device), positions[0]])
+    return {"input_ids": verify_ids, "attention_mask": layer_masks(model, cache, mask, positions, keys), "position_ids": positions}
+
+
+def verify_inputs(model, cache: DynamicCache, rows: list[Row], trees: list[DraftTree], shared: bool) -> dict:
+    """The keyword inputs of the step's one target forward: :func:`single_row_inputs` for a row that owns the cache,
+    :func:`batch_verify_inputs` when ``shared`` (a padded batch's right-aligned cache). Logits come back `(A, Q, V)`."""
+    if not shared:
+        return single_row_inputs(model, rows[0].ids, cache, trees[0])
+    ids, mask, positions = batch_verify_inputs(rows, trees, cache.get_seq_length(), model.dtype, rows[0].ids.device)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+
+
+def verify_tree(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> torch.Tensor:
+    """One target forward over ``[last token] + tree`` on a cache covering ``input_ids[:, :-1]`` `(1, L)`.
+    Returns float32 logits `(1+N, V)`: row 0 scores the token after the last one, row ``1+i`` the token after node ``i``."""
+    return model(**single_row_inputs(model, input_ids, cache, tree), past_key_values=cache, use_cache=True).logits[0].float()
