@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -190,3 +191,25 @@ def test_custom_generate_directory_runs_without_hf_specdraft(tmp_path):
         assert outcome["target_forwards"] == 1 + 24 // 3  # prefill + steps of (chain token, expansion token, bonus)
     assert results["imported"] == []
     assert results["untrusted"] is True
+
+
+@pytest.mark.parametrize("version, supported", [("5.17.0", False), ("5.22.1", False), ("5.23.0", True), ("5.23.1.dev0", True),
+                                                ("5.24.0", False), ("6.0.0", False)])
+def test_the_folder_refuses_a_transformers_version_outside_the_tested_range(version, supported):
+    from hf_specdraft.cape.custom_generate.generate import check_transformers_version
+
+    if supported:
+        check_transformers_version(version)
+    else:
+        with pytest.raises(ImportError, match=rf"needs transformers>=5\.23,<5\.24; found transformers {re.escape(version)}"):
+            check_transformers_version(version)
+
+
+def test_the_folder_s_range_is_the_package_s_declared_range():
+    import tomllib
+
+    from hf_specdraft.cape.custom_generate.generate import SUPPORTED_TRANSFORMERS
+
+    declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    (low, high) = SUPPORTED_TRANSFORMERS
+    assert f"transformers>={low[0]}.{low[1]},<{high[0]}.{high[1]}" in declared

@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..core.acceptance import lenient_review, lenient_review_sampling
-from ..core.drafting import TreeCandidateGenerator, check_same_vocab
+from ..core.drafting import TreeCandidateGenerator, check_same_device, check_same_vocab
 from ..core.tree import DraftTree
 from ..core.cache import croppable_cache, resync_cache
 from ..core.validation import method_config
@@ -126,6 +126,7 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         super().prepare(target, generation_config)
         for i, draft in enumerate(self.drafts):
             check_same_vocab(target, draft, argument=f"drafts[{i}]")
+            check_same_device(target, draft, argument=f"drafts[{i}]")
         self.max_gram.prepare(target, generation_config)
         self.max_length = generation_config.max_length
         self._reset()

@@ -45,6 +45,17 @@ def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel, argument: 
         )
 
 
+def check_same_device(target: PreTrainedModel, draft: PreTrainedModel, argument: str = "draft_model") -> None:
+    """A draft runs on the target's device: it reads the target's cache (GLIDE) or hands its tokens and q to the target's
+    verification every step. A draft elsewhere is refused (never moved: moving a user's model behind their back may not
+    fit in that device's memory), naming both devices and the fix."""
+    if getattr(target, "hf_device_map", None) is not None or getattr(draft, "hf_device_map", None) is not None:
+        return  # a model split over devices (device_map="auto") hands tensors between its own devices
+    if draft.device != target.device:
+        raise ValueError(f"{argument} is on {draft.device} but the target is on {target.device}: put the draft on the target's "
+                         f"device first, e.g. {argument}.to(target.device)")
+
+
 def check_drafter(draft_model: PreTrainedModel, argument: str = "draft_model") -> None:
     """A drafter re-syncs its own cache by cropping it to the accepted prefix: attention layers only."""
     others = sorted({name for name in cache_layer_names(draft_model) if name not in ATTENTION_LAYERS})
@@ -179,6 +190,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
         check_same_vocab(target, self.draft_model)
+        check_same_device(target, self.draft_model)
         check_drafter(self.draft_model)
         self._reset()
 

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..core.batch_drafting import BatchChainDrafter, target_key_mask
-from ..core.drafting import DraftModelTreeScorer, TreeCandidateGenerator, check_same_vocab, draft_chain, same_drafters
+from ..core.drafting import DraftModelTreeScorer, TreeCandidateGenerator, check_same_device, check_same_vocab, draft_chain, same_drafters
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .drafting_config import GlideDraftingConfig
@@ -75,6 +75,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         if problems:
             raise ValueError("glide was built for a different target:\n  " + "\n  ".join(problems))
         check_same_vocab(target, self.glide, argument="glide")
+        check_same_device(target, self.glide, argument="glide")
         self._reset()
 
     @torch.no_grad()

@@ -224,7 +224,8 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
 
     Args:
         target: the frozen target LM whose KV cache GLIDE reads (never updated; set to eval mode, no gradients,
-            and moved to the accelerator's device unless it has an ``hf_device_map``).
+            and moved to the accelerator's device for training unless it has an ``hf_device_map``). Both ``target`` and
+            ``glide`` are moved back to the devices they were on when training ends.
         glide: a GLIDE model built for ``target`` (``GlideConfig.from_target_config``); the vanilla drafter
             (``cross_attention=False``) trains the same way without needing target KV.
         data: token ids (see :func:`token_stream`).
@@ -243,6 +244,7 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
     if int(stream.max()) >= glide.config.vocab_size or int(stream.min()) < 0:
         raise ValueError(f"data has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
     block_size = args.block_size or glide.config.block_size
+    devices = [(m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None]  # where the caller put them
     accelerator, model, optimizer, scheduler = _setup(target, glide, args)
     distill = args.distillation_weight > 0
     needs_target = glide.config.cross_attention or distill
@@ -275,6 +277,8 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
     if accelerator.is_main_process:
         save_checkpoint(accelerator.unwrap_model(model), target, log, args, metrics)
     accelerator.wait_for_everyone()
+    for module, device in devices:  # accelerate trained on its device (a visible GPU): hand both back where they came from
+        module.to(device)
     glide.eval()
     return log
 

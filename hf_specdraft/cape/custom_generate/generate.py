@@ -23,9 +23,28 @@ default ((.3, 7), (.6, 5), (.8, 3), (1., 1))). Greedy decoding, batch size 1, un
 """
 
 import copy
+import re
 
 import torch
+import transformers
 from transformers import GenerationMixin
+
+# the transformers versions hf_specdraft's loop is tested on (its pyproject.toml): older ones build caches and layer
+# masks differently, so the folder refuses them by name rather than fail inside a sibling module
+SUPPORTED_TRANSFORMERS = ((5, 23), (5, 24))  # >= 5.23, < 5.24
+
+
+def check_transformers_version(version: str = transformers.__version__) -> None:
+    """Raise `ImportError` naming the version needed unless ``version`` is in :data:`SUPPORTED_TRANSFORMERS`."""
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    low, high = SUPPORTED_TRANSFORMERS
+    if not low <= found < high:
+        raise ImportError(f"this custom_generate folder (hf_specdraft's speculative decoding loop) needs transformers>="
+                          f"{low[0]}.{low[1]},<{high[0]}.{high[1]}; found transformers {version}: pip install 'transformers>="
+                          f"{low[0]}.{low[1]},<{high[0]}.{high[1]}'")
+
+
+check_transformers_version()  # before the siblings below import transformers internals
 
 from .cape_draft import CapeTreeDrafter, load_draft, make_drafter
 
