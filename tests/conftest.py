@@ -86,7 +86,7 @@ def arch(request):
     return request.param
 
 
-def run_without_hf_specdraft(folder, script: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+def run_without_hf_specdraft(folder, script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``folder/script`` in a fresh Python where hf_specdraft cannot be imported (a blocking module in the
     script's folder shadows it, even pip-installed), offline, one thread; assert it succeeded."""
     (folder / "hf_specdraft.py").write_text("raise ImportError('hf_specdraft is hidden from this process')\n")

@@ -181,7 +181,7 @@ def test_custom_generate_directory_runs_without_hf_specdraft(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYTHONPATH=str(blocker), HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     done = subprocess.run([sys.executable, "-P", str(script), str(checkpoint)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.split("RESULTS", 1)[1])
     for arch in ("llama", "mistral", "qwen2"):

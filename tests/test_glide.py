@@ -354,7 +354,7 @@ def fresh_process_result(tmp_path_factory):
         torch.save(glide(x, target_past_key_values=target_cache(target, x)).logits, root / "logits.pt")
     torch.save(x, root / "inputs.pt")
     (root / "check.py").write_text(FRESH_PROCESS)
-    done = run_without_hf_specdraft(root, "check.py", timeout=120)
+    done = run_without_hf_specdraft(root, "check.py", timeout=600)  # a fresh process under a 15-worker parallel run took > 120 s
     files = sorted(p.name for p in (root / "glide").iterdir())
     return json.loads(done.stdout.rsplit("RESULT ", 1)[1]), files, json.loads((root / "glide" / "config.json").read_text())
 
