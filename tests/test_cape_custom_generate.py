@@ -157,6 +157,11 @@ for arch, cls in CONFIGS.items():
         "forced_expansion": torch.equal(forced, ref),
         "target_forwards": len(calls),
     }
+torch.manual_seed(0)  # a Mistral with a 6-token sliding window, generating past it through the folder
+windowed = AutoModelForCausalLM.from_config(MistralConfig(**{**COMMON, "sliding_window": 6})).eval()
+results["mistral_past_window"] = torch.equal(
+    windowed.generate(input_ids=x, custom_generate=CKPT, trust_remote_code=True, max_new_tokens=24, assistant_model=draft),
+    windowed.generate(x, max_new_tokens=24, do_sample=False))
 results["imported"] = sorted(m for m in sys.modules if m.startswith("hf_specdraft"))
 try:
     target.generate(input_ids=x, custom_generate=CKPT, assistant_model=draft, max_new_tokens=4)
@@ -189,6 +194,7 @@ def test_custom_generate_directory_runs_without_hf_specdraft(tmp_path):
         assert outcome["explicit_draft"] and outcome["draft_from_checkpoint"] and outcome["perfect_draft"], (arch, outcome)
         assert outcome["forced_expansion"], (arch, outcome)
         assert outcome["target_forwards"] == 1 + 24 // 3  # prefill + steps of (chain token, expansion token, bonus)
+    assert results["mistral_past_window"] is True  # on the transformers this runs on: the floor of the declared range
     assert results["imported"] == []
     assert results["untrusted"] is True
 
