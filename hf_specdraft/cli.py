@@ -1,4 +1,4 @@
-"""The ``hf-specdraft`` command (also ``python -m hf_specdraft``).
+"""The ``hf-specdraft`` commands (also ``python -m hf_specdraft``); the parser is :mod:`hf_specdraft_cli`.
 
     hf-specdraft demo                       # the shipped default: every method vs target-only, one table
     hf-specdraft demo --target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID
@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
+import hf_specdraft_cli
 import torch
 
-
-DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # hf_specdraft_cli.DTYPE_NAMES
 
 
 def load_bundle(target: str | None, draft: str | None, device: str | None = None, dtype: torch.dtype | None = None,
@@ -41,8 +43,39 @@ def load_bundle(target: str | None, draft: str | None, device: str | None = None
     return DefaultBundle(model, draft_model, AutoTokenizer.from_pretrained(target), Path(target))
 
 
+def check_checkpoint(name: str, argument: str) -> None:
+    """Fail at once, naming ``argument``, unless ``name`` is a directory here or a Hub id that can be had.
+
+    A path (absolute, ``./``, ``~``, or more than one ``/``) must exist. A Hub id must be in the local Hub cache when
+    ``HF_HUB_OFFLINE`` is set or the Hub's host does not resolve (no network): transformers would otherwise spend
+    tens of seconds on retries before an error that speaks of repo ids.
+    """
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{argument} {name!r} is a file; pass a checkpoint directory (with config.json) or a Hub id")
+        return
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
+        raise ValueError(f"{argument} {name!r}: no such directory")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return  # downloaded before: loads offline
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and HF_HUB_OFFLINE is set: "
+                         "pass a local checkpoint directory, or unset HF_HUB_OFFLINE to download it")
+    try:
+        socket.getaddrinfo(host, 443)  # a name lookup only: no request is sent to the Hub
+    except OSError:
+        raise ValueError(f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and the Hub ({host}) cannot "
+                         "be reached from this machine: pass a local checkpoint directory") from None
+
+
 def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | None = None):
     from transformers import AutoModelForCausalLM
+
+    check_checkpoint(name, argument)
 
     dtype = dtype or (like.dtype if like is not None else torch.float32)
     try:
@@ -171,67 +204,27 @@ def cmd_build_bigram(argv: list[str]) -> int:
 PASSTHROUGH = {"train-glide": cmd_train_glide, "build-bigram": cmd_build_bigram}  # commands with their own parsers
 
 
+COMMANDS = {"demo": cmd_demo, "bench": cmd_bench, "train-default": cmd_train_default, "report": cmd_report}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-specdraft", description="Speculative decoding for 🤗 Transformers.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    shown = argparse.ArgumentDefaultsHelpFormatter  # every option's default in --help
-    demo = sub.add_parser("demo", help="run every method on the shipped default (or --target) and print a table", formatter_class=shown)
-    demo.add_argument("--target", help="a causal LM (local path or Hub id) or a train-default directory (default: the embedded default)")
-    demo.add_argument("--draft", help="a draft causal LM with the target's vocabulary")
-    demo.add_argument("--num-prompts", type=int, default=2, help="held-out prompts per task")
-    demo.add_argument("--max-new-tokens", type=int, default=40, help="new tokens per prompt")
-    demo.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt; the median counts")
-    demo.set_defaults(func=cmd_demo)
+    """The command's parser (:mod:`hf_specdraft_cli`, standard library only) with the benchmark methods listed."""
     from .bench.methods import METHODS
 
-    bench = sub.add_parser("bench", help="benchmark methods side by side; writes JSON", formatter_class=shown)
-    bench.add_argument("--profile", default="cpu", choices=("cpu", "gpu"), help="prompt counts, lengths and repeats (gpu also trains its target)")
-    bench.add_argument("--methods", help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,draft-model); "
-                       "one of: " + ", ".join(METHODS))
-    bench.add_argument("--task", default="completion", choices=("completion", "context", "chat"),
-                       help="completion, context (CASD's rest-of-file task) or chat (requests in the target's chat template)")
-    bench.add_argument("--num-prompts", type=int, help="held-out prompts (default: the profile's, 20 on cpu)")
-    bench.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default: the profile's, 64 on cpu)")
-    bench.add_argument("--repeats", type=int, help="timed runs per method and prompt, median kept (default: the profile's, 3)")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--context-prompt-chars", type=int, help="context task: characters of the file before the cut in the prompt "
-                       "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)")
-    bench.add_argument("--target")
-    bench.add_argument("--draft")
-    bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json; when that exists, a new "
-                       "timestamped file beside it unless --overwrite)")
-    bench.add_argument("--overwrite", action="store_true", help="replace benchmarks/results/<profile>-<task>.json when --output is not given")
-    bench.add_argument("--dtype", default="auto", choices=sorted(DTYPES), help="the target's; auto: fp32 on CPU, bf16 on CUDA")
-    bench.add_argument("--draft-dtype", default="auto", choices=sorted(DTYPES),
-                       help="the drafters'; auto: bf16 for the embedded default's (the weights they ship in; bf16 halves a "
-                       "draft forward's weight reads), the target's for --draft and train-default drafters")
-    bench.add_argument("--gpu-default-dir", default="runs/gpu-default", help="where --profile gpu trains (or finds) its target")
-    bench.set_defaults(func=cmd_bench)
-    train = sub.add_parser("train-default", formatter_class=shown, help="train your own small target + drafts from a recipe (the 15.7M code LM of earlier versions)")
-    train.add_argument("--recipe", default="default", help="default, gpu or tiny")
-    train.add_argument("--output-dir", required=True, help="where the target, drafts, tokenizer and logs go (e.g. runs/my-default)")
-    train.add_argument("--parts", default="draft,target,small_draft,glide,vanilla", help="any of draft,target,small_draft,glide,vanilla")
-    train.add_argument("--resume-target", action="store_true", help="keep the trained first target stage in --output-dir and train only the recipe's continuation of it (use with --parts target)")
-    train.set_defaults(func=cmd_train_default)
-    report = sub.add_parser("report", help="render BENCHMARKS.md from benchmarks/results/*.json", formatter_class=shown)
-    report.add_argument("--results-dir", default="benchmarks/results")
-    report.add_argument("--output", default="BENCHMARKS.md")
-    report.set_defaults(func=cmd_report)
-    for name in PASSTHROUGH:  # listed in --help here; main() hands their arguments to their own parsers
-        sub.add_parser(name, help=f"see `hf-specdraft {name} --help`", add_help=False)
-    return parser
+    return hf_specdraft_cli.build_parser(tuple(METHODS))
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in PASSTHROUGH:
-        return PASSTHROUGH[argv[0]](argv[1:])
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command; a `ValueError` becomes one line on stderr and exit status 2."""
     try:
-        return args.func(args)
+        return COMMANDS[args.command](args)
     except ValueError as err:
         print(f"hf-specdraft {args.command}: error: {err}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return hf_specdraft_cli.main(argv)
 
 
 if __name__ == "__main__":

@@ -113,3 +113,68 @@ def test_bench_never_overwrites_a_result_unless_told(tmp_path, monkeypatch):
     assert fresh.parent == committed.parent.relative_to(tmp_path) and fresh.name.startswith("cpu-chat-") and not fresh.exists()
     assert bench_output_path(None, "cpu", "chat", overwrite=True).name == "cpu-chat.json"
     assert bench_output_path("mine.json", "cpu", "chat") == __import__("pathlib").Path("mine.json")
+
+
+# --- what a new user passes first (issue #33) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, match", [("HuggingFaceTB/SmolLM2-135M", r"got the string 'HuggingFaceTB/SmolLM2-135M': load it first"),
+                                          (torch.nn.Linear(2, 2), "PreTrainedModel with generate\\(\\) .*got Linear")])
+def test_a_target_that_is_no_model_is_named(model, match):
+    with pytest.raises(TypeError, match=match):
+        speculative_generate(model, X, draft_model=tiny_model(), max_new_tokens=4)
+
+
+def test_a_padded_batch_without_attention_mask_is_refused_when_pad_is_eos(target):
+    """transformers infers no mask when pad == eos, and every row would attend to its padding."""
+    ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
+    with pytest.raises(ValueError, match=r"rows \[0\] begin with pad tokens \(pad_token_id=0\) but no attention_mask"):
+        speculative_generate(target, ids, draft_model=target, max_new_tokens=3, pad_token_id=0, eos_token_id=0)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # with the mask it runs
+    assert speculative_generate(target, ids, attention_mask=mask, draft_model=target, max_new_tokens=3, pad_token_id=0,
+                                eos_token_id=0).shape[0] == 2
+    shared_bos = torch.tensor([[0, 5, 6, 7], [0, 4, 5, 6]])  # every row starts with one pad-as-BOS: no padding
+    assert speculative_generate(target, shared_bos, draft_model=target, max_new_tokens=3, pad_token_id=0, eos_token_id=0).shape == (2, 7)
+
+
+def test_statistics_print_as_one_short_line(target):
+    out = speculative_generate(target, X, draft_model=target, max_new_tokens=6, return_dict_in_generate=True)
+    text = repr(out.speculative_stats)
+    assert text.startswith("SpeculativeStats(steps=") and "new_tokens=6" in text and "\n" not in text and len(text) < 200
+    assert str(out.speculative_stats) == text and out.speculative_stats.steps  # the full per-step data is still there
+
+
+def test_cli_names_a_missing_local_directory(capsys):
+    from hf_specdraft.cli import main
+
+    assert main(["demo", "--target", "/tmp/does/not/exist"]) == 2
+    assert "--target '/tmp/does/not/exist': no such directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_cli_fails_at_once_for_a_hub_id_it_cannot_reach(offline, monkeypatch, capsys):
+    import socket
+    import time
+
+    import huggingface_hub.constants as constants
+
+    from hf_specdraft.cli import main
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    if not offline:  # no network: the Hub's host name does not resolve
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: (_ for _ in ()).throw(socket.gaierror(-2, "no network")))
+    started = time.perf_counter()
+    assert main(["demo", "--target", "someone/no-such-model"]) == 2
+    assert time.perf_counter() - started < 5
+    err = capsys.readouterr().err
+    assert "--target 'someone/no-such-model' is neither a directory here nor in the local Hub cache" in err
+    assert ("HF_HUB_OFFLINE is set" if offline else "cannot be reached from this machine") in err
+
+
+def test_cli_help_imports_neither_torch_nor_transformers():
+    import subprocess
+    import sys
+
+    code = "import sys, hf_specdraft_cli; hf_specdraft_cli.build_parser().format_help(); print(sorted(m for m in ('torch', 'transformers', 'hf_specdraft') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr

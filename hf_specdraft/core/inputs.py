@@ -44,6 +44,34 @@ def check_input_ids(input_ids, model=None) -> None:
                              "was the prompt tokenized with another model's tokenizer?")
 
 
+def check_target_model(model) -> None:
+    """The target must be a loaded transformers causal LM; a clear `TypeError` naming what was passed otherwise."""
+    if isinstance(model, str):
+        raise TypeError(f"model must be the loaded target model, got the string {model!r}: load it first, e.g. "
+                        f"model = AutoModelForCausalLM.from_pretrained({model!r})")
+    if not isinstance(model, PreTrainedModel) or not callable(getattr(model, "generate", None)):
+        raise TypeError(f"model must be a transformers PreTrainedModel with generate() (the target causal LM), got {type(model).__name__}")
+
+
+def check_unmarked_padding(input_ids: torch.Tensor, lengths: torch.Tensor, pad_token_id) -> None:
+    """Refuse a batch whose rows begin with different numbers of pad tokens while the attention mask calls them tokens.
+
+    transformers' ``generate`` infers a mask from ``pad_token_id`` only when it differs from ``eos_token_id``; otherwise a
+    left-padded batch without ``attention_mask`` runs with every row attending to its padding. Plain ``generate`` only
+    warns; the speculative rows of a batch are verified together, so this is an error here. Equal runs (a shared BOS
+    that happens to be the pad token) are not padding.
+    """
+    if input_ids.shape[0] < 2 or pad_token_id is None or bool((lengths < input_ids.shape[1]).any()):
+        return  # one row, no pad token, or a mask that marks padding: nothing unmarked
+    pad = int(pad_token_id.flatten()[0]) if isinstance(pad_token_id, torch.Tensor) else int(pad_token_id)
+    leading = (input_ids == pad).long().cumprod(-1).sum(-1)  # pad tokens before each row's first other token
+    if int(leading.max()) > int(leading.min()):
+        rows = (leading > leading.min()).nonzero().flatten().tolist()
+        raise ValueError(f"input_ids rows {rows} begin with pad tokens (pad_token_id={pad}) but no attention_mask marks them as padding: "
+                         "pass the tokenizer's attention_mask with the batch, e.g. speculative_generate(model, **tokenizer(prompts, "
+                         "padding=True, return_tensors='pt'), ...) with tokenizer.padding_side = 'left'")
+
+
 def check_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
     """The prompt lengths `(B,)` of a left-padded batch; a clear `ValueError` for any other mask."""
     batch, length = input_ids.shape

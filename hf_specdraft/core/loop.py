@@ -45,6 +45,8 @@ from .inputs import (
     check_generation_setup,
     check_input_ids,
     check_padding,
+    check_target_model,
+    check_unmarked_padding,
     eos_list,
     resolve_generator,
     row_drafters,
@@ -120,6 +122,7 @@ def speculative_generate(
         `torch.LongTensor` `(B, L + n)`, or :class:`SpeculativeGenerateOutput` with
         ``return_dict_in_generate=True``.
     """
+    check_target_model(model)
     prepared = (
         isinstance(logits_processor, LogitsProcessorList)
         and isinstance(stopping_criteria, StoppingCriteriaList)
@@ -161,6 +164,7 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     check_target(model)  # recurrent-state models are refused before any forward (core.support)
     check_input_ids(input_ids, model)
     lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
+    check_unmarked_padding(input_ids, lengths, generation_config.pad_token_id)
     batch, padded = input_ids.shape
     shared = batch > 1 or int(lengths[0]) < padded  # a batch, or one left-padded prompt: rows share a right-aligned cache
     if shared:

@@ -34,7 +34,7 @@ class StepRecord:
     overlaps: list[float] | None = None  # Σ_v min(p, q) at each judged chain position (None: no q, or a tree)
 
 
-@dataclass
+@dataclass(repr=False)
 class SpeculativeStats:
     """Per-step records of one ``speculative_generate`` call, with the summary figures."""
 
@@ -154,6 +154,21 @@ class SpeculativeStats:
 
     def to_dict(self) -> dict:
         return {"summary": self.summary(), "steps": [asdict(s) for s in self.steps]}
+
+    def __repr__(self) -> str:
+        """One line of the figures a user reads first; the full data stays in :attr:`steps`, :meth:`summary`, :meth:`to_dict`."""
+        figures = [f"steps={self.num_steps}", f"new_tokens={self.new_tokens}"]
+        if self.num_steps:
+            figures.append(f"mean_accepted_length={self.mean_accepted_length:.2f}")
+            figures.append(f"accepted/drafted={self.accepted_tokens}/{self.drafted_tokens}")
+        if self.alpha is not None:
+            figures.append(f"alpha={self.alpha:.3f}")
+        figures.append(f"draft={self.draft_seconds:.2f}s verify={self.verify_seconds:.2f}s")
+        if "batch_size" in self.extra:
+            figures.append(f"batch_size={self.extra['batch_size']}")
+        return f"SpeculativeStats({', '.join(figures)})"
+
+    __str__ = __repr__
 
     @classmethod
     def merge(cls, stats: list[SpeculativeStats]) -> SpeculativeStats:
