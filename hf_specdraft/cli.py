@@ -85,44 +85,69 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
     return model.to(like.device if like is not None else ("cuda" if torch.cuda.is_available() else "cpu")).eval()
 
 
-# One method per idea, so the demo stays a few minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
+# One method per idea, so the demo stays under two minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
 DEMO_METHODS = {
-    "completion": ("target-only", "target-only+linears", "stock-assisted", "prompt-lookup", "draft-model", "glide", "glide+cape", "max-gram", "cascade-1draft-tuned"),
-    "context": ("target-only", "prompt-lookup", "max-gram", "casd-strict"),  # CASD drafts from a context: its own table
+    "completion": ("target-only", "target-only+linears", "draft-model", "glide", "glide+cape", "max-gram"),
+    "context": ("target-only", "casd-strict"),  # CASD drafts from the request's own context: its own task
 }
 
 
 def cmd_demo(args) -> int:
     from .bench import METHODS, BenchConfig, format_table, run_bench
+    from .bench.timing import warning_text
 
     bundle = load_bundle(args.target, args.draft)
     has_draft = bundle.draft is not None
-    shown: list[str] = []
+    results, shown = [], []
     for task, names in DEMO_METHODS.items():
         methods = tuple(m for m in names if METHODS[m].available(bundle.extras, has_draft))
         config = BenchConfig(methods=methods, task=task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, warmup=1,
                              repeats=args.repeats)
-        result = run_bench(bundle, config)
+        results.append((task, config, run_bench(bundle, config, warn=False)))
+        shown += [m for m in methods if m not in shown]
+    unreliable = [warning_text(result["timing"]) for _, _, result in results if not result["timing"]["reliable"]]
+    if unreliable:  # once, above every table
+        print("\n" + unreliable[0])
+    for task, config, result in results:
         meta = result["meta"]
         print(f"\n[{task}] {meta['hardware']}, {meta['dtype']}, target {meta['target_parameters'] / 1e6:.1f}M parameters, "
               f"{config.num_prompts} held-out prompts x {config.max_new_tokens} new tokens (greedy)\n")
-        print(format_table(result["summary"], result["timing"]))
+        timing = {**result["timing"], "reliable": True}  # its warning, if any, is printed once above
+        print(format_table(result["summary"], timing))
         print(sample_text(result, bundle.tokenizer))
-        shown += [m for m in methods if m not in shown]
-    print("\n" + DEMO_LEGEND)
-    print("methods:\n" + "\n".join(f"  {m:<18} {METHODS[m].description}" for m in shown))
+    print("\n" + legend(shown, {m: METHODS[m].description for m in shown}))
     return 0
 
 
-DEMO_LEGEND = (
-    "speedup: wall time of target-only / wall time of the method on the same prompts in the same run (median of the repeats per "
-    "prompt); below 1 the method is slower: a slowdown. per-prompt range: the lowest and highest of those ratios over the prompts. "
-    "vs +linears: the same against target-only+linears, plain greedy generate inside few_token_linears (the few-row linears in the "
-    "orientation this CPU runs fastest, as our loop uses them; on some CPUs that makes plain decoding itself 1.5x faster). "
-    "MAL: mean accepted length, tokens per target forward of the speculative loop. α: the paper's acceptance rate, 1 - TV(p, q) per "
-    "judged draft position (drafters with a distribution q). acc/pos: accepted / judged draft positions. tok/call: tokens per "
-    "target forward. =target: output identical to target-only greedy (CASD's conditional rules may differ by design). edit sim: "
-    "similarity to the held-out reference (1 = the same text).")
+DEMO_COLUMNS = (
+    ("speedup", "wall time of target-only / wall time of the method, same prompts, same run (median of the repeats per "
+                "prompt); below 1 the method is slower: a slowdown"),
+    ("per-prompt range", "the lowest and highest of those ratios over the prompts"),
+    ("vs +linears", "the same against target-only+linears: plain greedy generate with the few-row linears in the orientation "
+                    "this CPU runs fastest, as the speculative loop uses them"),
+    ("MAL", "mean accepted length: tokens per target forward of the speculative loop"),
+    ("α", "the paper's acceptance rate, 1 - TV(p, q) per judged draft position (drafters with a distribution q)"),
+    ("acc/pos", "accepted / judged draft positions"),
+    ("tok/call", "tokens per target forward"),
+    ("=target", "output identical to target-only greedy (CASD's conditional rules may differ by design)"),
+    ("edit sim", "similarity to the held-out reference (1 = the same text)"),
+)
+
+
+def legend(methods: list[str], descriptions: dict[str, str], width: int = 100) -> str:
+    """The columns and the methods, one per line, names padded to the longest and descriptions wrapped beneath it."""
+    import textwrap
+
+    def block(title: str, entries) -> list[str]:
+        pad = max(len(name) for name, _ in entries) + 2
+        lines = [title]
+        for name, text in entries:
+            wrapped = textwrap.wrap(text, width - pad - 2) or [""]
+            lines.append(f"  {name:<{pad}}{wrapped[0]}")
+            lines += [f"  {'':<{pad}}{more}" for more in wrapped[1:]]
+        return lines
+
+    return "\n".join(block("columns:", DEMO_COLUMNS) + block("methods:", [(m, descriptions[m]) for m in methods]))
 
 
 def sample_text(result: dict, tokenizer, width: int = 240) -> str:
@@ -166,7 +191,7 @@ def cmd_bench(args) -> int:
             train_default(get_recipe("gpu"), target)
     bundle = load_bundle(target, args.draft, dtype=DTYPES[args.dtype], draft_dtype=DTYPES[args.draft_dtype])
     output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
-    result = run_bench(bundle, config, output=output)
+    result = run_bench(bundle, config, output=output, warn=False)
     print(format_table(result["summary"], result["timing"]))
     print(f"\nwrote {output}")
     return 0

@@ -302,14 +302,25 @@ def run_noise(summary: dict) -> float:
     return statistics.median(noise) if noise else 0.0
 
 
+def baseline_noise(records: list[dict]) -> float:
+    """How far target-only's total time over the prompts moved between repeats: what this machine shows at rest."""
+    totals: dict[int, float] = {}
+    for record in records:
+        if record["method"] == "target-only":
+            totals[record["repeat"]] = totals.get(record["repeat"], 0.0) + record["seconds"]
+    return relative_range(list(totals.values()))
+
+
 def _timing_only(record: dict) -> dict:
     """A later repeat keeps its time and counts (its tokens and statistics repeat the first's)."""
     return {k: record[k] for k in ("method", "seconds", "new_tokens", "target_calls")}
 
 
 def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = None, output: str | Path | None = None,
-              items: list[TaskItem] | None = None) -> dict:
-    """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result."""
+              items: list[TaskItem] | None = None, warn: bool = True) -> dict:
+    """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result.
+
+    ``warn``: an unreliable run also raises a ``UserWarning`` (the commands pass ``False``: they print it with the table)."""
     extras = {**bundle.extras, **(extras or {})}
     for m in config.methods:
         if config.task not in METHODS[m].tasks:
@@ -355,8 +366,8 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
         "records": records,
     }
     result["timing"] = {"repeats": config.repeats, "warmup_prompts": min(config.warmup, len(items)),
-                        **verdict(load, torch.get_num_threads(), run_noise(result["summary"]))}
-    if not result["timing"]["reliable"]:
+                        **verdict(load, torch.get_num_threads(), run_noise(result["summary"]), baseline_noise(records))}
+    if warn and not result["timing"]["reliable"]:
         warnings.warn(warning_text(result["timing"]), stacklevel=2)
     if config.task == "context":
         result["task_statistics"] = context_statistics(items, bundle.tokenizer)
