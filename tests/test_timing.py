@@ -96,6 +96,8 @@ def test_demo_legend_lines_up_long_names():
     text = legend(["target-only", "cascade-1draft-tuned"], {"target-only": "plain", "cascade-1draft-tuned": "a cascade " * 20})
     lines = text.splitlines()
     methods = lines[lines.index("methods:") + 1 :]
-    starts = {len(line) - len(line.lstrip()) if not line.lstrip().startswith(("target", "cascade")) else line.index(line.split()[1])
-              for line in methods}
-    assert len(starts) == 1 and all(len(line) <= 100 for line in lines)
+    column = 2 + len("cascade-1draft-tuned") + 2  # every description starts past the longest name
+    assert methods[0] == "  target-only" + " " * (column - 2 - len("target-only")) + "plain"
+    assert methods[1].startswith("  cascade-1draft-tuned  a cascade") and len(methods) > 2
+    assert all(line[:column].strip() == "" and line[column] != " " for line in methods[2:])  # wrapped lines hang under it
+    assert all(len(line) <= 100 for line in lines)
