@@ -44,6 +44,8 @@ def build_parser(method_names: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     demo.add_argument("--num-prompts", type=int, default=2, help="held-out prompts per task")
     demo.add_argument("--max-new-tokens", type=int, default=40, help="new tokens per prompt")
     demo.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt; the median counts")
+    demo.add_argument("--output", help="a directory for the runs' JSON (demo-<task>.json; the README's headline table is "
+                      "generated from benchmarks/demo/)")
     bench = sub.add_parser("bench", help="benchmark methods side by side; writes JSON", formatter_class=shown)
     bench.add_argument("--profile", default="cpu", choices=("cpu", "gpu"), help="prompt counts, lengths and repeats (gpu also trains its target)")
     bench.add_argument("--methods", help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,draft-model)"

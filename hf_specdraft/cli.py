@@ -103,7 +103,8 @@ def cmd_demo(args) -> int:
         methods = tuple(m for m in names if METHODS[m].available(bundle.extras, has_draft))
         config = BenchConfig(methods=methods, task=task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, warmup=1,
                              repeats=args.repeats)
-        results.append((task, config, run_bench(bundle, config, warn=False)))
+        output = Path(args.output) / f"demo-{task}.json" if args.output else None
+        results.append((task, config, run_bench(bundle, config, output=output, warn=False)))
         shown += [m for m in methods if m not in shown]
     unreliable = [warning_text(result["timing"]) for _, _, result in results if not result["timing"]["reliable"]]
     if unreliable:  # once, above every table
@@ -209,8 +210,13 @@ def cmd_train_default(args) -> int:
 def cmd_report(args) -> int:
     from .bench.report import write_report
 
+    from .bench.headline import write_headline
+
     path = write_report(args.output, args.results_dir)
     print(f"wrote {path} (plots in {Path(args.results_dir).parent / 'plots'})")
+    demo_dir = Path(args.results_dir).parent / "demo"
+    if write_headline(Path(args.output).parent / "README.md", demo_dir):
+        print(f"wrote the README's headline table from {demo_dir}")
     return 0
 
 

@@ -150,6 +150,6 @@ def test_architecture(model_type, one_thread):
 
 
 def test_readme_lists_the_grid():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Architectures", 1)[1].split("\n## ", 1)[0]
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "architectures.md").read_text().split("## Architectures", 1)[1].split("\n## ", 1)[0]
     for names in (TREES, CHAINS, REFUSED):
         assert all(f"`{name}`" in readme for name in names), [name for name in names if f"`{name}`" not in readme]

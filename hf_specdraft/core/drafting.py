@@ -78,12 +78,31 @@ def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList
     return warpers
 
 
+AUTO = "auto"  # num_draft_tokens="auto": the loop's DraftLengthController picks γ every step (core/controller.py)
+AUTO_START = 5  # γ of an auto drafter wrapped by another (CAPE, the cascade), which reads it once: the papers' §5.1 value
+AUTO_MAX = 8  # the longest draft the controller considers
+
+
+def draft_length(value, argument: str = "num_draft_tokens") -> tuple[int, bool]:
+    """``(γ, adaptive)`` of a drafter's ``num_draft_tokens``: a positive int is honoured exactly; ``"auto"`` starts at
+    :data:`AUTO_START` and lets the loop choose every step."""
+    if value == AUTO:
+        return AUTO_START, True
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{argument} must be a positive int or 'auto' (chosen every step from measured costs), got {value!r}")
+    return value, False
+
+
 class TreeCandidateGenerator(CandidateGenerator):
     """Base class of hf_specdraft drafters.
 
     Subclasses implement :meth:`propose`. The loop calls :meth:`prepare` once per ``generate`` call, then
-    :meth:`propose` once per step, then ``update_candidate_strategy``.
+    :meth:`propose` once per step, then ``update_candidate_strategy``. A chain drafter with
+    ``adaptive_draft_length = True`` gets its ``num_draft_tokens`` set by the loop before every step
+    (:class:`~hf_specdraft.core.controller.DraftLengthController`).
     """
+
+    adaptive_draft_length = False
 
     def __init__(self):
         self.generation_config = GenerationConfig()
@@ -170,17 +189,16 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
 
     Args:
         draft_model: a causal LM sharing the target's vocabulary.
-        num_draft_tokens: γ, tokens drafted per step.
+        num_draft_tokens: γ, tokens drafted per step; ``"auto"`` (the default) lets the loop choose it every step from
+            the measured acceptance and costs (:mod:`~hf_specdraft.core.controller`).
     """
 
-    def __init__(self, draft_model: PreTrainedModel, num_draft_tokens: int = 5):
+    def __init__(self, draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO):
         super().__init__()
         if not isinstance(draft_model, PreTrainedModel):
             raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
-        if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
         self.draft_model = draft_model
-        self.num_draft_tokens = num_draft_tokens
+        self.num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens)
         self._reset()
 
     def _reset(self):
@@ -222,7 +240,7 @@ def same_drafters(first: TreeCandidateGenerator, drafters: list[TreeCandidateGen
         type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens for d in drafters)
 
 
-DrafterFactory = Callable[[PreTrainedModel, int], TreeCandidateGenerator]
+DrafterFactory = Callable[..., TreeCandidateGenerator]  # factory(draft_model, num_draft_tokens=γ or "auto")
 DRAFTERS: dict[str, DrafterFactory] = {}  # model_type -> drafter, filled by the method packages (hf_specdraft.glide)
 
 
@@ -237,7 +255,7 @@ def register_drafter(model_type: str, factory: DrafterFactory) -> None:
     DRAFTERS[model_type] = factory
 
 
-def drafter_for(draft_model: PreTrainedModel, num_draft_tokens: int) -> TreeCandidateGenerator:
+def drafter_for(draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO) -> TreeCandidateGenerator:
     """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`."""
     factory = DRAFTERS.get(getattr(draft_model.config, "model_type", None), DraftModelCandidateGenerator)
     return factory(draft_model, num_draft_tokens=num_draft_tokens)

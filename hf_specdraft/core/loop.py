@@ -39,7 +39,8 @@ from transformers.utils import ModelOutput
 
 from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
 from .cache import keep_columns, row_cache, target_cache
-from .drafting import TreeCandidateGenerator, output_vocab_size
+from .controller import DraftLengthController
+from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
 from .inputs import (
     check_batch_setup,
     check_generation_setup,
@@ -93,7 +94,7 @@ def speculative_generate(
     generation_config: GenerationConfig | None = None,
     candidate_generator: CandidateGenerator | None = None,
     draft_model: PreTrainedModel | None = None,
-    num_draft_tokens: int = 5,
+    num_draft_tokens: int | str = "auto",
     acceptance: ConditionalAcceptance | None = None,
     token_streamer=None,
     **kwargs,
@@ -109,7 +110,8 @@ def speculative_generate(
         draft_model: shortcut for ``candidate_generator=DraftModelCandidateGenerator(draft_model, num_draft_tokens)``
             (the drafter registered for its model type instead, :func:`~hf_specdraft.core.drafting.register_drafter`:
             ``GlideCandidateGenerator`` for a GLIDE draft).
-        num_draft_tokens: γ for ``draft_model``.
+        num_draft_tokens: γ for ``draft_model``; ``"auto"`` (the default): chosen every step from the acceptance and the
+            costs the loop measures (:mod:`~hf_specdraft.core.controller`).
         acceptance: ``None`` for exact verification (greedy match, or speculative sampling when
             ``do_sample=True``: lossless), or a :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance` (CASD).
         token_streamer: a transformers streamer. Under ``generate(custom_generate=...)`` transformers drops
@@ -226,23 +228,39 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
     together = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
     if shared and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters):
         together = drafters[0].batch_drafter(drafters)
+    adaptive = bool(drafters) and all(getattr(d, "adaptive_draft_length", False) for d in drafters)
+    controller = DraftLengthController(AUTO_MAX) if adaptive else None  # num_draft_tokens="auto": γ chosen every step
     while active:
-        active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout)
+        active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout,
+                                  controller)
     if together is not None:
         layout["batch_draft_forwards"] = together.forwards
+    if controller is not None:
+        layout["draft_lengths"] = controller.choices
     return layout
 
 
-def speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout) -> list[Row]:
-    """One step of every active row: propose, verify in one forward, accept, emit, compact. Returns the rows still active."""
+def speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout,
+                     controller: DraftLengthController | None = None) -> list[Row]:
+    """One step of every active row: propose, verify in one forward, accept, emit, compact. Returns the rows still active.
+
+    With a ``controller`` (drafters with ``num_draft_tokens="auto"``) it first sets every row's γ to the controller's
+    choice and afterwards tells it what the step accepted and cost."""
     columns = cache.get_seq_length() if shared else active[0].cached  # invariant: row a holds the last active[a].cached
+    if controller is not None:
+        gamma = controller.choose()
+        for row in active:
+            row.generator.num_draft_tokens = gamma
+        if together is not None:
+            together.num_draft_tokens = gamma
     trees, draft_seconds = draft_rows(model, cache, active, together, generation_config, shared)
     started = time.perf_counter()
     logits = model(**verify_inputs(model, cache, active, trees, shared), past_key_values=cache, use_cache=True).logits.float()  # (A, Q, V)
-    forward_seconds = (time.perf_counter() - started) / len(active)
+    forward_total = time.perf_counter() - started
+    forward_seconds = forward_total / len(active)
     layout["target_forwards"] += 1
     layout["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
-    keep, survivors = [], []
+    keep, survivors, accepted = [], [], []
     for a, (row, tree) in enumerate(zip(active, trees)):
         started, cur_len = time.perf_counter(), row.ids.shape[1]
         rows = TargetRows(logits[a, : 1 + len(tree)], row.ids, tree, row.processor, generation_config)
@@ -254,10 +272,13 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
         kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]  # the last token's column and the accepted path's
         row.generator.update_candidate_strategy(row.text, logits[a, kept_nodes][None], len(path))
         record_step(row.out.stats, rows, tree, path, emitted, draft_seconds[a], verify_seconds)
+        accepted.append(len(path))
         old = torch.arange(columns - (row.cached - emitted), columns)
         keep.append(torch.cat([old, columns + torch.tensor(kept_nodes, dtype=torch.long)]))
         if not row.done:
             survivors.append(a)
+    if controller is not None:
+        controller.observe(max(len(t) for t in trees), accepted, sum(draft_seconds), forward_total, logits.shape[1])
     started = time.perf_counter()
     keep_columns(cache, keep, survivors, shared)
     if shared and survivors:
@@ -378,6 +399,9 @@ def _result(rows: list[Row], generator, generation_config: GenerationConfig, cac
     for row in rows:
         row.out.stats.drafter_calls = dict(getattr(row.generator, "forward_calls", {}))
     stats = rows[0].out.stats if not shared else SpeculativeStats.merge([row.out.stats for row in rows])
+    lengths = layout.pop("draft_lengths", None)
+    if lengths:  # num_draft_tokens="auto": the γ chosen at every step
+        stats.extra["draft_lengths"] = lengths
     if shared:
         forwards = {"target": layout.pop("target_forwards"), "draft": layout.pop("batch_draft_forwards")}
         stats.extra.update(batch_size=len(rows), cache_layout=layout, batch_forwards=forwards)

@@ -19,7 +19,15 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..core.batch_drafting import BatchChainDrafter, target_key_mask
-from ..core.drafting import DraftModelTreeScorer, TreeCandidateGenerator, check_same_device, check_same_vocab, draft_chain, same_drafters
+from ..core.drafting import (
+    DraftModelTreeScorer,
+    TreeCandidateGenerator,
+    check_same_device,
+    check_same_vocab,
+    draft_chain,
+    draft_length,
+    same_drafters,
+)
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .drafting_config import GlideDraftingConfig
@@ -61,7 +69,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
         self.glide = glide
         self.config = method_config(GlideDraftingConfig, config, options)
-        self.num_draft_tokens = self.config.num_draft_tokens  # what the loop and CAPE read
+        self.num_draft_tokens, self.adaptive_draft_length = draft_length(self.config.num_draft_tokens)  # what the loop and CAPE read
         self._reset()
 
     def _reset(self) -> None:

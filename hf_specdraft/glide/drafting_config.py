@@ -1,7 +1,8 @@
 """GLIDE's decoding options (the model's shape lives in :class:`~hf_specdraft.glide.GlideConfig`).
 
-Reference: Du et al. 2024, "GLIDE with a CAPE" (../shared/papers/glide_cape.txt), §5.1: γ = 5 draft tokens per
-step, fixed.
+Reference: Du et al. 2024, "GLIDE with a CAPE" (glide_cape.txt), §5.1: γ = 5 draft tokens per step, fixed. The
+default here is ``"auto"``: the loop picks γ every step from the acceptance and costs it measures
+(:mod:`hf_specdraft.core.controller`); an int is honoured exactly.
 
     >>> GlideDraftingConfig(num_draft_tokens=3).num_draft_tokens
     3
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..core.validation import check_int
+from ..core.drafting import AUTO, draft_length
 
 
 @dataclass(frozen=True)
@@ -19,13 +20,13 @@ class GlideDraftingConfig:
     """How :class:`~hf_specdraft.glide.GlideCandidateGenerator` drafts.
 
     Args:
-        num_draft_tokens: γ, the chain GLIDE drafts per step (§5.1: 5; the SmolLM2 bench tunes 3).
+        num_draft_tokens: γ, the chain GLIDE drafts per step (§5.1: 5), or ``"auto"``: chosen every step.
     """
 
-    num_draft_tokens: int = 5  # §5.1
+    num_draft_tokens: int | str = AUTO  # the best γ depends on the machine's cost curve (§5.1 fixes 5 on a GPU)
 
     def __post_init__(self):
-        check_int("num_draft_tokens", self.num_draft_tokens, what="γ, tokens drafted per step")
+        draft_length(self.num_draft_tokens)  # a positive int or "auto"; a clear ValueError otherwise
 
     def to_dict(self) -> dict:
         return asdict(self)

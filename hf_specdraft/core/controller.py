@@ -1,0 +1,103 @@
+"""Choosing γ at run time: the draft length that maximizes expected new tokens per second on this machine.
+
+A chain drafter with ``num_draft_tokens="auto"`` (the default of the draft-model drafter and GLIDE) drafts, at each
+step, the γ this controller picks among ``1 .. max_draft_tokens``:
+
+    γ* = argmax_γ  E[tokens | γ] / (γ · d + v(γ + 1)),    E[tokens | γ] = 1 + Σ_{i=1..γ} Π_{j=1..i} a_j
+
+with ``a_j`` the running rate at which draft position ``j`` is accepted given positions ``< j`` were (counts decayed
+by ``decay`` each step, so the estimate follows the text), ``d`` the measured seconds per drafted token and
+``v(n)`` the measured seconds of a verification forward over ``n`` tokens (a running average per ``n``; a line fitted
+through the measured ``n`` elsewhere, with ``PRIOR_SLOPE`` while only one ``n`` has been measured). Everything is
+timed by the loop itself on the machine it runs on: no per-machine constant, no calibration run. A flat cost curve
+(a GPU, where launches dominate) makes long drafts pay; a steep one or low acceptance makes short ones pay
+(Leviathan et al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient; here the costs are measured).
+"""
+
+from __future__ import annotations
+
+PRIOR_ACCEPTANCE = 0.6  # pseudo-count prior of a_j, replaced within a few steps by what the draft achieves
+PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measured: a 2-core CPU's few-token forward
+EXPLORE_EVERY = 8  # every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
+
+
+class DraftLengthController:
+    """Picks γ for every step of one ``generate`` call (see the module docstring for the rule).
+
+    Args:
+        max_draft_tokens: the longest draft considered.
+        decay: how much of the acceptance counts each step keeps.
+    """
+
+    def __init__(self, max_draft_tokens: int = 8, decay: float = 0.95):
+        if not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be a positive int, got {max_draft_tokens!r}")
+        self.max_draft_tokens, self.decay = max_draft_tokens, decay
+        self.tries = [1.0] * max_draft_tokens  # per draft position j (0-based): times judged, decayed
+        self.hits = [PRIOR_ACCEPTANCE] * max_draft_tokens  # times accepted, decayed
+        self.draft_per_token: float | None = None  # seconds per drafted token
+        self.verify: dict[int, float] = {}  # tokens verified -> seconds of that forward
+        self.steps = 0
+        self.choices: list[int] = []
+
+    def acceptance(self) -> list[float]:
+        """``a_j`` for every draft position."""
+        return [h / t for h, t in zip(self.hits, self.tries)]
+
+    def expected_tokens(self, gamma: int) -> float:
+        """E[new tokens of a step that drafts γ] = 1 + Σ_i Π_{j<=i} a_j (the target's own token always comes)."""
+        total, alive = 1.0, 1.0
+        for a in self.acceptance()[:gamma]:
+            alive *= a
+            total += alive
+        return total
+
+    def verify_seconds(self, n: int) -> float:
+        """v(n): measured, or read off a line through the measured lengths."""
+        if n in self.verify:
+            return self.verify[n]
+        known = sorted(self.verify)
+        if len(known) == 1:
+            k = known[0]
+            return self.verify[k] * max(1 + PRIOR_SLOPE * (n - k), 0.5)
+        mean_n = sum(known) / len(known)
+        mean_v = sum(self.verify[k] for k in known) / len(known)
+        slope = sum((k - mean_n) * (self.verify[k] - mean_v) for k in known) / sum((k - mean_n) ** 2 for k in known)
+        return max(mean_v + max(slope, 0.0) * (n - mean_n), min(self.verify.values()))
+
+    def rate(self, gamma: int) -> float:
+        """Expected new tokens per second of a step that drafts γ."""
+        return self.expected_tokens(gamma) / (gamma * (self.draft_per_token or 0.0) + self.verify_seconds(gamma + 1))
+
+    def choose(self) -> int:
+        """γ for the next step."""
+        top = self.max_draft_tokens
+        if len(self.verify) < 2:  # the first steps measure two points of the cost curve: a short and a longer draft
+            gamma = min(1 if not self.verify else 3, top)
+        else:
+            gamma = max(range(1, top + 1), key=self.rate)
+            if self.steps % EXPLORE_EVERY == EXPLORE_EVERY - 1:  # probe beside the best, alternating sides
+                gamma = min(max(gamma + (1 if (self.steps // EXPLORE_EVERY) % 2 == 0 else -1), 1), top)
+        self.choices.append(gamma)
+        return gamma
+
+    def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int) -> None:
+        """One step's outcome.
+
+        Args:
+            drafted: γ drafted by every row. accepted: tokens of its draft each row accepted.
+            draft_seconds: the step's drafting time (all rows). verify_seconds: its verification forward's time.
+            verify_tokens: tokens per row that forward verified (``1 + γ`` for a chain).
+        """
+        self.steps += 1
+        self.tries = [t * self.decay for t in self.tries]
+        self.hits = [h * self.decay for h in self.hits]
+        for count in accepted:
+            for j in range(min(count + 1, drafted)):  # positions up to the first rejected one were judged
+                self.tries[j] += 1
+                self.hits[j] += j < count
+        if drafted:
+            per_token = draft_seconds / drafted
+            self.draft_per_token = per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
+        old = self.verify.get(verify_tokens)
+        self.verify[verify_tokens] = verify_seconds if old is None else 0.7 * old + 0.3 * verify_seconds

@@ -1,0 +1,85 @@
+"""The draft-length controller (issue #32): γ from measured acceptance and costs; explicit ints untouched; lossless."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import VOCAB, greedy_reference, tiny_model
+from hf_specdraft import DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate
+from hf_specdraft.core.controller import DraftLengthController
+from test_method_grid import glide_for
+
+
+def settle(cost, accept: float, steps: int = 80, max_tokens: int = 8) -> int:
+    """The γ a controller settles on when a forward over n tokens takes ``cost(n)`` s, a draft token 1 ms, and each
+    drafted position is accepted with probability ``accept`` (seeded draws)."""
+    draws = random.Random(0)
+    controller = DraftLengthController(max_tokens)
+    for _ in range(steps):
+        gamma = controller.choose()
+        accepted = 0
+        while accepted < gamma and draws.random() < accept:
+            accepted += 1
+        controller.observe(gamma, [accepted], 0.001 * gamma, cost(gamma + 1), gamma + 1)
+    return max(range(1, max_tokens + 1), key=controller.rate)
+
+
+def test_a_flat_cost_curve_and_high_acceptance_draft_long():
+    assert settle(lambda n: 0.030, accept=0.9) >= 5  # a GPU: a 9-token forward costs what a 1-token one does
+
+
+def test_a_steep_cost_curve_drafts_short():
+    assert settle(lambda n: 0.030 * (1 + 0.5 * (n - 1)), accept=0.9) <= 2  # each verified token costs half a forward
+
+
+def test_low_acceptance_drafts_short():
+    assert settle(lambda n: 0.030 * (1 + 0.05 * (n - 1)), accept=0.2) == 1
+
+
+def test_the_rule_is_the_stated_ratio():
+    controller = DraftLengthController(4)
+    controller.verify = {2: 0.02, 4: 0.03}
+    controller.draft_per_token = 0.001
+    controller.tries, controller.hits = [1.0] * 4, [0.5] * 4
+    assert controller.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
+    assert controller.rate(3) == pytest.approx((1 + 0.5 + 0.25 + 0.125) / (3 * 0.001 + 0.03))
+    assert controller.verify_seconds(3) == pytest.approx(0.025)  # on the line through the measured lengths
+
+
+def test_explicit_ints_are_honoured_exactly():
+    target = tiny_model()
+    x = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    drafter = DraftModelCandidateGenerator(tiny_model(seed=3, num_hidden_layers=1), num_draft_tokens=3)
+    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=24, return_dict_in_generate=True)
+    assert not drafter.adaptive_draft_length and drafter.num_draft_tokens == 3
+    assert "draft_lengths" not in out.speculative_stats.extra
+    steps = out.speculative_stats.steps
+    assert {s.drafted for s in steps[: len(steps) // 2]} == {3}  # the last steps may be cut by max_new_tokens
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "fast", True])
+def test_a_bad_draft_length_is_named(bad):
+    with pytest.raises(ValueError, match="num_draft_tokens must be a positive int or 'auto'"):
+        DraftModelCandidateGenerator(tiny_model(), num_draft_tokens=bad)
+
+
+@pytest.mark.parametrize("kind", ["draft_model", "glide", "batch"])
+def test_auto_is_the_default_and_lossless(arch, kind):
+    target = tiny_model(arch)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    if kind == "batch":
+        ids = torch.cat([x, torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))])
+        out = speculative_generate(target, ids, draft_model=target, max_new_tokens=20, return_dict_in_generate=True)
+        for r in range(2):
+            assert torch.equal(out.sequences[r : r + 1], greedy_reference(target, ids[r : r + 1], 20))
+    else:
+        draft = tiny_model(arch, seed=3, num_hidden_layers=1) if kind == "draft_model" else glide_for(target)
+        drafter = DraftModelCandidateGenerator(draft) if kind == "draft_model" else GlideCandidateGenerator(draft)
+        assert drafter.adaptive_draft_length
+        out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=20, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, greedy_reference(target, x, 20))
+    lengths = out.speculative_stats.extra["draft_lengths"]
+    assert lengths[:2] == [1, 3] and all(1 <= g <= 8 for g in lengths)  # two points of the cost curve first, then chosen
