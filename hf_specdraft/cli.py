@@ -87,7 +87,7 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
 
 # One method per idea, so the demo stays under two minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
 DEMO_METHODS = {
-    "completion": ("target-only", "target-only+linears", "draft-model", "glide", "glide+cape", "max-gram"),
+    "completion": ("target-only", "target-only+linears", "draft-model", "glide-auto", "glide+cape", "max-gram"),  # glide-auto: the default call
     "context": ("target-only", "casd-strict"),  # CASD drafts from the request's own context: its own task
 }
 

@@ -263,6 +263,15 @@ for _kind in ("glide", "vanilla"):
                            cost_models=lambda e, k=_kind: {"draft": e[k]}))
     register_method(Method(f"stock-assisted-{_kind}", lambda ctx, k=_kind: _stock_glide(ctx, k), requires=(_kind,),
                            description=f"transformers assisted decoding with the {_kind} drafter (attach)"))
+for _kind in ("glide", "vanilla"):  # the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
+    register_method(Method(f"{_kind}-auto", lambda ctx, k=_kind: _speculative(ctx, draft_model=ctx.extras[k]), requires=(_kind,),
+                           description=f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' "
+                                       "(chosen every step from measured costs)",
+                           cost_models=lambda e, k=_kind: {"draft": e[k]}))
+for _gamma in (2, 3, 5):  # fixed γ beside auto, for comparison
+    register_method(Method(f"glide-γ{_gamma}", lambda ctx, g=_gamma: _speculative(ctx, candidate_generator=_glide_chain(ctx, "glide", g)),
+                           requires=("glide",), description=f"speculative_generate with the default's glide drafter, γ={_gamma} fixed",
+                           cost_models=lambda e: {"draft": e["glide"]}))
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
     register_method(Method(f"glide+{_label}", lambda ctx, m=_mode: _glide_cape(ctx, m), requires=("glide",),
                            description=f"GLIDE γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET})", cost_models=lambda e: {"draft": e["glide"]}))
