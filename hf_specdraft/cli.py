@@ -1,12 +1,7 @@
-"""The ``hf-specdraft`` commands (also ``python -m hf_specdraft``); the parser is :mod:`hf_specdraft_cli`.
+"""The ``hf-specdraft`` commands (also ``python -m hf_specdraft``): what each runs once parsed.
 
-    hf-specdraft demo                       # the shipped default: every method vs target-only, one table
-    hf-specdraft demo --target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID
-    hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
-    hf-specdraft train-default --output-dir DIR [--recipe default|gpu|tiny]   # your own small target + drafts
-    hf-specdraft report                     # BENCHMARKS.md from benchmarks/results/*.json
-    hf-specdraft train-glide --target DIR --data FILES --output-dir DIR   # see --help
-    hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
+The parser, and the usage of every command, is :mod:`hf_specdraft_cli` (standard library only, so ``--help`` answers
+without importing torch); :func:`run` takes its parsed arguments here.
 """
 
 from __future__ import annotations
