@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
-import pytest
+# few_token_linears' calibrations stay in memory during tests (no file shared between runs or with the user's cache);
+# tests/test_projection.py checks the file itself with a temporary path
+os.environ["HF_SPECDRAFT_CALIBRATION_FILE"] = ""
+
+import pytest  # noqa: E402
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 

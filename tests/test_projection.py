@@ -203,3 +203,31 @@ def test_every_row_count_transposed_stays_lossless(monkeypatch, arch, mode):
     with few_token_linears(model) as wrapped:
         plain = model.generate(prompt, max_new_tokens=20, do_sample=False)
     assert wrapped and torch.equal(plain, reference)
+
+
+def test_calibrations_persist_per_machine_across_processes(monkeypatch, tmp_path):
+    """Issue #32: a later process on the same machine measures nothing again; another CPU or torch build does."""
+    import json
+
+    import hf_specdraft.core.projection as projection
+
+    path = tmp_path / "few_token_linears.json"
+    monkeypatch.setenv("HF_SPECDRAFT_CALIBRATION_FILE", str(path))
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
+    monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
+    weight = torch.randn(80, 24)
+    first = projection.transposed_is_faster(weight, 5)
+    stored = json.loads(path.read_text())
+    assert stored == {projection._machine(): {"80x24 float32 rows=5 threads=%d" % torch.get_num_threads(): first}}
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})  # a new process: nothing in memory
+    monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
+    timed = []
+    monkeypatch.setattr(projection, "_seconds", lambda run: timed.append(run) or 0.0)
+    assert projection.transposed_is_faster(weight, 5) == first and not timed  # read from the file
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
+    monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
+    monkeypatch.setattr(projection, "_machine", lambda: "another CPU | torch 0.0")
+    assert projection.transposed_is_faster(weight, 5) is False and len(timed) == 2 * projection.CALIBRATION_REPEATS  # measured anew
+    assert set(json.loads(path.read_text())) == {"another CPU | torch 0.0", stored and next(iter(stored))}
+    monkeypatch.setenv("HF_SPECDRAFT_CALIBRATION_FILE", "")
+    assert projection.calibration_file() is None

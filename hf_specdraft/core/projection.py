@@ -57,9 +57,13 @@ This module imports torch only: :func:`hf_specdraft.cape.write_custom_generate` 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import platform
 import statistics
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -71,6 +75,68 @@ CALIBRATION_REPEATS = 5
 CALIBRATION_BYTES = 64 * 2**20  # more than a 2-core VM's cache share: calibration streams weights as a forward does
 MAX_CALIBRATION_COPIES = 256  # tiny test models' weights: a few hundred suffice, thousands would only take time
 _FASTER_TRANSPOSED: dict[tuple, bool] = {}
+_ON_DISK = {"loaded": False}  # whether this process has read the calibration file yet
+
+
+def calibration_file() -> Path | None:
+    """Where calibrations persist across processes: ``$HF_SPECDRAFT_CALIBRATION_FILE``, else
+    ``$HF_SPECDRAFT_CACHE/few_token_linears.json`` (default ``~/.cache/hf_specdraft``); ``None`` when the variable is set
+    empty (no file)."""
+    explicit = os.environ.get("HF_SPECDRAFT_CALIBRATION_FILE")
+    if explicit is not None:
+        return Path(explicit) if explicit else None
+    return Path(os.environ.get("HF_SPECDRAFT_CACHE") or Path.home() / ".cache" / "hf_specdraft") / "few_token_linears.json"
+
+
+def _machine() -> str:
+    """The CPU model and torch build a calibration holds for (another CPU or BLAS is measured anew)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model} | torch {torch.__version__} | {os.cpu_count()} CPUs"
+
+
+def _disk_key(key: tuple) -> str:
+    shape, dtype, rows, threads = key
+    return f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')} rows={rows} threads={threads}"
+
+
+def _read_disk() -> dict:
+    path = calibration_file()
+    try:
+        return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    except (OSError, ValueError):  # unreadable or half-written: measure again
+        return {}
+
+
+def _load_disk() -> None:
+    """Fill this process' calibrations from the file once, for this machine only."""
+    if _ON_DISK["loaded"]:
+        return
+    _ON_DISK["loaded"] = True
+    stored = _read_disk().get(_machine(), {})
+    for key in list(_FASTER_TRANSPOSED):  # keys measured here already win
+        stored.pop(_disk_key(key), None)
+    _ON_DISK["stored"] = stored
+
+
+def _save_disk(key: tuple, faster: bool) -> None:
+    """Add one calibration to the file (read, merge, atomic replace); a read-only cache directory only skips it."""
+    path = calibration_file()
+    if path is None:
+        return
+    try:
+        data = _read_disk()
+        data.setdefault(_machine(), {})[_disk_key(key)] = faster
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        partial.replace(path)
+    except OSError:
+        pass
 
 
 def _seconds(run) -> float:
@@ -88,9 +154,13 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
     cache a one-row ``linear`` of a decoder layer's weights looked as fast as the two-row product; streamed, on the
     AMD VM, it was 2.4-2.7x slower). The answer depends on the CPU's BLAS kernels: 2-4x in favour of the transposed
     product on the AMD EPYC VMs measured in the module docstring, 1.5-3x against it on an AVX-512 Xeon (both fp32,
-    MKL, torch 2.13), so it is measured, not assumed. Takes ~0.1 s the first time per shape and row count (2-3 s for
-    a model and the row counts a generation uses), microseconds after."""
+    MKL, torch 2.13), so it is measured, not assumed. Takes ~0.1 s the first time per shape and row count (1-3 s for
+    a model and the row counts a generation uses), microseconds after; the answers persist per CPU model and torch
+    build in :func:`calibration_file`, so a later process on the same machine measures nothing again."""
     key = (tuple(weight.shape), weight.dtype, rows, torch.get_num_threads())
+    _load_disk()
+    if key not in _FASTER_TRANSPOSED and _disk_key(key) in _ON_DISK.get("stored", {}):  # measured by an earlier process
+        _FASTER_TRANSPOSED[key] = bool(_ON_DISK["stored"][_disk_key(key)])
     if key not in _FASTER_TRANSPOSED:
         hidden = torch.randn(rows, weight.shape[1], dtype=weight.dtype, generator=torch.Generator().manual_seed(rows))
         copies = min(MAX_CALIBRATION_COPIES, max(1, -(-CALIBRATION_BYTES // (weight.numel() * weight.element_size()))))
@@ -104,6 +174,7 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
                 seconds["linear"].append(_seconds(linear))
                 seconds["transposed"].append(_seconds(transposed))
         _FASTER_TRANSPOSED[key] = statistics.median(seconds["transposed"]) < SWITCH_MARGIN * statistics.median(seconds["linear"])
+        _save_disk(key, _FASTER_TRANSPOSED[key])
     return _FASTER_TRANSPOSED[key]
 
 
