@@ -80,7 +80,7 @@ def test_budget_prefers_earlier_positions():
     assert expansion_sizes(q, CapeConfig(budget=4 + 10)).tolist() == [7, 3, 0, 0]
     assert expansion_sizes(q, CapeConfig(budget=4)).tolist() == [0, 0, 0, 0]
     assert len(expand_proposal(DraftTree.chain(torch.zeros(4, dtype=torch.long), q), CapeConfig(budget=14))) == 14
-    assert len(expand_proposal(DraftTree.chain(torch.zeros(4, dtype=torch.long), q), CapeConfig())) == 4 + 28
+    assert len(expand_proposal(DraftTree.chain(torch.zeros(4, dtype=torch.long), q), CapeConfig(budget=32))) == 4 + 28
 
 
 def test_expansion_sets_are_next_best_leaves_beside_their_chain_token():
@@ -90,8 +90,8 @@ def test_expansion_sets_are_next_best_leaves_beside_their_chain_token():
         peaked(8, {4: 0.4, 7: 0.3, 0: 0.2}),           # chain token 7 is not the argmax (sampled): X = top-5 without 7
     ])
     chain = DraftTree.chain(torch.tensor([3, 1, 7]), q)
-    tree = expand_proposal(chain, CapeConfig(), with_draft_probs=True)
-    assert expand_proposal(chain, CapeConfig()).draft_probs is None
+    tree = expand_proposal(chain, CapeConfig(budget=32), with_draft_probs=True)
+    assert expand_proposal(chain, CapeConfig(budget=32)).draft_probs is None
     assert tree.tokens[:3].tolist() == [3, 1, 7] and tree.parents[:3].tolist() == [-1, 0, 1]
     leaves = tree.tokens[3:].tolist()
     assert leaves[0] == 5
@@ -105,7 +105,7 @@ def test_expansion_sets_are_next_best_leaves_beside_their_chain_token():
 
 def test_tree_mask_is_the_cape_mask_of_the_paper():
     q = torch.softmax(torch.randn(5, 32, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
-    tree = expand_proposal(DraftTree.chain(q.argmax(-1), q), CapeConfig())
+    tree = expand_proposal(DraftTree.chain(q.argmax(-1), q), CapeConfig(budget=32))
     gamma, beta = 5, len(tree)
     pos = list(range(1, gamma + 1)) + [int(p) + 2 for p in tree.parents[gamma:]]  # pos(i), 1-indexed as in §4.2
     cape_mask = torch.tensor([[(j <= gamma and pos[i - 1] > j) or i == j for j in range(1, beta + 1)] for i in range(1, beta + 1)])
@@ -114,10 +114,10 @@ def test_tree_mask_is_the_cape_mask_of_the_paper():
 
 def test_fixed_mode_and_small_vocabulary():
     q = torch.stack([peaked(16, {0: p}) for p in (0.1, 0.9, 0.5)])
-    assert expansion_sizes(q, CapeConfig(mode="fixed")).tolist() == [4, 4, 4]
+    assert expansion_sizes(q, CapeConfig(mode="fixed", budget=32)).tolist() == [4, 4, 4]
     tiny = torch.tensor([[0.4, 0.35, 0.25], [0.2, 0.5, 0.3]])  # K = 5 asked, only 2 other tokens exist
-    assert expansion_sizes(tiny, CapeConfig()).tolist() == [2, 2]  # at most V - 1 other tokens
-    assert len(expand_proposal(DraftTree.chain(tiny.argmax(-1), tiny), CapeConfig())) == 6
+    assert expansion_sizes(tiny, CapeConfig(budget=32)).tolist() == [2, 2]  # at most V - 1 other tokens
+    assert len(expand_proposal(DraftTree.chain(tiny.argmax(-1), tiny), CapeConfig(budget=32))) == 6
 
 
 # ---------------------------------------------------------------- beam search expansion (§5.3)
@@ -179,7 +179,7 @@ def test_accepted_path_ends_in_an_expansion_token(arch, wrong_at):
     target = tiny_model(arch)
     x = prompt()
     ref = greedy_reference(target, x, 24)
-    drafter = CapeCandidateGenerator(ExpansionOracle(ref, wrong_at))
+    drafter = CapeCandidateGenerator(ExpansionOracle(ref, wrong_at), budget=32)  # the paper's budget
     out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=24, return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     per_step = wrong_at + 2  # the right chain prefix, the expansion token, the target's bonus token
@@ -205,7 +205,7 @@ def test_every_mode_is_lossless_with_a_draft_model(arch, mode):
 def test_every_mode_fully_accepts_a_perfect_draft(mode):
     target = tiny_model("llama", attn_implementation="eager")
     x = prompt()
-    drafter = CapeCandidateGenerator(DraftModelCandidateGenerator(target, 3), mode=mode)
+    drafter = CapeCandidateGenerator(DraftModelCandidateGenerator(target, 3), mode=mode, budget=32)
     out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=16, return_dict_in_generate=True)
     assert torch.equal(out.sequences, greedy_reference(target, x, 16))
     stats = out.speculative_stats

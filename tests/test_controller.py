@@ -83,3 +83,20 @@ def test_auto_is_the_default_and_lossless(arch, kind):
         assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     lengths = out.speculative_stats.extra["draft_lengths"]
     assert lengths[:2] == [1, 3] and all(1 <= g <= 8 for g in lengths)  # two points of the cost curve first, then chosen
+
+
+def test_cape_over_an_auto_drafter_is_adaptive_and_lossless(arch):
+    from hf_specdraft import CapeCandidateGenerator, CapeConfig
+
+    assert CapeConfig().budget == "auto" and CapeConfig().budget_for(3) == 6 and CapeConfig(budget=32).budget_for(3) == 32
+    target = tiny_model(arch)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    drafter = CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target)))
+    assert drafter.adaptive_draft_length
+    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=20, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy_reference(target, x, 20))
+    lengths = out.speculative_stats.extra["draft_lengths"]
+    assert lengths[:2] == [1, 3]
+    assert all(s.tree_size <= 2 * g for s, g in zip(out.speculative_stats.steps, lengths))  # budget 'auto': twice the chain
+    fixed = CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=2), budget=3)
+    assert not fixed.adaptive_draft_length and fixed.num_draft_tokens == 2

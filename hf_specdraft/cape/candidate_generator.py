@@ -64,6 +64,20 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         self.confidences: list[list[float]] = []
         self.expansion_seconds: list[float] = []
 
+    @property
+    def adaptive_draft_length(self) -> bool:
+        """Whether the loop picks γ every step: when the wrapped chain drafter's ``num_draft_tokens`` is ``"auto"``."""
+        return bool(getattr(self.drafter, "adaptive_draft_length", False))
+
+    @property
+    def num_draft_tokens(self) -> int | None:
+        """γ of the wrapped chain drafter (the loop sets it through here when it is adaptive)."""
+        return getattr(self.drafter, "num_draft_tokens", None)
+
+    @num_draft_tokens.setter
+    def num_draft_tokens(self, value: int) -> None:
+        self.drafter.num_draft_tokens = value
+
     def _beam_scorer(self):
         if not isinstance(getattr(self.drafter, "num_draft_tokens", None), int):
             raise ValueError(f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(self.drafter).__name__} has no int num_draft_tokens")
@@ -126,7 +140,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     def _propose_beam(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None) -> DraftTree:
         depth = self.drafter.num_draft_tokens
-        tree = beam_search_proposal(self.scorer, input_ids, depth, self.config.beam_width, self.config.budget, target_cache)
+        tree = beam_search_proposal(self.scorer, input_ids, depth, self.config.beam_width, self.config.budget_for(depth), target_cache)
         self.forward_calls = {"draft": self.scorer.forward_calls}
         widths = torch.bincount(tree.depth, minlength=depth).tolist() if len(tree) else []
         self.expansion_sizes.append([w - 1 for w in widths if w > 0])
@@ -157,6 +171,14 @@ class _ExpandedBatch(BatchProposer):
     @property
     def forwards(self) -> int:
         return self.inner.forwards
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.inner.num_draft_tokens
+
+    @num_draft_tokens.setter
+    def num_draft_tokens(self, value: int) -> None:  # the loop's controller sets γ of the inner batch proposer
+        self.inner.num_draft_tokens = value
 
     def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
         return [cape.expand(chain) for cape, chain in zip(self.capes, self.inner.propose(texts))]

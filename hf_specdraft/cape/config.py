@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.drafting import AUTO
 from ..core.validation import check_int
 from .expansion_sets import DEFAULT_SCHEDULE, check_schedule
 
@@ -22,9 +23,11 @@ class CapeConfig:
             whose confidence p = max q falls in ``(previous_bound, upper_bound]`` gets ``K`` extra tokens.
             Bounds increase strictly and the last one is 1.0 so every p is covered; ``K`` never grows
             with confidence (a confident draft needs fewer alternatives, §4.2 and Figure 1(b)).
-        budget (`int`): most tokens sent to verification per step besides the last accepted one: the
-            chain plus all expansion sets (or the beam tree). 32 as in §5.3 ("maximum number of tokens for
-            verification at each step"). Expansion sets of earlier positions are filled first.
+        budget (`int` or ``"auto"``): most tokens sent to verification per step besides the last accepted one: the
+            chain plus all expansion sets (or the beam tree); §5.3 uses 32 ("maximum number of tokens for
+            verification at each step"). Expansion sets of earlier positions are filled first. ``"auto"`` (the
+            default): twice the chain's length, so the tree grows with the γ the loop chooses from measured costs
+            (a cheap verification on a GPU: long chains and wide trees; a 2-core CPU: short ones).
         mode (`str`): ``"confidence"`` (CAPE), ``"fixed"`` (every position gets ``fixed_k`` extra tokens,
             the §5.4 ablation) or ``"beam"`` (beam-search expansion, the §5.3 baseline; it runs extra
             draft forwards by nature).
@@ -33,7 +36,7 @@ class CapeConfig:
     """
 
     schedule: tuple[tuple[float, int], ...] = DEFAULT_SCHEDULE
-    budget: int = 32  # §5.3: CAPE verifies at most 32 tokens per step (Medusa: 64)
+    budget: int | str = AUTO  # §5.3 fixes 32 on a GPU (Medusa: 64); what pays depends on the machine's cost curve
     mode: str = "confidence"
     fixed_k: int = 4  # §5.4: the mean size of CAPE's expansion sets
     beam_width: int = 4  # §5.3: GLIDE+BeamSearch with beam size 4
@@ -42,7 +45,8 @@ class CapeConfig:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         object.__setattr__(self, "schedule", check_schedule(self.schedule))
-        check_int("budget", self.budget, what="tokens verified per step")
+        if self.budget != AUTO:
+            check_int("budget", self.budget, what="tokens verified per step (or 'auto')")
         check_int("fixed_k", self.fixed_k, minimum=0)
         check_int("beam_width", self.beam_width)
 
@@ -63,9 +67,13 @@ class CapeConfig:
             return self.fixed_k
         return max(self.sizes)
 
+    def budget_for(self, length: int) -> int:
+        """The budget of a step whose chain has ``length`` tokens: the set one, or twice the chain for ``"auto"``."""
+        return 2 * length if self.budget == AUTO else self.budget
+
     def check_chain_length(self, length: int) -> None:
         """Raise when a chain of ``length`` drafted tokens does not fit the budget."""
-        if length > self.budget:
+        if length > self.budget_for(length):
             raise ValueError(
                 f"budget={self.budget} is smaller than the drafted chain ({length} tokens): CAPE verifies the whole chain "
                 f"plus its expansion sets, so raise budget to at least {length} or draft fewer tokens"

@@ -48,7 +48,7 @@ def _sizes(draft_probs: torch.Tensor, config: CapeConfig) -> tuple[list[int], li
     config.check_chain_length(k)
     confidence = draft_probs.amax(dim=-1).tolist() if k else []  # p_i = max q_i
     wanted = [config.fixed_k] * k if config.mode == "fixed" else scheduled_sizes(confidence, config.schedule)
-    sizes = fit_budget(wanted, config.budget - k, vocab)
+    sizes = fit_budget(wanted, config.budget_for(k) - k, vocab)
     return sizes, confidence
 
 

@@ -8,7 +8,9 @@ step, the γ this controller picks among ``1 .. max_draft_tokens``:
 with ``a_j`` the running rate at which draft position ``j`` is accepted given positions ``< j`` were (counts decayed
 by ``decay`` each step, so the estimate follows the text), ``d`` the measured seconds per drafted token and
 ``v(n)`` the measured seconds of a verification forward over ``n`` tokens (a running average per ``n``; a line fitted
-through the measured ``n`` elsewhere, with ``PRIOR_SLOPE`` while only one ``n`` has been measured). Everything is
+through the measured ``n`` elsewhere, with ``PRIOR_SLOPE`` while only one ``n`` has been measured). For a tree drafter
+(CAPE over an ``"auto"`` chain drafter) ``v`` is read at the tree's size, ``1 + width · γ`` with ``width`` the measured
+nodes per chain token, and ``a_j`` counts a path accepted through an expansion token like one through the chain. Everything is
 timed by the loop itself on the machine it runs on: no per-machine constant, no calibration run. A flat cost curve
 (a GPU, where launches dominate) makes long drafts pay; a steep one or low acceptance makes short ones pay
 (Leviathan et al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient; here the costs are measured).
@@ -37,6 +39,7 @@ class DraftLengthController:
         self.hits = [PRIOR_ACCEPTANCE] * max_draft_tokens  # times accepted, decayed
         self.draft_per_token: float | None = None  # seconds per drafted token
         self.verify: dict[int, float] = {}  # tokens verified -> seconds of that forward
+        self.width = 1.0  # tree nodes per chain token (1 for a chain; CAPE's expansion sets widen it)
         self.steps = 0
         self.choices: list[int] = []
 
@@ -66,8 +69,9 @@ class DraftLengthController:
         return max(mean_v + max(slope, 0.0) * (n - mean_n), min(self.verify.values()))
 
     def rate(self, gamma: int) -> float:
-        """Expected new tokens per second of a step that drafts γ."""
-        return self.expected_tokens(gamma) / (gamma * (self.draft_per_token or 0.0) + self.verify_seconds(gamma + 1))
+        """Expected new tokens per second of a step that drafts γ (a tree of about ``width · γ`` nodes)."""
+        nodes = max(gamma, round(self.width * gamma))
+        return self.expected_tokens(gamma) / (gamma * (self.draft_per_token or 0.0) + self.verify_seconds(nodes + 1))
 
     def choose(self) -> int:
         """γ for the next step."""
@@ -87,7 +91,7 @@ class DraftLengthController:
         Args:
             drafted: γ drafted by every row. accepted: tokens of its draft each row accepted.
             draft_seconds: the step's drafting time (all rows). verify_seconds: its verification forward's time.
-            verify_tokens: tokens per row that forward verified (``1 + γ`` for a chain).
+            verify_tokens: tokens per row that forward verified (``1 + γ`` for a chain, ``1 +`` the tree's nodes for a tree).
         """
         self.steps += 1
         self.tries = [t * self.decay for t in self.tries]
@@ -97,6 +101,7 @@ class DraftLengthController:
                 self.tries[j] += 1
                 self.hits[j] += j < count
         if drafted:
+            self.width = 0.7 * self.width + 0.3 * max((verify_tokens - 1) / drafted, 1.0) if self.steps > 1 else max((verify_tokens - 1) / drafted, 1.0)
             per_token = draft_seconds / drafted
             self.draft_per_token = per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
         old = self.verify.get(verify_tokens)
