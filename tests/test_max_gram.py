@@ -98,7 +98,8 @@ def test_candidate_generator_counts_calls_and_is_lossless():
     out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=20, return_dict_in_generate=True)
     assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     assert out.speculative_stats.drafter_calls == {"max_gram": out.speculative_stats.num_steps}
-    assert len(drafter.propose(x)) == 10  # the paper's fixed 10
+    assert len(MaxGramCandidateGenerator(drafter.bigram_table).propose(x)) == 10  # outside the loop: the paper's fixed 10
+    assert drafter.adaptive_draft_length and len(out.speculative_stats.extra["draft_lengths"]) == out.speculative_stats.num_steps
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])

@@ -17,6 +17,7 @@ from ..core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
 from ..core.loop import speculative_generate
 from ..core.stats import SpeculativeStats
 from ..core.projection import few_token_linears
+from ..cascade.max_gram import MAX_GRAM_TOKENS
 from ..core.tree import DraftTree
 
 
@@ -147,6 +148,12 @@ def _bigram(ctx):
 def _max_gram(ctx):
     from ..cascade import build_max_gram_for_bench
 
+    return _speculative(ctx, candidate_generator=build_max_gram_for_bench(ctx.target, _bigram(ctx), num_draft_tokens=MAX_GRAM_TOKENS))
+
+
+def _max_gram_auto(ctx):
+    from ..cascade import build_max_gram_for_bench
+
     return _speculative(ctx, candidate_generator=build_max_gram_for_bench(ctx.target, _bigram(ctx)))
 
 
@@ -249,6 +256,13 @@ def _glide_cape(ctx, mode):
     return _with_expansion_sizes(ctx, build_cape_for_bench(_glide_chain(ctx, "glide", CAPE_GAMMA), mode=mode, budget=CAPE_BUDGET))
 
 
+def _cape_default(ctx):
+    from ..cape import CapeCandidateGenerator
+    from ..glide import GlideCandidateGenerator
+
+    return CapeCandidateGenerator(GlideCandidateGenerator(ctx.extras["glide"]))
+
+
 def _stock_glide(ctx, kind: str):
     glide = ctx.extras[kind].attach(ctx.target)
     try:
@@ -268,6 +282,11 @@ for _kind in ("glide", "vanilla"):  # the default call: speculative_generate(tar
                            description=f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' "
                                        "(chosen every step from measured costs)",
                            cost_models=lambda e, k=_kind: {"draft": e[k]}))
+register_method(Method("max-gram-auto", _max_gram_auto, description="Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)",
+                       cost_models=lambda e: {"max_gram": None}))
+register_method(Method("glide+cape-auto", lambda ctx: _with_expansion_sizes(ctx, _cape_default(ctx)), requires=("glide",),
+                       description="CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto'",
+                       cost_models=lambda e: {"draft": e["glide"]}))
 for _gamma in (2, 3, 5):  # fixed γ beside auto, for comparison
     register_method(Method(f"glide-γ{_gamma}", lambda ctx, g=_gamma: _speculative(ctx, candidate_generator=_glide_chain(ctx, "glide", g)),
                            requires=("glide",), description=f"speculative_generate with the default's glide drafter, γ={_gamma} fixed",

@@ -29,7 +29,7 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from ..core.drafting import TreeCandidateGenerator, output_vocab_size
+from ..core.drafting import TreeCandidateGenerator, draft_length, output_vocab_size
 from ..core.tree import DraftTree
 
 MAX_GRAM_TOKENS = 10  # §5.2 "we use MaG to generate 10 tokens at once, as it is rare for more than 10 tokens to be accepted"
@@ -140,14 +140,16 @@ class MaxGramCandidateGenerator(TreeCandidateGenerator):
         bigram_table (`torch.LongTensor` of shape `(V,)`, *optional*): argmax bigram fallback, e.g. from
             :func:`~hf_specdraft.cascade.bigram.load_bigram_table`. Shorter than the target's vocabulary
             is fine (the missing ids map to themselves); longer, or holding ids outside it, is an error.
-        num_draft_tokens: γ, tokens per proposal (the paper's MaG uses a fixed 10).
+        num_draft_tokens: γ, tokens per proposal (the paper's MaG uses a fixed 10); ``"auto"`` (the default): the loop
+            picks 1-10 every step from measured acceptance and verification costs (a cascade reads 10).
         max_match_length: see :func:`longest_suffix_match`.
     """
 
-    def __init__(self, bigram_table: torch.Tensor | None = None, num_draft_tokens: int = MAX_GRAM_TOKENS, max_match_length: int | None = 256):
+    max_draft_tokens = MAX_GRAM_TOKENS  # the longest draft the loop's controller considers for it
+
+    def __init__(self, bigram_table: torch.Tensor | None = None, num_draft_tokens: int | str = "auto", max_match_length: int | None = 256):
         super().__init__()
-        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
+        num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens, start=MAX_GRAM_TOKENS)
         if max_match_length is not None and (isinstance(max_match_length, bool) or not isinstance(max_match_length, int) or max_match_length < 1):
             raise ValueError(f"max_match_length must be None or a positive int, got {max_match_length!r}")
         self.bigram_table = check_bigram_table(bigram_table) if bigram_table is not None else None

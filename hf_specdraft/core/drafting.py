@@ -83,11 +83,11 @@ AUTO_START = 5  # γ of an auto drafter wrapped by another (CAPE, the cascade), 
 AUTO_MAX = 8  # the longest draft the controller considers
 
 
-def draft_length(value, argument: str = "num_draft_tokens") -> tuple[int, bool]:
+def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_START) -> tuple[int, bool]:
     """``(γ, adaptive)`` of a drafter's ``num_draft_tokens``: a positive int is honoured exactly; ``"auto"`` starts at
-    :data:`AUTO_START` and lets the loop choose every step."""
+    ``start`` (what a wrapping drafter reads) and lets the loop choose every step."""
     if value == AUTO:
-        return AUTO_START, True
+        return start, True
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{argument} must be a positive int or 'auto' (chosen every step from measured costs), got {value!r}")
     return value, False

@@ -229,7 +229,7 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
     if shared and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters):
         together = drafters[0].batch_drafter(drafters)
     adaptive = bool(drafters) and all(getattr(d, "adaptive_draft_length", False) for d in drafters)
-    controller = DraftLengthController(AUTO_MAX) if adaptive else None  # num_draft_tokens="auto": γ chosen every step
+    controller = DraftLengthController(getattr(drafters[0], "max_draft_tokens", AUTO_MAX)) if adaptive else None  # γ chosen every step
     while active:
         active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout,
                                   controller)
