@@ -43,7 +43,7 @@ def test_the_rule_is_the_stated_ratio():
     controller = DraftLengthController(4)
     controller.verify = {2: 0.02, 4: 0.03}
     controller.draft_per_token = 0.001
-    controller.tries, controller.hits = [1.0] * 4, [0.5] * 4
+    controller.tries, controller.hits = [[1.0] * 4], [[0.5] * 4]  # one width option: a chain drafter
     assert controller.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
     assert controller.rate(3) == pytest.approx((1 + 0.5 + 0.25 + 0.125) / (3 * 0.001 + 0.03))
     assert controller.verify_seconds(3) == pytest.approx(0.025)  # on the line through the measured lengths
@@ -97,6 +97,34 @@ def test_cape_over_an_auto_drafter_is_adaptive_and_lossless(arch):
     assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     lengths = out.speculative_stats.extra["draft_lengths"]
     assert lengths[:2] == [1, 3]
-    assert all(s.tree_size <= 2 * g for s, g in zip(out.speculative_stats.steps, lengths))  # budget 'auto': twice the chain
+    assert all(s.tree_size <= 2 * g for s, g in zip(out.speculative_stats.steps, lengths))  # budget 'auto': at most twice the chain
+    assert drafter.adaptive_budget and drafter.step_budget in (lengths[-1], 2 * lengths[-1])
     fixed = CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=2), budget=3)
     assert not fixed.adaptive_draft_length and fixed.num_draft_tokens == 2
+
+
+def test_tree_budget_drops_expansions_that_do_not_pay():
+    """Two width options: expansions (width 2) that raise acceptance little on a steep cost curve lose to the chain."""
+    draws = random.Random(1)
+    controller = DraftLengthController(6, widths=(1.0, 2.0))
+    for _ in range(120):
+        gamma = controller.choose()
+        wide = controller.option == 1
+        accept = 0.62 if wide else 0.6  # expansions add 2 points of acceptance
+        accepted = 0
+        while accepted < gamma and draws.random() < accept:
+            accepted += 1
+        nodes = controller.budget(gamma)
+        assert nodes == (2 * gamma if wide else gamma)
+        controller.observe(gamma, [accepted], 0.001 * gamma, 0.03 * (1 + 0.3 * nodes), nodes + 1)
+    best = max(((g, o) for o in (0, 1) for g in range(1, 7)), key=lambda c: controller.rate(*c))
+    assert best[1] == 0  # the chain alone
+    flat = DraftLengthController(6, widths=(1.0, 2.0))
+    for _ in range(120):  # a flat curve (a GPU) and expansions worth 15 points: the wide tree wins
+        gamma = flat.choose()
+        accept = 0.85 if flat.option == 1 else 0.7
+        accepted = 0
+        while accepted < gamma and draws.random() < accept:
+            accepted += 1
+        flat.observe(gamma, [accepted], 0.0001 * gamma, 0.03, flat.budget(gamma) + 1)
+    assert max(((g, o) for o in (0, 1) for g in range(1, 7)), key=lambda c: flat.rate(*c))[1] == 1

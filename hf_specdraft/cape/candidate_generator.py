@@ -15,12 +15,13 @@ Notation: q is the draft distribution, p = max q the draft's confidence (§4.2).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..core.batch_drafting import BatchProposer
-from ..core.drafting import DraftModelCandidateGenerator, DraftModelTreeScorer, TreeCandidateGenerator
+from ..core.drafting import AUTO, DraftModelCandidateGenerator, DraftModelTreeScorer, TreeCandidateGenerator
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .beam import beam_search_proposal
@@ -54,6 +55,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         if not isinstance(drafter, TreeCandidateGenerator):
             raise TypeError(f"drafter must be an hf_specdraft TreeCandidateGenerator proposing a chain with draft_probs, got {type(drafter).__name__}")
         self.config = method_config(CapeConfig, config, options)
+        self.step_budget: int | None = None  # an "auto" budget's value for the next step, set by the loop's controller
         gamma = getattr(drafter, "num_draft_tokens", None)
         if isinstance(gamma, int):
             self.config.check_chain_length(gamma)  # fail at construction, not at the first step
@@ -68,6 +70,17 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def adaptive_draft_length(self) -> bool:
         """Whether the loop picks γ every step: when the wrapped chain drafter's ``num_draft_tokens`` is ``"auto"``."""
         return bool(getattr(self.drafter, "adaptive_draft_length", False))
+
+    @property
+    def adaptive_budget(self) -> bool:
+        """Whether the loop also picks the budget every step (``budget="auto"``, confidence or fixed mode)."""
+        return self.adaptive_draft_length and self.config.budget == AUTO and self.config.mode != "beam"
+
+    def _step_config(self, length: int) -> CapeConfig:
+        """This step's config: an ``"auto"`` budget set by the loop (:attr:`step_budget`) or twice the chain."""
+        if self.config.budget != AUTO:
+            return self.config
+        return replace(self.config, budget=max(length, self.step_budget or 2 * length))
 
     @property
     def num_draft_tokens(self) -> int | None:
@@ -122,8 +135,9 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         if chain.draft_probs.is_cuda:  # time the expansion alone, not the draft kernels still queued
             torch.cuda.synchronize(chain.draft_probs.device)
         start = time.perf_counter()
-        sizes, confidences = _sizes(chain.draft_probs, self.config)
-        tree = expand_proposal(chain, self.config, sizes, with_draft_probs=self.generation_config.do_sample)  # q: rejection sampling
+        config = self._step_config(len(chain))
+        sizes, confidences = _sizes(chain.draft_probs, config)
+        tree = expand_proposal(chain, config, sizes, with_draft_probs=self.generation_config.do_sample)  # q: rejection sampling
         self.expansion_seconds.append(time.perf_counter() - start)
         self.expansion_sizes.append(sizes)
         self.confidences.append(confidences)

@@ -9,8 +9,9 @@ with ``a_j`` the running rate at which draft position ``j`` is accepted given po
 by ``decay`` each step, so the estimate follows the text), ``d`` the measured seconds per drafted token and
 ``v(n)`` the measured seconds of a verification forward over ``n`` tokens (a running average per ``n``; a line fitted
 through the measured ``n`` elsewhere, with ``PRIOR_SLOPE`` while only one ``n`` has been measured). For a tree drafter
-(CAPE over an ``"auto"`` chain drafter) ``v`` is read at the tree's size, ``1 + width · γ`` with ``width`` the measured
-nodes per chain token, and ``a_j`` counts a path accepted through an expansion token like one through the chain. Everything is
+(CAPE with an ``"auto"`` budget) the controller also picks the budget, the chain alone (width 1) or twice the chain
+(width 2), each option with its own ``a_j`` (a path accepted through an expansion token counts like one through the
+chain), ``v`` read at the tree's measured size ``1 + width · γ``: expansion sets stay where they pay for themselves. Everything is
 timed by the loop itself on the machine it runs on: no per-machine constant, no calibration run. A flat cost curve
 (a GPU, where launches dominate) makes long drafts pay; a steep one or low acceptance makes short ones pay
 (Leviathan et al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient; here the costs are measured).
@@ -24,33 +25,47 @@ EXPLORE_EVERY = 8  # every 8th step drafts one more or one less than the best, s
 
 
 class DraftLengthController:
-    """Picks γ for every step of one ``generate`` call (see the module docstring for the rule).
+    """Picks γ, and a tree's budget, for every step of one ``generate`` call (see the module docstring for the rule).
 
     Args:
         max_draft_tokens: the longest draft considered.
+        widths: the tree budgets considered, as nodes per chain token: ``(1.0,)`` for a chain drafter; a tree drafter
+            with an ``"auto"`` budget (CAPE) also weighs ``2.0``, twice the chain, each with acceptance counts of its own,
+            so expansions are dropped where they cost more than they are accepted.
         decay: how much of the acceptance counts each step keeps.
     """
 
-    def __init__(self, max_draft_tokens: int = 8, decay: float = 0.95):
+    def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95):
         if not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be a positive int, got {max_draft_tokens!r}")
-        self.max_draft_tokens, self.decay = max_draft_tokens, decay
-        self.tries = [1.0] * max_draft_tokens  # per draft position j (0-based): times judged, decayed
-        self.hits = [PRIOR_ACCEPTANCE] * max_draft_tokens  # times accepted, decayed
+        self.max_draft_tokens, self.widths, self.decay = max_draft_tokens, tuple(widths), decay
+        # per width option, per draft position j (0-based): times judged and times accepted, decayed
+        self.tries = [[1.0] * max_draft_tokens for _ in self.widths]
+        self.hits = [[PRIOR_ACCEPTANCE] * max_draft_tokens for _ in self.widths]
+        self.measured_width = list(self.widths)  # tree nodes per chain token each option actually produced
         self.draft_per_token: float | None = None  # seconds per drafted token
         self.verify: dict[int, float] = {}  # tokens verified -> seconds of that forward
-        self.width = 1.0  # tree nodes per chain token (1 for a chain; CAPE's expansion sets widen it)
         self.steps = 0
+        self.option = len(self.widths) - 1  # the width option of the step being run
         self.choices: list[int] = []
 
-    def acceptance(self) -> list[float]:
-        """``a_j`` for every draft position."""
-        return [h / t for h, t in zip(self.hits, self.tries)]
+    @property
+    def width(self) -> float:
+        return self.measured_width[self.option]
 
-    def expected_tokens(self, gamma: int) -> float:
+    def budget(self, gamma: int) -> int | None:
+        """The tree budget (nodes) of a step drafting γ under the current option; ``None`` for a chain drafter."""
+        return None if self.widths == (1.0,) else max(gamma, round(self.widths[self.option] * gamma))
+
+    def acceptance(self, option: int | None = None) -> list[float]:
+        """``a_j`` for every draft position (of one width option, default the current one)."""
+        option = self.option if option is None else option
+        return [h / t for h, t in zip(self.hits[option], self.tries[option])]
+
+    def expected_tokens(self, gamma: int, option: int | None = None) -> float:
         """E[new tokens of a step that drafts γ] = 1 + Σ_i Π_{j<=i} a_j (the target's own token always comes)."""
         total, alive = 1.0, 1.0
-        for a in self.acceptance()[:gamma]:
+        for a in self.acceptance(option)[:gamma]:
             alive *= a
             total += alive
         return total
@@ -68,25 +83,30 @@ class DraftLengthController:
         slope = sum((k - mean_n) * (self.verify[k] - mean_v) for k in known) / sum((k - mean_n) ** 2 for k in known)
         return max(mean_v + max(slope, 0.0) * (n - mean_n), min(self.verify.values()))
 
-    def rate(self, gamma: int) -> float:
+    def rate(self, gamma: int, option: int | None = None) -> float:
         """Expected new tokens per second of a step that drafts γ (a tree of about ``width · γ`` nodes)."""
-        nodes = max(gamma, round(self.width * gamma))
-        return self.expected_tokens(gamma) / (gamma * (self.draft_per_token or 0.0) + self.verify_seconds(nodes + 1))
+        option = self.option if option is None else option
+        nodes = max(gamma, round(self.measured_width[option] * gamma))
+        cost = gamma * (self.draft_per_token or 0.0) + self.verify_seconds(nodes + 1)
+        return self.expected_tokens(gamma, option) / cost
 
     def choose(self) -> int:
-        """γ for the next step."""
-        top = self.max_draft_tokens
+        """γ for the next step (and :attr:`option`, the tree width whose :meth:`budget` the step uses)."""
+        top, last = self.max_draft_tokens, len(self.widths) - 1
         if len(self.verify) < 2:  # the first steps measure two points of the cost curve: a short and a longer draft
-            gamma = min(1 if not self.verify else 3, top)
+            gamma, self.option = min(1 if not self.verify else 3, top), last if not self.verify else 0
         else:
-            gamma = max(range(1, top + 1), key=self.rate)
-            if self.steps % EXPLORE_EVERY == EXPLORE_EVERY - 1:  # probe beside the best, alternating sides
+            gamma, self.option = max(((g, o) for o in range(len(self.widths)) for g in range(1, top + 1)), key=lambda c: self.rate(*c))
+            phase = self.steps % EXPLORE_EVERY
+            if phase == EXPLORE_EVERY - 1:  # probe beside the best γ, alternating sides
                 gamma = min(max(gamma + (1 if (self.steps // EXPLORE_EVERY) % 2 == 0 else -1), 1), top)
+            elif phase == EXPLORE_EVERY // 2 - 1 and last:  # and the other tree widths, in turn
+                self.option = (self.option + 1 + (self.steps // EXPLORE_EVERY) % last) % len(self.widths)
         self.choices.append(gamma)
         return gamma
 
     def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int) -> None:
-        """One step's outcome.
+        """One step's outcome, under the current :attr:`option`.
 
         Args:
             drafted: γ drafted by every row. accepted: tokens of its draft each row accepted.
@@ -94,14 +114,16 @@ class DraftLengthController:
             verify_tokens: tokens per row that forward verified (``1 + γ`` for a chain, ``1 +`` the tree's nodes for a tree).
         """
         self.steps += 1
-        self.tries = [t * self.decay for t in self.tries]
-        self.hits = [h * self.decay for h in self.hits]
+        option = self.option
+        self.tries[option] = [t * self.decay for t in self.tries[option]]
+        self.hits[option] = [h * self.decay for h in self.hits[option]]
         for count in accepted:
             for j in range(min(count + 1, drafted)):  # positions up to the first rejected one were judged
-                self.tries[j] += 1
-                self.hits[j] += j < count
+                self.tries[option][j] += 1
+                self.hits[option][j] += j < count
         if drafted:
-            self.width = 0.7 * self.width + 0.3 * max((verify_tokens - 1) / drafted, 1.0) if self.steps > 1 else max((verify_tokens - 1) / drafted, 1.0)
+            width = max((verify_tokens - 1) / drafted, 1.0)
+            self.measured_width[option] = 0.7 * self.measured_width[option] + 0.3 * width
             per_token = draft_seconds / drafted
             self.draft_per_token = per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
         old = self.verify.get(verify_tokens)

@@ -229,7 +229,10 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
     if shared and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters):
         together = drafters[0].batch_drafter(drafters)
     adaptive = bool(drafters) and all(getattr(d, "adaptive_draft_length", False) for d in drafters)
-    controller = DraftLengthController(getattr(drafters[0], "max_draft_tokens", AUTO_MAX)) if adaptive else None  # γ chosen every step
+    controller = None  # num_draft_tokens="auto": γ (and an "auto" tree budget) chosen every step
+    if adaptive:
+        widths = (1.0, 2.0) if all(getattr(d, "adaptive_budget", False) for d in drafters) else (1.0,)
+        controller = DraftLengthController(getattr(drafters[0], "max_draft_tokens", AUTO_MAX), widths)
     while active:
         active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout,
                                   controller)
@@ -251,6 +254,8 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
         gamma = controller.choose()
         for row in active:
             row.generator.num_draft_tokens = gamma
+            if controller.budget(gamma) is not None:
+                row.generator.step_budget = controller.budget(gamma)
         if together is not None:
             together.num_draft_tokens = gamma
     trees, draft_seconds = draft_rows(model, cache, active, together, generation_config, shared)
