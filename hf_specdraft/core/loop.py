@@ -247,43 +247,28 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
                      controller: DraftLengthController | None = None) -> list[Row]:
     """One step of every active row: propose, verify in one forward, accept, emit, compact. Returns the rows still active.
 
-    With a ``controller`` (drafters with ``num_draft_tokens="auto"``) it first sets every row's γ to the controller's
-    choice and afterwards tells it what the step accepted and cost."""
+    With a ``controller`` (drafters with ``num_draft_tokens="auto"``) every row first drafts the γ it chooses, and it
+    learns afterwards what the step accepted and cost."""
     columns = cache.get_seq_length() if shared else active[0].cached  # invariant: row a holds the last active[a].cached
     if controller is not None:
-        gamma = controller.choose()
-        for row in active:
-            row.generator.num_draft_tokens = gamma
-            if controller.budget(gamma) is not None:
-                row.generator.step_budget = controller.budget(gamma)
-        if together is not None:
-            together.num_draft_tokens = gamma
+        set_draft_length(controller, active, together)
     trees, draft_seconds = draft_rows(model, cache, active, together, generation_config, shared)
     started = time.perf_counter()
     logits = model(**verify_inputs(model, cache, active, trees, shared), past_key_values=cache, use_cache=True).logits.float()  # (A, Q, V)
-    forward_total = time.perf_counter() - started
-    forward_seconds = forward_total / len(active)
+    forward_seconds = time.perf_counter() - started
     layout["target_forwards"] += 1
     layout["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
     keep, survivors, accepted = [], [], []
     for a, (row, tree) in enumerate(zip(active, trees)):
-        started, cur_len = time.perf_counter(), row.ids.shape[1]
-        rows = TargetRows(logits[a, : 1 + len(tree)], row.ids, tree, row.processor, generation_config)
-        path, next_token = select_accepted(rows, tree, acceptance, generation_config)
-        verify_seconds = forward_seconds + time.perf_counter() - started
-        row.ids, emitted, row.done = emit_tokens(row.ids, tree, path, next_token, rows, stopping_criteria, generation_config, row.out)
-        if streamer is not None:
-            streamer.put(row.ids[0, cur_len:].cpu())
-        kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]  # the last token's column and the accepted path's
-        row.generator.update_candidate_strategy(row.text, logits[a, kept_nodes][None], len(path))
-        record_step(row.out.stats, rows, tree, path, emitted, draft_seconds[a], verify_seconds)
-        accepted.append(len(path))
-        old = torch.arange(columns - (row.cached - emitted), columns)
-        keep.append(torch.cat([old, columns + torch.tensor(kept_nodes, dtype=torch.long)]))
+        cached = row.cached  # before this step: the row's last `cached` columns of the cache
+        kept_nodes, count = accept_row(row, logits[a, : 1 + len(tree)], tree, acceptance, stopping_criteria, generation_config, streamer,
+                                       draft_seconds[a], forward_seconds / len(active))
+        keep.append(torch.cat([torch.arange(columns - cached, columns), columns + torch.tensor(kept_nodes, dtype=torch.long)]))
+        accepted.append(count)
         if not row.done:
             survivors.append(a)
     if controller is not None:
-        controller.observe(max(len(t) for t in trees), accepted, sum(draft_seconds), forward_total, logits.shape[1])
+        controller.observe(max(len(t) for t in trees), accepted, sum(draft_seconds), forward_seconds, logits.shape[1])
     started = time.perf_counter()
     keep_columns(cache, keep, survivors, shared)
     if shared and survivors:
@@ -293,6 +278,43 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
         if together is not None and len(survivors) < len(active):
             together.keep_rows(survivors)
     return [active[a] for a in survivors]
+
+
+def set_draft_length(controller: DraftLengthController, active: list[Row], together) -> None:
+    """Every row drafts the γ the controller chooses for this step (and, for a tree drafter, its budget)."""
+    gamma = controller.choose()
+    budget = controller.budget(gamma)
+    for row in active:
+        row.generator.num_draft_tokens = gamma
+        if budget is not None:
+            row.generator.step_budget = budget
+    if together is not None:
+        together.num_draft_tokens = gamma
+
+
+def accept_row(row: Row, logits: torch.Tensor, tree: DraftTree, acceptance, stopping_criteria, generation_config, streamer,
+               draft_seconds: float, forward_seconds: float) -> tuple[list[int], int]:
+    """One row's share of a step: accept a path of its tree, emit it and the target's next token, record the step.
+
+    Args:
+        logits (`torch.FloatTensor` of shape `(1 + N, V)`): the target's scores at the row's last token and each node.
+        forward_seconds: the row's share of the verification forward.
+
+    Returns:
+        `(kept_nodes, accepted)`: the verified columns the row keeps (0: its last token, ``1 + i``: node ``i``) and how
+        many of its draft tokens it accepted.
+    """
+    started, cur_len = time.perf_counter(), row.ids.shape[1]
+    rows = TargetRows(logits, row.ids, tree, row.processor, generation_config)
+    path, next_token = select_accepted(rows, tree, acceptance, generation_config)
+    verify_seconds = forward_seconds + time.perf_counter() - started
+    row.ids, emitted, row.done = emit_tokens(row.ids, tree, path, next_token, rows, stopping_criteria, generation_config, row.out)
+    if streamer is not None:
+        streamer.put(row.ids[0, cur_len:].cpu())
+    kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]  # the last token's column and the accepted path's
+    row.generator.update_candidate_strategy(row.text, logits[kept_nodes][None], len(path))
+    record_step(row.out.stats, rows, tree, path, emitted, draft_seconds, verify_seconds)
+    return kept_nodes, len(path)
 
 
 def draft_rows(model, cache, active: list[Row], together, generation_config, shared) -> tuple[list[DraftTree], list[float]]:
