@@ -83,7 +83,7 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
 # One method per idea, so the demo stays under two minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
 DEMO_METHODS = {
     "completion": ("target-only", "target-only+linears", "draft-model", "glide-auto", "glide+cape-auto", "max-gram-auto"),  # *-auto: the default calls
-    "context": ("target-only", "casd-strict"),  # CASD drafts from the request's own context: its own task
+    "context": ("target-only", "casd-strict-auto"),  # CASD drafts from the request's own context: its own task
 }
 
 

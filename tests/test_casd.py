@@ -157,8 +157,11 @@ def test_strict_equals_target_greedy(arch):
         "random": random_ids(300, 5),
     }
     for name, context in contexts.items():
-        generator = CasdCandidateGenerator(context)
+        generator = CasdCandidateGenerator(context, max_nodes=64)  # the paper's fixed tree size: real trees every step
         out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=32, return_dict_in_generate=True)
+        auto = speculative_generate(target, x, candidate_generator=CasdCandidateGenerator(context), max_new_tokens=32,
+                                    return_dict_in_generate=True)  # max_nodes="auto", the default: depth and budget per step
+        assert torch.equal(auto.sequences, ref) and auto.speculative_stats.extra["draft_lengths"], name
         assert torch.equal(out.sequences, ref), name
         with_output = CasdCandidateGenerator(context, draft_from_output=True)
         assert torch.equal(speculative_generate(target, x, candidate_generator=with_output, max_new_tokens=32), ref), name

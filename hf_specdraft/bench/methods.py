@@ -282,6 +282,8 @@ for _kind in ("glide", "vanilla"):  # the default call: speculative_generate(tar
                            description=f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' "
                                        "(chosen every step from measured costs)",
                            cost_models=lambda e, k=_kind: {"draft": e[k]}))
+register_method(Method("casd-strict-auto", lambda ctx: _casd(ctx, strict=True, max_nodes="auto"), tasks=("context",),
+                       description="CasdCandidateGenerator(context): the default call, exact verification, tree depth and size 'auto'"))
 register_method(Method("max-gram-auto", _max_gram_auto, description="Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)",
                        cost_models=lambda e: {"max_gram": None}))
 register_method(Method("glide+cape-auto", lambda ctx: _with_expansion_sizes(ctx, _cape_default(ctx)), requires=("glide",),

@@ -12,14 +12,16 @@ rule ``p(x) > max(δ, p(eos))`` (eq. 3), optionally with ``x ∈ top-k(p)`` (eq.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ..core.acceptance import ConditionalAcceptance
-from ..core.drafting import TreeCandidateGenerator, output_vocab_size
+from ..core.drafting import AUTO, TreeCandidateGenerator, output_vocab_size
 from ..core.tree import DraftTree
 from ..core.validation import method_config
-from .configuration_casd import CasdConfig
+from .configuration_casd import PAPER_MAX_NODES, CasdConfig
 from .pool import DraftPool, context_token_ids
 from .retrieval import add_nodes, retrieve
 
@@ -81,8 +83,28 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         super().__init__()
         self.config = method_config(CasdConfig, config, options)
         self.pool = DraftPool(tokenize_context(context, tokenizer), self.config.max_suffix_length)
+        self.num_draft_tokens = self.config.max_draft_length  # the tree's depth; the loop's controller sets it when "auto"
+        self.step_budget: int | None = None  # the tree's node budget for the next step, set by the controller
         self.match_lengths: list[int] = []
         self.prompt_length: int | None = None  # set by the first propose() of a generate call
+
+    @property
+    def adaptive_draft_length(self) -> bool:
+        """``max_nodes="auto"``: the loop picks the tree's depth (as γ) and node budget every step."""
+        return self.config.max_nodes == AUTO
+
+    adaptive_budget = adaptive_draft_length
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.config.max_draft_length
+
+    def _step_config(self) -> CasdConfig:
+        """This step's retrieval options: the controller's depth and budget for ``"auto"``, the paper's 64 nodes without it."""
+        if self.config.max_nodes != AUTO:
+            return self.config
+        depth = min(self.num_draft_tokens, self.config.max_draft_length)
+        return replace(self.config, max_nodes=self.step_budget or PAPER_MAX_NODES, max_draft_length=depth)
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Raise ValueError when the context holds an id the target cannot score (``>= vocab_size``)."""
@@ -102,11 +124,12 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         """𝕋 ← R(p) for ``input_ids`` `(1, L)`; the target cache is not read."""
         if self.prompt_length is None or not self._continues(input_ids):  # a new generate call (stock loops skip prepare)
             self.prompt_length, self._prompt = input_ids.shape[1], input_ids[0].clone()
-        suffix = input_ids[0, -self.config.max_suffix_length :]
-        tree, length = retrieve(self.pool, suffix, self.config)
+        config = self._step_config()
+        suffix = input_ids[0, -config.max_suffix_length :]
+        tree, length = retrieve(self.pool, suffix, config)
         output = input_ids[0, self.prompt_length :]
-        if self.config.draft_from_output and output.numel() > self.config.min_suffix_length:
-            tree, length = self._with_output(tree, length, output, suffix)
+        if config.draft_from_output and output.numel() > config.min_suffix_length:
+            tree, length = self._with_output(tree, length, output, suffix, config)
         self.match_lengths.append(length)
         return DraftTree(tree.tokens.to(input_ids.device), tree.parents.to(input_ids.device))
 
@@ -114,14 +137,14 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         """Whether ``input_ids`` extends the prompt this generator saw first."""
         return input_ids.shape[1] >= self.prompt_length and torch.equal(input_ids[0, : self.prompt_length], self._prompt.to(input_ids.device))
 
-    def _with_output(self, tree: DraftTree, length: int, output: torch.Tensor, suffix: torch.Tensor) -> tuple[DraftTree, int]:
+    def _with_output(self, tree: DraftTree, length: int, output: torch.Tensor, suffix: torch.Tensor, config: CasdConfig) -> tuple[DraftTree, int]:
         """Merge the tree retrieved from the generated tokens with the context's: the longer match first."""
-        own, own_length = retrieve(DraftPool(output.cpu(), self.config.max_suffix_length), suffix, self.config)
+        own, own_length = retrieve(DraftPool(output.cpu(), config.max_suffix_length), suffix, config)
         if own_length == 0:
             return tree, length
         first, second = (own, tree) if own_length > length else (tree, own)
         tokens, parents = first.tokens.tolist(), first.parents.tolist()
-        add_nodes(tokens, parents, second, self.config.max_nodes)
+        add_nodes(tokens, parents, second, config.max_nodes)
         return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)), max(length, own_length)
 
 

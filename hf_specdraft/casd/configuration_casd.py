@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..core.drafting import AUTO
 from ..core.validation import check_bool, check_int
+
+PAPER_MAX_NODES = 64  # casd.txt §3 / REST: "choices=64" draft tokens verified per step
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,10 @@ class CasdConfig:
     """How the draft pool is searched and how the draft tree 𝕋 (casd.txt eq. 2) is built.
 
     Args:
-        max_nodes: most nodes of the draft tree; the most frequent continuation prefixes are kept.
+        max_nodes: most nodes of the draft tree; the most frequent continuation prefixes are kept. ``"auto"`` (the
+            default): in hf_specdraft's loop the draft-length controller picks the tree's depth and node budget every
+            step from measured acceptance and verification costs (:mod:`hf_specdraft.core.controller`); elsewhere
+            (a direct ``propose``) the paper's 64.
         max_suffix_length: longest suffix of the current sequence that is looked up in the pool.
         min_suffix_length: shortest suffix tried; below it nothing is drafted for this step.
         max_draft_length: continuation length taken after each occurrence (the tree's depth m, eq. 2).
@@ -34,7 +40,7 @@ class CasdConfig:
             it up. Off by default: casd.txt's pool holds the context only (Algorithm 1 line 1).
     """
 
-    max_nodes: int = 64  # casd.txt §3 / REST: "choices=64" draft tokens verified per step
+    max_nodes: int | str = AUTO  # casd.txt §3 / REST fix 64 ("choices=64"); "auto": the loop picks it per step (64 outside it)
     max_suffix_length: int = 16  # REST token spans 16 ... 2, first hit wins
     min_suffix_length: int = 2  # a 1-token match is too weak a signal to spend verification on
     max_draft_length: int = 10  # REST's continuation length ("long=10")
@@ -44,7 +50,8 @@ class CasdConfig:
 
     def __post_init__(self):
         for name in ("max_nodes", "max_suffix_length", "min_suffix_length", "max_draft_length", "max_matches"):
-            check_int(name, getattr(self, name))
+            if not (name == "max_nodes" and self.max_nodes == AUTO):
+                check_int(name, getattr(self, name))
         for name in ("fill_from_shorter_suffixes", "draft_from_output"):
             check_bool(name, getattr(self, name))
         if self.min_suffix_length > self.max_suffix_length:

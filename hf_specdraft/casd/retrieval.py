@@ -16,11 +16,14 @@ Step by step (REST, He et al. 2024, which CASD uses for retrieval):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
+from ..core.drafting import AUTO
 from ..core.tree import DraftTree
-from .configuration_casd import CasdConfig
+from .configuration_casd import PAPER_MAX_NODES, CasdConfig
 from .pool import DraftPool
 
 
@@ -163,6 +166,8 @@ def retrieve(pool: DraftPool, sequence, config: CasdConfig) -> tuple[DraftTree, 
         `(tree, match_length)`: the tree (empty when no suffix of at least ``min_suffix_length`` tokens
         occurs in the pool with a continuation) and the longest matched suffix length (0 then).
     """
+    if config.max_nodes == AUTO:  # outside the loop's controller: the paper's tree size
+        config = replace(config, max_nodes=PAPER_MAX_NODES)
     if isinstance(sequence, torch.Tensor):
         sequence = sequence.reshape(-1)[-config.max_suffix_length :].cpu().numpy()
     longest, positions = pool.match(sequence, config.min_suffix_length, config.max_suffix_length)

@@ -109,7 +109,8 @@ class DraftLengthController:
         """One step's outcome, under the current :attr:`option`.
 
         Args:
-            drafted: γ drafted by every row. accepted: tokens of its draft each row accepted.
+            drafted: the deepest draft of the step (γ for chains; a tree's depth). accepted: tokens of its draft each row
+                accepted.
             draft_seconds: the step's drafting time (all rows). verify_seconds: its verification forward's time.
             verify_tokens: tokens per row that forward verified (``1 + γ`` for a chain, ``1 +`` the tree's nodes for a tree).
         """
@@ -118,7 +119,7 @@ class DraftLengthController:
         self.tries[option] = [t * self.decay for t in self.tries[option]]
         self.hits[option] = [h * self.decay for h in self.hits[option]]
         for count in accepted:
-            for j in range(min(count + 1, drafted)):  # positions up to the first rejected one were judged
+            for j in range(min(count + 1, drafted, self.max_draft_tokens)):  # positions up to the first rejected one were judged
                 self.tries[option][j] += 1
                 self.hits[option][j] += j < count
         if drafted:

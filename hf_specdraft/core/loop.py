@@ -268,7 +268,8 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
         if not row.done:
             survivors.append(a)
     if controller is not None:
-        controller.observe(max(len(t) for t in trees), accepted, sum(draft_seconds), forward_seconds, logits.shape[1])
+        depth = max((int(t.depth.max()) + 1 if len(t) else 0) for t in trees)  # the chain a tree's nodes hang on
+        controller.observe(depth, accepted, sum(draft_seconds), forward_seconds, logits.shape[1])
     started = time.perf_counter()
     keep_columns(cache, keep, survivors, shared)
     if shared and survivors:
