@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from conftest import VOCAB, greedy_reference, tiny_model
+from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate
 from hf_specdraft.core.controller import DraftLengthController
 from test_method_grid import glide_for
@@ -128,3 +128,33 @@ def test_tree_budget_drops_expansions_that_do_not_pay():
             accepted += 1
         flat.observe(gamma, [accepted], 0.0001 * gamma, 0.03, flat.budget(gamma) + 1)
     assert max(((g, o) for o in (0, 1) for g in range(1, 7)), key=lambda c: flat.rate(*c))[1] == 1
+
+
+class AdaptiveOracle(OracleDrafter):
+    """An oracle chain drafter whose length the loop's controller sets (``num_draft_tokens``), like an "auto" drafter."""
+
+    adaptive_draft_length = True
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.k
+
+    @num_draft_tokens.setter
+    def num_draft_tokens(self, value: int) -> None:
+        self.k = value
+
+
+@pytest.mark.parametrize("mode", ["right", "wrong"])
+def test_adaptive_drafts_always_right_and_always_wrong_stay_lossless(arch, mode):
+    target = tiny_model(arch)
+    x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
+    reference = greedy_reference(target, x, 40)
+    drafter = AdaptiveOracle(reference, mode)
+    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=40, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, reference)
+    lengths = out.speculative_stats.extra["draft_lengths"]
+    assert [s.drafted for s in out.speculative_stats.steps[:2]] == lengths[:2] == [1, 3]  # the oracle drafts what it is told
+    if mode == "right":  # every draft accepted: the controller drafts long
+        assert max(lengths) >= 4 and all(s.accepted == s.drafted for s in out.speculative_stats.steps)
+    else:  # nothing accepted: it settles on the shortest draft
+        assert max(set(lengths[2:]), key=lengths[2:].count) == 1 and out.speculative_stats.accepted_tokens == 0  # probes aside
