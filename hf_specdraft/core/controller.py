@@ -33,12 +33,16 @@ class DraftLengthController:
             with an ``"auto"`` budget (CAPE) also weighs ``2.0``, twice the chain, each with acceptance counts of its own,
             so expansions are dropped where they cost more than they are accepted.
         decay: how much of the acceptance counts each step keeps.
+        bucket: on the static cache, the verification width a forward over ``n`` tokens really runs at (its bucket,
+            :func:`~hf_specdraft.core.static_verify.bucket_for`): γ is weighed at that cost, so the controller picks
+            among the captured buckets and never causes a compile.
     """
 
-    def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95):
+    def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95, bucket=None):
         if not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be a positive int, got {max_draft_tokens!r}")
         self.max_draft_tokens, self.widths, self.decay = max_draft_tokens, tuple(widths), decay
+        self.bucket = bucket or (lambda tokens: tokens)  # tokens verified -> the forward's real width (static buckets)
         # per width option, per draft position j (0-based): times judged and times accepted, decayed
         self.tries = [[1.0] * max_draft_tokens for _ in self.widths]
         self.hits = [[PRIOR_ACCEPTANCE] * max_draft_tokens for _ in self.widths]
@@ -71,7 +75,12 @@ class DraftLengthController:
         return total
 
     def verify_seconds(self, n: int) -> float:
-        """v(n): measured, or read off a line through the measured lengths."""
+        """v(n): measured, or read off a line through the measured lengths; never below a measured shorter forward's
+        (a forward over more tokens does not cost less: timing noise must not make a longer draft look cheaper)."""
+        shorter = [seconds for k, seconds in self.verify.items() if k < n]
+        return max([self._verify_seconds(n), *shorter])
+
+    def _verify_seconds(self, n: int) -> float:
         if n in self.verify:
             return self.verify[n]
         known = sorted(self.verify)
@@ -87,7 +96,7 @@ class DraftLengthController:
         """Expected new tokens per second of a step that drafts γ (a tree of about ``width · γ`` nodes)."""
         option = self.option if option is None else option
         nodes = max(gamma, round(self.measured_width[option] * gamma))
-        cost = gamma * (self.draft_per_token or 0.0) + self.verify_seconds(nodes + 1)
+        cost = gamma * (self.draft_per_token or 0.0) + self.verify_seconds(self.bucket(nodes + 1))
         return self.expected_tokens(gamma, option) / cost
 
     def choose(self) -> int:

@@ -99,11 +99,14 @@ def check_generation_setup(input_ids, generation_config: GenerationConfig, model
     if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
         raise ValueError("num_beams and num_return_sequences must be 1 (generate expands the batch for them) with speculative decoding")
     check_input_ids(input_ids)
-    if generation_config.cache_implementation in ("static", "offloaded_static", "sliding_window", "hybrid"):
-        raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: speculative decoding compacts the cache and needs a DynamicCache (leave cache_implementation unset)")
+    static = generation_config.cache_implementation == "static"
+    if generation_config.cache_implementation not in (None, "dynamic", "static"):
+        raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported by speculative decoding: "
+                         "leave it unset (a DynamicCache the loop compacts) or pass 'static' (a static cache the loop owns, compiled on CUDA)")
     passed = model_kwargs.get("past_key_values")
-    if passed is not None and (not isinstance(passed, DynamicCache) or passed.get_seq_length() > 0):
-        raise ValueError(f"past_key_values must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: speculative decoding needs its own DynamicCache")
+    if passed is not None and (not (static or isinstance(passed, DynamicCache)) or passed.get_seq_length() > 0):
+        raise ValueError(f"past_key_values must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: "
+                         "speculative decoding builds its own cache (cache_implementation='static' selects a static one)")
     # use_cache=False (MPT's config default, for one) is not refused: the loop always verifies against its own
     # KV cache, and caching changes no output token.
     if acceptance is not None and not isinstance(acceptance, ConditionalAcceptance):
@@ -122,10 +125,10 @@ def check_batch_setup(model: PreTrainedModel, generation_config: GenerationConfi
         raise ValueError(f"{type(model).__name__} cannot verify a padded batch: {chains or 'its convolution state is per sequence'}; "
                          "run one unpadded prompt at a time")
     window = cache_window(DynamicCache(config=model.config))
-    if window is not None and generation_config.max_length > window:
+    if window is not None and generation_config.max_length > window and generation_config.cache_implementation != "static":
         raise ValueError(f"{type(model).__name__} has a sliding window of {window} tokens and max_length is {generation_config.max_length}: "
-                         "batched speculative decoding supports windowed targets only within one window; lower max_new_tokens or "
-                         "run one unpadded prompt at a time")
+                         "batched speculative decoding on a DynamicCache supports windowed targets only within one window; lower "
+                         "max_new_tokens, pass cache_implementation='static' (windows by mask), or run one unpadded prompt at a time")
 
 
 def resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> CandidateGenerator:

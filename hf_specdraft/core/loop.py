@@ -28,6 +28,7 @@ Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from transformers.utils import ModelOutput
 
 from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
 from .cache import keep_columns, row_cache, target_cache
+from .compiled import StaticTarget, static_target
 from .controller import DraftLengthController
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
 from .inputs import (
@@ -178,20 +180,27 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
         if isinstance(row.generator, TreeCandidateGenerator):
             row.generator.prepare(model, generation_config)
     chains = chains_only(model)  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
+    if chains and generation_config.cache_implementation == "static":
+        raise ValueError(f"cache_implementation='static' verifies with explicit 4-D masks, which {type(model).__name__} cannot take "
+                         f"({chains}): leave cache_implementation unset for this model")
     if chains:
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
-    cache = target_cache(model, shared)
+    static = None  # cache_implementation="static": the loop's static cache, verification compiled where transformers would
+    if generation_config.cache_implementation == "static":
+        static = static_target(model, generation_config, input_ids)
+    cache = static if static is not None else target_cache(model, shared)
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    prefill = _prefill(model, cache, input_ids, rows, shared)
+    prefill = static.prefill(input_ids, rows) if static is not None else _prefill(model, cache, input_ids, rows, shared)
     for row in rows:
         row.out.stats.prefill_seconds = prefill / batch
         row.done = row.ids.shape[1] >= generation_config.max_length
     active = [row for row in rows if not row.done]
-    if shared and len(active) < batch:  # rows finished before any step (the prompt already at max_length) leave the cache
+    if shared and len(active) < batch and static is None:  # rows finished before any step (the prompt already at max_length) leave the cache
         keep_columns(cache, [torch.arange(cache.get_seq_length() - row.cached, cache.get_seq_length()) for row in rows],
                      [row.index for row in active], shared)
-    with few_token_linears(model):
+    compiled = static is not None and static.compiled  # a compiled forward chooses its own kernels: nothing to patch
+    with contextlib.nullcontext() if compiled else few_token_linears(model):
         layout = speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared)
     if streamer is not None:
         streamer.end()
@@ -222,17 +231,23 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
     columns in place would have grown from the prompt: the sum of every step's verified width); and the forwards run
     for the whole batch (``target_forwards``; ``batch_draft_forwards``, `None` when rows draft one by one).
     """
-    layout = {"repack_seconds": 0.0, "steps": 0, "widest_repacked": cache.get_seq_length(), "holes_columns": cache.get_seq_length(),
+    columns = cache.cache.max_cache_len if isinstance(cache, StaticTarget) else cache.get_seq_length()
+    layout = {"repack_seconds": 0.0, "steps": 0, "widest_repacked": columns, "holes_columns": columns,
               "target_forwards": 0, "batch_draft_forwards": None}
     drafters = [row.generator for row in active]
+    static = cache if isinstance(cache, StaticTarget) else None
     together = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
-    if shared and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters):
+    if shared and static is None and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters):
         together = drafters[0].batch_drafter(drafters)
     adaptive = bool(drafters) and all(getattr(d, "adaptive_draft_length", False) for d in drafters)
     controller = None  # num_draft_tokens="auto": γ (and an "auto" tree budget) chosen every step
     if adaptive:
         widths = (1.0, 2.0) if all(getattr(d, "adaptive_budget", False) for d in drafters) else (1.0,)
-        controller = DraftLengthController(getattr(drafters[0], "max_draft_tokens", AUTO_MAX), widths)
+        longest = getattr(drafters[0], "max_draft_tokens", AUTO_MAX)
+        if static is not None:  # the controller weighs each γ at the cost of its bucket, and never drafts past the widest
+            longest = min(longest, static.max_nodes // int(max(widths)))
+            static.warm_up(1 + int(max(widths)) * longest)
+        controller = DraftLengthController(longest, widths, bucket=static.bucket if static is not None else None)
     while active:
         active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout,
                                   controller)
@@ -249,12 +264,19 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
 
     With a ``controller`` (drafters with ``num_draft_tokens="auto"``) every row first drafts the γ it chooses, and it
     learns afterwards what the step accepted and cost."""
-    columns = cache.get_seq_length() if shared else active[0].cached  # invariant: row a holds the last active[a].cached
+    static = cache if isinstance(cache, StaticTarget) else None
+    if static is None:
+        columns = cache.get_seq_length() if shared else active[0].cached  # invariant: row a holds the last active[a].cached
+    else:
+        starts = [row.ids.shape[1] - 1 for row in active]  # each row's last token's column, where its step is written
     if controller is not None:
         set_draft_length(controller, active, together)
     trees, draft_seconds = draft_rows(model, cache, active, together, generation_config, shared)
     started = time.perf_counter()
-    logits = model(**verify_inputs(model, cache, active, trees, shared), past_key_values=cache, use_cache=True).logits.float()  # (A, Q, V)
+    if static is not None:
+        logits = static.verify(active, trees)  # (A, Q, V), Q a bucket
+    else:
+        logits = model(**verify_inputs(model, cache, active, trees, shared), past_key_values=cache, use_cache=True).logits.float()  # (A, Q, V)
     forward_seconds = time.perf_counter() - started
     layout["target_forwards"] += 1
     layout["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
@@ -263,13 +285,19 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
         cached = row.cached  # before this step: the row's last `cached` columns of the cache
         kept_nodes, count = accept_row(row, logits[a, : 1 + len(tree)], tree, acceptance, stopping_criteria, generation_config, streamer,
                                        draft_seconds[a], forward_seconds / len(active))
-        keep.append(torch.cat([torch.arange(columns - cached, columns), columns + torch.tensor(kept_nodes, dtype=torch.long)]))
+        if static is not None:
+            static.keep(row, starts[a], kept_nodes)
+        else:
+            keep.append(torch.cat([torch.arange(columns - cached, columns), columns + torch.tensor(kept_nodes, dtype=torch.long)]))
         accepted.append(count)
         if not row.done:
             survivors.append(a)
     if controller is not None:
         depth = max((int(t.depth.max()) + 1 if len(t) else 0) for t in trees)  # the chain a tree's nodes hang on
         controller.observe(depth, accepted, sum(draft_seconds), forward_seconds, logits.shape[1])
+    if static is not None:
+        static.cache.set_committed(max(row.ids.shape[1] - 1 for row in active))
+        return [active[a] for a in survivors]
     started = time.perf_counter()
     keep_columns(cache, keep, survivors, shared)
     if shared and survivors:
@@ -331,7 +359,10 @@ def draft_rows(model, cache, active: list[Row], together, generation_config, sha
     trees, seconds = [], []
     for a, row in enumerate(active):
         started = time.perf_counter()
-        tree = propose(row.generator, row.text, row_cache(cache, a, row) if shared else cache, model, generation_config.max_length - row.pad)
+        if isinstance(cache, StaticTarget):
+            tree = cache.fit(propose(row.generator, row.text, cache.drafter_cache(row), model, generation_config.max_length - row.pad))
+        else:
+            tree = propose(row.generator, row.text, row_cache(cache, a, row) if shared else cache, model, generation_config.max_length - row.pad)
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
@@ -438,6 +469,10 @@ def _result(rows: list[Row], generator, generation_config: GenerationConfig, cac
             drafter.last_stats = stats
         except AttributeError:  # a generator with __slots__
             pass
+    if isinstance(cache, StaticTarget):  # what the static path compiled, and what its first forwards cost
+        stats.extra["static_cache"] = {"compiled": cache.compiled, "buckets": list(cache.buckets),
+                                       "warm_up_seconds": {str(b): s for b, s in cache.warm_up_seconds.items()}}
+        cache = None  # the static cache is kept for the next call, which overwrites it: not handed out
     sequences = _padded_sequences(rows, generation_config)
     if not generation_config.return_dict_in_generate:
         return sequences

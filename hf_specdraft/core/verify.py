@@ -50,12 +50,12 @@ def layer_masks(model, cache: DynamicCache, mask: torch.Tensor, query_positions:
     tree node may see is among them, since every node sits at or after the last accepted position.
 
     Args:
-        mask: additive float mask `(1, 1, Q, K)` over every cached key plus the queries.
-        query_positions: `(1, Q)` long, as passed to the model.
-        key_positions: `(K,)` long, the position of each of ``mask``'s columns.
+        mask: additive float mask `(B, 1, Q, K)` over every cached key plus the queries.
+        query_positions: `(B, Q)` long, as passed to the model.
+        key_positions: `(K,)` or `(B, K)` long, the position of each of ``mask``'s columns.
 
     Returns:
-        ``mask``, or a dict ``{layer type: (1, 1, Q, K_type) mask}``, or one windowed mask.
+        ``mask``, or a dict ``{layer type: (B, 1, Q, K_type) mask}``, or one windowed mask.
     """
     config = model.config.get_text_config()
     declared = getattr(config, "layer_types", None) or ()
@@ -76,9 +76,9 @@ def layer_masks(model, cache: DynamicCache, mask: torch.Tensor, query_positions:
             continue
         window = kwargs[i]["sliding_window"]
         handed = cache.get_mask_sizes(q, i)[0]  # a sliding cache layer hands over only its newest keys
-        keys, query = key_positions[-handed:].to(mask.device), query_positions[0, :, None].to(mask.device)
-        inside = (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)
-        masks[kind] = mask[..., -handed:].masked_fill(~inside[None, None], torch.finfo(mask.dtype).min)
+        keys, query = key_positions[..., -handed:].to(mask.device).unsqueeze(-2), query_positions[:, :, None].to(mask.device)
+        inside = (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)  # (B, Q, K)
+        masks[kind] = mask[..., -handed:].masked_fill(~inside[:, None], torch.finfo(mask.dtype).min)
     return masks if getattr(config, "layer_types", None) is not None else masks[types[0]]
 
 

@@ -1,0 +1,146 @@
+"""The static path of one ``generate`` call: the loop's static cache, the verification forward (compiled or eager),
+warm-up per bucket, and what it all cost.
+
+Selected by ``cache_implementation="static"``; compiling follows transformers' rules (``GenerationMixin``'s
+``_valid_auto_compile_criteria``): automatic on CUDA, forced or tuned elsewhere by ``compile_config=CompileConfig(...)``,
+off with ``disable_compile=True``. The compiled callable is transformers' own ``model.get_compiled_call`` (cached on
+the model, shared with its static-cache ``generate``), with ``dynamic=False`` unless the config says otherwise: one
+graph per verification bucket (:mod:`~hf_specdraft.core.static_verify`), warmed up once and reused by every later call
+whose cache fits (the cache is kept per model, :func:`static_target`). Prefill stays eager, as in transformers.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import weakref
+
+import torch
+from transformers import CompileConfig, GenerationConfig
+
+from .rows import Row
+from .static_cache import StaticRowsCache
+from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs
+from .tree import DraftTree
+from .verify import layer_masks
+
+_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its last StaticRowsCache, reused when it fits
+CACHE_COLUMNS_STEP = 256  # columns are allocated in steps of this, so calls with other prompt lengths reuse one cache
+
+
+def compile_config_for(model, generation_config: GenerationConfig) -> CompileConfig | None:
+    """The ``CompileConfig`` the verification forward compiles with, or ``None`` for eager (transformers' rules)."""
+    if generation_config.disable_compile:
+        return None
+    config = generation_config.compile_config
+    if config is None and model.device.type != "cuda":
+        return None  # as transformers: automatic on CUDA only; a CompileConfig forces it elsewhere
+    if config is not None and not isinstance(config, CompileConfig):
+        raise TypeError(f"compile_config must be a transformers.CompileConfig, got {type(config).__name__}")
+    config = copy.deepcopy(config) if config is not None else CompileConfig()
+    if config.dynamic is None:
+        config.dynamic = False  # one graph per bucket: fixed shapes, never a dynamic-shape recompile
+    return config
+
+
+class StaticTarget:
+    """The target's side of a step on the static cache (used by :func:`~hf_specdraft.core.loop.speculative_step`).
+
+    Args:
+        model: the target. cache: its :class:`~hf_specdraft.core.static_cache.StaticRowsCache`.
+        compile_config: ``None`` runs the forward eagerly.
+    """
+
+    def __init__(self, model, cache: StaticRowsCache, compile_config: CompileConfig | None, buckets: tuple[int, ...] = BUCKETS):
+        self.model, self.cache, self.buckets = model, cache, buckets
+        self.compiled = compile_config is not None
+        self.call = model.get_compiled_call(compile_config) if self.compiled else model.__call__
+        self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
+        if not hasattr(cache, "warmed"):
+            cache.warmed = set()  # buckets already compiled and run on this cache (by this or an earlier call)
+
+    @property
+    def max_nodes(self) -> int:
+        """The most tree nodes one row verifies: the widest bucket but the last token."""
+        return self.buckets[-1] - 1
+
+    def bucket(self, tokens: int) -> int:
+        return bucket_for(tokens, self.buckets)
+
+    def prefill(self, input_ids: torch.LongTensor, rows: list[Row]) -> float:
+        """Every row's prompt but its newest token into the cache (eager). Returns seconds."""
+        started = time.perf_counter()
+        if input_ids.shape[1] > 1:
+            self.model(**static_prefill_inputs(self.model, self.cache, input_ids, [row.pad for row in rows]),
+                       past_key_values=self.cache, use_cache=True)
+        self.cache.set_committed(input_ids.shape[1] - 1)
+        return time.perf_counter() - started
+
+    def drafter_cache(self, row: Row):
+        """Row ``row``'s committed text in the cache, as views a drafter reads (GLIDE's glimpse)."""
+        return self.cache.row_view(row.index, row.pad, row.ids.shape[1] - 1)
+
+    def fit(self, tree: DraftTree) -> DraftTree:
+        return cap_nodes(tree, self.max_nodes)
+
+    def warm_up(self, largest_tokens: int) -> None:
+        """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written in the cache's
+        last columns, which no row reaches), so the call's own steps never compile."""
+        for bucket in self.buckets:
+            if bucket > self.bucket(min(largest_tokens, self.buckets[-1])):
+                break
+            if bucket in self.cache.warmed or not self.compiled:
+                continue
+            started = time.perf_counter()
+            batch, length = self.cache.num_rows, self.cache.max_cache_len
+            columns = torch.arange(length - bucket, length).repeat(batch, 1)
+            visible = columns[:, :, None] == torch.arange(length)[None, None]
+            mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, torch.finfo(self.model.dtype).min)
+            for _ in range(3 if self.model.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
+                self.cache.set_write_columns(columns.to(self.model.device))
+                self._forward(input_ids=torch.zeros(batch, bucket, dtype=torch.long, device=self.model.device),
+                              position_ids=torch.zeros(batch, bucket, dtype=torch.long, device=self.model.device),
+                              attention_mask=self._mask_like(mask[:, None]))
+            self.cache.warmed.add(bucket)
+            self.warm_up_seconds[bucket] = time.perf_counter() - started
+
+    def _mask_like(self, mask: torch.Tensor):
+        """The warm-up mask in the form the model takes (one per layer type for windowed models)."""
+        positions = torch.zeros(mask.shape[0], mask.shape[2], dtype=torch.long)
+        masks = layer_masks(self.model, self.cache, mask, positions, torch.arange(mask.shape[-1]))
+        if isinstance(masks, dict):
+            return {kind: m.to(self.model.device) for kind, m in masks.items()}
+        return masks.to(self.model.device)
+
+    def _forward(self, **inputs) -> torch.Tensor:
+        if self.compiled and self.model.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed
+        return self.call(**inputs, past_key_values=self.cache, use_cache=True).logits
+
+    def verify(self, rows: list[Row], trees: list[DraftTree]) -> torch.Tensor:
+        """One forward over every row's ``[last token] + tree``, padded to a bucket. Returns float32 logits `(A, Q, V)`
+        of the active ``rows``, in their order."""
+        width = self.bucket(1 + max(len(tree) for tree in trees))
+        if width not in self.cache.warmed:
+            self.warm_up(width)  # a bucket no warm-up covered: compiled here, and its time reported
+        logits = self._forward(**static_verify_inputs(self.model, self.cache, rows, trees, width))
+        if len(rows) < self.cache.num_rows:
+            logits = logits[torch.tensor([row.index for row in rows], device=logits.device)]
+        return logits.float()
+
+    def keep(self, row: Row, start: int, kept_nodes: list[int]) -> None:
+        """The row's accepted path moved into place (its committed length is ``len(row.ids) - 1`` after emission)."""
+        self.cache.keep(row.index, start, kept_nodes)
+
+
+def static_target(model, generation_config: GenerationConfig, input_ids: torch.LongTensor) -> StaticTarget:
+    """The static path for a call on ``input_ids`` `(B, P)`: the model's cache reused when it fits, or a new one of
+    ``P + max_new_tokens + widest bucket`` columns rounded up to :data:`CACHE_COLUMNS_STEP`."""
+    config = model.config.get_text_config()
+    needed = generation_config.max_length + BUCKETS[-1]
+    cache = _CACHES.get(model)
+    if cache is None or not cache.fits(input_ids.shape[0], needed, model.device, model.dtype):
+        columns = -(-needed // CACHE_COLUMNS_STEP) * CACHE_COLUMNS_STEP
+        cache = StaticRowsCache(config.num_hidden_layers, input_ids.shape[0], columns)
+        _CACHES[model] = cache
+    return StaticTarget(model, cache, compile_config_for(model, generation_config))

@@ -1,0 +1,137 @@
+"""A static KV cache the loop owns: preallocated, written past each row's committed length, compacted by index.
+
+``generate(..., custom_generate=speculative_generate, cache_implementation="static")`` selects it. Every layer holds
+one buffer `(B, H, max_cache_len, D)` allocated once (and reused by later calls of the same shape,
+:mod:`~hf_specdraft.core.compiled`). Row ``b`` keeps its text where it sits in ``row.ids``: columns
+``[pad_b, len(row.ids) - 1)`` (its left padding stays in ``[0, pad_b)``, never seen). A step writes the row's
+``[last token] + tree``, padded to a bucket of ``Q`` tokens, at columns ``len(row.ids) - 1`` onward, past what it
+has committed; acceptance copies the accepted nodes' columns into place with one ``index_copy_`` per tensor
+(:meth:`StaticRowsCache.keep`). Nothing is rewound: the committed length *is* ``len(row.ids) - 1``, and columns past
+it are hidden by the mask every forward takes (:mod:`~hf_specdraft.core.static_verify`) until a later step
+overwrites them. gpt-fast overwrites rejected slots and hides them with the mask the same way; Sequoia compacts
+with ``index_copy_``.
+
+Why not transformers' ``StaticCache``: in 5.23 it writes at an internal ``cumulative_length`` for the whole batch and
+cannot crop (``is_croppable=False``); rows that accept different numbers of tokens need their own write columns.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+
+
+class StaticRowsLayer(CacheLayerMixin):
+    """One layer's static buffers. Writes go to the columns the cache was given for this forward
+    (:meth:`StaticRowsCache.set_write_columns`), one per row and query: rows write at lengths of their own."""
+
+    is_compileable = True
+    is_sliding = False  # windowed layers see their window through the mask (a full buffer keeps every key)
+
+    def __init__(self, max_cache_len: int):
+        super().__init__()
+        self.max_cache_len = max_cache_len
+        self.write_index: torch.Tensor | None = None  # (B, 1, Q, 1) long, shared by every layer of the cache
+        self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        batch, heads = key_states.shape[:2]
+        self.keys = torch.zeros(batch, heads, self.max_cache_len, key_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.values = torch.zeros(batch, heads, self.max_cache_len, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs replay on these very buffers
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write `(B, H, Q, D)` states at the cache's write columns; return the whole buffers (the mask hides the rest)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        index = self.write_index
+        self.keys.scatter_(2, index.expand_as(key_states), key_states)
+        self.values.scatter_(2, index.expand_as(value_states), value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.max_cache_len, 0
+
+    def get_seq_length(self) -> int:
+        return 0 if not self.is_initialized else self.committed
+
+    def get_max_length(self) -> int:
+        return self.max_cache_len
+
+
+class StaticRowsCache(Cache):
+    """The loop's static cache for a batch of ``batch_size`` rows, ``max_cache_len`` columns each.
+
+    Args:
+        num_layers: the target's decoder layers.
+        batch_size: rows, fixed for the cache's life (finished rows stay, writing into their own unused columns).
+        max_cache_len: columns per row: the longest padded prompt plus new tokens plus the widest bucket.
+    """
+
+    is_compileable = True
+
+    def __init__(self, num_layers: int, batch_size: int, max_cache_len: int):
+        super().__init__(layers=[StaticRowsLayer(max_cache_len) for _ in range(num_layers)])
+        self.num_rows, self.max_cache_len = batch_size, max_cache_len
+        self._write_buffers: dict[int, torch.Tensor] = {}  # Q -> (B, 1, Q, 1) long: one fixed buffer per width
+
+    def set_write_columns(self, columns: torch.Tensor) -> None:
+        """The columns `(B, Q)` the next forward writes each row's ``Q`` states to (copied into a fixed buffer)."""
+        batch, width = columns.shape
+        if batch != self.num_rows or int(columns.max()) >= self.max_cache_len:
+            raise ValueError(f"write columns of shape {tuple(columns.shape)} up to {int(columns.max())} do not fit a static cache of "
+                             f"{self.num_rows} rows x {self.max_cache_len} columns")
+        buffer = self._write_buffers.get(width)
+        if buffer is None or buffer.device != columns.device:
+            buffer = torch.zeros(batch, 1, width, 1, dtype=torch.long, device=columns.device)
+            torch._dynamo.mark_static_address(buffer)
+            self._write_buffers[width] = buffer
+        buffer.copy_(columns[:, None, :, None])
+        for layer in self.layers:
+            layer.write_index = buffer
+
+    def set_committed(self, columns: int) -> None:
+        for layer in self.layers:
+            layer.committed = columns
+
+    def keep(self, row: int, start: int, kept: list[int]) -> None:
+        """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (the accepted path moves into place).
+
+        ``kept[0] = 0`` is the last accepted token's own column; a first-child chain is already in place and moves
+        nothing. One ``index_copy_`` per tensor, on the row's `(H, L, D)` view."""
+        src = [start + k for k, i in zip(kept, range(len(kept))) if k != i]
+        if not src:
+            return
+        dst = [start + i for k, i in zip(kept, range(len(kept))) if k != i]
+        device = self.layers[0].keys.device
+        src, dst = torch.tensor(src, device=device), torch.tensor(dst, device=device)
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys[row].index_copy_(1, dst, layer.keys[row].index_select(1, src))
+                layer.values[row].index_copy_(1, dst, layer.values[row].index_select(1, src))
+
+    def row_view(self, row: int, start: int, stop: int) -> DynamicCache:
+        """Columns ``[start, stop)`` of row ``row`` as a `(1, H, stop - start, D)` ``DynamicCache`` of views (no copy):
+        what a drafter that reads the target cache (GLIDE) sees."""
+        view = DynamicCache()
+        layers = []
+        for layer in self.layers:
+            own = DynamicLayer()
+            if layer.is_initialized:
+                own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
+                own.keys = layer.keys[row : row + 1, :, start:stop]
+                own.values = layer.values[row : row + 1, :, start:stop]
+            layers.append(own)
+        view.layers = layers
+        return view
+
+    def fits(self, batch_size: int, max_cache_len: int, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether a later call of ``batch_size`` rows needing ``max_cache_len`` columns can reuse this cache as it is."""
+        layer = self.layers[0]
+        return (batch_size == self.num_rows and max_cache_len <= self.max_cache_len
+                and (not layer.is_initialized or (layer.device == device and layer.dtype == dtype)))

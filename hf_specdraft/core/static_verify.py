@@ -1,0 +1,111 @@
+"""Fixed-shape verification on the static cache: a few token-count buckets, trees padded with masked dummy nodes.
+
+A compiled forward is one graph per input shape, so a step verifies ``[last token] + tree`` padded to the smallest
+bucket ``Q >= 1 + N`` (:data:`BUCKETS`). Every forward on the static cache takes explicit inputs built here, on the
+CPU and moved once (a GPU forward is bound by launches, so no per-node kernel is spent on them):
+
+* ``input_ids`` `(B, Q)`, ``position_ids`` `(B, Q)`: node ``i`` of row ``b`` at position ``cached_b + 1 + depth[i]``;
+* the write columns `(B, Q)`: row ``b`` writes at ``len(row.ids) - 1`` onward, past its committed text;
+* an additive mask `(B, 1, Q, max_cache_len)` (one per layer type for windowed models): each node sees its row's text,
+  the last token and its ancestors (SpecInfer, Miao et al. 2023); a dummy node sees only itself; columns past a row's
+  text hold stale states and are never seen.
+
+Medusa, Sequoia and SGLang verify fixed-size trees the same way. Rows that already finished keep their batch slot
+(the shapes stay fixed): they verify dummies written into their own first columns, which nothing reads any more.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .rows import Row
+from .tree import DraftTree, build_tree_buffers
+from .verify import layer_masks
+
+BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph each, captured on first use
+
+
+def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    """The smallest bucket holding ``tokens`` verified tokens per row."""
+    for bucket in buckets:
+        if bucket >= tokens:
+            return bucket
+    raise ValueError(f"{tokens} tokens per row do not fit the largest verification bucket {buckets[-1]}")
+
+
+def cap_nodes(tree: DraftTree, nodes: int) -> DraftTree:
+    """The tree's first ``nodes`` nodes (topological order keeps every parent): the widest bucket's limit."""
+    if len(tree) <= nodes:
+        return tree
+    return tree.select(torch.arange(nodes, device=tree.tokens.device), tree.parents[:nodes])
+
+
+def additive(masks, dtype: torch.dtype, device: torch.device):
+    """A float mask (or a dict of them) built on the CPU as ``0`` / ``finfo(float32).min``, in ``dtype`` on ``device``."""
+    if isinstance(masks, dict):
+        return {kind: additive(mask, dtype, device) for kind, mask in masks.items()}
+    blocked = masks.to(device) < 0
+    return torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, torch.finfo(dtype).min)
+
+
+def masks_for(model, cache, visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, device):
+    """The model's masks from ``visible`` `(B, Q, L)` bool, per layer type where windows apply (:func:`layer_masks`)."""
+    base = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, torch.finfo(torch.float32).min)[:, None]
+    return additive(layer_masks(model, cache, base, query_positions, key_positions), model.dtype, device)
+
+
+def static_prefill_inputs(model, cache, input_ids: torch.LongTensor, pads: list[int]) -> dict:
+    """Inputs of the prefill over every row's prompt but its newest token, written at columns ``0 .. P - 2``.
+
+    Row ``b``'s token at column ``j >= pad_b`` sits at position ``j - pad_b`` and sees columns ``pad_b .. j``; a
+    padding column sees only itself (finite, never seen again)."""
+    batch, width = input_ids.shape[0], input_ids.shape[1] - 1
+    columns = torch.arange(width)
+    pad = torch.tensor(pads)[:, None]
+    positions = (columns[None] - pad).clamp(min=0)
+    keys = torch.arange(cache.max_cache_len)
+    visible = (keys[None, None] >= pad[:, :, None]) & (keys[None, None] <= columns[None, :, None])
+    visible |= keys[None, None] == columns[None, :, None]
+    cache.set_write_columns(columns.expand(batch, width).to(input_ids.device))
+    key_positions = keys[None] - pad
+    return {"input_ids": input_ids[:, :-1], "position_ids": positions.to(input_ids.device),
+            "attention_mask": masks_for(model, cache, visible, positions, key_positions, input_ids.device)}
+
+
+def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], width: int) -> dict:
+    """Inputs of one verification forward of every batch slot, ``width`` (a bucket) tokens each.
+
+    Args:
+        rows: the active rows (``row.index`` is the batch slot); ``trees``: their proposals, ``1 + N <= width``.
+
+    Returns:
+        ``input_ids``, ``position_ids`` and ``attention_mask`` for the model; the write columns are set on ``cache``.
+    """
+    batch, length = cache.num_rows, cache.max_cache_len
+    ids = torch.zeros(batch, width, dtype=torch.long)
+    positions = torch.zeros(batch, width, dtype=torch.long)
+    columns = torch.arange(width).repeat(batch, 1)  # finished slots write their own first columns
+    keys = torch.arange(length)
+    key_positions = keys.repeat(batch, 1)
+    visible = torch.zeros(batch, width, length, dtype=torch.bool)
+    visible[:, torch.arange(width), torch.arange(width)] = True
+    for row, tree in zip(rows, trees):
+        b, n, start = row.index, len(tree), row.ids.shape[1] - 1
+        rooted = torch.cat([torch.tensor([-1]), torch.where(tree.parents.cpu() < 0, 0, tree.parents.cpu() + 1)])
+        ancestors, depth = build_tree_buffers(rooted)
+        ids[b, 0] = int(row.ids[0, -1])
+        ids[b, 1 : 1 + n] = tree.tokens.cpu()
+        positions[b] = row.cached
+        positions[b, : 1 + n] = row.cached + depth
+        columns[b] += start
+        key_positions[b] -= row.pad
+        key_positions[b, start : start + width] = positions[b]
+        visible[b] = False
+        visible[b, :, row.pad : start] = True
+        visible[b, : 1 + n, start : start + 1 + n] = ancestors
+        dummies = torch.arange(1 + n, width)
+        visible[b, dummies, start + dummies] = True
+    device = rows[0].ids.device
+    cache.set_write_columns(columns.to(device))
+    return {"input_ids": ids.to(device), "position_ids": positions.to(device),
+            "attention_mask": masks_for(model, cache, visible, positions, key_positions, device)}
