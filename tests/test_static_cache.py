@@ -1,0 +1,210 @@
+"""Issue #35: the static cache the loop owns, fixed-shape buckets, compiled verification.
+
+``cache_implementation="static"`` must give exactly what the DynamicCache path and target-only greedy give (fp32):
+every method's drafter, chains and hand-drawn trees (the accepted path off the first child, so the cache moves
+columns), batch 1 and a left-padded batch 4, sliding-window targets far past their window. Compiled (dynamo's
+``eager`` backend here: the graphs and guards are the same, without inductor's minutes of codegen on a 2-core CPU),
+a 64-token call whose acceptance varies from step to step and a second call on another prompt compile nothing after
+the warm-up: one graph per bucket, checked with dynamo's counters and ``error_on_recompile``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import CompileConfig
+
+from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
+from hf_specdraft import speculative_generate
+from hf_specdraft.core.compiled import compile_config_for
+from hf_specdraft.core.controller import DraftLengthController
+from hf_specdraft.core.drafting import DraftModelCandidateGenerator
+from hf_specdraft.core.static_cache import StaticRowsCache
+from hf_specdraft.core.static_verify import bucket_for, cap_nodes
+from hf_specdraft.core.tree import DraftTree
+from test_method_grid import METHODS
+from test_sliding_window import METHODS as WINDOW_METHODS
+from test_sliding_window import WINDOW, prompt, windowed_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def static(target, x, **kwargs):
+    return speculative_generate(target, x, cache_implementation="static", **kwargs)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_on_the_static_cache_equals_greedy_and_the_dynamic_path(arch, method):
+    target = tiny_model(arch)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    reference = greedy_reference(target, x, 24)
+    make = METHODS[method][0]
+    source = tiny_model(arch, seed=3, num_hidden_layers=1)
+    dynamic = speculative_generate(target, x, candidate_generator=make(target, source, x), max_new_tokens=24)
+    out = static(target, x, candidate_generator=make(target, source, x), max_new_tokens=24, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, reference) and torch.equal(dynamic, reference)
+    assert out.speculative_stats.extra["static_cache"]["compiled"] is False  # a CPU without compile_config: eager
+
+
+@pytest.mark.parametrize("mode", ["right", "wrong", "tree"])
+def test_oracle_chains_and_trees_move_the_accepted_path_into_place(arch, mode):
+    target = tiny_model(arch)
+    x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
+    reference = greedy_reference(target, x, 40)
+    out = static(target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=40, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, reference)
+    if mode == "tree":  # 12-node trees verified in the 16-token bucket
+        assert all(s.tree_size == 12 for s in out.speculative_stats.steps[:3])
+
+
+def test_a_left_padded_batch_of_four_keeps_rows_at_lengths_of_their_own(arch):
+    target = tiny_model(arch)
+    ids = torch.randint(1, VOCAB, (4, 9), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    for row, pad in ((1, 3), (3, 5)):
+        ids[row, :pad], mask[row, :pad] = 0, 0
+    draft = tiny_model(arch, seed=3, num_hidden_layers=1)
+    out = static(target, ids, attention_mask=mask, draft_model=draft, max_new_tokens=20, pad_token_id=0)
+    dynamic = speculative_generate(target, ids, attention_mask=mask, draft_model=draft, max_new_tokens=20, pad_token_id=0)
+    assert torch.equal(out, dynamic)
+    for row in range(4):
+        pad = int((mask[row] == 0).sum())
+        expected = greedy_reference(target, ids[row : row + 1, pad:], 20)[0]
+        assert torch.equal(out[row, pad : pad + expected.numel()], expected)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "gemma3", "llama4"])
+def test_windows_far_past_the_window_by_mask(arch):
+    """Windowed layers keep a full static buffer; the mask keeps each query inside its window (or chunk)."""
+    target = windowed_model(arch)
+    x = prompt(3 * WINDOW + 3)
+    reference = target.generate(x, max_new_tokens=40, do_sample=False)
+    for mode in ("right", "wrong", "tree"):
+        assert torch.equal(static(target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=40), reference), mode
+    draft = windowed_model(arch, seed=3, num_hidden_layers=1)
+    for method in ("glide", "cape", "casd"):
+        drafter = WINDOW_METHODS[method](target, draft, x)
+        assert torch.equal(static(target, x, candidate_generator=drafter, max_new_tokens=40), reference), method
+
+
+def test_a_windowed_batch_past_the_window_runs_on_the_static_cache():
+    """The DynamicCache batch refuses windowed targets past one window; the static cache windows by mask."""
+    target = windowed_model("mistral")
+    ids = torch.cat([prompt(2 * WINDOW), prompt(2 * WINDOW + 1)[:, 1:]])
+    draft = windowed_model("mistral", seed=3, num_hidden_layers=1)
+    with pytest.raises(ValueError, match="cache_implementation='static'"):
+        speculative_generate(target, ids, draft_model=draft, max_new_tokens=24)
+    out = static(target, ids, draft_model=draft, max_new_tokens=24)
+    for row in range(2):
+        assert torch.equal(out[row : row + 1], target.generate(ids[row : row + 1], max_new_tokens=24, do_sample=False))
+
+
+class PartlyRight(OracleDrafter):
+    """An "auto" chain drafter (the loop's controller sets its length) whose first ``j`` tokens are right, ``j`` drawn
+    afresh every step: acceptance varies from step to step."""
+
+    adaptive_draft_length = True
+
+    def __init__(self, reference: torch.Tensor):
+        super().__init__(reference, "right")
+        self.draws = torch.Generator().manual_seed(0)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.k
+
+    @num_draft_tokens.setter
+    def num_draft_tokens(self, value: int) -> None:
+        self.k = value
+
+    def propose(self, input_ids, target_cache=None):
+        tokens = super().propose(input_ids, target_cache).tokens
+        right = int(torch.randint(0, tokens.numel() + 1, (1,), generator=self.draws))
+        return DraftTree.chain(torch.cat([tokens[:right], (tokens[right:] + 1) % VOCAB]))
+
+
+def compiled_call(target, x, drafter):
+    return static(target, x, candidate_generator=drafter, max_new_tokens=64, return_dict_in_generate=True,
+                  compile_config=CompileConfig(backend="eager", mode=None))
+
+
+def test_compiled_verification_never_recompiles_after_warm_up():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    target = tiny_model("llama")
+    draft = tiny_model("llama", seed=3, num_hidden_layers=1)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    reference = greedy_reference(target, x, 64)
+    first = compiled_call(target, x, PartlyRight(reference))
+    assert torch.equal(first.sequences, reference)
+    warmed = first.speculative_stats.extra["static_cache"]
+    assert warmed["compiled"] and set(warmed["warm_up_seconds"]) == {"2", "4", "8", "16"}  # γ <= 8: buckets up to 16
+    accepted = {s.accepted for s in first.speculative_stats.steps}
+    assert len(accepted) > 1  # acceptance varies from step to step
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs == 4  # one graph per bucket, no graph break
+    other = torch.randint(0, VOCAB, (1, 14), generator=torch.Generator().manual_seed(8))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        second = compiled_call(target, other, DraftModelCandidateGenerator(draft))
+        third = compiled_call(target, x, OracleDrafter(first.sequences, "tree"))  # 12-node trees: the 16 bucket again
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert second.speculative_stats.extra["static_cache"]["warm_up_seconds"] == {}
+    assert torch.equal(second.sequences, greedy_reference(target, other, 64))
+    assert torch.equal(third.sequences, first.sequences)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_verification_is_lossless():
+    """The real backend (inductor's CPU codegen: about 40 s for the four buckets of a tiny model on 2 cores)."""
+    torch._dynamo.reset()
+    target = tiny_model("qwen2")
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    out = static(target, x, draft_model=tiny_model("qwen2", seed=3, num_hidden_layers=1), max_new_tokens=48,
+                 compile_config=CompileConfig(mode="default"))
+    assert torch.equal(out, greedy_reference(target, x, 48))
+
+
+def test_compiling_follows_transformers_rules():
+    from transformers import GenerationConfig
+
+    target = tiny_model()
+    assert compile_config_for(target, GenerationConfig()) is None  # automatic on CUDA only
+    forced = compile_config_for(target, GenerationConfig(compile_config=CompileConfig(backend="eager")))
+    assert forced.backend == "eager" and forced.dynamic is False  # one graph per bucket
+    assert compile_config_for(target, GenerationConfig(compile_config=CompileConfig(), disable_compile=True)) is None
+
+
+def test_buckets_and_caps():
+    assert [bucket_for(n) for n in (1, 2, 3, 5, 9, 17, 64)] == [2, 2, 4, 8, 16, 32, 64]
+    with pytest.raises(ValueError, match="largest verification bucket 64"):
+        bucket_for(65)
+    tree = DraftTree(torch.arange(5), torch.tensor([-1, 0, -1, 1, 2]))
+    capped = cap_nodes(tree, 3)
+    assert capped.tokens.tolist() == [0, 1, 2] and capped.parents.tolist() == [-1, 0, -1]
+    controller = DraftLengthController(8, bucket=bucket_for)
+    controller.verify = {2: 0.01, 4: 0.02, 8: 0.03}
+    assert controller.verify_seconds(controller.bucket(6)) == 0.03  # γ = 5 costs its bucket's forward
+
+
+def test_the_cache_keeps_rows_apart():
+    cache = StaticRowsCache(num_layers=1, batch_size=2, max_cache_len=8)
+    keys = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
+    cache.set_write_columns(torch.tensor([[0, 1, 2], [4, 5, 6]]))
+    cache.update(keys, keys + 100, 0)
+    layer = cache.layers[0]
+    assert torch.equal(layer.keys[0, 0, :3], keys[0, 0]) and torch.equal(layer.keys[1, 0, 4:7], keys[1, 0])
+    cache.keep(1, 4, [0, 2])  # row 1 keeps its column 4 and moves column 6 to 5
+    assert torch.equal(layer.keys[1, 0, 5], keys[1, 0, 2]) and torch.equal(layer.values[1, 0, 5], keys[1, 0, 2] + 100)
+    assert torch.equal(layer.keys[0, 0, :3], keys[0, 0])  # row 0 untouched
+    with pytest.raises(ValueError, match="do not fit a static cache of 2 rows x 8 columns"):
+        cache.set_write_columns(torch.tensor([[6, 7, 8], [0, 1, 2]]))
+
+
+def test_what_the_static_path_refuses():
+    target = tiny_model()
+    x = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="cache_implementation='offloaded' is not supported"):
+        speculative_generate(target, x, draft_model=target, max_new_tokens=4, cache_implementation="offloaded")
+    with pytest.raises(ValueError, match="compile_config.*must be an instance of `CompileConfig`"):  # generate's own check
+        static(target, x, draft_model=target, max_new_tokens=4, compile_config={"backend": "eager"})
