@@ -47,7 +47,8 @@ def build_parser(method_names: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     demo.add_argument("--output", help="a directory for the runs' JSON (demo-<task>.json; the README's headline table is "
                       "generated from benchmarks/demo/)")
     bench = sub.add_parser("bench", help="benchmark methods side by side; writes JSON", formatter_class=shown)
-    bench.add_argument("--profile", default="cpu", choices=("cpu", "gpu"), help="prompt counts, lengths and repeats (gpu also trains its target)")
+    bench.add_argument("--profile", default="cpu", choices=("cpu", "gpu", "gpu-default"),
+                       help="prompt counts, lengths and repeats (gpu also trains its target; gpu-default: the embedded default on CUDA)")
     bench.add_argument("--methods", help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,draft-model)"
                        + ("; one of: " + ", ".join(method_names) if method_names else "; `hf-specdraft bench --help` lists them"))
     bench.add_argument("--task", default="completion", choices=("completion", "context", "chat"),

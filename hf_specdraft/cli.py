@@ -175,8 +175,8 @@ def cmd_bench(args) -> int:
     methods = tuple(args.methods.split(",")) if args.methods else BenchConfig.methods
     config = BenchConfig(profile=args.profile, methods=methods, task=args.task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
                          context_prompt_chars=args.context_prompt_chars, repeats=args.repeats)
-    if config.profile == "gpu" and not torch.cuda.is_available():
-        raise ValueError("--profile gpu needs a CUDA device; use --profile cpu here")
+    if config.profile.startswith("gpu") and not torch.cuda.is_available():
+        raise ValueError(f"--profile {config.profile} needs a CUDA device; use --profile cpu here")
     target = args.target
     if config.profile == "gpu" and target is None:  # the gpu profile trains its bigger target inside the run (≤ 6 min on one H200)
         from .defaults.recipe import get_recipe

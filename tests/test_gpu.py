@@ -75,3 +75,20 @@ def test_sliding_window_past_the_window_on_cuda(method):
     x = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(6)).to(CUDA)
     out = speculative_generate(target, x, candidate_generator=on_cuda(method, target, x), max_new_tokens=24)
     assert torch.equal(out, greedy_reference(target, x, 24))
+
+
+@pytest.mark.parametrize("method", ["draft-model", "glide", "glide+cape", "casd"])
+def test_the_static_cache_compiled_with_cuda_graphs_is_lossless_in_fp32(method):
+    """Issue #35 on CUDA: cache_implementation='static' compiles automatically (reduce-overhead: CUDA graphs)."""
+    torch._dynamo.reset()
+    target = tiny_model("llama").to(CUDA)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4)).to(CUDA)
+    out = speculative_generate(target, x, candidate_generator=on_cuda(method, target, x), max_new_tokens=48,
+                               cache_implementation="static", return_dict_in_generate=True)
+    assert out.speculative_stats.extra["static_cache"]["compiled"]
+    assert torch.equal(out.sequences, greedy_reference(target, x, 48))
+    other = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(6)).to(CUDA)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = speculative_generate(target, other, candidate_generator=on_cuda(method, target, other), max_new_tokens=48,
+                                     cache_implementation="static")
+    assert torch.equal(again, greedy_reference(target, other, 48))

@@ -28,7 +28,7 @@ from ..defaults import DefaultBundle
 from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, copyable_fraction, edit_similarity
 from ..core.stats import expected_speedup
 from ..core.projection import calibrated_choices
-from .methods import FAST_BASELINE, METHODS, BenchContext
+from .methods import COMPILED_BASELINE, FAST_BASELINE, METHODS, STATIC_BASELINE, BenchContext
 from .timing import LoadMonitor, relative_range, spread, verdict, warning_text
 
 PROFILES = {
@@ -38,6 +38,8 @@ PROFILES = {
     # repeats: timed runs of every method per prompt, the median counts (3: one outlier cannot move it)
     "cpu": {"num_prompts": 20, "max_new_tokens": 64, "context_prompt_chars": 3000, "repeats": 3},
     "gpu": {"num_prompts": 100, "max_new_tokens": 128, "context_prompt_chars": 2 * PROMPT_CHARS, "repeats": 3},
+    # the embedded default (SmolLM2-135M-Instruct) on a CUDA device, bf16: the cpu profile's prompts, longer answers
+    "gpu-default": {"num_prompts": 20, "max_new_tokens": 128, "context_prompt_chars": 3000, "repeats": 3},
 }
 
 
@@ -267,6 +269,10 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
         }
         if fast_seconds is not None:  # the same time against target-only with the CPU's faster few-row linears
             summary[m]["speedup_vs_target_only_linears"] = sum(fast_seconds[p] for p in medians) / seconds if seconds else 0.0
+        for baseline in (STATIC_BASELINE, COMPILED_BASELINE):  # and against transformers' static cache (compiled on CUDA / forced)
+            if baseline in timed:
+                other = _median_seconds(timed[baseline])
+                summary[m][f"speedup_vs_{baseline.replace('-', '_')}"] = sum(other[p] for p in medians) / seconds if seconds else 0.0
         summary[m]["timing_noise"] = relative_range(summary[m]["speedup_by_repeat"]) if summary[m]["speedup_by_repeat"] else 0.0
         summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
         cost = _cost_coefficient(stats)  # E(speedup), glide_cape §5.1: from α, and from accepted / judged
@@ -329,7 +335,7 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
             raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
     items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars)
     counter = _ForwardCounter(bundle.target)
-    records = []
+    records, warmup_seconds = [], {}
     monitor = LoadMonitor().start()
     try:
         bar = tqdm(items, desc=f"bench {config.task}")
@@ -339,8 +345,10 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
             if index < config.warmup:  # a few tokens suffice to warm allocators and caches; the timed runs are full length
                 bar.set_postfix_str("warm-up (untimed)")
                 warm = dataclasses.replace(ctx, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens))
-                for m in config.methods:
+                for m in config.methods:  # the first call pays compiles (static / compiled methods): its time is kept
+                    started = time.perf_counter()
                     run_one(m, warm, counter)
+                    warmup_seconds[m] = warmup_seconds.get(m, 0.0) + time.perf_counter() - started
             for repeat in range(config.repeats):  # rotated order: no method always runs first or right after another
                 bar.set_postfix_str(f"repeat {repeat + 1}/{config.repeats}")
                 shift = (index + repeat) % len(config.methods)
@@ -365,7 +373,7 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
         "timing": None,
         "records": records,
     }
-    result["timing"] = {"repeats": config.repeats, "warmup_prompts": min(config.warmup, len(items)),
+    result["timing"] = {"repeats": config.repeats, "warmup_prompts": min(config.warmup, len(items)), "warmup_seconds": warmup_seconds,
                         **verdict(load, torch.get_num_threads(), run_noise(result["summary"]), baseline_noise(records))}
     if warn and not result["timing"]["reliable"]:
         warnings.warn(warning_text(result["timing"]), stacklevel=2)

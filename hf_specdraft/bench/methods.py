@@ -6,6 +6,7 @@ stock ``generate``; speculative methods go through :func:`hf_specdraft.speculati
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,10 +44,11 @@ class BenchContext:
     prompt_ids: torch.Tensor  # (1, L)
     max_new_tokens: int
     extras: dict = field(default_factory=dict)  # trained drafters, tables, … keyed by name
+    overrides: dict = field(default_factory=dict)  # more generate arguments (a method's static-cache / compiled variant)
 
     def generate_kwargs(self) -> dict:
         return {"max_new_tokens": self.max_new_tokens, "do_sample": False, "eos_token_id": self.tokenizer.eos_token_id,
-                "pad_token_id": self.tokenizer.pad_token_id}
+                "pad_token_id": self.tokenizer.pad_token_id, **self.overrides}
 
 
 @dataclass(frozen=True)
@@ -296,3 +298,39 @@ for _gamma in (2, 3, 5):  # fixed γ beside auto, for comparison
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
     register_method(Method(f"glide+{_label}", lambda ctx, m=_mode: _glide_cape(ctx, m), requires=("glide",),
                            description=f"GLIDE γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET})", cost_models=lambda e: {"draft": e["glide"]}))
+
+
+# --- the static cache and compiled forwards (issue #35) ----------------------------------------------------------------
+# "<method>-static": cache_implementation="static", compiled where transformers compiles (CUDA), eager elsewhere;
+# "<method>-compiled": the same with compile_config=CompileConfig() given, so it compiles on any device (CPU included).
+# target-only-static is transformers' own static-cache decoding: the baseline a GPU user has (compiled automatically).
+STATIC_BASELINE, COMPILED_BASELINE = "target-only-static", "target-only-compiled"
+STATIC_METHODS = ("glide-auto", "vanilla-auto", "glide+cape-auto", "max-gram-auto", "casd-strict-auto")
+
+
+def compile_everywhere() -> "CompileConfig":
+    """transformers' default ``CompileConfig`` (``reduce-overhead``: CUDA graphs on a GPU), allowed on every device."""
+    from transformers import CompileConfig
+
+    config = CompileConfig()
+    config._compile_all_devices = True  # what transformers' own generate reads to compile outside CUDA
+    return config
+
+
+def _variant(run, compiled: bool):
+    def wrapped(ctx):
+        overrides = {"cache_implementation": "static", **({"compile_config": compile_everywhere()} if compiled else {})}
+        return run(dataclasses.replace(ctx, overrides={**ctx.overrides, **overrides}))
+    return wrapped
+
+
+register_method(Method(STATIC_BASELINE, _variant(_target_only, False),
+                       description="target.generate(cache_implementation='static'): transformers compiles it on CUDA"))
+register_method(Method(COMPILED_BASELINE, _variant(_target_only, True),
+                       description="target.generate(cache_implementation='static', compile_config=CompileConfig()) on any device"))
+for _name in STATIC_METHODS:
+    _method = METHODS[_name]
+    for _suffix, _compiled in (("static", False), ("compiled", True)):
+        register_method(dataclasses.replace(
+            _method, name=f"{_name}-{_suffix}", run=_variant(_method.run, _compiled),
+            description=f"{_method.description}; cache_implementation='static'" + (", compile_config=CompileConfig()" if _compiled else "")))

@@ -3,8 +3,8 @@ warm-up per bucket, and what it all cost.
 
 Selected by ``cache_implementation="static"``; compiling follows transformers' rules (``GenerationMixin``'s
 ``_valid_auto_compile_criteria``): automatic on CUDA, forced or tuned elsewhere by ``compile_config=CompileConfig(...)``,
-off with ``disable_compile=True``. The compiled callable is transformers' own ``model.get_compiled_call`` (cached on
-the model, shared with its static-cache ``generate``), with ``dynamic=False`` unless the config says otherwise: one
+off with ``disable_compile=True``. The forward is ``torch.compile(model.__call__)`` as transformers compiles it
+(:func:`compiled_call`, kept per model and config), with ``dynamic=False`` unless the config says otherwise: one
 graph per verification bucket (:mod:`~hf_specdraft.core.static_verify`), warmed up once and reused by every later call
 whose cache fits (the cache is kept per model, :func:`static_target`). Prefill stays eager, as in transformers.
 """
@@ -26,6 +26,22 @@ from .verify import layer_masks
 
 _CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its last StaticRowsCache, reused when it fits
 CACHE_COLUMNS_STEP = 256  # columns are allocated in steps of this, so calls with other prompt lengths reuse one cache
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile config's fields: compiled __call__}
+
+
+def compiled_call(model, compile_config: CompileConfig):
+    """``torch.compile(model.__call__)`` with ``compile_config``, made once per model and config and kept beside the model.
+
+    Kept apart from transformers' ``get_compiled_call`` (which holds one compiled call per model and rebuilds it when
+    the config changes): the loop's ``dynamic=False`` config and transformers' own default would otherwise replace each
+    other's on every alternation (a bench running both), and each rebuild compiles again."""
+    key = repr(sorted(compile_config.to_dict().items()))
+    calls = _COMPILED.setdefault(model, {})
+    if key not in calls:
+        calls[key] = torch.compile(model.__call__, **compile_config.to_dict())
+    return calls[key]
 
 
 def compile_config_for(model, generation_config: GenerationConfig) -> CompileConfig | None:
@@ -54,7 +70,7 @@ class StaticTarget:
     def __init__(self, model, cache: StaticRowsCache, compile_config: CompileConfig | None, buckets: tuple[int, ...] = BUCKETS):
         self.model, self.cache, self.buckets = model, cache, buckets
         self.compiled = compile_config is not None
-        self.call = model.get_compiled_call(compile_config) if self.compiled else model.__call__
+        self.call = compiled_call(model, compile_config) if self.compiled else model.__call__
         self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
         if not hasattr(cache, "warmed"):
             cache.warmed = set()  # buckets already compiled and run on this cache (by this or an earlier call)
@@ -65,7 +81,8 @@ class StaticTarget:
         return self.buckets[-1] - 1
 
     def bucket(self, tokens: int) -> int:
-        return bucket_for(tokens, self.buckets)
+        """The width a forward over ``tokens`` tokens per row runs at: its bucket when compiled, itself when eager."""
+        return bucket_for(tokens, self.buckets) if self.compiled else min(tokens, self.buckets[-1])
 
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row]) -> float:
         """Every row's prompt but its newest token into the cache (eager). Returns seconds."""
@@ -93,6 +110,7 @@ class StaticTarget:
                 continue
             started = time.perf_counter()
             batch, length = self.cache.num_rows, self.cache.max_cache_len
+            self.cache.set_visible(None)
             columns = torch.arange(length - bucket, length).repeat(batch, 1)
             visible = columns[:, :, None] == torch.arange(length)[None, None]
             mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, torch.finfo(self.model.dtype).min)
@@ -121,9 +139,9 @@ class StaticTarget:
         """One forward over every row's ``[last token] + tree``, padded to a bucket. Returns float32 logits `(A, Q, V)`
         of the active ``rows``, in their order."""
         width = self.bucket(1 + max(len(tree) for tree in trees))
-        if width not in self.cache.warmed:
+        if self.compiled and width not in self.cache.warmed:
             self.warm_up(width)  # a bucket no warm-up covered: compiled here, and its time reported
-        logits = self._forward(**static_verify_inputs(self.model, self.cache, rows, trees, width))
+        logits = self._forward(**static_verify_inputs(self.model, self.cache, rows, trees, width, fixed=self.compiled))
         if len(rows) < self.cache.num_rows:
             logits = logits[torch.tensor([row.index for row in rows], device=logits.device)]
         return logits.float()

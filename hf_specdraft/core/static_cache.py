@@ -34,6 +34,7 @@ class StaticRowsLayer(CacheLayerMixin):
         self.max_cache_len = max_cache_len
         self.write_index: torch.Tensor | None = None  # (B, 1, Q, 1) long, shared by every layer of the cache
         self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
+        self.visible: int | None = None  # eager forwards attend to the first `visible` columns only; None: all (fixed shapes)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -52,10 +53,12 @@ class StaticRowsLayer(CacheLayerMixin):
         index = self.write_index
         self.keys.scatter_(2, index.expand_as(key_states), key_states)
         self.values.scatter_(2, index.expand_as(value_states), value_states)
+        if self.visible is not None:
+            return self.keys[:, :, : self.visible], self.values[:, :, : self.visible]
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.max_cache_len, 0
+        return self.max_cache_len if self.visible is None else self.visible, 0
 
     def get_seq_length(self) -> int:
         return 0 if not self.is_initialized else self.committed
@@ -94,6 +97,12 @@ class StaticRowsCache(Cache):
         buffer.copy_(columns[:, None, :, None])
         for layer in self.layers:
             layer.write_index = buffer
+
+    def set_visible(self, columns: int | None) -> None:
+        """Eager forwards attend to the first ``columns`` columns only (no compiled graph needs the full buffer); ``None``
+        for the whole buffer, the fixed shape a compiled forward takes."""
+        for layer in self.layers:
+            layer.visible = columns
 
     def set_committed(self, columns: int) -> None:
         for layer in self.layers:

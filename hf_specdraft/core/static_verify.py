@@ -63,7 +63,8 @@ def static_prefill_inputs(model, cache, input_ids: torch.LongTensor, pads: list[
     columns = torch.arange(width)
     pad = torch.tensor(pads)[:, None]
     positions = (columns[None] - pad).clamp(min=0)
-    keys = torch.arange(cache.max_cache_len)
+    cache.set_visible(width)  # the prefill is eager: it attends to its own columns only
+    keys = torch.arange(width)
     visible = (keys[None, None] >= pad[:, :, None]) & (keys[None, None] <= columns[None, :, None])
     visible |= keys[None, None] == columns[None, :, None]
     cache.set_write_columns(columns.expand(batch, width).to(input_ids.device))
@@ -72,16 +73,20 @@ def static_prefill_inputs(model, cache, input_ids: torch.LongTensor, pads: list[
             "attention_mask": masks_for(model, cache, visible, positions, key_positions, input_ids.device)}
 
 
-def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], width: int) -> dict:
-    """Inputs of one verification forward of every batch slot, ``width`` (a bucket) tokens each.
+def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], width: int, fixed: bool = True) -> dict:
+    """Inputs of one verification forward of every batch slot, ``width`` tokens each.
 
     Args:
         rows: the active rows (``row.index`` is the batch slot); ``trees``: their proposals, ``1 + N <= width``.
+        fixed: attend to the whole buffer (a compiled graph's fixed shape; ``width`` is a bucket); otherwise, eager,
+            to the columns the rows reach only, as cheap as a DynamicCache.
 
     Returns:
         ``input_ids``, ``position_ids`` and ``attention_mask`` for the model; the write columns are set on ``cache``.
     """
-    batch, length = cache.num_rows, cache.max_cache_len
+    batch = cache.num_rows
+    length = cache.max_cache_len if fixed else max(width, *(row.ids.shape[1] - 1 + width for row in rows))
+    cache.set_visible(None if fixed else length)
     ids = torch.zeros(batch, width, dtype=torch.long)
     positions = torch.zeros(batch, width, dtype=torch.long)
     columns = torch.arange(width).repeat(batch, 1)  # finished slots write their own first columns
