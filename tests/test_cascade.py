@@ -63,11 +63,23 @@ def test_greedy_equals_target_greedy(arch, setup, lenience):
 
 def test_draft_equal_to_target_is_fully_accepted():
     target, _, _, x, ref = models("llama")
-    out = speculative_generate(target, x, candidate_generator=CascadeCandidateGenerator([target], k_matrix=[[4, 0], [0, 3]]),
-                               max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
+    drafter = CascadeCandidateGenerator([target], k_matrix=[[4, 0], [0, 3]], num_draft_tokens=None)  # the paper's budgets alone
+    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     assert out.speculative_stats.accepted_per_drafted == 1.0
     assert out.speculative_stats.mean_accepted_length >= 4  # K[0, 0] = 4 tokens per step, + the target's own
+
+
+def test_auto_caps_the_cascade_every_step(arch):
+    """num_draft_tokens='auto' (the default): the loop's controller caps what the cascade proposes, up to row 0's sum."""
+    target, big, _, x, ref = models(arch)
+    drafter = CascadeCandidateGenerator([big], k_matrix=[[3, 4], [0, 2]], bigram_table=TABLE)
+    assert drafter.adaptive_draft_length and drafter.max_draft_tokens == 7 and drafter.num_draft_tokens is None
+    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    lengths = out.speculative_stats.extra["draft_lengths"]
+    assert lengths[:2] == [1, 3] and all(1 <= g <= 7 for g in lengths)
+    assert all(s.drafted <= g for s, g in zip(out.speculative_stats.steps, lengths))
 
 
 def test_sliding_window_draft_past_its_window():

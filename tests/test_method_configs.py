@@ -65,10 +65,10 @@ def test_glide_takes_gamma_as_a_keyword():
 
 
 def test_cascade_config():
-    assert CascadeConfig().lenience == 1.0 and CascadeConfig().max_gram_tokens == 10 and CascadeConfig().num_draft_tokens is None
+    assert CascadeConfig().lenience == 1.0 and CascadeConfig().max_gram_tokens == 10 and CascadeConfig().num_draft_tokens == "auto"
     with pytest.raises(ValueError, match="lenience"):
         CascadeConfig(lenience=0.5)
-    with pytest.raises(ValueError, match="num_draft_tokens must be None or a positive int"):
+    with pytest.raises(ValueError, match="num_draft_tokens must be a positive int or 'auto'"):
         CascadeConfig(num_draft_tokens=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         CascadeConfig().lenience = 3.0

@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..core.acceptance import lenient_review, lenient_review_sampling
-from ..core.drafting import TreeCandidateGenerator, check_same_device, check_same_vocab
+from ..core.drafting import TreeCandidateGenerator, check_same_device, check_same_vocab, draft_length
 from ..core.tree import DraftTree
 from ..core.cache import croppable_cache, resync_cache
 from ..core.validation import method_config
@@ -114,7 +114,11 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         self.k_matrix = validate_k_matrix(default_k_matrix(len(drafts)) if k_matrix is None else k_matrix, len(drafts))
         self.lenience = self.config.lenience
         self.max_gram = max_gram or MaxGramCandidateGenerator(bigram_table, num_draft_tokens=self.config.max_gram_tokens)
-        self.num_draft_tokens = self.config.num_draft_tokens
+        cap = self.config.num_draft_tokens
+        # "auto": the loop's controller sets the cap every step, up to everything row 0's budgets can propose; outside
+        # the loop (propose called directly) there is no cap, as in the paper
+        self.max_draft_tokens = sum(self.k_matrix[0])
+        self.num_draft_tokens, self.adaptive_draft_length = (None, False) if cap is None else draft_length(cap, start=None)
         self.max_length: int | None = None  # set by prepare: drafting past generate's max_length is wasted
         self._reset()
 

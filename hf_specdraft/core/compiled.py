@@ -25,7 +25,9 @@ from .tree import DraftTree
 from .verify import layer_masks
 
 _CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its last StaticRowsCache, reused when it fits
-CACHE_COLUMNS_STEP = 256  # columns are allocated in steps of this, so calls with other prompt lengths reuse one cache
+MIN_CACHE_COLUMNS = 1024  # a cache holds at least this many columns, and grows by doubling: a new size is a new graph
+# per bucket (minutes on a CPU), so calls with other prompt lengths should find the cache they need already there
+RECOMPILE_LIMIT = 4 * len(BUCKETS)  # graphs dynamo may keep per code object: every bucket at a few cache sizes
 
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile config's fields: compiled __call__}
@@ -39,6 +41,8 @@ def compiled_call(model, compile_config: CompileConfig):
     other's on every alternation (a bench running both), and each rebuild compiles again."""
     key = repr(sorted(compile_config.to_dict().items()))
     calls = _COMPILED.setdefault(model, {})
+    if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:  # dynamo's default 8 would fall back to eager silently
+        torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT  # once a second cache size is compiled
     if key not in calls:
         calls[key] = torch.compile(model.__call__, **compile_config.to_dict())
     return calls[key]
@@ -153,12 +157,12 @@ class StaticTarget:
 
 def static_target(model, generation_config: GenerationConfig, input_ids: torch.LongTensor) -> StaticTarget:
     """The static path for a call on ``input_ids`` `(B, P)`: the model's cache reused when it fits, or a new one of
-    ``P + max_new_tokens + widest bucket`` columns rounded up to :data:`CACHE_COLUMNS_STEP`."""
+    ``P + max_new_tokens + widest bucket`` columns rounded up to a power of two, at least :data:`MIN_CACHE_COLUMNS`."""
     config = model.config.get_text_config()
     needed = generation_config.max_length + BUCKETS[-1]
     cache = _CACHES.get(model)
     if cache is None or not cache.fits(input_ids.shape[0], needed, model.device, model.dtype):
-        columns = -(-needed // CACHE_COLUMNS_STEP) * CACHE_COLUMNS_STEP
+        columns = max(MIN_CACHE_COLUMNS, 1 << (needed - 1).bit_length())
         cache = StaticRowsCache(config.num_hidden_layers, input_ids.shape[0], columns)
         _CACHES[model] = cache
     return StaticTarget(model, cache, compile_config_for(model, generation_config))
