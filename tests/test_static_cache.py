@@ -22,7 +22,8 @@ from hf_specdraft.core.drafting import DraftModelCandidateGenerator
 from hf_specdraft.core.static_cache import StaticRowsCache
 from hf_specdraft.core.static_verify import bucket_for, cap_nodes
 from hf_specdraft.core.tree import DraftTree
-from test_method_grid import METHODS
+from hf_specdraft.glide import GlideCandidateGenerator
+from test_method_grid import METHODS, glide_for
 from test_sliding_window import METHODS as WINDOW_METHODS
 from test_sliding_window import WINDOW, prompt, windowed_model
 
@@ -133,7 +134,6 @@ def test_compiled_verification_never_recompiles_after_warm_up():
 
     torch._dynamo.reset()
     target = tiny_model("llama")
-    draft = tiny_model("llama", seed=3, num_hidden_layers=1)
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     reference = greedy_reference(target, x, 64)
     first = compiled_call(target, x, PartlyRight(reference))
@@ -145,13 +145,59 @@ def test_compiled_verification_never_recompiles_after_warm_up():
     graphs = counters["stats"]["unique_graphs"]
     assert graphs == 4  # one graph per bucket, no graph break
     other = torch.randint(0, VOCAB, (1, 14), generator=torch.Generator().manual_seed(8))
+    expected = greedy_reference(target, other, 64)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        second = compiled_call(target, other, DraftModelCandidateGenerator(draft))
+        second = compiled_call(target, other, PartlyRight(expected))
         third = compiled_call(target, x, OracleDrafter(first.sequences, "tree"))  # 12-node trees: the 16 bucket again
     assert counters["stats"]["unique_graphs"] == graphs
     assert second.speculative_stats.extra["static_cache"]["warm_up_seconds"] == {}
-    assert torch.equal(second.sequences, greedy_reference(target, other, 64))
+    assert torch.equal(second.sequences, expected)
     assert torch.equal(third.sequences, first.sequences)
+
+
+def test_a_draft_model_compiles_too_and_never_recompiles_after_warm_up(arch):
+    """A batch-1 call's draft model runs its feeds on a static cache of its own through its compiled forward."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    target, draft = tiny_model(arch), tiny_model(arch, seed=3, num_hidden_layers=1)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    first = compiled_call(target, x, DraftModelCandidateGenerator(draft))
+    assert torch.equal(first.sequences, greedy_reference(target, x, 64))
+    extra = first.speculative_stats.extra["static_cache"]
+    assert extra["draft_compiled"] and set(extra["draft_warm_up_seconds"]) == {"1", "2", "4", "8", "16"}
+    compiled_call(target, x, DraftModelCandidateGenerator(target))  # the target as its own draft: warms its draft role
+    graphs = counters["stats"]["unique_graphs"]
+    other = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(9))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        second = compiled_call(target, other, DraftModelCandidateGenerator(draft))
+        itself = compiled_call(target, other, DraftModelCandidateGenerator(target))  # one model, two roles: two caches
+    assert counters["stats"]["unique_graphs"] == graphs
+    reference = greedy_reference(target, other, 64)
+    assert torch.equal(second.sequences, reference) and torch.equal(itself.sequences, reference)
+    assert itself.speculative_stats.accepted_per_drafted == 1.0
+
+
+def test_glide_compiles_with_its_glimpse_of_the_static_target_cache(arch):
+    """GLIDE's feeds on a static cache of its own, its cross-attention reading the target's whole buffers under a mask."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    target = tiny_model(arch)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    first = compiled_call(target, x, GlideCandidateGenerator(glide_for(target)))
+    assert torch.equal(first.sequences, greedy_reference(target, x, 64))
+    assert first.speculative_stats.extra["static_cache"]["draft_compiled"]
+    eager = speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(glide_for(target), num_draft_tokens=3),
+                                 max_new_tokens=64, return_dict_in_generate=True)
+    fixed = compiled_call(target, x, GlideCandidateGenerator(glide_for(target), num_draft_tokens=3))
+    assert [s.accepted for s in fixed.speculative_stats.steps] == [s.accepted for s in eager.speculative_stats.steps]  # same glimpse
+    graphs = counters["stats"]["unique_graphs"]
+    other = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(9))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        second = compiled_call(target, other, GlideCandidateGenerator(glide_for(target)))
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert torch.equal(second.sequences, greedy_reference(target, other, 64))
 
 
 @pytest.mark.slow

@@ -24,8 +24,8 @@ from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs
 from .tree import DraftTree
 from .verify import layer_masks
 
-_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its last StaticRowsCache, reused when it fits
-MIN_CACHE_COLUMNS = 1024  # a cache holds at least this many columns, and grows by doubling: a new size is a new graph
+_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its last StaticRowsCache}, reused when it fits
+MIN_CACHE_COLUMNS = 256  # a cache holds at least this many columns, and grows by doubling: a new size is a new graph
 # per bucket (minutes on a CPU), so calls with other prompt lengths should find the cache they need already there
 RECOMPILE_LIMIT = 4 * len(BUCKETS)  # graphs dynamo may keep per code object: every bucket at a few cache sizes
 
@@ -73,7 +73,7 @@ class StaticTarget:
 
     def __init__(self, model, cache: StaticRowsCache, compile_config: CompileConfig | None, buckets: tuple[int, ...] = BUCKETS):
         self.model, self.cache, self.buckets = model, cache, buckets
-        self.compiled = compile_config is not None
+        self.compiled, self.compile_config = compile_config is not None, compile_config
         self.call = compiled_call(model, compile_config) if self.compiled else model.__call__
         self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
         if not hasattr(cache, "warmed"):
@@ -107,24 +107,35 @@ class StaticTarget:
     def warm_up(self, largest_tokens: int) -> None:
         """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written in the cache's
         last columns, which no row reaches), so the call's own steps never compile."""
+        if self.compiled and not self.cache.layers[0].is_initialized:  # buffers are allocated by an eager forward, never in a graph
+            self._dummy(self.buckets[0], compiled=False)
         for bucket in self.buckets:
             if bucket > self.bucket(min(largest_tokens, self.buckets[-1])):
                 break
             if bucket in self.cache.warmed or not self.compiled:
                 continue
             started = time.perf_counter()
-            batch, length = self.cache.num_rows, self.cache.max_cache_len
-            self.cache.set_visible(None)
-            columns = torch.arange(length - bucket, length).repeat(batch, 1)
-            visible = columns[:, :, None] == torch.arange(length)[None, None]
-            mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, torch.finfo(self.model.dtype).min)
             for _ in range(3 if self.model.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
-                self.cache.set_write_columns(columns.to(self.model.device))
-                self._forward(input_ids=torch.zeros(batch, bucket, dtype=torch.long, device=self.model.device),
-                              position_ids=torch.zeros(batch, bucket, dtype=torch.long, device=self.model.device),
-                              attention_mask=self._mask_like(mask[:, None]))
+                self._dummy(bucket, compiled=True)
             self.cache.warmed.add(bucket)
             self.warm_up_seconds[bucket] = time.perf_counter() - started
+
+    def _dummy(self, width: int, compiled: bool) -> None:
+        """One forward of ``width`` dummy tokens per row written in the cache's last columns (no row reaches them), each
+        seeing only itself: compiles (and on CUDA captures) a bucket, or allocates the buffers eagerly."""
+        batch, length = self.cache.num_rows, self.cache.max_cache_len
+        self.cache.set_visible(None)
+        columns = torch.arange(length - width, length).repeat(batch, 1)
+        visible = columns[:, :, None] == torch.arange(length)[None, None]
+        mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, torch.finfo(self.model.dtype).min)
+        self.cache.set_write_columns(columns.to(self.model.device))
+        inputs = {"input_ids": torch.zeros(batch, width, dtype=torch.long, device=self.model.device),
+                  "position_ids": torch.zeros(batch, width, dtype=torch.long, device=self.model.device),
+                  "attention_mask": self._mask_like(mask[:, None])}
+        if compiled:
+            self._forward(**inputs)
+        else:
+            self.model(**inputs, past_key_values=self.cache, use_cache=True)
 
     def _mask_like(self, mask: torch.Tensor):
         """The warm-up mask in the form the model takes (one per layer type for windowed models)."""
@@ -155,14 +166,17 @@ class StaticTarget:
         self.cache.keep(row.index, start, kept_nodes)
 
 
-def static_target(model, generation_config: GenerationConfig, input_ids: torch.LongTensor) -> StaticTarget:
-    """The static path for a call on ``input_ids`` `(B, P)`: the model's cache reused when it fits, or a new one of
-    ``P + max_new_tokens + widest bucket`` columns rounded up to a power of two, at least :data:`MIN_CACHE_COLUMNS`."""
+def static_target(model, generation_config: GenerationConfig, batch_size: int, role: str = "target",
+                  buckets: tuple[int, ...] = BUCKETS) -> StaticTarget:
+    """The static path of ``model`` in ``role`` ("target", or "draft" for a draft's own cache) for a call of
+    ``batch_size`` rows: the cache it had in that role reused when it fits, or a new one of ``P + max_new_tokens +
+    widest bucket`` columns rounded up to a power of two, at least :data:`MIN_CACHE_COLUMNS`."""
     config = model.config.get_text_config()
-    needed = generation_config.max_length + BUCKETS[-1]
-    cache = _CACHES.get(model)
-    if cache is None or not cache.fits(input_ids.shape[0], needed, model.device, model.dtype):
+    needed = generation_config.max_length + buckets[-1]
+    caches = _CACHES.setdefault(model, {})
+    cache = caches.get(role)
+    if cache is None or not cache.fits(batch_size, needed, model.device, model.dtype):
         columns = max(MIN_CACHE_COLUMNS, 1 << (needed - 1).bit_length())
-        cache = StaticRowsCache(config.num_hidden_layers, input_ids.shape[0], columns)
-        _CACHES[model] = cache
-    return StaticTarget(model, cache, compile_config_for(model, generation_config))
+        cache = StaticRowsCache(config.num_hidden_layers, batch_size, columns)
+        caches[role] = cache
+    return StaticTarget(model, cache, compile_config_for(model, generation_config), buckets)

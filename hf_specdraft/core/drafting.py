@@ -19,6 +19,7 @@ from transformers.generation import CandidateGenerator, TemperatureLogitsWarper,
 from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
 from .batch_drafting import BatchChainDrafter, BatchProposer
 from .cache import croppable_cache, resync_cache
+from .static_draft import StaticDraftCache
 from .tree import DraftTree, tree_mask
 from .verify import layer_masks
 
@@ -212,12 +213,19 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         check_drafter(self.draft_model)
         self._reset()
 
+    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> None:
+        """On the compiled static path of a batch-1 call (the loop calls this after :meth:`prepare`, with the target's
+        :class:`~hf_specdraft.core.static_cache.StaticRowsCache`): the draft's forwards on a static cache of its own,
+        compiled like the target's (:mod:`~hf_specdraft.core.static_draft`)."""
+        self.cache = StaticDraftCache(self.draft_model, generation_config, compile_config)
+
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
         def next_logits(feed: torch.Tensor) -> torch.Tensor:
             return self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
 
-        return draft_chain(self, input_ids, next_logits, self.draft_model.device)
+        static = isinstance(self.cache, StaticDraftCache)
+        return draft_chain(self, input_ids, self.cache.forward if static else next_logits, self.draft_model.device)
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
         if not same_drafters(self, drafters, "draft_model", DraftModelCandidateGenerator):

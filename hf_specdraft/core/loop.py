@@ -41,6 +41,7 @@ from transformers.utils import ModelOutput
 from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
 from .cache import keep_columns, row_cache, target_cache
 from .compiled import StaticTarget, static_target
+from .static_draft import StaticDraftCache
 from .controller import DraftLengthController
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
 from .inputs import (
@@ -187,8 +188,12 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     static = None  # cache_implementation="static": the loop's static cache, verification compiled where transformers would
     if generation_config.cache_implementation == "static":
-        static = static_target(model, generation_config, input_ids)
+        static = static_target(model, generation_config, batch)
     cache = static if static is not None else target_cache(model, shared)
+    if static is not None and static.compiled and not shared:  # a batch-1 call's draft compiles too, where its drafter can
+        for row in rows:
+            if hasattr(row.generator, "compile_draft"):
+                row.generator.compile_draft(generation_config, static.compile_config, static.cache)
     if streamer is not None:
         streamer.put(input_ids.cpu())
     prefill = static.prefill(input_ids, rows) if static is not None else _prefill(model, cache, input_ids, rows, shared)
@@ -470,8 +475,11 @@ def _result(rows: list[Row], generator, generation_config: GenerationConfig, cac
         except AttributeError:  # a generator with __slots__
             pass
     if isinstance(cache, StaticTarget):  # what the static path compiled, and what its first forwards cost
+        drafts = [row.generator.cache for row in rows if isinstance(getattr(row.generator, "cache", None), StaticDraftCache)]
         stats.extra["static_cache"] = {"compiled": cache.compiled, "buckets": list(cache.buckets),
-                                       "warm_up_seconds": {str(b): s for b, s in cache.warm_up_seconds.items()}}
+                                       "warm_up_seconds": {str(b): s for b, s in cache.warm_up_seconds.items()},
+                                       "draft_compiled": bool(drafts),
+                                       "draft_warm_up_seconds": {str(b): s for d in drafts for b, s in d.warm_up_seconds.items()}}
         cache = None  # the static cache is kept for the next call, which overwrites it: not handed out
     sequences = _padded_sequences(rows, generation_config)
     if not generation_config.return_dict_in_generate:

@@ -28,6 +28,8 @@ from ..core.drafting import (
     draft_length,
     same_drafters,
 )
+from ..core.static_cache import StaticRowsCache
+from ..core.static_draft import StaticDraftCache
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .drafting_config import GlideDraftingConfig
@@ -99,6 +101,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
         """
         cross = self.glide.config.cross_attention
+        if isinstance(self.cache, StaticDraftCache):  # the compiled static path: the glimpse reads the target's whole buffers
+            glimpse = static_glimpse(self.target_static, input_ids.shape[1] - 1, self.glide.dtype) if cross else None
+            return draft_chain(self, input_ids, lambda feed: self.cache.forward(feed, glimpse), self.glide.device)
         if cross:
             check_target_cache(target_cache, self.glide.config)
 
@@ -107,6 +112,11 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
                               target_past_key_values=target_cache if cross else None, logits_to_keep=1).logits[:, -1]
 
         return draft_chain(self, input_ids, next_logits, self.glide.device)
+
+    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache) -> None:
+        """On the compiled static path of a batch-1 call: GLIDE's forwards on a static cache of its own, compiled, its
+        glimpse reading the target's static buffers whole under a key mask (fixed shapes, :func:`static_glimpse`)."""
+        self.cache, self.target_static = StaticDraftCache(self.glide, generation_config, compile_config), target_cache
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
         """Every row's γ tokens in one GLIDE forward per token; each row glimpses its own columns of the target cache."""
@@ -129,6 +139,22 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def beam_scorer(self, distribution) -> GlideTreeScorer:
         """The scorer CAPE's beam mode (glide_cape.txt §5.3, GLIDE+BeamSearch) drafts its tree with."""
         return GlideTreeScorer(self.glide, distribution)
+
+
+def static_glimpse(target_cache: StaticRowsCache, committed: int, dtype: torch.dtype):
+    """GLIDE's glimpse on the static path: ``columns (Q,) -> inputs``, the target's buffers `(1, H, L, D)` per layer and a
+    key mask `(1, 1, Q, L)` letting a query at sequence index ``j`` see the committed target keys ``k < j`` (§4.1's
+    inference rule; ``committed``: the target's text but its newest token)."""
+    pairs = [(layer.keys, layer.values) for layer in target_cache.layers]
+    length = target_cache.max_cache_len
+
+    def glimpse(columns: torch.Tensor) -> dict:
+        keys = torch.arange(length)
+        visible = keys[None, :] < columns.clamp(max=committed)[:, None]
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+        return {"target_past_key_values": pairs, "target_attention_mask": mask[None, None].to(pairs[0][0].device)}
+
+    return glimpse
 
 
 class GlideTreeScorer(DraftModelTreeScorer):

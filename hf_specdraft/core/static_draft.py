@@ -1,0 +1,95 @@
+"""A draft model's forwards on a static cache of its own, compiled by the target's rules (issue #35).
+
+A chain drafter feeds its draft the newly accepted tokens (1 to γ + 1 of them), then one token per drafted token. On a
+GPU each of those one-token forwards is launches, like the target's. On the compiled static path
+(``cache_implementation="static"``, compiled: :func:`~hf_specdraft.core.compiled.compile_config_for`) a batch-1 call's
+draft model runs them on a :class:`~hf_specdraft.core.static_cache.StaticRowsCache` of one row instead, each feed
+padded to a bucket of :data:`DRAFT_BUCKETS` and run through the draft's compiled forward; a feed longer than the widest
+bucket (the prompt) runs eagerly on the same cache.
+
+:class:`StaticDraftCache` stands in for the draft's ``DynamicCache`` in
+:func:`~hf_specdraft.core.drafting.draft_chain`: ``get_seq_length`` and ``crop`` re-sync it (a crop only moves the
+committed length back; later feeds overwrite the columns), :meth:`StaticDraftCache.forward` returns the logits after a
+feed.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from transformers import CompileConfig, GenerationConfig
+
+from .compiled import static_target
+from .static_verify import masks_for
+
+DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # tokens per draft feed: one drafted token, or the accepted tokens after a step
+
+
+class StaticDraftCache:
+    """The draft's static cache and forward for one batch-1 call.
+
+    Args:
+        draft_model: the draft. generation_config: the call's (``max_length`` sizes the cache).
+        compile_config: how the draft's forward compiles (the loop's, :func:`~hf_specdraft.core.compiled.compile_config_for`).
+    """
+
+    def __init__(self, draft_model, generation_config: GenerationConfig, compile_config: CompileConfig):
+        config = copy.copy(generation_config)
+        config.compile_config, config.disable_compile = compile_config, False
+        self.static = static_target(draft_model, config, 1, role="draft", buckets=DRAFT_BUCKETS)
+        self.model, self.length = draft_model, 0
+
+    @property
+    def warm_up_seconds(self) -> dict[int, float]:
+        return self.static.warm_up_seconds
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def crop(self, max_length: int) -> None:
+        """transformers' convention: a negative ``max_length`` drops that many tokens."""
+        self.length = self.length + max_length if max_length < 0 else min(self.length, max_length)
+
+    @torch.no_grad()
+    def forward(self, feed: torch.LongTensor, extra=None) -> torch.Tensor:
+        """Write ``feed`` `(1, n)` after the committed columns and return the draft's logits `(1, V)` after it.
+
+        ``extra``: ``columns (Q,) -> dict`` of more inputs of fixed shape for queries at those sequence indices (GLIDE's
+        glimpse of the target's static buffers and its key mask)."""
+        start, n = self.length, feed.shape[1]
+        compiled = self.static.compiled and self.static.cache.layers[0].is_initialized and n <= DRAFT_BUCKETS[-1]
+        logits = self._run(feed[0], start, self.static.bucket(n) if compiled else n, compiled, extra)
+        if not compiled and self.static.compiled and not self.static.cache.warmed:  # the buffers exist now: every bucket, once
+            self.warm_up(extra)
+        self.length = start + n
+        return logits[:, n - 1].float()
+
+    def warm_up(self, extra=None) -> None:
+        """Compile (and on CUDA capture) every bucket on dummy tokens in the cache's last columns, which no feed reaches."""
+        length = self.static.cache.max_cache_len
+        for bucket in DRAFT_BUCKETS:
+            started = time.perf_counter()
+            for _ in range(3 if self.model.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
+                self._run(torch.zeros(bucket, dtype=torch.long, device=self.model.device), length - bucket, bucket, True, extra)
+            self.static.cache.warmed.add(bucket)
+            self.static.warm_up_seconds[bucket] = time.perf_counter() - started
+
+    def _run(self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra) -> torch.Tensor:
+        """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``; the whole buffer when compiled."""
+        length = self.static.cache.max_cache_len if compiled else start + width
+        self.static.cache.set_visible(None if compiled else length)
+        columns = start + torch.arange(width)
+        keys = torch.arange(length)
+        visible = keys[None, None, :] <= columns[None, :, None]  # causal: the committed text and the feed up to itself
+        device = self.model.device
+        ids = torch.zeros(1, width, dtype=torch.long, device=device)
+        ids[0, : tokens.numel()] = tokens.to(device)
+        self.static.cache.set_write_columns(columns[None].to(device))
+        inputs = {"input_ids": ids, "position_ids": columns[None].to(device),
+                  "attention_mask": masks_for(self.model, self.static.cache, visible, columns[None], keys, device),
+                  **(extra(columns) if extra is not None else {})}
+        if compiled:
+            return self.static._forward(**inputs)
+        return self.model(**inputs, past_key_values=self.static.cache, use_cache=True).logits
