@@ -45,9 +45,9 @@ def test_draft_with_another_vocabulary(target):
         speculative_generate(target, X, draft_model=tiny_model(vocab_size=50), max_new_tokens=4)
 
 
-def test_static_cache(target):
-    with pytest.raises(ValueError, match="cache_implementation"):
-        target.generate(X, custom_generate=speculative_generate, draft_model=target, max_new_tokens=4, cache_implementation="static")
+def test_cache_implementations_other_than_dynamic_and_static(target):
+    with pytest.raises(ValueError, match="cache_implementation='offloaded_static' is not supported.*'static'"):
+        target.generate(X, custom_generate=speculative_generate, draft_model=target, max_new_tokens=4, cache_implementation="offloaded_static")
 
 
 def test_no_drafter_or_two_drafters(target):

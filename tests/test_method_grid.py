@@ -33,7 +33,8 @@ METHODS = {  # name -> (drafter from a draft source, whether the target itself c
     "cape": (lambda target, source, x: CapeCandidateGenerator(DraftModelCandidateGenerator(source, 2), budget=6), True),
     "cape-fixed": (lambda target, source, x: CapeCandidateGenerator(DraftModelCandidateGenerator(source, 2), mode="fixed", fixed_k=2), True),
     "cape-beam": (lambda target, source, x: CapeCandidateGenerator(DraftModelCandidateGenerator(source, 2), mode="beam", beam_width=2), True),
-    "cascade": (lambda target, source, x: CascadeCandidateGenerator([source], k_matrix=[[2, 2], [0, 2]], bigram_table=TABLE), True),
+    "cascade": (lambda target, source, x: CascadeCandidateGenerator([source], k_matrix=[[2, 2], [0, 2]], bigram_table=TABLE,
+                                                                    num_draft_tokens=None), True),  # K's budgets, fixed
     "glide": (lambda target, source, x: GlideCandidateGenerator(glide_for(target), num_draft_tokens=3), False),
     "glide+cape": (lambda target, source, x: CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=2), budget=5), False),
     "max-gram": (lambda target, source, x: MaxGramCandidateGenerator(TABLE, num_draft_tokens=4), False),

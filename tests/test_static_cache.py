@@ -200,6 +200,18 @@ def test_glide_compiles_with_its_glimpse_of_the_static_target_cache(arch):
     assert torch.equal(second.sequences, greedy_reference(target, other, 64))
 
 
+def test_cape_over_glide_compiles_its_chain():
+    from hf_specdraft import CapeCandidateGenerator
+
+    torch._dynamo.reset()
+    target = tiny_model("qwen2")
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    out = compiled_call(target, x, CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=3), budget=6))
+    assert torch.equal(out.sequences, greedy_reference(target, x, 64))
+    assert out.speculative_stats.extra["static_cache"]["draft_compiled"]
+    assert max(s.tree_size for s in out.speculative_stats.steps) > max(s.drafted for s in out.speculative_stats.steps)  # trees
+
+
 @pytest.mark.slow
 def test_inductor_compiled_verification_is_lossless():
     """The real backend (inductor's CPU codegen: about 40 s for the four buckets of a tiny model on 2 cores)."""

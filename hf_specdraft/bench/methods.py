@@ -163,6 +163,7 @@ def _cascade(ctx, drafts, k_matrix=None, **options):
     from ..cascade import build_cascade_for_bench
 
     options = options if k_matrix is None else {"k_matrix": k_matrix, **options}
+    options.setdefault("num_draft_tokens", None)  # the K matrix's budgets alone (the paper), unless a row asks for "auto"
     return _speculative(ctx, candidate_generator=build_cascade_for_bench(ctx.target, drafts, _bigram(ctx), **options))
 
 
@@ -192,6 +193,18 @@ register_method(Method("cascade-1draft-tuned", lambda ctx: _cascade(ctx, [ctx.dr
 register_method(Method("cascade-2drafts-tuned", lambda ctx: _cascade(ctx, [ctx.draft, ctx.extras["small_draft"]], TUNED_K_2DRAFTS),
                        requires=("draft", "small_draft"), description=f"CS drafting: two drafts + Max-Gram, K = {TUNED_K_2DRAFTS} (tuned)",
                        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
+
+# the default calls (#32): γ, or the cascade's cap on what K proposes, chosen every step; fixed γ beside them
+register_method(Method("draft-model-auto", lambda ctx: _speculative(ctx, draft_model=ctx.draft), requires=("draft",),
+                       description="speculative_generate(target, ids, draft_model=draft): the default call, γ 'auto'",
+                       cost_models=lambda e: {"draft": e["draft"]}))
+for _gamma in (2, 3):
+    register_method(Method(f"draft-model-γ{_gamma}", lambda ctx, g=_gamma: _speculative(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, g)),
+                           requires=("draft",), description=f"speculative_generate with the plain draft, γ={_gamma} fixed",
+                           cost_models=lambda e: {"draft": e["draft"]}))
+register_method(Method("cascade-1draft-auto", lambda ctx: _cascade(ctx, [ctx.draft], num_draft_tokens="auto"), requires=("draft",),
+                       description="CascadeCandidateGenerator([draft]): the default call, default K, the cap 'auto' (chosen every step)",
+                       cost_models=lambda e: {"draft0": e["draft"], "max_gram": None}))
 
 
 # --- CAPE over the plain draft (hf_specdraft.cape); GLIDE variants register with the GLIDE package ---------

@@ -16,10 +16,12 @@ from ..glide.model_card import training_stages
 from .plots import make_plots, plot_paths
 
 COLUMNS = [("tok/s", "tokens_per_second", ".1f"), ("speedup", "speedup_vs_target_only", ".2f"), ("per-prompt range", "speedup_spread", "range"),
-           ("speedup vs target-only+linears", "speedup_vs_target_only_linears", ".2f"), ("MAL", "mean_accepted_length", ".2f"),
+           ("speedup vs target-only+linears", "speedup_vs_target_only_linears", ".2f"),
+           ("MAL", "mean_accepted_length", ".2f"),
            ("α", "alpha", ".3f"), ("acc/pos", "position_acceptance_rate", ".3f"), ("acc/drafted", "accepted_per_drafted", ".3f"),
            ("c", "cost_coefficient", ".3f"), ("E(speedup)", "expected_speedup", ".2f"), ("verify tok/step", "verification_tokens_per_step", ".1f"), ("draft ms/step", "draft_ms_per_step", ".2f"), ("expansion ms/step", "expansion_ms_per_step", ".2f"),
-           ("tok/target call", "tokens_per_target_call", ".2f"), ("SWI (params)", "swi_parameters", ".2f"), ("SWI (measured)", "swi_measured", ".2f"), ("= target-only", "equals_target_only", ".0%"), ("edit sim", "edit_similarity", ".3f")]
+           ("tok/target call", "tokens_per_target_call", ".2f"), ("SWI (params)", "swi_parameters", ".2f"), ("SWI (measured)", "swi_measured", ".2f"), ("= target-only", "equals_target_only", ".0%"), ("edit sim", "edit_similarity", ".3f"),
+           ("vs target-only-static", "speedup_vs_target_only_static", ".2f"), ("vs target-only-compiled", "speedup_vs_target_only_compiled", ".2f")]
 
 
 def _cell(value, spec: str) -> str:
@@ -62,6 +64,9 @@ def timing_line(timing: dict | None) -> str:
     line = (f"Timing: median of {timing['repeats']} runs per method and prompt, methods interleaved in a rotated order, "
             f"{timing['warmup_prompts']} warm-up prompt(s) untimed; other processes used {other}; a speedup moved by "
             f"{timing['timing_noise']:.0%} between repeats (median over methods).")
+    paid = {m: s for m, s in (timing.get("warmup_seconds") or {}).items() if s >= 5}  # compiles show up here
+    if paid:
+        line += " The untimed first runs took " + ", ".join(f"{s:.0f} s ({m})" for m, s in paid.items()) + " (compiling)."
     return line + ("" if timing["reliable"] else " **Unreliable: " + "; ".join(timing["warnings"]) + ".**")
 
 

@@ -115,6 +115,13 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             self.scorer.forward_calls = 0
         self.expansion_sizes, self.confidences, self.expansion_seconds = [], [], []
 
+    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache):
+        """The compiled static path: the wrapped drafter's chain compiles where it can (beam mode's tree scorer stays eager).
+        Returns the chain drafter's static cache, or ``None``."""
+        if self.scorer is None and hasattr(self.drafter, "compile_draft"):
+            return self.drafter.compile_draft(generation_config, compile_config, target_cache)
+        return None
+
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
         """The expanded proposal after ``input_ids`` `(1, L)`: the drafter's chain plus one expansion set per position."""

@@ -76,6 +76,7 @@ class StaticTarget:
         self.compiled, self.compile_config = compile_config is not None, compile_config
         self.call = compiled_call(model, compile_config) if self.compiled else model.__call__
         self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
+        self.drafts: list = []  # the drafts' own static caches (StaticDraftCache) where they compile too
         if not hasattr(cache, "warmed"):
             cache.warmed = set()  # buckets already compiled and run on this cache (by this or an earlier call)
 

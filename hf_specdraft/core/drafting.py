@@ -213,11 +213,12 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         check_drafter(self.draft_model)
         self._reset()
 
-    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> None:
+    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> StaticDraftCache:
         """On the compiled static path of a batch-1 call (the loop calls this after :meth:`prepare`, with the target's
         :class:`~hf_specdraft.core.static_cache.StaticRowsCache`): the draft's forwards on a static cache of its own,
-        compiled like the target's (:mod:`~hf_specdraft.core.static_draft`)."""
+        compiled like the target's (:mod:`~hf_specdraft.core.static_draft`). Returns that cache."""
         self.cache = StaticDraftCache(self.draft_model, generation_config, compile_config)
+        return self.cache
 
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:

@@ -41,7 +41,6 @@ from transformers.utils import ModelOutput
 from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
 from .cache import keep_columns, row_cache, target_cache
 from .compiled import StaticTarget, static_target
-from .static_draft import StaticDraftCache
 from .controller import DraftLengthController
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
 from .inputs import (
@@ -193,7 +192,7 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     if static is not None and static.compiled and not shared:  # a batch-1 call's draft compiles too, where its drafter can
         for row in rows:
             if hasattr(row.generator, "compile_draft"):
-                row.generator.compile_draft(generation_config, static.compile_config, static.cache)
+                static.drafts.append(row.generator.compile_draft(generation_config, static.compile_config, static.cache))
     if streamer is not None:
         streamer.put(input_ids.cpu())
     prefill = static.prefill(input_ids, rows) if static is not None else _prefill(model, cache, input_ids, rows, shared)
@@ -475,7 +474,7 @@ def _result(rows: list[Row], generator, generation_config: GenerationConfig, cac
         except AttributeError:  # a generator with __slots__
             pass
     if isinstance(cache, StaticTarget):  # what the static path compiled, and what its first forwards cost
-        drafts = [row.generator.cache for row in rows if isinstance(getattr(row.generator, "cache", None), StaticDraftCache)]
+        drafts = [draft for draft in cache.drafts if draft is not None]
         stats.extra["static_cache"] = {"compiled": cache.compiled, "buckets": list(cache.buckets),
                                        "warm_up_seconds": {str(b): s for b, s in cache.warm_up_seconds.items()},
                                        "draft_compiled": bool(drafts),

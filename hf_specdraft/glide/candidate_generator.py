@@ -113,10 +113,11 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
         return draft_chain(self, input_ids, next_logits, self.glide.device)
 
-    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache) -> None:
+    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache) -> StaticDraftCache:
         """On the compiled static path of a batch-1 call: GLIDE's forwards on a static cache of its own, compiled, its
         glimpse reading the target's static buffers whole under a key mask (fixed shapes, :func:`static_glimpse`)."""
         self.cache, self.target_static = StaticDraftCache(self.glide, generation_config, compile_config), target_cache
+        return self.cache
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
         """Every row's γ tokens in one GLIDE forward per token; each row glimpses its own columns of the target cache."""
