@@ -23,7 +23,8 @@ from hf_specdraft.core.static_cache import StaticRowsCache
 from hf_specdraft.core.static_verify import bucket_for, cap_nodes
 from hf_specdraft.core.tree import DraftTree
 from hf_specdraft.glide import GlideCandidateGenerator
-from test_method_grid import METHODS, glide_for
+from test_controller import AdaptiveOracle
+from test_method_grid import METHODS, TABLE, glide_for
 from test_sliding_window import METHODS as WINDOW_METHODS
 from test_sliding_window import WINDOW, prompt, windowed_model
 
@@ -100,23 +101,13 @@ def test_a_windowed_batch_past_the_window_runs_on_the_static_cache():
         assert torch.equal(out[row : row + 1], target.generate(ids[row : row + 1], max_new_tokens=24, do_sample=False))
 
 
-class PartlyRight(OracleDrafter):
+class PartlyRight(AdaptiveOracle):
     """An "auto" chain drafter (the loop's controller sets its length) whose first ``j`` tokens are right, ``j`` drawn
     afresh every step: acceptance varies from step to step."""
-
-    adaptive_draft_length = True
 
     def __init__(self, reference: torch.Tensor):
         super().__init__(reference, "right")
         self.draws = torch.Generator().manual_seed(0)
-
-    @property
-    def num_draft_tokens(self) -> int:
-        return self.k
-
-    @num_draft_tokens.setter
-    def num_draft_tokens(self, value: int) -> None:
-        self.k = value
 
     def propose(self, input_ids, target_cache=None):
         tokens = super().propose(input_ids, target_cache).tokens
@@ -210,6 +201,21 @@ def test_cape_over_glide_compiles_its_chain():
     assert torch.equal(out.sequences, greedy_reference(target, x, 64))
     assert out.speculative_stats.extra["static_cache"]["draft_compiled"]
     assert max(s.tree_size for s in out.speculative_stats.steps) > max(s.drafted for s in out.speculative_stats.steps)  # trees
+
+
+def test_the_cascade_s_drafts_compile_at_every_level():
+    from hf_specdraft.cascade import CascadeCandidateGenerator
+
+    torch._dynamo.reset()
+    target, draft = tiny_model("mistral"), tiny_model("mistral", seed=3, num_hidden_layers=1)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    for drafts in ([draft], [draft, draft]):  # one model at two levels: a cache per level
+        cascade = CascadeCandidateGenerator(drafts, k_matrix=[[2] * len(drafts) + [2]] + [[0] * (i + 1) + [2] * (len(drafts) - i) for i in range(len(drafts))],
+                                            bigram_table=TABLE)
+        out = compiled_call(target, x, cascade)
+        assert torch.equal(out.sequences, greedy_reference(target, x, 64))
+        assert out.speculative_stats.extra["static_cache"]["draft_compiled"]
+        assert len(cascade.caches) == len(drafts) and len({id(c.static.cache) for c in cascade.caches}) == len(drafts)
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ from ..core.acceptance import lenient_review, lenient_review_sampling
 from ..core.drafting import TreeCandidateGenerator, check_same_device, check_same_vocab, draft_length
 from ..core.tree import DraftTree
 from ..core.cache import croppable_cache, resync_cache
+from ..core.static_draft import StaticDraftCache
 from ..core.validation import method_config
 from .config import CascadeConfig
 from .max_gram import MAX_GRAM_TOKENS, MaxGramCandidateGenerator
@@ -229,8 +230,17 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         ids = cur_gen.to(draft.device)
         keep = resync_cache(cache, self.seen[index], ids, limit=review_index - 1)
         rows = ids.numel() - review_index + 1
-        out = draft(input_ids=ids[None, keep:], past_key_values=cache, use_cache=True, logits_to_keep=rows)
+        if isinstance(cache, StaticDraftCache):  # the compiled static path (compile_draft)
+            logits = cache.logits(ids[None, keep:], rows)
+        else:
+            logits = draft(input_ids=ids[None, keep:], past_key_values=cache, use_cache=True, logits_to_keep=rows).logits[0, -rows:]
         self.seen[index] = ids  # invariant: the cache covers self.seen[index]
         self.count_call(f"draft{index}")
-        return out.logits[0, -rows:]
+        return logits
+
+    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> list[StaticDraftCache]:
+        """On the compiled static path of a batch-1 call: every draft's reviews and drafts on a static cache of its own,
+        compiled (:mod:`~hf_specdraft.core.static_draft`; one role per level, so one model may sit at two levels)."""
+        self.caches = [StaticDraftCache(draft, generation_config, compile_config, role=f"cascade{i}") for i, draft in enumerate(self.drafts)]
+        return self.caches
 

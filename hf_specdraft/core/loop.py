@@ -192,7 +192,8 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     if static is not None and static.compiled and not shared:  # a batch-1 call's draft compiles too, where its drafter can
         for row in rows:
             if hasattr(row.generator, "compile_draft"):
-                static.drafts.append(row.generator.compile_draft(generation_config, static.compile_config, static.cache))
+                made = row.generator.compile_draft(generation_config, static.compile_config, static.cache)
+                static.drafts.extend(made if isinstance(made, list) else [made])
     if streamer is not None:
         streamer.put(input_ids.cpu())
     prefill = static.prefill(input_ids, rows) if static is not None else _prefill(model, cache, input_ids, rows, shared)

@@ -35,10 +35,10 @@ class StaticDraftCache:
         compile_config: how the draft's forward compiles (the loop's, :func:`~hf_specdraft.core.compiled.compile_config_for`).
     """
 
-    def __init__(self, draft_model, generation_config: GenerationConfig, compile_config: CompileConfig):
+    def __init__(self, draft_model, generation_config: GenerationConfig, compile_config: CompileConfig, role: str = "draft"):
         config = copy.copy(generation_config)
         config.compile_config, config.disable_compile = compile_config, False
-        self.static = static_target(draft_model, config, 1, role="draft", buckets=DRAFT_BUCKETS)
+        self.static = static_target(draft_model, config, 1, role=role, buckets=DRAFT_BUCKETS)
         self.model, self.length = draft_model, 0
 
     @property
@@ -52,19 +52,24 @@ class StaticDraftCache:
         """transformers' convention: a negative ``max_length`` drops that many tokens."""
         self.length = self.length + max_length if max_length < 0 else min(self.length, max_length)
 
-    @torch.no_grad()
     def forward(self, feed: torch.LongTensor, extra=None) -> torch.Tensor:
         """Write ``feed`` `(1, n)` after the committed columns and return the draft's logits `(1, V)` after it.
 
         ``extra``: ``columns (Q,) -> dict`` of more inputs of fixed shape for queries at those sequence indices (GLIDE's
         glimpse of the target's static buffers and its key mask)."""
+        return self.logits(feed, 1, extra)
+
+    @torch.no_grad()
+    def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
+        """:meth:`forward`, keeping the float32 logits `(rows, V)` at the feed's last ``rows`` tokens (a cascade draft
+        reviewing the tokens below it)."""
         start, n = self.length, feed.shape[1]
         compiled = self.static.compiled and self.static.cache.layers[0].is_initialized and n <= DRAFT_BUCKETS[-1]
         logits = self._run(feed[0], start, self.static.bucket(n) if compiled else n, compiled, extra)
         if not compiled and self.static.compiled and not self.static.cache.warmed:  # the buffers exist now: every bucket, once
             self.warm_up(extra)
         self.length = start + n
-        return logits[:, n - 1].float()
+        return logits[0, n - rows : n].float()
 
     def warm_up(self, extra=None) -> None:
         """Compile (and on CUDA capture) every bucket on dummy tokens in the cache's last columns, which no feed reaches."""
