@@ -20,6 +20,7 @@ from transformers import CompileConfig, GenerationConfig
 
 from .rows import Row
 from .static_cache import StaticRowsCache
+from .support import no_logits_kwargs
 from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs
 from .tree import DraftTree
 from .verify import layer_masks
@@ -94,7 +95,7 @@ class StaticTarget:
         started = time.perf_counter()
         if input_ids.shape[1] > 1:
             self.model(**static_prefill_inputs(self.model, self.cache, input_ids, [row.pad for row in rows]),
-                       past_key_values=self.cache, use_cache=True)
+                       past_key_values=self.cache, use_cache=True, **no_logits_kwargs(self.model))
         self.cache.set_committed(input_ids.shape[1] - 1)
         return time.perf_counter() - started
 

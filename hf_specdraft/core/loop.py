@@ -29,7 +29,6 @@ Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from dataclasses import dataclass
 
@@ -58,7 +57,7 @@ from .inputs import (
 from .projection import few_token_linears
 from .rows import Outputs, Row, TargetRows
 from .stats import SpeculativeStats, overlap
-from .support import chains_only, check_target
+from .support import chains_only, check_target, no_logits_kwargs
 from .tree import DraftTree
 from .verify import verify_inputs
 
@@ -216,13 +215,13 @@ def _prefill(model, cache: DynamicCache, input_ids: torch.LongTensor, rows: list
     """Fill the cache with every row's prompt but its newest token; the logits are not needed. Returns seconds."""
     start = time.perf_counter()
     if input_ids.shape[1] > 1 and not shared:
-        model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, **_no_logits_kwargs(model))
+        model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, **no_logits_kwargs(model))
     elif input_ids.shape[1] > 1:
         device = input_ids.device
         mask = (torch.arange(input_ids.shape[1], device=device)[None] >= torch.tensor([r.pad for r in rows], device=device)[:, None]).long()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
-              use_cache=True, **_no_logits_kwargs(model))
+              use_cache=True, **no_logits_kwargs(model))
         for layer in cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
             layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
     return time.perf_counter() - start
@@ -383,11 +382,6 @@ def record_step(stats: SpeculativeStats, rows: TargetRows, tree: DraftTree, path
     judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
     stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
                  verify_seconds=verify_seconds, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
-
-
-def _no_logits_kwargs(model) -> dict:
-    """``logits_to_keep=1`` where the model's forward takes it: a prefill needs the cache, not V logits per prompt token."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 def chain_overlaps(rows: TargetRows, tree: DraftTree, judged: int) -> list[float] | None:

@@ -65,11 +65,11 @@ class StaticDraftCache:
         reviewing the tokens below it)."""
         start, n = self.length, feed.shape[1]
         compiled = self.static.compiled and self.static.cache.layers[0].is_initialized and n <= DRAFT_BUCKETS[-1]
-        logits = self._run(feed[0], start, self.static.bucket(n) if compiled else n, compiled, extra)
+        logits = self._run(feed[0], start, self.static.bucket(n) if compiled else n, compiled, extra, rows)
         if not compiled and self.static.compiled and not self.static.cache.warmed:  # the buffers exist now: every bucket, once
             self.warm_up(extra)
         self.length = start + n
-        return logits[0, n - rows : n].float()
+        return (logits[0, n - rows : n] if compiled else logits[0, -rows:]).float()
 
     def warm_up(self, extra=None) -> None:
         """Compile (and on CUDA capture) every bucket on dummy tokens in the cache's last columns, which no feed reaches."""
@@ -81,8 +81,9 @@ class StaticDraftCache:
             self.static.cache.warmed.add(bucket)
             self.static.warm_up_seconds[bucket] = time.perf_counter() - started
 
-    def _run(self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra) -> torch.Tensor:
-        """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``; the whole buffer when compiled."""
+    def _run(self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra, rows: int = 1) -> torch.Tensor:
+        """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``; the whole buffer when compiled.
+        Returns the logits of every query when compiled (a fixed shape), of the last ``rows`` when eager (a prompt)."""
         length = self.static.cache.max_cache_len if compiled else start + width
         self.static.cache.set_visible(None if compiled else length)
         columns = start + torch.arange(width)
@@ -97,4 +98,4 @@ class StaticDraftCache:
                   **(extra(columns) if extra is not None else {})}
         if compiled:
             return self.static._forward(**inputs)
-        return self.model(**inputs, past_key_values=self.static.cache, use_cache=True).logits
+        return self.model(**inputs, past_key_values=self.static.cache, use_cache=True, logits_to_keep=rows).logits

@@ -20,7 +20,7 @@ import torch
 
 from .rows import Row
 from .tree import DraftTree, build_tree_buffers
-from .verify import layer_masks
+from .verify import layer_masks, may_window
 
 BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph each, captured on first use
 
@@ -64,10 +64,13 @@ def static_prefill_inputs(model, cache, input_ids: torch.LongTensor, pads: list[
     pad = torch.tensor(pads)[:, None]
     positions = (columns[None] - pad).clamp(min=0)
     cache.set_visible(width)  # the prefill is eager: it attends to its own columns only
+    cache.set_committed(0)
+    cache.set_write_columns(columns.expand(batch, width).to(input_ids.device))
+    if batch == 1 and not pads[0] and not may_window(model):
+        return {"input_ids": input_ids[:, :-1]}  # one unpadded row, no window: the model's own causal mask (SDPA's fast path)
     keys = torch.arange(width)
     visible = (keys[None, None] >= pad[:, :, None]) & (keys[None, None] <= columns[None, :, None])
     visible |= keys[None, None] == columns[None, :, None]
-    cache.set_write_columns(columns.expand(batch, width).to(input_ids.device))
     key_positions = keys[None] - pad
     return {"input_ids": input_ids[:, :-1], "position_ids": positions.to(input_ids.device),
             "attention_mask": masks_for(model, cache, visible, positions, key_positions, input_ids.device)}

@@ -107,3 +107,8 @@ def check_target(model: PreTrainedModel, argument: str = "model") -> None:
         raise ValueError(f"{argument} is a {model_type(model)!r} model, which speculative decoding refuses: {why}. Supported: "
                          "attention-based causal LMs (LFM2-style convolution hybrids and ALiBi models with chains only); see "
                          "the README's Architectures section")
+
+
+def no_logits_kwargs(model: PreTrainedModel) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it: a prefill needs the cache, not V logits per prompt token."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}

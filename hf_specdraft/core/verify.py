@@ -38,6 +38,14 @@ def tree_attention_inputs(tree: DraftTree, past_length: int, dtype: torch.dtype,
     return tree_mask(rooted, past_length, dtype, device)
 
 
+def may_window(model) -> bool:
+    """Whether ``model``'s config can build sliding-window or chunked layers (then masks are asked per layer type)."""
+    config = model.config.get_text_config()
+    declared = getattr(config, "layer_types", None) or ()
+    return bool(getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
+                or any(kind in WINDOWED_LAYER_TYPES for kind in declared))
+
+
 def layer_masks(model, cache: DynamicCache, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor):
     """The tree mask each attention layer of ``model`` takes on ``cache``.
 
@@ -57,11 +65,9 @@ def layer_masks(model, cache: DynamicCache, mask: torch.Tensor, query_positions:
     Returns:
         ``mask``, or a dict ``{layer type: (B, 1, Q, K_type) mask}``, or one windowed mask.
     """
-    config = model.config.get_text_config()
-    declared = getattr(config, "layer_types", None) or ()
-    if not (getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
-            or any(kind in WINDOWED_LAYER_TYPES for kind in declared)):
+    if not may_window(model):
         return mask  # no windowed layer can be built from this config (Llama, GPT-2, ...): nothing to ask per layer
+    config = model.config.get_text_config()
     types, kwargs = get_layer_types_and_kwargs(config)
     windowed = {i for i, t in enumerate(types) if t in WINDOWED_LAYER_TYPES}
     if not windowed:
