@@ -16,7 +16,7 @@ from transformers import CompileConfig
 
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
-from hf_specdraft.core.compiled import compile_config_for
+from hf_specdraft.core.compiled import _CACHES, compile_config_for
 from hf_specdraft.core.controller import DraftLengthController
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator
 from hf_specdraft.core.static_cache import StaticRowsCache
@@ -87,6 +87,26 @@ def test_windows_far_past_the_window_by_mask(arch):
     for method in ("glide", "cape", "casd"):
         drafter = WINDOW_METHODS[method](target, draft, x)
         assert torch.equal(static(target, x, candidate_generator=drafter, max_new_tokens=40), reference), method
+    tree = dict(candidate_generator=OracleDrafter(reference, "tree"), max_new_tokens=40, return_dict_in_generate=True, output_logits=True)
+    on_rings, dynamic = static(target, x, **tree), speculative_generate(target, x, **tree)
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(on_rings.logits, dynamic.logits))  # the same scores, past the wrap
+    cache = _CACHES[target]["target"]  # windowed layers keep a ring of window + widest bucket columns, not the whole row
+    rings = [layer for layer in cache.layers if layer.ring is not None]
+    assert rings and all(layer.keys.shape[2] == WINDOW + 64 < cache.max_cache_len for layer in rings)
+    assert len(rings) < len(cache.layers) or arch == "mistral"  # full-attention layers keep whole rows
+
+
+def test_windows_on_rings_compiled():
+    torch._dynamo.reset()
+    target = windowed_model("gemma3")
+    x = prompt(3 * WINDOW + 3)
+    reference = target.generate(x, max_new_tokens=64, do_sample=False)
+    for mode in ("tree", "wrong"):
+        kwargs = dict(candidate_generator=OracleDrafter(reference, mode), max_new_tokens=64, return_dict_in_generate=True, output_logits=True)
+        compiled = static(target, x, compile_config=CompileConfig(backend="eager", mode=None), **kwargs)
+        dynamic = speculative_generate(target, x, **kwargs)
+        assert torch.equal(compiled.sequences, reference), mode
+        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(compiled.logits, dynamic.logits)), mode  # past the ring's wrap
 
 
 def test_a_windowed_batch_past_the_window_runs_on_the_static_cache():
@@ -96,9 +116,9 @@ def test_a_windowed_batch_past_the_window_runs_on_the_static_cache():
     draft = windowed_model("mistral", seed=3, num_hidden_layers=1)
     with pytest.raises(ValueError, match="cache_implementation='static'"):
         speculative_generate(target, ids, draft_model=draft, max_new_tokens=24)
-    out = static(target, ids, draft_model=draft, max_new_tokens=24)
+    out = static(target, ids, draft_model=draft, max_new_tokens=60)  # 33 + 60 columns: past the 80-column rings' wrap
     for row in range(2):
-        assert torch.equal(out[row : row + 1], target.generate(ids[row : row + 1], max_new_tokens=24, do_sample=False))
+        assert torch.equal(out[row : row + 1], target.generate(ids[row : row + 1], max_new_tokens=60, do_sample=False))
 
 
 class PartlyRight(AdaptiveOracle):
@@ -124,6 +144,7 @@ def test_compiled_verification_never_recompiles_after_warm_up():
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
+    counters.clear()  # graphs compiled by earlier tests
     target = tiny_model("llama")
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     reference = greedy_reference(target, x, 64)

@@ -17,13 +17,14 @@ import weakref
 
 import torch
 from transformers import CompileConfig, GenerationConfig
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .rows import Row
 from .static_cache import StaticRowsCache
 from .support import no_logits_kwargs
 from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs
 from .tree import DraftTree
-from .verify import layer_masks
+from .verify import WINDOWED_LAYER_TYPES, layer_masks, may_window
 
 _CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its last StaticRowsCache}, reused when it fits
 MIN_CACHE_COLUMNS = 256  # a cache holds at least this many columns, and grows by doubling: a new size is a new graph
@@ -94,8 +95,12 @@ class StaticTarget:
         """Every row's prompt but its newest token into the cache (eager). Returns seconds."""
         started = time.perf_counter()
         if input_ids.shape[1] > 1:
-            self.model(**static_prefill_inputs(self.model, self.cache, input_ids, [row.pad for row in rows]),
-                       past_key_values=self.cache, use_cache=True, **no_logits_kwargs(self.model))
+            self.cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
+            try:
+                self.model(**static_prefill_inputs(self.model, self.cache, input_ids, [row.pad for row in rows]),
+                           past_key_values=self.cache, use_cache=True, **no_logits_kwargs(self.model))
+            finally:
+                self.cache.set_prefilling(False)
         self.cache.set_committed(input_ids.shape[1] - 1)
         return time.perf_counter() - started
 
@@ -168,6 +173,20 @@ class StaticTarget:
         self.cache.keep(row.index, start, kept_nodes)
 
 
+def ring_windows(model, widest: int, columns: int) -> dict[int, tuple[int, int]]:
+    """``{layer: (window, ring)}`` for the target's sliding-window and chunked layers whose ring (``window + widest``
+    bucket) is shorter than a full row of ``columns``: their static buffers stay the window's size at any length."""
+    if not may_window(model):
+        return {}
+    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config())
+    windows = {}
+    for i, kind in enumerate(types):
+        window = kwargs[i].get("sliding_window") if kind in WINDOWED_LAYER_TYPES else None
+        if window and window + widest < columns:
+            windows[i] = (window, window + widest)
+    return windows
+
+
 def static_target(model, generation_config: GenerationConfig, batch_size: int, role: str = "target",
                   buckets: tuple[int, ...] = BUCKETS) -> StaticTarget:
     """The static path of ``model`` in ``role`` ("target", or "draft" for a draft's own cache) for a call of
@@ -179,6 +198,7 @@ def static_target(model, generation_config: GenerationConfig, batch_size: int, r
     cache = caches.get(role)
     if cache is None or not cache.fits(batch_size, needed, model.device, model.dtype):
         columns = max(MIN_CACHE_COLUMNS, 1 << (needed - 1).bit_length())
-        cache = StaticRowsCache(config.num_hidden_layers, batch_size, columns)
+        windows = ring_windows(model, buckets[-1], columns) if role == "target" else None
+        cache = StaticRowsCache(config.num_hidden_layers, batch_size, columns, windows)
         caches[role] = cache
     return StaticTarget(model, cache, compile_config_for(model, generation_config), buckets)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 
 class StaticRowsLayer(CacheLayerMixin):
@@ -27,20 +27,25 @@ class StaticRowsLayer(CacheLayerMixin):
     (:meth:`StaticRowsCache.set_write_columns`), one per row and query: rows write at lengths of their own."""
 
     is_compileable = True
-    is_sliding = False  # windowed layers see their window through the mask (a full buffer keeps every key)
+    is_sliding = False  # windowed layers see their window through the mask, on a ring of their own (below)
 
-    def __init__(self, max_cache_len: int):
+    def __init__(self, max_cache_len: int, ring: int | None = None, window: int | None = None):
         super().__init__()
         self.max_cache_len = max_cache_len
+        # a windowed layer keeps only `ring` = window + widest bucket columns, column c in slot c % ring: a step's writes
+        # never overwrite a key any of its queries can still see (they reach back window - 1 columns at most)
+        self.ring, self.window = ring, window
         self.write_index: torch.Tensor | None = None  # (B, 1, Q, 1) long, shared by every layer of the cache
         self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
         self.visible: int | None = None  # eager forwards attend to the first `visible` columns only; None: all (fixed shapes)
+        self.prefilling = False  # the prefill (on an empty cache) attends to its own states only
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         batch, heads = key_states.shape[:2]
-        self.keys = torch.zeros(batch, heads, self.max_cache_len, key_states.shape[-1], dtype=self.dtype, device=self.device)
-        self.values = torch.zeros(batch, heads, self.max_cache_len, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        size = self.ring or self.max_cache_len
+        self.keys = torch.zeros(batch, heads, size, key_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.values = torch.zeros(batch, heads, size, value_states.shape[-1], dtype=self.dtype, device=self.device)
         if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs replay on these very buffers
             torch._dynamo.mark_static_address(self.keys)
             torch._dynamo.mark_static_address(self.values)
@@ -50,15 +55,23 @@ class StaticRowsLayer(CacheLayerMixin):
         """Write `(B, H, Q, D)` states at the cache's write columns; return the whole buffers (the mask hides the rest)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        index = self.write_index
-        self.keys.scatter_(2, index.expand_as(key_states), key_states)
-        self.values.scatter_(2, index.expand_as(value_states), value_states)
-        if self.visible is not None:
+        index, keys, values = self.write_index, key_states, value_states
+        if self.ring is not None:
+            index = index.remainder(self.ring)
+            if keys.shape[-2] > self.ring:  # only a prefill is wider than the ring: its newest columns stay
+                index, keys, values = index[:, :, -self.ring :], keys[:, :, -self.ring :], values[:, :, -self.ring :]
+        self.keys.scatter_(2, index.expand_as(keys), keys)
+        self.values.scatter_(2, index.expand_as(values), values)
+        if self.prefilling:
+            return key_states, value_states
+        if self.visible is not None and self.ring is None:
             return self.keys[:, :, : self.visible], self.values[:, :, : self.visible]
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.max_cache_len if self.visible is None else self.visible, 0
+        if self.prefilling:
+            return query_length, 0
+        return self.ring or (self.max_cache_len if self.visible is None else self.visible), 0
 
     def get_seq_length(self) -> int:
         return 0 if not self.is_initialized else self.committed
@@ -78,9 +91,11 @@ class StaticRowsCache(Cache):
 
     is_compileable = True
 
-    def __init__(self, num_layers: int, batch_size: int, max_cache_len: int):
-        super().__init__(layers=[StaticRowsLayer(max_cache_len) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, batch_size: int, max_cache_len: int, windows: dict[int, tuple[int, int]] | None = None):
+        windows = windows or {}  # layer -> (window, ring): the windowed layers kept on rings
+        super().__init__(layers=[StaticRowsLayer(max_cache_len, *reversed(windows.get(i, (None, None)))) for i in range(num_layers)])
         self.num_rows, self.max_cache_len = batch_size, max_cache_len
+        self.has_rings = bool(windows)
         self._write_buffers: dict[int, torch.Tensor] = {}  # Q -> (B, 1, Q, 1) long: one fixed buffer per width
 
     def set_write_columns(self, columns: torch.Tensor) -> None:
@@ -104,6 +119,10 @@ class StaticRowsCache(Cache):
         for layer in self.layers:
             layer.visible = columns
 
+    def set_prefilling(self, prefilling: bool) -> None:
+        for layer in self.layers:
+            layer.prefilling = prefilling
+
     def set_committed(self, columns: int) -> None:
         for layer in self.layers:
             layer.committed = columns
@@ -121,8 +140,9 @@ class StaticRowsCache(Cache):
         src, dst = torch.tensor(src, device=device), torch.tensor(dst, device=device)
         for layer in self.layers:
             if layer.is_initialized:
-                layer.keys[row].index_copy_(1, dst, layer.keys[row].index_select(1, src))
-                layer.values[row].index_copy_(1, dst, layer.values[row].index_select(1, src))
+                s, d = (src, dst) if layer.ring is None else (src % layer.ring, dst % layer.ring)
+                layer.keys[row].index_copy_(1, d, layer.keys[row].index_select(1, s))
+                layer.values[row].index_copy_(1, d, layer.values[row].index_select(1, s))
 
     def row_view(self, row: int, start: int, stop: int) -> DynamicCache:
         """Columns ``[start, stop)`` of row ``row`` as a `(1, H, stop - start, D)` ``DynamicCache`` of views (no copy):
@@ -130,11 +150,17 @@ class StaticRowsCache(Cache):
         view = DynamicCache()
         layers = []
         for layer in self.layers:
-            own = DynamicLayer()
-            if layer.is_initialized:
+            own = DynamicLayer() if layer.ring is None else DynamicSlidingWindowLayer(sliding_window=layer.window)
+            if layer.is_initialized and layer.ring is None:
                 own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
                 own.keys = layer.keys[row : row + 1, :, start:stop]
                 own.values = layer.values[row : row + 1, :, start:stop]
+            elif layer.is_initialized:  # a ring: the newest window - 1 columns, in order (copies), as a trimmed sliding layer
+                slots = torch.arange(max(start, stop - layer.window + 1), stop, device=layer.keys.device) % layer.ring
+                own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
+                own.keys = layer.keys[row : row + 1].index_select(2, slots)
+                own.values = layer.values[row : row + 1].index_select(2, slots)
+                own.cumulative_length = stop - start
             layers.append(own)
         view.layers = layers
         return view

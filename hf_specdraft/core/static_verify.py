@@ -17,6 +17,7 @@ Medusa, Sequoia and SGLang verify fixed-size trees the same way. Rows that alrea
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .rows import Row
 from .tree import DraftTree, build_tree_buffers
@@ -48,10 +49,47 @@ def additive(masks, dtype: torch.dtype, device: torch.device):
     return torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, torch.finfo(dtype).min)
 
 
-def masks_for(model, cache, visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, device):
-    """The model's masks from ``visible`` `(B, Q, L)` bool, per layer type where windows apply (:func:`layer_masks`)."""
+class _Columns:
+    """Stands in for the cache while masks are built over ``n`` columns (the ring layers' own are gathered afterwards)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return self.n, 0
+
+
+def masks_for(model, cache, visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, device,
+              starts: torch.Tensor | None = None):
+    """The model's masks from ``visible`` `(B, Q, L)` bool, per layer type where windows apply (:func:`layer_masks`);
+    with ``starts`` `(B,)` (each row's first written column), windowed layers kept on rings get theirs (:func:`onto_rings`)."""
     base = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, torch.finfo(torch.float32).min)[:, None]
-    return additive(layer_masks(model, cache, base, query_positions, key_positions), model.dtype, device)
+    masks = additive(layer_masks(model, _Columns(visible.shape[-1]), base, query_positions, key_positions), model.dtype, device)
+    if starts is not None and getattr(cache, "has_rings", False):
+        masks = onto_rings(model, cache, masks, starts, visible.shape[1])
+    return masks
+
+
+def onto_rings(model, cache, masks, starts: torch.Tensor, width: int):
+    """Masks over a ring layer's slots, gathered from masks over the columns `(B, 1, Q, L)`.
+
+    Slot ``c`` of a ring of ``R`` holds, for row ``b`` writing columns ``starts[b] .. starts[b] + width - 1``, the newest
+    column ``s ≡ c (mod R)`` up to the last of them; ``s < 0`` (never written) is blocked."""
+    types, _ = get_layer_types_and_kwargs(model.config.get_text_config())
+    rings = {kind: layer.ring for kind, layer in zip(types, cache.layers) if layer.ring is not None}
+
+    def gather(mask: torch.Tensor, ring: int) -> torch.Tensor:
+        batch, _, queries, columns = mask.shape
+        slots = torch.arange(ring, device=mask.device)
+        last = starts.to(mask.device)[:, None] + width - 1
+        held = slots + ring * torch.div(last - slots, ring, rounding_mode="floor")  # (B, R)
+        valid = (held >= 0) & (held < columns)
+        picked = mask.gather(-1, held.clamp(0, columns - 1)[:, None, None, :].expand(batch, 1, queries, ring))
+        return picked.masked_fill(~valid[:, None, None, :], torch.finfo(mask.dtype).min)
+
+    if isinstance(masks, dict):
+        return {kind: gather(mask, rings[kind]) if kind in rings else mask for kind, mask in masks.items()}
+    return gather(masks, next(iter(rings.values())))
 
 
 def static_prefill_inputs(model, cache, input_ids: torch.LongTensor, pads: list[int]) -> dict:
@@ -116,4 +154,4 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
     device = rows[0].ids.device
     cache.set_write_columns(columns.to(device))
     return {"input_ids": ids.to(device), "position_ids": positions.to(device),
-            "attention_mask": masks_for(model, cache, visible, positions, key_positions, device)}
+            "attention_mask": masks_for(model, cache, visible, positions, key_positions, device, starts=columns[:, 0])}

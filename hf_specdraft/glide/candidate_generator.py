@@ -115,7 +115,10 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache) -> StaticDraftCache:
         """On the compiled static path of a batch-1 call: GLIDE's forwards on a static cache of its own, compiled, its
-        glimpse reading the target's static buffers whole under a key mask (fixed shapes, :func:`static_glimpse`)."""
+        glimpse reading the target's static buffers whole under a key mask (fixed shapes, :func:`static_glimpse`). Not
+        where the target keeps windowed layers on rings (their slots are no sequence): GLIDE then drafts eagerly."""
+        if target_cache.has_rings:
+            return None
         self.cache, self.target_static = StaticDraftCache(self.glide, generation_config, compile_config), target_cache
         return self.cache
 
