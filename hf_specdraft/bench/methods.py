@@ -318,7 +318,7 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
 # "<method>-compiled": the same with compile_config=CompileConfig() given, so it compiles on any device (CPU included).
 # target-only-static is transformers' own static-cache decoding: the baseline a GPU user has (compiled automatically).
 STATIC_BASELINE, COMPILED_BASELINE = "target-only-static", "target-only-compiled"
-STATIC_METHODS = ("glide-auto", "vanilla-auto", "glide+cape-auto", "max-gram-auto", "casd-strict-auto")
+STATIC_METHODS = ("glide-auto", "vanilla-auto", "glide+cape-auto", "max-gram-auto", "casd-strict-auto", "draft-model-auto", "cascade-1draft-auto")
 
 
 def compile_everywhere() -> "CompileConfig":

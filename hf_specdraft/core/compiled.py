@@ -153,9 +153,12 @@ class StaticTarget:
         return masks.to(self.model.device)
 
     def _forward(self, **inputs) -> torch.Tensor:
-        if self.compiled and self.model.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed
-        return self.call(**inputs, past_key_values=self.cache, use_cache=True).logits
+        if not (self.compiled and self.model.device.type == "cuda"):
+            return self.call(**inputs, past_key_values=self.cache, use_cache=True).logits
+        torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed
+        # a CUDA graph's outputs live in its pool and the next replay overwrites them: the loop keeps logits across a step
+        # (acceptance, output_logits), so they are copied out
+        return self.call(**inputs, past_key_values=self.cache, use_cache=True).logits.clone()
 
     def verify(self, rows: list[Row], trees: list[DraftTree]) -> torch.Tensor:
         """One forward over every row's ``[last token] + tree``, padded to a bucket. Returns float32 logits `(A, Q, V)`
