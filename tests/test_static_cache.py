@@ -48,6 +48,18 @@ def test_every_method_on_the_static_cache_equals_greedy_and_the_dynamic_path(arc
     assert out.speculative_stats.extra["static_cache"]["compiled"] is False  # a CPU without compile_config: eager
 
 
+def test_sampling_draws_what_the_dynamic_path_draws(arch):
+    """do_sample=True: speculative sampling reads the same target scores, so one seed gives the same tokens."""
+    target, draft = tiny_model(arch), tiny_model(arch, seed=3, num_hidden_layers=1)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    outs = []
+    for implementation in (None, "static"):
+        torch.manual_seed(7)
+        outs.append(speculative_generate(target, x, candidate_generator=DraftModelCandidateGenerator(draft, 3), max_new_tokens=40,
+                                         do_sample=True, top_k=20, cache_implementation=implementation))
+    assert torch.equal(*outs)
+
+
 @pytest.mark.parametrize("mode", ["right", "wrong", "tree"])
 def test_oracle_chains_and_trees_move_the_accepted_path_into_place(arch, mode):
     target = tiny_model(arch)
