@@ -78,6 +78,8 @@ def register_method(method: Method) -> Method:
 class NullCandidateGenerator(TreeCandidateGenerator):
     """Proposes nothing: every step is one plain target forward. Measures the loop's own overhead."""
 
+    reads_target_cache = False  # never reads the target's cache
+
     def propose(self, input_ids, target_cache=None) -> DraftTree:
         return DraftTree.empty(input_ids.device)
 

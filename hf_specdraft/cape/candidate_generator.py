@@ -115,6 +115,10 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             self.scorer.forward_calls = 0
         self.expansion_sizes, self.confidences, self.expansion_seconds = [], [], []
 
+    @property
+    def reads_target_cache(self) -> bool:
+        return getattr(self.drafter, "reads_target_cache", True)
+
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache):
         """The compiled static path: the wrapped drafter's chain compiles where it can (beam mode's tree scorer stays eager).
         Returns the chain drafter's static cache, or ``None``."""

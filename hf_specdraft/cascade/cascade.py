@@ -99,6 +99,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         max_gram: a ready :class:`MaxGramCandidateGenerator` instead of ``bigram_table`` / ``max_gram_tokens``.
     """
 
+    reads_target_cache = False  # never reads the target's cache
+
     def __init__(self, drafts: list[PreTrainedModel], config: CascadeConfig | None = None, bigram_table: torch.Tensor | None = None,
                  max_gram: MaxGramCandidateGenerator | None = None, **options):
         super().__init__()

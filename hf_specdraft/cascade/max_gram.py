@@ -145,6 +145,8 @@ class MaxGramCandidateGenerator(TreeCandidateGenerator):
         max_match_length: see :func:`longest_suffix_match`.
     """
 
+    reads_target_cache = False  # never reads the target's cache
+
     max_draft_tokens = MAX_GRAM_TOKENS  # the longest draft the loop's controller considers for it
 
     def __init__(self, bigram_table: torch.Tensor | None = None, num_draft_tokens: int | str = "auto", max_match_length: int | None = 256):

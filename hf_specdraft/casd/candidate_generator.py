@@ -79,6 +79,8 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
             nothing retrieved).
     """
 
+    reads_target_cache = False  # never reads the target's cache
+
     def __init__(self, context, tokenizer=None, config: CasdConfig | None = None, **options):
         super().__init__()
         self.config = method_config(CasdConfig, config, options)

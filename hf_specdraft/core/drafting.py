@@ -104,6 +104,7 @@ class TreeCandidateGenerator(CandidateGenerator):
     """
 
     adaptive_draft_length = False
+    reads_target_cache = True  # propose() reads the target's cache (GLIDE); drafters that never do say False (the static path then builds no view)
 
     def __init__(self):
         self.generation_config = GenerationConfig()
@@ -193,6 +194,8 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         num_draft_tokens: γ, tokens drafted per step; ``"auto"`` (the default) lets the loop choose it every step from
             the measured acceptance and costs (:mod:`~hf_specdraft.core.controller`).
     """
+
+    reads_target_cache = False
 
     def __init__(self, draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO):
         super().__init__()

@@ -363,8 +363,9 @@ def draft_rows(model, cache, active: list[Row], together, generation_config, sha
     trees, seconds = [], []
     for a, row in enumerate(active):
         started = time.perf_counter()
-        if isinstance(cache, StaticTarget):
-            tree = cache.fit(propose(row.generator, row.text, cache.drafter_cache(row), model, generation_config.max_length - row.pad))
+        if isinstance(cache, StaticTarget):  # a view of the row's columns, for drafters that read the target's cache
+            view = cache.drafter_cache(row) if getattr(row.generator, "reads_target_cache", False) else None
+            tree = cache.fit(propose(row.generator, row.text, view, model, generation_config.max_length - row.pad))
         else:
             tree = propose(row.generator, row.text, row_cache(cache, a, row) if shared else cache, model, generation_config.max_length - row.pad)
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
