@@ -102,3 +102,11 @@ def test_custom_generate_refuses_what_it_cannot_verify(model_type):
     model = build(model_type, **{**CHAIN_ONLY, **REFUSED}[model_type])
     with pytest.raises(ValueError, match=f"'{model_type}' model"):
         cape_generate(model, input_ids=prompt(), assistant_model=model, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "lfm2"])
+def test_chain_only_targets_are_refused_on_the_static_cache(model_type):
+    """The static path verifies with explicit 4-D masks, which ALiBi and convolution targets cannot take (issue #35)."""
+    target = build(model_type, **CHAIN_ONLY[model_type])
+    with pytest.raises(ValueError, match="cache_implementation='static' verifies with explicit 4-D masks"):
+        speculative_generate(target, prompt(), candidate_generator=MaxGramCandidateGenerator(), max_new_tokens=4, cache_implementation="static")

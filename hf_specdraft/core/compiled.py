@@ -121,11 +121,15 @@ class StaticTarget:
                 break
             if bucket in self.cache.warmed or not self.compiled:
                 continue
-            started = time.perf_counter()
-            for _ in range(3 if self.model.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
-                self._dummy(bucket, compiled=True)
-            self.cache.warmed.add(bucket)
-            self.warm_up_seconds[bucket] = time.perf_counter() - started
+            self.capture(bucket, lambda b=bucket: self._dummy(b, compiled=True))
+
+    def capture(self, bucket: int, run) -> None:
+        """``run()`` a bucket's compiled forward until it is compiled (and on CUDA captured); its seconds are recorded."""
+        started = time.perf_counter()
+        for _ in range(3 if self.model.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
+            run()
+        self.cache.warmed.add(bucket)
+        self.warm_up_seconds[bucket] = time.perf_counter() - started
 
     def _dummy(self, width: int, compiled: bool) -> None:
         """One forward of ``width`` dummy tokens per row written in the cache's last columns (no row reaches them), each

@@ -16,7 +16,6 @@ feed.
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 from transformers import CompileConfig, GenerationConfig
@@ -75,11 +74,8 @@ class StaticDraftCache:
         """Compile (and on CUDA capture) every bucket on dummy tokens in the cache's last columns, which no feed reaches."""
         length = self.static.cache.max_cache_len
         for bucket in DRAFT_BUCKETS:
-            started = time.perf_counter()
-            for _ in range(3 if self.model.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
-                self._run(torch.zeros(bucket, dtype=torch.long, device=self.model.device), length - bucket, bucket, True, extra)
-            self.static.cache.warmed.add(bucket)
-            self.static.warm_up_seconds[bucket] = time.perf_counter() - started
+            dummies = torch.zeros(bucket, dtype=torch.long, device=self.model.device)
+            self.static.capture(bucket, lambda b=bucket, t=dummies: self._run(t, length - b, b, True, extra))
 
     def _run(self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra, rows: int = 1) -> torch.Tensor:
         """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``; the whole buffer when compiled.
