@@ -43,7 +43,7 @@ def test_the_rule_is_the_stated_ratio():
     controller = DraftLengthController(4)
     controller.verify = {2: 0.02, 4: 0.03}
     controller.draft_per_token = 0.001
-    controller.tries, controller.hits = [[1.0] * 4], [[0.5] * 4]  # one width option: a chain drafter
+    controller.tries, controller.hits = [[1e6] * 4], [[0.5e6] * 4]  # one width option: a chain drafter; the prior weighs nothing
     assert controller.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
     assert controller.rate(3) == pytest.approx((1 + 0.5 + 0.25 + 0.125) / (3 * 0.001 + 0.03))
     assert controller.verify_seconds(3) == pytest.approx(0.025)  # on the line through the measured lengths
@@ -158,3 +158,73 @@ def test_adaptive_drafts_always_right_and_always_wrong_stay_lossless(arch, mode)
         assert max(lengths) >= 4 and all(s.accepted == s.drafted for s in out.speculative_stats.steps)
     else:  # nothing accepted: it settles on the shortest draft
         assert max(set(lengths[2:]), key=lengths[2:].count) == 1 and out.speculative_stats.accepted_tokens == 0  # probes aside
+
+
+def test_a_rarely_drafted_position_is_read_near_the_one_before_it():
+    controller = DraftLengthController(4)
+    controller.tries, controller.hits = [[100.0, 100.0, 1.0, 0.0]], [[90.0, 90.0, 0.0, 0.0]]  # position 2 drafted once, rejected
+    a = controller.acceptance()
+    assert a[1] == pytest.approx(0.9, abs=0.01)
+    assert a[2] == pytest.approx(a[1] / 2)  # one rejection against a prior of one pseudo-count at a_1: not 0
+    assert a[3] == pytest.approx(a[2])  # never drafted: the position before it
+    fresh = DraftLengthController(3).acceptance()
+    assert fresh == pytest.approx([0.6, 0.6, 0.6])
+
+
+def test_a_tree_step_also_measures_the_chain_alone():
+    """CAPE's chain option learns from the tree steps too: how much of the first-child chain the accepted path kept."""
+    controller = DraftLengthController(4, widths=(1.0, 2.0))
+    controller.verify = {3: 0.03, 5: 0.04}  # past the two probing steps
+    controller.option = 1
+    for _ in range(20):
+        controller.observe(2, [2], 0.002, 0.04, 5, on_chain=[0])  # the tree accepted 2, its chain would have accepted 0
+    assert controller.acceptance(1)[0] > 0.9 and controller.acceptance(0)[0] < 0.1
+    chain_only = DraftLengthController(4)
+    chain_only.observe(2, [2], 0.002, 0.03, 3, on_chain=[0])  # a chain drafter has one option: on_chain changes nothing
+    assert chain_only.acceptance()[0] > 0.6
+
+
+def test_chain_accepted_reads_the_first_child_path():
+    from hf_specdraft.core.loop import chain_accepted
+    from hf_specdraft.core.tree import DraftTree
+
+    tree = DraftTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, -1, 0]))  # chain 5 -> 6; 7 beside 5, 8 beside 6
+    assert tree.chain_nodes() == [0, 1]
+    assert chain_accepted(tree, [0, 1, 2]) == 2  # columns are 1 + node
+    assert chain_accepted(tree, [0, 1, 4]) == 1  # the path left the chain at its second token
+    assert chain_accepted(tree, [0, 3]) == 0
+    assert chain_accepted(tree, [0]) == 0
+
+
+def test_a_second_call_starts_from_what_the_first_learned():
+    from hf_specdraft.core.controller import forget
+
+    target = tiny_model()
+    x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
+    reference = greedy_reference(target, x, 40)
+    first = speculative_generate(target, x, candidate_generator=AdaptiveOracle(reference, "right"), max_new_tokens=40, return_dict_in_generate=True)
+    assert first.speculative_stats.extra["controller_resumed"] is False
+    assert first.speculative_stats.extra["draft_lengths"][:2] == [1, 3]
+    second = speculative_generate(target, x, candidate_generator=AdaptiveOracle(reference, "right"), max_new_tokens=40, return_dict_in_generate=True)
+    assert torch.equal(second.sequences, reference)
+    lengths = second.speculative_stats.extra["draft_lengths"]
+    assert second.speculative_stats.extra["controller_resumed"] is True
+    assert lengths[0] >= 4  # no probing: it drafts long from the first step, as the first call had learned
+    other = tiny_model(seed=1)  # another target learns apart
+    assert speculative_generate(other, x, candidate_generator=AdaptiveOracle(greedy_reference(other, x, 8), "right"), max_new_tokens=8,
+                                return_dict_in_generate=True).speculative_stats.extra["controller_resumed"] is False
+    batch = speculative_generate(target, torch.cat([x, x]), candidate_generator=AdaptiveOracle(reference, "right"), max_new_tokens=8,
+                                 return_dict_in_generate=True)  # another batch size: its own costs
+    assert batch.speculative_stats.extra["controller_resumed"] is False
+    forget(target)
+    third = speculative_generate(target, x, candidate_generator=AdaptiveOracle(reference, "right"), max_new_tokens=8, return_dict_in_generate=True)
+    assert third.speculative_stats.extra["controller_resumed"] is False
+
+
+def test_a_draft_model_s_state_is_its_own():
+    target = tiny_model()
+    x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
+    draft = tiny_model(seed=3, num_hidden_layers=1)
+    runs = [speculative_generate(target, x, draft_model=d, max_new_tokens=12, return_dict_in_generate=True) for d in (draft, draft, tiny_model(seed=4, num_hidden_layers=1))]
+    assert [r.speculative_stats.extra["controller_resumed"] for r in runs] == [False, True, False]
+    assert all(torch.equal(r.sequences, greedy_reference(target, x, 12)) for r in runs)

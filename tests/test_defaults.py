@@ -320,3 +320,19 @@ def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
     hub = save_glide_checkpoint(drafter, tmp_path / kind)
     assert (hub / "modeling_glide.py").read_text() == (REPO / "hf_specdraft" / "glide" / "modeling_glide.py").read_text()
     assert (hub / "custom_generate" / "generate.py").is_file()
+
+def test_the_fixed_grid_rows_run_and_the_report_weighs_auto_against_them(tiny_default, tmp_path):
+    """The grid #32 asks for: auto rows beside fixed γ and CAPE budgets, lossless; the report's line of auto / best fixed."""
+    from hf_specdraft.bench import BenchConfig, run_bench
+    from hf_specdraft.bench.report import auto_against_fixed, auto_line, render
+
+    methods = ("target-only", "vanilla", "vanilla-γ4", "vanilla-auto", "glide+cape-γ1b2", "draft-model-γ5")
+    result = run_bench(load_default(tiny_default[0]), BenchConfig(methods=methods, num_prompts=1, max_new_tokens=8, warmup=0, repeats=1),
+                       output=tmp_path / "grid.json")
+    assert all(result["summary"][m]["equals_target_only"] == 1.0 for m in methods)
+    summary = {"glide": {"speedup_vs_target_only": 1.2}, "glide-γ2": {"speedup_vs_target_only": 1.3}, "glide-auto": {"speedup_vs_target_only": 1.25},
+               "glide+cape-γ1b2": {"speedup_vs_target_only": 1.1}, "glide+cape-auto": {"speedup_vs_target_only": 1.2},
+               "glide-γ2-static": {"speedup_vs_target_only": 9.0}, "max-gram-auto": {"speedup_vs_target_only": 1.0}}
+    assert auto_against_fixed(summary) == [("glide-auto", 1.25, "glide-γ2", 1.3), ("glide+cape-auto", 1.2, "glide+cape-γ1b2", 1.1)]
+    assert "glide-auto 1.25× = 96% of glide-γ2 1.30×" in auto_line(summary)  # no fixed Max-Gram row: no Max-Gram pair
+    assert "Auto against the best fixed setting" in render(tmp_path, checkpoint=tiny_default[0])

@@ -200,7 +200,7 @@ register_method(Method("cascade-2drafts-tuned", lambda ctx: _cascade(ctx, [ctx.d
 register_method(Method("draft-model-auto", lambda ctx: _speculative(ctx, draft_model=ctx.draft), requires=("draft",),
                        description="speculative_generate(target, ids, draft_model=draft): the default call, γ 'auto'",
                        cost_models=lambda e: {"draft": e["draft"]}))
-for _gamma in (2, 3):
+for _gamma in (2, 3, 4, 5):
     register_method(Method(f"draft-model-γ{_gamma}", lambda ctx, g=_gamma: _speculative(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, g)),
                            requires=("draft",), description=f"speculative_generate with the plain draft, γ={_gamma} fixed",
                            cost_models=lambda e: {"draft": e["draft"]}))
@@ -251,6 +251,9 @@ def _casd(ctx, **options):
 
 register_method(Method("casd-strict", lambda ctx: _casd(ctx, strict=True), tasks=("context",),
                        description=f"CASD, exact verification (lossless context lookup decoding), {CASD_MAX_NODES} draft nodes"))
+for _nodes in (4, 16):  # the fixed tree sizes beside the tuned 8 and the auto row
+    register_method(Method(f"casd-strict-{_nodes}", lambda ctx, n=_nodes: _casd(ctx, strict=True, max_nodes=n), tasks=("context",),
+                           description=f"CASD, exact verification, {_nodes} draft nodes"))
 register_method(Method("casd-strict+output", lambda ctx: _casd(ctx, strict=True, draft_from_output=True), tasks=("context",),
                        description=f"CASD strict, retrieving from the generated tokens too (not in casd.txt), {CASD_MAX_NODES} draft nodes"))
 register_method(Method("casd-conditional", lambda ctx: _casd(ctx, threshold=0.1), tasks=("context",), lossless=False,
@@ -267,10 +270,10 @@ def _glide_chain(ctx, kind: str, gamma: int = GLIDE_GAMMA):
     return GlideCandidateGenerator(ctx.extras[kind], num_draft_tokens=gamma)
 
 
-def _glide_cape(ctx, mode):
+def _glide_cape(ctx, mode, gamma: int = CAPE_GAMMA, budget: int = CAPE_BUDGET):
     from ..cape import build_cape_for_bench
 
-    return _with_expansion_sizes(ctx, build_cape_for_bench(_glide_chain(ctx, "glide", CAPE_GAMMA), mode=mode, budget=CAPE_BUDGET))
+    return _with_expansion_sizes(ctx, build_cape_for_bench(_glide_chain(ctx, "glide", gamma), mode=mode, budget=budget))
 
 
 def _cape_default(ctx):
@@ -306,9 +309,14 @@ register_method(Method("max-gram-auto", _max_gram_auto, description="Max-Gram wi
 register_method(Method("glide+cape-auto", lambda ctx: _with_expansion_sizes(ctx, _cape_default(ctx)), requires=("glide",),
                        description="CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto'",
                        cost_models=lambda e: {"draft": e["glide"]}))
-for _gamma in (2, 3, 5):  # fixed γ beside auto, for comparison
-    register_method(Method(f"glide-γ{_gamma}", lambda ctx, g=_gamma: _speculative(ctx, candidate_generator=_glide_chain(ctx, "glide", g)),
-                           requires=("glide",), description=f"speculative_generate with the default's glide drafter, γ={_gamma} fixed",
+for _kind in ("glide", "vanilla"):
+    for _gamma in (2, 3, 4, 5):  # fixed γ beside auto, for comparison
+        register_method(Method(f"{_kind}-γ{_gamma}", lambda ctx, k=_kind, g=_gamma: _speculative(ctx, candidate_generator=_glide_chain(ctx, k, g)),
+                               requires=(_kind,), description=f"speculative_generate with the default's {_kind} drafter, γ={_gamma} fixed",
+                               cost_models=lambda e, k=_kind: {"draft": e[k]}))
+for _gamma, _budget in ((1, 2), (2, 4), (3, 6)):  # CAPE's fixed (γ, budget) grid beside glide+cape's (2, 3) and the auto row
+    register_method(Method(f"glide+cape-γ{_gamma}b{_budget}", lambda ctx, g=_gamma, b=_budget: _glide_cape(ctx, "confidence", g, b),
+                           requires=("glide",), description=f"GLIDE γ={_gamma} with cape expansion (budget {_budget})",
                            cost_models=lambda e: {"draft": e["glide"]}))
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
     register_method(Method(f"glide+{_label}", lambda ctx, m=_mode: _glide_cape(ctx, m), requires=("glide",),

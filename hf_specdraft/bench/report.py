@@ -45,6 +45,8 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
     for method, s in result["summary"].items():
         s = {"accepted_per_drafted": s.get("acceptance_rate"), **s}  # older files named accepted / drafted "acceptance_rate"
         lines.append(f"| {method} | " + " | ".join(_cell(s.get(key), spec) for _, key, spec in COLUMNS) + " |")
+    if auto_line(result["summary"]):
+        lines += ["", auto_line(result["summary"])]
     stats = result.get("task_statistics")
     if stats:
         lines += ["", f"The task: prompts of {stats['prompt_tokens']:.0f} tokens on average, contexts (CASD's pool) of "
@@ -54,6 +56,38 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
     if images:
         lines += [""] + [f"![{Path(image).stem}]({image})" for image in images]
     return "\n".join(lines) + "\n"
+
+
+# each default ("auto") row and the fixed settings of the same method it is compared with (issue #32: auto >= 95 % of the best)
+AUTO_FAMILIES = {"glide-auto": ("glide", "glide-γ"), "vanilla-auto": ("vanilla", "vanilla-γ"),
+                 "draft-model-auto": ("draft-model", "draft-model-γ", "draft-model-tuned"),
+                 "glide+cape-auto": ("glide+cape", "glide+cape-γ"), "casd-strict-auto": ("casd-strict", "casd-strict-4", "casd-strict-16"),
+                 "cascade-1draft-auto": ("cascade-1draft", "cascade-1draft-tuned"), "max-gram-auto": ("max-gram",)}
+
+
+def auto_against_fixed(summary: dict) -> list[tuple[str, float, str, float]]:
+    """``(auto row, its speedup, the best fixed row of its method, that row's speedup)`` for every auto row of ``summary``
+    with at least one fixed row beside it (a fixed row: a name in :data:`AUTO_FAMILIES`, or one starting with its prefix
+    ``…-γ``)."""
+    found = []
+    for auto, names in AUTO_FAMILIES.items():
+        if summary.get(auto, {}).get("speedup_vs_target_only") is None:
+            continue
+        fixed = {m: s["speedup_vs_target_only"] for m, s in summary.items() if s.get("speedup_vs_target_only") is not None
+                 and (m in names or any(n.endswith("γ") and m.startswith(n) and m[len(n):].replace("b", "").isdigit() for n in names))}
+        if fixed:
+            best = max(fixed, key=fixed.get)
+            found.append((auto, summary[auto]["speedup_vs_target_only"], best, fixed[best]))
+    return found
+
+
+def auto_line(summary: dict) -> str:
+    """One sentence: each auto row as a share of the best fixed setting of its method in the same run."""
+    pairs = auto_against_fixed(summary)
+    if not pairs:
+        return ""
+    return "Auto against the best fixed setting of the same method in this run: " + "; ".join(
+        f"{auto} {speedup:.2f}× = {speedup / fixed:.0%} of {best} {fixed:.2f}×" for auto, speedup, best, fixed in pairs) + "."
 
 
 def timing_line(timing: dict | None) -> str:

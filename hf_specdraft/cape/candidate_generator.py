@@ -119,6 +119,10 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def reads_target_cache(self) -> bool:
         return getattr(self.drafter, "reads_target_cache", True)
 
+    @property
+    def controller_anchor(self):
+        return getattr(self.drafter, "controller_anchor", None) or type(self.drafter)
+
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache):
         """The compiled static path: the wrapped drafter's chain compiles where it can (beam mode's tree scorer stays eager).
         Returns the chain drafter's static cache, or ``None``."""

@@ -5,8 +5,11 @@ step, the γ this controller picks among ``1 .. max_draft_tokens``:
 
     γ* = argmax_γ  E[tokens | γ] / (γ · d + v(γ + 1)),    E[tokens | γ] = 1 + Σ_{i=1..γ} Π_{j=1..i} a_j
 
-with ``a_j`` the running rate at which draft position ``j`` is accepted given positions ``< j`` were (counts decayed
-by ``decay`` each step, so the estimate follows the text), ``d`` the measured seconds per drafted token and
+with ``a_j`` the running rate at which draft position ``j`` is accepted given positions ``< j`` were: hits ``h_j`` over
+tries ``t_j``, counts decayed by ``decay`` each step so the estimate follows the text, shrunk towards the position
+before it, ``a_j = (h_j + w · a_{j-1}) / (t_j + w)`` with ``w = PRIOR_WEIGHT`` and ``a_0``'s prior ``PRIOR_ACCEPTANCE``
+(a position rarely drafted, like the one past the usual γ, is read as about as good as the one before it, not as its last
+one or two outcomes), ``d`` the measured seconds per drafted token and
 ``v(n)`` the measured seconds of a verification forward over ``n`` tokens (a running average per ``n``; a line fitted
 through the measured ``n`` elsewhere, with ``PRIOR_SLOPE`` while only one ``n`` has been measured). For a tree drafter
 (CAPE with an ``"auto"`` budget) the controller also picks the budget, the chain alone (width 1) or twice the chain
@@ -15,11 +18,19 @@ chain), ``v`` read at the tree's measured size ``1 + width · γ``: expansion se
 timed by the loop itself on the machine it runs on: no per-machine constant, no calibration run. A flat cost curve
 (a GPU, where launches dominate) makes long drafts pay; a steep one or low acceptance makes short ones pay
 (Leviathan et al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient; here the costs are measured).
+
+What a call learned carries over to the next call of the same target and drafter in the process (:func:`recall`,
+:func:`remember`): the cost curve, the draft's cost and the acceptance counts. Only the first call of a pair spends its
+first two steps measuring the curve; a short ``generate`` call (a chat turn, a bench prompt) starts at the γ the last one
+settled on and keeps adapting from there. :func:`forget` drops it.
 """
 
 from __future__ import annotations
 
-PRIOR_ACCEPTANCE = 0.6  # pseudo-count prior of a_j, replaced within a few steps by what the draft achieves
+import weakref
+
+PRIOR_ACCEPTANCE = 0.6  # the prior of a_0, replaced within a few steps by what the draft achieves
+PRIOR_WEIGHT = 1.0  # pseudo-count of each a_j's prior (the position before it)
 PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measured: a 2-core CPU's few-token forward
 EXPLORE_EVERY = 8  # every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
 
@@ -44,8 +55,8 @@ class DraftLengthController:
         self.max_draft_tokens, self.widths, self.decay = max_draft_tokens, tuple(widths), decay
         self.bucket = bucket or (lambda tokens: tokens)  # tokens verified -> the forward's real width (static buckets)
         # per width option, per draft position j (0-based): times judged and times accepted, decayed
-        self.tries = [[1.0] * max_draft_tokens for _ in self.widths]
-        self.hits = [[PRIOR_ACCEPTANCE] * max_draft_tokens for _ in self.widths]
+        self.tries = [[0.0] * max_draft_tokens for _ in self.widths]
+        self.hits = [[0.0] * max_draft_tokens for _ in self.widths]
         self.measured_width = list(self.widths)  # tree nodes per chain token each option actually produced
         self.draft_per_token: float | None = None  # seconds per drafted token
         self.verify: dict[int, float] = {}  # tokens verified -> seconds of that forward
@@ -64,7 +75,11 @@ class DraftLengthController:
     def acceptance(self, option: int | None = None) -> list[float]:
         """``a_j`` for every draft position (of one width option, default the current one)."""
         option = self.option if option is None else option
-        return [h / t for h, t in zip(self.hits[option], self.tries[option])]
+        rates, prior = [], PRIOR_ACCEPTANCE
+        for h, t in zip(self.hits[option], self.tries[option]):
+            prior = (h + PRIOR_WEIGHT * prior) / (t + PRIOR_WEIGHT)
+            rates.append(prior)
+        return rates
 
     def expected_tokens(self, gamma: int, option: int | None = None) -> float:
         """E[new tokens of a step that drafts γ] = 1 + Σ_i Π_{j<=i} a_j (the target's own token always comes)."""
@@ -99,6 +114,15 @@ class DraftLengthController:
         cost = gamma * (self.draft_per_token or 0.0) + self.verify_seconds(self.bucket(nodes + 1))
         return self.expected_tokens(gamma, option) / cost
 
+    def _count(self, option: int, drafted: int, accepted: list[int]) -> None:
+        """Decay one option's acceptance counts and add a step's: positions up to the first rejected one were judged."""
+        self.tries[option] = [t * self.decay for t in self.tries[option]]
+        self.hits[option] = [h * self.decay for h in self.hits[option]]
+        for count in accepted:
+            for j in range(min(count + 1, drafted, self.max_draft_tokens)):
+                self.tries[option][j] += 1
+                self.hits[option][j] += j < count
+
     def choose(self) -> int:
         """γ for the next step (and :attr:`option`, the tree width whose :meth:`budget` the step uses)."""
         top, last = self.max_draft_tokens, len(self.widths) - 1
@@ -114,7 +138,8 @@ class DraftLengthController:
         self.choices.append(gamma)
         return gamma
 
-    def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int) -> None:
+    def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int,
+                on_chain: list[int] | None = None) -> None:
         """One step's outcome, under the current :attr:`option`.
 
         Args:
@@ -122,15 +147,15 @@ class DraftLengthController:
                 accepted.
             draft_seconds: the step's drafting time (all rows). verify_seconds: its verification forward's time.
             verify_tokens: tokens per row that forward verified (``1 + γ`` for a chain, ``1 +`` the tree's nodes for a tree).
+            on_chain: for a tree step, how many tokens of its first-child chain each row's accepted path starts with:
+                what the chain alone would have accepted, counted for the chain option (width 1) too, so that option's
+                acceptance is measured on every step, not only on the steps that run it.
         """
         self.steps += 1
+        self._count(self.option, drafted, accepted)
+        if on_chain is not None and self.option != 0 and self.widths[0] == 1.0:
+            self._count(0, drafted, on_chain)
         option = self.option
-        self.tries[option] = [t * self.decay for t in self.tries[option]]
-        self.hits[option] = [h * self.decay for h in self.hits[option]]
-        for count in accepted:
-            for j in range(min(count + 1, drafted, self.max_draft_tokens)):  # positions up to the first rejected one were judged
-                self.tries[option][j] += 1
-                self.hits[option][j] += j < count
         if drafted:
             width = max((verify_tokens - 1) / drafted, 1.0)
             self.measured_width[option] = 0.7 * self.measured_width[option] + 0.3 * width
@@ -138,3 +163,58 @@ class DraftLengthController:
             self.draft_per_token = per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
         old = self.verify.get(verify_tokens)
         self.verify[verify_tokens] = verify_seconds if old is None else 0.7 * old + 0.3 * verify_seconds
+
+
+_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: (anchor ref, state)}
+_CARRIED = ("verify", "draft_per_token", "measured_width", "tries", "hits")  # what a call passes on to the next
+
+
+def _copy(value):
+    """A copy of one carried field: a dict, a list (of lists), a float or None."""
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _memory_key(drafter, controller: DraftLengthController, batch: int, static: bool):
+    """Who a controller's state belongs to: the drafter's anchor (``controller_anchor``: its draft model, or its class),
+    the drafter's class (CAPE over GLIDE and GLIDE alone learn apart), the options weighed, the batch size and the
+    cache (a static cache's buckets cost otherwise)."""
+    anchor = getattr(drafter, "controller_anchor", None) or type(drafter)
+    return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, batch, static)
+
+
+def recall(controller: DraftLengthController, model, drafter, batch: int = 1, static: bool = False) -> bool:
+    """Start ``controller`` from what the last call of ``model`` with this drafter learned. Returns whether it did."""
+    anchor, key = _memory_key(drafter, controller, batch, static)
+    try:
+        remembered = _MEMORY.get(model, {}).get(key)
+    except TypeError:  # a model that cannot be weakly referenced
+        return False
+    if remembered is None or remembered[0]() is not anchor:  # nothing, or an id reused by another object
+        return False
+    for name, value in remembered[1].items():
+        setattr(controller, name, _copy(value))
+    return True
+
+
+def remember(controller: DraftLengthController, model, drafter, batch: int = 1, static: bool = False) -> None:
+    """Keep what ``controller`` learned for the next call of ``model`` with this drafter (for the process's lifetime or
+    the model's, whichever ends first)."""
+    if not controller.verify:
+        return
+    anchor, key = _memory_key(drafter, controller, batch, static)
+    try:
+        _MEMORY.setdefault(model, {})[key] = (weakref.ref(anchor), {name: _copy(getattr(controller, name)) for name in _CARRIED})
+    except TypeError:  # a model or anchor that cannot be weakly referenced: nothing is kept
+        pass
+
+
+def forget(model=None) -> None:
+    """Drop what the controller learned, for ``model`` or (``None``) every model: the next call measures afresh."""
+    if model is None:
+        _MEMORY.clear()
+    else:
+        _MEMORY.pop(model, None)

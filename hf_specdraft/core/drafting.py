@@ -104,6 +104,7 @@ class TreeCandidateGenerator(CandidateGenerator):
     """
 
     adaptive_draft_length = False
+    controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
     reads_target_cache = True  # propose() reads the target's cache (GLIDE); drafters that never do say False (the static path then builds no view)
 
     def __init__(self):
@@ -196,6 +197,10 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     """
 
     reads_target_cache = False
+
+    @property
+    def controller_anchor(self) -> PreTrainedModel:
+        return self.draft_model  # the next call with the same draft starts from what this one learned
 
     def __init__(self, draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO):
         super().__init__()

@@ -40,7 +40,7 @@ from transformers.utils import ModelOutput
 from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
 from .cache import keep_columns, row_cache, target_cache
 from .compiled import StaticTarget, static_target
-from .controller import DraftLengthController
+from .controller import DraftLengthController, recall, remember
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
 from .inputs import (
     check_batch_setup,
@@ -252,13 +252,16 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
             longest = min(longest, static.max_nodes // int(max(widths)))
             static.warm_up(1 + int(max(widths)) * longest)
         controller = DraftLengthController(longest, widths, bucket=static.bucket if static is not None else None)
+        resumed = recall(controller, model, drafters[0], len(active), static is not None)  # the last call's curve and counts
+    batch = len(active)
     while active:
         active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout,
                                   controller)
     if together is not None:
         layout["batch_draft_forwards"] = together.forwards
     if controller is not None:
-        layout["draft_lengths"] = controller.choices
+        remember(controller, model, drafters[0], batch, static is not None)
+        layout["draft_lengths"], layout["controller_resumed"] = controller.choices, resumed
     return layout
 
 
@@ -284,7 +287,7 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
     forward_seconds = time.perf_counter() - started
     layout["target_forwards"] += 1
     layout["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
-    keep, survivors, accepted = [], [], []
+    keep, survivors, accepted, on_chain = [], [], [], []
     for a, (row, tree) in enumerate(zip(active, trees)):
         cached = row.cached  # before this step: the row's last `cached` columns of the cache
         kept_nodes, count = accept_row(row, logits[a, : 1 + len(tree)], tree, acceptance, stopping_criteria, generation_config, streamer,
@@ -294,11 +297,13 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
         else:
             keep.append(torch.cat([torch.arange(columns - cached, columns), columns + torch.tensor(kept_nodes, dtype=torch.long)]))
         accepted.append(count)
+        if controller is not None and len(controller.widths) > 1:  # what the chain alone would have accepted (greedy: exact)
+            on_chain.append(chain_accepted(tree, kept_nodes))
         if not row.done:
             survivors.append(a)
     if controller is not None:
         depth = max((int(t.depth.max()) + 1 if len(t) else 0) for t in trees)  # the chain a tree's nodes hang on
-        controller.observe(depth, accepted, sum(draft_seconds), forward_seconds, logits.shape[1])
+        controller.observe(depth, accepted, sum(draft_seconds), forward_seconds, logits.shape[1], on_chain or None)
     if static is not None:
         static.cache.set_committed(max(row.ids.shape[1] - 1 for row in active))
         return [active[a] for a in survivors]
@@ -323,6 +328,17 @@ def set_draft_length(controller: DraftLengthController, active: list[Row], toget
             row.generator.step_budget = budget
     if together is not None:
         together.num_draft_tokens = gamma
+
+
+def chain_accepted(tree: DraftTree, kept_nodes: list[int]) -> int:
+    """How many tokens of the tree's first-child chain the kept path (``kept_nodes``, columns: ``1 + i`` is node ``i``)
+    starts with: what the step would have accepted with the chain alone (exactly, under greedy verification)."""
+    count = 0
+    for chain_node, column in zip(tree.chain_nodes(), kept_nodes[1:]):
+        if column != chain_node + 1:
+            break
+        count += 1
+    return count
 
 
 def accept_row(row: Row, logits: torch.Tensor, tree: DraftTree, acceptance, stopping_criteria, generation_config, streamer,
@@ -458,9 +474,9 @@ def _result(rows: list[Row], generator, generation_config: GenerationConfig, cac
     for row in rows:
         row.out.stats.drafter_calls = dict(getattr(row.generator, "forward_calls", {}))
     stats = rows[0].out.stats if not shared else SpeculativeStats.merge([row.out.stats for row in rows])
-    lengths = layout.pop("draft_lengths", None)
-    if lengths:  # num_draft_tokens="auto": the γ chosen at every step
-        stats.extra["draft_lengths"] = lengths
+    lengths, resumed = layout.pop("draft_lengths", None), layout.pop("controller_resumed", None)
+    if lengths:  # num_draft_tokens="auto": the γ chosen at every step, and whether it started from the last call's state
+        stats.extra.update(draft_lengths=lengths, controller_resumed=resumed)
     if shared:
         forwards = {"target": layout.pop("target_forwards"), "draft": layout.pop("batch_draft_forwards")}
         stats.extra.update(batch_size=len(rows), cache_layout=layout, batch_forwards=forwards)

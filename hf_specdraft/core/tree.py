@@ -93,13 +93,18 @@ class DraftTree:
             node = parents[node]
         return path[::-1]
 
-    def main_chain(self) -> DraftTree:
-        """The first-child path from the root (a drafter's greedy chain): a chain-only loop verifies it."""
-        nodes, parent, parents = [], -1, self.parents.tolist()
-        for i, p in enumerate(parents):
+    def chain_nodes(self) -> list[int]:
+        """Node indices of the first-child path from the root (a drafter's greedy chain, which CAPE widens)."""
+        nodes, parent = [], -1
+        for i, p in enumerate(self.parents.tolist()):
             if p == parent:
                 nodes.append(i)
                 parent = i
+        return nodes
+
+    def main_chain(self) -> DraftTree:
+        """The first-child path from the root (a drafter's greedy chain): a chain-only loop verifies it."""
+        nodes = self.chain_nodes()
         index = torch.tensor(nodes, dtype=torch.long, device=self.tokens.device)
         return self.select(index, torch.arange(len(nodes), device=self.tokens.device) - 1)
 

@@ -74,6 +74,10 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         self.num_draft_tokens, self.adaptive_draft_length = draft_length(self.config.num_draft_tokens)  # what the loop and CAPE read
         self._reset()
 
+    @property
+    def controller_anchor(self) -> PreTrainedModel:
+        return self.glide  # the next call with the same GLIDE starts from what this one learned
+
     def _reset(self) -> None:
         self.cache = DynamicCache(config=self.glide.config)
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
