@@ -82,7 +82,8 @@ def test_auto_is_the_default_and_lossless(arch, kind):
         out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=20, return_dict_in_generate=True)
         assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     lengths = out.speculative_stats.extra["draft_lengths"]
-    assert lengths[:2] == [1, 3] and all(1 <= g <= 8 for g in lengths)  # two points of the cost curve first, then chosen
+    assert lengths[:2] == [1, 3] and all(1 <= g <= 8 for g in lengths[:-1])  # two points of the cost curve first, then chosen
+    assert 0 <= lengths[-1] <= 8  # the last step drafts what room max_new_tokens leaves (a confidence-stopped one records it)
 
 
 def test_cape_over_an_auto_drafter_is_adaptive_and_lossless(arch):
@@ -228,3 +229,56 @@ def test_a_draft_model_s_state_is_its_own():
     runs = [speculative_generate(target, x, draft_model=d, max_new_tokens=12, return_dict_in_generate=True) for d in (draft, draft, tiny_model(seed=4, num_hidden_layers=1))]
     assert [r.speculative_stats.extra["controller_resumed"] for r in runs] == [False, True, False]
     assert all(torch.equal(r.sequences, greedy_reference(target, x, 12)) for r in runs)
+
+
+def measured(controller: DraftLengthController, cost) -> DraftLengthController:
+    """``controller`` with the cost curve ``cost(n)`` (seconds of an n-token forward) measured twice at every width."""
+    controller.verify = {n: cost(n) for n in range(1, controller.max_draft_tokens + 2)}
+    controller.verify_samples = dict.fromkeys(controller.verify, 2)
+    controller.draft_per_token = 0.001
+    controller.confidence_stops = True
+    return controller
+
+
+def test_a_draft_stops_on_its_confidence():
+    """keep_drafting: confident tokens draft on where the cost curve is flat; a doubtful one stops the draft; a steep curve
+    stops even a confident draft early."""
+    flat = measured(DraftLengthController(8), lambda n: 0.030)
+    assert flat.choose() == 8  # the cap; the draft itself decides where to stop
+    assert flat.keep_drafting([0.95]) and flat.keep_drafting([0.95] * 5)
+    assert not flat.keep_drafting([0.95] * 8)  # the cap
+    assert not flat.keep_drafting([0.95, 0.02])  # the path is almost surely dead: another token is wasted
+    steep = measured(DraftLengthController(8), lambda n: 0.030 * (1 + 0.5 * (n - 1)))
+    steep.choose()
+    assert not steep.keep_drafting([0.6])
+    fresh = DraftLengthController(8)
+    fresh.confidence_stops = True
+    assert fresh.choose() == 1 and fresh.keep_drafting([0.01])  # before the curve is measured, the chosen γ is drafted
+
+
+def test_the_confidence_bins_learn_what_a_confidence_is_worth():
+    controller = measured(DraftLengthController(4), lambda n: 0.030)
+    assert controller.accepted_given(0.95) == pytest.approx(0.95)  # the prior: a calibrated draft
+    for _ in range(50):  # tokens drafted at 0.95 are always rejected: this draft is overconfident
+        controller.choose()
+        controller.observe(1, [0], 0.001, 0.03, 2, confidences=[[0.95]])
+    assert controller.accepted_given(0.95) < 0.1 and controller.accepted_given(0.5) == pytest.approx(0.55)
+    controller.choose()
+    assert not controller.keep_drafting([0.95])
+    assert controller.choices[-2] == 1  # a confidence-stopped step records what it drafted, not its cap
+
+
+@pytest.mark.parametrize("kind", ["draft_model", "glide"])
+def test_confidence_stops_stay_lossless(arch, kind):
+    target = tiny_model(arch)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(7))
+    draft = tiny_model(arch, seed=3, num_hidden_layers=1) if kind == "draft_model" else glide_for(target)
+    drafter = DraftModelCandidateGenerator(draft) if kind == "draft_model" else GlideCandidateGenerator(draft)
+    assert drafter.stops_on_confidence
+    for _ in range(2):  # the second call starts measured: its drafts stop on confidence from the first step
+        out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=24, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, greedy_reference(target, x, 24))
+    steps, lengths = out.speculative_stats.steps, out.speculative_stats.extra["draft_lengths"]
+    assert out.speculative_stats.extra["controller_resumed"] and drafter.stop_rule is None  # the rule goes with its call
+    assert [s.drafted for s in steps[:-1]] == lengths[: len(steps) - 1]  # the lengths recorded are the ones drafted
+    assert all(1 <= s.drafted <= 8 for s in steps[:-1])

@@ -10,14 +10,25 @@ tries ``t_j``, counts decayed by ``decay`` each step so the estimate follows the
 before it, ``a_j = (h_j + w · a_{j-1}) / (t_j + w)`` with ``w = PRIOR_WEIGHT`` and ``a_0``'s prior ``PRIOR_ACCEPTANCE``
 (a position rarely drafted, like the one past the usual γ, is read as about as good as the one before it, not as its last
 one or two outcomes), ``d`` the measured seconds per drafted token and
-``v(n)`` the measured seconds of a verification forward over ``n`` tokens (a running average per ``n``; a line fitted
-through the measured ``n`` elsewhere, with ``PRIOR_SLOPE`` while only one ``n`` has been measured). For a tree drafter
+``v(n)`` the measured seconds of a verification forward over ``n`` tokens (a running average per ``n``, started from the
+smaller of its first two timings and read no higher than the line through the other lengths while timed once, since a
+first forward at a new width can carry one-time kernel set-up; a line fitted through the measured ``n`` elsewhere, with
+``PRIOR_SLOPE`` while only one ``n`` has been measured). For a tree drafter
 (CAPE with an ``"auto"`` budget) the controller also picks the budget, the chain alone (width 1) or twice the chain
 (width 2), each option with its own ``a_j`` (a path accepted through an expansion token counts like one through the
 chain), ``v`` read at the tree's measured size ``1 + width · γ``: expansion sets stay where they pay for themselves. Everything is
 timed by the loop itself on the machine it runs on: no per-machine constant, no calibration run. A flat cost curve
 (a GPU, where launches dominate) makes long drafts pay; a steep one or low acceptance makes short ones pay
 (Leviathan et al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient; here the costs are measured).
+
+A chain drafter that knows its draft distribution (the draft model, GLIDE; batch 1, not under CAPE) also stops each
+draft on its confidence (:meth:`DraftLengthController.keep_drafting`; Zhang et al. 2024's SpecDec++ and EAGLE-2 stop or
+grow drafts on the draft's own probabilities). After drafting j tokens with probabilities ``c_1 .. c_j`` of the tokens it
+picked, the path survives with ``P_j = Π_{i<=j} â(c_i)``, ``â(c)`` the acceptance rate measured for draft tokens of
+about that confidence (ten bins, prior: the confidence itself), and the step so far is worth
+``R_j = (1 + Σ_{i<=j} P_i) / (j · d + v(j + 1))``. It drafts one more while some longer draft is expected to beat it,
+``max_{m>=1} (1 + Σ_{i<=j} P_i + P_j Σ_{k=1..m} Π_{l=1..k} a_{j+l}) / ((j + m) · d + v(j + m + 1)) > R_j``, the unseen
+positions at their running rates ``a``: confident drafts run long, doubtful ones stop at once.
 
 What a call learned carries over to the next call of the same target and drafter in the process (:func:`recall`,
 :func:`remember`): the cost curve, the draft's cost and the acceptance counts. Only the first call of a pair spends its
@@ -31,6 +42,8 @@ import weakref
 
 PRIOR_ACCEPTANCE = 0.6  # the prior of a_0, replaced within a few steps by what the draft achieves
 PRIOR_WEIGHT = 1.0  # pseudo-count of each a_j's prior (the position before it)
+CONFIDENCE_BINS = 10  # â(c) is measured for draft tokens in ten bins of their probability c
+CONFIDENCE_PRIOR_WEIGHT = 2.0  # pseudo-count of each bin's prior, the bin's middle confidence (a calibrated draft)
 PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measured: a 2-core CPU's few-token forward
 EXPLORE_EVERY = 8  # every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
 
@@ -60,9 +73,14 @@ class DraftLengthController:
         self.measured_width = list(self.widths)  # tree nodes per chain token each option actually produced
         self.draft_per_token: float | None = None  # seconds per drafted token
         self.verify: dict[int, float] = {}  # tokens verified -> seconds of that forward
+        self.verify_samples: dict[int, int] = {}  # tokens verified -> forwards timed
         self.steps = 0
         self.option = len(self.widths) - 1  # the width option of the step being run
         self.choices: list[int] = []
+        self.confidence_stops = False  # set by the loop for a drafter that asks keep_drafting after every token
+        self.bin_tries = [0.0] * CONFIDENCE_BINS  # draft tokens of each confidence bin judged, and accepted (decayed)
+        self.bin_hits = [0.0] * CONFIDENCE_BINS
+        self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
 
     @property
     def width(self) -> float:
@@ -96,16 +114,24 @@ class DraftLengthController:
         return max([self._verify_seconds(n), *shorter])
 
     def _verify_seconds(self, n: int) -> float:
-        if n in self.verify:
+        if n in self.verify and self.verify_samples.get(n, 2) >= 2:
             return self.verify[n]
-        known = sorted(self.verify)
+        if n in self.verify:  # timed once: a first forward at a new width may carry one-time costs (kernel set-up)
+            others = {k: v for k, v in self.verify.items() if k != n}
+            return min(self.verify[n], self._line(others, n)) if len(others) >= 2 else self.verify[n]
+        return self._line(self.verify, n)
+
+    @staticmethod
+    def _line(verify: dict[int, float], n: int) -> float:
+        """v(n) read off a line through the measured lengths (``PRIOR_SLOPE`` from a single one)."""
+        known = sorted(verify)
         if len(known) == 1:
             k = known[0]
-            return self.verify[k] * max(1 + PRIOR_SLOPE * (n - k), 0.5)
+            return verify[k] * max(1 + PRIOR_SLOPE * (n - k), 0.5)
         mean_n = sum(known) / len(known)
-        mean_v = sum(self.verify[k] for k in known) / len(known)
-        slope = sum((k - mean_n) * (self.verify[k] - mean_v) for k in known) / sum((k - mean_n) ** 2 for k in known)
-        return max(mean_v + max(slope, 0.0) * (n - mean_n), min(self.verify.values()))
+        mean_v = sum(verify[k] for k in known) / len(known)
+        slope = sum((k - mean_n) * (verify[k] - mean_v) for k in known) / sum((k - mean_n) ** 2 for k in known)
+        return max(mean_v + max(slope, 0.0) * (n - mean_n), min(verify.values()))
 
     def rate(self, gamma: int, option: int | None = None) -> float:
         """Expected new tokens per second of a step that drafts γ (a tree of about ``width · γ`` nodes)."""
@@ -123,11 +149,45 @@ class DraftLengthController:
                 self.tries[option][j] += 1
                 self.hits[option][j] += j < count
 
+    def accepted_given(self, confidence: float) -> float:
+        """``â(c)``: the measured rate at which draft tokens of about probability ``c`` are accepted."""
+        b = min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+        prior = (b + 0.5) / CONFIDENCE_BINS
+        return (self.bin_hits[b] + CONFIDENCE_PRIOR_WEIGHT * prior) / (self.bin_tries[b] + CONFIDENCE_PRIOR_WEIGHT)
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        """Whether to draft another token after ``confidences`` (the probabilities of the tokens drafted so far this
+        step), by the rule in the module docstring. ``True`` while the cost curve is not measured yet (the step drafts
+        the γ :meth:`choose` gave)."""
+        if self._draft_costs is None:
+            return True
+        j = len(confidences)
+        if j >= self.max_draft_tokens:
+            return False
+        alive, expected = 1.0, 1.0
+        for c in confidences:
+            alive *= self.accepted_given(c)
+            expected += alive
+        now = expected / self._draft_costs[j]
+        ahead = self.acceptance(0)
+        for m in range(1, self.max_draft_tokens - j + 1):
+            alive *= ahead[j + m - 1]
+            expected += alive
+            if expected / self._draft_costs[j + m] > now:
+                return True
+        return False
+
     def choose(self) -> int:
-        """γ for the next step (and :attr:`option`, the tree width whose :meth:`budget` the step uses)."""
+        """γ for the next step (and :attr:`option`, the tree width whose :meth:`budget` the step uses); with
+        :attr:`confidence_stops`, the longest draft :meth:`keep_drafting` may allow."""
         top, last = self.max_draft_tokens, len(self.widths) - 1
+        self._draft_costs = None
         if len(self.verify) < 2:  # the first steps measure two points of the cost curve: a short and a longer draft
             gamma, self.option = min(1 if not self.verify else 3, top), last if not self.verify else 0
+        elif self.confidence_stops:  # each draft stops on its own confidence (keep_drafting), up to the longest
+            d = self.draft_per_token or 0.0
+            self._draft_costs = [j * d + self.verify_seconds(self.bucket(j + 1)) for j in range(top + 1)]
+            gamma, self.option = top, 0
         else:
             gamma, self.option = max(((g, o) for o in range(len(self.widths)) for g in range(1, top + 1)), key=lambda c: self.rate(*c))
             phase = self.steps % EXPLORE_EVERY
@@ -139,7 +199,7 @@ class DraftLengthController:
         return gamma
 
     def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int,
-                on_chain: list[int] | None = None) -> None:
+                on_chain: list[int] | None = None, confidences: list[list[float]] | None = None) -> None:
         """One step's outcome, under the current :attr:`option`.
 
         Args:
@@ -150,9 +210,21 @@ class DraftLengthController:
             on_chain: for a tree step, how many tokens of its first-child chain each row's accepted path starts with:
                 what the chain alone would have accepted, counted for the chain option (width 1) too, so that option's
                 acceptance is measured on every step, not only on the steps that run it.
+            confidences: for a chain drafter with a distribution, each row's probabilities of the tokens it drafted
+                (what :meth:`keep_drafting` read), counted into the confidence bins of ``â(c)``.
         """
         self.steps += 1
         self._count(self.option, drafted, accepted)
+        if confidences is not None:  # the confidence bins: every judged draft token, accepted or not
+            self.bin_tries = [t * self.decay for t in self.bin_tries]
+            self.bin_hits = [h * self.decay for h in self.bin_hits]
+            for count, row in zip(accepted, confidences):
+                for j, c in enumerate(row[: count + 1]):
+                    b = min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+                    self.bin_tries[b] += 1
+                    self.bin_hits[b] += j < count
+        if self._draft_costs is not None and self.choices:
+            self.choices[-1] = drafted  # what a confidence-stopped step drafted, not the cap it was given
         if on_chain is not None and self.option != 0 and self.widths[0] == 1.0:
             self._count(0, drafted, on_chain)
         option = self.option
@@ -161,12 +233,18 @@ class DraftLengthController:
             self.measured_width[option] = 0.7 * self.measured_width[option] + 0.3 * width
             per_token = draft_seconds / drafted
             self.draft_per_token = per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
-        old = self.verify.get(verify_tokens)
-        self.verify[verify_tokens] = verify_seconds if old is None else 0.7 * old + 0.3 * verify_seconds
+        old, samples = self.verify.get(verify_tokens), self.verify_samples.get(verify_tokens, 0)
+        if old is None:
+            self.verify[verify_tokens] = verify_seconds
+        elif samples == 1:  # the second forward at this width: the first may have carried one-time costs
+            self.verify[verify_tokens] = min(old, verify_seconds)
+        else:
+            self.verify[verify_tokens] = 0.7 * old + 0.3 * verify_seconds
+        self.verify_samples[verify_tokens] = samples + 1
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: (anchor ref, state)}
-_CARRIED = ("verify", "draft_per_token", "measured_width", "tries", "hits")  # what a call passes on to the next
+_CARRIED = ("verify", "verify_samples", "draft_per_token", "measured_width", "tries", "hits", "bin_tries", "bin_hits")  # what a call passes on to the next
 
 
 def _copy(value):

@@ -105,6 +105,8 @@ class TreeCandidateGenerator(CandidateGenerator):
 
     adaptive_draft_length = False
     controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
+    stops_on_confidence = False  # a chain drafter that calls stop_rule after every drafted token (draft_chain) says True
+    stop_rule = None  # set by the loop for such a drafter: confidences so far -> whether to draft another token
     reads_target_cache = True  # propose() reads the target's cache (GLIDE); drafters that never do say False (the static path then builds no view)
 
     def __init__(self):
@@ -197,6 +199,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     """
 
     reads_target_cache = False
+    stops_on_confidence = True
 
     @property
     def controller_anchor(self) -> PreTrainedModel:
@@ -296,14 +299,18 @@ def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, 
     ids = input_ids[0].to(device)
     keep = resync_cache(generator.cache, generator.seen, ids)
     feed = ids[keep:][None]  # invariant after this: the cache covers ids, then each drafted token
-    tokens, probs = [], []
+    tokens, probs, confidences = [], [], []
     for _ in range(generator.num_draft_tokens):
         context = torch.cat([ids[None], *tokens], dim=-1) if generator.warpers else ids[None]  # warpers see the drafted prefix
         q = generator.draft_distribution(next_logits(feed), context)
         feed = generator.pick(q)
         tokens.append(feed)
         probs.append(q[0])
-    generator.count_call("draft", generator.num_draft_tokens)
+        if generator.stop_rule is not None:  # the loop's controller: stop where another token is not worth its cost
+            confidences.append(float(q[0, feed[0, 0]]))
+            if not generator.stop_rule(confidences):
+                break
+    generator.count_call("draft", len(tokens))
     drafted = torch.cat(tokens, dim=-1)[0]
     generator.seen = torch.cat([ids, drafted[:-1]])
     sampled = torch.ones(drafted.numel(), dtype=torch.bool) if generator.generation_config.do_sample else None

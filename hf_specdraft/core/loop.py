@@ -253,10 +253,18 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
             static.warm_up(1 + int(max(widths)) * longest)
         controller = DraftLengthController(longest, widths, bucket=static.bucket if static is not None else None)
         resumed = recall(controller, model, drafters[0], len(active), static is not None)  # the last call's curve and counts
+        if not shared and widths == (1.0,) and getattr(drafters[0], "stops_on_confidence", False):
+            controller.confidence_stops = True  # the chain stops on its draft's confidence (controller.keep_drafting)
+            drafters[0].stop_rule = controller.keep_drafting
     batch = len(active)
-    while active:
-        active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout,
-                                  controller)
+    try:
+        while active:
+            active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared,
+                                      layout, controller)
+    finally:
+        for drafter in drafters:
+            if getattr(drafter, "stop_rule", None) is not None:
+                drafter.stop_rule = None  # the rule belongs to this call's controller
     if together is not None:
         layout["batch_draft_forwards"] = together.forwards
     if controller is not None:
@@ -303,7 +311,10 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
             survivors.append(a)
     if controller is not None:
         depth = max((int(t.depth.max()) + 1 if len(t) else 0) for t in trees)  # the chain a tree's nodes hang on
-        controller.observe(depth, accepted, sum(draft_seconds), forward_seconds, logits.shape[1], on_chain or None)
+        confidences = None  # the probabilities of the drafted tokens, for the controller's confidence bins
+        if controller.confidence_stops and trees[0].draft_probs is not None and len(trees[0]):
+            confidences = [trees[0].draft_probs.gather(-1, trees[0].tokens[:, None].to(trees[0].draft_probs.device))[:, 0].tolist()]
+        controller.observe(depth, accepted, sum(draft_seconds), forward_seconds, logits.shape[1], on_chain or None, confidences)
     if static is not None:
         static.cache.set_committed(max(row.ids.shape[1] - 1 for row in active))
         return [active[a] for a in survivors]

@@ -74,6 +74,8 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         self.num_draft_tokens, self.adaptive_draft_length = draft_length(self.config.num_draft_tokens)  # what the loop and CAPE read
         self._reset()
 
+    stops_on_confidence = True  # draft_chain asks the loop's stop_rule after every token
+
     @property
     def controller_anchor(self) -> PreTrainedModel:
         return self.glide  # the next call with the same GLIDE starts from what this one learned
