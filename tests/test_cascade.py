@@ -72,7 +72,10 @@ def test_draft_equal_to_target_is_fully_accepted():
 
 def test_auto_caps_the_cascade_every_step(arch):
     """num_draft_tokens='auto' (the default): the loop's controller caps what the cascade proposes, up to row 0's sum."""
+    from hf_specdraft.core.controller import forget
+
     target, big, _, x, ref = models(arch)
+    forget(target)  # the models are shared between tests: measure the cost curve afresh
     drafter = CascadeCandidateGenerator([big], k_matrix=[[3, 4], [0, 2]], bigram_table=TABLE)
     assert drafter.adaptive_draft_length and drafter.max_draft_tokens == 7 and drafter.num_draft_tokens is None
     out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)

@@ -261,6 +261,7 @@ def test_the_confidence_bins_learn_what_a_confidence_is_worth():
     assert controller.accepted_given(0.95) == pytest.approx(0.95)  # the prior: a calibrated draft
     for _ in range(50):  # tokens drafted at 0.95 are always rejected: this draft is overconfident
         controller.choose()
+        controller.keep_drafting([0.95])  # what the drafter asks after its token (the answer is not what this test checks)
         controller.observe(1, [0], 0.001, 0.03, 2, confidences=[[0.95]])
     assert controller.accepted_given(0.95) < 0.1 and controller.accepted_given(0.5) == pytest.approx(0.55)
     controller.choose()
@@ -275,10 +276,68 @@ def test_confidence_stops_stay_lossless(arch, kind):
     draft = tiny_model(arch, seed=3, num_hidden_layers=1) if kind == "draft_model" else glide_for(target)
     drafter = DraftModelCandidateGenerator(draft) if kind == "draft_model" else GlideCandidateGenerator(draft)
     assert drafter.stops_on_confidence
-    for _ in range(2):  # the second call starts measured: its drafts stop on confidence from the first step
-        out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=24, return_dict_in_generate=True)
-        assert torch.equal(out.sequences, greedy_reference(target, x, 24))
+    asked = []
+    keep_drafting = DraftLengthController.keep_drafting
+
+    def spy(self, confidences):
+        asked.append(list(confidences))
+        return keep_drafting(self, confidences)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DraftLengthController, "keep_drafting", spy)
+        for _ in range(2):  # the second call starts measured: its drafts stop on confidence from the first step
+            out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=24, return_dict_in_generate=True)
+            assert torch.equal(out.sequences, greedy_reference(target, x, 24))
     steps, lengths = out.speculative_stats.steps, out.speculative_stats.extra["draft_lengths"]
     assert out.speculative_stats.extra["controller_resumed"] and drafter.stop_rule is None  # the rule goes with its call
+    assert asked and all(0.0 <= c <= 1.0 for cs in asked for c in cs)  # the draft asked, with its tokens' probabilities
     assert [s.drafted for s in steps[:-1]] == lengths[: len(steps) - 1]  # the lengths recorded are the ones drafted
-    assert all(1 <= s.drafted <= 8 for s in steps[:-1])
+    assert all(1 <= s.drafted <= 8 for s in steps[:-1]) and min(s.drafted for s in steps[:-1]) < 8  # stopped before the cap
+
+
+def test_the_stop_rule_goes_with_its_call_and_stays_off_under_cape():
+    from hf_specdraft import CapeCandidateGenerator
+
+    target = tiny_model()
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(7))
+    glide = GlideCandidateGenerator(glide_for(target))
+    speculative_generate(target, x, candidate_generator=glide, max_new_tokens=12)  # measured: the next call's drafts stop
+    calls = []
+
+    def fail(self, *args, **kwargs):
+        calls.append(self.stop_rule)
+        raise RuntimeError("a draft forward failed")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GlideCandidateGenerator, "update_candidate_strategy", fail)
+        with pytest.raises(RuntimeError, match="a draft forward failed"):
+            speculative_generate(target, x, candidate_generator=glide, max_new_tokens=12)
+    assert calls[0] is not None and glide.stop_rule is None  # set during the call, dropped when it failed
+    inner = GlideCandidateGenerator(glide_for(target))
+    seen = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GlideCandidateGenerator, "update_candidate_strategy", lambda self, *a, **k: seen.append(self.stop_rule))
+        for _ in range(2):
+            out = speculative_generate(target, x, candidate_generator=CapeCandidateGenerator(inner), max_new_tokens=12)
+            assert torch.equal(out, greedy_reference(target, x, 12))
+    assert seen and all(rule is None for rule in seen)  # CAPE's chain drafts γ: its tree is verified as a whole
+
+
+def test_a_drafter_that_never_asks_is_given_gamma_again():
+    controller = measured(DraftLengthController(8), lambda n: 0.030)
+    assert controller.choose() == 8 and controller.stops_this_step
+    controller.observe(8, [2], 0.008, 0.03, 9)  # drafted the cap without asking keep_drafting once
+    assert not controller.confidence_stops
+    controller.choose()
+    assert not controller.stops_this_step  # γ is chosen by the rate again, drafted whole
+
+
+def test_a_width_timed_once_is_not_read_above_the_curve():
+    controller = DraftLengthController(8)
+    for _ in range(3):
+        for n in (2, 3):
+            controller.observe(n - 1, [0], 0.001, 0.030 + 0.001 * n, n)
+    controller.observe(4, [0], 0.001, 2.0, 5)  # a first 5-token forward that carried a one-time set-up
+    assert controller.verify_seconds(5) < 0.05 and controller.verify_seconds(8) < 0.05
+    controller.observe(4, [0], 0.001, 0.036, 5)  # timed again: the smaller of the two stands
+    assert controller.verify[5] == pytest.approx(0.036)

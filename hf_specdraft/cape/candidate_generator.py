@@ -119,9 +119,12 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def reads_target_cache(self) -> bool:
         return getattr(self.drafter, "reads_target_cache", True)
 
+    widens_chain = True  # its trees are the chain plus expansion leaves: the loop counts what the chain alone would accept
+
     @property
     def controller_anchor(self):
-        return getattr(self.drafter, "controller_anchor", None) or type(self.drafter)
+        anchor = getattr(self.drafter, "controller_anchor", None)
+        return type(self.drafter) if anchor is None else anchor
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache):
         """The compiled static path: the wrapped drafter's chain compiles where it can (beam mode's tree scorer stays eager).

@@ -129,6 +129,11 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         self.caches = [croppable_cache(d) for d in self.drafts]
         self.seen = [torch.zeros(0, dtype=torch.long, device=d.device) for d in self.drafts]  # tokens each cache covers
 
+    @property
+    def controller_anchor(self):
+        """What the loop's controller state belongs to across calls: the first draft (a Max-Gram-only cascade: the class)."""
+        return self.drafts[0] if self.drafts else None
+
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
         for i, draft in enumerate(self.drafts):

@@ -25,7 +25,7 @@ A chain drafter that knows its draft distribution (the draft model, GLIDE; batch
 draft on its confidence (:meth:`DraftLengthController.keep_drafting`; Zhang et al. 2024's SpecDec++ and EAGLE-2 stop or
 grow drafts on the draft's own probabilities). After drafting j tokens with probabilities ``c_1 .. c_j`` of the tokens it
 picked, the path survives with ``P_j = Π_{i<=j} â(c_i)``, ``â(c)`` the acceptance rate measured for draft tokens of
-about that confidence (ten bins, prior: the confidence itself), and the step so far is worth
+about that confidence (ten bins, each with its middle confidence as prior), and the step so far is worth
 ``R_j = (1 + Σ_{i<=j} P_i) / (j · d + v(j + 1))``. It drafts one more while some longer draft is expected to beat it,
 ``max_{m>=1} (1 + Σ_{i<=j} P_i + P_j Σ_{k=1..m} Π_{l=1..k} a_{j+l}) / ((j + m) · d + v(j + m + 1)) > R_j``, the unseen
 positions at their running rates ``a``: confident drafts run long, doubtful ones stop at once.
@@ -81,6 +81,7 @@ class DraftLengthController:
         self.bin_tries = [0.0] * CONFIDENCE_BINS  # draft tokens of each confidence bin judged, and accepted (decayed)
         self.bin_hits = [0.0] * CONFIDENCE_BINS
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
+        self._asked = False  # whether this step's drafter called keep_drafting
 
     @property
     def width(self) -> float:
@@ -110,16 +111,17 @@ class DraftLengthController:
     def verify_seconds(self, n: int) -> float:
         """v(n): measured, or read off a line through the measured lengths; never below a measured shorter forward's
         (a forward over more tokens does not cost less: timing noise must not make a longer draft look cheaper)."""
-        shorter = [seconds for k, seconds in self.verify.items() if k < n]
-        return max([self._verify_seconds(n), *shorter])
+        read = self._read_widths()
+        value = read[n] if n in read else self._line(read, n)
+        return max([value, *(seconds for k, seconds in read.items() if k < n)])
 
-    def _verify_seconds(self, n: int) -> float:
-        if n in self.verify and self.verify_samples.get(n, 2) >= 2:
-            return self.verify[n]
-        if n in self.verify:  # timed once: a first forward at a new width may carry one-time costs (kernel set-up)
-            others = {k: v for k, v in self.verify.items() if k != n}
-            return min(self.verify[n], self._line(others, n)) if len(others) >= 2 else self.verify[n]
-        return self._line(self.verify, n)
+    def _read_widths(self) -> dict[int, float]:
+        """The measured widths' seconds as read: a width timed once (whose first forward may have carried one-time kernel
+        set-up) no higher than the line through the widths timed more often."""
+        settled = {k: v for k, v in self.verify.items() if self.verify_samples.get(k, 2) >= 2}
+        if len(settled) < 2:
+            return dict(self.verify)
+        return {k: v if k in settled else min(v, self._line(settled, k)) for k, v in self.verify.items()}
 
     @staticmethod
     def _line(verify: dict[int, float], n: int) -> float:
@@ -155,12 +157,18 @@ class DraftLengthController:
         prior = (b + 0.5) / CONFIDENCE_BINS
         return (self.bin_hits[b] + CONFIDENCE_PRIOR_WEIGHT * prior) / (self.bin_tries[b] + CONFIDENCE_PRIOR_WEIGHT)
 
+    @property
+    def stops_this_step(self) -> bool:
+        """Whether this step's draft stops on its confidence (:meth:`keep_drafting`): once the cost curve is measured."""
+        return self._draft_costs is not None
+
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Whether to draft another token after ``confidences`` (the probabilities of the tokens drafted so far this
         step), by the rule in the module docstring. ``True`` while the cost curve is not measured yet (the step drafts
         the γ :meth:`choose` gave)."""
         if self._draft_costs is None:
             return True
+        self._asked = True
         j = len(confidences)
         if j >= self.max_draft_tokens:
             return False
@@ -181,7 +189,7 @@ class DraftLengthController:
         """γ for the next step (and :attr:`option`, the tree width whose :meth:`budget` the step uses); with
         :attr:`confidence_stops`, the longest draft :meth:`keep_drafting` may allow."""
         top, last = self.max_draft_tokens, len(self.widths) - 1
-        self._draft_costs = None
+        self._draft_costs, self._asked = None, False
         if len(self.verify) < 2:  # the first steps measure two points of the cost curve: a short and a longer draft
             gamma, self.option = min(1 if not self.verify else 3, top), last if not self.verify else 0
         elif self.confidence_stops:  # each draft stops on its own confidence (keep_drafting), up to the longest
@@ -225,6 +233,8 @@ class DraftLengthController:
                     self.bin_hits[b] += j < count
         if self._draft_costs is not None and self.choices:
             self.choices[-1] = drafted  # what a confidence-stopped step drafted, not the cap it was given
+            if drafted and not self._asked:  # a drafter that says it stops on confidence but never asked: choose γ again
+                self.confidence_stops = False
         if on_chain is not None and self.option != 0 and self.widths[0] == 1.0:
             self._count(0, drafted, on_chain)
         option = self.option
@@ -256,17 +266,19 @@ def _copy(value):
     return value
 
 
-def _memory_key(drafter, controller: DraftLengthController, batch: int, static: bool):
+def _memory_key(drafter, controller: DraftLengthController, setting: tuple):
     """Who a controller's state belongs to: the drafter's anchor (``controller_anchor``: its draft model, or its class),
-    the drafter's class (CAPE over GLIDE and GLIDE alone learn apart), the options weighed, the batch size and the
-    cache (a static cache's buckets cost otherwise)."""
-    anchor = getattr(drafter, "controller_anchor", None) or type(drafter)
-    return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, batch, static)
+    the drafter's class (CAPE over GLIDE and GLIDE alone learn apart), the options weighed, and the call's ``setting``
+    (what else changes costs or acceptance: batch size, cache and compilation, sampling, the target's device and dtype)."""
+    anchor = getattr(drafter, "controller_anchor", None)
+    anchor = type(drafter) if anchor is None else anchor
+    return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, setting)
 
 
-def recall(controller: DraftLengthController, model, drafter, batch: int = 1, static: bool = False) -> bool:
-    """Start ``controller`` from what the last call of ``model`` with this drafter learned. Returns whether it did."""
-    anchor, key = _memory_key(drafter, controller, batch, static)
+def recall(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> bool:
+    """Start ``controller`` from what the last call of ``model`` with this drafter and ``setting`` learned. Returns
+    whether it did."""
+    anchor, key = _memory_key(drafter, controller, setting)
     try:
         remembered = _MEMORY.get(model, {}).get(key)
     except TypeError:  # a model that cannot be weakly referenced
@@ -278,14 +290,17 @@ def recall(controller: DraftLengthController, model, drafter, batch: int = 1, st
     return True
 
 
-def remember(controller: DraftLengthController, model, drafter, batch: int = 1, static: bool = False) -> None:
-    """Keep what ``controller`` learned for the next call of ``model`` with this drafter (for the process's lifetime or
-    the model's, whichever ends first)."""
+def remember(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> None:
+    """Keep what ``controller`` learned for the next call of ``model`` with this drafter and ``setting`` (for the
+    process's lifetime or the model's, whichever ends first)."""
     if not controller.verify:
         return
-    anchor, key = _memory_key(drafter, controller, batch, static)
+    anchor, key = _memory_key(drafter, controller, setting)
     try:
-        _MEMORY.setdefault(model, {})[key] = (weakref.ref(anchor), {name: _copy(getattr(controller, name)) for name in _CARRIED})
+        kept = _MEMORY.setdefault(model, {})
+        for stale in [k for k, (ref, _) in kept.items() if ref() is None]:  # draft models since deleted
+            del kept[stale]
+        kept[key] = (weakref.ref(anchor), {name: _copy(getattr(controller, name)) for name in _CARRIED})
     except TypeError:  # a model or anchor that cannot be weakly referenced: nothing is kept
         pass
 

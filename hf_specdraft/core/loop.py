@@ -252,10 +252,11 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
             longest = min(longest, static.max_nodes // int(max(widths)))
             static.warm_up(1 + int(max(widths)) * longest)
         controller = DraftLengthController(longest, widths, bucket=static.bucket if static is not None else None)
-        resumed = recall(controller, model, drafters[0], len(active), static is not None)  # the last call's curve and counts
-        if not shared and widths == (1.0,) and getattr(drafters[0], "stops_on_confidence", False):
-            controller.confidence_stops = True  # the chain stops on its draft's confidence (controller.keep_drafting)
-            drafters[0].stop_rule = controller.keep_drafting
+        setting = (len(active), static is not None and (static.compiled, static.max_nodes), bool(generation_config.do_sample),
+                   str(model.device), str(model.dtype))  # what else changes costs or acceptance
+        resumed = recall(controller, model, drafters[0], setting)  # the last call's curve and counts
+        # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
+        controller.confidence_stops = not shared and widths == (1.0,) and getattr(drafters[0], "stops_on_confidence", False)
     batch = len(active)
     try:
         while active:
@@ -268,7 +269,7 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
     if together is not None:
         layout["batch_draft_forwards"] = together.forwards
     if controller is not None:
-        remember(controller, model, drafters[0], batch, static is not None)
+        remember(controller, model, drafters[0], setting)
         layout["draft_lengths"], layout["controller_resumed"] = controller.choices, resumed
     return layout
 
@@ -296,6 +297,7 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
     layout["target_forwards"] += 1
     layout["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
     keep, survivors, accepted, on_chain = [], [], [], []
+    widens = controller is not None and len(controller.widths) > 1 and all(getattr(row.generator, "widens_chain", False) for row in active)
     for a, (row, tree) in enumerate(zip(active, trees)):
         cached = row.cached  # before this step: the row's last `cached` columns of the cache
         kept_nodes, count = accept_row(row, logits[a, : 1 + len(tree)], tree, acceptance, stopping_criteria, generation_config, streamer,
@@ -305,8 +307,8 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
         else:
             keep.append(torch.cat([torch.arange(columns - cached, columns), columns + torch.tensor(kept_nodes, dtype=torch.long)]))
         accepted.append(count)
-        if controller is not None and len(controller.widths) > 1:  # what the chain alone would have accepted (greedy: exact)
-            on_chain.append(chain_accepted(tree, kept_nodes))
+        if widens and len(kept_nodes) - 1 == count:  # what the chain alone would have accepted (greedy: exact; a path cut at
+            on_chain.append(chain_accepted(tree, kept_nodes))  # eos or max_length is left out: it says nothing of the chain)
         if not row.done:
             survivors.append(a)
     if controller is not None:
@@ -334,6 +336,8 @@ def set_draft_length(controller: DraftLengthController, active: list[Row], toget
     gamma = controller.choose()
     budget = controller.budget(gamma)
     for row in active:
+        if controller.confidence_stops:  # the rule is only asked once it can answer (the cost curve measured)
+            row.generator.stop_rule = controller.keep_drafting if controller.stops_this_step else None
         row.generator.num_draft_tokens = gamma
         if budget is not None:
             row.generator.step_budget = budget
