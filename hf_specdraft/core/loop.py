@@ -257,7 +257,6 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
         resumed = recall(controller, model, drafters[0], setting)  # the last call's curve and counts
         # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
         controller.confidence_stops = not shared and widths == (1.0,) and getattr(drafters[0], "stops_on_confidence", False)
-    batch = len(active)
     try:
         while active:
             active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared,
