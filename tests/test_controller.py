@@ -341,3 +341,59 @@ def test_a_width_timed_once_is_not_read_above_the_curve():
     assert controller.verify_seconds(5) < 0.05 and controller.verify_seconds(8) < 0.05
     controller.observe(4, [0], 0.001, 0.036, 5)  # timed again: the smaller of the two stands
     assert controller.verify[5] == pytest.approx(0.036)
+
+
+class ChainOracle(DraftModelCandidateGenerator):
+    """A chain drafter that goes through ``draft_chain`` (so its drafts stop on confidence) and costs next to nothing: it
+    drafts the target's greedy continuation ``reference`` (``shift=0``: always accepted) or each of its tokens + 1
+    (``shift=1``: never accepted), at probability 0.9."""
+
+    def __init__(self, target, reference, shift: int):
+        super().__init__(target)
+        self.reference, self.shift = reference[0], shift
+
+    def propose(self, input_ids, target_cache=None):
+        from hf_specdraft.core.drafting import draft_chain
+
+        start, fed = input_ids.shape[1], []
+
+        def next_logits(feed):
+            position = start + len(fed)
+            fed.append(position)
+            logits = torch.full((1, VOCAB), -30.0)
+            token = int(self.reference[position]) if position < self.reference.numel() else 0
+            logits[0, (token + self.shift) % VOCAB] = 0.0
+            logits[0, (token + self.shift + 1) % VOCAB] = -2.2  # the rest of q: the drafted token has q ≈ 0.9
+            return logits
+
+        return draft_chain(self, input_ids, next_logits, input_ids.device)
+
+
+@pytest.mark.parametrize("mode", ["right", "wrong"])
+def test_confidence_stops_with_drafts_always_right_and_always_wrong(arch, mode):
+    target = tiny_model(arch)
+    x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(8))
+    reference = greedy_reference(target, x, 40)
+    drafter = ChainOracle(target, reference, shift=0 if mode == "right" else 1)
+    asked = []
+    keep_drafting = DraftLengthController.keep_drafting
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DraftLengthController, "keep_drafting", lambda self, c: asked.append(len(c)) or keep_drafting(self, c))
+        for _ in range(3):  # later calls start measured: every step's draft stops on its confidence
+            out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=40, return_dict_in_generate=True)
+            assert torch.equal(out.sequences, reference)
+    assert asked  # the drafts did stop on confidence
+    steps = out.speculative_stats.steps[:-1]  # the last step drafts what room is left
+    if mode == "right":  # every draft accepted and nearly free: drafts run long
+        assert all(s.accepted == s.drafted for s in steps) and max(s.drafted for s in steps) >= 4
+    else:  # confident but never accepted: the bins learn it, one token a step
+        assert out.speculative_stats.accepted_tokens == 0
+        assert [s.drafted for s in steps].count(1) >= len(steps) - 1
+
+
+@pytest.mark.parametrize("bad", [3, "model", object()])
+def test_forget_names_a_bad_model(bad):
+    from hf_specdraft.core.controller import forget
+
+    with pytest.raises(TypeError, match="forget\\(model\\) takes a model"):
+        forget(bad)

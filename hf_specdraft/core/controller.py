@@ -309,5 +309,8 @@ def forget(model=None) -> None:
     """Drop what the controller learned, for ``model`` or (``None``) every model: the next call measures afresh."""
     if model is None:
         _MEMORY.clear()
-    else:
+        return
+    try:
         _MEMORY.pop(model, None)
+    except TypeError:
+        raise TypeError(f"forget(model) takes a model (the target passed to generate) or None, got {type(model).__name__}") from None
