@@ -99,7 +99,8 @@ def test_cape_over_an_auto_drafter_is_adaptive_and_lossless(arch):
     lengths = out.speculative_stats.extra["draft_lengths"]
     assert lengths[:2] == [1, 3]
     assert all(s.tree_size <= 2 * g for s, g in zip(out.speculative_stats.steps, lengths))  # budget 'auto': at most twice the chain
-    assert drafter.adaptive_budget and drafter.step_budget in (lengths[-1], 2 * lengths[-1])
+    gamma = drafter.num_draft_tokens  # the last step's γ (a chain alone may have stopped on its confidence before it)
+    assert drafter.adaptive_budget and drafter.step_budget in (gamma, 2 * gamma)
     fixed = CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=2), budget=3)
     assert not fixed.adaptive_draft_length and fixed.num_draft_tokens == 2
 
@@ -269,12 +270,15 @@ def test_the_confidence_bins_learn_what_a_confidence_is_worth():
     assert controller.choices[-2] == 1  # a confidence-stopped step records what it drafted, not its cap
 
 
-@pytest.mark.parametrize("kind", ["draft_model", "glide"])
+@pytest.mark.parametrize("kind", ["draft_model", "glide", "cape"])
 def test_confidence_stops_stay_lossless(arch, kind):
+    from hf_specdraft import CapeCandidateGenerator
+
     target = tiny_model(arch)
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(7))
     draft = tiny_model(arch, seed=3, num_hidden_layers=1) if kind == "draft_model" else glide_for(target)
     drafter = DraftModelCandidateGenerator(draft) if kind == "draft_model" else GlideCandidateGenerator(draft)
+    drafter = CapeCandidateGenerator(drafter) if kind == "cape" else drafter  # its chain stops, then is widened
     assert drafter.stops_on_confidence
     asked = []
     keep_drafting = DraftLengthController.keep_drafting
@@ -295,7 +299,7 @@ def test_confidence_stops_stay_lossless(arch, kind):
     assert all(1 <= s.drafted <= 8 for s in steps[:-1]) and min(s.drafted for s in steps[:-1]) < 8  # stopped before the cap
 
 
-def test_the_stop_rule_goes_with_its_call_and_stays_off_under_cape():
+def test_the_stop_rule_goes_with_its_call_and_under_cape_stops_the_chain_alone():
     from hf_specdraft import CapeCandidateGenerator
 
     target = tiny_model()
@@ -314,13 +318,43 @@ def test_the_stop_rule_goes_with_its_call_and_stays_off_under_cape():
             speculative_generate(target, x, candidate_generator=glide, max_new_tokens=12)
     assert calls[0] is not None and glide.stop_rule is None  # set during the call, dropped when it failed
     inner = GlideCandidateGenerator(glide_for(target))
-    seen = []
+    cape = CapeCandidateGenerator(inner)
+    assert cape.stops_on_confidence and not CapeCandidateGenerator(inner, budget=6).stops_on_confidence
+    seen = []  # per step: the rule, the budget and γ the loop set
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(GlideCandidateGenerator, "update_candidate_strategy", lambda self, *a, **k: seen.append(self.stop_rule))
-        for _ in range(2):
-            out = speculative_generate(target, x, candidate_generator=CapeCandidateGenerator(inner), max_new_tokens=12)
-            assert torch.equal(out, greedy_reference(target, x, 12))
-    assert seen and all(rule is None for rule in seen)  # CAPE's chain drafts γ: its tree is verified as a whole
+        mp.setattr(GlideCandidateGenerator, "update_candidate_strategy",
+                   lambda self, *a, **k: seen.append((self.stop_rule, cape.step_budget, cape.num_draft_tokens)))
+        steps = []
+        for _ in range(3):
+            out = speculative_generate(target, x, candidate_generator=cape, max_new_tokens=12, return_dict_in_generate=True)
+            assert torch.equal(out.sequences, greedy_reference(target, x, 12))
+            steps += out.speculative_stats.steps
+    assert len(seen) == len(steps) and inner.stop_rule is None
+    stopped = [(budget, gamma, step) for (rule, budget, gamma), step in zip(seen, steps) if rule is not None]
+    assert len(stopped) >= len(steps) - 2  # every step but the first call's two probes stops on its confidence
+    alone = [step for budget, gamma, step in stopped if budget == gamma]
+    widened = [step for budget, gamma, step in stopped if budget == 2 * gamma]
+    assert len(alone) + len(widened) == len(stopped) and alone and widened  # both widths run, each a tree of its own size
+    assert all(step.tree_size == step.drafted for step in alone)  # the chain alone: no expansion set
+    assert all(step.drafted <= step.tree_size <= 2 * step.drafted for step in widened)  # sets fill twice the stopped chain
+
+
+def test_a_tree_drafters_widths_are_weighed_by_what_their_stopped_steps_realized():
+    """With confidence stops, a tree drafter's width is the one whose steps gave the most tokens per second; the other
+    width still runs every EXPLORE_EVERY steps, and the stop rule reads the widened tree's cost."""
+    for wide_accepts, expect in ((1, 0), (2, 1)):  # the chain alone accepts 1 a step; the wider tree costs 12 % more
+        controller = measured(DraftLengthController(6, widths=(1.0, 2.0)), lambda n: 0.030 + 0.002 * n)
+        options = []
+        for _ in range(64):
+            assert controller.choose() == 6 and controller.stops_this_step
+            options.append(controller.option)
+            controller.keep_drafting([0.9])
+            accepted = wide_accepts if controller.option == 1 else 1
+            controller.observe(2, [accepted], 0.002, 0.034 + 0.004 * controller.option, 3 + 2 * controller.option)
+        assert 0.75 < options.count(expect) / len(options) < 0.95 and options[-8:].count(1 - expect) == 1
+        controller.option = 1
+        controller._stop_on_confidence()
+        assert controller._draft_costs[2] == pytest.approx(2 * 0.001 + controller.verify_seconds(5))  # 2 chain tokens, 4 nodes
 
 
 def test_a_drafter_that_never_asks_is_given_gamma_again():

@@ -65,6 +65,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         self.expansion_sizes: list[list[int]] = []
         self.confidences: list[list[float]] = []
         self.expansion_seconds: list[float] = []
+        self._chain: DraftTree | None = None  # this step's chain before it was widened (drafted_confidences reads it)
 
     @property
     def adaptive_draft_length(self) -> bool:
@@ -77,10 +78,32 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return self.adaptive_draft_length and self.config.budget == AUTO and self.config.mode != "beam"
 
     def _step_config(self, length: int) -> CapeConfig:
-        """This step's config: an ``"auto"`` budget set by the loop (:attr:`step_budget`) or twice the chain."""
+        """This step's config: an ``"auto"`` budget set by the loop (:attr:`step_budget`, for a chain of the γ it set;
+        scaled to the chain's ``length`` when the chain stopped on its confidence before γ) or twice the chain."""
         if self.config.budget != AUTO:
             return self.config
-        return replace(self.config, budget=max(length, self.step_budget or 2 * length))
+        gamma = self.num_draft_tokens
+        budget = round(self.step_budget * length / gamma) if self.step_budget and isinstance(gamma, int) else 2 * length
+        return replace(self.config, budget=max(length, budget))
+
+    @property
+    def stops_on_confidence(self) -> bool:
+        """Whether the loop may stop the chain on its confidence: on the steps whose ``"auto"`` budget is the chain alone."""
+        return self.adaptive_budget and getattr(self.drafter, "stops_on_confidence", False)
+
+    @property
+    def stop_rule(self):
+        """The wrapped chain drafter's stop rule (set by the loop's controller)."""
+        return getattr(self.drafter, "stop_rule", None)
+
+    @stop_rule.setter
+    def stop_rule(self, rule) -> None:
+        self.drafter.stop_rule = rule
+
+    def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
+        """The draft's probability of each token of this step's chain (before it was widened)."""
+        chain = getattr(self, "_chain", None)
+        return None if chain is None else self.drafter.drafted_confidences(chain)
 
     @property
     def num_draft_tokens(self) -> int | None:
@@ -114,6 +137,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             self.scorer.reset()
             self.scorer.forward_calls = 0
         self.expansion_sizes, self.confidences, self.expansion_seconds = [], [], []
+        self._chain = None
 
     @property
     def reads_target_cache(self) -> bool:
@@ -153,6 +177,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         if chain.draft_probs.is_cuda:  # time the expansion alone, not the draft kernels still queued
             torch.cuda.synchronize(chain.draft_probs.device)
         start = time.perf_counter()
+        self._chain = chain
         config = self._step_config(len(chain))
         sizes, confidences = _sizes(chain.draft_probs, config)
         tree = expand_proposal(chain, config, sizes, with_draft_probs=self.generation_config.do_sample)  # q: rejection sampling

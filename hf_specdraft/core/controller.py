@@ -21,9 +21,12 @@ timed by the loop itself on the machine it runs on: no per-machine constant, no 
 (a GPU, where launches dominate) makes long drafts pay; a steep one or low acceptance makes short ones pay
 (Leviathan et al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient; here the costs are measured).
 
-A chain drafter that knows its draft distribution (the draft model, GLIDE; batch 1, not under CAPE) also stops each
-draft on its confidence (:meth:`DraftLengthController.keep_drafting`; Zhang et al. 2024's SpecDec++ and EAGLE-2 stop or
-grow drafts on the draft's own probabilities). After drafting j tokens with probabilities ``c_1 .. c_j`` of the tokens it
+A chain drafter that knows its draft distribution (the draft model, GLIDE; batch 1) also stops each draft on its
+confidence (:meth:`DraftLengthController.keep_drafting`; Zhang et al. 2024's SpecDec++ and EAGLE-2 stop or grow drafts
+on the draft's own probabilities), and so does CAPE's chain (its expansion sets, sized by the same confidences, then
+fill the step's width times the chain's length; the costs read are the widened tree's). A tree drafter's widths are then
+weighed by what their steps realized, decayed new tokens over decayed seconds, each width run every
+``EXPLORE_EVERY``-th step at least. After drafting j tokens with probabilities ``c_1 .. c_j`` of the tokens it
 picked, the path survives with ``P_j = Π_{i<=j} â(c_i)``, ``â(c)`` the acceptance rate measured for draft tokens of
 about that confidence (ten bins, each with its middle confidence as prior), and the step so far is worth
 ``R_j = (1 + Σ_{i<=j} P_i) / (j · d + v(j + 1))``. It drafts one more while some longer draft is expected to beat it,
@@ -80,6 +83,8 @@ class DraftLengthController:
         self.confidence_stops = False  # set by the loop for a drafter that asks keep_drafting after every token
         self.bin_tries = [0.0] * CONFIDENCE_BINS  # draft tokens of each confidence bin judged, and accepted (decayed)
         self.bin_hits = [0.0] * CONFIDENCE_BINS
+        self.stop_tokens = [0.0] * len(self.widths)  # per width, what confidence-stopped steps gave and cost (decayed)
+        self.stop_seconds = [0.0] * len(self.widths)
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
 
@@ -193,18 +198,31 @@ class DraftLengthController:
         if len(self.verify) < 2:  # the first steps measure two points of the cost curve: a short and a longer draft
             gamma, self.option = min(1 if not self.verify else 3, top), last if not self.verify else 0
         elif self.confidence_stops:  # each draft stops on its own confidence (keep_drafting), up to the longest
-            d = self.draft_per_token or 0.0
-            self._draft_costs = [j * d + self.verify_seconds(self.bucket(j + 1)) for j in range(top + 1)]
-            gamma, self.option = top, 0
+            if last:  # a tree drafter: the width whose confidence-stopped steps realized the most tokens per second
+                rates = [t / s if s else float("inf") for t, s in zip(self.stop_tokens, self.stop_seconds)]  # unrun: first
+                self.option = max(range(len(self.widths)), key=rates.__getitem__)
+                if self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 - 1:  # and the other widths, in turn
+                    self.option = (self.option + 1 + (self.steps // EXPLORE_EVERY) % last) % len(self.widths)
+            else:
+                self.option = 0
+            gamma = self._stop_on_confidence()
         else:
             gamma, self.option = max(((g, o) for o in range(len(self.widths)) for g in range(1, top + 1)), key=lambda c: self.rate(*c))
             phase = self.steps % EXPLORE_EVERY
             if phase == EXPLORE_EVERY - 1:  # probe beside the best γ, alternating sides
                 gamma = min(max(gamma + (1 if (self.steps // EXPLORE_EVERY) % 2 == 0 else -1), 1), top)
-            elif phase == EXPLORE_EVERY // 2 - 1 and last:  # and the other tree widths, in turn
+            elif phase == EXPLORE_EVERY // 2 - 1 and last:  # and the other tree widths, in turn, each at its own best γ
                 self.option = (self.option + 1 + (self.steps // EXPLORE_EVERY) % last) % len(self.widths)
+                gamma = max(range(1, top + 1), key=lambda g: self.rate(g, self.option))
         self.choices.append(gamma)
         return gamma
+
+    def _stop_on_confidence(self) -> int:
+        """Arm :meth:`keep_drafting` for this step (its costs ``j · d + v(1 + nodes)``, ``nodes = max(j, width · j)`` for
+        the step's width); returns the longest draft it allows."""
+        top, d, width = self.max_draft_tokens, self.draft_per_token or 0.0, self.widths[self.option]
+        self._draft_costs = [j * d + self.verify_seconds(self.bucket(max(j, round(width * j)) + 1)) for j in range(top + 1)]
+        return top
 
     def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int,
                 on_chain: list[int] | None = None, confidences: list[list[float]] | None = None) -> None:
@@ -219,18 +237,23 @@ class DraftLengthController:
                 what the chain alone would have accepted, counted for the chain option (width 1) too, so that option's
                 acceptance is measured on every step, not only on the steps that run it.
             confidences: for a chain drafter with a distribution, each row's probabilities of the tokens it drafted
-                (what :meth:`keep_drafting` read), counted into the confidence bins of ``â(c)``.
+                (what :meth:`keep_drafting` read), counted into the confidence bins of ``â(c)``; for a tree, its chain's
+                (judged by ``on_chain``).
         """
         self.steps += 1
         self._count(self.option, drafted, accepted)
         if confidences is not None:  # the confidence bins: every judged draft token, accepted or not
             self.bin_tries = [t * self.decay for t in self.bin_tries]
             self.bin_hits = [h * self.decay for h in self.bin_hits]
-            for count, row in zip(accepted, confidences):
+            for count, row in zip(accepted if on_chain is None else on_chain, confidences):  # a tree: its chain's tokens
                 for j, c in enumerate(row[: count + 1]):
                     b = min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
                     self.bin_tries[b] += 1
                     self.bin_hits[b] += j < count
+        if self._draft_costs is not None:  # the width's realized rate, weighed against the other widths'
+            o = self.option
+            self.stop_tokens[o] = self.decay * self.stop_tokens[o] + 1 + sum(accepted) / len(accepted)
+            self.stop_seconds[o] = self.decay * self.stop_seconds[o] + draft_seconds / len(accepted) + verify_seconds
         if self._draft_costs is not None and self.choices:
             self.choices[-1] = drafted  # what a confidence-stopped step drafted, not the cap it was given
             if drafted and not self._asked:  # a drafter that says it stops on confidence but never asked: choose γ again
@@ -254,7 +277,8 @@ class DraftLengthController:
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: (anchor ref, state)}
-_CARRIED = ("verify", "verify_samples", "draft_per_token", "measured_width", "tries", "hits", "bin_tries", "bin_hits")  # what a call passes on to the next
+_CARRIED = ("verify", "verify_samples", "draft_per_token", "measured_width", "tries", "hits", "bin_tries", "bin_hits",
+            "stop_tokens", "stop_seconds")  # what a call passes on to the next
 
 
 def _copy(value):

@@ -127,6 +127,15 @@ class TreeCandidateGenerator(CandidateGenerator):
         """
         raise NotImplementedError
 
+    def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
+        """The draft's probability of each token of the chain it drafted this step (``tree``, its proposal; a tree's
+        first-child chain), for the loop's controller (its confidence bins); ``None`` without ``draft_probs``."""
+        if tree.draft_probs is None or not len(tree):
+            return None
+        nodes = torch.tensor(tree.chain_nodes(), dtype=torch.long, device=tree.tokens.device)
+        probs = tree.draft_probs[nodes.to(tree.draft_probs.device)]
+        return probs.gather(-1, tree.tokens[nodes, None].to(probs.device))[:, 0].tolist()
+
     def draft_distribution(self, logits: torch.Tensor, input_ids: torch.LongTensor) -> torch.Tensor:
         """q `(1, V)` float32 from draft ``logits`` `(1, V)`, warped like the target when sampling."""
         return torch.softmax(self.warpers(input_ids, logits.float()), dim=-1)

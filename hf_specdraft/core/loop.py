@@ -256,7 +256,7 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
                    str(model.device), str(model.dtype))  # what else changes costs or acceptance
         resumed = recall(controller, model, drafters[0], setting)  # the last call's curve and counts
         # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
-        controller.confidence_stops = not shared and widths == (1.0,) and getattr(drafters[0], "stops_on_confidence", False)
+        controller.confidence_stops = not shared and getattr(drafters[0], "stops_on_confidence", False)
     try:
         while active:
             active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared,
@@ -312,9 +312,10 @@ def speculative_step(model, cache, active, together, stopping_criteria, generati
             survivors.append(a)
     if controller is not None:
         depth = max((int(t.depth.max()) + 1 if len(t) else 0) for t in trees)  # the chain a tree's nodes hang on
-        confidences = None  # the probabilities of the drafted tokens, for the controller's confidence bins
-        if controller.confidence_stops and trees[0].draft_probs is not None and len(trees[0]):
-            confidences = [trees[0].draft_probs.gather(-1, trees[0].tokens[:, None].to(trees[0].draft_probs.device))[:, 0].tolist()]
+        confidences = None  # the probabilities of the drafted chain's tokens, for the controller's confidence bins
+        if controller.confidence_stops and len(trees[0]) and (on_chain or not widens):  # a tree's chain: judged by on_chain
+            drafted = active[0].generator.drafted_confidences(trees[0])
+            confidences = None if drafted is None else [drafted]
         controller.observe(depth, accepted, sum(draft_seconds), forward_seconds, logits.shape[1], on_chain or None, confidences)
     if static is not None:
         static.cache.set_committed(max(row.ids.shape[1] - 1 for row in active))
