@@ -26,8 +26,9 @@ class CapeConfig:
         budget (`int` or ``"auto"``): most tokens sent to verification per step besides the last accepted one: the
             chain plus all expansion sets (or the beam tree); §5.3 uses 32 ("maximum number of tokens for
             verification at each step"). Expansion sets of earlier positions are filled first. ``"auto"`` (the
-            default): twice the chain's length, so the tree grows with the γ the loop chooses from measured costs
-            (a cheap verification on a GPU: long chains and wide trees; a 2-core CPU: short ones).
+            default): the loop's controller chooses, per step, the chain alone or twice the chain's length (the
+            chain stopping on its confidence where the drafter allows it), by measured costs and acceptance (a cheap
+            verification on a GPU: long chains and wide trees; a 2-core CPU: short ones).
         mode (`str`): ``"confidence"`` (CAPE), ``"fixed"`` (every position gets ``fixed_k`` extra tokens,
             the §5.4 ablation) or ``"beam"`` (beam-search expansion, the §5.3 baseline; it runs extra
             draft forwards by nature).

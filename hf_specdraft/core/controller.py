@@ -23,15 +23,16 @@ timed by the loop itself on the machine it runs on: no per-machine constant, no 
 
 A chain drafter that knows its draft distribution (the draft model, GLIDE; batch 1) also stops each draft on its
 confidence (:meth:`DraftLengthController.keep_drafting`; Zhang et al. 2024's SpecDec++ and EAGLE-2 stop or grow drafts
-on the draft's own probabilities), and so does CAPE's chain (its expansion sets, sized by the same confidences, then
-fill the step's width times the chain's length; the costs read are the widened tree's). A tree drafter's widths are then
-weighed by what their steps realized, decayed new tokens over decayed seconds, each width run every
-``EXPLORE_EVERY``-th step at least. After drafting j tokens with probabilities ``c_1 .. c_j`` of the tokens it
+on the draft's own probabilities). After drafting j tokens with probabilities ``c_1 .. c_j`` of the tokens it
 picked, the path survives with ``P_j = Π_{i<=j} â(c_i)``, ``â(c)`` the acceptance rate measured for draft tokens of
 about that confidence (ten bins, each with its middle confidence as prior), and the step so far is worth
 ``R_j = (1 + Σ_{i<=j} P_i) / (j · d + v(j + 1))``. It drafts one more while some longer draft is expected to beat it,
 ``max_{m>=1} (1 + Σ_{i<=j} P_i + P_j Σ_{k=1..m} Π_{l=1..k} a_{j+l}) / ((j + m) · d + v(j + m + 1)) > R_j``, the unseen
-positions at their running rates ``a``: confident drafts run long, doubtful ones stop at once.
+positions at their running rates ``a``: confident drafts run long, doubtful ones stop at once. CAPE's chain stops so too;
+its expansion sets, sized by the same confidences, then fill the step's width times the length the chain stopped at,
+and ``v`` is read at that widened tree's size. Which width a step runs is then weighed by what each width's steps
+realized, decayed new tokens over decayed seconds (a measured rate, not the model above, since a stopped chain's
+length is the draft's choice); one step in every ``EXPLORE_EVERY`` runs the other width.
 
 What a call learned carries over to the next call of the same target and drafter in the process (:func:`recall`,
 :func:`remember`): the cost curve, the draft's cost and the acceptance counts. Only the first call of a pair spends its
