@@ -9,6 +9,7 @@ import sys
 # few_token_linears' calibrations stay in memory during tests (no file shared between runs or with the user's cache);
 # tests/test_projection.py checks the file itself with a temporary path
 os.environ["HF_SPECDRAFT_CALIBRATION_FILE"] = ""
+os.environ["HF_SPECDRAFT_CONTROLLER_FILE"] = ""  # and so does what the controller learned (tests/test_controller.py checks the file)
 
 import pytest  # noqa: E402
 import torch

@@ -223,6 +223,54 @@ def test_a_second_call_starts_from_what_the_first_learned():
     assert third.speculative_stats.extra["controller_resumed"] is False
 
 
+def test_what_a_process_learned_is_kept_on_disk_for_the_next(tmp_path, monkeypatch):
+    """The controller's state is saved per machine and pair: a new process (here: the in-process memory cleared) starts
+    from it without probing; forget(model) drops its entries; an unreadable file or entry is measured afresh."""
+    import json
+
+    from hf_specdraft.core import controller
+    from hf_specdraft.core.controller_store import MAX_ENTRIES, describe
+
+    path = tmp_path / "cache" / "controller.json"
+    monkeypatch.setenv("HF_SPECDRAFT_CONTROLLER_FILE", str(path))
+    monkeypatch.setattr(controller, "_MEMORY", type(controller._MEMORY)())
+    monkeypatch.setattr(controller, "_SAVED", {})
+    monkeypatch.setattr(controller, "_PENDING", {})
+    target = tiny_model()
+    x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
+    reference = greedy_reference(target, x, 40)
+
+    def run(tokens=40):
+        out = speculative_generate(target, x, candidate_generator=AdaptiveOracle(reference, "right"), max_new_tokens=tokens,
+                                   return_dict_in_generate=True)
+        assert torch.equal(out.sequences, reference[:, : x.shape[1] + tokens])
+        return out.speculative_stats.extra
+
+    assert run()["controller_resumed"] is False
+    saved = json.loads(path.read_text())
+    assert len(saved) == 1 and describe(target) in next(iter(saved)) and "AdaptiveOracle" in next(iter(saved))
+    assert json.loads(json.dumps(saved)) == saved and MAX_ENTRIES >= 64
+    controller._MEMORY.clear()  # a new process
+    resumed = run()
+    assert resumed["controller_resumed"] is True and resumed["draft_lengths"][0] >= 4  # no probing: long from the first step
+    assert list(controller._PENDING) == list(saved)  # saved again within SAVE_EVERY: kept for the process's exit
+    controller._save_pending()
+    assert not controller._PENDING and json.loads(path.read_text()) != saved  # the newer state
+    controller.forget(target)
+    assert json.loads(path.read_text()) == {}
+    assert run(8)["draft_lengths"][:2] == [1, 3]  # measured afresh
+    for broken in ("{not json", json.dumps({k: {"state": {"verify": {"x": 1}}} for k in json.loads(path.read_text())})):
+        path.write_text(broken)
+        controller._MEMORY.clear()
+        assert run(8)["controller_resumed"] is False
+    monkeypatch.setenv("HF_SPECDRAFT_CONTROLLER_FILE", "")
+    path.unlink()
+    controller._MEMORY.clear()
+    controller._SAVED.clear()
+    run(8)
+    assert not path.exists()  # nothing on disk when the variable is set empty
+
+
 def test_a_draft_model_s_state_is_its_own():
     target = tiny_model()
     x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))

@@ -218,7 +218,7 @@ def test_calibrations_persist_per_machine_across_processes(monkeypatch, tmp_path
     weight = torch.randn(80, 24)
     first = projection.transposed_is_faster(weight, 5)
     stored = json.loads(path.read_text())
-    assert stored == {projection._machine(): {"80x24 float32 rows=5 threads=%d" % torch.get_num_threads(): first}}
+    assert stored == {projection.machine_id(): {"80x24 float32 rows=5 threads=%d" % torch.get_num_threads(): first}}
     monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})  # a new process: nothing in memory
     monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
     timed = []
@@ -226,7 +226,7 @@ def test_calibrations_persist_per_machine_across_processes(monkeypatch, tmp_path
     assert projection.transposed_is_faster(weight, 5) == first and not timed  # read from the file
     monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
-    monkeypatch.setattr(projection, "_machine", lambda: "another CPU | torch 0.0")
+    monkeypatch.setattr(projection, "machine_id", lambda: "another CPU | torch 0.0")
     assert projection.transposed_is_faster(weight, 5) is False and len(timed) == 2 * projection.CALIBRATION_REPEATS  # measured anew
     assert set(json.loads(path.read_text())) == {"another CPU | torch 0.0", stored and next(iter(stored))}
     monkeypatch.setenv("HF_SPECDRAFT_CALIBRATION_FILE", "")

@@ -37,12 +37,17 @@ length is the draft's choice); one step in every ``EXPLORE_EVERY`` runs the othe
 What a call learned carries over to the next call of the same target and drafter in the process (:func:`recall`,
 :func:`remember`): the cost curve, the draft's cost and the acceptance counts. Only the first call of a pair spends its
 first two steps measuring the curve; a short ``generate`` call (a chat turn, a bench prompt) starts at the γ the last one
-settled on and keeps adapting from there. :func:`forget` drops it.
+settled on and keeps adapting from there. It is kept on disk too, per machine and pair
+(:mod:`~hf_specdraft.core.controller_store`), so a later process starts there as well. :func:`forget` drops it.
 """
 
 from __future__ import annotations
 
+import atexit
+import time
 import weakref
+
+from .controller_store import belongs_to, describe, drop_states, entry_key, load_state, save_state, store_file
 
 PRIOR_ACCEPTANCE = 0.6  # the prior of a_0, replaced within a few steps by what the draft achieves
 PRIOR_WEIGHT = 1.0  # pseudo-count of each a_j's prior (the position before it)
@@ -300,42 +305,99 @@ def _memory_key(drafter, controller: DraftLengthController, setting: tuple):
     return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, setting)
 
 
+def _disk_key(model, anchor, key: tuple) -> str:
+    """The same key for the file (:func:`~hf_specdraft.core.controller_store.entry_key`): shapes and names, not ids."""
+    name, _, widths, longest, setting = key
+    return entry_key(model, anchor, name, (widths, longest, setting))
+
+
+def _restore(controller: DraftLengthController, state: dict) -> bool:
+    """Set ``controller``'s carried fields from a saved ``state`` (JSON: the cost curve's keys come back as strings);
+    ``False``, and nothing set, when any field does not fit (another version's shapes)."""
+    restored = {}
+    for name in _CARRIED:
+        value, fresh = state.get(name), getattr(controller, name)
+        if isinstance(fresh, dict) and isinstance(value, dict):
+            try:
+                value = {int(k): v for k, v in value.items()}
+            except ValueError:
+                return False
+        elif isinstance(fresh, list) and not (isinstance(value, list) and len(value) == len(fresh)):
+            return False
+        elif fresh is None and value is not None and not isinstance(value, (int, float)):
+            return False
+        restored[name] = value
+    for name, value in restored.items():
+        setattr(controller, name, value)
+    return True
+
+
 def recall(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> bool:
-    """Start ``controller`` from what the last call of ``model`` with this drafter and ``setting`` learned. Returns
-    whether it did."""
+    """Start ``controller`` from what the last call of ``model`` with this drafter and ``setting`` learned, in this
+    process or (failing that) saved on disk by an earlier one. Returns whether it did."""
     anchor, key = _memory_key(drafter, controller, setting)
     try:
         remembered = _MEMORY.get(model, {}).get(key)
     except TypeError:  # a model that cannot be weakly referenced
         return False
-    if remembered is None or remembered[0]() is not anchor:  # nothing, or an id reused by another object
-        return False
-    for name, value in remembered[1].items():
-        setattr(controller, name, _copy(value))
-    return True
+    if remembered is not None and remembered[0]() is anchor:  # not an id reused by another object
+        for name, value in remembered[1].items():
+            setattr(controller, name, _copy(value))
+        return True
+    saved = load_state(_disk_key(model, anchor, key))
+    return saved is not None and _restore(controller, saved)
+
+
+SAVE_EVERY = 30.0  # seconds between two saves of one entry to disk (a loop of short calls does not rewrite the file each time)
+_SAVED: dict[str, float] = {}  # disk key -> when this process last saved it
+_PENDING: dict[str, dict] = {}  # disk key -> the newest state not saved yet (saved when the process exits)
+
+
+@atexit.register
+def _save_pending() -> None:
+    while _PENDING:
+        save_state(*_PENDING.popitem())
 
 
 def remember(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> None:
     """Keep what ``controller`` learned for the next call of ``model`` with this drafter and ``setting`` (for the
-    process's lifetime or the model's, whichever ends first)."""
+    process's lifetime or the model's, whichever ends first), and on disk for later processes."""
     if not controller.verify:
         return
     anchor, key = _memory_key(drafter, controller, setting)
+    state = {name: _copy(getattr(controller, name)) for name in _CARRIED}
     try:
         kept = _MEMORY.setdefault(model, {})
         for stale in [k for k, (ref, _) in kept.items() if ref() is None]:  # draft models since deleted
             del kept[stale]
-        kept[key] = (weakref.ref(anchor), {name: _copy(getattr(controller, name)) for name in _CARRIED})
+        kept[key] = (weakref.ref(anchor), state)
     except TypeError:  # a model or anchor that cannot be weakly referenced: nothing is kept
-        pass
+        return
+    if store_file() is None:
+        return
+    disk_key = _disk_key(model, anchor, key)
+    _PENDING.pop(disk_key, None)
+    if time.monotonic() - _SAVED.get(disk_key, float("-inf")) >= SAVE_EVERY:
+        _SAVED[disk_key] = time.monotonic()
+        save_state(disk_key, state)
+    else:
+        _PENDING[disk_key] = state
 
 
 def forget(model=None) -> None:
-    """Drop what the controller learned, for ``model`` or (``None``) every model: the next call measures afresh."""
+    """Drop what the controller learned, for ``model`` or (``None``) every model, in this process and on disk: the next
+    call measures afresh."""
+    _SAVED.clear()
     if model is None:
         _MEMORY.clear()
+        _PENDING.clear()
+        drop_states()
         return
     try:
         _MEMORY.pop(model, None)
     except TypeError:
         raise TypeError(f"forget(model) takes a model (the target passed to generate) or None, got {type(model).__name__}") from None
+    described = describe(model)
+    for key in [k for k in _PENDING if belongs_to(k, described)]:
+        del _PENDING[key]
+    drop_states(described)

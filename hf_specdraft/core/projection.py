@@ -88,7 +88,7 @@ def calibration_file() -> Path | None:
     return Path(os.environ.get("HF_SPECDRAFT_CACHE") or Path.home() / ".cache" / "hf_specdraft") / "few_token_linears.json"
 
 
-def _machine() -> str:
+def machine_id() -> str:
     """The CPU model and torch build a calibration holds for (another CPU or BLAS is measured anew)."""
     model = platform.processor() or platform.machine()
     try:
@@ -117,7 +117,7 @@ def _load_disk() -> None:
     if _ON_DISK["loaded"]:
         return
     _ON_DISK["loaded"] = True
-    stored = _read_disk().get(_machine(), {})
+    stored = _read_disk().get(machine_id(), {})
     for key in list(_FASTER_TRANSPOSED):  # keys measured here already win
         stored.pop(_disk_key(key), None)
     _ON_DISK["stored"] = stored
@@ -130,7 +130,7 @@ def _save_disk(key: tuple, faster: bool) -> None:
         return
     try:
         data = _read_disk()
-        data.setdefault(_machine(), {})[_disk_key(key)] = faster
+        data.setdefault(machine_id(), {})[_disk_key(key)] = faster
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
