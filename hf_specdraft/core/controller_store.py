@@ -40,8 +40,10 @@ def describe(model) -> str:
     if config is None:
         return type(model).__qualname__
     shape = [getattr(config, name, None) for name in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")]
-    where = getattr(model, "device", None)
-    where = torch.cuda.get_device_name(where) if isinstance(where, torch.device) and where.type == "cuda" else "cpu"
+    device = getattr(model, "device", None)
+    where = device.type if isinstance(device, torch.device) else "cpu"
+    if where == "cuda":
+        where = torch.cuda.get_device_name(device)
     return f"{type(model).__qualname__} {shape} {getattr(config, '_name_or_path', '')!r} {getattr(model, 'dtype', '')} on {where}"
 
 
