@@ -259,16 +259,40 @@ def test_what_a_process_learned_is_kept_on_disk_for_the_next(tmp_path, monkeypat
     controller.forget(target)
     assert json.loads(path.read_text()) == {}
     assert run(8)["draft_lengths"][:2] == [1, 3]  # measured afresh
-    for broken in ("{not json", json.dumps({k: {"state": {"verify": {"x": 1}}} for k in json.loads(path.read_text())})):
-        path.write_text(broken)
+    (key, entry), = json.loads(path.read_text()).items()
+    wrong = {"verify": None, "verify_samples": [1], "draft_per_token": "fast", "tries": [[None] * 8], "bin_hits": [],
+             "stop_seconds": {"0": 1.0}, "hits": [[True] * 8]}
+    broken = ["{not json", "[]", json.dumps({key: {"state": {"verify": {"x": 1}}}}), json.dumps({key: "state"})]
+    broken += [json.dumps({key: {**entry, "state": {**entry["state"], name: value}}}) for name, value in wrong.items()]
+    for text in broken:  # another version's file, or an edited one: measured afresh, never a crash
+        path.write_text(text)
         controller._MEMORY.clear()
         assert run(8)["controller_resumed"] is False
+    path.write_text(json.dumps({key: entry}))
+    controller._MEMORY.clear()
+    assert run(8)["controller_resumed"] is True  # the intact entry is read
+    other = {"another CPU | torch 0.0 | 2 CPUs" + key[key.index(" || "):]: entry}
+    path.write_text(json.dumps({key: entry, **other}))
+    controller.forget()
+    assert json.loads(path.read_text()) == other  # another machine's entries in a shared file stay
     monkeypatch.setenv("HF_SPECDRAFT_CONTROLLER_FILE", "")
     path.unlink()
     controller._MEMORY.clear()
     controller._SAVED.clear()
     run(8)
     assert not path.exists()  # nothing on disk when the variable is set empty
+
+
+def test_a_trees_confidences_are_judged_by_its_chain():
+    """For a widened tree, the confidence bins count its chain's tokens by what the chain alone accepted (``on_chain``),
+    not by the accepted path, which may run through an expansion token."""
+    controller = DraftLengthController(4, widths=(1.0, 2.0))
+    controller.option = 1
+    controller.observe(2, [2], 0.002, 0.03, 5, on_chain=[0], confidences=[[0.95, 0.95]])  # the path left the chain at once
+    assert controller.bin_tries[9] == 1 and controller.bin_hits[9] == 0
+    chain = DraftLengthController(4)
+    chain.observe(2, [2], 0.002, 0.03, 3, confidences=[[0.95, 0.95]])  # a chain: its accepted tokens are its own
+    assert chain.bin_tries[9] == 2 and chain.bin_hits[9] == 2
 
 
 def test_a_draft_model_s_state_is_its_own():

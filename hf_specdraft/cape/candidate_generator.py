@@ -101,9 +101,10 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         self.drafter.stop_rule = rule
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
-        """The draft's probability of each token of this step's chain (before it was widened)."""
-        chain = getattr(self, "_chain", None)
-        return None if chain is None else self.drafter.drafted_confidences(chain)
+        """The draft's probability of each token of this step's chain (read before it was widened), as far as the chain
+        of ``tree``, the proposal the loop verified (cut at ``max_length``), goes."""
+        confidences = None if self._chain is None else self.drafter.drafted_confidences(self._chain)
+        return None if confidences is None else confidences[: len(tree.chain_nodes())]
 
     @property
     def num_draft_tokens(self) -> int | None:

@@ -47,7 +47,7 @@ import atexit
 import time
 import weakref
 
-from .controller_store import belongs_to, describe, drop_states, entry_key, load_state, save_state, store_file
+from .controller_store import belongs_to, drop_states, entry_key, load_state, save_state, store_file
 
 PRIOR_ACCEPTANCE = 0.6  # the prior of a_0, replaced within a few steps by what the draft achieves
 PRIOR_WEIGHT = 1.0  # pseudo-count of each a_j's prior (the position before it)
@@ -311,22 +311,33 @@ def _disk_key(model, anchor, key: tuple) -> str:
     return entry_key(model, anchor, name, (widths, longest, setting))
 
 
+def _fits(value, fresh) -> bool:
+    """Whether a saved field's ``value`` has the shape of the fresh controller's field ``fresh``: numbers where it holds
+    numbers (or None), lists of the same length, dicts of numbers (the cost curve's keys already made ints)."""
+    number = (int, float)
+    if isinstance(fresh, list):
+        return isinstance(value, list) and len(value) == len(fresh) and all(_fits(v, f) for v, f in zip(value, fresh))
+    if isinstance(fresh, dict):
+        return isinstance(value, dict) and all(isinstance(v, number) and not isinstance(v, bool) and v >= 0 for v in value.values())
+    if fresh is None:
+        return value is None or (isinstance(value, number) and not isinstance(value, bool) and value >= 0)
+    return isinstance(value, number) and not isinstance(value, bool)
+
+
 def _restore(controller: DraftLengthController, state: dict) -> bool:
     """Set ``controller``'s carried fields from a saved ``state`` (JSON: the cost curve's keys come back as strings);
-    ``False``, and nothing set, when any field does not fit (another version's shapes)."""
+    ``False``, and nothing set, when any field does not fit (a file written by another version, or edited)."""
     restored = {}
-    for name in _CARRIED:
-        value, fresh = state.get(name), getattr(controller, name)
-        if isinstance(fresh, dict) and isinstance(value, dict):
-            try:
+    try:
+        for name in _CARRIED:
+            value, fresh = state.get(name), getattr(controller, name)
+            if isinstance(fresh, dict) and isinstance(value, dict):
                 value = {int(k): v for k, v in value.items()}
-            except ValueError:
+            if not _fits(value, fresh):
                 return False
-        elif isinstance(fresh, list) and not (isinstance(value, list) and len(value) == len(fresh)):
-            return False
-        elif fresh is None and value is not None and not isinstance(value, (int, float)):
-            return False
-        restored[name] = value
+            restored[name] = value
+    except (TypeError, ValueError, AttributeError):
+        return False
     for name, value in restored.items():
         setattr(controller, name, value)
     return True
@@ -350,13 +361,14 @@ def recall(controller: DraftLengthController, model, drafter, setting: tuple = (
 
 SAVE_EVERY = 30.0  # seconds between two saves of one entry to disk (a loop of short calls does not rewrite the file each time)
 _SAVED: dict[str, float] = {}  # disk key -> when this process last saved it
-_PENDING: dict[str, dict] = {}  # disk key -> the newest state not saved yet (saved when the process exits)
+_PENDING: dict[str, tuple] = {}  # disk key -> (its file, the newest state not saved yet): saved when the process exits
 
 
 @atexit.register
 def _save_pending() -> None:
     while _PENDING:
-        save_state(*_PENDING.popitem())
+        key, (path, state) = _PENDING.popitem()
+        save_state(key, state, path)
 
 
 def remember(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> None:
@@ -373,20 +385,21 @@ def remember(controller: DraftLengthController, model, drafter, setting: tuple =
         kept[key] = (weakref.ref(anchor), state)
     except TypeError:  # a model or anchor that cannot be weakly referenced: nothing is kept
         return
-    if store_file() is None:
+    path = store_file()
+    if path is None:
         return
     disk_key = _disk_key(model, anchor, key)
     _PENDING.pop(disk_key, None)
     if time.monotonic() - _SAVED.get(disk_key, float("-inf")) >= SAVE_EVERY:
         _SAVED[disk_key] = time.monotonic()
-        save_state(disk_key, state)
+        save_state(disk_key, state, path)
     else:
-        _PENDING[disk_key] = state
+        _PENDING[disk_key] = (path, state)
 
 
 def forget(model=None) -> None:
-    """Drop what the controller learned, for ``model`` or (``None``) every model, in this process and on disk: the next
-    call measures afresh."""
+    """Drop what the controller learned, for ``model`` (in any dtype or on any device) or (``None``) every model, in this
+    process and in this machine's entries on disk: the next call measures afresh."""
     _SAVED.clear()
     if model is None:
         _MEMORY.clear()
@@ -397,7 +410,6 @@ def forget(model=None) -> None:
         _MEMORY.pop(model, None)
     except TypeError:
         raise TypeError(f"forget(model) takes a model (the target passed to generate) or None, got {type(model).__name__}") from None
-    described = describe(model)
-    for key in [k for k in _PENDING if belongs_to(k, described)]:
+    for key in [k for k in _PENDING if belongs_to(k, model)]:
         del _PENDING[key]
-    drop_states(described)
+    drop_states(model)

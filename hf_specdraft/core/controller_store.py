@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,29 +33,39 @@ def store_file() -> Path | None:
     return Path(os.environ.get("HF_SPECDRAFT_CACHE") or Path.home() / ".cache" / "hf_specdraft") / "controller.json"
 
 
-def describe(model) -> str:
-    """A model's class, shape and checkpoint name (what its costs and acceptance depend on), or a class's name."""
+FORMAT = 1  # the state's layout; an entry of another format is not read
+
+
+def identity(model) -> str:
+    """A model's class, shape and checkpoint name (what its acceptance depends on), or a class's name."""
     if isinstance(model, type):
         return model.__qualname__
     config = getattr(model, "config", None)
     if config is None:
         return type(model).__qualname__
     shape = [getattr(config, name, None) for name in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")]
+    return f"{type(model).__qualname__} {shape} {getattr(config, '_name_or_path', '')!r}"
+
+
+def describe(model) -> str:
+    """:func:`identity`, and for a model its dtype and where it runs (what its costs depend on too)."""
+    if isinstance(model, type) or getattr(model, "config", None) is None:
+        return identity(model)
     device = getattr(model, "device", None)
     where = device.type if isinstance(device, torch.device) else "cpu"
     if where == "cuda":
         where = torch.cuda.get_device_name(device)
-    return f"{type(model).__qualname__} {shape} {getattr(config, '_name_or_path', '')!r} {getattr(model, 'dtype', '')} on {where}"
+    return f"{identity(model)} {getattr(model, 'dtype', '')} on {where}"
 
 
 def entry_key(model, anchor, drafter_name: str, options: tuple) -> str:
     """The file's key of one target, drafter and call setting on this machine."""
-    return f"{machine_id()} || target {describe(model)} || {drafter_name} over {describe(anchor)} || {options!r}"
+    return f"{machine_id()} || target {describe(model)} || {drafter_name} over {describe(anchor)} || {options!r} || format {FORMAT}"
 
 
-def belongs_to(key: str, target_description: str) -> bool:
-    """Whether an :func:`entry_key` is one of this machine's entries for the target :func:`describe` gave."""
-    return key.startswith(f"{machine_id()} || target {target_description} || ")
+def belongs_to(key: str, model) -> bool:
+    """Whether an :func:`entry_key` is one of this machine's entries for the target ``model`` (in any dtype or device)."""
+    return key.startswith(f"{machine_id()} || target {identity(model)} ")
 
 
 def _read(path: Path) -> dict:
@@ -74,37 +85,51 @@ def load_state(key: str) -> dict | None:
     return entry.get("state") if isinstance(entry, dict) and isinstance(entry.get("state"), dict) else None
 
 
-def save_state(key: str, state: dict) -> None:
-    """Save ``state`` (JSON-able) under ``key``: read, merge, atomic replace; a read-only cache directory only skips it."""
-    path = store_file()
+def _when(entry) -> float:
+    saved = entry.get("saved") if isinstance(entry, dict) else None
+    return saved if isinstance(saved, (int, float)) else 0.0
+
+
+def save_state(key: str, state: dict, path: Path | None = None) -> None:
+    """Save ``state`` (JSON-able) under ``key`` in ``path`` (default :func:`store_file`): read, merge, atomic replace.
+    A cache write never fails a call: a read-only directory or an odd file only skips it."""
+    path = store_file() if path is None else path
     if path is None:
         return
     try:
         data = _read(path)
         data[key] = {"saved": time.time(), "state": state}
         if len(data) > MAX_ENTRIES:
-            data = dict(sorted(data.items(), key=lambda item: item[1].get("saved", 0) if isinstance(item[1], dict) else 0)[-MAX_ENTRIES:])
+            data = dict(sorted(data.items(), key=lambda item: _when(item[1]))[-MAX_ENTRIES:])
         _write(path, data)
-    except OSError:
+    except Exception:  # noqa: BLE001 - a cache
         pass
 
 
 def _write(path: Path, data: dict) -> None:
+    """Replace ``path`` with ``data`` at once, through a temporary file of this writer's own in the same directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    partial.replace(path)
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as f:
+            f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
 
 
-def drop_states(target_description: str | None = None) -> None:
-    """Remove the entries of one target (its :func:`describe`) on this machine, or (``None``) the whole file."""
+def drop_states(model=None) -> None:
+    """Remove this machine's entries for the target ``model`` (any dtype or device), or (``None``) all of this
+    machine's entries; other machines' entries in a shared file stay."""
     path = store_file()
     if path is None or not path.is_file():
         return
     try:
-        if target_description is None:
-            path.unlink()
-            return
-        _write(path, {k: v for k, v in _read(path).items() if not belongs_to(k, target_description)})
-    except OSError:
+        if model is None:
+            kept = {k: v for k, v in _read(path).items() if not k.startswith(f"{machine_id()} || ")}
+        else:
+            kept = {k: v for k, v in _read(path).items() if not belongs_to(k, model)}
+        _write(path, kept)
+    except Exception:  # noqa: BLE001 - a cache
         pass

@@ -57,6 +57,7 @@ This module imports torch only: :func:`hf_specdraft.cape.write_custom_generate` 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -88,6 +89,7 @@ def calibration_file() -> Path | None:
     return Path(os.environ.get("HF_SPECDRAFT_CACHE") or Path.home() / ".cache" / "hf_specdraft") / "few_token_linears.json"
 
 
+@functools.lru_cache(maxsize=1)
 def machine_id() -> str:
     """The CPU model and torch build a calibration holds for (another CPU or BLAS is measured anew)."""
     model = platform.processor() or platform.machine()
