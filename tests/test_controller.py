@@ -475,12 +475,16 @@ class ChainOracle(DraftModelCandidateGenerator):
         return draft_chain(self, input_ids, next_logits, input_ids.device)
 
 
+@pytest.mark.parametrize("cape", [False, True])
 @pytest.mark.parametrize("mode", ["right", "wrong"])
-def test_confidence_stops_with_drafts_always_right_and_always_wrong(arch, mode):
+def test_confidence_stops_with_drafts_always_right_and_always_wrong(arch, mode, cape):
+    from hf_specdraft import CapeCandidateGenerator
+
     target = tiny_model(arch)
     x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(8))
     reference = greedy_reference(target, x, 40)
     drafter = ChainOracle(target, reference, shift=0 if mode == "right" else 1)
+    drafter = CapeCandidateGenerator(drafter) if cape else drafter  # CAPE: the stopped chain, then widened
     asked = []
     keep_drafting = DraftLengthController.keep_drafting
     with pytest.MonkeyPatch.context() as mp:
@@ -492,9 +496,11 @@ def test_confidence_stops_with_drafts_always_right_and_always_wrong(arch, mode):
     steps = out.speculative_stats.steps[:-1]  # the last step drafts what room is left
     if mode == "right":  # every draft accepted and nearly free: drafts run long
         assert all(s.accepted == s.drafted for s in steps) and max(s.drafted for s in steps) >= 4
-    else:  # confident but never accepted: the bins learn it, one token a step
+    elif not cape:  # confident but never accepted: the bins learn it, one token a step
         assert out.speculative_stats.accepted_tokens == 0
         assert [s.drafted for s in steps].count(1) >= len(steps) - 1
+    else:  # the chain is never accepted (an expansion token may be): its drafts shrink to one token all the same
+        assert [s.drafted for s in steps].count(1) >= len(steps) - 2
 
 
 @pytest.mark.parametrize("bad", [3, "model", object()])

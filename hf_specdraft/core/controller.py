@@ -208,7 +208,7 @@ class DraftLengthController:
                 rates = [t / s if s else float("inf") for t, s in zip(self.stop_tokens, self.stop_seconds)]  # unrun: first
                 self.option = max(range(len(self.widths)), key=rates.__getitem__)
                 if self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 - 1:  # and the other widths, in turn
-                    self.option = (self.option + 1 + (self.steps // EXPLORE_EVERY) % last) % len(self.widths)
+                    self.option = self._other_width()
             else:
                 self.option = 0
             gamma = self._stop_on_confidence()
@@ -218,10 +218,14 @@ class DraftLengthController:
             if phase == EXPLORE_EVERY - 1:  # probe beside the best γ, alternating sides
                 gamma = min(max(gamma + (1 if (self.steps // EXPLORE_EVERY) % 2 == 0 else -1), 1), top)
             elif phase == EXPLORE_EVERY // 2 - 1 and last:  # and the other tree widths, in turn, each at its own best γ
-                self.option = (self.option + 1 + (self.steps // EXPLORE_EVERY) % last) % len(self.widths)
+                self.option = self._other_width()
                 gamma = max(range(1, top + 1), key=lambda g: self.rate(g, self.option))
         self.choices.append(gamma)
         return gamma
+
+    def _other_width(self) -> int:
+        """The width option an exploring step runs instead of the current one: each of the others in turn."""
+        return (self.option + 1 + (self.steps // EXPLORE_EVERY) % (len(self.widths) - 1)) % len(self.widths)
 
     def _stop_on_confidence(self) -> int:
         """Arm :meth:`keep_drafting` for this step (its costs ``j · d + v(1 + nodes)``, ``nodes = max(j, width · j)`` for

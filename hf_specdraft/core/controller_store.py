@@ -11,15 +11,12 @@ decays within a few dozen steps, so a different text soon outweighs it. Set the 
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from .projection import machine_id
+from .disk_cache import cache_file, machine_id, read_json, write_json
 
 MAX_ENTRIES = 256  # the file keeps the most recently saved entries
 
@@ -27,10 +24,7 @@ MAX_ENTRIES = 256  # the file keeps the most recently saved entries
 def store_file() -> Path | None:
     """``$HF_SPECDRAFT_CONTROLLER_FILE``, else ``$HF_SPECDRAFT_CACHE/controller.json`` (default ``~/.cache/hf_specdraft``);
     ``None`` when the variable is set empty."""
-    explicit = os.environ.get("HF_SPECDRAFT_CONTROLLER_FILE")
-    if explicit is not None:
-        return Path(explicit) if explicit else None
-    return Path(os.environ.get("HF_SPECDRAFT_CACHE") or Path.home() / ".cache" / "hf_specdraft") / "controller.json"
+    return cache_file("HF_SPECDRAFT_CONTROLLER_FILE", "controller.json")
 
 
 FORMAT = 1  # the state's layout; an entry of another format is not read
@@ -68,20 +62,12 @@ def belongs_to(key: str, model) -> bool:
     return key.startswith(f"{machine_id()} || target {identity(model)} ")
 
 
-def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):  # unreadable or half-written: start afresh
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def load_state(key: str) -> dict | None:
     """The state saved under ``key``, or ``None``."""
     path = store_file()
     if path is None:
         return None
-    entry = _read(path).get(key)
+    entry = read_json(path).get(key)
     return entry.get("state") if isinstance(entry, dict) and isinstance(entry.get("state"), dict) else None
 
 
@@ -97,26 +83,13 @@ def save_state(key: str, state: dict, path: Path | None = None) -> None:
     if path is None:
         return
     try:
-        data = _read(path)
+        data = read_json(path)
         data[key] = {"saved": time.time(), "state": state}
         if len(data) > MAX_ENTRIES:
             data = dict(sorted(data.items(), key=lambda item: _when(item[1]))[-MAX_ENTRIES:])
-        _write(path, data)
+        write_json(path, data)
     except Exception:  # noqa: BLE001 - a cache
         pass
-
-
-def _write(path: Path, data: dict) -> None:
-    """Replace ``path`` with ``data`` at once, through a temporary file of this writer's own in the same directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as f:
-            f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
 
 
 def drop_states(model=None) -> None:
@@ -127,9 +100,9 @@ def drop_states(model=None) -> None:
         return
     try:
         if model is None:
-            kept = {k: v for k, v in _read(path).items() if not k.startswith(f"{machine_id()} || ")}
+            kept = {k: v for k, v in read_json(path).items() if not k.startswith(f"{machine_id()} || ")}
         else:
-            kept = {k: v for k, v in _read(path).items() if not belongs_to(k, model)}
-        _write(path, kept)
+            kept = {k: v for k, v in read_json(path).items() if not belongs_to(k, model)}
+        write_json(path, kept)
     except Exception:  # noqa: BLE001 - a cache
         pass

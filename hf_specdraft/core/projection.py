@@ -57,10 +57,6 @@ This module imports torch only: :func:`hf_specdraft.cape.write_custom_generate` 
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Iterable, Iterator
@@ -68,6 +64,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from .disk_cache import cache_file, machine_id, read_json, write_json
 
 ORIENTATIONS = ("auto", "transposed", "linear")
 MAX_CALIBRATED_ROWS = 64  # past this a forward is an ordinary GEMM (a prefill): linear's own path
@@ -83,22 +81,7 @@ def calibration_file() -> Path | None:
     """Where calibrations persist across processes: ``$HF_SPECDRAFT_CALIBRATION_FILE``, else
     ``$HF_SPECDRAFT_CACHE/few_token_linears.json`` (default ``~/.cache/hf_specdraft``); ``None`` when the variable is set
     empty (no file)."""
-    explicit = os.environ.get("HF_SPECDRAFT_CALIBRATION_FILE")
-    if explicit is not None:
-        return Path(explicit) if explicit else None
-    return Path(os.environ.get("HF_SPECDRAFT_CACHE") or Path.home() / ".cache" / "hf_specdraft") / "few_token_linears.json"
-
-
-@functools.lru_cache(maxsize=1)
-def machine_id() -> str:
-    """The CPU model and torch build a calibration holds for (another CPU or BLAS is measured anew)."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{model} | torch {torch.__version__} | {os.cpu_count()} CPUs"
+    return cache_file("HF_SPECDRAFT_CALIBRATION_FILE", "few_token_linears.json")
 
 
 def _disk_key(key: tuple) -> str:
@@ -107,11 +90,7 @@ def _disk_key(key: tuple) -> str:
 
 
 def _read_disk() -> dict:
-    path = calibration_file()
-    try:
-        return json.loads(path.read_text()) if path is not None and path.is_file() else {}
-    except (OSError, ValueError):  # unreadable or half-written: measure again
-        return {}
+    return read_json(calibration_file())
 
 
 def _load_disk() -> None:
@@ -133,10 +112,7 @@ def _save_disk(key: tuple, faster: bool) -> None:
     try:
         data = _read_disk()
         data.setdefault(machine_id(), {})[_disk_key(key)] = faster
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        partial.replace(path)
+        write_json(path, data)
     except OSError:
         pass
 
