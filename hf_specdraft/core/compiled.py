@@ -11,7 +11,9 @@ whose cache fits (the cache is kept per model, :func:`static_target`). Prefill s
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
 import time
 import weakref
 
@@ -22,9 +24,9 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 from .rows import Row
 from .static_cache import StaticRowsCache
 from .support import no_logits_kwargs
-from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs
+from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs, warm_up_inputs
 from .tree import DraftTree
-from .verify import WINDOWED_LAYER_TYPES, layer_masks, may_window
+from .verify import WINDOWED_LAYER_TYPES, may_window
 
 _CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its last StaticRowsCache}, reused when it fits
 MIN_CACHE_COLUMNS = 256  # a cache holds at least this many columns, and grows by doubling: a new size is a new graph
@@ -33,6 +35,47 @@ RECOMPILE_LIMIT = 4 * len(BUCKETS)  # graphs dynamo may keep per code object: ev
 
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile config's fields: compiled __call__}
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the lock of its static caches (every role)
+_LOCKS_GUARD = threading.Lock()
+_HELD = threading.local()  # the draft locks the current thread's static call holds (released when the call ends)
+
+
+class StaticCacheBusy(RuntimeError):
+    """A draft's static cache is in use by another thread's call: the drafter then drafts eagerly."""
+
+
+def static_lock(model) -> threading.RLock:
+    """The lock a static call holds on ``model``'s static caches for its whole length. Reentrant: one call may use a
+    model as target and draft."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(model, threading.RLock())
+
+
+@contextlib.contextmanager
+def static_call(model):
+    """Hold ``model``'s static caches for one call: a concurrent static call on the same target waits here (a cache is
+    one request's state; sharing it would mix two requests' keys). Draft caches the call takes on the way
+    (:func:`hold_draft`) are released with it."""
+    lock = static_lock(model)
+    with lock:
+        outer, _HELD.locks = getattr(_HELD, "locks", None), []
+        try:
+            yield
+        finally:
+            for held in reversed(_HELD.locks):
+                held.release()
+            _HELD.locks = outer
+
+
+def hold_draft(model) -> None:
+    """Take ``model``'s static caches for the current call as a draft, without waiting (a wait could deadlock two calls
+    that use two models in swapped roles); :class:`StaticCacheBusy` when another call holds them."""
+    lock = static_lock(model)
+    if getattr(_HELD, "locks", None) is None:
+        raise StaticCacheBusy("a draft's static cache is taken inside a static call only")
+    if not lock.acquire(blocking=False):
+        raise StaticCacheBusy(f"{type(model).__name__}'s static caches are in use by another call")
+    _HELD.locks.append(lock)
 
 
 def compiled_call(model, compile_config: CompileConfig):
@@ -112,8 +155,8 @@ class StaticTarget:
         return cap_nodes(tree, self.max_nodes)
 
     def warm_up(self, largest_tokens: int) -> None:
-        """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written in the cache's
-        last columns, which no row reaches), so the call's own steps never compile."""
+        """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written where no row's
+        state lives, :func:`warm_up_inputs`), so the call's own steps never compile."""
         if self.compiled and not self.cache.layers[0].is_initialized:  # buffers are allocated by an eager forward, never in a graph
             self._dummy(self.buckets[0], compiled=False)
         for bucket in self.buckets:
@@ -132,29 +175,13 @@ class StaticTarget:
         self.warm_up_seconds[bucket] = time.perf_counter() - started
 
     def _dummy(self, width: int, compiled: bool) -> None:
-        """One forward of ``width`` dummy tokens per row written in the cache's last columns (no row reaches them), each
-        seeing only itself: compiles (and on CUDA captures) a bucket, or allocates the buffers eagerly."""
-        batch, length = self.cache.num_rows, self.cache.max_cache_len
-        self.cache.set_visible(None)
-        columns = torch.arange(length - width, length).repeat(batch, 1)
-        visible = columns[:, :, None] == torch.arange(length)[None, None]
-        mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(~visible, torch.finfo(self.model.dtype).min)
-        self.cache.set_write_columns(columns.to(self.model.device))
-        inputs = {"input_ids": torch.zeros(batch, width, dtype=torch.long, device=self.model.device),
-                  "position_ids": torch.zeros(batch, width, dtype=torch.long, device=self.model.device),
-                  "attention_mask": self._mask_like(mask[:, None])}
+        """One forward of ``width`` dummy tokens per row where no row's state lives (:func:`warm_up_inputs`): compiles
+        (and on CUDA captures) a bucket, or allocates the buffers eagerly. Safe at any point of a call."""
+        inputs = warm_up_inputs(self.model, self.cache, width, self.model.device)
         if compiled:
             self._forward(**inputs)
         else:
             self.model(**inputs, past_key_values=self.cache, use_cache=True)
-
-    def _mask_like(self, mask: torch.Tensor):
-        """The warm-up mask in the form the model takes (one per layer type for windowed models)."""
-        positions = torch.zeros(mask.shape[0], mask.shape[2], dtype=torch.long)
-        masks = layer_masks(self.model, self.cache, mask, positions, torch.arange(mask.shape[-1]))
-        if isinstance(masks, dict):
-            return {kind: m.to(self.model.device) for kind, m in masks.items()}
-        return masks.to(self.model.device)
 
     def _forward(self, **inputs) -> torch.Tensor:
         if not (self.compiled and self.model.device.type == "cuda"):
@@ -206,6 +233,6 @@ def static_target(model, generation_config: GenerationConfig, batch_size: int, r
     if cache is None or not cache.fits(batch_size, needed, model.device, model.dtype):
         columns = max(MIN_CACHE_COLUMNS, 1 << (needed - 1).bit_length())
         windows = ring_windows(model, buckets[-1], columns) if role == "target" else None
-        cache = StaticRowsCache(config.num_hidden_layers, batch_size, columns, windows)
+        cache = StaticRowsCache(config.num_hidden_layers, batch_size, columns, windows, scratch=buckets[-1])
         caches[role] = cache
     return StaticTarget(model, cache, compile_config_for(model, generation_config), buckets)

@@ -39,7 +39,7 @@ from transformers.utils import ModelOutput
 
 from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
 from .cache import keep_columns, row_cache, target_cache
-from .compiled import StaticTarget, static_target
+from .compiled import StaticCacheBusy, StaticTarget, static_call, static_target
 from .controller import DraftLengthController, recall, remember
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
 from .inputs import (
@@ -184,15 +184,32 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
                          f"({chains}): leave cache_implementation unset for this model")
     if chains:
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
-    static = None  # cache_implementation="static": the loop's static cache, verification compiled where transformers would
-    if generation_config.cache_implementation == "static":
-        static = static_target(model, generation_config, batch)
-    cache = static if static is not None else target_cache(model, shared)
-    if static is not None and static.compiled and not shared:  # a batch-1 call's draft compiles too, where its drafter can
+    if generation_config.cache_implementation == "static":  # the loop's static cache, verification compiled where transformers
+        with static_call(model):  # would; a concurrent static call on this model waits: the cache is one request's state
+            return _static_loop(model, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer, shared)
+    return _steps_and_result(model, target_cache(model, shared), None, input_ids, rows, generator, stopping_criteria,
+                             generation_config, acceptance, streamer, shared)
+
+
+def _static_loop(model, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer, shared):
+    """The call on the static cache (held by this call): the target's, and each batch-1 draft's where its drafter can."""
+    static = static_target(model, generation_config, len(rows))
+    if static.compiled and not shared:
         for row in rows:
             if hasattr(row.generator, "compile_draft"):
-                made = row.generator.compile_draft(generation_config, static.compile_config, static.cache)
+                try:
+                    made = row.generator.compile_draft(generation_config, static.compile_config, static.cache)
+                except StaticCacheBusy:  # another thread's call holds this draft's static cache: this one drafts eagerly
+                    continue
                 static.drafts.extend(made if isinstance(made, list) else [made])
+    return _steps_and_result(model, static, static, input_ids, rows, generator, stopping_criteria, generation_config, acceptance,
+                             streamer, shared)
+
+
+def _steps_and_result(model, cache, static, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer,
+                      shared):
+    """Prefill, run :func:`speculative_steps`, return what ``generate`` would."""
+    batch = len(rows)
     if streamer is not None:
         streamer.put(input_ids.cpu())
     prefill = static.prefill(input_ids, rows) if static is not None else _prefill(model, cache, input_ids, rows, shared)

@@ -22,6 +22,21 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 
+def copy_to_device(buffer: torch.Tensor, host: torch.Tensor) -> None:
+    """``buffer.copy_(host)`` without a sync: on CUDA the host tensor is staged in pinned memory and copied
+    asynchronously (a copy from pageable memory waits for the stream to drain first)."""
+    if buffer.device.type == "cuda":
+        host = host.pin_memory()
+    buffer.copy_(host, non_blocking=True)
+
+
+def to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A long tensor of host ``values`` on ``device``, copied without a sync (:func:`copy_to_device`)."""
+    out = torch.empty(len(values), dtype=torch.long, device=device)
+    copy_to_device(out, torch.tensor(values, dtype=torch.long))
+    return out
+
+
 class StaticRowsLayer(CacheLayerMixin):
     """One layer's static buffers. Writes go to the columns the cache was given for this forward
     (:meth:`StaticRowsCache.set_write_columns`), one per row and query: rows write at lengths of their own."""
@@ -29,13 +44,14 @@ class StaticRowsLayer(CacheLayerMixin):
     is_compileable = True
     is_sliding = False  # windowed layers see their window through the mask, on a ring of their own (below)
 
-    def __init__(self, max_cache_len: int, ring: int | None = None, window: int | None = None):
+    def __init__(self, max_cache_len: int, ring: int | None = None, window: int | None = None, scratch: int = 0):
         super().__init__()
         self.max_cache_len = max_cache_len
         # a windowed layer keeps only `ring` = window + widest bucket columns, column c in slot c % ring: a step's writes
-        # never overwrite a key any of its queries can still see (they reach back window - 1 columns at most)
-        self.ring, self.window = ring, window
-        self.write_index: torch.Tensor | None = None  # (B, 1, Q, 1) long, shared by every layer of the cache
+        # never overwrite a key any of its queries can still see (they reach back window - 1 columns at most). Past the
+        # ring, `scratch` slots that no column maps to: warm-up dummies write there, never into a live slot
+        self.ring, self.window, self.scratch = ring, window, scratch if ring is not None else 0
+        self.write_index: torch.Tensor | None = None  # (B, 1, Q, 1) long: the slots this forward writes (set by the cache)
         self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
         self.visible: int | None = None  # eager forwards attend to the first `visible` columns only; None: all (fixed shapes)
         self.prefilling = False  # the prefill (on an empty cache) attends to its own states only
@@ -43,7 +59,7 @@ class StaticRowsLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         batch, heads = key_states.shape[:2]
-        size = self.ring or self.max_cache_len
+        size = self.ring + self.scratch if self.ring is not None else self.max_cache_len
         self.keys = torch.zeros(batch, heads, size, key_states.shape[-1], dtype=self.dtype, device=self.device)
         self.values = torch.zeros(batch, heads, size, value_states.shape[-1], dtype=self.dtype, device=self.device)
         if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs replay on these very buffers
@@ -55,11 +71,9 @@ class StaticRowsLayer(CacheLayerMixin):
         """Write `(B, H, Q, D)` states at the cache's write columns; return the whole buffers (the mask hides the rest)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        index, keys, values = self.write_index, key_states, value_states
-        if self.ring is not None:
-            index = index.remainder(self.ring)
-            if keys.shape[-2] > self.ring:  # only a prefill is wider than the ring: its newest columns stay
-                index, keys, values = index[:, :, -self.ring :], keys[:, :, -self.ring :], values[:, :, -self.ring :]
+        index, keys, values = self.write_index, key_states, value_states  # a ring layer's index holds slots already
+        if self.ring is not None and keys.shape[-2] > self.ring:  # only a prefill is wider than the ring: its newest columns stay
+            index, keys, values = index[:, :, -self.ring :], keys[:, :, -self.ring :], values[:, :, -self.ring :]
         self.keys.scatter_(2, index.expand_as(keys), keys)
         self.values.scatter_(2, index.expand_as(values), values)
         if self.prefilling:
@@ -71,7 +85,9 @@ class StaticRowsLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if self.prefilling:
             return query_length, 0
-        return self.ring or (self.max_cache_len if self.visible is None else self.visible), 0
+        if self.ring is not None:
+            return self.ring + self.scratch, 0
+        return (self.max_cache_len if self.visible is None else self.visible), 0
 
     def get_seq_length(self) -> int:
         return 0 if not self.is_initialized else self.committed
@@ -91,27 +107,47 @@ class StaticRowsCache(Cache):
 
     is_compileable = True
 
-    def __init__(self, num_layers: int, batch_size: int, max_cache_len: int, windows: dict[int, tuple[int, int]] | None = None):
+    def __init__(self, num_layers: int, batch_size: int, max_cache_len: int, windows: dict[int, tuple[int, int]] | None = None,
+                 scratch: int = 0):
         windows = windows or {}  # layer -> (window, ring): the windowed layers kept on rings
-        super().__init__(layers=[StaticRowsLayer(max_cache_len, *reversed(windows.get(i, (None, None)))) for i in range(num_layers)])
-        self.num_rows, self.max_cache_len = batch_size, max_cache_len
+        super().__init__(layers=[StaticRowsLayer(max_cache_len, *reversed(windows.get(i, (None, None))), scratch=scratch)
+                                 for i in range(num_layers)])
+        self.num_rows, self.max_cache_len, self.scratch = batch_size, max_cache_len, scratch
         self.has_rings = bool(windows)
-        self._write_buffers: dict[int, torch.Tensor] = {}  # Q -> (B, 1, Q, 1) long: one fixed buffer per width
+        self.rings = sorted({layer.ring for layer in self.layers if layer.ring is not None})
+        self._write_buffers: dict[tuple, torch.Tensor] = {}  # (ring or None, Q) -> (B, 1, Q, 1) long: a fixed buffer per width
 
-    def set_write_columns(self, columns: torch.Tensor) -> None:
-        """The columns `(B, Q)` the next forward writes each row's ``Q`` states to (copied into a fixed buffer)."""
-        batch, width = columns.shape
-        if batch != self.num_rows or int(columns.max()) >= self.max_cache_len:
-            raise ValueError(f"write columns of shape {tuple(columns.shape)} up to {int(columns.max())} do not fit a static cache of "
+    def set_write_columns(self, starts: list[int], width: int, device: torch.device, scratch: bool = False,
+                          columns: torch.Tensor | None = None) -> None:
+        """The next forward writes row ``b``'s ``width`` states at columns ``starts[b] ..`` (a ring layer: their slots).
+
+        Built on the host from ``starts`` (ints: nothing is read back) and copied into a fixed buffer per width (CUDA
+        graphs replay on its address). ``scratch``: a warm-up's dummies, at the full layers' last columns (past any row's
+        text) and the ring layers' scratch slots (past every slot a column maps to). ``columns`` `(B, width)` (host):
+        explicit columns instead of consecutive ones (the prefill's).
+        """
+        last = max(starts) + width
+        if len(starts) != self.num_rows or last > self.max_cache_len or min(starts) < 0 or (scratch and width > self.scratch and self.rings):
+            raise ValueError(f"write columns of {len(starts)} rows x {width} up to {last - 1} do not fit a static cache of "
                              f"{self.num_rows} rows x {self.max_cache_len} columns")
-        buffer = self._write_buffers.get(width)
-        if buffer is None or buffer.device != columns.device:
-            buffer = torch.zeros(batch, 1, width, 1, dtype=torch.long, device=columns.device)
-            torch._dynamo.mark_static_address(buffer)
-            self._write_buffers[width] = buffer
-        buffer.copy_(columns[:, None, :, None])
-        for layer in self.layers:
-            layer.write_index = buffer
+        if columns is None:
+            columns = torch.tensor(starts)[:, None] + torch.arange(width)
+        for ring in [None, *self.rings]:
+            if ring is None:
+                slots = columns
+            elif scratch:
+                slots = (ring + torch.arange(width)).expand(len(starts), width)
+            else:
+                slots = columns.remainder(ring)
+            buffer = self._write_buffers.get((ring, width))
+            if buffer is None or buffer.device != torch.device(device):
+                buffer = torch.zeros(len(starts), 1, width, 1, dtype=torch.long, device=device)
+                torch._dynamo.mark_static_address(buffer)
+                self._write_buffers[(ring, width)] = buffer
+            copy_to_device(buffer, slots[:, None, :, None])
+            for layer in self.layers:
+                if layer.ring == ring:
+                    layer.write_index = buffer
 
     def set_visible(self, columns: int | None) -> None:
         """Eager forwards attend to the first ``columns`` columns only (no compiled graph needs the full buffer); ``None``
@@ -137,10 +173,10 @@ class StaticRowsCache(Cache):
             return
         dst = [start + i for k, i in zip(kept, range(len(kept))) if k != i]
         device = self.layers[0].keys.device
-        src, dst = torch.tensor(src, device=device), torch.tensor(dst, device=device)
+        index = {ring: to_device([c if ring is None else c % ring for c in src + dst], device) for ring in [None, *self.rings]}
         for layer in self.layers:
             if layer.is_initialized:
-                s, d = (src, dst) if layer.ring is None else (src % layer.ring, dst % layer.ring)
+                s, d = index[layer.ring][: len(src)], index[layer.ring][len(src) :]
                 layer.keys[row].index_copy_(1, d, layer.keys[row].index_select(1, s))
                 layer.values[row].index_copy_(1, d, layer.values[row].index_select(1, s))
 

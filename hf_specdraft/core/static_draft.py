@@ -20,7 +20,7 @@ import copy
 import torch
 from transformers import CompileConfig, GenerationConfig
 
-from .compiled import static_target
+from .compiled import hold_draft, static_target
 from .static_verify import masks_for
 
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # tokens per draft feed: one drafted token, or the accepted tokens after a step
@@ -35,6 +35,7 @@ class StaticDraftCache:
     """
 
     def __init__(self, draft_model, generation_config: GenerationConfig, compile_config: CompileConfig, role: str = "draft"):
+        hold_draft(draft_model)  # StaticCacheBusy while another call drafts or verifies with this model: the caller stays eager
         config = copy.copy(generation_config)
         config.compile_config, config.disable_compile = compile_config, False
         self.static = static_target(draft_model, config, 1, role=role, buckets=DRAFT_BUCKETS)
@@ -88,7 +89,7 @@ class StaticDraftCache:
         device = self.model.device
         ids = torch.zeros(1, width, dtype=torch.long, device=device)
         ids[0, : tokens.numel()] = tokens.to(device)
-        self.static.cache.set_write_columns(columns[None].to(device))
+        self.static.cache.set_write_columns([start], width, device)
         inputs = {"input_ids": ids, "position_ids": columns[None].to(device),
                   "attention_mask": masks_for(self.model, self.static.cache, visible, columns[None], keys, device),
                   **(extra(columns) if extra is not None else {})}

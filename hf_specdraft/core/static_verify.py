@@ -65,6 +65,8 @@ def masks_for(model, cache, visible: torch.Tensor, query_positions: torch.Tensor
     with ``starts`` `(B,)` (each row's first written column), windowed layers kept on rings get theirs (:func:`onto_rings`)."""
     base = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, torch.finfo(torch.float32).min)[:, None]
     masks = additive(layer_masks(model, _Columns(visible.shape[-1]), base, query_positions, key_positions), model.dtype, device)
+    if cache is None:
+        return masks
     if starts is not None and getattr(cache, "has_rings", False):
         masks = onto_rings(model, cache, masks, starts, visible.shape[1])
     return masks
@@ -87,9 +89,41 @@ def onto_rings(model, cache, masks, starts: torch.Tensor, width: int):
         picked = mask.gather(-1, held.clamp(0, columns - 1)[:, None, None, :].expand(batch, 1, queries, ring))
         return picked.masked_fill(~valid[:, None, None, :], torch.finfo(mask.dtype).min)
 
+    def onto_slots(mask: torch.Tensor, ring: int) -> torch.Tensor:  # the ring's slots, then its scratch slots: never seen
+        blocked = torch.full((*mask.shape[:-1], cache.scratch), torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+        return torch.cat([gather(mask, ring), blocked], dim=-1)
+
     if isinstance(masks, dict):
-        return {kind: gather(mask, rings[kind]) if kind in rings else mask for kind, mask in masks.items()}
-    return gather(masks, next(iter(rings.values())))
+        return {kind: onto_slots(mask, rings[kind]) if kind in rings else mask for kind, mask in masks.items()}
+    return onto_slots(masks, next(iter(rings.values())))
+
+
+def warm_up_inputs(model, cache, width: int, device: torch.device) -> dict:
+    """Inputs of a warm-up forward of ``width`` dummy tokens per row, each seeing only itself, written where no row's
+    state lives: the full layers' last columns (past any row's text and step) and the ring layers' scratch slots.
+
+    Every key a dummy sees sits at its own position 0, so no window or chunk blocks it (a query that saw nothing
+    would write NaN states, which a later full-buffer forward multiplies by its zero weights)."""
+    batch, length = cache.num_rows, cache.max_cache_len
+    cache.set_visible(None)
+    cache.set_write_columns([length - width] * batch, width, device, scratch=True)
+    own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
+    positions = torch.zeros(batch, width, dtype=torch.long)
+    masks = masks_for(model, None, own.expand(batch, width, length), positions, torch.zeros(batch, length, dtype=torch.long), device)
+    if cache.has_rings:
+        types, _ = get_layer_types_and_kwargs(model.config.get_text_config())
+        rings = {kind: layer.ring for kind, layer in zip(types, cache.layers) if layer.ring is not None}
+
+        def scratch_mask(ring: int) -> torch.Tensor:  # dummy q wrote scratch slot ring + q
+            seen = torch.arange(ring + cache.scratch)[None] == ring + torch.arange(width)[:, None]  # (Q, R + S)
+            return additive(torch.where(seen, 0.0, -1.0).expand(batch, 1, width, ring + cache.scratch), model.dtype, device)
+
+        if isinstance(masks, dict):
+            masks = {kind: scratch_mask(rings[kind]) if kind in rings else mask for kind, mask in masks.items()}
+        else:
+            masks = scratch_mask(next(iter(rings.values())))
+    return {"input_ids": torch.zeros(batch, width, dtype=torch.long, device=device),
+            "position_ids": positions.to(device), "attention_mask": masks}
 
 
 def static_prefill_inputs(model, cache, input_ids: torch.LongTensor, pads: list[int]) -> dict:
@@ -103,7 +137,7 @@ def static_prefill_inputs(model, cache, input_ids: torch.LongTensor, pads: list[
     positions = (columns[None] - pad).clamp(min=0)
     cache.set_visible(width)  # the prefill is eager: it attends to its own columns only
     cache.set_committed(0)
-    cache.set_write_columns(columns.expand(batch, width).to(input_ids.device))
+    cache.set_write_columns([0] * batch, width, input_ids.device)
     if batch == 1 and not pads[0] and not may_window(model):
         return {"input_ids": input_ids[:, :-1]}  # one unpadded row, no window: the model's own causal mask (SDPA's fast path)
     keys = torch.arange(width)
@@ -152,6 +186,6 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
         dummies = torch.arange(1 + n, width)
         visible[b, dummies, start + dummies] = True
     device = rows[0].ids.device
-    cache.set_write_columns(columns.to(device))
+    cache.set_write_columns(columns[:, 0].tolist(), width, device)
     return {"input_ids": ids.to(device), "position_ids": positions.to(device),
             "attention_mask": masks_for(model, cache, visible, positions, key_positions, device, starts=columns[:, 0])}
