@@ -161,6 +161,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
         """The expanded proposal after ``input_ids`` `(1, L)`: the drafter's chain plus one expansion set per position."""
+        self.drafter.host_text = self.host_text  # the loop's host copy of the text, for the chain drafter's re-sync
         if self.scorer is not None:
             return self._propose_beam(input_ids, target_cache)
         return self.expand(self.drafter.propose(input_ids, target_cache))

@@ -83,7 +83,7 @@ def tree_rejection_sampling(target_probs, tree, generator: torch.Generator | Non
     if tree.draft_probs is None or tree.sampled is None:
         raise ValueError("tree_rejection_sampling needs a tree with draft_probs and sampled flags")
     children: list[list[int]] = [[] for _ in range(len(tree) + 1)]
-    for node, parent in enumerate(tree.parents.tolist()):
+    for node, parent in enumerate(tree.parent_list):
         children[parent + 1].append(node)
     tokens, sampled = tree.tokens.tolist(), tree.sampled.tolist()
     path, row = [], 0
@@ -225,7 +225,8 @@ def accept_tree(rows, tree: DraftTree, acceptance: ConditionalAcceptance | None,
     Returns:
         `(path, next_token)`: accepted node indices root-to-leaf, and the target's token after them.
     """
-    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    parents = tree.parent_list
+    tokens = tree.token_list if tree.token_list is not None else tree.tokens.tolist()
     accepted, depth = [False] * len(tokens), [0] * len(tokens)
     best = -1
     for i, (parent, token) in enumerate(zip(parents, tokens)):

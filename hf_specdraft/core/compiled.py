@@ -22,7 +22,7 @@ from transformers import CompileConfig, GenerationConfig
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .rows import Row
-from .static_cache import StaticRowsCache
+from .static_cache import StaticRowsCache, to_device
 from .support import no_logits_kwargs
 from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs, warm_up_inputs
 from .tree import DraftTree
@@ -65,6 +65,12 @@ def static_call(model):
             for held in reversed(_HELD.locks):
                 held.release()
             _HELD.locks = outer
+
+
+def captured_seconds() -> float:
+    """Seconds this thread has spent compiling and capturing buckets (target's and drafts'): the loop subtracts what a
+    step spent so, so that a bucket first needed mid-call never reaches the controller's costs or ``controller.json``."""
+    return getattr(_HELD, "captured", 0.0)
 
 
 def hold_draft(model) -> None:
@@ -147,9 +153,9 @@ class StaticTarget:
         self.cache.set_committed(input_ids.shape[1] - 1)
         return time.perf_counter() - started
 
-    def drafter_cache(self, row: Row):
+    def drafter_cache(self, a: int, row: Row):
         """Row ``row``'s committed text in the cache, as views a drafter reads (GLIDE's glimpse)."""
-        return self.cache.row_view(row.index, row.pad, row.ids.shape[1] - 1)
+        return self.cache.row_view(row.index, row.pad, len(row.tokens) - 1)
 
     def fit(self, tree: DraftTree) -> DraftTree:
         return cap_nodes(tree, self.max_nodes)
@@ -167,12 +173,17 @@ class StaticTarget:
             self.capture(bucket, lambda b=bucket: self._dummy(b, compiled=True))
 
     def capture(self, bucket: int, run) -> None:
-        """``run()`` a bucket's compiled forward until it is compiled (and on CUDA captured); its seconds are recorded."""
+        """``run()`` a bucket's compiled forward until it is compiled (and on CUDA captured); its seconds are recorded, and
+        kept out of the costs the controller learns (:func:`captured_seconds`)."""
         started = time.perf_counter()
         for _ in range(3 if self.model.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
             run()
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
         self.cache.warmed.add(bucket)
-        self.warm_up_seconds[bucket] = time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.warm_up_seconds[bucket] = seconds
+        _HELD.captured = captured_seconds() + seconds
 
     def _dummy(self, width: int, compiled: bool) -> None:
         """One forward of ``width`` dummy tokens per row where no row's state lives (:func:`warm_up_inputs`): compiles
@@ -183,28 +194,39 @@ class StaticTarget:
         else:
             self.model(**inputs, past_key_values=self.cache, use_cache=True)
 
+    @property
+    def graphs(self) -> bool:
+        """Whether the forward replays CUDA graphs (compiled on CUDA): its outputs then live in the graphs' pool."""
+        return self.compiled and self.model.device.type == "cuda"
+
     def _forward(self, **inputs) -> torch.Tensor:
-        if not (self.compiled and self.model.device.type == "cuda"):
+        if not self.graphs:
             return self.call(**inputs, past_key_values=self.cache, use_cache=True).logits
-        torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed
+        if self.model.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed
         # a CUDA graph's outputs live in its pool and the next replay overwrites them: the loop keeps logits across a step
         # (acceptance, output_logits), so they are copied out
         return self.call(**inputs, past_key_values=self.cache, use_cache=True).logits.clone()
 
-    def verify(self, rows: list[Row], trees: list[DraftTree]) -> torch.Tensor:
+    def verify(self, rows: list[Row], trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward over every row's ``[last token] + tree``, padded to a bucket. Returns float32 logits `(A, Q, V)`
-        of the active ``rows``, in their order."""
+        and the verified ids `(A, Q)` of the active ``rows``, in their order (on the device: nothing is read back)."""
         width = self.bucket(1 + max(len(tree) for tree in trees))
         if self.compiled and width not in self.cache.warmed:
-            self.warm_up(width)  # a bucket no warm-up covered: compiled here, and its time reported
-        logits = self._forward(**static_verify_inputs(self.model, self.cache, rows, trees, width, fixed=self.compiled))
+            self.warm_up(width)  # a bucket no warm-up covered: compiled here (safe mid-call), its time reported
+        inputs = static_verify_inputs(self.model, self.cache, rows, trees, width, fixed=self.compiled)
+        logits, ids = self._forward(**inputs), inputs["input_ids"]
         if len(rows) < self.cache.num_rows:
-            logits = logits[torch.tensor([row.index for row in rows], device=logits.device)]
-        return logits.float()
+            index = to_device([row.index for row in rows], logits.device)
+            logits, ids = logits.index_select(0, index), ids.index_select(0, index)
+        return logits.float(), ids
 
-    def keep(self, row: Row, start: int, kept_nodes: list[int]) -> None:
-        """The row's accepted path moved into place (its committed length is ``len(row.ids) - 1`` after emission)."""
-        self.cache.keep(row.index, start, kept_nodes)
+    def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
+        """Each row's accepted path moved into place (``cached[a]``: the columns row ``a``'s text held before the step,
+        so its step began at column ``pad + cached[a]``); the committed length is ``len(row.tokens) - 1`` after emission."""
+        for row, columns, nodes in zip(rows, cached, kept):
+            self.cache.keep(row.index, row.pad + columns, nodes)
+        self.cache.set_committed(max(len(row.tokens) - 1 for row in rows))
 
 
 def ring_windows(model, widest: int, columns: int) -> dict[int, tuple[int, int]]:

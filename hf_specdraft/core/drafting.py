@@ -107,6 +107,8 @@ class TreeCandidateGenerator(CandidateGenerator):
     controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
     stops_on_confidence = False  # a chain drafter that calls stop_rule after every drafted token (draft_chain) says True
     stop_rule = None  # set by the loop for such a drafter: confidences so far -> whether to draft another token
+    host_text = None  # set by the loop before propose: the text as a host list (drafters re-sync without reading the device)
+    tokens_in_vocab = False  # True for a drafter whose tokens come from a draft checked to share the target's vocabulary
     reads_target_cache = True  # propose() reads the target's cache (GLIDE); drafters that never do say False (the static path then builds no view)
 
     def __init__(self):
@@ -132,6 +134,8 @@ class TreeCandidateGenerator(CandidateGenerator):
         first-child chain), for the loop's controller (its confidence bins); ``None`` without ``draft_probs``."""
         if tree.draft_probs is None or not len(tree):
             return None
+        if getattr(tree, "chain_confidences", None) is not None:  # read already, one by one, by the stop rule
+            return tree.chain_confidences
         nodes = torch.tensor(tree.chain_nodes(), dtype=torch.long, device=tree.tokens.device)
         probs = tree.draft_probs[nodes.to(tree.draft_probs.device)]
         return probs.gather(-1, tree.tokens[nodes, None].to(probs.device))[:, 0].tolist()
@@ -209,6 +213,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
 
     reads_target_cache = False
     stops_on_confidence = True
+    tokens_in_vocab = True  # prepare checks the draft's vocabulary against the target's
 
     @property
     def controller_anchor(self) -> PreTrainedModel:
@@ -305,25 +310,52 @@ def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, 
     Returns:
         a chain :class:`DraftTree` with ``draft_probs`` q `(γ, V)`.
     """
-    ids = input_ids[0].to(device)
-    keep = resync_cache(generator.cache, generator.seen, ids)
+    ids = input_ids[0] if input_ids.device == torch.device(device) else input_ids[0].to(device)
+    keep = resync(generator, ids)
     feed = ids[keep:][None]  # invariant after this: the cache covers ids, then each drafted token
     tokens, probs, confidences = [], [], []
     for _ in range(generator.num_draft_tokens):
         context = torch.cat([ids[None], *tokens], dim=-1) if generator.warpers else ids[None]  # warpers see the drafted prefix
         q = generator.draft_distribution(next_logits(feed), context)
-        feed = generator.pick(q)
+        feed = generator.pick(q)  # (1, 1), left on the device: the next feed, and the tree's token
         tokens.append(feed)
         probs.append(q[0])
-        if generator.stop_rule is not None:  # the loop's controller: stop where another token is not worth its cost
-            confidences.append(float(q[0, feed[0, 0]]))
+        if generator.stop_rule is not None:  # the loop's controller: stop where another token is not worth its cost (one
+            confidences.append(float(q[0, feed[0, 0]]))  # read per drafted token, the rule's own)
             if not generator.stop_rule(confidences):
                 break
     generator.count_call("draft", len(tokens))
     drafted = torch.cat(tokens, dim=-1)[0]
     generator.seen = torch.cat([ids, drafted[:-1]])
-    sampled = torch.ones(drafted.numel(), dtype=torch.bool) if generator.generation_config.do_sample else None
-    return DraftTree.chain(drafted, torch.stack(probs), sampled)
+    sampled = torch.ones(drafted.shape[0], dtype=torch.bool) if generator.generation_config.do_sample else None
+    tree = DraftTree.chain(drafted, torch.stack(probs), sampled)
+    tree.chain_confidences = confidences if generator.stop_rule is not None else None
+    host = getattr(generator, "host_text", None)
+    generator.seen_host = (host, tree) if host is not None and len(host) == ids.shape[0] else None
+    generator.host_text = None  # it described this step's text only
+    return tree
+
+
+def resync(generator: TreeCandidateGenerator, ids: torch.Tensor) -> int:
+    """Crop ``generator.cache`` back to its common prefix with the accepted text ``ids`` `(L,)`; returns the kept length.
+
+    On the host where the loop says what the text is (``generator.host_text``) and the drafter's last proposal's tokens
+    came back with the step's read (:attr:`DraftTree.token_list`): nothing is read from the device. Otherwise by
+    comparing tensors (:func:`~hf_specdraft.core.cache.resync_cache`)."""
+    host, last = getattr(generator, "host_text", None), getattr(generator, "seen_host", None)
+    known = None if last is None else last[1].token_list if last[1].token_list is not None else last[1].known_tokens
+    if host is None or known is None or len(host) != ids.shape[0]:
+        return resync_cache(generator.cache, generator.seen, ids)
+    seen = last[0] + known[: len(last[1]) - 1]  # the cache covers the text then every drafted token but the last
+    keep = 0
+    for a, b in zip(seen, host):
+        if a != b:
+            break
+        keep += 1
+    keep = min(keep, len(host) - 1)
+    if generator.cache.get_seq_length() > keep:
+        generator.cache.crop(keep - generator.cache.get_seq_length())
+    return keep
 
 
 class DraftModelTreeScorer:

@@ -38,8 +38,10 @@ from transformers.generation import CandidateGenerator
 from transformers.utils import ModelOutput
 
 from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
-from .cache import keep_columns, row_cache, target_cache
-from .compiled import StaticCacheBusy, StaticTarget, static_call, static_target
+from .cache import keep_columns, target_cache
+from .clock import StepClock
+from .compiled import StaticCacheBusy, StaticTarget, captured_seconds, static_call, static_target
+from .layouts import OwnedRow, SharedBatch
 from .controller import DraftLengthController, recall, remember
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
 from .inputs import (
@@ -57,9 +59,10 @@ from .inputs import (
 from .projection import few_token_linears
 from .rows import Outputs, Row, TargetRows
 from .stats import SpeculativeStats, overlap
+from .static_cache import to_device
+from .stopping import HostStops
 from .support import chains_only, check_target, no_logits_kwargs
 from .tree import DraftTree
-from .verify import verify_inputs
 
 
 @dataclass
@@ -173,8 +176,9 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     if shared:
         check_batch_setup(model, generation_config, streamer, batch)
     check_generation_setup(input_ids, generation_config, model_kwargs, acceptance)
-    rows = [Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), row_processors(logits_processor, r, batch))
-            for r, g in enumerate(row_drafters(generator, batch))]
+    host_ids = input_ids.tolist()  # read once: from here on the loop extends each row's tokens on the host
+    rows = [Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), row_processors(logits_processor, r, batch),
+                tokens=host_ids[r]) for r, g in enumerate(row_drafters(generator, batch))]
     for row in rows:
         if isinstance(row.generator, TreeCandidateGenerator):
             row.generator.prepare(model, generation_config)
@@ -244,108 +248,133 @@ def _prefill(model, cache: DynamicCache, input_ids: torch.LongTensor, rows: list
     return time.perf_counter() - start
 
 
+@dataclass
+class Step:
+    """What every step of one call shares: the target, where its cache lives (a layout of :mod:`~hf_specdraft.core.layouts`
+    or the static path's :class:`~hf_specdraft.core.compiled.StaticTarget`), how tokens are judged and when rows stop,
+    and what the call records (``layout``: the loop's costs, :func:`speculative_steps`)."""
+
+    model: PreTrainedModel
+    cache: object  # OwnedRow | SharedBatch | StaticTarget: drafter_cache, fit, verify, keep
+    generation_config: GenerationConfig
+    stops: HostStops
+    acceptance: ConditionalAcceptance | None = None
+    streamer: object = None
+    controller: DraftLengthController | None = None
+    together: object = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
+    layout: dict | None = None
+    clock: StepClock | None = None
+
+
 def speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared) -> dict:
     """Speculative steps until every row is done.
 
+    ``cache``: the target's ``DynamicCache``, or the static path's :class:`~hf_specdraft.core.compiled.StaticTarget`.
     Returns what the loop's layout cost, for a shared cache's statistics: ``repack_seconds`` and ``steps`` (gathers),
     ``widest_repacked`` (the widest the repacked cache got) and ``holes_columns`` (how wide a cache masking rejected
     columns in place would have grown from the prompt: the sum of every step's verified width); and the forwards run
     for the whole batch (``target_forwards``; ``batch_draft_forwards``, `None` when rows draft one by one).
     """
-    columns = cache.cache.max_cache_len if isinstance(cache, StaticTarget) else cache.get_seq_length()
+    static = cache if isinstance(cache, StaticTarget) else None
+    columns = static.cache.max_cache_len if static is not None else cache.get_seq_length()
     layout = {"repack_seconds": 0.0, "steps": 0, "widest_repacked": columns, "holes_columns": columns,
               "target_forwards": 0, "batch_draft_forwards": None}
+    place = static if static is not None else SharedBatch(model, cache, layout) if shared else OwnedRow(model, cache)
+    step = Step(model, place, generation_config, HostStops(stopping_criteria, generation_config), acceptance, streamer,
+                layout=layout, clock=StepClock(model.device))
     drafters = [row.generator for row in active]
-    static = cache if isinstance(cache, StaticTarget) else None
-    together = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
     if shared and static is None and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters):
-        together = drafters[0].batch_drafter(drafters)
+        step.together = place.together = drafters[0].batch_drafter(drafters)
     adaptive = bool(drafters) and all(getattr(d, "adaptive_draft_length", False) for d in drafters)
-    controller = None  # num_draft_tokens="auto": γ (and an "auto" tree budget) chosen every step
-    if adaptive:
+    if adaptive:  # num_draft_tokens="auto": γ (and an "auto" tree budget) chosen every step
         widths = (1.0, 2.0) if all(getattr(d, "adaptive_budget", False) for d in drafters) else (1.0,)
         longest = getattr(drafters[0], "max_draft_tokens", AUTO_MAX)
         if static is not None:  # the controller weighs each γ at the cost of its bucket, and never drafts past the widest
             longest = min(longest, static.max_nodes // int(max(widths)))
-            static.warm_up(1 + int(max(widths)) * longest)
-        controller = DraftLengthController(longest, widths, bucket=static.bucket if static is not None else None)
+        step.controller = DraftLengthController(longest, widths, bucket=static.bucket if static is not None else None)
         setting = (len(active), static is not None and (static.compiled, static.max_nodes), bool(generation_config.do_sample),
                    str(model.device), str(model.dtype))  # what else changes costs or acceptance
-        resumed = recall(controller, model, drafters[0], setting)  # the last call's curve and counts
+        resumed = recall(step.controller, model, drafters[0], setting)  # the last call's curve and counts
         # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
-        controller.confidence_stops = not shared and getattr(drafters[0], "stops_on_confidence", False)
+        step.controller.confidence_stops = not shared and getattr(drafters[0], "stops_on_confidence", False)
+    if static is not None:  # every bucket compiles (and on CUDA is captured) before the first step of the first call: no
+        static.warm_up(static.buckets[-1])  # step ever compiles, whatever tree a drafter proposes, in this call or a later one
     try:
         while active:
-            active = speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared,
-                                      layout, controller)
+            active = speculative_step(step, active)
     finally:
         for drafter in drafters:
             if getattr(drafter, "stop_rule", None) is not None:
                 drafter.stop_rule = None  # the rule belongs to this call's controller
-    if together is not None:
-        layout["batch_draft_forwards"] = together.forwards
-    if controller is not None:
-        remember(controller, model, drafters[0], setting)
-        layout["draft_lengths"], layout["controller_resumed"] = controller.choices, resumed
+    if step.together is not None:
+        layout["batch_draft_forwards"] = step.together.forwards
+    if step.controller is not None:
+        remember(step.controller, model, drafters[0], setting)
+        layout["draft_lengths"], layout["controller_resumed"] = step.controller.choices, resumed
     return layout
 
 
-def speculative_step(model, cache, active, together, stopping_criteria, generation_config, acceptance, streamer, shared, layout,
-                     controller: DraftLengthController | None = None) -> list[Row]:
+def speculative_step(step: Step, active: list[Row]) -> list[Row]:
     """One step of every active row: propose, verify in one forward, accept, emit, compact. Returns the rows still active.
 
-    With a ``controller`` (drafters with ``num_draft_tokens="auto"``) every row first drafts the γ it chooses, and it
-    learns afterwards what the step accepted and cost."""
-    static = cache if isinstance(cache, StaticTarget) else None
-    if static is None:
-        columns = cache.get_seq_length() if shared else active[0].cached  # invariant: row a holds the last active[a].cached
-    else:
-        starts = [row.ids.shape[1] - 1 for row in active]  # each row's last token's column, where its step is written
+    The device is read once (:func:`read_back`: every row's verified tokens and the target's choices, under greedy
+    decoding without logits processors); tree metadata, stop checks and statistics are host data. With a
+    ``controller`` (drafters with ``num_draft_tokens="auto"``) every row first drafts the γ it chooses, and it learns
+    afterwards what the step accepted and cost, timed as the device sees it (:class:`~hf_specdraft.core.clock.StepClock`).
+    """
+    controller, clock = step.controller, step.clock
     if controller is not None:
-        set_draft_length(controller, active, together)
-    trees, draft_seconds = draft_rows(model, cache, active, together, generation_config, shared)
-    started = time.perf_counter()
-    if static is not None:
-        logits = static.verify(active, trees)  # (A, Q, V), Q a bucket
-    else:
-        logits = model(**verify_inputs(model, cache, active, trees, shared), past_key_values=cache, use_cache=True).logits.float()  # (A, Q, V)
-    forward_seconds = time.perf_counter() - started
-    layout["target_forwards"] += 1
-    layout["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
-    keep, survivors, accepted, on_chain = [], [], [], []
+        set_draft_length(controller, active, step.together)
+    cached = [row.cached for row in active]  # before this step: row a's last cached[a] columns of the cache
+    captured = captured_seconds()
+    trees, draft_marks = draft_rows(step, active)
+    compiled_in_draft = captured_seconds() - captured
+    verify_start = clock.mark()
+    logits, verified = step.cache.verify(active, trees)  # (A, Q, V), (A, Q)
+    verify_end = clock.mark()
+    compiled_in_verify = captured_seconds() - captured - compiled_in_draft
+    choices = read_back(step, active, trees, logits, verified)  # the step's one device -> host read (greedy)
+    draft_seconds = [max(0.0, clock.seconds(*marks) - compiled_in_draft / len(active)) for marks in draft_marks]
+    forward_seconds = max(0.0, clock.seconds(verify_start, verify_end) - compiled_in_verify)  # compiles never reach the costs
+    step.layout["target_forwards"] += 1
+    step.layout["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
+    kept, survivors, accepted, on_chain = [], [], [], []
     widens = controller is not None and len(controller.widths) > 1 and all(getattr(row.generator, "widens_chain", False) for row in active)
     for a, (row, tree) in enumerate(zip(active, trees)):
-        cached = row.cached  # before this step: the row's last `cached` columns of the cache
-        kept_nodes, count = accept_row(row, logits[a, : 1 + len(tree)], tree, acceptance, stopping_criteria, generation_config, streamer,
+        kept_nodes, count = accept_row(step, row, logits[a, : 1 + len(tree)], tree, None if choices is None else choices[a],
                                        draft_seconds[a], forward_seconds / len(active))
-        if static is not None:
-            static.keep(row, starts[a], kept_nodes)
-        else:
-            keep.append(torch.cat([torch.arange(columns - cached, columns), columns + torch.tensor(kept_nodes, dtype=torch.long)]))
+        kept.append(kept_nodes)
         accepted.append(count)
         if widens and len(kept_nodes) - 1 == count:  # what the chain alone would have accepted (greedy: exact; a path cut at
             on_chain.append(chain_accepted(tree, kept_nodes))  # eos or max_length is left out: it says nothing of the chain)
         if not row.done:
             survivors.append(a)
     if controller is not None:
-        depth = max((int(t.depth.max()) + 1 if len(t) else 0) for t in trees)  # the chain a tree's nodes hang on
+        depth = max(tree.levels for tree in trees)  # the chain a tree's nodes hang on
         confidences = None  # the probabilities of the drafted chain's tokens, for the controller's confidence bins
         if controller.confidence_stops and len(trees[0]) and (on_chain or not widens):  # a tree's chain: judged by on_chain
             drafted = active[0].generator.drafted_confidences(trees[0])
             confidences = None if drafted is None else [drafted]
         controller.observe(depth, accepted, sum(draft_seconds), forward_seconds, logits.shape[1], on_chain or None, confidences)
-    if static is not None:
-        static.cache.set_committed(max(row.ids.shape[1] - 1 for row in active))
-        return [active[a] for a in survivors]
-    started = time.perf_counter()
-    keep_columns(cache, keep, survivors, shared)
-    if shared and survivors:
-        layout["repack_seconds"] += time.perf_counter() - started
-        layout["steps"] += 1
-        layout["widest_repacked"] = max(layout["widest_repacked"], cache.get_seq_length())
-        if together is not None and len(survivors) < len(active):
-            together.keep_rows(survivors)
+    step.cache.keep(active, cached, kept, survivors)
     return [active[a] for a in survivors]
+
+
+def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: torch.Tensor, verified: torch.Tensor):
+    """The step's one device -> host read under greedy decoding without logits processors: every row's verified tokens
+    (a drafted tree's tokens reach the host here, :attr:`DraftTree.token_list`) and the target's argmax at every
+    verified position. Returns the argmax per row (lists), or ``None`` where acceptance reads scores itself (sampling,
+    processors, CASD's condition reads probabilities)."""
+    if step.generation_config.do_sample or any(len(row.processor) for row in active):
+        return None
+    host = torch.stack([verified[:, : logits.shape[1]], logits.argmax(-1)]).tolist()  # (2, A, Q)
+    vocab = logits.shape[-1]
+    for row_ids, tree, row in zip(host[0], trees, active):
+        if tree.token_list is None:
+            tree.learn_tokens(row_ids[1 : 1 + len(tree)])
+            if any(not 0 <= t < vocab for t in tree.token_list):
+                raise ValueError(f"{type(row.generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
+    return host[1]
 
 
 def set_draft_length(controller: DraftLengthController, active: list[Row], together) -> None:
@@ -373,68 +402,75 @@ def chain_accepted(tree: DraftTree, kept_nodes: list[int]) -> int:
     return count
 
 
-def accept_row(row: Row, logits: torch.Tensor, tree: DraftTree, acceptance, stopping_criteria, generation_config, streamer,
-               draft_seconds: float, forward_seconds: float) -> tuple[list[int], int]:
+def accept_row(step: Step, row: Row, logits: torch.Tensor, tree: DraftTree, choices: list[int] | None, draft_seconds: float,
+               forward_seconds: float) -> tuple[list[int], int]:
     """One row's share of a step: accept a path of its tree, emit it and the target's next token, record the step.
 
     Args:
         logits (`torch.FloatTensor` of shape `(1 + N, V)`): the target's scores at the row's last token and each node.
+        choices: the target's argmax at each of those rows, read back already (greedy), or ``None``.
         forward_seconds: the row's share of the verification forward.
 
     Returns:
         `(kept_nodes, accepted)`: the verified columns the row keeps (0: its last token, ``1 + i``: node ``i``) and how
         many of its draft tokens it accepted.
     """
-    started, cur_len = time.perf_counter(), row.ids.shape[1]
-    rows = TargetRows(logits, row.ids, tree, row.processor, generation_config)
-    path, next_token = select_accepted(rows, tree, acceptance, generation_config)
+    started = time.perf_counter()
+    rows = TargetRows(logits, row.ids, tree, row.processor, step.generation_config, choices)
+    path, next_token = select_accepted(rows, tree, step.acceptance, step.generation_config)
     verify_seconds = forward_seconds + time.perf_counter() - started
-    row.ids, emitted, row.done = emit_tokens(row.ids, tree, path, next_token, rows, stopping_criteria, generation_config, row.out)
-    if streamer is not None:
-        streamer.put(row.ids[0, cur_len:].cpu())
+    emitted = emit_tokens(row, tree, path, next_token, rows, step.stops, step.generation_config)
+    if step.streamer is not None:
+        step.streamer.put(torch.tensor(row.tokens[-emitted:]))
     kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]  # the last token's column and the accepted path's
-    row.generator.update_candidate_strategy(row.text, logits[kept_nodes][None], len(path))
+    if overrides_update(row.generator):  # a drafter that learns from the kept rows' scores (transformers' own do)
+        index = slice(0, len(kept_nodes)) if kept_nodes == list(range(len(kept_nodes))) else kept_nodes
+        row.generator.update_candidate_strategy(row.text, logits[index][None], len(path))
     record_step(row.out.stats, rows, tree, path, emitted, draft_seconds, verify_seconds)
     return kept_nodes, len(path)
 
 
-def draft_rows(model, cache, active: list[Row], together, generation_config, shared) -> tuple[list[DraftTree], list[float]]:
-    """Every active row's proposal, fitted to its room before ``max_length``, and its drafting seconds: one batch
-    proposer for all rows (``together``), or each row's drafter on the cache (its own columns of a shared one)."""
-    if together is not None:
-        started = time.perf_counter()
-        together.target = (cache, [row.cached for row in active])
-        proposals = together.propose([row.text[0] for row in active])
-        trees = [fit_proposal(tree, row.generator, model, generation_config.max_length - row.ids.shape[1])
-                 for row, tree in zip(active, proposals)]
-        return trees, [(time.perf_counter() - started) / len(active)] * len(active)
-    trees, seconds = [], []
+def overrides_update(generator) -> bool:
+    return type(generator).update_candidate_strategy is not TreeCandidateGenerator.update_candidate_strategy
+
+
+def draft_rows(step: Step, active: list[Row]) -> tuple[list[DraftTree], list[tuple]]:
+    """Every active row's proposal, fitted to its room before ``max_length``, and its drafting clock marks: one batch
+    proposer for all rows (``together``), or each row's drafter on its view of the target cache."""
+    config, clock = step.generation_config, step.clock
+    if step.together is not None:
+        start = clock.mark()
+        step.together.target = (step.cache.cache, [row.cached for row in active])
+        proposals = step.together.propose([row.text[0] for row in active])
+        trees = [fit_proposal(tree, row.generator, step.model, config.max_length - len(row.tokens)) for row, tree in zip(active, proposals)]
+        end = clock.mark()
+        return trees, [(start, end, len(active))] * len(active)
+    trees, marks = [], []
     for a, row in enumerate(active):
-        started = time.perf_counter()
-        if isinstance(cache, StaticTarget):  # a view of the row's columns, for drafters that read the target's cache
-            view = cache.drafter_cache(row) if getattr(row.generator, "reads_target_cache", False) else None
-            tree = cache.fit(propose(row.generator, row.text, view, model, generation_config.max_length - row.pad))
-        else:
-            tree = propose(row.generator, row.text, row_cache(cache, a, row) if shared else cache, model, generation_config.max_length - row.pad)
+        start = clock.mark()
+        view = step.cache.drafter_cache(a, row) if getattr(row.generator, "reads_target_cache", True) else None
+        row.generator.host_text = row.tokens[row.pad :]  # the text on the host: drafters re-sync without reading the device
+        tree = step.cache.fit(propose(row.generator, row.text, view, step.model, config.max_length - row.pad))
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
         trees.append(tree)
-        seconds.append(time.perf_counter() - started)
-    return trees, seconds
+        marks.append((start, clock.mark()))
+    return trees, marks
 
 
 def record_step(stats: SpeculativeStats, rows: TargetRows, tree: DraftTree, path: list[int], emitted: int,
                 draft_seconds: float, verify_seconds: float) -> None:
     """One step's record: drafted depth, tree size, accepted and emitted tokens, timings, judged positions and α's overlaps."""
-    drafted, accepted = int(tree.depth.max()) + 1 if len(tree) else 0, min(len(path), emitted)
+    drafted, accepted = tree.levels, min(len(path), emitted)
     judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
     stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
                  verify_seconds=verify_seconds, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
 
 
-def chain_overlaps(rows: TargetRows, tree: DraftTree, judged: int) -> list[float] | None:
-    """``1 - TV(p, q)`` at the first ``judged`` positions of a chain with q (the paper's α, :mod:`~hf_specdraft.core.stats`).
+def chain_overlaps(rows: TargetRows, tree: DraftTree, judged: int) -> torch.Tensor | None:
+    """``1 - TV(p, q)`` at the first ``judged`` positions of a chain with q (the paper's α, :mod:`~hf_specdraft.core.stats`),
+    left on the device (the call reads every step's at once when it ends, :meth:`SpeculativeStats.settle`).
 
     Row ``i`` of the target scores chain node ``i``, so p and q there share one prefix. ``None`` for a tree,
     a proposal without q, or a q over another vocabulary size.
@@ -443,7 +479,8 @@ def chain_overlaps(rows: TargetRows, tree: DraftTree, judged: int) -> list[float
     if not judged or q is None or not tree.is_chain or q.shape[-1] != rows.logits.shape[-1]:
         return None
     p = torch.stack([rows.probs(i) for i in range(judged)])
-    return overlap(p, q[:judged].to(p.device).float()).tolist()
+    q = q[:judged] if q.device == p.device else q[:judged].to(p.device)
+    return overlap(p, q.float())
 
 
 def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, model: PreTrainedModel, max_length: int) -> DraftTree:
@@ -454,10 +491,16 @@ def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: D
 
 def fit_proposal(tree: DraftTree, generator: CandidateGenerator, model: PreTrainedModel, room: int) -> DraftTree:
     """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length; one
-    is the target's own token) and its ids checked against the target's vocabulary."""
+    is the target's own token) and its ids checked against the target's vocabulary: on the host where the drafter gave
+    them there, else when the step reads them back (:func:`read_back`), or here for a drafter that may propose ids past
+    the target's vocabulary (a forward would fail on them before the read)."""
     tree = tree.merge_duplicates().truncate_depth(room - 1)
     vocab = output_vocab_size(model)
-    if len(tree) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
+    if tree.token_list is not None:
+        bad = any(not 0 <= t < vocab for t in tree.token_list)
+    else:
+        bad = len(tree) and not getattr(generator, "tokens_in_vocab", False) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0)
+    if bad:
         raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
     return tree
 
@@ -475,25 +518,23 @@ def select_accepted(rows: TargetRows, tree: DraftTree, acceptance, generation_co
     return accept_tree(rows, tree, acceptance, eos_list(generation_config))
 
 
-def emit_tokens(input_ids, tree, path, next_token, rows, stopping_criteria, generation_config, out: Outputs):
-    """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would.
-
-    Returns:
-        `(input_ids, emitted, done)`: the extended sequence, how many tokens were appended, whether to stop.
-    """
-    tokens = tree.tokens[path].tolist() + [next_token]
+def emit_tokens(row: Row, tree: DraftTree, path: list[int], next_token: int, rows: TargetRows, stops: HostStops,
+                generation_config: GenerationConfig) -> int:
+    """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would
+    (:class:`~hf_specdraft.core.stopping.HostStops`: on host tokens; a criterion of the user's own reads the device).
+    Extends ``row.ids``, ``row.tokens`` and ``row.done``; returns how many tokens were appended."""
+    tokens = ([tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()) + [next_token]
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
-    cur_len = input_ids.shape[1]
-    extended = torch.cat([input_ids, torch.tensor([tokens], device=input_ids.device)], dim=-1)
-    for j in range(len(tokens)):
-        row_scores = rows.scores(row_of[j])[None]
+    out = row.out
+    emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.reads_scores else None)
+    for j in range(emitted):
         if generation_config.output_scores:
-            out.scores.append(row_scores)
+            out.scores.append(rows.scores(row_of[j])[None])
         if generation_config.output_logits:
             out.logits.append(rows.logits[row_of[j]][None])
-        if bool(stopping_criteria(extended[:, : cur_len + j + 1], row_scores).all()):
-            return extended[:, : cur_len + j + 1], j + 1, True
-    return extended, len(tokens), False
+    row.tokens.extend(tokens[:emitted])
+    row.ids = torch.cat([row.ids, to_device(tokens[:emitted], row.ids.device)[None]], dim=-1)
+    return emitted
 
 
 def _result(rows: list[Row], generator, generation_config: GenerationConfig, cache: DynamicCache, layout: dict, shared: bool):
@@ -504,6 +545,7 @@ def _result(rows: list[Row], generator, generation_config: GenerationConfig, cac
     own statistics count a batch forward once in every row it served.
     """
     for row in rows:
+        row.out.stats.settle()
         row.out.stats.drafter_calls = dict(getattr(row.generator, "forward_calls", {}))
     stats = rows[0].out.stats if not shared else SpeculativeStats.merge([row.out.stats for row in rows])
     lengths, resumed = layout.pop("draft_lengths", None), layout.pop("controller_resumed", None)

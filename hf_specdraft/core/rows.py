@@ -35,6 +35,7 @@ class Row:
     out: Outputs
     processor: LogitsProcessorList  # generate's processors with this row's state (inputs.row_processors)
     done: bool = False
+    tokens: list[int] = field(default_factory=list)  # ids on the host: read once before the loop, then extended by emission
 
     @property
     def text(self) -> torch.LongTensor:
@@ -56,12 +57,14 @@ class TargetRows:
     """
 
     def __init__(self, logits: torch.Tensor, input_ids: torch.LongTensor, tree: DraftTree, processor: LogitsProcessorList,
-                 generation_config: GenerationConfig):
+                 generation_config: GenerationConfig, choices: list[int] | None = None):
         self.logits, self.input_ids, self.tree = logits, input_ids, tree  # logits: (1+N, V) float32
         self.processor = processor if len(processor) else None
         self.do_sample = generation_config.do_sample
         self._scores, self._probs, self._choice = {}, {}, {}
-        if self.processor is None and not self.do_sample:
+        if choices is not None:  # greedy without processors: the argmax at every row, read back with the step's one read
+            self._choice = dict(enumerate(choices))
+        elif self.processor is None and not self.do_sample:
             self._choice = dict(enumerate(logits.argmax(-1).tolist()))
 
     def scores(self, row: int) -> torch.Tensor:

@@ -30,6 +30,23 @@ def copy_to_device(buffer: torch.Tensor, host: torch.Tensor) -> None:
     buffer.copy_(host, non_blocking=True)
 
 
+def stage(buffers: dict | None, name: str, host, device: torch.device):
+    """Host inputs (a tensor, or a dict of them) on ``device`` without a sync (:func:`copy_to_device`): into a fixed
+    buffer per name and shape kept in ``buffers`` (a compiled graph's inputs keep their addresses, so CUDA graphs
+    replay on them without copying), or into fresh tensors when ``buffers`` is None (eager, shapes change every step)."""
+    if isinstance(host, dict):
+        return {kind: stage(buffers, f"{name}.{kind}", value, device) for kind, value in host.items()}
+    key = (name, tuple(host.shape), host.dtype)
+    buffer = None if buffers is None else buffers.get(key)
+    if buffer is None or buffer.device != torch.device(device):
+        buffer = torch.empty(host.shape, dtype=host.dtype, device=device)
+        if buffers is not None:
+            torch._dynamo.mark_static_address(buffer)
+            buffers[key] = buffer
+    copy_to_device(buffer, host)
+    return buffer
+
+
 def to_device(values: list[int], device: torch.device) -> torch.Tensor:
     """A long tensor of host ``values`` on ``device``, copied without a sync (:func:`copy_to_device`)."""
     out = torch.empty(len(values), dtype=torch.long, device=device)
@@ -116,6 +133,7 @@ class StaticRowsCache(Cache):
         self.has_rings = bool(windows)
         self.rings = sorted({layer.ring for layer in self.layers if layer.ring is not None})
         self._write_buffers: dict[tuple, torch.Tensor] = {}  # (ring or None, Q) -> (B, 1, Q, 1) long: a fixed buffer per width
+        self.inputs: dict[tuple, torch.Tensor] = {}  # a compiled forward's inputs, one fixed buffer per name and shape (stage)
 
     def set_write_columns(self, starts: list[int], width: int, device: torch.device, scratch: bool = False,
                           columns: torch.Tensor | None = None) -> None:

@@ -21,6 +21,7 @@ import torch
 from transformers import CompileConfig, GenerationConfig
 
 from .compiled import hold_draft, static_target
+from .static_cache import stage
 from .static_verify import masks_for
 
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # tokens per draft feed: one drafted token, or the accepted tokens after a step
@@ -75,24 +76,26 @@ class StaticDraftCache:
         """Compile (and on CUDA capture) every bucket on dummy tokens in the cache's last columns, which no feed reaches."""
         length = self.static.cache.max_cache_len
         for bucket in DRAFT_BUCKETS:
-            dummies = torch.zeros(bucket, dtype=torch.long, device=self.model.device)
+            dummies = torch.zeros(bucket, dtype=torch.long)
             self.static.capture(bucket, lambda b=bucket, t=dummies: self._run(t, length - b, b, True, extra))
 
     def _run(self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra, rows: int = 1) -> torch.Tensor:
         """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``; the whole buffer when compiled.
         Returns the logits of every query when compiled (a fixed shape), of the last ``rows`` when eager (a prompt)."""
         length = self.static.cache.max_cache_len if compiled else start + width
-        self.static.cache.set_visible(None if compiled else length)
+        cache = self.static.cache
+        cache.set_visible(None if compiled else length)
         columns = start + torch.arange(width)
         keys = torch.arange(length)
         visible = keys[None, None, :] <= columns[None, :, None]  # causal: the committed text and the feed up to itself
-        device = self.model.device
-        ids = torch.zeros(1, width, dtype=torch.long, device=device)
-        ids[0, : tokens.numel()] = tokens.to(device)
-        self.static.cache.set_write_columns([start], width, device)
-        inputs = {"input_ids": ids, "position_ids": columns[None].to(device),
-                  "attention_mask": masks_for(self.model, self.static.cache, visible, columns[None], keys, device),
-                  **(extra(columns) if extra is not None else {})}
+        device, buffers = self.model.device, cache.inputs if compiled else None
+        ids = stage(buffers, "input_ids", torch.zeros(1, width, dtype=torch.long), device)
+        ids[0, : tokens.shape[0]].copy_(tokens)  # the feed stays where it was drafted: nothing is read back
+        cache.set_write_columns([start], width, device)
+        more = extra(columns) if extra is not None else {}
+        inputs = {"input_ids": ids, "position_ids": stage(buffers, "position_ids", columns[None], device),
+                  "attention_mask": stage(buffers, "attention_mask", masks_for(self.model, cache, visible, columns[None], keys), device),
+                  **{name: stage(buffers, name, value, device) if name.endswith("attention_mask") else value for name, value in more.items()}}
         if compiled:
             return self.static._forward(**inputs)
         return self.model(**inputs, past_key_values=self.static.cache, use_cache=True, logits_to_keep=rows).logits

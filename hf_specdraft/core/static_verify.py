@@ -20,7 +20,8 @@ import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .rows import Row
-from .tree import DraftTree, build_tree_buffers
+from .static_cache import stage
+from .tree import DraftTree, tree_buffers
 from .verify import layer_masks, may_window
 
 BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph each, captured on first use
@@ -38,15 +39,14 @@ def cap_nodes(tree: DraftTree, nodes: int) -> DraftTree:
     """The tree's first ``nodes`` nodes (topological order keeps every parent): the widest bucket's limit."""
     if len(tree) <= nodes:
         return tree
-    return tree.select(torch.arange(nodes, device=tree.tokens.device), tree.parents[:nodes])
+    return tree.select(range(nodes), tree.parent_list[:nodes])
 
 
-def additive(masks, dtype: torch.dtype, device: torch.device):
-    """A float mask (or a dict of them) built on the CPU as ``0`` / ``finfo(float32).min``, in ``dtype`` on ``device``."""
+def additive(masks, dtype: torch.dtype):
+    """A float mask (or a dict of them) built on the host as ``0`` / ``finfo(float32).min``, in ``dtype`` (host)."""
     if isinstance(masks, dict):
-        return {kind: additive(mask, dtype, device) for kind, mask in masks.items()}
-    blocked = masks.to(device) < 0
-    return torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, torch.finfo(dtype).min)
+        return {kind: additive(mask, dtype) for kind, mask in masks.items()}
+    return torch.zeros(masks.shape, dtype=dtype).masked_fill_(masks < 0, torch.finfo(dtype).min)
 
 
 class _Columns:
@@ -59,12 +59,13 @@ class _Columns:
         return self.n, 0
 
 
-def masks_for(model, cache, visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, device,
+def masks_for(model, cache, visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor,
               starts: torch.Tensor | None = None):
-    """The model's masks from ``visible`` `(B, Q, L)` bool, per layer type where windows apply (:func:`layer_masks`);
-    with ``starts`` `(B,)` (each row's first written column), windowed layers kept on rings get theirs (:func:`onto_rings`)."""
+    """The model's masks (host, in its dtype) from ``visible`` `(B, Q, L)` bool, per layer type where windows apply
+    (:func:`layer_masks`); with ``starts`` `(B,)` (each row's first written column), windowed layers kept on rings get
+    theirs (:func:`onto_rings`). Callers put them on the device with :func:`~hf_specdraft.core.static_cache.stage`."""
     base = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, torch.finfo(torch.float32).min)[:, None]
-    masks = additive(layer_masks(model, _Columns(visible.shape[-1]), base, query_positions, key_positions), model.dtype, device)
+    masks = additive(layer_masks(model, _Columns(visible.shape[-1]), base, query_positions, key_positions), model.dtype)
     if cache is None:
         return masks
     if starts is not None and getattr(cache, "has_rings", False):
@@ -109,21 +110,22 @@ def warm_up_inputs(model, cache, width: int, device: torch.device) -> dict:
     cache.set_write_columns([length - width] * batch, width, device, scratch=True)
     own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
     positions = torch.zeros(batch, width, dtype=torch.long)
-    masks = masks_for(model, None, own.expand(batch, width, length), positions, torch.zeros(batch, length, dtype=torch.long), device)
+    masks = masks_for(model, None, own.expand(batch, width, length), positions, torch.zeros(batch, length, dtype=torch.long))
     if cache.has_rings:
         types, _ = get_layer_types_and_kwargs(model.config.get_text_config())
         rings = {kind: layer.ring for kind, layer in zip(types, cache.layers) if layer.ring is not None}
 
         def scratch_mask(ring: int) -> torch.Tensor:  # dummy q wrote scratch slot ring + q
             seen = torch.arange(ring + cache.scratch)[None] == ring + torch.arange(width)[:, None]  # (Q, R + S)
-            return additive(torch.where(seen, 0.0, -1.0).expand(batch, 1, width, ring + cache.scratch), model.dtype, device)
+            return additive(torch.where(seen, 0.0, -1.0).expand(batch, 1, width, ring + cache.scratch), model.dtype)
 
         if isinstance(masks, dict):
             masks = {kind: scratch_mask(rings[kind]) if kind in rings else mask for kind, mask in masks.items()}
         else:
             masks = scratch_mask(next(iter(rings.values())))
-    return {"input_ids": torch.zeros(batch, width, dtype=torch.long, device=device),
-            "position_ids": positions.to(device), "attention_mask": masks}
+    return {"input_ids": stage(cache.inputs, "input_ids", torch.zeros(batch, width, dtype=torch.long), device),
+            "position_ids": stage(cache.inputs, "position_ids", positions, device),
+            "attention_mask": stage(cache.inputs, "attention_mask", masks, device)}
 
 
 def static_prefill_inputs(model, cache, input_ids: torch.LongTensor, pads: list[int]) -> dict:
@@ -144,40 +146,48 @@ def static_prefill_inputs(model, cache, input_ids: torch.LongTensor, pads: list[
     visible = (keys[None, None] >= pad[:, :, None]) & (keys[None, None] <= columns[None, :, None])
     visible |= keys[None, None] == columns[None, :, None]
     key_positions = keys[None] - pad
-    return {"input_ids": input_ids[:, :-1], "position_ids": positions.to(input_ids.device),
-            "attention_mask": masks_for(model, cache, visible, positions, key_positions, input_ids.device)}
+    return {"input_ids": input_ids[:, :-1], "position_ids": stage(None, "position_ids", positions, input_ids.device),
+            "attention_mask": stage(None, "attention_mask", masks_for(model, cache, visible, positions, key_positions), input_ids.device)}
 
 
 def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], width: int, fixed: bool = True) -> dict:
     """Inputs of one verification forward of every batch slot, ``width`` tokens each.
 
+    Built on the host from host data (each row's tokens, each tree's parents) and staged onto the device without a
+    sync (:func:`~hf_specdraft.core.static_cache.stage`); a tree whose tokens are still on the device (a draft's
+    argmax) is copied there, device to device.
+
     Args:
         rows: the active rows (``row.index`` is the batch slot); ``trees``: their proposals, ``1 + N <= width``.
-        fixed: attend to the whole buffer (a compiled graph's fixed shape; ``width`` is a bucket); otherwise, eager,
-            to the columns the rows reach only, as cheap as a DynamicCache.
+        fixed: attend to the whole buffer (a compiled graph's fixed shape; ``width`` is a bucket, and the inputs go
+            to fixed buffers); otherwise, eager, to the columns the rows reach only, as cheap as a DynamicCache.
 
     Returns:
-        ``input_ids``, ``position_ids`` and ``attention_mask`` for the model; the write columns are set on ``cache``.
+        ``input_ids`` `(B, width)` (every slot's), ``position_ids`` and ``attention_mask`` for the model; the write
+        columns are set on ``cache``.
     """
     batch = cache.num_rows
-    length = cache.max_cache_len if fixed else max(width, *(row.ids.shape[1] - 1 + width for row in rows))
+    length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
     cache.set_visible(None if fixed else length)
     ids = torch.zeros(batch, width, dtype=torch.long)
     positions = torch.zeros(batch, width, dtype=torch.long)
-    columns = torch.arange(width).repeat(batch, 1)  # finished slots write their own first columns
+    starts = [0] * batch  # finished slots write their own first columns
     keys = torch.arange(length)
     key_positions = keys.repeat(batch, 1)
     visible = torch.zeros(batch, width, length, dtype=torch.bool)
     visible[:, torch.arange(width), torch.arange(width)] = True
+    on_device = []  # (slot, tree) whose tokens are copied on the device
     for row, tree in zip(rows, trees):
-        b, n, start = row.index, len(tree), row.ids.shape[1] - 1
-        rooted = torch.cat([torch.tensor([-1]), torch.where(tree.parents.cpu() < 0, 0, tree.parents.cpu() + 1)])
-        ancestors, depth = build_tree_buffers(rooted)
-        ids[b, 0] = int(row.ids[0, -1])
-        ids[b, 1 : 1 + n] = tree.tokens.cpu()
-        positions[b] = row.cached
-        positions[b, : 1 + n] = row.cached + depth
-        columns[b] += start
+        b, n, start, cached = row.index, len(tree), len(row.tokens) - 1, len(row.tokens) - 1 - row.pad
+        ancestors, depth = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in tree.parent_list])
+        ids[b, 0] = row.tokens[-1]
+        if tree.token_list is not None:
+            ids[b, 1 : 1 + n] = torch.tensor(tree.token_list, dtype=torch.long)
+        elif n:
+            on_device.append((b, tree))
+        positions[b] = cached
+        positions[b, : 1 + n] += torch.tensor(depth)
+        starts[b] = start
         key_positions[b] -= row.pad
         key_positions[b, start : start + width] = positions[b]
         visible[b] = False
@@ -186,6 +196,11 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
         dummies = torch.arange(1 + n, width)
         visible[b, dummies, start + dummies] = True
     device = rows[0].ids.device
-    cache.set_write_columns(columns[:, 0].tolist(), width, device)
-    return {"input_ids": ids.to(device), "position_ids": positions.to(device),
-            "attention_mask": masks_for(model, cache, visible, positions, key_positions, device, starts=columns[:, 0])}
+    buffers = cache.inputs if fixed else None
+    cache.set_write_columns(starts, width, device)
+    ids = stage(buffers, "input_ids", ids, device)
+    for b, tree in on_device:
+        ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
+    masks = masks_for(model, cache, visible, positions, key_positions, starts=torch.tensor(starts))
+    return {"input_ids": ids, "position_ids": stage(buffers, "position_ids", positions, device),
+            "attention_mask": stage(buffers, "attention_mask", masks, device)}

@@ -31,7 +31,8 @@ class StepRecord:
     draft_seconds: float
     verify_seconds: float
     judged: int = 0  # drafted positions the target judged: accepted ones plus the first rejected one, if any
-    overlaps: list[float] | None = None  # Σ_v min(p, q) at each judged chain position (None: no q, or a tree)
+    overlaps: list[float] | None = None  # Σ_v min(p, q) at each judged chain position (None: no q, or a tree; a tensor
+    # on the device until the call ends, SpeculativeStats.settle)
 
 
 @dataclass(repr=False)
@@ -45,6 +46,15 @@ class SpeculativeStats:
 
     def record(self, **kwargs) -> None:
         self.steps.append(StepRecord(**kwargs))
+
+    def settle(self) -> None:
+        """Read every step's overlaps left on the device (the loop records them there, :func:`overlap`) in one read."""
+        pending = [s for s in self.steps if isinstance(s.overlaps, torch.Tensor)]
+        if not pending:
+            return
+        values, start = torch.cat([s.overlaps.reshape(-1).float() for s in pending]).tolist(), 0
+        for record in pending:
+            record.overlaps, start = values[start : start + record.overlaps.numel()], start + record.overlaps.numel()
 
     @property
     def num_steps(self) -> int:

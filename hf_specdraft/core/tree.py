@@ -15,79 +15,129 @@ the verified prefix and its own ancestors, at position ``prefix_len + depth``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 
-@dataclass
 class DraftTree:
     """A drafter's proposal.
 
     Args:
-        tokens (`torch.LongTensor` of shape `(N,)`): proposed token ids.
-        parents (`torch.LongTensor` of shape `(N,)`): index of each node's parent, ``-1`` for children of
-            the last accepted token. Topological: ``parents[i] < i``.
+        tokens (`torch.LongTensor` of shape `(N,)`, or a list of ints): proposed token ids, where the drafter made
+            them (a draft's argmax stays on its device: nothing is read back to build a tree).
+        parents (list of ints, or `torch.LongTensor` of shape `(N,)`): index of each node's parent, ``-1`` for
+            children of the last accepted token. Topological: ``parents[i] < i``. Kept as host data
+            (:attr:`parent_list`): the loop builds masks and walks the tree without reading the device; a tensor
+            given here is read once.
         draft_probs (`torch.FloatTensor` of shape `(N, V)`, *optional*): q, the draft distribution each
             token was drawn from (row ``i`` is the distribution at node ``i``'s position). Needed for
             speculative sampling (Leviathan et al. 2023, Algorithm 1) and lenient acceptance.
         sampled (`torch.BoolTensor` of shape `(N,)`, *optional*): True where the node's token was *drawn* from its
             ``draft_probs`` row (not picked, e.g. a CAPE expansion token or a beam). Under sampling, trees with it are
             verified by multi-branch rejection sampling (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`).
+
+    ``token_list`` holds the tokens on the host once known: given as a list, or filled by the loop from its one
+    read-back after verification (:mod:`~hf_specdraft.core.loop`).
     """
 
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    draft_probs: torch.Tensor | None = None
-    sampled: torch.Tensor | None = None
+    def __init__(self, tokens, parents, draft_probs: torch.Tensor | None = None, sampled=None):
+        self.token_list: list[int] | None = list(tokens) if isinstance(tokens, (list, tuple)) else None
+        self.tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        self.parent_list: list[int] = [int(p) for p in parents] if isinstance(parents, (list, tuple, range)) else parents.reshape(-1).tolist()
+        n = self.tokens.shape[0]
+        if len(self.parent_list) != n:
+            raise ValueError(f"tokens and parents must have the same length, got {n} and {len(self.parent_list)}")
+        if any(p < -1 or p >= i for i, p in enumerate(self.parent_list)):
+            raise ValueError(f"parents must satisfy -1 <= parents[i] < i (topological order), got {self.parent_list}")
+        self.draft_probs = draft_probs
+        if draft_probs is not None and draft_probs.shape[0] != n:
+            raise ValueError(f"draft_probs must have one row per token ({n}), got shape {tuple(draft_probs.shape)}")
+        self.sampled = None
+        if sampled is not None:
+            self.sampled = torch.as_tensor(sampled, dtype=torch.bool).reshape(-1)
+            if self.sampled.shape[0] != n or draft_probs is None:
+                raise ValueError(f"sampled must have one flag per token ({n}) and needs draft_probs, got "
+                                 f"{self.sampled.shape[0]} flags and draft_probs={'None' if draft_probs is None else 'set'}")
+        self._parents = self._depth = None
+        self.origin: DraftTree | None = None  # the tree this one was cut from, keeping its leading nodes (select)
+        self.known_tokens: list[int] | None = None  # a prefix of the tokens, known on the host (learn_tokens)
 
-    def __post_init__(self):
-        self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).reshape(-1)
-        self.parents = torch.as_tensor(self.parents, dtype=torch.long, device=self.tokens.device).reshape(-1)
-        if self.tokens.shape != self.parents.shape:
-            raise ValueError(f"tokens and parents must have the same length, got {self.tokens.numel()} and {self.parents.numel()}")
-        index = torch.arange(self.parents.numel(), device=self.parents.device)
-        if bool(((self.parents < -1) | (self.parents >= index)).any()):
-            raise ValueError(f"parents must satisfy -1 <= parents[i] < i (topological order), got {self.parents.tolist()}")
-        if self.draft_probs is not None and self.draft_probs.shape[0] != self.tokens.numel():
-            raise ValueError(f"draft_probs must have one row per token ({self.tokens.numel()}), got shape {tuple(self.draft_probs.shape)}")
-        if self.sampled is not None:
-            self.sampled = torch.as_tensor(self.sampled, dtype=torch.bool, device=self.tokens.device).reshape(-1)
-            if self.sampled.shape != self.tokens.shape or self.draft_probs is None:
-                raise ValueError(f"sampled must have one flag per token ({self.tokens.numel()}) and needs draft_probs, got "
-                                 f"{self.sampled.numel()} flags and draft_probs={'None' if self.draft_probs is None else 'set'}")
+    def __repr__(self) -> str:
+        tokens = self.token_list if self.token_list is not None else f"<{len(self)} on {self.tokens.device}>"
+        return f"DraftTree(tokens={tokens}, parents={self.parent_list})"
 
-    def select(self, index: torch.Tensor, parents: torch.Tensor) -> DraftTree:
-        """The nodes ``index`` `(M,)` (with their q rows and flags) under new ``parents`` `(M,)`."""
-        probs = None if self.draft_probs is None else self.draft_probs[index]
-        sampled = None if self.sampled is None else self.sampled[index]
-        return DraftTree(self.tokens[index], parents, probs, sampled)
+    @property
+    def parents(self) -> torch.Tensor:
+        """``(N,)`` long on the tokens' device (made from :attr:`parent_list` when first asked)."""
+        if self._parents is None:
+            self._parents = torch.tensor(self.parent_list, dtype=torch.long, device=self.tokens.device)
+        return self._parents
 
-    @classmethod
-    def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None, sampled: torch.Tensor | None = None) -> DraftTree:
-        """A single branch: ``tokens`` ``(k,)``, each the child of the previous one."""
-        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens, torch.arange(tokens.numel(), device=tokens.device) - 1, draft_probs, sampled)
-
-    @classmethod
-    def empty(cls, device: torch.device | str = "cpu") -> DraftTree:
-        return cls(torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, dtype=torch.long, device=device))
-
-    def __len__(self) -> int:
-        return self.tokens.numel()
+    @property
+    def depth_list(self) -> list[int]:
+        """Depth of each node (host); children of the root have depth 0."""
+        if self._depth is None:
+            depth: list[int] = []
+            for p in self.parent_list:
+                depth.append(0 if p < 0 else depth[p] + 1)
+            self._depth = depth
+        return self._depth
 
     @property
     def depth(self) -> torch.Tensor:
-        """``(N,)`` depth of each node; children of the root have depth 0."""
-        return build_tree_buffers(self.parents)[1]
+        """``(N,)`` depth of each node on the tokens' device; children of the root have depth 0."""
+        return torch.tensor(self.depth_list, dtype=torch.long, device=self.tokens.device)
+
+    @property
+    def levels(self) -> int:
+        """How deep the tree reaches: its longest path (0 for an empty tree)."""
+        return max(self.depth_list) + 1 if self.parent_list else 0
+
+    def select(self, index, parents) -> DraftTree:
+        """The nodes ``index`` (a list of ints, or `(M,)`) with their q rows and flags, under new ``parents``; a leading
+        range of nodes is sliced (no index reaches the device)."""
+        index = list(index) if not isinstance(index, torch.Tensor) else index.tolist()
+        if index == list(range(len(index))):
+            pick = slice(0, len(index))
+        else:
+            pick = torch.tensor(index, dtype=torch.long).to(self.tokens.device, non_blocking=True)
+        probs = None if self.draft_probs is None else self.draft_probs[pick]
+        sampled = None if self.sampled is None else self.sampled[pick if isinstance(pick, slice) else index]
+        tree = DraftTree(self.tokens[pick], parents if not isinstance(parents, torch.Tensor) else parents.tolist(), probs, sampled)
+        if self.token_list is not None:
+            tree.token_list = [self.token_list[i] for i in index]
+        if isinstance(pick, slice):  # a leading part: its tokens, once known, are a prefix of this tree's (learn_tokens)
+            tree.origin = self
+        return tree
+
+    def learn_tokens(self, tokens: list[int]) -> None:
+        """The tokens, read back on the host: kept as :attr:`token_list`, and as the known prefix of every tree this one
+        is a leading part of (a drafter that re-syncs its cache compares its own proposal with the accepted text)."""
+        self.token_list = tokens
+        origin = self.origin
+        while origin is not None:
+            origin.known_tokens = tokens
+            origin = origin.origin
+
+    @classmethod
+    def chain(cls, tokens, draft_probs: torch.Tensor | None = None, sampled: torch.Tensor | None = None) -> DraftTree:
+        """A single branch: ``tokens`` ``(k,)`` (a tensor or a list), each the child of the previous one."""
+        n = len(tokens) if isinstance(tokens, (list, tuple)) else torch.as_tensor(tokens).numel()
+        return cls(tokens, list(range(-1, n - 1)), draft_probs, sampled)
+
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> DraftTree:
+        return cls(torch.zeros(0, dtype=torch.long, device=device), [])
+
+    def __len__(self) -> int:
+        return len(self.parent_list)
 
     @property
     def is_chain(self) -> bool:
-        return bool((self.parents == torch.arange(len(self), device=self.parents.device) - 1).all())
+        return self.parent_list == list(range(-1, len(self) - 1))
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (inclusive); ``[]`` for ``node = -1``."""
-        path, parents = [], self.parents.tolist()
+        path, parents = [], self.parent_list
         while node >= 0:
             path.append(node)
             node = parents[node]
@@ -96,7 +146,7 @@ class DraftTree:
     def chain_nodes(self) -> list[int]:
         """Node indices of the first-child path from the root (a drafter's greedy chain, which CAPE widens)."""
         nodes, parent = [], -1
-        for i, p in enumerate(self.parents.tolist()):
+        for i, p in enumerate(self.parent_list):
             if p == parent:
                 nodes.append(i)
                 parent = i
@@ -105,8 +155,7 @@ class DraftTree:
     def main_chain(self) -> DraftTree:
         """The first-child path from the root (a drafter's greedy chain): a chain-only loop verifies it."""
         nodes = self.chain_nodes()
-        index = torch.tensor(nodes, dtype=torch.long, device=self.tokens.device)
-        return self.select(index, torch.arange(len(nodes), device=self.tokens.device) - 1)
+        return self.select(nodes, list(range(-1, len(nodes) - 1)))
 
     def merge_duplicates(self) -> DraftTree:
         """The same tree with duplicate siblings (same parent, same token) merged into the first of them.
@@ -115,7 +164,7 @@ class DraftTree:
         children (themselves merged in turn). Verification needs unique siblings: under sampling each
         verified row draws one target sample, so two copies of a token would both match it and the walk
         would pick the deeper of their independently verified subtrees, a choice among draws that biases
-        the output. Returns ``self`` when no siblings repeat.
+        the output. Returns ``self`` when no siblings repeat (a chain, always: nothing is read).
         """
         if self.is_chain:
             return self
@@ -123,7 +172,8 @@ class DraftTree:
         new_index: dict[tuple[int, int], int] = {}
         remap: list[int] = []
         parents = []
-        for parent, token in zip(self.parents.tolist(), self.tokens.tolist()):
+        tokens = self.token_list if self.token_list is not None else self.tokens.tolist()
+        for parent, token in zip(self.parent_list, tokens):
             key = (remap[parent] if parent >= 0 else -1, token)
             if key not in new_index:
                 new_index[key] = len(keep)
@@ -132,18 +182,27 @@ class DraftTree:
             remap.append(new_index[key])
         if len(keep) == len(self):
             return self
-        index = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
-        return self.select(index, torch.tensor(parents, dtype=torch.long, device=self.tokens.device))
+        return self.select(keep, parents)
 
     def truncate_depth(self, max_depth: int) -> DraftTree:
         """Drop nodes at depth ``>= max_depth`` (the length budget); parents stay topological."""
-        keep = (self.depth < max_depth).nonzero().flatten()
-        if keep.numel() == len(self):
+        keep = [i for i, d in enumerate(self.depth_list) if d < max_depth]
+        if len(keep) == len(self):
             return self
-        remap = torch.full((len(self),), -1, dtype=torch.long, device=self.parents.device)
-        remap[keep] = torch.arange(keep.numel(), device=keep.device)
-        parents = self.parents[keep]
-        return self.select(keep, torch.where(parents >= 0, remap[parents.clamp(min=0)], parents))
+        remap = {old: new for new, old in enumerate(keep)}
+        return self.select(keep, [remap[self.parent_list[i]] if self.parent_list[i] >= 0 else -1 for i in keep])
+
+
+def tree_buffers(parents: list[int]) -> tuple[torch.Tensor, list[int]]:
+    """:func:`build_tree_buffers` from host parents: the ancestor-or-self matrix `(N, N)` bool (host) and the depths."""
+    n = len(parents)
+    ancestors = torch.eye(n, dtype=torch.bool)
+    depth = [0] * n
+    for i, p in enumerate(parents):  # rows are built from already-finished parent rows
+        if p >= 0:
+            ancestors[i] |= ancestors[p]
+            depth[i] = depth[p] + 1
+    return ancestors, depth
 
 
 def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,6 +75,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         self._reset()
 
     stops_on_confidence = True  # draft_chain asks the loop's stop_rule after every token
+    tokens_in_vocab = True  # GLIDE shares its target's vocabulary (checked when it binds to the target)
 
     @property
     def controller_anchor(self) -> PreTrainedModel:
@@ -162,7 +163,7 @@ def static_glimpse(target_cache: StaticRowsCache, committed: int, dtype: torch.d
         keys = torch.arange(length)
         visible = keys[None, :] < columns.clamp(max=committed)[:, None]
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
-        return {"target_past_key_values": pairs, "target_attention_mask": mask[None, None].to(pairs[0][0].device)}
+        return {"target_past_key_values": pairs, "target_attention_mask": mask[None, None]}  # host: the draft's forward stages it
 
     return glimpse
 

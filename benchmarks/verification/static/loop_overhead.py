@@ -1,47 +1,143 @@
-"""The loop's own time per step on the static path, eager and compiled (issue #35's "loop <= 10 % of a verify forward").
+"""The loop's own host time and host-device crossings per step (issue #41), on a target that costs next to nothing.
 
-    python benchmarks/verification/static/loop_overhead.py benchmarks/verification/static/loop-overhead-cpu.json
+    python benchmarks/verification/static/loop_overhead.py --label after --output benchmarks/verification/static/loop-overhead-cpu.json
 
-Times every target forward of the static path (StaticTarget._forward) and reports the rest of each step: drafting a
-fixed chain or nothing, the step's inputs and masks, acceptance, emission, statistics. SmolLM2 (the embedded default).
+A 1-layer, 32-wide Llama (vocabulary 96) and drafters that cost nothing: an always-right 5-token chain (6 tokens a
+step) and a 16-node tree (4 levels of the right token and 3 wrong siblings), their tokens host data. Every forward of
+the target is timed and taken out, so what is left per step is the loop's own work: building the step's inputs and
+masks, acceptance, emission, stop checks, statistics, cache compaction. Measured on the ``DynamicCache`` path and the
+static path (eager, and compiled with dynamo's ``eager`` backend: the graphs of the real path, without codegen).
+The crossings are counted in a separate run of the same calls (:class:`~hf_specdraft.core.syncs.SyncCounter`; steps
+after the first two). ``--label`` names the code measured; runs with other labels already in ``--output`` are kept,
+so a "before" run on an older checkout and an "after" run sit side by side (the counter file is copied there).
 """
-import json, platform, sys, time
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
 
 import torch
 import transformers
-from transformers import CompileConfig
-from hf_specdraft.defaults import load_default
+from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
+
 from hf_specdraft import speculative_generate
-from hf_specdraft.core import compiled as C
-from hf_specdraft.bench.methods import NullCandidateGenerator
+from hf_specdraft.core import compiled as compiled_module
 from hf_specdraft.core.drafting import TreeCandidateGenerator
+from hf_specdraft.core.syncs import SyncCounter
 from hf_specdraft.core.tree import DraftTree
-b = load_default(); t = b.target; tok = b.tokenizer
-ids = tok("def quicksort(arr):\n", return_tensors="pt").input_ids
-class Fixed(TreeCandidateGenerator):  # proposes 3 wrong tokens: every step verifies a 4-token bucket
+
+VOCAB, NEW_TOKENS, REPEATS = 96, 120, 7
+
+
+class Always(TreeCandidateGenerator):
+    """Knows the target's greedy continuation; ``siblings`` wrong tokens beside the right one at each of ``depth`` levels."""
+
+    reads_target_cache = False
+
+    def __init__(self, reference: list[int], depth: int, siblings: int):
+        super().__init__()
+        self.reference, self.depth, self.siblings = reference, depth, siblings
+
     def propose(self, input_ids, target_cache=None):
-        return DraftTree.chain(torch.tensor([5, 6, 7]))
-spent = []
-orig = C.StaticTarget._forward
-def timed(self, **kw):
-    s = time.perf_counter(); out = orig(self, **kw); spent.append(time.perf_counter() - s); return out
-C.StaticTarget._forward = timed
-cc = CompileConfig(); cc._compile_all_devices = True
-rows = []
-for name, gen in (("null", NullCandidateGenerator), ("fixed-3", Fixed)):
-    for compile_config in (None, cc):
-        speculative_generate(t, ids, candidate_generator=gen(), max_new_tokens=64, cache_implementation="static", compile_config=compile_config)  # warm
-        spent.clear(); s = time.perf_counter()
-        out = speculative_generate(t, ids, candidate_generator=gen(), max_new_tokens=64, cache_implementation="static", compile_config=compile_config, return_dict_in_generate=True)
-        total = time.perf_counter() - s; steps = len(out.speculative_stats.steps)
-        fwd = sum(spent[-steps:])
-        row = {"drafter": name, "compiled": compile_config is not None, "steps": steps, "forward_ms_per_step": 1000 * fwd / steps,
-               "loop_ms_per_step": 1000 * (total - fwd - out.speculative_stats.prefill_seconds) / steps}
-        rows.append(row)
-        print(row)
-result = {"meta": {"hardware": platform.processor() or platform.machine(), "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip("\t: ")
-                   if platform.system() == "Linux" else platform.processor(), "threads": torch.get_num_threads(), "dtype": str(t.dtype),
-                   "versions": {"torch": torch.__version__, "transformers": transformers.__version__}, "max_new_tokens": 64,
-                   "command": "python benchmarks/verification/static/loop_overhead.py"}, "rows": rows}
-if len(sys.argv) > 1:
-    open(sys.argv[1], "w").write(json.dumps(result, indent=1) + "\n")
+        start = input_ids.shape[1]
+        tokens, parents, parent = [], [], -1
+        for right in self.reference[start : start + self.depth]:
+            for k in range(self.siblings):
+                tokens.append((right + 1 + k) % VOCAB)
+                parents.append(parent)
+            tokens.append(right)
+            parents.append(parent)
+            parent = len(tokens) - 1
+        return DraftTree(tokens, parents)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--label", required=True, help="what code is measured, e.g. before / after")
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=32, max_position_embeddings=512, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    target = LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
+    reference = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
+    forwards: list[float] = []
+    for owner in (compiled_module.StaticTarget,):
+        original = owner._forward
+
+        def timed(self, __original=original, **inputs):
+            started = time.perf_counter()
+            out = __original(self, **inputs)
+            forwards.append(time.perf_counter() - started)
+            return out
+
+        owner._forward = timed
+    plain_forward = LlamaForCausalLM.forward
+
+    def timed_forward(self, *a, **k):
+        started = time.perf_counter()
+        out = plain_forward(self, *a, **k)
+        forwards.append(time.perf_counter() - started)
+        return out
+
+    rows = []
+    paths = {"dynamic": {}, "static": {"cache_implementation": "static"},
+             "static-compiled": {"cache_implementation": "static", "compile_config": CompileConfig(backend="eager", mode=None)}}
+    for drafter, (depth, siblings) in {"chain-5": (5, 0), "tree-16": (4, 3)}.items():
+        for path, kwargs in paths.items():
+            def call(**extra):
+                return speculative_generate(target, ids, candidate_generator=Always(reference, depth, siblings), max_new_tokens=NEW_TOKENS,
+                                            return_dict_in_generate=True, **kwargs, **extra)
+            call()
+            if path == "dynamic":
+                LlamaForCausalLM.forward = timed_forward
+            loop_ms = []
+            for _ in range(REPEATS):
+                forwards.clear()
+                started = time.perf_counter()
+                out = call()
+                total = time.perf_counter() - started
+                steps = len(out.speculative_stats.steps)
+                verify = sum(forwards[-steps:])  # one verification forward a step (the dynamic path's prefill is timed too)
+                loop_ms.append(1000 * (total - verify - out.speculative_stats.prefill_seconds) / steps)
+            forward_ms = 1000 * verify / steps
+            LlamaForCausalLM.forward = plain_forward
+            with SyncCounter() as syncs:
+                counted = call()
+            assert counted.sequences[0].tolist() == reference[: counted.sequences.shape[1]], "the loop left the target's greedy output"
+            later = syncs.per_step[2:]
+            row = {"drafter": drafter, "path": path, "steps": steps, "loop_ms_per_step": statistics.median(loop_ms),
+                   "loop_ms_per_step_runs": loop_ms, "forward_ms": forward_ms, "syncs_per_step": statistics.mean(later),
+                   "syncs_per_step_max": max(later), "syncs_first_two_steps": syncs.per_step[:2],
+                   "syncs_where": dict(sorted(syncs.where.items(), key=lambda kv: -kv[1])[:12])}
+            rows.append(row)
+            print({k: v for k, v in row.items() if k not in ("syncs_where", "loop_ms_per_step_runs")}, flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    cpu = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip("\t: ")
+    run = {"label": args.label, "commit": commit, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    result = {"meta": {"cpu": cpu, "threads": torch.get_num_threads(), "dtype": "float32",
+                       "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+                       "target": "LlamaForCausalLM, 1 layer, hidden 32, vocab 96 (random)", "max_new_tokens": NEW_TOKENS,
+                       "repeats": REPEATS, "command": "python benchmarks/verification/static/loop_overhead.py --label LABEL --output FILE"},
+              "runs": []}
+    if args.output and os.path.exists(args.output):
+        previous = json.load(open(args.output))
+        result["runs"] = [r for r in previous.get("runs", []) if r["label"] != args.label]
+    result["runs"].append(run)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
