@@ -169,6 +169,8 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
     batch = cache.num_rows
     length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
     cache.set_visible(None if fixed else length)
+    if not getattr(cache, "windowed", True):
+        return _unwindowed_verify_inputs(model, cache, rows, trees, width, length, fixed)
     ids = torch.zeros(batch, width, dtype=torch.long)
     positions = torch.zeros(batch, width, dtype=torch.long)
     starts = [0] * batch  # finished slots write their own first columns
@@ -204,3 +206,38 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
     masks = masks_for(model, cache, visible, positions, key_positions, starts=torch.tensor(starts))
     return {"input_ids": ids, "position_ids": stage(buffers, "position_ids", positions, device),
             "attention_mask": stage(buffers, "attention_mask", masks, device)}
+
+
+def _unwindowed_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], width: int, length: int, fixed: bool) -> dict:
+    """:func:`static_verify_inputs` for a target without windowed layers: one additive mask written in place and the
+    ids and positions made from host lists, a dozen torch ops a step (a loop of per-node ops cost more than a CPU's
+    verification forward of a tiny model)."""
+    batch, blocked = cache.num_rows, torch.finfo(model.dtype).min
+    mask = torch.full((batch, 1, width, length), blocked, dtype=model.dtype)
+    ids, positions, starts = [[0] * width for _ in range(batch)], [[0] * width for _ in range(batch)], [0] * batch
+    active, on_device = {row.index for row in rows}, []
+    for b in range(batch):
+        if b not in active:  # a finished slot: dummies at its own first columns, each seeing itself
+            mask[b, 0].diagonal()[:width] = 0
+    for row, tree in zip(rows, trees):
+        b, n, start = row.index, len(tree), len(row.tokens) - 1
+        ancestors, depth = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in tree.parent_list])
+        ids[b][0] = row.tokens[-1]
+        if tree.token_list is not None:
+            ids[b][1 : 1 + n] = tree.token_list
+        elif n:
+            on_device.append((b, tree))
+        cached = start - row.pad
+        positions[b] = [cached + d for d in depth] + [cached] * (width - 1 - n)
+        starts[b] = start
+        mask[b, 0, :, row.pad : start] = 0
+        mask[b, 0, : 1 + n, start : start + 1 + n].masked_fill_(ancestors, 0)
+        mask[b, 0].diagonal(start)[1 + n : width] = 0  # dummy nodes see only themselves
+    device = rows[0].ids.device
+    buffers = cache.inputs if fixed else None
+    cache.set_write_columns(starts, width, device)
+    ids = stage(buffers, "input_ids", torch.tensor(ids), device)
+    for b, tree in on_device:
+        ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
+    return {"input_ids": ids, "position_ids": stage(buffers, "position_ids", torch.tensor(positions), device),
+            "attention_mask": stage(buffers, "attention_mask", mask, device)}

@@ -194,15 +194,16 @@ class DraftTree:
 
 
 def tree_buffers(parents: list[int]) -> tuple[torch.Tensor, list[int]]:
-    """:func:`build_tree_buffers` from host parents: the ancestor-or-self matrix `(N, N)` bool (host) and the depths."""
-    n = len(parents)
-    ancestors = torch.eye(n, dtype=torch.bool)
-    depth = [0] * n
+    """:func:`build_tree_buffers` from host parents, in plain Python (a torch op per node costs more than the whole
+    walk): the ancestor-or-self matrix `(N, N)` bool (host) and the depths."""
+    rows: list[list[bool]] = []
+    depth: list[int] = []
     for i, p in enumerate(parents):  # rows are built from already-finished parent rows
-        if p >= 0:
-            ancestors[i] |= ancestors[p]
-            depth[i] = depth[p] + 1
-    return ancestors, depth
+        row = rows[p][:] + [False] * (len(parents) - len(rows[p])) if p >= 0 else [False] * len(parents)
+        row[i] = True
+        rows.append(row)
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+    return torch.tensor(rows, dtype=torch.bool).reshape(len(parents), len(parents)), depth
 
 
 def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
