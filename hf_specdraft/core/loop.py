@@ -41,6 +41,7 @@ from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling
 from .cache import keep_columns, row_cache, target_cache
 from .compiled import StaticTarget, static_target
 from .controller import DraftLengthController, recall, remember
+from .distributed import RankAgreement
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
 from .inputs import (
     check_batch_setup,
@@ -173,6 +174,9 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     if shared:
         check_batch_setup(model, generation_config, streamer, batch)
     check_generation_setup(input_ids, generation_config, model_kwargs, acceptance)
+    ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike (core.distributed)
+    if ranks is not None and generation_config.do_sample:
+        ranks.check_random_state(model.device)
     rows = [Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), row_processors(logits_processor, r, batch))
             for r, g in enumerate(row_drafters(generator, batch))]
     for row in rows:
@@ -204,7 +208,7 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
         keep_columns(cache, [torch.arange(cache.get_seq_length() - row.cached, cache.get_seq_length()) for row in rows],
                      [row.index for row in active], shared)
     compiled = static is not None and static.compiled  # a compiled forward chooses its own kernels: nothing to patch
-    with contextlib.nullcontext() if compiled else few_token_linears(model):
+    with contextlib.nullcontext() if compiled or ranks is not None else few_token_linears(model):  # (timed per rank)
         layout = speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared)
     if streamer is not None:
         streamer.end()
@@ -255,6 +259,9 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
         setting = (len(active), static is not None and (static.compiled, static.max_nodes), bool(generation_config.do_sample),
                    str(model.device), str(model.dtype))  # what else changes costs or acceptance
         resumed = recall(controller, model, drafters[0], setting)  # the last call's curve and counts
+        ranks = RankAgreement.of(model)
+        if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
+            ranks.align(controller)
         # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
         controller.confidence_stops = not shared and getattr(drafters[0], "stops_on_confidence", False)
     try:
