@@ -24,6 +24,12 @@ Usage with a stock target (transformers' own assisted decoding; batch size 1)::
     out = target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
     glide.detach()
 
+Under tensor parallelism (``torchrun``; ``GlideConfig.base_model_tp_plan``), load GLIDE split like its target, each rank's
+cross-attention reading its own shard of the target's KV heads (docs/multi-gpu.md)::
+
+    target = AutoModelForCausalLM.from_pretrained("org/x", tp_plan="auto")
+    glide = AutoModelForCausalLM.from_pretrained("you/glide-for-x", trust_remote_code=True, tp_plan="auto")
+
 Usage with only transformers installed (GLIDE + CAPE, glide_cape.txt §4.2; the checkpoint carries ``custom_generate/``,
 whose drafter hands GLIDE the target's live cache as ``target_past_key_values``)::
 
