@@ -55,7 +55,7 @@ def greedy_drafters(glide, draft, x: torch.LongTensor, vocab: int) -> dict:
     }
 
 
-def _record(results: dict, name: str, run) -> None:
+def record(results: dict, name: str, run) -> None:
     """``run()`` returns ``(ok, tokens, detail)``; an exception is a failed check carrying its traceback."""
     try:
         ok, tokens, detail = run()
@@ -78,10 +78,10 @@ def lossless_checks(target, glide, draft, static: bool = True, batch: bool = Tru
 
     builders = greedy_drafters(glide, draft, x, vocab)
     for name, build in builders.items():
-        _record(results, name, lambda: same(speculative_generate(target, x, candidate_generator=build(), max_new_tokens=NEW_TOKENS)))
+        record(results, name, lambda: same(speculative_generate(target, x, candidate_generator=build(), max_new_tokens=NEW_TOKENS)))
     if static:
         for name in ("draft-model", "glide", "cape+glide"):
-            _record(results, f"static/{name}", lambda: same(speculative_generate(
+            record(results, f"static/{name}", lambda: same(speculative_generate(
                 target, x, candidate_generator=builders[name](), max_new_tokens=NEW_TOKENS, cache_implementation="static")))
     if batch:
         rows, ids, mask = padded_batch(vocab)
@@ -93,7 +93,7 @@ def lossless_checks(target, glide, draft, static: bool = True, batch: bool = Tru
             return all(torch.equal(g, e) for g, e in zip(got, references)), out.tolist(), f"{[g.tolist() for g in got]} vs {[e.tolist() for e in references]}"
 
         for name, make in (("draft-model", lambda: DraftModelCandidateGenerator(draft)), ("glide", lambda: GlideCandidateGenerator(glide))):
-            _record(results, f"batch/{name}", lambda: rows_match(speculative_generate(
+            record(results, f"batch/{name}", lambda: rows_match(speculative_generate(
                 target, ids.to(device), attention_mask=mask.to(device), candidate_generator=[make() for _ in rows],
                 max_new_tokens=NEW_TOKENS)))
     return results

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.distributed import DistributedConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from multi_device_checks import _record, lossless_checks, prompt, sampled  # noqa: E402
+from multi_device_checks import record, lossless_checks, prompt, sampled  # noqa: E402
 
 from hf_specdraft import CapeCandidateGenerator, DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate  # noqa: E402
 from hf_specdraft.core.controller import DraftLengthController  # noqa: E402
@@ -76,14 +76,14 @@ def arch_checks(folder: Path, arch: str) -> dict:
     reference = results["target-only"]["tokens"]
     x = prompt(int(target.config.vocab_size))
     split_draft = AutoModelForCausalLM.from_pretrained(folder / "draft", distributed_config=split()).eval()
-    _record(results, "draft-model-split", lambda: (lambda out: (out[0].tolist() == reference, out[0].tolist(), str(out[0].tolist())))(
+    record(results, "draft-model-split", lambda: (lambda out: (out[0].tolist() == reference, out[0].tolist(), str(out[0].tolist())))(
         speculative_generate(target, x, draft_model=split_draft, max_new_tokens=len(reference) - x.shape[1])))
 
     def gamma_choices():  # γ "auto": what every step drafted, compared across ranks by the parent
         out = speculative_generate(target, x, draft_model=glide, max_new_tokens=len(reference) - x.shape[1], return_dict_in_generate=True)
         return out.sequences[0].tolist() == reference, out.speculative_stats.extra.get("draft_lengths"), str(out.speculative_stats.extra.get("draft_lengths"))
 
-    _record(results, "controller/glide", gamma_choices)
+    record(results, "controller/glide", gamma_choices)
     single_target = AutoModelForCausalLM.from_pretrained(folder / "target").eval()
 
     def self_drafted():  # the whole target as its own draft: always right, so γ "auto" grows and follows the clock
@@ -91,31 +91,31 @@ def arch_checks(folder: Path, arch: str) -> dict:
         lengths = out.speculative_stats.extra.get("draft_lengths")
         return out.sequences[0].tolist() == reference and max(lengths) > 1, lengths, str(lengths)
 
-    _record(results, "controller/self-draft", self_drafted)
-    _record(results, "controller/agreement", lambda: agreement(target))
+    record(results, "controller/self-draft", self_drafted)
+    record(results, "controller/agreement", lambda: agreement(target))
     single_glide = GlideForCausalLM.from_pretrained(folder / "glide").eval()
     single_draft = AutoModelForCausalLM.from_pretrained(folder / "draft").eval()
     with torch.no_grad():
-        _record(results, "glide-logits", lambda: glide_logits(target, glide, single_target, single_glide))
+        record(results, "glide-logits", lambda: glide_logits(target, glide, single_target, single_glide))
     samplers = {
         "glide": lambda g, d: GlideCandidateGenerator(g, num_draft_tokens=3),
         "draft-model": lambda g, d: DraftModelCandidateGenerator(d, 3),
         "cape+glide": lambda g, d: CapeCandidateGenerator(GlideCandidateGenerator(g, num_draft_tokens=2), budget=4),
     }
     for name, make in samplers.items():  # the split run against one process's run of the same models from the same seed
-        _record(results, f"sample/{name}", lambda: (lambda split_tokens, whole_tokens: (split_tokens == whole_tokens, split_tokens, f"{split_tokens} vs {whole_tokens}"))(
+        record(results, f"sample/{name}", lambda: (lambda split_tokens, whole_tokens: (split_tokens == whole_tokens, split_tokens, f"{split_tokens} vs {whole_tokens}"))(
             sampled(target, make(glide, draft)), sampled(single_target, make(single_glide, single_draft))))
     if (folder / "glide-uneven").exists():
-        _record(results, "refuse/uneven-glide", lambda: refused(
+        record(results, "refuse/uneven-glide", lambda: refused(
             lambda: GlideForCausalLM.from_pretrained(folder / "glide-uneven", distributed_config=split()), "cannot be split over tp_size=2"))
-        _record(results, "refuse/whole-glide", lambda: refused(
+        record(results, "refuse/whole-glide", lambda: refused(
             lambda: speculative_generate(target, x, draft_model=single_glide, max_new_tokens=4), "glide over 1"))
 
         def seeded_apart():
             torch.manual_seed(dist.get_rank())
             speculative_generate(target, x, draft_model=draft, num_draft_tokens=2, max_new_tokens=4, do_sample=True)
 
-        _record(results, "refuse/seeds-apart", lambda: refused(seeded_apart, "same random state on every rank"))
+        record(results, "refuse/seeds-apart", lambda: refused(seeded_apart, "same random state on every rank"))
     return results
 
 
