@@ -93,6 +93,7 @@ class DraftLengthController:
         self.stop_seconds = [0.0] * len(self.widths)
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
+        self.agree_seconds = None  # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
 
     @property
     def width(self) -> float:
@@ -250,6 +251,8 @@ class DraftLengthController:
                 (what :meth:`keep_drafting` read), counted into the confidence bins of ``â(c)``; for a tree, its chain's
                 (judged by ``on_chain``).
         """
+        if self.agree_seconds is not None:
+            draft_seconds, verify_seconds = self.agree_seconds(draft_seconds, verify_seconds)
         self.steps += 1
         self._count(self.option, drafted, accepted)
         if confidences is not None:  # the confidence bins: every judged draft token, accepted or not

@@ -43,6 +43,7 @@ from .clock import StepClock
 from .compiled import StaticCacheBusy, StaticTarget, captured_seconds, static_call, static_target
 from .layouts import OwnedRow, SharedBatch
 from .controller import DraftLengthController, recall, remember
+from .distributed import RankAgreement
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
 from .inputs import (
     check_batch_setup,
@@ -176,6 +177,9 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     if shared:
         check_batch_setup(model, generation_config, streamer, batch)
     check_generation_setup(input_ids, generation_config, model_kwargs, acceptance)
+    ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike (core.distributed)
+    if ranks is not None and generation_config.do_sample:
+        ranks.check_random_state(model.device)
     host_ids = input_ids.tolist()  # read once: from here on the loop extends each row's tokens on the host
     rows = [Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), row_processors(logits_processor, r, batch),
                 tokens=host_ids[r]) for r, g in enumerate(row_drafters(generator, batch))]
@@ -225,7 +229,8 @@ def _steps_and_result(model, cache, static, input_ids, rows, generator, stopping
         keep_columns(cache, [torch.arange(cache.get_seq_length() - row.cached, cache.get_seq_length()) for row in rows],
                      [row.index for row in active], shared)
     compiled = static is not None and static.compiled  # a compiled forward chooses its own kernels: nothing to patch
-    with contextlib.nullcontext() if compiled else few_token_linears(model):
+    split = RankAgreement.of(model) is not None  # few-token linears are timed per rank: off under tensor parallelism
+    with contextlib.nullcontext() if compiled or split else few_token_linears(model):
         layout = speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared)
     if streamer is not None:
         streamer.end()
@@ -295,6 +300,9 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
         setting = (len(active), static is not None and (static.compiled, static.max_nodes), bool(generation_config.do_sample),
                    str(model.device), str(model.dtype))  # what else changes costs or acceptance
         resumed = recall(step.controller, model, drafters[0], setting)  # the last call's curve and counts
+        ranks = RankAgreement.of(model)
+        if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
+            ranks.align(step.controller)
         # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
         step.controller.confidence_stops = not shared and getattr(drafters[0], "stops_on_confidence", False)
     if static is not None:  # every bucket compiles (and on CUDA is captured) before the first step of the first call: no

@@ -36,8 +36,9 @@ from .drafting_config import GlideDraftingConfig
 from .modeling_glide import read_target_layer
 
 
-def check_target_cache(target_cache, config) -> None:
-    """Raise `ValueError` unless ``target_cache`` holds readable keys/values for every layer GLIDE reads."""
+def check_target_cache(target_cache, config, kv_heads: int | None = None) -> None:
+    """Raise `ValueError` unless ``target_cache`` holds readable keys/values for every layer GLIDE reads (``kv_heads`` per
+    layer: all the target's by default, a rank's share under tensor parallelism)."""
     if target_cache is None:
         raise ValueError(
             "target_cache is None: GLIDE cross-attends to the target's KV cache, so the decoding loop must pass the "
@@ -45,7 +46,7 @@ def check_target_cache(target_cache, config) -> None:
         )
     try:
         for layer_idx in config.target_layer_ids:
-            read_target_layer(target_cache, layer_idx, config)
+            read_target_layer(target_cache, layer_idx, config, kv_heads)
     except (TypeError, ValueError) as error:
         raise ValueError(f"target_cache is not a KV cache GLIDE can read: {error}") from error
 
@@ -93,6 +94,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             raise ValueError("glide was built for a different target:\n  " + "\n  ".join(problems))
         check_same_vocab(target, self.glide, argument="glide")
         check_same_device(target, self.glide, argument="glide")
+        check_same_split(target, self.glide)
         self._reset()
 
     @torch.no_grad()
@@ -112,7 +114,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             glimpse = static_glimpse(self.target_static, input_ids.shape[1] - 1, self.glide.dtype) if cross else None
             return draft_chain(self, input_ids, lambda feed: self.cache.forward(feed, glimpse), self.glide.device)
         if cross:
-            check_target_cache(target_cache, self.glide.config)
+            check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
 
         def next_logits(feed: torch.Tensor) -> torch.Tensor:
             return self.glide(input_ids=feed, past_key_values=self.cache, use_cache=True,
@@ -152,6 +154,30 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         return GlideTreeScorer(self.glide, distribution)
 
 
+def kv_heads_per_rank(glide: PreTrainedModel) -> int:
+    """The target KV heads ``glide`` reads on this rank (a GLIDE class of an older checkpoint's remote code: all of them)."""
+    return getattr(glide.base_model, "kv_heads_per_rank", glide.config.target_num_key_value_heads)
+
+
+def check_same_split(target: PreTrainedModel, glide: PreTrainedModel) -> None:
+    """GLIDE glimpses the target's cache as each rank holds it: split by tensor parallelism over as many ranks as the
+    target, or not at all. Raises `ValueError` naming both splits and the route otherwise."""
+    if not glide.config.cross_attention:
+        return  # the vanilla drafter reads no target cache: any split runs
+    target_split, glide_split = getattr(target, "tp_size", None) or 1, getattr(glide, "tp_size", None) or 1
+    if target_split != glide_split:
+        raise ValueError(
+            f"glide reads the target's KV cache as this rank holds it, but the target is split over {target_split} tensor-parallel "
+            f"rank(s) and glide over {glide_split}: load glide the way the target was loaded, e.g. "
+            f"GlideForCausalLM.from_pretrained(path, tp_plan='auto') under the same torchrun (docs/multi-gpu.md)"
+        )
+    glide.config.check_tensor_parallel(glide_split)
+    heads = kv_heads_per_rank(glide)
+    if target_split > 1 and heads * target_split != glide.config.target_num_key_value_heads:
+        raise ValueError(f"glide reads {heads} KV heads per rank over {target_split} ranks, but the target has "
+                         f"{glide.config.target_num_key_value_heads}: load glide with tp_plan='auto' (docs/multi-gpu.md)")
+
+
 def static_glimpse(target_cache: StaticRowsCache, committed: int, dtype: torch.dtype):
     """GLIDE's glimpse on the static path: ``columns (Q,) -> inputs``, the target's buffers `(1, H, L, D)` per layer and a
     key mask `(1, 1, Q, L)` letting a query at sequence index ``j`` see the committed target keys ``k < j`` (§4.1's
@@ -178,6 +204,6 @@ class GlideTreeScorer(DraftModelTreeScorer):
 
     def _forward(self, target_cache: DynamicCache | None, **inputs):
         if self.draft_model.config.cross_attention:
-            check_target_cache(target_cache, self.draft_model.config)
+            check_target_cache(target_cache, self.draft_model.config, kv_heads_per_rank(self.draft_model))
             inputs["target_past_key_values"] = target_cache
         return super()._forward(target_cache, **inputs)

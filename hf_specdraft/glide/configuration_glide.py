@@ -168,6 +168,21 @@ class GlideConfig(PretrainedConfig):
 
     model_type = "glide"
     keys_to_ignore_at_inference = ["past_key_values"]
+    # Tensor parallelism (``from_pretrained(..., tp_plan="auto")`` under torchrun), in transformers' convention and split
+    # like a Llama target: each rank's cross-attention holds a contiguous block of the target's query heads, the GQA
+    # groups of exactly the KV heads the target's colwise ``k_proj`` / ``v_proj`` left in that rank's cache, so every rank
+    # glimpses its own shard; the output projections are rowwise (one all-reduce each), as in the target's attention.
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.cross_attn.q_proj": "colwise",
+        "layers.*.cross_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
 
     def __init__(
         self,
@@ -245,6 +260,8 @@ class GlideConfig(PretrainedConfig):
         self.eos_token_id = eos_token_id
         self._validate()
         super().__init__(**kwargs)
+        if not cross_attention:  # the vanilla drafter has no cross-attention for the plan to name
+            self.base_model_tp_plan = {k: v for k, v in type(self).base_model_tp_plan.items() if ".cross_attn." not in k}
 
     def _validate(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -348,6 +365,30 @@ class GlideConfig(PretrainedConfig):
             target_rope_parameters=target["rope_parameters"],
             **defaults,
         )
+
+    def check_tensor_parallel(self, tp_size: int) -> None:
+        """Raise `ValueError` unless every head count GLIDE splits under tensor parallelism divides by ``tp_size``.
+
+        Each rank's cross-attention must hold whole GQA groups of exactly the target KV heads that rank's cache holds,
+        and its own self-attention whole heads: with ``tp_size`` ranks, the target's query and KV heads and GLIDE's own
+        query and KV heads must all be multiples of ``tp_size`` (transformers' colwise split gives the last rank a
+        shorter slice otherwise, and that rank's queries would meet another rank's keys)."""
+        if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+            raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
+        counts = {"num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads}
+        if self.cross_attention:
+            counts.update(target_num_attention_heads=self.target_num_attention_heads,
+                          target_num_key_value_heads=self.target_num_key_value_heads)
+        uneven = [f"{name}={count}" for name, count in counts.items() if count % tp_size]
+        if uneven:
+            raise ValueError(
+                f"this GLIDE cannot be split over tp_size={tp_size} tensor-parallel ranks like its target: {', '.join(uneven)} "
+                f"{'is' if len(uneven) == 1 else 'are'} not a multiple of {tp_size} (GLIDE's self-attention has "
+                f"{self.num_attention_heads} query / {self.num_key_value_heads} KV heads; the target it reads has "
+                f"{self.target_num_attention_heads} query / {self.target_num_key_value_heads} KV heads). Build GLIDE with head "
+                f"counts that divide by {tp_size} (GlideConfig.from_target_config(..., num_attention_heads=...)), or run "
+                "it beside a target that is not split"
+            )
 
     def target_mismatches(self, target_config: PretrainedConfig) -> list[str]:
         """Human-readable differences between the recorded target and ``target_config`` (empty: compatible)."""

@@ -24,6 +24,12 @@ Usage with a stock target (transformers' own assisted decoding; batch size 1)::
     out = target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
     glide.detach()
 
+Under tensor parallelism (``torchrun``; ``GlideConfig.base_model_tp_plan``), load GLIDE split like its target, each rank's
+cross-attention reading its own shard of the target's KV heads (docs/multi-gpu.md)::
+
+    target = AutoModelForCausalLM.from_pretrained("org/x", tp_plan="auto")
+    glide = AutoModelForCausalLM.from_pretrained("you/glide-for-x", trust_remote_code=True, tp_plan="auto")
+
 Usage with only transformers installed (GLIDE + CAPE, glide_cape.txt §4.2; the checkpoint carries ``custom_generate/``,
 whose drafter hands GLIDE the target's live cache as ``target_past_key_values``)::
 
@@ -57,7 +63,7 @@ from .target_binding import TargetBindingMixin
 TargetLayerKV = tuple[torch.Tensor, torch.Tensor, int]
 
 
-def read_target_layer(target_past_key_values, layer_idx: int, config: GlideConfig) -> TargetLayerKV | None:
+def read_target_layer(target_past_key_values, layer_idx: int, config: GlideConfig, kv_heads: int | None = None) -> TargetLayerKV | None:
     """Keys and values of target layer ``layer_idx`` from the target's cache, or `None` when it is empty.
 
     Args:
@@ -66,6 +72,8 @@ def read_target_layer(target_past_key_values, layer_idx: int, config: GlideConfi
             ``(keys, values)`` pairs per layer (what training passes).
         layer_idx: the target layer to read (0-based).
         config: the GLIDE config (shapes the cache must have).
+        kv_heads: the KV heads the cache must hold: ``config.target_num_key_value_heads`` by default, this rank's share
+            of them under tensor parallelism (:attr:`GlideCrossAttention.kv_heads_per_rank`).
     """
     if isinstance(target_past_key_values, Cache) or hasattr(target_past_key_values, "layers"):
         layers = target_past_key_values.layers
@@ -98,11 +106,14 @@ def read_target_layer(target_past_key_values, layer_idx: int, config: GlideConfi
         raise TypeError(
             f"target_past_key_values must be a transformers Cache or a sequence of (keys, values) pairs, got {type(target_past_key_values).__name__}"
         )
-    expected = (config.target_num_key_value_heads, config.target_head_dim)
+    expected = (config.target_num_key_value_heads if kv_heads is None else kv_heads, config.target_head_dim)
     if keys.dim() != 4 or (keys.shape[1], keys.shape[3]) != expected or values.shape != keys.shape:
+        split = "" if expected[0] == config.target_num_key_value_heads else (
+            f" (this rank's {expected[0]} of the target's {config.target_num_key_value_heads} KV heads: GLIDE is split by tensor "
+            "parallelism, and so must the target be, over as many ranks)")
         raise ValueError(
             f"target_past_key_values layer {layer_idx} has keys {tuple(keys.shape)} / values {tuple(values.shape)}; GLIDE expects "
-            f"(batch, {expected[0]}, seq, {expected[1]}) for the target it was built for"
+            f"(batch, {expected[0]}, seq, {expected[1]}) for the target it was built for{split}"
         )
     return keys, values, offset
 
@@ -191,6 +202,10 @@ class GlideCrossAttention(nn.Module):
     ``Q^{m,j} = H^m W_j`` projects the draft hidden states to the target's ``h`` query heads of size ``d_k``;
     ``hd_j = softmax(Q K^T / sqrt(d_k)) V`` over the target's K/V (GQA via ``repeat_kv``); ``W^O`` projects
     the concatenated heads back to the draft width. No key/value projections exist.
+
+    Under tensor parallelism (``GlideConfig.base_model_tp_plan``) ``q_proj`` is split by columns and ``o_proj`` by rows:
+    each rank computes the query heads of the target KV heads its own cache shard holds, and ``o_proj`` sums the ranks'
+    partial outputs (one all-reduce), as the target's attention does.
     """
 
     def __init__(self, config: GlideConfig, layer_idx: int):
@@ -226,7 +241,7 @@ class GlideCrossAttention(nn.Module):
             return torch.zeros_like(hidden_states)
         keys, values, offset = target_kv
         batch, q_len, _ = hidden_states.shape
-        query = self.q_proj(hidden_states).view(batch, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        query = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)  # this rank's heads
         cos, sin = target_position_embeddings  # (B, q, d_k): the target's RoPE at the queries' absolute positions
         query = query * cos.unsqueeze(1) + rotate_half(query) * sin.unsqueeze(1)
         keys = keys.to(device=query.device, dtype=query.dtype)
@@ -245,6 +260,14 @@ class GlideCrossAttention(nn.Module):
             self, query, keys, values, mask, dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, is_causal=False
         )
         return self.o_proj(output.reshape(batch, q_len, -1)) * visible
+
+    @property
+    def kv_heads_per_rank(self) -> int:
+        """The target KV heads this cross-attention reads: all of them, or under tensor parallelism the share its
+        ``q_proj`` columns cover (whole GQA groups, ``target_num_key_value_heads / tp_size``)."""
+        weight = self.q_proj.weight
+        rows = weight.to_local().shape[0] if hasattr(weight, "to_local") else weight.shape[0]  # a DTensor's local shard
+        return rows // (self.head_dim * self.num_key_value_groups)
 
 
 class GlideDecoderLayer(GradientCheckpointingLayer):
@@ -300,6 +323,14 @@ class GlidePreTrainedModel(PreTrainedModel):
     _supports_flash_attn = False  # the cross-attention needs an arbitrary mask over the target's keys
     _supports_flex_attn = False
 
+    @classmethod
+    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
+        """``from_pretrained(..., tp_plan="auto")``: refuse, before any weight is read, a GLIDE whose heads cannot be split
+        over the tensor-parallel ranks like its target's (:meth:`GlideConfig.check_tensor_parallel`)."""
+        if mesh_manager is not None and distributed_config is not None and (distributed_config.tp_size or 1) > 1:
+            model.config.check_tensor_parallel(distributed_config.tp_size)
+        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
+
 
 class GlideModel(GlidePreTrainedModel):
     """The GLIDE decoder stack (no LM head)."""
@@ -325,6 +356,14 @@ class GlideModel(GlidePreTrainedModel):
 
     def set_input_embeddings(self, value):
         self.embed_tokens = value
+
+    @property
+    def kv_heads_per_rank(self) -> int:
+        """The target KV heads every cross-attention reads on this rank (all of them without tensor parallelism)."""
+        layer = self.layers[0] if len(self.layers) else None
+        if layer is None or not hasattr(layer, "cross_attn"):
+            return self.config.target_num_key_value_heads
+        return layer.cross_attn.kv_heads_per_rank
 
     def forward(
         self,
@@ -375,7 +414,8 @@ class GlideModel(GlidePreTrainedModel):
         for layer in self.layers:
             target_kv = None
             if self.config.cross_attention and target_past_key_values is not None:
-                target_kv = read_target_layer(target_past_key_values, layer.cross_attn.target_layer_idx, self.config)
+                target_kv = read_target_layer(target_past_key_values, layer.cross_attn.target_layer_idx, self.config,
+                                              layer.cross_attn.kv_heads_per_rank)
             hidden_states = layer(
                 hidden_states,
                 attention_mask=causal_mask,
@@ -400,6 +440,7 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # tensor parallelism: every rank gets the whole logits, as Llama's
 
     def __init__(self, config: GlideConfig):
         super().__init__(config)

@@ -23,9 +23,12 @@ tested here (no GPU was available); what to configure:
   GLIDE's optimizer state and gradients. The frozen target is not passed to ``accelerator.prepare``:
   every process holds its own bf16 copy (load it with ``dtype=torch.bfloat16``; 7B/13B fit one GPU).
 * Targets that do not fit one GPU — either one process with the target loaded by
-  ``device_map="auto"`` (``train_glide`` leaves a model that has an ``hf_device_map`` where it is), or
+  ``device_map="auto"`` (``train_glide`` leaves a model that has an ``hf_device_map`` where it is; tested with a
+  target spread over CPU and disk, ``tests/test_device_map.py``), or
   FSDP (``distributed_type: FSDP``, ``fsdp_sharding_strategy: FULL_SHARD``) with the target wrapped by
   your own code before calling ``train_glide``. GLIDE itself is small: plain data parallelism suffices.
+  A target split by tensor parallelism (``tp_plan``) is refused: each rank's cache holds only its share of the KV
+  heads; train against the ``device_map`` target and load the trained GLIDE with ``tp_plan="auto"`` to decode.
 * The target forward dominates the training cost (Appendix F), not GLIDE.
 """
 
@@ -200,6 +203,13 @@ def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
     problems = glide.config.target_mismatches(target.config)
     if problems:
         raise ValueError("glide was built for a different target:\n  " + "\n  ".join(problems))
+    if (getattr(target, "tp_size", None) or 1) > 1:
+        raise ValueError(
+            f"target is split over {target.tp_size} ranks by tensor parallelism (tp_plan): train_glide reads the whole target "
+            "cache in one process. Load the target unsplit, spread over the devices of one process with device_map='auto' "
+            "(GPUs, CPU, disk: accelerate's max_memory and offload_folder), train there, then load the trained GLIDE with "
+            "tp_plan='auto' beside the split target for decoding (docs/multi-gpu.md)"
+        )
 
 
 def _setup(target, glide, args: GlideTrainingArguments):
