@@ -30,6 +30,14 @@ def copy_to_device(buffer: torch.Tensor, host: torch.Tensor) -> None:
     buffer.copy_(host, non_blocking=True)
 
 
+def on_device(tensor: torch.Tensor, device: torch.device | str) -> bool:
+    """Whether ``tensor`` lives on ``device`` ("cuda" names the current CUDA device)."""
+    device = torch.device(device)
+    if tensor.device.type != device.type:
+        return False
+    return device.index is None or tensor.device.index == device.index or (device.type == "cpu")
+
+
 def stage(buffers: dict | None, name: str, host, device: torch.device):
     """Host inputs (a tensor, or a dict of them) on ``device`` without a sync (:func:`copy_to_device`): into a fixed
     buffer per name and shape kept in ``buffers`` (a compiled graph's inputs keep their addresses, so CUDA graphs
@@ -38,7 +46,7 @@ def stage(buffers: dict | None, name: str, host, device: torch.device):
         return {kind: stage(buffers, f"{name}.{kind}", value, device) for kind, value in host.items()}
     key = (name, tuple(host.shape), host.dtype)
     buffer = None if buffers is None else buffers.get(key)
-    if buffer is None or buffer.device != torch.device(device):
+    if buffer is None or not on_device(buffer, device):
         buffer = torch.empty(host.shape, dtype=host.dtype, device=device)
         if buffers is not None:
             torch._dynamo.mark_static_address(buffer)
@@ -158,7 +166,7 @@ class StaticRowsCache(Cache):
             else:
                 slots = columns.remainder(ring)
             buffer = self._write_buffers.get((ring, width))
-            if buffer is None or buffer.device != torch.device(device):
+            if buffer is None or not on_device(buffer, device):
                 buffer = torch.zeros(len(starts), 1, width, 1, dtype=torch.long, device=device)
                 torch._dynamo.mark_static_address(buffer)
                 self._write_buffers[(ring, width)] = buffer
