@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_specdraft.bench import BenchConfig
+from hf_specdraft.bench import METHODS, BenchConfig
 from hf_specdraft.bench.harness import format_table, speed_word, summarize
 from hf_specdraft.bench.timing import LoadMonitor, other_cores, relative_range, spread, verdict, warning_text
 
@@ -232,3 +232,21 @@ def test_after_the_warm_up_no_timed_run_compiles_and_every_controller_resumed(ti
     torch._dynamo.reset()  # a fresh process' state: nothing compiled yet
     cold = run_bench(bundle, BenchConfig(methods=chosen, num_prompts=1, max_new_tokens=24, warmup=0, repeats=1), warn=False)
     assert cold["timing"]["invalid_methods"] == ["max-gram-auto-compiled"]
+
+
+@pytest.mark.slow  # ~20 s: the loop's first call in a process calibrates its linears and the controller's curve
+def test_the_demo_s_warm_up_primes_the_controller(tiny_default):
+    """Issue #41: the γ controller remembers per process what a call learned; the demo's warm-up (the longest prompt at
+    the timed length) leaves it primed, so even the first timed run starts from a learned state."""
+    from hf_specdraft.bench import run_bench
+    from hf_specdraft.cli import DEMO_METHODS
+    from hf_specdraft.core.controller import forget
+    from hf_specdraft.defaults import load_default
+
+    bundle = load_default(tiny_default[0])
+    forget(bundle.target)  # nothing learned by earlier tests
+    auto = [m for m in DEMO_METHODS["completion"] if m.endswith("-auto") and METHODS[m].available(bundle.extras, bundle.draft is not None)]
+    auto = auto[:1]  # the demo's first default call (GLIDE's): one is enough to see the warm-up's effect
+    assert auto
+    result = run_bench(bundle, BenchConfig(methods=("target-only", *auto), num_prompts=2, max_new_tokens=8, warmup=1, repeats=2), warn=False)
+    assert all(result["summary"][m]["controller_resumed"] == 1.0 for m in auto), {m: result["summary"][m]["controller_resumed"] for m in auto}
