@@ -46,7 +46,7 @@ report() {  # call label, carried paths...
 }
 report "call 1 (first; carry .whl)" .whl
 for i in $(seq 0 $((PARTS - 1))); do
-  report "part call (carry .gguf/…part$i)" ".gguf/$GGUF_NAME.part$i"
+  report "part call (carry .gguf/...part$i)" ".gguf/$GGUF_NAME.part$i"
 done
 report "bench calls (carry nothing)"
 exit $status
