@@ -96,7 +96,8 @@ def timing_line(timing: dict | None) -> str:
     if timing is None:
         return "Timing: one run per method and prompt (a result file from before repeated timing)."
     other = "not measured" if timing.get("other_cpu_cores") is None else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
-    if "warmup_max_new_tokens" in timing:  # since issue #41: the longest prompts at the timed length
+    since_41 = "warmup_max_new_tokens" in timing  # issue #41: the longest prompts at the timed length; noise where work repeated
+    if since_41:
         warm = (f"{timing['warmup_prompts']} warm-up prompt(s) untimed (the longest, {', '.join(map(str, timing['warmup_prompt_tokens']))} "
                 f"tokens, at {timing['warmup_max_new_tokens']} new tokens)")
     else:
@@ -104,7 +105,8 @@ def timing_line(timing: dict | None) -> str:
     if timing.get("timing_noise") is None:
         noise = f"no method repeated its work exactly; target-only's own time moved by {timing.get('baseline_noise', 0.0):.0%}"
     else:
-        noise = f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods, where they repeated their work)"
+        noise = (f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods"
+                 + (", where they repeated their work)" if since_41 else ")"))
     line = (f"Timing: median of {timing['repeats']} runs per method and prompt, methods interleaved in a rotated order, "
             f"{warm}; other processes used {other}; {noise}.")
     paid = {m: s for m, s in (timing.get("warmup_seconds") or {}).items() if s >= 5}  # compiles show up here
