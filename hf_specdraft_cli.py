@@ -56,6 +56,8 @@ def build_parser(method_names: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     bench.add_argument("--num-prompts", type=int, help="held-out prompts (default: the profile's, 20 on cpu)")
     bench.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default: the profile's, 64 on cpu)")
     bench.add_argument("--repeats", type=int, help="timed runs per method and prompt, median kept (default: the profile's, 3)")
+    bench.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts (the longest), each run by every method "
+                       "at --max-new-tokens before timing: caches sized and graphs compiled for the longest call")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--context-prompt-chars", type=int, help="context task: characters of the file before the cut in the prompt "
                        "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)")

@@ -180,7 +180,7 @@ def cmd_bench(args) -> int:
 
     methods = tuple(args.methods.split(",")) if args.methods else BenchConfig.methods
     config = BenchConfig(profile=args.profile, methods=methods, task=args.task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                         context_prompt_chars=args.context_prompt_chars, repeats=args.repeats)
+                         context_prompt_chars=args.context_prompt_chars, repeats=args.repeats, warmup=args.warmup)
     if config.profile.startswith("gpu") and not torch.cuda.is_available():
         raise ValueError(f"--profile {config.profile} needs a CUDA device; use --profile cpu here")
     target = args.target

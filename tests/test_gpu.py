@@ -1,6 +1,7 @@
 """Every method on CUDA (issue #34): lossless in fp32, bf16's agreement with bf16 greedy, batch 4, sliding windows past
-the window. Marked ``gpu`` (deselected by default, skipped without CUDA): run ``python -m pytest -q -m gpu`` on a
-machine with a GPU. CI is CPU-only.
+the window; and the static cache's CUDA graphs (issue #41): recorded and replayed, never skipped, for chains, trees,
+bf16, a ring past its wrap and a batch of four. Marked ``gpu`` (deselected by default, skipped without CUDA): run
+``python -m pytest -q -m gpu`` on a machine with a GPU (benchmarks/gpu/run.sh first). CI is CPU-only.
 """
 
 from __future__ import annotations
@@ -8,9 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import VOCAB, greedy_reference, tiny_model
-from hf_specdraft import GlideCandidateGenerator, speculative_generate
+from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
+from hf_specdraft import DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate
+from hf_specdraft.bench.compile_watch import compile_counters, compiled_between
+from hf_specdraft.bench.lossless import compare_greedy
 from test_method_grid import METHODS, glide_for
+from test_sliding_window import WINDOW, prompt, windowed_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 CUDA = torch.device("cuda")
@@ -92,3 +96,114 @@ def test_the_static_cache_compiled_with_cuda_graphs_is_lossless_in_fp32(method):
         again = speculative_generate(target, other, candidate_generator=on_cuda(method, target, other), max_new_tokens=48,
                                      cache_implementation="static")
     assert torch.equal(again, greedy_reference(target, other, 48))
+
+
+# --- CUDA graphs on the static cache (issue #41): recorded, replayed, never skipped --------------------------------
+
+class HostOracle(OracleDrafter):
+    """The conftest oracle, reading the ids on the host (its reference stays there; the tree it returns is host data)."""
+
+    def propose(self, input_ids, target_cache=None):
+        return super().propose(input_ids.cpu(), target_cache)
+
+
+@pytest.fixture
+def cudagraphs(monkeypatch):
+    """Counts what the cudagraph trees record and replay during a test (their manager's ``record_function`` and
+    ``execute_node``, wrapped), from a fresh dynamo; ``skips()`` reads inductor's ``cudagraph_skips`` since then, bumped
+    by every "skipping cudagraphs" (a graph that runs without CUDA graphs)."""
+    from torch._inductor import cudagraph_trees
+
+    counts = {"recorded": 0, "replayed": 0}
+    for name, key in (("record_function", "recorded"), ("execute_node", "replayed")):
+        original = getattr(cudagraph_trees.CUDAGraphTreeManager, name)
+
+        def counted(self, *args, _original=original, _key=key, **kwargs):
+            counts[_key] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cudagraph_trees.CUDAGraphTreeManager, name, counted)
+    torch._dynamo.reset()
+    before = compile_counters()
+    counts["skips"] = lambda: compiled_between(before, compile_counters()).get("cudagraph_skips", 0)
+    return counts
+
+
+def assert_cuda_graphs(counts, out) -> None:
+    """The call compiled (the loop says so), its buckets were captured as CUDA graphs and replayed, none skipped."""
+    assert out.speculative_stats.extra.get("static_cache", {}).get("compiled"), "the static path did not compile"
+    assert counts["skips"]() == 0, "inductor skipped CUDA graphs (see the 'skipping cudagraphs' warning above)"
+    assert counts["recorded"] > 0 and counts["replayed"] > 0, counts
+
+
+def static_on_cuda(target, x, **kwargs):
+    return speculative_generate(target, x, cache_implementation="static", return_dict_in_generate=True, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["right", "wrong", "tree"])
+def test_cuda_graphs_replay_oracle_chains_and_trees(cudagraphs, mode):
+    """Chains always accepted and always rejected (one bucket each) and 12-node trees accepted off the first child."""
+    target = tiny_model("llama").to(CUDA)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4)).to(CUDA)
+    reference = greedy_reference(target, x, 48)
+    out = static_on_cuda(target, x, candidate_generator=HostOracle(reference.cpu(), mode), max_new_tokens=48)
+    assert torch.equal(out.sequences, reference)
+    assert_cuda_graphs(cudagraphs, out)
+
+
+def test_cuda_graphs_replay_an_auto_chain_across_buckets(cudagraphs):
+    """A draft model's default call: γ chosen every step, so several buckets are captured and replayed; a second call
+    on another prompt replays them."""
+    target = tiny_model("llama").to(CUDA)
+    draft = tiny_model("llama", seed=3, num_hidden_layers=1).to(CUDA)
+    for seed in (4, 6):
+        x = torch.randint(0, VOCAB, (1, 9 + seed), generator=torch.Generator().manual_seed(seed)).to(CUDA)
+        out = static_on_cuda(target, x, draft_model=draft, max_new_tokens=48)
+        assert torch.equal(out.sequences, greedy_reference(target, x, 48)), seed
+        assert_cuda_graphs(cudagraphs, out)
+
+
+def test_cuda_graphs_in_bf16_agree_with_bf16_greedy_up_to_near_ties(cudagraphs):
+    """bf16: a verification over several tokens rounds otherwise than a one-token forward, so the output equals bf16
+    greedy except where the target's top two logits are a near tie (hf_specdraft.bench.lossless); a lost token fails."""
+    target = tiny_model("llama").to(CUDA, torch.bfloat16)
+    draft = tiny_model("llama", seed=3, num_hidden_layers=1).to(CUDA, torch.bfloat16)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5)).to(CUDA)
+    out = static_on_cuda(target, x, draft_model=draft, max_new_tokens=48)
+    verdict = compare_greedy(target, x.shape[1], greedy_reference(target, x, 48), out.sequences)
+    assert verdict["identical"] or verdict["near_tie"], verdict
+    assert_cuda_graphs(cudagraphs, out)
+
+
+def test_cuda_graphs_on_a_ring_past_its_wrap(cudagraphs):
+    """A sliding-window target (window 16) whose prompt is longer than window + 64: its layers keep a ring of 80 columns
+    in a 256-column cache, written past the wrap from the first step, captured and replayed."""
+    target = windowed_model("mistral").to(CUDA)
+    x = prompt(WINDOW + 64 + 8).to(CUDA)
+    reference = target.generate(x, max_new_tokens=48, do_sample=False)
+    draft = windowed_model("mistral", seed=3, num_hidden_layers=1).to(CUDA)
+    for drafter in (HostOracle(reference.cpu(), "tree"), DraftModelCandidateGenerator(draft)):
+        out = static_on_cuda(target, x, candidate_generator=drafter, max_new_tokens=48)
+        assert torch.equal(out.sequences, reference), type(drafter).__name__
+        assert_cuda_graphs(cudagraphs, out)
+    from hf_specdraft.core.compiled import _CACHES  # the core's cache per model: read to check the ring is there
+
+    cache = _CACHES[target]["target"]
+    assert any(getattr(layer, "ring", None) == WINDOW + 64 for layer in cache.layers)
+
+
+def test_cuda_graphs_for_a_left_padded_batch_of_four(cudagraphs):
+    target = tiny_model("llama").to(CUDA)
+    draft = tiny_model("llama", seed=3, num_hidden_layers=1).to(CUDA)
+    rows = [torch.randint(1, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 9, 7, 11)]
+    width = max(r.numel() for r in rows)
+    ids = torch.zeros(4, width, dtype=torch.long)
+    mask = torch.zeros(4, width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - r.numel():], mask[i, width - r.numel():] = r, 1
+    out = static_on_cuda(target, ids.to(CUDA), attention_mask=mask.to(CUDA), draft_model=draft, max_new_tokens=24, pad_token_id=0,
+                         eos_token_id=None)
+    for i, r in enumerate(rows):
+        alone = greedy_reference(target, r[None].to(CUDA), 24, eos_token_id=None)
+        assert torch.equal(out.sequences[i, width:], alone[0, r.numel():]), i
+    assert_cuda_graphs(cudagraphs, out)

