@@ -74,7 +74,7 @@ for step in "$@"; do
       if [ "$DRY_RUN" = 1 ]; then  # loop_overhead.py compiles with inductor: minutes on a CPU; here only the target's load
         python3 -c "from hf_specdraft.defaults import load_default; print(load_default().target.config.num_hidden_layers, 'layers')"
       else
-        timeout "$(left)" python3 benchmarks/verification/static/loop_overhead.py "$FILES/loop-overhead-gpu.json" || status=1
+        timeout "$(left)" python3 benchmarks/verification/static/loop_overhead.py --label gpu --device cuda --dtype bf16 --target default --output "$FILES/loop-overhead-gpu.json" || status=1
       fi ;;
     completion|chat) need wheels gguf cuda && bench "$step" "" || status=1 ;;
     context) need wheels gguf cuda && bench context ",casd-strict-auto,casd-strict-auto-static" || status=1 ;;

@@ -503,11 +503,14 @@ def fit_proposal(tree: DraftTree, generator: CandidateGenerator, model: PreTrain
     them there, else when the step reads them back (:func:`read_back`), or here for a drafter that may propose ids past
     the target's vocabulary (a forward would fail on them before the read)."""
     tree = tree.merge_duplicates().truncate_depth(room - 1)
-    vocab = output_vocab_size(model)
     if tree.token_list is not None:
+        vocab = output_vocab_size(model)
         bad = any(not 0 <= t < vocab for t in tree.token_list)
+    elif len(tree) and not getattr(generator, "tokens_in_vocab", False):
+        vocab = output_vocab_size(model)
+        bad = int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0
     else:
-        bad = len(tree) and not getattr(generator, "tokens_in_vocab", False) and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0)
+        bad = False
     if bad:
         raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
     return tree

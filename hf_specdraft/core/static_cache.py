@@ -44,6 +44,8 @@ def stage(buffers: dict | None, name: str, host, device: torch.device):
     replay on them without copying), or into fresh tensors when ``buffers`` is None (eager, shapes change every step)."""
     if isinstance(host, dict):
         return {kind: stage(buffers, f"{name}.{kind}", value, device) for kind, value in host.items()}
+    if buffers is None and torch.device(device).type == "cpu":
+        return host  # already where it is needed
     key = (name, tuple(host.shape), host.dtype)
     buffer = None if buffers is None else buffers.get(key)
     if buffer is None or not on_device(buffer, device):
@@ -57,8 +59,11 @@ def stage(buffers: dict | None, name: str, host, device: torch.device):
 
 def to_device(values: list[int], device: torch.device) -> torch.Tensor:
     """A long tensor of host ``values`` on ``device``, copied without a sync (:func:`copy_to_device`)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if torch.device(device).type == "cpu":
+        return host
     out = torch.empty(len(values), dtype=torch.long, device=device)
-    copy_to_device(out, torch.tensor(values, dtype=torch.long))
+    copy_to_device(out, host)
     return out
 
 
@@ -157,7 +162,7 @@ class StaticRowsCache(Cache):
             raise ValueError(f"write columns of {len(starts)} rows x {width} up to {last - 1} do not fit a static cache of "
                              f"{self.num_rows} rows x {self.max_cache_len} columns")
         if columns is None:
-            columns = torch.tensor(starts)[:, None] + torch.arange(width)
+            columns = torch.tensor([list(range(start, start + width)) for start in starts])
         for ring in [None, *self.rings]:
             if ring is None:
                 slots = columns

@@ -1,6 +1,7 @@
 """The loop's own host time and host-device crossings per step (issue #41), on a target that costs next to nothing.
 
     python benchmarks/verification/static/loop_overhead.py --label after --output benchmarks/verification/static/loop-overhead-cpu.json
+    python benchmarks/verification/static/loop_overhead.py --label gpu --device cuda --dtype bf16 --target default --output $OUT/loop-overhead-gpu.json
 
 A 1-layer, 32-wide Llama (vocabulary 96) and drafters that cost nothing: an always-right 5-token chain (6 tokens a
 step) and a 16-node tree (4 levels of the right token and 3 wrong siblings), their tokens host data. Every forward of
@@ -8,7 +9,10 @@ the target is timed and taken out, so what is left per step is the loop's own wo
 masks, acceptance, emission, stop checks, statistics, cache compaction. Measured on the ``DynamicCache`` path and the
 static path (eager, and compiled with dynamo's ``eager`` backend: the graphs of the real path, without codegen).
 The crossings are counted in a separate run of the same calls (:class:`~hf_specdraft.core.syncs.SyncCounter`; steps
-after the first two). ``--label`` names the code measured; runs with other labels already in ``--output`` are kept,
+after the first two). On CUDA every timed forward is synchronized before and after (what is left is the host's own
+work), the compiled path uses transformers' ``CompileConfig()`` (inductor, CUDA graphs), and ``--target default`` adds
+the embedded default (SmolLM2-135M) beside the near-free target: the loop's time against a real verify forward.
+``--label`` names the code measured; runs with other labels already in ``--output`` are kept,
 so a "before" run on an older checkout and an "after" run sit side by side (the counter file is copied there).
 """
 
@@ -41,16 +45,16 @@ class Always(TreeCandidateGenerator):
 
     reads_target_cache = False
 
-    def __init__(self, reference: list[int], depth: int, siblings: int):
+    def __init__(self, reference: list[int], depth: int, siblings: int, vocab: int = VOCAB):
         super().__init__()
-        self.reference, self.depth, self.siblings = reference, depth, siblings
+        self.reference, self.depth, self.siblings, self.vocab = reference, depth, siblings, vocab
 
     def propose(self, input_ids, target_cache=None):
         start = input_ids.shape[1]
         tokens, parents, parent = [], [], -1
         for right in self.reference[start : start + self.depth]:
             for k in range(self.siblings):
-                tokens.append((right + 1 + k) % VOCAB)
+                tokens.append((right + 1 + k) % self.vocab)
                 parents.append(parent)
             tokens.append(right)
             parents.append(parent)
@@ -62,21 +66,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--label", required=True, help="what code is measured, e.g. before / after")
     parser.add_argument("--output", default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--target", default="tiny", choices=["tiny", "default"], help="default: also the embedded default")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    device, dtype = torch.device(args.device), torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    cuda = device.type == "cuda"
+    if not cuda:
+        torch.set_num_threads(1)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                          intermediate_size=32, max_position_embeddings=512, eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    target = LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
+    targets = {"tiny": (LlamaForCausalLM(config).eval().to(device, dtype), torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1)))}
+    if args.target == "default":
+        from hf_specdraft.defaults import load_default
+
+        bundle = load_default()
+        targets["smollm2"] = (bundle.target.to(device, dtype), bundle.tokenizer("def quicksort(arr):\n", return_tensors="pt").input_ids)
+    rows = []
+    for name, (target, ids) in targets.items():
+        rows += measure(name, target, ids.to(device), cuda)
+    write(args, rows)
+
+
+def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
+    """The rows of one target: each drafter on each path."""
+    vocab = target.config.vocab_size
     reference = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
     forwards: list[float] = []
     for owner in (compiled_module.StaticTarget,):
         original = owner._forward
 
         def timed(self, __original=original, **inputs):
+            sync()
             started = time.perf_counter()
             out = __original(self, **inputs)
+            sync()
             forwards.append(time.perf_counter() - started)
             return out
 
@@ -85,18 +110,25 @@ def main() -> None:
 
     @functools.wraps(plain_forward)  # the loop reads the forward's signature
     def timed_forward(self, *a, **k):
+        sync()
         started = time.perf_counter()
         out = plain_forward(self, *a, **k)
+        sync()
         forwards.append(time.perf_counter() - started)
         return out
 
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
     rows = []
-    paths = {"dynamic": {}, "static": {"cache_implementation": "static"},
-             "static-compiled": {"cache_implementation": "static", "compile_config": CompileConfig(backend="eager", mode=None)}}
+    compiling = CompileConfig() if cuda else CompileConfig(backend="eager", mode=None)  # CPU: dynamo's graphs, no codegen
+    paths = {"dynamic": {}, "static": {"cache_implementation": "static", "disable_compile": True},
+             "static-compiled": {"cache_implementation": "static", "compile_config": compiling}}
     for drafter, (depth, siblings) in {"chain-5": (5, 0), "tree-16": (4, 3)}.items():
         for path, kwargs in paths.items():
             def call(**extra):
-                return speculative_generate(target, ids, candidate_generator=Always(reference, depth, siblings), max_new_tokens=NEW_TOKENS,
+                return speculative_generate(target, ids, candidate_generator=Always(reference, depth, siblings, vocab), max_new_tokens=NEW_TOKENS,
                                             return_dict_in_generate=True, **kwargs, **extra)
             call()
             if path == "dynamic":
@@ -114,22 +146,30 @@ def main() -> None:
             LlamaForCausalLM.forward = plain_forward
             with SyncCounter() as syncs:
                 counted = call()
-            assert counted.sequences[0].tolist() == reference[: counted.sequences.shape[1]], "the loop left the target's greedy output"
             later = syncs.per_step[2:]
-            row = {"drafter": drafter, "path": path, "steps": steps, "loop_ms_per_step": statistics.median(loop_ms),
+            row = {"target": name, "drafter": drafter, "path": path, "steps": steps, "loop_ms_per_step": statistics.median(loop_ms),
                    "loop_ms_per_step_runs": loop_ms, "forward_ms": forward_ms, "syncs_per_step": statistics.mean(later),
-                   "syncs_per_step_max": max(later), "syncs_first_two_steps": syncs.per_step[:2],
+                   "syncs_per_step_max": max(later),
+                   "token_identical": counted.sequences[0].tolist() == reference[: counted.sequences.shape[1]], "syncs_first_two_steps": syncs.per_step[:2],
                    "syncs_where": dict(sorted(syncs.where.items(), key=lambda kv: -kv[1])[:12])}
             rows.append(row)
             print({k: v for k, v in row.items() if k not in ("syncs_where", "loop_ms_per_step_runs")}, flush=True)
+    owner._forward, LlamaForCausalLM.forward = original, plain_forward
+    return rows
+
+
+def write(args, rows: list[dict]) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cpu = platform.processor() or platform.machine()
     if os.path.exists("/proc/cpuinfo"):
         cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip("\t: ")
     run = {"label": args.label, "commit": commit, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    result = {"meta": {"cpu": cpu, "threads": torch.get_num_threads(), "dtype": "float32",
+    if args.device.startswith("cuda"):
+        cpu += f"; {torch.cuda.get_device_name()}"
+    result = {"meta": {"cpu": cpu, "device": args.device, "threads": torch.get_num_threads(), "dtype": args.dtype,
                        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-                       "target": "LlamaForCausalLM, 1 layer, hidden 32, vocab 96 (random)", "max_new_tokens": NEW_TOKENS,
+                       "target": "tiny: LlamaForCausalLM, 1 layer, hidden 32, vocab 96 (random); smollm2: the embedded default",
+                       "max_new_tokens": NEW_TOKENS,
                        "repeats": REPEATS, "command": "python benchmarks/verification/static/loop_overhead.py --label LABEL --output FILE"},
               "runs": []}
     if args.output and os.path.exists(args.output):
