@@ -206,3 +206,33 @@ def test_the_compiled_step_keeps_cuda_graph_rules(monkeypatch):
                      output_logits=True)
         assert torch.equal(out.sequences, reference)
         assert all(not logits.isnan().any() for logits in out.logits)  # kept logits were copied out of the graph's pool
+
+
+@pytest.mark.parametrize("drafter", ["draft-model", "glide"])
+def test_no_step_compiles_even_in_a_first_call(drafter, monkeypatch):
+    """The target's buckets and the draft's compile before the first step: no graph appears while the steps run (the
+    controller's costs never hold a compile)."""
+    from torch._dynamo.utils import counters
+
+    from hf_specdraft.core import loop
+    from hf_specdraft.glide import GlideCandidateGenerator
+    from test_method_grid import glide_for
+
+    torch._dynamo.reset()
+    counters.clear()
+    target = tiny_model("llama")
+    make = {"draft-model": lambda: DraftModelCandidateGenerator(tiny_model("llama", seed=3, num_hidden_layers=1)),
+            "glide": lambda: GlideCandidateGenerator(glide_for(target))}[drafter]
+    graphs, real = [], loop.speculative_step
+
+    def step(*args, **kwargs):
+        graphs.append(counters["stats"]["unique_graphs"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "speculative_step", step)
+    x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    out = static(target, x, candidate_generator=make(), max_new_tokens=32, compile_config=EAGER_GRAPHS, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy_reference(target, x, 32))
+    extra = out.speculative_stats.extra["static_cache"]
+    assert extra["draft_compiled"] and set(extra["draft_warm_up_seconds"]) == {"1", "2", "4", "8", "16"}
+    assert len(graphs) > 3 and len(set(graphs)) == 1 and graphs[0] == counters["stats"]["unique_graphs"]

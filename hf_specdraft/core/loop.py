@@ -307,6 +307,8 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
         step.controller.confidence_stops = not shared and getattr(drafters[0], "stops_on_confidence", False)
     if static is not None:  # every bucket compiles (and on CUDA is captured) before the first step of the first call: no
         static.warm_up(static.buckets[-1])  # step ever compiles, whatever tree a drafter proposes, in this call or a later one
+        for draft in static.drafts:  # and the drafts' buckets, on their own static caches
+            draft.prepare()
     try:
         while active:
             active = speculative_step(step, active)

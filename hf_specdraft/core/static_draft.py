@@ -41,6 +41,7 @@ class StaticDraftCache:
         config.compile_config, config.disable_compile = compile_config, False
         self.static = static_target(draft_model, config, 1, role=role, buckets=DRAFT_BUCKETS)
         self.model, self.length = draft_model, 0
+        self.glimpse = None  # -> the extra inputs a warm-up forward takes (GLIDE's glimpse of the target's buffers)
 
     @property
     def warm_up_seconds(self) -> dict[int, float]:
@@ -71,6 +72,16 @@ class StaticDraftCache:
             self.warm_up(extra)
         self.length = start + n
         return (logits[0, n - rows : n] if compiled else logits[0, -rows:]).float()
+
+    def prepare(self) -> None:
+        """Before the loop's first step: allocate the buffers (one eager dummy forward in the last column) and compile
+        every bucket, so no drafting step compiles and the controller's draft costs never hold a compile."""
+        if not self.static.compiled or self.static.cache.warmed:
+            return
+        extra = self.glimpse() if self.glimpse is not None else None
+        if not self.static.cache.layers[0].is_initialized:
+            self._run(torch.zeros(1, dtype=torch.long), self.static.cache.max_cache_len - 1, 1, False, extra)
+        self.warm_up(extra)
 
     def warm_up(self, extra=None) -> None:
         """Compile (and on CUDA capture) every bucket on dummy tokens in the cache's last columns, which no feed reaches."""

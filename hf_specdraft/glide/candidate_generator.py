@@ -129,6 +129,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         if target_cache.has_rings:
             return None
         self.cache, self.target_static = StaticDraftCache(self.glide, generation_config, compile_config), target_cache
+        if self.glide.config.cross_attention:  # the warm-up before the loop glimpses every target column (a query that saw none
+            # would write NaN states, which a later full-buffer forward multiplies by its zero weights)
+            self.cache.glimpse = lambda: static_glimpse(target_cache, target_cache.max_cache_len, self.glide.dtype)
         return self.cache
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
