@@ -57,15 +57,22 @@ def test_bf16_agreement_with_bf16_greedy_is_reported(arch, method, record_proper
     assert agreement >= 0.5
 
 
-def test_batch_of_four_on_cuda_equals_each_row_alone(arch):
-    target = tiny_model(arch).to(CUDA)
-    glide = glide_for(target).to(CUDA)
-    rows = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 9, 7, 11)]
+def left_padded_batch(low: int):
+    """Four prompts of 5, 9, 7 and 11 tokens (ids from ``low``), left-padded with 0: (rows, ids, attention mask)."""
+    rows = [torch.randint(low, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 9, 7, 11)]
     width = max(r.numel() for r in rows)
     ids = torch.zeros(4, width, dtype=torch.long)
     mask = torch.zeros(4, width, dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, width - r.numel():], mask[i, width - r.numel():] = r, 1
+    return rows, ids, mask
+
+
+def test_batch_of_four_on_cuda_equals_each_row_alone(arch):
+    target = tiny_model(arch).to(CUDA)
+    glide = glide_for(target).to(CUDA)
+    rows, ids, mask = left_padded_batch(low=0)
+    width = ids.shape[1]
     out = speculative_generate(target, ids.to(CUDA), attention_mask=mask.to(CUDA), candidate_generator=GlideCandidateGenerator(glide),
                                max_new_tokens=12, pad_token_id=0, eos_token_id=None)
     for i, r in enumerate(rows):
@@ -195,12 +202,8 @@ def test_cuda_graphs_on_a_ring_past_its_wrap(cudagraphs):
 def test_cuda_graphs_for_a_left_padded_batch_of_four(cudagraphs):
     target = tiny_model("llama").to(CUDA)
     draft = tiny_model("llama", seed=3, num_hidden_layers=1).to(CUDA)
-    rows = [torch.randint(1, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 9, 7, 11)]
-    width = max(r.numel() for r in rows)
-    ids = torch.zeros(4, width, dtype=torch.long)
-    mask = torch.zeros(4, width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - r.numel():], mask[i, width - r.numel():] = r, 1
+    rows, ids, mask = left_padded_batch(low=1)
+    width = ids.shape[1]
     out = static_on_cuda(target, ids.to(CUDA), attention_mask=mask.to(CUDA), draft_model=draft, max_new_tokens=24, pad_token_id=0,
                          eos_token_id=None)
     for i, r in enumerate(rows):

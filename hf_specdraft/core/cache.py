@@ -113,7 +113,11 @@ def resync_cache(cache: DynamicCache, seen: torch.Tensor, ids: torch.Tensor, lim
     Every drafter that keeps its cache across steps (draft model, GLIDE, CAPE's beam scorer, the cascade's drafts,
     the shipped CAPE loop) re-syncs this way after verification. Returns the kept length: feed ``ids[keep:]`` next.
     """
-    keep = common_prefix(seen, ids, limit)
+    return crop_to(cache, common_prefix(seen, ids, limit))
+
+
+def crop_to(cache, keep: int) -> int:
+    """Crop a draft's cache to its first ``keep`` tokens (nothing when it holds no more); returns ``keep``."""
     if cache.get_seq_length() > keep:
         cache.crop(keep - cache.get_seq_length())  # transformers 5.23 crops by a negative count too
     return keep

@@ -18,7 +18,7 @@ from transformers.generation import CandidateGenerator, TemperatureLogitsWarper,
 
 from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
 from .batch_drafting import BatchChainDrafter, BatchProposer
-from .cache import croppable_cache, resync_cache
+from .cache import croppable_cache, crop_to, resync_cache
 from .static_draft import StaticDraftCache
 from .tree import DraftTree, tree_mask
 from .verify import layer_masks
@@ -134,7 +134,7 @@ class TreeCandidateGenerator(CandidateGenerator):
         first-child chain), for the loop's controller (its confidence bins); ``None`` without ``draft_probs``."""
         if tree.draft_probs is None or not len(tree):
             return None
-        if getattr(tree, "chain_confidences", None) is not None:  # read already, one by one, by the stop rule
+        if tree.chain_confidences is not None:  # read already, one by one, by the stop rule
             return tree.chain_confidences
         nodes = torch.tensor(tree.chain_nodes(), dtype=torch.long, device=tree.tokens.device)
         probs = tree.draft_probs[nodes.to(tree.draft_probs.device)]
@@ -352,10 +352,7 @@ def resync(generator: TreeCandidateGenerator, ids: torch.Tensor) -> int:
         if a != b:
             break
         keep += 1
-    keep = min(keep, len(host) - 1)
-    if generator.cache.get_seq_length() > keep:
-        generator.cache.crop(keep - generator.cache.get_seq_length())
-    return keep
+    return crop_to(generator.cache, min(keep, len(host) - 1))
 
 
 class DraftModelTreeScorer:

@@ -33,10 +33,6 @@ class OwnedRow:
     def __init__(self, model, cache: DynamicCache):
         self.model, self.cache = model, cache
 
-    @property
-    def columns(self) -> int:
-        return self.cache.get_seq_length()
-
     def drafter_cache(self, a: int, row: Row) -> DynamicCache:
         return self.cache
 

@@ -28,7 +28,6 @@ import sys
 import torch
 
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu")  # device -> host
-COPIES = ("to",)  # host -> device, counted when a device is named
 FACTORIES = ("tensor", "as_tensor")  # torch.tensor(..., device=...): a copy from pageable host memory
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the hf_specdraft package (or a Hub folder)
 
@@ -96,7 +95,7 @@ class SyncCounter:
     def __enter__(self) -> SyncCounter:
         for name in READS:
             self._wrap(torch.Tensor, name)
-        self._wrap(torch.Tensor, "to", _names_a_device)
+        self._wrap(torch.Tensor, "to", _names_a_device)  # host -> device, counted when a device is named
         for name in FACTORIES:
             self._wrap(torch, name, lambda args, kwargs: kwargs.get("device") is not None)
         self._wrap(torch, "equal")
