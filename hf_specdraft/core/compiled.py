@@ -257,5 +257,6 @@ def static_target(model, generation_config: GenerationConfig, batch_size: int, r
         windows = ring_windows(model, buckets[-1], columns) if role == "target" else None
         cache = StaticRowsCache(config.num_hidden_layers, batch_size, columns, windows, scratch=buckets[-1])
         cache.windowed = may_window(model)  # masks per layer type (read once: the config is asked on every access)
+        cache.mask_dtype = model.dtype
         caches[role] = cache
     return StaticTarget(model, cache, compile_config_for(model, generation_config), buckets)

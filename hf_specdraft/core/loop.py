@@ -60,7 +60,6 @@ from .inputs import (
 from .projection import few_token_linears
 from .rows import Outputs, Row, TargetRows
 from .stats import SpeculativeStats, overlap
-from .static_cache import to_device
 from .stopping import HostStops
 from .support import chains_only, check_target, no_logits_kwargs
 from .tree import DraftTree
@@ -223,7 +222,7 @@ def _steps_and_result(model, cache, static, input_ids, rows, generator, stopping
     prefill = static.prefill(input_ids, rows) if static is not None else _prefill(model, cache, input_ids, rows, shared)
     for row in rows:
         row.out.stats.prefill_seconds = prefill / batch
-        row.done = row.ids.shape[1] >= generation_config.max_length
+        row.done = len(row.tokens) >= generation_config.max_length
     active = [row for row in rows if not row.done]
     if shared and len(active) < batch and static is None:  # rows finished before any step (the prompt already at max_length) leave the cache
         keep_columns(cache, [torch.arange(cache.get_seq_length() - row.cached, cache.get_seq_length()) for row in rows],
@@ -269,6 +268,7 @@ class Step:
     together: object = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
     layout: dict | None = None
     clock: StepClock | None = None
+    vocab: int = 0  # the target's output vocabulary (asked once: the model's config is slow to ask)
 
 
 def speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared) -> dict:
@@ -286,7 +286,7 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
               "target_forwards": 0, "batch_draft_forwards": None}
     place = static if static is not None else SharedBatch(model, cache, layout) if shared else OwnedRow(model, cache)
     step = Step(model, place, generation_config, HostStops(stopping_criteria, generation_config), acceptance, streamer,
-                layout=layout, clock=StepClock(model.device))
+                layout=layout, clock=StepClock(model.device), vocab=output_vocab_size(model))
     drafters = [row.generator for row in active]
     if shared and static is None and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters):
         step.together = place.together = drafters[0].batch_drafter(drafters)
@@ -377,6 +377,8 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
     processors, CASD's condition reads probabilities)."""
     if step.generation_config.do_sample or any(len(row.processor) for row in active):
         return None
+    if all(tree.token_list is not None for tree in trees):  # every token on the host already: the argmax alone
+        return logits.argmax(-1).tolist()
     host = torch.stack([verified[:, : logits.shape[1]], logits.argmax(-1)]).tolist()  # (2, A, Q)
     vocab = logits.shape[-1]
     for row_ids, tree, row in zip(host[0], trees, active):
@@ -426,7 +428,7 @@ def accept_row(step: Step, row: Row, logits: torch.Tensor, tree: DraftTree, choi
         many of its draft tokens it accepted.
     """
     started = time.perf_counter()
-    rows = TargetRows(logits, row.ids, tree, row.processor, step.generation_config, choices)
+    rows = TargetRows(logits, row, tree, row.processor, step.generation_config, choices)
     path, next_token = select_accepted(rows, tree, step.acceptance, step.generation_config)
     verify_seconds = forward_seconds + time.perf_counter() - started
     emitted = emit_tokens(row, tree, path, next_token, rows, step.stops, step.generation_config)
@@ -452,7 +454,7 @@ def draft_rows(step: Step, active: list[Row]) -> tuple[list[DraftTree], list[tup
         start = clock.mark()
         step.together.target = (step.cache.cache, [row.cached for row in active])
         proposals = step.together.propose([row.text[0] for row in active])
-        trees = [fit_proposal(tree, row.generator, step.model, config.max_length - len(row.tokens)) for row, tree in zip(active, proposals)]
+        trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens)) for row, tree in zip(active, proposals)]
         end = clock.mark()
         return trees, [(start, end, len(active))] * len(active)
     trees, marks = [], []
@@ -460,7 +462,7 @@ def draft_rows(step: Step, active: list[Row]) -> tuple[list[DraftTree], list[tup
         start = clock.mark()
         view = step.cache.drafter_cache(a, row) if getattr(row.generator, "reads_target_cache", True) else None
         row.generator.host_text = row.tokens[row.pad :]  # the text on the host: drafters re-sync without reading the device
-        tree = step.cache.fit(propose(row.generator, row.text, view, step.model, config.max_length - row.pad))
+        tree = step.cache.fit(propose(row.generator, row.text, view, step.vocab, config.max_length - row.pad))
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
@@ -493,23 +495,21 @@ def chain_overlaps(rows: TargetRows, tree: DraftTree, judged: int) -> torch.Tens
     return overlap(p, q.float())
 
 
-def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, model: PreTrainedModel, max_length: int) -> DraftTree:
+def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, vocab: int, max_length: int) -> DraftTree:
     """Draft a tree for the next step, merge duplicate siblings (:meth:`DraftTree.merge_duplicates`: verification
-    needs unique siblings) and fit it to the length budget and the model's limits."""
-    return fit_proposal(_propose(generator, input_ids, cache), generator, model, max_length - input_ids.shape[1])
+    needs unique siblings) and fit it to the length budget and the target's vocabulary of ``vocab`` ids."""
+    return fit_proposal(_propose(generator, input_ids, cache), generator, vocab, max_length - input_ids.shape[1])
 
 
-def fit_proposal(tree: DraftTree, generator: CandidateGenerator, model: PreTrainedModel, room: int) -> DraftTree:
+def fit_proposal(tree: DraftTree, generator: CandidateGenerator, vocab: int, room: int) -> DraftTree:
     """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length; one
     is the target's own token) and its ids checked against the target's vocabulary: on the host where the drafter gave
     them there, else when the step reads them back (:func:`read_back`), or here for a drafter that may propose ids past
     the target's vocabulary (a forward would fail on them before the read)."""
     tree = tree.merge_duplicates().truncate_depth(room - 1)
     if tree.token_list is not None:
-        vocab = output_vocab_size(model)
         bad = any(not 0 <= t < vocab for t in tree.token_list)
     elif len(tree) and not getattr(generator, "tokens_in_vocab", False):
-        vocab = output_vocab_size(model)
         bad = int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0
     else:
         bad = False
@@ -535,7 +535,7 @@ def emit_tokens(row: Row, tree: DraftTree, path: list[int], next_token: int, row
                 generation_config: GenerationConfig) -> int:
     """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would
     (:class:`~hf_specdraft.core.stopping.HostStops`: on host tokens; a criterion of the user's own reads the device).
-    Extends ``row.ids``, ``row.tokens`` and ``row.done``; returns how many tokens were appended."""
+    Extends ``row.tokens`` (and so ``row.ids``) and ``row.done``; returns how many tokens were appended."""
     tokens = ([tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()) + [next_token]
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
     out = row.out
@@ -545,8 +545,7 @@ def emit_tokens(row: Row, tree: DraftTree, path: list[int], next_token: int, row
             out.scores.append(rows.scores(row_of[j])[None])
         if generation_config.output_logits:
             out.logits.append(rows.logits[row_of[j]][None])
-    row.tokens.extend(tokens[:emitted])
-    row.ids = torch.cat([row.ids, to_device(tokens[:emitted], row.ids.device)[None]], dim=-1)
+    row.tokens.extend(tokens[:emitted])  # row.ids follows when next read
     return emitted
 
 
@@ -606,7 +605,7 @@ def _padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> t
     if pad_token is None and any(row.ids.shape[1] < longest for row in rows):
         raise ValueError("rows finished at different lengths and generation_config.pad_token_id is None: set pad_token_id "
                          "(e.g. tokenizer.pad_token_id or the eos token id) to pad the finished rows")
-    sequences = torch.full((len(rows), longest), 0 if pad_token is None else pad_token, dtype=torch.long, device=rows[0].ids.device)
+    sequences = torch.full((len(rows), longest), 0 if pad_token is None else pad_token, dtype=torch.long, device=rows[0].device)
     for row in rows:
         sequences[row.index, : row.ids.shape[1]] = row.ids[0]
     return sequences

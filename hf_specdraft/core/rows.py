@@ -11,6 +11,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation import CandidateGenerator
 
+from .static_cache import copy_to_device
 from .stats import SpeculativeStats
 from .tree import DraftTree
 
@@ -29,13 +30,41 @@ class Row:
     """One request of the batch (batch 1 is one row)."""
 
     index: int  # its row in the caller's batch
-    ids: torch.LongTensor  # (1, P + n): the padded prompt row and the accepted tokens (what generate's criteria see)
+    prompt: torch.LongTensor  # (1, P): the padded prompt row, on the target's device
     pad: int  # left padding of the prompt
     generator: CandidateGenerator
     out: Outputs
     processor: LogitsProcessorList  # generate's processors with this row's state (inputs.row_processors)
     done: bool = False
     tokens: list[int] = field(default_factory=list)  # ids on the host: read once before the loop, then extended by emission
+
+    def __post_init__(self):
+        # the device copy of `tokens`, written when someone reads `ids` (a drafter, a criterion, the result), into a
+        # buffer that grows by doubling: a step that emits tokens does no device work for them
+        self._buffer = self.prompt.new_empty(1, self.prompt.shape[1] + 256)
+        self._buffer[:, : self.prompt.shape[1]] = self.prompt
+        self._written = self.prompt.shape[1]
+
+    @property
+    def ids(self) -> torch.LongTensor:
+        """`(1, P + n)`: the padded prompt row and the accepted tokens (what generate's criteria see), on the device."""
+        length = len(self.tokens)
+        if length > self._written:
+            if length > self._buffer.shape[1]:
+                grown = self._buffer.new_empty(1, 2 * length)
+                grown[:, : self._written] = self._buffer[:, : self._written]
+                self._buffer = grown
+            new = self.tokens[self._written : length]
+            if self._buffer.device.type == "cpu":
+                self._buffer.numpy()[0, self._written : length] = new  # no torch op: a NumPy view of the same memory
+            else:
+                copy_to_device(self._buffer[0, self._written : length], torch.tensor(new, dtype=self._buffer.dtype))
+            self._written = length
+        return self._buffer[:, :length]
+
+    @property
+    def device(self) -> torch.device:
+        return self.prompt.device
 
     @property
     def text(self) -> torch.LongTensor:
@@ -45,7 +74,7 @@ class Row:
     @property
     def cached(self) -> int:
         """Columns of the target cache this row uses: its text but the newest token."""
-        return self.text.shape[1] - 1
+        return len(self.tokens) - 1 - self.pad
 
 
 class TargetRows:
@@ -56,9 +85,9 @@ class TargetRows:
     transformers' assisted decoding. Rows are processed only when acceptance asks for them.
     """
 
-    def __init__(self, logits: torch.Tensor, input_ids: torch.LongTensor, tree: DraftTree, processor: LogitsProcessorList,
+    def __init__(self, logits: torch.Tensor, row: Row, tree: DraftTree, processor: LogitsProcessorList,
                  generation_config: GenerationConfig, choices: list[int] | None = None):
-        self.logits, self.input_ids, self.tree = logits, input_ids, tree  # logits: (1+N, V) float32
+        self.logits, self.row, self.tree = logits, row, tree  # logits: (1+N, V) float32; the row's ids read only for processors
         self.processor = processor if len(processor) else None
         self.do_sample = generation_config.do_sample
         self._scores, self._probs, self._choice = {}, {}, {}
@@ -72,8 +101,9 @@ class TargetRows:
             if self.processor is None:
                 self._scores[row] = self.logits[row]
             else:
-                path = self.tree.tokens[self.tree.path_to(row - 1)].to(self.input_ids.device)
-                prefix = torch.cat([self.input_ids, path[None]], dim=-1)
+                input_ids = self.row.ids
+                path = self.tree.tokens[self.tree.path_to(row - 1)].to(input_ids.device)
+                prefix = torch.cat([input_ids, path[None]], dim=-1)
                 self._scores[row] = self.processor(prefix, self.logits[row : row + 1].clone())[0]
         return self._scores[row]
 

@@ -21,6 +21,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
+from .static_inputs import BucketInputs
+
 
 def copy_to_device(buffer: torch.Tensor, host: torch.Tensor) -> None:
     """``buffer.copy_(host)`` without a sync: on CUDA the host tensor is staged in pinned memory and copied
@@ -67,6 +69,25 @@ def to_device(values: list[int], device: torch.device) -> torch.Tensor:
     return out
 
 
+class LayerStorage:
+    """One buffer `(2, N, B, H, L, D)` holding the keys and values of a cache's ``N`` full layers, when they share one
+    shape: a step's :meth:`StaticRowsCache.keep` then moves a row's columns in every layer with one ``index_select`` and
+    one ``index_copy_`` (per-layer tensors take four ops a layer: 120 small kernels a step on a 30-layer target)."""
+
+    def __init__(self, layers: int):
+        self.layers, self.buffer = layers, None
+
+    def views(self, i: int, keys_shape: tuple, values_dim: int, dtype: torch.dtype, device: torch.device):
+        """Layer ``i``'s `(keys, values)` views, or ``None`` when its shape is not the storage's (the layer allocates its own)."""
+        if keys_shape[-1] != values_dim:
+            return None
+        if self.buffer is None:
+            self.buffer = torch.zeros(2, self.layers, *keys_shape, dtype=dtype, device=device)
+        if tuple(self.buffer.shape[2:]) != tuple(keys_shape) or self.buffer.dtype != dtype or self.buffer.device != device:
+            return None
+        return self.buffer[0, i], self.buffer[1, i]
+
+
 class StaticRowsLayer(CacheLayerMixin):
     """One layer's static buffers. Writes go to the columns the cache was given for this forward
     (:meth:`StaticRowsCache.set_write_columns`), one per row and query: rows write at lengths of their own."""
@@ -85,13 +106,21 @@ class StaticRowsLayer(CacheLayerMixin):
         self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
         self.visible: int | None = None  # eager forwards attend to the first `visible` columns only; None: all (fixed shapes)
         self.prefilling = False  # the prefill (on an empty cache) attends to its own states only
+        self.storage: tuple[LayerStorage, int] | None = None  # (the cache's storage, this layer's index in it): full layers
+        self.in_storage = False  # whether keys and values are views of that storage
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         batch, heads = key_states.shape[:2]
         size = self.ring + self.scratch if self.ring is not None else self.max_cache_len
-        self.keys = torch.zeros(batch, heads, size, key_states.shape[-1], dtype=self.dtype, device=self.device)
-        self.values = torch.zeros(batch, heads, size, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        shape = (batch, heads, size, key_states.shape[-1])
+        views = None if self.storage is None else self.storage[0].views(self.storage[1], shape, value_states.shape[-1], self.dtype, self.device)
+        self.in_storage = views is not None
+        if views is not None:
+            self.keys, self.values = views
+        else:
+            self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.values = torch.zeros(batch, heads, size, value_states.shape[-1], dtype=self.dtype, device=self.device)
         if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs replay on these very buffers
             torch._dynamo.mark_static_address(self.keys)
             torch._dynamo.mark_static_address(self.values)
@@ -143,10 +172,29 @@ class StaticRowsCache(Cache):
         super().__init__(layers=[StaticRowsLayer(max_cache_len, *reversed(windows.get(i, (None, None))), scratch=scratch)
                                  for i in range(num_layers)])
         self.num_rows, self.max_cache_len, self.scratch = batch_size, max_cache_len, scratch
+        full = [layer for layer in self.layers if layer.ring is None]
+        self.storage = LayerStorage(len(full))
+        for i, layer in enumerate(full):
+            layer.storage = (self.storage, i)
         self.has_rings = bool(windows)
         self.rings = sorted({layer.ring for layer in self.layers if layer.ring is not None})
         self._write_buffers: dict[tuple, torch.Tensor] = {}  # (ring or None, Q) -> (B, 1, Q, 1) long: a fixed buffer per width
         self.inputs: dict[tuple, torch.Tensor] = {}  # a compiled forward's inputs, one fixed buffer per name and shape (stage)
+        self.buckets: dict[int, BucketInputs] = {}  # without windowed layers: each bucket's inputs, edited step to step
+        self.mask_dtype = torch.float32  # the model's dtype (set by its owner: asking the model walks its parameters)
+        self.windowed = True  # whether masks differ per layer type (set by its owner)
+
+    def bucket_inputs(self, width: int, device: torch.device) -> BucketInputs:
+        """The fixed inputs of bucket ``width``'s forward (:class:`~hf_specdraft.core.static_inputs.BucketInputs`)."""
+        inputs = self.buckets.get(width)
+        if inputs is None or inputs.device != torch.device(device) or inputs.host_mask.dtype != self.mask_dtype:
+            inputs = self.buckets[width] = BucketInputs(self.num_rows, width, self.max_cache_len, self.mask_dtype, device)
+        return inputs
+
+    def use_write_index(self, index: torch.Tensor) -> None:
+        """The next forward writes at ``index`` `(B, 1, Q, 1)` (every layer: a cache without rings)."""
+        for layer in self.layers:
+            layer.write_index = index
 
     def set_write_columns(self, starts: list[int], width: int, device: torch.device, scratch: bool = False,
                           columns: torch.Tensor | None = None) -> None:
@@ -198,15 +246,21 @@ class StaticRowsCache(Cache):
         """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (the accepted path moves into place).
 
         ``kept[0] = 0`` is the last accepted token's own column; a first-child chain is already in place and moves
-        nothing. One ``index_copy_`` per tensor, on the row's `(H, L, D)` view."""
+        nothing. One ``index_copy_`` for every full layer at once where they share a :class:`LayerStorage`, else one per
+        tensor, on the row's `(H, L, D)` view."""
         src = [start + k for k, i in zip(kept, range(len(kept))) if k != i]
         if not src:
             return
         dst = [start + i for k, i in zip(kept, range(len(kept))) if k != i]
         device = self.layers[0].keys.device
         index = {ring: to_device([c if ring is None else c % ring for c in src + dst], device) for ring in [None, *self.rings]}
+        stored = self.storage.buffer is not None and all(layer.in_storage for layer in self.layers if layer.ring is None)
+        if stored:  # every full layer at once: (2, N, H, L, D) of this row
+            s, d = index[None][: len(src)], index[None][len(src) :]
+            view = self.storage.buffer[:, :, row]
+            view.index_copy_(3, d, view.index_select(3, s))
         for layer in self.layers:
-            if layer.is_initialized:
+            if layer.is_initialized and not (stored and layer.ring is None):
                 s, d = index[layer.ring][: len(src)], index[layer.ring][len(src) :]
                 layer.keys[row].index_copy_(1, d, layer.keys[row].index_select(1, s))
                 layer.values[row].index_copy_(1, d, layer.values[row].index_select(1, s))

@@ -107,6 +107,11 @@ def warm_up_inputs(model, cache, width: int, device: torch.device) -> dict:
     would write NaN states, which a later full-buffer forward multiplies by its zero weights)."""
     batch, length = cache.num_rows, cache.max_cache_len
     cache.set_visible(None)
+    if not getattr(cache, "windowed", True):  # the very buffers the bucket's steps fill (static_inputs)
+        inputs = cache.bucket_inputs(width, device)
+        inputs.fill_warm_up()
+        cache.use_write_index(inputs.write_index)
+        return inputs.inputs()
     cache.set_write_columns([length - width] * batch, width, device, scratch=True)
     own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
     positions = torch.zeros(batch, width, dtype=torch.long)
@@ -169,8 +174,13 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
     batch = cache.num_rows
     length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
     cache.set_visible(None if fixed else length)
+    if fixed and not getattr(cache, "windowed", True):  # edited in place from the last step (static_inputs)
+        inputs = cache.bucket_inputs(width, rows[0].device)
+        inputs.fill(rows, trees)
+        cache.use_write_index(inputs.write_index)
+        return inputs.inputs()
     if not getattr(cache, "windowed", True):
-        return _unwindowed_verify_inputs(model, cache, rows, trees, width, length, fixed)
+        return _unwindowed_verify_inputs(model, cache, rows, trees, width, length)
     ids = torch.zeros(batch, width, dtype=torch.long)
     positions = torch.zeros(batch, width, dtype=torch.long)
     starts = [0] * batch  # finished slots write their own first columns
@@ -197,7 +207,7 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
         visible[b, : 1 + n, start : start + 1 + n] = ancestors
         dummies = torch.arange(1 + n, width)
         visible[b, dummies, start + dummies] = True
-    device = rows[0].ids.device
+    device = rows[0].device
     buffers = cache.inputs if fixed else None
     cache.set_write_columns(starts, width, device)
     ids = stage(buffers, "input_ids", ids, device)
@@ -208,12 +218,12 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
             "attention_mask": stage(buffers, "attention_mask", masks, device)}
 
 
-def _unwindowed_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], width: int, length: int, fixed: bool) -> dict:
-    """:func:`static_verify_inputs` for a target without windowed layers: one additive mask written in place and the
-    ids and positions made from host lists, a dozen torch ops a step (a loop of per-node ops cost more than a CPU's
-    verification forward of a tiny model)."""
-    batch, blocked = cache.num_rows, torch.finfo(model.dtype).min
-    mask = torch.full((batch, 1, width, length), blocked, dtype=model.dtype)
+def _unwindowed_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], width: int, length: int) -> dict:
+    """:func:`static_verify_inputs` of an eager forward (its width changes every step) for a target without windowed
+    layers: one additive mask written in place and the ids and positions made from host lists, a dozen torch ops a step
+    (a loop of per-node ops cost more than a CPU's verification forward of a tiny model)."""
+    batch, dtype = cache.num_rows, cache.mask_dtype
+    mask = torch.full((batch, 1, width, length), torch.finfo(dtype).min, dtype=dtype)
     ids, positions, starts = [[0] * width for _ in range(batch)], [[0] * width for _ in range(batch)], [0] * batch
     active, on_device = {row.index for row in rows}, []
     for b in range(batch):
@@ -233,11 +243,10 @@ def _unwindowed_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTr
         mask[b, 0, :, row.pad : start] = 0
         mask[b, 0, : 1 + n, start : start + 1 + n].masked_fill_(ancestors, 0)
         mask[b, 0].diagonal(start)[1 + n : width] = 0  # dummy nodes see only themselves
-    device = rows[0].ids.device
-    buffers = cache.inputs if fixed else None
+    device = rows[0].device
     cache.set_write_columns(starts, width, device)
-    ids = stage(buffers, "input_ids", torch.tensor(ids), device)
+    ids = stage(None, "input_ids", torch.tensor(ids), device)
     for b, tree in on_device:
         ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
-    return {"input_ids": ids, "position_ids": stage(buffers, "position_ids", torch.tensor(positions), device),
-            "attention_mask": stage(buffers, "attention_mask", mask, device)}
+    return {"input_ids": ids, "position_ids": stage(None, "position_ids", torch.tensor(positions), device),
+            "attention_mask": stage(None, "attention_mask", mask, device)}

@@ -41,9 +41,10 @@ class DraftTree:
 
     def __init__(self, tokens, parents, draft_probs: torch.Tensor | None = None, sampled=None):
         self.token_list: list[int] | None = list(tokens) if isinstance(tokens, (list, tuple)) else None
-        self.tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        # host tokens become a tensor only when something asks for one (a host drafter's step needs none)
+        self._tokens = None if self.token_list is not None else torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         self.parent_list: list[int] = [int(p) for p in parents] if isinstance(parents, (list, tuple, range)) else parents.reshape(-1).tolist()
-        n = self.tokens.shape[0]
+        n = len(self.token_list) if self.token_list is not None else self._tokens.shape[0]
         if len(self.parent_list) != n:
             raise ValueError(f"tokens and parents must have the same length, got {n} and {len(self.parent_list)}")
         if any(p < -1 or p >= i for i, p in enumerate(self.parent_list)):
@@ -65,6 +66,13 @@ class DraftTree:
     def __repr__(self) -> str:
         tokens = self.token_list if self.token_list is not None else f"<{len(self)} on {self.tokens.device}>"
         return f"DraftTree(tokens={tokens}, parents={self.parent_list})"
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """``(N,)`` long: the tokens where the drafter made them (host tokens: a CPU tensor, made when first asked)."""
+        if self._tokens is None:
+            self._tokens = torch.tensor(self.token_list, dtype=torch.long)
+        return self._tokens
 
     @property
     def parents(self) -> torch.Tensor:
@@ -103,9 +111,8 @@ class DraftTree:
             pick = torch.tensor(index, dtype=torch.long).to(self.tokens.device, non_blocking=True)
         probs = None if self.draft_probs is None else self.draft_probs[pick]
         sampled = None if self.sampled is None else self.sampled[pick if isinstance(pick, slice) else index]
-        tree = DraftTree(self.tokens[pick], parents if not isinstance(parents, torch.Tensor) else parents.tolist(), probs, sampled)
-        if self.token_list is not None:
-            tree.token_list = [self.token_list[i] for i in index]
+        tokens = [self.token_list[i] for i in index] if self.token_list is not None else self.tokens[pick]
+        tree = DraftTree(tokens, parents if not isinstance(parents, torch.Tensor) else parents.tolist(), probs, sampled)
         if isinstance(pick, slice):  # a leading part: its tokens, once known, are a prefix of this tree's (learn_tokens)
             tree.origin = self
         return tree
@@ -187,6 +194,8 @@ class DraftTree:
 
     def truncate_depth(self, max_depth: int) -> DraftTree:
         """Drop nodes at depth ``>= max_depth`` (the length budget); parents stay topological."""
+        if len(self) <= max_depth:  # no node can be that deep
+            return self
         keep = [i for i, d in enumerate(self.depth_list) if d < max_depth]
         if len(keep) == len(self):
             return self

@@ -134,7 +134,7 @@ def verify_inputs(model, cache: DynamicCache, rows: list[Row], trees: list[Draft
     :func:`batch_verify_inputs` when ``shared`` (a padded batch's right-aligned cache). Logits come back `(A, Q, V)`."""
     if not shared:
         return single_row_inputs(model, rows[0].ids, cache, trees[0])
-    ids, mask, positions = batch_verify_inputs(rows, trees, cache.get_seq_length(), model.dtype, rows[0].ids.device)
+    ids, mask, positions = batch_verify_inputs(rows, trees, cache.get_seq_length(), model.dtype, rows[0].device)
     return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
 
 
