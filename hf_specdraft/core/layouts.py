@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from .cache import keep_columns, row_cache
 from .rows import Row
+from .static_cache import host_tensor
 from .tree import DraftTree
 from .verify import verify_inputs
 
@@ -32,6 +33,7 @@ class OwnedRow:
 
     def __init__(self, model, cache: DynamicCache):
         self.model, self.cache = model, cache
+        self.dtype = model.dtype  # the masks' (asked once: the model walks its parameters to answer)
 
     def drafter_cache(self, a: int, row: Row) -> DynamicCache:
         return self.cache
@@ -41,7 +43,7 @@ class OwnedRow:
 
     def verify(self, rows: list[Row], trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor]:
         self._columns = self.cache.get_seq_length() if self.shared else rows[0].cached  # invariant: row a holds the last rows[a].cached
-        inputs = verify_inputs(self.model, self.cache, rows, trees, self.shared)
+        inputs = verify_inputs(self.model, self.cache, rows, trees, self.shared, self.dtype)
         logits = self.model(**inputs, past_key_values=self.cache, use_cache=True).logits.float()  # (A, Q, V)
         return logits, inputs["input_ids"]
 
@@ -50,7 +52,7 @@ class OwnedRow:
         ``cached[a]``: the columns row ``a`` held before the step. A row that owns the cache is compacted (finished or
         not: the returned cache covers ``sequences[:, :-1]``)."""
         columns = self._columns
-        keep = [torch.cat([torch.arange(columns - c, columns), columns + torch.tensor(k, dtype=torch.long)]) for c, k in zip(cached, kept)]
+        keep = [host_tensor([*range(columns - c, columns), *(columns + k for k in nodes)]) for c, nodes in zip(cached, kept)]
         keep_columns(self.cache, keep, survivors, self.shared)
 
 

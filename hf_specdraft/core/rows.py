@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation import CandidateGenerator
 
-from .static_cache import copy_to_device
+from .static_cache import copy_to_device, host_tensor
 from .stats import SpeculativeStats
 from .tree import DraftTree
 
@@ -58,7 +58,7 @@ class Row:
             if self._buffer.device.type == "cpu":
                 self._buffer.numpy()[0, self._written : length] = new  # no torch op: a NumPy view of the same memory
             else:
-                copy_to_device(self._buffer[0, self._written : length], torch.tensor(new, dtype=self._buffer.dtype))
+                copy_to_device(self._buffer[0, self._written : length], host_tensor(new))
             self._written = length
         return self._buffer[:, :length]
 

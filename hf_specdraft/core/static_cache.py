@@ -17,6 +17,8 @@ cannot crop (``is_croppable=False``); rows that accept different numbers of toke
 
 from __future__ import annotations
 
+import array
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
@@ -59,9 +61,17 @@ def stage(buffers: dict | None, name: str, host, device: torch.device):
     return buffer
 
 
+def host_tensor(values, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A CPU long tensor of the ints ``values`` (a flat list, or ``range``), viewed as ``shape``: made through a stdlib
+    ``array`` (``torch.tensor`` of a Python list costs ~12 µs plus ~0.3 µs an element on a CPU; this ~2.5 µs)."""
+    values = array.array("q", values)
+    tensor = torch.frombuffer(values, dtype=torch.long) if len(values) else torch.zeros(0, dtype=torch.long)
+    return tensor if shape is None else tensor.view(shape)
+
+
 def to_device(values: list[int], device: torch.device) -> torch.Tensor:
     """A long tensor of host ``values`` on ``device``, copied without a sync (:func:`copy_to_device`)."""
-    host = torch.tensor(values, dtype=torch.long)
+    host = host_tensor(values)
     if torch.device(device).type == "cpu":
         return host
     out = torch.empty(len(values), dtype=torch.long, device=device)
@@ -210,7 +220,7 @@ class StaticRowsCache(Cache):
             raise ValueError(f"write columns of {len(starts)} rows x {width} up to {last - 1} do not fit a static cache of "
                              f"{self.num_rows} rows x {self.max_cache_len} columns")
         if columns is None:
-            columns = torch.tensor([list(range(start, start + width)) for start in starts])
+            columns = host_tensor([c for start in starts for c in range(start, start + width)], (len(starts), width))
         for ring in [None, *self.rings]:
             if ring is None:
                 slots = columns

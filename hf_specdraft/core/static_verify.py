@@ -20,7 +20,7 @@ import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .rows import Row
-from .static_cache import stage
+from .static_cache import host_tensor, stage
 from .tree import DraftTree, tree_buffers
 from .verify import layer_masks, may_window
 
@@ -245,8 +245,9 @@ def _unwindowed_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTr
         mask[b, 0].diagonal(start)[1 + n : width] = 0  # dummy nodes see only themselves
     device = rows[0].device
     cache.set_write_columns(starts, width, device)
-    ids = stage(None, "input_ids", torch.tensor(ids), device)
+    ids = stage(None, "input_ids", host_tensor([t for row in ids for t in row], (batch, width)), device)
     for b, tree in on_device:
         ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
-    return {"input_ids": ids, "position_ids": stage(None, "position_ids", torch.tensor(positions), device),
+    positions = host_tensor([p for row in positions for p in row], (batch, width))
+    return {"input_ids": ids, "position_ids": stage(None, "position_ids", positions, device),
             "attention_mask": stage(None, "attention_mask", mask, device)}

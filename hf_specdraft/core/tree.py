@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .static_cache import host_tensor, stage
+
 
 class DraftTree:
     """A drafter's proposal.
@@ -71,7 +73,7 @@ class DraftTree:
     def tokens(self) -> torch.Tensor:
         """``(N,)`` long: the tokens where the drafter made them (host tokens: a CPU tensor, made when first asked)."""
         if self._tokens is None:
-            self._tokens = torch.tensor(self.token_list, dtype=torch.long)
+            self._tokens = host_tensor(self.token_list)
         return self._tokens
 
     @property
@@ -206,14 +208,17 @@ class DraftTree:
 def tree_buffers(parents: list[int]) -> tuple[torch.Tensor, list[int]]:
     """:func:`build_tree_buffers` from host parents, in plain Python (a torch op per node costs more than the whole
     walk): the ancestor-or-self matrix `(N, N)` bool (host) and the depths."""
-    rows: list[list[bool]] = []
+    n = len(parents)
+    flat = bytearray(n * n)  # row-major (N, N) bools, one byte each
     depth: list[int] = []
     for i, p in enumerate(parents):  # rows are built from already-finished parent rows
-        row = rows[p][:] + [False] * (len(parents) - len(rows[p])) if p >= 0 else [False] * len(parents)
-        row[i] = True
-        rows.append(row)
+        if p >= 0:
+            flat[i * n : i * n + n] = flat[p * n : p * n + n]
+        flat[i * n + i] = 1
         depth.append(depth[p] + 1 if p >= 0 else 0)
-    return torch.tensor(rows, dtype=torch.bool).reshape(len(parents), len(parents)), depth
+    if not n:
+        return torch.zeros(0, 0, dtype=torch.bool), depth
+    return torch.frombuffer(flat, dtype=torch.bool).view(n, n), depth
 
 
 def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,15 +241,18 @@ def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return ancestors, depth
 
 
-def tree_mask(parents: torch.Tensor, prefix_length: int, dtype: torch.dtype, device: torch.device,
+def tree_mask(parents, prefix_length: int, dtype: torch.dtype, device: torch.device,
               queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask and positions for tree nodes on top of a cached prefix: each node sees the prefix and its ancestors-or-self.
 
     The one tree mask of the library: verification (:func:`tree_attention_inputs`) and a draft scoring a beam tree
-    (:class:`~hf_specdraft.core.drafting.DraftModelTreeScorer`) both build theirs here.
+    (:class:`~hf_specdraft.core.drafting.DraftModelTreeScorer`) both build theirs here. Built on the host
+    (:func:`tree_buffers`) and copied once, without a sync (a per-node loop of device ops costs more than a small
+    forward).
 
     Args:
-        parents (`torch.LongTensor` of shape `(N,)`): every node of the tree (``-1``: a child of the prefix).
+        parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): every node of the tree (``-1``: a
+            child of the prefix).
         prefix_length (`int`): tokens in the cache before the tree, at positions ``0 .. prefix_length - 1``.
         queries (`int`, *optional*): only the last ``queries`` nodes are fed (the others are cached); default all.
 
@@ -253,11 +261,10 @@ def tree_mask(parents: torch.Tensor, prefix_length: int, dtype: torch.dtype, dev
         where attended, ``finfo.min`` where blocked; a bool mask is silently wrong with eager attention) and the
         positions ``prefix_length + depth`` of *all* N nodes, `(1, N)` long (the queries' are the last ``queries``).
     """
-    ancestors, depth = build_tree_buffers(parents.to(device))
-    n = parents.numel()
+    ancestors, depth = tree_buffers(parents if isinstance(parents, list) else parents.tolist())
+    n = len(depth)
     queries = n if queries is None else queries
-    allowed = torch.zeros(queries, prefix_length + n, dtype=torch.bool, device=device)
-    allowed[:, :prefix_length] = True
-    allowed[:, prefix_length:] = ancestors[n - queries :]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None], (prefix_length + depth)[None]
+    mask = torch.zeros(queries, prefix_length + n, dtype=dtype)
+    mask[:, prefix_length:].masked_fill_(~ancestors[n - queries :], torch.finfo(dtype).min)
+    positions = host_tensor([prefix_length + d for d in depth], (1, n))
+    return stage(None, "mask", mask[None, None], device), stage(None, "positions", positions, device)

@@ -33,9 +33,7 @@ def tree_attention_inputs(tree: DraftTree, past_length: int, dtype: torch.dtype,
         `(attention_mask, position_ids)`: an additive float mask `(1, 1, 1+N, past_length+1+N)` in
         ``dtype`` and `(1, 1+N)` long positions.
     """
-    parents = tree.parents.to(device)
-    rooted = torch.cat([parents.new_full((1,), -1), torch.where(parents < 0, 0, parents + 1)])
-    return tree_mask(rooted, past_length, dtype, device)
+    return tree_mask([-1] + [0 if p < 0 else p + 1 for p in tree.parent_list], past_length, dtype, device)
 
 
 def may_window(model) -> bool:
@@ -118,23 +116,23 @@ def batch_verify_inputs(rows: list[Row], trees: list[DraftTree], columns: int, d
     return ids, mask, positions
 
 
-def single_row_inputs(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> dict:
+def single_row_inputs(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree, dtype: torch.dtype | None = None) -> dict:
     """Inputs of the forward over ``[last token] + tree`` for one unpadded row that owns ``cache`` (covering
     ``input_ids[:, :-1]``): a chain keeps the model's own causal mask, a tree takes the tree mask, per layer type."""
     verify_ids = torch.cat([input_ids[:, -1:], tree.tokens.to(input_ids.device)[None]], dim=-1)
     if not len(tree) or tree.is_chain:
         return {"input_ids": verify_ids}
-    mask, positions = tree_attention_inputs(tree, input_ids.shape[1] - 1, model.dtype, input_ids.device)
+    mask, positions = tree_attention_inputs(tree, input_ids.shape[1] - 1, dtype or model.dtype, input_ids.device)
     keys = torch.cat([torch.arange(input_ids.shape[1] - 1, device=input_ids.device), positions[0]])
     return {"input_ids": verify_ids, "attention_mask": layer_masks(model, cache, mask, positions, keys), "position_ids": positions}
 
 
-def verify_inputs(model, cache: DynamicCache, rows: list[Row], trees: list[DraftTree], shared: bool) -> dict:
+def verify_inputs(model, cache: DynamicCache, rows: list[Row], trees: list[DraftTree], shared: bool, dtype: torch.dtype) -> dict:
     """The keyword inputs of the step's one target forward: :func:`single_row_inputs` for a row that owns the cache,
     :func:`batch_verify_inputs` when ``shared`` (a padded batch's right-aligned cache). Logits come back `(A, Q, V)`."""
     if not shared:
-        return single_row_inputs(model, rows[0].ids, cache, trees[0])
-    ids, mask, positions = batch_verify_inputs(rows, trees, cache.get_seq_length(), model.dtype, rows[0].device)
+        return single_row_inputs(model, rows[0].ids, cache, trees[0], dtype)
+    ids, mask, positions = batch_verify_inputs(rows, trees, cache.get_seq_length(), dtype, rows[0].device)
     return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
 
 

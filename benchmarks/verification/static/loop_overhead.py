@@ -12,6 +12,10 @@ The crossings are counted in a separate run of the same calls (:class:`~hf_specd
 after the first two). On CUDA every timed forward is synchronized before and after (what is left is the host's own
 work), the compiled path uses transformers' ``CompileConfig()`` (inductor, CUDA graphs), and ``--target default`` adds
 the embedded default (SmolLM2-135M) beside the near-free target: the loop's time against a real verify forward.
+
+Each row gives ``loop_ms_per_step`` (the call's whole time but its forwards and prefill, over its steps: the call's fixed
+costs, ``generate``'s own preparation included, spread over ~20 steps), ``step_ms`` (the time inside the steps alone, but
+their forwards: what each further step costs) and ``call_fixed_ms`` (the rest, once a call).
 ``--label`` names the code measured; runs with other labels already in ``--output`` are kept,
 so a "before" run on an older checkout and an "after" run sit side by side (the counter file is copied there).
 """
@@ -33,6 +37,7 @@ from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
 from hf_specdraft import speculative_generate
 from hf_specdraft.core import compiled as compiled_module
+from hf_specdraft.core import loop as loop_module
 from hf_specdraft.core.drafting import TreeCandidateGenerator
 from hf_specdraft.core.syncs import SyncCounter
 from hf_specdraft.core.tree import DraftTree
@@ -69,7 +74,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--target", default="tiny", choices=["tiny", "default"], help="default: also the embedded default")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="timed calls per row (the median is kept)")
     args = parser.parse_args()
+    globals()["REPEATS"] = args.repeats
     device, dtype = torch.device(args.device), torch.bfloat16 if args.dtype == "bf16" else torch.float32
     cuda = device.type == "cuda"
     if not cuda:
@@ -121,6 +128,16 @@ def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
         if cuda:
             torch.cuda.synchronize()
 
+    steps_seconds: list[float] = []  # inside speculative_steps: the steps alone, without the call's fixed costs
+    plain_steps = loop_module.speculative_steps
+
+    def timed_steps(*a, **k):
+        started = time.perf_counter()
+        out = plain_steps(*a, **k)
+        steps_seconds.append(time.perf_counter() - started)
+        return out
+
+    loop_module.speculative_steps = timed_steps
     rows = []
     compiling = CompileConfig() if cuda else CompileConfig(backend="eager", mode=None)  # CPU: dynamo's graphs, no codegen
     paths = {"dynamic": {}, "static": {"cache_implementation": "static", "disable_compile": True},
@@ -133,28 +150,33 @@ def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
             call()
             if path == "dynamic":
                 LlamaForCausalLM.forward = timed_forward
-            loop_ms = []
+            loop_ms, step_ms, call_ms = [], [], []
             for _ in range(REPEATS):
                 forwards.clear()
+                steps_seconds.clear()
                 started = time.perf_counter()
                 out = call()
                 total = time.perf_counter() - started
                 steps = len(out.speculative_stats.steps)
                 verify = sum(forwards[-steps:])  # one verification forward a step (the dynamic path's prefill is timed too)
                 loop_ms.append(1000 * (total - verify - out.speculative_stats.prefill_seconds) / steps)
+                step_ms.append(1000 * (steps_seconds[-1] - verify) / steps)
+                call_ms.append(1000 * (total - steps_seconds[-1] - out.speculative_stats.prefill_seconds))
             forward_ms = 1000 * verify / steps
             LlamaForCausalLM.forward = plain_forward
             with SyncCounter() as syncs:
                 counted = call()
             later = syncs.per_step[2:]
             row = {"target": name, "drafter": drafter, "path": path, "steps": steps, "loop_ms_per_step": statistics.median(loop_ms),
-                   "loop_ms_per_step_runs": loop_ms, "forward_ms": forward_ms, "syncs_per_step": statistics.mean(later),
+                   "loop_ms_per_step_runs": loop_ms, "step_ms": statistics.median(step_ms), "step_ms_runs": step_ms,
+                   "call_fixed_ms": statistics.median(call_ms), "forward_ms": forward_ms, "syncs_per_step": statistics.mean(later),
                    "syncs_per_step_max": max(later),
                    "token_identical": counted.sequences[0].tolist() == reference[: counted.sequences.shape[1]], "syncs_first_two_steps": syncs.per_step[:2],
                    "syncs_where": dict(sorted(syncs.where.items(), key=lambda kv: -kv[1])[:12])}
             rows.append(row)
-            print({k: v for k, v in row.items() if k not in ("syncs_where", "loop_ms_per_step_runs")}, flush=True)
+            print({k: v for k, v in row.items() if k not in ("syncs_where", "loop_ms_per_step_runs", "step_ms_runs")}, flush=True)
     owner._forward, LlamaForCausalLM.forward = original, plain_forward
+    loop_module.speculative_steps = plain_steps
     return rows
 
 
