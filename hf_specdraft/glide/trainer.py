@@ -185,8 +185,8 @@ def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
 
 def _setup(target, glide, args: GlideTrainingArguments):
     precision = ("bf16" if torch.cuda.is_available() else "no") if args.mixed_precision == "auto" else args.mixed_precision
-    accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=args.gradient_accumulation_steps,
-                              log_with=args.trackers, project_dir=str(Path(args.output_dir) / "runs"))
+    logging = {"log_with": args.trackers, "project_dir": str(Path(args.output_dir) / "runs")} if args.trackers else {}
+    accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=args.gradient_accumulation_steps, **logging)
     target.eval().requires_grad_(False)
     if getattr(target, "hf_device_map", None) is None:
         target.to(accelerator.device)

@@ -164,7 +164,7 @@ def dataset_inputs(ns, target, tokenizer, regen: RegenerationArguments) -> dict:
         records = regenerate(target, tokenizer, regeneration_prompts(train, column, tokenizer, regen), ns.output_dir, regen,
                              progress_bar=ns.progress_bar)
         documents = [r["prompt_ids"] + r["response_ids"] for r in records]
-        extra["regeneration"] = {**vars(regen), "examples": len(records)}
+        extra["regeneration"] = {**vars(regen), "kind": column.kind, "examples": len(records)}
     else:
         documents = tokenize_texts(tokenizer, render_texts(train, column, tokenizer))
     heldout = _documents_stream(tokenize_texts(tokenizer, render_texts(held, column, tokenizer)), tokenizer.eos_token_id) if len(held) else None
