@@ -3,14 +3,14 @@
 Each step the frozen target runs once over whole training windows and its KV cache becomes the memory
 the draft's cross-attention reads; the block-wise mask (block length L = 5) lets a token see only the
 target KV of earlier blocks, simulating at training time the KV-cache delay of inference (§4.1). The loss
-is next-token cross-entropy, optionally mixed with distillation from the target's logits (Appendix B; the
-paper used sequence-level distillation; the token-level form is cheap: the target forward already
-produces the logits; ``--regenerate`` adds the sequence-level form: the target writes the responses, glide/regenerate.py).
-Every ``save_steps`` steps the run saves ``checkpoint-last/`` (GLIDE's weights as safetensors, optimizer, scheduler, step,
-RNG states) and a restarted run continues from it. Every ``eval_every`` steps a :class:`~.evaluation.HeldOutEvaluation`
-measures α, greedy agreement and tokens per target forward on held-out data, logged to accelerate's trackers
-(``report_to``), ``training_log.json`` and the model card. Only GLIDE's parameters are optimised: AdamW, warmup + cosine decay, gradient
-accumulation, bf16 mixed precision on GPU, any number of processes through 🤗 accelerate.
+is next-token cross-entropy, optionally mixed with distillation from the target's logits (Appendix B's
+token-level form, cheap: the target forward already produces the logits); the paper's sequence-level form, the
+target writing the responses, is ``--regenerate`` (glide/regenerate.py). Only GLIDE's parameters are optimised:
+AdamW, warmup + cosine decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes
+through 🤗 accelerate. Every ``save_steps`` steps the run saves ``checkpoint-last/`` (GLIDE's weights as
+safetensors, optimizer, scheduler, step, RNG states) and a restarted run continues from it. Every ``eval_every``
+steps a :class:`~.evaluation.HeldOutEvaluation` measures α, greedy agreement and tokens per target forward on
+held-out data, logged to accelerate's trackers (``report_to``), ``training_log.json`` and the model card.
 
     # one process (CPU or one GPU), token or text files
     hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama --max-steps 2000
