@@ -174,6 +174,7 @@ def test_a_killed_run_resumes_from_its_step_and_keeps_its_shards(target_dir, tmp
 
 @pytest.mark.parametrize("argv, message", [
     (["--dataset", "{bad}"], "columns are ['prose', 'id']"),
+    (["--dataset", "./no/such.jsonl"], "neither an existing local file or directory nor a Hub dataset id"),
     (["--dataset", "{chats}", "--data", "{chats}"], "not allowed with argument"),
     ([], "one of the arguments --data --dataset is required"),
     (["--dataset", "{chats}", "--eval-every", "-1"], "eval_every must be an int >= 0"),

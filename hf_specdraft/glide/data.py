@@ -54,8 +54,8 @@ def load_examples(source: str, split: str = "train"):
             raise ValueError(f"--dataset {source!r} must be one kind of {sorted(DATASET_BUILDERS)} files (or a directory of "
                              f"them), found {sorted({p.suffix or p.name for p in files}) or 'no such files'}")
         return datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in files], split="train")
-    if source.startswith((".", "/", "~")) or source.count("/") != 1:
-        raise ValueError(f"--dataset {source!r} is neither a local file or directory nor a Hub dataset id like 'org/name'")
+    if source.startswith((".", "/", "~")) or source.count("/") > 1 or not source.strip():
+        raise ValueError(f"--dataset {source!r} is neither an existing local file or directory nor a Hub dataset id like 'org/name'")
     return datasets.load_dataset(source, split=split)  # the Hub (not reached by the tests: they run offline)
 
 
