@@ -9,7 +9,7 @@ anything inside ``hf_specdraft`` runs the package's ``__init__``, which loads ev
     hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
     hf-specdraft train-default --output-dir DIR [--recipe default|gpu|tiny]   # your own small target + drafts
     hf-specdraft report                     # BENCHMARKS.md from benchmarks/results/*.json
-    hf-specdraft train-glide --target DIR --data FILES --output-dir DIR   # see --help
+    hf-specdraft train-glide --target DIR (--data FILES | --dataset FILE_OR_HUB_ID [--regenerate]) --output-dir DIR   # see --help
     hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
 """
 

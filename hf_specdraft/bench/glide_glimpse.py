@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
+from ..core.stats import overlap
 from ..defaults.distillation import build_windows, target_answers
 
 SKIP = 16  # the first positions of a window have almost no context to glimpse
@@ -78,7 +79,7 @@ def score(model, store: dict[str, torch.Tensor], delay: int | None = 1, skip: in
     """
     q = draft_distribution(model, store, delay)
     p = torch.zeros_like(q).scatter_(-1, store["topk_ids"].long(), store["topk_probs"].float())
-    alpha = torch.minimum(p, q).sum(-1)[:, skip:].mean().item()
+    alpha = overlap(p, q)[:, skip:].mean().item()  # the loop's and train-glide's held-out α use the same overlap
     agreement = (q.argmax(-1) == store["topk_ids"][..., 0].long())[:, skip:].float().mean().item()
     return {"alpha": round(alpha, 4), "agreement": round(agreement, 4)}
 

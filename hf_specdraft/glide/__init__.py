@@ -6,7 +6,12 @@
     drafting_config.py       GlideDraftingConfig: the decoding options (γ), validated like every method's config
     candidate_generator.py   GlideCandidateGenerator: the drafter for hf_specdraft.speculative_generate
     model_card.py            save_glide_checkpoint / write_model_card: Hub-ready checkpoint with card and custom_generate/
-    training.py              train_glide / GlideTrainingArguments: frozen target, block-wise mask, accelerate
+    objective.py             the training objective: token stream, windows, target KV memory, block-wise-mask loss
+    trainer.py               train_glide / GlideTrainingArguments: frozen target, accelerate, checkpoint-last, resume
+    data.py                  --data files and 🤗 datasets (text, or conversations through the chat template)
+    regenerate.py            the target writes the responses (sequence-level self-distillation, Appendix B), sharded
+    evaluation.py            held-out teacher-forced α, greedy agreement and tokens per target forward
+    training.py              hf-specdraft train-glide: the one-command entry point (re-exports the trainer's API)
 
 Three ways to decode with GLIDE::
 

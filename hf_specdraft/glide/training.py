@@ -1,35 +1,13 @@
-"""Train GLIDE against a frozen target (GLIDE §4.1 "Block-wise Attention Mask", Appendices A and B).
+"""``hf-specdraft train-glide``: a GLIDE draft for your own target in one command (issue #42).
 
-Each step the frozen target runs once over whole training windows and its KV cache becomes the memory
-the draft's cross-attention reads; the block-wise mask (block length L = 5) lets a token see only the
-target KV of earlier blocks, simulating at training time the KV-cache delay of inference (§4.1). The loss
-is next-token cross-entropy, optionally mixed with distillation from the target's logits (Appendix B; the
-paper used sequence-level distillation, this is its cheaper token-level form: the target forward already
-produces the logits). Only GLIDE's parameters are optimised: AdamW, warmup + cosine decay, gradient
-accumulation, bf16 mixed precision on GPU, any number of processes through 🤗 accelerate.
+    hf-specdraft train-glide --target Qwen/Qwen2.5-0.5B-Instruct --dataset chats.jsonl --regenerate \\
+        --eval-every 200 --eval-examples 64 --output-dir glide-qwen --max-steps 2000
 
-    # one process (CPU or one GPU)
-    hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama --max-steps 2000
-    # several processes / GPUs: the same command under accelerate
-    accelerate launch --num_processes 8 -m hf_specdraft.glide.training --target ... --data ... --output-dir ...
-    # several CPU processes (gloo). accelerate 1.x's `--cpu --num_processes N` starts ONE process unless
-    # mpirun is set up; the torchrun launcher with ACCELERATE_USE_CPU starts N:
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m hf_specdraft.glide.training ...
-
-Large targets (Appendix A: 7B/13B targets with DeepSpeed ZeRO-2 on 8 GPUs, 33B with ZeRO-3 on 16). Not
-tested here (no GPU was available); what to configure:
-
-* ZeRO-2 — ``accelerate config`` → DeepSpeed, ``zero_stage: 2``, ``mixed_precision: bf16``. It shards
-  GLIDE's optimizer state and gradients. The frozen target is not passed to ``accelerator.prepare``:
-  every process holds its own bf16 copy (load it with ``dtype=torch.bfloat16``; 7B/13B fit one GPU).
-* Targets that do not fit one GPU — either one process with the target loaded by
-  ``device_map="auto"`` (``train_glide`` leaves a model that has an ``hf_device_map`` where it is; tested with a
-  target spread over CPU and disk, ``tests/test_device_map.py``), or
-  FSDP (``distributed_type: FSDP``, ``fsdp_sharding_strategy: FULL_SHARD``) with the target wrapped by
-  your own code before calling ``train_glide``. GLIDE itself is small: plain data parallelism suffices.
-  A target split by tensor parallelism (``tp_plan``) is refused: each rank's cache holds only its share of the KV
-  heads; train against the ``device_map`` target and load the trained GLIDE with ``tp_plan="auto"`` to decode.
-* The target forward dominates the training cost (Appendix F), not GLIDE.
+loads the target and its tokenizer, reads the dataset (:mod:`.data`: a ``messages`` column rendered with the chat
+template, or a ``text`` column), holds out ``--eval-examples`` of it, has the target write the replies of the rest
+(``--regenerate``, :mod:`.regenerate`), trains (:func:`~.trainer.train_glide`, resuming from ``checkpoint-last``)
+and measures α, greedy agreement and tokens per target forward on the held-out part (:mod:`.evaluation`).
+Token or text files still go through ``--data``.
 """
 
 from __future__ import annotations
@@ -37,314 +15,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator, PartialState
-from tqdm.auto import tqdm
-from transformers import DynamicCache, PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
+from accelerate import PartialState
 
-from .model_card import check_license, save_glide_checkpoint
-
-TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
-
-
-@dataclass
-class GlideTrainingArguments:
-    """How to train GLIDE (defaults follow Appendix A where it says; batch sizes are per process).
-
-    Args:
-        output_dir: where the checkpoint (:func:`save_glide_checkpoint`: model card and CAPE's ``custom_generate/``
-            included) and ``training_log.json`` go.
-        max_steps: optimizer steps; windows are drawn at random from the data.
-        seq_len: tokens per training window.
-        per_device_batch_size: windows per process per micro-batch.
-        gradient_accumulation_steps: micro-batches per optimizer step (Appendix A: effective batch 64).
-        learning_rate: peak AdamW learning rate (Appendix A: 5e-4).
-        weight_decay: AdamW weight decay on matrices.
-        warmup_steps: linear warmup before the cosine decay.
-        min_lr_ratio: the cosine decays to ``min_lr_ratio * learning_rate``.
-        max_grad_norm: gradient clipping.
-        block_size: L of the block-wise mask; `None` uses ``glide.config.block_size`` (5, §4.1).
-        distillation_weight: weight of KL(p_target || q_glide) against cross-entropy (Appendix B); 0 = off.
-        distillation_temperature: temperature of both distributions in the KL term.
-        mixed_precision: ``"auto"`` (bf16 on CUDA, none on CPU), ``"no"``, ``"bf16"`` or ``"fp16"``.
-        seed: data order and initialisation seed (each process offsets it by its rank).
-        logging_steps: log every this many steps.
-        progress_bar: show tqdm on the main process.
-        dataset_name: what the data is, for the model card (a Hub dataset id or a description).
-        license: the weights' license for the model card, a Hub license id (e.g. ``"apache-2.0"``); `None` = none.
-        push_to_hub: upload the checkpoint and card to ``hub_model_id`` after training.
-        hub_model_id: ``"user/repo"`` to push to.
-    """
-
-    output_dir: str
-    max_steps: int = 1000
-    seq_len: int = 256
-    per_device_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 5e-4
-    weight_decay: float = 0.0
-    warmup_steps: int = 50
-    min_lr_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    block_size: int | None = None
-    distillation_weight: float = 0.0
-    distillation_temperature: float = 1.0
-    mixed_precision: str = "auto"
-    seed: int = 0
-    logging_steps: int = 10
-    progress_bar: bool = True
-    dataset_name: str | None = None
-    license: str | None = None
-    push_to_hub: bool = False
-    hub_model_id: str | None = None
-
-    def __post_init__(self):
-        if not self.output_dir:
-            raise ValueError("output_dir must be a non-empty path")
-        for name in ("max_steps", "seq_len", "per_device_batch_size", "gradient_accumulation_steps", "logging_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be at least 2 (a token and its successor), got {self.seq_len}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.warmup_steps < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0:
-            raise ValueError("warmup_steps and weight_decay must be >= 0 and max_grad_norm > 0")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
-        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
-            raise ValueError(f"block_size must be None or a positive int, got {self.block_size!r}")
-        if not 0.0 <= self.distillation_weight <= 1.0:
-            raise ValueError(f"distillation_weight must lie in [0, 1], got {self.distillation_weight}")
-        if self.distillation_temperature <= 0:
-            raise ValueError(f"distillation_temperature must be > 0, got {self.distillation_temperature}")
-        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
-            raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
-        check_license(self.license)  # here, not after training, where the card is written
-        if self.push_to_hub and not self.hub_model_id:
-            raise ValueError("push_to_hub=True needs hub_model_id='user/repo'")
-
-
-def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
-    """Training data as one 1-D LongTensor of token ids (documents joined by eos when there is one).
-
-    Args:
-        data: a 1-D tensor (already a stream), a 2-D tensor `(N, T)` (rows joined), a sequence of token-id
-            sequences, or a mapping / 🤗 ``datasets.Dataset`` with an ``"input_ids"`` column.
-    """
-    if not isinstance(data, torch.Tensor) and hasattr(data, "__getitem__") and not isinstance(data, Sequence):
-        try:
-            data = data["input_ids"]
-        except (KeyError, TypeError, IndexError) as error:
-            raise TypeError(f"data has no 'input_ids' column: {error}") from error
-    if isinstance(data, torch.Tensor):
-        if data.dim() not in (1, 2) or data.is_floating_point():
-            raise ValueError(f"data must be an integer tensor of shape (T,) or (N, T), got {data.dtype} {tuple(data.shape)}")
-        return data.reshape(-1).long()
-    if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
-        pieces = []
-        for document in data:
-            pieces.append(torch.as_tensor(list(document), dtype=torch.long))
-            if eos_token_id is not None:
-                pieces.append(torch.tensor([eos_token_id]))
-        if not pieces:
-            raise ValueError("data is empty")
-        return torch.cat(pieces)
-    raise TypeError(f"data must be a token-id tensor, a sequence of token-id sequences or a dataset with input_ids, got {type(data).__name__}")
-
-
-def sample_windows(stream: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
-    """``(batch_size, seq_len)`` random windows of ``stream``."""
-    starts = torch.randint(0, stream.numel() - seq_len + 1, (batch_size,), generator=generator)
-    return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
-
-
-@torch.no_grad()
-def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits: bool):
-    """Run the frozen target over whole windows: its per-layer ``(keys, values)`` and, optionally, logits.
-
-    Returns:
-        `(kv, logits)`: ``kv[l]`` = ``(keys, values)`` `(B, kv_heads, T, head_dim)` of target layer l (post-RoPE,
-        exactly what the cache holds at inference), and `(B, T, V)` logits or `None`.
-    """
-    cache = DynamicCache(config=target.config)
-    cache.activate_past_recording()  # sliding-window layers keep every position, as in assisted decoding
-    outputs = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if with_logits else 1)
-    kv = tuple((getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers)
-    return kv, outputs.logits if with_logits else None
-
-
-def glide_loss(glide, input_ids, kv, target_logits, block_size: int, args: GlideTrainingArguments) -> tuple[torch.Tensor, dict]:
-    """Next-token cross-entropy with the block-wise mask (§4.1), mixed with token-level distillation (Appendix B)."""
-    outputs = glide(input_ids=input_ids, labels=input_ids, target_past_key_values=kv, cross_attention_block_size=block_size, use_cache=False)
-    parts = {"ce": outputs.loss.detach()}
-    if target_logits is None:
-        return outputs.loss, parts
-    tau = args.distillation_temperature
-    log_q = torch.log_softmax(outputs.logits[:, :-1].float() / tau, dim=-1)
-    log_p = torch.log_softmax(target_logits[:, :-1].float() / tau, dim=-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean() * tau**2
-    parts["kl"] = kl.detach()
-    w = args.distillation_weight
-    return (1 - w) * outputs.loss + w * kl, parts
-
-
-def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
-    if not isinstance(target, PreTrainedModel):
-        raise TypeError(f"target must be a transformers PreTrainedModel, got {type(target).__name__}")
-    if not isinstance(glide, PreTrainedModel) or getattr(glide.config, "model_type", None) != "glide":
-        raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
-    problems = glide.config.target_mismatches(target.config)
-    if problems:
-        raise ValueError("glide was built for a different target:\n  " + "\n  ".join(problems))
-    if (getattr(target, "tp_size", None) or 1) > 1:
-        raise ValueError(
-            f"target is split over {target.tp_size} ranks by tensor parallelism (tp_plan): train_glide reads the whole target "
-            "cache in one process. Load the target unsplit, spread over the devices of one process with device_map='auto' "
-            "(GPUs, CPU, disk: accelerate's max_memory and offload_folder), train there, then load the trained GLIDE with "
-            "tp_plan='auto' beside the split target for decoding (docs/multi-gpu.md)"
-        )
-
-
-def _setup(target, glide, args: GlideTrainingArguments):
-    precision = ("bf16" if torch.cuda.is_available() else "no") if args.mixed_precision == "auto" else args.mixed_precision
-    accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=args.gradient_accumulation_steps)
-    target.eval().requires_grad_(False)
-    if getattr(target, "hf_device_map", None) is None:
-        target.to(accelerator.device)
-    decay = [p for p in glide.parameters() if p.ndim >= 2]
-    no_decay = [p for p in glide.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate
-    )
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps, min_lr_rate=args.min_lr_ratio)
-    glide.train()
-    model, optimizer, scheduler = accelerator.prepare(glide, optimizer, scheduler)
-    return accelerator, model, optimizer, scheduler
-
-
-def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: GlideTrainingArguments, metrics: dict | None = None) -> dict:
-    """Train ``glide`` in place against the frozen ``target`` and write a checkpoint to ``args.output_dir``.
-
-    Args:
-        target: the frozen target LM whose KV cache GLIDE reads (never updated; set to eval mode, no gradients,
-            and moved to the accelerator's device for training unless it has an ``hf_device_map``). Both ``target`` and
-            ``glide`` are moved back to the devices they were on when training ends.
-        glide: a GLIDE model built for ``target`` (``GlideConfig.from_target_config``); the vanilla drafter
-            (``cross_attention=False``) trains the same way without needing target KV.
-        data: token ids (see :func:`token_stream`).
-        args: :class:`GlideTrainingArguments`.
-        metrics: measured results to put in the model card (e.g. ``{"acceptance_rate": 0.62, "speedup": 1.9}``).
-
-    Returns:
-        the training log (also ``output_dir/training_log.json``): per-step loss / lr / tokens, timing, arguments.
-    """
-    _check_pair(target, glide)
-    if not isinstance(args, GlideTrainingArguments):
-        raise TypeError(f"args must be a GlideTrainingArguments, got {type(args).__name__}")
-    stream = token_stream(data, glide.config.eos_token_id if isinstance(glide.config.eos_token_id, int) else None)
-    if stream.numel() < args.seq_len:
-        raise ValueError(f"data holds {stream.numel()} tokens, fewer than seq_len={args.seq_len}")
-    if int(stream.max()) >= glide.config.vocab_size or int(stream.min()) < 0:
-        raise ValueError(f"data has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
-    block_size = args.block_size or glide.config.block_size
-    devices = [(m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None]  # where the caller put them
-    accelerator, model, optimizer, scheduler = _setup(target, glide, args)
-    distill = args.distillation_weight > 0
-    needs_target = glide.config.cross_attention or distill
-    generator = torch.Generator().manual_seed(args.seed + 1000 * accelerator.process_index)
-    steps, tokens, start = [], 0, time.time()
-    bar = tqdm(range(1, args.max_steps + 1), desc="train GLIDE", disable=not (args.progress_bar and accelerator.is_main_process))
-    for step in bar:
-        totals = {}
-        for _ in range(args.gradient_accumulation_steps):
-            batch = sample_windows(stream, args.per_device_batch_size, args.seq_len, generator).to(accelerator.device)
-            kv, logits = target_memory(target, batch, distill) if needs_target else (None, None)
-            with accelerator.accumulate(model):
-                loss, parts = glide_loss(model, batch, kv, logits, block_size, args)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            for name, value in {"loss": loss.detach(), **parts}.items():
-                totals[name] = totals.get(name, 0.0) + float(accelerator.gather(value[None]).mean()) / args.gradient_accumulation_steps
-            tokens += batch.numel() * accelerator.num_processes
-        bar.set_postfix(loss=f"{totals['loss']:.3f}")
-        if step % args.logging_steps == 0 or step in (1, args.max_steps):
-            steps.append({"step": step, **{k: round(v, 4) for k, v in totals.items()}, "lr": scheduler.get_last_lr()[0],
-                          "tokens": tokens, "seconds": round(time.time() - start, 2)})
-    accelerator.wait_for_everyone()
-    log = {"steps": steps, "train_seconds": round(time.time() - start, 2), "processes": accelerator.num_processes,
-           "mixed_precision": accelerator.mixed_precision, "arguments": asdict(args), "train_tokens_available": int(stream.numel())}
-    if accelerator.is_main_process:
-        save_checkpoint(accelerator.unwrap_model(model), target, log, args, metrics)
-    accelerator.wait_for_everyone()
-    for module, device in devices:  # accelerate trained on its device (a visible GPU): hand both back where they came from
-        module.to(device)
-    glide.eval()
-    return log
-
-
-def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metrics: dict | None) -> None:
-    """Write the Hub-ready checkpoint (:func:`save_glide_checkpoint`: weights, trust_remote_code files, ``README.md``,
-    CAPE's ``custom_generate/``) and ``training_log.json``; push if asked."""
-    output_dir = Path(args.output_dir)
-    base_model = getattr(target.config, "_name_or_path", None) or glide.config.target_name_or_path
-    card_info = {"dataset": args.dataset_name, "metrics": metrics, "training_log": log, "repo_id": args.hub_model_id,
-                 "license": args.license}
-    save_glide_checkpoint(glide, output_dir, target_name=base_model, card_info=card_info)
-    (output_dir / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
-    if args.push_to_hub:
-        from huggingface_hub import HfApi
-
-        api = HfApi()
-        api.create_repo(args.hub_model_id, exist_ok=True)
-        api.upload_folder(repo_id=args.hub_model_id, folder_path=str(output_dir), commit_message="Upload GLIDE draft model")
-
-
-def load_data(paths: list[str], tokenizer_path: str | None) -> torch.Tensor:
-    """Token ids from files: ``.safetensors`` / ``.pt`` tensors (``input_ids`` or the only tensor), or text
-    files / directories of text files tokenized with the target's tokenizer."""
-    tensors, texts = [], []
-    for path in map(Path, paths):
-        if not path.exists():
-            raise ValueError(f"--data {path} does not exist")
-        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES) if path.is_dir() else [path]
-        for file in files:
-            if file.suffix == ".safetensors":
-                from safetensors.torch import load_file
-
-                loaded = load_file(file)
-                tensors.append(loaded["input_ids"] if "input_ids" in loaded else next(iter(loaded.values())))
-            elif file.suffix == ".pt":
-                tensors.append(torch.load(file, weights_only=True))
-            else:
-                texts.append(file.read_text(encoding="utf-8", errors="replace"))
-    if texts:
-        from transformers import AutoTokenizer
-
-        if tokenizer_path is None:
-            raise ValueError("--data has text files: pass --tokenizer (defaults to --target)")
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-        tensors.append(token_stream(ids, tokenizer.eos_token_id))
-    if not tensors:
-        raise ValueError(f"--data {paths} holds no token files or text files ({', '.join(TEXT_SUFFIXES)})")
-    return torch.cat([token_stream(t) for t in tensors])
+from .data import detect_column, heldout_split, load_data, load_examples, render_texts, tokenize_texts
+from .evaluation import HeldOutEvaluation, heldout_windows
+from .objective import token_stream
+from .regenerate import RegenerationArguments, regenerate, regeneration_prompts
+from .trainer import GlideTrainingArguments, train_glide
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-specdraft train-glide", description="Train a GLIDE draft model against a frozen target.")
     parser.add_argument("--target", required=True, help="target model: Hub id or local directory")
-    parser.add_argument("--data", required=True, nargs="+", help="token files (.safetensors/.pt) or text files / directories")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", nargs="+", help="token files (.safetensors/.pt) or text files / directories")
+    source.add_argument("--dataset", help="a 🤗 datasets dataset: json/jsonl/parquet/arrow file or directory, or a Hub id")
+    parser.add_argument("--split", default="train", help="--dataset split to read from the Hub")
+    parser.add_argument("--text-column", default="text", help="--dataset column of plain text")
+    parser.add_argument("--messages-column", default="messages", help="--dataset column of conversations (lists of {role, content})")
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--tokenizer", help="tokenizer for text data (default: --target)")
     parser.add_argument("--glide", help="start from this GLIDE checkpoint instead of a fresh model")
@@ -355,20 +46,46 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = GlideTrainingArguments(output_dir=".")
     for name, flag in (("max_steps", "--max-steps"), ("seq_len", "--seq-len"), ("per_device_batch_size", "--batch-size"),
                        ("gradient_accumulation_steps", "--grad-accum"), ("warmup_steps", "--warmup-steps"), ("seed", "--seed"),
-                       ("logging_steps", "--logging-steps")):
+                       ("logging_steps", "--logging-steps"), ("save_steps", "--save-steps"), ("eval_every", "--eval-every")):
         parser.add_argument(flag, dest=name, type=int, default=getattr(defaults, name))
     for name, flag in (("learning_rate", "--lr"), ("weight_decay", "--weight-decay"), ("min_lr_ratio", "--min-lr-ratio"),
                        ("distillation_weight", "--distillation-weight"), ("distillation_temperature", "--distillation-temperature")):
         parser.add_argument(flag, dest=name, type=float, default=getattr(defaults, name))
     parser.add_argument("--block-size", dest="block_size", type=int, help="block-wise mask L (default: the config's, 5)")
     parser.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
-    parser.add_argument("--dataset-name", help="what the data is, for the model card")
+    parser.add_argument("--resume", dest="resume", action="store_true", default=None,
+                        help="continue from OUTPUT_DIR/checkpoint-last (the default whenever it exists); fail without one")
+    parser.add_argument("--no-resume", dest="resume", action="store_false", help="start over even if checkpoint-last exists")
+    parser.add_argument("--report-to", default="none", help="accelerate trackers: none, all (every installed one) or names, e.g. tensorboard")
+    _add_regeneration_flags(parser)
+    _add_evaluation_flags(parser)
+    parser.add_argument("--dataset-name", help="what the data is, for the model card (default: --dataset)")
     parser.add_argument("--license", help="the weights' license for the model card, a Hub license id such as apache-2.0")
     parser.add_argument("--metrics", help="JSON file of measured metrics for the model card")
+    parser.add_argument("--compare-vanilla", help="a vanilla run's output dir (same data): its held-out α goes on the card")
     parser.add_argument("--push-to-hub", action="store_true")
     parser.add_argument("--hub-model-id")
     parser.add_argument("--no-progress", dest="progress_bar", action="store_false")
     return parser
+
+
+def _add_regeneration_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = RegenerationArguments()
+    group = parser.add_argument_group("regeneration (sequence-level self-distillation, glide_cape Appendix B; --dataset only)")
+    group.add_argument("--regenerate", action="store_true", help="the target writes the responses GLIDE trains on")
+    for name, kind in (("max_new_tokens", int), ("batch_size", int), ("temperature", float), ("top_p", float),
+                       ("prompt_tokens", int), ("batches_per_shard", int)):
+        group.add_argument(f"--regen-{name.replace('_', '-')}", dest=f"regen_{name}", type=kind, default=getattr(defaults, name))
+    group.add_argument("--regen-turns", choices=["last", "each"], default=defaults.turns, help="assistant turns to regenerate")
+
+
+def _add_evaluation_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("held-out evaluation (every --eval-every steps)")
+    group.add_argument("--eval-fraction", type=float, help="fraction of the data held out (default 0.05 with --eval-every)")
+    group.add_argument("--eval-examples", type=int, help="examples held out (instead of --eval-fraction)")
+    group.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens for the teacher-forced α")
+    group.add_argument("--eval-prompts", type=int, default=4, help="held-out prompts for tokens per target forward (0 = skip)")
+    group.add_argument("--eval-new-tokens", type=int, default=32, help="tokens generated per prompt for tokens per target forward")
 
 
 def model_location_problem(value: str | None) -> str | None:
@@ -387,26 +104,107 @@ def model_location_problem(value: str | None) -> str | None:
     return f"{value!r} is not a directory (and not a Hub repo id like 'namespace/name')"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``hf-specdraft train-glide``: load the target, build or load GLIDE, train, write the checkpoint."""
+def _check_flags(parser, ns) -> None:
+    """One-line argparse errors for paths and evaluation settings (before any model is loaded)."""
+    for flag, value in (("--target", ns.target), ("--glide", ns.glide), ("--tokenizer", ns.tokenizer)):
+        problem = model_location_problem(value)
+        if problem:
+            parser.error(f"{flag}: {problem}")
+    for path in ns.data or ():
+        if not Path(path).exists():
+            parser.error(f"--data: {path!r} does not exist")
+    for flag, path in (("--metrics", ns.metrics), ("--compare-vanilla", ns.compare_vanilla and Path(ns.compare_vanilla) / "training_log.json")):
+        if path and not Path(path).is_file():
+            parser.error(f"{flag}: {str(path)!r} is not a file")
+    if ns.regenerate and ns.dataset is None:
+        parser.error("--regenerate needs --dataset (prompts come from its examples)")
+    if ns.eval_fraction is not None and ns.eval_examples is not None:
+        parser.error("pass one of --eval-fraction and --eval-examples, not both")
+    if ns.eval_fraction is not None and not 0 <= ns.eval_fraction < 1:
+        parser.error(f"--eval-fraction must lie in [0, 1), got {ns.eval_fraction}")
+    for flag, value, least in (("--eval-examples", ns.eval_examples, 0), ("--eval-windows", ns.eval_windows, 1),
+                               ("--eval-prompts", ns.eval_prompts, 0), ("--eval-new-tokens", ns.eval_new_tokens, 1)):
+        if value is not None and value < least:
+            parser.error(f"{flag} must be an int >= {least}, got {value}")
+    if ns.eval_every and ns.eval_fraction is None and ns.eval_examples is None:
+        ns.eval_fraction = 0.05  # a twentieth of the data: a few hundred examples of a typical fine-tuning set
+    if (ns.eval_fraction or ns.eval_examples) and not ns.eval_every:
+        parser.error("--eval-fraction / --eval-examples hold data out for --eval-every N (a positive number of steps)")
+
+
+def _arguments(parser, ns) -> tuple[GlideTrainingArguments, RegenerationArguments]:
+    """The two argument dataclasses; their `ValueError` becomes a one-line argparse error."""
+    fields = set(GlideTrainingArguments.__dataclass_fields__)
+    regen = {name: getattr(ns, f"regen_{name}") for name in RegenerationArguments.__dataclass_fields__ if name not in ("turns", "seed")}
+    try:
+        args = GlideTrainingArguments(**{k: v for k, v in vars(ns).items() if k in fields and k != "dataset_name"},
+                                      dataset_name=ns.dataset_name or ns.dataset)
+        return args, RegenerationArguments(**regen, turns=ns.regen_turns, seed=ns.seed)
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def _documents_stream(documents: list[list[int]], eos_token_id: int | None) -> torch.Tensor:
+    """Documents joined by eos (a regenerated reply that ended with its own eos is not given a second one)."""
+    trimmed = [d[:-1] if eos_token_id is not None and d and d[-1] == eos_token_id else d for d in documents]
+    return token_stream([d for d in trimmed if d], eos_token_id)
+
+
+def dataset_inputs(ns, target, tokenizer, regen: RegenerationArguments) -> dict:
+    """``--dataset`` as training tokens and held-out data: ``{"stream", "heldout_stream", "heldout_prompts", "extra_log"}``."""
+    examples = load_examples(ns.dataset, ns.split)
+    column = detect_column(examples, ns.text_column, ns.messages_column)
+    train, held = heldout_split(len(examples), ns.eval_fraction or 0.0, ns.eval_examples or 0, ns.seed)
+    train, held = examples.select(train), examples.select(held)
+    extra = {"data": {"dataset": ns.dataset, "column": column.name, "kind": column.kind, "train_examples": len(train),
+                      "heldout_examples": len(held)}}
+    if ns.regenerate:
+        if getattr(target, "hf_device_map", None) is None:
+            target.to(PartialState().device)  # the target writes on the accelerator, not where from_pretrained left it
+        records = regenerate(target, tokenizer, regeneration_prompts(train, column, tokenizer, regen), ns.output_dir, regen,
+                             progress_bar=ns.progress_bar)
+        documents = [r["prompt_ids"] + r["response_ids"] for r in records]
+        extra["regeneration"] = {**vars(regen), "kind": column.kind, "examples": len(records)}
+    else:
+        documents = tokenize_texts(tokenizer, render_texts(train, column, tokenizer))
+    heldout = _documents_stream(tokenize_texts(tokenizer, render_texts(held, column, tokenizer)), tokenizer.eos_token_id) if len(held) else None
+    prompts = regeneration_prompts(held, column, tokenizer, regen)[: ns.eval_prompts] if len(held) else []
+    return {"stream": _documents_stream(documents, tokenizer.eos_token_id), "heldout_stream": heldout, "heldout_prompts": prompts,
+            "extra_log": extra}
+
+
+def files_inputs(ns, seq_len: int) -> dict:
+    """``--data`` files as training tokens; with ``--eval-fraction`` the stream's tail is held out (its windows' first
+    halves are the prompts)."""
+    stream = load_data(ns.data, ns.tokenizer or ns.target)
+    held = round(stream.numel() * (ns.eval_fraction or 0.0))
+    heldout = stream[stream.numel() - held :] if held else None
+    prompts = []
+    if heldout is not None and heldout.numel() >= 4:
+        windows = heldout_windows(heldout, seq_len, ns.eval_prompts or 1)
+        prompts = [w[: max(1, w.numel() // 2)].tolist() for w in windows][: ns.eval_prompts]
+    return {"stream": stream[: stream.numel() - held], "heldout_stream": heldout, "heldout_prompts": prompts, "extra_log": {}}
+
+
+def _vanilla_twin(path: str | None) -> dict:
+    """``{"vanilla_twin": {"path", "eval"}}`` from a vanilla run's ``training_log.json`` (empty without ``path``)."""
+    if path is None:
+        return {}
+    log = json.loads((Path(path) / "training_log.json").read_text())
+    if not log.get("eval"):
+        raise ValueError(f"--compare-vanilla {path!r}: its training_log.json has no held-out evaluation (train it with --eval-every)")
+    if log.get("arguments", {}).get("dataset_name") is None:
+        raise ValueError(f"--compare-vanilla {path!r}: its training_log.json does not say what data it was trained on")
+    return {"vanilla_twin": {"path": str(path), "dataset": log["arguments"]["dataset_name"], "eval": log["eval"]}}
+
+
+def _load_models(parser, ns, seed: int):
+    """The target (``--target-dtype``) and GLIDE (``--glide``, or a fresh one shaped by ``--num-layers`` / ``--hidden-size``)."""
     from transformers import AutoModelForCausalLM
 
     from .configuration_glide import GlideConfig
     from .modeling_glide import GlideForCausalLM
 
-    parser = build_parser()
-    ns = parser.parse_args(argv)
-    for flag, value in (("--target", ns.target), ("--glide", ns.glide), ("--tokenizer", ns.tokenizer)):
-        problem = model_location_problem(value)
-        if problem:
-            parser.error(f"{flag}: {problem}")
-    for path in ns.data:
-        if not Path(path).exists():
-            parser.error(f"--data: {path!r} does not exist")
-    if ns.metrics and not Path(ns.metrics).is_file():
-        parser.error(f"--metrics: {ns.metrics!r} is not a file")
-    arg_names = set(GlideTrainingArguments.__dataclass_fields__)
-    args = GlideTrainingArguments(**{k: v for k, v in vars(ns).items() if k in arg_names})
     dtype = "auto" if ns.target_dtype == "auto" else getattr(torch, ns.target_dtype)
     try:
         target = AutoModelForCausalLM.from_pretrained(ns.target, dtype=dtype)
@@ -414,21 +212,65 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--target: cannot load a causal LM from {ns.target!r}: {str(error).splitlines()[0]}")
     if ns.glide:
         try:
-            glide = GlideForCausalLM.from_pretrained(ns.glide)
+            return target, GlideForCausalLM.from_pretrained(ns.glide)
         except (OSError, ValueError) as error:
             parser.error(f"--glide: cannot load a GLIDE checkpoint from {ns.glide!r}: {str(error).splitlines()[0]}")
-    else:
-        torch.manual_seed(args.seed)
-        config = GlideConfig.from_target_config(target.config, num_hidden_layers=ns.num_layers, hidden_size=ns.hidden_size,
-                                                cross_attention=not ns.vanilla, target_name_or_path=ns.target)
-        glide = GlideForCausalLM(config)
-    data = load_data(ns.data, ns.tokenizer or ns.target)
+    torch.manual_seed(seed)
+    config = GlideConfig.from_target_config(target.config, num_hidden_layers=ns.num_layers, hidden_size=ns.hidden_size,
+                                            cross_attention=not ns.vanilla, target_name_or_path=ns.target)
+    return target, GlideForCausalLM(config)
+
+
+def _tokenizer(ns):
+    """The target's tokenizer (``--tokenizer``); `None` for ``--data`` token files with none beside the target."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(ns.tokenizer or ns.target)
+    except (OSError, ValueError):
+        if ns.dataset is not None:
+            raise
+        return None
+
+
+def _evaluation(ns, args: GlideTrainingArguments, glide, inputs: dict, tokenizer) -> HeldOutEvaluation | None:
+    """The held-out evaluation ``train_glide`` runs every ``--eval-every`` steps (`None` without it)."""
+    if not args.eval_every:
+        return None
+    heldout = inputs["heldout_stream"] if inputs["heldout_stream"] is not None else torch.zeros(0, dtype=torch.long)
+    eos = tokenizer.eos_token_id if tokenizer is not None else glide.config.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer is not None else None
+    return HeldOutEvaluation(heldout_windows(heldout, args.seq_len, ns.eval_windows), inputs["heldout_prompts"],
+                             args.block_size or glide.config.block_size, ns.eval_new_tokens, eos, pad)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``hf-specdraft train-glide``: load the target and the data, train (resuming if it can), write the checkpoint."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    _check_flags(parser, ns)
+    args, regen = _arguments(parser, ns)
+    try:
+        vanilla = _vanilla_twin(ns.compare_vanilla)
+    except ValueError as error:
+        parser.error(str(error))
+    target, glide = _load_models(parser, ns, args.seed)
+    tokenizer = _tokenizer(ns)
+    inputs = dataset_inputs(ns, target, tokenizer, regen) if ns.dataset is not None else files_inputs(ns, args.seq_len)
+    evaluation = _evaluation(ns, args, glide, inputs, tokenizer)
     metrics = json.loads(Path(ns.metrics).read_text()) if ns.metrics else None
-    log = train_glide(target, glide, data, args, metrics=metrics)
+    log = train_glide(target, glide, inputs["stream"], args, metrics=metrics, evaluation=evaluation,
+                      extra_log={**inputs["extra_log"], **vanilla})
     if log["steps"] and PartialState().is_main_process:
-        print(f"GLIDE trained: {log['steps'][-1]['step']} steps, final loss {log['steps'][-1]['loss']}, saved to {args.output_dir}")
+        last = log["steps"][-1]
+        scores = ", ".join(f"{k} {v}" for k, v in log.get("eval", {}).items() if k != "step")
+        print(f"GLIDE trained: {last['step']} steps, final loss {last['loss']}"
+              f"{', held-out ' + scores if scores else ''}, saved to {args.output_dir}")
     return 0
 
 
-if __name__ == "__main__":
+__all__ = ["GlideTrainingArguments", "build_parser", "load_data", "main", "token_stream", "train_glide"]  # the trainer's API
+# is importable from the entry point too, as it was when both lived here
+
+if __name__ == "__main__":  # accelerate launch -m hf_specdraft.glide.training ...
     sys.exit(main())

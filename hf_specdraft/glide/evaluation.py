@@ -1,0 +1,108 @@
+"""Held-out evaluation of a GLIDE draft while it trains: teacher-forced α and agreement, and tokens per target forward.
+
+p is the frozen target's next-token distribution, q GLIDE's (Leviathan et al. 2023, Algorithm 1).
+
+- **α** (teacher-forced): the target runs over held-out windows, GLIDE over the same windows with the training-time
+  block-wise mask (glide_cape §4.1: a token glimpses the target KV of earlier blocks only, the KV-cache delay of
+  inference); α = mean over positions of Σ_x min(p(x), q(x)) = 1 - TV(p, q) (Leviathan et al. 2023, §3.3; the
+  per-position overlap is :func:`hf_specdraft.core.stats.overlap`, which the decoding loop records too).
+- **greedy agreement**: the fraction of those positions where argmax q == argmax p (greedy decoding accepts exactly these).
+- **tokens per target forward** τ: the real loop (:func:`hf_specdraft.core.loop.speculative_generate`, default
+  settings, greedy) on a few held-out prompts; its :class:`~hf_specdraft.core.stats.SpeculativeStats` gives
+  ``mean_accepted_length`` (accepted + the target's own token per forward).
+
+    evaluate = HeldOutEvaluation(windows, prompts, block_size=5)
+    evaluate(target, glide)  # {"alpha": 0.61, "greedy_agreement": 0.55, "tokens_per_forward": 2.3, ...}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core.loop import speculative_generate
+from ..core.stats import SpeculativeStats, overlap
+from .objective import target_memory
+
+
+def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch.Tensor:
+    """Up to ``max_windows`` non-overlapping windows `(N, T)` from the start of the held-out ``stream`` `(S,)`; a
+    stream shorter than ``seq_len`` gives one window of all of it.
+
+    Raises:
+        ValueError: the held-out stream has fewer than 2 tokens (a token and its successor).
+    """
+    if stream.numel() < 2:
+        raise ValueError(f"the held-out data holds {stream.numel()} tokens, too few to evaluate: raise --eval-fraction / --eval-examples")
+    length = min(seq_len, stream.numel())
+    count = min(max_windows, stream.numel() // length)
+    return stream[: count * length].view(count, length)
+
+
+@torch.no_grad()
+def teacher_forced_alpha(target, glide, windows: torch.Tensor, block_size: int, batch_size: int = 8) -> dict[str, float]:
+    """α and greedy agreement of ``glide`` against ``target`` on ``windows`` `(N, T)` (see the module docstring).
+
+    Returns:
+        ``{"alpha": mean Σ_x min(p, q), "greedy_agreement": mean [argmax q == argmax p], "eval_positions": N * T}``.
+    """
+    device = next(glide.parameters()).device
+    alpha, agree = torch.zeros((), device=device), torch.zeros((), device=device)
+    for start in range(0, windows.shape[0], batch_size):
+        batch = windows[start : start + batch_size].to(device)
+        kv, target_logits = target_memory(target, batch, with_logits=True)
+        kv = kv if glide.config.cross_attention else None
+        draft_logits = glide(input_ids=batch, target_past_key_values=kv, cross_attention_block_size=block_size, use_cache=False).logits
+        p, q = target_logits.float().softmax(-1), draft_logits.float().softmax(-1)  # (B, T, V)
+        alpha += overlap(p, q).sum()
+        agree += (p.argmax(-1) == q.argmax(-1)).sum()
+    positions = windows.numel()
+    return {"alpha": round(alpha.item() / positions, 4), "greedy_agreement": round(agree.item() / positions, 4),
+            "eval_positions": positions}
+
+
+@torch.no_grad()
+def tokens_per_forward(target, glide, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | None = None,
+                       pad_token_id: int | None = None) -> float:
+    """τ: tokens emitted per target forward by the library's loop with ``glide`` as the draft, greedy, default γ
+    (``"auto"``), over ``prompts`` (each a list of token ids, run one at a time)."""
+    device = next(target.parameters()).device
+    stats = []
+    for prompt in prompts:
+        out = speculative_generate(target, torch.tensor([prompt], device=device), draft_model=glide, max_new_tokens=max_new_tokens,
+                                   do_sample=False, eos_token_id=eos_token_id, pad_token_id=pad_token_id, return_dict_in_generate=True)
+        stats.append(out.speculative_stats)
+    return round(SpeculativeStats.merge(stats).mean_accepted_length, 4)
+
+
+@dataclass
+class HeldOutEvaluation:
+    """What :func:`~hf_specdraft.glide.trainer.train_glide` measures every ``eval_every`` steps.
+
+    Args:
+        windows: `(N, T)` held-out token windows for the teacher-forced α.
+        prompts: held-out prompts (token ids) for τ; empty skips τ.
+        block_size: L of the block-wise mask (the training one).
+        max_new_tokens: tokens the loop generates per prompt for τ.
+        eos_token_id / pad_token_id: for the loop's ``generate`` arguments.
+    """
+
+    windows: torch.Tensor
+    prompts: list[list[int]]
+    block_size: int
+    max_new_tokens: int = 32
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def __call__(self, target, glide) -> dict[str, float]:
+        was_training = glide.training
+        glide.eval()
+        try:
+            result = teacher_forced_alpha(target, glide, self.windows, self.block_size)
+            if self.prompts:
+                result["tokens_per_forward"] = tokens_per_forward(target, glide, self.prompts, self.max_new_tokens,
+                                                                  self.eos_token_id, self.pad_token_id)
+        finally:
+            glide.train(was_training)
+        return result

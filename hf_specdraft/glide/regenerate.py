@@ -1,0 +1,163 @@
+"""Sequence-level self-distillation: the frozen target writes the responses GLIDE trains on (glide_cape Appendix B).
+
+The paper distils GLIDE on the target's own outputs rather than the dataset's human-written replies, so the draft learns
+the distribution p it will be judged against; Medusa-2 (Cai et al. 2024, §3.2 "self-distillation") and SpecForge
+regenerate their data the same way. For a conversation the prompt is every turn before the last (or each) assistant
+turn, rendered with the chat template and a generation prompt; for plain text it is the first ``prompt_tokens``
+tokens. The target continues each prompt, batched and left-padded::
+
+    prompts = regeneration_prompts(examples, column, tokenizer, RegenerationArguments())
+    records = regenerate(target, tokenizer, prompts, "glide-out", RegenerationArguments())
+
+Generated replies go to ``OUTPUT_DIR/regenerated/shard-00000.jsonl`` … (``batch_size * batches_per_shard`` prompts a
+shard, each written whole through a temporary file): a run killed midway keeps its finished shards and a rerun
+generates only the rest. Under accelerate each process writes every ``num_processes``-th shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from accelerate import PartialState
+from tqdm.auto import tqdm
+
+from .data import Column, check_messages, render_chat, tokenize_texts
+
+
+@dataclass
+class RegenerationArguments:
+    """How the target writes the training responses (the sampling settings go into the model card).
+
+    Args:
+        max_new_tokens: longest reply the target writes per prompt.
+        batch_size: prompts per ``generate`` call (left-padded).
+        temperature: sampling temperature; 0 = greedy (the draft then learns the target's argmax, what greedy decoding verifies).
+        top_p: nucleus sampling mass when sampling (1.0 = off).
+        prompt_tokens: plain text only: the prefix of each text the target continues.
+        batches_per_shard: batches per ``regenerated/shard-*.jsonl`` file (what a restart keeps).
+        turns: conversations only: ``"last"`` regenerates the last assistant turn, ``"each"`` every assistant turn
+            (one example per turn, the earlier turns as the dataset has them).
+        seed: sampling seed (the batch from prompt i on samples with ``seed + i``: a resumed run draws what an unbroken one would).
+    """
+
+    max_new_tokens: int = 256
+    batch_size: int = 8
+    temperature: float = 0.0
+    top_p: float = 1.0
+    prompt_tokens: int = 32
+    batches_per_shard: int = 4
+    turns: str = "last"
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("max_new_tokens", "batch_size", "prompt_tokens", "batches_per_shard"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"regeneration {name} must be a positive int, got {value!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"regeneration temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"regeneration top_p must lie in (0, 1], got {self.top_p}")
+        if self.turns not in ("last", "each"):
+            raise ValueError(f"regeneration turns must be 'last' or 'each', got {self.turns!r}")
+
+
+def _conversation_prompts(messages: list[dict], turns: str) -> list[list[dict]]:
+    """The prompt turns before the last (or each) assistant turn; a conversation without one is a prompt as it is."""
+    assistant = [i for i, turn in enumerate(messages) if turn["role"] == "assistant" and i > 0]
+    if not assistant:
+        return [messages]
+    return [messages[:i] for i in (assistant if turns == "each" else assistant[-1:])]
+
+
+def regeneration_prompts(examples, column: Column, tokenizer, args: RegenerationArguments) -> list[list[int]]:
+    """Token ids of every prompt the target continues, in dataset order (see the module docstring)."""
+    values = examples[column.name]
+    if column.kind == "text":
+        return [ids[: args.prompt_tokens] for ids in tokenize_texts(tokenizer, list(values)) if ids]
+    texts = [render_chat(tokenizer, prompt, add_generation_prompt=True)
+             for i, messages in enumerate(values) for prompt in _conversation_prompts(check_messages(messages, i), args.turns)]
+    return tokenize_texts(tokenizer, texts)
+
+
+def _reply(row: list[int], eos_token_id: int | None) -> list[int]:
+    """A generated row up to and including its first eos (generate pads finished rows after it; without an eos
+    no row finishes early, so none is padded)."""
+    if eos_token_id is not None and eos_token_id in row:
+        return row[: row.index(eos_token_id) + 1]
+    return row
+
+
+@torch.no_grad()
+def generate_replies(target, prompts: list[list[int]], pad_token_id: int, eos_token_id: int | None,
+                     args: RegenerationArguments, seed: int) -> list[list[int]]:
+    """The target's reply to each prompt: one left-padded ``generate`` call over `(B, max prompt length)`."""
+    width = max(len(p) for p in prompts)
+    device = next(target.parameters()).device
+    input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the caller's RNG stream is left alone
+        torch.manual_seed(seed)
+        out = target.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=args.max_new_tokens,
+                              pad_token_id=pad_token_id, eos_token_id=eos_token_id, top_k=None, **sampling)
+    return [_reply(row, eos_token_id) for row in out[:, width:].tolist()]
+
+
+def _settings(target, prompts: list[list[int]], args: RegenerationArguments) -> dict:
+    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
+    return {**asdict(args), "num_prompts": len(prompts), "prompts_sha256": digest,
+            "target": getattr(target.config, "_name_or_path", None)}
+
+
+def _write_shard(path: Path, records: list[dict]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text("".join(json.dumps(record) + "\n" for record in records))
+    os.replace(temporary, path)  # a shard is there whole or not at all
+
+
+def regenerate(target, tokenizer, prompts: list[list[int]], output_dir, args: RegenerationArguments,
+               progress_bar: bool = True) -> list[dict]:
+    """Have ``target`` continue every prompt, shard by shard into ``output_dir/regenerated`` (finished shards are kept).
+
+    Returns:
+        one record per prompt, in order: ``{"index", "prompt_ids", "response_ids", "prompt", "response"}``.
+
+    Raises:
+        ValueError: ``output_dir/regenerated`` holds shards written with other settings or prompts.
+    """
+    if not prompts:
+        raise ValueError("there is nothing to regenerate: the dataset gave no prompts")
+    state = PartialState()
+    directory = Path(output_dir) / "regenerated"
+    settings, settings_file = _settings(target, prompts, args), directory / "settings.json"
+    if settings_file.is_file() and json.loads(settings_file.read_text()) != settings:
+        raise ValueError(f"{str(directory)!r} holds responses regenerated with other settings or data ({settings_file.read_text()}); "
+                         "use another --output-dir or delete it")
+    state.wait_for_everyone()
+    if state.is_main_process:
+        directory.mkdir(parents=True, exist_ok=True)
+        settings_file.write_text(json.dumps(settings, indent=1) + "\n")
+    state.wait_for_everyone()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    size = args.batch_size * args.batches_per_shard
+    mine = [k for k in range(0, -(-len(prompts) // size)) if k % state.num_processes == state.process_index]
+    target.eval()
+    for k in tqdm(mine, desc="regenerate (shards)", disable=not (progress_bar and state.is_main_process)):
+        path = directory / f"shard-{k:05d}.jsonl"
+        if path.is_file():
+            continue
+        records = []
+        for start in range(k * size, min((k + 1) * size, len(prompts)), args.batch_size):
+            batch = prompts[start : start + args.batch_size]
+            replies = generate_replies(target, batch, pad, tokenizer.eos_token_id, args, args.seed + start)
+            records += [{"index": start + i, "prompt_ids": p, "response_ids": r, "prompt": tokenizer.decode(p),
+                         "response": tokenizer.decode(r)} for i, (p, r) in enumerate(zip(batch, replies))]
+        _write_shard(path, records)
+    state.wait_for_everyone()
+    return [json.loads(line) for path in sorted(directory.glob("shard-*.jsonl")) for line in path.read_text().splitlines()]

@@ -1,0 +1,382 @@
+"""Train GLIDE against a frozen target (GLIDE §4.1 "Block-wise Attention Mask", Appendices A and B).
+
+Each step the frozen target runs once over whole training windows and its KV cache becomes the memory
+the draft's cross-attention reads; the block-wise mask (block length L = 5) lets a token see only the
+target KV of earlier blocks, simulating at training time the KV-cache delay of inference (§4.1). The loss
+is next-token cross-entropy, optionally mixed with distillation from the target's logits (Appendix B's
+token-level form, cheap: the target forward already produces the logits); the paper's sequence-level form, the
+target writing the responses, is ``--regenerate`` (glide/regenerate.py). Only GLIDE's parameters are optimised:
+AdamW, warmup + cosine decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes
+through 🤗 accelerate. Every ``save_steps`` steps the run saves ``checkpoint-last/`` (GLIDE's weights as
+safetensors, optimizer, scheduler, step, RNG states) and a restarted run continues from it. Every ``eval_every``
+steps a :class:`~.evaluation.HeldOutEvaluation` measures α, greedy agreement and tokens per target forward on
+held-out data, logged to accelerate's trackers (``report_to``), ``training_log.json`` and the model card.
+
+    # one process (CPU or one GPU), token or text files
+    hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama --max-steps 2000
+    # your own target in one command: a chat dataset, the target writing the replies (sequence-level self-distillation,
+    # Appendix B: glide/regenerate.py), held-out α every 200 steps, resumable after a kill, pushed with its card
+    hf-specdraft train-glide --target Qwen/Qwen2.5-0.5B-Instruct --dataset chats.jsonl --regenerate --eval-every 200 \
+        --eval-examples 64 --output-dir glide-qwen --max-steps 2000 --push-to-hub --hub-model-id me/glide-qwen
+    # several processes / GPUs: the same command under accelerate
+    accelerate launch --num_processes 8 -m hf_specdraft.glide.training --target ... --data ... --output-dir ...
+    # several CPU processes (gloo). accelerate 1.x's `--cpu --num_processes N` starts ONE process unless
+    # mpirun is set up; the torchrun launcher with ACCELERATE_USE_CPU starts N:
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m hf_specdraft.glide.training ...
+
+Large targets (Appendix A: 7B/13B targets with DeepSpeed ZeRO-2 on 8 GPUs, 33B with ZeRO-3 on 16). Not
+tested here (no GPU was available); what to configure:
+
+* ZeRO-2 — ``accelerate config`` → DeepSpeed, ``zero_stage: 2``, ``mixed_precision: bf16``. It shards
+  GLIDE's optimizer state and gradients. The frozen target is not passed to ``accelerator.prepare``:
+  every process holds its own bf16 copy (load it with ``dtype=torch.bfloat16``; 7B/13B fit one GPU).
+* Targets that do not fit one GPU — either one process with the target loaded by
+  ``device_map="auto"`` (``train_glide`` leaves a model that has an ``hf_device_map`` where it is; tested with a
+  target spread over CPU and disk, ``tests/test_device_map.py``), or
+  FSDP (``distributed_type: FSDP``, ``fsdp_sharding_strategy: FULL_SHARD``) with the target wrapped by
+  your own code before calling ``train_glide``. GLIDE itself is small: plain data parallelism suffices.
+  A target split by tensor parallelism (``tp_plan``) is refused: each rank's cache holds only its share of the KV
+  heads; train against the ``device_map`` target and load the trained GLIDE with ``tp_plan="auto"`` to decode.
+* The target forward dominates the training cost (Appendix F), not GLIDE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
+
+from .model_card import check_license, save_glide_checkpoint
+from .objective import glide_loss, sample_windows, target_memory, token_stream
+
+TRACKERS = ("aim", "tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")  # accelerate's LoggerType
+CHECKPOINT = "checkpoint-last"  # OUTPUT_DIR/checkpoint-last: the state a restarted run continues from
+
+
+@dataclass
+class GlideTrainingArguments:
+    """How to train GLIDE (defaults follow Appendix A where it says; batch sizes are per process).
+
+    Args:
+        output_dir: where the checkpoint (:func:`save_glide_checkpoint`: model card and CAPE's ``custom_generate/``
+            included), ``training_log.json`` and ``checkpoint-last/`` go.
+        max_steps: optimizer steps; windows are drawn at random from the data.
+        seq_len: tokens per training window.
+        per_device_batch_size: windows per process per micro-batch.
+        gradient_accumulation_steps: micro-batches per optimizer step (Appendix A: effective batch 64).
+        learning_rate: peak AdamW learning rate (Appendix A: 5e-4).
+        weight_decay: AdamW weight decay on matrices.
+        warmup_steps: linear warmup before the cosine decay.
+        min_lr_ratio: the cosine decays to ``min_lr_ratio * learning_rate``.
+        max_grad_norm: gradient clipping.
+        block_size: L of the block-wise mask; `None` uses ``glide.config.block_size`` (5, §4.1).
+        distillation_weight: weight of KL(p_target || q_glide) against cross-entropy (Appendix B); 0 = off.
+        distillation_temperature: temperature of both distributions in the KL term.
+        mixed_precision: ``"auto"`` (bf16 on CUDA, none on CPU), ``"no"``, ``"bf16"`` or ``"fp16"``.
+        seed: data order and initialisation seed (each process offsets it by its rank).
+        logging_steps: log every this many steps.
+        save_steps: write ``output_dir/checkpoint-last`` every this many steps (0 = never): what a killed run resumes from.
+        resume: `None` continues from ``checkpoint-last`` when there is one, `True` requires one, `False` starts over.
+        eval_every: run the held-out evaluation passed to :func:`train_glide` every this many steps and at the end (0 = never).
+        report_to: accelerate trackers for the logs: ``"none"``, ``"all"`` (every installed one, like transformers'
+            ``TrainingArguments``) or names among ``TRACKERS``, comma-separated (e.g. ``"tensorboard"``).
+        progress_bar: show tqdm on the main process.
+        dataset_name: what the data is, for the model card (a Hub dataset id or a description).
+        license: the weights' license for the model card, a Hub license id (e.g. ``"apache-2.0"``); `None` = none.
+        push_to_hub: upload the checkpoint and card to ``hub_model_id`` after training.
+        hub_model_id: ``"user/repo"`` to push to.
+    """
+
+    output_dir: str
+    max_steps: int = 1000
+    seq_len: int = 256
+    per_device_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+    block_size: int | None = None
+    distillation_weight: float = 0.0
+    distillation_temperature: float = 1.0
+    mixed_precision: str = "auto"
+    seed: int = 0
+    logging_steps: int = 10
+    save_steps: int = 500  # a kill loses at most this many steps; each save writes GLIDE + AdamW's two moments
+    resume: bool | None = None
+    eval_every: int = 0
+    report_to: str = "none"
+    progress_bar: bool = True
+    dataset_name: str | None = None
+    license: str | None = None
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
+
+    def __post_init__(self):
+        if not self.output_dir:
+            raise ValueError("output_dir must be a non-empty path")
+        for name in ("max_steps", "seq_len", "per_device_batch_size", "gradient_accumulation_steps", "logging_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("save_steps", "eval_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0 = never), got {value!r}")
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2 (a token and its successor), got {self.seq_len}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0:
+            raise ValueError("warmup_steps and weight_decay must be >= 0 and max_grad_norm > 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
+            raise ValueError(f"block_size must be None or a positive int, got {self.block_size!r}")
+        if not 0.0 <= self.distillation_weight <= 1.0:
+            raise ValueError(f"distillation_weight must lie in [0, 1], got {self.distillation_weight}")
+        if self.distillation_temperature <= 0:
+            raise ValueError(f"distillation_temperature must be > 0, got {self.distillation_temperature}")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
+        trackers = [name.strip() for name in str(self.report_to).split(",")]
+        if self.report_to not in ("none", "all") and not set(trackers) <= set(TRACKERS):
+            raise ValueError(f"report_to must be 'none', 'all' or names among {list(TRACKERS)}, got {self.report_to!r}")
+        if self.resume not in (None, True, False):
+            raise ValueError(f"resume must be None (when there is a checkpoint), True or False, got {self.resume!r}")
+        check_license(self.license)  # here, not after training, where the card is written
+        if self.push_to_hub and not self.hub_model_id:
+            raise ValueError("push_to_hub=True needs hub_model_id='user/repo'")
+
+    @property
+    def trackers(self):
+        """``Accelerator(log_with=...)``: `None`, ``"all"`` or a list of tracker names."""
+        if self.report_to == "none":
+            return None
+        return "all" if self.report_to == "all" else [name.strip() for name in self.report_to.split(",")]
+
+
+def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
+    if not isinstance(target, PreTrainedModel):
+        raise TypeError(f"target must be a transformers PreTrainedModel, got {type(target).__name__}")
+    if not isinstance(glide, PreTrainedModel) or getattr(glide.config, "model_type", None) != "glide":
+        raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
+    problems = glide.config.target_mismatches(target.config)
+    if problems:
+        raise ValueError("glide was built for a different target:\n  " + "\n  ".join(problems))
+    if (getattr(target, "tp_size", None) or 1) > 1:
+        raise ValueError(
+            f"target is split over {target.tp_size} ranks by tensor parallelism (tp_plan): train_glide reads the whole target "
+            "cache in one process. Load the target unsplit, spread over the devices of one process with device_map='auto' "
+            "(GPUs, CPU, disk: accelerate's max_memory and offload_folder), train there, then load the trained GLIDE with "
+            "tp_plan='auto' beside the split target for decoding (docs/multi-gpu.md)"
+        )
+
+
+
+def _setup(target, glide, args: GlideTrainingArguments):
+    precision = ("bf16" if torch.cuda.is_available() else "no") if args.mixed_precision == "auto" else args.mixed_precision
+    logging = {"log_with": args.trackers, "project_dir": str(Path(args.output_dir) / "runs")} if args.trackers else {}
+    accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=args.gradient_accumulation_steps, **logging)
+    target.eval().requires_grad_(False)
+    if getattr(target, "hf_device_map", None) is None:
+        target.to(accelerator.device)
+    decay = [p for p in glide.parameters() if p.ndim >= 2]
+    no_decay = [p for p in glide.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate
+    )
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps, min_lr_rate=args.min_lr_ratio)
+    glide.train()
+    model, optimizer, scheduler = accelerator.prepare(glide, optimizer, scheduler)
+    if args.trackers is not None:
+        config = {k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}  # trackers take scalars only
+        accelerator.init_trackers("train_glide", config=config)
+    return accelerator, model, optimizer, scheduler
+
+
+def save_training_state(accelerator: Accelerator, args: GlideTrainingArguments, progress: dict, generator: torch.Generator) -> Path:
+    """Write ``output_dir/checkpoint-last``: accelerate's state (GLIDE's weights as safetensors, optimizer, scheduler,
+    RNG states), each process's window sampler (safetensors) and ``trainer_state.json`` (``progress``: step, tokens,
+    the log so far). Written beside it first and swapped in whole, so a kill mid-save leaves the previous one."""
+    from safetensors.torch import save_file
+
+    final = Path(args.output_dir) / CHECKPOINT
+    staging, previous = final.with_name(CHECKPOINT + ".partial"), final.with_name(CHECKPOINT + ".previous")
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))
+    save_file({"state": generator.get_state()}, str(staging / f"sampler_{accelerator.process_index}.safetensors"))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (staging / "trainer_state.json").write_text(json.dumps(progress, indent=1) + "\n")
+        if final.exists():
+            os.replace(final, previous)
+        os.replace(staging, final)
+        shutil.rmtree(previous, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
+    """``checkpoint-last`` (or, after a kill between the two renames of a save, ``checkpoint-last.previous``) when resuming."""
+    found = [p for p in (Path(args.output_dir) / CHECKPOINT, Path(args.output_dir) / (CHECKPOINT + ".previous"))
+             if (p / "trainer_state.json").is_file()]
+    if args.resume is False or (args.resume is None and not found):
+        return None
+    if not found:
+        raise ValueError(f"resume=True but {str(Path(args.output_dir) / CHECKPOINT)!r} holds no saved training state")
+    return found[0]
+
+
+def load_training_state(accelerator: Accelerator, directory: Path, generator: torch.Generator) -> dict:
+    """Restore what :func:`save_training_state` wrote into the prepared model, optimizer and scheduler; return its progress."""
+    from safetensors.torch import load_file
+
+    accelerator.load_state(str(directory))
+    sampler = directory / f"sampler_{accelerator.process_index}.safetensors"
+    if not sampler.is_file():
+        raise ValueError(f"{str(directory)!r} was saved by a run with fewer processes: it has no {sampler.name}")
+    generator.set_state(load_file(str(sampler))["state"])
+    return json.loads((directory / "trainer_state.json").read_text())
+
+
+def _train_step(accelerator, model, optimizer, scheduler, target, stream, generator, block_size, args) -> tuple[dict, int]:
+    """One optimizer step over ``gradient_accumulation_steps`` micro-batches: the mean losses and the tokens seen."""
+    distill = args.distillation_weight > 0
+    needs_target = accelerator.unwrap_model(model).config.cross_attention or distill
+    totals, tokens = {}, 0
+    for _ in range(args.gradient_accumulation_steps):
+        batch = sample_windows(stream, args.per_device_batch_size, args.seq_len, generator).to(accelerator.device)
+        kv, logits = target_memory(target, batch, distill) if needs_target else (None, None)
+        with accelerator.accumulate(model):
+            loss, parts = glide_loss(model, batch, kv, logits, block_size, args)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        for name, value in {"loss": loss.detach(), **parts}.items():
+            totals[name] = totals.get(name, 0.0) + float(accelerator.gather(value[None]).mean()) / args.gradient_accumulation_steps
+        tokens += batch.numel() * accelerator.num_processes
+    return totals, tokens
+
+
+def _evaluate(accelerator, evaluation, target, model, step: int) -> dict | None:
+    """Run the held-out evaluation on the main process (the others wait) and log it to the trackers."""
+    result = None
+    if accelerator.is_main_process:
+        result = {"step": step, **evaluation(target, accelerator.unwrap_model(model))}
+        accelerator.log({f"eval/{k}": v for k, v in result.items() if k != "step"}, step=step)
+    accelerator.wait_for_everyone()
+    return result
+
+
+def _check_data(stream: torch.Tensor, glide, args: GlideTrainingArguments) -> None:
+    if stream.numel() < args.seq_len:
+        raise ValueError(f"data holds {stream.numel()} tokens, fewer than seq_len={args.seq_len}")
+    if int(stream.max()) >= glide.config.vocab_size or int(stream.min()) < 0:
+        raise ValueError(f"data has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
+
+
+def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: GlideTrainingArguments, metrics: dict | None = None,
+                evaluation=None, extra_log: dict | None = None) -> dict:
+    """Train ``glide`` in place against the frozen ``target`` and write a checkpoint to ``args.output_dir``.
+
+    Args:
+        target: the frozen target LM whose KV cache GLIDE reads (never updated; set to eval mode, no gradients,
+            and moved to the accelerator's device for training unless it has an ``hf_device_map``). Both ``target`` and
+            ``glide`` are moved back to the devices they were on when training ends.
+        glide: a GLIDE model built for ``target`` (``GlideConfig.from_target_config``); the vanilla drafter
+            (``cross_attention=False``) trains the same way without needing target KV.
+        data: token ids (see :func:`~.objective.token_stream`).
+        args: :class:`GlideTrainingArguments`.
+        metrics: measured results to put in the model card (e.g. ``{"acceptance_rate": 0.62, "speedup": 1.9}``).
+        evaluation: called as ``evaluation(target, glide) -> dict`` every ``args.eval_every`` steps and at the end
+            (a :class:`~.evaluation.HeldOutEvaluation`); the last result is the log's ``eval`` and goes on the card.
+        extra_log: more for ``training_log.json`` and the card (e.g. ``{"regeneration": {...}, "vanilla_twin": {...}}``).
+
+    Returns:
+        the training log (also ``output_dir/training_log.json``): per-step loss / lr / tokens, evaluations, timing, arguments.
+    """
+    _check_pair(target, glide)
+    if not isinstance(args, GlideTrainingArguments):
+        raise TypeError(f"args must be a GlideTrainingArguments, got {type(args).__name__}")
+    if evaluation is not None and not callable(evaluation):
+        raise TypeError(f"evaluation must be callable as evaluation(target, glide) or None, got {type(evaluation).__name__}")
+    if args.eval_every and evaluation is None:
+        raise ValueError(f"eval_every={args.eval_every} needs held-out data: pass evaluation (e.g. a HeldOutEvaluation)")
+    stream = token_stream(data, glide.config.eos_token_id if isinstance(glide.config.eos_token_id, int) else None)
+    _check_data(stream, glide, args)
+    block_size = args.block_size or glide.config.block_size
+    devices = [(m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None]  # where the caller put them
+    resume_from = _checkpoint_to_resume(args)
+    accelerator, model, optimizer, scheduler = _setup(target, glide, args)
+    generator = torch.Generator().manual_seed(args.seed + 1000 * accelerator.process_index)
+    progress = {"step": 0, "tokens": 0, "steps": [], "evaluations": [], "seconds": 0.0}
+    if resume_from is not None:
+        progress = load_training_state(accelerator, resume_from, generator)
+        progress["resumed_from_step"] = progress["step"]
+    progress = _run(accelerator, model, optimizer, scheduler, target, stream, generator, block_size, args, evaluation, progress)
+    log = {"steps": progress["steps"], "train_seconds": round(progress["seconds"], 2), "processes": accelerator.num_processes,
+           "mixed_precision": accelerator.mixed_precision, "arguments": asdict(args), "train_tokens_available": int(stream.numel()),
+           **({"eval": progress["evaluations"][-1], "evaluations": progress["evaluations"]} if progress["evaluations"] else {}),
+           **({"resumed_from_step": progress["resumed_from_step"]} if progress.get("resumed_from_step") else {}), **(extra_log or {})}
+    if accelerator.is_main_process:
+        save_checkpoint(accelerator.unwrap_model(model), target, log, args, metrics)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    for module, device in devices:  # accelerate trained on its device (a visible GPU): hand both back where they came from
+        module.to(device)
+    glide.eval()
+    return log
+
+
+def _run(accelerator, model, optimizer, scheduler, target, stream, generator, block_size, args, evaluation, progress) -> dict:
+    """The loop from ``progress["step"] + 1`` to ``max_steps``: train, log, evaluate, save ``checkpoint-last``."""
+    start = time.time() - progress["seconds"]
+    bar = tqdm(range(progress["step"] + 1, args.max_steps + 1), desc="train GLIDE", initial=progress["step"], total=args.max_steps,
+               disable=not (args.progress_bar and accelerator.is_main_process))
+    for step in bar:
+        totals, tokens = _train_step(accelerator, model, optimizer, scheduler, target, stream, generator, block_size, args)
+        progress["tokens"] += tokens
+        bar.set_postfix(loss=f"{totals['loss']:.3f}")
+        if step % args.logging_steps == 0 or step in (1, args.max_steps):
+            progress["steps"].append({"step": step, **{k: round(v, 4) for k, v in totals.items()}, "lr": scheduler.get_last_lr()[0],
+                                      "tokens": progress["tokens"], "seconds": round(time.time() - start, 2)})
+            accelerator.log({f"train/{k}": v for k, v in progress["steps"][-1].items() if k != "step"}, step=step)
+        if evaluation is not None and args.eval_every and (step % args.eval_every == 0 or step == args.max_steps):
+            result = _evaluate(accelerator, evaluation, target, model, step)
+            if result is not None:
+                progress["evaluations"].append(result)
+        progress["step"], progress["seconds"] = step, time.time() - start
+        if args.save_steps and (step % args.save_steps == 0 or step == args.max_steps):
+            save_training_state(accelerator, args, progress, generator)
+    accelerator.wait_for_everyone()
+    progress["seconds"] = time.time() - start
+    return progress
+
+
+def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metrics: dict | None) -> None:
+    """Write the Hub-ready checkpoint (:func:`save_glide_checkpoint`: weights, trust_remote_code files, ``README.md``
+    with the measured α, CAPE's ``custom_generate/``) and ``training_log.json``; push if asked (the resume state
+    ``checkpoint-last/``, the ``regenerated/`` data and the tracker ``runs/`` stay local)."""
+    output_dir = Path(args.output_dir)
+    base_model = getattr(target.config, "_name_or_path", None) or glide.config.target_name_or_path
+    card_info = {"dataset": args.dataset_name, "metrics": metrics, "training_log": log, "repo_id": args.hub_model_id,
+                 "license": args.license}
+    save_glide_checkpoint(glide, output_dir, target_name=base_model, card_info=card_info)
+    (output_dir / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    if args.push_to_hub:
+        from .model_card import push_checkpoint
+
+        push_checkpoint(output_dir, args.hub_model_id)
