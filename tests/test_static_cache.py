@@ -305,3 +305,46 @@ def test_what_the_static_path_refuses():
         speculative_generate(target, x, draft_model=target, max_new_tokens=4, cache_implementation="offloaded")
     with pytest.raises(ValueError, match="compile_config.*must be an instance of `CompileConfig`"):  # generate's own check
         static(target, x, draft_model=target, max_new_tokens=4, compile_config={"backend": "eager"})
+
+
+class _Row:
+    def __init__(self, index, tokens, pad):
+        self.index, self.tokens, self.pad = index, tokens, pad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bucket_inputs_edited_step_to_step_equal_inputs_built_afresh(dtype):
+    """core/static_inputs: a bucket's mask, ids, positions and write columns, edited from the last step (text grown,
+    a new tree block, a slot finishing, a new call's shorter rows), equal what a fresh buffer builds for the same step."""
+    from hf_specdraft.core.static_inputs import BucketInputs
+
+    chain, tree = DraftTree([5, 6, 7], [-1, 0, 1]), DraftTree([8, 9, 10, 11], [-1, -1, 0, 1])
+    steps = [  # (rows: (slot, tokens, pad), trees)
+        ([(0, list(range(10)), 0), (1, list(range(7)), 3)], [chain, tree]),
+        ([(0, list(range(13)), 0), (1, list(range(9)), 3)], [tree, chain]),
+        ([(1, list(range(12)), 3)], [tree]),  # slot 0 finished: dummies in its first columns
+        ([(0, list(range(4)), 1), (1, list(range(5)), 0)], [chain, tree]),  # the next call: shorter rows, other padding
+    ]
+    kept = BucketInputs(2, 8, 32, dtype, "cpu")
+    kept.fill_warm_up()
+    for rows, trees in steps:
+        rows = [_Row(*row) for row in rows]
+        fresh = BucketInputs(2, 8, 32, dtype, "cpu")
+        kept.fill(rows, trees)
+        fresh.fill(rows, trees)
+        assert torch.equal(kept.attention_mask, fresh.attention_mask) and torch.equal(kept.all_packed, fresh.all_packed)
+    mask = fresh.attention_mask[1, 0]  # row 1 of the last step: text [0, 4), the tree's block from column 4
+    assert (mask[:, :4] == 0).all() and (mask[:, 12:] == torch.finfo(dtype).min).all()
+    assert mask[4, 4 + 4] == 0 and mask[4, 4 + 2] == 0 and mask[4, 4 + 1] == torch.finfo(dtype).min  # node 3 sees node 1 and itself, not node 0
+    assert fresh.position_ids[1].tolist() == [4, 5, 5, 6, 6, 4, 4, 4] and fresh.write_index[1, 0, :, 0].tolist() == list(range(4, 12))
+
+
+def test_host_tree_buffers_equal_the_device_builder():
+    from hf_specdraft.core.static_cache import host_tensor
+    from hf_specdraft.core.tree import build_tree_buffers, tree_buffers
+
+    for parents in ([], [-1], [-1, 0, 1], [-1, -1, 0, 1, 1, 3, -1]):
+        ancestors, depth = tree_buffers(parents)
+        expected = build_tree_buffers(torch.tensor(parents, dtype=torch.long))
+        assert torch.equal(ancestors, expected[0]) and depth == expected[1].tolist()
+    assert torch.equal(host_tensor(range(3), (1, 3)), torch.tensor([[0, 1, 2]])) and host_tensor([]).numel() == 0

@@ -17,6 +17,8 @@
 #   completion  the bench on the embedded default (SmolLM2-135M-Instruct, bf16), one task per call; needs the GGUF
 #   chat        the same
 #   context     the same, with CASD
+#   train       issue #42: GLIDE and its vanilla twin trained against the default target on the GPU, no store, as many
+#               tokens as fit the call (benchmarks/gpu/train_default.py); checkpoints and train-default.json to $OUT
 #   report      BENCHMARKS.md regenerated (here, after copying the JSON into benchmarks/results/)
 # Each step gets what is left of CALL_SECONDS (570: a call may run 600 s), so the results written so far come back.
 # NUM_PROMPTS / MAX_NEW_TOKENS override the gpu-default profile's 8 prompts x 128 tokens (a task that did not fit).
@@ -79,7 +81,12 @@ for step in "$@"; do
     completion|chat) need wheels gguf cuda && bench "$step" "" || status=1 ;;
     context) need wheels gguf cuda && bench context ",casd-strict-auto,casd-strict-auto-static" || status=1 ;;
     report) python3 -m hf_specdraft report --results-dir benchmarks/results || status=1 ;;
-    *) echo "unknown step '$step': first, control, status, overhead, completion, chat, context or report" >&2; exit 2 ;;
+    train)
+      need wheels gguf cuda || { status=1; continue; }
+      size=(--seconds $(( $(left) - 20 )))
+      [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 150 --windows 32 --heldout 2 --batch 2)
+      timeout "$(left)" python3 benchmarks/gpu/train_default.py --output "$FILES/glide-gpu" "${size[@]}" || status=1 ;;
+    *) echo "unknown step '$step': first, control, status, overhead, completion, chat, context, train or report" >&2; exit 2 ;;
   esac
 done
 echo "== done in $SECONDS s; files in $RESULTS and $FILES"

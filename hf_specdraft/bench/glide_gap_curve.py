@@ -1,0 +1,194 @@
+"""GLIDE's glimpse against training tokens (issue #42): GLIDE and its vanilla twin trained on identical data at four
+sizes spanning 8x, scored teacher-forced on held-out code (glide_cape §5.2, Figure 4: the paper's margin is 5.4-23.5
+points of acceptance).
+
+    python -m hf_specdraft.bench.glide_gap_curve --work /work/gap --output benchmarks/verification/cpu-glide-gap-curve.json
+
+Each run trains a drafter from scratch for one epoch over the first ``N`` windows of one distillation store of the
+embedded default (:mod:`~hf_specdraft.defaults.distillation`: the target's top-8 next-token distribution and its layer-29
+keys and values over train-split windows of 256 tokens), with the shipped drafters' recipe
+(:class:`~hf_specdraft.defaults.smollm2_drafters.DrafterRecipe`: one layer as wide as the target, a 6K draft vocabulary
+chosen from the same windows, AdamW at 1e-3, cosine decay, 8 windows a step). The sizes are nested (the first 160 windows
+are in every run) and GLIDE and its twin see the same windows in the same order, so the gap isolates the glimpse.
+Ablations at one size: the block-wise mask's L = 1 instead of 5 (no delay simulated in training), and the
+cross-attention started from the target's own layer-29 attention (``q_proj``, ``o_proj``) instead of at random.
+
+Scored as :mod:`~hf_specdraft.bench.glide_glimpse` scores (α = 1 - TV(p, q) against the target's top-8, greedy
+agreement, positions 16.. of each window; GLIDE glimpsing with a delay of 1, the first drafted token's). The shipped
+drafters (3.89M tokens: several epochs over three stores) are scored on the same windows as a reference. Resumable:
+the store's shards and every run's training state live under ``--work``, and finished rows are kept in ``--output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .glide_glimpse import heldout_windows, score, target_store
+
+SIZES = (160, 320, 640, 1280)  # windows of 256 tokens: 41K to 328K tokens, 8x
+ABLATION_SIZE = 640
+
+
+def run_name(kind: str, windows: int, variant: str) -> str:
+    return f"{kind}-{windows}" + (f"-{variant}" if variant else "")
+
+
+def attention_init(glide, target) -> None:
+    """Start GLIDE's cross-attention from the attention of the target layer it reads (same widths: the query and output
+    projections of that layer), instead of at random."""
+    layer = target.model.layers[glide.config.target_layer_ids[0]].self_attn
+    cross = glide.model.layers[0].cross_attn
+    with torch.no_grad():
+        cross.q_proj.weight.copy_(layer.q_proj.weight)
+        cross.o_proj.weight.copy_(layer.o_proj.weight)
+
+
+def train_one(kind: str, windows: int, variant: str, target, store: dict, work: Path) -> tuple:
+    """One drafter trained for one epoch over the first ``windows`` windows (resumable); returns it and its seconds."""
+    from ..defaults.smollm2_drafters import RECIPES, build_drafter, choose_draft_vocab, train_drafter
+
+    steps = windows // RECIPES[kind].batch_size
+    recipe = dataclasses.replace(RECIPES[kind], steps=steps, warmup_steps=max(2, steps // 10),
+                                 block_size=1 if variant == "block1" else RECIPES[kind].block_size)
+    subset = {key: value[:windows] for key, value in store.items()}
+    init_from = None
+    if variant == "attn-init":  # a starting checkpoint: the recipe's drafter with the target's attention in its glimpse
+        init_from = work / f"{run_name(kind, windows, variant)}-init"
+        if not (init_from / "config.json").is_file():
+            eos = target.config.eos_token_id
+            vocab = choose_draft_vocab(subset, recipe.draft_vocab_size, target.config.vocab_size,
+                                       always=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos))
+            start = build_drafter(kind, target, vocab, recipe)
+            attention_init(start, target)
+            start.save_pretrained(init_from)
+    started = time.perf_counter()
+    model = train_drafter(kind, target, subset, work / run_name(kind, windows, variant), recipe, init_from=init_from)
+    state = json.loads((work / run_name(kind, windows, variant) / "training_state" / "state.json").read_text())
+    return model, state["log"][-1]["seconds"] if state["log"] else time.perf_counter() - started, recipe
+
+
+def heldout_store(target, tokenizer, work: Path, windows: int) -> dict:
+    path = work / f"heldout-{windows}.safetensors"
+    if path.is_file():
+        return load_file(str(path))
+    store = target_store(target, heldout_windows(tokenizer, windows), [target.config.num_hidden_layers - 1])
+    save_file({k: v.contiguous() for k, v in store.items()}, str(path))
+    return store
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", required=True, help="store, held-out windows and training states (resumable; not for git)")
+    parser.add_argument("--output", default="benchmarks/verification/cpu-glide-gap-curve.json")
+    parser.add_argument("--heldout", type=int, default=64, help="held-out code windows of 256 tokens scored")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training windows per run, comma-separated")
+    parser.add_argument("--ablations", default="block1,attn-init", help="GLIDE variants trained at the middle size ('' skips)")
+    parser.add_argument("--plot", default="benchmarks/plots/cpu-glide-gap-curve.png")
+    args = parser.parse_args(argv)
+    try:
+        sizes = sorted(int(x) for x in args.sizes.split(",") if x.strip())
+    except ValueError:
+        parser.error(f"--sizes must be comma-separated integers, got {args.sizes!r}")
+    if not sizes or min(sizes) < 8:
+        parser.error(f"--sizes must name at least one size of 8 windows or more, got {args.sizes!r}")
+    ablations = [a for a in args.ablations.split(",") if a.strip()]
+    if any(a not in ("block1", "attn-init") for a in ablations):
+        parser.error(f"--ablations must be a comma-separated subset of block1,attn-init, got {args.ablations!r}")
+    from ..defaults.distillation import build_windows, load_store, write_store
+    from ..defaults.loading import SMOLLM2_DRAFTERS_DIR
+    from ..defaults.smollm2 import load_smollm2
+    from ..glide import GlideForCausalLM
+    from .harness import cpu_model
+
+    work = Path(args.work)
+    target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
+    layer = target.config.num_hidden_layers - 1
+    write_store(target, build_windows(tokenizer, max(sizes)), work / "store", [layer])
+    store = load_store(work / "store")
+    test = heldout_store(target, tokenizer, work, args.heldout)
+    output = Path(args.output)
+    result = json.loads(output.read_text()) if output.is_file() else {"rows": {}}
+    rows = result["rows"]
+
+    def record(name: str, row: dict) -> None:
+        rows[name] = row
+        import transformers
+
+        result["meta"] = {"hardware": f"CPU: {cpu_model()}, {torch.get_num_threads()} threads", "dtype": "float32",
+                          "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+                          "date": time.strftime("%Y-%m-%d"), "command": "python -m hf_specdraft.bench.glide_gap_curve --work WORK"
+                          + f" --output {args.output} --heldout {args.heldout} --sizes {args.sizes} --ablations '{args.ablations}'",
+                          "heldout": f"{args.heldout} held-out code windows of 256 tokens, positions 16..; GLIDE at delay 1",
+                          "store": "train-split windows of 256 tokens (code, 15 % chat), the target's top-8 and layer-29 KV"}
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=1) + "\n")
+        print(name, row, flush=True)
+
+    if "shipped" not in rows:
+        shipped = {kind: GlideForCausalLM.from_pretrained(SMOLLM2_DRAFTERS_DIR / kind, dtype=torch.float32).eval() for kind in ("glide", "vanilla")}
+        record("shipped", {"tokens": 3_890_000, "glide": score(shipped["glide"], test), "vanilla": score(shipped["vanilla"], test),
+                           "glide_no_glimpse": score(shipped["glide"], test, None)})
+    plan = [(size, "") for size in sizes] + [(ABLATION_SIZE if ABLATION_SIZE in sizes else sizes[len(sizes) // 2], a) for a in ablations]
+    for size, variant in plan:
+        name = run_name("pair", size, variant)
+        if name in rows:
+            continue
+        row = {"windows": size, "tokens": size * int(store["input_ids"].shape[1]), "variant": variant or "recipe"}
+        for kind in ("glide",) if variant else ("glide", "vanilla"):
+            model, seconds, recipe = train_one(kind, size, variant, target, store, work)
+            row[kind] = {**score(model, test), "train_seconds": seconds, "steps": recipe.steps, "block_size": recipe.block_size}
+            if kind == "glide":
+                row[kind]["no_glimpse"] = score(model, test, None)
+        if variant:  # the twin of the same size, trained without the variant
+            row["vanilla"] = rows[run_name("pair", size, "")]["vanilla"] if run_name("pair", size, "") in rows else None
+        record(name, row)
+    print("plot:", plot(result, Path(args.plot)))
+    return 0
+
+
+def plot(result: dict, path: Path) -> Path:
+    """α and greedy agreement of GLIDE and its twin against training tokens (log scale), the gap annotated; the shipped
+    drafters as a reference point, the ablations as single markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [row for row in result["rows"].values() if row.get("variant") == "recipe"]
+    rows.sort(key=lambda row: row["tokens"])
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, metric in zip(axes, ("alpha", "agreement")):
+        tokens = [row["tokens"] for row in rows]
+        for kind, style in (("glide", "o-"), ("vanilla", "s--")):
+            axis.plot(tokens, [row[kind][metric] for row in rows], style, label=kind)
+        for row in rows:
+            gap = 100 * (row["glide"][metric] - row["vanilla"][metric])
+            axis.annotate(f"{gap:+.1f}", (row["tokens"], row["glide"][metric]), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+        shipped = result["rows"].get("shipped")
+        if shipped:
+            axis.plot([shipped["tokens"]] * 2, [shipped["glide"][metric], shipped["vanilla"][metric]], "k^", label="shipped (multi-epoch)")
+        for row in result["rows"].values():
+            if row.get("variant") not in (None, "recipe") and "glide" in row:
+                axis.plot(row["tokens"], row["glide"][metric], "x", markersize=8, label=f"glide, {row['variant']}")
+        axis.set_xscale("log")
+        axis.set_xlabel("training tokens (one epoch)")
+        axis.set_title("α = 1 - TV(p, q)" if metric == "alpha" else "greedy agreement")
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    figure.suptitle("GLIDE vs its vanilla twin on held-out code (SmolLM2-135M target; gap in points)", fontsize=10)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
