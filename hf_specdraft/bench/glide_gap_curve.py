@@ -4,7 +4,8 @@ points of acceptance).
 
     python -m hf_specdraft.bench.glide_gap_curve --work /work/gap --output benchmarks/verification/cpu-glide-gap-curve.json
 
-Each run trains a drafter from scratch for one epoch over the first ``N`` windows of one distillation store of the
+Each run trains a drafter from scratch for ``N / 8`` steps of 8 windows drawn (with replacement, seeded by the step: the
+same draws for both drafters) from the first ``N`` windows of one distillation store of the
 embedded default (:mod:`~hf_specdraft.defaults.distillation`: the target's top-8 next-token distribution and its layer-29
 keys and values over train-split windows of 256 tokens), with the shipped drafters' recipe
 (:class:`~hf_specdraft.defaults.smollm2_drafters.DrafterRecipe`: one layer as wide as the target, a 6K draft vocabulary
@@ -12,6 +13,7 @@ chosen from the same windows, AdamW at 1e-3, cosine decay, 8 windows a step). Th
 are in every run) and GLIDE and its twin see the same windows in the same order, so the gap isolates the glimpse.
 Ablations at one size: the block-wise mask's L = 1 instead of 5 (no delay simulated in training), and the
 cross-attention started from the target's own layer-29 attention (``q_proj``, ``o_proj``) instead of at random.
+``--epochs 2,4`` adds both drafters trained for more epochs over the largest size's windows (more steps, no new data).
 
 Scored as :mod:`~hf_specdraft.bench.glide_glimpse` scores (α = 1 - TV(p, q) against the target's top-8, greedy
 agreement, positions 16.. of each window; GLIDE glimpsing with a delay of 1, the first drafted token's). The shipped
@@ -54,7 +56,8 @@ def train_one(kind: str, windows: int, variant: str, target, store: dict, work: 
     """One drafter trained for one epoch over the first ``windows`` windows (resumable); returns it and its seconds."""
     from ..defaults.smollm2_drafters import RECIPES, build_drafter, choose_draft_vocab, train_drafter
 
-    steps = windows // RECIPES[kind].batch_size
+    epochs = int(variant[1:]) if variant.startswith("x") else 1  # "x4": four epochs over the same windows
+    steps = epochs * windows // RECIPES[kind].batch_size
     recipe = dataclasses.replace(RECIPES[kind], steps=steps, warmup_steps=max(2, steps // 10),
                                  block_size=1 if variant == "block1" else RECIPES[kind].block_size)
     subset = {key: value[:windows] for key, value in store.items()}
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", type=int, default=64, help="held-out code windows of 256 tokens scored")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training windows per run, comma-separated")
     parser.add_argument("--ablations", default="block1,attn-init", help="GLIDE variants trained at the middle size ('' skips)")
+    parser.add_argument("--epochs", default="", help="more epochs over the largest size's windows, e.g. '2,4' (both drafters)")
     parser.add_argument("--plot", default="benchmarks/plots/cpu-glide-gap-curve.png")
     args = parser.parse_args(argv)
     try:
@@ -99,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     if not sizes or min(sizes) < 8:
         parser.error(f"--sizes must name at least one size of 8 windows or more, got {args.sizes!r}")
     ablations = [a for a in args.ablations.split(",") if a.strip()]
+    try:
+        epochs = [int(x) for x in args.epochs.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--epochs must be comma-separated integers, got {args.epochs!r}")
+    if any(e < 2 for e in epochs):
+        parser.error(f"--epochs must name 2 or more epochs, got {args.epochs!r}")
     if any(a not in ("block1", "attn-init") for a in ablations):
         parser.error(f"--ablations must be a comma-separated subset of block1,attn-init, got {args.ablations!r}")
     from ..defaults.distillation import build_windows, load_store, write_store
@@ -124,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         result["meta"] = {"hardware": f"CPU: {cpu_model()}, {torch.get_num_threads()} threads", "dtype": "float32",
                           "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
                           "date": time.strftime("%Y-%m-%d"), "command": "python -m hf_specdraft.bench.glide_gap_curve --work WORK"
-                          + f" --output {args.output} --heldout {args.heldout} --sizes {args.sizes} --ablations '{args.ablations}'",
+                          + f" --output {args.output} --heldout {args.heldout} --sizes {args.sizes} --ablations '{args.ablations}'"
+                          + (f" --epochs {args.epochs}" if args.epochs else ""),
                           "heldout": f"{args.heldout} held-out code windows of 256 tokens, positions 16..; GLIDE at delay 1",
                           "store": "train-split windows of 256 tokens (code, 15 % chat), the target's top-8 and layer-29 KV"}
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -136,17 +147,20 @@ def main(argv: list[str] | None = None) -> int:
         record("shipped", {"tokens": 3_890_000, "glide": score(shipped["glide"], test), "vanilla": score(shipped["vanilla"], test),
                            "glide_no_glimpse": score(shipped["glide"], test, None)})
     plan = [(size, "") for size in sizes] + [(ABLATION_SIZE if ABLATION_SIZE in sizes else sizes[len(sizes) // 2], a) for a in ablations]
+    plan += [(sizes[-1], f"x{e}") for e in epochs]
     for size, variant in plan:
         name = run_name("pair", size, variant)
         if name in rows:
             continue
-        row = {"windows": size, "tokens": size * int(store["input_ids"].shape[1]), "variant": variant or "recipe"}
-        for kind in ("glide",) if variant else ("glide", "vanilla"):
+        repeats = int(variant[1:]) if variant.startswith("x") else 1
+        row = {"windows": size, "tokens": repeats * size * int(store["input_ids"].shape[1]), "variant": variant or "recipe",
+               "epochs": repeats}
+        for kind in ("glide",) if variant in ablations else ("glide", "vanilla"):
             model, seconds, recipe = train_one(kind, size, variant, target, store, work)
             row[kind] = {**score(model, test), "train_seconds": seconds, "steps": recipe.steps, "block_size": recipe.block_size}
             if kind == "glide":
                 row[kind]["no_glimpse"] = score(model, test, None)
-        if variant:  # the twin of the same size, trained without the variant
+        if variant in ablations:  # the twin of the same size, trained without the variant
             row["vanilla"] = rows[run_name("pair", size, "")]["vanilla"] if run_name("pair", size, "") in rows else None
         record(name, row)
     print("plot:", plot(result, Path(args.plot)))
@@ -163,6 +177,7 @@ def plot(result: dict, path: Path) -> Path:
 
     rows = [row for row in result["rows"].values() if row.get("variant") == "recipe"]
     rows.sort(key=lambda row: row["tokens"])
+    repeated = sorted((row for row in result["rows"].values() if str(row.get("variant", "")).startswith("x")), key=lambda row: row["tokens"])
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     for axis, metric in zip(axes, ("alpha", "agreement")):
         tokens = [row["tokens"] for row in rows]
@@ -171,14 +186,19 @@ def plot(result: dict, path: Path) -> Path:
         for row in rows:
             gap = 100 * (row["glide"][metric] - row["vanilla"][metric])
             axis.annotate(f"{gap:+.1f}", (row["tokens"], row["glide"][metric]), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+        if repeated:
+            series = [rows[-1], *repeated]
+            for kind, style in (("glide", "o:"), ("vanilla", "s:")):
+                axis.plot([row["tokens"] for row in series], [row[kind][metric] for row in series], style, alpha=0.6,
+                          label=f"{kind}, more epochs over the largest")
         shipped = result["rows"].get("shipped")
         if shipped:
             axis.plot([shipped["tokens"]] * 2, [shipped["glide"][metric], shipped["vanilla"][metric]], "k^", label="shipped (multi-epoch)")
         for row in result["rows"].values():
-            if row.get("variant") not in (None, "recipe") and "glide" in row:
+            if row.get("variant") in ("block1", "attn-init"):
                 axis.plot(row["tokens"], row["glide"][metric], "x", markersize=8, label=f"glide, {row['variant']}")
         axis.set_xscale("log")
-        axis.set_xlabel("training tokens (one epoch)")
+        axis.set_xlabel("training tokens")
         axis.set_title("α = 1 - TV(p, q)" if metric == "alpha" else "greedy agreement")
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
