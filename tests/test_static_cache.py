@@ -340,7 +340,7 @@ def test_bucket_inputs_edited_step_to_step_equal_inputs_built_afresh(dtype):
 
 
 def test_host_tree_buffers_equal_the_device_builder():
-    from hf_specdraft.core.static_cache import host_tensor
+    from hf_specdraft.core.host import host_tensor
     from hf_specdraft.core.tree import build_tree_buffers, tree_buffers
 
     for parents in ([], [-1], [-1, 0, 1], [-1, -1, 0, 1, 1, 3, -1]):

@@ -21,8 +21,9 @@ import torch
 from transformers import CompileConfig, GenerationConfig
 from transformers.cache_utils import get_layer_types_and_kwargs
 
+from .host import to_device
 from .rows import Row
-from .static_cache import StaticRowsCache, to_device
+from .static_cache import StaticRowsCache
 from .support import no_logits_kwargs
 from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs, warm_up_inputs
 from .tree import DraftTree
@@ -256,7 +257,6 @@ def static_target(model, generation_config: GenerationConfig, batch_size: int, r
         columns = max(MIN_CACHE_COLUMNS, 1 << (needed - 1).bit_length())
         windows = ring_windows(model, buckets[-1], columns) if role == "target" else None
         cache = StaticRowsCache(config.num_hidden_layers, batch_size, columns, windows, scratch=buckets[-1])
-        cache.windowed = may_window(model)  # masks per layer type (read once: the config is asked on every access)
-        cache.mask_dtype = model.dtype
+        cache.windowed, cache.mask_dtype = may_window(model), model.dtype  # read once: the model is slow to ask
         caches[role] = cache
     return StaticTarget(model, cache, compile_config_for(model, generation_config), buckets)

@@ -20,8 +20,8 @@ import torch
 from transformers import DynamicCache
 
 from .cache import keep_columns, row_cache
+from .host import host_tensor
 from .rows import Row
-from .static_cache import host_tensor
 from .tree import DraftTree
 from .verify import verify_inputs
 

@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation import CandidateGenerator
 
-from .static_cache import copy_to_device, host_tensor
+from .host import copy_to_device, host_tensor
 from .stats import SpeculativeStats
 from .tree import DraftTree
 

@@ -21,7 +21,7 @@ import torch
 from transformers import CompileConfig, GenerationConfig
 
 from .compiled import hold_draft, static_target
-from .static_cache import stage
+from .host import stage
 from .static_verify import masks_for
 
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # tokens per draft feed: one drafted token, or the accepted tokens after a step

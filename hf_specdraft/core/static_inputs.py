@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from .tree import tree_buffers
+
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a float dtype's item size -> the integer dtype of its bits
 MAX_BLOCKS = 1024  # distinct tree shapes kept per bucket (a chain drafter has a handful, a CAPE tree a few hundred)
 
@@ -135,15 +137,11 @@ class BucketInputs:
         if found is not None:
             return found
         width, n = self.width, len(parents)
-        seen: list[list[bool]] = [[j == 0 for j in range(width)]]  # the last token sees itself
-        depths = [0] * width
-        for i, p in enumerate(parents, start=1):  # rows are built from already-finished parent rows
-            row = seen[0 if p < 0 else p + 1][:]
-            row[i] = True
-            seen.append(row)
-            depths[i] = depths[0 if p < 0 else p + 1] + 1
-        seen += [[j == i for j in range(width)] for i in range(1 + n, width)]
-        block = torch.tensor([[0 if s else self.blocked for s in row] for row in seen], dtype=BITS[self.host_mask.element_size()])
+        ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in parents])  # the last token as the root
+        block = torch.full((width, width), self.blocked, dtype=BITS[self.host_mask.element_size()])
+        block[: 1 + n, : 1 + n].masked_fill_(ancestors, 0)
+        block.diagonal()[1 + n :] = 0
+        depths += [0] * (width - 1 - n)
         if len(self.blocks) >= MAX_BLOCKS:
             self.blocks.clear()
         self.blocks[key] = found = (block.numpy(), depths)

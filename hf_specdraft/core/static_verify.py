@@ -20,7 +20,7 @@ import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .rows import Row
-from .static_cache import host_tensor, stage
+from .host import host_tensor, stage
 from .tree import DraftTree, tree_buffers
 from .verify import layer_masks, may_window
 
@@ -107,7 +107,7 @@ def warm_up_inputs(model, cache, width: int, device: torch.device) -> dict:
     would write NaN states, which a later full-buffer forward multiplies by its zero weights)."""
     batch, length = cache.num_rows, cache.max_cache_len
     cache.set_visible(None)
-    if not getattr(cache, "windowed", True):  # the very buffers the bucket's steps fill (static_inputs)
+    if not cache.windowed:  # the very buffers the bucket's steps fill (static_inputs)
         inputs = cache.bucket_inputs(width, device)
         inputs.fill_warm_up()
         cache.use_write_index(inputs.write_index)
@@ -174,13 +174,13 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
     batch = cache.num_rows
     length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
     cache.set_visible(None if fixed else length)
-    if fixed and not getattr(cache, "windowed", True):  # edited in place from the last step (static_inputs)
-        inputs = cache.bucket_inputs(width, rows[0].device)
+    if not cache.windowed:
+        if not fixed:
+            return _unwindowed_verify_inputs(model, cache, rows, trees, width, length)
+        inputs = cache.bucket_inputs(width, rows[0].device)  # edited in place from the last step (static_inputs)
         inputs.fill(rows, trees)
         cache.use_write_index(inputs.write_index)
         return inputs.inputs()
-    if not getattr(cache, "windowed", True):
-        return _unwindowed_verify_inputs(model, cache, rows, trees, width, length)
     ids = torch.zeros(batch, width, dtype=torch.long)
     positions = torch.zeros(batch, width, dtype=torch.long)
     starts = [0] * batch  # finished slots write their own first columns

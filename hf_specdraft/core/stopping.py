@@ -15,7 +15,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .rows import Row
-from .static_cache import to_device
+from .host import to_device
 
 
 class HostStops:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .static_cache import host_tensor, stage
+from .host import host_tensor, stage
 
 
 class DraftTree:

@@ -1,0 +1,65 @@
+"""Host data onto the device without a sync, and host tensors made cheaply (issue #41).
+
+A copy from pageable host memory onto a CUDA device waits for the stream to drain; these stage through pinned memory and
+copy asynchronously. ``torch.tensor`` of a Python list costs ~12 µs plus ~0.3 µs an element of host time on a CPU;
+:func:`host_tensor` goes through a stdlib ``array`` instead.
+"""
+
+from __future__ import annotations
+
+import array
+
+import torch
+
+
+def copy_to_device(buffer: torch.Tensor, host: torch.Tensor) -> None:
+    """``buffer.copy_(host)`` without a sync: on CUDA the host tensor is staged in pinned memory and copied
+    asynchronously (a copy from pageable memory waits for the stream to drain first)."""
+    if buffer.device.type == "cuda":
+        host = host.pin_memory()
+    buffer.copy_(host, non_blocking=True)
+
+
+def on_device(tensor: torch.Tensor, device: torch.device | str) -> bool:
+    """Whether ``tensor`` lives on ``device`` ("cuda" names the current CUDA device)."""
+    device = torch.device(device)
+    if tensor.device.type != device.type:
+        return False
+    return device.index is None or tensor.device.index == device.index or (device.type == "cpu")
+
+
+def stage(buffers: dict | None, name: str, host, device: torch.device):
+    """Host inputs (a tensor, or a dict of them) on ``device`` without a sync (:func:`copy_to_device`): into a fixed
+    buffer per name and shape kept in ``buffers`` (a compiled graph's inputs keep their addresses, so CUDA graphs
+    replay on them without copying), or into fresh tensors when ``buffers`` is None (eager, shapes change every step)."""
+    if isinstance(host, dict):
+        return {kind: stage(buffers, f"{name}.{kind}", value, device) for kind, value in host.items()}
+    if buffers is None and torch.device(device).type == "cpu":
+        return host  # already where it is needed
+    key = (name, tuple(host.shape), host.dtype)
+    buffer = None if buffers is None else buffers.get(key)
+    if buffer is None or not on_device(buffer, device):
+        buffer = torch.empty(host.shape, dtype=host.dtype, device=device)
+        if buffers is not None:
+            torch._dynamo.mark_static_address(buffer)
+            buffers[key] = buffer
+    copy_to_device(buffer, host)
+    return buffer
+
+
+def host_tensor(values, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A CPU long tensor of the ints ``values`` (a flat list, or ``range``), viewed as ``shape``: made through a stdlib
+    ``array`` (``torch.tensor`` of a Python list costs ~12 µs plus ~0.3 µs an element on a CPU; this ~2.5 µs)."""
+    values = array.array("q", values)
+    tensor = torch.frombuffer(values, dtype=torch.long) if len(values) else torch.zeros(0, dtype=torch.long)
+    return tensor if shape is None else tensor.view(shape)
+
+
+def to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A long tensor of host ``values`` on ``device``, copied without a sync (:func:`copy_to_device`)."""
+    host = host_tensor(values)
+    if torch.device(device).type == "cpu":
+        return host
+    out = torch.empty(len(values), dtype=torch.long, device=device)
+    copy_to_device(out, host)
+    return out
