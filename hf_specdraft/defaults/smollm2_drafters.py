@@ -63,12 +63,20 @@ class DrafterRecipe:
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
-    block_size: int = 5  # §4.1: KV-cache delay of up to L = 5 tokens simulated in training
+    block_size: int | tuple[int, ...] = 5  # §4.1: KV-cache delay of up to L = 5 tokens simulated in training; a tuple cycles L by step
     checkpoint_every: int = 50
     seed: int = 0
+    num_hidden_layers: int = 1  # Appendix E: one layer up to 13B targets (the gap curve's ablation tries two)
+    target_layer_ids: tuple[int, ...] | None = None  # target layer read by each draft layer; None: §4.1's N_T - N_D + m
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The recipe as a dict; fields added after the shipped drafters appear only when set, so their hash (and the
+        training states it guards) is unchanged."""
+        data = asdict(self)
+        for name, default in (("num_hidden_layers", 1), ("target_layer_ids", None)):
+            if data[name] == default:
+                del data[name]
+        return data
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
@@ -100,8 +108,9 @@ def build_drafter(kind: str, target: PreTrainedModel, draft_token_ids: list[int]
     if kind not in RECIPES:
         raise ValueError(f"kind must be one of {sorted(RECIPES)}, got {kind!r}")
     config = GlideConfig.from_target_config(
-        target.config, num_hidden_layers=1, intermediate_size=recipe.intermediate_size, cross_attention=kind == "glide",
-        tie_word_embeddings=True, block_size=recipe.block_size, draft_token_ids=draft_token_ids,
+        target.config, num_hidden_layers=recipe.num_hidden_layers, intermediate_size=recipe.intermediate_size, cross_attention=kind == "glide",
+        target_layer_ids=None if recipe.target_layer_ids is None else list(recipe.target_layer_ids),
+        tie_word_embeddings=True, block_size=max(block_sizes(recipe)), draft_token_ids=draft_token_ids,
     )
     torch.manual_seed(recipe.seed)
     model = GlideForCausalLM(config)
@@ -111,6 +120,15 @@ def build_drafter(kind: str, target: PreTrainedModel, draft_token_ids: list[int]
         emb[: len(draft_token_ids)] = rows[draft_token_ids]
         emb[-1] = rows.mean(0)  # the row every other input id shares
     return model
+
+
+def block_sizes(recipe: DrafterRecipe) -> tuple[int, ...]:
+    """The block-wise mask's L for each step in turn: step ``s`` trains with ``block_sizes(recipe)[s % len]``, so a
+    tuple mixes the cache delays the loop sees (L = 1 alone trains delay 1, the first drafted token's)."""
+    sizes = (recipe.block_size,) if isinstance(recipe.block_size, int) else tuple(recipe.block_size)
+    if not sizes or any(not isinstance(size, int) or size < 1 for size in sizes):
+        raise ValueError(f"block_size must be a positive int or a non-empty tuple of them, got {recipe.block_size!r}")
+    return sizes
 
 
 def distillation_loss(model: GlideForCausalLM, batch: dict[str, torch.Tensor], layer_ids: list[int], num_layers: int, block_size: int) -> torch.Tensor:
@@ -169,6 +187,7 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
         scheduler.load_state_dict(torch.load(state_dir / "scheduler.pt", weights_only=True))
         start, log = meta["step"], meta["log"]
     n = store["input_ids"].shape[0]
+    sizes = block_sizes(recipe)
     layer_ids = sorted(int(k.split(".")[1]) for k in store if k.startswith("keys."))
     num_layers = target.config.num_hidden_layers
     model.train()
@@ -178,7 +197,7 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
         g = torch.Generator().manual_seed(recipe.seed * 100_003 + step)  # the batch depends on the step alone: resume-exact
         idx = torch.randint(0, n, (recipe.batch_size,), generator=g)
         batch = {k: v[idx] for k, v in store.items()}
-        loss = distillation_loss(model, batch, layer_ids, num_layers, recipe.block_size)
+        loss = distillation_loss(model, batch, layer_ids, num_layers, sizes[step % len(sizes)])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
@@ -252,7 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int,
                         help="override the recipe's seed: a later stage with another seed draws other windows (the batch "
                              "of step s depends on seed and s alone)")
+    parser.add_argument("--block-size", help="override the recipe's block-wise mask L (GLIDE): one L, or several "
+                        "comma-separated, taken by step in turn (e.g. 1,3 mixes the delays of short drafts)")
     args = parser.parse_args(argv)
+    block_size = None
+    if args.block_size is not None:
+        try:
+            block_size = tuple(int(x) for x in args.block_size.split(","))
+        except ValueError:
+            block_size = ()
+        if not block_size or min(block_size) < 1:
+            parser.error(f"--block-size must be one or more comma-separated integers >= 1, got {args.block_size!r}")
+        block_size = block_size[0] if len(block_size) == 1 else block_size
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.learning_rate is not None and not args.learning_rate > 0:
@@ -278,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in kinds:
         state_dir = Path(args.output_dir) / "state" / kind
         recipe = RECIPES[kind] if args.init_from is None else dataclasses.replace(RECIPES[kind], **FINETUNE)
-        overrides = {"steps": args.steps, "learning_rate": args.learning_rate, "seed": args.seed}
+        overrides = {"steps": args.steps, "learning_rate": args.learning_rate, "seed": args.seed, "block_size": block_size}
         recipe = dataclasses.replace(recipe, **{k: v for k, v in overrides.items() if v is not None})
         init_from = None if args.init_from is None else Path(args.init_from) / kind
         model = train_drafter(kind, target, store, state_dir, recipe, init_from=init_from)

@@ -1,0 +1,94 @@
+"""hf_specdraft.bench.glide_recipe and the recipe variants it trains (the real run loads SmolLM2 and trains for an hour;
+its result is committed JSON): variant parsing, the recipe hash the shipped training states depend on, a two-layer
+drafter trained from a store, and the greedy speed model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from hf_specdraft.bench import glide_glimpse, glide_recipe
+from hf_specdraft.bench.glide_gap_curve import variant_recipe
+from hf_specdraft.defaults.smollm2_drafters import RECIPES, train_drafter
+
+
+@pytest.mark.parametrize("variant, field, value", [
+    ("x2", "steps", 320), ("x2-block3", "block_size", 3), ("x2-layers2", "num_hidden_layers", 2),
+    ("x2-layers2", "target_layer_ids", (29, 29)), ("x2-mlp3072", "intermediate_size", 3072), ("block1", "block_size", 1),
+])
+def test_a_variant_changes_the_recipe_field_it_names(variant, field, value):
+    recipe, epochs = variant_recipe("glide", 1280, variant)
+    assert getattr(recipe, field) == value
+    assert epochs == (2 if variant.startswith("x2") else 1)
+    untouched = {f.name for f in dataclasses.fields(recipe)} - {field, "steps", "warmup_steps", "target_layer_ids", "num_hidden_layers"}
+    assert all(getattr(recipe, name) == getattr(RECIPES["glide"], name) for name in untouched)
+
+
+@pytest.mark.parametrize("variant", ["x2-wide3", "x", "block", "x2-layers"])
+def test_a_bad_variant_is_refused_naming_its_part(variant):
+    with pytest.raises(ValueError, match="variant parts must be"):
+        variant_recipe("glide", 1280, variant)
+
+
+def test_fields_added_after_the_shipped_drafters_leave_their_recipe_hash_alone():
+    recipe = RECIPES["glide"]
+    assert "num_hidden_layers" not in recipe.to_dict() and "target_layer_ids" not in recipe.to_dict()
+    two = dataclasses.replace(recipe, num_hidden_layers=2, target_layer_ids=(29, 29))
+    assert two.to_dict()["num_hidden_layers"] == 2 and two.hash() != recipe.hash()
+
+
+def test_a_two_layer_glide_trains_from_a_store_and_reads_the_layers_its_recipe_names(tmp_path):
+    target = tiny_model("llama", num_hidden_layers=3)
+    windows = torch.randint(0, target.config.vocab_size, (4, 24), generator=torch.Generator().manual_seed(0))
+    store = glide_glimpse.target_store(target, windows, [2], batch_size=2)
+    recipe = dataclasses.replace(RECIPES["glide"], steps=2, warmup_steps=1, batch_size=2, draft_vocab_size=48,
+                                 num_hidden_layers=2, target_layer_ids=(2, 2), intermediate_size=64)
+    model = train_drafter("glide", target, store, tmp_path / "glide", recipe, progress=False)
+    assert model.config.num_hidden_layers == 2 and model.config.target_layer_ids == [2, 2]
+    scores = glide_recipe.score_row("glide", model, store)
+    assert set(scores["delays"]) == {str(d) for d in glide_recipe.DELAYS} and 0 <= scores["no_glimpse"]["alpha"] <= 1
+
+
+def test_expected_accepted_multiplies_agreement_along_the_chain():
+    assert glide_recipe.expected_accepted([1.0], 4) == 4
+    assert glide_recipe.expected_accepted([0.0, 1.0], 4) == 0
+    assert glide_recipe.expected_accepted([0.5, 0.4], 3) == pytest.approx(0.5 + 0.5 * 0.4 + 0.5 * 0.4 * 0.4)
+
+
+def test_modeled_speed_picks_the_best_draft_length():
+    flat = {str(n): 10.0 for n in range(1, glide_recipe.MAX_GAMMA + 2)}
+    free_and_perfect = glide_recipe.modeled_speed([1.0], 0.0, flat)  # verification is free: draft as far as allowed
+    assert free_and_perfect["best_gamma"] == glide_recipe.MAX_GAMMA and free_and_perfect["speed"] == glide_recipe.MAX_GAMMA + 1
+    useless = glide_recipe.modeled_speed([0.0], 1.0, flat)  # nothing is accepted: the shortest draft loses least
+    assert useless["best_gamma"] == 1 and useless["speed"] < 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--work", "/nonexistent", "--variants", "x2-wide3"], "--variants"),
+    (["--work", "/nonexistent"], "holds no store"),
+    (["--work", "/nonexistent", "--reference", "/nonexistent/pair"], "holds no glide/ and vanilla/"),
+])
+def test_bad_arguments_are_refused_before_the_target_loads(argv, message, capsys, monkeypatch):
+    import hf_specdraft.defaults.smollm2 as smollm2
+
+    monkeypatch.setattr(smollm2, "load_smollm2", lambda *a, **k: pytest.fail("loaded the target"))
+    with pytest.raises(SystemExit) as error:
+        glide_recipe.main(argv)
+    assert error.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--work", "/w", "--sizes", "a,b"], "--sizes"), (["--work", "/w", "--sizes", "4"], "--sizes"),
+    (["--work", "/w", "--epochs", "1"], "--epochs"), (["--work", "/w", "--ablations", "block1,wide2"], "--ablations"),
+])
+def test_the_gap_curve_refuses_bad_arguments_before_the_target_loads(argv, message, capsys, monkeypatch):
+    import hf_specdraft.defaults.smollm2 as smollm2
+    from hf_specdraft.bench import glide_gap_curve
+
+    monkeypatch.setattr(smollm2, "load_smollm2", lambda *a, **k: pytest.fail("loaded the target"))
+    with pytest.raises(SystemExit) as error:
+        glide_gap_curve.main(argv)
+    assert error.value.code == 2 and message in capsys.readouterr().err
