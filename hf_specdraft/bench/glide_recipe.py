@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result["meta"] = {"hardware": f"CPU: {cpu_model()}, {torch.get_num_threads()} threads",
                       "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-                      "date": time.strftime("%Y-%m-%d"), "command": f"python -m hf_specdraft.bench.glide_recipe --work WORK --variants {args.variants}",
+                      "date": time.strftime("%Y-%m-%d"), "command": f"python -m hf_specdraft.bench.glide_recipe --work WORK --variants {args.variants}"
+                      + "".join(f" --reference {path}" for path in args.reference) + (" --costs" if args.costs else ""),
                       "data": f"the gap curve's first {SIZE} train-split windows of 256 tokens, 2 epochs (320 steps of 8 windows)",
                       "heldout": "64 held-out code windows of 256 tokens, positions 16..",
                       "speed_model": "(1 + E_gamma) * c_target(1) / (gamma * c_draft + c_target(gamma + 1)), E from agreement by delay"}
@@ -227,7 +228,7 @@ def plot(result: dict, path: Path) -> Path:
     axis.set_xlabel("cache delay (the k-th drafted token glimpses with delay k)")
     axis.set_title("held-out α = 1 - TV(p, q)")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=7)
+    axis.legend(fontsize=6, ncol=2)
     if timed:
         axis = axes[0][1]
         for number, (variant, row) in enumerate(rows.items()):
@@ -239,7 +240,7 @@ def plot(result: dict, path: Path) -> Path:
         axis.set_xlabel("γ (drafted tokens a step)")
         axis.set_title("modeled greedy speed against target-only")
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
+        axis.legend(fontsize=6, ncol=2)
     figure.suptitle("GLIDE's recipe, 2 epochs over 328K tokens (SmolLM2-135M target, held-out code)", fontsize=9)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
