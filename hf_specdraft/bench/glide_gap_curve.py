@@ -207,6 +207,8 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .plots import save_figure
+
     rows = [row for row in result["rows"].values() if row.get("variant") == "recipe"]
     rows.sort(key=lambda row: row["tokens"])
     repeated = sorted((row for row in result["rows"].values() if str(row.get("variant", "")).startswith("x")), key=lambda row: row["tokens"])
@@ -234,12 +236,7 @@ def plot(result: dict, path: Path) -> Path:
         axis.set_title("α = 1 - TV(p, q)" if metric == "alpha" else "greedy agreement")
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    figure.suptitle("GLIDE vs its vanilla twin on held-out code (SmolLM2-135M target; gap in points)", fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path, "GLIDE vs its vanilla twin on held-out code (SmolLM2-135M target; gap in points)", fontsize=10)
 
 
 if __name__ == "__main__":

@@ -214,6 +214,8 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .plots import save_figure
+
     rows = {variant: row for variant, row in result["rows"].items() if "delays" in row.get("glide", {})}  # scored rows
     timed = "target_ms" in result
     figure, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 6, 4), squeeze=False)
@@ -241,12 +243,7 @@ def plot(result: dict, path: Path) -> Path:
         axis.set_title("modeled greedy speed against target-only")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=6, ncol=2)
-    figure.suptitle("GLIDE's recipe, 2 epochs over 328K tokens (SmolLM2-135M target, held-out code)", fontsize=9)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path, "GLIDE's recipe, 2 epochs over 328K tokens (SmolLM2-135M target, held-out code)", fontsize=9)
 
 
 if __name__ == "__main__":

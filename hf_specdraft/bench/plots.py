@@ -22,6 +22,18 @@ from pathlib import Path
 PLOT_KINDS = ("speedup", "acceptance", "expansion")  # file suffixes, in the order the report shows them
 
 
+def save_figure(figure, path: Path, title: str, fontsize: int = 10) -> Path:
+    """Title ``figure`` (a pyplot figure), lay it out, write it to ``path`` (folders made) at 120 dpi and close it."""
+    import matplotlib.pyplot as plt
+
+    figure.suptitle(title, fontsize=fontsize)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
 def load_results(results_dir: str | Path) -> dict[str, dict]:
     """The bench results in ``results_dir`` (JSON files with ``meta``, ``summary`` and ``records``), by file stem."""
     results = {}
