@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .glide_gap_curve import heldout_store, run_name, train_one
+from .glide_gap_curve import TOP_LAYER, heldout_store, run_name, train_one
 from .glide_glimpse import score
 
 SIZE = 1280
@@ -50,12 +50,18 @@ def expected_accepted(agreement: list[float], gamma: int) -> float:
     return total
 
 
-def modeled_speed(agreement: list[float], draft_ms: float, target_ms: dict[int, float]) -> dict:
-    """The best γ's modeled greedy speed against target-only decoding (see the module docstring)."""
+def modeled_speed(agreement: list[float], draft_ms: float, target_ms: dict[str, float]) -> dict:
+    """The best γ's modeled greedy speed against target-only decoding (see the module docstring); ``target_ms`` is
+    :func:`target_ms`'s, keyed by the token count as a string (as JSON keeps it)."""
     rows = {gamma: (1 + expected_accepted(agreement, gamma)) * target_ms["1"] / (gamma * draft_ms + target_ms[str(gamma + 1)])
             for gamma in range(1, MAX_GAMMA + 1)}
     best = max(rows, key=rows.get)
     return {"best_gamma": best, "speed": round(rows[best], 3), "by_gamma": {str(g): round(v, 3) for g, v in rows.items()}}
+
+
+def agreement_by_delay(scores: dict) -> list[float]:
+    """A drafter's greedy agreement at delays 1, 2, …: GLIDE's by delay, the twin's one value (it never glimpses)."""
+    return [scores["delays"][str(d)]["agreement"] for d in DELAYS] if "delays" in scores else [scores["agreement"]]
 
 
 def score_row(kind: str, model, test: dict) -> dict:
@@ -74,7 +80,7 @@ def draft_token_ms(model, target_kv: list, prefix: int = 256, repeats: int = 60)
     cache = DynamicCache(config=model.config)
     model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True, target_past_key_values=target_kv, logits_to_keep=1)
     samples = []
-    for i in range(repeats + 5):
+    for _ in range(repeats + 5):
         started = time.perf_counter()
         model(input_ids=ids[:, prefix:], past_key_values=cache, use_cache=True, target_past_key_values=target_kv, logits_to_keep=1)
         samples.append(time.perf_counter() - started)
@@ -83,7 +89,7 @@ def draft_token_ms(model, target_kv: list, prefix: int = 256, repeats: int = 60)
 
 
 @torch.no_grad()
-def target_ms(target, prefix: int = 256, lengths=range(1, MAX_GAMMA + 2), repeats: int = 20) -> dict[int, float]:
+def target_ms(target, prefix: int = 256, lengths=range(1, MAX_GAMMA + 2), repeats: int = 20) -> dict[str, float]:
     """Median ms of the target's forward over ``n`` new tokens on a ``prefix``-token cache, per n (interleaved)."""
     from transformers import DynamicCache
 
@@ -114,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..core.projection import few_token_linears
     from ..defaults.distillation import load_store
     from ..defaults.loading import SMOLLM2_DRAFTERS_DIR
-    from ..glide import GlideForCausalLM
     from ..defaults.smollm2 import load_smollm2
+    from ..glide import GlideForCausalLM
     from .glide_gap_curve import variant_recipe
     from .harness import cpu_model
 
@@ -156,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     for variant in variants:
         row = rows.setdefault(variant, {})
         arch = any(part.startswith(("layers", "mlp")) for part in variant.split("-"))
-        row["twin"] = variant if arch or variant == "x2" else "x2"
-        for kind in ("glide", "vanilla") if arch or variant == "x2" else ("glide",):
+        row["twin"] = variant if arch or variant == "x2" else "x2"  # L variants change GLIDE alone
+        for kind in ("glide", "vanilla") if row["twin"] == variant else ("glide",):
             model, seconds, recipe = train_one(kind, SIZE, variant, target, store, work)
             models[kind, variant] = model
             if kind not in row:
@@ -180,22 +186,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(name, kind, scored[name][kind], flush=True)
     if args.costs:
         kv = [(None, None)] * target.config.num_hidden_layers
-        kv[29] = (test["keys.29"][:1].to(torch.bfloat16), test["values.29"][:1].to(torch.bfloat16))
+        kv[TOP_LAYER] = (test[f"keys.{TOP_LAYER}"][:1].to(torch.bfloat16), test[f"values.{TOP_LAYER}"][:1].to(torch.bfloat16))
         with few_token_linears(target):  # the loop's verification forward on CPU (and target-only + linears as the base)
             result["target_ms"] = target_ms(target)
         for (kind, variant), model in models.items():
             row = scored[variant.split(":", 1)[1]] if variant.startswith("reference:") else rows[variant]
             row[kind]["draft_ms"] = draft_token_ms(model.to(torch.bfloat16), kv if kind == "glide" else None)
-        for pair in scored.values():
-            pair["glide"]["modeled"] = modeled_speed([pair["glide"]["delays"][str(d)]["agreement"] for d in DELAYS],
-                                                     pair["glide"]["draft_ms"], result["target_ms"])
-            pair["vanilla"]["modeled"] = modeled_speed([pair["vanilla"]["agreement"]], pair["vanilla"]["draft_ms"], result["target_ms"])
-        for variant in variants:
-            row = rows[variant]
-            twin = rows[row["twin"]]["vanilla"]
-            glide_agreement = [row["glide"]["delays"][str(d)]["agreement"] for d in DELAYS]
-            row["glide"]["modeled"] = modeled_speed(glide_agreement, row["glide"]["draft_ms"], result["target_ms"])
-            twin["modeled"] = modeled_speed([twin["agreement"]], twin["draft_ms"], result["target_ms"])
+            row[kind]["modeled"] = modeled_speed(agreement_by_delay(row[kind]), row[kind]["draft_ms"], result["target_ms"])
         save()
     print("plot:", plot(result, Path(args.plot)))
     return 0

@@ -50,6 +50,9 @@ from ..glide import GlideConfig, GlideForCausalLM
 from ..glide.model_card import training_stages
 
 
+ADDED_FIELDS = ("num_hidden_layers", "target_layer_ids")  # after the shipped drafters: hashed only when set
+
+
 @dataclass(frozen=True)
 class DrafterRecipe:
     """How one drafter is built and trained (every default says why)."""
@@ -73,9 +76,9 @@ class DrafterRecipe:
         """The recipe as a dict; fields added after the shipped drafters appear only when set, so their hash (and the
         training states it guards) is unchanged."""
         data = asdict(self)
-        for name, default in (("num_hidden_layers", 1), ("target_layer_ids", None)):
-            if data[name] == default:
-                del data[name]
+        for field in dataclasses.fields(self):
+            if field.name in ADDED_FIELDS and data[field.name] == field.default:
+                del data[field.name]
         return data
 
     def hash(self) -> str:
