@@ -25,6 +25,7 @@ from .host import to_device
 from .rows import Row
 from .static_cache import StaticRowsCache
 from .support import no_logits_kwargs
+from .target_state import prefill_states, rows_of
 from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs, warm_up_inputs
 from .tree import DraftTree
 from .verify import WINDOWED_LAYER_TYPES, may_window
@@ -141,16 +142,19 @@ class StaticTarget:
         """The width a forward over ``tokens`` tokens per row runs at: its bucket when compiled, itself when eager."""
         return bucket_for(tokens, self.buckets) if self.compiled else min(tokens, self.buckets[-1])
 
-    def prefill(self, input_ids: torch.LongTensor, rows: list[Row]) -> float:
-        """Every row's prompt but its newest token into the cache (eager). Returns seconds."""
+    def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
+        """Every row's prompt but its newest token into the cache (eager), with the states ``request`` asks kept on the
+        rows (:func:`~hf_specdraft.core.target_state.prefill_states`). Returns seconds."""
         started = time.perf_counter()
         if input_ids.shape[1] > 1:
             self.cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
             try:
-                self.model(**static_prefill_inputs(self.model, self.cache, input_ids, [row.pad for row in rows]),
-                           past_key_values=self.cache, use_cache=True, **no_logits_kwargs(self.model))
+                out = self.model(**static_prefill_inputs(self.model, self.cache, input_ids, [row.pad for row in rows]),
+                                 past_key_values=self.cache, use_cache=True, **no_logits_kwargs(self.model), **request.kwargs)
             finally:
                 self.cache.set_prefilling(False)
+            if request.hidden:
+                prefill_states(out.hidden_states, rows)
         self.cache.set_committed(input_ids.shape[1] - 1)
         return time.perf_counter() - started
 
@@ -161,19 +165,20 @@ class StaticTarget:
     def fit(self, tree: DraftTree) -> DraftTree:
         return cap_nodes(tree, self.max_nodes)
 
-    def warm_up(self, largest_tokens: int) -> None:
+    def warm_up(self, largest_tokens: int, extra: dict | None = None) -> None:
         """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written where no row's
-        state lives, :func:`warm_up_inputs`), so the call's own steps never compile."""
+        state lives, :func:`warm_up_inputs`), so the call's own steps never compile. ``extra``: what the drafters ask of
+        the forward (:mod:`~hf_specdraft.core.target_state`): a graph of its own, returning those states too."""
         if self.compiled and not self.cache.layers[0].is_initialized:  # buffers are allocated by an eager forward, never in a graph
             self._dummy(self.buckets[0], compiled=False)
         for bucket in self.buckets:
             if bucket > self.bucket(min(largest_tokens, self.buckets[-1])):
                 break
-            if bucket in self.cache.warmed or not self.compiled:
+            if graph_key(bucket, extra) in self.cache.warmed or not self.compiled:
                 continue
-            self.capture(bucket, lambda b=bucket: self._dummy(b, compiled=True))
+            self.capture(bucket, lambda b=bucket: self._dummy(b, compiled=True, extra=extra), graph_key(bucket, extra))
 
-    def capture(self, bucket: int, run) -> None:
+    def capture(self, bucket: int, run, key=None) -> None:
         """``run()`` a bucket's compiled forward until it is compiled (and on CUDA captured); its seconds are recorded, and
         kept out of the costs the controller learns (:func:`captured_seconds`)."""
         started = time.perf_counter()
@@ -181,17 +186,17 @@ class StaticTarget:
             run()
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
-        self.cache.warmed.add(bucket)
+        self.cache.warmed.add(bucket if key is None else key)
         seconds = time.perf_counter() - started
         self.warm_up_seconds[bucket] = seconds
         _HELD.captured = captured_seconds() + seconds
 
-    def _dummy(self, width: int, compiled: bool) -> None:
+    def _dummy(self, width: int, compiled: bool, extra: dict | None = None) -> None:
         """One forward of ``width`` dummy tokens per row where no row's state lives (:func:`warm_up_inputs`): compiles
         (and on CUDA captures) a bucket, or allocates the buffers eagerly. Safe at any point of a call."""
         inputs = warm_up_inputs(self.model, self.cache, width, self.model.device)
         if compiled:
-            self._forward(**inputs)
+            self._forward(extra, **inputs)
         else:
             self.model(**inputs, past_key_values=self.cache, use_cache=True)
 
@@ -200,27 +205,33 @@ class StaticTarget:
         """Whether the forward replays CUDA graphs (compiled on CUDA): its outputs then live in the graphs' pool."""
         return self.compiled and self.model.device.type == "cuda"
 
-    def _forward(self, **inputs) -> torch.Tensor:
-        if not self.graphs:
-            return self.call(**inputs, past_key_values=self.cache, use_cache=True).logits
-        if self.model.device.type == "cuda":
+    def _forward(self, extra: dict | None = None, **inputs) -> tuple[torch.Tensor, tuple | None]:
+        """The bucket's forward: logits, and the ``hidden_states`` that ``extra`` asks for (else ``None``)."""
+        extra = extra or {}
+        if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed
-        # a CUDA graph's outputs live in its pool and the next replay overwrites them: the loop keeps logits across a step
-        # (acceptance, output_logits), so they are copied out
-        return self.call(**inputs, past_key_values=self.cache, use_cache=True).logits.clone()
+        out = self.call(**inputs, past_key_values=self.cache, use_cache=True, **extra)
+        hidden = out.hidden_states if extra.get("output_hidden_states") else None
+        if not self.graphs:
+            return out.logits, hidden
+        # a CUDA graph's outputs live in its pool and the next replay overwrites them: the loop keeps logits (acceptance,
+        # output_logits) and states (the drafters) across a step, so they are copied out
+        return out.logits.clone(), None if hidden is None else tuple(None if h is None else h.clone() for h in hidden)
 
-    def verify(self, rows: list[Row], trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward over every row's ``[last token] + tree``, padded to a bucket. Returns float32 logits `(A, Q, V)`
-        and the verified ids `(A, Q)` of the active ``rows``, in their order (on the device: nothing is read back)."""
+    def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+        """One forward over every row's ``[last token] + tree``, padded to a bucket, with ``extra`` (what the drafters
+        ask of it). Returns float32 logits `(A, Q, V)`, the verified ids `(A, Q)` and the asked hidden states (or
+        ``None``) of the active ``rows``, in their order (on the device: nothing is read back)."""
         width = self.bucket(1 + max(len(tree) for tree in trees))
-        if self.compiled and width not in self.cache.warmed:
-            self.warm_up(width)  # a bucket no warm-up covered: compiled here (safe mid-call), its time reported
+        if self.compiled and graph_key(width, extra) not in self.cache.warmed:
+            self.warm_up(width, extra)  # a bucket no warm-up covered: compiled here (safe mid-call), its time reported
         inputs = static_verify_inputs(self.model, self.cache, rows, trees, width, fixed=self.compiled)
-        logits, ids = self._forward(**inputs), inputs["input_ids"]
+        (logits, hidden), ids = self._forward(extra, **inputs), inputs["input_ids"]
         if len(rows) < self.cache.num_rows:
             index = to_device([row.index for row in rows], logits.device)
             logits, ids = logits.index_select(0, index), ids.index_select(0, index)
-        return logits.float(), ids
+            hidden = None if hidden is None else rows_of(hidden, index)
+        return logits.float(), ids, hidden
 
     def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
         """Each row's accepted path moved into place (``cached[a]``: the columns row ``a``'s text held before the step,
@@ -228,6 +239,11 @@ class StaticTarget:
         for row, columns, nodes in zip(rows, cached, kept):
             self.cache.keep(row.index, row.pad + columns, nodes)
         self.cache.set_committed(max(len(row.tokens) - 1 for row in rows))
+
+
+def graph_key(bucket: int, extra: dict | None):
+    """What a compiled graph is kept under: its bucket, and what the drafters ask of the forward (another graph)."""
+    return bucket if not extra else (bucket, repr(sorted(extra.items())))
 
 
 def ring_windows(model, widest: int, columns: int) -> dict[int, tuple[int, int]]:

@@ -22,6 +22,7 @@ from transformers.generation.logits_process import (
 
 from .acceptance import ConditionalAcceptance
 from .drafting import TreeCandidateGenerator, drafter_for
+from .state_drafting import StateReadingDrafter, reads_target_state
 from .support import cache_window, chains_only, convolution_only
 
 
@@ -145,6 +146,8 @@ def resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> Can
             )
         if not isinstance(draft_model, PreTrainedModel):
             raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
+        if reads_target_state(draft_model):  # Gemma 4's assistants and DFlash drafters: transformers' own generators
+            return StateReadingDrafter(draft_model, num_draft_tokens)
         return drafter_for(draft_model, num_draft_tokens)  # GLIDE registers its own drafter: it reads the target's cache
     if isinstance(candidate_generator, (list, tuple)):  # one drafter per row of a batch
         if not candidate_generator:
@@ -152,11 +155,6 @@ def resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> Can
         return [resolve_generator(g, None, num_draft_tokens) for g in candidate_generator]
     if not isinstance(candidate_generator, CandidateGenerator):
         raise TypeError(f"candidate_generator must be a transformers CandidateGenerator (or a list of one per row), got {type(candidate_generator).__name__}")
-    if getattr(candidate_generator, "requires_model_outputs", False) and not isinstance(candidate_generator, TreeCandidateGenerator):
-        raise ValueError(
-            f"{type(candidate_generator).__name__} needs transformers' assisted-decoding model outputs, which this loop does not "
-            "produce; use it with target.generate(assistant_model=...) instead"
-        )
     return candidate_generator
 
 

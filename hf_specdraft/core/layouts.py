@@ -6,8 +6,9 @@ step (:func:`~hf_specdraft.core.loop.speculative_step`) holds no branch on the l
 * :class:`~hf_specdraft.core.compiled.StaticTarget`: the static buffers of ``cache_implementation="static"``.
 
 Each offers ``drafter_cache(a, row)`` (what row ``a``'s drafter reads of the target cache), ``fit(tree)`` (the layout's
-limit on a tree), ``verify(rows, trees) -> (logits, ids)`` (one forward over every row's ``[last token] + tree``:
-float32 logits `(A, Q, V)` and the verified token ids `(A, Q)`, on the device) and ``keep(rows, starts, kept,
+limit on a tree), ``verify(rows, trees, extra) -> (logits, ids, hidden_states)`` (one forward over every row's ``[last token] + tree``,
+with ``extra``: what the drafters ask of it, :mod:`~hf_specdraft.core.target_state`; float32 logits `(A, Q, V)`, the
+verified token ids `(A, Q)` and the asked ``hidden_states`` or ``None``, on the device) and ``keep(rows, starts, kept,
 survivors)`` (each row keeps its verified prefix and accepted path). gpt-fast's speculative step is short because
 its cache is one object; these are the loop's.
 """
@@ -41,11 +42,11 @@ class OwnedRow:
     def fit(self, tree: DraftTree) -> DraftTree:
         return tree
 
-    def verify(self, rows: list[Row], trees: list[DraftTree]) -> tuple[torch.Tensor, torch.Tensor]:
+    def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
         self._columns = self.cache.get_seq_length() if self.shared else rows[0].cached  # invariant: row a holds the last rows[a].cached
         inputs = verify_inputs(self.model, self.cache, rows, trees, self.shared, self.dtype)
-        logits = self.model(**inputs, past_key_values=self.cache, use_cache=True).logits.float()  # (A, Q, V)
-        return logits, inputs["input_ids"]
+        out = self.model(**inputs, past_key_values=self.cache, use_cache=True, **extra)
+        return out.logits.float(), inputs["input_ids"], out.hidden_states if extra.get("output_hidden_states") else None  # (A, Q, V)
 
     def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
         """Each row keeps its cached text and its ``kept`` verified columns (0: its last token, ``1 + i``: node ``i``);

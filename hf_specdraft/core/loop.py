@@ -62,6 +62,7 @@ from .rows import Outputs, Row, TargetRows
 from .stats import SpeculativeStats, overlap
 from .stopping import HostStops
 from .support import chains_only, check_target, no_logits_kwargs
+from .target_state import StateRequest, TargetOutputs, TargetState, asks_for_state, joined, kept_states, prefill_states
 from .tree import DraftTree
 
 
@@ -185,6 +186,7 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     for row in rows:
         if isinstance(row.generator, TreeCandidateGenerator):
             row.generator.prepare(model, generation_config)
+    request = StateRequest(model, [row.generator for row in rows])  # what the drafters read of the target's forwards
     chains = chains_only(model)  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
     if chains and generation_config.cache_implementation == "static":
         raise ValueError(f"cache_implementation='static' verifies with explicit 4-D masks, which {type(model).__name__} cannot take "
@@ -193,12 +195,13 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     if generation_config.cache_implementation == "static":  # the loop's static cache, verification compiled where transformers
         with static_call(model):  # would; a concurrent static call on this model waits: the cache is one request's state
-            return _static_loop(model, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer, shared)
+            return _static_loop(model, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer, shared,
+                                request)
     return _steps_and_result(model, target_cache(model, shared), None, input_ids, rows, generator, stopping_criteria,
-                             generation_config, acceptance, streamer, shared)
+                             generation_config, acceptance, streamer, shared, request)
 
 
-def _static_loop(model, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer, shared):
+def _static_loop(model, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer, shared, request):
     """The call on the static cache (held by this call): the target's, and each batch-1 draft's where its drafter can."""
     static = static_target(model, generation_config, len(rows))
     if static.compiled and not shared:
@@ -210,16 +213,16 @@ def _static_loop(model, input_ids, rows, generator, stopping_criteria, generatio
                     continue
                 static.drafts.extend(made if isinstance(made, list) else [made])
     return _steps_and_result(model, static, static, input_ids, rows, generator, stopping_criteria, generation_config, acceptance,
-                             streamer, shared)
+                             streamer, shared, request)
 
 
 def _steps_and_result(model, cache, static, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer,
-                      shared):
+                      shared, request):
     """Prefill, run :func:`speculative_steps`, return what ``generate`` would."""
     batch = len(rows)
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    prefill = static.prefill(input_ids, rows) if static is not None else _prefill(model, cache, input_ids, rows, shared)
+    prefill = static.prefill(input_ids, rows, request) if static is not None else _prefill(model, cache, input_ids, rows, shared, request)
     for row in rows:
         row.out.stats.prefill_seconds = prefill / batch
         row.done = len(row.tokens) >= generation_config.max_length
@@ -230,25 +233,29 @@ def _steps_and_result(model, cache, static, input_ids, rows, generator, stopping
     compiled = static is not None and static.compiled  # a compiled forward chooses its own kernels: nothing to patch
     split = RankAgreement.of(model) is not None  # few-token linears are timed per rank: off under tensor parallelism
     with contextlib.nullcontext() if compiled or split else few_token_linears(model):
-        layout = speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared)
+        layout = speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared, request)
     if streamer is not None:
         streamer.end()
     return _result(rows, generator, generation_config, cache, layout, shared)
 
 
-def _prefill(model, cache: DynamicCache, input_ids: torch.LongTensor, rows: list[Row], shared: bool) -> float:
-    """Fill the cache with every row's prompt but its newest token; the logits are not needed. Returns seconds."""
+def _prefill(model, cache: DynamicCache, input_ids: torch.LongTensor, rows: list[Row], shared: bool, request: StateRequest) -> float:
+    """Fill the cache with every row's prompt but its newest token; the logits are not needed (the states asked for are
+    kept, :func:`~hf_specdraft.core.target_state.prefill_states`). Returns seconds."""
     start = time.perf_counter()
+    out = None
     if input_ids.shape[1] > 1 and not shared:
-        model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, **no_logits_kwargs(model))
+        out = model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, **no_logits_kwargs(model), **request.kwargs)
     elif input_ids.shape[1] > 1:
         device = input_ids.device
         mask = (torch.arange(input_ids.shape[1], device=device)[None] >= torch.tensor([r.pad for r in rows], device=device)[:, None]).long()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
-              use_cache=True, **no_logits_kwargs(model))
+        out = model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
+                    use_cache=True, **no_logits_kwargs(model), **request.kwargs)
         for layer in cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
             layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
+    if request.hidden and out is not None:
+        prefill_states(out.hidden_states, rows)
     return time.perf_counter() - start
 
 
@@ -269,9 +276,11 @@ class Step:
     layout: dict | None = None
     clock: StepClock | None = None
     vocab: int = 0  # the target's output vocabulary (asked once: the model's config is slow to ask)
+    request: StateRequest | None = None  # what the drafters read of the target's forwards (empty: nothing more is computed)
 
 
-def speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared) -> dict:
+def speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared,
+                      request: StateRequest | None = None) -> dict:
     """Speculative steps until every row is done.
 
     ``cache``: the target's ``DynamicCache``, or the static path's :class:`~hf_specdraft.core.compiled.StaticTarget`.
@@ -286,9 +295,11 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
               "target_forwards": 0, "batch_draft_forwards": None}
     place = static if static is not None else SharedBatch(model, cache, layout) if shared else OwnedRow(model, cache)
     step = Step(model, place, generation_config, HostStops(stopping_criteria, generation_config), acceptance, streamer,
-                layout=layout, clock=StepClock(model.device), vocab=output_vocab_size(model))
+                layout=layout, clock=StepClock(model.device), vocab=output_vocab_size(model),
+                request=request if request is not None else StateRequest(model, []))
     drafters = [row.generator for row in active]
-    if shared and static is None and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters):
+    if (shared and static is None and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters)
+            and not any(asks_for_state(d) for d in drafters)):  # a batch proposer hands no state on
         step.together = place.together = drafters[0].batch_drafter(drafters)
     adaptive = bool(drafters) and all(getattr(d, "adaptive_draft_length", False) for d in drafters)
     if adaptive:  # num_draft_tokens="auto": γ (and an "auto" tree budget) chosen every step
@@ -306,7 +317,7 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
         # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
         step.controller.confidence_stops = not shared and getattr(drafters[0], "stops_on_confidence", False)
     if static is not None:  # every bucket compiles (and on CUDA is captured) before the first step of the first call: no
-        static.warm_up(static.buckets[-1])  # step ever compiles, whatever tree a drafter proposes, in this call or a later one
+        static.warm_up(static.buckets[-1], step.request.kwargs)  # step ever compiles, whatever tree a drafter proposes, in this call or a later one
         for draft in static.drafts:  # and the drafts' buckets, on their own static caches
             draft.prepare()
     try:
@@ -340,7 +351,7 @@ def speculative_step(step: Step, active: list[Row]) -> list[Row]:
     trees, draft_marks = draft_rows(step, active)
     compiled_in_draft = captured_seconds() - captured
     verify_start = clock.mark()
-    logits, verified = step.cache.verify(active, trees)  # (A, Q, V), (A, Q)
+    logits, verified, hidden = step.cache.verify(active, trees, step.request.kwargs)  # (A, Q, V), (A, Q), states or None
     verify_end = clock.mark()
     compiled_in_verify = captured_seconds() - captured - compiled_in_draft
     choices = read_back(step, active, trees, logits, verified)  # the step's one device -> host read (greedy)
@@ -355,6 +366,8 @@ def speculative_step(step: Step, active: list[Row]) -> list[Row]:
                                        draft_seconds[a], forward_seconds / len(active))
         kept.append(kept_nodes)
         accepted.append(count)
+        if hidden is not None and asks_for_state(row.generator):  # the states of the columns the row keeps, left on the device
+            row.states, row.matched = joined(row.states, kept_states(hidden, a, kept_nodes)), len(kept_nodes) - 1
         if widens and len(kept_nodes) - 1 == count:  # what the chain alone would have accepted (greedy: exact; a path cut at
             on_chain.append(chain_accepted(tree, kept_nodes))  # eos or max_length is left out: it says nothing of the chain)
         if not row.done:
@@ -462,7 +475,8 @@ def draft_rows(step: Step, active: list[Row]) -> tuple[list[DraftTree], list[tup
         start = clock.mark()
         view = step.cache.drafter_cache(a, row) if getattr(row.generator, "reads_target_cache", True) else None
         row.generator.host_text = row.tokens[row.pad :]  # the text on the host: drafters re-sync without reading the device
-        tree = step.cache.fit(propose(row.generator, row.text, view, step.vocab, config.max_length - row.pad))
+        state = take_state(row) if step.request else None
+        tree = step.cache.fit(propose(row.generator, row.text, view, step.vocab, config.max_length - row.pad, state))
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
@@ -495,10 +509,25 @@ def chain_overlaps(rows: TargetRows, tree: DraftTree, judged: int) -> torch.Tens
     return overlap(p, q.float())
 
 
-def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, vocab: int, max_length: int) -> DraftTree:
+def take_state(row: Row) -> TargetState | None:
+    """What a state-reading row's drafter is told before it proposes (transformers' protocol, :mod:`~hf_specdraft.core.target_state`):
+    on its first proposal nothing (``is_first_iteration``: the prefill's states wait for the first step's), afterwards the
+    states of every position added since its last proposal, handed on once."""
+    if not asks_for_state(row.generator):
+        return None
+    first, outputs = not row.proposed, None
+    if not first:
+        outputs, row.states = TargetOutputs(hidden_states=row.states), None
+    row.proposed = True
+    text = len(row.tokens) - row.pad
+    return TargetState(outputs, first, row.matched, torch.arange(text, device=row.device)[None])
+
+
+def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, vocab: int, max_length: int,
+            state: TargetState | None = None) -> DraftTree:
     """Draft a tree for the next step, merge duplicate siblings (:meth:`DraftTree.merge_duplicates`: verification
     needs unique siblings) and fit it to the length budget and the target's vocabulary of ``vocab`` ids."""
-    return fit_proposal(_propose(generator, input_ids, cache), generator, vocab, max_length - input_ids.shape[1])
+    return fit_proposal(_propose(generator, input_ids, cache, state), generator, vocab, max_length - input_ids.shape[1])
 
 
 def fit_proposal(tree: DraftTree, generator: CandidateGenerator, vocab: int, room: int) -> DraftTree:
@@ -611,10 +640,15 @@ def _padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> t
     return sequences
 
 
-def _propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache) -> DraftTree:
+def _propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, state: TargetState | None) -> DraftTree:
     if isinstance(generator, TreeCandidateGenerator):
-        return generator.propose(input_ids, cache)
-    candidate_ids, candidate_logits = generator.get_candidates(input_ids)
+        return generator.propose(input_ids, cache) if state is None else generator.propose(input_ids, cache, target_state=state)
+    if state is None:
+        candidate_ids, candidate_logits = generator.get_candidates(input_ids)
+    else:  # transformers' own state-reading generators (DFlash, MTP, Gemma 4's assistant), called as its assisted loop does
+        candidate_ids, candidate_logits = generator.get_candidates(
+            input_ids, model_kwargs={**state.model_kwargs(), "past_key_values": cache}, model_outputs=state.outputs,
+            is_first_iteration=state.first, n_last_matches=state.matched)
     tokens = candidate_ids[0, input_ids.shape[1] :]
     probs = None
     if candidate_logits is not None and candidate_logits.shape[1] == tokens.numel():

@@ -37,6 +37,11 @@ class Row:
     processor: LogitsProcessorList  # generate's processors with this row's state (inputs.row_processors)
     done: bool = False
     tokens: list[int] = field(default_factory=list)  # ids on the host: read once before the loop, then extended by emission
+    # a drafter that reads the target's state (core.target_state): the states not yet handed to it (the prefill's, then
+    # each step's kept positions, on the device), whether it has proposed since the prefill, and the last step's accepted count
+    states: tuple | None = None
+    proposed: bool = False
+    matched: int = 0
 
     def __post_init__(self):
         # the device copy of `tokens`, written when someone reads `ids` (a drafter, a criterion, the result), into a

@@ -108,5 +108,5 @@ class StaticDraftCache:
                   "attention_mask": stage(buffers, "attention_mask", masks_for(self.model, cache, visible, columns[None], keys), device),
                   **{name: stage(buffers, name, value, device) if name.endswith("attention_mask") else value for name, value in more.items()}}
         if compiled:
-            return self.static._forward(**inputs)
+            return self.static._forward(**inputs)[0]
         return self.model(**inputs, past_key_values=self.static.cache, use_cache=True, logits_to_keep=rows).logits

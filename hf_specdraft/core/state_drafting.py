@@ -1,0 +1,101 @@
+"""transformers' own state-reading drafters in the loop: Gemma 4's assistants and DFlash block drafters.
+
+transformers 5.23 ships their candidate generators (``generation/candidate_generator.py``), but builds them only inside
+its assisted loop (batch 1, chains, a ``DynamicCache``). :class:`StateReadingDrafter` builds the same generator for each
+call of this loop, so that ``speculative_generate(target, ids, draft_model=assistant)`` runs them with batches, the
+static path, the γ controller and CAPE's expansion, handing them the target's state as their protocol asks
+(:mod:`~hf_specdraft.core.target_state`):
+
+* a ``Gemma4AssistantForCausalLM`` (``SinglePositionMultiTokenCandidateGenerator``): the token's embedding ⊕ the target's
+  last hidden state in, Q-only attention to the target's shared KV; γ is its ``num_assistant_tokens``;
+* a DFlash drafter (``DFlashTokenCandidateGenerator``; any model whose config names ``target_layer_ids``, ``block_size``
+  and ``mask_token_id``): the named layers' states fused into its own cache, a block of ``block_size`` tokens drafted
+  in one forward through the target's embeddings and head.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, SinglePositionMultiTokenCandidateGenerator
+
+from .drafting import AUTO, TreeCandidateGenerator, draft_length
+from .target_state import TargetState
+from .tree import DraftTree
+
+DFLASH_FIELDS = ("target_layer_ids", "block_size", "mask_token_id")
+
+
+def is_dflash(model) -> bool:
+    """Whether ``model``'s config follows DFlash's contract (what transformers' generator reads of it)."""
+    return all(getattr(model.config, name, None) is not None for name in DFLASH_FIELDS)
+
+
+def is_gemma4_assistant(model) -> bool:
+    return type(model).__name__.startswith(("Gemma4Assistant", "Gemma4UnifiedAssistant"))
+
+
+def reads_target_state(model) -> bool:
+    """Whether ``draft_model`` is one of the state-reading drafters this module runs."""
+    return is_dflash(model) or is_gemma4_assistant(model)
+
+
+class StateReadingDrafter(TreeCandidateGenerator):
+    """One of transformers' state-reading generators, built afresh for every call and every row.
+
+    Args:
+        draft_model: a Gemma 4 assistant or a DFlash drafter, on the target's device.
+        num_draft_tokens: γ of a Gemma 4 assistant (``"auto"``: chosen every step by the loop). A DFlash drafter
+            drafts its ``block_size`` in one forward: only ``"auto"`` or that size are accepted.
+    """
+
+    requires_model_outputs = True
+    reads_target_cache = False  # its generator reads the target's state, never the loop's cache view
+
+    def __init__(self, draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO):
+        super().__init__()
+        if not reads_target_state(draft_model):
+            raise ValueError(f"draft_model must be a Gemma 4 assistant or a DFlash drafter (a config with {', '.join(DFLASH_FIELDS)}), "
+                             f"got {type(draft_model).__name__}")
+        self.draft_model = draft_model
+        self.dflash = is_dflash(draft_model)
+        if self.dflash:
+            block = int(draft_model.config.block_size)
+            if num_draft_tokens not in (AUTO, block):
+                raise ValueError(f"num_draft_tokens must be 'auto' or the DFlash drafter's block_size {block} (it drafts one block "
+                                 f"per forward), got {num_draft_tokens!r}")
+            self.num_draft_tokens, self.adaptive_draft_length = block, False
+        else:
+            self.num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens)
+        self.generator = None
+        self.model_kwargs_overrides: dict = {}
+
+    def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
+        """Build this call's generator (its state is per request: DFlash's cache, the assistant's first-step flag)."""
+        super().prepare(target, generation_config)
+        if self.dflash:
+            self.generator = DFlashTokenCandidateGenerator(self.draft_model, target.get_input_embeddings(),
+                                                           target.get_output_embeddings(), generation_config)
+        else:
+            self.generator = SinglePositionMultiTokenCandidateGenerator(self.draft_model, target.get_input_embeddings(),
+                                                                        generation_config)
+        self.model_kwargs_overrides = dict(self.generator.model_kwargs_overrides)
+
+    def propose(self, input_ids: torch.LongTensor, target_cache=None, target_state: TargetState | None = None) -> DraftTree:
+        """The generator's chain after ``input_ids`` `(1, L)`, with q where it returns logits."""
+        if target_state is None or self.generator is None:
+            raise ValueError(f"{type(self.draft_model).__name__} reads the target's hidden states, which transformers' assisted "
+                             "loop hands only to its own generators: call speculative_generate(target, ids, draft_model=...) or "
+                             "target.generate(ids, custom_generate=speculative_generate, draft_model=...)")
+        if not self.dflash:
+            self.generator.num_assistant_tokens = self.num_draft_tokens
+        ids, logits = self.generator.get_candidates(
+            input_ids, model_kwargs=target_state.model_kwargs(), model_outputs=target_state.outputs,
+            is_first_iteration=target_state.first, n_last_matches=target_state.matched)
+        tokens = ids[0, input_ids.shape[1] :]
+        self.count_call("draft", 0 if not len(tokens) else 1 if self.dflash else len(tokens))
+        probs = None  # q: what the tokens were drawn from. DFlash samples from softmax(logits) when sampling; the assistant
+        # always takes its argmax, so under sampling it gives no q and the target samples each position itself (lossless)
+        if logits is not None and logits.shape[1] >= tokens.numel() and (self.dflash or not self.generation_config.do_sample):
+            probs = torch.softmax(logits[0, : tokens.numel()].float(), dim=-1)
+        return DraftTree.chain(tokens, probs)

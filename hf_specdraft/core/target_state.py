@@ -1,0 +1,166 @@
+"""The target's state handed to the drafters that ask for it: the named layers' hidden states at the kept positions.
+
+Drafters that read the target's hidden state (Gemma 4's assistant, DFlash, models' own MTP heads, EAGLE) follow
+transformers' protocol (``generation/candidate_generator.py``): the class attributes ``requires_model_outputs`` and
+``model_kwargs_overrides`` (e.g. ``{"output_hidden_states": [2, 4]}``: only those entries of ``hidden_states``, entry 0
+being the embeddings), and ``get_candidates(input_ids, model_kwargs=, model_outputs=, is_first_iteration=,
+n_last_matches=)``. The loop honours the same protocol on every layout (one row, a padded batch, the static buffers):
+
+* :class:`StateRequest` merges what the call's drafters ask into the keyword arguments of the target's forwards
+  (prefill and verification). A call whose drafters ask for nothing has an empty request: its forwards are unchanged
+  and nothing more is gathered or read, so such a drafter pays nothing.
+* :func:`kept_states` gathers, after each verification, every asking row's states at the columns it kept (its last
+  token and its accepted path: for a tree, the kept nodes). They stay on the device.
+* :class:`TargetOutputs` carries them to the drafter, as transformers' ``model_outputs`` would: after the first step it
+  covers exactly the tokens that step added to the cache (``n_last_matches + 1`` of them); on the first call after the
+  prefill, the whole prompt (the prefill's states and the first step's). The first call of a call is flagged
+  ``is_first_iteration`` (transformers' own generators then propose nothing, so that a forward produces the states
+  they need).
+
+A plain ``CandidateGenerator`` receives these through ``get_candidates``; an hf_specdraft drafter that sets
+``requires_model_outputs`` receives them as ``propose(input_ids, target_cache, target_state=...)``
+(:class:`TargetState`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers.utils import ModelOutput
+
+from .host import to_device
+
+HIDDEN = "output_hidden_states"
+
+
+@dataclass
+class TargetOutputs(ModelOutput):
+    """The target's outputs at the positions a step kept, for one row (what transformers calls ``model_outputs``).
+
+    Args:
+        hidden_states (`tuple(torch.FloatTensor | None)`): one entry per requested layer index, as the model returns
+            them (entry 0: the embeddings; unrequested entries ``None``), each `(1, n, hidden_size)` over the ``n``
+            positions the last step added to the target's cache, in text order.
+    """
+
+    hidden_states: tuple | None = None
+
+
+@dataclass
+class TargetState:
+    """What a state-reading drafter is told before it proposes (the arguments of transformers' protocol).
+
+    Args:
+        outputs (:class:`TargetOutputs` or `None`): the states of the positions added since its last proposal
+            (`None` before the first forward).
+        first (`bool`): transformers' ``is_first_iteration``: nothing verified yet since the prefill.
+        matched (`int`): ``n_last_matches``: how many draft tokens the last step accepted.
+        position_ids (`torch.LongTensor` of shape `(1, L)`): positions of the row's text, its newest token included.
+    """
+
+    outputs: TargetOutputs | None
+    first: bool
+    matched: int
+    position_ids: torch.LongTensor
+
+    def model_kwargs(self) -> dict:
+        """The ``model_kwargs`` transformers' generators read (an unpadded row: no attention mask)."""
+        return {"position_ids": self.position_ids, "attention_mask": None}
+
+
+def asks_for_state(generator) -> bool:
+    """Whether ``generator`` declares transformers' ``requires_model_outputs``."""
+    return bool(getattr(type(generator), "requires_model_outputs", False) or getattr(generator, "requires_model_outputs", False))
+
+
+class StateRequest:
+    """What the call's drafters ask of the target's forwards, merged once per call.
+
+    Args:
+        model: the target. drafters: every row's drafter.
+
+    Attributes:
+        kwargs (`dict`): merged into every target forward of the call (empty when no drafter asks).
+    """
+
+    def __init__(self, model, drafters):
+        self.kwargs: dict = {}
+        askers = [d for d in drafters if asks_for_state(d)]
+        layers = model.config.get_text_config().num_hidden_layers
+        wanted: set[int] | bool = set()
+        for drafter in askers:
+            for key, value in dict(getattr(drafter, "model_kwargs_overrides", None) or {}).items():
+                if key == HIDDEN:
+                    wanted = _merge_layers(wanted, value, layers, drafter)
+                elif key in self.kwargs and self.kwargs[key] != value:
+                    raise ValueError(f"the drafters ask the target's forward for {key}={self.kwargs[key]!r} and {value!r}: "
+                                     "give every row drafters that ask alike")
+                else:
+                    self._check_accepted(model, key, drafter)
+                    self.kwargs[key] = value
+        if wanted is True:
+            self.kwargs[HIDDEN] = True
+        elif wanted:
+            self.kwargs[HIDDEN] = sorted(wanted)
+        self.hidden = HIDDEN in self.kwargs
+
+    def __bool__(self) -> bool:
+        return bool(self.kwargs)
+
+    @staticmethod
+    def _check_accepted(model, key: str, drafter) -> None:
+        if key not in inspect.signature(model.forward).parameters:
+            raise ValueError(f"{type(drafter).__name__} asks the target's forward for {key!r}, which "
+                             f"{type(model).__name__}.forward does not take: this drafter needs another target model")
+
+
+def _merge_layers(wanted, value, layers: int, drafter):
+    """``output_hidden_states`` values merged: ``True`` (every layer) wins; ints (``-1``: the last) and lists union."""
+    if wanted is True or value is True:
+        return True
+    if value is False or value is None:
+        return wanted
+    values = [value] if isinstance(value, int) else list(value) if isinstance(value, (list, tuple)) else None
+    if values is None or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{type(drafter).__name__}.model_kwargs_overrides['output_hidden_states'] must be True, an int or a list "
+                         f"of ints (indices into hidden_states, 0 the embeddings, {layers} the last layer), got {value!r}")
+    out = set(wanted)
+    for v in values:
+        index = v + layers + 1 if v < 0 else v
+        if not 0 <= index <= layers:
+            raise ValueError(f"{type(drafter).__name__} asks for hidden_states[{v}] of a target with {layers} layers "
+                             f"(valid: 0 to {layers}, or negative from the end)")
+        out.add(index)
+    return out
+
+
+def kept_states(hidden_states: tuple, a: int, columns: list[int]) -> tuple:
+    """Row ``a``'s entries of a forward's ``hidden_states`` at its kept ``columns`` (``0 .. n`` for a chain, a slice; a
+    tree's kept nodes, one gather copied without a sync). Entries the forward left ``None`` stay ``None``."""
+    if columns == list(range(len(columns))):
+        return tuple(None if h is None else h[a : a + 1, : len(columns)] for h in hidden_states)
+    device = next(h.device for h in hidden_states if h is not None)
+    index = to_device(columns, device)
+    return tuple(None if h is None else h[a : a + 1].index_select(1, index) for h in hidden_states)
+
+
+def joined(before: tuple | None, after: tuple) -> tuple:
+    """Two stretches of one row's states, in text order (the prefill's, then the first step's)."""
+    if before is None:
+        return after
+    return tuple(None if x is None else torch.cat([x, y], dim=1) for x, y in zip(before, after))
+
+
+def rows_of(hidden_states: tuple, index: torch.Tensor) -> tuple:
+    """The batch rows ``index`` of every entry (the static path's active slots)."""
+    return tuple(None if h is None else h.index_select(0, index) for h in hidden_states)
+
+
+def prefill_states(hidden_states: tuple, rows) -> None:
+    """Each state-reading row keeps the prefill's states of its prompt (its padding columns left out), to hand on with
+    the first step's."""
+    for a, row in enumerate(rows):
+        if asks_for_state(row.generator):
+            row.states = tuple(None if h is None else h[a : a + 1, row.pad :] for h in hidden_states)
