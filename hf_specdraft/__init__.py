@@ -3,52 +3,83 @@
     >>> from hf_specdraft import speculative_generate
     >>> out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft, max_new_tokens=64)  # doctest: +SKIP
 
-Layers: the core (``hf_specdraft.core``: the loop and its steps) imports no method; each
-method package (glide, cape, cascade, casd) imports only the core; this module, ``defaults``, ``bench`` and the CLI
-compose them (``tests/test_layers.py`` checks it). What one method lends another is wired here.
+Layers: the core (``hf_specdraft.core``: the loop and its steps) imports no method; each method package (glide, cape,
+cascade, casd) imports only the core; this module, ``defaults``, ``bench`` and the CLI compose them
+(``tests/test_layers.py`` checks it). What one method lends another is wired here.
+
+``import hf_specdraft`` loads no method and not torch (PEP 562): each public name below imports its module when it is
+first taken, so ``hf-specdraft --help`` answers at once. The wiring costs nothing at import:
+
+- GLIDE checkpoints ship CAPE's loop: :mod:`.core.hooks` holds a writer that imports :mod:`.cape.packaging` when a
+  checkpoint is saved;
+- ``import hf_specdraft.glide`` registers GLIDE with ``AutoConfig`` / ``AutoModelForCausalLM`` (its checkpoints load
+  without ``trust_remote_code``) and as the drafter of ``speculative_generate(draft_model=<a GLIDE model>)``; taking
+  :func:`speculative_generate` from here imports it too, so a GLIDE draft loaded with ``trust_remote_code`` still
+  glimpses the target.
 """
 
-from functools import partial
+from __future__ import annotations
 
-from .core.acceptance import ConditionalAcceptance, speculative_sampling
-from .cape import CapeCandidateGenerator, CapeConfig
-from .cascade import CascadeCandidateGenerator, CascadeConfig, MaxGramCandidateGenerator
-from .casd import CasdCandidateGenerator, CasdConfig, casd_generate
-from .core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
-from .core.loop import SpeculativeGenerateOutput, speculative_generate
-from .cape.packaging import write_custom_generate
-from .glide import GlideCandidateGenerator, GlideConfig, GlideForCausalLM, register_auto_classes
-from .glide.model_card import set_custom_generate_writer
-from .core.stats import SpeculativeStats, expected_speedup, standardized_walltime_improvement
-from .core.projection import few_token_linears
-from .core.tree import DraftTree
+import importlib
+
+from .core import hooks as _hooks
 
 __version__ = "0.1.0"
 
-register_auto_classes()  # AutoConfig / AutoModelForCausalLM load GLIDE checkpoints without trust_remote_code
-set_custom_generate_writer(partial(write_custom_generate, readme=False))  # GLIDE checkpoints ship CAPE's loop (the card tags it)
+_EXPORTS = {  # public name -> the module (relative to this package) that defines it
+    "CapeCandidateGenerator": ".cape",
+    "CapeConfig": ".cape",
+    "CascadeCandidateGenerator": ".cascade",
+    "CascadeConfig": ".cascade",
+    "CasdCandidateGenerator": ".casd",
+    "CasdConfig": ".casd",
+    "ConditionalAcceptance": ".core.acceptance",
+    "DraftModelCandidateGenerator": ".core.drafting",
+    "DraftTree": ".core.tree",
+    "GlideCandidateGenerator": ".glide",
+    "GlideConfig": ".glide",
+    "GlideForCausalLM": ".glide",
+    "MaxGramCandidateGenerator": ".cascade",
+    "SpeculativeGenerateOutput": ".core.loop",
+    "SpeculativeStats": ".core.stats",
+    "TreeCandidateGenerator": ".core.drafting",
+    "casd_generate": ".casd",
+    "expected_speedup": ".core.stats",
+    "few_token_linears": ".core.projection",
+    "speculative_generate": ".core.loop",
+    "speculative_sampling": ".core.acceptance",
+    "standardized_walltime_improvement": ".core.stats",
+}
+_HELPERS = {  # reachable here as before, not part of __all__
+    "register_auto_classes": ".glide",
+    "set_custom_generate_writer": ".glide.model_card",
+    "write_custom_generate": ".cape.packaging",
+}
 
-__all__ = [
-    "CapeCandidateGenerator",
-    "CapeConfig",
-    "CascadeCandidateGenerator",
-    "CascadeConfig",
-    "CasdCandidateGenerator",
-    "CasdConfig",
-    "ConditionalAcceptance",
-    "DraftModelCandidateGenerator",
-    "DraftTree",
-    "GlideCandidateGenerator",
-    "GlideConfig",
-    "GlideForCausalLM",
-    "MaxGramCandidateGenerator",
-    "SpeculativeGenerateOutput",
-    "SpeculativeStats",
-    "TreeCandidateGenerator",
-    "casd_generate",
-    "expected_speedup",
-    "few_token_linears",
-    "speculative_generate",
-    "speculative_sampling",
-    "standardized_walltime_improvement",
-]
+
+def _write_custom_generate(directory):
+    """CAPE's ``custom_generate/`` folder for a GLIDE checkpoint (the card tags it, so no README of its own)."""
+    from .cape.packaging import write_custom_generate
+
+    return write_custom_generate(directory, readme=False)
+
+
+_hooks.custom_generate_writer = _write_custom_generate  # GLIDE checkpoints ship CAPE's loop
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name) or _HELPERS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name == "speculative_generate":
+        importlib.import_module(".glide", __name__)  # GLIDE's drafter registered before any draft_model= meets it
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups find it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | set(_HELPERS))
+
+
+__all__ = sorted(_EXPORTS)

@@ -47,6 +47,9 @@ def register_auto_classes() -> None:
     AutoModelForCausalLM.register(GlideConfig, GlideForCausalLM, exist_ok=True)
 
 
+register_auto_classes()  # importing hf_specdraft.glide (anything of GLIDE's) is enough to load GLIDE checkpoints
+
+
 def __getattr__(name: str):
     if name in _TRAINING:  # training pulls in accelerate and huggingface_hub cards: import on first use
         from . import training

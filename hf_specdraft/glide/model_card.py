@@ -17,6 +17,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from ..core import hooks
 
 CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id", "license")  # what save_glide_checkpoint's card_info may hold
 # what a training run leaves in its output directory that is no part of the published model
@@ -36,17 +37,16 @@ def _hub_id(name: str | None) -> str | None:
     return name
 
 
-# CAPE's custom_generate/ folder is composed in from above (hf_specdraft/__init__.py sets CAPE's writer), so the glide
-# package imports no other method; without a writer, checkpoints carry no custom_generate/ and their cards say so.
-_custom_generate_writer = None
-
-
 def set_custom_generate_writer(writer) -> None:
-    """Set what writes ``custom_generate/`` into a checkpoint directory (``writer(directory)``), or `None` for none."""
-    global _custom_generate_writer
+    """Set what writes ``custom_generate/`` into a checkpoint directory (``writer(directory)``), or `None` for none.
+
+    CAPE's folder is composed in from above (``hf_specdraft/__init__.py`` sets CAPE's writer in
+    :mod:`hf_specdraft.core.hooks`), so the glide package imports no other method; without a writer, checkpoints carry no
+    ``custom_generate/`` and their cards say so.
+    """
     if writer is not None and not callable(writer):
         raise TypeError(f"writer must be callable as writer(directory) or None, got {type(writer).__name__}")
-    _custom_generate_writer = writer
+    hooks.custom_generate_writer = writer
 
 
 def save_glide_checkpoint(glide, directory, target_name: str | None = None, card_info: dict | None = None) -> Path:
@@ -77,11 +77,11 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
         raise ValueError(f"target_name must be a non-empty str (the target's Hub id or path), got {target_name!r}")
     directory = Path(directory)
     glide.save_pretrained(directory)  # weights, config.json with auto_map, modeling_glide.py and its flat siblings
-    custom_generate = _custom_generate_writer is not None
-    write_model_card(glide.config, directory, base_model=target_name or glide.config.target_name_or_path, custom_generate=custom_generate,
+    writer = hooks.custom_generate_writer
+    write_model_card(glide.config, directory, base_model=target_name or glide.config.target_name_or_path, custom_generate=writer is not None,
                      **card_info)
-    if custom_generate:
-        _custom_generate_writer(directory)  # CAPE's loop (hf_specdraft.cape.write_custom_generate, readme=False: the card tags it)
+    if writer is not None:
+        writer(directory)  # CAPE's loop (hf_specdraft.cape.write_custom_generate, readme=False: the card tags it)
     return directory
 
 
