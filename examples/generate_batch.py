@@ -1,7 +1,7 @@
 """Batched speculative decoding: several prompts in one left-padded batch, every row checked against its own greedy output.
 
     python examples/generate_batch.py --target HuggingFaceTB/SmolLM2-135M-Instruct --glide YOUR_USER/glide-smollm2-135m
-    python examples/generate_batch.py --tiny    # the embedded default's tiny recipe: seconds on a CPU
+    python examples/generate_batch.py --tiny    # the repository's tiny recipe (recipes/training.py): seconds on a CPU
 
 Each row drafts, verifies and accepts on its own, with one target forward per step for the whole batch. Throughput
 is printed for target-only batched ``generate``, the same with :func:`hf_specdraft.few_token_linears` (on CPU a
@@ -34,7 +34,7 @@ def load(args):
         return bundle.target, bundle.tokenizer, bundle.extras["glide"]
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, device_map="auto")
-    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(target.device)  # `import hf_specdraft` registers GLIDE
+    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(target.device)  # hf_specdraft.glide (imported above) registers GLIDE
     return target, AutoTokenizer.from_pretrained(args.target), glide
 
 
@@ -44,7 +44,7 @@ def main():
     parser.add_argument("--glide", help="GLIDE checkpoint trained for --target: Hub id or directory")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--num-draft-tokens", type=int, default=1, help="γ; short drafts pay best in a batch on CPU")
-    parser.add_argument("--tiny", action="store_true", help="use the embedded default's tiny recipe")
+    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
     args = parser.parse_args()
     if not args.tiny and not (args.target and args.glide):
         parser.error("--target and --glide are required (or --tiny)")

@@ -2,7 +2,7 @@
 
     hf-specdraft build-bigram --tokenizer TOKENIZER_DIR --output bigram.safetensors   # optional: Max-Gram's fallback
     python examples/generate_cascade.py --target Qwen/Qwen2.5-1.5B --drafts Qwen/Qwen2.5-0.5B --bigram bigram.safetensors
-    python examples/generate_cascade.py --tiny    # the embedded default's tiny recipe: seconds on a CPU
+    python examples/generate_cascade.py --tiny    # the repository's tiny recipe (recipes/training.py): seconds on a CPU
 
 ``--drafts`` go largest first and share the target's vocabulary. One timed run per method;
 ``hf-specdraft bench`` is the measurement.
@@ -39,7 +39,7 @@ def main():
     parser.add_argument("--prompt", default="import os\n\n\ndef list_python_files(root):\n")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--lenience", type=float, default=2.0, help="l: drafts reviewing drafts accept more leniently")
-    parser.add_argument("--tiny", action="store_true", help="use the embedded default's tiny recipe")
+    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
     args = parser.parse_args()
     if not args.tiny and not (args.target and args.drafts):
         parser.error("--target and --drafts are required (or --tiny)")

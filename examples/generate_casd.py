@@ -2,7 +2,7 @@ r"""CASD: drafts retrieved from the request's own context, verified exactly or c
 
     python examples/generate_casd.py --model Qwen/Qwen2.5-1.5B-Instruct --context-file report.txt \
         --question "Which section describes the evaluation?"
-    python examples/generate_casd.py --tiny    # the embedded default's tiny recipe: seconds on a CPU
+    python examples/generate_casd.py --tiny    # the repository's tiny recipe (recipes/training.py): seconds on a CPU
 
 The draft pool holds the whole context; ``--threshold`` is δ of the conditional rule p(x) > max(δ, p(eos))
 (eq. 3), ``strict`` verification is lossless. ``--tiny`` completes the next lines of a held-out file with
@@ -40,7 +40,7 @@ def main():
     parser.add_argument("--question", help="the query, placed after the context in the prompt")
     parser.add_argument("--threshold", type=float, default=0.1, help="δ of the conditional rule (eq. 3)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--tiny", action="store_true", help="use the embedded default's tiny recipe")
+    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
     args = parser.parse_args()
     if not args.tiny and not (args.model and args.context_file and args.question):
         parser.error("--model, --context-file and --question are required (or --tiny)")

@@ -1,7 +1,7 @@
 """Generate with GLIDE (glide_cape.txt §4.1) and GLIDE + CAPE (§4.2); compare with target-only greedy decoding.
 
     python examples/generate_glide.py --target lmsys/vicuna-7b-v1.5 --glide YOUR_USER/glide-vicuna-7b-v1.5
-    python examples/generate_glide.py --tiny    # the embedded default's tiny recipe: seconds on a CPU
+    python examples/generate_glide.py --tiny    # the repository's tiny recipe (recipes/training.py): seconds on a CPU
 
 ``--glide`` is a GLIDE checkpoint trained for ``--target`` (``examples/train_glide.py`` writes one). One
 timed run per method; ``hf-specdraft bench`` is the measurement.
@@ -24,7 +24,7 @@ def load(args):
         return bundle.target, bundle.tokenizer, bundle.extras["glide"]
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, device_map="auto")
-    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(target.device)  # `import hf_specdraft` registers GLIDE
+    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(target.device)  # hf_specdraft.glide (imported above) registers GLIDE
     return target, AutoTokenizer.from_pretrained(args.target), glide
 
 
@@ -34,7 +34,7 @@ def main():
     parser.add_argument("--glide", help="GLIDE checkpoint trained for --target: Hub id or directory")
     parser.add_argument("--prompt", default="def quicksort(items):\n")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--tiny", action="store_true", help="use the embedded default's tiny recipe")
+    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
     args = parser.parse_args()
     if not args.tiny and not (args.target and args.glide):
         parser.error("--target and --glide are required (or --tiny)")

@@ -3,7 +3,7 @@ r"""Train a GLIDE draft for a Hub target: the paper's recipe (glide_cape.txt §5
     pip install datasets deepspeed
     accelerate launch --config_file examples/accelerate_deepspeed_zero2.yaml examples/train_glide.py \
         --target lmsys/vicuna-7b-v1.5 --dataset DKYoon/SlimPajama-6B --output-dir glide-vicuna-7b-v1.5
-    python examples/train_glide.py --tiny    # the embedded default's tiny recipe: seconds on a CPU
+    python examples/train_glide.py --tiny    # the repository's tiny recipe (recipes/training.py): seconds on a CPU
 
 Appendix A: one GLIDE layer (N_D = 1) as wide as the target (d_D = 4096), frozen target, AdamW at 5e-4,
 batch 64 (8 GPUs x 8 windows), one epoch, DeepSpeed ZeRO-2 on 8 GPUs. The data is held in memory as one
@@ -46,7 +46,7 @@ def main():
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=8, help="windows per process (8 processes: 64, Appendix A)")
     parser.add_argument("--hub-model-id", help="push the checkpoint to this Hub repo")
-    parser.add_argument("--tiny", action="store_true", help="use the embedded default's tiny recipe")
+    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
     args = parser.parse_args()
     if args.tiny:  # the tiny target, trained on hf_specdraft's own source for a few steps
         from _tiny import tiny_default_dir

@@ -1,23 +1,39 @@
-"""The ``hf-specdraft`` commands (also ``python -m hf_specdraft``): what each runs once parsed.
+"""The ``hf-specdraft`` command line (also ``python -m hf_specdraft``): one table of commands, each with its parser and
+what it runs.
 
-The parser, and the usage of every command, is :mod:`hf_specdraft_cli` (standard library only, so ``--help`` answers
-without importing torch); :func:`run` takes its parsed arguments here.
+    hf-specdraft demo                       # the shipped default: one method per idea vs target-only, one table
+    hf-specdraft demo --target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID
+    hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
+    hf-specdraft report                     # BENCHMARKS.md from benchmarks/results/*.json
+    hf-specdraft train-glide --target DIR (--data FILES | --dataset FILE_OR_HUB_ID [--regenerate]) --output-dir DIR   # see --help
+    hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
+
+The parsers use the standard library only, and each command imports torch and the library when it runs (``import
+hf_specdraft`` loads nothing eagerly), so ``hf-specdraft --help`` answers at once. The studies and training recipes
+beside the package run as ``python -m benchmarks.studies.<name>`` and ``python -m recipes.<name>`` from a source
+checkout (benchmarks/studies/README.md, recipes/README.md); training a small target of one's own is
+``python -m recipes.training``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-import hf_specdraft_cli
-import torch
+DTYPE_NAMES = ("auto", "bf16", "fp16", "fp32")
 
-DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # hf_specdraft_cli.DTYPE_NAMES
+
+def torch_dtype(name: str):
+    """The torch dtype of a ``--dtype`` / ``--draft-dtype`` name (`None` for auto: the loader's default)."""
+    import torch
+
+    return {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 def load_bundle(target: str | None, draft: str | None, device: str | None = None, dtype: torch.dtype | None = None,
@@ -26,7 +42,7 @@ def load_bundle(target: str | None, draft: str | None, device: str | None = None
     default for the embedded drafters, the target's dtype for a ``--draft`` checkpoint."""
     from .defaults import DefaultBundle, load_default
 
-    if target is None or (Path(target) / "target" / "config.json").is_file():  # the default, or a train-default directory
+    if target is None or (Path(target) / "target" / "config.json").is_file():  # the default, or a recipes.training directory
         bundle = load_default(target, device=device, dtype=dtype, draft_dtype=draft_dtype)
         if draft is not None:
             bundle.draft = _load_causal_lm(draft, "--draft", bundle.target, draft_dtype)
@@ -68,6 +84,7 @@ def check_checkpoint(name: str, argument: str) -> None:
 
 
 def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | None = None):
+    import torch
     from transformers import AutoModelForCausalLM
 
     check_checkpoint(name, argument)
@@ -176,6 +193,8 @@ def bench_output_path(output: str | None, profile: str, task: str, overwrite: bo
 
 
 def cmd_bench(args) -> int:
+    import torch
+
     from .bench import BenchConfig, format_table, run_bench
 
     methods = tuple(args.methods.split(",")) if args.methods else BenchConfig.methods
@@ -184,14 +203,13 @@ def cmd_bench(args) -> int:
     if config.profile.startswith("gpu") and not torch.cuda.is_available():
         raise ValueError(f"--profile {config.profile} needs a CUDA device; use --profile cpu here")
     target = args.target
-    if config.profile == "gpu" and target is None:  # the gpu profile trains its bigger target inside the run (≤ 6 min on one H200)
-        from .defaults.recipe import get_recipe
-        from .defaults.training import train_default
-
+    if config.profile == "gpu" and target is None:  # the gpu profile's bigger target, trained beforehand by the repository's recipe
         target = args.gpu_default_dir
         if not (Path(target) / "recipe.json").is_file():
-            train_default(get_recipe("gpu"), target)
-    bundle = load_bundle(target, args.draft, dtype=DTYPES[args.dtype], draft_dtype=DTYPES[args.draft_dtype])
+            raise ValueError(f"--profile gpu runs on the target in --gpu-default-dir {target!r}, which holds no finished run: train it "
+                             f"first from a source checkout (≤ 6 min on one H200), `accelerate launch -m recipes.training --recipe gpu "
+                             f"--output-dir {target}`, or pass --target")
+    bundle = load_bundle(target, args.draft, dtype=torch_dtype(args.dtype), draft_dtype=torch_dtype(args.draft_dtype))
     output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
     result = run_bench(bundle, config, output=output, warn=False)
     print(format_table(result["summary"], result["timing"]))
@@ -199,19 +217,9 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_train_default(args) -> int:
-    from .defaults.recipe import get_recipe
-    from .defaults.training import train_default
-
-    log = train_default(get_recipe(args.recipe), args.output_dir, parts=tuple(args.parts.split(",")), resume_target=args.resume_target)
-    print(json.dumps(log["evaluation"], indent=1))
-    return 0
-
-
 def cmd_report(args) -> int:
-    from .bench.report import write_report
-
     from .bench.headline import write_headline
+    from .bench.report import write_report
 
     path = write_report(args.output, args.results_dir)
     print(f"wrote {path} (plots in {Path(args.results_dir).parent / 'plots'})")
@@ -233,30 +241,118 @@ def cmd_build_bigram(argv: list[str]) -> int:
     return main_build_bigram(argv)
 
 
-PASSTHROUGH = {"train-glide": cmd_train_glide, "build-bigram": cmd_build_bigram}  # commands with their own parsers
+# --- the parsers: standard library only ------------------------------------------------------------------------------
 
 
-COMMANDS = {"demo": cmd_demo, "bench": cmd_bench, "train-default": cmd_train_default, "report": cmd_report}
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in --help, where it has one (not ``None`` or an unset flag)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command's parser (:mod:`hf_specdraft_cli`, standard library only) with the benchmark methods listed."""
+def demo_arguments(demo: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
+    demo.add_argument("--target", help="a causal LM (local directory or Hub id) or a `python -m recipes.training` directory; the "
+                      "embedded default (SmolLM2-135M-Instruct) when not given")
+    demo.add_argument("--draft", help="a draft causal LM with the target's vocabulary")
+    demo.add_argument("--num-prompts", type=int, default=2, help="held-out prompts per task")
+    demo.add_argument("--max-new-tokens", type=int, default=40, help="new tokens per prompt")
+    demo.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt; the median counts")
+    demo.add_argument("--output", help="a directory for the runs' JSON (demo-<task>.json; the README's headline table is "
+                      "generated from benchmarks/demo/)")
+
+
+def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
+    bench.add_argument("--profile", default="cpu", choices=("cpu", "gpu", "gpu-default"),
+                       help="prompt counts, lengths and repeats (gpu: the bigger target in --gpu-default-dir; gpu-default: the "
+                       "embedded default on CUDA)")
+    bench.add_argument("--methods", help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,draft-model)"
+                       + ("; one of: " + ", ".join(method_names) if method_names else "; `hf-specdraft bench --help` lists them"))
+    bench.add_argument("--task", default="completion", choices=("completion", "context", "chat"),
+                       help="completion, context (CASD's rest-of-file task) or chat (requests in the target's chat template)")
+    bench.add_argument("--num-prompts", type=int, help="held-out prompts (default: the profile's, 20 on cpu)")
+    bench.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default: the profile's, 64 on cpu)")
+    bench.add_argument("--repeats", type=int, help="timed runs per method and prompt, median kept (default: the profile's, 3)")
+    bench.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts (the longest), each run by every method "
+                       "at --max-new-tokens before timing: caches sized and graphs compiled for the longest call")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--context-prompt-chars", type=int, help="context task: characters of the file before the cut in the prompt "
+                       "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)")
+    bench.add_argument("--target")
+    bench.add_argument("--draft")
+    bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json; when that exists, a new "
+                       "timestamped file beside it unless --overwrite)")
+    bench.add_argument("--overwrite", action="store_true", help="replace benchmarks/results/<profile>-<task>.json when --output is not given")
+    bench.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help="the target's; auto: fp32 on CPU, bf16 on CUDA")
+    bench.add_argument("--draft-dtype", default="auto", choices=DTYPE_NAMES,
+                       help="the drafters'; auto: bf16 for the embedded default's (the weights they ship in; bf16 halves a "
+                       "draft forward's weight reads), the target's for --draft and recipes.training drafters")
+    bench.add_argument("--gpu-default-dir", default="runs/gpu-default", help="where --profile gpu finds its target (`accelerate "
+                       "launch -m recipes.training --recipe gpu --output-dir DIR` trains it)")
+
+
+def report_arguments(report: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
+    report.add_argument("--results-dir", default="benchmarks/results")
+    report.add_argument("--output", default="BENCHMARKS.md")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its line in ``--help``, what it runs, and what fills its parser.
+
+    ``run(args)`` takes the parsed arguments and returns the exit status; a command without ``arguments`` parses its
+    own: ``run(argv)`` gets the words after its name.
+    """
+
+    help: str
+    run: Callable
+    arguments: Callable[[argparse.ArgumentParser, tuple[str, ...]], None] | None = None
+
+
+COMMANDS = {
+    "demo": Command("compare one method per idea with target-only decoding on the shipped default (or --target)", cmd_demo,
+                    demo_arguments),
+    "bench": Command("benchmark methods side by side; writes JSON", cmd_bench, bench_arguments),
+    "report": Command("render BENCHMARKS.md from benchmarks/results/*.json", cmd_report, report_arguments),
+    "train-glide": Command("train a GLIDE drafter for your target; see `hf-specdraft train-glide --help`", cmd_train_glide),
+    "build-bigram": Command("Max-Gram's bigram fallback table; see `hf-specdraft build-bigram --help`", cmd_build_bigram),
+}
+
+
+def bench_method_names() -> tuple[str, ...]:
+    """The benchmark methods ``bench --help`` lists (importing them imports torch)."""
     from .bench.methods import METHODS
 
-    return hf_specdraft_cli.build_parser(tuple(METHODS))
+    return tuple(METHODS)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run a parsed command; a `ValueError` becomes one line on stderr and exit status 2."""
-    try:
-        return COMMANDS[args.command](args)
-    except ValueError as err:
-        print(f"hf-specdraft {args.command}: error: {err}", file=sys.stderr)
-        return 2
+def build_parser(method_names: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """The command's parser (standard library only). ``method_names``: what ``bench --help`` lists
+    (:func:`bench_method_names`)."""
+    parser = argparse.ArgumentParser(prog="hf-specdraft", description="Speculative decoding for 🤗 Transformers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        if command.arguments is None:  # listed in --help here; main() hands its words to its own parser
+            sub.add_parser(name, help=command.help, add_help=False)
+        else:
+            command.arguments(sub.add_parser(name, help=command.help, formatter_class=_DefaultsHelp), method_names)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    return hf_specdraft_cli.main(argv)
+    """Parse and run a command; a `ValueError` becomes one line on stderr and exit status 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    command = COMMANDS.get(argv[0]) if argv else None
+    if command is not None and command.arguments is None:
+        return command.run(argv[1:])
+    args = build_parser(bench_method_names() if argv[:1] == ["bench"] else ()).parse_args(argv)
+    try:
+        return COMMANDS[args.command].run(args)
+    except ValueError as err:
+        print(f"hf-specdraft {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

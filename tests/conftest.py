@@ -114,8 +114,8 @@ def corpus():
 def tiny_default(tmp_path_factory, corpus):
     """The tiny recipe trained end to end (target, drafts, GLIDE, bigram table; seconds) once per test run:
     the embedded default's plumbing tests and the examples / notebooks share it. Returns (directory, log)."""
-    from hf_specdraft.defaults.recipe import get_recipe
-    from hf_specdraft.defaults.training import train_default
+    from recipes.recipe import get_recipe
+    from recipes.training import train_default
 
     out = tmp_path_factory.mktemp("tiny_default")
     mp = pytest.MonkeyPatch()

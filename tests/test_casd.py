@@ -287,7 +287,7 @@ def test_conditional_threshold_on_a_real_target():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from hf_specdraft.defaults.tokenizer import train_tokenizer
+    from recipes.tokenizer import train_tokenizer
 
     texts = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog.\n"] * 20
     return train_tokenizer(texts, vocab_size=300)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_specdraft.defaults import SMOLLM2_DRAFTERS_DIR, check_recipe, load_default
+from hf_specdraft.defaults import SMOLLM2_DRAFTERS_DIR, load_default
 from hf_specdraft.defaults.corpus import build_corpus, is_heldout
-from hf_specdraft.defaults.recipe import get_recipe
 from hf_specdraft.defaults.tasks import build_tasks, edit_similarity
+from recipes.recipe import check_recipe, get_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,8 +56,8 @@ def test_resume_target_runs_only_the_continuation(tiny_default, corpus, tmp_path
 
     from safetensors.torch import load_file
 
-    from hf_specdraft.defaults.recipe import TrainSchedule
-    from hf_specdraft.defaults.training import train_default
+    from recipes.recipe import TrainSchedule
+    from recipes.training import train_default
 
     path, _ = tiny_default
     monkeypatch.setenv("HF_SPECDRAFT_CACHE", str(path.parent / "cache"))
@@ -161,7 +161,7 @@ def test_draft_dtype_section_renders_both_measurements():
     from hf_specdraft.bench.report import draft_dtype_section
 
     ms = {"float32": {"1": 6.8, "3": 8.4}, "bfloat16": {"1": 4.1, "3": 5.5}}
-    result = {"meta": {"gamma": 3, "prompts": "completion items 20..", "hardware": "CPU", "command": "python -m hf_specdraft.bench.draft_dtype"},
+    result = {"meta": {"gamma": 3, "prompts": "completion items 20..", "hardware": "CPU", "command": "python -m benchmarks.studies.draft_dtype"},
               "draft_forward_ms": {"glide": ms},
               "end_to_end": {"target-only": {"speedup_vs_target_only": 1.0, "mean_accepted_length": None, "equals_target_only": True},
                              "glide/bfloat16": {"speedup_vs_target_only": 1.42, "mean_accepted_length": 1.93, "equals_target_only": True}}}
@@ -193,7 +193,7 @@ def test_context_bench_records_what_the_pool_can_copy(tiny_default, tmp_path):
 
 def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
     from hf_specdraft.bench import BenchConfig, run_bench
-    from hf_specdraft.bench.k_sweep import k_grid, register_grid
+    from benchmarks.studies.k_sweep import k_grid, register_grid
     from hf_specdraft.cascade.cascade import validate_k_matrix
 
     for drafts in (1, 2):
@@ -221,7 +221,7 @@ def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
 
     from huggingface_hub import ModelCard
 
-    from hf_specdraft.defaults.drafters import write_drafter_cards
+    from recipes.drafters import write_drafter_cards
 
     run = tmp_path / "run"
     shutil.copytree(tiny_default[0], run)
@@ -295,11 +295,11 @@ def test_cli_errors(tmp_path):
 
 def test_cli_report_and_help_say_what_they_do(tmp_path, capsys):
     """Issue #19: report outside the repository refused in one line (no empty BENCHMARKS.md); --help names methods and defaults."""
-    from hf_specdraft.cli import build_parser, main
+    from hf_specdraft.cli import bench_method_names, build_parser, main
 
     assert main(["report", "--results-dir", str(tmp_path / "nothing"), "--output", str(tmp_path / "B.md")]) == 2
     assert "holds no benchmark JSON files" in capsys.readouterr().err and not (tmp_path / "B.md").exists()
-    bench_help = build_parser()._subparsers._group_actions[0].choices["bench"].format_help()
+    bench_help = build_parser(bench_method_names())._subparsers._group_actions[0].choices["bench"].format_help()
     assert "glide+cape" in bench_help and "casd-strict" in bench_help and "(default: cpu)" in bench_help
     demo_help = build_parser()._subparsers._group_actions[0].choices["demo"].format_help()
     assert "--repeats" in demo_help and "(default: 3)" in demo_help
@@ -309,7 +309,7 @@ def test_cli_report_and_help_say_what_they_do(tmp_path, capsys):
 def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
     """The package ships weights, config, card and log only; the trust_remote_code files and custom_generate/ come
     from the library's one source when a drafter is saved for the Hub (save_glide_checkpoint)."""
-    from hf_specdraft.defaults.smollm2_drafters import SHIPPED_FILES
+    from recipes.smollm2_drafters import SHIPPED_FILES
     from hf_specdraft.glide import GlideForCausalLM, save_glide_checkpoint
 
     folder = SMOLLM2_DRAFTERS_DIR / kind

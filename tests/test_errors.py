@@ -175,6 +175,9 @@ def test_cli_help_imports_neither_torch_nor_transformers():
     import subprocess
     import sys
 
-    code = "import sys, hf_specdraft_cli; hf_specdraft_cli.build_parser().format_help(); print(sorted(m for m in ('torch', 'transformers', 'hf_specdraft') if m in sys.modules))"
+    code = ("import sys; from hf_specdraft import cli; cli.build_parser().format_help(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'hf_specdraft.glide', 'hf_specdraft.bench') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+    done = subprocess.run([sys.executable, "-m", "hf_specdraft", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and all(name in done.stdout for name in ("demo", "bench", "report", "train-glide", "build-bigram"))

@@ -175,7 +175,7 @@ def test_tiny_runs_go_to_the_user_cache_not_temporary_folders(tmp_path, monkeypa
     """--tiny trains once into $HF_SPECDRAFT_CACHE/tiny-default and reuses it: nothing is left in the temp directory."""
     import tempfile
 
-    import hf_specdraft.defaults.training as training
+    import recipes.training as training
 
     monkeypatch.syspath_prepend(str(EXAMPLES))
     import _tiny

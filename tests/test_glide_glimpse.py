@@ -1,4 +1,4 @@
-"""hf_specdraft.bench.glide_glimpse on a tiny target: the delay mask, its scores against the inference rule, and the
+"""benchmarks.studies.glide_glimpse on a tiny target: the delay mask, its scores against the inference rule, and the
 fine-tuned layer comparison (the real run loads SmolLM2 and takes minutes; its result is committed JSON)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny_model
 from hf_specdraft import GlideConfig, GlideForCausalLM
-from hf_specdraft.bench import glide_glimpse
+from benchmarks.studies import glide_glimpse
 
 
 def _drafter(target, cross_attention=True, layer=None, seed=1):

@@ -1,4 +1,4 @@
-"""hf_specdraft.bench.glide_recipe and the recipe variants it trains (the real run loads SmolLM2 and trains for an hour;
+"""benchmarks.studies.glide_recipe and the recipe variants it trains (the real run loads SmolLM2 and trains for an hour;
 its result is committed JSON): variant parsing, the recipe hash the shipped training states depend on, a two-layer
 drafter trained from a store, and the greedy speed model."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from hf_specdraft.bench import glide_glimpse, glide_recipe
-from hf_specdraft.bench.glide_gap_curve import variant_recipe
-from hf_specdraft.defaults.smollm2_drafters import RECIPES, train_drafter
+from benchmarks.studies import glide_glimpse, glide_recipe
+from benchmarks.studies.glide_gap_curve import variant_recipe
+from recipes.smollm2_drafters import RECIPES, train_drafter
 
 
 @pytest.mark.parametrize("variant, field, value", [
@@ -86,7 +86,7 @@ def test_bad_arguments_are_refused_before_the_target_loads(argv, message, capsys
 ])
 def test_the_gap_curve_refuses_bad_arguments_before_the_target_loads(argv, message, capsys, monkeypatch):
     import hf_specdraft.defaults.smollm2 as smollm2
-    from hf_specdraft.bench import glide_gap_curve
+    from benchmarks.studies import glide_gap_curve
 
     monkeypatch.setattr(smollm2, "load_smollm2", lambda *a, **k: pytest.fail("loaded the target"))
     with pytest.raises(SystemExit) as error:

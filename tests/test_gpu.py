@@ -12,7 +12,7 @@ import torch
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate
 from hf_specdraft.bench.compile_watch import compile_counters, compiled_between
-from hf_specdraft.bench.lossless import compare_greedy
+from benchmarks.studies.lossless import compare_greedy
 from test_method_grid import METHODS, glide_for
 from test_sliding_window import WINDOW, prompt, windowed_model
 
@@ -172,7 +172,7 @@ def test_cuda_graphs_replay_an_auto_chain_across_buckets(cudagraphs):
 
 def test_cuda_graphs_in_bf16_agree_with_bf16_greedy_up_to_near_ties(cudagraphs):
     """bf16: a verification over several tokens rounds otherwise than a one-token forward, so the output equals bf16
-    greedy except where the target's top two logits are a near tie (hf_specdraft.bench.lossless); a lost token fails."""
+    greedy except where the target's top two logits are a near tie (benchmarks.studies.lossless); a lost token fails."""
     target = tiny_model("llama").to(CUDA, torch.bfloat16)
     draft = tiny_model("llama", seed=3, num_hidden_layers=1).to(CUDA, torch.bfloat16)
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5)).to(CUDA)

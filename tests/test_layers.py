@@ -66,7 +66,7 @@ def test_no_import_runs_against_the_layers():
 
 
 @pytest.mark.parametrize("source, expected", [("hf_specdraft/glide/candidate_generator.py", {"core", "glide"}),
-                                              ("hf_specdraft/bench/casd_retrieval.py", {"casd", "defaults", "bench"})])
+                                              ("hf_specdraft/defaults/bigram.py", {"cascade", "defaults"})])
 def test_the_resolver_sees_relative_and_nested_imports(source, expected):
     assert expected <= imports(PACKAGE.parent / source) | {unit(Path(source).relative_to("hf_specdraft").parts)}
 

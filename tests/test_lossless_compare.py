@@ -1,4 +1,4 @@
-"""hf_specdraft.bench.lossless: a greedy output against target-only greedy, and a bf16 near tie told from a lost token."""
+"""benchmarks.studies.lossless: a greedy output against target-only greedy, and a bf16 near tie told from a lost token."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hf_specdraft.bench.lossless import compare_greedy
+from benchmarks.studies.lossless import compare_greedy
 
 
 class FixedLogits:

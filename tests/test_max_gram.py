@@ -149,7 +149,7 @@ def test_save_load_round_trip(tmp_path):
 
 def test_cli_builds_a_table(tmp_path):
     from hf_specdraft.defaults.corpus import is_heldout
-    from hf_specdraft.defaults.tokenizer import train_tokenizer
+    from recipes.tokenizer import train_tokenizer
 
     source = tmp_path / "code"
     source.mkdir()

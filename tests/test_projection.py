@@ -178,7 +178,7 @@ def test_report_renders_one_verification_table_per_cpu():
     from hf_specdraft.bench.report import verification_section
 
     def run(hardware, one, two):
-        meta = {"hardware": hardware, "dtype": "float32", "prefix": 96, "repeats": 15, "command": "python -m hf_specdraft.bench.projection"}
+        meta = {"hardware": hardware, "dtype": "float32", "prefix": 96, "repeats": 15, "command": "python -m benchmarks.studies.projection"}
         return {"meta": meta, "milliseconds": {"model's own": {"1": one, "2": two}}, "ratio_to_one_token": {"model's own": {"1": 1.0, "2": two / one}}}
 
     text = verification_section([run("CPU: AMD EPYC, 2 threads", 56.0, 84.0), run("CPU: Intel(R) Xeon(R), 2 threads", 30.0, 31.5)])

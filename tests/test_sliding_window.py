@@ -172,7 +172,7 @@ def test_sliding_window_bench_pieces():
     the same verification logits past the window, and the trimmed one is the smaller; its report section renders."""
     from conftest import tiny_model
     from hf_specdraft.bench.report import sliding_window_section
-    from hf_specdraft.bench.sliding_window import cache_bytes, main, prefilled, windowed_copy
+    from benchmarks.studies.sliding_window import cache_bytes, main, prefilled, windowed_copy
     from hf_specdraft.core.verify import verify_tree
     from hf_specdraft.core.tree import DraftTree
 
@@ -185,7 +185,7 @@ def test_sliding_window_bench_pieces():
         trimmed, full = prefilled(windowed, x, "trimmed"), prefilled(windowed, x, "full")
         assert cache_bytes(trimmed) < cache_bytes(full)
         assert torch.allclose(verify_tree(windowed, x, trimmed, tree), verify_tree(windowed, x, full, tree), atol=1e-5)
-    result = {"meta": {"hardware": "CPU", "dtype": "float32", "repeats": 3, "command": "python -m hf_specdraft.bench.sliding_window"},
+    result = {"meta": {"hardware": "CPU", "dtype": "float32", "repeats": 3, "command": "python -m benchmarks.studies.sliding_window"},
               "window": 8, "step_milliseconds": {"inside": {"chain": {"trimmed": 1.0, "full": 1.0, "no window": 1.0}}},
               "cache_bytes_at_4x_window": {"trimmed": 2**20, "full": 2**22},
               "end_to_end": {"prompt_tokens": 32, "new_tokens": 8, **dict.fromkeys(("windowed", "no window"), {

@@ -220,7 +220,7 @@ def test_bench_wrapper_without_flags_falls_back_to_token_matching(monkeypatch):
     """``bench.tree_sampling``'s comparison row: the same CAPE trees, verified by token matching."""
     import hf_specdraft.core.loop as generation
     from hf_specdraft import CapeCandidateGenerator, DraftModelCandidateGenerator
-    from hf_specdraft.bench.tree_sampling import WithoutSampledFlags
+    from benchmarks.studies.tree_sampling import WithoutSampledFlags
 
     calls = []
     monkeypatch.setattr(generation, "tree_rejection_sampling", lambda *a, **k: calls.append(1))

@@ -1,4 +1,4 @@
-"""The tuning runs (hf_specdraft.bench.tune_glide, tune_casd): their grids and their argument checks (the runs
+"""The tuning runs (benchmarks.studies.tune_glide, tune_casd): their grids and their argument checks (the runs
 themselves load the real default and take minutes; their results are committed JSON)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hf_specdraft.bench import METHODS
-from hf_specdraft.bench import tune_casd, tune_glide
+from benchmarks.studies import tune_casd, tune_glide
 
 
 def test_grids_register_once_with_their_settings():
@@ -35,7 +35,7 @@ def test_bad_arguments_are_refused_before_anything_loads(module, argv, flag, cap
                                         (["--grid", "short", "--drafts", "2"], "short grid"), (["--grid", "long"], "--grid")])
 def test_k_sweep_refuses_bad_arguments_before_anything_loads(argv, flag, capsys, monkeypatch):
     import hf_specdraft.defaults
-    from hf_specdraft.bench import k_sweep
+    from benchmarks.studies import k_sweep
 
     monkeypatch.setattr(hf_specdraft.defaults, "load_default", lambda *a, **k: pytest.fail("loaded the default"))
     with pytest.raises(SystemExit) as exit_info:
@@ -45,7 +45,7 @@ def test_k_sweep_refuses_bad_arguments_before_anything_loads(argv, flag, capsys,
 
 def test_k_sweep_mag_grid_runs_every_length(monkeypatch):
     import hf_specdraft.defaults
-    from hf_specdraft.bench import k_sweep
+    from benchmarks.studies import k_sweep
 
     seen = {}
 
@@ -69,7 +69,7 @@ def test_k_sweep_mag_grid_runs_every_length(monkeypatch):
                                         (["--gammas", "1,3", "--methods", "glide"], "glide γ=1")])
 def test_batching_bench_refuses_bad_arguments_before_anything_loads(argv, flag, capsys, monkeypatch):
     import hf_specdraft.defaults
-    from hf_specdraft.bench import batching
+    from benchmarks.studies import batching
 
     monkeypatch.setattr(hf_specdraft.defaults, "load_default", lambda *a, **k: pytest.fail("loaded the default"))
     with pytest.raises(SystemExit) as exit_info:
@@ -78,7 +78,7 @@ def test_batching_bench_refuses_bad_arguments_before_anything_loads(argv, flag, 
 
 
 def test_batching_bench_names_one_run_per_gamma():
-    from hf_specdraft.bench import batching
+    from benchmarks.studies import batching
 
     assert batching.method_names((3,)) == ["target-only", "target-only (few-token linears)", "stock-assisted", "glide", "vanilla", "max-gram"]
     assert batching.method_names((1, 3))[3:7] == ["glide γ=1", "glide γ=3", "vanilla γ=1", "vanilla γ=3"]
@@ -108,7 +108,7 @@ def test_batching_bench_checks_every_batch_size_against_the_smallest(monkeypatch
     import torch
 
     import hf_specdraft.defaults.tasks
-    from hf_specdraft.bench import batching
+    from benchmarks.studies import batching
 
     def fake(shifted):  # a "method" emitting 3 tokens per row; shifted ones change their tokens at batch size 2
         def run(ids, mask, kwargs):

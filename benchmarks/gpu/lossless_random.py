@@ -1,16 +1,16 @@
 """Every default call against target-only greedy on random weights of SmolLM2-135M's shape (issue #41, the first GPU
 call: no GGUF needed). Eager and with ``cache_implementation="static"`` (on CUDA compiled, CUDA graphs per bucket).
 
-    python benchmarks/gpu/lossless_random.py --output $OUT/lossless-random-gpu.json     # on a CUDA machine, bf16
-    python benchmarks/gpu/lossless_random.py --dtypes fp32 --output lossless-fp32.json  # the control
-    python benchmarks/gpu/lossless_random.py --device cpu --layers 2 --new-tokens 8     # the mechanics, on a CPU
+    python -m benchmarks.gpu.lossless_random --output $OUT/lossless-random-gpu.json     # on a CUDA machine, bf16
+    python -m benchmarks.gpu.lossless_random --dtypes fp32 --output lossless-fp32.json  # the control
+    python -m benchmarks.gpu.lossless_random --device cpu --layers 2 --new-tokens 8     # the mechanics, on a CPU
 
 The calls: the draft model, GLIDE, CAPE over GLIDE, Max-Gram and CASD, each as ``speculative_generate``'s default call
 (γ and sizes "auto"), and transformers' own static cache; each output is compared token by token with
 ``target.generate(do_sample=False)`` in the same dtype. Random weights give flat next-token distributions, so in bf16 a
 kernel that rounds otherwise (a 4-token forward against a 1-token one) can flip a near tie. A difference is therefore
 judged at its first token: if the reference's top two logits there are within a few bf16 steps and the call picked the
-other one, the row reads "near tie" (rounding, not a lost token; hf_specdraft.bench.lossless); anything else is a
+other one, the row reads "near tie" (rounding, not a lost token; benchmarks.studies.lossless); anything else is a
 MISMATCH and the script exits 1.
 fp32 (``--dtypes fp32``) runs the same calls as the control. What dynamo compiled and CUDA graphs recorded or skipped is
 recorded per call, and the JSON is rewritten after every call (``complete`` says whether all ran): each dtype compiles
@@ -32,7 +32,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from hf_specdraft import CapeCandidateGenerator, CasdCandidateGenerator, GlideCandidateGenerator, GlideConfig, GlideForCausalLM
 from hf_specdraft import MaxGramCandidateGenerator, speculative_generate
 from hf_specdraft.bench.compile_watch import compile_counters, compiled_between
-from hf_specdraft.bench.lossless import compare_greedy
+
+from benchmarks.studies.lossless import compare_greedy
 
 # SmolLM2-135M-Instruct's config.json (and its GGUF's metadata): 30 layers, 576 wide, 9 heads over 3 KV heads, tied embeddings
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
             "transformers": transformers.__version__, "target": f"random LlamaConfig of SmolLM2-135M's shape, {args.layers} layers",
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "seed": args.seed,
-            "command": "python benchmarks/gpu/lossless_random.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+            "command": "python -m benchmarks.gpu.lossless_random " + " ".join(argv if argv is not None else sys.argv[1:])}
     rows, lost = [], []
     for name in args.dtypes.split(","):
         for row in check(name, args, device):

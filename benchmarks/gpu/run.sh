@@ -47,7 +47,7 @@ need() {  # what a step needs: wheels, gguf, cuda
 lossless() {  # dtype, output, seconds
   local size=()
   [ "$DRY_RUN" = 1 ] && size=(--device cpu --layers 2 --new-tokens 8)
-  timeout "$(( $3 > 1 ? $3 : 1 ))" python3 benchmarks/gpu/lossless_random.py --dtypes "$1" "${size[@]}" --output "$2"
+  timeout "$(( $3 > 1 ? $3 : 1 ))" python3 -m benchmarks.gpu.lossless_random --dtypes "$1" "${size[@]}" --output "$2"
 }
 bench() {  # task, extra methods
   local methods="target-only-static,glide-auto,glide-auto-static,glide+cape-auto,glide+cape-auto-static,max-gram-auto,max-gram-auto-static,draft-model-auto,draft-model-auto-static$2"
@@ -85,7 +85,7 @@ for step in "$@"; do
       need wheels gguf cuda || { status=1; continue; }
       size=(--seconds $(( $(left) - 20 )))
       [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 150 --windows 32 --heldout 2 --batch 2)
-      timeout "$(left)" python3 benchmarks/gpu/train_default.py --output "$FILES/glide-gpu" "${size[@]}" || status=1 ;;
+      timeout "$(left)" python3 -m benchmarks.gpu.train_default --output "$FILES/glide-gpu" "${size[@]}" || status=1 ;;
     *) echo "unknown step '$step': first, control, status, overhead, completion, chat, context, train or report" >&2; exit 2 ;;
   esac
 done

@@ -1,15 +1,15 @@
 """GLIDE and its vanilla twin trained for the embedded default within one call of a lent GPU (issue #42).
 
     bash benchmarks/gpu/run.sh train                                      # there, after the wheels and the GGUF parts
-    python benchmarks/gpu/train_default.py --output DIR --seconds 480     # the step itself
-    python benchmarks/gpu/train_default.py --output /tmp/t --device cpu --seconds 60 --windows 64 --heldout 2   # mechanics
+    python -m benchmarks.gpu.train_default --output DIR --seconds 480     # the step itself
+    python -m benchmarks.gpu.train_default --output /tmp/t --device cpu --seconds 60 --windows 64 --heldout 2   # mechanics
 
 No store: the frozen target runs on the device every step (:func:`~hf_specdraft.glide.trainer.train_glide`, bf16 mixed
 precision on CUDA), over train-split windows of the local Python corpus (code and 15 % chat requests: the text the CPU
-drafters' stores were cut from, :func:`~hf_specdraft.defaults.distillation.build_windows`), with token-level
+drafters' stores were cut from, :func:`~recipes.distillation.build_windows`), with token-level
 distillation from the target's logits (glide_cape Appendix B). A probe of a few steps times one step; GLIDE and then
 its twin each get the steps that fit in half the seconds left (the cosine schedule spans exactly those steps: as many
-tokens as fit). Both are scored teacher-forced on the held-out code windows :mod:`~hf_specdraft.bench.glide_gap_curve`
+tokens as fit). Both are scored teacher-forced on the held-out code windows :mod:`~benchmarks.studies.glide_gap_curve`
 scores (α = 1 - TV(p, q), greedy agreement, GLIDE at a delay of 1), so the numbers sit beside the CPU curve's. The
 checkpoints (safetensors, card, training log) and ``train-default.json`` go to ``--output``.
 """
@@ -60,10 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
     started = time.perf_counter()
-    from hf_specdraft.bench.glide_glimpse import heldout_windows, score, target_store
     from hf_specdraft.bench.harness import cpu_model
-    from hf_specdraft.defaults.distillation import build_windows
     from hf_specdraft.defaults.smollm2 import load_smollm2
+
+    from benchmarks.studies.glide_glimpse import heldout_windows, score, target_store
+    from recipes.distillation import build_windows
 
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     left = args.seconds - (time.perf_counter() - started) - 60  # scoring and saving
     steps = max(3, int(left / 2 / per_step))
     result = {"meta": {"device": torch.cuda.get_device_name() if args.device == "cuda" else f"CPU: {cpu_model()}",
-                       "versions": {"torch": torch.__version__}, "command": " ".join(["python benchmarks/gpu/train_default.py", *(argv or [])]),
+                       "versions": {"torch": torch.__version__}, "command": " ".join(["python -m benchmarks.gpu.train_default", *(argv or [])]),
                        "seconds_per_step_probe": round(per_step, 3), "batch": args.batch, "seq_len": 256,
                        "heldout": f"{args.heldout} held-out code windows, positions 16..; GLIDE at delay 1"}}
     for kind, vanilla in (("glide", False), ("vanilla", True)):

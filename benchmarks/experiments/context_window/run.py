@@ -4,7 +4,7 @@ Copies the embedded default to OUTPUT_DIR, continues its target on 1,024-token w
 trained on 256), then runs the context bench with the file's last 700 and 3,000 characters before the cut
 in the prompt. Results (JSON) land next to this file. On 2 CPU cores: ≈ 18 minutes of training, ≈ 3 of bench.
 
-    python benchmarks/experiments/context_window/run.py /tmp/longctx --steps 250
+    python -m benchmarks.experiments.context_window.run /tmp/longctx --steps 250
 """
 
 import argparse
@@ -18,10 +18,11 @@ import torch
 from transformers import LlamaForCausalLM
 
 from hf_specdraft.bench import BenchConfig, format_table, run_bench
-from hf_specdraft.defaults.evaluation import evaluate_perplexity, heldout_windows
 from hf_specdraft.defaults.loading import CHECKPOINT_DIR, load_default
-from hf_specdraft.defaults.recipe import TrainSchedule, get_recipe
-from hf_specdraft.defaults.training import prepare_data, train_lm
+
+from recipes.evaluation import evaluate_perplexity, heldout_windows
+from recipes.recipe import TrainSchedule, get_recipe
+from recipes.training import prepare_data, train_lm
 
 HERE = Path(__file__).parent
 METHODS = ("target-only", "prompt-lookup", "casd-strict", "casd-strict+output", "casd-conditional")

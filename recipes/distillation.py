@@ -20,9 +20,9 @@ on such a continuation vs 0.50 on code).
 
 Bench items come from the held-out split and never appear here.
 
-    python -m hf_specdraft.defaults.distillation /work/store/smollm2 --windows 2400           # 40 min on 2 cores
-    python -m hf_specdraft.defaults.distillation /work/store/selfgen --self-generated 320    # 8 min; all resumable
-    python -m hf_specdraft.defaults.distillation /work/store/selfgen2 --self-generated 640 --skip-prompts 320 --max-new-tokens 96
+    python -m recipes.distillation /work/store/smollm2 --windows 2400           # 40 min on 2 cores
+    python -m recipes.distillation /work/store/selfgen --self-generated 320    # 8 min; all resumable
+    python -m recipes.distillation /work/store/selfgen2 --self-generated 640 --skip-prompts 320 --max-new-tokens 96
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
-from .corpus import Corpus, build_corpus
-from .tasks import chat_prompt, chat_request, function_items
+from hf_specdraft.defaults.corpus import Corpus, build_corpus
+from hf_specdraft.defaults.tasks import chat_prompt, chat_request, function_items
 
 SEQ_LEN = 256
 TOP_K = 8  # the target's top-8 carry nearly all its probability mass on code
@@ -173,7 +173,7 @@ def load_store(path: str | Path) -> dict[str, torch.Tensor]:
     """Every finished shard of a store, concatenated along the window axis."""
     shards = sorted(Path(path).glob("shard-*.safetensors"))
     if not shards:
-        raise ValueError(f"{str(path)!r} holds no store shards (build one with python -m hf_specdraft.defaults.distillation)")
+        raise ValueError(f"{str(path)!r} holds no store shards (build one with python -m recipes.distillation)")
     parts = [load_file(str(p)) for p in shards]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --self-generated: start after the first N prompts (a second store with new prompts)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="with --self-generated: tokens the target writes per prompt")
     args = parser.parse_args(argv)
-    from .smollm2 import load_smollm2
+    from hf_specdraft.defaults.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
     if args.self_generated:  # generation is the slow part: its windows are kept, so a rerun only resumes the shards

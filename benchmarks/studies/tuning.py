@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..defaults.tasks import build_tasks
-from .harness import BenchConfig, run_bench
+from hf_specdraft.bench.harness import BenchConfig, run_bench
+from hf_specdraft.defaults.tasks import build_tasks
 
 
 def tuning_parser(description: str, skip_prompts: int = 20, max_new_tokens: int = 48) -> argparse.ArgumentParser:
@@ -24,7 +24,7 @@ def tuning_parser(description: str, skip_prompts: int = 20, max_new_tokens: int 
 def run_tuning(parser: argparse.ArgumentParser, argv: list[str] | None, task: str, grids: dict[str, list[str]], module: str) -> dict:
     """Run target-only and every method of ``grids`` side by side on ``task`` items after the bench's own; rank each
     grid by wall-time ratio (``result["<grid>_ranking"]``), print the rankings, write ``--output``; return the result."""
-    from ..defaults import load_default
+    from hf_specdraft.defaults import load_default
 
     args = parser.parse_args(argv)
     for flag, value in (("--num-prompts", args.num_prompts), ("--max-new-tokens", args.max_new_tokens)):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,13 @@ def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
     return RECIPES[name]
+
+
+def check_recipe(path: str | Path) -> bool:
+    """Whether ``path/recipe.json`` (a :mod:`recipes.training` output directory) holds the hash of the recipe of the
+    same name in this version."""
+    meta = json.loads((Path(path) / "recipe.json").read_text())
+    return meta["hash"] == get_recipe(meta["recipe"]["name"]).hash()
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ trees are verified two ways, each run seeded alike per prompt:
 Both are lossless; the figure is how many drafted tokens each accepts. GLIDE's chain with speculative sampling
 is the reference row::
 
-    python -m hf_specdraft.bench.tree_sampling --num-prompts 10 --output benchmarks/sampling/cpu-tree-sampling.json
+    python -m benchmarks.studies.tree_sampling --num-prompts 10 --output benchmarks/sampling/cpu-tree-sampling.json
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..core.drafting import TreeCandidateGenerator
-from ..core.loop import speculative_generate
-from ..core.stats import SpeculativeStats
-from ..core.tree import DraftTree
-from .harness import environment, prompt_ids
-from .methods import CAPE_BUDGET, CAPE_GAMMA, GLIDE_GAMMA
+from hf_specdraft.bench.harness import environment, prompt_ids
+from hf_specdraft.bench.methods import CAPE_BUDGET, CAPE_GAMMA, GLIDE_GAMMA
+from hf_specdraft.core.drafting import TreeCandidateGenerator
+from hf_specdraft.core.loop import speculative_generate
+from hf_specdraft.core.stats import SpeculativeStats
+from hf_specdraft.core.tree import DraftTree
 
 
 class WithoutSampledFlags(TreeCandidateGenerator):
@@ -51,10 +51,10 @@ class WithoutSampledFlags(TreeCandidateGenerator):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cape import build_cape_for_bench
-    from ..defaults import load_default
-    from ..defaults.tasks import build_tasks
-    from ..glide import GlideCandidateGenerator
+    from hf_specdraft.cape import build_cape_for_bench
+    from hf_specdraft.defaults import load_default
+    from hf_specdraft.defaults.tasks import build_tasks
+    from hf_specdraft.glide import GlideCandidateGenerator
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-prompts", type=int, default=10)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"meta": {**environment(bundle), "task": "completion", "num_prompts": len(items), "max_new_tokens": args.max_new_tokens,
                        "seed": args.seed, "sampling": {k: v for k, v in sampling.items() if k not in ("eos_token_id", "pad_token_id")},
                        "cape": {"gamma": CAPE_GAMMA, "budget": CAPE_BUDGET}, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                       "command": "python -m hf_specdraft.bench.tree_sampling " + " ".join(sys.argv[1:] if argv is None else argv)},
+                       "command": "python -m benchmarks.studies.tree_sampling " + " ".join(sys.argv[1:] if argv is None else argv)},
               "summary": summary}
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

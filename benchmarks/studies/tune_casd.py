@@ -2,16 +2,16 @@
 
 CASD inherits REST's 64 draft nodes per step, chosen where verifying 64 tokens costs what one does (a GPU).
 On a CPU it does not (SmolLM2-135M, 2 cores: 12 tokens ≈ 1.9×, 32 ≈ 2.3× a one-token forward, see
-``python -m hf_specdraft.bench.projection``), so the tree's node budget is tuned here, strict (lossless)
+``python -m benchmarks.studies.projection``), so the tree's node budget is tuned here, strict (lossless)
 verification, on ``context`` items after the bench's own prompts, ranked by wall-time ratio against
 target-only measured in the same run (methods interleaved)::
 
-    python -m hf_specdraft.bench.tune_casd --num-prompts 6 --output benchmarks/results/cpu-tune-casd.json
+    python -m benchmarks.studies.tune_casd --num-prompts 6 --output benchmarks/results/cpu-tune-casd.json
 """
 
 from __future__ import annotations
 
-from .methods import METHODS, Method, _casd, register_method
+from hf_specdraft.bench.methods import METHODS, Method, _casd, register_method
 from .tuning import run_tuning, tuning_parser
 
 MAX_NODES = (4, 8, 16, 32, 64)
@@ -31,7 +31,7 @@ def register_grid() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = tuning_parser(__doc__.split("\n")[0], skip_prompts=8)
-    run_tuning(parser, argv, "context", {"nodes": register_grid()}, "hf_specdraft.bench.tune_casd")
+    run_tuning(parser, argv, "context", {"nodes": register_grid()}, "benchmarks.studies.tune_casd")
     return 0
 
 

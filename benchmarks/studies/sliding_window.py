@@ -9,7 +9,7 @@ window. Two ways to verify trees past the window:
   back to the ``window - 1`` keys the next forward sees; each layer gets a mask cut to those keys.
 - **full**: every layer a full ``DynamicLayer`` holding the whole past, the window applied by the mask only.
 
-    python -m hf_specdraft.bench.sliding_window --output benchmarks/verification/cpu-sliding-window.json
+    python -m benchmarks.studies.sliding_window --output benchmarks/verification/cpu-sliding-window.json
 
 Reported: median milliseconds of one verification step (the forward over ``[last] + tree`` plus compaction to a
 2-node accepted path) for a 4-node chain (the model's own mask) and an 8-node tree (hf-specdraft's masks), with
@@ -32,12 +32,12 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, MistralConfig, MistralForCausalLM
 
-from ..core.loop import speculative_generate
-from ..core.verify import verify_tree
-from ..core.projection import few_token_linears
-from ..core.tree import DraftTree
-from ..core.cache import compact_cache, croppable_cache
-from .harness import save_run
+from hf_specdraft.bench.harness import save_run
+from hf_specdraft.core.cache import compact_cache, croppable_cache
+from hf_specdraft.core.loop import speculative_generate
+from hf_specdraft.core.projection import few_token_linears
+from hf_specdraft.core.tree import DraftTree
+from hf_specdraft.core.verify import verify_tree
 
 TREE_PARENTS = [-1, 0, 1, -1, 0, 3, -1, 2]  # 8 nodes, depth up to 3, three roots: a CAPE-sized tree
 CHAIN_LENGTH = 4
@@ -91,7 +91,7 @@ def step_milliseconds(model, ids: torch.Tensor, design: str, tree: DraftTree, re
 
 def held_out_prompt(tokenizer, tokens: int) -> torch.Tensor:
     """The first ``tokens`` tokens of held-out code files (the context task's files), concatenated."""
-    from ..defaults.tasks import build_tasks
+    from hf_specdraft.defaults.tasks import build_tasks
 
     ids = []
     for item in build_tasks("context", count=10, context_prompt_chars=10**6):
@@ -159,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("window", "repeats"):
         if getattr(args, name) < 2:
             parser.error(f"--{name} must be an integer >= 2, got {getattr(args, name)}")
-    from ..defaults import load_default
+    from hf_specdraft.defaults import load_default
 
     bundle = load_default()
-    result = save_run(bundle, args.output, f"python -m hf_specdraft.bench.sliding_window --window {args.window} --output {args.output}",
+    result = save_run(bundle, args.output, f"python -m benchmarks.studies.sliding_window --window {args.window} --output {args.output}",
                       run(bundle, window=args.window, repeats=args.repeats), repeats=args.repeats)
     print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=1))
     return 0

@@ -1,12 +1,12 @@
 """What GLIDE's recipe may be missing (issue #42): the block-wise mask's L, a second layer and a wider MLP, each
 trained on the gap curve's data and weighed at every cache delay and in modeled tokens per second.
 
-    python -m hf_specdraft.bench.glide_recipe --work /work/gap                # train and score (resumable)
-    python -m hf_specdraft.bench.glide_recipe --work /work/gap --costs        # then, on an idle machine: time the drafts
+    python -m benchmarks.studies.glide_recipe --work /work/gap                # train and score (resumable)
+    python -m benchmarks.studies.glide_recipe --work /work/gap --costs        # then, on an idle machine: time the drafts
 
-Every run is :mod:`~hf_specdraft.bench.glide_gap_curve`'s largest size at 2 epochs (1,280 windows of 256 tokens,
+Every run is :mod:`~benchmarks.studies.glide_gap_curve`'s largest size at 2 epochs (1,280 windows of 256 tokens,
 320 steps of 8 windows, the same draws for every run), with one change to the shipped recipe (``--variants``, in
-:func:`~hf_specdraft.bench.glide_gap_curve.variant_recipe`'s syntax). The L variants change GLIDE alone: its twin
+:func:`~benchmarks.studies.glide_gap_curve.variant_recipe`'s syntax). The L variants change GLIDE alone: its twin
 is the plain run's. ``layers2`` (two draft layers, both reading the target's top layer: the store holds that layer
 alone, and reading layers 25, 20 or 14 instead moved α by under a point in ``cpu-glide-glimpse.json``) and
 ``mlp3072`` change both drafters.
@@ -117,13 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--costs", action="store_true", help="time the drafts and the target (run on an idle machine)")
     parser.add_argument("--plot", default="benchmarks/plots/cpu-glide-recipe.png")
     args = parser.parse_args(argv)
-    from ..core.projection import few_token_linears
-    from ..defaults.distillation import load_store
-    from ..defaults.loading import SMOLLM2_DRAFTERS_DIR
-    from ..defaults.smollm2 import load_smollm2
-    from ..glide import GlideForCausalLM
+    from hf_specdraft.core.projection import few_token_linears
+    from recipes.distillation import load_store
+    from hf_specdraft.defaults.loading import SMOLLM2_DRAFTERS_DIR
+    from hf_specdraft.defaults.smollm2 import load_smollm2
+    from hf_specdraft.glide import GlideForCausalLM
     from .glide_gap_curve import variant_recipe
-    from .harness import cpu_model
+    from hf_specdraft.bench.harness import cpu_model
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for variant in variants:
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--reference {str(folder)!r} holds no glide/ and vanilla/ checkpoints")
     work = Path(args.work)
     if not (work / "store" / "store.json").is_file():
-        parser.error(f"--work {args.work!r} holds no store: run python -m hf_specdraft.bench.glide_gap_curve --work {args.work} first")
+        parser.error(f"--work {args.work!r} holds no store: run python -m benchmarks.studies.glide_gap_curve --work {args.work} first")
     target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
     store = load_store(work / "store")
     test = heldout_store(target, tokenizer, work, 64)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result["meta"] = {"hardware": f"CPU: {cpu_model()}, {torch.get_num_threads()} threads",
                       "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-                      "date": time.strftime("%Y-%m-%d"), "command": f"python -m hf_specdraft.bench.glide_recipe --work WORK --variants {args.variants}"
+                      "date": time.strftime("%Y-%m-%d"), "command": f"python -m benchmarks.studies.glide_recipe --work WORK --variants {args.variants}"
                       + "".join(f" --reference {path}" for path in args.reference) + (" --costs" if args.costs else ""),
                       "data": f"the gap curve's first {SIZE} train-split windows of 256 tokens, 2 epochs (320 steps of 8 windows)",
                       "heldout": "64 held-out code windows of 256 tokens, positions 16..",
@@ -211,7 +211,7 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plots import save_figure
+    from hf_specdraft.bench.plots import save_figure
 
     rows = {variant: row for variant, row in result["rows"].items() if "delays" in row.get("glide", {})}  # scored rows
     timed = "target_ms" in result

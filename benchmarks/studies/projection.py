@@ -4,7 +4,7 @@ own linear layers, with :func:`hf_specdraft.core.projection.few_token_projection
 (``orientation="auto"``, what the loop uses: each few-row linear takes whichever orientation was faster on this CPU),
 against a one-token forward.
 
-    python -m hf_specdraft.bench.projection --output benchmarks/verification/cpu-verification-cost-amd-epyc.json
+    python -m benchmarks.studies.projection --output benchmarks/verification/cpu-verification-cost-amd-epyc.json
 
 Median of ``--repeats`` forwards per length after a warm-up, both settings interleaved per repeat, on a
 prefix of ``--prefix`` random tokens (the cache is cropped back after each forward). A ratio near 1 means
@@ -23,8 +23,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from ..core.projection import few_token_linears, few_token_projection
-from .harness import save_run
+from hf_specdraft.bench.harness import save_run
+from hf_specdraft.core.projection import few_token_linears, few_token_projection
 
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
@@ -63,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("repeats", "prefix"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
-    from ..defaults import load_default
+    from hf_specdraft.defaults import load_default
 
     bundle = load_default()
     milliseconds = time_forwards(bundle.target, prefix=args.prefix, repeats=args.repeats)
-    result = save_run(bundle, args.output, f"python -m hf_specdraft.bench.projection --output {args.output}",
+    result = save_run(bundle, args.output, f"python -m benchmarks.studies.projection --output {args.output}",
                       {"milliseconds": milliseconds,
                        "ratio_to_one_token": {name: {n: ms / per_n["1"] for n, ms in per_n.items()} for name, per_n in milliseconds.items()}},
                       prefix=args.prefix, repeats=args.repeats)

@@ -21,13 +21,13 @@ Training is resumable: a checkpoint (weights + optimizer + step) every ``checkpo
     # stage 1 on the corpus store; stage 2 from its weights, 600 steps, on the corpus store plus two stores of the
     # target's own text, each 3x (distillation.py's docstring builds them); stage 3 (what ships for glide and
     # vanilla) 900 more steps on the same mix at a lower peak learning rate
-    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters --kinds glide,vanilla
-    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters3 --kinds glide,vanilla \
+    python -m recipes.smollm2_drafters /work/store/smollm2 /work/drafters --kinds glide,vanilla
+    python -m recipes.smollm2_drafters /work/store/smollm2 /work/drafters3 --kinds glide,vanilla \
         --init-from /work/drafters --extra-store /work/store/selfgen --extra-store /work/store/selfgen2 --extra-weight 3 --steps 600
-    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters4 --kinds glide,vanilla \
+    python -m recipes.smollm2_drafters /work/store/smollm2 /work/drafters4 --kinds glide,vanilla \
         --init-from /work/drafters3 --extra-store /work/store/selfgen --extra-store /work/store/selfgen2 --extra-weight 3 \
         --steps 900 --learning-rate 3e-4
-    python -m hf_specdraft.defaults.smollm2_drafters /work/store/smollm2 /work/drafters2 --kinds small \
+    python -m recipes.smollm2_drafters /work/store/smollm2 /work/drafters2 --kinds small \
         --extra-store /work/store/selfgen --extra-weight 4
 """
 
@@ -46,8 +46,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
-from ..glide import GlideConfig, GlideForCausalLM
-from ..glide.model_card import training_stages
+from hf_specdraft.glide import GlideConfig, GlideForCausalLM
+from hf_specdraft.glide.model_card import training_stages
 
 
 ADDED_FIELDS = ("num_hidden_layers", "target_layer_ids")  # after the shipped drafters: hashed only when set
@@ -262,7 +262,7 @@ def ship_drafter(checkpoint: str | Path, destination: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train SmolLM2's shipped drafters from a distillation store (resumable).")
-    parser.add_argument("store", help="a store written by python -m hf_specdraft.defaults.distillation")
+    parser.add_argument("store", help="a store written by python -m recipes.distillation")
     parser.add_argument("output_dir", help="checkpoints land in OUTPUT_DIR/<kind>; resumable state in OUTPUT_DIR/state/<kind>")
     parser.add_argument("--kinds", default="glide,vanilla,small", help=f"comma-separated, any of {sorted(RECIPES)}")
     parser.add_argument("--init-from", help="stage 2: start each drafter from INIT_FROM/<kind> and fine-tune with FINETUNE's schedule")
@@ -298,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(RECIPES))
     if unknown:
         parser.error(f"--kinds: unknown {unknown}; choose among {sorted(RECIPES)}")
-    from ..glide.model_card import save_glide_checkpoint
+    from hf_specdraft.glide.model_card import save_glide_checkpoint
     from .distillation import load_store
     from .drafters import LICENSE
-    from .smollm2 import HUB_ID, load_smollm2
+    from hf_specdraft.defaults.smollm2 import HUB_ID, load_smollm2
 
     target, _ = load_smollm2(dtype=torch.float32, device="cpu")
     store = load_store(args.store)

@@ -6,9 +6,9 @@ run, and ranks them by SWI from the parameter-count heuristic (deterministic: it
 seconds), with the measured-cost SWI and the wall-time ratio beside it. It tunes on task items after the
 bench's own 20 prompts, so a K chosen here is then measured on prompts it was not chosen on::
 
-    python -m hf_specdraft.bench.k_sweep --drafts 2 --num-prompts 8 --output benchmarks/results/cpu-k-sweep.json
+    python -m benchmarks.studies.k_sweep --drafts 2 --num-prompts 8 --output benchmarks/results/cpu-k-sweep.json
     # a CPU where verifying more than ~4 tokens costs extra (bench.projection): the target reviews <= 4 tokens
-    python -m hf_specdraft.bench.k_sweep --drafts 1 --grid short --gammas 2,3,4 --num-prompts 5 --max-new-tokens 48 \
+    python -m benchmarks.studies.k_sweep --drafts 1 --grid short --gammas 2,3,4 --num-prompts 5 --max-new-tokens 48 \
         --output benchmarks/results/cpu-k-sweep-short.json
 """
 
@@ -20,11 +20,11 @@ import json
 import sys
 from pathlib import Path
 
-from ..defaults.tasks import build_tasks
-from .harness import BenchConfig, run_bench
-from ..core.drafting import DraftModelCandidateGenerator
-from ..cascade.max_gram import MAX_GRAM_TOKENS
-from .methods import METHODS, Method, _cascade, _speculative, register_method
+from hf_specdraft.bench.harness import BenchConfig, run_bench
+from hf_specdraft.bench.methods import METHODS, Method, _cascade, _speculative, register_method
+from hf_specdraft.cascade.max_gram import MAX_GRAM_TOKENS
+from hf_specdraft.core.drafting import DraftModelCandidateGenerator
+from hf_specdraft.defaults.tasks import build_tasks
 
 
 GRIDS = ("paper", "short", "mag")
@@ -88,7 +88,7 @@ def register_draft_gammas(gammas: tuple[int, ...] = (2, 3, 4, 5, 8)) -> list[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..defaults import load_default
+    from hf_specdraft.defaults import load_default
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--drafts", type=int, default=2, choices=(1, 2), help="neural drafts in the cascade")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     items = build_tasks("completion", count=args.skip_prompts + args.num_prompts, seed=config.seed)[args.skip_prompts :]
     result = run_bench(load_default(), config, items=items)
     result["meta"]["prompts"] = f"completion items {args.skip_prompts}..{args.skip_prompts + args.num_prompts - 1} (seed {config.seed})"
-    result["meta"]["command"] = "python -m hf_specdraft.bench.k_sweep " + " ".join(sys.argv[1:] if argv is None else argv)
+    result["meta"]["command"] = "python -m benchmarks.studies.k_sweep " + " ".join(sys.argv[1:] if argv is None else argv)
     result["k_matrices"] = names
     result["ranking"] = sorted(names, key=lambda n: -(result["summary"][n]["swi_parameters"] or 0))
     result["draft_model_ranking"] = sorted(gammas, key=lambda n: -(result["summary"][n]["swi_parameters"] or 0))

@@ -2,20 +2,20 @@
 sizes spanning 8x, scored teacher-forced on held-out code (glide_cape §5.2, Figure 4: the paper's margin is 5.4-23.5
 points of acceptance).
 
-    python -m hf_specdraft.bench.glide_gap_curve --work /work/gap --output benchmarks/verification/cpu-glide-gap-curve.json
+    python -m benchmarks.studies.glide_gap_curve --work /work/gap --output benchmarks/verification/cpu-glide-gap-curve.json
 
 Each run trains a drafter from scratch for ``N / 8`` steps of 8 windows drawn (with replacement, seeded by the step: the
 same draws for both drafters) from the first ``N`` windows of one distillation store of the
-embedded default (:mod:`~hf_specdraft.defaults.distillation`: the target's top-8 next-token distribution and its layer-29
+embedded default (:mod:`~recipes.distillation`: the target's top-8 next-token distribution and its layer-29
 keys and values over train-split windows of 256 tokens), with the shipped drafters' recipe
-(:class:`~hf_specdraft.defaults.smollm2_drafters.DrafterRecipe`: one layer as wide as the target, a 6K draft vocabulary
+(:class:`~recipes.smollm2_drafters.DrafterRecipe`: one layer as wide as the target, a 6K draft vocabulary
 chosen from the same windows, AdamW at 1e-3, cosine decay, 8 windows a step). The sizes are nested (the first 160 windows
 are in every run) and GLIDE and its twin see the same windows in the same order, so the gap isolates the glimpse.
 Ablations at one size: the block-wise mask's L = 1 instead of 5 (no delay simulated in training), and the
 cross-attention started from the target's own layer-29 attention (``q_proj``, ``o_proj``) instead of at random.
 ``--epochs 2,4`` adds both drafters trained for more epochs over the largest size's windows (more steps, no new data).
 
-Scored as :mod:`~hf_specdraft.bench.glide_glimpse` scores (α = 1 - TV(p, q) against the target's top-8, greedy
+Scored as :mod:`~benchmarks.studies.glide_glimpse` scores (α = 1 - TV(p, q) against the target's top-8, greedy
 agreement, positions 16.. of each window; GLIDE glimpsing with a delay of 1, the first drafted token's). The shipped
 drafters (3.89M tokens: several epochs over three stores) are scored on the same windows as a reference. Resumable:
 the store's shards and every run's training state live under ``--work``, and finished rows are kept in ``--output``.
@@ -60,7 +60,7 @@ def variant_recipe(kind: str, windows: int, variant: str):
     alternates L = 1 and 5 by step), ``layers{N}``
     (N draft layers, each reading the target's top layer: the store holds that layer alone), ``mlp{N}`` (MLP width),
     ``attn-init`` (the glimpse started from the target's attention); ``""`` is the recipe itself."""
-    from ..defaults.smollm2_drafters import RECIPES
+    from recipes.smollm2_drafters import RECIPES
 
     base, epochs, changes = RECIPES[kind], 1, {}
     for part in filter(None, variant.replace("attn-init", "").split("-")):
@@ -86,7 +86,7 @@ def variant_recipe(kind: str, windows: int, variant: str):
 def train_one(kind: str, windows: int, variant: str, target, store: dict, work: Path) -> tuple:
     """One drafter trained over the first ``windows`` windows as ``variant`` says (resumable); returns it, its seconds
     and its recipe."""
-    from ..defaults.smollm2_drafters import build_drafter, choose_draft_vocab, train_drafter
+    from recipes.smollm2_drafters import build_drafter, choose_draft_vocab, train_drafter
 
     recipe, _ = variant_recipe(kind, windows, variant)
     subset = {key: value[:windows] for key, value in store.items()}
@@ -143,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             variant_recipe("glide", ABLATION_SIZE, ablation)
         except ValueError as error:
             parser.error(f"--ablations: {error}")
-    from ..defaults.distillation import build_windows, load_store, write_store
-    from ..defaults.loading import SMOLLM2_DRAFTERS_DIR
-    from ..defaults.smollm2 import load_smollm2
-    from ..glide import GlideForCausalLM
-    from .harness import cpu_model
+    from recipes.distillation import build_windows, load_store, write_store
+    from hf_specdraft.defaults.loading import SMOLLM2_DRAFTERS_DIR
+    from hf_specdraft.defaults.smollm2 import load_smollm2
+    from hf_specdraft.glide import GlideForCausalLM
+    from hf_specdraft.bench.harness import cpu_model
 
     work = Path(args.work)
     target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result["meta"] = {"hardware": f"CPU: {cpu_model()}, {torch.get_num_threads()} threads", "dtype": "float32",
                           "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-                          "date": time.strftime("%Y-%m-%d"), "command": "python -m hf_specdraft.bench.glide_gap_curve --work WORK"
+                          "date": time.strftime("%Y-%m-%d"), "command": "python -m benchmarks.studies.glide_gap_curve --work WORK"
                           + f" --output {args.output} --heldout {args.heldout} --sizes {args.sizes} --ablations '{args.ablations}'"
                           + (f" --epochs {args.epochs}" if args.epochs else ""),
                           "heldout": f"{args.heldout} held-out code windows of 256 tokens, positions 16..; GLIDE at delay 1",
@@ -207,7 +207,7 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plots import save_figure
+    from hf_specdraft.bench.plots import save_figure
 
     rows = [row for row in result["rows"].values() if row.get("variant") == "recipe"]
     rows.sort(key=lambda row: row["tokens"])

@@ -19,7 +19,7 @@ LICENSE = "apache-2.0"  # the shipped drafters' weights carry the project's lice
 
 def train_default_drafter(kind: str, output_dir: Path, recipe: Recipe, train_ids: torch.Tensor) -> dict:
     """Train ``kind`` ("glide" or "vanilla") for the target in ``output_dir/target``; returns its training log."""
-    from ..glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
+    from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
 
     if kind not in ("glide", "vanilla"):
         raise ValueError(f"kind must be 'glide' or 'vanilla', got {kind!r}")
@@ -46,10 +46,10 @@ def write_drafter_cards(output_dir: str | Path, bench_json: str | Path) -> list[
     cascade) and records α, mean accepted length, c, E(speedup) and the wall-time ratio.
     Returns the cards written.
 
-        python -m hf_specdraft.defaults.drafters hf_specdraft/defaults/checkpoint_smollm2 benchmarks/results/cpu-completion.json
+        python -m recipes.drafters hf_specdraft/defaults/checkpoint_smollm2 benchmarks/results/cpu-completion.json
     """
-    from ..glide import GlideConfig
-    from ..glide.model_card import write_model_card
+    from hf_specdraft.glide import GlideConfig
+    from hf_specdraft.glide.model_card import write_model_card
 
     output_dir, result = Path(output_dir), json.loads(Path(bench_json).read_text())
     meta, summary, written = result["meta"], result["summary"], []
@@ -58,7 +58,7 @@ def write_drafter_cards(output_dir: str | Path, bench_json: str | Path) -> list[
         folder = output_dir / kind
         if not (folder / "config.json").is_file() or rows[0] not in summary:
             continue
-        from ..bench.methods import METHODS
+        from hf_specdraft.bench.methods import METHODS
 
         drafts = ", ".join(sorted(set(meta.get("draft_dtypes", {}).values())))
         dtype = meta['dtype'] + (f" (drafters {drafts})" if drafts else "")
@@ -87,6 +87,6 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 3:
-        raise SystemExit("usage: python -m hf_specdraft.defaults.drafters CHECKPOINT_DIR BENCH_JSON")
+        raise SystemExit("usage: python -m recipes.drafters CHECKPOINT_DIR BENCH_JSON")
     for card in write_drafter_cards(sys.argv[1], sys.argv[2]):
         print(f"wrote {card}")

@@ -1,9 +1,11 @@
-"""Train the embedded default (tokenizer, target LM, plain draft) from a recipe, with 🤗 accelerate.
+"""Train a small target and its drafts from a recipe (tokenizer, target LM, plain draft), with 🤗 accelerate.
 
-    hf-specdraft train-default                       # the shipped CPU recipe (hours on 2 cores)
-    hf-specdraft train-default --parts target --resume-target   # only the target's second stage, from its first
-    hf-specdraft train-default --recipe tiny --output-dir /tmp/tiny   # seconds; tests only
-    accelerate launch -m hf_specdraft train-default --recipe gpu --output-dir runs/gpu
+From the repository root (the 15.7M code LM of earlier versions; ``tiny`` is the tests' and examples' plumbing)::
+
+    python -m recipes.training --output-dir runs/default                  # the CPU recipe (hours on 2 cores)
+    python -m recipes.training --output-dir runs/default --parts target --resume-target   # the target's second stage only
+    python -m recipes.training --recipe tiny --output-dir /tmp/tiny       # seconds; tests only
+    accelerate launch -m recipes.training --recipe gpu --output-dir runs/gpu-default   # `hf-specdraft bench --profile gpu`'s target
 
 Output directory layout (what ``hf_specdraft.defaults.load_default`` reads)::
 
@@ -28,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
 
-from .corpus import Corpus, build_corpus
+from hf_specdraft.defaults.corpus import Corpus, build_corpus
 from .evaluation import (
     evaluate_perplexity,
     heldout_prompts,
@@ -38,7 +40,7 @@ from .evaluation import (
     repeat_fraction,
     unigram_perplexity,
 )
-from .recipe import SMALL_DRAFT_RECIPES, ModelRecipe, Recipe, TrainSchedule
+from .recipe import SMALL_DRAFT_RECIPES, ModelRecipe, Recipe, TrainSchedule, get_recipe
 from .tokenizer import train_tokenizer
 
 
@@ -214,7 +216,7 @@ def train_default(
     data = prepare_data(recipe, output_dir, corpus)
     eval_ids = heldout_windows(data.tokenizer, data.heldout_texts, recipe.seq_len, recipe.eval_windows, recipe.seed)
     if not (output_dir / "bigram.safetensors").is_file():  # Max-Gram's fallback table, from the same token stream
-        from ..cascade.bigram import build_bigram_table, save_bigram_table
+        from hf_specdraft.cascade.bigram import build_bigram_table, save_bigram_table
 
         table = build_bigram_table([data.train_ids.long()], len(data.tokenizer))
         save_bigram_table(table, output_dir / "bigram.safetensors", {"source": f"recipe {recipe.name} train split", "tokens": data.train_ids.numel()})
@@ -298,3 +300,23 @@ def evaluate_default(output_dir: Path, data: TrainingData, recipe: Recipe, eval_
     if not math.isfinite(result["unigram_perplexity"]):
         raise RuntimeError("unigram perplexity is not finite; the held-out windows are empty")
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m recipes.training", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--recipe", default="default", help="default, gpu or tiny")
+    parser.add_argument("--output-dir", required=True, help="where the target, drafts, tokenizer and logs go (e.g. runs/my-default)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"any of {','.join(PARTS)}")
+    parser.add_argument("--resume-target", action="store_true", help="keep the trained first target stage in --output-dir and "
+                        "train only the recipe's continuation of it (use with --parts target)")
+    args = parser.parse_args(argv)
+    log = train_default(get_recipe(args.recipe), args.output_dir, parts=tuple(args.parts.split(",")), resume_target=args.resume_target)
+    print(json.dumps(log.get("evaluation", {}), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

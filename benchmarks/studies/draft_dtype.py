@@ -1,6 +1,6 @@
 """What a drafter's dtype costs and buys: the shipped drafters in float32 and in bfloat16 next to a float32 target.
 
-    python -m hf_specdraft.bench.draft_dtype --output benchmarks/verification/cpu-draft-dtype.json
+    python -m benchmarks.studies.draft_dtype --output benchmarks/verification/cpu-draft-dtype.json
 
 Two measurements, both settings interleaved in one run:
 
@@ -27,8 +27,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from ..core.loop import speculative_generate
-from .harness import save_run
+from hf_specdraft.bench.harness import save_run
+from hf_specdraft.core.loop import speculative_generate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KINDS = {"glide": "glide", "vanilla": "vanilla", "small_draft": "small"}  # bundle name -> shipped folder
@@ -75,8 +75,8 @@ def time_draft_forwards(target, drafters: dict, lengths=(1, 3), prefix: int = 96
 
 def end_to_end(bundle, drafters: dict, num_prompts: int = 6, max_new_tokens: int = 48, runs: int = 3, gamma: int = 3) -> dict:
     """Target-only and GLIDE / vanilla chains of ``gamma`` in each dtype on completion items 20.., interleaved."""
-    from ..defaults.tasks import build_tasks
-    from ..glide import GlideCandidateGenerator
+    from hf_specdraft.defaults.tasks import build_tasks
+    from hf_specdraft.glide import GlideCandidateGenerator
 
     tokenizer, target = bundle.tokenizer, bundle.target
     items = build_tasks("completion", count=20 + num_prompts)[20:]
@@ -127,16 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("repeats", "num_prompts", "max_new_tokens", "runs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    from ..defaults import load_default
-    from ..defaults.loading import SMOLLM2_DRAFTERS_DIR
-    from ..glide import GlideForCausalLM
+    from hf_specdraft.defaults import load_default
+    from hf_specdraft.defaults.loading import SMOLLM2_DRAFTERS_DIR
+    from hf_specdraft.glide import GlideForCausalLM
 
     bundle = load_default(dtype=torch.float32, device="cpu")
     drafters = {(name, dtype_name): GlideForCausalLM.from_pretrained(SMOLLM2_DRAFTERS_DIR / folder, dtype=dtype).eval()
                 for name, folder in KINDS.items() for dtype_name, dtype in DTYPES.items()}
     forwards = time_draft_forwards(bundle.target, drafters, repeats=args.repeats)
     generation = end_to_end(bundle, drafters, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, runs=args.runs)
-    command = "python -m hf_specdraft.bench.draft_dtype" + "".join(
+    command = "python -m benchmarks.studies.draft_dtype" + "".join(
         f" --{k.replace('_', '-')} {getattr(args, k)}" for k in ("output", "repeats", "num_prompts", "max_new_tokens", "runs"))
     save_run(bundle, args.output, command, {"draft_forward_ms": forwards, "end_to_end": generation}, prompts="completion items 20..", gamma=3)
     print(json.dumps({"draft_forward_ms": forwards, "end_to_end": generation}, indent=1))

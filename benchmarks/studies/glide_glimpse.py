@@ -1,6 +1,6 @@
 """What GLIDE's glimpse of the target's KV cache is worth to the shipped drafters (glide_cape §4.1, Figure 4).
 
-    python -m hf_specdraft.bench.glide_glimpse --output benchmarks/verification/cpu-glide-glimpse.json
+    python -m benchmarks.studies.glide_glimpse --output benchmarks/verification/cpu-glide-glimpse.json
 
 Teacher-forced on held-out code windows (files of the corpus's held-out split: in no drafter's training data), so
 the numbers isolate the draft from the decoding loop. Each cell is α = 1 - TV(p, q) against the target's top-k
@@ -25,15 +25,15 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from ..core.stats import overlap
-from ..defaults.distillation import build_windows, target_answers
+from hf_specdraft.core.stats import overlap
+from recipes.distillation import build_windows, target_answers
 
 SKIP = 16  # the first positions of a window have almost no context to glimpse
 
 
 def heldout_windows(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tensor:
     """``(num_windows, seq_len)`` windows of held-out code, cut as the distillation store cuts the train split."""
-    from ..defaults.corpus import Corpus, build_corpus
+    from hf_specdraft.defaults.corpus import Corpus, build_corpus
 
     heldout = Corpus(train=build_corpus().heldout, heldout=[])
     windows = build_windows(tokenizer, num_windows, corpus=heldout, seq_len=seq_len, chat_fraction=0.0)
@@ -43,7 +43,7 @@ def heldout_windows(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Te
 
 
 def target_store(target, windows: torch.Tensor, layer_ids: list[int], batch_size: int = 8) -> dict[str, torch.Tensor]:
-    """The distillation store's tensors (:func:`~hf_specdraft.defaults.distillation.target_answers`) for ``windows``, in memory."""
+    """The distillation store's tensors (:func:`~recipes.distillation.target_answers`) for ``windows``, in memory."""
     parts = [target_answers(target, windows[i : i + batch_size], layer_ids)
              for i in tqdm(range(0, len(windows), batch_size), desc="target answers", unit="batch")]
     return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
@@ -88,8 +88,8 @@ def fine_tune(model, store: dict[str, torch.Tensor], steps: int, learning_rate: 
               block_size: int = 5, seed: int = 0) -> float:
     """``steps`` steps of the shipped drafters' distillation loss on ``store``; returns the last loss.
 
-    The loop of :func:`~hf_specdraft.defaults.smollm2_drafters.train_drafter` without its checkpoints (a few minutes)."""
-    from ..defaults.smollm2_drafters import distillation_loss
+    The loop of :func:`~recipes.smollm2_drafters.train_drafter` without its checkpoints (a few minutes)."""
+    from recipes.smollm2_drafters import distillation_loss
 
     layer_ids = sorted(int(key.split(".")[1]) for key in store if key.startswith("keys."))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -150,10 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         layers = [int(x) for x in args.layers.split(",") if x.strip()]
     except ValueError:
         parser.error(f"--layers must be comma-separated integers, got {args.layers!r}")
-    from ..defaults import load_default
-    from ..defaults.loading import SMOLLM2_DRAFTERS_DIR
-    from ..glide import GlideForCausalLM
-    from .harness import save_run
+    from hf_specdraft.defaults import load_default
+    from hf_specdraft.defaults.loading import SMOLLM2_DRAFTERS_DIR
+    from hf_specdraft.glide import GlideForCausalLM
+    from hf_specdraft.bench.harness import save_run
 
     bundle = load_default(dtype=torch.float32, device="cpu")
     target, tokenizer = bundle.target, bundle.tokenizer
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if layers:
         train_store = target_store(target, build_windows(tokenizer, args.train_windows), layers)
         body["layers"] = layer_rows(load_glide, load_vanilla, train_store, test_store, layers, args.steps)
-    command = "python -m hf_specdraft.bench.glide_glimpse" + "".join(
+    command = "python -m benchmarks.studies.glide_glimpse" + "".join(
         f" --{k.replace('_', '-')} {getattr(args, k)}" for k in ("output", "windows", "steps", "train_windows")) + f" --layers {args.layers}"
     save_run(bundle, args.output, command, body, prompts=f"{args.windows} held-out code windows of 256 tokens", skip=SKIP)
     print(json.dumps(body, indent=1))
