@@ -1,4 +1,5 @@
-"""The import contract: the core imports no method, each method package only the core, composition sits above; no cycles.
+"""The import contract: the core imports no method, each method package only the core, composition sits above; no cycles;
+and the library never imports the lab beside it (``benchmarks/``, ``recipes/``).
 
 Every ``import`` / ``from ... import`` in hf_specdraft (function-level ones included) is resolved to the
 package or core module it reaches; an arrow from a lower layer to a higher one, or between two methods,
@@ -17,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_specdraft"
 CORE = {"core"}  # hf_specdraft/core/: the loop and the steps it is made of
 METHODS = {"glide", "cape", "cascade", "casd"}
 COMPOSITION = {"__init__", "__main__", "cli", "defaults", "bench"}
+LAB = {"benchmarks", "recipes"}  # studies and training recipes beside the package: they import it, never the reverse
 
 
 def unit(parts: tuple[str, ...]) -> str:
@@ -69,6 +71,43 @@ def test_no_import_runs_against_the_layers():
                                               ("hf_specdraft/defaults/bigram.py", {"cascade", "defaults"})])
 def test_the_resolver_sees_relative_and_nested_imports(source, expected):
     assert expected <= imports(PACKAGE.parent / source) | {unit(Path(source).relative_to("hf_specdraft").parts)}
+
+
+def lab_imports(path: Path) -> set[str]:
+    """The lab modules (``benchmarks...``, ``recipes...``) that ``path`` imports, function-level ones and
+    ``importlib.import_module("...")`` / ``__import__("...")`` of a literal name included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names = [node.args[0].value]
+        else:
+            continue
+        found |= {name for name in names if name.split(".")[0] in LAB}
+    return found
+
+
+def test_the_package_never_imports_the_lab():
+    """Habit 13: benchmarks/ and recipes/ import hf_specdraft; nothing in hf_specdraft imports them (they are not
+    installed with it)."""
+    found = {str(p.relative_to(PACKAGE.parent)): lab_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    found = {path: names for path, names in found.items() if names}
+    assert not found, "the package imports the lab:\n" + "\n".join(f"  {path}: {sorted(names)}" for path, names in found.items())
+
+
+@pytest.mark.parametrize("line", ["import benchmarks.studies.k_sweep", "from recipes.training import train_default",
+                                  "def f():\n    from recipes import training", "importlib.import_module('benchmarks.studies.overhead')",
+                                  "from benchmarks import studies"])
+def test_the_lab_check_sees_an_import_of_the_lab(line, tmp_path):
+    path = tmp_path / "module.py"
+    path.write_text("import torch\n" + line + "\n")
+    assert lab_imports(path)
+    path.write_text("from .recipes import x\nimport benchmarking\nfrom hf_specdraft.bench import run_bench\n")  # not the lab
+    assert not lab_imports(path)
 
 
 def test_composition_hooks_refuse_bad_arguments():
