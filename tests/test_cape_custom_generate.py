@@ -90,16 +90,28 @@ def test_write_custom_generate_keeps_an_existing_model_card(tmp_path):
 
 
 def test_the_shipped_folder_is_made_of_the_core_s_own_files(tmp_path):
-    """No drift: the folder's loop is the core's loop, file for file; only the entry point and the drafter are templates."""
+    """No drift: the folder's loop is the core's loop, file for file; only the entry point and the drafter are templates.
+    It holds what generate.py imports, transitively, and nothing else: syncs.py (tests only) stays home."""
     import hf_specdraft.core.loop
+    from hf_specdraft.cape.packaging import sibling_imports
 
     core = Path(hf_specdraft.core.loop.__file__).parent
     modules = {p.name for p in core.glob("*.py")} - {"__init__.py"}
     written = {p.name for p in write_custom_generate(tmp_path, readme=False)}
-    assert written == modules | {"expansion_sets.py", "generate.py", "cape_draft.py"}
+    shipped_core = written - {"expansion_sets.py", "generate.py", "cape_draft.py"}
+    assert {"loop.py", "tree.py", "acceptance.py"} <= shipped_core <= modules and "syncs.py" not in written
     folder = tmp_path / "custom_generate"
-    for name in modules:
+    for name in shipped_core:
         assert (folder / name).read_text() == (core / name).read_text(), f"custom_generate/{name} drifted from hf_specdraft/core/{name}"
+    imported = {"generate.py"}  # every file reached from the entry point, and every file there is reached
+    todo = ["generate.py"]
+    while todo:
+        for sibling in sibling_imports(folder / todo.pop()):
+            assert f"{sibling}.py" in written, f"custom_generate/ lacks {sibling}.py, which the shipped loop imports"
+            if f"{sibling}.py" not in imported:
+                imported.add(f"{sibling}.py")
+                todo.append(f"{sibling}.py")
+    assert imported == written, f"shipped but never imported: {sorted(written - imported)}"
     entry = (folder / "generate.py").read_text()
     assert "speculative_generate" in entry and "past_key_values" not in entry  # the entry runs no forward: the core's loop does
 

@@ -11,6 +11,7 @@ fresh process where hf_specdraft cannot be imported.
 
 from __future__ import annotations
 
+import ast
 import shutil
 from pathlib import Path
 
@@ -18,17 +19,37 @@ TEMPLATE = Path(__file__).parent / "custom_generate"
 CORE = Path(__file__).parents[1] / "core"
 
 
+def sibling_imports(path: Path) -> set[str]:
+    """The flat siblings ``path`` imports: ``x`` of every ``from .x import y`` / ``from . import x``, function-level ones
+    included (the absolute ``hf_specdraft.`` imports of a template's installed-package fallback are not siblings)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module.split(".")[0]} if node.module else {alias.name for alias in node.names}
+    return found
+
+
 def shipped_files() -> dict[str, Path]:
     """What the folder holds, by the name each file gets there, and its one source.
 
-    The decoding loop is the core's own: every module of ``hf_specdraft/core/`` (torch, transformers and flat siblings
-    only, ``tests/test_layers.py`` checks it) is written as it is, beside CAPE's ``expansion_sets.py``. Only the
-    entry point (``generate.py``: the Hub call's options and checks) and the drafter (``cape_draft.py``) are templates.
+    Only the entry point (``generate.py``: the Hub call's options and checks) and the drafter (``cape_draft.py``) are
+    templates. The rest is what they import, transitively: the core's own modules (torch, transformers and flat
+    siblings only, ``tests/test_layers.py`` checks it) and CAPE's ``expansion_sets.py``, each written as it is; a core
+    module the shipped loop never imports (``syncs.py``, which only tests use) stays home.
     """
-    files = {path.name: path for path in sorted(CORE.glob("*.py")) if path.name != "__init__.py"}
-    files.update({"expansion_sets.py": Path(__file__).parent / "expansion_sets.py",
-                  "generate.py": TEMPLATE / "generate.py", "cape_draft.py": TEMPLATE / "cape_draft.py"})
-    return files
+    sources = {path.stem: path for path in sorted(CORE.glob("*.py")) if path.name != "__init__.py"}
+    sources["expansion_sets"] = Path(__file__).parent / "expansion_sets.py"
+    files = {"generate.py": TEMPLATE / "generate.py", "cape_draft.py": TEMPLATE / "cape_draft.py"}
+    todo = list(files.values())
+    while todo:
+        for name in sorted(sibling_imports(todo.pop())):
+            if f"{name}.py" in files:
+                continue
+            if name not in sources:
+                raise RuntimeError(f"custom_generate/ imports .{name}, which is neither a core module nor expansion_sets.py")
+            files[f"{name}.py"] = sources[name]
+            todo.append(sources[name])
+    return dict(sorted(files.items()))
 
 
 README = """---
