@@ -158,17 +158,26 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             return self.drafter.compile_draft(generation_config, compile_config, target_cache)
         return None
 
+    @property
+    def model_kwargs_overrides(self) -> dict:
+        """What the wrapped drafter asks of the target's forward (:mod:`~hf_specdraft.core.target_state`)."""
+        return getattr(self.drafter, "model_kwargs_overrides", None) or {}
+
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
-        """The expanded proposal after ``input_ids`` `(1, L)`: the drafter's chain plus one expansion set per position."""
+    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None, target_state=None) -> DraftTree:
+        """The expanded proposal after ``input_ids`` `(1, L)`: the drafter's chain plus one expansion set per position
+        (``target_state``: the target's state, handed on to a drafter that reads it)."""
         self.drafter.host_text = self.host_text  # the loop's host copy of the text, for the chain drafter's re-sync
-        if self.scorer is not None:
+        if self.scorer is not None:  # (a drafter that reads the target's state has no beam scorer: refused at construction)
             return self._propose_beam(input_ids, target_cache)
-        return self.expand(self.drafter.propose(input_ids, target_cache))
+        state = {} if target_state is None else {"target_state": target_state}
+        return self.expand(self.drafter.propose(input_ids, target_cache, **state))
 
     def expand(self, chain: DraftTree) -> DraftTree:
         """The wrapped drafter's ``chain`` widened by one expansion set per position (§4.2)."""
         self.forward_calls = dict(self.drafter.forward_calls)
+        if not len(chain):  # nothing drafted (a state-reading drafter's first call): nothing to widen
+            return chain
         if chain.draft_probs is None:
             raise ValueError(
                 f"{type(self.drafter).__name__} proposed a chain without draft_probs; CAPE sizes each expansion set by the "

@@ -253,7 +253,8 @@ def _prefill(model, cache: DynamicCache, input_ids: torch.LongTensor, rows: list
         out = model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
                     use_cache=True, **no_logits_kwargs(model), **request.kwargs)
         for layer in cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
-            layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
+            if layer.keys is not None:  # a KV-shared layer holds nothing of its own
+                layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
     if request.hidden and out is not None:
         prefill_states(out.hidden_states, rows)
     return time.perf_counter() - start

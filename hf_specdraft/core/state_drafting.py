@@ -7,7 +7,10 @@ static path, the γ controller and CAPE's expansion, handing them the target's s
 (:mod:`~hf_specdraft.core.target_state`):
 
 * a ``Gemma4AssistantForCausalLM`` (``SinglePositionMultiTokenCandidateGenerator``): the token's embedding ⊕ the target's
-  last hidden state in, Q-only attention to the target's shared KV; γ is its ``num_assistant_tokens``;
+  last hidden state in, Q-only attention to the keys and values of the target's last cached layer of each type; γ is its
+  ``num_assistant_tokens``. Those keys and values are read from the loop's cache after it kept the accepted path, so a
+  tree's rejected nodes never reach the assistant, and the verify forward returns only the last hidden state (transformers'
+  loop asks it for every layer's and for ``return_shared_kv_states``);
 * a DFlash drafter (``DFlashTokenCandidateGenerator``; any model whose config names ``target_layer_ids``, ``block_size``
   and ``mask_token_id``): the named layers' states fused into its own cache, a block of ``block_size`` tokens drafted
   in one forward through the target's embeddings and head.
@@ -15,12 +18,14 @@ static path, the γ controller and CAPE's expansion, handing them the target's s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, SinglePositionMultiTokenCandidateGenerator
 
 from .drafting import AUTO, TreeCandidateGenerator, draft_length
-from .target_state import TargetState
+from .target_state import TargetOutputs, TargetState
 from .tree import DraftTree
 
 DFLASH_FIELDS = ("target_layer_ids", "block_size", "mask_token_id")
@@ -69,6 +74,8 @@ class StateReadingDrafter(TreeCandidateGenerator):
             self.num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens)
         self.generator = None
         self.model_kwargs_overrides: dict = {}
+        self.producers: dict[str, int] = {}  # the assistant's layer types -> the target layer whose cache it reads
+        self.reads_target_cache = not self.dflash
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         """Build this call's generator (its state is per request: DFlash's cache, the assistant's first-step flag)."""
@@ -76,10 +83,12 @@ class StateReadingDrafter(TreeCandidateGenerator):
         if self.dflash:
             self.generator = DFlashTokenCandidateGenerator(self.draft_model, target.get_input_embeddings(),
                                                            target.get_output_embeddings(), generation_config)
+            self.model_kwargs_overrides = dict(self.generator.model_kwargs_overrides)
         else:
             self.generator = SinglePositionMultiTokenCandidateGenerator(self.draft_model, target.get_input_embeddings(),
                                                                         generation_config)
-        self.model_kwargs_overrides = dict(self.generator.model_kwargs_overrides)
+            self.producers = cache_producers(target)
+            self.model_kwargs_overrides = {"output_hidden_states": -1}  # the generator reads hidden_states[-1] alone
 
     def propose(self, input_ids: torch.LongTensor, target_cache=None, target_state: TargetState | None = None) -> DraftTree:
         """The generator's chain after ``input_ids`` `(1, L)`, with q where it returns logits."""
@@ -87,10 +96,14 @@ class StateReadingDrafter(TreeCandidateGenerator):
             raise ValueError(f"{type(self.draft_model).__name__} reads the target's hidden states, which transformers' assisted "
                              "loop hands only to its own generators: call speculative_generate(target, ids, draft_model=...) or "
                              "target.generate(ids, custom_generate=speculative_generate, draft_model=...)")
+        outputs = target_state.outputs
         if not self.dflash:
             self.generator.num_assistant_tokens = self.num_draft_tokens
+            if outputs is not None:
+                outputs = AssistantOutputs(hidden_states=outputs.hidden_states, shared_kv_states={
+                    kind: (target_cache.layers[i].keys, target_cache.layers[i].values) for kind, i in self.producers.items()})
         ids, logits = self.generator.get_candidates(
-            input_ids, model_kwargs=target_state.model_kwargs(), model_outputs=target_state.outputs,
+            input_ids, model_kwargs=target_state.model_kwargs(), model_outputs=outputs,
             is_first_iteration=target_state.first, n_last_matches=target_state.matched)
         tokens = ids[0, input_ids.shape[1] :]
         self.count_call("draft", 0 if not len(tokens) else 1 if self.dflash else len(tokens))
@@ -99,3 +112,22 @@ class StateReadingDrafter(TreeCandidateGenerator):
         if logits is not None and logits.shape[1] >= tokens.numel() and (self.dflash or not self.generation_config.do_sample):
             probs = torch.softmax(logits[0, : tokens.numel()].float(), dim=-1)
         return DraftTree.chain(tokens, probs)
+
+
+@dataclass
+class AssistantOutputs(TargetOutputs):
+    """What Gemma 4's generator reads: the target's states and the keys and values of its producer layers."""
+
+    shared_kv_states: dict | None = None
+
+
+def cache_producers(target) -> dict[str, int]:
+    """The target layer whose cached keys and values an assistant's layer of each type attends to: the last layer of that
+    type before the target's KV-shared layers (the ones transformers' Gemma 4 marks ``"store"``)."""
+    config = target.config.get_text_config()
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        raise ValueError(f"a Gemma 4 assistant attends to its target's cache by layer type, and {type(target).__name__}'s config "
+                         "names no layer_types: use the Gemma 4 (or 3n) model it was trained for")
+    unshared = len(types) - (getattr(config, "num_kv_shared_layers", 0) or 0)
+    return {kind: max(i for i in range(unshared) if types[i] == kind) for kind in set(types[:unshared])}

@@ -28,7 +28,9 @@ import inspect
 
 from transformers import DynamicCache, PreTrainedModel
 
-ATTENTION_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer")
+# DummyLayer: a KV-shared layer (Gemma 4's E-models, Gemma 3n) holds nothing of its own and reads the keys and values its
+# producer layer cached, which the loop compacts like any other attention layer
+ATTENTION_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "DummyLayer")
 # Model types whose greedy output under this loop did not match their own ``generate`` in the architecture grid
 # (tests/test_architectures.py): refused by name until the cause is found, never decoded wrongly in silence.
 MISMATCHED_MODEL_TYPES = {
