@@ -39,6 +39,28 @@ def padded_batch(vocab: int, lengths=BATCH_LENGTHS, seed: int = 5):
     return rows, ids, mask
 
 
+class StateCountingDrafter(DraftModelCandidateGenerator):
+    """The plain draft, asking for the target's last hidden state (issue #48) and checking what it is handed: after its
+    first proposal, every position the loop cached since, of the target's full width (a split target's states come back
+    whole)."""
+
+    requires_model_outputs = True
+    model_kwargs_overrides = {"output_hidden_states": [-1]}
+
+    def propose(self, input_ids, target_cache=None, target_state=None):
+        if not target_state.first:
+            states = target_state.outputs.hidden_states[-1]
+            cached = input_ids.shape[1] - 1
+            expected = cached if self.handed == 0 else target_state.matched + 1
+            assert states.shape[1] == expected and states.shape[-1] == self.width, (tuple(states.shape), expected, self.width)
+            self.handed += states.shape[1]
+        return super().propose(input_ids, target_cache)
+
+    def prepare(self, target, generation_config):
+        super().prepare(target, generation_config)
+        self.handed, self.width = 0, target.config.hidden_size
+
+
 def greedy_drafters(glide, draft, x: torch.LongTensor, vocab: int) -> dict:
     """name -> a zero-argument builder of a fresh drafter: every method with its default options (γ "auto" where it has it)."""
     table = torch.arange(vocab).roll(1)  # a bigram table for Max-Gram's fallback (random targets repeat little)
@@ -52,6 +74,7 @@ def greedy_drafters(glide, draft, x: torch.LongTensor, vocab: int) -> dict:
         "cascade": lambda: CascadeCandidateGenerator([draft], bigram_table=table),
         "max-gram": lambda: MaxGramCandidateGenerator(table),
         "casd": lambda: CasdCandidateGenerator(torch.cat([x[0], x[0]]), min_suffix_length=1),
+        "state+draft-model": lambda: StateCountingDrafter(draft),
     }
 
 
@@ -80,7 +103,7 @@ def lossless_checks(target, glide, draft, static: bool = True, batch: bool = Tru
     for name, build in builders.items():
         record(results, name, lambda: same(speculative_generate(target, x, candidate_generator=build(), max_new_tokens=NEW_TOKENS)))
     if static:
-        for name in ("draft-model", "glide", "cape+glide"):
+        for name in ("draft-model", "glide", "cape+glide", "state+draft-model"):
             record(results, f"static/{name}", lambda: same(speculative_generate(
                 target, x, candidate_generator=builders[name](), max_new_tokens=NEW_TOKENS, cache_implementation="static")))
     if batch:
@@ -92,7 +115,8 @@ def lossless_checks(target, glide, draft, static: bool = True, batch: bool = Tru
             got = [out[i, width - r.numel():].cpu() for i, r in enumerate(rows)]
             return all(torch.equal(g, e) for g, e in zip(got, references)), out.tolist(), f"{[g.tolist() for g in got]} vs {[e.tolist() for e in references]}"
 
-        for name, make in (("draft-model", lambda: DraftModelCandidateGenerator(draft)), ("glide", lambda: GlideCandidateGenerator(glide))):
+        for name, make in (("draft-model", lambda: DraftModelCandidateGenerator(draft)), ("glide", lambda: GlideCandidateGenerator(glide)),
+                           ("state+draft-model", lambda: StateCountingDrafter(draft))):
             record(results, f"batch/{name}", lambda: rows_match(speculative_generate(
                 target, ids.to(device), attention_mask=mask.to(device), candidate_generator=[make() for _ in rows],
                 max_new_tokens=NEW_TOKENS)))

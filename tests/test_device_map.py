@@ -49,7 +49,7 @@ def results(saved):
 
 @pytest.mark.parametrize("check", ["draft-model", "glide", "glide-fixed", "cape+glide", "cape-beam+glide", "cape+draft-model", "cascade",
                                    "max-gram", "casd", "static/draft-model", "static/glide", "static/cape+glide", "batch/draft-model",
-                                   "batch/glide"])
+                                   "batch/glide", "state+draft-model", "static/state+draft-model", "batch/state+draft-model"])
 def test_every_method_is_lossless_on_a_target_over_cpu_and_disk(results, check):
     assert results[check]["ok"], results[check]["detail"]
 

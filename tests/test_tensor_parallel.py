@@ -28,7 +28,7 @@ SHAPES = {"llama": {}, "qwen2": dict(hidden_size=48, num_attention_heads=6, num_
 ARCHS = [pytest.param("llama"), pytest.param("qwen2", marks=pytest.mark.slow)]
 LOSSLESS = ["draft-model", "draft-model-split", "glide", "glide-fixed", "cape+glide", "cape-beam+glide", "cape+draft-model", "cascade",
             "max-gram", "casd", "static/draft-model", "static/glide", "static/cape+glide", "batch/draft-model", "batch/glide",
-            "controller/glide", "controller/self-draft"]
+            "controller/glide", "controller/self-draft", "state+draft-model", "static/state+draft-model", "batch/state+draft-model"]
 SAMPLED = ["glide", "draft-model", "cape+glide"]
 _LAUNCHED: dict[str, list[dict]] = {}
 
