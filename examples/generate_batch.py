@@ -6,8 +6,8 @@
 Each row drafts, verifies and accepts on its own, with one target forward per step for the whole batch. Throughput
 is printed for target-only batched ``generate``, the same with :func:`hf_specdraft.few_token_linears` (on CPU a
 few-row ``nn.Linear`` takes a slow BLAS path that it avoids), and GLIDE. One timed run each: ``python -m
-hf_specdraft.bench.batching`` is the measurement (there, on a 2-core CPU, GLIDE with γ = 1 beat batched ``generate``
-by 1.44x at batch 4 and lost from batch 8 on).
+benchmarks.studies.batching`` (from the repository root) is the measurement (there, on a 2-core CPU, GLIDE with
+γ = 1 beat batched ``generate`` by 1.44x at batch 4 and lost from batch 8 on).
 """
 
 import argparse

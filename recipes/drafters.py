@@ -1,4 +1,4 @@
-"""Train the default target's GLIDE and vanilla drafters (``hf-specdraft train-default --parts glide,vanilla``).
+"""Train the default target's GLIDE and vanilla drafters (``python -m recipes.training --parts glide,vanilla``).
 
 Each lands in ``<default dir>/glide`` or ``<default dir>/vanilla`` as a Hub-ready GLIDE checkpoint (with
 ``training_log.json``, a model card and ``recipe.json``), trained on the default's train token stream.

@@ -18,7 +18,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, max_chars: int | None
         texts: training documents (the corpus train split).
         vocab_size: final vocabulary size, special tokens included.
         max_chars: stop reading ``texts`` after this many characters (BPE merges settle long before the
-            whole corpus is read; this keeps ``train-default`` quick).
+            whole corpus is read; this keeps ``python -m recipes.training`` quick).
     """
     if vocab_size < 300:
         raise ValueError(f"vocab_size must be at least 300 (256 byte tokens + specials + merges), got {vocab_size}")

@@ -138,7 +138,7 @@ def test_bench_json_schema(tiny_default, tmp_path):
     saved = json.loads((tmp_path / "bench.json").read_text())
     dtype = str(bundle.target.dtype).removeprefix("torch.")  # float32 on CPU, bf16 where a GPU is visible
     assert saved["meta"]["versions"]["transformers"] and saved["meta"]["dtype"] == dtype and saved["meta"]["hardware"]
-    assert saved["meta"]["draft_dtypes"]["draft"] == dtype  # a train-default directory's drafts load at the target's dtype
+    assert saved["meta"]["draft_dtypes"]["draft"] == dtype  # a recipes.training directory's drafts load at the target's dtype
     assert set(saved["summary"]) == set(config.methods)
     for name, s in saved["summary"].items():
         assert s["equals_target_only"] == 1.0, name  # every baseline here is lossless

@@ -9,6 +9,7 @@ fails the test with the file that draws it.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -208,3 +209,10 @@ def test_the_core_imports_only_torch_transformers_and_its_siblings():
                 for name in names:
                     top = name.split(".")[0]
                     assert top in allowed or top in sys.stdlib_module_names, f"{path.name} imports {name}"
+
+
+def test_the_core_s_reading_order_names_every_module():
+    """hf_specdraft/core/__init__.py is a newcomer's map of the core: its reading order names every module there."""
+    named = set(re.findall(r":mod:`\.(\w+)`", (PACKAGE / "core" / "__init__.py").read_text()))
+    modules = {p.stem for p in (PACKAGE / "core").glob("*.py")} - {"__init__"}
+    assert named == modules, f"not in core/__init__.py's reading order: {sorted(modules - named)}; gone: {sorted(named - modules)}"

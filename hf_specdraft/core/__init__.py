@@ -6,15 +6,29 @@ Read bottom-up, as the loop runs a step:
 * :mod:`.stats`, :mod:`.rows`: per-step statistics, the per-request row and the target's scores at its nodes;
 * :mod:`.support`: which targets can verify trees, chains, or nothing;
 * :mod:`.verify`: the inputs of the one target forward over every row's tree (per-layer-type masks, batch masks);
+* :mod:`.host`: host data onto the device without a sync, and host tensors made cheaply;
 * :mod:`.cache`: compaction, repacking, windows and draft-cache re-syncs;
 * :mod:`.acceptance`: greedy, speculative sampling, lenient and conditional rules;
-* :mod:`.batch_drafting`, :mod:`.drafting`: the drafter base classes, the draft-model drafter, one draft forward
-  per batch;
+* :mod:`.stopping`: the step's stop checks, on host tokens;
+* :mod:`.batch_drafting`, :mod:`.drafting`: the drafter base classes, the draft-model drafter, the registry that picks a
+  drafter for a draft model's type, one draft forward per batch;
+* :mod:`.target_state`, :mod:`.state_drafting`: the target's hidden states for the drafters that ask for them, and
+  transformers' own drafters that read them (Gemma 4's assistants, DFlash);
 * :mod:`.inputs`: the call's checks, one drafter and one set of logits processors per row;
 * :mod:`.projection`, :mod:`.validation`: CPU few-token linears, option checks;
+* :mod:`.static_cache`, :mod:`.static_inputs`, :mod:`.static_verify`, :mod:`.static_draft`, :mod:`.compiled`: the static
+  path: a cache the loop owns, a bucket's inputs edited in place, fixed-shape verification, the draft's own static
+  forwards, and the compiled call that runs them;
+* :mod:`.layouts`: where the target's cache lives during a call, one object per layout with the same methods;
+* :mod:`.clock`, :mod:`.controller`, :mod:`.controller_store`, :mod:`.disk_cache`: a step's timing as the device sees it,
+  γ chosen at run time, and what was learned kept on disk for the next process;
+* :mod:`.distributed`: the ranks of a tensor-parallel target kept in step;
 * :mod:`.loop`: ``speculative_generate`` and the step.
 
+Beside the loop: :mod:`.syncs` counts host-device crossings in tests; :mod:`.hooks` holds what the package root lends
+the methods (CAPE's ``custom_generate/`` writer for GLIDE checkpoints).
+
 Every module here imports only torch, transformers, the standard library and its siblings (``from .x import y``):
-the checkpoint-shipped ``custom_generate/`` folder is written from these very files
+the checkpoint-shipped ``custom_generate/`` folder is written from the very files its entry point imports
 (:func:`hf_specdraft.cape.write_custom_generate`). The core imports no method; methods import the core.
 """

@@ -37,7 +37,7 @@ bf16 / fp16 weights keep ``linear``. Both are fp32 dot products of the same numb
 differs (≤ 1e-4 on the default's logits), as it already does between a 1-row and a 6-row ``linear``.
 
 A whole forward of the default target over n new tokens on a 96-token cache, relative to a one-token
-forward (``python -m hf_specdraft.bench.projection``, median of 15, an AMD VM of 2026-11-24, before the one-row
+forward (``python -m benchmarks.studies.projection``, median of 15, an AMD VM of 2026-11-24, before the one-row
 path: each row relative to the model's own one-token forward)::
 
     n                        2      3      4      6      8     12     32

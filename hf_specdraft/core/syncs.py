@@ -12,7 +12,7 @@ methods that read a tensor on the host or copy one onto a device, and counts the
 code* (transformers' model code runs inside the compiled graph on the real path). It counts every such call, on any
 tensor: on a CPU a host tensor looks like a device tensor, so the count is an upper bound of a GPU's. Host data is
 kept in Python lists for that reason, and host tensors reach the device only through
-:func:`~hf_specdraft.core.static_cache.copy_to_device` (pinned memory, no sync), which it does not count.
+:func:`~hf_specdraft.core.host.copy_to_device` (pinned memory, no sync), which it does not count.
 
     >>> with SyncCounter() as syncs:  # doctest: +SKIP
     ...     speculative_generate(target, ids, draft_model=draft, cache_implementation="static")

@@ -45,7 +45,7 @@ def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.d
             is a chain of matrix-vector products bound by reading the weights, so bf16 weights halve it
             even next to a float32 target: on 2 CPU cores GLIDE's one-token forward takes 4.1 ms instead of
             6.8 ms, and GLIDE γ = 3 went from 1.28x to 1.42x of target-only on the tuning prompts
-            (``python -m hf_specdraft.bench.draft_dtype``, ``benchmarks/verification/cpu-draft-dtype.json``).
+            (``python -m benchmarks.studies.draft_dtype``, ``benchmarks/verification/cpu-draft-dtype.json``).
             The loop takes q in float32 either way, and the target alone decides every token, so greedy output
             stays the target's.
 
