@@ -64,15 +64,27 @@ def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits:
 def glide_loss(glide, input_ids, kv, target_logits, block_size: int, args) -> tuple[torch.Tensor, dict]:
     """Next-token cross-entropy with the block-wise mask (§4.1), mixed with token-level distillation (Appendix B).
 
-    ``args`` holds ``distillation_weight`` and ``distillation_temperature`` (a :class:`GlideTrainingArguments`)."""
-    outputs = glide(input_ids=input_ids, labels=input_ids, target_past_key_values=kv, cross_attention_block_size=block_size, use_cache=False)
-    parts = {"ce": outputs.loss.detach()}
+    ``args`` holds ``distillation_weight`` and ``distillation_temperature`` (a :class:`GlideTrainingArguments`).
+    A GLIDE with a reduced vocabulary (``draft_token_ids``) is trained over its own rows: every target id outside it is
+    its last row ("another token"), for the labels and for p (its probability mass summed there). Its logits over the
+    target's vocabulary put the dtype's minimum on those ids, which a loss over target ids would turn into ~1e38.
+    """
+    draft_ids = getattr(glide.config, "draft_token_ids", None)
+    hidden = glide.model(input_ids=input_ids, target_past_key_values=kv, cross_attention_block_size=block_size,
+                         use_cache=False).last_hidden_state
+    logits = glide.lm_head(hidden)[:, :-1].float()  # (B, T - 1, rows): the draft's own rows
+    labels = input_ids[:, 1:] if draft_ids is None else glide.model.target_to_draft[input_ids[:, 1:]]
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    parts = {"ce": ce.detach()}
     if target_logits is None:
-        return outputs.loss, parts
+        return ce, parts
     tau = args.distillation_temperature
-    log_q = torch.log_softmax(outputs.logits[:, :-1].float() / tau, dim=-1)
-    log_p = torch.log_softmax(target_logits[:, :-1].float() / tau, dim=-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean() * tau**2
+    log_q = torch.log_softmax(logits / tau, dim=-1)
+    p = torch.softmax(target_logits[:, :-1].float() / tau, dim=-1)
+    if draft_ids is not None:  # p over the draft's rows: its ids, then everything else in the last row
+        kept = p[..., glide.draft_token_ids]
+        p = torch.cat([kept, (1 - kept.sum(-1, keepdim=True)).clamp_min(0)], dim=-1)
+    kl = (torch.xlogy(p, p) - p * log_q).sum(-1).mean() * tau**2
     parts["kl"] = kl.detach()
     w = args.distillation_weight
-    return (1 - w) * outputs.loss + w * kl, parts
+    return (1 - w) * ce + w * kl, parts
