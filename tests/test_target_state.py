@@ -15,7 +15,8 @@ import math
 
 import pytest
 import torch
-from transformers import CompileConfig, PretrainedConfig, PreTrainedModel
+from transformers import CompileConfig, GenerationConfig, PretrainedConfig, PreTrainedModel
+from transformers.generation import PromptLookupCandidateGenerator
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -267,3 +268,31 @@ def test_bad_state_requests_are_refused_by_name():
         StateReadingDrafter(target)
     with pytest.raises(ValueError, match="reads the target's hidden states.*speculative_generate"):
         StateReadingDrafter(tiny_dflash()).propose(x)
+
+
+@pytest.mark.parametrize("kind", ["assisted-random", "assisted-same", "prompt-lookup", "dflash"])
+def test_transformers_assisted_decoding_checks_on_the_loop(kind, one_thread):
+    """transformers' own assisted-decoding checks (``tests/generation/test_utils.py``: assisted or prompt-lookup output
+    equals greedy, 4 new tokens, 2 drafted a step, an assistant that is random or the model itself), plus its DFlash
+    generator, run on this loop over three architectures and five prompts each: 0 mismatches."""
+    mismatches = []
+    for arch in ("llama", "mistral", "qwen2"):
+        target = tiny_model(arch)
+        assistant = target if kind == "assisted-same" else tiny_model(arch, seed=9, num_hidden_layers=1)
+        for seed in range(5):
+            x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(seed))
+            x[0, 4:] = x[0, :3]  # a repeated stretch, so that prompt lookup finds a match
+            reference = greedy_reference(target, x, 4)
+            if kind.startswith("assisted"):
+                out = speculative_generate(target, x, draft_model=assistant, num_draft_tokens=2, max_new_tokens=4)
+            elif kind == "prompt-lookup":
+                lookup = PromptLookupCandidateGenerator(num_output_tokens=2, max_length=x.shape[1] + 4)
+                out = speculative_generate(target, x, candidate_generator=lookup, max_new_tokens=4)
+            else:
+                config = GenerationConfig(max_length=x.shape[1] + 4)
+                generator = DFlashTokenCandidateGenerator(tiny_dflash(seed), target.get_input_embeddings(),
+                                                          target.get_output_embeddings(), config)
+                out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=4)
+            if not torch.equal(out, reference):
+                mismatches.append((arch, seed, out.tolist(), reference.tolist()))
+    assert mismatches == []
