@@ -216,3 +216,31 @@ def test_the_core_s_reading_order_names_every_module():
     named = set(re.findall(r":mod:`\.(\w+)`", (PACKAGE / "core" / "__init__.py").read_text()))
     modules = {p.stem for p in (PACKAGE / "core").glob("*.py")} - {"__init__"}
     assert named == modules, f"not in core/__init__.py's reading order: {sorted(modules - named)}; gone: {sorted(named - modules)}"
+
+
+LAYOUTS = {"CacheLayout", "OwnedRow", "SharedBatch", "StaticTarget"}
+
+
+def layout_branches(path: Path) -> list[str]:
+    """Where ``path`` branches on a cache layout: an ``isinstance`` naming a layout class, or a ``shared`` flag read."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            named = {n.id if isinstance(n, ast.Name) else getattr(n, "attr", None) for n in ast.walk(node.args[1])}
+            if named & LAYOUTS:
+                found.append(f"{path.name}:{node.lineno} isinstance on {sorted(named & LAYOUTS)}")
+        if isinstance(node, ast.Attribute) and node.attr == "shared":
+            found.append(f"{path.name}:{node.lineno} .shared")
+    return found
+
+
+def test_no_module_branches_on_a_cache_layout():
+    """The step calls one interface (core/layouts.py's CacheLayout); no module asks which layout it holds."""
+    branches = [b for path in sorted(PACKAGE.rglob("*.py")) for b in layout_branches(path)]
+    assert not branches, branches
+
+
+def test_the_layout_check_sees_a_branch(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(cache):\n    if isinstance(cache, (StaticTarget, int)):\n        return cache.shared\n")
+    assert len(layout_branches(probe)) == 2

@@ -10,6 +10,7 @@ Read bottom-up, as the loop runs a step:
 * :mod:`.cache`: compaction, repacking, windows and draft-cache re-syncs;
 * :mod:`.acceptance`: greedy, speculative sampling, lenient and conditional rules;
 * :mod:`.stopping`: the step's stop checks, on host tokens;
+* :mod:`.emission`: one row's share of a step: its accepted path by its rule, emitted where ``generate`` would stop;
 * :mod:`.batch_drafting`, :mod:`.drafting`: the drafter base classes, the draft-model drafter, the registry that picks a
   drafter for a draft model's type, one draft forward per batch;
 * :mod:`.target_state`, :mod:`.state_drafting`: the target's hidden states for the drafters that ask for them, and
@@ -19,11 +20,13 @@ Read bottom-up, as the loop runs a step:
 * :mod:`.static_cache`, :mod:`.static_inputs`, :mod:`.static_verify`, :mod:`.static_draft`, :mod:`.compiled`: the static
   path: a cache the loop owns, a bucket's inputs edited in place, fixed-shape verification, the draft's own static
   forwards, and the compiled call that runs them;
-* :mod:`.layouts`: where the target's cache lives during a call, one object per layout with the same methods;
+* :mod:`.layouts`: where the target's cache lives during a call: one declared interface (``CacheLayout``), one object of
+  it per call (a row's own cache, a padded batch's shared one; the static path's ``StaticTarget`` in :mod:`.compiled`);
 * :mod:`.clock`, :mod:`.controller`, :mod:`.controller_store`, :mod:`.disk_cache`: a step's timing as the device sees it,
   γ chosen at run time, and what was learned kept on disk for the next process;
 * :mod:`.distributed`: the ranks of a tensor-parallel target kept in step;
-* :mod:`.loop`: ``speculative_generate`` and the step.
+* :mod:`.outputs`: what a call returns (``generate``'s sequences or the output with its statistics);
+* :mod:`.loop`: ``speculative_generate``, the call's setup and the step: propose, verify, read back, accept, keep.
 
 Beside the loop: :mod:`.syncs` counts host-device crossings in tests; :mod:`.hooks` holds what the package root lends
 the methods (CAPE's ``custom_generate/`` writer for GLIDE checkpoints).

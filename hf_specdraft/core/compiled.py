@@ -22,6 +22,7 @@ from transformers import CompileConfig, GenerationConfig
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .host import to_device
+from .layouts import CacheLayout
 from .rows import Row
 from .static_cache import StaticRowsCache
 from .support import no_logits_kwargs
@@ -116,8 +117,9 @@ def compile_config_for(model, generation_config: GenerationConfig) -> CompileCon
     return config
 
 
-class StaticTarget:
-    """The target's side of a step on the static cache (used by :func:`~hf_specdraft.core.loop.speculative_step`).
+class StaticTarget(CacheLayout):
+    """The static cache's layout (:class:`~hf_specdraft.core.layouts.CacheLayout`): every row at its own length in fixed
+    buffers, verified in one forward per bucket, compiled where transformers would compile.
 
     Args:
         model: the target. cache: its :class:`~hf_specdraft.core.static_cache.StaticRowsCache`.
@@ -125,7 +127,8 @@ class StaticTarget:
     """
 
     def __init__(self, model, cache: StaticRowsCache, compile_config: CompileConfig | None, buckets: tuple[int, ...] = BUCKETS):
-        self.model, self.cache, self.buckets = model, cache, buckets
+        super().__init__(model)
+        self.cache, self.buckets = cache, buckets
         self.compiled, self.compile_config = compile_config is not None, compile_config
         self.call = compiled_call(model, compile_config) if self.compiled else model.__call__
         self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
@@ -156,7 +159,29 @@ class StaticTarget:
             if request.hidden:
                 prefill_states(out.hidden_states, rows)
         self.cache.set_committed(input_ids.shape[1] - 1)
+        self.costs["widest_repacked"] = self.costs["holes_columns"] = self.cache.max_cache_len
         return time.perf_counter() - started
+
+    def controller_limits(self, longest: int, widest: float) -> tuple[int, object, object]:
+        """The controller weighs each γ at the cost of its bucket, and never drafts past the widest."""
+        return min(longest, self.max_nodes // int(widest)), self.bucket, (self.compiled, self.max_nodes)
+
+    def before_steps(self, request) -> None:
+        """Every bucket compiles (and on CUDA is captured) before the first step of the first call, so no step ever
+        compiles, whatever tree a drafter proposes, in this call or a later one; the drafts' buckets too."""
+        self.warm_up(self.buckets[-1], request.kwargs)
+        for draft in self.drafts:
+            draft.prepare()
+
+    def finish(self, stats) -> None:
+        """What the static path compiled, and what its first forwards cost; the cache is kept for the next call, which
+        overwrites it: not handed out."""
+        drafts = [draft for draft in self.drafts if draft is not None]
+        stats.extra["static_cache"] = {"compiled": self.compiled, "buckets": list(self.buckets),
+                                       "warm_up_seconds": {str(b): s for b, s in self.warm_up_seconds.items()},
+                                       "draft_compiled": bool(drafts),
+                                       "draft_warm_up_seconds": {str(b): s for d in drafts for b, s in d.warm_up_seconds.items()}}
+        return None
 
     def drafter_cache(self, a: int, row: Row):
         """Row ``row``'s committed text in the cache, as views a drafter reads (GLIDE's glimpse)."""

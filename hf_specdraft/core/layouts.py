@@ -1,15 +1,11 @@
-"""Where the target's cache lives during a call: one object per layout, each with the same few methods, so the loop's
-step (:func:`~hf_specdraft.core.loop.speculative_step`) holds no branch on the layout.
+"""Where the target's cache lives during a call: one declared interface, :class:`CacheLayout`, and one object of it per
+call, so the loop's step (:func:`~hf_specdraft.core.loop.speculative_step`) holds no branch on the layout.
 
 * :class:`OwnedRow`: one unpadded row owns a ``DynamicCache`` (compacted in place after each step);
 * :class:`SharedBatch`: a padded batch shares one right-aligned ``DynamicCache`` (repacked each step);
 * :class:`~hf_specdraft.core.compiled.StaticTarget`: the static buffers of ``cache_implementation="static"``.
 
-Each offers ``drafter_cache(a, row)`` (what row ``a``'s drafter reads of the target cache), ``fit(tree)`` (the layout's
-limit on a tree), ``verify(rows, trees, extra) -> (logits, ids, hidden_states)`` (one forward over every row's ``[last token] + tree``,
-with ``extra``: what the drafters ask of it, :mod:`~hf_specdraft.core.target_state`; float32 logits `(A, Q, V)`, the
-verified token ids `(A, Q)` and the asked ``hidden_states`` or ``None``, on the device) and ``keep(rows, starts, kept,
-survivors)`` (each row keeps its verified prefix and accepted path). gpt-fast's speculative step is short because
+The call's setup picks one (:func:`~hf_specdraft.core.loop.layout_for`). gpt-fast's speculative step is short because
 its cache is one object; these are the loop's.
 """
 
@@ -20,65 +16,166 @@ import time
 import torch
 from transformers import DynamicCache
 
-from .cache import keep_columns, row_cache
+from .cache import compact_cache, repack_cache, row_cache, target_cache
 from .host import host_tensor
 from .rows import Row
+from .support import no_logits_kwargs
+from .target_state import prefill_states
 from .tree import DraftTree
-from .verify import verify_inputs
+from .verify import batch_verify_inputs, single_row_inputs
 
 
-class OwnedRow:
+class CacheLayout:
+    """What the step asks of the target's cache, whatever its layout.
+
+    Attributes:
+        compiled (`bool`): the verify forward is compiled (it picks its own kernels: the loop patches no linear).
+        costs (`dict`): what the layout cost over the call, for the statistics (:func:`~hf_specdraft.core.loop.speculative_steps`).
+    """
+
+    compiled = False
+
+    def __init__(self, model):
+        self.model = model
+        self.costs = {"repack_seconds": 0.0, "steps": 0, "widest_repacked": 0, "holes_columns": 0, "target_forwards": 0,
+                      "batch_draft_forwards": None}
+
+    def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
+        """Every row's prompt but its newest token into the cache (the states ``request`` asks kept on the rows). Returns
+        seconds."""
+        raise NotImplementedError
+
+    def drafter_cache(self, a: int, row: Row):
+        """What active row ``a``'s drafter reads of the target's cache (its committed text), read-only."""
+        raise NotImplementedError
+
+    def fit(self, tree: DraftTree) -> DraftTree:
+        """The layout's limit on a proposal (the static path's widest bucket)."""
+        return tree
+
+    def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+        """One forward over every row's ``[last token] + tree``, with ``extra`` (what the drafters ask of it,
+        :mod:`~hf_specdraft.core.target_state`). Returns float32 logits `(A, Q, V)`, the verified ids `(A, Q)` and the
+        asked ``hidden_states`` (or ``None``), on the device."""
+        raise NotImplementedError
+
+    def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
+        """Each row keeps its cached text and its ``kept`` verified columns (0: its last token, ``1 + i``: node ``i``);
+        ``cached[a]``: the columns row ``a`` held before the step; only ``survivors`` (active indices) stay."""
+        raise NotImplementedError
+
+    def leave(self, rows: list[Row], active: list[Row]) -> None:
+        """Rows done before any step (their prompt already at ``max_length``) leave the cache."""
+
+    def batch_proposer(self, drafters: list) -> object | None:
+        """One proposer drafting every row in one draft forward per token, where the layout and drafters allow."""
+        return None
+
+    def controller_limits(self, longest: int, widest: float) -> tuple[int, object, object]:
+        """``(longest γ, bucket, setting)`` for the γ controller: the longest chain it may choose, how a width is rounded
+        for its cost curve (``None``: not), and what of the layout changes costs (part of its state's key)."""
+        return longest, None, False
+
+    def before_steps(self, request) -> None:
+        """Run once before the call's first step (the static path compiles every bucket there)."""
+
+    def finish(self, stats) -> DynamicCache | None:
+        """After the last step: what of the layout goes into ``stats``, and the cache the call returns (or ``None``)."""
+        return None
+
+
+class OwnedRow(CacheLayout):
     """One unpadded row that owns its ``DynamicCache`` (its columns are all of them)."""
 
-    shared = False
-
-    def __init__(self, model, cache: DynamicCache):
-        self.model, self.cache = model, cache
+    def __init__(self, model):
+        super().__init__(model)
+        self.cache = target_cache(model, shared=False)
         self.dtype = model.dtype  # the masks' (asked once: the model walks its parameters to answer)
+
+    def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
+        start = time.perf_counter()
+        if input_ids.shape[1] > 1:
+            out = self.model(input_ids=input_ids[:, :-1], past_key_values=self.cache, use_cache=True, **no_logits_kwargs(self.model),
+                             **request.kwargs)
+            if request.hidden:
+                prefill_states(out.hidden_states, rows)
+        return time.perf_counter() - start
 
     def drafter_cache(self, a: int, row: Row) -> DynamicCache:
         return self.cache
 
-    def fit(self, tree: DraftTree) -> DraftTree:
-        return tree
+    def verify(self, rows, trees, extra):
+        inputs = single_row_inputs(self.model, rows[0].ids, self.cache, trees[0], self.dtype)
+        return self._forward(inputs, extra)
 
-    def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
-        self._columns = self.cache.get_seq_length() if self.shared else rows[0].cached  # invariant: row a holds the last rows[a].cached
-        inputs = verify_inputs(self.model, self.cache, rows, trees, self.shared, self.dtype)
+    def _forward(self, inputs: dict, extra: dict):
         out = self.model(**inputs, past_key_values=self.cache, use_cache=True, **extra)
-        return out.logits.float(), inputs["input_ids"], out.hidden_states if extra.get("output_hidden_states") else None  # (A, Q, V)
+        return out.logits.float(), inputs["input_ids"], out.hidden_states if extra.get("output_hidden_states") else None
 
-    def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
-        """Each row keeps its cached text and its ``kept`` verified columns (0: its last token, ``1 + i``: node ``i``);
-        ``cached[a]``: the columns row ``a`` held before the step. A row that owns the cache is compacted (finished or
-        not: the returned cache covers ``sequences[:, :-1]``)."""
-        columns = self._columns
-        keep = [host_tensor([*range(columns - c, columns), *(columns + k for k in nodes)]) for c, nodes in zip(cached, kept)]
-        keep_columns(self.cache, keep, survivors, self.shared)
+    def keep(self, rows, cached, kept, survivors):
+        """The row is compacted, finished or not: the returned cache covers ``sequences[:, :-1]``."""
+        columns = cached[0]  # the row's verified columns start where its cached text ends
+        compact_cache(self.cache, host_tensor([*range(columns), *(columns + k for k in kept[0])]))
+
+    def finish(self, stats) -> DynamicCache:
+        return self.cache
 
 
 class SharedBatch(OwnedRow):
-    """A padded batch sharing one right-aligned ``DynamicCache``, repacked each step (finished rows leave it).
+    """A padded batch sharing one right-aligned ``DynamicCache``, repacked each step (finished rows leave it): the
+    :class:`CacheLayout` costs record ``repack_seconds`` and ``steps`` (gathers) and ``widest_repacked``."""
 
-    ``cost`` records what the layout cost, for the call's statistics: ``repack_seconds`` and ``steps`` (gathers),
-    ``widest_repacked`` (the widest the repacked cache got)."""
-
-    shared = True
-
-    def __init__(self, model, cache: DynamicCache, cost: dict):
-        super().__init__(model, cache)
-        self.cost = cost
+    def __init__(self, model):
+        CacheLayout.__init__(self, model)
+        self.cache = target_cache(model, shared=True)
+        self.dtype = model.dtype
         self.together = None  # a batch proposer drafting every row in one forward per token, where the drafters allow
+
+    def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
+        start = time.perf_counter()
+        if input_ids.shape[1] > 1:
+            device = input_ids.device
+            mask = (torch.arange(input_ids.shape[1], device=device)[None] >= torch.tensor([r.pad for r in rows], device=device)[:, None]).long()
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = self.model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=self.cache,
+                             use_cache=True, **no_logits_kwargs(self.model), **request.kwargs)
+            for layer in self.cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
+                if layer.keys is not None:  # a KV-shared layer holds nothing of its own
+                    layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
+            if request.hidden:
+                prefill_states(out.hidden_states, rows)
+        self.costs["widest_repacked"] = self.costs["holes_columns"] = self.cache.get_seq_length()
+        return time.perf_counter() - start
 
     def drafter_cache(self, a: int, row: Row) -> DynamicCache:
         return row_cache(self.cache, a, row)
 
-    def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
-        started = time.perf_counter()
-        super().keep(rows, cached, kept, survivors)
-        if survivors:
-            self.cost["repack_seconds"] += time.perf_counter() - started
-            self.cost["steps"] += 1
-            self.cost["widest_repacked"] = max(self.cost["widest_repacked"], self.cache.get_seq_length())
-            if self.together is not None and len(survivors) < len(rows):
-                self.together.keep_rows(survivors)
+    def verify(self, rows, trees, extra):
+        ids, mask, positions = batch_verify_inputs(rows, trees, self.cache.get_seq_length(), self.dtype, rows[0].device)
+        self._columns = self.cache.get_seq_length()  # invariant: row a holds the last rows[a].cached of these columns
+        return self._forward({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, extra)
+
+    def keep(self, rows, cached, kept, survivors):
+        if not survivors:
+            return
+        started, columns = time.perf_counter(), self._columns
+        keep = [host_tensor([*range(columns - cached[a], columns), *(columns + k for k in kept[a])]) for a in survivors]
+        repack_cache(self.cache, keep, torch.tensor(survivors, dtype=torch.long))
+        self.costs["repack_seconds"] += time.perf_counter() - started
+        self.costs["steps"] += 1
+        self.costs["widest_repacked"] = max(self.costs["widest_repacked"], self.cache.get_seq_length())
+        if self.together is not None and len(survivors) < len(rows):
+            self.together.keep_rows(survivors)
+
+    def leave(self, rows: list[Row], active: list[Row]) -> None:
+        if len(active) < len(rows):
+            columns = self.cache.get_seq_length()
+            repack_cache(self.cache, [torch.arange(columns - row.cached, columns) for row in active],
+                         torch.tensor([row.index for row in active], dtype=torch.long))
+
+    def batch_proposer(self, drafters: list) -> object | None:
+        self.together = drafters[0].batch_drafter(drafters)
+        return self.together
+
+    def finish(self, stats) -> None:
+        return None  # the batch's cache is not handed out (rows left it as they finished)

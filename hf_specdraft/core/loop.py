@@ -29,19 +29,17 @@ Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation import CandidateGenerator
-from transformers.utils import ModelOutput
 
-from .acceptance import ConditionalAcceptance, accept_tree, speculative_sampling, tree_rejection_sampling
-from .cache import keep_columns, target_cache
+from .acceptance import ConditionalAcceptance
 from .clock import StepClock
-from .compiled import StaticCacheBusy, StaticTarget, captured_seconds, static_call, static_target
-from .layouts import OwnedRow, SharedBatch
+from .compiled import StaticCacheBusy, captured_seconds, static_call, static_target
+from .emission import accept_row, chain_accepted
+from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .controller import DraftLengthController, recall, remember
 from .distributed import RankAgreement
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
@@ -52,44 +50,21 @@ from .inputs import (
     check_padding,
     check_target_model,
     check_unmarked_padding,
-    eos_list,
     resolve_generator,
     row_drafters,
     row_processors,
 )
 from .projection import few_token_linears
-from .rows import Outputs, Row, TargetRows
-from .stats import SpeculativeStats, overlap
+from .outputs import SpeculativeGenerateOutput, assemble_result
+from .rows import Outputs, Row
+from .stats import SpeculativeStats
 from .stopping import HostStops
-from .support import chains_only, check_target, no_logits_kwargs
-from .target_state import StateRequest, TargetOutputs, TargetState, asks_for_state, joined, kept_states, prefill_states
+from .support import chains_only, check_target
+from .target_state import StateRequest, TargetOutputs, TargetState, asks_for_state, joined, kept_states
 from .tree import DraftTree
 
 
-@dataclass
-class SpeculativeGenerateOutput(ModelOutput):
-    """``return_dict_in_generate=True`` result.
-
-    Args:
-        sequences (`torch.LongTensor` of shape `(B, L)`): prompt + generated tokens (a batch's finished rows padded with
-            ``pad_token_id`` on the right).
-        scores (`tuple(torch.FloatTensor)`, *optional*): processed target scores `(1, V)` per generated
-            token (``output_scores=True``).
-        logits (`tuple(torch.FloatTensor)`, *optional*): raw target logits `(1, V)` per generated token
-            (``output_logits=True``).
-        past_key_values: the target cache, covering ``sequences[:, :-1]``.
-        speculative_stats (:class:`~hf_specdraft.core.stats.SpeculativeStats`): per-step statistics (of every row, for a
-            padded batch: :func:`speculative_steps`).
-        row_stats (`tuple(SpeculativeStats)`, *optional*): a padded batch's statistics per row.
-    """
-
-    sequences: torch.LongTensor | None = None
-    scores: tuple[torch.FloatTensor, ...] | None = None
-    logits: tuple[torch.FloatTensor, ...] | None = None
-    past_key_values: DynamicCache | None = None
-    speculative_stats: SpeculativeStats | None = None
-    row_stats: tuple[SpeculativeStats, ...] | None = None
-
+__all__ = ["SpeculativeGenerateOutput", "speculative_generate", "speculative_step", "speculative_steps"]
 
 def speculative_generate(
     model: PreTrainedModel,
@@ -167,14 +142,13 @@ def speculative_generate(
 
 @torch.no_grad()
 def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
-    """Check the call, prefill the target, run :func:`speculative_steps`, return what ``generate`` would."""
+    """Check the call, set it up (:func:`setup_call`), prefill, run :func:`speculative_steps`, return what ``generate`` would."""
     check_target(model)  # recurrent-state models are refused before any forward (core.support)
     check_input_ids(input_ids, model)
     lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
     check_unmarked_padding(input_ids, lengths, generation_config.pad_token_id)
     batch, padded = input_ids.shape
-    shared = batch > 1 or int(lengths[0]) < padded  # a batch, or one left-padded prompt: rows share a right-aligned cache
-    if shared:
+    if batch > 1 or int(lengths[0]) < padded:  # a batch, or one left-padded prompt: rows share a right-aligned cache
         check_batch_setup(model, generation_config, streamer, batch)
     check_generation_setup(input_ids, generation_config, model_kwargs, acceptance)
     ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike (core.distributed)
@@ -183,10 +157,6 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     host_ids = input_ids.tolist()  # read once: from here on the loop extends each row's tokens on the host
     rows = [Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), row_processors(logits_processor, r, batch),
                 tokens=host_ids[r]) for r, g in enumerate(row_drafters(generator, batch))]
-    for row in rows:
-        if isinstance(row.generator, TreeCandidateGenerator):
-            row.generator.prepare(model, generation_config)
-    request = StateRequest(model, [row.generator for row in rows])  # what the drafters read of the target's forwards
     chains = chains_only(model)  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
     if chains and generation_config.cache_implementation == "static":
         raise ValueError(f"cache_implementation='static' verifies with explicit 4-D masks, which {type(model).__name__} cannot take "
@@ -195,16 +165,49 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     if generation_config.cache_implementation == "static":  # the loop's static cache, verification compiled where transformers
         with static_call(model):  # would; a concurrent static call on this model waits: the cache is one request's state
-            return _static_loop(model, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer, shared,
-                                request)
-    return _steps_and_result(model, target_cache(model, shared), None, input_ids, rows, generator, stopping_criteria,
-                             generation_config, acceptance, streamer, shared, request)
+            return _run(setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer), input_ids, rows, generator)
+    return _run(setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer), input_ids, rows, generator)
 
 
-def _static_loop(model, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer, shared, request):
-    """The call on the static cache (held by this call): the target's, and each batch-1 draft's where its drafter can."""
+@dataclass
+class Step:
+    """The call, set up once (:func:`setup_call`) and taken by every step: the target, where its cache lives (one
+    :class:`~hf_specdraft.core.layouts.CacheLayout`), how tokens are judged and when rows stop, what the drafters ask of
+    the target's forwards, and how the step is timed and γ chosen."""
+
+    model: PreTrainedModel
+    cache: CacheLayout  # prefill, drafter_cache, fit, verify, keep
+    generation_config: GenerationConfig
+    stops: HostStops
+    request: StateRequest  # what the drafters read of the target's forwards (empty: nothing more is computed)
+    clock: StepClock
+    vocab: int  # the target's output vocabulary (asked once: the model's config is slow to ask)
+    acceptance: ConditionalAcceptance | None = None
+    streamer: object = None
+    controller: DraftLengthController | None = None
+    together: object = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
+    one_row: bool = True  # one unpadded row (a chain may stop on its draft's confidence)
+
+
+def setup_call(model, rows: list[Row], stopping_criteria, generation_config: GenerationConfig, acceptance, streamer) -> Step:
+    """Bind every row's drafter to the call, merge what they ask of the target (:class:`~hf_specdraft.core.target_state.StateRequest`)
+    and build the call's one :class:`Step` on the layout it runs on (:func:`layout_for`)."""
+    for row in rows:
+        if isinstance(row.generator, TreeCandidateGenerator):
+            row.generator.prepare(model, generation_config)
+    one_row = len(rows) == 1 and rows[0].pad == 0
+    return Step(model, layout_for(model, generation_config, rows, one_row), generation_config, HostStops(stopping_criteria, generation_config),
+                StateRequest(model, [row.generator for row in rows]), StepClock(model.device), output_vocab_size(model), acceptance, streamer,
+                one_row=one_row)
+
+
+def layout_for(model, generation_config: GenerationConfig, rows: list[Row], one_row: bool) -> CacheLayout:
+    """The call's cache layout: the static buffers (held by this call; a batch-1 draft compiles on its own static cache
+    where its drafter can), one row's own ``DynamicCache``, or a padded batch's shared one."""
+    if generation_config.cache_implementation != "static":
+        return OwnedRow(model) if one_row else SharedBatch(model)
     static = static_target(model, generation_config, len(rows))
-    if static.compiled and not shared:
+    if static.compiled and one_row:
         for row in rows:
             if hasattr(row.generator, "compile_draft"):
                 try:
@@ -212,115 +215,42 @@ def _static_loop(model, input_ids, rows, generator, stopping_criteria, generatio
                 except StaticCacheBusy:  # another thread's call holds this draft's static cache: this one drafts eagerly
                     continue
                 static.drafts.extend(made if isinstance(made, list) else [made])
-    return _steps_and_result(model, static, static, input_ids, rows, generator, stopping_criteria, generation_config, acceptance,
-                             streamer, shared, request)
+    return static
 
 
-def _steps_and_result(model, cache, static, input_ids, rows, generator, stopping_criteria, generation_config, acceptance, streamer,
-                      shared, request):
-    """Prefill, run :func:`speculative_steps`, return what ``generate`` would."""
-    batch = len(rows)
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-    prefill = static.prefill(input_ids, rows, request) if static is not None else _prefill(model, cache, input_ids, rows, shared, request)
+def _run(step: Step, input_ids: torch.LongTensor, rows: list[Row], generator):
+    """Prefill, run :func:`speculative_steps`, return what ``generate`` would (:func:`~hf_specdraft.core.outputs.assemble_result`)."""
+    if step.streamer is not None:
+        step.streamer.put(input_ids.cpu())
+    prefill = step.cache.prefill(input_ids, rows, step.request)
     for row in rows:
-        row.out.stats.prefill_seconds = prefill / batch
-        row.done = len(row.tokens) >= generation_config.max_length
+        row.out.stats.prefill_seconds = prefill / len(rows)
+        row.done = len(row.tokens) >= step.generation_config.max_length
     active = [row for row in rows if not row.done]
-    if shared and len(active) < batch and static is None:  # rows finished before any step (the prompt already at max_length) leave the cache
-        keep_columns(cache, [torch.arange(cache.get_seq_length() - row.cached, cache.get_seq_length()) for row in rows],
-                     [row.index for row in active], shared)
-    compiled = static is not None and static.compiled  # a compiled forward chooses its own kernels: nothing to patch
-    split = RankAgreement.of(model) is not None  # few-token linears are timed per rank: off under tensor parallelism
-    with contextlib.nullcontext() if compiled or split else few_token_linears(model):
-        layout = speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared, request)
-    if streamer is not None:
-        streamer.end()
-    return _result(rows, generator, generation_config, cache, layout, shared)
+    step.cache.leave(rows, active)
+    split = RankAgreement.of(step.model) is not None  # few-token linears are timed per rank: off under tensor parallelism
+    with contextlib.nullcontext() if step.cache.compiled or split else few_token_linears(step.model):
+        costs = speculative_steps(step, active)
+    if step.streamer is not None:
+        step.streamer.end()
+    return assemble_result(rows, generator, step.generation_config, step.cache, costs)
 
 
-def _prefill(model, cache: DynamicCache, input_ids: torch.LongTensor, rows: list[Row], shared: bool, request: StateRequest) -> float:
-    """Fill the cache with every row's prompt but its newest token; the logits are not needed (the states asked for are
-    kept, :func:`~hf_specdraft.core.target_state.prefill_states`). Returns seconds."""
-    start = time.perf_counter()
-    out = None
-    if input_ids.shape[1] > 1 and not shared:
-        out = model(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, **no_logits_kwargs(model), **request.kwargs)
-    elif input_ids.shape[1] > 1:
-        device = input_ids.device
-        mask = (torch.arange(input_ids.shape[1], device=device)[None] >= torch.tensor([r.pad for r in rows], device=device)[:, None]).long()
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
-                    use_cache=True, **no_logits_kwargs(model), **request.kwargs)
-        for layer in cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
-            if layer.keys is not None:  # a KV-shared layer holds nothing of its own
-                layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
-    if request.hidden and out is not None:
-        prefill_states(out.hidden_states, rows)
-    return time.perf_counter() - start
-
-
-@dataclass
-class Step:
-    """What every step of one call shares: the target, where its cache lives (a layout of :mod:`~hf_specdraft.core.layouts`
-    or the static path's :class:`~hf_specdraft.core.compiled.StaticTarget`), how tokens are judged and when rows stop,
-    and what the call records (``layout``: the loop's costs, :func:`speculative_steps`)."""
-
-    model: PreTrainedModel
-    cache: object  # OwnedRow | SharedBatch | StaticTarget: drafter_cache, fit, verify, keep
-    generation_config: GenerationConfig
-    stops: HostStops
-    acceptance: ConditionalAcceptance | None = None
-    streamer: object = None
-    controller: DraftLengthController | None = None
-    together: object = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
-    layout: dict | None = None
-    clock: StepClock | None = None
-    vocab: int = 0  # the target's output vocabulary (asked once: the model's config is slow to ask)
-    request: StateRequest | None = None  # what the drafters read of the target's forwards (empty: nothing more is computed)
-
-
-def speculative_steps(model, cache, active, stopping_criteria, generation_config, acceptance, streamer, shared,
-                      request: StateRequest | None = None) -> dict:
+def speculative_steps(step: Step, active: list[Row]) -> dict:
     """Speculative steps until every row is done.
 
-    ``cache``: the target's ``DynamicCache``, or the static path's :class:`~hf_specdraft.core.compiled.StaticTarget`.
-    Returns what the loop's layout cost, for a shared cache's statistics: ``repack_seconds`` and ``steps`` (gathers),
-    ``widest_repacked`` (the widest the repacked cache got) and ``holes_columns`` (how wide a cache masking rejected
-    columns in place would have grown from the prompt: the sum of every step's verified width); and the forwards run
-    for the whole batch (``target_forwards``; ``batch_draft_forwards``, `None` when rows draft one by one).
+    Returns what the layout cost, for a padded batch's statistics (:class:`~hf_specdraft.core.layouts.CacheLayout`'s
+    ``costs``): ``repack_seconds`` and ``steps`` (gathers), ``widest_repacked`` (the widest the repacked cache got) and
+    ``holes_columns`` (how wide a cache masking rejected columns in place would have grown from the prompt: the sum of
+    every step's verified width); the forwards run for the whole batch (``target_forwards``; ``batch_draft_forwards``,
+    `None` when rows draft one by one); and, with a controller, the γ it chose.
     """
-    static = cache if isinstance(cache, StaticTarget) else None
-    columns = static.cache.max_cache_len if static is not None else cache.get_seq_length()
-    layout = {"repack_seconds": 0.0, "steps": 0, "widest_repacked": columns, "holes_columns": columns,
-              "target_forwards": 0, "batch_draft_forwards": None}
-    place = static if static is not None else SharedBatch(model, cache, layout) if shared else OwnedRow(model, cache)
-    step = Step(model, place, generation_config, HostStops(stopping_criteria, generation_config), acceptance, streamer,
-                layout=layout, clock=StepClock(model.device), vocab=output_vocab_size(model),
-                request=request if request is not None else StateRequest(model, []))
     drafters = [row.generator for row in active]
-    if (shared and static is None and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters)
+    if (not step.one_row and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters)
             and not any(asks_for_state(d) for d in drafters)):  # a batch proposer hands no state on
-        step.together = place.together = drafters[0].batch_drafter(drafters)
-    adaptive = bool(drafters) and all(getattr(d, "adaptive_draft_length", False) for d in drafters)
-    if adaptive:  # num_draft_tokens="auto": γ (and an "auto" tree budget) chosen every step
-        widths = (1.0, 2.0) if all(getattr(d, "adaptive_budget", False) for d in drafters) else (1.0,)
-        longest = getattr(drafters[0], "max_draft_tokens", AUTO_MAX)
-        if static is not None:  # the controller weighs each γ at the cost of its bucket, and never drafts past the widest
-            longest = min(longest, static.max_nodes // int(max(widths)))
-        step.controller = DraftLengthController(longest, widths, bucket=static.bucket if static is not None else None)
-        setting = (len(active), static is not None and (static.compiled, static.max_nodes), bool(generation_config.do_sample),
-                   str(model.device), str(model.dtype))  # what else changes costs or acceptance
-        resumed = recall(step.controller, model, drafters[0], setting)  # the last call's curve and counts
-        ranks = RankAgreement.of(model)
-        if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
-            ranks.align(step.controller)
-        # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
-        step.controller.confidence_stops = not shared and getattr(drafters[0], "stops_on_confidence", False)
-    if static is not None:  # every bucket compiles (and on CUDA is captured) before the first step of the first call: no
-        static.warm_up(static.buckets[-1], step.request.kwargs)  # step ever compiles, whatever tree a drafter proposes, in this call or a later one
-        for draft in static.drafts:  # and the drafts' buckets, on their own static caches
-            draft.prepare()
+        step.together = step.cache.batch_proposer(drafters)
+    setting = attach_controller(step, drafters)
+    step.cache.before_steps(step.request)
     try:
         while active:
             active = speculative_step(step, active)
@@ -328,12 +258,32 @@ def speculative_steps(model, cache, active, stopping_criteria, generation_config
         for drafter in drafters:
             if getattr(drafter, "stop_rule", None) is not None:
                 drafter.stop_rule = None  # the rule belongs to this call's controller
+    costs = step.cache.costs
     if step.together is not None:
-        layout["batch_draft_forwards"] = step.together.forwards
+        costs["batch_draft_forwards"] = step.together.forwards
     if step.controller is not None:
-        remember(step.controller, model, drafters[0], setting)
-        layout["draft_lengths"], layout["controller_resumed"] = step.controller.choices, resumed
-    return layout
+        remember(step.controller, step.model, drafters[0], setting)
+        costs["draft_lengths"], costs["controller_resumed"] = step.controller.choices, step.controller.resumed
+    return costs
+
+
+def attach_controller(step: Step, drafters: list) -> tuple | None:
+    """With ``num_draft_tokens="auto"`` drafters, the call's γ (and "auto" tree budget) controller, resumed from the last
+    call's curve and counts. Returns what else changes costs or acceptance (the key of its state), or ``None``."""
+    if not drafters or not all(getattr(d, "adaptive_draft_length", False) for d in drafters):
+        return None
+    widths = (1.0, 2.0) if all(getattr(d, "adaptive_budget", False) for d in drafters) else (1.0,)
+    longest, bucket, layout_setting = step.cache.controller_limits(getattr(drafters[0], "max_draft_tokens", AUTO_MAX), max(widths))
+    step.controller = DraftLengthController(longest, widths, bucket=bucket)
+    model = step.model
+    setting = (len(drafters), layout_setting, bool(step.generation_config.do_sample), str(model.device), str(model.dtype))
+    step.controller.resumed = recall(step.controller, model, drafters[0], setting)
+    ranks = RankAgreement.of(model)
+    if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
+        ranks.align(step.controller)
+    # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
+    step.controller.confidence_stops = step.one_row and getattr(drafters[0], "stops_on_confidence", False)
+    return setting
 
 
 def speculative_step(step: Step, active: list[Row]) -> list[Row]:
@@ -358,8 +308,8 @@ def speculative_step(step: Step, active: list[Row]) -> list[Row]:
     choices = read_back(step, active, trees, logits, verified)  # the step's one device -> host read (greedy)
     draft_seconds = [max(0.0, clock.seconds(*marks) - compiled_in_draft / len(active)) for marks in draft_marks]
     forward_seconds = max(0.0, clock.seconds(verify_start, verify_end) - compiled_in_verify)  # compiles never reach the costs
-    step.layout["target_forwards"] += 1
-    step.layout["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
+    step.cache.costs["target_forwards"] += 1
+    step.cache.costs["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
     kept, survivors, accepted, on_chain = [], [], [], []
     widens = controller is not None and len(controller.widths) > 1 and all(getattr(row.generator, "widens_chain", False) for row in active)
     for a, (row, tree) in enumerate(zip(active, trees)):
@@ -417,49 +367,6 @@ def set_draft_length(controller: DraftLengthController, active: list[Row], toget
         together.num_draft_tokens = gamma
 
 
-def chain_accepted(tree: DraftTree, kept_nodes: list[int]) -> int:
-    """How many tokens of the tree's first-child chain the kept path (``kept_nodes``, columns: ``1 + i`` is node ``i``)
-    starts with: what the step would have accepted with the chain alone (exactly, under greedy verification)."""
-    count = 0
-    for chain_node, column in zip(tree.chain_nodes(), kept_nodes[1:]):
-        if column != chain_node + 1:
-            break
-        count += 1
-    return count
-
-
-def accept_row(step: Step, row: Row, logits: torch.Tensor, tree: DraftTree, choices: list[int] | None, draft_seconds: float,
-               forward_seconds: float) -> tuple[list[int], int]:
-    """One row's share of a step: accept a path of its tree, emit it and the target's next token, record the step.
-
-    Args:
-        logits (`torch.FloatTensor` of shape `(1 + N, V)`): the target's scores at the row's last token and each node.
-        choices: the target's argmax at each of those rows, read back already (greedy), or ``None``.
-        forward_seconds: the row's share of the verification forward.
-
-    Returns:
-        `(kept_nodes, accepted)`: the verified columns the row keeps (0: its last token, ``1 + i``: node ``i``) and how
-        many of its draft tokens it accepted.
-    """
-    started = time.perf_counter()
-    rows = TargetRows(logits, row, tree, row.processor, step.generation_config, choices)
-    path, next_token = select_accepted(rows, tree, step.acceptance, step.generation_config)
-    verify_seconds = forward_seconds + time.perf_counter() - started
-    emitted = emit_tokens(row, tree, path, next_token, rows, step.stops, step.generation_config)
-    if step.streamer is not None:
-        step.streamer.put(torch.tensor(row.tokens[-emitted:]))
-    kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]  # the last token's column and the accepted path's
-    if overrides_update(row.generator):  # a drafter that learns from the kept rows' scores (transformers' own do)
-        index = slice(0, len(kept_nodes)) if kept_nodes == list(range(len(kept_nodes))) else kept_nodes
-        row.generator.update_candidate_strategy(row.text, logits[index][None], len(path))
-    record_step(row.out.stats, rows, tree, path, emitted, draft_seconds, verify_seconds)
-    return kept_nodes, len(path)
-
-
-def overrides_update(generator) -> bool:
-    return type(generator).update_candidate_strategy is not TreeCandidateGenerator.update_candidate_strategy
-
-
 def draft_rows(step: Step, active: list[Row]) -> tuple[list[DraftTree], list[tuple]]:
     """Every active row's proposal, fitted to its room before ``max_length``, and its drafting clock marks: one batch
     proposer for all rows (``together``), or each row's drafter on its view of the target cache."""
@@ -484,30 +391,6 @@ def draft_rows(step: Step, active: list[Row]) -> tuple[list[DraftTree], list[tup
         trees.append(tree)
         marks.append((start, clock.mark()))
     return trees, marks
-
-
-def record_step(stats: SpeculativeStats, rows: TargetRows, tree: DraftTree, path: list[int], emitted: int,
-                draft_seconds: float, verify_seconds: float) -> None:
-    """One step's record: drafted depth, tree size, accepted and emitted tokens, timings, judged positions and α's overlaps."""
-    drafted, accepted = tree.levels, min(len(path), emitted)
-    judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
-    stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
-                 verify_seconds=verify_seconds, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
-
-
-def chain_overlaps(rows: TargetRows, tree: DraftTree, judged: int) -> torch.Tensor | None:
-    """``1 - TV(p, q)`` at the first ``judged`` positions of a chain with q (the paper's α, :mod:`~hf_specdraft.core.stats`),
-    left on the device (the call reads every step's at once when it ends, :meth:`SpeculativeStats.settle`).
-
-    Row ``i`` of the target scores chain node ``i``, so p and q there share one prefix. ``None`` for a tree,
-    a proposal without q, or a q over another vocabulary size.
-    """
-    q = tree.draft_probs
-    if not judged or q is None or not tree.is_chain or q.shape[-1] != rows.logits.shape[-1]:
-        return None
-    p = torch.stack([rows.probs(i) for i in range(judged)])
-    q = q[:judged] if q.device == p.device else q[:judged].to(p.device)
-    return overlap(p, q.float())
 
 
 def take_state(row: Row) -> TargetState | None:
@@ -546,99 +429,6 @@ def fit_proposal(tree: DraftTree, generator: CandidateGenerator, vocab: int, roo
     if bad:
         raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
     return tree
-
-
-def select_accepted(rows: TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig) -> tuple[list[int], int]:
-    """The accepted path and the target's next token: when sampling exactly, speculative sampling for a chain with q
-    (Leviathan et al. 2023, Algorithm 1) and multi-branch rejection sampling for a tree with q and ``sampled`` flags
-    (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`); otherwise the tree walk of :func:`accept_tree`."""
-    if generation_config.do_sample and acceptance is None and len(tree) and tree.is_chain and tree.draft_probs is not None:
-        p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
-        n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
-        return list(range(n)), next_token
-    if generation_config.do_sample and acceptance is None and len(tree) and tree.sampled is not None:
-        return tree_rejection_sampling(rows.probs, tree)
-    return accept_tree(rows, tree, acceptance, eos_list(generation_config))
-
-
-def emit_tokens(row: Row, tree: DraftTree, path: list[int], next_token: int, rows: TargetRows, stops: HostStops,
-                generation_config: GenerationConfig) -> int:
-    """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would
-    (:class:`~hf_specdraft.core.stopping.HostStops`: on host tokens; a criterion of the user's own reads the device).
-    Extends ``row.tokens`` (and so ``row.ids``) and ``row.done``; returns how many tokens were appended."""
-    tokens = ([tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()) + [next_token]
-    row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
-    out = row.out
-    emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.reads_scores else None)
-    for j in range(emitted):
-        if generation_config.output_scores:
-            out.scores.append(rows.scores(row_of[j])[None])
-        if generation_config.output_logits:
-            out.logits.append(rows.logits[row_of[j]][None])
-    row.tokens.extend(tokens[:emitted])  # row.ids follows when next read
-    return emitted
-
-
-def _result(rows: list[Row], generator, generation_config: GenerationConfig, cache: DynamicCache, layout: dict, shared: bool):
-    """What ``generate`` returns: the sequences (finished rows padded on the right), or :class:`SpeculativeGenerateOutput`.
-
-    One row that owned the cache returns its own statistics, scores and the cache; a shared cache's call merges the
-    rows' statistics (``row_stats`` keeps each) and adds the layout's cost and ``extra["batch_forwards"]``: the rows'
-    own statistics count a batch forward once in every row it served.
-    """
-    for row in rows:
-        row.out.stats.settle()
-        row.out.stats.drafter_calls = dict(getattr(row.generator, "forward_calls", {}))
-    stats = rows[0].out.stats if not shared else SpeculativeStats.merge([row.out.stats for row in rows])
-    lengths, resumed = layout.pop("draft_lengths", None), layout.pop("controller_resumed", None)
-    if lengths:  # num_draft_tokens="auto": the γ chosen at every step, and whether it started from the last call's state
-        stats.extra.update(draft_lengths=lengths, controller_resumed=resumed)
-    if shared:
-        forwards = {"target": layout.pop("target_forwards"), "draft": layout.pop("batch_draft_forwards")}
-        stats.extra.update(batch_size=len(rows), cache_layout=layout, batch_forwards=forwards)
-    for drafter in {id(g): g for g in (generator if isinstance(generator, (list, tuple)) else [generator])}.values():
-        try:
-            drafter.last_stats = stats
-        except AttributeError:  # a generator with __slots__
-            pass
-    if isinstance(cache, StaticTarget):  # what the static path compiled, and what its first forwards cost
-        drafts = [draft for draft in cache.drafts if draft is not None]
-        stats.extra["static_cache"] = {"compiled": cache.compiled, "buckets": list(cache.buckets),
-                                       "warm_up_seconds": {str(b): s for b, s in cache.warm_up_seconds.items()},
-                                       "draft_compiled": bool(drafts),
-                                       "draft_warm_up_seconds": {str(b): s for d in drafts for b, s in d.warm_up_seconds.items()}}
-        cache = None  # the static cache is kept for the next call, which overwrites it: not handed out
-    sequences = _padded_sequences(rows, generation_config)
-    if not generation_config.return_dict_in_generate:
-        return sequences
-    if shared:
-        return SpeculativeGenerateOutput(sequences=sequences, past_key_values=None, speculative_stats=stats,
-                                         row_stats=tuple(row.out.stats for row in rows))
-    out = rows[0].out
-    return SpeculativeGenerateOutput(
-        sequences=sequences,
-        scores=tuple(out.scores) if generation_config.output_scores else None,
-        logits=tuple(out.logits) if generation_config.output_logits else None,
-        past_key_values=cache,
-        speculative_stats=stats,
-    )
-
-
-def _padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> torch.LongTensor:
-    """`(B, longest)`: every row's ids, rows that finished early padded with ``pad_token_id`` on the right."""
-    if len(rows) == 1:
-        return rows[0].ids
-    pad_token = generation_config.pad_token_id
-    if isinstance(pad_token, torch.Tensor):
-        pad_token = int(pad_token.flatten()[0])
-    longest = max(row.ids.shape[1] for row in rows)
-    if pad_token is None and any(row.ids.shape[1] < longest for row in rows):
-        raise ValueError("rows finished at different lengths and generation_config.pad_token_id is None: set pad_token_id "
-                         "(e.g. tokenizer.pad_token_id or the eos token id) to pad the finished rows")
-    sequences = torch.full((len(rows), longest), 0 if pad_token is None else pad_token, dtype=torch.long, device=rows[0].device)
-    for row in rows:
-        sequences[row.index, : row.ids.shape[1]] = row.ids[0]
-    return sequences
 
 
 def _propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, state: TargetState | None) -> DraftTree:

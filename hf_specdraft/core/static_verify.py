@@ -63,7 +63,7 @@ def masks_for(model, cache, visible: torch.Tensor, query_positions: torch.Tensor
               starts: torch.Tensor | None = None):
     """The model's masks (host, in its dtype) from ``visible`` `(B, Q, L)` bool, per layer type where windows apply
     (:func:`layer_masks`); with ``starts`` `(B,)` (each row's first written column), windowed layers kept on rings get
-    theirs (:func:`onto_rings`). Callers put them on the device with :func:`~hf_specdraft.core.static_cache.stage`."""
+    theirs (:func:`onto_rings`). Callers put them on the device with :func:`~hf_specdraft.core.host.stage`."""
     base = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, torch.finfo(torch.float32).min)[:, None]
     masks = additive(layer_masks(model, _Columns(visible.shape[-1]), base, query_positions, key_positions), model.dtype)
     if cache is None:
@@ -159,7 +159,7 @@ def static_verify_inputs(model, cache, rows: list[Row], trees: list[DraftTree], 
     """Inputs of one verification forward of every batch slot, ``width`` tokens each.
 
     Built on the host from host data (each row's tokens, each tree's parents) and staged onto the device without a
-    sync (:func:`~hf_specdraft.core.static_cache.stage`); a tree whose tokens are still on the device (a draft's
+    sync (:func:`~hf_specdraft.core.host.stage`); a tree whose tokens are still on the device (a draft's
     argmax) is copied there, device to device.
 
     Args:

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .tree import DraftTree
+
 
 @dataclass
 class StepRecord:
@@ -223,3 +225,27 @@ def standardized_walltime_improvement(new_tokens: int, target_calls: int, draft_
         raise ValueError(f"cost_coefficients has no entry for drafters {sorted(missing)}")
     cost = target_calls + sum(count * cost_coefficients[name] for name, count in draft_calls.items())
     return new_tokens / cost if cost else 0.0
+
+
+def record_step(stats: SpeculativeStats, rows, tree: DraftTree, path: list[int], emitted: int,
+                draft_seconds: float, verify_seconds: float) -> None:
+    """One step's record (``rows``: the row's :class:`~hf_specdraft.core.rows.TargetRows`): drafted depth, tree size, accepted and emitted tokens, timings, judged positions and α's overlaps."""
+    drafted, accepted = tree.levels, min(len(path), emitted)
+    judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
+    stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
+                 verify_seconds=verify_seconds, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
+
+
+def chain_overlaps(rows, tree: DraftTree, judged: int) -> torch.Tensor | None:
+    """``1 - TV(p, q)`` at the first ``judged`` positions of a chain with q (the paper's α, :mod:`~hf_specdraft.core.stats`),
+    left on the device (the call reads every step's at once when it ends, :meth:`SpeculativeStats.settle`).
+
+    Row ``i`` of the target scores chain node ``i``, so p and q there share one prefix. ``None`` for a tree,
+    a proposal without q, or a q over another vocabulary size.
+    """
+    q = tree.draft_probs
+    if not judged or q is None or not tree.is_chain or q.shape[-1] != rows.logits.shape[-1]:
+        return None
+    p = torch.stack([rows.probs(i) for i in range(judged)])
+    q = q[:judged] if q.device == p.device else q[:judged].to(p.device)
+    return overlap(p, q.float())

@@ -1,0 +1,94 @@
+"""One row's share of a step after verification: accept a path of its tree by its rule, emit it and the target's next
+token where ``generate`` would stop, and record the step (:func:`accept_row`).
+
+Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import GenerationConfig
+
+from .acceptance import accept_tree, speculative_sampling, tree_rejection_sampling
+from .drafting import TreeCandidateGenerator
+from .inputs import eos_list
+from .rows import Row, TargetRows
+from .stats import record_step
+from .stopping import HostStops
+from .tree import DraftTree
+
+
+def accept_row(step, row: Row, logits: torch.Tensor, tree: DraftTree, choices: list[int] | None, draft_seconds: float,
+               forward_seconds: float) -> tuple[list[int], int]:
+    """One row's share of a step: accept a path of its tree, emit it and the target's next token, record the step.
+
+    Args:
+        logits (`torch.FloatTensor` of shape `(1 + N, V)`): the target's scores at the row's last token and each node.
+        choices: the target's argmax at each of those rows, read back already (greedy), or ``None``.
+        forward_seconds: the row's share of the verification forward.
+
+    Returns:
+        `(kept_nodes, accepted)`: the verified columns the row keeps (0: its last token, ``1 + i``: node ``i``) and how
+        many of its draft tokens it accepted.
+    """
+    started = time.perf_counter()
+    rows = TargetRows(logits, row, tree, row.processor, step.generation_config, choices)
+    path, next_token = select_accepted(rows, tree, step.acceptance, step.generation_config)
+    verify_seconds = forward_seconds + time.perf_counter() - started
+    emitted = emit_tokens(row, tree, path, next_token, rows, step.stops, step.generation_config)
+    if step.streamer is not None:
+        step.streamer.put(torch.tensor(row.tokens[-emitted:]))
+    kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]  # the last token's column and the accepted path's
+    if overrides_update(row.generator):  # a drafter that learns from the kept rows' scores (transformers' own do)
+        index = slice(0, len(kept_nodes)) if kept_nodes == list(range(len(kept_nodes))) else kept_nodes
+        row.generator.update_candidate_strategy(row.text, logits[index][None], len(path))
+    record_step(row.out.stats, rows, tree, path, emitted, draft_seconds, verify_seconds)
+    return kept_nodes, len(path)
+
+
+def overrides_update(generator) -> bool:
+    return type(generator).update_candidate_strategy is not TreeCandidateGenerator.update_candidate_strategy
+
+
+def select_accepted(rows: TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig) -> tuple[list[int], int]:
+    """The accepted path and the target's next token: when sampling exactly, speculative sampling for a chain with q
+    (Leviathan et al. 2023, Algorithm 1) and multi-branch rejection sampling for a tree with q and ``sampled`` flags
+    (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`); otherwise the tree walk of :func:`accept_tree`."""
+    if generation_config.do_sample and acceptance is None and len(tree) and tree.is_chain and tree.draft_probs is not None:
+        p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
+        n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
+        return list(range(n)), next_token
+    if generation_config.do_sample and acceptance is None and len(tree) and tree.sampled is not None:
+        return tree_rejection_sampling(rows.probs, tree)
+    return accept_tree(rows, tree, acceptance, eos_list(generation_config))
+
+
+def emit_tokens(row: Row, tree: DraftTree, path: list[int], next_token: int, rows: TargetRows, stops: HostStops,
+                generation_config: GenerationConfig) -> int:
+    """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would
+    (:class:`~hf_specdraft.core.stopping.HostStops`: on host tokens; a criterion of the user's own reads the device).
+    Extends ``row.tokens`` (and so ``row.ids``) and ``row.done``; returns how many tokens were appended."""
+    tokens = ([tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()) + [next_token]
+    row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
+    out = row.out
+    emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.reads_scores else None)
+    for j in range(emitted):
+        if generation_config.output_scores:
+            out.scores.append(rows.scores(row_of[j])[None])
+        if generation_config.output_logits:
+            out.logits.append(rows.logits[row_of[j]][None])
+    row.tokens.extend(tokens[:emitted])  # row.ids follows when next read
+    return emitted
+
+
+def chain_accepted(tree: DraftTree, kept_nodes: list[int]) -> int:
+    """How many tokens of the tree's first-child chain the kept path (``kept_nodes``, columns: ``1 + i`` is node ``i``)
+    starts with: what the step would have accepted with the chain alone (exactly, under greedy verification)."""
+    count = 0
+    for chain_node, column in zip(tree.chain_nodes(), kept_nodes[1:]):
+        if column != chain_node + 1:
+            break
+        count += 1
+    return count

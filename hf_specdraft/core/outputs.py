@@ -1,0 +1,95 @@
+"""What a call returns: the sequences, or :class:`SpeculativeGenerateOutput` with the statistics (``generate``'s contract)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+from transformers.utils import ModelOutput
+
+from .rows import Row
+from .stats import SpeculativeStats
+
+
+@dataclass
+class SpeculativeGenerateOutput(ModelOutput):
+    """``return_dict_in_generate=True`` result.
+
+    Args:
+        sequences (`torch.LongTensor` of shape `(B, L)`): prompt + generated tokens (a batch's finished rows padded with
+            ``pad_token_id`` on the right).
+        scores (`tuple(torch.FloatTensor)`, *optional*): processed target scores `(1, V)` per generated
+            token (``output_scores=True``).
+        logits (`tuple(torch.FloatTensor)`, *optional*): raw target logits `(1, V)` per generated token
+            (``output_logits=True``).
+        past_key_values: the target cache, covering ``sequences[:, :-1]``.
+        speculative_stats (:class:`~hf_specdraft.core.stats.SpeculativeStats`): per-step statistics (of every row, for a
+            padded batch: :func:`speculative_steps`).
+        row_stats (`tuple(SpeculativeStats)`, *optional*): a padded batch's statistics per row.
+    """
+
+    sequences: torch.LongTensor | None = None
+    scores: tuple[torch.FloatTensor, ...] | None = None
+    logits: tuple[torch.FloatTensor, ...] | None = None
+    past_key_values: DynamicCache | None = None
+    speculative_stats: SpeculativeStats | None = None
+    row_stats: tuple[SpeculativeStats, ...] | None = None
+
+
+def assemble_result(rows: list[Row], generator, generation_config: GenerationConfig, layout, costs: dict):
+    """What ``generate`` returns: the sequences (finished rows padded on the right), or :class:`SpeculativeGenerateOutput`.
+
+    One unpadded row returns its own statistics, scores and the cache (where ``layout`` hands it out,
+    :meth:`~hf_specdraft.core.layouts.CacheLayout.finish`); a padded batch's call merges the rows' statistics (``row_stats``
+    keeps each) and adds the layout's ``costs`` and ``extra["batch_forwards"]``: the rows' own statistics count a batch
+    forward once in every row it served.
+    """
+    shared = len(rows) > 1 or rows[0].pad > 0
+    for row in rows:
+        row.out.stats.settle()
+        row.out.stats.drafter_calls = dict(getattr(row.generator, "forward_calls", {}))
+    stats = rows[0].out.stats if not shared else SpeculativeStats.merge([row.out.stats for row in rows])
+    lengths, resumed = costs.pop("draft_lengths", None), costs.pop("controller_resumed", None)
+    if lengths:  # num_draft_tokens="auto": the γ chosen at every step, and whether it started from the last call's state
+        stats.extra.update(draft_lengths=lengths, controller_resumed=resumed)
+    if shared:
+        forwards = {"target": costs.pop("target_forwards"), "draft": costs.pop("batch_draft_forwards")}
+        stats.extra.update(batch_size=len(rows), cache_layout=costs, batch_forwards=forwards)
+    for drafter in {id(g): g for g in (generator if isinstance(generator, (list, tuple)) else [generator])}.values():
+        try:
+            drafter.last_stats = stats
+        except AttributeError:  # a generator with __slots__
+            pass
+    cache = layout.finish(stats)  # the static path's record; the cache a single row hands out
+    sequences = padded_sequences(rows, generation_config)
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    if shared:
+        return SpeculativeGenerateOutput(sequences=sequences, past_key_values=None, speculative_stats=stats,
+                                         row_stats=tuple(row.out.stats for row in rows))
+    out = rows[0].out
+    return SpeculativeGenerateOutput(
+        sequences=sequences,
+        scores=tuple(out.scores) if generation_config.output_scores else None,
+        logits=tuple(out.logits) if generation_config.output_logits else None,
+        past_key_values=cache,
+        speculative_stats=stats,
+    )
+
+
+def padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> torch.LongTensor:
+    """`(B, longest)`: every row's ids, rows that finished early padded with ``pad_token_id`` on the right."""
+    if len(rows) == 1:
+        return rows[0].ids
+    pad_token = generation_config.pad_token_id
+    if isinstance(pad_token, torch.Tensor):
+        pad_token = int(pad_token.flatten()[0])
+    longest = max(row.ids.shape[1] for row in rows)
+    if pad_token is None and any(row.ids.shape[1] < longest for row in rows):
+        raise ValueError("rows finished at different lengths and generation_config.pad_token_id is None: set pad_token_id "
+                         "(e.g. tokenizer.pad_token_id or the eos token id) to pad the finished rows")
+    sequences = torch.full((len(rows), longest), 0 if pad_token is None else pad_token, dtype=torch.long, device=rows[0].device)
+    for row in rows:
+        sequences[row.index, : row.ids.shape[1]] = row.ids[0]
+    return sequences
