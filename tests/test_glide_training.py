@@ -172,7 +172,7 @@ def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
     instead of the ~1e38 cross-entropy and infinite KL that its target-vocabulary logits (the dtype's minimum there) gave."""
     from types import SimpleNamespace
 
-    from hf_specdraft.glide.objective import glide_loss, target_memory
+    from hf_specdraft.glide.objective import GlideBatch, glide_loss, target_memory
 
     target = tiny_model("llama")
     torch.manual_seed(0)
@@ -181,12 +181,12 @@ def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
     assert bool((ids % 3 != 0).any())  # labels outside the draft's vocabulary
     kv, logits = target_memory(target, ids, with_logits=True)
     args = SimpleNamespace(distillation_weight=0.5, distillation_temperature=1.0)
-    loss, parts = glide_loss(glide, ids, kv, logits, 5, args)
+    loss, parts = glide_loss(glide, GlideBatch(ids, kv, logits), 5, args)
     rows = VOCAB // 3 + 1
     assert torch.isfinite(loss) and parts["ce"] < 2 * torch.log(torch.tensor(float(rows))) and torch.isfinite(parts["kl"])
     loss.backward()
     assert glide.lm_head.weight.grad[-1].abs().sum() > 0  # the "another token" row learns
     full = GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32))
-    full_loss, full_parts = glide_loss(full, ids, kv, None, 5, args)
+    full_loss, full_parts = glide_loss(full, GlideBatch(ids, kv), 5, args)
     expected = full(input_ids=ids, labels=ids, target_past_key_values=kv, cross_attention_block_size=5, use_cache=False).loss
     torch.testing.assert_close(full_loss, expected)  # the full vocabulary's loss is the model's own

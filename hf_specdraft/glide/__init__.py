@@ -6,8 +6,9 @@
     drafting_config.py       GlideDraftingConfig: the decoding options (γ), validated like every method's config
     candidate_generator.py   GlideCandidateGenerator: the drafter for hf_specdraft.speculative_generate
     model_card.py            save_glide_checkpoint / write_model_card: Hub-ready checkpoint with card and custom_generate/
-    objective.py             the training objective: token stream, windows, target KV memory, block-wise-mask loss
-    trainer.py               train_glide / GlideTrainingArguments: frozen target, accelerate, checkpoint-last, resume
+    objective.py             the training objective: windows (TargetWindows: the target runs), target KV, the loss (p whole or top-k)
+    store.py                 the distillation store: the target's KV and top-k computed once (write_store), read as StoreWindows
+    trainer.py               train_glide / GlideTrainingArguments: the one loop (on the fly or from a store), accelerate, resume
     data.py                  --data files and 🤗 datasets (text, or conversations through the chat template)
     regenerate.py            the target writes the responses (sequence-level self-distillation, Appendix B), sharded
     evaluation.py            held-out teacher-forced α, greedy agreement and tokens per target forward

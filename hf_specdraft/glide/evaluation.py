@@ -23,7 +23,7 @@ import torch
 
 from ..core.loop import speculative_generate
 from ..core.stats import SpeculativeStats, overlap
-from .objective import target_memory
+from .objective import GlideBatch, TargetWindows
 
 
 def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch.Tensor:
@@ -40,24 +40,69 @@ def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> tor
     return stream[: count * length].view(count, length)
 
 
+def delay_mask(seq_len: int, delay: int) -> torch.Tensor:
+    """`(1, 1, T, T)` additive cross-attention mask: the query at j glimpses the target keys ``k <= j - delay``.
+
+    In the loop the k-th drafted token of a step sees the cache with a delay of k (§4.1's "KV cache delay"); ``delay=1``
+    is the inference rule (``k < j``).
+    """
+    index = torch.arange(seq_len)
+    allowed = index[None, :] <= index[:, None] - delay
+    return torch.zeros(seq_len, seq_len).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
+
+
+def _windows_source(windows):
+    """``windows`` as a window source: `(N, T)` token windows (the target runs over them), or a source as it is."""
+    if isinstance(windows, torch.Tensor):
+        return TargetWindows(windows.reshape(-1), windows.shape[-1], stride=windows.shape[-1])
+    return windows
+
+
 @torch.no_grad()
-def teacher_forced_alpha(target, glide, windows: torch.Tensor, block_size: int, batch_size: int = 8) -> dict[str, float]:
-    """α and greedy agreement of ``glide`` against ``target`` on ``windows`` `(N, T)` (see the module docstring).
+def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: int | None = None) -> torch.Tensor:
+    """q `(B, T, V)` over the target's vocabulary on ``batch``'s windows, glimpsing its target KV with the block-wise
+    mask of L = ``block_size`` (training's, §4.1) or, given ``delay``, :func:`delay_mask`'s; GLIDE glimpses nothing when
+    the batch holds no KV (``glimpse=False`` in :func:`teacher_forced_alpha`, or a vanilla drafter)."""
+    mask = None
+    if delay is not None and batch.target_past_key_values is not None:
+        mask = delay_mask(batch.input_ids.shape[1], delay).to(batch.input_ids.device)
+    logits = glide(input_ids=batch.input_ids, target_past_key_values=batch.target_past_key_values, use_cache=False,
+                   cross_attention_block_size=None if mask is not None else block_size, target_attention_mask=mask).logits
+    return logits.float().softmax(-1)
+
+
+@torch.no_grad()
+def teacher_forced_alpha(target, glide, windows, block_size: int | None = None, batch_size: int = 8, *, delay: int | None = None,
+                         skip: int = 0, glimpse: bool = True) -> dict[str, float]:
+    """α and greedy agreement of ``glide`` against ``target`` on held-out windows (see the module docstring).
+
+    Args:
+        target: the frozen target (run over the windows; unused for a store).
+        windows: `(N, T)` token windows, or a window source (:class:`~.store.StoreWindows`: p is the store's top k,
+            unnormalised, so α is then a lower bound by the mass outside it).
+        block_size: L of the block-wise mask GLIDE glimpses with (training's); ``delay`` instead: a fixed cache delay.
+        skip: leave out each window's first ``skip`` positions (they have little context to glimpse).
+        glimpse: `False` runs GLIDE with nothing to glimpse.
 
     Returns:
-        ``{"alpha": mean Σ_x min(p, q), "greedy_agreement": mean [argmax q == argmax p], "eval_positions": N * T}``.
+        ``{"alpha": mean Σ_x min(p, q), "greedy_agreement": mean [argmax q == argmax p], "eval_positions": count}``.
     """
+    source = _windows_source(windows)
     device = next(glide.parameters()).device
-    alpha, agree = torch.zeros((), device=device), torch.zeros((), device=device)
-    for start in range(0, windows.shape[0], batch_size):
-        batch = windows[start : start + batch_size].to(device)
-        kv, target_logits = target_memory(target, batch, with_logits=True)
-        kv = kv if glide.config.cross_attention else None
-        draft_logits = glide(input_ids=batch, target_past_key_values=kv, cross_attention_block_size=block_size, use_cache=False).logits
-        p, q = target_logits.float().softmax(-1), draft_logits.float().softmax(-1)  # (B, T, V)
+    with_kv = glimpse and glide.config.cross_attention
+    alpha, agree, positions = torch.zeros((), device=device), torch.zeros((), device=device), 0
+    for start in range(0, len(source), batch_size):
+        batch = source.batch(target, glide, torch.arange(start, min(start + batch_size, len(source))), device, with_kv, True)
+        q = draft_probs(glide, batch, block_size, delay)[:, skip:]  # (B, T - skip, V)
+        if batch.target_logits is not None:
+            p = batch.target_logits.float().softmax(-1)[:, skip:]
+            greedy = p.argmax(-1)
+        else:
+            p = q.new_zeros(q.shape).scatter_(-1, batch.topk_ids[:, skip:], batch.topk_probs[:, skip:])
+            greedy = batch.topk_ids[:, skip:, 0]
         alpha += overlap(p, q).sum()
-        agree += (p.argmax(-1) == q.argmax(-1)).sum()
-    positions = windows.numel()
+        agree += (q.argmax(-1) == greedy).sum()
+        positions += q.shape[0] * q.shape[1]
     return {"alpha": round(alpha.item() / positions, 4), "greedy_agreement": round(agree.item() / positions, 4),
             "eval_positions": positions}
 

@@ -1,12 +1,19 @@
-"""GLIDE's training objective (GLIDE §4.1 "Block-wise Attention Mask", Appendix B): the data as a token stream, random
-windows of it, the frozen target's KV cache over a window, and the draft's loss against it.
+"""GLIDE's training objective (GLIDE §4.1 "Block-wise Attention Mask", Appendix B): the data as windows of tokens, what
+the frozen target says about them (its KV cache, its next-token distribution), and the draft's loss against it.
 
 p is the target's next-token distribution, q GLIDE's (Leviathan et al. 2023, Algorithm 1).
+
+What the target says comes from a :class:`WindowSource`, so that :func:`~.trainer.train_glide` and
+:func:`~.evaluation.teacher_forced_alpha` read either one alike:
+
+    TargetWindows   windows of a token stream; the frozen target runs over each batch (KV + full logits)
+    StoreWindows    windows of a precomputed store (store.py): the target's KV and top-k, read, never recomputed
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -40,12 +47,6 @@ def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
     raise TypeError(f"data must be a token-id tensor, a sequence of token-id sequences or a dataset with input_ids, got {type(data).__name__}")
 
 
-def sample_windows(stream: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
-    """``(batch_size, seq_len)`` random windows of ``stream``."""
-    starts = torch.randint(0, stream.numel() - seq_len + 1, (batch_size,), generator=generator)
-    return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
-
-
 @torch.no_grad()
 def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits: bool):
     """Run the frozen target over whole windows: its per-layer ``(keys, values)`` and, optionally, logits.
@@ -61,29 +62,130 @@ def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits:
     return kv, outputs.logits if with_logits else None
 
 
-def glide_loss(glide, input_ids, kv, target_logits, block_size: int, args) -> tuple[torch.Tensor, dict]:
+@dataclass
+class GlideBatch:
+    """One batch as the loss and the held-out scorer read it: the windows and what the frozen target says about them.
+
+    p is given either whole (``target_logits``, computed on the fly) or as its top k (``topk_ids`` / ``topk_probs``,
+    read from a store); position t of each holds p for the token after ``input_ids[:, t]``.
+
+    Args:
+        input_ids: `(B, T)` the windows.
+        target_past_key_values: per target layer ``(keys, values)`` `(B, kv_heads, T, head_dim)` (post-RoPE; ``(None,
+            None)`` for a layer no one reads), or `None` when nobody glimpses (a vanilla drafter).
+        target_logits: `(B, T, V)` the target's next-token logits, or `None`.
+        topk_ids: `(B, T, k)` the target's k most likely next tokens, most likely first, or `None`.
+        topk_probs: `(B, T, k)` their probabilities under p, or `None`.
+    """
+
+    input_ids: torch.Tensor
+    target_past_key_values: Sequence | None = None
+    target_logits: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_probs: torch.Tensor | None = None
+
+
+class WindowSource:
+    """Numbered windows and what the frozen target says about them, a batch of rows at a time.
+
+    Attributes:
+        seq_len: tokens per window.
+        tokens: the tokens the windows are cut from (the training log's ``train_tokens_available``).
+    """
+
+    seq_len: int
+    tokens: int
+
+    def __len__(self) -> int:
+        """How many rows there are (training draws rows uniformly)."""
+        raise NotImplementedError
+
+    def check(self, glide) -> None:
+        """Raise `ValueError` for data ``glide`` cannot train on (before anything runs)."""
+        raise NotImplementedError
+
+    def batch(self, target, glide, rows: torch.Tensor, device, with_kv: bool, with_p: bool) -> GlideBatch:
+        """Rows ``rows`` `(B,)` on ``device``, with the target's KV of the layers ``glide`` reads (``with_kv``) and p
+        (``with_p``)."""
+        raise NotImplementedError
+
+
+class TargetWindows(WindowSource):
+    """Windows of a token stream whose target side the frozen target computes on the fly, batch by batch.
+
+    Row i is ``stream[i * stride : i * stride + seq_len]``: with ``stride=1`` (training) every offset is a row, so a
+    random row is a random window; with ``stride=seq_len`` (held-out scoring) the rows are non-overlapping.
+    """
+
+    def __init__(self, stream: torch.Tensor, seq_len: int, stride: int = 1):
+        self.stream, self.seq_len, self.stride = token_stream(stream), seq_len, stride
+        self.tokens = self.stream.numel()
+
+    def __len__(self) -> int:
+        return max(0, (self.tokens - self.seq_len) // self.stride + 1)
+
+    def check(self, glide) -> None:
+        """Raise `ValueError` for a stream shorter than a window or holding ids outside GLIDE's target vocabulary."""
+        if self.tokens < self.seq_len:
+            raise ValueError(f"data holds {self.tokens} tokens, fewer than seq_len={self.seq_len}")
+        if int(self.stream.max()) >= glide.config.vocab_size or int(self.stream.min()) < 0:
+            raise ValueError(f"data has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
+
+    def batch(self, target, glide, rows: torch.Tensor, device, with_kv: bool, with_p: bool) -> GlideBatch:
+        """Rows ``rows`` `(B,)` on ``device``, the target run over them when GLIDE glimpses (``with_kv``) or learns p."""
+        starts = rows[:, None] * self.stride + torch.arange(self.seq_len)
+        input_ids = self.stream[starts].to(device)  # (B, T)
+        kv, logits = target_memory(target, input_ids, with_p) if with_kv or with_p else (None, None)
+        return GlideBatch(input_ids, kv if with_kv else None, logits)
+
+
+def _draft_rows(glide, target_ids: torch.Tensor) -> torch.Tensor:
+    """Target ids -> GLIDE's output rows: themselves, or for a reduced vocabulary (``draft_token_ids``) their row, every
+    id outside it the last row ("another token")."""
+    return target_ids if glide.config.draft_token_ids is None else glide.model.target_to_draft[target_ids]
+
+
+def target_probs(glide, batch: GlideBatch, temperature: float = 1.0) -> torch.Tensor | None:
+    """p at ``temperature`` over GLIDE's output rows `(B, T, rows)`, or `None` when the batch has no p.
+
+    From the target's logits, ``softmax(logits / τ)``; from its top k, their probabilities renormalised at τ
+    (``softmax(log p_topk / τ)``, the same as the logits' when k is the whole vocabulary). A reduced-vocabulary GLIDE's
+    last row takes the mass of every id outside its vocabulary.
+    """
+    if batch.target_logits is not None:
+        p = torch.softmax(batch.target_logits.float() / temperature, dim=-1)  # (B, T, V)
+        if glide.config.draft_token_ids is None:
+            return p
+        rows = p.new_zeros(*p.shape[:-1], glide.lm_head.out_features)
+        return rows.index_add_(-1, glide.model.target_to_draft, p)
+    if batch.topk_ids is None:
+        return None
+    p = torch.softmax(batch.topk_probs.float().log() / temperature, dim=-1)  # (B, T, k), renormalised over the k
+    rows = p.new_zeros(*p.shape[:-1], glide.lm_head.out_features)
+    return rows.scatter_add_(-1, _draft_rows(glide, batch.topk_ids.long()), p)
+
+
+def glide_loss(glide, batch: GlideBatch, block_size: int, args) -> tuple[torch.Tensor, dict]:
     """Next-token cross-entropy with the block-wise mask (§4.1), mixed with token-level distillation (Appendix B).
 
-    ``args`` holds ``distillation_weight`` and ``distillation_temperature`` (a :class:`GlideTrainingArguments`).
-    A GLIDE with a reduced vocabulary (``draft_token_ids``) is trained over its own rows: every target id outside it is
-    its last row ("another token"), for the labels and for p (its probability mass summed there). Its logits over the
-    target's vocabulary put the dtype's minimum on those ids, which a loss over target ids would turn into ~1e38.
+    ``(1 - w) · CE(labels, q) + w · τ² · KL(p || q)`` with ``w = args.distillation_weight`` and ``τ =
+    args.distillation_temperature`` (a :class:`GlideTrainingArguments`); p comes whole or as its top k
+    (:func:`target_probs`), over every position of the window (the labels stop one short: the last token has no
+    successor in the window). A GLIDE with a reduced vocabulary (``draft_token_ids``) is trained over its own rows:
+    every target id outside it is its last row, for the labels and for p. Its logits over the target's vocabulary put
+    the dtype's minimum on those ids, which a loss over target ids would turn into ~1e38.
     """
-    draft_ids = getattr(glide.config, "draft_token_ids", None)
-    hidden = glide.model(input_ids=input_ids, target_past_key_values=kv, cross_attention_block_size=block_size,
-                         use_cache=False).last_hidden_state
-    logits = glide.lm_head(hidden)[:, :-1].float()  # (B, T - 1, rows): the draft's own rows
-    labels = input_ids[:, 1:] if draft_ids is None else glide.model.target_to_draft[input_ids[:, 1:]]
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    hidden = glide.model(input_ids=batch.input_ids, target_past_key_values=batch.target_past_key_values,
+                         cross_attention_block_size=block_size, use_cache=False).last_hidden_state
+    logits = glide.lm_head(hidden).float()  # (B, T, rows): the draft's own rows
+    labels = _draft_rows(glide, batch.input_ids[:, 1:])
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1))
     parts = {"ce": ce.detach()}
-    if target_logits is None:
-        return ce, parts
     tau = args.distillation_temperature
+    p = target_probs(glide, batch, tau) if args.distillation_weight > 0 else None
+    if p is None:
+        return ce, parts
     log_q = torch.log_softmax(logits / tau, dim=-1)
-    p = torch.softmax(target_logits[:, :-1].float() / tau, dim=-1)
-    if draft_ids is not None:  # p over the draft's rows: its ids, then everything else in the last row
-        kept = p[..., glide.draft_token_ids]
-        p = torch.cat([kept, (1 - kept.sum(-1, keepdim=True)).clamp_min(0)], dim=-1)
     kl = (torch.xlogy(p, p) - p * log_q).sum(-1).mean() * tau**2
     parts["kl"] = kl.detach()
     w = args.distillation_weight

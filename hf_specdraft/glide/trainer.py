@@ -5,7 +5,9 @@ the draft's cross-attention reads; the block-wise mask (block length L = 5) lets
 target KV of earlier blocks, simulating at training time the KV-cache delay of inference (§4.1). The loss
 is next-token cross-entropy, optionally mixed with distillation from the target's logits (Appendix B's
 token-level form, cheap: the target forward already produces the logits); the paper's sequence-level form, the
-target writing the responses, is ``--regenerate`` (glide/regenerate.py). Only GLIDE's parameters are optimised:
+target writing the responses, is ``--regenerate`` (glide/regenerate.py). Where a target forward per step is too
+dear (a real target on a CPU), the same loop reads the target's KV and top-k from a precomputed store instead
+(:class:`~.store.StoreWindows`, glide/store.py): the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are optimised:
 AdamW, warmup + cosine decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes
 through 🤗 accelerate. Every ``save_steps`` steps the run saves ``checkpoint-last/`` (GLIDE's weights as
 safetensors, optimizer, scheduler, step, RNG states) and a restarted run continues from it. Every ``eval_every``
@@ -55,7 +57,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
 from .model_card import check_license, save_glide_checkpoint
-from .objective import glide_loss, sample_windows, target_memory, token_stream
+from .objective import TargetWindows, WindowSource, glide_loss, token_stream
 
 TRACKERS = ("aim", "tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")  # accelerate's LoggerType
 CHECKPOINT = "checkpoint-last"  # OUTPUT_DIR/checkpoint-last: the state a restarted run continues from
@@ -77,8 +79,10 @@ class GlideTrainingArguments:
         warmup_steps: linear warmup before the cosine decay.
         min_lr_ratio: the cosine decays to ``min_lr_ratio * learning_rate``.
         max_grad_norm: gradient clipping.
-        block_size: L of the block-wise mask; `None` uses ``glide.config.block_size`` (5, §4.1).
-        distillation_weight: weight of KL(p_target || q_glide) against cross-entropy (Appendix B); 0 = off.
+        block_size: L of the block-wise mask; `None` uses ``glide.config.block_size`` (5, §4.1); a tuple cycles L by
+            step (step s trains with ``block_size[s % len]``), so one run mixes the cache delays the loop sees.
+        distillation_weight: weight of KL(p_target || q_glide) against cross-entropy (Appendix B); 0 = off, 1 = p alone
+            (what a store's top-k is for).
         distillation_temperature: temperature of both distributions in the KL term.
         mixed_precision: ``"auto"`` (bf16 on CUDA, none on CPU), ``"no"``, ``"bf16"`` or ``"fp16"``.
         seed: data order and initialisation seed (each process offsets it by its rank).
@@ -105,7 +109,7 @@ class GlideTrainingArguments:
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1
     max_grad_norm: float = 1.0
-    block_size: int | None = None
+    block_size: int | tuple[int, ...] | None = None
     distillation_weight: float = 0.0
     distillation_temperature: float = 1.0
     mixed_precision: str = "auto"
@@ -140,8 +144,12 @@ class GlideTrainingArguments:
             raise ValueError("warmup_steps and weight_decay must be >= 0 and max_grad_norm > 0")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
-        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
-            raise ValueError(f"block_size must be None or a positive int, got {self.block_size!r}")
+        sizes = (self.block_size,) if isinstance(self.block_size, int) else self.block_size
+        if sizes is not None and not (isinstance(sizes, (tuple, list)) and sizes and all(
+                isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in sizes)):
+            raise ValueError(f"block_size must be None, a positive int or a non-empty tuple of them, got {self.block_size!r}")
+        if isinstance(self.block_size, list):
+            self.block_size = tuple(self.block_size)
         if not 0.0 <= self.distillation_weight <= 1.0:
             raise ValueError(f"distillation_weight must lie in [0, 1], got {self.distillation_weight}")
         if self.distillation_temperature <= 0:
@@ -156,6 +164,20 @@ class GlideTrainingArguments:
         check_license(self.license)  # here, not after training, where the card is written
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("push_to_hub=True needs hub_model_id='user/repo'")
+
+    def block_sizes(self, config_block_size: int) -> tuple[int, ...]:
+        """The block-wise mask's L for each step in turn (step s takes ``[s % len]``); ``config_block_size`` without one."""
+        if self.block_size is None:
+            return (config_block_size,)
+        return (self.block_size,) if isinstance(self.block_size, int) else tuple(self.block_size)
+
+    def trajectory(self) -> dict:
+        """The arguments that decide the trained weights (not where they go, how often they are logged or saved): a run
+        resumes only a state written under the same ones."""
+        kept = ("max_steps", "seq_len", "per_device_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay",
+                "warmup_steps", "min_lr_ratio", "max_grad_norm", "block_size", "distillation_weight", "distillation_temperature",
+                "mixed_precision", "seed")
+        return json.loads(json.dumps({name: getattr(self, name) for name in kept}))  # as trainer_state.json holds it
 
     @property
     def trackers(self):
@@ -234,6 +256,12 @@ def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
         return None
     if not found:
         raise ValueError(f"resume=True but {str(Path(args.output_dir) / CHECKPOINT)!r} holds no saved training state")
+    saved = json.loads((found[0] / "trainer_state.json").read_text()).get("arguments")  # None: saved before they were recorded
+    changed = sorted(k for k, v in args.trajectory().items() if saved is not None and saved.get(k) != v)
+    if changed:
+        raise ValueError(f"{str(found[0])!r} was written with other training arguments ("
+                         + ", ".join(f"{k}: {saved.get(k)!r} then, {getattr(args, k)!r} now" for k in changed)
+                         + "): pass resume=False (--no-resume) or another output_dir to start over")
     return found[0]
 
 
@@ -249,16 +277,16 @@ def load_training_state(accelerator: Accelerator, directory: Path, generator: to
     return json.loads((directory / "trainer_state.json").read_text())
 
 
-def _train_step(accelerator, model, optimizer, scheduler, target, stream, generator, block_size, args) -> tuple[dict, int]:
+def _train_step(accelerator, model, optimizer, scheduler, target, source, generator, block_size, args) -> tuple[dict, int]:
     """One optimizer step over ``gradient_accumulation_steps`` micro-batches: the mean losses and the tokens seen."""
-    distill = args.distillation_weight > 0
-    needs_target = accelerator.unwrap_model(model).config.cross_attention or distill
+    glide = accelerator.unwrap_model(model)
+    with_kv, with_p = glide.config.cross_attention, args.distillation_weight > 0
     totals, tokens = {}, 0
     for _ in range(args.gradient_accumulation_steps):
-        batch = sample_windows(stream, args.per_device_batch_size, args.seq_len, generator).to(accelerator.device)
-        kv, logits = target_memory(target, batch, distill) if needs_target else (None, None)
+        rows = torch.randint(0, len(source), (args.per_device_batch_size,), generator=generator)
+        batch = source.batch(target, glide, rows, accelerator.device, with_kv, with_p)
         with accelerator.accumulate(model):
-            loss, parts = glide_loss(model, batch, kv, logits, block_size, args)
+            loss, parts = glide_loss(model, batch, block_size, args)
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -267,7 +295,7 @@ def _train_step(accelerator, model, optimizer, scheduler, target, stream, genera
             optimizer.zero_grad()
         for name, value in {"loss": loss.detach(), **parts}.items():
             totals[name] = totals.get(name, 0.0) + float(accelerator.gather(value[None]).mean()) / args.gradient_accumulation_steps
-        tokens += batch.numel() * accelerator.num_processes
+        tokens += batch.input_ids.numel() * accelerator.num_processes
     return totals, tokens
 
 
@@ -281,11 +309,18 @@ def _evaluate(accelerator, evaluation, target, model, step: int) -> dict | None:
     return result
 
 
-def _check_data(stream: torch.Tensor, glide, args: GlideTrainingArguments) -> None:
-    if stream.numel() < args.seq_len:
-        raise ValueError(f"data holds {stream.numel()} tokens, fewer than seq_len={args.seq_len}")
-    if int(stream.max()) >= glide.config.vocab_size or int(stream.min()) < 0:
-        raise ValueError(f"data has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
+def window_source(data, glide, args: GlideTrainingArguments):
+    """``data`` as a window source: token ids become :class:`~.objective.TargetWindows` of ``args.seq_len`` (the target
+    runs every step); a source (:class:`~.store.StoreWindows`) is taken as it is, its windows ``args.seq_len`` long."""
+    if isinstance(data, WindowSource):
+        if data.seq_len != args.seq_len:
+            raise ValueError(f"seq_len={args.seq_len} but the data's windows hold {data.seq_len} tokens: set seq_len={data.seq_len}")
+        source = data
+    else:
+        eos = glide.config.eos_token_id if isinstance(glide.config.eos_token_id, int) else None
+        source = TargetWindows(token_stream(data, eos), args.seq_len)
+    source.check(glide)
+    return source
 
 
 def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: GlideTrainingArguments, metrics: dict | None = None,
@@ -298,7 +333,8 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
             ``glide`` are moved back to the devices they were on when training ends.
         glide: a GLIDE model built for ``target`` (``GlideConfig.from_target_config``); the vanilla drafter
             (``cross_attention=False``) trains the same way without needing target KV.
-        data: token ids (see :func:`~.objective.token_stream`).
+        data: token ids (see :func:`~.objective.token_stream`), whose windows the target runs over every step, or a
+            window source: a precomputed store's (:class:`~.store.StoreWindows`), which the target never runs over.
         args: :class:`GlideTrainingArguments`.
         metrics: measured results to put in the model card (e.g. ``{"acceptance_rate": 0.62, "speedup": 1.9}``).
         evaluation: called as ``evaluation(target, glide) -> dict`` every ``args.eval_every`` steps and at the end
@@ -315,20 +351,18 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
         raise TypeError(f"evaluation must be callable as evaluation(target, glide) or None, got {type(evaluation).__name__}")
     if args.eval_every and evaluation is None:
         raise ValueError(f"eval_every={args.eval_every} needs held-out data: pass evaluation (e.g. a HeldOutEvaluation)")
-    stream = token_stream(data, glide.config.eos_token_id if isinstance(glide.config.eos_token_id, int) else None)
-    _check_data(stream, glide, args)
-    block_size = args.block_size or glide.config.block_size
+    source = window_source(data, glide, args)
     devices = [(m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None]  # where the caller put them
     resume_from = _checkpoint_to_resume(args)
     accelerator, model, optimizer, scheduler = _setup(target, glide, args)
     generator = torch.Generator().manual_seed(args.seed + 1000 * accelerator.process_index)
-    progress = {"step": 0, "tokens": 0, "steps": [], "evaluations": [], "seconds": 0.0}
+    progress = {"step": 0, "tokens": 0, "steps": [], "evaluations": [], "seconds": 0.0, "arguments": args.trajectory()}
     if resume_from is not None:
-        progress = load_training_state(accelerator, resume_from, generator)
+        progress = {**load_training_state(accelerator, resume_from, generator), "arguments": args.trajectory()}
         progress["resumed_from_step"] = progress["step"]
-    progress = _run(accelerator, model, optimizer, scheduler, target, stream, generator, block_size, args, evaluation, progress)
+    progress = _run(accelerator, model, optimizer, scheduler, target, source, generator, args, evaluation, progress)
     log = {"steps": progress["steps"], "train_seconds": round(progress["seconds"], 2), "processes": accelerator.num_processes,
-           "mixed_precision": accelerator.mixed_precision, "arguments": asdict(args), "train_tokens_available": int(stream.numel()),
+           "mixed_precision": accelerator.mixed_precision, "arguments": asdict(args), "train_tokens_available": source.tokens,
            **({"eval": progress["evaluations"][-1], "evaluations": progress["evaluations"]} if progress["evaluations"] else {}),
            **({"resumed_from_step": progress["resumed_from_step"]} if progress.get("resumed_from_step") else {}), **(extra_log or {})}
     if accelerator.is_main_process:
@@ -341,13 +375,15 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
     return log
 
 
-def _run(accelerator, model, optimizer, scheduler, target, stream, generator, block_size, args, evaluation, progress) -> dict:
+def _run(accelerator, model, optimizer, scheduler, target, source, generator, args, evaluation, progress) -> dict:
     """The loop from ``progress["step"] + 1`` to ``max_steps``: train, log, evaluate, save ``checkpoint-last``."""
     start = time.time() - progress["seconds"]
+    block_sizes = args.block_sizes(accelerator.unwrap_model(model).config.block_size)
     bar = tqdm(range(progress["step"] + 1, args.max_steps + 1), desc="train GLIDE", initial=progress["step"], total=args.max_steps,
                disable=not (args.progress_bar and accelerator.is_main_process))
     for step in bar:
-        totals, tokens = _train_step(accelerator, model, optimizer, scheduler, target, stream, generator, block_size, args)
+        totals, tokens = _train_step(accelerator, model, optimizer, scheduler, target, source, generator,
+                                     block_sizes[step % len(block_sizes)], args)
         progress["tokens"] += tokens
         bar.set_postfix(loss=f"{totals['loss']:.3f}")
         if step % args.logging_steps == 0 or step in (1, args.max_steps):
