@@ -196,7 +196,7 @@ def test_rejection_without_the_residual_is_caught():
 
 
 def test_cape_under_sampling_uses_rejection_sampling_and_samples_from_the_target(monkeypatch):
-    import hf_specdraft.core.loop as generation
+    import hf_specdraft.core.emission as generation
     from hf_specdraft import CapeCandidateGenerator, DraftModelCandidateGenerator
 
     calls = []
@@ -218,7 +218,7 @@ def test_cape_under_sampling_uses_rejection_sampling_and_samples_from_the_target
 
 def test_bench_wrapper_without_flags_falls_back_to_token_matching(monkeypatch):
     """``bench.tree_sampling``'s comparison row: the same CAPE trees, verified by token matching."""
-    import hf_specdraft.core.loop as generation
+    import hf_specdraft.core.emission as generation
     from hf_specdraft import CapeCandidateGenerator, DraftModelCandidateGenerator
     from benchmarks.studies.tree_sampling import WithoutSampledFlags
 
