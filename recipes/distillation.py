@@ -2,15 +2,12 @@
 
 Training a drafter for a real target on 2 CPU cores cannot afford a target forward per training step
 (SmolLM2-135M runs ~400 tokens/s teacher-forced here). So the target runs once over the training windows
-and its answers are stored in resumable safetensors shards:
-
-- ``input_ids`` `(N, T)`: the windows (code from the corpus's train split, plus requests in the target's
-  chat template answered with train-split functions);
-- ``keys`` / ``values`` `(N, kv_heads, T, head_dim)` bf16: the cached keys and values of the target layers
-  GLIDE reads (§4.1: ``l = N_T - N_D + m``; post-RoPE, exactly what the cache holds at inference);
-- ``topk_ids`` / ``topk_probs`` `(N, T, k)`: the target's k most likely next tokens and their
-  probabilities — token-level distillation (glide_cape Appendix B's cheaper form; DistillSpec): the
-  drafters learn the target's choices, not the corpus's, which is what greedy acceptance rewards.
+and its answers are stored in resumable safetensors shards (:func:`hf_specdraft.glide.store.write_store`: the
+windows, the keys and values of the target layers GLIDE reads, the target's top-8 next tokens and their
+probabilities), which :func:`~hf_specdraft.glide.train_glide` reads as :class:`~hf_specdraft.glide.store.StoreWindows`.
+The windows are code from the corpus's train split, plus requests in the target's chat template answered with
+train-split functions; token-level distillation (glide_cape Appendix B's cheaper form; DistillSpec) has the drafters
+learn the target's choices, not the corpus's, which is what greedy acceptance rewards.
 
 A second store holds the target's *own* text (``--self-generated``, glide_cape Appendix B's sequence-level
 distillation): its greedy continuations of train-split prompts shaped like the bench tasks — code to complete,
@@ -28,25 +25,24 @@ Bench items come from the held-out split and never appear here.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from hf_specdraft.defaults.corpus import Corpus, build_corpus
 from hf_specdraft.defaults.tasks import chat_prompt, chat_request, function_items
+from hf_specdraft.glide.store import write_store
 
 SEQ_LEN = 256
-TOP_K = 8  # the target's top-8 carry nearly all its probability mass on code
 CHAT_FRACTION = 0.15  # share of windows in the chat template (the instruct target's own use)
-SHARD_WINDOWS = 16
 
 
-def _code_stream(tokenizer, files, max_tokens: int) -> list[int]:
+def code_stream(tokenizer, files, max_tokens: int) -> list[int]:
+    """Token ids of ``files`` in turn, each followed by eos, until ``max_tokens`` are reached (the last file whole)."""
     ids: list[int] = []
     for f in files:
         ids += tokenizer(f.read(), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -68,17 +64,22 @@ def _chat_stream(tokenizer, files, max_tokens: int, rng: random.Random) -> list[
     return ids
 
 
+def split_files(files, rng: random.Random) -> tuple[list, list]:
+    """``files`` shuffled by ``rng`` and halved: the code windows' files, then the chat windows' (other files)."""
+    files = sorted(files, key=lambda f: f.name)
+    rng.shuffle(files)
+    return files[: len(files) // 2], files[len(files) // 2 :]
+
+
 def build_windows(tokenizer, num_windows: int, corpus: Corpus | None = None, seq_len: int = SEQ_LEN,
                   chat_fraction: float = CHAT_FRACTION, seed: int = 0) -> torch.Tensor:
     """``(num_windows, seq_len)`` int64 training windows from the train split (code + chat), shuffled."""
     corpus = corpus or build_corpus()
     rng = random.Random(seed)
-    files = sorted(corpus.train, key=lambda f: f.name)
-    rng.shuffle(files)
+    code_files, chat_files = split_files(corpus.train, rng)
     num_chat = int(num_windows * chat_fraction) if getattr(tokenizer, "chat_template", None) else 0
-    half = len(files) // 2  # chat windows from other files than code windows
-    code = _code_stream(tokenizer, files[:half], (num_windows - num_chat) * seq_len)
-    chat = _chat_stream(tokenizer, files[half:], num_chat * seq_len, rng) if num_chat else []
+    code = code_stream(tokenizer, code_files, (num_windows - num_chat) * seq_len)
+    chat = _chat_stream(tokenizer, chat_files, num_chat * seq_len, rng) if num_chat else []
     windows = [code[i * seq_len : (i + 1) * seq_len] for i in range(num_windows - num_chat)]
     windows += [chat[i * seq_len : (i + 1) * seq_len] for i in range(num_chat)]
     windows = [w for w in windows if len(w) == seq_len]
@@ -131,51 +132,6 @@ def self_generated_windows(target: PreTrainedModel, tokenizer, prompts: list[str
             stream += row[len(mask) - sum(mask) :] + [tokenizer.eos_token_id]  # drop the left padding
     n = len(stream) // seq_len
     return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
-
-
-@torch.inference_mode()
-def target_answers(target: PreTrainedModel, input_ids: torch.Tensor, layer_ids: list[int], top_k: int = TOP_K) -> dict:
-    """One frozen-target forward over ``input_ids`` `(B, T)`: the shard tensors described in the module docstring."""
-    cache = DynamicCache(config=target.config)
-    out = target(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    probs = out.logits.float().softmax(-1)
-    top = probs.topk(top_k, dim=-1)
-    shard = {"input_ids": input_ids.to(torch.int32), "topk_ids": top.indices.to(torch.int32), "topk_probs": top.values.to(torch.float16)}
-    for i in layer_ids:
-        shard[f"keys.{i}"] = cache.layers[i].keys.to(torch.bfloat16).contiguous()
-        shard[f"values.{i}"] = cache.layers[i].values.to(torch.bfloat16).contiguous()
-    return shard
-
-
-def write_store(target: PreTrainedModel, windows: torch.Tensor, output_dir: str | Path, layer_ids: list[int],
-                top_k: int = TOP_K, shard_windows: int = SHARD_WINDOWS) -> Path:
-    """Run the target over ``windows`` shard by shard into ``output_dir``; shards already there are kept (resume)."""
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"num_windows": int(windows.shape[0]), "seq_len": int(windows.shape[1]), "layer_ids": list(layer_ids), "top_k": top_k,
-            "shard_windows": shard_windows, "target": getattr(target.config, "_name_or_path", None)}
-    meta_file = output_dir / "store.json"
-    if meta_file.is_file() and json.loads(meta_file.read_text()) != meta:
-        raise ValueError(f"{str(output_dir)!r} holds a store built with other settings: {meta_file.read_text()}")
-    meta_file.write_text(json.dumps(meta, indent=1) + "\n")
-    starts = range(0, windows.shape[0], shard_windows)
-    for n, start in enumerate(tqdm(starts, desc="target answers (shards)")):
-        path = output_dir / f"shard-{n:05d}.safetensors"
-        if path.is_file():
-            continue
-        shard = target_answers(target, windows[start : start + shard_windows], layer_ids, top_k)
-        save_file(shard, str(path.with_suffix(".tmp")))
-        path.with_suffix(".tmp").rename(path)  # a killed run never leaves a torn shard
-    return output_dir
-
-
-def load_store(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every finished shard of a store, concatenated along the window axis."""
-    shards = sorted(Path(path).glob("shard-*.safetensors"))
-    if not shards:
-        raise ValueError(f"{str(path)!r} holds no store shards (build one with python -m recipes.distillation)")
-    parts = [load_file(str(p)) for p in shards]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
 def main(argv: list[str] | None = None) -> int:

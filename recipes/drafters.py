@@ -6,6 +6,7 @@ Each lands in ``<default dir>/glide`` or ``<default dir>/vanilla`` as a Hub-read
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -25,16 +26,13 @@ def train_default_drafter(kind: str, output_dir: Path, recipe: Recipe, train_ids
         raise ValueError(f"kind must be 'glide' or 'vanilla', got {kind!r}")
     spec = GLIDE_RECIPES[recipe.name]
     target = AutoModelForCausalLM.from_pretrained(output_dir / "target", dtype=torch.float32).eval()
-    config = GlideConfig.from_target_config(target.config, num_hidden_layers=spec.num_hidden_layers, hidden_size=spec.hidden_size,
-                                            cross_attention=kind == "glide", tie_word_embeddings=True, block_size=spec.block_size)
-    torch.manual_seed(spec.seed)
-    model = GlideForCausalLM(config)
-    args = GlideTrainingArguments(output_dir=str(output_dir / kind), max_steps=spec.steps, seq_len=spec.seq_len,
-                                  per_device_batch_size=spec.batch_size, learning_rate=spec.learning_rate, warmup_steps=spec.warmup_steps,
-                                  seed=spec.seed, dataset_name="hf-specdraft embedded default train split (stdlib + dependency source)",
-                                  license=LICENSE)
-    log = train_glide(target, model, train_ids.long(), args)
-    (output_dir / kind / "recipe.json").write_text(json.dumps({"recipe": spec.to_dict(), "hash": spec.hash(), "target_recipe": recipe.name}, indent=1) + "\n")
+    args = GlideTrainingArguments(output_dir=str(output_dir / kind), **spec["training"], license=LICENSE,
+                                  dataset_name="hf-specdraft embedded default train split (stdlib + dependency source)")
+    config = GlideConfig.from_target_config(target.config, **spec["model"], cross_attention=kind == "glide", tie_word_embeddings=True)
+    torch.manual_seed(args.seed)
+    log = train_glide(target, GlideForCausalLM(config), train_ids.long(), args)
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    (output_dir / kind / "recipe.json").write_text(json.dumps({"recipe": spec, "hash": digest, "target_recipe": recipe.name}, indent=1) + "\n")
     return log
 
 

@@ -8,17 +8,21 @@ import random
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from hf_specdraft.glide.data import tokenize_texts
+from hf_specdraft.glide.evaluation import heldout_windows
 
-def heldout_windows(tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_len: int, count: int, seed: int) -> torch.Tensor:
-    """``[count, seq_len]`` non-overlapping held-out windows, drawn with a fixed seed."""
+
+def heldout_text_windows(tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_len: int, count: int, seed: int) -> torch.Tensor:
+    """``[count, seq_len]`` held-out windows drawn with a fixed seed from every text's non-overlapping windows
+    (:func:`hf_specdraft.glide.evaluation.heldout_windows` of each text: none crosses from one text to the next)."""
     windows = []
-    for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        windows.extend(ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len))
+    for ids in tokenize_texts(tokenizer, texts):
+        if len(ids) >= seq_len:
+            windows.extend(heldout_windows(torch.tensor(ids, dtype=torch.long), seq_len, len(ids) // seq_len))
     if not windows:
         raise ValueError(f"no held-out text is {seq_len} tokens long")
     random.Random(seed).shuffle(windows)
-    return torch.tensor(windows[:count], dtype=torch.long)
+    return torch.stack(windows[:count])
 
 
 def heldout_prompts(tokenizer: PreTrainedTokenizerFast, texts: list[str], count: int, seed: int, length: int = 128,
@@ -102,7 +106,7 @@ def perplexity_by_source(model: PreTrainedModel, tokenizer: PreTrainedTokenizerF
         groups.setdefault(f.name.split("/")[0], []).append(f.read())
     result = {}
     for source, texts in sorted(groups.items()):
-        windows = heldout_windows(tokenizer, texts, seq_len, count, seed)
+        windows = heldout_text_windows(tokenizer, texts, seq_len, count, seed)
         if windows.shape[0]:
             result[source] = round(evaluate_perplexity(model, windows), 3)
     return result

@@ -146,35 +146,18 @@ def check_recipe(path: str | Path) -> bool:
     return meta["hash"] == get_recipe(meta["recipe"]["name"]).hash()
 
 
-@dataclass(frozen=True)
-class GlideRecipe:
-    """GLIDE and its vanilla twin (same shape, no cross-attention) for a default target (glide_cape §4.1, §5.2).
-
-    Both train on the same token stream for the same steps, so the comparison isolates the glimpse.
-    """
-
-    hidden_size: int
-    num_hidden_layers: int  # Appendix E: one layer for targets up to 13B
-    steps: int
-    batch_size: int
-    seq_len: int
-    learning_rate: float
-    warmup_steps: int
-    block_size: int = 5  # §4.1: KV-cache delay of up to 5 tokens simulated in training
-    seed: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
-
-
-GLIDE_RECIPES: dict[str, GlideRecipe] = {
+# GLIDE and its vanilla twin (same shape, no cross-attention) for each target recipe (glide_cape §4.1, §5.2): a configuration
+# of hf_specdraft.glide.train_glide. "model": GlideConfig.from_target_config's keywords (one layer: Appendix E, targets up
+# to 13B); "training": GlideTrainingArguments' (block size and seed its defaults: the config's L = 5, §4.1, and 0). Both
+# drafters train on the same token stream for the same steps, so the comparison isolates the glimpse.
+GLIDE_RECIPES: dict[str, dict[str, dict]] = {
     # ≈3M parameters; the frozen target's forward dominates each step on CPU (≈36 minutes on 2 cores; vanilla ≈15).
-    "default": GlideRecipe(hidden_size=256, num_hidden_layers=1, steps=1000, batch_size=32, seq_len=256, learning_rate=2e-3, warmup_steps=20),
-    "gpu": GlideRecipe(hidden_size=512, num_hidden_layers=1, steps=2000, batch_size=64, seq_len=512, learning_rate=1e-3, warmup_steps=100),
-    "tiny": GlideRecipe(hidden_size=32, num_hidden_layers=1, steps=10, batch_size=4, seq_len=64, learning_rate=3e-3, warmup_steps=2),
+    "default": {"model": {"hidden_size": 256, "num_hidden_layers": 1},
+                "training": {"max_steps": 1000, "per_device_batch_size": 32, "seq_len": 256, "learning_rate": 2e-3, "warmup_steps": 20}},
+    "gpu": {"model": {"hidden_size": 512, "num_hidden_layers": 1},
+            "training": {"max_steps": 2000, "per_device_batch_size": 64, "seq_len": 512, "learning_rate": 1e-3, "warmup_steps": 100}},
+    "tiny": {"model": {"hidden_size": 32, "num_hidden_layers": 1},
+             "training": {"max_steps": 10, "per_device_batch_size": 4, "seq_len": 64, "learning_rate": 3e-3, "warmup_steps": 2}},
 }
 
 

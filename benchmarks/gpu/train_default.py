@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf_specdraft.bench.harness import cpu_model
     from hf_specdraft.defaults.smollm2 import load_smollm2
 
-    from benchmarks.studies.glide_glimpse import heldout_windows, score, target_store
+    from benchmarks.studies.glide_glimpse import heldout_code, score
+    from hf_specdraft.glide.store import compute_store
     from recipes.distillation import build_windows
 
     output = Path(args.output)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     target, tokenizer = load_smollm2(dtype=torch.bfloat16 if args.device == "cuda" else torch.float32, device=args.device)
     stream = build_windows(tokenizer, args.windows).reshape(-1)
     layer = target.config.num_hidden_layers - 1
-    test = {k: v.cpu() for k, v in target_store(target, heldout_windows(tokenizer, args.heldout).to(target.device), [layer]).items()}
+    test = {k: v.cpu() for k, v in compute_store(target, heldout_code(tokenizer, args.heldout).to(target.device), [layer]).items()}
     probe = train(target, stream, output / "probe", 3, False, args.device, args.batch)
     per_step = probe["wall_seconds"] / 3
     left = args.seconds - (time.perf_counter() - started) - 60  # scoring and saving

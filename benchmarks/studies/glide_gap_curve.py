@@ -4,12 +4,12 @@ points of acceptance).
 
     python -m benchmarks.studies.glide_gap_curve --work /work/gap --output benchmarks/verification/cpu-glide-gap-curve.json
 
-Each run trains a drafter from scratch for ``N / 8`` steps of 8 windows drawn (with replacement, seeded by the step: the
-same draws for both drafters) from the first ``N`` windows of one distillation store of the
+Each run trains a drafter from scratch for ``N / 8`` steps of 8 windows drawn (with replacement, by the run's seeded
+generator: the same draws for both drafters) from the first ``N`` windows of one distillation store of the
 embedded default (:mod:`~recipes.distillation`: the target's top-8 next-token distribution and its layer-29
 keys and values over train-split windows of 256 tokens), with the shipped drafters' recipe
-(:class:`~recipes.smollm2_drafters.DrafterRecipe`: one layer as wide as the target, a 6K draft vocabulary
-chosen from the same windows, AdamW at 1e-3, cosine decay, 8 windows a step). The sizes are nested (the first 160 windows
+(:mod:`~recipes.smollm2_drafters`' ``DRAFTERS`` and ``RECIPES``: one layer as wide as the target, a 6K draft
+vocabulary chosen from the same windows, AdamW at 1e-3, cosine decay, 8 windows a step, through ``train_glide``). The sizes are nested (the first 160 windows
 are in every run) and GLIDE and its twin see the same windows in the same order, so the gap isolates the glimpse.
 Ablations at one size: the block-wise mask's L = 1 instead of 5 (no delay simulated in training), and the
 cross-attention started from the target's own layer-29 attention (``q_proj``, ``o_proj``) instead of at random.
@@ -32,7 +32,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .glide_glimpse import heldout_windows, score, target_store
+from hf_specdraft.glide.store import compute_store
+
+from .glide_glimpse import heldout_code, score
 
 SIZES = (160, 320, 640, 1280)  # windows of 256 tokens: 41K to 328K tokens, 8x
 ABLATION_SIZE = 640
@@ -53,16 +55,17 @@ def attention_init(glide, target) -> None:
         cross.o_proj.weight.copy_(layer.o_proj.weight)
 
 
-def variant_recipe(kind: str, windows: int, variant: str):
-    """The shipped recipe for ``kind`` changed as ``variant`` says, and its epochs over the first ``windows`` windows.
+def variant_recipe(kind: str, windows: int, variant: str) -> tuple[dict, object, int]:
+    """The shipped recipe for ``kind`` changed as ``variant`` says: ``(drafter, args, epochs)``, the drafter's shape (a
+    ``DRAFTERS`` entry), its ``GlideTrainingArguments`` and its epochs over the first ``windows`` windows.
 
     ``variant`` joins parts with ``-``: ``x{E}`` (E epochs), ``block{L}`` (the block-wise mask's L; ``block1+5``
     alternates L = 1 and 5 by step), ``layers{N}``
     (N draft layers, each reading the target's top layer: the store holds that layer alone), ``mlp{N}`` (MLP width),
     ``attn-init`` (the glimpse started from the target's attention); ``""`` is the recipe itself."""
-    from recipes.smollm2_drafters import RECIPES
+    from recipes.smollm2_drafters import DRAFTERS, RECIPES
 
-    base, epochs, changes = RECIPES[kind], 1, {}
+    drafter, epochs, changes = dict(DRAFTERS[kind]), 1, {}
     for part in filter(None, variant.replace("attn-init", "").split("-")):
         name = part.rstrip("0123456789+")
         numbers = part[len(name):].split("+")
@@ -75,42 +78,39 @@ def variant_recipe(kind: str, windows: int, variant: str):
         elif name == "block":
             changes["block_size"] = int(number) if len(numbers) == 1 else tuple(map(int, numbers))
         elif name == "layers":
-            changes["num_hidden_layers"] = int(number)
-            changes["target_layer_ids"] = (TOP_LAYER,) * int(number)
+            drafter["num_hidden_layers"] = int(number)
+            drafter["target_layer_ids"] = (TOP_LAYER,) * int(number)
         else:
-            changes["intermediate_size"] = int(number)
-    steps = epochs * windows // base.batch_size
-    return dataclasses.replace(base, steps=steps, warmup_steps=max(2, steps // 10), **changes), epochs
+            drafter["intermediate_size"] = int(number)
+    steps = epochs * windows // RECIPES[kind].per_device_batch_size
+    return drafter, dataclasses.replace(RECIPES[kind], max_steps=steps, warmup_steps=max(2, steps // 10), **changes), epochs
 
 
 def train_one(kind: str, windows: int, variant: str, target, store: dict, work: Path) -> tuple:
-    """One drafter trained over the first ``windows`` windows as ``variant`` says (resumable); returns it, its seconds
-    and its recipe."""
-    from recipes.smollm2_drafters import build_drafter, choose_draft_vocab, train_drafter
+    """One drafter trained over the first ``windows`` windows as ``variant`` says (resumable); returns it, its seconds,
+    its shape and its training arguments."""
+    from recipes.smollm2_drafters import build_drafter, draft_vocabulary, train_drafter
 
-    recipe, _ = variant_recipe(kind, windows, variant)
+    drafter, args, _ = variant_recipe(kind, windows, variant)
+    args = dataclasses.replace(args, output_dir=str(work / run_name(kind, windows, variant)))
     subset = {key: value[:windows] for key, value in store.items()}
     init_from = None
     if variant.endswith("attn-init"):  # a starting checkpoint: the recipe's drafter with the target's attention in its glimpse
         init_from = work / f"{run_name(kind, windows, variant)}-init"
         if not (init_from / "config.json").is_file():
-            eos = target.config.eos_token_id
-            vocab = choose_draft_vocab(subset, recipe.draft_vocab_size, target.config.vocab_size,
-                                       always=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos))
-            start = build_drafter(kind, target, vocab, recipe)
+            vocab = draft_vocabulary(subset, drafter["draft_vocab_size"], target, Path(args.output_dir), None)
+            start = build_drafter(target, vocab, drafter, block_size=max(args.block_sizes(1)), seed=args.seed)
             attention_init(start, target)
             start.save_pretrained(init_from)
-    started = time.perf_counter()
-    model = train_drafter(kind, target, subset, work / run_name(kind, windows, variant), recipe, init_from=init_from)
-    state = json.loads((work / run_name(kind, windows, variant) / "training_state" / "state.json").read_text())
-    return model, state["log"][-1]["seconds"] if state["log"] else time.perf_counter() - started, recipe
+    model, log = train_drafter(kind, target, subset, args, drafter, init_from=init_from)
+    return model, log["train_seconds"], drafter, args
 
 
 def heldout_store(target, tokenizer, work: Path, windows: int) -> dict:
     path = work / f"heldout-{windows}.safetensors"
     if path.is_file():
         return load_file(str(path))
-    store = target_store(target, heldout_windows(tokenizer, windows), [target.config.num_hidden_layers - 1])
+    store = compute_store(target, heldout_code(tokenizer, windows), [target.config.num_hidden_layers - 1])
     save_file({k: v.contiguous() for k, v in store.items()}, str(path))
     return store
 
@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             variant_recipe("glide", ABLATION_SIZE, ablation)
         except ValueError as error:
             parser.error(f"--ablations: {error}")
-    from recipes.distillation import build_windows, load_store, write_store
+    from hf_specdraft.glide.store import load_store, write_store
+    from recipes.distillation import build_windows
     from hf_specdraft.defaults.loading import SMOLLM2_DRAFTERS_DIR
     from hf_specdraft.defaults.smollm2 import load_smollm2
     from hf_specdraft.glide import GlideForCausalLM
@@ -188,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         row = {"windows": size, "tokens": repeats * size * int(store["input_ids"].shape[1]), "variant": variant or "recipe",
                "epochs": repeats}
         for kind in ("glide",) if variant in ablations else ("glide", "vanilla"):
-            model, seconds, recipe = train_one(kind, size, variant, target, store, work)
-            row[kind] = {**score(model, test), "train_seconds": seconds, "steps": recipe.steps, "block_size": recipe.block_size}
+            model, seconds, _, args = train_one(kind, size, variant, target, store, work)
+            row[kind] = {**score(model, test), "train_seconds": seconds, "steps": args.max_steps, "block_size": args.block_size}
             if kind == "glide":
                 row[kind]["no_glimpse"] = score(model, test, None)
         if variant in ablations:  # the twin of the same size, trained without the variant

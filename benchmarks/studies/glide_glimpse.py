@@ -11,8 +11,8 @@ draft's argmax is the target's), averaged over every position past the first ``s
   drafted token sees the cache with delay d = 1, the γ-th with d = γ (§4.1's "KV cache delay"); ``no glimpse``
   runs GLIDE with nothing to attend to. The vanilla twin (same size and data, no cross-attention) is the baseline.
 - **target layer** (``--layers``): which target layer GLIDE should read. For each layer the shipped GLIDE's
-  cross-attention (``q_proj``, ``o_proj``) is re-initialised and the whole draft fine-tuned ``--steps`` steps on
-  train-split windows reading that layer (the rest of its weights kept), then scored at delay 1; the vanilla twin
+  cross-attention (``q_proj``, ``o_proj``) is re-initialised and the whole draft fine-tuned ``--steps`` steps
+  (:func:`~hf_specdraft.glide.train_glide` on a store) on train-split windows reading that layer (the rest of its weights kept), then scored at delay 1; the vanilla twin
   is fine-tuned the same steps on the same windows. The paper reads the top layers (``l = N_T - N_D + m``).
 """
 
@@ -20,92 +20,58 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 
 import torch
-from tqdm.auto import tqdm
-from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from hf_specdraft.core.stats import overlap
-from recipes.distillation import build_windows, target_answers
+from hf_specdraft.glide.evaluation import heldout_windows, teacher_forced_alpha
+from hf_specdraft.glide.store import StoreWindows, compute_store
 
 SKIP = 16  # the first positions of a window have almost no context to glimpse
 
 
-def heldout_windows(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tensor:
-    """``(num_windows, seq_len)`` windows of held-out code, cut as the distillation store cuts the train split."""
-    from hf_specdraft.defaults.corpus import Corpus, build_corpus
+def heldout_code(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tensor:
+    """``(num_windows, seq_len)`` windows of held-out code: the held-out split's code files, chosen and tokenized as the
+    distillation store's train windows are (:func:`~recipes.distillation.build_windows`), cut by the package's
+    :func:`~hf_specdraft.glide.evaluation.heldout_windows`."""
+    import random
 
-    heldout = Corpus(train=build_corpus().heldout, heldout=[])
-    windows = build_windows(tokenizer, num_windows, corpus=heldout, seq_len=seq_len, chat_fraction=0.0)
-    if windows.shape[0] < num_windows:
-        raise ValueError(f"the held-out split holds {windows.shape[0]} windows of {seq_len} tokens, fewer than --windows {num_windows}")
+    from hf_specdraft.defaults.corpus import build_corpus
+    from recipes.distillation import code_stream, split_files
+
+    files, _ = split_files(build_corpus().heldout, random.Random(0))
+    stream = torch.tensor(code_stream(tokenizer, files, num_windows * seq_len), dtype=torch.long)
+    windows = heldout_windows(stream, seq_len, num_windows)
+    if windows.shape != (num_windows, seq_len):
+        raise ValueError(f"the held-out split holds {stream.numel() // seq_len} windows of {seq_len} tokens, fewer than --windows {num_windows}")
     return windows
 
 
-def target_store(target, windows: torch.Tensor, layer_ids: list[int], batch_size: int = 8) -> dict[str, torch.Tensor]:
-    """The distillation store's tensors (:func:`~recipes.distillation.target_answers`) for ``windows``, in memory."""
-    parts = [target_answers(target, windows[i : i + batch_size], layer_ids)
-             for i in tqdm(range(0, len(windows), batch_size), desc="target answers", unit="batch")]
-    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-
-
-def delay_mask(seq_len: int, delay: int) -> torch.Tensor:
-    """`(1, 1, T, T)` additive mask: the query at j glimpses target keys ``k <= j - delay``."""
-    index = torch.arange(seq_len)
-    allowed = index[None, :] <= index[:, None] - delay
-    return torch.zeros(seq_len, seq_len).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
-
-
-@torch.no_grad()
-def draft_distribution(model, store: dict[str, torch.Tensor], delay: int | None = 1) -> torch.Tensor:
-    """`(B, T, vocab_size)` the draft's next-token distribution q on ``store``'s windows, glimpsing the target keys
-    ``k <= j - delay``; ``delay=None``: GLIDE with nothing to glimpse (the vanilla twin never glimpses)."""
-    input_ids = store["input_ids"].long()
-    kwargs = {}
-    if model.config.cross_attention and delay is not None:
-        layers = [(None, None)] * model.config.target_num_hidden_layers
-        for i in model.config.target_layer_ids:
-            layers[i] = (store[f"keys.{i}"].float(), store[f"values.{i}"].float())
-        kwargs = {"target_past_key_values": layers, "target_attention_mask": delay_mask(input_ids.shape[1], delay)}
-    hidden = model.model(input_ids=input_ids, use_cache=False, **kwargs).last_hidden_state
-    return model.to_target_logits(model.lm_head(hidden).float()).softmax(-1)
-
-
 def score(model, store: dict[str, torch.Tensor], delay: int | None = 1, skip: int = SKIP) -> dict[str, float]:
-    """α and greedy agreement of ``model`` on ``store``'s windows (see :func:`draft_distribution` for ``delay``).
+    """α and greedy agreement of ``model`` on ``store``'s windows (:func:`~hf_specdraft.glide.evaluation.teacher_forced_alpha`
+    against the store's top-k), glimpsing the target keys ``k <= j - delay``; ``delay=None``: GLIDE with nothing to
+    glimpse (the vanilla twin never glimpses).
 
     Returns:
         ``{"alpha": mean 1 - TV(p, q), "agreement": mean [argmax q == argmax p]}`` over positions ``skip..``.
     """
-    q = draft_distribution(model, store, delay)
-    p = torch.zeros_like(q).scatter_(-1, store["topk_ids"].long(), store["topk_probs"].float())
-    alpha = overlap(p, q)[:, skip:].mean().item()  # the loop's and train-glide's held-out α use the same overlap
-    agreement = (q.argmax(-1) == store["topk_ids"][..., 0].long())[:, skip:].float().mean().item()
-    return {"alpha": round(alpha, 4), "agreement": round(agreement, 4)}
+    result = teacher_forced_alpha(None, model, StoreWindows(store), delay=delay, skip=skip, glimpse=delay is not None)
+    return {"alpha": result["alpha"], "agreement": result["greedy_agreement"]}
 
 
-def fine_tune(model, store: dict[str, torch.Tensor], steps: int, learning_rate: float = 1e-3, batch_size: int = 8,
+def fine_tune(target, model, store: dict[str, torch.Tensor], steps: int, learning_rate: float = 1e-3, batch_size: int = 8,
               block_size: int = 5, seed: int = 0) -> float:
-    """``steps`` steps of the shipped drafters' distillation loss on ``store``; returns the last loss.
+    """``steps`` steps of :func:`~hf_specdraft.glide.train_glide` on ``store`` (the shipped drafters' loss: the target's
+    top-k alone), without saving its state; returns the last logged loss (the KL from the store's top-k)."""
+    from hf_specdraft.glide import GlideTrainingArguments, train_glide
 
-    The loop of :func:`~recipes.smollm2_drafters.train_drafter` without its checkpoints (a few minutes)."""
-    from recipes.smollm2_drafters import distillation_loss
-
-    layer_ids = sorted(int(key.split(".")[1]) for key in store if key.startswith("keys."))
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=learning_rate)
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, 10, steps, min_lr_rate=0.1)
-    model.train()
-    for step in tqdm(range(steps), desc="fine-tune", unit="step"):
-        index = torch.randint(0, store["input_ids"].shape[0], (batch_size,), generator=torch.Generator().manual_seed(seed + step))
-        loss = distillation_loss(model, {k: v[index] for k, v in store.items()}, layer_ids, model.config.target_num_hidden_layers, block_size)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-    model.eval()
-    return round(loss.item(), 4)
+    source = StoreWindows(store)
+    with tempfile.TemporaryDirectory() as output_dir:
+        args = GlideTrainingArguments(output_dir, max_steps=steps, seq_len=source.seq_len, per_device_batch_size=batch_size,
+                                      learning_rate=learning_rate, warmup_steps=10, block_size=block_size, distillation_weight=1.0,
+                                      seed=seed, save_steps=0, resume=False, progress_bar=False)
+        log = train_glide(target, model, source, args)
+    return log["steps"][-1]["loss"]
 
 
 def glimpse_rows(glide, vanilla, store, delays=(1, 2, 3, 4, 5)) -> dict[str, dict[str, float]]:
@@ -116,13 +82,13 @@ def glimpse_rows(glide, vanilla, store, delays=(1, 2, 3, 4, 5)) -> dict[str, dic
     return rows
 
 
-def layer_rows(load_glide, load_vanilla, train_store, test_store, layers, steps: int, seed: int = 0) -> dict[str, dict]:
+def layer_rows(target, load_glide, load_vanilla, train_store, test_store, layers, steps: int, seed: int = 0) -> dict[str, dict]:
     """The target-layer table: a fine-tuned GLIDE reading each of ``layers``, and the vanilla twin fine-tuned alike.
 
     ``load_glide(layer)`` / ``load_vanilla()`` return fresh float32 copies of the shipped drafters."""
     vanilla = load_vanilla()
     rows = {"vanilla, shipped": score(vanilla, test_store)}
-    last = fine_tune(vanilla, train_store, steps, seed=seed)
+    last = fine_tune(target, vanilla, train_store, steps, seed=seed)
     rows["vanilla, fine-tuned"] = {**score(vanilla, test_store), "last_loss": last}
     for layer in layers:
         glide = load_glide(layer)
@@ -130,7 +96,7 @@ def layer_rows(load_glide, load_vanilla, train_store, test_store, layers, steps:
         torch.manual_seed(seed)
         torch.nn.init.normal_(cross.q_proj.weight, std=glide.config.initializer_range)
         torch.nn.init.zeros_(cross.o_proj.weight)  # the glimpse starts silent and is learnt again for this layer
-        last = fine_tune(glide, train_store, steps, seed=seed)
+        last = fine_tune(target, glide, train_store, steps, seed=seed)
         rows[f"glide, layer {layer}"] = {**score(glide, test_store), "last_loss": last}
     return rows
 
@@ -170,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
 
     glide = load_glide()
     read = sorted({*glide.config.target_layer_ids, *layers})
-    test_store = target_store(target, heldout_windows(tokenizer, args.windows), read)
+    test_store = compute_store(target, heldout_code(tokenizer, args.windows), read)
     body = {"glimpse": glimpse_rows(glide, load_vanilla(), test_store), "shipped_layer": glide.config.target_layer_ids}
     if layers:
-        train_store = target_store(target, build_windows(tokenizer, args.train_windows), layers)
-        body["layers"] = layer_rows(load_glide, load_vanilla, train_store, test_store, layers, args.steps)
+        from recipes.distillation import build_windows
+
+        train_store = compute_store(target, build_windows(tokenizer, args.train_windows), layers)
+        body["layers"] = layer_rows(target, load_glide, load_vanilla, train_store, test_store, layers, args.steps)
     command = "python -m benchmarks.studies.glide_glimpse" + "".join(
         f" --{k.replace('_', '-')} {getattr(args, k)}" for k in ("output", "windows", "steps", "train_windows")) + f" --layers {args.layers}"
     save_run(bundle, args.output, command, body, prompts=f"{args.windows} held-out code windows of 256 tokens", skip=SKIP)

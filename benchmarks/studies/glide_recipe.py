@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", default="benchmarks/plots/cpu-glide-recipe.png")
     args = parser.parse_args(argv)
     from hf_specdraft.core.projection import few_token_linears
-    from recipes.distillation import load_store
+    from hf_specdraft.glide.store import load_store
     from hf_specdraft.defaults.loading import SMOLLM2_DRAFTERS_DIR
     from hf_specdraft.defaults.smollm2 import load_smollm2
     from hf_specdraft.glide import GlideForCausalLM
@@ -164,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         arch = any(part.startswith(("layers", "mlp")) for part in variant.split("-"))
         row["twin"] = variant if arch or variant == "x2" else "x2"  # L variants change GLIDE alone
         for kind in ("glide", "vanilla") if row["twin"] == variant else ("glide",):
-            model, seconds, recipe = train_one(kind, SIZE, variant, target, store, work)
+            model, seconds, drafter, args = train_one(kind, SIZE, variant, target, store, work)
             models[kind, variant] = model
             if kind not in row:
-                row[kind] = {**score_row(kind, model, test), "train_seconds": seconds, "steps": recipe.steps, "run": run_name(kind, SIZE, variant),
-                             "block_size": recipe.block_size, "layers": recipe.num_hidden_layers, "mlp": recipe.intermediate_size,
+                row[kind] = {**score_row(kind, model, test), "train_seconds": seconds, "steps": args.max_steps, "run": run_name(kind, SIZE, variant),
+                             "block_size": args.block_size, "layers": model.config.num_hidden_layers, "mlp": drafter["intermediate_size"],
                              "parameters": sum(p.numel() for p in model.parameters())}
                 save()
                 print(variant, kind, row[kind], flush=True)

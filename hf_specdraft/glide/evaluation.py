@@ -63,10 +63,12 @@ def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: 
     """q `(B, T, V)` over the target's vocabulary on ``batch``'s windows, glimpsing its target KV with the block-wise
     mask of L = ``block_size`` (training's, §4.1) or, given ``delay``, :func:`delay_mask`'s; GLIDE glimpses nothing when
     the batch holds no KV (``glimpse=False`` in :func:`teacher_forced_alpha`, or a vanilla drafter)."""
-    mask = None
-    if delay is not None and batch.target_past_key_values is not None:
+    mask, kv = None, batch.target_past_key_values
+    if kv is None and glide.config.cross_attention:  # every layer empty: nothing to glimpse (None would read an attached target)
+        kv = [(None, None)] * glide.config.target_num_hidden_layers
+    elif delay is not None and kv is not None:
         mask = delay_mask(batch.input_ids.shape[1], delay).to(batch.input_ids.device)
-    logits = glide(input_ids=batch.input_ids, target_past_key_values=batch.target_past_key_values, use_cache=False,
+    logits = glide(input_ids=batch.input_ids, target_past_key_values=kv, use_cache=False,
                    cross_attention_block_size=None if mask is not None else block_size, target_attention_mask=mask).logits
     return logits.float().softmax(-1)
 

@@ -136,6 +136,8 @@ class GlideTrainingArguments:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0 (0 = never), got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
         if self.seq_len < 2:
             raise ValueError(f"seq_len must be at least 2 (a token and its successor), got {self.seq_len}")
         if not self.learning_rate > 0:

@@ -20,7 +20,7 @@ from transformers import LlamaForCausalLM
 from hf_specdraft.bench import BenchConfig, format_table, run_bench
 from hf_specdraft.defaults.loading import CHECKPOINT_DIR, load_default
 
-from recipes.evaluation import evaluate_perplexity, heldout_windows
+from recipes.evaluation import evaluate_perplexity, heldout_text_windows
 from recipes.recipe import TrainSchedule, get_recipe
 from recipes.training import prepare_data, train_lm
 
@@ -41,7 +41,7 @@ def main() -> None:
     shutil.copytree(CHECKPOINT_DIR, args.output_dir, dirs_exist_ok=True)
     recipe = dataclasses.replace(get_recipe("default"), seq_len=args.seq_len)
     data = prepare_data(recipe, args.output_dir)
-    windows = {f"heldout_ppl_{n}": heldout_windows(data.tokenizer, data.heldout_texts, n, 64, 0) for n in (256, args.seq_len)}
+    windows = {f"heldout_ppl_{n}": heldout_text_windows(data.tokenizer, data.heldout_texts, n, 64, 0) for n in (256, args.seq_len)}
     model = LlamaForCausalLM.from_pretrained(args.output_dir / "target", dtype=torch.float32)
     log = {"before": perplexities(model, windows)}
     schedule = TrainSchedule(steps=args.steps, batch_size=8, micro_batch_size=8, learning_rate=6e-4, warmup_steps=20, checkpoint_every=10**6)
