@@ -187,7 +187,7 @@ def test_a_tree_step_also_measures_the_chain_alone():
 
 
 def test_chain_accepted_reads_the_first_child_path():
-    from hf_specdraft.core.loop import chain_accepted
+    from hf_specdraft.core.emission import chain_accepted
     from hf_specdraft.core.tree import DraftTree
 
     tree = DraftTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, -1, 0]))  # chain 5 -> 6; 7 beside 5, 8 beside 6

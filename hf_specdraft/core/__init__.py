@@ -24,6 +24,7 @@ Read bottom-up, as the loop runs a step:
   it per call (a row's own cache, a padded batch's shared one; the static path's ``StaticTarget`` in :mod:`.compiled`);
 * :mod:`.clock`, :mod:`.controller`, :mod:`.controller_store`, :mod:`.disk_cache`: a step's timing as the device sees it,
   γ chosen at run time, and what was learned kept on disk for the next process;
+* :mod:`.meter`: the step's clock and its γ controller behind one object;
 * :mod:`.distributed`: the ranks of a tensor-parallel target kept in step;
 * :mod:`.outputs`: what a call returns (``generate``'s sequences or the output with its statistics);
 * :mod:`.loop`: ``speculative_generate``, the call's setup and the step: propose, verify, read back, accept, keep.

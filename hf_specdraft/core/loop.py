@@ -37,9 +37,10 @@ from transformers.generation import CandidateGenerator
 
 from .acceptance import ConditionalAcceptance
 from .clock import StepClock
-from .compiled import StaticCacheBusy, captured_seconds, static_call, static_target
-from .emission import accept_row, chain_accepted
+from .compiled import StaticCacheBusy, static_call, static_target
+from .emission import accept_row
 from .layouts import CacheLayout, OwnedRow, SharedBatch
+from .meter import StepMeter
 from .controller import DraftLengthController, recall, remember
 from .distributed import RankAgreement
 from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
@@ -180,11 +181,10 @@ class Step:
     generation_config: GenerationConfig
     stops: HostStops
     request: StateRequest  # what the drafters read of the target's forwards (empty: nothing more is computed)
-    clock: StepClock
+    meter: StepMeter  # the step's clock and, with "auto" drafters, its γ controller
     vocab: int  # the target's output vocabulary (asked once: the model's config is slow to ask)
     acceptance: ConditionalAcceptance | None = None
     streamer: object = None
-    controller: DraftLengthController | None = None
     together: object = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
     one_row: bool = True  # one unpadded row (a chain may stop on its draft's confidence)
 
@@ -197,7 +197,7 @@ def setup_call(model, rows: list[Row], stopping_criteria, generation_config: Gen
             row.generator.prepare(model, generation_config)
     one_row = len(rows) == 1 and rows[0].pad == 0
     return Step(model, layout_for(model, generation_config, rows, one_row), generation_config, HostStops(stopping_criteria, generation_config),
-                StateRequest(model, [row.generator for row in rows]), StepClock(model.device), output_vocab_size(model), acceptance, streamer,
+                StateRequest(model, [row.generator for row in rows]), StepMeter(StepClock(model.device)), output_vocab_size(model), acceptance, streamer,
                 one_row=one_row)
 
 
@@ -261,9 +261,10 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
     costs = step.cache.costs
     if step.together is not None:
         costs["batch_draft_forwards"] = step.together.forwards
-    if step.controller is not None:
-        remember(step.controller, step.model, drafters[0], setting)
-        costs["draft_lengths"], costs["controller_resumed"] = step.controller.choices, step.controller.resumed
+    controller = step.meter.controller
+    if controller is not None:
+        remember(controller, step.model, drafters[0], setting)
+        costs["draft_lengths"], costs["controller_resumed"] = controller.choices, controller.resumed
     return costs
 
 
@@ -274,64 +275,55 @@ def attach_controller(step: Step, drafters: list) -> tuple | None:
         return None
     widths = (1.0, 2.0) if all(getattr(d, "adaptive_budget", False) for d in drafters) else (1.0,)
     longest, bucket, layout_setting = step.cache.controller_limits(getattr(drafters[0], "max_draft_tokens", AUTO_MAX), max(widths))
-    step.controller = DraftLengthController(longest, widths, bucket=bucket)
+    controller = step.meter.controller = DraftLengthController(longest, widths, bucket=bucket)
     model = step.model
     setting = (len(drafters), layout_setting, bool(step.generation_config.do_sample), str(model.device), str(model.dtype))
-    step.controller.resumed = recall(step.controller, model, drafters[0], setting)
+    controller.resumed = recall(controller, model, drafters[0], setting)
     ranks = RankAgreement.of(model)
     if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
-        ranks.align(step.controller)
+        ranks.align(controller)
     # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
-    step.controller.confidence_stops = step.one_row and getattr(drafters[0], "stops_on_confidence", False)
+    controller.confidence_stops = step.one_row and getattr(drafters[0], "stops_on_confidence", False)
     return setting
 
 
 def speculative_step(step: Step, active: list[Row]) -> list[Row]:
-    """One step of every active row: propose, verify in one forward, accept, emit, compact. Returns the rows still active.
+    """One step of every active row: propose, verify in one forward, read back once, accept, keep. Returns the rows still
+    active.
 
     The device is read once (:func:`read_back`: every row's verified tokens and the target's choices, under greedy
-    decoding without logits processors); tree metadata, stop checks and statistics are host data. With a
-    ``controller`` (drafters with ``num_draft_tokens="auto"``) every row first drafts the γ it chooses, and it learns
-    afterwards what the step accepted and cost, timed as the device sees it (:class:`~hf_specdraft.core.clock.StepClock`).
+    decoding without logits processors); tree metadata, stop checks and statistics are host data. The step's clock and
+    γ sit behind ``step.meter`` (:class:`~hf_specdraft.core.meter.StepMeter`).
     """
-    controller, clock = step.controller, step.clock
-    if controller is not None:
-        set_draft_length(controller, active, step.together)
+    meter = step.meter
+    meter.begin(active, step.together)  # γ for every row, when the controller chooses it
     cached = [row.cached for row in active]  # before this step: row a's last cached[a] columns of the cache
-    captured = captured_seconds()
-    trees, draft_marks = draft_rows(step, active)
-    compiled_in_draft = captured_seconds() - captured
-    verify_start = clock.mark()
-    logits, verified, hidden = step.cache.verify(active, trees, step.request.kwargs)  # (A, Q, V), (A, Q), states or None
-    verify_end = clock.mark()
-    compiled_in_verify = captured_seconds() - captured - compiled_in_draft
+    trees = draft_rows(step, active)  # propose
+    logits, verified, hidden = meter.verify(lambda: step.cache.verify(active, trees, step.request.kwargs))  # (A, Q, V), (A, Q)
     choices = read_back(step, active, trees, logits, verified)  # the step's one device -> host read (greedy)
-    draft_seconds = [max(0.0, clock.seconds(*marks) - compiled_in_draft / len(active)) for marks in draft_marks]
-    forward_seconds = max(0.0, clock.seconds(verify_start, verify_end) - compiled_in_verify)  # compiles never reach the costs
+    kept, accepted = accept_rows(step, active, trees, logits, choices, hidden)  # accept, emit, record
+    meter.learn(active, trees, kept, accepted, logits.shape[1])
+    survivors = [a for a, row in enumerate(active) if not row.done]
+    step.cache.keep(active, cached, kept, survivors)  # keep
+    return [active[a] for a in survivors]
+
+
+def accept_rows(step: Step, active: list[Row], trees: list[DraftTree], logits, choices, hidden) -> tuple[list[list[int]], list[int]]:
+    """Every row accepts a path by its rule and emits it (:func:`~hf_specdraft.core.emission.accept_row`); a row whose
+    drafter reads the target's state keeps the states of the columns it kept (on the device). Returns each row's kept
+    columns and accepted count."""
     step.cache.costs["target_forwards"] += 1
     step.cache.costs["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
-    kept, survivors, accepted, on_chain = [], [], [], []
-    widens = controller is not None and len(controller.widths) > 1 and all(getattr(row.generator, "widens_chain", False) for row in active)
+    draft_seconds, forward_seconds = step.meter.seconds()
+    kept, accepted = [], []
     for a, (row, tree) in enumerate(zip(active, trees)):
         kept_nodes, count = accept_row(step, row, logits[a, : 1 + len(tree)], tree, None if choices is None else choices[a],
                                        draft_seconds[a], forward_seconds / len(active))
         kept.append(kept_nodes)
         accepted.append(count)
-        if hidden is not None and asks_for_state(row.generator):  # the states of the columns the row keeps, left on the device
+        if hidden is not None and asks_for_state(row.generator):
             row.states, row.matched = joined(row.states, kept_states(hidden, a, kept_nodes)), len(kept_nodes) - 1
-        if widens and len(kept_nodes) - 1 == count:  # what the chain alone would have accepted (greedy: exact; a path cut at
-            on_chain.append(chain_accepted(tree, kept_nodes))  # eos or max_length is left out: it says nothing of the chain)
-        if not row.done:
-            survivors.append(a)
-    if controller is not None:
-        depth = max(tree.levels for tree in trees)  # the chain a tree's nodes hang on
-        confidences = None  # the probabilities of the drafted chain's tokens, for the controller's confidence bins
-        if controller.confidence_stops and len(trees[0]) and (on_chain or not widens):  # a tree's chain: judged by on_chain
-            drafted = active[0].generator.drafted_confidences(trees[0])
-            confidences = None if drafted is None else [drafted]
-        controller.observe(depth, accepted, sum(draft_seconds), forward_seconds, logits.shape[1], on_chain or None, confidences)
-    step.cache.keep(active, cached, kept, survivors)
-    return [active[a] for a in survivors]
+    return kept, accepted
 
 
 def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: torch.Tensor, verified: torch.Tensor):
@@ -353,34 +345,21 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
     return host[1]
 
 
-def set_draft_length(controller: DraftLengthController, active: list[Row], together) -> None:
-    """Every row drafts the γ the controller chooses for this step (and, for a tree drafter, its budget)."""
-    gamma = controller.choose()
-    budget = controller.budget(gamma)
-    for row in active:
-        if controller.confidence_stops:  # the rule is only asked once it can answer (the cost curve measured)
-            row.generator.stop_rule = controller.keep_drafting if controller.stops_this_step else None
-        row.generator.num_draft_tokens = gamma
-        if budget is not None:
-            row.generator.step_budget = budget
-    if together is not None:
-        together.num_draft_tokens = gamma
-
-
-def draft_rows(step: Step, active: list[Row]) -> tuple[list[DraftTree], list[tuple]]:
-    """Every active row's proposal, fitted to its room before ``max_length``, and its drafting clock marks: one batch
-    proposer for all rows (``together``), or each row's drafter on its view of the target cache."""
-    config, clock = step.generation_config, step.clock
+def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
+    """Every active row's proposal, fitted to its room before ``max_length`` (its drafting marks go to the step's meter):
+    one batch proposer for all rows (``together``), or each row's drafter on its view of the target cache."""
+    config, meter = step.generation_config, step.meter
     if step.together is not None:
-        start = clock.mark()
+        start = meter.mark()
         step.together.target = (step.cache.cache, [row.cached for row in active])
         proposals = step.together.propose([row.text[0] for row in active])
         trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens)) for row, tree in zip(active, proposals)]
-        end = clock.mark()
-        return trees, [(start, end, len(active))] * len(active)
+        end = meter.mark()
+        meter.drafted([(start, end, len(active))] * len(active))
+        return trees
     trees, marks = [], []
     for a, row in enumerate(active):
-        start = clock.mark()
+        start = meter.mark()
         view = step.cache.drafter_cache(a, row) if getattr(row.generator, "reads_target_cache", True) else None
         row.generator.host_text = row.tokens[row.pad :]  # the text on the host: drafters re-sync without reading the device
         state = take_state(row) if step.request else None
@@ -389,8 +368,9 @@ def draft_rows(step: Step, active: list[Row]) -> tuple[list[DraftTree], list[tup
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
         trees.append(tree)
-        marks.append((start, clock.mark()))
-    return trees, marks
+        marks.append((start, meter.mark()))
+    meter.drafted(marks)
+    return trees
 
 
 def take_state(row: Row) -> TargetState | None:

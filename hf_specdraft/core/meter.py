@@ -1,0 +1,91 @@
+"""A step's clock and its γ behind one object: what drafting and verification cost as the device sees it, the seconds a
+first compile took kept out of those costs, and the controller that chooses γ from them
+(:class:`~hf_specdraft.core.controller.DraftLengthController`). The step itself then reads as its five verbs
+(:func:`~hf_specdraft.core.loop.speculative_step`).
+"""
+
+from __future__ import annotations
+
+from .clock import StepClock
+from .compiled import captured_seconds
+from .controller import DraftLengthController
+from .emission import chain_accepted
+from .rows import Row
+from .tree import DraftTree
+
+
+class StepMeter:
+    """Times one step at a time and, with a controller (drafters with ``num_draft_tokens="auto"``), sets the γ every row
+    drafts before the step and learns from what it accepted and cost after it.
+
+    Args:
+        clock: marks on the device's timeline (:class:`~hf_specdraft.core.clock.StepClock`).
+        controller: the call's γ controller, or ``None`` (a fixed γ).
+    """
+
+    def __init__(self, clock: StepClock, controller: DraftLengthController | None = None):
+        self.clock, self.controller = clock, controller
+        self._captured = self._in_draft = self._in_verify = 0.0
+        self._draft_marks: list[tuple] = []
+        self._verify_marks: tuple | None = None
+
+    def begin(self, active: list[Row], together) -> None:
+        """Before drafting: every row drafts the γ the controller chooses (and a tree drafter its budget)."""
+        if self.controller is not None:
+            set_draft_length(self.controller, active, together)
+        self._captured = captured_seconds()
+
+    def mark(self):
+        return self.clock.mark()
+
+    def drafted(self, marks: list[tuple]) -> None:
+        """The rows' drafting marks (``(start, end)`` each, or ``(start, end, rows)`` for one batch proposal)."""
+        self._draft_marks = marks
+        self._in_draft = captured_seconds() - self._captured
+
+    def verify(self, run):
+        """``run()`` (the step's one target forward) between two marks; its result."""
+        start = self.clock.mark()
+        out = run()
+        self._verify_marks = (start, self.clock.mark())
+        self._in_verify = captured_seconds() - self._captured - self._in_draft
+        return out
+
+    def seconds(self) -> tuple[list[float], float]:
+        """Each row's drafting seconds and the verify forward's, with any compile's seconds taken out: a first compile
+        never reaches the costs the controller learns (the step's one read-back has run, so the marks are ready)."""
+        rows = len(self._draft_marks)
+        draft = [max(0.0, self.clock.seconds(*marks) - self._in_draft / rows) for marks in self._draft_marks]
+        return draft, max(0.0, self.clock.seconds(*self._verify_marks) - self._in_verify)
+
+    def learn(self, active: list[Row], trees: list[DraftTree], kept: list[list[int]], accepted: list[int], width: int) -> None:
+        """After accepting: what each row accepted, what the chain alone would have (for a drafter that widens its
+        chain into a tree), the chain's confidences, and what drafting and the forward over ``width`` tokens cost."""
+        controller = self.controller
+        if controller is None:
+            return
+        widens = len(controller.widths) > 1 and all(getattr(row.generator, "widens_chain", False) for row in active)
+        on_chain = []  # what the chain alone would have accepted (greedy: exact; a path cut at eos or max_length is left
+        if widens:  # out: it says nothing of the chain)
+            on_chain = [chain_accepted(tree, nodes) for tree, nodes, count in zip(trees, kept, accepted) if len(nodes) - 1 == count]
+        confidences = None  # the probabilities of the drafted chain's tokens, for the controller's confidence bins
+        if controller.confidence_stops and len(trees[0]) and (on_chain or not widens):  # a tree's chain: judged by on_chain
+            drafted = active[0].generator.drafted_confidences(trees[0])
+            confidences = None if drafted is None else [drafted]
+        draft, forward = self.seconds()
+        depth = max(tree.levels for tree in trees)  # the chain a tree's nodes hang on
+        controller.observe(depth, accepted, sum(draft), forward, width, on_chain or None, confidences)
+
+
+def set_draft_length(controller: DraftLengthController, active: list[Row], together) -> None:
+    """Every row drafts the γ the controller chooses for this step (and, for a tree drafter, its budget)."""
+    gamma = controller.choose()
+    budget = controller.budget(gamma)
+    for row in active:
+        if controller.confidence_stops:  # the rule is only asked once it can answer (the cost curve measured)
+            row.generator.stop_rule = controller.keep_drafting if controller.stops_this_step else None
+        row.generator.num_draft_tokens = gamma
+        if budget is not None:
+            row.generator.step_budget = budget
+    if together is not None:
+        together.num_draft_tokens = gamma
