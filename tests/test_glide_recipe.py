@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
+from hf_specdraft.glide import GlideConfig, GlideForCausalLM
 from benchmarks.studies import glide_glimpse, glide_recipe
 from benchmarks.studies.glide_gap_curve import variant_recipe
 from hf_specdraft.glide.store import compute_store
@@ -47,6 +48,46 @@ def test_a_two_layer_glide_trains_from_a_store_and_reads_the_layers_its_recipe_n
     assert model.config.num_hidden_layers == 2 and model.config.target_layer_ids == [2, 2]
     scores = glide_recipe.score_row("glide", model, store)
     assert set(scores["delays"]) == {str(d) for d in glide_recipe.DELAYS} and 0 <= scores["no_glimpse"]["alpha"] <= 1
+
+
+def _train_through_every_entry_point(target, tmp_path):
+    """Each way the repository trains a GLIDE, a step or two: the shipped drafters' recipe and the glimpse study (from a
+    store), the small target's drafters and ``hf-specdraft train-glide`` (the target run on the fly)."""
+    from safetensors.torch import save_file
+
+    from hf_specdraft.glide.training import main as train_glide_command
+    from recipes.drafters import train_default_drafter
+    from recipes.recipe import get_recipe
+
+    windows = torch.randint(0, target.config.vocab_size, (4, 24), generator=torch.Generator().manual_seed(0))
+    store = compute_store(target, windows, [target.config.num_hidden_layers - 1], batch_size=2)
+    args = dataclasses.replace(RECIPES["glide"], output_dir=str(tmp_path / "smollm2"), max_steps=2, per_device_batch_size=2, progress_bar=False)
+    train_drafter("glide", target, store, args, {**DRAFTERS["glide"], "intermediate_size": 64, "draft_vocab_size": 48})
+    glide_glimpse.fine_tune(target, GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32)), store, steps=2)
+    target.save_pretrained(tmp_path / "small" / "target")
+    train_default_drafter("vanilla", tmp_path / "small", get_recipe("tiny"), windows.reshape(-1).repeat(4))
+    save_file({"input_ids": windows.reshape(-1)}, str(tmp_path / "ids.safetensors"))
+    assert train_glide_command(["--target", str(tmp_path / "small" / "target"), "--data", str(tmp_path / "ids.safetensors"),
+                                "--output-dir", str(tmp_path / "command"), "--max-steps", "2", "--seq-len", "16", "--batch-size", "2",
+                                "--hidden-size", "32", "--no-progress"]) == 0
+
+
+def test_every_glide_training_runs_the_one_loop(tmp_path, monkeypatch):
+    """The recipes, the studies and the command are configurations of train_glide: its loop runs for each, over the
+    window source that says where p comes from (a store, or the target on the fly)."""
+    from hf_specdraft.glide import trainer
+    from hf_specdraft.glide.objective import TargetWindows
+    from hf_specdraft.glide.store import StoreWindows
+
+    run, sources = trainer._run, []
+
+    def counted(accelerator, model, optimizer, scheduler, target, source, *rest):
+        sources.append(type(source))
+        return run(accelerator, model, optimizer, scheduler, target, source, *rest)
+
+    monkeypatch.setattr(trainer, "_run", counted)
+    _train_through_every_entry_point(tiny_model("llama", num_hidden_layers=3), tmp_path)
+    assert sources == [StoreWindows, StoreWindows, TargetWindows, TargetWindows]
 
 
 def test_expected_accepted_multiplies_agreement_along_the_chain():

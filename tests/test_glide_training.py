@@ -190,3 +190,104 @@ def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
     full_loss, full_parts = glide_loss(full, GlideBatch(ids, kv), 5, args)
     expected = full(input_ids=ids, labels=ids, target_past_key_values=kv, cross_attention_block_size=5, use_cache=False).loss
     torch.testing.assert_close(full_loss, expected)  # the full vocabulary's loss is the model's own
+
+
+# --- one loss, one loop: p whole or as a store's top-k --------------------------------------------------------------
+
+
+def tiny_store(target, windows: int = 8, seq_len: int = 32) -> dict:
+    """A store in memory of the learnable stream's windows: the target's KV of its top layer and top-8 (store.py)."""
+    from hf_specdraft.glide.store import compute_store
+
+    ids = periodic_stream()[: windows * seq_len].view(windows, seq_len)
+    return compute_store(target, ids, [target.config.num_hidden_layers - 1], progress_bar=False)
+
+
+@pytest.mark.parametrize("draft_token_ids", [None, list(range(0, VOCAB, 3))], ids=["full-vocabulary", "reduced-vocabulary"])
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_top_k_loss_is_the_full_logits_loss_when_k_is_the_vocabulary(draft_token_ids, temperature):
+    """p given as the target's top k with k = V is p itself: the same cross-entropy, KL and gradient as its logits."""
+    from types import SimpleNamespace
+
+    from hf_specdraft.glide.objective import GlideBatch, glide_loss, target_memory
+
+    target = tiny_model("llama")
+    glide = make_glide(target, draft_token_ids=draft_token_ids)
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    kv, logits = target_memory(target, ids, with_logits=True)
+    top = logits.softmax(-1).topk(VOCAB, dim=-1)
+    args = SimpleNamespace(distillation_weight=0.7, distillation_temperature=temperature)
+    whole, whole_parts = glide_loss(glide, GlideBatch(ids, kv, logits), 5, args)
+    whole.backward()
+    grads = [p.grad.clone() for p in glide.parameters()]
+    glide.zero_grad()
+    topk, topk_parts = glide_loss(glide, GlideBatch(ids, kv, None, top.indices, top.values), 5, args)
+    topk.backward()
+    torch.testing.assert_close(topk, whole)
+    torch.testing.assert_close(topk_parts["kl"], whole_parts["kl"])
+    for grad, param in zip(grads, glide.parameters()):
+        torch.testing.assert_close(param.grad, grad)
+
+
+def test_train_glide_from_a_store_never_runs_the_target_and_changes_every_parameter(tmp_path, monkeypatch):
+    from hf_specdraft.glide.store import StoreWindows
+
+    target = tiny_model("llama")
+    store = StoreWindows(tiny_store(target))
+    glide = make_glide(target)
+    before = {k: v.clone() for k, v in glide.state_dict().items()}
+    monkeypatch.setattr(type(target), "forward", lambda *a, **k: pytest.fail("the target ran: the store holds its answers"))
+    log = train_glide(target, glide, store, quick_args(tmp_path, distillation_weight=1.0))
+    assert changed_parameters(before, glide) == set(before)  # the TRL check: every parameter moved
+    losses = [step["kl"] for step in log["steps"]]
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert log["train_tokens_available"] == 8 * 32 and "kl" in log["steps"][-1]
+    assert GlideForCausalLM.from_pretrained(tmp_path).config.cross_attention  # the checkpoint as train_glide writes it
+
+
+def test_a_store_that_cannot_serve_the_run_is_refused(tmp_path):
+    from hf_specdraft.glide.store import StoreWindows
+
+    target = tiny_model("llama")
+    store = tiny_store(target)
+    with pytest.raises(ValueError, match="set seq_len=32"):
+        train_glide(target, make_glide(target), StoreWindows(store), quick_args(tmp_path, seq_len=16))
+    with pytest.raises(ValueError, match=r"reads target layers \[0\]"):
+        train_glide(target, make_glide(target, target_layer_ids=[0]), StoreWindows(store), quick_args(tmp_path))
+    with pytest.raises(ValueError, match="topk_ids"):
+        StoreWindows({"input_ids": store["input_ids"]})
+
+
+class Killed(Exception):
+    """Stands for the process being killed."""
+
+
+def test_a_run_from_a_store_resumes_to_the_weights_of_an_unbroken_one(tmp_path, monkeypatch):
+    from hf_specdraft.glide import trainer
+    from hf_specdraft.glide.store import StoreWindows
+
+    target = tiny_model("qwen2")
+    store = StoreWindows(tiny_store(target))
+    args = quick_args(tmp_path / "killed", max_steps=8, save_steps=3, block_size=(1, 5), distillation_weight=1.0)
+    unbroken = make_glide(target)
+    train_glide(target, unbroken, store, quick_args(tmp_path / "unbroken", max_steps=8, save_steps=0, block_size=(1, 5), distillation_weight=1.0))
+    save = trainer.save_training_state
+
+    def killed_after_step_6(accelerator, args, progress, generator):
+        save(accelerator, args, progress, generator)
+        if progress["step"] == 6:
+            raise Killed
+
+    monkeypatch.setattr(trainer, "save_training_state", killed_after_step_6)
+    with pytest.raises(Killed):
+        train_glide(target, make_glide(target), store, args)
+    monkeypatch.setattr(trainer, "save_training_state", save)
+    with pytest.raises(ValueError, match=r"other training arguments \(learning_rate"):
+        train_glide(target, make_glide(target), store, quick_args(tmp_path / "killed", max_steps=8, learning_rate=1e-3, block_size=(1, 5),
+                                                                   distillation_weight=1.0))
+    resumed = make_glide(target)
+    log = train_glide(target, resumed, store, quick_args(tmp_path / "killed", max_steps=8, logging_steps=2, save_steps=4, block_size=(1, 5),
+                                                         distillation_weight=1.0))  # logging and saving may change
+    assert log["resumed_from_step"] == 6
+    for (name, a), b in zip(unbroken.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name)

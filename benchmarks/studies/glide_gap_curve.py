@@ -9,8 +9,9 @@ generator: the same draws for both drafters) from the first ``N`` windows of one
 embedded default (:mod:`~recipes.distillation`: the target's top-8 next-token distribution and its layer-29
 keys and values over train-split windows of 256 tokens), with the shipped drafters' recipe
 (:mod:`~recipes.smollm2_drafters`' ``DRAFTERS`` and ``RECIPES``: one layer as wide as the target, a 6K draft
-vocabulary chosen from the same windows, AdamW at 1e-3, cosine decay, 8 windows a step, through ``train_glide``). The sizes are nested (the first 160 windows
-are in every run) and GLIDE and its twin see the same windows in the same order, so the gap isolates the glimpse.
+vocabulary chosen from the same windows, AdamW at 1e-3, cosine decay, 8 windows a step, through ``train_glide``). The
+sizes are nested (the first 160 windows are in every run) and GLIDE and its twin see the same windows in the same
+order, so the gap isolates the glimpse.
 Ablations at one size: the block-wise mask's L = 1 instead of 5 (no delay simulated in training), and the
 cross-attention started from the target's own layer-29 attention (``q_proj``, ``o_proj``) instead of at random.
 ``--epochs 2,4`` adds both drafters trained for more epochs over the largest size's windows (more steps, no new data).
