@@ -104,10 +104,10 @@ def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
     for owner in (compiled_module.StaticTarget,):
         original = owner._forward
 
-        def timed(self, __original=original, **inputs):
+        def timed(self, *args, __original=original, **inputs):
             sync()
             started = time.perf_counter()
-            out = __original(self, **inputs)
+            out = __original(self, *args, **inputs)
             sync()
             forwards.append(time.perf_counter() - started)
             return out
