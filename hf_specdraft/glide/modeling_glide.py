@@ -499,6 +499,7 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         target_past_key_values=None,
         cross_attention_block_size: int | None = None,
         target_attention_mask: torch.Tensor | None = None,
+        draft_rows: bool = False,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """
@@ -513,10 +514,14 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
                 leave `None` at inference.
             target_attention_mask (`torch.Tensor` of shape `(B, 1, q, S)`, *optional*): the target keys each query
                 glimpses, as an additive mask (batched drafting; default: every key before the query's index).
+            draft_rows (`bool`, *optional*): logits over GLIDE's own output rows (a reduced vocabulary's ids, then
+                "another token"), as training scores them, instead of over the target's vocabulary; no ``labels``.
 
         Returns:
-            [`CausalLMOutputWithPast`] with ``logits`` `(B, q or logits_to_keep, vocab)`.
+            [`CausalLMOutputWithPast`] with ``logits`` `(B, q or logits_to_keep, vocab)` (``draft_rows``: `(..., rows)`).
         """
+        if draft_rows and labels is not None:
+            raise ValueError("labels score logits over the target's vocabulary: leave draft_rows=False to pass them")
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -533,7 +538,8 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
             hidden_states = hidden_states[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, torch.Tensor):
             hidden_states = hidden_states[:, logits_to_keep]
-        logits = self.to_target_logits(self.lm_head(hidden_states))
+        logits = self.lm_head(hidden_states)
+        logits = logits if draft_rows else self.to_target_logits(logits)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import extract_model_from_parallel
 from transformers import DynamicCache, PreTrainedModel
 
 
@@ -139,6 +140,21 @@ class TargetWindows(WindowSource):
         return GlideBatch(input_ids, kv if with_kv else None, logits)
 
 
+def window_source(data, glide, seq_len: int) -> WindowSource:
+    """``data`` as a checked window source: token ids (:func:`token_stream`'s kinds) become :class:`TargetWindows` of
+    ``seq_len`` (the target runs every step); a source (:class:`~.store.StoreWindows`) is taken as it is, its windows
+    ``seq_len`` long."""
+    if isinstance(data, WindowSource):
+        if data.seq_len != seq_len:
+            raise ValueError(f"seq_len={seq_len} but the data's windows hold {data.seq_len} tokens: set seq_len={data.seq_len}")
+        source = data
+    else:
+        eos = glide.config.eos_token_id if isinstance(glide.config.eos_token_id, int) else None
+        source = TargetWindows(token_stream(data, eos), seq_len)
+    source.check(glide)
+    return source
+
+
 def _draft_rows(glide, target_ids: torch.Tensor) -> torch.Tensor:
     """Target ids -> GLIDE's output rows: themselves, or for a reduced vocabulary (``draft_token_ids``) their row, every
     id outside it the last row ("another token")."""
@@ -165,7 +181,7 @@ def target_probs(glide, batch: GlideBatch, temperature: float = 1.0) -> torch.Te
     return rows.scatter_add_(-1, _draft_rows(glide, batch.topk_ids.long()), p)
 
 
-def glide_loss(glide, batch: GlideBatch, block_size: int, args) -> tuple[torch.Tensor, dict]:
+def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.Tensor, dict]:
     """Next-token cross-entropy with the block-wise mask (§4.1), mixed with token-level distillation (Appendix B).
 
     ``(1 - w) · CE(labels, q) + w · τ² · KL(p || q)`` with ``w = args.distillation_weight`` and ``τ =
@@ -174,10 +190,13 @@ def glide_loss(glide, batch: GlideBatch, block_size: int, args) -> tuple[torch.T
     successor in the window). A GLIDE with a reduced vocabulary (``draft_token_ids``) is trained over its own rows:
     every target id outside it is its last row, for the labels and for p. Its logits over the target's vocabulary put
     the dtype's minimum on those ids, which a loss over target ids would turn into ~1e38.
+
+    ``model`` is GLIDE, or GLIDE as accelerate prepared it: its own forward runs, so that mixed precision's autocast and
+    data parallelism's gradient synchronisation see it.
     """
-    hidden = glide.model(input_ids=batch.input_ids, target_past_key_values=batch.target_past_key_values,
-                         cross_attention_block_size=block_size, use_cache=False).last_hidden_state
-    logits = glide.lm_head(hidden).float()  # (B, T, rows): the draft's own rows
+    glide = extract_model_from_parallel(model)
+    logits = model(input_ids=batch.input_ids, target_past_key_values=batch.target_past_key_values, cross_attention_block_size=block_size,
+                   use_cache=False, draft_rows=True).logits.float()  # (B, T, rows): the draft's own rows
     labels = _draft_rows(glide, batch.input_ids[:, 1:])
     ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1))
     parts = {"ce": ce.detach()}

@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
 from .model_card import check_license, save_glide_checkpoint
-from .objective import TargetWindows, WindowSource, glide_loss, token_stream
+from .objective import glide_loss, window_source
 
 TRACKERS = ("aim", "tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")  # accelerate's LoggerType
 CHECKPOINT = "checkpoint-last"  # OUTPUT_DIR/checkpoint-last: the state a restarted run continues from
@@ -311,20 +311,6 @@ def _evaluate(accelerator, evaluation, target, model, step: int) -> dict | None:
     return result
 
 
-def window_source(data, glide, args: GlideTrainingArguments):
-    """``data`` as a window source: token ids become :class:`~.objective.TargetWindows` of ``args.seq_len`` (the target
-    runs every step); a source (:class:`~.store.StoreWindows`) is taken as it is, its windows ``args.seq_len`` long."""
-    if isinstance(data, WindowSource):
-        if data.seq_len != args.seq_len:
-            raise ValueError(f"seq_len={args.seq_len} but the data's windows hold {data.seq_len} tokens: set seq_len={data.seq_len}")
-        source = data
-    else:
-        eos = glide.config.eos_token_id if isinstance(glide.config.eos_token_id, int) else None
-        source = TargetWindows(token_stream(data, eos), args.seq_len)
-    source.check(glide)
-    return source
-
-
 def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: GlideTrainingArguments, metrics: dict | None = None,
                 evaluation=None, extra_log: dict | None = None) -> dict:
     """Train ``glide`` in place against the frozen ``target`` and write a checkpoint to ``args.output_dir``.
@@ -353,7 +339,7 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
         raise TypeError(f"evaluation must be callable as evaluation(target, glide) or None, got {type(evaluation).__name__}")
     if args.eval_every and evaluation is None:
         raise ValueError(f"eval_every={args.eval_every} needs held-out data: pass evaluation (e.g. a HeldOutEvaluation)")
-    source = window_source(data, glide, args)
+    source = window_source(data, glide, args.seq_len)
     devices = [(m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None]  # where the caller put them
     resume_from = _checkpoint_to_resume(args)
     accelerator, model, optimizer, scheduler = _setup(target, glide, args)
