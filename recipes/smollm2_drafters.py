@@ -76,7 +76,7 @@ def _recipe(kind: str, max_steps: int = 400) -> GlideTrainingArguments:
         warmup_steps=20,
         block_size=5,  # §4.1: KV-cache delay of up to L = 5 tokens simulated in training; a tuple cycles L by step
         distillation_weight=1.0,  # the target's top-k alone (what a store holds), no corpus labels
-        save_steps=50,  # a killed CPU run loses at most 50 steps (~4 minutes)
+        save_steps=50,  # a killed CPU run loses at most 50 steps
         dataset_name=DATASET,
         license=LICENSE,
     )
