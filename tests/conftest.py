@@ -20,6 +20,9 @@ from hf_specdraft.core.tree import DraftTree
 
 VOCAB = 96
 ARCHITECTURES = ("llama", "mistral", "qwen2")
+# for the compiled path's slowest tests (dynamo traces every bucket, seconds each): llama in the default suite, the
+# other two under -m slow, which CI runs too (the README's test command stays within five minutes on 2 cores)
+COMPILED_ARCHITECTURES = ["llama", *(pytest.param(a, marks=pytest.mark.slow) for a in ARCHITECTURES[1:])]
 
 
 def tiny_config(arch: str, vocab_size: int = VOCAB, **overrides):

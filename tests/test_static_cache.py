@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
+from conftest import COMPILED_ARCHITECTURES, VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
 from hf_specdraft.core.compiled import _CACHES, compile_config_for
 from hf_specdraft.core.controller import DraftLengthController
@@ -179,6 +179,7 @@ def test_compiled_verification_never_recompiles_after_warm_up():
     assert torch.equal(third.sequences, first.sequences)
 
 
+@pytest.mark.parametrize("arch", COMPILED_ARCHITECTURES)
 def test_a_draft_model_compiles_too_and_never_recompiles_after_warm_up(arch):
     """A batch-1 call's draft model runs its feeds on a static cache of its own through its compiled forward."""
     from torch._dynamo.utils import counters
@@ -202,6 +203,7 @@ def test_a_draft_model_compiles_too_and_never_recompiles_after_warm_up(arch):
     assert itself.speculative_stats.accepted_per_drafted == 1.0
 
 
+@pytest.mark.parametrize("arch", COMPILED_ARCHITECTURES)
 def test_glide_compiles_with_its_glimpse_of_the_static_target_cache(arch):
     """GLIDE's feeds on a static cache of its own, its cross-attention reading the target's whole buffers under a mask."""
     from torch._dynamo.utils import counters

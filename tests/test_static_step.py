@@ -55,7 +55,7 @@ class HostTree(TreeCandidateGenerator):
         return DraftTree(tokens, parents)
 
 
-@pytest.mark.parametrize("arch", ["mistral", "qwen2", "gemma2", "gemma3", "cohere2", "llama4"])
+@pytest.mark.parametrize("arch", ["gemma2", *(pytest.param(a, marks=pytest.mark.slow) for a in ("mistral", "qwen2", "gemma3", "cohere2", "llama4"))])
 def test_compiled_windowed_targets_stay_lossless_past_the_ring(arch):
     """A 100-token prompt fills the 80-slot rings (window 16 + widest bucket 64) before the first bucket compiles:
     a warm-up writing into the ring's live slots made Mistral, Qwen2, Gemma 2 and Gemma 3 diverge."""
@@ -132,8 +132,9 @@ def batch_of_four():
     return ids, mask
 
 
-@pytest.mark.parametrize("compile_config", [None, EAGER_GRAPHS], ids=["eager", "compiled"])
-@pytest.mark.parametrize("drafter", ["chain", "tree"])
+@pytest.mark.parametrize("drafter, compile_config", [("chain", None), pytest.param("chain", EAGER_GRAPHS, marks=pytest.mark.slow),
+                                                      ("tree", None), ("tree", EAGER_GRAPHS)],
+                         ids=["chain-eager", "chain-compiled", "tree-eager", "tree-compiled"])
 def test_one_read_back_a_step(drafter, compile_config):
     """Greedy chains (a draft model, γ = 3, its tokens left on the device) and trees (host tokens), batch 1 and 4: after the
     first two steps (the drafts' caches start), every step crosses the host-device line once, in hf_specdraft's code."""
@@ -208,7 +209,7 @@ def test_the_compiled_step_keeps_cuda_graph_rules(monkeypatch):
         assert all(not logits.isnan().any() for logits in out.logits)  # kept logits were copied out of the graph's pool
 
 
-@pytest.mark.parametrize("drafter", ["draft-model", "glide"])
+@pytest.mark.parametrize("drafter", [pytest.param("draft-model", marks=pytest.mark.slow), "glide"])
 def test_no_step_compiles_even_in_a_first_call(drafter, monkeypatch):
     """The target's buckets and the draft's compile before the first step: no graph appears while the steps run (the
     controller's costs never hold a compile)."""

@@ -20,7 +20,7 @@ from transformers.generation import PromptLookupCandidateGenerator
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 from transformers.modeling_outputs import BaseModelOutput
 
-from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
+from conftest import ARCHITECTURES, VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
 from hf_specdraft.core import target_state
 from hf_specdraft.core.state_drafting import StateReadingDrafter
@@ -74,7 +74,8 @@ def check_handed(target, drafter: StateOracle, text: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("mode", ["right", "wrong", "tree"])
-@pytest.mark.parametrize("path", ["dynamic", "static", "compiled"])
+@pytest.mark.parametrize("arch, path", [(arch, path) if path != "compiled" or arch == "llama" else pytest.param(arch, path, marks=pytest.mark.slow)
+                                        for arch in ARCHITECTURES for path in ("dynamic", "static", "compiled")])
 def test_states_at_the_kept_positions_one_row(arch, mode, path, one_thread):
     if path == "compiled" and mode == "wrong":
         pytest.skip("the compiled graphs are covered by the right and tree drafters")
