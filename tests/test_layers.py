@@ -244,3 +244,34 @@ def test_the_layout_check_sees_a_branch(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f(cache):\n    if isinstance(cache, (StaticTarget, int)):\n        return cache.shared\n")
     assert len(layout_branches(probe)) == 2
+
+
+STEP_MODULES = ("loop.py", "meter.py", "emission.py", "layouts.py", "outputs.py")
+
+
+def drafter_probes(path: Path) -> list[str]:
+    """Where ``path`` probes a drafter with ``getattr`` or writes an attribute into one (``x.generator.y = ...``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and node.args:
+            named = ast.unparse(node.args[0])
+            if "generator" in named or "drafter" in named:
+                found.append(f"{path.name}:{node.lineno} getattr({named}, ...)")
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and ast.unparse(target.value).endswith(("generator", "drafter")):
+                    found.append(f"{path.name}:{node.lineno} {ast.unparse(target)} = ...")
+    return found
+
+
+def test_the_step_reads_declared_traits_and_tells_drafters_by_argument():
+    """The step reads what a drafter declares once per call (core/traits.py DrafterTraits) and tells it what it chose
+    through TreeCandidateGenerator.set_step: no getattr probe of a drafter, no attribute written into one."""
+    probes = [p for name in STEP_MODULES for p in drafter_probes(PACKAGE / "core" / name)]
+    assert not probes, probes
+
+
+def test_the_probe_check_sees_a_probe(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(row, drafter):\n    if getattr(row.generator, 'x', 0):\n        drafter.num_draft_tokens = 3\n")
+    assert len(drafter_probes(probe)) == 2

@@ -98,7 +98,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     @stop_rule.setter
     def stop_rule(self, rule) -> None:
-        self.drafter.stop_rule = rule
+        self.drafter.set_step(stop_rule=rule)
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
         """The draft's probability of each token of this step's chain (read before it was widened), as far as the chain
@@ -167,7 +167,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None, target_state=None) -> DraftTree:
         """The expanded proposal after ``input_ids`` `(1, L)`: the drafter's chain plus one expansion set per position
         (``target_state``: the target's state, handed on to a drafter that reads it)."""
-        self.drafter.host_text = self.host_text  # the loop's host copy of the text, for the chain drafter's re-sync
+        self.drafter.set_step(host_text=self.host_text)  # the loop's host copy of the text, for the chain drafter's re-sync
         if self.scorer is not None:  # (a drafter that reads the target's state has no beam scorer: refused at construction)
             return self._propose_beam(input_ids, target_cache)
         state = {} if target_state is None else {"target_state": target_state}

@@ -11,6 +11,7 @@ Read bottom-up, as the loop runs a step:
 * :mod:`.acceptance`: greedy, speculative sampling, lenient and conditional rules;
 * :mod:`.stopping`: the step's stop checks, on host tokens;
 * :mod:`.emission`: one row's share of a step: its accepted path by its rule, emitted where ``generate`` would stop;
+* :mod:`.traits`: what a drafter declares to the loop (``DrafterTraits``), kept on each row;
 * :mod:`.batch_drafting`, :mod:`.drafting`: the drafter base classes, the draft-model drafter, the registry that picks a
   drafter for a draft model's type, one draft forward per batch;
 * :mod:`.target_state`, :mod:`.state_drafting`: the target's hidden states for the drafters that ask for them, and

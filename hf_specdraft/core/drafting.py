@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import fields
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
@@ -20,6 +21,7 @@ from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_
 from .batch_drafting import BatchChainDrafter, BatchProposer
 from .cache import croppable_cache, crop_to, resync_cache
 from .static_draft import StaticDraftCache
+from .traits import AUTO_MAX, DrafterTraits
 from .tree import DraftTree, tree_mask
 from .verify import layer_masks
 
@@ -79,9 +81,9 @@ def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList
     return warpers
 
 
+STEP_UNSET = object()  # set_step's "leave the stop rule as it is"
 AUTO = "auto"  # num_draft_tokens="auto": the loop's DraftLengthController picks γ every step (core/controller.py)
 AUTO_START = 5  # γ of an auto drafter wrapped by another (CAPE, the cascade), which reads it once: the papers' §5.1 value
-AUTO_MAX = 8  # the longest draft the controller considers
 
 
 def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_START) -> tuple[int, bool]:
@@ -94,20 +96,30 @@ def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_ST
     return value, False
 
 
+def traits_of(generator: CandidateGenerator) -> DrafterTraits:
+    """``generator``'s :class:`DrafterTraits`: declared on hf_specdraft drafters; the defaults for any other."""
+    if isinstance(generator, TreeCandidateGenerator):
+        return DrafterTraits(**{name.name: getattr(generator, name.name) for name in fields(DrafterTraits)})
+    return DrafterTraits(requires_model_outputs=bool(getattr(generator, "requires_model_outputs", False)))  # transformers' own
+
+
 class TreeCandidateGenerator(CandidateGenerator):
     """Base class of hf_specdraft drafters.
 
-    Subclasses implement :meth:`propose`. The loop calls :meth:`prepare` once per ``generate`` call, then
-    :meth:`propose` once per step, then ``update_candidate_strategy``. A chain drafter with
-    ``adaptive_draft_length = True`` gets its ``num_draft_tokens`` set by the loop before every step
-    (:class:`~hf_specdraft.core.controller.DraftLengthController`).
+    Subclasses implement :meth:`propose`. The loop calls :meth:`prepare` once per ``generate`` call, then, every step,
+    :meth:`set_step` (what it chose for the step) and :meth:`propose`, then ``update_candidate_strategy``. What a
+    drafter is, it declares in the class attributes :class:`DrafterTraits` lists (read once per call, :func:`traits_of`).
     """
 
     adaptive_draft_length = False
+    adaptive_budget = False
+    max_draft_tokens = AUTO_MAX
+    widens_chain = False
+    requires_model_outputs = False
     controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
     stops_on_confidence = False  # a chain drafter that calls stop_rule after every drafted token (draft_chain) says True
-    stop_rule = None  # set by the loop for such a drafter: confidences so far -> whether to draft another token
-    host_text = None  # set by the loop before propose: the text as a host list (drafters re-sync without reading the device)
+    stop_rule = None  # the loop's, for such a drafter (set_step): confidences so far -> whether to draft another token
+    host_text = None  # the text as a host list, for this step (set_step): drafters re-sync without reading the device
     tokens_in_vocab = False  # True for a drafter whose tokens come from a draft checked to share the target's vocabulary
     reads_target_cache = True  # propose() reads the target's cache (GLIDE); drafters that never do say False (the static path then builds no view)
 
@@ -121,6 +133,24 @@ class TreeCandidateGenerator(CandidateGenerator):
         self.generation_config = generation_config
         self.warpers = sampling_warpers(generation_config)
         self.forward_calls = {}
+
+    def set_step(self, host_text: list[int] | None = None, num_draft_tokens: int | None = None, budget: int | None = None,
+                 stop_rule=STEP_UNSET) -> None:
+        """What the loop tells the drafter before this step's :meth:`propose`: the text on the host, and where its
+        controller chooses them, γ, a tree's node budget and the rule that stops a chain on its confidence (``None``
+        clears it). An argument left out keeps its value."""
+        if host_text is not None:
+            self.host_text = host_text
+        if num_draft_tokens is not None:
+            self.num_draft_tokens = num_draft_tokens
+        if budget is not None:
+            self.step_budget = budget
+        if stop_rule is not STEP_UNSET:
+            self.stop_rule = stop_rule
+
+    def finish_call(self, stats) -> None:
+        """The call's statistics, when it ends (:class:`~hf_specdraft.core.stats.SpeculativeStats`; kept as ``last_stats``)."""
+        self.last_stats = stats
 
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
         """Draft a tree to follow ``input_ids`` `(1, L)`.

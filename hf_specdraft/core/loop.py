@@ -43,7 +43,7 @@ from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .meter import StepMeter
 from .controller import DraftLengthController, recall, remember
 from .distributed import RankAgreement
-from .drafting import AUTO_MAX, TreeCandidateGenerator, output_vocab_size
+from .drafting import TreeCandidateGenerator, output_vocab_size, traits_of
 from .inputs import (
     check_batch_setup,
     check_generation_setup,
@@ -61,7 +61,8 @@ from .rows import Outputs, Row
 from .stats import SpeculativeStats
 from .stopping import HostStops
 from .support import chains_only, check_target
-from .target_state import StateRequest, TargetOutputs, TargetState, asks_for_state, joined, kept_states
+from .target_state import StateRequest, TargetOutputs, TargetState, joined, kept_states
+from .traits import DrafterTraits
 from .tree import DraftTree
 
 
@@ -195,6 +196,7 @@ def setup_call(model, rows: list[Row], stopping_criteria, generation_config: Gen
     for row in rows:
         if isinstance(row.generator, TreeCandidateGenerator):
             row.generator.prepare(model, generation_config)
+        row.traits = traits_of(row.generator)
     one_row = len(rows) == 1 and rows[0].pad == 0
     return Step(model, layout_for(model, generation_config, rows, one_row), generation_config, HostStops(stopping_criteria, generation_config),
                 StateRequest(model, [row.generator for row in rows]), StepMeter(StepClock(model.device)), output_vocab_size(model), acceptance, streamer,
@@ -247,17 +249,17 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
     """
     drafters = [row.generator for row in active]
     if (not step.one_row and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters)
-            and not any(asks_for_state(d) for d in drafters)):  # a batch proposer hands no state on
+            and not any(row.traits.requires_model_outputs for row in active)):  # a batch proposer hands no state on
         step.together = step.cache.batch_proposer(drafters)
-    setting = attach_controller(step, drafters)
+    setting = attach_controller(step, active)
     step.cache.before_steps(step.request)
     try:
         while active:
             active = speculative_step(step, active)
     finally:
-        for drafter in drafters:
-            if getattr(drafter, "stop_rule", None) is not None:
-                drafter.stop_rule = None  # the rule belongs to this call's controller
+        if step.meter.controller is not None and step.meter.controller.confidence_stops:
+            for drafter in drafters:
+                drafter.set_step(stop_rule=None)  # the rule belongs to this call's controller
     costs = step.cache.costs
     if step.together is not None:
         costs["batch_draft_forwards"] = step.together.forwards
@@ -268,13 +270,14 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
     return costs
 
 
-def attach_controller(step: Step, drafters: list) -> tuple | None:
+def attach_controller(step: Step, active: list[Row]) -> tuple | None:
     """With ``num_draft_tokens="auto"`` drafters, the call's γ (and "auto" tree budget) controller, resumed from the last
     call's curve and counts. Returns what else changes costs or acceptance (the key of its state), or ``None``."""
-    if not drafters or not all(getattr(d, "adaptive_draft_length", False) for d in drafters):
+    if not active or not all(row.traits.adaptive_draft_length for row in active):
         return None
-    widths = (1.0, 2.0) if all(getattr(d, "adaptive_budget", False) for d in drafters) else (1.0,)
-    longest, bucket, layout_setting = step.cache.controller_limits(getattr(drafters[0], "max_draft_tokens", AUTO_MAX), max(widths))
+    drafters = [row.generator for row in active]
+    widths = (1.0, 2.0) if all(row.traits.adaptive_budget for row in active) else (1.0,)
+    longest, bucket, layout_setting = step.cache.controller_limits(active[0].traits.max_draft_tokens, max(widths))
     controller = step.meter.controller = DraftLengthController(longest, widths, bucket=bucket)
     model = step.model
     setting = (len(drafters), layout_setting, bool(step.generation_config.do_sample), str(model.device), str(model.dtype))
@@ -283,7 +286,7 @@ def attach_controller(step: Step, drafters: list) -> tuple | None:
     if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
         ranks.align(controller)
     # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
-    controller.confidence_stops = step.one_row and getattr(drafters[0], "stops_on_confidence", False)
+    controller.confidence_stops = step.one_row and active[0].traits.stops_on_confidence
     return setting
 
 
@@ -321,7 +324,7 @@ def accept_rows(step: Step, active: list[Row], trees: list[DraftTree], logits, c
                                        draft_seconds[a], forward_seconds / len(active))
         kept.append(kept_nodes)
         accepted.append(count)
-        if hidden is not None and asks_for_state(row.generator):
+        if hidden is not None and row.traits.requires_model_outputs:
             row.states, row.matched = joined(row.states, kept_states(hidden, a, kept_nodes)), len(kept_nodes) - 1
     return kept, accepted
 
@@ -353,17 +356,19 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
         start = meter.mark()
         step.together.target = (step.cache.cache, [row.cached for row in active])
         proposals = step.together.propose([row.text[0] for row in active])
-        trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens)) for row, tree in zip(active, proposals)]
+        trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens), row.traits)
+                 for row, tree in zip(active, proposals)]
         end = meter.mark()
         meter.drafted([(start, end, len(active))] * len(active))
         return trees
     trees, marks = [], []
     for a, row in enumerate(active):
         start = meter.mark()
-        view = step.cache.drafter_cache(a, row) if getattr(row.generator, "reads_target_cache", True) else None
-        row.generator.host_text = row.tokens[row.pad :]  # the text on the host: drafters re-sync without reading the device
+        view = step.cache.drafter_cache(a, row) if row.traits.reads_target_cache else None
+        if isinstance(row.generator, TreeCandidateGenerator):  # the text on the host: drafters re-sync without reading the device
+            row.generator.set_step(host_text=row.tokens[row.pad :])
         state = take_state(row) if step.request else None
-        tree = step.cache.fit(propose(row.generator, row.text, view, step.vocab, config.max_length - row.pad, state))
+        tree = step.cache.fit(propose(row.generator, row.text, view, step.vocab, config.max_length - row.pad, state, row.traits))
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
@@ -377,7 +382,7 @@ def take_state(row: Row) -> TargetState | None:
     """What a state-reading row's drafter is told before it proposes (transformers' protocol, :mod:`~hf_specdraft.core.target_state`):
     on its first proposal nothing (``is_first_iteration``: the prefill's states wait for the first step's), afterwards the
     states of every position added since its last proposal, handed on once."""
-    if not asks_for_state(row.generator):
+    if not row.traits.requires_model_outputs:
         return None
     first, outputs = not row.proposed, None
     if not first:
@@ -388,13 +393,13 @@ def take_state(row: Row) -> TargetState | None:
 
 
 def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, vocab: int, max_length: int,
-            state: TargetState | None = None) -> DraftTree:
+            state: TargetState | None = None, traits: DrafterTraits | None = None) -> DraftTree:
     """Draft a tree for the next step, merge duplicate siblings (:meth:`DraftTree.merge_duplicates`: verification
     needs unique siblings) and fit it to the length budget and the target's vocabulary of ``vocab`` ids."""
-    return fit_proposal(_propose(generator, input_ids, cache, state), generator, vocab, max_length - input_ids.shape[1])
+    return fit_proposal(_propose(generator, input_ids, cache, state), generator, vocab, max_length - input_ids.shape[1], traits)
 
 
-def fit_proposal(tree: DraftTree, generator: CandidateGenerator, vocab: int, room: int) -> DraftTree:
+def fit_proposal(tree: DraftTree, generator: CandidateGenerator, vocab: int, room: int, traits: DrafterTraits | None = None) -> DraftTree:
     """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length; one
     is the target's own token) and its ids checked against the target's vocabulary: on the host where the drafter gave
     them there, else when the step reads them back (:func:`read_back`), or here for a drafter that may propose ids past
@@ -402,7 +407,7 @@ def fit_proposal(tree: DraftTree, generator: CandidateGenerator, vocab: int, roo
     tree = tree.merge_duplicates().truncate_depth(room - 1)
     if tree.token_list is not None:
         bad = any(not 0 <= t < vocab for t in tree.token_list)
-    elif len(tree) and not getattr(generator, "tokens_in_vocab", False):
+    elif len(tree) and not (traits or traits_of(generator)).tokens_in_vocab:
         bad = int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0
     else:
         bad = False

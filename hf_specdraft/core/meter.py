@@ -64,7 +64,7 @@ class StepMeter:
         controller = self.controller
         if controller is None:
             return
-        widens = len(controller.widths) > 1 and all(getattr(row.generator, "widens_chain", False) for row in active)
+        widens = len(controller.widths) > 1 and all(row.traits.widens_chain for row in active)
         on_chain = []  # what the chain alone would have accepted (greedy: exact; a path cut at eos or max_length is left
         if widens:  # out: it says nothing of the chain)
             on_chain = [chain_accepted(tree, nodes) for tree, nodes, count in zip(trees, kept, accepted) if len(nodes) - 1 == count]
@@ -83,9 +83,7 @@ def set_draft_length(controller: DraftLengthController, active: list[Row], toget
     budget = controller.budget(gamma)
     for row in active:
         if controller.confidence_stops:  # the rule is only asked once it can answer (the cost curve measured)
-            row.generator.stop_rule = controller.keep_drafting if controller.stops_this_step else None
-        row.generator.num_draft_tokens = gamma
-        if budget is not None:
-            row.generator.step_budget = budget
+            row.generator.set_step(stop_rule=controller.keep_drafting if controller.stops_this_step else None)
+        row.generator.set_step(num_draft_tokens=gamma, budget=budget)
     if together is not None:
         together.num_draft_tokens = gamma

@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 from transformers.utils import ModelOutput
 
+from .drafting import TreeCandidateGenerator
 from .rows import Row
 from .stats import SpeculativeStats
 
@@ -48,7 +49,7 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
     shared = len(rows) > 1 or rows[0].pad > 0
     for row in rows:
         row.out.stats.settle()
-        row.out.stats.drafter_calls = dict(getattr(row.generator, "forward_calls", {}))
+        row.out.stats.drafter_calls = dict(row.generator.forward_calls) if isinstance(row.generator, TreeCandidateGenerator) else {}
     stats = rows[0].out.stats if not shared else SpeculativeStats.merge([row.out.stats for row in rows])
     lengths, resumed = costs.pop("draft_lengths", None), costs.pop("controller_resumed", None)
     if lengths:  # num_draft_tokens="auto": the γ chosen at every step, and whether it started from the last call's state
@@ -57,10 +58,8 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
         forwards = {"target": costs.pop("target_forwards"), "draft": costs.pop("batch_draft_forwards")}
         stats.extra.update(batch_size=len(rows), cache_layout=costs, batch_forwards=forwards)
     for drafter in {id(g): g for g in (generator if isinstance(generator, (list, tuple)) else [generator])}.values():
-        try:
-            drafter.last_stats = stats
-        except AttributeError:  # a generator with __slots__
-            pass
+        if isinstance(drafter, TreeCandidateGenerator):
+            drafter.finish_call(stats)
     cache = layout.finish(stats)  # the static path's record; the cache a single row hands out
     sequences = padded_sequences(rows, generation_config)
     if not generation_config.return_dict_in_generate:

@@ -162,5 +162,5 @@ def prefill_states(hidden_states: tuple, rows) -> None:
     """Each state-reading row keeps the prefill's states of its prompt (its padding columns left out), to hand on with
     the first step's."""
     for a, row in enumerate(rows):
-        if asks_for_state(row.generator):
+        if row.traits.requires_model_outputs:
             row.states = tuple(None if h is None else h[a : a + 1, row.pad :] for h in hidden_states)
