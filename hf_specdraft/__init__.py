@@ -42,6 +42,8 @@ _EXPORTS = {  # public name -> the module (relative to this package) that define
     "MaxGramCandidateGenerator": ".cascade",
     "SpeculativeGenerateOutput": ".core.loop",
     "SpeculativeStats": ".core.stats",
+    "StateReadingDrafter": ".core.state_drafting",
+    "TargetState": ".core.target_state",
     "TreeCandidateGenerator": ".core.drafting",
     "casd_generate": ".casd",
     "expected_speedup": ".core.stats",
