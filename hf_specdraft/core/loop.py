@@ -68,6 +68,7 @@ from .tree import DraftTree
 
 __all__ = ["SpeculativeGenerateOutput", "speculative_generate", "speculative_step", "speculative_steps"]
 
+
 def speculative_generate(
     model: PreTrainedModel,
     input_ids: torch.LongTensor | None = None,
@@ -165,10 +166,10 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
                          f"({chains}): leave cache_implementation unset for this model")
     if chains:
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
-    if generation_config.cache_implementation == "static":  # the loop's static cache, verification compiled where transformers
-        with static_call(model):  # would; a concurrent static call on this model waits: the cache is one request's state
-            return _run(setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer), input_ids, rows, generator)
-    return _run(setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer), input_ids, rows, generator)
+    # the static path: the loop's static cache, verification compiled where transformers would; a concurrent static call
+    # on this model waits (the cache is one request's state)
+    with static_call(model) if generation_config.cache_implementation == "static" else contextlib.nullcontext():
+        return _run(setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer), input_ids, rows, generator)
 
 
 @dataclass
