@@ -146,3 +146,35 @@ def test_assistant_under_sampling_runs(assistant, one_thread):
     torch.manual_seed(0)
     out = speculative_generate(target, prompt(), draft_model=assistant, max_new_tokens=12, do_sample=True)
     assert out.shape == (1, 24)
+
+
+def test_transformers_gemma4_generator_as_a_candidate_generator(assistant, one_thread):
+    """transformers' own SinglePositionMultiTokenCandidateGenerator, unchanged: it asks for every hidden state and the
+    shared keys and values; the loop serves the latter from the cache it kept (never a rejected node's)."""
+    from transformers import GenerationConfig
+    from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator
+
+    target = gemma4_target()
+    x = prompt()
+    reference = greedy_reference(target, x, 20)
+    for kwargs in ({}, {"cache_implementation": "static"}):
+        generator = SinglePositionMultiTokenCandidateGenerator(assistant, target.get_input_embeddings(),
+                                                               GenerationConfig(max_length=reference.shape[1]))
+        out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=20, return_dict_in_generate=True, **kwargs)
+        assert torch.equal(out.sequences, reference)
+        assert max(step.drafted for step in out.speculative_stats.steps) == 3  # it drafted its num_assistant_tokens
+
+
+def test_shared_keys_and_values_need_a_target_with_layer_types():
+    from conftest import OracleDrafter as Oracle
+
+    class AsksShared(Oracle):
+        requires_model_outputs = True
+        model_kwargs_overrides = {"return_shared_kv_states": True}
+
+    from conftest import tiny_model
+
+    llama = tiny_model("llama")
+    x = prompt()
+    with pytest.raises(ValueError, match="names no layer_types"):
+        speculative_generate(llama, x, candidate_generator=AsksShared(greedy_reference(llama, x, 4)), max_new_tokens=4)

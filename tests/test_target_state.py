@@ -258,11 +258,11 @@ def test_bad_state_requests_are_refused_by_name():
     with pytest.raises(ValueError, match=r"hidden_states\[7\] of a target with 2 layers"):
         speculative_generate(target, x, candidate_generator=Asks(reference), max_new_tokens=4)
 
-    class AsksShared(StateOracle):
-        model_kwargs_overrides = {"return_shared_kv_states": True}
+    class AsksOther(StateOracle):
+        model_kwargs_overrides = {"output_router_logits": True}
 
-    with pytest.raises(ValueError, match="return_shared_kv_states.*LlamaForCausalLM.forward does not take"):
-        speculative_generate(target, x, candidate_generator=AsksShared(reference), max_new_tokens=4)
+    with pytest.raises(ValueError, match="output_router_logits.*LlamaForCausalLM.forward does not take"):
+        speculative_generate(target, x, candidate_generator=AsksOther(reference), max_new_tokens=4)
     with pytest.raises(ValueError, match="num_draft_tokens must be 'auto' or the DFlash drafter's block_size 4"):
         StateReadingDrafter(tiny_dflash(), num_draft_tokens=2)
     with pytest.raises(ValueError, match="Gemma 4 assistant or a DFlash drafter"):

@@ -61,7 +61,7 @@ from .rows import Outputs, Row
 from .stats import SpeculativeStats
 from .stopping import HostStops
 from .support import chains_only, check_target
-from .target_state import StateRequest, TargetOutputs, TargetState, joined, kept_states
+from .target_state import StateRequest, TargetOutputs, TargetState, joined, kept_states, shared_kv
 from .traits import DrafterTraits
 from .tree import DraftTree
 
@@ -369,6 +369,9 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
         if isinstance(row.generator, TreeCandidateGenerator):  # the text on the host: drafters re-sync without reading the device
             row.generator.set_step(host_text=row.tokens[row.pad :])
         state = take_state(row) if step.request else None
+        if state is not None and state.outputs is not None and step.request.producers is not None and not isinstance(
+                row.generator, TreeCandidateGenerator):  # transformers' Gemma 4 generator: the KV the loop kept
+            state.outputs.shared_kv_states = shared_kv(view, step.request.producers)
         tree = step.cache.fit(propose(row.generator, row.text, view, step.vocab, config.max_length - row.pad, state, row.traits))
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()

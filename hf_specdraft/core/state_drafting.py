@@ -18,14 +18,12 @@ static path, the γ controller and CAPE's expansion, handing them the target's s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, SinglePositionMultiTokenCandidateGenerator
 
 from .drafting import AUTO, TreeCandidateGenerator, draft_length
-from .target_state import TargetOutputs, TargetState
+from .target_state import TargetOutputs, TargetState, cache_producers, shared_kv
 from .tree import DraftTree
 
 DFLASH_FIELDS = ("target_layer_ids", "block_size", "mask_token_id")
@@ -100,8 +98,7 @@ class StateReadingDrafter(TreeCandidateGenerator):
         if not self.dflash:
             self.generator.num_assistant_tokens = self.num_draft_tokens
             if outputs is not None:
-                outputs = AssistantOutputs(hidden_states=outputs.hidden_states, shared_kv_states={
-                    kind: (target_cache.layers[i].keys, target_cache.layers[i].values) for kind, i in self.producers.items()})
+                outputs = TargetOutputs(hidden_states=outputs.hidden_states, shared_kv_states=shared_kv(target_cache, self.producers))
         ids, logits = self.generator.get_candidates(
             input_ids, model_kwargs=target_state.model_kwargs(), model_outputs=outputs,
             is_first_iteration=target_state.first, n_last_matches=target_state.matched)
@@ -113,21 +110,3 @@ class StateReadingDrafter(TreeCandidateGenerator):
             probs = torch.softmax(logits[0, : tokens.numel()].float(), dim=-1)
         return DraftTree.chain(tokens, probs)
 
-
-@dataclass
-class AssistantOutputs(TargetOutputs):
-    """What Gemma 4's generator reads: the target's states and the keys and values of its producer layers."""
-
-    shared_kv_states: dict | None = None
-
-
-def cache_producers(target) -> dict[str, int]:
-    """The target layer whose cached keys and values an assistant's layer of each type attends to: the last layer of that
-    type before the target's KV-shared layers (the ones transformers' Gemma 4 marks ``"store"``)."""
-    config = target.config.get_text_config()
-    types = getattr(config, "layer_types", None)
-    if types is None:
-        raise ValueError(f"a Gemma 4 assistant attends to its target's cache by layer type, and {type(target).__name__}'s config "
-                         "names no layer_types: use the Gemma 4 (or 3n) model it was trained for")
-    unshared = len(types) - (getattr(config, "num_kv_shared_layers", 0) or 0)
-    return {kind: max(i for i in range(unshared) if types[i] == kind) for kind in set(types[:unshared])}

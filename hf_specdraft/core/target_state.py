@@ -33,6 +33,7 @@ from transformers.utils import ModelOutput
 from .host import to_device
 
 HIDDEN = "output_hidden_states"
+SHARED_KV = "return_shared_kv_states"  # Gemma 4: the keys and values of the last cached layer of each type
 
 
 @dataclass
@@ -46,6 +47,7 @@ class TargetOutputs(ModelOutput):
     """
 
     hidden_states: tuple | None = None
+    shared_kv_states: dict | None = None  # Gemma 4's generators: {layer type: (keys, values)} of the target's producer layers
 
 
 @dataclass
@@ -87,6 +89,7 @@ class StateRequest:
 
     def __init__(self, model, drafters):
         self.kwargs: dict = {}
+        self.producers: dict[str, int] | None = None  # asked for return_shared_kv_states: the layers the loop reads them from
         askers = [d for d in drafters if asks_for_state(d)]
         layers = model.config.get_text_config().num_hidden_layers
         wanted: set[int] | bool = set()
@@ -94,6 +97,8 @@ class StateRequest:
             for key, value in dict(getattr(drafter, "model_kwargs_overrides", None) or {}).items():
                 if key == HIDDEN:
                     wanted = _merge_layers(wanted, value, layers, drafter)
+                elif key == SHARED_KV and value:  # served from the cache the loop kept, not the verify forward's (which
+                    self.producers = cache_producers(model)  # holds a tree's rejected nodes): nothing asked of the forward
                 elif key in self.kwargs and self.kwargs[key] != value:
                     raise ValueError(f"the drafters ask the target's forward for {key}={self.kwargs[key]!r} and {value!r}: "
                                      "give every row drafters that ask alike")
@@ -164,3 +169,20 @@ def prefill_states(hidden_states: tuple, rows) -> None:
     for a, row in enumerate(rows):
         if row.traits.requires_model_outputs:
             row.states = tuple(None if h is None else h[a : a + 1, row.pad :] for h in hidden_states)
+
+
+def cache_producers(target) -> dict[str, int]:
+    """The target layer whose cached keys and values a Gemma 4 assistant's layer of each type attends to: the last layer
+    of that type before the target's KV-shared layers (the ones transformers' Gemma 4 marks ``"store"``)."""
+    config = target.config.get_text_config()
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        raise ValueError(f"a Gemma 4 assistant attends to its target's cache by layer type, and {type(target).__name__}'s config "
+                         "names no layer_types: use the Gemma 4 (or 3n) model it was trained for")
+    unshared = len(types) - (getattr(config, "num_kv_shared_layers", 0) or 0)
+    return {kind: max(i for i in range(unshared) if types[i] == kind) for kind in set(types[:unshared])}
+
+
+def shared_kv(cache, producers: dict[str, int]) -> dict:
+    """``{layer type: (keys, values)}`` of the producer layers of a row's view of the target cache (its kept text)."""
+    return {kind: (cache.layers[i].keys, cache.layers[i].values) for kind, i in producers.items()}
