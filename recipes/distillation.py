@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-prompts", type=int, default=0, metavar="N",
                         help="with --self-generated: start after the first N prompts (a second store with new prompts)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="with --self-generated: tokens the target writes per prompt")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per window (with --self-generated: prompt + continuation)")
     args = parser.parse_args(argv)
     from hf_specdraft.defaults.smollm2 import load_smollm2
 
@@ -154,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             windows = load_file(str(saved))["input_ids"]
         else:
             prompts = self_distillation_prompts(tokenizer, args.self_generated, skip=args.skip_prompts)
-            windows = self_generated_windows(target, tokenizer, prompts, max_new_tokens=args.max_new_tokens)
+            windows = self_generated_windows(target, tokenizer, prompts, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len)
             saved.parent.mkdir(parents=True, exist_ok=True)
             save_file({"input_ids": windows.contiguous()}, str(saved))
     else:
-        windows = build_windows(tokenizer, args.windows)
+        windows = build_windows(tokenizer, args.windows, seq_len=args.seq_len)
     n = target.config.num_hidden_layers
     write_store(target, windows, args.output_dir, list(range(n - args.layers, n)))
     return 0

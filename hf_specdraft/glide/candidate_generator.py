@@ -30,6 +30,8 @@ from ..core.drafting import (
 )
 from ..core.static_cache import StaticRowsCache
 from ..core.static_draft import StaticDraftCache
+from ..core.cache import crop_to
+from ..core.target_state import TargetState
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .drafting_config import GlideDraftingConfig
@@ -79,12 +81,23 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     tokens_in_vocab = True  # GLIDE shares its target's vocabulary (checked when it binds to the target)
 
     @property
+    def requires_model_outputs(self) -> bool:
+        """A ``state_input`` GLIDE reads the target's last hidden state (:mod:`hf_specdraft.core.target_state`)."""
+        return bool(getattr(self.glide.config, "state_input", False))
+
+    @property
+    def model_kwargs_overrides(self) -> dict:
+        return {"output_hidden_states": -1} if self.requires_model_outputs else {}
+
+    @property
     def controller_anchor(self) -> PreTrainedModel:
         return self.glide  # the next call with the same GLIDE starts from what this one learned
 
     def _reset(self) -> None:
         self.cache = DynamicCache(config=self.glide.config)
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
+        self.states = None  # state_input: the target's last hidden states handed so far `(1, n, hidden)`, positions 0..n-1
+        self.fed = 0  # state_input with self-attention: positions whose first-step entries GLIDE's cache holds
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         """Check that ``target`` is the kind of target GLIDE was built for, then start a fresh draft cache."""
@@ -98,18 +111,25 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         self._reset()
 
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
+    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None,
+                target_state: TargetState | None = None) -> DraftTree:
         """Draft a chain of γ tokens after ``input_ids`` `(1, L)`.
 
         Args:
             input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text; its last token is the target's
                 newest (bonus) token, at position ``t = L - 1``.
             target_cache: the target's live cache covering ``input_ids[:, :-1]`` (read-only).
+            target_state: a ``state_input`` GLIDE's only (and then required): the target's last hidden states at the
+                positions added since the last proposal (:class:`~hf_specdraft.core.target_state.TargetState`).
 
         Returns:
             a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
         """
         cross = self.glide.config.cross_attention
+        if self.requires_model_outputs:
+            if cross:
+                check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
+            return self._propose_from_state(input_ids, target_cache if cross else None, target_state)
         if isinstance(self.cache, StaticDraftCache):  # the compiled static path: the glimpse reads the target's whole buffers
             glimpse = static_glimpse(self.target_static, input_ids.shape[1] - 1, self.glide.dtype) if cross else None
             return draft_chain(self, input_ids, lambda feed: self.cache.forward(feed, glimpse), self.glide.device)
@@ -122,11 +142,65 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
         return draft_chain(self, input_ids, next_logits, self.glide.device)
 
+    def _propose_from_state(self, input_ids: torch.LongTensor, target_cache, target_state: TargetState | None) -> DraftTree:
+        """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``, each
+        later step the drafted token and the draft's own ``draft_state``. With self-attention, GLIDE's cache first takes
+        the newly verified positions, each read with the target's state before it (what training's first pass sees)."""
+        if target_state is None:
+            raise ValueError("this GLIDE reads the target's hidden state (state_input=True), which transformers' assisted loop does "
+                             "not hand to a draft model: call speculative_generate(target, ids, draft_model=glide) or "
+                             "target.generate(ids, custom_generate=speculative_generate, draft_model=glide)")
+        glide, device = self.glide, self.glide.device
+        if target_state.first:
+            self.states = None
+        if target_state.outputs is not None and target_state.outputs.hidden_states:
+            new = target_state.outputs.hidden_states[-1].to(device=device, dtype=glide.dtype)
+            self.states = new if self.states is None else torch.cat([self.states, new], dim=1)
+        ids = input_ids[0].to(device)
+        t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
+        if self.states is None or self.states.shape[1] != t or t < 1:
+            return DraftTree.chain(ids.new_zeros(0))  # no state yet (the first step of a call): the target decodes alone
+        states = torch.cat([self.states.new_zeros(1, 1, self.states.shape[2]), self.states], dim=1)  # position j reads h_{j-1}
+        glimpse = {"target_past_key_values": target_cache} if target_cache is not None else {}
+        if glide.config.self_attention:
+            start = min(self.fed, t)
+            crop_to(self.cache, start)
+            feed, state_in = ids[start:][None], states[:, start:]
+            position = torch.arange(start, t + 1, device=device)[None]
+        else:
+            feed, state_in, position = ids[t:][None], states[:, t:], torch.tensor([[t]], device=device)
+        tokens, probs, confidences = [], [], []
+        for step in range(self.num_draft_tokens):
+            out = glide(input_ids=feed, position_ids=position, target_hidden_states=state_in, logits_to_keep=1,
+                        past_key_values=self.cache if glide.config.self_attention else None, use_cache=glide.config.self_attention,
+                        **glimpse)
+            if step == 0:
+                self.fed = t + 1
+            q = self.draft_distribution(out.logits[:, -1], torch.cat([ids[None], *tokens], dim=-1) if self.warpers else ids[None])
+            feed = self.pick(q)
+            tokens.append(feed)
+            probs.append(q[0])
+            state_in = out.draft_state[:, -1:]
+            if glide.config.self_attention:
+                position = torch.tensor([[t + step + 1]], device=device)
+            if self.stop_rule is not None:
+                confidences.append(float(q[0, feed[0, 0]]))
+                if not self.stop_rule(confidences):
+                    break
+        self.count_call("draft", len(tokens))
+        drafted = torch.cat(tokens, dim=-1)[0]
+        sampled = torch.ones(drafted.shape[0], dtype=torch.bool) if self.generation_config.do_sample else None
+        tree = DraftTree.chain(drafted, torch.stack(probs), sampled)
+        tree.chain_confidences = confidences if self.stop_rule is not None else None
+        self.host_text = None
+        return tree
+
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache) -> StaticDraftCache:
         """On the compiled static path of a batch-1 call: GLIDE's forwards on a static cache of its own, compiled, its
         glimpse reading the target's static buffers whole under a key mask (fixed shapes, :func:`static_glimpse`). Not
-        where the target keeps windowed layers on rings (their slots are no sequence): GLIDE then drafts eagerly."""
-        if target_cache.has_rings:
+        where the target keeps windowed layers on rings (their slots are no sequence): GLIDE then drafts eagerly. Nor for
+        a ``state_input`` GLIDE, which drafts eagerly (its steps feed states, not only tokens)."""
+        if target_cache.has_rings or self.requires_model_outputs:
             return None
         self.cache, self.target_static = StaticDraftCache(self.glide, generation_config, compile_config), target_cache
         if self.glide.config.cross_attention:  # the warm-up before the loop glimpses every target column (a query that saw none
@@ -136,8 +210,8 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
         """Every row's γ tokens in one GLIDE forward per token; each row glimpses its own columns of the target cache."""
-        if not same_drafters(self, drafters, "glide", GlideCandidateGenerator):
-            return None
+        if self.requires_model_outputs or not same_drafters(self, drafters, "glide", GlideCandidateGenerator):
+            return None  # a state_input GLIDE: each row proposes from its own states
         glide, cache = self.glide, DynamicCache(config=self.glide.config)
 
         def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -154,6 +228,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
     def beam_scorer(self, distribution) -> GlideTreeScorer:
         """The scorer CAPE's beam mode (glide_cape.txt §5.3, GLIDE+BeamSearch) drafts its tree with."""
+        if self.requires_model_outputs:
+            raise ValueError("CAPE's beam mode scores tree nodes by the draft's tokens alone, and this GLIDE reads the target's state "
+                             "(state_input=True): use CAPE's default mode (the GLIDE chain widened by its confidence)")
         return GlideTreeScorer(self.glide, distribution)
 
 

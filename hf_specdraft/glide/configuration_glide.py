@@ -217,6 +217,8 @@ class GlideConfig(PretrainedConfig):
         target_rope_parameters: dict | None = None,
         target_name_or_path: str | None = None,
         draft_token_ids: list[int] | None = None,
+        state_input: bool = False,
+        self_attention: bool = True,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
@@ -252,6 +254,8 @@ class GlideConfig(PretrainedConfig):
         self.target_rope_parameters = copy.deepcopy(target_rope_parameters) or {"rope_type": "default", "rope_theta": 10000.0}
         self.target_name_or_path = target_name_or_path
         self.draft_token_ids = [int(i) for i in draft_token_ids] if draft_token_ids is not None else None
+        self.state_input = state_input
+        self.self_attention = self_attention
         if target_layer_ids is None:  # §4.1: l = N_T - N_D + m, the top target layers (0-based here)
             target_layer_ids = [target_num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)]
         self.target_layer_ids = [int(i) for i in target_layer_ids] if isinstance(target_layer_ids, (list, tuple)) else target_layer_ids
@@ -260,8 +264,9 @@ class GlideConfig(PretrainedConfig):
         self.eos_token_id = eos_token_id
         self._validate()
         super().__init__(**kwargs)
-        if not cross_attention:  # the vanilla drafter has no cross-attention for the plan to name
-            self.base_model_tp_plan = {k: v for k, v in type(self).base_model_tp_plan.items() if ".cross_attn." not in k}
+        if not cross_attention or not self_attention:  # the plan names only the sub-layers this GLIDE has
+            absent = (() if cross_attention else (".cross_attn.",)) + (() if self_attention else (".self_attn.",))
+            self.base_model_tp_plan = {k: v for k, v in type(self).base_model_tp_plan.items() if not any(a in k for a in absent)}
 
     def _validate(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -279,8 +284,12 @@ class GlideConfig(PretrainedConfig):
             )
         if self.target_head_dim % 2:
             raise ValueError(f"target_head_dim must be even (RoPE rotates pairs), got {self.target_head_dim}")
-        if not isinstance(self.cross_attention, bool):
-            raise TypeError(f"cross_attention must be a bool, got {type(self.cross_attention).__name__}")
+        for name in ("cross_attention", "state_input", "self_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if not self.self_attention and not self.state_input:
+            raise ValueError("self_attention=False needs state_input=True: without its own cache and the target's state a draft "
+                             "step would not see the token before it")
         if self.vocab_size != self.target_vocab_size:  # the logits' size, also with a reduced draft_token_ids
             raise ValueError(f"vocab_size ({self.vocab_size}) must equal target_vocab_size ({self.target_vocab_size}): GLIDE drafts the target's tokens")
         if not isinstance(self.target_rope_parameters, dict) or "rope_theta" not in self.target_rope_parameters:

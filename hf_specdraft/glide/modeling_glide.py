@@ -39,6 +39,7 @@ whose drafter hands GLIDE the target's live cache as ``target_past_key_values``)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -271,12 +272,14 @@ class GlideCrossAttention(nn.Module):
 
 
 class GlideDecoderLayer(GradientCheckpointingLayer):
-    """Self-attention → cross-attention to the target KV (absent in the vanilla drafter) → MLP, pre-norm residuals."""
+    """Self-attention (absent in Gemma 4's assistant layout) → cross-attention to the target KV (absent in the vanilla
+    drafter) → MLP, pre-norm residuals."""
 
     def __init__(self, config: GlideConfig, layer_idx: int):
         super().__init__()
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config=config, layer_idx=layer_idx)
+        if config.self_attention:
+            self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.self_attn = LlamaAttention(config=config, layer_idx=layer_idx)
         if config.cross_attention:
             self.cross_attn_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
             self.cross_attn = GlideCrossAttention(config, layer_idx)
@@ -296,14 +299,14 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
         padding_mask: torch.Tensor | None = None,
         target_attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        residual = hidden_states
-        hidden_states, _ = self.self_attn(
-            self.input_layernorm(hidden_states),
-            position_embeddings=position_embeddings,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-        )
-        hidden_states = residual + hidden_states
+        if hasattr(self, "self_attn"):
+            attended, _ = self.self_attn(
+                self.input_layernorm(hidden_states),
+                position_embeddings=position_embeddings,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+            )
+            hidden_states = hidden_states + attended
         if hasattr(self, "cross_attn"):
             hidden_states = hidden_states + self.cross_attn(
                 self.cross_attn_layernorm(hidden_states), target_position_embeddings, target_kv, query_index, block_size, padding_mask,
@@ -343,6 +346,9 @@ class GlideModel(GlidePreTrainedModel):
             to_draft = torch.full((config.vocab_size,), len(config.draft_token_ids), dtype=torch.long)
             to_draft[torch.tensor(config.draft_token_ids)] = torch.arange(len(config.draft_token_ids))
             self.register_buffer("target_to_draft", to_draft)  # saved: from_pretrained builds modules on the meta device
+        if config.state_input:  # Gemma 4's assistant / EAGLE: [embedding ; state] in, the next step's state out
+            self.pre_projection = nn.Linear(config.hidden_size + config.target_hidden_size, config.hidden_size, bias=False)
+            self.post_projection = nn.Linear(config.hidden_size, config.target_hidden_size, bias=False)
         self.layers = nn.ModuleList([GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
@@ -376,6 +382,7 @@ class GlideModel(GlidePreTrainedModel):
         target_past_key_values=None,
         cross_attention_block_size: int | None = None,
         target_attention_mask: torch.Tensor | None = None,
+        target_hidden_states: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """
@@ -388,24 +395,46 @@ class GlideModel(GlidePreTrainedModel):
             cross_attention_block_size (`int`, *optional*): training only: the block-wise mask's L (§4.1).
             target_attention_mask (`torch.Tensor` of shape `(B, 1, q, S)`, *optional*): additive mask of the target keys
                 each query glimpses, given outright (see :class:`GlideCrossAttention`).
+            target_hidden_states (`torch.Tensor` of shape `(B, q, target_hidden_size)`): ``state_input`` only, and then
+                required: the state each input token is read with: the target's last hidden state at the position before
+                it (zeros before the first), or the draft's own from its previous step (``GlideOutput.draft_state``).
+
+        Returns:
+            ``BaseModelOutputWithPast`` whose ``last_hidden_state`` is after the final norm.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
             rows = input_ids if self.config.draft_token_ids is None else self.target_to_draft[input_ids]
             inputs_embeds = self.embed_tokens(rows)
-        if use_cache and past_key_values is None:
+        if self.config.state_input:
+            expected = (*inputs_embeds.shape[:2], self.config.target_hidden_size)
+            if target_hidden_states is None or tuple(target_hidden_states.shape) != expected:
+                got = None if target_hidden_states is None else tuple(target_hidden_states.shape)
+                raise ValueError(f"target_hidden_states must be {expected} (batch, tokens, target_hidden_size) for a GLIDE built with "
+                                 f"state_input=True, got {got}")
+            states = target_hidden_states.to(device=inputs_embeds.device, dtype=inputs_embeds.dtype)
+            inputs_embeds = self.pre_projection(torch.cat([inputs_embeds, states], dim=-1))
+        elif target_hidden_states is not None:
+            raise ValueError("target_hidden_states is read only by a GLIDE built with state_input=True")
+        if use_cache and past_key_values is None and self.config.self_attention:
             past_key_values = DynamicCache(config=self.config)
         past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
         query_index = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen
+        if not self.config.self_attention and position_ids is not None:
+            query_index = position_ids[0]  # no cache of its own: the positions say where each query stands
         if position_ids is None:
             position_ids = query_index[None]
         padding_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
         if padding_mask is not None and bool(padding_mask.bool().all()):
             padding_mask = None  # no padding: the plain causal mask (and the mask-free single-query path) applies
-        causal_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 4 else self_attention_mask(
-            past_seen, inputs_embeds.shape[1], padding_mask, inputs_embeds.dtype, inputs_embeds.device
-        )
+        causal_mask = None
+        if not self.config.self_attention:
+            pass  # no self-attention: no mask to build
+        elif attention_mask is not None and attention_mask.dim() == 4:
+            causal_mask = attention_mask
+        else:
+            causal_mask = self_attention_mask(past_seen, inputs_embeds.shape[1], padding_mask, inputs_embeds.dtype, inputs_embeds.device)
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
         target_position_embeddings = None
@@ -429,6 +458,14 @@ class GlideModel(GlidePreTrainedModel):
                 target_attention_mask=target_attention_mask,
             )
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+
+
+@dataclass
+class GlideOutput(CausalLMOutputWithPast):
+    """[`CausalLMOutputWithPast`] plus, for a ``state_input`` GLIDE, ``draft_state`` `(B, q, target_hidden_size)`: the
+    state its next draft step reads (``post_projection`` of the last hidden state, at every position kept)."""
+
+    draft_state: torch.Tensor | None = None
 
 
 class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin):
@@ -500,8 +537,9 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         cross_attention_block_size: int | None = None,
         target_attention_mask: torch.Tensor | None = None,
         draft_rows: bool = False,
+        target_hidden_states: torch.Tensor | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> GlideOutput:
         """
         Args:
             input_ids (`torch.LongTensor` of shape `(B, q)`): draft input tokens.
@@ -516,9 +554,12 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
                 glimpses, as an additive mask (batched drafting; default: every key before the query's index).
             draft_rows (`bool`, *optional*): logits over GLIDE's own output rows (a reduced vocabulary's ids, then
                 "another token"), as training scores them, instead of over the target's vocabulary; no ``labels``.
+            target_hidden_states (`torch.Tensor` of shape `(B, q, target_hidden_size)`): ``state_input`` only, and then
+                required: the state each input token is read with (see [`GlideModel.forward`]).
 
         Returns:
-            [`CausalLMOutputWithPast`] with ``logits`` `(B, q or logits_to_keep, vocab)` (``draft_rows``: `(..., rows)`).
+            [`GlideOutput`] with ``logits`` `(B, q or logits_to_keep, vocab)` (``draft_rows``: `(..., rows)`) and, for a
+            ``state_input`` GLIDE, ``draft_state`` at the same positions.
         """
         if draft_rows and labels is not None:
             raise ValueError("labels score logits over the target's vocabulary: leave draft_rows=False to pass them")
@@ -532,6 +573,7 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
             target_past_key_values=self._attached_cache(target_past_key_values),
             cross_attention_block_size=cross_attention_block_size,
             target_attention_mask=target_attention_mask,
+            target_hidden_states=target_hidden_states,
         )
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
@@ -543,9 +585,10 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+        draft_state = self.model.post_projection(hidden_states) if self.config.state_input else None
+        return GlideOutput(loss=loss, logits=logits, past_key_values=outputs.past_key_values, draft_state=draft_state)
 
 
 GlideForCausalLM.register_for_auto_class("AutoModelForCausalLM")  # save_pretrained writes auto_map and copies this file
 
-__all__ = ["GlideCrossAttention", "GlideDecoderLayer", "GlideForCausalLM", "GlideModel", "GlidePreTrainedModel"]
+__all__ = ["GlideCrossAttention", "GlideDecoderLayer", "GlideForCausalLM", "GlideModel", "GlideOutput", "GlidePreTrainedModel"]

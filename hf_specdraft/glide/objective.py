@@ -49,18 +49,23 @@ def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits: bool):
-    """Run the frozen target over whole windows: its per-layer ``(keys, values)`` and, optionally, logits.
+def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits: bool, with_hidden: bool = False):
+    """Run the frozen target over whole windows: its per-layer ``(keys, values)`` and, optionally, logits and its last
+    hidden state.
 
     Returns:
         `(kv, logits)`: ``kv[l]`` = ``(keys, values)`` `(B, kv_heads, T, head_dim)` of target layer l (post-RoPE,
-        exactly what the cache holds at inference), and `(B, T, V)` logits or `None`.
+        exactly what the cache holds at inference), and `(B, T, V)` logits or `None`; with ``with_hidden``,
+        `(kv, logits, hidden)` with ``hidden`` `(B, T, hidden_size)` the target's last hidden state (after its final
+        norm: what its LM head reads, ``hidden_states[-1]``).
     """
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()  # sliding-window layers keep every position, as in assisted decoding
-    outputs = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if with_logits else 1)
+    extra = {"output_hidden_states": [-1]} if with_hidden else {}
+    outputs = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if with_logits else 1, **extra)
     kv = tuple((getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers)
-    return kv, outputs.logits if with_logits else None
+    logits = outputs.logits if with_logits else None
+    return (kv, logits, outputs.hidden_states[-1]) if with_hidden else (kv, logits)
 
 
 @dataclass
@@ -77,6 +82,8 @@ class GlideBatch:
         target_logits: `(B, T, V)` the target's next-token logits, or `None`.
         topk_ids: `(B, T, k)` the target's k most likely next tokens, most likely first, or `None`.
         topk_probs: `(B, T, k)` their probabilities under p, or `None`.
+        target_hidden: `(B, T, hidden_size)` the target's last hidden state (after its final norm), or `None` (read by a
+            ``state_input`` GLIDE only).
     """
 
     input_ids: torch.Tensor
@@ -84,6 +91,7 @@ class GlideBatch:
     target_logits: torch.Tensor | None = None
     topk_ids: torch.Tensor | None = None
     topk_probs: torch.Tensor | None = None
+    target_hidden: torch.Tensor | None = None
 
 
 class WindowSource:
@@ -136,8 +144,11 @@ class TargetWindows(WindowSource):
         """Rows ``rows`` `(B,)` on ``device``, the target run over them when GLIDE glimpses (``with_kv``) or learns p."""
         starts = rows[:, None] * self.stride + torch.arange(self.seq_len)
         input_ids = self.stream[starts].to(device)  # (B, T)
-        kv, logits = target_memory(target, input_ids, with_p) if with_kv or with_p else (None, None)
-        return GlideBatch(input_ids, kv if with_kv else None, logits)
+        state = bool(glide.config.state_input)
+        if not (with_kv or with_p or state):
+            return GlideBatch(input_ids)
+        kv, logits, *hidden = target_memory(target, input_ids, with_p, with_hidden=state)
+        return GlideBatch(input_ids, kv if with_kv else None, logits, target_hidden=hidden[0] if state else None)
 
 
 def window_source(data, glide, seq_len: int) -> WindowSource:
@@ -184,6 +195,10 @@ def target_probs(glide, batch: GlideBatch, temperature: float = 1.0) -> torch.Te
 def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.Tensor, dict]:
     """Next-token cross-entropy with the block-wise mask (§4.1), mixed with token-level distillation (Appendix B).
 
+    A ``state_input`` GLIDE (or any GLIDE with ``args.unrolled_steps > 1``) is trained over its draft steps unrolled
+    (:mod:`.unrolled`: each step reads the previous step's state and the glimpse the loop would give it, no block mask);
+    the loss is the mean over the steps.
+
     ``(1 - w) · CE(labels, q) + w · τ² · KL(p || q)`` with ``w = args.distillation_weight`` and ``τ =
     args.distillation_temperature`` (a :class:`GlideTrainingArguments`); p comes whole or as its top k
     (:func:`target_probs`), over every position of the window (the labels stop one short: the last token has no
@@ -195,17 +210,30 @@ def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.T
     data parallelism's gradient synchronisation see it.
     """
     glide = extract_model_from_parallel(model)
-    logits = model(input_ids=batch.input_ids, target_past_key_values=batch.target_past_key_values, cross_attention_block_size=block_size,
-                   use_cache=False, draft_rows=True).logits.float()  # (B, T, rows): the draft's own rows
+    steps = args.draft_steps(glide.config)
+    if glide.config.state_input or steps > 1:
+        from .unrolled import unrolled_passes  # noqa: PLC0415 (unrolled imports this module)
+
+        passes = unrolled_passes(model, batch, steps)
+    else:
+        logits = model(input_ids=batch.input_ids, target_past_key_values=batch.target_past_key_values, cross_attention_block_size=block_size,
+                       use_cache=False, draft_rows=True).logits  # (B, T, rows): the draft's own rows
+        passes = [(1, logits, torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device))]
+    tau, w = args.distillation_temperature, args.distillation_weight
+    p = target_probs(glide, batch, tau) if w > 0 else None
     labels = _draft_rows(glide, batch.input_ids[:, 1:])
-    ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1))
-    parts = {"ce": ce.detach()}
-    tau = args.distillation_temperature
-    p = target_probs(glide, batch, tau) if args.distillation_weight > 0 else None
-    if p is None:
-        return ce, parts
-    log_q = torch.log_softmax(logits / tau, dim=-1)
-    kl = (torch.xlogy(p, p) - p * log_q).sum(-1).mean() * tau**2
-    parts["kl"] = kl.detach()
-    w = args.distillation_weight
-    return (1 - w) * ce + w * kl, parts
+    total, parts = 0.0, {}
+    for k, logits, valid in passes:
+        logits = logits.float()
+        suffix = "" if steps == 1 else f"_{k}"
+        scored = valid[:-1]  # the last position has no label in the window
+        ce = torch.nn.functional.cross_entropy(logits[:, :-1][:, scored].reshape(-1, logits.shape[-1]), labels[:, scored].reshape(-1))
+        parts["ce" + suffix] = ce.detach()
+        if p is None:
+            total = total + ce
+            continue
+        log_q = torch.log_softmax(logits[:, valid] / tau, dim=-1)
+        kl = (torch.xlogy(p[:, valid], p[:, valid]) - p[:, valid] * log_q).sum(-1).mean() * tau**2
+        parts["kl" + suffix] = kl.detach()
+        total = total + (1 - w) * ce + w * kl
+    return total / steps, parts

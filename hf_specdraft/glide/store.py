@@ -7,7 +7,9 @@ over the training windows and its answers are kept in resumable safetensors shar
 - ``keys.{l}`` / ``values.{l}`` `(N, kv_heads, T, head_dim)` bf16: the cached keys and values of the target layers
   GLIDE reads (§4.1: ``l = N_T - N_D + m``; post-RoPE, exactly what the cache holds at inference);
 - ``topk_ids`` / ``topk_probs`` `(N, T, k)` int32 / fp16: the target's k most likely next tokens and their
-  probabilities (token-level distillation, glide_cape Appendix B's cheaper form; DistillSpec).
+  probabilities (token-level distillation, glide_cape Appendix B's cheaper form; DistillSpec);
+- ``hidden`` `(N, T, hidden_size)` bf16: the target's last hidden state (after its final norm), which a state-reading
+  GLIDE takes as input (``GlideConfig.state_input``).
 
 :class:`StoreWindows` is the store as a window source of :func:`~.trainer.train_glide` and
 :func:`~.evaluation.teacher_forced_alpha` (the other one, :class:`~.objective.TargetWindows`, runs the target)::
@@ -35,9 +37,10 @@ SHARD_WINDOWS = 16
 @torch.inference_mode()
 def target_answers(target: PreTrainedModel, input_ids: torch.Tensor, layer_ids: list[int], top_k: int = TOP_K) -> dict:
     """One frozen-target forward over ``input_ids`` `(B, T)`: a store's tensors for those windows (module docstring)."""
-    kv, logits = target_memory(target, input_ids, with_logits=True)
+    kv, logits, hidden = target_memory(target, input_ids, with_logits=True, with_hidden=True)
     top = logits.float().softmax(-1).topk(top_k, dim=-1)
-    answers = {"input_ids": input_ids.to(torch.int32), "topk_ids": top.indices.to(torch.int32), "topk_probs": top.values.to(torch.float16)}
+    answers = {"input_ids": input_ids.to(torch.int32), "topk_ids": top.indices.to(torch.int32), "topk_probs": top.values.to(torch.float16),
+               "hidden": hidden.to(torch.bfloat16).contiguous()}
     for i in layer_ids:
         answers[f"keys.{i}"] = kv[i][0].to(torch.bfloat16).contiguous()
         answers[f"values.{i}"] = kv[i][1].to(torch.bfloat16).contiguous()
@@ -116,6 +119,9 @@ class StoreWindows(WindowSource):
         if missing:
             raise ValueError(f"GLIDE reads target layers {missing} but the store holds the keys and values of {self.layer_ids} only: "
                              "write a store with those layers (write_store's layer_ids)")
+        if glide.config.state_input and "hidden" not in self.store:
+            raise ValueError("GLIDE reads the target's hidden state (state_input=True) but the store holds none: write a new store "
+                             "(write_store keeps it since hf_specdraft 0.2)")
 
     def batch(self, target, glide, rows: torch.Tensor, device, with_kv: bool, with_p: bool) -> GlideBatch:
         """Rows ``rows`` `(B,)` of the store on ``device``: KV of the layers GLIDE reads (``with_kv``), top-k p (``with_p``)."""
@@ -128,4 +134,5 @@ class StoreWindows(WindowSource):
             for i in set(glide.config.target_layer_ids):
                 kv[i] = (take(f"keys.{i}", torch.float32), take(f"values.{i}", torch.float32))
         topk = (take("topk_ids", torch.long), take("topk_probs", torch.float32)) if with_p else (None, None)
-        return GlideBatch(take("input_ids", torch.long), kv, None, *topk)
+        hidden = take("hidden", torch.float32) if glide.config.state_input else None
+        return GlideBatch(take("input_ids", torch.long), kv, None, *topk, target_hidden=hidden)

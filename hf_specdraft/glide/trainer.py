@@ -84,6 +84,9 @@ class GlideTrainingArguments:
         distillation_weight: weight of KL(p_target || q_glide) against cross-entropy (Appendix B); 0 = off, 1 = p alone
             (what a store's top-k is for).
         distillation_temperature: temperature of both distributions in the KL term.
+        unrolled_steps: draft steps trained per position, unrolled (:mod:`.unrolled`, EAGLE-3's training-time test: a
+            later step reads the previous step's own state, as at inference); `None`: 2 for a ``state_input`` GLIDE, 1
+            (the block-wise mask, §4.1) otherwise.
         mixed_precision: ``"auto"`` (bf16 on CUDA, none on CPU), ``"no"``, ``"bf16"`` or ``"fp16"``.
         seed: data order and initialisation seed (each process offsets it by its rank).
         logging_steps: log every this many steps.
@@ -112,6 +115,7 @@ class GlideTrainingArguments:
     block_size: int | tuple[int, ...] | None = None
     distillation_weight: float = 0.0
     distillation_temperature: float = 1.0
+    unrolled_steps: int | None = None
     mixed_precision: str = "auto"
     seed: int = 0
     logging_steps: int = 10
@@ -156,6 +160,9 @@ class GlideTrainingArguments:
             raise ValueError(f"distillation_weight must lie in [0, 1], got {self.distillation_weight}")
         if self.distillation_temperature <= 0:
             raise ValueError(f"distillation_temperature must be > 0, got {self.distillation_temperature}")
+        if self.unrolled_steps is not None and (not isinstance(self.unrolled_steps, int) or isinstance(self.unrolled_steps, bool)
+                                                or not 1 <= self.unrolled_steps <= 8):
+            raise ValueError(f"unrolled_steps must be None or an int in [1, 8], got {self.unrolled_steps!r}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
         trackers = [name.strip() for name in str(self.report_to).split(",")]
@@ -173,12 +180,18 @@ class GlideTrainingArguments:
             return (config_block_size,)
         return (self.block_size,) if isinstance(self.block_size, int) else tuple(self.block_size)
 
+    def draft_steps(self, config) -> int:
+        """Draft steps each training position unrolls for a GLIDE of ``config`` (``unrolled_steps`` or its default)."""
+        if self.unrolled_steps is not None:
+            return self.unrolled_steps
+        return 2 if getattr(config, "state_input", False) else 1
+
     def trajectory(self) -> dict:
         """The arguments that decide the trained weights (not where they go, how often they are logged or saved): a run
         resumes only a state written under the same ones."""
         kept = ("max_steps", "seq_len", "per_device_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay",
                 "warmup_steps", "min_lr_ratio", "max_grad_norm", "block_size", "distillation_weight", "distillation_temperature",
-                "mixed_precision", "seed")
+                "mixed_precision", "seed") + (("unrolled_steps",) if self.unrolled_steps is not None else ())
         return json.loads(json.dumps({name: getattr(self, name) for name in kept}))  # as trainer_state.json holds it
 
     @property

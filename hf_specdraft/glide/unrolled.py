@@ -1,0 +1,123 @@
+"""Draft steps unrolled over whole windows ("training-time test", EAGLE-3 §3.2): what GLIDE would draft at each step of
+each position, computed in one forward per step, for training and for held-out agreement by draft step.
+
+Notation over a window ``x_0 .. x_{T-1}``: ``h_j`` is the target's last hidden state at j (it predicts ``x_{j+1}``),
+p_j the target's next-token distribution there. A draft that starts at position t (the newest verified token, the
+target's cache covering ``0 .. t-1``) takes k steps; step k stands at ``j = t + k - 1`` and predicts ``x_{j+1}``.
+Pass k computes step k for every t at once (query j, ``t = j - k + 1``), teacher-forced on the window's tokens:
+
+- the glimpse (GLIDE §4.1) sees the target keys ``i < t``, exactly the cache a draft of step k reads in the loop;
+- a ``state_input`` GLIDE reads ``h_{t-1}`` at step 1 and its own previous step's ``draft_state`` after (Gemma 4's
+  assistant; EAGLE's features), so the later passes are fed pass k-1's states, as inference feeds them;
+- a GLIDE with self-attention sees, at step k, its own cache as the loop leaves it: step-1 entries for every position
+  ``<= t`` and one entry for each of its steps 2..k. The passes share one cache, so pass k's queries attend to pass 1's
+  keys before them and to passes 2..k's keys on their own diagonal (the mask of :func:`self_attention_mask`);
+- without self-attention every step queries from position t (Gemma 4's assistant layout).
+
+A GLIDE without ``state_input`` needs no cache: its pass k is the teacher-forced forward with the glimpse delayed by k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from accelerate.utils import extract_model_from_parallel
+from transformers import DynamicCache
+
+from .objective import GlideBatch
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def glimpse_mask(seq_len: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """`(1, 1, T, T)` additive mask of the target keys ``i < j - step + 1`` the query at j glimpses at draft step ``step``."""
+    index = torch.arange(seq_len, device=device)
+    return _additive(index[None, :] < (index - step + 1)[:, None], dtype)[None, None]
+
+
+def self_attention_mask(seq_len: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """`(1, 1, T, step·T)` additive mask of pass ``step`` over the keys of passes 1..step (in that order): pass 1's at
+    ``i <= t``, pass m's (2 <= m <= step) at ``i = t + m - 1`` only, with ``t = j - step + 1``."""
+    index = torch.arange(seq_len, device=device)
+    start = index - step + 1  # (T,) t of each query
+    blocks = [index[None, :] <= start[:, None]]
+    blocks += [index[None, :] == (start + m - 1)[:, None] for m in range(2, step + 1)]
+    return _additive(torch.cat(blocks, dim=1), dtype)[None, None]
+
+
+def shifted(states: torch.Tensor) -> torch.Tensor:
+    """`(B, T, D)` -> the state each position's token is read with: position j gets ``states[:, j - 1]``, position 0 zeros."""
+    return torch.cat([states.new_zeros(states.shape[0], 1, states.shape[2]), states[:, :-1]], dim=1)
+
+
+def unrolled_passes(model, batch: GlideBatch, steps: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Yield ``(k, logits, valid)`` for draft steps k = 1..``steps``: ``logits`` `(B, T, rows)` over GLIDE's own rows at
+    every query j (step k of the draft started at ``j - k + 1``), ``valid`` `(T,)` where that draft exists (it starts at
+    ``t >= 1``: the loop drafts only once the target has a state and a cache).
+
+    ``model`` is GLIDE or GLIDE as accelerate prepared it (its own forward runs, for autocast and gradient sync).
+    """
+    glide = extract_model_from_parallel(model)
+    config = glide.config
+    ids = batch.input_ids
+    batch_size, length = ids.shape
+    device, dtype = ids.device, glide.dtype
+    index = torch.arange(length, device=device)
+    state = None
+    if config.state_input:
+        if batch.target_hidden is None:
+            raise ValueError("a GLIDE built with state_input=True trains on the target's hidden states: the batch has none "
+                             "(a store written before they were kept, or a window source that does not compute them)")
+        state = shifted(batch.target_hidden.to(dtype))
+    cache = DynamicCache(config=config) if config.state_input and config.self_attention else None
+    for k in range(1, steps + 1):
+        start = index - k + 1
+        kwargs = {}
+        if config.cross_attention and batch.target_past_key_values is not None:
+            kwargs = {"target_past_key_values": batch.target_past_key_values,
+                      "target_attention_mask": glimpse_mask(length, k, dtype, device)}
+        positions = index if config.self_attention else start.clamp(min=0)
+        if cache is not None:
+            kwargs.update(past_key_values=cache, use_cache=True, attention_mask=self_attention_mask(length, k, dtype, device))
+        else:
+            kwargs["use_cache"] = False
+        out = model(input_ids=ids, position_ids=positions[None].expand(batch_size, -1), draft_rows=True,
+                    target_hidden_states=state, **kwargs)
+        yield k, out.logits, start >= 1
+        if config.state_input:
+            state = shifted(out.draft_state)
+
+
+def conditional_agreement(model, batch: GlideBatch, steps: int) -> list[tuple[int, int]]:
+    """Greedy agreement by draft step, each conditional on the earlier ones: for step k, ``(agreed, tried)`` over the
+    drafts whose steps 1..k-1 all drafted the target's argmax (only those reach step k under greedy verification).
+
+    Needs p (``topk_ids`` or ``target_logits``). Teacher forcing feeds the window's tokens, which are the drafts a greedy
+    loop would have fed when the window is the target's own greedy text and the earlier steps agreed.
+    """
+    glide = extract_model_from_parallel(model)
+    if batch.target_logits is not None:
+        best = batch.target_logits.argmax(-1)
+    elif batch.topk_ids is not None:
+        best = batch.topk_ids[..., 0].long()
+    else:
+        raise ValueError("agreement needs the target's next tokens: the batch has neither target_logits nor topk_ids")
+    length = batch.input_ids.shape[1]
+    alive = None  # (B, T) indexed by t: the draft started at t agreed at every step so far
+    counts = []
+    for k, logits, valid in unrolled_passes(model, batch, steps):
+        guess = logits.argmax(-1)  # GLIDE's rows: a reduced vocabulary's last row ("another token") matches nothing
+        if glide.config.draft_token_ids is None:
+            hit = guess == best  # (B, T) indexed by j = t + k - 1
+        else:
+            hit = (guess == glide.model.target_to_draft[best]) & (guess < logits.shape[-1] - 1)
+        starts = torch.arange(length - k + 1, device=hit.device)  # drafts whose step k falls in the window
+        hit_t = hit[:, starts + k - 1]
+        ok = valid[starts + k - 1][None].expand_as(hit_t)
+        alive = ok if alive is None else alive[:, : starts.numel()] & ok
+        counts.append((int((hit_t & alive).sum()), int(alive.sum())))
+        alive = alive & hit_t
+    return counts
