@@ -87,17 +87,21 @@ def build_windows(tokenizer, num_windows: int, corpus: Corpus | None = None, seq
     return torch.tensor(windows, dtype=torch.long)
 
 
-def self_distillation_prompts(tokenizer, count: int, corpus: Corpus | None = None, seed: int = 1, skip: int = 0) -> list[str]:
+def self_distillation_prompts(tokenizer, count: int, corpus: Corpus | None = None, seed: int = 1, skip: int = 0,
+                              split: str = "train") -> list[str]:
     """``count`` train-split prompts shaped like the bench tasks: 50 % a function's signature + docstring (completion),
     35 % the same as a chat request in the target's template, 15 % a file's first 700-1,500 characters (context).
 
-    ``skip``: leave out the first ``skip`` prompts of the same sequence, so a second store holds new ones.
+    ``skip``: leave out the first ``skip`` prompts of the same sequence, so a second store holds new ones. ``split``:
+    ``"heldout"`` draws them from the held-out files instead (a store to score drafters on, never to train them).
     """
     if count < 1 or skip < 0:
         raise ValueError(f"count must be >= 1 and skip >= 0, got count={count}, skip={skip}")
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     corpus = corpus or build_corpus()
     rng = random.Random(seed)
-    files = sorted(corpus.train, key=lambda f: f.name)
+    files = sorted(getattr(corpus, split), key=lambda f: f.name)
     rng.shuffle(files)
     chat = getattr(tokenizer, "chat_template", None) is not None
     prompts: list[str] = []
@@ -144,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-prompts", type=int, default=0, metavar="N",
                         help="with --self-generated: start after the first N prompts (a second store with new prompts)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="with --self-generated: tokens the target writes per prompt")
+    parser.add_argument("--heldout", action="store_true", help="with --self-generated: prompts from the held-out split (an evaluation store)")
     parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per window (with --self-generated: prompt + continuation)")
     args = parser.parse_args(argv)
     from hf_specdraft.defaults.smollm2 import load_smollm2
@@ -154,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         if saved.is_file():
             windows = load_file(str(saved))["input_ids"]
         else:
-            prompts = self_distillation_prompts(tokenizer, args.self_generated, skip=args.skip_prompts)
+            prompts = self_distillation_prompts(tokenizer, args.self_generated, skip=args.skip_prompts,
+                                                split="heldout" if args.heldout else "train")
             windows = self_generated_windows(target, tokenizer, prompts, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len)
             saved.parent.mkdir(parents=True, exist_ok=True)
             save_file({"input_ids": windows.contiguous()}, str(saved))

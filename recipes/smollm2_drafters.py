@@ -63,7 +63,14 @@ DRAFTERS: dict[str, dict] = {
               "draft_vocab_size": 6144},  # target-argmax coverage ~0.99 on held-out code (README); head 6K × 576 ≈ 1.7 ms
     "vanilla": {"cross_attention": False, "intermediate_size": 1536, "draft_vocab_size": 6144},  # GLIDE's twin, no glimpse
     "small": {"cross_attention": False, "intermediate_size": 384, "draft_vocab_size": 2048},  # the cascade's second, cheaper draft
+    # #49: GLIDE reading the target's last hidden state ([embedding ; h_{t-1}] in, its own state after), trained unrolled
+    "glide-state": {"cross_attention": True, "state_input": True, "intermediate_size": 1536, "draft_vocab_size": 6144},
+    # the same in Gemma 4's assistant layout (no cache of its own, Gemma 4's block and activation): what vLLM serves
+    "glide-assistant": {"cross_attention": True, "state_input": True, "self_attention": False, "hidden_act": "gelu_pytorch_tanh",
+                        "intermediate_size": 1536, "draft_vocab_size": 6144},
 }
+# a drafter that starts from another kind's weights (--init-from DIR: DIR/<WARM_START[kind]>), what it shares of them
+WARM_START = {"glide-state": "glide", "glide-assistant": "glide"}
 
 
 def _recipe(kind: str, max_steps: int = 400) -> GlideTrainingArguments:
@@ -82,7 +89,8 @@ def _recipe(kind: str, max_steps: int = 400) -> GlideTrainingArguments:
     )
 
 
-RECIPES: dict[str, GlideTrainingArguments] = {"glide": _recipe("glide"), "vanilla": _recipe("vanilla"), "small": _recipe("small", max_steps=300)}
+RECIPES: dict[str, GlideTrainingArguments] = {"glide": _recipe("glide"), "vanilla": _recipe("vanilla"), "small": _recipe("small", max_steps=300),
+                                               "glide-state": _recipe("glide-state"), "glide-assistant": _recipe("glide-assistant")}
 
 FINETUNE = {"max_steps": 300, "learning_rate": 5e-4, "warmup_steps": 10}  # stage 2: from stage 1's weights, on the target's own text
 
@@ -158,10 +166,27 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
     block_size = {} if args.block_size is None else {"block_size": max(args.block_sizes(1))}  # the config records the largest L
     model = build_drafter(target, vocab, drafter, seed=args.seed, **block_size)
     if start_from is not None:
-        model.load_state_dict(start_from.state_dict())
+        warm_start(model, start_from)
     extra = {"drafter": {"kind": kind, **drafter}, "store_windows": len(source), "store_tokens": source.tokens,
              "draft_vocab_size": len(vocab), "parameters": sum(p.numel() for p in model.parameters())}
     return model, train_glide(target, model, source, args, extra_log=extra)
+
+
+def warm_start(model: GlideForCausalLM, start_from: GlideForCausalLM) -> list[str]:
+    """Load ``start_from``'s weights into ``model`` wherever name and shape agree; returns the names left as initialised.
+
+    A ``state_input`` drafter started from a plain one gets ``pre_projection = [I ; 0]``: at step 0 it reads the token's
+    embedding exactly as ``start_from`` did, and learns from there what the target's state adds."""
+    theirs = start_from.state_dict()
+    mine = model.state_dict()
+    shared = {name: tensor for name, tensor in theirs.items() if name in mine and mine[name].shape == tensor.shape}
+    model.load_state_dict(shared, strict=False)
+    if model.config.state_input and not start_from.config.state_input:
+        with torch.no_grad():
+            weight = model.model.pre_projection.weight  # (hidden, hidden + target_hidden)
+            weight.zero_()
+            weight[:, : model.config.hidden_size] = torch.eye(model.config.hidden_size)
+    return sorted(set(mine) - set(shared))
 
 
 def earlier_stages(log: dict) -> list[dict]:
@@ -214,10 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="override the recipe's (or, with --init-from, FINETUNE's) number of steps")
     parser.add_argument("--learning-rate", type=float, help="override the recipe's (or FINETUNE's) peak learning rate")
     parser.add_argument("--seed", type=int, help="override the recipe's seed: a later stage with another seed draws other windows")
+    parser.add_argument("--batch-size", type=int, help="override the recipe's windows per step")
     parser.add_argument("--block-size", help="override the recipe's block-wise mask L (GLIDE): one L, or several "
                         "comma-separated, taken by step in turn (e.g. 1,3 mixes the delays of short drafts)")
     ns = parser.parse_args(argv)
-    overrides = {"max_steps": ns.steps, "learning_rate": ns.learning_rate, "seed": ns.seed, "block_size": _block_size(parser, ns.block_size)}
+    overrides = {"max_steps": ns.steps, "learning_rate": ns.learning_rate, "seed": ns.seed, "block_size": _block_size(parser, ns.block_size),
+                 "per_device_batch_size": ns.batch_size}
     if ns.extra_weight < 1:
         parser.error(f"--extra-weight must be >= 1, got {ns.extra_weight}")
     kinds = ns.kinds.split(",")
@@ -241,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = load_store(path)
         store = {k: torch.cat([v, *[extra[k]] * ns.extra_weight]) for k, v in store.items()}
     for kind, args in runs.items():
-        init_from = None if ns.init_from is None else Path(ns.init_from) / kind
+        init_from = None if ns.init_from is None else Path(ns.init_from) / WARM_START.get(kind, kind)
         model, log = train_drafter(kind, target, store, args, init_from=init_from)
         if init_from is not None:
             log["earlier_stages"] = earlier_stages(json.loads((init_from / "training_log.json").read_text()))

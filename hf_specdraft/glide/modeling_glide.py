@@ -222,6 +222,9 @@ class GlideCrossAttention(nn.Module):
         self.is_causal = False
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
+        if not config.self_attention:  # Gemma 4's assistant attention: each query head RMS-normed, its weight the only scale
+            self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.scaling = 1.0
 
     def forward(
         self,
@@ -242,7 +245,10 @@ class GlideCrossAttention(nn.Module):
             return torch.zeros_like(hidden_states)
         keys, values, offset = target_kv
         batch, q_len, _ = hidden_states.shape
-        query = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim).transpose(1, 2)  # this rank's heads
+        query = self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)
+        if hasattr(self, "q_norm"):
+            query = self.q_norm(query)
+        query = query.transpose(1, 2)  # (B, this rank's heads, q, d_k)
         cos, sin = target_position_embeddings  # (B, q, d_k): the target's RoPE at the queries' absolute positions
         query = query * cos.unsqueeze(1) + rotate_half(query) * sin.unsqueeze(1)
         keys = keys.to(device=query.device, dtype=query.dtype)
@@ -272,8 +278,11 @@ class GlideCrossAttention(nn.Module):
 
 
 class GlideDecoderLayer(GradientCheckpointingLayer):
-    """Self-attention (absent in Gemma 4's assistant layout) → cross-attention to the target KV (absent in the vanilla
-    drafter) → MLP, pre-norm residuals."""
+    """Self-attention → cross-attention to the target KV (absent in the vanilla drafter) → MLP, pre-norm residuals.
+
+    Without self-attention (``config.self_attention=False``) the block is Gemma 4's assistant layer: cross-attention
+    with RMS-normed query heads and unit scaling, then the MLP, each sub-layer's output normed again before its residual
+    (``post_cross_attn_layernorm``, ``post_feedforward_layernorm``), so that it exports to that layout as it is."""
 
     def __init__(self, config: GlideConfig, layer_idx: int):
         super().__init__()
@@ -285,6 +294,10 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
             self.cross_attn = GlideCrossAttention(config, layer_idx)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
+        if not config.self_attention:  # Gemma 4's sandwich norms
+            if config.cross_attention:
+                self.post_cross_attn_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.post_feedforward_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
         self,
@@ -308,11 +321,17 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
             )
             hidden_states = hidden_states + attended
         if hasattr(self, "cross_attn"):
-            hidden_states = hidden_states + self.cross_attn(
+            glimpsed = self.cross_attn(
                 self.cross_attn_layernorm(hidden_states), target_position_embeddings, target_kv, query_index, block_size, padding_mask,
                 target_attention_mask,
             )
-        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+            if hasattr(self, "post_cross_attn_layernorm"):
+                glimpsed = self.post_cross_attn_layernorm(glimpsed)
+            hidden_states = hidden_states + glimpsed
+        fed = self.mlp(self.post_attention_layernorm(hidden_states))
+        if hasattr(self, "post_feedforward_layernorm"):
+            fed = self.post_feedforward_layernorm(fed)
+        return hidden_states + fed
 
 
 class GlidePreTrainedModel(PreTrainedModel):
@@ -412,7 +431,8 @@ class GlideModel(GlidePreTrainedModel):
             if target_hidden_states is None or tuple(target_hidden_states.shape) != expected:
                 got = None if target_hidden_states is None else tuple(target_hidden_states.shape)
                 raise ValueError(f"target_hidden_states must be {expected} (batch, tokens, target_hidden_size) for a GLIDE built with "
-                                 f"state_input=True, got {got}")
+                                 f"state_input=True, got {got}: hf_specdraft's speculative_generate(target, ids, draft_model=glide) "
+                                 "hands the target's state over; transformers' assisted decoding cannot")
             states = target_hidden_states.to(device=inputs_embeds.device, dtype=inputs_embeds.dtype)
             inputs_embeds = self.pre_projection(torch.cat([inputs_embeds, states], dim=-1))
         elif target_hidden_states is not None:

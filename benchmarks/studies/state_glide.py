@@ -1,0 +1,175 @@
+"""#49's ablation: GLIDE drafters that read the target's state against today's and their vanilla twin, on SmolLM2.
+
+For each drafter (a checkpoint directory), in one run on one machine:
+
+- **agreement by draft step**: held-out greedy agreement at draft steps 1, 2, 3, each conditional on the earlier ones
+  (:func:`hf_specdraft.glide.unrolled.conditional_agreement`, teacher-forced on the target's own text: a held-out store
+  written by ``python -m recipes.distillation DIR --self-generated 64 --heldout``);
+- **draft cost**: milliseconds of one draft step (one token, after a 300-token context), against a target forward;
+- **the default call**: ``speculative_generate(target, ids, draft_model=drafter)`` (γ 'auto', no tuning argument) on
+  held-out completion and chat prompts, timed against ``target.generate`` interleaved, the median of ``--repeats``
+  runs per prompt; tokens/s, speedup, mean accepted length (MAL), and whether the output is token-identical.
+
+    python -m benchmarks.studies.state_glide --heldout-store /work/store/heldout-state \\
+        --drafter glide=hf_specdraft/defaults/checkpoint_smollm2/glide --drafter glide-state=/work/drafters/glide-state \\
+        --output benchmarks/results/cpu-state-glide.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hf_specdraft import speculative_generate
+from hf_specdraft.bench.harness import cpu_model, prompt_ids
+from hf_specdraft.defaults.tasks import build_tasks
+from hf_specdraft.glide import GlideForCausalLM
+from hf_specdraft.glide.store import StoreWindows, load_store
+from hf_specdraft.glide.unrolled import conditional_agreement
+
+STEPS = 3
+
+
+@torch.no_grad()
+def agreement(target, glide, source: StoreWindows, batch_size: int = 4) -> list[float]:
+    """Held-out conditional greedy agreement at draft steps 1..STEPS."""
+    totals = [[0, 0] for _ in range(STEPS)]
+    for start in range(0, len(source), batch_size):
+        rows = torch.arange(start, min(start + batch_size, len(source)))
+        batch = source.batch(target, glide, rows, "cpu", glide.config.cross_attention, True)
+        for k, (agreed, tried) in enumerate(conditional_agreement(glide, batch, STEPS)):
+            totals[k][0] += agreed
+            totals[k][1] += tried
+    return [round(a / t, 4) if t else 0.0 for a, t in totals]
+
+
+@torch.no_grad()
+def step_ms(target, glide, context: int = 300, repeats: int = 30) -> dict:
+    """Milliseconds of one draft step and of one target decoding forward, both after ``context`` tokens."""
+    from transformers import DynamicCache
+
+    ids = torch.randint(0, target.config.vocab_size, (1, context + 1))
+    cache = DynamicCache(config=target.config)
+    out = target(ids[:, :-1], past_key_values=cache, use_cache=True, output_hidden_states=True)
+    state = out.hidden_states[-1][:, -1:]
+    kwargs = {"target_past_key_values": cache} if glide.config.cross_attention else {}
+    if glide.config.state_input:
+        kwargs["target_hidden_states"] = state
+    position = torch.tensor([[context]])
+
+    def draft():
+        return glide(input_ids=ids[:, -1:], position_ids=position, use_cache=False, logits_to_keep=1, **kwargs)
+
+    def verify():
+        cache.crop(context)
+        return target(ids[:, -1:], past_key_values=cache, use_cache=True)
+
+    def timed(fn):
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e3
+
+    draft_ms, target_ms = timed(draft), timed(verify)
+    return {"draft_step_ms": round(draft_ms, 3), "target_forward_ms": round(target_ms, 3), "draft_cost_ratio": round(draft_ms / target_ms, 4)}
+
+
+def default_call(target, tokenizer, drafters: dict, tasks: list[str], prompts: int, new_tokens: int, repeats: int) -> dict:
+    """Tokens/s, speedup over ``target.generate`` and MAL of each drafter's default call, interleaved per prompt."""
+    results = {}
+    for task in tasks:
+        items = build_tasks(task, count=prompts)
+        times: dict[str, dict[int, list[float]]] = {name: {} for name in ["target-only", *drafters]}
+        mal: dict[str, list[tuple[int, int]]] = {name: [] for name in drafters}
+        identical = {name: True for name in drafters}
+        new: dict[int, int] = {}
+        for p, item in enumerate(items):
+            ids = prompt_ids(tokenizer, item)
+            reference = target.generate(ids, max_new_tokens=new_tokens, do_sample=False)  # warm-up and the reference
+            new[p] = reference.shape[1] - ids.shape[1]
+            for name, glide in drafters.items():
+                speculative_generate(target, ids, draft_model=glide, max_new_tokens=new_tokens)  # warm-up
+            for r in range(repeats):
+                order = ["target-only", *drafters]
+                order = order[r % len(order):] + order[: r % len(order)]  # rotated: no method always runs first
+                for name in order:
+                    start = time.perf_counter()
+                    if name == "target-only":
+                        target.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+                    else:
+                        out = speculative_generate(target, ids, draft_model=drafters[name], max_new_tokens=new_tokens,
+                                                   return_dict_in_generate=True)
+                    times[name].setdefault(p, []).append(time.perf_counter() - start)
+                    if name != "target-only" and r == 0:
+                        identical[name] &= bool(torch.equal(out.sequences, reference))
+                        steps = out.speculative_stats.steps
+                        mal[name].append((sum(s.emitted for s in steps), len(steps)))
+        base = {p: statistics.median(v) for p, v in times["target-only"].items()}
+        task_result = {"target-only": {"tokens_per_second": round(sum(new.values()) / sum(base.values()), 2)}}
+        for name in drafters:
+            med = {p: statistics.median(v) for p, v in times[name].items()}
+            emitted, forwards = map(sum, zip(*mal[name]))
+            task_result[name] = {
+                "tokens_per_second": round(sum(new.values()) / sum(med.values()), 2),
+                "speedup": round(sum(base.values()) / sum(med.values()), 3),
+                "mean_accepted_length": round(emitted / forwards, 3),
+                "token_identical": identical[name],
+            }
+        results[task] = task_result
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--heldout-store", required=True)
+    parser.add_argument("--drafter", action="append", required=True, metavar="NAME=DIR")
+    parser.add_argument("--tasks", default="completion,chat")
+    parser.add_argument("--num-prompts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", required=True)
+    ns = parser.parse_args(argv)
+    from hf_specdraft.defaults.smollm2 import load_smollm2
+
+    torch.manual_seed(0)
+    target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
+    drafters = {}
+    for spec in ns.drafter:
+        name, _, path = spec.partition("=")
+        if not path:
+            parser.error(f"--drafter must be NAME=DIR, got {spec!r}")
+        drafters[name] = GlideForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    source = StoreWindows(load_store(ns.heldout_store))
+    result = {"drafters": {}, "heldout_tokens": source.tokens,
+              "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(),
+                          "torch": torch.__version__, "dtype": "float32"},
+              "command": "python -m benchmarks.studies.state_glide " + " ".join(argv or __import__("sys").argv[1:])}
+    for name, glide in drafters.items():
+        config = glide.config
+        result["drafters"][name] = {
+            "path": ns.drafter[list(drafters).index(name)].partition("=")[2],
+            "layout": {"cross_attention": config.cross_attention, "state_input": getattr(config, "state_input", False),
+                       "self_attention": getattr(config, "self_attention", True), "layers": config.num_hidden_layers},
+            "agreement_by_step": agreement(target, glide, source),
+            **step_ms(target, glide),
+        }
+        print(name, result["drafters"][name], flush=True)
+    result["default_call"] = default_call(target, tokenizer, drafters, ns.tasks.split(","), ns.num_prompts, ns.max_new_tokens, ns.repeats)
+    print(json.dumps(result["default_call"], indent=1))
+    Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(ns.output).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
