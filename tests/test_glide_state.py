@@ -248,3 +248,21 @@ def test_state_glide_round_trips_through_save_pretrained(tmp_path):
         b = loaded(input_ids=text[:, :9], target_hidden_states=states, target_past_key_values=cache, use_cache=False)
     torch.testing.assert_close(a.logits, b.logits)
     torch.testing.assert_close(a.draft_state, b.draft_state)
+
+
+@pytest.mark.parametrize("layout", [None, *LAYOUTS])
+def test_copying_from_the_context_is_lossless_and_copies(layout, tmp_path):
+    """``copy_from_context``: where the text's suffix occurred before, the continuation is drafted instead of GLIDE's chain."""
+    target = tiny_model("llama")
+    glide = make_state_glide(target, layout) if layout else GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32))
+    phrase = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(8))
+    ids = torch.cat([phrase, phrase, phrase[:, :3]], dim=1)  # the target's text is likely to go on copying
+    reference = greedy_reference(target, ids, 30)
+    drafter = GlideCandidateGenerator(glide.eval(), copy_from_context=2)
+    out = speculative_generate(target, ids, candidate_generator=drafter, max_new_tokens=30, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, reference)
+    text = ids[0].tolist()
+    suffix_copy = drafter._copy(ids)
+    assert suffix_copy is not None and suffix_copy.tokens.tolist() == text[15 : 15 + len(suffix_copy)]
+    with pytest.raises(ValueError, match="copy_from_context must be an int >= 0"):
+        GlideCandidateGenerator(glide, copy_from_context=-1)

@@ -34,8 +34,13 @@ from ..core.cache import crop_to
 from ..core.target_state import TargetState
 from ..core.tree import DraftTree
 from ..core.validation import method_config
+from ..cascade.max_gram import longest_suffix_match
 from .drafting_config import GlideDraftingConfig
 from .modeling_glide import read_target_layer
+
+
+COPY_TOKENS = 6  # the shortest copy: a match that long tends to continue for several tokens
+COPY_MATCH_CAP = 64  # matches this long count as equally long (bounds the work on endlessly repeating text)
 
 
 def check_target_cache(target_cache, config, kv_heads: int | None = None) -> None:
@@ -125,6 +130,11 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         Returns:
             a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
         """
+        copied = self._copy(input_ids)
+        if self.requires_model_outputs:
+            self._take_states(target_state)
+        if copied is not None:
+            return copied
         cross = self.glide.config.cross_attention
         if self.requires_model_outputs:
             if cross:
@@ -142,20 +152,38 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
         return draft_chain(self, input_ids, next_logits, self.glide.device)
 
-    def _propose_from_state(self, input_ids: torch.LongTensor, target_cache, target_state: TargetState | None) -> DraftTree:
-        """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``, each
-        later step the drafted token and the draft's own ``draft_state``. With self-attention, GLIDE's cache first takes
-        the newly verified positions, each read with the target's state before it (what training's first pass sees)."""
+    def _copy(self, input_ids: torch.LongTensor) -> DraftTree | None:
+        """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the text's suffix, when
+        it is at least that long (no q: the target judges them exactly); else `None`."""
+        shortest = self.config.copy_from_context
+        if not shortest or input_ids.shape[1] <= shortest:
+            return None
+        text = input_ids[0]
+        end, length = longest_suffix_match(text, max_match_length=COPY_MATCH_CAP)
+        if length < shortest:
+            return None
+        tokens = text[end + 1 : end + 1 + max(COPY_TOKENS, self.num_draft_tokens)]
+        self.host_text = None
+        return DraftTree.chain(tokens)
+
+    def _take_states(self, target_state: TargetState | None) -> None:
+        """Keep the target's last hidden states the loop hands over (every position, in order, once)."""
         if target_state is None:
             raise ValueError("this GLIDE reads the target's hidden state (state_input=True), which transformers' assisted loop does "
                              "not hand to a draft model: call speculative_generate(target, ids, draft_model=glide) or "
                              "target.generate(ids, custom_generate=speculative_generate, draft_model=glide)")
-        glide, device = self.glide, self.glide.device
         if target_state.first:
             self.states = None
         if target_state.outputs is not None and target_state.outputs.hidden_states:
-            new = target_state.outputs.hidden_states[-1].to(device=device, dtype=glide.dtype)
+            new = target_state.outputs.hidden_states[-1].to(device=self.glide.device, dtype=self.glide.dtype)
             self.states = new if self.states is None else torch.cat([self.states, new], dim=1)
+
+    def _propose_from_state(self, input_ids: torch.LongTensor, target_cache, target_state: TargetState | None) -> DraftTree:
+        """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``, each
+        later step the drafted token and the draft's own ``draft_state``. With self-attention, GLIDE's cache first takes
+        the newly verified positions, each read with the target's state before it (what training's first pass sees).
+        The states were taken already (:meth:`_take_states`)."""
+        glide, device = self.glide, self.glide.device
         ids = input_ids[0].to(device)
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
         if self.states is None or self.states.shape[1] != t or t < 1:

@@ -21,12 +21,18 @@ class GlideDraftingConfig:
 
     Args:
         num_draft_tokens: γ, the chain GLIDE drafts per step (§5.1: 5), or ``"auto"``: chosen every step.
+        copy_from_context: when the text's last ``copy_from_context`` tokens (or more) occurred earlier in it, draft the
+            tokens that followed their most recent longest occurrence (Max-Gram's match, CS Drafting §3.3), at least
+            ``COPY_TOKENS``, instead of running GLIDE for that step; 0 never copies.
     """
 
     num_draft_tokens: int | str = AUTO  # the best γ depends on the machine's cost curve (§5.1 fixes 5 on a GPU)
+    copy_from_context: int = 0
 
     def __post_init__(self):
         draft_length(self.num_draft_tokens)  # a positive int or "auto"; a clear ValueError otherwise
+        if not isinstance(self.copy_from_context, int) or isinstance(self.copy_from_context, bool) or self.copy_from_context < 0:
+            raise ValueError(f"copy_from_context must be an int >= 0 (the shortest match to copy from; 0 = never), got {self.copy_from_context!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
