@@ -124,16 +124,29 @@ def self_distillation_prompts(tokenizer, count: int, corpus: Corpus | None = Non
 
 @torch.inference_mode()
 def self_generated_windows(target: PreTrainedModel, tokenizer, prompts: list[str], max_new_tokens: int = 64, batch_size: int = 32,
-                           seq_len: int = SEQ_LEN) -> torch.Tensor:
-    """The target's greedy continuations of ``prompts`` (prompt + continuation + eos, packed) as `(N, seq_len)` windows."""
+                           seq_len: int = SEQ_LEN, progress_dir: str | Path | None = None) -> torch.Tensor:
+    """The target's greedy continuations of ``prompts`` (prompt + continuation + eos, packed) as `(N, seq_len)` windows.
+
+    ``progress_dir``: each batch's continuations are kept there as they finish, so a killed run resumes after the last one.
+    """
     tokenizer.padding_side = "left"
     stream: list[int] = []
-    for start in tqdm(range(0, len(prompts), batch_size), desc="target generates (batches)"):
+    for n, start in enumerate(tqdm(range(0, len(prompts), batch_size), desc="target generates (batches)")):
+        done = None if progress_dir is None else Path(progress_dir) / f"generated-{n:05d}.safetensors"
+        if done is not None and done.is_file():
+            stream += load_file(str(done))["stream"].tolist()
+            continue
         enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False,
                         truncation=True, max_length=seq_len - max_new_tokens)
         out = target.generate(**enc.to(target.device), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        batch: list[int] = []
         for row, mask in zip(out.tolist(), enc.attention_mask.tolist()):
-            stream += row[len(mask) - sum(mask) :] + [tokenizer.eos_token_id]  # drop the left padding
+            batch += row[len(mask) - sum(mask) :] + [tokenizer.eos_token_id]  # drop the left padding
+        stream += batch
+        if done is not None:
+            done.parent.mkdir(parents=True, exist_ok=True)
+            save_file({"stream": torch.tensor(batch, dtype=torch.long)}, str(done.with_suffix(".tmp")))
+            done.with_suffix(".tmp").rename(done)
     n = len(stream) // seq_len
     return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
@@ -161,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             prompts = self_distillation_prompts(tokenizer, args.self_generated, skip=args.skip_prompts,
                                                 split="heldout" if args.heldout else "train")
-            windows = self_generated_windows(target, tokenizer, prompts, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len)
+            windows = self_generated_windows(target, tokenizer, prompts, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len,
+                                             progress_dir=Path(args.output_dir) / "generated")
             saved.parent.mkdir(parents=True, exist_ok=True)
             save_file({"input_ids": windows.contiguous()}, str(saved))
     else:

@@ -113,8 +113,8 @@ def build_drafter(target: PreTrainedModel, draft_token_ids: list[int], drafter: 
     keywords = {key: value for key, value in drafter.items() if key != "draft_vocab_size"}
     if keywords.get("target_layer_ids") is not None:
         keywords["target_layer_ids"] = list(keywords["target_layer_ids"])
-    config = GlideConfig.from_target_config(target.config, tie_word_embeddings=True, block_size=block_size,
-                                            draft_token_ids=draft_token_ids, **keywords)
+    config = GlideConfig.from_target_config(target.config, block_size=block_size, draft_token_ids=draft_token_ids,
+                                            **{"tie_word_embeddings": True, **keywords})
     torch.manual_seed(seed)
     model = GlideForCausalLM(config)
     rows = target.get_input_embeddings().weight.detach().float()
@@ -167,9 +167,23 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
     model = build_drafter(target, vocab, drafter, seed=args.seed, **block_size)
     if start_from is not None:
         warm_start(model, start_from)
+    if not model.config.tie_word_embeddings:  # the input rows are the target's, frozen (what vLLM feeds the assistant layout)
+        pin_target_rows(model, target)
     extra = {"drafter": {"kind": kind, **drafter}, "store_windows": len(source), "store_tokens": source.tokens,
              "draft_vocab_size": len(vocab), "parameters": sum(p.numel() for p in model.parameters())}
     return model, train_glide(target, model, source, args, extra_log=extra)
+
+
+def pin_target_rows(model: GlideForCausalLM, target: PreTrainedModel) -> None:
+    """Set ``model``'s input embedding to the target's rows of its draft vocabulary (the row every other id shares: their
+    mean) and freeze it: a serving engine that feeds the draft the target's own embeddings computes the same inputs."""
+    rows = target.get_input_embeddings().weight.detach().float()
+    ids = model.config.draft_token_ids
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb[: len(ids)] = rows[ids]
+        emb[-1] = rows.mean(0)
+    emb.requires_grad_(False)
 
 
 def warm_start(model: GlideForCausalLM, start_from: GlideForCausalLM) -> list[str]:

@@ -196,7 +196,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             feed, state_in = ids[start:][None], states[:, start:]
             position = torch.arange(start, t + 1, device=device)[None]
         else:
-            feed, state_in, position = ids[t:][None], states[:, t:], torch.tensor([[t]], device=device)
+            feed, state_in, position = ids[t:][None], states[:, t:], torch.tensor([[t - 1]], device=device)  # h_{t-1}'s position
         tokens, probs, confidences = [], [], []
         for step in range(self.num_draft_tokens):
             out = glide(input_ids=feed, position_ids=position, target_hidden_states=state_in, logits_to_keep=1,

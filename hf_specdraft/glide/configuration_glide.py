@@ -164,6 +164,17 @@ class GlideConfig(PretrainedConfig):
             stands for every other input token), and the logits are scattered back to the target's ``vocab_size``
             (other ids get the dtype's minimum). A 49K-token LM head costs a small target more than a draft
             layer does; `None` keeps the full vocabulary.
+        state_input (`bool`, *optional*, defaults to `False`):
+            Read the target's state (as Gemma 4's assistant and EAGLE do): the first draft step's input is
+            ``pre_projection([embedding(x_t) ; h_{t-1}])``, ``h_{t-1}`` the target's last hidden state (after its final
+            norm) at the position before the token; each later step's is the same projection of the drafted token's
+            embedding and the draft's own previous state, ``post_projection`` of its last hidden state. Its drafter asks
+            the loop for ``hidden_states[-1]`` (:mod:`hf_specdraft.core.target_state`) and trains over unrolled steps.
+        self_attention (`bool`, *optional*, defaults to `True`):
+            Keep the draft's own self-attention and its KV cache. `False` (``state_input`` only) is Gemma 4's
+            assistant layout: cross-attention and MLP only (Gemma 4's block: RMS-normed query heads, unit scaling, a norm
+            after each sub-layer), no cache of its own, every draft step queried from the position of the target state it
+            started from, ``t - 1``; vLLM serves it as it is (``hf-specdraft export``, docs/serving.md).
     """
 
     model_type = "glide"

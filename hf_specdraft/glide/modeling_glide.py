@@ -442,7 +442,9 @@ class GlideModel(GlidePreTrainedModel):
         past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
         query_index = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen
         if not self.config.self_attention and position_ids is not None:
-            query_index = position_ids[0]  # no cache of its own: the positions say where each query stands
+            # Gemma 4's assistant layout: a query stands at the position of the target state it reads, and sees the target's
+            # keys up to and including it
+            query_index = position_ids[0] + 1
         if position_ids is None:
             position_ids = query_index[None]
         padding_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None

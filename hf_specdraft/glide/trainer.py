@@ -227,8 +227,9 @@ def _setup(target, glide, args: GlideTrainingArguments):
     target.eval().requires_grad_(False)
     if getattr(target, "hf_device_map", None) is None:
         target.to(accelerator.device)
-    decay = [p for p in glide.parameters() if p.ndim >= 2]
-    no_decay = [p for p in glide.parameters() if p.ndim < 2]
+    trained = [p for p in glide.parameters() if p.requires_grad]  # a frozen part (e.g. the target's embedding rows) stays
+    decay = [p for p in trained if p.ndim >= 2]
+    no_decay = [p for p in trained if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate
     )

@@ -12,7 +12,8 @@ Pass k computes step k for every t at once (query j, ``t = j - k + 1``), teacher
 - a GLIDE with self-attention sees, at step k, its own cache as the loop leaves it: step-1 entries for every position
   ``<= t`` and one entry for each of its steps 2..k. The passes share one cache, so pass k's queries attend to pass 1's
   keys before them and to passes 2..k's keys on their own diagonal (the mask of :func:`self_attention_mask`);
-- without self-attention every step queries from position t (Gemma 4's assistant layout).
+- without self-attention every step queries from position t - 1, the position of the target state it started from
+  (Gemma 4's assistant layout, as vLLM serves it).
 
 A GLIDE without ``state_input`` needs no cache: its pass k is the teacher-forced forward with the glimpse delayed by k.
 """
@@ -79,7 +80,7 @@ def unrolled_passes(model, batch: GlideBatch, steps: int) -> Iterator[tuple[int,
         if config.cross_attention and batch.target_past_key_values is not None:
             kwargs = {"target_past_key_values": batch.target_past_key_values,
                       "target_attention_mask": glimpse_mask(length, k, dtype, device)}
-        positions = index if config.self_attention else start.clamp(min=0)
+        positions = index if config.self_attention else (start - 1).clamp(min=0)  # assistant layout: h_{t-1}'s position
         if cache is not None:
             kwargs.update(past_key_values=cache, use_cache=True, attention_mask=self_attention_mask(length, k, dtype, device))
         else:

@@ -1,0 +1,186 @@
+"""A trained GLIDE written as a checkpoint serving engines load: Gemma 4's assistant layout, which vLLM serves as its
+``"mtp"`` speculative method on any target whose KV cache it can share (a Llama target included; docs/serving.md).
+
+The layouts agree where GLIDE is built with ``state_input=True, self_attention=False`` (GlideConfig): each draft layer
+is Q-only attention over the target's last layer's keys and values, RMS-normed query heads at unit scaling, a norm
+after each sub-layer, no cache of its own; ``pre_projection([embedding ; state])`` in, ``post_projection`` of the final
+normed state out to the next step, every step's query at the position of the target state it started from. The
+weights map by name and shape (:data:`LAYER_NAMES`); two things the layout expresses differently:
+
+- the input embedding: vLLM feeds the **target's** embedding rows times ``sqrt(hidden_size)`` (Gemma's scale, applied
+  whatever the target), so the embedding half of ``pre_projection`` is divided by that scale. A GLIDE whose input rows are
+  the target's (the SmolLM2 recipe pins them) computes the same inputs for every id of its draft vocabulary; an id outside
+  it reads its own row in vLLM, the shared "another token" row in GLIDE;
+- the head: the layout scores the whole vocabulary with one tied table. A reduced-vocabulary GLIDE's rows go to their
+  ids and every other id gets a zero row (a logit of 0 where GLIDE gives the dtype's minimum): the drafts differ only
+  where none of GLIDE's own logits is positive.
+
+What cannot be expressed (self-attention, no state input, a glimpse of another layer than the target's last, a draft
+width other than the target's) is refused by name, with the GLIDE option that would make it exportable. The target needs
+``layer_types`` in its ``config.json`` for vLLM to find the layer to share: the export writes that config beside the
+draft (``target_config.json``), never into the target's own directory.
+
+    hf-specdraft export hf_specdraft/defaults/checkpoint_smollm2/glide exported/ --target ~/.cache/hf_specdraft/smollm2-135m-instruct
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import PretrainedConfig
+
+# GLIDE's name in a draft layer -> the assistant layout's (under model.layers.N.)
+LAYER_NAMES = {
+    "cross_attn_layernorm.weight": "input_layernorm.weight",
+    "cross_attn.q_proj.weight": "self_attn.q_proj.weight",
+    "cross_attn.q_norm.weight": "self_attn.q_norm.weight",
+    "cross_attn.o_proj.weight": "self_attn.o_proj.weight",
+    "post_cross_attn_layernorm.weight": "post_attention_layernorm.weight",
+    "post_attention_layernorm.weight": "pre_feedforward_layernorm.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+    "post_feedforward_layernorm.weight": "post_feedforward_layernorm.weight",
+}
+TOP_NAMES = {"model.norm.weight": "model.norm.weight", "model.post_projection.weight": "post_projection.weight"}
+ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")  # act-and-mul kinds vLLM's Gemma 4 MLP takes
+
+
+def unexpressible(config) -> list[str]:
+    """Why a GLIDE of ``config`` has no Gemma 4 assistant checkpoint, one reason a line (empty: it exports)."""
+    reasons = []
+    if not getattr(config, "state_input", False):
+        reasons.append("it does not read the target's state: build it with state_input=True")
+    if getattr(config, "self_attention", True):
+        reasons.append("it has self-attention and a cache of its own, which the layout has no layer for: build it with "
+                       "self_attention=False")
+    if not config.cross_attention:
+        reasons.append("it has no cross-attention to the target's KV (the vanilla drafter): the layout's layers are that attention")
+    last = config.target_num_hidden_layers - 1
+    if config.cross_attention and any(i != last for i in config.target_layer_ids):
+        reasons.append(f"it glimpses target layers {config.target_layer_ids}; the layout reads the target's last layer ({last}) only")
+    if config.hidden_size != config.target_hidden_size:
+        reasons.append(f"its width {config.hidden_size} differs from the target's {config.target_hidden_size}: the layout feeds the "
+                       "target's embedding rows into pre_projection")
+    if config.attention_bias or config.mlp_bias:
+        reasons.append("it has biases, which the layout's projections do not")
+    if config.hidden_act not in ACTIVATIONS:
+        reasons.append(f"its activation {config.hidden_act!r} is not one of {list(ACTIVATIONS)}")
+    return reasons
+
+
+def assistant_weights(glide) -> dict[str, torch.Tensor]:
+    """GLIDE's state dict as the assistant layout's tensors (fp32, contiguous; module docstring)."""
+    config = glide.config
+    problems = unexpressible(config)
+    if problems:
+        raise ValueError("this GLIDE cannot be written in Gemma 4's assistant layout:\n  " + "\n  ".join(problems))
+    ours = {name: tensor.detach().float().cpu() for name, tensor in glide.state_dict().items()}
+    out: dict[str, torch.Tensor] = {}
+    for i in range(config.num_hidden_layers):
+        for mine, theirs in LAYER_NAMES.items():
+            key = f"model.layers.{i}.{mine}"
+            if key not in ours:
+                raise ValueError(f"GLIDE has no tensor {key!r}: it was not built in the assistant layout")
+            out[f"model.layers.{i}.{theirs}"] = ours.pop(key)
+        out[f"model.layers.{i}.layer_scalar"] = torch.ones(1)
+    for mine, theirs in TOP_NAMES.items():
+        out[theirs] = ours.pop(mine)
+    projection = ours.pop("model.pre_projection.weight").clone()  # (hidden, hidden + target_hidden)
+    projection[:, : config.hidden_size] /= math.sqrt(config.target_hidden_size)  # vLLM scales the embedding rows up by it
+    out["pre_projection.weight"] = projection
+    head = ours.pop("lm_head.weight")
+    embed = ours.pop("model.embed_tokens.weight")
+    ours.pop("model.target_to_draft", None)
+    ours.pop("draft_token_ids", None)
+    if config.draft_token_ids is None:
+        out["model.embed_tokens.weight"] = head
+    else:
+        full = torch.zeros(config.vocab_size, config.hidden_size)
+        full[torch.tensor(config.draft_token_ids)] = head[: len(config.draft_token_ids)]
+        out["model.embed_tokens.weight"] = full
+    del embed  # the input rows are the target's in the layout
+    leftover = sorted(name for name in ours if "rotary" not in name)
+    if leftover:
+        raise ValueError(f"GLIDE tensors with no home in the assistant layout: {leftover}")
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def assistant_config(glide) -> PretrainedConfig:
+    """The Gemma 4 assistant config of ``glide``'s export (transformers' ``Gemma4AssistantConfig``)."""
+    from transformers import Gemma4AssistantConfig, Gemma4TextConfig
+
+    config = glide.config
+    layers = config.num_hidden_layers
+    rope = {key: value for key, value in dict(config.target_rope_parameters).items() if key != "partial_rotary_factor"}
+    text = Gemma4TextConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=layers, num_attention_heads=config.target_num_attention_heads,
+        num_key_value_heads=config.target_num_key_value_heads, head_dim=config.target_head_dim,
+        global_head_dim=config.target_head_dim, hidden_activation=config.hidden_act,
+        max_position_embeddings=config.target_max_position_embeddings, rms_norm_eps=config.rms_norm_eps,
+        tie_word_embeddings=True, layer_types=["full_attention"] * layers, rope_parameters={"full_attention": rope},
+        attention_bias=False, final_logit_softcapping=None, vocab_size_per_layer_input=0, hidden_size_per_layer_input=0,
+        num_kv_shared_layers=layers, enable_moe_block=False, use_double_wide_mlp=False, attention_k_eq_v=False,
+        pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+    )
+    assistant = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=config.target_hidden_size, use_ordered_embeddings=False,
+                                      tie_word_embeddings=True)
+    assistant.architectures = ["Gemma4AssistantForCausalLM"]
+    return assistant
+
+
+def target_config_for_serving(target_config: PretrainedConfig) -> dict:
+    """The target's config as a dict with ``layer_types`` (every layer ``"full_attention"`` unless it says otherwise),
+    which vLLM reads to find the target layer the draft shares."""
+    data = target_config.to_dict()
+    text = target_config.get_text_config()
+    if not getattr(text, "layer_types", None):
+        window = getattr(text, "sliding_window", None)
+        if window is not None and getattr(text, "use_sliding_window", True):
+            raise ValueError(f"the target has a sliding window of {window} tokens but no layer_types saying which layers use it: "
+                             "add layer_types to its config first")
+        data["layer_types"] = ["full_attention"] * text.num_hidden_layers
+    return data
+
+
+def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig | None = None) -> Path:
+    """Write ``glide`` into ``output_dir`` in Gemma 4's assistant layout (``config.json``, ``model.safetensors``,
+    ``generation_config.json``, ``export.json``: what was approximated) and, given the target's config, the target's
+    config with ``layer_types`` as ``target_config.json``.
+
+    Raises:
+        ValueError: the GLIDE cannot be expressed in the layout (:func:`unexpressible`), or ``target_config`` is not the
+            target it was built for.
+    """
+    if target_config is not None:
+        problems = glide.config.target_mismatches(target_config)
+        if problems:
+            raise ValueError("target_config is not the target this GLIDE was built for:\n  " + "\n  ".join(problems))
+    weights = assistant_weights(glide)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    assistant_config(glide).save_pretrained(output_dir)
+    save_file(weights, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = glide.config
+    generation = {key: getattr(config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(config, key) is not None}
+    (output_dir / "generation_config.json").write_text(json.dumps(generation, indent=1) + "\n")
+    notes = {
+        "source": "hf_specdraft GLIDE (state_input, assistant layout)",
+        "target": config.target_name_or_path,
+        "draft_vocabulary": None if config.draft_token_ids is None else len(config.draft_token_ids),
+        "approximations": [] if config.draft_token_ids is None else [
+            f"the head scores the whole vocabulary: the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's "
+            "draft vocabulary get zero rows (logit 0) where GLIDE never drafts them",
+            "ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's shared row"],
+        "serve": {"speculative_config": {"method": "mtp", "model": str(output_dir), "num_speculative_tokens": 3},
+                  "target": "a copy of the target's directory whose config.json is target_config.json"},
+    }
+    (output_dir / "export.json").write_text(json.dumps(notes, indent=1) + "\n")
+    if target_config is not None:
+        (output_dir / "target_config.json").write_text(json.dumps(target_config_for_serving(target_config), indent=1) + "\n")
+    return output_dir
