@@ -7,6 +7,7 @@ what it runs.
     hf-specdraft report                     # BENCHMARKS.md from benchmarks/results/*.json
     hf-specdraft train-glide --target DIR (--data FILES | --dataset FILE_OR_HUB_ID [--regenerate]) --output-dir DIR   # see --help
     hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
+    hf-specdraft export GLIDE_DIR OUTPUT_DIR [--target DIR]              # a GLIDE as vLLM serves it (docs/serving.md)
 
 The parsers use the standard library only, and each command imports torch and the library when it runs (``import
 hf_specdraft`` loads nothing eagerly), so ``hf-specdraft --help`` answers at once. The studies and training recipes
@@ -298,6 +299,42 @@ def report_arguments(report: argparse.ArgumentParser, method_names: tuple[str, .
     report.add_argument("--output", default="BENCHMARKS.md")
 
 
+def export_arguments(export: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
+    export.add_argument("glide", help="a GLIDE checkpoint directory (built with state_input=True, self_attention=False), or "
+                        "'default' for the one shipped for SmolLM2")
+    export.add_argument("output_dir", help="where the Gemma 4 assistant checkpoint goes")
+    export.add_argument("--target", help="the target's checkpoint directory: its config is written beside the export with the "
+                        "layer_types vLLM needs (target_config.json); the embedded SmolLM2 for 'default'")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from .glide import GlideForCausalLM
+    from .glide.export import export_glide
+
+    target_dir = args.target
+    glide_dir = args.glide
+    if glide_dir == "default":
+        from .defaults.smollm2 import converted_dir
+
+        glide_dir = str(Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide")
+        target_dir = target_dir or str(converted_dir())
+    if not (Path(glide_dir) / "config.json").is_file():
+        raise ValueError(f"GLIDE: {glide_dir!r} is not a checkpoint directory (no config.json)")
+    glide = GlideForCausalLM.from_pretrained(glide_dir, dtype=torch.float32)
+    target_config = None
+    if target_dir is not None:
+        from transformers import AutoConfig
+
+        if not (Path(target_dir) / "config.json").is_file():
+            raise ValueError(f"--target: {target_dir!r} is not a checkpoint directory (no config.json)")
+        target_config = AutoConfig.from_pretrained(target_dir)
+    out = export_glide(glide, args.output_dir, target_config)
+    print(f"wrote {out} (serve: docs/serving.md)")
+    return 0
+
+
 @dataclass(frozen=True)
 class Command:
     """One subcommand: its line in ``--help``, what it runs, and what fills its parser.
@@ -318,6 +355,7 @@ COMMANDS = {
     "report": Command("render BENCHMARKS.md from benchmarks/results/*.json", cmd_report, report_arguments),
     "train-glide": Command("train a GLIDE drafter for your target; see `hf-specdraft train-glide --help`", cmd_train_glide),
     "build-bigram": Command("Max-Gram's bigram fallback table; see `hf-specdraft build-bigram --help`", cmd_build_bigram),
+    "export": Command("write a trained GLIDE in Gemma 4's assistant layout, which vLLM serves", cmd_export, export_arguments),
 }
 
 
