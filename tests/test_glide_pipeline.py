@@ -221,3 +221,18 @@ def test_token_files_hold_out_their_tail_for_the_evaluation(target_dir, tmp_path
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())
     assert log["train_tokens_available"] == 1200 - 60 and log["eval"]["eval_positions"] == 32  # --eval-fraction 0.05 by default: 60 tokens, one window
     assert "tokens_per_forward" in log["eval"]
+
+
+def test_train_glide_cli_trains_a_state_glide_in_the_assistant_layout_and_it_exports(target_dir, tmp_path):
+    """``--state-input --assistant-layout``: trained over two unrolled steps, evaluated at its first step, exported."""
+    from hf_specdraft.glide import GlideForCausalLM
+    from hf_specdraft.glide.export import export_glide
+
+    data = write_jsonl(tmp_path / "texts.jsonl", texts())
+    log = run(target_dir, data, tmp_path / "out", "--state-input", "--assistant-layout", "--eval-every", "8", "--eval-examples", "3",
+              "--eval-windows", "2", "--eval-prompts", "2", "--eval-new-tokens", "6")
+    assert {"kl_1", "kl_2"} <= set(log["steps"][-1]) or {"ce_1", "ce_2"} <= set(log["steps"][-1])
+    assert 0 <= log["eval"]["alpha"] <= 1 and log["eval"]["tokens_per_forward"] >= 1
+    glide = GlideForCausalLM.from_pretrained(tmp_path / "out")
+    assert glide.config.state_input and not glide.config.self_attention
+    assert (export_glide(glide, tmp_path / "export") / "model.safetensors").is_file()

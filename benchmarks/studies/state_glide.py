@@ -29,11 +29,12 @@ import torch
 from hf_specdraft import speculative_generate
 from hf_specdraft.bench.harness import cpu_model, prompt_ids
 from hf_specdraft.defaults.tasks import build_tasks
-from hf_specdraft.glide import GlideForCausalLM
+from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
 from hf_specdraft.glide.store import StoreWindows, load_store
 from hf_specdraft.glide.unrolled import conditional_agreement
 
 STEPS = 3
+DRAFT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the embedded default loads its drafters in bf16 on CPU
 
 
 @torch.no_grad()
@@ -57,7 +58,7 @@ def step_ms(target, glide, context: int = 300, repeats: int = 30) -> dict:
     ids = torch.randint(0, target.config.vocab_size, (1, context + 1))
     cache = DynamicCache(config=target.config)
     out = target(ids[:, :-1], past_key_values=cache, use_cache=True, output_hidden_states=True)
-    state = out.hidden_states[-1][:, -1:]
+    state = out.hidden_states[-1][:, -1:].to(glide.dtype)
     kwargs = {"target_past_key_values": cache} if glide.config.cross_attention else {}
     if glide.config.state_input:
         kwargs["target_hidden_states"] = state
@@ -84,6 +85,15 @@ def step_ms(target, glide, context: int = 300, repeats: int = 30) -> dict:
     return {"draft_step_ms": round(draft_ms, 3), "target_forward_ms": round(target_ms, 3), "draft_cost_ratio": round(draft_ms / target_ms, 4)}
 
 
+def run(target, ids, drafter, new_tokens: int, **kwargs):
+    """The default call with ``drafter``: a GLIDE (``draft_model=``) or ``(GLIDE, GlideCandidateGenerator options)``."""
+    if isinstance(drafter, tuple):
+        glide, options = drafter
+        return speculative_generate(target, ids, candidate_generator=GlideCandidateGenerator(glide, **options), max_new_tokens=new_tokens,
+                                    **kwargs)
+    return speculative_generate(target, ids, draft_model=drafter, max_new_tokens=new_tokens, **kwargs)
+
+
 def default_call(target, tokenizer, drafters: dict, tasks: list[str], prompts: int, new_tokens: int, repeats: int) -> dict:
     """Tokens/s, speedup over ``target.generate`` and MAL of each drafter's default call, interleaved per prompt."""
     results = {}
@@ -97,8 +107,8 @@ def default_call(target, tokenizer, drafters: dict, tasks: list[str], prompts: i
             ids = prompt_ids(tokenizer, item)
             reference = target.generate(ids, max_new_tokens=new_tokens, do_sample=False)  # warm-up and the reference
             new[p] = reference.shape[1] - ids.shape[1]
-            for name, glide in drafters.items():
-                speculative_generate(target, ids, draft_model=glide, max_new_tokens=new_tokens)  # warm-up
+            for name, drafter in drafters.items():
+                run(target, ids, drafter, new_tokens)  # warm-up
             for r in range(repeats):
                 order = ["target-only", *drafters]
                 order = order[r % len(order):] + order[: r % len(order)]  # rotated: no method always runs first
@@ -107,8 +117,7 @@ def default_call(target, tokenizer, drafters: dict, tasks: list[str], prompts: i
                     if name == "target-only":
                         target.generate(ids, max_new_tokens=new_tokens, do_sample=False)
                     else:
-                        out = speculative_generate(target, ids, draft_model=drafters[name], max_new_tokens=new_tokens,
-                                                   return_dict_in_generate=True)
+                        out = run(target, ids, drafters[name], new_tokens, return_dict_in_generate=True)
                     times[name].setdefault(p, []).append(time.perf_counter() - start)
                     if name != "target-only" and r == 0:
                         identical[name] &= bool(torch.equal(out.sequences, reference))
@@ -137,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--copy", type=int, default=0, metavar="N",
+                        help="also time each drafter with copy_from_context=N (GlideDraftingConfig), as NAME+copy")
+    parser.add_argument("--draft-dtype", default="bf16", choices=sorted(DRAFT_DTYPES), help="the drafters' (bf16: the default call's)")
     parser.add_argument("--output", required=True)
     ns = parser.parse_args(argv)
     from hf_specdraft.defaults.smollm2 import load_smollm2
@@ -148,11 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         name, _, path = spec.partition("=")
         if not path:
             parser.error(f"--drafter must be NAME=DIR, got {spec!r}")
-        drafters[name] = GlideForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        drafters[name] = GlideForCausalLM.from_pretrained(path, dtype=DRAFT_DTYPES[ns.draft_dtype]).eval()
     source = StoreWindows(load_store(ns.heldout_store))
     result = {"drafters": {}, "heldout_tokens": source.tokens,
               "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(),
-                          "torch": torch.__version__, "dtype": "float32"},
+                          "torch": torch.__version__, "target_dtype": "float32", "draft_dtype": ns.draft_dtype},
               "command": "python -m benchmarks.studies.state_glide " + " ".join(argv or __import__("sys").argv[1:])}
     for name, glide in drafters.items():
         config = glide.config
@@ -164,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             **step_ms(target, glide),
         }
         print(name, result["drafters"][name], flush=True)
-    result["default_call"] = default_call(target, tokenizer, drafters, ns.tasks.split(","), ns.num_prompts, ns.max_new_tokens, ns.repeats)
+    timed = dict(drafters)
+    if ns.copy:
+        timed.update({f"{name}+copy": (glide, {"copy_from_context": ns.copy}) for name, glide in drafters.items()})
+    result["default_call"] = default_call(target, tokenizer, timed, ns.tasks.split(","), ns.num_prompts, ns.max_new_tokens, ns.repeats)
     print(json.dumps(result["default_call"], indent=1))
     Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.output).write_text(json.dumps(result, indent=1) + "\n")

@@ -62,7 +62,14 @@ def _windows_source(windows):
 def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: int | None = None) -> torch.Tensor:
     """q `(B, T, V)` over the target's vocabulary on ``batch``'s windows, glimpsing its target KV with the block-wise
     mask of L = ``block_size`` (training's, §4.1) or, given ``delay``, :func:`delay_mask`'s; GLIDE glimpses nothing when
-    the batch holds no KV (``glimpse=False`` in :func:`teacher_forced_alpha`, or a vanilla drafter)."""
+    the batch holds no KV (``glimpse=False`` in :func:`teacher_forced_alpha`, or a vanilla drafter). A ``state_input``
+    GLIDE is scored at its first draft step (:func:`~.unrolled.unrolled_passes`: the glimpse and state the loop gives it;
+    the block size does not apply)."""
+    if getattr(glide.config, "state_input", False):
+        from .unrolled import unrolled_passes  # noqa: PLC0415 (unrolled imports objective, which this module does too)
+
+        _, logits, _ = next(unrolled_passes(glide, batch, 1))
+        return glide.to_target_logits(logits.float()).softmax(-1)
     mask, kv = None, batch.target_past_key_values
     if kv is None and glide.config.cross_attention:  # every layer empty: nothing to glimpse (None would read an attached target)
         kv = [(None, None)] * glide.config.target_num_hidden_layers

@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-layers", type=int, default=1, help="N_D (Appendix E: 1 up to 13B targets)")
     parser.add_argument("--hidden-size", type=int, help="d_D (default: the target's hidden size)")
     parser.add_argument("--vanilla", action="store_true", help="train the vanilla drafter (no cross-attention)")
+    parser.add_argument("--state-input", action="store_true",
+                        help="GLIDE reads the target's last hidden state (GlideConfig.state_input), trained over unrolled steps")
+    parser.add_argument("--assistant-layout", action="store_true",
+                        help="with --state-input: no self-attention, Gemma 4's assistant layout, which `hf-specdraft export` writes for vLLM")
+    parser.add_argument("--unrolled-steps", dest="unrolled_steps", type=int,
+                        help="draft steps unrolled per position in training (default: 2 with --state-input, else 1)")
     parser.add_argument("--target-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     defaults = GlideTrainingArguments(output_dir=".")
     for name, flag in (("max_steps", "--max-steps"), ("seq_len", "--seq-len"), ("per_device_batch_size", "--batch-size"),
@@ -216,8 +222,11 @@ def _load_models(parser, ns, seed: int):
         except (OSError, ValueError) as error:
             parser.error(f"--glide: cannot load a GLIDE checkpoint from {ns.glide!r}: {str(error).splitlines()[0]}")
     torch.manual_seed(seed)
+    if ns.assistant_layout and not ns.state_input:
+        parser.error("--assistant-layout needs --state-input (the layout's draft reads the target's state)")
     config = GlideConfig.from_target_config(target.config, num_hidden_layers=ns.num_layers, hidden_size=ns.hidden_size,
-                                            cross_attention=not ns.vanilla, target_name_or_path=ns.target)
+                                            cross_attention=not ns.vanilla, target_name_or_path=ns.target,
+                                            state_input=ns.state_input, self_attention=not ns.assistant_layout)
     return target, GlideForCausalLM(config)
 
 
