@@ -170,7 +170,6 @@ def test_train_glide_cli_names_a_missing_path_in_one_line(args, message, tmp_pat
 def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
     """A GLIDE over a reduced vocabulary (draft_token_ids) scores labels outside it as its last row, and p's mass there,
     instead of the ~1e38 cross-entropy and infinite KL that its target-vocabulary logits (the dtype's minimum there) gave."""
-    from types import SimpleNamespace
 
     from hf_specdraft.glide.objective import GlideBatch, glide_loss, target_memory
 
@@ -180,7 +179,7 @@ def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
     ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
     assert bool((ids % 3 != 0).any())  # labels outside the draft's vocabulary
     kv, logits = target_memory(target, ids, with_logits=True)
-    args = SimpleNamespace(distillation_weight=0.5, distillation_temperature=1.0)
+    args = GlideTrainingArguments(output_dir="unused", distillation_weight=0.5, distillation_temperature=1.0)
     loss, parts = glide_loss(glide, GlideBatch(ids, kv, logits), 5, args)
     rows = VOCAB // 3 + 1
     assert torch.isfinite(loss) and parts["ce"] < 2 * torch.log(torch.tensor(float(rows))) and torch.isfinite(parts["kl"])
@@ -207,7 +206,6 @@ def tiny_store(target, windows: int = 8, seq_len: int = 32) -> dict:
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_top_k_loss_is_the_full_logits_loss_when_k_is_the_vocabulary(draft_token_ids, temperature):
     """p given as the target's top k with k = V is p itself: the same cross-entropy, KL and gradient as its logits."""
-    from types import SimpleNamespace
 
     from hf_specdraft.glide.objective import GlideBatch, glide_loss, target_memory
 
@@ -216,7 +214,7 @@ def test_top_k_loss_is_the_full_logits_loss_when_k_is_the_vocabulary(draft_token
     ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
     kv, logits = target_memory(target, ids, with_logits=True)
     top = logits.softmax(-1).topk(VOCAB, dim=-1)
-    args = SimpleNamespace(distillation_weight=0.7, distillation_temperature=temperature)
+    args = GlideTrainingArguments(output_dir="unused", distillation_weight=0.7, distillation_temperature=temperature)
     whole, whole_parts = glide_loss(glide, GlideBatch(ids, kv, logits), 5, args)
     whole.backward()
     grads = [p.grad.clone() for p in glide.parameters()]

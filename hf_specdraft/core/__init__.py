@@ -9,6 +9,7 @@ Read bottom-up, as the loop runs a step:
 * :mod:`.host`: host data onto the device without a sync, and host tensors made cheaply;
 * :mod:`.cache`: compaction, repacking, windows and draft-cache re-syncs;
 * :mod:`.acceptance`: greedy, speculative sampling, lenient and conditional rules;
+* :mod:`.suffix_match`: the longest earlier occurrence of the text's suffix (Max-Gram's match; GLIDE copies from it);
 * :mod:`.stopping`: the step's stop checks, on host tokens;
 * :mod:`.emission`: one row's share of a step: its accepted path by its rule, emitted where ``generate`` would stop;
 * :mod:`.traits`: what a drafter declares to the loop (``DrafterTraits``), kept on each row;

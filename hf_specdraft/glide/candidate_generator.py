@@ -34,7 +34,7 @@ from ..core.cache import crop_to
 from ..core.target_state import TargetState
 from ..core.tree import DraftTree
 from ..core.validation import method_config
-from ..cascade.max_gram import longest_suffix_match
+from ..core.suffix_match import longest_suffix_match
 from .drafting_config import GlideDraftingConfig
 from .modeling_glide import read_target_layer
 

@@ -24,6 +24,7 @@ import torch
 from ..core.loop import speculative_generate
 from ..core.stats import SpeculativeStats, overlap
 from .objective import GlideBatch, TargetWindows
+from .unrolled import unrolled_passes
 
 
 def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch.Tensor:
@@ -66,8 +67,6 @@ def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: 
     GLIDE is scored at its first draft step (:func:`~.unrolled.unrolled_passes`: the glimpse and state the loop gives it;
     the block size does not apply)."""
     if getattr(glide.config, "state_input", False):
-        from .unrolled import unrolled_passes  # noqa: PLC0415 (unrolled imports objective, which this module does too)
-
         _, logits, _ = next(unrolled_passes(glide, batch, 1))
         return glide.to_target_logits(logits.float()).softmax(-1)
     mask, kv = None, batch.target_past_key_values

@@ -13,11 +13,15 @@ What the target says comes from a :class:`WindowSource`, so that :func:`~.traine
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from accelerate.utils import extract_model_from_parallel
 from transformers import DynamicCache, PreTrainedModel
+
+from .batch import GlideBatch
+from .unrolled import unrolled_passes
+
+__all__ = ["GlideBatch", "TargetWindows", "WindowSource", "glide_loss", "target_memory", "target_probs", "token_stream", "window_source"]
 
 
 def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
@@ -66,32 +70,6 @@ def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits:
     kv = tuple((getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers)
     logits = outputs.logits if with_logits else None
     return (kv, logits, outputs.hidden_states[-1]) if with_hidden else (kv, logits)
-
-
-@dataclass
-class GlideBatch:
-    """One batch as the loss and the held-out scorer read it: the windows and what the frozen target says about them.
-
-    p is given either whole (``target_logits``, computed on the fly) or as its top k (``topk_ids`` / ``topk_probs``,
-    read from a store); position t of each holds p for the token after ``input_ids[:, t]``.
-
-    Args:
-        input_ids: `(B, T)` the windows.
-        target_past_key_values: per target layer ``(keys, values)`` `(B, kv_heads, T, head_dim)` (post-RoPE; ``(None,
-            None)`` for a layer no one reads), or `None` when nobody glimpses (a vanilla drafter).
-        target_logits: `(B, T, V)` the target's next-token logits, or `None`.
-        topk_ids: `(B, T, k)` the target's k most likely next tokens, most likely first, or `None`.
-        topk_probs: `(B, T, k)` their probabilities under p, or `None`.
-        target_hidden: `(B, T, hidden_size)` the target's last hidden state (after its final norm), or `None` (read by a
-            ``state_input`` GLIDE only).
-    """
-
-    input_ids: torch.Tensor
-    target_past_key_values: Sequence | None = None
-    target_logits: torch.Tensor | None = None
-    topk_ids: torch.Tensor | None = None
-    topk_probs: torch.Tensor | None = None
-    target_hidden: torch.Tensor | None = None
 
 
 class WindowSource:
@@ -212,8 +190,6 @@ def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.T
     glide = extract_model_from_parallel(model)
     steps = args.draft_steps(glide.config)
     if glide.config.state_input or steps > 1:
-        from .unrolled import unrolled_passes  # noqa: PLC0415 (unrolled imports this module)
-
         passes = unrolled_passes(model, batch, steps)
     else:
         logits = model(input_ids=batch.input_ids, target_past_key_values=batch.target_past_key_values, cross_attention_block_size=block_size,

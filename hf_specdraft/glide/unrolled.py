@@ -26,7 +26,7 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from transformers import DynamicCache
 
-from .objective import GlideBatch
+from .batch import GlideBatch
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
