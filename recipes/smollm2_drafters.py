@@ -282,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         extra = load_store(path)
         store = {k: torch.cat([v, *[extra[k]] * ns.extra_weight]) for k, v in store.items()}
     for kind, args in runs.items():
-        init_from = None if ns.init_from is None else Path(ns.init_from) / WARM_START.get(kind, kind)
+        init_from = None
+        if ns.init_from is not None:  # the same kind's earlier stage, else the kind it warm-starts from
+            init_from = Path(ns.init_from) / kind
+            if not (init_from / "config.json").is_file():
+                init_from = Path(ns.init_from) / WARM_START.get(kind, kind)
         model, log = train_drafter(kind, target, store, args, init_from=init_from)
         if init_from is not None:
             log["earlier_stages"] = earlier_stages(json.loads((init_from / "training_log.json").read_text()))
@@ -295,3 +299,32 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def card_metrics(ablation: dict, name: str) -> dict:
+    """What the model card states of drafter ``name`` from ``python -m benchmarks.studies.state_glide``'s JSON: held-out
+    greedy agreement at draft steps 1-3 (each given the earlier ones), α at step 1, and the default call's MAL and speedup."""
+    drafter = ablation["drafters"][name]
+    metrics = {f"greedy agreement at draft step {k} (given steps 1-{k - 1})" if k > 1 else "greedy agreement at draft step 1": value
+               for k, value in enumerate(drafter["agreement_by_step"], start=1)}
+    metrics["α at draft step 1 (against the target's top-8)"] = drafter["alpha_step_1"]
+    metrics["held-out text"] = f"{ablation['heldout_tokens']} tokens the target wrote for held-out prompts"
+    for task, result in ablation.get("default_call", {}).items():
+        if name in result:
+            metrics[f"default call, {task}: MAL / speedup vs target.generate"] = (
+                f"{result[name]['mean_accepted_length']} / {result[name]['speedup']}x ({ablation['machine']['cpu']}, "
+                f"{ablation['machine']['threads']} threads)")
+    return metrics
+
+
+def rewrite_card(checkpoint: str | Path, ablation: dict, name: str) -> None:
+    """Regenerate ``checkpoint``'s model card with :func:`card_metrics` (its training log and data as they were)."""
+    from hf_specdraft.defaults.smollm2 import HUB_ID
+    from hf_specdraft.glide.model_card import write_model_card
+
+    checkpoint = Path(checkpoint)
+    model = GlideForCausalLM.from_pretrained(checkpoint)
+    log = json.loads((checkpoint / "training_log.json").read_text())
+    write_model_card(model.config, checkpoint, base_model=HUB_ID, dataset=DATASET + "; #49: the target's own greedy continuations of "
+                     "448 train-split prompts (125K tokens, windows of 384)", metrics=card_metrics(ablation, name), training_log=log,
+                     custom_generate=not getattr(model.config, "state_input", False), license=LICENSE)

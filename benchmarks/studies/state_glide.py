@@ -30,6 +30,7 @@ from hf_specdraft import speculative_generate
 from hf_specdraft.bench.harness import cpu_model, prompt_ids
 from hf_specdraft.defaults.tasks import build_tasks
 from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
+from hf_specdraft.glide.evaluation import teacher_forced_alpha
 from hf_specdraft.glide.store import StoreWindows, load_store
 from hf_specdraft.glide.unrolled import conditional_agreement
 
@@ -55,6 +56,8 @@ def step_ms(target, glide, context: int = 300, repeats: int = 30) -> dict:
     """Milliseconds of one draft step and of one target decoding forward, both after ``context`` tokens."""
     from transformers import DynamicCache
 
+    from hf_specdraft.core.cache import crop_to
+
     ids = torch.randint(0, target.config.vocab_size, (1, context + 1))
     cache = DynamicCache(config=target.config)
     out = target(ids[:, :-1], past_key_values=cache, use_cache=True, output_hidden_states=True)
@@ -68,7 +71,7 @@ def step_ms(target, glide, context: int = 300, repeats: int = 30) -> dict:
         return glide(input_ids=ids[:, -1:], position_ids=position, use_cache=False, logits_to_keep=1, **kwargs)
 
     def verify():
-        cache.crop(context)
+        crop_to(cache, context)
         return target(ids[:, -1:], past_key_values=cache, use_cache=True)
 
     def timed(fn):
@@ -138,6 +141,39 @@ def default_call(target, tokenizer, drafters: dict, tasks: list[str], prompts: i
     return results
 
 
+def plot(result: dict, path: str | Path) -> Path:
+    """Three panels: the default call's speedup per task, agreement by draft step, and draft cost per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (speed, agree, cost) = plt.subplots(1, 3, figsize=(16, 4.5))
+    tasks = list(result["default_call"])
+    names = [n for n in result["default_call"][tasks[0]] if n != "target-only"]
+    width = 0.8 / len(tasks)
+    for i, task in enumerate(tasks):
+        speed.bar([x + i * width for x in range(len(names))], [result["default_call"][task][n]["speedup"] for n in names], width, label=task)
+    speed.axhline(1.0, color="gray", lw=0.8)
+    speed.set_xticks([x + width * (len(tasks) - 1) / 2 for x in range(len(names))], names, rotation=35, ha="right", fontsize=8)
+    speed.set_ylabel("speedup vs target.generate (default call)")
+    speed.legend()
+    for name, drafter in result["drafters"].items():
+        agree.plot(range(1, len(drafter["agreement_by_step"]) + 1), drafter["agreement_by_step"], marker="o", label=name)
+    agree.set_xlabel("draft step (given the earlier ones)")
+    agree.set_ylabel("held-out greedy agreement")
+    agree.set_xticks([1, 2, 3])
+    agree.legend(fontsize=8)
+    drafters = list(result["drafters"])
+    cost.bar(drafters, [result["drafters"][n]["draft_step_ms"] for n in drafters])
+    cost.set_ylabel("ms per draft step (target forward: %.0f ms)" % result["drafters"][drafters[0]]["target_forward_ms"])
+    cost.tick_params(axis="x", rotation=35, labelsize=8)
+    fig.suptitle(f"#49 ablation on SmolLM2-135M-Instruct ({result['machine']['cpu']}, {result['machine']['threads']} threads)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--heldout-store", required=True)
@@ -148,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--copy", type=int, default=0, metavar="N",
                         help="also time each drafter with copy_from_context=N (GlideDraftingConfig), as NAME+copy")
+    parser.add_argument("--copy-names", help="with --copy: only these drafters (comma-separated NAMEs)")
     parser.add_argument("--draft-dtype", default="bf16", choices=sorted(DRAFT_DTYPES), help="the drafters' (bf16: the default call's)")
     parser.add_argument("--output", required=True)
+    parser.add_argument("--plot", help="a PNG of the three panels")
     ns = parser.parse_args(argv)
     from hf_specdraft.defaults.smollm2 import load_smollm2
 
@@ -173,16 +211,20 @@ def main(argv: list[str] | None = None) -> int:
             "layout": {"cross_attention": config.cross_attention, "state_input": getattr(config, "state_input", False),
                        "self_attention": getattr(config, "self_attention", True), "layers": config.num_hidden_layers},
             "agreement_by_step": agreement(target, glide, source),
+            "alpha_step_1": teacher_forced_alpha(target, glide, source, delay=1, batch_size=4)["alpha"],  # vs the store's top-8: a lower bound
             **step_ms(target, glide),
         }
         print(name, result["drafters"][name], flush=True)
     timed = dict(drafters)
     if ns.copy:
-        timed.update({f"{name}+copy": (glide, {"copy_from_context": ns.copy}) for name, glide in drafters.items()})
+        names = ns.copy_names.split(",") if ns.copy_names else list(drafters)
+        timed.update({f"{name}+copy": (drafters[name], {"copy_from_context": ns.copy}) for name in names})
     result["default_call"] = default_call(target, tokenizer, timed, ns.tasks.split(","), ns.num_prompts, ns.max_new_tokens, ns.repeats)
     print(json.dumps(result["default_call"], indent=1))
     Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.output).write_text(json.dumps(result, indent=1) + "\n")
+    if ns.plot:
+        plot(result, ns.plot)
     return 0
 
 

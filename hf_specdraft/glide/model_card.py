@@ -77,7 +77,8 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
         raise ValueError(f"target_name must be a non-empty str (the target's Hub id or path), got {target_name!r}")
     directory = Path(directory)
     glide.save_pretrained(directory)  # weights, config.json with auto_map, modeling_glide.py and its flat siblings
-    writer = hooks.custom_generate_writer
+    # the folder's own drafter feeds tokens only: a GLIDE reading the target's state runs through hf_specdraft's loop
+    writer = None if getattr(glide.config, "state_input", False) else hooks.custom_generate_writer
     write_model_card(glide.config, directory, base_model=target_name or glide.config.target_name_or_path, custom_generate=writer is not None,
                      **card_info)
     if writer is not None:
@@ -95,6 +96,14 @@ def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_gen
     if custom_generate:
         lines += ["", "# GLIDE + CAPE (tree verification), with only transformers installed; greedy, batch size 1",
                   f'out = target.generate(**inputs, custom_generate="{repo}", trust_remote_code=True, max_new_tokens=128)']
+    if getattr(config, "state_input", False):  # transformers' assisted decoding hands a draft model no state
+        lines += ["", "# GLIDE reads the target's last hidden state: hf_specdraft's loop hands it over (pip install hf-specdraft)",
+                  "from hf_specdraft import speculative_generate",
+                  f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)',
+                  "out = speculative_generate(target, inputs.input_ids, draft_model=glide, max_new_tokens=128)", "```", ""]
+        if not getattr(config, "self_attention", True):
+            lines += ["In Gemma 4's assistant layout: `hf-specdraft export` writes it as a checkpoint vLLM serves (method `mtp`).", ""]
+        return lines
     lines += ["", "# GLIDE in transformers' own assisted decoding",
               f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)']
     if config.cross_attention:
@@ -199,12 +208,17 @@ def write_model_card(config, output_dir, base_model: str | None = None, dataset:
     lines = [f"# {kind} draft model for `{base_model or config.target_model_type}`", "",
              "A draft model for speculative decoding (Du et al. 2024, *GLIDE with a CAPE*, §4.1): "
              + ("each layer cross-attends to the target model's KV cache." if config.cross_attention else "no cross-attention; a baseline for GLIDE.")
+             + (" It also reads the target's last hidden state: `[embedding ; state]` in at the first draft step, its own "
+                "projected state after (Gemma 4's assistant, EAGLE), trained over unrolled draft steps."
+                if getattr(config, "state_input", False) else "")
              + (" `custom_generate/` adds CAPE (§4.2): each drafted position is widened by the draft's confidence and "
                 "all candidates are verified as one tree." if custom_generate else ""), "",
              *_usage_lines(config, base_model, repo_id, custom_generate),
              "## Architecture", "", "| | |", "|---|---|",
              f"| layers / hidden size | {config.num_hidden_layers} / {config.hidden_size} |",
              f"| target layers read | {config.target_layer_ids if config.cross_attention else '-'} |",
+             f"| target state in / own self-attention | {'yes' if getattr(config, 'state_input', False) else 'no'} / "
+             f"{'yes' if getattr(config, 'self_attention', True) else 'no (Gemma 4 assistant layout)'} |",
              f"| target | {config.target_model_type}, {config.target_num_hidden_layers} layers, {config.target_num_attention_heads} heads "
              f"({config.target_num_key_value_heads} KV), head_dim {config.target_head_dim}, vocab {config.target_vocab_size} |",
              "", *_training_lines(config, dataset, training_log), "", "## Evaluation", ""]
