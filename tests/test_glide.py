@@ -492,7 +492,7 @@ def test_stock_rounds_of_a_two_layer_glide_match_the_explicit_drafter():
     x = prompt(9, seed=4)
     assert torch.equal(target.generate(x, assistant_model=glide, max_new_tokens=24, do_sample=False), greedy_reference(target, x, 24))
     assert rounds[1][0].shape[1] == x.shape[1] + 1, "the first round accepted a draft: pick another prompt"
-    explicit = GlideCandidateGenerator(glide, num_draft_tokens=4)
+    explicit = GlideCandidateGenerator(glide, num_draft_tokens=4, copy_from_context=0)
     explicit.prepare(target, GenerationConfig(do_sample=False))
     for ids, stock in rounds[1:]:
         drafted = explicit.propose(ids, target_cache(target, ids)).tokens

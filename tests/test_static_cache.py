@@ -232,7 +232,7 @@ def test_cape_over_glide_compiles_its_chain():
     torch._dynamo.reset()
     target = tiny_model("qwen2")
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
-    out = compiled_call(target, x, CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=3), budget=6))
+    out = compiled_call(target, x, CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=3, copy_from_context=0), budget=6))
     assert torch.equal(out.sequences, greedy_reference(target, x, 64))
     assert out.speculative_stats.extra["static_cache"]["draft_compiled"]
     assert max(s.tree_size for s in out.speculative_stats.steps) > max(s.drafted for s in out.speculative_stats.steps)  # trees

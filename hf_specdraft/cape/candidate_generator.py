@@ -176,8 +176,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def expand(self, chain: DraftTree) -> DraftTree:
         """The wrapped drafter's ``chain`` widened by one expansion set per position (§4.2)."""
         self.forward_calls = dict(self.drafter.forward_calls)
-        if not len(chain):  # nothing drafted (a state-reading drafter's first call): nothing to widen
-            return chain
+        if not len(chain) or chain.copied:  # nothing drafted (a state-reading drafter's first call), or a copy of the text
+            return chain  # (GLIDE's copy_from_context: no q to size expansion sets by): nothing to widen
         if chain.draft_probs is None:
             raise ValueError(
                 f"{type(self.drafter).__name__} proposed a chain without draft_probs; CAPE sizes each expansion set by the "

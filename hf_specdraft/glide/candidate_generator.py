@@ -163,8 +163,12 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         if length < shortest:
             return None
         tokens = text[end + 1 : end + 1 + max(COPY_TOKENS, self.num_draft_tokens)]
+        if self.stop_rule is not None:  # the loop's controller hears from every step; a copy of the text is certain
+            self.stop_rule([1.0])
         self.host_text = None
-        return DraftTree.chain(tokens)
+        tree = DraftTree.chain(tokens)
+        tree.copied = True
+        return tree
 
     def _take_states(self, target_state: TargetState | None) -> None:
         """Keep the target's last hidden states the loop hands over (every position, in order, once)."""
