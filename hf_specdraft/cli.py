@@ -301,7 +301,7 @@ def report_arguments(report: argparse.ArgumentParser, method_names: tuple[str, .
 
 def export_arguments(export: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
     export.add_argument("glide", help="a GLIDE checkpoint directory (built with state_input=True, self_attention=False), or "
-                        "'default' for the one shipped for SmolLM2")
+                        "'default' for SmolLM2's shipped GLIDE in that layout (checkpoint_smollm2/glide_assistant)")
     export.add_argument("output_dir", help="where the Gemma 4 assistant checkpoint goes")
     export.add_argument("--target", help="the target's checkpoint directory: its config is written beside the export with the "
                         "layer_types vLLM needs (target_config.json); the embedded SmolLM2 for 'default'")
@@ -318,7 +318,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if glide_dir == "default":
         from .defaults.smollm2 import converted_dir
 
-        glide_dir = str(Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide")
+        glide_dir = str(Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide_assistant")  # the exportable one
         target_dir = target_dir or str(converted_dir())
     if not (Path(glide_dir) / "config.json").is_file():
         raise ValueError(f"GLIDE: {glide_dir!r} is not a checkpoint directory (no config.json)")

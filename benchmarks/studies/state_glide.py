@@ -219,11 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     if ns.copy:
         names = ns.copy_names.split(",") if ns.copy_names else list(drafters)
         timed.update({f"{name}+copy": (drafters[name], {"copy_from_context": ns.copy}) for name in names})
-    result["default_call"] = default_call(target, tokenizer, timed, ns.tasks.split(","), ns.num_prompts, ns.max_new_tokens, ns.repeats)
+    tasks = [task for task in ns.tasks.split(",") if task]  # --tasks "": agreement and draft cost only
+    result["default_call"] = default_call(target, tokenizer, timed, tasks, ns.num_prompts, ns.max_new_tokens, ns.repeats)
     print(json.dumps(result["default_call"], indent=1))
     Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.output).write_text(json.dumps(result, indent=1) + "\n")
-    if ns.plot:
+    if ns.plot and result["default_call"]:
         plot(result, ns.plot)
     return 0
 
