@@ -12,7 +12,7 @@ For each drafter (a checkpoint directory), in one run on one machine:
 
     python -m benchmarks.studies.state_glide --heldout-store /work/store/heldout-state \\
         --drafter glide=hf_specdraft/defaults/checkpoint_smollm2/glide --drafter glide-state=/work/drafters/glide-state \\
-        --output benchmarks/results/cpu-state-glide.json
+        --output benchmarks/verification/cpu-state-glide.json
 """
 
 from __future__ import annotations

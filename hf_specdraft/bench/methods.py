@@ -140,7 +140,8 @@ register_method(Method("prompt-lookup", _prompt_lookup, description="transformer
 register_method(Method("prompt-lookup+linears", _with_linears(_prompt_lookup),
                        description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10), inside few_token_linears"))
 register_method(Method("draft-model", lambda ctx: _speculative(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA), requires=("draft",),
-                       description=f"speculative_generate with the plain draft, γ={GLIDE_GAMMA}", cost_models=lambda e: {"draft": e["draft"]}))
+                       description=f"speculative_generate with the plain draft, γ={GLIDE_GAMMA} (a GLIDE-family draft copies from the context "
+                                   "where its last 3 tokens recur)", cost_models=lambda e: {"draft": e["draft"]}))
 register_method(Method("null-drafter", lambda ctx: _speculative(ctx, candidate_generator=NullCandidateGenerator()),
                        description="speculative_generate proposing nothing (loop overhead)"))
 
@@ -302,7 +303,7 @@ for _kind in ("glide", "vanilla"):
 for _kind in ("glide", "vanilla"):  # the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
     register_method(Method(f"{_kind}-auto", lambda ctx, k=_kind: _speculative(ctx, draft_model=ctx.extras[k]), requires=(_kind,),
                            description=f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' "
-                                       "(chosen every step from measured costs)",
+                                       "(chosen every step from measured costs), copying from the context where it recurs",
                            cost_models=lambda e, k=_kind: {"draft": e[k]}))
 register_method(Method("casd-strict-auto", lambda ctx: _casd(ctx, strict=True, max_nodes="auto"), tasks=("context",),
                        description="CasdCandidateGenerator(context): the default call, exact verification, tree depth and size 'auto'"))
