@@ -305,7 +305,8 @@ def card_metrics(ablation: dict, name: str) -> dict:
     """What the model card states of drafter ``name`` from ``python -m benchmarks.studies.state_glide``'s JSON: held-out
     greedy agreement at draft steps 1-3 (each given the earlier ones), α at step 1, and the default call's MAL and speedup."""
     drafter = ablation["drafters"][name]
-    metrics = {f"greedy agreement at draft step {k} (given steps 1-{k - 1})" if k > 1 else "greedy agreement at draft step 1": value
+    given = {1: "", 2: " (given step 1)"}
+    metrics = {f"greedy agreement at draft step {k}{given.get(k, f' (given steps 1-{k - 1})')}": value
                for k, value in enumerate(drafter["agreement_by_step"], start=1)}
     metrics["α at draft step 1 (against the target's top-8)"] = drafter["alpha_step_1"]
     metrics["held-out text"] = f"{ablation['heldout_tokens']} tokens the target wrote for held-out prompts"
