@@ -20,7 +20,8 @@ width other than the target's) is refused by name, with the GLIDE option that wo
 ``layer_types`` in its ``config.json`` for vLLM to find the layer to share: the export writes that config beside the
 draft (``target_config.json``), never into the target's own directory.
 
-    hf-specdraft export hf_specdraft/defaults/checkpoint_smollm2/glide exported/ --target ~/.cache/hf_specdraft/smollm2-135m-instruct
+    hf-specdraft export hf_specdraft/defaults/checkpoint_smollm2/glide_assistant exported/ --target ~/.cache/hf_specdraft/smollm2-135m-instruct
+    hf-specdraft export default exported/   # the same
 """
 
 from __future__ import annotations
