@@ -149,9 +149,8 @@ def test_state_glide_samples_losslessly_within_noise(tmp_path):
 
 
 def test_state_glide_trains_from_a_store_and_resumes_after_a_kill(tmp_path, monkeypatch):
-    from hf_specdraft.glide import trainer
     from hf_specdraft.glide.store import StoreWindows, compute_store
-    from test_glide_training import Killed, periodic_stream, quick_args
+    from test_glide_training import periodic_stream, quick_args, train_killed_after
 
     target = tiny_model("qwen2")
     ids = periodic_stream()[: 8 * 32].view(8, 32)
@@ -161,18 +160,8 @@ def test_state_glide_trains_from_a_store_and_resumes_after_a_kill(tmp_path, monk
     unbroken = make_state_glide(target, "assistant")
     log = train_glide(target, unbroken, source, quick_args(tmp_path / "unbroken", max_steps=8, save_steps=0, distillation_weight=1.0))
     assert {"kl_1", "kl_2"} <= set(log["steps"][-1])  # both unrolled steps trained
-    save = trainer.save_training_state
-
-    def killed_after_step_6(accelerator, args, progress, generator):
-        save(accelerator, args, progress, generator)
-        if progress["step"] == 6:
-            raise Killed
-
-    monkeypatch.setattr(trainer, "save_training_state", killed_after_step_6)
-    with pytest.raises(Killed):
-        train_glide(target, make_state_glide(target, "assistant"), source, quick_args(tmp_path / "killed", max_steps=8, save_steps=3,
-                                                                                      distillation_weight=1.0))
-    monkeypatch.setattr(trainer, "save_training_state", save)
+    train_killed_after(6, monkeypatch, target, make_state_glide(target, "assistant"), source,
+                       quick_args(tmp_path / "killed", max_steps=8, save_steps=3, distillation_weight=1.0))
     resumed = make_state_glide(target, "assistant")
     log = train_glide(target, resumed, source, quick_args(tmp_path / "killed", max_steps=8, save_steps=4, distillation_weight=1.0))
     assert log["resumed_from_step"] == 6

@@ -260,8 +260,24 @@ class Killed(Exception):
     """Stands for the process being killed."""
 
 
-def test_a_run_from_a_store_resumes_to_the_weights_of_an_unbroken_one(tmp_path, monkeypatch):
+def train_killed_after(step: int, monkeypatch, *train_args) -> None:
+    """``train_glide(*train_args)``, the process "killed" right after the training state of ``step`` was saved."""
     from hf_specdraft.glide import trainer
+
+    save = trainer.save_training_state
+
+    def killed(accelerator, args, progress, generator):
+        save(accelerator, args, progress, generator)
+        if progress["step"] == step:
+            raise Killed
+
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer, "save_training_state", killed)
+        with pytest.raises(Killed):
+            train_glide(*train_args)
+
+
+def test_a_run_from_a_store_resumes_to_the_weights_of_an_unbroken_one(tmp_path, monkeypatch):
     from hf_specdraft.glide.store import StoreWindows
 
     target = tiny_model("qwen2")
@@ -269,17 +285,7 @@ def test_a_run_from_a_store_resumes_to_the_weights_of_an_unbroken_one(tmp_path, 
     args = quick_args(tmp_path / "killed", max_steps=8, save_steps=3, block_size=(1, 5), distillation_weight=1.0)
     unbroken = make_glide(target)
     train_glide(target, unbroken, store, quick_args(tmp_path / "unbroken", max_steps=8, save_steps=0, block_size=(1, 5), distillation_weight=1.0))
-    save = trainer.save_training_state
-
-    def killed_after_step_6(accelerator, args, progress, generator):
-        save(accelerator, args, progress, generator)
-        if progress["step"] == 6:
-            raise Killed
-
-    monkeypatch.setattr(trainer, "save_training_state", killed_after_step_6)
-    with pytest.raises(Killed):
-        train_glide(target, make_glide(target), store, args)
-    monkeypatch.setattr(trainer, "save_training_state", save)
+    train_killed_after(6, monkeypatch, target, make_glide(target), store, args)
     with pytest.raises(ValueError, match=r"other training arguments \(learning_rate"):
         train_glide(target, make_glide(target), store, quick_args(tmp_path / "killed", max_steps=8, learning_rate=1e-3, block_size=(1, 5),
                                                                    distillation_weight=1.0))
