@@ -96,7 +96,7 @@ def test_conditional_agreement_counts_only_drafts_whose_earlier_steps_agreed():
 # --- lossless in the loop ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", [ARCHITECTURES[0], *(pytest.param(a, marks=pytest.mark.slow) for a in ARCHITECTURES[1:])])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_state_glide_is_lossless_one_row_and_batched(arch, layout, tmp_path):
     target = tiny_model(arch)
@@ -128,6 +128,7 @@ def test_state_glide_is_lossless_on_the_static_path_and_under_cape(layout, tmp_p
     assert torch.equal(through_generate, reference)
 
 
+@pytest.mark.slow
 def test_state_glide_samples_losslessly_within_noise(tmp_path):
     """Under sampling each drafted token carries the q it was drawn from. The loop's first step has no state to draft
     from, so the second token is the first one drafted: its marginal follows the target's (chi-square over 400 draws)."""
