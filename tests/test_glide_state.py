@@ -149,6 +149,7 @@ def test_state_glide_samples_losslessly_within_noise(tmp_path):
 # --- training ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # trains several times (the default suite stays within five minutes)
 def test_state_glide_trains_from_a_store_and_resumes_after_a_kill(tmp_path, monkeypatch):
     from hf_specdraft.glide.store import StoreWindows, compute_store
     from test_glide_training import periodic_stream, quick_args, train_killed_after
@@ -170,6 +171,7 @@ def test_state_glide_trains_from_a_store_and_resumes_after_a_kill(tmp_path, monk
         torch.testing.assert_close(b, a, msg=name)
 
 
+@pytest.mark.slow  # trains several times (the default suite stays within five minutes)
 def test_unrolled_training_learns_the_second_step(tmp_path):
     """Two unrolled steps teach the second draft step (its own state as input): its cross-entropy on the next tokens ends
     lower than after training the first step alone, the same data, steps and seed."""
