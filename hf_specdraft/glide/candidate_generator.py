@@ -158,11 +158,12 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         shortest = self.config.copy_from_context
         if not shortest or input_ids.shape[1] <= shortest:
             return None
-        text = input_ids[0]
+        host = self.host_text  # the loop's host copy of the text: the match then reads nothing back from the device
+        text = torch.tensor(host) if host is not None and len(host) == input_ids.shape[1] else input_ids[0]
         end, length = longest_suffix_match(text, max_match_length=COPY_MATCH_CAP)
         if length < shortest:
             return None
-        tokens = text[end + 1 : end + 1 + max(COPY_TOKENS, self.num_draft_tokens)]
+        tokens = text[end + 1 : end + 1 + max(COPY_TOKENS, self.num_draft_tokens)].to(input_ids.device)
         if self.stop_rule is not None:  # the loop's controller hears from every step; a copy of the text is certain
             self.stop_rule([1.0])
         self.host_text = None
@@ -182,6 +183,11 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             new = target_state.outputs.hidden_states[-1].to(device=self.glide.device, dtype=self.glide.dtype)
             self.states = new if self.states is None else torch.cat([self.states, new], dim=1)
 
+    def _states_before(self, start: int, t: int) -> torch.Tensor:
+        """`(1, t + 1 - start, hidden)`: the state each position ``start .. t`` is read with, ``h_{j-1}`` (zeros at 0)."""
+        kept = self.states[:, max(start - 1, 0) : t]
+        return torch.cat([kept.new_zeros(1, 1, kept.shape[2]), kept], dim=1) if start == 0 else kept
+
     def _propose_from_state(self, input_ids: torch.LongTensor, target_cache, target_state: TargetState | None) -> DraftTree:
         """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``, each
         later step the drafted token and the draft's own ``draft_state``. With self-attention, GLIDE's cache first takes
@@ -192,15 +198,14 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
         if self.states is None or self.states.shape[1] != t or t < 1:
             return DraftTree.chain(ids.new_zeros(0))  # no state yet (the first step of a call): the target decodes alone
-        states = torch.cat([self.states.new_zeros(1, 1, self.states.shape[2]), self.states], dim=1)  # position j reads h_{j-1}
         glimpse = {"target_past_key_values": target_cache} if target_cache is not None else {}
         if glide.config.self_attention:
             start = min(self.fed, t)
             crop_to(self.cache, start)
-            feed, state_in = ids[start:][None], states[:, start:]
+            feed, state_in = ids[start:][None], self._states_before(start, t)
             position = torch.arange(start, t + 1, device=device)[None]
         else:
-            feed, state_in, position = ids[t:][None], states[:, t:], torch.tensor([[t - 1]], device=device)  # h_{t-1}'s position
+            feed, state_in, position = ids[t:][None], self._states_before(t, t), torch.tensor([[t - 1]], device=device)  # h_{t-1}'s
         tokens, probs, confidences = [], [], []
         for step in range(self.num_draft_tokens):
             out = glide(input_ids=feed, position_ids=position, target_hidden_states=state_in, logits_to_keep=1,
