@@ -376,7 +376,8 @@ def test_confidence_stops_stay_lossless(arch, kind):
     assert out.speculative_stats.extra["controller_resumed"] and drafter.stop_rule is None  # the rule goes with its call
     assert asked and all(0.0 <= c <= 1.0 for cs in asked for c in cs)  # the draft asked, with its tokens' probabilities
     assert [s.drafted for s in steps[:-1]] == lengths[: len(steps) - 1]  # the lengths recorded are the ones drafted
-    assert all(1 <= s.drafted <= 8 for s in steps[:-1]) and min(s.drafted for s in steps[:-1]) < 8  # stopped before the cap
+    drafted = [s.drafted for s in steps[:-1] if not s.copied]  # a copy from the text may run to 16 (copy_length)
+    assert all(1 <= d <= 8 for d in drafted) and min(drafted) < 8 and all(s.drafted <= 16 for s in steps)  # stopped before the cap
 
 
 def test_the_stop_rule_goes_with_its_call_and_under_cape_stops_the_chain_alone():
@@ -524,3 +525,64 @@ def test_forget_names_a_bad_model(bad):
 
     with pytest.raises(TypeError, match="forget\\(model\\) takes a model"):
         forget(bad)
+
+
+def test_a_copy_is_sized_by_how_often_copies_were_right():
+    """copy_length: copies that ran on are copied long where verification is cheap, each match bin learns its own rates,
+    copies that were always wrong are declined for the model's draft (but every EXPLORE_EVERY-th is tried again)."""
+    from hf_specdraft.core.controller import COPY_START, EXPLORE_EVERY
+
+    unmeasured = DraftLengthController(8, max_copy_tokens=16)
+    assert unmeasured.copy_length(12, 40) == COPY_START and unmeasured.copy_length(3, 2) == 2  # no cost curve yet; the text's end
+    controller = measured(DraftLengthController(8, max_copy_tokens=16), lambda n: 0.030 + 0.001 * n)
+    controller.verify.update({n: 0.030 + 0.001 * n for n in range(10, 18)})
+    for _ in range(30):  # long matches: copies always right
+        controller.choose()
+        n = controller.copy_length(20, 40)
+        controller.observe(n, [n], 0.0, 0.03 + 0.001 * (n + 1), n + 1, copied=True)
+    assert controller.copy_length(20, 40) == 16 and controller.copy_length(20, 5) == 5  # the longest copy, or what the text has
+    for _ in range(30):  # short matches: the first copied token right, the second never
+        controller.choose()
+        n = controller.copy_length(3, 40)
+        controller.observe(n, [min(n, 1)], 0.0, 0.03, n + 1, copied=True)
+    assert controller.copy_length(3, 40) == 1 and controller.copy_length(20, 40) == 16  # each bin its own rates
+    for _ in range(40):  # matches of 5-7: copies always wrong
+        controller.choose()
+        n = controller.copy_length(6, 40)
+        if n:
+            controller.observe(n, [0], 0.0, 0.03, n + 1, copied=True)
+    taken = [controller.copy_length(6, 40) for _ in range(EXPLORE_EVERY * 2)]
+    assert taken.count(0) == 2 * (EXPLORE_EVERY - 1) and all(t >= 1 for t in taken if t)  # declined, but tried again
+
+
+def test_a_copied_step_teaches_only_the_copy_rates_and_the_cost_curve():
+    """A copy costs no draft forward and says nothing of the draft model: its step leaves the model's acceptance counts,
+    draft cost and confidence bins as they were, and times the verification forward like any other."""
+    controller = measured(DraftLengthController(8, max_copy_tokens=16), lambda n: 0.030)
+    controller.choose()
+    controller.keep_drafting([0.9])
+    controller.observe(2, [1], 0.004, 0.03, 3, confidences=[[0.9, 0.5]])  # a model step, stopped on its confidence
+    before = (controller.tries, controller.hits, controller.draft_per_token, controller.bin_tries, controller.stop_seconds)
+    controller.choose()
+    n = controller.copy_length(9, 30)
+    controller.observe(n, [n], 0.0, 0.05, 13, copied=True)
+    assert (controller.tries, controller.hits, controller.draft_per_token, controller.bin_tries, controller.stop_seconds) == before
+    assert controller.verify[13] == 0.05 and sum(controller.copy_tries[2]) == n and controller.confidence_stops
+    assert controller.choices[-1] == n
+
+
+def test_a_state_saved_before_copies_were_learned_is_still_read():
+    """A controller file written before the copy rates existed resumes the rest of what it learned."""
+    from hf_specdraft.core.controller import _CARRIED, _restore
+
+    old = measured(DraftLengthController(8), lambda n: 0.030)
+    state = {name: getattr(old, name) for name in _CARRIED if not name.startswith("copy_")}
+    fresh = DraftLengthController(8)
+    assert _restore(fresh, json_round_trip(state)) and fresh.verify == old.verify and fresh.copy_tries == old.copy_tries
+    assert not _restore(DraftLengthController(8), json_round_trip({**state, "copy_hits": [[1.0]]}))  # a broken field still fails
+
+
+def json_round_trip(state: dict) -> dict:
+    import json
+
+    return json.loads(json.dumps(state))

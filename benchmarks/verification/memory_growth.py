@@ -3,8 +3,10 @@
 Runs the README's default call (``speculative_generate(target, ids, draft_model=glide)`` on the embedded default) over
 ``--calls`` prompts of varied lengths (held-out code cut at random points, 8 to 400 tokens) and varied ``max_new_tokens``
 (4 to 32), after ``--warmup`` calls of the same kind, and records the process's resident memory (``VmRSS``) every
-``--every`` calls. Per-shape kernel caches (oneDNN's primitive cache on CPU, for one) grow with every new shape until
-their capacity; the JSON says where the process settles.
+``--every`` calls. Freed buffers of ever new sizes stay in glibc's arenas and per-shape kernel caches (oneDNN's primitive
+cache on CPU) grow until their capacity; the loop trims the heap once the process grew ``HF_SPECDRAFT_TRIM_MIB`` past the
+last trim (:mod:`hf_specdraft.core.memory`). The JSON says where the process settles. ``--method plain`` runs
+``target.generate`` alone; ``--trim`` records the size after a ``malloc_trim(0)`` at every sample too.
 
     python benchmarks/verification/memory_growth.py --output benchmarks/verification/memory-49-cpu.json
 """
@@ -12,6 +14,7 @@ their capacity; the JSON says where the process settles.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 
 
 def rss_mib() -> float:
@@ -37,9 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--method", choices=("default", "plain"), default="default",
+                        help="default: the README's call; plain: target.generate alone, to tell the loop's growth from torch's")
+    parser.add_argument("--trim", action="store_true",
+                        help="at each sample also call glibc's malloc_trim(0) and record the size after it: "
+                        "growth that trim gives back is freed memory the allocator kept, not live memory")
     ns = parser.parse_args(argv)
     from hf_specdraft import speculative_generate
     from hf_specdraft.bench.harness import cpu_model
+    from hf_specdraft.core.memory import trim_threshold_mib
     from hf_specdraft.defaults import load_default
     from hf_specdraft.defaults.tasks import build_tasks
 
@@ -48,14 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     texts = [tokenizer(item.prompt + item.reference, add_special_tokens=False).input_ids for item in build_tasks("completion", count=60)]
     stream = [token for text in texts for token in text]
     rng = random.Random(ns.seed)
+    trims: list = []  # each call's released_mib (None: no trim at its end)
 
     def call() -> tuple[int, int]:
         length = rng.randint(8, 400)
         start = rng.randrange(0, len(stream) - length)
         ids = torch.tensor([stream[start : start + length]])
         new = rng.randint(4, 32)
-        speculative_generate(target, ids, draft_model=glide, max_new_tokens=new)
+        if ns.method == "plain":
+            target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
+        else:
+            out = speculative_generate(target, ids, draft_model=glide, max_new_tokens=new, return_dict_in_generate=True)
+            trims.append(out.speculative_stats.extra.get("released_mib"))
         return length, new
+
+    libc = ctypes.CDLL("libc.so.6") if ns.trim else None
 
     samples = []
     began = time.time()
@@ -63,13 +80,21 @@ def main(argv: list[str] | None = None) -> int:
         call()
         if n == ns.warmup or (n > ns.warmup and (n - ns.warmup) % ns.every == 0):
             samples.append({"calls_after_warmup": n - ns.warmup, "rss_mib": round(rss_mib(), 1), "seconds": round(time.time() - began, 1)})
+            if libc is not None:
+                libc.malloc_trim(0)
+                samples[-1]["rss_after_trim_mib"] = round(rss_mib(), 1)
             print(samples[-1], flush=True)
     base = samples[0]["rss_mib"]
+    trimmed = sum(t is not None for t in trims[ns.warmup :])
     result = {
         "command": "python benchmarks/verification/memory_growth.py " + " ".join(argv if argv is not None else os.sys.argv[1:]),
-        "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__},
+        "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
+                    "transformers": transformers.__version__},
+        "trim_threshold_mib": trim_threshold_mib(), "calls_that_trimmed": trimmed,
         "dtypes": {"target": str(target.dtype), "glide": str(glide.dtype)},
         "glide": {"state_input": getattr(glide.config, "state_input", False), "self_attention": getattr(glide.config, "self_attention", True)},
+        "method": ns.method, "malloc_trim_at_samples": ns.trim,
+        "allocator_env": {k: os.environ[k] for k in ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD") if k in os.environ},
         "calls": ns.calls, "warmup": ns.warmup, "prompt_tokens": [8, 400], "max_new_tokens": [4, 32],
         "onednn_primitive_cache_capacity": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "default (1024)"),
         "rss_after_warmup_mib": base, "rss_end_mib": samples[-1]["rss_mib"], "growth_mib": round(samples[-1]["rss_mib"] - base, 1),

@@ -100,6 +100,15 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def stop_rule(self, rule) -> None:
         self.drafter.set_step(stop_rule=rule)
 
+    @property
+    def copy_rule(self):
+        """The wrapped chain drafter's copy rule (set by the loop's controller): its copies pass through unwidened."""
+        return getattr(self.drafter, "copy_rule", None)
+
+    @copy_rule.setter
+    def copy_rule(self, rule) -> None:
+        self.drafter.set_step(copy_rule=rule)
+
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
         """The draft's probability of each token of this step's chain (read before it was widened), as far as the chain
         of ``tree``, the proposal the loop verified (cut at ``max_length``), goes."""

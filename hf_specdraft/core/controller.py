@@ -55,6 +55,9 @@ CONFIDENCE_BINS = 10  # â(c) is measured for draft tokens in ten bins of their 
 CONFIDENCE_PRIOR_WEIGHT = 2.0  # pseudo-count of each bin's prior, the bin's middle confidence (a calibrated draft)
 PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measured: a 2-core CPU's few-token forward
 EXPLORE_EVERY = 8  # every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
+COPY_MATCH_BINS = (3, 5, 8, 16)  # a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on longer
+COPY_PRIOR = 0.6  # the prior of a copy's first token being right, in every match bin, replaced within a few copies
+COPY_START = 6  # tokens copied while the cost curve is not measured yet
 
 
 class DraftLengthController:
@@ -71,10 +74,14 @@ class DraftLengthController:
             among the captured buckets and never causes a compile.
     """
 
-    def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95, bucket=None):
+    def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95, bucket=None,
+                 max_copy_tokens: int | None = None):
         if not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be a positive int, got {max_draft_tokens!r}")
+        if max_copy_tokens is not None and (not isinstance(max_copy_tokens, int) or max_copy_tokens < 1):
+            raise ValueError(f"max_copy_tokens must be a positive int or None (max_draft_tokens), got {max_copy_tokens!r}")
         self.max_draft_tokens, self.widths, self.decay = max_draft_tokens, tuple(widths), decay
+        self.max_copy_tokens = max_copy_tokens or max_draft_tokens  # the longest copy from the text (copy_length)
         self.bucket = bucket or (lambda tokens: tokens)  # tokens verified -> the forward's real width (static buckets)
         # per width option, per draft position j (0-based): times judged and times accepted, decayed
         self.tries = [[0.0] * max_draft_tokens for _ in self.widths]
@@ -91,6 +98,11 @@ class DraftLengthController:
         self.bin_hits = [0.0] * CONFIDENCE_BINS
         self.stop_tokens = [0.0] * len(self.widths)  # per width, what confidence-stopped steps gave and cost (decayed)
         self.stop_seconds = [0.0] * len(self.widths)
+        # copies from the text (copy_length): per match bin, per position, times judged and accepted (decayed)
+        self.copy_tries = [[0.0] * self.max_copy_tokens for _ in COPY_MATCH_BINS]
+        self.copy_hits = [[0.0] * self.max_copy_tokens for _ in COPY_MATCH_BINS]
+        self._copy_bin = 0  # the match bin of the copy this step proposed
+        self._declined = 0  # copies declined in a row (every EXPLORE_EVERY-th is taken, so a bin's rates stay measured)
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
         self.agree_seconds = None  # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
@@ -106,8 +118,13 @@ class DraftLengthController:
     def acceptance(self, option: int | None = None) -> list[float]:
         """``a_j`` for every draft position (of one width option, default the current one)."""
         option = self.option if option is None else option
-        rates, prior = [], PRIOR_ACCEPTANCE
-        for h, t in zip(self.hits[option], self.tries[option]):
+        return self._rates(self.hits[option], self.tries[option], PRIOR_ACCEPTANCE)
+
+    @staticmethod
+    def _rates(hits: list[float], tries: list[float], prior: float) -> list[float]:
+        """Each position's rate, shrunk towards the position before it (the first towards ``prior``)."""
+        rates = []
+        for h, t in zip(hits, tries):
             prior = (h + PRIOR_WEIGHT * prior) / (t + PRIOR_WEIGHT)
             rates.append(prior)
         return rates
@@ -156,12 +173,53 @@ class DraftLengthController:
 
     def _count(self, option: int, drafted: int, accepted: list[int]) -> None:
         """Decay one option's acceptance counts and add a step's: positions up to the first rejected one were judged."""
-        self.tries[option] = [t * self.decay for t in self.tries[option]]
-        self.hits[option] = [h * self.decay for h in self.hits[option]]
+        self.tries[option], self.hits[option] = self._counted(self.tries[option], self.hits[option], drafted, accepted)
+
+    def _counted(self, tries: list[float], hits: list[float], drafted: int, accepted: list[int]) -> tuple[list, list]:
+        """``tries`` and ``hits`` per position, decayed, with a step's outcome added."""
+        tries, hits = [t * self.decay for t in tries], [h * self.decay for h in hits]
         for count in accepted:
-            for j in range(min(count + 1, drafted, self.max_draft_tokens)):
-                self.tries[option][j] += 1
-                self.hits[option][j] += j < count
+            for j in range(min(count + 1, drafted, len(tries))):
+                tries[j] += 1
+                hits[j] += j < count
+        return tries, hits
+
+    def copy_length(self, match: int, available: int) -> int:
+        """How many of the ``available`` tokens that followed an earlier occurrence of the text's last ``match`` tokens
+        to copy as this step's draft (a drafter's ``copy_from_context``); ``0``: draft with the model instead.
+
+        The copy of ``n`` tokens is worth ``(1 + Σ_{i<=n} Π_{j<=i} c_j) / v(n + 1)`` tokens per second, ``c_j`` the
+        running rate at which copied position ``j`` was right after a match of about this length (the ``a_j`` rule
+        of the module docstring, per bin of ``COPY_MATCH_BINS``, from ``COPY_PRIOR``); copying costs nothing else.
+        It copies the best ``n`` where that beats what the model's own steps realized (confidence-stopped steps:
+        their measured tokens per second; else the best γ's expected rate), and every ``EXPLORE_EVERY``-th declined
+        copy anyway. Before the cost curve is measured it copies ``COPY_START`` tokens."""
+        self._copy_bin = max(i for i, edge in enumerate(COPY_MATCH_BINS) if match >= edge or i == 0)
+        top = min(available, self.max_copy_tokens)
+        if top < 1:
+            return 0
+        if len(self.verify) < 2:
+            return min(top, COPY_START)
+        best, best_rate, expected, alive = 0, 0.0, 1.0, 1.0
+        for n, c in enumerate(self._rates(self.copy_hits[self._copy_bin], self.copy_tries[self._copy_bin], COPY_PRIOR)[:top], 1):
+            alive *= c
+            expected += alive
+            rate = expected / self.verify_seconds(self.bucket(n + 1))
+            if rate > best_rate:
+                best, best_rate = n, rate
+        if best_rate >= self.model_rate():
+            self._declined = 0
+            return best
+        self._declined += 1
+        return best if self._declined % EXPLORE_EVERY == 0 else 0
+
+    def model_rate(self) -> float:
+        """Tokens per second of the drafter's own steps: realized by the confidence-stopped steps of the current width,
+        else expected at the best γ."""
+        o = self.option
+        if self.confidence_stops and self.stop_seconds[o] > 0:
+            return self.stop_tokens[o] / self.stop_seconds[o]
+        return max(self.rate(g) for g in range(1, self.max_draft_tokens + 1))
 
     def accepted_given(self, confidence: float) -> float:
         """``â(c)``: the measured rate at which draft tokens of about probability ``c`` are accepted."""
@@ -236,7 +294,7 @@ class DraftLengthController:
         return top
 
     def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int,
-                on_chain: list[int] | None = None, confidences: list[list[float]] | None = None) -> None:
+                on_chain: list[int] | None = None, confidences: list[list[float]] | None = None, copied: bool = False) -> None:
         """One step's outcome, under the current :attr:`option`.
 
         Args:
@@ -250,10 +308,19 @@ class DraftLengthController:
             confidences: for a chain drafter with a distribution, each row's probabilities of the tokens it drafted
                 (what :meth:`keep_drafting` read), counted into the confidence bins of ``â(c)``; for a tree, its chain's
                 (judged by ``on_chain``).
+            copied: the step's draft was copied from the text (:meth:`copy_length`): it counts for that match bin's
+                rates and the cost curve only, not for the model's rates, costs or confidence bins.
         """
         if self.agree_seconds is not None:
             draft_seconds, verify_seconds = self.agree_seconds(draft_seconds, verify_seconds)
         self.steps += 1
+        if copied:
+            b = self._copy_bin
+            self.copy_tries[b], self.copy_hits[b] = self._counted(self.copy_tries[b], self.copy_hits[b], drafted, accepted)
+            if self.choices:
+                self.choices[-1] = drafted
+            self._time_forward(verify_tokens, verify_seconds)
+            return
         self._count(self.option, drafted, accepted)
         if confidences is not None:  # the confidence bins: every judged draft token, accepted or not
             self.bin_tries = [t * self.decay for t in self.bin_tries]
@@ -279,6 +346,10 @@ class DraftLengthController:
             self.measured_width[option] = 0.7 * self.measured_width[option] + 0.3 * width
             per_token = draft_seconds / drafted
             self.draft_per_token = per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
+        self._time_forward(verify_tokens, verify_seconds)
+
+    def _time_forward(self, verify_tokens: int, verify_seconds: float) -> None:
+        """One verification forward's seconds into the cost curve ``v``."""
         old, samples = self.verify.get(verify_tokens), self.verify_samples.get(verify_tokens, 0)
         if old is None:
             self.verify[verify_tokens] = verify_seconds
@@ -291,7 +362,8 @@ class DraftLengthController:
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: (anchor ref, state)}
 _CARRIED = ("verify", "verify_samples", "draft_per_token", "measured_width", "tries", "hits", "bin_tries", "bin_hits",
-            "stop_tokens", "stop_seconds")  # what a call passes on to the next
+            "stop_tokens", "stop_seconds", "copy_tries", "copy_hits")  # what a call passes on to the next
+_ADDED = ("copy_tries", "copy_hits")  # fields a state saved by an earlier version lacks
 
 
 def _copy(value):
@@ -337,6 +409,8 @@ def _restore(controller: DraftLengthController, state: dict) -> bool:
     restored = {}
     try:
         for name in _CARRIED:
+            if name not in state and name in _ADDED:  # a file from before the field existed: it starts fresh
+                continue
             value, fresh = state.get(name), getattr(controller, name)
             if isinstance(fresh, dict) and isinstance(value, dict):
                 value = {int(k): v for k, v in value.items()}

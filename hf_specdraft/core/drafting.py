@@ -119,6 +119,7 @@ class TreeCandidateGenerator(CandidateGenerator):
     controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
     stops_on_confidence = False  # a chain drafter that calls stop_rule after every drafted token (draft_chain) says True
     stop_rule = None  # the loop's, for such a drafter (set_step): confidences so far -> whether to draft another token
+    copy_rule = None  # the loop's, for a drafter that copies from the text (set_step): (match, available) -> tokens to copy, 0: none
     host_text = None  # the text as a host list, for this step (set_step): drafters re-sync without reading the device
     tokens_in_vocab = False  # True for a drafter whose tokens come from a draft checked to share the target's vocabulary
     reads_target_cache = True  # propose() reads the target's cache (GLIDE); drafters that never do say False (the static path then builds no view)
@@ -135,10 +136,11 @@ class TreeCandidateGenerator(CandidateGenerator):
         self.forward_calls = {}
 
     def set_step(self, host_text: list[int] | None = None, num_draft_tokens: int | None = None, budget: int | None = None,
-                 stop_rule=STEP_UNSET) -> None:
+                 stop_rule=STEP_UNSET, copy_rule=STEP_UNSET) -> None:
         """What the loop tells the drafter before this step's :meth:`propose`: the text on the host, and where its
-        controller chooses them, γ, a tree's node budget and the rule that stops a chain on its confidence (``None``
-        clears it). An argument left out keeps its value."""
+        controller chooses them, γ, a tree's node budget, the rule that stops a chain on its confidence and the rule that
+        sizes a copy from the text (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`; ``None``
+        clears a rule). An argument left out keeps its value."""
         if host_text is not None:
             self.host_text = host_text
         if num_draft_tokens is not None:
@@ -147,6 +149,8 @@ class TreeCandidateGenerator(CandidateGenerator):
             self.step_budget = budget
         if stop_rule is not STEP_UNSET:
             self.stop_rule = stop_rule
+        if copy_rule is not STEP_UNSET:
+            self.copy_rule = copy_rule
 
     def finish_call(self, stats) -> None:
         """The call's statistics, when it ends (:class:`~hf_specdraft.core.stats.SpeculativeStats`; kept as ``last_stats``)."""

@@ -42,6 +42,7 @@ from .emission import accept_row
 from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .meter import StepMeter
 from .controller import DraftLengthController, recall, remember
+from .memory import after_call
 from .distributed import RankAgreement
 from .drafting import TreeCandidateGenerator, output_vocab_size, traits_of
 from .inputs import (
@@ -236,6 +237,9 @@ def _run(step: Step, input_ids: torch.LongTensor, rows: list[Row], generator):
         costs = speculative_steps(step, active)
     if step.streamer is not None:
         step.streamer.end()
+    released = after_call()  # freed host memory back to the system, once the process grew past the last trim (core/memory.py)
+    if released is not None:
+        costs["released_mib"] = round(released, 1)
     return assemble_result(rows, generator, step.generation_config, step.cache, costs)
 
 
@@ -260,7 +264,7 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
     finally:
         if step.meter.controller is not None and step.meter.controller.confidence_stops:
             for drafter in drafters:
-                drafter.set_step(stop_rule=None)  # the rule belongs to this call's controller
+                drafter.set_step(stop_rule=None, copy_rule=None)  # the rules belong to this call's controller
     costs = step.cache.costs
     if step.together is not None:
         costs["batch_draft_forwards"] = step.together.forwards
@@ -279,7 +283,10 @@ def attach_controller(step: Step, active: list[Row]) -> tuple | None:
     drafters = [row.generator for row in active]
     widths = (1.0, 2.0) if all(row.traits.adaptive_budget for row in active) else (1.0,)
     longest, bucket, layout_setting = step.cache.controller_limits(active[0].traits.max_draft_tokens, max(widths))
-    controller = step.meter.controller = DraftLengthController(longest, widths, bucket=bucket)
+    # a copy from the text is free to draft: on a dynamic cache it may run to twice the longest draft (the static path's
+    # buckets stop at the longest)
+    controller = step.meter.controller = DraftLengthController(longest, widths, bucket=bucket,
+                                                               max_copy_tokens=longest if bucket is not None else 2 * longest)
     model = step.model
     setting = (len(drafters), layout_setting, bool(step.generation_config.do_sample), str(model.device), str(model.dtype))
     controller.resumed = recall(controller, model, drafters[0], setting)

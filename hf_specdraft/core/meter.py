@@ -74,7 +74,8 @@ class StepMeter:
             confidences = None if drafted is None else [drafted]
         draft, forward = self.seconds()
         depth = max(tree.levels for tree in trees)  # the chain a tree's nodes hang on
-        controller.observe(depth, accepted, sum(draft), forward, width, on_chain or None, confidences)
+        copied = all(tree.copied for tree in trees)  # a copy from the text (copy_from_context), not the model's draft
+        controller.observe(depth, accepted, sum(draft), forward, width, on_chain or None, None if copied else confidences, copied)
 
 
 def set_draft_length(controller: DraftLengthController, active: list[Row], together) -> None:
@@ -83,7 +84,8 @@ def set_draft_length(controller: DraftLengthController, active: list[Row], toget
     budget = controller.budget(gamma)
     for row in active:
         if controller.confidence_stops:  # the rule is only asked once it can answer (the cost curve measured)
-            row.generator.set_step(stop_rule=controller.keep_drafting if controller.stops_this_step else None)
+            row.generator.set_step(stop_rule=controller.keep_drafting if controller.stops_this_step else None,
+                                   copy_rule=controller.copy_length)  # one row: a copy's length is weighed like γ
         row.generator.set_step(num_draft_tokens=gamma, budget=budget)
     if together is not None:
         together.num_draft_tokens = gamma

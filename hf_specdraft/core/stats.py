@@ -35,6 +35,7 @@ class StepRecord:
     judged: int = 0  # drafted positions the target judged: accepted ones plus the first rejected one, if any
     overlaps: list[float] | None = None  # Σ_v min(p, q) at each judged chain position (None: no q, or a tree; a tensor
     # on the device until the call ends, SpeculativeStats.settle)
+    copied: bool = False  # the draft was copied from the text (a GLIDE drafter's copy_from_context), not drafted by a model
 
 
 @dataclass(repr=False)
@@ -161,6 +162,7 @@ class SpeculativeStats:
             "verify_seconds": self.verify_seconds,
             "prefill_seconds": self.prefill_seconds,
             "drafter_calls": dict(self.drafter_calls),
+            **({"copied_steps": sum(s.copied for s in self.steps)} if any(s.copied for s in self.steps) else {}),
             **({"extra": self.extra} if self.extra else {}),
         }
 
@@ -233,7 +235,7 @@ def record_step(stats: SpeculativeStats, rows, tree: DraftTree, path: list[int],
     drafted, accepted = tree.levels, min(len(path), emitted)
     judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
     stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
-                 verify_seconds=verify_seconds, judged=judged, overlaps=chain_overlaps(rows, tree, judged))
+                 verify_seconds=verify_seconds, judged=judged, overlaps=chain_overlaps(rows, tree, judged), copied=tree.copied)
 
 
 def chain_overlaps(rows, tree: DraftTree, judged: int) -> torch.Tensor | None:

@@ -116,6 +116,7 @@ class DraftTree:
         sampled = None if self.sampled is None else self.sampled[pick if isinstance(pick, slice) else index]
         tokens = [self.token_list[i] for i in index] if self.token_list is not None else self.tokens[pick]
         tree = DraftTree(tokens, parents if not isinstance(parents, torch.Tensor) else parents.tolist(), probs, sampled)
+        tree.copied = self.copied  # a part of a copy from the text is one too
         if isinstance(pick, slice):  # a leading part: its tokens, once known, are a prefix of this tree's (learn_tokens)
             tree.origin = self
         return tree

@@ -101,7 +101,8 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def _reset(self) -> None:
         self.cache = DynamicCache(config=self.glide.config)
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
-        self.states = None  # state_input: the target's last hidden states handed so far `(1, n, hidden)`, positions 0..n-1
+        self.states = None  # state_input: the target's last hidden states still needed `(1, n, hidden)`, positions from states_from
+        self.states_from = 0  # the position of states[:, 0]: earlier states were fed already and are dropped (no growing copy)
         self.fed = 0  # state_input with self-attention: positions whose first-step entries GLIDE's cache holds
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
@@ -163,9 +164,11 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         end, length = longest_suffix_match(text, max_match_length=COPY_MATCH_CAP)
         if length < shortest:
             return None
-        tokens = text[end + 1 : end + 1 + max(COPY_TOKENS, self.num_draft_tokens)].to(input_ids.device)
-        if self.stop_rule is not None:  # the loop's controller hears from every step; a copy of the text is certain
-            self.stop_rule([1.0])
+        available = text.shape[0] - end - 1
+        count = self.copy_rule(length, available) if self.copy_rule is not None else max(COPY_TOKENS, self.num_draft_tokens)
+        if not count:  # the loop's controller expects more from GLIDE's own draft here
+            return None
+        tokens = text[end + 1 : end + 1 + count].to(input_ids.device)
         self.host_text = None
         tree = DraftTree.chain(tokens)
         tree.copied = True
@@ -178,14 +181,17 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
                              "not hand to a draft model: call speculative_generate(target, ids, draft_model=glide) or "
                              "target.generate(ids, custom_generate=speculative_generate, draft_model=glide)")
         if target_state.first:
-            self.states = None
+            self.states, self.states_from = None, 0
         if target_state.outputs is not None and target_state.outputs.hidden_states:
             new = target_state.outputs.hidden_states[-1].to(device=self.glide.device, dtype=self.glide.dtype)
             self.states = new if self.states is None else torch.cat([self.states, new], dim=1)
+            drop = max(self.fed - 1, 0) - self.states_from  # a proposal reads h from position fed - 1 on (_states_before)
+            if drop > 0:
+                self.states, self.states_from = self.states[:, drop:], self.states_from + drop
 
     def _states_before(self, start: int, t: int) -> torch.Tensor:
         """`(1, t + 1 - start, hidden)`: the state each position ``start .. t`` is read with, ``h_{j-1}`` (zeros at 0)."""
-        kept = self.states[:, max(start - 1, 0) : t]
+        kept = self.states[:, max(start - 1, 0) - self.states_from : t - self.states_from]
         return torch.cat([kept.new_zeros(1, 1, kept.shape[2]), kept], dim=1) if start == 0 else kept
 
     def _propose_from_state(self, input_ids: torch.LongTensor, target_cache, target_state: TargetState | None) -> DraftTree:
@@ -196,7 +202,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         glide, device = self.glide, self.glide.device
         ids = input_ids[0].to(device)
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
-        if self.states is None or self.states.shape[1] != t or t < 1:
+        if self.states is None or self.states_from + self.states.shape[1] != t or t < 1:
             return DraftTree.chain(ids.new_zeros(0))  # no state yet (the first step of a call): the target decodes alone
         glimpse = {"target_past_key_values": target_cache} if target_cache is not None else {}
         if glide.config.self_attention:
