@@ -36,20 +36,23 @@ def train_default_drafter(kind: str, output_dir: Path, recipe: Recipe, train_ids
     return log
 
 
-def write_drafter_cards(output_dir: str | Path, bench_json: str | Path) -> list[Path]:
+def write_drafter_cards(output_dir: str | Path, bench_json: str | Path, agreement_json: str | Path | None = None) -> list[Path]:
     """Rewrite the model cards of ``output_dir``'s GLIDE and vanilla drafters with the numbers a bench run measured.
 
     Reads the rows of a ``hf-specdraft bench`` result on this default (``bench_json``) that use each drafter
     (GLIDE alone, with CAPE, in stock assisted decoding; the vanilla drafter; the small draft in the two-draft
-    cascade) and records α, mean accepted length, c, E(speedup) and the wall-time ratio.
-    Returns the cards written.
+    cascade) and records α, mean accepted length, c, E(speedup) and the wall-time ratio; with ``agreement_json`` (the
+    result of ``python -m benchmarks.studies.state_glide``) also each drafter's greedy agreement at draft steps 1-3,
+    each given the earlier ones, and α at step 1. Returns the cards written.
 
-        python -m recipes.drafters hf_specdraft/defaults/checkpoint_smollm2 benchmarks/results/cpu-completion.json
+        python -m recipes.drafters hf_specdraft/defaults/checkpoint_smollm2 benchmarks/results/cpu-completion.json \
+            benchmarks/verification/cpu-state-glide.json
     """
     from hf_specdraft.glide import GlideConfig
     from hf_specdraft.glide.model_card import write_model_card
 
     output_dir, result = Path(output_dir), json.loads(Path(bench_json).read_text())
+    agreement = json.loads(Path(agreement_json).read_text()) if agreement_json is not None else None
     meta, summary, written = result["meta"], result["summary"], []
     for kind, rows in (("glide", ("glide", "glide+cape", "stock-assisted-glide")), ("vanilla", ("vanilla", "stock-assisted")),
                        ("small", ("cascade-2drafts",))):
@@ -72,6 +75,12 @@ def write_drafter_cards(output_dir: str | Path, bench_json: str | Path) -> list[
                      "vs target-only with few_token_linears": s.get("speedup_vs_target_only_linears")}
             described = f" ({METHODS[row].description})" if row in METHODS else ""
             metrics[f"{row}{described}"] = ", ".join(f"{name} {value:.3f}" for name, value in cells.items() if value is not None)
+        measured = (agreement or {}).get("drafters", {}).get(kind)
+        if measured:
+            steps = " / ".join(f"{a:.3f}" for a in measured["agreement_by_step"])
+            metrics["greedy agreement at draft steps 1 / 2 / 3, each given the earlier ones"] = (
+                f"{steps}; α at step 1 {measured['alpha_step_1']:.3f} (teacher-forced on {agreement['heldout_tokens']} tokens the "
+                f"target wrote for held-out prompts; hf-specdraft's `{agreement_json}`)")
         config = GlideConfig.from_pretrained(folder)
         log = json.loads((folder / "training_log.json").read_text()) if (folder / "training_log.json").is_file() else None
         write_model_card(config, folder, base_model=config.target_name_or_path,
@@ -84,7 +93,7 @@ def write_drafter_cards(output_dir: str | Path, bench_json: str | Path) -> list[
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: python -m recipes.drafters CHECKPOINT_DIR BENCH_JSON")
-    for card in write_drafter_cards(sys.argv[1], sys.argv[2]):
+    if len(sys.argv) not in (3, 4):
+        raise SystemExit("usage: python -m recipes.drafters CHECKPOINT_DIR BENCH_JSON [AGREEMENT_JSON]")
+    for card in write_drafter_cards(*sys.argv[1:]):
         print(f"wrote {card}")

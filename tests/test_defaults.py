@@ -232,12 +232,17 @@ def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
                        "draft_dtypes": {"glide": "bfloat16", "vanilla": "bfloat16"}},
               "summary": {"glide": row, "glide+cape": {**row, "mean_accepted_length": 3.0}, "vanilla": row}}
     (tmp_path / "bench.json").write_text(json.dumps(result))
-    cards = write_drafter_cards(run, tmp_path / "bench.json")
+    study = {"command": "python -m benchmarks.studies.state_glide", "heldout_tokens": 100,
+             "drafters": {"glide": {"agreement_by_step": [0.5, 0.6, 0.7], "alpha_step_1": 0.45}}}
+    (tmp_path / "agreement.json").write_text(json.dumps(study))
+    cards = write_drafter_cards(run, tmp_path / "bench.json", tmp_path / "agreement.json")
     assert "CPU, float32 (drafters bfloat16)" in cards[0].read_text()
     assert cards == [run / "glide" / "README.md", run / "vanilla" / "README.md"]
     glide_card = cards[0].read_text()
     assert "- glide+cape (GLIDE γ=" in glide_card and "α (1 - TV(p, q)) 0.250, accepted / judged positions 0.500, mean accepted length 3.000" in glide_card  # the row names its settings
     assert "not measured yet" not in glide_card
+    assert "draft steps 1 / 2 / 3, each given the earlier ones: 0.500 / 0.600 / 0.700; α at step 1 0.450" in glide_card
+    assert "draft steps 1 / 2 / 3" not in cards[1].read_text()  # the vanilla drafter was not in that study
     assert "custom_generate" in glide_card and "## Training" in glide_card
     assert ModelCard.load(cards[1]).data.license == "apache-2.0"  # the project's license (pyproject.toml)
 
