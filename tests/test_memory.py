@@ -33,17 +33,20 @@ def fake_process(monkeypatch):
     return resident, libc
 
 
-def test_a_trim_runs_once_the_process_grew_past_the_last_one(fake_process):
+def test_a_trim_runs_once_the_process_grew_past_its_floor(fake_process):
     resident, libc = fake_process
-    assert memory.after_call() is None and memory._floor == 1000.0  # the first call sets where growth is counted from
+    assert memory.after_call() is None and memory._floor == 1000.0  # the first call sets the floor, its working set included
     for grown in (10.0, 31.0):  # below the threshold: nothing
         resident[0] = 1000.0 + grown
         assert memory.after_call() is None and libc.trims == 0
     resident[0] = 1000.0 + memory.TRIM_MIB + 1
     assert memory.after_call() == pytest.approx(30.0) and libc.trims == 1
-    assert memory._floor == pytest.approx(1003.0)  # counted from where the trim left the process
-    resident[0] = 1020.0
-    assert memory.after_call() is None and libc.trims == 1
+    assert memory._floor == pytest.approx(1003.0)  # the trim could not get under the floor: the rest is live
+    libc.gives = 60.0
+    resident[0] = 1040.0
+    assert memory.after_call() == pytest.approx(60.0) and resident[0] == 980.0 and memory._floor == pytest.approx(1003.0)
+    resident[0] = 1010.0  # the next call takes back the pages the trim gave: within the threshold of the floor, no trim
+    assert memory.after_call() is None and libc.trims == 2
     resident[0] = 900.0  # the process shrank (a model freed): growth counts from there
     assert memory.after_call() is None and memory._floor == 900.0
 

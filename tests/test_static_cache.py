@@ -108,6 +108,7 @@ def test_windows_far_past_the_window_by_mask(arch):
     assert len(rings) < len(cache.layers) or arch == "mistral"  # full-attention layers keep whole rows
 
 
+@pytest.mark.slow  # 13 s; compiled windows stay in the default suite with gemma2 (test_static_step.py)
 def test_windows_on_rings_compiled():
     torch._dynamo.reset()
     target = windowed_model("gemma3")
@@ -238,6 +239,7 @@ def test_cape_over_glide_compiles_its_chain():
     assert max(s.tree_size for s in out.speculative_stats.steps) > max(s.drafted for s in out.speculative_stats.steps)  # trees
 
 
+@pytest.mark.slow  # 11 s; the draft model and GLIDE compile in the default suite
 def test_the_cascade_s_drafts_compile_at_every_level():
     from hf_specdraft.cascade import CascadeCandidateGenerator
 

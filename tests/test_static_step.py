@@ -96,7 +96,7 @@ def test_every_bucket_compiles_before_the_first_step():
     assert max(s.tree_size for s in wider.speculative_stats.steps) == 16
 
 
-@pytest.mark.parametrize("compile_config", [None, EAGER_GRAPHS], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compile_config", [None, pytest.param(EAGER_GRAPHS, marks=pytest.mark.slow)], ids=["eager", "compiled"])  # compiled: 15 s
 def test_four_threads_share_one_model_on_the_static_path(compile_config):
     """As a web server's thread pool would: one target and one draft model, four requests at once, each twice. A call
     in flight owns the static caches; the others wait for the target's, and draft eagerly while its draft's is taken."""

@@ -107,6 +107,7 @@ class FixedTreeDrafter(TreeCandidateGenerator):
         return self.tree
 
 
+@pytest.mark.slow  # 18 s; CAPE under sampling stays in the default suite
 def test_loop_verifies_merged_trees_and_samples_from_the_target_with_eos_inside():
     """The real loop on a tiny target: duplicates and the eos token inside the tree; the first two of three sampled
     tokens (eos ends the text: a second token only follows a non-eos first one) follow the target."""

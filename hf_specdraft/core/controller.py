@@ -55,7 +55,8 @@ CONFIDENCE_BINS = 10  # â(c) is measured for draft tokens in ten bins of their 
 CONFIDENCE_PRIOR_WEIGHT = 2.0  # pseudo-count of each bin's prior, the bin's middle confidence (a calibrated draft)
 PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measured: a 2-core CPU's few-token forward
 EXPLORE_EVERY = 8  # every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
-COPY_MATCH_BINS = (3, 5, 8, 16)  # a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on longer
+COPY_MATCH_BINS = (2, 3, 5, 8, 16)  # a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on
+# longer (cpu-copy-acceptance*.json: accepted per copy 2.6-2.8 after a 2-token match, 6.4 after 16 or more on chat)
 COPY_PRIOR = 0.6  # the prior of a copy's first token being right, in every match bin, replaced within a few copies
 COPY_START = 6  # tokens copied while the cost curve is not measured yet
 
@@ -138,11 +139,19 @@ class DraftLengthController:
         return total
 
     def verify_seconds(self, n: int) -> float:
-        """v(n): measured, or read off a line through the measured lengths; never below a measured shorter forward's
-        (a forward over more tokens does not cost less: timing noise must not make a longer draft look cheaper)."""
-        read = self._read_widths()
-        value = read[n] if n in read else self._line(read, n)
-        return max([value, *(seconds for k, seconds in read.items() if k < n)])
+        """v(n): measured, or read off a line through the measured lengths, and never decreasing in ``n`` (a forward over
+        more tokens does not cost less). Timing noise only ever slows a forward (another process on the cores, a first
+        kernel set-up), so each measured width is read no higher than any longer width (the smallest of the widths
+        ``>= n``): one slow sample cannot make every longer draft look dear and keep the controller from drafting them
+        again. Between two measured widths the line is clamped to theirs; past the longest, never below it."""
+        read, settled, low = self._read_widths(), {}, float("inf")
+        for k in sorted(read, reverse=True):
+            low = settled[k] = min(low, read[k])
+        if n in settled:
+            return settled[n]
+        shorter = [settled[k] for k in settled if k < n]
+        longer = [settled[k] for k in settled if k > n]
+        return min(max(self._line(settled, n), max(shorter, default=0.0)), min(longer, default=float("inf")))
 
     def _read_widths(self) -> dict[int, float]:
         """The measured widths' seconds as read: a width timed once (whose first forward may have carried one-time kernel
@@ -355,8 +364,8 @@ class DraftLengthController:
             self.verify[verify_tokens] = verify_seconds
         elif samples == 1:  # the second forward at this width: the first may have carried one-time costs
             self.verify[verify_tokens] = min(old, verify_seconds)
-        else:
-            self.verify[verify_tokens] = 0.7 * old + 0.3 * verify_seconds
+        else:  # a running average; one sample moves it up by at most 30 % (a spike of another process's load)
+            self.verify[verify_tokens] = 0.7 * old + 0.3 * min(verify_seconds, 2 * old)
         self.verify_samples[verify_tokens] = samples + 1
 
 

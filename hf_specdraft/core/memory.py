@@ -5,9 +5,12 @@ of oneDNN on CPU). glibc's ``malloc`` keeps much of what is freed in its arenas 
 resident memory creeps up over hundreds of calls although little of it is live (#49: +90 MiB after 350 varied default
 calls on a 2-core Xeon VM, of which ``malloc_trim(0)`` gave back all but a few MiB;
 ``benchmarks/verification/memory-49-cpu*.json``). After every call :func:`after_call` reads the process's resident
-size (one read of ``/proc/self/statm``) and, once it has grown ``HF_SPECDRAFT_TRIM_MIB`` (default 32) past where the
-last trim left it, calls glibc's ``malloc_trim(0)``: a few milliseconds, once in many calls. Nothing happens where
-glibc or ``/proc`` is missing (macOS, Windows, musl); ``HF_SPECDRAFT_TRIM_MIB=0`` turns it off.
+size (one read of ``/proc/self/statm``) and, once it has grown ``HF_SPECDRAFT_TRIM_MIB`` (default 32) past its floor,
+calls glibc's ``malloc_trim(0)``. The floor is where the first call left the process, a call's working set included:
+it is not lowered to what a trim leaves, since the next call takes those pages back (trimming down to it would trim
+after every call and fault the pages in again every time), but it follows the process down when a call ends lower (a
+model freed) and up when a trim cannot bring it back under the floor (memory that is live, such as a model loaded).
+Nothing happens where glibc or ``/proc`` is missing (macOS, Windows, musl); ``HF_SPECDRAFT_TRIM_MIB=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import threading
 TRIM_MIB = 32  # growth past the last trim that triggers the next: small against a model, rare against a call's buffers
 
 _lock = threading.Lock()
-_floor: float | None = None  # resident MiB just after the last trim (or at the first call)
+_floor: float | None = None  # resident MiB a call may end at without a trim, less the threshold (after_call)
 _libc = None  # glibc, once found; False where there is none
 
 
@@ -58,26 +61,31 @@ def _glibc():
     return _libc or None
 
 
+def _trim(libc) -> tuple[float | None, float | None]:
+    """``malloc_trim(0)``; the resident MiB before and after it."""
+    before = resident_mib()
+    libc.malloc_trim(0)
+    return before, resident_mib()
+
+
 def release_freed_memory() -> float | None:
     """Hand the memory glibc's ``malloc`` holds freed back to the system now (``malloc_trim(0)``). Returns the MiB given
     back, or ``None`` where there is no glibc."""
-    global _floor
     libc = _glibc()
     if libc is None:
         return None
     with _lock:
-        before = resident_mib()
-        libc.malloc_trim(0)
-        _floor = resident_mib()
-    return None if before is None or _floor is None else max(before - _floor, 0.0)
+        before, after = _trim(libc)
+    return None if before is None or after is None else max(before - after, 0.0)
 
 
 def after_call() -> float | None:
-    """What the loop runs when a call ends: a trim (:func:`release_freed_memory`) once the process has grown the threshold
-    past the last one. Returns the MiB a trim gave back, ``None`` when none ran."""
+    """What the loop runs when a call ends: a trim once the process has grown the threshold past its floor (see the
+    module docstring). Returns the MiB the trim gave back, ``None`` when none ran."""
     global _floor
     threshold = trim_threshold_mib()
-    if not threshold or _glibc() is None:
+    libc = _glibc()
+    if not threshold or libc is None:
         return None
     now = resident_mib()
     if now is None:
@@ -88,4 +96,7 @@ def after_call() -> float | None:
             return None
         if now - _floor < threshold:
             return None
-    return release_freed_memory()
+        before, after = _trim(libc)
+        if after is not None:
+            _floor = max(_floor, after)  # what a trim cannot give back is live: the floor moves up to it
+    return None if before is None or after is None else max(before - after, 0.0)

@@ -23,8 +23,8 @@ class GlideDraftingConfig:
         num_draft_tokens: γ, the chain GLIDE drafts per step (§5.1: 5), or ``"auto"``: chosen every step.
         copy_from_context: when the text's last ``copy_from_context`` tokens (or more) occurred earlier in it, draft the
             tokens that followed their most recent longest occurrence (Max-Gram's match, CS Drafting §3.3) instead of
-            running GLIDE for that step (CAPE leaves such a step's chain as it is); 0 never copies. Default 3: where a
-            3-token suffix recurs, the target's text mostly goes on as it did. With ``num_draft_tokens="auto"`` the
+            running GLIDE for that step (CAPE leaves such a step's chain as it is); 0 never copies. Default 2: where a
+            2-token suffix recurs, the target's text mostly goes on as it did. With ``num_draft_tokens="auto"`` the
             loop's controller decides per step whether to copy and how many tokens, from how often copies after a
             match of that length were right and what verification costs
             (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`); with a fixed γ a copy is
@@ -32,7 +32,9 @@ class GlideDraftingConfig:
     """
 
     num_draft_tokens: int | str = AUTO  # the best γ depends on the machine's cost curve (§5.1 fixes 5 on a GPU)
-    copy_from_context: int = 3  # measured (#49, cpu-state-glide.json): the default call 1.20x -> 1.26x on completion, 1.21x -> 1.43x on chat
+    copy_from_context: int = 2  # #49: copying lifted the default call 1.20x -> 1.26x (completion), 1.21x -> 1.43x (chat) in
+    # cpu-state-glide.json; a 2-token match's copy keeps 2.6-2.8 tokens where GLIDE's step keeps 1.2-1.6
+    # (cpu-copy-acceptance-match2.json), and the controller declines a match bin's copies where they do worse
 
     def __post_init__(self):
         draft_length(self.num_draft_tokens)  # a positive int or "auto"; a clear ValueError otherwise
