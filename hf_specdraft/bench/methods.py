@@ -141,7 +141,7 @@ register_method(Method("prompt-lookup+linears", _with_linears(_prompt_lookup),
                        description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10), inside few_token_linears"))
 register_method(Method("draft-model", lambda ctx: _speculative(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA), requires=("draft",),
                        description=f"speculative_generate with the plain draft, γ={GLIDE_GAMMA} (a GLIDE-family draft copies from the context "
-                                   "where its last 3 tokens recur)", cost_models=lambda e: {"draft": e["draft"]}))
+                                   "where its last 2 tokens recur)", cost_models=lambda e: {"draft": e["draft"]}))
 register_method(Method("null-drafter", lambda ctx: _speculative(ctx, candidate_generator=NullCandidateGenerator()),
                        description="speculative_generate proposing nothing (loop overhead)"))
 
