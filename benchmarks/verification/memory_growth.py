@@ -34,6 +34,20 @@ def rss_mib() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
 
 
+def varied_calls(tokenizer, seed: int):
+    """Endless varied calls: ``(ids, max_new_tokens)``, ids `(1, L)` cut from held-out code at random (L in 8..400),
+    ``max_new_tokens`` in 4..32."""
+    from hf_specdraft.defaults.tasks import build_tasks
+
+    texts = [tokenizer(item.prompt + item.reference, add_special_tokens=False).input_ids for item in build_tasks("completion", count=60)]
+    stream = [token for text in texts for token in text]
+    rng = random.Random(seed)
+    while True:
+        length = rng.randint(8, 400)
+        start = rng.randrange(0, len(stream) - length)
+        yield torch.tensor([stream[start : start + length]]), rng.randint(4, 32)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000)
@@ -51,26 +65,20 @@ def main(argv: list[str] | None = None) -> int:
     from hf_specdraft.bench.harness import cpu_model
     from hf_specdraft.core.memory import trim_threshold_mib
     from hf_specdraft.defaults import load_default
-    from hf_specdraft.defaults.tasks import build_tasks
 
     bundle = load_default()
     target, glide, tokenizer = bundle.target, bundle.extras["glide"], bundle.tokenizer
-    texts = [tokenizer(item.prompt + item.reference, add_special_tokens=False).input_ids for item in build_tasks("completion", count=60)]
-    stream = [token for text in texts for token in text]
-    rng = random.Random(ns.seed)
+    calls = varied_calls(tokenizer, ns.seed)
     trims: list = []  # each call's released_mib (None: no trim at its end)
 
     def call() -> tuple[int, int]:
-        length = rng.randint(8, 400)
-        start = rng.randrange(0, len(stream) - length)
-        ids = torch.tensor([stream[start : start + length]])
-        new = rng.randint(4, 32)
+        ids, new = next(calls)
         if ns.method == "plain":
             target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
         else:
             out = speculative_generate(target, ids, draft_model=glide, max_new_tokens=new, return_dict_in_generate=True)
             trims.append(out.speculative_stats.extra.get("released_mib"))
-        return length, new
+        return ids.shape[1], new
 
     libc = ctypes.CDLL("libc.so.6") if ns.trim else None
 

@@ -11,10 +11,10 @@ it gave back are faulted in again), so blocks, not single calls, are compared.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
-import random
 import statistics
 import time
 from pathlib import Path
@@ -35,18 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     from hf_specdraft.bench.harness import cpu_model
     from hf_specdraft.core.memory import TRIM_MIB
     from hf_specdraft.defaults import load_default
-    from hf_specdraft.defaults.tasks import build_tasks
+    from memory_growth import varied_calls  # this folder's script: the same calls
 
     bundle = load_default()
     target, glide, tokenizer = bundle.target, bundle.extras["glide"], bundle.tokenizer
-    texts = [tokenizer(item.prompt + item.reference, add_special_tokens=False).input_ids for item in build_tasks("completion", count=60)]
-    stream = [token for text in texts for token in text]
-    rng = random.Random(ns.seed)
-    calls = []
-    for _ in range(ns.calls):
-        length = rng.randint(8, 400)
-        start = rng.randrange(0, len(stream) - length)
-        calls.append((torch.tensor([stream[start : start + length]]), rng.randint(4, 32)))
+    calls = list(itertools.islice(varied_calls(tokenizer, ns.seed), ns.calls))
 
     def block(trim_mib: str) -> tuple[float, int]:
         os.environ["HF_SPECDRAFT_TRIM_MIB"] = trim_mib
