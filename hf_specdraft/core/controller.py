@@ -104,6 +104,7 @@ class DraftLengthController:
         self.copy_hits = [[0.0] * self.max_copy_tokens for _ in COPY_MATCH_BINS]
         self._copy_bin = 0  # the match bin of the copy this step proposed
         self._declined = 0  # copies declined in a row (every EXPLORE_EVERY-th is taken, so a bin's rates stay measured)
+        self._reader = None  # (the cost curve it read, _verify_reader's function)
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
         self.agree_seconds = None  # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
@@ -144,14 +145,30 @@ class DraftLengthController:
         kernel set-up), so each measured width is read no higher than any longer width (the smallest of the widths
         ``>= n``): one slow sample cannot make every longer draft look dear and keep the controller from drafting them
         again. Between two measured widths the line is clamped to theirs; past the longest, never below it."""
+        return self._verify_reader()(n)
+
+    def _verify_reader(self):
+        """:meth:`verify_seconds` as a function of ``n``, with the widths read and the line fitted once (a step weighs up
+        to ``2 · max_draft_tokens`` lengths), and kept until a forward is timed."""
+        key = (tuple(self.verify.items()), tuple(self.verify_samples.items()))
+        if self._reader is not None and self._reader[0] == key:
+            return self._reader[1]
         read, settled, low = self._read_widths(), {}, float("inf")
         for k in sorted(read, reverse=True):
             low = settled[k] = min(low, read[k])
-        if n in settled:
-            return settled[n]
-        shorter = [settled[k] for k in settled if k < n]
-        longer = [settled[k] for k in settled if k > n]
-        return min(max(self._line(settled, n), max(shorter, default=0.0)), min(longer, default=float("inf")))
+        line, widths, read_off = self._fit(settled), sorted(settled), {}
+
+        def seconds(n: int) -> float:
+            if n in settled:
+                return settled[n]
+            if n not in read_off:
+                shorter = max((settled[k] for k in widths if k < n), default=0.0)
+                longer = min((settled[k] for k in widths if k > n), default=float("inf"))
+                read_off[n] = min(max(line(n), shorter), longer)
+            return read_off[n]
+
+        self._reader = (key, seconds)
+        return seconds
 
     def _read_widths(self) -> dict[int, float]:
         """The measured widths' seconds as read: a width timed once (whose first forward may have carried one-time kernel
@@ -159,26 +176,40 @@ class DraftLengthController:
         settled = {k: v for k, v in self.verify.items() if self.verify_samples.get(k, 2) >= 2}
         if len(settled) < 2:
             return dict(self.verify)
-        return {k: v if k in settled else min(v, self._line(settled, k)) for k, v in self.verify.items()}
+        line = self._fit(settled)
+        return {k: v if k in settled else min(v, line(k)) for k, v in self.verify.items()}
 
     @staticmethod
-    def _line(verify: dict[int, float], n: int) -> float:
-        """v(n) read off a line through the measured lengths (``PRIOR_SLOPE`` from a single one)."""
+    def _fit(verify: dict[int, float]):
+        """v(n) read off a line through the measured lengths (``PRIOR_SLOPE`` from a single one), as a function of ``n``."""
         known = sorted(verify)
+        if not known:
+            return lambda n: 0.0
         if len(known) == 1:
             k = known[0]
-            return verify[k] * max(1 + PRIOR_SLOPE * (n - k), 0.5)
+            return lambda n: verify[k] * max(1 + PRIOR_SLOPE * (n - k), 0.5)
         mean_n = sum(known) / len(known)
         mean_v = sum(verify[k] for k in known) / len(known)
-        slope = sum((k - mean_n) * (verify[k] - mean_v) for k in known) / sum((k - mean_n) ** 2 for k in known)
-        return max(mean_v + max(slope, 0.0) * (n - mean_n), min(verify.values()))
+        slope = max(sum((k - mean_n) * (verify[k] - mean_v) for k in known) / sum((k - mean_n) ** 2 for k in known), 0.0)
+        floor = min(verify.values())
+        return lambda n: max(mean_v + slope * (n - mean_n), floor)
 
-    def rate(self, gamma: int, option: int | None = None) -> float:
-        """Expected new tokens per second of a step that drafts γ (a tree of about ``width · γ`` nodes)."""
+    def rate(self, gamma: int, option: int | None = None, verify=None) -> float:
+        """Expected new tokens per second of a step that drafts γ (a tree of about ``width · γ`` nodes); ``verify``: a
+        :meth:`_verify_reader` already made this step."""
         option = self.option if option is None else option
         nodes = max(gamma, round(self.measured_width[option] * gamma))
-        cost = gamma * (self.draft_per_token or 0.0) + self.verify_seconds(self.bucket(nodes + 1))
+        cost = gamma * (self.draft_per_token or 0.0) + (verify or self.verify_seconds)(self.bucket(nodes + 1))
         return self.expected_tokens(gamma, option) / cost
+
+    def rates(self, option: int, verify) -> list[float]:
+        """:meth:`rate` of γ = 1 .. ``max_draft_tokens`` under one width option, with the acceptance rates read once."""
+        d, width, total, alive, rates = self.draft_per_token or 0.0, self.measured_width[option], 1.0, 1.0, []
+        for gamma, a in enumerate(self.acceptance(option), 1):
+            alive *= a
+            total += alive
+            rates.append(total / (gamma * d + verify(self.bucket(max(gamma, round(width * gamma)) + 1))))
+        return rates
 
     def _count(self, option: int, drafted: int, accepted: list[int]) -> None:
         """Decay one option's acceptance counts and add a step's: positions up to the first rejected one were judged."""
@@ -209,26 +240,26 @@ class DraftLengthController:
             return 0
         if len(self.verify) < 2:
             return min(top, COPY_START)
-        best, best_rate, expected, alive = 0, 0.0, 1.0, 1.0
+        best, best_rate, expected, alive, verify = 0, 0.0, 1.0, 1.0, self._verify_reader()
         for n, c in enumerate(self._rates(self.copy_hits[self._copy_bin], self.copy_tries[self._copy_bin], COPY_PRIOR)[:top], 1):
             alive *= c
             expected += alive
-            rate = expected / self.verify_seconds(self.bucket(n + 1))
+            rate = expected / verify(self.bucket(n + 1))
             if rate > best_rate:
                 best, best_rate = n, rate
-        if best_rate >= self.model_rate():
+        if best_rate >= self.model_rate(verify):
             self._declined = 0
             return best
         self._declined += 1
         return best if self._declined % EXPLORE_EVERY == 0 else 0
 
-    def model_rate(self) -> float:
+    def model_rate(self, verify=None) -> float:
         """Tokens per second of the drafter's own steps: realized by the confidence-stopped steps of the current width,
         else expected at the best γ."""
         o = self.option
         if self.confidence_stops and self.stop_seconds[o] > 0:
             return self.stop_tokens[o] / self.stop_seconds[o]
-        return max(self.rate(g) for g in range(1, self.max_draft_tokens + 1))
+        return max(self.rates(o, verify or self._verify_reader()))
 
     def accepted_given(self, confidence: float) -> float:
         """``â(c)``: the measured rate at which draft tokens of about probability ``c`` are accepted."""
@@ -281,13 +312,16 @@ class DraftLengthController:
                 self.option = 0
             gamma = self._stop_on_confidence()
         else:
-            gamma, self.option = max(((g, o) for o in range(len(self.widths)) for g in range(1, top + 1)), key=lambda c: self.rate(*c))
+            verify = self._verify_reader()
+            rates = [self.rates(o, verify) for o in range(len(self.widths))]
+            gamma, self.option = max(((g, o) for o in range(len(self.widths)) for g in range(1, top + 1)),
+                                     key=lambda c: rates[c[1]][c[0] - 1])
             phase = self.steps % EXPLORE_EVERY
             if phase == EXPLORE_EVERY - 1:  # probe beside the best γ, alternating sides
                 gamma = min(max(gamma + (1 if (self.steps // EXPLORE_EVERY) % 2 == 0 else -1), 1), top)
             elif phase == EXPLORE_EVERY // 2 - 1 and last:  # and the other tree widths, in turn, each at its own best γ
                 self.option = self._other_width()
-                gamma = max(range(1, top + 1), key=lambda g: self.rate(g, self.option))
+                gamma = max(range(1, top + 1), key=lambda g: rates[self.option][g - 1])
         self.choices.append(gamma)
         return gamma
 
@@ -298,8 +332,8 @@ class DraftLengthController:
     def _stop_on_confidence(self) -> int:
         """Arm :meth:`keep_drafting` for this step (its costs ``j · d + v(1 + nodes)``, ``nodes = max(j, width · j)`` for
         the step's width); returns the longest draft it allows."""
-        top, d, width = self.max_draft_tokens, self.draft_per_token or 0.0, self.widths[self.option]
-        self._draft_costs = [j * d + self.verify_seconds(self.bucket(max(j, round(width * j)) + 1)) for j in range(top + 1)]
+        top, d, width, verify = self.max_draft_tokens, self.draft_per_token or 0.0, self.widths[self.option], self._verify_reader()
+        self._draft_costs = [j * d + verify(self.bucket(max(j, round(width * j)) + 1)) for j in range(top + 1)]
         return top
 
     def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int,
