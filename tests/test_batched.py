@@ -92,6 +92,29 @@ def test_batched_drafting_drafts_what_each_row_drafts_alone(kind):
     assert_rows_match(batched.sequences, rows, [greedy_reference(target, r[None], 16) for r in rows])
 
 
+@pytest.mark.parametrize("kind", ["glide", "glide+cape"])
+def test_batched_glide_rows_copy_from_their_own_text(kind):
+    """GLIDE's ``copy_from_context`` in a batch: a row whose text's suffix occurred before drafts the copy, as it does at
+    batch 1 (a copy of max(6, γ) tokens at the first step, every row here), and each row stays its own greedy output."""
+    target = tiny_model("llama")
+    glide = glide_for(target)
+    builders = {"glide": lambda: GlideCandidateGenerator(glide, num_draft_tokens=3),
+                "glide+cape": lambda: CapeCandidateGenerator(GlideCandidateGenerator(glide, num_draft_tokens=3), budget=6)}
+    g = torch.Generator().manual_seed(8)
+    rows = [torch.cat([p, p, p[:3]]) for p in (torch.randint(1, VOCAB, (n,), generator=g) for n in (10, 7, 12))]
+    width = max(r.numel() for r in rows)
+    ids, mask = torch.zeros(len(rows), width, dtype=torch.long), torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - row.numel() :], mask[i, width - row.numel() :] = row, 1
+    batched = speculative_generate(target, ids, attention_mask=mask, candidate_generator=builders[kind](), max_new_tokens=16,
+                                   return_dict_in_generate=True)
+    assert batched.speculative_stats.steps[0].copied and all(s.steps[0].tree_size == 6 for s in batched.row_stats)
+    for i, row in enumerate(rows):
+        alone = speculative_generate(target, row[None], candidate_generator=builders[kind](), max_new_tokens=16, return_dict_in_generate=True)
+        assert [(s.tree_size, s.accepted) for s in batched.row_stats[i].steps] == [(s.tree_size, s.accepted) for s in alone.speculative_stats.steps], i
+    assert_rows_match(batched.sequences, rows, [greedy_reference(target, r[None], 16) for r in rows])
+
+
 def test_glide_rows_drafting_alone_read_their_own_target_columns():
     """Rows whose GLIDE drafters differ (γ 2 and 3) draft one by one, each on a view of its own columns of the batch's
     target cache: what each proposes equals what it proposes at batch 1."""

@@ -254,7 +254,7 @@ def test_copying_from_the_context_is_lossless_and_copies(layout, tmp_path):
     out = speculative_generate(target, ids, candidate_generator=drafter, max_new_tokens=30, return_dict_in_generate=True)
     assert torch.equal(out.sequences, reference)
     text = ids[0].tolist()
-    suffix_copy = drafter._copy(ids)
+    suffix_copy = drafter.copy_from_text(ids)
     assert suffix_copy is not None and suffix_copy.tokens.tolist() == text[15 : 15 + len(suffix_copy)]
     with pytest.raises(ValueError, match="copy_from_context must be an int >= 0"):
         GlideCandidateGenerator(glide, copy_from_context=-1)

@@ -258,6 +258,8 @@ class _ExpandedBatch(BatchProposer):
         self.inner.num_draft_tokens = value
 
     def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
+        for cape in self.capes:  # the loop's host copy of each row's text, for the chain drafter's copy from it
+            cape.drafter.set_step(host_text=cape.host_text)
         return [cape.expand(chain) for cape, chain in zip(self.capes, self.inner.propose(texts))]
 
     def keep_rows(self, survivors: list[int]) -> None:

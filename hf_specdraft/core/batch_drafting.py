@@ -87,7 +87,12 @@ class BatchChainDrafter(BatchProposer):
 
     @torch.no_grad()
     def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
-        """Draft a γ-token chain after each row's accepted text ``texts[a]`` `(L_a,)`; the forward may read :attr:`target`."""
+        """Draft a γ-token chain after each row's accepted text ``texts[a]`` `(L_a,)`; the forward may read :attr:`target`.
+        A row whose drafter copies from its text (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.copy_from_text`)
+        gets its copy; when every row copies, no draft forward runs."""
+        copies = [drafter.copy_from_text(text[None]) for drafter, text in zip(self.drafters, texts)]
+        if all(copy is not None for copy in copies):
+            return copies
         device = self.device
         texts = [t.to(device) for t in texts]
         keep = [common_prefix(seen.to(device), ids) for seen, ids in zip(self.seen, texts)]
@@ -131,5 +136,5 @@ class BatchChainDrafter(BatchProposer):
             drafter.count_call("draft", self.num_draft_tokens)
             self.seen[a] = torch.cat([texts[a], drafted[a, :-1]])
             sampled = torch.ones(self.num_draft_tokens, dtype=torch.bool) if drafter.generation_config.do_sample else None
-            trees.append(DraftTree.chain(drafted[a], q[a], sampled))
+            trees.append(DraftTree.chain(drafted[a], q[a], sampled) if copies[a] is None else copies[a])
         return trees

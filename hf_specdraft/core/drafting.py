@@ -163,6 +163,12 @@ class TreeCandidateGenerator(CandidateGenerator):
         """
         raise NotImplementedError
 
+    def copy_from_text(self, input_ids: torch.LongTensor) -> DraftTree | None:
+        """This step's draft copied from the text ``input_ids`` `(1, L)` (a drafter that copies from the context, e.g.
+        GLIDE's ``copy_from_context``), or `None`: the drafter drafts with its model. A batch proposer asks every row
+        before its draft forward (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`)."""
+        return None
+
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
         """The draft's probability of each token of the chain it drafted this step (``tree``, its proposal; a tree's
         first-child chain), for the loop's controller (its confidence bins); ``None`` without ``draft_probs``."""

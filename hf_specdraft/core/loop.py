@@ -362,6 +362,9 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
     config, meter = step.generation_config, step.meter
     if step.together is not None:
         start = meter.mark()
+        for row in active:  # the text on the host: a row's copy from its text (copy_from_text) reads nothing back
+            if isinstance(row.generator, TreeCandidateGenerator):
+                row.generator.set_step(host_text=row.tokens[row.pad :])
         step.together.target = (step.cache.cache, [row.cached for row in active])
         proposals = step.together.propose([row.text[0] for row in active])
         trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens), row.traits)

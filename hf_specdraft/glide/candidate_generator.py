@@ -131,7 +131,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         Returns:
             a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
         """
-        copied = self._copy(input_ids)
+        copied = self.copy_from_text(input_ids)
         if self.requires_model_outputs:
             self._take_states(target_state)
         if copied is not None:
@@ -153,9 +153,10 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
         return draft_chain(self, input_ids, next_logits, self.glide.device)
 
-    def _copy(self, input_ids: torch.LongTensor) -> DraftTree | None:
+    def copy_from_text(self, input_ids: torch.LongTensor) -> DraftTree | None:
         """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the text's suffix, when
-        it is at least that long (no q: the target judges them exactly); else `None`."""
+        it is at least that long (no q: the target judges them exactly), as many as the loop's ``copy_rule`` says (without
+        one, ``max(6, γ)``); else `None`."""
         shortest = self.config.copy_from_context
         if not shortest or input_ids.shape[1] <= shortest:
             return None
