@@ -66,6 +66,15 @@ def test_a_bad_draft_length_is_named(bad):
         DraftModelCandidateGenerator(tiny_model(), num_draft_tokens=bad)
 
 
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "8", True])
+def test_the_controllers_bad_limits_are_named(bad):
+    with pytest.raises(ValueError, match="max_draft_tokens must be a positive int"):
+        DraftLengthController(bad)
+    with pytest.raises(ValueError, match=r"max_copy_tokens must be a positive int or None \(max_draft_tokens\)"):
+        DraftLengthController(4, max_copy_tokens=bad)
+    assert DraftLengthController(4).max_copy_tokens == 4 and DraftLengthController(4, max_copy_tokens=16).max_copy_tokens == 16
+
+
 @pytest.mark.parametrize("kind", ["draft_model", "glide", "batch"])
 def test_auto_is_the_default_and_lossless(arch, kind):
     target = tiny_model(arch)

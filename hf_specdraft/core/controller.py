@@ -77,9 +77,9 @@ class DraftLengthController:
 
     def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95, bucket=None,
                  max_copy_tokens: int | None = None):
-        if not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
+        if not isinstance(max_draft_tokens, int) or isinstance(max_draft_tokens, bool) or max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be a positive int, got {max_draft_tokens!r}")
-        if max_copy_tokens is not None and (not isinstance(max_copy_tokens, int) or max_copy_tokens < 1):
+        if max_copy_tokens is not None and (not isinstance(max_copy_tokens, int) or isinstance(max_copy_tokens, bool) or max_copy_tokens < 1):
             raise ValueError(f"max_copy_tokens must be a positive int or None (max_draft_tokens), got {max_copy_tokens!r}")
         self.max_draft_tokens, self.widths, self.decay = max_draft_tokens, tuple(widths), decay
         self.max_copy_tokens = max_copy_tokens or max_draft_tokens  # the longest copy from the text (copy_length)
