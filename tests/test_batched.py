@@ -115,6 +115,39 @@ def test_batched_glide_rows_copy_from_their_own_text(kind):
     assert_rows_match(batched.sequences, rows, [greedy_reference(target, r[None], 16) for r in rows])
 
 
+def test_a_batch_step_where_some_rows_copied_teaches_the_controller_only_the_drafting_rows(monkeypatch):
+    """Under γ 'auto', a batch step where some rows copy from their text and others draft with GLIDE: the controller
+    learns GLIDE's rates from the drafting rows alone (a copy's accepted tokens are not GLIDE's); the outputs stay each
+    row's own greedy output, and no drafter keeps the call's host text after it."""
+    from hf_specdraft.core.batch_drafting import BatchChainDrafter
+    from hf_specdraft.core.controller import DraftLengthController
+
+    target = tiny_model("llama")
+    g = torch.Generator().manual_seed(9)
+    phrase = torch.randint(1, VOCAB, (8,), generator=g)
+    rows = [torch.cat([phrase, phrase, phrase[:3]]), torch.randint(1, VOCAB, (9,), generator=g), torch.randint(1, VOCAB, (5,), generator=g)]
+    width = max(r.numel() for r in rows)
+    ids, mask = torch.zeros(len(rows), width, dtype=torch.long), torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - row.numel() :], mask[i, width - row.numel() :] = row, 1
+    proposed, observed = [], []
+    propose, observe = BatchChainDrafter.propose, DraftLengthController.observe
+    monkeypatch.setattr(BatchChainDrafter, "propose", lambda self, texts: proposed.append(propose(self, texts)) or proposed[-1])
+    monkeypatch.setattr(DraftLengthController, "observe", lambda self, drafted, accepted, *args, **kwargs:
+                        observed.append((drafted, list(accepted), kwargs)) or observe(self, drafted, accepted, *args, **kwargs))
+    glide = glide_for(target)
+    drafters = [GlideCandidateGenerator(glide) for _ in rows]
+    out = speculative_generate(target, ids, attention_mask=mask, candidate_generator=drafters, max_new_tokens=16, return_dict_in_generate=True)
+    assert_rows_match(out.sequences, rows, [greedy_reference(target, r[None], 16) for r in rows])
+    assert len(proposed) == len(observed)
+    mixed = [(trees, seen) for trees, seen in zip(proposed, observed) if 0 < sum(t.copied for t in trees) < len(trees)]
+    assert mixed  # the first step: row 0 copies, the others draft
+    for trees, (drafted, accepted, _) in mixed:
+        modelled = [t for t in trees if not t.copied]
+        assert len(accepted) == len(modelled) and drafted == max(t.levels for t in modelled)
+    assert all(d.host_text is None for d in drafters)
+
+
 def test_glide_rows_drafting_alone_read_their_own_target_columns():
     """Rows whose GLIDE drafters differ (γ 2 and 3) draft one by one, each on a view of its own columns of the batch's
     target cache: what each proposes equals what it proposes at batch 1."""

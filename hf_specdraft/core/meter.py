@@ -64,6 +64,11 @@ class StepMeter:
         controller = self.controller
         if controller is None:
             return
+        draft, forward = self.seconds()
+        copied = [tree.copied for tree in trees]  # copies from the text (copy_from_context), not the model's draft
+        if any(copied) and not all(copied):  # a batch where some rows copied: the drafting rows alone teach the model's
+            rows = [a for a, c in enumerate(copied) if not c]  # rates (the batch's draft forward cost what it cost)
+            active, trees, kept, accepted = ([seq[a] for a in rows] for seq in (active, trees, kept, accepted))
         widens = len(controller.widths) > 1 and all(row.traits.widens_chain for row in active)
         on_chain = []  # what the chain alone would have accepted (greedy: exact; a path cut at eos or max_length is left
         if widens:  # out: it says nothing of the chain)
@@ -72,9 +77,8 @@ class StepMeter:
         if controller.confidence_stops and len(trees[0]) and (on_chain or not widens):  # a tree's chain: judged by on_chain
             drafted = active[0].generator.drafted_confidences(trees[0])
             confidences = None if drafted is None else [drafted]
-        draft, forward = self.seconds()
         depth = max(tree.levels for tree in trees)  # the chain a tree's nodes hang on
-        copied = all(tree.copied for tree in trees)  # a copy from the text (copy_from_context), not the model's draft
+        copied = all(copied)
         controller.observe(depth, accepted, sum(draft), forward, width, on_chain or None, None if copied else confidences, copied)
 
 

@@ -24,11 +24,11 @@ class GlideDraftingConfig:
         copy_from_context: when the text's last ``copy_from_context`` tokens (or more) occurred earlier in it, draft the
             tokens that followed their most recent longest occurrence (Max-Gram's match, CS Drafting §3.3) instead of
             running GLIDE for that step (CAPE leaves such a step's chain as it is); 0 never copies. Default 2: where a
-            2-token suffix recurs, the target's text mostly goes on as it did. With ``num_draft_tokens="auto"`` the
-            loop's controller decides per step whether to copy and how many tokens, from how often copies after a
+            2-token suffix recurs, the target's text mostly goes on as it did. With ``num_draft_tokens="auto"`` at batch
+            1 the loop's controller decides per step whether to copy and how many tokens, from how often copies after a
             match of that length were right and what verification costs
-            (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`); with a fixed γ a copy is
-            ``max(COPY_TOKENS, γ)`` tokens.
+            (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`); with a fixed γ, and in a batch, a
+            copy is ``max(COPY_TOKENS, γ)`` tokens, taken at every match.
     """
 
     num_draft_tokens: int | str = AUTO  # the best γ depends on the machine's cost curve (§5.1 fixes 5 on a GPU)
