@@ -109,6 +109,10 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def copy_rule(self, rule) -> None:
         self.drafter.set_step(copy_rule=rule)
 
+    def finish_call(self, stats) -> None:
+        super().finish_call(stats)
+        self.drafter.host_text = None  # handed on by propose: it goes with the call too
+
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
         """The draft's probability of each token of this step's chain (read before it was widened), as far as the chain
         of ``tree``, the proposal the loop verified (cut at ``max_length``), goes."""

@@ -153,8 +153,10 @@ class TreeCandidateGenerator(CandidateGenerator):
             self.copy_rule = copy_rule
 
     def finish_call(self, stats) -> None:
-        """The call's statistics, when it ends (:class:`~hf_specdraft.core.stats.SpeculativeStats`; kept as ``last_stats``)."""
+        """The call's statistics, when it ends (:class:`~hf_specdraft.core.stats.SpeculativeStats`; kept as ``last_stats``).
+        The host text the loop gave the last step goes with the call."""
         self.last_stats = stats
+        self.host_text = None
 
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
         """Draft a tree to follow ``input_ids`` `(1, L)`.

@@ -262,12 +262,9 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
         while active:
             active = speculative_step(step, active)
     finally:
-        for drafter in drafters:  # the rules belong to this call's controller, the host text to its last step
-            if isinstance(drafter, TreeCandidateGenerator):
-                drafter.set_step(stop_rule=None, copy_rule=None)
-                for inner in (drafter, getattr(drafter, "drafter", None)):  # CAPE's chain drafter holds it too
-                    if isinstance(inner, TreeCandidateGenerator):
-                        inner.host_text = None
+        if step.meter.controller is not None and step.meter.controller.confidence_stops:
+            for drafter in drafters:
+                drafter.set_step(stop_rule=None, copy_rule=None)  # the rules belong to this call's controller
     costs = step.cache.costs
     if step.together is not None:
         costs["batch_draft_forwards"] = step.together.forwards
