@@ -194,16 +194,14 @@ class DraftLengthController:
         floor = min(verify.values())
         return lambda n: max(mean_v + slope * (n - mean_n), floor)
 
-    def rate(self, gamma: int, option: int | None = None, verify=None) -> float:
-        """Expected new tokens per second of a step that drafts γ (a tree of about ``width · γ`` nodes); ``verify``: a
-        :meth:`_verify_reader` already made this step."""
-        option = self.option if option is None else option
-        nodes = max(gamma, round(self.measured_width[option] * gamma))
-        cost = gamma * (self.draft_per_token or 0.0) + (verify or self.verify_seconds)(self.bucket(nodes + 1))
-        return self.expected_tokens(gamma, option) / cost
+    def rate(self, gamma: int, option: int | None = None) -> float:
+        """Expected new tokens per second of a step that drafts γ (``1 <= γ <= max_draft_tokens``; a tree of about
+        ``width · γ`` nodes)."""
+        return self.rates(self.option if option is None else option, self._verify_reader())[gamma - 1]
 
     def rates(self, option: int, verify) -> list[float]:
-        """:meth:`rate` of γ = 1 .. ``max_draft_tokens`` under one width option, with the acceptance rates read once."""
+        """:meth:`rate` of γ = 1 .. ``max_draft_tokens`` under one width option (``verify``: a :meth:`_verify_reader`),
+        ``(1 + Σ_{i<=γ} Π_{j<=i} a_j) / (γ · d + v(1 + nodes))``, with the acceptance rates read once."""
         d, width, total, alive, rates = self.draft_per_token or 0.0, self.measured_width[option], 1.0, 1.0, []
         for gamma, a in enumerate(self.acceptance(option), 1):
             alive *= a
