@@ -48,6 +48,7 @@ from transformers import PreTrainedModel
 
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
 from hf_specdraft.glide.model_card import training_stages
+from hf_specdraft.glide.objective import WindowSource
 from hf_specdraft.glide.store import StoreWindows
 
 from .drafters import LICENSE
@@ -142,24 +143,29 @@ def draft_vocabulary(store: dict[str, torch.Tensor], size: int, target: PreTrain
     return vocab
 
 
-def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Tensor], args: GlideTrainingArguments,
+def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Tensor] | WindowSource, args: GlideTrainingArguments,
                   drafter: dict | None = None, init_from: str | Path | None = None) -> tuple[GlideForCausalLM, dict]:
     """Build one drafter and train it from ``store`` with :func:`~hf_specdraft.glide.train_glide`.
 
     Args:
-        kind: ``"glide"``, ``"vanilla"`` or ``"small"``.
+        kind: one of :data:`DRAFTERS` (``"glide"``, ``"vanilla"``, ``"small"``, ``"glide-state"``, ``"glide-assistant"``).
+        store: a distillation store (:mod:`.distillation`), or windows the target runs over every step
+            (:class:`~hf_specdraft.glide.objective.TargetWindows`, the GPU recipe's: then ``init_from`` is required, for
+            its draft vocabulary).
         args: how it trains (a :data:`RECIPES` entry with its ``output_dir``: the fp32 checkpoint, ``training_log.json``
-            and ``checkpoint-last/``, which a rerun resumes from); its windows are the store's (``seq_len`` is set to them).
+            and ``checkpoint-last/``, which a rerun resumes from); its windows are the data's (``seq_len`` is set to them).
         drafter: what it is (default ``DRAFTERS[kind]``).
-        init_from: a trained drafter checkpoint of the same kind to start from (its draft vocabulary is kept).
+        init_from: a trained drafter checkpoint to start from (its draft vocabulary is kept; :func:`warm_start`).
 
     Returns:
-        the trained drafter and its training log (with the drafter's shape, the store's size and the parameter count).
+        the trained drafter and its training log (with the drafter's shape, the data's size and the parameter count).
     """
     if kind not in DRAFTERS:
         raise ValueError(f"kind must be one of {sorted(DRAFTERS)}, got {kind!r}")
+    if not isinstance(store, dict) and init_from is None:
+        raise ValueError("a drafter trained on windows without a store needs init_from: its draft vocabulary is chosen from a store")
     drafter = DRAFTERS[kind] if drafter is None else drafter
-    source = StoreWindows(store)
+    source = StoreWindows(store) if isinstance(store, dict) else store
     args = dataclasses.replace(args, seq_len=source.seq_len)
     start_from = GlideForCausalLM.from_pretrained(init_from, dtype=torch.float32) if init_from is not None else None
     vocab = draft_vocabulary(store, drafter["draft_vocab_size"], target, Path(args.output_dir), start_from)

@@ -50,6 +50,40 @@ def test_a_two_layer_glide_trains_from_a_store_and_reads_the_layers_its_recipe_n
     assert set(scores["delays"]) == {str(d) for d in glide_recipe.DELAYS} and 0 <= scores["no_glimpse"]["alpha"] <= 1
 
 
+def test_the_gpu_recipe_trains_a_state_glide_on_windows_the_target_runs_over(tmp_path, monkeypatch):
+    """benchmarks/gpu/train_default.py's path: no store (the target runs every step), the state GLIDE warm-started from a
+    plain one, whose reduced vocabulary it keeps; each checkpoint comes back as a tar cut into parts that join again."""
+    import tarfile
+
+    from benchmarks.gpu import train_default
+    from hf_specdraft.glide.objective import TargetWindows
+
+    target = tiny_model("llama", num_hidden_layers=3)
+    windows = torch.randint(0, target.config.vocab_size, (4, 24), generator=torch.Generator().manual_seed(0))
+    shape = {"intermediate_size": 64, "draft_vocab_size": 48}
+    args = dataclasses.replace(RECIPES["glide"], output_dir=str(tmp_path / "plain"), max_steps=2, warmup_steps=1, per_device_batch_size=2,
+                               progress_bar=False)
+    plain, _ = train_drafter("glide", target, compute_store(target, windows, [2], batch_size=2), args, {**DRAFTERS["glide"], **shape})
+    plain.save_pretrained(tmp_path / "glide")
+    source = TargetWindows(windows.reshape(-1), 24)
+    args = dataclasses.replace(args, output_dir=str(tmp_path / "state"))
+    with pytest.raises(ValueError, match="needs init_from"):
+        train_drafter("glide-state", target, source, args, {**DRAFTERS["glide-state"], **shape})
+    model, log = train_drafter("glide-state", target, source, args, {**DRAFTERS["glide-state"], **shape}, init_from=tmp_path / "glide")
+    assert model.config.state_input and model.config.draft_token_ids == plain.config.draft_token_ids
+    assert len(log["steps"]) >= 1 and log["train_tokens_available"] == windows.numel()
+    model.save_pretrained(tmp_path / "checkpoint")
+    monkeypatch.setattr(train_default, "PART_BYTES", 4096)
+    out = tmp_path / "out"
+    out.mkdir()
+    parts = train_default.pack(tmp_path / "checkpoint", out, "glide-state")
+    assert len(parts) > 1 and all((out / p).stat().st_size <= 4096 for p in parts)
+    (tmp_path / "joined.tar").write_bytes(b"".join((out / p).read_bytes() for p in parts))
+    with tarfile.open(tmp_path / "joined.tar") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    assert GlideForCausalLM.from_pretrained(tmp_path / "back" / "glide-state").config.state_input
+
+
 def _train_through_every_entry_point(target, tmp_path):
     """Each way the repository trains a GLIDE, a step or two: the shipped drafters' recipe and the glimpse study (from a
     store), the small target's drafters and ``hf-specdraft train-glide`` (the target run on the fly)."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU run of issues #35 and #41, one lent-machine call at a time. Nothing here has run on a GPU yet.
 #
-#   bash benchmarks/gpu/prepare.sh                         # here, first: .whl/ and .gguf/ to carry, each call sized
+#   bash benchmarks/gpu/stash.sh hide                      # here, first: the tree that travels, under 64 MiB (restore after)
+#   bash benchmarks/gpu/prepare.sh                         # here, then: .whl/ and .gguf/ to carry, each call sized
 #   bash benchmarks/gpu/run.sh STEP [STEP ...]             # there, one call; docs/benchmarks.md lists the calls
 #   bash benchmarks/gpu/run.sh --dry-run STEP [STEP ...]   # here, on a CPU: the same steps at toy sizes (mechanics)
 #
@@ -17,8 +18,9 @@
 #   completion  the bench on the embedded default (SmolLM2-135M-Instruct, bf16), one task per call; needs the GGUF
 #   chat        the same
 #   context     the same, with CASD
-#   train       issue #42: GLIDE and its vanilla twin trained against the default target on the GPU, no store, as many
-#               tokens as fit the call (benchmarks/gpu/train_default.py); checkpoints and train-default.json to $OUT
+#   train       issue #49: the state-reading GLIDE and its vanilla twin, from the shipped pair, trained against the default
+#               target on the GPU, no store, as many tokens as fit the call, scored at draft steps 1-3 beside the shipped
+#               pair (benchmarks/gpu/train_default.py); train-default.json and the packed checkpoints to $OUT
 #   report      BENCHMARKS.md regenerated (here, after copying the JSON into benchmarks/results/)
 # Each step gets what is left of CALL_SECONDS (570: a call may run 600 s), so the results written so far come back.
 # NUM_PROMPTS / MAX_NEW_TOKENS override the gpu-default profile's 8 prompts x 128 tokens (a task that did not fit).
@@ -84,8 +86,8 @@ for step in "$@"; do
     train)
       need wheels gguf cuda || { status=1; continue; }
       size=(--seconds $(( $(left) - 20 )))
-      [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 150 --windows 32 --heldout 2 --batch 2)
-      timeout "$(left)" python3 -m benchmarks.gpu.train_default --output "$FILES/glide-gpu" "${size[@]}" || status=1 ;;
+      [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 240 --windows 16 --self-generated 4 --heldout-prompts 2 --batch 2)
+      timeout "$(left)" python3 -m benchmarks.gpu.train_default --output "$FILES" --work "$TMP_ROOT/glide-gpu" "${size[@]}" || status=1 ;;
     *) echo "unknown step '$step': first, control, status, overhead, completion, chat, context, train or report" >&2; exit 2 ;;
   esac
 done
