@@ -3,7 +3,7 @@
     bash benchmarks/gpu/run.sh train                                          # there, after the wheels and the GGUF parts
     python -m benchmarks.gpu.train_default --output DIR --seconds 480         # the step itself
     python -m benchmarks.gpu.train_default --output /tmp/t --device cpu --seconds 240 --windows 16 --self-generated 4 \\
-        --heldout-prompts 2 --batch 2                                         # mechanics, here
+        --heldout-windows 2 --batch 2                                         # mechanics, here
 
 The recipe is the CPU study's (``benchmarks/verification/state-glide-corpus/train.sh``: the ``glide-state`` and
 ``vanilla`` kinds of :mod:`recipes.smollm2_drafters`, warm-started from the shipped pair, trained by
@@ -15,9 +15,10 @@ target's whole next-token distribution (token-level distillation, glide_cape App
 windows and the same number of steps: as many as fit the seconds left after one timed probe step of each.
 
 Scored as the CPU table is (:func:`benchmarks.studies.state_glide.agreement`): greedy agreement at draft steps 1, 2 and 3,
-each conditional on the earlier ones, teacher-forced on the target's own greedy text for the held-out prompts
-``python -m recipes.distillation DIR --self-generated 48 --heldout --max-new-tokens 160 --seq-len 384`` writes, the target in fp32; the shipped
-pair is scored beside them. What comes back (``--output``, the call's ``$OUT``: at most 8 files of 16 MiB): the JSON
+each conditional on the earlier ones, teacher-forced on the target's own greedy text for 48 held-out prompts, the target in
+fp32; the shipped pair is scored beside them. Those 35 windows are the CPU table's, carried in ``heldout-windows.safetensors``
+(``python -m recipes.distillation DIR --self-generated 48 --heldout --max-new-tokens 160 --seq-len 384`` on the CPU VM: the
+corpus's split depends on the machine's Python and packages, so the GPU machine would draw other prompts). What comes back (``--output``, the call's ``$OUT``: at most 8 files of 16 MiB): the JSON
 and each bf16 checkpoint (config, weights, card, training log) as ``<kind>.tar`` cut into parts under 16 MiB
 (``cat <kind>.tar.part* | tar x``). ``--work`` holds the fp32 runs (under /tmp: it stays on the machine).
 """
@@ -40,6 +41,8 @@ SHIPPED = Path(__file__).resolve().parents[2] / "hf_specdraft" / "defaults" / "c
 SEQ_LEN = 384  # the bench's prompts are about this long (the CPU corpus store's windows)
 PART_BYTES = 15 * 1024 * 1024  # a file back from the device is at most 16 MiB
 SELF_WEIGHT = 3  # the target's own text, repeated in the mix (the CPU study's --extra-weight)
+# the CPU table's held-out windows, carried: the corpus's split depends on the machine's Python and packages
+HELDOUT = Path(__file__).with_name("heldout-windows.safetensors")
 
 
 def pack(checkpoint: Path, output: Path, name: str) -> list[str]:
@@ -56,12 +59,11 @@ def pack(checkpoint: Path, output: Path, name: str) -> list[str]:
     return parts
 
 
-def heldout_windows(target, tokenizer, prompts: int) -> torch.Tensor:
-    """`(N, 384)`: the target's greedy continuations of the held-out prompts, as the CPU's held-out store holds them."""
-    from recipes.distillation import self_distillation_prompts, self_generated_windows
+def heldout_windows(count: int | None = None) -> torch.Tensor:
+    """`(N, 384)`: the CPU table's held-out windows (:data:`HELDOUT`), the first ``count`` of them (all: `None`)."""
+    from safetensors.torch import load_file
 
-    return self_generated_windows(target, tokenizer, self_distillation_prompts(tokenizer, prompts, split="heldout"), max_new_tokens=160,
-                                  seq_len=SEQ_LEN)
+    return load_file(str(HELDOUT))["input_ids"][:count]
 
 
 def training_stream(target, tokenizer, windows: int, self_generated: int) -> torch.Tensor:
@@ -98,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--windows", type=int, default=20000, help="train-split corpus windows of 384 tokens")
     parser.add_argument("--self-generated", type=int, default=2048, help="train-split prompts the target continues (128 tokens)")
-    parser.add_argument("--heldout-prompts", type=int, default=48, help="held-out prompts the drafters are scored on")
+    parser.add_argument("--heldout-windows", type=int, default=35, help="how many of the 35 held-out windows are scored")
     parser.add_argument("--batch", type=int, default=32, help="windows per step")
     args = parser.parse_args(argv)
-    for name in ("seconds", "windows", "self_generated", "heldout_prompts", "batch"):
+    for name in ("seconds", "windows", "self_generated", "heldout_windows", "batch"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     started = time.perf_counter()
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.device == "cuda"
     target, tokenizer = load_smollm2(dtype=torch.bfloat16 if cuda else torch.float32, device=args.device)
     scorer = load_smollm2(dtype=torch.float32, device=args.device)[0] if cuda else target  # the CPU table's fp32 target
-    heldout = heldout_windows(scorer, tokenizer, args.heldout_prompts)
+    heldout = heldout_windows(args.heldout_windows)
     test = TargetWindows(heldout.reshape(-1), SEQ_LEN, stride=SEQ_LEN)
     source = TargetWindows(training_stream(target, tokenizer, args.windows, args.self_generated), SEQ_LEN)
     data_seconds = time.perf_counter() - started
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                        "scored_with": "target and drafters in float32", "versions": {"torch": torch.__version__}, "seq_len": SEQ_LEN, "batch": args.batch,
                        "command": " ".join(["python -m benchmarks.gpu.train_default", *(sys.argv[1:] if argv is None else argv)]),
                        "train_tokens_available": source.tokens, "heldout_tokens": heldout.numel(),
-                       "heldout": f"the target's greedy text for {args.heldout_prompts} held-out prompts, fp32 target",
+                       "heldout": f"{len(heldout)} windows of the CPU table's held-out text (the target's greedy text for 48 held-out prompts)",
                        "data_seconds": round(data_seconds, 1)},
               "shipped": {kind: score(GlideForCausalLM.from_pretrained(SHIPPED / name, dtype=torch.float32))
                           for kind, name in (("glide", "glide"), ("vanilla", "vanilla"))}}
