@@ -210,3 +210,25 @@ def test_cuda_graphs_for_a_left_padded_batch_of_four(cudagraphs):
         alone = greedy_reference(target, r[None].to(CUDA), 24, eos_token_id=None)
         assert torch.equal(out.sequences[i, width:], alone[0, r.numel():]), i
     assert_cuda_graphs(cudagraphs, out)
+
+
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+@pytest.mark.parametrize("state_input", [False, True])
+def test_glide_trains_on_cuda_to_a_finite_loss(tmp_path, mixed_precision, state_input):
+    """train_glide on CUDA, the target run every step (the GPU recipe's path; bf16 is what ``mixed_precision="auto"`` picks
+    there): GLIDE's glimpse masks leave a row with nothing to see at position 0, which must not turn into NaN."""
+    from accelerate.state import AcceleratorState
+
+    from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
+    from hf_specdraft.glide.objective import TargetWindows
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # accelerate keeps one precision per process
+    target = tiny_model("llama", num_hidden_layers=3).to(CUDA)
+    glide = GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32, state_input=state_input))
+    stream = torch.randint(0, target.config.vocab_size, (400,), generator=torch.Generator().manual_seed(0))
+    args = GlideTrainingArguments(str(tmp_path / "run"), max_steps=3, seq_len=32, per_device_batch_size=4, warmup_steps=1,
+                                  logging_steps=1, save_steps=0, distillation_weight=0.5, mixed_precision=mixed_precision,
+                                  progress_bar=False)
+    log = train_glide(target, glide, TargetWindows(stream, 32), args)
+    assert all(torch.isfinite(torch.tensor(step["loss"])) for step in log["steps"]), log["steps"]
+    assert all(torch.isfinite(p).all() for p in glide.parameters())

@@ -86,7 +86,7 @@ for step in "$@"; do
     train)
       need wheels gguf cuda || { status=1; continue; }
       size=(--seconds $(( $(left) - 20 )))
-      [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 240 --windows 16 --self-generated 4 --heldout-windows 2 --batch 2)
+      [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 500 --windows 16 --self-generated 4 --heldout-windows 2 --batch 2)
       timeout "$(left)" python3 -m benchmarks.gpu.train_default --output "$FILES" --work "$TMP_ROOT/glide-gpu" "${size[@]}" || status=1 ;;
     *) echo "unknown step '$step': first, control, status, overhead, completion, chat, context, train or report" >&2; exit 2 ;;
   esac

@@ -32,6 +32,10 @@ case "${1:-}" in
         mv "$STASH/$path" "$path"
       fi
     done
-    git diff --quiet --stat -- "${STASHED[@]}" && echo "restored: git sees no change under ${STASHED[*]}" ;;
+    if git diff --quiet -- "${STASHED[@]}"; then
+      echo "restored: git sees no change under ${STASHED[*]}"
+    else
+      echo "restored, but git sees changes under ${STASHED[*]} (git status): were they made before 'hide'?"
+    fi ;;
   *) echo "usage: bash benchmarks/gpu/stash.sh hide|restore" >&2; exit 2 ;;
 esac

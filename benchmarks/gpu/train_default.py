@@ -2,17 +2,18 @@
 
     bash benchmarks/gpu/run.sh train                                          # there, after the wheels and the GGUF parts
     python -m benchmarks.gpu.train_default --output DIR --seconds 480         # the step itself
-    python -m benchmarks.gpu.train_default --output /tmp/t --device cpu --seconds 240 --windows 16 --self-generated 4 \\
+    python -m benchmarks.gpu.train_default --output /tmp/t --device cpu --seconds 500 --windows 16 --self-generated 4 \\
         --heldout-windows 2 --batch 2                                         # mechanics, here
 
 The recipe is the CPU study's (``benchmarks/verification/state-glide-corpus/train.sh``: the ``glide-state`` and
 ``vanilla`` kinds of :mod:`recipes.smollm2_drafters`, warm-started from the shipped pair, trained by
 :func:`~recipes.smollm2_drafters.train_drafter` through :func:`~hf_specdraft.glide.train_glide`), with the store replaced
-by the target itself: it runs on the device every step (bf16), over windows of 384 tokens (the bench prompts' length)
+by the target itself: it runs on the device every step, over windows of 384 tokens (the bench prompts' length)
 drawn from the train split of the local Python corpus (code, 15 % chat requests) and from the target's own greedy
 continuations of train-split prompts, weighted 3× (written here first, on the device: seconds). The loss is KL from the
 target's whole next-token distribution (token-level distillation, glide_cape Appendix B). Both drafters get the same
-windows and the same number of steps: as many as fit the seconds left after one timed probe step of each.
+windows and the same number of steps: as many as fit the seconds left after a timed probe of each (4 steps). Both
+train in fp32 against the fp32 target (TF32 products on CUDA; bf16 autocast is untested there with GLIDE's masks).
 
 Scored as the CPU table is (:func:`benchmarks.studies.state_glide.agreement`): greedy agreement at draft steps 1, 2 and 3,
 each conditional on the earlier ones, teacher-forced on the target's own greedy text for 48 held-out prompts, the target in
@@ -77,19 +78,36 @@ def training_stream(target, tokenizer, windows: int, self_generated: int) -> tor
     return torch.cat([corpus, *[own] * SELF_WEIGHT])
 
 
-def train(kind: str, target, source, work: Path, steps: int, batch: int, save: bool = True):
-    """One drafter of ``kind`` trained ``steps`` steps on ``source`` from the shipped weights; (model, log, seconds)."""
-    from recipes.smollm2_drafters import DATASET, RECIPES, WARM_START, train_drafter
+DATASET = ("the train split of the local Python corpus on the GPU machine (stdlib + installed dependencies; 15 % as chat "
+           "requests in SmolLM2's template), 384-token windows, and the target's own greedy continuations of {prompts} train-split "
+           "prompts, 3x; labels = the target's whole next-token distribution, computed on the fly")
+PROBE_STEPS = 4
 
-    args = dataclasses.replace(RECIPES[kind], output_dir=str(work / "state" / kind), max_steps=steps, per_device_batch_size=batch,
+
+def train(kind: str, target, source, work: Path, steps: int, batch: int, dataset: str):
+    """One drafter of ``kind`` trained ``steps`` steps on ``source`` from the shipped weights (fp32: TF32 matrix products on
+    CUDA, no bf16 autocast); returns the model and its training log (with the stages it started from)."""
+    from recipes.smollm2_drafters import RECIPES, WARM_START, earlier_stages, train_drafter
+
+    args = dataclasses.replace(RECIPES[kind], output_dir=str(work / kind), max_steps=steps, per_device_batch_size=batch,
                                learning_rate=5e-4, warmup_steps=max(2, steps // 20), save_steps=0, resume=False, progress_bar=False,
-                               logging_steps=max(1, steps // 50), dataset_name=DATASET.replace("labels = the target's top-8",
-                                                                                                "labels = the target's whole"))
+                               logging_steps=1 if steps <= PROBE_STEPS else max(1, steps // 50), mixed_precision="no",
+                               dataset_name=dataset)
     init_from = SHIPPED / kind if (SHIPPED / kind / "config.json").is_file() else SHIPPED / WARM_START[kind]
-    started = time.perf_counter()
     model, log = train_drafter(kind, target, source, args, init_from=init_from)
+    log["earlier_stages"] = earlier_stages(json.loads((init_from / "training_log.json").read_text()))
     log["init_from"] = f"the shipped {init_from.name} (hf_specdraft/defaults/checkpoint_smollm2/{init_from.name})"
-    return model, log, time.perf_counter() - started
+    return model, log
+
+
+def step_cost(kind: str, target, source, work: Path, batch: int, dataset: str) -> tuple[float, float]:
+    """(seconds per step, seconds of a run's fixed cost: loading, building, saving) of ``kind``, from a short run whose
+    first step (CUDA's warm-up) is left out of the per-step time."""
+    started = time.perf_counter()
+    _, log = train(kind, target, source, work, PROBE_STEPS, batch, dataset)
+    wall, seen = time.perf_counter() - started, log["steps"]
+    per_step = (seen[-1]["seconds"] - seen[0]["seconds"]) / max(len(seen) - 1, 1)
+    return per_step, max(wall - per_step * PROBE_STEPS, 0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,44 +131,60 @@ def main(argv: list[str] | None = None) -> int:
     from hf_specdraft.glide.model_card import save_glide_checkpoint
     from hf_specdraft.glide.objective import TargetWindows
     from recipes.drafters import LICENSE
-    from recipes.smollm2_drafters import DATASET
 
     from benchmarks.studies.state_glide import agreement
 
     output, work = Path(args.output), Path(args.work)
+    dataset = DATASET.format(prompts=f"{args.self_generated:,}")
     output.mkdir(parents=True, exist_ok=True)
     cuda = args.device == "cuda"
-    target, tokenizer = load_smollm2(dtype=torch.bfloat16 if cuda else torch.float32, device=args.device)
-    scorer = load_smollm2(dtype=torch.float32, device=args.device)[0] if cuda else target  # the CPU table's fp32 target
+    # fp32, as the shipped pair's stores and the CPU default: TF32 products while training, exact fp32 while scoring
+    target, tokenizer = load_smollm2(dtype=torch.float32, device=args.device)
     heldout = heldout_windows(args.heldout_windows)
     test = TargetWindows(heldout.reshape(-1), SEQ_LEN, stride=SEQ_LEN)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cuda
     source = TargetWindows(training_stream(target, tokenizer, args.windows, args.self_generated), SEQ_LEN)
-    data_seconds = time.perf_counter() - started
 
-    def score(model) -> list[float]:
-        return agreement(scorer, model.to(args.device, torch.float32).eval(), test, batch_size=8, device=args.device)
+    def score(checkpoint: Path) -> list[float]:
+        """Agreement of a saved bf16 checkpoint, loaded in fp32 (the shipped pair and the new one alike), fp32 products."""
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        model = GlideForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(args.device).eval()
+        scores = agreement(target, model, test, batch_size=8, device=args.device)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cuda
+        return scores
 
-    result = {"meta": {"device": torch.cuda.get_device_name() if cuda else f"CPU: {cpu_model()}", "target_dtype": str(target.dtype),
-                       "scored_with": "target and drafters in float32", "versions": {"torch": torch.__version__}, "seq_len": SEQ_LEN, "batch": args.batch,
+    def write() -> None:
+        (output / "train-default.json").write_text(json.dumps(result, indent=1) + "\n")
+
+    result = {"meta": {"device": torch.cuda.get_device_name() if cuda else f"CPU: {cpu_model()}", "target_dtype": "float32",
+                       "matmul": "TF32 while training on CUDA, fp32 while scoring", "drafters_trained_in": "float32 (no autocast)",
+                       "scored_with": "each bf16 checkpoint loaded in float32, the target in float32",
+                       "versions": {"torch": torch.__version__}, "seq_len": SEQ_LEN, "batch": args.batch, "dataset": dataset,
                        "command": " ".join(["python -m benchmarks.gpu.train_default", *(sys.argv[1:] if argv is None else argv)]),
                        "train_tokens_available": source.tokens, "heldout_tokens": heldout.numel(),
                        "heldout": f"{len(heldout)} windows of the CPU table's held-out text (the target's greedy text for 48 held-out prompts)",
-                       "data_seconds": round(data_seconds, 1)},
-              "shipped": {kind: score(GlideForCausalLM.from_pretrained(SHIPPED / name, dtype=torch.float32))
-                          for kind, name in (("glide", "glide"), ("vanilla", "vanilla"))}}
-    probe = {kind: train(kind, target, source, work / "probe", 2, args.batch)[2] / 2 for kind in KINDS}  # warm-up included
-    left = args.seconds - (time.perf_counter() - started) - 90  # scoring, saving and packing
-    steps = max(2, int(left / sum(probe.values())))
-    result["meta"].update(probe_seconds_per_step={kind: round(s, 3) for kind, s in probe.items()}, steps=steps,
-                          tokens_per_drafter=steps * args.batch * SEQ_LEN)
+                       "data_seconds": round(time.perf_counter() - started, 1)},
+              "shipped": {kind: score(SHIPPED / kind) for kind in ("glide", "vanilla")}}
+    write()  # a call killed later still returns the baseline
+    costs = {kind: step_cost(kind, target, source, work / "probe", args.batch, dataset) for kind in KINDS}
+    left = args.seconds - (time.perf_counter() - started) - 60 - sum(fixed for _, fixed in costs.values())  # 60: scoring, packing
+    steps = max(int(left / sum(per_step for per_step, _ in costs.values())), 0)
+    result["meta"].update(probe={kind: {"seconds_per_step": round(c[0], 4), "fixed_seconds": round(c[1], 1)} for kind, c in costs.items()},
+                          steps=steps, tokens_per_drafter=steps * args.batch * SEQ_LEN)
+    write()
+    if steps < PROBE_STEPS:
+        print(f"only {steps} steps fit the {args.seconds:.0f} s left after the data and the probes: nothing trained", flush=True)
+        return 1
     for kind in KINDS:
-        model, log, seconds = train(kind, target, source, work, steps, args.batch)
-        result[kind] = {"agreement_by_step": score(model), "train_seconds": round(seconds, 1), "final_loss": log["steps"][-1]}
-        checkpoint = save_glide_checkpoint(model.cpu().to(torch.bfloat16), work / kind, target_name=HUB_ID,
-                                           card_info={"dataset": DATASET, "training_log": log, "license": LICENSE})
+        run_started = time.perf_counter()
+        model, log = train(kind, target, source, work, steps, args.batch, dataset)
+        checkpoint = save_glide_checkpoint(model.cpu().to(torch.bfloat16), work / f"{kind}-bf16", target_name=HUB_ID,
+                                           card_info={"dataset": dataset, "training_log": log, "license": LICENSE})
         (checkpoint / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
-        result[kind]["files"] = pack(checkpoint, output, kind)
-        (output / "train-default.json").write_text(json.dumps(result, indent=1) + "\n")
+        result[kind] = {"agreement_by_step": score(checkpoint), "train_seconds": log["train_seconds"],
+                        "wall_seconds": round(time.perf_counter() - run_started, 1), "last_logged_step": log["steps"][-1],
+                        "files": pack(checkpoint, output, kind)}
+        write()
         print(kind, {k: v for k, v in result[kind].items() if k != "files"}, flush=True)
     print("shipped", result["shipped"], f"{time.perf_counter() - started:.0f} s", flush=True)
     return 0
