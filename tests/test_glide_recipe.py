@@ -164,3 +164,27 @@ def test_the_gap_curve_refuses_bad_arguments_before_the_target_loads(argv, messa
     with pytest.raises(SystemExit) as error:
         glide_gap_curve.main(argv)
     assert error.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sizes", ["0", "a,b", ""])
+def test_the_state_layer_probe_refuses_bad_sizes_before_the_target_loads(sizes, capsys, monkeypatch):
+    import hf_specdraft.defaults.smollm2 as smollm2
+    from benchmarks.studies import state_layers
+
+    monkeypatch.setattr(smollm2, "load_smollm2", lambda *a, **k: pytest.fail("loaded the target"))
+    with pytest.raises(SystemExit) as error:
+        state_layers.main(["--corpus-store", "/c", "--heldout-store", "/h", "--sizes", sizes, "--output", "/o.json"])
+    assert error.value.code == 2 and "--sizes" in capsys.readouterr().err
+
+
+def test_the_state_layer_probe_scores_an_input_that_carries_the_answer_above_one_that_does_not():
+    from benchmarks.studies.state_layers import probe
+
+    torch.manual_seed(0)
+    labels = torch.randint(0, 5, (2048,))
+    noise = torch.randn(2048, 8).to(torch.bfloat16)
+    answer = torch.nn.functional.one_hot(labels, 8).to(torch.bfloat16)  # layer 1 holds the label, layer 2 nothing
+    data = (noise, {1: answer, 2: torch.randn(2048, 8).to(torch.bfloat16)}, labels)
+    rows = 6  # the last row is "another token": never agreed
+    learned = probe(data, data, [1], rows, 2048, epochs=200, hidden=16)
+    assert learned > 0.9 > 0.5 > probe(data, data, [2], rows, 2048, epochs=200, hidden=16)
