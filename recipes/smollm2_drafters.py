@@ -209,6 +209,13 @@ def warm_start(model: GlideForCausalLM, start_from: GlideForCausalLM) -> list[st
     return sorted(set(mine) - set(shared))
 
 
+def earlier_checkpoint(directory: str | Path, kind: str) -> Path:
+    """Where a drafter of ``kind`` starts from in ``directory`` (drafters by kind, e.g. the shipped ones): the same kind's
+    checkpoint, else the one it warm-starts from (:data:`WARM_START`)."""
+    same = Path(directory) / kind
+    return same if (same / "config.json").is_file() else Path(directory) / WARM_START.get(kind, kind)
+
+
 def earlier_stages(log: dict) -> list[dict]:
     """The stages a fine-tune started from, oldest first: those ``log``'s run started from, then that run itself."""
     keys = ("steps", "train_seconds", "recipe", "drafter", "store_windows", "store_tokens")  # "recipe": stages trained before train_glide
@@ -288,11 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = load_store(path)
         store = {k: torch.cat([v, *[extra[k]] * ns.extra_weight]) for k, v in store.items()}
     for kind, args in runs.items():
-        init_from = None
-        if ns.init_from is not None:  # the same kind's earlier stage, else the kind it warm-starts from
-            init_from = Path(ns.init_from) / kind
-            if not (init_from / "config.json").is_file():
-                init_from = Path(ns.init_from) / WARM_START.get(kind, kind)
+        init_from = None if ns.init_from is None else earlier_checkpoint(ns.init_from, kind)
         model, log = train_drafter(kind, target, store, args, init_from=init_from)
         if init_from is not None:
             log["earlier_stages"] = earlier_stages(json.loads((init_from / "training_log.json").read_text()))

@@ -44,6 +44,10 @@ PART_BYTES = 15 * 1024 * 1024  # a file back from the device is at most 16 MiB
 SELF_WEIGHT = 3  # the target's own text, repeated in the mix (the CPU study's --extra-weight)
 # the CPU table's held-out windows, carried: the corpus's split depends on the machine's Python and packages
 HELDOUT = Path(__file__).with_name("heldout-windows.safetensors")
+PROBE_STEPS = 4  # a timed run's steps; its first (CUDA's warm-up) is left out
+DATASET = ("the train split of the local Python corpus on the GPU machine (stdlib + installed dependencies; 15 % as chat "
+           "requests in SmolLM2's template), 384-token windows, and the target's own greedy continuations of {prompts} train-split "
+           f"prompts, {SELF_WEIGHT}x; labels = the target's whole next-token distribution, computed on the fly")
 
 
 def pack(checkpoint: Path, output: Path, name: str) -> list[str]:
@@ -78,22 +82,16 @@ def training_stream(target, tokenizer, windows: int, self_generated: int) -> tor
     return torch.cat([corpus, *[own] * SELF_WEIGHT])
 
 
-DATASET = ("the train split of the local Python corpus on the GPU machine (stdlib + installed dependencies; 15 % as chat "
-           "requests in SmolLM2's template), 384-token windows, and the target's own greedy continuations of {prompts} train-split "
-           "prompts, 3x; labels = the target's whole next-token distribution, computed on the fly")
-PROBE_STEPS = 4
-
-
 def train(kind: str, target, source, work: Path, steps: int, batch: int, dataset: str):
     """One drafter of ``kind`` trained ``steps`` steps on ``source`` from the shipped weights (fp32: TF32 matrix products on
     CUDA, no bf16 autocast); returns the model and its training log (with the stages it started from)."""
-    from recipes.smollm2_drafters import RECIPES, WARM_START, earlier_stages, train_drafter
+    from recipes.smollm2_drafters import RECIPES, earlier_checkpoint, earlier_stages, train_drafter
 
     args = dataclasses.replace(RECIPES[kind], output_dir=str(work / kind), max_steps=steps, per_device_batch_size=batch,
                                learning_rate=5e-4, warmup_steps=max(2, steps // 20), save_steps=0, resume=False, progress_bar=False,
                                logging_steps=1 if steps <= PROBE_STEPS else max(1, steps // 50), mixed_precision="no",
                                dataset_name=dataset)
-    init_from = SHIPPED / kind if (SHIPPED / kind / "config.json").is_file() else SHIPPED / WARM_START[kind]
+    init_from = earlier_checkpoint(SHIPPED, kind)
     model, log = train_drafter(kind, target, source, args, init_from=init_from)
     log["earlier_stages"] = earlier_stages(json.loads((init_from / "training_log.json").read_text()))
     log["init_from"] = f"the shipped {init_from.name} (hf_specdraft/defaults/checkpoint_smollm2/{init_from.name})"

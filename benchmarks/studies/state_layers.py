@@ -18,6 +18,7 @@ import argparse
 import glob
 import json
 import platform
+import sys
 import time
 
 import torch
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     test = features(target, store_windows(args.heldout_store), layers, to_row)
     per_window = windows.shape[1] - 1
     result = {"meta": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
-                       "command": "python -m benchmarks.studies.state_layers " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+                       "command": "python -m benchmarks.studies.state_layers " + " ".join(argv if argv is not None else sys.argv[1:]),
                        "heldout_positions": test[2].numel(), "features_seconds": round(time.perf_counter() - started, 1)},
               "agreement": {}}
     for size in sizes:
