@@ -188,3 +188,14 @@ def test_the_state_layer_probe_scores_an_input_that_carries_the_answer_above_one
     rows = 6  # the last row is "another token": never agreed
     learned = probe(data, data, [1], rows, 2048, epochs=200, hidden=16)
     assert learned > 0.9 > 0.5 > probe(data, data, [2], rows, 2048, epochs=200, hidden=16)
+
+
+@pytest.mark.parametrize("flag", ["--seconds", "--windows", "--self-generated", "--heldout-windows", "--batch"])
+def test_the_gpu_train_step_refuses_a_non_positive_size_before_the_target_loads(flag, capsys, monkeypatch):
+    import hf_specdraft.defaults.smollm2 as smollm2
+    from benchmarks.gpu import train_default
+
+    monkeypatch.setattr(smollm2, "load_smollm2", lambda *a, **k: pytest.fail("loaded the target"))
+    with pytest.raises(SystemExit) as error:
+        train_default.main(["--output", "/o", flag, "0"])
+    assert error.value.code == 2 and flag in capsys.readouterr().err
