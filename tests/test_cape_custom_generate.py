@@ -212,14 +212,14 @@ def test_custom_generate_directory_runs_without_hf_specdraft(tmp_path):
 
 
 @pytest.mark.parametrize("version, supported", [("5.17.0", False), ("5.22.1", False), ("5.23.0", True), ("5.23.1.dev0", True),
-                                                ("5.24.0", False), ("6.0.0", False)])
+                                                ("5.24.0", True), ("5.24.2", True), ("5.25.0", False), ("6.0.0", False)])
 def test_the_folder_refuses_a_transformers_version_outside_the_tested_range(version, supported):
     from hf_specdraft.cape.custom_generate.generate import check_transformers_version
 
     if supported:
         check_transformers_version(version)
     else:
-        with pytest.raises(ImportError, match=rf"needs transformers>=5\.23,<5\.24; found transformers {re.escape(version)}"):
+        with pytest.raises(ImportError, match=rf"needs transformers>=5\.23,<5\.25; found transformers {re.escape(version)}"):
             check_transformers_version(version)
 
 

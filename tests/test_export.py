@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from transformers import DynamicCache, Gemma4AssistantForCausalLM, Gemma4TextConfig
 
 from conftest import VOCAB, tiny_model
+from hf_specdraft.core.support import with_cache
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM
 from hf_specdraft.glide.export import assistant_weights, export_glide, unexpressible
 
@@ -53,7 +54,7 @@ def test_the_export_computes_what_glide_computes_in_transformers_gemma4_assistan
     t = 9  # x_t is the newest token: the target holds 0 .. t-1
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
-        state = target(text[:, :t], past_key_values=cache, use_cache=True, output_hidden_states=True).hidden_states[-1][:, -1:]
+        state = target(text[:, :t], **with_cache(target, cache), use_cache=True, output_hidden_states=True).hidden_states[-1][:, -1:]
         ours = glide(input_ids=text[:, t : t + 1], position_ids=torch.tensor([[t - 1]]), target_hidden_states=state,
                      target_past_key_values=cache, use_cache=False)
         keys, values = cache.layers[-1].keys, cache.layers[-1].values

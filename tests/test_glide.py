@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, GenerationConfig, LlamaConfig
 
 from conftest import ARCHITECTURES, VOCAB, greedy_reference, run_without_hf_specdraft, tiny_model
+from hf_specdraft.core.support import with_cache
 from hf_specdraft import speculative_generate, speculative_sampling
 from hf_specdraft.glide import (
     GlideCandidateGenerator,
@@ -50,7 +51,7 @@ def target_cache(target, input_ids) -> DynamicCache:
     """The target's cache as the loop holds it at drafting time: covering ``input_ids[:, :-1]``."""
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(input_ids[:, :-1], past_key_values=cache, use_cache=True)
+        target(input_ids[:, :-1], **with_cache(target, cache), use_cache=True)
     return cache
 
 
@@ -311,6 +312,7 @@ def test_unreadable_target_cache_is_rejected():
 FRESH_PROCESS = textwrap.dedent(
     """
     import json, sys, torch
+    import inspect
     from transformers import AutoModelForCausalLM, DynamicCache
     result = {}
     try:
@@ -328,7 +330,9 @@ FRESH_PROCESS = textwrap.dedent(
     x = torch.load("inputs.pt")
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(x[:, :-1], past_key_values=cache)
+        # the cache argument's name: cache= from transformers 5.24 on, past_key_values= before
+        name = "cache" if "cache" in inspect.signature(type(target).forward).parameters else "past_key_values"
+        target(x[:, :-1], **{name: cache})
         logits = glide(x, target_past_key_values=cache).logits
     result["class"] = type(glide).__module__ + "." + type(glide).__name__
     result["max_logit_diff"] = float((logits - torch.load("logits.pt")).abs().max())

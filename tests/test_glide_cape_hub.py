@@ -124,7 +124,7 @@ FRESH_PROCESS = textwrap.dedent(
     def run(arch, target):
         # the call under test; also returns the cache object of every target forward
         caches = []
-        hook = target.register_forward_pre_hook(lambda m, args, kwargs: caches.append(kwargs.get("past_key_values")), with_kwargs=True)
+        hook = target.register_forward_pre_hook(lambda m, args, kwargs: caches.append(kwargs.get("cache", kwargs.get("past_key_values"))), with_kwargs=True)
         out = target.generate(input_ids=x, custom_generate=arch + "_glide", trust_remote_code=True, max_new_tokens=MAX_NEW_TOKENS)
         hook.remove()
         return out, caches

@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from conftest import ARCHITECTURES, VOCAB, greedy_reference, tiny_model
+from hf_specdraft.core.support import with_cache
 from hf_specdraft import speculative_generate
 from hf_specdraft.cape import CapeCandidateGenerator
 from hf_specdraft.core.target_state import TargetOutputs, TargetState
@@ -44,7 +45,7 @@ def state_at(target, text: torch.Tensor, t: int) -> tuple[DynamicCache, TargetSt
     """The target's cache and last hidden states over ``text[:, :t]``, as the loop hands them when x_t is the newest token."""
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
-        out = target(text[:, :t], past_key_values=cache, use_cache=True, output_hidden_states=True)
+        out = target(text[:, :t], **with_cache(target, cache), use_cache=True, output_hidden_states=True)
     return cache, TargetState(TargetOutputs(hidden_states=(out.hidden_states[-1],)), False, 0, torch.arange(t + 1)[None])
 
 

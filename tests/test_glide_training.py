@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import VOCAB, tiny_model
+from hf_specdraft.core.support import output_cache
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
 from hf_specdraft.glide.training import token_stream
 
@@ -62,7 +63,7 @@ def test_train_glide_with_distillation_learns_and_writes_a_checkpoint(tmp_path):
     reloaded = GlideForCausalLM.from_pretrained(tmp_path).eval()
     x = periodic_stream()[None, :12]
     with torch.no_grad():
-        cache = target(x[:, :-1], use_cache=True).past_key_values
+        cache = output_cache(target(x[:, :-1], use_cache=True))
         torch.testing.assert_close(reloaded(x, target_past_key_values=cache).logits, glide.eval()(x, target_past_key_values=cache).logits)
 
 

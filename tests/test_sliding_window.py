@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from conftest import VOCAB, OracleDrafter
+from hf_specdraft.core.support import output_cache
 from hf_specdraft import speculative_generate
 from hf_specdraft.cape import CapeCandidateGenerator
 from hf_specdraft.cascade import CascadeCandidateGenerator, MaxGramCandidateGenerator
@@ -116,7 +117,7 @@ def test_target_cache_stays_the_window_size():
     out = speculative_generate(target, x, candidate_generator=OracleDrafter(reference, "tree"), max_new_tokens=NEW_TOKENS,
                                return_dict_in_generate=True)
     assert torch.equal(out.sequences, reference)
-    lengths = {type(layer).__name__: layer.keys.shape[-2] for layer in out.past_key_values.layers}
+    lengths = {type(layer).__name__: layer.keys.shape[-2] for layer in output_cache(out).layers}
     assert lengths == {"DynamicSlidingWindowLayer": WINDOW - 1, "DynamicLayer": reference.shape[1] - 1}
 
 

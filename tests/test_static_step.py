@@ -20,6 +20,7 @@ import torch
 from transformers import CompileConfig
 
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
+from hf_specdraft.core.support import output_cache
 from hf_specdraft import speculative_generate
 from hf_specdraft.core import compiled as compiled_module
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
@@ -182,7 +183,7 @@ class GraphRules:
             for key, tensor in (value.items() if isinstance(value, dict) else [("", value)]):
                 if isinstance(tensor, torch.Tensor):
                     flat[f"{name}.{key}"] = tensor.data_ptr()
-        cache = inputs["past_key_values"]
+        cache = output_cache(inputs)
         flat.update({f"layer{i}": layer.keys.data_ptr() for i, layer in enumerate(cache.layers) if layer.is_initialized})
         flat.update({f"write{i}": layer.write_index.data_ptr() for i, layer in enumerate(cache.layers)})
         width = inputs["input_ids"].shape[1]

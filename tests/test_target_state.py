@@ -174,10 +174,11 @@ class TinyDFlash(PreTrainedModel):
         self.post_init()
         self.contexts: list[torch.Tensor] = []
 
-    def forward(self, noise_embeds, context_hidden_states, position_ids, attention_mask=None, past_key_values=None):
+    def forward(self, noise_embeds, context_hidden_states, position_ids, attention_mask=None, past_key_values=None, cache=None):
         self.contexts.append(context_hidden_states)
         states = torch.cat([self.fuse(context_hidden_states), noise_embeds], dim=1)[:, None]  # (1, 1, n + block, H)
-        keys, values = past_key_values.update(states, states, 0)
+        cache = cache if cache is not None else past_key_values  # transformers 5.24 passes cache=, 5.23 past_key_values=
+        keys, values = cache.update(states, states, 0)
         scores = self.query(noise_embeds)[:, None] @ keys.transpose(-1, -2) / math.sqrt(keys.shape[-1])
         return BaseModelOutput(last_hidden_state=(scores.softmax(-1) @ values)[:, 0] + noise_embeds)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from hf_specdraft.core.support import with_cache
 from hf_specdraft import ConditionalAcceptance, DraftTree, expected_speedup, standardized_walltime_improvement
 from hf_specdraft.core.acceptance import accept_tree, check_lenience, lenient_review
 from hf_specdraft.core.tree import build_tree_buffers
@@ -60,16 +61,16 @@ def test_tree_verification_and_compaction_match_a_fresh_run(arch, attn):
     tree = DraftTree(torch.tensor([11, 12, 13, 14, 15, 16]), torch.tensor([-1, -1, 0, 0, 1, 3]))
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(prefix[:, :-1], past_key_values=cache)
+        model(prefix[:, :-1], **with_cache(model, cache))
         mask, pos = tree_attention_inputs(tree, 8, model.dtype, torch.device("cpu"))
-        logits = model(torch.cat([prefix[:, -1:], tree.tokens[None]], 1), attention_mask=mask, position_ids=pos, past_key_values=cache).logits
+        logits = model(torch.cat([prefix[:, -1:], tree.tokens[None]], 1), attention_mask=mask, position_ids=pos, **with_cache(model, cache)).logits
         for node in range(6):
             path = tree.path_to(node)
             fresh = model(torch.cat([prefix, tree.tokens[path][None]], 1)).logits[0, -1]
             torch.testing.assert_close(logits[0, 1 + node], fresh, atol=1e-4, rtol=1e-4)
         compact_cache(cache, torch.cat([torch.arange(9), 9 + torch.tensor([0, 3])]))  # accept path 0 -> 3
         assert cache.get_seq_length() == 11
-        step = model(torch.tensor([[16]]), past_key_values=cache).logits[0, -1]
+        step = model(torch.tensor([[16]]), **with_cache(model, cache)).logits[0, -1]
         fresh = model(torch.cat([prefix, torch.tensor([[11, 14, 16]])], 1)).logits[0, -1]
     torch.testing.assert_close(step, fresh, atol=1e-4, rtol=1e-4)
 

@@ -25,6 +25,7 @@ from multi_device_checks import record, lossless_checks, prompt, sampled  # noqa
 from hf_specdraft import CapeCandidateGenerator, DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate  # noqa: E402
 from hf_specdraft.core.controller import DraftLengthController  # noqa: E402
 from hf_specdraft.core.distributed import RankAgreement  # noqa: E402
+from hf_specdraft.core.support import with_cache  # noqa: E402
 from hf_specdraft.glide import GlideForCausalLM  # noqa: E402
 
 
@@ -36,8 +37,8 @@ def glide_logits(target, glide, single_target, single_glide) -> tuple[bool, list
     """GLIDE split over the ranks, over this rank's shard of the target cache, against GLIDE whole over the whole cache."""
     x = prompt(int(target.config.vocab_size), length=12, seed=9)
     shard, whole = DynamicCache(config=target.config), DynamicCache(config=single_target.config)
-    target(input_ids=x[:, :-1], past_key_values=shard, use_cache=True)
-    single_target(input_ids=x[:, :-1], past_key_values=whole, use_cache=True)
+    target(input_ids=x[:, :-1], **with_cache(target, shard), use_cache=True)
+    single_target(input_ids=x[:, :-1], **with_cache(single_target, whole), use_cache=True)
     per_rank = target.config.num_key_value_heads // dist.get_world_size()
     heads = slice(dist.get_rank() * per_rank, (dist.get_rank() + 1) * per_rank)
     cache_gap = max(float((s.keys - w.keys[:, heads]).abs().max()) for s, w in zip(shard.layers, whole.layers))

@@ -37,6 +37,7 @@ from ..core.drafting import TreeCandidateGenerator, check_same_device, check_sam
 from ..core.tree import DraftTree
 from ..core.cache import croppable_cache, resync_cache
 from ..core.static_draft import StaticDraftCache
+from ..core.support import with_cache
 from ..core.validation import method_config
 from .config import CascadeConfig
 from .max_gram import MAX_GRAM_TOKENS, MaxGramCandidateGenerator
@@ -240,7 +241,7 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         if isinstance(cache, StaticDraftCache):  # the compiled static path (compile_draft)
             logits = cache.logits(ids[None, keep:], rows)
         else:
-            logits = draft(input_ids=ids[None, keep:], past_key_values=cache, use_cache=True, logits_to_keep=rows).logits[0, -rows:]
+            logits = draft(input_ids=ids[None, keep:], **with_cache(draft, cache), use_cache=True, logits_to_keep=rows).logits[0, -rows:]
         self.seen[index] = ids  # invariant: the cache covers self.seen[index]
         self.count_call(f"draft{index}")
         return logits

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ..core.support import with_cache
 from ..core.stats import SpeculativeStats, standardized_walltime_improvement
 from .max_gram import MaxGramCandidateGenerator
 
@@ -63,11 +64,11 @@ def _forward_seconds(model: PreTrainedModel, context: torch.Tensor, num_tokens: 
     times = []
     for i in range(repeats + 2):  # 2 warm-up runs
         cache = DynamicCache(config=model.config)
-        model(input_ids=context[None, :-num_tokens], past_key_values=cache, use_cache=True)
+        model(input_ids=context[None, :-num_tokens], **with_cache(model, cache), use_cache=True)
         if model.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        model(input_ids=context[None, -num_tokens:], past_key_values=cache, use_cache=True, logits_to_keep=num_tokens)
+        model(input_ids=context[None, -num_tokens:], **with_cache(model, cache), use_cache=True, logits_to_keep=num_tokens)
         if model.device.type == "cuda":
             torch.cuda.synchronize()
         if i >= 2:

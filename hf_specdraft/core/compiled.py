@@ -25,7 +25,7 @@ from .host import to_device
 from .layouts import CacheLayout
 from .rows import Row
 from .static_cache import StaticRowsCache
-from .support import no_logits_kwargs
+from .support import no_logits_kwargs, with_cache
 from .target_state import prefill_states, rows_of
 from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs, warm_up_inputs
 from .tree import DraftTree
@@ -153,7 +153,7 @@ class StaticTarget(CacheLayout):
             self.cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
             try:
                 out = self.model(**static_prefill_inputs(self.model, self.cache, input_ids, [row.pad for row in rows]),
-                                 past_key_values=self.cache, use_cache=True, **no_logits_kwargs(self.model), **request.kwargs)
+                                 **with_cache(self.model, self.cache), use_cache=True, **no_logits_kwargs(self.model), **request.kwargs)
             finally:
                 self.cache.set_prefilling(False)
             if request.hidden:
@@ -223,7 +223,7 @@ class StaticTarget(CacheLayout):
         if compiled:
             self._forward(extra, **inputs)
         else:
-            self.model(**inputs, past_key_values=self.cache, use_cache=True)
+            self.model(**inputs, **with_cache(self.model, self.cache), use_cache=True)
 
     @property
     def graphs(self) -> bool:
@@ -235,7 +235,7 @@ class StaticTarget(CacheLayout):
         extra = extra or {}
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed
-        out = self.call(**inputs, past_key_values=self.cache, use_cache=True, **extra)
+        out = self.call(**inputs, **with_cache(self.model, self.cache), use_cache=True, **extra)
         hidden = out.hidden_states if extra.get("output_hidden_states") else None
         if not self.graphs:
             return out.logits, hidden

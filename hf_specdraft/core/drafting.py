@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation import CandidateGenerator, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from .support import ATTENTION_LAYERS, cache_layer_names, model_type, recurrent_state
+from .support import ATTENTION_LAYERS, cache_layer_names, model_type, output_cache, recurrent_state, with_cache
 from .batch_drafting import BatchChainDrafter, BatchProposer
 from .cache import croppable_cache, crop_to, resync_cache
 from .static_draft import StaticDraftCache
@@ -214,7 +214,7 @@ class TreeCandidateGenerator(CandidateGenerator):
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         model_kwargs = kwargs.get("model_kwargs") or {}
-        chain = self.propose(input_ids, model_kwargs.get("past_key_values")).main_chain()
+        chain = self.propose(input_ids, output_cache(model_kwargs)).main_chain()
         ids = torch.cat([input_ids, chain.tokens.to(input_ids.device)[None]], dim=-1)
         logits = None if chain.draft_probs is None else chain.draft_probs.clamp_min(1e-30).log()[None]
         return ids, logits
@@ -290,7 +290,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
         def next_logits(feed: torch.Tensor) -> torch.Tensor:
-            return self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            return self.draft_model(input_ids=feed, **with_cache(self.draft_model, self.cache), use_cache=True, logits_to_keep=1).logits[:, -1]
 
         static = isinstance(self.cache, StaticDraftCache)
         return draft_chain(self, input_ids, self.cache.forward if static else next_logits, self.draft_model.device)
@@ -301,7 +301,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         model, cache = self.draft_model, croppable_cache(self.draft_model)
 
         def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+            return model(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(model, cache), use_cache=True,
                          logits_to_keep=1).logits[:, -1]
 
         return BatchChainDrafter(drafters, cache, forward, model.device)
@@ -427,7 +427,7 @@ class DraftModelTreeScorer:
         """
         ids = input_ids[0].to(self.draft_model.device)
         keep = resync_cache(self.cache, self.seen, ids)
-        logits = self._forward(target_cache, input_ids=ids[keep:][None], past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+        logits = self._forward(target_cache, input_ids=ids[keep:][None], **with_cache(self.draft_model, self.cache), use_cache=True, logits_to_keep=1).logits[0, -1:]
         self.target_cache = target_cache
         self.seen = ids
         return self.distribution(logits)
@@ -451,7 +451,7 @@ class DraftModelTreeScorer:
         logits = self._forward(
             self.target_cache, input_ids=tokens.to(device)[None], position_ids=positions,
             attention_mask=layer_masks(self.draft_model, self.cache, mask, positions, keys),
-            past_key_values=self.cache, use_cache=True,
+            **with_cache(self.draft_model, self.cache), use_cache=True,
         ).logits[0]
         return self.distribution(logits)
 

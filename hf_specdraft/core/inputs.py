@@ -23,7 +23,7 @@ from transformers.generation.logits_process import (
 from .acceptance import ConditionalAcceptance
 from .drafting import TreeCandidateGenerator, drafter_for
 from .state_drafting import StateReadingDrafter, reads_target_state
-from .support import cache_window, chains_only, convolution_only
+from .support import CACHE_FIELD, cache_window, chains_only, convolution_only, output_cache
 
 
 def check_input_ids(input_ids, model=None) -> None:
@@ -104,9 +104,9 @@ def check_generation_setup(input_ids, generation_config: GenerationConfig, model
     if generation_config.cache_implementation not in (None, "dynamic", "static"):
         raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported by speculative decoding: "
                          "leave it unset (a DynamicCache the loop compacts) or pass 'static' (a static cache the loop owns, compiled on CUDA)")
-    passed = model_kwargs.get("past_key_values")
+    passed = output_cache(model_kwargs)
     if passed is not None and (not (static or isinstance(passed, DynamicCache)) or passed.get_seq_length() > 0):
-        raise ValueError(f"past_key_values must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: "
+        raise ValueError(f"{CACHE_FIELD} must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: "
                          "speculative decoding builds its own cache (cache_implementation='static' selects a static one)")
     # use_cache=False (MPT's config default, for one) is not refused: the loop always verifies against its own
     # KV cache, and caching changes no output token.

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from .cache import compact_cache, repack_cache, row_cache, target_cache
 from .host import host_tensor
 from .rows import Row
-from .support import no_logits_kwargs
+from .support import no_logits_kwargs, with_cache
 from .target_state import prefill_states
 from .tree import DraftTree
 from .verify import batch_verify_inputs, single_row_inputs
@@ -95,7 +95,7 @@ class OwnedRow(CacheLayout):
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
         start = time.perf_counter()
         if input_ids.shape[1] > 1:
-            out = self.model(input_ids=input_ids[:, :-1], past_key_values=self.cache, use_cache=True, **no_logits_kwargs(self.model),
+            out = self.model(input_ids=input_ids[:, :-1], **with_cache(self.model, self.cache), use_cache=True, **no_logits_kwargs(self.model),
                              **request.kwargs)
             if request.hidden:
                 prefill_states(out.hidden_states, rows)
@@ -109,7 +109,7 @@ class OwnedRow(CacheLayout):
         return self._forward(inputs, extra)
 
     def _forward(self, inputs: dict, extra: dict):
-        out = self.model(**inputs, past_key_values=self.cache, use_cache=True, **extra)
+        out = self.model(**inputs, **with_cache(self.model, self.cache), use_cache=True, **extra)
         return out.logits.float(), inputs["input_ids"], out.hidden_states if extra.get("output_hidden_states") else None
 
     def keep(self, rows, cached, kept, survivors):
@@ -137,7 +137,7 @@ class SharedBatch(OwnedRow):
             device = input_ids.device
             mask = (torch.arange(input_ids.shape[1], device=device)[None] >= torch.tensor([r.pad for r in rows], device=device)[:, None]).long()
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], past_key_values=self.cache,
+            out = self.model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], **with_cache(self.model, self.cache),
                              use_cache=True, **no_logits_kwargs(self.model), **request.kwargs)
             for layer in self.cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
                 if layer.keys is not None:  # a KV-shared layer holds nothing of its own

@@ -61,7 +61,7 @@ from .outputs import SpeculativeGenerateOutput, assemble_result
 from .rows import Outputs, Row
 from .stats import SpeculativeStats
 from .stopping import HostStops
-from .support import chains_only, check_target
+from .support import CACHE_FIELD, chains_only, check_target
 from .target_state import StateRequest, TargetOutputs, TargetState, joined, kept_states, shared_kv
 from .traits import DrafterTraits
 from .tree import DraftTree
@@ -437,7 +437,7 @@ def _propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: 
         candidate_ids, candidate_logits = generator.get_candidates(input_ids)
     else:  # transformers' own state-reading generators (DFlash, MTP, Gemma 4's assistant), called as its assisted loop does
         candidate_ids, candidate_logits = generator.get_candidates(
-            input_ids, model_kwargs={**state.model_kwargs(), "past_key_values": cache}, model_outputs=state.outputs,
+            input_ids, model_kwargs={**state.model_kwargs(), CACHE_FIELD: cache}, model_outputs=state.outputs,
             is_first_iteration=state.first, n_last_matches=state.matched)
     tokens = candidate_ids[0, input_ids.shape[1] :]
     probs = None

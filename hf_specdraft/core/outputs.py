@@ -11,6 +11,7 @@ from transformers.utils import ModelOutput
 from .drafting import TreeCandidateGenerator
 from .rows import Row
 from .stats import SpeculativeStats
+from .support import CACHE_FIELD
 
 
 @dataclass
@@ -24,7 +25,8 @@ class SpeculativeGenerateOutput(ModelOutput):
             token (``output_scores=True``).
         logits (`tuple(torch.FloatTensor)`, *optional*): raw target logits `(1, V)` per generated token
             (``output_logits=True``).
-        past_key_values: the target cache, covering ``sequences[:, :-1]``.
+        cache: the target cache, covering ``sequences[:, :-1]``, under the name this transformers gives it in
+            ``generate``'s outputs (``cache`` from 5.24 on); ``past_key_values`` holds it on 5.23.
         speculative_stats (:class:`~hf_specdraft.core.stats.SpeculativeStats`): per-step statistics (of every row, for a
             padded batch: :func:`speculative_steps`).
         row_stats (`tuple(SpeculativeStats)`, *optional*): a padded batch's statistics per row.
@@ -34,6 +36,7 @@ class SpeculativeGenerateOutput(ModelOutput):
     scores: tuple[torch.FloatTensor, ...] | None = None
     logits: tuple[torch.FloatTensor, ...] | None = None
     past_key_values: DynamicCache | None = None
+    cache: DynamicCache | None = None
     speculative_stats: SpeculativeStats | None = None
     row_stats: tuple[SpeculativeStats, ...] | None = None
 
@@ -68,14 +71,14 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
     if not generation_config.return_dict_in_generate:
         return sequences
     if shared:
-        return SpeculativeGenerateOutput(sequences=sequences, past_key_values=None, speculative_stats=stats,
+        return SpeculativeGenerateOutput(sequences=sequences, speculative_stats=stats,
                                          row_stats=tuple(row.out.stats for row in rows))
     out = rows[0].out
     return SpeculativeGenerateOutput(
         sequences=sequences,
         scores=tuple(out.scores) if generation_config.output_scores else None,
         logits=tuple(out.logits) if generation_config.output_logits else None,
-        past_key_values=cache,
+        **{CACHE_FIELD: cache},
         speculative_stats=stats,
     )
 

@@ -23,6 +23,7 @@ from transformers import CompileConfig, GenerationConfig
 from .compiled import hold_draft, static_target
 from .host import stage
 from .static_verify import masks_for
+from .support import with_cache
 
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # tokens per draft feed: one drafted token, or the accepted tokens after a step
 
@@ -109,4 +110,4 @@ class StaticDraftCache:
                   **{name: stage(buffers, name, value, device) if name.endswith("attention_mask") else value for name, value in more.items()}}
         if compiled:
             return self.static._forward(**inputs)[0]
-        return self.model(**inputs, past_key_values=self.static.cache, use_cache=True, logits_to_keep=rows).logits
+        return self.model(**inputs, **with_cache(self.model, self.static.cache), use_cache=True, logits_to_keep=rows).logits

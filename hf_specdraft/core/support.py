@@ -24,9 +24,12 @@ itself builds as ``DynamicSlidingWindowLayer`` from ``layer_types`` / ``use_slid
 
 from __future__ import annotations
 
+import functools
 import inspect
 
+from torch import nn
 from transformers import DynamicCache, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 # DummyLayer: a KV-shared layer (Gemma 4's E-models, Gemma 3n) holds nothing of its own and reads the keys and values its
 # producer layer cached, which the loop compacts like any other attention layer
@@ -38,9 +41,42 @@ MISMATCHED_MODEL_TYPES = {
                     "used as a decoder, its speculative output did not match its own generate (RoBERTa-style embeddings)"),
     "cpmant": "its forward prepends its own prompt positions, so its cache does not line up with input_ids",
     "prophetnet": "its decoder takes one token per forward once it has a cache, and a verification feeds several",
+    "dory": "its looped layers attend over cached states of earlier loops that a verification's tree mask does not line up with",
+    "xlm": "its forward keeps its own dict of cached states, not a transformers Cache the loop can compact",
 }
 ALIBI_MODEL_TYPES = ("bloom", "mpt")  # Falcon: only with config.alibi
 CONVOLUTION_LAYER_TYPES = ("conv",)  # layer_types whose state is a short window of inputs, which crop restores exactly
+
+
+# the names a model ``forward`` takes its KV cache under, newest first: transformers 5.24 renamed
+# ``past_key_values`` to ``cache`` (the old name still works there, with a deprecation warning)
+CACHE_ARGUMENTS = ("cache", "past_key_values")
+# the name this transformers gives the cache in model outputs, generate's outputs and its model_kwargs
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+@functools.cache
+def _cache_argument_of(cls: type) -> str | None:
+    parameters = inspect.signature(cls.forward).parameters
+    return next((name for name in CACHE_ARGUMENTS if name in parameters), None)
+
+
+def cache_argument(model: nn.Module) -> str | None:
+    """The keyword ``model``'s ``forward`` takes its KV cache under (``"cache"`` on transformers >= 5.24,
+    ``"past_key_values"`` before), or None when it takes none. Read once per model class."""
+    return _cache_argument_of(type(model))
+
+
+def with_cache(model: nn.Module, cache) -> dict:
+    """``{cache_argument(model): cache}``: the keyword argument that hands ``model`` its cache, on any transformers."""
+    return {cache_argument(model) or "past_key_values": cache}
+
+
+def output_cache(outputs):
+    """The cache a model output or a ``model_kwargs`` dict carries (``cache`` on transformers >= 5.24,
+    ``past_key_values`` before; either is read)."""
+    cache = outputs.get("cache")
+    return cache if cache is not None else outputs.get("past_key_values")
 
 
 def model_type(model: PreTrainedModel) -> str:
@@ -75,12 +111,14 @@ def recurrent_state(model: PreTrainedModel) -> str | None:
     or None when it can."""
     if model_type(model) in MISMATCHED_MODEL_TYPES:
         return MISMATCHED_MODEL_TYPES[model_type(model)]
-    if "past_key_values" not in inspect.signature(model.forward).parameters:
-        return "its forward takes no past_key_values (no KV cache to verify drafts against and roll back)"
+    if cache_argument(model) is None:
+        return "its forward takes no KV cache (no cache to verify drafts against and roll back)"
+    if convolution_only(model):
+        return None
+    if getattr(type(model), "_is_stateful", False):  # transformers' own flag for models with a recurrent state
+        return "its cache holds a recurrent state, which cannot be rolled back to the accepted tokens"
     names = [name for name in cache_layer_names(model) if name not in ATTENTION_LAYERS]
     if not names:
-        return None
-    if convolution_only(model):
         return None
     return (f"its cache holds {sorted(set(names))} layers, whose recurrent state transformers' crop does not roll back "
             "to the accepted tokens (a rejected draft would stay in the state)")

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .rows import Row
+from .support import with_cache
 from .tree import DraftTree, tree_mask
 
 WINDOWED_LAYER_TYPES = ("sliding_attention", "chunked_attention")  # transformers' names for layers with a window
@@ -139,4 +140,4 @@ def verify_inputs(model, cache: DynamicCache, rows: list[Row], trees: list[Draft
 def verify_tree(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> torch.Tensor:
     """One target forward over ``[last token] + tree`` on a cache covering ``input_ids[:, :-1]`` `(1, L)`.
     Returns float32 logits `(1+N, V)`: row 0 scores the token after the last one, row ``1+i`` the token after node ``i``."""
-    return model(**single_row_inputs(model, input_ids, cache, tree), past_key_values=cache, use_cache=True).logits[0].float()
+    return model(**single_row_inputs(model, input_ids, cache, tree), **with_cache(model, cache), use_cache=True).logits[0].float()

@@ -35,6 +35,7 @@ from ..core.target_state import TargetState
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from ..core.suffix_match import longest_suffix_match
+from ..core.support import with_cache
 from .drafting_config import GlideDraftingConfig
 from .modeling_glide import read_target_layer
 
@@ -148,7 +149,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
 
         def next_logits(feed: torch.Tensor) -> torch.Tensor:
-            return self.glide(input_ids=feed, past_key_values=self.cache, use_cache=True,
+            return self.glide(input_ids=feed, **with_cache(self.glide, self.cache), use_cache=True,
                               target_past_key_values=target_cache if cross else None, logits_to_keep=1).logits[:, -1]
 
         return draft_chain(self, input_ids, next_logits, self.glide.device)
@@ -216,7 +217,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         tokens, probs, confidences = [], [], []
         for step in range(self.num_draft_tokens):
             out = glide(input_ids=feed, position_ids=position, target_hidden_states=state_in, logits_to_keep=1,
-                        past_key_values=self.cache if glide.config.self_attention else None, use_cache=glide.config.self_attention,
+                        **with_cache(glide, self.cache if glide.config.self_attention else None), use_cache=glide.config.self_attention,
                         **glimpse)
             if step == 0:
                 self.fed = t + 1
@@ -264,7 +265,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
                 target_cache, cached = batch.target
                 glimpse = {"target_past_key_values": target_cache,
                            "target_attention_mask": target_key_mask(target_cache.get_seq_length(), cached, positions, glide.dtype)}
-            return glide(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+            return glide(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(glide, cache), use_cache=True,
                          logits_to_keep=1, **glimpse).logits[:, -1]
 
         batch = BatchChainDrafter(drafters, cache, forward, glide.device)

@@ -178,7 +178,7 @@ class GlideConfig(PretrainedConfig):
     """
 
     model_type = "glide"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
     # Tensor parallelism (``from_pretrained(..., tp_plan="auto")`` under torchrun), in transformers' convention and split
     # like a Llama target: each rank's cross-attention holds a contiguous block of the target's query heads, the GQA
     # groups of exactly the KV heads the target's colwise ``k_proj`` / ``v_proj`` left in that rank's cache, so every rank

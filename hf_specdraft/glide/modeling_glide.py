@@ -38,6 +38,7 @@ whose drafter hands GLIDE the target's live cache as ``target_past_key_values``)
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,9 +60,21 @@ from transformers.models.llama.modeling_llama import (
 from .configuration_glide import GlideConfig
 from .target_binding import TargetBindingMixin
 
+# transformers 5.24 renamed the cache argument of every forward (and the outputs' cache field) from
+# ``past_key_values`` to ``cache``: read once here, so this file runs on either side of the rename
+ATTENTION_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(LlamaAttention.forward).parameters else "past_key_values"
+OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 # One target layer's cache as the cross-attention reads it: keys and values `(B, kv_heads, S, head_dim)`
 # (post-RoPE) and the sequence index of their first entry (non-zero for a trimmed sliding-window layer).
 TargetLayerKV = tuple[torch.Tensor, torch.Tensor, int]
+
+
+def own_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | None:
+    """GLIDE's own cache, passed under either name (``cache`` from transformers 5.24 on, ``past_key_values`` before)."""
+    if past_key_values is not None and cache is not None and past_key_values is not cache:
+        raise ValueError("pass GLIDE's own cache once, as cache= or as past_key_values=, not two different caches")
+    return cache if cache is not None else past_key_values
 
 
 def read_target_layer(target_past_key_values, layer_idx: int, config: GlideConfig, kv_heads: int | None = None) -> TargetLayerKV | None:
@@ -307,7 +320,7 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
         target_position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
         target_kv: TargetLayerKV | None,
         query_index: torch.Tensor,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         block_size: int | None = None,
         padding_mask: torch.Tensor | None = None,
         target_attention_mask: torch.Tensor | None = None,
@@ -317,7 +330,7 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
                 self.input_layernorm(hidden_states),
                 position_embeddings=position_embeddings,
                 attention_mask=attention_mask,
-                past_key_values=past_key_values,
+                **{ATTENTION_CACHE_ARGUMENT: cache},
             )
             hidden_states = hidden_states + attended
         if hasattr(self, "cross_attn"):
@@ -340,7 +353,7 @@ class GlidePreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["GlideDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values", "target_past_key_values"]
+    _skip_keys_device_placement = ["past_key_values", "cache", "target_past_key_values"]
     _supports_sdpa = True
     _supports_flash_attn = False  # the cross-attention needs an arbitrary mask over the target's keys
     _supports_flex_attn = False
@@ -402,6 +415,7 @@ class GlideModel(GlidePreTrainedModel):
         cross_attention_block_size: int | None = None,
         target_attention_mask: torch.Tensor | None = None,
         target_hidden_states: torch.Tensor | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """
@@ -409,7 +423,8 @@ class GlideModel(GlidePreTrainedModel):
             input_ids (`torch.LongTensor` of shape `(B, q)`): tokens at sequence indices ``past .. past+q-1``.
             attention_mask (`torch.Tensor` of shape `(B, past+q)`, *optional*): 2D padding mask (or a prepared 4D mask).
             position_ids (`torch.LongTensor` of shape `(B, q)`, *optional*): RoPE positions (default ``past + arange(q)``).
-            past_key_values (`Cache`, *optional*): GLIDE's own self-attention cache.
+            past_key_values (`Cache`, *optional*): GLIDE's own self-attention cache (``cache``, its name from
+                transformers 5.24 on, is taken as well).
             target_past_key_values (*optional*): the target's cache (see [`read_target_layer`]); `None` = nothing to glimpse.
             cross_attention_block_size (`int`, *optional*): training only: the block-wise mask's L (§4.1).
             target_attention_mask (`torch.Tensor` of shape `(B, 1, q, S)`, *optional*): additive mask of the target keys
@@ -437,6 +452,7 @@ class GlideModel(GlidePreTrainedModel):
             inputs_embeds = self.pre_projection(torch.cat([inputs_embeds, states], dim=-1))
         elif target_hidden_states is not None:
             raise ValueError("target_hidden_states is read only by a GLIDE built with state_input=True")
+        past_key_values = own_cache(past_key_values, cache)
         if use_cache and past_key_values is None and self.config.self_attention:
             past_key_values = DynamicCache(config=self.config)
         past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -474,12 +490,12 @@ class GlideModel(GlidePreTrainedModel):
                 target_position_embeddings=target_position_embeddings,
                 target_kv=target_kv,
                 query_index=query_index,
-                past_key_values=past_key_values,
+                cache=past_key_values,
                 block_size=cross_attention_block_size,
                 padding_mask=padding_mask,
                 target_attention_mask=target_attention_mask,
             )
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: past_key_values})
 
 
 @dataclass
@@ -560,6 +576,7 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         target_attention_mask: torch.Tensor | None = None,
         draft_rows: bool = False,
         target_hidden_states: torch.Tensor | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> GlideOutput:
         """
@@ -589,7 +606,7 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            past_key_values=own_cache(past_key_values, cache),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache if use_cache is not None else self.config.use_cache and not self.training,
             target_past_key_values=self._attached_cache(target_past_key_values),
@@ -608,7 +625,7 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         draft_state = self.model.post_projection(hidden_states) if self.config.state_input else None
-        return GlideOutput(loss=loss, logits=logits, past_key_values=outputs.past_key_values, draft_state=draft_state)
+        return GlideOutput(loss=loss, logits=logits, draft_state=draft_state, **{OUTPUT_CACHE_FIELD: outputs.get(OUTPUT_CACHE_FIELD)})
 
 
 GlideForCausalLM.register_for_auto_class("AutoModelForCausalLM")  # save_pretrained writes auto_map and copies this file

@@ -18,6 +18,7 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from transformers import DynamicCache, PreTrainedModel
 
+from ..core.support import with_cache
 from .batch import GlideBatch
 from .unrolled import unrolled_passes
 
@@ -66,7 +67,7 @@ def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits:
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()  # sliding-window layers keep every position, as in assisted decoding
     extra = {"output_hidden_states": [-1]} if with_hidden else {}
-    outputs = target(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=0 if with_logits else 1, **extra)
+    outputs = target(input_ids=input_ids, **with_cache(target, cache), use_cache=True, logits_to_keep=0 if with_logits else 1, **extra)
     kv = tuple((getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers)
     logits = outputs.logits if with_logits else None
     return (kv, logits, outputs.hidden_states[-1]) if with_hidden else (kv, logits)

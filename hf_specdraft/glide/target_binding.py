@@ -20,17 +20,23 @@ import weakref
 from torch import nn
 
 
+def passed_cache(kwargs: dict):
+    """The cache a forward call was handed: ``cache=`` from transformers 5.24 on, ``past_key_values=`` before."""
+    cache = kwargs.get("cache")
+    return cache if cache is not None else kwargs.get("past_key_values")
+
+
 class _TargetBinding:
     """What :meth:`TargetBindingMixin.attach` keeps: the target (weakly), its hook, and its live cache as last seen."""
 
     def __init__(self, target: nn.Module):
         self.target = weakref.ref(target)
-        self.cache = None  # the past_key_values object of the target's latest forward call
+        self.cache = None  # the cache object of the target's latest forward call
         self.unglimpsed = False  # GLIDE's own cache was built in a round with nothing to glimpse (the first)
         self.handle = target.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module, args, kwargs):
-        cache = kwargs.get("past_key_values")
+        cache = passed_cache(kwargs)
         if cache is not None:
             self.cache = cache
 
@@ -115,12 +121,12 @@ class TargetBindingMixin:
         if self.config.cross_attention and binding is None and kwargs.get("target_past_key_values") is None:
             self._attached_cache(None)  # raises: no target attached
         if binding is not None:
-            if kwargs.get("past_key_values") is None:
+            if passed_cache(kwargs) is None:
                 binding.cache = None
                 binding.unglimpsed = self.config.num_hidden_layers > 1
             else:
                 if binding.unglimpsed and binding.cache is not None:
-                    own = kwargs["past_key_values"]
+                    own = passed_cache(kwargs)
                     if own.get_seq_length():
                         own.crop(-own.get_seq_length())  # rebuilt from the prompt on, every layer glimpsing
                     binding.unglimpsed = False

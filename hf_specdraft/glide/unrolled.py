@@ -82,7 +82,7 @@ def unrolled_passes(model, batch: GlideBatch, steps: int) -> Iterator[tuple[int,
                       "target_attention_mask": glimpse_mask(length, k, dtype, device)}
         positions = index if config.self_attention else (start - 1).clamp(min=0)  # assistant layout: h_{t-1}'s position
         if cache is not None:
-            kwargs.update(past_key_values=cache, use_cache=True, attention_mask=self_attention_mask(length, k, dtype, device))
+            kwargs.update(cache=cache, use_cache=True, attention_mask=self_attention_mask(length, k, dtype, device))
         else:
             kwargs["use_cache"] = False
         out = model(input_ids=ids, position_ids=positions[None].expand(batch_size, -1), draft_rows=True,

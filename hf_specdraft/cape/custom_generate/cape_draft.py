@@ -19,11 +19,13 @@ try:  # written beside this file by write_custom_generate, from hf_specdraft's c
     from .cache import croppable_cache, resync_cache
     from .drafting import TreeCandidateGenerator, output_vocab_size
     from .expansion_sets import expand
+    from .support import with_cache
     from .tree import DraftTree
 except ImportError:  # the template inside the installed library
     from hf_specdraft.cape.expansion_sets import expand
     from hf_specdraft.core.cache import croppable_cache, resync_cache
     from hf_specdraft.core.drafting import TreeCandidateGenerator, output_vocab_size
+    from hf_specdraft.core.support import with_cache
     from hf_specdraft.core.tree import DraftTree
 
 _LOADED_DRAFTS = {}  # (checkpoint, device, dtype) -> draft model, so repeated generate calls load it once
@@ -85,7 +87,7 @@ class CausalLMDrafter:
         keep = resync_cache(self.cache, self.seen, ids)  # drop the rejected draft tokens
         feed, tokens, probs = ids[keep:][None], [], []  # invariant after this: the cache covers ids, then each draft
         for _ in range(num_tokens):
-            logits = self.draft_model(input_ids=feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+            logits = self.draft_model(input_ids=feed, **with_cache(self.draft_model, self.cache), use_cache=True, logits_to_keep=1,
                                       **glimpse).logits[0, -1]
             q = torch.softmax(logits.float(), dim=-1)
             feed = q.argmax()[None, None]

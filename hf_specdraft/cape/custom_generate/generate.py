@@ -31,7 +31,7 @@ from transformers import GenerationMixin
 
 # the transformers versions hf_specdraft's loop is tested on (its pyproject.toml): older ones build caches and layer
 # masks differently, so the folder refuses them by name rather than fail inside a sibling module
-SUPPORTED_TRANSFORMERS = ((5, 23), (5, 24))  # >= 5.23, < 5.24
+SUPPORTED_TRANSFORMERS = ((5, 23), (5, 25))  # >= 5.23, < 5.25
 
 
 def check_transformers_version(version: str = transformers.__version__) -> None:
