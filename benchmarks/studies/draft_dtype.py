@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from hf_specdraft.core.support import with_cache
 from hf_specdraft.bench.harness import save_run
 from hf_specdraft.core.loop import speculative_generate
 
@@ -50,7 +51,7 @@ def time_draft_forwards(target, drafters: dict, lengths=(1, 3), prefix: int = 96
     samples = {key: {n: [] for n in lengths} for key in drafters}
     with torch.no_grad():
         target_cache = DynamicCache(config=target.config)
-        target(prompt[:, :-1], past_key_values=target_cache, use_cache=True)
+        target(prompt[:, :-1], **with_cache(target, target_cache), use_cache=True)
         caches = {}
         for key, model in drafters.items():
             caches[key] = DynamicCache(config=model.config)
@@ -59,7 +60,7 @@ def time_draft_forwards(target, drafters: dict, lengths=(1, 3), prefix: int = 96
             for n in lengths:
                 ids = torch.randint(0, vocab, (1, n), generator=g)
                 for key, model in drafters.items():
-                    target(prompt[:, -1:], past_key_values=target_cache, use_cache=True)
+                    target(prompt[:, -1:], **with_cache(target, target_cache), use_cache=True)
                     target_cache.crop(-1)
                     start = time.perf_counter()
                     model(input_ids=ids, past_key_values=caches[key], use_cache=True, target_past_key_values=target_cache, logits_to_keep=1)

@@ -12,7 +12,7 @@ alone, and reading layers 25, 20 or 14 instead moved α by under a point in ``cp
 ``mlp3072`` change both drafters.
 
 Scored teacher-forced on the curve's 64 held-out code windows: α = 1 - TV(p, q) and greedy agreement at cache delays
-1..6. In a chain step the k-th drafted token glimpses the cache with delay k (glide_cape §4.1), so a step of γ
+1..6. In a chain step the k-th drafted token glimpses the cache with delay k (Du et al. 2024, §4.1), so a step of γ
 drafted tokens is expected to accept ``E_γ = Σ_k Π_{j<=k} a_j`` of them under greedy verification, ``a_j`` the
 agreement at delay ``j`` (each position treated as independent: a proxy, not the loop). ``--costs`` times one
 drafted token of each drafter (bfloat16, as the loop drafts on CPU, on a 256-token cache glimpsing 256 target
@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from hf_specdraft.core.support import with_cache
 
 from .glide_gap_curve import TOP_LAYER, heldout_store, run_name, train_one
 from .glide_glimpse import score
@@ -95,12 +97,12 @@ def target_ms(target, prefix: int = 256, lengths=range(1, MAX_GAMMA + 2), repeat
 
     ids = torch.randint(0, 1000, (1, prefix + max(lengths)))
     cache = DynamicCache(config=target.config)
-    target(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    target(input_ids=ids[:, :prefix], **with_cache(target, cache), use_cache=True, logits_to_keep=1)
     samples = {n: [] for n in lengths}
     for _ in range(repeats + 2):
         for n in lengths:
             started = time.perf_counter()
-            target(input_ids=ids[:, prefix : prefix + n], past_key_values=cache, use_cache=True)
+            target(input_ids=ids[:, prefix : prefix + n], **with_cache(target, cache), use_cache=True)
             samples[n].append(time.perf_counter() - started)
             cache.crop(-n)
     return {str(n): round(1e3 * statistics.median(values[2:]), 3) for n, values in samples.items()}

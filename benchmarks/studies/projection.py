@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from hf_specdraft.core.support import with_cache
 from hf_specdraft.bench.harness import save_run
 from hf_specdraft.core.projection import few_token_linears, few_token_projection
 
@@ -39,14 +40,14 @@ def time_forwards(model, prefix: int = 96, lengths=LENGTHS, repeats: int = 15, s
                 "few_token_linears (auto)": lambda: few_token_linears(model)}  # what the loop uses: calibrated per machine
     samples = {name: {n: [] for n in lengths} for name in settings}
     with torch.no_grad():
-        model(torch.randint(0, vocab, (1, prefix), generator=g), past_key_values=cache, use_cache=True)
+        model(torch.randint(0, vocab, (1, prefix), generator=g), **with_cache(model, cache), use_cache=True)
         for repeat in tqdm(range(repeats + 1), desc="verification cost", unit="round"):
             for n in lengths:
                 ids = torch.randint(0, vocab, (1, n), generator=g)
                 for name, setting in settings.items():
                     with setting():
                         start = time.perf_counter()
-                        model(ids, past_key_values=cache, use_cache=True)
+                        model(ids, **with_cache(model, cache), use_cache=True)
                         seconds = time.perf_counter() - start
                     cache.crop(-n)  # back to the prefix
                     if repeat:  # round 0 warms up

@@ -36,6 +36,7 @@ from hf_specdraft.bench.harness import save_run
 from hf_specdraft.core.cache import compact_cache, croppable_cache
 from hf_specdraft.core.loop import speculative_generate
 from hf_specdraft.core.projection import few_token_linears
+from hf_specdraft.core.support import with_cache
 from hf_specdraft.core.tree import DraftTree
 from hf_specdraft.core.verify import verify_tree
 
@@ -66,7 +67,7 @@ def prefilled(model, ids: torch.Tensor, design: str) -> DynamicCache:
         cache = DynamicCache(config=model.config)
         cache.activate_past_recording()
     with torch.no_grad():
-        model(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(ids[:, :-1], **with_cache(model, cache), use_cache=True, logits_to_keep=1)
     compact_cache(cache, torch.arange(ids.shape[1] - 1))  # the loop's trim after the prefill's step
     return cache
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from hf_specdraft.core.support import with_cache
 from hf_specdraft import speculative_generate
 from hf_specdraft.bench.harness import cpu_model, prompt_ids
 from hf_specdraft.defaults.tasks import build_tasks
@@ -62,7 +63,7 @@ def step_ms(target, glide, context: int = 300, repeats: int = 30) -> dict:
 
     ids = torch.randint(0, target.config.vocab_size, (1, context + 1))
     cache = DynamicCache(config=target.config)
-    out = target(ids[:, :-1], past_key_values=cache, use_cache=True, output_hidden_states=True)
+    out = target(ids[:, :-1], **with_cache(target, cache), use_cache=True, output_hidden_states=True)
     state = out.hidden_states[-1][:, -1:].to(glide.dtype)
     kwargs = {"target_past_key_values": cache} if glide.config.cross_attention else {}
     if glide.config.state_input:
@@ -74,7 +75,7 @@ def step_ms(target, glide, context: int = 300, repeats: int = 30) -> dict:
 
     def verify():
         crop_to(cache, context)
-        return target(ids[:, -1:], past_key_values=cache, use_cache=True)
+        return target(ids[:, -1:], **with_cache(target, cache), use_cache=True)
 
     def timed(fn):
         for _ in range(3):

@@ -35,8 +35,10 @@ class SpeculativeGenerateOutput(ModelOutput):
     sequences: torch.LongTensor | None = None
     scores: tuple[torch.FloatTensor, ...] | None = None
     logits: tuple[torch.FloatTensor, ...] | None = None
-    past_key_values: DynamicCache | None = None
-    cache: DynamicCache | None = None
+    if CACHE_FIELD == "cache":  # transformers >= 5.24 (whose ModelOutput still answers .past_key_values)
+        cache: DynamicCache | None = None
+    else:
+        past_key_values: DynamicCache | None = None
     speculative_stats: SpeculativeStats | None = None
     row_stats: tuple[SpeculativeStats, ...] | None = None
 

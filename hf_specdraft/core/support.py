@@ -30,6 +30,7 @@ import inspect
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import ModelOutput
 
 # DummyLayer: a KV-shared layer (Gemma 4's E-models, Gemma 3n) holds nothing of its own and reads the keys and values its
 # producer layer cached, which the loop compacts like any other attention layer
@@ -75,6 +76,8 @@ def with_cache(model: nn.Module, cache) -> dict:
 def output_cache(outputs):
     """The cache a model output or a ``model_kwargs`` dict carries (``cache`` on transformers >= 5.24,
     ``past_key_values`` before; either is read)."""
+    if isinstance(outputs, ModelOutput):  # maps the old name itself on 5.24, with a deprecation warning: ask by the new
+        return outputs.get(CACHE_FIELD)
     cache = outputs.get("cache")
     return cache if cache is not None else outputs.get("past_key_values")
 
