@@ -39,7 +39,7 @@ PROFILES = {
     "cpu": {"num_prompts": 20, "max_new_tokens": 64, "context_prompt_chars": 3000, "repeats": 3},
     "gpu": {"num_prompts": 100, "max_new_tokens": 128, "context_prompt_chars": 2 * PROMPT_CHARS, "repeats": 3},
     # the embedded default (SmolLM2-135M-Instruct) on a CUDA device, bf16: fewer prompts and repeats, longer answers, so
-    # that one task (eager rows at ~35 tok/s included) fits the 10 minutes of one call to a lent GPU machine
+    # that one task (eager rows at ~35 tok/s included) fits in about 10 minutes on one GPU
     "gpu-default": {"num_prompts": 8, "max_new_tokens": 128, "context_prompt_chars": 3000, "repeats": 2},
 }
 
@@ -322,7 +322,7 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
         same_work = summary[m]["speedup_by_repeat_same_work"]  # empty: no prompt on which the method repeated its work
         summary[m]["timing_noise"] = relative_range(same_work) if same_work else None
         summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
-        cost = _cost_coefficient(stats)  # E(speedup), glide_cape §5.1: from α, and from accepted / judged
+        cost = _cost_coefficient(stats)  # E(speedup), Du et al. 2024, §5.1: from α, and from accepted / judged
         summary[m]["cost_coefficient"] = cost and cost[0]
         for key, alpha in (("expected_speedup", summary[m]["alpha"]), ("expected_speedup_position", summary[m]["position_acceptance_rate"])):
             summary[m][key] = expected_speedup(alpha, cost[1], cost[0]) if cost and alpha is not None else None

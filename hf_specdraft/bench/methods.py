@@ -199,7 +199,7 @@ register_method(Method("cascade-2drafts-tuned", lambda ctx: _cascade(ctx, [ctx.d
                        requires=("draft", "small_draft"), description=f"CS drafting: two drafts + Max-Gram, K = {TUNED_K_2DRAFTS} (tuned)",
                        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
 
-# the default calls (#32): γ, or the cascade's cap on what K proposes, chosen every step; fixed γ beside them
+# the default calls: γ, or the cascade's cap on what K proposes, chosen every step; fixed γ beside them
 register_method(Method("draft-model-auto", lambda ctx: _speculative(ctx, draft_model=ctx.draft), requires=("draft",),
                        description="speculative_generate(target, ids, draft_model=draft): the default call, γ 'auto'",
                        cost_models=lambda e: {"draft": e["draft"]}))
@@ -258,7 +258,7 @@ for _nodes in (4, 16):  # the fixed tree sizes beside the tuned 8 and the auto r
     register_method(Method(f"casd-strict-{_nodes}", lambda ctx, n=_nodes: _casd(ctx, strict=True, max_nodes=n), tasks=("context",),
                            description=f"CASD, exact verification, {_nodes} draft nodes"))
 register_method(Method("casd-strict+output", lambda ctx: _casd(ctx, strict=True, draft_from_output=True), tasks=("context",),
-                       description=f"CASD strict, retrieving from the generated tokens too (not in casd.txt), {CASD_MAX_NODES} draft nodes"))
+                       description=f"CASD strict, retrieving from the generated tokens too (not in the CASD paper), {CASD_MAX_NODES} draft nodes"))
 register_method(Method("casd-conditional", lambda ctx: _casd(ctx, threshold=0.1), tasks=("context",), lossless=False,
                        description=f"CASD, conditional verification p > max(0.1, p(eos)) (eq. 3), {CASD_MAX_NODES} draft nodes"))
 register_method(Method("casd-mixed", lambda ctx: _casd(ctx, threshold=0.1, top_k=5), tasks=("context",), lossless=False,
@@ -326,7 +326,7 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
                            description=f"GLIDE γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET})", cost_models=lambda e: {"draft": e["glide"]}))
 
 
-# --- the static cache and compiled forwards (issue #35) ----------------------------------------------------------------
+# --- the static cache and compiled forwards (docs/static-cache.md) ------------------------------------------------------
 # "<method>-static": cache_implementation="static", compiled where transformers compiles (CUDA), eager elsewhere;
 # "<method>-compiled": the same with compile_config=CompileConfig() given, so it compiles on any device (CPU included).
 # target-only-static is transformers' own static-cache decoding: the baseline a GPU user has (compiled automatically).

@@ -8,7 +8,7 @@ For each result file of ``hf-specdraft bench``:
 - ``<name>-acceptance.png``: acceptance by draft position (entry i: of the steps that drafted at least i tokens
   deep, the fraction that accepted at least i), averaged over prompts, for the methods that report statistics;
 - ``<name>-expansion.png``: the distribution of CAPE's expansion-set sizes K over every step and drafted position
-  (glide_cape.txt §4.2), for the methods whose records carry ``stats.extra.expansion_sizes``.
+  (Du et al. 2024, §4.2), for the methods whose records carry ``stats.extra.expansion_sizes``.
 
 Figures are drawn with matplotlib's Agg canvas on ``Figure`` objects, so no pyplot state or display is touched.
 """

@@ -101,7 +101,7 @@ def verdict(load: tuple[float, int] | None, threads: int, timing_noise: float | 
     baseline's (a few short prompts move by 15 % and more on a quiet 2-core machine; that alone is no sign of a busy
     one). Without a ``timing_noise``, target-only's own time beyond :data:`NOISY_RANGE` is the sign. Where the load was
     measured and other processes stayed within :data:`QUIET_CORES` of what this one left free, the machine was quiet:
-    noise then says so only beyond :data:`EXTREME_RANGE` (the issue #50 demo on an idle VM warned at 18 %)."""
+    noise then says so only beyond :data:`EXTREME_RANGE` (the demo on an idle 2-core VM warned at 18 %)."""
     warnings = []
     other, cpus = load if load is not None else (None, None)
     free = max(cpus - threads, 0) if cpus is not None else None

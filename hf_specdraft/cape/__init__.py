@@ -1,4 +1,4 @@
-"""CAPE: confidence-aware proposal expansion (glide_cape.txt §4.2), with the fixed-K (§5.4) and beam (§5.3) ablations.
+"""CAPE: confidence-aware proposal expansion (Du et al. 2024, §4.2), with the fixed-K (§5.4) and beam (§5.3) ablations.
 
     >>> from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
     >>> from hf_specdraft.cape import CapeCandidateGenerator

@@ -1,4 +1,4 @@
-"""Beam-search proposal expansion: the GLIDE+BeamSearch baseline of glide_cape.txt §5.3 (beam 4) and §5.4.
+"""Beam-search proposal expansion: the GLIDE+BeamSearch baseline of Du et al. 2024, §5.3 (beam 4) and §5.4.
 
 Unlike CAPE, every top-ranked token is *fed back* to the draft to draft its own continuation, so the
 proposal is a tree with many branches and each depth costs a draft forward over the whole beam. This is

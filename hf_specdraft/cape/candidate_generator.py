@@ -1,4 +1,4 @@
-"""CAPE's drafter: a chain drafter's proposal, widened by confidence and verified as one tree (glide_cape.txt §4.2).
+"""CAPE's drafter: a chain drafter's proposal, widened by confidence and verified as one tree (Du et al. 2024, §4.2).
 
     >>> from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
     >>> from hf_specdraft.cape import CapeCandidateGenerator, CapeConfig
@@ -277,7 +277,7 @@ def build_cape_for_bench(chain_drafter: TreeCandidateGenerator, mode: str = "con
     Args:
         chain_drafter: GLIDE's drafter or a :class:`~hf_specdraft.DraftModelCandidateGenerator` (γ is its
             ``num_draft_tokens``; beam mode needs the latter or a drafter with ``beam_scorer``).
-        mode: one of ``"confidence"``, ``"fixed"``, ``"beam"`` (glide_cape.txt §4.2, §5.4, §5.3).
+        mode: one of ``"confidence"``, ``"fixed"``, ``"beam"`` (Du et al. 2024, §4.2, §5.4, §5.3).
         options: other :class:`CapeConfig` fields (``budget``, ``schedule``, ``fixed_k``, ``beam_width``).
     """
     return CapeCandidateGenerator(chain_drafter, CapeConfig(mode=mode, **options))

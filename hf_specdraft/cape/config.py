@@ -1,6 +1,6 @@
 """CAPE's options: the confidence schedule S(p), the verification budget and the ablation modes.
 
-Reference: Du et al. 2024, "GLIDE with a CAPE" (../shared/papers/glide_cape.txt), §4.2 (proposal expansion),
+Reference: Du et al. 2024, "GLIDE with a CAPE" (docs/references.md), §4.2 (proposal expansion),
 §5.3 (GLIDE+BeamSearch baseline, beam 4) and §5.4 (fixed-size expansion, K = 4).
 """
 

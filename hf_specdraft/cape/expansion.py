@@ -1,4 +1,4 @@
-"""CAPE's proposal expansion: widen each drafted position by the draft's own uncertainty (glide_cape.txt §4.2).
+"""CAPE's proposal expansion: widen each drafted position by the draft's own uncertainty (Du et al. 2024, §4.2).
 
 Notation: q_i is the draft distribution at drafted position i (the ``draft_probs`` row of chain token
 x_{t+i}), p_i = max q_i its confidence, S(p) the schedule, K_i = S(p_i) the size of the expansion set
@@ -54,7 +54,7 @@ def _sizes(draft_probs: torch.Tensor, config: CapeConfig) -> tuple[list[int], li
 
 def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | list[int] | None = None,
                     with_draft_probs: bool = False) -> DraftTree:
-    """Add each position's expansion set to a drafted chain, as leaves (glide_cape.txt §4.2, "Proposal Expansion").
+    """Add each position's expansion set to a drafted chain, as leaves (Du et al. 2024, §4.2, "Proposal Expansion").
 
     Pure: reads only ``chain.draft_probs``; no draft forward is run, which is why CAPE costs almost no
     draft time (§5.4: +0.2 ms on a 5.5 ms speculation step). One ``topk`` over q does the tensor work.

@@ -1,4 +1,4 @@
-"""CAPE's expansion rule on plain lists and tensors (Du et al. 2024, "GLIDE with a CAPE", glide_cape.txt §4.2).
+"""CAPE's expansion rule on plain lists and tensors (Du et al. 2024, "GLIDE with a CAPE", §4.2).
 
 Notation: q_i is the draft distribution at drafted position i, p_i = max q_i its confidence, S(p) the
 schedule of ``(upper_bound, K)`` bins, K_i = S(p_i) the size of the expansion set X_i: the K_i most probable

@@ -1,6 +1,7 @@
 """Ship CAPE with a checkpoint: write the self-contained ``custom_generate/`` folder into a checkpoint directory.
 
-After ``write_custom_generate(d)``, with only torch and transformers installed (notes/transformers-5.23.md §6)::
+After ``write_custom_generate(d)``, with only torch and transformers installed (transformers loads a ``custom_generate/`` folder from a local
+directory as from the Hub)::
 
     target.generate(input_ids=x, custom_generate=str(d), trust_remote_code=True, max_new_tokens=64)
 

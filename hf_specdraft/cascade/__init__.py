@@ -1,4 +1,4 @@
-"""Cascade Speculative Drafting with Max-Gram (cascade_speculative_drafting.txt).
+"""Cascade Speculative Drafting with Max-Gram (Chen et al. 2024).
 
     >>> from hf_specdraft import speculative_generate
     >>> from hf_specdraft.cascade import CascadeCandidateGenerator, load_bigram_table

@@ -1,4 +1,4 @@
-"""The argmax bigram table Max-Gram falls back to (cascade_speculative_drafting.txt §3.3).
+"""The argmax bigram table Max-Gram falls back to (Chen et al. 2024, §3.3).
 
 ``table[t]`` is the token that most often follows ``t`` in a corpus (ties: the smallest id). The paper
 builds it from Wikipedia "to maintain the generality"; ``hf-specdraft build-bigram`` builds it from any

@@ -1,4 +1,4 @@
-"""Cascade Speculative Drafting (CS Drafting): vertical and horizontal cascades (cascade_speculative_drafting.txt §3).
+"""Cascade Speculative Drafting (CS Drafting): vertical and horizontal cascades (Chen et al. 2024, §3).
 
 Drafters, largest first: neural drafts ``M_d1 … M_dn`` (``drafts[0..n-1]``) and Max-Gram (MaG, §3.3) at the
 bottom; the target ``M_t`` reviews last. Notation follows Algorithm 1 (``CascadeSpeculativeDraftingStep``):
@@ -87,7 +87,7 @@ def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
 
 
 class CascadeCandidateGenerator(TreeCandidateGenerator):
-    """CS Drafting (cascade_speculative_drafting.txt Algorithm 1) as a chain drafter for the decoding loop.
+    """CS Drafting (Chen et al. 2024, Algorithm 1) as a chain drafter for the decoding loop.
 
     ``propose`` runs ``CascadeSpeculativeDraftingStep`` with ``isFirstCall`` true, down to the point where
     the target reviews; that review is the loop's exact verification (lenience 1, as Algorithm 1 sets).

@@ -1,6 +1,6 @@
 """The cascade's options: the K matrix, lenience, Max-Gram's draft length and a cap on what the target verifies.
 
-Reference: Chen et al. 2024, "Cascade Speculative Drafting" (../shared/papers/cascade_speculative_drafting.txt),
+Reference: Chen et al. 2024, "Cascade Speculative Drafting for Even Faster LLM Inference" (docs/references.md),
 §3.1 (vertical cascade, lenience), §3.2 (horizontal cascade), §3.3 (Max-Gram), Algorithm 1.
 
     >>> CascadeConfig(lenience=2).lenience

@@ -1,4 +1,4 @@
-"""Max-Gram (MaG): the statistical drafter at the bottom of a cascade (cascade_speculative_drafting.txt §3.3, App. A).
+"""Max-Gram (MaG): the statistical drafter at the bottom of a cascade (Chen et al. 2024, §3.3, App. A).
 
 MaG finds the longest earlier occurrence of the sequence's recent suffix in the prompt and the generated
 text, and proposes the tokens that followed it. When the last token never occurred before, it falls back
@@ -84,7 +84,7 @@ def max_gram_draft(
 
 
 class MaxGramCandidateGenerator(TreeCandidateGenerator):
-    """Max-Gram alone as a drafter (cascade_speculative_drafting.txt §3.3): no model, near-zero cost.
+    """Max-Gram alone as a drafter (Chen et al. 2024, §3.3): no model, near-zero cost.
 
     Proposes a chain of ``num_draft_tokens`` tokens per step (:func:`max_gram_draft`). Its calls are counted
     under ``"max_gram"`` in ``forward_calls``; SWI gives them cost 0 by default, as the paper does.

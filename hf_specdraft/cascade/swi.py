@@ -1,4 +1,4 @@
-"""Standardized walltime improvement (SWI) for cascades (cascade_speculative_drafting.txt §5.1).
+"""Standardized walltime improvement (SWI) for cascades (Chen et al. 2024, §5.1).
 
 ``SWI = n / (count(M_t) + Σ_i count(M_di) c_i)``, with ``n`` the generated tokens, ``count`` the runs of
 each model and ``c_i`` the cost of one run of drafter ``i`` relative to one run of the target. Counts come

@@ -1,4 +1,4 @@
-"""CASD: context-aware speculative decoding (casd.txt).
+"""CASD: context-aware speculative decoding (the CASD paper, an anonymous ICLR 2025 submission; docs/references.md).
 
 Drafts are retrieved from the request's own context (a suffix-array draft pool, REST-style trees) and
 verified exactly (``strict``, lossless) or by the conditional rule ``p(x) > max(δ, p(eos))`` (eq. 3),

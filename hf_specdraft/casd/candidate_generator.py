@@ -1,4 +1,4 @@
-"""CASD's drafter: draft trees retrieved from the request's own context (casd.txt §3, Algorithm 1).
+"""CASD's drafter: draft trees retrieved from the request's own context (the CASD paper, §3, Algorithm 1).
 
 Notation: p is the target's distribution; retrieval drafts have no draft distribution q. Verification is
 the core loop's: exact (lossless context lookup decoding) with ``acceptance=None``, or CASD's conditional
@@ -47,8 +47,8 @@ def casd_acceptance(threshold: float = 0.1, top_k: int | None = None, strict: bo
     """The verification rule to pass as ``speculative_generate(acceptance=...)``.
 
     Args:
-        threshold: δ in (0, 1) of eq. 3 (casd.txt §4.1 uses 0.1). Validated even when ``strict``.
-        top_k: k of the mixed rule, eq. 4 (casd.txt "CASD (Mixed)" uses 5); None for eq. 3 alone.
+        threshold: δ in (0, 1) of eq. 3 (the CASD paper uses 0.1, §4.1). Validated even when ``strict``.
+        top_k: k of the mixed rule, eq. 4 (the CASD paper's "CASD (Mixed)" uses 5); None for eq. 3 alone.
         strict: exact verification instead (lossless context lookup decoding).
 
     Returns:
@@ -59,7 +59,7 @@ def casd_acceptance(threshold: float = 0.1, top_k: int | None = None, strict: bo
 
 
 class CasdCandidateGenerator(TreeCandidateGenerator):
-    """Drafts trees retrieved from a context (casd.txt Algorithm 1: line 1 builds R, line 7 retrieves 𝕋).
+    """Drafts trees retrieved from a context (the CASD paper, Algorithm 1: line 1 builds R, line 7 retrieves 𝕋).
 
     The pool is built once, here, from the full context; the prompt the target sees may hold a
     compressed copy of it (§3, §4.4). Each step matches the longest suffix (16 down to 2 tokens) of the

@@ -1,4 +1,4 @@
-"""Options of CASD's context-aware drafting (casd.txt §3, "Context-aware drafting").
+"""Options of CASD's context-aware drafting (the CASD paper, §3, "Context-aware drafting").
 
 The retrieval follows REST (He et al. 2024), which CASD uses unchanged: match the longest suffix of the
 current sequence in the draft pool (lengths 16 down to 2, first hit wins), take the continuations of its
@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass
 from ..core.drafting import AUTO
 from ..core.validation import check_bool, check_int
 
-PAPER_MAX_NODES = 64  # casd.txt §3 / REST: "choices=64" draft tokens verified per step
+PAPER_MAX_NODES = 64  # the CASD paper, §3 / REST: "choices=64" draft tokens verified per step
 
 
 @dataclass(frozen=True)
 class CasdConfig:
-    """How the draft pool is searched and how the draft tree 𝕋 (casd.txt eq. 2) is built.
+    """How the draft pool is searched and how the draft tree 𝕋 (the CASD paper, eq. 2) is built.
 
     Args:
         max_nodes: most nodes of the draft tree; the most frequent continuation prefixes are kept. ``"auto"`` (the
@@ -34,19 +34,19 @@ class CasdConfig:
             spaced sample of the occurrences (in suffix-array order, i.e. grouped by continuation) is
             used, which keeps the continuations' frequencies.
         fill_from_shorter_suffixes: top a tree smaller than ``max_nodes`` up with the continuations of
-            ever shorter suffixes. Off by default: casd.txt / REST use the longest match only.
+            ever shorter suffixes. Off by default: the CASD paper / REST use the longest match only.
         draft_from_output: also retrieve from the tokens generated so far (a second pool, rebuilt each
             step), as prompt lookup decoding does; the longer match's tree comes first and the other tops
-            it up. Off by default: casd.txt's pool holds the context only (Algorithm 1 line 1).
+            it up. Off by default: the CASD paper's pool holds the context only (Algorithm 1 line 1).
     """
 
-    max_nodes: int | str = AUTO  # casd.txt §3 / REST fix 64 ("choices=64"); "auto": the loop picks it per step (64 outside it)
+    max_nodes: int | str = AUTO  # the CASD paper, §3 / REST fix 64 ("choices=64"); "auto": the loop picks it per step (64 outside it)
     max_suffix_length: int = 16  # REST token spans 16 ... 2, first hit wins
     min_suffix_length: int = 2  # a 1-token match is too weak a signal to spend verification on
     max_draft_length: int = 10  # REST's continuation length ("long=10")
     max_matches: int = 5000  # REST retrieves at most 5000 occurrences per lookup
-    fill_from_shorter_suffixes: bool = False  # casd.txt / REST: first hit wins, its tree alone is drafted
-    draft_from_output: bool = False  # casd.txt: the pool is the context alone
+    fill_from_shorter_suffixes: bool = False  # the CASD paper / REST: first hit wins, its tree alone is drafted
+    draft_from_output: bool = False  # the CASD paper: the pool is the context alone
 
     def __post_init__(self):
         for name in ("max_nodes", "max_suffix_length", "min_suffix_length", "max_draft_length", "max_matches"):

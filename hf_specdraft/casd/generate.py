@@ -1,4 +1,4 @@
-"""The CASD user call: question and context passed separately (casd.txt Algorithm 1, §3, §4.4).
+"""The CASD user call: question and context passed separately (the CASD paper, Algorithm 1, §3, §4.4).
 
 The draft pool always holds the *full* context; the prompt holds the context as it is, or compressed
 by any ``compressor`` callable (text -> text), e.g. LLMLingua-2 (Pan et al. 2024) through
@@ -24,9 +24,9 @@ from .candidate_generator import CasdCandidateGenerator, casd_acceptance, tokeni
 from .configuration_casd import CasdConfig
 from .pool import context_token_ids
 
-# Task-neutral; casd.txt Table 7 lists the per-dataset templates (all put the context before the question).
+# Task-neutral; Table 7 of the CASD paper lists the per-dataset templates (all put the context before the question).
 DEFAULT_PROMPT_TEMPLATE = "{context}\n\n{question}"
-LLMLINGUA2_MODEL = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"  # the compressor of casd.txt §4.4
+LLMLINGUA2_MODEL = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"  # the compressor of the CASD paper, §4.4
 
 
 def compress_context(context: str, compressor: Callable[[str], str]) -> str:
@@ -90,7 +90,7 @@ def build_casd_inputs(tokenizer, question, context, compressor: Callable[[str], 
         context: the relevant context d_q (text or token ids).
         compressor: optional ``text -> text`` callable applied to the context in the prompt only.
         prompt_template: a ``str.format`` template with ``{context}`` and ``{question}`` fields
-            (default ``"{context}\\n\\n{question}"``; casd.txt Table 7 has the paper's).
+            (default ``"{context}\\n\\n{question}"``; Table 7 of the CASD paper has the paper's).
     """
     if tokenizer is None:
         if compressor is not None:
@@ -148,7 +148,7 @@ def casd_generate(
     config: CasdConfig | None = None,
     **generate_kwargs,
 ) -> CasdGenerateOutput:
-    """Context-aware speculative decoding of one request (casd.txt Algorithm 1).
+    """Context-aware speculative decoding of one request (the CASD paper, Algorithm 1).
 
     Args:
         model: the target causal LM.
@@ -175,7 +175,7 @@ def casd_generate(
 
 
 def llmlingua2_compressor(rate: float = 1 / 3, model_name: str = LLMLINGUA2_MODEL, device_map: str = "cpu", **compress_kwargs) -> Callable[[str], str]:
-    """An LLMLingua-2 context compressor (Pan et al. 2024), as used in casd.txt §4.4 at 3×, 5× and 10×.
+    """An LLMLingua-2 context compressor (Pan et al. 2024), as used in the CASD paper (§4.4) at 3×, 5× and 10×.
 
     Needs the optional dependency ``llmlingua`` (``pip install "hf-specdraft[casd]"``) and downloads
     ``model_name`` from the Hub on first use.

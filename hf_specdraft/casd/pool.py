@@ -1,4 +1,4 @@
-"""The draft pool: a suffix array over the request's own context (casd.txt Algorithm 1, line 1: R ← d_q).
+"""The draft pool: a suffix array over the request's own context (the CASD paper, Algorithm 1, line 1: R ← d_q).
 
 The pool is built once per request from the *full* context, also when the prompt holds a compressed
 context (§3 "Combination with prompt compression", §4.4). Lookups find the longest suffix of the current
@@ -95,7 +95,7 @@ def build_suffix_array(tokens: np.ndarray, depth: int = 16) -> np.ndarray:
 
 
 class DraftPool:
-    """The retrieval index R of casd.txt Algorithm 1, built from the context's token ids.
+    """The retrieval index R of Algorithm 1 in the CASD paper, built from the context's token ids.
 
     Args:
         context_ids (`torch.LongTensor`, `np.ndarray` or list of shape `(n,)` or `(1, n)`): the full
@@ -144,7 +144,7 @@ class DraftPool:
 
     def match(self, sequence, min_length: int = 2, max_length: int = 16) -> tuple[int, np.ndarray]:
         """Longest suffix of ``sequence`` found in the pool (lengths ``max_length`` down to ``min_length``,
-        first hit wins; REST's exact-match retrieval, casd.txt §3).
+        first hit wins; REST's exact-match retrieval, the CASD paper, §3).
 
         A suffix of length L that occurs with a continuation implies one of length L-1 (drop its first
         token), so the longest hit is found by bisection over L: the same answer as trying every length

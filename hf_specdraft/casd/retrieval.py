@@ -1,4 +1,4 @@
-"""Context-aware drafting: the draft tree 𝕋 retrieved from the pool (casd.txt Algorithm 1 line 7, eq. 2).
+"""Context-aware drafting: the draft tree 𝕋 retrieved from the pool (the CASD paper, Algorithm 1 line 7, eq. 2).
 
 Step by step (REST, He et al. 2024, which CASD uses for retrieval):
 
@@ -150,7 +150,7 @@ def add_nodes(tokens: list[int], parents: list[int], tree: DraftTree, max_nodes:
 
 
 def retrieve(pool: DraftPool, sequence, config: CasdConfig) -> tuple[DraftTree, int]:
-    """𝕋 ← R(p): the draft tree for the current sequence (casd.txt Algorithm 1 line 7, eq. 2).
+    """𝕋 ← R(p): the draft tree for the current sequence (the CASD paper, Algorithm 1 line 7, eq. 2).
 
     With ``config.fill_from_shorter_suffixes`` a tree smaller than ``max_nodes`` is topped up with
     the trees of ever shorter suffixes (down to ``min_suffix_length``); the longest match's tree keeps

@@ -60,7 +60,7 @@ def tree_rejection_sampling(target_probs, tree, generator: torch.Generator | Non
     """Multi-branch rejection sampling down a token tree: lossless in distribution, and it uses q.
 
     SpecInfer's multi-step speculative sampling (Miao et al. 2023, Algorithm 2), extended to children that
-    were *picked* rather than drawn (CAPE's expansion sets, glide_cape §4.2). At each accepted node, with r
+    were *picked* rather than drawn (CAPE's expansion sets, Du et al. 2024, §4.2). At each accepted node, with r
     the target's distribution p at that row, the children are tried in turn, drawn ones first:
 
     - a child ``x`` drawn from its q row is accepted with probability ``min(1, r(x) / q(x))``; otherwise
@@ -122,7 +122,7 @@ def check_lenience(lenience: float) -> float:
 
 @dataclass(frozen=True)
 class ConditionalAcceptance:
-    """CASD conditional verification (casd.txt §3, eq. 3–4).
+    """CASD conditional verification (the CASD paper, §3, eq. 3–4).
 
     A drafted token ``x`` whose ancestors were all accepted is accepted when
     ``p(x) > max(threshold, p(eos))`` and, if ``top_k`` is set ("mixed", eq. 4), ``x`` is among the
@@ -134,7 +134,7 @@ class ConditionalAcceptance:
         top_k: optional k for the mixed rule (the paper uses 5).
     """
 
-    threshold: float = 0.1  # δ, casd.txt §4: "we set the threshold δ to 0.1 for all experiments"
+    threshold: float = 0.1  # δ, the CASD paper, §4: "we set the threshold δ to 0.1 for all experiments"
     top_k: int | None = None  # eq. 4 ("CASD (Mixed)" uses 5); None = eq. 3 only
 
     def __post_init__(self):

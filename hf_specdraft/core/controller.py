@@ -22,7 +22,7 @@ timed by the loop itself on the machine it runs on: no per-machine constant, no 
 (Leviathan et al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient; here the costs are measured).
 
 A chain drafter that knows its draft distribution (the draft model, GLIDE; batch 1) also stops each draft on its
-confidence (:meth:`DraftLengthController.keep_drafting`; Zhang et al. 2024's SpecDec++ and EAGLE-2 stop or grow drafts
+confidence (:meth:`DraftLengthController.keep_drafting`; Huang et al. 2024's SpecDec++ and EAGLE-2 stop or grow drafts
 on the draft's own probabilities). After drafting j tokens with probabilities ``c_1 .. c_j`` of the tokens it
 picked, the path survives with ``P_j = Π_{i<=j} â(c_i)``, ``â(c)`` the acceptance rate measured for draft tokens of
 about that confidence (ten bins, each with its middle confidence as prior), and the step so far is worth

@@ -1,4 +1,4 @@
-"""Host data onto the device without a sync, and host tensors made cheaply (issue #41).
+"""Host data onto the device without a sync, and host tensors made cheaply (the static path's one read-back a step).
 
 A copy from pageable host memory onto a CUDA device waits for the stream to drain; these stage through pinned memory and
 copy asynchronously. ``torch.tensor`` of a Python list costs ~12 µs plus ~0.3 µs an element of host time on a CPU;

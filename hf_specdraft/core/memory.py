@@ -2,7 +2,7 @@
 
 Calls of varied lengths allocate and free host buffers of ever new sizes (activations, logits, the per-shape kernels
 of oneDNN on CPU). glibc's ``malloc`` keeps much of what is freed in its arenas for reuse, fragmented, so a process's
-resident memory creeps up over hundreds of calls although little of it is live (#49: +90 MiB after 350 varied default
+resident memory creeps up over hundreds of calls although little of it is live (+90 MiB after 350 varied default
 calls on a 2-core Xeon VM, of which ``malloc_trim(0)`` gave back all but a few MiB;
 ``benchmarks/verification/memory-49-cpu*.json``). After every call :func:`after_call` reads the process's resident
 size (one read of ``/proc/self/statm``) and, once it has grown ``HF_SPECDRAFT_TRIM_MIB`` (default 32) past its floor,

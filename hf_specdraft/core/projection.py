@@ -2,7 +2,7 @@
 
 Verification runs the target over ``1 + N`` tokens (N ≈ 2–16). On CPU each ``linear(h, W)`` of those few
 rows, ``h`` `(M, d_in)` and ``W`` `(d_out, d_in)`, can also be computed as ``W @ h.T``; which is faster depends
-on the CPU. On the 2-core AMD EPYC VMs of earlier sessions ``linear`` took MKL's small-M GEMM path, 1.5–4×
+on the CPU. On 2-core AMD EPYC VMs ``linear`` took MKL's small-M GEMM path, 1.5–4×
 slower than ``W @ h.T``; for the vocabulary projection of SmolLM2 (49,152 × 576), fp32, torch 2.13 (median
 of 30 calls)::
 

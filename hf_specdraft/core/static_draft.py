@@ -1,4 +1,4 @@
-"""A draft model's forwards on a static cache of its own, compiled by the target's rules (issue #35).
+"""A draft model's forwards on a static cache of its own, compiled by the target's rules (docs/static-cache.md).
 
 A chain drafter feeds its draft the newly accepted tokens (1 to γ + 1 of them), then one token per drafted token. On a
 GPU each of those one-token forwards is launches, like the target's. On the compiled static path

@@ -1,4 +1,4 @@
-"""A compiled verification forward's inputs, one fixed set per bucket, edited in place from step to step (issue #41).
+"""A compiled verification forward's inputs, one fixed set per bucket, edited in place from step to step (docs/static-cache.md).
 
 SGLang's CUDA-graph runner keeps one input buffer per captured batch size and fills it before each replay. Here each
 bucket ``Q`` of a target without windowed layers keeps ``input_ids``, ``position_ids``, the write columns (views of one

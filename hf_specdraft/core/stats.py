@@ -1,6 +1,6 @@
 """Statistics of a speculative decoding call, and the papers' speedup formulas.
 
-- α, the paper's acceptance rate (glide_cape.txt §5.1 after Leviathan et al. 2023): the expected acceptance
+- α, the paper's acceptance rate (Du et al. 2024, §5.1 after Leviathan et al. 2023): the expected acceptance
   of one drafted token, ``E[Σ_v min(p(v), q(v))] = 1 - TV(p, q)``, averaged over the drafted positions the
   target judged (each chain position up to and including the first rejection, where p and q are both
   conditioned on accepted text). Needs the draft's q: ``None`` for drafters without one (n-gram lookups,
@@ -10,8 +10,8 @@
 - accepted per drafted: accepted draft tokens / drafted depth (a tree's depth is the most one step could
   accept). Not an α: every position after a rejection counts as a failure, so it understates α.
 - mean accepted length τ: tokens emitted per target forward (accepted + the target's own token).
-- expected speedup: Leviathan et al. 2023 eq. 1, as used in glide_cape.txt §5.1.
-- SWI: standardized walltime improvement, cascade_speculative_drafting.txt §5.1.
+- expected speedup: Leviathan et al. 2023 eq. 1, as used in Du et al. 2024, §5.1.
+- SWI: standardized walltime improvement, Chen et al. 2024, §5.1.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def expected_speedup(alpha: float, num_draft_tokens: int, cost_coefficient: float) -> float:
-    """Expected walltime improvement factor (Leviathan et al. 2023, Theorem 3.8; glide_cape.txt §5.1).
+    """Expected walltime improvement factor (Leviathan et al. 2023, Theorem 3.8; Du et al. 2024, §5.1).
 
     ``(1 - α^(γ+1)) / ((1 - α)(γ c + 1))`` with α the per-token acceptance rate (:attr:`SpeculativeStats.alpha`),
     γ the proposal length and c the cost coefficient (draft forward time / target forward time).
@@ -217,7 +217,7 @@ def expected_speedup(alpha: float, num_draft_tokens: int, cost_coefficient: floa
 
 
 def standardized_walltime_improvement(new_tokens: int, target_calls: int, draft_calls: dict[str, int], cost_coefficients: dict[str, float]) -> float:
-    """SWI (cascade_speculative_drafting.txt §5.1): ``n / (count(M_t) + Σ_i count(M_di) c_i)``.
+    """SWI (Chen et al. 2024, §5.1): ``n / (count(M_t) + Σ_i count(M_di) c_i)``.
 
     Target-only decoding scores 1.0 per token per call, so SWI is a speedup over it that does not depend
     on the machine once the ``c_i`` are fixed.

@@ -2,7 +2,7 @@
 
 - ``completion``: complete a function from its signature and docstring (GLIDE, CAPE, cascade).
 - ``context``: complete the next lines of a file with the rest of the same file as context, like the
-  LCC / RepoBench-P code tasks in casd.txt §4: the prompt holds only the code just before the cut (the
+  LCC / RepoBench-P code tasks of the CASD paper (§4): the prompt holds only the code just before the cut (the
   target was trained on 256-token windows), while ``context`` holds the whole file minus the lines to
   predict — the draft pool CASD retrieves from.
 - ``chat``: a request written from a held-out function's signature and docstring ("Write a Python

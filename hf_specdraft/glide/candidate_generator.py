@@ -272,7 +272,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         return batch
 
     def beam_scorer(self, distribution) -> GlideTreeScorer:
-        """The scorer CAPE's beam mode (glide_cape.txt §5.3, GLIDE+BeamSearch) drafts its tree with."""
+        """The scorer CAPE's beam mode (Du et al. 2024, §5.3, GLIDE+BeamSearch) drafts its tree with."""
         if self.requires_model_outputs:
             raise ValueError("CAPE's beam mode scores tree nodes by the draft's tokens alone, and this GLIDE reads the target's state "
                              "(state_input=True): use CAPE's default mode (the GLIDE chain widened by its confidence)")

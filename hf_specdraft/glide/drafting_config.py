@@ -1,6 +1,6 @@
 """GLIDE's decoding options (the model's shape lives in :class:`~hf_specdraft.glide.GlideConfig`).
 
-Reference: Du et al. 2024, "GLIDE with a CAPE" (glide_cape.txt), §5.1: γ = 5 draft tokens per step, fixed. The
+Reference: Du et al. 2024, "GLIDE with a CAPE", §5.1: γ = 5 draft tokens per step, fixed. The
 default here is ``"auto"``: the loop picks γ every step from the acceptance and costs it measures
 (:mod:`hf_specdraft.core.controller`); an int is honoured exactly.
 
@@ -32,7 +32,7 @@ class GlideDraftingConfig:
     """
 
     num_draft_tokens: int | str = AUTO  # the best γ depends on the machine's cost curve (§5.1 fixes 5 on a GPU)
-    copy_from_context: int = 2  # #49: copying lifted the default call 1.20x -> 1.26x (completion), 1.21x -> 1.43x (chat) in
+    copy_from_context: int = 2  # copying lifted the default call 1.20x -> 1.26x (completion), 1.21x -> 1.43x (chat) in
     # cpu-state-glide.json; a 2-token match's copy keeps 2.6-2.8 tokens where GLIDE's step keeps 1.2-1.6
     # (cpu-copy-acceptance-match2.json), and the controller declines a match bin's copies where they do worse
 

@@ -3,7 +3,7 @@
 p is the frozen target's next-token distribution, q GLIDE's (Leviathan et al. 2023, Algorithm 1).
 
 - **α** (teacher-forced): the target runs over held-out windows, GLIDE over the same windows with the training-time
-  block-wise mask (glide_cape §4.1: a token glimpses the target KV of earlier blocks only, the KV-cache delay of
+  block-wise mask (Du et al. 2024, §4.1: a token glimpses the target KV of earlier blocks only, the KV-cache delay of
   inference); α = mean over positions of Σ_x min(p(x), q(x)) = 1 - TV(p, q) (Leviathan et al. 2023, §3.3; the
   per-position overlap is :func:`hf_specdraft.core.stats.overlap`, which the decoding loop records too).
 - **greedy agreement**: the fraction of those positions where argmax q == argmax p (greedy decoding accepts exactly these).

@@ -30,7 +30,7 @@ cross-attention reading its own shard of the target's KV heads (docs/multi-gpu.m
     target = AutoModelForCausalLM.from_pretrained("org/x", tp_plan="auto")
     glide = AutoModelForCausalLM.from_pretrained("you/glide-for-x", trust_remote_code=True, tp_plan="auto")
 
-Usage with only transformers installed (GLIDE + CAPE, glide_cape.txt §4.2; the checkpoint carries ``custom_generate/``,
+Usage with only transformers installed (GLIDE + CAPE, Du et al. 2024, §4.2; the checkpoint carries ``custom_generate/``,
 whose drafter hands GLIDE the target's live cache as ``target_past_key_values``)::
 
     out = target.generate(**inputs, custom_generate="you/glide-for-x", trust_remote_code=True, max_new_tokens=64)

@@ -1,4 +1,4 @@
-"""Sequence-level self-distillation: the frozen target writes the responses GLIDE trains on (glide_cape Appendix B).
+"""Sequence-level self-distillation: the frozen target writes the responses GLIDE trains on (Du et al. 2024, Appendix B).
 
 The paper distils GLIDE on the target's own outputs rather than the dataset's human-written replies, so the draft learns
 the distribution p it will be judged against; Medusa-2 (Cai et al. 2024, §3.2 "self-distillation") and SpecForge

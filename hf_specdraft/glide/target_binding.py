@@ -1,4 +1,4 @@
-"""GLIDE bound to a live target, for transformers' stock assisted decoding (glide_cape.txt §4.1, "KV cache delay").
+"""GLIDE bound to a live target, for transformers' stock assisted decoding (Du et al. 2024, §4.1, "KV cache delay").
 
 ``target.generate(..., assistant_model=glide)`` never hands a draft the target's cache, so :meth:`TargetBindingMixin.attach`
 records it: a forward pre-hook on the target keeps the ``past_key_values`` object of each target forward, which at

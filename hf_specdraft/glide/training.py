@@ -1,4 +1,4 @@
-"""``hf-specdraft train-glide``: a GLIDE draft for your own target in one command (issue #42).
+"""``hf-specdraft train-glide``: a GLIDE draft for your own target in one command (docs/training-glide.md).
 
     hf-specdraft train-glide --target Qwen/Qwen2.5-0.5B-Instruct --dataset chats.jsonl --regenerate \\
         --eval-every 200 --eval-examples 64 --output-dir glide-qwen --max-steps 2000
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_regeneration_flags(parser: argparse.ArgumentParser) -> None:
     defaults = RegenerationArguments()
-    group = parser.add_argument_group("regeneration (sequence-level self-distillation, glide_cape Appendix B; --dataset only)")
+    group = parser.add_argument_group("regeneration (sequence-level self-distillation, Du et al. 2024, Appendix B; --dataset only)")
     group.add_argument("--regenerate", action="store_true", help="the target writes the responses GLIDE trains on")
     for name, kind in (("max_new_tokens", int), ("batch_size", int), ("temperature", float), ("top_p", float),
                        ("prompt_tokens", int), ("batches_per_shard", int)):

@@ -5,7 +5,7 @@ Self-contained (torch, transformers and hf_specdraft's core modules and ``expans
 ships inside a checkpoint's ``custom_generate/``.
 
 A chain drafter is any object with ``propose(input_ids, target_cache, num_tokens) -> (tokens (k,), q (k, V))``;
-:class:`CapeTreeDrafter` expands its chain into CAPE's tree (glide_cape.txt §4.2) for the core loop.
+:class:`CapeTreeDrafter` expands its chain into CAPE's tree (Du et al. 2024, §4.2) for the core loop.
 A draft model may bring its own drafter through a ``cape_drafter(target)`` method; any other causal LM, GLIDE
 included (its layers read the target cache), gets :class:`CausalLMDrafter`.
 """
@@ -34,7 +34,7 @@ _LOADED_DRAFTS = {}  # (checkpoint, device, dtype) -> draft model, so repeated g
 class CausalLMDrafter:
     """Greedy chain drafting with a causal LM that keeps its own KV cache across steps.
 
-    A draft that glimpses the target (GLIDE, glide_cape.txt §4.1: ``config.cross_attention``) reads the target's
+    A draft that glimpses the target (GLIDE, Du et al. 2024, §4.1: ``config.cross_attention``) reads the target's
     *live* cache at every drafted token: the loop hands over the cache covering ``input_ids[:, :-1]``, the verified
     prefix up to ``t - 1``, exactly what §4.1 lets GLIDE see at inference ("KV cache delay"); it is only read.
     The draft's own cache is re-synced to the accepted text by common prefix.

@@ -1,4 +1,4 @@
-"""Greedy speculative decoding with CAPE (confidence-aware proposal expansion, glide_cape.txt §4.2).
+"""Greedy speculative decoding with CAPE (confidence-aware proposal expansion, Du et al. 2024, §4.2).
 
 Runs with only torch and transformers installed::
 
