@@ -1,4 +1,4 @@
-"""Generate with Max-Gram alone and with a cascade of drafts above it (cascade_speculative_drafting.txt).
+"""Generate with Max-Gram alone and with a cascade of drafts above it (Chen et al. 2024).
 
     hf-specdraft build-bigram --tokenizer TOKENIZER_DIR --output bigram.safetensors   # optional: Max-Gram's fallback
     python examples/generate_cascade.py --target Qwen/Qwen2.5-1.5B --drafts Qwen/Qwen2.5-0.5B --bigram bigram.safetensors

@@ -1,4 +1,4 @@
-"""Generate with GLIDE (glide_cape.txt §4.1) and GLIDE + CAPE (§4.2); compare with target-only greedy decoding.
+"""Generate with GLIDE (Du et al. 2024, §4.1) and GLIDE + CAPE (§4.2); compare with target-only greedy decoding.
 
     python examples/generate_glide.py --target lmsys/vicuna-7b-v1.5 --glide YOUR_USER/glide-vicuna-7b-v1.5
     python examples/generate_glide.py --tiny    # the repository's tiny recipe (recipes/training.py): seconds on a CPU

@@ -1,4 +1,4 @@
-r"""Train a GLIDE draft for a Hub target: the paper's recipe (glide_cape.txt §5.1, Appendix A), not run here.
+r"""Train a GLIDE draft for a Hub target: the paper's recipe (Du et al. 2024, §5.1, Appendix A), not run here.
 
     pip install datasets deepspeed
     accelerate launch --config_file examples/accelerate_deepspeed_zero2.yaml examples/train_glide.py \

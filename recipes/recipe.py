@@ -68,7 +68,7 @@ class Recipe:
     seed: int = 0
     packages: tuple[str, ...] = field(default=("transformers", "torch", "accelerate", "huggingface_hub", "tokenizers", "safetensors", "tqdm"))
     # A second target stage: a warm restart (fresh warmup + cosine) from the bf16 checkpoint of the first.
-    # It lets a CPU recipe grow across sessions without retraining what is already trained.
+    # It lets a CPU recipe grow run by run without retraining what is already trained.
     target_continuation: TrainSchedule | None = None
 
     def to_dict(self) -> dict:
@@ -98,7 +98,7 @@ RECIPES: dict[str, Recipe] = {
         eval_windows=256,
         eval_prompts=32,
         compile=True,
-        # Second session: ≈11M more tokens (≈1.5 hours on 2 cores).
+        # Second stage: ≈11M more tokens (≈1.5 hours on 2 cores).
         target_continuation=TrainSchedule(steps=1400, batch_size=32, micro_batch_size=16, learning_rate=1.2e-3, warmup_steps=50, checkpoint_every=200),
     ),
     "gpu": Recipe(
@@ -146,7 +146,7 @@ def check_recipe(path: str | Path) -> bool:
     return meta["hash"] == get_recipe(meta["recipe"]["name"]).hash()
 
 
-# GLIDE and its vanilla twin (same shape, no cross-attention) for each target recipe (glide_cape §4.1, §5.2): a configuration
+# GLIDE and its vanilla twin (same shape, no cross-attention) for each target recipe (Du et al. 2024, §4.1, §5.2): a configuration
 # of hf_specdraft.glide.train_glide. "model": GlideConfig.from_target_config's keywords (one layer: Appendix E, targets up
 # to 13B); "training": GlideTrainingArguments' (block size and seed its defaults: the config's L = 5, §4.1, and 0). Both
 # drafters train on the same token stream for the same steps, so the comparison isolates the glimpse.
@@ -161,7 +161,7 @@ GLIDE_RECIPES: dict[str, dict[str, dict]] = {
 }
 
 
-# The cascade's second, smaller neural draft (cascade_speculative_drafting.txt §3.1: drafts of decreasing size).
+# The cascade's second, smaller neural draft (Chen et al. 2024, §3.1: drafts of decreasing size).
 # Kept out of Recipe so the shipped target's recipe hash stays what trained it.
 SMALL_DRAFT_RECIPES: dict[str, tuple[ModelRecipe, TrainSchedule]] = {
     "default": (ModelRecipe(hidden_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256),

@@ -4,7 +4,7 @@ Three drafters share one shape family, one store (:mod:`.distillation`) and one 
 :func:`hf_specdraft.glide.train_glide` reading the store as :class:`~hf_specdraft.glide.store.StoreWindows` — so
 comparisons isolate what differs:
 
-- ``glide``: GLIDE (glide_cape §4.1), one layer as wide as the target (576), cross-attending to the target's
+- ``glide``: GLIDE (Du et al. 2024, §4.1), one layer as wide as the target (576), cross-attending to the target's
   top layer (``l = N_T - N_D + m`` = 29) with the block-wise training mask (L = 5);
 - ``vanilla``: its twin without cross-attention (§5.2, Figure 4) — also the project's plain draft model
   (speculative decoding, CAPE on a draft, the cascade's first draft);
@@ -19,7 +19,7 @@ predicts most often in the store (FR-Spec / EAGLE-3), scattered back to the full
 embedding rows start from the target's (tied) embedding rows of those ids.
 
 Loss: KL from the target's renormalised top-k next-token distribution (``distillation_weight=1``: token-level
-distillation, glide_cape Appendix B's cheaper form; the gradient of the cross-entropy against it): the drafts learn
+distillation, Du et al. 2024, Appendix B's cheaper form; the gradient of the cross-entropy against it): the drafts learn
 what the target says, which greedy acceptance rewards. Training is resumable: ``OUTPUT_DIR/state/<kind>/checkpoint-last``
 every ``save_steps`` steps, and a rerun of the same command continues from it.
 
@@ -64,7 +64,7 @@ DRAFTERS: dict[str, dict] = {
               "draft_vocab_size": 6144},  # target-argmax coverage ~0.99 on held-out code (README); head 6K × 576 ≈ 1.7 ms
     "vanilla": {"cross_attention": False, "intermediate_size": 1536, "draft_vocab_size": 6144},  # GLIDE's twin, no glimpse
     "small": {"cross_attention": False, "intermediate_size": 384, "draft_vocab_size": 2048},  # the cascade's second, cheaper draft
-    # #49: GLIDE reading the target's last hidden state ([embedding ; h_{t-1}] in, its own state after), trained unrolled
+    # GLIDE reading the target's last hidden state ([embedding ; h_{t-1}] in, its own state after), trained unrolled
     "glide-state": {"cross_attention": True, "state_input": True, "intermediate_size": 1536, "draft_vocab_size": 6144},
     # the same in Gemma 4's assistant layout (no cache of its own, Gemma 4's block and activation): what vLLM serves
     "glide-assistant": {"cross_attention": True, "state_input": True, "self_attention": False, "hidden_act": "gelu_pytorch_tanh",
@@ -335,6 +335,6 @@ def rewrite_card(checkpoint: str | Path, ablation: dict, name: str) -> None:
     checkpoint = Path(checkpoint)
     model = GlideForCausalLM.from_pretrained(checkpoint)
     log = json.loads((checkpoint / "training_log.json").read_text())
-    write_model_card(model.config, checkpoint, base_model=HUB_ID, dataset=DATASET + "; #49: the target's own greedy continuations of "
+    write_model_card(model.config, checkpoint, base_model=HUB_ID, dataset=DATASET + "; for the state-reading stage: the target's own greedy continuations of "
                      "448 train-split prompts (125K tokens, windows of 384)", metrics=card_metrics(ablation, name), training_log=log,
                      custom_generate=not getattr(model.config, "state_input", False), license=LICENSE)

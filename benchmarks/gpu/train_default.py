@@ -1,17 +1,17 @@
-"""Issue #49's pair, the state-reading GLIDE and its vanilla twin, trained for the embedded default in one call of a lent GPU.
+"""The state-reading GLIDE and its vanilla twin, trained for the embedded default in one run on a CUDA machine.
 
-    bash benchmarks/gpu/run.sh train                                          # there, after the wheels and the GGUF parts
+    bash benchmarks/gpu/run.sh train                                          # on the GPU, with the wheels and the GGUF
     python -m benchmarks.gpu.train_default --output DIR --seconds 480         # the step itself
     python -m benchmarks.gpu.train_default --output /tmp/t --device cpu --seconds 500 --windows 16 --self-generated 4 \\
-        --heldout-windows 2 --batch 2                                         # mechanics, here
+        --heldout-windows 2 --batch 2                                         # mechanics, on a CPU
 
 The recipe is the CPU study's (``benchmarks/verification/state-glide-corpus/train.sh``: the ``glide-state`` and
 ``vanilla`` kinds of :mod:`recipes.smollm2_drafters`, warm-started from the shipped pair, trained by
 :func:`~recipes.smollm2_drafters.train_drafter` through :func:`~hf_specdraft.glide.train_glide`), with the store replaced
 by the target itself: it runs on the device every step, over windows of 384 tokens (the bench prompts' length)
 drawn from the train split of the local Python corpus (code, 15 % chat requests) and from the target's own greedy
-continuations of train-split prompts, weighted 3× (written here first, on the device: seconds). The loss is KL from the
-target's whole next-token distribution (token-level distillation, glide_cape Appendix B). Both drafters get the same
+continuations of train-split prompts, weighted 3× (written first, on the device: seconds). The loss is KL from the
+target's whole next-token distribution (token-level distillation, Du et al. 2024, Appendix B). Both drafters get the same
 windows and the same number of steps: as many as fit the seconds left after a timed probe of each (4 steps). Both
 train in fp32 against the fp32 target (TF32 products on CUDA; bf16 autocast is untested there with GLIDE's masks).
 
@@ -19,7 +19,7 @@ Scored as the CPU table is (:func:`benchmarks.studies.state_glide.agreement`): g
 each conditional on the earlier ones, teacher-forced on the target's own greedy text for 48 held-out prompts, the target in
 fp32; the shipped pair is scored beside them. Those 35 windows are the CPU table's, carried in ``heldout-windows.safetensors``
 (``python -m recipes.distillation DIR --self-generated 48 --heldout --max-new-tokens 160 --seq-len 384`` on the CPU VM: the
-corpus's split depends on the machine's Python and packages, so the GPU machine would draw other prompts). What comes back (``--output``, the call's ``$OUT``: at most 8 files of 16 MiB): the JSON
+corpus's split depends on the machine's Python and packages, so the GPU machine would draw other prompts). What it writes (``--output``: at most 8 files, each under 16 MiB): the JSON
 and each bf16 checkpoint (config, weights, card, training log) as ``<kind>.tar`` cut into parts under 16 MiB
 (``cat <kind>.tar.part* | tar x``). ``--work`` holds the fp32 runs (under /tmp: it stays on the machine).
 """
@@ -110,9 +110,9 @@ def step_cost(kind: str, target, source, work: Path, batch: int, dataset: str) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", required=True, help="the JSON and the packed checkpoints (the call's $OUT)")
+    parser.add_argument("--output", required=True, help="the JSON and the packed checkpoints (run.sh passes $OUT or its results folder)")
     parser.add_argument("--work", default="/tmp/glide-gpu", help="the fp32 training runs")
-    parser.add_argument("--seconds", type=float, default=480, help="the whole step's budget (a call allows 600)")
+    parser.add_argument("--seconds", type=float, default=480, help="seconds the whole step may run (run.sh passes what is left of CALL_SECONDS)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--windows", type=int, default=20000, help="train-split corpus windows of 384 tokens")
     parser.add_argument("--self-generated", type=int, default=2048, help="train-split prompts the target continues (128 tokens)")
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                        "heldout": f"{len(heldout)} windows of the CPU table's held-out text (the target's greedy text for 48 held-out prompts)",
                        "data_seconds": round(time.perf_counter() - started, 1)},
               "shipped": {kind: score(SHIPPED / kind) for kind in ("glide", "vanilla")}}
-    write()  # a call killed later still returns the baseline
+    write()  # a run killed later still has the baseline
     costs = {kind: step_cost(kind, target, source, work / "probe", args.batch, dataset) for kind in KINDS}
     left = args.seconds - (time.perf_counter() - started) - 60 - sum(fixed for _, fixed in costs.values())  # 60: scoring, packing
     steps = max(int(left / sum(per_step for per_step, _ in costs.values())), 0)

@@ -1,5 +1,5 @@
 """Throughput at batch size 1, 4, 8 and 16 on the default target: batched speculative decoding against batched
-target-only ``generate`` (issue #14).
+target-only ``generate``.
 
 The same held-out completion prompts (the bench's ``completion`` items) run at every batch size, split into
 left-padded batches in their order; each method runs every batch once after an untimed warm-up, methods interleaved

@@ -1,6 +1,6 @@
 """Retrieval benchmark of CASD's draft pool: build time and per-step retrieval time by pool size.
 
-casd.txt §5.1 / Figure 3 reports < 100 ms per retrieval for contexts up to 1M tokens; our goals on one
+The CASD paper (§5.1, Figure 3) reports < 100 ms per retrieval for contexts up to 1M tokens; our goals on one
 CPU core are a pool build <= 2 s and a retrieval <= 5 ms per step at 1M tokens. Run::
 
     python -m benchmarks.studies.casd_retrieval --output casd_retrieval.json

@@ -1,4 +1,4 @@
-"""How far do GLIDE's copies from the text run before the target leaves them? (#49: what the copy rule has to learn.)
+"""How far do GLIDE's copies from the text run before the target leaves them? (What the copy rule has to learn.)
 
 Runs GLIDE on the embedded default with a fixed γ (every copy is then ``max(COPY_TOKENS, γ)`` tokens, not sized by the
 controller, so how far each copy was right is seen up to that length) over held-out prompts of each task, and records

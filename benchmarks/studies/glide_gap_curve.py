@@ -1,5 +1,5 @@
-"""GLIDE's glimpse against training tokens (issue #42): GLIDE and its vanilla twin trained on identical data at four
-sizes spanning 8x, scored teacher-forced on held-out code (glide_cape §5.2, Figure 4: the paper's margin is 5.4-23.5
+"""GLIDE's glimpse against training tokens: GLIDE and its vanilla twin trained on identical data at four
+sizes spanning 8x, scored teacher-forced on held-out code (Du et al. 2024, §5.2, Figure 4: the paper's margin is 5.4-23.5
 points of acceptance).
 
     python -m benchmarks.studies.glide_gap_curve --work /work/gap --output benchmarks/verification/cpu-glide-gap-curve.json

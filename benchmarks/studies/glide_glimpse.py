@@ -1,4 +1,4 @@
-"""What GLIDE's glimpse of the target's KV cache is worth to the shipped drafters (glide_cape §4.1, Figure 4).
+"""What GLIDE's glimpse of the target's KV cache is worth to the shipped drafters (Du et al. 2024, §4.1, Figure 4).
 
     python -m benchmarks.studies.glide_glimpse --output benchmarks/verification/cpu-glide-glimpse.json
 

@@ -1,4 +1,4 @@
-"""What GLIDE's recipe may be missing (issue #42): the block-wise mask's L, a second layer and a wider MLP, each
+"""What GLIDE's recipe may be missing: the block-wise mask's L, a second layer and a wider MLP, each
 trained on the gap curve's data and weighed at every cache delay and in modeled tokens per second.
 
     python -m benchmarks.studies.glide_recipe --work /work/gap                # train and score (resumable)

@@ -1,4 +1,4 @@
-"""Search the cascade's K matrix for a target and its drafts (cascade_speculative_drafting.txt Algorithm 1, §5.1).
+"""Search the cascade's K matrix for a target and its drafts (Chen et al. 2024, Algorithm 1, §5.1).
 
 The paper tunes K per model family (its FLAN-T5 and LLaMA settings differ); the defaults here are the
 official code's. This runs a grid of K matrices through the bench harness on the same prompts, in one

@@ -3,7 +3,7 @@
     python -m benchmarks.studies.overhead --output benchmarks/results/overhead-cpu.json
 
 A random-weight Llama of ≈70M parameters (the ratio measures the loop, not the weights), greedy, the
-same prompts for both, interleaved in one run. Goal (issue 2): ratio ≤ 1.05 on CPU.
+same prompts for both, interleaved in one run. Goal: ratio ≤ 1.05 on CPU.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What verification costs past a sliding window, and what the two cache designs for it cost (issue #13).
+"""What verification costs past a sliding window, and what the two cache designs for it cost.
 
 The default target's weights as a sliding-window model (``MistralForCausalLM``, every layer windowed: same
 modules, same weights as SmolLM2's Llama) with a ``--window`` of 256 tokens, against the same weights without a

@@ -1,4 +1,4 @@
-"""#49's ablation: GLIDE drafters that read the target's state against today's and their vanilla twin, on SmolLM2.
+"""An ablation: GLIDE drafters that read the target's state against today's and their vanilla twin, on SmolLM2.
 
 For each drafter (a checkpoint directory), in one run on one machine:
 
@@ -171,7 +171,7 @@ def plot(result: dict, path: str | Path) -> Path:
     cost.bar(drafters, [result["drafters"][n]["draft_step_ms"] for n in drafters])
     cost.set_ylabel("ms per draft step (target forward: %.0f ms)" % result["drafters"][drafters[0]]["target_forward_ms"])
     cost.tick_params(axis="x", rotation=35, labelsize=8)
-    fig.suptitle(f"#49 ablation on SmolLM2-135M-Instruct ({result['machine']['cpu']}, {result['machine']['threads']} threads)")
+    fig.suptitle(f"State-reading GLIDE ablation on SmolLM2-135M-Instruct ({result['machine']['cpu']}, {result['machine']['threads']} threads)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return Path(path)

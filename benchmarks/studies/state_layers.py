@@ -1,4 +1,4 @@
-"""#49: which of the target's layers tell GLIDE's first draft step most (a probe, before building EAGLE-3's fused input).
+"""Which of the target's layers tell GLIDE's first draft step most (a probe, before building EAGLE-3's fused input).
 
 The first draft step reads ``[embedding(x_t) ; h_{t-1}]`` and predicts the target's greedy token after ``x_t``. Today ``h`` is
 the target's last hidden state (after its final norm, ``hidden_states[-1]``); EAGLE-3 (Li et al. 2025, §3.3) fuses a low,

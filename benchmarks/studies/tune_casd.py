@@ -1,4 +1,4 @@
-"""Tune CASD's draft-tree size for a target on this hardware (casd.txt §3: the tree 𝕋 of eq. 2, REST's 64 nodes).
+"""Tune CASD's draft-tree size for a target on this hardware (the CASD paper, §3: the tree 𝕋 of eq. 2, REST's 64 nodes).
 
 CASD inherits REST's 64 draft nodes per step, chosen where verifying 64 tokens costs what one does (a GPU).
 On a CPU it does not (SmolLM2-135M, 2 cores: 12 tokens ≈ 1.9×, 32 ≈ 2.3× a one-token forward, see

@@ -1,4 +1,4 @@
-"""Tune GLIDE's γ and CAPE's verification budget for a target on this hardware (glide_cape §5.1, §5.3).
+"""Tune GLIDE's γ and CAPE's verification budget for a target on this hardware (Du et al. 2024, §5.1, §5.3).
 
 The paper fixes γ = 5 and a 32-token budget for 7B-33B targets on GPUs, where a 32-token verification costs
 about what a 1-token one does. On a small target on a CPU it does not, and the cost curve differs between CPUs

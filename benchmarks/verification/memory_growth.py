@@ -1,4 +1,4 @@
-"""Does the default call's process grow over many calls of varied lengths? (#49's memory check.)
+"""Does the default call's process grow over many calls of varied lengths? (The memory check of docs/cpu-notes.md.)
 
 Runs the README's default call (``speculative_generate(target, ids, draft_model=glide)`` on the embedded default) over
 ``--calls`` prompts of varied lengths (held-out code cut at random points, 8 to 400 tokens) and varied ``max_new_tokens``

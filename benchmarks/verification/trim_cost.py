@@ -1,4 +1,4 @@
-"""What does trimming the heap between calls cost the default call? (#49: hf_specdraft/core/memory.py.)
+"""What does trimming the heap between calls cost the default call? (hf_specdraft/core/memory.py.)
 
 Runs the README's default call over the same varied prompts as ``memory_growth.py`` (8-400 prompt tokens, 4-32 new
 tokens), in blocks that alternate the trim on (``HF_SPECDRAFT_TRIM_MIB`` at its default) and off (``0``), each block the

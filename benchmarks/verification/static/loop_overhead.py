@@ -1,4 +1,4 @@
-"""The loop's own host time and host-device crossings per step (issue #41), on a target that costs next to nothing.
+"""The loop's own host time and host-device crossings per step, on a target that costs next to nothing.
 
     python benchmarks/verification/static/loop_overhead.py --label after --output benchmarks/verification/static/loop-overhead-cpu.json
     python benchmarks/verification/static/loop_overhead.py --label gpu --device cuda --dtype bf16 --target default --output $OUT/loop-overhead-gpu.json
