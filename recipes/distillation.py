@@ -6,11 +6,11 @@ and its answers are stored in resumable safetensors shards (:func:`hf_specdraft.
 windows, the keys and values of the target layers GLIDE reads, the target's top-8 next tokens and their
 probabilities), which :func:`~hf_specdraft.glide.train_glide` reads as :class:`~hf_specdraft.glide.store.StoreWindows`.
 The windows are code from the corpus's train split, plus requests in the target's chat template answered with
-train-split functions; token-level distillation (glide_cape Appendix B's cheaper form; DistillSpec) has the drafters
+train-split functions; token-level distillation (the cheaper form of Du et al. 2024, Appendix B; DistillSpec) has the drafters
 learn the target's choices, not the corpus's, which is what greedy acceptance rewards.
 
-A second store holds the target's *own* text (``--self-generated``, glide_cape Appendix B's sequence-level
-distillation): its greedy continuations of train-split prompts shaped like the bench tasks — code to complete,
+A second store holds the target's *own* text (``--self-generated``, the sequence-level
+distillation of Du et al. 2024, Appendix B): its greedy continuations of train-split prompts shaped like the bench tasks — code to complete,
 chat requests, file prefixes. Measured: an instruct target answers a code prompt by closing the code block and
 explaining it in prose, text a drafter trained on code alone drafts badly (teacher-forced top-1 agreement 0.21
 on such a continuation vs 0.50 on code).
