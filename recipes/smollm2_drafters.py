@@ -19,7 +19,7 @@ predicts most often in the store (FR-Spec / EAGLE-3), scattered back to the full
 embedding rows start from the target's (tied) embedding rows of those ids.
 
 Loss: KL from the target's renormalised top-k next-token distribution (``distillation_weight=1``: token-level
-distillation, Du et al. 2024, Appendix B's cheaper form; the gradient of the cross-entropy against it): the drafts learn
+distillation, the cheaper form of Du et al. 2024, Appendix B; the gradient of the cross-entropy against it): the drafts learn
 what the target says, which greedy acceptance rewards. Training is resumable: ``OUTPUT_DIR/state/<kind>/checkpoint-last``
 every ``save_steps`` steps, and a rerun of the same command continues from it.
 

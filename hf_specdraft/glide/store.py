@@ -7,7 +7,7 @@ over the training windows and its answers are kept in resumable safetensors shar
 - ``keys.{l}`` / ``values.{l}`` `(N, kv_heads, T, head_dim)` bf16: the cached keys and values of the target layers
   GLIDE reads (§4.1: ``l = N_T - N_D + m``; post-RoPE, exactly what the cache holds at inference);
 - ``topk_ids`` / ``topk_probs`` `(N, T, k)` int32 / fp16: the target's k most likely next tokens and their
-  probabilities (token-level distillation, Du et al. 2024, Appendix B's cheaper form; DistillSpec);
+  probabilities (token-level distillation, the cheaper form of Du et al. 2024, Appendix B; DistillSpec);
 - ``hidden`` `(N, T, hidden_size)` bf16: the target's last hidden state (after its final norm), which a state-reading
   GLIDE takes as input (``GlideConfig.state_input``).
 
