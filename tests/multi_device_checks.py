@@ -40,7 +40,7 @@ def padded_batch(vocab: int, lengths=BATCH_LENGTHS, seed: int = 5):
 
 
 class StateCountingDrafter(DraftModelCandidateGenerator):
-    """The plain draft, asking for the target's last hidden state (issue #48) and checking what it is handed: after its
+    """The plain draft, asking for the target's last hidden state and checking what it is handed: after its
     first proposal, every position the loop cached since, of the target's full width (a split target's states come back
     whole)."""
 

@@ -1,4 +1,4 @@
-"""Batched speculative decoding (issue #14): each row of a left-padded batch equals its own batch-1 greedy output."""
+"""Batched speculative decoding: each row of a left-padded batch equals its own batch-1 greedy output."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CASD (casd.txt): retrieval from the context pool, strict = lossless, conditional verification, errors."""
+"""CASD (context-aware speculative decoding): retrieval from the context pool, strict = lossless, conditional verification, errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The draft-length controller (issue #32): γ from measured acceptance and costs; explicit ints untouched; lossless."""
+"""The draft-length controller: γ from measured acceptance and costs; explicit ints untouched; lossless."""
 
 from __future__ import annotations
 

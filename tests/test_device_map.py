@@ -1,4 +1,4 @@
-"""Targets spread by accelerate's ``device_map="auto"`` (issue #43): over CPU and disk (``max_memory`` and an offload
+"""Targets spread by accelerate's ``device_map="auto"``: over CPU and disk (``max_memory`` and an offload
 folder), or wholly on disk. Every method stays lossless against the spread target's own greedy output, with its drafter
 on the CPU; GLIDE trains against such a target; a target split by tensor parallelism is refused for training by name.
 """

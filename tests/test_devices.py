@@ -1,6 +1,6 @@
 """A draft on another device than the target is refused by name before any forward, never a raw torch error.
 
-The ``meta`` device stands in for a second device on a CPU-only machine (issue #34).
+The ``meta`` device stands in for a second device on a CPU-only machine.
 """
 
 from __future__ import annotations

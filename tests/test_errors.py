@@ -115,7 +115,7 @@ def test_bench_never_overwrites_a_result_unless_told(tmp_path, monkeypatch):
     assert bench_output_path("mine.json", "cpu", "chat") == __import__("pathlib").Path("mine.json")
 
 
-# --- what a new user passes first (issue #33) --------------------------------------------------------------------
+# --- what a new user passes first -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("model, match", [("HuggingFaceTB/SmolLM2-135M", r"got the string 'HuggingFaceTB/SmolLM2-135M': load it first"),

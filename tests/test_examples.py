@@ -167,7 +167,7 @@ def test_deepspeed_config_is_the_papers_zero2():
 
     config = yaml.safe_load((EXAMPLES / "accelerate_deepspeed_zero2.yaml").read_text())
     assert config["distributed_type"] == "DEEPSPEED" and config["deepspeed_config"]["zero_stage"] == 2
-    assert config["mixed_precision"] == "bf16" and config["num_processes"] == 8  # glide_cape.txt Appendix A: 8 GPUs
+    assert config["mixed_precision"] == "bf16" and config["num_processes"] == 8  # Du et al. 2024, Appendix A: 8 GPUs
     assert "--config_file examples/accelerate_deepspeed_zero2.yaml examples/train_glide.py" in (EXAMPLES / "train_glide.py").read_text()
 
 

@@ -1,4 +1,4 @@
-"""``hf-specdraft export`` (#51): a state-reading GLIDE in Gemma 4's assistant layout (what vLLM serves as "mtp") computes
+"""``hf-specdraft export``: a state-reading GLIDE in Gemma 4's assistant layout (what vLLM serves as "mtp") computes
 what GLIDE computes, checked against transformers' own Gemma 4 assistant; GLIDEs the layout cannot express are refused."""
 
 from __future__ import annotations

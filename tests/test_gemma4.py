@@ -1,7 +1,7 @@
 """Gemma 4 targets (KV-shared layers, per-layer inputs, sliding and full layer types) and Gemma 4's assistant drafters in
-the loop (issue #48), on tiny random configs.
+the loop, on tiny random configs.
 
-transformers 5.23 needs two workarounds to build the tiny pair (../shared/notes/transformers-5.23.md §4): the assistant's
+transformers 5.23 needs two workarounds to build the tiny pair: the assistant's
 all-shared text config raises in ``kv_sharing_modes`` (patched here to report every layer ``"reuse"``), and a KV-shared
 target needs ``hidden_size_per_layer_input > 0``.
 """

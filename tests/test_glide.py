@@ -425,7 +425,7 @@ def test_eager_and_sdpa_attention_agree():
     torch.testing.assert_close(a[:, -1], full, atol=1e-5, rtol=1e-5)
 
 
-# --- GLIDE under CAPE's modes (glide_cape.txt §4.2, §5.3-5.4) ------------------------------------------
+# --- GLIDE under CAPE's modes (Du et al. 2024, §4.2, §5.3-5.4) ------------------------------------------
 
 
 @pytest.mark.parametrize("mode", ["confidence", "fixed", "beam"])

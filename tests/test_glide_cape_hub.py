@@ -1,5 +1,5 @@
 """A saved GLIDE checkpoint runs GLIDE+CAPE from ``target.generate(custom_generate=<dir>)`` with only transformers
-(glide_cape.txt §4.1-4.2): GLIDE's CAPE drafter glimpses the target's live cache, the output equals greedy, and
+(Du et al. 2024, §4.1-4.2): GLIDE's CAPE drafter glimpses the target's live cache, the output equals greedy, and
 the model card shows both ways to decode."""
 
 from __future__ import annotations

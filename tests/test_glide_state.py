@@ -1,4 +1,4 @@
-"""A GLIDE that reads the target's state (#49; GlideConfig.state_input, Gemma 4's assistant layout): what training's
+"""A GLIDE that reads the target's state (GlideConfig.state_input, Gemma 4's assistant layout): what training's
 unrolled passes compute is what the drafter computes in the loop, lossless on every path the hand-off serves, trained
 from a store and resumed after a kill, with clear refusals where it cannot run."""
 

@@ -1,5 +1,5 @@
-"""Every method on CUDA (issue #34): lossless in fp32, bf16's agreement with bf16 greedy, batch 4, sliding windows past
-the window; and the static cache's CUDA graphs (issue #41): recorded and replayed, never skipped, for chains, trees,
+"""Every method on CUDA: lossless in fp32, bf16's agreement with bf16 greedy, batch 4, sliding windows past
+the window; and the static cache's CUDA graphs: recorded and replayed, never skipped, for chains, trees,
 bf16, a ring past its wrap and a batch of four. Marked ``gpu`` (deselected by default, skipped without CUDA): run
 ``python -m pytest -q -m gpu`` on a machine with a GPU (benchmarks/gpu/run.sh first). CI is CPU-only.
 """
@@ -90,7 +90,7 @@ def test_sliding_window_past_the_window_on_cuda(method):
 
 @pytest.mark.parametrize("method", ["draft-model", "glide", "glide+cape", "casd"])
 def test_the_static_cache_compiled_with_cuda_graphs_is_lossless_in_fp32(method):
-    """Issue #35 on CUDA: cache_implementation='static' compiles automatically (reduce-overhead: CUDA graphs)."""
+    """On CUDA, cache_implementation='static' compiles automatically (reduce-overhead: CUDA graphs)."""
     torch._dynamo.reset()
     target = tiny_model("llama").to(CUDA)
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4)).to(CUDA)
@@ -105,7 +105,7 @@ def test_the_static_cache_compiled_with_cuda_graphs_is_lossless_in_fp32(method):
     assert torch.equal(again, greedy_reference(target, other, 48))
 
 
-# --- CUDA graphs on the static cache (issue #41): recorded, replayed, never skipped --------------------------------
+# --- CUDA graphs on the static cache: recorded, replayed, never skipped -------------------------------------------
 
 class HostOracle(OracleDrafter):
     """The conftest oracle, reading the ids on the host (its reference stays there; the tree it returns is host data)."""

@@ -93,7 +93,7 @@ def lab_imports(path: Path) -> set[str]:
 
 
 def test_the_package_never_imports_the_lab():
-    """Habit 13: benchmarks/ and recipes/ import hf_specdraft; nothing in hf_specdraft imports them (they are not
+    """The library is what users run, the lab lives beside it: benchmarks/ and recipes/ import hf_specdraft; nothing in hf_specdraft imports them (they are not
     installed with it)."""
     found = {str(p.relative_to(PACKAGE.parent)): lab_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
     found = {path: names for path, names in found.items() if names}

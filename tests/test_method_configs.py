@@ -1,4 +1,4 @@
-"""One shape for the methods' options (issue #17): a validated ``<Method>Config`` dataclass and a candidate generator
+"""One shape for the methods' options: a validated ``<Method>Config`` dataclass and a candidate generator
 that takes ``config=`` or the config's fields as keywords, never both, with the same checks and messages."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The common grid (issue #17): every architecture of the suite × every method's drafter, one test shape.
+"""The common grid: every architecture of the suite × every method's drafter, one test shape.
 
 For each: greedy output equals ``target.generate(do_sample=False)``, and the run's statistics are there and add
 up (steps, emitted tokens). Where the method can draft from the target itself (a draft model, CAPE on it, the

@@ -206,7 +206,7 @@ def test_every_row_count_transposed_stays_lossless(monkeypatch, arch, mode):
 
 
 def test_calibrations_persist_per_machine_across_processes(monkeypatch, tmp_path):
-    """Issue #32: a later process on the same machine measures nothing again; another CPU or torch build does."""
+    """A later process on the same machine measures nothing again; another CPU or torch build does."""
     import json
 
     import hf_specdraft.core.projection as projection

@@ -1,4 +1,4 @@
-"""The README a newcomer reads (issue #33): short, set-up commands and the offline example on its first screen, and the
+"""The README a newcomer reads: short, set-up commands and the offline example on its first screen, and the
 example runs as written and prints the speedup it measured."""
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def test_drafter_training_changes_parameters_and_resumes_to_the_same_weights(tmp
     def dies_after_four_steps(*args, **kwargs):
         calls.append(1)
         if len(calls) == 5:
-            raise KeyboardInterrupt("the session ended")
+            raise KeyboardInterrupt("the run was stopped")
         return loss(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "glide_loss", dies_after_four_steps)

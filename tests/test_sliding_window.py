@@ -1,4 +1,4 @@
-"""Issue #13: targets with sliding-window (and chunked) attention, lossless before, at and far past the window.
+"""Targets with sliding-window (and chunked) attention, lossless before, at and far past the window.
 
 Tiny targets with a 16-token window: Mistral (every layer sliding, one mask tensor), Qwen2 with
 ``use_sliding_window`` / ``max_window_layers`` (full layers first), Gemma 2 and Gemma 3 text (local / global

@@ -1,4 +1,4 @@
-"""Issue #35: the static cache the loop owns, fixed-shape buckets, compiled verification.
+"""The static cache the loop owns, fixed-shape buckets, compiled verification.
 
 ``cache_implementation="static"`` must give exactly what the DynamicCache path and target-only greedy give (fp32):
 every method's drafter, chains and hand-drawn trees (the accepted path off the first child, so the cache moves

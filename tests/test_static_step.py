@@ -1,4 +1,4 @@
-"""Issue #41: a GPU-grade step on the static path, proven on a CPU with tiny models.
+"""A GPU-grade step on the static path, proven on a CPU with tiny models.
 
 * compiled windowed targets stay lossless far past their ring (the warm-up writes only scratch slots);
 * every bucket compiles before the first step: a second call, and a call needing a bucket no step used, add no graph;

@@ -1,4 +1,4 @@
-"""Which targets the loop verifies trees for, chains for, or refuses (hf_specdraft.core.support; issue #18)."""
+"""Which targets the loop verifies trees for, chains for, or refuses (hf_specdraft.core.support)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_sliding_window_is_asked_the_way_transformers_builds_the_cache():
 
 
 def test_custom_generate_runs_qwen2_moe_with_an_unused_sliding_window(tmp_path):
-    """Issue #18: ``custom_generate=<checkpoint dir>`` refused Qwen2-MoE ("max_length reaches sliding_window=0"); it asks the cache now."""
+    """``custom_generate=<checkpoint dir>`` once refused Qwen2-MoE ("max_length reaches sliding_window=0"); it asks the cache now."""
     from hf_specdraft.cape import write_custom_generate
 
     moe = build("qwen2_moe", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
@@ -106,7 +106,7 @@ def test_custom_generate_refuses_what_it_cannot_verify(model_type):
 
 @pytest.mark.parametrize("model_type", ["bloom", "lfm2"])
 def test_chain_only_targets_are_refused_on_the_static_cache(model_type):
-    """The static path verifies with explicit 4-D masks, which ALiBi and convolution targets cannot take (issue #35)."""
+    """The static path verifies with explicit 4-D masks, which ALiBi and convolution targets cannot take."""
     target = build(model_type, **CHAIN_ONLY[model_type])
     with pytest.raises(ValueError, match="cache_implementation='static' verifies with explicit 4-D masks"):
         speculative_generate(target, prompt(), candidate_generator=MaxGramCandidateGenerator(), max_new_tokens=4, cache_implementation="static")

@@ -1,4 +1,4 @@
-"""The target's state handed to the drafters that ask for it (issue #48), by transformers' protocol.
+"""The target's state handed to the drafters that ask for it, by transformers' protocol.
 
 * A drafter that declares ``requires_model_outputs`` and ``model_kwargs_overrides={"output_hidden_states": [...]}``
   receives, over its calls, the named layers' hidden states of every position of its text exactly once and in order,

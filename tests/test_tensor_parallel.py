@@ -1,4 +1,4 @@
-"""Tensor parallelism (issue #43): a target loaded with ``tp_plan="auto"`` under torchrun, two CPU processes over gloo.
+"""Tensor parallelism: a target loaded with ``tp_plan="auto"`` under torchrun, two CPU processes over gloo.
 
 One ``torchrun --standalone --nproc_per_node 2 tests/tp_worker.py`` launch per architecture runs every check on both
 ranks and hands the results back as JSON; each test below reads one of them. Every method's greedy output must equal
@@ -45,7 +45,7 @@ def save_models(folder: Path, arch: str) -> None:
 
 @pytest.fixture
 def ranks(arch_under_tp, tmp_path_factory) -> tuple[dict, dict]:
-    """``(rank 0's, rank 1's)`` results for the test's architecture, from one torchrun launch per architecture and session."""
+    """``(rank 0's, rank 1's)`` results for the test's architecture, from one torchrun launch per architecture and test session."""
     arch = arch_under_tp
     if arch not in _LAUNCHED:
         folder = tmp_path_factory.mktemp(f"tp-{arch}")

@@ -82,7 +82,7 @@ def test_zero_is_not_unset(field, value):
 
 
 def test_noise_is_judged_against_what_the_baseline_itself_shows():
-    """Issue #33: a few short prompts move by 15 % and more on a quiet machine; only a spread beyond twice the
+    """A few short prompts move by 15 % and more on a quiet machine; only a spread beyond twice the
     baseline's own (and beyond NOISY_RANGE) says 'unreliable'."""
     assert verdict(None, 2, timing_noise=0.20, baseline_noise=0.12)["reliable"]  # within 2 x 12 %
     noisy = verdict(None, 2, timing_noise=0.30, baseline_noise=0.12)
@@ -104,7 +104,7 @@ def test_demo_legend_lines_up_long_names():
 
 
 def test_work_that_changed_between_repeats_is_not_noise():
-    """Issue #41: an adaptive method that drafts otherwise in another repeat (other target forwards) moves its time for
+    """An adaptive method that drafts otherwise in another repeat (other target forwards) moves its time for
     a reason that is not noise; on an idle machine (target-only steady) that alone must not say 'unreliable'."""
     from hf_specdraft.bench.harness import run_noise, same_work_prompts
 
@@ -180,7 +180,7 @@ def test_compile_counters_see_a_graph_and_a_recompile():
 
 
 def test_the_warm_up_runs_the_longest_prompts_at_the_timed_length(monkeypatch):
-    """Issue #41: static caches are sized by the prompt + max_new_tokens + the widest bucket, so the untimed warm-up
+    """Static caches are sized by the prompt + max_new_tokens + the widest bucket, so the untimed warm-up
     runs every method on the longest prompts at the timed length: no timed run needs a bigger cache (or new graphs)."""
     from types import SimpleNamespace
 
@@ -206,7 +206,7 @@ def test_the_warm_up_runs_the_longest_prompts_at_the_timed_length(monkeypatch):
 
 @pytest.mark.slow  # ~60 s: dynamo traces the tiny target's buckets (eager backend), twice
 def test_after_the_warm_up_no_timed_run_compiles_and_every_controller_resumed(tiny_default, monkeypatch):
-    """Issue #41 end to end on the tiny default: prompts of 169, 92 and 207 tokens at 24 new tokens need a 512-column
+    """End to end on the tiny default: prompts of 169, 92 and 207 tokens at 24 new tokens need a 512-column
     cache (the old warm-up, 8 tokens on the first prompt, sized 256: 169 + 8 + 64 columns), a compiled static method
     whose γ controller the warm-up primes. Without a warm-up the first timed runs compile, and the row says so."""
     from transformers import CompileConfig
@@ -236,7 +236,7 @@ def test_after_the_warm_up_no_timed_run_compiles_and_every_controller_resumed(ti
 
 @pytest.mark.slow  # ~20 s: the loop's first call in a process calibrates its linears and the controller's curve
 def test_the_demo_s_warm_up_primes_the_controller(tiny_default):
-    """Issue #41: the γ controller remembers per process what a call learned; the demo's warm-up (the longest prompt at
+    """The γ controller remembers per process what a call learned; the demo's warm-up (the longest prompt at
     the timed length) leaves it primed, so even the first timed run starts from a learned state."""
     from hf_specdraft.bench import run_bench
     from hf_specdraft.cli import DEMO_METHODS
@@ -253,7 +253,7 @@ def test_the_demo_s_warm_up_primes_the_controller(tiny_default):
 
 
 def test_a_quiet_machine_s_own_variation_is_no_warning():
-    """Issue #50: on an idle 2-core VM (0.1 core of other processes) the demo's speedups moved by 18 % between its short
+    """On an idle 2-core VM (0.1 core of other processes) the demo's speedups moved by 18 % between its short
     repeats and it warned; a quiet machine now warns only past EXTREME_RANGE, and any competitor still warns."""
     assert verdict((0.1, 2), threads=2, timing_noise=0.18, baseline_noise=0.05)["reliable"]
     extreme = verdict((0.1, 2), threads=2, timing_noise=0.5, baseline_noise=0.05)

@@ -66,9 +66,9 @@ def joint() -> torch.Tensor:
     return torch.cat([first[a] * target_probs((a,)) for a in range(V)])
 
 
-ISSUE_TREE = DraftTree(torch.tensor([0, 1, 0, 2, 3]), torch.tensor([-1, 0, -1, 2, 2]))  # two root children carry token 0
+DUPLICATES_TREE = DraftTree(torch.tensor([0, 1, 0, 2, 3]), torch.tensor([-1, 0, -1, 2, 2]))  # two root children carry token 0
 ADVERSARIAL = {
-    "duplicates": ISSUE_TREE,
+    "duplicates": DUPLICATES_TREE,
     "duplicate subtrees": DraftTree(torch.tensor([1, 1, 1, 2, 2, 2, 4]), torch.tensor([-1, -1, -1, 0, 1, 2, 5])),
     "wide": DraftTree(torch.arange(V), torch.full((V,), -1)),
     "deep and wide": DraftTree(torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]), torch.tensor([-1, -1, -1, -1, -1, 0, 0, 0, 1, 1, 5, 8])),
@@ -82,14 +82,14 @@ def test_tree_walk_is_lossless_under_sampling(name):
 
 
 def test_duplicate_siblings_bias_the_walk_unless_merged():
-    """The walk over the raw tree of the issue (tokens [0,1,0,2,3], parents [-1,0,-1,2,2]) is biased: what
+    """The walk over the raw tree that first showed the bias (tokens [0,1,0,2,3], parents [-1,0,-1,2,2]) is biased: what
     ``merge_duplicates`` (called by the loop on every proposal) prevents."""
-    assert chi_square_p(first_two_tokens(ISSUE_TREE, 5000), joint()) < P_VALUE
+    assert chi_square_p(first_two_tokens(DUPLICATES_TREE, 5000), joint()) < P_VALUE
 
 
 def test_merge_duplicates_merges_subtrees_and_keeps_q():
     q = torch.eye(V)[[0, 1, 0, 2, 3]]
-    merged = DraftTree(ISSUE_TREE.tokens, ISSUE_TREE.parents, q).merge_duplicates()
+    merged = DraftTree(DUPLICATES_TREE.tokens, DUPLICATES_TREE.parents, q).merge_duplicates()
     assert merged.tokens.tolist() == [0, 1, 2, 3] and merged.parents.tolist() == [-1, 0, 0, 0]
     assert torch.equal(merged.draft_probs, torch.eye(V)[[0, 1, 2, 3]])
     nested = DraftTree(torch.tensor([0, 1, 0, 1, 3]), torch.tensor([-1, 0, -1, 2, 3])).merge_duplicates()

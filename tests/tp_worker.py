@@ -71,7 +71,7 @@ def refused(run, needle: str) -> tuple[bool, list, str]:
 
 def arch_checks(folder: Path, arch: str) -> dict:
     target = AutoModelForCausalLM.from_pretrained(folder / "target", distributed_config=split()).eval()
-    glide = GlideForCausalLM.from_pretrained(folder / "glide", tp_plan="auto").eval()  # the spelling of issue #43 (deprecated)
+    glide = GlideForCausalLM.from_pretrained(folder / "glide", tp_plan="auto").eval()  # the spelling tensor parallelism was first asked with (deprecated)
     draft = AutoModelForCausalLM.from_pretrained(folder / "draft").eval()  # replicated: every rank holds it whole
     results = lossless_checks(target, glide, draft)
     reference = results["target-only"]["tokens"]
