@@ -17,7 +17,7 @@ train in fp32 against the fp32 target (TF32 products on CUDA; bf16 autocast is u
 
 Scored as the CPU table is (:func:`benchmarks.studies.state_glide.agreement`): greedy agreement at draft steps 1, 2 and 3,
 each conditional on the earlier ones, teacher-forced on the target's own greedy text for 48 held-out prompts, the target in
-fp32; the shipped pair is scored beside them. Those 35 windows are the CPU table's, carried in ``heldout-windows.safetensors``
+fp32; the shipped pair is scored beside them. Those 35 windows are the CPU table's, kept in ``heldout-windows.safetensors``
 (``python -m recipes.distillation DIR --self-generated 48 --heldout --max-new-tokens 160 --seq-len 384`` on the CPU VM: the
 corpus's split depends on the machine's Python and packages, so the GPU machine would draw other prompts). What it writes (``--output``: at most 8 files, each under 16 MiB): the JSON
 and each bf16 checkpoint (config, weights, card, training log) as ``<kind>.tar`` cut into parts under 16 MiB
@@ -42,7 +42,7 @@ SHIPPED = Path(__file__).resolve().parents[2] / "hf_specdraft" / "defaults" / "c
 SEQ_LEN = 384  # the bench's prompts are about this long (the CPU corpus store's windows)
 PART_BYTES = 15 * 1024 * 1024  # a file back from the device is at most 16 MiB
 SELF_WEIGHT = 3  # the target's own text, repeated in the mix (the CPU study's --extra-weight)
-# the CPU table's held-out windows, carried: the corpus's split depends on the machine's Python and packages
+# the CPU table's held-out windows, kept in the repository: the corpus's split depends on the machine's Python and packages
 HELDOUT = Path(__file__).with_name("heldout-windows.safetensors")
 PROBE_STEPS = 4  # a timed run's steps; its first (CUDA's warm-up) is left out
 DATASET = ("the train split of the local Python corpus on the GPU machine (stdlib + installed dependencies; 15 % as chat "
