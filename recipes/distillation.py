@@ -20,6 +20,10 @@ Bench items come from the held-out split and never appear here.
     python -m recipes.distillation /work/store/smollm2 --windows 2400           # 40 min on 2 cores
     python -m recipes.distillation /work/store/selfgen --self-generated 320    # 8 min; all resumable
     python -m recipes.distillation /work/store/selfgen2 --self-generated 640 --skip-prompts 320 --max-new-tokens 96
+    python -m recipes.distillation /work/store/requests --requests 2000 --max-new-tokens 128   # natural language + code
+
+``--requests`` asks the target the requests of :mod:`recipes.requests` (conversation with a follow-up turn, translation,
+summaries, questions, arithmetic, questions about a passage, code) and stores its answers: what a chat target is asked.
 """
 
 from __future__ import annotations
@@ -151,6 +155,41 @@ def self_generated_windows(target: PreTrainedModel, tokenizer, prompts: list[str
     return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
+def answered_requests(target: PreTrainedModel, tokenizer, requests: list[tuple[str, list[str]]], output_dir: str | Path,
+                      max_new_tokens: int = 128, batch_size: int = 16) -> list[dict]:
+    """The target's greedy answers to ``requests`` (:func:`recipes.requests.training_requests`), kept shard by shard under
+    ``output_dir/turn-1`` and ``turn-2`` so a killed run resumes where it stopped; a two-turn request's second turn
+    is answered with the first answer in context.
+
+    Returns:
+        one record per request: ``{"group", "ids"}``, the whole conversation's token ids in the chat template.
+    """
+    from hf_specdraft.glide.regenerate import RegenerationArguments, regenerate
+
+    args = RegenerationArguments(max_new_tokens=max_new_tokens, batch_size=batch_size, batches_per_shard=2)
+    chats = [[{"role": "user", "content": turns[0]}] for _, turns in requests]
+    encode = lambda chat: tokenizer.apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)  # noqa: E731
+    first = regenerate(target, tokenizer, [list(encode(chat)) for chat in chats], Path(output_dir) / "turn-1", args)
+    follow = [i for i, (_, turns) in enumerate(requests) if len(turns) > 1]
+    for i in follow:
+        reply = tokenizer.decode(first[i]["response_ids"], skip_special_tokens=True)
+        chats[i] += [{"role": "assistant", "content": reply}, {"role": "user", "content": requests[i][1][1]}]
+    second = regenerate(target, tokenizer, [list(encode(chats[i])) for i in follow], Path(output_dir) / "turn-2", args) if follow else []
+    records = [{"group": group, "ids": r["prompt_ids"] + r["response_ids"]} for (group, _), r in zip(requests, first)]
+    for i, r in zip(follow, second):
+        records[i]["ids"] = r["prompt_ids"] + r["response_ids"]
+    return records
+
+
+def request_windows(records: list[dict], eos_token_id: int, seq_len: int = SEQ_LEN, seed: int = 0) -> torch.Tensor:
+    """Answered requests packed, each followed by eos, into `(N, seq_len)` windows, shuffled."""
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    stream = [token for i in order for token in records[i]["ids"] + [eos_token_id]]
+    n = len(stream) // seq_len
+    return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output_dir")
@@ -161,13 +200,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-prompts", type=int, default=0, metavar="N",
                         help="with --self-generated: start after the first N prompts (a second store with new prompts)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="with --self-generated: tokens the target writes per prompt")
+    parser.add_argument("--requests", type=int, default=0, metavar="N",
+                        help="build the store from the target's answers to N natural-language and code requests (recipes.requests)")
+    parser.add_argument("--batch-size", type=int, default=16, help="with --requests: prompts per generate call")
     parser.add_argument("--heldout", action="store_true", help="with --self-generated: prompts from the held-out split (an evaluation store)")
     parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per window (with --self-generated: prompt + continuation)")
     args = parser.parse_args(argv)
     from hf_specdraft.defaults.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
-    if args.self_generated:  # generation is the slow part: its windows are kept, so a rerun only resumes the shards
+    if args.requests:  # every answer is kept as it is written, so a rerun resumes; then the store, shard by shard
+        from .requests import training_requests
+
+        requests = training_requests(args.requests)
+        records = answered_requests(target, tokenizer, requests, Path(args.output_dir) / "answers", args.max_new_tokens, args.batch_size)
+        windows = request_windows(records, tokenizer.eos_token_id, args.seq_len)
+    elif args.self_generated:  # generation is the slow part: its windows are kept, so a rerun only resumes the shards
         saved = Path(args.output_dir) / "windows.safetensors"
         if saved.is_file():
             windows = load_file(str(saved))["input_ids"]

@@ -14,7 +14,7 @@ from hf_specdraft.glide import GlideConfig, GlideForCausalLM
 from benchmarks.studies import glide_glimpse, glide_recipe
 from benchmarks.studies.glide_gap_curve import variant_recipe
 from hf_specdraft.glide.store import compute_store
-from recipes.smollm2_drafters import DRAFTERS, RECIPES, train_drafter
+from recipes.smollm2_drafters import DRAFTERS, RECIPES, extended_vocabulary, train_drafter
 
 
 @pytest.mark.parametrize("variant, field, value", [
@@ -48,6 +48,29 @@ def test_a_two_layer_glide_trains_from_a_store_and_reads_the_layers_its_recipe_n
     assert model.config.num_hidden_layers == 2 and model.config.target_layer_ids == [2, 2]
     scores = glide_recipe.score_row("glide", model, store)
     assert set(scores["delays"]) == {str(d) for d in glide_recipe.DELAYS} and 0 <= scores["no_glimpse"]["alpha"] <= 1
+
+
+def test_a_warm_started_drafter_extends_its_vocabulary_and_keeps_its_trained_rows(tmp_path):
+    target = tiny_model("llama", num_hidden_layers=2)
+    windows = torch.randint(0, target.config.vocab_size, (4, 24), generator=torch.Generator().manual_seed(0))
+    store = compute_store(target, windows, [1], batch_size=2)
+    drafter = {**DRAFTERS["glide"], "draft_vocab_size": 16, "intermediate_size": 64}
+    first = dataclasses.replace(RECIPES["glide"], output_dir=str(tmp_path / "first"), max_steps=1, warmup_steps=1, per_device_batch_size=2,
+                                progress_bar=False)
+    model, _ = train_drafter("glide", target, store, first, drafter)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.add_(1.0)  # trained rows, far from the target's
+    model.save_pretrained(tmp_path / "shipped")
+    extra = extended_vocabulary(model.config.draft_token_ids, store, 8, target.config.vocab_size)
+    assert extra[:16] == model.config.draft_token_ids and len(set(extra)) == len(extra) and 16 < len(extra) <= 24
+    second = dataclasses.replace(first, output_dir=str(tmp_path / "second"), learning_rate=1e-9)
+    grown, _ = train_drafter("glide", target, store, second, drafter, init_from=tmp_path / "shipped", extra_vocab=8)
+    assert grown.config.draft_token_ids == extra
+    shipped = GlideForCausalLM.from_pretrained(tmp_path / "shipped")
+    rows, trained = grown.get_input_embeddings().weight, shipped.get_input_embeddings().weight
+    assert rows.shape[0] == len(extra) + 1
+    assert torch.allclose(rows[:16], trained[:16], atol=1e-4) and torch.allclose(rows[-1], trained[-1], atol=1e-4)
+    assert torch.allclose(rows[16:-1], target.get_input_embeddings().weight[extra[16:]], atol=1e-4)  # new ids: the target's rows
 
 
 def test_the_gpu_recipe_trains_a_state_glide_on_windows_the_target_runs_over(tmp_path, monkeypatch):
