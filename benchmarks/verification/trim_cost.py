@@ -1,9 +1,9 @@
 """What does trimming the heap between calls cost the default call? (hf_specdraft/core/memory.py.)
 
 Runs the README's default call over the same varied prompts as ``memory_growth.py`` (8-400 prompt tokens, 4-32 new
-tokens), in blocks that alternate the trim on (``HF_SPECDRAFT_TRIM_MIB`` at its default) and off (``0``), each block the
-same calls in the same order, and compares the blocks' seconds. A trim's cost lands partly in the next call (the pages
-it gave back are faulted in again), so blocks, not single calls, are compared.
+tokens), in blocks that alternate the trim on (``HF_SPECDRAFT_TRIM_MIB`` at 32, ``TRIM_MIB``) and off (``0``, the
+library's default), each block the same calls in the same order, and compares the blocks' seconds. A trim's cost lands
+partly in the next call (the pages it gave back are faulted in again), so blocks, not single calls, are compared.
 
     python benchmarks/verification/trim_cost.py --output benchmarks/verification/trim-cost-cpu.json
 """

@@ -29,7 +29,8 @@ Read bottom-up, as the loop runs a step:
 * :mod:`.meter`: the step's clock and its γ controller behind one object;
 * :mod:`.distributed`: the ranks of a tensor-parallel target kept in step;
 * :mod:`.outputs`: what a call returns (``generate``'s sequences or the output with its statistics);
-* :mod:`.memory`: freed host memory handed back to the system when a call ends, once the process has grown;
+* :mod:`.memory`: freed host memory handed back to the system when a call ends, once the process has grown (opt-in,
+  ``HF_SPECDRAFT_TRIM_MIB``);
 * :mod:`.loop`: ``speculative_generate``, the call's setup and the step: propose, verify, read back, accept, keep.
 
 Beside the loop: :mod:`.syncs` counts host-device crossings in tests; :mod:`.hooks` holds what the package root lends

@@ -42,7 +42,7 @@ from .emission import accept_row
 from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .meter import StepMeter
 from .controller import DraftLengthController, recall, remember
-from .memory import after_call
+from .memory import after_call, trim_threshold_mib
 from .distributed import RankAgreement
 from .drafting import TreeCandidateGenerator, output_vocab_size, traits_of
 from .inputs import (
@@ -148,6 +148,7 @@ def speculative_generate(
 def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
     """Check the call, set it up (:func:`setup_call`), prefill, run :func:`speculative_steps`, return what ``generate`` would."""
     check_target(model)  # recurrent-state models are refused before any forward (core.support)
+    trim = trim_threshold_mib()  # HF_SPECDRAFT_TRIM_MIB, the opt-in heap trim (core/memory.py): a bad value fails here
     check_input_ids(input_ids, model)
     lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
     check_unmarked_padding(input_ids, lengths, generation_config.pad_token_id)
@@ -170,7 +171,11 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     # the static path: the loop's static cache, verification compiled where transformers would; a concurrent static call
     # on this model waits (the cache is one request's state)
     with static_call(model) if generation_config.cache_implementation == "static" else contextlib.nullcontext():
-        return _run(setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer), input_ids, rows, generator)
+        out = _run(setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer), input_ids, rows, generator)
+    released = after_call(trim)  # opted in: freed host memory back to the system, outside the static caches' lock
+    if released is not None and isinstance(out, SpeculativeGenerateOutput) and out.speculative_stats is not None:
+        out.speculative_stats.extra["released_mib"] = round(released, 1)
+    return out
 
 
 @dataclass
@@ -237,9 +242,6 @@ def _run(step: Step, input_ids: torch.LongTensor, rows: list[Row], generator):
         costs = speculative_steps(step, active)
     if step.streamer is not None:
         step.streamer.end()
-    released = after_call()  # freed host memory back to the system, once the process grew past the last trim (core/memory.py)
-    if released is not None:
-        costs["released_mib"] = round(released, 1)
     return assemble_result(rows, generator, step.generation_config, step.cache, costs)
 
 

@@ -59,9 +59,6 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
     lengths, resumed = costs.pop("draft_lengths", None), costs.pop("controller_resumed", None)
     if lengths:  # num_draft_tokens="auto": the γ chosen at every step, and whether it started from the last call's state
         stats.extra.update(draft_lengths=lengths, controller_resumed=resumed)
-    released = costs.pop("released_mib", None)
-    if released is not None:  # freed host memory this call's end handed back to the system (core/memory.py)
-        stats.extra["released_mib"] = released
     if shared:
         forwards = {"target": costs.pop("target_forwards"), "draft": costs.pop("batch_draft_forwards")}
         stats.extra.update(batch_size=len(rows), cache_layout=costs, batch_forwards=forwards)
