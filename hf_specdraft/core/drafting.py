@@ -316,7 +316,7 @@ def same_drafters(first: TreeCandidateGenerator, drafters: list[TreeCandidateGen
         type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens for d in drafters)
 
 
-DrafterFactory = Callable[..., TreeCandidateGenerator]  # factory(draft_model, num_draft_tokens=γ or "auto")
+DrafterFactory = Callable[..., TreeCandidateGenerator]  # factory(draft_model, num_draft_tokens=γ or "auto"[, copy options])
 DRAFTERS: dict[str, DrafterFactory] = {}  # model_type -> drafter, filled by the method packages (hf_specdraft.glide)
 
 
@@ -331,10 +331,28 @@ def register_drafter(model_type: str, factory: DrafterFactory) -> None:
     DRAFTERS[model_type] = factory
 
 
-def drafter_for(draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO) -> TreeCandidateGenerator:
-    """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`."""
+def drafter_for(draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO, copy_from_context=None,
+                max_copy_tokens: int | None = None) -> TreeCandidateGenerator:
+    """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`. The copy
+    options (:class:`~hf_specdraft.glide.GlideDraftingConfig`'s ``copy_from_context`` and ``max_copy_tokens``) go to the
+    factory where given (not None); a drafter that never copies from the context takes ``copy_from_context=False`` (or 0)
+    alone."""
+    copying = {name: value for name, value in (("copy_from_context", copy_from_context), ("max_copy_tokens", max_copy_tokens))
+               if value is not None}
     factory = DRAFTERS.get(getattr(draft_model.config, "model_type", None), DraftModelCandidateGenerator)
-    return factory(draft_model, num_draft_tokens=num_draft_tokens)
+    if factory is DraftModelCandidateGenerator:
+        refuse_copying(draft_model, copying)
+        return factory(draft_model, num_draft_tokens=num_draft_tokens)
+    return factory(draft_model, num_draft_tokens=num_draft_tokens, **copying)
+
+
+def refuse_copying(draft_model: PreTrainedModel, copying: dict) -> None:
+    """Raise a ``ValueError`` naming the argument when ``copying`` asks a draft that never copies from the context to copy."""
+    asked = [f"{name}={value!r}" for name, value in copying.items() if value is not None and value is not False and value != 0]
+    if asked:
+        kind = getattr(draft_model.config, "model_type", None)
+        raise ValueError(f"{', '.join(asked)}: a {kind!r} draft model does not copy from the context (GLIDE-family drafts, "
+                         f"model_type 'glide', do); leave copy_from_context and max_copy_tokens unset, or copy_from_context=False")
 
 
 def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, next_logits, device: torch.device) -> DraftTree:

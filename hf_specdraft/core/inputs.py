@@ -21,9 +21,10 @@ from transformers.generation.logits_process import (
 )
 
 from .acceptance import ConditionalAcceptance
-from .drafting import TreeCandidateGenerator, drafter_for
+from .drafting import TreeCandidateGenerator, drafter_for, refuse_copying
 from .state_drafting import StateReadingDrafter, reads_target_state
 from .support import CACHE_FIELD, cache_window, chains_only, convolution_only, output_cache
+from .validation import check_copy_options
 
 
 def check_input_ids(input_ids, model=None) -> None:
@@ -132,8 +133,13 @@ def check_batch_setup(model: PreTrainedModel, generation_config: GenerationConfi
                          "max_new_tokens, pass cache_implementation='static' (windows by mask), or run one unpadded prompt at a time")
 
 
-def resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> CandidateGenerator:
-    """The drafter of a call: ``candidate_generator`` checked (a list: one per row), or the registered drafter of ``draft_model``."""
+def resolve_generator(candidate_generator, draft_model, num_draft_tokens, copy_from_context=None, max_copy_tokens=None) -> CandidateGenerator:
+    """The drafter of a call: ``candidate_generator`` checked (a list: one per row), or the registered drafter of
+    ``draft_model`` with the call's copy options (``None``: the drafter's own default)."""
+    check_copy_options(copy_from_context, max_copy_tokens, allow_none=True)
+    if candidate_generator is not None and (copy_from_context is not None or max_copy_tokens is not None):
+        raise ValueError("copy_from_context= and max_copy_tokens= configure the drafter speculative_generate builds for draft_model=; "
+                         "with candidate_generator=, set them on the drafter, e.g. GlideCandidateGenerator(glide, copy_from_context=0)")
     if candidate_generator is not None and draft_model is not None:
         raise ValueError("pass either candidate_generator= or draft_model=, not both")
     if candidate_generator is None and draft_model is None:
@@ -147,8 +153,10 @@ def resolve_generator(candidate_generator, draft_model, num_draft_tokens) -> Can
         if not isinstance(draft_model, PreTrainedModel):
             raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
         if reads_target_state(draft_model):  # Gemma 4's assistants and DFlash drafters: transformers' own generators
+            refuse_copying(draft_model, {"copy_from_context": copy_from_context, "max_copy_tokens": max_copy_tokens})
             return StateReadingDrafter(draft_model, num_draft_tokens)
-        return drafter_for(draft_model, num_draft_tokens)  # GLIDE registers its own drafter: it reads the target's cache
+        # GLIDE registers its own drafter: it reads the target's cache (and copies from the context)
+        return drafter_for(draft_model, num_draft_tokens, copy_from_context, max_copy_tokens)
     if isinstance(candidate_generator, (list, tuple)):  # one drafter per row of a batch
         if not candidate_generator:
             raise ValueError("candidate_generator is an empty list: give one drafter per row of input_ids")

@@ -37,3 +37,14 @@ def method_config(config_class, config, options: dict):
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {unknown}; {config_class.__name__} fields are {sorted(fields)}")
     return config_class(**options)
+
+
+def check_copy_options(copy_from_context, max_copy_tokens, allow_none: bool = False) -> None:
+    """Raise a ``ValueError`` naming the argument unless ``copy_from_context`` is a bool or an int >= 0 (the shortest
+    suffix match a drafter copies from the context after; 0 / ``False``: never) and ``max_copy_tokens`` a positive int
+    or None (the longest copy). ``allow_none``: ``copy_from_context=None`` too (the drafter's own default)."""
+    if not (allow_none and copy_from_context is None) and not isinstance(copy_from_context, bool) and (
+            not is_int(copy_from_context) or copy_from_context < 0):
+        raise ValueError(f"copy_from_context must be an int >= 0 (the shortest match to copy from; 0 = never) or a bool "
+                         f"(False: never copy){' or None' if allow_none else ''}, got {copy_from_context!r}")
+    check_int("max_copy_tokens", max_copy_tokens, allow_none=True, what="the longest copy from the context")

@@ -44,6 +44,16 @@ COPY_TOKENS = 6  # the shortest copy: a match that long tends to continue for se
 COPY_MATCH_CAP = 64  # matches this long count as equally long (bounds the work on endlessly repeating text)
 
 
+def copy_count(drafter: GlideCandidateGenerator, match: int, available: int) -> int:
+    """How many of the ``available`` tokens after a ``match``-token suffix match ``drafter`` copies (0: none, GLIDE drafts)."""
+    longest = drafter.config.max_copy_tokens
+    if drafter.adaptive_draft_length and drafter.copy_rule is not None:  # "auto" at batch 1: the controller weighs the copy
+        return drafter.copy_rule(match, available if longest is None else min(available, longest))
+    if longest is not None:
+        return min(available, longest)
+    return max(COPY_TOKENS, drafter.num_draft_tokens) if drafter.adaptive_draft_length else drafter.num_draft_tokens
+
+
 def check_target_cache(target_cache, config, kv_heads: int | None = None) -> None:
     """Raise `ValueError` unless ``target_cache`` holds readable keys/values for every layer GLIDE reads (``kv_heads`` per
     layer: all the target's by default, a rank's share under tensor parallelism)."""
@@ -156,8 +166,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
     def copy_from_text(self, input_ids: torch.LongTensor) -> DraftTree | None:
         """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the text's suffix, when
-        it is at least that long (no q: the target judges them exactly), as many as the loop's ``copy_rule`` says (without
-        one, ``max(6, γ)``); else `None`."""
+        it is at least that long (no q: the target judges them exactly); else `None`. As many as ``max_copy_tokens``
+        says, or without it: γ when γ is fixed (a proposal never runs longer than the γ asked for), with "auto" what the
+        loop's ``copy_rule`` says (without one, in a batch, ``max(COPY_TOKENS, γ)``)."""
         shortest = self.config.copy_from_context
         if not shortest or input_ids.shape[1] <= shortest:
             return None
@@ -167,7 +178,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         if length < shortest:
             return None
         available = text.shape[0] - end - 1
-        count = self.copy_rule(length, available) if self.copy_rule is not None else max(COPY_TOKENS, self.num_draft_tokens)
+        count = copy_count(self, length, available)
         if not count:  # the loop's controller expects more from GLIDE's own draft here
             return None
         tokens = text[end + 1 : end + 1 + count].to(input_ids.device)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..core.drafting import AUTO, draft_length
+from ..core.validation import check_copy_options
 
 
 @dataclass(frozen=True)
@@ -23,23 +24,28 @@ class GlideDraftingConfig:
         num_draft_tokens: γ, the chain GLIDE drafts per step (§5.1: 5), or ``"auto"``: chosen every step.
         copy_from_context: when the text's last ``copy_from_context`` tokens (or more) occurred earlier in it, draft the
             tokens that followed their most recent longest occurrence (Max-Gram's match, CS Drafting §3.3) instead of
-            running GLIDE for that step (CAPE leaves such a step's chain as it is); 0 never copies. Default 2: where a
-            2-token suffix recurs, the target's text mostly goes on as it did. With ``num_draft_tokens="auto"`` at batch
-            1 the loop's controller decides per step whether to copy and how many tokens, from how often copies after a
-            match of that length were right and what verification costs
-            (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`); with a fixed γ, and in a batch, a
-            copy is ``max(COPY_TOKENS, γ)`` tokens, taken at every match.
+            running GLIDE for that step (CAPE leaves such a step's chain as it is); 0 or ``False`` never copies, ``True``
+            is the default. Default 2: where a 2-token suffix recurs, the target's text mostly goes on as it did.
+        max_copy_tokens: how many tokens a copy proposes at most; ``None`` (the default): with ``num_draft_tokens="auto"``
+            at batch 1 the loop's controller decides per step whether to copy and how many tokens, from how often copies
+            after a match of that length were right and what verification costs
+            (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`), and in a batch a copy is
+            ``max(COPY_TOKENS, γ)`` tokens; with a fixed γ a copy is γ tokens, so every proposal honours γ exactly. An
+            int: a copy proposes that many tokens (fewer where the text has fewer after the match; with "auto" at batch 1,
+            the controller's choice up to that many).
     """
 
     num_draft_tokens: int | str = AUTO  # the best γ depends on the machine's cost curve (§5.1 fixes 5 on a GPU)
     copy_from_context: int = 2  # copying lifted the default call 1.20x -> 1.26x (completion), 1.21x -> 1.43x (chat) in
     # cpu-state-glide.json; a 2-token match's copy keeps 2.6-2.8 tokens where GLIDE's step keeps 1.2-1.6
     # (cpu-copy-acceptance-match2.json), and the controller declines a match bin's copies where they do worse
+    max_copy_tokens: int | None = None  # the longest copy; None: γ when γ is fixed, the controller's choice with "auto"
 
     def __post_init__(self):
         draft_length(self.num_draft_tokens)  # a positive int or "auto"; a clear ValueError otherwise
-        if not isinstance(self.copy_from_context, int) or isinstance(self.copy_from_context, bool) or self.copy_from_context < 0:
-            raise ValueError(f"copy_from_context must be an int >= 0 (the shortest match to copy from; 0 = never), got {self.copy_from_context!r}")
+        if isinstance(self.copy_from_context, bool):  # False: never copy; True: copy after the default match length
+            object.__setattr__(self, "copy_from_context", type(self).copy_from_context if self.copy_from_context else 0)
+        check_copy_options(self.copy_from_context, self.max_copy_tokens)
 
     def to_dict(self) -> dict:
         return asdict(self)
