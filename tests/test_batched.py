@@ -95,7 +95,8 @@ def test_batched_drafting_drafts_what_each_row_drafts_alone(kind):
 @pytest.mark.parametrize("kind", ["glide", "glide+cape"])
 def test_batched_glide_rows_copy_from_their_own_text(arch, kind):
     """GLIDE's ``copy_from_context`` in a batch: a row whose text's suffix occurred before drafts the copy, as it does at
-    batch 1 (a copy of max(6, γ) tokens at the first step, every row here), and each row stays its own greedy output."""
+    batch 1 (a copy of γ tokens at the first step, every row here: a fixed γ is honoured exactly), and each row stays its
+    own greedy output."""
     target = tiny_model(arch)
     glide = glide_for(target)
     builders = {"glide": lambda: GlideCandidateGenerator(glide, num_draft_tokens=3),
@@ -108,7 +109,7 @@ def test_batched_glide_rows_copy_from_their_own_text(arch, kind):
         ids[i, width - row.numel() :], mask[i, width - row.numel() :] = row, 1
     batched = speculative_generate(target, ids, attention_mask=mask, candidate_generator=builders[kind](), max_new_tokens=16,
                                    return_dict_in_generate=True)
-    assert batched.speculative_stats.steps[0].copied and all(s.steps[0].tree_size == 6 for s in batched.row_stats)
+    assert batched.speculative_stats.steps[0].copied and all(s.steps[0].tree_size == 3 for s in batched.row_stats)
     for i, row in enumerate(rows):
         alone = speculative_generate(target, row[None], candidate_generator=builders[kind](), max_new_tokens=16, return_dict_in_generate=True)
         assert [(s.tree_size, s.accepted) for s in batched.row_stats[i].steps] == [(s.tree_size, s.accepted) for s in alone.speculative_stats.steps], i

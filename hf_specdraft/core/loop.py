@@ -81,6 +81,8 @@ def speculative_generate(
     num_draft_tokens: int | str = "auto",
     acceptance: ConditionalAcceptance | None = None,
     token_streamer=None,
+    copy_from_context: int | bool | None = None,
+    max_copy_tokens: int | None = None,
     **kwargs,
 ):
     """Speculative decoding with any drafter, as a ``custom_generate`` callable or a direct call.
@@ -96,6 +98,12 @@ def speculative_generate(
             ``GlideCandidateGenerator`` for a GLIDE draft).
         num_draft_tokens: γ for ``draft_model``; ``"auto"`` (the default): chosen every step from the acceptance and the
             costs the loop measures (:mod:`~hf_specdraft.core.controller`).
+        copy_from_context: for a GLIDE-family ``draft_model``, the shortest suffix match of the text it copies the
+            continuation of instead of drafting (:class:`~hf_specdraft.glide.GlideDraftingConfig`); ``False`` or 0: never
+            copy; ``None`` (the default): ``generation_config.copy_from_context`` where set, else the drafter's default (2).
+            A draft that never copies takes only ``False`` / 0.
+        max_copy_tokens: the longest copy from the context; ``None``: ``generation_config.max_copy_tokens`` where set,
+            else γ when ``num_draft_tokens`` is fixed (a proposal never runs past γ), the controller's choice with "auto".
         acceptance: ``None`` for exact verification (greedy match, or speculative sampling when
             ``do_sample=True``: lossless), or a :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance` (CASD).
         token_streamer: a transformers streamer. Under ``generate(custom_generate=...)`` transformers drops
@@ -116,15 +124,17 @@ def speculative_generate(
         and "use_cache" in kwargs
     )
     if prepared:  # called by transformers' generate(custom_generate=speculative_generate)
+        copying = copy_options(draft_model, generation_config, copy_from_context, max_copy_tokens)
         return _speculative_loop(
             model, input_ids, logits_processor, stopping_criteria, generation_config,
-            resolve_generator(candidate_generator, draft_model, num_draft_tokens), acceptance, token_streamer, kwargs,
+            resolve_generator(candidate_generator, draft_model, num_draft_tokens, *copying), acceptance, token_streamer, kwargs,
         )
     if input_ids is None:
         input_ids = kwargs.pop("inputs", None)
     check_input_ids(input_ids, model)
     check_padding(kwargs.get("attention_mask"), input_ids)  # a mask of another shape or padded on the right fails here
-    resolve_generator(candidate_generator, draft_model, num_draft_tokens)  # fail before generate's preparation
+    resolve_generator(candidate_generator, draft_model, num_draft_tokens,  # fail before generate's preparation
+                      *copy_options(draft_model, generation_config, copy_from_context, max_copy_tokens))
     max_new_tokens = kwargs.get("max_new_tokens")
     if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens <= 0):
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
@@ -140,8 +150,21 @@ def speculative_generate(
         num_draft_tokens=num_draft_tokens,
         acceptance=acceptance,
         token_streamer=streamer,
+        copy_from_context=copy_from_context,
+        max_copy_tokens=max_copy_tokens,
         **kwargs,
     )
+
+
+def copy_options(draft_model, generation_config: GenerationConfig | None, copy_from_context, max_copy_tokens) -> tuple:
+    """``(copy_from_context, max_copy_tokens)`` of a call: each as passed, else as ``generation_config`` carries it (for
+    ``draft_model=`` only: a ``candidate_generator`` was configured when it was built), else ``None``."""
+    if draft_model is not None and generation_config is not None:
+        if copy_from_context is None:
+            copy_from_context = getattr(generation_config, "copy_from_context", None)
+        if max_copy_tokens is None:
+            max_copy_tokens = getattr(generation_config, "max_copy_tokens", None)
+    return copy_from_context, max_copy_tokens
 
 
 @torch.no_grad()
