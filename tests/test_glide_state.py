@@ -254,6 +254,9 @@ def test_copying_from_the_context_is_lossless_and_copies(layout, tmp_path):
     drafter = GlideCandidateGenerator(glide.eval(), copy_from_context=2)
     out = speculative_generate(target, ids, candidate_generator=drafter, max_new_tokens=30, return_dict_in_generate=True)
     assert torch.equal(out.sequences, reference)
+    copies = [step for step in out.speculative_stats.steps if step.copied]
+    assert copies and sum(step.accepted for step in copies) > 0, "no step drafted a copy of the text the target kept"
+    assert out.speculative_stats.summary()["copied_steps"] == len(copies)
     text = ids[0].tolist()
     suffix_copy = drafter.copy_from_text(ids)
     assert suffix_copy is not None and suffix_copy.tokens.tolist() == text[15 : 15 + len(suffix_copy)]
