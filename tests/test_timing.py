@@ -6,7 +6,8 @@ import pytest
 
 from hf_specdraft.bench import METHODS, BenchConfig
 from hf_specdraft.bench.harness import format_table, speed_word, summarize
-from hf_specdraft.bench.timing import LoadMonitor, other_cores, relative_range, spread, verdict, warning_text
+from hf_specdraft.bench.timing import (BUSY_CORES, EXTREME_RANGE, NOISY_RANGE, QUIET_CORES, LoadMonitor, other_cores, relative_range,
+                                       spread, verdict, warning_text)
 
 
 def test_other_cores_subtracts_own_time():
@@ -252,12 +253,30 @@ def test_the_demo_s_warm_up_primes_the_controller(tiny_default):
     assert all(result["summary"][m]["controller_resumed"] == 1.0 for m in auto), {m: result["summary"][m]["controller_resumed"] for m in auto}
 
 
-def test_a_quiet_machine_s_own_variation_is_no_warning():
-    """On an idle 2-core VM (0.1 core of other processes) the demo's speedups moved by 18 % between its short
-    repeats and it warned; a quiet machine now warns only past EXTREME_RANGE, and any competitor still warns."""
-    assert verdict((0.1, 2), threads=2, timing_noise=0.18, baseline_noise=0.05)["reliable"]
-    extreme = verdict((0.1, 2), threads=2, timing_noise=0.5, baseline_noise=0.05)
-    assert not extreme["reliable"] and "more than 35%" in extreme["warnings"][0]
-    assert not verdict((0.2, 2), threads=2, timing_noise=0.18, baseline_noise=0.05)["reliable"]  # some load and noise
-    assert not verdict((0.95, 2), threads=2, timing_noise=0.0)["reliable"]  # a competitor, however steady the clock
-    assert not verdict(None, 2, timing_noise=0.18)["reliable"]  # load unknown (no /proc/stat): the noise rule as before
+@pytest.mark.parametrize("cpus, threads", [(2, 2), (8, 2), (4, 1)])
+@pytest.mark.parametrize("baseline_noise", [0.0, 0.05, EXTREME_RANGE / 2 + 0.05], ids=["steady", "moving", "past-half-extreme"])
+def test_a_quiet_machine_s_own_variation_is_no_warning(cpus, threads, baseline_noise):
+    """The demo's rule, from its definition: the speedups' spread warns past max(NOISY_RANGE, 2 x the baseline's
+    spread); on a quiet machine (other processes within QUIET_CORES of the cores this one left free) only past
+    EXTREME_RANGE as well; a competitor (past BUSY_CORES) warns however steady the clock. Each boundary is probed just
+    below and just above."""
+    eps = 0.01
+    free = cpus - threads
+    loose = max(NOISY_RANGE, 2 * baseline_noise)  # the bar where the load is unknown or the machine not quiet
+    quiet_bar = max(loose, EXTREME_RANGE)
+    assert EXTREME_RANGE > NOISY_RANGE and QUIET_CORES < BUSY_CORES  # a quiet machine is given more room, not less
+
+    def reliable(other, noise):
+        load = None if other is None else (other, cpus)
+        return verdict(load, threads, timing_noise=noise, baseline_noise=baseline_noise)["reliable"]
+
+    for quiet in (0.0, free + QUIET_CORES):  # idle, and at the quiet limit
+        assert reliable(quiet, quiet_bar - eps), (quiet, quiet_bar)
+        assert not reliable(quiet, quiet_bar + eps), (quiet, quiet_bar)
+        warning = verdict((quiet, cpus), threads, timing_noise=quiet_bar + eps, baseline_noise=baseline_noise)["warnings"]
+        assert len(warning) == 1 and f"more than {quiet_bar:.0%}" in warning[0]
+    some_load = free + (QUIET_CORES + BUSY_CORES) / 2  # not quiet, not a competitor: the plain noise bar
+    for other in (some_load, None):  # and where the load is unknown (no /proc/stat)
+        assert reliable(other, loose - eps) and not reliable(other, loose + eps), (other, loose)
+    competitor = free + BUSY_CORES + eps
+    assert not reliable(competitor, 0.0) and reliable(free + BUSY_CORES, 0.0)
