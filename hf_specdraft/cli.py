@@ -100,13 +100,15 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
 
 # One method per idea, so the demo stays under two minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
 DEMO_METHODS = {
-    "completion": ("target-only", "target-only+linears", "draft-model", "glide-auto", "glide+cape-auto", "max-gram-auto"),  # *-auto: the default calls
+    # *-auto: the default calls (GLIDE's copy from the context where the text recurs: +copy); draft-model: the plain draft alone
+    "completion": ("target-only", "target-only+linears", "draft-model", "glide+copy-auto", "glide+copy+cape-auto", "max-gram-auto"),
     "context": ("target-only", "casd-strict-auto"),  # CASD drafts from the request's own context: its own task
 }
 # On CUDA the baseline users have is transformers' own static cache, compiled: the default calls run eager and on the
 # loop's static cache (compiled automatically there; the first call's compile is in the JSON's timing.warmup_seconds)
 DEMO_METHODS_CUDA = {
-    "completion": ("target-only", "target-only-static", "glide-auto", "glide-auto-static", "glide+cape-auto-static", "max-gram-auto-static"),
+    "completion": ("target-only", "target-only-static", "glide+copy-auto", "glide+copy-auto-static", "glide+copy+cape-auto-static",
+                   "max-gram-auto-static"),
     "context": ("target-only", "target-only-static", "casd-strict-auto", "casd-strict-auto-static"),
 }
 

@@ -93,3 +93,40 @@ def test_bad_copy_values_are_refused_by_name(setup):
     assert out.shape[1] == ids.shape[1] + 4
     assert GlideDraftingConfig(copy_from_context=False).copy_from_context == 0
     assert GlideDraftingConfig(copy_from_context=True).copy_from_context == GlideDraftingConfig().copy_from_context
+
+
+BENCH_ROWS = ("glide", "glide+copy", "glide-γ3", "glide+copy-γ3", "glide-auto", "glide+copy-auto", "vanilla", "vanilla+copy",
+              "draft-model", "draft-model+copy", "draft-model-auto", "draft-model+copy-auto", "glide+cape", "glide+copy+cape",
+              "glide+cape-auto", "glide+copy+cape-auto")
+
+
+def test_a_bench_row_copies_from_the_context_exactly_when_its_name_says_so(setup):
+    from types import SimpleNamespace
+
+    from hf_specdraft.bench.methods import METHODS, BenchContext
+
+    target, glide, ids, reference = setup
+    torch.manual_seed(2)
+    vanilla = GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32, cross_attention=False)).eval()
+    tokenizer = SimpleNamespace(eos_token_id=None, pad_token_id=0)
+    ctx = BenchContext(target, vanilla, tokenizer, None, ids, NEW_TOKENS, extras={"glide": glide, "vanilla": vanilla})
+    for name in BENCH_ROWS:
+        sequences, stats = METHODS[name].run(ctx)
+        assert torch.equal(sequences, reference), name
+        copied = [s for s in stats.steps if s.copied]
+        assert bool(copied) == ("+copy" in name), name
+        if "-γ3" in name or name in ("glide", "vanilla", "draft-model"):
+            assert all(s.tree_size <= (3 if "-γ3" in name else 1) for s in stats.steps if not s.copied), name
+    for name, method in METHODS.items():  # every description says the same as the name
+        if name.startswith(("glide", "vanilla", "draft-model")) and "copying" in method.description:
+            assert ("+copy" in name) == ("no copying" not in method.description), name
+
+
+def test_the_headline_names_an_older_runs_copying_rows_by_what_they_ran():
+    from hf_specdraft.bench.headline import describe, row_name
+
+    old, new = {"task": "completion"}, {"task": "completion", "descriptions": {"glide-auto": "γ 'auto', no copying"}}
+    assert [row_name(n, old) for n in ("glide-auto", "draft-model", "glide+cape-auto-static", "glide-γ3", "max-gram-auto")] == [
+        "glide+copy-auto", "draft-model+copy", "glide+copy+cape-auto-static", "glide+copy-γ3", "max-gram-auto"]
+    assert row_name("glide-auto", new) == "glide-auto" and describe("glide-auto", new) == "γ 'auto', no copying"
+    assert "copying" in describe("glide+copy-auto", old) and describe("retired-name", old) == ""

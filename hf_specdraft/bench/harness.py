@@ -432,6 +432,7 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
     result = {
         "meta": {**environment(bundle), "profile": config.profile, "task": config.task, "num_prompts": len(items),
                  "max_new_tokens": config.max_new_tokens, "seed": config.seed, "methods": list(config.methods),
+                 "descriptions": {m: METHODS[m].description for m in config.methods},  # what each name ran (names change)
                  **({"context_prompt_chars": config.context_prompt_chars} if config.task == "context" else {}),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None},
         "summary": summarize(records, config.methods, parameters, target_parameters),

@@ -4,6 +4,11 @@ method packages only lend their ``build_*_for_bench`` factories, and a study reg
 
 A method is a function ``run(ctx) -> (sequences (1, L+n), SpeculativeStats | None)``. Baselines use
 stock ``generate``; speculative methods go through :func:`hf_specdraft.speculative_generate`.
+
+A method that copies from the context (GLIDE's ``copy_from_context``) says so in its name: ``glide+copy``,
+``glide+copy-auto``, ``draft-model+copy``, … ; every other GLIDE-family row passes ``copy_from_context=0``, so ``glide``
+against ``vanilla`` compares the drafters alone (GLIDE against its twin). A fixed-γ copying row copies
+``COPY_TOKENS`` tokens at a match (``max_copy_tokens``), its model drafts γ.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from ..core.stats import SpeculativeStats
 from ..core.projection import few_token_linears
 from ..cascade.max_gram import MAX_GRAM_TOKENS
 from ..core.tree import DraftTree
+
+COPY_TOKENS = 6  # a fixed-γ "+copy" row's copies (max_copy_tokens): a match that long tends to continue for several tokens
+NO_COPY = {"copy_from_context": 0}  # every GLIDE-family row whose name does not say "+copy"
 
 
 # Drafts' γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m benchmarks.studies.tune_glide`
@@ -139,9 +147,13 @@ register_method(Method("stock-assisted+linears", _with_linears(_stock_assisted),
 register_method(Method("prompt-lookup", _prompt_lookup, description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10)"))
 register_method(Method("prompt-lookup+linears", _with_linears(_prompt_lookup),
                        description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10), inside few_token_linears"))
-register_method(Method("draft-model", lambda ctx: _speculative(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA), requires=("draft",),
-                       description=f"speculative_generate with the plain draft, γ={GLIDE_GAMMA} (a GLIDE-family draft copies from the context "
-                                   "where its last 2 tokens recur)", cost_models=lambda e: {"draft": e["draft"]}))
+register_method(Method("draft-model", lambda ctx: _speculative(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA, copy_from_context=False),
+                       requires=("draft",), description=f"speculative_generate with the plain draft, γ={GLIDE_GAMMA}, no copying",
+                       cost_models=lambda e: {"draft": e["draft"]}))
+register_method(Method("draft-model+copy", lambda ctx: _speculative(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA, copy_from_context=2,
+                                                                    max_copy_tokens=COPY_TOKENS), requires=("draft",),
+                       description=f"speculative_generate with the plain draft (GLIDE-family), γ={GLIDE_GAMMA}, copying {COPY_TOKENS} tokens "
+                                   "from the context where its last 2 tokens recur", cost_models=lambda e: {"draft": e["draft"]}))
 register_method(Method("null-drafter", lambda ctx: _speculative(ctx, candidate_generator=NullCandidateGenerator()),
                        description="speculative_generate proposing nothing (loop overhead)"))
 
@@ -200,8 +212,12 @@ register_method(Method("cascade-2drafts-tuned", lambda ctx: _cascade(ctx, [ctx.d
                        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
 
 # the default calls: γ, or the cascade's cap on what K proposes, chosen every step; fixed γ beside them
-register_method(Method("draft-model-auto", lambda ctx: _speculative(ctx, draft_model=ctx.draft), requires=("draft",),
-                       description="speculative_generate(target, ids, draft_model=draft): the default call, γ 'auto'",
+register_method(Method("draft-model-auto", lambda ctx: _speculative(ctx, draft_model=ctx.draft, copy_from_context=False), requires=("draft",),
+                       description="speculative_generate(target, ids, draft_model=draft, copy_from_context=False): γ 'auto', no copying",
+                       cost_models=lambda e: {"draft": e["draft"]}))
+register_method(Method("draft-model+copy-auto", lambda ctx: _speculative(ctx, draft_model=ctx.draft, copy_from_context=2), requires=("draft",),
+                       description="speculative_generate(target, ids, draft_model=draft): the default call with a GLIDE-family draft, γ "
+                                   "'auto', copying from the context (the controller sizes each copy)",
                        cost_models=lambda e: {"draft": e["draft"]}))
 for _gamma in (2, 3, 4, 5):
     register_method(Method(f"draft-model-γ{_gamma}", lambda ctx, g=_gamma: _speculative(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, g)),
@@ -267,23 +283,25 @@ register_method(Method("casd-mixed", lambda ctx: _casd(ctx, threshold=0.1, top_k
 
 # --- GLIDE (hf_specdraft.glide): the default target's GLIDE and its vanilla twin, alone and with CAPE -----------
 
-def _glide_chain(ctx, kind: str, gamma: int = GLIDE_GAMMA):
+def _glide_chain(ctx, kind: str, gamma: int = GLIDE_GAMMA, copy: bool = False):
+    """The ``kind`` drafter at a fixed γ: copying ``COPY_TOKENS`` tokens from the context at a match (``copy``), or never."""
     from ..glide import GlideCandidateGenerator
 
-    return GlideCandidateGenerator(ctx.extras[kind], num_draft_tokens=gamma)
+    copying = {"max_copy_tokens": COPY_TOKENS} if copy else NO_COPY
+    return GlideCandidateGenerator(ctx.extras[kind], num_draft_tokens=gamma, **copying)
 
 
-def _glide_cape(ctx, mode, gamma: int = CAPE_GAMMA, budget: int = CAPE_BUDGET):
+def _glide_cape(ctx, mode, gamma: int = CAPE_GAMMA, budget: int = CAPE_BUDGET, copy: bool = False):
     from ..cape import build_cape_for_bench
 
-    return _with_expansion_sizes(ctx, build_cape_for_bench(_glide_chain(ctx, "glide", gamma), mode=mode, budget=budget))
+    return _with_expansion_sizes(ctx, build_cape_for_bench(_glide_chain(ctx, "glide", gamma, copy), mode=mode, budget=budget))
 
 
-def _cape_default(ctx):
+def _cape_default(ctx, copy: bool = True):
     from ..cape import CapeCandidateGenerator
     from ..glide import GlideCandidateGenerator
 
-    return CapeCandidateGenerator(GlideCandidateGenerator(ctx.extras["glide"]))
+    return CapeCandidateGenerator(GlideCandidateGenerator(ctx.extras["glide"], **({} if copy else NO_COPY)))
 
 
 def _stock_glide(ctx, kind: str):
@@ -296,34 +314,53 @@ def _stock_glide(ctx, kind: str):
 
 for _kind in ("glide", "vanilla"):
     register_method(Method(_kind, lambda ctx, k=_kind: _speculative(ctx, candidate_generator=_glide_chain(ctx, k)), requires=(_kind,),
-                           description=f"speculative_generate with the default's {_kind} drafter, γ={GLIDE_GAMMA}",
+                           description=f"speculative_generate with the default's {_kind} drafter, γ={GLIDE_GAMMA}, no copying",
+                           cost_models=lambda e, k=_kind: {"draft": e[k]}))
+    register_method(Method(f"{_kind}+copy", lambda ctx, k=_kind: _speculative(ctx, candidate_generator=_glide_chain(ctx, k, copy=True)),
+                           requires=(_kind,), description=f"speculative_generate with the default's {_kind} drafter, γ={GLIDE_GAMMA}, copying "
+                                                          f"{COPY_TOKENS} tokens from the context where its last 2 tokens recur",
                            cost_models=lambda e, k=_kind: {"draft": e[k]}))
     register_method(Method(f"stock-assisted-{_kind}", lambda ctx, k=_kind: _stock_glide(ctx, k), requires=(_kind,),
                            description=f"transformers assisted decoding with the {_kind} drafter (attach)"))
 for _kind in ("glide", "vanilla"):  # the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
-    register_method(Method(f"{_kind}-auto", lambda ctx, k=_kind: _speculative(ctx, draft_model=ctx.extras[k]), requires=(_kind,),
+    register_method(Method(f"{_kind}+copy-auto", lambda ctx, k=_kind: _speculative(ctx, draft_model=ctx.extras[k]), requires=(_kind,),
                            description=f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' "
                                        "(chosen every step from measured costs), copying from the context where it recurs",
                            cost_models=lambda e, k=_kind: {"draft": e[k]}))
+    register_method(Method(f"{_kind}-auto", lambda ctx, k=_kind: _speculative(ctx, draft_model=ctx.extras[k], copy_from_context=False),
+                           requires=(_kind,), description=f"speculative_generate(target, ids, draft_model={_kind}, copy_from_context=False): "
+                                                          "γ 'auto', no copying", cost_models=lambda e, k=_kind: {"draft": e[k]}))
 register_method(Method("casd-strict-auto", lambda ctx: _casd(ctx, strict=True, max_nodes="auto"), tasks=("context",),
                        description="CasdCandidateGenerator(context): the default call, exact verification, tree depth and size 'auto'"))
 register_method(Method("max-gram-auto", _max_gram_auto, description="Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)",
                        cost_models=lambda e: {"max_gram": None}))
-register_method(Method("glide+cape-auto", lambda ctx: _with_expansion_sizes(ctx, _cape_default(ctx)), requires=("glide",),
-                       description="CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto'",
+register_method(Method("glide+copy+cape-auto", lambda ctx: _with_expansion_sizes(ctx, _cape_default(ctx)), requires=("glide",),
+                       description="CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto', "
+                                   "copying from the context where it recurs", cost_models=lambda e: {"draft": e["glide"]}))
+register_method(Method("glide+cape-auto", lambda ctx: _with_expansion_sizes(ctx, _cape_default(ctx, copy=False)), requires=("glide",),
+                       description="CapeCandidateGenerator(GlideCandidateGenerator(glide, copy_from_context=0)): γ and budget 'auto', no copying",
                        cost_models=lambda e: {"draft": e["glide"]}))
+register_method(Method("glide+copy+cape", lambda ctx: _glide_cape(ctx, "confidence", copy=True), requires=("glide",),
+                       description=f"GLIDE γ={CAPE_GAMMA} with cape expansion (budget {CAPE_BUDGET}), copying {COPY_TOKENS} tokens from the "
+                                   "context where its last 2 tokens recur", cost_models=lambda e: {"draft": e["glide"]}))
 for _kind in ("glide", "vanilla"):
     for _gamma in (2, 3, 4, 5):  # fixed γ beside auto, for comparison
         register_method(Method(f"{_kind}-γ{_gamma}", lambda ctx, k=_kind, g=_gamma: _speculative(ctx, candidate_generator=_glide_chain(ctx, k, g)),
-                               requires=(_kind,), description=f"speculative_generate with the default's {_kind} drafter, γ={_gamma} fixed",
+                               requires=(_kind,), description=f"speculative_generate with the default's {_kind} drafter, γ={_gamma} fixed, no copying",
+                               cost_models=lambda e, k=_kind: {"draft": e[k]}))
+        register_method(Method(f"{_kind}+copy-γ{_gamma}",
+                               lambda ctx, k=_kind, g=_gamma: _speculative(ctx, candidate_generator=_glide_chain(ctx, k, g, copy=True)),
+                               requires=(_kind,), description=f"speculative_generate with the default's {_kind} drafter, γ={_gamma} fixed, "
+                                                              f"copying {COPY_TOKENS} tokens from the context where its last 2 tokens recur",
                                cost_models=lambda e, k=_kind: {"draft": e[k]}))
 for _gamma, _budget in ((1, 2), (2, 4), (3, 6)):  # CAPE's fixed (γ, budget) grid beside glide+cape's (2, 3) and the auto row
     register_method(Method(f"glide+cape-γ{_gamma}b{_budget}", lambda ctx, g=_gamma, b=_budget: _glide_cape(ctx, "confidence", g, b),
-                           requires=("glide",), description=f"GLIDE γ={_gamma} with cape expansion (budget {_budget})",
+                           requires=("glide",), description=f"GLIDE γ={_gamma} with cape expansion (budget {_budget}), no copying",
                            cost_models=lambda e: {"draft": e["glide"]}))
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
     register_method(Method(f"glide+{_label}", lambda ctx, m=_mode: _glide_cape(ctx, m), requires=("glide",),
-                           description=f"GLIDE γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET})", cost_models=lambda e: {"draft": e["glide"]}))
+                           description=f"GLIDE γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), no copying",
+                           cost_models=lambda e: {"draft": e["glide"]}))
 
 
 # --- the static cache and compiled forwards (docs/static-cache.md) ------------------------------------------------------
@@ -331,7 +368,8 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
 # "<method>-compiled": the same with compile_config=CompileConfig() given, so it compiles on any device (CPU included).
 # target-only-static is transformers' own static-cache decoding: the baseline a GPU user has (compiled automatically).
 STATIC_BASELINE, COMPILED_BASELINE = "target-only-static", "target-only-compiled"
-STATIC_METHODS = ("glide-auto", "vanilla-auto", "glide+cape-auto", "max-gram-auto", "casd-strict-auto", "draft-model-auto", "cascade-1draft-auto")
+STATIC_METHODS = ("glide+copy-auto", "vanilla+copy-auto", "glide+copy+cape-auto", "max-gram-auto", "casd-strict-auto", "draft-model-auto",
+                  "cascade-1draft-auto")
 
 
 def compile_everywhere() -> "CompileConfig":

@@ -61,7 +61,9 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
 
 # each default ("auto") row and the fixed settings of the same method it is compared with (the goal: auto >= 95 % of the best)
 AUTO_FAMILIES = {"glide-auto": ("glide", "glide-γ"), "vanilla-auto": ("vanilla", "vanilla-γ"),
-                 "draft-model-auto": ("draft-model", "draft-model-γ", "draft-model-tuned"),
+                 "glide+copy-auto": ("glide+copy", "glide+copy-γ"), "vanilla+copy-auto": ("vanilla+copy", "vanilla+copy-γ"),
+                 "draft-model-auto": ("draft-model", "draft-model-γ", "draft-model-tuned"), "draft-model+copy-auto": ("draft-model+copy",),
+                 "glide+copy+cape-auto": ("glide+copy+cape",),
                  "glide+cape-auto": ("glide+cape", "glide+cape-γ"), "casd-strict-auto": ("casd-strict", "casd-strict-4", "casd-strict-16"),
                  "cascade-1draft-auto": ("cascade-1draft", "cascade-1draft-tuned"), "max-gram-auto": ("max-gram",)}
 
