@@ -1,7 +1,7 @@
 """How far do GLIDE's copies from the text run before the target leaves them? (What the copy rule has to learn.)
 
-Runs GLIDE on the embedded default with a fixed γ (every copy is then ``max(COPY_TOKENS, γ)`` tokens, not sized by the
-controller, so how far each copy was right is seen up to that length) over held-out prompts of each task, and records
+Runs GLIDE on the embedded default with a fixed γ and every copy ``max(COPY_TOKENS, γ)`` tokens (``max_copy_tokens``: not
+sized by the controller, so how far each copy was right is seen up to that length) over held-out prompts of each task, and records
 per step whether it was a copy, the length of the suffix match it copied after, and how many tokens were accepted.
 Acceptance only: no timing, so it may run beside other work.
 
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     for task in ns.tasks.split(","):
         steps = []
         for item in build_tasks(task, count=ns.num_prompts, seed=ns.seed):
-            drafter = GlideCandidateGenerator(glide, num_draft_tokens=ns.num_draft_tokens, copy_from_context=ns.copy_from_context)
+            drafter = GlideCandidateGenerator(glide, num_draft_tokens=ns.num_draft_tokens, copy_from_context=ns.copy_from_context,
+                                              max_copy_tokens=result["copy_tokens"])
             matches = match_lengths(drafter)
             out = speculative_generate(target, prompt_ids(tokenizer, item), candidate_generator=drafter,
                                        max_new_tokens=ns.max_new_tokens, return_dict_in_generate=True)
