@@ -1,0 +1,134 @@
+"""How often a drafter's tokens agree with the target's, per group of requests, measured two ways.
+
+For each request of a prompts file (Spec-Bench's format: ``question_id``, ``category``, ``turns``; Xia et al. 2024,
+arXiv:2401.07851) the target answers its first turn greedily in its chat template; then, per ``category``:
+
+- **teacher-forced**: greedy agreement at draft steps 1-3, each given the earlier ones
+  (:func:`hf_specdraft.glide.unrolled.conditional_agreement`), over windows of the request and the target's answer,
+  the target run over them (:class:`~hf_specdraft.glide.objective.TargetWindows`);
+- **in the loop**: ``speculative_generate`` with the drafter at γ = 1 and copying off, every step judged by the
+  target: accepted / judged draft tokens, the first draft token's agreement as decoding meets it.
+
+    python -m benchmarks.studies.group_agreement --prompts prompts.jsonl \\
+        --drafter shipped=hf_specdraft/defaults/checkpoint_smollm2/glide --output group-agreement.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from hf_specdraft import speculative_generate
+from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
+from hf_specdraft.glide.objective import TargetWindows
+
+from .state_glide import agreement
+
+WINDOW = 96  # tokens per teacher-forced window: a request's tail and the answer
+
+
+def read_prompts(path: str | Path) -> list[dict]:
+    """The requests of a Spec-Bench-format JSONL file (one JSON object a line)."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if line.strip():
+            row = json.loads(line)
+            if not isinstance(row.get("turns"), list) or not row["turns"] or "category" not in row:
+                raise ValueError(f"{path}:{number}: each line needs 'category' and a non-empty list 'turns'")
+            rows.append(row)
+    return rows
+
+
+@torch.no_grad()
+def answers(target, tokenizer, rows: list[dict], max_new_tokens: int) -> list[tuple[str, list[int], int]]:
+    """``(category, prompt + answer ids, prompt length)`` for every row's first turn, the target answering greedily."""
+    out = []
+    for row in tqdm(rows, desc="target answers"):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": row["turns"][0]}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        full = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        out.append((row["category"], full[0].tolist(), ids.shape[1]))
+    return out
+
+
+@torch.no_grad()
+def in_loop(target, glide, answered, max_new_tokens: int) -> dict[str, dict]:
+    """Per category: accepted / judged draft tokens at γ = 1 with copying off, and whether every output was greedy's."""
+    per: dict[str, list] = {}
+    for category, ids, prompt_length in answered:
+        prompt = torch.tensor([ids[:prompt_length]])
+        drafter = GlideCandidateGenerator(glide, num_draft_tokens=1, copy_from_context=0)
+        out = speculative_generate(target, prompt, candidate_generator=drafter, max_new_tokens=max_new_tokens,
+                                   return_dict_in_generate=True)
+        stats = out.speculative_stats
+        entry = per.setdefault(category, [0, 0, True])
+        entry[0] += stats.accepted_tokens
+        entry[1] += stats.judged_tokens
+        entry[2] &= out.sequences[0].tolist() == ids[: out.sequences.shape[1]]
+    return {c: {"agreement": round(a / j, 4) if j else 0.0, "judged": j, "identical": same} for c, (a, j, same) in per.items()}
+
+
+def teacher_forced(target, glide, answered) -> dict[str, list[float]]:
+    """Per category: conditional greedy agreement at draft steps 1-3 over windows of request + answer."""
+    per: dict[str, list[int]] = {}
+    for category, ids, prompt_length in answered:
+        per.setdefault(category, []).extend(ids[max(0, len(ids) - WINDOW) :] if len(ids) >= WINDOW else [])
+    result = {}
+    for category, stream in per.items():
+        if len(stream) >= WINDOW:
+            source = TargetWindows(torch.tensor(stream), WINDOW, stride=WINDOW)
+            result[category] = agreement(target, glide, source)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", required=True, help="a Spec-Bench-format JSONL file (question_id, category, turns)")
+    parser.add_argument("--drafter", action="append", required=True, metavar="NAME=PATH", help="a GLIDE-family checkpoint; may repeat")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--limit", type=int, default=0, help="use only the first N requests of each category (0: all)")
+    parser.add_argument("--output", help="write the JSON here")
+    ns = parser.parse_args(argv)
+    drafters = {}
+    for spec in ns.drafter:
+        name, _, path = spec.partition("=")
+        if not name or not path or not Path(path).is_dir():
+            parser.error(f"--drafter must be NAME=PATH of a checkpoint directory, got {spec!r}")
+        drafters[name] = path
+    if ns.max_new_tokens < 1 or ns.limit < 0:
+        parser.error("--max-new-tokens must be >= 1 and --limit >= 0")
+    rows = read_prompts(ns.prompts)
+    if ns.limit:
+        kept: dict[str, list] = {}
+        for row in rows:
+            kept.setdefault(row["category"], []).append(row)
+        rows = [row for group in kept.values() for row in group[: ns.limit]]
+    from hf_specdraft.defaults.smollm2 import load_smollm2
+
+    torch.manual_seed(0)
+    target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
+    start = time.time()
+    answered = answers(target, tokenizer, rows, ns.max_new_tokens)
+    result = {"meta": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(), "dtype": "float32 target",
+                       "torch": torch.__version__, "prompts": str(ns.prompts), "requests": len(rows), "max_new_tokens": ns.max_new_tokens,
+                       "command": "python -m benchmarks.studies.group_agreement " + " ".join(argv or [])},
+              "drafters": {}}
+    for name, path in drafters.items():
+        glide = GlideForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        result["drafters"][name] = {"path": path, "teacher_forced_by_step": teacher_forced(target, glide, answered),
+                                    "in_loop_step_1": in_loop(target, glide, answered, ns.max_new_tokens)}
+        print(name, json.dumps(result["drafters"][name], indent=1))
+    result["meta"]["seconds"] = round(time.time() - start, 1)
+    if ns.output:
+        Path(ns.output).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
