@@ -247,17 +247,22 @@ def test_the_layout_check_sees_a_branch(tmp_path):
 
 
 STEP_MODULES = ("loop.py", "meter.py", "emission.py", "layouts.py", "outputs.py")
+PROBES = ("getattr", "hasattr")  # a capability asked of a drafter at run time instead of declared once
+DECLARATION_READERS = ("traits_of",)  # the one place that reads what a drafter declares (core/drafting.py)
 
 
-def drafter_probes(path: Path) -> list[str]:
-    """Where ``path`` probes a drafter with ``getattr`` or writes an attribute into one (``x.generator.y = ...``)."""
+def drafter_probes(path: Path, writes: bool = True) -> list[str]:
+    """Where ``path`` probes a drafter with ``getattr`` or ``hasattr`` (outside :data:`DECLARATION_READERS`) or, with
+    ``writes``, writes an attribute into one (``x.generator.y = ...``)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and node.args:
+    tree = ast.parse(path.read_text())
+    readers = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in DECLARATION_READERS for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in PROBES and node.args and id(node) not in readers:
             named = ast.unparse(node.args[0])
             if "generator" in named or "drafter" in named:
-                found.append(f"{path.name}:{node.lineno} getattr({named}, ...)")
-        if isinstance(node, ast.Assign):
+                found.append(f"{path.name}:{node.lineno} {node.func.id}({named}, ...)")
+        if writes and isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Attribute) and ast.unparse(target.value).endswith(("generator", "drafter")):
                     found.append(f"{path.name}:{node.lineno} {ast.unparse(target)} = ...")
@@ -265,13 +270,41 @@ def drafter_probes(path: Path) -> list[str]:
 
 
 def test_the_step_reads_declared_traits_and_tells_drafters_by_argument():
-    """The step reads what a drafter declares once per call (core/traits.py DrafterTraits) and tells it what it chose
-    through TreeCandidateGenerator.set_step: no getattr probe of a drafter, no attribute written into one."""
-    probes = [p for name in STEP_MODULES for p in drafter_probes(PACKAGE / "core" / name)]
+    """The core reads what a drafter declares once per call (core/traits.py DrafterTraits, read by traits_of) and the step
+    tells it what it chose through TreeCandidateGenerator.set_step: no getattr or hasattr probe of a drafter anywhere in
+    the core (the controller's key, the drafters' shared helpers and the state request included), no attribute written
+    into one by the step."""
+    probes = [p for path in sorted((PACKAGE / "core").glob("*.py")) for p in drafter_probes(path, writes=path.name in STEP_MODULES)]
     assert not probes, probes
+
+
+def test_a_drafter_with_compile_draft_declares_it():
+    """The loop compiles a drafter's draft where its traits say it can (``compiles_draft``), so every drafter class in the
+    package that has ``compile_draft`` declares it (CAPE: where its wrapped drafter does), and none that lacks it."""
+    import hf_specdraft.cape  # noqa: F401  (every method's drafters, loaded)
+    import hf_specdraft.cascade  # noqa: F401
+    import hf_specdraft.casd  # noqa: F401
+    import hf_specdraft.glide  # noqa: F401
+    from hf_specdraft.core import state_drafting  # noqa: F401
+    from hf_specdraft.core.drafting import TreeCandidateGenerator
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    drafters = {c for c in subclasses(TreeCandidateGenerator) if c.__module__.startswith("hf_specdraft")}
+    declared = {c: c.compiles_draft for c in drafters}
+    assert sum(v is True for v in declared.values()) >= 3, declared  # the draft model, GLIDE, the cascade
+    for cls, value in declared.items():
+        has = callable(getattr(cls, "compile_draft", None))
+        assert value is True or isinstance(value, property) if has else value is False, (cls.__name__, value)
 
 
 def test_the_probe_check_sees_a_probe(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("def f(row, drafter):\n    if getattr(row.generator, 'x', 0):\n        drafter.num_draft_tokens = 3\n")
-    assert len(drafter_probes(probe)) == 2
+    probe.write_text("def f(row, drafter):\n    if getattr(row.generator, 'x', 0) or hasattr(drafter, 'compile_draft'):\n"
+                     "        drafter.num_draft_tokens = 3\n\n\ndef traits_of(generator):\n    return getattr(generator, 'x', 0)\n")
+    assert sorted(p.split(" ", 1)[1] for p in drafter_probes(probe)) == [
+        "drafter.num_draft_tokens = ...", "getattr(row.generator, ...)", "hasattr(drafter, ...)"]  # traits_of's read is not one
+    assert len(drafter_probes(probe, writes=False)) == 2

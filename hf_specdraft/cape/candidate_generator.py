@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
 from ..core.batch_drafting import BatchProposer
-from ..core.drafting import AUTO, DraftModelCandidateGenerator, DraftModelTreeScorer, TreeCandidateGenerator
+from ..core.drafting import AUTO, DraftModelCandidateGenerator, DraftModelTreeScorer, TreeCandidateGenerator, traits_of
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .beam import beam_search_proposal
@@ -164,10 +164,14 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         anchor = getattr(self.drafter, "controller_anchor", None)
         return type(self.drafter) if anchor is None else anchor
 
+    @property
+    def compiles_draft(self) -> bool:
+        return self.scorer is None and traits_of(self.drafter).compiles_draft  # beam mode's tree scorer stays eager
+
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache):
         """The compiled static path: the wrapped drafter's chain compiles where it can (beam mode's tree scorer stays eager).
         Returns the chain drafter's static cache, or ``None``."""
-        if self.scorer is None and hasattr(self.drafter, "compile_draft"):
+        if self.compiles_draft:
             return self.drafter.compile_draft(generation_config, compile_config, target_cache)
         return None
 

@@ -101,6 +101,7 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
     """
 
     reads_target_cache = False  # never reads the target's cache
+    compiles_draft = True  # compile_draft: every draft's forwards on a static cache of its own
 
     def __init__(self, drafts: list[PreTrainedModel], config: CascadeConfig | None = None, bigram_table: torch.Tensor | None = None,
                  max_gram: MaxGramCandidateGenerator | None = None, **options):

@@ -420,7 +420,7 @@ def _memory_key(drafter, controller: DraftLengthController, setting: tuple):
     """Who a controller's state belongs to: the drafter's anchor (``controller_anchor``: its draft model, or its class),
     the drafter's class (CAPE over GLIDE and GLIDE alone learn apart), the options weighed, and the call's ``setting``
     (what else changes costs or acceptance: batch size, cache and compilation, sampling, the target's device and dtype)."""
-    anchor = getattr(drafter, "controller_anchor", None)
+    anchor = drafter.controller_anchor  # declared on every TreeCandidateGenerator (None: its class)
     anchor = type(drafter) if anchor is None else anchor
     return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, setting)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import fields
+from types import MappingProxyType
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
@@ -100,7 +101,8 @@ def traits_of(generator: CandidateGenerator) -> DrafterTraits:
     """``generator``'s :class:`DrafterTraits`: declared on hf_specdraft drafters; the defaults for any other."""
     if isinstance(generator, TreeCandidateGenerator):
         return DrafterTraits(**{name.name: getattr(generator, name.name) for name in fields(DrafterTraits)})
-    return DrafterTraits(requires_model_outputs=bool(getattr(generator, "requires_model_outputs", False)))  # transformers' own
+    return DrafterTraits(requires_model_outputs=bool(getattr(generator, "requires_model_outputs", False)),  # transformers' own
+                         model_kwargs_overrides=dict(getattr(generator, "model_kwargs_overrides", None) or {}))
 
 
 class TreeCandidateGenerator(CandidateGenerator):
@@ -123,6 +125,9 @@ class TreeCandidateGenerator(CandidateGenerator):
     host_text = None  # the text as a host list, for this step (set_step): drafters re-sync without reading the device
     tokens_in_vocab = False  # True for a drafter whose tokens come from a draft checked to share the target's vocabulary
     reads_target_cache = True  # propose() reads the target's cache (GLIDE); drafters that never do say False (the static path then builds no view)
+    model_kwargs_overrides = MappingProxyType({})  # with requires_model_outputs: what it asks of the target's forward
+    compiles_draft = False  # True for a drafter with compile_draft(generation_config, compile_config, target_cache)
+    seen_host = None  # draft_chain's last proposal: (the text it followed as a host list, its tree), for resync
 
     def __init__(self):
         self.generation_config = GenerationConfig()
@@ -256,6 +261,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     reads_target_cache = False
     stops_on_confidence = True
     tokens_in_vocab = True  # prepare checks the draft's vocabulary against the target's
+    compiles_draft = True
 
     @property
     def controller_anchor(self) -> PreTrainedModel:
@@ -390,7 +396,7 @@ def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, 
     sampled = torch.ones(drafted.shape[0], dtype=torch.bool) if generator.generation_config.do_sample else None
     tree = DraftTree.chain(drafted, torch.stack(probs), sampled)
     tree.chain_confidences = confidences if generator.stop_rule is not None else None
-    host = getattr(generator, "host_text", None)
+    host = generator.host_text
     generator.seen_host = (host, tree) if host is not None and len(host) == ids.shape[0] else None
     generator.host_text = None  # it described this step's text only
     return tree
@@ -402,7 +408,7 @@ def resync(generator: TreeCandidateGenerator, ids: torch.Tensor) -> int:
     On the host where the loop says what the text is (``generator.host_text``) and the drafter's last proposal's tokens
     came back with the step's read (:attr:`DraftTree.token_list`): nothing is read from the device. Otherwise by
     comparing tensors (:func:`~hf_specdraft.core.cache.resync_cache`)."""
-    host, last = getattr(generator, "host_text", None), getattr(generator, "seen_host", None)
+    host, last = generator.host_text, generator.seen_host
     known = None if last is None else last[1].token_list if last[1].token_list is not None else last[1].known_tokens
     if host is None or known is None or len(host) != ids.shape[0]:
         return resync_cache(generator.cache, generator.seen, ids)

@@ -229,7 +229,7 @@ def setup_call(model, rows: list[Row], stopping_criteria, generation_config: Gen
         row.traits = traits_of(row.generator)
     one_row = len(rows) == 1 and rows[0].pad == 0
     return Step(model, layout_for(model, generation_config, rows, one_row), generation_config, HostStops(stopping_criteria, generation_config),
-                StateRequest(model, [row.generator for row in rows]), StepMeter(StepClock(model.device)), output_vocab_size(model), acceptance, streamer,
+                StateRequest(model, [row.generator for row in rows], [row.traits for row in rows]), StepMeter(StepClock(model.device)), output_vocab_size(model), acceptance, streamer,
                 one_row=one_row)
 
 
@@ -241,7 +241,7 @@ def layout_for(model, generation_config: GenerationConfig, rows: list[Row], one_
     static = static_target(model, generation_config, len(rows))
     if static.compiled and one_row:
         for row in rows:
-            if hasattr(row.generator, "compile_draft"):
+            if row.traits.compiles_draft:
                 try:
                     made = row.generator.compile_draft(generation_config, static.compile_config, static.cache)
                 except StaticCacheBusy:  # another thread's call holds this draft's static cache: this one drafts eagerly

@@ -72,29 +72,25 @@ class TargetState:
         return {"position_ids": self.position_ids, "attention_mask": None}
 
 
-def asks_for_state(generator) -> bool:
-    """Whether ``generator`` declares transformers' ``requires_model_outputs``."""
-    return bool(getattr(type(generator), "requires_model_outputs", False) or getattr(generator, "requires_model_outputs", False))
-
-
 class StateRequest:
     """What the call's drafters ask of the target's forwards, merged once per call.
 
     Args:
-        model: the target. drafters: every row's drafter.
+        model: the target. drafters: every row's drafter. traits: what each declares (its
+            :class:`~hf_specdraft.core.traits.DrafterTraits`: ``requires_model_outputs`` and ``model_kwargs_overrides``).
 
     Attributes:
         kwargs (`dict`): merged into every target forward of the call (empty when no drafter asks).
     """
 
-    def __init__(self, model, drafters):
+    def __init__(self, model, drafters, traits):
         self.kwargs: dict = {}
         self.producers: dict[str, int] | None = None  # asked for return_shared_kv_states: the layers the loop reads them from
-        askers = [d for d in drafters if asks_for_state(d)]
+        askers = [(d, t) for d, t in zip(drafters, traits, strict=True) if t.requires_model_outputs]
         layers = model.config.get_text_config().num_hidden_layers
         wanted: set[int] | bool = set()
-        for drafter in askers:
-            for key, value in dict(getattr(drafter, "model_kwargs_overrides", None) or {}).items():
+        for drafter, declared in askers:
+            for key, value in declared.model_kwargs_overrides.items():
                 if key == HIDDEN:
                     wanted = _merge_layers(wanted, value, layers, drafter)
                 elif key == SHARED_KV and value:  # served from the cache the loop kept, not the verify forward's (which

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 AUTO_MAX = 8  # the longest draft the controller considers
 
@@ -21,3 +21,5 @@ class DrafterTraits:
     reads_target_cache: bool = True  # propose() reads the target's cache (the loop builds a view only for those)
     tokens_in_vocab: bool = False  # its tokens come from a draft checked to share the target's vocabulary
     requires_model_outputs: bool = False  # it reads the target's state (core.target_state)
+    model_kwargs_overrides: dict = field(default_factory=dict)  # what it asks of the target's forward (core.target_state)
+    compiles_draft: bool = False  # it has compile_draft: on the compiled static path its draft runs on a static cache of its own

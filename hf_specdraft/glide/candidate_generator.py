@@ -95,6 +95,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
     stops_on_confidence = True  # draft_chain asks the loop's stop_rule after every token
     tokens_in_vocab = True  # GLIDE shares its target's vocabulary (checked when it binds to the target)
+    compiles_draft = True  # compile_draft: its forwards on a static cache of its own (eager where it cannot)
 
     @property
     def requires_model_outputs(self) -> bool:
