@@ -1,20 +1,28 @@
-"""``hf-specdraft export``: a state-reading GLIDE in Gemma 4's assistant layout (what vLLM serves as "mtp") computes
-what GLIDE computes, checked against transformers' own Gemma 4 assistant; GLIDEs the layout cannot express are refused."""
+"""``hf-specdraft export``: a state-reading GLIDE in Gemma 4's assistant layout, for vLLM (which serves it as "mtp").
+
+The layout's computation is checked with transformers' ``Gemma4AssistantForCausalLM`` as its reference, fed the inputs
+vLLM builds (the target's embedding rows times sqrt(hidden_size), the target's last-layer keys and values): that is a
+check of the weights' mapping, not of transformers' assisted generation, which does not run an export (transformers 5.23
+does not load its config; its generator feeds unscaled rows). The export says it is for vLLM, ``draft_model=`` refuses
+it by the GLIDE's name, a reduced head never drafts outside the draft vocabulary, and GLIDEs the layout cannot express
+are refused."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import DynamicCache, Gemma4AssistantForCausalLM, Gemma4TextConfig
+from transformers import DynamicCache, Gemma4AssistantForCausalLM, Gemma4TextConfig, GenerationConfig
 
 from conftest import VOCAB, tiny_model
 from hf_specdraft.core.support import with_cache
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM
-from hf_specdraft.glide.export import assistant_weights, export_glide, unexpressible
+from hf_specdraft import speculative_generate
+from hf_specdraft.glide.export import EXPORT_KEY, assistant_weights, export_glide, unexpressible
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,7 +53,10 @@ def all_layers_shared(monkeypatch):
 
 @pytest.mark.parametrize("draft_vocab", [None, list(range(0, VOCAB, 2))], ids=["full-vocabulary", "reduced-vocabulary"])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_the_export_computes_what_glide_computes_in_transformers_gemma4_assistant(draft_vocab, layers, tmp_path, all_layers_shared):
+def test_the_export_computes_what_glide_computes_from_vllms_inputs(draft_vocab, layers, tmp_path, all_layers_shared):
+    """The layout's forward (transformers' module as its reference) on the inputs vLLM builds gives GLIDE's next state
+    and logits; with a reduced head, vLLM's suppression of the excluded ids leaves every draft, greedy or sampled, inside
+    GLIDE's draft vocabulary."""
     target = tiny_model("llama")
     glide = assistant_glide(target, num_hidden_layers=layers, target_layer_ids=[1] * layers, draft_token_ids=draft_vocab)
     out = export_glide(glide, tmp_path / "export", target.config)
@@ -69,7 +80,11 @@ def test_the_export_computes_what_glide_computes_in_transformers_gemma4_assistan
         torch.testing.assert_close(theirs.logits[..., ids], ours.logits[..., ids], atol=1e-5, rtol=1e-4)
         others = torch.ones(VOCAB, dtype=torch.bool)
         others[ids] = False
-        assert bool((theirs.logits[..., others] == 0).all())  # zero rows: the ids GLIDE never drafts
+        suppressed = GenerationConfig.from_pretrained(out).suppress_tokens or []
+        assert sorted(suppressed) == others.nonzero().flatten().tolist()
+        served_logits = theirs.logits.index_fill(-1, torch.tensor(suppressed), -float("inf"))  # vLLM's Gemma4MTP.compute_logits
+        assert torch.equal(served_logits.argmax(-1), ours.logits.argmax(-1))  # greedy: GLIDE's draft
+        assert bool((served_logits.softmax(-1)[..., others] == 0).all())  # sampled: no mass outside the draft vocabulary
     notes = json.loads((out / "export.json").read_text())
     assert bool(notes["approximations"]) == (draft_vocab is not None)
     assert json.loads((out / "target_config.json").read_text())["layer_types"] == ["full_attention"] * target.config.num_hidden_layers
@@ -120,3 +135,33 @@ def test_the_weights_file_holds_only_the_layouts_tensors(tmp_path):
                                                        "input_layernorm.weight", "post_attention_layernorm.weight",
                                                        "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight",
                                                        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "layer_scalar"))}
+
+
+def saved_assistant_glide(target, path, **overrides):
+    """An exportable GLIDE saved to ``path`` and loaded back, as a trained one is exported (its name is its directory)."""
+    assistant_glide(target, **overrides).save_pretrained(path)
+    return GlideForCausalLM.from_pretrained(path).eval()
+
+
+def test_the_export_says_it_is_for_vllm_and_names_its_glide(tmp_path):
+    target = tiny_model("llama")
+    glide = saved_assistant_glide(target, tmp_path / "glide", draft_token_ids=list(range(0, VOCAB, 2)))
+    out = export_glide(glide, tmp_path / "export", target.config)
+    config = json.loads((out / "config.json").read_text())
+    assert config[EXPORT_KEY] == {"serves_in": "vllm", "glide": str(tmp_path / "glide")}
+    notes = json.loads((out / "export.json").read_text())
+    assert notes["glide"] == str(tmp_path / "glide") and notes["serves_in"].startswith("vLLM only")
+    card = (out / "README.md").read_text()
+    assert "for vLLM only" in card and str(tmp_path / "glide") in card
+    assert "suppress_tokens" in notes["excluded_ids"]
+
+
+def test_draft_model_refuses_an_export_and_names_the_glide_to_use(tmp_path, all_layers_shared):
+    target = tiny_model("llama")
+    glide = saved_assistant_glide(target, tmp_path / "glide")
+    out = export_glide(glide, tmp_path / "export", target.config)
+    served = Gemma4AssistantForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="exported for vLLM.*" + re.escape(f"GlideForCausalLM.from_pretrained('{tmp_path / 'glide'}')")):
+        speculative_generate(target, ids, draft_model=served, max_new_tokens=4)
+    assert speculative_generate(target, ids, draft_model=glide, max_new_tokens=4).shape[1] == 10  # the GLIDE itself drafts

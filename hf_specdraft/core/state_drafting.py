@@ -38,6 +38,17 @@ def is_gemma4_assistant(model) -> bool:
     return type(model).__name__.startswith(("Gemma4Assistant", "Gemma4UnifiedAssistant"))
 
 
+def refuse_glide_export(model) -> None:
+    """A GLIDE exported for vLLM (``hf-specdraft export``; its config records the GLIDE it came from) is refused: its
+    inputs are scaled for vLLM, and in transformers the GLIDE checkpoint itself is the drafter."""
+    export = model.config.to_dict().get("hf_specdraft_export")
+    if export:
+        glide = repr(export["glide"]) if export.get("glide") else "<the GLIDE checkpoint it was exported from>"
+        raise ValueError(f"draft_model is a GLIDE exported for vLLM ({type(model).__name__}, hf-specdraft export), which drafts "
+                         f"right only in vLLM: in transformers pass the GLIDE itself, "
+                         f"draft_model=GlideForCausalLM.from_pretrained({glide})")
+
+
 def reads_target_state(model) -> bool:
     """Whether ``draft_model`` is one of the state-reading drafters this module runs."""
     return is_dflash(model) or is_gemma4_assistant(model)
@@ -60,6 +71,7 @@ class StateReadingDrafter(TreeCandidateGenerator):
         if not reads_target_state(draft_model):
             raise ValueError(f"draft_model must be a Gemma 4 assistant or a DFlash drafter (a config with {', '.join(DFLASH_FIELDS)}), "
                              f"got {type(draft_model).__name__}")
+        refuse_glide_export(draft_model)
         self.draft_model = draft_model
         self.dflash = is_dflash(draft_model)
         if self.dflash:

@@ -1,5 +1,11 @@
-"""A trained GLIDE written as a checkpoint serving engines load: Gemma 4's assistant layout, which vLLM serves as its
-``"mtp"`` speculative method on any target whose KV cache it can share (a Llama target included; docs/serving.md).
+"""A trained GLIDE written for vLLM: Gemma 4's assistant layout, which vLLM serves as its ``"mtp"`` speculative method on
+any target whose KV cache it can share (a Llama target included; docs/serving.md).
+
+The export is for vLLM only. In transformers the GLIDE checkpoint itself is the drafter
+(``speculative_generate(target, ids, draft_model=GlideForCausalLM.from_pretrained(glide_dir))``): the export's embedding
+half of ``pre_projection`` is scaled for vLLM's inputs (below), which transformers' Gemma 4 assistant generator does not
+feed, and transformers 5.23 does not load a one-type, all-KV-shared assistant config at all. The export's config records
+the GLIDE it came from (:data:`EXPORT_KEY`), and ``draft_model=`` refuses an export with that GLIDE's name.
 
 The layouts agree where GLIDE is built with ``state_input=True, self_attention=False`` (GlideConfig): each draft layer
 is Q-only attention over the target's last layer's keys and values, RMS-normed query heads at unit scaling, a norm
@@ -11,9 +17,11 @@ weights map by name and shape (:data:`LAYER_NAMES`); two things the layout expre
   whatever the target), so the embedding half of ``pre_projection`` is divided by that scale. A GLIDE whose input rows are
   the target's (the SmolLM2 recipe pins them) computes the same inputs for every id of its draft vocabulary; an id outside
   it reads its own row in vLLM, the shared "another token" row in GLIDE;
-- the head: the layout scores the whole vocabulary with one tied table. A reduced-vocabulary GLIDE's rows go to their
-  ids and every other id gets a zero row (a logit of 0 where GLIDE gives the dtype's minimum): the drafts differ only
-  where none of GLIDE's own logits is positive.
+- the head: the layout scores the whole vocabulary with one tied table and no bias. A reduced-vocabulary GLIDE's rows go
+  to their ids, every other id gets a zero row, and the export's ``generation_config.json`` lists those ids as
+  ``suppress_tokens``: vLLM's Gemma 4 MTP model sets their draft logits to -inf (``Gemma4MTP.compute_logits``, vllm
+  0.32.0), so no greedy or sampled draft falls outside GLIDE's draft vocabulary, as in GLIDE, whose logits there are the
+  dtype's minimum.
 
 What cannot be expressed (self-attention, no state input, a glimpse of another layer than the target's last, a draft
 width other than the target's) is refused by name, with the GLIDE option that would make it exportable. The target needs
@@ -47,6 +55,7 @@ LAYER_NAMES = {
     "mlp.down_proj.weight": "mlp.down_proj.weight",
     "post_feedforward_layernorm.weight": "post_feedforward_layernorm.weight",
 }
+EXPORT_KEY = "hf_specdraft_export"  # in the export's config.json: what it is for and the GLIDE it was exported from
 TOP_NAMES = {"model.norm.weight": "model.norm.weight", "model.post_projection.weight": "post_projection.weight"}
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")  # act-and-mul kinds vLLM's Gemma 4 MLP takes
 
@@ -132,7 +141,45 @@ def assistant_config(glide) -> PretrainedConfig:
     assistant = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=config.target_hidden_size, use_ordered_embeddings=False,
                                       tie_word_embeddings=True)
     assistant.architectures = ["Gemma4AssistantForCausalLM"]
+    setattr(assistant, EXPORT_KEY, {"serves_in": "vllm", "glide": glide_source(glide)})
     return assistant
+
+
+def glide_source(glide) -> str | None:
+    """The GLIDE checkpoint ``glide`` was loaded from (``None``: built in memory)."""
+    return str(glide.name_or_path) or None
+
+
+def excluded_ids(config) -> list[int]:
+    """The ids a reduced-vocabulary GLIDE never drafts (empty for a full vocabulary)."""
+    if config.draft_token_ids is None:
+        return []
+    kept = set(config.draft_token_ids)
+    return [i for i in range(config.vocab_size) if i not in kept]
+
+
+def model_card(glide) -> str:
+    """The export's README.md: what it is for, and what to use in transformers instead."""
+    source = glide_source(glide)
+    glide_line = f"`{source}`" if source else "the GLIDE checkpoint it was exported from"
+    return f"""---
+library_name: vllm
+tags: [speculative-decoding, glide, gemma4_assistant]
+---
+
+# A GLIDE drafter exported for vLLM
+
+This is a GLIDE drafter (hf_specdraft) written in Gemma 4's assistant layout, which vLLM serves as its `"mtp"`
+speculative method: `speculative_config={{"method": "mtp", "model": "<this directory>", "num_speculative_tokens": 3}}`,
+on a copy of the target whose `config.json` is `target_config.json` (it adds `layer_types`).
+
+It is for vLLM only. Its `pre_projection` expects vLLM's inputs (the target's embedding rows times sqrt(hidden_size)),
+so transformers' own Gemma 4 assistant generation would draft from the wrong inputs; hf_specdraft refuses it as
+`draft_model=`. In transformers, draft with the GLIDE checkpoint itself: {glide_line}
+(`GlideForCausalLM.from_pretrained(...)`, passed as `draft_model=` to `hf_specdraft.speculative_generate`).
+
+What the export approximates is listed in `export.json`.
+"""
 
 
 def target_config_for_serving(target_config: PretrainedConfig) -> dict:
@@ -150,9 +197,9 @@ def target_config_for_serving(target_config: PretrainedConfig) -> dict:
 
 
 def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig | None = None) -> Path:
-    """Write ``glide`` into ``output_dir`` in Gemma 4's assistant layout (``config.json``, ``model.safetensors``,
-    ``generation_config.json``, ``export.json``: what was approximated) and, given the target's config, the target's
-    config with ``layer_types`` as ``target_config.json``.
+    """Write ``glide`` into ``output_dir`` in Gemma 4's assistant layout, for vLLM (``config.json``, ``model.safetensors``,
+    ``generation_config.json``, ``README.md``, ``export.json``: what it is for and what was approximated) and, given the
+    target's config, the target's config with ``layer_types`` as ``target_config.json``.
 
     Raises:
         ValueError: the GLIDE cannot be expressed in the layout (:func:`unexpressible`), or ``target_config`` is not the
@@ -167,16 +214,22 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
     output_dir.mkdir(parents=True, exist_ok=True)
     assistant_config(glide).save_pretrained(output_dir)
     save_file(weights, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
+    (output_dir / "README.md").write_text(model_card(glide))
     config = glide.config
     generation = {key: getattr(config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(config, key) is not None}
+    if config.draft_token_ids is not None:  # vLLM sets these draft logits to -inf: every draft stays in GLIDE's vocabulary
+        generation["suppress_tokens"] = excluded_ids(config)
     (output_dir / "generation_config.json").write_text(json.dumps(generation, indent=1) + "\n")
     notes = {
         "source": "hf_specdraft GLIDE (state_input, assistant layout)",
+        "glide": glide_source(glide),
+        "serves_in": "vLLM only (speculative method 'mtp'); in transformers, use the GLIDE checkpoint itself as draft_model=",
         "target": config.target_name_or_path,
         "draft_vocabulary": None if config.draft_token_ids is None else len(config.draft_token_ids),
+        "excluded_ids": None if config.draft_token_ids is None else (
+            f"the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's draft vocabulary have zero head rows and "
+            "are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 MTP model sets to -inf"),
         "approximations": [] if config.draft_token_ids is None else [
-            f"the head scores the whole vocabulary: the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's "
-            "draft vocabulary get zero rows (logit 0) where GLIDE never drafts them",
             "ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's shared row"],
         "serve": {"speculative_config": {"method": "mtp", "model": str(output_dir), "num_speculative_tokens": 3},
                   "target": "a copy of the target's directory whose config.json is target_config.json"},
