@@ -40,7 +40,7 @@ MAX_MODEL_LEN = 1024  # prompts are < 300 tokens: room for them and the generate
 WORKER = Path(__file__).with_name("vllm_worker.py")
 SHIPPED_GLIDE = Path(__file__).parents[2] / "hf_specdraft" / "defaults" / "checkpoint_smollm2" / "glide_assistant"  # exportable
 MIN_MAL = 1.3  # our loop's MAL at vLLM's γ below which the GLIDE drafts too little for the comparison to mean anything
-MAL_TOLERANCE = 0.35  # a few prompts of 32 tokens: one accepted token more or less moves MAL by ~0.1
+MAL_TOLERANCE = 0.1  # the same greedy drafts verified the same way: the two MALs differ only where the engines round differently
 
 
 def venv_python(venv: Path) -> Path:
