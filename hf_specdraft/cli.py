@@ -200,6 +200,8 @@ def cmd_bench(args) -> int:
 
     from .bench import BenchConfig, format_table, run_bench
 
+    if args.prompts is not None:
+        return cmd_bench_prompts(args)
     methods = tuple(args.methods.split(",")) if args.methods else BenchConfig.methods
     config = BenchConfig(profile=args.profile, methods=methods, task=args.task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
                          context_prompt_chars=args.context_prompt_chars, repeats=args.repeats, warmup=args.warmup)
@@ -216,6 +218,38 @@ def cmd_bench(args) -> int:
     output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
     result = run_bench(bundle, config, output=output, warn=False)
     print(format_table(result["summary"], result["timing"]))
+    print(f"\nwrote {output}")
+    return 0
+
+
+def prompts_methods(bundle) -> tuple[str, ...]:
+    """``bench --prompts``'s methods without ``--methods``: the baselines (plain ``generate``, with the few-row linears,
+    prompt lookup, assisted decoding) and the demo's methods, those this bundle can run."""
+    from .bench import METHODS
+    from .bench.prompts import BASELINES
+
+    names = dict.fromkeys([*BASELINES, *DEMO_METHODS["completion"]])
+    return tuple(m for m in names if "chat" in METHODS[m].tasks and METHODS[m].available(bundle.extras, bundle.draft is not None))
+
+
+def cmd_bench_prompts(args) -> int:
+    """``bench --prompts FILE``: every turn of a Spec-Bench-format file, a per-category table (hf_specdraft.bench.prompts)."""
+    import torch
+
+    from .bench import BenchConfig
+    from .bench.prompts import DEFAULT_PROMPTS, format_category_table, read_prompts, run_prompts_bench
+
+    path = DEFAULT_PROMPTS if args.prompts == "default" else Path(args.prompts)
+    read_prompts(path)  # a malformed file fails before any model loads
+    if args.profile.startswith("gpu") and not torch.cuda.is_available():
+        raise ValueError(f"--profile {args.profile} needs a CUDA device; use --profile cpu here")
+    bundle = load_bundle(args.target, args.draft, dtype=torch_dtype(args.dtype), draft_dtype=torch_dtype(args.draft_dtype))
+    methods = tuple(args.methods.split(",")) if args.methods else prompts_methods(bundle)
+    config = BenchConfig(profile=args.profile, methods=methods, task="chat", max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                         warmup=args.warmup)
+    output = bench_output_path(args.output, config.profile, f"prompts-{path.stem}", args.overwrite)
+    result = run_prompts_bench(bundle, config, path, output=output, warn=False)
+    print(format_category_table(result))
     print(f"\nwrote {output}")
     return 0
 
@@ -275,6 +309,9 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
                        + ("; one of: " + ", ".join(method_names) if method_names else "; `hf-specdraft bench --help` lists them"))
     bench.add_argument("--task", default="completion", choices=("completion", "context", "chat"),
                        help="completion, context (CASD's rest-of-file task) or chat (requests in the target's chat template)")
+    bench.add_argument("--prompts", metavar="FILE.jsonl", help="run every turn of a Spec-Bench-format file (question_id, category, "
+                       "turns; 'default': the project's own held-out prompts) and print a per-category table; --task and "
+                       "--num-prompts do not apply")
     bench.add_argument("--num-prompts", type=int, help="held-out prompts (default: the profile's, 20 on cpu)")
     bench.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default: the profile's, 64 on cpu)")
     bench.add_argument("--repeats", type=int, help="timed runs per method and prompt, median kept (default: the profile's, 3)")

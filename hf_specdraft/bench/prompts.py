@@ -1,0 +1,310 @@
+"""``hf-specdraft bench --prompts FILE.jsonl``: the field's benchmark format, run by the bench harness.
+
+A prompts file holds one JSON object a line in Spec-Bench's question format (Xia et al., "Unlocking Efficiency in Large
+Language Model Inference: A Comprehensive Survey of Speculative Decoding", ACL Findings 2024, arXiv:2401.07851):
+
+    {"question_id": 1, "category": "translation", "turns": ["Translate into French: ..."]}
+    {"question_id": 2, "category": "multi-turn", "turns": ["What is a tarball?", "Now say it in one sentence."]}
+
+Every turn runs in order, in the target's chat template: the second turn runs with the first turn's user message and
+the target's greedy answer to it (target-only's, so that every method sees the same context) in the chat. Other fields
+(``reference``, ``source``, …) are kept but not used. Each (question, turn) is one timed prompt of the harness: every
+method runs ``repeats`` times on it in a rotated order, the median counts (:mod:`hf_specdraft.bench.timing`). The
+result has the harness's summary per category and overall, and each method's speedup against every baseline that ran
+(plain ``generate``, ``generate`` with the few-row linears, transformers' prompt lookup and assisted decoding).
+
+    hf-specdraft bench --prompts hf_specdraft/defaults/spec_prompts.jsonl --max-new-tokens 32
+
+The project ships its own prompts in this format (:data:`DEFAULT_PROMPTS`; docs/benchmarks.md says where their text
+comes from).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..defaults import DefaultBundle
+from ..defaults.tasks import TaskItem
+from .methods import FAST_BASELINE, METHODS, BenchContext
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "defaults" / "spec_prompts.jsonl"
+# the baselines each method's speedup is reported against, where they ran: plain generate, generate with the few-row
+# linears, transformers' prompt lookup (prompt_lookup_num_tokens=10) and assisted decoding with the plain draft
+BASELINES = ("target-only", FAST_BASELINE, "prompt-lookup", "stock-assisted")
+REQUIRED = {"question_id": "an int or a string", "category": "a non-empty string", "turns": "a non-empty list of non-empty strings"}
+
+
+@dataclass(frozen=True)
+class Question:
+    """One line of a prompts file."""
+
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...]
+    line: int  # 1-based line number in the file
+    extra: dict = field(default_factory=dict, compare=False)  # the line's other fields
+    file: str = "<prompts>"  # the file's path, for errors
+
+
+def _invalid(path, line: int, what: str) -> ValueError:
+    return ValueError(f"{path}:{line}: {what}; each line must be a JSON object with 'question_id' ({REQUIRED['question_id']}), "
+                      f"'category' ({REQUIRED['category']}) and 'turns' ({REQUIRED['turns']}), as in Spec-Bench's question.jsonl")
+
+
+def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
+    """The questions of a Spec-Bench-format JSONL text (blank lines skipped); ``path`` names it in errors.
+
+    Raises:
+        ValueError: naming ``path``, the line number and what would be valid, for a line that is not JSON or not an
+            object, a missing field, a field of the wrong type, empty ``turns``, a repeated ``question_id``, or a
+            file with no question.
+    """
+    questions: list[Question] = []
+    seen: dict = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise _invalid(path, number, f"not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(row, dict):
+            raise _invalid(path, number, f"a JSON {type(row).__name__}, not an object")
+        missing = [name for name in REQUIRED if name not in row]
+        if missing:
+            raise _invalid(path, number, f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        qid, category, turns = row["question_id"], row["category"], row["turns"]
+        if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+            raise _invalid(path, number, f"'question_id' is {qid!r}, not {REQUIRED['question_id']}")
+        if not isinstance(category, str) or not category.strip():
+            raise _invalid(path, number, f"'category' is {category!r}, not {REQUIRED['category']}")
+        if not isinstance(turns, list) or not turns:
+            raise _invalid(path, number, f"'turns' is {turns!r}, not {REQUIRED['turns']}")
+        for index, turn in enumerate(turns):
+            if not isinstance(turn, str) or not turn.strip():
+                raise _invalid(path, number, f"turn {index + 1} of 'turns' is {turn!r}, not a non-empty string")
+        if qid in seen:
+            raise _invalid(path, number, f"'question_id' {qid!r} repeats line {seen[qid]}'s")
+        seen[qid] = number
+        questions.append(Question(qid, category, tuple(turns), number, {k: v for k, v in row.items() if k not in REQUIRED}, str(path)))
+    if not questions:
+        raise ValueError(f"{path}: no question in the file; each line must be a JSON object with 'question_id', 'category' and 'turns'")
+    return questions
+
+
+def read_prompts(path: str | Path) -> list[Question]:
+    """The questions of a Spec-Bench-format JSONL file (:func:`parse_prompts`).
+
+    Raises:
+        ValueError: the file cannot be read, or is malformed (:func:`parse_prompts`).
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--prompts {str(path)!r} cannot be read: {err}") from None
+    return parse_prompts(text, path)
+
+
+def context_limit(model) -> int | None:
+    """The target's context length (``max_position_embeddings``), None if its config does not say."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    return getattr(config, "max_position_embeddings", None)
+
+
+def messages_for(question: Question, turn: int, answers: list[str]) -> list[dict]:
+    """The chat of ``question``'s turn ``turn`` (0-based): every earlier turn's user message and its answer, then this turn's."""
+    chat = []
+    for index in range(turn):
+        chat += [{"role": "user", "content": question.turns[index]}, {"role": "assistant", "content": answers[index]}]
+    return chat + [{"role": "user", "content": question.turns[turn]}]
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> torch.Tensor:
+    """`(1, L)` ids of ``messages`` in ``tokenizer``'s chat template, ready for the assistant's answer."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("--prompts needs a target whose tokenizer has a chat_template (an instruction-tuned target)")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+
+
+def check_lengths(questions: list[Question], tokenizer, max_new_tokens: int, limit: int | None) -> None:
+    """Refuse, before anything runs, a question whose last turn could not fit the target's context: all its user
+    messages in the chat template, each earlier turn's answer at most ``max_new_tokens`` tokens, and this turn's.
+
+    Raises:
+        ValueError: naming the file, the line, the tokens needed and the target's limit.
+    """
+    if limit is None:
+        return
+    for q in questions:
+        placeholder = ["x"] * (len(q.turns) - 1)  # an answer's tokens are counted as max_new_tokens below
+        needed = chat_ids(tokenizer, messages_for(q, len(q.turns) - 1, placeholder)).shape[1] + len(q.turns) * max_new_tokens
+        if needed > limit:
+            raise ValueError(f"{q.file}:{q.line}: question {q.question_id!r} needs up to {needed} tokens ({len(q.turns)} turn(s) in the "
+                             f"chat template and {max_new_tokens} new tokens per turn), more than the target's context of {limit} "
+                             f"tokens; shorten its turns or pass a smaller --max-new-tokens")
+
+
+def categories_in_order(questions: list[Question]) -> list[str]:
+    return list(dict.fromkeys(q.category for q in questions))
+
+
+def speedup_against(records: list[dict], method: str, baseline: str, prompts: set[int] | None = None) -> float | None:
+    """Sum over ``prompts`` (all the method's) of the baseline's median seconds / the method's: a wall-time ratio of the
+    same prompts, timed in the same run; None if either did not run."""
+    from .harness import _median_seconds
+
+    mine = _median_seconds([r for r in records if r["method"] == method and (prompts is None or r["prompt"] in prompts)])
+    theirs = _median_seconds([r for r in records if r["method"] == baseline])
+    if not mine or not set(mine) <= set(theirs) or not sum(mine.values()):
+        return None
+    return sum(theirs[p] for p in mine) / sum(mine.values())
+
+
+def category_table(records: list[dict], units: list[tuple[int, int]], questions: list[Question], methods: tuple[str, ...]) -> dict:
+    """Per category and ``overall``: the harness's summary (:func:`~hf_specdraft.bench.harness.summarize`) of its prompts,
+    with each method's speedup against every baseline that ran (``speedup_vs``)."""
+    from .harness import summarize
+
+    groups = {c: {i for i, (q, _) in enumerate(units) if questions[q].category == c} for c in categories_in_order(questions)}
+    groups["overall"] = set(range(len(units)))
+    table = {}
+    for name, prompts in groups.items():
+        chosen = [r for r in records if r["prompt"] in prompts]
+        summary = summarize(chosen, methods)
+        for m in methods:
+            summary[m]["speedup_vs"] = {b: speedup_against(chosen, m, b) for b in BASELINES if b in methods}
+        table[name] = {"prompts": len(prompts), "questions": len({units[i][0] for i in prompts}), "methods": summary}
+    return table
+
+
+def run_prompts_bench(bundle: DefaultBundle, config, prompts: str | Path | list[Question], output: str | Path | None = None,
+                      warn: bool = True) -> dict:
+    """Run ``config.methods`` on every turn of every question of ``prompts`` (a path, or :func:`parse_prompts`'s
+    questions); return (and write to ``output``) the result: the harness's meta (hardware, dtype, versions) and the
+    prompts file, ``categories`` (:func:`category_table`), the timing verdict, and every record (``prompt`` indexes
+    ``units``: ``[question index, turn]``)."""
+    from .compile_watch import add_counts
+    from .harness import _ForwardCounter, _timing_only, baseline_noise, environment, run_noise, run_one
+    from .timing import LoadMonitor, verdict, warning_text
+
+    questions = read_prompts(prompts) if not isinstance(prompts, list) else prompts
+    path = questions[0].file
+    extras = bundle.extras
+    for m in config.methods:
+        if "chat" not in METHODS[m].tasks:
+            raise ValueError(f"method {m!r} runs on tasks {METHODS[m].tasks}; --prompts runs chat requests")
+        if not METHODS[m].available(extras, bundle.draft is not None):
+            raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
+    device = bundle.target.device
+    check_lengths(questions, bundle.tokenizer, config.max_new_tokens, context_limit(bundle.target))
+
+    def context(q: int, turn: int, answers: list[str]) -> BenchContext:
+        question = questions[q]
+        ids = chat_ids(bundle.tokenizer, messages_for(question, turn, answers)).to(device)
+        item = TaskItem("chat", str(question.question_id), question.turns[turn], "")
+        return BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, extras)
+
+    counter = _ForwardCounter(bundle.target)
+    records: list[dict] = []
+    units: list[tuple[int, int]] = []
+    warmup_seconds: dict[str, float] = {}
+    warmup_compiles: dict[str, dict] = {}
+    monitor = LoadMonitor().start()
+    try:
+        # untimed warm-up on the longest first turns (later turns are longer still: a static cache may grow there)
+        firsts = sorted(range(len(questions)), key=lambda q: len(questions[q].turns[0]), reverse=True)[: config.warmup]
+        for q in tqdm(firsts, desc="warm-up (untimed)", disable=not firsts):
+            ctx = context(q, 0, [])
+            for m in config.methods:
+                started = time.perf_counter()
+                record = run_one(m, ctx, counter)
+                warmup_seconds[m] = warmup_seconds.get(m, 0.0) + time.perf_counter() - started
+                warmup_compiles[m] = add_counts(warmup_compiles.get(m, {}), record["compiles"])
+        bar = tqdm(total=sum(len(q.turns) for q in questions), desc=f"bench {Path(str(path)).name}", unit="turn")
+        for q, question in enumerate(questions):
+            answers: list[str] = []
+            for turn in range(len(question.turns)):
+                ctx = context(q, turn, answers)
+                index = len(units)
+                units.append((q, turn))
+                for repeat in range(config.repeats):  # rotated order, as the harness does
+                    bar.set_postfix_str(f"{question.category}, repeat {repeat + 1}/{config.repeats}")
+                    shift = (index + repeat) % len(config.methods)
+                    for m in config.methods[shift:] + config.methods[:shift]:
+                        record = run_one(m, ctx, counter)
+                        if m == "target-only" and repeat == 0:  # the next turn's context holds the target's own answer
+                            answer = bundle.tokenizer.decode(record["tokens"], skip_special_tokens=True)
+                        records.append({"prompt": index, "repeat": repeat, **(record if repeat == 0 else _timing_only(record))})
+                answers.append(answer)
+                bar.update(1)
+        bar.close()
+    finally:
+        counter.handle.remove()
+    load = monitor.other_cores()
+    categories = category_table(records, units, questions, tuple(config.methods))
+    overall = categories["overall"]["methods"]
+    result = {
+        "meta": {**environment(bundle), "prompts": str(path), "questions": len(questions), "turns": len(units),
+                 "categories": categories_in_order(questions), "max_new_tokens": config.max_new_tokens, "methods": list(config.methods),
+                 "descriptions": {m: METHODS[m].description for m in config.methods},
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                 "command": " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None},
+        "categories": categories,
+        "units": [[q, turn] for q, turn in units],
+        "question_ids": [q.question_id for q in questions],
+        "timing": {"repeats": config.repeats, "warmup_prompts": len(firsts), "warmup_seconds": warmup_seconds,
+                   "warmup_compiles": warmup_compiles, "invalid_methods": [m for m, s in overall.items() if not s["valid"]],
+                   **verdict(load, torch.get_num_threads(), run_noise(overall), baseline_noise(records))},
+        "records": records,
+    }
+    if warn and not result["timing"]["reliable"]:
+        warnings.warn(warning_text(result["timing"]), stacklevel=2)
+    if output is not None:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def format_category_table(result: dict) -> str:
+    """Spec-Bench's leaderboard layout: one row per method, its speedup against target-only per category and overall;
+    then MAL (tokens per target forward) and token identity with target-only, the same way; then the overall speedup
+    against every baseline that ran."""
+    categories = result["categories"]
+    names = list(categories)
+    methods = list(next(iter(categories.values()))["methods"])
+    width = max(10, *(len(n) + 2 for n in names))
+    pad = max(len(m) for m in methods) + 2
+
+    def block(title: str, cell) -> list[str]:
+        header = f"{title:<{pad}}" + "".join(f"{n:>{width}}" for n in names)
+        return [header, "-" * len(header)] + [f"{m:<{pad}}" + "".join(f"{cell(categories[n]['methods'][m]):>{width}}" for n in names)
+                                              for m in methods]
+
+    ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    rows = block("speedup", lambda s: ratio(s["speedup_vs_target_only"]))
+    rows += [""] + block("MAL", lambda s: f"{s['tokens_per_target_call']:.2f}")
+    rows += [""] + block("=target", lambda s: f"{s['equals_target_only']:.0%}")
+    baselines = [b for b in BASELINES if b in methods]
+    header = f"{'overall vs':<{pad}}" + "".join(f"{b:>{max(len(b) + 2, 10)}}" for b in baselines)
+    rows += ["", header, "-" * len(header)]
+    rows += [f"{m:<{pad}}" + "".join(f"{ratio(categories['overall']['methods'][m]['speedup_vs'].get(b)):>{max(len(b) + 2, 10)}}"
+                                      for b in baselines) for m in methods]
+    counts = ", ".join(f"{n} {c['questions']}" for n, c in categories.items() if n != "overall")
+    rows.append(f"\nquestions per category: {counts}; {result['meta']['turns']} turns, {result['meta']['max_new_tokens']} new tokens each")
+    timing = result["timing"]
+    rows.append(f"speedup: wall time of the baseline / the method's, median of {timing['repeats']} interleaved runs per turn; "
+                "MAL: new tokens per target forward; =target: turns whose tokens equal target-only's")
+    if not timing["reliable"]:
+        from .timing import warning_text
+
+        rows.insert(0, warning_text(timing))
+    return "\n".join(rows)
