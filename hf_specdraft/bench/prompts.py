@@ -171,7 +171,7 @@ def speedup_against(records: list[dict], method: str, baseline: str, prompts: se
 
 def category_table(records: list[dict], units: list[tuple[int, int]], questions: list[Question], methods: tuple[str, ...]) -> dict:
     """Per category and ``overall``: the harness's summary (:func:`~hf_specdraft.bench.harness.summarize`) of its prompts,
-    with each method's speedup against every baseline that ran (``speedup_vs``)."""
+    with each method's speedup against every baseline that ran (``speedup_vs``) and its MAL (``mal``)."""
     from .harness import summarize
 
     groups = {c: {i for i, (q, _) in enumerate(units) if questions[q].category == c} for c in categories_in_order(questions)}
@@ -182,6 +182,10 @@ def category_table(records: list[dict], units: list[tuple[int, int]], questions:
         summary = summarize(chosen, methods)
         for m in methods:
             summary[m]["speedup_vs"] = {b: speedup_against(chosen, m, b) for b in BASELINES if b in methods}
+            # MAL, new tokens per decoding step: the loop's mean accepted length (its prompt forward is no step), else new
+            # tokens per target forward (transformers' generate: its prompt forward yields the first token)
+            loop = summary[m]["mean_accepted_length"]
+            summary[m]["mal"] = loop if loop is not None else summary[m]["tokens_per_target_call"]
         table[name] = {"prompts": len(prompts), "questions": len({units[i][0] for i in prompts}), "methods": summary}
     return table
 
@@ -291,7 +295,7 @@ def format_category_table(result: dict) -> str:
 
     ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
     rows = block("speedup", lambda s: ratio(s["speedup_vs_target_only"]))
-    rows += [""] + block("MAL", lambda s: f"{s['tokens_per_target_call']:.2f}")
+    rows += [""] + block("MAL", lambda s: f"{s['mal']:.2f}")
     rows += [""] + block("=target", lambda s: f"{s['equals_target_only']:.0%}")
     baselines = [b for b in BASELINES if b in methods]
     header = f"{'overall vs':<{pad}}" + "".join(f"{b:>{max(len(b) + 2, 10)}}" for b in baselines)
@@ -302,7 +306,7 @@ def format_category_table(result: dict) -> str:
     rows.append(f"\nquestions per category: {counts}; {result['meta']['turns']} turns, {result['meta']['max_new_tokens']} new tokens each")
     timing = result["timing"]
     rows.append(f"speedup: wall time of the baseline / the method's, median of {timing['repeats']} interleaved runs per turn; "
-                "MAL: new tokens per target forward; =target: turns whose tokens equal target-only's")
+                "MAL: new tokens per decoding step (target forward); =target: turns whose tokens equal target-only's")
     if not timing["reliable"]:
         from .timing import warning_text
 
