@@ -3,9 +3,9 @@
 For each request of a prompts file (Spec-Bench's format: ``question_id``, ``category``, ``turns``; Xia et al. 2024,
 arXiv:2401.07851) the target answers its first turn greedily in its chat template; then, per ``category``:
 
-- **teacher-forced**: greedy agreement at draft steps 1-3, each given the earlier ones
-  (:func:`hf_specdraft.glide.unrolled.conditional_agreement`), over windows of the request and the target's answer,
-  the target run over them (:class:`~hf_specdraft.glide.objective.TargetWindows`);
+- **teacher-forced**: the first draft token's greedy agreement at every position of the target's answer, the request
+  and the answer fed as they are (:func:`hf_specdraft.glide.evaluation.teacher_forced_alpha`, training's block-wise
+  glimpse);
 - **in the loop**: ``speculative_generate`` with the drafter at γ = 1 and copying off, every step judged by the
   target: accepted / judged draft tokens, the first draft token's agreement as decoding meets it.
 
@@ -26,11 +26,7 @@ from tqdm.auto import tqdm
 
 from hf_specdraft import speculative_generate
 from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
-from hf_specdraft.glide.objective import TargetWindows
-
-from .state_glide import agreement
-
-WINDOW = 96  # tokens per teacher-forced window: a request's tail and the answer
+from hf_specdraft.glide.evaluation import teacher_forced_alpha
 
 
 def read_prompts(path: str | Path) -> list[dict]:
@@ -74,17 +70,18 @@ def in_loop(target, glide, answered, max_new_tokens: int) -> dict[str, dict]:
     return {c: {"agreement": round(a / j, 4) if j else 0.0, "judged": j, "identical": same} for c, (a, j, same) in per.items()}
 
 
-def teacher_forced(target, glide, answered) -> dict[str, list[float]]:
-    """Per category: conditional greedy agreement at draft steps 1-3 over windows of request + answer."""
-    per: dict[str, list[int]] = {}
+def teacher_forced(target, glide, answered) -> dict[str, dict]:
+    """Per category: greedy agreement of the first draft token at the answer's positions, teacher-forced on the request
+    and the target's answer (GLIDE glimpses with training's block-wise mask, Du et al. 2024, §4.1)."""
+    per: dict[str, list[float]] = {}
     for category, ids, prompt_length in answered:
-        per.setdefault(category, []).extend(ids[max(0, len(ids) - WINDOW) :] if len(ids) >= WINDOW else [])
-    result = {}
-    for category, stream in per.items():
-        if len(stream) >= WINDOW:
-            source = TargetWindows(torch.tensor(stream), WINDOW, stride=WINDOW)
-            result[category] = agreement(target, glide, source)
-    return result
+        if len(ids) - prompt_length < 2:
+            continue
+        scores = teacher_forced_alpha(target, glide, torch.tensor([ids]), block_size=5, batch_size=1, skip=prompt_length - 1)
+        entry = per.setdefault(category, [0.0, 0])
+        entry[0] += scores["greedy_agreement"] * scores["eval_positions"]
+        entry[1] += scores["eval_positions"]
+    return {c: {"agreement": round(a / n, 4) if n else 0.0, "positions": n} for c, (a, n) in per.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
               "drafters": {}}
     for name, path in drafters.items():
         glide = GlideForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        result["drafters"][name] = {"path": path, "teacher_forced_by_step": teacher_forced(target, glide, answered),
+        result["drafters"][name] = {"path": path, "teacher_forced_step_1": teacher_forced(target, glide, answered),
                                     "in_loop_step_1": in_loop(target, glide, answered, ns.max_new_tokens)}
         print(name, json.dumps(result["drafters"][name], indent=1))
     result["meta"]["seconds"] = round(time.time() - start, 1)
