@@ -4,7 +4,6 @@ what it runs.
     hf-specdraft demo                       # the shipped default: one method per idea vs target-only, one table
     hf-specdraft demo --target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID
     hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
-    hf-specdraft report                     # BENCHMARKS.md from benchmarks/results/*.json
     hf-specdraft train-glide --target DIR (--data FILES | --dataset FILE_OR_HUB_ID [--regenerate]) --output-dir DIR   # see --help
     hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
     hf-specdraft export GLIDE_DIR OUTPUT_DIR [--target DIR]              # a GLIDE as vLLM serves it (docs/serving.md)
@@ -12,8 +11,8 @@ what it runs.
 The parsers use the standard library only, and each command imports torch and the library when it runs (``import
 hf_specdraft`` loads nothing eagerly), so ``hf-specdraft --help`` answers at once. The studies and training recipes
 beside the package run as ``python -m benchmarks.studies.<name>`` and ``python -m recipes.<name>`` from a source
-checkout (benchmarks/studies/README.md, recipes/README.md); training a small target of one's own is
-``python -m recipes.training``.
+checkout (benchmarks/studies/README.md, recipes/README.md); BENCHMARKS.md and the README's headline table are rendered
+by ``python -m benchmarks.report``; training a small target of one's own is ``python -m recipes.training``.
 """
 
 from __future__ import annotations
@@ -254,18 +253,6 @@ def cmd_bench_prompts(args) -> int:
     return 0
 
 
-def cmd_report(args) -> int:
-    from .bench.headline import write_headline
-    from .bench.report import write_report
-
-    path = write_report(args.output, args.results_dir)
-    print(f"wrote {path} (plots in {Path(args.results_dir).parent / 'plots'})")
-    demo_dir = Path(args.results_dir).parent / "demo"
-    if write_headline(Path(args.output).parent / "README.md", demo_dir):
-        print(f"wrote the README's headline table from {demo_dir}")
-    return 0
-
-
 def cmd_train_glide(argv: list[str]) -> int:
     from .glide.training import main as train_glide_main
 
@@ -333,11 +320,6 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
                        "launch -m recipes.training --recipe gpu --output-dir DIR` trains it)")
 
 
-def report_arguments(report: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
-    report.add_argument("--results-dir", default="benchmarks/results")
-    report.add_argument("--output", default="BENCHMARKS.md")
-
-
 def export_arguments(export: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
     export.add_argument("glide", help="a GLIDE checkpoint directory (built with state_input=True, self_attention=False), or "
                         "'default' for SmolLM2's shipped GLIDE in that layout (checkpoint_smollm2/glide_assistant)")
@@ -391,7 +373,6 @@ COMMANDS = {
     "demo": Command("compare one method per idea with target-only decoding on the shipped default (or --target)", cmd_demo,
                     demo_arguments),
     "bench": Command("benchmark methods side by side; writes JSON", cmd_bench, bench_arguments),
-    "report": Command("render BENCHMARKS.md from benchmarks/results/*.json", cmd_report, report_arguments),
     "train-glide": Command("train a GLIDE drafter for your target; see `hf-specdraft train-glide --help`", cmd_train_glide),
     "build-bigram": Command("Max-Gram's bigram fallback table; see `hf-specdraft build-bigram --help`", cmd_build_bigram),
     "export": Command("write a trained GLIDE in Gemma 4's assistant layout, which vLLM serves", cmd_export, export_arguments),

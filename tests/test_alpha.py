@@ -149,7 +149,7 @@ def test_merge_keeps_judged_positions_and_overlaps():
 
 
 def test_report_shows_older_files_accepted_per_drafted_under_its_own_name():
-    from hf_specdraft.bench.report import bench_section
+    from benchmarks.report.render import bench_section
 
     meta = {"hardware": "CPU", "dtype": "float32", "batch_size": 1, "task": "completion", "num_prompts": 1, "max_new_tokens": 8,
             "seed": 0, "versions": {"torch": "2", "transformers": "5"}, "target_parameters": 1e6}

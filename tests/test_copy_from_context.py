@@ -123,7 +123,7 @@ def test_a_bench_row_copies_from_the_context_exactly_when_its_name_says_so(setup
 
 
 def test_the_headline_names_an_older_runs_copying_rows_by_what_they_ran():
-    from hf_specdraft.bench.headline import describe, row_name
+    from benchmarks.report.headline import describe, row_name
 
     old, new = {"task": "completion"}, {"task": "completion", "descriptions": {"glide-auto": "γ 'auto', no copying"}}
     assert [row_name(n, old) for n in ("glide-auto", "draft-model", "glide+cape-auto-static", "glide-γ3", "max-gram-auto")] == [

@@ -153,14 +153,14 @@ def test_bench_json_schema(tiny_default, tmp_path):
     assert saved["timing"]["repeats"] == 2 and isinstance(saved["timing"]["reliable"], bool)
     assert result["summary"] == saved["summary"]
 
-    from hf_specdraft.bench.report import render
+    from benchmarks.report.render import render
 
     report = render(tmp_path, checkpoint=tiny_default[0])
     assert "## The embedded default" in report and "| draft-model |" in report and "unigram baseline" in report
 
 
 def test_draft_dtype_section_renders_both_measurements():
-    from hf_specdraft.bench.report import draft_dtype_section
+    from benchmarks.report.render import draft_dtype_section
 
     ms = {"float32": {"1": 6.8, "3": 8.4}, "bfloat16": {"1": 4.1, "3": 5.5}}
     result = {"meta": {"gamma": 3, "prompts": "completion items 20..", "hardware": "CPU", "command": "python -m benchmarks.studies.draft_dtype"},
@@ -184,7 +184,7 @@ def test_copyable_fraction():
 
 def test_context_bench_records_what_the_pool_can_copy(tiny_default, tmp_path):
     from hf_specdraft.bench import BenchConfig, run_bench
-    from hf_specdraft.bench.report import render
+    from benchmarks.report.render import render
 
     config = BenchConfig(task="context", methods=("target-only", "casd-strict"), num_prompts=2, max_new_tokens=8, warmup=0, repeats=1)
     stats = run_bench(load_default(tiny_default[0]), config, output=tmp_path / "context.json")["task_statistics"]
@@ -300,12 +300,15 @@ def test_cli_errors(tmp_path):
     assert done.returncode == 2 and "num_prompts must be a positive int, got 0" in done.stderr
 
 
-def test_cli_report_and_help_say_what_they_do(tmp_path, capsys):
-    """Report outside the repository refused in one line (no empty BENCHMARKS.md); --help names methods and defaults."""
-    from hf_specdraft.cli import bench_method_names, build_parser, main
+def test_report_and_help_say_what_they_do(tmp_path, capsys):
+    """The report (the lab's, not the package's command) outside the repository is refused in one line (no empty
+    BENCHMARKS.md); --help names methods and defaults."""
+    from benchmarks.report.__main__ import main as report
+    from hf_specdraft.cli import COMMANDS, bench_method_names, build_parser
 
-    assert main(["report", "--results-dir", str(tmp_path / "nothing"), "--output", str(tmp_path / "B.md")]) == 2
+    assert report(["--results-dir", str(tmp_path / "nothing"), "--output", str(tmp_path / "B.md")]) == 2
     assert "holds no benchmark JSON files" in capsys.readouterr().err and not (tmp_path / "B.md").exists()
+    assert "report" not in COMMANDS  # rendering the project's own BENCHMARKS.md is no user's command
     bench_help = build_parser(bench_method_names())._subparsers._group_actions[0].choices["bench"].format_help()
     assert "glide+cape" in bench_help and "casd-strict" in bench_help and "(default: cpu)" in bench_help
     demo_help = build_parser()._subparsers._group_actions[0].choices["demo"].format_help()
@@ -332,7 +335,7 @@ def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
 def test_the_fixed_grid_rows_run_and_the_report_weighs_auto_against_them(tiny_default, tmp_path):
     """The default calls' grid: auto rows beside fixed γ and CAPE budgets, lossless; the report's line of auto / best fixed."""
     from hf_specdraft.bench import BenchConfig, run_bench
-    from hf_specdraft.bench.report import auto_against_fixed, auto_line, render
+    from benchmarks.report.render import auto_against_fixed, auto_line, render
 
     methods = ("target-only", "vanilla", "vanilla-γ4", "vanilla-auto", "glide+cape-γ1b2", "draft-model-γ5")
     result = run_bench(load_default(tiny_default[0]), BenchConfig(methods=methods, num_prompts=1, max_new_tokens=8, warmup=0, repeats=1),

@@ -72,7 +72,7 @@ def test_notebook_executes_on_tiny_recipe(name, tiny_env, tmp_path, monkeypatch)
     assert "same as target-only: True" in outputs
 
 
-# --- benchmark plots (hf_specdraft.bench.plots) and their place in BENCHMARKS.md ---------------------------------
+# --- benchmark plots (benchmarks.report.plots) and their place in BENCHMARKS.md ---------------------------------
 
 def synthetic_result() -> dict:
     """A small result in the harness's schema: target-only, a chain method and a CAPE method."""
@@ -90,7 +90,7 @@ def synthetic_result() -> dict:
 
 
 def test_plots_from_synthetic_json(tmp_path):
-    from hf_specdraft.bench.plots import acceptance_by_position, expansion_size_counts, make_plots
+    from benchmarks.report.plots import acceptance_by_position, expansion_size_counts, make_plots
 
     result = synthetic_result()
     assert acceptance_by_position(result) == {"draft-model": [0.8, 0.5, 0.25], "glide+cape": [0.9, 0.6]}  # mean over prompts that drafted that deep
@@ -109,7 +109,7 @@ def test_plots_from_synthetic_json(tmp_path):
 
 
 def test_report_embeds_plots(tmp_path, monkeypatch):
-    from hf_specdraft.bench.report import render, write_report
+    from benchmarks.report.render import render, write_report
 
     assert render(tmp_path / "results", checkpoint=tmp_path).startswith("# Benchmarks")  # no results, no plots: still renders
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
@@ -124,7 +124,7 @@ def test_report_embeds_plots(tmp_path, monkeypatch):
 def test_plots_from_a_harness_run(tiny_env, tmp_path):
     """The real harness's JSON (chain, CAPE and Max-Gram methods on the tiny default) gives all three plots."""
     from hf_specdraft.bench import BenchConfig, run_bench
-    from hf_specdraft.bench.plots import make_plots
+    from benchmarks.report.plots import make_plots
     from hf_specdraft.defaults import load_default
 
     bundle = load_default(tiny_env["HF_SPECDRAFT_TINY_DIR"], device="cpu")

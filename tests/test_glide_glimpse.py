@@ -92,7 +92,7 @@ def test_bad_arguments_are_refused_before_anything_loads(argv, flag, capsys, mon
 
 
 def test_report_section_renders_both_tables():
-    from hf_specdraft.bench.report import glide_glimpse_section
+    from benchmarks.report.render import glide_glimpse_section
 
     result = {"meta": {"prompts": "24 held-out code windows of 256 tokens", "hardware": "CPU", "skip": 16, "command": "python -m x"},
               "glimpse": {"glide, delay 1": {"alpha": 0.4066, "agreement": 0.4674}, "vanilla": {"alpha": 0.3609, "agreement": 0.4172}},

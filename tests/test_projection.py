@@ -175,7 +175,7 @@ def test_calibration_streams_copies_of_the_weight(monkeypatch):
 
 
 def test_report_renders_one_verification_table_per_cpu():
-    from hf_specdraft.bench.report import verification_section
+    from benchmarks.report.render import verification_section
 
     def run(hardware, one, two):
         meta = {"hardware": hardware, "dtype": "float32", "prefix": 96, "repeats": 15, "command": "python -m benchmarks.studies.projection"}

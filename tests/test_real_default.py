@@ -327,7 +327,7 @@ def test_self_distillation_uses_train_prompts_and_the_targets_own_greedy_text():
 
 
 def test_report_lists_the_shipped_drafters_with_every_training_stage(tmp_path):
-    from hf_specdraft.bench.report import render
+    from benchmarks.report.render import render
 
     folder = tmp_path / "drafters" / "glide"
     folder.mkdir(parents=True)

@@ -172,7 +172,7 @@ def test_sliding_window_bench_pieces():
     """The benchmark's windowed copy keeps the weights (same output inside the window), its two cache designs give
     the same verification logits past the window, and the trimmed one is the smaller; its report section renders."""
     from conftest import tiny_model
-    from hf_specdraft.bench.report import sliding_window_section
+    from benchmarks.report.render import sliding_window_section
     from benchmarks.studies.sliding_window import cache_bytes, main, prefilled, windowed_copy
     from hf_specdraft.core.verify import verify_tree
     from hf_specdraft.core.tree import DraftTree

@@ -144,7 +144,7 @@ def test_without_a_method_that_repeated_its_work_the_baseline_is_the_measure():
 
 
 def test_a_timed_run_that_compiled_marks_its_row_invalid(tmp_path):
-    from hf_specdraft.bench.report import bench_section, timing_line
+    from benchmarks.report.render import bench_section, timing_line
 
     records = []
     for repeat in range(2):

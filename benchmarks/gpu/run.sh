@@ -84,7 +84,7 @@ for step in "$@"; do
       fi ;;
     completion|chat) need wheels gguf cuda && bench "$step" "" || status=1 ;;
     context) need wheels gguf cuda && bench context ",casd-strict-auto,casd-strict-auto-static" || status=1 ;;
-    report) python3 -m hf_specdraft report --results-dir benchmarks/results || status=1 ;;
+    report) python3 -m benchmarks.report --results-dir benchmarks/results || status=1 ;;
     train)
       need wheels gguf cuda || { status=1; continue; }
       size=(--seconds $(( $(left) - 20 )))

@@ -209,7 +209,7 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hf_specdraft.bench.plots import save_figure
+    from benchmarks.report.plots import save_figure
 
     rows = [row for row in result["rows"].values() if row.get("variant") == "recipe"]
     rows.sort(key=lambda row: row["tokens"])

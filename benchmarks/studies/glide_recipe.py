@@ -213,7 +213,7 @@ def plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hf_specdraft.bench.plots import save_figure
+    from benchmarks.report.plots import save_figure
 
     rows = {variant: row for variant, row in result["rows"].items() if "delays" in row.get("glide", {})}  # scored rows
     timed = "target_ms" in result

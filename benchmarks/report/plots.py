@@ -1,6 +1,6 @@
 """Plots for BENCHMARKS.md, drawn from the bench JSON files (never from numbers typed by hand).
 
-    hf-specdraft report     # writes benchmarks/plots/<result>-{speedup,acceptance,expansion}.png, then BENCHMARKS.md
+    python -m benchmarks.report     # writes benchmarks/plots/<result>-{speedup,acceptance,expansion}.png, then BENCHMARKS.md
 
 For each result file of ``hf-specdraft bench``:
 
