@@ -29,6 +29,7 @@ summaries, questions, arithmetic, questions about a passage, code) and stores it
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from pathlib import Path
 
@@ -181,6 +182,18 @@ def answered_requests(target: PreTrainedModel, tokenizer, requests: list[tuple[s
     return records
 
 
+def kept_requests(path: Path, draw) -> list[tuple[str, list[str]]]:
+    """The requests kept at ``path`` (JSON lines of ``{"group", "turns"}``), else ``draw()``'s, written there first: a
+    resumed run answers the same requests even where the corpus they were drawn from has changed since."""
+    if path.is_file():
+        return [(r["group"], r["turns"]) for r in map(json.loads, path.read_text().splitlines())]
+    requests = draw()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".tmp").write_text("".join(json.dumps({"group": g, "turns": t}) + "\n" for g, t in requests))
+    path.with_suffix(".tmp").rename(path)
+    return requests
+
+
 def request_windows(records: list[dict], eos_token_id: int, seq_len: int = SEQ_LEN, seed: int = 0) -> torch.Tensor:
     """Answered requests packed, each followed by eos, into `(N, seq_len)` windows, shuffled."""
     order = list(range(len(records)))
@@ -202,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="with --self-generated: tokens the target writes per prompt")
     parser.add_argument("--requests", type=int, default=0, metavar="N",
                         help="build the store from the target's answers to N natural-language and code requests (recipes.requests)")
+    parser.add_argument("--request-seed", type=int, default=0, help="with --requests: the seed that draws them (another seed, other requests)")
     parser.add_argument("--batch-size", type=int, default=16, help="with --requests: prompts per generate call")
     parser.add_argument("--heldout", action="store_true", help="with --self-generated: prompts from the held-out split (an evaluation store)")
     parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per window (with --self-generated: prompt + continuation)")
@@ -212,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests:  # every answer is kept as it is written, so a rerun resumes; then the store, shard by shard
         from .requests import training_requests
 
-        requests = training_requests(args.requests)
+        requests = kept_requests(Path(args.output_dir) / "answers" / "requests.jsonl", lambda: training_requests(args.requests, args.request_seed))
         records = answered_requests(target, tokenizer, requests, Path(args.output_dir) / "answers", args.max_new_tokens, args.batch_size)
         windows = request_windows(records, tokenizer.eos_token_id, args.seq_len)
     elif args.self_generated:  # generation is the slow part: its windows are kept, so a rerun only resumes the shards

@@ -56,6 +56,12 @@ ASKS = [
     "Write a short paragraph about {t}.", "What are common misconceptions about {t}?", "Can you give me a brief history of {t}?",
     "What should a beginner know about {t}?", "Summarize the key ideas behind {t} in a few bullet points.",
     "How has {t} changed over the last hundred years?",
+    "I keep hearing about {t}. What is it, and should I care?", "Compare {t} with something most people already know.",
+    "What questions should I ask an expert on {t}?", "Describe {t} in exactly three sentences.",
+    "What is one surprising thing about {t}, and why is it surprising?", "How do scientists study {t}?",
+    "My friend says {t} is overrated. What would you tell them?", "What are the first steps to get started with {t}?",
+    "Explain {t} using an analogy.", "What are the biggest open questions about {t}?",
+    "Write a short FAQ with three questions and answers about {t}.", "How does {t} affect everyday life?",
 ]
 TASKS = [
     "Write a short, friendly email to a colleague about {t}.", "Write a haiku about {t}.", "Write a four-line poem about {t}.",
@@ -63,6 +69,9 @@ TASKS = [
     "Plan a {n}-day trip to {p}, with one activity each day.", "Suggest a name and a slogan for a small business about {t}.",
     "Write a short dialogue between two friends discussing {t}.", "Write a product description for a book about {t}.",
     "Draft an agenda for a one-hour meeting about {t}.", "Write a thank-you note to a teacher who taught me about {t}.",
+    "Write a short speech to open a school event about {t}.", "Write a limerick about {t}.",
+    "Write a blog post introduction about {t}.", "Give me a weekly plan to learn about {t}.",
+    "Write a job advertisement for someone who works on {t}.", "Create a short quiz with three questions about {t}.",
 ]
 PLACES = ["Paris", "Tokyo", "Rome", "New York", "Cairo", "Lisbon", "Mexico City", "Sydney", "Cape Town", "Istanbul", "Vancouver",
           "Kyoto", "Barcelona", "Prague", "Buenos Aires", "Seoul", "Edinburgh", "Marrakesh", "Oslo", "Bangkok"]
@@ -70,6 +79,8 @@ FOLLOW_UPS = [
     "Can you make that shorter?", "Please give me an example.", "Now explain it to a ten-year-old.", "Can you add two more points?",
     "Rewrite your answer in a more formal tone.", "What is the most important part of that, in one sentence?",
     "Translate your answer into French.", "Turn that into a numbered list.", "Why is that?", "Can you make it funnier?",
+    "What would a critic say about that?", "Give me a concrete example from daily life.", "Can you summarize that in a table?",
+    "Which of those points is the most important, and why?", "Thanks! Can you tell me more about the last point?",
 ]
 LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese", "Dutch", "Chinese", "Japanese"]
 SUMMARY_ASKS = ["Summarize the following text in two sentences.", "Summarize the following text in one short paragraph.",
