@@ -1,4 +1,5 @@
-"""Counting what crosses the host-device line in the loop's own code: the measure of a GPU-grade step.
+"""Counting what crosses the host-device line in the loop's own code: the measure of a GPU-grade step (a test
+instrument: the tests and ``benchmarks/verification/static/loop_overhead.py`` use it; the package never does).
 
 A CUDA step is fast when the host queues the whole step and waits once (gpt-fast's speculative step reads back the
 accepted length and the next token, about two syncs). Every ``tensor.item()``, ``tolist()``, ``bool(tensor)``,
@@ -27,9 +28,12 @@ import sys
 
 import torch
 
+import hf_specdraft
+from hf_specdraft.core import loop
+
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu")  # device -> host
 FACTORIES = ("tensor", "as_tensor")  # torch.tensor(..., device=...): a copy from pageable host memory
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the hf_specdraft package (or a Hub folder)
+_ROOT = os.path.dirname(os.path.abspath(hf_specdraft.__file__))  # the package whose code is counted (the one imported)
 
 
 def _names_a_device(args, kwargs) -> bool:
@@ -56,7 +60,7 @@ class SyncCounter:
     def _count(self, name: str) -> None:
         frame = sys._getframe(2)
         path = frame.f_code.co_filename
-        if not path.startswith(_ROOT) or path == __file__:
+        if not path.startswith(_ROOT):
             return
         self.total += 1
         if self._in_step is not None:
@@ -77,9 +81,7 @@ class SyncCounter:
         setattr(owner, name, wrapped)
 
     def _wrap_steps(self) -> None:
-        from .loop import speculative_step as original  # (the loop imports this module's siblings: imported late)
-
-        loop, counter = sys.modules[__name__.rsplit(".", 1)[0] + ".loop"], self
+        original, counter = loop.speculative_step, self
 
         def step(*args, **kwargs):
             outer, counter._in_step = counter._in_step, 0

@@ -91,7 +91,7 @@ def test_write_custom_generate_keeps_an_existing_model_card(tmp_path):
 
 def test_the_shipped_folder_is_made_of_the_core_s_own_files(tmp_path):
     """No drift: the folder's loop is the core's loop, file for file; only the entry point and the drafter are templates.
-    It holds what generate.py imports, transitively, and nothing else: syncs.py (tests only) stays home."""
+    It holds what generate.py imports, transitively, and nothing else."""
     import hf_specdraft.core.loop
     from hf_specdraft.cape.packaging import sibling_imports
 
@@ -99,7 +99,7 @@ def test_the_shipped_folder_is_made_of_the_core_s_own_files(tmp_path):
     modules = {p.name for p in core.glob("*.py")} - {"__init__.py"}
     written = {p.name for p in write_custom_generate(tmp_path, readme=False)}
     shipped_core = written - {"expansion_sets.py", "generate.py", "cape_draft.py"}
-    assert {"loop.py", "tree.py", "acceptance.py"} <= shipped_core <= modules and "syncs.py" not in written
+    assert {"loop.py", "tree.py", "acceptance.py"} <= shipped_core <= modules
     folder = tmp_path / "custom_generate"
     for name in shipped_core:
         assert (folder / name).read_text() == (core / name).read_text(), f"custom_generate/{name} drifted from hf_specdraft/core/{name}"

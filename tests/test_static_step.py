@@ -3,7 +3,7 @@
 * compiled windowed targets stay lossless far past their ring (the warm-up writes only scratch slots);
 * every bucket compiles before the first step: a second call, and a call needing a bucket no step used, add no graph;
 * four threads calling the static path on one model at once are each token-identical to target-only greedy;
-* the loop's own host-device crossings are counted (:class:`~hf_specdraft.core.syncs.SyncCounter`): one read-back a
+* the loop's own host-device crossings are counted (``tests/syncs.py``'s ``SyncCounter``): one read-back a
   step for greedy chains and trees, batch 1 and 4;
 * the compiled step keeps CUDA graphs' rules, checked on a CPU: outputs are overwritten by the next call, and inputs
   never move between calls.
@@ -24,7 +24,7 @@ from hf_specdraft.core.support import output_cache
 from hf_specdraft import speculative_generate
 from hf_specdraft.core import compiled as compiled_module
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
-from hf_specdraft.core.syncs import SyncCounter
+from syncs import SyncCounter
 from hf_specdraft.core.tree import DraftTree
 from test_sliding_window import prompt, windowed_model
 

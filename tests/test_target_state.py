@@ -25,7 +25,7 @@ from conftest import ARCHITECTURES, VOCAB, OracleDrafter, greedy_reference, tiny
 from hf_specdraft import speculative_generate
 from hf_specdraft.core import target_state
 from hf_specdraft.core.state_drafting import StateReadingDrafter
-from hf_specdraft.core.syncs import SyncCounter
+from syncs import SyncCounter
 
 EAGER_GRAPHS = CompileConfig(backend="eager", mode=None)  # the compiled path's graphs, without a compiler's minutes
 LAYERS = [1, 2]  # hidden_states entries of a 2-layer tiny target: the first layer's output and the last (after the norm)

@@ -8,7 +8,7 @@ step) and a 16-node tree (4 levels of the right token and 3 wrong siblings), the
 the target is timed and taken out, so what is left per step is the loop's own work: building the step's inputs and
 masks, acceptance, emission, stop checks, statistics, cache compaction. Measured on the ``DynamicCache`` path and the
 static path (eager, and compiled with dynamo's ``eager`` backend: the graphs of the real path, without codegen).
-The crossings are counted in a separate run of the same calls (:class:`~hf_specdraft.core.syncs.SyncCounter`; steps
+The crossings are counted in a separate run of the same calls (``tests/syncs.py``'s ``SyncCounter``; steps
 after the first two). On CUDA every timed forward is synchronized before and after (what is left is the host's own
 work), the compiled path uses transformers' ``CompileConfig()`` (inductor, CUDA graphs), and ``--target default`` adds
 the embedded default (SmolLM2-135M) beside the near-free target: the loop's time against a real verify forward.
@@ -17,7 +17,8 @@ Each row gives ``loop_ms_per_step`` (the call's whole time but its forwards and 
 costs, ``generate``'s own preparation included, spread over ~20 steps), ``step_ms`` (the time inside the steps alone, but
 their forwards: what each further step costs) and ``call_fixed_ms`` (the rest, once a call).
 ``--label`` names the code measured; runs with other labels already in ``--output`` are kept,
-so a "before" run on an older checkout and an "after" run sit side by side (the counter file is copied there).
+so a "before" run on an older checkout and an "after" run sit side by side (this file and ``tests/syncs.py``
+are copied there).
 """
 
 from __future__ import annotations
@@ -29,18 +30,22 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import transformers
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
 from hf_specdraft import speculative_generate
-from hf_specdraft.core import compiled as compiled_module
+from hf_specdraft.core import static_layout
 from hf_specdraft.core import loop as loop_module
 from hf_specdraft.core.drafting import TreeCandidateGenerator
-from hf_specdraft.core.syncs import SyncCounter
 from hf_specdraft.core.tree import DraftTree
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the crossing counter is a test instrument
+from syncs import SyncCounter
 
 VOCAB, NEW_TOKENS, REPEATS = 96, 120, 7
 
@@ -101,7 +106,7 @@ def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
     vocab = target.config.vocab_size
     reference = target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
     forwards: list[float] = []
-    for owner in (compiled_module.StaticTarget,):
+    for owner in (static_layout.StaticLayout,):
         original = owner._forward
 
         def timed(self, *args, __original=original, **inputs):
