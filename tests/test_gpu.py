@@ -193,7 +193,7 @@ def test_cuda_graphs_on_a_ring_past_its_wrap(cudagraphs):
         out = static_on_cuda(target, x, candidate_generator=drafter, max_new_tokens=48)
         assert torch.equal(out.sequences, reference), type(drafter).__name__
         assert_cuda_graphs(cudagraphs, out)
-    from hf_specdraft.core.compiled import _CACHES  # the core's cache per model: read to check the ring is there
+    from hf_specdraft.core.static_layout import _CACHES  # the core's cache per model: read to check the ring is there
 
     cache = _CACHES[target]["target"]
     assert any(getattr(layer, "ring", None) == WINDOW + 64 for layer in cache.layers)

@@ -12,7 +12,7 @@ import torch
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
 from hf_specdraft.core import memory
-from hf_specdraft.core.compiled import static_lock
+from hf_specdraft.core.static_layout import static_lock
 
 
 class FakeLibc:

@@ -16,7 +16,8 @@ from transformers import CompileConfig
 
 from conftest import COMPILED_ARCHITECTURES, VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
-from hf_specdraft.core.compiled import _CACHES, compile_config_for
+from hf_specdraft.core.compiled import compile_config_for
+from hf_specdraft.core.static_layout import _CACHES
 from hf_specdraft.core.controller import DraftLengthController
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator
 from hf_specdraft.core.static_cache import StaticRowsCache

@@ -22,7 +22,7 @@ from transformers import CompileConfig
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft.core.support import output_cache
 from hf_specdraft import speculative_generate
-from hf_specdraft.core import compiled as compiled_module
+from hf_specdraft.core import static_layout
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
 from syncs import SyncCounter
 from hf_specdraft.core.tree import DraftTree
@@ -69,7 +69,7 @@ def test_compiled_windowed_targets_stay_lossless_past_the_ring(arch):
     dynamic = speculative_generate(target, x, **kwargs)
     assert torch.equal(compiled.sequences, reference) and torch.equal(dynamic.sequences, reference)
     assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(compiled.logits, dynamic.logits))
-    rings = [layer for layer in compiled_module._CACHES[target]["target"].layers if layer.ring is not None]
+    rings = [layer for layer in static_layout._CACHES[target]["target"].layers if layer.ring is not None]
     assert rings and all(layer.keys.shape[2] == layer.ring + layer.scratch for layer in rings)
 
 
@@ -200,9 +200,9 @@ def test_the_compiled_step_keeps_cuda_graph_rules(monkeypatch):
     target = tiny_model("mistral")
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     reference = greedy_reference(target, x, 40)
-    real = compiled_module.compiled_call
-    monkeypatch.setattr(compiled_module, "compiled_call", lambda model, config: GraphRules(real(model, config)))
-    monkeypatch.setattr(compiled_module.StaticTarget, "graphs", property(lambda self: self.compiled))
+    real = static_layout.compiled_call
+    monkeypatch.setattr(static_layout, "compiled_call", lambda model, config: GraphRules(real(model, config)))
+    monkeypatch.setattr(static_layout.StaticLayout, "graphs", property(lambda self: self.compiled))
     for drafter in (OracleDrafter(reference, "tree"), HostTree(reference), DraftModelCandidateGenerator(tiny_model("mistral", seed=3, num_hidden_layers=1), 3)):
         out = static(target, x, candidate_generator=drafter, max_new_tokens=40, compile_config=EAGER_GRAPHS, return_dict_in_generate=True,
                      output_logits=True)

@@ -35,9 +35,8 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 from ..core.acceptance import lenient_review, lenient_review_sampling
 from ..core.drafting import TreeCandidateGenerator, check_same_device, check_same_vocab, draft_length
 from ..core.tree import DraftTree
-from ..core.cache import croppable_cache, resync_cache
-from ..core.static_draft import StaticDraftCache
-from ..core.support import with_cache
+from ..core.cache import resync_cache
+from ..core.draft_cache import DynamicDraftCache, StaticDraftCache
 from ..core.validation import method_config
 from .config import CascadeConfig
 from .max_gram import MAX_GRAM_TOKENS, MaxGramCandidateGenerator
@@ -128,7 +127,7 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         self._reset()
 
     def _reset(self) -> None:
-        self.caches = [croppable_cache(d) for d in self.drafts]
+        self.caches = [DynamicDraftCache(d) for d in self.drafts]
         self.seen = [torch.zeros(0, dtype=torch.long, device=d.device) for d in self.drafts]  # tokens each cache covers
 
     @property
@@ -235,21 +234,17 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         The draft's cache is cropped to the common prefix with the text it last saw (never past
         ``review_index - 1``, so the first needed row is recomputed), then fed the rest.
         """
-        draft, cache = self.drafts[index], self.caches[index]
+        draft, cache = self.drafts[index], self.caches[index]  # its own cache, dynamic or static (compile_draft)
         ids = cur_gen.to(draft.device)
         keep = resync_cache(cache, self.seen[index], ids, limit=review_index - 1)
-        rows = ids.numel() - review_index + 1
-        if isinstance(cache, StaticDraftCache):  # the compiled static path (compile_draft)
-            logits = cache.logits(ids[None, keep:], rows)
-        else:
-            logits = draft(input_ids=ids[None, keep:], **with_cache(draft, cache), use_cache=True, logits_to_keep=rows).logits[0, -rows:]
+        logits = cache.logits(ids[None, keep:], ids.numel() - review_index + 1)
         self.seen[index] = ids  # invariant: the cache covers self.seen[index]
         self.count_call(f"draft{index}")
         return logits
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> list[StaticDraftCache]:
         """On the compiled static path of a batch-1 call: every draft's reviews and drafts on a static cache of its own,
-        compiled (:mod:`~hf_specdraft.core.static_draft`; one role per level, so one model may sit at two levels)."""
+        compiled (:mod:`~hf_specdraft.core.draft_cache`; one role per level, so one model may sit at two levels)."""
         self.caches = [StaticDraftCache(draft, generation_config, compile_config, role=f"cascade{i}") for i, draft in enumerate(self.drafts)]
         return self.caches
 

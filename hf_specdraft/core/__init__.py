@@ -19,11 +19,11 @@ Read bottom-up, as the loop runs a step:
   transformers' own drafters that read them (Gemma 4's assistants, DFlash);
 * :mod:`.inputs`: the call's checks, one drafter and one set of logits processors per row;
 * :mod:`.projection`, :mod:`.validation`: CPU few-token linears, option checks;
-* :mod:`.static_cache`, :mod:`.static_inputs`, :mod:`.static_verify`, :mod:`.static_draft`, :mod:`.compiled`: the static
-  path: a cache the loop owns, a bucket's inputs edited in place, fixed-shape verification, the draft's own static
-  forwards, and the compiled call that runs them;
-* :mod:`.layouts`: where the target's cache lives during a call: one declared interface (``CacheLayout``), one object of
-  it per call (a row's own cache, a padded batch's shared one; the static path's ``StaticTarget`` in :mod:`.compiled`);
+* :mod:`.static_cache`, :mod:`.static_inputs`, :mod:`.static_verify`, :mod:`.compiled`: the static path: a cache the
+  loop owns, a bucket's inputs edited in place, fixed-shape verification, and the compiled call that runs them;
+* :mod:`.layouts`, :mod:`.static_layout`: where the target's cache lives during a call: one declared interface
+  (``CacheLayout``), one object of it per call (a row's own cache, a padded batch's shared one, the static buffers);
+* :mod:`.draft_cache`: a drafter's own cache and forward behind one interface (``DraftCache``), dynamic or static;
 * :mod:`.clock`, :mod:`.controller`, :mod:`.controller_store`, :mod:`.disk_cache`: a step's timing as the device sees it,
   γ chosen at run time, and what was learned kept on disk for the next process;
 * :mod:`.meter`: the step's clock and its γ controller behind one object;
@@ -33,8 +33,7 @@ Read bottom-up, as the loop runs a step:
   ``HF_SPECDRAFT_TRIM_MIB``);
 * :mod:`.loop`: ``speculative_generate``, the call's setup and the step: propose, verify, read back, accept, keep.
 
-Beside the loop: :mod:`.syncs` counts host-device crossings in tests; :mod:`.hooks` holds what the package root lends
-the methods (CAPE's ``custom_generate/`` writer for GLIDE checkpoints).
+Beside the loop: :mod:`.hooks` holds what the package root lends the methods (CAPE's ``custom_generate/`` writer for GLIDE checkpoints).
 
 Every module here imports only torch, transformers, the standard library and its siblings (``from .x import y``):
 the checkpoint-shipped ``custom_generate/`` folder is written from the very files its entry point imports

@@ -23,17 +23,15 @@ from .rows import Row
 from .support import cache_window, convolution_only
 
 
-def target_cache(model, shared: bool) -> DynamicCache:
-    """The target's cache for one ``generate`` call.
+def target_cache(model) -> DynamicCache:
+    """The target's cache for one ``generate`` call of one unpadded row that owns it.
 
-    A row that owns it keeps the layers transformers builds; sliding-window layers and convolution layers record
-    their past during a step (a rejected branch never pushes an accepted key out of the window, and a crop restores a
-    convolution's inputs), trimmed after compaction (:func:`trim_windows`). A ``shared`` (padded batch) cache is
-    :func:`croppable_cache`: full layers, repacked by index (windowed targets stay within one window there,
+    It keeps the layers transformers builds; sliding-window layers and convolution layers record their past during a
+    step (a rejected branch never pushes an accepted key out of the window, and a crop restores a convolution's
+    inputs), trimmed after compaction (:func:`trim_windows`). A padded batch shares a :func:`croppable_cache` instead:
+    full layers, repacked by index (windowed targets stay within one window there,
     :func:`~hf_specdraft.core.inputs.check_batch_setup`).
     """
-    if shared:
-        return croppable_cache(model)
     cache = DynamicCache(config=model.config)
     if convolution_only(model) or cache_window(cache) is not None:
         cache.activate_past_recording()
@@ -164,12 +162,3 @@ def row_cache(cache: DynamicCache, a: int, row: Row) -> DynamicCache:
         layers.append(own)
     view.layers = layers
     return view
-
-
-def keep_columns(cache: DynamicCache, keep: list[torch.Tensor], survivors: list[int], shared: bool) -> None:
-    """After a step: a row that owns the cache is compacted to ``keep[0]`` (finished or not: the returned cache covers
-    ``sequences[:, :-1]``); a shared cache is repacked to the surviving rows' ``keep`` (finished rows leave it)."""
-    if not shared:
-        compact_cache(cache, keep[0])
-    elif survivors:
-        repack_cache(cache, [keep[a] for a in survivors], torch.tensor(survivors, dtype=torch.long))

@@ -1,48 +1,114 @@
-"""A draft model's forwards on a static cache of its own, compiled by the target's rules (docs/static-cache.md).
+"""A drafter's own cache and its forward: one interface, :class:`DraftCache`, with a dynamic and a static version, so a
+drafter drafts the same way on either (docs/static-cache.md).
 
-A chain drafter feeds its draft the newly accepted tokens (1 to γ + 1 of them), then one token per drafted token. On a
-GPU each of those one-token forwards is launches, like the target's. On the compiled static path
-(``cache_implementation="static"``, compiled: :func:`~hf_specdraft.core.compiled.compile_config_for`) a batch-1 call's
-draft model runs them on a :class:`~hf_specdraft.core.static_cache.StaticRowsCache` of one row instead, each feed
-padded to a bucket of :data:`DRAFT_BUCKETS` and run through the draft's compiled forward; a feed longer than the widest
-bucket (the prompt) runs eagerly on the same cache.
+* :class:`DynamicDraftCache`: the draft's ``DynamicCache`` (every call outside the compiled static path);
+* :class:`StaticDraftCache`: on the compiled static path (``cache_implementation="static"``, compiled:
+  :func:`~hf_specdraft.core.compiled.compile_config_for`) a batch-1 call's draft runs its feeds on a
+  :class:`~hf_specdraft.core.static_cache.StaticRowsCache` of one row instead, each feed padded to a bucket of
+  :data:`DRAFT_BUCKETS` and run through the draft's compiled forward (a feed longer than the widest bucket, the prompt,
+  runs eagerly on the same cache). A chain drafter feeds its draft the newly accepted tokens (1 to γ + 1 of them), then
+  one token per drafted token: on a GPU each of those one-token forwards is launches, like the target's.
 
-:class:`StaticDraftCache` stands in for the draft's ``DynamicCache`` in
-:func:`~hf_specdraft.core.drafting.draft_chain`: ``get_seq_length`` and ``crop`` re-sync it (a crop only moves the
-committed length back; later feeds overwrite the columns), :meth:`StaticDraftCache.forward` returns the logits after a
-feed.
+Either re-syncs through ``get_seq_length`` and ``crop`` (:func:`~hf_specdraft.core.drafting.draft_chain`; a static crop
+only moves the committed length back, later feeds overwrite the columns) and returns the logits after a feed
+(:meth:`DraftCache.forward`, :meth:`DraftCache.logits`). What a draft reads of the target (GLIDE's glimpse) comes from
+the ``reads`` function its drafter gives the cache, in the form that cache's forward takes (:meth:`DraftCache.glimpse`).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
-from transformers import CompileConfig, GenerationConfig
+from transformers import CompileConfig, DynamicCache, GenerationConfig
 
-from .compiled import hold_draft, static_target
+from .cache import croppable_cache
 from .host import stage
+from .static_layout import hold_draft, static_target
 from .static_verify import masks_for
 from .support import with_cache
 
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # tokens per draft feed: one drafted token, or the accepted tokens after a step
 
 
-class StaticDraftCache:
-    """The draft's static cache and forward for one batch-1 call.
+class DraftCache:
+    """A draft model's cache and forward, as a drafter drafts on it.
+
+    Args:
+        draft_model: the draft.
+        reads: ``(target_cache, committed) -> extra``: what the draft's forwards read of the target at a step (GLIDE's
+            glimpse; ``committed``: the target's text but its newest token, ``None``: all of it), in the form
+            :meth:`forward`'s ``extra`` takes on this cache; ``None`` (the default): the draft reads nothing of it.
+    """
+
+    def __init__(self, draft_model, reads: Callable | None = None):
+        self.model, self.reads = draft_model, reads
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """How many tokens the cache covers."""
+        raise NotImplementedError
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first ``max_length`` tokens; transformers' convention: a negative ``max_length`` drops that many."""
+        raise NotImplementedError
+
+    def glimpse(self, target_cache, committed: int | None):
+        """What this step's forwards read of the target (the ``reads`` the drafter gave), or ``None``."""
+        return None if self.reads is None else self.reads(target_cache, committed)
+
+    def forward(self, feed: torch.LongTensor, extra=None) -> torch.Tensor:
+        """Write ``feed`` `(1, n)` after the covered tokens and return the draft's logits `(1, V)` after it (``extra``:
+        :meth:`glimpse`'s answer)."""
+        return self.logits(feed, 1, extra)
+
+    def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
+        """:meth:`forward`, keeping the logits `(rows, V)` at the feed's last ``rows`` tokens (a cascade draft reviewing
+        the tokens below it)."""
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Before the loop's first step (the static version compiles every bucket there)."""
+
+
+class DynamicDraftCache(DraftCache):
+    """The draft's own ``DynamicCache`` (``past_key_values``; default :func:`~hf_specdraft.core.cache.croppable_cache`,
+    cropped back to the accepted text at any length). ``extra``: more keyword inputs of the draft's forward."""
+
+    def __init__(self, draft_model, reads: Callable | None = None, past_key_values: DynamicCache | None = None):
+        super().__init__(draft_model, reads)
+        self.past_key_values = croppable_cache(draft_model) if past_key_values is None else past_key_values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.past_key_values.get_seq_length(layer_idx)
+
+    def crop(self, max_length: int) -> None:
+        self.past_key_values.crop(max_length)
+
+    def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
+        out = self.model(input_ids=feed, **with_cache(self.model, self.past_key_values), use_cache=True, logits_to_keep=rows,
+                         **(extra or {}))
+        return out.logits[0, -rows:]
+
+
+class StaticDraftCache(DraftCache):
+    """The draft's static cache and forward for one batch-1 call. ``extra``: ``columns (Q,) -> dict`` of more inputs of
+    fixed shape for queries at those sequence indices (GLIDE's glimpse of the target's static buffers and its key mask).
 
     Args:
         draft_model: the draft. generation_config: the call's (``max_length`` sizes the cache).
         compile_config: how the draft's forward compiles (the loop's, :func:`~hf_specdraft.core.compiled.compile_config_for`).
+        reads: as :class:`DraftCache`'s; asked with ``committed=None`` for the warm-up's inputs.
     """
 
-    def __init__(self, draft_model, generation_config: GenerationConfig, compile_config: CompileConfig, role: str = "draft"):
+    def __init__(self, draft_model, generation_config: GenerationConfig, compile_config: CompileConfig, role: str = "draft",
+                 reads: Callable | None = None):
+        super().__init__(draft_model, reads)
         hold_draft(draft_model)  # StaticCacheBusy while another call drafts or verifies with this model: the caller stays eager
         config = copy.copy(generation_config)
         config.compile_config, config.disable_compile = compile_config, False
         self.static = static_target(draft_model, config, 1, role=role, buckets=DRAFT_BUCKETS)
-        self.model, self.length = draft_model, 0
-        self.glimpse = None  # -> the extra inputs a warm-up forward takes (GLIDE's glimpse of the target's buffers)
+        self.length = 0
 
     @property
     def warm_up_seconds(self) -> dict[int, float]:
@@ -52,20 +118,11 @@ class StaticDraftCache:
         return self.length
 
     def crop(self, max_length: int) -> None:
-        """transformers' convention: a negative ``max_length`` drops that many tokens."""
         self.length = self.length + max_length if max_length < 0 else min(self.length, max_length)
-
-    def forward(self, feed: torch.LongTensor, extra=None) -> torch.Tensor:
-        """Write ``feed`` `(1, n)` after the committed columns and return the draft's logits `(1, V)` after it.
-
-        ``extra``: ``columns (Q,) -> dict`` of more inputs of fixed shape for queries at those sequence indices (GLIDE's
-        glimpse of the target's static buffers and its key mask)."""
-        return self.logits(feed, 1, extra)
 
     @torch.no_grad()
     def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
-        """:meth:`forward`, keeping the float32 logits `(rows, V)` at the feed's last ``rows`` tokens (a cascade draft
-        reviewing the tokens below it)."""
+        """Float32 logits `(rows, V)` (:meth:`DraftCache.logits`)."""
         start, n = self.length, feed.shape[1]
         compiled = self.static.compiled and self.static.cache.layers[0].is_initialized and n <= DRAFT_BUCKETS[-1]
         logits = self._run(feed[0], start, self.static.bucket(n) if compiled else n, compiled, extra, rows)
@@ -79,7 +136,7 @@ class StaticDraftCache:
         every bucket, so no drafting step compiles and the controller's draft costs never hold a compile."""
         if not self.static.compiled or self.static.cache.warmed:
             return
-        extra = self.glimpse() if self.glimpse is not None else None
+        extra = self.glimpse(None, None)
         if not self.static.cache.layers[0].is_initialized:
             self._run(torch.zeros(1, dtype=torch.long), self.static.cache.max_cache_len - 1, 1, False, extra)
         self.warm_up(extra)

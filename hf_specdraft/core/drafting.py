@@ -21,7 +21,7 @@ from transformers.generation import CandidateGenerator, TemperatureLogitsWarper,
 from .support import ATTENTION_LAYERS, cache_layer_names, model_type, output_cache, recurrent_state, with_cache
 from .batch_drafting import BatchChainDrafter, BatchProposer
 from .cache import croppable_cache, crop_to, resync_cache
-from .static_draft import StaticDraftCache
+from .draft_cache import DynamicDraftCache, StaticDraftCache
 from .traits import AUTO_MAX, DrafterTraits
 from .tree import DraftTree, tree_mask
 from .verify import layer_masks
@@ -276,7 +276,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         self._reset()
 
     def _reset(self):
-        self.cache = croppable_cache(self.draft_model)
+        self.cache = DynamicDraftCache(self.draft_model)
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens the draft cache covers
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
@@ -289,17 +289,13 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> StaticDraftCache:
         """On the compiled static path of a batch-1 call (the loop calls this after :meth:`prepare`, with the target's
         :class:`~hf_specdraft.core.static_cache.StaticRowsCache`): the draft's forwards on a static cache of its own,
-        compiled like the target's (:mod:`~hf_specdraft.core.static_draft`). Returns that cache."""
+        compiled like the target's (:mod:`~hf_specdraft.core.draft_cache`). Returns that cache."""
         self.cache = StaticDraftCache(self.draft_model, generation_config, compile_config)
         return self.cache
 
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
-        def next_logits(feed: torch.Tensor) -> torch.Tensor:
-            return self.draft_model(input_ids=feed, **with_cache(self.draft_model, self.cache), use_cache=True, logits_to_keep=1).logits[:, -1]
-
-        static = isinstance(self.cache, StaticDraftCache)
-        return draft_chain(self, input_ids, self.cache.forward if static else next_logits, self.draft_model.device)
+        return draft_chain(self, input_ids, self.cache.forward, self.draft_model.device)  # its own cache, either kind
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
         if not same_drafters(self, drafters, "draft_model", DraftModelCandidateGenerator):

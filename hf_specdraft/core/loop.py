@@ -37,9 +37,8 @@ from transformers.generation import CandidateGenerator
 
 from .acceptance import ConditionalAcceptance
 from .clock import StepClock
-from .compiled import StaticCacheBusy, static_call, static_target
 from .emission import accept_row
-from .layouts import CacheLayout, OwnedRow, SharedBatch
+from .layouts import CacheLayout
 from .meter import StepMeter
 from .controller import DraftLengthController, recall, remember
 from .memory import after_call, trim_threshold_mib
@@ -56,8 +55,8 @@ from .inputs import (
     row_drafters,
     row_processors,
 )
-from .projection import few_token_linears
 from .outputs import SpeculativeGenerateOutput, assemble_result
+from .static_layout import layout_for, static_call
 from .rows import Outputs, Row
 from .stats import SpeculativeStats
 from .stopping import HostStops
@@ -201,14 +200,15 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Step:
     """The call, set up once (:func:`setup_call`) and taken by every step: the target, where its cache lives (one
-    :class:`~hf_specdraft.core.layouts.CacheLayout`), how tokens are judged and when rows stop, what the drafters ask of
-    the target's forwards, and how the step is timed and γ chosen."""
+    :class:`~hf_specdraft.core.layouts.CacheLayout`, which holds what changes during the call: its cache, its costs, a
+    batch proposer), how tokens are judged and when rows stop, what the drafters ask of the target's forwards, and how
+    the step is timed and γ chosen (the meter, which holds the call's controller)."""
 
     model: PreTrainedModel
-    cache: CacheLayout  # prefill, drafter_cache, fit, verify, keep
+    cache: CacheLayout  # prefill, drafter_cache, fit, verify, keep; one row or a batch (one_row)
     generation_config: GenerationConfig
     stops: HostStops
     request: StateRequest  # what the drafters read of the target's forwards (empty: nothing more is computed)
@@ -216,8 +216,6 @@ class Step:
     vocab: int  # the target's output vocabulary (asked once: the model's config is slow to ask)
     acceptance: ConditionalAcceptance | None = None
     streamer: object = None
-    together: object = None  # one draft forward of the whole batch per drafted token, where every row's drafter allows it
-    one_row: bool = True  # one unpadded row (a chain may stop on its draft's confidence)
 
 
 def setup_call(model, rows: list[Row], stopping_criteria, generation_config: GenerationConfig, acceptance, streamer) -> Step:
@@ -227,27 +225,10 @@ def setup_call(model, rows: list[Row], stopping_criteria, generation_config: Gen
         if isinstance(row.generator, TreeCandidateGenerator):
             row.generator.prepare(model, generation_config)
         row.traits = traits_of(row.generator)
-    one_row = len(rows) == 1 and rows[0].pad == 0
-    return Step(model, layout_for(model, generation_config, rows, one_row), generation_config, HostStops(stopping_criteria, generation_config),
-                StateRequest(model, [row.generator for row in rows], [row.traits for row in rows]), StepMeter(StepClock(model.device)), output_vocab_size(model), acceptance, streamer,
-                one_row=one_row)
-
-
-def layout_for(model, generation_config: GenerationConfig, rows: list[Row], one_row: bool) -> CacheLayout:
-    """The call's cache layout: the static buffers (held by this call; a batch-1 draft compiles on its own static cache
-    where its drafter can), one row's own ``DynamicCache``, or a padded batch's shared one."""
-    if generation_config.cache_implementation != "static":
-        return OwnedRow(model) if one_row else SharedBatch(model)
-    static = static_target(model, generation_config, len(rows))
-    if static.compiled and one_row:
-        for row in rows:
-            if row.traits.compiles_draft:
-                try:
-                    made = row.generator.compile_draft(generation_config, static.compile_config, static.cache)
-                except StaticCacheBusy:  # another thread's call holds this draft's static cache: this one drafts eagerly
-                    continue
-                static.drafts.extend(made if isinstance(made, list) else [made])
-    return static
+    return Step(model, layout_for(model, generation_config, rows), generation_config,
+                HostStops(stopping_criteria, generation_config),
+                StateRequest(model, [row.generator for row in rows], [row.traits for row in rows]),
+                StepMeter(StepClock(model.device)), output_vocab_size(model), acceptance, streamer)
 
 
 def _run(step: Step, input_ids: torch.LongTensor, rows: list[Row], generator):
@@ -261,26 +242,22 @@ def _run(step: Step, input_ids: torch.LongTensor, rows: list[Row], generator):
     active = [row for row in rows if not row.done]
     step.cache.leave(rows, active)
     split = RankAgreement.of(step.model) is not None  # few-token linears are timed per rank: off under tensor parallelism
-    with contextlib.nullcontext() if step.cache.compiled or split else few_token_linears(step.model):
-        costs = speculative_steps(step, active)
+    with contextlib.nullcontext() if split else step.cache.linears():
+        chosen = speculative_steps(step, active)
     if step.streamer is not None:
         step.streamer.end()
-    return assemble_result(rows, generator, step.generation_config, step.cache, costs)
+    return assemble_result(rows, generator, step.generation_config, step.cache, chosen)
 
 
 def speculative_steps(step: Step, active: list[Row]) -> dict:
-    """Speculative steps until every row is done.
-
-    Returns what the layout cost, for a padded batch's statistics (:class:`~hf_specdraft.core.layouts.CacheLayout`'s
-    ``costs``): ``repack_seconds`` and ``steps`` (gathers), ``widest_repacked`` (the widest the repacked cache got) and
-    ``holes_columns`` (how wide a cache masking rejected columns in place would have grown from the prompt: the sum of
-    every step's verified width); the forwards run for the whole batch (``target_forwards``; ``batch_draft_forwards``,
-    `None` when rows draft one by one); and, with a controller, the γ it chose.
+    """Speculative steps until every row is done (what they cost, the layout counts:
+    :class:`~hf_specdraft.core.layouts.CacheLayout`'s ``costs``). Returns, with a controller, the γ it chose at every
+    step and whether it resumed the last call's state (``draft_lengths``, ``controller_resumed``), else ``{}``.
     """
     drafters = [row.generator for row in active]
-    if (not step.one_row and drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters)
+    if (drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters)
             and not any(row.traits.requires_model_outputs for row in active)):  # a batch proposer hands no state on
-        step.together = step.cache.batch_proposer(drafters)
+        step.cache.batch_proposer(drafters)  # where the layout allows (a padded batch)
     setting = attach_controller(step, active)
     step.cache.before_steps(step.request)
     try:
@@ -290,14 +267,11 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
         if step.meter.controller is not None and step.meter.controller.confidence_stops:
             for drafter in drafters:
                 drafter.set_step(stop_rule=None, copy_rule=None)  # the rules belong to this call's controller
-    costs = step.cache.costs
-    if step.together is not None:
-        costs["batch_draft_forwards"] = step.together.forwards
     controller = step.meter.controller
-    if controller is not None:
-        remember(controller, step.model, drafters[0], setting)
-        costs["draft_lengths"], costs["controller_resumed"] = controller.choices, controller.resumed
-    return costs
+    if controller is None:
+        return {}
+    remember(controller, step.model, drafters[0], setting)
+    return {"draft_lengths": controller.choices, "controller_resumed": controller.resumed}
 
 
 def attach_controller(step: Step, active: list[Row]) -> tuple | None:
@@ -319,7 +293,7 @@ def attach_controller(step: Step, active: list[Row]) -> tuple | None:
     if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
         ranks.align(controller)
     # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
-    controller.confidence_stops = step.one_row and active[0].traits.stops_on_confidence
+    controller.confidence_stops = step.cache.one_row and active[0].traits.stops_on_confidence
     return setting
 
 
@@ -332,7 +306,7 @@ def speculative_step(step: Step, active: list[Row]) -> list[Row]:
     γ sit behind ``step.meter`` (:class:`~hf_specdraft.core.meter.StepMeter`).
     """
     meter = step.meter
-    meter.begin(active, step.together)  # γ for every row, when the controller chooses it
+    meter.begin(active, step.cache.together)  # γ for every row, when the controller chooses it
     cached = [row.cached for row in active]  # before this step: row a's last cached[a] columns of the cache
     trees = draft_rows(step, active)  # propose
     logits, verified, hidden = meter.verify(lambda: step.cache.verify(active, trees, step.request.kwargs))  # (A, Q, V), (A, Q)
@@ -348,8 +322,7 @@ def accept_rows(step: Step, active: list[Row], trees: list[DraftTree], logits, c
     """Every row accepts a path by its rule and emits it (:func:`~hf_specdraft.core.emission.accept_row`); a row whose
     drafter reads the target's state keeps the states of the columns it kept (on the device). Returns each row's kept
     columns and accepted count."""
-    step.cache.costs["target_forwards"] += 1
-    step.cache.costs["holes_columns"] += logits.shape[1]  # what a cache that only masks rejected columns would have grown by
+    step.cache.count_step(logits.shape[1])
     draft_seconds, forward_seconds = step.meter.seconds()
     kept, accepted = [], []
     for a, (row, tree) in enumerate(zip(active, trees)):
@@ -383,15 +356,17 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
 
 def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
     """Every active row's proposal, fitted to its room before ``max_length`` (its drafting marks go to the step's meter):
-    one batch proposer for all rows (``together``), or each row's drafter on its view of the target cache."""
+    one batch proposer for all rows (the layout's ``together``), or each row's drafter on its view of the target
+    cache."""
     config, meter = step.generation_config, step.meter
-    if step.together is not None:
+    together = step.cache.together
+    if together is not None:
         start = meter.mark()
         for row in active:  # the text on the host: a row's copy from its text (copy_from_text) reads nothing back
             if isinstance(row.generator, TreeCandidateGenerator):
                 row.generator.set_step(host_text=row.tokens[row.pad :])
-        step.together.target = (step.cache.cache, [row.cached for row in active])
-        proposals = step.together.propose([row.text[0] for row in active])
+        together.target = step.cache.batch_drafter_cache(active)
+        proposals = together.propose([row.text[0] for row in active])
         trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens), row.traits)
                  for row, tree in zip(active, proposals)]
         end = meter.mark()

@@ -43,25 +43,21 @@ class SpeculativeGenerateOutput(ModelOutput):
     row_stats: tuple[SpeculativeStats, ...] | None = None
 
 
-def assemble_result(rows: list[Row], generator, generation_config: GenerationConfig, layout, costs: dict):
+def assemble_result(rows: list[Row], generator, generation_config: GenerationConfig, layout, chosen: dict):
     """What ``generate`` returns: the sequences (finished rows padded on the right), or :class:`SpeculativeGenerateOutput`.
 
-    One unpadded row returns its own statistics, scores and the cache (where ``layout`` hands it out,
-    :meth:`~hf_specdraft.core.layouts.CacheLayout.finish`); a padded batch's call merges the rows' statistics (``row_stats``
-    keeps each) and adds the layout's ``costs`` and ``extra["batch_forwards"]``: the rows' own statistics count a batch
-    forward once in every row it served.
+    What differs between one row and a padded batch, ``layout`` answers
+    (:class:`~hf_specdraft.core.layouts.CacheLayout`): the call's statistics
+    (:meth:`~hf_specdraft.core.layouts.CacheLayout.call_stats`), the cache it hands out
+    (:meth:`~hf_specdraft.core.layouts.CacheLayout.finish`) and the other fields (one row's scores, a batch's
+    ``row_stats``). ``chosen``: what the γ controller chose (:func:`~hf_specdraft.core.loop.speculative_steps`).
     """
-    shared = len(rows) > 1 or rows[0].pad > 0
     for row in rows:
         row.out.stats.settle()
         row.out.stats.drafter_calls = dict(row.generator.forward_calls) if isinstance(row.generator, TreeCandidateGenerator) else {}
-    stats = rows[0].out.stats if not shared else SpeculativeStats.merge([row.out.stats for row in rows])
-    lengths, resumed = costs.pop("draft_lengths", None), costs.pop("controller_resumed", None)
-    if lengths:  # num_draft_tokens="auto": the γ chosen at every step, and whether it started from the last call's state
-        stats.extra.update(draft_lengths=lengths, controller_resumed=resumed)
-    if shared:
-        forwards = {"target": costs.pop("target_forwards"), "draft": costs.pop("batch_draft_forwards")}
-        stats.extra.update(batch_size=len(rows), cache_layout=costs, batch_forwards=forwards)
+    stats = layout.call_stats(rows)
+    if chosen.get("draft_lengths"):  # num_draft_tokens="auto": the γ chosen at every step, and whether it resumed
+        stats.extra.update(chosen)
     for drafter in {id(g): g for g in (generator if isinstance(generator, (list, tuple)) else [generator])}.values():
         if isinstance(drafter, TreeCandidateGenerator):
             drafter.finish_call(stats)
@@ -69,17 +65,8 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
     sequences = padded_sequences(rows, generation_config)
     if not generation_config.return_dict_in_generate:
         return sequences
-    if shared:
-        return SpeculativeGenerateOutput(sequences=sequences, speculative_stats=stats,
-                                         row_stats=tuple(row.out.stats for row in rows))
-    out = rows[0].out
-    return SpeculativeGenerateOutput(
-        sequences=sequences,
-        scores=tuple(out.scores) if generation_config.output_scores else None,
-        logits=tuple(out.logits) if generation_config.output_logits else None,
-        **{CACHE_FIELD: cache},
-        speculative_stats=stats,
-    )
+    return SpeculativeGenerateOutput(sequences=sequences, **{CACHE_FIELD: cache}, speculative_stats=stats,
+                                     **layout.result_fields(rows, generation_config))
 
 
 def padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> torch.LongTensor:

@@ -128,15 +128,6 @@ def single_row_inputs(model, input_ids: torch.LongTensor, cache: DynamicCache, t
     return {"input_ids": verify_ids, "attention_mask": layer_masks(model, cache, mask, positions, keys), "position_ids": positions}
 
 
-def verify_inputs(model, cache: DynamicCache, rows: list[Row], trees: list[DraftTree], shared: bool, dtype: torch.dtype) -> dict:
-    """The keyword inputs of the step's one target forward: :func:`single_row_inputs` for a row that owns the cache,
-    :func:`batch_verify_inputs` when ``shared`` (a padded batch's right-aligned cache). Logits come back `(A, Q, V)`."""
-    if not shared:
-        return single_row_inputs(model, rows[0].ids, cache, trees[0], dtype)
-    ids, mask, positions = batch_verify_inputs(rows, trees, cache.get_seq_length(), dtype, rows[0].device)
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-
-
 def verify_tree(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> torch.Tensor:
     """One target forward over ``[last token] + tree`` on a cache covering ``input_ids[:, :-1]`` `(1, L)`.
     Returns float32 logits `(1+N, V)`: row 0 scores the token after the last one, row ``1+i`` the token after node ``i``."""

@@ -29,7 +29,7 @@ from ..core.drafting import (
     same_drafters,
 )
 from ..core.static_cache import StaticRowsCache
-from ..core.static_draft import StaticDraftCache
+from ..core.draft_cache import DynamicDraftCache, StaticDraftCache
 from ..core.cache import crop_to
 from ..core.target_state import TargetState
 from ..core.tree import DraftTree
@@ -111,7 +111,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         return self.glide  # the next call with the same GLIDE starts from what this one learned
 
     def _reset(self) -> None:
-        self.cache = DynamicCache(config=self.glide.config)
+        self.cache = DynamicDraftCache(self.glide, self._glimpse, DynamicCache(config=self.glide.config))
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
         self.states = None  # state_input: the target's last hidden states still needed `(1, n, hidden)`, positions from states_from
         self.states_from = 0  # the position of states[:, 0]: earlier states were fed already and are dropped (no growing copy)
@@ -153,17 +153,13 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             if cross:
                 check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
             return self._propose_from_state(input_ids, target_cache if cross else None, target_state)
-        if isinstance(self.cache, StaticDraftCache):  # the compiled static path: the glimpse reads the target's whole buffers
-            glimpse = static_glimpse(self.target_static, input_ids.shape[1] - 1, self.glide.dtype) if cross else None
-            return draft_chain(self, input_ids, lambda feed: self.cache.forward(feed, glimpse), self.glide.device)
-        if cross:
-            check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
+        glimpse = self.cache.glimpse(target_cache, input_ids.shape[1] - 1) if cross else None
+        return draft_chain(self, input_ids, lambda feed: self.cache.forward(feed, glimpse), self.glide.device)
 
-        def next_logits(feed: torch.Tensor) -> torch.Tensor:
-            return self.glide(input_ids=feed, **with_cache(self.glide, self.cache), use_cache=True,
-                              target_past_key_values=target_cache if cross else None, logits_to_keep=1).logits[:, -1]
-
-        return draft_chain(self, input_ids, next_logits, self.glide.device)
+    def _glimpse(self, target_cache, committed: int | None) -> dict:
+        """What GLIDE's forwards read of the target on its own ``DynamicCache``: the target's live cache (§4.1)."""
+        check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
+        return {"target_past_key_values": target_cache}
 
     def copy_from_text(self, input_ids: torch.LongTensor) -> DraftTree | None:
         """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the text's suffix, when
@@ -229,7 +225,8 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         tokens, probs, confidences = [], [], []
         for step in range(self.num_draft_tokens):
             out = glide(input_ids=feed, position_ids=position, target_hidden_states=state_in, logits_to_keep=1,
-                        **with_cache(glide, self.cache if glide.config.self_attention else None), use_cache=glide.config.self_attention,
+                        **with_cache(glide, self.cache.past_key_values if glide.config.self_attention else None),
+                        use_cache=glide.config.self_attention,
                         **glimpse)
             if step == 0:
                 self.fed = t + 1
@@ -259,10 +256,14 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         a ``state_input`` GLIDE, which drafts eagerly (its steps feed states, not only tokens)."""
         if target_cache.has_rings or self.requires_model_outputs:
             return None
-        self.cache, self.target_static = StaticDraftCache(self.glide, generation_config, compile_config), target_cache
-        if self.glide.config.cross_attention:  # the warm-up before the loop glimpses every target column (a query that saw none
-            # would write NaN states, which a later full-buffer forward multiplies by its zero weights)
-            self.cache.glimpse = lambda: static_glimpse(target_cache, target_cache.max_cache_len, self.glide.dtype)
+        def glimpse(_, committed: int | None):  # the target's whole buffers under a key mask; the warm-up before the
+            # loop (committed None) glimpses every column (a query that saw none would write NaN states, which a later
+            # full-buffer forward multiplies by its zero weights)
+            columns = target_cache.max_cache_len if committed is None else committed
+            return static_glimpse(target_cache, columns, self.glide.dtype)
+
+        self.cache = StaticDraftCache(self.glide, generation_config, compile_config,
+                                      reads=glimpse if self.glide.config.cross_attention else None)
         return self.cache
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
