@@ -99,8 +99,9 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
 
 # One method per idea, so the demo stays under two minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
 DEMO_METHODS = {
-    # *-auto: the default calls (GLIDE's copy from the context where the text recurs: +copy); draft-model: the plain draft alone
-    "completion": ("target-only", "target-only+linears", "draft-model", "glide+copy-auto", "glide+copy+cape-auto", "max-gram-auto"),
+    # *-auto: the default calls (GLIDE's copy from the context where the text recurs: +copy); draft-model-auto: the plain
+    # draft alone
+    "completion": ("target-only", "target-only+linears", "draft-model-auto", "glide+copy-auto", "glide+copy+cape-auto", "max-gram-auto"),
     "context": ("target-only", "casd-strict-auto"),  # CASD drafts from the request's own context: its own task
 }
 # On CUDA the baseline users have is transformers' own static cache, compiled: the default calls run eager and on the
@@ -292,7 +293,8 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
     bench.add_argument("--profile", default="cpu", choices=("cpu", "gpu", "gpu-default"),
                        help="prompt counts, lengths and repeats (gpu: the bigger target in --gpu-default-dir; gpu-default: the "
                        "embedded default on CUDA)")
-    bench.add_argument("--methods", help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,draft-model)"
+    bench.add_argument("--methods", help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,"
+                       "draft-model-auto; a source checkout's `python -m benchmarks.bench` adds the studies' fixed-γ rows)"
                        + ("; one of: " + ", ".join(method_names) if method_names else "; `hf-specdraft bench --help` lists them"))
     bench.add_argument("--task", default="completion", choices=("completion", "context", "chat"),
                        help="completion, context (CASD's rest-of-file task) or chat (requests in the target's chat template)")

@@ -59,7 +59,7 @@ def write_drafter_cards(output_dir: str | Path, bench_json: str | Path, agreemen
         folder = output_dir / kind
         if not (folder / "config.json").is_file() or rows[0] not in summary:
             continue
-        from hf_specdraft.bench.methods import METHODS
+        from benchmarks.methods import METHODS  # the package's rows and the lab's (glide, glide+cape, cascade-2drafts)
 
         drafts = ", ".join(sorted(set(meta.get("draft_dtypes", {}).values())))
         dtype = meta['dtype'] + (f" (drafters {drafts})" if drafts else "")

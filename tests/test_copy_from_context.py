@@ -103,7 +103,8 @@ BENCH_ROWS = ("glide", "glide+copy", "glide-γ3", "glide+copy-γ3", "glide-auto"
 def test_a_bench_row_copies_from_the_context_exactly_when_its_name_says_so(setup):
     from types import SimpleNamespace
 
-    from hf_specdraft.bench.methods import METHODS, BenchContext
+    from benchmarks.methods import METHODS  # the package's rows and the lab's fixed-γ ones
+    from hf_specdraft.bench.methods import BenchContext
 
     target, glide, ids, reference = setup
     torch.manual_seed(2)

@@ -134,7 +134,7 @@ def test_bench_json_schema(tiny_default, tmp_path):
     from hf_specdraft.bench import BenchConfig, run_bench
 
     bundle = load_default(tiny_default[0])
-    config = BenchConfig(methods=("target-only", "target-only+linears", "draft-model", "null-drafter", "prompt-lookup", "stock-assisted+linears"), num_prompts=2, max_new_tokens=8, warmup=0,
+    config = BenchConfig(methods=("target-only", "target-only+linears", "draft-model-auto", "null-drafter", "prompt-lookup", "stock-assisted+linears"), num_prompts=2, max_new_tokens=8, warmup=0,
                          repeats=2)
     result = run_bench(bundle, config, output=tmp_path / "bench.json")
     saved = json.loads((tmp_path / "bench.json").read_text())
@@ -145,7 +145,7 @@ def test_bench_json_schema(tiny_default, tmp_path):
     for name, s in saved["summary"].items():
         assert s["equals_target_only"] == 1.0, name  # every baseline here is lossless
         assert s["speedup_vs_target_only"] > 0
-    assert saved["summary"]["draft-model"]["mean_accepted_length"] >= 1
+    assert saved["summary"]["draft-model-auto"]["mean_accepted_length"] >= 1
     assert all(s["speedup_vs_target_only_linears"] > 0 for s in saved["summary"].values())
     assert len(saved["records"]) == 2 * 2 * len(config.methods) and {r["repeat"] for r in saved["records"]} == {0, 1}
     assert all(s["repeats"] == 2 and s["speedup_spread"]["min"] <= s["speedup_vs_target_only"] * 1.0001 or s["prompts"] > 1
@@ -156,7 +156,7 @@ def test_bench_json_schema(tiny_default, tmp_path):
     from benchmarks.report.render import render
 
     report = render(tmp_path, checkpoint=tiny_default[0])
-    assert "## The embedded default" in report and "| draft-model |" in report and "unigram baseline" in report
+    assert "## The embedded default" in report and "| draft-model-auto |" in report and "unigram baseline" in report
 
 
 def test_draft_dtype_section_renders_both_measurements():
@@ -334,8 +334,9 @@ def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
 
 def test_the_fixed_grid_rows_run_and_the_report_weighs_auto_against_them(tiny_default, tmp_path):
     """The default calls' grid: auto rows beside fixed γ and CAPE budgets, lossless; the report's line of auto / best fixed."""
-    from hf_specdraft.bench import BenchConfig, run_bench
+    from benchmarks import methods  # noqa: F401  (registers the fixed grid: the lab's rows)
     from benchmarks.report.render import auto_against_fixed, auto_line, render
+    from hf_specdraft.bench import BenchConfig, run_bench
 
     methods = ("target-only", "vanilla", "vanilla-γ4", "vanilla-auto", "glide+cape-γ1b2", "draft-model-γ5")
     result = run_bench(load_default(tiny_default[0]), BenchConfig(methods=methods, num_prompts=1, max_new_tokens=8, warmup=0, repeats=1),

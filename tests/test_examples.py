@@ -123,8 +123,9 @@ def test_report_embeds_plots(tmp_path, monkeypatch):
 
 def test_plots_from_a_harness_run(tiny_env, tmp_path):
     """The real harness's JSON (chain, CAPE and Max-Gram methods on the tiny default) gives all three plots."""
-    from hf_specdraft.bench import BenchConfig, run_bench
+    from benchmarks import methods  # noqa: F401  (registers the fixed-γ glide, glide+cape and max-gram rows)
     from benchmarks.report.plots import make_plots
+    from hf_specdraft.bench import BenchConfig, run_bench
     from hf_specdraft.defaults import load_default
 
     bundle = load_default(tiny_env["HF_SPECDRAFT_TINY_DIR"], device="cpu")

@@ -111,6 +111,21 @@ def test_the_lab_check_sees_an_import_of_the_lab(line, tmp_path):
     assert not lab_imports(path)
 
 
+def test_the_package_s_bench_rows_are_baselines_and_default_calls():
+    """``hf-specdraft bench`` and ``demo`` run the library's own defaults: the package registers the baselines and the
+    ``*-auto`` calls; rows at a fixed γ, tree size or K matrix (numbers tuned on one machine) come from the lab."""
+    import subprocess
+
+    code = "import sys, hf_specdraft.bench as b; print(' '.join(b.METHODS)); print('benchmarks' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+    names, lab_imported = done.stdout.split("\n")[:2]
+    baselines = {"target-only", "target-only+linears", "stock-assisted", "stock-assisted+linears", "prompt-lookup",
+                 "prompt-lookup+linears", "null-drafter", "stock-assisted-glide", "stock-assisted-vanilla"}
+    fixed = [n for n in names.split() if n not in baselines and not re.search(r"-auto(-static|-compiled)?$|^target-only-", n)]
+    assert not fixed and lab_imported == "False", f"rows with fixed settings in the package: {fixed}"
+
+
 def test_composition_hooks_refuse_bad_arguments():
     from hf_specdraft.core.drafting import register_drafter
     from hf_specdraft.glide.model_card import set_custom_generate_writer

@@ -32,7 +32,7 @@ def row_name(name: str, meta: dict) -> str:
 
 def describe(name: str, meta: dict) -> str:
     """What row ``name`` of a run ran: the run's own description, else the registered method's, else nothing."""
-    from hf_specdraft.bench.methods import METHODS
+    from benchmarks.methods import METHODS  # the package's rows and the lab's
 
     if name in meta.get("descriptions", {}):
         return meta["descriptions"][name]

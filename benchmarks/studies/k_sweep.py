@@ -20,8 +20,9 @@ import json
 import sys
 from pathlib import Path
 
+from benchmarks import methods  # noqa: F401  (registers the cascade-1draft / cascade-2drafts baselines)
 from hf_specdraft.bench.harness import BenchConfig, run_bench
-from hf_specdraft.bench.methods import METHODS, Method, _cascade, _speculative, register_method
+from hf_specdraft.bench.methods import METHODS, Method, cascade_run, register_method, speculative_run
 from hf_specdraft.cascade.max_gram import MAX_GRAM_TOKENS
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator
 from hf_specdraft.defaults.tasks import build_tasks
@@ -64,7 +65,7 @@ def register_grid(num_drafts: int, grid: str = "paper", max_gram_tokens: tuple[i
 
         def run(ctx, k=k_matrix, mag=mag):
             drafts = [ctx.draft] if num_drafts == 1 else [ctx.draft, ctx.extras["small_draft"]]
-            return _cascade(ctx, drafts, k, max_gram_tokens=mag)
+            return cascade_run(ctx, drafts, k, max_gram_tokens=mag)
 
         costs = (lambda e: {"draft0": e["draft"], "max_gram": None}) if num_drafts == 1 else \
             (lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None})
@@ -81,7 +82,7 @@ def register_draft_gammas(gammas: tuple[int, ...] = (2, 3, 4, 5, 8)) -> list[str
     for gamma in gammas:
         name = f"draft-model-gamma{gamma}"
         if name not in METHODS:
-            register_method(Method(name, lambda ctx, g=gamma: _speculative(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, num_draft_tokens=g)),
+            register_method(Method(name, lambda ctx, g=gamma: speculative_run(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, num_draft_tokens=g)),
                                    requires=("draft",), description=f"plain draft γ={gamma}", cost_models=lambda e: {"draft": e["draft"]}))
         names.append(name)
     return names

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_specdraft.bench.harness import environment, prompt_ids
-from hf_specdraft.bench.methods import CAPE_BUDGET, CAPE_GAMMA, GLIDE_GAMMA
+from benchmarks.methods import CAPE_BUDGET, CAPE_GAMMA, GLIDE_GAMMA
 from hf_specdraft.core.drafting import TreeCandidateGenerator
 from hf_specdraft.core.loop import speculative_generate
 from hf_specdraft.core.stats import SpeculativeStats

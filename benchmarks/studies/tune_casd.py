@@ -11,7 +11,7 @@ target-only measured in the same run (methods interleaved)::
 
 from __future__ import annotations
 
-from hf_specdraft.bench.methods import METHODS, Method, _casd, register_method
+from hf_specdraft.bench.methods import METHODS, Method, casd_run, register_method
 from .tuning import run_tuning, tuning_parser
 
 MAX_NODES = (4, 8, 16, 32, 64)
@@ -23,7 +23,7 @@ def register_grid() -> list[str]:
     for nodes in MAX_NODES:
         name = f"casd-strict-nodes{nodes}"
         if name not in METHODS:
-            register_method(Method(name, lambda ctx, n=nodes: _casd(ctx, strict=True, max_nodes=n), tasks=("context",),
+            register_method(Method(name, lambda ctx, n=nodes: casd_run(ctx, strict=True, max_nodes=n), tasks=("context",),
                                    description=f"CASD strict, at most {nodes} draft nodes per step"))
         names.append(name)
     return names

@@ -11,7 +11,7 @@ items after the bench's own prompts, ranked by wall-time ratio against target-on
 
 from __future__ import annotations
 
-from hf_specdraft.bench.methods import METHODS, Method, _speculative, _with_expansion_sizes, register_method
+from hf_specdraft.bench.methods import METHODS, Method, register_method, speculative_run, with_expansion_sizes
 from .tuning import run_tuning, tuning_parser
 
 GAMMAS = (1, 2, 3, 4, 5)
@@ -27,13 +27,13 @@ def register_grid() -> tuple[list[str], list[str]]:
     for gamma in GAMMAS:
         name = f"glide-gamma{gamma}"
         if name not in METHODS:
-            register_method(Method(name, lambda ctx, g=gamma: _speculative(ctx, candidate_generator=GlideCandidateGenerator(ctx.extras["glide"], num_draft_tokens=g)),
+            register_method(Method(name, lambda ctx, g=gamma: speculative_run(ctx, candidate_generator=GlideCandidateGenerator(ctx.extras["glide"], num_draft_tokens=g)),
                                    requires=("glide",), description=f"GLIDE γ={gamma}", cost_models=lambda e: {"draft": e["glide"]}))
         gammas.append(name)
     for gamma, budget in CAPE_SETTINGS:
         name = f"glide+cape-gamma{gamma}-budget{budget}"
         if name not in METHODS:
-            register_method(Method(name, lambda ctx, g=gamma, b=budget: _with_expansion_sizes(
+            register_method(Method(name, lambda ctx, g=gamma, b=budget: with_expansion_sizes(
                 ctx, build_cape_for_bench(GlideCandidateGenerator(ctx.extras["glide"], num_draft_tokens=g), budget=b)),
                 requires=("glide",), description=f"GLIDE γ={gamma} + CAPE, budget {budget}", cost_models=lambda e: {"draft": e["glide"]}))
         capes.append(name)

@@ -1,7 +1,7 @@
 """One harness for every method: same prompts, one run, methods interleaved per prompt, JSON out.
 
     hf-specdraft bench                                  # cpu profile on the embedded default
-    hf-specdraft bench --methods target-only,draft-model --num-prompts 5 --output bench.json
+    hf-specdraft bench --methods target-only,draft-model-auto --num-prompts 5 --output bench.json
 
 Wall time is only reported as a ratio against target-only decoding measured in the same run on the
 same prompts: every method runs ``repeats`` times per prompt in a rotated order, the median per prompt
@@ -47,7 +47,7 @@ PROFILES = {
 @dataclass
 class BenchConfig:
     profile: str = "cpu"
-    methods: tuple[str, ...] = ("target-only", "stock-assisted", "prompt-lookup", "draft-model")
+    methods: tuple[str, ...] = ("target-only", "stock-assisted", "prompt-lookup", "draft-model-auto")
     task: str = "completion"
     num_prompts: int | None = None
     max_new_tokens: int | None = None

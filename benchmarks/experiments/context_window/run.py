@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
+from benchmarks import methods  # noqa: F401  (registers the casd-* rows run below)
 from hf_specdraft.bench import BenchConfig, format_table, run_bench
 from hf_specdraft.defaults.loading import CHECKPOINT_DIR, load_default
 
