@@ -10,8 +10,8 @@ Read bottom-up, as the loop runs a step:
 * :mod:`.cache`: compaction, repacking, windows and draft-cache re-syncs;
 * :mod:`.acceptance`: greedy, speculative sampling, lenient and conditional rules;
 * :mod:`.suffix_match`: the longest earlier occurrence of the text's suffix (Max-Gram's match; GLIDE copies from it);
-* :mod:`.stopping`: the step's stop checks, on host tokens;
-* :mod:`.emission`: one row's share of a step: its accepted path by its rule, emitted where ``generate`` would stop;
+* :mod:`.emission`: one row's share of a step: its accepted path by its rule, emitted where ``generate`` would stop
+  (the stop checks on host tokens);
 * :mod:`.traits`: what a drafter declares to the loop (``DrafterTraits``), kept on each row;
 * :mod:`.batch_drafting`, :mod:`.drafting`: the drafter base classes, the draft-model drafter, the registry that picks a
   drafter for a draft model's type, one draft forward per batch;
@@ -24,7 +24,7 @@ Read bottom-up, as the loop runs a step:
 * :mod:`.layouts`, :mod:`.static_layout`: where the target's cache lives during a call: one declared interface
   (``CacheLayout``), one object of it per call (a row's own cache, a padded batch's shared one, the static buffers);
 * :mod:`.draft_cache`: a drafter's own cache and forward behind one interface (``DraftCache``), dynamic or static;
-* :mod:`.clock`, :mod:`.controller`, :mod:`.controller_store`, :mod:`.disk_cache`: a step's timing as the device sees it,
+* :mod:`.clock`, :mod:`.controller`, :mod:`.controller_store`: a step's timing as the device sees it,
   γ chosen at run time, and what was learned kept on disk for the next process;
 * :mod:`.meter`: the step's clock and its γ controller behind one object;
 * :mod:`.distributed`: the ranks of a tensor-parallel target kept in step;

@@ -1,6 +1,14 @@
 """One row's share of a step after verification: accept a path of its tree by its rule, emit it and the target's next
 token where ``generate`` would stop, and record the step (:func:`accept_row`).
 
+The stop checks run on host tokens and read nothing back from the device (:class:`HostStops`). ``generate`` hands a
+custom decoding loop its ``StoppingCriteriaList``: ``MaxLengthCriteria`` (always), ``EosTokenCriteria`` (with an eos
+token), and whatever else the call asked for (``max_time``, ``stop_strings``, the user's own criteria). Called on the
+device's ``input_ids`` once per emitted token, each returns a device bool that ``bool()`` reads back: a sync per token.
+The two that every call has only need the sequence's length and its newest token, which the loop holds on the host
+(``row.tokens``), so :class:`HostStops` checks those there and calls the others, as ``generate`` would, only where the
+call has any.
+
 Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 """
 
@@ -9,15 +17,54 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .acceptance import accept_tree, speculative_sampling, tree_rejection_sampling
 from .drafting import TreeCandidateGenerator
+from .host import to_device
 from .inputs import eos_list
 from .rows import Row, TargetRows
 from .stats import record_step
-from .stopping import HostStops
 from .tree import DraftTree
+
+
+class HostStops:
+    """A call's stopping criteria, split into host checks and the rest.
+
+    Args:
+        stopping_criteria: what ``generate`` prepared (``None``: the config's max length alone).
+        generation_config: the call's (its ``max_length`` bounds every call).
+    """
+
+    def __init__(self, stopping_criteria: StoppingCriteriaList | None, generation_config: GenerationConfig):
+        criteria = list(stopping_criteria or [])
+        self.max_length = min([c.max_length for c in criteria if isinstance(c, MaxLengthCriteria)] + [generation_config.max_length])
+        self.eos: set[int] = set()
+        for criterion in criteria:
+            if isinstance(criterion, EosTokenCriteria):  # read once, before any step
+                self.eos.update(torch.as_tensor(criterion.eos_token_id).reshape(-1).tolist())
+        self.others = StoppingCriteriaList([c for c in criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
+
+    @property
+    def reads_scores(self) -> bool:
+        """Whether a criterion of the call's own is called (it is handed each token's scores, as in ``generate``)."""
+        return len(self.others) > 0
+
+    def emit(self, row: Row, tokens: list[int], scores: list[torch.Tensor] | None) -> tuple[int, bool]:
+        """How many of ``tokens`` row ``row`` appends (``row.tokens`` holds its sequence so far), and whether it stops
+        there: at ``max_length``, an eos token, or where another criterion says so (called on the sequence up to each
+        token, with that token's scores ``scores[j]`` `(1, V)`)."""
+        length, extended = len(row.tokens), None
+        for j, token in enumerate(tokens):
+            if length + j + 1 >= self.max_length or token in self.eos:
+                return j + 1, True
+            if self.others:
+                if extended is None:
+                    extended = torch.cat([row.ids, to_device(tokens, row.ids.device)[None]], dim=-1)
+                if bool(self.others(extended[:, : length + j + 1], scores[j]).all()):
+                    return j + 1, True
+        return len(tokens), False
 
 
 def accept_row(step, row: Row, logits: torch.Tensor, tree: DraftTree, choices: list[int] | None, draft_seconds: float,
@@ -68,7 +115,7 @@ def select_accepted(rows: TargetRows, tree: DraftTree, acceptance, generation_co
 def emit_tokens(row: Row, tree: DraftTree, path: list[int], next_token: int, rows: TargetRows, stops: HostStops,
                 generation_config: GenerationConfig) -> int:
     """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would
-    (:class:`~hf_specdraft.core.stopping.HostStops`: on host tokens; a criterion of the user's own reads the device).
+    (:class:`HostStops`: on host tokens; a criterion of the user's own reads the device).
     Extends ``row.tokens`` (and so ``row.ids``) and ``row.done``; returns how many tokens were appended."""
     tokens = ([tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()) + [next_token]
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token

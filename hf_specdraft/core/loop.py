@@ -37,7 +37,7 @@ from transformers.generation import CandidateGenerator
 
 from .acceptance import ConditionalAcceptance
 from .clock import StepClock
-from .emission import accept_row
+from .emission import HostStops, accept_row
 from .layouts import CacheLayout
 from .meter import StepMeter
 from .controller import DraftLengthController, recall, remember
@@ -59,7 +59,6 @@ from .outputs import SpeculativeGenerateOutput, assemble_result
 from .static_layout import layout_for, static_call
 from .rows import Outputs, Row
 from .stats import SpeculativeStats
-from .stopping import HostStops
 from .support import CACHE_FIELD, chains_only, check_target
 from .target_state import StateRequest, TargetOutputs, TargetState, joined, kept_states, shared_kv
 from .traits import DrafterTraits

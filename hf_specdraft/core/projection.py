@@ -50,8 +50,9 @@ fell from 56 to 38 ms, and plain greedy ``generate`` inside ``few_token_linears`
 completion task (``benchmarks/results/cpu-completion.json``), token-identical: on such a CPU it is the fair target-only baseline, and the bench runs it
 (``target-only+linears``).
 
-This module imports torch only: :func:`hf_specdraft.cape.write_custom_generate` writes it, as it is, into the
-``custom_generate/`` folder a checkpoint ships.
+This module imports torch and its sibling ``controller_store`` (the files on disk) only:
+:func:`hf_specdraft.cape.write_custom_generate` writes it, as it is, into the ``custom_generate/`` folder a checkpoint
+ships.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .disk_cache import cache_file, machine_id, read_json, write_json
+from .controller_store import cache_file, machine_id, read_json, write_json
 
 ORIENTATIONS = ("auto", "transposed", "linear")
 MAX_CALIBRATED_ROWS = 64  # past this a forward is an ordinary GEMM (a prefill): linear's own path
