@@ -233,32 +233,38 @@ def test_the_core_s_reading_order_names_every_module():
     assert named == modules, f"not in core/__init__.py's reading order: {sorted(modules - named)}; gone: {sorted(named - modules)}"
 
 
-LAYOUTS = {"CacheLayout", "OwnedRow", "SharedBatch", "StaticTarget"}
+LAYOUTS = {"CacheLayout", "DynamicLayout", "OwnedRow", "SharedBatch", "StaticLayout"}  # core/layouts.py, core/static_layout.py
+DRAFT_CACHES = {"DraftCache", "DynamicDraftCache", "StaticDraftCache"}  # core/draft_cache.py
+LAYOUT_HOMES = {"core/layouts.py", "core/static_layout.py", "core/draft_cache.py"}  # where they are defined and built
 
 
 def layout_branches(path: Path) -> list[str]:
-    """Where ``path`` branches on a cache layout: an ``isinstance`` naming a layout class, or a ``shared`` flag read."""
-    found = []
+    """Where ``path`` branches on a cache layout or a draft cache: an ``isinstance`` naming one of their classes, a
+    ``shared`` flag read, or (outside :data:`LAYOUT_HOMES`) a ``compiled`` flag read."""
+    found, home = [], path.is_relative_to(PACKAGE) and path.relative_to(PACKAGE).as_posix() in LAYOUT_HOMES
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
             named = {n.id if isinstance(n, ast.Name) else getattr(n, "attr", None) for n in ast.walk(node.args[1])}
-            if named & LAYOUTS:
-                found.append(f"{path.name}:{node.lineno} isinstance on {sorted(named & LAYOUTS)}")
-        if isinstance(node, ast.Attribute) and node.attr == "shared":
-            found.append(f"{path.name}:{node.lineno} .shared")
+            if named & (LAYOUTS | DRAFT_CACHES):
+                found.append(f"{path.name}:{node.lineno} isinstance on {sorted(named & (LAYOUTS | DRAFT_CACHES))}")
+        if isinstance(node, ast.Attribute) and (node.attr == "shared" or node.attr == "compiled" and not home):
+            found.append(f"{path.name}:{node.lineno} .{node.attr}")
     return found
 
 
 def test_no_module_branches_on_a_cache_layout():
-    """The step calls one interface (core/layouts.py's CacheLayout); no module asks which layout it holds."""
+    """The step calls one interface (core/layouts.py's CacheLayout), a drafter drafts on one (core/draft_cache.py's
+    DraftCache): no module asks which layout or draft cache it holds, or whether it is compiled, outside the three
+    modules that define and build them (not even those ask which layout or draft cache it is)."""
     branches = [b for path in sorted(PACKAGE.rglob("*.py")) for b in layout_branches(path)]
     assert not branches, branches
 
 
 def test_the_layout_check_sees_a_branch(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("def f(cache):\n    if isinstance(cache, (StaticTarget, int)):\n        return cache.shared\n")
-    assert len(layout_branches(probe)) == 2
+    probe.write_text("def f(cache, draft):\n    if isinstance(cache, (StaticLayout, int)) or isinstance(draft, StaticDraftCache):\n"
+                     "        return cache.shared or cache.compiled\n")
+    assert len(layout_branches(probe)) == 4
 
 
 STEP_MODULES = ("loop.py", "meter.py", "emission.py", "layouts.py", "outputs.py")
