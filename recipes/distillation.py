@@ -2,9 +2,9 @@
 
 Training a drafter for a real target on 2 CPU cores cannot afford a target forward per training step
 (SmolLM2-135M runs ~400 tokens/s teacher-forced here). So the target runs once over the training windows
-and its answers are stored in resumable safetensors shards (:func:`hf_specdraft.glide.store.write_store`: the
+and its answers are stored in resumable safetensors shards (:func:`hf_specdraft.glide.training.store.write_store`: the
 windows, the keys and values of the target layers GLIDE reads, the target's top-8 next tokens and their
-probabilities), which :func:`~hf_specdraft.glide.train_glide` reads as :class:`~hf_specdraft.glide.store.StoreWindows`.
+probabilities), which :func:`~hf_specdraft.glide.train_glide` reads as :class:`~hf_specdraft.glide.training.store.StoreWindows`.
 The windows are code from the corpus's train split, plus requests in the target's chat template answered with
 train-split functions; token-level distillation (the cheaper form of Du et al. 2024, Appendix B; DistillSpec) has the drafters
 learn the target's choices, not the corpus's, which is what greedy acceptance rewards.
@@ -40,7 +40,7 @@ from transformers import PreTrainedModel
 
 from hf_specdraft.defaults.corpus import Corpus, build_corpus
 from hf_specdraft.defaults.tasks import chat_prompt, chat_request, function_items
-from hf_specdraft.glide.store import write_store
+from hf_specdraft.glide.training.store import write_store
 
 SEQ_LEN = 256
 CHAT_FRACTION = 0.15  # share of windows in the chat template (the instruct target's own use)
@@ -165,7 +165,7 @@ def answered_requests(target: PreTrainedModel, tokenizer, requests: list[tuple[s
     Returns:
         one record per request: ``{"group", "ids"}``, the whole conversation's token ids in the chat template.
     """
-    from hf_specdraft.glide.regenerate import RegenerationArguments, regenerate
+    from hf_specdraft.glide.training.regenerate import RegenerationArguments, regenerate
 
     args = RegenerationArguments(max_new_tokens=max_new_tokens, batch_size=batch_size, batches_per_shard=2)
     chats = [[{"role": "user", "content": turns[0]}] for _, turns in requests]

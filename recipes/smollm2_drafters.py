@@ -1,7 +1,7 @@
 """Drafters for the real default target (SmolLM2-135M-Instruct), trained on this CPU from a distillation store.
 
 Three drafters share one shape family, one store (:mod:`.distillation`) and one training path —
-:func:`hf_specdraft.glide.train_glide` reading the store as :class:`~hf_specdraft.glide.store.StoreWindows` — so
+:func:`hf_specdraft.glide.train_glide` reading the store as :class:`~hf_specdraft.glide.training.store.StoreWindows` — so
 comparisons isolate what differs:
 
 - ``glide``: GLIDE (Du et al. 2024, §4.1), one layer as wide as the target (576), cross-attending to the target's
@@ -48,8 +48,8 @@ from transformers import PreTrainedModel
 
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
 from hf_specdraft.glide.model_card import training_stages
-from hf_specdraft.glide.objective import WindowSource
-from hf_specdraft.glide.store import StoreWindows
+from hf_specdraft.glide.training.objective import WindowSource
+from hf_specdraft.glide.training.store import StoreWindows
 
 from .drafters import LICENSE
 
@@ -166,7 +166,7 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
     Args:
         kind: one of :data:`DRAFTERS` (``"glide"``, ``"vanilla"``, ``"small"``, ``"glide-state"``, ``"glide-assistant"``).
         store: a distillation store (:mod:`.distillation`), or windows the target runs over every step
-            (:class:`~hf_specdraft.glide.objective.TargetWindows`, the GPU recipe's: then ``init_from`` is required, for
+            (:class:`~hf_specdraft.glide.training.objective.TargetWindows`, the GPU recipe's: then ``init_from`` is required, for
             its draft vocabulary).
         args: how it trains (a :data:`RECIPES` entry with its ``output_dir``: the fp32 checkpoint, ``training_log.json``
             and ``checkpoint-last/``, which a rerun resumes from); its windows are the data's (``seq_len`` is set to them).
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--steps / --learning-rate / --seed: {error}")
     from hf_specdraft.defaults.smollm2 import HUB_ID, load_smollm2
     from hf_specdraft.glide.model_card import save_glide_checkpoint
-    from hf_specdraft.glide.store import load_store
+    from hf_specdraft.glide.training.store import load_store
 
     target, _ = load_smollm2(dtype=torch.float32, device="cpu")
     store = load_store(ns.store)

@@ -31,8 +31,8 @@ from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
 
 from hf_specdraft.defaults.corpus import Corpus, build_corpus
-from hf_specdraft.glide.data import tokenize_texts
-from hf_specdraft.glide.objective import token_stream
+from hf_specdraft.glide.training.data import tokenize_texts
+from hf_specdraft.glide.training.objective import token_stream
 from .evaluation import (
     evaluate_perplexity,
     heldout_prompts,

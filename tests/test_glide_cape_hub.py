@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,6 +213,19 @@ def test_training_writes_the_same_hub_ready_checkpoint(checkpoints):
     directory = checkpoints / "llama_trained"
     assert (directory / "custom_generate" / "generate.py").is_file() and (directory / "training_log.json").is_file()
     assert "custom_generate" in ModelCard.load(directory / "README.md").data.tags
+
+
+def test_no_checkpoint_ships_a_training_module(checkpoints):
+    """A checkpoint's trust_remote_code files and custom_generate/ hold inference only: nothing of glide/training/."""
+    import hf_specdraft.glide.training as training
+
+    modules = {p.name for p in Path(training.__file__).parent.glob("*.py")} - {"__init__.py", "__main__.py"}
+    assert {"trainer.py", "objective.py", "store.py"} <= modules
+    for directory in (checkpoints / "llama_glide", checkpoints / "llama_trained"):
+        shipped = [p.relative_to(directory) for p in directory.rglob("*.py")]
+        assert shipped and not [p for p in shipped if p.name in modules or "training" in p.parts], shipped
+        text = "\n".join(p.read_text() for p in directory.rglob("*.py"))
+        assert not [m for m in modules if f"from .{m.removesuffix('.py')} import" in text] and "training import" not in text
 
 
 # --- the model card's snippet is code users copy: it runs as written ------------------------------------------

@@ -9,8 +9,8 @@ import torch
 from conftest import tiny_model
 from hf_specdraft import GlideConfig, GlideForCausalLM
 from benchmarks.studies import glide_glimpse
-from hf_specdraft.glide.evaluation import delay_mask, draft_probs
-from hf_specdraft.glide.store import StoreWindows, compute_store
+from hf_specdraft.glide.training.evaluation import delay_mask, draft_probs
+from hf_specdraft.glide.training.store import StoreWindows, compute_store
 
 
 def _drafter(target, cross_attention=True, layer=None, seed=1):

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import VOCAB, tiny_model
-from hf_specdraft.glide import regenerate as regenerate_module
-from hf_specdraft.glide import trainer
-from hf_specdraft.glide.regenerate import RegenerationArguments
+from hf_specdraft.glide.training import regenerate as regenerate_module
+from hf_specdraft.glide.training import trainer
+from hf_specdraft.glide.training.regenerate import RegenerationArguments
 from hf_specdraft.glide.training import GlideTrainingArguments, main
 
 pytest.importorskip("datasets")
@@ -202,7 +202,7 @@ def test_argument_classes_and_the_missing_library_are_explained(tmp_path, monkey
         GlideTrainingArguments(output_dir=str(tmp_path), report_to="nonsense")
     with pytest.raises(ValueError, match="turns"):
         RegenerationArguments(turns="first")
-    from hf_specdraft.glide.data import require_datasets
+    from hf_specdraft.glide.training.data import require_datasets
 
     monkeypatch.setitem(__import__("sys").modules, "datasets", None)
     with pytest.raises(ImportError, match=r'pip install "hf-specdraft\[train\]"'):

@@ -13,7 +13,7 @@ from conftest import tiny_model
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM
 from benchmarks.studies import glide_glimpse, glide_recipe
 from benchmarks.studies.glide_gap_curve import variant_recipe
-from hf_specdraft.glide.store import compute_store
+from hf_specdraft.glide.training.store import compute_store
 from recipes.smollm2_drafters import DRAFTERS, RECIPES, extended_vocabulary, train_drafter
 
 
@@ -79,7 +79,7 @@ def test_the_gpu_recipe_trains_a_state_glide_on_windows_the_target_runs_over(tmp
     import tarfile
 
     from benchmarks.gpu import train_default
-    from hf_specdraft.glide.objective import TargetWindows
+    from hf_specdraft.glide.training.objective import TargetWindows
 
     target = tiny_model("llama", num_hidden_layers=3)
     windows = torch.randint(0, target.config.vocab_size, (4, 24), generator=torch.Generator().manual_seed(0))
@@ -132,9 +132,9 @@ def _train_through_every_entry_point(target, tmp_path):
 def test_every_glide_training_runs_the_one_loop(tmp_path, monkeypatch):
     """The recipes, the studies and the command are configurations of train_glide: its loop runs for each, over the
     window source that says where p comes from (a store, or the target on the fly)."""
-    from hf_specdraft.glide import trainer
-    from hf_specdraft.glide.objective import TargetWindows
-    from hf_specdraft.glide.store import StoreWindows
+    from hf_specdraft.glide.training import trainer
+    from hf_specdraft.glide.training.objective import TargetWindows
+    from hf_specdraft.glide.training.store import StoreWindows
 
     run, sources = trainer._run, []
 

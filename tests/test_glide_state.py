@@ -14,8 +14,8 @@ from hf_specdraft import speculative_generate
 from hf_specdraft.cape import CapeCandidateGenerator
 from hf_specdraft.core.target_state import TargetOutputs, TargetState
 from hf_specdraft.glide import GlideCandidateGenerator, GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
-from hf_specdraft.glide.objective import TargetWindows
-from hf_specdraft.glide.unrolled import conditional_agreement, self_attention_mask, unrolled_passes
+from hf_specdraft.glide.training.objective import TargetWindows
+from hf_specdraft.glide.training.unrolled import conditional_agreement, self_attention_mask, unrolled_passes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -152,7 +152,7 @@ def test_state_glide_samples_losslessly_within_noise(tmp_path):
 
 @pytest.mark.slow  # trains several times (the default suite stays within five minutes)
 def test_state_glide_trains_from_a_store_and_resumes_after_a_kill(tmp_path, monkeypatch):
-    from hf_specdraft.glide.store import StoreWindows, compute_store
+    from hf_specdraft.glide.training.store import StoreWindows, compute_store
     from test_glide_training import periodic_stream, quick_args, train_killed_after
 
     target = tiny_model("qwen2")
@@ -176,7 +176,7 @@ def test_state_glide_trains_from_a_store_and_resumes_after_a_kill(tmp_path, monk
 def test_unrolled_training_learns_the_second_step(tmp_path):
     """Two unrolled steps teach the second draft step (its own state as input): its cross-entropy on the next tokens ends
     lower than after training the first step alone, the same data, steps and seed."""
-    from hf_specdraft.glide.objective import glide_loss
+    from hf_specdraft.glide.training.objective import glide_loss
     from test_glide_training import periodic_stream
 
     target = tiny_model("llama")
@@ -196,7 +196,7 @@ def test_unrolled_training_learns_the_second_step(tmp_path):
 
 
 def test_a_store_without_hidden_states_is_refused_by_name():
-    from hf_specdraft.glide.store import StoreWindows
+    from hf_specdraft.glide.training.store import StoreWindows
     from test_glide_training import tiny_store
 
     target = tiny_model("llama")

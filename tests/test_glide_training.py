@@ -172,7 +172,7 @@ def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
     """A GLIDE over a reduced vocabulary (draft_token_ids) scores labels outside it as its last row, and p's mass there,
     instead of the ~1e38 cross-entropy and infinite KL that its target-vocabulary logits (the dtype's minimum there) gave."""
 
-    from hf_specdraft.glide.objective import GlideBatch, glide_loss, target_memory
+    from hf_specdraft.glide.training.objective import GlideBatch, glide_loss, target_memory
 
     target = tiny_model("llama")
     torch.manual_seed(0)
@@ -197,7 +197,7 @@ def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
 
 def tiny_store(target, windows: int = 8, seq_len: int = 32) -> dict:
     """A store in memory of the learnable stream's windows: the target's KV of its top layer and top-8 (store.py)."""
-    from hf_specdraft.glide.store import compute_store
+    from hf_specdraft.glide.training.store import compute_store
 
     ids = periodic_stream()[: windows * seq_len].view(windows, seq_len)
     return compute_store(target, ids, [target.config.num_hidden_layers - 1], progress_bar=False)
@@ -208,7 +208,7 @@ def tiny_store(target, windows: int = 8, seq_len: int = 32) -> dict:
 def test_top_k_loss_is_the_full_logits_loss_when_k_is_the_vocabulary(draft_token_ids, temperature):
     """p given as the target's top k with k = V is p itself: the same cross-entropy, KL and gradient as its logits."""
 
-    from hf_specdraft.glide.objective import GlideBatch, glide_loss, target_memory
+    from hf_specdraft.glide.training.objective import GlideBatch, glide_loss, target_memory
 
     target = tiny_model("llama")
     glide = make_glide(target, draft_token_ids=draft_token_ids)
@@ -229,7 +229,7 @@ def test_top_k_loss_is_the_full_logits_loss_when_k_is_the_vocabulary(draft_token
 
 
 def test_train_glide_from_a_store_never_runs_the_target_and_changes_every_parameter(tmp_path, monkeypatch):
-    from hf_specdraft.glide.store import StoreWindows
+    from hf_specdraft.glide.training.store import StoreWindows
 
     target = tiny_model("llama")
     store = StoreWindows(tiny_store(target))
@@ -245,7 +245,7 @@ def test_train_glide_from_a_store_never_runs_the_target_and_changes_every_parame
 
 
 def test_a_store_that_cannot_serve_the_run_is_refused(tmp_path):
-    from hf_specdraft.glide.store import StoreWindows
+    from hf_specdraft.glide.training.store import StoreWindows
 
     target = tiny_model("llama")
     store = tiny_store(target)
@@ -263,7 +263,7 @@ class Killed(Exception):
 
 def train_killed_after(step: int, monkeypatch, *train_args) -> None:
     """``train_glide(*train_args)``, the process "killed" right after the training state of ``step`` was saved."""
-    from hf_specdraft.glide import trainer
+    from hf_specdraft.glide.training import trainer
 
     save = trainer.save_training_state
 
@@ -279,7 +279,7 @@ def train_killed_after(step: int, monkeypatch, *train_args) -> None:
 
 
 def test_a_run_from_a_store_resumes_to_the_weights_of_an_unbroken_one(tmp_path, monkeypatch):
-    from hf_specdraft.glide.store import StoreWindows
+    from hf_specdraft.glide.training.store import StoreWindows
 
     target = tiny_model("qwen2")
     store = StoreWindows(tiny_store(target))

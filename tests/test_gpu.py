@@ -220,7 +220,7 @@ def test_glide_trains_on_cuda_to_a_finite_loss(tmp_path, mixed_precision, state_
     from accelerate.state import AcceleratorState
 
     from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
-    from hf_specdraft.glide.objective import TargetWindows
+    from hf_specdraft.glide.training.objective import TargetWindows
 
     AcceleratorState._reset_state(reset_partial_state=True)  # accelerate keeps one precision per process
     target = tiny_model("llama", num_hidden_layers=3).to(CUDA)

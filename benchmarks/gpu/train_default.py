@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from hf_specdraft.defaults.smollm2 import HUB_ID, load_smollm2
     from hf_specdraft.glide import GlideForCausalLM
     from hf_specdraft.glide.model_card import save_glide_checkpoint
-    from hf_specdraft.glide.objective import TargetWindows
+    from hf_specdraft.glide.training.objective import TargetWindows
     from recipes.drafters import LICENSE
 
     from benchmarks.studies.state_glide import agreement

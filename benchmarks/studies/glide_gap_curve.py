@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_specdraft.glide.store import compute_store
+from hf_specdraft.glide.training.store import compute_store
 
 from .glide_glimpse import heldout_code, score
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             variant_recipe("glide", ABLATION_SIZE, ablation)
         except ValueError as error:
             parser.error(f"--ablations: {error}")
-    from hf_specdraft.glide.store import load_store, write_store
+    from hf_specdraft.glide.training.store import load_store, write_store
     from recipes.distillation import build_windows
     from hf_specdraft.defaults.loading import SMOLLM2_DRAFTERS_DIR
     from hf_specdraft.defaults.smollm2 import load_smollm2

@@ -24,8 +24,8 @@ import tempfile
 
 import torch
 
-from hf_specdraft.glide.evaluation import heldout_windows, teacher_forced_alpha
-from hf_specdraft.glide.store import StoreWindows, compute_store
+from hf_specdraft.glide.training.evaluation import heldout_windows, teacher_forced_alpha
+from hf_specdraft.glide.training.store import StoreWindows, compute_store
 
 SKIP = 16  # the first positions of a window have almost no context to glimpse
 
@@ -33,7 +33,7 @@ SKIP = 16  # the first positions of a window have almost no context to glimpse
 def heldout_code(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tensor:
     """``(num_windows, seq_len)`` windows of held-out code: the held-out split's code files, chosen and tokenized as the
     distillation store's train windows are (:func:`~recipes.distillation.build_windows`), cut by the package's
-    :func:`~hf_specdraft.glide.evaluation.heldout_windows`."""
+    :func:`~hf_specdraft.glide.training.evaluation.heldout_windows`."""
     import random
 
     from hf_specdraft.defaults.corpus import build_corpus
@@ -48,7 +48,7 @@ def heldout_code(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tenso
 
 
 def score(model, store: dict[str, torch.Tensor], delay: int | None = 1, skip: int = SKIP) -> dict[str, float]:
-    """α and greedy agreement of ``model`` on ``store``'s windows (:func:`~hf_specdraft.glide.evaluation.teacher_forced_alpha`
+    """α and greedy agreement of ``model`` on ``store``'s windows (:func:`~hf_specdraft.glide.training.evaluation.teacher_forced_alpha`
     against the store's top-k), glimpsing the target keys ``k <= j - delay``; ``delay=None``: GLIDE with nothing to
     glimpse (the vanilla twin never glimpses).
 

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", default="benchmarks/plots/cpu-glide-recipe.png")
     args = parser.parse_args(argv)
     from hf_specdraft.core.projection import few_token_linears
-    from hf_specdraft.glide.store import load_store
+    from hf_specdraft.glide.training.store import load_store
     from hf_specdraft.defaults.loading import SMOLLM2_DRAFTERS_DIR
     from hf_specdraft.defaults.smollm2 import load_smollm2
     from hf_specdraft.glide import GlideForCausalLM

@@ -3,7 +3,7 @@
 For each drafter (a checkpoint directory), in one run on one machine:
 
 - **agreement by draft step**: held-out greedy agreement at draft steps 1, 2, 3, each conditional on the earlier ones
-  (:func:`hf_specdraft.glide.unrolled.conditional_agreement`, teacher-forced on the target's own text: a held-out store
+  (:func:`hf_specdraft.glide.training.unrolled.conditional_agreement`, teacher-forced on the target's own text: a held-out store
   written by ``python -m recipes.distillation DIR --self-generated 48 --heldout --max-new-tokens 160 --seq-len 384``);
 - **draft cost**: milliseconds of one draft step (one token, after a 300-token context), against a target forward;
 - **the default call**: ``speculative_generate(target, ids, draft_model=drafter)`` (γ 'auto', no tuning argument) on
@@ -31,10 +31,10 @@ from hf_specdraft import speculative_generate
 from hf_specdraft.bench.harness import cpu_model, prompt_ids
 from hf_specdraft.defaults.tasks import build_tasks
 from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
-from hf_specdraft.glide.evaluation import teacher_forced_alpha
-from hf_specdraft.glide.objective import WindowSource
-from hf_specdraft.glide.store import StoreWindows, load_store
-from hf_specdraft.glide.unrolled import conditional_agreement
+from hf_specdraft.glide.training.evaluation import teacher_forced_alpha
+from hf_specdraft.glide.training.objective import WindowSource
+from hf_specdraft.glide.training.store import StoreWindows, load_store
+from hf_specdraft.glide.training.unrolled import conditional_agreement
 
 STEPS = 3
 DRAFT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the embedded default loads its drafters in bf16 on CPU
@@ -43,7 +43,7 @@ DRAFT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the embedded d
 @torch.no_grad()
 def agreement(target, glide, source: WindowSource, batch_size: int = 4, device: str | torch.device = "cpu") -> list[float]:
     """Held-out conditional greedy agreement at draft steps 1..STEPS over ``source``'s windows (a held-out store's, or
-    :class:`~hf_specdraft.glide.objective.TargetWindows` the target runs over on ``device``)."""
+    :class:`~hf_specdraft.glide.training.objective.TargetWindows` the target runs over on ``device``)."""
     totals = [[0, 0] for _ in range(STEPS)]
     for start in range(0, len(source), batch_size):
         rows = torch.arange(start, min(start + batch_size, len(source)))

@@ -6,13 +6,10 @@
     drafting_config.py       GlideDraftingConfig: the decoding options (γ), validated like every method's config
     candidate_generator.py   GlideCandidateGenerator: the drafter for hf_specdraft.speculative_generate
     model_card.py            save_glide_checkpoint / write_model_card: Hub-ready checkpoint with card and custom_generate/
-    objective.py             the training objective: windows (TargetWindows: the target runs), target KV, the loss (p whole or top-k)
-    store.py                 the distillation store: the target's KV and top-k computed once (write_store), read as StoreWindows
-    trainer.py               train_glide / GlideTrainingArguments: the one loop (on the fly or from a store), accelerate, resume
-    data.py                  --data files and 🤗 datasets (text, or conversations through the chat template)
-    regenerate.py            the target writes the responses (sequence-level self-distillation, Appendix B), sharded
-    evaluation.py            held-out teacher-forced α, greedy agreement and tokens per target forward
-    training.py              hf-specdraft train-glide: the one-command entry point (re-exports the trainer's API)
+    export.py                a trained GLIDE in Gemma 4's assistant layout, which vLLM serves (hf-specdraft export)
+    training/                what makes a GLIDE (train_glide, GlideTrainingArguments, hf-specdraft train-glide: the
+                             objective, the distillation store, data, regeneration, held-out evaluation); imported on
+                             first use, and never shipped in a checkpoint
 
 Three ways to decode with GLIDE::
 

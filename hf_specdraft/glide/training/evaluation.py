@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.loop import speculative_generate
-from ..core.stats import SpeculativeStats, overlap
+from ...core.loop import speculative_generate
+from ...core.stats import SpeculativeStats, overlap
 from .objective import GlideBatch, TargetWindows
 from .unrolled import unrolled_passes
 
@@ -131,7 +131,7 @@ def tokens_per_forward(target, glide, prompts: list[list[int]], max_new_tokens: 
 
 @dataclass
 class HeldOutEvaluation:
-    """What :func:`~hf_specdraft.glide.trainer.train_glide` measures every ``eval_every`` steps.
+    """What :func:`~hf_specdraft.glide.training.trainer.train_glide` measures every ``eval_every`` steps.
 
     Args:
         windows: `(N, T)` held-out token windows for the teacher-forced α.

@@ -5,9 +5,10 @@ the draft's cross-attention reads; the block-wise mask (block length L = 5) lets
 target KV of earlier blocks, simulating at training time the KV-cache delay of inference (§4.1). The loss
 is next-token cross-entropy, optionally mixed with distillation from the target's logits (Appendix B's
 token-level form, cheap: the target forward already produces the logits); the paper's sequence-level form, the
-target writing the responses, is ``--regenerate`` (glide/regenerate.py). Where a target forward per step is too
+target writing the responses, is ``--regenerate`` (:mod:`.regenerate`). Where a target forward per step is too
 dear (a real target on a CPU), the same loop reads the target's KV and top-k from a precomputed store instead
-(:class:`~.store.StoreWindows`, glide/store.py): the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are optimised:
+(:class:`~.store.StoreWindows`): the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are
+optimised:
 AdamW, warmup + cosine decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes
 through 🤗 accelerate. Every ``save_steps`` steps the run saves ``checkpoint-last/`` (GLIDE's weights as
 safetensors, optimizer, scheduler, step, RNG states) and a restarted run continues from it. Every ``eval_every``
@@ -17,7 +18,7 @@ held-out data, logged to accelerate's trackers (``report_to``), ``training_log.j
     # one process (CPU or one GPU), token or text files
     hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama --max-steps 2000
     # your own target in one command: a chat dataset, the target writing the replies (sequence-level self-distillation,
-    # Appendix B: glide/regenerate.py), held-out α every 200 steps, resumable after a kill, pushed with its card
+    # Appendix B: regenerate.py), held-out α every 200 steps, resumable after a kill, pushed with its card
     hf-specdraft train-glide --target Qwen/Qwen2.5-0.5B-Instruct --dataset chats.jsonl --regenerate --eval-every 200 \
         --eval-examples 64 --output-dir glide-qwen --max-steps 2000 --push-to-hub --hub-model-id me/glide-qwen
     # several processes / GPUs: the same command under accelerate
@@ -56,7 +57,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
-from .model_card import check_license, save_glide_checkpoint
+from ..model_card import check_license, save_glide_checkpoint
 from .objective import glide_loss, window_source
 
 TRACKERS = ("aim", "tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")  # accelerate's LoggerType
@@ -415,6 +416,6 @@ def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metr
     save_glide_checkpoint(glide, output_dir, target_name=base_model, card_info=card_info)
     (output_dir / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if args.push_to_hub:
-        from .model_card import push_checkpoint
+        from ..model_card import push_checkpoint
 
         push_checkpoint(output_dir, args.hub_model_id)

@@ -208,8 +208,8 @@ def _load_models(parser, ns, seed: int):
     """The target (``--target-dtype``) and GLIDE (``--glide``, or a fresh one shaped by ``--num-layers`` / ``--hidden-size``)."""
     from transformers import AutoModelForCausalLM
 
-    from .configuration_glide import GlideConfig
-    from .modeling_glide import GlideForCausalLM
+    from ..configuration_glide import GlideConfig
+    from ..modeling_glide import GlideForCausalLM
 
     dtype = "auto" if ns.target_dtype == "auto" else getattr(torch, ns.target_dtype)
     try:
@@ -278,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["GlideTrainingArguments", "build_parser", "load_data", "main", "token_stream", "train_glide"]  # the trainer's API
-# is importable from the entry point too, as it was when both lived here
+__all__ = ["build_parser", "dataset_inputs", "files_inputs", "main", "model_location_problem"]
 
-if __name__ == "__main__":  # accelerate launch -m hf_specdraft.glide.training ...
+
+if __name__ == "__main__":
     sys.exit(main())

@@ -18,7 +18,7 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from transformers import DynamicCache, PreTrainedModel
 
-from ..core.support import with_cache
+from ...core.support import with_cache
 from .batch import GlideBatch
 from .unrolled import unrolled_passes
 
