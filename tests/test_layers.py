@@ -126,6 +126,14 @@ def test_the_package_s_bench_rows_are_baselines_and_default_calls():
     assert not fixed and lab_imported == "False", f"rows with fixed settings in the package: {fixed}"
 
 
+def test_the_layout_doc_names_every_module_of_the_package():
+    """docs/layout.md is the one map of the house: every module of the package has its line there."""
+    text = (PACKAGE.parent / "docs" / "layout.md").read_text()
+    missing = [str(p.relative_to(PACKAGE.parent)) for p in sorted(PACKAGE.rglob("*.py"))
+               if p.stem not in ("__init__", "__main__") and not re.search(rf"\b{re.escape(p.name)}", text)]
+    assert not missing, f"add a line for each to docs/layout.md: {missing}"
+
+
 def test_composition_hooks_refuse_bad_arguments():
     from hf_specdraft.core.drafting import register_drafter
     from hf_specdraft.glide.model_card import set_custom_generate_writer
