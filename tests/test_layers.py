@@ -153,10 +153,15 @@ def module_of(path: Path) -> str:
 
 
 def module_imports(path: Path, known: set[str]) -> set[str]:
-    """The hf_specdraft modules ``path`` imports, function-level ones included (``from . import x`` counts as ``x``)."""
+    """The hf_specdraft modules ``path`` imports, function-level ones included (``from . import x`` counts as ``x``);
+    an import under ``if TYPE_CHECKING:`` (annotations only) never runs, so it draws no arrow."""
     package = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    found, tree = set(), ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+                   for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 import torch
@@ -22,7 +22,6 @@ from .support import ATTENTION_LAYERS, cache_layer_names, model_type, output_cac
 from .batch_drafting import BatchChainDrafter, BatchProposer
 from .cache import croppable_cache, crop_to, resync_cache
 from .draft_cache import DynamicDraftCache, StaticDraftCache
-from .traits import AUTO_MAX, DrafterTraits
 from .tree import DraftTree, tree_mask
 from .verify import layer_masks
 
@@ -85,6 +84,27 @@ def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList
 STEP_UNSET = object()  # set_step's "leave the stop rule as it is"
 AUTO = "auto"  # num_draft_tokens="auto": the loop's DraftLengthController picks γ every step (core/controller.py)
 AUTO_START = 5  # γ of an auto drafter wrapped by another (CAPE, the cascade), which reads it once: the papers' §5.1 value
+
+
+AUTO_MAX = 8  # the longest draft the controller considers
+
+
+@dataclass(frozen=True)
+class DrafterTraits:
+    """What a drafter declares to the loop, read once per call (:func:`traits_of`): class attributes (or properties) of
+    :class:`TreeCandidateGenerator`, which every hf_specdraft drafter sets where it differs (transformers' own
+    generators get theirs from the adapter that wraps them, :mod:`~hf_specdraft.core.state_drafting`)."""
+
+    adaptive_draft_length: bool = False  # num_draft_tokens="auto": the loop's controller picks γ every step
+    adaptive_budget: bool = False  # a tree drafter whose node budget the controller picks too
+    max_draft_tokens: int = AUTO_MAX  # the longest γ the controller considers for it
+    stops_on_confidence: bool = False  # a chain that asks the loop's stop rule after every drafted token
+    widens_chain: bool = False  # its trees are a chain plus leaves (CAPE): the controller learns what the chain alone accepts
+    reads_target_cache: bool = True  # propose() reads the target's cache (the loop builds a view only for those)
+    tokens_in_vocab: bool = False  # its tokens come from a draft checked to share the target's vocabulary
+    requires_model_outputs: bool = False  # it reads the target's state (core.target_state)
+    model_kwargs_overrides: dict = field(default_factory=dict)  # what it asks of the target's forward (core.target_state)
+    compiles_draft: bool = False  # it has compile_draft: on the compiled static path its draft runs on a static cache of its own
 
 
 def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_START) -> tuple[int, bool]:

@@ -36,14 +36,13 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation import CandidateGenerator
 
 from .acceptance import ConditionalAcceptance
-from .clock import StepClock
 from .emission import HostStops, accept_row
 from .layouts import CacheLayout
-from .meter import StepMeter
+from .meter import StepClock, StepMeter
 from .controller import DraftLengthController, recall, remember
 from .memory import after_call, trim_threshold_mib
 from .distributed import RankAgreement
-from .drafting import TreeCandidateGenerator, output_vocab_size, traits_of
+from .drafting import DrafterTraits, TreeCandidateGenerator, output_vocab_size, traits_of
 from .inputs import (
     check_batch_setup,
     check_generation_setup,
@@ -61,7 +60,6 @@ from .rows import Outputs, Row
 from .stats import SpeculativeStats
 from .support import CACHE_FIELD, chains_only, check_target
 from .target_state import StateRequest, TargetOutputs, TargetState, joined, kept_states, shared_kv
-from .traits import DrafterTraits
 from .tree import DraftTree
 
 

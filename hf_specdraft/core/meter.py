@@ -2,11 +2,20 @@
 first compile took kept out of those costs, and the controller that chooses γ from them
 (:class:`~hf_specdraft.core.controller.DraftLengthController`). The step itself then reads as its five verbs
 (:func:`~hf_specdraft.core.loop.speculative_step`).
+
+On a CPU a forward has run when the call returns, so ``time.perf_counter()`` around it is its cost. On CUDA the call
+returns once its kernels are queued: a host clock measures the launches, and the forward's own time is paid later,
+at the first read-back, outside the span. The controller would then see verification as nearly free and pick γ
+wrong. :class:`StepClock` records CUDA events instead (no sync: they are read after the step's one read-back, by
+when every event before it has completed); elsewhere it reads the host clock.
 """
 
 from __future__ import annotations
 
-from .clock import StepClock
+import time
+
+import torch
+
 from .compiled import captured_seconds
 from .controller import DraftLengthController
 from .emission import chain_accepted
@@ -14,12 +23,39 @@ from .rows import Row
 from .tree import DraftTree
 
 
+class StepClock:
+    """Marks on the device's timeline (CUDA events) or the host's (elsewhere).
+
+    Args:
+        device: where the forwards run.
+    """
+
+    def __init__(self, device: torch.device | str):
+        self.events = torch.device(device).type == "cuda"
+
+    def mark(self):
+        """A point in time: a recorded ``torch.cuda.Event`` on CUDA, ``perf_counter()`` seconds elsewhere."""
+        if not self.events:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end, share: int = 1) -> float:
+        """Seconds from ``start`` to ``end`` (divided by ``share``: a batch forward's rows). On CUDA, read after the work
+        up to ``end`` is done (waits for it otherwise)."""
+        if not self.events:
+            return (end - start) / share
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / share
+
+
 class StepMeter:
     """Times one step at a time and, with a controller (drafters with ``num_draft_tokens="auto"``), sets the γ every row
     drafts before the step and learns from what it accepted and cost after it.
 
     Args:
-        clock: marks on the device's timeline (:class:`~hf_specdraft.core.clock.StepClock`).
+        clock: marks on the device's timeline (:class:`StepClock`).
         controller: the call's γ controller, or ``None`` (a fixed γ).
     """
 

@@ -6,6 +6,7 @@ Notation: p target distribution (Leviathan et al. 2023).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -13,8 +14,10 @@ from transformers.generation import CandidateGenerator
 
 from .host import copy_to_device, host_tensor
 from .stats import SpeculativeStats
-from .traits import DrafterTraits
 from .tree import DraftTree
+
+if TYPE_CHECKING:  # the drafters' module reaches the rows through the cache helpers it imports
+    from .drafting import DrafterTraits
 
 
 @dataclass
@@ -38,7 +41,7 @@ class Row:
     processor: LogitsProcessorList  # generate's processors with this row's state (inputs.row_processors)
     done: bool = False
     tokens: list[int] = field(default_factory=list)  # ids on the host: read once before the loop, then extended by emission
-    traits: DrafterTraits = DrafterTraits()  # what its drafter declares (read once the drafter is bound to the call)
+    traits: DrafterTraits | None = None  # what its drafter declares (set once the call binds the drafter, setup_call)
     # a drafter that reads the target's state (core.target_state): the states not yet handed to it (the prefill's, then
     # each step's kept positions, on the device), whether it has proposed since the prefill, and the last step's accepted count
     states: tuple | None = None

@@ -77,7 +77,7 @@ class StateRequest:
 
     Args:
         model: the target. drafters: every row's drafter. traits: what each declares (its
-            :class:`~hf_specdraft.core.traits.DrafterTraits`: ``requires_model_outputs`` and ``model_kwargs_overrides``).
+            :class:`~hf_specdraft.core.drafting.DrafterTraits`: ``requires_model_outputs`` and ``model_kwargs_overrides``).
 
     Attributes:
         kwargs (`dict`): merged into every target forward of the call (empty when no drafter asks).
