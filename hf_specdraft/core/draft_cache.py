@@ -86,8 +86,8 @@ class DynamicDraftCache(DraftCache):
         self.past_key_values.crop(max_length)
 
     def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
-        out = self.model(input_ids=feed, **with_cache(self.model, self.past_key_values), use_cache=True, logits_to_keep=rows,
-                         **(extra or {}))
+        out = self.model(input_ids=feed, **with_cache(self.model, self.past_key_values), use_cache=True,
+                         logits_to_keep=rows, **(extra or {}))
         return out.logits[0, -rows:]
 
 
@@ -101,8 +101,8 @@ class StaticDraftCache(DraftCache):
         reads: as :class:`DraftCache`'s; asked with ``committed=None`` for the warm-up's inputs.
     """
 
-    def __init__(self, draft_model, generation_config: GenerationConfig, compile_config: CompileConfig, role: str = "draft",
-                 reads: Callable | None = None):
+    def __init__(self, draft_model, generation_config: GenerationConfig, compile_config: CompileConfig,
+                 role: str = "draft", reads: Callable | None = None):
         super().__init__(draft_model, reads)
         hold_draft(draft_model)  # StaticCacheBusy while another call drafts or verifies with this model: the caller stays eager
         config = copy.copy(generation_config)

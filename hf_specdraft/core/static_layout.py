@@ -86,8 +86,8 @@ class StaticLayout(CacheLayout):
         one_row: one unpadded row (:attr:`~hf_specdraft.core.layouts.CacheLayout.one_row`), not a padded batch.
     """
 
-    def __init__(self, model, cache: StaticRowsCache, compile_config: CompileConfig | None, buckets: tuple[int, ...] = BUCKETS,
-                 one_row: bool = True):
+    def __init__(self, model, cache: StaticRowsCache, compile_config: CompileConfig | None,
+                 buckets: tuple[int, ...] = BUCKETS, one_row: bool = True):
         super().__init__(model)
         self.cache, self.buckets, self.one_row = cache, buckets, one_row
         self.compiled, self.compile_config = compile_config is not None, compile_config
@@ -124,9 +124,9 @@ class StaticLayout(CacheLayout):
         return time.perf_counter() - started
 
     def compile_drafts(self, rows: list[Row], generation_config: GenerationConfig) -> None:
-        """On the compiled path of a batch-1 call, each drafter that can (``compiles_draft``) drafts on a static cache of
-        its own, compiled like this one (:mod:`~hf_specdraft.core.draft_cache`); one whose draft another thread's call
-        holds drafts eagerly."""
+        """On the compiled path of a batch-1 call, each drafter that can (``compiles_draft``) drafts on a static cache
+        of its own, compiled like this one (:mod:`~hf_specdraft.core.draft_cache`); one whose draft another thread's
+        call holds drafts eagerly."""
         if not (self.compiled and self.one_row):
             return
         for row in rows:
@@ -138,7 +138,8 @@ class StaticLayout(CacheLayout):
                 self.drafts.extend(made if isinstance(made, list) else [made])
 
     def linears(self):
-        """Eager, the target's few-row linears (:class:`~hf_specdraft.core.layouts.CacheLayout`); compiled, its own kernels."""
+        """Eager, the target's few-row linears (:class:`~hf_specdraft.core.layouts.CacheLayout`); compiled, its own
+        kernels."""
         return contextlib.nullcontext() if self.compiled else super().linears()
 
     def controller_limits(self, longest: int, widest: float) -> tuple[int, object, object]:
