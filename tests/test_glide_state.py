@@ -92,6 +92,10 @@ def test_conditional_agreement_counts_only_drafts_whose_earlier_steps_agreed():
     assert counts[0][1] == text.shape[1] - 1  # every start t >= 1 drafts a first step
     for (agreed, _), (_, tried) in zip(counts, counts[1:]):
         assert tried == agreed  # step k+1 is tried exactly where step k agreed (and fits the window)
+    first = text.shape[1] // 2  # an answer's positions only: drafts started before them are not counted
+    with torch.no_grad():
+        later = conditional_agreement(glide, batch, 3, first=first)
+    assert later[0][1] == text.shape[1] - first and all(t <= t0 for (_, t), (_, t0) in zip(later, counts))
 
 
 # --- lossless in the loop ---------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -163,3 +164,14 @@ def test_cli_builds_a_table(tmp_path):
     assert main_build_bigram(["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(output)]) == 0
     table = load_bigram_table(output)
     assert table.numel() == 300 and bigram_table_metadata(output)["split"] == "train"
+    # the target's answers, weighted past the corpus: after id 7 the answers say 9, whatever the corpus says
+    answers = tmp_path / "answers" / "turn-1"
+    answers.mkdir(parents=True)
+    (answers / "shard-00000.jsonl").write_text(json.dumps({"prompt_ids": [5, 7], "response_ids": [9, 7, 9]}) + "\n")
+    (tmp_path / "answers" / "requests.jsonl").write_text(json.dumps({"group": "qa", "turns": ["hi"]}) + "\n")
+    weighted = tmp_path / "weighted.safetensors"
+    assert main_build_bigram(["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(weighted),
+                              "--answers", str(tmp_path / "answers"), "--answers-weight", "1000"]) == 0
+    assert int(load_bigram_table(weighted)[7]) == 9 and bigram_table_metadata(weighted)["answers"] == "1"
+    with pytest.raises(SystemExit):  # a folder without answers is refused by name
+        main_build_bigram(["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(weighted), "--answers", str(source)])

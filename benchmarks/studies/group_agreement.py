@@ -27,6 +27,8 @@ from tqdm.auto import tqdm
 from hf_specdraft import speculative_generate
 from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
 from hf_specdraft.glide.training.evaluation import teacher_forced_alpha
+from hf_specdraft.glide.training.objective import TargetWindows
+from hf_specdraft.glide.training.unrolled import conditional_agreement
 
 
 def read_prompts(path: str | Path) -> list[dict]:
@@ -84,6 +86,22 @@ def teacher_forced(target, glide, answered) -> dict[str, dict]:
     return {c: {"agreement": round(a / n, 4) if n else 0.0, "positions": n} for c, (a, n) in per.items()}
 
 
+@torch.no_grad()
+def by_step(target, glide, answered, steps: int = 3) -> dict[str, list[float]]:
+    """Per category: greedy agreement at draft steps 1..``steps``, each given the earlier ones, over the answer's
+    positions, teacher-forced (:func:`~hf_specdraft.glide.training.unrolled.conditional_agreement`): what the model
+    cards report."""
+    per: dict[str, list[list[int]]] = {}
+    for category, ids, prompt_length in answered:
+        source = TargetWindows(torch.tensor(ids), seq_len=len(ids), stride=len(ids))
+        batch = source.batch(target, glide, torch.tensor([0]), "cpu", glide.config.cross_attention, True)
+        totals = per.setdefault(category, [[0, 0] for _ in range(steps)])
+        for k, (agreed, tried) in enumerate(conditional_agreement(glide, batch, steps, first=prompt_length - 1)):
+            totals[k][0] += agreed
+            totals[k][1] += tried
+    return {c: [round(a / t, 4) if t else 0.0 for a, t in totals] for c, totals in per.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", required=True, help="a Spec-Bench-format JSONL file (question_id, category, turns)")
@@ -119,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in drafters.items():
         glide = GlideForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         result["drafters"][name] = {"path": path, "teacher_forced_step_1": teacher_forced(target, glide, answered),
+                                    "teacher_forced_steps_1_3": by_step(target, glide, answered),
                                     "in_loop_step_1": in_loop(target, glide, answered, ns.max_new_tokens)}
         print(name, json.dumps(result["drafters"][name], indent=1))
     result["meta"]["seconds"] = round(time.time() - start, 1)

@@ -8,9 +8,29 @@ here, above the methods.
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 from pathlib import Path
 
 from ..cascade.bigram import build_bigram_table, save_bigram_table
+
+
+def answer_ids(folder: str | Path) -> list[list[int]]:
+    """Every conversation in a folder of answer shards (``*.jsonl``, searched recursively; one JSON object a line with
+    ``prompt_ids`` and ``response_ids``): the prompt's ids then the answer's, one list each."""
+    shards = sorted(Path(folder).rglob("*.jsonl"))
+    if not shards:
+        raise ValueError(f"{str(folder)!r} holds no .jsonl answer shards")
+    out = []
+    for shard in shards:
+        for number, line in enumerate(shard.read_text().splitlines(), start=1):
+            record = json.loads(line)
+            if "response_ids" not in record:
+                continue  # e.g. a kept list of requests, not answers
+            out.append(list(record.get("prompt_ids", [])) + list(record["response_ids"]))
+    if not out:
+        raise ValueError(f"{str(folder)!r}: no line has 'response_ids'")
+    return out
 
 
 def main_build_bigram(argv: list[str] | None = None) -> int:
@@ -22,6 +42,11 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split (default: train)")
     parser.add_argument("--max-files", type=int, default=None, help="read only the first N files of the split (quick runs)")
     parser.add_argument("--unseen", choices=("most_frequent", "self"), default="most_frequent", help="what ids never seen map to")
+    parser.add_argument("--answers", action="append", default=[], metavar="DIR",
+                        help="also count a folder of the target's answers (JSON lines with prompt_ids and response_ids, as the "
+                             "drafters' distillation recipe keeps them); may be repeated")
+    parser.add_argument("--answers-weight", type=int, default=1, metavar="N",
+                        help="count every answer N times: the target's own text against the corpus's far larger one")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
@@ -45,10 +70,18 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
         corpus = build_corpus(roots={"source": Path(args.source)} if args.source else None)
     except ValueError as err:
         parser.error(f"--source: {err}")
+    if args.answers_weight < 1:
+        parser.error(f"--answers-weight must be a positive int, got {args.answers_weight}")
+    try:
+        answers = [ids for folder in args.answers for ids in answer_ids(folder)]
+    except ValueError as err:
+        parser.error(f"--answers: {err}")
     files = getattr(corpus, args.split)[: args.max_files]
     texts = (f.read() for f in files)
-    ids = (tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts)
+    ids = itertools.chain((tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts), answers * args.answers_weight)
     table = build_bigram_table(ids, len(tokenizer), unseen=args.unseen)
-    save_bigram_table(table, args.output, {"tokenizer": str(tokenizer_dir), "split": args.split, "files": str(len(files)), "unseen": args.unseen})
-    print(f"wrote {args.output}: {table.numel()} entries from {len(files)} {args.split} files")
+    meta = {"tokenizer": str(tokenizer_dir), "split": args.split, "files": str(len(files)), "unseen": args.unseen,
+            "answers": str(len(answers)), "answers_weight": str(args.answers_weight)}
+    save_bigram_table(table, args.output, meta)
+    print(f"wrote {args.output}: {table.numel()} entries from {len(files)} {args.split} files and {len(answers)} answers")
     return 0

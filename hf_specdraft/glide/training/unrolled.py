@@ -92,9 +92,10 @@ def unrolled_passes(model, batch: GlideBatch, steps: int) -> Iterator[tuple[int,
             state = shifted(out.draft_state)
 
 
-def conditional_agreement(model, batch: GlideBatch, steps: int) -> list[tuple[int, int]]:
+def conditional_agreement(model, batch: GlideBatch, steps: int, first: int = 0) -> list[tuple[int, int]]:
     """Greedy agreement by draft step, each conditional on the earlier ones: for step k, ``(agreed, tried)`` over the
     drafts whose steps 1..k-1 all drafted the target's argmax (only those reach step k under greedy verification).
+    ``first``: count only drafts started at position ``first`` or later (e.g. a chat answer's, not its request's).
 
     Needs p (``topk_ids`` or ``target_logits``). Teacher forcing feeds the window's tokens, which are the drafts a greedy
     loop would have fed when the window is the target's own greedy text and the earlier steps agreed.
@@ -118,6 +119,7 @@ def conditional_agreement(model, batch: GlideBatch, steps: int) -> list[tuple[in
         starts = torch.arange(length - k + 1, device=hit.device)  # drafts whose step k falls in the window
         hit_t = hit[:, starts + k - 1]
         ok = valid[starts + k - 1][None].expand_as(hit_t)
+        ok = ok & (starts >= first)[None]
         alive = ok if alive is None else alive[:, : starts.numel()] & ok
         counts.append((int((hit_t & alive).sum()), int(alive.sum())))
         alive = alive & hit_t
