@@ -54,8 +54,10 @@ from hf_specdraft.glide.training.store import StoreWindows
 from .drafters import LICENSE
 
 DATASET = ("hf-specdraft distillation stores: the train split of the local Python corpus (stdlib + installed dependencies; "
-           "15 % as chat requests in SmolLM2's template) and, for the fine-tune, the target's own greedy continuations of "
-           "train-split prompts; labels = the target's top-8 next-token distribution")
+           "15 % as chat requests in SmolLM2's template), the target's own greedy continuations of train-split prompts, and "
+           "its greedy answers to requests of seven groups (conversation with a follow-up turn, translation, summaries, "
+           "questions, arithmetic word problems, questions about a passage, code; recipes/requests.py: project-written "
+           "templates and train-split docstrings, no evaluation set); labels = the target's top-8 next-token distribution")
 
 # What each drafter is: GlideConfig.from_target_config's keywords (num_hidden_layers 1, Appendix E: one layer up to 13B
 # targets; target_layer_ids §4.1's N_T - N_D + m, the top layer), and draft_vocab_size: how many target ids it scores.
@@ -347,33 +349,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def card_metrics(ablation: dict, name: str) -> dict:
-    """What the model card states of drafter ``name`` from ``python -m benchmarks.studies.state_glide``'s JSON: held-out
-    greedy agreement at draft steps 1-3 (each given the earlier ones), α at step 1, and the default call's MAL and speedup."""
-    drafter = ablation["drafters"][name]
-    given = {1: "", 2: " (given step 1)"}
-    metrics = {f"greedy agreement at draft step {k}{given.get(k, f' (given steps 1-{k - 1})')}": value
-               for k, value in enumerate(drafter["agreement_by_step"], start=1)}
-    metrics["α at draft step 1 (against the target's top-8)"] = drafter["alpha_step_1"]
-    metrics["held-out text"] = f"{ablation['heldout_tokens']} tokens the target wrote for held-out prompts"
-    for task, result in ablation.get("default_call", {}).items():
-        if name in result:
-            metrics[f"default call, {task}: MAL / speedup vs target.generate"] = (
-                f"{result[name]['mean_accepted_length']} / {result[name]['speedup']}x ({ablation['machine']['cpu']}, "
-                f"{ablation['machine']['threads']} threads)")
-    return metrics
-
-
-def rewrite_card(checkpoint: str | Path, ablation: dict, name: str) -> None:
-    """Regenerate ``checkpoint``'s model card with :func:`card_metrics` (its training log and data as they were)."""
-    from hf_specdraft.defaults.smollm2 import HUB_ID
-    from hf_specdraft.glide.model_card import write_model_card
-
-    checkpoint = Path(checkpoint)
-    model = GlideForCausalLM.from_pretrained(checkpoint)
-    log = json.loads((checkpoint / "training_log.json").read_text())
-    write_model_card(model.config, checkpoint, base_model=HUB_ID, dataset=DATASET + "; for the state-reading stage: the target's own greedy continuations of "
-                     "448 train-split prompts (125K tokens, windows of 384)", metrics=card_metrics(ablation, name), training_log=log,
-                     custom_generate=not getattr(model.config, "state_input", False), license=LICENSE)

@@ -222,3 +222,20 @@ def test_the_gpu_train_step_refuses_a_non_positive_size_before_the_target_loads(
     with pytest.raises(SystemExit) as error:
         train_default.main(["--output", "/o", flag, "0"])
     assert error.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_group_card_metrics_states_every_group_and_refuses_unknown_names():
+    from recipes.cards import group_card_metrics
+
+    study = {"meta": {"requests": 14, "prompts": "spec_prompts.jsonl", "max_new_tokens": 64, "cpu": "x86_64", "threads": 2},
+             "drafters": {"new": {"teacher_forced_steps_1_3": {"qa": [0.5, 0.25, 0.125], "code": [0.6, 0.7, 0.8]},
+                                  "in_loop_step_1": {"qa": {"agreement": 0.45}}}}}
+    bench = {"categories": {"qa": {"methods": {"glide+copy-auto": {"speedup_vs_target_only": 1.234, "mal": 1.5}}}}}
+    metrics = group_card_metrics(study, "new", bench, "glide+copy-auto")
+    assert metrics["question answering: greedy agreement at draft steps 1 / 2 / 3"] == "0.500 / 0.250 / 0.125; step 1 in the loop 0.450"
+    assert metrics["code: greedy agreement at draft steps 1 / 2 / 3"] == "0.600 / 0.700 / 0.800"
+    assert metrics["question answering: `glide+copy-auto` vs plain generate (speedup, MAL)"] == "1.23x, 1.50"
+    with pytest.raises(ValueError, match="one of the study's drafters"):
+        group_card_metrics(study, "old")
+    with pytest.raises(ValueError, match="method is required"):
+        group_card_metrics(study, "new", bench)
