@@ -103,13 +103,18 @@ def test_cape_over_an_auto_drafter_is_adaptive_and_lossless(arch):
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     drafter = CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target)))
     assert drafter.adaptive_draft_length
-    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=20, return_dict_in_generate=True)
+    requests, draft_tree = [], CapeCandidateGenerator.draft_tree
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CapeCandidateGenerator, "draft_tree",
+                   lambda self, request: requests.append(request) or draft_tree(self, request))
+        out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=20,
+                                   return_dict_in_generate=True)
     assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     lengths = out.speculative_stats.extra["draft_lengths"]
     assert lengths[:2] == [1, 3]
     assert all(s.tree_size <= 2 * g for s, g in zip(out.speculative_stats.steps, lengths))  # budget 'auto': at most twice the chain
-    gamma = drafter.num_draft_tokens  # the last step's γ (a chain alone may have stopped on its confidence before it)
-    assert drafter.adaptive_budget and drafter.step_budget in (gamma, 2 * gamma)
+    assert drafter.adaptive_budget and len(requests) == len(lengths)  # each step's γ and budget, in its request
+    assert all(r.budget in (r.num_draft_tokens, 2 * r.num_draft_tokens) for r in requests)
     fixed = CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=2), budget=3)
     assert not fixed.adaptive_draft_length and fixed.num_draft_tokens == 2
 
@@ -142,7 +147,8 @@ def test_tree_budget_drops_expansions_that_do_not_pay():
 
 
 class AdaptiveOracle(OracleDrafter):
-    """An oracle chain drafter whose length the loop's controller sets (``num_draft_tokens``), like an "auto" drafter."""
+    """An oracle chain drafter whose length the loop's controller chooses (each request's ``num_draft_tokens``), like
+    an "auto" drafter."""
 
     adaptive_draft_length = True
 
@@ -150,9 +156,9 @@ class AdaptiveOracle(OracleDrafter):
     def num_draft_tokens(self) -> int:
         return self.k
 
-    @num_draft_tokens.setter
-    def num_draft_tokens(self, value: int) -> None:
-        self.k = value
+    def draft_tree(self, request):
+        self.k = request.num_draft_tokens or self.k
+        return super().draft_tree(request)
 
 
 @pytest.fixture
@@ -392,7 +398,7 @@ def test_confidence_stops_stay_lossless(arch, kind):
             out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=24, return_dict_in_generate=True)
             assert torch.equal(out.sequences, greedy_reference(target, x, 24))
     steps, lengths = out.speculative_stats.steps, out.speculative_stats.extra["draft_lengths"]
-    assert out.speculative_stats.extra["controller_resumed"] and drafter.stop_rule is None  # the rule goes with its call
+    assert out.speculative_stats.extra["controller_resumed"] and not hasattr(drafter, "stop_rule")  # in each request
     assert asked and all(0.0 <= c <= 1.0 for cs in asked for c in cs)  # the draft asked, with its tokens' probabilities
     assert [s.drafted for s in steps[:-1]] == lengths[: len(steps) - 1]  # the lengths recorded are the ones drafted
     drafted = [s.drafted for s in steps[:-1] if not s.copied]  # a copy from the text may run to 16 (copy_length)
@@ -408,28 +414,33 @@ def test_the_stop_rule_goes_with_its_call_and_under_cape_stops_the_chain_alone()
     speculative_generate(target, x, candidate_generator=glide, max_new_tokens=12)  # measured: the next call's drafts stop
     calls = []
 
-    def fail(self, *args, **kwargs):
-        calls.append(self.stop_rule)
+    def fail(self, request):
+        calls.append(request.stop_rule)
         raise RuntimeError("a draft forward failed")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(GlideCandidateGenerator, "update_candidate_strategy", fail)
+        mp.setattr(GlideCandidateGenerator, "draft_tree", fail)
         with pytest.raises(RuntimeError, match="a draft forward failed"):
             speculative_generate(target, x, candidate_generator=glide, max_new_tokens=12)
-    assert calls[0] is not None and glide.stop_rule is None  # set during the call, dropped when it failed
+    assert calls[0] is not None and not hasattr(glide, "stop_rule")  # in the step's request, never left on the drafter
     inner = GlideCandidateGenerator(glide_for(target))
     cape = CapeCandidateGenerator(inner)
     assert cape.stops_on_confidence and not CapeCandidateGenerator(inner, budget=6).stops_on_confidence
-    seen = []  # per step: the rule, the budget and γ the loop set
+    seen, chains = [], []  # per step: the rule, budget and γ the loop chose for CAPE; what CAPE asked its chain drafter
+    cape_tree, glide_tree = CapeCandidateGenerator.draft_tree, GlideCandidateGenerator.draft_tree
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(GlideCandidateGenerator, "update_candidate_strategy",
-                   lambda self, *a, **k: seen.append((self.stop_rule, cape.step_budget, cape.num_draft_tokens)))
+        mp.setattr(CapeCandidateGenerator, "draft_tree", lambda self, request: seen.append(
+            (request.stop_rule, request.budget, request.num_draft_tokens)) or cape_tree(self, request))
+        mp.setattr(GlideCandidateGenerator, "draft_tree",
+                   lambda self, request: chains.append(request) or glide_tree(self, request))
         steps = []
         for _ in range(3):
             out = speculative_generate(target, x, candidate_generator=cape, max_new_tokens=12, return_dict_in_generate=True)
             assert torch.equal(out.sequences, greedy_reference(target, x, 12))
             steps += out.speculative_stats.steps
-    assert len(seen) == len(steps) and inner.stop_rule is None
+    assert len(seen) == len(steps) == len(chains)
+    assert all(c.budget is None and (c.stop_rule, c.num_draft_tokens) == (rule, gamma)
+               for c, (rule, _, gamma) in zip(chains, seen))
     stopped = [(budget, gamma, step) for (rule, budget, gamma), step in zip(seen, steps) if rule is not None]
     assert len(stopped) >= len(steps) - 2  # every step but the first call's two probes stops on its confidence
     alone = [step for budget, gamma, step in stopped if budget == gamma]
@@ -486,9 +497,10 @@ class ChainOracle(DraftModelCandidateGenerator):
         super().__init__(target)
         self.reference, self.shift = reference[0], shift
 
-    def propose(self, input_ids, target_cache=None):
+    def draft_tree(self, request):
         from hf_specdraft.core.drafting import draft_chain
 
+        input_ids = request.input_ids
         start, fed = input_ids.shape[1], []
 
         def next_logits(feed):
@@ -500,7 +512,7 @@ class ChainOracle(DraftModelCandidateGenerator):
             logits[0, (token + self.shift + 1) % VOCAB] = -2.2  # the rest of q: the drafted token has q ≈ 0.9
             return logits
 
-        return draft_chain(self, input_ids, next_logits, input_ids.device)
+        return draft_chain(self, request, next_logits, input_ids.device)
 
 
 @pytest.mark.parametrize("cape", [False, True])

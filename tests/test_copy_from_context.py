@@ -10,6 +10,7 @@ from transformers import GenerationConfig
 
 from conftest import VOCAB, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
+from hf_specdraft.core.drafting import DraftRequest
 from hf_specdraft.glide import GlideCandidateGenerator, GlideConfig, GlideDraftingConfig, GlideForCausalLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,8 +69,9 @@ def test_a_fixed_gamma_is_honoured_exactly_and_a_copy_runs_as_far_as_max_copy_to
                                           return_dict_in_generate=True), reference)
     assert max(s.tree_size for s in steps if s.copied) == 8 and max(s.tree_size for s in steps if not s.copied) <= 3
     drafter = GlideCandidateGenerator(glide, num_draft_tokens=2)
-    assert len(drafter.copy_from_text(ids)) == 2  # no loop: the drafter alone honours γ too
-    assert len(GlideCandidateGenerator(glide, num_draft_tokens=2, max_copy_tokens=5).copy_from_text(ids)) == 5
+    assert len(drafter.copy_from_text(DraftRequest(ids))) == 2  # no loop: the drafter alone honours γ too
+    capped = GlideCandidateGenerator(glide, num_draft_tokens=2, max_copy_tokens=5)
+    assert len(capped.copy_from_text(DraftRequest(ids))) == 5
 
 
 def test_bad_copy_values_are_refused_by_name(setup):

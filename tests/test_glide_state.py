@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from conftest import ARCHITECTURES, VOCAB, greedy_reference, tiny_model
+from hf_specdraft.core.drafting import DraftRequest
 from hf_specdraft.core.support import with_cache
 from hf_specdraft import speculative_generate
 from hf_specdraft.cape import CapeCandidateGenerator
@@ -262,7 +263,7 @@ def test_copying_from_the_context_is_lossless_and_copies(layout, tmp_path):
     assert copies and sum(step.accepted for step in copies) > 0, "no step drafted a copy of the text the target kept"
     assert out.speculative_stats.summary()["copied_steps"] == len(copies)
     text = ids[0].tolist()
-    suffix_copy = drafter.copy_from_text(ids)
+    suffix_copy = drafter.copy_from_text(DraftRequest(ids))
     assert suffix_copy is not None and suffix_copy.tokens.tolist() == text[15 : 15 + len(suffix_copy)]
     with pytest.raises(ValueError, match="copy_from_context must be an int >= 0"):
         GlideCandidateGenerator(glide, copy_from_context=-1)

@@ -282,12 +282,19 @@ def test_the_layout_check_sees_a_branch(tmp_path):
 
 STEP_MODULES = ("loop.py", "meter.py", "emission.py", "layouts.py", "outputs.py")
 PROBES = ("getattr", "hasattr")  # a capability asked of a drafter at run time instead of declared once
-DECLARATION_READERS = ("traits_of",)  # the one place that reads what a drafter declares (core/drafting.py)
+DECLARATION_READERS = ("traits_of", "transformers_protocol")  # where a drafter's declarations are read (once)
+DRAFTERS = ("generator", "drafter", "together", "proposer")  # how the core names a drafter or a batch proposer
+WRITERS = ("set_step", "setattr")  # calls that would tell a drafter something by changing it
+
+
+def names_a_drafter(node: ast.AST) -> bool:
+    return ast.unparse(node).endswith(DRAFTERS)
 
 
 def drafter_probes(path: Path, writes: bool = True) -> list[str]:
     """Where ``path`` probes a drafter with ``getattr`` or ``hasattr`` (outside :data:`DECLARATION_READERS`) or, with
-    ``writes``, writes an attribute into one (``x.generator.y = ...``)."""
+    ``writes``, writes an attribute into one (``x.generator.y = ...``, ``drafter.y += ...``, ``setattr(drafter, ...)``)
+    or calls a setter on one (``drafter.set_step(...)``)."""
     found = []
     tree = ast.parse(path.read_text())
     readers = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in DECLARATION_READERS for n in ast.walk(f)}
@@ -296,20 +303,44 @@ def drafter_probes(path: Path, writes: bool = True) -> list[str]:
             named = ast.unparse(node.args[0])
             if "generator" in named or "drafter" in named:
                 found.append(f"{path.name}:{node.lineno} {node.func.id}({named}, ...)")
-        if writes and isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Attribute) and ast.unparse(target.value).endswith(("generator", "drafter")):
-                    found.append(f"{path.name}:{node.lineno} {ast.unparse(target)} = ...")
+        if not writes:
+            continue
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            for part in ast.walk(target):  # a tuple target's parts too
+                if isinstance(part, ast.Attribute) and isinstance(part.ctx, ast.Store) and names_a_drafter(part.value):
+                    found.append(f"{path.name}:{node.lineno} {ast.unparse(part)} = ...")
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if name == "set_step" or name in WRITERS and node.args and names_a_drafter(node.args[0]):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node.func)}(...)")
     return found
 
 
+def tree_generator_checks(path: Path) -> list[str]:
+    """Where ``path`` asks whether a drafter is an hf_specdraft one (``isinstance(..., TreeCandidateGenerator)``)."""
+    return [f"{path.name}:{node.lineno} {ast.unparse(node)}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2
+            and "TreeCandidateGenerator" in {getattr(n, "id", getattr(n, "attr", None))
+                                             for n in ast.walk(node.args[1])}]
+
+
 def test_the_step_reads_declared_traits_and_tells_drafters_by_argument():
-    """The core reads what a drafter declares once per call (core/traits.py DrafterTraits, read by traits_of) and the step
-    tells it what it chose through TreeCandidateGenerator.set_step: no getattr or hasattr probe of a drafter anywhere in
-    the core (the controller's key, the drafters' shared helpers and the state request included), no attribute written
-    into one by the step."""
+    """The core reads what a drafter declares once per call (core/drafting.py DrafterTraits, read by traits_of) and the
+    step tells it what it chose through one declared object per step (DraftRequest, answered by draft_tree) and what it
+    kept through another (DraftOutcome, to learn): no getattr or hasattr probe of a drafter anywhere in the core (the
+    controller's key, the drafters' shared helpers and the state request included), no attribute written into a drafter
+    or batch proposer by the step, no set_step."""
     probes = [p for path in sorted((PACKAGE / "core").glob("*.py")) for p in drafter_probes(path, writes=path.name in STEP_MODULES)]
     assert not probes, probes
+
+
+def test_the_step_sees_one_kind_of_drafter():
+    """transformers' own CandidateGenerators are wrapped once, when the call resolves its drafter (core/inputs.py), so
+    no module of the step asks whether a drafter is an hf_specdraft one."""
+    checks = [c for name in STEP_MODULES for c in tree_generator_checks(PACKAGE / "core" / name)]
+    assert not checks, checks
 
 
 def test_a_drafter_with_compile_draft_declares_it():
@@ -342,3 +373,14 @@ def test_the_probe_check_sees_a_probe(tmp_path):
     assert sorted(p.split(" ", 1)[1] for p in drafter_probes(probe)) == [
         "drafter.num_draft_tokens = ...", "getattr(row.generator, ...)", "hasattr(drafter, ...)"]  # traits_of's read is not one
     assert len(drafter_probes(probe, writes=False)) == 2
+    probe.write_text("def g(row, step, gamma):\n    row.generator.set_step(stop_rule=None)\n"
+                     "    step.cache.together.num_draft_tokens = gamma\n    row.generator.budget, x = 3, 4\n"
+                     "    row.generator.calls += 1\n    setattr(row.generator, 'host_text', [])\n"
+                     "    row.tokens = []\n    request = step.meter.request(row)\n")
+    assert sorted(p.split(" ", 1)[1] for p in drafter_probes(probe)) == [
+        "row.generator.budget = ...", "row.generator.calls = ...", "row.generator.set_step(...)", "setattr(...)",
+        "step.cache.together.num_draft_tokens = ..."]  # a row's own fields, a request built: no writes into a drafter
+    probe.write_text("def h(generator, drafter):\n    return isinstance(generator, TreeCandidateGenerator) or (\n"
+                     "        isinstance(drafter, (drafting.TreeCandidateGenerator, int)))\n"
+                     "    return isinstance(drafter, CandidateGenerator)\n")
+    assert len(tree_generator_checks(probe)) == 2

@@ -143,8 +143,8 @@ class PartlyRight(AdaptiveOracle):
         super().__init__(reference, "right")
         self.draws = torch.Generator().manual_seed(0)
 
-    def propose(self, input_ids, target_cache=None):
-        tokens = super().propose(input_ids, target_cache).tokens
+    def draft_tree(self, request):
+        tokens = super().draft_tree(request).tokens
         right = int(torch.randint(0, tokens.numel() + 1, (1,), generator=self.draws))
         return DraftTree.chain(torch.cat([tokens[:right], (tokens[right:] + 1) % VOCAB]))
 

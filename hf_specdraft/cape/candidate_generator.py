@@ -18,10 +18,18 @@ import time
 from dataclasses import replace
 
 import torch
-from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from ..core.batch_drafting import BatchProposer
-from ..core.drafting import AUTO, DraftModelCandidateGenerator, DraftModelTreeScorer, TreeCandidateGenerator, traits_of
+from ..core.drafting import (
+    AUTO,
+    DraftModelCandidateGenerator,
+    DraftModelTreeScorer,
+    DraftOutcome,
+    DraftRequest,
+    TreeCandidateGenerator,
+    traits_of,
+)
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .beam import beam_search_proposal
@@ -55,7 +63,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         if not isinstance(drafter, TreeCandidateGenerator):
             raise TypeError(f"drafter must be an hf_specdraft TreeCandidateGenerator proposing a chain with draft_probs, got {type(drafter).__name__}")
         self.config = method_config(CapeConfig, config, options)
-        self.step_budget: int | None = None  # an "auto" budget's value for the next step, set by the loop's controller
         gamma = getattr(drafter, "num_draft_tokens", None)
         if isinstance(gamma, int):
             self.config.check_chain_length(gamma)  # fail at construction, not at the first step
@@ -77,41 +84,20 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         """Whether the loop also picks the budget every step (``budget="auto"``, confidence or fixed mode)."""
         return self.adaptive_draft_length and self.config.budget == AUTO and self.config.mode != "beam"
 
-    def _step_config(self, length: int) -> CapeConfig:
-        """This step's config: an ``"auto"`` budget set by the loop (:attr:`step_budget`, for a chain of the γ it set;
-        scaled to the chain's ``length`` when the chain stopped on its confidence before γ) or twice the chain."""
+    def _step_config(self, length: int, request: DraftRequest) -> CapeConfig:
+        """This step's config: an ``"auto"`` budget as the request's (the loop's controller chose it for a chain of the
+        request's γ; scaled to the chain's ``length`` when the chain stopped on its confidence before γ), or twice the
+        chain."""
         if self.config.budget != AUTO:
             return self.config
-        gamma = self.num_draft_tokens
-        budget = round(self.step_budget * length / gamma) if self.step_budget and isinstance(gamma, int) else 2 * length
+        gamma = request.num_draft_tokens or self.num_draft_tokens
+        budget = round(request.budget * length / gamma) if request.budget and isinstance(gamma, int) else 2 * length
         return replace(self.config, budget=max(length, budget))
 
     @property
     def stops_on_confidence(self) -> bool:
         """Whether the loop may stop the chain on its confidence: on the steps whose ``"auto"`` budget is the chain alone."""
         return self.adaptive_budget and getattr(self.drafter, "stops_on_confidence", False)
-
-    @property
-    def stop_rule(self):
-        """The wrapped chain drafter's stop rule (set by the loop's controller)."""
-        return getattr(self.drafter, "stop_rule", None)
-
-    @stop_rule.setter
-    def stop_rule(self, rule) -> None:
-        self.drafter.set_step(stop_rule=rule)
-
-    @property
-    def copy_rule(self):
-        """The wrapped chain drafter's copy rule (set by the loop's controller): its copies pass through unwidened."""
-        return getattr(self.drafter, "copy_rule", None)
-
-    @copy_rule.setter
-    def copy_rule(self, rule) -> None:
-        self.drafter.set_step(copy_rule=rule)
-
-    def finish_call(self, stats) -> None:
-        super().finish_call(stats)
-        self.drafter.host_text = None  # handed on by propose: it goes with the call too
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
         """The draft's probability of each token of this step's chain (read before it was widened), as far as the chain
@@ -121,12 +107,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     @property
     def num_draft_tokens(self) -> int | None:
-        """γ of the wrapped chain drafter (the loop sets it through here when it is adaptive)."""
+        """γ of the wrapped chain drafter (where the loop's controller chooses none)."""
         return getattr(self.drafter, "num_draft_tokens", None)
-
-    @num_draft_tokens.setter
-    def num_draft_tokens(self, value: int) -> None:
-        self.drafter.num_draft_tokens = value
 
     def _beam_scorer(self):
         if not isinstance(getattr(self.drafter, "num_draft_tokens", None), int):
@@ -181,17 +163,29 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return getattr(self.drafter, "model_kwargs_overrides", None) or {}
 
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None, target_state=None) -> DraftTree:
-        """The expanded proposal after ``input_ids`` `(1, L)`: the drafter's chain plus one expansion set per position
-        (``target_state``: the target's state, handed on to a drafter that reads it)."""
-        self.drafter.set_step(host_text=self.host_text)  # the loop's host copy of the text, for the chain drafter's re-sync
+    def draft_tree(self, request: DraftRequest) -> DraftTree:
+        """The expanded proposal after the request's text `(1, L)`: the wrapped drafter's chain for its own request
+        (:meth:`chain_request`) plus one expansion set per position, within the request's budget."""
         if self.scorer is not None:  # (a drafter that reads the target's state has no beam scorer: refused at construction)
-            return self._propose_beam(input_ids, target_cache)
-        state = {} if target_state is None else {"target_state": target_state}
-        return self.expand(self.drafter.propose(input_ids, target_cache, **state))
+            return self._propose_beam(request)
+        return self.expand(self.drafter.draft_tree(self.chain_request(request)), request)
 
-    def expand(self, chain: DraftTree) -> DraftTree:
-        """The wrapped drafter's ``chain`` widened by one expansion set per position (§4.2)."""
+    @staticmethod
+    def chain_request(request: DraftRequest) -> DraftRequest:
+        """What the wrapped chain drafter is asked for: this step's text, its view of the target, γ and the rules; the
+        budget is the tree's, CAPE's own."""
+        return request if request.budget is None else replace(request, budget=None)
+
+    def learn(self, outcome: DraftOutcome) -> None:
+        """The step's outcome, handed on to the wrapped drafter (the chain is the part of the tree it drafted)."""
+        self.drafter.learn(outcome)
+
+    @property
+    def learns_from_outcome(self) -> bool:
+        return self.drafter.learns_from_outcome
+
+    def expand(self, chain: DraftTree, request: DraftRequest) -> DraftTree:
+        """The wrapped drafter's ``chain`` widened by one expansion set per position (§4.2), for ``request``."""
         self.forward_calls = dict(self.drafter.forward_calls)
         if not len(chain) or chain.copied:  # nothing drafted (a state-reading drafter's first call), or a copy of the text
             return chain  # (GLIDE's copy_from_context: no q to size expansion sets by): nothing to widen
@@ -206,7 +200,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             torch.cuda.synchronize(chain.draft_probs.device)
         start = time.perf_counter()
         self._chain = chain
-        config = self._step_config(len(chain))
+        config = self._step_config(len(chain), request)
         sizes, confidences = _sizes(chain.draft_probs, config)
         tree = expand_proposal(chain, config, sizes, with_draft_probs=self.generation_config.do_sample)  # q: rejection sampling
         self.expansion_seconds.append(time.perf_counter() - start)
@@ -217,15 +211,17 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
         """The wrapped drafter's batch proposer (one draft forward for every row), each row's chain then expanded;
         `None` in beam mode, or when the rows' CAPE settings or drafters differ."""
-        if (self.scorer is not None or type(self).propose is not CapeCandidateGenerator.propose  # an override proposes row by row
+        overridden = type(self).draft_tree is not CapeCandidateGenerator.draft_tree  # an override drafts row by row
+        if (self.scorer is not None or overridden
                 or any(type(d) is not type(self) or d.config != self.config for d in drafters)):
             return None
         inner = self.drafter.batch_drafter([d.drafter for d in drafters])
         return None if inner is None else _ExpandedBatch(drafters, inner)
 
-    def _propose_beam(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None) -> DraftTree:
-        depth = self.drafter.num_draft_tokens
-        tree = beam_search_proposal(self.scorer, input_ids, depth, self.config.beam_width, self.config.budget_for(depth), target_cache)
+    def _propose_beam(self, request: DraftRequest) -> DraftTree:
+        depth = request.num_draft_tokens or self.drafter.num_draft_tokens
+        tree = beam_search_proposal(self.scorer, request.input_ids, depth, self.config.beam_width,
+                                    self.config.budget_for(depth), request.target_cache)
         self.forward_calls = {"draft": self.scorer.forward_calls}
         widths = torch.bincount(tree.depth, minlength=depth).tolist() if len(tree) else []
         self.expansion_sizes.append([w - 1 for w in widths if w > 0])
@@ -246,29 +242,12 @@ class _ExpandedBatch(BatchProposer):
         self.capes, self.inner = list(capes), inner
 
     @property
-    def target(self):
-        return self.inner.target
-
-    @target.setter
-    def target(self, value) -> None:
-        self.inner.target = value
-
-    @property
     def forwards(self) -> int:
         return self.inner.forwards
 
-    @property
-    def num_draft_tokens(self) -> int:
-        return self.inner.num_draft_tokens
-
-    @num_draft_tokens.setter
-    def num_draft_tokens(self, value: int) -> None:  # the loop's controller sets γ of the inner batch proposer
-        self.inner.num_draft_tokens = value
-
-    def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
-        for cape in self.capes:  # the loop's host copy of each row's text, for the chain drafter's copy from it
-            cape.drafter.set_step(host_text=cape.host_text)
-        return [cape.expand(chain) for cape, chain in zip(self.capes, self.inner.propose(texts))]
+    def propose(self, requests: list[DraftRequest], target: tuple | None = None) -> list[DraftTree]:
+        chains = self.inner.propose([CapeCandidateGenerator.chain_request(request) for request in requests], target)
+        return [cape.expand(chain, request) for cape, chain, request in zip(self.capes, chains, requests)]
 
     def keep_rows(self, survivors: list[int]) -> None:
         self.capes = [self.capes[a] for a in survivors]

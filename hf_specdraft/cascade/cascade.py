@@ -30,10 +30,10 @@ output lossless: lenience only changes the drafts.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from ..core.acceptance import lenient_review, lenient_review_sampling
-from ..core.drafting import TreeCandidateGenerator, check_same_device, check_same_vocab, draft_length
+from ..core.drafting import DraftRequest, TreeCandidateGenerator, check_same_device, check_same_vocab, draft_length
 from ..core.tree import DraftTree
 from ..core.cache import resync_cache
 from ..core.draft_cache import DynamicDraftCache, StaticDraftCache
@@ -145,20 +145,23 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         self._reset()
 
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
+    def draft_tree(self, request: DraftRequest) -> DraftTree:
         """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review.
 
         Args:
-            input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text.
-            target_cache: unused (the drafts keep their own caches).
+            request (:class:`~hf_specdraft.core.drafting.DraftRequest`): the accepted text `(1, L)` and, where the
+                loop's controller chose it, the cap γ on the tokens proposed (the target cache is unused: the drafts
+                keep their own caches).
 
         Returns:
             :class:`DraftTree` chain of the drafted tokens (no q: the target verifies by exact match).
         """
+        input_ids = request.input_ids
         cur_gen = input_ids[0]
         limit = UNBOUNDED if self.max_length is None else self.max_length - 1  # the loop keeps room for its bonus token
-        if self.num_draft_tokens is not None:
-            limit = min(limit, cur_gen.numel() + self.num_draft_tokens)
+        cap = request.num_draft_tokens or self.num_draft_tokens
+        if cap is not None:
+            limit = min(limit, cur_gen.numel() + cap)
         cur_probs = torch.zeros(0, device=cur_gen.device)
         cur_gen, _ = self.cascade_step(0, cur_gen, cur_probs, limit)
         return DraftTree.chain(cur_gen[input_ids.shape[1] : limit])

@@ -27,9 +27,9 @@ import statistics
 import time
 
 import torch
-from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
-from ..core.drafting import TreeCandidateGenerator, draft_length, output_vocab_size
+from ..core.drafting import DraftRequest, TreeCandidateGenerator, draft_length, output_vocab_size
 from ..core.suffix_match import longest_suffix_match
 from ..core.tree import DraftTree
 
@@ -125,8 +125,9 @@ class MaxGramCandidateGenerator(TreeCandidateGenerator):
         return max_gram_draft(sequence, num_tokens or self.num_draft_tokens, table, self.max_match_length)
 
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
-        return DraftTree.chain(self.draft(input_ids[0]))
+    def draft_tree(self, request: DraftRequest) -> DraftTree:
+        # γ: the loop's controller's where it chose one, else its own
+        return DraftTree.chain(self.draft(request.input_ids[0], request.num_draft_tokens))
 
 
 def check_bigram_table(table: torch.Tensor, vocab_size: int | None = None, argument: str = "bigram_table") -> torch.LongTensor:

@@ -18,7 +18,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ..core.acceptance import ConditionalAcceptance
-from ..core.drafting import AUTO, TreeCandidateGenerator, output_vocab_size
+from ..core.drafting import AUTO, DraftRequest, TreeCandidateGenerator, output_vocab_size
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .configuration_casd import PAPER_MAX_NODES, CasdConfig
@@ -85,8 +85,7 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         super().__init__()
         self.config = method_config(CasdConfig, config, options)
         self.pool = DraftPool(tokenize_context(context, tokenizer), self.config.max_suffix_length)
-        self.num_draft_tokens = self.config.max_draft_length  # the tree's depth; the loop's controller sets it when "auto"
-        self.step_budget: int | None = None  # the tree's node budget for the next step, set by the controller
+        self.num_draft_tokens = self.config.max_draft_length  # the tree's depth where the controller chooses none
         self.match_lengths: list[int] = []
         self.prompt_length: int | None = None  # set by the first propose() of a generate call
 
@@ -101,12 +100,13 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
     def max_draft_tokens(self) -> int:
         return self.config.max_draft_length
 
-    def _step_config(self) -> CasdConfig:
-        """This step's retrieval options: the controller's depth and budget for ``"auto"``, the paper's 64 nodes without it."""
+    def _step_config(self, request: DraftRequest) -> CasdConfig:
+        """This step's retrieval options: for ``"auto"`` the depth (as γ) and node budget the request carries (the
+        loop's controller chose them; the paper's 64 nodes where it chose none), else the configured ones."""
         if self.config.max_nodes != AUTO:
             return self.config
-        depth = min(self.num_draft_tokens, self.config.max_draft_length)
-        return replace(self.config, max_nodes=self.step_budget or PAPER_MAX_NODES, max_draft_length=depth)
+        depth = min(request.num_draft_tokens or self.num_draft_tokens, self.config.max_draft_length)
+        return replace(self.config, max_nodes=request.budget or PAPER_MAX_NODES, max_draft_length=depth)
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Raise ValueError when the context holds an id the target cannot score (``>= vocab_size``)."""
@@ -122,11 +122,12 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         self.match_lengths = []
         self.prompt_length = None
 
-    def propose(self, input_ids: torch.LongTensor, target_cache=None) -> DraftTree:
-        """𝕋 ← R(p) for ``input_ids`` `(1, L)`; the target cache is not read."""
+    def draft_tree(self, request: DraftRequest) -> DraftTree:
+        """𝕋 ← R(p) for the request's text `(1, L)`; the target cache is not read."""
+        input_ids = request.input_ids
         if self.prompt_length is None or not self._continues(input_ids):  # a new generate call (stock loops skip prepare)
             self.prompt_length, self._prompt = input_ids.shape[1], input_ids[0].clone()
-        config = self._step_config()
+        config = self._step_config(request)
         suffix = input_ids[0, -config.max_suffix_length :]
         tree, length = retrieve(self.pool, suffix, config)
         output = input_ids[0, self.prompt_length :]

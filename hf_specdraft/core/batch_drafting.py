@@ -43,15 +43,17 @@ class BatchProposer:
     """What the batched loop asks of a drafter that proposes for every active row at once
     (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.batch_drafter` returns one).
 
-    The loop sets :attr:`target` to ``(target cache, [cached columns per row])`` before each :meth:`propose`, and calls
-    :meth:`keep_rows` when rows leave the batch.
+    Every step the loop calls :meth:`propose` with each row's request and what the proposer reads of the target's cache;
+    it calls :meth:`keep_rows` when rows leave the batch.
     """
 
-    target = None
+    target = None  # this step's (target cache, [cached columns per row]), kept by propose for the draft forwards
     forwards = 0  # draft forwards run for the whole batch (each one drafts a token for every active row)
 
-    def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
-        """One proposal per row after its accepted text ``texts[a]`` `(L_a,)` (any device: the proposer drafts on its own)."""
+    def propose(self, requests: list, target: tuple | None = None) -> list[DraftTree]:
+        """One proposal per row for its :class:`~hf_specdraft.core.drafting.DraftRequest` ``requests[a]`` (its text
+        `(1, L_a)` on any device: the proposer drafts on its own; γ where the loop's controller chose it), reading
+        ``target``: ``(target cache, [cached columns per row])``."""
         raise NotImplementedError
 
     def keep_rows(self, survivors: list[int]) -> None:
@@ -72,7 +74,7 @@ class BatchChainDrafter(BatchProposer):
 
     def __init__(self, drafters: list, cache: DynamicCache, forward: DraftForward, device: torch.device):
         self.drafters, self.cache, self.forward, self.device = list(drafters), cache, forward, torch.device(device)
-        self.num_draft_tokens = drafters[0].num_draft_tokens
+        self.num_draft_tokens = drafters[0].num_draft_tokens  # γ where the loop chooses none
         self.seen = [torch.zeros(0, dtype=torch.long) for _ in drafters]
         self.columns = [torch.zeros(0, dtype=torch.long) for _ in drafters]
 
@@ -86,15 +88,17 @@ class BatchChainDrafter(BatchProposer):
                 layer.keys, layer.values = layer.keys.index_select(0, index.to(layer.keys.device)), layer.values.index_select(0, index.to(layer.keys.device))
 
     @torch.no_grad()
-    def propose(self, texts: list[torch.Tensor]) -> list[DraftTree]:
-        """Draft a γ-token chain after each row's accepted text ``texts[a]`` `(L_a,)`; the forward may read :attr:`target`.
-        A row whose drafter copies from its text (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.copy_from_text`)
-        gets its copy; when every row copies, no draft forward runs."""
-        copies = [drafter.copy_from_text(text[None]) for drafter, text in zip(self.drafters, texts)]
+    def propose(self, requests: list, target: tuple | None = None) -> list[DraftTree]:
+        """Draft a γ-token chain after each row's accepted text (γ: the requests', else the drafters'); the forward may
+        read :attr:`target`. A row whose drafter copies from its text
+        (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.copy_from_text`) gets its copy; when every row
+        copies, no draft forward runs."""
+        self.target = target
+        copies = [drafter.copy_from_text(request) for drafter, request in zip(self.drafters, requests)]
         if all(copy is not None for copy in copies):
             return copies
-        device = self.device
-        texts = [t.to(device) for t in texts]
+        device, gamma = self.device, requests[0].num_draft_tokens or self.num_draft_tokens
+        texts = [request.input_ids[0].to(device) for request in requests]
         keep = [common_prefix(seen.to(device), ids) for seen, ids in zip(self.seen, texts)]
         if self.cache.layers and getattr(self.cache.layers[0], "keys", None) is not None and self.cache.layers[0].keys.numel():
             repack_cache(self.cache, [self.columns[a][: keep[a]] for a in range(len(texts))], torch.arange(len(texts)))
@@ -111,7 +115,7 @@ class BatchChainDrafter(BatchProposer):
             positions[a, chunk - feed.numel() :] = k + torch.arange(feed.numel(), device=device)
             self.columns[a] = torch.cat([torch.arange(width - k, width), torch.arange(width + chunk - feed.numel(), width + chunk)])
         tokens, probs = [], []
-        for step in range(self.num_draft_tokens):
+        for step in range(gamma):
             logits = self.forward(ids, mask, positions)  # (A, V)
             self.forwards += 1
             picked, q = [], []
@@ -123,7 +127,7 @@ class BatchChainDrafter(BatchProposer):
             ids = torch.cat(picked)  # (A, 1)
             tokens.append(ids)
             probs.append(torch.stack(q))
-            if step < self.num_draft_tokens - 1:  # the last drafted token is not fed: its KV is computed next step if accepted
+            if step < gamma - 1:  # the last drafted token is not fed: its KV is computed next step if accepted
                 columns = mask.shape[1]
                 mask = torch.cat([mask, mask.new_ones(len(texts), 1)], dim=-1)
                 positions = positions[:, -1:] + 1
@@ -133,8 +137,8 @@ class BatchChainDrafter(BatchProposer):
         q = torch.stack(probs, dim=1)  # (A, γ, V)
         trees = []
         for a, drafter in enumerate(self.drafters):
-            drafter.count_call("draft", self.num_draft_tokens)
+            drafter.count_call("draft", gamma)
             self.seen[a] = torch.cat([texts[a], drafted[a, :-1]])
-            sampled = torch.ones(self.num_draft_tokens, dtype=torch.bool) if drafter.generation_config.do_sample else None
+            sampled = torch.ones(gamma, dtype=torch.bool) if drafter.generation_config.do_sample else None
             trees.append(DraftTree.chain(drafted[a], q[a], sampled) if copies[a] is None else copies[a])
         return trees

@@ -1,10 +1,17 @@
-"""Drafters: the common base every hf_specdraft drafter extends, the plain draft-model drafter, the registry that
-picks a drafter for a draft model's type, and a draft model scoring a token tree (what beam drafting extends).
+"""Drafters: the contract between the loop and a drafter, the common base every hf_specdraft drafter extends, the plain
+draft-model drafter, the registry that picks a drafter for a draft model's type, and a draft model scoring a token tree
+(what beam drafting extends).
 
-Every drafter is a ``transformers.generation.CandidateGenerator``. Ours propose a :class:`DraftTree`
-through :meth:`TreeCandidateGenerator.propose`; their ``get_candidates`` returns the tree's main chain,
-so they also work in a chain-only loop. The decoding loop owns the target cache: a drafter may read it
-(GLIDE does) and must never change it.
+The loop and a drafter speak through declared objects, never through attributes written into the drafter (SGLang's
+``EagleDraftInput`` / ``EagleVerifyInput`` are the model): what a drafter is, it declares once per call
+(:class:`DrafterTraits`); every step the loop hands it one :class:`DraftRequest` (the text, its view of the target,
+what the controller chose) and it answers with a :class:`DraftTree`
+(:meth:`TreeCandidateGenerator.draft_tree`); after verification a drafter that learns from its steps gets a
+:class:`DraftOutcome` (:meth:`TreeCandidateGenerator.learn`). Every drafter is a
+``transformers.generation.CandidateGenerator``; transformers' own are wrapped once per call
+(:class:`~hf_specdraft.core.state_drafting.TransformersCandidateGenerator`). Ours also answer ``get_candidates`` with
+the tree's main chain, so they work in a chain-only loop too. The decoding loop owns the target cache: a drafter may
+read it (GLIDE does) and must never change it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from .support import ATTENTION_LAYERS, cache_layer_names, model_type, output_cac
 from .batch_drafting import BatchChainDrafter, BatchProposer
 from .cache import croppable_cache, crop_to, resync_cache
 from .draft_cache import DynamicDraftCache, StaticDraftCache
+from .target_state import TargetState
 from .tree import DraftTree, tree_mask
 from .verify import layer_masks
 
@@ -81,7 +89,6 @@ def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList
     return warpers
 
 
-STEP_UNSET = object()  # set_step's "leave the stop rule as it is"
 AUTO = "auto"  # num_draft_tokens="auto": the loop's DraftLengthController picks γ every step (core/controller.py)
 AUTO_START = 5  # γ of an auto drafter wrapped by another (CAPE, the cascade), which reads it once: the papers' §5.1 value
 
@@ -105,6 +112,61 @@ class DrafterTraits:
     requires_model_outputs: bool = False  # it reads the target's state (core.target_state)
     model_kwargs_overrides: dict = field(default_factory=dict)  # what it asks of the target's forward (core.target_state)
     compiles_draft: bool = False  # it has compile_draft: on the compiled static path its draft runs on a static cache of its own
+    learns_from_outcome: bool = False  # it learns from each step's DraftOutcome (update_candidate_strategy)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftRequest:
+    """What the loop hands a drafter for one step (:meth:`TreeCandidateGenerator.draft_tree`). A choice left ``None`` is
+    the drafter's own: it drafts as it was configured.
+
+    Args:
+        input_ids (`torch.LongTensor` of shape `(1, L)`): the row's accepted text, its last token the target's newest.
+        host_text (`list[int]`, *optional*): the same text on the host, so a drafter re-syncs its cache or matches the
+            text's suffix without reading the device.
+        target_cache (*optional*): the drafter's view of the target's cache, covering ``input_ids[:, :-1]``; read-only.
+            ``None`` for a drafter that declares ``reads_target_cache=False``.
+        target_state (:class:`~hf_specdraft.core.target_state.TargetState`, *optional*): the target's state, for a
+            drafter that declares ``requires_model_outputs``.
+        num_draft_tokens (`int`, *optional*): γ, as the loop's controller chose it for an ``"auto"`` drafter.
+        budget (`int`, *optional*): a tree's node budget, as the controller chose it for an ``"auto"`` tree drafter.
+        stop_rule (*optional*): ``confidences -> bool``, asked after each drafted token of a chain: whether another
+            token is worth its cost (:meth:`~hf_specdraft.core.controller.DraftLengthController.keep_drafting`).
+        copy_rule (*optional*): ``(match, available) -> tokens`` to copy from the text after a suffix match of
+            ``match`` tokens, 0: draft instead
+            (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`).
+    """
+
+    input_ids: torch.LongTensor
+    host_text: list[int] | None = None
+    target_cache: object = None
+    target_state: TargetState | None = None
+    num_draft_tokens: int | None = None
+    budget: int | None = None
+    stop_rule: Callable[[list[float]], bool] | None = None
+    copy_rule: Callable[[int, int], int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DraftOutcome:
+    """What the loop hands back after verifying a drafter's proposal, to a drafter that declares
+    ``learns_from_outcome`` (:meth:`TreeCandidateGenerator.learn`).
+
+    Args:
+        input_ids (`torch.LongTensor` of shape `(1, L')`): the row's text after the step (its emitted tokens appended).
+        scores (`torch.FloatTensor` of shape `(1, n + 1, V)`): the target's logits at the kept columns (its last token,
+            then the accepted path), what transformers' ``update_candidate_strategy`` reads.
+        accepted (`int`): draft tokens accepted.
+        kept (`list[int]`): the verified columns kept (0: the last token, ``1 + i``: node ``i``).
+        draft_seconds (`float`): what drafting cost the row. verify_seconds (`float`): its share of verification.
+    """
+
+    input_ids: torch.LongTensor
+    scores: torch.FloatTensor
+    accepted: int
+    kept: list[int]
+    draft_seconds: float
+    verify_seconds: float
 
 
 def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_START) -> tuple[int, bool]:
@@ -117,20 +179,21 @@ def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_ST
     return value, False
 
 
-def traits_of(generator: CandidateGenerator) -> DrafterTraits:
-    """``generator``'s :class:`DrafterTraits`: declared on hf_specdraft drafters; the defaults for any other."""
-    if isinstance(generator, TreeCandidateGenerator):
-        return DrafterTraits(**{name.name: getattr(generator, name.name) for name in fields(DrafterTraits)})
-    return DrafterTraits(requires_model_outputs=bool(getattr(generator, "requires_model_outputs", False)),  # transformers' own
-                         model_kwargs_overrides=dict(getattr(generator, "model_kwargs_overrides", None) or {}))
+def traits_of(generator: TreeCandidateGenerator) -> DrafterTraits:
+    """``generator``'s :class:`DrafterTraits`, as its class declares them (read once per call)."""
+    return DrafterTraits(**{name.name: getattr(generator, name.name) for name in fields(DrafterTraits)})
 
 
 class TreeCandidateGenerator(CandidateGenerator):
     """Base class of hf_specdraft drafters.
 
-    Subclasses implement :meth:`propose`. The loop calls :meth:`prepare` once per ``generate`` call, then, every step,
-    :meth:`set_step` (what it chose for the step) and :meth:`propose`, then ``update_candidate_strategy``. What a
-    drafter is, it declares in the class attributes :class:`DrafterTraits` lists (read once per call, :func:`traits_of`).
+    The loop calls :meth:`prepare` once per ``generate`` call, then every step :meth:`draft_tree` with the step's
+    :class:`DraftRequest`, and :meth:`learn` with its :class:`DraftOutcome` where the drafter learns from it; at the end
+    :meth:`finish_call`. A drafter implements :meth:`propose` (the text and the target's cache alone: the default
+    :meth:`draft_tree` hands them on), or :meth:`draft_tree` where it honours what the loop chose (γ, a budget, the
+    rules, the host text). A subclass that refines :meth:`propose` of a drafter that implements :meth:`draft_tree`
+    drafts through its own :meth:`propose`. What a drafter is, it declares in the class attributes
+    :class:`DrafterTraits` lists (read once per call, :func:`traits_of`).
     """
 
     adaptive_draft_length = False
@@ -139,15 +202,20 @@ class TreeCandidateGenerator(CandidateGenerator):
     widens_chain = False
     requires_model_outputs = False
     controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
-    stops_on_confidence = False  # a chain drafter that calls stop_rule after every drafted token (draft_chain) says True
-    stop_rule = None  # the loop's, for such a drafter (set_step): confidences so far -> whether to draft another token
-    copy_rule = None  # the loop's, for a drafter that copies from the text (set_step): (match, available) -> tokens to copy, 0: none
-    host_text = None  # the text as a host list, for this step (set_step): drafters re-sync without reading the device
+    stops_on_confidence = False  # a chain drafter that asks the request's stop_rule after every drafted token says True
     tokens_in_vocab = False  # True for a drafter whose tokens come from a draft checked to share the target's vocabulary
-    reads_target_cache = True  # propose() reads the target's cache (GLIDE); drafters that never do say False (the static path then builds no view)
+    reads_target_cache = True  # it reads the request's target_cache (GLIDE); False: the loop builds it no view
     model_kwargs_overrides = MappingProxyType({})  # with requires_model_outputs: what it asks of the target's forward
     compiles_draft = False  # True for a drafter with compile_draft(generation_config, compile_config, target_cache)
     seen_host = None  # draft_chain's last proposal: (the text it followed as a host list, its tree), for resync
+    _answers_requests = None  # the draft_tree of the nearest class that implements it (what propose() calls)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "draft_tree" in vars(cls):
+            cls._answers_requests = vars(cls)["draft_tree"]
+        elif "propose" in vars(cls):  # a subclass refining propose drafts through it
+            cls.draft_tree = TreeCandidateGenerator.draft_tree
 
     def __init__(self):
         self.generation_config = GenerationConfig()
@@ -160,40 +228,48 @@ class TreeCandidateGenerator(CandidateGenerator):
         self.warpers = sampling_warpers(generation_config)
         self.forward_calls = {}
 
-    def set_step(self, host_text: list[int] | None = None, num_draft_tokens: int | None = None, budget: int | None = None,
-                 stop_rule=STEP_UNSET, copy_rule=STEP_UNSET) -> None:
-        """What the loop tells the drafter before this step's :meth:`propose`: the text on the host, and where its
-        controller chooses them, γ, a tree's node budget, the rule that stops a chain on its confidence and the rule that
-        sizes a copy from the text (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`; ``None``
-        clears a rule). An argument left out keeps its value."""
-        if host_text is not None:
-            self.host_text = host_text
-        if num_draft_tokens is not None:
-            self.num_draft_tokens = num_draft_tokens
-        if budget is not None:
-            self.step_budget = budget
-        if stop_rule is not STEP_UNSET:
-            self.stop_rule = stop_rule
-        if copy_rule is not STEP_UNSET:
-            self.copy_rule = copy_rule
-
     def finish_call(self, stats) -> None:
-        """The call's statistics, when it ends (:class:`~hf_specdraft.core.stats.SpeculativeStats`; kept as ``last_stats``).
-        The host text the loop gave the last step goes with the call."""
+        """The call's statistics when it ends (:class:`~hf_specdraft.core.stats.SpeculativeStats`, kept as
+        ``last_stats``)."""
         self.last_stats = stats
-        self.host_text = None
 
-    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
+    def draft_tree(self, request: DraftRequest) -> DraftTree:
+        """This step's proposal for ``request`` (what the loop calls every step). By default the request's text and
+        target cache (and the target's state, for a drafter that reads it) go to :meth:`propose`."""
+        if request.target_state is None:
+            return self.propose(request.input_ids, request.target_cache)
+        return self.propose(request.input_ids, request.target_cache, target_state=request.target_state)
+
+    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None,
+                target_state: TargetState | None = None) -> DraftTree:
         """Draft a tree to follow ``input_ids`` `(1, L)`.
 
-        ``target_cache`` is the target's live cache; it covers ``input_ids[:, :-1]``. Read-only.
+        ``target_cache`` is the target's live cache; it covers ``input_ids[:, :-1]``. Read-only. ``target_state``: the
+        target's state, for a drafter that declares ``requires_model_outputs``. A drafter that implements
+        :meth:`draft_tree` answers a request holding these alone (its own γ, no rules).
         """
-        raise NotImplementedError
+        if self._answers_requests is None:
+            raise NotImplementedError(f"{type(self).__name__} implements neither propose(input_ids, target_cache) nor "
+                                      "draft_tree(request)")
+        return self._answers_requests(DraftRequest(input_ids, target_cache=target_cache, target_state=target_state))
 
-    def copy_from_text(self, input_ids: torch.LongTensor) -> DraftTree | None:
-        """This step's draft copied from the text ``input_ids`` `(1, L)` (a drafter that copies from the context, e.g.
-        GLIDE's ``copy_from_context``), or `None`: the drafter drafts with its model. A batch proposer asks every row
-        before its draft forward (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`)."""
+    @property
+    def learns_from_outcome(self) -> bool:
+        """Whether the loop hands this drafter each step's :class:`DraftOutcome`: where its class refines :meth:`learn`
+        or transformers' ``update_candidate_strategy``."""
+        cls = type(self)
+        return (cls.learn is not TreeCandidateGenerator.learn
+                or cls.update_candidate_strategy is not TreeCandidateGenerator.update_candidate_strategy)
+
+    def learn(self, outcome: DraftOutcome) -> None:
+        """What the step kept of this drafter's proposal, handed to ``update_candidate_strategy`` (transformers'
+        protocol)."""
+        self.update_candidate_strategy(outcome.input_ids, outcome.scores, outcome.accepted)
+
+    def copy_from_text(self, request: DraftRequest) -> DraftTree | None:
+        """This step's draft copied from the request's text (a drafter that copies from the context, e.g. GLIDE's
+        ``copy_from_context``), or `None`: the drafter drafts with its model. A batch proposer asks every row before its
+        draft forward (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`)."""
         return None
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
@@ -239,7 +315,7 @@ class TreeCandidateGenerator(CandidateGenerator):
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         model_kwargs = kwargs.get("model_kwargs") or {}
-        chain = self.propose(input_ids, output_cache(model_kwargs)).main_chain()
+        chain = self.draft_tree(DraftRequest(input_ids, target_cache=output_cache(model_kwargs))).main_chain()
         ids = torch.cat([input_ids, chain.tokens.to(input_ids.device)[None]], dim=-1)
         logits = None if chain.draft_probs is None else chain.draft_probs.clamp_min(1e-30).log()[None]
         return ids, logits
@@ -314,8 +390,8 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         return self.cache
 
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> DraftTree:
-        return draft_chain(self, input_ids, self.cache.forward, self.draft_model.device)  # its own cache, either kind
+    def draft_tree(self, request: DraftRequest) -> DraftTree:
+        return draft_chain(self, request, self.cache.forward, self.draft_model.device)  # its own cache, either kind
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
         if not same_drafters(self, drafters, "draft_model", DraftModelCandidateGenerator):
@@ -330,11 +406,11 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
 
 
 def same_drafters(first: TreeCandidateGenerator, drafters: list[TreeCandidateGenerator], model_attribute: str, owner: type) -> bool:
-    """Whether every row drafts as ``first`` does (same class, same model object, same γ) and that class proposes
-    with ``owner``'s own :meth:`propose`, which the batch proposer stands in for: a subclass that overrides
-    ``propose`` drafts row by row, through its override."""
+    """Whether every row drafts as ``first`` does (same class, same model object, same γ) and that class drafts
+    with ``owner``'s own :meth:`~TreeCandidateGenerator.draft_tree`, which the batch proposer stands in for: a subclass
+    that overrides ``draft_tree`` or ``propose`` drafts row by row, through its override."""
     model = getattr(first, model_attribute)
-    return type(first).propose is owner.propose and all(
+    return type(first).draft_tree is owner.draft_tree and all(
         type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens for d in drafters)
 
 
@@ -377,54 +453,56 @@ def refuse_copying(draft_model: PreTrainedModel, copying: dict) -> None:
                          f"model_type 'glide', do); leave copy_from_context and max_copy_tokens unset, or copy_from_context=False")
 
 
-def draft_chain(generator: TreeCandidateGenerator, input_ids: torch.LongTensor, next_logits, device: torch.device) -> DraftTree:
-    """Draft ``generator.num_draft_tokens`` tokens autoregressively on the generator's own KV cache.
+def draft_chain(generator: TreeCandidateGenerator, request: DraftRequest, next_logits,
+                device: torch.device) -> DraftTree:
+    """Draft γ tokens autoregressively on the generator's own KV cache (γ: the request's, else the generator's
+    ``num_draft_tokens``), stopping early where the request's ``stop_rule`` says another token is not worth its cost.
 
-    The cache (``generator.cache``, covering ``generator.seen``) is first re-synced to ``input_ids`` by
-    common prefix, so only the newly accepted tokens are fed. Shared by the plain draft-model drafter and GLIDE.
+    The cache (``generator.cache``, covering ``generator.seen``) is first re-synced to the request's text by common
+    prefix (:func:`resync`), so only the newly accepted tokens are fed. Shared by the draft-model drafter and GLIDE.
 
     Args:
         generator: a drafter with ``cache``, ``seen`` and ``num_draft_tokens``.
-        input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text.
+        request (:class:`DraftRequest`): the step's text (`(1, L)`, on the host too where the loop gives it), γ, rule.
         next_logits: ``feed (1, n) -> logits (1, V)`` of the token after ``feed``, run on ``generator.cache``.
         device: where the draft runs.
 
     Returns:
         a chain :class:`DraftTree` with ``draft_probs`` q `(γ, V)`.
     """
+    input_ids, stop_rule = request.input_ids, request.stop_rule
     ids = input_ids[0] if input_ids.device == torch.device(device) else input_ids[0].to(device)
-    keep = resync(generator, ids)
+    keep = resync(generator, ids, request.host_text)
     feed = ids[keep:][None]  # invariant after this: the cache covers ids, then each drafted token
     tokens, probs, confidences = [], [], []
-    for _ in range(generator.num_draft_tokens):
+    for _ in range(request.num_draft_tokens or generator.num_draft_tokens):
         context = torch.cat([ids[None], *tokens], dim=-1) if generator.warpers else ids[None]  # warpers see the drafted prefix
         q = generator.draft_distribution(next_logits(feed), context)
         feed = generator.pick(q)  # (1, 1), left on the device: the next feed, and the tree's token
         tokens.append(feed)
         probs.append(q[0])
-        if generator.stop_rule is not None:  # the loop's controller: stop where another token is not worth its cost (one
-            confidences.append(float(q[0, feed[0, 0]]))  # read per drafted token, the rule's own)
-            if not generator.stop_rule(confidences):
+        if stop_rule is not None:  # the loop's controller: stop where another token is not worth its cost (one read per
+            confidences.append(float(q[0, feed[0, 0]]))  # drafted token, the rule's own)
+            if not stop_rule(confidences):
                 break
     generator.count_call("draft", len(tokens))
     drafted = torch.cat(tokens, dim=-1)[0]
     generator.seen = torch.cat([ids, drafted[:-1]])
     sampled = torch.ones(drafted.shape[0], dtype=torch.bool) if generator.generation_config.do_sample else None
     tree = DraftTree.chain(drafted, torch.stack(probs), sampled)
-    tree.chain_confidences = confidences if generator.stop_rule is not None else None
-    host = generator.host_text
+    tree.chain_confidences = confidences if stop_rule is not None else None
+    host = request.host_text
     generator.seen_host = (host, tree) if host is not None and len(host) == ids.shape[0] else None
-    generator.host_text = None  # it described this step's text only
     return tree
 
 
-def resync(generator: TreeCandidateGenerator, ids: torch.Tensor) -> int:
+def resync(generator: TreeCandidateGenerator, ids: torch.Tensor, host: list[int] | None = None) -> int:
     """Crop ``generator.cache`` back to its common prefix with the accepted text ``ids`` `(L,)`; returns the kept length.
 
-    On the host where the loop says what the text is (``generator.host_text``) and the drafter's last proposal's tokens
-    came back with the step's read (:attr:`DraftTree.token_list`): nothing is read from the device. Otherwise by
-    comparing tensors (:func:`~hf_specdraft.core.cache.resync_cache`)."""
-    host, last = generator.host_text, generator.seen_host
+    On the host where the loop gives the text there (``host``, the request's ``host_text``) and the drafter's last
+    proposal's tokens came back with the step's read (:attr:`DraftTree.token_list`): nothing is read from the device.
+    Otherwise by comparing tensors (:func:`~hf_specdraft.core.cache.resync_cache`)."""
+    last = generator.seen_host
     known = None if last is None else last[1].token_list if last[1].token_list is not None else last[1].known_tokens
     if host is None or known is None or len(host) != ids.shape[0]:
         return resync_cache(generator.cache, generator.seen, ids)

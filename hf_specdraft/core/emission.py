@@ -21,7 +21,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .acceptance import accept_tree, speculative_sampling, tree_rejection_sampling
-from .drafting import TreeCandidateGenerator
+from .drafting import DraftOutcome
 from .host import to_device
 from .inputs import eos_list
 from .rows import Row, TargetRows
@@ -88,15 +88,12 @@ def accept_row(step, row: Row, logits: torch.Tensor, tree: DraftTree, choices: l
     if step.streamer is not None:
         step.streamer.put(torch.tensor(row.tokens[-emitted:]))
     kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]  # the last token's column and the accepted path's
-    if overrides_update(row.generator):  # a drafter that learns from the kept rows' scores (transformers' own do)
+    if row.traits.learns_from_outcome:  # a drafter that learns from the kept rows' scores (transformers' own do)
         index = slice(0, len(kept_nodes)) if kept_nodes == list(range(len(kept_nodes))) else kept_nodes
-        row.generator.update_candidate_strategy(row.text, logits[index][None], len(path))
+        outcome = DraftOutcome(row.text, logits[index][None], len(path), kept_nodes, draft_seconds, verify_seconds)
+        row.generator.learn(outcome)
     record_step(row.out.stats, rows, tree, path, emitted, draft_seconds, verify_seconds)
     return kept_nodes, len(path)
-
-
-def overrides_update(generator) -> bool:
-    return type(generator).update_candidate_strategy is not TreeCandidateGenerator.update_candidate_strategy
 
 
 def select_accepted(rows: TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig) -> tuple[list[int], int]:

@@ -4,7 +4,9 @@ each row's own logits processors.
 Semantics follow transformers' batched ``generate``: prompts are left-padded with an ``attention_mask``, logits
 processors see the row with its left padding. Drafters: one per row. ``draft_model=`` builds one per row through the
 registry; one hf_specdraft drafter is copied per row (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.fork`:
-models and tables shared, per-request state fresh); a list gives each row its own.
+models and tables shared, per-request state fresh); a list gives each row its own. A transformers ``CandidateGenerator``
+is wrapped here, once (:class:`~hf_specdraft.core.state_drafting.TransformersCandidateGenerator`): the loop sees one
+kind of drafter.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from transformers.generation.logits_process import (
 
 from .acceptance import ConditionalAcceptance
 from .drafting import TreeCandidateGenerator, drafter_for, refuse_copying
-from .state_drafting import StateReadingDrafter, reads_target_state
+from .state_drafting import StateReadingDrafter, TransformersCandidateGenerator, reads_target_state
 from .support import CACHE_FIELD, cache_window, chains_only, convolution_only, output_cache
 from .validation import check_copy_options
 
@@ -133,9 +135,11 @@ def check_batch_setup(model: PreTrainedModel, generation_config: GenerationConfi
                          "max_new_tokens, pass cache_implementation='static' (windows by mask), or run one unpadded prompt at a time")
 
 
-def resolve_generator(candidate_generator, draft_model, num_draft_tokens, copy_from_context=None, max_copy_tokens=None) -> CandidateGenerator:
-    """The drafter of a call: ``candidate_generator`` checked (a list: one per row), or the registered drafter of
-    ``draft_model`` with the call's copy options (``None``: the drafter's own default)."""
+def resolve_generator(candidate_generator, draft_model, num_draft_tokens, copy_from_context=None,
+                      max_copy_tokens=None) -> TreeCandidateGenerator | list[TreeCandidateGenerator]:
+    """The drafter of a call: ``candidate_generator`` checked (a list: one per row; transformers' own wrapped, the same
+    object once), or the registered drafter of ``draft_model`` with the call's copy options (``None``: the drafter's
+    own default)."""
     check_copy_options(copy_from_context, max_copy_tokens, allow_none=True)
     if candidate_generator is not None and (copy_from_context is not None or max_copy_tokens is not None):
         raise ValueError("copy_from_context= and max_copy_tokens= configure the drafter speculative_generate builds for draft_model=; "
@@ -160,14 +164,18 @@ def resolve_generator(candidate_generator, draft_model, num_draft_tokens, copy_f
     if isinstance(candidate_generator, (list, tuple)):  # one drafter per row of a batch
         if not candidate_generator:
             raise ValueError("candidate_generator is an empty list: give one drafter per row of input_ids")
-        return [resolve_generator(g, None, num_draft_tokens) for g in candidate_generator]
+        drafters = {id(g): resolve_generator(g, None, num_draft_tokens) for g in candidate_generator}
+        return [drafters[id(g)] for g in candidate_generator]  # listed twice stays one object (row_drafters refuses it)
     if not isinstance(candidate_generator, CandidateGenerator):
         raise TypeError(f"candidate_generator must be a transformers CandidateGenerator (or a list of one per row), got {type(candidate_generator).__name__}")
-    return candidate_generator
+    if isinstance(candidate_generator, TreeCandidateGenerator):
+        return candidate_generator
+    return TransformersCandidateGenerator(candidate_generator)
 
 
-def row_drafters(generator, batch: int) -> list[CandidateGenerator]:
-    """One drafter per row: ``generator`` itself for one row, a list as given, else forks of one hf_specdraft drafter."""
+def row_drafters(generator, batch: int) -> list[TreeCandidateGenerator]:
+    """One drafter per row: ``generator`` itself for one row, a list as given, else forks of one drafter (transformers'
+    own, which draft for one sequence, refuse to fork)."""
     if isinstance(generator, (list, tuple)):
         if len(generator) != batch:
             raise ValueError(f"candidate_generator lists {len(generator)} drafters for a batch of {batch} rows: give one per row")
@@ -179,9 +187,6 @@ def row_drafters(generator, batch: int) -> list[CandidateGenerator]:
         return list(generator)
     if batch == 1:
         return [generator]
-    if not isinstance(generator, TreeCandidateGenerator):
-        raise ValueError(f"{type(generator).__name__} drafts for one sequence and cannot be copied per row; pass one prompt, a list of "
-                         "one drafter per row, or an hf_specdraft drafter (TreeCandidateGenerator)")
     return [generator.fork() for _ in range(batch)]
 
 

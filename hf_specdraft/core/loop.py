@@ -32,7 +32,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation import CandidateGenerator
 
 from .acceptance import ConditionalAcceptance
@@ -42,7 +42,7 @@ from .meter import StepClock, StepMeter
 from .controller import DraftLengthController, recall, remember
 from .memory import after_call, trim_threshold_mib
 from .distributed import RankAgreement
-from .drafting import DrafterTraits, TreeCandidateGenerator, output_vocab_size, traits_of
+from .drafting import DraftRequest, DrafterTraits, TreeCandidateGenerator, output_vocab_size, traits_of
 from .inputs import (
     check_batch_setup,
     check_generation_setup,
@@ -58,8 +58,8 @@ from .outputs import SpeculativeGenerateOutput, assemble_result
 from .static_layout import layout_for, static_call
 from .rows import Outputs, Row
 from .stats import SpeculativeStats
-from .support import CACHE_FIELD, chains_only, check_target
-from .target_state import StateRequest, TargetOutputs, TargetState, joined, kept_states, shared_kv
+from .support import chains_only, check_target
+from .target_state import StateRequest, TargetOutputs, TargetState, joined, kept_states
 from .tree import DraftTree
 
 
@@ -219,8 +219,7 @@ def setup_call(model, rows: list[Row], stopping_criteria, generation_config: Gen
     """Bind every row's drafter to the call, merge what they ask of the target (:class:`~hf_specdraft.core.target_state.StateRequest`)
     and build the call's one :class:`Step` on the layout it runs on (:func:`layout_for`)."""
     for row in rows:
-        if isinstance(row.generator, TreeCandidateGenerator):
-            row.generator.prepare(model, generation_config)
+        row.generator.prepare(model, generation_config)
         row.traits = traits_of(row.generator)
     return Step(model, layout_for(model, generation_config, rows), generation_config,
                 HostStops(stopping_criteria, generation_config),
@@ -252,18 +251,12 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
     step and whether it resumed the last call's state (``draft_lengths``, ``controller_resumed``), else ``{}``.
     """
     drafters = [row.generator for row in active]
-    if (drafters and all(isinstance(d, TreeCandidateGenerator) for d in drafters)
-            and not any(row.traits.requires_model_outputs for row in active)):  # a batch proposer hands no state on
+    if drafters and not any(row.traits.requires_model_outputs for row in active):  # a batch proposer hands no state on
         step.cache.batch_proposer(drafters)  # where the layout allows (a padded batch)
     setting = attach_controller(step, active)
     step.cache.before_steps(step.request)
-    try:
-        while active:
-            active = speculative_step(step, active)
-    finally:
-        if step.meter.controller is not None and step.meter.controller.confidence_stops:
-            for drafter in drafters:
-                drafter.set_step(stop_rule=None, copy_rule=None)  # the rules belong to this call's controller
+    while active:
+        active = speculative_step(step, active)
     controller = step.meter.controller
     if controller is None:
         return {}
@@ -289,7 +282,7 @@ def attach_controller(step: Step, active: list[Row]) -> tuple | None:
     ranks = RankAgreement.of(model)
     if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
         ranks.align(controller)
-    # the chain stops on its draft's confidence (controller.keep_drafting, set on the drafter step by step)
+    # the chain stops on its draft's confidence (controller.keep_drafting, in each step's request)
     controller.confidence_stops = step.cache.one_row and active[0].traits.stops_on_confidence
     return setting
 
@@ -303,7 +296,7 @@ def speculative_step(step: Step, active: list[Row]) -> list[Row]:
     γ sit behind ``step.meter`` (:class:`~hf_specdraft.core.meter.StepMeter`).
     """
     meter = step.meter
-    meter.begin(active, step.cache.together)  # γ for every row, when the controller chooses it
+    meter.begin()  # γ (and the rules) every row's request carries, when the controller chooses them
     cached = [row.cached for row in active]  # before this step: row a's last cached[a] columns of the cache
     trees = draft_rows(step, active)  # propose
     logits, verified, hidden = meter.verify(lambda: step.cache.verify(active, trees, step.request.kwargs))  # (A, Q, V), (A, Q)
@@ -352,40 +345,30 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
 
 
 def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
-    """Every active row's proposal, fitted to its room before ``max_length`` (its drafting marks go to the step's meter):
-    one batch proposer for all rows (the layout's ``together``), or each row's drafter on its view of the target
-    cache."""
+    """Every active row's proposal for its :class:`~hf_specdraft.core.drafting.DraftRequest` (built by the step's meter:
+    the row's text, what its drafter reads of the target, what the controller chose), fitted to its room before
+    ``max_length``: one batch proposer for all rows (the layout's ``together``), or each row's drafter on its view of
+    the target cache. The meter times each."""
     config, meter = step.generation_config, step.meter
     together = step.cache.together
     if together is not None:
-        start = meter.mark()
-        for row in active:  # the text on the host: a row's copy from its text (copy_from_text) reads nothing back
-            if isinstance(row.generator, TreeCandidateGenerator):
-                row.generator.set_step(host_text=row.tokens[row.pad :])
-        together.target = step.cache.batch_drafter_cache(active)
-        proposals = together.propose([row.text[0] for row in active])
+        meter.start_drafting()
+        proposals = together.propose([meter.request(row) for row in active], step.cache.batch_drafter_cache(active))
         trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens), row.traits)
                  for row, tree in zip(active, proposals)]
-        end = meter.mark()
-        meter.drafted([(start, end, len(active))] * len(active))
+        meter.drafted(rows=len(active))
         return trees
-    trees, marks = [], []
+    trees = []
     for a, row in enumerate(active):
-        start = meter.mark()
+        meter.start_drafting()
         view = step.cache.drafter_cache(a, row) if row.traits.reads_target_cache else None
-        if isinstance(row.generator, TreeCandidateGenerator):  # the text on the host: drafters re-sync without reading the device
-            row.generator.set_step(host_text=row.tokens[row.pad :])
-        state = take_state(row) if step.request else None
-        if state is not None and state.outputs is not None and step.request.producers is not None and not isinstance(
-                row.generator, TreeCandidateGenerator):  # transformers' Gemma 4 generator: the KV the loop kept
-            state.outputs.shared_kv_states = shared_kv(view, step.request.producers)
-        tree = step.cache.fit(propose(row.generator, row.text, view, step.vocab, config.max_length - row.pad, state, row.traits))
+        request = meter.request(row, view, take_state(row) if step.request else None)
+        tree = step.cache.fit(propose(row.generator, request, step.vocab, config.max_length - row.pad, row.traits))
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
         trees.append(tree)
-        marks.append((start, meter.mark()))
-    meter.drafted(marks)
+        meter.drafted()
     return trees
 
 
@@ -403,14 +386,17 @@ def take_state(row: Row) -> TargetState | None:
     return TargetState(outputs, first, row.matched, torch.arange(text, device=row.device)[None])
 
 
-def propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, vocab: int, max_length: int,
-            state: TargetState | None = None, traits: DrafterTraits | None = None) -> DraftTree:
-    """Draft a tree for the next step, merge duplicate siblings (:meth:`DraftTree.merge_duplicates`: verification
-    needs unique siblings) and fit it to the length budget and the target's vocabulary of ``vocab`` ids."""
-    return fit_proposal(_propose(generator, input_ids, cache, state), generator, vocab, max_length - input_ids.shape[1], traits)
+def propose(generator: TreeCandidateGenerator, request: DraftRequest, vocab: int, max_length: int,
+            traits: DrafterTraits | None = None) -> DraftTree:
+    """The drafter's tree for ``request`` (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.draft_tree`), its
+    duplicate siblings merged (:meth:`DraftTree.merge_duplicates`: verification needs unique siblings) and fitted to the
+    length budget and the target's vocabulary of ``vocab`` ids."""
+    room = max_length - request.input_ids.shape[1]
+    return fit_proposal(generator.draft_tree(request), generator, vocab, room, traits)
 
 
-def fit_proposal(tree: DraftTree, generator: CandidateGenerator, vocab: int, room: int, traits: DrafterTraits | None = None) -> DraftTree:
+def fit_proposal(tree: DraftTree, generator: TreeCandidateGenerator, vocab: int, room: int,
+                 traits: DrafterTraits | None = None) -> DraftTree:
     """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length; one
     is the target's own token) and its ids checked against the target's vocabulary: on the host where the drafter gave
     them there, else when the step reads them back (:func:`read_back`), or here for a drafter that may propose ids past
@@ -425,19 +411,3 @@ def fit_proposal(tree: DraftTree, generator: CandidateGenerator, vocab: int, roo
     if bad:
         raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
     return tree
-
-
-def _propose(generator: CandidateGenerator, input_ids: torch.LongTensor, cache: DynamicCache, state: TargetState | None) -> DraftTree:
-    if isinstance(generator, TreeCandidateGenerator):
-        return generator.propose(input_ids, cache) if state is None else generator.propose(input_ids, cache, target_state=state)
-    if state is None:
-        candidate_ids, candidate_logits = generator.get_candidates(input_ids)
-    else:  # transformers' own state-reading generators (DFlash, MTP, Gemma 4's assistant), called as its assisted loop does
-        candidate_ids, candidate_logits = generator.get_candidates(
-            input_ids, model_kwargs={**state.model_kwargs(), CACHE_FIELD: cache}, model_outputs=state.outputs,
-            is_first_iteration=state.first, n_last_matches=state.matched)
-    tokens = candidate_ids[0, input_ids.shape[1] :]
-    probs = None
-    if candidate_logits is not None and candidate_logits.shape[1] == tokens.numel():
-        probs = torch.softmax(candidate_logits[0].float(), dim=-1)
-    return DraftTree.chain(tokens, probs)

@@ -20,6 +20,7 @@ from .compiled import captured_seconds
 from .controller import DraftLengthController
 from .emission import chain_accepted
 from .rows import Row
+from .drafting import DraftRequest
 from .tree import DraftTree
 
 
@@ -51,8 +52,8 @@ class StepClock:
 
 
 class StepMeter:
-    """Times one step at a time and, with a controller (drafters with ``num_draft_tokens="auto"``), sets the γ every row
-    drafts before the step and learns from what it accepted and cost after it.
+    """Times one step at a time and, with a controller (drafters with ``num_draft_tokens="auto"``), chooses what every
+    row's request carries before the step (γ, a budget, the rules) and learns from what it accepted and cost after it.
 
     Args:
         clock: marks on the device's timeline (:class:`StepClock`).
@@ -62,21 +63,31 @@ class StepMeter:
     def __init__(self, clock: StepClock, controller: DraftLengthController | None = None):
         self.clock, self.controller = clock, controller
         self._captured = self._in_draft = self._in_verify = 0.0
+        self._choice: tuple = (None, None, None, None)  # the step's γ, budget, stop, copy rules (None: the drafter's)
+        self._start = None
         self._draft_marks: list[tuple] = []
         self._verify_marks: tuple | None = None
 
-    def begin(self, active: list[Row], together) -> None:
-        """Before drafting: every row drafts the γ the controller chooses (and a tree drafter its budget)."""
+    def begin(self) -> None:
+        """Before drafting: what the controller chooses for this step's requests (:func:`step_choice`)."""
+        self._draft_marks = []
         if self.controller is not None:
-            set_draft_length(self.controller, active, together)
+            self._choice = step_choice(self.controller)
         self._captured = captured_seconds()
 
-    def mark(self):
-        return self.clock.mark()
+    def request(self, row: Row, target_cache=None, target_state=None) -> DraftRequest:
+        """Row ``row``'s :class:`~hf_specdraft.core.drafting.DraftRequest` for this step: its text on the device and on
+        the host (a copy: the row's tokens grow), what its drafter reads of the target, what the controller chose."""
+        return DraftRequest(row.text, row.tokens[row.pad :], target_cache, target_state, *self._choice)
 
-    def drafted(self, marks: list[tuple]) -> None:
-        """The rows' drafting marks (``(start, end)`` each, or ``(start, end, rows)`` for one batch proposal)."""
-        self._draft_marks = marks
+    def start_drafting(self) -> None:
+        """A row's drafting (or one batch proposal's) starts."""
+        self._start = self.clock.mark()
+
+    def drafted(self, rows: int = 0) -> None:
+        """The drafting started last is done: one row's, or one batch proposal's for ``rows`` rows (each a share)."""
+        end = self.clock.mark()
+        self._draft_marks.extend([(self._start, end, rows)] * rows if rows else [(self._start, end)])
         self._in_draft = captured_seconds() - self._captured
 
     def verify(self, run):
@@ -118,14 +129,12 @@ class StepMeter:
         controller.observe(depth, accepted, sum(draft), forward, width, on_chain or None, None if copied else confidences, copied)
 
 
-def set_draft_length(controller: DraftLengthController, active: list[Row], together) -> None:
-    """Every row drafts the γ the controller chooses for this step (and, for a tree drafter, its budget)."""
+def step_choice(controller: DraftLengthController) -> tuple:
+    """What the controller chooses for this step's requests: γ, a tree's budget and, for one row whose chain stops on
+    its confidence, the stop rule (asked only once it can answer: the cost curve measured) and the copy rule (a copy's
+    length weighed like γ). Returns ``(γ, budget, stop_rule, copy_rule)``."""
     gamma = controller.choose()
     budget = controller.budget(gamma)
-    for row in active:
-        if controller.confidence_stops:  # the rule is only asked once it can answer (the cost curve measured)
-            row.generator.set_step(stop_rule=controller.keep_drafting if controller.stops_this_step else None,
-                                   copy_rule=controller.copy_length)  # one row: a copy's length is weighed like γ
-        row.generator.set_step(num_draft_tokens=gamma, budget=budget)
-    if together is not None:
-        together.num_draft_tokens = gamma
+    if not controller.confidence_stops:
+        return gamma, budget, None, None
+    return gamma, budget, controller.keep_drafting if controller.stops_this_step else None, controller.copy_length

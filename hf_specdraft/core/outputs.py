@@ -8,7 +8,6 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 from transformers.utils import ModelOutput
 
-from .drafting import TreeCandidateGenerator
 from .rows import Row
 from .stats import SpeculativeStats
 from .support import CACHE_FIELD
@@ -54,13 +53,12 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
     """
     for row in rows:
         row.out.stats.settle()
-        row.out.stats.drafter_calls = dict(row.generator.forward_calls) if isinstance(row.generator, TreeCandidateGenerator) else {}
+        row.out.stats.drafter_calls = dict(row.generator.forward_calls)  # transformers' own generators count none
     stats = layout.call_stats(rows)
     if chosen.get("draft_lengths"):  # num_draft_tokens="auto": the γ chosen at every step, and whether it resumed
         stats.extra.update(chosen)
     for drafter in {id(g): g for g in (generator if isinstance(generator, (list, tuple)) else [generator])}.values():
-        if isinstance(drafter, TreeCandidateGenerator):
-            drafter.finish_call(stats)
+        drafter.finish_call(stats)
     cache = layout.finish(stats)  # the static path's record; the cache a single row hands out
     sequences = padded_sequences(rows, generation_config)
     if not generation_config.return_dict_in_generate:

@@ -1,4 +1,9 @@
-"""transformers' own state-reading drafters in the loop: Gemma 4's assistants and DFlash block drafters.
+"""transformers' own drafters in the loop: any ``CandidateGenerator`` of its own, and the state-reading ones (Gemma 4's
+assistants, DFlash block drafters) built for each call.
+
+:class:`TransformersCandidateGenerator` wraps a transformers ``CandidateGenerator`` passed as ``candidate_generator``
+(assisted decoding's, prompt lookup, a DFlash / MTP / Gemma 4 generator built by hand) once, when the call resolves its
+drafter, so the loop talks to one kind of drafter.
 
 transformers 5.23 ships their candidate generators (``generation/candidate_generator.py``), but builds them only inside
 its assisted loop (batch 1, chains, a ``DynamicCache``). :class:`StateReadingDrafter` builds the same generator for each
@@ -20,10 +25,12 @@ from __future__ import annotations
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation import CandidateGenerator
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, SinglePositionMultiTokenCandidateGenerator
 
-from .drafting import AUTO, TreeCandidateGenerator, draft_length
-from .target_state import TargetOutputs, TargetState, cache_producers, shared_kv
+from .drafting import AUTO, DraftRequest, TreeCandidateGenerator, draft_length
+from .support import CACHE_FIELD
+from .target_state import SHARED_KV, TargetOutputs, cache_producers, shared_kv
 from .tree import DraftTree
 
 DFLASH_FIELDS = ("target_layer_ids", "block_size", "mask_token_id")
@@ -100,17 +107,20 @@ class StateReadingDrafter(TreeCandidateGenerator):
             self.producers = cache_producers(target)
             self.model_kwargs_overrides = {"output_hidden_states": -1}  # the generator reads hidden_states[-1] alone
 
-    def propose(self, input_ids: torch.LongTensor, target_cache=None, target_state: TargetState | None = None) -> DraftTree:
-        """The generator's chain after ``input_ids`` `(1, L)`, with q where it returns logits."""
+    def draft_tree(self, request: DraftRequest) -> DraftTree:
+        """The generator's chain after the request's text `(1, L)` (γ: the request's, else its own), with q where it
+        returns logits."""
+        input_ids, target_state = request.input_ids, request.target_state
         if target_state is None or self.generator is None:
             raise ValueError(f"{type(self.draft_model).__name__} reads the target's hidden states, which transformers' assisted "
                              "loop hands only to its own generators: call speculative_generate(target, ids, draft_model=...) or "
                              "target.generate(ids, custom_generate=speculative_generate, draft_model=...)")
         outputs = target_state.outputs
         if not self.dflash:
-            self.generator.num_assistant_tokens = self.num_draft_tokens
+            self.generator.num_assistant_tokens = request.num_draft_tokens or self.num_draft_tokens
             if outputs is not None:
-                outputs = TargetOutputs(hidden_states=outputs.hidden_states, shared_kv_states=shared_kv(target_cache, self.producers))
+                outputs = TargetOutputs(hidden_states=outputs.hidden_states,
+                                        shared_kv_states=shared_kv(request.target_cache, self.producers))
         ids, logits = self.generator.get_candidates(
             input_ids, model_kwargs=target_state.model_kwargs(), model_outputs=outputs,
             is_first_iteration=target_state.first, n_last_matches=target_state.matched)
@@ -122,3 +132,58 @@ class StateReadingDrafter(TreeCandidateGenerator):
             probs = torch.softmax(logits[0, : tokens.numel()].float(), dim=-1)
         return DraftTree.chain(tokens, probs)
 
+
+def transformers_protocol(generator: CandidateGenerator) -> tuple[bool, dict]:
+    """What a transformers ``CandidateGenerator`` declares of transformers' state protocol (read once, when it is
+    wrapped): ``requires_model_outputs`` and ``model_kwargs_overrides`` (:mod:`~hf_specdraft.core.target_state`)."""
+    return bool(generator.requires_model_outputs), dict(getattr(generator, "model_kwargs_overrides", None) or {})
+
+
+class TransformersCandidateGenerator(TreeCandidateGenerator):
+    """One of transformers' own ``CandidateGenerator`` s as an hf_specdraft drafter: every step its ``get_candidates``,
+    called as transformers' assisted loop calls it (with the target's state where it declares it reads it), gives the
+    chain (with q where it returns logits for every token); every outcome goes to its ``update_candidate_strategy``.
+
+    Args:
+        generator: the transformers ``CandidateGenerator``, used as it is: it drafts for one sequence, so it is never
+            copied for another row of a batch.
+    """
+
+    def __init__(self, generator: CandidateGenerator):
+        super().__init__()
+        self.generator = generator
+        self.requires_model_outputs, self.model_kwargs_overrides = transformers_protocol(generator)
+        self.producers: dict[str, int] | None = None  # Gemma 4's: the target layers whose keys and values it reads
+
+    def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
+        super().prepare(target, generation_config)
+        self.producers = cache_producers(target) if self.model_kwargs_overrides.get(SHARED_KV) else None
+
+    def draft_tree(self, request: DraftRequest) -> DraftTree:
+        input_ids, state = request.input_ids, request.target_state
+        if state is None:
+            ids, logits = self.generator.get_candidates(input_ids)
+        else:  # transformers' own state-reading generators (DFlash, MTP, Gemma 4's assistant), called as its loop does
+            outputs = state.outputs
+            if outputs is not None and self.producers is not None:  # Gemma 4's: the keys and values of the kept text
+                outputs = TargetOutputs(hidden_states=outputs.hidden_states,
+                                        shared_kv_states=shared_kv(request.target_cache, self.producers))
+            ids, logits = self.generator.get_candidates(
+                input_ids, model_kwargs={**state.model_kwargs(), CACHE_FIELD: request.target_cache},
+                model_outputs=outputs, is_first_iteration=state.first, n_last_matches=state.matched)
+        tokens = ids[0, input_ids.shape[1] :]
+        probs = None
+        if logits is not None and logits.shape[1] == tokens.numel():
+            probs = torch.softmax(logits[0].float(), dim=-1)
+        return DraftTree.chain(tokens, probs)
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
+        return self.generator.get_candidates(input_ids, **kwargs)
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
+        return self.generator.update_candidate_strategy(input_ids, scores, num_matches)
+
+    def fork(self) -> TreeCandidateGenerator:
+        raise ValueError(f"{type(self.generator).__name__} drafts for one sequence and cannot be copied per row; "
+                         "pass one prompt, a list of one drafter per row, or an hf_specdraft drafter "
+                         "(TreeCandidateGenerator)")

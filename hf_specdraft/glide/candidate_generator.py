@@ -21,6 +21,7 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 from ..core.batch_drafting import BatchChainDrafter, target_key_mask
 from ..core.drafting import (
     DraftModelTreeScorer,
+    DraftRequest,
     TreeCandidateGenerator,
     check_same_device,
     check_same_vocab,
@@ -44,14 +45,16 @@ COPY_TOKENS = 6  # the shortest copy: a match that long tends to continue for se
 COPY_MATCH_CAP = 64  # matches this long count as equally long (bounds the work on endlessly repeating text)
 
 
-def copy_count(drafter: GlideCandidateGenerator, match: int, available: int) -> int:
-    """How many of the ``available`` tokens after a ``match``-token suffix match ``drafter`` copies (0: none, GLIDE drafts)."""
+def copy_count(drafter: GlideCandidateGenerator, request: DraftRequest, match: int, available: int) -> int:
+    """How many of the ``available`` tokens after a ``match``-token suffix match ``drafter`` copies for ``request`` (0:
+    none, GLIDE drafts)."""
     longest = drafter.config.max_copy_tokens
-    if drafter.adaptive_draft_length and drafter.copy_rule is not None:  # "auto" at batch 1: the controller weighs the copy
-        return drafter.copy_rule(match, available if longest is None else min(available, longest))
+    if drafter.adaptive_draft_length and request.copy_rule is not None:  # "auto" at batch 1: the controller weighs it
+        return request.copy_rule(match, available if longest is None else min(available, longest))
     if longest is not None:
         return min(available, longest)
-    return max(COPY_TOKENS, drafter.num_draft_tokens) if drafter.adaptive_draft_length else drafter.num_draft_tokens
+    gamma = request.num_draft_tokens or drafter.num_draft_tokens
+    return max(COPY_TOKENS, gamma) if drafter.adaptive_draft_length else gamma
 
 
 def check_target_cache(target_cache, config, kv_heads: int | None = None) -> None:
@@ -93,7 +96,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         self.num_draft_tokens, self.adaptive_draft_length = draft_length(self.config.num_draft_tokens)  # what the loop and CAPE read
         self._reset()
 
-    stops_on_confidence = True  # draft_chain asks the loop's stop_rule after every token
+    stops_on_confidence = True  # draft_chain asks the request's stop_rule after every token
     tokens_in_vocab = True  # GLIDE shares its target's vocabulary (checked when it binds to the target)
     compiles_draft = True  # compile_draft: its forwards on a static cache of its own (eager where it cannot)
 
@@ -129,57 +132,55 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         self._reset()
 
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None,
-                target_state: TargetState | None = None) -> DraftTree:
-        """Draft a chain of γ tokens after ``input_ids`` `(1, L)`.
+    def draft_tree(self, request: DraftRequest) -> DraftTree:
+        """Draft a chain of γ tokens after the request's text (or copy one from it, ``copy_from_context``).
 
-        Args:
-            input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text; its last token is the target's
-                newest (bonus) token, at position ``t = L - 1``.
-            target_cache: the target's live cache covering ``input_ids[:, :-1]`` (read-only).
-            target_state: a ``state_input`` GLIDE's only (and then required): the target's last hidden states at the
-                positions added since the last proposal (:class:`~hf_specdraft.core.target_state.TargetState`).
+        The request (:class:`~hf_specdraft.core.drafting.DraftRequest`) holds the accepted text `(1, L)`, whose last
+        token is the target's newest (bonus) token at position ``t = L - 1``; the target's live cache covering
+        ``input_ids[:, :-1]`` (read-only); for a ``state_input`` GLIDE (and then required) the target's last hidden
+        states at the positions added since the last proposal (:class:`~hf_specdraft.core.target_state.TargetState`);
+        and γ, the stop rule and the copy rule where the loop's controller chose them.
 
         Returns:
             a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
         """
-        copied = self.copy_from_text(input_ids)
+        input_ids, target_cache = request.input_ids, request.target_cache
+        copied = self.copy_from_text(request)
         if self.requires_model_outputs:
-            self._take_states(target_state)
+            self._take_states(request.target_state)
         if copied is not None:
             return copied
         cross = self.glide.config.cross_attention
         if self.requires_model_outputs:
             if cross:
                 check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
-            return self._propose_from_state(input_ids, target_cache if cross else None, target_state)
+            return self._propose_from_state(request, target_cache if cross else None)
         glimpse = self.cache.glimpse(target_cache, input_ids.shape[1] - 1) if cross else None
-        return draft_chain(self, input_ids, lambda feed: self.cache.forward(feed, glimpse), self.glide.device)
+        return draft_chain(self, request, lambda feed: self.cache.forward(feed, glimpse), self.glide.device)
 
     def _glimpse(self, target_cache, committed: int | None) -> dict:
         """What GLIDE's forwards read of the target on its own ``DynamicCache``: the target's live cache (§4.1)."""
         check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
         return {"target_past_key_values": target_cache}
 
-    def copy_from_text(self, input_ids: torch.LongTensor) -> DraftTree | None:
-        """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the text's suffix, when
-        it is at least that long (no q: the target judges them exactly); else `None`. As many as ``max_copy_tokens``
-        says, or without it: γ when γ is fixed (a proposal never runs longer than the γ asked for), with "auto" what the
-        loop's ``copy_rule`` says (without one, in a batch, ``max(COPY_TOKENS, γ)``)."""
-        shortest = self.config.copy_from_context
+    def copy_from_text(self, request: DraftRequest) -> DraftTree | None:
+        """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the request's text's
+        suffix, when it is at least that long (no q: the target judges them exactly); else `None`. As many as
+        ``max_copy_tokens`` says, or without it: γ when γ is fixed (a proposal never runs longer than the γ asked for),
+        with "auto" what the request's ``copy_rule`` says (without one, in a batch, ``max(COPY_TOKENS, γ)``)."""
+        shortest, input_ids = self.config.copy_from_context, request.input_ids
         if not shortest or input_ids.shape[1] <= shortest:
             return None
-        host = self.host_text  # the loop's host copy of the text: the match then reads nothing back from the device
+        host = request.host_text  # the loop's host copy of the text: the match then reads nothing back from the device
         text = torch.tensor(host) if host is not None and len(host) == input_ids.shape[1] else input_ids[0]
         end, length = longest_suffix_match(text, max_match_length=COPY_MATCH_CAP)
         if length < shortest:
             return None
         available = text.shape[0] - end - 1
-        count = copy_count(self, length, available)
+        count = copy_count(self, request, length, available)
         if not count:  # the loop's controller expects more from GLIDE's own draft here
             return None
         tokens = text[end + 1 : end + 1 + count].to(input_ids.device)
-        self.host_text = None
         tree = DraftTree.chain(tokens)
         tree.copied = True
         return tree
@@ -204,13 +205,13 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         kept = self.states[:, max(start - 1, 0) - self.states_from : t - self.states_from]
         return torch.cat([kept.new_zeros(1, 1, kept.shape[2]), kept], dim=1) if start == 0 else kept
 
-    def _propose_from_state(self, input_ids: torch.LongTensor, target_cache, target_state: TargetState | None) -> DraftTree:
+    def _propose_from_state(self, request: DraftRequest, target_cache) -> DraftTree:
         """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``, each
         later step the drafted token and the draft's own ``draft_state``. With self-attention, GLIDE's cache first takes
         the newly verified positions, each read with the target's state before it (what training's first pass sees).
-        The states were taken already (:meth:`_take_states`)."""
-        glide, device = self.glide, self.glide.device
-        ids = input_ids[0].to(device)
+        The states were taken already (:meth:`_take_states`); γ and the stop rule are the request's."""
+        glide, device, stop_rule = self.glide, self.glide.device, request.stop_rule
+        ids = request.input_ids[0].to(device)
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
         if self.states is None or self.states_from + self.states.shape[1] != t or t < 1:
             return DraftTree.chain(ids.new_zeros(0))  # no state yet (the first step of a call): the target decodes alone
@@ -223,7 +224,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         else:
             feed, state_in, position = ids[t:][None], self._states_before(t, t), torch.tensor([[t - 1]], device=device)  # h_{t-1}'s
         tokens, probs, confidences = [], [], []
-        for step in range(self.num_draft_tokens):
+        for step in range(request.num_draft_tokens or self.num_draft_tokens):
             out = glide(input_ids=feed, position_ids=position, target_hidden_states=state_in, logits_to_keep=1,
                         **with_cache(glide, self.cache.past_key_values if glide.config.self_attention else None),
                         use_cache=glide.config.self_attention,
@@ -237,16 +238,15 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             state_in = out.draft_state[:, -1:]
             if glide.config.self_attention:
                 position = torch.tensor([[t + step + 1]], device=device)
-            if self.stop_rule is not None:
+            if stop_rule is not None:
                 confidences.append(float(q[0, feed[0, 0]]))
-                if not self.stop_rule(confidences):
+                if not stop_rule(confidences):
                     break
         self.count_call("draft", len(tokens))
         drafted = torch.cat(tokens, dim=-1)[0]
         sampled = torch.ones(drafted.shape[0], dtype=torch.bool) if self.generation_config.do_sample else None
         tree = DraftTree.chain(drafted, torch.stack(probs), sampled)
-        tree.chain_confidences = confidences if self.stop_rule is not None else None
-        self.host_text = None
+        tree.chain_confidences = confidences if stop_rule is not None else None
         return tree
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache) -> StaticDraftCache:
