@@ -67,7 +67,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         if isinstance(gamma, int):
             self.config.check_chain_length(gamma)  # fail at construction, not at the first step
         self.drafter = drafter
-        self.requires_model_outputs = getattr(drafter, "requires_model_outputs", False)
+        self.requires_model_outputs = drafter.requires_model_outputs
         self.scorer = self._beam_scorer() if self.config.mode == "beam" else None
         self.expansion_sizes: list[list[int]] = []
         self.confidences: list[list[float]] = []
@@ -77,7 +77,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     @property
     def adaptive_draft_length(self) -> bool:
         """Whether the loop picks γ every step: when the wrapped chain drafter's ``num_draft_tokens`` is ``"auto"``."""
-        return bool(getattr(self.drafter, "adaptive_draft_length", False))
+        return bool(self.drafter.adaptive_draft_length)
 
     @property
     def adaptive_budget(self) -> bool:
@@ -97,7 +97,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     @property
     def stops_on_confidence(self) -> bool:
         """Whether the loop may stop the chain on its confidence: on the steps whose ``"auto"`` budget is the chain alone."""
-        return self.adaptive_budget and getattr(self.drafter, "stops_on_confidence", False)
+        return self.adaptive_budget and self.drafter.stops_on_confidence
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
         """The draft's probability of each token of this step's chain (read before it was widened), as far as the chain
@@ -137,13 +137,13 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     @property
     def reads_target_cache(self) -> bool:
-        return getattr(self.drafter, "reads_target_cache", True)
+        return self.drafter.reads_target_cache
 
     widens_chain = True  # its trees are the chain plus expansion leaves: the loop counts what the chain alone would accept
 
     @property
     def controller_anchor(self):
-        anchor = getattr(self.drafter, "controller_anchor", None)
+        anchor = self.drafter.controller_anchor
         return type(self.drafter) if anchor is None else anchor
 
     @property
@@ -160,7 +160,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     @property
     def model_kwargs_overrides(self) -> dict:
         """What the wrapped drafter asks of the target's forward (:mod:`~hf_specdraft.core.target_state`)."""
-        return getattr(self.drafter, "model_kwargs_overrides", None) or {}
+        return dict(self.drafter.model_kwargs_overrides)
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
