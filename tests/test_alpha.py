@@ -125,9 +125,9 @@ def _record(method: str, alpha: float | None, positions: int, accepted: int, jud
 def test_bench_summary_weights_alpha_by_positions_and_feeds_it_to_expected_speedup():
     records = [{"method": "target-only", "prompt": 0, "seconds": 2.0, "new_tokens": 10, "target_calls": 10, "tokens": [1], "edit_similarity": 1.0},
                {"method": "target-only", "prompt": 1, "seconds": 2.0, "new_tokens": 10, "target_calls": 10, "tokens": [1], "edit_similarity": 1.0},
-               {**_record("glide", 0.5, 10, accepted=6, judged=10, drafted=20, steps=4), "prompt": 0},
-               {**_record("glide", 0.8, 30, accepted=24, judged=30, drafted=40, steps=8), "prompt": 1}]
-    s = summarize(records, ("target-only", "glide"))["glide"]
+               {**_record("glide-auto", 0.5, 10, accepted=6, judged=10, drafted=20, steps=4), "prompt": 0},
+               {**_record("glide-auto", 0.8, 30, accepted=24, judged=30, drafted=40, steps=8), "prompt": 1}]
+    s = summarize(records, ("target-only", "glide-auto"))["glide-auto"]
     assert s["alpha"] == pytest.approx((0.5 * 10 + 0.8 * 30) / 40)
     assert s["position_acceptance_rate"] == pytest.approx(30 / 40)
     assert s["accepted_per_drafted"] == pytest.approx(30 / 60)

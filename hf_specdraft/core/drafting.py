@@ -222,6 +222,11 @@ class TreeCandidateGenerator(CandidateGenerator):
         self.warpers = LogitsProcessorList()
         self.forward_calls: dict[str, int] = {}
 
+    @property
+    def name(self) -> str:
+        """What error messages call this drafter: its class (a wrapped transformers generator: that generator's)."""
+        return type(self).__name__
+
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         """Bind to one ``generate`` call: remember the sampling settings, reset per-call state."""
         self.generation_config = generation_config

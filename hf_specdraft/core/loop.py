@@ -340,7 +340,7 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
         if tree.token_list is None:
             tree.learn_tokens(row_ids[1 : 1 + len(tree)])
             if any(not 0 <= t < vocab for t in tree.token_list):
-                raise ValueError(f"{type(row.generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
+                raise ValueError(f"{row.generator.name} proposed token ids outside the target's vocabulary [0, {vocab})")
     return host[1]
 
 
@@ -409,5 +409,5 @@ def fit_proposal(tree: DraftTree, generator: TreeCandidateGenerator, vocab: int,
     else:
         bad = False
     if bad:
-        raise ValueError(f"{type(generator).__name__} proposed token ids outside the target's vocabulary [0, {vocab})")
+        raise ValueError(f"{generator.name} proposed token ids outside the target's vocabulary [0, {vocab})")
     return tree

@@ -155,6 +155,10 @@ class TransformersCandidateGenerator(TreeCandidateGenerator):
         self.requires_model_outputs, self.model_kwargs_overrides = transformers_protocol(generator)
         self.producers: dict[str, int] | None = None  # Gemma 4's: the target layers whose keys and values it reads
 
+    @property
+    def name(self) -> str:
+        return type(self.generator).__name__
+
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
         self.producers = cache_producers(target) if self.model_kwargs_overrides.get(SHARED_KV) else None

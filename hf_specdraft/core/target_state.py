@@ -113,7 +113,7 @@ class StateRequest:
     @staticmethod
     def _check_accepted(model, key: str, drafter) -> None:
         if key not in inspect.signature(model.forward).parameters:
-            raise ValueError(f"{type(drafter).__name__} asks the target's forward for {key!r}, which "
+            raise ValueError(f"{drafter.name} asks the target's forward for {key!r}, which "
                              f"{type(model).__name__}.forward does not take: this drafter needs another target model")
 
 
@@ -125,13 +125,13 @@ def _merge_layers(wanted, value, layers: int, drafter):
         return wanted
     values = [value] if isinstance(value, int) else list(value) if isinstance(value, (list, tuple)) else None
     if values is None or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"{type(drafter).__name__}.model_kwargs_overrides['output_hidden_states'] must be True, an int or a list "
+        raise ValueError(f"{drafter.name}.model_kwargs_overrides['output_hidden_states'] must be True, an int or a list "
                          f"of ints (indices into hidden_states, 0 the embeddings, {layers} the last layer), got {value!r}")
     out = set(wanted)
     for v in values:
         index = v + layers + 1 if v < 0 else v
         if not 0 <= index <= layers:
-            raise ValueError(f"{type(drafter).__name__} asks for hidden_states[{v}] of a target with {layers} layers "
+            raise ValueError(f"{drafter.name} asks for hidden_states[{v}] of a target with {layers} layers "
                              f"(valid: 0 to {layers}, or negative from the end)")
         out.add(index)
     return out
