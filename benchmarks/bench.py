@@ -11,7 +11,7 @@ import sys
 
 from hf_specdraft.cli import main as cli_main
 
-from . import methods
+from . import methods  # noqa: F401  (registers the lab's fixed-setting rows)
 
 
 def main(argv: list[str] | None = None) -> int:

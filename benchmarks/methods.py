@@ -156,7 +156,9 @@ def glide_cape(ctx, mode, gamma: int = CAPE_GAMMA, budget: int = CAPE_BUDGET, co
 
 
 def _register_glide_rows(kind: str) -> None:
-    costs = lambda e: {"draft": e[kind]}
+    def costs(e):
+        return {"draft": e[kind]}
+
     register_method(Method(kind, lambda ctx: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind)), requires=(kind,),
                            description=f"speculative_generate with the default's {kind} drafter, γ={GLIDE_GAMMA}, no copying",
                            cost_models=costs))

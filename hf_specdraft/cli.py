@@ -24,7 +24,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
+
+if TYPE_CHECKING:  # annotations only: the parsers import no torch
+    import torch
 
 DTYPE_NAMES = ("auto", "bf16", "fp16", "fp32")
 

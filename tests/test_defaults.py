@@ -334,7 +334,7 @@ def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
 
 def test_the_fixed_grid_rows_run_and_the_report_weighs_auto_against_them(tiny_default, tmp_path):
     """The default calls' grid: auto rows beside fixed γ and CAPE budgets, lossless; the report's line of auto / best fixed."""
-    from benchmarks import methods  # noqa: F401  (registers the fixed grid: the lab's rows)
+    import benchmarks.methods  # noqa: F401  (registers the fixed grid: the lab's rows)
     from benchmarks.report.render import auto_against_fixed, auto_line, render
     from hf_specdraft.bench import BenchConfig, run_bench
 

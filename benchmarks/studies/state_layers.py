@@ -38,16 +38,16 @@ def store_windows(path: str) -> torch.Tensor:
 def features(target, windows: torch.Tensor, layers: list[int], to_row: torch.Tensor, batch: int = 8):
     """For every position t >= 1 of ``windows``: ``embedding(x_t)``, ``hidden_states[l]`` at t - 1 for each l in ``layers``
     (bf16, `(P, 576)` each) and the output row of the target's argmax at t (`(P,)`)."""
-    emb, states, labels = [], {l: [] for l in layers}, []
+    emb, states, labels = [], {layer: [] for layer in layers}, []
     for i in range(0, len(windows), batch):
         ids = windows[i : i + batch]
         out = target(ids, output_hidden_states=True)
         width = out.hidden_states[0].shape[-1]
         emb.append(target.get_input_embeddings()(ids[:, 1:]).reshape(-1, width).to(torch.bfloat16))
-        for l in layers:
-            states[l].append(out.hidden_states[l][:, :-1].reshape(-1, width).to(torch.bfloat16))
+        for layer in layers:
+            states[layer].append(out.hidden_states[layer][:, :-1].reshape(-1, width).to(torch.bfloat16))
         labels.append(to_row[out.logits.argmax(-1)[:, 1:].reshape(-1)])
-    return torch.cat(emb), {l: torch.cat(v) for l, v in states.items()}, torch.cat(labels)
+    return torch.cat(emb), {layer: torch.cat(v) for layer, v in states.items()}, torch.cat(labels)
 
 
 def probe(train, test, layers: list[int], rows: int, positions: int, epochs: int = 4, hidden: int = 1024, batch: int = 512) -> float:
@@ -61,7 +61,7 @@ def probe(train, test, layers: list[int], rows: int, positions: int, epochs: int
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 1e-3, total_steps=steps)
 
     def inputs(data, index):
-        return torch.cat([data[0][index].float(), *[data[1][l][index].float() for l in layers]], dim=-1)
+        return torch.cat([data[0][index].float(), *[data[1][layer][index].float() for layer in layers]], dim=-1)
 
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = GlideConfig.from_pretrained(SMOLLM2_DRAFTERS_DIR / "glide").draft_token_ids
     to_row = torch.full((target.config.vocab_size,), len(vocab), dtype=torch.long)
     to_row[torch.tensor(vocab)] = torch.arange(len(vocab))
-    layers = sorted({l for ls in INPUTS.values() for l in ls})
+    layers = sorted({layer for ls in INPUTS.values() for layer in ls})
     windows = store_windows(args.corpus_store)[: sizes[-1]]
     if len(windows) < sizes[-1]:
         parser.error(f"--sizes: the corpus store holds {len(windows)} windows, fewer than {sizes[-1]}")

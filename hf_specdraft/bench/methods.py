@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.drafting import TreeCandidateGenerator
 from ..core.loop import speculative_generate
@@ -236,7 +236,7 @@ STATIC_METHODS = ("glide+copy-auto", "vanilla+copy-auto", "glide+copy+cape-auto"
                   "cascade-1draft-auto")
 
 
-def compile_everywhere() -> "CompileConfig":
+def compile_everywhere() -> CompileConfig:
     """transformers' default ``CompileConfig`` (``reduce-overhead``: CUDA graphs on a GPU), allowed on every device."""
     from transformers import CompileConfig
 

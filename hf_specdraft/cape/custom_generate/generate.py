@@ -46,7 +46,7 @@ def check_transformers_version(version: str = transformers.__version__) -> None:
 
 check_transformers_version()  # before the siblings below import transformers internals
 
-from .cape_draft import CapeTreeDrafter, load_draft, make_drafter
+from .cape_draft import CapeTreeDrafter, load_draft, make_drafter  # noqa: E402  (after the version check)
 
 try:  # written beside this file by write_custom_generate, from hf_specdraft's core and cape/expansion_sets.py
     from .expansion_sets import DEFAULT_SCHEDULE, check_schedule
