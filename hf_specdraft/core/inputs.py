@@ -226,3 +226,14 @@ def eos_list(generation_config: GenerationConfig) -> list[int]:
     if isinstance(eos, torch.Tensor):
         return eos.flatten().tolist()
     return [eos] if isinstance(eos, int) else list(eos)
+
+
+def copy_options(draft_model, generation_config: GenerationConfig | None, copy_from_context, max_copy_tokens) -> tuple:
+    """``(copy_from_context, max_copy_tokens)`` of a call: each as passed, else as ``generation_config`` carries it (for
+    ``draft_model=`` only: a ``candidate_generator`` was configured when it was built), else ``None``."""
+    if draft_model is not None and generation_config is not None:
+        if copy_from_context is None:
+            copy_from_context = getattr(generation_config, "copy_from_context", None)
+        if max_copy_tokens is None:
+            max_copy_tokens = getattr(generation_config, "max_copy_tokens", None)
+    return copy_from_context, max_copy_tokens

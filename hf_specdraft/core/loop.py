@@ -50,6 +50,7 @@ from .inputs import (
     check_padding,
     check_target_model,
     check_unmarked_padding,
+    copy_options,
     resolve_generator,
     row_drafters,
     row_processors,
@@ -59,7 +60,7 @@ from .static_layout import layout_for, static_call
 from .rows import Outputs, Row
 from .stats import SpeculativeStats
 from .support import chains_only, check_target
-from .target_state import StateRequest, TargetOutputs, TargetState, joined, kept_states
+from .target_state import StateRequest, joined, kept_states
 from .tree import DraftTree
 
 
@@ -150,17 +151,6 @@ def speculative_generate(
         max_copy_tokens=max_copy_tokens,
         **kwargs,
     )
-
-
-def copy_options(draft_model, generation_config: GenerationConfig | None, copy_from_context, max_copy_tokens) -> tuple:
-    """``(copy_from_context, max_copy_tokens)`` of a call: each as passed, else as ``generation_config`` carries it (for
-    ``draft_model=`` only: a ``candidate_generator`` was configured when it was built), else ``None``."""
-    if draft_model is not None and generation_config is not None:
-        if copy_from_context is None:
-            copy_from_context = getattr(generation_config, "copy_from_context", None)
-        if max_copy_tokens is None:
-            max_copy_tokens = getattr(generation_config, "max_copy_tokens", None)
-    return copy_from_context, max_copy_tokens
 
 
 @torch.no_grad()
@@ -362,7 +352,7 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
     for a, row in enumerate(active):
         meter.start_drafting()
         view = step.cache.drafter_cache(a, row) if row.traits.reads_target_cache else None
-        request = meter.request(row, view, take_state(row) if step.request else None)
+        request = meter.request(row, view, row.target_state() if step.request else None)
         tree = step.cache.fit(propose(row.generator, request, step.vocab, config.max_length - row.pad, row.traits))
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
@@ -370,20 +360,6 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
         trees.append(tree)
         meter.drafted()
     return trees
-
-
-def take_state(row: Row) -> TargetState | None:
-    """What a state-reading row's drafter is told before it proposes (transformers' protocol, :mod:`~hf_specdraft.core.target_state`):
-    on its first proposal nothing (``is_first_iteration``: the prefill's states wait for the first step's), afterwards the
-    states of every position added since its last proposal, handed on once."""
-    if not row.traits.requires_model_outputs:
-        return None
-    first, outputs = not row.proposed, None
-    if not first:
-        outputs, row.states = TargetOutputs(hidden_states=row.states), None
-    row.proposed = True
-    text = len(row.tokens) - row.pad
-    return TargetState(outputs, first, row.matched, torch.arange(text, device=row.device)[None])
 
 
 def propose(generator: TreeCandidateGenerator, request: DraftRequest, vocab: int, max_length: int,

@@ -14,6 +14,7 @@ from transformers.generation import CandidateGenerator
 
 from .host import copy_to_device, host_tensor
 from .stats import SpeculativeStats
+from .target_state import TargetOutputs, TargetState
 from .tree import DraftTree
 
 if TYPE_CHECKING:  # the drafters' module reaches the rows through the cache helpers it imports
@@ -71,6 +72,18 @@ class Row:
                 copy_to_device(self._buffer[0, self._written : length], host_tensor(new))
             self._written = length
         return self._buffer[:, :length]
+
+    def target_state(self) -> TargetState | None:
+        """What a state-reading drafter is told before it proposes (transformers' protocol,
+        :mod:`~hf_specdraft.core.target_state`): on its first proposal nothing (``is_first_iteration``: the prefill's states
+        wait for the first step's), afterwards the states of every position added since its last proposal, handed on once."""
+        if not self.traits.requires_model_outputs:
+            return None
+        first, outputs = not self.proposed, None
+        if not first:
+            outputs, self.states = TargetOutputs(hidden_states=self.states), None
+        self.proposed = True
+        return TargetState(outputs, first, self.matched, torch.arange(len(self.tokens) - self.pad, device=self.device)[None])
 
     @property
     def device(self) -> torch.device:
