@@ -233,12 +233,16 @@ def kept_rows(model: GlideForCausalLM, start_from: GlideForCausalLM) -> int:
 
 def warm_start(model: GlideForCausalLM, start_from: GlideForCausalLM) -> list[str]:
     """Load ``start_from``'s weights into ``model`` wherever name and shape agree; returns the names left as initialised.
+    Only parameters: buffers follow ``model``'s own config (``target_to_draft`` maps target ids to *its* vocabulary's
+    rows; ``start_from``'s would send every id a wider vocabulary adds to the row after its own).
 
     A ``state_input`` drafter started from a plain one gets ``pre_projection = [I ; 0]``: at step 0 it reads the token's
     embedding exactly as ``start_from`` did, and learns from there what the target's state adds."""
     theirs = start_from.state_dict()
     mine = model.state_dict()
-    shared = {name: tensor for name, tensor in theirs.items() if name in mine and mine[name].shape == tensor.shape}
+    parameters = {name for name, _ in model.named_parameters()}
+    shared = {name: tensor for name, tensor in theirs.items()
+              if name in parameters and name in mine and mine[name].shape == tensor.shape}
     model.load_state_dict(shared, strict=False)
     if model.config.state_input and not start_from.config.state_input:
         with torch.no_grad():
