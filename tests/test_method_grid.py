@@ -57,3 +57,16 @@ def test_grid(arch, method):
         assert stats.num_steps >= 1 and stats.new_tokens == NEW_TOKENS
         if name == "target":  # always right: every step keeps its drafts
             assert stats.mean_accepted_length > 2, (method, stats.mean_accepted_length)
+
+
+def test_the_gpu_script_asks_for_methods_the_bench_registers():
+    """benchmarks/gpu/run.sh runs on a machine of its own: a method name it asks for must exist before it gets there."""
+    import re
+    from pathlib import Path
+
+    from hf_specdraft.bench.methods import METHODS
+
+    script = (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run.sh").read_text()
+    asked = {name for group in re.findall(r'methods="([^"$]+)', script) + re.findall(r'bench \w+ ",([^"]+)"', script)
+             for name in group.split(",")}
+    assert asked and not sorted(asked - set(METHODS)), sorted(asked - set(METHODS))

@@ -54,7 +54,7 @@ lossless() {  # dtype, output, seconds
   timeout "$(( $3 > 1 ? $3 : 1 ))" python3 -m benchmarks.gpu.lossless_random --dtypes "$1" "${size[@]}" --output "$2"
 }
 bench() {  # task, extra methods
-  local methods="target-only-static,glide-auto,glide-auto-static,glide+cape-auto,glide+cape-auto-static,max-gram-auto,max-gram-auto-static,draft-model-auto,draft-model-auto-static$2"
+  local methods="target-only-static,glide+copy-auto,glide+copy-auto-static,glide+copy+cape-auto,glide+copy+cape-auto-static,max-gram-auto,max-gram-auto-static,draft-model-auto,draft-model-auto-static$2"
   local size=(--profile gpu-default ${NUM_PROMPTS:+--num-prompts $NUM_PROMPTS} ${MAX_NEW_TOKENS:+--max-new-tokens $MAX_NEW_TOKENS})
   [ "$DRY_RUN" = 1 ] && size=(--profile cpu --num-prompts 1 --max-new-tokens 4 --repeats 1)
   timeout "$(left)" python3 -m hf_specdraft bench "${size[@]}" --task "$1" --methods "$methods" --output "$RESULTS/gpu-default-$1.json"
