@@ -36,7 +36,7 @@ def shipped_files() -> dict[str, Path]:
     Only the entry point (``generate.py``: the Hub call's options and checks) and the drafter (``cape_draft.py``) are
     templates. The rest is what they import, transitively: the core's own modules (torch, transformers and flat
     siblings only, ``tests/test_layers.py`` checks it) and CAPE's ``expansion_sets.py``, each written as it is; a core
-    module the shipped loop never imports (``syncs.py``, which only tests use) stays home.
+    module the shipped loop never imports stays home.
     """
     sources = {path.stem: path for path in sorted(CORE.glob("*.py")) if path.name != "__init__.py"}
     sources["expansion_sets"] = Path(__file__).parent / "expansion_sets.py"
