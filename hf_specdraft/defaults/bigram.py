@@ -23,7 +23,7 @@ def answer_ids(folder: str | Path) -> list[list[int]]:
         raise ValueError(f"{str(folder)!r} holds no .jsonl answer shards")
     out = []
     for shard in shards:
-        for number, line in enumerate(shard.read_text().splitlines(), start=1):
+        for line in shard.read_text().splitlines():
             record = json.loads(line)
             if "response_ids" not in record:
                 continue  # e.g. a kept list of requests, not answers
