@@ -70,7 +70,7 @@ def test_a_bad_draft_length_is_named(bad):
 def test_the_controllers_bad_limits_are_named(bad):
     with pytest.raises(ValueError, match="max_draft_tokens must be a positive int"):
         DraftLengthController(bad)
-    with pytest.raises(ValueError, match=r"max_copy_tokens must be a positive int or None \(max_draft_tokens\)"):
+    with pytest.raises(ValueError, match=r"max_copy_tokens must be None or a positive int \(None: max_draft_tokens\)"):
         DraftLengthController(4, max_copy_tokens=bad)
     assert DraftLengthController(4).max_copy_tokens == 4 and DraftLengthController(4, max_copy_tokens=16).max_copy_tokens == 16
 

@@ -1,44 +1,32 @@
 """Choosing γ at run time: the draft length that maximizes expected new tokens per second on this machine.
 
-A chain drafter with ``num_draft_tokens="auto"`` (the default of the draft-model drafter and GLIDE) drafts, at each
-step, the γ this controller picks among ``1 .. max_draft_tokens``:
+A chain drafter with ``num_draft_tokens="auto"`` (the draft model's and GLIDE's default) drafts, each step,
 
     γ* = argmax_γ  E[tokens | γ] / (γ · d + v(γ + 1)),    E[tokens | γ] = 1 + Σ_{i=1..γ} Π_{j=1..i} a_j
 
-with ``a_j`` the running rate at which draft position ``j`` is accepted given positions ``< j`` were: hits ``h_j`` over
-tries ``t_j``, counts decayed by ``decay`` each step so the estimate follows the text, shrunk towards the position
-before it, ``a_j = (h_j + w · a_{j-1}) / (t_j + w)`` with ``w = PRIOR_WEIGHT`` and ``a_0``'s prior ``PRIOR_ACCEPTANCE``
-(a position rarely drafted, like the one past the usual γ, is read as about as good as the one before it, not as its last
-one or two outcomes), ``d`` the measured seconds per drafted token and
-``v(n)`` the measured seconds of a verification forward over ``n`` tokens (a running average per ``n``, started from the
-smaller of its first two timings and read no higher than the line through the other lengths while timed once, since a
-first forward at a new width can carry one-time kernel set-up; a line fitted through the measured ``n`` elsewhere, with
-``PRIOR_SLOPE`` while only one ``n`` has been measured). For a tree drafter
-(CAPE with an ``"auto"`` budget) the controller also picks the budget, the chain alone (width 1) or twice the chain
-(width 2), each option with its own ``a_j`` (a path accepted through an expansion token counts like one through the
-chain), ``v`` read at the tree's measured size ``1 + width · γ``: expansion sets stay where they pay for themselves. Everything is
-timed by the loop itself on the machine it runs on: no per-machine constant, no calibration run. A flat cost curve
-(a GPU, where launches dominate) makes long drafts pay; a steep one or low acceptance makes short ones pay
-(Leviathan et al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient; here the costs are measured).
+over ``1 .. max_draft_tokens``. ``a_j`` is the decayed rate at which draft position ``j`` is accepted given the ones
+before it were, shrunk towards position ``j - 1``: ``a_j = (h_j + w · a_{j-1}) / (t_j + w)``, ``w = PRIOR_WEIGHT``,
+``a_0 = PRIOR_ACCEPTANCE`` (a rarely drafted position reads as good as the one before it, not as its last outcome).
+``d`` is the measured seconds per drafted token, ``v(n)`` those of a verification forward over ``n`` tokens: a running
+average per ``n``, started from the smaller of its first two timings (a first forward at a new width can carry kernel
+set-up), else a line through the measured ``n`` (``PRIOR_SLOPE`` from a single one). A tree drafter (CAPE with an
+``"auto"`` budget) also picks the width, the chain alone (1) or twice it (2), each with its own ``a_j``, ``v`` read at
+the tree's size ``1 + width · γ``. Everything is timed by the loop on the machine it runs on: a flat cost curve (a
+GPU) makes long drafts pay, a steep one or low acceptance short ones (Leviathan et al. 2023 §3.4 choose γ from the
+same ratio with a fixed cost coefficient).
 
-A chain drafter that knows its draft distribution (the draft model, GLIDE; batch 1) also stops each draft on its
-confidence (:meth:`DraftLengthController.keep_drafting`; Huang et al. 2024's SpecDec++ and EAGLE-2 stop or grow drafts
-on the draft's own probabilities). After drafting j tokens with probabilities ``c_1 .. c_j`` of the tokens it
-picked, the path survives with ``P_j = Π_{i<=j} â(c_i)``, ``â(c)`` the acceptance rate measured for draft tokens of
-about that confidence (ten bins, each with its middle confidence as prior), and the step so far is worth
-``R_j = (1 + Σ_{i<=j} P_i) / (j · d + v(j + 1))``. It drafts one more while some longer draft is expected to beat it,
-``max_{m>=1} (1 + Σ_{i<=j} P_i + P_j Σ_{k=1..m} Π_{l=1..k} a_{j+l}) / ((j + m) · d + v(j + m + 1)) > R_j``, the unseen
-positions at their running rates ``a``: confident drafts run long, doubtful ones stop at once. CAPE's chain stops so too;
-its expansion sets, sized by the same confidences, then fill the step's width times the length the chain stopped at,
-and ``v`` is read at that widened tree's size. Which width a step runs is then weighed by what each width's steps
-realized, decayed new tokens over decayed seconds (a measured rate, not the model above, since a stopped chain's
-length is the draft's choice); one step in every ``EXPLORE_EVERY`` runs the other width.
+A chain drafter that knows q (the draft model, GLIDE; batch 1) also stops each draft on its confidence
+(:meth:`DraftLengthController.keep_drafting`, as SpecDec++ and EAGLE-2 do): after ``j`` tokens of probabilities
+``c_1 .. c_j`` the path survives with ``P_j = Π_{i<=j} â(c_i)`` (``â(c)``: the measured acceptance of draft tokens of
+about that confidence, ten bins), and it drafts one more while some longer draft, its unseen positions at their rates
+``a``, is expected to beat ``R_j = (1 + Σ_{i<=j} P_i) / (j · d + v(j + 1))``. CAPE's chain stops so too, its expansion
+sets then filling the width times that length; which width runs is weighed by what each width's steps realized
+(decayed tokens over decayed seconds), and one step in every ``EXPLORE_EVERY`` runs the other width.
 
-What a call learned carries over to the next call of the same target and drafter in the process (:func:`recall`,
-:func:`remember`): the cost curve, the draft's cost and the acceptance counts. Only the first call of a pair spends its
-first two steps measuring the curve; a short ``generate`` call (a chat turn, a bench prompt) starts at the γ the last one
-settled on and keeps adapting from there. It is kept on disk too, per machine and pair
-(:mod:`~hf_specdraft.core.controller_store`), so a later process starts there as well. :func:`forget` drops it.
+What a call learned (cost curve, draft cost, acceptance counts) carries over to the next call of the same target and
+drafter (:func:`recall`, :func:`remember`), and to later processes on disk per machine and pair
+(:mod:`~hf_specdraft.core.controller_store`): only a pair's first call spends two steps measuring the curve.
+:func:`forget` drops it.
 """
 
 from __future__ import annotations
@@ -48,6 +36,7 @@ import time
 import weakref
 
 from .controller_store import belongs_to, drop_states, entry_key, load_state, save_state, store_file
+from .validation import check_int
 
 PRIOR_ACCEPTANCE = 0.6  # the prior of a_0, replaced within a few steps by what the draft achieves
 PRIOR_WEIGHT = 1.0  # pseudo-count of each a_j's prior (the position before it)
@@ -77,10 +66,8 @@ class DraftLengthController:
 
     def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95, bucket=None,
                  max_copy_tokens: int | None = None):
-        if not isinstance(max_draft_tokens, int) or isinstance(max_draft_tokens, bool) or max_draft_tokens < 1:
-            raise ValueError(f"max_draft_tokens must be a positive int, got {max_draft_tokens!r}")
-        if max_copy_tokens is not None and (not isinstance(max_copy_tokens, int) or isinstance(max_copy_tokens, bool) or max_copy_tokens < 1):
-            raise ValueError(f"max_copy_tokens must be a positive int or None (max_draft_tokens), got {max_copy_tokens!r}")
+        check_int("max_draft_tokens", max_draft_tokens)
+        check_int("max_copy_tokens", max_copy_tokens, allow_none=True, what="None: max_draft_tokens")
         self.max_draft_tokens, self.widths, self.decay = max_draft_tokens, tuple(widths), decay
         self.max_copy_tokens = max_copy_tokens or max_draft_tokens  # the longest copy from the text (copy_length)
         self.bucket = bucket or (lambda tokens: tokens)  # tokens verified -> the forward's real width (static buckets)
@@ -108,10 +95,6 @@ class DraftLengthController:
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
         self.agree_seconds = None  # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
-
-    @property
-    def width(self) -> float:
-        return self.measured_width[self.option]
 
     def budget(self, gamma: int) -> int | None:
         """The tree budget (nodes) of a step drafting γ under the current option; ``None`` for a chain drafter."""
@@ -209,12 +192,9 @@ class DraftLengthController:
             rates.append(total / (gamma * d + verify(self.bucket(max(gamma, round(width * gamma)) + 1))))
         return rates
 
-    def _count(self, option: int, drafted: int, accepted: list[int]) -> None:
-        """Decay one option's acceptance counts and add a step's: positions up to the first rejected one were judged."""
-        self.tries[option], self.hits[option] = self._counted(self.tries[option], self.hits[option], drafted, accepted)
-
-    def _counted(self, tries: list[float], hits: list[float], drafted: int, accepted: list[int]) -> tuple[list, list]:
-        """``tries`` and ``hits`` per position, decayed, with a step's outcome added."""
+    def _count(self, tries: list[float], hits: list[float], drafted: int, accepted: list[int]) -> tuple[list, list]:
+        """``tries`` and ``hits`` per position, decayed, with a step's outcome added: positions up to the first rejected
+        one were judged."""
         tries, hits = [t * self.decay for t in tries], [h * self.decay for h in hits]
         for count in accepted:
             for j in range(min(count + 1, drafted, len(tries))):
@@ -306,8 +286,6 @@ class DraftLengthController:
                 self.option = max(range(len(self.widths)), key=rates.__getitem__)
                 if self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 - 1:  # and the other widths, in turn
                     self.option = self._other_width()
-            else:
-                self.option = 0
             gamma = self._stop_on_confidence()
         else:
             verify = self._verify_reader()
@@ -323,16 +301,15 @@ class DraftLengthController:
         self.choices.append(gamma)
         return gamma
 
+    def _stop_on_confidence(self) -> int:
+        """Arm :meth:`keep_drafting` (this step's costs ``j · d + v(1 + max(j, width · j))``); the longest draft allowed."""
+        d, width, verify = self.draft_per_token or 0.0, self.widths[self.option], self._verify_reader()
+        self._draft_costs = [j * d + verify(self.bucket(max(j, round(width * j)) + 1)) for j in range(self.max_draft_tokens + 1)]
+        return self.max_draft_tokens
+
     def _other_width(self) -> int:
         """The width option an exploring step runs instead of the current one: each of the others in turn."""
         return (self.option + 1 + (self.steps // EXPLORE_EVERY) % (len(self.widths) - 1)) % len(self.widths)
-
-    def _stop_on_confidence(self) -> int:
-        """Arm :meth:`keep_drafting` for this step (its costs ``j · d + v(1 + nodes)``, ``nodes = max(j, width · j)`` for
-        the step's width); returns the longest draft it allows."""
-        top, d, width, verify = self.max_draft_tokens, self.draft_per_token or 0.0, self.widths[self.option], self._verify_reader()
-        self._draft_costs = [j * d + verify(self.bucket(max(j, round(width * j)) + 1)) for j in range(top + 1)]
-        return top
 
     def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int,
                 on_chain: list[int] | None = None, confidences: list[list[float]] | None = None, copied: bool = False) -> None:
@@ -357,12 +334,13 @@ class DraftLengthController:
         self.steps += 1
         if copied:
             b = self._copy_bin
-            self.copy_tries[b], self.copy_hits[b] = self._counted(self.copy_tries[b], self.copy_hits[b], drafted, accepted)
+            self.copy_tries[b], self.copy_hits[b] = self._count(self.copy_tries[b], self.copy_hits[b], drafted, accepted)
             if self.choices:
                 self.choices[-1] = drafted
             self._time_forward(verify_tokens, verify_seconds)
             return
-        self._count(self.option, drafted, accepted)
+        o = self.option
+        self.tries[o], self.hits[o] = self._count(self.tries[o], self.hits[o], drafted, accepted)
         if confidences is not None:  # the confidence bins: every judged draft token, accepted or not
             self.bin_tries = [t * self.decay for t in self.bin_tries]
             self.bin_hits = [h * self.decay for h in self.bin_hits]
@@ -372,19 +350,16 @@ class DraftLengthController:
                     self.bin_tries[b] += 1
                     self.bin_hits[b] += j < count
         if self._draft_costs is not None:  # the width's realized rate, weighed against the other widths'
-            o = self.option
             self.stop_tokens[o] = self.decay * self.stop_tokens[o] + 1 + sum(accepted) / len(accepted)
             self.stop_seconds[o] = self.decay * self.stop_seconds[o] + draft_seconds / len(accepted) + verify_seconds
         if self._draft_costs is not None and self.choices:
             self.choices[-1] = drafted  # what a confidence-stopped step drafted, not the cap it was given
             if drafted and not self._asked:  # a drafter that says it stops on confidence but never asked: choose γ again
                 self.confidence_stops = False
-        if on_chain is not None and self.option != 0 and self.widths[0] == 1.0:
-            self._count(0, drafted, on_chain)
-        option = self.option
+        if on_chain is not None and o != 0 and self.widths[0] == 1.0:
+            self.tries[0], self.hits[0] = self._count(self.tries[0], self.hits[0], drafted, on_chain)
         if drafted:
-            width = max((verify_tokens - 1) / drafted, 1.0)
-            self.measured_width[option] = 0.7 * self.measured_width[option] + 0.3 * width
+            self.measured_width[o] = 0.7 * self.measured_width[o] + 0.3 * max((verify_tokens - 1) / drafted, 1.0)
             per_token = draft_seconds / drafted
             self.draft_per_token = per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
         self._time_forward(verify_tokens, verify_seconds)

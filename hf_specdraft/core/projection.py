@@ -1,54 +1,31 @@
 """The linear layers of a few-token forward on CPU, in whichever orientation the CPU's BLAS runs fastest.
 
-Verification runs the target over ``1 + N`` tokens (N ≈ 2–16). On CPU each ``linear(h, W)`` of those few
-rows, ``h`` `(M, d_in)` and ``W`` `(d_out, d_in)`, can also be computed as ``W @ h.T``; which is faster depends
-on the CPU. On 2-core AMD EPYC VMs ``linear`` took MKL's small-M GEMM path, 1.5–4×
-slower than ``W @ h.T``; for the vocabulary projection of SmolLM2 (49,152 × 576), fp32, torch 2.13 (median
-of 30 calls)::
+Verification runs the target over ``1 + N`` tokens (N ≈ 2–16). On CPU each ``linear(h, W)`` of those few rows, ``h``
+`(M, d_in)` and ``W`` `(d_out, d_in)`, can also be computed as ``W @ h.T``, and which is faster depends on the CPU. On
+2-core AMD EPYC VMs ``linear`` took MKL's small-M GEMM path, 1.5–4× slower than ``W @ h.T``; SmolLM2's vocabulary
+projection (49,152 × 576, fp32, torch 2.13, median of 30 calls)::
 
     M                  1      2      3      6      8     16
     linear(h, W)    10.4   23.4   34.7   35.1   24.6   26.1   ms
     W @ h.T         10.3    7.7   10.8    8.4    9.4   17.2   ms
 
-and for the 210 projections of its 30 decoder layers (q, k, v, o, gate, up, down; weights streamed from
-memory, as in a forward; median of 7 passes)::
+On a 2-core AVX-512 Xeon VM (same torch and MKL) it is the other way round (that projection: 2.3 / 2.3 / 4.4 ms with
+``linear`` at M = 1 / 2 / 4, 2.3 / 6.7 / 5.5 ms as ``W @ h.T``). So it is measured: by default
+(``orientation="auto"``) a few-row linear runs ``W @ h.T`` only where :func:`transposed_is_faster` timed it at least
+10 % faster for that weight shape and row count on this machine (once per process, on copies of the weight).
 
-    M                  1      2      4      6      8     12
-    linear(h, W)    56.0   87.9   97.4   80.8   79.7  101.6   ms
-    W @ h.T         58.2   41.2   45.5   64.3   68.8   87.7   ms
+A one-row ``linear`` is a matrix-vector product, which MKL ran on one core on the AMD VM (fp32), while two rows as
+``W @ h.T`` use both: a one-row input is computed as two (the row twice, the first column kept) where that times
+faster (2.4-3.1x there, streamed like a forward; in bf16 the matrix-vector path was faster, and bf16 weights are left
+alone). With every linear so computed, a whole forward over 2 new tokens cost 0.96× the model's own one-token forward
+on that VM (1.65× without; ``python -m benchmarks.studies.projection``), and plain greedy ``generate`` inside
+:func:`few_token_linears` ran 16.5 → 22.8 tokens/s, token-identical: there it is the fair target-only baseline the
+bench runs (``target-only+linears``).
 
-On a 2-core AVX-512 Intel Xeon VM (2026-11-25, same torch and MKL) it is the other way round: the
-vocabulary projection took 2.3 / 2.3 / 4.4 ms with ``linear`` at M = 1 / 2 / 4 and 2.3 / 6.7 / 5.5 ms as
-``W @ h.T``, and a whole verification forward over 2 tokens cost 1.03× a one-token forward with the model's own
-linears against 2.24× transposed. So :func:`few_token_linears` measures it: by default (``orientation="auto"``)
-each few-row linear runs ``W @ h.T`` only where :func:`transposed_is_faster` timed it at least 10 % faster for
-that weight shape and row count on this machine (timed once per process, on copies of the layer's weight).
-
-A one-row ``linear`` is a matrix-vector product that streams each weight once; a few-row one should cost
-about the same, and on the AMD VM as ``W @ h.T`` it did. There the one-row product itself ran on one core (MKL's
-fp32 matrix-vector path), while two rows as ``W @ h.T`` use both, so a one-row input is computed as two (the row
-twice, the first column kept) where that times faster. Streamed like a forward (60 distinct decoder weights, the
-AMD VM of 2026-11-25), a one-row fp32 ``linear`` took 2.4-3.1x as long as the padded product; in bf16 the
-matrix-vector path was the faster one (the padded product 1.5-2x slower), and bf16 weights are left alone.
-
-:func:`few_token_linears` wraps the forward of every plain CPU fp32 / fp64 ``nn.Linear`` of a model inside the
-block (through the model's own forward, so soft-capping, logit scales and ``logits_to_keep`` still apply); GPUs and
+:func:`few_token_linears` wraps the forward of every plain CPU fp32 / fp64 ``nn.Linear`` of a model inside the block
+(through the model's own forward, so soft-capping, logit scales and ``logits_to_keep`` still apply); GPUs and
 bf16 / fp16 weights keep ``linear``. Both are fp32 dot products of the same numbers; only the summation blocking
 differs (≤ 1e-4 on the default's logits), as it already does between a 1-row and a 6-row ``linear``.
-
-A whole forward of the default target over n new tokens on a 96-token cache, relative to a one-token
-forward (``python -m benchmarks.studies.projection``, median of 15, an AMD VM of 2026-11-24, before the one-row
-path: each row relative to the model's own one-token forward)::
-
-    n                        2      3      4      6      8     12     32
-    model's own           1.65   2.05   1.96   1.83   1.85   1.97   2.61
-    output projection     1.53   1.76   1.74   1.70   1.80   2.03   2.66
-    every linear          0.96   1.21   1.07   1.39   1.49   1.88   2.30
-
-With the one-row path (the AMD VM of 2026-11-25; ``benchmarks/verification/``) the one-token forward itself
-fell from 56 to 38 ms, and plain greedy ``generate`` inside ``few_token_linears`` from 16.5 to 22.8 tokens/s on the
-completion task (``benchmarks/results/cpu-completion.json``), token-identical: on such a CPU it is the fair target-only baseline, and the bench runs it
-(``target-only+linears``).
 
 This module imports torch and its sibling ``controller_store`` (the files on disk) only:
 :func:`hf_specdraft.cape.write_custom_generate` writes it, as it is, into the ``custom_generate/`` folder a checkpoint
@@ -90,16 +67,12 @@ def _disk_key(key: tuple) -> str:
     return f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')} rows={rows} threads={threads}"
 
 
-def _read_disk() -> dict:
-    return read_json(calibration_file())
-
-
 def _load_disk() -> None:
     """Fill this process' calibrations from the file once, for this machine only."""
     if _ON_DISK["loaded"]:
         return
     _ON_DISK["loaded"] = True
-    stored = _read_disk().get(machine_id(), {})
+    stored = read_json(calibration_file()).get(machine_id(), {})
     for key in list(_FASTER_TRANSPOSED):  # keys measured here already win
         stored.pop(_disk_key(key), None)
     _ON_DISK["stored"] = stored
@@ -111,7 +84,7 @@ def _save_disk(key: tuple, faster: bool) -> None:
     if path is None:
         return
     try:
-        data = _read_disk()
+        data = read_json(path)
         data.setdefault(machine_id(), {})[_disk_key(key)] = faster
         write_json(path, data)
     except OSError:
@@ -128,14 +101,11 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
     """Whether ``W @ h.T`` beats ``linear(h, W)`` for ``rows`` rows on this machine, timed once per weight shape,
     dtype, row count and thread count (both interleaved, median of ``CALIBRATION_REPEATS``).
 
-    Timed as a forward runs them: on copies of ``weight`` that together exceed ``CALIBRATION_BYTES``, each used once
-    per pass, so every weight is streamed from memory as in a model's forward, not read from the cache (from the
-    cache a one-row ``linear`` of a decoder layer's weights looked as fast as the two-row product; streamed, on the
-    AMD VM, it was 2.4-2.7x slower). The answer depends on the CPU's BLAS kernels: 2-4x in favour of the transposed
-    product on the AMD EPYC VMs measured in the module docstring, 1.5-3x against it on an AVX-512 Xeon (both fp32,
-    MKL, torch 2.13), so it is measured, not assumed. Takes ~0.1 s the first time per shape and row count (1-3 s for
-    a model and the row counts a generation uses), microseconds after; the answers persist per CPU model and torch
-    build in :func:`calibration_file`, so a later process on the same machine measures nothing again."""
+    Timed as a forward runs them: on copies of ``weight`` together over ``CALIBRATION_BYTES``, each used once per pass,
+    so every weight streams from memory (from the cache a one-row ``linear`` looked as fast as the two-row product;
+    streamed, on the AMD VM, it was 2.4-2.7x slower). Takes ~0.1 s per shape and row count the first time (1-3 s for a
+    model's generation), microseconds after; the answers persist per CPU model and torch build in
+    :func:`calibration_file`, so a later process on the same machine measures nothing again."""
     key = (tuple(weight.shape), weight.dtype, rows, torch.get_num_threads())
     _load_disk()
     if key not in _FASTER_TRANSPOSED and _disk_key(key) in _ON_DISK.get("stored", {}):  # measured by an earlier process
