@@ -336,6 +336,13 @@ def test_the_step_reads_declared_traits_and_tells_drafters_by_argument():
     assert not probes, probes
 
 
+def test_cape_composes_its_drafter_through_the_contract():
+    """CAPE widens any chain drafter through what that drafter declares (traits_of, beam_scorer) and the request it is
+    handed: no getattr or hasattr probe of it, no attribute written into it, anywhere in cape/."""
+    probes = [p for path in sorted((PACKAGE / "cape").rglob("*.py")) for p in drafter_probes(path)]
+    assert not probes, probes
+
+
 def test_the_step_sees_one_kind_of_drafter():
     """transformers' own CandidateGenerators are wrapped once, when the call resolves its drafter (core/inputs.py), so
     no module of the step asks whether a drafter is an hf_specdraft one."""

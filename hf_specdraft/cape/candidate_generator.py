@@ -21,15 +21,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ..core.batch_drafting import BatchProposer
-from ..core.drafting import (
-    AUTO,
-    DraftModelCandidateGenerator,
-    DraftModelTreeScorer,
-    DraftOutcome,
-    DraftRequest,
-    TreeCandidateGenerator,
-    traits_of,
-)
+from ..core.drafting import AUTO, DraftOutcome, DraftRequest, TreeCandidateGenerator, traits_of
 from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .beam import beam_search_proposal
@@ -63,10 +55,10 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         if not isinstance(drafter, TreeCandidateGenerator):
             raise TypeError(f"drafter must be an hf_specdraft TreeCandidateGenerator proposing a chain with draft_probs, got {type(drafter).__name__}")
         self.config = method_config(CapeConfig, config, options)
-        gamma = getattr(drafter, "num_draft_tokens", None)
-        if isinstance(gamma, int):
-            self.config.check_chain_length(gamma)  # fail at construction, not at the first step
         self.drafter = drafter
+        self.num_draft_tokens = traits_of(drafter).num_draft_tokens  # γ where the loop's controller chooses none
+        if self.num_draft_tokens is not None:
+            self.config.check_chain_length(self.num_draft_tokens)  # fail at construction, not at the first step
         self.requires_model_outputs = drafter.requires_model_outputs
         self.scorer = self._beam_scorer() if self.config.mode == "beam" else None
         self.expansion_sizes: list[list[int]] = []
@@ -105,18 +97,12 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         confidences = None if self._chain is None else self.drafter.drafted_confidences(self._chain)
         return None if confidences is None else confidences[: len(tree.chain_nodes())]
 
-    @property
-    def num_draft_tokens(self) -> int | None:
-        """γ of the wrapped chain drafter (where the loop's controller chooses none)."""
-        return getattr(self.drafter, "num_draft_tokens", None)
-
     def _beam_scorer(self):
-        if not isinstance(getattr(self.drafter, "num_draft_tokens", None), int):
+        if self.num_draft_tokens is None:
             raise ValueError(f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(self.drafter).__name__} has no int num_draft_tokens")
-        if hasattr(self.drafter, "beam_scorer"):  # a drafter with its own tree forward (e.g. GLIDE) provides it
-            return self.drafter.beam_scorer(self._distribution)
-        if isinstance(self.drafter, DraftModelCandidateGenerator):
-            return DraftModelTreeScorer(self.drafter.draft_model, self._distribution)
+        scorer = self.drafter.beam_scorer(self._distribution)  # a drafter with a tree forward (a draft model, GLIDE)
+        if scorer is not None:
+            return scorer
         raise ValueError(
             f"mode='beam' drafts a beam-search tree, which needs a draft model: wrap a DraftModelCandidateGenerator, or give "
             f"{type(self.drafter).__name__} a beam_scorer(distribution) method (see hf_specdraft.core.drafting.DraftModelTreeScorer)"
@@ -219,7 +205,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return None if inner is None else _ExpandedBatch(drafters, inner)
 
     def _propose_beam(self, request: DraftRequest) -> DraftTree:
-        depth = request.num_draft_tokens or self.drafter.num_draft_tokens
+        depth = request.num_draft_tokens or self.num_draft_tokens
         tree = beam_search_proposal(self.scorer, request.input_ids, depth, self.config.beam_width,
                                     self.config.budget_for(depth), request.target_cache)
         self.forward_calls = {"draft": self.scorer.forward_calls}

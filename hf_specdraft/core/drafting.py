@@ -102,6 +102,7 @@ class DrafterTraits:
     :class:`TreeCandidateGenerator`, which every hf_specdraft drafter sets where it differs (transformers' own
     generators get theirs from the adapter that wraps them, :mod:`~hf_specdraft.core.state_drafting`)."""
 
+    num_draft_tokens: int | None = None  # γ it drafts where the request names none (None: its own rule decides)
     adaptive_draft_length: bool = False  # num_draft_tokens="auto": the loop's controller picks γ every step
     adaptive_budget: bool = False  # a tree drafter whose node budget the controller picks too
     max_draft_tokens: int = AUTO_MAX  # the longest γ the controller considers for it
@@ -196,6 +197,7 @@ class TreeCandidateGenerator(CandidateGenerator):
     :class:`DrafterTraits` lists (read once per call, :func:`traits_of`).
     """
 
+    num_draft_tokens = None
     adaptive_draft_length = False
     adaptive_budget = False
     max_draft_tokens = AUTO_MAX
@@ -298,6 +300,11 @@ class TreeCandidateGenerator(CandidateGenerator):
             return torch.multinomial(q, 1)
         return q.argmax(-1, keepdim=True)
 
+    def beam_scorer(self, distribution: Callable[[torch.Tensor], torch.Tensor]) -> DraftModelTreeScorer | None:
+        """What scores a token tree with this drafter's model (:class:`DraftModelTreeScorer`'s three methods), for CAPE's
+        beam mode; ``None`` (the default): it has no tree forward. ``distribution`` maps logits `(n, V)` to q `(n, V)`."""
+        return None
+
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
         """A proposer for every row of a batch at once (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`: one
         draft forward of batch B per drafted token), or `None` (the default): the batched loop then calls each row's
@@ -397,6 +404,9 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         return draft_chain(self, request, self.cache.forward, self.draft_model.device)  # its own cache, either kind
+
+    def beam_scorer(self, distribution: Callable[[torch.Tensor], torch.Tensor]) -> DraftModelTreeScorer:
+        return DraftModelTreeScorer(self.draft_model, distribution)
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
         if not same_drafters(self, drafters, "draft_model", DraftModelCandidateGenerator):
