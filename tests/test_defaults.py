@@ -184,6 +184,7 @@ def test_copyable_fraction():
 
 def test_context_bench_records_what_the_pool_can_copy(tiny_default, tmp_path):
     from hf_specdraft.bench import BenchConfig, run_bench
+    from benchmarks import methods  # noqa: F401  (registers casd-strict)
     from benchmarks.report.render import render
 
     config = BenchConfig(task="context", methods=("target-only", "casd-strict"), num_prompts=2, max_new_tokens=8, warmup=0, repeats=1)

@@ -91,11 +91,12 @@ def test_batching_bench_names_one_run_per_gamma():
 def test_save_run_writes_meta_and_body(tmp_path, monkeypatch):
     import json
 
+    from benchmarks.studies import save_run
     from hf_specdraft.bench import harness
 
     monkeypatch.setattr(harness, "environment", lambda bundle: {"hardware": "CPU: test"})
     out = tmp_path / "runs" / "r.json"
-    written = harness.save_run(None, out, "python -m x", {"results": {"1": 2.0}}, repeats=3)
+    written = save_run(None, out, "python -m x", {"results": {"1": 2.0}}, repeats=3)
     assert json.loads(out.read_text()) == written
     assert written["meta"]["hardware"] == "CPU: test" and written["meta"]["command"] == "python -m x" and written["meta"]["repeats"] == 3
     assert written["results"] == {"1": 2.0} and "date" in written["meta"]

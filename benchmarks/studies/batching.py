@@ -25,7 +25,8 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from hf_specdraft.bench.harness import prompt_ids, save_run
+from benchmarks.studies import save_run
+from hf_specdraft.bench.harness import prompt_ids
 from hf_specdraft.core.loop import speculative_generate
 from hf_specdraft.core.projection import few_token_linears
 

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from hf_specdraft.core.support import with_cache
-from hf_specdraft.bench.harness import save_run
+from benchmarks.studies import save_run
 from hf_specdraft.core.loop import speculative_generate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from hf_specdraft.defaults import load_default
     from hf_specdraft.defaults.loading import SMOLLM2_DRAFTERS_DIR
     from hf_specdraft.glide import GlideForCausalLM
-    from hf_specdraft.bench.harness import save_run
+    from benchmarks.studies import save_run
 
     bundle = load_default(dtype=torch.float32, device="cpu")
     target, tokenizer = bundle.target, bundle.tokenizer

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from hf_specdraft.core.support import with_cache
-from hf_specdraft.bench.harness import save_run
+from benchmarks.studies import save_run
 from hf_specdraft.core.projection import few_token_linears, few_token_projection
 
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)

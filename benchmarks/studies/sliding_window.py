@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, MistralConfig, MistralForCausalLM
 
-from hf_specdraft.bench.harness import save_run
+from benchmarks.studies import save_run
 from hf_specdraft.core.cache import compact_cache, croppable_cache
 from hf_specdraft.core.loop import speculative_generate
 from hf_specdraft.core.projection import few_token_linears

@@ -44,6 +44,13 @@ PROFILES = {
 }
 
 
+def check_count(name: str, value, least: int = 1, why: str = "") -> None:
+    """Raise `ValueError` unless ``value`` is an int (not a bool) of at least ``least``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        kind = "a positive int" if least == 1 else f"an int >= {least}"
+        raise ValueError(f"{name} must be {kind}{why}, got {value!r}")
+
+
 @dataclass
 class BenchConfig:
     profile: str = "cpu"
@@ -56,8 +63,9 @@ class BenchConfig:
     # static caches are sized for the longest prompt + max_new_tokens + the widest bucket, every bucket is compiled (and
     # on CUDA captured), the γ controller has learned this machine's costs, allocators have grown
     warmup: int = 1
-    context_prompt_chars: int | None = None  # context task: file characters before the cut in the prompt (profile's default)
-    repeats: int | None = None  # timed runs per method and prompt, median kept (profile's default)
+    context_prompt_chars: int | None = None  # context task: file characters before the cut in the prompt
+    repeats: int | None = None  # timed runs per method and prompt, median kept
+    # (None: the profile's, for these four; 0 is not "unset": it is refused)
 
     def __post_init__(self):
         if self.profile not in PROFILES:
@@ -67,52 +75,38 @@ class BenchConfig:
             raise ValueError(f"unknown methods {unknown}; registered: {sorted(METHODS)}")
         if "target-only" not in self.methods:
             self.methods = ("target-only", *self.methods)  # every ratio needs the baseline from the same run
-        if self.num_prompts is None:  # 0 is not "unset": it is refused below
-            self.num_prompts = PROFILES[self.profile]["num_prompts"]
-        if self.max_new_tokens is None:
-            self.max_new_tokens = PROFILES[self.profile]["max_new_tokens"]
-        if self.repeats is None:
-            self.repeats = PROFILES[self.profile]["repeats"]
-        for name in ("num_prompts", "max_new_tokens", "repeats"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0 (prompts whose runs are not timed), got {self.warmup!r}")
-        if self.context_prompt_chars is None:
-            self.context_prompt_chars = PROFILES[self.profile]["context_prompt_chars"]
-        if not isinstance(self.context_prompt_chars, int) or isinstance(self.context_prompt_chars, bool) or self.context_prompt_chars < 1:
-            raise ValueError(f"context_prompt_chars must be a positive int, got {self.context_prompt_chars!r}")
+        for name in ("num_prompts", "max_new_tokens", "repeats", "context_prompt_chars"):
+            if getattr(self, name) is None:
+                setattr(self, name, PROFILES[self.profile][name])
+            check_count(name, getattr(self, name))
+        check_count("warmup", self.warmup, 0, " (prompts whose runs are not timed)")
 
 
 def environment(bundle: DefaultBundle) -> dict:
+    """What a result was measured on: hardware, dtypes, batch size, versions, parameter counts."""
     import accelerate
     import transformers
 
     device = bundle.target.device
+    hardware = f"CPU: {cpu_model()}, {torch.get_num_threads()} threads"
     return {
-        "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU: {cpu_model()}, {torch.get_num_threads()} threads",
+        "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else hardware,
         "device": str(device),
         "dtype": str(bundle.target.dtype).removeprefix("torch."),
         "draft_dtypes": {name: str(model.dtype).removeprefix("torch.") for name, model in drafters(bundle).items()},
         "batch_size": 1,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-                     "accelerate": accelerate.__version__},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "accelerate": accelerate.__version__},
         "target": bundle.info.get("target_description") or str(bundle.path / "target"),
-        "target_parameters": sum(p.numel() for p in bundle.target.parameters()),
-        "draft_parameters": sum(p.numel() for p in bundle.draft.parameters()) if bundle.draft is not None else None,
+        "target_parameters": _parameters(bundle.target),
+        "draft_parameters": _parameters(bundle.draft),
         # which orientation each few-row linear took on this CPU (hf_specdraft.core.projection calibrates it per machine)
         "few_token_linears": calibrated_choices(),
     }
 
 
-def save_run(bundle: DefaultBundle, output: str | Path, command: str, body: dict, **meta) -> dict:
-    """Write one bench run as JSON to ``output``: ``meta`` (:func:`environment`, date, the command, then ``meta``'s
-    items) and ``body``'s items beside it. Returns what it wrote."""
-    result = {"meta": {**environment(bundle), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command, **meta}, **body}
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+def _parameters(model) -> int | None:
+    return sum(p.numel() for p in model.parameters()) if model is not None else None
 
 
 def cpu_model() -> str:
@@ -150,19 +144,19 @@ def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
     outside the clock)."""
     counter.count = 0
     before = compile_counters()
-    if ctx.target.device.type == "cuda":
-        torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if ctx.target.device.type == "cuda" else (lambda: None)
+    sync()
     start = time.perf_counter()
     sequences, stats = METHODS[method].run(ctx)
-    if ctx.target.device.type == "cuda":
-        torch.cuda.synchronize()
+    sync()
     seconds = time.perf_counter() - start
     moved = compiled_between(before, compile_counters())
     new = sequences[0, ctx.prompt_ids.shape[1] :]
     text = ctx.tokenizer.decode(new, skip_special_tokens=True)
     record = {"method": method, "seconds": seconds, "new_tokens": int(new.numel()), "target_calls": counter.count,
               "drafted_tokens": getattr(stats, "drafted_tokens", None), "compiles": moved,
-              "edit_similarity": edit_similarity(text[: len(ctx.item.reference)], ctx.item.reference), "tokens": new.tolist()}
+              "edit_similarity": edit_similarity(text[: len(ctx.item.reference)], ctx.item.reference),
+              "tokens": new.tolist()}
     if stats is not None:
         record["stats"] = stats.summary()
         # whether the γ controller started from what an earlier call learned (None: no controller); the core's
@@ -171,38 +165,38 @@ def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
     return record
 
 
+def _total(stats: list[dict], key: str) -> float:
+    return sum(s[key] for s in stats)
+
+
 def _swi(stats: list[dict], method: str, parameters: dict, target_parameters: int) -> tuple[float | None, float | None]:
     """SWI (cascade §5.1) from the run's call counts: (parameter-count ``c_i``, measured in-run cost).
 
     Measured: one target run costs this run's verify time per step; the drafters cost their measured
     draft time. Parameter heuristic: ``c_i`` = drafter parameters / target parameters (Max-Gram: 0).
     """
-    steps = sum(s["steps"] for s in stats)
-    new = sum(s["new_tokens"] for s in stats)
+    steps, new = _total(stats, "steps"), _total(stats, "new_tokens")
     if not steps:
         return None, None
-    verify_per_step = sum(s["verify_seconds"] for s in stats) / steps
-    measured = new * verify_per_step / (steps * verify_per_step + sum(s["draft_seconds"] for s in stats))
-    cost_models = METHODS[method].cost_models
-    if cost_models is None:
+    verify_per_step = _total(stats, "verify_seconds") / steps
+    measured = new * verify_per_step / (steps * verify_per_step + _total(stats, "draft_seconds"))
+    if METHODS[method].cost_models is None:
         return None, measured
-    calls: dict[str, int] = {}
-    for s in stats:
-        for name, count in s["drafter_calls"].items():
-            calls[name] = calls.get(name, 0) + count
     models = parameters.get(method, {})
-    cost = steps + sum(count * models.get(name, 0) / target_parameters for name, count in calls.items())
-    return new / cost, measured
+    drafter_cost = sum(count * models.get(name, 0) / target_parameters
+                       for s in stats for name, count in s["drafter_calls"].items())
+    return new / (steps + drafter_cost), measured
 
 
 def _cost_coefficient(stats: list[dict]) -> tuple[float, int] | None:
     """c measured in the run (one draft forward over one verification forward) and γ, for single-draft chain
     methods; None for others."""
     calls = sum(s["drafter_calls"].get("draft", 0) for s in stats)
-    steps = sum(s["steps"] for s in stats)
+    steps = _total(stats, "steps")
     if not calls or not steps or any(set(s["drafter_calls"]) - {"draft"} for s in stats):
         return None
-    return (sum(s["draft_seconds"] for s in stats) / calls) / (sum(s["verify_seconds"] for s in stats) / steps), round(calls / steps)
+    draft, verify = _total(stats, "draft_seconds") / calls, _total(stats, "verify_seconds") / steps
+    return draft / verify, round(calls / steps)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -211,8 +205,8 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 def _alpha(stats: list[dict]) -> float | None:
     """The paper's α over every judged position of the method's calls (weighted by positions); None without q."""
-    positions = sum(s.get("alpha_positions", 0) for s in stats)
-    return sum(s["alpha"] * s["alpha_positions"] for s in stats if s.get("alpha_positions")) / positions if positions else None
+    judged = [s for s in stats if s.get("alpha_positions")]
+    return _ratio(sum(s["alpha"] * s["alpha_positions"] for s in judged), sum(s["alpha_positions"] for s in judged))
 
 
 def _expansion_ms(stats: list[dict], steps: int) -> float | None:
@@ -229,17 +223,19 @@ def _median_seconds(records: list[dict]) -> dict[int, float]:
     return {p: statistics.median(v) for p, v in by_prompt.items()}
 
 
-def _work(record: dict) -> tuple:
-    """What a run did, as far as its time depends on it: new tokens, target forwards, drafted tokens."""
-    return record["new_tokens"], record["target_calls"], record.get("drafted_tokens")
+def _speedup(baseline: dict[int, float], medians: dict[int, float]) -> float:
+    """The baseline's seconds over the method's, summed over the method's prompts (0 when the method took none)."""
+    seconds = sum(medians.values())
+    return sum(baseline[p] for p in medians) / seconds if seconds else 0.0
 
 
 def same_work_prompts(records: list[dict]) -> set[int]:
-    """The prompts on which every repeat of a method did the same work (:func:`_work`). An adaptive method (γ, a tree's
-    size chosen every step) may draft otherwise in another repeat: its time then moves for a reason that is not noise."""
+    """The prompts on which every repeat of a method did the same work (new tokens, target forwards, drafted tokens).
+    An adaptive method (γ, a tree's size chosen every step) may draft otherwise in another repeat: its time then moves
+    for a reason that is not noise."""
     work: dict[int, set] = {}
-    for record in records:
-        work.setdefault(record["prompt"], set()).add(_work(record))
+    for r in records:
+        work.setdefault(r["prompt"], set()).add((r["new_tokens"], r["target_calls"], r.get("drafted_tokens")))
     return {prompt for prompt, done in work.items() if len(done) == 1}
 
 
@@ -254,7 +250,7 @@ def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | 
         return out
 
     mine, theirs = seconds(records), seconds(base)
-    return [sum(theirs[r][p] for p in times) / sum(times.values()) for r, times in sorted(mine.items())
+    return [_speedup(theirs[r], times) for r, times in sorted(mine.items())
             if r in theirs and set(times) <= set(theirs[r]) and sum(times.values())]
 
 
@@ -274,57 +270,57 @@ def _controller_resumed(records: list[dict]) -> float | None:
     return sum(map(bool, known)) / len(known) if known else None
 
 
-def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | None = None, target_parameters: int = 1) -> dict:
+def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | None = None,
+              target_parameters: int = 1) -> dict:
     """Per method: speed from the median time per prompt (all repeats), everything else from the first repeat
     (greedy decoding gives the same tokens and statistics on every repeat)."""
     timed = {m: [r for r in records if r["method"] == m] for m in methods}
-    by_method = {m: [r for r in rs if r.get("repeat", 0) == 0] for m, rs in timed.items()}
-    base = by_method["target-only"]
-    base_seconds = _median_seconds(timed["target-only"])
-    fast_seconds = _median_seconds(timed[FAST_BASELINE]) if FAST_BASELINE in timed else None  # the CPU's faster linears
+    base = [r for r in timed["target-only"] if r.get("repeat", 0) == 0]
+    # the baselines every method's time is also set against, where they ran: the CPU's faster few-row linears, and
+    # transformers' static cache (compiled on CUDA / forced)
+    baselines = {"target_only": _median_seconds(timed["target-only"])}
+    baselines.update({b.replace("-", "_").replace("+", "_"): _median_seconds(timed[b])
+                      for b in (FAST_BASELINE, STATIC_BASELINE, COMPILED_BASELINE) if b in timed})
     summary = {}
-    for m, rs in by_method.items():
-        medians = _median_seconds(timed[m])
+    for m, all_runs in timed.items():
+        rs = [r for r in all_runs if r.get("repeat", 0) == 0]
+        medians = _median_seconds(all_runs)
         seconds, new = sum(medians.values()), sum(r["new_tokens"] for r in rs)
         stats = [r["stats"] for r in rs if "stats" in r]
-        steps = sum(s["steps"] for s in stats)
-        drafted = sum(s["drafted_tokens"] for s in stats)
+        steps = _total(stats, "steps")
+        same_work = _repeat_speedups(all_runs, timed["target-only"], same_work_prompts(all_runs))
+        accepted = _total(stats, "accepted_tokens")
         summary[m] = {
             "prompts": len(rs),
-            "repeats": len(timed[m]) // max(len(rs), 1),
+            "repeats": len(all_runs) // max(len(rs), 1),
             "new_tokens": new,
             "tokens_per_second": new / seconds if seconds else 0.0,
-            "speedup_vs_target_only": sum(base_seconds[p] for p in medians) / seconds if seconds else 0.0,
-            "speedup_spread": spread([base_seconds[p] / medians[p] for p in medians]) if medians else None,
-            "speedup_by_repeat": _repeat_speedups(timed[m], timed["target-only"]),
+            **{f"speedup_vs_{name}": _speedup(other, medians) for name, other in baselines.items()},
+            "speedup_spread": spread([baselines["target_only"][p] / medians[p] for p in medians]) if medians else None,
+            "speedup_by_repeat": _repeat_speedups(all_runs, timed["target-only"]),
             # the same over the prompts where the method repeated its work exactly: what timing noise alone moved
-            "speedup_by_repeat_same_work": _repeat_speedups(timed[m], timed["target-only"], same_work_prompts(timed[m])),
-            "prompts_with_varying_work": len(rs) - len(same_work_prompts(timed[m])),
-            "controller_resumed": _controller_resumed(timed[m]),
-            **_compiles(timed[m]),
+            "speedup_by_repeat_same_work": same_work,
+            "prompts_with_varying_work": len(rs) - len(same_work_prompts(all_runs)),
+            "timing_noise": relative_range(same_work) if same_work else None,  # None: no prompt repeated its work
+            "controller_resumed": _controller_resumed(all_runs),
+            **_compiles(all_runs),
             "tokens_per_target_call": new / max(sum(r["target_calls"] for r in rs), 1),
-            "mean_accepted_length": sum(s["new_tokens"] for s in stats) / steps if steps else None,
+            "mean_accepted_length": _ratio(_total(stats, "new_tokens"), steps),
             "alpha": _alpha(stats),
-            "position_acceptance_rate": _ratio(sum(s["accepted_tokens"] for s in stats), sum(s.get("judged_tokens", 0) for s in stats)),
-            "accepted_per_drafted": _ratio(sum(s["accepted_tokens"] for s in stats), drafted),
-            "verification_tokens_per_step": sum(s["verification_tokens_per_step"] * s["steps"] for s in stats) / steps if steps else None,
-            "draft_ms_per_step": 1000 * sum(s["draft_seconds"] for s in stats) / steps if steps else None,
+            "position_acceptance_rate": _ratio(accepted, sum(s.get("judged_tokens", 0) for s in stats)),
+            "accepted_per_drafted": _ratio(accepted, _total(stats, "drafted_tokens")),
+            "verification_tokens_per_step": _ratio(sum(s["verification_tokens_per_step"] * s["steps"] for s in stats),
+                                                   steps),
+            "draft_ms_per_step": _ratio(1000 * _total(stats, "draft_seconds"), steps),
             "expansion_ms_per_step": _expansion_ms(stats, steps),
             "equals_target_only": sum(r["tokens"] == b["tokens"] for r, b in zip(rs, base)) / len(rs),
             "edit_similarity": sum(r["edit_similarity"] for r in rs) / len(rs),
         }
-        if fast_seconds is not None:  # the same time against target-only with the CPU's faster few-row linears
-            summary[m]["speedup_vs_target_only_linears"] = sum(fast_seconds[p] for p in medians) / seconds if seconds else 0.0
-        for baseline in (STATIC_BASELINE, COMPILED_BASELINE):  # and against transformers' static cache (compiled on CUDA / forced)
-            if baseline in timed:
-                other = _median_seconds(timed[baseline])
-                summary[m][f"speedup_vs_{baseline.replace('-', '_')}"] = sum(other[p] for p in medians) / seconds if seconds else 0.0
-        same_work = summary[m]["speedup_by_repeat_same_work"]  # empty: no prompt on which the method repeated its work
-        summary[m]["timing_noise"] = relative_range(same_work) if same_work else None
         summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
         cost = _cost_coefficient(stats)  # E(speedup), Du et al. 2024, §5.1: from α, and from accepted / judged
         summary[m]["cost_coefficient"] = cost and cost[0]
-        for key, alpha in (("expected_speedup", summary[m]["alpha"]), ("expected_speedup_position", summary[m]["position_acceptance_rate"])):
+        for key, alpha in (("expected_speedup", summary[m]["alpha"]),
+                           ("expected_speedup_position", summary[m]["position_acceptance_rate"])):
             summary[m][key] = expected_speedup(alpha, cost[1], cost[0]) if cost and alpha is not None else None
     return summary
 
@@ -335,11 +331,13 @@ def context_statistics(items: list[TaskItem], tokenizer, n: int = 4) -> dict:
     whole context vs of the prompt alone (:func:`~hf_specdraft.defaults.tasks.copyable_fraction`)."""
     rows = []
     for item in items:
-        reference, context, prompt = (tokenizer(text, add_special_tokens=False).input_ids for text in (item.reference, item.context, item.prompt))
-        rows.append((len(prompt), len(context), copyable_fraction(reference, context, n), copyable_fraction(reference, prompt, n)))
-    mean = lambda k: round(sum(r[k] for r in rows) / len(rows), 4)  # noqa: E731
-    return {"ngram": n, "prompt_tokens": mean(0), "context_tokens": mean(1),
-            "reference_copyable_from_context": mean(2), "reference_copyable_from_prompt": mean(3)}
+        reference, context, prompt = (tokenizer(text, add_special_tokens=False).input_ids
+                                      for text in (item.reference, item.context, item.prompt))
+        rows.append((len(prompt), len(context), copyable_fraction(reference, context, n),
+                     copyable_fraction(reference, prompt, n)))
+    mean = [round(sum(column) / len(rows), 4) for column in zip(*rows)]
+    return {"ngram": n, "prompt_tokens": mean[0], "context_tokens": mean[1],
+            "reference_copyable_from_context": mean[2], "reference_copyable_from_prompt": mean[3]}
 
 
 def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
@@ -365,21 +363,24 @@ def baseline_noise(records: list[dict]) -> float:
     return relative_range(list(totals.values()))
 
 
-def _timing_only(record: dict) -> dict:
-    """A later repeat keeps its time, counts and compiles (its tokens and statistics repeat the first's)."""
-    return {k: record[k] for k in ("method", "seconds", "new_tokens", "target_calls", "drafted_tokens", "compiles", "controller_resumed")
-            if k in record}
+def check_methods(bundle: DefaultBundle, methods: tuple[str, ...], task: str, extras: dict) -> None:
+    """Raise `ValueError` for a method that does not run on ``task`` or needs a drafter this run does not have."""
+    for m in methods:
+        if task not in METHODS[m].tasks:
+            raise ValueError(f"method {m!r} runs on tasks {METHODS[m].tasks}, not {task!r}")
+        if not METHODS[m].available(extras, bundle.draft is not None):
+            raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
 
 
 def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _ForwardCounter) -> dict:
     """Run every method, untimed, on the ``config.warmup`` longest prompts at the timed length (``max_new_tokens``).
 
     A static cache holds the prompt + ``max_new_tokens`` + the widest bucket, rounded up to a power of two, and a call
-    that needs more allocates a bigger one, whose buckets compile again: warmed up on a shorter run, the first timed
-    run of a longer prompt would time that. Warmed up at the longest, every later call fits the caches and graphs it
-    left. Adaptive drafters' γ controller (kept per process) has learned this machine's costs by then, so the
-    repeats time the steady state. Returns the JSON's ``timing`` fields of the warm-up: its prompts, seconds per method
-    (compiles included) and what each method compiled (:mod:`~hf_specdraft.bench.compile_watch`)."""
+    that needs more allocates a bigger one, whose buckets compile again: warmed up at the longest prompts, every timed
+    call fits the caches and graphs they left. Adaptive drafters' γ controller (kept per process) has learned this
+    machine's costs by then, so the repeats time the steady state. Returns the JSON's ``timing`` fields of the
+    warm-up: its prompts, seconds per method (compiles included) and what each method compiled
+    (:mod:`~hf_specdraft.bench.compile_watch`)."""
     order = sorted(range(len(contexts)), key=lambda i: contexts[i].prompt_ids.shape[1], reverse=True)[: config.warmup]
     seconds: dict[str, float] = {}
     compiles: dict[str, dict] = {}
@@ -393,64 +394,85 @@ def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _Forward
             "warmup_max_new_tokens": config.max_new_tokens, "warmup_seconds": seconds, "warmup_compiles": compiles}
 
 
+def time_prompt(ctx: BenchContext, index: int, config: BenchConfig, counter: _ForwardCounter, records: list[dict],
+                bar, label: str = "") -> dict[str, dict]:
+    """Every method ``config.repeats`` times on prompt ``index``, in an order rotated per prompt and repeat (no method
+    always runs first or right after another), appended to ``records`` (a later repeat keeps its time, counts and
+    compiles: its tokens and statistics repeat the first's). Returns each method's first record."""
+    first: dict[str, dict] = {}
+    for repeat in range(config.repeats):
+        bar.set_postfix_str(f"{label}repeat {repeat + 1}/{config.repeats}")
+        shift = (index + repeat) % len(config.methods)
+        for m in config.methods[shift:] + config.methods[:shift]:
+            record = run_one(m, ctx, counter)
+            if repeat == 0:
+                first[m] = record
+            else:
+                record = {k: record[k] for k in ("method", "seconds", "new_tokens", "target_calls", "drafted_tokens",
+                                                 "compiles", "controller_resumed") if k in record}
+            records.append({"prompt": index, "repeat": repeat, **record})
+    return first
+
+
+def bench_result(bundle: DefaultBundle, config: BenchConfig, meta: dict, body: dict, records: list[dict],
+                 warmup: dict, load, summary: dict, output: str | Path | None, warn: bool) -> dict:
+    """A run's JSON: ``meta`` (:func:`environment`, then ``meta``, the methods, the date and the command), ``body``,
+    the timing verdict (:func:`~hf_specdraft.bench.timing.verdict` over ``summary``) and the records; written to
+    ``output`` when given. ``warn``: an unreliable run also raises a ``UserWarning``."""
+    command = " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None
+    result = {
+        "meta": {**environment(bundle), **meta, "max_new_tokens": config.max_new_tokens, "methods": list(config.methods),
+                 "descriptions": {m: METHODS[m].description for m in config.methods},  # what each name ran
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command},
+        **body,
+        "timing": {"repeats": config.repeats, **warmup,
+                   "invalid_methods": [m for m, s in summary.items() if not s["valid"]],
+                   **verdict(load, torch.get_num_threads(), run_noise(summary), baseline_noise(records))},
+        "records": records,
+    }
+    if warn and not result["timing"]["reliable"]:
+        warnings.warn(warning_text(result["timing"]), stacklevel=3)
+    if output is not None:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = None, output: str | Path | None = None,
               items: list[TaskItem] | None = None, warn: bool = True) -> dict:
     """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result.
 
-    ``warn``: an unreliable run also raises a ``UserWarning`` (the commands pass ``False``: they print it with the table)."""
+    ``warn``: an unreliable run also raises a ``UserWarning`` (the commands pass ``False``: they print it with the
+    table)."""
     extras = {**bundle.extras, **(extras or {})}
-    for m in config.methods:
-        if config.task not in METHODS[m].tasks:
-            raise ValueError(f"method {m!r} runs on tasks {METHODS[m].tasks}, not {config.task!r}")
-        if not METHODS[m].available(extras, bundle.draft is not None):
-            raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
-    items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars)
-    contexts = [BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, prompt_ids(bundle.tokenizer, item).to(bundle.target.device),
-                             config.max_new_tokens, extras) for item in items]
+    check_methods(bundle, config.methods, config.task, extras)
+    items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed,
+                                 context_prompt_chars=config.context_prompt_chars)
+    contexts = [BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item,
+                             prompt_ids(bundle.tokenizer, item).to(bundle.target.device), config.max_new_tokens, extras)
+                for item in items]
     counter = _ForwardCounter(bundle.target)
     records = []
     monitor = LoadMonitor().start()
     try:
         warmup = warm_up(contexts, config, counter)
-        bar = tqdm(items, desc=f"bench {config.task}")
-        for index, item in enumerate(bar):
-            ctx = contexts[index]
-            for repeat in range(config.repeats):  # rotated order: no method always runs first or right after another
-                bar.set_postfix_str(f"repeat {repeat + 1}/{config.repeats}")
-                shift = (index + repeat) % len(config.methods)
-                for m in config.methods[shift:] + config.methods[:shift]:
-                    record = run_one(m, ctx, counter)
-                    records.append({"prompt": index, "repeat": repeat, **(record if repeat == 0 else _timing_only(record))})
+        bar = tqdm(contexts, desc=f"bench {config.task}")
+        for index, ctx in enumerate(bar):
+            time_prompt(ctx, index, config, counter, records, bar)
     finally:
         counter.handle.remove()
     load = monitor.other_cores()
     named = {**extras, "draft": bundle.draft}
-    parameters = {m: {name: (sum(p.numel() for p in model.parameters()) if model is not None else 0)
-                      for name, model in METHODS[m].cost_models(named).items()}
+    parameters = {m: {name: _parameters(model) or 0 for name, model in METHODS[m].cost_models(named).items()}
                   for m in config.methods if METHODS[m].cost_models is not None}
-    target_parameters = sum(p.numel() for p in bundle.target.parameters())
-    result = {
-        "meta": {**environment(bundle), "profile": config.profile, "task": config.task, "num_prompts": len(items),
-                 "max_new_tokens": config.max_new_tokens, "seed": config.seed, "methods": list(config.methods),
-                 "descriptions": {m: METHODS[m].description for m in config.methods},  # what each name ran (names change)
-                 **({"context_prompt_chars": config.context_prompt_chars} if config.task == "context" else {}),
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None},
-        "summary": summarize(records, config.methods, parameters, target_parameters),
-        "drafter_parameters": parameters,
-        "timing": None,
-        "records": records,
-    }
-    result["timing"] = {"repeats": config.repeats, **warmup,
-                        "invalid_methods": [m for m, s in result["summary"].items() if not s["valid"]],
-                        **verdict(load, torch.get_num_threads(), run_noise(result["summary"]), baseline_noise(records))}
-    if warn and not result["timing"]["reliable"]:
-        warnings.warn(warning_text(result["timing"]), stacklevel=2)
+    summary = summarize(records, config.methods, parameters, _parameters(bundle.target))
+    meta = {"profile": config.profile, "task": config.task, "num_prompts": len(items), "seed": config.seed}
     if config.task == "context":
-        result["task_statistics"] = context_statistics(items, bundle.tokenizer)
-    if output is not None:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+        meta["context_prompt_chars"] = config.context_prompt_chars
+    body = {"summary": summary, "drafter_parameters": parameters}
+    if config.task == "context":
+        body["task_statistics"] = context_statistics(items, bundle.tokenizer)
+    return bench_result(bundle, config, meta, body, records, warmup, load, summary, output, warn)
 
 
 def speed_word(speedup: float) -> str:

@@ -22,9 +22,6 @@ comes from).
 from __future__ import annotations
 
 import json
-import sys
-import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +30,8 @@ from tqdm.auto import tqdm
 
 from ..defaults import DefaultBundle
 from ..defaults.tasks import TaskItem
-from .methods import FAST_BASELINE, METHODS, BenchContext
+from .methods import FAST_BASELINE, BenchContext
+from .timing import LoadMonitor, warning_text
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "defaults" / "spec_prompts.jsonl"
 # the baselines each method's speedup is reported against, where they ran: plain generate, generate with the few-row
@@ -157,22 +155,11 @@ def categories_in_order(questions: list[Question]) -> list[str]:
     return list(dict.fromkeys(q.category for q in questions))
 
 
-def speedup_against(records: list[dict], method: str, baseline: str, prompts: set[int] | None = None) -> float | None:
-    """Sum over ``prompts`` (all the method's) of the baseline's median seconds / the method's: a wall-time ratio of the
-    same prompts, timed in the same run; None if either did not run."""
-    from .harness import _median_seconds
-
-    mine = _median_seconds([r for r in records if r["method"] == method and (prompts is None or r["prompt"] in prompts)])
-    theirs = _median_seconds([r for r in records if r["method"] == baseline])
-    if not mine or not set(mine) <= set(theirs) or not sum(mine.values()):
-        return None
-    return sum(theirs[p] for p in mine) / sum(mine.values())
-
-
-def category_table(records: list[dict], units: list[tuple[int, int]], questions: list[Question], methods: tuple[str, ...]) -> dict:
-    """Per category and ``overall``: the harness's summary (:func:`~hf_specdraft.bench.harness.summarize`) of its prompts,
-    with each method's speedup against every baseline that ran (``speedup_vs``) and its MAL (``mal``)."""
-    from .harness import summarize
+def category_table(records: list[dict], units: list[tuple[int, int]], questions: list[Question],
+                   methods: tuple[str, ...]) -> dict:
+    """Per category and ``overall``: the harness's summary (:func:`~hf_specdraft.bench.harness.summarize`) of its
+    prompts, with each method's speedup against every baseline that ran (``speedup_vs``) and its MAL (``mal``)."""
+    from .harness import _median_seconds, _speedup, summarize
 
     groups = {c: {i for i, (q, _) in enumerate(units) if questions[q].category == c} for c in categories_in_order(questions)}
     groups["overall"] = set(range(len(units)))
@@ -180,8 +167,9 @@ def category_table(records: list[dict], units: list[tuple[int, int]], questions:
     for name, prompts in groups.items():
         chosen = [r for r in records if r["prompt"] in prompts]
         summary = summarize(chosen, methods)
+        seconds = {m: _median_seconds([r for r in chosen if r["method"] == m]) for m in methods}
         for m in methods:
-            summary[m]["speedup_vs"] = {b: speedup_against(chosen, m, b) for b in BASELINES if b in methods}
+            summary[m]["speedup_vs"] = {b: _speedup(seconds[b], seconds[m]) or None for b in BASELINES if b in methods}
             # MAL, new tokens per decoding step: the loop's mean accepted length (its prompt forward is no step), else new
             # tokens per target forward (transformers' generate: its prompt forward yields the first token)
             loop = summary[m]["mean_accepted_length"]
@@ -190,92 +178,53 @@ def category_table(records: list[dict], units: list[tuple[int, int]], questions:
     return table
 
 
-def run_prompts_bench(bundle: DefaultBundle, config, prompts: str | Path | list[Question], output: str | Path | None = None,
-                      warn: bool = True) -> dict:
+def run_prompts_bench(bundle: DefaultBundle, config, prompts: str | Path | list[Question],
+                      output: str | Path | None = None, warn: bool = True) -> dict:
     """Run ``config.methods`` on every turn of every question of ``prompts`` (a path, or :func:`parse_prompts`'s
     questions); return (and write to ``output``) the result: the harness's meta (hardware, dtype, versions) and the
     prompts file, ``categories`` (:func:`category_table`), the timing verdict, and every record (``prompt`` indexes
     ``units``: ``[question index, turn]``)."""
-    from .compile_watch import add_counts
-    from .harness import _ForwardCounter, _timing_only, baseline_noise, environment, run_noise, run_one
-    from .timing import LoadMonitor, verdict, warning_text
+    from .harness import _ForwardCounter, bench_result, check_methods, time_prompt, warm_up
 
     questions = read_prompts(prompts) if not isinstance(prompts, list) else prompts
     path = questions[0].file
-    extras = bundle.extras
-    for m in config.methods:
-        if "chat" not in METHODS[m].tasks:
-            raise ValueError(f"method {m!r} runs on tasks {METHODS[m].tasks}; --prompts runs chat requests")
-        if not METHODS[m].available(extras, bundle.draft is not None):
-            raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
-    device = bundle.target.device
+    check_methods(bundle, config.methods, "chat", bundle.extras)
     check_lengths(questions, bundle.tokenizer, config.max_new_tokens, context_limit(bundle.target))
 
     def context(q: int, turn: int, answers: list[str]) -> BenchContext:
         question = questions[q]
-        ids = chat_ids(bundle.tokenizer, messages_for(question, turn, answers)).to(device)
+        ids = chat_ids(bundle.tokenizer, messages_for(question, turn, answers)).to(bundle.target.device)
         item = TaskItem("chat", str(question.question_id), question.turns[turn], "")
-        return BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, extras)
+        return BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, bundle.extras)
 
     counter = _ForwardCounter(bundle.target)
     records: list[dict] = []
     units: list[tuple[int, int]] = []
-    warmup_seconds: dict[str, float] = {}
-    warmup_compiles: dict[str, dict] = {}
     monitor = LoadMonitor().start()
     try:
         # untimed warm-up on the longest first turns (later turns are longer still: a static cache may grow there)
-        firsts = sorted(range(len(questions)), key=lambda q: len(questions[q].turns[0]), reverse=True)[: config.warmup]
-        for q in tqdm(firsts, desc="warm-up (untimed)", disable=not firsts):
-            ctx = context(q, 0, [])
-            for m in config.methods:
-                started = time.perf_counter()
-                record = run_one(m, ctx, counter)
-                warmup_seconds[m] = warmup_seconds.get(m, 0.0) + time.perf_counter() - started
-                warmup_compiles[m] = add_counts(warmup_compiles.get(m, {}), record["compiles"])
+        warmup = warm_up([context(q, 0, []) for q in range(len(questions))] if config.warmup else [], config, counter)
         bar = tqdm(total=sum(len(q.turns) for q in questions), desc=f"bench {Path(str(path)).name}", unit="turn")
         for q, question in enumerate(questions):
             answers: list[str] = []
             for turn in range(len(question.turns)):
-                ctx = context(q, turn, answers)
-                index = len(units)
                 units.append((q, turn))
-                for repeat in range(config.repeats):  # rotated order, as the harness does
-                    bar.set_postfix_str(f"{question.category}, repeat {repeat + 1}/{config.repeats}")
-                    shift = (index + repeat) % len(config.methods)
-                    for m in config.methods[shift:] + config.methods[:shift]:
-                        record = run_one(m, ctx, counter)
-                        if m == "target-only" and repeat == 0:  # the next turn's context holds the target's own answer
-                            answer = bundle.tokenizer.decode(record["tokens"], skip_special_tokens=True)
-                        records.append({"prompt": index, "repeat": repeat, **(record if repeat == 0 else _timing_only(record))})
-                answers.append(answer)
+                first = time_prompt(context(q, turn, answers), len(units) - 1, config, counter, records, bar,
+                                    f"{question.category}, ")
+                # the next turn's context holds the target's own answer
+                answers.append(bundle.tokenizer.decode(first["target-only"]["tokens"], skip_special_tokens=True))
                 bar.update(1)
         bar.close()
     finally:
         counter.handle.remove()
     load = monitor.other_cores()
     categories = category_table(records, units, questions, tuple(config.methods))
-    overall = categories["overall"]["methods"]
-    result = {
-        "meta": {**environment(bundle), "prompts": str(path), "questions": len(questions), "turns": len(units),
-                 "categories": categories_in_order(questions), "max_new_tokens": config.max_new_tokens, "methods": list(config.methods),
-                 "descriptions": {m: METHODS[m].description for m in config.methods},
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                 "command": " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None},
-        "categories": categories,
-        "units": [[q, turn] for q, turn in units],
-        "question_ids": [q.question_id for q in questions],
-        "timing": {"repeats": config.repeats, "warmup_prompts": len(firsts), "warmup_seconds": warmup_seconds,
-                   "warmup_compiles": warmup_compiles, "invalid_methods": [m for m, s in overall.items() if not s["valid"]],
-                   **verdict(load, torch.get_num_threads(), run_noise(overall), baseline_noise(records))},
-        "records": records,
-    }
-    if warn and not result["timing"]["reliable"]:
-        warnings.warn(warning_text(result["timing"]), stacklevel=2)
-    if output is not None:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    meta = {"prompts": str(path), "questions": len(questions), "turns": len(units),
+            "categories": categories_in_order(questions)}
+    body = {"categories": categories, "units": [[q, turn] for q, turn in units],
+            "question_ids": [q.question_id for q in questions]}
+    return bench_result(bundle, config, meta, body, records, warmup, load, categories["overall"]["methods"], output,
+                        warn)
 
 
 def format_category_table(result: dict) -> str:
@@ -308,7 +257,5 @@ def format_category_table(result: dict) -> str:
     rows.append(f"speedup: wall time of the baseline / the method's, median of {timing['repeats']} interleaved runs per turn; "
                 "MAL: new tokens per decoding step (target forward); =target: turns whose tokens equal target-only's")
     if not timing["reliable"]:
-        from .timing import warning_text
-
         rows.insert(0, warning_text(timing))
     return "\n".join(rows)
