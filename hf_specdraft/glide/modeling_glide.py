@@ -198,16 +198,9 @@ def attention_interface(config: GlideConfig):
 
 def target_rotary_config(config: GlideConfig) -> LlamaConfig:
     """A config that makes ``LlamaRotaryEmbedding`` rotate exactly like the target (theta, scaling, head_dim)."""
-    return LlamaConfig(
-        vocab_size=config.target_vocab_size,
-        hidden_size=config.target_hidden_size,
-        num_hidden_layers=config.target_num_hidden_layers,
-        num_attention_heads=config.target_num_attention_heads,
-        num_key_value_heads=config.target_num_key_value_heads,
-        head_dim=config.target_head_dim,
-        max_position_embeddings=config.target_max_position_embeddings,
-        rope_parameters=dict(config.target_rope_parameters),
-    )
+    names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "max_position_embeddings")
+    return LlamaConfig(rope_parameters=dict(config.target_rope_parameters), **{n: getattr(config, f"target_{n}") for n in names})
 
 
 class GlideCrossAttention(nn.Module):
@@ -389,12 +382,6 @@ class GlideModel(GlidePreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
     @property
     def kv_heads_per_rank(self) -> int:
         """The target KV heads every cross-attention reads on this rank (all of them without tensor parallelism)."""
@@ -466,35 +453,23 @@ class GlideModel(GlidePreTrainedModel):
         padding_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
         if padding_mask is not None and bool(padding_mask.bool().all()):
             padding_mask = None  # no padding: the plain causal mask (and the mask-free single-query path) applies
-        causal_mask = None
-        if not self.config.self_attention:
-            pass  # no self-attention: no mask to build
-        elif attention_mask is not None and attention_mask.dim() == 4:
+        causal_mask = None  # no self-attention: no mask to build
+        if self.config.self_attention and attention_mask is not None and attention_mask.dim() == 4:
             causal_mask = attention_mask
-        else:
+        elif self.config.self_attention:
             causal_mask = self_attention_mask(past_seen, inputs_embeds.shape[1], padding_mask, inputs_embeds.dtype, inputs_embeds.device)
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
-        target_position_embeddings = None
-        if self.config.cross_attention:
-            target_position_embeddings = self.target_rotary_emb(hidden_states, position_ids=position_ids)
+        target_position_embeddings = self.target_rotary_emb(hidden_states, position_ids) if self.config.cross_attention else None
         for layer in self.layers:
             target_kv = None
             if self.config.cross_attention and target_past_key_values is not None:
                 target_kv = read_target_layer(target_past_key_values, layer.cross_attn.target_layer_idx, self.config,
                                               layer.cross_attn.kv_heads_per_rank)
-            hidden_states = layer(
-                hidden_states,
-                attention_mask=causal_mask,
-                position_embeddings=position_embeddings,
-                target_position_embeddings=target_position_embeddings,
-                target_kv=target_kv,
-                query_index=query_index,
-                cache=past_key_values,
-                block_size=cross_attention_block_size,
-                padding_mask=padding_mask,
-                target_attention_mask=target_attention_mask,
-            )
+            hidden_states = layer(  # the cache by name: gradient checkpointing drops it (GradientCheckpointingLayer)
+                hidden_states, causal_mask, position_embeddings, target_position_embeddings, target_kv, query_index,
+                cache=past_key_values, block_size=cross_attention_block_size, padding_mask=padding_mask,
+                target_attention_mask=target_attention_mask)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: past_key_values})
 
 
@@ -529,18 +504,6 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
             self.generation_config.num_assistant_tokens = 5
             self.generation_config.num_assistant_tokens_schedule = "constant"
             self.generation_config.assistant_confidence_threshold = 0.0
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
 
     def to_target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """`(..., draft rows)` logits of a reduced draft vocabulary -> `(..., vocab_size)`: the target's ids, with
@@ -602,18 +565,10 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         """
         if draft_rows and labels is not None:
             raise ValueError("labels score logits over the target's vocabulary: leave draft_rows=False to pass them")
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=own_cache(past_key_values, cache),
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache if use_cache is not None else self.config.use_cache and not self.training,
-            target_past_key_values=self._attached_cache(target_past_key_values),
-            cross_attention_block_size=cross_attention_block_size,
-            target_attention_mask=target_attention_mask,
-            target_hidden_states=target_hidden_states,
-        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache and not self.training
+        outputs = self.model(input_ids, attention_mask, position_ids, own_cache(past_key_values, cache), inputs_embeds, use_cache,
+                             self._attached_cache(target_past_key_values), cross_attention_block_size, target_attention_mask,
+                             target_hidden_states)
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
