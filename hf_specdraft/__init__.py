@@ -54,19 +54,19 @@ _EXPORTS = {  # public name -> the module (relative to this package) that define
 }
 _HELPERS = {  # reachable here as before, not part of __all__
     "register_auto_classes": ".glide",
-    "set_custom_generate_writer": ".glide.model_card",
     "write_custom_generate": ".cape.packaging",
 }
 
 
-def _write_custom_generate(directory):
-    """CAPE's ``custom_generate/`` folder for a GLIDE checkpoint (the card tags it, so no README of its own)."""
+def write_glide_custom_generate(directory):
+    """CAPE's ``custom_generate/`` folder for a GLIDE checkpoint (the card tags it, so no README of its own): what
+    ``save_glide_checkpoint(..., custom_generate=...)`` writes by default."""
     from .cape.packaging import write_custom_generate
 
     return write_custom_generate(directory, readme=False)
 
 
-_hooks.custom_generate_writer = _write_custom_generate  # GLIDE checkpoints ship CAPE's loop
+_hooks.custom_generate_writer = write_glide_custom_generate  # GLIDE checkpoints ship CAPE's loop
 
 
 def __getattr__(name: str):

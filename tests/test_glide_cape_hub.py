@@ -91,6 +91,23 @@ def test_save_glide_checkpoint_rejects_bad_input(tmp_path):
         save_glide_checkpoint(glide, tmp_path, target_name="")
     with pytest.raises(TypeError, match="GLIDE model"):
         save_glide_checkpoint(target, tmp_path)
+    with pytest.raises(TypeError, match="custom_generate"):
+        save_glide_checkpoint(glide, tmp_path, custom_generate="custom_generate/")
+
+
+def test_save_glide_checkpoint_writes_the_custom_generate_it_is_given(tmp_path):
+    """CAPE's folder by default (composed in by the package root); another writer, or none, by argument."""
+    from hf_specdraft import write_glide_custom_generate
+
+    glide = make_glide(tiny_model("llama"))
+    written = []
+    save_glide_checkpoint(glide, tmp_path / "none", custom_generate=None)
+    save_glide_checkpoint(glide, tmp_path / "mine", custom_generate=written.append)
+    save_glide_checkpoint(glide, tmp_path / "cape", custom_generate=write_glide_custom_generate)
+    assert not (tmp_path / "none" / "custom_generate").exists() and written == [tmp_path / "mine"]
+    assert "custom_generate" not in ModelCard.load(tmp_path / "none" / "README.md").data.tags
+    assert "custom_generate" in ModelCard.load(tmp_path / "mine" / "README.md").data.tags
+    assert (tmp_path / "cape" / "custom_generate" / "generate.py").is_file()
 
 
 @pytest.fixture(scope="module")

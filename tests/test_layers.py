@@ -136,14 +136,14 @@ def test_the_layout_doc_names_every_module_of_the_package():
 
 def test_composition_hooks_refuse_bad_arguments():
     from hf_specdraft.core.drafting import register_drafter
-    from hf_specdraft.glide.model_card import set_custom_generate_writer
+    from hf_specdraft.glide.model_card import save_glide_checkpoint
 
     with pytest.raises(ValueError, match="model_type"):
         register_drafter("", lambda model, gamma: None)
     with pytest.raises(TypeError, match="factory"):
         register_drafter("my-draft", "not callable")
-    with pytest.raises(TypeError, match="writer"):
-        set_custom_generate_writer("custom_generate/")
+    with pytest.raises(TypeError, match="custom_generate must be callable"):
+        save_glide_checkpoint(None, "unused", custom_generate="custom_generate/")
 
 
 def module_of(path: Path) -> str:

@@ -19,6 +19,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..core import hooks
 
+COMPOSED = "composed"  # save_glide_checkpoint's custom_generate left out: the writer the package root composes in
 CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id", "license")  # what save_glide_checkpoint's card_info may hold
 # what a training run leaves in its output directory that is no part of the published model
 LOCAL_ONLY = ["checkpoint-last*/**", "regenerated/**", "runs/**"]
@@ -37,19 +38,8 @@ def _hub_id(name: str | None) -> str | None:
     return name
 
 
-def set_custom_generate_writer(writer) -> None:
-    """Set what writes ``custom_generate/`` into a checkpoint directory (``writer(directory)``), or `None` for none.
-
-    CAPE's folder is composed in from above (``hf_specdraft/__init__.py`` sets CAPE's writer in
-    :mod:`hf_specdraft.core.hooks`), so the glide package imports no other method; without a writer, checkpoints carry no
-    ``custom_generate/`` and their cards say so.
-    """
-    if writer is not None and not callable(writer):
-        raise TypeError(f"writer must be callable as writer(directory) or None, got {type(writer).__name__}")
-    hooks.custom_generate_writer = writer
-
-
-def save_glide_checkpoint(glide, directory, target_name: str | None = None, card_info: dict | None = None) -> Path:
+def save_glide_checkpoint(glide, directory, target_name: str | None = None, card_info: dict | None = None,
+                          custom_generate=COMPOSED) -> Path:
     """Save ``glide`` as a checkpoint that runs on the Hub with only transformers installed.
 
     Two ways to decode with it (both on the model card): ``target.generate(custom_generate=<dir or Hub id>,
@@ -63,10 +53,15 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
             A Hub id becomes the card's ``base_model``.
         card_info (`dict`, *optional*): more for the card, keys among ``dataset``, ``metrics``, ``training_log``,
             ``repo_id`` (the Hub id the usage snippets load) and ``license``; see [`write_model_card`].
+        custom_generate (`Callable`, *optional*): ``writer(directory)`` writing the checkpoint's ``custom_generate/``
+            folder (``hf_specdraft.write_glide_custom_generate``: CAPE's), or `None` for none (the card then says so).
+            Left out: the writer the package root composes in, CAPE's (the glide package imports no other method).
 
     Returns:
         `Path`: the checkpoint directory.
     """
+    if custom_generate is not None and not callable(custom_generate) and custom_generate != COMPOSED:
+        raise TypeError(f"custom_generate must be callable as writer(directory) or None, got {type(custom_generate).__name__}")
     if getattr(getattr(glide, "config", None), "model_type", None) != "glide" or not hasattr(glide, "save_pretrained"):
         raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
     card_info = dict(card_info or {})
@@ -78,11 +73,12 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
     directory = Path(directory)
     glide.save_pretrained(directory)  # weights, config.json with auto_map, modeling_glide.py and its flat siblings
     # the folder's own drafter feeds tokens only: a GLIDE reading the target's state runs through hf_specdraft's loop
-    writer = None if getattr(glide.config, "state_input", False) else hooks.custom_generate_writer
+    writer = hooks.custom_generate_writer if custom_generate == COMPOSED else custom_generate
+    writer = None if getattr(glide.config, "state_input", False) else writer
     write_model_card(glide.config, directory, base_model=target_name or glide.config.target_name_or_path, custom_generate=writer is not None,
                      **card_info)
     if writer is not None:
-        writer(directory)  # CAPE's loop (hf_specdraft.cape.write_custom_generate, readme=False: the card tags it)
+        writer(directory)  # CAPE's loop (write_custom_generate with readme=False: the card tags it)
     return directory
 
 
