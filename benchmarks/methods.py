@@ -19,12 +19,17 @@ from hf_specdraft.bench.methods import (
     Method,
     cascade_run,
     casd_run,
+    prompt_lookup,
     register_method,
     speculative_run,
+    stock_assisted,
+    stock_generate,
     with_expansion_sizes,
+    with_linears,
 )
 from hf_specdraft.cascade.max_gram import MAX_GRAM_TOKENS
-from hf_specdraft.core.drafting import DraftModelCandidateGenerator
+from hf_specdraft.core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
+from hf_specdraft.core.tree import DraftTree
 
 COPY_TOKENS = 6  # a fixed-γ "+copy" row's copies (max_copy_tokens): a match that long tends to continue for several tokens
 
@@ -59,6 +64,36 @@ CASD_MAX_NODES = 8
 
 def _draft_costs(extras):
     return {"draft": extras["draft"]}
+
+
+# --- more baselines: the loop proposing nothing, stock assisted decoding with the few-row linears or GLIDE attached ----
+
+class NullCandidateGenerator(TreeCandidateGenerator):
+    """Proposes nothing: every step is one plain target forward. Measures the loop's own overhead."""
+
+    reads_target_cache = False  # never reads the target's cache
+
+    def propose(self, input_ids, target_cache=None) -> DraftTree:
+        return DraftTree.empty(input_ids.device)
+
+
+def _stock_glide(ctx, kind: str):
+    glide = ctx.extras[kind].attach(ctx.target)
+    try:
+        return stock_generate(ctx, assistant_model=glide), None
+    finally:
+        glide.detach()
+
+
+register_method(Method("null-drafter", lambda ctx: speculative_run(ctx, candidate_generator=NullCandidateGenerator()),
+                       description="speculative_generate proposing nothing (loop overhead)"))
+register_method(Method("stock-assisted+linears", with_linears(stock_assisted), requires=("draft",),
+                       description="transformers assisted decoding with the plain draft, inside few_token_linears"))
+register_method(Method("prompt-lookup+linears", with_linears(prompt_lookup),
+                       description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10), inside few_token_linears"))
+for _kind in ("glide", "vanilla"):
+    register_method(Method(f"stock-assisted-{_kind}", lambda ctx, k=_kind: _stock_glide(ctx, k), requires=(_kind,),
+                           description=f"transformers assisted decoding with the {_kind} drafter (attach)"))
 
 
 # --- the plain draft at a fixed γ, alone, copying and under CAPE --------------------------------------------------------

@@ -132,6 +132,7 @@ def test_edit_similarity():
 
 def test_bench_json_schema(tiny_default, tmp_path):
     from hf_specdraft.bench import BenchConfig, run_bench
+    from benchmarks import methods  # noqa: F401  (registers null-drafter and stock-assisted+linears)
 
     bundle = load_default(tiny_default[0])
     config = BenchConfig(methods=("target-only", "target-only+linears", "draft-model-auto", "null-drafter", "prompt-lookup", "stock-assisted+linears"), num_prompts=2, max_new_tokens=8, warmup=0,

@@ -18,7 +18,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_specdraft.bench.methods import NullCandidateGenerator
+from benchmarks.methods import NullCandidateGenerator
 from hf_specdraft.core.loop import speculative_generate
 
 

@@ -1,6 +1,6 @@
 """Benchmark harness: methods side by side on the embedded default's held-out tasks."""
 
 from .harness import PROFILES, BenchConfig, format_table, run_bench
-from .methods import METHODS, BenchContext, Method, NullCandidateGenerator, register_method
+from .methods import METHODS, BenchContext, Method, register_method
 
-__all__ = ["METHODS", "PROFILES", "BenchConfig", "BenchContext", "Method", "NullCandidateGenerator", "format_table", "register_method", "run_bench"]
+__all__ = ["METHODS", "PROFILES", "BenchConfig", "BenchContext", "Method", "format_table", "register_method", "run_bench"]

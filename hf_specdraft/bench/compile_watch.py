@@ -1,21 +1,11 @@
 """What torch compiled between two moments: a timed run that compiled measured the compiler, not the method.
 
-:func:`compile_counters` reads the process' counters; :func:`compiled_between` subtracts two readings and keeps what
-moved. The counters:
-
-- ``unique_graphs``: graphs dynamo handed to a backend (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``);
-- ``frames_compiled``: frames dynamo set out to compile, first compiles and recompiles alike
-  (``counters["frames"]["total"]``);
-- ``recompiles``: those compiles that replaced a guard failure, i.e. a frame compiled again (dynamo's compilation
-  metrics with a ``recompile_reason``; dynamo keeps no counter of them). The metrics keep the last 64 compiles, so a
-  window with more counts at most those;
-- ``graph_breaks``: ``counters["graph_break"]``, summed over reasons;
-- ``cudagraph_skips``: inductor's ``counters["inductor"]["cudagraph_skips"]``, bumped with every "skipping cudagraphs"
-  warning (a graph that then runs without CUDA graphs);
-- ``cudagraphs_recorded``: CUDA graphs the cudagraph trees recorded (dynamo's ``CUDAGRAPH_RECORDING`` compile
-  callback, counted from the first reading on; 0 where torch has no such callback).
-
-Every name is read with a default, so another torch version that renames one reads 0 for it instead of failing.
+:func:`compile_counters` reads the process' counters; :func:`compiled_between` keeps what moved between two readings:
+``unique_graphs`` (graphs dynamo handed to a backend), ``frames_compiled`` (frames dynamo compiled, recompiles
+included), ``recompiles`` (compiles after a guard failure, told from dynamo's compilation metrics, which keep the last
+64), ``graph_breaks``, ``cudagraph_skips`` (inductor's "skipping cudagraphs" warnings) and ``cudagraphs_recorded``
+(dynamo's ``CUDAGRAPH_RECORDING`` compile callback; 0 where torch has none). Every name is read with a default, so a
+torch version that renames one reads 0 for it instead of failing.
 """
 
 from __future__ import annotations
@@ -33,16 +23,14 @@ def _on_compile_start(args=None) -> None:
 
 
 def _watch_cudagraph_recordings() -> None:
-    """Register :func:`_on_compile_start` with dynamo's compile callbacks, again after a ``torch._dynamo.reset()``
-    (which clears them)."""
+    """Register :func:`_on_compile_start` with dynamo's compile callbacks (again after ``torch._dynamo.reset()``)."""
     handler = getattr(torch._dynamo, "callback_handler", None)
     if handler is not None and _on_compile_start not in getattr(handler, "start_callbacks", [_on_compile_start]):
         handler.register_start_callback(_on_compile_start)
 
 
 def _recompiles() -> list:
-    """Dynamo's kept compilation metrics that were recompiles (the objects themselves: a later reading tells new ones by
-    identity, as the deque drops its oldest)."""
+    """Dynamo's kept compilation metrics that were recompiles (the objects: a later reading tells new ones by identity)."""
     try:
         metrics = torch._dynamo.utils.get_compilation_metrics()
     except (AttributeError, RuntimeError):
@@ -65,16 +53,10 @@ def compile_counters() -> dict:
 def compiled_between(before: dict, after: dict) -> dict[str, int]:
     """What moved from reading ``before`` to reading ``after``: ``{counter: increase}``, counters that stayed left out
     (an empty dict: nothing compiled, recorded or skipped)."""
-    moved = {}
-    for name in COUNTERS:
-        if name == "recompiles":
-            seen = {id(m) for m in before[name]}
-            increase = sum(id(m) not in seen for m in after[name])
-        else:
-            increase = after[name] - before[name]
-        if increase > 0:
-            moved[name] = increase
-    return moved
+    seen = {id(m) for m in before["recompiles"]}
+    moved = {name: after[name] - before[name] for name in COUNTERS if name != "recompiles"}
+    moved["recompiles"] = sum(id(m) not in seen for m in after["recompiles"])
+    return {name: moved[name] for name in COUNTERS if moved[name] > 0}
 
 
 def add_counts(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:

@@ -23,11 +23,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..core.drafting import TreeCandidateGenerator
 from ..core.loop import speculative_generate
 from ..core.projection import few_token_linears
 from ..core.stats import SpeculativeStats
-from ..core.tree import DraftTree
 from ..defaults.tasks import TaskItem
 
 NO_COPY = {"copy_from_context": 0}  # every GLIDE-family row whose name does not say "+copy"
@@ -73,20 +71,11 @@ def register_method(method: Method) -> Method:
     return method
 
 
-class NullCandidateGenerator(TreeCandidateGenerator):
-    """Proposes nothing: every step is one plain target forward. Measures the loop's own overhead."""
-
-    reads_target_cache = False  # never reads the target's cache
-
-    def propose(self, input_ids, target_cache=None) -> DraftTree:
-        return DraftTree.empty(input_ids.device)
-
-
 def _target_only(ctx):
     return ctx.target.generate(ctx.prompt_ids, **ctx.generate_kwargs()), None
 
 
-def _stock_generate(ctx, **kwargs) -> torch.Tensor:
+def stock_generate(ctx, **kwargs) -> torch.Tensor:
     """``target.generate`` with transformers' own warnings held back: assisted decoding calls the assistant's
     ``generate`` with a generation config and arguments together, and its deprecation notice would land in the
     middle of the bench's progress and tables (it is transformers' internal call, nothing the user passed)."""
@@ -100,11 +89,11 @@ def _stock_generate(ctx, **kwargs) -> torch.Tensor:
         logging.set_verbosity(verbosity)
 
 
-def _stock_assisted(ctx):
-    return _stock_generate(ctx, assistant_model=ctx.draft), None
+def stock_assisted(ctx):
+    return stock_generate(ctx, assistant_model=ctx.draft), None
 
 
-def _prompt_lookup(ctx):
+def prompt_lookup(ctx):
     return ctx.target.generate(ctx.prompt_ids, prompt_lookup_num_tokens=10, **ctx.generate_kwargs()), None
 
 
@@ -117,7 +106,7 @@ def speculative_run(ctx: BenchContext, **kwargs) -> tuple[torch.Tensor, Speculat
 register_method(Method("target-only", _target_only, description="target.generate(do_sample=False)"))
 
 
-def _with_linears(run):
+def with_linears(run):
     """``run`` inside :func:`~hf_specdraft.core.projection.few_token_linears`: stock ``generate`` with the linears in the
     orientation this CPU's BLAS runs fastest (what our loop uses), so its rows compare loops, not matrix kernels."""
     def wrapped(ctx):
@@ -129,15 +118,12 @@ def _with_linears(run):
 # the stock baselines as a user gets them with `with few_token_linears(target): target.generate(...)`: on the AMD VM a
 # one-token fp32 linear ran on one core, and this made plain greedy decoding 1.5x faster (hf_specdraft/core/projection.py)
 FAST_BASELINE = "target-only+linears"
-register_method(Method(FAST_BASELINE, _with_linears(_target_only), description="target.generate(do_sample=False) inside few_token_linears"))
-register_method(Method("stock-assisted", _stock_assisted, requires=("draft",), description="transformers assisted decoding with the plain draft"))
-register_method(Method("stock-assisted+linears", _with_linears(_stock_assisted), requires=("draft",),
-                       description="transformers assisted decoding with the plain draft, inside few_token_linears"))
-register_method(Method("prompt-lookup", _prompt_lookup, description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10)"))
-register_method(Method("prompt-lookup+linears", _with_linears(_prompt_lookup),
-                       description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10), inside few_token_linears"))
-register_method(Method("null-drafter", lambda ctx: speculative_run(ctx, candidate_generator=NullCandidateGenerator()),
-                       description="speculative_generate proposing nothing (loop overhead)"))
+register_method(Method(FAST_BASELINE, with_linears(_target_only),
+                       description="target.generate(do_sample=False) inside few_token_linears"))
+register_method(Method("stock-assisted", stock_assisted, requires=("draft",),
+                       description="transformers assisted decoding with the plain draft"))
+register_method(Method("prompt-lookup", prompt_lookup,
+                       description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10)"))
 
 
 # --- the default calls: γ, a tree's budget or the cascade's cap on what K proposes, chosen every step --------------------
@@ -186,14 +172,6 @@ def _cape_default(ctx, copy: bool = True):
     return CapeCandidateGenerator(GlideCandidateGenerator(ctx.extras["glide"], **({} if copy else NO_COPY)))
 
 
-def _stock_glide(ctx, kind: str):
-    glide = ctx.extras[kind].attach(ctx.target)
-    try:
-        return _stock_generate(ctx, assistant_model=glide), None
-    finally:
-        glide.detach()
-
-
 register_method(Method("draft-model-auto", lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=False), requires=("draft",),
                        description="speculative_generate(target, ids, draft_model=draft, copy_from_context=False): γ 'auto', no copying",
                        cost_models=lambda e: {"draft": e["draft"]}))
@@ -204,9 +182,6 @@ register_method(Method("draft-model+copy-auto", lambda ctx: speculative_run(ctx,
 register_method(Method("cascade-1draft-auto", lambda ctx: cascade_run(ctx, [ctx.draft], num_draft_tokens="auto"), requires=("draft",),
                        description="CascadeCandidateGenerator([draft]): the default call, default K, the cap 'auto' (chosen every step)",
                        cost_models=lambda e: {"draft0": e["draft"], "max_gram": None}))
-for _kind in ("glide", "vanilla"):
-    register_method(Method(f"stock-assisted-{_kind}", lambda ctx, k=_kind: _stock_glide(ctx, k), requires=(_kind,),
-                           description=f"transformers assisted decoding with the {_kind} drafter (attach)"))
 for _kind in ("glide", "vanilla"):  # the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
     register_method(Method(f"{_kind}+copy-auto", lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k]), requires=(_kind,),
                            description=f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' "
@@ -238,8 +213,6 @@ STATIC_METHODS = ("glide+copy-auto", "vanilla+copy-auto", "glide+copy+cape-auto"
 
 def compile_everywhere() -> CompileConfig:
     """transformers' default ``CompileConfig`` (``reduce-overhead``: CUDA graphs on a GPU), allowed on every device."""
-    from transformers import CompileConfig
-
     config = CompileConfig()
     config._compile_all_devices = True  # what transformers' own generate reads to compile outside CUDA
     return config

@@ -1,23 +1,16 @@
 """Timing a user can trust: repeats, medians, spread, and a loud word when the machine is busy.
 
-A ratio of wall times is only as good as the machine was quiet. The harness runs every method on a prompt
-``repeats`` times in a rotated order (so no method always runs first or last), keeps the median per prompt
-(as ``torch.utils.benchmark`` and pyperf do), reports the spread of the per-prompt ratios, and watches
-two signs of a busy machine:
+A ratio of wall times is only as good as the machine was quiet. The harness runs every method on a prompt ``repeats``
+times in a rotated order, keeps the median per prompt (as ``torch.utils.benchmark`` and pyperf do), reports the spread
+of the per-prompt ratios, and watches two signs of a busy machine:
 
-- other processes' CPU use during the run, in cores (Linux ``/proc/stat`` minus this process' own CPU time),
-  against the cores this process' threads leave free: a busy loop on one core of a 2-core machine, where
-  torch runs 2 threads, reads ≈ 1 core against 0 free;
-- the timing noise: how far a method's speedup moves between repeats because the clock moved. Each repeat gives its
-  own speedup (every prompt's repeat r against target-only's repeat r, timed beside it); their relative range
-  (max − min) / median, the median over methods, is the run's noise. Only prompts on which the method did the same
-  work in every repeat (new tokens, target forwards, drafted tokens) count: an adaptive drafter (γ or a tree's size
-  chosen every step from what it measured) may draft otherwise in a later repeat, and its time then moves for a
-  reason that is not noise (in the demo's context task, CASD's auto tree took 13, 14 and 16 target forwards on one
-  prompt in three repeats; the rule that counted such runs as noise fired there at 21 % on an idle machine). Where
+- other processes' CPU use during the run, in cores (Linux ``/proc/stat`` minus this process' own CPU time), against
+  the cores this process' threads leave free;
+- the timing noise: the relative range (max − min) / median of the speedups computed from each repeat alone, the
+  median over methods. Only prompts on which a method did the same work in every repeat (new tokens, target forwards,
+  drafted tokens) count: an adaptive drafter may draft otherwise in a later repeat, and its time then moves for a
+  reason that is not noise (CASD's auto tree took 13, 14 and 16 target forwards on one prompt in three repeats). Where
   no method repeated its work, target-only's own time is the measure.
-  A single 4-second run on this 2-core VM varies by ~10 %, but the speedup over 10 prompts moves by a few percent
-  between quiet repeats.
 
 Either past its threshold makes the run *unreliable*: the result says so and the command prints it.
 """
@@ -93,15 +86,12 @@ def spread(values: list[float]) -> dict:
 
 
 def verdict(load: tuple[float, int] | None, threads: int, timing_noise: float | None, baseline_noise: float = 0.0) -> dict:
-    """Whether a run's ratios can be trusted, and why not. ``load``: :meth:`LoadMonitor.other_cores`;
-    ``threads``: this process' compute threads (``torch.get_num_threads()``); ``timing_noise``: how far the speedups
-    moved between repeats where the methods repeated their work (None: no method did); ``baseline_noise``: how far
-    target-only's own time moved between repeats. A speedup is a ratio of two such times, so on a quiet machine it moves
-    by up to about twice that: the noise check flags only a spread beyond both :data:`NOISY_RANGE` and twice the
-    baseline's (a few short prompts move by 15 % and more on a quiet 2-core machine; that alone is no sign of a busy
-    one). Without a ``timing_noise``, target-only's own time beyond :data:`NOISY_RANGE` is the sign. Where the load was
-    measured and other processes stayed within :data:`QUIET_CORES` of what this one left free, the machine was quiet:
-    noise then says so only beyond :data:`EXTREME_RANGE` (the demo on an idle 2-core VM warned at 18 %)."""
+    """Whether a run's ratios can be trusted, and why not. ``load``: :meth:`LoadMonitor.other_cores`; ``threads``: this
+    process' compute threads; ``timing_noise``: how far the speedups moved between repeats where the methods repeated
+    their work (None: no method did); ``baseline_noise``: how far target-only's own time moved. A speedup is a ratio of
+    two such times, so on a quiet machine it moves by up to twice that: noise counts beyond both :data:`NOISY_RANGE` and
+    twice the baseline's, and where other processes stayed within :data:`QUIET_CORES` of the free cores, only beyond
+    :data:`EXTREME_RANGE`. Without a ``timing_noise``, target-only's own time beyond :data:`NOISY_RANGE` is the sign."""
     warnings = []
     other, cpus = load if load is not None else (None, None)
     free = max(cpus - threads, 0) if cpus is not None else None

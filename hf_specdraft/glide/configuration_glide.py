@@ -159,22 +159,19 @@ class GlideConfig(PretrainedConfig):
         target_name_or_path (`str`, *optional*):
             Informational: the checkpoint GLIDE was trained against (model cards, error messages).
         draft_token_ids (`list[int]`, *optional*):
-            A reduced draft vocabulary (as FR-Spec and EAGLE-3 use): the target ids GLIDE can propose, most
-            frequent first. The embedding and LM head then hold ``len(draft_token_ids) + 1`` rows (the last one
-            stands for every other input token), and the logits are scattered back to the target's ``vocab_size``
-            (other ids get the dtype's minimum). A 49K-token LM head costs a small target more than a draft
-            layer does; `None` keeps the full vocabulary.
+            A reduced draft vocabulary (as FR-Spec and EAGLE-3 use): the target ids GLIDE can propose, most frequent
+            first. The embedding and LM head hold ``len(draft_token_ids) + 1`` rows (the last stands for every other
+            input token); the logits are scattered back to ``vocab_size``, other ids at the dtype's minimum. A 49K-token
+            LM head costs a small target more than a draft layer does; `None` keeps the full vocabulary.
         state_input (`bool`, *optional*, defaults to `False`):
             Read the target's state (as Gemma 4's assistant and EAGLE do): the first draft step's input is
             ``pre_projection([embedding(x_t) ; h_{t-1}])``, ``h_{t-1}`` the target's last hidden state (after its final
-            norm) at the position before the token; each later step's is the same projection of the drafted token's
-            embedding and the draft's own previous state, ``post_projection`` of its last hidden state. Its drafter asks
-            the loop for ``hidden_states[-1]`` (:mod:`hf_specdraft.core.target_state`) and trains over unrolled steps.
+            norm) before the token; each later step's uses the draft's own previous state (``post_projection`` of its
+            last hidden state). Its drafter asks the loop for ``hidden_states[-1]``; it trains over unrolled steps.
         self_attention (`bool`, *optional*, defaults to `True`):
             Keep the draft's own self-attention and its KV cache. `False` (``state_input`` only) is Gemma 4's
-            assistant layout: cross-attention and MLP only (Gemma 4's block: RMS-normed query heads, unit scaling, a norm
-            after each sub-layer), no cache of its own, every draft step queried from the position of the target state it
-            started from, ``t - 1``; vLLM serves it as it is (``hf-specdraft export``, docs/serving.md).
+            assistant layout: cross-attention and MLP only, no cache of its own, every draft step queried from the
+            position of the target state it started from; vLLM serves it as it is (``hf-specdraft export``).
     """
 
     model_type = "glide"
@@ -286,13 +283,11 @@ class GlideConfig(PretrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads ({self.num_key_value_heads})")
-        if self.target_num_attention_heads % self.target_num_key_value_heads:
-            raise ValueError(
-                f"target_num_attention_heads ({self.target_num_attention_heads}) must be a multiple of "
-                f"target_num_key_value_heads ({self.target_num_key_value_heads})"
-            )
+        for prefix in ("", "target_"):
+            heads, kv_heads = getattr(self, f"{prefix}num_attention_heads"), getattr(self, f"{prefix}num_key_value_heads")
+            if heads % kv_heads:
+                raise ValueError(f"{prefix}num_attention_heads ({heads}) must be a multiple of "
+                                 f"{prefix}num_key_value_heads ({kv_heads})")
         if self.target_head_dim % 2:
             raise ValueError(f"target_head_dim must be even (RoPE rotates pairs), got {self.target_head_dim}")
         for name in ("cross_attention", "state_input", "self_attention"):
@@ -366,7 +361,6 @@ class GlideConfig(PretrainedConfig):
             eos_token_id=getattr(text, "eos_token_id", None),
             target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
         )
-        defaults.update(kwargs)
         return cls(
             hidden_size=hidden_size,
             intermediate_size=intermediate_size,
@@ -374,16 +368,9 @@ class GlideConfig(PretrainedConfig):
             num_attention_heads=num_attention_heads,
             cross_attention=cross_attention,
             target_layer_ids=target_layer_ids,
-            target_model_type=target["model_type"],
-            target_num_hidden_layers=target["num_hidden_layers"],
-            target_hidden_size=target["hidden_size"],
-            target_num_attention_heads=target["num_attention_heads"],
-            target_num_key_value_heads=target["num_key_value_heads"],
-            target_head_dim=target["head_dim"],
-            target_vocab_size=target["vocab_size"],
             target_max_position_embeddings=getattr(text, "max_position_embeddings", None),
-            target_rope_parameters=target["rope_parameters"],
-            **defaults,
+            **{f"target_{name}": value for name, value in target.items()},  # the _TARGET_FIELDS, recorded
+            **{**defaults, **kwargs},
         )
 
     def check_tensor_parallel(self, tp_size: int) -> None:

@@ -1,35 +1,23 @@
 """A trained GLIDE written for vLLM: Gemma 4's assistant layout, which vLLM serves as its ``"mtp"`` speculative method on
 any target whose KV cache it can share (a Llama target included; docs/serving.md).
 
-The export is for vLLM only. In transformers the GLIDE checkpoint itself is the drafter
-(``speculative_generate(target, ids, draft_model=GlideForCausalLM.from_pretrained(glide_dir))``): the export's embedding
-half of ``pre_projection`` is scaled for vLLM's inputs (below), which transformers' Gemma 4 assistant generator does not
-feed, and transformers 5.23 does not load a one-type, all-KV-shared assistant config at all. The export's config records
-the GLIDE it came from (:data:`EXPORT_KEY`), and ``draft_model=`` refuses an export with that GLIDE's name.
+The export is for vLLM only: in transformers the GLIDE checkpoint itself is the drafter (``draft_model=``), and
+``draft_model=`` refuses an export, whose config records the GLIDE it came from (:data:`EXPORT_KEY`). The layouts agree
+where GLIDE is built with ``state_input=True, self_attention=False``: Q-only attention over the target's last layer's
+keys and values, RMS-normed query heads at unit scaling, a norm after each sub-layer, ``pre_projection([embedding ;
+state])`` in, ``post_projection`` out. The weights map by name (:data:`LAYER_NAMES`), except:
 
-The layouts agree where GLIDE is built with ``state_input=True, self_attention=False`` (GlideConfig): each draft layer
-is Q-only attention over the target's last layer's keys and values, RMS-normed query heads at unit scaling, a norm
-after each sub-layer, no cache of its own; ``pre_projection([embedding ; state])`` in, ``post_projection`` of the final
-normed state out to the next step, every step's query at the position of the target state it started from. The
-weights map by name and shape (:data:`LAYER_NAMES`); two things the layout expresses differently:
+- the input embedding: vLLM feeds the **target's** embedding rows times ``sqrt(hidden_size)`` (Gemma's scale), so the
+  embedding half of ``pre_projection`` is divided by it (transformers' Gemma 4 assistant generator does not feed that);
+- the head: one tied table over the whole vocabulary. A reduced-vocabulary GLIDE's rows go to their ids, every other
+  id gets a zero row and is listed in ``generation_config.json``'s ``suppress_tokens``, whose draft logits vLLM's
+  Gemma 4 MTP model sets to -inf (vllm 0.32.0), so drafts stay in GLIDE's vocabulary as in GLIDE.
 
-- the input embedding: vLLM feeds the **target's** embedding rows times ``sqrt(hidden_size)`` (Gemma's scale, applied
-  whatever the target), so the embedding half of ``pre_projection`` is divided by that scale. A GLIDE whose input rows are
-  the target's (the SmolLM2 recipe pins them) computes the same inputs for every id of its draft vocabulary; an id outside
-  it reads its own row in vLLM, the shared "another token" row in GLIDE;
-- the head: the layout scores the whole vocabulary with one tied table and no bias. A reduced-vocabulary GLIDE's rows go
-  to their ids, every other id gets a zero row, and the export's ``generation_config.json`` lists those ids as
-  ``suppress_tokens``: vLLM's Gemma 4 MTP model sets their draft logits to -inf (``Gemma4MTP.compute_logits``, vllm
-  0.32.0), so no greedy or sampled draft falls outside GLIDE's draft vocabulary, as in GLIDE, whose logits there are the
-  dtype's minimum.
+What cannot be expressed is refused by name, with the GLIDE option that would make it exportable (:func:`unexpressible`).
+vLLM finds the layer to share from the target's ``layer_types``: the export writes the target's config with them beside
+the draft (``target_config.json``), never into the target's own directory.
 
-What cannot be expressed (self-attention, no state input, a glimpse of another layer than the target's last, a draft
-width other than the target's) is refused by name, with the GLIDE option that would make it exportable. The target needs
-``layer_types`` in its ``config.json`` for vLLM to find the layer to share: the export writes that config beside the
-draft (``target_config.json``), never into the target's own directory.
-
-    hf-specdraft export hf_specdraft/defaults/checkpoint_smollm2/glide_assistant exported/ --target ~/.cache/hf_specdraft/smollm2-135m-instruct
-    hf-specdraft export default exported/   # the same
+    hf-specdraft export default exported/   # SmolLM2's shipped GLIDE in that layout, with the embedded target's config
 """
 
 from __future__ import annotations
@@ -104,16 +92,13 @@ def assistant_weights(glide) -> dict[str, torch.Tensor]:
     projection[:, : config.hidden_size] /= math.sqrt(config.target_hidden_size)  # vLLM scales the embedding rows up by it
     out["pre_projection.weight"] = projection
     head = ours.pop("lm_head.weight")
-    embed = ours.pop("model.embed_tokens.weight")
-    ours.pop("model.target_to_draft", None)
-    ours.pop("draft_token_ids", None)
-    if config.draft_token_ids is None:
-        out["model.embed_tokens.weight"] = head
-    else:
+    for unused in ("model.embed_tokens.weight", "model.target_to_draft", "draft_token_ids"):  # input rows: the target's
+        ours.pop(unused, None)
+    if config.draft_token_ids is not None:  # the head's rows to their ids, zero rows elsewhere
         full = torch.zeros(config.vocab_size, config.hidden_size)
         full[torch.tensor(config.draft_token_ids)] = head[: len(config.draft_token_ids)]
-        out["model.embed_tokens.weight"] = full
-    del embed  # the input rows are the target's in the layout
+        head = full
+    out["model.embed_tokens.weight"] = head
     leftover = sorted(name for name in ours if "rotary" not in name)
     if leftover:
         raise ValueError(f"GLIDE tensors with no home in the assistant layout: {leftover}")
@@ -152,9 +137,7 @@ def glide_source(glide) -> str | None:
 
 def excluded_ids(config) -> list[int]:
     """The ids a reduced-vocabulary GLIDE never drafts (empty for a full vocabulary)."""
-    if config.draft_token_ids is None:
-        return []
-    kept = set(config.draft_token_ids)
+    kept = set(config.draft_token_ids if config.draft_token_ids is not None else range(config.vocab_size))
     return [i for i in range(config.vocab_size) if i not in kept]
 
 
@@ -205,10 +188,9 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
         ValueError: the GLIDE cannot be expressed in the layout (:func:`unexpressible`), or ``target_config`` is not the
             target it was built for.
     """
-    if target_config is not None:
-        problems = glide.config.target_mismatches(target_config)
-        if problems:
-            raise ValueError("target_config is not the target this GLIDE was built for:\n  " + "\n  ".join(problems))
+    problems = glide.config.target_mismatches(target_config) if target_config is not None else []
+    if problems:
+        raise ValueError("target_config is not the target this GLIDE was built for:\n  " + "\n  ".join(problems))
     weights = assistant_weights(glide)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -216,25 +198,28 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
     save_file(weights, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
     (output_dir / "README.md").write_text(model_card(glide))
     config = glide.config
-    generation = {key: getattr(config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(config, key) is not None}
-    if config.draft_token_ids is not None:  # vLLM sets these draft logits to -inf: every draft stays in GLIDE's vocabulary
+    reduced = config.draft_token_ids is not None
+    generation = {key: getattr(config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")
+                  if getattr(config, key) is not None}
+    if reduced:  # vLLM sets these draft logits to -inf: every draft stays in GLIDE's vocabulary
         generation["suppress_tokens"] = excluded_ids(config)
-    (output_dir / "generation_config.json").write_text(json.dumps(generation, indent=1) + "\n")
     notes = {
         "source": "hf_specdraft GLIDE (state_input, assistant layout)",
         "glide": glide_source(glide),
         "serves_in": "vLLM only (speculative method 'mtp'); in transformers, use the GLIDE checkpoint itself as draft_model=",
         "target": config.target_name_or_path,
-        "draft_vocabulary": None if config.draft_token_ids is None else len(config.draft_token_ids),
-        "excluded_ids": None if config.draft_token_ids is None else (
-            f"the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's draft vocabulary have zero head rows and "
-            "are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 MTP model sets to -inf"),
-        "approximations": [] if config.draft_token_ids is None else [
-            "ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's shared row"],
+        "draft_vocabulary": len(config.draft_token_ids) if reduced else None,
+        "excluded_ids": f"the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's draft vocabulary have "
+                        "zero head rows and are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 "
+                        "MTP model sets to -inf" if reduced else None,
+        "approximations": ["ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's "
+                           "shared row"] if reduced else [],
         "serve": {"speculative_config": {"method": "mtp", "model": str(output_dir), "num_speculative_tokens": 3},
                   "target": "a copy of the target's directory whose config.json is target_config.json"},
     }
-    (output_dir / "export.json").write_text(json.dumps(notes, indent=1) + "\n")
+    files = {"generation_config.json": generation, "export.json": notes}
     if target_config is not None:
-        (output_dir / "target_config.json").write_text(json.dumps(target_config_for_serving(target_config), indent=1) + "\n")
+        files["target_config.json"] = target_config_for_serving(target_config)
+    for name, data in files.items():
+        (output_dir / name).write_text(json.dumps(data, indent=1) + "\n")
     return output_dir
