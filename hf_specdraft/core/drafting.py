@@ -1,17 +1,12 @@
-"""Drafters: the contract between the loop and a drafter, the common base every hf_specdraft drafter extends, the plain
-draft-model drafter, the registry that picks a drafter for a draft model's type, and a draft model scoring a token tree
-(what beam drafting extends).
+"""Drafters: the loop's contract with a drafter, the base every hf_specdraft drafter extends, the draft-model drafter,
+the registry of drafters by model type, and a draft model scoring a token tree (CAPE's beam mode).
 
-The loop and a drafter speak through declared objects, never through attributes written into the drafter (SGLang's
-``EagleDraftInput`` / ``EagleVerifyInput`` are the model): what a drafter is, it declares once per call
-(:class:`DrafterTraits`); every step the loop hands it one :class:`DraftRequest` (the text, its view of the target,
-what the controller chose) and it answers with a :class:`DraftTree`
-(:meth:`TreeCandidateGenerator.draft_tree`); after verification a drafter that learns from its steps gets a
-:class:`DraftOutcome` (:meth:`TreeCandidateGenerator.learn`). Every drafter is a
-``transformers.generation.CandidateGenerator``; transformers' own are wrapped once per call
-(:class:`~hf_specdraft.core.state_drafting.TransformersCandidateGenerator`). Ours also answer ``get_candidates`` with
-the tree's main chain, so they work in a chain-only loop too. The decoding loop owns the target cache: a drafter may
-read it (GLIDE does) and must never change it.
+The loop and a drafter speak through declared objects, never attributes written into the drafter (SGLang's
+``EagleDraftInput`` / ``EagleVerifyInput``): a drafter declares what it is once per call (:class:`DrafterTraits`), is
+handed one :class:`DraftRequest` a step and answers with a :class:`DraftTree`, then learns from a :class:`DraftOutcome`.
+transformers' own ``CandidateGenerator`` s are wrapped once per call (:mod:`~hf_specdraft.core.state_drafting`); ours
+answer ``get_candidates`` with the tree's main chain too. The loop owns the target cache: a drafter may read it, never
+change it.
 """
 
 from __future__ import annotations
@@ -50,16 +45,13 @@ def output_vocab_size(model: PreTrainedModel) -> int:
 def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel, argument: str = "draft_model") -> None:
     target_vocab, draft_vocab = output_vocab_size(target), output_vocab_size(draft)
     if target_vocab != draft_vocab:
-        raise ValueError(
-            f"{argument} predicts {draft_vocab} token ids but the target predicts {target_vocab}; a draft must share "
-            "the target's vocabulary (use a draft trained with the target's tokenizer)"
-        )
+        raise ValueError(f"{argument} predicts {draft_vocab} token ids but the target predicts {target_vocab}; a draft must "
+                         "share the target's vocabulary (use a draft trained with the target's tokenizer)")
 
 
 def check_same_device(target: PreTrainedModel, draft: PreTrainedModel, argument: str = "draft_model") -> None:
-    """A draft runs on the target's device: it reads the target's cache (GLIDE) or hands its tokens and q to the target's
-    verification every step. A draft elsewhere is refused (never moved: moving a user's model behind their back may not
-    fit in that device's memory), naming both devices and the fix."""
+    """Refuse a draft off the target's device (it hands its tokens and q, or reads the cache, every step); never move it:
+    a user's model moved behind their back may not fit there."""
     if getattr(target, "hf_device_map", None) is not None or getattr(draft, "hf_device_map", None) is not None:
         return  # a model split over devices (device_map="auto") hands tensors between its own devices
     if draft.device != target.device:
@@ -91,8 +83,6 @@ def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList
 
 AUTO = "auto"  # num_draft_tokens="auto": the loop's DraftLengthController picks γ every step (core/controller.py)
 AUTO_START = 5  # γ of an auto drafter wrapped by another (CAPE, the cascade), which reads it once: the papers' §5.1 value
-
-
 AUTO_MAX = 8  # the longest draft the controller considers
 
 
@@ -186,15 +176,12 @@ def traits_of(generator: TreeCandidateGenerator) -> DrafterTraits:
 
 
 class TreeCandidateGenerator(CandidateGenerator):
-    """Base class of hf_specdraft drafters.
+    """Base class of hf_specdraft drafters: :meth:`prepare` once per call, :meth:`draft_tree` every step, :meth:`learn`
+    after it (where the drafter learns), :meth:`finish_call` at the end; its :class:`DrafterTraits` as class attributes.
 
-    The loop calls :meth:`prepare` once per ``generate`` call, then every step :meth:`draft_tree` with the step's
-    :class:`DraftRequest`, and :meth:`learn` with its :class:`DraftOutcome` where the drafter learns from it; at the end
-    :meth:`finish_call`. A drafter implements :meth:`propose` (the text and the target's cache alone: the default
-    :meth:`draft_tree` hands them on), or :meth:`draft_tree` where it honours what the loop chose (γ, a budget, the
-    rules, the host text). A subclass that refines :meth:`propose` of a drafter that implements :meth:`draft_tree`
-    drafts through its own :meth:`propose`. What a drafter is, it declares in the class attributes
-    :class:`DrafterTraits` lists (read once per call, :func:`traits_of`).
+    A drafter implements :meth:`draft_tree` (honouring the loop's γ, budget, rules) or :meth:`propose` (the text and the
+    target's cache alone). A subclass refining :meth:`propose` of a :meth:`draft_tree` drafter drafts through its
+    :meth:`propose`.
     """
 
     num_draft_tokens = None
@@ -241,20 +228,15 @@ class TreeCandidateGenerator(CandidateGenerator):
         self.last_stats = stats
 
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """This step's proposal for ``request`` (what the loop calls every step). By default the request's text and
-        target cache (and the target's state, for a drafter that reads it) go to :meth:`propose`."""
+        """This step's proposal for ``request``; by default its text, target cache (and state) go to :meth:`propose`."""
         if request.target_state is None:
             return self.propose(request.input_ids, request.target_cache)
         return self.propose(request.input_ids, request.target_cache, target_state=request.target_state)
 
     def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None,
                 target_state: TargetState | None = None) -> DraftTree:
-        """Draft a tree to follow ``input_ids`` `(1, L)`.
-
-        ``target_cache`` is the target's live cache; it covers ``input_ids[:, :-1]``. Read-only. ``target_state``: the
-        target's state, for a drafter that declares ``requires_model_outputs``. A drafter that implements
-        :meth:`draft_tree` answers a request holding these alone (its own γ, no rules).
-        """
+        """Draft a tree to follow ``input_ids`` `(1, L)`; ``target_cache`` (read-only) covers ``input_ids[:, :-1]``. A
+        :meth:`draft_tree` drafter answers a request holding these alone (its own γ, no rules)."""
         if self._answers_requests is None:
             raise NotImplementedError(f"{type(self).__name__} implements neither propose(input_ids, target_cache) nor "
                                       "draft_tree(request)")
@@ -269,14 +251,12 @@ class TreeCandidateGenerator(CandidateGenerator):
                 or cls.update_candidate_strategy is not TreeCandidateGenerator.update_candidate_strategy)
 
     def learn(self, outcome: DraftOutcome) -> None:
-        """What the step kept of this drafter's proposal, handed to ``update_candidate_strategy`` (transformers'
-        protocol)."""
+        """What the step kept of the proposal, handed to transformers' ``update_candidate_strategy``."""
         self.update_candidate_strategy(outcome.input_ids, outcome.scores, outcome.accepted)
 
     def copy_from_text(self, request: DraftRequest) -> DraftTree | None:
-        """This step's draft copied from the request's text (a drafter that copies from the context, e.g. GLIDE's
-        ``copy_from_context``), or `None`: the drafter drafts with its model. A batch proposer asks every row before its
-        draft forward (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`)."""
+        """This step's draft copied from the request's text (GLIDE's ``copy_from_context``), or `None`: drafted by the
+        model. A batch proposer asks every row before its draft forward."""
         return None
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
@@ -306,18 +286,13 @@ class TreeCandidateGenerator(CandidateGenerator):
         return None
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
-        """A proposer for every row of a batch at once (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`: one
-        draft forward of batch B per drafted token), or `None` (the default): the batched loop then calls each row's
-        :meth:`propose`. ``drafters`` are the rows' drafters, this one and its forks."""
+        """A proposer for the rows' ``drafters`` (this one and its forks) at once, one draft forward of batch B per token
+        (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`), or `None`: each row drafts alone."""
         return None
 
     def fork(self) -> TreeCandidateGenerator:
-        """A copy of this drafter for another sequence of a batch (:mod:`hf_specdraft.core.loop`).
-
-        Models, modules and tensors (weights, Max-Gram's table, a CASD context) are shared, not copied: drafters
-        replace their per-request tensors rather than write into them. Everything else (caches, counters, options) is
-        copied, and :meth:`prepare` resets the per-request state of each copy.
-        """
+        """A copy for another row of a batch: modules and tensors shared (drafters replace their per-request tensors,
+        never write into them), everything else copied; :meth:`prepare` resets each copy's per-request state."""
         memo: dict[int, object] = {}
         _share_tensors(self, memo, set())
         return copy.deepcopy(self, memo)
@@ -355,10 +330,8 @@ def _share_tensors(obj, memo: dict[int, object], visited: set[int], depth: int =
 
 
 class DraftModelCandidateGenerator(TreeCandidateGenerator):
-    """Vanilla speculative decoding's drafter: any small causal LM with the target's vocabulary.
-
-    Proposes a chain of ``num_draft_tokens`` (γ) tokens with their draft distributions q, so speculative
-    sampling applies. The draft keeps its own KV cache across steps and re-syncs it to the accepted text.
+    """Vanilla speculative decoding's drafter: a chain of γ tokens with their q from any small causal LM with the
+    target's vocabulary, on its own KV cache re-synced to the accepted text every step.
 
     Args:
         draft_model: a causal LM sharing the target's vocabulary.
@@ -395,9 +368,8 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         self._reset()
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> StaticDraftCache:
-        """On the compiled static path of a batch-1 call (the loop calls this after :meth:`prepare`, with the target's
-        :class:`~hf_specdraft.core.static_cache.StaticRowsCache`): the draft's forwards on a static cache of its own,
-        compiled like the target's (:mod:`~hf_specdraft.core.draft_cache`). Returns that cache."""
+        """The compiled static path (batch 1, after :meth:`prepare`): the draft on a static cache of its own, compiled
+        like the target's (:mod:`~hf_specdraft.core.draft_cache`). Returns that cache."""
         self.cache = StaticDraftCache(self.draft_model, generation_config, compile_config)
         return self.cache
 
@@ -421,9 +393,8 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
 
 
 def same_drafters(first: TreeCandidateGenerator, drafters: list[TreeCandidateGenerator], model_attribute: str, owner: type) -> bool:
-    """Whether every row drafts as ``first`` does (same class, same model object, same γ) and that class drafts
-    with ``owner``'s own :meth:`~TreeCandidateGenerator.draft_tree`, which the batch proposer stands in for: a subclass
-    that overrides ``draft_tree`` or ``propose`` drafts row by row, through its override."""
+    """Whether every row drafts as ``first`` (same class, model object and γ) through ``owner``'s own ``draft_tree``,
+    which the batch proposer stands in for (a subclass overriding ``draft_tree`` or ``propose`` drafts row by row)."""
     model = getattr(first, model_attribute)
     return type(first).draft_tree is owner.draft_tree and all(
         type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens for d in drafters)
@@ -434,9 +405,8 @@ DRAFTERS: dict[str, DrafterFactory] = {}  # model_type -> drafter, filled by the
 
 
 def register_drafter(model_type: str, factory: DrafterFactory) -> None:
-    """Make ``speculative_generate(draft_model=...)`` draft models of ``model_type`` through
-    ``factory(draft_model, num_draft_tokens=γ)`` instead of :class:`DraftModelCandidateGenerator` (GLIDE registers
-    its own: it reads the target's cache). The loop imports no method; methods register here."""
+    """Draft models of ``model_type`` through ``factory(draft_model, num_draft_tokens=γ)`` rather than
+    :class:`DraftModelCandidateGenerator` (GLIDE registers its own): the loop imports no method, methods register."""
     if not isinstance(model_type, str) or not model_type:
         raise ValueError(f"model_type must be a non-empty string, got {model_type!r}")
     if not callable(factory):
@@ -446,10 +416,8 @@ def register_drafter(model_type: str, factory: DrafterFactory) -> None:
 
 def drafter_for(draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO, copy_from_context=None,
                 max_copy_tokens: int | None = None) -> TreeCandidateGenerator:
-    """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`. The copy
-    options (:class:`~hf_specdraft.glide.GlideDraftingConfig`'s ``copy_from_context`` and ``max_copy_tokens``) go to the
-    factory where given (not None); a drafter that never copies from the context takes ``copy_from_context=False`` (or 0)
-    alone."""
+    """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`; the copy
+    options (GLIDE's) go to the factory where not None (a drafter that never copies takes only a false one)."""
     copying = {name: value for name, value in (("copy_from_context", copy_from_context), ("max_copy_tokens", max_copy_tokens))
                if value is not None}
     factory = DRAFTERS.get(getattr(draft_model.config, "model_type", None), DraftModelCandidateGenerator)
@@ -470,15 +438,13 @@ def refuse_copying(draft_model: PreTrainedModel, copying: dict) -> None:
 
 def draft_chain(generator: TreeCandidateGenerator, request: DraftRequest, next_logits,
                 device: torch.device) -> DraftTree:
-    """Draft γ tokens autoregressively on the generator's own KV cache (γ: the request's, else the generator's
-    ``num_draft_tokens``), stopping early where the request's ``stop_rule`` says another token is not worth its cost.
-
-    The cache (``generator.cache``, covering ``generator.seen``) is first re-synced to the request's text by common
-    prefix (:func:`resync`), so only the newly accepted tokens are fed. Shared by the draft-model drafter and GLIDE.
+    """Draft γ tokens (the request's, else the generator's) one by one on the generator's own cache, re-synced first to
+    the request's text (:func:`resync`), stopping early where the request's ``stop_rule`` says so. The draft model's
+    drafter and GLIDE share it.
 
     Args:
         generator: a drafter with ``cache``, ``seen`` and ``num_draft_tokens``.
-        request (:class:`DraftRequest`): the step's text (`(1, L)`, on the host too where the loop gives it), γ, rule.
+        request (:class:`DraftRequest`): the step's text `(1, L)` (on the host too where the loop gives it), γ, rule.
         next_logits: ``feed (1, n) -> logits (1, V)`` of the token after ``feed``, run on ``generator.cache``.
         device: where the draft runs.
 
@@ -512,30 +478,22 @@ def draft_chain(generator: TreeCandidateGenerator, request: DraftRequest, next_l
 
 
 def resync(generator: TreeCandidateGenerator, ids: torch.Tensor, host: list[int] | None = None) -> int:
-    """Crop ``generator.cache`` back to its common prefix with the accepted text ``ids`` `(L,)`; returns the kept length.
-
-    On the host where the loop gives the text there (``host``, the request's ``host_text``) and the drafter's last
-    proposal's tokens came back with the step's read (:attr:`DraftTree.token_list`): nothing is read from the device.
-    Otherwise by comparing tensors (:func:`~hf_specdraft.core.cache.resync_cache`)."""
+    """Crop ``generator.cache`` to its common prefix with the accepted text ``ids`` `(L,)`; returns the kept length.
+    Compared on the host where the text (``host``) and the last proposal's tokens (:attr:`DraftTree.token_list`) are
+    there, else on the device (:func:`~hf_specdraft.core.cache.resync_cache`)."""
     last = generator.seen_host
     known = None if last is None else last[1].token_list if last[1].token_list is not None else last[1].known_tokens
     if host is None or known is None or len(host) != ids.shape[0]:
         return resync_cache(generator.cache, generator.seen, ids)
     seen = last[0] + known[: len(last[1]) - 1]  # the cache covers the text then every drafted token but the last
-    keep = 0
-    for a, b in zip(seen, host):
-        if a != b:
-            break
-        keep += 1
+    keep = next((i for i, (a, b) in enumerate(zip(seen, host)) if a != b), min(len(seen), len(host)))
     return crop_to(generator.cache, min(keep, len(host) - 1))
 
 
 class DraftModelTreeScorer:
-    """Runs a causal-LM draft over a growing token tree on top of its cached prefix.
-
-    The protocol CAPE's beam mode (:func:`hf_specdraft.cape.beam.beam_search_proposal`) needs (another drafter, e.g. GLIDE, can provide the same
-    three methods): :meth:`start` caches the prefix and returns q after it, :meth:`extend` returns q after
-    each new node, :meth:`finish` drops the tree nodes from the cache again.
+    """A causal-LM draft over a growing token tree on its cached prefix, for CAPE's beam mode
+    (:func:`hf_specdraft.cape.beam.beam_search_proposal`): :meth:`start` caches the prefix and returns q after it,
+    :meth:`extend` q after each new node, :meth:`finish` drops the nodes again (GLIDE's scorer extends it).
 
     Args:
         draft_model: a causal LM sharing the target's vocabulary.
@@ -553,11 +511,8 @@ class DraftModelTreeScorer:
         self.seen = torch.zeros(0, dtype=torch.long)  # invariant between steps: the cache covers exactly `seen`
 
     def start(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> torch.Tensor:
-        """Cache ``input_ids`` `(1, L)` (re-using the common prefix with the last step) and return q `(1, V)` after it.
-
-        ``target_cache`` (the target's live cache, read-only) is unused by a plain draft model; GLIDE's scorer
-        glimpses it in this and every :meth:`extend` of the step.
-        """
+        """Cache ``input_ids`` `(1, L)` (re-using the prefix shared with the last step); q `(1, V)` after it.
+        ``target_cache`` (read-only) is for GLIDE's scorer, which glimpses it here and in every :meth:`extend`."""
         ids = input_ids[0].to(self.draft_model.device)
         keep = resync_cache(self.cache, self.seen, ids)
         logits = self._forward(target_cache, input_ids=ids[keep:][None], **with_cache(self.draft_model, self.cache), use_cache=True, logits_to_keep=1).logits[0, -1:]
