@@ -19,7 +19,6 @@ from .config import CascadeConfig
 from .factory import build_cascade_for_bench, build_max_gram_for_bench
 from .max_gram import (
     MaxGramCandidateGenerator,
-    benchmark_max_gram,
     longest_suffix_match,
     max_gram_draft,
 )
@@ -35,7 +34,6 @@ __all__ = [
     "CascadeCandidateGenerator",
     "CascadeConfig",
     "MaxGramCandidateGenerator",
-    "benchmark_max_gram",
     "build_bigram_table",
     "build_cascade_for_bench",
     "build_max_gram_for_bench",

@@ -16,15 +16,10 @@ never over sequence positions. Token ids stay ``int64``, so vocabularies above 6
     >>> max_gram_draft(seq, 3).tolist()
     [8, 1, 6]
 
-Time one proposal at an 8K-token context (CPU)::
-
-    python -c "from hf_specdraft.cascade.max_gram import benchmark_max_gram; print(benchmark_max_gram())"
+Time one proposal at an 8K-token context: ``python -m benchmarks.studies.max_gram`` (from the repository root).
 """
 
 from __future__ import annotations
-
-import statistics
-import time
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -32,6 +27,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from ..core.drafting import DraftRequest, TreeCandidateGenerator, draft_length, output_vocab_size
 from ..core.suffix_match import longest_suffix_match
 from ..core.tree import DraftTree
+from ..core.validation import check_int
 
 MAX_GRAM_TOKENS = 10  # §5.2 "we use MaG to generate 10 tokens at once, as it is rare for more than 10 tokens to be accepted"
 
@@ -105,8 +101,7 @@ class MaxGramCandidateGenerator(TreeCandidateGenerator):
     def __init__(self, bigram_table: torch.Tensor | None = None, num_draft_tokens: int | str = "auto", max_match_length: int | None = 256):
         super().__init__()
         num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens, start=MAX_GRAM_TOKENS)
-        if max_match_length is not None and (isinstance(max_match_length, bool) or not isinstance(max_match_length, int) or max_match_length < 1):
-            raise ValueError(f"max_match_length must be None or a positive int, got {max_match_length!r}")
+        check_int("max_match_length", max_match_length, allow_none=True)
         self.bigram_table = check_bigram_table(bigram_table) if bigram_table is not None else None
         self.num_draft_tokens = num_draft_tokens
         self.max_match_length = max_match_length
@@ -141,54 +136,3 @@ def check_bigram_table(table: torch.Tensor, vocab_size: int | None = None, argum
     if int(table.min()) < 0 or int(table.max()) >= max(limit, table.numel()):
         raise ValueError(f"{argument} holds token ids outside [0, {max(limit, table.numel())})")
     return table
-
-
-def benchmark_max_gram(
-    context_length: int = 8192,
-    vocab_size: int = 32000,
-    num_draft_tokens: int = MAX_GRAM_TOKENS,
-    repeats: int = 200,
-    device: str = "cpu",
-    sequence: torch.Tensor | None = None,
-    seed: int = 0,
-) -> dict:
-    """Median milliseconds per Max-Gram proposal, as the decoding loop calls it (not a test).
-
-    The default context is Zipf-distributed tokens with copied spans, so the last token has many earlier
-    occurrences (like newlines and indentation in code) and long matches exist. ``repeats`` proposals
-    are timed, each on a context one token longer (a decoding step appends at least one token).
-
-    Returns:
-        dict with ``context_length``, ``median_ms``, ``p90_ms``, ``device``, ``num_draft_tokens``.
-    """
-    if sequence is None:
-        sequence = synthetic_context(context_length + repeats, vocab_size, seed)
-    sequence = sequence.to(device).long()
-    generator = MaxGramCandidateGenerator(torch.arange(vocab_size, device=device).roll(-1), num_draft_tokens)
-    start_length = max(2, sequence.numel() - repeats)
-    times = []
-    for i in range(repeats + 5):
-        ids = sequence[None, : min(start_length + max(i - 5, 0), sequence.numel())]
-        if device != "cpu":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        generator.propose(ids)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        if i >= 5:  # warm-up
-            times.append(1000 * (time.perf_counter() - t0))
-    times.sort()
-    return {"context_length": start_length, "median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))],
-            "device": device, "num_draft_tokens": num_draft_tokens}
-
-
-def synthetic_context(length: int, vocab_size: int = 32000, seed: int = 0) -> torch.LongTensor:
-    """Zipf-distributed tokens where every 64-token block has a 50 % chance to copy an earlier span."""
-    gen = torch.Generator().manual_seed(seed)
-    ranks = torch.arange(1, vocab_size + 1, dtype=torch.float64)
-    tokens = torch.multinomial(1.0 / ranks, length, replacement=True, generator=gen)
-    for start in range(256, length - 64, 64):
-        if torch.rand(1, generator=gen).item() < 0.5:
-            src = int(torch.randint(0, start - 64, (1,), generator=gen))
-            tokens[start : start + 64] = tokens[src : src + 64].clone()
-    return tokens

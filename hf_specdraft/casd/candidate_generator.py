@@ -44,16 +44,9 @@ def tokenize_context(context, tokenizer=None, argument: str = "context"):
 
 
 def casd_acceptance(threshold: float = 0.1, top_k: int | None = None, strict: bool = False) -> ConditionalAcceptance | None:
-    """The verification rule to pass as ``speculative_generate(acceptance=...)``.
-
-    Args:
-        threshold: δ in (0, 1) of eq. 3 (the CASD paper uses 0.1, §4.1). Validated even when ``strict``.
-        top_k: k of the mixed rule, eq. 4 (the CASD paper's "CASD (Mixed)" uses 5); None for eq. 3 alone.
-        strict: exact verification instead (lossless context lookup decoding).
-
-    Returns:
-        :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance`, or None when ``strict``.
-    """
+    """The verification rule to pass as ``speculative_generate(acceptance=...)``: CASD's
+    :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance` (δ = ``threshold``, validated even when ``strict``;
+    ``top_k``: eq. 4's k, 5 in "CASD (Mixed)"), or ``None`` for exact verification (``strict``, lossless)."""
     rule = ConditionalAcceptance(threshold=threshold, top_k=top_k)  # raises ValueError for δ outside (0, 1)
     return None if strict else rule
 
@@ -111,16 +104,13 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
     def check_vocabulary(self, vocab_size: int) -> None:
         """Raise ValueError when the context holds an id the target cannot score (``>= vocab_size``)."""
         if self.pool.max_token_id >= vocab_size:
-            raise ValueError(
-                f"context holds token id {self.pool.max_token_id}, outside the target's vocabulary [0, {vocab_size}); "
-                "tokenize the context with the target's tokenizer"
-            )
+            raise ValueError(f"context holds token id {self.pool.max_token_id}, outside the target's vocabulary "
+                             f"[0, {vocab_size}); tokenize the context with the target's tokenizer")
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
         self.check_vocabulary(output_vocab_size(target))
-        self.match_lengths = []
-        self.prompt_length = None
+        self.match_lengths, self.prompt_length = [], None
 
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """𝕋 ← R(p) for the request's text `(1, L)`; the target cache is not read."""
@@ -164,10 +154,7 @@ def build_casd_for_bench(target: PreTrainedModel, context_ids: torch.Tensor, **o
         `(candidate_generator, acceptance)` for ``speculative_generate(candidate_generator=...,
         acceptance=...)``; ``acceptance`` is None in strict mode.
     """
-    threshold = options.pop("threshold", 0.1)
-    top_k = options.pop("top_k", None)
-    strict = options.pop("strict", False)
-    acceptance = casd_acceptance(threshold, top_k, strict)
+    acceptance = casd_acceptance(options.pop("threshold", 0.1), options.pop("top_k", None), options.pop("strict", False))
     generator = CasdCandidateGenerator(context_ids, **options)
     generator.check_vocabulary(output_vocab_size(target))
     return generator, acceptance

@@ -59,18 +59,12 @@ def speculative_sampling(
 def tree_rejection_sampling(target_probs, tree, generator: torch.Generator | None = None) -> tuple[list[int], int]:
     """Multi-branch rejection sampling down a token tree: lossless in distribution, and it uses q.
 
-    SpecInfer's multi-step speculative sampling (Miao et al. 2023, Algorithm 2), extended to children that
-    were *picked* rather than drawn (CAPE's expansion sets, Du et al. 2024, §4.2). At each accepted node, with r
-    the target's distribution p at that row, the children are tried in turn, drawn ones first:
-
-    - a child ``x`` drawn from its q row is accepted with probability ``min(1, r(x) / q(x))``; otherwise
-      ``r <- norm(max(0, r - q))`` (Leviathan et al.'s residual);
-    - a picked child ``x`` is accepted with probability ``r(x)``; otherwise ``r <- norm(r with r(x) = 0)``.
-
-    The walk goes down the first accepted child; when none is, the next token is drawn from r. Each rejection
-    leaves r as the exact distribution of the output given that rejection, so the emitted tokens follow p
-    whatever the tree. Accepts at least as often as token matching on drawn children (``Σ min(p, q)`` vs
-    ``Σ p q`` for one child) and as often on picked ones.
+    SpecInfer's multi-step speculative sampling (Miao et al. 2023, Algorithm 2), extended to children *picked* rather
+    than drawn (CAPE's expansion sets, Du et al. 2024, §4.2). At each accepted node, r = p at that row, the children are
+    tried in turn, drawn ones first: a drawn child ``x`` passes with probability ``min(1, r(x) / q(x))``, else
+    ``r <- norm(max(0, r - q))``; a picked one with probability ``r(x)``, else ``r <- norm(r with r(x) = 0)``. The walk
+    goes down the first accepted child, or draws the next token from r. Each rejection leaves r the exact distribution
+    of the output given it, so the tokens follow p whatever the tree, accepted at least as often as by token matching.
 
     Args:
         target_probs: ``row -> p`` `(V,)`: row 0 scores the children of the root, row ``i + 1`` those of node ``i``.
@@ -175,22 +169,12 @@ def lenient_review(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torc
 
 def lenient_review_sampling(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torch.Tensor, lenience: float,
                             generator: torch.Generator | None = None) -> tuple[int, int]:
-    """Probabilistic (lenient) review by a draft when sampling (§3.1).
+    """Probabilistic (lenient) review by a draft when sampling (§3.1); arguments as :func:`lenient_review`, ``p`` warped.
 
-    Candidate ``x_i`` with drafter probability ``q(x_i)`` passes when ``q(x_i) <= l * p_i(x_i)``, else with
-    probability ``l * p_i(x_i) / q(x_i)``; the first rejection ends the review. MaG's tokens (``q = inf``) are
-    point masses and are never lenient: each passes with probability ``p_i(x_i)``. The reviewer's own token
-    after the kept prefix is drawn from ``p`` at that position, without the rejected token when there is one.
-    Lossy by design (only drafts review this way; the target's review stays exact, so the output is not).
-
-    Args:
-        p (`torch.FloatTensor` of shape `(k+1, V)`): the reviewer's (warped) distribution at each position.
-        candidates (`torch.LongTensor` of shape `(k,)`), q_candidates (`torch.FloatTensor` of shape `(k,)`): as in
-            :func:`lenient_review`.
-        lenience: ``l >= 1``.
-
-    Returns:
-        `(accepted, next_token)`.
+    Candidate ``x_i`` passes when ``q(x_i) <= l * p_i(x_i)``, else with probability ``l * p_i(x_i) / q(x_i)``; the
+    first rejection ends the review. MaG's tokens (``q = inf``, point masses) pass with probability ``p_i(x_i)``. The
+    reviewer's own token after the kept prefix is drawn from ``p`` there, less the rejected token. Lossy by design: only
+    drafts review this way (the target's review stays exact, so the output is not). Returns `(accepted, next_token)`.
     """
     k = candidates.numel()
     p_x = p[torch.arange(k, device=p.device), candidates.to(p.device)].tolist()

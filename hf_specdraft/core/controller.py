@@ -32,6 +32,7 @@ drafter (:func:`recall`, :func:`remember`), and to later processes on disk per m
 from __future__ import annotations
 
 import atexit
+import copy
 import time
 import weakref
 
@@ -316,18 +317,15 @@ class DraftLengthController:
         """One step's outcome, under the current :attr:`option`.
 
         Args:
-            drafted: the deepest draft of the step (γ for chains; a tree's depth). accepted: tokens of its draft each row
-                accepted.
+            drafted: the step's deepest draft (γ for chains). accepted: tokens of its draft each row accepted.
             draft_seconds: the step's drafting time (all rows). verify_seconds: its verification forward's time.
-            verify_tokens: tokens per row that forward verified (``1 + γ`` for a chain, ``1 +`` the tree's nodes for a tree).
-            on_chain: for a tree step, how many tokens of its first-child chain each row's accepted path starts with:
-                what the chain alone would have accepted, counted for the chain option (width 1) too, so that option's
-                acceptance is measured on every step, not only on the steps that run it.
-            confidences: for a chain drafter with a distribution, each row's probabilities of the tokens it drafted
-                (what :meth:`keep_drafting` read), counted into the confidence bins of ``â(c)``; for a tree, its chain's
-                (judged by ``on_chain``).
-            copied: the step's draft was copied from the text (:meth:`copy_length`): it counts for that match bin's
-                rates and the cost curve only, not for the model's rates, costs or confidence bins.
+            verify_tokens: tokens per row that forward verified (``1 + γ`` for a chain, ``1 +`` nodes for a tree).
+            on_chain: for a tree step, how many tokens of its first-child chain each row's path starts with: counted
+                for the chain option (width 1) too, so its acceptance is measured on every step.
+            confidences: each row's probabilities of the tokens it drafted (what :meth:`keep_drafting` read), counted
+                into the bins of ``â(c)``; for a tree, its chain's (judged by ``on_chain``).
+            copied: a draft copied from the text (:meth:`copy_length`): it counts for that match bin's rates and the
+                cost curve only.
         """
         if self.agree_seconds is not None:
             draft_seconds, verify_seconds = self.agree_seconds(draft_seconds, verify_seconds)
@@ -380,15 +378,6 @@ _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model
 _CARRIED = ("verify", "verify_samples", "draft_per_token", "measured_width", "tries", "hits", "bin_tries", "bin_hits",
             "stop_tokens", "stop_seconds", "copy_tries", "copy_hits")  # what a call passes on to the next
 _ADDED = ("copy_tries", "copy_hits")  # fields a state saved by an earlier version lacks
-
-
-def _copy(value):
-    """A copy of one carried field: a dict, a list (of lists), a float or None."""
-    if isinstance(value, dict):
-        return dict(value)
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
 
 
 def _memory_key(drafter, controller: DraftLengthController, setting: tuple):
@@ -450,7 +439,7 @@ def recall(controller: DraftLengthController, model, drafter, setting: tuple = (
         return False
     if remembered is not None and remembered[0]() is anchor:  # not an id reused by another object
         for name, value in remembered[1].items():
-            setattr(controller, name, _copy(value))
+            setattr(controller, name, copy.deepcopy(value))
         return True
     saved = load_state(_disk_key(model, anchor, key))
     return saved is not None and _restore(controller, saved)
@@ -474,7 +463,7 @@ def remember(controller: DraftLengthController, model, drafter, setting: tuple =
     if not controller.verify:
         return
     anchor, key = _memory_key(drafter, controller, setting)
-    state = {name: _copy(getattr(controller, name)) for name in _CARRIED}
+    state = {name: copy.deepcopy(getattr(controller, name)) for name in _CARRIED}
     try:
         kept = _MEMORY.setdefault(model, {})
         for stale in [k for k, (ref, _) in kept.items() if ref() is None]:  # draft models since deleted

@@ -1,17 +1,14 @@
 """What the draft-length controller learned, kept on disk so that a new process starts where the last one left off.
 
-The controller (:mod:`~hf_specdraft.core.controller`) learns the machine's cost curve, the draft's cost and the
-acceptance of a target and drafter while it runs. Within a process the next call resumes from it; this module keeps
-the same state in ``$HF_SPECDRAFT_CONTROLLER_FILE``, by default ``$HF_SPECDRAFT_CACHE/controller.json`` (``~/.cache/
-hf_specdraft``), so the first call of a later process skips the probing steps and the uninformed start (about 5 % of
-a first 48-token GLIDE call on a 2-core CPU). An entry holds for one machine (CPU model, torch build, CPU count, and
-the GPU's name on CUDA) and one pair's shapes and checkpoint names (:func:`entry_key`); the acceptance it carries
-decays within a few dozen steps, so a different text soon outweighs it. Set the variable empty to keep nothing on disk.
+Within a process the next call resumes from what the controller (:mod:`~hf_specdraft.core.controller`) learned; this
+module keeps it in ``$HF_SPECDRAFT_CONTROLLER_FILE``, by default ``$HF_SPECDRAFT_CACHE/controller.json``
+(``~/.cache/hf_specdraft``), so a later process skips the probing steps (about 5 % of a first 48-token GLIDE call on a
+2-core CPU). An entry holds for one machine (CPU model, torch build, CPU count, GPU name) and one pair's shapes and
+checkpoint names (:func:`entry_key`). Set the variable empty to keep nothing on disk.
 
-The files in ``$HF_SPECDRAFT_CACHE`` that carry what one process measured to the next (this store, and
-:mod:`~hf_specdraft.core.projection`'s calibrations of ``few_token_linears``) share the helpers first in this module:
-where each one is (:func:`cache_file`), which machine an entry holds for (:func:`machine_id`), and reading and replacing
-a JSON file safely (:func:`read_json`, :func:`write_json`).
+The helpers first in this module serve every such file (this store, and :mod:`~hf_specdraft.core.projection`'s
+calibrations): where it is (:func:`cache_file`), which machine an entry holds for (:func:`machine_id`), and reading and
+replacing JSON safely (:func:`read_json`, :func:`write_json`).
 """
 
 from __future__ import annotations
@@ -149,10 +146,7 @@ def drop_states(model=None) -> None:
     if path is None or not path.is_file():
         return
     try:
-        if model is None:
-            kept = {k: v for k, v in read_json(path).items() if not k.startswith(f"{machine_id()} || ")}
-        else:
-            kept = {k: v for k, v in read_json(path).items() if not belongs_to(k, model)}
-        write_json(path, kept)
+        mine = (lambda k: k.startswith(f"{machine_id()} || ")) if model is None else (lambda k: belongs_to(k, model))
+        write_json(path, {k: v for k, v in read_json(path).items() if not mine(k)})
     except Exception:  # noqa: BLE001 - a cache
         pass

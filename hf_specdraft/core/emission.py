@@ -1,13 +1,9 @@
 """One row's share of a step after verification: accept a path of its tree by its rule, emit it and the target's next
 token where ``generate`` would stop, and record the step (:func:`accept_row`).
 
-The stop checks run on host tokens and read nothing back from the device (:class:`HostStops`). ``generate`` hands a
-custom decoding loop its ``StoppingCriteriaList``: ``MaxLengthCriteria`` (always), ``EosTokenCriteria`` (with an eos
-token), and whatever else the call asked for (``max_time``, ``stop_strings``, the user's own criteria). Called on the
-device's ``input_ids`` once per emitted token, each returns a device bool that ``bool()`` reads back: a sync per token.
-The two that every call has only need the sequence's length and its newest token, which the loop holds on the host
-(``row.tokens``), so :class:`HostStops` checks those there and calls the others, as ``generate`` would, only where the
-call has any.
+``generate``'s stopping criteria, called per emitted token on the device's ``input_ids``, each cost a sync. The two
+every call has (``MaxLengthCriteria``, ``EosTokenCriteria``) need only the length and the newest token, which the loop
+holds on the host: :class:`HostStops` checks those there and calls the others only where the call has any.
 
 Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 """
@@ -45,11 +41,6 @@ class HostStops:
             if isinstance(criterion, EosTokenCriteria):  # read once, before any step
                 self.eos.update(torch.as_tensor(criterion.eos_token_id).reshape(-1).tolist())
         self.others = StoppingCriteriaList([c for c in criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
-
-    @property
-    def reads_scores(self) -> bool:
-        """Whether a criterion of the call's own is called (it is handed each token's scores, as in ``generate``)."""
-        return len(self.others) > 0
 
     def emit(self, row: Row, tokens: list[int], scores: list[torch.Tensor] | None) -> tuple[int, bool]:
         """How many of ``tokens`` row ``row`` appends (``row.tokens`` holds its sequence so far), and whether it stops
@@ -117,7 +108,7 @@ def emit_tokens(row: Row, tree: DraftTree, path: list[int], next_token: int, row
     tokens = ([tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()) + [next_token]
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
     out = row.out
-    emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.reads_scores else None)
+    emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.others else None)
     for j in range(emitted):
         if generation_config.output_scores:
             out.scores.append(rows.scores(row_of[j])[None])

@@ -1,25 +1,16 @@
-"""Freed host memory handed back to the system between calls, on request, so a long-running process does not grow call by
-call.
+"""Freed host memory handed back to the system between calls, on request, so a long-running process does not grow.
 
-Calls of varied lengths allocate and free host buffers of ever new sizes (activations, logits, the per-shape kernels
-of oneDNN on CPU). glibc's ``malloc`` keeps much of what is freed in its arenas for reuse, fragmented, so a process's
-resident memory creeps up over hundreds of calls although little of it is live (+90 MiB after 350 varied default
-calls on a 2-core Xeon VM, of which ``malloc_trim(0)`` gave back all but a few MiB;
-``benchmarks/verification/memory-49-cpu*.json``).
+Calls of varied lengths allocate and free host buffers of ever new sizes; glibc's ``malloc`` keeps much of what is
+freed in its arenas, fragmented, so resident memory creeps up although little of it is live (+90 MiB after 350 varied
+default calls on a 2-core Xeon VM, all but a few MiB given back by ``malloc_trim(0)``).
 
-Off by default: ``malloc_trim`` takes every arena's lock while it runs, so other threads of the process wait on
-``malloc`` meanwhile, a side effect a library should not impose on its host. Set ``HF_SPECDRAFT_TRIM_MIB`` to a
-number of MiB (``32`` is what the measurements used) to turn it on: every call then checks the setting before it
-starts (a malformed value raises ``ValueError`` before any forward), and after it ends :func:`after_call` reads the
-process's resident size (one read of ``/proc/self/statm``) and, once it has grown that many MiB past its floor, calls
-glibc's ``malloc_trim(0)``. The trim runs after the call has released the model's static caches and outside any lock
-another thread waits on (one thread trims at a time; another that finishes meanwhile skips its trim). The floor is
-where the first call left the process, a call's working set included: it is not lowered to what a trim leaves, since
-the next call takes those pages back (trimming down to it would trim after every call and fault the pages in again
-every time), but it follows the process down when a call ends lower (a model freed) and up when a trim cannot bring it
-back under the floor (memory that is live, such as a model loaded). With the setting at ``N`` a process's resident
-memory ends a call at most ``N`` MiB above its floor plus what is live. Nothing happens where glibc or ``/proc`` is
-missing (macOS, Windows, musl).
+Off by default: ``malloc_trim`` holds every arena's lock while it runs, stalling the process's other threads. Set
+``HF_SPECDRAFT_TRIM_MIB`` to a number of MiB (``32`` in the measurements) to turn it on: a call checks the setting
+before it starts (a malformed value raises ``ValueError`` before any forward), and after it ends :func:`after_call`
+trims once the resident size has grown that many MiB past its floor, outside any lock another thread waits on (one
+thread trims at a time). The floor is where the first call left the process, working set included (trimming below it
+would only fault the pages back in next call); it follows the process down when a call ends lower and up when a trim
+cannot get under it (live memory, such as a model loaded). Nothing happens without glibc or ``/proc``.
 """
 from __future__ import annotations
 

@@ -1,25 +1,17 @@
 """The target's state handed to the drafters that ask for it: the named layers' hidden states at the kept positions.
 
-Drafters that read the target's hidden state (Gemma 4's assistant, DFlash, models' own MTP heads, EAGLE) follow
-transformers' protocol (``generation/candidate_generator.py``): the class attributes ``requires_model_outputs`` and
-``model_kwargs_overrides`` (e.g. ``{"output_hidden_states": [2, 4]}``: only those entries of ``hidden_states``, entry 0
-being the embeddings), and ``get_candidates(input_ids, model_kwargs=, model_outputs=, is_first_iteration=,
-n_last_matches=)``. The loop honours the same protocol on every layout (one row, a padded batch, the static buffers):
+Drafters that read the target's hidden state (Gemma 4's assistant, DFlash, MTP heads, EAGLE) follow transformers'
+protocol (``generation/candidate_generator.py``): ``requires_model_outputs``, ``model_kwargs_overrides`` (e.g.
+``{"output_hidden_states": [2, 4]}``, entry 0 the embeddings) and ``get_candidates(input_ids, model_kwargs=,
+model_outputs=, is_first_iteration=, n_last_matches=)``. The loop honours it on every layout:
 
-* :class:`StateRequest` merges what the call's drafters ask into the keyword arguments of the target's forwards
-  (prefill and verification). A call whose drafters ask for nothing has an empty request: its forwards are unchanged
-  and nothing more is gathered or read, so such a drafter pays nothing.
-* :func:`kept_states` gathers, after each verification, every asking row's states at the columns it kept (its last
-  token and its accepted path: for a tree, the kept nodes). They stay on the device.
-* :class:`TargetOutputs` carries them to the drafter, as transformers' ``model_outputs`` would: after the first step it
-  covers exactly the tokens that step added to the cache (``n_last_matches + 1`` of them); on the first call after the
-  prefill, the whole prompt (the prefill's states and the first step's). The first call of a call is flagged
-  ``is_first_iteration`` (transformers' own generators then propose nothing, so that a forward produces the states
-  they need).
+* :class:`StateRequest` merges what the drafters ask into the target's forwards' keyword arguments; empty when none
+  asks, so such drafters pay nothing.
+* :func:`kept_states` gathers, after each verification, every asking row's states at the columns it kept (on device).
+* :class:`TargetOutputs` carries them to the drafter as ``model_outputs``: the tokens the last step added to the cache
+  (``n_last_matches + 1``), or on the first call the whole prompt, flagged ``is_first_iteration``.
 
-A plain ``CandidateGenerator`` receives these through ``get_candidates``; an hf_specdraft drafter that sets
-``requires_model_outputs`` receives them as ``propose(input_ids, target_cache, target_state=...)``
-(:class:`TargetState`).
+An hf_specdraft drafter that sets ``requires_model_outputs`` receives them in its request (:class:`TargetState`).
 """
 
 from __future__ import annotations
@@ -98,8 +90,10 @@ class StateRequest:
                 elif key in self.kwargs and self.kwargs[key] != value:
                     raise ValueError(f"the drafters ask the target's forward for {key}={self.kwargs[key]!r} and {value!r}: "
                                      "give every row drafters that ask alike")
+                elif key not in inspect.signature(model.forward).parameters:
+                    raise ValueError(f"{drafter.name} asks the target's forward for {key!r}, which "
+                                     f"{type(model).__name__}.forward does not take: this drafter needs another target model")
                 else:
-                    self._check_accepted(model, key, drafter)
                     self.kwargs[key] = value
         if wanted is True:
             self.kwargs[HIDDEN] = True
@@ -109,12 +103,6 @@ class StateRequest:
 
     def __bool__(self) -> bool:
         return bool(self.kwargs)
-
-    @staticmethod
-    def _check_accepted(model, key: str, drafter) -> None:
-        if key not in inspect.signature(model.forward).parameters:
-            raise ValueError(f"{drafter.name} asks the target's forward for {key!r}, which "
-                             f"{type(model).__name__}.forward does not take: this drafter needs another target model")
 
 
 def _merge_layers(wanted, value, layers: int, drafter):

@@ -135,16 +135,14 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """Draft a chain of γ tokens after the request's text (or copy one from it, ``copy_from_context``).
 
-        The request (:class:`~hf_specdraft.core.drafting.DraftRequest`) holds the accepted text `(1, L)`, whose last
-        token is the target's newest (bonus) token at position ``t = L - 1``; the target's live cache covering
-        ``input_ids[:, :-1]`` (read-only); for a ``state_input`` GLIDE (and then required) the target's last hidden
-        states at the positions added since the last proposal (:class:`~hf_specdraft.core.target_state.TargetState`);
-        and γ, the stop rule and the copy rule where the loop's controller chose them.
+        The request (:class:`~hf_specdraft.core.drafting.DraftRequest`) holds the accepted text `(1, L)` (its last token,
+        the target's newest, at ``t = L - 1``), the target's live cache over ``input_ids[:, :-1]`` (read-only), for a
+        ``state_input`` GLIDE the target's states added since the last proposal (required), and γ, the stop rule and the
+        copy rule where the loop's controller chose them.
 
         Returns:
             a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
         """
-        input_ids, target_cache = request.input_ids, request.target_cache
         copied = self.copy_from_text(request)
         if self.requires_model_outputs:
             self._take_states(request.target_state)
@@ -152,10 +150,8 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             return copied
         cross = self.glide.config.cross_attention
         if self.requires_model_outputs:
-            if cross:
-                check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
-            return self._propose_from_state(request, target_cache if cross else None)
-        glimpse = self.cache.glimpse(target_cache, input_ids.shape[1] - 1) if cross else None
+            return self._propose_from_state(request, self._glimpse(request.target_cache, None) if cross else {})
+        glimpse = self.cache.glimpse(request.target_cache, request.input_ids.shape[1] - 1) if cross else None
         return draft_chain(self, request, lambda feed: self.cache.forward(feed, glimpse), self.glide.device)
 
     def _glimpse(self, target_cache, committed: int | None) -> dict:
@@ -205,7 +201,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         kept = self.states[:, max(start - 1, 0) - self.states_from : t - self.states_from]
         return torch.cat([kept.new_zeros(1, 1, kept.shape[2]), kept], dim=1) if start == 0 else kept
 
-    def _propose_from_state(self, request: DraftRequest, target_cache) -> DraftTree:
+    def _propose_from_state(self, request: DraftRequest, glimpse: dict) -> DraftTree:
         """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``, each
         later step the drafted token and the draft's own ``draft_state``. With self-attention, GLIDE's cache first takes
         the newly verified positions, each read with the target's state before it (what training's first pass sees).
@@ -215,7 +211,6 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
         if self.states is None or self.states_from + self.states.shape[1] != t or t < 1:
             return DraftTree.chain(ids.new_zeros(0))  # no state yet (the first step of a call): the target decodes alone
-        glimpse = {"target_past_key_values": target_cache} if target_cache is not None else {}
         if glide.config.self_attention:
             start = min(self.fed, t)
             crop_to(self.cache, start)
