@@ -77,9 +77,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return self.adaptive_draft_length and self.config.budget == AUTO and self.config.mode != "beam"
 
     def _step_config(self, length: int, request: DraftRequest) -> CapeConfig:
-        """This step's config: an ``"auto"`` budget as the request's (the loop's controller chose it for a chain of the
-        request's γ; scaled to the chain's ``length`` when the chain stopped on its confidence before γ), or twice the
-        chain."""
+        """This step's config: an ``"auto"`` budget is the request's (chosen for the request's γ, scaled to a chain that
+        stopped early at ``length``), or twice the chain."""
         if self.config.budget != AUTO:
             return self.config
         gamma = request.num_draft_tokens or self.num_draft_tokens
@@ -150,16 +149,15 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """The expanded proposal after the request's text `(1, L)`: the wrapped drafter's chain for its own request
-        (:meth:`chain_request`) plus one expansion set per position, within the request's budget."""
+        """The wrapped drafter's chain after the request's text `(1, L)` (:meth:`chain_request`), plus one expansion set
+        per position within the budget."""
         if self.scorer is not None:  # (a drafter that reads the target's state has no beam scorer: refused at construction)
             return self._propose_beam(request)
         return self.expand(self.drafter.draft_tree(self.chain_request(request)), request)
 
     @staticmethod
     def chain_request(request: DraftRequest) -> DraftRequest:
-        """What the wrapped chain drafter is asked for: this step's text, its view of the target, γ and the rules; the
-        budget is the tree's, CAPE's own."""
+        """The wrapped chain drafter's request: this step's, less the budget (the tree's, CAPE's own)."""
         return request if request.budget is None else replace(request, budget=None)
 
     def learn(self, outcome: DraftOutcome) -> None:
