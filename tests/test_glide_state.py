@@ -16,7 +16,8 @@ from hf_specdraft.cape import CapeCandidateGenerator
 from hf_specdraft.core.target_state import TargetOutputs, TargetState
 from hf_specdraft.glide import GlideCandidateGenerator, GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
 from hf_specdraft.glide.training.objective import TargetWindows
-from hf_specdraft.glide.training.unrolled import conditional_agreement, self_attention_mask, unrolled_passes
+from benchmarks.studies.state_glide import conditional_agreement
+from hf_specdraft.glide.training.unrolled import self_attention_mask, unrolled_passes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

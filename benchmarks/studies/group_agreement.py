@@ -28,7 +28,7 @@ from hf_specdraft import speculative_generate
 from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
 from hf_specdraft.glide.training.evaluation import teacher_forced_alpha
 from hf_specdraft.glide.training.objective import TargetWindows
-from hf_specdraft.glide.training.unrolled import conditional_agreement
+from benchmarks.studies.state_glide import conditional_agreement
 
 
 def read_prompts(path: str | Path) -> list[dict]:
@@ -89,7 +89,7 @@ def teacher_forced(target, glide, answered) -> dict[str, dict]:
 @torch.no_grad()
 def by_step(target, glide, answered, steps: int = 3) -> dict[str, list[float]]:
     """Per category: greedy agreement at draft steps 1..``steps``, each given the earlier ones, over the answer's
-    positions, teacher-forced (:func:`~hf_specdraft.glide.training.unrolled.conditional_agreement`): what the model
+    positions, teacher-forced (:func:`benchmarks.studies.state_glide.conditional_agreement`): what the model
     cards report."""
     per: dict[str, list[list[int]]] = {}
     for category, ids, prompt_length in answered:

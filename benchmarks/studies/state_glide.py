@@ -3,7 +3,7 @@
 For each drafter (a checkpoint directory), in one run on one machine:
 
 - **agreement by draft step**: held-out greedy agreement at draft steps 1, 2, 3, each conditional on the earlier ones
-  (:func:`hf_specdraft.glide.training.unrolled.conditional_agreement`, teacher-forced on the target's own text: a held-out store
+  (:func:`conditional_agreement`, teacher-forced on the target's own text: a held-out store
   written by ``python -m recipes.distillation DIR --self-generated 48 --heldout --max-new-tokens 160 --seq-len 384``);
 - **draft cost**: milliseconds of one draft step (one token, after a 300-token context), against a target forward;
 - **the default call**: ``speculative_generate(target, ids, draft_model=drafter)`` (γ 'auto', no tuning argument) on
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import extract_model_from_parallel
 
 from hf_specdraft.core.support import with_cache
 from hf_specdraft import speculative_generate
@@ -32,12 +33,46 @@ from hf_specdraft.bench.harness import cpu_model, prompt_ids
 from hf_specdraft.defaults.tasks import build_tasks
 from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
 from hf_specdraft.glide.training.evaluation import teacher_forced_alpha
-from hf_specdraft.glide.training.objective import WindowSource
+from hf_specdraft.glide.training.objective import GlideBatch, WindowSource
 from hf_specdraft.glide.training.store import StoreWindows, load_store
-from hf_specdraft.glide.training.unrolled import conditional_agreement
+from hf_specdraft.glide.training.unrolled import unrolled_passes
 
 STEPS = 3
 DRAFT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # the embedded default loads its drafters in bf16 on CPU
+
+
+def conditional_agreement(model, batch: GlideBatch, steps: int, first: int = 0) -> list[tuple[int, int]]:
+    """Greedy agreement by draft step, each conditional on the earlier ones: for step k, ``(agreed, tried)`` over the
+    drafts whose steps 1..k-1 all drafted the target's argmax (only those reach step k under greedy verification).
+    ``first``: count only drafts started at position ``first`` or later (e.g. a chat answer's, not its request's).
+
+    Needs p (``topk_ids`` or ``target_logits``). Teacher forcing feeds the window's tokens, which are the drafts a greedy
+    loop would have fed when the window is the target's own greedy text and the earlier steps agreed.
+    """
+    glide = extract_model_from_parallel(model)
+    if batch.target_logits is not None:
+        best = batch.target_logits.argmax(-1)
+    elif batch.topk_ids is not None:
+        best = batch.topk_ids[..., 0].long()
+    else:
+        raise ValueError("agreement needs the target's next tokens: the batch has neither target_logits nor topk_ids")
+    length = batch.input_ids.shape[1]
+    alive = None  # (B, T) indexed by t: the draft started at t agreed at every step so far
+    counts = []
+    for k, logits, valid in unrolled_passes(model, batch, steps):
+        guess = logits.argmax(-1)  # GLIDE's rows: a reduced vocabulary's last row ("another token") matches nothing
+        if glide.config.draft_token_ids is None:
+            hit = guess == best  # (B, T) indexed by j = t + k - 1
+        else:
+            hit = (guess == glide.model.target_to_draft[best]) & (guess < logits.shape[-1] - 1)
+        starts = torch.arange(length - k + 1, device=hit.device)  # drafts whose step k falls in the window
+        hit_t = hit[:, starts + k - 1]
+        ok = valid[starts + k - 1][None].expand_as(hit_t)
+        ok = ok & (starts >= first)[None]
+        alive = ok if alive is None else alive[:, : starts.numel()] & ok
+        counts.append((int((hit_t & alive).sum()), int(alive.sum())))
+        alive = alive & hit_t
+    return counts
 
 
 @torch.no_grad()

@@ -1,46 +1,28 @@
 """Train GLIDE against a frozen target (GLIDE §4.1 "Block-wise Attention Mask", Appendices A and B).
 
-Each step the frozen target runs once over whole training windows and its KV cache becomes the memory
-the draft's cross-attention reads; the block-wise mask (block length L = 5) lets a token see only the
-target KV of earlier blocks, simulating at training time the KV-cache delay of inference (§4.1). The loss
-is next-token cross-entropy, optionally mixed with distillation from the target's logits (Appendix B's
-token-level form, cheap: the target forward already produces the logits); the paper's sequence-level form, the
-target writing the responses, is ``--regenerate`` (:mod:`.regenerate`). Where a target forward per step is too
-dear (a real target on a CPU), the same loop reads the target's KV and top-k from a precomputed store instead
-(:class:`~.store.StoreWindows`): the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are
-optimised:
-AdamW, warmup + cosine decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes
-through 🤗 accelerate. Every ``save_steps`` steps the run saves ``checkpoint-last/`` (GLIDE's weights as
-safetensors, optimizer, scheduler, step, RNG states) and a restarted run continues from it. Every ``eval_every``
-steps a :class:`~.evaluation.HeldOutEvaluation` measures α, greedy agreement and tokens per target forward on
-held-out data, logged to accelerate's trackers (``report_to``), ``training_log.json`` and the model card.
+Each step the frozen target runs once over whole training windows and its KV cache becomes the memory the draft's
+cross-attention reads; the block-wise mask (block length L = 5) lets a token see only the target KV of earlier blocks,
+simulating at training time the KV-cache delay of inference (§4.1). The loss is next-token cross-entropy, optionally
+mixed with distillation from the target's logits (Appendix B's token-level form; the sequence-level form, the target
+writing the responses, is ``--regenerate``: :mod:`.regenerate`). Where a target forward per step is too dear (a real
+target on a CPU), the same loop reads the target's KV and top-k from a precomputed store (:class:`~.store.StoreWindows`):
+the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are optimised: AdamW, warmup + cosine
+decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes through 🤗 accelerate. Every
+``save_steps`` steps the run saves ``checkpoint-last/`` (weights, optimizer, scheduler, step, RNG states), which a
+restarted run continues from; every ``eval_every`` steps a :class:`~.evaluation.HeldOutEvaluation` measures α, greedy
+agreement and tokens per target forward on held-out data (trackers, ``training_log.json``, the model card).
 
-    # one process (CPU or one GPU), token or text files
     hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama --max-steps 2000
-    # your own target in one command: a chat dataset, the target writing the replies (sequence-level self-distillation,
-    # Appendix B: regenerate.py), held-out α every 200 steps, resumable after a kill, pushed with its card
-    hf-specdraft train-glide --target Qwen/Qwen2.5-0.5B-Instruct --dataset chats.jsonl --regenerate --eval-every 200 \
-        --eval-examples 64 --output-dir glide-qwen --max-steps 2000 --push-to-hub --hub-model-id me/glide-qwen
-    # several processes / GPUs: the same command under accelerate
+    # several processes / GPUs: the same command under accelerate (on CPUs, with ACCELERATE_USE_CPU=1 and --multi_gpu:
+    # accelerate 1.x's `--cpu --num_processes N` starts ONE process unless mpirun is set up)
     accelerate launch --num_processes 8 -m hf_specdraft.glide.training --target ... --data ... --output-dir ...
-    # several CPU processes (gloo). accelerate 1.x's `--cpu --num_processes N` starts ONE process unless
-    # mpirun is set up; the torchrun launcher with ACCELERATE_USE_CPU starts N:
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m hf_specdraft.glide.training ...
 
-Large targets (Appendix A: 7B/13B targets with DeepSpeed ZeRO-2 on 8 GPUs, 33B with ZeRO-3 on 16). Not
-tested here (no GPU was available); what to configure:
-
-* ZeRO-2 — ``accelerate config`` → DeepSpeed, ``zero_stage: 2``, ``mixed_precision: bf16``. It shards
-  GLIDE's optimizer state and gradients. The frozen target is not passed to ``accelerator.prepare``:
-  every process holds its own bf16 copy (load it with ``dtype=torch.bfloat16``; 7B/13B fit one GPU).
-* Targets that do not fit one GPU — either one process with the target loaded by
-  ``device_map="auto"`` (``train_glide`` leaves a model that has an ``hf_device_map`` where it is; tested with a
-  target spread over CPU and disk, ``tests/test_device_map.py``), or
-  FSDP (``distributed_type: FSDP``, ``fsdp_sharding_strategy: FULL_SHARD``) with the target wrapped by
-  your own code before calling ``train_glide``. GLIDE itself is small: plain data parallelism suffices.
-  A target split by tensor parallelism (``tp_plan``) is refused: each rank's cache holds only its share of the KV
-  heads; train against the ``device_map`` target and load the trained GLIDE with ``tp_plan="auto"`` to decode.
-* The target forward dominates the training cost (Appendix F), not GLIDE.
+Large targets (Appendix A: 7B/13B with DeepSpeed ZeRO-2 on 8 GPUs, 33B with ZeRO-3; not tested here): ZeRO-2 shards
+GLIDE's optimizer state and gradients, and the frozen target, never passed to ``accelerator.prepare``, is one bf16 copy
+per process. A target that does not fit one GPU is loaded with ``device_map="auto"`` in one process (``train_glide``
+leaves a model with an ``hf_device_map`` where it is; ``tests/test_device_map.py``) or wrapped by FSDP in your own code;
+GLIDE itself is small, and plain data parallelism suffices. A target split by tensor parallelism is refused (each
+rank's cache holds only its share of the KV heads). The target forward dominates the cost (Appendix F), not GLIDE.
 """
 
 from __future__ import annotations
@@ -133,18 +115,14 @@ class GlideTrainingArguments:
     def __post_init__(self):
         if not self.output_dir:
             raise ValueError("output_dir must be a non-empty path")
-        for name in ("max_steps", "seq_len", "per_device_batch_size", "gradient_accumulation_steps", "logging_steps"):
+        for name, least, why in (("max_steps", 1, ""), ("per_device_batch_size", 1, ""), ("logging_steps", 1, ""),
+                                 ("gradient_accumulation_steps", 1, ""), ("save_steps", 0, " (0 = never)"),
+                                 ("eval_every", 0, " (0 = never)"), ("seed", 0, ""),
+                                 ("seq_len", 2, " (a token and its successor)")):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("save_steps", "eval_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0 (0 = never), got {value!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be at least 2 (a token and its successor), got {self.seq_len}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                kind = "a positive int" if least == 1 else f"an int >= {least}"
+                raise ValueError(f"{name} must be {kind}{why}, got {value!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.warmup_steps < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0:

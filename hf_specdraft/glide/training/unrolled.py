@@ -91,36 +91,3 @@ def unrolled_passes(model, batch: GlideBatch, steps: int) -> Iterator[tuple[int,
         if config.state_input:
             state = shifted(out.draft_state)
 
-
-def conditional_agreement(model, batch: GlideBatch, steps: int, first: int = 0) -> list[tuple[int, int]]:
-    """Greedy agreement by draft step, each conditional on the earlier ones: for step k, ``(agreed, tried)`` over the
-    drafts whose steps 1..k-1 all drafted the target's argmax (only those reach step k under greedy verification).
-    ``first``: count only drafts started at position ``first`` or later (e.g. a chat answer's, not its request's).
-
-    Needs p (``topk_ids`` or ``target_logits``). Teacher forcing feeds the window's tokens, which are the drafts a greedy
-    loop would have fed when the window is the target's own greedy text and the earlier steps agreed.
-    """
-    glide = extract_model_from_parallel(model)
-    if batch.target_logits is not None:
-        best = batch.target_logits.argmax(-1)
-    elif batch.topk_ids is not None:
-        best = batch.topk_ids[..., 0].long()
-    else:
-        raise ValueError("agreement needs the target's next tokens: the batch has neither target_logits nor topk_ids")
-    length = batch.input_ids.shape[1]
-    alive = None  # (B, T) indexed by t: the draft started at t agreed at every step so far
-    counts = []
-    for k, logits, valid in unrolled_passes(model, batch, steps):
-        guess = logits.argmax(-1)  # GLIDE's rows: a reduced vocabulary's last row ("another token") matches nothing
-        if glide.config.draft_token_ids is None:
-            hit = guess == best  # (B, T) indexed by j = t + k - 1
-        else:
-            hit = (guess == glide.model.target_to_draft[best]) & (guess < logits.shape[-1] - 1)
-        starts = torch.arange(length - k + 1, device=hit.device)  # drafts whose step k falls in the window
-        hit_t = hit[:, starts + k - 1]
-        ok = valid[starts + k - 1][None].expand_as(hit_t)
-        ok = ok & (starts >= first)[None]
-        alive = ok if alive is None else alive[:, : starts.numel()] & ok
-        counts.append((int((hit_t & alive).sum()), int(alive.sum())))
-        alive = alive & hit_t
-    return counts
