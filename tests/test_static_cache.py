@@ -10,18 +10,18 @@ the warm-up: one graph per bucket, checked with dynamo's counters and ``error_on
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import CompileConfig
 
 from conftest import COMPILED_ARCHITECTURES, VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
-from hf_specdraft.core.compiled import compile_config_for
-from hf_specdraft.core.static_layout import _CACHES
+from hf_specdraft.core.static_layout import _CACHES, StaticLayout, bucket_for, compile_config_for
 from hf_specdraft.core.controller import DraftLengthController
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator
 from hf_specdraft.core.static_cache import StaticRowsCache
-from hf_specdraft.core.static_verify import bucket_for, cap_nodes
 from hf_specdraft.core.tree import DraftTree
 from hf_specdraft.glide import GlideCandidateGenerator
 from test_controller import AdaptiveOracle
@@ -282,7 +282,7 @@ def test_buckets_and_caps():
     with pytest.raises(ValueError, match="largest verification bucket 64"):
         bucket_for(65)
     tree = DraftTree(torch.arange(5), torch.tensor([-1, 0, -1, 1, 2]))
-    capped = cap_nodes(tree, 3)
+    capped = StaticLayout.fit(SimpleNamespace(max_nodes=3), tree)  # the widest bucket's limit: its first nodes
     assert capped.tokens.tolist() == [0, 1, 2] and capped.parents.tolist() == [-1, 0, -1]
     controller = DraftLengthController(8, bucket=bucket_for)
     controller.verify = {2: 0.01, 4: 0.02, 8: 0.03}
@@ -319,9 +319,9 @@ class _Row:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bucket_inputs_edited_step_to_step_equal_inputs_built_afresh(dtype):
-    """core/static_inputs: a bucket's mask, ids, positions and write columns, edited from the last step (text grown,
+    """core/static_cache: a bucket's mask, ids, positions and write columns, edited from the last step (text grown,
     a new tree block, a slot finishing, a new call's shorter rows), equal what a fresh buffer builds for the same step."""
-    from hf_specdraft.core.static_inputs import BucketInputs
+    from hf_specdraft.core.static_cache import BucketInputs
 
     chain, tree = DraftTree([5, 6, 7], [-1, 0, 1]), DraftTree([8, 9, 10, 11], [-1, -1, 0, 1])
     steps = [  # (rows: (slot, tokens, pad), trees)

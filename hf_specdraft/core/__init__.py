@@ -5,8 +5,8 @@ the proposal as data (:mod:`.tree`), statistics and rows (:mod:`.stats`, :mod:`.
 (:mod:`.support`), the verification forward's inputs (:mod:`.verify`, :mod:`.host`), the cache (:mod:`.cache`), the
 acceptance rules (:mod:`.acceptance`, :mod:`.suffix_match`), a row's emission (:mod:`.emission`), the drafters
 (:mod:`.batch_drafting`, :mod:`.drafting`, :mod:`.draft_cache`, :mod:`.target_state`,
-:mod:`.state_drafting`), the call's checks (:mod:`.inputs`, :mod:`.projection`, :mod:`.validation`), the static path
-(:mod:`.static_cache`, :mod:`.static_inputs`, :mod:`.static_verify`, :mod:`.compiled`), the cache layouts
+:mod:`.state_drafting`), the call's checks (:mod:`.inputs`, :mod:`.projection`, :mod:`.validation`), the static cache
+(:mod:`.static_cache`), the cache layouts
 (:mod:`.layouts`, :mod:`.static_layout`), costs and γ (:mod:`.controller`, :mod:`.controller_store`,
 :mod:`.meter`), tensor parallelism (:mod:`.distributed`), the result (:mod:`.outputs`, :mod:`.memory`), and the loop
 (:mod:`.loop`: ``speculative_generate``, the call's setup and the step). Beside it, :mod:`.hooks` holds what the

@@ -3,7 +3,7 @@ drafter drafts the same way on either (docs/static-cache.md).
 
 * :class:`DynamicDraftCache`: the draft's ``DynamicCache`` (every call outside the compiled static path);
 * :class:`StaticDraftCache`: on the compiled static path (``cache_implementation="static"``, compiled:
-  :func:`~hf_specdraft.core.compiled.compile_config_for`) a batch-1 call's draft runs its feeds on a
+  :func:`~hf_specdraft.core.static_layout.compile_config_for`) a batch-1 call's draft runs its feeds on a
   :class:`~hf_specdraft.core.static_cache.StaticRowsCache` of one row instead, each feed padded to a bucket of
   :data:`DRAFT_BUCKETS` and run through the draft's compiled forward (a feed longer than the widest bucket, the prompt,
   runs eagerly on the same cache). A chain drafter feeds its draft the newly accepted tokens (1 to γ + 1 of them), then
@@ -26,7 +26,6 @@ from transformers import CompileConfig, DynamicCache, GenerationConfig
 from .cache import croppable_cache
 from .host import stage
 from .static_layout import hold_draft, static_target
-from .static_verify import masks_for
 from .support import with_cache
 
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # tokens per draft feed: one drafted token, or the accepted tokens after a step
@@ -97,7 +96,7 @@ class StaticDraftCache(DraftCache):
 
     Args:
         draft_model: the draft. generation_config: the call's (``max_length`` sizes the cache).
-        compile_config: how the draft's forward compiles (the loop's, :func:`~hf_specdraft.core.compiled.compile_config_for`).
+        compile_config: how the draft's forward compiles (the loop's, :func:`~hf_specdraft.core.static_layout.compile_config_for`).
         reads: as :class:`DraftCache`'s; asked with ``committed=None`` for the warm-up's inputs.
     """
 
@@ -163,7 +162,7 @@ class StaticDraftCache(DraftCache):
         cache.set_write_columns([start], width, device)
         more = extra(columns) if extra is not None else {}
         inputs = {"input_ids": ids, "position_ids": stage(buffers, "position_ids", columns[None], device),
-                  "attention_mask": stage(buffers, "attention_mask", masks_for(self.model, cache, visible, columns[None], keys), device),
+                  "attention_mask": stage(buffers, "attention_mask", cache.masks(visible, columns[None], keys), device),
                   **{name: stage(buffers, name, value, device) if name.endswith("attention_mask") else value for name, value in more.items()}}
         if compiled:
             return self.static._forward(**inputs)[0]

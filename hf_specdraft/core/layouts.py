@@ -26,7 +26,7 @@ from .stats import SpeculativeStats
 from .support import no_logits_kwargs, with_cache
 from .target_state import prefill_states
 from .tree import DraftTree
-from .verify import batch_verify_inputs, single_row_inputs
+from .verify import LayerWindows, batch_verify_inputs, single_row_inputs
 
 
 class CacheLayout:
@@ -135,11 +135,11 @@ class DynamicLayout(CacheLayout):
 
     def __init__(self, model, cache: DynamicCache):
         super().__init__(model)
-        self.cache = cache
-        self.dtype = model.dtype  # the masks' (asked once: the model walks its parameters to answer)
+        self.cache, self.with_cache = cache, with_cache(model, cache)
+        self.windows = LayerWindows(model)  # what the masks depend on (asked once: the model walks its parameters)
 
     def _forward(self, inputs: dict, extra: dict):
-        out = self.model(**inputs, **with_cache(self.model, self.cache), use_cache=True, **extra)
+        out = self.model(**inputs, **self.with_cache, use_cache=True, **extra)
         return out.logits.float(), inputs["input_ids"], out.hidden_states if extra.get("output_hidden_states") else None
 
 
@@ -152,7 +152,7 @@ class OwnedRow(DynamicLayout):
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
         start = time.perf_counter()
         if input_ids.shape[1] > 1:
-            out = self.model(input_ids=input_ids[:, :-1], **with_cache(self.model, self.cache), use_cache=True, **no_logits_kwargs(self.model),
+            out = self.model(input_ids=input_ids[:, :-1], **self.with_cache, use_cache=True, **no_logits_kwargs(self.model),
                              **request.kwargs)
             if request.hidden:
                 prefill_states(out.hidden_states, rows)
@@ -162,7 +162,7 @@ class OwnedRow(DynamicLayout):
         return self.cache
 
     def verify(self, rows, trees, extra):
-        inputs = single_row_inputs(self.model, rows[0].ids, self.cache, trees[0], self.dtype)
+        inputs = single_row_inputs(self.windows, rows[0].ids, self.cache, trees[0])
         return self._forward(inputs, extra)
 
     def keep(self, rows, cached, kept, survivors):
@@ -191,7 +191,7 @@ class SharedBatch(DynamicLayout):
             device = input_ids.device
             mask = (torch.arange(input_ids.shape[1], device=device)[None] >= torch.tensor([r.pad for r in rows], device=device)[:, None]).long()
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], **with_cache(self.model, self.cache),
+            out = self.model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], **self.with_cache,
                              use_cache=True, **no_logits_kwargs(self.model), **request.kwargs)
             for layer in self.cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
                 if layer.keys is not None:  # a KV-shared layer holds nothing of its own
@@ -208,7 +208,7 @@ class SharedBatch(DynamicLayout):
         return self.cache, [row.cached for row in active]
 
     def verify(self, rows, trees, extra):
-        ids, mask, positions = batch_verify_inputs(rows, trees, self.cache.get_seq_length(), self.dtype, rows[0].device)
+        ids, mask, positions = batch_verify_inputs(rows, trees, self.cache.get_seq_length(), self.windows.dtype, rows[0].device)
         self._columns = self.cache.get_seq_length()  # invariant: row a holds the last rows[a].cached of these columns
         return self._forward({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, extra)
 

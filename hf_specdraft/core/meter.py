@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from .compiled import captured_seconds
+from .static_layout import captured_seconds
 from .controller import DraftLengthController
 from .emission import chain_accepted
 from .rows import Row

@@ -1,18 +1,27 @@
-"""A static KV cache the loop owns: preallocated, written past each row's committed length, compacted by index.
+"""A static KV cache the loop owns: preallocated, written past each row's committed length, compacted by index; and
+the inputs of its forwards (docs/static-cache.md).
 
 ``generate(..., custom_generate=speculative_generate, cache_implementation="static")`` selects it. Every layer holds
 one buffer `(B, H, max_cache_len, D)` allocated once (and reused by later calls of the same shape,
-:mod:`~hf_specdraft.core.compiled`). Row ``b`` keeps its text where it sits in ``row.ids``: columns
+:mod:`~hf_specdraft.core.static_layout`). Row ``b`` keeps its text where it sits in ``row.ids``: columns
 ``[pad_b, len(row.ids) - 1)`` (its left padding stays in ``[0, pad_b)``, never seen). A step writes the row's
 ``[last token] + tree``, padded to a bucket of ``Q`` tokens, at columns ``len(row.ids) - 1`` onward, past what it
 has committed; acceptance copies the accepted nodes' columns into place with one ``index_copy_`` per tensor
 (:meth:`StaticRowsCache.keep`). Nothing is rewound: the committed length *is* ``len(row.ids) - 1``, and columns past
-it are hidden by the mask every forward takes (:mod:`~hf_specdraft.core.static_verify`) until a later step
-overwrites them. gpt-fast overwrites rejected slots and hides them with the mask the same way; Sequoia compacts
-with ``index_copy_``.
+it are hidden by the mask every forward takes until a later step overwrites them. gpt-fast overwrites rejected slots
+and hides them with the mask the same way; Sequoia compacts with ``index_copy_``.
 
 Why not transformers' ``StaticCache``: in 5.23 it writes at an internal ``cumulative_length`` for the whole batch and
 cannot crop (``is_croppable=False``); rows that accept different numbers of tokens need their own write columns.
+
+A compiled forward's inputs sit in fixed buffers per bucket, edited in place from step to step (:class:`BucketInputs`,
+a target without windowed layers): SGLang's CUDA-graph runner keeps one input buffer per captured batch size the same
+way. Between two steps a row's mask changes only where its text grew (columns ``[old start, start)`` become visible to
+every query) and in its tree block (columns ``[start, start + Q)``, :meth:`BucketInputs.tree_block`). The edits go
+through NumPy views of host staging buffers (a NumPy slice assignment costs well under a microsecond of host time, a
+torch op 5-10 µs on a CPU); the mask is edited as the bit patterns of its dtype (``0`` and ``finfo.min``), so bf16 needs
+no NumPy dtype. On CUDA the staging buffers are pinned and reach the device in two non-blocking copies a step; on CPU
+they are the inputs themselves. Nothing is read back.
 """
 
 from __future__ import annotations
@@ -22,7 +31,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 from .host import copy_to_device, host_tensor, on_device, to_device
-from .static_inputs import BucketInputs
+from .tree import tree_buffers
+from .verify import LayerWindows
+
+BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a float dtype's item size -> the integer dtype of its bits
+MAX_BLOCKS = 1024  # distinct tree shapes kept per bucket (a chain drafter has a handful, a CAPE tree a few hundred)
 
 
 class LayerStorage:
@@ -123,7 +136,7 @@ class StaticRowsCache(Cache):
     is_compileable = True
 
     def __init__(self, num_layers: int, batch_size: int, max_cache_len: int, windows: dict[int, tuple[int, int]] | None = None,
-                 scratch: int = 0):
+                 scratch: int = 0, layer_windows: LayerWindows | None = None):
         windows = windows or {}  # layer -> (window, ring): the windowed layers kept on rings
         super().__init__(layers=[StaticRowsLayer(max_cache_len, *reversed(windows.get(i, (None, None))), scratch=scratch)
                                  for i in range(num_layers)])
@@ -132,16 +145,62 @@ class StaticRowsCache(Cache):
         self.storage = LayerStorage(len(full))
         for i, layer in enumerate(full):
             layer.storage = (self.storage, i)
-        self.has_rings = bool(windows)
         self.rings = sorted({layer.ring for layer in self.layers if layer.ring is not None})
+        self.has_rings = bool(self.rings)
         self._write_buffers: dict[tuple, torch.Tensor] = {}  # (ring or None, Q) -> (B, 1, Q, 1) long: a fixed buffer per width
         self.inputs: dict[tuple, torch.Tensor] = {}  # a compiled forward's inputs, one fixed buffer per name and shape (stage)
         self.buckets: dict[int, BucketInputs] = {}  # without windowed layers: each bucket's inputs, edited step to step
-        self.mask_dtype = torch.float32  # the model's dtype (set by its owner: asking the model walks its parameters)
-        self.windowed = True  # whether masks differ per layer type (set by its owner)
+        # what the model's masks depend on (read once by the cache's owner: asking the model walks its parameters)
+        self.layer_windows = layer_windows
+        self.mask_dtype = torch.float32 if layer_windows is None else layer_windows.dtype
+        self.windowed = layer_windows is None or layer_windows.windowed  # whether masks differ per layer type
+        types = [] if layer_windows is None else layer_windows.types
+        self.kind_rings = {kind: layer.ring for kind, layer in zip(types, self.layers) if layer.ring is not None}
+
+    def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor,
+              starts: torch.Tensor | None = None):
+        """The model's masks (host, in its dtype) from ``mask`` `(B, Q, L)` bool (seen) or `(B, 1, Q, L)` additive, per
+        layer type where windows apply (:meth:`~hf_specdraft.core.verify.LayerWindows.masks`); with ``starts`` `(B,)`
+        (each row's first written column), the ring layers' over their slots (:meth:`onto_rings`). Callers put them on
+        the device with :func:`~hf_specdraft.core.host.stage`."""
+        if mask.dtype == torch.bool:
+            mask = additive(mask[:, None], self.mask_dtype)
+        masks = mask if self.layer_windows is None else self.layer_windows.masks(mask, query_positions, key_positions)
+        return masks if starts is None or not self.has_rings else self.onto_rings(masks, starts, mask.shape[2])
+
+    def onto_rings(self, masks, starts: torch.Tensor, width: int):
+        """Masks over a ring layer's slots, gathered from masks over the columns `(B, 1, Q, L)`; its scratch slots never seen.
+
+        Slot ``c`` of a ring of ``R`` holds, for row ``b`` writing columns ``starts[b] .. starts[b] + width - 1``, the
+        newest column ``s ≡ c (mod R)`` up to the last of them; ``s < 0`` (never written) is blocked."""
+
+        def onto_slots(mask: torch.Tensor, ring: int) -> torch.Tensor:
+            batch, _, queries, columns = mask.shape
+            slots = torch.arange(ring, device=mask.device)
+            last = starts.to(mask.device)[:, None] + width - 1
+            held = slots + ring * torch.div(last - slots, ring, rounding_mode="floor")  # (B, R)
+            picked = mask.gather(-1, held.clamp(0, columns - 1)[:, None, None, :].expand(batch, 1, queries, ring))
+            picked = picked.masked_fill(~((held >= 0) & (held < columns))[:, None, None, :], torch.finfo(mask.dtype).min)
+            blocked = torch.full((batch, 1, queries, self.scratch), torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+            return torch.cat([picked, blocked], dim=-1)
+
+        if isinstance(masks, dict):
+            return {kind: onto_slots(mask, self.kind_rings[kind]) if kind in self.kind_rings else mask for kind, mask in masks.items()}
+        return onto_slots(masks, self.rings[0])
+
+    def scratch_masks(self, masks, width: int):
+        """A warm-up's masks on the ring layers: dummy ``q`` wrote scratch slot ``ring + q`` and sees only it."""
+
+        def scratch_mask(ring: int) -> torch.Tensor:
+            seen = torch.arange(ring + self.scratch)[None] == ring + torch.arange(width)[:, None]  # (Q, R + S)
+            return additive(seen.expand(self.num_rows, 1, width, ring + self.scratch), self.mask_dtype)
+
+        if isinstance(masks, dict):
+            return {kind: scratch_mask(self.kind_rings[kind]) if kind in self.kind_rings else mask for kind, mask in masks.items()}
+        return scratch_mask(self.rings[0])
 
     def bucket_inputs(self, width: int, device: torch.device) -> BucketInputs:
-        """The fixed inputs of bucket ``width``'s forward (:class:`~hf_specdraft.core.static_inputs.BucketInputs`)."""
+        """The fixed inputs of bucket ``width``'s forward (:class:`BucketInputs`)."""
         inputs = self.buckets.get(width)
         if inputs is None or inputs.device != torch.device(device) or inputs.host_mask.dtype != self.mask_dtype:
             inputs = self.buckets[width] = BucketInputs(self.num_rows, width, self.max_cache_len, self.mask_dtype, device)
@@ -152,21 +211,18 @@ class StaticRowsCache(Cache):
         for layer in self.layers:
             layer.write_index = index
 
-    def set_write_columns(self, starts: list[int], width: int, device: torch.device, scratch: bool = False,
-                          columns: torch.Tensor | None = None) -> None:
+    def set_write_columns(self, starts: list[int], width: int, device: torch.device, scratch: bool = False) -> None:
         """The next forward writes row ``b``'s ``width`` states at columns ``starts[b] ..`` (a ring layer: their slots).
 
         Built on the host from ``starts`` (ints: nothing is read back) and copied into a fixed buffer per width (CUDA
         graphs replay on its address). ``scratch``: a warm-up's dummies, at the full layers' last columns (past any row's
-        text) and the ring layers' scratch slots (past every slot a column maps to). ``columns`` `(B, width)` (host):
-        explicit columns instead of consecutive ones (the prefill's).
+        text) and the ring layers' scratch slots (past every slot a column maps to).
         """
         last = max(starts) + width
         if len(starts) != self.num_rows or last > self.max_cache_len or min(starts) < 0 or (scratch and width > self.scratch and self.rings):
             raise ValueError(f"write columns of {len(starts)} rows x {width} up to {last - 1} do not fit a static cache of "
                              f"{self.num_rows} rows x {self.max_cache_len} columns")
-        if columns is None:
-            columns = host_tensor([c for start in starts for c in range(start, start + width)], (len(starts), width))
+        columns = host_tensor([c for start in starts for c in range(start, start + width)], (len(starts), width))
         for ring in [None, *self.rings]:
             if ring is None:
                 slots = columns
@@ -247,3 +303,135 @@ class StaticRowsCache(Cache):
         layer = self.layers[0]
         return (batch_size == self.num_rows and max_cache_len <= self.max_cache_len
                 and (not layer.is_initialized or (layer.device == device and layer.dtype == dtype)))
+
+
+def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An additive mask in ``dtype`` (host): ``0`` where ``visible``, ``finfo(dtype).min`` elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+
+
+def blocked_bits(dtype: torch.dtype) -> int:
+    """The bit pattern of ``finfo(dtype).min`` (a blocked mask entry) as a signed integer of the same width."""
+    return int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(BITS[dtype.itemsize]))
+
+
+class BucketInputs:
+    """The inputs of one bucket's forward on a static cache of ``batch`` rows x ``length`` columns.
+
+    Args:
+        width: the bucket ``Q`` (tokens verified per row). dtype: the mask's (the model's). device: where the forward runs.
+
+    Attributes:
+        input_ids, position_ids (`(B, Q)` long), write_index (`(B, 1, Q, 1)` long), attention_mask (`(B, 1, Q, L)`):
+            the forward's inputs, at fixed addresses (CUDA graphs replay on them).
+    """
+
+    def __init__(self, batch: int, width: int, length: int, dtype: torch.dtype, device: torch.device):
+        self.batch, self.width, self.length, self.device = batch, width, length, torch.device(device)
+        cuda = self.device.type == "cuda"
+        self.blocked = blocked_bits(dtype)
+        self.host_mask = torch.zeros(batch, 1, width, length, dtype=dtype, pin_memory=cuda)
+        self.host_packed = torch.zeros(3, batch, width, dtype=torch.long, pin_memory=cuda)  # ids, positions, write columns
+        self.mask_bits, self.packed = self.host_mask.view(BITS[dtype.itemsize]).numpy(), self.host_packed.numpy()
+        self.attention_mask = self.host_mask.to(device) if cuda else self.host_mask
+        self.all_packed = self.host_packed.to(device) if cuda else self.host_packed
+        self.input_ids, self.position_ids = self.all_packed[0], self.all_packed[1]
+        self.write_index = self.all_packed[2].view(batch, 1, width, 1)
+        for tensor in (self.attention_mask, self.all_packed, self.input_ids, self.position_ids, self.write_index):
+            torch._dynamo.mark_static_address(tensor)
+        self.slots: list = [None] * batch  # what each slot's mask holds: (pad, start), "dummy", or None (rebuild it)
+        self.blocks: dict[tuple, tuple] = {}  # tree shape -> (tree_block, depths): see tree_block
+        self.copied = None  # CUDA: an event after the last step's copies (the staging buffers are free again)
+
+    def inputs(self) -> dict:
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": self.attention_mask}
+
+    def _ready(self) -> None:
+        """Wait until the last copies out of the staging buffers have run (at once: a step reads back before the next)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+
+    def _send(self) -> None:
+        if self.device.type == "cuda":
+            self.attention_mask.copy_(self.host_mask, non_blocking=True)
+            self.all_packed.copy_(self.host_packed, non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+    def fill(self, rows, trees) -> None:
+        """Every slot's inputs for one step: ``rows`` (``row.index`` its slot, ``row.tokens`` its host text, ``row.pad``)
+        each verifying ``[last token] + tree``; slots of no row (finished) verify dummies written into their own first
+        columns, each seeing only itself. Trees whose tokens are still on the device are copied there, device to device."""
+        self._ready()
+        bits, packed, width = self.mask_bits, self.packed, self.width
+        on_device, active = [], {row.index: (row, tree) for row, tree in zip(rows, trees)}
+        for b in range(self.batch):
+            if b not in active:
+                self._dummy_slot(b)
+                continue
+            row, tree = active[b]
+            n, start, pad = len(tree), len(row.tokens) - 1, row.pad
+            block, depths = self.tree_block(tree.parent_list)
+            held = self.slots[b]
+            if held is None or held == "dummy" or held[0] != pad or held[1] > start:  # another call's row, or none yet
+                bits[b] = self.blocked
+                bits[b, 0, :, pad:start] = 0
+            elif held[1] < start:  # the text grew: every query now sees the columns the last step accepted
+                bits[b, 0, :, held[1] : start] = 0
+            bits[b, 0, :, start : start + width] = block
+            self.slots[b] = (pad, start)
+            ids = packed[0, b]
+            ids[0] = row.tokens[-1]
+            if tree.token_list is not None:
+                ids[1 : 1 + n] = tree.token_list
+            elif n:
+                on_device.append((b, tree))
+            ids[1 + n :] = 0
+            cached = start - pad
+            packed[1, b] = [cached + d for d in depths]
+            packed[2, b] = range(start, start + width)
+        self._send()
+        for b, tree in on_device:
+            self.input_ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
+
+    def _dummy_slot(self, b: int) -> None:
+        if self.slots[b] == "dummy":
+            return
+        bits, packed, width = self.mask_bits, self.packed, self.width
+        bits[b] = self.blocked
+        bits[b, 0, range(width), range(width)] = 0
+        packed[0, b], packed[1, b], packed[2, b] = 0, 0, range(width)
+        self.slots[b] = "dummy"
+
+    def fill_warm_up(self) -> None:
+        """Dummies at the last ``Q`` columns of every row (past any row's text and step), each seeing only itself at
+        position 0: a warm-up forward that compiles (and captures) the bucket without touching a row's state."""
+        self._ready()
+        bits, packed, width, length = self.mask_bits, self.packed, self.width, self.length
+        bits[:] = self.blocked
+        columns = range(length - width, length)
+        bits[:, 0, range(width), columns] = 0
+        packed[0], packed[1], packed[2] = 0, 0, columns
+        self.slots = [None] * self.batch  # the next step rebuilds every slot
+        self._send()
+
+    def tree_block(self, parents: list[int]) -> tuple:
+        """The mask block of a tree over its own columns, as bits `(Q, Q)`, and each query's depth (``Q`` entries).
+
+        Query 0 is the last accepted token, query ``1 + i`` node ``i``: each sees its ancestors-or-self (SpecInfer);
+        a dummy query ``j > N`` sees only its own column. Depths: 0 for the last token, ``1 + depth(i)`` for node ``i``,
+        0 for dummies. Kept per tree shape: a drafter repeats its shapes."""
+        key = tuple(parents)
+        found = self.blocks.get(key)
+        if found is not None:
+            return found
+        width, n = self.width, len(parents)
+        ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in parents])  # the last token as the root
+        block = torch.full((width, width), self.blocked, dtype=BITS[self.host_mask.element_size()])
+        block[: 1 + n, : 1 + n].masked_fill_(ancestors, 0)
+        block.diagonal()[1 + n :] = 0
+        depths += [0] * (width - 1 - n)
+        if len(self.blocks) >= MAX_BLOCKS:
+            self.blocks.clear()
+        self.blocks[key] = found = (block.numpy(), depths)
+        return found

@@ -1,38 +1,55 @@
-"""The static path's cache layout: every row at its own length in the fixed buffers of ``cache_implementation="static"``
-(:class:`StaticLayout`), verified in one forward per bucket, compiled where transformers would
-(:mod:`~hf_specdraft.core.compiled`); warm-up per bucket, and what it all cost. Beside it, the choice of a call's layout
-among the three (:func:`layout_for`: this module extends :mod:`~hf_specdraft.core.layouts`' interface).
+"""The static path of a call: every row at its own length in the fixed buffers of ``cache_implementation="static"``
+(:class:`StaticLayout`, on :class:`~hf_specdraft.core.static_cache.StaticRowsCache`), verified in fixed shapes, compiled
+by transformers' rules; beside it, the choice of a call's layout among the three (:func:`layout_for`: this module
+extends :mod:`~hf_specdraft.core.layouts`' interface).
 
-Each graph (one per verification bucket, :mod:`~hf_specdraft.core.static_verify`) is warmed up once and reused by
-every later call whose cache fits: the cache is kept per model (:func:`static_target`) and held by one call at a time
-(:func:`static_call`). Prefill stays eager, as in transformers.
+A compiled forward is one graph per input shape, so a step verifies ``[last token] + tree`` padded to the smallest bucket
+``Q >= 1 + N`` (:data:`BUCKETS`) with masked dummy nodes. Every forward on the static cache takes explicit inputs built on
+the host and moved once (a GPU forward is bound by launches, so no per-node kernel is spent on them):
+
+* ``input_ids`` `(B, Q)`, ``position_ids`` `(B, Q)`: node ``i`` of row ``b`` at position ``cached_b + 1 + depth[i]``;
+* the write columns `(B, Q)`: row ``b`` writes at ``len(row.ids) - 1`` onward, past its committed text;
+* an additive mask `(B, 1, Q, max_cache_len)` (one per layer type for windowed models): each node sees its row's text,
+  the last token and its ancestors (SpecInfer, Miao et al. 2023); a dummy node sees only itself; columns past a row's
+  text hold stale states and are never seen.
+
+Medusa, Sequoia and SGLang verify fixed-size trees the same way. Rows that already finished keep their batch slot (the
+shapes stay fixed): they verify dummies written into their own first columns, which nothing reads any more.
+
+Compiling follows transformers' rules (``GenerationMixin``'s ``_valid_auto_compile_criteria``): automatic on CUDA,
+forced or tuned elsewhere by ``compile_config=CompileConfig(...)``, off with ``disable_compile=True``; the forward is
+``torch.compile(model.__call__)`` with ``dynamic=False`` unless the config says otherwise (:func:`compile_config_for`).
+Each bucket's graph is warmed up once and reused by every later call whose cache fits: the cache is kept per model
+(:func:`static_target`) and held by one call at a time (:func:`static_call`). Prefill stays eager, as in transformers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 import weakref
 
 import torch
 from transformers import CompileConfig, GenerationConfig
-from transformers.cache_utils import get_layer_types_and_kwargs
 
-from .compiled import compile_config_for, compiled_call, record_capture
-from .host import to_device
+from .host import host_tensor, stage, to_device
 from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .rows import Row
 from .static_cache import StaticRowsCache
 from .support import no_logits_kwargs, with_cache
 from .target_state import prefill_states, rows_of
-from .static_verify import BUCKETS, bucket_for, cap_nodes, static_prefill_inputs, static_verify_inputs, warm_up_inputs
-from .tree import DraftTree
-from .verify import WINDOWED_LAYER_TYPES, may_window
+from .tree import DraftTree, tree_buffers
+from .verify import LayerWindows
 
-_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its last StaticRowsCache}, reused when it fits
+BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph each, captured on first use
 MIN_CACHE_COLUMNS = 256  # a cache holds at least this many columns, and grows by doubling: a new size is a new graph
 # per bucket (minutes on a CPU), so calls with other prompt lengths should find the cache they need already there
+RECOMPILE_LIMIT = 4 * len(BUCKETS)  # graphs dynamo may keep per code object: every bucket at a few cache sizes
+_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its last StaticRowsCache}, reused when it fits
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile config's fields: compiled __call__}
+_CAPTURED = threading.local()  # seconds the current thread has spent compiling and capturing buckets
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the lock of its static caches (every role)
 _LOCKS_GUARD = threading.Lock()
 _HELD = threading.local()  # the draft locks the current thread's static call holds (released when the call ends)
@@ -76,6 +93,50 @@ def hold_draft(model) -> None:
     _HELD.locks.append(lock)
 
 
+def captured_seconds() -> float:
+    """Seconds this thread has spent compiling and capturing buckets (target's and drafts'): the loop subtracts what a
+    step spent so, so that a bucket first needed mid-call never reaches the controller's costs or ``controller.json``."""
+    return getattr(_CAPTURED, "seconds", 0.0)
+
+
+def compiled_call(model, compile_config: CompileConfig):
+    """``torch.compile(model.__call__)`` with ``compile_config``, made once per model and config and kept beside the model.
+
+    Kept apart from transformers' ``get_compiled_call`` (which holds one compiled call per model and rebuilds it when
+    the config changes): the loop's ``dynamic=False`` config and transformers' own default would otherwise replace each
+    other's on every alternation (a bench running both), and each rebuild compiles again."""
+    key = repr(sorted(compile_config.to_dict().items()))
+    calls = _COMPILED.setdefault(model, {})
+    if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:  # dynamo's default 8 would fall back to eager silently
+        torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT  # once a second cache size is compiled
+    if key not in calls:
+        calls[key] = torch.compile(model.__call__, **compile_config.to_dict())
+    return calls[key]
+
+
+def compile_config_for(model, generation_config: GenerationConfig) -> CompileConfig | None:
+    """The ``CompileConfig`` the verification forward compiles with, or ``None`` for eager (transformers' rules)."""
+    if generation_config.disable_compile:
+        return None
+    config = generation_config.compile_config
+    if config is None and model.device.type != "cuda":
+        return None  # as transformers: automatic on CUDA only; a CompileConfig forces it elsewhere
+    if config is not None and not isinstance(config, CompileConfig):
+        raise TypeError(f"compile_config must be a transformers.CompileConfig, got {type(config).__name__}")
+    config = copy.deepcopy(config) if config is not None else CompileConfig()
+    if config.dynamic is None:
+        config.dynamic = False  # one graph per bucket: fixed shapes, never a dynamic-shape recompile
+    return config
+
+
+def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    """The smallest bucket holding ``tokens`` verified tokens per row."""
+    for bucket in buckets:
+        if bucket >= tokens:
+            return bucket
+    raise ValueError(f"{tokens} tokens per row do not fit the largest verification bucket {buckets[-1]}")
+
+
 class StaticLayout(CacheLayout):
     """The static cache's layout (:class:`~hf_specdraft.core.layouts.CacheLayout`): every row at its own length in fixed
     buffers, verified in one forward per bucket, compiled where transformers would compile.
@@ -92,6 +153,8 @@ class StaticLayout(CacheLayout):
         self.cache, self.buckets, self.one_row = cache, buckets, one_row
         self.compiled, self.compile_config = compile_config is not None, compile_config
         self.call = compiled_call(model, compile_config) if self.compiled else model.__call__
+        # what the forwards take of the model, asked once (the model walks its modules to answer)
+        self.device, self.with_cache, self.prefill_kwargs = model.device, with_cache(model, cache), no_logits_kwargs(model)
         self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
         self.drafts: list = []  # the drafts' own static caches (StaticDraftCache) where they compile too
         if not hasattr(cache, "warmed"):
@@ -102,25 +165,45 @@ class StaticLayout(CacheLayout):
         """The most tree nodes one row verifies: the widest bucket but the last token."""
         return self.buckets[-1] - 1
 
+    @property
+    def graphs(self) -> bool:
+        """Whether the forward replays CUDA graphs (compiled on CUDA): its outputs then live in the graphs' pool."""
+        return self.compiled and self.device.type == "cuda"
+
     def bucket(self, tokens: int) -> int:
         """The width a forward over ``tokens`` tokens per row runs at: its bucket when compiled, itself when eager."""
         return bucket_for(tokens, self.buckets) if self.compiled else min(tokens, self.buckets[-1])
 
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
-        """Every row's prompt but its newest token into the cache (eager), with the states ``request`` asks kept on the
-        rows (:func:`~hf_specdraft.core.target_state.prefill_states`). Returns seconds."""
-        started = time.perf_counter()
-        if input_ids.shape[1] > 1:
-            self.cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
+        """Every row's prompt but its newest token into the cache (eager, at columns ``0 .. P - 2``), with the states
+        ``request`` asks kept on the rows (:func:`~hf_specdraft.core.target_state.prefill_states`). Returns seconds.
+
+        Row ``b``'s token at column ``j >= pad_b`` sits at position ``j - pad_b`` and sees columns ``pad_b .. j``; a
+        padding column sees only itself (finite, never seen again)."""
+        started, cache = time.perf_counter(), self.cache
+        batch, width = input_ids.shape[0], input_ids.shape[1] - 1
+        if width:
+            cache.set_visible(width)  # the prefill is eager: it attends to its own columns only
+            cache.set_committed(0)
+            cache.set_write_columns([0] * batch, width, input_ids.device)
+            inputs = {"input_ids": input_ids[:, :-1]}
+            pads = [row.pad for row in rows]
+            if batch > 1 or pads[0] or cache.windowed:  # else the model's own causal mask (SDPA's fast path)
+                columns, pad = torch.arange(width), torch.tensor(pads)[:, None]
+                positions = (columns[None] - pad).clamp(min=0)
+                visible = (columns[None, None] >= pad[:, :, None]) & (columns[None, None] <= columns[None, :, None])
+                visible |= columns[None, None] == columns[None, :, None]
+                inputs.update(position_ids=stage(None, "position_ids", positions, input_ids.device), attention_mask=stage(
+                    None, "attention_mask", cache.masks(visible, positions, columns[None] - pad), input_ids.device))
+            cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
             try:
-                out = self.model(**static_prefill_inputs(self.model, self.cache, input_ids, [row.pad for row in rows]),
-                                 **with_cache(self.model, self.cache), use_cache=True, **no_logits_kwargs(self.model), **request.kwargs)
+                out = self.model(**inputs, **self.with_cache, use_cache=True, **self.prefill_kwargs, **request.kwargs)
             finally:
-                self.cache.set_prefilling(False)
+                cache.set_prefilling(False)
             if request.hidden:
                 prefill_states(out.hidden_states, rows)
-        self.cache.set_committed(input_ids.shape[1] - 1)
-        self.costs["widest_repacked"] = self.costs["holes_columns"] = self.cache.max_cache_len
+        cache.set_committed(width)
+        self.costs["widest_repacked"] = self.costs["holes_columns"] = cache.max_cache_len
         return time.perf_counter() - started
 
     def compile_drafts(self, rows: list[Row], generation_config: GenerationConfig) -> None:
@@ -168,12 +251,15 @@ class StaticLayout(CacheLayout):
         return self.cache.row_view(row.index, row.pad, len(row.tokens) - 1)
 
     def fit(self, tree: DraftTree) -> DraftTree:
-        return cap_nodes(tree, self.max_nodes)
+        """The tree's first :attr:`max_nodes` nodes (topological order keeps every parent): the widest bucket's limit."""
+        if len(tree) <= self.max_nodes:
+            return tree
+        return tree.select(range(self.max_nodes), tree.parent_list[: self.max_nodes])
 
     def warm_up(self, largest_tokens: int, extra: dict | None = None) -> None:
         """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written where no row's
-        state lives, :func:`warm_up_inputs`), so the call's own steps never compile. ``extra``: what the drafters ask of
-        the forward (:mod:`~hf_specdraft.core.target_state`): a graph of its own, returning those states too."""
+        state lives, :meth:`_dummy`), so the call's own steps never compile. ``extra``: what the drafters ask of the
+        forward (:mod:`~hf_specdraft.core.target_state`): a graph of its own, returning those states too."""
         if self.compiled and not self.cache.layers[0].is_initialized:  # buffers are allocated by an eager forward, never in a graph
             self._dummy(self.buckets[0], compiled=False)
         for bucket in self.buckets:
@@ -185,37 +271,52 @@ class StaticLayout(CacheLayout):
 
     def capture(self, bucket: int, run, key=None) -> None:
         """``run()`` a bucket's compiled forward until it is compiled (and on CUDA captured); its seconds are recorded, and
-        kept out of the costs the controller learns (:func:`~hf_specdraft.core.compiled.captured_seconds`)."""
+        kept out of the costs the controller learns (:func:`captured_seconds`)."""
         started = time.perf_counter()
-        for _ in range(3 if self.model.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
+        for _ in range(3 if self.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
             run()
-        if self.model.device.type == "cuda":
+        if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.cache.warmed.add(bucket if key is None else key)
         seconds = time.perf_counter() - started
         self.warm_up_seconds[bucket] = seconds
-        record_capture(seconds)
+        _CAPTURED.seconds = captured_seconds() + seconds
 
     def _dummy(self, width: int, compiled: bool, extra: dict | None = None) -> None:
-        """One forward of ``width`` dummy tokens per row where no row's state lives (:func:`warm_up_inputs`): compiles
-        (and on CUDA captures) a bucket, or allocates the buffers eagerly. Safe at any point of a call."""
-        inputs = warm_up_inputs(self.model, self.cache, width, self.model.device)
+        """One forward of ``width`` dummy tokens per row, each seeing only itself, written where no row's state lives:
+        the full layers' last columns (past any row's text and step) and the ring layers' scratch slots. Compiles (and
+        on CUDA captures) a bucket, or allocates the buffers eagerly. Safe at any point of a call.
+
+        Every key a dummy sees sits at its own position 0, so no window or chunk blocks it (a query that saw nothing
+        would write NaN states, which a later full-buffer forward multiplies by its zero weights)."""
+        cache, device = self.cache, self.device
+        batch, length = cache.num_rows, cache.max_cache_len
+        cache.set_visible(None)
+        if not cache.windowed:  # the very buffers the bucket's steps fill
+            inputs = cache.bucket_inputs(width, device)
+            inputs.fill_warm_up()
+            cache.use_write_index(inputs.write_index)
+            inputs = inputs.inputs()
+        else:
+            cache.set_write_columns([length - width] * batch, width, device, scratch=True)
+            own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
+            positions = torch.zeros(batch, width, dtype=torch.long)
+            masks = cache.masks(own.expand(batch, width, length), positions, torch.zeros(batch, length, dtype=torch.long))
+            inputs = {"input_ids": stage(cache.inputs, "input_ids", torch.zeros(batch, width, dtype=torch.long), device),
+                      "position_ids": stage(cache.inputs, "position_ids", positions, device),
+                      "attention_mask": stage(cache.inputs, "attention_mask",
+                                              cache.scratch_masks(masks, width) if cache.has_rings else masks, device)}
         if compiled:
             self._forward(extra, **inputs)
         else:
-            self.model(**inputs, **with_cache(self.model, self.cache), use_cache=True)
-
-    @property
-    def graphs(self) -> bool:
-        """Whether the forward replays CUDA graphs (compiled on CUDA): its outputs then live in the graphs' pool."""
-        return self.compiled and self.model.device.type == "cuda"
+            self.model(**inputs, **self.with_cache, use_cache=True)
 
     def _forward(self, extra: dict | None = None, **inputs) -> tuple[torch.Tensor, tuple | None]:
         """The bucket's forward: logits, and the ``hidden_states`` that ``extra`` asks for (else ``None``)."""
         extra = extra or {}
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed
-        out = self.call(**inputs, **with_cache(self.model, self.cache), use_cache=True, **extra)
+        out = self.call(**inputs, **self.with_cache, use_cache=True, **extra)
         hidden = out.hidden_states if extra.get("output_hidden_states") else None
         if not self.graphs:
             return out.logits, hidden
@@ -230,13 +331,65 @@ class StaticLayout(CacheLayout):
         width = self.bucket(1 + max(len(tree) for tree in trees))
         if self.compiled and graph_key(width, extra) not in self.cache.warmed:
             self.warm_up(width, extra)  # a bucket no warm-up covered: compiled here (safe mid-call), its time reported
-        inputs = static_verify_inputs(self.model, self.cache, rows, trees, width, fixed=self.compiled)
+        if self.compiled and not self.cache.windowed:
+            self.cache.set_visible(None)
+            inputs = self.cache.bucket_inputs(width, rows[0].device)  # edited in place from the last step
+            inputs.fill(rows, trees)
+            self.cache.use_write_index(inputs.write_index)
+            inputs = inputs.inputs()
+        else:
+            inputs = self._verify_inputs(rows, trees, width)
         (logits, hidden), ids = self._forward(extra, **inputs), inputs["input_ids"]
         if len(rows) < self.cache.num_rows:
             index = to_device([row.index for row in rows], logits.device)
             logits, ids = logits.index_select(0, index), ids.index_select(0, index)
             hidden = None if hidden is None else rows_of(hidden, index)
         return logits.float(), ids, hidden
+
+    def _verify_inputs(self, rows: list[Row], trees: list[DraftTree], width: int) -> dict:
+        """Inputs of one verification forward of every batch slot, ``width`` tokens each, built afresh: eager (its width
+        changes every step; attending to the columns the rows reach only, as cheap as a DynamicCache), or a windowed
+        target's. One additive mask written in place and the ids and positions made from host lists, a dozen torch ops
+        a step (a loop of per-node ops cost more than a CPU's verification forward of a tiny model); a tree whose tokens
+        are still on the device (a draft's argmax) is copied there, device to device. The write columns are set on the
+        cache."""
+        cache, fixed = self.cache, self.compiled
+        batch, dtype = cache.num_rows, cache.mask_dtype
+        length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
+        cache.set_visible(None if fixed else length)
+        mask = torch.full((batch, 1, width, length), torch.finfo(dtype).min, dtype=dtype)
+        ids, positions, starts = [[0] * width for _ in range(batch)], [[0] * width for _ in range(batch)], [0] * batch
+        keys = torch.arange(length).repeat(batch, 1) if cache.windowed else None  # each column's position, per row
+        active, on_device = {row.index for row in rows}, []
+        for b in range(batch):
+            if b not in active:  # a finished slot: dummies at its own first columns, each seeing itself
+                mask[b, 0].diagonal()[:width] = 0
+        for row, tree in zip(rows, trees):
+            b, n, start = row.index, len(tree), len(row.tokens) - 1
+            ancestors, depth = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in tree.parent_list])  # the last token as root
+            ids[b][0] = row.tokens[-1]
+            if tree.token_list is not None:
+                ids[b][1 : 1 + n] = tree.token_list
+            elif n:
+                on_device.append((b, tree))
+            cached = start - row.pad
+            positions[b] = [cached + d for d in depth] + [cached] * (width - 1 - n)
+            starts[b] = start
+            mask[b, 0, :, row.pad : start] = 0
+            mask[b, 0, : 1 + n, start : start + 1 + n].masked_fill_(ancestors, 0)
+            mask[b, 0].diagonal(start)[1 + n : width] = 0  # dummy nodes see only themselves
+            if keys is not None:
+                keys[b] -= row.pad
+                keys[b, start : start + width] = host_tensor(positions[b])
+        device, buffers = rows[0].device, cache.inputs if fixed else None
+        cache.set_write_columns(starts, width, device)
+        ids = stage(buffers, "input_ids", host_tensor([t for row in ids for t in row], (batch, width)), device)
+        for b, tree in on_device:
+            ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
+        positions = host_tensor([p for row in positions for p in row], (batch, width))
+        masks = mask if keys is None else cache.masks(mask, positions, keys, starts=host_tensor(starts))
+        return {"input_ids": ids, "position_ids": stage(buffers, "position_ids", positions, device),
+                "attention_mask": stage(buffers, "attention_mask", masks, device)}
 
     def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
         """Each row's accepted path moved into place (``cached[a]``: the columns row ``a``'s text held before the step,
@@ -249,20 +402,6 @@ class StaticLayout(CacheLayout):
 def graph_key(bucket: int, extra: dict | None):
     """What a compiled graph is kept under: its bucket, and what the drafters ask of the forward (another graph)."""
     return bucket if not extra else (bucket, repr(sorted(extra.items())))
-
-
-def ring_windows(model, widest: int, columns: int) -> dict[int, tuple[int, int]]:
-    """``{layer: (window, ring)}`` for the target's sliding-window and chunked layers whose ring (``window + widest``
-    bucket) is shorter than a full row of ``columns``: their static buffers stay the window's size at any length."""
-    if not may_window(model):
-        return {}
-    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config())
-    windows = {}
-    for i, kind in enumerate(types):
-        window = kwargs[i].get("sliding_window") if kind in WINDOWED_LAYER_TYPES else None
-        if window and window + widest < columns:
-            windows[i] = (window, window + widest)
-    return windows
 
 
 def layout_for(model, generation_config: GenerationConfig, rows: list[Row]) -> CacheLayout:
@@ -281,15 +420,15 @@ def static_target(model, generation_config: GenerationConfig, batch_size: int, r
                   buckets: tuple[int, ...] = BUCKETS, one_row: bool = True) -> StaticLayout:
     """The static path of ``model`` in ``role`` ("target", or "draft" for a draft's own cache) for a call of
     ``batch_size`` rows: the cache it had in that role reused when it fits, or a new one of ``P + max_new_tokens +
-    widest bucket`` columns rounded up to a power of two, at least :data:`MIN_CACHE_COLUMNS`."""
-    config = model.config.get_text_config()
+    widest bucket`` columns rounded up to a power of two, at least :data:`MIN_CACHE_COLUMNS`. A target's windowed layers
+    keep a ring of ``window + widest bucket`` columns (:meth:`~hf_specdraft.core.verify.LayerWindows.rings`)."""
     needed = generation_config.max_length + buckets[-1]
     caches = _CACHES.setdefault(model, {})
     cache = caches.get(role)
     if cache is None or not cache.fits(batch_size, needed, model.device, model.dtype):
         columns = max(MIN_CACHE_COLUMNS, 1 << (needed - 1).bit_length())
-        windows = ring_windows(model, buckets[-1], columns) if role == "target" else None
-        cache = StaticRowsCache(config.num_hidden_layers, batch_size, columns, windows, scratch=buckets[-1])
-        cache.windowed, cache.mask_dtype = may_window(model), model.dtype  # read once: the model is slow to ask
-        caches[role] = cache
+        windows = LayerWindows(model)  # read once: the model is slow to ask
+        cache = caches[role] = StaticRowsCache(model.config.get_text_config().num_hidden_layers, batch_size, columns,
+                                               windows.rings(buckets[-1], columns) if role == "target" else None,
+                                               scratch=buckets[-1], layer_windows=windows)
     return StaticLayout(model, cache, compile_config_for(model, generation_config), buckets, one_row)

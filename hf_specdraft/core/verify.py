@@ -5,7 +5,7 @@ A tree is verified in one forward (SpecInfer, Miao et al. 2023; Medusa, Cai et a
 
 * **one row that owns the cache** (batch 1, unpadded): a chain keeps the model's own causal mask (the fast SDPA
   path), a tree takes the float tree mask and explicit positions, windowed per layer type
-  (:func:`layer_masks`: sliding-window and chunked layers verify trees at any length);
+  (:class:`LayerWindows`: sliding-window and chunked layers verify trees at any length);
 * **a padded batch** sharing one right-aligned cache (:mod:`hf_specdraft.core.cache`): every row's tree padded to
   the widest, one 4D mask (:func:`batch_verify_inputs`).
 """
@@ -37,54 +37,66 @@ def tree_attention_inputs(tree: DraftTree, past_length: int, dtype: torch.dtype,
     return tree_mask([-1] + [0 if p < 0 else p + 1 for p in tree.parent_list], past_length, dtype, device)
 
 
-def may_window(model) -> bool:
-    """Whether ``model``'s config can build sliding-window or chunked layers (then masks are asked per layer type)."""
-    config = model.config.get_text_config()
-    declared = getattr(config, "layer_types", None) or ()
-    return bool(getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
-                or any(kind in WINDOWED_LAYER_TYPES for kind in declared))
+class LayerWindows:
+    """What a model's attention masks depend on, read once per call from its config (asking it costs more than a step's
+    mask): the layer types, the window of each sliding-window or chunked layer, whether the model takes one mask per
+    layer type (a dict; Mistral-style configs without ``layer_types`` window every layer and take one tensor), and the
+    masks' dtype (the model's)."""
+
+    def __init__(self, model):
+        config = model.config.get_text_config()
+        declared = getattr(config, "layer_types", None)
+        self.per_type, self.dtype = declared is not None, model.dtype
+        self.types, self.windows = [], {}  # windows: {layer: window}
+        if (getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
+                or any(kind in WINDOWED_LAYER_TYPES for kind in declared or ())):  # else none can be built (Llama, GPT-2)
+            self.types, kwargs = get_layer_types_and_kwargs(config)
+            self.windows = {i: kwargs[i]["sliding_window"] for i, kind in enumerate(self.types) if kind in WINDOWED_LAYER_TYPES}
+        self.windowed = bool(self.windows)
+
+    def rings(self, widest: int, columns: int) -> dict[int, tuple[int, int]]:
+        """``{layer: (window, ring)}`` for the windowed layers whose ring (``window + widest`` bucket) is shorter than a
+        row of ``columns``: their static buffers stay the window's size at any length."""
+        return {i: (window, window + widest) for i, window in self.windows.items() if window and window + widest < columns}
+
+    def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, cache=None):
+        """The tree mask each attention layer takes (on ``cache``; ``None``: every column of ``mask`` is handed over).
+
+        A windowed layer attends from a query at position ``p`` only to keys at positions ``> p - window``
+        (transformers' ``sliding_window_overlay``; chunked, Llama 4: keys in ``p``'s chunk of ``window`` positions), each
+        tree node counted at its own position. A sliding-window cache layer hands the attention only its newest keys
+        (``cache.get_mask_sizes``): its mask keeps only their columns. Every key a tree node may see is among them, since
+        every node sits at or after the last accepted position.
+
+        Args:
+            mask: additive float mask `(B, 1, Q, K)` over every cached key plus the queries.
+            query_positions: `(B, Q)` long, as passed to the model.
+            key_positions: `(K,)` or `(B, K)` long, the position of each of ``mask``'s columns.
+
+        Returns:
+            ``mask`` (no windowed layer), a dict ``{layer type: (B, 1, Q, K_type) mask}``, or one windowed mask.
+        """
+        if not self.windowed:
+            return mask
+        masks = {}
+        for i, kind in enumerate(self.types):
+            if kind in masks:
+                continue
+            window = self.windows.get(i)
+            if window is None:
+                masks[kind] = mask
+                continue
+            handed = mask.shape[-1] if cache is None else cache.get_mask_sizes(query_positions.shape[-1], i)[0]
+            keys, query = key_positions[..., -handed:].to(mask.device).unsqueeze(-2), query_positions[:, :, None].to(mask.device)
+            inside = (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)  # (B, Q, K)
+            masks[kind] = mask[..., -handed:].masked_fill(~inside[:, None], torch.finfo(mask.dtype).min)
+        return masks if self.per_type else masks[self.types[0]]
 
 
 def layer_masks(model, cache: DynamicCache, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor):
-    """The tree mask each attention layer of ``model`` takes on ``cache``.
-
-    Without sliding-window or chunked layers this is ``mask`` itself. With them, transformers' models take one
-    mask per ``config.layer_types`` entry (a dict; Mistral-style configs without ``layer_types`` window every
-    layer and take one tensor). A windowed layer attends from a query at position ``p`` only to keys at positions
-    ``> p - window`` (transformers' ``sliding_window_overlay``; chunked, Llama 4: keys in ``p``'s chunk of
-    ``window`` positions), each tree node counted at its own position. A sliding-window cache layer hands the
-    attention only its newest keys (``cache.get_mask_sizes``): its mask keeps only their columns. Every key a
-    tree node may see is among them, since every node sits at or after the last accepted position.
-
-    Args:
-        mask: additive float mask `(B, 1, Q, K)` over every cached key plus the queries.
-        query_positions: `(B, Q)` long, as passed to the model.
-        key_positions: `(K,)` or `(B, K)` long, the position of each of ``mask``'s columns.
-
-    Returns:
-        ``mask``, or a dict ``{layer type: (B, 1, Q, K_type) mask}``, or one windowed mask.
-    """
-    if not may_window(model):
-        return mask  # no windowed layer can be built from this config (Llama, GPT-2, ...): nothing to ask per layer
-    config = model.config.get_text_config()
-    types, kwargs = get_layer_types_and_kwargs(config)
-    windowed = {i for i, t in enumerate(types) if t in WINDOWED_LAYER_TYPES}
-    if not windowed:
-        return mask
-    q = query_positions.shape[-1]
-    masks = {}
-    for i, kind in enumerate(types):
-        if kind in masks:
-            continue
-        if i not in windowed:
-            masks[kind] = mask
-            continue
-        window = kwargs[i]["sliding_window"]
-        handed = cache.get_mask_sizes(q, i)[0]  # a sliding cache layer hands over only its newest keys
-        keys, query = key_positions[..., -handed:].to(mask.device).unsqueeze(-2), query_positions[:, :, None].to(mask.device)
-        inside = (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)  # (B, Q, K)
-        masks[kind] = mask[..., -handed:].masked_fill(~inside[:, None], torch.finfo(mask.dtype).min)
-    return masks if getattr(config, "layer_types", None) is not None else masks[types[0]]
+    """The tree mask each attention layer of ``model`` takes on ``cache`` (:meth:`LayerWindows.masks`), for a caller
+    that masks once (the loop reads :class:`LayerWindows` once per call)."""
+    return LayerWindows(model).masks(mask, query_positions, key_positions, cache)
 
 
 def batch_verify_inputs(rows: list[Row], trees: list[DraftTree], columns: int, dtype: torch.dtype, device: torch.device):
@@ -117,18 +129,19 @@ def batch_verify_inputs(rows: list[Row], trees: list[DraftTree], columns: int, d
     return ids, mask, positions
 
 
-def single_row_inputs(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree, dtype: torch.dtype | None = None) -> dict:
+def single_row_inputs(windows: LayerWindows, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> dict:
     """Inputs of the forward over ``[last token] + tree`` for one unpadded row that owns ``cache`` (covering
     ``input_ids[:, :-1]``): a chain keeps the model's own causal mask, a tree takes the tree mask, per layer type."""
     verify_ids = torch.cat([input_ids[:, -1:], tree.tokens.to(input_ids.device)[None]], dim=-1)
     if not len(tree) or tree.is_chain:
         return {"input_ids": verify_ids}
-    mask, positions = tree_attention_inputs(tree, input_ids.shape[1] - 1, dtype or model.dtype, input_ids.device)
+    mask, positions = tree_attention_inputs(tree, input_ids.shape[1] - 1, windows.dtype, input_ids.device)
     keys = torch.cat([torch.arange(input_ids.shape[1] - 1, device=input_ids.device), positions[0]])
-    return {"input_ids": verify_ids, "attention_mask": layer_masks(model, cache, mask, positions, keys), "position_ids": positions}
+    return {"input_ids": verify_ids, "attention_mask": windows.masks(mask, positions, keys, cache), "position_ids": positions}
 
 
 def verify_tree(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> torch.Tensor:
     """One target forward over ``[last token] + tree`` on a cache covering ``input_ids[:, :-1]`` `(1, L)`.
     Returns float32 logits `(1+N, V)`: row 0 scores the token after the last one, row ``1+i`` the token after node ``i``."""
-    return model(**single_row_inputs(model, input_ids, cache, tree), **with_cache(model, cache), use_cache=True).logits[0].float()
+    inputs = single_row_inputs(LayerWindows(model), input_ids, cache, tree)
+    return model(**inputs, **with_cache(model, cache), use_cache=True).logits[0].float()
