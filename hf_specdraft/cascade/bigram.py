@@ -1,14 +1,10 @@
 """The argmax bigram table Max-Gram falls back to (Chen et al. 2024, §3.3).
 
-``table[t]`` is the token that most often follows ``t`` in a corpus (ties: the smallest id). The paper
-builds it from Wikipedia "to maintain the generality"; ``hf-specdraft build-bigram`` builds it from any
-corpus for a given tokenizer, by default the embedded default's train split (the command lives in
-``hf_specdraft.defaults.bigram``, above the methods, since it reads the project's corpus). Tokens never seen followed
-by anything map to the corpus's most frequent token (``unseen="most_frequent"``, the best guess with no
-context) or to themselves (``unseen="self"``). Pairs are counted sparsely (``prev * V + next`` int64 keys),
-so memory follows the number of distinct pairs, not ``V²``, and ids above 65,535 are exact.
-
-Build the table for the embedded default (the train split of the local Python corpus)::
+``table[t]`` is the token that most often follows ``t`` in a corpus (ties: the smallest id). The paper builds it from
+Wikipedia "to maintain the generality"; ``hf-specdraft build-bigram`` (``hf_specdraft.defaults.bigram``) from any
+corpus for a given tokenizer, by default the embedded default's train split. Tokens never followed by anything map to
+the corpus's most frequent token (``unseen="most_frequent"``) or to themselves (``unseen="self"``). Pairs are counted
+sparsely (``prev * V + next`` int64 keys): memory follows the distinct pairs, not ``V²``, and any id is exact::
 
     hf-specdraft build-bigram --output bigram.safetensors
     hf-specdraft build-bigram --tokenizer path/to/tokenizer_dir --source path/to/code --output bigram.safetensors
@@ -23,6 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..core.validation import check_int
 from .max_gram import check_bigram_table
 
 TABLE_KEY = "bigram_table"
@@ -64,21 +61,10 @@ class _PairCounts:
 
 
 def build_bigram_table(token_ids_iterable: Iterable, vocab_size: int, unseen: str = "most_frequent") -> torch.LongTensor:
-    """Argmax next-token table from a corpus of token-id sequences.
-
-    Args:
-        token_ids_iterable: sequences of token ids (lists or 1-D tensors), e.g. one per document; pairs
-            are counted inside each sequence, never across two.
-        vocab_size: V, the table's length (the tokenizer's ``len(tokenizer)``).
-        unseen: ``"most_frequent"`` maps ids never followed by anything to the corpus's most frequent
-            token; ``"self"`` maps them to themselves.
-
-    Returns:
-        `torch.LongTensor` of shape `(V,)`: ``table[t]`` = the most frequent next token after ``t``
-        (ties broken by the smallest id).
-    """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    """Argmax next-token table `(V,)` from sequences of token ids (lists or 1-D tensors, e.g. one per document; pairs
+    are counted inside each sequence, never across two); ``vocab_size`` is V (``len(tokenizer)``), ``unseen`` as in the
+    module docstring."""
+    check_int("vocab_size", vocab_size)
     if unseen not in ("most_frequent", "self"):
         raise ValueError(f"unseen must be 'most_frequent' or 'self', got {unseen!r}")
     pairs = _PairCounts(vocab_size)

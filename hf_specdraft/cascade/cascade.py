@@ -45,15 +45,11 @@ UNBOUNDED = 2**62  # no length limit known (propose called outside generate): th
 
 
 def default_k_matrix(num_drafts: int) -> list[list[int]]:
-    """The official code's settings: ``[[10]]`` (MaG alone), ``[[5, 10], [0, 10]]`` (one draft, its
-    LLaMA example) and ``[[5, 14, 10], [0, 1, 10], [0, 0, 10]]`` (two drafts, its FLAN-T5 config);
-    deeper cascades give every draft 5 and MaG 10 per level."""
-    if num_drafts == 1:
-        return [[5, 10], [0, 10]]
+    """The official code's settings: ``[[5, 10], [0, 10]]`` (one draft, its LLaMA example) and ``[[5, 14, 10],
+    [0, 1, 10], [0, 0, 10]]`` (two drafts, its FLAN-T5 config); otherwise every draft 5 and MaG 10 per level."""
     if num_drafts == 2:
         return [[5, 14, 10], [0, 1, 10], [0, 0, 10]]
-    size = num_drafts + 1
-    return [[0] * i + [5] * (num_drafts - i) + [MAX_GRAM_TOKENS] for i in range(size)]
+    return [[0] * i + [5] * (num_drafts - i) + [MAX_GRAM_TOKENS] for i in range(num_drafts + 1)]
 
 
 def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
@@ -146,25 +142,16 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review.
-
-        Args:
-            request (:class:`~hf_specdraft.core.drafting.DraftRequest`): the accepted text `(1, L)` and, where the
-                loop's controller chose it, the cap γ on the tokens proposed (the target cache is unused: the drafts
-                keep their own caches).
-
-        Returns:
-            :class:`DraftTree` chain of the drafted tokens (no q: the target verifies by exact match).
-        """
-        input_ids = request.input_ids
-        cur_gen = input_ids[0]
+        """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review: a chain of the tokens
+        drafted after the request's text `(1, L)`, at most its γ where the controller chose one (no q: the target
+        verifies by exact match; the drafts keep caches of their own)."""
+        text = request.input_ids[0]
         limit = UNBOUNDED if self.max_length is None else self.max_length - 1  # the loop keeps room for its bonus token
         cap = request.num_draft_tokens or self.num_draft_tokens
         if cap is not None:
-            limit = min(limit, cur_gen.numel() + cap)
-        cur_probs = torch.zeros(0, device=cur_gen.device)
-        cur_gen, _ = self.cascade_step(0, cur_gen, cur_probs, limit)
-        return DraftTree.chain(cur_gen[input_ids.shape[1] : limit])
+            limit = min(limit, text.numel() + cap)
+        cur_gen, _ = self.cascade_step(0, text, torch.zeros(0, device=text.device), limit)
+        return DraftTree.chain(cur_gen[text.numel() : limit])
 
     def cascade_step(self, level: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int) -> tuple[torch.LongTensor, torch.Tensor]:
         """``CascadeSpeculativeDraftingStep`` (Algorithm 1) for the level whose drafters are ``drafts[level:]`` + MaG.
@@ -208,14 +195,9 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         return torch.cat([cur_gen, tokens]), torch.cat([cur_probs, inf])
 
     def review(self, index: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, review_index: int) -> tuple[torch.LongTensor, torch.Tensor]:
-        """``review(M_d, curGen, curProbs, l)``: ``drafts[index]`` reviews ``cur_gen[review_index:]`` in one forward.
-
-        Keeps the accepted prefix (:func:`lenient_review`) and appends the reviewer's own next token. The
-        kept tokens now carry the reviewer's ``p(x)`` as their ``q(x)``, as in the official code.
-
-        Returns:
-            `(cur_gen, cur_probs)`: ``cur_gen[:review_index + accepted]`` + the reviewer's token.
-        """
+        """``review(M_d, curGen, curProbs, l)``: ``drafts[index]`` reviews ``cur_gen[review_index:]`` in one forward,
+        keeps the accepted prefix (:func:`lenient_review`) and appends its own next token; the kept tokens carry its
+        ``p(x)`` as their ``q(x)``, as in the official code. Returns the new `(cur_gen, cur_probs)`."""
         logits = self.draft_logits(index, cur_gen, review_index)  # (k+1, V)
         p = self.draft_distribution(logits, cur_gen[None])
         base = cur_gen.numel() - cur_probs.numel()  # the accepted text's length

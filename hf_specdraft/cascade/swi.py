@@ -85,15 +85,9 @@ def measure_cost_coefficients(
     max_gram: MaxGramCandidateGenerator | None = None,
     seed: int = 0,
 ) -> dict[str, float]:
-    """Measured ``c_i``: one forward of each draft over one forward of the target, on this machine.
-
-    A "run" is a forward of ``num_tokens`` new tokens on top of a cache of ``context_length`` tokens,
-    the shape of a review / verification step. ``"max_gram"`` is one Max-Gram proposal on the same
-    context (``max_gram`` or a default one) over the target's forward.
-
-    Returns:
-        ``{"draft0": c_0, …, "max_gram": c_mag}``.
-    """
+    """Measured ``c_i``, ``{"draft0": c_0, …, "max_gram": c_mag}``: one forward of each draft over one of the target on
+    this machine, each of ``num_tokens`` new tokens on a ``context_length``-token cache (a review or verification
+    step's shape); ``"max_gram"``: one Max-Gram proposal (``max_gram``, or a default one) on the same context."""
     if num_tokens < 1 or context_length <= num_tokens:
         raise ValueError(f"need 1 <= num_tokens < context_length, got num_tokens={num_tokens}, context_length={context_length}")
     vocab = int(target.config.get_text_config().vocab_size)

@@ -30,12 +30,8 @@ LLMLINGUA2_MODEL = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"  # the 
 
 
 def compress_context(context: str, compressor: Callable[[str], str]) -> str:
-    """Algorithm 1 lines 2–3: d_q ← Compress(d_q), for the prompt only.
-
-    Raises:
-        TypeError: ``compressor`` is not callable.
-        ValueError: ``compressor`` returned something other than text.
-    """
+    """Algorithm 1 lines 2–3: d_q ← Compress(d_q), for the prompt only (``TypeError`` for a ``compressor`` that is not
+    callable, ``ValueError`` when it returns something other than text)."""
     if not callable(compressor):
         raise TypeError(f"compressor must be a callable taking the context text and returning text, got {type(compressor).__name__}")
     compressed = compressor(context)
@@ -46,18 +42,11 @@ def compress_context(context: str, compressor: Callable[[str], str]) -> str:
 
 @dataclass
 class CasdInputs:
-    """What :func:`build_casd_inputs` prepares.
+    """What :func:`build_casd_inputs` prepares."""
 
-    Args:
-        prompt_ids (`torch.LongTensor` of shape `(1, P)`): the prompt p = q + d_q (Algorithm 1 line 5),
-            with the possibly compressed context.
-        context_ids (`np.ndarray` of shape `(n,)`): the full context, for the draft pool (line 1).
-        prompt_text (`str`, *optional*): the prompt as text, when a tokenizer built it.
-    """
-
-    prompt_ids: torch.Tensor
-    context_ids: object
-    prompt_text: str | None = None
+    prompt_ids: torch.Tensor  # (1, P): the prompt p = q + d_q (Algorithm 1 line 5), its context possibly compressed
+    context_ids: object  # np.ndarray (n,): the full context, for the draft pool (line 1)
+    prompt_text: str | None = None  # the prompt as text, when a tokenizer built it
 
 
 def _is_missing(question) -> bool:
@@ -78,19 +67,11 @@ def _as_text(value, tokenizer, argument: str) -> str:
 
 
 def build_casd_inputs(tokenizer, question, context, compressor: Callable[[str], str] | None = None, prompt_template: str | None = None) -> CasdInputs:
-    """Prompt ids and pool ids for one request (Algorithm 1 lines 1–5).
+    """Prompt ids and pool ids for one request (Algorithm 1 lines 1–5); arguments as :func:`casd_generate`.
 
-    With a tokenizer, ``question`` and ``context`` may be text or token ids (ids are decoded into the
-    template). Without one both must be token ids and the prompt is ``context + question``; a
-    compressor, which works on text, then cannot be used.
-
-    Args:
-        tokenizer: the target's tokenizer, or None.
-        question: the query q (text, token ids, or None for context-only tasks such as code completion).
-        context: the relevant context d_q (text or token ids).
-        compressor: optional ``text -> text`` callable applied to the context in the prompt only.
-        prompt_template: a ``str.format`` template with ``{context}`` and ``{question}`` fields
-            (default ``"{context}\\n\\n{question}"``; Table 7 of the CASD paper has the paper's).
+    With a tokenizer, ``question`` and ``context`` may be text or token ids (ids are decoded into the template, by
+    default ``"{context}\\n\\n{question}"``; Table 7 of the CASD paper has the paper's). Without one both must be
+    token ids, the prompt is ``context + question``, and a compressor (which works on text) cannot be used.
     """
     if tokenizer is None:
         if compressor is not None:
@@ -117,21 +98,13 @@ def build_casd_inputs(tokenizer, question, context, compressor: Callable[[str], 
 
 @dataclass
 class CasdGenerateOutput:
-    """Result of :func:`casd_generate`.
+    """Result of :func:`casd_generate`."""
 
-    Args:
-        sequences (`torch.LongTensor` of shape `(1, P + n)`): prompt + generated tokens.
-        prompt_length: P.
-        text (`str`, *optional*): the generated tokens decoded (when a tokenizer was given).
-        speculative_stats: per-step statistics (mean accepted length, …).
-        match_lengths: matched suffix length per step (0 = nothing retrieved).
-    """
-
-    sequences: torch.Tensor
-    prompt_length: int
-    text: str | None = None
-    speculative_stats: SpeculativeStats | None = None
-    match_lengths: list[int] = field(default_factory=list)
+    sequences: torch.Tensor  # (1, P + n): prompt + generated tokens
+    prompt_length: int  # P
+    text: str | None = None  # the generated tokens decoded (when a tokenizer was given)
+    speculative_stats: SpeculativeStats | None = None  # per-step statistics (mean accepted length, ...)
+    match_lengths: list[int] = field(default_factory=list)  # matched suffix length per step (0: nothing retrieved)
 
 
 def casd_generate(
@@ -159,7 +132,7 @@ def casd_generate(
         top_k: k of the mixed rule (eq. 4), or None.
         strict: exact verification (lossless context lookup decoding) instead of eq. 3/4.
         compressor: optional ``text -> text`` prompt compressor for the context (§4.4).
-        prompt_template: ``{context}`` / ``{question}`` template (needs a tokenizer).
+        prompt_template: a ``str.format`` template with ``{context}`` and ``{question}`` fields (needs a tokenizer).
         config: retrieval options (:class:`CasdConfig`).
         generate_kwargs: passed to ``generate`` (``max_new_tokens``, ``eos_token_id``, ``do_sample``, …).
     """

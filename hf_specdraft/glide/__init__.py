@@ -1,17 +1,7 @@
 """GLIDE: a draft model that glimpses the target's KV cache (Du et al. 2024, "GLIDE with a CAPE", §4.1).
 
-    configuration_glide.py   GlideConfig: the draft's shape + the target it was built for (trust_remote_code-safe)
-    modeling_glide.py        GlideForCausalLM: self-attention -> cross-attention to target KV -> MLP (trust_remote_code-safe)
-    target_binding.py        attach / detach: GLIDE bound to a live target for stock assisted decoding (ships beside it)
-    drafting_config.py       GlideDraftingConfig: the decoding options (γ), validated like every method's config
-    candidate_generator.py   GlideCandidateGenerator: the drafter for hf_specdraft.speculative_generate
-    model_card.py            save_glide_checkpoint / write_model_card: Hub-ready checkpoint with card and custom_generate/
-    export.py                a trained GLIDE in Gemma 4's assistant layout, which vLLM serves (hf-specdraft export)
-    training/                what makes a GLIDE (train_glide, GlideTrainingArguments, hf-specdraft train-glide: the
-                             objective, the distillation store, data, regeneration, held-out evaluation); imported on
-                             first use, and never shipped in a checkpoint
-
-Three ways to decode with GLIDE::
+The package's files are listed in docs/layout.md; ``training/`` (``train_glide``, ``GlideTrainingArguments``) is
+imported on first use and never shipped in a checkpoint. Three ways to decode with GLIDE::
 
     glide.attach(target)                                              # stock transformers assisted decoding
     target.generate(**inputs, assistant_model=glide, max_new_tokens=64)

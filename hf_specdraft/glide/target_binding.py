@@ -55,13 +55,9 @@ class TargetBindingMixin:
     _glide_binding: _TargetBinding | None = None
 
     def attach(self, target: nn.Module) -> "TargetBindingMixin":
-        """Bind GLIDE to ``target`` for ``target.generate(..., assistant_model=glide)``.
-
-        Registers a forward pre-hook on ``target`` (public PyTorch API, ``with_kwargs=True``) that records the
-        ``past_key_values`` object of each target forward. During assisted decoding that object is the target's
-        live ``DynamicCache``, which at drafting time covers exactly the verified prefix (``input_ids[:, :-1]``).
-        Replaces a previous binding. Returns ``self``.
-        """
+        """Bind GLIDE to ``target`` for ``target.generate(..., assistant_model=glide)``: a forward pre-hook records the
+        cache of each target forward, its live ``DynamicCache``, which at drafting time covers exactly the verified
+        prefix (``input_ids[:, :-1]``). Replaces a previous binding. Returns ``self``."""
         if not isinstance(target, nn.Module) or not hasattr(target, "config"):
             raise TypeError(f"target must be a transformers model, got {type(target).__name__}")
         if getattr(self.config, "state_input", False):
@@ -109,13 +105,10 @@ class TargetBindingMixin:
     def generate(self, *args, **kwargs):
         """``GenerationMixin.generate`` that keeps the attached target's cache in step with assisted decoding.
 
-        Stock assisted decoding calls this once per round; the first round of a ``target.generate`` call
-        comes without GLIDE's own cache, before the target has run, so a cache recorded earlier is stale and
-        GLIDE drafts that round without a glimpse. In the next round GLIDE's own cache is emptied, so the whole
-        prefix is fed again with the glimpse: with two or more layers, the keys and values of layers >= 1 depend
-        on layer 0's cross-attention, and keeping the unglimpsed ones would weaken every later draft. Later
-        rounds must find the target cache covering ``input_ids[:, :-1]``; anything else means ``generate`` runs
-        on a model GLIDE is not attached to.
+        Stock assisted decoding calls this once per round. The first round comes before the target has run (a recorded
+        cache is stale), so GLIDE drafts it without a glimpse; the next round empties GLIDE's own cache so the prefix is
+        fed again glimpsing (with two or more layers the keys and values of layers >= 1 depend on layer 0's glimpse).
+        Later rounds must find the target cache covering ``input_ids[:, :-1]``, else GLIDE is attached to another model.
         """
         binding = self._glide_binding
         if self.config.cross_attention and binding is None and kwargs.get("target_past_key_values") is None:
