@@ -17,10 +17,10 @@ on such a continuation vs 0.50 on code).
 
 Bench items come from the held-out split and never appear here.
 
-    python -m recipes.distillation /work/store/smollm2 --windows 2400           # 40 min on 2 cores
-    python -m recipes.distillation /work/store/selfgen --self-generated 320    # 8 min; all resumable
-    python -m recipes.distillation /work/store/selfgen2 --self-generated 640 --skip-prompts 320 --max-new-tokens 96
-    python -m recipes.distillation /work/store/requests --requests 2000 --max-new-tokens 128   # natural language + code
+    python -m recipes.distillation store/smollm2 --windows 2400           # 40 min on 2 cores
+    python -m recipes.distillation store/selfgen --self-generated 320    # 8 min; all resumable
+    python -m recipes.distillation store/selfgen2 --self-generated 640 --skip-prompts 320 --max-new-tokens 96
+    python -m recipes.distillation store/requests --requests 2000 --max-new-tokens 128   # natural language + code
 
 ``--requests`` asks the target the requests of :mod:`recipes.requests` (conversation with a follow-up turn, translation,
 summaries, questions, arithmetic, questions about a passage, code) and stores its answers: what a chat target is asked.

@@ -26,14 +26,14 @@ every ``save_steps`` steps, and a rerun of the same command continues from it.
     # stage 1 on the corpus store; stage 2 from its weights, 600 steps, on the corpus store plus two stores of the
     # target's own text, each 3x (distillation.py's docstring builds them); stage 3 (what ships for glide and
     # vanilla) 900 more steps on the same mix at a lower peak learning rate
-    python -m recipes.smollm2_drafters /work/store/smollm2 /work/drafters --kinds glide,vanilla
-    python -m recipes.smollm2_drafters /work/store/smollm2 /work/drafters3 --kinds glide,vanilla \
-        --init-from /work/drafters --extra-store /work/store/selfgen --extra-store /work/store/selfgen2 --extra-weight 3 --steps 600
-    python -m recipes.smollm2_drafters /work/store/smollm2 /work/drafters4 --kinds glide,vanilla \
-        --init-from /work/drafters3 --extra-store /work/store/selfgen --extra-store /work/store/selfgen2 --extra-weight 3 \
+    python -m recipes.smollm2_drafters store/smollm2 drafters --kinds glide,vanilla
+    python -m recipes.smollm2_drafters store/smollm2 drafters3 --kinds glide,vanilla \
+        --init-from drafters --extra-store store/selfgen --extra-store store/selfgen2 --extra-weight 3 --steps 600
+    python -m recipes.smollm2_drafters store/smollm2 drafters4 --kinds glide,vanilla \
+        --init-from drafters3 --extra-store store/selfgen --extra-store store/selfgen2 --extra-weight 3 \
         --steps 900 --learning-rate 3e-4
-    python -m recipes.smollm2_drafters /work/store/smollm2 /work/drafters2 --kinds small \
-        --extra-store /work/store/selfgen --extra-weight 4
+    python -m recipes.smollm2_drafters store/smollm2 drafters2 --kinds small \
+        --extra-store store/selfgen --extra-weight 4
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The same held-out prompts, as token ids, then run through hf_specdraft's loop he
 and the target alone. Everything is greedy and float32 on the CPU.
 
     python -m benchmarks.serving.vllm_check --glide GLIDE_DIR --output benchmarks/results/vllm_check.json \
-        --venv /work/vllm-check/venv --num-prompts 4 --max-new-tokens 64 --num-speculative-tokens 3
+        --venv vllm-venv --num-prompts 4 --max-new-tokens 64 --num-speculative-tokens 3
 
 MAL is 1 + accepted / drafts on both sides (vLLM's counters ``vllm:spec_decode_num_*``; our per-step records), so the
 last, length-truncated step counts the same way; ours is also given as emitted tokens per target forward.

@@ -1,8 +1,8 @@
 """What GLIDE's recipe may be missing: the block-wise mask's L, a second layer and a wider MLP, each
 trained on the gap curve's data and weighed at every cache delay and in modeled tokens per second.
 
-    python -m benchmarks.studies.glide_recipe --work /work/gap                # train and score (resumable)
-    python -m benchmarks.studies.glide_recipe --work /work/gap --costs        # then, on an idle machine: time the drafts
+    python -m benchmarks.studies.glide_recipe --work gap-work                # train and score (resumable)
+    python -m benchmarks.studies.glide_recipe --work gap-work --costs        # then, on an idle machine: time the drafts
 
 Every run is :mod:`~benchmarks.studies.glide_gap_curve`'s largest size at 2 epochs (1,280 windows of 256 tokens,
 320 steps of 8 windows, the same draws for every run), with one change to the shipped recipe (``--variants``, in

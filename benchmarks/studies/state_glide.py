@@ -10,8 +10,8 @@ For each drafter (a checkpoint directory), in one run on one machine:
   held-out completion and chat prompts, timed against ``target.generate`` interleaved, the median of ``--repeats``
   runs per prompt; tokens/s, speedup, mean accepted length (MAL), and whether the output is token-identical.
 
-    python -m benchmarks.studies.state_glide --heldout-store /work/store/heldout-state \\
-        --drafter glide=hf_specdraft/defaults/checkpoint_smollm2/glide --drafter glide-state=/work/drafters/glide-state \\
+    python -m benchmarks.studies.state_glide --heldout-store store/heldout-state \\
+        --drafter glide=hf_specdraft/defaults/checkpoint_smollm2/glide --drafter glide-state=drafters/glide-state \\
         --output benchmarks/verification/cpu-state-glide.json
 """
 

@@ -8,7 +8,7 @@ train-split corpus windows (the CPU corpus store's), scored by greedy agreement 
 target's own greedy text for 48 held-out prompts). Same data, steps and seed for every input; each training size draws
 the first N windows. No context beyond what the states carry, so its agreement sits below a draft's: compare rows.
 
-    python -m benchmarks.studies.state_layers --corpus-store /work/store/corpus-state --heldout-store /work/store/heldout-state \\
+    python -m benchmarks.studies.state_layers --corpus-store store/corpus-state --heldout-store store/heldout-state \\
         --sizes 200,800 --output benchmarks/verification/state-layers-probe.json
 """
 
