@@ -200,28 +200,40 @@ def bench_output_path(output: str | None, profile: str, task: str, overwrite: bo
 
 
 def cmd_bench(args) -> int:
+    """``bench``: the task's held-out prompts, or with ``--prompts`` every turn of a Spec-Bench-format file and a
+    per-category table (:mod:`hf_specdraft.bench.prompts`)."""
     import torch
 
     from .bench import BenchConfig, format_table, run_bench
+    from .bench.prompts import DEFAULT_PROMPTS, format_category_table, read_prompts, run_prompts_bench
 
-    if args.prompts is not None:
-        return cmd_bench_prompts(args)
-    methods = tuple(args.methods.split(",")) if args.methods else BenchConfig.methods
-    config = BenchConfig(profile=args.profile, methods=methods, task=args.task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                         context_prompt_chars=args.context_prompt_chars, repeats=args.repeats, warmup=args.warmup)
-    if config.profile.startswith("gpu") and not torch.cuda.is_available():
-        raise ValueError(f"--profile {config.profile} needs a CUDA device; use --profile cpu here")
+    methods = tuple(args.methods.split(",")) if args.methods else None
     target = args.target
-    if config.profile == "gpu" and target is None:  # the gpu profile's bigger target, trained beforehand by the repository's recipe
+    if args.prompts is not None:
+        path = DEFAULT_PROMPTS if args.prompts == "default" else Path(args.prompts)
+        read_prompts(path)  # a malformed file fails before any model loads
+    else:
+        config = BenchConfig(profile=args.profile, methods=methods or BenchConfig.methods, task=args.task,
+                             num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                             context_prompt_chars=args.context_prompt_chars, repeats=args.repeats, warmup=args.warmup)
+    if args.profile.startswith("gpu") and not torch.cuda.is_available():
+        raise ValueError(f"--profile {args.profile} needs a CUDA device; use --profile cpu here")
+    if args.prompts is None and args.profile == "gpu" and target is None:  # its bigger target, trained by a recipe
         target = args.gpu_default_dir
         if not (Path(target) / "recipe.json").is_file():
-            raise ValueError(f"--profile gpu runs on the target in --gpu-default-dir {target!r}, which holds no finished run: train it "
-                             f"first from a source checkout (≤ 6 min on one H200), `accelerate launch -m recipes.training --recipe gpu "
-                             f"--output-dir {target}`, or pass --target")
+            raise ValueError(f"--profile gpu runs on the target in --gpu-default-dir {target!r}, which holds no finished "
+                             "run: train it first from a source checkout (≤ 6 min on one H200), `accelerate launch -m "
+                             f"recipes.training --recipe gpu --output-dir {target}`, or pass --target")
     bundle = load_bundle(target, args.draft, dtype=torch_dtype(args.dtype), draft_dtype=torch_dtype(args.draft_dtype))
-    output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
-    result = run_bench(bundle, config, output=output, warn=False)
-    print(format_table(result["summary"], result["timing"]))
+    if args.prompts is None:
+        output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
+        result = run_bench(bundle, config, output=output, warn=False)
+        print(format_table(result["summary"], result["timing"]))
+    else:
+        config = BenchConfig(profile=args.profile, methods=methods or prompts_methods(bundle), task="chat",
+                             max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup)
+        output = bench_output_path(args.output, config.profile, f"prompts-{path.stem}", args.overwrite)
+        print(format_category_table(run_prompts_bench(bundle, config, path, output=output, warn=False)))
     print(f"\nwrote {output}")
     return 0
 
@@ -233,29 +245,8 @@ def prompts_methods(bundle) -> tuple[str, ...]:
     from .bench.prompts import BASELINES
 
     names = dict.fromkeys([*BASELINES, *DEMO_METHODS["completion"]])
-    return tuple(m for m in names if "chat" in METHODS[m].tasks and METHODS[m].available(bundle.extras, bundle.draft is not None))
-
-
-def cmd_bench_prompts(args) -> int:
-    """``bench --prompts FILE``: every turn of a Spec-Bench-format file, a per-category table (hf_specdraft.bench.prompts)."""
-    import torch
-
-    from .bench import BenchConfig
-    from .bench.prompts import DEFAULT_PROMPTS, format_category_table, read_prompts, run_prompts_bench
-
-    path = DEFAULT_PROMPTS if args.prompts == "default" else Path(args.prompts)
-    read_prompts(path)  # a malformed file fails before any model loads
-    if args.profile.startswith("gpu") and not torch.cuda.is_available():
-        raise ValueError(f"--profile {args.profile} needs a CUDA device; use --profile cpu here")
-    bundle = load_bundle(args.target, args.draft, dtype=torch_dtype(args.dtype), draft_dtype=torch_dtype(args.draft_dtype))
-    methods = tuple(args.methods.split(",")) if args.methods else prompts_methods(bundle)
-    config = BenchConfig(profile=args.profile, methods=methods, task="chat", max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                         warmup=args.warmup)
-    output = bench_output_path(args.output, config.profile, f"prompts-{path.stem}", args.overwrite)
-    result = run_prompts_bench(bundle, config, path, output=output, warn=False)
-    print(format_category_table(result))
-    print(f"\nwrote {output}")
-    return 0
+    return tuple(m for m in names
+                 if "chat" in METHODS[m].tasks and METHODS[m].available(bundle.extras, bundle.draft is not None))
 
 
 def cmd_train_glide(argv: list[str]) -> int:
