@@ -75,3 +75,28 @@ def test_every_paper_cited_is_in_the_bibliography():
     references = (ROOT / "docs" / "references.md").read_text(encoding="utf-8")
     for short in ("Du et al. 2024", "Chen et al. 2024", "Leviathan et al. 2023", "Xia et al. 2024", "CASD paper"):
         assert short in references, short
+
+
+# The folders of the machine a result was produced on; a recorded command or log names repository-relative paths
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|root|check)/")
+RECORDED = (".py", ".md", ".json", ".jsonl", ".sh", ".txt", ".toml", ".cfg", ".ipynb")
+
+
+def test_machine_path_check_sees_what_it_forbids():
+    assert MACHINE_PATH.search('"output_dir": "/work/drafters/state/glide"')
+    assert MACHINE_PATH.search("--tokenizer /root/.cache/x")
+    assert not MACHINE_PATH.search("store/requests/answers and benchmarks/work/x and https://host/work/")
+
+
+def test_recorded_files_name_no_machine_folder():
+    found = []
+    for path in sorted(ROOT.rglob("*")):
+        parts = path.relative_to(ROOT).parts
+        if path.suffix not in RECORDED or path.name == Path(__file__).name or not path.is_file():
+            continue
+        if any(part.startswith(".") or part in ("build", "__pycache__") or part.endswith(".egg-info") for part in parts):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            if MACHINE_PATH.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
+    assert not found, "absolute folders of the machine that produced a file:\n" + "\n".join(found)
