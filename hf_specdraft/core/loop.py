@@ -157,13 +157,14 @@ def speculative_generate(
 def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
     """Check the call, set it up (:func:`setup_call`), prefill, run :func:`speculative_steps`, return what ``generate`` would."""
     check_target(model)  # recurrent-state models are refused before any forward (core.support)
+    chains = chains_only(model)  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
     trim = trim_threshold_mib()  # HF_SPECDRAFT_TRIM_MIB, the opt-in heap trim (core/memory.py): a bad value fails here
     check_input_ids(input_ids, model)
     lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
     check_unmarked_padding(input_ids, lengths, generation_config.pad_token_id)
     batch, padded = input_ids.shape
     if batch > 1 or int(lengths[0]) < padded:  # a batch, or one left-padded prompt: rows share a right-aligned cache
-        check_batch_setup(model, generation_config, streamer, batch)
+        check_batch_setup(model, generation_config, streamer, batch, chains)
     check_generation_setup(input_ids, generation_config, model_kwargs, acceptance)
     ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike (core.distributed)
     if ranks is not None and generation_config.do_sample:
@@ -171,7 +172,6 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     host_ids = input_ids.tolist()  # read once: from here on the loop extends each row's tokens on the host
     rows = [Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), row_processors(logits_processor, r, batch),
                 tokens=host_ids[r]) for r, g in enumerate(row_drafters(generator, batch))]
-    chains = chains_only(model)  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
     if chains and generation_config.cache_implementation == "static":
         raise ValueError(f"cache_implementation='static' verifies with explicit 4-D masks, which {type(model).__name__} cannot take "
                          f"({chains}): leave cache_implementation unset for this model")
