@@ -1,17 +1,13 @@
-"""The methods the bench harness and the demo put side by side, registered here by name (:func:`register_method`): the
+"""The methods the bench harness and the demo put side by side, registered by name (:func:`register_method`): the
 baselines (stock ``generate``, with the few-row linears, prompt lookup, assisted decoding) and the library's default
-calls (γ, a tree's budget or a cascade's cap chosen every step: the ``*-auto`` rows), each also on the static cache
-and compiled. The method packages only lend their ``build_*_for_bench`` factories. Rows at a fixed γ, tree size or K
-matrix, and the settings tuned on particular machines, belong to the studies beside the package
-(``benchmarks/methods.py``, ``benchmarks/studies/``), which register their own rows with :func:`register_method`.
+calls (γ, a tree's budget or a cascade's cap chosen every step: the ``*-auto`` rows), each also on the static cache and
+compiled. Rows at a fixed γ, tree size or K matrix, and settings tuned on particular machines, are the lab's
+(``benchmarks/methods.py``), registered the same way.
 
-A method is a function ``run(ctx) -> (sequences (1, L+n), SpeculativeStats | None)``. Baselines use
-stock ``generate``; speculative methods go through :func:`hf_specdraft.speculative_generate`
-(:func:`speculative_run`).
-
-A method that copies from the context (GLIDE's ``copy_from_context``) says so in its name: ``glide+copy-auto``,
-``draft-model+copy-auto``, … ; every other GLIDE-family row passes ``copy_from_context=0`` (:data:`NO_COPY`), so
-``glide-auto`` against ``vanilla-auto`` compares the drafters alone (GLIDE against its twin).
+A method is a function ``run(ctx) -> (sequences (1, L+n), SpeculativeStats | None)``: stock ``generate``, or
+:func:`hf_specdraft.speculative_generate` through :func:`speculative_run`. A method that copies from the context says so
+in its name (``glide+copy-auto``); every other GLIDE-family row passes ``copy_from_context=0`` (:data:`NO_COPY`), so
+``glide-auto`` against ``vanilla-auto`` compares the drafters alone.
 """
 
 from __future__ import annotations

@@ -6,17 +6,13 @@ Language Model Inference: A Comprehensive Survey of Speculative Decoding", ACL F
     {"question_id": 1, "category": "translation", "turns": ["Translate into French: ..."]}
     {"question_id": 2, "category": "multi-turn", "turns": ["What is a tarball?", "Now say it in one sentence."]}
 
-Every turn runs in order, in the target's chat template: the second turn runs with the first turn's user message and
-the target's greedy answer to it (target-only's, so that every method sees the same context) in the chat. Other fields
-(``reference``, ``source``, …) are kept but not used. Each (question, turn) is one timed prompt of the harness: every
-method runs ``repeats`` times on it in a rotated order, the median counts (:mod:`hf_specdraft.bench.timing`). The
-result has the harness's summary per category and overall, and each method's speedup against every baseline that ran
-(plain ``generate``, ``generate`` with the few-row linears, transformers' prompt lookup and assisted decoding).
+Every turn runs in order, in the target's chat template, after the earlier turns and target-only's greedy answers to
+them (so every method sees the same context); other fields are kept, not used. Each (question, turn) is one timed prompt
+of the harness. The result has the harness's summary per category and overall, and each method's speedup against every
+baseline that ran (plain ``generate``, with the few-row linears, prompt lookup, assisted decoding). The project ships its
+own prompts in this format (:data:`DEFAULT_PROMPTS`; docs/benchmarks.md says where their text comes from):
 
     hf-specdraft bench --prompts hf_specdraft/defaults/spec_prompts.jsonl --max-new-tokens 32
-
-The project ships its own prompts in this format (:data:`DEFAULT_PROMPTS`; docs/benchmarks.md says where their text
-comes from).
 """
 
 from __future__ import annotations
@@ -37,7 +33,10 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "defaults" / "spec_pr
 # the baselines each method's speedup is reported against, where they ran: plain generate, generate with the few-row
 # linears, transformers' prompt lookup (prompt_lookup_num_tokens=10) and assisted decoding with the plain draft
 BASELINES = ("target-only", FAST_BASELINE, "prompt-lookup", "stock-assisted")
-REQUIRED = {"question_id": "an int or a string", "category": "a non-empty string", "turns": "a non-empty list of non-empty strings"}
+REQUIRED = {"question_id": "an int or a string", "category": "a non-empty string",
+            "turns": "a non-empty list of non-empty strings"}
+_VALID = {"question_id": lambda v: isinstance(v, (int, str)) and not isinstance(v, bool),
+          "category": lambda v: isinstance(v, str) and bool(v.strip()), "turns": lambda v: isinstance(v, list) and bool(v)}
 
 
 @dataclass(frozen=True)
@@ -79,13 +78,10 @@ def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
         missing = [name for name in REQUIRED if name not in row]
         if missing:
             raise _invalid(path, number, f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        for name, valid in _VALID.items():
+            if not valid(row[name]):
+                raise _invalid(path, number, f"{name!r} is {row[name]!r}, not {REQUIRED[name]}")
         qid, category, turns = row["question_id"], row["category"], row["turns"]
-        if isinstance(qid, bool) or not isinstance(qid, (int, str)):
-            raise _invalid(path, number, f"'question_id' is {qid!r}, not {REQUIRED['question_id']}")
-        if not isinstance(category, str) or not category.strip():
-            raise _invalid(path, number, f"'category' is {category!r}, not {REQUIRED['category']}")
-        if not isinstance(turns, list) or not turns:
-            raise _invalid(path, number, f"'turns' is {turns!r}, not {REQUIRED['turns']}")
         for index, turn in enumerate(turns):
             if not isinstance(turn, str) or not turn.strip():
                 raise _invalid(path, number, f"turn {index + 1} of 'turns' is {turn!r}, not a non-empty string")
