@@ -4,27 +4,22 @@ Drafters, largest first: neural drafts ``M_d1 … M_dn`` (``drafts[0..n-1]``) an
 bottom; the target ``M_t`` reviews last. Notation follows Algorithm 1 (``CascadeSpeculativeDraftingStep``):
 
 - *horizontal cascade* (§3.2): at one level, drafter ``i`` (largest first) extends the draft until it is
-  ``k_1 + … + k_i`` tokens past the level's prefix, so the cheap drafters produce the late, rarely
-  accepted tokens.
-- *vertical cascade* (§3.1): a neural drafter never decodes autoregressively; it reviews the draft of
-  the cascade below it (the drafters after it, with the sub-matrix ``K[i+1:, i+1:]``) in one forward,
-  keeps the accepted prefix and adds its own next token.
-- ``K`` (`(n+1, n+1)`, upper triangular): row 0 holds the horizontal budgets of the level the target
-  reviews, one per drafter (``n`` drafts, then MaG); the sub-matrix with its top-left corner at
-  ``(i+1, i+1)`` drives the recursion in which ``drafts[i]`` reviews. Entries are per-drafter budgets, as
-  in the official code: the paper's Table 2 ``k_12`` is ``K[0, 0] + K[0, 1]`` here. A zero skips that
-  drafter at that level (a draft whose whole row is zero decodes one token per forward, as in vanilla SD).
-- lenience ``l`` (§3.1): a drafted token ``x`` with drafter probability ``q(x)`` passes a draft's review
-  when the reviewer's argmax is ``x`` or ``q(x) <= l * p(x)``. As in §5.2, never when the target reviews
-  (the decoding loop verifies exactly, so greedy output is lossless) and never for MaG's raw tokens
-  ("significant performance gap between MaG and a neural model"); ``l = 1`` is exact review.
+  ``k_1 + … + k_i`` tokens past the level's prefix: the cheap drafters produce the late, rarely accepted tokens.
+- *vertical cascade* (§3.1): a neural drafter never decodes autoregressively; it reviews the draft of the cascade
+  below it (the drafters after it, sub-matrix ``K[i+1:, i+1:]``) in one forward, keeps the accepted prefix and adds
+  its own next token.
+- ``K`` (`(n+1, n+1)`, upper triangular): row 0 holds the budgets of the level the target reviews, one per drafter
+  (``n`` drafts, then MaG); the sub-matrix from ``(i+1, i+1)`` drives the recursion in which ``drafts[i]`` reviews.
+  Per-drafter budgets, as in the official code (the paper's Table 2 ``k_12`` is ``K[0, 0] + K[0, 1]``); a zero
+  skips that drafter at that level.
+- lenience ``l`` (§3.1): a token ``x`` passes a draft's review when the reviewer's argmax is ``x`` or
+  ``q(x) <= l * p(x)``; as in §5.2 never when the target reviews (the loop verifies exactly: lossless) and never for
+  MaG's raw tokens; ``l = 1`` is exact review.
 
-Each review by a draft is one forward of that draft on its own KV cache, re-synced to the new text by
-common prefix; calls are counted as ``"draft0"``, ``"draft1"``, … and ``"max_gram"`` for SWI (§5.1).
-With ``do_sample=False`` every review inside the cascade is greedy (the paper decodes at temperature 0, §5.2).
-With ``do_sample=True`` the drafts review probabilistically (:func:`lenient_review_sampling`, §3.1's sampling
-rule) on their warped distributions, and the loop's exact match against the target's own sample keeps the
-output lossless: lenience only changes the drafts.
+Each review is one forward of the draft on its own KV cache, re-synced by common prefix; calls are counted as
+``"draft0"``, ``"draft1"``, … and ``"max_gram"`` for SWI (§5.1). Reviews are greedy with ``do_sample=False`` (the
+paper's temperature 0, §5.2), probabilistic on the drafts' warped distributions with ``do_sample=True``
+(:func:`lenient_review_sampling`); the loop's exact match against the target's own sample keeps the output lossless.
 """
 
 from __future__ import annotations
@@ -156,17 +151,10 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
     def cascade_step(self, level: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int) -> tuple[torch.LongTensor, torch.Tensor]:
         """``CascadeSpeculativeDraftingStep`` (Algorithm 1) for the level whose drafters are ``drafts[level:]`` + MaG.
 
-        The reviewer of level ``level`` is the target (``level == 0``, reviewed later by the loop) or
-        ``drafts[level - 1]``; ``curK`` is ``K[level:, level:]`` and its first row the horizontal budgets.
-        Level ``n + 1`` is the base case: the reviewer is MaG, the draft list is empty, MaG generates.
-
-        Args:
-            cur_gen (`torch.LongTensor` of shape `(L + j,)`): accepted text + the ``j`` tokens drafted so far.
-            cur_probs (`torch.FloatTensor` of shape `(j,)`): ``q(x)`` of each drafted token (``curProbs``).
-            limit: stop drafting at this total length.
-
-        Returns:
-            `(cur_gen, cur_probs)` extended by this level's output.
+        The reviewer of level ``level`` is the target (``level == 0``: the loop) or ``drafts[level - 1]``; ``curK`` is
+        ``K[level:, level:]``; level ``n + 1`` is the base case, where MaG generates. ``cur_gen`` `(L + j,)`: the text
+        and the ``j`` tokens drafted so far, ``cur_probs`` `(j,)` their ``q(x)``; drafting stops at length ``limit``.
+        Returns `(cur_gen, cur_probs)` extended by this level's output.
         """
         if level == len(self.drafts) + 1:
             return self.max_gram_step(cur_gen, cur_probs, limit)

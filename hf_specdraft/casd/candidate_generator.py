@@ -31,8 +31,7 @@ def tokenize_context(context, tokenizer=None, argument: str = "context"):
 
     Text is tokenized without special tokens: the pool holds the context's own tokens, not a BOS.
 
-    Raises:
-        ValueError: naming ``argument``, for empty text or ids, text without a tokenizer, or bad ids.
+    Raises ``ValueError`` naming ``argument`` for empty text or ids, text without a tokenizer, or bad ids.
     """
     if isinstance(context, str):
         if tokenizer is None:
@@ -54,10 +53,9 @@ def casd_acceptance(threshold: float = 0.1, top_k: int | None = None, strict: bo
 class CasdCandidateGenerator(TreeCandidateGenerator):
     """Drafts trees retrieved from a context (the CASD paper, Algorithm 1: line 1 builds R, line 7 retrieves 𝕋).
 
-    The pool is built once, here, from the full context; the prompt the target sees may hold a
-    compressed copy of it (§3, §4.4). Each step matches the longest suffix (16 down to 2 tokens) of the
-    current sequence in the pool and merges the continuations of its occurrences into a tree of the
-    most frequent ones (REST, He et al. 2024).
+    The pool is built once, here, from the full context (the prompt may hold a compressed copy, §3, §4.4). Each step
+    matches the longest suffix (16 down to 2 tokens) of the text in the pool and merges the continuations of its
+    occurrences into a tree of the most frequent ones (REST, He et al. 2024).
 
     Args:
         context (`str`, `torch.LongTensor`, `np.ndarray` or list of ints): the full context d_q, as text

@@ -23,21 +23,17 @@ class CasdConfig:
     """How the draft pool is searched and how the draft tree 𝕋 (the CASD paper, eq. 2) is built.
 
     Args:
-        max_nodes: most nodes of the draft tree; the most frequent continuation prefixes are kept. ``"auto"`` (the
-            default): in hf_specdraft's loop the draft-length controller picks the tree's depth and node budget every
-            step from measured acceptance and verification costs (:mod:`hf_specdraft.core.controller`); elsewhere
-            (a direct ``propose``) the paper's 64.
-        max_suffix_length: longest suffix of the current sequence that is looked up in the pool.
-        min_suffix_length: shortest suffix tried; below it nothing is drafted for this step.
+        max_nodes: most nodes of the draft tree (the most frequent continuation prefixes). ``"auto"`` (the default):
+            in hf_specdraft's loop the draft-length controller picks the tree's depth and node budget every step
+            (:mod:`hf_specdraft.core.controller`); elsewhere (a direct ``propose``) the paper's 64.
+        max_suffix_length, min_suffix_length: the longest and shortest suffix of the text looked up in the pool.
         max_draft_length: continuation length taken after each occurrence (the tree's depth m, eq. 2).
-        max_matches: most occurrences whose continuations are merged per step; beyond it an evenly
-            spaced sample of the occurrences (in suffix-array order, i.e. grouped by continuation) is
-            used, which keeps the continuations' frequencies.
-        fill_from_shorter_suffixes: top a tree smaller than ``max_nodes`` up with the continuations of
-            ever shorter suffixes. Off by default: the CASD paper / REST use the longest match only.
-        draft_from_output: also retrieve from the tokens generated so far (a second pool, rebuilt each
-            step), as prompt lookup decoding does; the longer match's tree comes first and the other tops
-            it up. Off by default: the CASD paper's pool holds the context only (Algorithm 1 line 1).
+        max_matches: most occurrences merged per step (beyond it an evenly spaced sample, which keeps the
+            continuations' frequencies).
+        fill_from_shorter_suffixes: top a tree smaller than ``max_nodes`` up with the continuations of ever
+            shorter suffixes.
+        draft_from_output: also retrieve from the tokens generated so far (a second pool, rebuilt each step), as
+            prompt lookup decoding does; the longer match's tree comes first.
     """
 
     max_nodes: int | str = AUTO  # the CASD paper, §3 / REST fix 64 ("choices=64"); "auto": the loop picks it per step (64 outside it)

@@ -7,9 +7,8 @@ sequence that occurs in the context and return the positions of its occurrences 
 Token ids are kept as int64 end to end, so vocabularies of any size work (the official retriever stored
 ids as u16 and corrupted vocabularies above 65,535).
 
-The suffix array is sorted by the first ``max_suffix_length`` tokens (rounded up to a power of two) of
-each suffix only — that is all a lookup compares — with ties in position order. It is built by prefix doubling (Manber & Myers 1993) with
-numpy sorts: ⌈log2 16⌉ = 4 rounds.
+The suffix array is sorted by each suffix's first ``max_suffix_length`` tokens (rounded up to a power of two), all a
+lookup compares, ties in position order: prefix doubling (Manber & Myers 1993) with numpy sorts, ⌈log2 16⌉ = 4 rounds.
 
     >>> pool = DraftPool([1, 2, 3, 1, 2, 4, 1, 2, 3])
     >>> length, positions = pool.match([9, 1, 2], min_length=2, max_length=16)
@@ -24,14 +23,12 @@ import bisect
 import numpy as np
 import torch
 
+from ..core.validation import check_int
+
 
 def context_token_ids(context, argument: str = "context") -> np.ndarray:
-    """Validate token ids given as a tensor, array or list and return them as an int64 array `(n,)`.
-
-    Raises:
-        ValueError: naming ``argument``, for an empty context, a non-integer dtype, more than one
-            sequence, or a negative id.
-    """
+    """Token ids given as a tensor, array or list, as an int64 array `(n,)`; ``ValueError`` naming ``argument`` for an
+    empty context, a non-integer dtype, more than one sequence, or a negative id."""
     if context is None:
         raise ValueError(f"{argument} is None: pass the context as text (with a tokenizer) or as token ids (a list, array or tensor)")
     if isinstance(context, str):
@@ -39,16 +36,13 @@ def context_token_ids(context, argument: str = "context") -> np.ndarray:
     if isinstance(context, torch.Tensor):
         if context.dtype.is_floating_point or context.dtype.is_complex or context.dtype == torch.bool:
             raise ValueError(f"{argument} must hold integer token ids, got a tensor of dtype {context.dtype}")
-        if context.dim() == 2 and context.shape[0] == 1:
-            context = context[0]
-        array = context.detach().cpu().numpy()
-    else:
-        try:
-            array = np.asarray(context)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{argument} must be a sequence of integer token ids: {error}") from None
-        if array.ndim == 2 and array.shape[0] == 1:
-            array = array[0]
+        context = context.detach().cpu().numpy()
+    try:
+        array = np.asarray(context)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{argument} must be a sequence of integer token ids: {error}") from None
+    if array.ndim == 2 and array.shape[0] == 1:
+        array = array[0]
     if array.ndim != 1:
         raise ValueError(f"{argument} must be one sequence of token ids (shape (n,) or (1, n)), got shape {array.shape}")
     if array.size == 0:
@@ -104,8 +98,7 @@ class DraftPool:
     """
 
     def __init__(self, context_ids, max_suffix_length: int = 16):
-        if not isinstance(max_suffix_length, int) or isinstance(max_suffix_length, bool) or max_suffix_length < 1:
-            raise ValueError(f"max_suffix_length must be a positive int, got {max_suffix_length!r}")
+        check_int("max_suffix_length", max_suffix_length)
         self.tokens = context_token_ids(context_ids)
         self.max_suffix_length = max_suffix_length
         self.max_token_id = int(self.tokens.max())
@@ -146,9 +139,8 @@ class DraftPool:
         """Longest suffix of ``sequence`` found in the pool (lengths ``max_length`` down to ``min_length``,
         first hit wins; REST's exact-match retrieval, the CASD paper, §3).
 
-        A suffix of length L that occurs with a continuation implies one of length L-1 (drop its first
-        token), so the longest hit is found by bisection over L: the same answer as trying every length
-        from the longest down, in ~4 lookups instead of up to 15.
+        A hit of length L implies one of length L-1 (drop its first token), so bisection over L finds the longest
+        in ~4 lookups instead of up to 15.
 
         Args:
             sequence (`np.ndarray`, `torch.LongTensor` or list of shape `(L,)`): the current sequence.
@@ -197,19 +189,12 @@ class DraftPool:
     def continuations(self, positions: np.ndarray, match_length: int, max_draft_length: int, max_matches: int) -> np.ndarray:
         """The ``max_draft_length`` tokens after each occurrence, in lexicographic row order.
 
-        Rows are ordered by the suffix-array rank of the continuation's start, which orders their first
-        ``max_suffix_length`` tokens (one small argsort instead of a ``max_draft_length``-key lexsort);
-        deeper continuations fall back to ``np.lexsort``.
+        Rows are ordered by the suffix-array rank of their start (which orders their first ``max_suffix_length``
+        tokens: one small argsort), deeper continuations by ``np.lexsort``.
 
-        Args:
-            positions (`np.ndarray` of shape `(k,)`): occurrence starts, in suffix-array order.
-            match_length: length of the matched suffix.
-            max_matches: cap on occurrences; beyond it an evenly spaced sample (in suffix-array order,
-                so the continuations' frequencies are kept) is taken.
-
-        Returns:
-            `np.ndarray` of shape `(min(k, max_matches), max_draft_length)` (int64), ``-1`` after the
-            end of the pool.
+        ``positions`` `(k,)`: occurrence starts in suffix-array order, beyond ``max_matches`` an evenly spaced sample
+        (which keeps the continuations' frequencies). Returns `(min(k, max_matches), max_draft_length)` int64, ``-1``
+        past the pool's end.
         """
         if positions.size > max_matches:
             positions = positions[np.linspace(0, positions.size - 1, max_matches).round().astype(np.int64)]

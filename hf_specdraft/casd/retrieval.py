@@ -35,12 +35,10 @@ def _node_rank(counts: np.ndarray, depth: np.ndarray, ids: np.ndarray, k: int, m
 def top_trie_nodes(rows: np.ndarray, max_nodes: int) -> tuple[np.ndarray, ...]:
     """The ``max_nodes`` most frequent nodes of the trie of ``rows`` (ties: shallower, then earlier).
 
-    The rows are in lexicographic order, so the rows sharing a prefix are contiguous: a node at depth
-    ``d`` starts where the first ``d + 1`` tokens change and spans the rows up to the next change. The
-    trie is walked depth by depth. A node is never better ranked than its parent (its frequency is at
-    most the parent's and it is deeper), and the ``max_nodes``-th best rank only improves as nodes are
-    added, so a node outside the current top set can never return nor have a descendant in it: its rows
-    are dropped at once. This bounds the work on contexts with many distinct continuations.
+    The rows are sorted, so a node at depth ``d`` spans the contiguous rows sharing their first ``d + 1`` tokens; the
+    trie is walked depth by depth. A node never ranks above its parent and the ``max_nodes``-th best rank only
+    improves, so a node that leaves the top set never returns, nor does any descendant: its rows are dropped at once
+    (bounding the work on contexts with many distinct continuations).
 
     Args:
         rows (`np.ndarray` of shape `(k, m)`): sorted continuations, ``-1`` after a row's end (``-1``
@@ -100,19 +98,12 @@ def _top(nodes: list[np.ndarray], max_nodes: int, k: int, m: int, total: int) ->
 def merge_continuations(continuations: np.ndarray, max_nodes: int, rows_sorted: bool = False) -> DraftTree:
     """The draft tree of the ``max_nodes`` most frequent continuation prefixes (REST's pruned trie).
 
-    Kept nodes are ranked by (frequency desc, depth asc), which keeps every kept node's ancestors, and
-    ordered by (depth, frequency desc): each node's most frequent child comes first, so
-    :meth:`DraftTree.main_chain` is the most frequent continuation, and ties between accepted paths of
-    equal depth go to the more frequent one.
+    Nodes are ranked by (frequency desc, depth asc), which keeps every kept node's ancestors, and ordered by (depth,
+    frequency desc): each node's most frequent child comes first, so :meth:`DraftTree.main_chain` is the most
+    frequent continuation and ties between accepted paths of equal depth go to the more frequent one.
 
-    Args:
-        continuations (`np.ndarray` of shape `(k, m)`): token ids, ``-1``-padded.
-        max_nodes: cap on the tree's size.
-        rows_sorted: the rows are already in lexicographic order (as :meth:`DraftPool.continuations`
-            returns them).
-
-    Returns:
-        :class:`~hf_specdraft.core.tree.DraftTree` with at most ``max_nodes`` nodes, on the CPU.
+    ``continuations`` `(k, m)`: token ids, ``-1``-padded (``rows_sorted``: already in lexicographic order, as
+    :meth:`DraftPool.continuations` returns them). Returns a CPU :class:`~hf_specdraft.core.tree.DraftTree`.
     """
     if continuations.size == 0:
         return DraftTree.empty()
@@ -130,8 +121,8 @@ def merge_continuations(continuations: np.ndarray, max_nodes: int, rows_sorted: 
 
 def _tree_of(pool: DraftPool, positions: np.ndarray, length: int, config: CasdConfig) -> DraftTree:
     """The frequency tree of the continuations of the occurrences at ``positions`` `(k,)`."""
-    continuations = pool.continuations(positions, length, config.max_draft_length, config.max_matches)
-    return merge_continuations(continuations, config.max_nodes, rows_sorted=True)
+    return merge_continuations(pool.continuations(positions, length, config.max_draft_length, config.max_matches),
+                               config.max_nodes, rows_sorted=True)
 
 
 def add_nodes(tokens: list[int], parents: list[int], tree: DraftTree, max_nodes: int) -> None:
@@ -150,21 +141,12 @@ def add_nodes(tokens: list[int], parents: list[int], tree: DraftTree, max_nodes:
 
 
 def retrieve(pool: DraftPool, sequence, config: CasdConfig) -> tuple[DraftTree, int]:
-    """𝕋 ← R(p): the draft tree for the current sequence (the CASD paper, Algorithm 1 line 7, eq. 2).
+    """𝕋 ← R(p) (the CASD paper, Algorithm 1 line 7, eq. 2): `(tree, match_length)` for ``sequence`` `(L,)` (prompt +
+    generated tokens, an array, tensor or list; its last ``config.max_suffix_length`` read) in ``pool``, empty and 0
+    when no suffix of at least ``min_suffix_length`` tokens occurs there with a continuation.
 
-    With ``config.fill_from_shorter_suffixes`` a tree smaller than ``max_nodes`` is topped up with
-    the trees of ever shorter suffixes (down to ``min_suffix_length``); the longest match's tree keeps
-    its nodes and its order, so its main chain stays the tree's main chain.
-
-    Args:
-        pool: the draft pool of the request's full context.
-        sequence (`np.ndarray`, `torch.LongTensor` or list of shape `(L,)`): prompt + generated tokens;
-            only the last ``config.max_suffix_length`` are read.
-        config: retrieval options.
-
-    Returns:
-        `(tree, match_length)`: the tree (empty when no suffix of at least ``min_suffix_length`` tokens
-        occurs in the pool with a continuation) and the longest matched suffix length (0 then).
+    With ``config.fill_from_shorter_suffixes`` a tree smaller than ``max_nodes`` is topped up with the trees of ever
+    shorter suffixes; the longest match's tree keeps its nodes and order, so its main chain stays the tree's.
     """
     if config.max_nodes == AUTO:  # outside the loop's controller: the paper's tree size
         config = replace(config, max_nodes=PAPER_MAX_NODES)

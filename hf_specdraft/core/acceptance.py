@@ -191,23 +191,14 @@ def lenient_review_sampling(p: torch.Tensor, candidates: torch.Tensor, q_candida
 
 
 def accept_tree(rows, tree: DraftTree, acceptance: ConditionalAcceptance | None, eos_token_ids: list[int]) -> tuple[list[int], int]:
-    """Pick the accepted path through ``tree`` (siblings unique: :meth:`DraftTree.merge_duplicates`) and the target's
-    next token after it.
+    """The accepted path through ``tree`` (siblings unique: :meth:`DraftTree.merge_duplicates`), root-to-leaf node
+    indices, and the target's next token after it.
 
-    A node is accepted when its parent was and its token equals the target's choice at the parent's row
-    (exact: lossless for greedy, and for sampling because the choice is a sample from p) or, with
-    ``acceptance``, passes CASD's condition. The deepest accepted node wins (earliest on ties).
-
-    Args:
-        rows: the target's rows, with ``choice(row) -> int`` (its own token: argmax, or a sample from p) and
-            ``probs(row) -> (V,)``; row 0 scores the token after the last accepted one, row ``1 + i`` the token
-            after node ``i`` (the loop's ``_TargetRows``).
-        tree (:class:`~hf_specdraft.core.tree.DraftTree`): the verified proposal.
-        acceptance: CASD's rule, or `None` for exact matching.
-        eos_token_ids: what ``p(eos)`` means for ``acceptance``.
-
-    Returns:
-        `(path, next_token)`: accepted node indices root-to-leaf, and the target's token after them.
+    A node is accepted when its parent was and its token equals the target's choice at the parent's row (exact:
+    lossless for greedy, and for sampling since the choice is a sample from p) or passes ``acceptance`` (CASD's rule,
+    ``p(eos)`` read at ``eos_token_ids``). The deepest accepted node wins (earliest on ties). ``rows``
+    (:class:`~hf_specdraft.core.rows.TargetRows`) gives ``choice(row)`` and ``probs(row)`` `(V,)`; row 0 scores the
+    token after the last accepted one, row ``1 + i`` the one after node ``i``.
     """
     parents = tree.parent_list
     tokens = tree.token_list if tree.token_list is not None else tree.tokens.tolist()

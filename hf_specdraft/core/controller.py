@@ -124,11 +124,9 @@ class DraftLengthController:
         return total
 
     def verify_seconds(self, n: int) -> float:
-        """v(n): measured, or read off a line through the measured lengths, and never decreasing in ``n`` (a forward over
-        more tokens does not cost less). Timing noise only ever slows a forward (another process on the cores, a first
-        kernel set-up), so each measured width is read no higher than any longer width (the smallest of the widths
-        ``>= n``): one slow sample cannot make every longer draft look dear and keep the controller from drafting them
-        again. Between two measured widths the line is clamped to theirs; past the longest, never below it."""
+        """v(n): measured, or read off a line through the measured lengths (clamped between the neighbouring measured
+        widths), never decreasing in ``n``. Timing noise only slows a forward, so a measured width is read no higher
+        than any longer one: one slow sample cannot make every longer draft look dear for good."""
         return self._verify_reader()(n)
 
     def _verify_reader(self):
@@ -207,12 +205,10 @@ class DraftLengthController:
         """How many of the ``available`` tokens that followed an earlier occurrence of the text's last ``match`` tokens
         to copy as this step's draft (a drafter's ``copy_from_context``); ``0``: draft with the model instead.
 
-        The copy of ``n`` tokens is worth ``(1 + Σ_{i<=n} Π_{j<=i} c_j) / v(n + 1)`` tokens per second, ``c_j`` the
-        running rate at which copied position ``j`` was right after a match of about this length (the ``a_j`` rule
-        of the module docstring, per bin of ``COPY_MATCH_BINS``, from ``COPY_PRIOR``); copying costs nothing else.
-        It copies the best ``n`` where that beats what the model's own steps realized (confidence-stopped steps:
-        their measured tokens per second; else the best γ's expected rate), and every ``EXPLORE_EVERY``-th declined
-        copy anyway. Before the cost curve is measured it copies ``COPY_START`` tokens."""
+        A copy of ``n`` is worth ``(1 + Σ_{i<=n} Π_{j<=i} c_j) / v(n + 1)`` tokens per second, ``c_j`` the rate at which
+        copied position ``j`` was right after a match of about this length (the ``a_j`` rule per bin of
+        ``COPY_MATCH_BINS``, from ``COPY_PRIOR``). It copies the best ``n`` where that beats :meth:`model_rate`, and
+        every ``EXPLORE_EVERY``-th declined copy anyway; ``COPY_START`` tokens before the cost curve is measured."""
         self._copy_bin = max(i for i, edge in enumerate(COPY_MATCH_BINS) if match >= edge or i == 0)
         top = min(available, self.max_copy_tokens)
         if top < 1:

@@ -38,6 +38,11 @@ class StepRecord:
     copied: bool = False  # the draft was copied from the text (a GLIDE drafter's copy_from_context), not drafted by a model
 
 
+def _total(name: str) -> property:
+    """A property summing field ``name`` of every step."""
+    return property(lambda self: sum(getattr(s, name) for s in self.steps), doc=f"Σ of every step's ``{name}``.")
+
+
 @dataclass(repr=False)
 class SpeculativeStats:
     """Per-step records of one ``speculative_generate`` call, with the summary figures."""
@@ -63,21 +68,12 @@ class SpeculativeStats:
     def num_steps(self) -> int:
         return len(self.steps)
 
-    @property
-    def drafted_tokens(self) -> int:
-        return sum(s.drafted for s in self.steps)
-
-    @property
-    def accepted_tokens(self) -> int:
-        return sum(s.accepted for s in self.steps)
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(s.emitted for s in self.steps)
-
-    @property
-    def judged_tokens(self) -> int:
-        return sum(s.judged for s in self.steps)
+    drafted_tokens = _total("drafted")
+    accepted_tokens = _total("accepted")
+    new_tokens = _total("emitted")
+    judged_tokens = _total("judged")
+    draft_seconds = _total("draft_seconds")
+    verify_seconds = _total("verify_seconds")
 
     @property
     def alpha(self) -> float | None:
@@ -134,14 +130,6 @@ class SpeculativeStats:
             tried = [s for s in self.steps if s.drafted > i]
             rates.append(sum(s.accepted > i for s in tried) / len(tried))
         return rates
-
-    @property
-    def draft_seconds(self) -> float:
-        return sum(s.draft_seconds for s in self.steps)
-
-    @property
-    def verify_seconds(self) -> float:
-        return sum(s.verify_seconds for s in self.steps)
 
     def summary(self) -> dict:
         return {
@@ -231,7 +219,7 @@ def standardized_walltime_improvement(new_tokens: int, target_calls: int, draft_
 
 def record_step(stats: SpeculativeStats, rows, tree: DraftTree, path: list[int], emitted: int,
                 draft_seconds: float, verify_seconds: float) -> None:
-    """One step's record (``rows``: the row's :class:`~hf_specdraft.core.rows.TargetRows`): drafted depth, tree size, accepted and emitted tokens, timings, judged positions and α's overlaps."""
+    """One step's record (``rows``: the row's :class:`~hf_specdraft.core.rows.TargetRows`)."""
     drafted, accepted = tree.levels, min(len(path), emitted)
     judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
     stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
@@ -239,12 +227,8 @@ def record_step(stats: SpeculativeStats, rows, tree: DraftTree, path: list[int],
 
 
 def chain_overlaps(rows, tree: DraftTree, judged: int) -> torch.Tensor | None:
-    """``1 - TV(p, q)`` at the first ``judged`` positions of a chain with q (the paper's α, :mod:`~hf_specdraft.core.stats`),
-    left on the device (the call reads every step's at once when it ends, :meth:`SpeculativeStats.settle`).
-
-    Row ``i`` of the target scores chain node ``i``, so p and q there share one prefix. ``None`` for a tree,
-    a proposal without q, or a q over another vocabulary size.
-    """
+    """``1 - TV(p, q)`` at the first ``judged`` positions of a chain with q (row ``i`` of the target scores node ``i``:
+    one prefix), left on the device until :meth:`SpeculativeStats.settle`; ``None`` for a tree, no q, or another V."""
     q = tree.draft_probs
     if not judged or q is None or not tree.is_chain or q.shape[-1] != rows.logits.shape[-1]:
         return None

@@ -30,13 +30,9 @@ SHARED_KV = "return_shared_kv_states"  # Gemma 4: the keys and values of the las
 
 @dataclass
 class TargetOutputs(ModelOutput):
-    """The target's outputs at the positions a step kept, for one row (what transformers calls ``model_outputs``).
-
-    Args:
-        hidden_states (`tuple(torch.FloatTensor | None)`): one entry per requested layer index, as the model returns
-            them (entry 0: the embeddings; unrequested entries ``None``), each `(1, n, hidden_size)` over the ``n``
-            positions the last step added to the target's cache, in text order.
-    """
+    """The target's outputs at the positions a step kept, for one row (transformers' ``model_outputs``):
+    ``hidden_states`` as the model returns them (entry 0 the embeddings, unrequested entries ``None``), each
+    `(1, n, hidden_size)` over the ``n`` positions the last step added to the target's cache, in text order."""
 
     hidden_states: tuple | None = None
     shared_kv_states: dict | None = None  # Gemma 4's generators: {layer type: (keys, values)} of the target's producer layers
@@ -65,15 +61,8 @@ class TargetState:
 
 
 class StateRequest:
-    """What the call's drafters ask of the target's forwards, merged once per call.
-
-    Args:
-        model: the target. drafters: every row's drafter. traits: what each declares (its
-            :class:`~hf_specdraft.core.drafting.DrafterTraits`: ``requires_model_outputs`` and ``model_kwargs_overrides``).
-
-    Attributes:
-        kwargs (`dict`): merged into every target forward of the call (empty when no drafter asks).
-    """
+    """What the call's drafters (each row's, with its :class:`~hf_specdraft.core.drafting.DrafterTraits`) ask of the
+    target's forwards, merged once per call into :attr:`kwargs` (empty when no drafter asks)."""
 
     def __init__(self, model, drafters, traits):
         self.kwargs: dict = {}

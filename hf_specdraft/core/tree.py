@@ -25,20 +25,15 @@ class DraftTree:
 
     Args:
         tokens (`torch.LongTensor` of shape `(N,)`, or a list of ints): proposed token ids, where the drafter made
-            them (a draft's argmax stays on its device: nothing is read back to build a tree).
-        parents (list of ints, or `torch.LongTensor` of shape `(N,)`): index of each node's parent, ``-1`` for
-            children of the last accepted token. Topological: ``parents[i] < i``. Kept as host data
-            (:attr:`parent_list`): the loop builds masks and walks the tree without reading the device; a tensor
-            given here is read once.
-        draft_probs (`torch.FloatTensor` of shape `(N, V)`, *optional*): q, the draft distribution each
-            token was drawn from (row ``i`` is the distribution at node ``i``'s position). Needed for
-            speculative sampling (Leviathan et al. 2023, Algorithm 1) and lenient acceptance.
-        sampled (`torch.BoolTensor` of shape `(N,)`, *optional*): True where the node's token was *drawn* from its
-            ``draft_probs`` row (not picked, e.g. a CAPE expansion token or a beam). Under sampling, trees with it are
-            verified by multi-branch rejection sampling (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`).
-
-    ``token_list`` holds the tokens on the host once known: given as a list, or filled by the loop from its one
-    read-back after verification (:mod:`~hf_specdraft.core.loop`).
+            them (nothing is read back to build a tree). ``token_list`` holds them on the host once known (given as a
+            list, or filled from the loop's one read-back after verification).
+        parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): each node's parent, ``-1`` for
+            children of the last accepted token, ``parents[i] < i``; kept as host data (:attr:`parent_list`).
+        draft_probs (`torch.FloatTensor` of shape `(N, V)`, *optional*): q at each node's position, for speculative
+            sampling (Leviathan et al. 2023, Algorithm 1) and lenient acceptance.
+        sampled (`torch.BoolTensor` of shape `(N,)`, *optional*): True where the token was *drawn* from its q row
+            (not picked, e.g. a CAPE expansion token): under sampling such trees are verified by multi-branch
+            rejection sampling (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`).
     """
 
     def __init__(self, tokens, parents, draft_probs: torch.Tensor | None = None, sampled=None):
@@ -88,10 +83,9 @@ class DraftTree:
     def depth_list(self) -> list[int]:
         """Depth of each node (host); children of the root have depth 0."""
         if self._depth is None:
-            depth: list[int] = []
+            self._depth = []
             for p in self.parent_list:
-                depth.append(0 if p < 0 else depth[p] + 1)
-            self._depth = depth
+                self._depth.append(0 if p < 0 else self._depth[p] + 1)
         return self._depth
 
     @property
@@ -170,20 +164,13 @@ class DraftTree:
         return self.select(nodes, list(range(-1, len(nodes) - 1)))
 
     def merge_duplicates(self) -> DraftTree:
-        """The same tree with duplicate siblings (same parent, same token) merged into the first of them.
-
-        The merged node keeps the first duplicate's q row and flag, and the other duplicates' children become its
-        children (themselves merged in turn). Verification needs unique siblings: under sampling each
-        verified row draws one target sample, so two copies of a token would both match it and the walk
-        would pick the deeper of their independently verified subtrees, a choice among draws that biases
-        the output. Returns ``self`` when no siblings repeat (a chain, always: nothing is read).
-        """
+        """The same tree with duplicate siblings (same parent, same token) merged into the first, which keeps its q row
+        and flag and adopts the others' children (merged in turn). Verification needs unique siblings: under sampling
+        two copies would both match the row's one target sample, and picking the deeper of their subtrees biases the
+        output. Returns ``self`` when no siblings repeat (a chain, always: nothing is read)."""
         if self.is_chain:
             return self
-        keep: list[int] = []
-        new_index: dict[tuple[int, int], int] = {}
-        remap: list[int] = []
-        parents = []
+        keep, remap, parents, new_index = [], [], [], {}
         tokens = self.token_list if self.token_list is not None else self.tokens.tolist()
         for parent, token in zip(self.parent_list, tokens):
             key = (remap[parent] if parent >= 0 else -1, token)
@@ -233,24 +220,16 @@ def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
         `(ancestors, depth)`: ``ancestors[i, j]`` is True when node ``j`` is node ``i`` or one of its
         ancestors (`(N, N)` bool); ``depth`` `(N,)` long.
     """
-    n = parents.numel()
-    ancestors = torch.eye(n, dtype=torch.bool, device=parents.device)
-    depth = torch.zeros(n, dtype=torch.long, device=parents.device)
-    for i, p in enumerate(parents.tolist()):  # rows are built from already-finished parent rows
-        if p >= 0:
-            ancestors[i] |= ancestors[p]
-            depth[i] = depth[p] + 1
-    return ancestors, depth
+    ancestors, depth = tree_buffers(parents.tolist())
+    return ancestors.to(parents.device), torch.tensor(depth, dtype=torch.long, device=parents.device)
 
 
 def tree_mask(parents, prefix_length: int, dtype: torch.dtype, device: torch.device,
               queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask and positions for tree nodes on top of a cached prefix: each node sees the prefix and its ancestors-or-self.
 
-    The one tree mask of the library: verification (:func:`tree_attention_inputs`) and a draft scoring a beam tree
-    (:class:`~hf_specdraft.core.drafting.DraftModelTreeScorer`) both build theirs here. Built on the host
-    (:func:`tree_buffers`) and copied once, without a sync (a per-node loop of device ops costs more than a small
-    forward).
+    The library's one tree mask (verification, and a draft scoring a beam tree), built on the host
+    (:func:`tree_buffers`) and copied once without a sync (a per-node loop of device ops costs more than a forward).
 
     Args:
         parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): every node of the tree (``-1``: a
