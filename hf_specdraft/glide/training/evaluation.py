@@ -2,14 +2,11 @@
 
 p is the frozen target's next-token distribution, q GLIDE's (Leviathan et al. 2023, Algorithm 1).
 
-- **α** (teacher-forced): the target runs over held-out windows, GLIDE over the same windows with the training-time
-  block-wise mask (Du et al. 2024, §4.1: a token glimpses the target KV of earlier blocks only, the KV-cache delay of
-  inference); α = mean over positions of Σ_x min(p(x), q(x)) = 1 - TV(p, q) (Leviathan et al. 2023, §3.3; the
-  per-position overlap is :func:`hf_specdraft.core.stats.overlap`, which the decoding loop records too).
-- **greedy agreement**: the fraction of those positions where argmax q == argmax p (greedy decoding accepts exactly these).
-- **tokens per target forward** τ: the real loop (:func:`hf_specdraft.core.loop.speculative_generate`, default
-  settings, greedy) on a few held-out prompts; its :class:`~hf_specdraft.core.stats.SpeculativeStats` gives
-  ``mean_accepted_length`` (accepted + the target's own token per forward).
+- **α** (teacher-forced): GLIDE over held-out windows with the training-time block-wise mask (§4.1), α = mean over
+  positions of Σ_x min(p(x), q(x)) = 1 - TV(p, q) (Leviathan et al. 2023, §3.3; ``core.stats.overlap``);
+- **greedy agreement**: the share of those positions where argmax q == argmax p (greedy decoding accepts exactly these);
+- **tokens per target forward** τ: the loop's ``mean_accepted_length`` (``speculative_generate``, default settings,
+  greedy) on a few held-out prompts.
 
     evaluate = HeldOutEvaluation(windows, prompts, block_size=5)
     evaluate(target, glide)  # {"alpha": 0.61, "greedy_agreement": 0.55, "tokens_per_forward": 2.3, ...}

@@ -172,21 +172,14 @@ def target_probs(glide, batch: GlideBatch, temperature: float = 1.0) -> torch.Te
 
 
 def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.Tensor, dict]:
-    """Next-token cross-entropy with the block-wise mask (§4.1), mixed with token-level distillation (Appendix B).
-
-    A ``state_input`` GLIDE (or any GLIDE with ``args.unrolled_steps > 1``) is trained over its draft steps unrolled
-    (:mod:`.unrolled`: each step reads the previous step's state and the glimpse the loop would give it, no block mask);
-    the loss is the mean over the steps.
-
-    ``(1 - w) · CE(labels, q) + w · τ² · KL(p || q)`` with ``w = args.distillation_weight`` and ``τ =
-    args.distillation_temperature`` (a :class:`GlideTrainingArguments`); p comes whole or as its top k
-    (:func:`target_probs`), over every position of the window (the labels stop one short: the last token has no
-    successor in the window). A GLIDE with a reduced vocabulary (``draft_token_ids``) is trained over its own rows:
-    every target id outside it is its last row, for the labels and for p. Its logits over the target's vocabulary put
-    the dtype's minimum on those ids, which a loss over target ids would turn into ~1e38.
-
-    ``model`` is GLIDE, or GLIDE as accelerate prepared it: its own forward runs, so that mixed precision's autocast and
-    data parallelism's gradient synchronisation see it.
+    """Next-token cross-entropy with the block-wise mask (§4.1), mixed with token-level distillation (Appendix B):
+    ``(1 - w) · CE(labels, q) + w · τ² · KL(p || q)``, ``w = args.distillation_weight``, ``τ =
+    args.distillation_temperature``, p whole or as its top k (:func:`target_probs`) at every position of the window
+    (the labels stop one short). A ``state_input`` GLIDE (or ``args.unrolled_steps > 1``) trains over its draft steps
+    unrolled (:mod:`.unrolled`), the loss the mean over the steps. A reduced-vocabulary GLIDE trains over its own rows
+    (every id outside it is the last row, for the labels and p): its logits over target ids put the dtype's minimum
+    there, which a loss would turn into ~1e38. ``model`` is GLIDE or GLIDE as accelerate prepared it (its own forward
+    runs, for autocast and gradient synchronisation).
     """
     glide = extract_model_from_parallel(model)
     steps = args.draft_steps(glide.config)
