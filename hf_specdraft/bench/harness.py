@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from ..defaults import DefaultBundle
 from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, copyable_fraction, edit_similarity
 from ..core.stats import expected_speedup
+from ..core.validation import check_int
 from ..core.projection import calibrated_choices
 from .compile_watch import add_counts, compile_counters, compiled, compiled_between
 from .methods import COMPILED_BASELINE, FAST_BASELINE, METHODS, STATIC_BASELINE, BenchContext
@@ -42,13 +43,6 @@ PROFILES = {
     # that one task (eager rows at ~35 tok/s included) fits in about 10 minutes on one GPU
     "gpu-default": {"num_prompts": 8, "max_new_tokens": 128, "context_prompt_chars": 3000, "repeats": 2},
 }
-
-
-def check_count(name: str, value, least: int = 1, why: str = "") -> None:
-    """Raise `ValueError` unless ``value`` is an int (not a bool) of at least ``least``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        kind = "a positive int" if least == 1 else f"an int >= {least}"
-        raise ValueError(f"{name} must be {kind}{why}, got {value!r}")
 
 
 @dataclass
@@ -78,8 +72,8 @@ class BenchConfig:
         for name in ("num_prompts", "max_new_tokens", "repeats", "context_prompt_chars"):
             if getattr(self, name) is None:
                 setattr(self, name, PROFILES[self.profile][name])
-            check_count(name, getattr(self, name))
-        check_count("warmup", self.warmup, 0, " (prompts whose runs are not timed)")
+            check_int(name, getattr(self, name))
+        check_int("warmup", self.warmup, 0, what="prompts whose runs are not timed")
 
 
 def environment(bundle: DefaultBundle) -> dict:
@@ -89,11 +83,14 @@ def environment(bundle: DefaultBundle) -> dict:
 
     device = bundle.target.device
     hardware = f"CPU: {cpu_model()}, {torch.get_num_threads()} threads"
+    # the bundle's neural drafters by bench name (the plain draft and the models among the extras)
+    drafters = {"draft": bundle.draft, **bundle.extras}
     return {
         "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else hardware,
         "device": str(device),
         "dtype": str(bundle.target.dtype).removeprefix("torch."),
-        "draft_dtypes": {name: str(model.dtype).removeprefix("torch.") for name, model in drafters(bundle).items()},
+        "draft_dtypes": {name: str(model.dtype).removeprefix("torch.") for name, model in drafters.items()
+                         if isinstance(model, torch.nn.Module)},
         "batch_size": 1,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "accelerate": accelerate.__version__},
@@ -118,13 +115,6 @@ def cpu_model() -> str:
     except OSError:
         names = []
     return names[0] if names else (platform.processor() or platform.machine())
-
-
-def drafters(bundle: DefaultBundle) -> dict:
-    """The bundle's neural drafters by bench name (``draft`` and the models among ``extras``)."""
-    found = {"draft": bundle.draft} if bundle.draft is not None else {}
-    found.update({name: model for name, model in bundle.extras.items() if isinstance(model, torch.nn.Module)})
-    return found
 
 
 class _ForwardCounter:

@@ -20,6 +20,7 @@ import ast
 import random
 from dataclasses import asdict, dataclass
 
+from ..core.validation import check_int
 from .corpus import Corpus, build_corpus
 
 TASKS = ("completion", "context", "chat")
@@ -138,8 +139,7 @@ def build_tasks(task: str, count: int = 100, seed: int = 0, corpus: Corpus | Non
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
-    if not isinstance(context_prompt_chars, int) or isinstance(context_prompt_chars, bool) or context_prompt_chars < 1:
-        raise ValueError(f"context_prompt_chars must be a positive int (characters of the file before the cut), got {context_prompt_chars!r}")
+    check_int("context_prompt_chars", context_prompt_chars, what="characters of the file before the cut")
     corpus = corpus or build_corpus()
     rng = random.Random(seed)
     files = sorted(corpus.heldout, key=lambda f: f.name)

@@ -26,13 +26,10 @@ class GlideDraftingConfig:
             tokens that followed their most recent longest occurrence (Max-Gram's match, CS Drafting §3.3) instead of
             running GLIDE for that step (CAPE leaves such a step's chain as it is); 0 or ``False`` never copies, ``True``
             is the default. Default 2: where a 2-token suffix recurs, the target's text mostly goes on as it did.
-        max_copy_tokens: how many tokens a copy proposes at most; ``None`` (the default): with ``num_draft_tokens="auto"``
-            at batch 1 the loop's controller decides per step whether to copy and how many tokens, from how often copies
-            after a match of that length were right and what verification costs
-            (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`), and in a batch a copy is
-            ``max(COPY_TOKENS, γ)`` tokens; with a fixed γ a copy is γ tokens, so every proposal honours γ exactly. An
-            int: a copy proposes that many tokens (fewer where the text has fewer after the match; with "auto" at batch 1,
-            the controller's choice up to that many).
+        max_copy_tokens: how many tokens a copy proposes at most. ``None`` (the default): with ``"auto"`` at batch 1
+            the controller decides per step whether to copy and how much, from how often such copies were right and
+            what verification costs (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`); in a
+            batch ``max(COPY_TOKENS, γ)``; with a fixed γ, γ. An int caps the copy (the controller's choice under it).
     """
 
     num_draft_tokens: int | str = AUTO  # the best γ depends on the machine's cost curve (§5.1 fixes 5 on a GPU)

@@ -26,6 +26,7 @@ import torch
 from accelerate import PartialState
 from tqdm.auto import tqdm
 
+from ...core.validation import check_int
 from .data import Column, check_messages, render_chat, tokenize_texts
 
 
@@ -56,9 +57,7 @@ class RegenerationArguments:
 
     def __post_init__(self):
         for name in ("max_new_tokens", "batch_size", "prompt_tokens", "batches_per_shard"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"regeneration {name} must be a positive int, got {value!r}")
+            check_int(f"regeneration {name}", getattr(self, name))
         if not self.temperature >= 0:
             raise ValueError(f"regeneration temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -39,6 +39,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
+from ...core.validation import check_int
 from ..model_card import check_license, save_glide_checkpoint
 from .objective import glide_loss, window_source
 
@@ -116,13 +117,10 @@ class GlideTrainingArguments:
         if not self.output_dir:
             raise ValueError("output_dir must be a non-empty path")
         for name, least, why in (("max_steps", 1, ""), ("per_device_batch_size", 1, ""), ("logging_steps", 1, ""),
-                                 ("gradient_accumulation_steps", 1, ""), ("save_steps", 0, " (0 = never)"),
-                                 ("eval_every", 0, " (0 = never)"), ("seed", 0, ""),
-                                 ("seq_len", 2, " (a token and its successor)")):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                kind = "a positive int" if least == 1 else f"an int >= {least}"
-                raise ValueError(f"{name} must be {kind}{why}, got {value!r}")
+                                 ("gradient_accumulation_steps", 1, ""), ("save_steps", 0, "0 = never"),
+                                 ("eval_every", 0, "0 = never"), ("seed", 0, ""),
+                                 ("seq_len", 2, "a token and its successor")):
+            check_int(name, getattr(self, name), least, what=why)
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.warmup_steps < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0:
