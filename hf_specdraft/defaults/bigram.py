@@ -48,34 +48,27 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
     parser.add_argument("--answers-weight", type=int, default=1, metavar="N",
                         help="count every answer N times: the target's own text against the corpus's far larger one")
     args = parser.parse_args(argv)
+    for flag, value in (("--max-files", args.max_files), ("--answers-weight", args.answers_weight)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be a positive int, got {value}")
     from transformers import AutoTokenizer
 
     from .corpus import build_corpus
+    from .smollm2 import converted_dir
 
-    if args.tokenizer is None:
-        from .smollm2 import converted_dir
-
+    def checked(prefix: str, make):  # a bad argument is one argparse error line, named by its flag
         try:
-            tokenizer_dir = converted_dir()
+            return make()
         except ValueError as err:
-            parser.error(f"--tokenizer not given and the default target is not available: {err}")
-    else:
-        tokenizer_dir = Path(args.tokenizer)
+            parser.error(f"{prefix}{err}")
+
+    tokenizer_dir = Path(args.tokenizer) if args.tokenizer is not None else checked(
+        "--tokenizer not given and the default target is not available: ", converted_dir)
     if not tokenizer_dir.is_dir():
         parser.error(f"--tokenizer {str(tokenizer_dir)!r} is not a directory")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    if args.max_files is not None and args.max_files < 1:
-        parser.error(f"--max-files must be a positive int, got {args.max_files}")
-    try:
-        corpus = build_corpus(roots={"source": Path(args.source)} if args.source else None)
-    except ValueError as err:
-        parser.error(f"--source: {err}")
-    if args.answers_weight < 1:
-        parser.error(f"--answers-weight must be a positive int, got {args.answers_weight}")
-    try:
-        answers = [ids for folder in args.answers for ids in answer_ids(folder)]
-    except ValueError as err:
-        parser.error(f"--answers: {err}")
+    corpus = checked("--source: ", lambda: build_corpus(roots={"source": Path(args.source)} if args.source else None))
+    answers = checked("--answers: ", lambda: [ids for folder in args.answers for ids in answer_ids(folder)])
     files = getattr(corpus, args.split)[: args.max_files]
     texts = (f.read() for f in files)
     ids = itertools.chain((tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts), answers * args.answers_weight)
