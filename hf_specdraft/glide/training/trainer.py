@@ -5,8 +5,8 @@ cross-attention reads; the block-wise mask (block length L = 5) lets a token see
 simulating at training time the KV-cache delay of inference (§4.1). The loss is next-token cross-entropy, optionally
 mixed with distillation from the target's logits (Appendix B's token-level form; the sequence-level form, the target
 writing the responses, is ``--regenerate``: :mod:`.regenerate`). Where a target forward per step is too dear (a real
-target on a CPU), the same loop reads the target's KV and top-k from a precomputed store (:class:`~.store.StoreWindows`):
-the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are optimised: AdamW, warmup + cosine
+target on a CPU), the same loop reads the target's KV and top-k from a precomputed store
+(:class:`~.store.StoreWindows`): the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are optimised: AdamW, warmup + cosine
 decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes through 🤗 accelerate. Every
 ``save_steps`` steps the run saves ``checkpoint-last/`` (weights, optimizer, scheduler, step, RNG states), which a
 restarted run continues from; every ``eval_every`` steps a :class:`~.evaluation.HeldOutEvaluation` measures α, greedy
@@ -39,7 +39,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
-from ...core.validation import check_int
+from ...core.validation import check_int, is_int
 from ..model_card import check_license, save_glide_checkpoint
 from .objective import glide_loss, window_source
 
@@ -121,24 +121,19 @@ class GlideTrainingArguments:
                                  ("eval_every", 0, "0 = never"), ("seed", 0, ""),
                                  ("seq_len", 2, "a token and its successor")):
             check_int(name, getattr(self, name), least, what=why)
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.warmup_steps < 0 or self.weight_decay < 0 or self.max_grad_norm <= 0:
-            raise ValueError("warmup_steps and weight_decay must be >= 0 and max_grad_norm > 0")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+        rules = {"be > 0": lambda v: v > 0, "be >= 0": lambda v: v >= 0, "lie in [0, 1]": lambda v: 0 <= v <= 1}
+        for name, rule in (("learning_rate", "be > 0"), ("warmup_steps", "be >= 0"), ("weight_decay", "be >= 0"),
+                           ("max_grad_norm", "be > 0"), ("min_lr_ratio", "lie in [0, 1]"),
+                           ("distillation_weight", "lie in [0, 1]"), ("distillation_temperature", "be > 0")):
+            if not rules[rule](getattr(self, name)):
+                raise ValueError(f"{name} must {rule}, got {getattr(self, name)}")
         sizes = (self.block_size,) if isinstance(self.block_size, int) else self.block_size
         if sizes is not None and not (isinstance(sizes, (tuple, list)) and sizes and all(
-                isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in sizes)):
+                is_int(size) and size >= 1 for size in sizes)):
             raise ValueError(f"block_size must be None, a positive int or a non-empty tuple of them, got {self.block_size!r}")
         if isinstance(self.block_size, list):
             self.block_size = tuple(self.block_size)
-        if not 0.0 <= self.distillation_weight <= 1.0:
-            raise ValueError(f"distillation_weight must lie in [0, 1], got {self.distillation_weight}")
-        if self.distillation_temperature <= 0:
-            raise ValueError(f"distillation_temperature must be > 0, got {self.distillation_temperature}")
-        if self.unrolled_steps is not None and (not isinstance(self.unrolled_steps, int) or isinstance(self.unrolled_steps, bool)
-                                                or not 1 <= self.unrolled_steps <= 8):
+        if self.unrolled_steps is not None and not (is_int(self.unrolled_steps) and 1 <= self.unrolled_steps <= 8):
             raise ValueError(f"unrolled_steps must be None or an int in [1, 8], got {self.unrolled_steps!r}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
