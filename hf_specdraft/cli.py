@@ -273,10 +273,15 @@ class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--target`` and ``--draft``, which ``demo`` and ``bench`` share."""
+    parser.add_argument("--target", help="a causal LM (local directory or Hub id) or a `python -m recipes.training` "
+                        "directory; the embedded default (SmolLM2-135M-Instruct) when not given")
+    parser.add_argument("--draft", help="a draft causal LM with the target's vocabulary")
+
+
 def demo_arguments(demo: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
-    demo.add_argument("--target", help="a causal LM (local directory or Hub id) or a `python -m recipes.training` directory; the "
-                      "embedded default (SmolLM2-135M-Instruct) when not given")
-    demo.add_argument("--draft", help="a draft causal LM with the target's vocabulary")
+    model_arguments(demo)
     demo.add_argument("--num-prompts", type=int, default=2, help="held-out prompts per task")
     demo.add_argument("--max-new-tokens", type=int, default=40, help="new tokens per prompt")
     demo.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt; the median counts")
@@ -304,8 +309,7 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--context-prompt-chars", type=int, help="context task: characters of the file before the cut in the prompt "
                        "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)")
-    bench.add_argument("--target")
-    bench.add_argument("--draft")
+    model_arguments(bench)
     bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json; when that exists, a new "
                        "timestamped file beside it unless --overwrite)")
     bench.add_argument("--overwrite", action="store_true", help="replace benchmarks/results/<profile>-<task>.json when --output is not given")
@@ -327,29 +331,23 @@ def export_arguments(export: argparse.ArgumentParser, method_names: tuple[str, .
 
 def cmd_export(args: argparse.Namespace) -> int:
     import torch
+    from transformers import AutoConfig
 
     from .glide import GlideForCausalLM
     from .glide.export import export_glide
 
-    target_dir = args.target
-    glide_dir = args.glide
+    glide_dir, target_dir = args.glide, args.target
     if glide_dir == "default":
         from .defaults.smollm2 import converted_dir
 
         glide_dir = str(Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide_assistant")  # the exportable one
         target_dir = target_dir or str(converted_dir())
-    if not (Path(glide_dir) / "config.json").is_file():
-        raise ValueError(f"GLIDE: {glide_dir!r} is not a checkpoint directory (no config.json)")
+    for flag, directory in (("GLIDE", glide_dir), ("--target", target_dir)):
+        if directory is not None and not (Path(directory) / "config.json").is_file():
+            raise ValueError(f"{flag}: {directory!r} is not a checkpoint directory (no config.json)")
     glide = GlideForCausalLM.from_pretrained(glide_dir, dtype=torch.float32)
-    target_config = None
-    if target_dir is not None:
-        from transformers import AutoConfig
-
-        if not (Path(target_dir) / "config.json").is_file():
-            raise ValueError(f"--target: {target_dir!r} is not a checkpoint directory (no config.json)")
-        target_config = AutoConfig.from_pretrained(target_dir)
-    out = export_glide(glide, args.output_dir, target_config)
-    print(f"wrote {out} (serve: docs/serving.md)")
+    target_config = AutoConfig.from_pretrained(target_dir) if target_dir is not None else None
+    print(f"wrote {export_glide(glide, args.output_dir, target_config)} (serve: docs/serving.md)")
     return 0
 
 
