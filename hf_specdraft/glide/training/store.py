@@ -1,18 +1,16 @@
-"""A distillation store: what the frozen target says about a set of windows, computed once and read by every run.
-
-Training against a real target on a few CPU cores cannot afford a target forward per step, so the target runs once
-over the training windows and its answers are kept in resumable safetensors shards (``write_store``):
+"""A distillation store: what the frozen target says about a set of windows, computed once and read by every run
+(training against a real target on a few CPU cores cannot afford a target forward per step). Resumable safetensors
+shards (``write_store``) hold:
 
 - ``input_ids`` `(N, T)` int32: the windows;
-- ``keys.{l}`` / ``values.{l}`` `(N, kv_heads, T, head_dim)` bf16: the cached keys and values of the target layers
-  GLIDE reads (§4.1: ``l = N_T - N_D + m``; post-RoPE, exactly what the cache holds at inference);
+- ``keys.{l}`` / ``values.{l}`` `(N, kv_heads, T, head_dim)` bf16: the cached (post-RoPE) keys and values of the target
+  layers GLIDE reads (§4.1: ``l = N_T - N_D + m``);
 - ``topk_ids`` / ``topk_probs`` `(N, T, k)` int32 / fp16: the target's k most likely next tokens and their
-  probabilities (token-level distillation, the cheaper form of Du et al. 2024, Appendix B; DistillSpec);
-- ``hidden`` `(N, T, hidden_size)` bf16: the target's last hidden state (after its final norm), which a state-reading
-  GLIDE takes as input (``GlideConfig.state_input``).
+  probabilities (token-level distillation, Du et al. 2024, Appendix B; DistillSpec);
+- ``hidden`` `(N, T, hidden_size)` bf16: the target's last hidden state, a ``state_input`` GLIDE's input.
 
 :class:`StoreWindows` is the store as a window source of :func:`~.trainer.train_glide` and
-:func:`~.evaluation.teacher_forced_alpha` (the other one, :class:`~.objective.TargetWindows`, runs the target)::
+:func:`~.evaluation.teacher_forced_alpha` (:class:`~.objective.TargetWindows` runs the target instead)::
 
     write_store(target, windows, "store", layer_ids=[29])             # resumable: finished shards are kept
     train_glide(target, glide, StoreWindows(load_store("store")), args)
