@@ -1,7 +1,6 @@
 """The cascade's options: the K matrix, lenience, Max-Gram's draft length and a cap on what the target verifies.
 
-Reference: Chen et al. 2024, "Cascade Speculative Drafting for Even Faster LLM Inference" (docs/references.md),
-§3.1 (vertical cascade, lenience), §3.2 (horizontal cascade), §3.3 (Max-Gram), Algorithm 1.
+Chen et al. 2024 (docs/references.md): §3.1 vertical cascade and lenience, §3.2 horizontal cascade, §3.3 Max-Gram.
 
     >>> CascadeConfig(lenience=2).lenience
     2.0

@@ -33,11 +33,8 @@ MAX_GRAM_TOKENS = 10  # §5.2 "we use MaG to generate 10 tokens at once, as it i
 
 
 def bigram_chain(bigram_table: torch.LongTensor, token: torch.Tensor, num_tokens: int) -> torch.LongTensor:
-    """Follow an argmax bigram table ``num_tokens`` steps from ``token`` (0-d). Returns `(num_tokens,)`.
-
-    Ids outside the table map to themselves. The loop runs over the draft budget, not the sequence, and
-    never leaves the device.
-    """
+    """Follow an argmax bigram table ``num_tokens`` steps from ``token`` (0-d; ids outside the table map to themselves).
+    Returns `(num_tokens,)`; the loop runs over the draft budget, not the sequence, and never leaves the device."""
     out = torch.empty(num_tokens, dtype=torch.long, device=bigram_table.device)
     token = token.to(bigram_table.device)
     size = bigram_table.numel()
@@ -60,15 +57,9 @@ def max_gram_draft(
     extended text finds when it repeats with period ``d`` (the official code searches the extended
     text a second time for this). With no match, the bigram chain from the last token.
 
-    Args:
-        sequence (`torch.LongTensor` of shape `(L,)`): prompt + generated tokens.
-        num_tokens: proposal length.
-        bigram_table (`torch.LongTensor` of shape `(V,)`, *optional*): fallback; without it an unmatched
-            sequence gets an empty proposal.
-        max_match_length: see :func:`longest_suffix_match`.
-
-    Returns:
-        `torch.LongTensor` of shape `(num_tokens,)`, or `(0,)` when nothing matches and there is no table.
+    ``sequence`` `(L,)`: prompt + generated tokens; ``bigram_table`` `(V,)`: the fallback, without which an unmatched
+    sequence gets an empty proposal; ``max_match_length``: see :func:`longest_suffix_match`. Returns `(num_tokens,)`,
+    or `(0,)`.
     """
     end, _ = longest_suffix_match(sequence, max_match_length)
     if end >= 0:

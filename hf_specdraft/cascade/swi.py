@@ -1,17 +1,10 @@
 """Standardized walltime improvement (SWI) for cascades (Chen et al. 2024, §5.1).
 
-``SWI = n / (count(M_t) + Σ_i count(M_di) c_i)``, with ``n`` the generated tokens, ``count`` the runs of
-each model and ``c_i`` the cost of one run of drafter ``i`` relative to one run of the target. Counts come
-from the run (``SpeculativeStats.drafter_calls``, names ``"draft0"``, ``"draft1"``, …, ``"max_gram"``; the
-target's count is the number of verification steps, its prefill excluded as target-only decoding's is);
-the ``c_i`` come from either
-
-- :func:`parameter_cost_coefficients`: the paper's "heuristic ``{c_i}``", the ratio of parameter counts
-  (Table 2 "Speedup (MS)"), or
-- :func:`measure_cost_coefficients`: timed forwards on this machine (the paper's "PW" column uses times
-  from previous work instead).
-
-Max-Gram costs 0 under the heuristic, as in the official code (``calculate_time_cost`` returns 0).
+``SWI = n / (count(M_t) + Σ_i count(M_di) c_i)``: ``n`` generated tokens, ``count`` the runs of each model (from
+``SpeculativeStats.drafter_calls``, ``"draft0"``, …, ``"max_gram"``; the target's are the verification steps, its
+prefill excluded as target-only decoding's is), ``c_i`` one run of drafter ``i`` relative to one of the target: the
+paper's heuristic, the ratio of parameter counts (:func:`parameter_cost_coefficients`, Table 2 "Speedup (MS)"; Max-Gram
+0, as in the official code), or timed forwards on this machine (:func:`measure_cost_coefficients`).
 
     >>> cascade_swi(new_tokens=100, target_calls=30, drafter_calls={"draft0": 40, "max_gram": 90},
     ...             cost_coefficients={"draft0": 0.05, "max_gram": 0.0})

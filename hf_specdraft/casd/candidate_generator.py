@@ -61,13 +61,10 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         context (`str`, `torch.LongTensor`, `np.ndarray` or list of ints): the full context d_q, as text
             (needs ``tokenizer``) or token ids of shape `(n,)` or `(1, n)`.
         tokenizer: the target's tokenizer, when ``context`` is text.
-        config (:class:`CasdConfig`, *optional*): retrieval options; or pass them as keywords
-            (``max_nodes=64, max_suffix_length=16, min_suffix_length=2, max_draft_length=10,
-            max_matches=5000``).
+        config (:class:`CasdConfig`, *optional*): retrieval options; or pass its fields as keywords.
 
     Attributes:
-        match_lengths (`list[int]`): matched suffix length per step of the last ``generate`` call (0 =
-            nothing retrieved).
+        match_lengths (`list[int]`): matched suffix length per step of the last call (0: nothing retrieved).
     """
 
     reads_target_cache = False  # never reads the target's cache

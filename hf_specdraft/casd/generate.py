@@ -150,17 +150,10 @@ def casd_generate(
 def llmlingua2_compressor(rate: float = 1 / 3, model_name: str = LLMLINGUA2_MODEL, device_map: str = "cpu", **compress_kwargs) -> Callable[[str], str]:
     """An LLMLingua-2 context compressor (Pan et al. 2024), as used in the CASD paper (§4.4) at 3×, 5× and 10×.
 
-    Needs the optional dependency ``llmlingua`` (``pip install "hf-specdraft[casd]"``) and downloads
-    ``model_name`` from the Hub on first use.
-
-    Args:
-        rate: kept fraction of the context's tokens, in (0, 1] (1/3 = the paper's "3×").
-        model_name: the LLMLingua-2 token classifier.
-        device_map: where the classifier runs.
-        compress_kwargs: passed to ``PromptCompressor.compress_prompt`` (e.g. ``force_tokens=["\\n"]``).
-
-    Returns:
-        A callable ``text -> text`` for ``casd_generate(compressor=...)``.
+    Needs the optional dependency ``llmlingua`` (``pip install "hf-specdraft[casd]"``) and downloads ``model_name``
+    (the token classifier, run on ``device_map``) on first use. ``rate``: the kept fraction of the context's tokens, in
+    (0, 1] (1/3 = the paper's "3×"); ``compress_kwargs`` go to ``PromptCompressor.compress_prompt`` (e.g.
+    ``force_tokens=["\\n"]``). Returns a ``text -> text`` callable for ``casd_generate(compressor=...)``.
     """
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 1:
         raise ValueError(f"rate must be in (0, 1] (the kept fraction of the context), got {rate!r}")

@@ -70,12 +70,9 @@ def _dense_rank(key: np.ndarray) -> np.ndarray:
 def build_suffix_array(tokens: np.ndarray, depth: int = 16) -> np.ndarray:
     """Suffix array of ``tokens`` `(n,)` sorted by the first ``D >= depth`` tokens of each suffix, ties by position.
 
-    Prefix doubling: after the round with step ``h`` the rank of suffix ``i`` orders its first ``2h``
-    tokens, so ``D = 2^⌈log2 depth⌉`` (or the full suffix, once every prefix is distinct); suffixes
-    shorter than that see the end as smaller than any token.
-
-    Returns:
-        `np.ndarray` of shape `(n,)` (int64): start positions in sorted order.
+    Prefix doubling: after the round with step ``h`` the rank of suffix ``i`` orders its first ``2h`` tokens, so
+    ``D = 2^⌈log2 depth⌉`` (or the whole suffix, once all prefixes differ); a suffix's end sorts before any token.
+    Returns the start positions `(n,)` int64 in sorted order.
     """
     n = tokens.size
     rank = _dense_rank(tokens)  # no assumption on the id range: any vocabulary size

@@ -40,14 +40,9 @@ def top_trie_nodes(rows: np.ndarray, max_nodes: int) -> tuple[np.ndarray, ...]:
     improves, so a node that leaves the top set never returns, nor does any descendant: its rows are dropped at once
     (bounding the work on contexts with many distinct continuations).
 
-    Args:
-        rows (`np.ndarray` of shape `(k, m)`): sorted continuations, ``-1`` after a row's end (``-1``
-            sorts first, so a row never has a token after its padding).
-        max_nodes: how many nodes to keep.
-
-    Returns:
-        `(ids, tokens, parents, depth, counts)` of the kept nodes, each `(num_kept,)` int64; ``parents``
-        holds node ids (``-1`` at depth 0).
+    ``rows`` `(k, m)`: sorted continuations, ``-1`` after a row's end (it sorts first: no token follows padding).
+    Returns `(ids, tokens, parents, depth, counts)` of the kept nodes, each `(num_kept,)` int64, ``parents`` as node
+    ids (``-1`` at depth 0).
     """
     k, m = rows.shape
     by_depth = np.ascontiguousarray(rows.T)  # (m, k)

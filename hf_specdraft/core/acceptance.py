@@ -36,8 +36,7 @@ def speculative_sampling(
         candidates (`torch.LongTensor` of shape `(k,)`).
         generator: optional RNG for reproducibility.
 
-    Returns:
-        `(n_accepted, next_token)`.
+    Returns `(n_accepted, next_token)`.
     """
     k = candidates.numel()
     idx = torch.arange(k, device=candidates.device)

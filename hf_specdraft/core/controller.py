@@ -56,13 +56,11 @@ class DraftLengthController:
 
     Args:
         max_draft_tokens: the longest draft considered.
-        widths: the tree budgets considered, as nodes per chain token: ``(1.0,)`` for a chain drafter; a tree drafter
-            with an ``"auto"`` budget (CAPE) also weighs ``2.0``, twice the chain, each with acceptance counts of its own,
-            so expansions are dropped where they cost more than they are accepted.
+        widths: the tree budgets considered, in nodes per chain token: ``(1.0,)`` for a chain drafter, ``(1.0, 2.0)``
+            for a tree drafter with an ``"auto"`` budget (CAPE), each with acceptance counts of its own.
         decay: how much of the acceptance counts each step keeps.
-        bucket: on the static cache, the verification width a forward over ``n`` tokens really runs at (its bucket,
-            :func:`~hf_specdraft.core.static_verify.bucket_for`): γ is weighed at that cost, so the controller picks
-            among the captured buckets and never causes a compile.
+        bucket: on the static cache, the width a forward over ``n`` tokens really runs at
+            (:func:`~hf_specdraft.core.static_verify.bucket_for`): γ is weighed at that cost, never causing a compile.
     """
 
     def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95, bucket=None,

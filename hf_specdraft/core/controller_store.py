@@ -69,8 +69,7 @@ MAX_ENTRIES = 256  # the file keeps the most recently saved entries
 
 
 def store_file() -> Path | None:
-    """``$HF_SPECDRAFT_CONTROLLER_FILE``, else ``$HF_SPECDRAFT_CACHE/controller.json`` (default ``~/.cache/hf_specdraft``);
-    ``None`` when the variable is set empty."""
+    """The store's file (see the module docstring); ``None`` when ``$HF_SPECDRAFT_CONTROLLER_FILE`` is set empty."""
     return cache_file("HF_SPECDRAFT_CONTROLLER_FILE", "controller.json")
 
 

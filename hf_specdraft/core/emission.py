@@ -26,12 +26,8 @@ from .tree import DraftTree
 
 
 class HostStops:
-    """A call's stopping criteria, split into host checks and the rest.
-
-    Args:
-        stopping_criteria: what ``generate`` prepared (``None``: the config's max length alone).
-        generation_config: the call's (its ``max_length`` bounds every call).
-    """
+    """A call's stopping criteria (``None``: the config's ``max_length`` alone, which bounds every call), split into host
+    checks and the rest."""
 
     def __init__(self, stopping_criteria: StoppingCriteriaList | None, generation_config: GenerationConfig):
         criteria = list(stopping_criteria or [])
@@ -62,14 +58,9 @@ def accept_row(step, row: Row, logits: torch.Tensor, tree: DraftTree, choices: l
                forward_seconds: float) -> tuple[list[int], int]:
     """One row's share of a step: accept a path of its tree, emit it and the target's next token, record the step.
 
-    Args:
-        logits (`torch.FloatTensor` of shape `(1 + N, V)`): the target's scores at the row's last token and each node.
-        choices: the target's argmax at each of those rows, read back already (greedy), or ``None``.
-        forward_seconds: the row's share of the verification forward.
-
-    Returns:
-        `(kept_nodes, accepted)`: the verified columns the row keeps (0: its last token, ``1 + i``: node ``i``) and how
-        many of its draft tokens it accepted.
+    ``logits`` `(1 + N, V)`: the target's scores at the row's last token and each node; ``choices``: its argmax there,
+    read back already (greedy), or ``None``; ``forward_seconds``: the row's share of the verification forward. Returns
+    `(kept_nodes, accepted)`: the columns the row keeps (0: its last token, ``1 + i``: node ``i``), tokens accepted.
     """
     started = time.perf_counter()
     rows = TargetRows(logits, row, tree, row.processor, step.generation_config, choices)

@@ -85,10 +85,9 @@ def release_freed_memory() -> float | None:
 
 
 def after_call(threshold: float | None) -> float | None:
-    """What the loop runs when a call has ended and released its locks, with the ``threshold`` it read before the call
-    (:func:`trim_threshold_mib`; ``None``: off, nothing is read or trimmed): a trim once the process has grown
-    ``threshold`` MiB past its floor (see the module docstring). Returns the MiB the trim gave back, ``None`` when none
-    ran."""
+    """After a call has ended and released its locks: a trim once the process has grown ``threshold`` MiB (what
+    :func:`trim_threshold_mib` read before the call; ``None``: off) past its floor. Returns the MiB given back, or
+    ``None`` when no trim ran."""
     global _floor, _trimming
     if not threshold:
         return None

@@ -57,8 +57,7 @@ _ON_DISK = {"loaded": False}  # whether this process has read the calibration fi
 
 def calibration_file() -> Path | None:
     """Where calibrations persist across processes: ``$HF_SPECDRAFT_CALIBRATION_FILE``, else
-    ``$HF_SPECDRAFT_CACHE/few_token_linears.json`` (default ``~/.cache/hf_specdraft``); ``None`` when the variable is set
-    empty (no file)."""
+    ``$HF_SPECDRAFT_CACHE/few_token_linears.json``; ``None`` when the variable is set empty (no file)."""
     return cache_file("HF_SPECDRAFT_CALIBRATION_FILE", "few_token_linears.json")
 
 
@@ -128,11 +127,8 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
 
 
 def _transposed_product(weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """``linear(flat, weight)`` as ``W @ h.T``: ``flat`` `(M, d_in)` -> `(M, d_out)`, laid out as linear's.
-
-    One row is computed as two (the row twice, the first column kept): ``W @ h.T`` of a single row is the same
-    matrix-vector product as ``linear``'s, which MKL ran on one core on the AMD EPYC VM; as a two-column GEMM it
-    streams the weight on both (the module docstring's table)."""
+    """``linear(flat, weight)`` as ``W @ h.T``: ``flat`` `(M, d_in)` -> `(M, d_out)`, laid out as linear's; one row as
+    two (a two-column GEMM streams the weight on both cores where MKL's matrix-vector product used one)."""
     if flat.shape[0] == 1:
         return torch.matmul(weight, flat.repeat(2, 1).T)[:, :1].T.contiguous()
     return torch.matmul(weight, flat.T).T.contiguous()  # the BLAS' fast orientation for small M on some CPUs
@@ -190,9 +186,8 @@ def few_token_linears(model: nn.Module, orientation: str = "auto") -> Iterator[i
             :func:`transposed_is_faster` measured faster (the model's own ``linear`` unless ``W @ h.T`` wins by 10 %);
             ``"transposed"``: always ``W @ h.T`` up to any row count; ``"linear"``: nothing changes.
 
-    Applies only to modules where it cannot change which code runs (see the module docstring); others keep
-    their forward. Yields how many modules it wrapped (0 on GPU and with ``"linear"``). Restores each module's own
-    forward on exit, also on error.
+    Applies only where it cannot change which code runs (see the module docstring). Yields how many modules it wrapped
+    (0 on GPU and with ``"linear"``); restores their own forward on exit, also on error.
     """
     with _transposed(model.modules(), orientation) as swapped:
         yield swapped

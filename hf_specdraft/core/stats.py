@@ -1,14 +1,13 @@
 """Statistics of a speculative decoding call, and the papers' speedup formulas.
 
-- α, the paper's acceptance rate (Du et al. 2024, §5.1 after Leviathan et al. 2023): the expected acceptance
-  of one drafted token, ``E[Σ_v min(p(v), q(v))] = 1 - TV(p, q)``, averaged over the drafted positions the
-  target judged (each chain position up to and including the first rejection, where p and q are both
-  conditioned on accepted text). Needs the draft's q: ``None`` for drafters without one (n-gram lookups,
-  CASD) and for trees (the paper: "not applicable" when more than one candidate is proposed).
-- position acceptance rate: accepted / judged positions — the per-token acceptance the run actually saw
-  (under greedy decoding, Leviathan's α at temperature 0: how often the draft's token is the target's).
-- accepted per drafted: accepted draft tokens / drafted depth (a tree's depth is the most one step could
-  accept). Not an α: every position after a rejection counts as a failure, so it understates α.
+- α, the paper's acceptance rate (Du et al. 2024, §5.1 after Leviathan et al. 2023): ``E[Σ_v min(p(v), q(v))] =
+  1 - TV(p, q)``, averaged over the judged chain positions (up to and including the first rejection, p and q both
+  conditioned on accepted text). ``None`` without the draft's q (n-gram lookups, CASD) and for trees ("not
+  applicable" when more than one candidate is proposed).
+- position acceptance rate: accepted / judged positions, the per-token acceptance the run saw (greedy: how often the
+  draft's token is the target's).
+- accepted per drafted: accepted draft tokens / drafted depth; not an α (every position after a rejection counts
+  as a failure).
 - mean accepted length τ: tokens emitted per target forward (accepted + the target's own token).
 - expected speedup: Leviathan et al. 2023 eq. 1, as used in Du et al. 2024, §5.1.
 - SWI: standardized walltime improvement, Chen et al. 2024, §5.1.

@@ -40,20 +40,12 @@ class TargetOutputs(ModelOutput):
 
 @dataclass
 class TargetState:
-    """What a state-reading drafter is told before it proposes (the arguments of transformers' protocol).
+    """What a state-reading drafter is told before it proposes (the arguments of transformers' protocol)."""
 
-    Args:
-        outputs (:class:`TargetOutputs` or `None`): the states of the positions added since its last proposal
-            (`None` before the first forward).
-        first (`bool`): transformers' ``is_first_iteration``: nothing verified yet since the prefill.
-        matched (`int`): ``n_last_matches``: how many draft tokens the last step accepted.
-        position_ids (`torch.LongTensor` of shape `(1, L)`): positions of the row's text, its newest token included.
-    """
-
-    outputs: TargetOutputs | None
-    first: bool
-    matched: int
-    position_ids: torch.LongTensor
+    outputs: TargetOutputs | None  # the states of the positions added since its last proposal (None before a forward)
+    first: bool  # is_first_iteration: nothing verified yet since the prefill
+    matched: int  # n_last_matches: draft tokens the last step accepted
+    position_ids: torch.LongTensor  # (1, L): positions of the row's text, its newest token included
 
     def model_kwargs(self) -> dict:
         """The ``model_kwargs`` transformers' generators read (an unpadded row: no attention mask)."""

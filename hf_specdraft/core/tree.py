@@ -232,9 +232,8 @@ def tree_mask(parents, prefix_length: int, dtype: torch.dtype, device: torch.dev
     (:func:`tree_buffers`) and copied once without a sync (a per-node loop of device ops costs more than a forward).
 
     Args:
-        parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): every node of the tree (``-1``: a
-            child of the prefix).
-        prefix_length (`int`): tokens in the cache before the tree, at positions ``0 .. prefix_length - 1``.
+        parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): every node's (``-1``: the prefix).
+        prefix_length (`int`): tokens cached before the tree, at positions ``0 .. prefix_length - 1``.
         queries (`int`, *optional*): only the last ``queries`` nodes are fed (the others are cached); default all.
 
     Returns:

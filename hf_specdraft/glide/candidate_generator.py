@@ -45,18 +45,6 @@ COPY_TOKENS = 6  # the shortest copy: a match that long tends to continue for se
 COPY_MATCH_CAP = 64  # matches this long count as equally long (bounds the work on endlessly repeating text)
 
 
-def copy_count(drafter: GlideCandidateGenerator, request: DraftRequest, match: int, available: int) -> int:
-    """How many of the ``available`` tokens after a ``match``-token suffix match ``drafter`` copies for ``request`` (0:
-    none, GLIDE drafts)."""
-    longest = drafter.config.max_copy_tokens
-    if drafter.adaptive_draft_length and request.copy_rule is not None:  # "auto" at batch 1: the controller weighs it
-        return request.copy_rule(match, available if longest is None else min(available, longest))
-    if longest is not None:
-        return min(available, longest)
-    gamma = request.num_draft_tokens or drafter.num_draft_tokens
-    return max(COPY_TOKENS, gamma) if drafter.adaptive_draft_length else gamma
-
-
 def check_target_cache(target_cache, config, kv_heads: int | None = None) -> None:
     """Raise `ValueError` unless ``target_cache`` holds readable keys/values for every layer GLIDE reads (``kv_heads`` per
     layer: all the target's by default, a rank's share under tensor parallelism)."""
@@ -75,9 +63,8 @@ def check_target_cache(target_cache, config, kv_heads: int | None = None) -> Non
 class GlideCandidateGenerator(TreeCandidateGenerator):
     """Drafts with GLIDE (GLIDE §4.1): γ tokens, each conditioned on the target's cached keys and values.
 
-    GLIDE keeps its own self-attention cache across steps and re-syncs it to the accepted text by common
-    prefix, like :class:`~hf_specdraft.core.drafting.DraftModelCandidateGenerator`. It never writes to the
-    target cache.
+    GLIDE keeps its own self-attention cache across steps, re-synced to the accepted text by common prefix, and never
+    writes to the target cache.
 
     Args:
         glide: a GLIDE model (``config.model_type == "glide"``): :class:`GlideForCausalLM`, or the same class
@@ -172,12 +159,17 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         end, length = longest_suffix_match(text, max_match_length=COPY_MATCH_CAP)
         if length < shortest:
             return None
-        available = text.shape[0] - end - 1
-        count = copy_count(self, request, length, available)
+        available, longest = text.shape[0] - end - 1, self.config.max_copy_tokens
+        gamma = request.num_draft_tokens or self.num_draft_tokens
+        if self.adaptive_draft_length and request.copy_rule is not None:  # "auto" at batch 1: the controller weighs it
+            count = request.copy_rule(length, available if longest is None else min(available, longest))
+        elif longest is not None:
+            count = min(available, longest)
+        else:
+            count = max(COPY_TOKENS, gamma) if self.adaptive_draft_length else gamma
         if not count:  # the loop's controller expects more from GLIDE's own draft here
             return None
-        tokens = text[end + 1 : end + 1 + count].to(input_ids.device)
-        tree = DraftTree.chain(tokens)
+        tree = DraftTree.chain(text[end + 1 : end + 1 + count].to(input_ids.device))
         tree.copied = True
         return tree
 
@@ -203,9 +195,8 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
     def _propose_from_state(self, request: DraftRequest, glimpse: dict) -> DraftTree:
         """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``, each
-        later step the drafted token and the draft's own ``draft_state``. With self-attention, GLIDE's cache first takes
-        the newly verified positions, each read with the target's state before it (what training's first pass sees).
-        The states were taken already (:meth:`_take_states`); γ and the stop rule are the request's."""
+        later step the drafted token and its own ``draft_state``. With self-attention, GLIDE's cache first takes the
+        newly verified positions, each read with the target's state before it (as training's first pass sees them)."""
         glide, device, stop_rule = self.glide, self.glide.device, request.stop_rule
         ids = request.input_ids[0].to(device)
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
@@ -246,16 +237,14 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache) -> StaticDraftCache:
         """On the compiled static path of a batch-1 call: GLIDE's forwards on a static cache of its own, compiled, its
-        glimpse reading the target's static buffers whole under a key mask (fixed shapes, :func:`static_glimpse`). Not
-        where the target keeps windowed layers on rings (their slots are no sequence): GLIDE then drafts eagerly. Nor for
-        a ``state_input`` GLIDE, which drafts eagerly (its steps feed states, not only tokens)."""
+        glimpse reading the target's static buffers whole under a key mask (:func:`static_glimpse`). ``None`` (eager
+        drafting) where the target keeps windowed layers on rings, or for a ``state_input`` GLIDE (it feeds states)."""
         if target_cache.has_rings or self.requires_model_outputs:
             return None
-        def glimpse(_, committed: int | None):  # the target's whole buffers under a key mask; the warm-up before the
-            # loop (committed None) glimpses every column (a query that saw none would write NaN states, which a later
-            # full-buffer forward multiplies by its zero weights)
-            columns = target_cache.max_cache_len if committed is None else committed
-            return static_glimpse(target_cache, columns, self.glide.dtype)
+
+        def glimpse(_, committed: int | None):  # the warm-up (committed None) sees every column: a query that saw none
+            # would write NaN states, which a later full-buffer forward multiplies by its zero weights
+            return static_glimpse(target_cache, target_cache.max_cache_len if committed is None else committed, self.glide.dtype)
 
         self.cache = StaticDraftCache(self.glide, generation_config, compile_config,
                                       reads=glimpse if self.glide.config.cross_attention else None)
@@ -330,9 +319,8 @@ def static_glimpse(target_cache: StaticRowsCache, committed: int, dtype: torch.d
 class GlideTreeScorer(DraftModelTreeScorer):
     """:class:`~hf_specdraft.core.drafting.DraftModelTreeScorer` for GLIDE: every beam node glimpses the target cache.
 
-    Tree nodes sit at sequence indices past the target cache (which covers ``input_ids[:, :-1]``), so each
-    node sees the whole verified prefix, as chain drafting does (§4.1). The scorer itself has no depth:
-    CAPE's beam mode drafts as deep as the GLIDE generator's ``num_draft_tokens``.
+    Tree nodes sit past the target cache (which covers ``input_ids[:, :-1]``), so each sees the whole verified prefix,
+    as in chain drafting (§4.1); CAPE's beam mode drafts as deep as the GLIDE generator's ``num_draft_tokens``.
     """
 
     def _forward(self, target_cache: DynamicCache | None, **inputs):

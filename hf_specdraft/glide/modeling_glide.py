@@ -1,21 +1,16 @@
 """GLIDE, the glimpse draft model (Du et al. 2024, "GLIDE with a CAPE", §4.1, Figure 2).
 
-A small decoder whose every layer is self-attention → **cross-attention to the target's KV cache** → MLP.
-The cross-attention has only a query and an output projection: keys and values are the target's cached
-ones, already rotated by the target's RoPE, so the queries are rotated with the *target's* rotary settings
-at their absolute positions, and grouped-query heads are expanded with ``repeat_kv`` (§4.1, Eq. MultiHead).
-Draft layer m reads target layer ``N_T - N_D + m`` unless ``config.target_layer_ids`` says otherwise.
+A small decoder whose every layer is self-attention → **cross-attention to the target's KV cache** → MLP. The
+cross-attention has only query and output projections: the keys and values are the target's cached ones, already
+rotated by its RoPE, so the queries are rotated with the *target's* rotary settings at their absolute positions, and
+grouped-query heads expanded with ``repeat_kv`` (§4.1, Eq. MultiHead). Draft layer m reads target layer
+``N_T - N_D + m`` unless ``config.target_layer_ids`` says otherwise. A draft token at position j sees the target keys
+at positions k with ``k < j`` at inference (the target holds KV for the verified prefix only: §4.1, "KV cache
+delay"), and ``block(k) < block(j)`` in training (``cross_attention_block_size=L``, Mask_Block, L = 5), which
+simulates that delay; a token with nothing visible gets a zero cross-attention output.
 
-Which target positions a draft token sees (position j, target keys at positions k):
-
-* inference: ``k < j``, limited by what the target cache holds. While drafting, the target has verified
-  the prefix up to ``t - 1`` and holds KV for exactly those positions, so drafted tokens glimpse the
-  verified prefix only (§4.1, "KV cache delay").
-* training (``cross_attention_block_size=L``): ``block(k) < block(j)``, the block-wise mask that simulates
-  that delay (§4.1, Mask_Block; L = 5). A token with nothing visible gets a zero cross-attention output.
-
-This file ships with checkpoints as trust_remote_code: it imports only ``torch``, ``transformers`` and its
-flat siblings ``configuration_glide`` and ``target_binding`` (``attach`` for stock assisted decoding).
+This file ships with checkpoints as trust_remote_code: it imports only ``torch``, ``transformers`` and its flat
+siblings ``configuration_glide`` and ``target_binding`` (``attach`` for stock assisted decoding).
 
 Usage with a stock target (transformers' own assisted decoding; batch size 1)::
 
@@ -78,48 +73,40 @@ def own_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | Non
 
 
 def read_target_layer(target_past_key_values, layer_idx: int, config: GlideConfig, kv_heads: int | None = None) -> TargetLayerKV | None:
-    """Keys and values of target layer ``layer_idx`` from the target's cache, or `None` when it is empty.
+    """Keys and values of target layer ``layer_idx`` (0-based) from the target's cache, or `None` when it is empty.
 
-    Args:
-        target_past_key_values: the target's cache — a transformers ``Cache`` whose ``layers[i]`` hold
-            ``keys`` / ``values`` `(B, kv_heads, S, head_dim)` (``DynamicCache``), or a sequence of
-            ``(keys, values)`` pairs per layer (what training passes).
-        layer_idx: the target layer to read (0-based).
-        config: the GLIDE config (shapes the cache must have).
-        kv_heads: the KV heads the cache must hold: ``config.target_num_key_value_heads`` by default, this rank's share
-            of them under tensor parallelism (:attr:`GlideCrossAttention.kv_heads_per_rank`).
+    ``target_past_key_values`` is a transformers ``Cache`` whose ``layers[i]`` hold ``keys`` / ``values``
+    `(B, kv_heads, S, head_dim)`, or a sequence of ``(keys, values)`` pairs per layer (what training passes), shaped
+    as ``config`` says; ``kv_heads``: all the target's by default, this rank's share under tensor parallelism
+    (:attr:`GlideCrossAttention.kv_heads_per_rank`).
     """
     if isinstance(target_past_key_values, Cache) or hasattr(target_past_key_values, "layers"):
         layers = target_past_key_values.layers
         if not layers:  # a lazily built DynamicCache() before its first update: nothing cached yet
             return None
-        if layer_idx >= len(layers):
-            raise ValueError(
-                f"target_past_key_values has {len(layers)} layers but GLIDE reads target layer {layer_idx} "
-                f"(built for a {config.target_num_hidden_layers}-layer target)"
-            )
-        layer = layers[layer_idx]
-        if not (hasattr(layer, "keys") and hasattr(layer, "values")):
-            raise ValueError(
-                f"layer {layer_idx} of target_past_key_values ({type(layer).__name__}) has no readable keys/values; "
-                "GLIDE needs an attention KV cache such as transformers' DynamicCache"
-            )
-        keys, values = layer.keys, layer.values
-        if keys is None or keys.numel() == 0:
-            return None
-        seen = layer.get_seq_length() if hasattr(layer, "get_seq_length") else keys.shape[-2]
-        offset = int(seen) - keys.shape[-2]  # sliding-window layers keep only the newest keys
     elif isinstance(target_past_key_values, Sequence) and not isinstance(target_past_key_values, (str, bytes)):
-        if layer_idx >= len(target_past_key_values):
-            raise ValueError(f"target_past_key_values has {len(target_past_key_values)} layers but GLIDE reads target layer {layer_idx}")
-        keys, values = target_past_key_values[layer_idx][:2]
-        if keys is None or keys.numel() == 0:
-            return None
-        offset = 0
+        layers = target_past_key_values
     else:
         raise TypeError(
             f"target_past_key_values must be a transformers Cache or a sequence of (keys, values) pairs, got {type(target_past_key_values).__name__}"
         )
+    if layer_idx >= len(layers):
+        raise ValueError(
+            f"target_past_key_values has {len(layers)} layers but GLIDE reads target layer {layer_idx} "
+            f"(built for a {config.target_num_hidden_layers}-layer target)"
+        )
+    layer = layers[layer_idx]
+    if isinstance(layer, (tuple, list)):
+        keys, values = layer[:2]
+    elif hasattr(layer, "keys") and hasattr(layer, "values"):
+        keys, values = layer.keys, layer.values
+    else:
+        raise ValueError(f"layer {layer_idx} of target_past_key_values ({type(layer).__name__}) has no readable keys/values; "
+                         "GLIDE needs an attention KV cache such as transformers' DynamicCache")
+    if keys is None or keys.numel() == 0:
+        return None
+    # sliding-window layers keep only the newest keys
+    offset = int(layer.get_seq_length()) - keys.shape[-2] if hasattr(layer, "get_seq_length") else 0
     expected = (config.target_num_key_value_heads if kv_heads is None else kv_heads, config.target_head_dim)
     if keys.dim() != 4 or (keys.shape[1], keys.shape[3]) != expected or values.shape != keys.shape:
         split = "" if expected[0] == config.target_num_key_value_heads else (
@@ -142,13 +129,10 @@ def cross_attention_mask(
     """Which target positions each draft query may glimpse.
 
     Args:
-        query_index (`torch.LongTensor` of shape `(q,)`): sequence index j of each query.
-        key_index (`torch.LongTensor` of shape `(S,)`): sequence index k of each cached target key.
-        block_size (`int`, *optional*): `None` at inference (``k < j``); L in training (``block(k) < block(j)``,
-            GLIDE §4.1 Mask_Block).
-        dtype: dtype of the additive mask.
-        padding_mask (`torch.Tensor` of shape `(B, >= max(key_index) + 1)`, *optional*): 2D attention mask,
-            0 for padding.
+        query_index (`torch.LongTensor` of shape `(q,)`), key_index (`(S,)`): sequence indices j of the queries and k
+            of the cached target keys.
+        block_size (`int`, *optional*): `None` at inference (``k < j``); L in training (``block(k) < block(j)``).
+        padding_mask (`torch.Tensor` of shape `(B, >= max(key_index) + 1)`, *optional*): 2D mask, 0 for padding.
 
     Returns:
         `(mask, visible)`: additive mask `(B|1, 1, q, S)` (0 attended, ``finfo.min`` blocked) and `(B|1, q, 1)`
@@ -207,12 +191,9 @@ class GlideCrossAttention(nn.Module):
     """The glimpse (GLIDE §4.1): draft queries against one target layer's cached keys and values.
 
     ``Q^{m,j} = H^m W_j`` projects the draft hidden states to the target's ``h`` query heads of size ``d_k``;
-    ``hd_j = softmax(Q K^T / sqrt(d_k)) V`` over the target's K/V (GQA via ``repeat_kv``); ``W^O`` projects
-    the concatenated heads back to the draft width. No key/value projections exist.
-
-    Under tensor parallelism (``GlideConfig.base_model_tp_plan``) ``q_proj`` is split by columns and ``o_proj`` by rows:
-    each rank computes the query heads of the target KV heads its own cache shard holds, and ``o_proj`` sums the ranks'
-    partial outputs (one all-reduce), as the target's attention does.
+    ``hd_j = softmax(Q K^T / sqrt(d_k)) V`` over the target's K/V (GQA via ``repeat_kv``); ``W^O`` projects the heads
+    back to the draft width; there are no key/value projections. Under tensor parallelism ``q_proj`` is split by
+    columns (each rank's query heads read its own cache shard) and ``o_proj`` by rows (one all-reduce), as the target's.
     """
 
     def __init__(self, config: GlideConfig, layer_idx: int):
@@ -286,9 +267,8 @@ class GlideCrossAttention(nn.Module):
 class GlideDecoderLayer(GradientCheckpointingLayer):
     """Self-attention → cross-attention to the target KV (absent in the vanilla drafter) → MLP, pre-norm residuals.
 
-    Without self-attention (``config.self_attention=False``) the block is Gemma 4's assistant layer: cross-attention
-    with RMS-normed query heads and unit scaling, then the MLP, each sub-layer's output normed again before its residual
-    (``post_cross_attn_layernorm``, ``post_feedforward_layernorm``), so that it exports to that layout as it is."""
+    Without self-attention it is Gemma 4's assistant layer (and exports to it as it is): cross-attention with RMS-normed
+    query heads and unit scaling, then the MLP, each sub-layer's output normed again before its residual."""
 
     def __init__(self, config: GlideConfig, layer_idx: int):
         super().__init__()
@@ -385,10 +365,8 @@ class GlideModel(GlidePreTrainedModel):
     @property
     def kv_heads_per_rank(self) -> int:
         """The target KV heads every cross-attention reads on this rank (all of them without tensor parallelism)."""
-        layer = self.layers[0] if len(self.layers) else None
-        if layer is None or not hasattr(layer, "cross_attn"):
-            return self.config.target_num_key_value_heads
-        return layer.cross_attn.kv_heads_per_rank
+        cross = [layer.cross_attn for layer in self.layers[:1] if hasattr(layer, "cross_attn")]
+        return cross[0].kv_heads_per_rank if cross else self.config.target_num_key_value_heads
 
     def forward(
         self,
@@ -416,9 +394,9 @@ class GlideModel(GlidePreTrainedModel):
             cross_attention_block_size (`int`, *optional*): training only: the block-wise mask's L (§4.1).
             target_attention_mask (`torch.Tensor` of shape `(B, 1, q, S)`, *optional*): additive mask of the target keys
                 each query glimpses, given outright (see :class:`GlideCrossAttention`).
-            target_hidden_states (`torch.Tensor` of shape `(B, q, target_hidden_size)`): ``state_input`` only, and then
-                required: the state each input token is read with: the target's last hidden state at the position before
-                it (zeros before the first), or the draft's own from its previous step (``GlideOutput.draft_state``).
+            target_hidden_states (`torch.Tensor` of shape `(B, q, target_hidden_size)`): required with ``state_input``
+                (only then): the target's last hidden state at the position before each token (zeros before the
+                first), or the draft's own from its previous step (``GlideOutput.draft_state``).
 
         Returns:
             ``BaseModelOutputWithPast`` whose ``last_hidden_state`` is after the final norm.
@@ -543,21 +521,13 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         **kwargs,
     ) -> GlideOutput:
         """
-        Args:
-            input_ids (`torch.LongTensor` of shape `(B, q)`): draft input tokens.
+        Args (the others as [`GlideModel.forward`]; ``target_past_key_values`` defaults to the attached target's live
+        cache, :meth:`attach`):
             labels (`torch.LongTensor` of shape `(B, q)`, *optional*): next-token cross-entropy targets
                 (shifted inside, -100 ignored).
             logits_to_keep (`int`, *optional*): compute logits for the last ``logits_to_keep`` positions only (0: all).
-            target_past_key_values (*optional*): the target's KV cache (a ``DynamicCache`` or per-layer
-                ``(keys, values)`` pairs). Defaults to the attached target's live cache (:meth:`attach`).
-            cross_attention_block_size (`int`, *optional*): L of the training-time block-wise mask (§4.1);
-                leave `None` at inference.
-            target_attention_mask (`torch.Tensor` of shape `(B, 1, q, S)`, *optional*): the target keys each query
-                glimpses, as an additive mask (batched drafting; default: every key before the query's index).
             draft_rows (`bool`, *optional*): logits over GLIDE's own output rows (a reduced vocabulary's ids, then
                 "another token"), as training scores them, instead of over the target's vocabulary; no ``labels``.
-            target_hidden_states (`torch.Tensor` of shape `(B, q, target_hidden_size)`): ``state_input`` only, and then
-                required: the state each input token is read with (see [`GlideModel.forward`]).
 
         Returns:
             [`GlideOutput`] with ``logits`` `(B, q or logits_to_keep, vocab)` (``draft_rows``: `(..., rows)`) and, for a

@@ -1,10 +1,8 @@
 """GLIDE bound to a live target, for transformers' stock assisted decoding (Du et al. 2024, §4.1, "KV cache delay").
 
-``target.generate(..., assistant_model=glide)`` never hands a draft the target's cache, so :meth:`TargetBindingMixin.attach`
-records it: a forward pre-hook on the target keeps the ``past_key_values`` object of each target forward, which at
-drafting time covers exactly the verified prefix (``input_ids[:, :-1]``). GLIDE's forward then glimpses that cache
-when no ``target_past_key_values`` is passed. hf_specdraft's own loop passes the cache explicitly and needs none of
-this.
+``target.generate(..., assistant_model=glide)`` never hands a draft the target's cache, so
+:meth:`TargetBindingMixin.attach` records it with a forward pre-hook on the target, and GLIDE's forward glimpses it
+when no ``target_past_key_values`` is passed (hf_specdraft's own loop passes the cache explicitly)::
 
     glide.attach(target)
     out = target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
