@@ -129,14 +129,11 @@ class GlideConfig(PretrainedConfig):
         mlp_bias (`bool`, *optional*, defaults to `False`):
             Bias in the MLP projections.
         cross_attention (`bool`, *optional*, defaults to `True`):
-            `False` builds the paper's "Vanilla Drafter" (§5.2, Figure 4): the same model without the
-            cross-attention sub-layers, for controlled comparisons.
+            `False` builds the paper's "Vanilla Drafter" (§5.2, Figure 4): the same model without cross-attention.
         target_layer_ids (`list[int]`, *optional*):
-            Which target layer (0-based) each draft layer reads. Defaults to §4.1's ``l = N_T - N_D + m``:
-            the top target layers, "presumably more contextualized".
+            Which target layer (0-based) each draft layer reads. Defaults to §4.1's ``l = N_T - N_D + m``.
         block_size (`int`, *optional*, defaults to 5):
-            L of the block-wise cross-attention mask used in training only (§4.1): a token sees the target's
-            KV of earlier blocks, which simulates the KV-cache delay of inference.
+            L of the block-wise cross-attention mask in training (§4.1): it simulates inference's KV-cache delay.
         target_model_type (`str`, *optional*, defaults to `"llama"`):
             ``model_type`` of the target (an architecture check, not an identity check).
         target_num_hidden_layers (`int`, *optional*, defaults to 32):
@@ -154,8 +151,8 @@ class GlideConfig(PretrainedConfig):
         target_max_position_embeddings (`int`, *optional*):
             The target's ``max_position_embeddings`` (RoPE scaling types read it).
         target_rope_parameters (`dict`, *optional*):
-            The target's RoPE (``rope_type``, ``rope_theta``, scaling): the cross-attention rotates its queries
-            exactly like the target rotated the cached keys. Defaults to default RoPE with theta 10000.
+            The target's RoPE (default: theta 10000): the cross-attention rotates its queries as the target rotated
+            the cached keys.
         target_name_or_path (`str`, *optional*):
             Informational: the checkpoint GLIDE was trained against (model cards, error messages).
         draft_token_ids (`list[int]`, *optional*):
@@ -176,10 +173,9 @@ class GlideConfig(PretrainedConfig):
 
     model_type = "glide"
     keys_to_ignore_at_inference = ["past_key_values", "cache"]
-    # Tensor parallelism (``from_pretrained(..., tp_plan="auto")`` under torchrun), in transformers' convention and split
-    # like a Llama target: each rank's cross-attention holds a contiguous block of the target's query heads, the GQA
-    # groups of exactly the KV heads the target's colwise ``k_proj`` / ``v_proj`` left in that rank's cache, so every rank
-    # glimpses its own shard; the output projections are rowwise (one all-reduce each), as in the target's attention.
+    # Tensor parallelism (``tp_plan="auto"``), split like a Llama target: each rank's cross-attention holds the query
+    # heads of the GQA groups whose KV heads the target's colwise ``k_proj`` / ``v_proj`` left in that rank's cache, so
+    # every rank glimpses its own shard; the output projections are rowwise (one all-reduce each).
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise",
