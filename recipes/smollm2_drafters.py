@@ -281,6 +281,11 @@ def ship_drafter(checkpoint: str | Path, destination: str | Path) -> Path:
     destination.mkdir(parents=True)
     for name in SHIPPED_FILES:
         shutil.copy2(checkpoint / name, destination / name)
+    log = json.loads((destination / "training_log.json").read_text())
+    arguments = log.get("arguments", {})
+    if arguments.get("output_dir"):  # the folder it ran in is the trainer's machine's: keep the run's own name only
+        arguments["output_dir"] = Path(arguments["output_dir"]).name
+        (destination / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     return destination
 
 

@@ -244,3 +244,20 @@ def test_group_card_metrics_states_every_group_and_refuses_unknown_names():
         group_card_metrics(study, "old")
     with pytest.raises(ValueError, match="method is required"):
         group_card_metrics(study, "new", bench)
+
+
+def test_shipping_a_drafter_keeps_its_files_not_the_trainers_folders(tmp_path):
+    """A shipped drafter carries weights, config, card and log, and its log names the run, not the folder it ran in."""
+    import json
+
+    from recipes.smollm2_drafters import SHIPPED_FILES, ship_drafter
+
+    run = tmp_path / "run" / "small"
+    run.mkdir(parents=True)
+    for name in SHIPPED_FILES:
+        (run / name).write_text("{}")
+    (run / "training_log.json").write_text(json.dumps({"arguments": {"output_dir": str(tmp_path / "run" / "state" / "small")}}))
+    (run / "modeling_glide.py").write_text("# code is written from the library when saved for the Hub")
+    shipped = ship_drafter(run, tmp_path / "package" / "small")
+    assert sorted(p.name for p in shipped.iterdir()) == sorted(SHIPPED_FILES)
+    assert json.loads((shipped / "training_log.json").read_text())["arguments"]["output_dir"] == "small"
