@@ -49,13 +49,6 @@ def delay_mask(seq_len: int, delay: int) -> torch.Tensor:
     return torch.zeros(seq_len, seq_len).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
 
 
-def _windows_source(windows):
-    """``windows`` as a window source: `(N, T)` token windows (the target runs over them), or a source as it is."""
-    if isinstance(windows, torch.Tensor):
-        return TargetWindows(windows.reshape(-1), windows.shape[-1], stride=windows.shape[-1])
-    return windows
-
-
 @torch.no_grad()
 def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: int | None = None) -> torch.Tensor:
     """q `(B, T, V)` over the target's vocabulary on ``batch``'s windows, glimpsing its target KV with the block-wise
@@ -92,7 +85,9 @@ def teacher_forced_alpha(target, glide, windows, block_size: int | None = None, 
     Returns:
         ``{"alpha": mean Σ_x min(p, q), "greedy_agreement": mean [argmax q == argmax p], "eval_positions": count}``.
     """
-    source = _windows_source(windows)
+    source = windows  # a window source as it is; `(N, T)` token windows the target runs over:
+    if isinstance(windows, torch.Tensor):
+        source = TargetWindows(windows.reshape(-1), windows.shape[-1], stride=windows.shape[-1])
     device = next(glide.parameters()).device
     with_kv = glimpse and glide.config.cross_attention
     alpha, agree, positions = torch.zeros((), device=device), torch.zeros((), device=device), 0
