@@ -9,10 +9,9 @@ what it runs.
     hf-specdraft export GLIDE_DIR OUTPUT_DIR [--target DIR]              # a GLIDE as vLLM serves it (docs/serving.md)
 
 The parsers use the standard library only, and each command imports torch and the library when it runs (``import
-hf_specdraft`` loads nothing eagerly), so ``hf-specdraft --help`` answers at once. The studies and training recipes
-beside the package run as ``python -m benchmarks.studies.<name>`` and ``python -m recipes.<name>`` from a source
-checkout (benchmarks/studies/README.md, recipes/README.md); BENCHMARKS.md and the README's headline table are rendered
-by ``python -m benchmarks.report``; training a small target of one's own is ``python -m recipes.training``.
+hf_specdraft`` loads nothing eagerly), so ``hf-specdraft --help`` answers at once. The lab beside the package runs
+from a source checkout: ``python -m benchmarks.studies.<name>``, ``python -m recipes.<name>``, ``python -m
+benchmarks.report`` (BENCHMARKS.md and the README's headline table).
 """
 
 from __future__ import annotations

@@ -363,14 +363,10 @@ def check_methods(bundle: DefaultBundle, methods: tuple[str, ...], task: str, ex
 
 
 def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _ForwardCounter) -> dict:
-    """Run every method, untimed, on the ``config.warmup`` longest prompts at the timed length (``max_new_tokens``).
-
-    A static cache holds the prompt + ``max_new_tokens`` + the widest bucket, rounded up to a power of two, and a call
-    that needs more allocates a bigger one, whose buckets compile again: warmed up at the longest prompts, every timed
-    call fits the caches and graphs they left. Adaptive drafters' γ controller (kept per process) has learned this
-    machine's costs by then, so the repeats time the steady state. Returns the JSON's ``timing`` fields of the
-    warm-up: its prompts, seconds per method (compiles included) and what each method compiled
-    (:mod:`~hf_specdraft.bench.compile_watch`)."""
+    """Run every method, untimed, on the ``config.warmup`` longest prompts at the timed length (``max_new_tokens``):
+    a static cache sized for the longest call (and its compiled buckets) serves every timed call, and the γ controller
+    (kept per process) has learned this machine's costs, so the repeats time the steady state. Returns the JSON's
+    ``timing`` fields of the warm-up: its prompts, seconds per method (compiles included) and what each compiled."""
     order = sorted(range(len(contexts)), key=lambda i: contexts[i].prompt_ids.shape[1], reverse=True)[: config.warmup]
     seconds: dict[str, float] = {}
     compiles: dict[str, dict] = {}

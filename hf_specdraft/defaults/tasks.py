@@ -5,11 +5,10 @@
   LCC / RepoBench-P code tasks of the CASD paper (§4): the prompt holds only the code just before the cut (the
   target was trained on 256-token windows), while ``context`` holds the whole file minus the lines to
   predict — the draft pool CASD retrieves from.
-- ``chat``: a request written from a held-out function's signature and docstring ("Write a Python
-  function ..."), for instruction-tuned targets; ``prompt`` is the user message (apply the target's
-  chat template, :func:`chat_prompt`), ``reference`` the function's source.
+- ``chat``: a request written from a held-out function's signature and docstring ("Write a Python function ..."),
+  for instruction-tuned targets: ``prompt`` is the user message (:func:`chat_prompt`), ``reference`` the source.
 
-Both are scored by edit similarity (Levenshtein ratio, as LongBench scores LCC).
+Every task is scored by edit similarity (Levenshtein ratio, as LongBench scores LCC).
 
     >>> items = build_tasks("completion", count=100)  # doctest: +SKIP
 """
