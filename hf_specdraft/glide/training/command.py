@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -279,7 +278,3 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["build_parser", "dataset_inputs", "files_inputs", "main", "model_location_problem"]
-
-
-if __name__ == "__main__":
-    sys.exit(main())
