@@ -10,17 +10,16 @@ the warm-up: one graph per bucket, checked with dynamo's counters and ``error_on
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from transformers import CompileConfig
 
 from conftest import COMPILED_ARCHITECTURES, VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
-from hf_specdraft.core.static_layout import _CACHES, StaticLayout, bucket_for, compile_config_for
+from hf_specdraft.core.static_layout import _CACHES, bucket_for, compile_config_for
 from hf_specdraft.core.controller import DraftLengthController
-from hf_specdraft.core.drafting import DraftModelCandidateGenerator
+from hf_specdraft.core.drafting import DraftModelCandidateGenerator, DrafterTraits
+from hf_specdraft.core.loop import fit_proposal
 from hf_specdraft.core.static_cache import StaticRowsCache
 from hf_specdraft.core.tree import DraftTree
 from hf_specdraft.glide import GlideCandidateGenerator
@@ -282,7 +281,7 @@ def test_buckets_and_caps():
     with pytest.raises(ValueError, match="largest verification bucket 64"):
         bucket_for(65)
     tree = DraftTree(torch.arange(5), torch.tensor([-1, 0, -1, 1, 2]))
-    capped = StaticLayout.fit(SimpleNamespace(max_nodes=3), tree)  # the widest bucket's limit: its first nodes
+    capped = fit_proposal(tree, None, VOCAB, 10, DrafterTraits(), max_nodes=3)  # the widest bucket's limit: first nodes
     assert capped.tokens.tolist() == [0, 1, 2] and capped.parents.tolist() == [-1, 0, -1]
     controller = DraftLengthController(8, bucket=bucket_for)
     controller.verify = {2: 0.01, 4: 0.02, 8: 0.03}

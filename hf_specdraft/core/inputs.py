@@ -25,7 +25,7 @@ from transformers.generation.logits_process import (
 from .acceptance import ConditionalAcceptance
 from .drafting import TreeCandidateGenerator, drafter_for, refuse_copying
 from .state_drafting import StateReadingDrafter, TransformersCandidateGenerator, reads_target_state
-from .support import CACHE_FIELD, cache_window, output_cache
+from .support import CACHE_FIELD, output_cache
 from .validation import check_copy_options
 
 
@@ -117,21 +117,14 @@ def check_generation_setup(input_ids, generation_config: GenerationConfig, model
         raise TypeError(f"acceptance must be None or a ConditionalAcceptance, got {type(acceptance).__name__}")
 
 
-def check_batch_setup(model: PreTrainedModel, generation_config: GenerationConfig, streamer, batch: int, chains: str | None) -> None:
-    """What the batched loop does not do yet, refused by name before any forward (``chains``: why the target verifies
-    chains only, :func:`~hf_specdraft.core.support.chains_only`)."""
+def check_batch_setup(generation_config: GenerationConfig, streamer, batch: int) -> None:
+    """What the batched loop does not do yet, refused by name before any forward (what the target cannot do in a batch:
+    :func:`~hf_specdraft.core.support.check_batch_target`)."""
     if streamer is not None and batch > 1:
         raise ValueError("a streamer takes one sequence: stream with batch size 1, or drop streamer= for a batch")
     if generation_config.output_scores or generation_config.output_logits:
         raise ValueError("output_scores / output_logits are per-step tensors of the whole batch, which rows that accept different "
                          "numbers of tokens do not share: leave them off with a padded batch (batch size 1 unpadded supports them)")
-    if chains:  # ALiBi, or a convolution state (per sequence)
-        raise ValueError(f"{type(model).__name__} cannot verify a padded batch: {chains}; run one unpadded prompt at a time")
-    window = cache_window(DynamicCache(config=model.config))
-    if window is not None and generation_config.max_length > window and generation_config.cache_implementation != "static":
-        raise ValueError(f"{type(model).__name__} has a sliding window of {window} tokens and max_length is {generation_config.max_length}: "
-                         "batched speculative decoding on a DynamicCache supports windowed targets only within one window; lower "
-                         "max_new_tokens, pass cache_implementation='static' (windows by mask), or run one unpadded prompt at a time")
 
 
 def resolve_generator(candidate_generator, draft_model, num_draft_tokens, copy_from_context=None,

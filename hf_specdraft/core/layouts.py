@@ -18,7 +18,7 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from .cache import compact_cache, croppable_cache, repack_cache, row_cache, target_cache
+from .cache import compact_cache, repack_cache, row_cache
 from .host import host_tensor
 from .projection import few_token_linears
 from .rows import Row
@@ -37,6 +37,8 @@ class CacheLayout:
             logits and cache), not a padded batch.
         together: the batch proposer drafting every row in one draft forward per token (:meth:`batch_proposer`), or
             ``None``: each row's drafter proposes on its own.
+        max_nodes (`int`, *optional*): the most tree nodes one row verifies (the static path's widest bucket), or
+            ``None``: no limit.
         costs (`dict`): what the layout cost over the call, for a batch's statistics: ``repack_seconds`` and ``steps``
             (gathers), ``widest_repacked`` (the widest the repacked cache got), ``holes_columns`` (how wide a cache
             masking rejected columns in place would have grown from the prompt: every step's verified width, summed).
@@ -44,6 +46,7 @@ class CacheLayout:
 
     one_row = True
     together = None
+    max_nodes = None
 
     def __init__(self, model):
         self.model = model
@@ -63,10 +66,6 @@ class CacheLayout:
         """What :attr:`together` reads of the target's cache: the cache and each active row's cached columns (asked
         only of a layout that builds a batch proposer)."""
         raise NotImplementedError
-
-    def fit(self, tree: DraftTree) -> DraftTree:
-        """The layout's limit on a proposal (the static path's widest bucket)."""
-        return tree
 
     def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
         """One forward over every row's ``[last token] + tree``, with ``extra`` (what the drafters ask of it,
@@ -144,10 +143,8 @@ class DynamicLayout(CacheLayout):
 
 
 class OwnedRow(DynamicLayout):
-    """One unpadded row that owns its ``DynamicCache`` (its columns are all of them)."""
-
-    def __init__(self, model):
-        super().__init__(model, target_cache(model))
+    """One unpadded row that owns its ``DynamicCache`` (its columns are all of them,
+    :func:`~hf_specdraft.core.cache.target_cache`)."""
 
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
         start = time.perf_counter()
@@ -181,8 +178,8 @@ class SharedBatch(DynamicLayout):
 
     one_row = False
 
-    def __init__(self, model):
-        super().__init__(model, croppable_cache(model))
+    def __init__(self, model, cache: DynamicCache):
+        super().__init__(model, cache)
         self._columns = 0  # the cache's width at the step's verification (keep reads it)
 
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:

@@ -59,7 +59,7 @@ from .outputs import SpeculativeGenerateOutput, assemble_result
 from .static_layout import layout_for, static_call
 from .rows import Outputs, Row
 from .stats import SpeculativeStats
-from .support import chains_only, check_target
+from .support import chains_only, check_batch_target, check_target
 from .target_state import StateRequest, joined, kept_states
 from .tree import DraftTree
 
@@ -113,7 +113,6 @@ def speculative_generate(
         `torch.LongTensor` `(B, L + n)`, or :class:`SpeculativeGenerateOutput` with
         ``return_dict_in_generate=True``.
     """
-    check_target_model(model)
     prepared = (
         isinstance(logits_processor, LogitsProcessorList)
         and isinstance(stopping_criteria, StoppingCriteriaList)
@@ -128,6 +127,7 @@ def speculative_generate(
         )
     if input_ids is None:
         input_ids = kwargs.pop("inputs", None)
+    check_target_model(model)
     check_input_ids(input_ids, model)
     check_padding(kwargs.get("attention_mask"), input_ids)  # a mask of another shape or padded on the right fails here
     resolve_generator(candidate_generator, draft_model, num_draft_tokens,  # fail before generate's preparation
@@ -156,15 +156,17 @@ def speculative_generate(
 @torch.no_grad()
 def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
     """Check the call, set it up (:func:`setup_call`), prefill, run :func:`speculative_steps`, return what ``generate`` would."""
-    check_target(model)  # recurrent-state models are refused before any forward (core.support)
-    chains = chains_only(model)  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
-    trim = trim_threshold_mib()  # HF_SPECDRAFT_TRIM_MIB, the opt-in heap trim (core/memory.py): a bad value fails here
+    check_target_model(model)
     check_input_ids(input_ids, model)
     lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
     check_unmarked_padding(input_ids, lengths, generation_config.pad_token_id)
+    trim = trim_threshold_mib()  # HF_SPECDRAFT_TRIM_MIB, the opt-in heap trim (core/memory.py): a bad value fails here
+    check_target(model)  # recurrent-state models are refused before any forward (core.support)
+    chains = chains_only(model)  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
     batch, padded = input_ids.shape
     if batch > 1 or int(lengths[0]) < padded:  # a batch, or one left-padded prompt: rows share a right-aligned cache
-        check_batch_setup(model, generation_config, streamer, batch, chains)
+        check_batch_setup(generation_config, streamer, batch)
+        check_batch_target(model, generation_config, chains)
     check_generation_setup(input_ids, generation_config, model_kwargs, acceptance)
     ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike (core.distributed)
     if ranks is not None and generation_config.do_sample:
@@ -180,7 +182,22 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     # the static path: the loop's static cache, verification compiled where transformers would; a concurrent static call
     # on this model waits (the cache is one request's state)
     with static_call(model) if generation_config.cache_implementation == "static" else contextlib.nullcontext():
-        out = _run(setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer), input_ids, rows, generator)
+        step = setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer)
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+        prefill = step.cache.prefill(input_ids, rows, step.request)
+        for row in rows:
+            row.out.stats.prefill_seconds = prefill / len(rows)
+            row.done = len(row.tokens) >= generation_config.max_length
+        active = [row for row in rows if not row.done]
+        step.cache.leave(rows, active)
+        step.cache.before_steps(step.request)  # the static path compiles every bucket here, outside the steps' costs
+        # few-token linears are timed per rank: off under tensor parallelism, where every rank must decide alike
+        with contextlib.nullcontext() if ranks is not None else step.cache.linears():
+            chosen = speculative_steps(step, active)
+        if streamer is not None:
+            streamer.end()
+        out = assemble_result(rows, generator, generation_config, step.cache, chosen)
     released = after_call(trim)  # opted in: freed host memory back to the system, outside the static caches' lock
     if released is not None and isinstance(out, SpeculativeGenerateOutput) and out.speculative_stats is not None:
         out.speculative_stats.extra["released_mib"] = round(released, 1)
@@ -195,7 +212,7 @@ class Step:
     the step is timed and γ chosen (the meter, which holds the call's controller)."""
 
     model: PreTrainedModel
-    cache: CacheLayout  # prefill, drafter_cache, fit, verify, keep; one row or a batch (one_row)
+    cache: CacheLayout  # prefill, drafter_cache, verify, keep, max_nodes; one row or a batch (one_row)
     generation_config: GenerationConfig
     stops: HostStops
     request: StateRequest  # what the drafters read of the target's forwards (empty: nothing more is computed)
@@ -211,28 +228,10 @@ def setup_call(model, rows: list[Row], stopping_criteria, generation_config: Gen
     for row in rows:
         row.generator.prepare(model, generation_config)
         row.traits = traits_of(row.generator)
+    request = StateRequest(model, [row.generator for row in rows], [row.traits for row in rows])
+    meter, vocab = StepMeter(StepClock(model.device)), output_vocab_size(model)
     return Step(model, layout_for(model, generation_config, rows), generation_config,
-                HostStops(stopping_criteria, generation_config),
-                StateRequest(model, [row.generator for row in rows], [row.traits for row in rows]),
-                StepMeter(StepClock(model.device)), output_vocab_size(model), acceptance, streamer)
-
-
-def _run(step: Step, input_ids: torch.LongTensor, rows: list[Row], generator):
-    """Prefill, run :func:`speculative_steps`, return what ``generate`` would (:func:`~hf_specdraft.core.outputs.assemble_result`)."""
-    if step.streamer is not None:
-        step.streamer.put(input_ids.cpu())
-    prefill = step.cache.prefill(input_ids, rows, step.request)
-    for row in rows:
-        row.out.stats.prefill_seconds = prefill / len(rows)
-        row.done = len(row.tokens) >= step.generation_config.max_length
-    active = [row for row in rows if not row.done]
-    step.cache.leave(rows, active)
-    split = RankAgreement.of(step.model) is not None  # few-token linears are timed per rank: off under tensor parallelism
-    with contextlib.nullcontext() if split else step.cache.linears():
-        chosen = speculative_steps(step, active)
-    if step.streamer is not None:
-        step.streamer.end()
-    return assemble_result(rows, generator, step.generation_config, step.cache, chosen)
+                HostStops(stopping_criteria, generation_config), request, meter, vocab, acceptance, streamer)
 
 
 def speculative_steps(step: Step, active: list[Row]) -> dict:
@@ -244,7 +243,6 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
     if drafters and not any(row.traits.requires_model_outputs for row in active):  # a batch proposer hands no state on
         step.cache.batch_proposer(drafters)  # where the layout allows (a padded batch)
     setting = attach_controller(step, active)
-    step.cache.before_steps(step.request)
     while active:
         active = speculative_step(step, active)
     controller = step.meter.controller
@@ -289,19 +287,20 @@ def speculative_step(step: Step, active: list[Row]) -> list[Row]:
     meter.begin()  # γ (and the rules) every row's request carries, when the controller chooses them
     cached = [row.cached for row in active]  # before this step: row a's last cached[a] columns of the cache
     trees = draft_rows(step, active)  # propose
-    logits, verified, hidden = meter.verify(lambda: step.cache.verify(active, trees, step.request.kwargs))  # (A, Q, V), (A, Q)
-    choices = read_back(step, active, trees, logits, verified)  # the step's one device -> host read (greedy)
-    kept, accepted = accept_rows(step, active, trees, logits, choices, hidden)  # accept, emit, record
+    logits, verified, hidden = meter.verify(step.cache.verify, active, trees, step.request.kwargs)  # (A, Q, V), (A, Q)
+    kept, accepted = accept_rows(step, active, trees, logits, verified, hidden)  # read back once, accept, emit, record
     meter.learn(active, trees, kept, accepted, logits.shape[1])
     survivors = [a for a, row in enumerate(active) if not row.done]
     step.cache.keep(active, cached, kept, survivors)  # keep
     return [active[a] for a in survivors]
 
 
-def accept_rows(step: Step, active: list[Row], trees: list[DraftTree], logits, choices, hidden) -> tuple[list[list[int]], list[int]]:
-    """Every row accepts a path by its rule and emits it (:func:`~hf_specdraft.core.emission.accept_row`); a row whose
-    drafter reads the target's state keeps the states of the columns it kept (on the device). Returns each row's kept
-    columns and accepted count."""
+def accept_rows(step: Step, active: list[Row], trees: list[DraftTree], logits, verified,
+                hidden) -> tuple[list[list[int]], list[int]]:
+    """After the step's one read-back (:func:`read_back`), every row accepts a path by its rule and emits it
+    (:func:`~hf_specdraft.core.emission.accept_row`); a row whose drafter reads the target's state keeps the states of
+    the columns it kept (on the device). Returns each row's kept columns and accepted count."""
+    choices = read_back(step, active, trees, logits, verified)
     step.cache.count_step(logits.shape[1])
     draft_seconds, forward_seconds = step.meter.seconds()
     kept, accepted = [], []
@@ -335,16 +334,17 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
 
 
 def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
-    """Every active row's proposal for its :class:`~hf_specdraft.core.drafting.DraftRequest` (built by the step's meter:
-    the row's text, what its drafter reads of the target, what the controller chose), fitted to its room before
-    ``max_length``: one batch proposer for all rows (the layout's ``together``), or each row's drafter on its view of
-    the target cache. The meter times each."""
-    config, meter = step.generation_config, step.meter
+    """Every active row's proposal for its :class:`~hf_specdraft.core.drafting.DraftRequest` (the row's text, what its
+    drafter reads of the target, what the step's controller chose: ``meter.choice``), fitted to its room before
+    ``max_length`` and to the layout's ``max_nodes``: one batch proposer for all rows (the layout's ``together``), or
+    each row's drafter on its view of the target cache. The meter times each."""
+    config, meter, limit = step.generation_config, step.meter, step.cache.max_nodes
     together = step.cache.together
     if together is not None:
         meter.start_drafting()
-        proposals = together.propose([meter.request(row) for row in active], step.cache.batch_drafter_cache(active))
-        trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens), row.traits)
+        requests = [draft_request(row, meter.choice) for row in active]
+        proposals = together.propose(requests, step.cache.batch_drafter_cache(active))
+        trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens), row.traits, limit)
                  for row, tree in zip(active, proposals)]
         meter.drafted(rows=len(active))
         return trees
@@ -352,8 +352,9 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
     for a, row in enumerate(active):
         meter.start_drafting()
         view = step.cache.drafter_cache(a, row) if row.traits.reads_target_cache else None
-        request = meter.request(row, view, row.target_state() if step.request else None)
-        tree = step.cache.fit(propose(row.generator, request, step.vocab, config.max_length - row.pad, row.traits))
+        state = row.target_state() if step.request else None
+        request = draft_request(row, meter.choice, view, state)
+        tree = propose(row.generator, request, step.vocab, config.max_length - row.pad, row.traits, limit)
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
@@ -362,28 +363,38 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
     return trees
 
 
+def draft_request(row: Row, choice: tuple, target_cache=None, target_state=None) -> DraftRequest:
+    """Row ``row``'s :class:`~hf_specdraft.core.drafting.DraftRequest` for this step: its text on the device and on the
+    host (a copy: the row's tokens grow), what its drafter reads of the target, and ``choice``: the controller's
+    ``(γ, budget, stop rule, copy rule)`` (``None`` each: the drafter's own)."""
+    return DraftRequest(row.text, row.tokens[row.pad :], target_cache, target_state, *choice)
+
+
 def propose(generator: TreeCandidateGenerator, request: DraftRequest, vocab: int, max_length: int,
-            traits: DrafterTraits | None = None) -> DraftTree:
+            traits: DrafterTraits, max_nodes: int | None = None) -> DraftTree:
     """The drafter's tree for ``request`` (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.draft_tree`), its
     duplicate siblings merged (:meth:`DraftTree.merge_duplicates`: verification needs unique siblings) and fitted to the
-    length budget and the target's vocabulary of ``vocab`` ids."""
+    length budget, the layout's ``max_nodes`` and the target's vocabulary of ``vocab`` ids."""
     room = max_length - request.input_ids.shape[1]
-    return fit_proposal(generator.draft_tree(request), generator, vocab, room, traits)
+    return fit_proposal(generator.draft_tree(request), generator, vocab, room, traits, max_nodes)
 
 
-def fit_proposal(tree: DraftTree, generator: TreeCandidateGenerator, vocab: int, room: int,
-                 traits: DrafterTraits | None = None) -> DraftTree:
+def fit_proposal(tree: DraftTree, generator: TreeCandidateGenerator, vocab: int, room: int, traits: DrafterTraits,
+                 max_nodes: int | None = None) -> DraftTree:
     """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length; one
     is the target's own token) and its ids checked against the target's vocabulary: on the host where the drafter gave
     them there, else when the step reads them back (:func:`read_back`), or here for a drafter that may propose ids past
-    the target's vocabulary (a forward would fail on them before the read)."""
+    the target's vocabulary (a forward would fail on them before the read). Then its first ``max_nodes`` nodes (the
+    static path's widest bucket; topological order keeps every parent)."""
     tree = tree.merge_duplicates().truncate_depth(room - 1)
     if tree.token_list is not None:
         bad = any(not 0 <= t < vocab for t in tree.token_list)
-    elif len(tree) and not (traits or traits_of(generator)).tokens_in_vocab:
+    elif len(tree) and not traits.tokens_in_vocab:
         bad = int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0
     else:
         bad = False
     if bad:
         raise ValueError(f"{generator.name} proposed token ids outside the target's vocabulary [0, {vocab})")
+    if max_nodes is not None and len(tree) > max_nodes:
+        tree = tree.select(range(max_nodes), tree.parent_list[:max_nodes])
     return tree

@@ -20,7 +20,6 @@ from .static_layout import captured_seconds
 from .controller import DraftLengthController
 from .emission import chain_accepted
 from .rows import Row
-from .drafting import DraftRequest
 from .tree import DraftTree
 
 
@@ -53,7 +52,8 @@ class StepClock:
 
 class StepMeter:
     """Times one step at a time and, with a controller (drafters with ``num_draft_tokens="auto"``), chooses what every
-    row's request carries before the step (γ, a budget, the rules) and learns from what it accepted and cost after it.
+    row's request carries before the step (:attr:`choice`: γ, a budget, the rules) and learns from what it accepted and
+    cost after it.
 
     Args:
         clock: marks on the device's timeline (:class:`StepClock`).
@@ -63,7 +63,7 @@ class StepMeter:
     def __init__(self, clock: StepClock, controller: DraftLengthController | None = None):
         self.clock, self.controller = clock, controller
         self._captured = self._in_draft = self._in_verify = 0.0
-        self._choice: tuple = (None, None, None, None)  # the step's γ, budget, stop, copy rules (None: the drafter's)
+        self.choice: tuple = (None, None, None, None)  # the step's γ, budget, stop, copy rules (None: the drafter's)
         self._start = None
         self._draft_marks: list[tuple] = []
         self._verify_marks: tuple | None = None
@@ -72,13 +72,8 @@ class StepMeter:
         """Before drafting: what the controller chooses for this step's requests (:func:`step_choice`)."""
         self._draft_marks = []
         if self.controller is not None:
-            self._choice = step_choice(self.controller)
+            self.choice = step_choice(self.controller)
         self._captured = captured_seconds()
-
-    def request(self, row: Row, target_cache=None, target_state=None) -> DraftRequest:
-        """Row ``row``'s :class:`~hf_specdraft.core.drafting.DraftRequest` for this step: its text on the device and on
-        the host (a copy: the row's tokens grow), what its drafter reads of the target, what the controller chose."""
-        return DraftRequest(row.text, row.tokens[row.pad :], target_cache, target_state, *self._choice)
 
     def start_drafting(self) -> None:
         """A row's drafting (or one batch proposal's) starts."""
@@ -87,13 +82,13 @@ class StepMeter:
     def drafted(self, rows: int = 0) -> None:
         """The drafting started last is done: one row's, or one batch proposal's for ``rows`` rows (each a share)."""
         end = self.clock.mark()
-        self._draft_marks.extend([(self._start, end, rows)] * rows if rows else [(self._start, end)])
+        self._draft_marks += [(self._start, end, rows)] * rows if rows else [(self._start, end)]
         self._in_draft = captured_seconds() - self._captured
 
-    def verify(self, run):
-        """``run()`` (the step's one target forward) between two marks; its result."""
+    def verify(self, run, *args):
+        """``run(*args)`` (the step's one target forward) between two marks; its result."""
         start = self.clock.mark()
-        out = run()
+        out = run(*args)
         self._verify_marks = (start, self.clock.mark())
         self._in_verify = captured_seconds() - self._captured - self._in_draft
         return out

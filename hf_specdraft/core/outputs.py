@@ -59,8 +59,8 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
         stats.extra.update(chosen)
     for drafter in {id(g): g for g in (generator if isinstance(generator, (list, tuple)) else [generator])}.values():
         drafter.finish_call(stats)
-    cache = layout.finish(stats)  # the static path's record; the cache a single row hands out
     sequences = padded_sequences(rows, generation_config)
+    cache = layout.finish(stats)  # the static path's record; the cache a single row hands out
     if not generation_config.return_dict_in_generate:
         return sequences
     return SpeculativeGenerateOutput(sequences=sequences, **{CACHE_FIELD: cache}, speculative_stats=stats,

@@ -34,6 +34,7 @@ import weakref
 import torch
 from transformers import CompileConfig, GenerationConfig
 
+from .cache import croppable_cache, target_cache
 from .host import host_tensor, stage, to_device
 from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .rows import Row
@@ -143,18 +144,20 @@ class StaticLayout(CacheLayout):
 
     Args:
         model: the target. cache: its :class:`~hf_specdraft.core.static_cache.StaticRowsCache`.
+        with_cache (`dict`): the cache under the argument name the model's forward takes
+            (:func:`~hf_specdraft.core.support.with_cache`).
         compile_config: ``None`` runs the forward eagerly.
         one_row: one unpadded row (:attr:`~hf_specdraft.core.layouts.CacheLayout.one_row`), not a padded batch.
     """
 
-    def __init__(self, model, cache: StaticRowsCache, compile_config: CompileConfig | None,
+    def __init__(self, model, cache: StaticRowsCache, with_cache: dict, compile_config: CompileConfig | None,
                  buckets: tuple[int, ...] = BUCKETS, one_row: bool = True):
         super().__init__(model)
         self.cache, self.buckets, self.one_row = cache, buckets, one_row
         self.compiled, self.compile_config = compile_config is not None, compile_config
         self.call = compiled_call(model, compile_config) if self.compiled else model.__call__
         # what the forwards take of the model, asked once (the model walks its modules to answer)
-        self.device, self.with_cache, self.prefill_kwargs = model.device, with_cache(model, cache), no_logits_kwargs(model)
+        self.device, self.with_cache, self.prefill_kwargs = model.device, with_cache, no_logits_kwargs(model)
         self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
         self.drafts: list = []  # the drafts' own static caches (StaticDraftCache) where they compile too
         if not hasattr(cache, "warmed"):
@@ -250,12 +253,6 @@ class StaticLayout(CacheLayout):
         """Row ``row``'s committed text in the cache, as views a drafter reads (GLIDE's glimpse)."""
         return self.cache.row_view(row.index, row.pad, len(row.tokens) - 1)
 
-    def fit(self, tree: DraftTree) -> DraftTree:
-        """The tree's first :attr:`max_nodes` nodes (topological order keeps every parent): the widest bucket's limit."""
-        if len(tree) <= self.max_nodes:
-            return tree
-        return tree.select(range(self.max_nodes), tree.parent_list[: self.max_nodes])
-
     def warm_up(self, largest_tokens: int, extra: dict | None = None) -> None:
         """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written where no row's
         state lives, :meth:`_dummy`), so the call's own steps never compile. ``extra``: what the drafters ask of the
@@ -339,9 +336,10 @@ class StaticLayout(CacheLayout):
             inputs = inputs.inputs()
         else:
             inputs = self._verify_inputs(rows, trees, width)
+        # the active rows' slots, sent before the forward (no sync either way)
+        index = to_device([row.index for row in rows], rows[0].device) if len(rows) < self.cache.num_rows else None
         (logits, hidden), ids = self._forward(extra, **inputs), inputs["input_ids"]
-        if len(rows) < self.cache.num_rows:
-            index = to_device([row.index for row in rows], logits.device)
+        if index is not None:
             logits, ids = logits.index_select(0, index), ids.index_select(0, index)
             hidden = None if hidden is None else rows_of(hidden, index)
         return logits.float(), ids, hidden
@@ -410,7 +408,8 @@ def layout_for(model, generation_config: GenerationConfig, rows: list[Row]) -> C
     batch's shared one."""
     one_row = len(rows) == 1 and rows[0].pad == 0
     if generation_config.cache_implementation != "static":
-        return OwnedRow(model) if one_row else SharedBatch(model)
+        cache = croppable_cache(model) if not one_row else target_cache(model)  # repacked by index, or compacted
+        return OwnedRow(model, cache) if one_row else SharedBatch(model, cache)
     static = static_target(model, generation_config, len(rows), one_row=one_row)
     static.compile_drafts(rows, generation_config)
     return static
@@ -422,6 +421,7 @@ def static_target(model, generation_config: GenerationConfig, batch_size: int, r
     ``batch_size`` rows: the cache it had in that role reused when it fits, or a new one of ``P + max_new_tokens +
     widest bucket`` columns rounded up to a power of two, at least :data:`MIN_CACHE_COLUMNS`. A target's windowed layers
     keep a ring of ``window + widest bucket`` columns (:meth:`~hf_specdraft.core.verify.LayerWindows.rings`)."""
+    compile_config = compile_config_for(model, generation_config)
     needed = generation_config.max_length + buckets[-1]
     caches = _CACHES.setdefault(model, {})
     cache = caches.get(role)
@@ -431,4 +431,5 @@ def static_target(model, generation_config: GenerationConfig, batch_size: int, r
         cache = caches[role] = StaticRowsCache(model.config.get_text_config().num_hidden_layers, batch_size, columns,
                                                windows.rings(buckets[-1], columns) if role == "target" else None,
                                                scratch=buckets[-1], layer_windows=windows)
-    return StaticLayout(model, cache, compile_config_for(model, generation_config), buckets, one_row)
+    call_kwargs = with_cache(model, cache)  # asked once: the model walks its modules to answer
+    return StaticLayout(model, cache, call_kwargs, compile_config, buckets, one_row)
