@@ -634,3 +634,19 @@ def test_one_slow_forward_does_not_make_every_longer_draft_look_dear():
     before = controller.verify[5]
     controller.observe(4, [0], 0.004, 5.0, 5)
     assert before < controller.verify[5] <= 1.3 * before
+
+
+def test_a_checkpoint_retrained_in_place_keeps_no_earlier_state():
+    """The disk key names a model's weights too: a drafter retrained under the same name and shape (a new release of a
+    shipped drafter, a fine-tune saved over the old one) does not resume the acceptance its earlier weights earned."""
+    from hf_specdraft.core.controller_store import entry_key, identity
+
+    target = tiny_model("llama")
+    first, again = tiny_model("llama", seed=1), tiny_model("llama", seed=1)
+    retrained = tiny_model("llama", seed=2)
+    for model in (first, again, retrained):
+        model.config._name_or_path = "org/drafter"
+    assert identity(first) == identity(again)  # the same weights, another object: the same entry
+    assert identity(first) != identity(retrained)
+    assert entry_key(target, first, "Drafter", ()) == entry_key(target, again, "Drafter", ())
+    assert entry_key(target, first, "Drafter", ()) != entry_key(target, retrained, "Drafter", ())

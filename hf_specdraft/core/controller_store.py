@@ -4,7 +4,8 @@ Within a process the next call resumes from what the controller (:mod:`~hf_specd
 module keeps it in ``$HF_SPECDRAFT_CONTROLLER_FILE``, by default ``$HF_SPECDRAFT_CACHE/controller.json``
 (``~/.cache/hf_specdraft``), so a later process skips the probing steps (about 5 % of a first 48-token GLIDE call on a
 2-core CPU). An entry holds for one machine (CPU model, torch build, CPU count, GPU name) and one pair's shapes and
-checkpoint names (:func:`entry_key`). Set the variable empty to keep nothing on disk.
+checkpoint names, and a digest of their weights, so a checkpoint retrained in place starts afresh (:func:`entry_key`).
+Set the variable empty to keep nothing on disk.
 
 The helpers first in this module serve every such file (this store, and :mod:`~hf_specdraft.core.projection`'s
 calibrations): where it is (:func:`cache_file`), which machine an entry holds for (:func:`machine_id`), and reading and
@@ -14,14 +15,17 @@ replacing JSON safely (:func:`read_json`, :func:`write_json`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import platform
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import torch
+
 
 def cache_file(variable: str, name: str) -> Path | None:
     """``$variable`` when set (``None`` when set empty: nothing on disk), else ``$HF_SPECDRAFT_CACHE/name``."""
@@ -76,15 +80,45 @@ def store_file() -> Path | None:
 FORMAT = 1  # the state's layout; an entry of another format is not read
 
 
+_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> weights_digest, read once per model
+DIGEST_VALUES = 4096  # values read, evenly spaced, from each of a model's first and last two parameters
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A short digest of ``model``'s weights (values evenly spaced through its first and last two parameters), so
+    that a checkpoint retrained under the same name and shape is told apart; computed once per model object.
+    Parameters that are not plain tensors in memory (offloaded to ``meta``, sharded) give ``"-"``."""
+    try:
+        return _DIGESTS[model]
+    except (KeyError, TypeError):
+        pass
+    params = [p for _, p in model.named_parameters()]
+    digest = hashlib.sha1()
+    for p in params[:2] + params[-2:]:
+        if type(p.data) is not torch.Tensor or p.device.type == "meta":
+            digest = None
+            break
+        flat = p.detach().reshape(-1)
+        digest.update(flat[:: max(1, flat.numel() // DIGEST_VALUES)].float().cpu().numpy().tobytes())
+    value = "-" if digest is None else digest.hexdigest()[:12]
+    try:
+        _DIGESTS[model] = value
+    except TypeError:
+        pass
+    return value
+
+
 def identity(model) -> str:
-    """A model's class, shape and checkpoint name (what its acceptance depends on), or a class's name."""
+    """A model's class, shape, checkpoint name and :func:`weights_digest` (what its acceptance depends on), or a
+    class's name."""
     if isinstance(model, type):
         return model.__qualname__
     config = getattr(model, "config", None)
     if config is None:
         return type(model).__qualname__
     shape = [getattr(config, name, None) for name in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")]
-    return f"{type(model).__qualname__} {shape} {getattr(config, '_name_or_path', '')!r}"
+    weights = f" weights {weights_digest(model)}" if isinstance(model, torch.nn.Module) else ""
+    return f"{type(model).__qualname__} {shape} {getattr(config, '_name_or_path', '')!r}{weights}"
 
 
 def describe(model) -> str:
