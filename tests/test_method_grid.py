@@ -67,6 +67,7 @@ def test_the_gpu_script_asks_for_methods_the_bench_registers():
     from hf_specdraft.bench.methods import METHODS
 
     script = (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run.sh").read_text()
-    asked = {name for group in re.findall(r'methods="([^"$]+)', script) + re.findall(r'bench \w+ ",([^"]+)"', script)
+    asked = {name for group in re.findall(r'methods[= ]"([^"$]+)', script) + re.findall(r'bench \w+ ",([^"]+)"', script)
              for name in group.split(",")}
+    assert "stock-assisted" in asked  # the requests step's --methods "..." is read too
     assert asked and not sorted(asked - set(METHODS)), sorted(asked - set(METHODS))

@@ -19,8 +19,12 @@
 #   completion  the bench on the embedded default (SmolLM2-135M-Instruct, bf16), one task; needs the GGUF
 #   chat        the same
 #   context     the same, with CASD
+#   requests    the project's held-out requests of seven groups (hf_specdraft/defaults/spec_prompts.jsonl: conversation
+#               with its second turn, translation, summaries, questions, math, retrieval, code), a per-group table beside
+#               transformers' prompt lookup and assisted decoding
 #   train       the state-reading GLIDE and its vanilla twin, from the shipped pair, trained against the default
-#               target on the GPU, no store, as many tokens as fit CALL_SECONDS, scored at draft steps 1-3 beside the shipped
+#               target on the GPU on its answers to requests of seven groups and on code, no store, as many tokens as
+#               fit CALL_SECONDS, scored at draft steps 1-3 beside the shipped
 #               pair (benchmarks/gpu/train_default.py); train-default.json and the packed checkpoints to the results
 #   report      BENCHMARKS.md regenerated (here, after copying the JSON into benchmarks/results/)
 # Each step gets what is left of CALL_SECONDS (570 by default, for job runners that stop a command after 10 minutes;
@@ -84,13 +88,20 @@ for step in "$@"; do
       fi ;;
     completion|chat) need wheels gguf cuda && bench "$step" "" || status=1 ;;
     context) need wheels gguf cuda && bench context ",casd-strict-auto,casd-strict-auto-static" || status=1 ;;
+    requests)
+      need wheels gguf cuda || { status=1; continue; }
+      size=(--profile gpu-default ${MAX_NEW_TOKENS:+--max-new-tokens $MAX_NEW_TOKENS})
+      [ "$DRY_RUN" = 1 ] && size=(--profile cpu --max-new-tokens 4 --repeats 1 --warmup 0)
+      timeout "$(left)" python3 -m hf_specdraft bench "${size[@]}" --prompts default --output "$RESULTS/gpu-default-requests.json" \
+        --methods "target-only,target-only-static,glide+copy-auto,glide+copy-auto-static,draft-model-auto,max-gram-auto,prompt-lookup,stock-assisted" \
+        || status=1 ;;
     report) python3 -m benchmarks.report --results-dir benchmarks/results || status=1 ;;
     train)
       need wheels gguf cuda || { status=1; continue; }
       size=(--seconds $(( $(left) - 20 )))
-      [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 500 --windows 16 --self-generated 4 --heldout-windows 2 --batch 2)
+      [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 500 --windows 16 --self-generated 4 --requests 4 --heldout-windows 2 --batch 2)
       timeout "$(left)" python3 -m benchmarks.gpu.train_default --output "$FILES" --work "$TMP_ROOT/glide-gpu" "${size[@]}" || status=1 ;;
-    *) echo "unknown step '$step': first, control, status, overhead, completion, chat, context, train or report" >&2; exit 2 ;;
+    *) echo "unknown step '$step': first, control, status, overhead, completion, chat, context, requests, train or report" >&2; exit 2 ;;
   esac
 done
 echo "== done in $SECONDS s; files in $RESULTS and $FILES"

@@ -3,14 +3,16 @@
     bash benchmarks/gpu/run.sh train                                          # on the GPU, with the wheels and the GGUF
     python -m benchmarks.gpu.train_default --output DIR --seconds 480         # the step itself
     python -m benchmarks.gpu.train_default --output /tmp/t --device cpu --seconds 500 --windows 16 --self-generated 4 \\
-        --heldout-windows 2 --batch 2                                         # mechanics, on a CPU
+        --requests 4 --heldout-windows 2 --batch 2                            # mechanics, on a CPU
 
 The recipe is the CPU study's (``benchmarks/verification/state-glide-corpus/train.sh``: the ``glide-state`` and
 ``vanilla`` kinds of :mod:`recipes.smollm2_drafters`, warm-started from the shipped pair, trained by
 :func:`~recipes.smollm2_drafters.train_drafter` through :func:`~hf_specdraft.glide.train_glide`), with the store replaced
 by the target itself: it runs on the device every step, over windows of 384 tokens (the bench prompts' length)
-drawn from the train split of the local Python corpus (code, 15 % chat requests) and from the target's own greedy
-continuations of train-split prompts, weighted 3× (written first, on the device: seconds). The loss is KL from the
+drawn from the target's greedy answers to requests of the seven groups people send a chat model (conversation with
+a follow-up turn, translation, summaries, questions, arithmetic, questions about a passage, code: :mod:`recipes.requests`,
+the CPU retrain's data), from the train split of the local Python corpus (code, 15 % chat requests) and from the
+target's own greedy continuations of train-split prompts, both written first, on the device (seconds). The loss is KL from the
 target's whole next-token distribution (token-level distillation, Du et al. 2024, Appendix B). Both drafters get the same
 windows and the same number of steps: as many as fit the seconds left after a timed probe of each (4 steps). Both
 train in fp32 against the fp32 target (TF32 products on CUDA; bf16 autocast is untested there with GLIDE's masks).
@@ -45,9 +47,11 @@ SELF_WEIGHT = 3  # the target's own text, repeated in the mix (the CPU study's -
 # the CPU table's held-out windows, kept in the repository: the corpus's split depends on the machine's Python and packages
 HELDOUT = Path(__file__).with_name("heldout-windows.safetensors")
 PROBE_STEPS = 4  # a timed run's steps; its first (CUDA's warm-up) is left out
-DATASET = ("the train split of the local Python corpus on the GPU machine (stdlib + installed dependencies; 15 % as chat "
-           "requests in SmolLM2's template), 384-token windows, and the target's own greedy continuations of {prompts} train-split "
-           f"prompts, {SELF_WEIGHT}x; labels = the target's whole next-token distribution, computed on the fly")
+DATASET = ("the target's greedy answers to {requests} requests of seven groups (recipes/requests.py: project-written templates and "
+           "train-split docstrings, no evaluation set), the train split of the local Python corpus on the GPU machine (stdlib + "
+           "installed dependencies; 15 % as chat requests in SmolLM2's template), 384-token windows, and the target's own greedy "
+           f"continuations of {{prompts}} train-split prompts; the target's texts {SELF_WEIGHT}x; labels = the target's whole "
+           "next-token distribution, computed on the fly")
 
 
 def pack(checkpoint: Path, output: Path, name: str) -> list[str]:
@@ -71,15 +75,22 @@ def heldout_windows(count: int | None = None) -> torch.Tensor:
     return load_file(str(HELDOUT))["input_ids"][:count]
 
 
-def training_stream(target, tokenizer, windows: int, self_generated: int) -> torch.Tensor:
-    """The training tokens, flat: ``windows`` corpus windows, then the target's text for ``self_generated`` train-split
-    prompts (128 new tokens each) :data:`SELF_WEIGHT` times."""
-    from recipes.distillation import build_windows, self_distillation_prompts, self_generated_windows
+def training_stream(target, tokenizer, windows: int, self_generated: int, requests: int, work: Path) -> torch.Tensor:
+    """The training tokens, flat: ``windows`` corpus windows, the target's text for ``self_generated`` train-split prompts
+    (128 new tokens each) and its answers to ``requests`` requests (:func:`recipes.requests.training_requests`, seed 0,
+    128 new tokens a turn, kept under ``work/answers``), each of the target's own texts :data:`SELF_WEIGHT` times."""
+    from recipes.distillation import (answered_requests, build_windows, request_windows, self_distillation_prompts,
+                                      self_generated_windows)
+    from recipes.requests import training_requests
 
     corpus = build_windows(tokenizer, windows, seq_len=SEQ_LEN).reshape(-1)
     own = self_generated_windows(target, tokenizer, self_distillation_prompts(tokenizer, self_generated), max_new_tokens=128,
                                  batch_size=128, seq_len=SEQ_LEN).reshape(-1)
-    return torch.cat([corpus, *[own] * SELF_WEIGHT])
+    parts = [corpus, *[own] * SELF_WEIGHT]
+    if requests:
+        records = answered_requests(target, tokenizer, training_requests(requests), work / "answers", batch_size=128)
+        parts += [request_windows(records, tokenizer.eos_token_id, SEQ_LEN).reshape(-1)] * SELF_WEIGHT
+    return torch.cat(parts)
 
 
 def train(kind: str, target, source, work: Path, steps: int, batch: int, dataset: str):
@@ -114,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="/tmp/glide-gpu", help="the fp32 training runs")
     parser.add_argument("--seconds", type=float, default=480, help="seconds the whole step may run (run.sh passes what is left of CALL_SECONDS)")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--windows", type=int, default=20000, help="train-split corpus windows of 384 tokens")
-    parser.add_argument("--self-generated", type=int, default=2048, help="train-split prompts the target continues (128 tokens)")
+    parser.add_argument("--windows", type=int, default=4000, help="train-split corpus windows of 384 tokens")
+    parser.add_argument("--self-generated", type=int, default=1024, help="train-split prompts the target continues (128 tokens)")
+    parser.add_argument("--requests", type=int, default=4096, help="requests of the seven groups the target answers (0: none)")
     parser.add_argument("--heldout-windows", type=int, default=35, help="how many of the 35 held-out windows are scored")
     parser.add_argument("--batch", type=int, default=32, help="windows per step")
     args = parser.parse_args(argv)
@@ -133,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.studies.state_glide import agreement
 
     output, work = Path(args.output), Path(args.work)
-    dataset = DATASET.format(prompts=f"{args.self_generated:,}")
+    if args.requests < 0:
+        parser.error(f"--requests must be 0 or positive, got {args.requests}")
+    dataset = DATASET.format(prompts=f"{args.self_generated:,}", requests=f"{args.requests:,}")
     output.mkdir(parents=True, exist_ok=True)
     cuda = args.device == "cuda"
     # fp32, as the shipped pair's stores and the CPU default: TF32 products while training, exact fp32 while scoring
@@ -141,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     heldout = heldout_windows(args.heldout_windows)
     test = TargetWindows(heldout.reshape(-1), SEQ_LEN, stride=SEQ_LEN)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cuda
-    source = TargetWindows(training_stream(target, tokenizer, args.windows, args.self_generated), SEQ_LEN)
+    source = TargetWindows(training_stream(target, tokenizer, args.windows, args.self_generated, args.requests, work), SEQ_LEN)
 
     def score(checkpoint: Path) -> list[float]:
         """Agreement of a saved bf16 checkpoint, loaded in fp32 (the shipped pair and the new one alike), fp32 products."""
