@@ -354,7 +354,8 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
         view = step.cache.drafter_cache(a, row) if row.traits.reads_target_cache else None
         state = row.target_state() if step.request else None
         request = draft_request(row, meter.choice, view, state)
-        tree = propose(row.generator, request, step.vocab, config.max_length - row.pad, row.traits, limit)
+        room = config.max_length - len(row.tokens)
+        tree = fit_proposal(row.generator.draft_tree(request), row.generator, step.vocab, room, row.traits, limit)
         if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
@@ -370,22 +371,14 @@ def draft_request(row: Row, choice: tuple, target_cache=None, target_state=None)
     return DraftRequest(row.text, row.tokens[row.pad :], target_cache, target_state, *choice)
 
 
-def propose(generator: TreeCandidateGenerator, request: DraftRequest, vocab: int, max_length: int,
-            traits: DrafterTraits, max_nodes: int | None = None) -> DraftTree:
-    """The drafter's tree for ``request`` (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.draft_tree`), its
-    duplicate siblings merged (:meth:`DraftTree.merge_duplicates`: verification needs unique siblings) and fitted to the
-    length budget, the layout's ``max_nodes`` and the target's vocabulary of ``vocab`` ids."""
-    room = max_length - request.input_ids.shape[1]
-    return fit_proposal(generator.draft_tree(request), generator, vocab, room, traits, max_nodes)
-
-
 def fit_proposal(tree: DraftTree, generator: TreeCandidateGenerator, vocab: int, room: int, traits: DrafterTraits,
                  max_nodes: int | None = None) -> DraftTree:
-    """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length; one
-    is the target's own token) and its ids checked against the target's vocabulary: on the host where the drafter gave
-    them there, else when the step reads them back (:func:`read_back`), or here for a drafter that may propose ids past
-    the target's vocabulary (a forward would fail on them before the read). Then its first ``max_nodes`` nodes (the
-    static path's widest bucket; topological order keeps every parent)."""
+    """A proposal (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.draft_tree`'s) with duplicate siblings
+    merged (:meth:`DraftTree.merge_duplicates`: verification needs unique siblings), cut to ``room - 1`` levels
+    (``room``: tokens left before max_length; one is the target's own token) and its ids checked against the target's
+    vocabulary: on the host where the drafter gave them there, else when the step reads them back (:func:`read_back`),
+    or here for a drafter that may propose ids past the target's vocabulary (a forward would fail on them before the
+    read). Then its first ``max_nodes`` nodes (the static path's widest bucket; topological order keeps each parent)."""
     tree = tree.merge_duplicates().truncate_depth(room - 1)
     if tree.token_list is not None:
         bad = any(not 0 <= t < vocab for t in tree.token_list)
