@@ -196,7 +196,7 @@ def accept_tree(rows, tree: DraftTree, acceptance: ConditionalAcceptance | None,
     A node is accepted when its parent was and its token equals the target's choice at the parent's row (exact:
     lossless for greedy, and for sampling since the choice is a sample from p) or passes ``acceptance`` (CASD's rule,
     ``p(eos)`` read at ``eos_token_ids``). The deepest accepted node wins (earliest on ties). ``rows``
-    (:class:`~hf_specdraft.core.rows.TargetRows`) gives ``choice(row)`` and ``probs(row)`` `(V,)`; row 0 scores the
+    (:class:`~hf_specdraft.core.emission.TargetRows`) gives ``choice(row)`` and ``probs(row)`` `(V,)`; row 0 scores the
     token after the last accepted one, row ``1 + i`` the one after node ``i``.
     """
     parents = tree.parent_list

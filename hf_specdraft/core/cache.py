@@ -30,7 +30,7 @@ def target_cache(model) -> DynamicCache:
     step (a rejected branch never pushes an accepted key out of the window, and a crop restores a convolution's
     inputs), trimmed after compaction (:func:`trim_windows`). A padded batch shares a :func:`croppable_cache` instead:
     full layers, repacked by index (windowed targets stay within one window there,
-    :func:`~hf_specdraft.core.inputs.check_batch_setup`).
+    :func:`~hf_specdraft.core.support.check_batch_target`).
     """
     cache = DynamicCache(config=model.config)
     if convolution_only(model) or cache_window(cache) is not None:

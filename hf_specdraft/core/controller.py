@@ -60,7 +60,7 @@ class DraftLengthController:
             for a tree drafter with an ``"auto"`` budget (CAPE), each with acceptance counts of its own.
         decay: how much of the acceptance counts each step keeps.
         bucket: on the static cache, the width a forward over ``n`` tokens really runs at
-            (:func:`~hf_specdraft.core.static_verify.bucket_for`): γ is weighed at that cost, never causing a compile.
+            (:func:`~hf_specdraft.core.static_layout.bucket_for`): γ is weighed at that cost, never causing a compile.
     """
 
     def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95, bucket=None,

@@ -1,5 +1,6 @@
-"""One row's share of a step after verification: accept a path of its tree by its rule, emit it and the target's next
-token where ``generate`` would stop, and record the step (:func:`accept_row`).
+"""One row's share of a step after verification: the target's scores at its verified positions (:class:`TargetRows`),
+accept a path of its tree by its rule, emit it and the target's next token where ``generate`` would stop, and record the
+step (:func:`accept_row`).
 
 ``generate``'s stopping criteria, called per emitted token on the device's ``input_ids``, each cost a sync. The two
 every call has (``MaxLengthCriteria``, ``EosTokenCriteria``) need only the length and the newest token, which the loop
@@ -13,16 +14,67 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import GenerationConfig, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .acceptance import accept_tree, speculative_sampling, tree_rejection_sampling
 from .drafting import DraftOutcome
 from .host import to_device
-from .inputs import eos_list
-from .rows import Row, TargetRows
+from .rows import Row
 from .stats import record_step
 from .tree import DraftTree
+
+
+def eos_list(generation_config: GenerationConfig) -> list[int]:
+    """The eos token ids of ``generation_config`` as a list (empty without one)."""
+    eos = generation_config.eos_token_id
+    if eos is None:
+        return []
+    if isinstance(eos, torch.Tensor):
+        return eos.flatten().tolist()
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+class TargetRows:
+    """The target's next-token scores at each verified position of one row, processed lazily.
+
+    Row 0 scores the token after the last accepted one; row ``1+i`` the token after tree node ``i``.
+    Logits processors see the row's own prefix (the accepted text plus the node's path), as in
+    transformers' assisted decoding. Rows are processed only when acceptance asks for them.
+    """
+
+    def __init__(self, logits: torch.Tensor, row: Row, tree: DraftTree, processor: LogitsProcessorList,
+                 generation_config: GenerationConfig, choices: list[int] | None = None):
+        self.logits, self.row, self.tree = logits, row, tree  # logits: (1+N, V) float32; the row's ids read only for processors
+        self.processor = processor if len(processor) else None
+        self.do_sample = generation_config.do_sample
+        self._scores, self._probs, self._choice = {}, {}, {}
+        if choices is not None:  # greedy without processors: the argmax at every row, read back with the step's one read
+            self._choice = dict(enumerate(choices))
+        elif self.processor is None and not self.do_sample:
+            self._choice = dict(enumerate(logits.argmax(-1).tolist()))
+
+    def scores(self, row: int) -> torch.Tensor:
+        if row not in self._scores:
+            if self.processor is None:
+                self._scores[row] = self.logits[row]
+            else:
+                input_ids = self.row.ids
+                path = self.tree.tokens[self.tree.path_to(row - 1)].to(input_ids.device)
+                prefix = torch.cat([input_ids, path[None]], dim=-1)
+                self._scores[row] = self.processor(prefix, self.logits[row : row + 1].clone())[0]
+        return self._scores[row]
+
+    def probs(self, row: int) -> torch.Tensor:
+        if row not in self._probs:  # read by acceptance and again by the α statistics
+            self._probs[row] = torch.softmax(self.scores(row), dim=-1)
+        return self._probs[row]
+
+    def choice(self, row: int) -> int:
+        """The target's own token at this row: argmax, or a sample from p when sampling."""
+        if row not in self._choice:
+            self._choice[row] = int(torch.multinomial(self.probs(row), 1)) if self.do_sample else int(self.scores(row).argmax())
+        return self._choice[row]
 
 
 class HostStops:

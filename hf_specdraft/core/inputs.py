@@ -210,16 +210,6 @@ def row_processors(processors: LogitsProcessorList, row: int, batch: int) -> Log
     return own
 
 
-def eos_list(generation_config: GenerationConfig) -> list[int]:
-    """The eos token ids of ``generation_config`` as a list (empty without one)."""
-    eos = generation_config.eos_token_id
-    if eos is None:
-        return []
-    if isinstance(eos, torch.Tensor):
-        return eos.flatten().tolist()
-    return [eos] if isinstance(eos, int) else list(eos)
-
-
 def copy_options(draft_model, generation_config: GenerationConfig | None, copy_from_context, max_copy_tokens) -> tuple:
     """``(copy_from_context, max_copy_tokens)`` of a call: each as passed, else as ``generation_config`` carries it (for
     ``draft_model=`` only: a ``candidate_generator`` was configured when it was built), else ``None``."""

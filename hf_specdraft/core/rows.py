@@ -1,4 +1,4 @@
-"""What the loop keeps per request: a batch row, its outputs, and the target's scores at its verified positions.
+"""What the loop keeps per request: a batch row and its outputs.
 
 Notation: p target distribution (Leviathan et al. 2023).
 """
@@ -9,13 +9,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import LogitsProcessorList
 from transformers.generation import CandidateGenerator
 
 from .host import copy_to_device, host_tensor
 from .stats import SpeculativeStats
 from .target_state import TargetOutputs, TargetState
-from .tree import DraftTree
 
 if TYPE_CHECKING:  # the drafters' module reaches the rows through the cache helpers it imports
     from .drafting import DrafterTraits
@@ -98,45 +97,3 @@ class Row:
     def cached(self) -> int:
         """Columns of the target cache this row uses: its text but the newest token."""
         return len(self.tokens) - 1 - self.pad
-
-
-class TargetRows:
-    """The target's next-token scores at each verified position of one row, processed lazily.
-
-    Row 0 scores the token after the last accepted one; row ``1+i`` the token after tree node ``i``.
-    Logits processors see the row's own prefix (the accepted text plus the node's path), as in
-    transformers' assisted decoding. Rows are processed only when acceptance asks for them.
-    """
-
-    def __init__(self, logits: torch.Tensor, row: Row, tree: DraftTree, processor: LogitsProcessorList,
-                 generation_config: GenerationConfig, choices: list[int] | None = None):
-        self.logits, self.row, self.tree = logits, row, tree  # logits: (1+N, V) float32; the row's ids read only for processors
-        self.processor = processor if len(processor) else None
-        self.do_sample = generation_config.do_sample
-        self._scores, self._probs, self._choice = {}, {}, {}
-        if choices is not None:  # greedy without processors: the argmax at every row, read back with the step's one read
-            self._choice = dict(enumerate(choices))
-        elif self.processor is None and not self.do_sample:
-            self._choice = dict(enumerate(logits.argmax(-1).tolist()))
-
-    def scores(self, row: int) -> torch.Tensor:
-        if row not in self._scores:
-            if self.processor is None:
-                self._scores[row] = self.logits[row]
-            else:
-                input_ids = self.row.ids
-                path = self.tree.tokens[self.tree.path_to(row - 1)].to(input_ids.device)
-                prefix = torch.cat([input_ids, path[None]], dim=-1)
-                self._scores[row] = self.processor(prefix, self.logits[row : row + 1].clone())[0]
-        return self._scores[row]
-
-    def probs(self, row: int) -> torch.Tensor:
-        if row not in self._probs:  # read by acceptance and again by the α statistics
-            self._probs[row] = torch.softmax(self.scores(row), dim=-1)
-        return self._probs[row]
-
-    def choice(self, row: int) -> int:
-        """The target's own token at this row: argmax, or a sample from p when sampling."""
-        if row not in self._choice:
-            self._choice[row] = int(torch.multinomial(self.probs(row), 1)) if self.do_sample else int(self.scores(row).argmax())
-        return self._choice[row]

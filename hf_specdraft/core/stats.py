@@ -218,7 +218,7 @@ def standardized_walltime_improvement(new_tokens: int, target_calls: int, draft_
 
 def record_step(stats: SpeculativeStats, rows, tree: DraftTree, path: list[int], emitted: int,
                 draft_seconds: float, verify_seconds: float) -> None:
-    """One step's record (``rows``: the row's :class:`~hf_specdraft.core.rows.TargetRows`)."""
+    """One step's record (``rows``: the row's :class:`~hf_specdraft.core.emission.TargetRows`)."""
     drafted, accepted = tree.levels, min(len(path), emitted)
     judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
     stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
