@@ -51,7 +51,9 @@ class LayerWindows:
         if (getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
                 or any(kind in WINDOWED_LAYER_TYPES for kind in declared or ())):  # else none can be built (Llama, GPT-2)
             self.types, kwargs = get_layer_types_and_kwargs(config)
-            self.windows = {i: kwargs[i]["sliding_window"] for i, kind in enumerate(self.types) if kind in WINDOWED_LAYER_TYPES}
+            # kwargs cover the model's layers; a config's layer_types may list more (reduced test configs): not read
+            self.windows = {i: kw["sliding_window"] for i, (kind, kw) in enumerate(zip(self.types, kwargs))
+                            if kind in WINDOWED_LAYER_TYPES}
         self.windowed = bool(self.windows)
 
     def rings(self, widest: int, columns: int) -> dict[int, tuple[int, int]]:
