@@ -87,7 +87,7 @@ def croppable_cache(model) -> DynamicCache:
 
     The layers transformers builds for ``model``, with each sliding-window (or chunked) layer replaced by a full
     one: such a layer drops the keys a crop past its window would need. transformers' own sliding masks select
-    the window on a full layer, and tree masks get it from :func:`~hf_specdraft.core.verify.layer_masks`. A draft is
+    the window on a full layer, and tree masks get it from :class:`~hf_specdraft.core.verify.LayerWindows`. A draft is
     small, so keeping its whole past costs little; the target keeps its windows (the loop trims them).
     """
     cache = DynamicCache(config=model.config)

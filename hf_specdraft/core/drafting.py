@@ -26,7 +26,7 @@ from .cache import croppable_cache, crop_to, resync_cache
 from .draft_cache import DynamicDraftCache, StaticDraftCache
 from .target_state import TargetState
 from .tree import DraftTree, tree_mask
-from .verify import layer_masks
+from .verify import LayerWindows
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
@@ -502,6 +502,7 @@ class DraftModelTreeScorer:
 
     def __init__(self, draft_model: PreTrainedModel, distribution: Callable[[torch.Tensor], torch.Tensor]):
         self.draft_model, self.distribution = draft_model, distribution
+        self.windows = LayerWindows(draft_model)  # the draft's windowed layers, read from its config once
         self.forward_calls = 0
         self.reset()
 
@@ -538,7 +539,7 @@ class DraftModelTreeScorer:
         keys = torch.cat([torch.arange(prefix, device=device), node_positions[0]])  # the cache holds the prefix, then every node
         logits = self._forward(
             self.target_cache, input_ids=tokens.to(device)[None], position_ids=positions,
-            attention_mask=layer_masks(self.draft_model, self.cache, mask, positions, keys),
+            attention_mask=self.windows.masks(mask, positions, keys, self.cache),
             **with_cache(self.draft_model, self.cache), use_cache=True,
         ).logits[0]
         return self.distribution(logits)

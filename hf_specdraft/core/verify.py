@@ -95,12 +95,6 @@ class LayerWindows:
         return masks if self.per_type else masks[self.types[0]]
 
 
-def layer_masks(model, cache: DynamicCache, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor):
-    """The tree mask each attention layer of ``model`` takes on ``cache`` (:meth:`LayerWindows.masks`), for a caller
-    that masks once (the loop reads :class:`LayerWindows` once per call)."""
-    return LayerWindows(model).masks(mask, query_positions, key_positions, cache)
-
-
 def batch_verify_inputs(rows: list[Row], trees: list[DraftTree], columns: int, dtype: torch.dtype, device: torch.device):
     """Inputs of one target forward over every row's ``[last token] + tree``, trees padded to the widest.
 
