@@ -31,7 +31,9 @@ from hf_specdraft.cascade.max_gram import MAX_GRAM_TOKENS
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
 from hf_specdraft.core.tree import DraftTree
 
-COPY_TOKENS = 6  # a fixed-γ "+copy" row's copies (max_copy_tokens): a match that long tends to continue for several tokens
+COPY_TOKENS = (
+    6  # a fixed-γ "+copy" row's copies (max_copy_tokens): a match that long tends to continue for several tokens
+)
 
 # Drafts' γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m benchmarks.studies.tune_glide`
 # on completion items 20..25 (benchmarks/results/cpu-tune-glide.json); the bench measures them on items 0..N-1.
@@ -68,6 +70,7 @@ def _draft_costs(extras):
 
 # --- more baselines: the loop proposing nothing, stock assisted decoding with the few-row linears or GLIDE attached ----
 
+
 class NullCandidateGenerator(TreeCandidateGenerator):
     """Proposes nothing: every step is one plain target forward. Measures the loop's own overhead."""
 
@@ -85,35 +88,81 @@ def _stock_glide(ctx, kind: str):
         glide.detach()
 
 
-register_method(Method("null-drafter", lambda ctx: speculative_run(ctx, candidate_generator=NullCandidateGenerator()),
-                       description="speculative_generate proposing nothing (loop overhead)"))
-register_method(Method("stock-assisted+linears", with_linears(stock_assisted), requires=("draft",),
-                       description="transformers assisted decoding with the plain draft, inside few_token_linears"))
-register_method(Method("prompt-lookup+linears", with_linears(prompt_lookup),
-                       description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10), inside few_token_linears"))
+register_method(
+    Method(
+        "null-drafter",
+        lambda ctx: speculative_run(ctx, candidate_generator=NullCandidateGenerator()),
+        description="speculative_generate proposing nothing (loop overhead)",
+    )
+)
+register_method(
+    Method(
+        "stock-assisted+linears",
+        with_linears(stock_assisted),
+        requires=("draft",),
+        description="transformers assisted decoding with the plain draft, inside few_token_linears",
+    )
+)
+register_method(
+    Method(
+        "prompt-lookup+linears",
+        with_linears(prompt_lookup),
+        description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10), inside few_token_linears",
+    )
+)
 for _kind in ("glide", "vanilla"):
-    register_method(Method(f"stock-assisted-{_kind}", lambda ctx, k=_kind: _stock_glide(ctx, k), requires=(_kind,),
-                           description=f"transformers assisted decoding with the {_kind} drafter (attach)"))
+    register_method(
+        Method(
+            f"stock-assisted-{_kind}",
+            lambda ctx, k=_kind: _stock_glide(ctx, k),
+            requires=(_kind,),
+            description=f"transformers assisted decoding with the {_kind} drafter (attach)",
+        )
+    )
 
 
 # --- the plain draft at a fixed γ, alone, copying and under CAPE --------------------------------------------------------
 
-register_method(Method("draft-model", lambda ctx: speculative_run(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA,
-                                                                  copy_from_context=False),
-                       requires=("draft",), description=f"speculative_generate with the plain draft, γ={GLIDE_GAMMA}, no copying",
-                       cost_models=_draft_costs))
-register_method(Method("draft-model+copy", lambda ctx: speculative_run(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA,
-                                                                       copy_from_context=2, max_copy_tokens=COPY_TOKENS),
-                       requires=("draft",), cost_models=_draft_costs,
-                       description=f"speculative_generate with the plain draft (GLIDE-family), γ={GLIDE_GAMMA}, copying {COPY_TOKENS} tokens "
-                                   "from the context where its last 2 tokens recur"))
-register_method(Method("draft-model-tuned", lambda ctx: speculative_run(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, TUNED_GAMMA)),
-                       requires=("draft",), description=f"plain draft, γ={TUNED_GAMMA} (tuned)", cost_models=_draft_costs))
+register_method(
+    Method(
+        "draft-model",
+        lambda ctx: speculative_run(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA, copy_from_context=False),
+        requires=("draft",),
+        description=f"speculative_generate with the plain draft, γ={GLIDE_GAMMA}, no copying",
+        cost_models=_draft_costs,
+    )
+)
+register_method(
+    Method(
+        "draft-model+copy",
+        lambda ctx: speculative_run(
+            ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA, copy_from_context=2, max_copy_tokens=COPY_TOKENS
+        ),
+        requires=("draft",),
+        cost_models=_draft_costs,
+        description=f"speculative_generate with the plain draft (GLIDE-family), γ={GLIDE_GAMMA}, copying {COPY_TOKENS} tokens "
+        "from the context where its last 2 tokens recur",
+    )
+)
+register_method(
+    Method(
+        "draft-model-tuned",
+        lambda ctx: speculative_run(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, TUNED_GAMMA)),
+        requires=("draft",),
+        description=f"plain draft, γ={TUNED_GAMMA} (tuned)",
+        cost_models=_draft_costs,
+    )
+)
 for _gamma in (2, 3, 4, 5):
-    register_method(Method(f"draft-model-γ{_gamma}",
-                           lambda ctx, g=_gamma: speculative_run(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, g)),
-                           requires=("draft",), description=f"speculative_generate with the plain draft, γ={_gamma} fixed",
-                           cost_models=_draft_costs))
+    register_method(
+        Method(
+            f"draft-model-γ{_gamma}",
+            lambda ctx, g=_gamma: speculative_run(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, g)),
+            requires=("draft",),
+            description=f"speculative_generate with the plain draft, γ={_gamma} fixed",
+            cost_models=_draft_costs,
+        )
+    )
 
 
 def _cape(ctx, mode):
@@ -124,56 +173,129 @@ def _cape(ctx, mode):
 
 
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
-    register_method(Method(f"draft-model+{_label}", lambda ctx, m=_mode: _cape(ctx, m), requires=("draft",),
-                           description=f"plain draft γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), one tree-verified forward",
-                           cost_models=_draft_costs))
+    register_method(
+        Method(
+            f"draft-model+{_label}",
+            lambda ctx, m=_mode: _cape(ctx, m),
+            requires=("draft",),
+            description=f"plain draft γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), one tree-verified forward",
+            cost_models=_draft_costs,
+        )
+    )
 
 
 # --- cascade speculative drafting: the paper's default K and the tuned ones ----------------------------------------------
+
 
 def _max_gram(ctx):
     from hf_specdraft.cascade import build_max_gram_for_bench
 
     table = ctx.extras.get("bigram_table")
-    return speculative_run(ctx, candidate_generator=build_max_gram_for_bench(ctx.target, table, num_draft_tokens=MAX_GRAM_TOKENS))
+    return speculative_run(
+        ctx, candidate_generator=build_max_gram_for_bench(ctx.target, table, num_draft_tokens=MAX_GRAM_TOKENS)
+    )
 
 
-register_method(Method("max-gram", _max_gram, description=f"Max-Gram ({MAX_GRAM_TOKENS} tokens) with the bigram fallback",
-                       cost_models=lambda e: {"max_gram": None}))
-register_method(Method("cascade-1draft", lambda ctx: cascade_run(ctx, [ctx.draft]), requires=("draft",),
-                       description="CS drafting: plain draft + Max-Gram, default K matrix",
-                       cost_models=lambda e: {"draft0": e["draft"], "max_gram": None}))
-register_method(Method("cascade-2drafts", lambda ctx: cascade_run(ctx, [ctx.draft, ctx.extras["small_draft"]]), requires=("draft", "small_draft"),
-                       description="CS drafting: plain draft + smaller draft + Max-Gram",
-                       cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
-register_method(Method("cascade-1draft-tuned", lambda ctx: cascade_run(ctx, [ctx.draft], TUNED_K_1DRAFT, max_gram_tokens=TUNED_MAX_GRAM_TOKENS),
-                       requires=("draft",), description=f"CS drafting: plain draft + Max-Gram ({TUNED_MAX_GRAM_TOKENS} tokens), K = {TUNED_K_1DRAFT} (tuned)",
-                       cost_models=lambda e: {"draft0": e["draft"], "max_gram": None}))
-register_method(Method("cascade-2drafts-tuned", lambda ctx: cascade_run(ctx, [ctx.draft, ctx.extras["small_draft"]], TUNED_K_2DRAFTS),
-                       requires=("draft", "small_draft"), description=f"CS drafting: two drafts + Max-Gram, K = {TUNED_K_2DRAFTS} (tuned)",
-                       cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None}))
+register_method(
+    Method(
+        "max-gram",
+        _max_gram,
+        description=f"Max-Gram ({MAX_GRAM_TOKENS} tokens) with the bigram fallback",
+        cost_models=lambda e: {"max_gram": None},
+    )
+)
+register_method(
+    Method(
+        "cascade-1draft",
+        lambda ctx: cascade_run(ctx, [ctx.draft]),
+        requires=("draft",),
+        description="CS drafting: plain draft + Max-Gram, default K matrix",
+        cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
+    )
+)
+register_method(
+    Method(
+        "cascade-2drafts",
+        lambda ctx: cascade_run(ctx, [ctx.draft, ctx.extras["small_draft"]]),
+        requires=("draft", "small_draft"),
+        description="CS drafting: plain draft + smaller draft + Max-Gram",
+        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None},
+    )
+)
+register_method(
+    Method(
+        "cascade-1draft-tuned",
+        lambda ctx: cascade_run(ctx, [ctx.draft], TUNED_K_1DRAFT, max_gram_tokens=TUNED_MAX_GRAM_TOKENS),
+        requires=("draft",),
+        description=f"CS drafting: plain draft + Max-Gram ({TUNED_MAX_GRAM_TOKENS} tokens), K = {TUNED_K_1DRAFT} (tuned)",
+        cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
+    )
+)
+register_method(
+    Method(
+        "cascade-2drafts-tuned",
+        lambda ctx: cascade_run(ctx, [ctx.draft, ctx.extras["small_draft"]], TUNED_K_2DRAFTS),
+        requires=("draft", "small_draft"),
+        description=f"CS drafting: two drafts + Max-Gram, K = {TUNED_K_2DRAFTS} (tuned)",
+        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None},
+    )
+)
 
 
 # --- CASD: the tuned tree size, fixed sizes beside it, and the lossy rules ------------------------------------------------
+
 
 def _casd(ctx, **options):
     return casd_run(ctx, **{"max_nodes": CASD_MAX_NODES, **options})
 
 
-register_method(Method("casd-strict", lambda ctx: _casd(ctx, strict=True), tasks=("context",),
-                       description=f"CASD, exact verification (lossless context lookup decoding), {CASD_MAX_NODES} draft nodes"))
+register_method(
+    Method(
+        "casd-strict",
+        lambda ctx: _casd(ctx, strict=True),
+        tasks=("context",),
+        description=f"CASD, exact verification (lossless context lookup decoding), {CASD_MAX_NODES} draft nodes",
+    )
+)
 for _nodes in (4, 16):  # the fixed tree sizes beside the tuned 8 and the auto row
-    register_method(Method(f"casd-strict-{_nodes}", lambda ctx, n=_nodes: _casd(ctx, strict=True, max_nodes=n), tasks=("context",),
-                           description=f"CASD, exact verification, {_nodes} draft nodes"))
-register_method(Method("casd-strict+output", lambda ctx: _casd(ctx, strict=True, draft_from_output=True), tasks=("context",),
-                       description=f"CASD strict, retrieving from the generated tokens too (not in the CASD paper), {CASD_MAX_NODES} draft nodes"))
-register_method(Method("casd-conditional", lambda ctx: _casd(ctx, threshold=0.1), tasks=("context",), lossless=False,
-                       description=f"CASD, conditional verification p > max(0.1, p(eos)) (eq. 3), {CASD_MAX_NODES} draft nodes"))
-register_method(Method("casd-mixed", lambda ctx: _casd(ctx, threshold=0.1, top_k=5), tasks=("context",), lossless=False,
-                       description=f"CASD, conditional + top-5 (eq. 4), {CASD_MAX_NODES} draft nodes"))
+    register_method(
+        Method(
+            f"casd-strict-{_nodes}",
+            lambda ctx, n=_nodes: _casd(ctx, strict=True, max_nodes=n),
+            tasks=("context",),
+            description=f"CASD, exact verification, {_nodes} draft nodes",
+        )
+    )
+register_method(
+    Method(
+        "casd-strict+output",
+        lambda ctx: _casd(ctx, strict=True, draft_from_output=True),
+        tasks=("context",),
+        description=f"CASD strict, retrieving from the generated tokens too (not in the CASD paper), {CASD_MAX_NODES} draft nodes",
+    )
+)
+register_method(
+    Method(
+        "casd-conditional",
+        lambda ctx: _casd(ctx, threshold=0.1),
+        tasks=("context",),
+        lossless=False,
+        description=f"CASD, conditional verification p > max(0.1, p(eos)) (eq. 3), {CASD_MAX_NODES} draft nodes",
+    )
+)
+register_method(
+    Method(
+        "casd-mixed",
+        lambda ctx: _casd(ctx, threshold=0.1, top_k=5),
+        tasks=("context",),
+        lossless=False,
+        description=f"CASD, conditional + top-5 (eq. 4), {CASD_MAX_NODES} draft nodes",
+    )
+)
 
 
 # --- GLIDE and its vanilla twin at a fixed γ, alone and with CAPE ---------------------------------------------------------
+
 
 def glide_chain(ctx, kind: str, gamma: int = GLIDE_GAMMA, copy: bool = False):
     """The ``kind`` drafter at a fixed γ: copying ``COPY_TOKENS`` tokens from the context at a match (``copy``), or never."""
@@ -187,44 +309,104 @@ def glide_cape(ctx, mode, gamma: int = CAPE_GAMMA, budget: int = CAPE_BUDGET, co
     """GLIDE (``glide_chain``) under CAPE's ``mode`` expansion with a verification ``budget``."""
     from hf_specdraft.cape import build_cape_for_bench
 
-    return with_expansion_sizes(ctx, build_cape_for_bench(glide_chain(ctx, "glide", gamma, copy), mode=mode, budget=budget))
+    return with_expansion_sizes(
+        ctx, build_cape_for_bench(glide_chain(ctx, "glide", gamma, copy), mode=mode, budget=budget)
+    )
 
 
 def _register_glide_rows(kind: str) -> None:
     def costs(e):
         return {"draft": e[kind]}
 
-    register_method(Method(kind, lambda ctx: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind)), requires=(kind,),
-                           description=f"speculative_generate with the default's {kind} drafter, γ={GLIDE_GAMMA}, no copying",
-                           cost_models=costs))
-    register_method(Method(f"{kind}+copy", lambda ctx: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind, copy=True)),
-                           requires=(kind,), description=f"speculative_generate with the default's {kind} drafter, γ={GLIDE_GAMMA}, copying "
-                                                         f"{COPY_TOKENS} tokens from the context where its last 2 tokens recur",
-                           cost_models=costs))
+    register_method(
+        Method(
+            kind,
+            lambda ctx: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind)),
+            requires=(kind,),
+            description=f"speculative_generate with the default's {kind} drafter, γ={GLIDE_GAMMA}, no copying",
+            cost_models=costs,
+        )
+    )
+    register_method(
+        Method(
+            f"{kind}+copy",
+            lambda ctx: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind, copy=True)),
+            requires=(kind,),
+            description=f"speculative_generate with the default's {kind} drafter, γ={GLIDE_GAMMA}, copying "
+            f"{COPY_TOKENS} tokens from the context where its last 2 tokens recur",
+            cost_models=costs,
+        )
+    )
     for gamma in (2, 3, 4, 5):  # fixed γ beside auto, for comparison
-        register_method(Method(f"{kind}-γ{gamma}", lambda ctx, g=gamma: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind, g)),
-                               requires=(kind,), description=f"speculative_generate with the default's {kind} drafter, γ={gamma} fixed, no copying",
-                               cost_models=costs))
-        register_method(Method(f"{kind}+copy-γ{gamma}",
-                               lambda ctx, g=gamma: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind, g, copy=True)),
-                               requires=(kind,), description=f"speculative_generate with the default's {kind} drafter, γ={gamma} fixed, "
-                                                             f"copying {COPY_TOKENS} tokens from the context where its last 2 tokens recur",
-                               cost_models=costs))
+        register_method(
+            Method(
+                f"{kind}-γ{gamma}",
+                lambda ctx, g=gamma: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind, g)),
+                requires=(kind,),
+                description=f"speculative_generate with the default's {kind} drafter, γ={gamma} fixed, no copying",
+                cost_models=costs,
+            )
+        )
+        register_method(
+            Method(
+                f"{kind}+copy-γ{gamma}",
+                lambda ctx, g=gamma: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind, g, copy=True)),
+                requires=(kind,),
+                description=f"speculative_generate with the default's {kind} drafter, γ={gamma} fixed, "
+                f"copying {COPY_TOKENS} tokens from the context where its last 2 tokens recur",
+                cost_models=costs,
+            )
+        )
 
 
 for _kind in ("glide", "vanilla"):
     _register_glide_rows(_kind)
-register_method(Method("glide+copy+cape", lambda ctx: glide_cape(ctx, "confidence", copy=True), requires=("glide",),
-                       description=f"GLIDE γ={CAPE_GAMMA} with cape expansion (budget {CAPE_BUDGET}), copying {COPY_TOKENS} tokens from the "
-                                   "context where its last 2 tokens recur", cost_models=lambda e: {"draft": e["glide"]}))
-for _gamma, _budget in ((1, 2), (2, 4), (3, 6)):  # CAPE's fixed (γ, budget) grid beside glide+cape's (2, 3) and the auto row
-    register_method(Method(f"glide+cape-γ{_gamma}b{_budget}", lambda ctx, g=_gamma, b=_budget: glide_cape(ctx, "confidence", g, b),
-                           requires=("glide",), description=f"GLIDE γ={_gamma} with cape expansion (budget {_budget}), no copying",
-                           cost_models=lambda e: {"draft": e["glide"]}))
+register_method(
+    Method(
+        "glide+copy+cape",
+        lambda ctx: glide_cape(ctx, "confidence", copy=True),
+        requires=("glide",),
+        description=f"GLIDE γ={CAPE_GAMMA} with cape expansion (budget {CAPE_BUDGET}), copying {COPY_TOKENS} tokens from the "
+        "context where its last 2 tokens recur",
+        cost_models=lambda e: {"draft": e["glide"]},
+    )
+)
+for _gamma, _budget in (
+    (1, 2),
+    (2, 4),
+    (3, 6),
+):  # CAPE's fixed (γ, budget) grid beside glide+cape's (2, 3) and the auto row
+    register_method(
+        Method(
+            f"glide+cape-γ{_gamma}b{_budget}",
+            lambda ctx, g=_gamma, b=_budget: glide_cape(ctx, "confidence", g, b),
+            requires=("glide",),
+            description=f"GLIDE γ={_gamma} with cape expansion (budget {_budget}), no copying",
+            cost_models=lambda e: {"draft": e["glide"]},
+        )
+    )
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
-    register_method(Method(f"glide+{_label}", lambda ctx, m=_mode: glide_cape(ctx, m), requires=("glide",),
-                           description=f"GLIDE γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), no copying",
-                           cost_models=lambda e: {"draft": e["glide"]}))
+    register_method(
+        Method(
+            f"glide+{_label}",
+            lambda ctx, m=_mode: glide_cape(ctx, m),
+            requires=("glide",),
+            description=f"GLIDE γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), no copying",
+            cost_models=lambda e: {"draft": e["glide"]},
+        )
+    )
 
-__all__ = ["CAPE_BUDGET", "CAPE_GAMMA", "CASD_MAX_NODES", "COPY_TOKENS", "GLIDE_GAMMA", "METHODS", "TUNED_GAMMA", "TUNED_K_1DRAFT",
-           "TUNED_K_2DRAFTS", "TUNED_MAX_GRAM_TOKENS", "glide_cape", "glide_chain"]
+__all__ = [
+    "CAPE_BUDGET",
+    "CAPE_GAMMA",
+    "CASD_MAX_NODES",
+    "COPY_TOKENS",
+    "GLIDE_GAMMA",
+    "METHODS",
+    "TUNED_GAMMA",
+    "TUNED_K_1DRAFT",
+    "TUNED_K_2DRAFTS",
+    "TUNED_MAX_GRAM_TOKENS",
+    "glide_cape",
+    "glide_chain",
+]

@@ -21,7 +21,7 @@ from hf_specdraft import GlideCandidateGenerator, few_token_linears, speculative
 PROMPTS = [
     "def add(a, b):\n",
     "class Stack:\n    def push(self, item):\n",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "import os\n\ndef list_python_files(folder):\n",
 ]
 
@@ -34,7 +34,9 @@ def load(args):
         return bundle.target, bundle.tokenizer, bundle.extras["glide"]
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, device_map="auto")
-    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(target.device)  # hf_specdraft.glide (imported above) registers GLIDE
+    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(
+        target.device
+    )  # hf_specdraft.glide (imported above) registers GLIDE
     return target, AutoTokenizer.from_pretrained(args.target), glide
 
 
@@ -44,7 +46,9 @@ def main():
     parser.add_argument("--glide", help="GLIDE checkpoint trained for --target: Hub id or directory")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--num-draft-tokens", type=int, default=1, help="γ; short drafts pay best in a batch on CPU")
-    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)"
+    )
     args = parser.parse_args()
     if not args.tiny and not (args.target and args.glide):
         parser.error("--target and --glide are required (or --tiny)")
@@ -56,7 +60,7 @@ def main():
     kwargs = {"max_new_tokens": args.max_new_tokens, "do_sample": False, "pad_token_id": tokenizer.pad_token_id}
 
     def new_tokens(sequences):
-        rows = sequences[:, batch.input_ids.shape[1]:]
+        rows = sequences[:, batch.input_ids.shape[1] :]
         return sum(int((row != tokenizer.pad_token_id).sum()) for row in rows)
 
     def timed(run):
@@ -68,20 +72,35 @@ def main():
     reference, base = timed(lambda: target.generate(**batch, **kwargs))
     with few_token_linears(target):
         fast, fast_seconds = timed(lambda: target.generate(**batch, **kwargs))
-    drafter = GlideCandidateGenerator(glide, num_draft_tokens=args.num_draft_tokens)  # forked per row: one draft forward for all rows
-    out, seconds = timed(lambda: target.generate(**batch, **kwargs, custom_generate=speculative_generate, candidate_generator=drafter,
-                                                 return_dict_in_generate=True))
+    drafter = GlideCandidateGenerator(
+        glide, num_draft_tokens=args.num_draft_tokens
+    )  # forked per row: one draft forward for all rows
+    out, seconds = timed(
+        lambda: target.generate(
+            **batch,
+            **kwargs,
+            custom_generate=speculative_generate,
+            candidate_generator=drafter,
+            return_dict_in_generate=True,
+        )
+    )
     singles = [target.generate(**tokenizer(p, return_tensors="pt").to(target.device), **kwargs)[0] for p in PROMPTS]
-    same = all(torch.equal(out.sequences[r, batch.attention_mask[r].argmax():][: len(s)], s) for r, s in enumerate(singles))
+    same = all(
+        torch.equal(out.sequences[r, batch.attention_mask[r].argmax() :][: len(s)], s) for r, s in enumerate(singles)
+    )
     tokens = new_tokens(reference)
     print(f"batch of {len(PROMPTS)} prompts, {tokens} new tokens")
     print(f"{'target-only':<32} {tokens / base:7.1f} tok/s")
-    print(f"{'target-only + few_token_linears':<32} {tokens / fast_seconds:7.1f} tok/s  = target-only: {torch.equal(fast, reference)}")
-    print(f"{'glide':<32} {new_tokens(out.sequences) / seconds:7.1f} tok/s  = target-only: {torch.equal(out.sequences, reference)}  "
-          f"each row = its batch-1 greedy: {same}")
+    print(
+        f"{'target-only + few_token_linears':<32} {tokens / fast_seconds:7.1f} tok/s  = target-only: {torch.equal(fast, reference)}"
+    )
+    print(
+        f"{'glide':<32} {new_tokens(out.sequences) / seconds:7.1f} tok/s  = target-only: {torch.equal(out.sequences, reference)}  "
+        f"each row = its batch-1 greedy: {same}"
+    )
     for r, stats in enumerate(out.row_stats):
         print(f"  row {r}: {stats.new_tokens} tokens, mean accepted length {stats.mean_accepted_length:.2f}")
-    print(tokenizer.decode(out.sequences[0, batch.input_ids.shape[1]:], skip_special_tokens=True))
+    print(tokenizer.decode(out.sequences[0, batch.input_ids.shape[1] :], skip_special_tokens=True))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ def main():
     parser.add_argument("--prompt", default="import os\n\n\ndef list_python_files(root):\n")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--lenience", type=float, default=2.0, help="l: drafts reviewing drafts accept more leniently")
-    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)"
+    )
     args = parser.parse_args()
     if not args.tiny and not (args.target and args.drafts):
         parser.error("--target and --drafts are required (or --tiny)")
@@ -52,14 +54,24 @@ def main():
     base = time.perf_counter() - start
     print(f"{'target-only':<10} {base:6.2f} s")
     # K matrix: the official code's defaults (hf_specdraft.cascade.default_k_matrix); lenience only where a draft reviews
-    for name, drafter in (("max-gram", MaxGramCandidateGenerator(table)),
-                          ("cascade", CascadeCandidateGenerator(drafts, lenience=args.lenience, bigram_table=table))):
+    for name, drafter in (
+        ("max-gram", MaxGramCandidateGenerator(table)),
+        ("cascade", CascadeCandidateGenerator(drafts, lenience=args.lenience, bigram_table=table)),
+    ):
         start = time.perf_counter()
-        out = target.generate(**inputs, **kwargs, custom_generate=speculative_generate, candidate_generator=drafter, return_dict_in_generate=True)
+        out = target.generate(
+            **inputs,
+            **kwargs,
+            custom_generate=speculative_generate,
+            candidate_generator=drafter,
+            return_dict_in_generate=True,
+        )
         seconds, stats = time.perf_counter() - start, out.speculative_stats
-        print(f"{name:<10} {seconds:6.2f} s  speedup {base / seconds:.2f}x  = target-only: {torch.equal(out.sequences, reference)}  "
-              f"mean accepted length {stats.mean_accepted_length:.2f}  drafter calls {stats.drafter_calls}")
-    print(tokenizer.decode(out.sequences[0, inputs.input_ids.shape[1]:], skip_special_tokens=True))
+        print(
+            f"{name:<10} {seconds:6.2f} s  speedup {base / seconds:.2f}x  = target-only: {torch.equal(out.sequences, reference)}  "
+            f"mean accepted length {stats.mean_accepted_length:.2f}  drafter calls {stats.drafter_calls}"
+        )
+    print(tokenizer.decode(out.sequences[0, inputs.input_ids.shape[1] :], skip_special_tokens=True))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,11 @@ def load(args):
         from hf_specdraft.defaults.tasks import build_tasks
 
         bundle, item = tiny_bundle(), build_tasks("context", count=1, seed=0)[0]
-        return bundle.target, bundle.tokenizer, (item.prompt, item.context, "{question}")  # the prompt: only the code before the cut
+        return (
+            bundle.target,
+            bundle.tokenizer,
+            (item.prompt, item.context, "{question}"),
+        )  # the prompt: only the code before the cut
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, device_map="auto")
     return model, AutoTokenizer.from_pretrained(args.model), (args.question, Path(args.context_file).read_text(), None)
@@ -40,7 +44,9 @@ def main():
     parser.add_argument("--question", help="the query, placed after the context in the prompt")
     parser.add_argument("--threshold", type=float, default=0.1, help="δ of the conditional rule (eq. 3)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)"
+    )
     args = parser.parse_args()
     if not args.tiny and not (args.model and args.context_file and args.question):
         parser.error("--model, --context-file and --question are required (or --tiny)")
@@ -53,8 +59,10 @@ def main():
         seconds = time.perf_counter() - start
         if reference is None:  # strict verification reproduces target-only greedy decoding
             reference = model.generate(out.sequences[:, : out.prompt_length], **kwargs)
-        print(f"{name:<17} {seconds:6.2f} s  mean accepted length {out.speculative_stats.mean_accepted_length:.2f}  "
-              f"= target-only: {torch.equal(out.sequences, reference)}")
+        print(
+            f"{name:<17} {seconds:6.2f} s  mean accepted length {out.speculative_stats.mean_accepted_length:.2f}  "
+            f"= target-only: {torch.equal(out.sequences, reference)}"
+        )
     print(out.text)
 
 

@@ -24,7 +24,9 @@ def load(args):
         return bundle.target, bundle.tokenizer, bundle.extras["glide"]
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, device_map="auto")
-    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(target.device)  # hf_specdraft.glide (imported above) registers GLIDE
+    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(
+        target.device
+    )  # hf_specdraft.glide (imported above) registers GLIDE
     return target, AutoTokenizer.from_pretrained(args.target), glide
 
 
@@ -34,7 +36,9 @@ def main():
     parser.add_argument("--glide", help="GLIDE checkpoint trained for --target: Hub id or directory")
     parser.add_argument("--prompt", default="def quicksort(items):\n")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)"
+    )
     args = parser.parse_args()
     if not args.tiny and not (args.target and args.glide):
         parser.error("--target and --glide are required (or --tiny)")
@@ -54,15 +58,23 @@ def main():
     finally:
         glide.detach()
     print(f"{'target-only':<16} {base:6.2f} s")
-    print(f"{'stock-assisted':<16} {seconds:6.2f} s  speedup {base / seconds:.2f}x  = target-only: {torch.equal(stock, reference)}")
-    for name, drafter in (("glide", GlideCandidateGenerator(glide, num_draft_tokens=5)),  # γ = 5, §5.1
-                          ("glide+cape", CapeCandidateGenerator(GlideCandidateGenerator(glide, num_draft_tokens=5)))):
-        out, seconds = timed(custom_generate=speculative_generate, candidate_generator=drafter, return_dict_in_generate=True)
+    print(
+        f"{'stock-assisted':<16} {seconds:6.2f} s  speedup {base / seconds:.2f}x  = target-only: {torch.equal(stock, reference)}"
+    )
+    for name, drafter in (
+        ("glide", GlideCandidateGenerator(glide, num_draft_tokens=5)),  # γ = 5, §5.1
+        ("glide+cape", CapeCandidateGenerator(GlideCandidateGenerator(glide, num_draft_tokens=5))),
+    ):
+        out, seconds = timed(
+            custom_generate=speculative_generate, candidate_generator=drafter, return_dict_in_generate=True
+        )
         stats = out.speculative_stats
-        print(f"{name:<16} {seconds:6.2f} s  speedup {base / seconds:.2f}x  = target-only: {torch.equal(out.sequences, reference)}  "
-              f"mean accepted length {stats.mean_accepted_length:.2f}  accepted per judged position {stats.position_acceptance_rate:.2f}"
-              + ("" if stats.alpha is None else f"  α (1 - TV(p, q)) {stats.alpha:.2f}"))  # α needs a chain with q: not CAPE's trees
-    print(tokenizer.decode(out.sequences[0, inputs.input_ids.shape[1]:], skip_special_tokens=True))
+        print(
+            f"{name:<16} {seconds:6.2f} s  speedup {base / seconds:.2f}x  = target-only: {torch.equal(out.sequences, reference)}  "
+            f"mean accepted length {stats.mean_accepted_length:.2f}  accepted per judged position {stats.position_acceptance_rate:.2f}"
+            + ("" if stats.alpha is None else f"  α (1 - TV(p, q)) {stats.alpha:.2f}")
+        )  # α needs a chain with q: not CAPE's trees
+    print(tokenizer.decode(out.sequences[0, inputs.input_ids.shape[1] :], skip_special_tokens=True))
 
 
 if __name__ == "__main__":

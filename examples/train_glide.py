@@ -46,7 +46,9 @@ def main():
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=8, help="windows per process (8 processes: 64, Appendix A)")
     parser.add_argument("--hub-model-id", help="push the checkpoint to this Hub repo")
-    parser.add_argument("--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="use the repository's tiny recipe (recipes/training.py; a source checkout)"
+    )
     args = parser.parse_args()
     if args.tiny:  # the tiny target, trained on hf_specdraft's own source for a few steps
         from _tiny import tiny_default_dir
@@ -63,13 +65,20 @@ def main():
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype)  # frozen; every process holds a copy
     torch.manual_seed(0)
-    glide = GlideForCausalLM(GlideConfig.from_target_config(target.config, num_hidden_layers=1, target_name_or_path=args.target))
+    glide = GlideForCausalLM(
+        GlideConfig.from_target_config(target.config, num_hidden_layers=1, target_name_or_path=args.target)
+    )
     windows = args.batch_size * PartialState().num_processes
     training_args = GlideTrainingArguments(
         output_dir=args.output_dir or "glide-" + args.target.rstrip("/").split("/")[-1],
         max_steps=args.max_steps or max(1, data.numel() // (windows * args.seq_len)),
-        seq_len=args.seq_len, per_device_batch_size=args.batch_size, learning_rate=5e-4,
-        dataset_name=None if args.tiny else args.dataset, push_to_hub=bool(args.hub_model_id), hub_model_id=args.hub_model_id)
+        seq_len=args.seq_len,
+        per_device_batch_size=args.batch_size,
+        learning_rate=5e-4,
+        dataset_name=None if args.tiny else args.dataset,
+        push_to_hub=bool(args.hub_model_id),
+        hub_model_id=args.hub_model_id,
+    )
     log = train_glide(target, glide, data, training_args)
     if PartialState().is_main_process:
         print(f"final loss {log['steps'][-1]['loss']}; checkpoint and model card in {training_args.output_dir}")

@@ -39,13 +39,20 @@ def torch_dtype(name: str):
     return {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def load_bundle(target: str | None, draft: str | None, device: str | None = None, dtype: torch.dtype | None = None,
-                draft_dtype: torch.dtype | None = None):
+def load_bundle(
+    target: str | None,
+    draft: str | None,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    draft_dtype: torch.dtype | None = None,
+):
     """The embedded default, or user checkpoints (local paths or Hub ids); ``draft_dtype`` `None`: the loader's
     default for the embedded drafters, the target's dtype for a ``--draft`` checkpoint."""
     from .defaults import DefaultBundle, load_default
 
-    if target is None or (Path(target) / "target" / "config.json").is_file():  # the default, or a recipes.training directory
+    if (
+        target is None or (Path(target) / "target" / "config.json").is_file()
+    ):  # the default, or a recipes.training directory
         bundle = load_default(target, device=device, dtype=dtype, draft_dtype=draft_dtype)
         if draft is not None:
             bundle.draft = _load_causal_lm(draft, "--draft", bundle.target, draft_dtype)
@@ -67,7 +74,9 @@ def check_checkpoint(name: str, argument: str) -> None:
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise ValueError(f"{argument} {name!r} is a file; pass a checkpoint directory (with config.json) or a Hub id")
+            raise ValueError(
+                f"{argument} {name!r} is a file; pass a checkpoint directory (with config.json) or a Hub id"
+            )
         return
     if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
         raise ValueError(f"{argument} {name!r}: no such directory")
@@ -77,13 +86,17 @@ def check_checkpoint(name: str, argument: str) -> None:
         return  # downloaded before: loads offline
     host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
     if constants.HF_HUB_OFFLINE:
-        raise ValueError(f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and HF_HUB_OFFLINE is set: "
-                         "pass a local checkpoint directory, or unset HF_HUB_OFFLINE to download it")
+        raise ValueError(
+            f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and HF_HUB_OFFLINE is set: "
+            "pass a local checkpoint directory, or unset HF_HUB_OFFLINE to download it"
+        )
     try:
         socket.getaddrinfo(host, 443)  # a name lookup only: no request is sent to the Hub
     except OSError:
-        raise ValueError(f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and the Hub ({host}) cannot "
-                         "be reached from this machine: pass a local checkpoint directory") from None
+        raise ValueError(
+            f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and the Hub ({host}) cannot "
+            "be reached from this machine: pass a local checkpoint directory"
+        ) from None
 
 
 def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | None = None):
@@ -96,7 +109,9 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"{argument} {name!r} is not a causal LM checkpoint that AutoModelForCausalLM can load: {err}") from err
+        raise ValueError(
+            f"{argument} {name!r} is not a causal LM checkpoint that AutoModelForCausalLM can load: {err}"
+        ) from err
     return model.to(like.device if like is not None else ("cuda" if torch.cuda.is_available() else "cpu")).eval()
 
 
@@ -104,14 +119,27 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
 DEMO_METHODS = {
     # *-auto: the default calls (GLIDE's copy from the context where the text recurs: +copy); draft-model-auto: the plain
     # draft alone
-    "completion": ("target-only", "target-only+linears", "draft-model-auto", "glide+copy-auto", "glide+copy+cape-auto", "max-gram-auto"),
+    "completion": (
+        "target-only",
+        "target-only+linears",
+        "draft-model-auto",
+        "glide+copy-auto",
+        "glide+copy+cape-auto",
+        "max-gram-auto",
+    ),
     "context": ("target-only", "casd-strict-auto"),  # CASD drafts from the request's own context: its own task
 }
 # On CUDA the baseline users have is transformers' own static cache, compiled: the default calls run eager and on the
 # loop's static cache (compiled automatically there; the first call's compile is in the JSON's timing.warmup_seconds)
 DEMO_METHODS_CUDA = {
-    "completion": ("target-only", "target-only-static", "glide+copy-auto", "glide+copy-auto-static", "glide+copy+cape-auto-static",
-                   "max-gram-auto-static"),
+    "completion": (
+        "target-only",
+        "target-only-static",
+        "glide+copy-auto",
+        "glide+copy-auto-static",
+        "glide+copy+cape-auto-static",
+        "max-gram-auto-static",
+    ),
     "context": ("target-only", "target-only-static", "casd-strict-auto", "casd-strict-auto-static"),
 }
 
@@ -125,8 +153,14 @@ def cmd_demo(args) -> int:
     results, shown = [], []
     for task, names in (DEMO_METHODS_CUDA if bundle.target.device.type == "cuda" else DEMO_METHODS).items():
         methods = tuple(m for m in names if METHODS[m].available(bundle.extras, has_draft))
-        config = BenchConfig(methods=methods, task=task, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, warmup=1,
-                             repeats=args.repeats)
+        config = BenchConfig(
+            methods=methods,
+            task=task,
+            num_prompts=args.num_prompts,
+            max_new_tokens=args.max_new_tokens,
+            warmup=1,
+            repeats=args.repeats,
+        )
         output = Path(args.output) / f"demo-{task}.json" if args.output else None
         results.append((task, config, run_bench(bundle, config, output=output, warn=False)))
         shown += [m for m in methods if m not in shown]
@@ -135,8 +169,10 @@ def cmd_demo(args) -> int:
         print("\n" + unreliable[0])
     for task, config, result in results:
         meta = result["meta"]
-        print(f"\n[{task}] {meta['hardware']}, {meta['dtype']}, target {meta['target_parameters'] / 1e6:.1f}M parameters, "
-              f"{config.num_prompts} held-out prompts x {config.max_new_tokens} new tokens (greedy)\n")
+        print(
+            f"\n[{task}] {meta['hardware']}, {meta['dtype']}, target {meta['target_parameters'] / 1e6:.1f}M parameters, "
+            f"{config.num_prompts} held-out prompts x {config.max_new_tokens} new tokens (greedy)\n"
+        )
         timing = {**result["timing"], "reliable": True}  # its warning, if any, is printed once above
         print(format_table(result["summary"], timing))
         print(sample_text(result, bundle.tokenizer))
@@ -145,11 +181,17 @@ def cmd_demo(args) -> int:
 
 
 DEMO_COLUMNS = (
-    ("speedup", "wall time of target-only / wall time of the method, same prompts, same run (median of the repeats per "
-                "prompt); below 1 the method is slower: a slowdown"),
+    (
+        "speedup",
+        "wall time of target-only / wall time of the method, same prompts, same run (median of the repeats per "
+        "prompt); below 1 the method is slower: a slowdown",
+    ),
     ("per-prompt range", "the lowest and highest of those ratios over the prompts"),
-    ("vs +linears", "the same against target-only+linears: plain greedy generate with the few-row linears in the orientation "
-                    "this CPU runs fastest, as the speculative loop uses them"),
+    (
+        "vs +linears",
+        "the same against target-only+linears: plain greedy generate with the few-row linears in the orientation "
+        "this CPU runs fastest, as the speculative loop uses them",
+    ),
     ("MAL", "mean accepted length: tokens per target forward of the speculative loop"),
     ("α", "the paper's acceptance rate, 1 - TV(p, q) per judged draft position (drafters with a distribution q)"),
     ("acc/pos", "accepted / judged draft positions"),
@@ -212,25 +254,41 @@ def cmd_bench(args) -> int:
         path = DEFAULT_PROMPTS if args.prompts == "default" else Path(args.prompts)
         read_prompts(path)  # a malformed file fails before any model loads
     else:
-        config = BenchConfig(profile=args.profile, methods=methods or BenchConfig.methods, task=args.task,
-                             num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                             context_prompt_chars=args.context_prompt_chars, repeats=args.repeats, warmup=args.warmup)
+        config = BenchConfig(
+            profile=args.profile,
+            methods=methods or BenchConfig.methods,
+            task=args.task,
+            num_prompts=args.num_prompts,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            context_prompt_chars=args.context_prompt_chars,
+            repeats=args.repeats,
+            warmup=args.warmup,
+        )
     if args.profile.startswith("gpu") and not torch.cuda.is_available():
         raise ValueError(f"--profile {args.profile} needs a CUDA device; use --profile cpu here")
     if args.prompts is None and args.profile == "gpu" and target is None:  # its bigger target, trained by a recipe
         target = args.gpu_default_dir
         if not (Path(target) / "recipe.json").is_file():
-            raise ValueError(f"--profile gpu runs on the target in --gpu-default-dir {target!r}, which holds no finished "
-                             "run: train it first from a source checkout (≤ 6 min on one H200), `accelerate launch -m "
-                             f"recipes.training --recipe gpu --output-dir {target}`, or pass --target")
+            raise ValueError(
+                f"--profile gpu runs on the target in --gpu-default-dir {target!r}, which holds no finished "
+                "run: train it first from a source checkout (≤ 6 min on one H200), `accelerate launch -m "
+                f"recipes.training --recipe gpu --output-dir {target}`, or pass --target"
+            )
     bundle = load_bundle(target, args.draft, dtype=torch_dtype(args.dtype), draft_dtype=torch_dtype(args.draft_dtype))
     if args.prompts is None:
         output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
         result = run_bench(bundle, config, output=output, warn=False)
         print(format_table(result["summary"], result["timing"]))
     else:
-        config = BenchConfig(profile=args.profile, methods=methods or prompts_methods(bundle), task="chat",
-                             max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup)
+        config = BenchConfig(
+            profile=args.profile,
+            methods=methods or prompts_methods(bundle),
+            task="chat",
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            warmup=args.warmup,
+        )
         output = bench_output_path(args.output, config.profile, f"prompts-{path.stem}", args.overwrite)
         print(format_category_table(run_prompts_bench(bundle, config, path, output=output, warn=False)))
     print(f"\nwrote {output}")
@@ -244,8 +302,9 @@ def prompts_methods(bundle) -> tuple[str, ...]:
     from .bench.prompts import BASELINES
 
     names = dict.fromkeys([*BASELINES, *DEMO_METHODS["completion"]])
-    return tuple(m for m in names
-                 if "chat" in METHODS[m].tasks and METHODS[m].available(bundle.extras, bundle.draft is not None))
+    return tuple(
+        m for m in names if "chat" in METHODS[m].tasks and METHODS[m].available(bundle.extras, bundle.draft is not None)
+    )
 
 
 def cmd_train_glide(argv: list[str]) -> int:
@@ -274,8 +333,11 @@ class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
 
 def model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--target`` and ``--draft``, which ``demo`` and ``bench`` share."""
-    parser.add_argument("--target", help="a causal LM (local directory or Hub id) or a `python -m recipes.training` "
-                        "directory; the embedded default (SmolLM2-135M-Instruct) when not given")
+    parser.add_argument(
+        "--target",
+        help="a causal LM (local directory or Hub id) or a `python -m recipes.training` "
+        "directory; the embedded default (SmolLM2-135M-Instruct) when not given",
+    )
     parser.add_argument("--draft", help="a draft causal LM with the target's vocabulary")
 
 
@@ -284,48 +346,100 @@ def demo_arguments(demo: argparse.ArgumentParser, method_names: tuple[str, ...])
     demo.add_argument("--num-prompts", type=int, default=2, help="held-out prompts per task")
     demo.add_argument("--max-new-tokens", type=int, default=40, help="new tokens per prompt")
     demo.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt; the median counts")
-    demo.add_argument("--output", help="a directory for the runs' JSON (demo-<task>.json; the README's headline table is "
-                      "generated from benchmarks/demo/)")
+    demo.add_argument(
+        "--output",
+        help="a directory for the runs' JSON (demo-<task>.json; the README's headline table is "
+        "generated from benchmarks/demo/)",
+    )
 
 
 def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
-    bench.add_argument("--profile", default="cpu", choices=("cpu", "gpu", "gpu-default"),
-                       help="prompt counts, lengths and repeats (gpu: the bigger target in --gpu-default-dir; gpu-default: the "
-                       "embedded default on CUDA)")
-    bench.add_argument("--methods", help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,"
-                       "draft-model-auto; a source checkout's `python -m benchmarks.bench` adds the studies' fixed-γ rows)"
-                       + ("; one of: " + ", ".join(method_names) if method_names else "; `hf-specdraft bench --help` lists them"))
-    bench.add_argument("--task", default="completion", choices=("completion", "context", "chat"),
-                       help="completion, context (CASD's rest-of-file task) or chat (requests in the target's chat template)")
-    bench.add_argument("--prompts", metavar="FILE.jsonl", help="run every turn of a Spec-Bench-format file (question_id, category, "
-                       "turns; 'default': the project's own held-out prompts) and print a per-category table; --task and "
-                       "--num-prompts do not apply")
+    bench.add_argument(
+        "--profile",
+        default="cpu",
+        choices=("cpu", "gpu", "gpu-default"),
+        help="prompt counts, lengths and repeats (gpu: the bigger target in --gpu-default-dir; gpu-default: the "
+        "embedded default on CUDA)",
+    )
+    bench.add_argument(
+        "--methods",
+        help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,"
+        "draft-model-auto; a source checkout's `python -m benchmarks.bench` adds the studies' fixed-γ rows)"
+        + ("; one of: " + ", ".join(method_names) if method_names else "; `hf-specdraft bench --help` lists them"),
+    )
+    bench.add_argument(
+        "--task",
+        default="completion",
+        choices=("completion", "context", "chat"),
+        help="completion, context (CASD's rest-of-file task) or chat (requests in the target's chat template)",
+    )
+    bench.add_argument(
+        "--prompts",
+        metavar="FILE.jsonl",
+        help="run every turn of a Spec-Bench-format file (question_id, category, "
+        "turns; 'default': the project's own held-out prompts) and print a per-category table; --task and "
+        "--num-prompts do not apply",
+    )
     bench.add_argument("--num-prompts", type=int, help="held-out prompts (default: the profile's, 20 on cpu)")
     bench.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default: the profile's, 64 on cpu)")
-    bench.add_argument("--repeats", type=int, help="timed runs per method and prompt, median kept (default: the profile's, 3)")
-    bench.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts (the longest), each run by every method "
-                       "at --max-new-tokens before timing: caches sized and graphs compiled for the longest call")
+    bench.add_argument(
+        "--repeats", type=int, help="timed runs per method and prompt, median kept (default: the profile's, 3)"
+    )
+    bench.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed warm-up prompts (the longest), each run by every method "
+        "at --max-new-tokens before timing: caches sized and graphs compiled for the longest call",
+    )
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--context-prompt-chars", type=int, help="context task: characters of the file before the cut in the prompt "
-                       "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)")
+    bench.add_argument(
+        "--context-prompt-chars",
+        type=int,
+        help="context task: characters of the file before the cut in the prompt "
+        "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)",
+    )
     model_arguments(bench)
-    bench.add_argument("--output", help="JSON path (default benchmarks/results/<profile>-<task>.json; when that exists, a new "
-                       "timestamped file beside it unless --overwrite)")
-    bench.add_argument("--overwrite", action="store_true", help="replace benchmarks/results/<profile>-<task>.json when --output is not given")
-    bench.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help="the target's; auto: fp32 on CPU, bf16 on CUDA")
-    bench.add_argument("--draft-dtype", default="auto", choices=DTYPE_NAMES,
-                       help="the drafters'; auto: bf16 for the embedded default's (the weights they ship in; bf16 halves a "
-                       "draft forward's weight reads), the target's for --draft and recipes.training drafters")
-    bench.add_argument("--gpu-default-dir", default="runs/gpu-default", help="where --profile gpu finds its target (`accelerate "
-                       "launch -m recipes.training --recipe gpu --output-dir DIR` trains it)")
+    bench.add_argument(
+        "--output",
+        help="JSON path (default benchmarks/results/<profile>-<task>.json; when that exists, a new "
+        "timestamped file beside it unless --overwrite)",
+    )
+    bench.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace benchmarks/results/<profile>-<task>.json when --output is not given",
+    )
+    bench.add_argument(
+        "--dtype", default="auto", choices=DTYPE_NAMES, help="the target's; auto: fp32 on CPU, bf16 on CUDA"
+    )
+    bench.add_argument(
+        "--draft-dtype",
+        default="auto",
+        choices=DTYPE_NAMES,
+        help="the drafters'; auto: bf16 for the embedded default's (the weights they ship in; bf16 halves a "
+        "draft forward's weight reads), the target's for --draft and recipes.training drafters",
+    )
+    bench.add_argument(
+        "--gpu-default-dir",
+        default="runs/gpu-default",
+        help="where --profile gpu finds its target (`accelerate "
+        "launch -m recipes.training --recipe gpu --output-dir DIR` trains it)",
+    )
 
 
 def export_arguments(export: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
-    export.add_argument("glide", help="a GLIDE checkpoint directory (built with state_input=True, self_attention=False), or "
-                        "'default' for SmolLM2's shipped GLIDE in that layout (checkpoint_smollm2/glide_assistant)")
+    export.add_argument(
+        "glide",
+        help="a GLIDE checkpoint directory (built with state_input=True, self_attention=False), or "
+        "'default' for SmolLM2's shipped GLIDE in that layout (checkpoint_smollm2/glide_assistant)",
+    )
     export.add_argument("output_dir", help="where the Gemma 4 assistant checkpoint goes")
-    export.add_argument("--target", help="the target's checkpoint directory: its config is written beside the export with the "
-                        "layer_types vLLM needs (target_config.json); the embedded SmolLM2 for 'default'")
+    export.add_argument(
+        "--target",
+        help="the target's checkpoint directory: its config is written beside the export with the "
+        "layer_types vLLM needs (target_config.json); the embedded SmolLM2 for 'default'",
+    )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -339,7 +453,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if glide_dir == "default":
         from .defaults.smollm2 import converted_dir
 
-        glide_dir = str(Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide_assistant")  # the exportable one
+        glide_dir = str(
+            Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide_assistant"
+        )  # the exportable one
         target_dir = target_dir or str(converted_dir())
     for flag, directory in (("GLIDE", glide_dir), ("--target", target_dir)):
         if directory is not None and not (Path(directory) / "config.json").is_file():
@@ -364,12 +480,21 @@ class Command:
 
 
 COMMANDS = {
-    "demo": Command("compare one method per idea with target-only decoding on the shipped default (or --target)", cmd_demo,
-                    demo_arguments),
+    "demo": Command(
+        "compare one method per idea with target-only decoding on the shipped default (or --target)",
+        cmd_demo,
+        demo_arguments,
+    ),
     "bench": Command("benchmark methods side by side; writes JSON", cmd_bench, bench_arguments),
-    "train-glide": Command("train a GLIDE drafter for your target; see `hf-specdraft train-glide --help`", cmd_train_glide),
-    "build-bigram": Command("Max-Gram's bigram fallback table; see `hf-specdraft build-bigram --help`", cmd_build_bigram),
-    "export": Command("write a trained GLIDE in Gemma 4's assistant layout, which vLLM serves", cmd_export, export_arguments),
+    "train-glide": Command(
+        "train a GLIDE drafter for your target; see `hf-specdraft train-glide --help`", cmd_train_glide
+    ),
+    "build-bigram": Command(
+        "Max-Gram's bigram fallback table; see `hf-specdraft build-bigram --help`", cmd_build_bigram
+    ),
+    "export": Command(
+        "write a trained GLIDE in Gemma 4's assistant layout, which vLLM serves", cmd_export, export_arguments
+    ),
 }
 
 

@@ -16,8 +16,12 @@ import argparse
 import json
 from pathlib import Path
 
-GROUP_NAMES = {"multi-turn": "multi-turn conversation", "qa": "question answering", "math_reasoning": "math reasoning",
-               "rag": "retrieval-augmented generation"}
+GROUP_NAMES = {
+    "multi-turn": "multi-turn conversation",
+    "qa": "question answering",
+    "math_reasoning": "math reasoning",
+    "rag": "retrieval-augmented generation",
+}
 
 
 def group_card_metrics(study: dict, name: str, bench: dict | None = None, method: str | None = None) -> dict:
@@ -26,8 +30,10 @@ def group_card_metrics(study: dict, name: str, bench: dict | None = None, method
     if name not in study.get("drafters", {}):
         raise ValueError(f"name must be one of the study's drafters {sorted(study.get('drafters', {}))}, got {name!r}")
     drafter, meta = study["drafters"][name], study["meta"]
-    metrics = {"held-out requests": f"{meta['requests']} ({meta['prompts']}), the target answering {meta['max_new_tokens']} tokens "
-                                    f"greedily; {meta['cpu']}, {meta['threads']} threads"}
+    metrics = {
+        "held-out requests": f"{meta['requests']} ({meta['prompts']}), the target answering {meta['max_new_tokens']} tokens "
+        f"greedily; {meta['cpu']}, {meta['threads']} threads"
+    }
     for group, steps in drafter["teacher_forced_steps_1_3"].items():
         line = " / ".join(f"{value:.3f}" for value in steps)
         in_loop = drafter.get("in_loop_step_1", {}).get(group)
@@ -41,7 +47,8 @@ def group_card_metrics(study: dict, name: str, bench: dict | None = None, method
             row = result["methods"].get(method)
             if row is not None:
                 metrics[f"{GROUP_NAMES.get(group, group)}: `{method}` vs plain generate (speedup, MAL)"] = (
-                    f"{row['speedup_vs_target_only']:.2f}x, {row['mal']:.2f}")
+                    f"{row['speedup_vs_target_only']:.2f}x, {row['mal']:.2f}"
+                )
     return metrics
 
 
@@ -57,8 +64,16 @@ def rewrite_card(checkpoint: str | Path, metrics: dict) -> Path:
     checkpoint = Path(checkpoint)
     model = GlideForCausalLM.from_pretrained(checkpoint)
     log = json.loads((checkpoint / "training_log.json").read_text())
-    write_model_card(model.config, checkpoint, base_model=HUB_ID, dataset=DATASET, metrics=metrics, training_log=log,
-                     custom_generate=not model.config.state_input, license=LICENSE)
+    write_model_card(
+        model.config,
+        checkpoint,
+        base_model=HUB_ID,
+        dataset=DATASET,
+        metrics=metrics,
+        training_log=log,
+        custom_generate=not model.config.state_input,
+        license=LICENSE,
+    )
     return checkpoint / "README.md"
 
 
@@ -73,8 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(ns.checkpoint) / "training_log.json").is_file():
         parser.error(f"{ns.checkpoint!r} holds no training_log.json: not a drafter this project trained")
     try:
-        metrics = group_card_metrics(json.loads(Path(ns.study).read_text()), ns.name,
-                                     json.loads(Path(ns.bench).read_text()) if ns.bench else None, ns.method)
+        metrics = group_card_metrics(
+            json.loads(Path(ns.study).read_text()),
+            ns.name,
+            json.loads(Path(ns.bench).read_text()) if ns.bench else None,
+            ns.method,
+        )
     except ValueError as error:
         parser.error(str(error))
     print(f"wrote {rewrite_card(ns.checkpoint, metrics)}")

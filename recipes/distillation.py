@@ -62,7 +62,9 @@ def _chat_stream(tokenizer, files, max_tokens: int, rng: random.Random) -> list[
         for item in function_items(f.name, f.read()):
             if rng.random() < 0.5:
                 continue  # at most about half a file's functions: more files, less of each
-            text = chat_prompt(tokenizer, chat_request(item)) + f"```python\n{item.prompt}{item.reference}```<|im_end|>\n"
+            text = (
+                chat_prompt(tokenizer, chat_request(item)) + f"```python\n{item.prompt}{item.reference}```<|im_end|>\n"
+            )
             ids += tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) >= max_tokens:
             break
@@ -76,8 +78,14 @@ def split_files(files, rng: random.Random) -> tuple[list, list]:
     return files[: len(files) // 2], files[len(files) // 2 :]
 
 
-def build_windows(tokenizer, num_windows: int, corpus: Corpus | None = None, seq_len: int = SEQ_LEN,
-                  chat_fraction: float = CHAT_FRACTION, seed: int = 0) -> torch.Tensor:
+def build_windows(
+    tokenizer,
+    num_windows: int,
+    corpus: Corpus | None = None,
+    seq_len: int = SEQ_LEN,
+    chat_fraction: float = CHAT_FRACTION,
+    seed: int = 0,
+) -> torch.Tensor:
     """``(num_windows, seq_len)`` int64 training windows from the train split (code + chat), shuffled."""
     corpus = corpus or build_corpus()
     rng = random.Random(seed)
@@ -92,8 +100,9 @@ def build_windows(tokenizer, num_windows: int, corpus: Corpus | None = None, seq
     return torch.tensor(windows, dtype=torch.long)
 
 
-def self_distillation_prompts(tokenizer, count: int, corpus: Corpus | None = None, seed: int = 1, skip: int = 0,
-                              split: str = "train") -> list[str]:
+def self_distillation_prompts(
+    tokenizer, count: int, corpus: Corpus | None = None, seed: int = 1, skip: int = 0, split: str = "train"
+) -> list[str]:
     """``count`` train-split prompts shaped like the bench tasks: 50 % a function's signature + docstring (completion),
     35 % the same as a chat request in the target's template, 15 % a file's first 700-1,500 characters (context).
 
@@ -128,8 +137,15 @@ def self_distillation_prompts(tokenizer, count: int, corpus: Corpus | None = Non
 
 
 @torch.inference_mode()
-def self_generated_windows(target: PreTrainedModel, tokenizer, prompts: list[str], max_new_tokens: int = 64, batch_size: int = 32,
-                           seq_len: int = SEQ_LEN, progress_dir: str | Path | None = None) -> torch.Tensor:
+def self_generated_windows(
+    target: PreTrainedModel,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int = 64,
+    batch_size: int = 32,
+    seq_len: int = SEQ_LEN,
+    progress_dir: str | Path | None = None,
+) -> torch.Tensor:
     """The target's greedy continuations of ``prompts`` (prompt + continuation + eos, packed) as `(N, seq_len)` windows.
 
     ``progress_dir``: each batch's continuations are kept there as they finish, so a killed run resumes after the last one.
@@ -141,9 +157,17 @@ def self_generated_windows(target: PreTrainedModel, tokenizer, prompts: list[str
         if done is not None and done.is_file():
             stream += load_file(str(done))["stream"].tolist()
             continue
-        enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False,
-                        truncation=True, max_length=seq_len - max_new_tokens)
-        out = target.generate(**enc.to(target.device), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        enc = tokenizer(
+            prompts[start : start + batch_size],
+            return_tensors="pt",
+            padding=True,
+            add_special_tokens=False,
+            truncation=True,
+            max_length=seq_len - max_new_tokens,
+        )
+        out = target.generate(
+            **enc.to(target.device), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
         batch: list[int] = []
         for row, mask in zip(out.tolist(), enc.attention_mask.tolist()):
             batch += row[len(mask) - sum(mask) :] + [tokenizer.eos_token_id]  # drop the left padding
@@ -156,8 +180,14 @@ def self_generated_windows(target: PreTrainedModel, tokenizer, prompts: list[str
     return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
-def answered_requests(target: PreTrainedModel, tokenizer, requests: list[tuple[str, list[str]]], output_dir: str | Path,
-                      max_new_tokens: int = 128, batch_size: int = 16) -> list[dict]:
+def answered_requests(
+    target: PreTrainedModel,
+    tokenizer,
+    requests: list[tuple[str, list[str]]],
+    output_dir: str | Path,
+    max_new_tokens: int = 128,
+    batch_size: int = 16,
+) -> list[dict]:
     """The target's greedy answers to ``requests`` (:func:`recipes.requests.training_requests`), kept shard by shard under
     ``output_dir/turn-1`` and ``turn-2`` so a killed run resumes where it stopped; a two-turn request's second turn
     is answered with the first answer in context.
@@ -169,13 +199,20 @@ def answered_requests(target: PreTrainedModel, tokenizer, requests: list[tuple[s
 
     args = RegenerationArguments(max_new_tokens=max_new_tokens, batch_size=batch_size, batches_per_shard=2)
     chats = [[{"role": "user", "content": turns[0]}] for _, turns in requests]
-    encode = lambda chat: tokenizer.apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)  # noqa: E731
+
+    def encode(chat):
+        return tokenizer.apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)
+
     first = regenerate(target, tokenizer, [list(encode(chat)) for chat in chats], Path(output_dir) / "turn-1", args)
     follow = [i for i, (_, turns) in enumerate(requests) if len(turns) > 1]
     for i in follow:
         reply = tokenizer.decode(first[i]["response_ids"], skip_special_tokens=True)
         chats[i] += [{"role": "assistant", "content": reply}, {"role": "user", "content": requests[i][1][1]}]
-    second = regenerate(target, tokenizer, [list(encode(chats[i])) for i in follow], Path(output_dir) / "turn-2", args) if follow else []
+    second = (
+        regenerate(target, tokenizer, [list(encode(chats[i])) for i in follow], Path(output_dir) / "turn-2", args)
+        if follow
+        else []
+    )
     records = [{"group": group, "ids": r["prompt_ids"] + r["response_ids"]} for (group, _), r in zip(requests, first)]
     for i, r in zip(follow, second):
         records[i]["ids"] = r["prompt_ids"] + r["response_ids"]
@@ -207,18 +244,48 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output_dir")
     parser.add_argument("--windows", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=1, help="GLIDE layers the store serves: the top N target layers' KV are kept")
-    parser.add_argument("--self-generated", type=int, default=0, metavar="PROMPTS",
-                        help="build the store from the target's own greedy continuations of this many train-split prompts")
-    parser.add_argument("--skip-prompts", type=int, default=0, metavar="N",
-                        help="with --self-generated: start after the first N prompts (a second store with new prompts)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="with --self-generated: tokens the target writes per prompt")
-    parser.add_argument("--requests", type=int, default=0, metavar="N",
-                        help="build the store from the target's answers to N natural-language and code requests (recipes.requests)")
-    parser.add_argument("--request-seed", type=int, default=0, help="with --requests: the seed that draws them (another seed, other requests)")
+    parser.add_argument(
+        "--layers", type=int, default=1, help="GLIDE layers the store serves: the top N target layers' KV are kept"
+    )
+    parser.add_argument(
+        "--self-generated",
+        type=int,
+        default=0,
+        metavar="PROMPTS",
+        help="build the store from the target's own greedy continuations of this many train-split prompts",
+    )
+    parser.add_argument(
+        "--skip-prompts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --self-generated: start after the first N prompts (a second store with new prompts)",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=64, help="with --self-generated: tokens the target writes per prompt"
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="build the store from the target's answers to N natural-language and code requests (recipes.requests)",
+    )
+    parser.add_argument(
+        "--request-seed",
+        type=int,
+        default=0,
+        help="with --requests: the seed that draws them (another seed, other requests)",
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="with --requests: prompts per generate call")
-    parser.add_argument("--heldout", action="store_true", help="with --self-generated: prompts from the held-out split (an evaluation store)")
-    parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per window (with --self-generated: prompt + continuation)")
+    parser.add_argument(
+        "--heldout",
+        action="store_true",
+        help="with --self-generated: prompts from the held-out split (an evaluation store)",
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=SEQ_LEN, help="tokens per window (with --self-generated: prompt + continuation)"
+    )
     args = parser.parse_args(argv)
     from hf_specdraft.defaults.smollm2 import load_smollm2
 
@@ -226,18 +293,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests:  # every answer is kept as it is written, so a rerun resumes; then the store, shard by shard
         from .requests import training_requests
 
-        requests = kept_requests(Path(args.output_dir) / "answers" / "requests.jsonl", lambda: training_requests(args.requests, args.request_seed))
-        records = answered_requests(target, tokenizer, requests, Path(args.output_dir) / "answers", args.max_new_tokens, args.batch_size)
+        requests = kept_requests(
+            Path(args.output_dir) / "answers" / "requests.jsonl",
+            lambda: training_requests(args.requests, args.request_seed),
+        )
+        records = answered_requests(
+            target, tokenizer, requests, Path(args.output_dir) / "answers", args.max_new_tokens, args.batch_size
+        )
         windows = request_windows(records, tokenizer.eos_token_id, args.seq_len)
     elif args.self_generated:  # generation is the slow part: its windows are kept, so a rerun only resumes the shards
         saved = Path(args.output_dir) / "windows.safetensors"
         if saved.is_file():
             windows = load_file(str(saved))["input_ids"]
         else:
-            prompts = self_distillation_prompts(tokenizer, args.self_generated, skip=args.skip_prompts,
-                                                split="heldout" if args.heldout else "train")
-            windows = self_generated_windows(target, tokenizer, prompts, max_new_tokens=args.max_new_tokens, seq_len=args.seq_len,
-                                             progress_dir=Path(args.output_dir) / "generated")
+            prompts = self_distillation_prompts(
+                tokenizer, args.self_generated, skip=args.skip_prompts, split="heldout" if args.heldout else "train"
+            )
+            windows = self_generated_windows(
+                target,
+                tokenizer,
+                prompts,
+                max_new_tokens=args.max_new_tokens,
+                seq_len=args.seq_len,
+                progress_dir=Path(args.output_dir) / "generated",
+            )
             saved.parent.mkdir(parents=True, exist_ok=True)
             save_file({"input_ids": windows.contiguous()}, str(saved))
     else:

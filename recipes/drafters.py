@@ -26,17 +26,27 @@ def train_default_drafter(kind: str, output_dir: Path, recipe: Recipe, train_ids
         raise ValueError(f"kind must be 'glide' or 'vanilla', got {kind!r}")
     spec = GLIDE_RECIPES[recipe.name]
     target = AutoModelForCausalLM.from_pretrained(output_dir / "target", dtype=torch.float32).eval()
-    args = GlideTrainingArguments(output_dir=str(output_dir / kind), **spec["training"], license=LICENSE,
-                                  dataset_name="hf-specdraft embedded default train split (stdlib + dependency source)")
-    config = GlideConfig.from_target_config(target.config, **spec["model"], cross_attention=kind == "glide", tie_word_embeddings=True)
+    args = GlideTrainingArguments(
+        output_dir=str(output_dir / kind),
+        **spec["training"],
+        license=LICENSE,
+        dataset_name="hf-specdraft embedded default train split (stdlib + dependency source)",
+    )
+    config = GlideConfig.from_target_config(
+        target.config, **spec["model"], cross_attention=kind == "glide", tie_word_embeddings=True
+    )
     torch.manual_seed(args.seed)
     log = train_glide(target, GlideForCausalLM(config), train_ids.long(), args)
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-    (output_dir / kind / "recipe.json").write_text(json.dumps({"recipe": spec, "hash": digest, "target_recipe": recipe.name}, indent=1) + "\n")
+    (output_dir / kind / "recipe.json").write_text(
+        json.dumps({"recipe": spec, "hash": digest, "target_recipe": recipe.name}, indent=1) + "\n"
+    )
     return log
 
 
-def write_drafter_cards(output_dir: str | Path, bench_json: str | Path, agreement_json: str | Path | None = None) -> list[Path]:
+def write_drafter_cards(
+    output_dir: str | Path, bench_json: str | Path, agreement_json: str | Path | None = None
+) -> list[Path]:
     """Rewrite the model cards of ``output_dir``'s GLIDE and vanilla drafters with the numbers a bench run measured.
 
     Reads the rows of a ``hf-specdraft bench`` result on this default (``bench_json``) that use each drafter
@@ -54,38 +64,59 @@ def write_drafter_cards(output_dir: str | Path, bench_json: str | Path, agreemen
     output_dir, result = Path(output_dir), json.loads(Path(bench_json).read_text())
     agreement = json.loads(Path(agreement_json).read_text()) if agreement_json is not None else None
     meta, summary, written = result["meta"], result["summary"], []
-    for kind, rows in (("glide", ("glide", "glide+cape", "stock-assisted-glide")), ("vanilla", ("vanilla", "stock-assisted")),
-                       ("small", ("cascade-2drafts",))):
+    for kind, rows in (
+        ("glide", ("glide", "glide+cape", "stock-assisted-glide")),
+        ("vanilla", ("vanilla", "stock-assisted")),
+        ("small", ("cascade-2drafts",)),
+    ):
         folder = output_dir / kind
         if not (folder / "config.json").is_file() or rows[0] not in summary:
             continue
         from benchmarks.methods import METHODS  # the package's rows and the lab's (glide, glide+cape, cascade-2drafts)
 
         drafts = ", ".join(sorted(set(meta.get("draft_dtypes", {}).values())))
-        dtype = meta['dtype'] + (f" (drafters {drafts})" if drafts else "")
-        metrics = {"measured on": f"{meta['hardware']}, {dtype}, target {meta.get('target', 'not recorded')}, {meta['num_prompts']} "
-                                  f"held-out prompts of task `{meta['task']}` x {meta['max_new_tokens']} tokens, greedy ({meta['date']})"}
+        dtype = meta["dtype"] + (f" (drafters {drafts})" if drafts else "")
+        metrics = {
+            "measured on": f"{meta['hardware']}, {dtype}, target {meta.get('target', 'not recorded')}, {meta['num_prompts']} "
+            f"held-out prompts of task `{meta['task']}` x {meta['max_new_tokens']} tokens, greedy ({meta['date']})"
+        }
         for row in rows:
             s = summary.get(row)
             if s is None:
                 continue
-            cells = {"α (1 - TV(p, q))": s.get("alpha"), "accepted / judged positions": s.get("position_acceptance_rate"),
-                     "mean accepted length": s["mean_accepted_length"], "c": s["cost_coefficient"],
-                     "E(speedup)": s["expected_speedup"], "wall-time speedup vs target-only": s["speedup_vs_target_only"],
-                     "vs target-only with few_token_linears": s.get("speedup_vs_target_only_linears")}
+            cells = {
+                "α (1 - TV(p, q))": s.get("alpha"),
+                "accepted / judged positions": s.get("position_acceptance_rate"),
+                "mean accepted length": s["mean_accepted_length"],
+                "c": s["cost_coefficient"],
+                "E(speedup)": s["expected_speedup"],
+                "wall-time speedup vs target-only": s["speedup_vs_target_only"],
+                "vs target-only with few_token_linears": s.get("speedup_vs_target_only_linears"),
+            }
             described = f" ({METHODS[row].description})" if row in METHODS else ""
-            metrics[f"{row}{described}"] = ", ".join(f"{name} {value:.3f}" for name, value in cells.items() if value is not None)
+            metrics[f"{row}{described}"] = ", ".join(
+                f"{name} {value:.3f}" for name, value in cells.items() if value is not None
+            )
         measured = (agreement or {}).get("drafters", {}).get(kind)
         if measured:
             steps = " / ".join(f"{a:.3f}" for a in measured["agreement_by_step"])
             metrics["greedy agreement at draft steps 1 / 2 / 3, each given the earlier ones"] = (
                 f"{steps}; α at step 1 {measured['alpha_step_1']:.3f} (teacher-forced on {agreement['heldout_tokens']} tokens the "
-                f"target wrote for held-out prompts; hf-specdraft's `{agreement_json}`)")
+                f"target wrote for held-out prompts; hf-specdraft's `{agreement_json}`)"
+            )
         config = GlideConfig.from_pretrained(folder)
-        log = json.loads((folder / "training_log.json").read_text()) if (folder / "training_log.json").is_file() else None
-        write_model_card(config, folder, base_model=config.target_name_or_path,
-                         dataset=(log or {}).get("arguments", {}).get("dataset_name"), metrics=metrics, training_log=log,
-                         license=LICENSE)
+        log = (
+            json.loads((folder / "training_log.json").read_text()) if (folder / "training_log.json").is_file() else None
+        )
+        write_model_card(
+            config,
+            folder,
+            base_model=config.target_name_or_path,
+            dataset=(log or {}).get("arguments", {}).get("dataset_name"),
+            metrics=metrics,
+            training_log=log,
+            license=LICENSE,
+        )
         written.append(folder / "README.md")
     return written
 

@@ -12,7 +12,9 @@ from hf_specdraft.glide.training.data import tokenize_texts
 from hf_specdraft.glide.training.evaluation import heldout_windows
 
 
-def heldout_text_windows(tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_len: int, count: int, seed: int) -> torch.Tensor:
+def heldout_text_windows(
+    tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_len: int, count: int, seed: int
+) -> torch.Tensor:
     """``[count, seq_len]`` held-out windows drawn with a fixed seed from every text's non-overlapping windows
     (:func:`hf_specdraft.glide.training.evaluation.heldout_windows` of each text: none crosses from one text to the next)."""
     windows = []
@@ -25,8 +27,14 @@ def heldout_text_windows(tokenizer: PreTrainedTokenizerFast, texts: list[str], s
     return torch.stack(windows[:count])
 
 
-def heldout_prompts(tokenizer: PreTrainedTokenizerFast, texts: list[str], count: int, seed: int, length: int = 128,
-                    continuation: int = 0) -> list[torch.Tensor]:
+def heldout_prompts(
+    tokenizer: PreTrainedTokenizerFast,
+    texts: list[str],
+    count: int,
+    seed: int,
+    length: int = 128,
+    continuation: int = 0,
+) -> list[torch.Tensor]:
     """Prompts of ``length`` tokens taken from random positions of held-out files: ``[1, length]`` each.
 
     With ``continuation`` (≤ ``length``) each row also holds the file's next ``continuation`` tokens, for the
@@ -83,7 +91,9 @@ def repeat_fraction(model: PreTrainedModel, prompts: list[torch.Tensor], max_new
     device = next(model.parameters()).device
     fractions = []
     for prompt in prompts:
-        out = model.generate(prompt.to(device), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = model.generate(
+            prompt.to(device), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
         fractions.append(repeated_ngram_fraction(out[0, prompt.shape[1] :].tolist()))
     return sum(fractions) / max(len(fractions), 1)
 
@@ -95,7 +105,9 @@ def reference_repeat_fraction(windows: list[torch.Tensor], length: int = 128) ->
     return sum(fractions) / max(len(fractions), 1)
 
 
-def perplexity_by_source(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, files, seq_len: int, count: int, seed: int) -> dict[str, float]:
+def perplexity_by_source(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, files, seq_len: int, count: int, seed: int
+) -> dict[str, float]:
     """Held-out perplexity per corpus source (``stdlib``, ``transformers``, …: a file name's first part).
 
     Sources differ a lot: transformers' model files are near-copies of each other ("Copied from"), so a

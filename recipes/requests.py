@@ -30,7 +30,15 @@ from hf_specdraft.defaults.corpus import Corpus, build_corpus
 from hf_specdraft.defaults.tasks import chat_request, function_items
 
 # a request's group, as Spec-Bench names its six, plus code; the share of each in the mix
-GROUP_WEIGHTS = {"conversation": 0.2, "translation": 0.12, "summarization": 0.12, "qa": 0.18, "math": 0.14, "rag": 0.12, "code": 0.12}
+GROUP_WEIGHTS = {
+    "conversation": 0.2,
+    "translation": 0.12,
+    "summarization": 0.12,
+    "qa": 0.18,
+    "math": 0.14,
+    "rag": 0.12,
+    "code": 0.12,
+}
 
 TOPICS = """
 photosynthesis, the water cycle, black holes, volcanoes, earthquakes, the immune system, vaccines, climate change, renewable
@@ -51,43 +59,104 @@ fractions, geometry, maps, time zones, calendars, the seasons, weather forecasts
 TOPICS = [topic.strip() for topic in TOPICS if topic.strip()]
 
 ASKS = [
-    "What is {t}?", "Explain {t} in simple terms.", "Why does {t} matter?", "Give me three interesting facts about {t}.",
-    "What are the main advantages and disadvantages of {t}?", "How would you explain {t} to a ten-year-old?",
-    "Write a short paragraph about {t}.", "What are common misconceptions about {t}?", "Can you give me a brief history of {t}?",
-    "What should a beginner know about {t}?", "Summarize the key ideas behind {t} in a few bullet points.",
+    "What is {t}?",
+    "Explain {t} in simple terms.",
+    "Why does {t} matter?",
+    "Give me three interesting facts about {t}.",
+    "What are the main advantages and disadvantages of {t}?",
+    "How would you explain {t} to a ten-year-old?",
+    "Write a short paragraph about {t}.",
+    "What are common misconceptions about {t}?",
+    "Can you give me a brief history of {t}?",
+    "What should a beginner know about {t}?",
+    "Summarize the key ideas behind {t} in a few bullet points.",
     "How has {t} changed over the last hundred years?",
-    "I keep hearing about {t}. What is it, and should I care?", "Compare {t} with something most people already know.",
-    "What questions should I ask an expert on {t}?", "Describe {t} in exactly three sentences.",
-    "What is one surprising thing about {t}, and why is it surprising?", "How do scientists study {t}?",
-    "My friend says {t} is overrated. What would you tell them?", "What are the first steps to get started with {t}?",
-    "Explain {t} using an analogy.", "What are the biggest open questions about {t}?",
-    "Write a short FAQ with three questions and answers about {t}.", "How does {t} affect everyday life?",
+    "I keep hearing about {t}. What is it, and should I care?",
+    "Compare {t} with something most people already know.",
+    "What questions should I ask an expert on {t}?",
+    "Describe {t} in exactly three sentences.",
+    "What is one surprising thing about {t}, and why is it surprising?",
+    "How do scientists study {t}?",
+    "My friend says {t} is overrated. What would you tell them?",
+    "What are the first steps to get started with {t}?",
+    "Explain {t} using an analogy.",
+    "What are the biggest open questions about {t}?",
+    "Write a short FAQ with three questions and answers about {t}.",
+    "How does {t} affect everyday life?",
 ]
 TASKS = [
-    "Write a short, friendly email to a colleague about {t}.", "Write a haiku about {t}.", "Write a four-line poem about {t}.",
-    "Give me five tips about {t}.", "Write a short story for children about {t}.", "Write a tweet about {t}.",
-    "Plan a {n}-day trip to {p}, with one activity each day.", "Suggest a name and a slogan for a small business about {t}.",
-    "Write a short dialogue between two friends discussing {t}.", "Write a product description for a book about {t}.",
-    "Draft an agenda for a one-hour meeting about {t}.", "Write a thank-you note to a teacher who taught me about {t}.",
-    "Write a short speech to open a school event about {t}.", "Write a limerick about {t}.",
-    "Write a blog post introduction about {t}.", "Give me a weekly plan to learn about {t}.",
-    "Write a job advertisement for someone who works on {t}.", "Create a short quiz with three questions about {t}.",
+    "Write a short, friendly email to a colleague about {t}.",
+    "Write a haiku about {t}.",
+    "Write a four-line poem about {t}.",
+    "Give me five tips about {t}.",
+    "Write a short story for children about {t}.",
+    "Write a tweet about {t}.",
+    "Plan a {n}-day trip to {p}, with one activity each day.",
+    "Suggest a name and a slogan for a small business about {t}.",
+    "Write a short dialogue between two friends discussing {t}.",
+    "Write a product description for a book about {t}.",
+    "Draft an agenda for a one-hour meeting about {t}.",
+    "Write a thank-you note to a teacher who taught me about {t}.",
+    "Write a short speech to open a school event about {t}.",
+    "Write a limerick about {t}.",
+    "Write a blog post introduction about {t}.",
+    "Give me a weekly plan to learn about {t}.",
+    "Write a job advertisement for someone who works on {t}.",
+    "Create a short quiz with three questions about {t}.",
 ]
-PLACES = ["Paris", "Tokyo", "Rome", "New York", "Cairo", "Lisbon", "Mexico City", "Sydney", "Cape Town", "Istanbul", "Vancouver",
-          "Kyoto", "Barcelona", "Prague", "Buenos Aires", "Seoul", "Edinburgh", "Marrakesh", "Oslo", "Bangkok"]
+PLACES = [
+    "Paris",
+    "Tokyo",
+    "Rome",
+    "New York",
+    "Cairo",
+    "Lisbon",
+    "Mexico City",
+    "Sydney",
+    "Cape Town",
+    "Istanbul",
+    "Vancouver",
+    "Kyoto",
+    "Barcelona",
+    "Prague",
+    "Buenos Aires",
+    "Seoul",
+    "Edinburgh",
+    "Marrakesh",
+    "Oslo",
+    "Bangkok",
+]
 FOLLOW_UPS = [
-    "Can you make that shorter?", "Please give me an example.", "Now explain it to a ten-year-old.", "Can you add two more points?",
-    "Rewrite your answer in a more formal tone.", "What is the most important part of that, in one sentence?",
-    "Translate your answer into French.", "Turn that into a numbered list.", "Why is that?", "Can you make it funnier?",
-    "What would a critic say about that?", "Give me a concrete example from daily life.", "Can you summarize that in a table?",
-    "Which of those points is the most important, and why?", "Thanks! Can you tell me more about the last point?",
+    "Can you make that shorter?",
+    "Please give me an example.",
+    "Now explain it to a ten-year-old.",
+    "Can you add two more points?",
+    "Rewrite your answer in a more formal tone.",
+    "What is the most important part of that, in one sentence?",
+    "Translate your answer into French.",
+    "Turn that into a numbered list.",
+    "Why is that?",
+    "Can you make it funnier?",
+    "What would a critic say about that?",
+    "Give me a concrete example from daily life.",
+    "Can you summarize that in a table?",
+    "Which of those points is the most important, and why?",
+    "Thanks! Can you tell me more about the last point?",
 ]
 LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese", "Dutch", "Chinese", "Japanese"]
-SUMMARY_ASKS = ["Summarize the following text in two sentences.", "Summarize the following text in one short paragraph.",
-                "Give a one-sentence summary of this text.", "List the main points of the following text as bullet points.",
-                "Write a brief summary of the text below for a busy reader."]
-RAG_ASKS = ["What does the passage say about {k}?", "According to the passage, what is {k} used for?",
-            "Based only on the passage, explain {k}.", "What does the passage tell us about {k}, and why does it matter?"]
+SUMMARY_ASKS = [
+    "Summarize the following text in two sentences.",
+    "Summarize the following text in one short paragraph.",
+    "Give a one-sentence summary of this text.",
+    "List the main points of the following text as bullet points.",
+    "Write a brief summary of the text below for a busy reader.",
+]
+RAG_ASKS = [
+    "What does the passage say about {k}?",
+    "According to the passage, what is {k} used for?",
+    "Based only on the passage, explain {k}.",
+    "What does the passage tell us about {k}, and why does it matter?",
+]
 
 
 def math_problem(rng: random.Random) -> str:
@@ -106,7 +175,9 @@ def math_problem(rng: random.Random) -> str:
         f"A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
         f"There are {a + b} students in a class and {b} of them walk to school. What percentage of the class walks to school?",
     ]
-    return rng.choice(problems) + rng.choice([" Solve it step by step.", " Show your reasoning.", " Explain each step.", ""])
+    return rng.choice(problems) + rng.choice(
+        [" Solve it step by step.", " Show your reasoning.", " Explain each step.", ""]
+    )
 
 
 def docstring_passages(corpus: Corpus, rng: random.Random, limit: int = 4000) -> list[str]:
@@ -138,7 +209,9 @@ def _keyword(passage: str, rng: random.Random) -> str:
     return rng.choice(words).lower() if words else "its subject"
 
 
-def training_requests(count: int, seed: int = 0, corpus: Corpus | None = None, tokenizer=None) -> list[tuple[str, list[str]]]:
+def training_requests(
+    count: int, seed: int = 0, corpus: Corpus | None = None, tokenizer=None
+) -> list[tuple[str, list[str]]]:
     """``count`` requests ``(group, turns)``: one user turn, or two for ``conversation`` (the second a follow-up that
     the target answers with its first answer in context), drawn by :data:`GROUP_WEIGHTS` from train-side text only."""
     if not isinstance(count, int) or count < 1:
@@ -171,7 +244,9 @@ def training_requests(count: int, seed: int = 0, corpus: Corpus | None = None, t
             question = rng.choice(RAG_ASKS).format(k=_keyword(passage, rng))
             turns = [f"Answer the question using the passage below.\n\nPassage: {passage}\n\nQuestion: {question}"]
         else:
-            items = function_items(code_files[len(requests) % len(code_files)].name, code_files[len(requests) % len(code_files)].read())
+            items = function_items(
+                code_files[len(requests) % len(code_files)].name, code_files[len(requests) % len(code_files)].read()
+            )
             if not items:
                 continue
             turns = [chat_request(rng.choice(items))]

@@ -53,24 +53,43 @@ from hf_specdraft.glide.training.store import StoreWindows
 
 from .drafters import LICENSE
 
-DATASET = ("hf-specdraft distillation stores: the train split of the local Python corpus (stdlib + installed dependencies; "
-           "15 % as chat requests in SmolLM2's template), the target's own greedy continuations of train-split prompts, and "
-           "its greedy answers to requests of seven groups (conversation with a follow-up turn, translation, summaries, "
-           "questions, arithmetic word problems, questions about a passage, code; recipes/requests.py: project-written "
-           "templates and train-split docstrings, no evaluation set); labels = the target's top-8 next-token distribution")
+DATASET = (
+    "hf-specdraft distillation stores: the train split of the local Python corpus (stdlib + installed dependencies; "
+    "15 % as chat requests in SmolLM2's template), the target's own greedy continuations of train-split prompts, and "
+    "its greedy answers to requests of seven groups (conversation with a follow-up turn, translation, summaries, "
+    "questions, arithmetic word problems, questions about a passage, code; recipes/requests.py: project-written "
+    "templates and train-split docstrings, no evaluation set); labels = the target's top-8 next-token distribution"
+)
 
 # What each drafter is: GlideConfig.from_target_config's keywords (num_hidden_layers 1, Appendix E: one layer up to 13B
 # targets; target_layer_ids §4.1's N_T - N_D + m, the top layer), and draft_vocab_size: how many target ids it scores.
 DRAFTERS: dict[str, dict] = {
-    "glide": {"cross_attention": True, "intermediate_size": 1536,  # the target's MLP width: Appendix E favours one wide layer
-              "draft_vocab_size": 6144},  # target-argmax coverage ~0.99 on held-out code (README); head 6K × 576 ≈ 1.7 ms
-    "vanilla": {"cross_attention": False, "intermediate_size": 1536, "draft_vocab_size": 6144},  # GLIDE's twin, no glimpse
-    "small": {"cross_attention": False, "intermediate_size": 384, "draft_vocab_size": 2048},  # the cascade's second, cheaper draft
+    "glide": {
+        "cross_attention": True,
+        "intermediate_size": 1536,  # the target's MLP width: Appendix E favours one wide layer
+        "draft_vocab_size": 6144,
+    },  # target-argmax coverage ~0.99 on held-out code (README); head 6K × 576 ≈ 1.7 ms
+    "vanilla": {
+        "cross_attention": False,
+        "intermediate_size": 1536,
+        "draft_vocab_size": 6144,
+    },  # GLIDE's twin, no glimpse
+    "small": {
+        "cross_attention": False,
+        "intermediate_size": 384,
+        "draft_vocab_size": 2048,
+    },  # the cascade's second, cheaper draft
     # GLIDE reading the target's last hidden state ([embedding ; h_{t-1}] in, its own state after), trained unrolled
     "glide-state": {"cross_attention": True, "state_input": True, "intermediate_size": 1536, "draft_vocab_size": 6144},
     # the same in Gemma 4's assistant layout (no cache of its own, Gemma 4's block and activation): what vLLM serves
-    "glide-assistant": {"cross_attention": True, "state_input": True, "self_attention": False, "hidden_act": "gelu_pytorch_tanh",
-                        "intermediate_size": 1536, "draft_vocab_size": 6144},
+    "glide-assistant": {
+        "cross_attention": True,
+        "state_input": True,
+        "self_attention": False,
+        "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": 1536,
+        "draft_vocab_size": 6144,
+    },
 }
 # a drafter that starts from another kind's weights (--init-from DIR: DIR/<WARM_START[kind]>), what it shares of them
 WARM_START = {"glide-state": "glide", "glide-assistant": "glide"}
@@ -92,13 +111,24 @@ def _recipe(kind: str, max_steps: int = 400) -> GlideTrainingArguments:
     )
 
 
-RECIPES: dict[str, GlideTrainingArguments] = {"glide": _recipe("glide"), "vanilla": _recipe("vanilla"), "small": _recipe("small", max_steps=300),
-                                               "glide-state": _recipe("glide-state"), "glide-assistant": _recipe("glide-assistant")}
+RECIPES: dict[str, GlideTrainingArguments] = {
+    "glide": _recipe("glide"),
+    "vanilla": _recipe("vanilla"),
+    "small": _recipe("small", max_steps=300),
+    "glide-state": _recipe("glide-state"),
+    "glide-assistant": _recipe("glide-assistant"),
+}
 
-FINETUNE = {"max_steps": 300, "learning_rate": 5e-4, "warmup_steps": 10}  # stage 2: from stage 1's weights, on the target's own text
+FINETUNE = {
+    "max_steps": 300,
+    "learning_rate": 5e-4,
+    "warmup_steps": 10,
+}  # stage 2: from stage 1's weights, on the target's own text
 
 
-def choose_draft_vocab(store: dict[str, torch.Tensor], size: int, vocab_size: int, always: tuple[int, ...] = ()) -> list[int]:
+def choose_draft_vocab(
+    store: dict[str, torch.Tensor], size: int, vocab_size: int, always: tuple[int, ...] = ()
+) -> list[int]:
     """The ``size`` target ids the target predicts most often in ``store`` (argmax), then most frequent as input.
 
     ``always`` (e.g. eos) are kept whatever their counts. Ids are ordered most frequent first.
@@ -110,14 +140,20 @@ def choose_draft_vocab(store: dict[str, torch.Tensor], size: int, vocab_size: in
     return score.argsort(descending=True)[:size].tolist()
 
 
-def build_drafter(target: PreTrainedModel, draft_token_ids: list[int], drafter: dict, block_size: int = 5, seed: int = 0) -> GlideForCausalLM:
+def build_drafter(
+    target: PreTrainedModel, draft_token_ids: list[int], drafter: dict, block_size: int = 5, seed: int = 0
+) -> GlideForCausalLM:
     """A GLIDE-family drafter for ``target`` shaped by ``drafter`` (a :data:`DRAFTERS` entry) whose embedding rows
     start from the target's rows of its vocabulary; ``block_size``: the largest L it trains with (its config's)."""
     keywords = {key: value for key, value in drafter.items() if key != "draft_vocab_size"}
     if keywords.get("target_layer_ids") is not None:
         keywords["target_layer_ids"] = list(keywords["target_layer_ids"])
-    config = GlideConfig.from_target_config(target.config, block_size=block_size, draft_token_ids=draft_token_ids,
-                                            **{"tie_word_embeddings": True, **keywords})
+    config = GlideConfig.from_target_config(
+        target.config,
+        block_size=block_size,
+        draft_token_ids=draft_token_ids,
+        **{"tie_word_embeddings": True, **keywords},
+    )
     torch.manual_seed(seed)
     model = GlideForCausalLM(config)
     rows = target.get_input_embeddings().weight.detach().float()
@@ -140,8 +176,14 @@ def extended_vocabulary(vocab: list[int], store: dict[str, torch.Tensor], extra:
     return list(vocab) + [int(i) for i in order if argmax[i] > 0]
 
 
-def draft_vocabulary(store: dict[str, torch.Tensor], size: int, target: PreTrainedModel, state_dir: Path,
-                     start_from: GlideForCausalLM | None, extra: int = 0) -> list[int]:
+def draft_vocabulary(
+    store: dict[str, torch.Tensor],
+    size: int,
+    target: PreTrainedModel,
+    state_dir: Path,
+    start_from: GlideForCausalLM | None,
+    extra: int = 0,
+) -> list[int]:
     """A drafter's reduced vocabulary: the one its interrupted run chose (kept in ``state_dir``, so a resumed run
     rebuilds the same rows), else the checkpoint's it starts from (with ``extra`` more ids from ``store``:
     :func:`extended_vocabulary`), else the ``size`` ids the target predicts most."""
@@ -154,15 +196,26 @@ def draft_vocabulary(store: dict[str, torch.Tensor], size: int, target: PreTrain
             vocab = extended_vocabulary(vocab, store, extra, target.config.vocab_size)
     else:
         eos = target.config.eos_token_id
-        vocab = choose_draft_vocab(store, size, target.config.vocab_size, always=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos))
+        vocab = choose_draft_vocab(
+            store,
+            size,
+            target.config.vocab_size,
+            always=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos),
+        )
     state_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(vocab))
     return vocab
 
 
-def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Tensor] | WindowSource, args: GlideTrainingArguments,
-                  drafter: dict | None = None, init_from: str | Path | None = None,
-                  extra_vocab: int = 0) -> tuple[GlideForCausalLM, dict]:
+def train_drafter(
+    kind: str,
+    target: PreTrainedModel,
+    store: dict[str, torch.Tensor] | WindowSource,
+    args: GlideTrainingArguments,
+    drafter: dict | None = None,
+    init_from: str | Path | None = None,
+    extra_vocab: int = 0,
+) -> tuple[GlideForCausalLM, dict]:
     """Build one drafter and train it from ``store`` with :func:`~hf_specdraft.glide.train_glide`.
 
     Args:
@@ -182,21 +235,32 @@ def train_drafter(kind: str, target: PreTrainedModel, store: dict[str, torch.Ten
     if kind not in DRAFTERS:
         raise ValueError(f"kind must be one of {sorted(DRAFTERS)}, got {kind!r}")
     if not isinstance(store, dict) and init_from is None:
-        raise ValueError("a drafter trained on windows without a store needs init_from: its draft vocabulary is chosen from a store")
+        raise ValueError(
+            "a drafter trained on windows without a store needs init_from: its draft vocabulary is chosen from a store"
+        )
     drafter = DRAFTERS[kind] if drafter is None else drafter
     source = StoreWindows(store) if isinstance(store, dict) else store
     args = dataclasses.replace(args, seq_len=source.seq_len)
     start_from = GlideForCausalLM.from_pretrained(init_from, dtype=torch.float32) if init_from is not None else None
     vocab = draft_vocabulary(store, drafter["draft_vocab_size"], target, Path(args.output_dir), start_from, extra_vocab)
-    block_size = {} if args.block_size is None else {"block_size": max(args.block_sizes(1))}  # the config records the largest L
+    block_size = (
+        {} if args.block_size is None else {"block_size": max(args.block_sizes(1))}
+    )  # the config records the largest L
     model = build_drafter(target, vocab, drafter, seed=args.seed, **block_size)
     if start_from is not None:
         warm_start(model, start_from)
         kept_rows(model, start_from)
-    if not model.config.tie_word_embeddings:  # the input rows are the target's, frozen (what vLLM feeds the assistant layout)
+    if (
+        not model.config.tie_word_embeddings
+    ):  # the input rows are the target's, frozen (what vLLM feeds the assistant layout)
         pin_target_rows(model, target)
-    extra = {"drafter": {"kind": kind, **drafter}, "store_windows": len(source), "store_tokens": source.tokens,
-             "draft_vocab_size": len(vocab), "parameters": sum(p.numel() for p in model.parameters())}
+    extra = {
+        "drafter": {"kind": kind, **drafter},
+        "store_windows": len(source),
+        "store_tokens": source.tokens,
+        "draft_vocab_size": len(vocab),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     return model, train_glide(target, model, source, args, extra_log=extra)
 
 
@@ -221,8 +285,10 @@ def kept_rows(model: GlideForCausalLM, start_from: GlideForCausalLM) -> int:
         return 0
     n = len(old)
     with torch.no_grad():
-        for mine, theirs in ((model.get_input_embeddings(), start_from.get_input_embeddings()),
-                             (model.get_output_embeddings(), start_from.get_output_embeddings())):
+        for mine, theirs in (
+            (model.get_input_embeddings(), start_from.get_input_embeddings()),
+            (model.get_output_embeddings(), start_from.get_output_embeddings()),
+        ):
             mine.weight[:n] = theirs.weight[:n]
             mine.weight[-1] = theirs.weight[-1]
             if getattr(mine, "bias", None) is not None and getattr(theirs, "bias", None) is not None:
@@ -241,8 +307,11 @@ def warm_start(model: GlideForCausalLM, start_from: GlideForCausalLM) -> list[st
     theirs = start_from.state_dict()
     mine = model.state_dict()
     parameters = {name for name, _ in model.named_parameters()}
-    shared = {name: tensor for name, tensor in theirs.items()
-              if name in parameters and name in mine and mine[name].shape == tensor.shape}
+    shared = {
+        name: tensor
+        for name, tensor in theirs.items()
+        if name in parameters and name in mine and mine[name].shape == tensor.shape
+    }
     model.load_state_dict(shared, strict=False)
     if model.config.state_input and not start_from.config.state_input:
         with torch.no_grad():
@@ -261,7 +330,14 @@ def earlier_checkpoint(directory: str | Path, kind: str) -> Path:
 
 def earlier_stages(log: dict) -> list[dict]:
     """The stages a fine-tune started from, oldest first: those ``log``'s run started from, then that run itself."""
-    keys = ("steps", "train_seconds", "recipe", "drafter", "store_windows", "store_tokens")  # "recipe": stages trained before train_glide
+    keys = (
+        "steps",
+        "train_seconds",
+        "recipe",
+        "drafter",
+        "store_windows",
+        "store_tokens",
+    )  # "recipe": stages trained before train_glide
     return [*training_stages(log)[:-1], {key: log[key] for key in keys if key in log}]
 
 
@@ -303,25 +379,54 @@ def _block_size(parser, value: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Train SmolLM2's shipped drafters from a distillation store (resumable).")
+    parser = argparse.ArgumentParser(
+        description="Train SmolLM2's shipped drafters from a distillation store (resumable)."
+    )
     parser.add_argument("store", help="a store written by python -m recipes.distillation")
-    parser.add_argument("output_dir", help="checkpoints land in OUTPUT_DIR/<kind>; resumable state in OUTPUT_DIR/state/<kind>")
+    parser.add_argument(
+        "output_dir", help="checkpoints land in OUTPUT_DIR/<kind>; resumable state in OUTPUT_DIR/state/<kind>"
+    )
     parser.add_argument("--kinds", default="glide,vanilla,small", help=f"comma-separated, any of {sorted(RECIPES)}")
-    parser.add_argument("--init-from", help="stage 2: start each drafter from INIT_FROM/<kind> and fine-tune with FINETUNE's schedule")
-    parser.add_argument("--extra-store", action="append", default=[],
-                        help="another store (e.g. the target's own text) mixed into the training windows; may be repeated")
-    parser.add_argument("--extra-weight", type=int, default=1, help="how many times each extra store's windows are repeated in the mix")
-    parser.add_argument("--extra-vocab", type=int, default=0, metavar="N",
-                        help="with --init-from: add the N ids the target predicts most often in the store that the drafter lacks")
-    parser.add_argument("--steps", type=int, help="override the recipe's (or, with --init-from, FINETUNE's) number of steps")
+    parser.add_argument(
+        "--init-from", help="stage 2: start each drafter from INIT_FROM/<kind> and fine-tune with FINETUNE's schedule"
+    )
+    parser.add_argument(
+        "--extra-store",
+        action="append",
+        default=[],
+        help="another store (e.g. the target's own text) mixed into the training windows; may be repeated",
+    )
+    parser.add_argument(
+        "--extra-weight", type=int, default=1, help="how many times each extra store's windows are repeated in the mix"
+    )
+    parser.add_argument(
+        "--extra-vocab",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --init-from: add the N ids the target predicts most often in the store that the drafter lacks",
+    )
+    parser.add_argument(
+        "--steps", type=int, help="override the recipe's (or, with --init-from, FINETUNE's) number of steps"
+    )
     parser.add_argument("--learning-rate", type=float, help="override the recipe's (or FINETUNE's) peak learning rate")
-    parser.add_argument("--seed", type=int, help="override the recipe's seed: a later stage with another seed draws other windows")
+    parser.add_argument(
+        "--seed", type=int, help="override the recipe's seed: a later stage with another seed draws other windows"
+    )
     parser.add_argument("--batch-size", type=int, help="override the recipe's windows per step")
-    parser.add_argument("--block-size", help="override the recipe's block-wise mask L (GLIDE): one L, or several "
-                        "comma-separated, taken by step in turn (e.g. 1,3 mixes the delays of short drafts)")
+    parser.add_argument(
+        "--block-size",
+        help="override the recipe's block-wise mask L (GLIDE): one L, or several "
+        "comma-separated, taken by step in turn (e.g. 1,3 mixes the delays of short drafts)",
+    )
     ns = parser.parse_args(argv)
-    overrides = {"max_steps": ns.steps, "learning_rate": ns.learning_rate, "seed": ns.seed, "block_size": _block_size(parser, ns.block_size),
-                 "per_device_batch_size": ns.batch_size}
+    overrides = {
+        "max_steps": ns.steps,
+        "learning_rate": ns.learning_rate,
+        "seed": ns.seed,
+        "block_size": _block_size(parser, ns.block_size),
+        "per_device_batch_size": ns.batch_size,
+    }
     if ns.extra_weight < 1:
         parser.error(f"--extra-weight must be >= 1, got {ns.extra_weight}")
     kinds = ns.kinds.split(",")
@@ -332,7 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     for kind in kinds:  # every recipe checked (GlideTrainingArguments' ValueError) before the target loads
         changes = {**(FINETUNE if ns.init_from else {}), **{k: v for k, v in overrides.items() if v is not None}}
         try:
-            runs[kind] = dataclasses.replace(RECIPES[kind], output_dir=str(Path(ns.output_dir) / "state" / kind), **changes)
+            runs[kind] = dataclasses.replace(
+                RECIPES[kind], output_dir=str(Path(ns.output_dir) / "state" / kind), **changes
+            )
         except ValueError as error:
             parser.error(f"--steps / --learning-rate / --seed: {error}")
     from hf_specdraft.defaults.smollm2 import HUB_ID, load_smollm2
@@ -349,8 +456,12 @@ def main(argv: list[str] | None = None) -> int:
         model, log = train_drafter(kind, target, store, args, init_from=init_from, extra_vocab=ns.extra_vocab)
         if init_from is not None:
             log["earlier_stages"] = earlier_stages(json.loads((init_from / "training_log.json").read_text()))
-        out = save_glide_checkpoint(model.to(torch.bfloat16), Path(ns.output_dir) / kind, target_name=HUB_ID,
-                                    card_info={"dataset": DATASET, "training_log": log, "license": LICENSE})
+        out = save_glide_checkpoint(
+            model.to(torch.bfloat16),
+            Path(ns.output_dir) / kind,
+            target_name=HUB_ID,
+            card_info={"dataset": DATASET, "training_log": log, "license": LICENSE},
+        )
         (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
         print(f"wrote {out}")
     return 0

@@ -28,7 +28,12 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    get_cosine_with_min_lr_schedule_with_warmup,
+)
 
 from hf_specdraft.defaults.corpus import Corpus, build_corpus
 from hf_specdraft.glide.training.data import tokenize_texts
@@ -63,22 +68,35 @@ class TrainingData:
 def train_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
     """The token ids of ``texts``, each followed by eos, ``[T]`` int32; tokenized 256 texts at a time (the train split's
     Python lists of ids would hold ~9x the tensor's memory)."""
-    return torch.cat([token_stream(tokenize_texts(tokenizer, texts[start : start + 256]), tokenizer.eos_token_id).to(torch.int32)
-                      for start in range(0, len(texts), 256)])
+    return torch.cat(
+        [
+            token_stream(tokenize_texts(tokenizer, texts[start : start + 256]), tokenizer.eos_token_id).to(torch.int32)
+            for start in range(0, len(texts), 256)
+        ]
+    )
 
 
-def prepare_data(recipe: Recipe, output_dir: Path, corpus: Corpus | None = None, cache_dir: Path | None = None) -> TrainingData:
+def prepare_data(
+    recipe: Recipe, output_dir: Path, corpus: Corpus | None = None, cache_dir: Path | None = None
+) -> TrainingData:
     """Train (or reload) the tokenizer into ``output_dir/tokenizer`` and tokenize the train split (cached)."""
     corpus = corpus or build_corpus(recipe.packages)
     tok_dir = output_dir / "tokenizer"
     if (tok_dir / "tokenizer.json").exists():
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)
     else:
-        tokenizer = train_tokenizer((f.read() for f in corpus.train), recipe.vocab_size, max_chars=recipe.tokenizer_chars)
+        tokenizer = train_tokenizer(
+            (f.read() for f in corpus.train), recipe.vocab_size, max_chars=recipe.tokenizer_chars
+        )
         tokenizer.save_pretrained(tok_dir)
     # the token stream depends only on the tokenizer settings and the corpus, not on model shapes or schedules
-    source = {"vocab_size": recipe.vocab_size, "tokenizer_chars": recipe.tokenizer_chars, "max_train_chars": recipe.max_train_chars,
-              "versions": corpus.versions, "train_files": len(corpus.train)}
+    source = {
+        "vocab_size": recipe.vocab_size,
+        "tokenizer_chars": recipe.tokenizer_chars,
+        "max_train_chars": recipe.max_train_chars,
+        "versions": corpus.versions,
+        "train_files": len(corpus.train),
+    }
     key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
     cache = (cache_dir or default_cache_dir()) / f"train_ids-{key}.safetensors"
     if cache.exists():
@@ -136,7 +154,9 @@ def train_lm(
     held-out perplexity at checkpoints).
     """
     accum = schedule.batch_size // schedule.micro_batch_size
-    accelerator = Accelerator(mixed_precision="bf16" if torch.cuda.is_available() else "no", gradient_accumulation_steps=accum)
+    accelerator = Accelerator(
+        mixed_precision="bf16" if torch.cuda.is_available() else "no", gradient_accumulation_steps=accum
+    )
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -161,7 +181,9 @@ def train_lm(
     for step in bar:
         running = 0.0
         for _ in range(accum):
-            batch = sample_batch(data.train_ids, schedule.micro_batch_size, recipe.seq_len, generator).to(accelerator.device)
+            batch = sample_batch(data.train_ids, schedule.micro_batch_size, recipe.seq_len, generator).to(
+                accelerator.device
+            )
             with accelerator.accumulate(model):
                 loss = compute_loss(batch)
                 accelerator.backward(loss)
@@ -172,7 +194,13 @@ def train_lm(
             running += loss.item() / accum
             tokens += batch.numel() * accelerator.num_processes
         bar.set_postfix(loss=f"{running:.3f}")
-        entry = {"step": step, "loss": round(running, 4), "lr": scheduler.get_last_lr()[0], "tokens": tokens, "seconds": round(time.time() - start, 1)}
+        entry = {
+            "step": step,
+            "loss": round(running, 4),
+            "lr": scheduler.get_last_lr()[0],
+            "tokens": tokens,
+            "seconds": round(time.time() - start, 1),
+        }
         if step % schedule.checkpoint_every == 0 or step == schedule.steps:
             model.eval()
             entry["heldout_perplexity"] = round(evaluate_perplexity(unwrapped, eval_ids[:64]), 3)
@@ -213,35 +241,66 @@ def train_default(
         raise ValueError(f"parts must be drawn from {PARTS}, got {sorted(unknown)}")
     corpus = corpus or build_corpus(recipe.packages)
     data = prepare_data(recipe, output_dir, corpus)
-    eval_ids = heldout_text_windows(data.tokenizer, data.heldout_texts, recipe.seq_len, recipe.eval_windows, recipe.seed)
+    eval_ids = heldout_text_windows(
+        data.tokenizer, data.heldout_texts, recipe.seq_len, recipe.eval_windows, recipe.seed
+    )
     if not (output_dir / "bigram.safetensors").is_file():  # Max-Gram's fallback table, from the same token stream
         from hf_specdraft.cascade.bigram import build_bigram_table, save_bigram_table
 
         table = build_bigram_table([data.train_ids.long()], len(data.tokenizer))
-        save_bigram_table(table, output_dir / "bigram.safetensors", {"source": f"recipe {recipe.name} train split", "tokens": data.train_ids.numel()})
+        save_bigram_table(
+            table,
+            output_dir / "bigram.safetensors",
+            {"source": f"recipe {recipe.name} train split", "tokens": data.train_ids.numel()},
+        )
     log_path = output_dir / "training_log.json"
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     if resume_target:
         check_first_stage(log, recipe, output_dir, parts)
-    log.update({"recipe": recipe.name, "recipe_hash": recipe.hash(), "corpus": corpus.describe(), "train_tokens": int(data.train_ids.numel())})
+    log.update(
+        {
+            "recipe": recipe.name,
+            "recipe_hash": recipe.hash(),
+            "corpus": corpus.describe(),
+            "train_tokens": int(data.train_ids.numel()),
+        }
+    )
     log["hardware"] = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-    shapes = {"draft": (recipe.draft, recipe.draft_schedule), "target": (recipe.target, recipe.target_schedule),
-              "small_draft": SMALL_DRAFT_RECIPES[recipe.name]}
+    shapes = {
+        "draft": (recipe.draft, recipe.draft_schedule),
+        "target": (recipe.target, recipe.target_schedule),
+        "small_draft": SMALL_DRAFT_RECIPES[recipe.name],
+    }
     for part in [p for p in PARTS[:3] if p in parts]:
         shape, schedule = shapes[part]
         if not (part == "target" and resume_target):
             model = build_model(shape, recipe, data.tokenizer)
             start = time.time()
             steps = train_lm(model, data, recipe, schedule, output_dir / part, f"train {part}", eval_ids)
-            log[part] = {"parameters": sum(p.numel() for p in model.parameters()), "train_seconds": round(time.time() - start, 1), "steps": steps}
+            log[part] = {
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "train_seconds": round(time.time() - start, 1),
+                "steps": steps,
+            }
             log_path.write_text(json.dumps(log, indent=1) + "\n")
         if part == "target" and recipe.target_continuation is not None:
             # Both paths (fresh and resumed) continue from the saved bf16 checkpoint, so they match.
             model = LlamaForCausalLM.from_pretrained(output_dir / "target", dtype=torch.float32)
             start = time.time()
-            log["target"]["continuation"] = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # a cut-short run cannot be resumed again
+            log["target"]["continuation"] = {
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")
+            }  # a cut-short run cannot be resumed again
             log_path.write_text(json.dumps(log, indent=1) + "\n")
-            steps = train_lm(model, data, recipe, recipe.target_continuation, output_dir / "target", "continue target", eval_ids, seed_offset=1)
+            steps = train_lm(
+                model,
+                data,
+                recipe,
+                recipe.target_continuation,
+                output_dir / "target",
+                "continue target",
+                eval_ids,
+                seed_offset=1,
+            )
             log["target"]["continuation"].update({"train_seconds": round(time.time() - start, 1), "steps": steps})
             log_path.write_text(json.dumps(log, indent=1) + "\n")
     for part in [p for p in PARTS[3:] if p in parts]:  # GLIDE and its vanilla twin need the trained target
@@ -254,7 +313,9 @@ def train_default(
         return log
     log["evaluation"] = evaluate_default(output_dir, data, recipe, eval_ids, corpus)
     log_path.write_text(json.dumps(log, indent=1) + "\n")
-    (output_dir / "recipe.json").write_text(json.dumps({"recipe": recipe.to_dict(), "hash": recipe.hash()}, indent=1, sort_keys=True) + "\n")
+    (output_dir / "recipe.json").write_text(
+        json.dumps({"recipe": recipe.to_dict(), "hash": recipe.hash()}, indent=1, sort_keys=True) + "\n"
+    )
     return log
 
 
@@ -268,19 +329,32 @@ def check_first_stage(log: dict, recipe: Recipe, output_dir: Path, parts: tuple[
     if "target" not in parts:
         raise ValueError(f"resume_target continues the target, but parts={parts} does not include 'target'")
     if not (output_dir / "target" / "config.json").is_file():
-        raise ValueError(f"resume_target: no trained target in {output_dir / 'target'}; train it first (without resume_target)")
+        raise ValueError(
+            f"resume_target: no trained target in {output_dir / 'target'}; train it first (without resume_target)"
+        )
     steps = log.get("target", {}).get("steps") or [{}]
-    if log.get("recipe") != recipe.name or steps[-1].get("step") != recipe.target_schedule.steps or "continuation" in log["target"]:
+    if (
+        log.get("recipe") != recipe.name
+        or steps[-1].get("step") != recipe.target_schedule.steps
+        or "continuation" in log["target"]
+    ):
         raise ValueError(
             f"resume_target: {output_dir / 'training_log.json'} does not show a finished first stage of recipe {recipe.name!r} "
             f"({recipe.target_schedule.steps} steps, no continuation started yet); retrain the target without resume_target"
         )
-    stale = [kind for kind in ("glide", "vanilla") if (output_dir / kind / "config.json").is_file() and kind not in parts]
+    stale = [
+        kind for kind in ("glide", "vanilla") if (output_dir / kind / "config.json").is_file() and kind not in parts
+    ]
     if stale:
-        warnings.warn(f"{stale} in {output_dir} were trained on the previous target; retrain them with --parts {','.join(stale)}", stacklevel=3)
+        warnings.warn(
+            f"{stale} in {output_dir} were trained on the previous target; retrain them with --parts {','.join(stale)}",
+            stacklevel=3,
+        )
 
 
-def evaluate_default(output_dir: Path, data: TrainingData, recipe: Recipe, eval_ids: torch.Tensor, corpus: Corpus | None = None) -> dict:
+def evaluate_default(
+    output_dir: Path, data: TrainingData, recipe: Recipe, eval_ids: torch.Tensor, corpus: Corpus | None = None
+) -> dict:
     """Held-out perplexity (target, draft, unigram) and the target's greedy repeated-4-gram fraction."""
     result = {"unigram_perplexity": round(unigram_perplexity(data.train_ids, eval_ids, len(data.tokenizer)), 3)}
     prompts = heldout_prompts(data.tokenizer, data.heldout_texts, recipe.eval_prompts, recipe.seed)
@@ -291,9 +365,12 @@ def evaluate_default(output_dir: Path, data: TrainingData, recipe: Recipe, eval_
             result[f"{part}_repeat_fraction"] = round(repeat_fraction(model, prompts, max_new_tokens=64), 4)
             if part == "target" and corpus is not None:
                 result["target_perplexity_by_source"] = perplexity_by_source(
-                    model, data.tokenizer, corpus.heldout, recipe.seq_len, recipe.eval_windows // 4, recipe.seed)
+                    model, data.tokenizer, corpus.heldout, recipe.seq_len, recipe.eval_windows // 4, recipe.seed
+                )
     windows = heldout_prompts(data.tokenizer, data.heldout_texts, recipe.eval_prompts, recipe.seed, continuation=64)
-    result["reference_repeat_fraction"] = round(reference_repeat_fraction(windows), 4)  # the held-out code's own repetition
+    result["reference_repeat_fraction"] = round(
+        reference_repeat_fraction(windows), 4
+    )  # the held-out code's own repetition
     result["eval_windows"] = int(eval_ids.shape[0])
     result["seq_len"] = recipe.seq_len
     if not math.isfinite(result["unigram_perplexity"]):
@@ -304,15 +381,26 @@ def evaluate_default(output_dir: Path, data: TrainingData, recipe: Recipe, eval_
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m recipes.training", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m recipes.training",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--recipe", default="default", help="default, gpu or tiny")
-    parser.add_argument("--output-dir", required=True, help="where the target, drafts, tokenizer and logs go (e.g. runs/my-default)")
+    parser.add_argument(
+        "--output-dir", required=True, help="where the target, drafts, tokenizer and logs go (e.g. runs/my-default)"
+    )
     parser.add_argument("--parts", default=",".join(PARTS), help=f"any of {','.join(PARTS)}")
-    parser.add_argument("--resume-target", action="store_true", help="keep the trained first target stage in --output-dir and "
-                        "train only the recipe's continuation of it (use with --parts target)")
+    parser.add_argument(
+        "--resume-target",
+        action="store_true",
+        help="keep the trained first target stage in --output-dir and "
+        "train only the recipe's continuation of it (use with --parts target)",
+    )
     args = parser.parse_args(argv)
-    log = train_default(get_recipe(args.recipe), args.output_dir, parts=tuple(args.parts.split(",")), resume_target=args.resume_target)
+    log = train_default(
+        get_recipe(args.recipe), args.output_dir, parts=tuple(args.parts.split(",")), resume_target=args.resume_target
+    )
     print(json.dumps(log.get("evaluation", {}), indent=1))
     return 0
 

@@ -9,7 +9,9 @@ import sys
 # few_token_linears' calibrations stay in memory during tests (no file shared between runs or with the user's cache);
 # tests/test_projection.py checks the file itself with a temporary path
 os.environ["HF_SPECDRAFT_CALIBRATION_FILE"] = ""
-os.environ["HF_SPECDRAFT_CONTROLLER_FILE"] = ""  # and so does what the controller learned (tests/test_controller.py checks the file)
+os.environ["HF_SPECDRAFT_CONTROLLER_FILE"] = (
+    ""  # and so does what the controller learned (tests/test_controller.py checks the file)
+)
 
 import pytest  # noqa: E402
 import torch
@@ -26,8 +28,18 @@ COMPILED_ARCHITECTURES = ["llama", *(pytest.param(a, marks=pytest.mark.slow) for
 
 
 def tiny_config(arch: str, vocab_size: int = VOCAB, **overrides):
-    common = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=64, max_position_embeddings=512, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     common.update(overrides)
     if arch == "llama":
         return LlamaConfig(**common)
@@ -99,9 +111,21 @@ def run_without_hf_specdraft(folder, script: str, *args: str, timeout: int = 600
     script's folder shadows it, even pip-installed), offline, one thread; assert it succeeded."""
     (folder / "hf_specdraft.py").write_text("raise ImportError('hf_specdraft is hidden from this process')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(HF_MODULES_CACHE=str(folder / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
-    done = subprocess.run([sys.executable, script, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    env.update(
+        HF_MODULES_CACHE=str(folder / "modules"),
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TRANSFORMERS_VERBOSITY="error",
+    )
+    done = subprocess.run(
+        [sys.executable, script, *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

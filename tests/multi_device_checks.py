@@ -35,7 +35,7 @@ def padded_batch(vocab: int, lengths=BATCH_LENGTHS, seed: int = 5):
     width = max(lengths)
     ids, mask = torch.zeros(len(rows), width, dtype=torch.long), torch.zeros(len(rows), width, dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, width - row.numel():], mask[i, width - row.numel():] = row, 1
+        ids[i, width - row.numel() :], mask[i, width - row.numel() :] = row, 1
     return rows, ids, mask
 
 
@@ -52,7 +52,11 @@ class StateCountingDrafter(DraftModelCandidateGenerator):
             states = target_state.outputs.hidden_states[-1]
             cached = input_ids.shape[1] - 1
             expected = cached if self.handed == 0 else target_state.matched + 1
-            assert states.shape[1] == expected and states.shape[-1] == self.width, (tuple(states.shape), expected, self.width)
+            assert states.shape[1] == expected and states.shape[-1] == self.width, (
+                tuple(states.shape),
+                expected,
+                self.width,
+            )
             self.handed += states.shape[1]
         return super().propose(input_ids, target_cache)
 
@@ -69,7 +73,9 @@ def greedy_drafters(glide, draft, x: torch.LongTensor, vocab: int) -> dict:
         "glide": lambda: GlideCandidateGenerator(glide),
         "glide-fixed": lambda: GlideCandidateGenerator(glide, num_draft_tokens=3),
         "cape+glide": lambda: CapeCandidateGenerator(GlideCandidateGenerator(glide)),
-        "cape-beam+glide": lambda: CapeCandidateGenerator(GlideCandidateGenerator(glide, num_draft_tokens=2), mode="beam", beam_width=2),
+        "cape-beam+glide": lambda: CapeCandidateGenerator(
+            GlideCandidateGenerator(glide, num_draft_tokens=2), mode="beam", beam_width=2
+        ),
         "cape+draft-model": lambda: CapeCandidateGenerator(DraftModelCandidateGenerator(draft)),
         "cascade": lambda: CascadeCandidateGenerator([draft], bigram_table=table),
         "max-gram": lambda: MaxGramCandidateGenerator(table),
@@ -101,25 +107,59 @@ def lossless_checks(target, glide, draft, static: bool = True, batch: bool = Tru
 
     builders = greedy_drafters(glide, draft, x, vocab)
     for name, build in builders.items():
-        record(results, name, lambda: same(speculative_generate(target, x, candidate_generator=build(), max_new_tokens=NEW_TOKENS)))
+        record(
+            results,
+            name,
+            lambda: same(speculative_generate(target, x, candidate_generator=build(), max_new_tokens=NEW_TOKENS)),
+        )
     if static:
         for name in ("draft-model", "glide", "cape+glide", "state+draft-model"):
-            record(results, f"static/{name}", lambda: same(speculative_generate(
-                target, x, candidate_generator=builders[name](), max_new_tokens=NEW_TOKENS, cache_implementation="static")))
+            record(
+                results,
+                f"static/{name}",
+                lambda: same(
+                    speculative_generate(
+                        target,
+                        x,
+                        candidate_generator=builders[name](),
+                        max_new_tokens=NEW_TOKENS,
+                        cache_implementation="static",
+                    )
+                ),
+            )
     if batch:
         rows, ids, mask = padded_batch(vocab)
-        references = [target.generate(r[None].to(device), max_new_tokens=NEW_TOKENS, do_sample=False)[0].cpu() for r in rows]
+        references = [
+            target.generate(r[None].to(device), max_new_tokens=NEW_TOKENS, do_sample=False)[0].cpu() for r in rows
+        ]
 
         def rows_match(out: torch.Tensor):
             width = ids.shape[1]
-            got = [out[i, width - r.numel():].cpu() for i, r in enumerate(rows)]
-            return all(torch.equal(g, e) for g, e in zip(got, references)), out.tolist(), f"{[g.tolist() for g in got]} vs {[e.tolist() for e in references]}"
+            got = [out[i, width - r.numel() :].cpu() for i, r in enumerate(rows)]
+            return (
+                all(torch.equal(g, e) for g, e in zip(got, references)),
+                out.tolist(),
+                f"{[g.tolist() for g in got]} vs {[e.tolist() for e in references]}",
+            )
 
-        for name, make in (("draft-model", lambda: DraftModelCandidateGenerator(draft)), ("glide", lambda: GlideCandidateGenerator(glide)),
-                           ("state+draft-model", lambda: StateCountingDrafter(draft))):
-            record(results, f"batch/{name}", lambda: rows_match(speculative_generate(
-                target, ids.to(device), attention_mask=mask.to(device), candidate_generator=[make() for _ in rows],
-                max_new_tokens=NEW_TOKENS)))
+        for name, make in (
+            ("draft-model", lambda: DraftModelCandidateGenerator(draft)),
+            ("glide", lambda: GlideCandidateGenerator(glide)),
+            ("state+draft-model", lambda: StateCountingDrafter(draft)),
+        ):
+            record(
+                results,
+                f"batch/{name}",
+                lambda: rows_match(
+                    speculative_generate(
+                        target,
+                        ids.to(device),
+                        attention_mask=mask.to(device),
+                        candidate_generator=[make() for _ in rows],
+                        max_new_tokens=NEW_TOKENS,
+                    )
+                ),
+            )
     return results
 
 
@@ -128,5 +168,7 @@ def sampled(target, drafter, seed: int = 7) -> list[int]:
     many numbers as its steps ask for, and γ "auto" follows each process's clock)."""
     x = prompt(int(target.config.vocab_size)).to(target.device)
     torch.manual_seed(seed)
-    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, do_sample=True, top_k=0)
+    out = speculative_generate(
+        target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, do_sample=True, top_k=0
+    )
     return out[0].tolist()

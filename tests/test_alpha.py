@@ -76,13 +76,17 @@ def test_position_acceptance_counts_judged_positions_only():
     target = tiny_model()
     x = prompt()
     ref = greedy_reference(target, x, 20)
-    wrong = speculative_generate(target, x, candidate_generator=OracleDrafter(ref, "wrong", k=4), max_new_tokens=20,
-                                 return_dict_in_generate=True).speculative_stats
-    assert wrong.num_steps == 20 and wrong.drafted_tokens == 16 * 4 + 3 + 2 + 1  # the last steps are cut to the length budget
+    wrong = speculative_generate(
+        target, x, candidate_generator=OracleDrafter(ref, "wrong", k=4), max_new_tokens=20, return_dict_in_generate=True
+    ).speculative_stats
+    assert (
+        wrong.num_steps == 20 and wrong.drafted_tokens == 16 * 4 + 3 + 2 + 1
+    )  # the last steps are cut to the length budget
     assert wrong.judged_tokens == 19  # one judged (rejected) position a step, not four; the last step drafts nothing
     assert wrong.position_acceptance_rate == wrong.accepted_per_drafted == 0.0
-    right = speculative_generate(target, x, candidate_generator=OracleDrafter(ref, "right", k=4), max_new_tokens=20,
-                                 return_dict_in_generate=True).speculative_stats
+    right = speculative_generate(
+        target, x, candidate_generator=OracleDrafter(ref, "right", k=4), max_new_tokens=20, return_dict_in_generate=True
+    ).speculative_stats
     assert right.position_acceptance_rate == 1.0
     assert right.judged_tokens == right.accepted_tokens
 
@@ -91,21 +95,30 @@ def test_alpha_needs_a_chain_with_q():
     target = tiny_model()
     x = prompt()
     ref = greedy_reference(target, x, 16)
-    tree = speculative_generate(target, x, candidate_generator=OracleDrafter(ref, "tree", k=3), max_new_tokens=16,
-                                return_dict_in_generate=True).speculative_stats
+    tree = speculative_generate(
+        target, x, candidate_generator=OracleDrafter(ref, "tree", k=3), max_new_tokens=16, return_dict_in_generate=True
+    ).speculative_stats
     assert tree.alpha is None and tree.alpha_positions == 0 and tree.alpha_by_position() == []
-    assert tree.position_acceptance_rate == tree.accepted_tokens / tree.judged_tokens > 0  # still defined for trees, per depth
+    assert (
+        tree.position_acceptance_rate == tree.accepted_tokens / tree.judged_tokens > 0
+    )  # still defined for trees, per depth
     repetitive = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]])
-    lookup = speculative_generate(target, repetitive, candidate_generator=PromptLookupCandidateGenerator(num_output_tokens=3),
-                                  max_new_tokens=12, return_dict_in_generate=True).speculative_stats
+    lookup = speculative_generate(
+        target,
+        repetitive,
+        candidate_generator=PromptLookupCandidateGenerator(num_output_tokens=3),
+        max_new_tokens=12,
+        return_dict_in_generate=True,
+    ).speculative_stats
     assert lookup.alpha is None
     assert lookup.summary()["alpha"] is None
 
 
 def test_acceptance_rate_is_deprecated_and_unchanged():
     target, draft = tiny_model(), tiny_model(seed=9, num_hidden_layers=1)
-    stats = speculative_generate(target, prompt(), draft_model=draft, num_draft_tokens=3, max_new_tokens=12,
-                                 return_dict_in_generate=True).speculative_stats
+    stats = speculative_generate(
+        target, prompt(), draft_model=draft, num_draft_tokens=3, max_new_tokens=12, return_dict_in_generate=True
+    ).speculative_stats
     with pytest.warns(FutureWarning, match="alpha"):
         old = stats.acceptance_rate
     assert old == stats.accepted_per_drafted
@@ -114,19 +127,56 @@ def test_acceptance_rate_is_deprecated_and_unchanged():
         stats.summary()  # the summary no longer touches the deprecated name
 
 
-def _record(method: str, alpha: float | None, positions: int, accepted: int, judged: int, drafted: int, steps: int) -> dict:
-    stats = {"steps": steps, "new_tokens": accepted + steps, "drafted_tokens": drafted, "accepted_tokens": accepted,
-             "judged_tokens": judged, "alpha": alpha, "alpha_positions": positions, "verification_tokens_per_step": 5.0,
-             "draft_seconds": 0.01 * drafted, "verify_seconds": 0.1 * steps, "drafter_calls": {"draft": drafted}}
-    return {"method": method, "seconds": 1.0, "new_tokens": accepted + steps, "target_calls": steps, "tokens": [1],
-            "edit_similarity": 1.0, "stats": stats}
+def _record(
+    method: str, alpha: float | None, positions: int, accepted: int, judged: int, drafted: int, steps: int
+) -> dict:
+    stats = {
+        "steps": steps,
+        "new_tokens": accepted + steps,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "judged_tokens": judged,
+        "alpha": alpha,
+        "alpha_positions": positions,
+        "verification_tokens_per_step": 5.0,
+        "draft_seconds": 0.01 * drafted,
+        "verify_seconds": 0.1 * steps,
+        "drafter_calls": {"draft": drafted},
+    }
+    return {
+        "method": method,
+        "seconds": 1.0,
+        "new_tokens": accepted + steps,
+        "target_calls": steps,
+        "tokens": [1],
+        "edit_similarity": 1.0,
+        "stats": stats,
+    }
 
 
 def test_bench_summary_weights_alpha_by_positions_and_feeds_it_to_expected_speedup():
-    records = [{"method": "target-only", "prompt": 0, "seconds": 2.0, "new_tokens": 10, "target_calls": 10, "tokens": [1], "edit_similarity": 1.0},
-               {"method": "target-only", "prompt": 1, "seconds": 2.0, "new_tokens": 10, "target_calls": 10, "tokens": [1], "edit_similarity": 1.0},
-               {**_record("glide-auto", 0.5, 10, accepted=6, judged=10, drafted=20, steps=4), "prompt": 0},
-               {**_record("glide-auto", 0.8, 30, accepted=24, judged=30, drafted=40, steps=8), "prompt": 1}]
+    records = [
+        {
+            "method": "target-only",
+            "prompt": 0,
+            "seconds": 2.0,
+            "new_tokens": 10,
+            "target_calls": 10,
+            "tokens": [1],
+            "edit_similarity": 1.0,
+        },
+        {
+            "method": "target-only",
+            "prompt": 1,
+            "seconds": 2.0,
+            "new_tokens": 10,
+            "target_calls": 10,
+            "tokens": [1],
+            "edit_similarity": 1.0,
+        },
+        {**_record("glide-auto", 0.5, 10, accepted=6, judged=10, drafted=20, steps=4), "prompt": 0},
+        {**_record("glide-auto", 0.8, 30, accepted=24, judged=30, drafted=40, steps=8), "prompt": 1},
+    ]
     s = summarize(records, ("target-only", "glide-auto"))["glide-auto"]
     assert s["alpha"] == pytest.approx((0.5 * 10 + 0.8 * 30) / 40)
     assert s["position_acceptance_rate"] == pytest.approx(30 / 40)
@@ -140,8 +190,19 @@ def test_bench_summary_weights_alpha_by_positions_and_feeds_it_to_expected_speed
 
 def test_merge_keeps_judged_positions_and_overlaps():
     a, b = SpeculativeStats(), SpeculativeStats()
-    a.record(drafted=3, tree_size=3, accepted=1, emitted=2, draft_seconds=0, verify_seconds=0, judged=2, overlaps=[0.9, 0.2])
-    b.record(drafted=3, tree_size=3, accepted=3, emitted=4, draft_seconds=0, verify_seconds=0, judged=3, overlaps=[1.0, 0.8, 0.6])
+    a.record(
+        drafted=3, tree_size=3, accepted=1, emitted=2, draft_seconds=0, verify_seconds=0, judged=2, overlaps=[0.9, 0.2]
+    )
+    b.record(
+        drafted=3,
+        tree_size=3,
+        accepted=3,
+        emitted=4,
+        draft_seconds=0,
+        verify_seconds=0,
+        judged=3,
+        overlaps=[1.0, 0.8, 0.6],
+    )
     merged = SpeculativeStats.merge([a, b])
     assert merged.alpha == pytest.approx(3.5 / 5)
     assert merged.alpha_by_position() == pytest.approx([0.95, 0.5, 0.6])
@@ -151,8 +212,21 @@ def test_merge_keeps_judged_positions_and_overlaps():
 def test_report_shows_older_files_accepted_per_drafted_under_its_own_name():
     from benchmarks.report.render import bench_section
 
-    meta = {"hardware": "CPU", "dtype": "float32", "batch_size": 1, "task": "completion", "num_prompts": 1, "max_new_tokens": 8,
-            "seed": 0, "versions": {"torch": "2", "transformers": "5"}, "target_parameters": 1e6}
+    meta = {
+        "hardware": "CPU",
+        "dtype": "float32",
+        "batch_size": 1,
+        "task": "completion",
+        "num_prompts": 1,
+        "max_new_tokens": 8,
+        "seed": 0,
+        "versions": {"torch": "2", "transformers": "5"},
+        "target_parameters": 1e6,
+    }
     old = bench_section("old", {"meta": meta, "summary": {"glide": {"acceptance_rate": 0.123}}})
     row = next(line for line in old.splitlines() if line.startswith("| glide"))
-    assert row.split(" | ")[6:9] == ["–", "–", "0.123"]  # α, acc/pos, acc/drafted (after tok/s, speedup, per-prompt range, vs +linears)
+    assert row.split(" | ")[6:9] == [
+        "–",
+        "–",
+        "0.123",
+    ]  # α, acc/pos, acc/drafted (after tok/s, speedup, per-prompt range, vs +linears)

@@ -27,23 +27,72 @@ from hf_specdraft import speculative_generate
 from hf_specdraft.core.support import check_target
 
 VOCAB = 96
-TINY = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-            max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2, head_dim=8)
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=256,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    head_dim=8,
+)
 DROP = object()  # an override that removes a TINY key
 _ENCODER_AS_DECODER = {"is_decoder": True}  # encoders with a causal-LM head: transformers asks for is_decoder=True
-_SEQ2SEQ_DECODER = dict(d_model=32, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4, encoder_attention_heads=4,
-                        decoder_ffn_dim=64, encoder_ffn_dim=64)
+_SEQ2SEQ_DECODER = dict(
+    d_model=32,
+    decoder_layers=2,
+    encoder_layers=2,
+    decoder_attention_heads=4,
+    encoder_attention_heads=4,
+    decoder_ffn_dim=64,
+    encoder_ffn_dim=64,
+)
 OVERRIDES = {
-    **dict.fromkeys(["bert", "camembert", "data2vec-text", "ernie", "megatron-bert", "roberta", "roberta-prelayernorm", "roc_bert",
-                     "roformer", "rembert", "xlm-roberta", "xlm-roberta-xl", "xmod", "electra", "big_bird", "bert-generation"],
-                    _ENCODER_AS_DECODER),
-    **dict.fromkeys(["bart", "mbart", "marian", "pegasus", "blenderbot", "blenderbot-small", "mvp", "plbart"], _SEQ2SEQ_DECODER),
+    **dict.fromkeys(
+        [
+            "bert",
+            "camembert",
+            "data2vec-text",
+            "ernie",
+            "megatron-bert",
+            "roberta",
+            "roberta-prelayernorm",
+            "roc_bert",
+            "roformer",
+            "rembert",
+            "xlm-roberta",
+            "xlm-roberta-xl",
+            "xmod",
+            "electra",
+            "big_bird",
+            "bert-generation",
+        ],
+        _ENCODER_AS_DECODER,
+    ),
+    **dict.fromkeys(
+        ["bart", "mbart", "marian", "pegasus", "blenderbot", "blenderbot-small", "mvp", "plbart"], _SEQ2SEQ_DECODER
+    ),
     "whisper": _SEQ2SEQ_DECODER,
-    "prophetnet": dict(num_encoder_layers=2, num_decoder_layers=2, num_hidden_layers=DROP, num_encoder_attention_heads=4,
-                       num_decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64),
-    "reformer": dict(is_decoder=True, attn_layers=["local", "local"], axial_pos_shape=[16, 16], axial_pos_embds_dim=[16, 16]),
-    **dict.fromkeys(["qwen2_moe", "qwen3_moe", "qwen3_5_moe_text"], dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                                                           shared_expert_intermediate_size=32)),
+    "prophetnet": dict(
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        num_hidden_layers=DROP,
+        num_encoder_attention_heads=4,
+        num_decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+    ),
+    "reformer": dict(
+        is_decoder=True, attn_layers=["local", "local"], axial_pos_shape=[16, 16], axial_pos_embds_dim=[16, 16]
+    ),
+    **dict.fromkeys(
+        ["qwen2_moe", "qwen3_moe", "qwen3_5_moe_text"],
+        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    ),
     "falcon": {"head_dim": DROP},
     "lfm2": {"layer_types": ["conv", "full_attention"]},
     "codegen": {"rotary_dim": 8},
@@ -65,19 +114,32 @@ bailing_hybrid camembert cpmant data2vec-text deepseek_v4 dory falcon_h1 falcon_
 olmo_hybrid openai-gpt prophetnet
 qwen3_5 qwen3_5_text recurrent_gemma reformer roberta roberta-prelayernorm rwkv xlm xlm-roberta xlm-roberta-xl xlstm
 """.split()
-_NOT_TINY = "no generic tiny config: MoE experts, a vision or audio tower or a large vocabulary keep it above 5M parameters"
+_NOT_TINY = (
+    "no generic tiny config: MoE experts, a vision or audio tower or a large vocabulary keep it above 5M parameters"
+)
 _VALIDATOR = "its config validator rejects the generic tiny sizes (needs model-specific ones)"
 _MLA = "multi-head latent attention: the generic tiny sizes do not fit its low-rank q/kv projections"
 SKIPPED = {
-    **dict.fromkeys("blt deepseek_v2 deepseek_v32 ernie4_5_moe exaone_moe gemma3 gemma4 git glm4_moe glm4_moe_lite glm_moe_dsa "
-                    "got_ocr2 hy_v3 hy_v4 inkling2_text inkling_text kimi_linear kolibri1 laguna longcat_flash mellum mimo_v2_flash "
-                    "moss_transcribe_diarize nemotron_h phi4_multimodal qwen3_5_moe qwen3_5_moe_text qwen3_next qwen4_exp "
-                    "qwen4_exp_text roc_bert solar_open zaya".split(), _NOT_TINY),
-    **dict.fromkeys("bamba dots3_note dots3_note_text gemma4_assistant gpt_neo granitemoehybrid mamba2 zamba zamba2".split(), _VALIDATOR),
+    **dict.fromkeys(
+        "blt deepseek_v2 deepseek_v32 ernie4_5_moe exaone_moe gemma3 gemma4 git glm4_moe glm4_moe_lite glm_moe_dsa "
+        "got_ocr2 hy_v3 hy_v4 inkling2_text inkling_text kimi_linear kolibri1 laguna longcat_flash mellum mimo_v2_flash "
+        "moss_transcribe_diarize nemotron_h phi4_multimodal qwen3_5_moe qwen3_5_moe_text qwen3_next qwen4_exp "
+        "qwen4_exp_text roc_bert solar_open zaya".split(),
+        _NOT_TINY,
+    ),
+    **dict.fromkeys(
+        "bamba dots3_note dots3_note_text gemma4_assistant gpt_neo granitemoehybrid mamba2 zamba zamba2".split(),
+        _VALIDATOR,
+    ),
     **dict.fromkeys("axk1 axk2 deepseek_v3 minicpm3 sarvam_mla youtu".split(), _MLA),
-    **dict.fromkeys("gemma3n_text gemma4_unified_assistant".split(), "KV-sharing layers: the generic tiny config leaves a layer type without its cache"),
+    **dict.fromkeys(
+        "gemma3n_text gemma4_unified_assistant".split(),
+        "KV-sharing layers: the generic tiny config leaves a layer type without its cache",
+    ),
     "gemma4_text": "KV-sharing layers need model-specific tiny sizes: tests/test_gemma4.py builds them (trees, batches, the static path)",
-    **dict.fromkeys("musicgen musicgen_melody".split(), "an audio model whose config holds two text configs (encoder and decoder)"),
+    **dict.fromkeys(
+        "musicgen musicgen_melody".split(), "an audio model whose config holds two text configs (encoder and decoder)"
+    ),
     "bigbird_pegasus": "the decoder of an encoder-decoder model whose tiny config needs block-sparse sizes",
     "cohere_compass_text": "its config builds no layer types from the generic sizes (KeyError 'full_attention')",
     "dbrx": "its nested attention config has no rope_theta when built from the generic sizes",
@@ -96,13 +158,19 @@ ADDED_IN_5_24 = {"apertus1p5_text", "dory", "exaone", "inkling2_loop_text", "lar
 ON_5_24 = Version(transformers.__version__) >= Version("5.24.0.dev0")
 if ON_5_24:
     TREES.remove("gemma4_unified")
-    SKIPPED["gemma4_unified"] = ("from transformers 5.24 on, its config validator rejects the generic tiny sizes (a layer type without "
-                                 "its cache); on 5.23 it runs here")
+    SKIPPED["gemma4_unified"] = (
+        "from transformers 5.24 on, its config validator rejects the generic tiny sizes (a layer type without "
+        "its cache); on 5.23 it runs here"
+    )
 
 
 def _classified() -> dict[str, str]:
-    grid = {**dict.fromkeys(TREES, "trees"), **dict.fromkeys(CHAINS, "chains"), **dict.fromkeys(REFUSED, "refused"),
-            **{name: "skipped" for name in SKIPPED}}
+    grid = {
+        **dict.fromkeys(TREES, "trees"),
+        **dict.fromkeys(CHAINS, "chains"),
+        **dict.fromkeys(REFUSED, "refused"),
+        **{name: "skipped" for name in SKIPPED},
+    }
     return grid
 
 
@@ -134,8 +202,13 @@ def check_architecture(model_type: str) -> dict:
     reference = model.generate(x, **kwargs)
     outcome = {}
     for mode in ("right", "wrong", "tree"):
-        out = speculative_generate(model, x, candidate_generator=OracleDrafter(reference, mode, vocab_size=VOCAB), return_dict_in_generate=True,
-                                   **kwargs)
+        out = speculative_generate(
+            model,
+            x,
+            candidate_generator=OracleDrafter(reference, mode, vocab_size=VOCAB),
+            return_dict_in_generate=True,
+            **kwargs,
+        )
         outcome[mode] = bool(torch.equal(out.sequences, reference))
         outcome["chains_only"] = "chains_only" in out.speculative_stats.extra
     return outcome
@@ -147,7 +220,8 @@ def test_grid_names_every_causal_lm():
     if not ON_5_24:
         grid = {name: status for name, status in grid.items() if name not in ADDED_IN_5_24}
     assert set(grid) == set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), (
-        f"new: {sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(grid))}, gone: {sorted(set(grid) - set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))}")
+        f"new: {sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(grid))}, gone: {sorted(set(grid) - set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))}"
+    )
 
 
 @pytest.mark.parametrize("model_type", sorted(_classified()))
@@ -159,7 +233,9 @@ def test_architecture(model_type, one_thread):
         pytest.skip(SKIPPED[model_type])
     outcome = check_architecture(model_type)
     if status == "refused":
-        assert "refused" in outcome and f"'{model_type}" in outcome["refused"], outcome  # multimodal wrappers name their text model
+        assert "refused" in outcome and f"'{model_type}" in outcome["refused"], (
+            outcome
+        )  # multimodal wrappers name their text model
         return
     assert "refused" not in outcome, outcome
     assert outcome["right"] and outcome["wrong"] and outcome["tree"], outcome
@@ -167,6 +243,11 @@ def test_architecture(model_type, one_thread):
 
 
 def test_readme_lists_the_grid():
-    readme = (Path(__file__).resolve().parents[1] / "docs" / "architectures.md").read_text().split("## Architectures", 1)[1].split("\n## ", 1)[0]
+    readme = (
+        (Path(__file__).resolve().parents[1] / "docs" / "architectures.md")
+        .read_text()
+        .split("## Architectures", 1)[1]
+        .split("\n## ", 1)[0]
+    )
     for names in (TREES, CHAINS, REFUSED):
         assert all(f"`{name}`" in readme for name in names), [name for name in names if f"`{name}`" not in readme]

@@ -18,8 +18,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 SPECIAL = ["<unk>", "<pad>", "<eos>", "<|user|>", "<|assistant|>"]
 WORDS = [f"w{i}" for i in range(VOCAB - len(SPECIAL))]
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,23 +50,32 @@ def test_parses_spec_bench_lines_keeping_other_fields(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text(line(81, "writing", ["w1 w2", "w3"], reference=["x"]) + "\n\n" + line("a", "qa", ["w4"]) + "\n")
     first, second = bench_prompts.read_prompts(path)
-    assert (first.question_id, first.category, first.turns, first.line, first.extra) == (81, "writing", ("w1 w2", "w3"), 1, {"reference": ["x"]})
+    assert (first.question_id, first.category, first.turns, first.line, first.extra) == (
+        81,
+        "writing",
+        ("w1 w2", "w3"),
+        1,
+        {"reference": ["x"]},
+    )
     assert (second.question_id, second.turns, second.line) == ("a", ("w4",), 3)
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"question_id": 1, "category": "qa", "turns": ["a"]\n', r"q.jsonl:1: not valid JSON"),
-    (line(1, "qa", ["a"]) + "\n[1, 2]\n", r"q.jsonl:2: a JSON list, not an object"),
-    ('{"question_id": 1, "turns": ["a"]}\n', r"q.jsonl:1: missing field 'category'"),
-    ('{"category": "qa"}\n', r"q.jsonl:1: missing fields 'question_id', 'turns'"),
-    (line(1, "qa", "just one string") + "\n", r"q.jsonl:1: 'turns' is 'just one string', not a non-empty list"),
-    (line(1, "qa", []) + "\n", r"q.jsonl:1: 'turns' is \[\], not a non-empty list"),
-    (line(1, "qa", ["a", 3]) + "\n", r"q.jsonl:1: turn 2 of 'turns' is 3, not a non-empty string"),
-    (line(1, 7, ["a"]) + "\n", r"q.jsonl:1: 'category' is 7, not a non-empty string"),
-    (line(True, "qa", ["a"]) + "\n", r"q.jsonl:1: 'question_id' is True, not an int or a string"),
-    (line(1, "qa", ["a"]) + "\n" + line(1, "qa", ["b"]) + "\n", r"q.jsonl:2: 'question_id' 1 repeats line 1's"),
-    ("\n\n", r"q.jsonl: no question"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"question_id": 1, "category": "qa", "turns": ["a"]\n', r"q.jsonl:1: not valid JSON"),
+        (line(1, "qa", ["a"]) + "\n[1, 2]\n", r"q.jsonl:2: a JSON list, not an object"),
+        ('{"question_id": 1, "turns": ["a"]}\n', r"q.jsonl:1: missing field 'category'"),
+        ('{"category": "qa"}\n', r"q.jsonl:1: missing fields 'question_id', 'turns'"),
+        (line(1, "qa", "just one string") + "\n", r"q.jsonl:1: 'turns' is 'just one string', not a non-empty list"),
+        (line(1, "qa", []) + "\n", r"q.jsonl:1: 'turns' is \[\], not a non-empty list"),
+        (line(1, "qa", ["a", 3]) + "\n", r"q.jsonl:1: turn 2 of 'turns' is 3, not a non-empty string"),
+        (line(1, 7, ["a"]) + "\n", r"q.jsonl:1: 'category' is 7, not a non-empty string"),
+        (line(True, "qa", ["a"]) + "\n", r"q.jsonl:1: 'question_id' is True, not an int or a string"),
+        (line(1, "qa", ["a"]) + "\n" + line(1, "qa", ["b"]) + "\n", r"q.jsonl:2: 'question_id' 1 repeats line 1's"),
+        ("\n\n", r"q.jsonl: no question"),
+    ],
+)
 def test_a_malformed_file_names_the_file_the_line_and_what_is_valid(tmp_path, text, message):
     path = tmp_path / "q.jsonl"
     path.write_text(text)
@@ -80,17 +91,28 @@ def test_a_missing_file_is_a_value_error(tmp_path):
 
 
 def test_a_prompt_longer_than_the_target_s_context_is_refused_before_running(tokenizer):
-    questions = bench_prompts.parse_prompts(line(1, "qa", ["w1 w2 w3"]) + "\n" + line(2, "mt", [" ".join(WORDS), "w1"]) + "\n", "q.jsonl")
+    questions = bench_prompts.parse_prompts(
+        line(1, "qa", ["w1 w2 w3"]) + "\n" + line(2, "mt", [" ".join(WORDS), "w1"]) + "\n", "q.jsonl"
+    )
     bench_prompts.check_lengths(questions[:1], tokenizer, 16, limit=64)
-    with pytest.raises(ValueError, match=r"q.jsonl:2: question 2 needs up to \d+ tokens .* more than the target's context of 64"):
+    with pytest.raises(
+        ValueError, match=r"q.jsonl:2: question 2 needs up to \d+ tokens .* more than the target's context of 64"
+    ):
         bench_prompts.check_lengths(questions, tokenizer, 16, limit=64)
     with pytest.raises(ValueError, match=r"q.jsonl:1: .*context of 20 tokens"):
-        bench_prompts.run_prompts_bench(bundle_of(tokenizer, max_positions=20), BenchConfig(methods=("target-only",), max_new_tokens=16,
-                                                                                        repeats=1, warmup=0), questions)
+        bench_prompts.run_prompts_bench(
+            bundle_of(tokenizer, max_positions=20),
+            BenchConfig(methods=("target-only",), max_new_tokens=16, repeats=1, warmup=0),
+            questions,
+        )
 
 
 def baselines_here(bundle) -> tuple[str, ...]:
-    return tuple(m for m in bench_prompts.BASELINES if bench_methods.METHODS[m].available(bundle.extras, bundle.draft is not None))
+    return tuple(
+        m
+        for m in bench_prompts.BASELINES
+        if bench_methods.METHODS[m].available(bundle.extras, bundle.draft is not None)
+    )
 
 
 def test_second_turn_runs_with_the_first_turn_and_the_target_s_answer_in_context(tokenizer, monkeypatch):
@@ -103,37 +125,59 @@ def test_second_turn_runs_with_the_first_turn_and_the_target_s_answer_in_context
         return original(tok, messages)
 
     monkeypatch.setattr(bench_prompts, "chat_ids", spy)
-    questions = bench_prompts.parse_prompts(line(1, "multi", ["w1 w2 w3", "w4 w5"]) + "\n" + line(2, "single", ["w6 w7"]) + "\n")
+    questions = bench_prompts.parse_prompts(
+        line(1, "multi", ["w1 w2 w3", "w4 w5"]) + "\n" + line(2, "single", ["w6 w7"]) + "\n"
+    )
     config = BenchConfig(methods=baselines_here(bundle), max_new_tokens=6, repeats=1, warmup=0)
     result = bench_prompts.run_prompts_bench(bundle, config, questions, warn=False)
     assert result["units"] == [[0, 0], [0, 1], [1, 0]]
     first = next(r for r in result["records"] if r["prompt"] == 0 and r["method"] == "target-only")
     answer = tokenizer.decode(first["tokens"], skip_special_tokens=True)
-    chat = [{"role": "user", "content": "w1 w2 w3"}, {"role": "assistant", "content": answer}, {"role": "user", "content": "w4 w5"}]
+    chat = [
+        {"role": "user", "content": "w1 w2 w3"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "w4 w5"},
+    ]
     assert answer and chat in seen  # (the length check before the run counts a placeholder answer)
     # what the second turn's methods were given: the chat template of that conversation
     second_prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     expected = tokenizer(second_prompt, return_tensors="pt", add_special_tokens=False).input_ids
-    reference = bundle.target.generate(expected, max_new_tokens=6, do_sample=False, eos_token_id=tokenizer.eos_token_id,
-                                       pad_token_id=tokenizer.pad_token_id)[0, expected.shape[1]:].tolist()
+    reference = bundle.target.generate(
+        expected,
+        max_new_tokens=6,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )[0, expected.shape[1] :].tolist()
     second = next(r for r in result["records"] if r["prompt"] == 1 and r["method"] == "target-only")
     assert second["tokens"] == reference
-    assert all(r["tokens"] == second["tokens"] for r in result["records"] if r["prompt"] == 1 and "tokens" in r)  # lossless baselines
+    assert all(
+        r["tokens"] == second["tokens"] for r in result["records"] if r["prompt"] == 1 and "tokens" in r
+    )  # lossless baselines
 
 
 def test_the_table_has_every_category_and_an_overall_row_against_every_baseline(tokenizer):
     bundle = bundle_of(tokenizer)
-    text = "\n".join([line(1, "translation", ["w1 w2"]), line(2, "qa", ["w3 w4 w5"]), line(3, "qa", ["w6", "w7 w8"])]) + "\n"
+    text = (
+        "\n".join([line(1, "translation", ["w1 w2"]), line(2, "qa", ["w3 w4 w5"]), line(3, "qa", ["w6", "w7 w8"])])
+        + "\n"
+    )
     methods = baselines_here(bundle)
-    result = bench_prompts.run_prompts_bench(bundle, BenchConfig(methods=methods, max_new_tokens=4, repeats=2, warmup=1),
-                                             bench_prompts.parse_prompts(text), warn=False)
+    result = bench_prompts.run_prompts_bench(
+        bundle,
+        BenchConfig(methods=methods, max_new_tokens=4, repeats=2, warmup=1),
+        bench_prompts.parse_prompts(text),
+        warn=False,
+    )
     categories = result["categories"]
     assert list(categories) == ["translation", "qa", "overall"]
     assert [categories[c]["questions"] for c in categories] == [1, 2, 3] and categories["overall"]["prompts"] == 4
     for row in categories.values():
         for m in methods:
             cell = row["methods"][m]
-            assert cell["equals_target_only"] == 1.0 and cell["mal"] == cell["tokens_per_target_call"] > 0  # stock generate: per forward
+            assert (
+                cell["equals_target_only"] == 1.0 and cell["mal"] == cell["tokens_per_target_call"] > 0
+            )  # stock generate: per forward
             assert set(cell["speedup_vs"]) == set(methods) and cell["speedup_vs"][m] == pytest.approx(1.0)
     assert categories["overall"]["methods"]["target-only"]["speedup_vs_target_only"] == pytest.approx(1.0)
     for key in ("hardware", "dtype", "versions"):
@@ -178,8 +222,19 @@ def test_cli_runs_a_prompts_file(tokenizer, tmp_path, capsys, monkeypatch):
     path = tmp_path / "q.jsonl"
     path.write_text(line(1, "qa", ["w1 w2"]) + "\n" + line(2, "multi", ["w3", "w4"]) + "\n")
     out = tmp_path / "out.json"
-    argv = ["bench", "--prompts", str(path), "--methods", ",".join(baselines_here(bundle)), "--max-new-tokens", "4", "--repeats", "1",
-            "--output", str(out)]
+    argv = [
+        "bench",
+        "--prompts",
+        str(path),
+        "--methods",
+        ",".join(baselines_here(bundle)),
+        "--max-new-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--output",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "overall" in printed and f"wrote {out}" in printed

@@ -56,10 +56,13 @@ class ExpansionOracle(TreeCandidateGenerator):
                 wrong = (right + 1) % VOCAB
                 tokens.append(wrong)
                 probs.append(peaked(VOCAB, {wrong: 0.5, right: 0.3}))
-        return DraftTree.chain(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else torch.zeros(0, VOCAB))
+        return DraftTree.chain(
+            torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else torch.zeros(0, VOCAB)
+        )
 
 
 # ---------------------------------------------------------------- expand_proposal on hand-built q
+
 
 def test_expansion_sizes_follow_the_confidence_bins():
     # p = max q in (0,.3], (.3,.6], (.6,.8], (.8,1]; the bins are right-closed (§4.2)
@@ -84,11 +87,13 @@ def test_budget_prefers_earlier_positions():
 
 
 def test_expansion_sets_are_next_best_leaves_beside_their_chain_token():
-    q = torch.stack([
-        peaked(8, {3: 0.9, 5: 0.05}),                  # K = 1: {5}
-        peaked(8, {1: 0.7, 6: 0.2, 2: 0.05}),          # K = 3: {6, 2, ...}
-        peaked(8, {4: 0.4, 7: 0.3, 0: 0.2}),           # chain token 7 is not the argmax (sampled): X = top-5 without 7
-    ])
+    q = torch.stack(
+        [
+            peaked(8, {3: 0.9, 5: 0.05}),  # K = 1: {5}
+            peaked(8, {1: 0.7, 6: 0.2, 2: 0.05}),  # K = 3: {6, 2, ...}
+            peaked(8, {4: 0.4, 7: 0.3, 0: 0.2}),  # chain token 7 is not the argmax (sampled): X = top-5 without 7
+        ]
+    )
     chain = DraftTree.chain(torch.tensor([3, 1, 7]), q)
     tree = expand_proposal(chain, CapeConfig(budget=32), with_draft_probs=True)
     assert expand_proposal(chain, CapeConfig(budget=32)).draft_probs is None
@@ -99,7 +104,9 @@ def test_expansion_sets_are_next_best_leaves_beside_their_chain_token():
     assert leaves[4:6] == [4, 0] and 7 not in leaves[4:] and len(leaves[4:]) == 5
     assert tree.parents[3:].tolist() == [-1] + [0] * 3 + [1] * 5  # a leaf's parent is its chain token's parent
     assert torch.equal(tree.draft_probs[3:], q[[0, 1, 1, 1, 2, 2, 2, 2, 2]])  # row = q at the leaf's position
-    assert (build_tree_buffers(tree.parents)[0][3:, 3:] == torch.eye(len(tree) - 3, dtype=torch.bool)).all()  # leaves: no descendants
+    assert (
+        build_tree_buffers(tree.parents)[0][3:, 3:] == torch.eye(len(tree) - 3, dtype=torch.bool)
+    ).all()  # leaves: no descendants
     assert tree.main_chain().tokens.tolist() == [3, 1, 7]
 
 
@@ -108,7 +115,9 @@ def test_tree_mask_is_the_cape_mask_of_the_paper():
     tree = expand_proposal(DraftTree.chain(q.argmax(-1), q), CapeConfig(budget=32))
     gamma, beta = 5, len(tree)
     pos = list(range(1, gamma + 1)) + [int(p) + 2 for p in tree.parents[gamma:]]  # pos(i), 1-indexed as in §4.2
-    cape_mask = torch.tensor([[(j <= gamma and pos[i - 1] > j) or i == j for j in range(1, beta + 1)] for i in range(1, beta + 1)])
+    cape_mask = torch.tensor(
+        [[(j <= gamma and pos[i - 1] > j) or i == j for j in range(1, beta + 1)] for i in range(1, beta + 1)]
+    )
     assert torch.equal(build_tree_buffers(tree.parents)[0], cape_mask)
 
 
@@ -121,6 +130,7 @@ def test_fixed_mode_and_small_vocabulary():
 
 
 # ---------------------------------------------------------------- beam search expansion (§5.3)
+
 
 class TableScorer:
     """q after a node depends only on the node's token: ``table[token]`` `(V,)`; q after the prefix is ``root``."""
@@ -147,7 +157,9 @@ def test_beam_search_keeps_the_best_cumulative_beams():
     # depth 0: 0 (.5), 1 (.3); depth 1: 1->3 (.3), 0->3 (.35) -> [0->3, 1->3]
     assert tree.tokens.tolist() == [0, 1, 3, 3] and tree.parents.tolist() == [-1, -1, 0, 1]
     assert scorer.extended == [([0, 1], [-1, -1])]  # one draft forward per extra depth, over the whole beam
-    assert len(beam_search_proposal(TableScorer(root, table), torch.tensor([[1]]), depth=5, beam_width=2, budget=3)) == 3
+    assert (
+        len(beam_search_proposal(TableScorer(root, table), torch.tensor([[1]]), depth=5, beam_width=2, budget=3)) == 3
+    )
 
 
 def test_tree_scorer_matches_the_draft_run_on_each_path():
@@ -173,6 +185,7 @@ def test_tree_scorer_matches_the_draft_run_on_each_path():
 
 
 # ---------------------------------------------------------------- lossless greedy decoding
+
 
 @pytest.mark.parametrize("wrong_at", [0, 1])
 def test_accepted_path_ends_in_an_expansion_token(arch, wrong_at):
@@ -222,9 +235,16 @@ def test_cape_accepts_more_than_its_chain_with_a_noisy_draft():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.02)
     x = prompt(seed=2)
     ref = greedy_reference(target, x, 20)
-    chain = speculative_generate(target, x, draft_model=draft, num_draft_tokens=4, max_new_tokens=20, return_dict_in_generate=True)
-    cape = speculative_generate(target, x, candidate_generator=CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 4)),
-                                max_new_tokens=20, return_dict_in_generate=True)
+    chain = speculative_generate(
+        target, x, draft_model=draft, num_draft_tokens=4, max_new_tokens=20, return_dict_in_generate=True
+    )
+    cape = speculative_generate(
+        target,
+        x,
+        candidate_generator=CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 4)),
+        max_new_tokens=20,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(chain.sequences, ref) and torch.equal(cape.sequences, ref)
     assert cape.speculative_stats.mean_accepted_length > chain.speculative_stats.mean_accepted_length
     assert cape.speculative_stats.verification_tokens_per_step <= 1 + 32
@@ -235,7 +255,9 @@ def test_sampling_runs_with_warped_q(mode):
     target, draft = tiny_model("qwen2"), tiny_model("qwen2", seed=3, num_hidden_layers=1)
     drafter = CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 3), mode=mode)
     torch.manual_seed(0)
-    out = speculative_generate(target, prompt(), candidate_generator=drafter, max_new_tokens=10, do_sample=True, top_k=8, temperature=0.7)
+    out = speculative_generate(
+        target, prompt(), candidate_generator=drafter, max_new_tokens=10, do_sample=True, top_k=8, temperature=0.7
+    )
     assert out.shape == (1, 17) and int(out.max()) < VOCAB
     assert all(len(sizes) <= 3 for sizes in drafter.expansion_sizes)
 
@@ -250,25 +272,32 @@ def test_chain_only_loops_get_the_wrapped_chain():
 
 # ---------------------------------------------------------------- errors
 
-@pytest.mark.parametrize("schedule, match", [
-    ((), "schedule is empty"),
-    (((0.3, 1), (1.0, 5)), "not monotone"),
-    (((0.6, 7), (0.3, 5), (1.0, 1)), "increase strictly"),
-    (((0.3, 7), (0.8, 3)), "last schedule bound must be 1.0"),
-    (((0.5, -1), (1.0, 0)), "int >= 0"),
-    ((0.3, 0.6), "pairs"),
-])
+
+@pytest.mark.parametrize(
+    "schedule, match",
+    [
+        ((), "schedule is empty"),
+        (((0.3, 1), (1.0, 5)), "not monotone"),
+        (((0.6, 7), (0.3, 5), (1.0, 1)), "increase strictly"),
+        (((0.3, 7), (0.8, 3)), "last schedule bound must be 1.0"),
+        (((0.5, -1), (1.0, 0)), "int >= 0"),
+        ((0.3, 0.6), "pairs"),
+    ],
+)
 def test_bad_schedule(schedule, match):
     with pytest.raises(ValueError, match=match):
         CapeConfig(schedule=schedule)
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"mode": "tree"}, "mode must be one of"),
-    ({"budget": 0}, "budget must be a positive int"),
-    ({"fixed_k": -1}, "fixed_k"),
-    ({"beam_width": 0}, "beam_width"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"mode": "tree"}, "mode must be one of"),
+        ({"budget": 0}, "budget must be a positive int"),
+        ({"fixed_k": -1}, "fixed_k"),
+        ({"beam_width": 0}, "beam_width"),
+    ],
+)
 def test_bad_config(options, match):
     with pytest.raises(ValueError, match=match):
         CapeConfig(**options)
@@ -280,7 +309,9 @@ def test_budget_smaller_than_the_chain():
         CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 5), budget=4)
     target = tiny_model()
     x = prompt()
-    drafter = CapeCandidateGenerator(ExpansionOracle(greedy_reference(target, x, 12), wrong_at=0, k=6), budget=4)  # γ unknown up front
+    drafter = CapeCandidateGenerator(
+        ExpansionOracle(greedy_reference(target, x, 12), wrong_at=0, k=6), budget=4
+    )  # γ unknown up front
     with pytest.raises(ValueError, match="smaller than the drafted chain"):
         speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=12)
 

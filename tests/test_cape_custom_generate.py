@@ -30,7 +30,9 @@ def test_template_expansion_equals_expand_proposal(budget):
     q = torch.softmax(torch.randn(5, 50, generator=gen) * torch.tensor([0.5, 2.0, 4.0, 8.0, 1.0])[:, None], dim=-1)
     chain = torch.multinomial(q, 1, generator=gen)[:, 0]  # sampled, so not always the argmax
     tree = expand_proposal(DraftTree.chain(chain, q), CapeConfig(budget=budget))
-    tokens, parents = expansion_sets.expand(chain, q, expansion_sets.check_schedule(expansion_sets.DEFAULT_SCHEDULE), budget)
+    tokens, parents = expansion_sets.expand(
+        chain, q, expansion_sets.check_schedule(expansion_sets.DEFAULT_SCHEDULE), budget
+    )
     assert torch.equal(tokens, tree.tokens) and torch.equal(parents, tree.parents)
 
 
@@ -46,12 +48,16 @@ def test_template_loop_is_lossless(arch, draft_kind):
 def test_template_loop_verifies_with_transposed_linears(monkeypatch):
     import hf_specdraft.core.projection as projection
 
-    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: True)  # a CPU where W @ h.T wins (the AMD VMs)
+    monkeypatch.setattr(
+        projection, "transposed_is_faster", lambda weight, rows: True
+    )  # a CPU where W @ h.T wins (the AMD VMs)
     target = tiny_model("qwen2")
     x = prompt()
     rows_seen, original = [], torch.matmul
     monkeypatch.setattr(torch, "matmul", lambda a, b: rows_seen.append(b.shape[-1]) or original(a, b))
-    out = cape_generate(target, input_ids=x, assistant_model=target, max_new_tokens=12, num_draft_tokens=3, verification_budget=5)
+    out = cape_generate(
+        target, input_ids=x, assistant_model=target, max_new_tokens=12, num_draft_tokens=3, verification_budget=5
+    )
     assert torch.equal(out, greedy_reference(target, x, 12))
     assert rows_seen and max(rows_seen) > 1  # few-token verification forwards went through W @ h.T
     assert not any("forward" in vars(m) for m in target.modules())  # and every linear got its own forward back
@@ -61,19 +67,24 @@ def test_template_loop_stops_at_eos():
     target = tiny_model()
     x = prompt()
     eos = greedy_reference(target, x, 16)[0, x.shape[1] + 5].item()
-    out = cape_generate(target, inputs=x, assistant_model=target, max_new_tokens=16, eos_token_id=eos, return_dict_in_generate=True)
+    out = cape_generate(
+        target, inputs=x, assistant_model=target, max_new_tokens=16, eos_token_id=eos, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, greedy_reference(target, x, 16, eos_token_id=eos))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"do_sample": True}, "greedy"),
-    ({"attention_mask": torch.tensor([[0, 1, 1, 1, 1, 1, 1]])}, "padding"),
-    ({"num_draft_token": 3}, "unsupported generate arguments"),
-    ({"repetition_penalty": 1.3}, "repetition_penalty"),
-    ({"verification_budget": 2}, "smaller than the drafted chain"),
-    ({"expansion_schedule": ((0.5, 1), (1.0, 3))}, "must not grow"),
-    ({"assistant_model": None}, "no draft model"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"do_sample": True}, "greedy"),
+        ({"attention_mask": torch.tensor([[0, 1, 1, 1, 1, 1, 1]])}, "padding"),
+        ({"num_draft_token": 3}, "unsupported generate arguments"),
+        ({"repetition_penalty": 1.3}, "repetition_penalty"),
+        ({"verification_budget": 2}, "smaller than the drafted chain"),
+        ({"expansion_schedule": ((0.5, 1), (1.0, 3))}, "must not grow"),
+        ({"assistant_model": None}, "no draft model"),
+    ],
+)
 def test_template_errors(kwargs, match):
     target = tiny_model()
     options = {"assistant_model": target, "max_new_tokens": 4, **kwargs}
@@ -102,7 +113,9 @@ def test_the_shipped_folder_is_made_of_the_core_s_own_files(tmp_path):
     assert {"loop.py", "tree.py", "acceptance.py"} <= shipped_core <= modules
     folder = tmp_path / "custom_generate"
     for name in shipped_core:
-        assert (folder / name).read_text() == (core / name).read_text(), f"custom_generate/{name} drifted from hf_specdraft/core/{name}"
+        assert (folder / name).read_text() == (core / name).read_text(), (
+            f"custom_generate/{name} drifted from hf_specdraft/core/{name}"
+        )
     imported = {"generate.py"}  # every file reached from the entry point, and every file there is reached
     todo = ["generate.py"]
     while todo:
@@ -113,7 +126,9 @@ def test_the_shipped_folder_is_made_of_the_core_s_own_files(tmp_path):
                 todo.append(f"{sibling}.py")
     assert imported == written, f"shipped but never imported: {sorted(written - imported)}"
     entry = (folder / "generate.py").read_text()
-    assert "speculative_generate" in entry and "past_key_values" not in entry  # the entry runs no forward: the core's loop does
+    assert (
+        "speculative_generate" in entry and "past_key_values" not in entry
+    )  # the entry runs no forward: the core's loop does
 
 
 FRESH_PROCESS = r'''
@@ -191,19 +206,50 @@ def test_custom_generate_directory_runs_without_hf_specdraft(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.mkdir()
     (blocker / "hf_specdraft.py").write_text("raise ImportError('hf_specdraft is blocked in this test')\n")
-    common = {k: v for k, v in tiny_config("llama").to_dict().items() if k in ("vocab_size", "hidden_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "intermediate_size", "max_position_embeddings")}
+    common = {
+        k: v
+        for k, v in tiny_config("llama").to_dict().items()
+        if k
+        in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        )
+    }
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(FRESH_PROCESS).replace("COMMON_CONFIG", repr({**common, "eos_token_id": None, "bos_token_id": None, "pad_token_id": None})))
+    script.write_text(
+        textwrap.dedent(FRESH_PROCESS).replace(
+            "COMMON_CONFIG", repr({**common, "eos_token_id": None, "bos_token_id": None, "pad_token_id": None})
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(blocker), HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    done = subprocess.run([sys.executable, "-P", str(script), str(checkpoint)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=600)
+    env.update(
+        PYTHONPATH=str(blocker),
+        HF_MODULES_CACHE=str(tmp_path / "modules"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", str(script), str(checkpoint)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.split("RESULTS", 1)[1])
     for arch in ("llama", "mistral", "qwen2"):
         outcome = results[arch]
-        assert outcome["explicit_draft"] and outcome["draft_from_checkpoint"] and outcome["perfect_draft"], (arch, outcome)
+        assert outcome["explicit_draft"] and outcome["draft_from_checkpoint"] and outcome["perfect_draft"], (
+            arch,
+            outcome,
+        )
         assert outcome["forced_expansion"], (arch, outcome)
         assert outcome["target_forwards"] == 1 + 24 // 3  # prefill + steps of (chain token, expansion token, bonus)
     assert results["mistral_past_window"] is True  # on the transformers this runs on: the floor of the declared range
@@ -211,15 +257,28 @@ def test_custom_generate_directory_runs_without_hf_specdraft(tmp_path):
     assert results["untrusted"] is True
 
 
-@pytest.mark.parametrize("version, supported", [("5.17.0", False), ("5.22.1", False), ("5.23.0", True), ("5.23.1.dev0", True),
-                                                ("5.24.0", True), ("5.24.2", True), ("5.25.0", False), ("6.0.0", False)])
+@pytest.mark.parametrize(
+    "version, supported",
+    [
+        ("5.17.0", False),
+        ("5.22.1", False),
+        ("5.23.0", True),
+        ("5.23.1.dev0", True),
+        ("5.24.0", True),
+        ("5.24.2", True),
+        ("5.25.0", False),
+        ("6.0.0", False),
+    ],
+)
 def test_the_folder_refuses_a_transformers_version_outside_the_tested_range(version, supported):
     from hf_specdraft.cape.custom_generate.generate import check_transformers_version
 
     if supported:
         check_transformers_version(version)
     else:
-        with pytest.raises(ImportError, match=rf"needs transformers>=5\.23,<5\.25; found transformers {re.escape(version)}"):
+        with pytest.raises(
+            ImportError, match=rf"needs transformers>=5\.23,<5\.25; found transformers {re.escape(version)}"
+        ):
             check_transformers_version(version)
 
 

@@ -43,28 +43,51 @@ def make(setup: str, target, big, small, lenience):
     if setup == "max_gram":
         return MaxGramCandidateGenerator(TABLE)
     drafts = {"one_draft": [big], "two_drafts": [big, small], "target_then_small": [target, small]}[setup]
-    k_matrix = [[3, 10], [0, 10]] if len(drafts) == 1 else [[2, 3, 10], [0, 1, 10], [0, 0, 10]]  # small budgets: random drafts rarely agree
+    k_matrix = (
+        [[3, 10], [0, 10]] if len(drafts) == 1 else [[2, 3, 10], [0, 1, 10], [0, 0, 10]]
+    )  # small budgets: random drafts rarely agree
     return CascadeCandidateGenerator(drafts, k_matrix=k_matrix, lenience=lenience, bigram_table=TABLE)
 
 
 @pytest.mark.parametrize(
     "setup,lenience",
-    [("max_gram", 1), ("one_draft", 1), ("one_draft", 3), ("two_drafts", 1), ("two_drafts", 3), ("target_then_small", 5)],
+    [
+        ("max_gram", 1),
+        ("one_draft", 1),
+        ("one_draft", 3),
+        ("two_drafts", 1),
+        ("two_drafts", 3),
+        ("target_then_small", 5),
+    ],
 )
 def test_greedy_equals_target_greedy(arch, setup, lenience):
     target, big, small, x, ref = models(arch)
     drafter = make(setup, target, big, small, lenience)
-    out = target.generate(x, custom_generate=speculative_generate, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
+    out = target.generate(
+        x,
+        custom_generate=speculative_generate,
+        candidate_generator=drafter,
+        max_new_tokens=NEW_TOKENS,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(out.sequences, ref)
     calls = out.speculative_stats.drafter_calls
-    expected = {"max_gram": 1} if setup == "max_gram" else {"max_gram": 1, "draft0": 1} | ({} if setup == "one_draft" else {"draft1": 1})
+    expected = (
+        {"max_gram": 1}
+        if setup == "max_gram"
+        else {"max_gram": 1, "draft0": 1} | ({} if setup == "one_draft" else {"draft1": 1})
+    )
     assert set(calls) == set(expected) and all(count >= 1 for count in calls.values())
 
 
 def test_draft_equal_to_target_is_fully_accepted():
     target, _, _, x, ref = models("llama")
-    drafter = CascadeCandidateGenerator([target], k_matrix=[[4, 0], [0, 3]], num_draft_tokens=None)  # the paper's budgets alone
-    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
+    drafter = CascadeCandidateGenerator(
+        [target], k_matrix=[[4, 0], [0, 3]], num_draft_tokens=None
+    )  # the paper's budgets alone
+    out = speculative_generate(
+        target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, ref)
     assert out.speculative_stats.accepted_per_drafted == 1.0
     assert out.speculative_stats.mean_accepted_length >= 4  # K[0, 0] = 4 tokens per step, + the target's own
@@ -78,7 +101,9 @@ def test_auto_caps_the_cascade_every_step(arch):
     forget(target)  # the models are shared between tests: measure the cost curve afresh
     drafter = CascadeCandidateGenerator([big], k_matrix=[[3, 4], [0, 2]], bigram_table=TABLE)
     assert drafter.adaptive_draft_length and drafter.max_draft_tokens == 7 and drafter.num_draft_tokens is None
-    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
+    out = speculative_generate(
+        target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, ref)
     lengths = out.speculative_stats.extra["draft_lengths"]
     assert lengths[:2] == [1, 3] and all(1 <= g <= 7 for g in lengths)
@@ -87,7 +112,9 @@ def test_auto_caps_the_cascade_every_step(arch):
 
 def test_sliding_window_draft_past_its_window():
     target, _, _, x, _ = models("llama")
-    draft = tiny_model("mistral", seed=3, num_hidden_layers=1, sliding_window=8)  # its cache cannot roll back past 8 tokens
+    draft = tiny_model(
+        "mistral", seed=3, num_hidden_layers=1, sliding_window=8
+    )  # its cache cannot roll back past 8 tokens
     drafter = CascadeCandidateGenerator([draft], k_matrix=[[3, 10], [0, 10]], bigram_table=TABLE)
     out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=24)
     assert torch.equal(out, greedy_reference(target, x, 24))
@@ -96,9 +123,10 @@ def test_sliding_window_draft_past_its_window():
 def test_sampling_runs():
     target, big, small, x, _ = models("llama")
     torch.manual_seed(0)
-    drafter = CascadeCandidateGenerator([big, small], k_matrix=[[2, 3, 10], [0, 1, 10], [0, 0, 10]], lenience=2, bigram_table=TABLE)
-    out = speculative_generate(target, x, candidate_generator=drafter,
-                               max_new_tokens=12, do_sample=True, top_k=10)
+    drafter = CascadeCandidateGenerator(
+        [big, small], k_matrix=[[2, 3, 10], [0, 1, 10], [0, 0, 10]], lenience=2, bigram_table=TABLE
+    )
+    out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=12, do_sample=True, top_k=10)
     assert out.shape == (1, x.shape[1] + 12)
 
 
@@ -110,14 +138,30 @@ def test_lenient_sampling_review_follows_section_3_1():
     p = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]])
     g = torch.Generator().manual_seed(0)
     trials = 4000
-    strict = sum(lenient_review_sampling(p, torch.tensor([0]), torch.tensor([0.5]), 1.0, g)[0] for _ in range(trials)) / trials
-    lenient = sum(lenient_review_sampling(p, torch.tensor([0]), torch.tensor([0.5]), 3.0, g)[0] for _ in range(trials)) / trials
+    strict = (
+        sum(lenient_review_sampling(p, torch.tensor([0]), torch.tensor([0.5]), 1.0, g)[0] for _ in range(trials))
+        / trials
+    )
+    lenient = (
+        sum(lenient_review_sampling(p, torch.tensor([0]), torch.tensor([0.5]), 3.0, g)[0] for _ in range(trials))
+        / trials
+    )
     assert strict == pytest.approx(0.1 / 0.5, abs=0.03) and lenient == pytest.approx(0.3 / 0.5, abs=0.03)
-    assert all(lenient_review_sampling(p, torch.tensor([2]), torch.tensor([0.5]), 2.0, g)[0] == 1 for _ in range(50))  # 0.5 <= 2 * 0.3
-    mag = sum(lenient_review_sampling(p, torch.tensor([1]), torch.tensor([float("inf")]), 100.0, g)[0] for _ in range(trials)) / trials
+    assert all(
+        lenient_review_sampling(p, torch.tensor([2]), torch.tensor([0.5]), 2.0, g)[0] == 1 for _ in range(50)
+    )  # 0.5 <= 2 * 0.3
+    mag = (
+        sum(
+            lenient_review_sampling(p, torch.tensor([1]), torch.tensor([float("inf")]), 100.0, g)[0]
+            for _ in range(trials)
+        )
+        / trials
+    )
     assert mag == pytest.approx(0.6, abs=0.03)
     rejected_next = [lenient_review_sampling(p, torch.tensor([1]), torch.tensor([0.9]), 1.0, g) for _ in range(300)]
-    assert all(token != 1 for n, token in rejected_next if n == 0)  # the reviewer's own token after a rejection is another one
+    assert all(
+        token != 1 for n, token in rejected_next if n == 0
+    )  # the reviewer's own token after a rejection is another one
 
 
 @pytest.mark.slow  # 600 sampled runs (~50 s on 2 cores): CI runs it with -m slow
@@ -131,7 +175,9 @@ def test_lenient_sampling_is_lossless_at_the_target():
     x = torch.tensor([[1, 2, 3]])
     joint = first_two_joint(target, x).flatten().double()
     counts = torch.zeros(vocab * vocab)
-    drafter = CascadeCandidateGenerator([draft], k_matrix=[[2, 2], [0, 3]], lenience=50.0, bigram_table=torch.arange(vocab).roll(1))
+    drafter = CascadeCandidateGenerator(
+        [draft], k_matrix=[[2, 2], [0, 3]], lenience=50.0, bigram_table=torch.arange(vocab).roll(1)
+    )
     torch.manual_seed(0)
     for _ in range(600):
         out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=2, do_sample=True, top_k=0)
@@ -148,8 +194,12 @@ def test_lenient_reviews_change_what_the_drafts_propose():
     x = torch.tensor([[1, 2, 3]])
 
     def reviews_by_the_first_draft(lenience: float) -> int:
-        gen = CascadeCandidateGenerator([draft, small], k_matrix=[[6, 0, 0], [0, 3, 0], [0, 0, 2]], lenience=lenience,
-                                        bigram_table=torch.arange(vocab).roll(1))
+        gen = CascadeCandidateGenerator(
+            [draft, small],
+            k_matrix=[[6, 0, 0], [0, 3, 0], [0, 0, 2]],
+            lenience=lenience,
+            bigram_table=torch.arange(vocab).roll(1),
+        )
         gen.prepare(target, GenerationConfig(do_sample=True, top_k=0, max_length=64))
         torch.manual_seed(1)
         for _ in range(100):
@@ -190,7 +240,9 @@ def scripted(drafter: CascadeCandidateGenerator, accept: bool, max_length: int =
     ],
 )
 def test_algorithm_1_call_counts(drafts, k_matrix, accept, expected_calls, expected_length):
-    drafter = scripted(CascadeCandidateGenerator([tiny_model()] * drafts, k_matrix=k_matrix, bigram_table=TABLE), accept)
+    drafter = scripted(
+        CascadeCandidateGenerator([tiny_model()] * drafts, k_matrix=k_matrix, bigram_table=TABLE), accept
+    )
     tree = drafter.propose(torch.tensor([[1, 2, 3, 4]]))
     assert drafter.forward_calls == expected_calls
     assert len(tree) == expected_length and tree.is_chain
@@ -226,7 +278,9 @@ def test_draft_review_is_lenient_for_neural_tokens_only():
     drafter.prepare(tiny_model(), GenerationConfig(max_length=100))
     probs = torch.full((VOCAB,), 0.5 / (VOCAB - 2))
     probs[7], probs[8] = 0.3, 0.2  # token 7 is the argmax; token 8 passes 0.5 <= 4 * 0.2
-    drafter.draft_logits = lambda index, cur_gen, review_index: probs.log().expand(cur_gen.numel() - review_index + 1, VOCAB)
+    drafter.draft_logits = lambda index, cur_gen, review_index: probs.log().expand(
+        cur_gen.numel() - review_index + 1, VOCAB
+    )
     cur_gen = torch.tensor([1, 2, 8, 8])
     kept, kept_q = drafter.review(0, cur_gen, torch.tensor([0.5, float("inf")]), 2)
     assert kept.tolist() == [1, 2, 8, 7]  # the draft's token is kept, MaG's is replaced by the argmax
@@ -285,7 +339,12 @@ def test_draft_vocabulary_differs_from_target():
     target, big = tiny_model(), tiny_model(seed=3, num_hidden_layers=1)
     odd = tiny_model(seed=4, num_hidden_layers=1, vocab_size=VOCAB + 4)
     with pytest.raises(ValueError, match=r"drafts\[1\] predicts 100 token ids but the target predicts 96"):
-        speculative_generate(target, torch.tensor([[1, 2, 3]]), candidate_generator=CascadeCandidateGenerator([big, odd]), max_new_tokens=4)
+        speculative_generate(
+            target,
+            torch.tensor([[1, 2, 3]]),
+            candidate_generator=CascadeCandidateGenerator([big, odd]),
+            max_new_tokens=4,
+        )
     with pytest.raises(ValueError, match=r"drafts\[1\]"):
         build_cascade_for_bench(target, [big, odd])
 
@@ -295,13 +354,17 @@ def test_draft_vocabulary_differs_from_target():
 
 def test_swi_arithmetic():
     # §5.1: n / (count(M_t) + Σ count(M_di) c_i)
-    assert cascade_swi(100, 30, {"draft0": 40, "draft1": 100, "max_gram": 90}, {"draft0": 0.05, "draft1": 0.01, "max_gram": 0.0}) == pytest.approx(100 / 33)
+    assert cascade_swi(
+        100, 30, {"draft0": 40, "draft1": 100, "max_gram": 90}, {"draft0": 0.05, "draft1": 0.01, "max_gram": 0.0}
+    ) == pytest.approx(100 / 33)
     assert cascade_swi(50, 50, {}, {}) == 1.0  # target-only decoding
     with pytest.raises(ValueError, match="draft1"):
         cascade_swi(10, 5, {"draft1": 3}, {"draft0": 0.1})
     stats = SpeculativeStats(drafter_calls={"draft0": 8, "max_gram": 10})
     for emitted in (4, 3, 5, 4):
-        stats.record(drafted=5, tree_size=5, accepted=emitted - 1, emitted=emitted, draft_seconds=0.0, verify_seconds=0.0)
+        stats.record(
+            drafted=5, tree_size=5, accepted=emitted - 1, emitted=emitted, draft_seconds=0.0, verify_seconds=0.0
+        )
     assert swi_from_stats(stats, {"draft0": 0.25, "max_gram": 0.0}) == pytest.approx(16 / (4 + 2))
 
 

@@ -43,7 +43,11 @@ def test_longest_suffix_wins():
     tree, length = retrieve(pool, [99, 3, 4], CasdConfig(max_draft_length=1))
     assert length == 2  # "99 3 4" is not in the pool; "3 4" is
     assert retrieve(pool, [99, 4], CasdConfig())[1] == 0  # min_suffix_length 2: no 1-token match
-    assert retrieve(pool, [99, 4], CasdConfig(min_suffix_length=1, max_draft_length=1))[0].tokens.tolist() == [50, 60, 70]
+    assert retrieve(pool, [99, 4], CasdConfig(min_suffix_length=1, max_draft_length=1))[0].tokens.tolist() == [
+        50,
+        60,
+        70,
+    ]
     assert len(retrieve(pool, [4], CasdConfig())[0]) == 0  # sequence shorter than min_suffix_length
 
 
@@ -56,7 +60,9 @@ def test_fill_from_shorter_suffixes():
     assert length == 4 and tree.tokens.tolist() == [50, 60, 70] and tree.parents.tolist() == [-1, -1, -1]
     capped = CasdConfig(max_draft_length=1, min_suffix_length=1, fill_from_shorter_suffixes=True, max_nodes=2)
     assert retrieve(pool, [1, 2, 3, 4], capped)[0].tokens.tolist() == [50, 60]
-    deep = retrieve(pool, [1, 2, 3, 4], CasdConfig(max_draft_length=2, min_suffix_length=1, fill_from_shorter_suffixes=True))[0]
+    deep = retrieve(
+        pool, [1, 2, 3, 4], CasdConfig(max_draft_length=2, min_suffix_length=1, fill_from_shorter_suffixes=True)
+    )[0]
     paths = [deep.tokens[deep.path_to(i)].tolist() for i in range(len(deep))]
     assert paths == [[50], [50, 9], [60], [60, 9], [70]]  # the longest match's tree first, then the fill
 
@@ -99,7 +105,10 @@ def test_ids_beyond_uint16():
     wrapped = DraftPool([5, 6, 7])  # an id beyond the pool's largest must not wrap around onto a pool id
     assert wrapped.match([2**32 + 5, 6])[0] == 0 and wrapped.match([5, 6])[0] == 2
     huge = [2**33, 2**33 + 1, 7, 2**33, 2**33 + 1, 8]  # beyond uint32 too
-    assert sorted(retrieve(DraftPool(huge), [2**33, 2**33 + 1], CasdConfig(max_draft_length=1))[0].tokens.tolist()) == [7, 8]
+    assert sorted(retrieve(DraftPool(huge), [2**33, 2**33 + 1], CasdConfig(max_draft_length=1))[0].tokens.tolist()) == [
+        7,
+        8,
+    ]
 
 
 def reference_tree(rows, max_nodes):
@@ -110,13 +119,20 @@ def reference_tree(rows, max_nodes):
             if row[d] < 0:
                 break
             count[tuple(row[: d + 1])] = count.get(tuple(row[: d + 1]), 0) + 1
-    nodes = sorted(sorted(count, key=lambda p: (-count[p], len(p), p))[:max_nodes], key=lambda p: (len(p), -count[p], p))
+    nodes = sorted(
+        sorted(count, key=lambda p: (-count[p], len(p), p))[:max_nodes], key=lambda p: (len(p), -count[p], p)
+    )
     where = {p: i for i, p in enumerate(nodes)}
     return [p[-1] for p in nodes], [where[p[:-1]] if len(p) > 1 else -1 for p in nodes]
 
 
 def test_merge_continuations_matches_a_dict_trie():
-    for rows, max_nodes in [([[5, -1], [6, 7]], 1), ([[5, -1], [5, -1]], 4), ([[5, 6], [5, 6], [5, 6]], 2), ([[5, 6, 7]], 64)]:
+    for rows, max_nodes in [
+        ([[5, -1], [6, 7]], 1),
+        ([[5, -1], [5, -1]], 4),
+        ([[5, 6], [5, 6], [5, 6]], 2),
+        ([[5, 6, 7]], 64),
+    ]:
         tree = merge_continuations(np.array(rows), max_nodes)
         assert (tree.tokens.tolist(), tree.parents.tolist()) == reference_tree(np.array(rows), max_nodes)
     rng = np.random.default_rng(0)
@@ -153,23 +169,36 @@ def test_strict_equals_target_greedy(arch):
     wrong[0][x.shape[1] + 8] = (wrong[0][x.shape[1] + 8] + 1) % VOCAB  # copies that branch off the answer
     wrong[1][x.shape[1] + 20] = (wrong[1][x.shape[1] + 20] + 1) % VOCAB
     contexts = {
-        "holds the answer": torch.cat([random_ids(40, 2), wrong[0], random_ids(20, 3), ref[0], random_ids(20, 4), wrong[1]]),
+        "holds the answer": torch.cat(
+            [random_ids(40, 2), wrong[0], random_ids(20, 3), ref[0], random_ids(20, 4), wrong[1]]
+        ),
         "random": random_ids(300, 5),
     }
     for name, context in contexts.items():
         generator = CasdCandidateGenerator(context, max_nodes=64)  # the paper's fixed tree size: real trees every step
-        out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=32, return_dict_in_generate=True)
-        auto = speculative_generate(target, x, candidate_generator=CasdCandidateGenerator(context), max_new_tokens=32,
-                                    return_dict_in_generate=True)  # max_nodes="auto", the default: depth and budget per step
+        out = speculative_generate(
+            target, x, candidate_generator=generator, max_new_tokens=32, return_dict_in_generate=True
+        )
+        auto = speculative_generate(
+            target,
+            x,
+            candidate_generator=CasdCandidateGenerator(context),
+            max_new_tokens=32,
+            return_dict_in_generate=True,
+        )  # max_nodes="auto", the default: depth and budget per step
         assert torch.equal(auto.sequences, ref) and auto.speculative_stats.extra["draft_lengths"], name
         assert torch.equal(out.sequences, ref), name
         with_output = CasdCandidateGenerator(context, draft_from_output=True)
-        assert torch.equal(speculative_generate(target, x, candidate_generator=with_output, max_new_tokens=32), ref), name
+        assert torch.equal(speculative_generate(target, x, candidate_generator=with_output, max_new_tokens=32), ref), (
+            name
+        )
         if name == "holds the answer":
             assert out.speculative_stats.mean_accepted_length > 2.0
             assert any(s.tree_size > s.drafted for s in out.speculative_stats.steps)  # real trees were verified
     generator, acceptance = build_casd_for_bench(target, contexts["holds the answer"], strict=True)
-    out = target.generate(x, custom_generate=speculative_generate, candidate_generator=generator, acceptance=acceptance, max_new_tokens=32)
+    out = target.generate(
+        x, custom_generate=speculative_generate, candidate_generator=generator, acceptance=acceptance, max_new_tokens=32
+    )
     assert acceptance is None and torch.equal(out, ref)
 
 
@@ -189,8 +218,15 @@ def test_sampling_runs_with_both_rules():
     context = torch.cat([x[0], random_ids(40, 10), x[0]])
     for acceptance in (None, ConditionalAcceptance(0.05, top_k=5)):
         torch.manual_seed(0)
-        out = speculative_generate(target, x, candidate_generator=CasdCandidateGenerator(context, fill_from_shorter_suffixes=True),
-                                   acceptance=acceptance, do_sample=True, temperature=0.8, max_new_tokens=16)
+        out = speculative_generate(
+            target,
+            x,
+            candidate_generator=CasdCandidateGenerator(context, fill_from_shorter_suffixes=True),
+            acceptance=acceptance,
+            do_sample=True,
+            temperature=0.8,
+            max_new_tokens=16,
+        )
         assert out.shape == (1, 24) and torch.equal(out[:, :8], x)
 
 
@@ -221,10 +257,15 @@ def row(p_token, token=1, p_eos=0.0, vocab=6, eos=5):
     return p.tolist()
 
 
-@pytest.mark.parametrize("p_token, p_eos, accepted", [
-    (0.1001, 0.0, True), (0.0999, 0.0, False),  # around δ = 0.1
-    (0.2001, 0.2, True), (0.1999, 0.2, False),  # around p(eos) = 0.2 > δ
-])
+@pytest.mark.parametrize(
+    "p_token, p_eos, accepted",
+    [
+        (0.1001, 0.0, True),
+        (0.0999, 0.0, False),  # around δ = 0.1
+        (0.2001, 0.2, True),
+        (0.1999, 0.2, False),  # around p(eos) = 0.2 > δ
+    ],
+)
 def test_threshold_and_eos_rule(p_token, p_eos, accepted):
     tree = DraftTree(torch.tensor([1]), torch.tensor([-1]))
     rows = StubRows([row(p_token, p_eos=p_eos), row(0.5)])
@@ -237,14 +278,16 @@ def test_descendants_of_a_rejected_node_are_rejected():
     #  root -> 0 (token 1, p 0.05: rejected) -> 2 (token 0 = the argmax there, p ~0.9) -> 4 (p 0.5)
     #       -> 1 (token 2, p 0.3: accepted)  -> 3 (token 3, p 0.05: rejected)
     tree = DraftTree(torch.tensor([1, 2, 0, 3, 1]), torch.tensor([-1, -1, 0, 1, 2]))
-    rows = StubRows([
-        [0.6, 0.05, 0.3, 0.05, 0.0, 0.0],  # row 0: after the last token
-        row(0.05),                          # row 1: after node 0
-        row(0.05, token=3),                 # row 2: after node 1
-        row(0.5),                           # row 3: after node 2
-        row(0.5),                           # row 4: after node 3
-        row(0.5),                           # row 5: after node 4
-    ])
+    rows = StubRows(
+        [
+            [0.6, 0.05, 0.3, 0.05, 0.0, 0.0],  # row 0: after the last token
+            row(0.05),  # row 1: after node 0
+            row(0.05, token=3),  # row 2: after node 1
+            row(0.5),  # row 3: after node 2
+            row(0.5),  # row 4: after node 3
+            row(0.5),  # row 5: after node 4
+        ]
+    )
     path, next_token = accept_tree(rows, tree, ConditionalAcceptance(threshold=0.1), eos_token_ids=[])
     assert path == [1] and next_token == 0  # node 2 matches the argmax and node 4 passes δ, but node 0 was rejected
 
@@ -259,10 +302,18 @@ def test_mixed_rule_requires_top_k():
 
 def conditional_first_token(target, x, draft_token, threshold, eos=None):
     """The first generated token when CASD drafts ``draft_token`` right after the prompt."""
-    context = torch.cat([x[0, -2:], torch.tensor([draft_token])])  # the pool continues the prompt's last 2 tokens with it
+    context = torch.cat(
+        [x[0, -2:], torch.tensor([draft_token])]
+    )  # the pool continues the prompt's last 2 tokens with it
     generator = CasdCandidateGenerator(context, min_suffix_length=2)
-    out = speculative_generate(target, x, candidate_generator=generator, acceptance=ConditionalAcceptance(threshold),
-                               max_new_tokens=2, eos_token_id=eos)
+    out = speculative_generate(
+        target,
+        x,
+        candidate_generator=generator,
+        acceptance=ConditionalAcceptance(threshold),
+        max_new_tokens=2,
+        eos_token_id=eos,
+    )
     assert generator.match_lengths[0] == 2
     return int(out[0, x.shape[1]])
 
@@ -304,8 +355,15 @@ def test_compressor_changes_the_prompt_not_the_pool(tokenizer):
     assert inputs.prompt_text == compressor(CONTEXT) + "\n\nWho has won the most races?"
     assert inputs.context_ids.tolist() == tokenizer(CONTEXT, add_special_tokens=False)["input_ids"]
     target = tiny_model("qwen2", vocab_size=len(tokenizer))
-    out = casd_generate(target, tokenizer, "Who has won the most races?", context=CONTEXT, compressor=compressor,
-                        strict=True, max_new_tokens=12)
+    out = casd_generate(
+        target,
+        tokenizer,
+        "Who has won the most races?",
+        context=CONTEXT,
+        compressor=compressor,
+        strict=True,
+        max_new_tokens=12,
+    )
     assert torch.equal(out.sequences, greedy_reference(target, inputs.prompt_ids, 12))
     assert out.text == tokenizer.decode(out.sequences[0, out.prompt_length :].tolist(), skip_special_tokens=True)
 
@@ -339,7 +397,10 @@ def test_llmlingua2_adapter(monkeypatch):
     monkeypatch.setitem(sys.modules, "llmlingua", types.SimpleNamespace(PromptCompressor=PromptCompressor))
     compress = llmlingua2_compressor(rate=0.2, force_tokens=["\n"])
     assert compress("a long context") == "short"
-    assert calls["init"]["use_llmlingua2"] and calls["compress"] == (["a long context"], {"rate": 0.2, "force_tokens": ["\n"]})
+    assert calls["init"]["use_llmlingua2"] and calls["compress"] == (
+        ["a long context"],
+        {"rate": 0.2, "force_tokens": ["\n"]},
+    )
     with pytest.raises(ValueError, match="rate"):
         llmlingua2_compressor(rate=1.5)
     monkeypatch.setitem(sys.modules, "llmlingua", None)
@@ -372,7 +433,9 @@ def test_context_errors(tokenizer):
 def test_context_ids_outside_the_vocabulary():
     target = tiny_model("llama")
     x = random_ids(5, 8)[None]
-    with pytest.raises(ValueError, match=rf"context holds token id {VOCAB}, outside the target's vocabulary \[0, {VOCAB}\)"):
+    with pytest.raises(
+        ValueError, match=rf"context holds token id {VOCAB}, outside the target's vocabulary \[0, {VOCAB}\)"
+    ):
         speculative_generate(target, x, candidate_generator=CasdCandidateGenerator([1, 2, VOCAB]), max_new_tokens=4)
     with pytest.raises(ValueError, match="outside the target's vocabulary"):
         build_casd_for_bench(target, torch.tensor([1, 2, 300_000]))
@@ -404,12 +467,20 @@ def test_draft_from_output_retrieves_from_the_generated_tokens():
     assert generator.prompt_length == 2
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"max_nodes": 0}, "max_nodes"), ({"max_nodes": -3}, "max_nodes"), ({"max_nodes": 2.5}, "max_nodes"),
-    ({"max_nodes": True}, "max_nodes"), ({"max_nodes": "64"}, "max_nodes"),
-    ({"min_suffix_length": 5, "max_suffix_length": 4}, "min_suffix_length"), ({"max_draft_length": 0}, "max_draft_length"),
-    ({"fill_from_shorter_suffixes": 1}, "fill_from_shorter_suffixes"), ({"draft_from_output": "yes"}, "draft_from_output"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"max_nodes": 0}, "max_nodes"),
+        ({"max_nodes": -3}, "max_nodes"),
+        ({"max_nodes": 2.5}, "max_nodes"),
+        ({"max_nodes": True}, "max_nodes"),
+        ({"max_nodes": "64"}, "max_nodes"),
+        ({"min_suffix_length": 5, "max_suffix_length": 4}, "min_suffix_length"),
+        ({"max_draft_length": 0}, "max_draft_length"),
+        ({"fill_from_shorter_suffixes": 1}, "fill_from_shorter_suffixes"),
+        ({"draft_from_output": "yes"}, "draft_from_output"),
+    ],
+)
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
         CasdCandidateGenerator([1, 2, 3], **options)

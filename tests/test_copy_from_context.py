@@ -34,14 +34,30 @@ def steps_of(out, reference):
 
 def test_draft_model_copies_by_default_and_copy_from_context_false_turns_it_off(setup):
     target, glide, ids, reference = setup
-    on = steps_of(speculative_generate(target, ids, draft_model=glide, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True), reference)
+    on = steps_of(
+        speculative_generate(target, ids, draft_model=glide, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True),
+        reference,
+    )
     assert any(s.copied for s in on)
     for off in (False, 0):
-        out = speculative_generate(target, ids, draft_model=glide, copy_from_context=off, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
+        out = speculative_generate(
+            target,
+            ids,
+            draft_model=glide,
+            copy_from_context=off,
+            max_new_tokens=NEW_TOKENS,
+            return_dict_in_generate=True,
+        )
         assert not any(s.copied for s in steps_of(out, reference))
         assert "copied_steps" not in out.speculative_stats.summary()
-    out = target.generate(ids, custom_generate=speculative_generate, draft_model=glide, copy_from_context=False, max_new_tokens=NEW_TOKENS,
-                          return_dict_in_generate=True)
+    out = target.generate(
+        ids,
+        custom_generate=speculative_generate,
+        draft_model=glide,
+        copy_from_context=False,
+        max_new_tokens=NEW_TOKENS,
+        return_dict_in_generate=True,
+    )
     assert not any(s.copied for s in steps_of(out, reference))
 
 
@@ -53,8 +69,12 @@ def test_a_generation_config_carries_the_copy_rule(setup):
     out = target.generate(ids, custom_generate=speculative_generate, draft_model=glide, generation_config=config)
     assert not any(s.copied for s in steps_of(out, reference))
     # a call's own argument wins over the config's
-    config = GenerationConfig(copy_from_context=0, max_copy_tokens=2, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
-    out = speculative_generate(target, ids, draft_model=glide, num_draft_tokens=1, copy_from_context=2, generation_config=config)
+    config = GenerationConfig(
+        copy_from_context=0, max_copy_tokens=2, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True
+    )
+    out = speculative_generate(
+        target, ids, draft_model=glide, num_draft_tokens=1, copy_from_context=2, generation_config=config
+    )
     copies = [s.tree_size for s in steps_of(out, reference) if s.copied]
     assert copies and max(copies) == 2  # the config's max_copy_tokens still holds
 
@@ -62,11 +82,30 @@ def test_a_generation_config_carries_the_copy_rule(setup):
 def test_a_fixed_gamma_is_honoured_exactly_and_a_copy_runs_as_far_as_max_copy_tokens(setup):
     target, glide, ids, reference = setup
     for gamma in (1, 3):
-        steps = steps_of(speculative_generate(target, ids, draft_model=glide, num_draft_tokens=gamma, max_new_tokens=NEW_TOKENS,
-                                              return_dict_in_generate=True), reference)
+        steps = steps_of(
+            speculative_generate(
+                target,
+                ids,
+                draft_model=glide,
+                num_draft_tokens=gamma,
+                max_new_tokens=NEW_TOKENS,
+                return_dict_in_generate=True,
+            ),
+            reference,
+        )
         assert any(s.copied for s in steps) and max(s.tree_size for s in steps) <= gamma
-    steps = steps_of(speculative_generate(target, ids, draft_model=glide, num_draft_tokens=3, max_copy_tokens=8, max_new_tokens=NEW_TOKENS,
-                                          return_dict_in_generate=True), reference)
+    steps = steps_of(
+        speculative_generate(
+            target,
+            ids,
+            draft_model=glide,
+            num_draft_tokens=3,
+            max_copy_tokens=8,
+            max_new_tokens=NEW_TOKENS,
+            return_dict_in_generate=True,
+        ),
+        reference,
+    )
     assert max(s.tree_size for s in steps if s.copied) == 8 and max(s.tree_size for s in steps if not s.copied) <= 3
     drafter = GlideCandidateGenerator(glide, num_draft_tokens=2)
     assert len(drafter.copy_from_text(DraftRequest(ids))) == 2  # no loop: the drafter alone honours γ too
@@ -85,21 +124,42 @@ def test_bad_copy_values_are_refused_by_name(setup):
         with pytest.raises(ValueError, match="max_copy_tokens must be"):
             speculative_generate(target, ids, draft_model=glide, max_copy_tokens=bad, max_new_tokens=4)
     with pytest.raises(ValueError, match="copy_from_context must be"):
-        speculative_generate(target, ids, draft_model=glide, generation_config=GenerationConfig(copy_from_context=-2, max_new_tokens=4))
+        speculative_generate(
+            target, ids, draft_model=glide, generation_config=GenerationConfig(copy_from_context=-2, max_new_tokens=4)
+        )
     with pytest.raises(ValueError, match="with candidate_generator=, set them on the drafter"):
-        speculative_generate(target, ids, candidate_generator=GlideCandidateGenerator(glide), copy_from_context=False, max_new_tokens=4)
+        speculative_generate(
+            target, ids, candidate_generator=GlideCandidateGenerator(glide), copy_from_context=False, max_new_tokens=4
+        )
     plain = tiny_model("llama", seed=3, num_hidden_layers=1)
     with pytest.raises(ValueError, match=r"copy_from_context=2: a 'llama' draft model does not copy from the context"):
         speculative_generate(target, ids, draft_model=plain, copy_from_context=2, max_new_tokens=4)
-    out = speculative_generate(target, ids, draft_model=plain, copy_from_context=False, max_new_tokens=4)  # nothing to turn off
+    out = speculative_generate(
+        target, ids, draft_model=plain, copy_from_context=False, max_new_tokens=4
+    )  # nothing to turn off
     assert out.shape[1] == ids.shape[1] + 4
     assert GlideDraftingConfig(copy_from_context=False).copy_from_context == 0
     assert GlideDraftingConfig(copy_from_context=True).copy_from_context == GlideDraftingConfig().copy_from_context
 
 
-BENCH_ROWS = ("glide", "glide+copy", "glide-γ3", "glide+copy-γ3", "glide-auto", "glide+copy-auto", "vanilla", "vanilla+copy",
-              "draft-model", "draft-model+copy", "draft-model-auto", "draft-model+copy-auto", "glide+cape", "glide+copy+cape",
-              "glide+cape-auto", "glide+copy+cape-auto")
+BENCH_ROWS = (
+    "glide",
+    "glide+copy",
+    "glide-γ3",
+    "glide+copy-γ3",
+    "glide-auto",
+    "glide+copy-auto",
+    "vanilla",
+    "vanilla+copy",
+    "draft-model",
+    "draft-model+copy",
+    "draft-model-auto",
+    "draft-model+copy-auto",
+    "glide+cape",
+    "glide+copy+cape",
+    "glide+cape-auto",
+    "glide+copy+cape-auto",
+)
 
 
 def test_a_bench_row_copies_from_the_context_exactly_when_its_name_says_so(setup):
@@ -110,7 +170,9 @@ def test_a_bench_row_copies_from_the_context_exactly_when_its_name_says_so(setup
 
     target, glide, ids, reference = setup
     torch.manual_seed(2)
-    vanilla = GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32, cross_attention=False)).eval()
+    vanilla = GlideForCausalLM(
+        GlideConfig.from_target_config(target.config, hidden_size=32, cross_attention=False)
+    ).eval()
     tokenizer = SimpleNamespace(eos_token_id=None, pad_token_id=0)
     ctx = BenchContext(target, vanilla, tokenizer, None, ids, NEW_TOKENS, extras={"glide": glide, "vanilla": vanilla})
     for name in BENCH_ROWS:
@@ -129,7 +191,8 @@ def test_the_headline_names_an_older_runs_copying_rows_by_what_they_ran():
     from benchmarks.report.headline import describe, row_name
 
     old, new = {"task": "completion"}, {"task": "completion", "descriptions": {"glide-auto": "γ 'auto', no copying"}}
-    assert [row_name(n, old) for n in ("glide-auto", "draft-model", "glide+cape-auto-static", "glide-γ3", "max-gram-auto")] == [
-        "glide+copy-auto", "draft-model+copy", "glide+copy+cape-auto-static", "glide+copy-γ3", "max-gram-auto"]
+    assert [
+        row_name(n, old) for n in ("glide-auto", "draft-model", "glide+cape-auto-static", "glide-γ3", "max-gram-auto")
+    ] == ["glide+copy-auto", "draft-model+copy", "glide+copy+cape-auto-static", "glide+copy-γ3", "max-gram-auto"]
     assert row_name("glide-auto", new) == "glide-auto" and describe("glide-auto", new) == "γ 'auto', no copying"
     assert "copying" in describe("glide+copy-auto", old) and describe("retired-name", old) == ""

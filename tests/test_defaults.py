@@ -36,7 +36,13 @@ def test_unreadable_corpus_root(tmp_path):
 
 def test_tiny_recipe_trains_and_loads(tiny_default):
     path, log = tiny_default
-    assert set(log["evaluation"]) >= {"unigram_perplexity", "target_perplexity", "draft_perplexity", "target_repeat_fraction", "reference_repeat_fraction"}
+    assert set(log["evaluation"]) >= {
+        "unigram_perplexity",
+        "target_perplexity",
+        "draft_perplexity",
+        "target_repeat_fraction",
+        "reference_repeat_fraction",
+    }
     assert 0.0 <= log["evaluation"]["reference_repeat_fraction"] < 1.0
     assert {"stdlib", "transformers"} <= set(log["evaluation"]["target_perplexity_by_source"])
     assert log["target"]["steps"][-1]["loss"] < log["target"]["steps"][0]["loss"]
@@ -44,9 +50,13 @@ def test_tiny_recipe_trains_and_loads(tiny_default):
     assert check_recipe(path)
     text = "def add(a, b):\n    return a + b\n"
     assert bundle.tokenizer.decode(bundle.tokenizer(text).input_ids) == text  # byte-level BPE round trip
-    assert bundle.target.config.num_key_value_heads < bundle.target.config.num_attention_heads  # grouped-query attention
+    assert (
+        bundle.target.config.num_key_value_heads < bundle.target.config.num_attention_heads
+    )  # grouped-query attention
     assert bundle.draft is not None
-    assert bundle.extras["bigram_table"].shape == (len(bundle.tokenizer),)  # Max-Gram's fallback, built from the same stream
+    assert bundle.extras["bigram_table"].shape == (
+        len(bundle.tokenizer),
+    )  # Max-Gram's fallback, built from the same stream
 
 
 @pytest.mark.slow  # ~28 s: trains the tiny target's continuation twice
@@ -66,19 +76,30 @@ def test_resume_target_runs_only_the_continuation(tiny_default, corpus, tmp_path
     before = load_file(run / "target" / "model.safetensors")
     with pytest.raises(ValueError, match="target_continuation"):
         train_default(get_recipe("tiny"), run, parts=("target",), corpus=corpus, resume_target=True)
-    recipe = dataclasses.replace(get_recipe("tiny"), target_continuation=TrainSchedule(steps=4, batch_size=4, micro_batch_size=4, learning_rate=1e-3, warmup_steps=1))
+    recipe = dataclasses.replace(
+        get_recipe("tiny"),
+        target_continuation=TrainSchedule(
+            steps=4, batch_size=4, micro_batch_size=4, learning_rate=1e-3, warmup_steps=1
+        ),
+    )
     with pytest.raises(ValueError, match="does not include 'target'"):
         train_default(recipe, run, parts=("draft",), corpus=corpus, resume_target=True)
     with pytest.warns(UserWarning, match="trained on the previous target"):  # the tiny run has GLIDE drafters
         log = train_default(recipe, run, parts=("target",), corpus=corpus, resume_target=True)
     assert log["target"]["steps"][-1]["step"] == 30 and log["target"]["continuation"]["steps"][-1]["step"] == 4
-    assert "started" in json.loads((run / "training_log.json").read_text())["target"]["continuation"]  # written before training
+    assert (
+        "started" in json.loads((run / "training_log.json").read_text())["target"]["continuation"]
+    )  # written before training
     after = load_file(run / "target" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert json.loads((run / "recipe.json").read_text())["hash"] == recipe.hash()
-    with pytest.raises(ValueError, match="finished first stage"):  # the continuation already ran (or started and was cut short)
+    with pytest.raises(
+        ValueError, match="finished first stage"
+    ):  # the continuation already ran (or started and was cut short)
         train_default(recipe, run, parts=("target",), corpus=corpus, resume_target=True)
-    assert get_recipe("tiny").to_dict().keys() == recipe.to_dict().keys() - {"target_continuation"}  # other recipes keep their hashes
+    assert get_recipe("tiny").to_dict().keys() == recipe.to_dict().keys() - {
+        "target_continuation"
+    }  # other recipes keep their hashes
 
 
 def test_load_default_rejects_other_directories(tmp_path):
@@ -89,7 +110,9 @@ def test_load_default_rejects_other_directories(tmp_path):
 SHIPPED = ("glide", "vanilla", "small", "glide_assistant")
 
 
-@pytest.mark.skipif(not (SMOLLM2_DRAFTERS_DIR / "glide" / "config.json").is_file(), reason="no shipped drafters in this checkout")
+@pytest.mark.skipif(
+    not (SMOLLM2_DRAFTERS_DIR / "glide" / "config.json").is_file(), reason="no shipped drafters in this checkout"
+)
 def test_shipped_drafters_are_small_bf16_and_name_their_target():
     from hf_specdraft.defaults.smollm2 import HUB_ID
     from hf_specdraft.glide import GlideConfig
@@ -114,9 +137,15 @@ def test_task_builders(task, corpus):
     heldout = {f.name for f in corpus.heldout}
     assert all(i.source in heldout and i.prompt and i.reference for i in items)
     if task == "context":
-        assert all(i.prompt in i.context and len(i.context) > len(i.prompt) for i in items)  # the pool sees more than the prompt
-        longer = build_tasks(task, count=100, seed=0, corpus=corpus, context_prompt_chars=10**9)  # the whole file before the cut
-        assert [(i.source, i.reference, i.context) for i in longer] == [(i.source, i.reference, i.context) for i in items]
+        assert all(
+            i.prompt in i.context and len(i.context) > len(i.prompt) for i in items
+        )  # the pool sees more than the prompt
+        longer = build_tasks(
+            task, count=100, seed=0, corpus=corpus, context_prompt_chars=10**9
+        )  # the whole file before the cut
+        assert [(i.source, i.reference, i.context) for i in longer] == [
+            (i.source, i.reference, i.context) for i in items
+        ]
         assert all(i.context.startswith(j.prompt) and j.prompt.endswith(i.prompt) for i, j in zip(items, longer))
         with pytest.raises(ValueError, match="context_prompt_chars"):
             build_tasks(task, count=2, corpus=corpus, context_prompt_chars=0)
@@ -135,13 +164,27 @@ def test_bench_json_schema(tiny_default, tmp_path):
     from benchmarks import methods  # noqa: F401  (registers null-drafter and stock-assisted+linears)
 
     bundle = load_default(tiny_default[0])
-    config = BenchConfig(methods=("target-only", "target-only+linears", "draft-model-auto", "null-drafter", "prompt-lookup", "stock-assisted+linears"), num_prompts=2, max_new_tokens=8, warmup=0,
-                         repeats=2)
+    config = BenchConfig(
+        methods=(
+            "target-only",
+            "target-only+linears",
+            "draft-model-auto",
+            "null-drafter",
+            "prompt-lookup",
+            "stock-assisted+linears",
+        ),
+        num_prompts=2,
+        max_new_tokens=8,
+        warmup=0,
+        repeats=2,
+    )
     result = run_bench(bundle, config, output=tmp_path / "bench.json")
     saved = json.loads((tmp_path / "bench.json").read_text())
     dtype = str(bundle.target.dtype).removeprefix("torch.")  # float32 on CPU, bf16 where a GPU is visible
     assert saved["meta"]["versions"]["transformers"] and saved["meta"]["dtype"] == dtype and saved["meta"]["hardware"]
-    assert saved["meta"]["draft_dtypes"]["draft"] == dtype  # a recipes.training directory's drafts load at the target's dtype
+    assert (
+        saved["meta"]["draft_dtypes"]["draft"] == dtype
+    )  # a recipes.training directory's drafts load at the target's dtype
     assert set(saved["summary"]) == set(config.methods)
     for name, s in saved["summary"].items():
         assert s["equals_target_only"] == 1.0, name  # every baseline here is lossless
@@ -149,8 +192,10 @@ def test_bench_json_schema(tiny_default, tmp_path):
     assert saved["summary"]["draft-model-auto"]["mean_accepted_length"] >= 1
     assert all(s["speedup_vs_target_only_linears"] > 0 for s in saved["summary"].values())
     assert len(saved["records"]) == 2 * 2 * len(config.methods) and {r["repeat"] for r in saved["records"]} == {0, 1}
-    assert all(s["repeats"] == 2 and s["speedup_spread"]["min"] <= s["speedup_vs_target_only"] * 1.0001 or s["prompts"] > 1
-               for s in saved["summary"].values())
+    assert all(
+        s["repeats"] == 2 and s["speedup_spread"]["min"] <= s["speedup_vs_target_only"] * 1.0001 or s["prompts"] > 1
+        for s in saved["summary"].values()
+    )
     assert saved["timing"]["repeats"] == 2 and isinstance(saved["timing"]["reliable"], bool)
     assert result["summary"] == saved["summary"]
 
@@ -164,10 +209,23 @@ def test_draft_dtype_section_renders_both_measurements():
     from benchmarks.report.render import draft_dtype_section
 
     ms = {"float32": {"1": 6.8, "3": 8.4}, "bfloat16": {"1": 4.1, "3": 5.5}}
-    result = {"meta": {"gamma": 3, "prompts": "completion items 20..", "hardware": "CPU", "command": "python -m benchmarks.studies.draft_dtype"},
-              "draft_forward_ms": {"glide": ms},
-              "end_to_end": {"target-only": {"speedup_vs_target_only": 1.0, "mean_accepted_length": None, "equals_target_only": True},
-                             "glide/bfloat16": {"speedup_vs_target_only": 1.42, "mean_accepted_length": 1.93, "equals_target_only": True}}}
+    result = {
+        "meta": {
+            "gamma": 3,
+            "prompts": "completion items 20..",
+            "hardware": "CPU",
+            "command": "python -m benchmarks.studies.draft_dtype",
+        },
+        "draft_forward_ms": {"glide": ms},
+        "end_to_end": {
+            "target-only": {"speedup_vs_target_only": 1.0, "mean_accepted_length": None, "equals_target_only": True},
+            "glide/bfloat16": {
+                "speedup_vs_target_only": 1.42,
+                "mean_accepted_length": 1.93,
+                "equals_target_only": True,
+            },
+        },
+    }
     text = draft_dtype_section(result)
     assert "| glide | 6.80 | 4.10 | 8.40 | 5.50 |" in text and "| glide/bfloat16 | 1.42× | 1.93 | yes |" in text
 
@@ -188,11 +246,17 @@ def test_context_bench_records_what_the_pool_can_copy(tiny_default, tmp_path):
     from benchmarks import methods  # noqa: F401  (registers casd-strict)
     from benchmarks.report.render import render
 
-    config = BenchConfig(task="context", methods=("target-only", "casd-strict"), num_prompts=2, max_new_tokens=8, warmup=0, repeats=1)
+    config = BenchConfig(
+        task="context", methods=("target-only", "casd-strict"), num_prompts=2, max_new_tokens=8, warmup=0, repeats=1
+    )
     stats = run_bench(load_default(tiny_default[0]), config, output=tmp_path / "context.json")["task_statistics"]
     assert stats["ngram"] == 4 and stats["context_tokens"] > stats["prompt_tokens"] > 0
-    assert 0.0 <= stats["reference_copyable_from_prompt"] <= 1.0 and 0.0 < stats["reference_copyable_from_context"] <= 1.0
-    assert "of the reference continuation's tokens lie in a 4-gram of the context" in render(tmp_path, checkpoint=tiny_default[0])
+    assert (
+        0.0 <= stats["reference_copyable_from_prompt"] <= 1.0 and 0.0 < stats["reference_copyable_from_context"] <= 1.0
+    )
+    assert "of the reference continuation's tokens lie in a 4-gram of the context" in render(
+        tmp_path, checkpoint=tiny_default[0]
+    )
 
 
 def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
@@ -209,7 +273,9 @@ def test_k_sweep_runs_every_matrix_losslessly(tiny_default):
     names = register_grid(2)
     assert register_grid(2) == names  # registering twice is harmless
     chosen = tuple(names)[:2]
-    result = run_bench(load_default(tiny_default[0]), BenchConfig(methods=chosen, num_prompts=1, max_new_tokens=8, warmup=0, repeats=1))
+    result = run_bench(
+        load_default(tiny_default[0]), BenchConfig(methods=chosen, num_prompts=1, max_new_tokens=8, warmup=0, repeats=1)
+    )
     for name in chosen:
         assert result["summary"][name]["equals_target_only"] == 1.0 and result["summary"][name]["swi_parameters"] > 0
     with pytest.raises(ValueError, match="num_drafts"):
@@ -229,19 +295,41 @@ def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
 
     run = tmp_path / "run"
     shutil.copytree(tiny_default[0], run)
-    row = {"alpha": 0.25, "position_acceptance_rate": 0.5, "mean_accepted_length": 2.5, "cost_coefficient": 0.1, "expected_speedup": 1.5, "speedup_vs_target_only": 0.9}
-    result = {"meta": {"hardware": "CPU", "dtype": "float32", "num_prompts": 2, "task": "completion", "max_new_tokens": 8, "date": "today",
-                       "draft_dtypes": {"glide": "bfloat16", "vanilla": "bfloat16"}},
-              "summary": {"glide": row, "glide+cape": {**row, "mean_accepted_length": 3.0}, "vanilla": row}}
+    row = {
+        "alpha": 0.25,
+        "position_acceptance_rate": 0.5,
+        "mean_accepted_length": 2.5,
+        "cost_coefficient": 0.1,
+        "expected_speedup": 1.5,
+        "speedup_vs_target_only": 0.9,
+    }
+    result = {
+        "meta": {
+            "hardware": "CPU",
+            "dtype": "float32",
+            "num_prompts": 2,
+            "task": "completion",
+            "max_new_tokens": 8,
+            "date": "today",
+            "draft_dtypes": {"glide": "bfloat16", "vanilla": "bfloat16"},
+        },
+        "summary": {"glide": row, "glide+cape": {**row, "mean_accepted_length": 3.0}, "vanilla": row},
+    }
     (tmp_path / "bench.json").write_text(json.dumps(result))
-    study = {"command": "python -m benchmarks.studies.state_glide", "heldout_tokens": 100,
-             "drafters": {"glide": {"agreement_by_step": [0.5, 0.6, 0.7], "alpha_step_1": 0.45}}}
+    study = {
+        "command": "python -m benchmarks.studies.state_glide",
+        "heldout_tokens": 100,
+        "drafters": {"glide": {"agreement_by_step": [0.5, 0.6, 0.7], "alpha_step_1": 0.45}},
+    }
     (tmp_path / "agreement.json").write_text(json.dumps(study))
     cards = write_drafter_cards(run, tmp_path / "bench.json", tmp_path / "agreement.json")
     assert "CPU, float32 (drafters bfloat16)" in cards[0].read_text()
     assert cards == [run / "glide" / "README.md", run / "vanilla" / "README.md"]
     glide_card = cards[0].read_text()
-    assert "- glide+cape (GLIDE γ=" in glide_card and "α (1 - TV(p, q)) 0.250, accepted / judged positions 0.500, mean accepted length 3.000" in glide_card  # the row names its settings
+    assert (
+        "- glide+cape (GLIDE γ=" in glide_card
+        and "α (1 - TV(p, q)) 0.250, accepted / judged positions 0.500, mean accepted length 3.000" in glide_card
+    )  # the row names its settings
     assert "not measured yet" not in glide_card
     assert "draft steps 1 / 2 / 3, each given the earlier ones: 0.500 / 0.600 / 0.700; α at step 1 0.450" in glide_card
     assert "draft steps 1 / 2 / 3" not in cards[1].read_text()  # the vanilla drafter was not in that study
@@ -259,11 +347,16 @@ def test_bench_config_errors():
     for bad in (0, -5, True, "all"):
         with pytest.raises(ValueError, match="context_prompt_chars"):
             BenchConfig(task="context", context_prompt_chars=bad)
-    assert (BenchConfig().context_prompt_chars, BenchConfig(profile="gpu").context_prompt_chars) == (3000, 1400)  # SmolLM2 reads 8K; the gpu target 512-token windows
+    assert (BenchConfig().context_prompt_chars, BenchConfig(profile="gpu").context_prompt_chars) == (
+        3000,
+        1400,
+    )  # SmolLM2 reads 8K; the gpu target 512-token windows
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "hf_specdraft", *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hf_specdraft", *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
 
 
 def test_cli_demo_on_tiny_default(tiny_default):
@@ -280,10 +373,15 @@ def test_demo_on_a_busy_machine_says_its_ratios_are_unreliable(tiny_default):
     from hf_specdraft.bench.timing import _cpu_jiffies
 
     cpus = _cpu_jiffies()[2] if _cpu_jiffies() else (os.cpu_count() or 1)
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(min(max(cpus - torch.get_num_threads(), 0) + 1, 8))]
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(min(max(cpus - torch.get_num_threads(), 0) + 1, 8))
+    ]
     try:
         time.sleep(0.5)
-        done = run_cli("demo", "--target", str(tiny_default[0]), "--num-prompts", "1", "--max-new-tokens", "8", "--repeats", "2")
+        done = run_cli(
+            "demo", "--target", str(tiny_default[0]), "--num-prompts", "1", "--max-new-tokens", "8", "--repeats", "2"
+        )
     finally:
         for loop in loops:
             loop.kill()
@@ -330,9 +428,12 @@ def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == sorted(SHIPPED_FILES)
     drafter = GlideForCausalLM.from_pretrained(folder)
     hub = save_glide_checkpoint(drafter, tmp_path / kind)
-    assert (hub / "modeling_glide.py").read_text() == (REPO / "hf_specdraft" / "glide" / "modeling_glide.py").read_text()
+    assert (hub / "modeling_glide.py").read_text() == (
+        REPO / "hf_specdraft" / "glide" / "modeling_glide.py"
+    ).read_text()
     # CAPE's Hub folder drafts from tokens alone: a GLIDE reading the target's state gets none (its card names the call)
     assert (hub / "custom_generate" / "generate.py").is_file() == (not drafter.config.state_input)
+
 
 def test_the_fixed_grid_rows_run_and_the_report_weighs_auto_against_them(tiny_default, tmp_path):
     """The default calls' grid: auto rows beside fixed γ and CAPE budgets, lossless; the report's line of auto / best fixed."""
@@ -341,12 +442,24 @@ def test_the_fixed_grid_rows_run_and_the_report_weighs_auto_against_them(tiny_de
     from hf_specdraft.bench import BenchConfig, run_bench
 
     methods = ("target-only", "vanilla", "vanilla-γ4", "vanilla-auto", "glide+cape-γ1b2", "draft-model-γ5")
-    result = run_bench(load_default(tiny_default[0]), BenchConfig(methods=methods, num_prompts=1, max_new_tokens=8, warmup=0, repeats=1),
-                       output=tmp_path / "grid.json")
+    result = run_bench(
+        load_default(tiny_default[0]),
+        BenchConfig(methods=methods, num_prompts=1, max_new_tokens=8, warmup=0, repeats=1),
+        output=tmp_path / "grid.json",
+    )
     assert all(result["summary"][m]["equals_target_only"] == 1.0 for m in methods)
-    summary = {"glide": {"speedup_vs_target_only": 1.2}, "glide-γ2": {"speedup_vs_target_only": 1.3}, "glide-auto": {"speedup_vs_target_only": 1.25},
-               "glide+cape-γ1b2": {"speedup_vs_target_only": 1.1}, "glide+cape-auto": {"speedup_vs_target_only": 1.2},
-               "glide-γ2-static": {"speedup_vs_target_only": 9.0}, "max-gram-auto": {"speedup_vs_target_only": 1.0}}
-    assert auto_against_fixed(summary) == [("glide-auto", 1.25, "glide-γ2", 1.3), ("glide+cape-auto", 1.2, "glide+cape-γ1b2", 1.1)]
+    summary = {
+        "glide": {"speedup_vs_target_only": 1.2},
+        "glide-γ2": {"speedup_vs_target_only": 1.3},
+        "glide-auto": {"speedup_vs_target_only": 1.25},
+        "glide+cape-γ1b2": {"speedup_vs_target_only": 1.1},
+        "glide+cape-auto": {"speedup_vs_target_only": 1.2},
+        "glide-γ2-static": {"speedup_vs_target_only": 9.0},
+        "max-gram-auto": {"speedup_vs_target_only": 1.0},
+    }
+    assert auto_against_fixed(summary) == [
+        ("glide-auto", 1.25, "glide-γ2", 1.3),
+        ("glide+cape-auto", 1.2, "glide+cape-γ1b2", 1.1),
+    ]
     assert "glide-auto 1.25× = 96% of glide-γ2 1.30×" in auto_line(summary)  # no fixed Max-Gram row: no Max-Gram pair
     assert "Auto against the best fixed setting" in render(tmp_path, checkpoint=tiny_default[0])

@@ -10,7 +10,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import tiny_model
-from hf_specdraft import DraftModelCandidateGenerator, GlideCandidateGenerator, GlideConfig, GlideForCausalLM, speculative_generate
+from hf_specdraft import (
+    DraftModelCandidateGenerator,
+    GlideCandidateGenerator,
+    GlideConfig,
+    GlideForCausalLM,
+    speculative_generate,
+)
 from hf_specdraft.glide import GlideTrainingArguments, train_glide
 from multi_device_checks import NEW_TOKENS, lossless_checks, prompt
 
@@ -29,8 +35,9 @@ def saved(tmp_path_factory):
 
 
 def spread(folder, cpu: str):
-    return AutoModelForCausalLM.from_pretrained(folder / "target", device_map="auto", max_memory={"cpu": cpu},
-                                                offload_folder=str(folder / f"offload-{cpu}")).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        folder / "target", device_map="auto", max_memory={"cpu": cpu}, offload_folder=str(folder / f"offload-{cpu}")
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,9 @@ def results(saved):
     folder, _, glide, draft = saved
     target = spread(folder, CPU_SHARE)
     placed = target.hf_device_map
-    assert {placed.get("model.layers.0"), placed.get("model.layers.1")} == {"cpu", "disk"}, placed  # split inside the stack
+    assert {placed.get("model.layers.0"), placed.get("model.layers.1")} == {"cpu", "disk"}, (
+        placed
+    )  # split inside the stack
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the function-scoped one_thread fixture, which a module fixture runs before
     try:
@@ -47,9 +56,28 @@ def results(saved):
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("check", ["draft-model", "glide", "glide-fixed", "cape+glide", "cape-beam+glide", "cape+draft-model", "cascade",
-                                   "max-gram", "casd", "static/draft-model", "static/glide", "static/cape+glide", "batch/draft-model",
-                                   "batch/glide", "state+draft-model", "static/state+draft-model", "batch/state+draft-model"])
+@pytest.mark.parametrize(
+    "check",
+    [
+        "draft-model",
+        "glide",
+        "glide-fixed",
+        "cape+glide",
+        "cape-beam+glide",
+        "cape+draft-model",
+        "cascade",
+        "max-gram",
+        "casd",
+        "static/draft-model",
+        "static/glide",
+        "static/cape+glide",
+        "batch/draft-model",
+        "batch/glide",
+        "state+draft-model",
+        "static/state+draft-model",
+        "batch/state+draft-model",
+    ],
+)
 def test_every_method_is_lossless_on_a_target_over_cpu_and_disk(results, check):
     assert results[check]["ok"], results[check]["detail"]
 
@@ -62,7 +90,9 @@ def test_a_target_wholly_on_disk(saved):
     x = prompt(int(target.config.vocab_size))
     reference = target.generate(x, max_new_tokens=NEW_TOKENS, do_sample=False)  # the same weights, in memory
     for drafter in (GlideCandidateGenerator(glide), DraftModelCandidateGenerator(draft)):
-        assert torch.equal(speculative_generate(on_disk, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS), reference)
+        assert torch.equal(
+            speculative_generate(on_disk, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS), reference
+        )
 
 
 def test_glide_trains_against_a_target_over_cpu_and_disk(saved, tmp_path):
@@ -72,8 +102,20 @@ def test_glide_trains_against_a_target_over_cpu_and_disk(saved, tmp_path):
     glide = GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32))
     before = {k: v.clone() for k, v in glide.state_dict().items()}
     data = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(0)).repeat(20)
-    log = train_glide(on_disk, glide, data, GlideTrainingArguments(output_dir=str(tmp_path), max_steps=4, seq_len=16, per_device_batch_size=2,
-                                                                   warmup_steps=1, logging_steps=1, progress_bar=False))
+    log = train_glide(
+        on_disk,
+        glide,
+        data,
+        GlideTrainingArguments(
+            output_dir=str(tmp_path),
+            max_steps=4,
+            seq_len=16,
+            per_device_batch_size=2,
+            warmup_steps=1,
+            logging_steps=1,
+            progress_bar=False,
+        ),
+    )
     assert len(log["steps"]) == 4 and on_disk.hf_device_map  # trained, and the target left where it was spread
     assert any(not torch.equal(before[k], v) for k, v in glide.state_dict().items() if "cross_attn" in k)
 
@@ -82,5 +124,12 @@ def test_training_against_a_target_split_by_tensor_parallelism_is_refused(saved,
     _, target, glide, _ = saved
     split = tiny_model("llama")
     split._tp_size = 2  # what from_pretrained(tp_plan="auto") records on each rank's shard
-    with pytest.raises(ValueError, match=r"split over 2 ranks by tensor parallelism .*device_map='auto'.*tp_plan='auto'"):
-        train_glide(split, glide, torch.arange(96).repeat(4), GlideTrainingArguments(output_dir=str(tmp_path), max_steps=1, seq_len=16))
+    with pytest.raises(
+        ValueError, match=r"split over 2 ranks by tensor parallelism .*device_map='auto'.*tp_plan='auto'"
+    ):
+        train_glide(
+            split,
+            glide,
+            torch.arange(96).repeat(4),
+            GlideTrainingArguments(output_dir=str(tmp_path), max_steps=1, seq_len=16),
+        )

@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdraft import CapeCandidateGenerator, GlideCandidateGenerator, GlideConfig, GlideForCausalLM, speculative_generate
+from hf_specdraft import (
+    CapeCandidateGenerator,
+    GlideCandidateGenerator,
+    GlideConfig,
+    GlideForCausalLM,
+    speculative_generate,
+)
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator
 from conftest import VOCAB, greedy_reference, tiny_model
 
@@ -27,8 +33,11 @@ def test_a_draft_on_another_device_is_refused_naming_both_devices(drafter):
     target = tiny_model("llama")
     draft = tiny_model("llama", seed=3, num_hidden_layers=1) if drafter == "draft_model" else glide_for(target)
     draft.to("meta")
-    generator = {"draft_model": lambda: DraftModelCandidateGenerator(draft, 3), "glide": lambda: GlideCandidateGenerator(draft),
-                 "cape over glide": lambda: CapeCandidateGenerator(GlideCandidateGenerator(draft))}[drafter]()
+    generator = {
+        "draft_model": lambda: DraftModelCandidateGenerator(draft, 3),
+        "glide": lambda: GlideCandidateGenerator(draft),
+        "cape over glide": lambda: CapeCandidateGenerator(GlideCandidateGenerator(draft)),
+    }[drafter]()
     with pytest.raises(ValueError, match=r"is on meta but the target is on cpu: .*\.to\(target\.device\)"):
         speculative_generate(target, prompt(), candidate_generator=generator, max_new_tokens=4)
 

@@ -45,20 +45,41 @@ def find_forbidden(text: str) -> list[tuple[int, str, str]]:
     return hits
 
 
-@pytest.mark.parametrize("text", [
-    "Since #49 a GLIDE-family drafter copies", "(issue #32: auto >= 95 % of the best)", "Goal (issue 2): ratio",
-    "(glide_cape.txt §4.1)", "casd.txt Algorithm 1", "see ../shared/papers", "on a lent GPU machine",
-    "the `budget_left_s` that status reports", "earlier sessions' VMs", "Habit 13: benchmarks/ import the package",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Since #49 a GLIDE-family drafter copies",
+        "(issue #32: auto >= 95 % of the best)",
+        "Goal (issue 2): ratio",
+        "(glide_cape.txt §4.1)",
+        "casd.txt Algorithm 1",
+        "see ../shared/papers",
+        "on a lent GPU machine",
+        "the `budget_left_s` that status reports",
+        "earlier sessions' VMs",
+        "Habit 13: benchmarks/ import the package",
+    ],
+)
 def test_the_check_sees_what_it_forbids(text):
     assert find_forbidden(text)
 
 
-@pytest.mark.parametrize("text", [
-    "color: #1f77b4", "edgecolor='#333'", "[Draft length](usage.md#draft-length)", "&#39;", "x[#1]",
-    "https://github.com/org/repo/pull/12#issuecomment-1", "CAPE's budget 'auto'", "verification_budget (default 32)",
-    "Du et al. 2024, §4.1", "test_glide_cape_hub.py", "the silent glimpse is learnt again",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "color: #1f77b4",
+        "edgecolor='#333'",
+        "[Draft length](usage.md#draft-length)",
+        "&#39;",
+        "x[#1]",
+        "https://github.com/org/repo/pull/12#issuecomment-1",
+        "CAPE's budget 'auto'",
+        "verification_budget (default 32)",
+        "Du et al. 2024, §4.1",
+        "test_glide_cape_hub.py",
+        "the silent glimpse is learnt again",
+    ],
+)
 def test_the_check_leaves_ordinary_text(text):
     assert not find_forbidden(text)
 
@@ -94,7 +115,9 @@ def test_recorded_files_name_no_machine_folder():
         parts = path.relative_to(ROOT).parts
         if path.suffix not in RECORDED or path.name == Path(__file__).name or not path.is_file():
             continue
-        if any(part.startswith(".") or part in ("build", "__pycache__") or part.endswith(".egg-info") for part in parts):
+        if any(
+            part.startswith(".") or part in ("build", "__pycache__") or part.endswith(".egg-info") for part in parts
+        ):
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
             if MACHINE_PATH.search(line):

@@ -34,8 +34,9 @@ def generators(target, arch):
         "glide": GlideCandidateGenerator(glide, num_draft_tokens=3),
         "glide+cape": CapeCandidateGenerator(GlideCandidateGenerator(glide, num_draft_tokens=2), budget=5),
         "draft+cape": CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 3), budget=8),
-        "cascade": CascadeCandidateGenerator([draft, bf16_copy(tiny_model(arch, seed=3))], k_matrix=[[2, 1, 2], [0, 1, 2], [0, 0, 2]],
-                                             bigram_table=TABLE),
+        "cascade": CascadeCandidateGenerator(
+            [draft, bf16_copy(tiny_model(arch, seed=3))], k_matrix=[[2, 1, 2], [0, 1, 2], [0, 0, 2]], bigram_table=TABLE
+        ),
     }
 
 
@@ -45,10 +46,14 @@ def test_bf16_drafters_are_lossless_next_to_a_float32_target(arch):
     x = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
     reference = greedy_reference(target, x, 24)
     for name, generator in generators(target, arch).items():
-        out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=24, do_sample=False, return_dict_in_generate=True)
+        out = speculative_generate(
+            target, x, candidate_generator=generator, max_new_tokens=24, do_sample=False, return_dict_in_generate=True
+        )
         assert torch.equal(out.sequences, reference), name
         if "glide" not in name:  # a random GLIDE gets nothing accepted; the target's own bf16 weights get most
-            assert out.speculative_stats.accepted_tokens > 0, f"{name}: a bf16 copy of the target should get drafts accepted"
+            assert out.speculative_stats.accepted_tokens > 0, (
+                f"{name}: a bf16 copy of the target should get drafts accepted"
+            )
 
 
 def test_bf16_draft_distribution_reaches_the_loop_in_float32():
@@ -64,8 +69,15 @@ def test_bf16_draft_samples():
     target = tiny_model()
     x = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
     torch.manual_seed(0)
-    out = speculative_generate(target, x, draft_model=bf16_copy(target), num_draft_tokens=3, max_new_tokens=16, do_sample=True,
-                               return_dict_in_generate=True)
+    out = speculative_generate(
+        target,
+        x,
+        draft_model=bf16_copy(target),
+        num_draft_tokens=3,
+        max_new_tokens=16,
+        do_sample=True,
+        return_dict_in_generate=True,
+    )
     assert out.sequences.shape == (1, 22) and out.speculative_stats.alpha is not None
 
 

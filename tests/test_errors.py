@@ -19,7 +19,9 @@ X = torch.tensor([[1, 2, 3, 4]])
 
 def test_right_padded_attention_mask(target):
     with pytest.raises(ValueError, match="left padding"):
-        speculative_generate(target, X, draft_model=target, attention_mask=torch.tensor([[1, 1, 1, 0]]), max_new_tokens=4)
+        speculative_generate(
+            target, X, draft_model=target, attention_mask=torch.tensor([[1, 1, 1, 0]]), max_new_tokens=4
+        )
 
 
 def test_batch_without_a_pad_token_for_rows_of_different_lengths(target):
@@ -47,7 +49,13 @@ def test_draft_with_another_vocabulary(target):
 
 def test_cache_implementations_other_than_dynamic_and_static(target):
     with pytest.raises(ValueError, match="cache_implementation='offloaded_static' is not supported.*'static'"):
-        target.generate(X, custom_generate=speculative_generate, draft_model=target, max_new_tokens=4, cache_implementation="offloaded_static")
+        target.generate(
+            X,
+            custom_generate=speculative_generate,
+            draft_model=target,
+            max_new_tokens=4,
+            cache_implementation="offloaded_static",
+        )
 
 
 def test_no_drafter_or_two_drafters(target):
@@ -70,6 +78,7 @@ def test_drafter_proposing_ids_outside_vocab(target):
     class Bad(OracleDrafter):
         def propose(self, input_ids, target_cache=None):
             from hf_specdraft import DraftTree
+
             return DraftTree.chain(torch.tensor([10_000]))
 
     with pytest.raises(ValueError, match="outside the target's vocabulary"):
@@ -105,12 +114,18 @@ def test_bench_never_overwrites_a_result_unless_told(tmp_path, monkeypatch):
     from hf_specdraft.cli import bench_output_path
 
     monkeypatch.chdir(tmp_path)
-    assert bench_output_path(None, "cpu", "chat") == tmp_path.joinpath("benchmarks/results/cpu-chat.json").relative_to(tmp_path)
+    assert bench_output_path(None, "cpu", "chat") == tmp_path.joinpath("benchmarks/results/cpu-chat.json").relative_to(
+        tmp_path
+    )
     committed = tmp_path / "benchmarks" / "results" / "cpu-chat.json"
     committed.parent.mkdir(parents=True)
     committed.write_text("{}")
     fresh = bench_output_path(None, "cpu", "chat")
-    assert fresh.parent == committed.parent.relative_to(tmp_path) and fresh.name.startswith("cpu-chat-") and not fresh.exists()
+    assert (
+        fresh.parent == committed.parent.relative_to(tmp_path)
+        and fresh.name.startswith("cpu-chat-")
+        and not fresh.exists()
+    )
     assert bench_output_path(None, "cpu", "chat", overwrite=True).name == "cpu-chat.json"
     assert bench_output_path("mine.json", "cpu", "chat") == __import__("pathlib").Path("mine.json")
 
@@ -118,8 +133,13 @@ def test_bench_never_overwrites_a_result_unless_told(tmp_path, monkeypatch):
 # --- what a new user passes first -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model, match", [("HuggingFaceTB/SmolLM2-135M", r"got the string 'HuggingFaceTB/SmolLM2-135M': load it first"),
-                                          (torch.nn.Linear(2, 2), "PreTrainedModel with generate\\(\\) .*got Linear")])
+@pytest.mark.parametrize(
+    "model, match",
+    [
+        ("HuggingFaceTB/SmolLM2-135M", r"got the string 'HuggingFaceTB/SmolLM2-135M': load it first"),
+        (torch.nn.Linear(2, 2), "PreTrainedModel with generate\\(\\) .*got Linear"),
+    ],
+)
 def test_a_target_that_is_no_model_is_named(model, match):
     with pytest.raises(TypeError, match=match):
         speculative_generate(model, X, draft_model=tiny_model(), max_new_tokens=4)
@@ -131,16 +151,24 @@ def test_a_padded_batch_without_attention_mask_is_refused_when_pad_is_eos(target
     with pytest.raises(ValueError, match=r"rows \[0\] begin with pad tokens \(pad_token_id=0\) but no attention_mask"):
         speculative_generate(target, ids, draft_model=target, max_new_tokens=3, pad_token_id=0, eos_token_id=0)
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # with the mask it runs
-    assert speculative_generate(target, ids, attention_mask=mask, draft_model=target, max_new_tokens=3, pad_token_id=0,
-                                eos_token_id=0).shape[0] == 2
+    assert (
+        speculative_generate(
+            target, ids, attention_mask=mask, draft_model=target, max_new_tokens=3, pad_token_id=0, eos_token_id=0
+        ).shape[0]
+        == 2
+    )
     shared_bos = torch.tensor([[0, 5, 6, 7], [0, 4, 5, 6]])  # every row starts with one pad-as-BOS: no padding
-    assert speculative_generate(target, shared_bos, draft_model=target, max_new_tokens=3, pad_token_id=0, eos_token_id=0).shape == (2, 7)
+    assert speculative_generate(
+        target, shared_bos, draft_model=target, max_new_tokens=3, pad_token_id=0, eos_token_id=0
+    ).shape == (2, 7)
 
 
 def test_statistics_print_as_one_short_line(target):
     out = speculative_generate(target, X, draft_model=target, max_new_tokens=6, return_dict_in_generate=True)
     text = repr(out.speculative_stats)
-    assert text.startswith("SpeculativeStats(steps=") and "new_tokens=6" in text and "\n" not in text and len(text) < 200
+    assert (
+        text.startswith("SpeculativeStats(steps=") and "new_tokens=6" in text and "\n" not in text and len(text) < 200
+    )
     assert str(out.speculative_stats) == text and out.speculative_stats.steps  # the full per-step data is still there
 
 
@@ -162,7 +190,9 @@ def test_cli_fails_at_once_for_a_hub_id_it_cannot_reach(offline, monkeypatch, ca
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     if not offline:  # no network: the Hub's host name does not resolve
-        monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: (_ for _ in ()).throw(socket.gaierror(-2, "no network")))
+        monkeypatch.setattr(
+            socket, "getaddrinfo", lambda *args, **kwargs: (_ for _ in ()).throw(socket.gaierror(-2, "no network"))
+        )
     started = time.perf_counter()
     assert main(["demo", "--target", "someone/no-such-model"]) == 2
     assert time.perf_counter() - started < 5
@@ -175,9 +205,13 @@ def test_cli_help_imports_neither_torch_nor_transformers():
     import subprocess
     import sys
 
-    code = ("import sys; from hf_specdraft import cli; cli.build_parser().format_help(); "
-            "print(sorted(m for m in ('torch', 'transformers', 'hf_specdraft.glide', 'hf_specdraft.bench') if m in sys.modules))")
+    code = (
+        "import sys; from hf_specdraft import cli; cli.build_parser().format_help(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'hf_specdraft.glide', 'hf_specdraft.bench') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
     done = subprocess.run([sys.executable, "-m", "hf_specdraft", "--help"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and all(name in done.stdout for name in ("demo", "bench", "train-glide", "build-bigram"))
+    assert done.returncode == 0 and all(
+        name in done.stdout for name in ("demo", "bench", "train-glide", "build-bigram")
+    )

@@ -24,28 +24,58 @@ TYPES = ["sliding_attention", "full_attention"]
 
 
 def text_config(window: int, **overrides) -> Gemma4TextConfig:
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                  global_head_dim=16, sliding_window=window, max_position_embeddings=256, pad_token_id=None, bos_token_id=None,
-                  eos_token_id=None)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=16,
+        sliding_window=window,
+        max_position_embeddings=256,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return Gemma4TextConfig(**{**common, **overrides})
 
 
 def gemma4_target(window: int = 8, seed: int = 0):
     """4 layers, sliding and full in turn, the last two reading the first two's keys and values (DummyLayer in the cache)."""
     torch.manual_seed(seed)
-    config = text_config(window, num_hidden_layers=4, layer_types=TYPES * 2, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
-                         vocab_size_per_layer_input=VOCAB)
+    config = text_config(
+        window,
+        num_hidden_layers=4,
+        layer_types=TYPES * 2,
+        num_kv_shared_layers=2,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB,
+    )
     return AutoModelForCausalLM.from_config(config).eval()
 
 
 @pytest.fixture
 def assistant(monkeypatch):
     modes = Gemma4TextConfig.kv_sharing_modes
-    monkeypatch.setattr(Gemma4TextConfig, "kv_sharing_modes", property(
-        lambda self: ["reuse"] * self.num_hidden_layers if self.num_kv_shared_layers == self.num_hidden_layers else modes.fget(self)))
+    monkeypatch.setattr(
+        Gemma4TextConfig,
+        "kv_sharing_modes",
+        property(
+            lambda self: (
+                ["reuse"] * self.num_hidden_layers
+                if self.num_kv_shared_layers == self.num_hidden_layers
+                else modes.fget(self)
+            )
+        ),
+    )
     torch.manual_seed(1)
-    config = Gemma4AssistantConfig(text_config=text_config(8, num_hidden_layers=2, layer_types=TYPES, hidden_size_per_layer_input=0,
-                                                           vocab_size_per_layer_input=0), backbone_hidden_size=32)
+    config = Gemma4AssistantConfig(
+        text_config=text_config(
+            8, num_hidden_layers=2, layer_types=TYPES, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0
+        ),
+        backbone_hidden_size=32,
+    )
     model = Gemma4AssistantForCausalLM(config).eval()
     model.generation_config.num_assistant_tokens = 3  # None by default; transformers' own loop calls int() on it
     return model
@@ -69,7 +99,9 @@ def test_gemma4_target_is_lossless_past_its_window(mode, static, one_thread):
     x = prompt()
     reference = greedy_reference(target, x, 24)  # 36 tokens: several windows
     kwargs = {"cache_implementation": "static"} if static else {}
-    out = speculative_generate(target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=24, **kwargs)
+    out = speculative_generate(
+        target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=24, **kwargs
+    )
     assert torch.equal(out, reference)
 
 
@@ -80,19 +112,34 @@ def test_gemma4_target_in_a_padded_batch(static, one_thread):
     references = [greedy_reference(target, p, 14) for p in prompts]
     x, mask = torch.zeros(2, 12, dtype=torch.long), torch.zeros(2, 12, dtype=torch.long)
     for r, p in enumerate(prompts):
-        x[r, 12 - p.shape[1]:], mask[r, 12 - p.shape[1]:] = p[0], 1
+        x[r, 12 - p.shape[1] :], mask[r, 12 - p.shape[1] :] = p[0], 1
     kwargs = {"cache_implementation": "static"} if static else {}
-    out = speculative_generate(target, x, attention_mask=mask, candidate_generator=[OracleDrafter(ref, "tree") for ref in references],
-                               max_new_tokens=14, pad_token_id=0, **kwargs)
+    out = speculative_generate(
+        target,
+        x,
+        attention_mask=mask,
+        candidate_generator=[OracleDrafter(ref, "tree") for ref in references],
+        max_new_tokens=14,
+        pad_token_id=0,
+        **kwargs,
+    )
     for r, (p, ref) in enumerate(zip(prompts, references)):
-        assert torch.equal(out[r, 12 - p.shape[1]:][: ref.shape[1]], ref[0])
+        assert torch.equal(out[r, 12 - p.shape[1] :][: ref.shape[1]], ref[0])
 
 
 def test_gemma4_target_with_a_draft_model_and_cape(one_thread):
     target = gemma4_target()
     torch.manual_seed(2)
-    draft = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                         num_key_value_heads=2, intermediate_size=64)).eval()
+    draft = AutoModelForCausalLM.from_config(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+        )
+    ).eval()
     x = prompt()
     reference = greedy_reference(target, x, 20)
     for kwargs in ({}, {"cache_implementation": "static"}):
@@ -106,13 +153,19 @@ def test_glide_refuses_a_gemma4_target_by_name():
         GlideConfig.from_target_config(gemma4_target().config, hidden_size=32)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"cache_implementation": "static"}, {"num_draft_tokens": 3}], ids=["auto", "static", "fixed"])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"cache_implementation": "static"}, {"num_draft_tokens": 3}], ids=["auto", "static", "fixed"]
+)
 def test_assistant_through_draft_model_is_lossless(assistant, kwargs, one_thread):
     target = gemma4_target()
     x = prompt()
     reference = greedy_reference(target, x, 20)
-    assert torch.equal(greedy_reference(target, x, 20, assistant_model=assistant), reference)  # transformers' own loop agrees
-    out = speculative_generate(target, x, draft_model=assistant, max_new_tokens=20, return_dict_in_generate=True, **kwargs)
+    assert torch.equal(
+        greedy_reference(target, x, 20, assistant_model=assistant), reference
+    )  # transformers' own loop agrees
+    out = speculative_generate(
+        target, x, draft_model=assistant, max_new_tokens=20, return_dict_in_generate=True, **kwargs
+    )
     assert torch.equal(out.sequences, reference)
     stats = out.speculative_stats
     assert stats.drafter_calls.get("draft", 0) > 0  # it drafted, not only the target
@@ -122,8 +175,14 @@ def test_assistant_through_draft_model_is_lossless(assistant, kwargs, one_thread
 def test_assistant_in_a_batch_through_generate(assistant, one_thread):
     target = gemma4_target()
     x = prompt(2, 10, seed=4)
-    out = target.generate(x, custom_generate=speculative_generate, draft_model=assistant, max_new_tokens=14, do_sample=False,
-                          cache_implementation="static")
+    out = target.generate(
+        x,
+        custom_generate=speculative_generate,
+        draft_model=assistant,
+        max_new_tokens=14,
+        do_sample=False,
+        cache_implementation="static",
+    )
     for r in range(2):
         assert torch.equal(out[r : r + 1], greedy_reference(target, x[r : r + 1], 14))
 
@@ -158,9 +217,12 @@ def test_transformers_gemma4_generator_as_a_candidate_generator(assistant, one_t
     x = prompt()
     reference = greedy_reference(target, x, 20)
     for kwargs in ({}, {"cache_implementation": "static"}):
-        generator = SinglePositionMultiTokenCandidateGenerator(assistant, target.get_input_embeddings(),
-                                                               GenerationConfig(max_length=reference.shape[1]))
-        out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=20, return_dict_in_generate=True, **kwargs)
+        generator = SinglePositionMultiTokenCandidateGenerator(
+            assistant, target.get_input_embeddings(), GenerationConfig(max_length=reference.shape[1])
+        )
+        out = speculative_generate(
+            target, x, candidate_generator=generator, max_new_tokens=20, return_dict_in_generate=True, **kwargs
+        )
         assert torch.equal(out.sequences, reference)
         assert max(step.drafted for step in out.speculative_stats.steps) == 3  # it drafted its num_assistant_tokens
 

@@ -22,8 +22,13 @@ def test_greedy_equals_target_greedy(arch, attn, mode):
     x = prompt()
     ref = greedy_reference(target, x, 24)
     drafter = OracleDrafter(ref, mode, k=4)
-    out = target.generate(x, custom_generate=speculative_generate, candidate_generator=drafter, max_new_tokens=24,
-                          return_dict_in_generate=True)
+    out = target.generate(
+        x,
+        custom_generate=speculative_generate,
+        candidate_generator=drafter,
+        max_new_tokens=24,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(out.sequences, ref)
     stats = out.speculative_stats
     if mode == "wrong":
@@ -38,13 +43,20 @@ def test_direct_call_equals_custom_generate(arch):
     x = prompt()
     ref = greedy_reference(target, x, 20)
     assert torch.equal(speculative_generate(target, x, draft_model=draft, max_new_tokens=20), ref)
-    assert torch.equal(target.generate(x, custom_generate=speculative_generate, draft_model=draft, num_draft_tokens=3, max_new_tokens=20), ref)
+    assert torch.equal(
+        target.generate(
+            x, custom_generate=speculative_generate, draft_model=draft, num_draft_tokens=3, max_new_tokens=20
+        ),
+        ref,
+    )
 
 
 def test_draft_model_drafter_is_fully_accepted_when_draft_is_target():
     target = tiny_model()
     x = prompt()
-    out = speculative_generate(target, x, draft_model=target, num_draft_tokens=3, max_new_tokens=16, return_dict_in_generate=True)
+    out = speculative_generate(
+        target, x, draft_model=target, num_draft_tokens=3, max_new_tokens=16, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, greedy_reference(target, x, 16))
     stats = out.speculative_stats
     assert stats.accepted_per_drafted == 1.0 and stats.position_acceptance_rate == 1.0
@@ -54,7 +66,7 @@ def test_draft_model_drafter_is_fully_accepted_when_draft_is_target():
 def test_eos_inside_accepted_draft():
     target = tiny_model()
     x = prompt()
-    free = greedy_reference(target, x, 16)[0, x.shape[1]:].tolist()
+    free = greedy_reference(target, x, 16)[0, x.shape[1] :].tolist()
     eos = free[5]  # the 6th generated token: inside the second drafted chain of 4
     ref = greedy_reference(target, x, 16, eos_token_id=eos)
     assert ref[0, -1] == eos and ref.shape[1] < x.shape[1] + 16
@@ -66,7 +78,7 @@ def test_eos_inside_accepted_draft():
 def test_several_eos_token_ids():
     target = tiny_model()
     x = prompt()
-    free = greedy_reference(target, x, 16)[0, x.shape[1]:].tolist()
+    free = greedy_reference(target, x, 16)[0, x.shape[1] :].tolist()
     eos = [VOCAB - 1 if free[7] != VOCAB - 1 else VOCAB - 2, free[7]]
     ref = greedy_reference(target, x, 16, eos_token_id=eos)
     out = speculative_generate(target, x, draft_model=tiny_model(seed=5), max_new_tokens=16, eos_token_id=eos)
@@ -88,14 +100,18 @@ def test_prompt_of_one_token():
     target = tiny_model()
     x = prompt(length=1)
     ref = greedy_reference(target, x, 10)
-    assert torch.equal(speculative_generate(target, x, candidate_generator=OracleDrafter(ref, "tree"), max_new_tokens=10), ref)
+    assert torch.equal(
+        speculative_generate(target, x, candidate_generator=OracleDrafter(ref, "tree"), max_new_tokens=10), ref
+    )
 
 
 def test_repetition_penalty_with_tree():
     target = tiny_model()
     x = prompt()
     ref = greedy_reference(target, x, 20, repetition_penalty=1.5)
-    out = speculative_generate(target, x, candidate_generator=OracleDrafter(ref, "tree"), max_new_tokens=20, repetition_penalty=1.5)
+    out = speculative_generate(
+        target, x, candidate_generator=OracleDrafter(ref, "tree"), max_new_tokens=20, repetition_penalty=1.5
+    )
     assert torch.equal(out, ref)
 
 
@@ -122,18 +138,29 @@ def test_streamer_receives_prompt_then_every_token():
     x = prompt()
     ref = greedy_reference(target, x, 12)
     streamer = Collect()
-    speculative_generate(target, x, candidate_generator=OracleDrafter(ref, "right"), max_new_tokens=12, streamer=streamer)
+    speculative_generate(
+        target, x, candidate_generator=OracleDrafter(ref, "right"), max_new_tokens=12, streamer=streamer
+    )
     assert streamer.chunks[0] == x[0].tolist() and streamer.ended
-    assert sum(streamer.chunks[1:], []) == ref[0, x.shape[1]:].tolist()
+    assert sum(streamer.chunks[1:], []) == ref[0, x.shape[1] :].tolist()
     assert len(streamer.chunks) == 1 + 3  # tokens arrive a step (up to 5) at a time
 
 
 def test_output_scores_match_target_generate():
     target = tiny_model()
     x = prompt()
-    ref = target.generate(x, max_new_tokens=8, do_sample=False, output_scores=True, output_logits=True, return_dict_in_generate=True)
-    out = speculative_generate(target, x, candidate_generator=OracleDrafter(ref.sequences, "tree"), max_new_tokens=8,
-                               output_scores=True, output_logits=True, return_dict_in_generate=True)
+    ref = target.generate(
+        x, max_new_tokens=8, do_sample=False, output_scores=True, output_logits=True, return_dict_in_generate=True
+    )
+    out = speculative_generate(
+        target,
+        x,
+        candidate_generator=OracleDrafter(ref.sequences, "tree"),
+        max_new_tokens=8,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     assert len(out.scores) == len(ref.scores) == 8
     for ours, theirs in zip(out.logits, ref.logits):
         torch.testing.assert_close(ours, theirs.float(), atol=1e-4, rtol=1e-4)
@@ -142,7 +169,9 @@ def test_output_scores_match_target_generate():
 def test_stats_are_consistent():
     target = tiny_model()
     x = prompt()
-    out = speculative_generate(target, x, draft_model=tiny_model(seed=9), num_draft_tokens=3, max_new_tokens=20, return_dict_in_generate=True)
+    out = speculative_generate(
+        target, x, draft_model=tiny_model(seed=9), num_draft_tokens=3, max_new_tokens=20, return_dict_in_generate=True
+    )
     s = out.speculative_stats
     assert s.new_tokens == out.sequences.shape[1] - x.shape[1] == 20
     assert s.num_steps == len(s.steps) and 0 <= s.accepted_per_drafted <= s.position_acceptance_rate <= 1
@@ -181,7 +210,12 @@ def test_duplicated_branches_stay_lossless_and_are_merged(arch, mode):
     target = tiny_model(arch)
     x = prompt()
     ref = greedy_reference(target, x, 16)
-    out = speculative_generate(target, x, candidate_generator=DuplicatingDrafter(ref, mode, k=3), max_new_tokens=16,
-                               return_dict_in_generate=True)
+    out = speculative_generate(
+        target,
+        x,
+        candidate_generator=DuplicatingDrafter(ref, mode, k=3),
+        max_new_tokens=16,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(out.sequences, ref)
     assert all(step.tree_size <= {"right": 3, "wrong": 3, "tree": 9}[mode] for step in out.speculative_stats.steps)

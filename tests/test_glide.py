@@ -38,8 +38,20 @@ def briefly_trained_glide(target, output_dir) -> GlideForCausalLM:
     glide = make_glide(target)
     with torch.no_grad():
         text = target.generate(prompt(4 * 16, seed=2).view(16, 4), max_new_tokens=40, do_sample=False)
-    train_glide(target, glide, text, GlideTrainingArguments(output_dir=str(output_dir), max_steps=60, seq_len=24, per_device_batch_size=8,
-                                                            learning_rate=1e-2, warmup_steps=3, progress_bar=False))
+    train_glide(
+        target,
+        glide,
+        text,
+        GlideTrainingArguments(
+            output_dir=str(output_dir),
+            max_steps=60,
+            seq_len=24,
+            per_device_batch_size=8,
+            learning_rate=1e-2,
+            warmup_steps=3,
+            progress_bar=False,
+        ),
+    )
     return glide.eval()
 
 
@@ -77,7 +89,9 @@ def test_speculative_generate_greedy_matches_target(arch, trained, tmp_path):
     glide = briefly_trained_glide(target, tmp_path) if trained else make_glide(target)
     x = prompt(7, seed=1)
     generator = GlideCandidateGenerator(glide, num_draft_tokens=4)
-    out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=20, return_dict_in_generate=True)
+    out = speculative_generate(
+        target, x, candidate_generator=generator, max_new_tokens=20, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     accepted = sum(step.accepted for step in out.speculative_stats.steps)
     if trained:  # accepted drafts exercise GLIDE's cache re-sync on a common prefix longer than the old text
@@ -101,8 +115,12 @@ def test_vanilla_drafter_is_lossless_and_has_no_cross_attention():
     assert sum(p.numel() for p in vanilla.parameters()) < sum(p.numel() for p in glide.parameters())
     x = prompt(6, seed=2)
     expected = greedy_reference(target, x, 16)
-    assert torch.equal(target.generate(x, assistant_model=vanilla, max_new_tokens=16, do_sample=False), expected)  # no attach needed
-    out = speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(vanilla, num_draft_tokens=3), max_new_tokens=16)
+    assert torch.equal(
+        target.generate(x, assistant_model=vanilla, max_new_tokens=16, do_sample=False), expected
+    )  # no attach needed
+    out = speculative_generate(
+        target, x, candidate_generator=GlideCandidateGenerator(vanilla, num_draft_tokens=3), max_new_tokens=16
+    )
     assert torch.equal(out, expected)
 
 
@@ -121,9 +139,13 @@ def test_speculative_sampling_with_glide_drafts_samples_from_target():
     x = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         p0 = torch.softmax(target(x).logits[0, -1] / temperature, -1)
-        p1 = torch.softmax(target(torch.cat([x.repeat(V, 1), torch.arange(V)[:, None]], 1)).logits[:, -1] / temperature, -1)
+        p1 = torch.softmax(
+            target(torch.cat([x.repeat(V, 1), torch.arange(V)[:, None]], 1)).logits[:, -1] / temperature, -1
+        )
         pairs = torch.cartesian_prod(torch.arange(V), torch.arange(V))
-        p2 = torch.softmax(target(torch.cat([x.repeat(V * V, 1), pairs], 1)).logits[:, -1] / temperature, -1).view(V, V, V)
+        p2 = torch.softmax(target(torch.cat([x.repeat(V * V, 1), pairs], 1)).logits[:, -1] / temperature, -1).view(
+            V, V, V
+        )
     cache = target_cache(target, x)
     generator = GlideCandidateGenerator(glide, num_draft_tokens=2)
     generator.prepare(target, GenerationConfig(do_sample=True, temperature=temperature, top_k=0))
@@ -167,12 +189,18 @@ def test_block_mask_hides_the_current_block():
     target = tiny_model("mistral")
     glide = make_glide(target)
     x = prompt(15, seed=5)
-    kv = [(layer.keys, layer.values) for layer in target_cache(target, torch.cat([x, x[:, :1]], 1)).layers]  # KV for all 15
+    kv = [
+        (layer.keys, layer.values) for layer in target_cache(target, torch.cat([x, x[:, :1]], 1)).layers
+    ]  # KV for all 15
     with torch.no_grad():
         base = glide(x, target_past_key_values=kv, cross_attention_block_size=5).logits
         keys = kv[1][0].clone()
         keys[:, :, 7].normal_()  # block 1
-        changed = (glide(x, target_past_key_values=[kv[0], (keys, kv[1][1])], cross_attention_block_size=5).logits - base).abs().amax(-1)[0]
+        changed = (
+            (glide(x, target_past_key_values=[kv[0], (keys, kv[1][1])], cross_attention_block_size=5).logits - base)
+            .abs()
+            .amax(-1)[0]
+        )
     assert torch.all(changed[:10] == 0) and torch.all(changed[10:] > 1e-5)
 
 
@@ -190,7 +218,9 @@ def test_queries_use_the_targets_rotary_settings():
     assert glide.config.target_rope_parameters["rope_theta"] == 50000.0
     torch.testing.assert_close(glide.model.target_rotary_emb.inv_freq, target.model.rotary_emb.inv_freq)
     x = torch.arange(6)[None]
-    torch.testing.assert_close(glide.model.target_rotary_emb(torch.zeros(1), x), target.model.rotary_emb(torch.zeros(1), x))
+    torch.testing.assert_close(
+        glide.model.target_rotary_emb(torch.zeros(1), x), target.model.rotary_emb(torch.zeros(1), x)
+    )
 
 
 # --- configuration ---------------------------------------------------------------------------------------
@@ -200,8 +230,13 @@ def test_config_records_the_target_and_maps_top_layers():
     target = tiny_model("mistral", num_hidden_layers=4)
     config = GlideConfig.from_target_config(target.config, num_hidden_layers=2, hidden_size=32)
     assert config.target_layer_ids == [2, 3]
-    assert (config.target_model_type, config.target_num_hidden_layers, config.target_num_key_value_heads, config.target_head_dim,
-            config.target_vocab_size) == ("mistral", 4, 2, 8, VOCAB)
+    assert (
+        config.target_model_type,
+        config.target_num_hidden_layers,
+        config.target_num_key_value_heads,
+        config.target_head_dim,
+        config.target_vocab_size,
+    ) == ("mistral", 4, 2, 8, VOCAB)
     assert config.target_mismatches(target.config) == []
     custom = GlideConfig.from_target_config(target.config, hidden_size=32, target_layer_ids=[1])
     assert custom.target_layer_ids == [1]
@@ -219,8 +254,15 @@ def test_config_records_the_target_and_maps_top_layers():
     ],
 )
 def test_config_rejects_bad_arguments(kwargs, argument):
-    base = dict(vocab_size=10, hidden_size=8, intermediate_size=16, num_attention_heads=2, target_num_hidden_layers=2,
-                target_hidden_size=8, target_num_attention_heads=2)
+    base = dict(
+        vocab_size=10,
+        hidden_size=8,
+        intermediate_size=16,
+        num_attention_heads=2,
+        target_num_hidden_layers=2,
+        target_hidden_size=8,
+        target_num_attention_heads=2,
+    )
     with pytest.raises(ValueError, match=argument):
         GlideConfig(**{**base, **kwargs})
 
@@ -228,8 +270,13 @@ def test_config_rejects_bad_arguments(kwargs, argument):
 def test_from_target_config_rejects_unsupported_targets():
     with pytest.raises(TypeError, match="target_config"):
         GlideConfig.from_target_config({"hidden_size": 4})
-    partial = LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, vocab_size=VOCAB,
-                          rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5})
+    partial = LlamaConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+    )
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         GlideConfig.from_target_config(partial, hidden_size=32)
     with pytest.raises(ValueError, match="num_attention_heads"):
@@ -358,15 +405,30 @@ def fresh_process_result(tmp_path_factory):
         torch.save(glide(x, target_past_key_values=target_cache(target, x)).logits, root / "logits.pt")
     torch.save(x, root / "inputs.pt")
     (root / "check.py").write_text(FRESH_PROCESS)
-    done = run_without_hf_specdraft(root, "check.py", timeout=600)  # a fresh process under a 15-worker parallel run took > 120 s
+    done = run_without_hf_specdraft(
+        root, "check.py", timeout=600
+    )  # a fresh process under a 15-worker parallel run took > 120 s
     files = sorted(p.name for p in (root / "glide").iterdir())
-    return json.loads(done.stdout.rsplit("RESULT ", 1)[1]), files, json.loads((root / "glide" / "config.json").read_text())
+    return (
+        json.loads(done.stdout.rsplit("RESULT ", 1)[1]),
+        files,
+        json.loads((root / "glide" / "config.json").read_text()),
+    )
 
 
 def test_checkpoint_is_hub_ready(fresh_process_result):
     _, files, config = fresh_process_result
-    assert {"config.json", "model.safetensors", "modeling_glide.py", "configuration_glide.py", "target_binding.py"} <= set(files)
-    assert config["auto_map"] == {"AutoConfig": "configuration_glide.GlideConfig", "AutoModelForCausalLM": "modeling_glide.GlideForCausalLM"}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "modeling_glide.py",
+        "configuration_glide.py",
+        "target_binding.py",
+    } <= set(files)
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_glide.GlideConfig",
+        "AutoModelForCausalLM": "modeling_glide.GlideForCausalLM",
+    }
 
 
 def test_trust_remote_code_round_trip_in_fresh_process(fresh_process_result):
@@ -393,7 +455,9 @@ def test_registered_auto_classes_load_without_the_flag(tmp_path):
     x = prompt(6)
     cache = target_cache(target, x)
     with torch.no_grad():
-        torch.testing.assert_close(loaded(x, target_past_key_values=cache).logits, glide(x, target_past_key_values=cache).logits)
+        torch.testing.assert_close(
+            loaded(x, target_past_key_values=cache).logits, glide(x, target_past_key_values=cache).logits
+        )
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -494,7 +558,9 @@ def test_stock_rounds_of_a_two_layer_glide_match_the_explicit_drafter():
 
     glide.generate = recording_generate
     x = prompt(9, seed=4)
-    assert torch.equal(target.generate(x, assistant_model=glide, max_new_tokens=24, do_sample=False), greedy_reference(target, x, 24))
+    assert torch.equal(
+        target.generate(x, assistant_model=glide, max_new_tokens=24, do_sample=False), greedy_reference(target, x, 24)
+    )
     assert rounds[1][0].shape[1] == x.shape[1] + 1, "the first round accepted a draft: pick another prompt"
     explicit = GlideCandidateGenerator(glide, num_draft_tokens=4, copy_from_context=0)
     explicit.prepare(target, GenerationConfig(do_sample=False))
@@ -509,4 +575,6 @@ def test_stock_assisted_two_layer_glide_is_lossless(arch):
     target = tiny_model(arch)
     glide = make_glide(target, num_hidden_layers=2).attach(target)
     x = prompt(7, seed=5)
-    assert torch.equal(target.generate(x, assistant_model=glide, max_new_tokens=20, do_sample=False), greedy_reference(target, x, 20))
+    assert torch.equal(
+        target.generate(x, assistant_model=glide, max_new_tokens=20, do_sample=False), greedy_reference(target, x, 20)
+    )

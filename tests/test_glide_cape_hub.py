@@ -119,7 +119,11 @@ def checkpoints(tmp_path_factory):
         target = tiny_model(arch)
         glide = briefly_trained_glide(target, root / f"{arch}_trained")  # train_glide writes its own checkpoint there
         target.save_pretrained(root / f"{arch}_target")
-        card_info = {"dataset": "the target's greedy text", "metrics": {"acceptance_rate": 0.5}, "repo_id": f"my-org/glide-{arch}"}
+        card_info = {
+            "dataset": "the target's greedy text",
+            "metrics": {"acceptance_rate": 0.5},
+            "repo_id": f"my-org/glide-{arch}",
+        }
         save_glide_checkpoint(glide, root / f"{arch}_glide", target_name=f"my-org/tiny-{arch}", card_info=card_info)
     torch.save(prompt(7, seed=1), root / "inputs.pt")
     return root
@@ -197,7 +201,9 @@ def fresh_process_results(checkpoints):
 @pytest.mark.parametrize("arch", HUB_ARCHITECTURES)
 def test_custom_generate_runs_glide_cape_without_hf_specdraft(fresh_process_results, arch):
     outcome = fresh_process_results[arch]
-    assert outcome["draft_class"].startswith("transformers_modules.") and outcome["draft_class"].endswith("GlideForCausalLM")
+    assert outcome["draft_class"].startswith("transformers_modules.") and outcome["draft_class"].endswith(
+        "GlideForCausalLM"
+    )
     assert outcome["custom_generate_equals_greedy"], outcome
     assert outcome["proposals"] > 0 and outcome["glimpsed_verified_prefix"] and outcome["glimpsed_live_cache"], outcome
     assert outcome["target_forwards"] < MAX_NEW_TOKENS, outcome  # drafts were accepted: GLIDE+CAPE did the work
@@ -213,14 +219,28 @@ def test_checkpoint_loaded_with_trust_remote_code_still_drafts_for_assisted_deco
 
 def test_model_card_shows_both_calls_and_metadata(checkpoints):
     directory = checkpoints / "llama_glide"
-    assert {"config.json", "model.safetensors", "modeling_glide.py", "configuration_glide.py", "target_binding.py", "README.md"} <= {p.name for p in directory.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "modeling_glide.py",
+        "configuration_glide.py",
+        "target_binding.py",
+        "README.md",
+    } <= {p.name for p in directory.iterdir()}
     from hf_specdraft.cape.packaging import shipped_files
 
     assert sorted(p.name for p in (directory / "custom_generate").iterdir()) == sorted(shipped_files())
-    assert json.loads((directory / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == "modeling_glide.GlideForCausalLM"
+    assert (
+        json.loads((directory / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"]
+        == "modeling_glide.GlideForCausalLM"
+    )
     card = ModelCard.load(directory / "README.md")
     assert {"custom_generate", "speculative-decoding"} <= set(card.data.tags)
-    assert (card.data.base_model, card.data.library_name, card.data.pipeline_tag) == ("my-org/tiny-llama", "transformers", "text-generation")
+    assert (card.data.base_model, card.data.library_name, card.data.pipeline_tag) == (
+        "my-org/tiny-llama",
+        "transformers",
+        "text-generation",
+    )
     assert 'target.generate(**inputs, custom_generate="my-org/glide-llama", trust_remote_code=True' in card.text
     assert "glide.attach(target)" in card.text and "target.generate(**inputs, assistant_model=glide" in card.text
     assert "acceptance rate: 0.5" in card.text
@@ -242,7 +262,10 @@ def test_no_checkpoint_ships_a_training_module(checkpoints):
         shipped = [p.relative_to(directory) for p in directory.rglob("*.py")]
         assert shipped and not [p for p in shipped if p.name in modules or "training" in p.parts], shipped
         text = "\n".join(p.read_text() for p in directory.rglob("*.py"))
-        assert not [m for m in modules if f"from .{m.removesuffix('.py')} import" in text] and "training import" not in text
+        assert (
+            not [m for m in modules if f"from .{m.removesuffix('.py')} import" in text]
+            and "training import" not in text
+        )
 
 
 # --- the model card's snippet is code users copy: it runs as written ------------------------------------------
@@ -265,9 +288,13 @@ def test_model_card_snippet_runs_as_written(checkpoints):
     _word_tokenizer(checkpoints / f"{arch}_target")
     card = (checkpoints / f"{arch}_glide" / "README.md").read_text()
     snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
-    assert 'dtype=torch.float32' in snippet and f'"my-org/glide-{arch}"' in snippet and f'"my-org/tiny-{arch}"' in snippet
+    assert (
+        "dtype=torch.float32" in snippet and f'"my-org/glide-{arch}"' in snippet and f'"my-org/tiny-{arch}"' in snippet
+    )
     snippet = snippet.replace(f"my-org/glide-{arch}", f"{arch}_glide").replace(f"my-org/tiny-{arch}", f"{arch}_target")
-    check = snippet.replace("out = target.generate(**inputs, custom_generate", "cape_out = target.generate(**inputs, custom_generate")
+    check = snippet.replace(
+        "out = target.generate(**inputs, custom_generate", "cape_out = target.generate(**inputs, custom_generate"
+    )
     check += textwrap.dedent("""
         reference = target.generate(**inputs, max_new_tokens=128, do_sample=False)
         print("SNIPPET", torch.equal(cape_out, reference), torch.equal(out, reference))

@@ -16,8 +16,14 @@ from hf_specdraft.glide.training.store import StoreWindows, compute_store
 def _drafter(target, cross_attention=True, layer=None, seed=1):
     torch.manual_seed(seed)
     extra = {} if layer is None else {"target_layer_ids": [layer]}
-    config = GlideConfig.from_target_config(target.config, hidden_size=32, intermediate_size=64, cross_attention=cross_attention,
-                                           draft_token_ids=list(range(48)), **extra)  # a reduced vocabulary, as the shipped drafters have
+    config = GlideConfig.from_target_config(
+        target.config,
+        hidden_size=32,
+        intermediate_size=64,
+        cross_attention=cross_attention,
+        draft_token_ids=list(range(48)),
+        **extra,
+    )  # a reduced vocabulary, as the shipped drafters have
     model = GlideForCausalLM(config).eval()
     if cross_attention:  # a glimpse that changes the output (an untrained one may start silent)
         torch.nn.init.normal_(model.model.layers[0].cross_attn.o_proj.weight, std=1.0)
@@ -33,7 +39,9 @@ def setup():
 
 def draft_distribution(glide, store, delay):
     """q over the store's windows with the package's scorer's forward: glimpsing at ``delay``, or nothing (`None`)."""
-    batch = StoreWindows(store).batch(None, glide, torch.arange(len(store["input_ids"])), "cpu", delay is not None, False)
+    batch = StoreWindows(store).batch(
+        None, glide, torch.arange(len(store["input_ids"])), "cpu", delay is not None, False
+    )
     return draft_probs(glide, batch, delay=delay)
 
 
@@ -50,7 +58,9 @@ def test_delay_one_is_the_inference_rule_and_a_delay_past_the_window_is_no_glimp
     layers = [(None, None)] * 3
     layers[2] = (store["keys.2"].float(), store["values.2"].float())
     with torch.no_grad():  # the model's own rule at inference: the query at j glimpses keys k < j
-        hidden = glide.model(input_ids=store["input_ids"].long(), target_past_key_values=layers, use_cache=False).last_hidden_state
+        hidden = glide.model(
+            input_ids=store["input_ids"].long(), target_past_key_values=layers, use_cache=False
+        ).last_hidden_state
     q = glide.to_target_logits(glide.lm_head(hidden).float()).softmax(-1)
     p = torch.zeros_like(q).scatter_(-1, store["topk_ids"].long(), store["topk_probs"].float())
     expected = torch.minimum(p, q).sum(-1)[:, 4:].mean().item()
@@ -75,13 +85,19 @@ def test_layer_rows_fine_tune_a_glide_per_layer_and_the_vanilla_twin(setup):
     vanilla = _drafter(target, cross_attention=False)
     before = {k: v.clone() for k, v in vanilla.state_dict().items()}
     rows = glide_glimpse.layer_rows(target, load_glide, lambda: vanilla, store, store, [0, 2], steps=3)
-    assert loaded == [0, 2] and list(rows) == ["vanilla, shipped", "vanilla, fine-tuned", "glide, layer 0", "glide, layer 2"]
+    assert loaded == [0, 2] and list(rows) == [
+        "vanilla, shipped",
+        "vanilla, fine-tuned",
+        "glide, layer 0",
+        "glide, layer 2",
+    ]
     assert any(not torch.equal(before[k], v) for k, v in vanilla.state_dict().items())  # the twin was trained too
     assert all("last_loss" in rows[name] for name in ("vanilla, fine-tuned", "glide, layer 0", "glide, layer 2"))
 
 
-@pytest.mark.parametrize("argv, flag", [(["--steps", "0"], "--steps"), (["--windows", "-1"], "--windows"),
-                                        (["--layers", "top"], "--layers")])
+@pytest.mark.parametrize(
+    "argv, flag", [(["--steps", "0"], "--steps"), (["--windows", "-1"], "--windows"), (["--layers", "top"], "--layers")]
+)
 def test_bad_arguments_are_refused_before_anything_loads(argv, flag, capsys, monkeypatch):
     import hf_specdraft.defaults
 
@@ -94,11 +110,23 @@ def test_bad_arguments_are_refused_before_anything_loads(argv, flag, capsys, mon
 def test_report_section_renders_both_tables():
     from benchmarks.report.render import glide_glimpse_section
 
-    result = {"meta": {"prompts": "24 held-out code windows of 256 tokens", "hardware": "CPU", "skip": 16, "command": "python -m x"},
-              "glimpse": {"glide, delay 1": {"alpha": 0.4066, "agreement": 0.4674}, "vanilla": {"alpha": 0.3609, "agreement": 0.4172}},
-              "shipped_layer": [29],
-              "layers": {"vanilla, shipped": {"alpha": 0.36, "agreement": 0.41},
-                         "glide, layer 29": {"alpha": 0.366, "agreement": 0.404, "last_loss": 1.558}}}
+    result = {
+        "meta": {
+            "prompts": "24 held-out code windows of 256 tokens",
+            "hardware": "CPU",
+            "skip": 16,
+            "command": "python -m x",
+        },
+        "glimpse": {
+            "glide, delay 1": {"alpha": 0.4066, "agreement": 0.4674},
+            "vanilla": {"alpha": 0.3609, "agreement": 0.4172},
+        },
+        "shipped_layer": [29],
+        "layers": {
+            "vanilla, shipped": {"alpha": 0.36, "agreement": 0.41},
+            "glide, layer 29": {"alpha": 0.366, "agreement": 0.404, "last_loss": 1.558},
+        },
+    }
     text = glide_glimpse_section(result)
     assert "| glide, delay 1 | 0.407 | 0.467 |" in text and "| glide, layer 29 | 0.366 | 0.404 | 1.558 |" in text
     assert "| vanilla, shipped | 0.360 | 0.410 | – |" in text

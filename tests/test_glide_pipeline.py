@@ -22,8 +22,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 SPECIAL = ["<unk>", "<pad>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"]
 WORDS = [f"w{i}" for i in range(VOCAB - len(SPECIAL))]
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <eos> {% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <eos> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,9 @@ def target_dir(tmp_path_factory):
     vocab = {word: i for i, word in enumerate(SPECIAL + WORDS)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(directory)
     return directory
@@ -54,9 +58,17 @@ def write_jsonl(path, rows: list[dict]):
 
 def chats(count: int = 12) -> list[dict]:
     rng = random.Random(0)
-    return [{"messages": [{"role": "user", "content": sentence(rng, 6)}, {"role": "assistant", "content": sentence(rng, 8)},
-                          {"role": "user", "content": sentence(rng, 4)}, {"role": "assistant", "content": sentence(rng, 8)}]}
-            for _ in range(count)]
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": sentence(rng, 6)},
+                {"role": "assistant", "content": sentence(rng, 8)},
+                {"role": "user", "content": sentence(rng, 4)},
+                {"role": "assistant", "content": sentence(rng, 8)},
+            ]
+        }
+        for _ in range(count)
+    ]
 
 
 def texts(count: int = 12) -> list[dict]:
@@ -65,9 +77,34 @@ def texts(count: int = 12) -> list[dict]:
 
 
 def run(target_dir, dataset, output_dir, *extra: str) -> dict:
-    argv = ["--target", str(target_dir), "--dataset", str(dataset), "--output-dir", str(output_dir), "--max-steps", "8",
-            "--seq-len", "32", "--batch-size", "4", "--lr", "3e-3", "--warmup-steps", "2", "--logging-steps", "2",
-            "--hidden-size", "32", "--no-progress", "--regen-max-new-tokens", "8", "--regen-batch-size", "4", *extra]
+    argv = [
+        "--target",
+        str(target_dir),
+        "--dataset",
+        str(dataset),
+        "--output-dir",
+        str(output_dir),
+        "--max-steps",
+        "8",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "2",
+        "--logging-steps",
+        "2",
+        "--hidden-size",
+        "32",
+        "--no-progress",
+        "--regen-max-new-tokens",
+        "8",
+        "--regen-batch-size",
+        "4",
+        *extra,
+    ]
     assert main(argv) == 0
     return json.loads((output_dir / "training_log.json").read_text())
 
@@ -77,23 +114,62 @@ def test_chat_dataset_regenerated_by_the_target_and_evaluated(target_dir, tmp_pa
 
     data = write_jsonl(tmp_path / "chats.jsonl", chats())
     report = ["--report-to", "tensorboard"] if importlib.util.find_spec("tensorboard") else []
-    log = run(target_dir, data, tmp_path / "out", "--regenerate", "--eval-every", "4", "--eval-examples", "3",
-              "--eval-windows", "2", "--eval-prompts", "2", "--eval-new-tokens", "6", "--save-steps", "4", *report)
+    log = run(
+        target_dir,
+        data,
+        tmp_path / "out",
+        "--regenerate",
+        "--eval-every",
+        "4",
+        "--eval-examples",
+        "3",
+        "--eval-windows",
+        "2",
+        "--eval-prompts",
+        "2",
+        "--eval-new-tokens",
+        "6",
+        "--save-steps",
+        "4",
+        *report,
+    )
     assert [e["step"] for e in log["evaluations"]] == [4, 8] and log["eval"] == log["evaluations"][-1]
-    assert 0 <= log["eval"]["alpha"] <= 1 and 0 <= log["eval"]["greedy_agreement"] <= 1 and log["eval"]["tokens_per_forward"] >= 1
-    assert log["data"] == {"dataset": str(data), "column": "messages", "kind": "messages", "train_examples": 9, "heldout_examples": 3}
+    assert (
+        0 <= log["eval"]["alpha"] <= 1
+        and 0 <= log["eval"]["greedy_agreement"] <= 1
+        and log["eval"]["tokens_per_forward"] >= 1
+    )
+    assert log["data"] == {
+        "dataset": str(data),
+        "column": "messages",
+        "kind": "messages",
+        "train_examples": 9,
+        "heldout_examples": 3,
+    }
     assert log["regeneration"]["temperature"] == 0.0 and log["regeneration"]["examples"] == 9
-    records = [json.loads(line) for path in sorted((tmp_path / "out" / "regenerated").glob("shard-*.jsonl"))
-               for line in path.read_text().splitlines()]
+    records = [
+        json.loads(line)
+        for path in sorted((tmp_path / "out" / "regenerated").glob("shard-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     assert len(records) == 9 and all(r["prompt"].endswith("<|assistant|>") for r in records)
     assert records[0]["prompt"].count("<|assistant|>") == 2  # the last assistant turn is the one regenerated
     target = AutoModelForCausalLM.from_pretrained(target_dir)
-    greedy = target.generate(torch.tensor([records[0]["prompt_ids"]]), max_new_tokens=8, do_sample=False, eos_token_id=2, pad_token_id=1)
-    assert records[0]["response_ids"] == greedy[0, len(records[0]["prompt_ids"]) :].tolist()  # the target's own greedy reply
+    greedy = target.generate(
+        torch.tensor([records[0]["prompt_ids"]]), max_new_tokens=8, do_sample=False, eos_token_id=2, pad_token_id=1
+    )
+    assert (
+        records[0]["response_ids"] == greedy[0, len(records[0]["prompt_ids"]) :].tolist()
+    )  # the target's own greedy reply
     card = (tmp_path / "out" / "README.md").read_text()
     assert f"- α: {log['eval']['alpha']}" in card and f"- greedy agreement: {log['eval']['greedy_agreement']}" in card
-    assert f"tokens per target forward (hf_specdraft's loop, greedy, default γ): {log['eval']['tokens_per_forward']}" in card
-    assert "regenerated by the target" in card and "greedy (temperature 0)" in card and "the last assistant turn" in card
+    assert (
+        f"tokens per target forward (hf_specdraft's loop, greedy, default γ): {log['eval']['tokens_per_forward']}"
+        in card
+    )
+    assert (
+        "regenerated by the target" in card and "greedy (temperature 0)" in card and "the last assistant turn" in card
+    )
     assert "block-wise mask L = 5" in card
     assert (tmp_path / "out" / "checkpoint-last" / "model.safetensors").is_file()
     assert (tmp_path / "out" / "runs").is_dir() == bool(report)  # tensorboard's event files, when it is installed
@@ -106,8 +182,11 @@ def test_text_dataset_sampled_with_a_vanilla_twin_on_the_card(target_dir, tmp_pa
     Dataset.from_list(texts()).to_parquet(str(data))
     twin = tmp_path / "vanilla"
     twin.mkdir()
-    (twin / "training_log.json").write_text(json.dumps({"eval": {"step": 8, "alpha": 0.1234, "greedy_agreement": 0.0567},
-                                                        "arguments": {"dataset_name": str(data)}}))
+    (twin / "training_log.json").write_text(
+        json.dumps(
+            {"eval": {"step": 8, "alpha": 0.1234, "greedy_agreement": 0.0567}, "arguments": {"dataset_name": str(data)}}
+        )
+    )
     uploads = []
 
     class FakeApi:
@@ -118,10 +197,36 @@ def test_text_dataset_sampled_with_a_vanilla_twin_on_the_card(target_dir, tmp_pa
             uploads.append(("upload", kwargs))
 
     monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
-    log = run(target_dir, data, tmp_path / "out", "--regenerate", "--regen-temperature", "0.8", "--regen-top-p", "0.9",
-              "--regen-prompt-tokens", "6", "--eval-every", "8", "--eval-fraction", "0.25", "--eval-windows", "2",
-              "--eval-prompts", "1", "--eval-new-tokens", "4", "--compare-vanilla", str(twin), "--push-to-hub", "--hub-model-id", "me/glide")
-    records = [json.loads(line) for line in (tmp_path / "out" / "regenerated" / "shard-00000.jsonl").read_text().splitlines()]
+    log = run(
+        target_dir,
+        data,
+        tmp_path / "out",
+        "--regenerate",
+        "--regen-temperature",
+        "0.8",
+        "--regen-top-p",
+        "0.9",
+        "--regen-prompt-tokens",
+        "6",
+        "--eval-every",
+        "8",
+        "--eval-fraction",
+        "0.25",
+        "--eval-windows",
+        "2",
+        "--eval-prompts",
+        "1",
+        "--eval-new-tokens",
+        "4",
+        "--compare-vanilla",
+        str(twin),
+        "--push-to-hub",
+        "--hub-model-id",
+        "me/glide",
+    )
+    records = [
+        json.loads(line) for line in (tmp_path / "out" / "regenerated" / "shard-00000.jsonl").read_text().splitlines()
+    ]
     assert len(records) == 9 and all(len(r["prompt_ids"]) == 6 and 1 <= len(r["response_ids"]) <= 8 for r in records)
     card = (tmp_path / "out" / "README.md").read_text()
     assert "temperature 0.8, top-p 0.9" in card and f"- α: {log['eval']['alpha']}" in card
@@ -162,28 +267,36 @@ def test_a_killed_run_resumes_from_its_step_and_keeps_its_shards(target_dir, tmp
     assert json.loads((tmp_path / "out" / "checkpoint-last" / "trainer_state.json").read_text())["step"] == 4
     assert len(list(shards.glob("shard-*.jsonl"))) == 6 and first.stat().st_mtime_ns == first_written
     monkeypatch.setattr(trainer, "save_training_state", save)
-    monkeypatch.setattr(regenerate_module, "generate_replies", lambda *a, **k: pytest.fail("finished shards were regenerated"))
+    monkeypatch.setattr(
+        regenerate_module, "generate_replies", lambda *a, **k: pytest.fail("finished shards were regenerated")
+    )
     log = run(target_dir, data, tmp_path / "out", *extra)
     assert log["resumed_from_step"] == 4 and [s["step"] for s in log["steps"]] == [1, 2, 4, 6, 8]
     monkeypatch.undo()
     run(target_dir, data, tmp_path / "unbroken", *extra)
-    resumed, unbroken = load_file(tmp_path / "out" / "model.safetensors"), load_file(tmp_path / "unbroken" / "model.safetensors")
+    resumed, unbroken = (
+        load_file(tmp_path / "out" / "model.safetensors"),
+        load_file(tmp_path / "unbroken" / "model.safetensors"),
+    )
     for name in unbroken:
         torch.testing.assert_close(resumed[name], unbroken[name], msg=name)  # the resumed run is the unbroken one
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--dataset", "{bad}"], "columns are ['prose', 'id']"),
-    (["--dataset", "./no/such.jsonl"], "neither an existing local file or directory nor a Hub dataset id"),
-    (["--dataset", "{chats}", "--data", "{chats}"], "not allowed with argument"),
-    ([], "one of the arguments --data --dataset is required"),
-    (["--dataset", "{chats}", "--eval-every", "-1"], "eval_every must be an int >= 0"),
-    (["--dataset", "{chats}", "--eval-examples", "2"], "hold data out for --eval-every N"),
-    (["--dataset", "{chats}", "--eval-every", "2", "--eval-fraction", "1.5"], "--eval-fraction must lie in [0, 1)"),
-    (["--data", "{chats}", "--regenerate"], "--regenerate needs --dataset"),
-    (["--dataset", "{chats}", "--regenerate", "--regen-temperature", "-1"], "temperature must be >= 0"),
-    (["--dataset", "{chats}", "--eval-every", "2", "--eval-examples", "12"], "leaves none to train on"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dataset", "{bad}"], "columns are ['prose', 'id']"),
+        (["--dataset", "./no/such.jsonl"], "neither an existing local file or directory nor a Hub dataset id"),
+        (["--dataset", "{chats}", "--data", "{chats}"], "not allowed with argument"),
+        ([], "one of the arguments --data --dataset is required"),
+        (["--dataset", "{chats}", "--eval-every", "-1"], "eval_every must be an int >= 0"),
+        (["--dataset", "{chats}", "--eval-examples", "2"], "hold data out for --eval-every N"),
+        (["--dataset", "{chats}", "--eval-every", "2", "--eval-fraction", "1.5"], "--eval-fraction must lie in [0, 1)"),
+        (["--data", "{chats}", "--regenerate"], "--regenerate needs --dataset"),
+        (["--dataset", "{chats}", "--regenerate", "--regen-temperature", "-1"], "temperature must be >= 0"),
+        (["--dataset", "{chats}", "--eval-every", "2", "--eval-examples", "12"], "leaves none to train on"),
+    ],
+)
 def test_bad_inputs_name_what_is_wrong(target_dir, tmp_path, capsys, argv, message):
     chat_file = write_jsonl(tmp_path / "chats.jsonl", chats())
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"prose": "w1 w2", "id": 0}])
@@ -214,12 +327,36 @@ def test_token_files_hold_out_their_tail_for_the_evaluation(target_dir, tmp_path
 
     ids = torch.randint(6, VOCAB, (40,), generator=torch.Generator().manual_seed(0)).repeat(30)  # 1200 tokens
     save_file({"input_ids": ids}, str(tmp_path / "ids.safetensors"))
-    argv = ["--target", str(target_dir), "--data", str(tmp_path / "ids.safetensors"), "--output-dir", str(tmp_path / "out"),
-            "--max-steps", "4", "--seq-len", "32", "--batch-size", "4", "--hidden-size", "32", "--no-progress", "--eval-every", "4",
-            "--eval-windows", "2", "--eval-prompts", "1", "--eval-new-tokens", "4"]
+    argv = [
+        "--target",
+        str(target_dir),
+        "--data",
+        str(tmp_path / "ids.safetensors"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "4",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--hidden-size",
+        "32",
+        "--no-progress",
+        "--eval-every",
+        "4",
+        "--eval-windows",
+        "2",
+        "--eval-prompts",
+        "1",
+        "--eval-new-tokens",
+        "4",
+    ]
     assert main(argv) == 0
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())
-    assert log["train_tokens_available"] == 1200 - 60 and log["eval"]["eval_positions"] == 32  # --eval-fraction 0.05 by default: 60 tokens, one window
+    assert (
+        log["train_tokens_available"] == 1200 - 60 and log["eval"]["eval_positions"] == 32
+    )  # --eval-fraction 0.05 by default: 60 tokens, one window
     assert "tokens_per_forward" in log["eval"]
 
 
@@ -229,8 +366,23 @@ def test_train_glide_cli_trains_a_state_glide_in_the_assistant_layout_and_it_exp
     from hf_specdraft.glide.export import export_glide
 
     data = write_jsonl(tmp_path / "texts.jsonl", texts())
-    log = run(target_dir, data, tmp_path / "out", "--state-input", "--assistant-layout", "--eval-every", "8", "--eval-examples", "3",
-              "--eval-windows", "2", "--eval-prompts", "2", "--eval-new-tokens", "6")
+    log = run(
+        target_dir,
+        data,
+        tmp_path / "out",
+        "--state-input",
+        "--assistant-layout",
+        "--eval-every",
+        "8",
+        "--eval-examples",
+        "3",
+        "--eval-windows",
+        "2",
+        "--eval-prompts",
+        "2",
+        "--eval-new-tokens",
+        "6",
+    )
     assert {"kl_1", "kl_2"} <= set(log["steps"][-1]) or {"ce_1", "ce_2"} <= set(log["steps"][-1])
     assert 0 <= log["eval"]["alpha"] <= 1 and log["eval"]["tokens_per_forward"] >= 1
     glide = GlideForCausalLM.from_pretrained(tmp_path / "out")

@@ -14,7 +14,13 @@ from hf_specdraft.core.support import with_cache
 from hf_specdraft import speculative_generate
 from hf_specdraft.cape import CapeCandidateGenerator
 from hf_specdraft.core.target_state import TargetOutputs, TargetState
-from hf_specdraft.glide import GlideCandidateGenerator, GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
+from hf_specdraft.glide import (
+    GlideCandidateGenerator,
+    GlideConfig,
+    GlideForCausalLM,
+    GlideTrainingArguments,
+    train_glide,
+)
 from hf_specdraft.glide.training.objective import TargetWindows
 from benchmarks.studies.state_glide import conditional_agreement
 from hf_specdraft.glide.training.unrolled import self_attention_mask, unrolled_passes
@@ -26,7 +32,9 @@ LAYOUTS = {"self-attention": {"state_input": True}, "assistant": {"state_input":
 
 def make_state_glide(target, layout: str = "self-attention", seed: int = 1, **overrides) -> GlideForCausalLM:
     torch.manual_seed(seed)
-    return GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32, **LAYOUTS[layout], **overrides)).eval()
+    return GlideForCausalLM(
+        GlideConfig.from_target_config(target.config, hidden_size=32, **LAYOUTS[layout], **overrides)
+    ).eval()
 
 
 def greedy_text(target, rows: int = 1, prompt_len: int = 6, new: int = 30, seed: int = 5) -> torch.Tensor:
@@ -38,8 +46,21 @@ def trained_state_glide(target, layout: str, output_dir) -> GlideForCausalLM:
     """Trained for 40 steps on the target's greedy text: drafts get accepted and rejected."""
     glide = make_state_glide(target, layout)
     text = greedy_text(target, rows=16, prompt_len=4, new=40, seed=2)
-    train_glide(target, glide, text, GlideTrainingArguments(output_dir=str(output_dir), max_steps=40, seq_len=24, per_device_batch_size=8,
-                                                            learning_rate=1e-2, warmup_steps=3, progress_bar=False, distillation_weight=1.0))
+    train_glide(
+        target,
+        glide,
+        text,
+        GlideTrainingArguments(
+            output_dir=str(output_dir),
+            max_steps=40,
+            seq_len=24,
+            per_device_batch_size=8,
+            learning_rate=1e-2,
+            warmup_steps=3,
+            progress_bar=False,
+            distillation_weight=1.0,
+        ),
+    )
     return glide.eval()
 
 
@@ -48,7 +69,9 @@ def state_at(target, text: torch.Tensor, t: int) -> tuple[DynamicCache, TargetSt
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
         out = target(text[:, :t], **with_cache(target, cache), use_cache=True, output_hidden_states=True)
-    return cache, TargetState(TargetOutputs(hidden_states=(out.hidden_states[-1],)), False, 0, torch.arange(t + 1)[None])
+    return cache, TargetState(
+        TargetOutputs(hidden_states=(out.hidden_states[-1],)), False, 0, torch.arange(t + 1)[None]
+    )
 
 
 # --- what training computes is what the loop drafts -----------------------------------------------------------
@@ -61,7 +84,9 @@ def test_unrolled_passes_give_the_drafts_of_every_step_in_the_loop(layout):
     target = tiny_model("llama")
     glide = make_state_glide(target, layout)
     text = greedy_text(target)
-    batch = TargetWindows(text[0], text.shape[1], stride=text.shape[1]).batch(target, glide, torch.tensor([0]), "cpu", True, True)
+    batch = TargetWindows(text[0], text.shape[1], stride=text.shape[1]).batch(
+        target, glide, torch.tensor([0]), "cpu", True, True
+    )
     with torch.no_grad():
         passes = [logits.clone() for _, logits, _ in unrolled_passes(glide, batch, 3)]
     drafter = GlideCandidateGenerator(glide, num_draft_tokens=3)
@@ -80,7 +105,12 @@ def test_unrolled_passes_give_the_drafts_of_every_step_in_the_loop(layout):
 def test_self_attention_mask_of_pass_two_sees_pass_one_before_it_and_its_own_diagonal():
     mask = self_attention_mask(4, 2, torch.float32, "cpu")[0, 0] == 0
     # query j (t = j - 1): pass-1 keys i <= j - 1, pass-2 key j only
-    assert mask[:, :4].tolist() == [[False] * 4, [True, False, False, False], [True, True, False, False], [True, True, True, False]]
+    assert mask[:, :4].tolist() == [
+        [False] * 4,
+        [True, False, False, False],
+        [True, True, False, False],
+        [True, True, True, False],
+    ]
     assert mask[:, 4:].tolist() == torch.eye(4, dtype=torch.bool).tolist()
 
 
@@ -88,7 +118,9 @@ def test_conditional_agreement_counts_only_drafts_whose_earlier_steps_agreed():
     target = tiny_model("llama")
     glide = make_state_glide(target)
     text = greedy_text(target)
-    batch = TargetWindows(text[0], text.shape[1], stride=text.shape[1]).batch(target, glide, torch.tensor([0]), "cpu", True, True)
+    batch = TargetWindows(text[0], text.shape[1], stride=text.shape[1]).batch(
+        target, glide, torch.tensor([0]), "cpu", True, True
+    )
     with torch.no_grad():
         counts = conditional_agreement(glide, batch, 3)
     assert counts[0][1] == text.shape[1] - 1  # every start t >= 1 drafts a first step
@@ -103,7 +135,9 @@ def test_conditional_agreement_counts_only_drafts_whose_earlier_steps_agreed():
 # --- lossless in the loop ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", [ARCHITECTURES[0], *(pytest.param(a, marks=pytest.mark.slow) for a in ARCHITECTURES[1:])])
+@pytest.mark.parametrize(
+    "arch", [ARCHITECTURES[0], *(pytest.param(a, marks=pytest.mark.slow) for a in ARCHITECTURES[1:])]
+)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_state_glide_is_lossless_one_row_and_batched(arch, layout, tmp_path):
     target = tiny_model(arch)
@@ -148,7 +182,9 @@ def test_state_glide_samples_losslessly_within_noise(tmp_path):
     draws = []
     for seed in range(400):
         torch.manual_seed(seed)
-        out = speculative_generate(target, ids, draft_model=glide, max_new_tokens=3, do_sample=True, temperature=0.2, top_k=0)
+        out = speculative_generate(
+            target, ids, draft_model=glide, max_new_tokens=3, do_sample=True, temperature=0.2, top_k=0
+        )
         draws.append(int(out[0, ids.shape[1] + 1]))
     assert chi_square_p(torch.bincount(torch.tensor(draws), minlength=VOCAB), second) > P_VALUE
 
@@ -167,12 +203,22 @@ def test_state_glide_trains_from_a_store_and_resumes_after_a_kill(tmp_path, monk
     assert store["hidden"].shape == (8, 32, target.config.hidden_size)
     source = StoreWindows(store)
     unbroken = make_state_glide(target, "assistant")
-    log = train_glide(target, unbroken, source, quick_args(tmp_path / "unbroken", max_steps=8, save_steps=0, distillation_weight=1.0))
+    log = train_glide(
+        target, unbroken, source, quick_args(tmp_path / "unbroken", max_steps=8, save_steps=0, distillation_weight=1.0)
+    )
     assert {"kl_1", "kl_2"} <= set(log["steps"][-1])  # both unrolled steps trained
-    train_killed_after(6, monkeypatch, target, make_state_glide(target, "assistant"), source,
-                       quick_args(tmp_path / "killed", max_steps=8, save_steps=3, distillation_weight=1.0))
+    train_killed_after(
+        6,
+        monkeypatch,
+        target,
+        make_state_glide(target, "assistant"),
+        source,
+        quick_args(tmp_path / "killed", max_steps=8, save_steps=3, distillation_weight=1.0),
+    )
     resumed = make_state_glide(target, "assistant")
-    log = train_glide(target, resumed, source, quick_args(tmp_path / "killed", max_steps=8, save_steps=4, distillation_weight=1.0))
+    log = train_glide(
+        target, resumed, source, quick_args(tmp_path / "killed", max_steps=8, save_steps=4, distillation_weight=1.0)
+    )
     assert log["resumed_from_step"] == 6
     for (name, a), b in zip(unbroken.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name)
@@ -192,11 +238,25 @@ def test_unrolled_training_learns_the_second_step(tmp_path):
     ce = {}
     for steps in (1, 2):
         glide = make_state_glide(target, "assistant")
-        train_glide(target, glide, stream, GlideTrainingArguments(output_dir=str(tmp_path / str(steps)), max_steps=60, seq_len=32,
-                                                                  per_device_batch_size=8, learning_rate=1e-2, warmup_steps=3,
-                                                                  progress_bar=False, unrolled_steps=steps))
+        train_glide(
+            target,
+            glide,
+            stream,
+            GlideTrainingArguments(
+                output_dir=str(tmp_path / str(steps)),
+                max_steps=60,
+                seq_len=32,
+                per_device_batch_size=8,
+                learning_rate=1e-2,
+                warmup_steps=3,
+                progress_bar=False,
+                unrolled_steps=steps,
+            ),
+        )
         with torch.no_grad():
-            _, parts = glide_loss(glide.eval(), held.batch(target, glide, torch.arange(4), "cpu", True, False), None, second)
+            _, parts = glide_loss(
+                glide.eval(), held.batch(target, glide, torch.arange(4), "cpu", True, False), None, second
+            )
         ce[steps] = (float(parts["ce_1"]), float(parts["ce_2"]))
     assert ce[2][1] < 0.5 * ce[1][1], ce
 
@@ -253,12 +313,18 @@ def test_state_glide_round_trips_through_save_pretrained(tmp_path):
 def test_copying_from_the_context_is_lossless_and_copies(layout, tmp_path):
     """``copy_from_context``: where the text's suffix occurred before, the continuation is drafted instead of GLIDE's chain."""
     target = tiny_model("llama")
-    glide = make_state_glide(target, layout) if layout else GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32))
+    glide = (
+        make_state_glide(target, layout)
+        if layout
+        else GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32))
+    )
     phrase = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(8))
     ids = torch.cat([phrase, phrase, phrase[:, :3]], dim=1)  # the target's text is likely to go on copying
     reference = greedy_reference(target, ids, 30)
     drafter = GlideCandidateGenerator(glide.eval(), copy_from_context=2)
-    out = speculative_generate(target, ids, candidate_generator=drafter, max_new_tokens=30, return_dict_in_generate=True)
+    out = speculative_generate(
+        target, ids, candidate_generator=drafter, max_new_tokens=30, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, reference)
     copies = [step for step in out.speculative_stats.steps if step.copied]
     assert copies and sum(step.accepted for step in copies) > 0, "no step drafted a copy of the text the target kept"

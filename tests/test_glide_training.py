@@ -34,8 +34,16 @@ def make_glide(target, **overrides) -> GlideForCausalLM:
 
 
 def quick_args(output_dir, **overrides) -> GlideTrainingArguments:
-    values = dict(output_dir=str(output_dir), max_steps=30, seq_len=32, per_device_batch_size=4, learning_rate=3e-3,
-                  warmup_steps=3, logging_steps=5, progress_bar=False)
+    values = dict(
+        output_dir=str(output_dir),
+        max_steps=30,
+        seq_len=32,
+        per_device_batch_size=4,
+        learning_rate=3e-3,
+        warmup_steps=3,
+        logging_steps=5,
+        progress_bar=False,
+    )
     return GlideTrainingArguments(**{**values, **overrides})
 
 
@@ -48,23 +56,41 @@ def test_train_glide_with_distillation_learns_and_writes_a_checkpoint(tmp_path):
     glide = make_glide(target)
     before = {k: v.clone() for k, v in glide.state_dict().items()}
     target_before = {k: v.clone() for k, v in target.state_dict().items()}
-    log = train_glide(target, glide, periodic_stream(), quick_args(tmp_path, distillation_weight=0.3),
-                      metrics={"acceptance_rate": 0.5, "expected_speedup": 1.4})
+    log = train_glide(
+        target,
+        glide,
+        periodic_stream(),
+        quick_args(tmp_path, distillation_weight=0.3),
+        metrics={"acceptance_rate": 0.5, "expected_speedup": 1.4},
+    )
     losses = [step["ce"] for step in log["steps"]]
     assert losses[-1] < losses[0] - 0.5, losses
     assert "kl" in log["steps"][-1]
-    assert changed_parameters(before, glide) >= {"model.layers.0.cross_attn.q_proj.weight", "model.layers.0.cross_attn.o_proj.weight",
-                                                 "model.layers.0.mlp.up_proj.weight", "lm_head.weight"}
+    assert changed_parameters(before, glide) >= {
+        "model.layers.0.cross_attn.q_proj.weight",
+        "model.layers.0.cross_attn.o_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "lm_head.weight",
+    }
     assert not changed_parameters(target_before, target), "the target must stay frozen"
     files = {p.name for p in tmp_path.iterdir()}
-    assert {"config.json", "model.safetensors", "modeling_glide.py", "configuration_glide.py", "README.md", "training_log.json"} <= files
+    assert {
+        "config.json",
+        "model.safetensors",
+        "modeling_glide.py",
+        "configuration_glide.py",
+        "README.md",
+        "training_log.json",
+    } <= files
     card = (tmp_path / "README.md").read_text()
     assert "acceptance rate: 0.5" in card and "expected speedup: 1.4" in card and "library_name: transformers" in card
     reloaded = GlideForCausalLM.from_pretrained(tmp_path).eval()
     x = periodic_stream()[None, :12]
     with torch.no_grad():
         cache = output_cache(target(x[:, :-1], use_cache=True))
-        torch.testing.assert_close(reloaded(x, target_past_key_values=cache).logits, glide.eval()(x, target_past_key_values=cache).logits)
+        torch.testing.assert_close(
+            reloaded(x, target_past_key_values=cache).logits, glide.eval()(x, target_past_key_values=cache).logits
+        )
 
 
 def test_train_vanilla_drafter(tmp_path):
@@ -128,14 +154,57 @@ def test_accelerate_launch_two_processes(tmp_path):
     glide = make_glide(target)
     glide.save_pretrained(tmp_path / "init")
     save_file({"input_ids": periodic_stream()}, tmp_path / "ids.safetensors")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "hf_specdraft.glide.training",
-               "--target", str(tmp_path / "target"), "--glide", str(tmp_path / "init"), "--data", str(tmp_path / "ids.safetensors"),
-               "--output-dir", str(tmp_path / "out"), "--max-steps", "30", "--seq-len", "32", "--batch-size", "2", "--lr", "3e-3",
-               "--warmup-steps", "3", "--logging-steps", "5", "--no-progress", "--dataset-name", "periodic test stream"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "ACCELERATE_USE_CPU": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "hf_specdraft.glide.training",
+        "--target",
+        str(tmp_path / "target"),
+        "--glide",
+        str(tmp_path / "init"),
+        "--data",
+        str(tmp_path / "ids.safetensors"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "30",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "3",
+        "--logging-steps",
+        "5",
+        "--no-progress",
+        "--dataset-name",
+        "periodic test stream",
+    ]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())
     assert log["processes"] == 2
@@ -147,12 +216,15 @@ def test_accelerate_launch_two_processes(tmp_path):
     assert "periodic test stream" in (tmp_path / "out" / "README.md").read_text()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--target", "/nonexistent/model"], "--target: '/nonexistent/model' is not a directory"),
-    (["--target", "{here}", "--glide", "./no/such/glide"], "--glide: './no/such/glide' is not a directory"),
-    (["--target", "{here}", "--data", "/no/such/file.py"], "--data: '/no/such/file.py' does not exist"),
-    (["--target", "{here}"], "--target: cannot load a causal LM from"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "/nonexistent/model"], "--target: '/nonexistent/model' is not a directory"),
+        (["--target", "{here}", "--glide", "./no/such/glide"], "--glide: './no/such/glide' is not a directory"),
+        (["--target", "{here}", "--data", "/no/such/file.py"], "--data: '/no/such/file.py' does not exist"),
+        (["--target", "{here}"], "--target: cannot load a causal LM from"),
+    ],
+)
 def test_train_glide_cli_names_a_missing_path_in_one_line(args, message, tmp_path, capsys):
     from hf_specdraft.glide.training import main
 
@@ -176,19 +248,25 @@ def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
 
     target = tiny_model("llama")
     torch.manual_seed(0)
-    glide = GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32, draft_token_ids=list(range(0, VOCAB, 3))))
+    glide = GlideForCausalLM(
+        GlideConfig.from_target_config(target.config, hidden_size=32, draft_token_ids=list(range(0, VOCAB, 3)))
+    )
     ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
     assert bool((ids % 3 != 0).any())  # labels outside the draft's vocabulary
     kv, logits = target_memory(target, ids, with_logits=True)
     args = GlideTrainingArguments(output_dir="unused", distillation_weight=0.5, distillation_temperature=1.0)
     loss, parts = glide_loss(glide, GlideBatch(ids, kv, logits), 5, args)
     rows = VOCAB // 3 + 1
-    assert torch.isfinite(loss) and parts["ce"] < 2 * torch.log(torch.tensor(float(rows))) and torch.isfinite(parts["kl"])
+    assert (
+        torch.isfinite(loss) and parts["ce"] < 2 * torch.log(torch.tensor(float(rows))) and torch.isfinite(parts["kl"])
+    )
     loss.backward()
     assert glide.lm_head.weight.grad[-1].abs().sum() > 0  # the "another token" row learns
     full = GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32))
     full_loss, full_parts = glide_loss(full, GlideBatch(ids, kv), 5, args)
-    expected = full(input_ids=ids, labels=ids, target_past_key_values=kv, cross_attention_block_size=5, use_cache=False).loss
+    expected = full(
+        input_ids=ids, labels=ids, target_past_key_values=kv, cross_attention_block_size=5, use_cache=False
+    ).loss
     torch.testing.assert_close(full_loss, expected)  # the full vocabulary's loss is the model's own
 
 
@@ -203,7 +281,9 @@ def tiny_store(target, windows: int = 8, seq_len: int = 32) -> dict:
     return compute_store(target, ids, [target.config.num_hidden_layers - 1], progress_bar=False)
 
 
-@pytest.mark.parametrize("draft_token_ids", [None, list(range(0, VOCAB, 3))], ids=["full-vocabulary", "reduced-vocabulary"])
+@pytest.mark.parametrize(
+    "draft_token_ids", [None, list(range(0, VOCAB, 3))], ids=["full-vocabulary", "reduced-vocabulary"]
+)
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_top_k_loss_is_the_full_logits_loss_when_k_is_the_vocabulary(draft_token_ids, temperature):
     """p given as the target's top k with k = V is p itself: the same cross-entropy, KL and gradient as its logits."""
@@ -235,7 +315,9 @@ def test_train_glide_from_a_store_never_runs_the_target_and_changes_every_parame
     store = StoreWindows(tiny_store(target))
     glide = make_glide(target)
     before = {k: v.clone() for k, v in glide.state_dict().items()}
-    monkeypatch.setattr(type(target), "forward", lambda *a, **k: pytest.fail("the target ran: the store holds its answers"))
+    monkeypatch.setattr(
+        type(target), "forward", lambda *a, **k: pytest.fail("the target ran: the store holds its answers")
+    )
     log = train_glide(target, glide, store, quick_args(tmp_path, distillation_weight=1.0))
     assert changed_parameters(before, glide) == set(before)  # the TRL check: every parameter moved
     losses = [step["kl"] for step in log["steps"]]
@@ -285,14 +367,31 @@ def test_a_run_from_a_store_resumes_to_the_weights_of_an_unbroken_one(tmp_path, 
     store = StoreWindows(tiny_store(target))
     args = quick_args(tmp_path / "killed", max_steps=8, save_steps=3, block_size=(1, 5), distillation_weight=1.0)
     unbroken = make_glide(target)
-    train_glide(target, unbroken, store, quick_args(tmp_path / "unbroken", max_steps=8, save_steps=0, block_size=(1, 5), distillation_weight=1.0))
+    train_glide(
+        target,
+        unbroken,
+        store,
+        quick_args(tmp_path / "unbroken", max_steps=8, save_steps=0, block_size=(1, 5), distillation_weight=1.0),
+    )
     train_killed_after(6, monkeypatch, target, make_glide(target), store, args)
     with pytest.raises(ValueError, match=r"other training arguments \(learning_rate"):
-        train_glide(target, make_glide(target), store, quick_args(tmp_path / "killed", max_steps=8, learning_rate=1e-3, block_size=(1, 5),
-                                                                   distillation_weight=1.0))
+        train_glide(
+            target,
+            make_glide(target),
+            store,
+            quick_args(
+                tmp_path / "killed", max_steps=8, learning_rate=1e-3, block_size=(1, 5), distillation_weight=1.0
+            ),
+        )
     resumed = make_glide(target)
-    log = train_glide(target, resumed, store, quick_args(tmp_path / "killed", max_steps=8, logging_steps=2, save_steps=4, block_size=(1, 5),
-                                                         distillation_weight=1.0))  # logging and saving may change
+    log = train_glide(
+        target,
+        resumed,
+        store,
+        quick_args(
+            tmp_path / "killed", max_steps=8, logging_steps=2, save_steps=4, block_size=(1, 5), distillation_weight=1.0
+        ),
+    )  # logging and saving may change
     assert log["resumed_from_step"] == 6
     for (name, a), b in zip(unbroken.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name)

@@ -49,7 +49,9 @@ def test_every_method_is_lossless_on_cuda_in_fp32(arch, method):
 def test_bf16_agreement_with_bf16_greedy_is_reported(arch, method, record_property):
     target = tiny_model(arch).to(CUDA, torch.bfloat16)
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5)).to(CUDA)
-    out = speculative_generate(target, x, candidate_generator=on_cuda(method, target, x, torch.bfloat16), max_new_tokens=32)
+    out = speculative_generate(
+        target, x, candidate_generator=on_cuda(method, target, x, torch.bfloat16), max_new_tokens=32
+    )
     reference = greedy_reference(target, x, 32)
     agreement = float((out[0, 9:] == reference[0, 9:]).float().mean())  # a tree forward rounds otherwise than one token
     record_property("bf16_agreement", agreement)
@@ -64,7 +66,7 @@ def left_padded_batch(low: int):
     ids = torch.zeros(4, width, dtype=torch.long)
     mask = torch.zeros(4, width, dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, width - r.numel():], mask[i, width - r.numel():] = r, 1
+        ids[i, width - r.numel() :], mask[i, width - r.numel() :] = r, 1
     return rows, ids, mask
 
 
@@ -73,11 +75,18 @@ def test_batch_of_four_on_cuda_equals_each_row_alone(arch):
     glide = glide_for(target).to(CUDA)
     rows, ids, mask = left_padded_batch(low=0)
     width = ids.shape[1]
-    out = speculative_generate(target, ids.to(CUDA), attention_mask=mask.to(CUDA), candidate_generator=GlideCandidateGenerator(glide),
-                               max_new_tokens=12, pad_token_id=0, eos_token_id=None)
+    out = speculative_generate(
+        target,
+        ids.to(CUDA),
+        attention_mask=mask.to(CUDA),
+        candidate_generator=GlideCandidateGenerator(glide),
+        max_new_tokens=12,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     for i, r in enumerate(rows):
         alone = greedy_reference(target, r[None].to(CUDA), 12, eos_token_id=None)
-        assert torch.equal(out[i, width:], alone[0, r.numel():]), i
+        assert torch.equal(out[i, width:], alone[0, r.numel() :]), i
 
 
 @pytest.mark.parametrize("method", ["draft-model", "glide+cape", "casd"])
@@ -94,18 +103,30 @@ def test_the_static_cache_compiled_with_cuda_graphs_is_lossless_in_fp32(method):
     torch._dynamo.reset()
     target = tiny_model("llama").to(CUDA)
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4)).to(CUDA)
-    out = speculative_generate(target, x, candidate_generator=on_cuda(method, target, x), max_new_tokens=48,
-                               cache_implementation="static", return_dict_in_generate=True)
+    out = speculative_generate(
+        target,
+        x,
+        candidate_generator=on_cuda(method, target, x),
+        max_new_tokens=48,
+        cache_implementation="static",
+        return_dict_in_generate=True,
+    )
     assert out.speculative_stats.extra["static_cache"]["compiled"]
     assert torch.equal(out.sequences, greedy_reference(target, x, 48))
     other = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(6)).to(CUDA)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        again = speculative_generate(target, other, candidate_generator=on_cuda(method, target, other), max_new_tokens=48,
-                                     cache_implementation="static")
+        again = speculative_generate(
+            target,
+            other,
+            candidate_generator=on_cuda(method, target, other),
+            max_new_tokens=48,
+            cache_implementation="static",
+        )
     assert torch.equal(again, greedy_reference(target, other, 48))
 
 
 # --- CUDA graphs on the static cache: recorded, replayed, never skipped -------------------------------------------
+
 
 class HostOracle(OracleDrafter):
     """The conftest oracle, reading the ids on the host (its reference stays there; the tree it returns is host data)."""
@@ -204,11 +225,18 @@ def test_cuda_graphs_for_a_left_padded_batch_of_four(cudagraphs):
     draft = tiny_model("llama", seed=3, num_hidden_layers=1).to(CUDA)
     rows, ids, mask = left_padded_batch(low=1)
     width = ids.shape[1]
-    out = static_on_cuda(target, ids.to(CUDA), attention_mask=mask.to(CUDA), draft_model=draft, max_new_tokens=24, pad_token_id=0,
-                         eos_token_id=None)
+    out = static_on_cuda(
+        target,
+        ids.to(CUDA),
+        attention_mask=mask.to(CUDA),
+        draft_model=draft,
+        max_new_tokens=24,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     for i, r in enumerate(rows):
         alone = greedy_reference(target, r[None].to(CUDA), 24, eos_token_id=None)
-        assert torch.equal(out.sequences[i, width:], alone[0, r.numel():]), i
+        assert torch.equal(out.sequences[i, width:], alone[0, r.numel() :]), i
     assert_cuda_graphs(cudagraphs, out)
 
 
@@ -226,9 +254,18 @@ def test_glide_trains_on_cuda_to_a_finite_loss(tmp_path, mixed_precision, state_
     target = tiny_model("llama", num_hidden_layers=3).to(CUDA)
     glide = GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32, state_input=state_input))
     stream = torch.randint(0, target.config.vocab_size, (400,), generator=torch.Generator().manual_seed(0))
-    args = GlideTrainingArguments(str(tmp_path / "run"), max_steps=3, seq_len=32, per_device_batch_size=4, warmup_steps=1,
-                                  logging_steps=1, save_steps=0, distillation_weight=0.5, mixed_precision=mixed_precision,
-                                  progress_bar=False)
+    args = GlideTrainingArguments(
+        str(tmp_path / "run"),
+        max_steps=3,
+        seq_len=32,
+        per_device_batch_size=4,
+        warmup_steps=1,
+        logging_steps=1,
+        save_steps=0,
+        distillation_weight=0.5,
+        mixed_precision=mixed_precision,
+        progress_bar=False,
+    )
     log = train_glide(target, glide, TargetWindows(stream, 32), args)
     assert all(torch.isfinite(torch.tensor(step["loss"])) for step in log["steps"]), log["steps"]
     assert all(torch.isfinite(p).all() for p in glide.parameters())

@@ -50,7 +50,9 @@ def arrows() -> list[tuple[str, str, str]]:
     out = []
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE).parts
-        if "custom_generate" in parts:  # files shipped into checkpoints: they import their siblings, checked in their own tests
+        if (
+            "custom_generate" in parts
+        ):  # files shipped into checkpoints: they import their siblings, checked in their own tests
             continue
         source = unit(parts)
         out += [(source, target, str(path.relative_to(PACKAGE.parent))) for target in imports(path) if target != source]
@@ -59,17 +61,23 @@ def arrows() -> list[tuple[str, str, str]]:
 
 def test_every_unit_has_a_layer():
     units = {unit(p.relative_to(PACKAGE).parts) for p in PACKAGE.rglob("*.py") if "custom_generate" not in p.parts}
-    assert units <= CORE | METHODS | COMPOSITION, f"classify {sorted(units - CORE - METHODS - COMPOSITION)} in tests/test_layers.py"
+    assert units <= CORE | METHODS | COMPOSITION, (
+        f"classify {sorted(units - CORE - METHODS - COMPOSITION)} in tests/test_layers.py"
+    )
 
 
 def test_no_import_runs_against_the_layers():
-    against = [(s, t, f) for s, t, f in arrows()
-               if (s in CORE and t not in CORE) or (s in METHODS and t not in CORE)]
+    against = [(s, t, f) for s, t, f in arrows() if (s in CORE and t not in CORE) or (s in METHODS and t not in CORE)]
     assert not against, "imports against the layers:\n" + "\n".join(f"  {f}: {s} -> {t}" for s, t, f in against)
 
 
-@pytest.mark.parametrize("source, expected", [("hf_specdraft/glide/candidate_generator.py", {"core", "glide"}),
-                                              ("hf_specdraft/defaults/bigram.py", {"cascade", "defaults"})])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("hf_specdraft/glide/candidate_generator.py", {"core", "glide"}),
+        ("hf_specdraft/defaults/bigram.py", {"cascade", "defaults"}),
+    ],
+)
 def test_the_resolver_sees_relative_and_nested_imports(source, expected):
     assert expected <= imports(PACKAGE.parent / source) | {unit(Path(source).relative_to("hf_specdraft").parts)}
 
@@ -83,8 +91,13 @@ def lab_imports(path: Path) -> set[str]:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             names = [node.module]
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
-              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             names = [node.args[0].value]
         else:
             continue
@@ -97,17 +110,28 @@ def test_the_package_never_imports_the_lab():
     installed with it)."""
     found = {str(p.relative_to(PACKAGE.parent)): lab_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
     found = {path: names for path, names in found.items() if names}
-    assert not found, "the package imports the lab:\n" + "\n".join(f"  {path}: {sorted(names)}" for path, names in found.items())
+    assert not found, "the package imports the lab:\n" + "\n".join(
+        f"  {path}: {sorted(names)}" for path, names in found.items()
+    )
 
 
-@pytest.mark.parametrize("line", ["import benchmarks.studies.k_sweep", "from recipes.training import train_default",
-                                  "def f():\n    from recipes import training", "importlib.import_module('benchmarks.studies.overhead')",
-                                  "from benchmarks import studies"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "import benchmarks.studies.k_sweep",
+        "from recipes.training import train_default",
+        "def f():\n    from recipes import training",
+        "importlib.import_module('benchmarks.studies.overhead')",
+        "from benchmarks import studies",
+    ],
+)
 def test_the_lab_check_sees_an_import_of_the_lab(line, tmp_path):
     path = tmp_path / "module.py"
     path.write_text("import torch\n" + line + "\n")
     assert lab_imports(path)
-    path.write_text("from .recipes import x\nimport benchmarking\nfrom hf_specdraft.bench import run_bench\n")  # not the lab
+    path.write_text(
+        "from .recipes import x\nimport benchmarking\nfrom hf_specdraft.bench import run_bench\n"
+    )  # not the lab
     assert not lab_imports(path)
 
 
@@ -120,17 +144,31 @@ def test_the_package_s_bench_rows_are_baselines_and_default_calls():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
     assert done.returncode == 0, done.stderr
     names, lab_imported = done.stdout.split("\n")[:2]
-    baselines = {"target-only", "target-only+linears", "stock-assisted", "stock-assisted+linears", "prompt-lookup",
-                 "prompt-lookup+linears", "null-drafter", "stock-assisted-glide", "stock-assisted-vanilla"}
-    fixed = [n for n in names.split() if n not in baselines and not re.search(r"-auto(-static|-compiled)?$|^target-only-", n)]
+    baselines = {
+        "target-only",
+        "target-only+linears",
+        "stock-assisted",
+        "stock-assisted+linears",
+        "prompt-lookup",
+        "prompt-lookup+linears",
+        "null-drafter",
+        "stock-assisted-glide",
+        "stock-assisted-vanilla",
+    }
+    fixed = [
+        n for n in names.split() if n not in baselines and not re.search(r"-auto(-static|-compiled)?$|^target-only-", n)
+    ]
     assert not fixed and lab_imported == "False", f"rows with fixed settings in the package: {fixed}"
 
 
 def test_the_layout_doc_names_every_module_of_the_package():
     """docs/layout.md is the one map of the house: every module of the package has its line there."""
     text = (PACKAGE.parent / "docs" / "layout.md").read_text()
-    missing = [str(p.relative_to(PACKAGE.parent)) for p in sorted(PACKAGE.rglob("*.py"))
-               if p.stem not in ("__init__", "__main__") and not re.search(rf"\b{re.escape(p.name)}", text)]
+    missing = [
+        str(p.relative_to(PACKAGE.parent))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.stem not in ("__init__", "__main__") and not re.search(rf"\b{re.escape(p.name)}", text)
+    ]
     assert not missing, f"add a line for each to docs/layout.md: {missing}"
 
 
@@ -157,8 +195,12 @@ def module_imports(path: Path, known: set[str]) -> set[str]:
     an import under ``if TYPE_CHECKING:`` (annotations only) never runs, so it draws no arrow."""
     package = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
     found, tree = set(), ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
-                   for n in ast.walk(block)}
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for n in ast.walk(block)
+    }
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -195,7 +237,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -243,10 +285,18 @@ def test_the_core_s_reading_order_names_every_module():
     """hf_specdraft/core/__init__.py is a newcomer's map of the core: its reading order names every module there."""
     named = set(re.findall(r":mod:`\.(\w+)`", (PACKAGE / "core" / "__init__.py").read_text()))
     modules = {p.stem for p in (PACKAGE / "core").glob("*.py")} - {"__init__"}
-    assert named == modules, f"not in core/__init__.py's reading order: {sorted(modules - named)}; gone: {sorted(named - modules)}"
+    assert named == modules, (
+        f"not in core/__init__.py's reading order: {sorted(modules - named)}; gone: {sorted(named - modules)}"
+    )
 
 
-LAYOUTS = {"CacheLayout", "DynamicLayout", "OwnedRow", "SharedBatch", "StaticLayout"}  # core/layouts.py, core/static_layout.py
+LAYOUTS = {
+    "CacheLayout",
+    "DynamicLayout",
+    "OwnedRow",
+    "SharedBatch",
+    "StaticLayout",
+}  # core/layouts.py, core/static_layout.py
 DRAFT_CACHES = {"DraftCache", "DynamicDraftCache", "StaticDraftCache"}  # core/draft_cache.py
 LAYOUT_HOMES = {"core/layouts.py", "core/static_layout.py", "core/draft_cache.py"}  # where they are defined and built
 
@@ -275,8 +325,10 @@ def test_no_module_branches_on_a_cache_layout():
 
 def test_the_layout_check_sees_a_branch(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("def f(cache, draft):\n    if isinstance(cache, (StaticLayout, int)) or isinstance(draft, StaticDraftCache):\n"
-                     "        return cache.shared or cache.compiled\n")
+    probe.write_text(
+        "def f(cache, draft):\n    if isinstance(cache, (StaticLayout, int)) or isinstance(draft, StaticDraftCache):\n"
+        "        return cache.shared or cache.compiled\n"
+    )
     assert len(layout_branches(probe)) == 4
 
 
@@ -297,16 +349,31 @@ def drafter_probes(path: Path, writes: bool = True) -> list[str]:
     or calls a setter on one (``drafter.set_step(...)``)."""
     found = []
     tree = ast.parse(path.read_text())
-    readers = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in DECLARATION_READERS for n in ast.walk(f)}
+    readers = {
+        id(n)
+        for f in ast.walk(tree)
+        if isinstance(f, ast.FunctionDef) and f.name in DECLARATION_READERS
+        for n in ast.walk(f)
+    }
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in PROBES and node.args and id(node) not in readers:
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) in PROBES
+            and node.args
+            and id(node) not in readers
+        ):
             named = ast.unparse(node.args[0])
             if "generator" in named or "drafter" in named:
                 found.append(f"{path.name}:{node.lineno} {node.func.id}({named}, ...)")
         if not writes:
             continue
-        targets = (node.targets if isinstance(node, ast.Assign)
-                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+            else []
+        )
         for target in targets:
             for part in ast.walk(target):  # a tuple target's parts too
                 if isinstance(part, ast.Attribute) and isinstance(part.ctx, ast.Store) and names_a_drafter(part.value):
@@ -320,10 +387,14 @@ def drafter_probes(path: Path, writes: bool = True) -> list[str]:
 
 def tree_generator_checks(path: Path) -> list[str]:
     """Where ``path`` asks whether a drafter is an hf_specdraft one (``isinstance(..., TreeCandidateGenerator)``)."""
-    return [f"{path.name}:{node.lineno} {ast.unparse(node)}" for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2
-            and "TreeCandidateGenerator" in {getattr(n, "id", getattr(n, "attr", None))
-                                             for n in ast.walk(node.args[1])}]
+    return [
+        f"{path.name}:{node.lineno} {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "isinstance"
+        and len(node.args) == 2
+        and "TreeCandidateGenerator" in {getattr(n, "id", getattr(n, "attr", None)) for n in ast.walk(node.args[1])}
+    ]
 
 
 def test_the_step_reads_declared_traits_and_tells_drafters_by_argument():
@@ -332,7 +403,11 @@ def test_the_step_reads_declared_traits_and_tells_drafters_by_argument():
     kept through another (DraftOutcome, to learn): no getattr or hasattr probe of a drafter anywhere in the core (the
     controller's key, the drafters' shared helpers and the state request included), no attribute written into a drafter
     or batch proposer by the step, no set_step."""
-    probes = [p for path in sorted((PACKAGE / "core").glob("*.py")) for p in drafter_probes(path, writes=path.name in STEP_MODULES)]
+    probes = [
+        p
+        for path in sorted((PACKAGE / "core").glob("*.py"))
+        for p in drafter_probes(path, writes=path.name in STEP_MODULES)
+    ]
     assert not probes, probes
 
 
@@ -375,19 +450,32 @@ def test_a_drafter_with_compile_draft_declares_it():
 
 def test_the_probe_check_sees_a_probe(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("def f(row, drafter):\n    if getattr(row.generator, 'x', 0) or hasattr(drafter, 'compile_draft'):\n"
-                     "        drafter.num_draft_tokens = 3\n\n\ndef traits_of(generator):\n    return getattr(generator, 'x', 0)\n")
+    probe.write_text(
+        "def f(row, drafter):\n    if getattr(row.generator, 'x', 0) or hasattr(drafter, 'compile_draft'):\n"
+        "        drafter.num_draft_tokens = 3\n\n\ndef traits_of(generator):\n    return getattr(generator, 'x', 0)\n"
+    )
     assert sorted(p.split(" ", 1)[1] for p in drafter_probes(probe)) == [
-        "drafter.num_draft_tokens = ...", "getattr(row.generator, ...)", "hasattr(drafter, ...)"]  # traits_of's read is not one
+        "drafter.num_draft_tokens = ...",
+        "getattr(row.generator, ...)",
+        "hasattr(drafter, ...)",
+    ]  # traits_of's read is not one
     assert len(drafter_probes(probe, writes=False)) == 2
-    probe.write_text("def g(row, step, gamma):\n    row.generator.set_step(stop_rule=None)\n"
-                     "    step.cache.together.num_draft_tokens = gamma\n    row.generator.budget, x = 3, 4\n"
-                     "    row.generator.calls += 1\n    setattr(row.generator, 'host_text', [])\n"
-                     "    row.tokens = []\n    request = step.meter.request(row)\n")
+    probe.write_text(
+        "def g(row, step, gamma):\n    row.generator.set_step(stop_rule=None)\n"
+        "    step.cache.together.num_draft_tokens = gamma\n    row.generator.budget, x = 3, 4\n"
+        "    row.generator.calls += 1\n    setattr(row.generator, 'host_text', [])\n"
+        "    row.tokens = []\n    request = step.meter.request(row)\n"
+    )
     assert sorted(p.split(" ", 1)[1] for p in drafter_probes(probe)) == [
-        "row.generator.budget = ...", "row.generator.calls = ...", "row.generator.set_step(...)", "setattr(...)",
-        "step.cache.together.num_draft_tokens = ..."]  # a row's own fields, a request built: no writes into a drafter
-    probe.write_text("def h(generator, drafter):\n    return isinstance(generator, TreeCandidateGenerator) or (\n"
-                     "        isinstance(drafter, (drafting.TreeCandidateGenerator, int)))\n"
-                     "    return isinstance(drafter, CandidateGenerator)\n")
+        "row.generator.budget = ...",
+        "row.generator.calls = ...",
+        "row.generator.set_step(...)",
+        "setattr(...)",
+        "step.cache.together.num_draft_tokens = ...",
+    ]  # a row's own fields, a request built: no writes into a drafter
+    probe.write_text(
+        "def h(generator, drafter):\n    return isinstance(generator, TreeCandidateGenerator) or (\n"
+        "        isinstance(drafter, (drafting.TreeCandidateGenerator, int)))\n"
+        "    return isinstance(drafter, CandidateGenerator)\n"
+    )
     assert len(tree_generator_checks(probe)) == 2

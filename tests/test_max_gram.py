@@ -99,8 +99,13 @@ def test_candidate_generator_counts_calls_and_is_lossless():
     out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=20, return_dict_in_generate=True)
     assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     assert out.speculative_stats.drafter_calls == {"max_gram": out.speculative_stats.num_steps}
-    assert len(MaxGramCandidateGenerator(drafter.bigram_table).propose(x)) == 10  # outside the loop: the paper's fixed 10
-    assert drafter.adaptive_draft_length and len(out.speculative_stats.extra["draft_lengths"]) == out.speculative_stats.num_steps
+    assert (
+        len(MaxGramCandidateGenerator(drafter.bigram_table).propose(x)) == 10
+    )  # outside the loop: the paper's fixed 10
+    assert (
+        drafter.adaptive_draft_length
+        and len(out.speculative_stats.extra["draft_lengths"]) == out.speculative_stats.num_steps
+    )
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
@@ -109,7 +114,10 @@ def test_bad_num_draft_tokens(bad):
         MaxGramCandidateGenerator(num_draft_tokens=bad)
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(4, 4, dtype=torch.long), torch.zeros(4), torch.tensor([0, -1]), torch.zeros(0, dtype=torch.long)])
+@pytest.mark.parametrize(
+    "bad",
+    [torch.zeros(4, 4, dtype=torch.long), torch.zeros(4), torch.tensor([0, -1]), torch.zeros(0, dtype=torch.long)],
+)
 def test_bad_bigram_table(bad):
     with pytest.raises(ValueError, match="bigram_table"):
         MaxGramCandidateGenerator(bad)
@@ -120,11 +128,21 @@ def test_bigram_table_larger_than_target_vocab():
     with pytest.raises(ValueError, match="bigram_table has 200 entries"):
         build_max_gram_for_bench(target, torch.zeros(200, dtype=torch.long))
     with pytest.raises(ValueError, match="bigram_table"):
-        speculative_generate(target, t(1, 2, 3)[None], candidate_generator=MaxGramCandidateGenerator(torch.zeros(200, dtype=torch.long)), max_new_tokens=4)
+        speculative_generate(
+            target,
+            t(1, 2, 3)[None],
+            candidate_generator=MaxGramCandidateGenerator(torch.zeros(200, dtype=torch.long)),
+            max_new_tokens=4,
+        )
 
 
 def test_build_bigram_table_argmax_ties_and_unseen():
-    corpus = [[1, 2, 1, 2, 1, 3], [3, 4], [3, 5], [4, 6]]  # 1->2 twice, 1->3 once; 3->4 / 3->5 tie; never across sequences
+    corpus = [
+        [1, 2, 1, 2, 1, 3],
+        [3, 4],
+        [3, 5],
+        [4, 6],
+    ]  # 1->2 twice, 1->3 once; 3->4 / 3->5 tie; never across sequences
     table = build_bigram_table(corpus, 8)
     assert table[1] == 2 and table[2] == 1 and table[3] == 4 and table[4] == 6
     most_frequent = 1  # 1 and 3 occur 3 times each; ties go to the smallest id
@@ -143,7 +161,15 @@ def test_save_load_round_trip(tmp_path):
     loaded = load_bigram_table(path)
     assert torch.equal(loaded, table) and loaded.dtype == torch.long
     assert bigram_table_metadata(path)["tokenizer"] == "toy"
-    assert torch.equal(build_max_gram_for_bench(tiny_model(vocab_size=300_000, hidden_size=16, num_attention_heads=2, intermediate_size=16, num_hidden_layers=1), path).bigram_table, table)
+    assert torch.equal(
+        build_max_gram_for_bench(
+            tiny_model(
+                vocab_size=300_000, hidden_size=16, num_attention_heads=2, intermediate_size=16, num_hidden_layers=1
+            ),
+            path,
+        ).bigram_table,
+        table,
+    )
     with pytest.raises(ValueError, match="does not exist"):
         load_bigram_table(tmp_path / "missing.safetensors")
 
@@ -170,8 +196,25 @@ def test_cli_builds_a_table(tmp_path):
     (answers / "shard-00000.jsonl").write_text(json.dumps({"prompt_ids": [5, 7], "response_ids": [9, 7, 9]}) + "\n")
     (tmp_path / "answers" / "requests.jsonl").write_text(json.dumps({"group": "qa", "turns": ["hi"]}) + "\n")
     weighted = tmp_path / "weighted.safetensors"
-    assert main_build_bigram(["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(weighted),
-                              "--answers", str(tmp_path / "answers"), "--answers-weight", "1000"]) == 0
+    assert (
+        main_build_bigram(
+            [
+                "--tokenizer",
+                str(tok_dir),
+                "--source",
+                str(source),
+                "--output",
+                str(weighted),
+                "--answers",
+                str(tmp_path / "answers"),
+                "--answers-weight",
+                "1000",
+            ]
+        )
+        == 0
+    )
     assert int(load_bigram_table(weighted)[7]) == 9 and bigram_table_metadata(weighted)["answers"] == "1"
     with pytest.raises(SystemExit):  # a folder without answers is refused by name
-        main_build_bigram(["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(weighted), "--answers", str(source)])
+        main_build_bigram(
+            ["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(weighted), "--answers", str(source)]
+        )

@@ -105,7 +105,9 @@ def test_a_call_trims_nothing_by_default(monkeypatch):
     target = tiny_model()
     x = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(2))
     reference = greedy_reference(target, x, 8)
-    out = speculative_generate(target, x, candidate_generator=OracleDrafter(reference), max_new_tokens=8, return_dict_in_generate=True)
+    out = speculative_generate(
+        target, x, candidate_generator=OracleDrafter(reference), max_new_tokens=8, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, reference) and "released_mib" not in out.speculative_stats.extra
 
 
@@ -171,6 +173,8 @@ def test_a_call_reports_what_its_end_gave_back(monkeypatch):
     reference = greedy_reference(target, x, 12)
     monkeypatch.setenv("HF_SPECDRAFT_TRIM_MIB", "1e-9")
     monkeypatch.setattr(memory, "_floor", 0.0)
-    out = speculative_generate(target, x, candidate_generator=OracleDrafter(reference), max_new_tokens=12, return_dict_in_generate=True)
+    out = speculative_generate(
+        target, x, candidate_generator=OracleDrafter(reference), max_new_tokens=12, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, reference) and out.speculative_stats.extra["released_mib"] >= 0.0
     assert memory.release_freed_memory() >= 0.0

@@ -27,7 +27,11 @@ def builders(draft):
     glide = make_glide(tiny_model())
     return {
         "glide": (GlideDraftingConfig, lambda **kw: GlideCandidateGenerator(glide, **kw), {"num_draft_tokens": 3}),
-        "cape": (CapeConfig, lambda **kw: CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 2), **kw), {"budget": 6}),
+        "cape": (
+            CapeConfig,
+            lambda **kw: CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 2), **kw),
+            {"budget": 6},
+        ),
         "cascade": (CascadeConfig, lambda **kw: CascadeCandidateGenerator([draft], **kw), {"lenience": 2.0}),
         "casd": (CasdConfig, lambda **kw: CasdCandidateGenerator(torch.arange(20), **kw), {"max_nodes": 8}),
     }
@@ -47,7 +51,15 @@ def test_config_or_keywords_never_both(draft, method):
         build(num_draft_tokenz=3)
 
 
-@pytest.mark.parametrize("config_class, field", [(GlideDraftingConfig, "num_draft_tokens"), (CapeConfig, "budget"), (CascadeConfig, "max_gram_tokens"), (CasdConfig, "max_nodes")])
+@pytest.mark.parametrize(
+    "config_class, field",
+    [
+        (GlideDraftingConfig, "num_draft_tokens"),
+        (CapeConfig, "budget"),
+        (CascadeConfig, "max_gram_tokens"),
+        (CasdConfig, "max_nodes"),
+    ],
+)
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4"])
 def test_counts_are_checked_the_same_way(config_class, field, bad):
     with pytest.raises(ValueError, match=f"{field} must be .*a positive int"):
@@ -65,7 +77,11 @@ def test_glide_takes_gamma_as_a_keyword():
 
 
 def test_cascade_config():
-    assert CascadeConfig().lenience == 1.0 and CascadeConfig().max_gram_tokens == 10 and CascadeConfig().num_draft_tokens == "auto"
+    assert (
+        CascadeConfig().lenience == 1.0
+        and CascadeConfig().max_gram_tokens == 10
+        and CascadeConfig().num_draft_tokens == "auto"
+    )
     with pytest.raises(ValueError, match="lenience"):
         CascadeConfig(lenience=0.5)
     with pytest.raises(ValueError, match="num_draft_tokens must be a positive int or 'auto'"):

@@ -31,12 +31,31 @@ def glide_for(target):
 METHODS = {  # name -> (drafter from a draft source, whether the target itself can be the source)
     "draft-model": (lambda target, source, x: DraftModelCandidateGenerator(source, 3), True),
     "cape": (lambda target, source, x: CapeCandidateGenerator(DraftModelCandidateGenerator(source, 2), budget=6), True),
-    "cape-fixed": (lambda target, source, x: CapeCandidateGenerator(DraftModelCandidateGenerator(source, 2), mode="fixed", fixed_k=2), True),
-    "cape-beam": (lambda target, source, x: CapeCandidateGenerator(DraftModelCandidateGenerator(source, 2), mode="beam", beam_width=2), True),
-    "cascade": (lambda target, source, x: CascadeCandidateGenerator([source], k_matrix=[[2, 2], [0, 2]], bigram_table=TABLE,
-                                                                    num_draft_tokens=None), True),  # K's budgets, fixed
+    "cape-fixed": (
+        lambda target, source, x: CapeCandidateGenerator(
+            DraftModelCandidateGenerator(source, 2), mode="fixed", fixed_k=2
+        ),
+        True,
+    ),
+    "cape-beam": (
+        lambda target, source, x: CapeCandidateGenerator(
+            DraftModelCandidateGenerator(source, 2), mode="beam", beam_width=2
+        ),
+        True,
+    ),
+    "cascade": (
+        lambda target, source, x: CascadeCandidateGenerator(
+            [source], k_matrix=[[2, 2], [0, 2]], bigram_table=TABLE, num_draft_tokens=None
+        ),
+        True,
+    ),  # K's budgets, fixed
     "glide": (lambda target, source, x: GlideCandidateGenerator(glide_for(target), num_draft_tokens=3), False),
-    "glide+cape": (lambda target, source, x: CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=2), budget=5), False),
+    "glide+cape": (
+        lambda target, source, x: CapeCandidateGenerator(
+            GlideCandidateGenerator(glide_for(target), num_draft_tokens=2), budget=5
+        ),
+        False,
+    ),
     "max-gram": (lambda target, source, x: MaxGramCandidateGenerator(TABLE, num_draft_tokens=4), False),
     "casd": (lambda target, source, x: CasdCandidateGenerator(torch.cat([x[0], x[0]]), min_suffix_length=1), False),
 }
@@ -48,10 +67,18 @@ def test_grid(arch, method):
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     reference = greedy_reference(target, x, NEW_TOKENS)
     build, self_draftable = METHODS[method]
-    sources = {"random": tiny_model(arch, seed=3, num_hidden_layers=1), **({"target": target} if self_draftable else {})}
+    sources = {
+        "random": tiny_model(arch, seed=3, num_hidden_layers=1),
+        **({"target": target} if self_draftable else {}),
+    }
     for name, source in sources.items():
-        out = speculative_generate(target, x, candidate_generator=build(target, source, x), max_new_tokens=NEW_TOKENS,
-                                   return_dict_in_generate=True)
+        out = speculative_generate(
+            target,
+            x,
+            candidate_generator=build(target, source, x),
+            max_new_tokens=NEW_TOKENS,
+            return_dict_in_generate=True,
+        )
         assert torch.equal(out.sequences, reference), (method, name)
         stats = out.speculative_stats
         assert stats.num_steps >= 1 and stats.new_tokens == NEW_TOKENS
@@ -67,7 +94,10 @@ def test_the_gpu_script_asks_for_methods_the_bench_registers():
     from hf_specdraft.bench.methods import METHODS
 
     script = (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run.sh").read_text()
-    asked = {name for group in re.findall(r'methods[= ]"([^"$]+)', script) + re.findall(r'bench \w+ ",([^"]+)"', script)
-             for name in group.split(",")}
+    asked = {
+        name
+        for group in re.findall(r'methods[= ]"([^"$]+)', script) + re.findall(r'bench \w+ ",([^"]+)"', script)
+        for name in group.split(",")
+    }
     assert "stock-assisted" in asked  # the requests step's --methods "..." is read too
     assert asked and not sorted(asked - set(METHODS)), sorted(asked - set(METHODS))

@@ -20,7 +20,9 @@ def test_logits_match_linear(rows):
     expected = nn.functional.linear(hidden, head.weight)
     with torch.no_grad(), few_token_projection(model, orientation="transposed") as applied:
         got = head(hidden)
-    assert applied and got.shape == expected.shape and got.is_contiguous()  # laid out as linear's: models view and complex-view it
+    assert (
+        applied and got.shape == expected.shape and got.is_contiguous()
+    )  # laid out as linear's: models view and complex-view it
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -87,7 +89,9 @@ def test_loop_uses_it_and_stays_lossless(monkeypatch):
     rows_seen = []
     original = torch.matmul
     monkeypatch.setattr(torch, "matmul", lambda a, b: rows_seen.append(b.shape[-1]) or original(a, b))
-    out = speculative_generate(model, prompt, candidate_generator=OracleDrafter(reference, "right", vocab_size=2048), max_new_tokens=24)
+    out = speculative_generate(
+        model, prompt, candidate_generator=OracleDrafter(reference, "right", vocab_size=2048), max_new_tokens=24
+    )
     assert torch.equal(out, reference)
     assert rows_seen and max(rows_seen) == 5  # [last token] + 4 drafts went through the transposed product
     assert len(rows_seen) > 2 * model.config.num_hidden_layers  # the decoder layers' projections too, not only the head
@@ -110,7 +114,9 @@ def test_auto_follows_the_calibration_per_row_count(monkeypatch, faster):
             monkeypatch.setattr(torch, "matmul", lambda a, b: calls.append(a.shape) or original(a, b))
             got = model(ids).logits
             monkeypatch.setattr(torch, "matmul", original)
-            model(torch.randint(0, 512, (1, projection.MAX_CALIBRATED_ROWS + 1)))  # a prefill keeps linear, uncalibrated
+            model(
+                torch.randint(0, 512, (1, projection.MAX_CALIBRATED_ROWS + 1))
+            )  # a prefill keeps linear, uncalibrated
     assert wrapped > 7 and set(asked) == {9} and bool(calls) == faster
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -123,11 +129,15 @@ def test_calibration_times_each_shape_once_and_is_recorded(monkeypatch):
     first = projection.transposed_is_faster(weight, 3)
     timed = []
     monkeypatch.setattr(projection, "_seconds", lambda run: timed.append(run) or 0.0)
-    assert projection.transposed_is_faster(torch.randn(96, 32), 3) == first and not timed  # same shape, dtype, rows: cached
+    assert (
+        projection.transposed_is_faster(torch.randn(96, 32), 3) == first and not timed
+    )  # same shape, dtype, rows: cached
     assert projection.transposed_is_faster(weight, 4) is False  # equal times: linear stays (W @ h.T must win by 10 %)
     assert len(timed) == 2 * projection.CALIBRATION_REPEATS
-    assert projection.calibrated_choices() == [{"weight": [96, 32], "dtype": "float32", "rows": 3, "threads": torch.get_num_threads(), "transposed": first},
-                                               {"weight": [96, 32], "dtype": "float32", "rows": 4, "threads": torch.get_num_threads(), "transposed": False}]
+    assert projection.calibrated_choices() == [
+        {"weight": [96, 32], "dtype": "float32", "rows": 3, "threads": torch.get_num_threads(), "transposed": first},
+        {"weight": [96, 32], "dtype": "float32", "rows": 4, "threads": torch.get_num_threads(), "transposed": False},
+    ]
 
 
 def test_linear_orientation_changes_nothing_and_a_bad_one_is_refused():
@@ -170,7 +180,9 @@ def test_calibration_streams_copies_of_the_weight(monkeypatch):
     monkeypatch.setattr(nn.functional, "linear", lambda h, w: seen.append(w.data_ptr()) or original(h, w))
     weight = torch.randn(96, 32)
     projection.transposed_is_faster(weight, 1)
-    assert len(set(seen)) == 3 and weight.data_ptr() not in seen  # each pass reads three distinct copies, as a forward reads its layers
+    assert (
+        len(set(seen)) == 3 and weight.data_ptr() not in seen
+    )  # each pass reads three distinct copies, as a forward reads its layers
     assert len(seen) == 3 * (1 + projection.CALIBRATION_REPEATS)
 
 
@@ -178,11 +190,27 @@ def test_report_renders_one_verification_table_per_cpu():
     from benchmarks.report.render import verification_section
 
     def run(hardware, one, two):
-        meta = {"hardware": hardware, "dtype": "float32", "prefix": 96, "repeats": 15, "command": "python -m benchmarks.studies.projection"}
-        return {"meta": meta, "milliseconds": {"model's own": {"1": one, "2": two}}, "ratio_to_one_token": {"model's own": {"1": 1.0, "2": two / one}}}
+        meta = {
+            "hardware": hardware,
+            "dtype": "float32",
+            "prefix": 96,
+            "repeats": 15,
+            "command": "python -m benchmarks.studies.projection",
+        }
+        return {
+            "meta": meta,
+            "milliseconds": {"model's own": {"1": one, "2": two}},
+            "ratio_to_one_token": {"model's own": {"1": 1.0, "2": two / one}},
+        }
 
-    text = verification_section([run("CPU: AMD EPYC, 2 threads", 56.0, 84.0), run("CPU: Intel(R) Xeon(R), 2 threads", 30.0, 31.5)])
-    assert text.count("| linear layers | n=1 | n=2 |") == 2 and "| model's own | 1.00 | 1.50 |" in text and "| model's own | 1.00 | 1.05 |" in text
+    text = verification_section(
+        [run("CPU: AMD EPYC, 2 threads", 56.0, 84.0), run("CPU: Intel(R) Xeon(R), 2 threads", 30.0, 31.5)]
+    )
+    assert (
+        text.count("| linear layers | n=1 | n=2 |") == 2
+        and "| model's own | 1.00 | 1.50 |" in text
+        and "| model's own | 1.00 | 1.05 |" in text
+    )
     assert "AMD EPYC" in text and "Xeon" in text and "model's own 56.0" in text
     assert text.count("before the one-row path") == 2  # neither run recorded a one-row calibration
 
@@ -198,7 +226,9 @@ def test_every_row_count_transposed_stays_lossless(monkeypatch, arch, mode):
     model = tiny_model(arch, vocab_size=1024)
     prompt = torch.randint(0, 1024, (1, 7), generator=torch.Generator().manual_seed(11))
     reference = greedy_reference(model, prompt, 20)
-    out = speculative_generate(model, prompt, candidate_generator=OracleDrafter(reference, mode, vocab_size=1024), max_new_tokens=20)
+    out = speculative_generate(
+        model, prompt, candidate_generator=OracleDrafter(reference, mode, vocab_size=1024), max_new_tokens=20
+    )
     assert torch.equal(out, reference)
     with few_token_linears(model) as wrapped:
         plain = model.generate(prompt, max_new_tokens=20, do_sample=False)
@@ -227,7 +257,9 @@ def test_calibrations_persist_per_machine_across_processes(monkeypatch, tmp_path
     monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
     monkeypatch.setattr(projection, "machine_id", lambda: "another CPU | torch 0.0")
-    assert projection.transposed_is_faster(weight, 5) is False and len(timed) == 2 * projection.CALIBRATION_REPEATS  # measured anew
+    assert (
+        projection.transposed_is_faster(weight, 5) is False and len(timed) == 2 * projection.CALIBRATION_REPEATS
+    )  # measured anew
     assert set(json.loads(path.read_text())) == {"another CPU | torch 0.0", stored and next(iter(stored))}
     monkeypatch.setenv("HF_SPECDRAFT_CALIBRATION_FILE", "")
     assert projection.calibration_file() is None

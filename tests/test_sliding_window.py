@@ -38,8 +38,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 WINDOW = 16
 NEW_TOKENS = 40
 LENGTHS = (5, WINDOW, 3 * WINDOW + 3)
-COMMON = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-              max_position_embeddings=512, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=512,
+    eos_token_id=None,
+    bos_token_id=None,
+    pad_token_id=None,
+)
 
 
 def windowed_config(arch: str, **overrides):
@@ -51,12 +61,21 @@ def windowed_config(arch: str, **overrides):
     if arch == "gemma2":
         return Gemma2Config(sliding_window=WINDOW, head_dim=8, **common)
     if arch == "gemma3":
-        layers = common["num_hidden_layers"]  # local and global layers alternate (Gemma 3 itself: five local, one global)
-        return Gemma3TextConfig(sliding_window=WINDOW, head_dim=8, layer_types=(["sliding_attention", "full_attention"] * layers)[:layers], **common)
+        layers = common[
+            "num_hidden_layers"
+        ]  # local and global layers alternate (Gemma 3 itself: five local, one global)
+        return Gemma3TextConfig(
+            sliding_window=WINDOW,
+            head_dim=8,
+            layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
+            **common,
+        )
     if arch == "cohere2":
         return Cohere2Config(sliding_window=WINDOW, **common)
     if arch == "llama4":
-        return Llama4TextConfig(attention_chunk_size=WINDOW, head_dim=8, intermediate_size_mlp=64, num_local_experts=1, **common)
+        return Llama4TextConfig(
+            attention_chunk_size=WINDOW, head_dim=8, intermediate_size_mlp=64, num_local_experts=1, **common
+        )
     raise ValueError(arch)
 
 
@@ -77,7 +96,9 @@ def test_oracle_drafts_before_at_and_past_the_window(arch):
         x = prompt(length)
         reference = target.generate(x, max_new_tokens=NEW_TOKENS, do_sample=False)
         for mode in ("right", "wrong", "tree"):
-            out = speculative_generate(target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=NEW_TOKENS)
+            out = speculative_generate(
+                target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=NEW_TOKENS
+            )
             assert torch.equal(out, reference), (arch, length, mode)
 
 
@@ -105,7 +126,9 @@ def test_every_method_past_the_window(arch, method):
     draft = windowed_model(arch, seed=3, num_hidden_layers=1)
     x = prompt(3 * WINDOW + 3)
     reference = target.generate(x, max_new_tokens=NEW_TOKENS, do_sample=False)
-    out = speculative_generate(target, x, candidate_generator=METHODS[method](target, draft, x), max_new_tokens=NEW_TOKENS)
+    out = speculative_generate(
+        target, x, candidate_generator=METHODS[method](target, draft, x), max_new_tokens=NEW_TOKENS
+    )
     assert torch.equal(out, reference)
 
 
@@ -114,8 +137,13 @@ def test_target_cache_stays_the_window_size():
     target = windowed_model("gemma3")
     x = prompt(4 * WINDOW)
     reference = target.generate(x, max_new_tokens=NEW_TOKENS, do_sample=False)
-    out = speculative_generate(target, x, candidate_generator=OracleDrafter(reference, "tree"), max_new_tokens=NEW_TOKENS,
-                               return_dict_in_generate=True)
+    out = speculative_generate(
+        target,
+        x,
+        candidate_generator=OracleDrafter(reference, "tree"),
+        max_new_tokens=NEW_TOKENS,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(out.sequences, reference)
     lengths = {type(layer).__name__: layer.keys.shape[-2] for layer in output_cache(out).layers}
     assert lengths == {"DynamicSlidingWindowLayer": WINDOW - 1, "DynamicLayer": reference.shape[1] - 1}
@@ -145,8 +173,15 @@ def test_glide_reads_one_rope_per_layer_type():
     config = windowed_config("gemma3")
     config.rope_parameters["sliding_attention"]["rope_theta"] = 10_000.0
     config.rope_parameters["full_attention"]["rope_theta"] = 1_000_000.0
-    assert GlideConfig.from_target_config(config, hidden_size=32).target_rope_parameters["rope_theta"] == 1_000_000.0  # reads layer 3
-    assert GlideConfig.from_target_config(config, hidden_size=32, target_layer_ids=[2]).target_rope_parameters["rope_theta"] == 10_000.0
+    assert (
+        GlideConfig.from_target_config(config, hidden_size=32).target_rope_parameters["rope_theta"] == 1_000_000.0
+    )  # reads layer 3
+    assert (
+        GlideConfig.from_target_config(config, hidden_size=32, target_layer_ids=[2]).target_rope_parameters[
+            "rope_theta"
+        ]
+        == 10_000.0
+    )
     with pytest.raises(ValueError, match=r"target_layer_ids.*one type"):
         GlideConfig.from_target_config(config, hidden_size=32, num_hidden_layers=2)
 
@@ -165,7 +200,9 @@ def test_max_gram_and_casd_at_gemma3_scale():
     context = torch.randint(0, vocab, (32_768,), generator=g)
     casd = CasdCandidateGenerator(context)
     tree = casd.propose(context[20_000:20_010][None])
-    assert len(tree) >= 5 and tree.tokens.tolist() == context[20_010 : 20_010 + len(tree)].tolist()  # one occurrence: one chain
+    assert (
+        len(tree) >= 5 and tree.tokens.tolist() == context[20_010 : 20_010 + len(tree)].tolist()
+    )  # one occurrence: one chain
 
 
 def test_sliding_window_bench_pieces():
@@ -186,12 +223,31 @@ def test_sliding_window_bench_pieces():
         trimmed, full = prefilled(windowed, x, "trimmed"), prefilled(windowed, x, "full")
         assert cache_bytes(trimmed) < cache_bytes(full)
         assert torch.allclose(verify_tree(windowed, x, trimmed, tree), verify_tree(windowed, x, full, tree), atol=1e-5)
-    result = {"meta": {"hardware": "CPU", "dtype": "float32", "repeats": 3, "command": "python -m benchmarks.studies.sliding_window"},
-              "window": 8, "step_milliseconds": {"inside": {"chain": {"trimmed": 1.0, "full": 1.0, "no window": 1.0}}},
-              "cache_bytes_at_4x_window": {"trimmed": 2**20, "full": 2**22},
-              "end_to_end": {"prompt_tokens": 32, "new_tokens": 8, **dict.fromkeys(("windowed", "no window"), {
-                  "seconds": {"target-only": 2.0, "glide": 1.0}, "glide_speedup": 2.0, "mean_accepted_length": 2.5, "alpha": 0.5,
-                  "identical_to_target": True})}}
+    result = {
+        "meta": {
+            "hardware": "CPU",
+            "dtype": "float32",
+            "repeats": 3,
+            "command": "python -m benchmarks.studies.sliding_window",
+        },
+        "window": 8,
+        "step_milliseconds": {"inside": {"chain": {"trimmed": 1.0, "full": 1.0, "no window": 1.0}}},
+        "cache_bytes_at_4x_window": {"trimmed": 2**20, "full": 2**22},
+        "end_to_end": {
+            "prompt_tokens": 32,
+            "new_tokens": 8,
+            **dict.fromkeys(
+                ("windowed", "no window"),
+                {
+                    "seconds": {"target-only": 2.0, "glide": 1.0},
+                    "glide_speedup": 2.0,
+                    "mean_accepted_length": 2.5,
+                    "alpha": 0.5,
+                    "identical_to_target": True,
+                },
+            ),
+        },
+    }
     assert "| windowed | 2.00 | 1.00 | 2.00× | 2.50 | 0.500 | yes |" in sliding_window_section(result)
     with pytest.raises(SystemExit):
         main(["--window", "1"])

@@ -43,7 +43,9 @@ def test_every_method_on_the_static_cache_equals_greedy_and_the_dynamic_path(arc
     make = METHODS[method][0]
     source = tiny_model(arch, seed=3, num_hidden_layers=1)
     dynamic = speculative_generate(target, x, candidate_generator=make(target, source, x), max_new_tokens=24)
-    out = static(target, x, candidate_generator=make(target, source, x), max_new_tokens=24, return_dict_in_generate=True)
+    out = static(
+        target, x, candidate_generator=make(target, source, x), max_new_tokens=24, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, reference) and torch.equal(dynamic, reference)
     assert out.speculative_stats.extra["static_cache"]["compiled"] is False  # a CPU without compile_config: eager
 
@@ -55,8 +57,17 @@ def test_sampling_draws_what_the_dynamic_path_draws(arch):
     outs = []
     for implementation in (None, "static"):
         torch.manual_seed(7)
-        outs.append(speculative_generate(target, x, candidate_generator=DraftModelCandidateGenerator(draft, 3), max_new_tokens=40,
-                                         do_sample=True, top_k=20, cache_implementation=implementation))
+        outs.append(
+            speculative_generate(
+                target,
+                x,
+                candidate_generator=DraftModelCandidateGenerator(draft, 3),
+                max_new_tokens=40,
+                do_sample=True,
+                top_k=20,
+                cache_implementation=implementation,
+            )
+        )
     assert torch.equal(*outs)
 
 
@@ -65,7 +76,9 @@ def test_oracle_chains_and_trees_move_the_accepted_path_into_place(arch, mode):
     target = tiny_model(arch)
     x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
     reference = greedy_reference(target, x, 40)
-    out = static(target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=40, return_dict_in_generate=True)
+    out = static(
+        target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=40, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, reference)
     if mode == "tree":  # 12-node trees verified in the 16-token bucket
         assert all(s.tree_size == 12 for s in out.speculative_stats.steps[:3])
@@ -79,7 +92,9 @@ def test_a_left_padded_batch_of_four_keeps_rows_at_lengths_of_their_own(arch):
         ids[row, :pad], mask[row, :pad] = 0, 0
     draft = tiny_model(arch, seed=3, num_hidden_layers=1)
     out = static(target, ids, attention_mask=mask, draft_model=draft, max_new_tokens=20, pad_token_id=0)
-    dynamic = speculative_generate(target, ids, attention_mask=mask, draft_model=draft, max_new_tokens=20, pad_token_id=0)
+    dynamic = speculative_generate(
+        target, ids, attention_mask=mask, draft_model=draft, max_new_tokens=20, pad_token_id=0
+    )
     assert torch.equal(out, dynamic)
     for row in range(4):
         pad = int((mask[row] == 0).sum())
@@ -94,17 +109,30 @@ def test_windows_far_past_the_window_by_mask(arch):
     x = prompt(3 * WINDOW + 3)
     reference = target.generate(x, max_new_tokens=40, do_sample=False)
     for mode in ("right", "wrong", "tree"):
-        assert torch.equal(static(target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=40), reference), mode
+        assert torch.equal(
+            static(target, x, candidate_generator=OracleDrafter(reference, mode), max_new_tokens=40), reference
+        ), mode
     draft = windowed_model(arch, seed=3, num_hidden_layers=1)
     for method in ("glide", "cape", "casd"):
         drafter = WINDOW_METHODS[method](target, draft, x)
         assert torch.equal(static(target, x, candidate_generator=drafter, max_new_tokens=40), reference), method
-    tree = dict(candidate_generator=OracleDrafter(reference, "tree"), max_new_tokens=40, return_dict_in_generate=True, output_logits=True)
+    tree = dict(
+        candidate_generator=OracleDrafter(reference, "tree"),
+        max_new_tokens=40,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
     on_rings, dynamic = static(target, x, **tree), speculative_generate(target, x, **tree)
-    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(on_rings.logits, dynamic.logits))  # the same scores, past the wrap
-    cache = _CACHES[target]["target"]  # windowed layers keep a ring of window + widest bucket columns, not the whole row
+    assert all(
+        torch.allclose(a, b, atol=1e-4) for a, b in zip(on_rings.logits, dynamic.logits)
+    )  # the same scores, past the wrap
+    cache = _CACHES[target][
+        "target"
+    ]  # windowed layers keep a ring of window + widest bucket columns, not the whole row
     rings = [layer for layer in cache.layers if layer.ring is not None]  # (and the warm-up's scratch slots past it)
-    assert rings and all(layer.ring == WINDOW + 64 and layer.keys.shape[2] == layer.ring + 64 < cache.max_cache_len for layer in rings)
+    assert rings and all(
+        layer.ring == WINDOW + 64 and layer.keys.shape[2] == layer.ring + 64 < cache.max_cache_len for layer in rings
+    )
     assert len(rings) < len(cache.layers) or arch == "mistral"  # full-attention layers keep whole rows
 
 
@@ -115,11 +143,18 @@ def test_windows_on_rings_compiled():
     x = prompt(3 * WINDOW + 3)
     reference = target.generate(x, max_new_tokens=64, do_sample=False)
     for mode in ("tree", "wrong"):
-        kwargs = dict(candidate_generator=OracleDrafter(reference, mode), max_new_tokens=64, return_dict_in_generate=True, output_logits=True)
+        kwargs = dict(
+            candidate_generator=OracleDrafter(reference, mode),
+            max_new_tokens=64,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
         compiled = static(target, x, compile_config=CompileConfig(backend="eager", mode=None), **kwargs)
         dynamic = speculative_generate(target, x, **kwargs)
         assert torch.equal(compiled.sequences, reference), mode
-        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(compiled.logits, dynamic.logits)), mode  # past the ring's wrap
+        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(compiled.logits, dynamic.logits)), (
+            mode
+        )  # past the ring's wrap
 
 
 def test_a_windowed_batch_past_the_window_runs_on_the_static_cache():
@@ -149,8 +184,14 @@ class PartlyRight(AdaptiveOracle):
 
 
 def compiled_call(target, x, drafter):
-    return static(target, x, candidate_generator=drafter, max_new_tokens=64, return_dict_in_generate=True,
-                  compile_config=CompileConfig(backend="eager", mode=None))
+    return static(
+        target,
+        x,
+        candidate_generator=drafter,
+        max_new_tokens=64,
+        return_dict_in_generate=True,
+        compile_config=CompileConfig(backend="eager", mode=None),
+    )
 
 
 def test_compiled_verification_never_recompiles_after_warm_up():
@@ -164,7 +205,14 @@ def test_compiled_verification_never_recompiles_after_warm_up():
     first = compiled_call(target, x, PartlyRight(reference))
     assert torch.equal(first.sequences, reference)
     warmed = first.speculative_stats.extra["static_cache"]
-    assert warmed["compiled"] and set(warmed["warm_up_seconds"]) == {"2", "4", "8", "16", "32", "64"}  # every bucket, first
+    assert warmed["compiled"] and set(warmed["warm_up_seconds"]) == {
+        "2",
+        "4",
+        "8",
+        "16",
+        "32",
+        "64",
+    }  # every bucket, first
     accepted = {s.accepted for s in first.speculative_stats.steps}
     assert len(accepted) > 1  # acceptance varies from step to step
     graphs = counters["stats"]["unique_graphs"]
@@ -215,10 +263,17 @@ def test_glide_compiles_with_its_glimpse_of_the_static_target_cache(arch):
     first = compiled_call(target, x, GlideCandidateGenerator(glide_for(target)))
     assert torch.equal(first.sequences, greedy_reference(target, x, 64))
     assert first.speculative_stats.extra["static_cache"]["draft_compiled"]
-    eager = speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(glide_for(target), num_draft_tokens=3),
-                                 max_new_tokens=64, return_dict_in_generate=True)
+    eager = speculative_generate(
+        target,
+        x,
+        candidate_generator=GlideCandidateGenerator(glide_for(target), num_draft_tokens=3),
+        max_new_tokens=64,
+        return_dict_in_generate=True,
+    )
     fixed = compiled_call(target, x, GlideCandidateGenerator(glide_for(target), num_draft_tokens=3))
-    assert [s.accepted for s in fixed.speculative_stats.steps] == [s.accepted for s in eager.speculative_stats.steps]  # same glimpse
+    assert [s.accepted for s in fixed.speculative_stats.steps] == [
+        s.accepted for s in eager.speculative_stats.steps
+    ]  # same glimpse
     graphs = counters["stats"]["unique_graphs"]
     other = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(9))
     with torch._dynamo.config.patch(error_on_recompile=True):
@@ -233,10 +288,18 @@ def test_cape_over_glide_compiles_its_chain():
     torch._dynamo.reset()
     target = tiny_model("qwen2")
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
-    out = compiled_call(target, x, CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=3, copy_from_context=0), budget=6))
+    out = compiled_call(
+        target,
+        x,
+        CapeCandidateGenerator(
+            GlideCandidateGenerator(glide_for(target), num_draft_tokens=3, copy_from_context=0), budget=6
+        ),
+    )
     assert torch.equal(out.sequences, greedy_reference(target, x, 64))
     assert out.speculative_stats.extra["static_cache"]["draft_compiled"]
-    assert max(s.tree_size for s in out.speculative_stats.steps) > max(s.drafted for s in out.speculative_stats.steps)  # trees
+    assert max(s.tree_size for s in out.speculative_stats.steps) > max(
+        s.drafted for s in out.speculative_stats.steps
+    )  # trees
 
 
 @pytest.mark.slow  # 11 s; the draft model and GLIDE compile in the default suite
@@ -247,8 +310,11 @@ def test_the_cascade_s_drafts_compile_at_every_level():
     target, draft = tiny_model("mistral"), tiny_model("mistral", seed=3, num_hidden_layers=1)
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     for drafts in ([draft], [draft, draft]):  # one model at two levels: a cache per level
-        cascade = CascadeCandidateGenerator(drafts, k_matrix=[[2] * len(drafts) + [2]] + [[0] * (i + 1) + [2] * (len(drafts) - i) for i in range(len(drafts))],
-                                            bigram_table=TABLE)
+        cascade = CascadeCandidateGenerator(
+            drafts,
+            k_matrix=[[2] * len(drafts) + [2]] + [[0] * (i + 1) + [2] * (len(drafts) - i) for i in range(len(drafts))],
+            bigram_table=TABLE,
+        )
         out = compiled_call(target, x, cascade)
         assert torch.equal(out.sequences, greedy_reference(target, x, 64))
         assert out.speculative_stats.extra["static_cache"]["draft_compiled"]
@@ -261,8 +327,13 @@ def test_inductor_compiled_verification_is_lossless():
     torch._dynamo.reset()
     target = tiny_model("qwen2")
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
-    out = static(target, x, draft_model=tiny_model("qwen2", seed=3, num_hidden_layers=1), max_new_tokens=48,
-                 compile_config=CompileConfig(mode="default"))
+    out = static(
+        target,
+        x,
+        draft_model=tiny_model("qwen2", seed=3, num_hidden_layers=1),
+        max_new_tokens=48,
+        compile_config=CompileConfig(mode="default"),
+    )
     assert torch.equal(out, greedy_reference(target, x, 48))
 
 
@@ -307,7 +378,9 @@ def test_what_the_static_path_refuses():
     x = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="cache_implementation='offloaded' is not supported"):
         speculative_generate(target, x, draft_model=target, max_new_tokens=4, cache_implementation="offloaded")
-    with pytest.raises(ValueError, match="compile_config.*must be an instance of `CompileConfig`"):  # generate's own check
+    with pytest.raises(
+        ValueError, match="compile_config.*must be an instance of `CompileConfig`"
+    ):  # generate's own check
         static(target, x, draft_model=target, max_new_tokens=4, compile_config={"backend": "eager"})
 
 
@@ -339,8 +412,12 @@ def test_bucket_inputs_edited_step_to_step_equal_inputs_built_afresh(dtype):
         assert torch.equal(kept.attention_mask, fresh.attention_mask) and torch.equal(kept.all_packed, fresh.all_packed)
     mask = fresh.attention_mask[1, 0]  # row 1 of the last step: text [0, 4), the tree's block from column 4
     assert (mask[:, :4] == 0).all() and (mask[:, 12:] == torch.finfo(dtype).min).all()
-    assert mask[4, 4 + 4] == 0 and mask[4, 4 + 2] == 0 and mask[4, 4 + 1] == torch.finfo(dtype).min  # node 3 sees node 1 and itself, not node 0
-    assert fresh.position_ids[1].tolist() == [4, 5, 5, 6, 6, 4, 4, 4] and fresh.write_index[1, 0, :, 0].tolist() == list(range(4, 12))
+    assert (
+        mask[4, 4 + 4] == 0 and mask[4, 4 + 2] == 0 and mask[4, 4 + 1] == torch.finfo(dtype).min
+    )  # node 3 sees node 1 and itself, not node 0
+    assert fresh.position_ids[1].tolist() == [4, 5, 5, 6, 6, 4, 4, 4] and fresh.write_index[
+        1, 0, :, 0
+    ].tolist() == list(range(4, 12))
 
 
 def test_host_tree_buffers_equal_the_device_builder():

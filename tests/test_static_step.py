@@ -56,7 +56,10 @@ class HostTree(TreeCandidateGenerator):
         return DraftTree(tokens, parents)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", *(pytest.param(a, marks=pytest.mark.slow) for a in ("mistral", "qwen2", "gemma3", "cohere2", "llama4"))])
+@pytest.mark.parametrize(
+    "arch",
+    ["gemma2", *(pytest.param(a, marks=pytest.mark.slow) for a in ("mistral", "qwen2", "gemma3", "cohere2", "llama4"))],
+)
 def test_compiled_windowed_targets_stay_lossless_past_the_ring(arch):
     """A 100-token prompt fills the 80-slot rings (window 16 + widest bucket 64) before the first bucket compiles:
     a warm-up writing into the ring's live slots made Mistral, Qwen2, Gemma 2 and Gemma 3 diverge."""
@@ -64,7 +67,12 @@ def test_compiled_windowed_targets_stay_lossless_past_the_ring(arch):
     target = windowed_model(arch)
     x = prompt(100)
     reference = target.generate(x, max_new_tokens=24, do_sample=False)
-    kwargs = dict(candidate_generator=OracleDrafter(reference, "tree"), max_new_tokens=24, return_dict_in_generate=True, output_logits=True)
+    kwargs = dict(
+        candidate_generator=OracleDrafter(reference, "tree"),
+        max_new_tokens=24,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
     compiled = static(target, x, compile_config=EAGER_GRAPHS, **kwargs)
     dynamic = speculative_generate(target, x, **kwargs)
     assert torch.equal(compiled.sequences, reference) and torch.equal(dynamic.sequences, reference)
@@ -81,23 +89,43 @@ def test_every_bucket_compiles_before_the_first_step():
     target = tiny_model("llama")
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     reference = greedy_reference(target, x, 32)
-    first = static(target, x, candidate_generator=OracleDrafter(reference, "right", k=1), max_new_tokens=32,
-                   compile_config=EAGER_GRAPHS, return_dict_in_generate=True)  # steps only ever use the 2-token bucket
+    first = static(
+        target,
+        x,
+        candidate_generator=OracleDrafter(reference, "right", k=1),
+        max_new_tokens=32,
+        compile_config=EAGER_GRAPHS,
+        return_dict_in_generate=True,
+    )  # steps only ever use the 2-token bucket
     assert torch.equal(first.sequences, reference)
     assert set(first.speculative_stats.extra["static_cache"]["warm_up_seconds"]) == {"2", "4", "8", "16", "32", "64"}
     graphs = counters["stats"]["unique_graphs"]
     with torch._dynamo.config.patch(error_on_recompile=True):
-        again = static(target, x, candidate_generator=OracleDrafter(reference, "right", k=1), max_new_tokens=32,
-                       compile_config=EAGER_GRAPHS, return_dict_in_generate=True)
-        wider = static(target, x, candidate_generator=HostTree(reference, depth=8), max_new_tokens=32, compile_config=EAGER_GRAPHS,
-                       return_dict_in_generate=True)  # 16-node trees: a bucket no step has used
+        again = static(
+            target,
+            x,
+            candidate_generator=OracleDrafter(reference, "right", k=1),
+            max_new_tokens=32,
+            compile_config=EAGER_GRAPHS,
+            return_dict_in_generate=True,
+        )
+        wider = static(
+            target,
+            x,
+            candidate_generator=HostTree(reference, depth=8),
+            max_new_tokens=32,
+            compile_config=EAGER_GRAPHS,
+            return_dict_in_generate=True,
+        )  # 16-node trees: a bucket no step has used
     assert counters["stats"]["unique_graphs"] == graphs
     assert torch.equal(again.sequences, reference) and torch.equal(wider.sequences, reference)
     assert again.speculative_stats.extra["static_cache"]["warm_up_seconds"] == {}
     assert max(s.tree_size for s in wider.speculative_stats.steps) == 16
 
 
-@pytest.mark.parametrize("compile_config", [None, pytest.param(EAGER_GRAPHS, marks=pytest.mark.slow)], ids=["eager", "compiled"])  # compiled: 15 s
+@pytest.mark.parametrize(
+    "compile_config", [None, pytest.param(EAGER_GRAPHS, marks=pytest.mark.slow)], ids=["eager", "compiled"]
+)  # compiled: 15 s
 def test_four_threads_share_one_model_on_the_static_path(compile_config):
     """As a web server's thread pool would: one target and one draft model, four requests at once, each twice. A call
     in flight owns the static caches; the others wait for the target's, and draft eagerly while its draft's is taken."""
@@ -105,14 +133,22 @@ def test_four_threads_share_one_model_on_the_static_path(compile_config):
     target, draft = tiny_model("qwen2"), tiny_model("qwen2", seed=3, num_hidden_layers=1)
     prompts = [torch.randint(0, VOCAB, (1, 6 + 3 * i), generator=torch.Generator().manual_seed(i)) for i in range(4)]
     references = [greedy_reference(target, x, 24) for x in prompts]
-    static(target, prompts[0], draft_model=draft, num_draft_tokens=3, max_new_tokens=24, compile_config=compile_config)  # compiles
+    static(
+        target, prompts[0], draft_model=draft, num_draft_tokens=3, max_new_tokens=24, compile_config=compile_config
+    )  # compiles
     outputs, errors = {}, []
 
     def request(i: int) -> None:
         try:
             for repeat in range(2):
-                outputs[i, repeat] = static(target, prompts[i], draft_model=draft, num_draft_tokens=3, max_new_tokens=24,
-                                            compile_config=compile_config)
+                outputs[i, repeat] = static(
+                    target,
+                    prompts[i],
+                    draft_model=draft,
+                    num_draft_tokens=3,
+                    max_new_tokens=24,
+                    compile_config=compile_config,
+                )
         except Exception as error:  # noqa: BLE001 - reported by the main thread
             errors.append(error)
 
@@ -133,9 +169,16 @@ def batch_of_four():
     return ids, mask
 
 
-@pytest.mark.parametrize("drafter, compile_config", [("chain", None), pytest.param("chain", EAGER_GRAPHS, marks=pytest.mark.slow),
-                                                      ("tree", None), ("tree", EAGER_GRAPHS)],
-                         ids=["chain-eager", "chain-compiled", "tree-eager", "tree-compiled"])
+@pytest.mark.parametrize(
+    "drafter, compile_config",
+    [
+        ("chain", None),
+        pytest.param("chain", EAGER_GRAPHS, marks=pytest.mark.slow),
+        ("tree", None),
+        ("tree", EAGER_GRAPHS),
+    ],
+    ids=["chain-eager", "chain-compiled", "tree-eager", "tree-compiled"],
+)
 def test_one_read_back_a_step(drafter, compile_config):
     """Greedy chains (a draft model, γ = 3, its tokens left on the device) and trees (host tokens), batch 1 and 4: after the
     first two steps (the drafts' caches start), every step crosses the host-device line once, in hf_specdraft's code."""
@@ -147,8 +190,15 @@ def test_one_read_back_a_step(drafter, compile_config):
         kwargs = dict(max_new_tokens=24, compile_config=compile_config, pad_token_id=0)
         if m is not None:
             kwargs["attention_mask"] = m
-        references = [greedy_reference(target, x[r : r + 1, int((ids[r] == 0).sum()) if batch > 1 else 0 :], 24) for r in range(batch)]
-        make = (lambda: DraftModelCandidateGenerator(draft, 3)) if drafter == "chain" else (lambda: [HostTree(ref) for ref in references])
+        references = [
+            greedy_reference(target, x[r : r + 1, int((ids[r] == 0).sum()) if batch > 1 else 0 :], 24)
+            for r in range(batch)
+        ]
+        make = (
+            (lambda: DraftModelCandidateGenerator(draft, 3))
+            if drafter == "chain"
+            else (lambda: [HostTree(ref) for ref in references])
+        )
         generator = make()
         static(target, x, candidate_generator=generator, **kwargs)  # compiles, and starts the draft's own state
         with SyncCounter() as syncs:
@@ -180,11 +230,13 @@ class GraphRules:
     def __call__(self, **inputs):
         flat = {}
         for name, value in inputs.items():
-            for key, tensor in (value.items() if isinstance(value, dict) else [("", value)]):
+            for key, tensor in value.items() if isinstance(value, dict) else [("", value)]:
                 if isinstance(tensor, torch.Tensor):
                     flat[f"{name}.{key}"] = tensor.data_ptr()
         cache = output_cache(inputs)
-        flat.update({f"layer{i}": layer.keys.data_ptr() for i, layer in enumerate(cache.layers) if layer.is_initialized})
+        flat.update(
+            {f"layer{i}": layer.keys.data_ptr() for i, layer in enumerate(cache.layers) if layer.is_initialized}
+        )
         flat.update({f"write{i}": layer.write_index.data_ptr() for i, layer in enumerate(cache.layers)})
         width = inputs["input_ids"].shape[1]
         assert self.addresses.setdefault(width, flat) == flat, f"an input of the {width}-token bucket moved"
@@ -203,9 +255,20 @@ def test_the_compiled_step_keeps_cuda_graph_rules(monkeypatch):
     real = static_layout.compiled_call
     monkeypatch.setattr(static_layout, "compiled_call", lambda model, config: GraphRules(real(model, config)))
     monkeypatch.setattr(static_layout.StaticLayout, "graphs", property(lambda self: self.compiled))
-    for drafter in (OracleDrafter(reference, "tree"), HostTree(reference), DraftModelCandidateGenerator(tiny_model("mistral", seed=3, num_hidden_layers=1), 3)):
-        out = static(target, x, candidate_generator=drafter, max_new_tokens=40, compile_config=EAGER_GRAPHS, return_dict_in_generate=True,
-                     output_logits=True)
+    for drafter in (
+        OracleDrafter(reference, "tree"),
+        HostTree(reference),
+        DraftModelCandidateGenerator(tiny_model("mistral", seed=3, num_hidden_layers=1), 3),
+    ):
+        out = static(
+            target,
+            x,
+            candidate_generator=drafter,
+            max_new_tokens=40,
+            compile_config=EAGER_GRAPHS,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
         assert torch.equal(out.sequences, reference)
         assert all(not logits.isnan().any() for logits in out.logits)  # kept logits were copied out of the graph's pool
 
@@ -223,8 +286,10 @@ def test_no_step_compiles_even_in_a_first_call(drafter, monkeypatch):
     torch._dynamo.reset()
     counters.clear()
     target = tiny_model("llama")
-    make = {"draft-model": lambda: DraftModelCandidateGenerator(tiny_model("llama", seed=3, num_hidden_layers=1)),
-            "glide": lambda: GlideCandidateGenerator(glide_for(target))}[drafter]
+    make = {
+        "draft-model": lambda: DraftModelCandidateGenerator(tiny_model("llama", seed=3, num_hidden_layers=1)),
+        "glide": lambda: GlideCandidateGenerator(glide_for(target)),
+    }[drafter]
     graphs, real = [], loop.speculative_step
 
     def step(*args, **kwargs):
@@ -233,7 +298,14 @@ def test_no_step_compiles_even_in_a_first_call(drafter, monkeypatch):
 
     monkeypatch.setattr(loop, "speculative_step", step)
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
-    out = static(target, x, candidate_generator=make(), max_new_tokens=32, compile_config=EAGER_GRAPHS, return_dict_in_generate=True)
+    out = static(
+        target,
+        x,
+        candidate_generator=make(),
+        max_new_tokens=32,
+        compile_config=EAGER_GRAPHS,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(out.sequences, greedy_reference(target, x, 32))
     extra = out.speculative_stats.extra["static_cache"]
     assert extra["draft_compiled"] and set(extra["draft_warm_up_seconds"]) == {"1", "2", "4", "8", "16"}

@@ -15,15 +15,39 @@ from hf_specdraft.core.support import chains_only, check_target, sliding_window_
 TINY = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=None, eos_token_id=None)
 CHAIN_ONLY = {  # model type -> tiny config kwargs; ALiBi (a 2-D mask only) and convolution hybrids (crop rolls them back)
     "bloom": dict(hidden_size=32, n_layer=2, n_head=4),
-    "falcon": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True, new_decoder_architecture=False, multi_query=True),
+    "falcon": dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        alibi=True,
+        new_decoder_architecture=False,
+        multi_query=True,
+    ),
     "mpt": dict(d_model=32, n_layers=2, n_heads=4),
-    "lfm2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                 layer_types=["conv", "full_attention"]),
+    "lfm2": dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        layer_types=["conv", "full_attention"],
+    ),
 }
 REFUSED = {  # recurrent state that transformers' crop does not roll back
     "mamba": dict(hidden_size=32, num_hidden_layers=2, state_size=8),
-    "jamba": dict(hidden_size=32, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
-                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, mamba_d_state=8, use_mamba_kernels=False),
+    "jamba": dict(
+        hidden_size=32,
+        num_hidden_layers=4,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        mamba_d_state=8,
+        use_mamba_kernels=False,
+    ),
 }
 
 
@@ -42,16 +66,38 @@ def test_chain_only_targets_stay_lossless_with_trees(model_type):
     assert chains_only(target)
     x = prompt()
     reference = greedy_reference(target, x, 16, eos_token_id=None, pad_token_id=0)
-    for drafter in (OracleDrafter(reference, "right"), OracleDrafter(reference, "wrong"), OracleDrafter(reference, "tree"),
-                    MaxGramCandidateGenerator()):
-        out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=16, eos_token_id=None, pad_token_id=0,
-                                   return_dict_in_generate=True)
+    for drafter in (
+        OracleDrafter(reference, "right"),
+        OracleDrafter(reference, "wrong"),
+        OracleDrafter(reference, "tree"),
+        MaxGramCandidateGenerator(),
+    ):
+        out = speculative_generate(
+            target,
+            x,
+            candidate_generator=drafter,
+            max_new_tokens=16,
+            eos_token_id=None,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+        )
         assert torch.equal(out.sequences, reference), (model_type, type(drafter).__name__)
         assert out.speculative_stats.extra["chains_only"].startswith(type(target).__name__)
-    tree_run = speculative_generate(target, x, candidate_generator=OracleDrafter(reference, "tree"), max_new_tokens=16,
-                                    eos_token_id=None, pad_token_id=0, return_dict_in_generate=True)
+    tree_run = speculative_generate(
+        target,
+        x,
+        candidate_generator=OracleDrafter(reference, "tree"),
+        max_new_tokens=16,
+        eos_token_id=None,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+    )
     # said, not hidden: every step's tree (the last ones may be cut to a chain by the length budget)
-    assert tree_run.speculative_stats.num_steps - 2 <= tree_run.speculative_stats.extra["trees_verified_as_chains"] <= tree_run.speculative_stats.num_steps
+    assert (
+        tree_run.speculative_stats.num_steps - 2
+        <= tree_run.speculative_stats.extra["trees_verified_as_chains"]
+        <= tree_run.speculative_stats.num_steps
+    )
 
 
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
@@ -76,10 +122,23 @@ def test_attention_targets_pass():
 def test_sliding_window_is_asked_the_way_transformers_builds_the_cache():
     assert sliding_window_layers(tiny_model("mistral", sliding_window=16)) == 2  # every layer
     assert sliding_window_layers(tiny_model("qwen2", sliding_window=16)) == 0  # use_sliding_window defaults to False
-    assert sliding_window_layers(tiny_model("qwen2", sliding_window=16, use_sliding_window=True, max_window_layers=1)) == 1
-    moe = build("qwen2_moe", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                sliding_window=0, use_sliding_window=False)
+    assert (
+        sliding_window_layers(tiny_model("qwen2", sliding_window=16, use_sliding_window=True, max_window_layers=1)) == 1
+    )
+    moe = build(
+        "qwen2_moe",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=0,
+        use_sliding_window=False,
+    )
     assert sliding_window_layers(moe) == 0
 
 
@@ -87,13 +146,32 @@ def test_custom_generate_runs_qwen2_moe_with_an_unused_sliding_window(tmp_path):
     """``custom_generate=<checkpoint dir>`` once refused Qwen2-MoE ("max_length reaches sliding_window=0"); it asks the cache now."""
     from hf_specdraft.cape import write_custom_generate
 
-    moe = build("qwen2_moe", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                sliding_window=0, use_sliding_window=False)
+    moe = build(
+        "qwen2_moe",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=0,
+        use_sliding_window=False,
+    )
     write_custom_generate(tmp_path / "ckpt")
     x = prompt()
-    out = moe.generate(input_ids=x, custom_generate=str(tmp_path / "ckpt"), trust_remote_code=True, assistant_model=moe, max_new_tokens=16,
-                       num_draft_tokens=4, eos_token_id=None, pad_token_id=0)
+    out = moe.generate(
+        input_ids=x,
+        custom_generate=str(tmp_path / "ckpt"),
+        trust_remote_code=True,
+        assistant_model=moe,
+        max_new_tokens=16,
+        num_draft_tokens=4,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     assert torch.equal(out, greedy_reference(moe, x, 16, eos_token_id=None, pad_token_id=0))
 
 
@@ -109,4 +187,10 @@ def test_chain_only_targets_are_refused_on_the_static_cache(model_type):
     """The static path verifies with explicit 4-D masks, which ALiBi and convolution targets cannot take."""
     target = build(model_type, **CHAIN_ONLY[model_type])
     with pytest.raises(ValueError, match="cache_implementation='static' verifies with explicit 4-D masks"):
-        speculative_generate(target, prompt(), candidate_generator=MaxGramCandidateGenerator(), max_new_tokens=4, cache_implementation="static")
+        speculative_generate(
+            target,
+            prompt(),
+            candidate_generator=MaxGramCandidateGenerator(),
+            max_new_tokens=4,
+            cache_implementation="static",
+        )

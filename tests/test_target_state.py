@@ -28,7 +28,10 @@ from hf_specdraft.core.state_drafting import StateReadingDrafter
 from syncs import SyncCounter
 
 EAGER_GRAPHS = CompileConfig(backend="eager", mode=None)  # the compiled path's graphs, without a compiler's minutes
-LAYERS = [1, 2]  # hidden_states entries of a 2-layer tiny target: the first layer's output and the last (after the norm)
+LAYERS = [
+    1,
+    2,
+]  # hidden_states entries of a 2-layer tiny target: the first layer's output and the last (after the norm)
 
 
 class StateOracle(OracleDrafter):
@@ -44,8 +47,14 @@ class StateOracle(OracleDrafter):
 
     def propose(self, input_ids, target_cache=None, target_state=None):
         outputs = target_state.outputs
-        self.handed.append((input_ids.shape[1], target_state.first, target_state.matched,
-                            None if outputs is None else outputs.hidden_states))
+        self.handed.append(
+            (
+                input_ids.shape[1],
+                target_state.first,
+                target_state.matched,
+                None if outputs is None else outputs.hidden_states,
+            )
+        )
         return super().propose(input_ids, target_cache)
 
 
@@ -75,8 +84,14 @@ def check_handed(target, drafter: StateOracle, text: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("mode", ["right", "wrong", "tree"])
-@pytest.mark.parametrize("arch, path", [(arch, path) if path != "compiled" or arch == "llama" else pytest.param(arch, path, marks=pytest.mark.slow)
-                                        for arch in ARCHITECTURES for path in ("dynamic", "static", "compiled")])
+@pytest.mark.parametrize(
+    "arch, path",
+    [
+        (arch, path) if path != "compiled" or arch == "llama" else pytest.param(arch, path, marks=pytest.mark.slow)
+        for arch in ARCHITECTURES
+        for path in ("dynamic", "static", "compiled")
+    ],
+)
 def test_states_at_the_kept_positions_one_row(arch, mode, path, one_thread):
     if path == "compiled" and mode == "wrong":
         pytest.skip("the compiled graphs are covered by the right and tree drafters")
@@ -101,13 +116,14 @@ def test_states_at_the_kept_positions_padded_batch(arch, path, mode, one_thread)
     x = torch.zeros(2, 9, dtype=torch.long)
     mask = torch.zeros(2, 9, dtype=torch.long)
     for r, p in enumerate(prompts):
-        x[r, 9 - p.shape[1]:], mask[r, 9 - p.shape[1]:] = p[0], 1
+        x[r, 9 - p.shape[1] :], mask[r, 9 - p.shape[1] :] = p[0], 1
     drafters = [StateOracle(ref, mode) for ref in references]
     kwargs = {} if path == "dynamic" else {"cache_implementation": "static"}
-    out = speculative_generate(target, x, attention_mask=mask, candidate_generator=drafters, max_new_tokens=16, pad_token_id=0,
-                               **kwargs)
+    out = speculative_generate(
+        target, x, attention_mask=mask, candidate_generator=drafters, max_new_tokens=16, pad_token_id=0, **kwargs
+    )
     for r, (p, ref, drafter) in enumerate(zip(prompts, references, drafters)):
-        row = out[r, 9 - p.shape[1]:][: ref.shape[1]]
+        row = out[r, 9 - p.shape[1] :][: ref.shape[1]]
         assert torch.equal(row, ref[0])
         check_handed(target, drafter, row[None, :-1])
 
@@ -142,9 +158,16 @@ def test_a_drafter_that_asks_for_nothing_pays_nothing(monkeypatch, one_thread):
     assert "hf_specdraft.core.loop" in patched, patched  # where the step calls it, not only where it is defined
     for kwargs in ({}, {"cache_implementation": "static"}):
         for mode in ("right", "tree"):
-            speculative_generate(target, x[:1], candidate_generator=OracleDrafter(reference, mode), max_new_tokens=12, **kwargs)
-        speculative_generate(target, x, candidate_generator=[OracleDrafter(reference, "wrong") for _ in range(2)],
-                             max_new_tokens=12, **kwargs)
+            speculative_generate(
+                target, x[:1], candidate_generator=OracleDrafter(reference, mode), max_new_tokens=12, **kwargs
+            )
+        speculative_generate(
+            target,
+            x,
+            candidate_generator=[OracleDrafter(reference, "wrong") for _ in range(2)],
+            max_new_tokens=12,
+            **kwargs,
+        )
     assert calls and all(c == [] for c in calls), calls
 
 
@@ -157,7 +180,9 @@ def test_states_stay_on_the_device(one_thread):
     counts = {}
     for name, drafter in (("plain", OracleDrafter(reference, "tree")), ("state", StateOracle(reference, "tree"))):
         with SyncCounter() as syncs:
-            speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=16, cache_implementation="static")
+            speculative_generate(
+                target, x, candidate_generator=drafter, max_new_tokens=16, cache_implementation="static"
+            )
         counts[name] = syncs.per_step[2:]
     assert max(counts["state"]) <= max(counts["plain"]), counts
 
@@ -187,10 +212,14 @@ class TinyDFlash(PreTrainedModel):
         self.post_init()
         self.contexts: list[torch.Tensor] = []
 
-    def forward(self, noise_embeds, context_hidden_states, position_ids, attention_mask=None, past_key_values=None, cache=None):
+    def forward(
+        self, noise_embeds, context_hidden_states, position_ids, attention_mask=None, past_key_values=None, cache=None
+    ):
         self.contexts.append(context_hidden_states)
         states = torch.cat([self.fuse(context_hidden_states), noise_embeds], dim=1)[:, None]  # (1, 1, n + block, H)
-        cache = cache if cache is not None else past_key_values  # transformers 5.24 passes cache=, 5.23 past_key_values=
+        cache = (
+            cache if cache is not None else past_key_values
+        )  # transformers 5.24 passes cache=, 5.23 past_key_values=
         keys, values = cache.update(states, states, 0)
         scores = self.query(noise_embeds)[:, None] @ keys.transpose(-1, -2) / math.sqrt(keys.shape[-1])
         return BaseModelOutput(last_hidden_state=(scores.softmax(-1) @ values)[:, 0] + noise_embeds)
@@ -208,7 +237,9 @@ def test_dflash_drafter_through_draft_model_is_lossless(arch, path, one_thread):
     reference = greedy_reference(target, x, 24)
     drafter = tiny_dflash()
     kwargs = {} if path == "dynamic" else {"cache_implementation": "static"}
-    out = speculative_generate(target, x, draft_model=drafter, max_new_tokens=24, return_dict_in_generate=True, **kwargs)
+    out = speculative_generate(
+        target, x, draft_model=drafter, max_new_tokens=24, return_dict_in_generate=True, **kwargs
+    )
     assert torch.equal(out.sequences, reference)
     # the context it was handed: the prompt, then each step's last token and accepted tokens, as a plain forward computes
     # the layers it names (hidden_states[i + 1] for target layer i)
@@ -223,7 +254,9 @@ def test_dflash_drafter_in_a_batch_and_through_generate(one_thread):
     target = tiny_model("qwen2")
     x = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(2))
     drafter = tiny_dflash()
-    out = target.generate(x, custom_generate=speculative_generate, draft_model=drafter, max_new_tokens=16, do_sample=False)
+    out = target.generate(
+        x, custom_generate=speculative_generate, draft_model=drafter, max_new_tokens=16, do_sample=False
+    )
     for r in range(2):
         assert torch.equal(out[r : r + 1], greedy_reference(target, x[r : r + 1], 16))
 
@@ -235,7 +268,9 @@ def test_transformers_dflash_generator_as_a_candidate_generator(one_thread):
     reference = greedy_reference(target, x, 20)
     config = target.generation_config
     config.max_length = reference.shape[1]
-    generator = DFlashTokenCandidateGenerator(tiny_dflash(), target.get_input_embeddings(), target.get_output_embeddings(), config)
+    generator = DFlashTokenCandidateGenerator(
+        tiny_dflash(), target.get_input_embeddings(), target.get_output_embeddings(), config
+    )
     out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=20)
     assert torch.equal(out, reference)
 
@@ -305,8 +340,9 @@ def test_transformers_assisted_decoding_checks_on_the_loop(kind, one_thread):
                 out = speculative_generate(target, x, candidate_generator=lookup, max_new_tokens=4)
             else:
                 config = GenerationConfig(max_length=x.shape[1] + 4)
-                generator = DFlashTokenCandidateGenerator(tiny_dflash(seed), target.get_input_embeddings(),
-                                                          target.get_output_embeddings(), config)
+                generator = DFlashTokenCandidateGenerator(
+                    tiny_dflash(seed), target.get_input_embeddings(), target.get_output_embeddings(), config
+                )
                 out = speculative_generate(target, x, candidate_generator=generator, max_new_tokens=4)
             if not torch.equal(out, reference):
                 mismatches.append((arch, seed, out.tolist(), reference.tolist()))

@@ -26,9 +26,28 @@ ROOT = Path(__file__).parents[1]
 WORKER = Path(__file__).parent / "tp_worker.py"
 SHAPES = {"llama": {}, "qwen2": dict(hidden_size=48, num_attention_heads=6, num_key_value_heads=2)}  # GQA 2:1 and 3:1
 ARCHS = [pytest.param("llama"), pytest.param("qwen2", marks=pytest.mark.slow)]
-LOSSLESS = ["draft-model", "draft-model-split", "glide", "glide-fixed", "cape+glide", "cape-beam+glide", "cape+draft-model", "cascade",
-            "max-gram", "casd", "static/draft-model", "static/glide", "static/cape+glide", "batch/draft-model", "batch/glide",
-            "controller/glide", "controller/self-draft", "state+draft-model", "static/state+draft-model", "batch/state+draft-model"]
+LOSSLESS = [
+    "draft-model",
+    "draft-model-split",
+    "glide",
+    "glide-fixed",
+    "cape+glide",
+    "cape-beam+glide",
+    "cape+draft-model",
+    "cascade",
+    "max-gram",
+    "casd",
+    "static/draft-model",
+    "static/glide",
+    "static/cape+glide",
+    "batch/draft-model",
+    "batch/glide",
+    "controller/glide",
+    "controller/self-draft",
+    "state+draft-model",
+    "static/state+draft-model",
+    "batch/state+draft-model",
+]
 SAMPLED = ["glide", "draft-model", "cape+glide"]
 _LAUNCHED: dict[str, list[dict]] = {}
 
@@ -40,7 +59,9 @@ def save_models(folder: Path, arch: str) -> None:
     torch.manual_seed(1)
     GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32)).save_pretrained(folder / "glide")
     if arch == "llama":  # 5 heads of its own: cannot be split over 2 ranks
-        GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=40)).save_pretrained(folder / "glide-uneven")
+        GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=40)).save_pretrained(
+            folder / "glide-uneven"
+        )
 
 
 @pytest.fixture
@@ -51,14 +72,39 @@ def ranks(arch_under_tp, tmp_path_factory) -> tuple[dict, dict]:
         folder = tmp_path_factory.mktemp(f"tp-{arch}")
         save_models(folder / "models" / arch, arch)
         (folder / "out").mkdir()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1",
-               "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER),
-                               str(folder / "models"), str(folder / "out"), arch],
-                              env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
-        failed = {"load": {"ok": False, "detail": done.stdout[-2000:] + done.stderr[-4000:]}}  # kept: one launch, also when it fails
-        _LAUNCHED[arch] = [json.loads((folder / "out" / f"rank{r}.json").read_text())[arch] if done.returncode == 0 else failed
-                           for r in (0, 1)]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1",
+            "TRANSFORMERS_VERBOSITY": "error",
+            "HF_HUB_OFFLINE": "1",
+        }
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                str(WORKER),
+                str(folder / "models"),
+                str(folder / "out"),
+                arch,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+        )
+        failed = {
+            "load": {"ok": False, "detail": done.stdout[-2000:] + done.stderr[-4000:]}
+        }  # kept: one launch, also when it fails
+        _LAUNCHED[arch] = [
+            json.loads((folder / "out" / f"rank{r}.json").read_text())[arch] if done.returncode == 0 else failed
+            for r in (0, 1)
+        ]
     first, second = _LAUNCHED[arch]
     assert "load" not in first, first["load"]["detail"]
     return first, second
@@ -115,7 +161,10 @@ def test_glide_plan_names_its_modules_and_stays_out_of_the_checkpoint(tmp_path):
     names = {name for name, _ in glide.named_modules()}
     for rule in glide.tp_plan:
         assert rule.replace("*", "0") in names, rule
-    assert glide.tp_plan["model.layers.*.cross_attn.q_proj"] == "colwise" and glide.tp_plan["lm_head"] == "colwise_gather_output"
+    assert (
+        glide.tp_plan["model.layers.*.cross_attn.q_proj"] == "colwise"
+        and glide.tp_plan["lm_head"] == "colwise_gather_output"
+    )
     vanilla = GlideConfig.from_target_config(target.config, hidden_size=32, cross_attention=False)
     assert not any("cross_attn" in rule for rule in vanilla.base_model_tp_plan)
     glide.save_pretrained(tmp_path)
@@ -124,9 +173,13 @@ def test_glide_plan_names_its_modules_and_stays_out_of_the_checkpoint(tmp_path):
 
 
 def test_head_counts_that_cannot_split_are_refused_naming_both():
-    config = GlideConfig.from_target_config(tiny_model("llama").config, hidden_size=40)  # 5 heads of its own, the target's 4 / 2
+    config = GlideConfig.from_target_config(
+        tiny_model("llama").config, hidden_size=40
+    )  # 5 heads of its own, the target's 4 / 2
     config.check_tensor_parallel(1)
-    with pytest.raises(ValueError, match=r"tp_size=2 .*num_attention_heads=5.*target it reads has 4 query / 2 KV heads"):
+    with pytest.raises(
+        ValueError, match=r"tp_size=2 .*num_attention_heads=5.*target it reads has 4 query / 2 KV heads"
+    ):
         config.check_tensor_parallel(2)
     with pytest.raises(ValueError, match="target_num_key_value_heads=2"):
         GlideConfig.from_target_config(tiny_model("llama").config, hidden_size=32).check_tensor_parallel(4)
@@ -139,7 +192,9 @@ def test_a_glide_split_otherwise_than_its_target_is_refused():
     glide = GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32)).eval()
     target._tp_size = 2  # what from_pretrained(tp_plan="auto") records on a split target
     x = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match=r"target is split over 2 tensor-parallel rank\(s\) and glide over 1: .*tp_plan='auto'"):
+    with pytest.raises(
+        ValueError, match=r"target is split over 2 tensor-parallel rank\(s\) and glide over 1: .*tp_plan='auto'"
+    ):
         speculative_generate(target, x, candidate_generator=GlideCandidateGenerator(glide), max_new_tokens=4)
 
 

@@ -6,8 +6,18 @@ import pytest
 
 from hf_specdraft.bench import METHODS, BenchConfig
 from hf_specdraft.bench.harness import format_table, speed_word, summarize
-from hf_specdraft.bench.timing import (BUSY_CORES, EXTREME_RANGE, NOISY_RANGE, QUIET_CORES, LoadMonitor, other_cores, relative_range,
-                                       spread, verdict, warning_text)
+from hf_specdraft.bench.timing import (
+    BUSY_CORES,
+    EXTREME_RANGE,
+    NOISY_RANGE,
+    QUIET_CORES,
+    LoadMonitor,
+    other_cores,
+    relative_range,
+    spread,
+    verdict,
+    warning_text,
+)
 
 
 def test_other_cores_subtracts_own_time():
@@ -40,7 +50,14 @@ def test_spread_and_range():
 
 
 def _record(method, prompt, repeat, seconds, tokens=(1, 2, 3)):
-    record = {"method": method, "prompt": prompt, "repeat": repeat, "seconds": seconds, "new_tokens": len(tokens), "target_calls": 3}
+    record = {
+        "method": method,
+        "prompt": prompt,
+        "repeat": repeat,
+        "seconds": seconds,
+        "new_tokens": len(tokens),
+        "target_calls": 3,
+    }
     return record if repeat else {**record, "tokens": list(tokens), "edit_similarity": 1.0}
 
 
@@ -48,27 +65,42 @@ def test_summary_uses_the_median_of_repeats_and_reports_the_spread():
     records = []
     for prompt, (base, fast) in enumerate([((1.0, 1.0, 9.0), (0.5, 0.5, 0.5)), ((2.0, 2.0, 2.0), (4.0, 4.0, 0.1))]):
         for repeat in range(3):  # one outlier per prompt: the median ignores it
-            records += [_record("target-only", prompt, repeat, base[repeat]), _record("m", prompt, repeat, fast[repeat])]
+            records += [
+                _record("target-only", prompt, repeat, base[repeat]),
+                _record("m", prompt, repeat, fast[repeat]),
+            ]
     summary = summarize(records, ("target-only", "m"))
     assert summary["m"]["repeats"] == 3 and summary["m"]["prompts"] == 2
     assert summary["m"]["speedup_vs_target_only"] == pytest.approx((1.0 + 2.0) / (0.5 + 4.0))
-    assert summary["m"]["speedup_spread"]["min"] == pytest.approx(0.5) and summary["m"]["speedup_spread"]["max"] == pytest.approx(2.0)
+    assert summary["m"]["speedup_spread"]["min"] == pytest.approx(0.5) and summary["m"]["speedup_spread"][
+        "max"
+    ] == pytest.approx(2.0)
     assert summary["m"]["tokens_per_second"] == pytest.approx(6 / 4.5)
     table = format_table(summary, {**verdict((1.0, 2), 2, 0.0), "repeats": 3})
-    assert table.startswith("WARNING: these speed ratios are unreliable") and "0.50-2.00" in table and "slowdown 1.50x" in table
+    assert (
+        table.startswith("WARNING: these speed ratios are unreliable")
+        and "0.50-2.00" in table
+        and "slowdown 1.50x" in table
+    )
 
 
 def test_summary_adds_the_ratio_against_the_fast_baseline_when_it_ran():
     records = []
     for prompt, (base, fast, m) in enumerate([(2.0, 1.0, 0.5), (4.0, 3.0, 1.5)]):
-        records += [_record("target-only", prompt, 0, base), _record("target-only+linears", prompt, 0, fast), _record("m", prompt, 0, m)]
+        records += [
+            _record("target-only", prompt, 0, base),
+            _record("target-only+linears", prompt, 0, fast),
+            _record("m", prompt, 0, m),
+        ]
     summary = summarize(records, ("target-only", "target-only+linears", "m"))
     assert summary["m"]["speedup_vs_target_only"] == pytest.approx(6.0 / 2.0)
     assert summary["m"]["speedup_vs_target_only_linears"] == pytest.approx(4.0 / 2.0)
     assert summary["target-only+linears"]["speedup_vs_target_only_linears"] == pytest.approx(1.0)
     assert "speedup_vs_target_only_linears" not in summarize(records[:1] + records[2:3], ("target-only", "m"))["m"]
     table = format_table(summary).splitlines()
-    assert "vs +linears" in table[0] and "2.00x" in table[-1]  # m's row: 3x against plain target-only, 2x against the fast one
+    assert (
+        "vs +linears" in table[0] and "2.00x" in table[-1]
+    )  # m's row: 3x against plain target-only, 2x against the fast one
     assert "vs +linears" not in format_table(summarize(records[:1] + records[2:3], ("target-only", "m")))
 
 
@@ -76,7 +108,9 @@ def test_speed_words():
     assert speed_word(1.3) == "1.30x faster" and speed_word(0.5) == "slowdown 2.00x" and speed_word(1.0) == "same speed"
 
 
-@pytest.mark.parametrize("field, value", [("repeats", 0), ("num_prompts", 0), ("max_new_tokens", 0), ("repeats", 1.5), ("warmup", -1)])
+@pytest.mark.parametrize(
+    "field, value", [("repeats", 0), ("num_prompts", 0), ("max_new_tokens", 0), ("repeats", 1.5), ("warmup", -1)]
+)
 def test_zero_is_not_unset(field, value):
     with pytest.raises(ValueError, match=field):
         BenchConfig(**{field: value})
@@ -94,13 +128,17 @@ def test_noise_is_judged_against_what_the_baseline_itself_shows():
 def test_demo_legend_lines_up_long_names():
     from hf_specdraft.cli import legend
 
-    text = legend(["target-only", "cascade-1draft-tuned"], {"target-only": "plain", "cascade-1draft-tuned": "a cascade " * 20})
+    text = legend(
+        ["target-only", "cascade-1draft-tuned"], {"target-only": "plain", "cascade-1draft-tuned": "a cascade " * 20}
+    )
     lines = text.splitlines()
     methods = lines[lines.index("methods:") + 1 :]
     column = 2 + len("cascade-1draft-tuned") + 2  # every description starts past the longest name
     assert methods[0] == "  target-only" + " " * (column - 2 - len("target-only")) + "plain"
     assert methods[1].startswith("  cascade-1draft-tuned  a cascade") and len(methods) > 2
-    assert all(line[:column].strip() == "" and line[column] != " " for line in methods[2:])  # wrapped lines hang under it
+    assert all(
+        line[:column].strip() == "" and line[column] != " " for line in methods[2:]
+    )  # wrapped lines hang under it
     assert all(len(line) <= 100 for line in lines)
 
 
@@ -112,7 +150,10 @@ def test_work_that_changed_between_repeats_is_not_noise():
     records = []
     for prompt in range(2):
         for repeat, (seconds, calls) in enumerate([(0.5, 16), (0.7, 13), (0.6, 14)]):  # the controller chose otherwise
-            records += [_record("target-only", prompt, repeat, 1.0), {**_record("auto", prompt, repeat, seconds), "target_calls": calls}]
+            records += [
+                _record("target-only", prompt, repeat, 1.0),
+                {**_record("auto", prompt, repeat, seconds), "target_calls": calls},
+            ]
     summary = summarize(records, ("target-only", "auto"))
     assert same_work_prompts([r for r in records if r["method"] == "auto"]) == set()
     assert summary["auto"]["prompts_with_varying_work"] == 2 and summary["auto"]["timing_noise"] is None
@@ -121,16 +162,21 @@ def test_work_that_changed_between_repeats_is_not_noise():
     # the same times with the same work in every repeat: that is the clock moving, and it is flagged
     steady = [{**r, "target_calls": 3} for r in records]
     noisy = summarize(steady, ("target-only", "auto"))
-    assert noisy["auto"]["prompts_with_varying_work"] == 0 and noisy["auto"]["timing_noise"] == pytest.approx((2 - 1 / 0.7) / (1 / 0.6))
+    assert noisy["auto"]["prompts_with_varying_work"] == 0 and noisy["auto"]["timing_noise"] == pytest.approx(
+        (2 - 1 / 0.7) / (1 / 0.6)
+    )
     assert not verdict(None, 2, run_noise(noisy), baseline_noise=0.0)["reliable"]
 
 
 def test_only_prompts_with_the_same_work_count_towards_the_noise():
     records = []
     for repeat in range(3):
-        records += [_record("target-only", 0, repeat, 1.0), _record("target-only", 1, repeat, 1.0),
-                    _record("auto", 0, repeat, (0.5, 0.5, 0.5)[repeat]),  # same work, steady time
-                    {**_record("auto", 1, repeat, (0.2, 0.9, 0.5)[repeat]), "target_calls": 2 + repeat}]  # work changed
+        records += [
+            _record("target-only", 0, repeat, 1.0),
+            _record("target-only", 1, repeat, 1.0),
+            _record("auto", 0, repeat, (0.5, 0.5, 0.5)[repeat]),  # same work, steady time
+            {**_record("auto", 1, repeat, (0.2, 0.9, 0.5)[repeat]), "target_calls": 2 + repeat},
+        ]  # work changed
     summary = summarize(records, ("target-only", "auto"))
     assert summary["auto"]["speedup_by_repeat_same_work"] == [2.0, 2.0, 2.0] and summary["auto"]["timing_noise"] == 0.0
     assert summary["auto"]["prompts_with_varying_work"] == 1
@@ -148,8 +194,11 @@ def test_a_timed_run_that_compiled_marks_its_row_invalid(tmp_path):
 
     records = []
     for repeat in range(2):
-        records += [_record("target-only", 0, repeat, 1.0), {**_record("m", 0, repeat, 0.5), "compiles": {}},
-                    {**_record("c", 0, repeat, 0.5), "compiles": {"unique_graphs": 2, "recompiles": 1} if repeat else {}}]
+        records += [
+            _record("target-only", 0, repeat, 1.0),
+            {**_record("m", 0, repeat, 0.5), "compiles": {}},
+            {**_record("c", 0, repeat, 0.5), "compiles": {"unique_graphs": 2, "recompiles": 1} if repeat else {}},
+        ]
     summary = summarize(records, ("target-only", "m", "c"))
     assert summary["m"]["valid"] and summary["target-only"]["valid"]
     assert not summary["c"]["valid"] and summary["c"]["timed_runs_compiled"] == 1
@@ -157,11 +206,27 @@ def test_a_timed_run_that_compiled_marks_its_row_invalid(tmp_path):
     timing = {**verdict(None, 2, 0.0), "repeats": 2, "warmup_prompts": 1, "invalid_methods": ["c"]}
     table = format_table(summary, timing)
     assert "INVALID: compiled" in table and "c compiled in 1 of its timed runs (2 unique_graphs, 1 recompiles)" in table
-    result = {"meta": {"hardware": "CPU", "dtype": "float32", "batch_size": 1, "task": "completion", "num_prompts": 1, "max_new_tokens": 8,
-                       "seed": 0, "versions": {"torch": "t", "transformers": "t"}, "target_parameters": 1e6},
-              "summary": summary, "timing": timing}
+    result = {
+        "meta": {
+            "hardware": "CPU",
+            "dtype": "float32",
+            "batch_size": 1,
+            "task": "completion",
+            "num_prompts": 1,
+            "max_new_tokens": 8,
+            "seed": 0,
+            "versions": {"torch": "t", "transformers": "t"},
+            "target_parameters": 1e6,
+        },
+        "summary": summary,
+        "timing": timing,
+    }
     section = bench_section("run", result)
-    assert "| c **(invalid: compiled while timed)** |" in section and "| m |" in section and "**Invalid: c compiled" in timing_line(timing)
+    assert (
+        "| c **(invalid: compiled while timed)** |" in section
+        and "| m |" in section
+        and "**Invalid: c compiled" in timing_line(timing)
+    )
 
 
 def test_compile_counters_see_a_graph_and_a_recompile():
@@ -196,10 +261,17 @@ def test_the_warm_up_runs_the_longest_prompts_at_the_timed_length(monkeypatch):
         return {"compiles": {"unique_graphs": 1} if method == "max-gram-auto-compiled" else {}}
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
-    contexts = [SimpleNamespace(prompt_ids=torch.zeros(1, n, dtype=torch.long), max_new_tokens=64) for n in (30, 200, 90)]
+    contexts = [
+        SimpleNamespace(prompt_ids=torch.zeros(1, n, dtype=torch.long), max_new_tokens=64) for n in (30, 200, 90)
+    ]
     config = BenchConfig(methods=("target-only", "max-gram-auto-compiled"), max_new_tokens=64, warmup=2)
     warm = harness.warm_up(contexts, config, counter=None)
-    assert seen == [("target-only", 200, 64), ("max-gram-auto-compiled", 200, 64), ("target-only", 90, 64), ("max-gram-auto-compiled", 90, 64)]
+    assert seen == [
+        ("target-only", 200, 64),
+        ("max-gram-auto-compiled", 200, 64),
+        ("target-only", 90, 64),
+        ("max-gram-auto-compiled", 90, 64),
+    ]
     assert warm["warmup_prompt_tokens"] == [200, 90] and warm["warmup_max_new_tokens"] == 64
     assert warm["warmup_compiles"] == {"target-only": {}, "max-gram-auto-compiled": {"unique_graphs": 2}}
     assert harness.warm_up(contexts, BenchConfig(methods=("target-only",), warmup=0), None)["warmup_prompts"] == 0
@@ -223,7 +295,9 @@ def test_after_the_warm_up_no_timed_run_compiles_and_every_controller_resumed(ti
     monkeypatch.setattr(methods, "compile_everywhere", eager_everywhere)
     bundle = load_default(tiny_default[0])
     chosen = ("target-only", "max-gram-auto-compiled")
-    result = run_bench(bundle, BenchConfig(methods=chosen, num_prompts=3, max_new_tokens=24, warmup=1, repeats=2), warn=False)
+    result = run_bench(
+        bundle, BenchConfig(methods=chosen, num_prompts=3, max_new_tokens=24, warmup=1, repeats=2), warn=False
+    )
     assert result["timing"]["warmup_compiles"]["max-gram-auto-compiled"]["unique_graphs"] >= 1
     assert result["timing"]["invalid_methods"] == [] and all(s["valid"] for s in result["summary"].values())
     assert result["summary"]["max-gram-auto-compiled"]["controller_resumed"] == 1.0
@@ -231,7 +305,9 @@ def test_after_the_warm_up_no_timed_run_compiles_and_every_controller_resumed(ti
     import torch
 
     torch._dynamo.reset()  # a fresh process' state: nothing compiled yet
-    cold = run_bench(bundle, BenchConfig(methods=chosen, num_prompts=1, max_new_tokens=24, warmup=0, repeats=1), warn=False)
+    cold = run_bench(
+        bundle, BenchConfig(methods=chosen, num_prompts=1, max_new_tokens=24, warmup=0, repeats=1), warn=False
+    )
     assert cold["timing"]["invalid_methods"] == ["max-gram-auto-compiled"]
 
 
@@ -246,15 +322,27 @@ def test_the_demo_s_warm_up_primes_the_controller(tiny_default):
 
     bundle = load_default(tiny_default[0])
     forget(bundle.target)  # nothing learned by earlier tests
-    auto = [m for m in DEMO_METHODS["completion"] if m.endswith("-auto") and METHODS[m].available(bundle.extras, bundle.draft is not None)]
+    auto = [
+        m
+        for m in DEMO_METHODS["completion"]
+        if m.endswith("-auto") and METHODS[m].available(bundle.extras, bundle.draft is not None)
+    ]
     auto = auto[:1]  # the demo's first default call (GLIDE's): one is enough to see the warm-up's effect
     assert auto
-    result = run_bench(bundle, BenchConfig(methods=("target-only", *auto), num_prompts=2, max_new_tokens=8, warmup=1, repeats=2), warn=False)
-    assert all(result["summary"][m]["controller_resumed"] == 1.0 for m in auto), {m: result["summary"][m]["controller_resumed"] for m in auto}
+    result = run_bench(
+        bundle,
+        BenchConfig(methods=("target-only", *auto), num_prompts=2, max_new_tokens=8, warmup=1, repeats=2),
+        warn=False,
+    )
+    assert all(result["summary"][m]["controller_resumed"] == 1.0 for m in auto), {
+        m: result["summary"][m]["controller_resumed"] for m in auto
+    }
 
 
 @pytest.mark.parametrize("cpus, threads", [(2, 2), (8, 2), (4, 1)])
-@pytest.mark.parametrize("baseline_noise", [0.0, 0.05, EXTREME_RANGE / 2 + 0.05], ids=["steady", "moving", "past-half-extreme"])
+@pytest.mark.parametrize(
+    "baseline_noise", [0.0, 0.05, EXTREME_RANGE / 2 + 0.05], ids=["steady", "moving", "past-half-extreme"]
+)
 def test_a_quiet_machine_s_own_variation_is_no_warning(cpus, threads, baseline_noise):
     """The demo's rule, from its definition: the speedups' spread warns past max(NOISY_RANGE, 2 x the baseline's
     spread); on a quiet machine (other processes within QUIET_CORES of the cores this one left free) only past
@@ -273,7 +361,9 @@ def test_a_quiet_machine_s_own_variation_is_no_warning(cpus, threads, baseline_n
     for quiet in (0.0, free + QUIET_CORES):  # idle, and at the quiet limit
         assert reliable(quiet, quiet_bar - eps), (quiet, quiet_bar)
         assert not reliable(quiet, quiet_bar + eps), (quiet, quiet_bar)
-        warning = verdict((quiet, cpus), threads, timing_noise=quiet_bar + eps, baseline_noise=baseline_noise)["warnings"]
+        warning = verdict((quiet, cpus), threads, timing_noise=quiet_bar + eps, baseline_noise=baseline_noise)[
+            "warnings"
+        ]
         assert len(warning) == 1 and f"more than {quiet_bar:.0%}" in warning[0]
     some_load = free + (QUIET_CORES + BUSY_CORES) / 2  # not quiet, not a competitor: the plain noise bar
     for other in (some_load, None):  # and where the load is unknown (no /proc/stat)

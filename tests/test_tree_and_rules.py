@@ -32,7 +32,7 @@ def test_tree_buffers_by_hand():
     mask, positions = tree_attention_inputs(tree, past_length=3, dtype=torch.float32, device=torch.device("cpu"))
     assert mask.shape == (1, 1, 7, 10)
     assert positions.tolist() == [[3, 4, 4, 5, 5, 5, 6]]
-    visible = (mask[0, 0] == 0)
+    visible = mask[0, 0] == 0
     assert visible[0].tolist() == [True] * 4 + [False] * 6  # the last token sees the cache and itself
     assert visible[6].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 7, 9]  # node 5: cache, last, 0, 3, 5
     assert tree.path_to(5) == [0, 3, 5] and tree.main_chain().tokens.tolist() == [0, 2]
@@ -63,7 +63,12 @@ def test_tree_verification_and_compaction_match_a_fresh_run(arch, attn):
     with torch.no_grad():
         model(prefix[:, :-1], **with_cache(model, cache))
         mask, pos = tree_attention_inputs(tree, 8, model.dtype, torch.device("cpu"))
-        logits = model(torch.cat([prefix[:, -1:], tree.tokens[None]], 1), attention_mask=mask, position_ids=pos, **with_cache(model, cache)).logits
+        logits = model(
+            torch.cat([prefix[:, -1:], tree.tokens[None]], 1),
+            attention_mask=mask,
+            position_ids=pos,
+            **with_cache(model, cache),
+        ).logits
         for node in range(6):
             path = tree.path_to(node)
             fresh = model(torch.cat([prefix, tree.tokens[path][None]], 1)).logits[0, -1]
@@ -92,8 +97,13 @@ def test_greedy_tree_walk_and_lenient_chain_rules():
     p = torch.tensor([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3], [0.3, 0.3, 0.4]])
     q_candidates = torch.tensor([0.9, 0.8])
     cand = torch.tensor([1, 2])
-    assert accept_tree(ArgmaxRows(p), DraftTree.chain(cand), None, []) == ([0], 0)  # 2 is not row 1's argmax: p's own 0 follows
-    tree = DraftTree(torch.tensor([2, 1, 2]), torch.tensor([-1, -1, 1]))  # the second root and its child are the argmax path
+    assert accept_tree(ArgmaxRows(p), DraftTree.chain(cand), None, []) == (
+        [0],
+        0,
+    )  # 2 is not row 1's argmax: p's own 0 follows
+    tree = DraftTree(
+        torch.tensor([2, 1, 2]), torch.tensor([-1, -1, 1])
+    )  # the second root and its child are the argmax path
     rows = ArgmaxRows(torch.cat([p, torch.tensor([[0.6, 0.2, 0.2]])]))  # one row per node + the root's
     assert accept_tree(rows, tree, None, []) == ([1, 2], 0)
     assert lenient_review(p, cand, q_candidates, 1.0) == 1  # l = 1: exact
@@ -117,7 +127,9 @@ def test_conditional_acceptance_threshold_and_eos():
     assert mixed.accepts(probs, 1, []) is True and mixed.accepts(probs, 0, []) is False
 
 
-@pytest.mark.parametrize("kwargs", [{"threshold": 0}, {"threshold": 1}, {"threshold": 1.5}, {"threshold": -0.1}, {"top_k": 0}])
+@pytest.mark.parametrize(
+    "kwargs", [{"threshold": 0}, {"threshold": 1}, {"threshold": 1.5}, {"threshold": -0.1}, {"top_k": 0}]
+)
 def test_conditional_acceptance_bad_arguments(kwargs):
     with pytest.raises(ValueError, match="threshold|top_k"):
         ConditionalAcceptance(**kwargs)
@@ -136,17 +148,19 @@ def test_expected_speedup_and_swi():
         standardized_walltime_improvement(100, 40, {"draft": 200}, {})
 
 
-@pytest.mark.parametrize("seen, ids, limit, keep", [
-    ([5, 6, 7, 8], [5, 6, 9, 1, 2], None, 2),  # diverges at 2: rows 2.. go
-    ([5, 6, 7], [5, 6, 7, 8], None, 3),  # a prefix: nothing to crop
-    ([5, 6, 7, 8], [5, 6, 7, 8], None, 3),  # identical: the newest token is fed again for its logits
-    ([5, 6, 7, 8], [5, 6, 7, 8, 9], 2, 2),  # the cascade's review index caps it
-    ([], [5], None, 0),
-])
+@pytest.mark.parametrize(
+    "seen, ids, limit, keep",
+    [
+        ([5, 6, 7, 8], [5, 6, 9, 1, 2], None, 2),  # diverges at 2: rows 2.. go
+        ([5, 6, 7], [5, 6, 7, 8], None, 3),  # a prefix: nothing to crop
+        ([5, 6, 7, 8], [5, 6, 7, 8], None, 3),  # identical: the newest token is fed again for its logits
+        ([5, 6, 7, 8], [5, 6, 7, 8, 9], 2, 2),  # the cascade's review index caps it
+        ([], [5], None, 0),
+    ],
+)
 def test_resync_cache_crops_to_the_common_prefix(seen, ids, limit, keep):
     cache = DynamicCache()
     if seen:
         cache.update(torch.randn(1, 1, len(seen), 2), torch.randn(1, 1, len(seen), 2), 0)
     assert resync_cache(cache, torch.tensor(seen, dtype=torch.long), torch.tensor(ids), limit) == keep
     assert cache.get_seq_length() == min(keep, len(seen))
-

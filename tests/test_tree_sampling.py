@@ -66,12 +66,16 @@ def joint() -> torch.Tensor:
     return torch.cat([first[a] * target_probs((a,)) for a in range(V)])
 
 
-DUPLICATES_TREE = DraftTree(torch.tensor([0, 1, 0, 2, 3]), torch.tensor([-1, 0, -1, 2, 2]))  # two root children carry token 0
+DUPLICATES_TREE = DraftTree(
+    torch.tensor([0, 1, 0, 2, 3]), torch.tensor([-1, 0, -1, 2, 2])
+)  # two root children carry token 0
 ADVERSARIAL = {
     "duplicates": DUPLICATES_TREE,
     "duplicate subtrees": DraftTree(torch.tensor([1, 1, 1, 2, 2, 2, 4]), torch.tensor([-1, -1, -1, 0, 1, 2, 5])),
     "wide": DraftTree(torch.arange(V), torch.full((V,), -1)),
-    "deep and wide": DraftTree(torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]), torch.tensor([-1, -1, -1, -1, -1, 0, 0, 0, 1, 1, 5, 8])),
+    "deep and wide": DraftTree(
+        torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]), torch.tensor([-1, -1, -1, -1, -1, 0, 0, 0, 1, 1, 5, 8])
+    ),
 }
 
 
@@ -123,8 +127,17 @@ def test_loop_verifies_merged_trees_and_samples_from_the_target_with_eos_inside(
     torch.manual_seed(0)
     sizes = set()
     for _ in range(800):
-        out = speculative_generate(target, x, candidate_generator=FixedTreeDrafter(tree), max_new_tokens=3, do_sample=True, top_k=0,
-                                   eos_token_id=eos, pad_token_id=eos, return_dict_in_generate=True)
+        out = speculative_generate(
+            target,
+            x,
+            candidate_generator=FixedTreeDrafter(tree),
+            max_new_tokens=3,
+            do_sample=True,
+            top_k=0,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            return_dict_in_generate=True,
+        )
         new = out.sequences[0, 3:].tolist()
         counts[V * V if new[0] == eos else new[0] * V + new[1]] += 1
         sizes.add(out.speculative_stats.steps[0].tree_size)
@@ -149,7 +162,9 @@ def cape_like_tree(g: torch.Generator) -> DraftTree:
     tokens = [x0, x1, *leaves0, *leaves1]
     parents = [-1, 0, -1, -1, 0]
     probs = torch.stack([q0, q1, q0, q0, q1])
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents), probs, torch.tensor([True, True, False, False, False]))
+    return DraftTree(
+        torch.tensor(tokens), torch.tensor(parents), probs, torch.tensor([True, True, False, False, False])
+    )
 
 
 def test_tree_rejection_sampling_is_lossless_and_accepts_more_than_token_matching():
@@ -182,9 +197,13 @@ def test_rejection_without_the_residual_is_caught():
         rows, emitted, row = SyntheticRows(tree, g), [], 0
         while True:
             p = rows.probs(row)
-            child = next((c for c in range(len(tree)) if int(tree.parents[c]) == row - 1 and bool(tree.sampled[c])), None)
+            child = next(
+                (c for c in range(len(tree)) if int(tree.parents[c]) == row - 1 and bool(tree.sampled[c])), None
+            )
             x = None if child is None else int(tree.tokens[child])
-            if child is not None and float(torch.rand((), generator=g)) * float(tree.draft_probs[child, x]) <= float(p[x]):
+            if child is not None and float(torch.rand((), generator=g)) * float(tree.draft_probs[child, x]) <= float(
+                p[x]
+            ):
                 emitted.append(x)
                 row = child + 1
                 continue
@@ -227,5 +246,7 @@ def test_bench_wrapper_without_flags_falls_back_to_token_matching(monkeypatch):
     monkeypatch.setattr(generation, "tree_rejection_sampling", lambda *a, **k: calls.append(1))
     target, draft = tiny_model(vocab_size=V, seed=0), tiny_model(vocab_size=V, seed=7, num_hidden_layers=1)
     drafter = WithoutSampledFlags(CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 2), budget=4))
-    out = speculative_generate(target, torch.tensor([[1, 2]]), candidate_generator=drafter, max_new_tokens=6, do_sample=True)
+    out = speculative_generate(
+        target, torch.tensor([[1, 2]]), candidate_generator=drafter, max_new_tokens=6, do_sample=True
+    )
     assert out.shape == (1, 8) and not calls

@@ -20,8 +20,14 @@ def test_grids_register_once_with_their_settings():
 
 
 @pytest.mark.parametrize("module", [tune_glide, tune_casd])
-@pytest.mark.parametrize("argv, flag", [(["--num-prompts", "0"], "--num-prompts"), (["--max-new-tokens", "-1"], "--max-new-tokens"),
-                                        (["--skip-prompts", "-2"], "--skip-prompts")])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--num-prompts", "0"], "--num-prompts"),
+        (["--max-new-tokens", "-1"], "--max-new-tokens"),
+        (["--skip-prompts", "-2"], "--skip-prompts"),
+    ],
+)
 def test_bad_arguments_are_refused_before_anything_loads(module, argv, flag, capsys, monkeypatch):
     import hf_specdraft.defaults
 
@@ -31,8 +37,15 @@ def test_bad_arguments_are_refused_before_anything_loads(module, argv, flag, cap
     assert exit_info.value.code == 2 and flag in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, flag", [(["--gammas", "0"], "--gammas"), (["--max-gram-tokens", "two"], "two"),
-                                        (["--grid", "short", "--drafts", "2"], "short grid"), (["--grid", "long"], "--grid")])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--gammas", "0"], "--gammas"),
+        (["--max-gram-tokens", "two"], "two"),
+        (["--grid", "short", "--drafts", "2"], "short grid"),
+        (["--grid", "long"], "--grid"),
+    ],
+)
 def test_k_sweep_refuses_bad_arguments_before_anything_loads(argv, flag, capsys, monkeypatch):
     import hf_specdraft.defaults
     from benchmarks.studies import k_sweep
@@ -64,9 +77,16 @@ def test_k_sweep_mag_grid_runs_every_length(monkeypatch):
     assert len(grid) == 2 * len(k_sweep.k_grid(1, "mag")) and "draft-model-gamma3" in seen["methods"]
 
 
-@pytest.mark.parametrize("argv, flag", [(["--gammas", "0,1"], "--gammas"), (["--batch-sizes", "four"], "--batch-sizes"),
-                                        (["--skip-prompts", "-1"], "--skip-prompts"), (["--methods", "glide γ=2"], "--methods"),
-                                        (["--gammas", "1,3", "--methods", "glide"], "glide γ=1")])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--gammas", "0,1"], "--gammas"),
+        (["--batch-sizes", "four"], "--batch-sizes"),
+        (["--skip-prompts", "-1"], "--skip-prompts"),
+        (["--methods", "glide γ=2"], "--methods"),
+        (["--gammas", "1,3", "--methods", "glide"], "glide γ=1"),
+    ],
+)
 def test_batching_bench_refuses_bad_arguments_before_anything_loads(argv, flag, capsys, monkeypatch):
     import hf_specdraft.defaults
     from benchmarks.studies import batching
@@ -80,7 +100,14 @@ def test_batching_bench_refuses_bad_arguments_before_anything_loads(argv, flag, 
 def test_batching_bench_names_one_run_per_gamma():
     from benchmarks.studies import batching
 
-    assert batching.method_names((3,)) == ["target-only", "target-only (few-token linears)", "stock-assisted", "glide", "vanilla", "max-gram"]
+    assert batching.method_names((3,)) == [
+        "target-only",
+        "target-only (few-token linears)",
+        "stock-assisted",
+        "glide",
+        "vanilla",
+        "max-gram",
+    ]
     assert batching.method_names((1, 3))[3:7] == ["glide γ=1", "glide γ=3", "vanilla γ=1", "vanilla γ=3"]
     from types import SimpleNamespace
 
@@ -98,7 +125,11 @@ def test_save_run_writes_meta_and_body(tmp_path, monkeypatch):
     out = tmp_path / "runs" / "r.json"
     written = save_run(None, out, "python -m x", {"results": {"1": 2.0}}, repeats=3)
     assert json.loads(out.read_text()) == written
-    assert written["meta"]["hardware"] == "CPU: test" and written["meta"]["command"] == "python -m x" and written["meta"]["repeats"] == 3
+    assert (
+        written["meta"]["hardware"] == "CPU: test"
+        and written["meta"]["command"] == "python -m x"
+        and written["meta"]["repeats"] == 3
+    )
     assert written["results"] == {"1": 2.0} and "date" in written["meta"]
 
 
@@ -115,13 +146,22 @@ def test_batching_bench_checks_every_batch_size_against_the_smallest(monkeypatch
         def run(ids, mask, kwargs):
             new = torch.full((ids.shape[0], 3), 5 + (shifted and ids.shape[0] == 2), dtype=torch.long)
             return torch.cat([ids, new], dim=1), None
+
         return run
 
-    monkeypatch.setattr(batching, "methods", lambda bundle, gammas: {"target-only": (fake(True), (1, 2)),
-                                                                     "target-only (few-token linears)": (fake(False), (1, 2))})
+    monkeypatch.setattr(
+        batching,
+        "methods",
+        lambda bundle, gammas: {
+            "target-only": (fake(True), (1, 2)),
+            "target-only (few-token linears)": (fake(False), (1, 2)),
+        },
+    )
     monkeypatch.setattr(hf_specdraft.defaults.tasks, "build_tasks", lambda task, count, seed: list(range(count)))
     monkeypatch.setattr(batching, "prompt_ids", lambda tok, item: torch.tensor([[1, 2, 3]]))
-    result = batching.run(SimpleNamespace(tokenizer=SimpleNamespace(eos_token_id=0, pad_token_id=0)), num_prompts=4, batch_sizes=(2, 1))
+    result = batching.run(
+        SimpleNamespace(tokenizer=SimpleNamespace(eos_token_id=0, pad_token_id=0)), num_prompts=4, batch_sizes=(2, 1)
+    )
     assert result["reference_batch_size"] == 1 and result["batch_sizes"] == [1, 2]
     assert result["results"]["1"]["target-only"]["identical_to_batch1_target_only"]
     assert not result["results"]["2"]["target-only"]["identical_to_batch1_target_only"]

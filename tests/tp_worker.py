@@ -22,7 +22,12 @@ from transformers.distributed import DistributedConfig
 sys.path.insert(0, str(Path(__file__).parent))
 from multi_device_checks import record, lossless_checks, prompt, sampled  # noqa: E402
 
-from hf_specdraft import CapeCandidateGenerator, DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate  # noqa: E402
+from hf_specdraft import (
+    CapeCandidateGenerator,
+    DraftModelCandidateGenerator,
+    GlideCandidateGenerator,
+    speculative_generate,
+)  # noqa: E402
 from hf_specdraft.core.controller import DraftLengthController  # noqa: E402
 from hf_specdraft.core.distributed import RankAgreement  # noqa: E402
 from hf_specdraft.core.support import with_cache  # noqa: E402
@@ -45,7 +50,11 @@ def glide_logits(target, glide, single_target, single_glide) -> tuple[bool, list
     split_logits = glide(input_ids=x, target_past_key_values=shard).logits
     whole_logits = single_glide(input_ids=x, target_past_key_values=whole).logits
     gap = float((split_logits - whole_logits).abs().max())
-    ok = cache_gap < 1e-5 and torch.allclose(split_logits, whole_logits, atol=1e-5, rtol=1e-4) and split_logits.shape == whole_logits.shape
+    ok = (
+        cache_gap < 1e-5
+        and torch.allclose(split_logits, whole_logits, atol=1e-5, rtol=1e-4)
+        and split_logits.shape == whole_logits.shape
+    )
     return ok, [], f"cache shard gap {cache_gap:.2e}, logits gap {gap:.2e}, logits {tuple(split_logits.shape)}"
 
 
@@ -57,7 +66,12 @@ def agreement(target) -> tuple[bool, list, str]:
     controller.verify, controller.draft_per_token = {2: 0.1 * (rank + 1)}, 0.01 * (rank + 1)
     ranks.align(controller)
     agreed = controller.agree_seconds(0.5 * rank, 1.0)
-    ok = slowest == (2.0, 5.0) and controller.verify == {2: 0.1} and controller.draft_per_token == 0.01 and agreed == (0.5, 1.0)
+    ok = (
+        slowest == (2.0, 5.0)
+        and controller.verify == {2: 0.1}
+        and controller.draft_per_token == 0.01
+        and agreed == (0.5, 1.0)
+    )
     return ok, [], f"slowest {slowest}, verify {controller.verify}, draft {controller.draft_per_token}, agreed {agreed}"
 
 
@@ -71,24 +85,43 @@ def refused(run, needle: str) -> tuple[bool, list, str]:
 
 def arch_checks(folder: Path, arch: str) -> dict:
     target = AutoModelForCausalLM.from_pretrained(folder / "target", distributed_config=split()).eval()
-    glide = GlideForCausalLM.from_pretrained(folder / "glide", tp_plan="auto").eval()  # the spelling tensor parallelism was first asked with (deprecated)
+    glide = GlideForCausalLM.from_pretrained(
+        folder / "glide", tp_plan="auto"
+    ).eval()  # the spelling tensor parallelism was first asked with (deprecated)
     draft = AutoModelForCausalLM.from_pretrained(folder / "draft").eval()  # replicated: every rank holds it whole
     results = lossless_checks(target, glide, draft)
     reference = results["target-only"]["tokens"]
     x = prompt(int(target.config.vocab_size))
     split_draft = AutoModelForCausalLM.from_pretrained(folder / "draft", distributed_config=split()).eval()
-    record(results, "draft-model-split", lambda: (lambda out: (out[0].tolist() == reference, out[0].tolist(), str(out[0].tolist())))(
-        speculative_generate(target, x, draft_model=split_draft, max_new_tokens=len(reference) - x.shape[1])))
+    record(
+        results,
+        "draft-model-split",
+        lambda: (lambda out: (out[0].tolist() == reference, out[0].tolist(), str(out[0].tolist())))(
+            speculative_generate(target, x, draft_model=split_draft, max_new_tokens=len(reference) - x.shape[1])
+        ),
+    )
 
     def gamma_choices():  # γ "auto": what every step drafted, compared across ranks by the parent
-        out = speculative_generate(target, x, draft_model=glide, max_new_tokens=len(reference) - x.shape[1], return_dict_in_generate=True)
-        return out.sequences[0].tolist() == reference, out.speculative_stats.extra.get("draft_lengths"), str(out.speculative_stats.extra.get("draft_lengths"))
+        out = speculative_generate(
+            target, x, draft_model=glide, max_new_tokens=len(reference) - x.shape[1], return_dict_in_generate=True
+        )
+        return (
+            out.sequences[0].tolist() == reference,
+            out.speculative_stats.extra.get("draft_lengths"),
+            str(out.speculative_stats.extra.get("draft_lengths")),
+        )
 
     record(results, "controller/glide", gamma_choices)
     single_target = AutoModelForCausalLM.from_pretrained(folder / "target").eval()
 
     def self_drafted():  # the whole target as its own draft: always right, so γ "auto" grows and follows the clock
-        out = speculative_generate(target, x, draft_model=single_target, max_new_tokens=len(reference) - x.shape[1], return_dict_in_generate=True)
+        out = speculative_generate(
+            target,
+            x,
+            draft_model=single_target,
+            max_new_tokens=len(reference) - x.shape[1],
+            return_dict_in_generate=True,
+        )
         lengths = out.speculative_stats.extra.get("draft_lengths")
         return out.sequences[0].tolist() == reference and max(lengths) > 1, lengths, str(lengths)
 
@@ -104,13 +137,33 @@ def arch_checks(folder: Path, arch: str) -> dict:
         "cape+glide": lambda g, d: CapeCandidateGenerator(GlideCandidateGenerator(g, num_draft_tokens=2), budget=4),
     }
     for name, make in samplers.items():  # the split run against one process's run of the same models from the same seed
-        record(results, f"sample/{name}", lambda: (lambda split_tokens, whole_tokens: (split_tokens == whole_tokens, split_tokens, f"{split_tokens} vs {whole_tokens}"))(
-            sampled(target, make(glide, draft)), sampled(single_target, make(single_glide, single_draft))))
+        record(
+            results,
+            f"sample/{name}",
+            lambda: (
+                lambda split_tokens, whole_tokens: (
+                    split_tokens == whole_tokens,
+                    split_tokens,
+                    f"{split_tokens} vs {whole_tokens}",
+                )
+            )(sampled(target, make(glide, draft)), sampled(single_target, make(single_glide, single_draft))),
+        )
     if (folder / "glide-uneven").exists():
-        record(results, "refuse/uneven-glide", lambda: refused(
-            lambda: GlideForCausalLM.from_pretrained(folder / "glide-uneven", distributed_config=split()), "cannot be split over tp_size=2"))
-        record(results, "refuse/whole-glide", lambda: refused(
-            lambda: speculative_generate(target, x, draft_model=single_glide, max_new_tokens=4), "glide over 1"))
+        record(
+            results,
+            "refuse/uneven-glide",
+            lambda: refused(
+                lambda: GlideForCausalLM.from_pretrained(folder / "glide-uneven", distributed_config=split()),
+                "cannot be split over tp_size=2",
+            ),
+        )
+        record(
+            results,
+            "refuse/whole-glide",
+            lambda: refused(
+                lambda: speculative_generate(target, x, draft_model=single_glide, max_new_tokens=4), "glide over 1"
+            ),
+        )
 
         def seeded_apart():
             torch.manual_seed(dist.get_rank())

@@ -47,11 +47,13 @@ SELF_WEIGHT = 3  # the target's own text, repeated in the mix (the CPU study's -
 # the CPU table's held-out windows, kept in the repository: the corpus's split depends on the machine's Python and packages
 HELDOUT = Path(__file__).with_name("heldout-windows.safetensors")
 PROBE_STEPS = 4  # a timed run's steps; its first (CUDA's warm-up) is left out
-DATASET = ("the target's greedy answers to {requests} requests of seven groups (recipes/requests.py: project-written templates and "
-           "train-split docstrings, no evaluation set), the train split of the local Python corpus on the GPU machine (stdlib + "
-           "installed dependencies; 15 % as chat requests in SmolLM2's template), 384-token windows, and the target's own greedy "
-           f"continuations of {{prompts}} train-split prompts; the target's texts {SELF_WEIGHT}x; labels = the target's whole "
-           "next-token distribution, computed on the fly")
+DATASET = (
+    "the target's greedy answers to {requests} requests of seven groups (recipes/requests.py: project-written templates and "
+    "train-split docstrings, no evaluation set), the train split of the local Python corpus on the GPU machine (stdlib + "
+    "installed dependencies; 15 % as chat requests in SmolLM2's template), 384-token windows, and the target's own greedy "
+    f"continuations of {{prompts}} train-split prompts; the target's texts {SELF_WEIGHT}x; labels = the target's whole "
+    "next-token distribution, computed on the fly"
+)
 
 
 def pack(checkpoint: Path, output: Path, name: str) -> list[str]:
@@ -79,13 +81,24 @@ def training_stream(target, tokenizer, windows: int, self_generated: int, reques
     """The training tokens, flat: ``windows`` corpus windows, the target's text for ``self_generated`` train-split prompts
     (128 new tokens each) and its answers to ``requests`` requests (:func:`recipes.requests.training_requests`, seed 0,
     128 new tokens a turn, kept under ``work/answers``), each of the target's own texts :data:`SELF_WEIGHT` times."""
-    from recipes.distillation import (answered_requests, build_windows, request_windows, self_distillation_prompts,
-                                      self_generated_windows)
+    from recipes.distillation import (
+        answered_requests,
+        build_windows,
+        request_windows,
+        self_distillation_prompts,
+        self_generated_windows,
+    )
     from recipes.requests import training_requests
 
     corpus = build_windows(tokenizer, windows, seq_len=SEQ_LEN).reshape(-1)
-    own = self_generated_windows(target, tokenizer, self_distillation_prompts(tokenizer, self_generated), max_new_tokens=128,
-                                 batch_size=128, seq_len=SEQ_LEN).reshape(-1)
+    own = self_generated_windows(
+        target,
+        tokenizer,
+        self_distillation_prompts(tokenizer, self_generated),
+        max_new_tokens=128,
+        batch_size=128,
+        seq_len=SEQ_LEN,
+    ).reshape(-1)
     parts = [corpus, *[own] * SELF_WEIGHT]
     if requests:
         records = answered_requests(target, tokenizer, training_requests(requests), work / "answers", batch_size=128)
@@ -98,10 +111,20 @@ def train(kind: str, target, source, work: Path, steps: int, batch: int, dataset
     CUDA, no bf16 autocast); returns the model and its training log (with the stages it started from)."""
     from recipes.smollm2_drafters import RECIPES, earlier_checkpoint, earlier_stages, train_drafter
 
-    args = dataclasses.replace(RECIPES[kind], output_dir=str(work / kind), max_steps=steps, per_device_batch_size=batch,
-                               learning_rate=5e-4, warmup_steps=max(2, steps // 20), save_steps=0, resume=False, progress_bar=False,
-                               logging_steps=1 if steps <= PROBE_STEPS else max(1, steps // 50), mixed_precision="no",
-                               dataset_name=dataset)
+    args = dataclasses.replace(
+        RECIPES[kind],
+        output_dir=str(work / kind),
+        max_steps=steps,
+        per_device_batch_size=batch,
+        learning_rate=5e-4,
+        warmup_steps=max(2, steps // 20),
+        save_steps=0,
+        resume=False,
+        progress_bar=False,
+        logging_steps=1 if steps <= PROBE_STEPS else max(1, steps // 50),
+        mixed_precision="no",
+        dataset_name=dataset,
+    )
     init_from = earlier_checkpoint(SHIPPED, kind)
     model, log = train_drafter(kind, target, source, args, init_from=init_from)
     log["earlier_stages"] = earlier_stages(json.loads((init_from / "training_log.json").read_text()))
@@ -121,14 +144,27 @@ def step_cost(kind: str, target, source, work: Path, batch: int, dataset: str) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", required=True, help="the JSON and the packed checkpoints (run.sh passes $OUT or its results folder)")
+    parser.add_argument(
+        "--output", required=True, help="the JSON and the packed checkpoints (run.sh passes $OUT or its results folder)"
+    )
     parser.add_argument("--work", default="/tmp/glide-gpu", help="the fp32 training runs")
-    parser.add_argument("--seconds", type=float, default=480, help="seconds the whole step may run (run.sh passes what is left of CALL_SECONDS)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=480,
+        help="seconds the whole step may run (run.sh passes what is left of CALL_SECONDS)",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--windows", type=int, default=4000, help="train-split corpus windows of 384 tokens")
-    parser.add_argument("--self-generated", type=int, default=1024, help="train-split prompts the target continues (128 tokens)")
-    parser.add_argument("--requests", type=int, default=4096, help="requests of the seven groups the target answers (0: none)")
-    parser.add_argument("--heldout-windows", type=int, default=35, help="how many of the 35 held-out windows are scored")
+    parser.add_argument(
+        "--self-generated", type=int, default=1024, help="train-split prompts the target continues (128 tokens)"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=4096, help="requests of the seven groups the target answers (0: none)"
+    )
+    parser.add_argument(
+        "--heldout-windows", type=int, default=35, help="how many of the 35 held-out windows are scored"
+    )
     parser.add_argument("--batch", type=int, default=32, help="windows per step")
     args = parser.parse_args(argv)
     for name in ("seconds", "windows", "self_generated", "heldout_windows", "batch"):
@@ -155,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     heldout = heldout_windows(args.heldout_windows)
     test = TargetWindows(heldout.reshape(-1), SEQ_LEN, stride=SEQ_LEN)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cuda
-    source = TargetWindows(training_stream(target, tokenizer, args.windows, args.self_generated, args.requests, work), SEQ_LEN)
+    source = TargetWindows(
+        training_stream(target, tokenizer, args.windows, args.self_generated, args.requests, work), SEQ_LEN
+    )
 
     def score(checkpoint: Path) -> list[float]:
         """Agreement of a saved bf16 checkpoint, loaded in fp32 (the shipped pair and the new one alike), fp32 products."""
@@ -168,34 +206,62 @@ def main(argv: list[str] | None = None) -> int:
     def write() -> None:
         (output / "train-default.json").write_text(json.dumps(result, indent=1) + "\n")
 
-    result = {"meta": {"device": torch.cuda.get_device_name() if cuda else f"CPU: {cpu_model()}", "target_dtype": "float32",
-                       "matmul": "TF32 while training on CUDA, fp32 while scoring", "drafters_trained_in": "float32 (no autocast)",
-                       "scored_with": "each bf16 checkpoint loaded in float32, the target in float32",
-                       "versions": {"torch": torch.__version__}, "seq_len": SEQ_LEN, "batch": args.batch, "dataset": dataset,
-                       "command": " ".join(["python -m benchmarks.gpu.train_default", *(sys.argv[1:] if argv is None else argv)]),
-                       "train_tokens_available": source.tokens, "heldout_tokens": heldout.numel(),
-                       "heldout": f"{len(heldout)} windows of the CPU table's held-out text (the target's greedy text for 48 held-out prompts)",
-                       "data_seconds": round(time.perf_counter() - started, 1)},
-              "shipped": {kind: score(SHIPPED / kind) for kind in ("glide", "vanilla")}}
+    result = {
+        "meta": {
+            "device": torch.cuda.get_device_name() if cuda else f"CPU: {cpu_model()}",
+            "target_dtype": "float32",
+            "matmul": "TF32 while training on CUDA, fp32 while scoring",
+            "drafters_trained_in": "float32 (no autocast)",
+            "scored_with": "each bf16 checkpoint loaded in float32, the target in float32",
+            "versions": {"torch": torch.__version__},
+            "seq_len": SEQ_LEN,
+            "batch": args.batch,
+            "dataset": dataset,
+            "command": " ".join(["python -m benchmarks.gpu.train_default", *(sys.argv[1:] if argv is None else argv)]),
+            "train_tokens_available": source.tokens,
+            "heldout_tokens": heldout.numel(),
+            "heldout": f"{len(heldout)} windows of the CPU table's held-out text (the target's greedy text for 48 held-out prompts)",
+            "data_seconds": round(time.perf_counter() - started, 1),
+        },
+        "shipped": {kind: score(SHIPPED / kind) for kind in ("glide", "vanilla")},
+    }
     write()  # a run killed later still has the baseline
     costs = {kind: step_cost(kind, target, source, work / "probe", args.batch, dataset) for kind in KINDS}
-    left = args.seconds - (time.perf_counter() - started) - 60 - sum(fixed for _, fixed in costs.values())  # 60: scoring, packing
+    left = (
+        args.seconds - (time.perf_counter() - started) - 60 - sum(fixed for _, fixed in costs.values())
+    )  # 60: scoring, packing
     steps = max(int(left / sum(per_step for per_step, _ in costs.values())), 0)
-    result["meta"].update(probe={kind: {"seconds_per_step": round(c[0], 4), "fixed_seconds": round(c[1], 1)} for kind, c in costs.items()},
-                          steps=steps, tokens_per_drafter=steps * args.batch * SEQ_LEN)
+    result["meta"].update(
+        probe={
+            kind: {"seconds_per_step": round(c[0], 4), "fixed_seconds": round(c[1], 1)} for kind, c in costs.items()
+        },
+        steps=steps,
+        tokens_per_drafter=steps * args.batch * SEQ_LEN,
+    )
     write()
     if steps < PROBE_STEPS:
-        print(f"only {steps} steps fit the {args.seconds:.0f} s left after the data and the probes: nothing trained", flush=True)
+        print(
+            f"only {steps} steps fit the {args.seconds:.0f} s left after the data and the probes: nothing trained",
+            flush=True,
+        )
         return 1
     for kind in KINDS:
         run_started = time.perf_counter()
         model, log = train(kind, target, source, work, steps, args.batch, dataset)
-        checkpoint = save_glide_checkpoint(model.cpu().to(torch.bfloat16), work / f"{kind}-bf16", target_name=HUB_ID,
-                                           card_info={"dataset": dataset, "training_log": log, "license": LICENSE})
+        checkpoint = save_glide_checkpoint(
+            model.cpu().to(torch.bfloat16),
+            work / f"{kind}-bf16",
+            target_name=HUB_ID,
+            card_info={"dataset": dataset, "training_log": log, "license": LICENSE},
+        )
         (checkpoint / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
-        result[kind] = {"agreement_by_step": score(checkpoint), "train_seconds": log["train_seconds"],
-                        "wall_seconds": round(time.perf_counter() - run_started, 1), "last_logged_step": log["steps"][-1],
-                        "files": pack(checkpoint, output, kind)}
+        result[kind] = {
+            "agreement_by_step": score(checkpoint),
+            "train_seconds": log["train_seconds"],
+            "wall_seconds": round(time.perf_counter() - run_started, 1),
+            "last_logged_step": log["steps"][-1],
+            "files": pack(checkpoint, output, kind),
+        }
         write()
         print(kind, {k: v for k, v in result[kind].items() if k != "files"}, flush=True)
     print("shipped", result["shipped"], f"{time.perf_counter() - started:.0f} s", flush=True)

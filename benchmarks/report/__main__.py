@@ -13,8 +13,11 @@ from .render import write_report
 
 def main(argv: list[str] | None = None) -> int:
     """Render the report; a missing or empty results directory is one line on stderr and exit status 2."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.report",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--results-dir", default="benchmarks/results", help="the bench JSON files")
     parser.add_argument("--output", default="BENCHMARKS.md", help="the report; the README beside it gets the headline")
     args = parser.parse_args(argv)

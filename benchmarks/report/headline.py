@@ -13,9 +13,17 @@ from pathlib import Path
 
 # A run written before method names said whether they copy from the context (its meta has no "descriptions") ran, under
 # these names, what the names on the right run now (the default drafters copied wherever a GLIDE-family draft ran)
-COPYING_NAMES = {"glide": "glide+copy", "vanilla": "vanilla+copy", "glide-auto": "glide+copy-auto", "vanilla-auto": "vanilla+copy-auto",
-                 "draft-model": "draft-model+copy", "draft-model-auto": "draft-model+copy-auto", "glide+cape": "glide+copy+cape",
-                 "glide+cape-auto": "glide+copy+cape-auto", **{f"{kind}-γ{g}": f"{kind}+copy-γ{g}" for kind in ("glide", "vanilla") for g in (2, 3, 4, 5)}}
+COPYING_NAMES = {
+    "glide": "glide+copy",
+    "vanilla": "vanilla+copy",
+    "glide-auto": "glide+copy-auto",
+    "vanilla-auto": "vanilla+copy-auto",
+    "draft-model": "draft-model+copy",
+    "draft-model-auto": "draft-model+copy-auto",
+    "glide+cape": "glide+copy+cape",
+    "glide+cape-auto": "glide+copy+cape-auto",
+    **{f"{kind}-γ{g}": f"{kind}+copy-γ{g}" for kind in ("glide", "vanilla") for g in (2, 3, 4, 5)},
+}
 
 
 def row_name(name: str, meta: dict) -> str:
@@ -45,8 +53,10 @@ END = "<!-- /headline -->"
 
 def headline_table(demo_dir: str | Path) -> str:
     """Markdown: one row per method of every ``demo-<task>.json`` in ``demo_dir``, and a line naming the run."""
-    rows = ["| task | method | tok/s | vs `generate` | vs `generate` + linears | tokens per target forward | = greedy |",
-            "|---|---|---:|---:|---:|---:|---|"]
+    rows = [
+        "| task | method | tok/s | vs `generate` | vs `generate` + linears | tokens per target forward | = greedy |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     meta = None
     for path in sorted(Path(demo_dir).glob("demo-*.json")):
         result = json.loads(path.read_text())
@@ -54,15 +64,23 @@ def headline_table(demo_dir: str | Path) -> str:
         for name, s in result["summary"].items():
             linears = s.get("speedup_vs_target_only_linears")
             shown, description = row_name(name, meta), describe(row_name(name, meta), meta) or describe(name, meta)
-            label = (f"{shown} ({description})" if description else shown) + ("" if s.get("valid", True) else " **invalid: compiled while timed**")
-            rows.append(f"| {meta['task']} | {label} | {s['tokens_per_second']:.1f} | "
-                        f"{s['speedup_vs_target_only']:.2f}× | {'–' if linears is None else f'{linears:.2f}×'} | "
-                        f"{s['tokens_per_target_call']:.2f} | {'yes' if s['equals_target_only'] == 1 else 'no'} |")
+            label = (f"{shown} ({description})" if description else shown) + (
+                "" if s.get("valid", True) else " **invalid: compiled while timed**"
+            )
+            rows.append(
+                f"| {meta['task']} | {label} | {s['tokens_per_second']:.1f} | "
+                f"{s['speedup_vs_target_only']:.2f}× | {'–' if linears is None else f'{linears:.2f}×'} | "
+                f"{s['tokens_per_target_call']:.2f} | {'yes' if s['equals_target_only'] == 1 else 'no'} |"
+            )
     if meta is None:
-        raise ValueError(f"{str(demo_dir)!r} holds no demo-<task>.json: run `hf-specdraft demo --output {demo_dir}` first")
-    caption = (f"`hf-specdraft demo` on {meta['hardware']}, {meta['dtype']} target, {meta['num_prompts']} held-out prompts × "
-               f"{meta['max_new_tokens']} new tokens per task, median of 3 interleaved runs, {meta['date'][:10]} "
-               f"(`{Path(demo_dir).as_posix()}/`; the full runs: [BENCHMARKS.md](BENCHMARKS.md)).")
+        raise ValueError(
+            f"{str(demo_dir)!r} holds no demo-<task>.json: run `hf-specdraft demo --output {demo_dir}` first"
+        )
+    caption = (
+        f"`hf-specdraft demo` on {meta['hardware']}, {meta['dtype']} target, {meta['num_prompts']} held-out prompts × "
+        f"{meta['max_new_tokens']} new tokens per task, median of 3 interleaved runs, {meta['date'][:10]} "
+        f"(`{Path(demo_dir).as_posix()}/`; the full runs: [BENCHMARKS.md](BENCHMARKS.md))."
+    )
     return "\n".join(rows) + "\n\n" + caption
 
 

@@ -132,7 +132,12 @@ def plot_expansion_sizes(result: dict, path: Path) -> Path | None:
     ax = figure.add_subplot()
     for i, (method, c) in enumerate(counts.items()):
         total = sum(c.values())
-        ax.bar([s + (i - (len(counts) - 1) / 2) * width for s in sizes], [c[s] / total for s in sizes], width=width, label=method)
+        ax.bar(
+            [s + (i - (len(counts) - 1) / 2) * width for s in sizes],
+            [c[s] / total for s in sizes],
+            width=width,
+            label=method,
+        )
     ax.set_xticks(sizes)
     ax.set_xlabel("expansion-set size K at a drafted position")
     ax.set_ylabel("fraction of drafted positions")

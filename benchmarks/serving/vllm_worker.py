@@ -20,8 +20,11 @@ import os
 import sys
 import time
 
-COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-            "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
 
 
 def counters(llm) -> dict[str, int]:
@@ -39,10 +42,21 @@ def build_llm(request: dict):
 
     speculative = None
     if request["draft"] is not None:
-        speculative = {"method": "mtp", "model": request["draft"], "num_speculative_tokens": request["num_speculative_tokens"]}
-    return LLM(model=request["target"], speculative_config=speculative, dtype="float32", enforce_eager=True,
-               max_model_len=request["max_model_len"], max_num_seqs=1, seed=0,
-               disable_log_stats=False)  # the LLM class turns stats off by default; get_metrics needs them
+        speculative = {
+            "method": "mtp",
+            "model": request["draft"],
+            "num_speculative_tokens": request["num_speculative_tokens"],
+        }
+    return LLM(
+        model=request["target"],
+        speculative_config=speculative,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=request["max_model_len"],
+        max_num_seqs=1,
+        seed=0,
+        disable_log_stats=False,
+    )  # the LLM class turns stats off by default; get_metrics needs them
 
 
 def generate(llm, request: dict) -> list[dict]:
@@ -50,8 +64,11 @@ def generate(llm, request: dict) -> list[dict]:
     from vllm import SamplingParams, TokensPrompt
 
     params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"])
-    llm.generate([TokensPrompt(prompt_token_ids=request["prompts"][0])], SamplingParams(temperature=0.0, max_tokens=4),
-                 use_tqdm=False)  # warm-up: the first call pays one-time allocations
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=request["prompts"][0])],
+        SamplingParams(temperature=0.0, max_tokens=4),
+        use_tqdm=False,
+    )  # warm-up: the first call pays one-time allocations
     rows = []
     for ids in request["prompts"]:
         before = counters(llm)
@@ -59,8 +76,13 @@ def generate(llm, request: dict) -> list[dict]:
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
         seconds = time.perf_counter() - start
         after = counters(llm)
-        rows.append({"token_ids": list(out[0].outputs[0].token_ids), "seconds": seconds,
-                     **{key: after[key] - before[key] for key in COUNTERS}})
+        rows.append(
+            {
+                "token_ids": list(out[0].outputs[0].token_ids),
+                "seconds": seconds,
+                **{key: after[key] - before[key] for key in COUNTERS},
+            }
+        )
     return rows
 
 
@@ -75,8 +97,11 @@ def main() -> None:
     import vllm
 
     llm = build_llm(request)
-    result = {"prompts": generate(llm, request), "threads": torch.get_num_threads(),
-              "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__}}
+    result = {
+        "prompts": generate(llm, request),
+        "threads": torch.get_num_threads(),
+        "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
+    }
     with open(sys.argv[2], "w") as f:
         json.dump(result, f)
 

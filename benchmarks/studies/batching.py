@@ -54,10 +54,12 @@ def cache_layout(runs: list[dict]) -> dict:
     """What the repacked cache cost over a method's batches: gather ms per step against the verification forward's, and
     the widest it got against the width a cache that only masks rejected columns would have reached."""
     steps = sum(r["steps"] for r in runs)
-    return {"repack_ms_per_step": 1000 * sum(r["repack_seconds"] for r in runs) / max(steps, 1),
-            "verify_ms_per_step": 1000 * sum(r["verify_seconds"] for r in runs) / max(steps, 1),
-            "widest_repacked_columns": max(r["widest_repacked"] for r in runs),
-            "widest_with_holes_columns": max(r["holes_columns"] for r in runs)}
+    return {
+        "repack_ms_per_step": 1000 * sum(r["repack_seconds"] for r in runs) / max(steps, 1),
+        "verify_ms_per_step": 1000 * sum(r["verify_seconds"] for r in runs) / max(steps, 1),
+        "widest_repacked_columns": max(r["widest_repacked"] for r in runs),
+        "widest_with_holes_columns": max(r["holes_columns"] for r in runs),
+    }
 
 
 def chain_names(drafter: str, gammas) -> list[str]:
@@ -67,8 +69,14 @@ def chain_names(drafter: str, gammas) -> list[str]:
 
 def method_names(gammas=(GAMMA,)) -> list[str]:
     """Every method :func:`methods` builds for ``gammas``, in its order."""
-    return ["target-only", "target-only (few-token linears)", "stock-assisted", *chain_names("glide", gammas),
-            *chain_names("vanilla", gammas), "max-gram"]
+    return [
+        "target-only",
+        "target-only (few-token linears)",
+        "stock-assisted",
+        *chain_names("glide", gammas),
+        *chain_names("vanilla", gammas),
+        "max-gram",
+    ]
 
 
 def methods(bundle, gammas=(GAMMA,)) -> dict:
@@ -91,23 +99,36 @@ def methods(bundle, gammas=(GAMMA,)) -> dict:
 
     def ours(build):
         def run(ids, mask, kwargs):
-            out = speculative_generate(target, ids, attention_mask=mask, candidate_generator=build(), return_dict_in_generate=True, **kwargs)
+            out = speculative_generate(
+                target, ids, attention_mask=mask, candidate_generator=build(), return_dict_in_generate=True, **kwargs
+            )
             return out.sequences, out.speculative_stats
+
         return run
 
     def chain(drafter, gamma):
         return ours(lambda: GlideCandidateGenerator(extras[drafter], num_draft_tokens=gamma))
 
-    table = {"target-only": (target_only, BATCH_SIZES), "target-only (few-token linears)": (target_only_fast, BATCH_SIZES),
-             "stock-assisted": (stock_assisted, (1,))}
+    table = {
+        "target-only": (target_only, BATCH_SIZES),
+        "target-only (few-token linears)": (target_only_fast, BATCH_SIZES),
+        "stock-assisted": (stock_assisted, (1,)),
+    }
     for drafter in ("glide", "vanilla"):
         table.update({name: (chain(drafter, g), BATCH_SIZES) for name, g in zip(chain_names(drafter, gammas), gammas)})
     table["max-gram"] = (ours(lambda: build_max_gram_for_bench(target, extras["bigram_table"])), BATCH_SIZES)
     return table
 
 
-def run(bundle, num_prompts: int = 16, max_new_tokens: int = 64, batch_sizes=BATCH_SIZES, gammas=(GAMMA,),
-        skip_prompts: int = 0, only: tuple[str, ...] | None = None) -> dict:
+def run(
+    bundle,
+    num_prompts: int = 16,
+    max_new_tokens: int = 64,
+    batch_sizes=BATCH_SIZES,
+    gammas=(GAMMA,),
+    skip_prompts: int = 0,
+    only: tuple[str, ...] | None = None,
+) -> dict:
     """Every method of :func:`methods` (or those named in ``only``; both target-only baselines always run) over
     completion items ``skip_prompts .. skip_prompts + num_prompts - 1``: the bench's own are the first 16, later ones
     are for tuning."""
@@ -121,7 +142,9 @@ def run(bundle, num_prompts: int = 16, max_new_tokens: int = 64, batch_sizes=BAT
     items = build_tasks("completion", count=skip_prompts + num_prompts, seed=0)[skip_prompts:]
     prompts = [prompt_ids(tok, item)[0] for item in items]
     kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, "eos_token_id": eos, "pad_token_id": pad}
-    batch_sizes = sorted(set(batch_sizes))  # smallest first: every larger batch is checked against its target-only output
+    batch_sizes = sorted(
+        set(batch_sizes)
+    )  # smallest first: every larger batch is checked against its target-only output
     table = methods(bundle, tuple(gammas))
     if only is not None:
         check_methods(only, gammas)
@@ -151,20 +174,41 @@ def run(bundle, num_prompts: int = 16, max_new_tokens: int = 64, batch_sizes=BAT
                     tokens[name] += len(outputs[size][name][b * size + i])
                 if stats is not None:
                     steps[name].append((stats.new_tokens, stats.num_steps))
-                    layouts[name].append({**stats.extra.get("cache_layout", {}), "verify_seconds": stats.verify_seconds})
+                    layouts[name].append(
+                        {**stats.extra.get("cache_layout", {}), "verify_seconds": stats.verify_seconds}
+                    )
         base = tokens["target-only"] / seconds["target-only"]
         fast = tokens["target-only (few-token linears)"] / seconds["target-only (few-token linears)"]
         results[str(size)] = {
-            name: {"seconds": seconds[name], "new_tokens": tokens[name], "tokens_per_second": tokens[name] / seconds[name],
-                   "vs_target_only": tokens[name] / seconds[name] / base, "vs_target_only_fast_linears": tokens[name] / seconds[name] / fast,
-                   "mean_accepted_length": (sum(n for n, _ in steps[name]) / sum(s for _, s in steps[name])) if steps[name] else None,
-                   "identical_to_batch1_target_only": outputs[size][name] == outputs[min(outputs)]["target-only"],
-                   **({"cache_layout": cache_layout(layouts[name])} if layouts[name] and "steps" in layouts[name][0] else {})}
-            for name in names}
-    return {"num_prompts": len(prompts), "prompts": f"completion items {skip_prompts}..{skip_prompts + len(prompts) - 1} (seed 0)",
-            "reference_batch_size": min(outputs),  # "identical_to_batch1_target_only" compares with target-only at this batch size
-            "max_new_tokens": max_new_tokens, "gamma": gammas[0] if len(gammas) == 1 else list(gammas), "batch_sizes": list(batch_sizes),
-            "results": results}
+            name: {
+                "seconds": seconds[name],
+                "new_tokens": tokens[name],
+                "tokens_per_second": tokens[name] / seconds[name],
+                "vs_target_only": tokens[name] / seconds[name] / base,
+                "vs_target_only_fast_linears": tokens[name] / seconds[name] / fast,
+                "mean_accepted_length": (sum(n for n, _ in steps[name]) / sum(s for _, s in steps[name]))
+                if steps[name]
+                else None,
+                "identical_to_batch1_target_only": outputs[size][name] == outputs[min(outputs)]["target-only"],
+                **(
+                    {"cache_layout": cache_layout(layouts[name])}
+                    if layouts[name] and "steps" in layouts[name][0]
+                    else {}
+                ),
+            }
+            for name in names
+        }
+    return {
+        "num_prompts": len(prompts),
+        "prompts": f"completion items {skip_prompts}..{skip_prompts + len(prompts) - 1} (seed 0)",
+        "reference_batch_size": min(
+            outputs
+        ),  # "identical_to_batch1_target_only" compares with target-only at this batch size
+        "max_new_tokens": max_new_tokens,
+        "gamma": gammas[0] if len(gammas) == 1 else list(gammas),
+        "batch_sizes": list(batch_sizes),
+        "results": results,
+    }
 
 
 def check_methods(only, gammas) -> None:
@@ -192,10 +236,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", type=_positive_ints, default=BATCH_SIZES, help="comma-separated, e.g. 4,8")
-    parser.add_argument("--gammas", type=_positive_ints, default=(GAMMA,), help=f"the chain drafters' γ, comma-separated (default {GAMMA})")
-    parser.add_argument("--skip-prompts", type=int, default=0, help="start after the first N completion items (tune on items the bench does not report)")
-    parser.add_argument("--methods", type=lambda text: tuple(text.split(",")), default=None,
-                        help="comma-separated subset (both target-only baselines always run)")
+    parser.add_argument(
+        "--gammas",
+        type=_positive_ints,
+        default=(GAMMA,),
+        help=f"the chain drafters' γ, comma-separated (default {GAMMA})",
+    )
+    parser.add_argument(
+        "--skip-prompts",
+        type=int,
+        default=0,
+        help="start after the first N completion items (tune on items the bench does not report)",
+    )
+    parser.add_argument(
+        "--methods",
+        type=lambda text: tuple(text.split(",")),
+        default=None,
+        help="comma-separated subset (both target-only baselines always run)",
+    )
     args = parser.parse_args(argv)
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.skip_prompts < 0:
         parser.error("--num-prompts and --max-new-tokens must be positive, --skip-prompts 0 or more")
@@ -206,8 +264,20 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--methods: {error}")
     bundle = load_default()
     command = "python -m benchmarks.studies.batching " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = save_run(bundle, args.output, command,
-                      run(bundle, args.num_prompts, args.max_new_tokens, args.batch_sizes, args.gammas, args.skip_prompts, args.methods))
+    result = save_run(
+        bundle,
+        args.output,
+        command,
+        run(
+            bundle,
+            args.num_prompts,
+            args.max_new_tokens,
+            args.batch_sizes,
+            args.gammas,
+            args.skip_prompts,
+            args.methods,
+        ),
+    )
     print(json.dumps(result["results"], indent=1))
     return 0
 

@@ -87,18 +87,26 @@ def time_retrieval(pool: DraftPool, stream: np.ndarray, config: CasdConfig, step
         lengths.append(length)
         sizes.append(len(tree))
     wall_ms, cpu_ms = np.asarray(wall) * 1e3, np.asarray(cpu) * 1e3
-    summary = {"steps": int(wall_ms.size), "mean_match_length": float(np.mean(lengths)), "mean_tree_size": float(np.mean(sizes))}
+    summary = {
+        "steps": int(wall_ms.size),
+        "mean_match_length": float(np.mean(lengths)),
+        "mean_tree_size": float(np.mean(sizes)),
+    }
     for name, ms in (("wall", wall_ms), ("cpu", cpu_ms)):
-        summary.update({
-            f"{name}_mean_ms": float(ms.mean()),
-            f"{name}_p50_ms": float(np.percentile(ms, 50)),
-            f"{name}_p99_ms": float(np.percentile(ms, 99)),
-            f"{name}_max_ms": float(ms.max()),
-        })
+        summary.update(
+            {
+                f"{name}_mean_ms": float(ms.mean()),
+                f"{name}_p50_ms": float(np.percentile(ms, 50)),
+                f"{name}_p99_ms": float(np.percentile(ms, 99)),
+                f"{name}_max_ms": float(ms.max()),
+            }
+        )
     return summary
 
 
-def benchmark_pool(source: str, tokens: np.ndarray, novel: np.ndarray, config: CasdConfig, steps: int, seed: int) -> dict:
+def benchmark_pool(
+    source: str, tokens: np.ndarray, novel: np.ndarray, config: CasdConfig, steps: int, seed: int
+) -> dict:
     """Build the pool for ``tokens`` and time the ``copy`` and ``novel`` query streams on it."""
     start = time.perf_counter()
     pool = DraftPool(tokens, config.max_suffix_length)
@@ -133,7 +141,13 @@ def environment() -> dict:
     }
 
 
-def run_retrieval_benchmark(sizes=DEFAULT_SIZES, steps: int = 500, seed: int = 0, config: CasdConfig | None = None, output: str | Path | None = None) -> dict:
+def run_retrieval_benchmark(
+    sizes=DEFAULT_SIZES,
+    steps: int = 500,
+    seed: int = 0,
+    config: CasdConfig | None = None,
+    output: str | Path | None = None,
+) -> dict:
     """Pool build and per-step retrieval times at each pool size; written as JSON to ``output``.
 
     Args:
@@ -151,7 +165,14 @@ def run_retrieval_benchmark(sizes=DEFAULT_SIZES, steps: int = 500, seed: int = 0
         runs.append(benchmark_pool("synthetic", synthetic, synthetic_tokens(4096, seed + 1), config, steps, seed))
         if corpus is not None and corpus[0].size >= size:
             runs.append(benchmark_pool("corpus", corpus[0][:size], corpus[1], config, steps, seed))
-    result = {"benchmark": "casd_retrieval", "config": config.to_dict(), "steps": steps, "seed": seed, "environment": environment(), "runs": runs}
+    result = {
+        "benchmark": "casd_retrieval",
+        "config": config.to_dict(),
+        "steps": steps,
+        "seed": seed,
+        "environment": environment(),
+        "runs": runs,
+    }
     if output is not None:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps(result, indent=2))
@@ -170,8 +191,10 @@ def main(argv=None) -> None:
         line = f"{run['source']:>9} {run['pool_tokens']:>9,} tokens: build {run['build_seconds']:.3f} s"
         for stream in ("copy", "novel"):
             r = run[stream]
-            line += (f" | {stream}: wall {r['wall_mean_ms']:.2f} ms/step (p99 {r['wall_p99_ms']:.2f}),"
-                     f" cpu {r['cpu_mean_ms']:.2f} (p99 {r['cpu_p99_ms']:.2f}), match {r['mean_match_length']:.1f}")
+            line += (
+                f" | {stream}: wall {r['wall_mean_ms']:.2f} ms/step (p99 {r['wall_p99_ms']:.2f}),"
+                f" cpu {r['cpu_mean_ms']:.2f} (p99 {r['cpu_p99_ms']:.2f}), match {r['mean_match_length']:.1f}"
+            )
         print(line)
 
 

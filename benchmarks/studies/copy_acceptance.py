@@ -34,7 +34,11 @@ def match_lengths(drafter: GlideCandidateGenerator) -> list[int]:
 
     def recorded(input_ids):
         tree = copy(input_ids)
-        seen.append(longest_suffix_match(input_ids[0], max_match_length=candidate_generator.COPY_MATCH_CAP)[1] if tree is not None else 0)
+        seen.append(
+            longest_suffix_match(input_ids[0], max_match_length=candidate_generator.COPY_MATCH_CAP)[1]
+            if tree is not None
+            else 0
+        )
         return tree
 
     drafter._copy = recorded
@@ -47,12 +51,17 @@ def summarize(steps: list[dict]) -> dict:
     for s in copies:
         by_match[min(s["match"], 16)].append(s["accepted"])  # 16: 16 or longer
     return {
-        "steps": len(steps), "copy_steps": len(copies),
+        "steps": len(steps),
+        "copy_steps": len(copies),
         "mean_accepted_copy": round(sum(s["accepted"] for s in copies) / max(len(copies), 1), 3),
-        "mean_accepted_glide": round(sum(s["accepted"] for s in steps if not s["match"]) / max(len(steps) - len(copies), 1), 3),
+        "mean_accepted_glide": round(
+            sum(s["accepted"] for s in steps if not s["match"]) / max(len(steps) - len(copies), 1), 3
+        ),
         "copies_accepted_whole": sum(s["accepted"] == s["drafted"] for s in copies),
         "copy_accepted_histogram": dict(sorted(collections.Counter(s["accepted"] for s in copies).items())),
-        "copy_by_match_length": {k: {"copies": len(v), "mean_accepted": round(sum(v) / len(v), 3)} for k, v in sorted(by_match.items())},
+        "copy_by_match_length": {
+            k: {"copies": len(v), "mean_accepted": round(sum(v) / len(v), 3)} for k, v in sorted(by_match.items())
+        },
     }
 
 
@@ -61,27 +70,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="completion,chat")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--num-draft-tokens", type=int, default=8, help="the fixed γ: copies are max(COPY_TOKENS, γ) tokens")
-    parser.add_argument("--copy-from-context", type=int, default=3, help="the shortest suffix match copied after (GlideDraftingConfig)")
+    parser.add_argument(
+        "--num-draft-tokens", type=int, default=8, help="the fixed γ: copies are max(COPY_TOKENS, γ) tokens"
+    )
+    parser.add_argument(
+        "--copy-from-context", type=int, default=3, help="the shortest suffix match copied after (GlideDraftingConfig)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--output", required=True)
     ns = parser.parse_args(argv)
     bundle = load_default()
     target, glide, tokenizer = bundle.target, bundle.extras["glide"], bundle.tokenizer
     result = {
-        "command": "python -m benchmarks.studies.copy_acceptance " + " ".join(argv if argv is not None else os.sys.argv[1:]),
-        "machine": {"cpu": cpu_model(), "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
-        "num_draft_tokens": ns.num_draft_tokens, "copy_from_context": ns.copy_from_context, "copy_tokens": max(candidate_generator.COPY_TOKENS, ns.num_draft_tokens),
-        "num_prompts": ns.num_prompts, "max_new_tokens": ns.max_new_tokens, "seed": ns.seed, "tasks": {},
+        "command": "python -m benchmarks.studies.copy_acceptance "
+        + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "machine": {
+            "cpu": cpu_model(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        "num_draft_tokens": ns.num_draft_tokens,
+        "copy_from_context": ns.copy_from_context,
+        "copy_tokens": max(candidate_generator.COPY_TOKENS, ns.num_draft_tokens),
+        "num_prompts": ns.num_prompts,
+        "max_new_tokens": ns.max_new_tokens,
+        "seed": ns.seed,
+        "tasks": {},
     }
     for task in ns.tasks.split(","):
         steps = []
         for item in build_tasks(task, count=ns.num_prompts, seed=ns.seed):
-            drafter = GlideCandidateGenerator(glide, num_draft_tokens=ns.num_draft_tokens, copy_from_context=ns.copy_from_context,
-                                              max_copy_tokens=result["copy_tokens"])
+            drafter = GlideCandidateGenerator(
+                glide,
+                num_draft_tokens=ns.num_draft_tokens,
+                copy_from_context=ns.copy_from_context,
+                max_copy_tokens=result["copy_tokens"],
+            )
             matches = match_lengths(drafter)
-            out = speculative_generate(target, prompt_ids(tokenizer, item), candidate_generator=drafter,
-                                       max_new_tokens=ns.max_new_tokens, return_dict_in_generate=True)
+            out = speculative_generate(
+                target,
+                prompt_ids(tokenizer, item),
+                candidate_generator=drafter,
+                max_new_tokens=ns.max_new_tokens,
+                return_dict_in_generate=True,
+            )
             for match, step in zip(matches, out.speculative_stats.steps):
                 steps.append({"match": match, "drafted": step.drafted, "accepted": step.accepted})
         result["tasks"][task] = summarize(steps)

@@ -35,7 +35,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KINDS = {"glide": "glide", "vanilla": "vanilla", "small_draft": "small"}  # bundle name -> shipped folder
 
 
-def time_draft_forwards(target, drafters: dict, lengths=(1, 3), prefix: int = 96, repeats: int = 15, seed: int = 0) -> dict:
+def time_draft_forwards(
+    target, drafters: dict, lengths=(1, 3), prefix: int = 96, repeats: int = 15, seed: int = 0
+) -> dict:
     """Median milliseconds of one draft forward over ``n`` tokens after a target forward.
 
     Args:
@@ -55,7 +57,13 @@ def time_draft_forwards(target, drafters: dict, lengths=(1, 3), prefix: int = 96
         caches = {}
         for key, model in drafters.items():
             caches[key] = DynamicCache(config=model.config)
-            model(input_ids=prompt[:, :-1], past_key_values=caches[key], use_cache=True, target_past_key_values=target_cache, logits_to_keep=1)
+            model(
+                input_ids=prompt[:, :-1],
+                past_key_values=caches[key],
+                use_cache=True,
+                target_past_key_values=target_cache,
+                logits_to_keep=1,
+            )
         for repeat in tqdm(range(repeats + 1), desc="draft forwards", unit="round"):
             for n in lengths:
                 ids = torch.randint(0, vocab, (1, n), generator=g)
@@ -63,7 +71,13 @@ def time_draft_forwards(target, drafters: dict, lengths=(1, 3), prefix: int = 96
                     target(prompt[:, -1:], **with_cache(target, target_cache), use_cache=True)
                     target_cache.crop(-1)
                     start = time.perf_counter()
-                    model(input_ids=ids, past_key_values=caches[key], use_cache=True, target_past_key_values=target_cache, logits_to_keep=1)
+                    model(
+                        input_ids=ids,
+                        past_key_values=caches[key],
+                        use_cache=True,
+                        target_past_key_values=target_cache,
+                        logits_to_keep=1,
+                    )
                     seconds = time.perf_counter() - start
                     caches[key].crop(-n)
                     if repeat:  # round 0 warms up
@@ -74,7 +88,9 @@ def time_draft_forwards(target, drafters: dict, lengths=(1, 3), prefix: int = 96
     return result
 
 
-def end_to_end(bundle, drafters: dict, num_prompts: int = 6, max_new_tokens: int = 48, runs: int = 3, gamma: int = 3) -> dict:
+def end_to_end(
+    bundle, drafters: dict, num_prompts: int = 6, max_new_tokens: int = 48, runs: int = 3, gamma: int = 3
+) -> dict:
     """Target-only and GLIDE / vanilla chains of ``gamma`` in each dtype on completion items 20.., interleaved."""
     from hf_specdraft.defaults.tasks import build_tasks
     from hf_specdraft.glide import GlideCandidateGenerator
@@ -86,7 +102,9 @@ def end_to_end(bundle, drafters: dict, num_prompts: int = 6, max_new_tokens: int
     methods = {"target-only": lambda x: (target.generate(x, **kwargs), None)}
     for key, model in drafters.items():
         if key[0] in ("glide", "vanilla"):
-            methods["/".join(key)] = lambda x, model=model: _spec(target, x, GlideCandidateGenerator(model, num_draft_tokens=gamma), kwargs)
+            methods["/".join(key)] = lambda x, model=model: _spec(
+                target, x, GlideCandidateGenerator(model, num_draft_tokens=gamma), kwargs
+            )
     for run in methods.values():  # warm-up
         run(prompts[0][:, :32])
     seconds = {name: [] for name in methods}
@@ -107,9 +125,15 @@ def end_to_end(bundle, drafters: dict, num_prompts: int = 6, max_new_tokens: int
         for name in methods:
             seconds[name].append(statistics.median(per_run[name]))
     total = {name: sum(s) for name, s in seconds.items()}
-    return {name: {"seconds": total[name], "speedup_vs_target_only": total["target-only"] / total[name],
-                   "mean_accepted_length": statistics.mean(accepted[name]) if accepted[name] else None,
-                   "equals_target_only": identical[name]} for name in methods}
+    return {
+        name: {
+            "seconds": total[name],
+            "speedup_vs_target_only": total["target-only"] / total[name],
+            "mean_accepted_length": statistics.mean(accepted[name]) if accepted[name] else None,
+            "equals_target_only": identical[name],
+        }
+        for name in methods
+    }
 
 
 def _spec(target, x, generator, kwargs):
@@ -133,13 +157,27 @@ def main(argv: list[str] | None = None) -> int:
     from hf_specdraft.glide import GlideForCausalLM
 
     bundle = load_default(dtype=torch.float32, device="cpu")
-    drafters = {(name, dtype_name): GlideForCausalLM.from_pretrained(SMOLLM2_DRAFTERS_DIR / folder, dtype=dtype).eval()
-                for name, folder in KINDS.items() for dtype_name, dtype in DTYPES.items()}
+    drafters = {
+        (name, dtype_name): GlideForCausalLM.from_pretrained(SMOLLM2_DRAFTERS_DIR / folder, dtype=dtype).eval()
+        for name, folder in KINDS.items()
+        for dtype_name, dtype in DTYPES.items()
+    }
     forwards = time_draft_forwards(bundle.target, drafters, repeats=args.repeats)
-    generation = end_to_end(bundle, drafters, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, runs=args.runs)
+    generation = end_to_end(
+        bundle, drafters, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, runs=args.runs
+    )
     command = "python -m benchmarks.studies.draft_dtype" + "".join(
-        f" --{k.replace('_', '-')} {getattr(args, k)}" for k in ("output", "repeats", "num_prompts", "max_new_tokens", "runs"))
-    save_run(bundle, args.output, command, {"draft_forward_ms": forwards, "end_to_end": generation}, prompts="completion items 20..", gamma=3)
+        f" --{k.replace('_', '-')} {getattr(args, k)}"
+        for k in ("output", "repeats", "num_prompts", "max_new_tokens", "runs")
+    )
+    save_run(
+        bundle,
+        args.output,
+        command,
+        {"draft_forward_ms": forwards, "end_to_end": generation},
+        prompts="completion items 20..",
+        gamma=3,
+    )
     print(json.dumps({"draft_forward_ms": forwards, "end_to_end": generation}, indent=1))
     return 0
 

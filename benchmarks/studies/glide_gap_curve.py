@@ -69,10 +69,12 @@ def variant_recipe(kind: str, windows: int, variant: str) -> tuple[dict, object,
     drafter, epochs, changes = dict(DRAFTERS[kind]), 1, {}
     for part in filter(None, variant.replace("attn-init", "").split("-")):
         name = part.rstrip("0123456789+")
-        numbers = part[len(name):].split("+")
+        numbers = part[len(name) :].split("+")
         if not all(numbers) or name not in ("x", "block", "layers", "mlp") or len(numbers) > 1 and name != "block":
-            raise ValueError(f"variant parts must be x<E>, block<L> (block1+5: L by step in turn), layers<N>, mlp<N> or attn-init, "
-                             f"got {part!r} in {variant!r}")
+            raise ValueError(
+                f"variant parts must be x<E>, block<L> (block1+5: L by step in turn), layers<N>, mlp<N> or attn-init, "
+                f"got {part!r} in {variant!r}"
+            )
         number = numbers[0]
         if name == "x":
             epochs = int(number)
@@ -84,7 +86,11 @@ def variant_recipe(kind: str, windows: int, variant: str) -> tuple[dict, object,
         else:
             drafter["intermediate_size"] = int(number)
     steps = epochs * windows // RECIPES[kind].per_device_batch_size
-    return drafter, dataclasses.replace(RECIPES[kind], max_steps=steps, warmup_steps=max(2, steps // 10), **changes), epochs
+    return (
+        drafter,
+        dataclasses.replace(RECIPES[kind], max_steps=steps, warmup_steps=max(2, steps // 10), **changes),
+        epochs,
+    )
 
 
 def train_one(kind: str, windows: int, variant: str, target, store: dict, work: Path) -> tuple:
@@ -96,7 +102,9 @@ def train_one(kind: str, windows: int, variant: str, target, store: dict, work: 
     args = dataclasses.replace(args, output_dir=str(work / run_name(kind, windows, variant)))
     subset = {key: value[:windows] for key, value in store.items()}
     init_from = None
-    if variant.endswith("attn-init"):  # a starting checkpoint: the recipe's drafter with the target's attention in its glimpse
+    if variant.endswith(
+        "attn-init"
+    ):  # a starting checkpoint: the recipe's drafter with the target's attention in its glimpse
         init_from = work / f"{run_name(kind, windows, variant)}-init"
         if not (init_from / "config.json").is_file():
             vocab = draft_vocabulary(subset, drafter["draft_vocab_size"], target, Path(args.output_dir), None)
@@ -118,12 +126,20 @@ def heldout_store(target, tokenizer, work: Path, windows: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", required=True, help="store, held-out windows and training states (resumable; not for git)")
+    parser.add_argument(
+        "--work", required=True, help="store, held-out windows and training states (resumable; not for git)"
+    )
     parser.add_argument("--output", default="benchmarks/verification/cpu-glide-gap-curve.json")
     parser.add_argument("--heldout", type=int, default=64, help="held-out code windows of 256 tokens scored")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training windows per run, comma-separated")
-    parser.add_argument("--ablations", default="block1,attn-init", help="GLIDE variants trained at the middle size, e.g. block1,attn-init,block3 ('' skips)")
-    parser.add_argument("--epochs", default="", help="more epochs over the largest size's windows, e.g. '2,4' (both drafters)")
+    parser.add_argument(
+        "--ablations",
+        default="block1,attn-init",
+        help="GLIDE variants trained at the middle size, e.g. block1,attn-init,block3 ('' skips)",
+    )
+    parser.add_argument(
+        "--epochs", default="", help="more epochs over the largest size's windows, e.g. '2,4' (both drafters)"
+    )
     parser.add_argument("--plot", default="benchmarks/plots/cpu-glide-gap-curve.png")
     args = parser.parse_args(argv)
     try:
@@ -165,33 +181,58 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = row
         import transformers
 
-        result["meta"] = {"hardware": f"CPU: {cpu_model()}, {torch.get_num_threads()} threads", "dtype": "float32",
-                          "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-                          "date": time.strftime("%Y-%m-%d"), "command": "python -m benchmarks.studies.glide_gap_curve --work WORK"
-                          + f" --output {args.output} --heldout {args.heldout} --sizes {args.sizes} --ablations '{args.ablations}'"
-                          + (f" --epochs {args.epochs}" if args.epochs else ""),
-                          "heldout": f"{args.heldout} held-out code windows of 256 tokens, positions 16..; GLIDE at delay 1",
-                          "store": "train-split windows of 256 tokens (code, 15 % chat), the target's top-8 and layer-29 KV"}
+        result["meta"] = {
+            "hardware": f"CPU: {cpu_model()}, {torch.get_num_threads()} threads",
+            "dtype": "float32",
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+            "date": time.strftime("%Y-%m-%d"),
+            "command": "python -m benchmarks.studies.glide_gap_curve --work WORK"
+            + f" --output {args.output} --heldout {args.heldout} --sizes {args.sizes} --ablations '{args.ablations}'"
+            + (f" --epochs {args.epochs}" if args.epochs else ""),
+            "heldout": f"{args.heldout} held-out code windows of 256 tokens, positions 16..; GLIDE at delay 1",
+            "store": "train-split windows of 256 tokens (code, 15 % chat), the target's top-8 and layer-29 KV",
+        }
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(result, indent=1) + "\n")
         print(name, row, flush=True)
 
     if "shipped" not in rows:
-        shipped = {kind: GlideForCausalLM.from_pretrained(SMOLLM2_DRAFTERS_DIR / kind, dtype=torch.float32).eval() for kind in ("glide", "vanilla")}
-        record("shipped", {"tokens": 3_890_000, "glide": score(shipped["glide"], test), "vanilla": score(shipped["vanilla"], test),
-                           "glide_no_glimpse": score(shipped["glide"], test, None)})
-    plan = [(size, "") for size in sizes] + [(ABLATION_SIZE if ABLATION_SIZE in sizes else sizes[len(sizes) // 2], a) for a in ablations]
+        shipped = {
+            kind: GlideForCausalLM.from_pretrained(SMOLLM2_DRAFTERS_DIR / kind, dtype=torch.float32).eval()
+            for kind in ("glide", "vanilla")
+        }
+        record(
+            "shipped",
+            {
+                "tokens": 3_890_000,
+                "glide": score(shipped["glide"], test),
+                "vanilla": score(shipped["vanilla"], test),
+                "glide_no_glimpse": score(shipped["glide"], test, None),
+            },
+        )
+    plan = [(size, "") for size in sizes] + [
+        (ABLATION_SIZE if ABLATION_SIZE in sizes else sizes[len(sizes) // 2], a) for a in ablations
+    ]
     plan += [(sizes[-1], f"x{e}") for e in epochs]
     for size, variant in plan:
         name = run_name("pair", size, variant)
         if name in rows:
             continue
         repeats = int(variant[1:]) if variant.startswith("x") else 1
-        row = {"windows": size, "tokens": repeats * size * int(store["input_ids"].shape[1]), "variant": variant or "recipe",
-               "epochs": repeats}
+        row = {
+            "windows": size,
+            "tokens": repeats * size * int(store["input_ids"].shape[1]),
+            "variant": variant or "recipe",
+            "epochs": repeats,
+        }
         for kind in ("glide",) if variant in ablations else ("glide", "vanilla"):
             model, seconds, _, args = train_one(kind, size, variant, target, store, work)
-            row[kind] = {**score(model, test), "train_seconds": seconds, "steps": args.max_steps, "block_size": args.block_size}
+            row[kind] = {
+                **score(model, test),
+                "train_seconds": seconds,
+                "steps": args.max_steps,
+                "block_size": args.block_size,
+            }
             if kind == "glide":
                 row[kind]["no_glimpse"] = score(model, test, None)
         if variant in ablations:  # the twin of the same size, trained without the variant
@@ -213,7 +254,10 @@ def plot(result: dict, path: Path) -> Path:
 
     rows = [row for row in result["rows"].values() if row.get("variant") == "recipe"]
     rows.sort(key=lambda row: row["tokens"])
-    repeated = sorted((row for row in result["rows"].values() if str(row.get("variant", "")).startswith("x")), key=lambda row: row["tokens"])
+    repeated = sorted(
+        (row for row in result["rows"].values() if str(row.get("variant", "")).startswith("x")),
+        key=lambda row: row["tokens"],
+    )
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     for axis, metric in zip(axes, ("alpha", "agreement")):
         tokens = [row["tokens"] for row in rows]
@@ -221,15 +265,32 @@ def plot(result: dict, path: Path) -> Path:
             axis.plot(tokens, [row[kind][metric] for row in rows], style, label=kind)
         for row in rows:
             gap = 100 * (row["glide"][metric] - row["vanilla"][metric])
-            axis.annotate(f"{gap:+.1f}", (row["tokens"], row["glide"][metric]), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+            axis.annotate(
+                f"{gap:+.1f}",
+                (row["tokens"], row["glide"][metric]),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=8,
+            )
         if repeated:
             series = [rows[-1], *repeated]
             for kind, style in (("glide", "o:"), ("vanilla", "s:")):
-                axis.plot([row["tokens"] for row in series], [row[kind][metric] for row in series], style, alpha=0.6,
-                          label=f"{kind}, more epochs over the largest")
+                axis.plot(
+                    [row["tokens"] for row in series],
+                    [row[kind][metric] for row in series],
+                    style,
+                    alpha=0.6,
+                    label=f"{kind}, more epochs over the largest",
+                )
         shipped = result["rows"].get("shipped")
         if shipped:
-            axis.plot([shipped["tokens"]] * 2, [shipped["glide"][metric], shipped["vanilla"][metric]], "k^", label="shipped (multi-epoch)")
+            axis.plot(
+                [shipped["tokens"]] * 2,
+                [shipped["glide"][metric], shipped["vanilla"][metric]],
+                "k^",
+                label="shipped (multi-epoch)",
+            )
         for row in result["rows"].values():
             if row.get("variant", "recipe") != "recipe" and not row["variant"].startswith("x"):  # an ablation
                 axis.plot(row["tokens"], row["glide"][metric], "x", markersize=8, label=f"glide, {row['variant']}")
@@ -238,7 +299,9 @@ def plot(result: dict, path: Path) -> Path:
         axis.set_title("α = 1 - TV(p, q)" if metric == "alpha" else "greedy agreement")
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    return save_figure(figure, path, "GLIDE vs its vanilla twin on held-out code (SmolLM2-135M target; gap in points)", fontsize=10)
+    return save_figure(
+        figure, path, "GLIDE vs its vanilla twin on held-out code (SmolLM2-135M target; gap in points)", fontsize=10
+    )
 
 
 if __name__ == "__main__":

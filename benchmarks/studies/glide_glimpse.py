@@ -43,7 +43,9 @@ def heldout_code(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tenso
     stream = torch.tensor(code_stream(tokenizer, files, num_windows * seq_len), dtype=torch.long)
     windows = heldout_windows(stream, seq_len, num_windows)
     if windows.shape != (num_windows, seq_len):
-        raise ValueError(f"the held-out split holds {stream.numel() // seq_len} windows of {seq_len} tokens, fewer than --windows {num_windows}")
+        raise ValueError(
+            f"the held-out split holds {stream.numel() // seq_len} windows of {seq_len} tokens, fewer than --windows {num_windows}"
+        )
     return windows
 
 
@@ -59,17 +61,36 @@ def score(model, store: dict[str, torch.Tensor], delay: int | None = 1, skip: in
     return {"alpha": result["alpha"], "agreement": result["greedy_agreement"]}
 
 
-def fine_tune(target, model, store: dict[str, torch.Tensor], steps: int, learning_rate: float = 1e-3, batch_size: int = 8,
-              block_size: int = 5, seed: int = 0) -> float:
+def fine_tune(
+    target,
+    model,
+    store: dict[str, torch.Tensor],
+    steps: int,
+    learning_rate: float = 1e-3,
+    batch_size: int = 8,
+    block_size: int = 5,
+    seed: int = 0,
+) -> float:
     """``steps`` steps of :func:`~hf_specdraft.glide.train_glide` on ``store`` (the shipped drafters' loss: the target's
     top-k alone), without saving its state; returns the last logged loss (the KL from the store's top-k)."""
     from hf_specdraft.glide import GlideTrainingArguments, train_glide
 
     source = StoreWindows(store)
     with tempfile.TemporaryDirectory() as output_dir:
-        args = GlideTrainingArguments(output_dir, max_steps=steps, seq_len=source.seq_len, per_device_batch_size=batch_size,
-                                      learning_rate=learning_rate, warmup_steps=10, block_size=block_size, distillation_weight=1.0,
-                                      seed=seed, save_steps=0, resume=False, progress_bar=False)
+        args = GlideTrainingArguments(
+            output_dir,
+            max_steps=steps,
+            seq_len=source.seq_len,
+            per_device_batch_size=batch_size,
+            learning_rate=learning_rate,
+            warmup_steps=10,
+            block_size=block_size,
+            distillation_weight=1.0,
+            seed=seed,
+            save_steps=0,
+            resume=False,
+            progress_bar=False,
+        )
         log = train_glide(target, model, source, args)
     return log["steps"][-1]["loss"]
 
@@ -82,7 +103,9 @@ def glimpse_rows(glide, vanilla, store, delays=(1, 2, 3, 4, 5)) -> dict[str, dic
     return rows
 
 
-def layer_rows(target, load_glide, load_vanilla, train_store, test_store, layers, steps: int, seed: int = 0) -> dict[str, dict]:
+def layer_rows(
+    target, load_glide, load_vanilla, train_store, test_store, layers, steps: int, seed: int = 0
+) -> dict[str, dict]:
     """The target-layer table: a fine-tuned GLIDE reading each of ``layers``, and the vanilla twin fine-tuned alike.
 
     ``load_glide(layer)`` / ``load_vanilla()`` return fresh float32 copies of the shipped drafters."""
@@ -105,9 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default="benchmarks/verification/cpu-glide-glimpse.json")
     parser.add_argument("--windows", type=int, default=24, help="held-out windows of 256 tokens scored")
-    parser.add_argument("--layers", default="29,25,20,14", help="target layers for the fine-tuned comparison ('' skips it)")
+    parser.add_argument(
+        "--layers", default="29,25,20,14", help="target layers for the fine-tuned comparison ('' skips it)"
+    )
     parser.add_argument("--steps", type=int, default=200, help="fine-tuning steps per drafter in the layer comparison")
-    parser.add_argument("--train-windows", type=int, default=256, help="train-split windows the layer comparison fine-tunes on")
+    parser.add_argument(
+        "--train-windows", type=int, default=256, help="train-split windows the layer comparison fine-tunes on"
+    )
     args = parser.parse_args(argv)
     for name in ("windows", "steps", "train_windows"):
         if getattr(args, name) < 1:
@@ -143,9 +170,16 @@ def main(argv: list[str] | None = None) -> int:
 
         train_store = compute_store(target, build_windows(tokenizer, args.train_windows), layers)
         body["layers"] = layer_rows(target, load_glide, load_vanilla, train_store, test_store, layers, args.steps)
-    command = "python -m benchmarks.studies.glide_glimpse" + "".join(
-        f" --{k.replace('_', '-')} {getattr(args, k)}" for k in ("output", "windows", "steps", "train_windows")) + f" --layers {args.layers}"
-    save_run(bundle, args.output, command, body, prompts=f"{args.windows} held-out code windows of 256 tokens", skip=SKIP)
+    command = (
+        "python -m benchmarks.studies.glide_glimpse"
+        + "".join(
+            f" --{k.replace('_', '-')} {getattr(args, k)}" for k in ("output", "windows", "steps", "train_windows")
+        )
+        + f" --layers {args.layers}"
+    )
+    save_run(
+        bundle, args.output, command, body, prompts=f"{args.windows} held-out code windows of 256 tokens", skip=SKIP
+    )
     print(json.dumps(body, indent=1))
     return 0
 

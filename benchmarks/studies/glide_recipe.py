@@ -55,10 +55,18 @@ def expected_accepted(agreement: list[float], gamma: int) -> float:
 def modeled_speed(agreement: list[float], draft_ms: float, target_ms: dict[str, float]) -> dict:
     """The best γ's modeled greedy speed against target-only decoding (see the module docstring); ``target_ms`` is
     :func:`target_ms`'s, keyed by the token count as a string (as JSON keeps it)."""
-    rows = {gamma: (1 + expected_accepted(agreement, gamma)) * target_ms["1"] / (gamma * draft_ms + target_ms[str(gamma + 1)])
-            for gamma in range(1, MAX_GAMMA + 1)}
+    rows = {
+        gamma: (1 + expected_accepted(agreement, gamma))
+        * target_ms["1"]
+        / (gamma * draft_ms + target_ms[str(gamma + 1)])
+        for gamma in range(1, MAX_GAMMA + 1)
+    }
     best = max(rows, key=rows.get)
-    return {"best_gamma": best, "speed": round(rows[best], 3), "by_gamma": {str(g): round(v, 3) for g, v in rows.items()}}
+    return {
+        "best_gamma": best,
+        "speed": round(rows[best], 3),
+        "by_gamma": {str(g): round(v, 3) for g, v in rows.items()},
+    }
 
 
 def agreement_by_delay(scores: dict) -> list[float]:
@@ -80,11 +88,23 @@ def draft_token_ms(model, target_kv: list, prefix: int = 256, repeats: int = 60)
 
     ids = torch.randint(0, 1000, (1, prefix + 1))
     cache = DynamicCache(config=model.config)
-    model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True, target_past_key_values=target_kv, logits_to_keep=1)
+    model(
+        input_ids=ids[:, :prefix],
+        past_key_values=cache,
+        use_cache=True,
+        target_past_key_values=target_kv,
+        logits_to_keep=1,
+    )
     samples = []
     for _ in range(repeats + 5):
         started = time.perf_counter()
-        model(input_ids=ids[:, prefix:], past_key_values=cache, use_cache=True, target_past_key_values=target_kv, logits_to_keep=1)
+        model(
+            input_ids=ids[:, prefix:],
+            past_key_values=cache,
+            use_cache=True,
+            target_past_key_values=target_kv,
+            logits_to_keep=1,
+        )
         samples.append(time.perf_counter() - started)
         cache.crop(-1)  # transformers 5.23: a negative count of tokens to remove
     return round(1e3 * statistics.median(samples[5:]), 3)
@@ -110,12 +130,20 @@ def target_ms(target, prefix: int = 256, lengths=range(1, MAX_GAMMA + 2), repeat
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", required=True, help="the gap curve's --work: its store, held-out windows and training states")
+    parser.add_argument(
+        "--work", required=True, help="the gap curve's --work: its store, held-out windows and training states"
+    )
     parser.add_argument("--output", default="benchmarks/verification/cpu-glide-recipe.json")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants of the recipe at 2 epochs")
-    parser.add_argument("--reference", action="append", default=[],
-                        help="a trained pair (DIR/glide, DIR/vanilla, e.g. a fine-tune of the shipped pair) scored beside the "
-                             "shipped one; may be repeated")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated variants of the recipe at 2 epochs"
+    )
+    parser.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        help="a trained pair (DIR/glide, DIR/vanilla, e.g. a fine-tune of the shipped pair) scored beside the "
+        "shipped one; may be repeated",
+    )
     parser.add_argument("--costs", action="store_true", help="time the drafts and the target (run on an idle machine)")
     parser.add_argument("--plot", default="benchmarks/plots/cpu-glide-recipe.png")
     args = parser.parse_args(argv)
@@ -139,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--reference {str(folder)!r} holds no glide/ and vanilla/ checkpoints")
     work = Path(args.work)
     if not (work / "store" / "store.json").is_file():
-        parser.error(f"--work {args.work!r} holds no store: run python -m benchmarks.studies.glide_gap_curve --work {args.work} first")
+        parser.error(
+            f"--work {args.work!r} holds no store: run python -m benchmarks.studies.glide_gap_curve --work {args.work} first"
+        )
     target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
     store = load_store(work / "store")
     test = heldout_store(target, tokenizer, work, 64)
@@ -148,13 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = result.setdefault("rows", {})
     import transformers
 
-    result["meta"] = {"hardware": f"CPU: {cpu_model()}, {torch.get_num_threads()} threads",
-                      "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-                      "date": time.strftime("%Y-%m-%d"), "command": f"python -m benchmarks.studies.glide_recipe --work WORK --variants {args.variants}"
-                      + "".join(f" --reference {path}" for path in args.reference) + (" --costs" if args.costs else ""),
-                      "data": f"the gap curve's first {SIZE} train-split windows of 256 tokens, 2 epochs (320 steps of 8 windows)",
-                      "heldout": "64 held-out code windows of 256 tokens, positions 16..",
-                      "speed_model": "(1 + E_gamma) * c_target(1) / (gamma * c_draft + c_target(gamma + 1)), E from agreement by delay"}
+    result["meta"] = {
+        "hardware": f"CPU: {cpu_model()}, {torch.get_num_threads()} threads",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "date": time.strftime("%Y-%m-%d"),
+        "command": f"python -m benchmarks.studies.glide_recipe --work WORK --variants {args.variants}"
+        + "".join(f" --reference {path}" for path in args.reference)
+        + (" --costs" if args.costs else ""),
+        "data": f"the gap curve's first {SIZE} train-split windows of 256 tokens, 2 epochs (320 steps of 8 windows)",
+        "heldout": "64 held-out code windows of 256 tokens, positions 16..",
+        "speed_model": "(1 + E_gamma) * c_target(1) / (gamma * c_draft + c_target(gamma + 1)), E from agreement by delay",
+    }
 
     def save() -> None:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -169,9 +203,16 @@ def main(argv: list[str] | None = None) -> int:
             model, seconds, drafter, args = train_one(kind, SIZE, variant, target, store, work)
             models[kind, variant] = model
             if kind not in row:
-                row[kind] = {**score_row(kind, model, test), "train_seconds": seconds, "steps": args.max_steps, "run": run_name(kind, SIZE, variant),
-                             "block_size": args.block_size, "layers": model.config.num_hidden_layers, "mlp": drafter["intermediate_size"],
-                             "parameters": sum(p.numel() for p in model.parameters())}
+                row[kind] = {
+                    **score_row(kind, model, test),
+                    "train_seconds": seconds,
+                    "steps": args.max_steps,
+                    "run": run_name(kind, SIZE, variant),
+                    "block_size": args.block_size,
+                    "layers": model.config.num_hidden_layers,
+                    "mlp": drafter["intermediate_size"],
+                    "parameters": sum(p.numel() for p in model.parameters()),
+                }
                 save()
                 print(variant, kind, row[kind], flush=True)
     scored = result.setdefault("references", {})
@@ -181,20 +222,33 @@ def main(argv: list[str] | None = None) -> int:
             models[kind, f"reference:{name}"] = model
             if kind not in scored.get(name, {}):
                 log = json.loads((folder / kind / "training_log.json").read_text())
-                scored.setdefault(name, {})[kind] = {**score_row(kind, model, test), "last_stage": {
-                    "steps": log["steps"][-1]["step"], "block_size": log["arguments"]["block_size"],
-                    "learning_rate": log["arguments"]["learning_rate"], "store_windows": log.get("store_windows")}}
+                scored.setdefault(name, {})[kind] = {
+                    **score_row(kind, model, test),
+                    "last_stage": {
+                        "steps": log["steps"][-1]["step"],
+                        "block_size": log["arguments"]["block_size"],
+                        "learning_rate": log["arguments"]["learning_rate"],
+                        "store_windows": log.get("store_windows"),
+                    },
+                }
                 save()
                 print(name, kind, scored[name][kind], flush=True)
     if args.costs:
         kv = [(None, None)] * target.config.num_hidden_layers
-        kv[TOP_LAYER] = (test[f"keys.{TOP_LAYER}"][:1].to(torch.bfloat16), test[f"values.{TOP_LAYER}"][:1].to(torch.bfloat16))
-        with few_token_linears(target):  # the loop's verification forward on CPU (and target-only + linears as the base)
+        kv[TOP_LAYER] = (
+            test[f"keys.{TOP_LAYER}"][:1].to(torch.bfloat16),
+            test[f"values.{TOP_LAYER}"][:1].to(torch.bfloat16),
+        )
+        with few_token_linears(
+            target
+        ):  # the loop's verification forward on CPU (and target-only + linears as the base)
             result["target_ms"] = target_ms(target)
         for (kind, variant), model in models.items():
             row = scored[variant.split(":", 1)[1]] if variant.startswith("reference:") else rows[variant]
             row[kind]["draft_ms"] = draft_token_ms(model.to(torch.bfloat16), kv if kind == "glide" else None)
-            row[kind]["modeled"] = modeled_speed(agreement_by_delay(row[kind]), row[kind]["draft_ms"], result["target_ms"])
+            row[kind]["modeled"] = modeled_speed(
+                agreement_by_delay(row[kind]), row[kind]["draft_ms"], result["target_ms"]
+            )
         save()
     print("plot:", plot(result, Path(args.plot)))
     return 0
@@ -203,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
 def label(variant: str) -> str:
     """A legend's name for a variant: what it changes from the recipe (L = 5, one layer, MLP 1,536)."""
     changes = [part for part in variant.split("-") if not part.startswith("x")]
-    return ", ".join(changes).replace("block", "L=").replace("layers", "layers ").replace("mlp", "MLP ") or "recipe (L=5)"
+    return (
+        ", ".join(changes).replace("block", "L=").replace("layers", "layers ").replace("mlp", "MLP ") or "recipe (L=5)"
+    )
 
 
 def plot(result: dict, path: Path) -> Path:
@@ -222,10 +278,17 @@ def plot(result: dict, path: Path) -> Path:
     for number, (variant, row) in enumerate(rows.items()):
         color = f"C{number}"
         delays = [int(d) for d in row["glide"]["delays"]]
-        axis.plot(delays, [row["glide"]["delays"][str(d)]["alpha"] for d in delays], "o-",
-                  color=color, label=f"glide {label(variant)}")
+        axis.plot(
+            delays,
+            [row["glide"]["delays"][str(d)]["alpha"] for d in delays],
+            "o-",
+            color=color,
+            label=f"glide {label(variant)}",
+        )
         if row.get("twin") == variant and "vanilla" in row:
-            axis.axhline(row["vanilla"]["alpha"], color=color, linestyle="--", alpha=0.7, label=f"vanilla {label(variant)}")
+            axis.axhline(
+                row["vanilla"]["alpha"], color=color, linestyle="--", alpha=0.7, label=f"vanilla {label(variant)}"
+            )
     axis.set_xlabel("cache delay (the k-th drafted token glimpses with delay k)")
     axis.set_title("held-out α = 1 - TV(p, q)")
     axis.grid(alpha=0.3)
@@ -237,12 +300,20 @@ def plot(result: dict, path: Path) -> Path:
                 if kind not in row or kind == "vanilla" and row.get("twin") != variant or "modeled" not in row[kind]:
                     continue
                 by_gamma = row[kind]["modeled"]["by_gamma"]
-                axis.plot([int(g) for g in by_gamma], list(by_gamma.values()), style, color=f"C{number}", label=f"{kind} {label(variant)}")
+                axis.plot(
+                    [int(g) for g in by_gamma],
+                    list(by_gamma.values()),
+                    style,
+                    color=f"C{number}",
+                    label=f"{kind} {label(variant)}",
+                )
         axis.set_xlabel("γ (drafted tokens a step)")
         axis.set_title("modeled greedy speed against target-only")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=6, ncol=2)
-    return save_figure(figure, path, "GLIDE's recipe, 2 epochs over 328K tokens (SmolLM2-135M target, held-out code)", fontsize=9)
+    return save_figure(
+        figure, path, "GLIDE's recipe, 2 epochs over 328K tokens (SmolLM2-135M target, held-out code)", fontsize=9
+    )
 
 
 if __name__ == "__main__":

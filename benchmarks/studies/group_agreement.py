@@ -48,8 +48,12 @@ def answers(target, tokenizer, rows: list[dict], max_new_tokens: int) -> list[tu
     """``(category, prompt + answer ids, prompt length)`` for every row's first turn, the target answering greedily."""
     out = []
     for row in tqdm(rows, desc="target answers"):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": row["turns"][0]}], add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": row["turns"][0]}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )["input_ids"]
         full = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         out.append((row["category"], full[0].tolist(), ids.shape[1]))
     return out
@@ -62,14 +66,18 @@ def in_loop(target, glide, answered, max_new_tokens: int) -> dict[str, dict]:
     for category, ids, prompt_length in answered:
         prompt = torch.tensor([ids[:prompt_length]])
         drafter = GlideCandidateGenerator(glide, num_draft_tokens=1, copy_from_context=0)
-        out = speculative_generate(target, prompt, candidate_generator=drafter, max_new_tokens=max_new_tokens,
-                                   return_dict_in_generate=True)
+        out = speculative_generate(
+            target, prompt, candidate_generator=drafter, max_new_tokens=max_new_tokens, return_dict_in_generate=True
+        )
         stats = out.speculative_stats
         entry = per.setdefault(category, [0, 0, True])
         entry[0] += stats.accepted_tokens
         entry[1] += stats.judged_tokens
         entry[2] &= out.sequences[0].tolist() == ids[: out.sequences.shape[1]]
-    return {c: {"agreement": round(a / j, 4) if j else 0.0, "judged": j, "identical": same} for c, (a, j, same) in per.items()}
+    return {
+        c: {"agreement": round(a / j, 4) if j else 0.0, "judged": j, "identical": same}
+        for c, (a, j, same) in per.items()
+    }
 
 
 def teacher_forced(target, glide, answered) -> dict[str, dict]:
@@ -79,7 +87,9 @@ def teacher_forced(target, glide, answered) -> dict[str, dict]:
     for category, ids, prompt_length in answered:
         if len(ids) - prompt_length < 2:
             continue
-        scores = teacher_forced_alpha(target, glide, torch.tensor([ids]), block_size=5, batch_size=1, skip=prompt_length - 1)
+        scores = teacher_forced_alpha(
+            target, glide, torch.tensor([ids]), block_size=5, batch_size=1, skip=prompt_length - 1
+        )
         entry = per.setdefault(category, [0.0, 0])
         entry[0] += scores["greedy_agreement"] * scores["eval_positions"]
         entry[1] += scores["eval_positions"]
@@ -104,8 +114,12 @@ def by_step(target, glide, answered, steps: int = 3) -> dict[str, list[float]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", required=True, help="a Spec-Bench-format JSONL file (question_id, category, turns)")
-    parser.add_argument("--drafter", action="append", required=True, metavar="NAME=PATH", help="a GLIDE-family checkpoint; may repeat")
+    parser.add_argument(
+        "--prompts", required=True, help="a Spec-Bench-format JSONL file (question_id, category, turns)"
+    )
+    parser.add_argument(
+        "--drafter", action="append", required=True, metavar="NAME=PATH", help="a GLIDE-family checkpoint; may repeat"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--limit", type=int, default=0, help="use only the first N requests of each category (0: all)")
     parser.add_argument("--output", help="write the JSON here")
@@ -130,15 +144,27 @@ def main(argv: list[str] | None = None) -> int:
     target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
     start = time.time()
     answered = answers(target, tokenizer, rows, ns.max_new_tokens)
-    result = {"meta": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(), "dtype": "float32 target",
-                       "torch": torch.__version__, "prompts": str(ns.prompts), "requests": len(rows), "max_new_tokens": ns.max_new_tokens,
-                       "command": "python -m benchmarks.studies.group_agreement " + " ".join(argv or [])},
-              "drafters": {}}
+    result = {
+        "meta": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "dtype": "float32 target",
+            "torch": torch.__version__,
+            "prompts": str(ns.prompts),
+            "requests": len(rows),
+            "max_new_tokens": ns.max_new_tokens,
+            "command": "python -m benchmarks.studies.group_agreement " + " ".join(argv or []),
+        },
+        "drafters": {},
+    }
     for name, path in drafters.items():
         glide = GlideForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        result["drafters"][name] = {"path": path, "teacher_forced_step_1": teacher_forced(target, glide, answered),
-                                    "teacher_forced_steps_1_3": by_step(target, glide, answered),
-                                    "in_loop_step_1": in_loop(target, glide, answered, ns.max_new_tokens)}
+        result["drafters"][name] = {
+            "path": path,
+            "teacher_forced_step_1": teacher_forced(target, glide, answered),
+            "teacher_forced_steps_1_3": by_step(target, glide, answered),
+            "in_loop_step_1": in_loop(target, glide, answered, ns.max_new_tokens),
+        }
         print(name, json.dumps(result["drafters"][name], indent=1))
     result["meta"]["seconds"] = round(time.time() - start, 1)
     if ns.output:

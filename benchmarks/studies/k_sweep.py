@@ -57,21 +57,35 @@ def k_grid(num_drafts: int, grid: str = "paper") -> list[list[list[int]]]:
     raise ValueError(f"num_drafts must be 1 or 2, got {num_drafts!r}")
 
 
-def register_grid(num_drafts: int, grid: str = "paper", max_gram_tokens: tuple[int, ...] = (MAX_GRAM_TOKENS,)) -> dict[str, list[list[int]]]:
+def register_grid(
+    num_drafts: int, grid: str = "paper", max_gram_tokens: tuple[int, ...] = (MAX_GRAM_TOKENS,)
+) -> dict[str, list[list[int]]]:
     """Register one bench method per K matrix and MaG length; returns {method name: K}."""
     names = {}
     for k_matrix, mag in itertools.product(k_grid(num_drafts, grid), max_gram_tokens):
-        name = f"cascade-{num_drafts}d-K{json.dumps(k_matrix, separators=(',', ':'))}" + (f"-mag{mag}" if mag != MAX_GRAM_TOKENS else "")
+        name = f"cascade-{num_drafts}d-K{json.dumps(k_matrix, separators=(',', ':'))}" + (
+            f"-mag{mag}" if mag != MAX_GRAM_TOKENS else ""
+        )
 
         def run(ctx, k=k_matrix, mag=mag):
             drafts = [ctx.draft] if num_drafts == 1 else [ctx.draft, ctx.extras["small_draft"]]
             return cascade_run(ctx, drafts, k, max_gram_tokens=mag)
 
-        costs = (lambda e: {"draft0": e["draft"], "max_gram": None}) if num_drafts == 1 else \
-            (lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None})
+        costs = (
+            (lambda e: {"draft0": e["draft"], "max_gram": None})
+            if num_drafts == 1
+            else (lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None})
+        )
         if name not in METHODS:
-            register_method(Method(name, run, requires=("draft",) if num_drafts == 1 else ("draft", "small_draft"),
-                                   description=f"CS drafting, K = {k_matrix}, MaG {mag} tokens", cost_models=costs))
+            register_method(
+                Method(
+                    name,
+                    run,
+                    requires=("draft",) if num_drafts == 1 else ("draft", "small_draft"),
+                    description=f"CS drafting, K = {k_matrix}, MaG {mag} tokens",
+                    cost_models=costs,
+                )
+            )
         names[name] = k_matrix
     return names
 
@@ -82,8 +96,17 @@ def register_draft_gammas(gammas: tuple[int, ...] = (2, 3, 4, 5, 8)) -> list[str
     for gamma in gammas:
         name = f"draft-model-gamma{gamma}"
         if name not in METHODS:
-            register_method(Method(name, lambda ctx, g=gamma: speculative_run(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, num_draft_tokens=g)),
-                                   requires=("draft",), description=f"plain draft γ={gamma}", cost_models=lambda e: {"draft": e["draft"]}))
+            register_method(
+                Method(
+                    name,
+                    lambda ctx, g=gamma: speculative_run(
+                        ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, num_draft_tokens=g)
+                    ),
+                    requires=("draft",),
+                    description=f"plain draft γ={gamma}",
+                    cost_models=lambda e: {"draft": e["draft"]},
+                )
+            )
         names.append(name)
     return names
 
@@ -94,30 +117,52 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--drafts", type=int, default=2, choices=(1, 2), help="neural drafts in the cascade")
     parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--skip-prompts", type=int, default=20,
-                        help="tune on the task's items after the first N (the bench's own prompts), so K is not chosen on them")
+    parser.add_argument(
+        "--skip-prompts",
+        type=int,
+        default=20,
+        help="tune on the task's items after the first N (the bench's own prompts), so K is not chosen on them",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--grid", default="paper", choices=GRIDS, help="see k_grid: short keeps the target's review to <= 4 tokens; "
-                        "mag crosses short K with --max-gram-tokens")
-    parser.add_argument("--max-gram-tokens", default=str(MAX_GRAM_TOKENS), help="MaG's draft lengths to cross with the grid (comma-separated)")
-    parser.add_argument("--gammas", default="2,3,5,8", help="the plain draft's γ values run beside the grid (SD baseline)")
+    parser.add_argument(
+        "--grid",
+        default="paper",
+        choices=GRIDS,
+        help="see k_grid: short keeps the target's review to <= 4 tokens; mag crosses short K with --max-gram-tokens",
+    )
+    parser.add_argument(
+        "--max-gram-tokens",
+        default=str(MAX_GRAM_TOKENS),
+        help="MaG's draft lengths to cross with the grid (comma-separated)",
+    )
+    parser.add_argument(
+        "--gammas", default="2,3,5,8", help="the plain draft's γ values run beside the grid (SD baseline)"
+    )
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     try:
         gammas = tuple(int(g) for g in args.gammas.split(","))
         lengths = tuple(int(m) for m in args.max_gram_tokens.split(","))
         if any(g < 1 for g in gammas) or any(m < 1 for m in lengths):
-            raise ValueError(f"--gammas and --max-gram-tokens must be positive integers, got {args.gammas!r} and {args.max_gram_tokens!r}")
+            raise ValueError(
+                f"--gammas and --max-gram-tokens must be positive integers, got {args.gammas!r} and {args.max_gram_tokens!r}"
+            )
         names = register_grid(args.drafts, args.grid, lengths)
         gammas = register_draft_gammas(gammas)
     except ValueError as error:
         parser.error(str(error))
     baseline = gammas + ["cascade-1draft"] + (["cascade-2drafts"] if args.drafts == 2 else [])
-    config = BenchConfig(methods=("target-only", *baseline, *names), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
+    config = BenchConfig(
+        methods=("target-only", *baseline, *names), num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens
+    )
     items = build_tasks("completion", count=args.skip_prompts + args.num_prompts, seed=config.seed)[args.skip_prompts :]
     result = run_bench(load_default(), config, items=items)
-    result["meta"]["prompts"] = f"completion items {args.skip_prompts}..{args.skip_prompts + args.num_prompts - 1} (seed {config.seed})"
-    result["meta"]["command"] = "python -m benchmarks.studies.k_sweep " + " ".join(sys.argv[1:] if argv is None else argv)
+    result["meta"]["prompts"] = (
+        f"completion items {args.skip_prompts}..{args.skip_prompts + args.num_prompts - 1} (seed {config.seed})"
+    )
+    result["meta"]["command"] = "python -m benchmarks.studies.k_sweep " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     result["k_matrices"] = names
     result["ranking"] = sorted(names, key=lambda n: -(result["summary"][n]["swi_parameters"] or 0))
     result["draft_model_ranking"] = sorted(gammas, key=lambda n: -(result["summary"][n]["swi_parameters"] or 0))
@@ -126,9 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         args.output.write_text(json.dumps(result, indent=1) + "\n")
     for name in [*baseline, *result["ranking"]]:
         s = result["summary"][name]
-        cells = [f"{label} {'-' if s[key] is None else format(s[key], '.3f')}" for label, key in
-                 (("SWI(params)", "swi_parameters"), ("SWI(measured)", "swi_measured"), ("tok/call", "tokens_per_target_call"),
-                  ("speedup", "speedup_vs_target_only"))]
+        cells = [
+            f"{label} {'-' if s[key] is None else format(s[key], '.3f')}"
+            for label, key in (
+                ("SWI(params)", "swi_parameters"),
+                ("SWI(measured)", "swi_measured"),
+                ("tok/call", "tokens_per_target_call"),
+                ("speedup", "speedup_vs_target_only"),
+            )
+        ]
         print(f"{name:60s} " + "  ".join(cells))
     return 0
 

@@ -32,5 +32,10 @@ def compare_greedy(target, prompt_length: int, reference: torch.Tensor, output: 
     step = torch.finfo(target.dtype).eps * top.values[0].abs().clamp(min=1.0)
     picked = int(output[0, at]) if at < output.shape[1] else None
     near_tie = bool(top.values[0] - top.values[1] <= NEAR_TIE_STEPS * step) and picked in top.indices.tolist()
-    return {"identical": False, "first_difference": at - prompt_length, "near_tie": near_tie,
-            "top2_gap": float(top.values[0] - top.values[1]), "dtype_step": float(step)}
+    return {
+        "identical": False,
+        "first_difference": at - prompt_length,
+        "near_tie": near_tie,
+        "top2_gap": float(top.values[0] - top.values[1]),
+        "dtype_step": float(step),
+    }

@@ -1,6 +1,6 @@
 """Max-Gram's cost per proposal (Chen et al. 2024, §3.3), as the decoding loop calls it. Run from the repository root::
 
-    python -m benchmarks.studies.max_gram
+python -m benchmarks.studies.max_gram
 """
 
 from __future__ import annotations
@@ -49,8 +49,13 @@ def benchmark_max_gram(
         if i >= 5:  # warm-up
             times.append(1000 * (time.perf_counter() - t0))
     times.sort()
-    return {"context_length": start_length, "median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))],
-            "device": device, "num_draft_tokens": num_draft_tokens}
+    return {
+        "context_length": start_length,
+        "median_ms": statistics.median(times),
+        "p90_ms": times[int(0.9 * (len(times) - 1))],
+        "device": device,
+        "num_draft_tokens": num_draft_tokens,
+    }
 
 
 def synthetic_context(length: int, vocab_size: int = 32000, seed: int = 0) -> torch.LongTensor:

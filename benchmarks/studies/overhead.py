@@ -23,8 +23,16 @@ from hf_specdraft.core.loop import speculative_generate
 
 
 def overhead_model(seed: int = 0) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=32000, hidden_size=512, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4,
-                         intermediate_size=1536, max_position_embeddings=2048, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=512,
+        num_hidden_layers=12,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1536,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
@@ -33,10 +41,18 @@ def measure_overhead(num_prompts: int = 6, prompt_length: int = 64, max_new_toke
     model = overhead_model(seed)
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, model.config.vocab_size, (1, prompt_length), generator=g) for _ in range(num_prompts)]
-    kwargs = {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens, "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
+    kwargs = {
+        "max_new_tokens": max_new_tokens,
+        "min_new_tokens": max_new_tokens,
+        "do_sample": False,
+        "eos_token_id": None,
+        "pad_token_id": 0,
+    }
     runs = {
         "generate": lambda x: model.generate(x, **kwargs),
-        "speculative_generate(null drafter)": lambda x: speculative_generate(model, x, candidate_generator=NullCandidateGenerator(), **kwargs),
+        "speculative_generate(null drafter)": lambda x: speculative_generate(
+            model, x, candidate_generator=NullCandidateGenerator(), **kwargs
+        ),
     }
     for fn in runs.values():  # warm-up
         fn(prompts[0])
@@ -50,11 +66,22 @@ def measure_overhead(num_prompts: int = 6, prompt_length: int = 64, max_new_toke
             seconds[name] += time.perf_counter() - start
         identical &= torch.equal(*outs.values())
     return {
-        "meta": {"hardware": f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads", "dtype": "float32",
-                 "batch_size": 1, "parameters": sum(p.numel() for p in model.parameters()), "num_prompts": num_prompts,
-                 "prompt_length": prompt_length, "max_new_tokens": max_new_tokens, "seed": seed,
-                 "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+        "meta": {
+            "hardware": f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+            "dtype": "float32",
+            "batch_size": 1,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "num_prompts": num_prompts,
+            "prompt_length": prompt_length,
+            "max_new_tokens": max_new_tokens,
+            "seed": seed,
+            "versions": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "python": platform.python_version(),
+            },
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        },
         "seconds": seconds,
         "ratio": seconds["speculative_generate(null drafter)"] / seconds["generate"],
         "identical_output": bool(identical),

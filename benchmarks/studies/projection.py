@@ -35,9 +35,12 @@ def time_forwards(model, prefix: int = 96, lengths=LENGTHS, repeats: int = 15, s
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.get_text_config().vocab_size
     cache = DynamicCache(config=model.config)
-    settings = {"model's own": contextlib.nullcontext, "few_token_projection": lambda: few_token_projection(model, "transposed"),
-                "few_token_linears": lambda: few_token_linears(model, "transposed"),
-                "few_token_linears (auto)": lambda: few_token_linears(model)}  # what the loop uses: calibrated per machine
+    settings = {
+        "model's own": contextlib.nullcontext,
+        "few_token_projection": lambda: few_token_projection(model, "transposed"),
+        "few_token_linears": lambda: few_token_linears(model, "transposed"),
+        "few_token_linears (auto)": lambda: few_token_linears(model),
+    }  # what the loop uses: calibrated per machine
     samples = {name: {n: [] for n in lengths} for name in settings}
     with torch.no_grad():
         model(torch.randint(0, vocab, (1, prefix), generator=g), **with_cache(model, cache), use_cache=True)
@@ -68,10 +71,19 @@ def main(argv: list[str] | None = None) -> int:
 
     bundle = load_default()
     milliseconds = time_forwards(bundle.target, prefix=args.prefix, repeats=args.repeats)
-    result = save_run(bundle, args.output, f"python -m benchmarks.studies.projection --output {args.output}",
-                      {"milliseconds": milliseconds,
-                       "ratio_to_one_token": {name: {n: ms / per_n["1"] for n, ms in per_n.items()} for name, per_n in milliseconds.items()}},
-                      prefix=args.prefix, repeats=args.repeats)
+    result = save_run(
+        bundle,
+        args.output,
+        f"python -m benchmarks.studies.projection --output {args.output}",
+        {
+            "milliseconds": milliseconds,
+            "ratio_to_one_token": {
+                name: {n: ms / per_n["1"] for n, ms in per_n.items()} for name, per_n in milliseconds.items()
+            },
+        },
+        prefix=args.prefix,
+        repeats=args.repeats,
+    )
     print(json.dumps(result["ratio_to_one_token"], indent=1))
     return 0
 

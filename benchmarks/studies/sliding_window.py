@@ -47,16 +47,34 @@ CHAIN_LENGTH = 4
 def windowed_copy(target, window: int) -> MistralForCausalLM:
     """``target`` (a Llama) as a Mistral with a ``window``-token sliding window on every layer, same weights."""
     config = target.config
-    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_parameters", "tie_word_embeddings",
-              "bos_token_id", "eos_token_id", "pad_token_id")
-    mistral = MistralForCausalLM(MistralConfig(sliding_window=window, **{name: getattr(config, name) for name in fields}))
+    fields = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "rope_parameters",
+        "tie_word_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    )
+    mistral = MistralForCausalLM(
+        MistralConfig(sliding_window=window, **{name: getattr(config, name) for name in fields})
+    )
     mistral.load_state_dict(target.state_dict())
     return mistral.to(target.dtype).eval()
 
 
 def cache_bytes(cache: DynamicCache) -> int:
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if getattr(layer, "is_initialized", False))
+    return sum(
+        layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if getattr(layer, "is_initialized", False)
+    )
 
 
 def prefilled(model, ids: torch.Tensor, design: str) -> DynamicCache:
@@ -111,21 +129,28 @@ def run(bundle, window: int = 256, repeats: int = 9, new_tokens: int = 48) -> di
     chain = DraftTree.chain(torch.randint(0, vocab, (CHAIN_LENGTH,), generator=g))
     contexts = {"inside (window / 2)": window // 2, "past (4 x window)": 4 * window}
     steps, memory = {}, {}
-    runs = [(name, length, shape, drafted, design)
-            for name, length in contexts.items() for shape, drafted in (("chain", chain), ("tree", tree))
-            for design in ("trimmed", "full", "no window")]
+    runs = [
+        (name, length, shape, drafted, design)
+        for name, length in contexts.items()
+        for shape, drafted in (("chain", chain), ("tree", tree))
+        for design in ("trimmed", "full", "no window")
+    ]
     for name, length, shape, drafted, design in tqdm(runs, desc="verification steps", unit="setting"):
         ids = torch.randint(0, vocab, (1, length), generator=g)
         model = target if design == "no window" else windowed
         cache_design = "full" if design == "no window" else design
-        steps.setdefault(name, {}).setdefault(shape, {})[design] = step_milliseconds(model, ids, cache_design, drafted, repeats)
+        steps.setdefault(name, {}).setdefault(shape, {})[design] = step_milliseconds(
+            model, ids, cache_design, drafted, repeats
+        )
     ids = torch.randint(0, vocab, (1, 4 * window), generator=g)
     for design in ("trimmed", "full"):
         memory[design] = cache_bytes(prefilled(windowed, ids, design))
 
     x = held_out_prompt(bundle.tokenizer, 4 * window)
     glide = copy.deepcopy(bundle.extras["glide"])
-    glide.config.target_model_type = windowed.config.model_type  # same layers, shapes, RoPE and vocabulary: only the name differs
+    glide.config.target_model_type = (
+        windowed.config.model_type
+    )  # same layers, shapes, RoPE and vocabulary: only the name differs
     pairs = {"windowed": (windowed, glide), "no window": (target, bundle.extras["glide"])}
     end_to_end = {"prompt_tokens": x.shape[1], "new_tokens": new_tokens}
     for name, (model, drafter) in tqdm(pairs.items(), desc="end to end", unit="target"):
@@ -142,13 +167,25 @@ def end_to_end_run(model, glide, x: torch.Tensor, new_tokens: int, rounds: int =
             if name == "target-only":
                 outputs[name] = model.generate(x, max_new_tokens=new_tokens, do_sample=False)
             else:
-                out = speculative_generate(model, x, draft_model=glide, num_draft_tokens=3, max_new_tokens=new_tokens, do_sample=False,
-                                           return_dict_in_generate=True)
+                out = speculative_generate(
+                    model,
+                    x,
+                    draft_model=glide,
+                    num_draft_tokens=3,
+                    max_new_tokens=new_tokens,
+                    do_sample=False,
+                    return_dict_in_generate=True,
+                )
                 outputs[name], stats = out.sequences, out.speculative_stats
             timings[name].append(time.perf_counter() - start)
     seconds = {name: statistics.median(t) for name, t in timings.items()}
-    return {"seconds": seconds, "glide_speedup": seconds["target-only"] / seconds["glide"], "mean_accepted_length": stats.mean_accepted_length,
-            "alpha": stats.alpha, "identical_to_target": torch.equal(outputs["target-only"], outputs["glide"])}
+    return {
+        "seconds": seconds,
+        "glide_speedup": seconds["target-only"] / seconds["glide"],
+        "mean_accepted_length": stats.mean_accepted_length,
+        "alpha": stats.alpha,
+        "identical_to_target": torch.equal(outputs["target-only"], outputs["glide"]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,8 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     from hf_specdraft.defaults import load_default
 
     bundle = load_default()
-    result = save_run(bundle, args.output, f"python -m benchmarks.studies.sliding_window --window {args.window} --output {args.output}",
-                      run(bundle, window=args.window, repeats=args.repeats), repeats=args.repeats)
+    result = save_run(
+        bundle,
+        args.output,
+        f"python -m benchmarks.studies.sliding_window --window {args.window} --output {args.output}",
+        run(bundle, window=args.window, repeats=args.repeats),
+        repeats=args.repeats,
+    )
     print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=1))
     return 0
 

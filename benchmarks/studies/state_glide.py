@@ -76,7 +76,9 @@ def conditional_agreement(model, batch: GlideBatch, steps: int, first: int = 0) 
 
 
 @torch.no_grad()
-def agreement(target, glide, source: WindowSource, batch_size: int = 4, device: str | torch.device = "cpu") -> list[float]:
+def agreement(
+    target, glide, source: WindowSource, batch_size: int = 4, device: str | torch.device = "cpu"
+) -> list[float]:
     """Held-out conditional greedy agreement at draft steps 1..STEPS over ``source``'s windows (a held-out store's, or
     :class:`~hf_specdraft.glide.training.objective.TargetWindows` the target runs over on ``device``)."""
     totals = [[0, 0] for _ in range(STEPS)]
@@ -123,19 +125,30 @@ def step_ms(target, glide, context: int = 300, repeats: int = 30) -> dict:
         return statistics.median(times) * 1e3
 
     draft_ms, target_ms = timed(draft), timed(verify)
-    return {"draft_step_ms": round(draft_ms, 3), "target_forward_ms": round(target_ms, 3), "draft_cost_ratio": round(draft_ms / target_ms, 4)}
+    return {
+        "draft_step_ms": round(draft_ms, 3),
+        "target_forward_ms": round(target_ms, 3),
+        "draft_cost_ratio": round(draft_ms / target_ms, 4),
+    }
 
 
 def run(target, ids, drafter, new_tokens: int, **kwargs):
     """The default call with ``drafter``: a GLIDE (``draft_model=``) or ``(GLIDE, GlideCandidateGenerator options)``."""
     if isinstance(drafter, tuple):
         glide, options = drafter
-        return speculative_generate(target, ids, candidate_generator=GlideCandidateGenerator(glide, **options), max_new_tokens=new_tokens,
-                                    **kwargs)
+        return speculative_generate(
+            target,
+            ids,
+            candidate_generator=GlideCandidateGenerator(glide, **options),
+            max_new_tokens=new_tokens,
+            **kwargs,
+        )
     return speculative_generate(target, ids, draft_model=drafter, max_new_tokens=new_tokens, **kwargs)
 
 
-def default_call(target, tokenizer, drafters: dict, tasks: list[str], prompts: int, new_tokens: int, repeats: int) -> dict:
+def default_call(
+    target, tokenizer, drafters: dict, tasks: list[str], prompts: int, new_tokens: int, repeats: int
+) -> dict:
     """Tokens/s, speedup over ``target.generate`` and MAL of each drafter's default call, interleaved per prompt."""
     results = {}
     for task in tasks:
@@ -152,7 +165,7 @@ def default_call(target, tokenizer, drafters: dict, tasks: list[str], prompts: i
                 run(target, ids, drafter, new_tokens)  # warm-up
             for r in range(repeats):
                 order = ["target-only", *drafters]
-                order = order[r % len(order):] + order[: r % len(order)]  # rotated: no method always runs first
+                order = order[r % len(order) :] + order[: r % len(order)]  # rotated: no method always runs first
                 for name in order:
                     start = time.perf_counter()
                     if name == "target-only":
@@ -191,22 +204,35 @@ def plot(result: dict, path: str | Path) -> Path:
     names = [n for n in result["default_call"][tasks[0]] if n != "target-only"]
     width = 0.8 / len(tasks)
     for i, task in enumerate(tasks):
-        speed.bar([x + i * width for x in range(len(names))], [result["default_call"][task][n]["speedup"] for n in names], width, label=task)
+        speed.bar(
+            [x + i * width for x in range(len(names))],
+            [result["default_call"][task][n]["speedup"] for n in names],
+            width,
+            label=task,
+        )
     speed.axhline(1.0, color="gray", lw=0.8)
-    speed.set_xticks([x + width * (len(tasks) - 1) / 2 for x in range(len(names))], names, rotation=35, ha="right", fontsize=8)
+    speed.set_xticks(
+        [x + width * (len(tasks) - 1) / 2 for x in range(len(names))], names, rotation=35, ha="right", fontsize=8
+    )
     speed.set_ylabel("speedup vs target.generate (default call)")
     speed.legend()
     for name, drafter in result["drafters"].items():
-        agree.plot(range(1, len(drafter["agreement_by_step"]) + 1), drafter["agreement_by_step"], marker="o", label=name)
+        agree.plot(
+            range(1, len(drafter["agreement_by_step"]) + 1), drafter["agreement_by_step"], marker="o", label=name
+        )
     agree.set_xlabel("draft step (given the earlier ones)")
     agree.set_ylabel("held-out greedy agreement")
     agree.set_xticks([1, 2, 3])
     agree.legend(fontsize=8)
     drafters = list(result["drafters"])
     cost.bar(drafters, [result["drafters"][n]["draft_step_ms"] for n in drafters])
-    cost.set_ylabel("ms per draft step (target forward: %.0f ms)" % result["drafters"][drafters[0]]["target_forward_ms"])
+    cost.set_ylabel(
+        "ms per draft step (target forward: %.0f ms)" % result["drafters"][drafters[0]]["target_forward_ms"]
+    )
     cost.tick_params(axis="x", rotation=35, labelsize=8)
-    fig.suptitle(f"State-reading GLIDE ablation on SmolLM2-135M-Instruct ({result['machine']['cpu']}, {result['machine']['threads']} threads)")
+    fig.suptitle(
+        f"State-reading GLIDE ablation on SmolLM2-135M-Instruct ({result['machine']['cpu']}, {result['machine']['threads']} threads)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return Path(path)
@@ -220,10 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--copy", type=int, default=0, metavar="N",
-                        help="also time each drafter with copy_from_context=N (GlideDraftingConfig), as NAME+copy")
+    parser.add_argument(
+        "--copy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time each drafter with copy_from_context=N (GlideDraftingConfig), as NAME+copy",
+    )
     parser.add_argument("--copy-names", help="with --copy: only these drafters (comma-separated NAMEs)")
-    parser.add_argument("--draft-dtype", default="bf16", choices=sorted(DRAFT_DTYPES), help="the drafters' (bf16: the default call's)")
+    parser.add_argument(
+        "--draft-dtype", default="bf16", choices=sorted(DRAFT_DTYPES), help="the drafters' (bf16: the default call's)"
+    )
     parser.add_argument("--output", required=True)
     parser.add_argument("--plot", help="a PNG of the three panels")
     ns = parser.parse_args(argv)
@@ -238,18 +271,33 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--drafter must be NAME=DIR, got {spec!r}")
         drafters[name] = GlideForCausalLM.from_pretrained(path, dtype=DRAFT_DTYPES[ns.draft_dtype]).eval()
     source = StoreWindows(load_store(ns.heldout_store))
-    result = {"drafters": {}, "heldout_tokens": source.tokens,
-              "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(),
-                          "torch": torch.__version__, "target_dtype": "float32", "draft_dtype": ns.draft_dtype},
-              "command": "python -m benchmarks.studies.state_glide " + " ".join(argv or __import__("sys").argv[1:])}
+    result = {
+        "drafters": {},
+        "heldout_tokens": source.tokens,
+        "machine": {
+            "cpu": cpu_model(),
+            "threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "target_dtype": "float32",
+            "draft_dtype": ns.draft_dtype,
+        },
+        "command": "python -m benchmarks.studies.state_glide " + " ".join(argv or __import__("sys").argv[1:]),
+    }
     for name, glide in drafters.items():
         config = glide.config
         result["drafters"][name] = {
             "path": ns.drafter[list(drafters).index(name)].partition("=")[2],
-            "layout": {"cross_attention": config.cross_attention, "state_input": getattr(config, "state_input", False),
-                       "self_attention": getattr(config, "self_attention", True), "layers": config.num_hidden_layers},
+            "layout": {
+                "cross_attention": config.cross_attention,
+                "state_input": getattr(config, "state_input", False),
+                "self_attention": getattr(config, "self_attention", True),
+                "layers": config.num_hidden_layers,
+            },
             "agreement_by_step": agreement(target, glide, source),
-            "alpha_step_1": teacher_forced_alpha(target, glide, source, delay=1, batch_size=4)["alpha"],  # vs the store's top-8: a lower bound
+            "alpha_step_1": teacher_forced_alpha(target, glide, source, delay=1, batch_size=4)[
+                "alpha"
+            ],  # vs the store's top-8: a lower bound
             **step_ms(target, glide),
         }
         print(name, result["drafters"][name], flush=True)
@@ -258,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         names = ns.copy_names.split(",") if ns.copy_names else list(drafters)
         timed.update({f"{name}+copy": (drafters[name], {"copy_from_context": ns.copy}) for name in names})
     tasks = [task for task in ns.tasks.split(",") if task]  # --tasks "": agreement and draft cost only
-    result["default_call"] = default_call(target, tokenizer, timed, tasks, ns.num_prompts, ns.max_new_tokens, ns.repeats)
+    result["default_call"] = default_call(
+        target, tokenizer, timed, tasks, ns.num_prompts, ns.max_new_tokens, ns.repeats
+    )
     print(json.dumps(result["default_call"], indent=1))
     Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.output).write_text(json.dumps(result, indent=1) + "\n")

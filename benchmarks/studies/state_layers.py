@@ -25,8 +25,13 @@ import torch
 from safetensors.torch import load_file
 
 # hidden_states indices of SmolLM2-135M (30 layers): the output of layer l; 30 is the final norm's (today's state)
-INPUTS = {"top (final norm: today's state GLIDE)": [30], "layer 27 (EAGLE-3's high)": [27],
-          "3 + 15 + 27 (EAGLE-3's low, mid, high)": [3, 15, 27], "3 + 15 + 27 + top": [3, 15, 27, 30], "8 + 22 + top": [8, 22, 30]}
+INPUTS = {
+    "top (final norm: today's state GLIDE)": [30],
+    "layer 27 (EAGLE-3's high)": [27],
+    "3 + 15 + 27 (EAGLE-3's low, mid, high)": [3, 15, 27],
+    "3 + 15 + 27 + top": [3, 15, 27, 30],
+    "8 + 22 + top": [8, 22, 30],
+}
 
 
 def store_windows(path: str) -> torch.Tensor:
@@ -50,12 +55,16 @@ def features(target, windows: torch.Tensor, layers: list[int], to_row: torch.Ten
     return torch.cat(emb), {layer: torch.cat(v) for layer, v in states.items()}, torch.cat(labels)
 
 
-def probe(train, test, layers: list[int], rows: int, positions: int, epochs: int = 4, hidden: int = 1024, batch: int = 512) -> float:
+def probe(
+    train, test, layers: list[int], rows: int, positions: int, epochs: int = 4, hidden: int = 1024, batch: int = 512
+) -> float:
     """Held-out greedy agreement of an MLP trained on the first ``positions`` of ``train`` (an id outside GLIDE's vocabulary
     never counts as agreed)."""
     torch.manual_seed(0)
     width = train[0].shape[1] * (1 + len(layers))
-    net = torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, hidden), torch.nn.SiLU(), torch.nn.Linear(hidden, rows))
+    net = torch.nn.Sequential(
+        torch.nn.LayerNorm(width), torch.nn.Linear(width, hidden), torch.nn.SiLU(), torch.nn.Linear(hidden, rows)
+    )
     steps = epochs * (positions // batch)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 1e-3, total_steps=steps)
@@ -107,10 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     train = features(target, windows, layers, to_row)
     test = features(target, store_windows(args.heldout_store), layers, to_row)
     per_window = windows.shape[1] - 1
-    result = {"meta": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
-                       "command": "python -m benchmarks.studies.state_layers " + " ".join(argv if argv is not None else sys.argv[1:]),
-                       "heldout_positions": test[2].numel(), "features_seconds": round(time.perf_counter() - started, 1)},
-              "agreement": {}}
+    result = {
+        "meta": {
+            "cpu": cpu_model(),
+            "threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "command": "python -m benchmarks.studies.state_layers "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
+            "heldout_positions": test[2].numel(),
+            "features_seconds": round(time.perf_counter() - started, 1),
+        },
+        "agreement": {},
+    }
     for size in sizes:
         row = {"embedding only": probe(train, test, [], len(vocab) + 1, size * per_window)}
         for name, ls in INPUTS.items():

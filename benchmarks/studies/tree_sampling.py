@@ -69,12 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     glide = bundle.extras["glide"]
     drafters = {
         "glide (chain, speculative sampling)": lambda: GlideCandidateGenerator(glide, num_draft_tokens=GLIDE_GAMMA),
-        "glide+cape, rejection": lambda: build_cape_for_bench(GlideCandidateGenerator(glide, num_draft_tokens=CAPE_GAMMA), budget=CAPE_BUDGET),
-        "glide+cape, matching": lambda: WithoutSampledFlags(build_cape_for_bench(GlideCandidateGenerator(glide, num_draft_tokens=CAPE_GAMMA), budget=CAPE_BUDGET)),
+        "glide+cape, rejection": lambda: build_cape_for_bench(
+            GlideCandidateGenerator(glide, num_draft_tokens=CAPE_GAMMA), budget=CAPE_BUDGET
+        ),
+        "glide+cape, matching": lambda: WithoutSampledFlags(
+            build_cape_for_bench(GlideCandidateGenerator(glide, num_draft_tokens=CAPE_GAMMA), budget=CAPE_BUDGET)
+        ),
     }
     items = build_tasks("completion", count=args.num_prompts, seed=args.seed)
-    sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens,
-                "eos_token_id": bundle.tokenizer.eos_token_id, "pad_token_id": bundle.tokenizer.pad_token_id}
+    sampling = {
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "max_new_tokens": args.max_new_tokens,
+        "eos_token_id": bundle.tokenizer.eos_token_id,
+        "pad_token_id": bundle.tokenizer.pad_token_id,
+    }
     stats: dict[str, list[SpeculativeStats]] = {name: [] for name in drafters}
     seconds = dict.fromkeys(drafters, 0.0)
     for index, item in enumerate(tqdm(items, desc="tree sampling")):
@@ -82,27 +93,46 @@ def main(argv: list[str] | None = None) -> int:
         for name, make in drafters.items():
             torch.manual_seed(args.seed * 1000 + index)
             start = time.perf_counter()
-            out = speculative_generate(bundle.target, ids, candidate_generator=make(), return_dict_in_generate=True, **sampling)
+            out = speculative_generate(
+                bundle.target, ids, candidate_generator=make(), return_dict_in_generate=True, **sampling
+            )
             seconds[name] += time.perf_counter() - start
             stats[name].append(out.speculative_stats)
     summary = {}
     for name, runs in stats.items():
         merged = SpeculativeStats.merge(runs)
-        summary[name] = {"mean_accepted_length": merged.mean_accepted_length, "accepted_tokens": merged.accepted_tokens,
-                         "steps": merged.num_steps, "new_tokens": merged.new_tokens, "position_acceptance_rate": merged.position_acceptance_rate,
-                         "alpha": merged.alpha, "verification_tokens_per_step": merged.verification_tokens_per_step,
-                         "tokens_per_second": merged.new_tokens / seconds[name]}
-    result = {"meta": {**environment(bundle), "task": "completion", "num_prompts": len(items), "max_new_tokens": args.max_new_tokens,
-                       "seed": args.seed, "sampling": {k: v for k, v in sampling.items() if k not in ("eos_token_id", "pad_token_id")},
-                       "cape": {"gamma": CAPE_GAMMA, "budget": CAPE_BUDGET}, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                       "command": "python -m benchmarks.studies.tree_sampling " + " ".join(sys.argv[1:] if argv is None else argv)},
-              "summary": summary}
+        summary[name] = {
+            "mean_accepted_length": merged.mean_accepted_length,
+            "accepted_tokens": merged.accepted_tokens,
+            "steps": merged.num_steps,
+            "new_tokens": merged.new_tokens,
+            "position_acceptance_rate": merged.position_acceptance_rate,
+            "alpha": merged.alpha,
+            "verification_tokens_per_step": merged.verification_tokens_per_step,
+            "tokens_per_second": merged.new_tokens / seconds[name],
+        }
+    result = {
+        "meta": {
+            **environment(bundle),
+            "task": "completion",
+            "num_prompts": len(items),
+            "max_new_tokens": args.max_new_tokens,
+            "seed": args.seed,
+            "sampling": {k: v for k, v in sampling.items() if k not in ("eos_token_id", "pad_token_id")},
+            "cape": {"gamma": CAPE_GAMMA, "budget": CAPE_BUDGET},
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": "python -m benchmarks.studies.tree_sampling " + " ".join(sys.argv[1:] if argv is None else argv),
+        },
+        "summary": summary,
+    }
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1) + "\n")
     for name, s in summary.items():
-        print(f"{name:38s} MAL {s['mean_accepted_length']:.2f}  accepted/judged {s['position_acceptance_rate']:.3f}  "
-              f"tok/s {s['tokens_per_second']:.1f}")
+        print(
+            f"{name:38s} MAL {s['mean_accepted_length']:.2f}  accepted/judged {s['position_acceptance_rate']:.3f}  "
+            f"tok/s {s['tokens_per_second']:.1f}"
+        )
     return 0
 
 

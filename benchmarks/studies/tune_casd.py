@@ -23,8 +23,14 @@ def register_grid() -> list[str]:
     for nodes in MAX_NODES:
         name = f"casd-strict-nodes{nodes}"
         if name not in METHODS:
-            register_method(Method(name, lambda ctx, n=nodes: casd_run(ctx, strict=True, max_nodes=n), tasks=("context",),
-                                   description=f"CASD strict, at most {nodes} draft nodes per step"))
+            register_method(
+                Method(
+                    name,
+                    lambda ctx, n=nodes: casd_run(ctx, strict=True, max_nodes=n),
+                    tasks=("context",),
+                    description=f"CASD strict, at most {nodes} draft nodes per step",
+                )
+            )
         names.append(name)
     return names
 

@@ -15,7 +15,17 @@ from hf_specdraft.bench.methods import METHODS, Method, register_method, specula
 from .tuning import run_tuning, tuning_parser
 
 GAMMAS = (1, 2, 3, 4, 5)
-CAPE_SETTINGS = ((1, 2), (2, 2), (1, 3), (2, 3), (2, 5), (3, 5), (3, 7), (4, 7), (3, 12))  # (γ, budget): a budget of B verifies ≤ B + 1 tokens
+CAPE_SETTINGS = (
+    (1, 2),
+    (2, 2),
+    (1, 3),
+    (2, 3),
+    (2, 5),
+    (3, 5),
+    (3, 7),
+    (4, 7),
+    (3, 12),
+)  # (γ, budget): a budget of B verifies ≤ B + 1 tokens
 
 
 def register_grid() -> tuple[list[str], list[str]]:
@@ -27,22 +37,48 @@ def register_grid() -> tuple[list[str], list[str]]:
     for gamma in GAMMAS:
         name = f"glide-gamma{gamma}"
         if name not in METHODS:
-            register_method(Method(name, lambda ctx, g=gamma: speculative_run(ctx, candidate_generator=GlideCandidateGenerator(ctx.extras["glide"], num_draft_tokens=g)),
-                                   requires=("glide",), description=f"GLIDE γ={gamma}", cost_models=lambda e: {"draft": e["glide"]}))
+            register_method(
+                Method(
+                    name,
+                    lambda ctx, g=gamma: speculative_run(
+                        ctx, candidate_generator=GlideCandidateGenerator(ctx.extras["glide"], num_draft_tokens=g)
+                    ),
+                    requires=("glide",),
+                    description=f"GLIDE γ={gamma}",
+                    cost_models=lambda e: {"draft": e["glide"]},
+                )
+            )
         gammas.append(name)
     for gamma, budget in CAPE_SETTINGS:
         name = f"glide+cape-gamma{gamma}-budget{budget}"
         if name not in METHODS:
-            register_method(Method(name, lambda ctx, g=gamma, b=budget: with_expansion_sizes(
-                ctx, build_cape_for_bench(GlideCandidateGenerator(ctx.extras["glide"], num_draft_tokens=g), budget=b)),
-                requires=("glide",), description=f"GLIDE γ={gamma} + CAPE, budget {budget}", cost_models=lambda e: {"draft": e["glide"]}))
+            register_method(
+                Method(
+                    name,
+                    lambda ctx, g=gamma, b=budget: with_expansion_sizes(
+                        ctx,
+                        build_cape_for_bench(
+                            GlideCandidateGenerator(ctx.extras["glide"], num_draft_tokens=g), budget=b
+                        ),
+                    ),
+                    requires=("glide",),
+                    description=f"GLIDE γ={gamma} + CAPE, budget {budget}",
+                    cost_models=lambda e: {"draft": e["glide"]},
+                )
+            )
         capes.append(name)
     return gammas, capes
 
 
 def main(argv: list[str] | None = None) -> int:
     gammas, capes = register_grid()
-    run_tuning(tuning_parser(__doc__.split("\n")[0]), argv, "completion", {"gamma": gammas, "cape": capes}, "benchmarks.studies.tune_glide")
+    run_tuning(
+        tuning_parser(__doc__.split("\n")[0]),
+        argv,
+        "completion",
+        {"gamma": gammas, "cape": capes},
+        "benchmarks.studies.tune_glide",
+    )
     return 0
 
 

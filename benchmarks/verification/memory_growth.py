@@ -41,7 +41,10 @@ def varied_calls(tokenizer, seed: int):
     ``max_new_tokens`` in 4..32."""
     from hf_specdraft.defaults.tasks import build_tasks
 
-    texts = [tokenizer(item.prompt + item.reference, add_special_tokens=False).input_ids for item in build_tasks("completion", count=60)]
+    texts = [
+        tokenizer(item.prompt + item.reference, add_special_tokens=False).input_ids
+        for item in build_tasks("completion", count=60)
+    ]
     stream = [token for text in texts for token in text]
     rng = random.Random(seed)
     while True:
@@ -57,13 +60,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", required=True)
-    parser.add_argument("--method", choices=("default", "plain"), default="default",
-                        help="default: the README's call; plain: target.generate alone, to tell the loop's growth from torch's")
-    parser.add_argument("--trim", action="store_true",
-                        help="at each sample also call glibc's malloc_trim(0) and record the size after it: "
-                        "growth that trim gives back is freed memory the allocator kept, not live memory")
-    parser.add_argument("--trim-mib", default="32",
-                        help="HF_SPECDRAFT_TRIM_MIB for the loop's own trim between calls (0: off, the library's default)")
+    parser.add_argument(
+        "--method",
+        choices=("default", "plain"),
+        default="default",
+        help="default: the README's call; plain: target.generate alone, to tell the loop's growth from torch's",
+    )
+    parser.add_argument(
+        "--trim",
+        action="store_true",
+        help="at each sample also call glibc's malloc_trim(0) and record the size after it: "
+        "growth that trim gives back is freed memory the allocator kept, not live memory",
+    )
+    parser.add_argument(
+        "--trim-mib",
+        default="32",
+        help="HF_SPECDRAFT_TRIM_MIB for the loop's own trim between calls (0: off, the library's default)",
+    )
     ns = parser.parse_args(argv)
     os.environ["HF_SPECDRAFT_TRIM_MIB"] = ns.trim_mib  # explicit: the library trims only when asked
     from hf_specdraft import speculative_generate
@@ -92,7 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     for n in range(1, ns.warmup + ns.calls + 1):
         call()
         if n == ns.warmup or (n > ns.warmup and (n - ns.warmup) % ns.every == 0):
-            samples.append({"calls_after_warmup": n - ns.warmup, "rss_mib": round(rss_mib(), 1), "seconds": round(time.time() - began, 1)})
+            samples.append(
+                {
+                    "calls_after_warmup": n - ns.warmup,
+                    "rss_mib": round(rss_mib(), 1),
+                    "seconds": round(time.time() - began, 1),
+                }
+            )
             if libc is not None:
                 libc.malloc_trim(0)
                 samples[-1]["rss_after_trim_mib"] = round(rss_mib(), 1)
@@ -100,18 +119,39 @@ def main(argv: list[str] | None = None) -> int:
     base = samples[0]["rss_mib"]
     trimmed = sum(t is not None for t in trims[ns.warmup :])
     result = {
-        "command": "python benchmarks/verification/memory_growth.py " + " ".join(argv if argv is not None else os.sys.argv[1:]),
-        "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
-                    "transformers": transformers.__version__},
-        "trim_threshold_mib": trim_threshold_mib(), "calls_that_trimmed": trimmed,
+        "command": "python benchmarks/verification/memory_growth.py "
+        + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "machine": {
+            "cpu": cpu_model(),
+            "threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        "trim_threshold_mib": trim_threshold_mib(),
+        "calls_that_trimmed": trimmed,
         "dtypes": {"target": str(target.dtype), "glide": str(glide.dtype)},
-        "glide": {"state_input": getattr(glide.config, "state_input", False), "self_attention": getattr(glide.config, "self_attention", True)},
-        "method": ns.method, "malloc_trim_at_samples": ns.trim,
-        "allocator_env": {k: os.environ[k] for k in ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD") if k in os.environ},
-        "calls": ns.calls, "warmup": ns.warmup, "prompt_tokens": [8, 400], "max_new_tokens": [4, 32],
+        "glide": {
+            "state_input": getattr(glide.config, "state_input", False),
+            "self_attention": getattr(glide.config, "self_attention", True),
+        },
+        "method": ns.method,
+        "malloc_trim_at_samples": ns.trim,
+        "allocator_env": {
+            k: os.environ[k]
+            for k in ("MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD")
+            if k in os.environ
+        },
+        "calls": ns.calls,
+        "warmup": ns.warmup,
+        "prompt_tokens": [8, 400],
+        "max_new_tokens": [4, 32],
         "onednn_primitive_cache_capacity": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "default (1024)"),
-        "rss_after_warmup_mib": base, "rss_end_mib": samples[-1]["rss_mib"], "growth_mib": round(samples[-1]["rss_mib"] - base, 1),
-        "max_growth_mib": round(max(s["rss_mib"] for s in samples) - base, 1), "samples": samples,
+        "rss_after_warmup_mib": base,
+        "rss_end_mib": samples[-1]["rss_mib"],
+        "growth_mib": round(samples[-1]["rss_mib"] - base, 1),
+        "max_growth_mib": round(max(s["rss_mib"] for s in samples) - base, 1),
+        "samples": samples,
     }
     Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.output).write_text(json.dumps(result, indent=1) + "\n")

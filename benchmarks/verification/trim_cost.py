@@ -53,17 +53,28 @@ def main(argv: list[str] | None = None) -> int:
         speculative_generate(target, ids, draft_model=glide, max_new_tokens=new)
     runs = {"on": [], "off": []}
     for b in range(ns.blocks):
-        for setting in (("on", "off") if b % 2 == 0 else ("off", "on")):
+        for setting in ("on", "off") if b % 2 == 0 else ("off", "on"):
             seconds, trims = block(str(TRIM_MIB) if setting == "on" else "0")
             runs[setting].append({"seconds": round(seconds, 3), "trims": trims})
             print(setting, runs[setting][-1], flush=True)
     on, off = (statistics.median(r["seconds"] for r in runs[k]) for k in ("on", "off"))
     result = {
-        "command": "python benchmarks/verification/trim_cost.py " + " ".join(argv if argv is not None else os.sys.argv[1:]),
-        "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
-                    "transformers": transformers.__version__},
-        "calls_per_block": ns.calls, "blocks": ns.blocks, "trim_mib": TRIM_MIB, "runs": runs,
-        "median_seconds_on": round(on, 3), "median_seconds_off": round(off, 3), "on_over_off": round(on / off, 4),
+        "command": "python benchmarks/verification/trim_cost.py "
+        + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "machine": {
+            "cpu": cpu_model(),
+            "threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        "calls_per_block": ns.calls,
+        "blocks": ns.blocks,
+        "trim_mib": TRIM_MIB,
+        "runs": runs,
+        "median_seconds_on": round(on, 3),
+        "median_seconds_off": round(off, 3),
+        "on_over_off": round(on / off, 4),
     }
     Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.output).write_text(json.dumps(result, indent=1) + "\n")

@@ -42,12 +42,14 @@ def compile_counters() -> dict:
     """One reading of the counters (see the module docstring); pass two to :func:`compiled_between`."""
     _watch_cudagraph_recordings()
     counters = torch._dynamo.utils.counters
-    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "frames_compiled": int(counters["frames"].get("total", 0)),
-            "recompiles": _recompiles(),
-            "graph_breaks": int(sum(counters["graph_break"].values())),
-            "cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0)),
-            "cudagraphs_recorded": _RECORDED[0]}
+    return {
+        "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "frames_compiled": int(counters["frames"].get("total", 0)),
+        "recompiles": _recompiles(),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0)),
+        "cudagraphs_recorded": _RECORDED[0],
+    }
 
 
 def compiled_between(before: dict, after: dict) -> dict[str, int]:

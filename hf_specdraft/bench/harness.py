@@ -89,11 +89,18 @@ def environment(bundle: DefaultBundle) -> dict:
         "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else hardware,
         "device": str(device),
         "dtype": str(bundle.target.dtype).removeprefix("torch."),
-        "draft_dtypes": {name: str(model.dtype).removeprefix("torch.") for name, model in drafters.items()
-                         if isinstance(model, torch.nn.Module)},
+        "draft_dtypes": {
+            name: str(model.dtype).removeprefix("torch.")
+            for name, model in drafters.items()
+            if isinstance(model, torch.nn.Module)
+        },
         "batch_size": 1,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "accelerate": accelerate.__version__},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__,
+        },
         "target": bundle.info.get("target_description") or str(bundle.path / "target"),
         "target_parameters": _parameters(bundle.target),
         "draft_parameters": _parameters(bundle.draft),
@@ -143,10 +150,16 @@ def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
     moved = compiled_between(before, compile_counters())
     new = sequences[0, ctx.prompt_ids.shape[1] :]
     text = ctx.tokenizer.decode(new, skip_special_tokens=True)
-    record = {"method": method, "seconds": seconds, "new_tokens": int(new.numel()), "target_calls": counter.count,
-              "drafted_tokens": getattr(stats, "drafted_tokens", None), "compiles": moved,
-              "edit_similarity": edit_similarity(text[: len(ctx.item.reference)], ctx.item.reference),
-              "tokens": new.tolist()}
+    record = {
+        "method": method,
+        "seconds": seconds,
+        "new_tokens": int(new.numel()),
+        "target_calls": counter.count,
+        "drafted_tokens": getattr(stats, "drafted_tokens", None),
+        "compiles": moved,
+        "edit_similarity": edit_similarity(text[: len(ctx.item.reference)], ctx.item.reference),
+        "tokens": new.tolist(),
+    }
     if stats is not None:
         record["stats"] = stats.summary()
         # whether the γ controller started from what an earlier call learned (None: no controller); the core's
@@ -173,8 +186,9 @@ def _swi(stats: list[dict], method: str, parameters: dict, target_parameters: in
     if METHODS[method].cost_models is None:
         return None, measured
     models = parameters.get(method, {})
-    drafter_cost = sum(count * models.get(name, 0) / target_parameters
-                       for s in stats for name, count in s["drafter_calls"].items())
+    drafter_cost = sum(
+        count * models.get(name, 0) / target_parameters for s in stats for name, count in s["drafter_calls"].items()
+    )
     return new / (steps + drafter_cost), measured
 
 
@@ -232,6 +246,7 @@ def same_work_prompts(records: list[dict]) -> set[int]:
 def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | None = None) -> list[float]:
     """The method's speedup computed from each repeat alone (repeat r of every prompt, or of ``prompts``, against
     target-only's repeat r, timed next to it): how far the headline ratio moves between repeats."""
+
     def seconds(rs):
         out: dict[int, dict[int, float]] = {}
         for r in rs:
@@ -240,8 +255,11 @@ def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | 
         return out
 
     mine, theirs = seconds(records), seconds(base)
-    return [_speedup(theirs[r], times) for r, times in sorted(mine.items())
-            if r in theirs and set(times) <= set(theirs[r]) and sum(times.values())]
+    return [
+        _speedup(theirs[r], times)
+        for r, times in sorted(mine.items())
+        if r in theirs and set(times) <= set(theirs[r]) and sum(times.values())
+    ]
 
 
 def _compiles(records: list[dict]) -> dict:
@@ -260,8 +278,9 @@ def _controller_resumed(records: list[dict]) -> float | None:
     return sum(map(bool, known)) / len(known) if known else None
 
 
-def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | None = None,
-              target_parameters: int = 1) -> dict:
+def summarize(
+    records: list[dict], methods: tuple[str, ...], parameters: dict | None = None, target_parameters: int = 1
+) -> dict:
     """Per method: speed from the median time per prompt (all repeats), everything else from the first repeat
     (greedy decoding gives the same tokens and statistics on every repeat)."""
     timed = {m: [r for r in records if r["method"] == m] for m in methods}
@@ -269,8 +288,13 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
     # the baselines every method's time is also set against, where they ran: the CPU's faster few-row linears, and
     # transformers' static cache (compiled on CUDA / forced)
     baselines = {"target_only": _median_seconds(timed["target-only"])}
-    baselines.update({b.replace("-", "_").replace("+", "_"): _median_seconds(timed[b])
-                      for b in (FAST_BASELINE, STATIC_BASELINE, COMPILED_BASELINE) if b in timed})
+    baselines.update(
+        {
+            b.replace("-", "_").replace("+", "_"): _median_seconds(timed[b])
+            for b in (FAST_BASELINE, STATIC_BASELINE, COMPILED_BASELINE)
+            if b in timed
+        }
+    )
     summary = {}
     for m, all_runs in timed.items():
         rs = [r for r in all_runs if r.get("repeat", 0) == 0]
@@ -299,8 +323,9 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
             "alpha": _alpha(stats),
             "position_acceptance_rate": _ratio(accepted, sum(s.get("judged_tokens", 0) for s in stats)),
             "accepted_per_drafted": _ratio(accepted, _total(stats, "drafted_tokens")),
-            "verification_tokens_per_step": _ratio(sum(s["verification_tokens_per_step"] * s["steps"] for s in stats),
-                                                   steps),
+            "verification_tokens_per_step": _ratio(
+                sum(s["verification_tokens_per_step"] * s["steps"] for s in stats), steps
+            ),
             "draft_ms_per_step": _ratio(1000 * _total(stats, "draft_seconds"), steps),
             "expansion_ms_per_step": _expansion_ms(stats, steps),
             "equals_target_only": sum(r["tokens"] == b["tokens"] for r, b in zip(rs, base)) / len(rs),
@@ -309,8 +334,10 @@ def summarize(records: list[dict], methods: tuple[str, ...], parameters: dict | 
         summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
         cost = _cost_coefficient(stats)  # E(speedup), Du et al. 2024, §5.1: from α, and from accepted / judged
         summary[m]["cost_coefficient"] = cost and cost[0]
-        for key, alpha in (("expected_speedup", summary[m]["alpha"]),
-                           ("expected_speedup_position", summary[m]["position_acceptance_rate"])):
+        for key, alpha in (
+            ("expected_speedup", summary[m]["alpha"]),
+            ("expected_speedup_position", summary[m]["position_acceptance_rate"]),
+        ):
             summary[m][key] = expected_speedup(alpha, cost[1], cost[0]) if cost and alpha is not None else None
     return summary
 
@@ -321,13 +348,25 @@ def context_statistics(items: list[TaskItem], tokenizer, n: int = 4) -> dict:
     whole context vs of the prompt alone (:func:`~hf_specdraft.defaults.tasks.copyable_fraction`)."""
     rows = []
     for item in items:
-        reference, context, prompt = (tokenizer(text, add_special_tokens=False).input_ids
-                                      for text in (item.reference, item.context, item.prompt))
-        rows.append((len(prompt), len(context), copyable_fraction(reference, context, n),
-                     copyable_fraction(reference, prompt, n)))
+        reference, context, prompt = (
+            tokenizer(text, add_special_tokens=False).input_ids for text in (item.reference, item.context, item.prompt)
+        )
+        rows.append(
+            (
+                len(prompt),
+                len(context),
+                copyable_fraction(reference, context, n),
+                copyable_fraction(reference, prompt, n),
+            )
+        )
     mean = [round(sum(column) / len(rows), 4) for column in zip(*rows)]
-    return {"ngram": n, "prompt_tokens": mean[0], "context_tokens": mean[1],
-            "reference_copyable_from_context": mean[2], "reference_copyable_from_prompt": mean[3]}
+    return {
+        "ngram": n,
+        "prompt_tokens": mean[0],
+        "context_tokens": mean[1],
+        "reference_copyable_from_context": mean[2],
+        "reference_copyable_from_prompt": mean[3],
+    }
 
 
 def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
@@ -376,12 +415,24 @@ def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _Forward
             record = run_one(m, contexts[index], counter)
             seconds[m] = seconds.get(m, 0.0) + time.perf_counter() - started
             compiles[m] = add_counts(compiles.get(m, {}), record["compiles"])
-    return {"warmup_prompts": len(order), "warmup_prompt_tokens": [int(contexts[i].prompt_ids.shape[1]) for i in order],
-            "warmup_max_new_tokens": config.max_new_tokens, "warmup_seconds": seconds, "warmup_compiles": compiles}
+    return {
+        "warmup_prompts": len(order),
+        "warmup_prompt_tokens": [int(contexts[i].prompt_ids.shape[1]) for i in order],
+        "warmup_max_new_tokens": config.max_new_tokens,
+        "warmup_seconds": seconds,
+        "warmup_compiles": compiles,
+    }
 
 
-def time_prompt(ctx: BenchContext, index: int, config: BenchConfig, counter: _ForwardCounter, records: list[dict],
-                bar, label: str = "") -> dict[str, dict]:
+def time_prompt(
+    ctx: BenchContext,
+    index: int,
+    config: BenchConfig,
+    counter: _ForwardCounter,
+    records: list[dict],
+    bar,
+    label: str = "",
+) -> dict[str, dict]:
     """Every method ``config.repeats`` times on prompt ``index``, in an order rotated per prompt and repeat (no method
     always runs first or right after another), appended to ``records`` (a later repeat keeps its time, counts and
     compiles: its tokens and statistics repeat the first's). Returns each method's first record."""
@@ -394,26 +445,58 @@ def time_prompt(ctx: BenchContext, index: int, config: BenchConfig, counter: _Fo
             if repeat == 0:
                 first[m] = record
             else:
-                record = {k: record[k] for k in ("method", "seconds", "new_tokens", "target_calls", "drafted_tokens",
-                                                 "compiles", "controller_resumed") if k in record}
+                record = {
+                    k: record[k]
+                    for k in (
+                        "method",
+                        "seconds",
+                        "new_tokens",
+                        "target_calls",
+                        "drafted_tokens",
+                        "compiles",
+                        "controller_resumed",
+                    )
+                    if k in record
+                }
             records.append({"prompt": index, "repeat": repeat, **record})
     return first
 
 
-def bench_result(bundle: DefaultBundle, config: BenchConfig, meta: dict, body: dict, records: list[dict],
-                 warmup: dict, load, summary: dict, output: str | Path | None, warn: bool) -> dict:
+def bench_result(
+    bundle: DefaultBundle,
+    config: BenchConfig,
+    meta: dict,
+    body: dict,
+    records: list[dict],
+    warmup: dict,
+    load,
+    summary: dict,
+    output: str | Path | None,
+    warn: bool,
+) -> dict:
     """A run's JSON: ``meta`` (:func:`environment`, then ``meta``, the methods, the date and the command), ``body``,
     the timing verdict (:func:`~hf_specdraft.bench.timing.verdict` over ``summary``) and the records; written to
     ``output`` when given. ``warn``: an unreliable run also raises a ``UserWarning``."""
-    command = " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None
+    command = (
+        " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None
+    )
     result = {
-        "meta": {**environment(bundle), **meta, "max_new_tokens": config.max_new_tokens, "methods": list(config.methods),
-                 "descriptions": {m: METHODS[m].description for m in config.methods},  # what each name ran
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command},
+        "meta": {
+            **environment(bundle),
+            **meta,
+            "max_new_tokens": config.max_new_tokens,
+            "methods": list(config.methods),
+            "descriptions": {m: METHODS[m].description for m in config.methods},  # what each name ran
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": command,
+        },
         **body,
-        "timing": {"repeats": config.repeats, **warmup,
-                   "invalid_methods": [m for m, s in summary.items() if not s["valid"]],
-                   **verdict(load, torch.get_num_threads(), run_noise(summary), baseline_noise(records))},
+        "timing": {
+            "repeats": config.repeats,
+            **warmup,
+            "invalid_methods": [m for m, s in summary.items() if not s["valid"]],
+            **verdict(load, torch.get_num_threads(), run_noise(summary), baseline_noise(records)),
+        },
         "records": records,
     }
     if warn and not result["timing"]["reliable"]:
@@ -424,19 +507,35 @@ def bench_result(bundle: DefaultBundle, config: BenchConfig, meta: dict, body: d
     return result
 
 
-def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = None, output: str | Path | None = None,
-              items: list[TaskItem] | None = None, warn: bool = True) -> dict:
+def run_bench(
+    bundle: DefaultBundle,
+    config: BenchConfig,
+    extras: dict | None = None,
+    output: str | Path | None = None,
+    items: list[TaskItem] | None = None,
+    warn: bool = True,
+) -> dict:
     """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result.
 
     ``warn``: an unreliable run also raises a ``UserWarning`` (the commands pass ``False``: they print it with the
     table)."""
     extras = {**bundle.extras, **(extras or {})}
     check_methods(bundle, config.methods, config.task, extras)
-    items = items or build_tasks(config.task, count=config.num_prompts, seed=config.seed,
-                                 context_prompt_chars=config.context_prompt_chars)
-    contexts = [BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item,
-                             prompt_ids(bundle.tokenizer, item).to(bundle.target.device), config.max_new_tokens, extras)
-                for item in items]
+    items = items or build_tasks(
+        config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars
+    )
+    contexts = [
+        BenchContext(
+            bundle.target,
+            bundle.draft,
+            bundle.tokenizer,
+            item,
+            prompt_ids(bundle.tokenizer, item).to(bundle.target.device),
+            config.max_new_tokens,
+            extras,
+        )
+        for item in items
+    ]
     counter = _ForwardCounter(bundle.target)
     records = []
     monitor = LoadMonitor().start()
@@ -449,8 +548,11 @@ def run_bench(bundle: DefaultBundle, config: BenchConfig, extras: dict | None = 
         counter.handle.remove()
     load = monitor.other_cores()
     named = {**extras, "draft": bundle.draft}
-    parameters = {m: {name: _parameters(model) or 0 for name, model in METHODS[m].cost_models(named).items()}
-                  for m in config.methods if METHODS[m].cost_models is not None}
+    parameters = {
+        m: {name: _parameters(model) or 0 for name, model in METHODS[m].cost_models(named).items()}
+        for m in config.methods
+        if METHODS[m].cost_models is not None
+    }
     summary = summarize(records, config.methods, parameters, _parameters(bundle.target))
     meta = {"profile": config.profile, "task": config.task, "num_prompts": len(items), "seed": config.seed}
     if config.task == "context":
@@ -473,9 +575,13 @@ def speed_word(speedup: float) -> str:
 def format_table(summary: dict, timing: dict | None = None) -> str:
     """A fixed-width table of the summary (what ``demo`` and ``bench`` print); an unreliable run's warning on top."""
     fast = any("speedup_vs_target_only_linears" in s for s in summary.values())  # the fast baseline ran: its ratio too
-    header = (f"{'method':<22}{'tok/s':>8}{'speedup':>9}{'per-prompt range':>18}  {'verdict':<17}" + (f"{'vs +linears':>12}" if fast else "")
-              + f"{'MAL':>6}{'α':>7}{'acc/pos':>8}{'tok/call':>9}{'=target':>8}{'edit sim':>9}")
+    header = (
+        f"{'method':<22}{'tok/s':>8}{'speedup':>9}{'per-prompt range':>18}  {'verdict':<17}"
+        + (f"{'vs +linears':>12}" if fast else "")
+        + f"{'MAL':>6}{'α':>7}{'acc/pos':>8}{'tok/call':>9}{'=target':>8}{'edit sim':>9}"
+    )
     rows = [header, "-" * len(header)]
+
     def cell(value, width: int, spec: str = ".2f") -> str:
         return f"{'-' if value is None else format(value, spec):>{width}}"
 
@@ -485,30 +591,46 @@ def format_table(summary: dict, timing: dict | None = None) -> str:
         verdict = "(baseline)" if name == "target-only" else speed_word(s["speedup_vs_target_only"])
         if not s.get("valid", True):
             verdict = "INVALID: compiled"  # its timed runs compiled: the time is the compiler's
-        rows.append(f"{name:<22}{cell(s['tokens_per_second'], 8, '.1f')}{cell(s['speedup_vs_target_only'], 8)}x{span:>18}  {verdict:<17}"
-                    + (f"{cell(s.get('speedup_vs_target_only_linears'), 11)}x" if fast else "")
-                    + f"{cell(s['mean_accepted_length'], 6)}{cell(s['alpha'], 7)}{cell(s['position_acceptance_rate'], 8)}"
-                    f"{cell(s['tokens_per_target_call'], 9)}"
-                    f"{'yes' if s['equals_target_only'] == 1 else 'no':>8}{cell(s['edit_similarity'], 9, '.3f')}")
+        rows.append(
+            f"{name:<22}{cell(s['tokens_per_second'], 8, '.1f')}{cell(s['speedup_vs_target_only'], 8)}x{span:>18}  {verdict:<17}"
+            + (f"{cell(s.get('speedup_vs_target_only_linears'), 11)}x" if fast else "")
+            + f"{cell(s['mean_accepted_length'], 6)}{cell(s['alpha'], 7)}{cell(s['position_acceptance_rate'], 8)}"
+            f"{cell(s['tokens_per_target_call'], 9)}"
+            f"{'yes' if s['equals_target_only'] == 1 else 'no':>8}{cell(s['edit_similarity'], 9, '.3f')}"
+        )
     if timing is not None:
-        other = "not measured" if timing["other_cpu_cores"] is None else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
-        rows.append(f"timing: median of {timing['repeats']} runs per method and prompt, methods interleaved; other processes used "
-                    f"{other}; {noise_words(timing)}")
+        other = (
+            "not measured"
+            if timing["other_cpu_cores"] is None
+            else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
+        )
+        rows.append(
+            f"timing: median of {timing['repeats']} runs per method and prompt, methods interleaved; other processes used "
+            f"{other}; {noise_words(timing)}"
+        )
         if not timing["reliable"]:
             rows.insert(0, warning_text(timing))
     invalid = [name for name, s in summary.items() if not s.get("valid", True)]
     if invalid:
-        rows.append("INVALID: " + "; ".join(f"{name} compiled in {summary[name]['timed_runs_compiled']} of its timed runs "
-                                            f"({compile_words(summary[name]['compiled_while_timed'])})" for name in invalid)
-                    + ": their times include compiling (a bucket or cache size no warm-up run reached)")
+        rows.append(
+            "INVALID: "
+            + "; ".join(
+                f"{name} compiled in {summary[name]['timed_runs_compiled']} of its timed runs "
+                f"({compile_words(summary[name]['compiled_while_timed'])})"
+                for name in invalid
+            )
+            + ": their times include compiling (a bucket or cache size no warm-up run reached)"
+        )
     return "\n".join(rows)
 
 
 def noise_words(timing: dict) -> str:
     """How far the speedups moved between repeats, in words (a run's ``timing``)."""
     if timing.get("timing_noise") is None:
-        return (f"no method repeated its work exactly between repeats; target-only's own time moved by "
-                f"{timing.get('baseline_noise', 0.0):.0%}")
+        return (
+            f"no method repeated its work exactly between repeats; target-only's own time moved by "
+            f"{timing.get('baseline_noise', 0.0):.0%}"
+        )
     return f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods, where they repeated their work)"
 
 

@@ -36,11 +36,18 @@ class BenchContext:
     prompt_ids: torch.Tensor  # (1, L)
     max_new_tokens: int
     extras: dict = field(default_factory=dict)  # trained drafters, tables, … keyed by name
-    overrides: dict = field(default_factory=dict)  # more generate arguments (a method's static-cache / compiled variant)
+    overrides: dict = field(
+        default_factory=dict
+    )  # more generate arguments (a method's static-cache / compiled variant)
 
     def generate_kwargs(self) -> dict:
-        return {"max_new_tokens": self.max_new_tokens, "do_sample": False, "eos_token_id": self.tokenizer.eos_token_id,
-                "pad_token_id": self.tokenizer.pad_token_id, **self.overrides}
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": False,
+            "eos_token_id": self.tokenizer.eos_token_id,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            **self.overrides,
+        }
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,9 @@ class Method:
     requires: tuple[str, ...] = ()  # names in ctx.extras (or "draft") that must be present
     lossless: bool = True  # greedy output must equal target-only greedy
     description: str = ""
-    cost_models: Callable[[dict], dict] | None = None  # extras (+ "draft") -> {drafter_calls name: model or None (free)}, for SWI
+    cost_models: Callable[[dict], dict] | None = (
+        None  # extras (+ "draft") -> {drafter_calls name: model or None (free)}, for SWI
+    )
 
     def available(self, ctx_extras: dict, has_draft: bool) -> bool:
         return all((name == "draft" and has_draft) or name in ctx_extras for name in self.requires)
@@ -95,7 +104,9 @@ def prompt_lookup(ctx):
 
 def speculative_run(ctx: BenchContext, **kwargs) -> tuple[torch.Tensor, SpeculativeStats]:
     """``speculative_generate`` on the context's prompt with ``kwargs``: the sequences and the call's statistics."""
-    out = speculative_generate(ctx.target, ctx.prompt_ids, return_dict_in_generate=True, **kwargs, **ctx.generate_kwargs())
+    out = speculative_generate(
+        ctx.target, ctx.prompt_ids, return_dict_in_generate=True, **kwargs, **ctx.generate_kwargs()
+    )
     return out.sequences, out.speculative_stats
 
 
@@ -105,24 +116,41 @@ register_method(Method("target-only", _target_only, description="target.generate
 def with_linears(run):
     """``run`` inside :func:`~hf_specdraft.core.projection.few_token_linears`: stock ``generate`` with the linears in the
     orientation this CPU's BLAS runs fastest (what our loop uses), so its rows compare loops, not matrix kernels."""
+
     def wrapped(ctx):
         with few_token_linears(ctx.target):
             return run(ctx)
+
     return wrapped
 
 
 # the stock baselines as a user gets them with `with few_token_linears(target): target.generate(...)`: on the AMD VM a
 # one-token fp32 linear ran on one core, and this made plain greedy decoding 1.5x faster (hf_specdraft/core/projection.py)
 FAST_BASELINE = "target-only+linears"
-register_method(Method(FAST_BASELINE, with_linears(_target_only),
-                       description="target.generate(do_sample=False) inside few_token_linears"))
-register_method(Method("stock-assisted", stock_assisted, requires=("draft",),
-                       description="transformers assisted decoding with the plain draft"))
-register_method(Method("prompt-lookup", prompt_lookup,
-                       description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10)"))
+register_method(
+    Method(
+        FAST_BASELINE,
+        with_linears(_target_only),
+        description="target.generate(do_sample=False) inside few_token_linears",
+    )
+)
+register_method(
+    Method(
+        "stock-assisted",
+        stock_assisted,
+        requires=("draft",),
+        description="transformers assisted decoding with the plain draft",
+    )
+)
+register_method(
+    Method(
+        "prompt-lookup", prompt_lookup, description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10)"
+    )
+)
 
 
 # --- the default calls: γ, a tree's budget or the cascade's cap on what K proposes, chosen every step --------------------
+
 
 def with_expansion_sizes(ctx: BenchContext, generator) -> tuple[torch.Tensor, SpeculativeStats]:
     """:func:`speculative_run` with a CAPE-style ``generator``, recording its expansion-set sizes (per step, per position)
@@ -158,7 +186,9 @@ def casd_run(ctx: BenchContext, **options):
 def _max_gram_auto(ctx):
     from ..cascade import build_max_gram_for_bench
 
-    return speculative_run(ctx, candidate_generator=build_max_gram_for_bench(ctx.target, ctx.extras.get("bigram_table")))
+    return speculative_run(
+        ctx, candidate_generator=build_max_gram_for_bench(ctx.target, ctx.extras.get("bigram_table"))
+    )
 
 
 def _cape_default(ctx, copy: bool = True):
@@ -168,34 +198,93 @@ def _cape_default(ctx, copy: bool = True):
     return CapeCandidateGenerator(GlideCandidateGenerator(ctx.extras["glide"], **({} if copy else NO_COPY)))
 
 
-register_method(Method("draft-model-auto", lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=False), requires=("draft",),
-                       description="speculative_generate(target, ids, draft_model=draft, copy_from_context=False): γ 'auto', no copying",
-                       cost_models=lambda e: {"draft": e["draft"]}))
-register_method(Method("draft-model+copy-auto", lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=2), requires=("draft",),
-                       description="speculative_generate(target, ids, draft_model=draft): the default call with a GLIDE-family draft, γ "
-                                   "'auto', copying from the context (the controller sizes each copy)",
-                       cost_models=lambda e: {"draft": e["draft"]}))
-register_method(Method("cascade-1draft-auto", lambda ctx: cascade_run(ctx, [ctx.draft], num_draft_tokens="auto"), requires=("draft",),
-                       description="CascadeCandidateGenerator([draft]): the default call, default K, the cap 'auto' (chosen every step)",
-                       cost_models=lambda e: {"draft0": e["draft"], "max_gram": None}))
-for _kind in ("glide", "vanilla"):  # the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
-    register_method(Method(f"{_kind}+copy-auto", lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k]), requires=(_kind,),
-                           description=f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' "
-                                       "(chosen every step from measured costs), copying from the context where it recurs",
-                           cost_models=lambda e, k=_kind: {"draft": e[k]}))
-    register_method(Method(f"{_kind}-auto", lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k], copy_from_context=False),
-                           requires=(_kind,), description=f"speculative_generate(target, ids, draft_model={_kind}, copy_from_context=False): "
-                                                          "γ 'auto', no copying", cost_models=lambda e, k=_kind: {"draft": e[k]}))
-register_method(Method("casd-strict-auto", lambda ctx: casd_run(ctx, strict=True, max_nodes="auto"), tasks=("context",),
-                       description="CasdCandidateGenerator(context): the default call, exact verification, tree depth and size 'auto'"))
-register_method(Method("max-gram-auto", _max_gram_auto, description="Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)",
-                       cost_models=lambda e: {"max_gram": None}))
-register_method(Method("glide+copy+cape-auto", lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx)), requires=("glide",),
-                       description="CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto', "
-                                   "copying from the context where it recurs", cost_models=lambda e: {"draft": e["glide"]}))
-register_method(Method("glide+cape-auto", lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx, copy=False)), requires=("glide",),
-                       description="CapeCandidateGenerator(GlideCandidateGenerator(glide, copy_from_context=0)): γ and budget 'auto', no copying",
-                       cost_models=lambda e: {"draft": e["glide"]}))
+register_method(
+    Method(
+        "draft-model-auto",
+        lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=False),
+        requires=("draft",),
+        description="speculative_generate(target, ids, draft_model=draft, copy_from_context=False): γ 'auto', no copying",
+        cost_models=lambda e: {"draft": e["draft"]},
+    )
+)
+register_method(
+    Method(
+        "draft-model+copy-auto",
+        lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=2),
+        requires=("draft",),
+        description="speculative_generate(target, ids, draft_model=draft): the default call with a GLIDE-family draft, γ "
+        "'auto', copying from the context (the controller sizes each copy)",
+        cost_models=lambda e: {"draft": e["draft"]},
+    )
+)
+register_method(
+    Method(
+        "cascade-1draft-auto",
+        lambda ctx: cascade_run(ctx, [ctx.draft], num_draft_tokens="auto"),
+        requires=("draft",),
+        description="CascadeCandidateGenerator([draft]): the default call, default K, the cap 'auto' (chosen every step)",
+        cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
+    )
+)
+for _kind in (
+    "glide",
+    "vanilla",
+):  # the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
+    register_method(
+        Method(
+            f"{_kind}+copy-auto",
+            lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k]),
+            requires=(_kind,),
+            description=f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' "
+            "(chosen every step from measured costs), copying from the context where it recurs",
+            cost_models=lambda e, k=_kind: {"draft": e[k]},
+        )
+    )
+    register_method(
+        Method(
+            f"{_kind}-auto",
+            lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k], copy_from_context=False),
+            requires=(_kind,),
+            description=f"speculative_generate(target, ids, draft_model={_kind}, copy_from_context=False): "
+            "γ 'auto', no copying",
+            cost_models=lambda e, k=_kind: {"draft": e[k]},
+        )
+    )
+register_method(
+    Method(
+        "casd-strict-auto",
+        lambda ctx: casd_run(ctx, strict=True, max_nodes="auto"),
+        tasks=("context",),
+        description="CasdCandidateGenerator(context): the default call, exact verification, tree depth and size 'auto'",
+    )
+)
+register_method(
+    Method(
+        "max-gram-auto",
+        _max_gram_auto,
+        description="Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)",
+        cost_models=lambda e: {"max_gram": None},
+    )
+)
+register_method(
+    Method(
+        "glide+copy+cape-auto",
+        lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx)),
+        requires=("glide",),
+        description="CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto', "
+        "copying from the context where it recurs",
+        cost_models=lambda e: {"draft": e["glide"]},
+    )
+)
+register_method(
+    Method(
+        "glide+cape-auto",
+        lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx, copy=False)),
+        requires=("glide",),
+        description="CapeCandidateGenerator(GlideCandidateGenerator(glide, copy_from_context=0)): γ and budget 'auto', no copying",
+        cost_models=lambda e: {"draft": e["glide"]},
+    )
+)
 
 
 # --- the static cache and compiled forwards (docs/static-cache.md) ------------------------------------------------------
@@ -203,8 +292,15 @@ register_method(Method("glide+cape-auto", lambda ctx: with_expansion_sizes(ctx, 
 # "<method>-compiled": the same with compile_config=CompileConfig() given, so it compiles on any device (CPU included).
 # target-only-static is transformers' own static-cache decoding: the baseline a GPU user has (compiled automatically).
 STATIC_BASELINE, COMPILED_BASELINE = "target-only-static", "target-only-compiled"
-STATIC_METHODS = ("glide+copy-auto", "vanilla+copy-auto", "glide+copy+cape-auto", "max-gram-auto", "casd-strict-auto", "draft-model-auto",
-                  "cascade-1draft-auto")
+STATIC_METHODS = (
+    "glide+copy-auto",
+    "vanilla+copy-auto",
+    "glide+copy+cape-auto",
+    "max-gram-auto",
+    "casd-strict-auto",
+    "draft-model-auto",
+    "cascade-1draft-auto",
+)
 
 
 def compile_everywhere() -> CompileConfig:
@@ -218,16 +314,33 @@ def _variant(run, compiled: bool):
     def wrapped(ctx):
         overrides = {"cache_implementation": "static", **({"compile_config": compile_everywhere()} if compiled else {})}
         return run(dataclasses.replace(ctx, overrides={**ctx.overrides, **overrides}))
+
     return wrapped
 
 
-register_method(Method(STATIC_BASELINE, _variant(_target_only, False),
-                       description="target.generate(cache_implementation='static'): transformers compiles it on CUDA"))
-register_method(Method(COMPILED_BASELINE, _variant(_target_only, True),
-                       description="target.generate(cache_implementation='static', compile_config=CompileConfig()) on any device"))
+register_method(
+    Method(
+        STATIC_BASELINE,
+        _variant(_target_only, False),
+        description="target.generate(cache_implementation='static'): transformers compiles it on CUDA",
+    )
+)
+register_method(
+    Method(
+        COMPILED_BASELINE,
+        _variant(_target_only, True),
+        description="target.generate(cache_implementation='static', compile_config=CompileConfig()) on any device",
+    )
+)
 for _name in STATIC_METHODS:
     _method = METHODS[_name]
     for _suffix, _compiled in (("static", False), ("compiled", True)):
-        register_method(dataclasses.replace(
-            _method, name=f"{_name}-{_suffix}", run=_variant(_method.run, _compiled),
-            description=f"{_method.description}; cache_implementation='static'" + (", compile_config=CompileConfig()" if _compiled else "")))
+        register_method(
+            dataclasses.replace(
+                _method,
+                name=f"{_name}-{_suffix}",
+                run=_variant(_method.run, _compiled),
+                description=f"{_method.description}; cache_implementation='static'"
+                + (", compile_config=CompileConfig()" if _compiled else ""),
+            )
+        )

@@ -33,10 +33,16 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "defaults" / "spec_pr
 # the baselines each method's speedup is reported against, where they ran: plain generate, generate with the few-row
 # linears, transformers' prompt lookup (prompt_lookup_num_tokens=10) and assisted decoding with the plain draft
 BASELINES = ("target-only", FAST_BASELINE, "prompt-lookup", "stock-assisted")
-REQUIRED = {"question_id": "an int or a string", "category": "a non-empty string",
-            "turns": "a non-empty list of non-empty strings"}
-_VALID = {"question_id": lambda v: isinstance(v, (int, str)) and not isinstance(v, bool),
-          "category": lambda v: isinstance(v, str) and bool(v.strip()), "turns": lambda v: isinstance(v, list) and bool(v)}
+REQUIRED = {
+    "question_id": "an int or a string",
+    "category": "a non-empty string",
+    "turns": "a non-empty list of non-empty strings",
+}
+_VALID = {
+    "question_id": lambda v: isinstance(v, (int, str)) and not isinstance(v, bool),
+    "category": lambda v: isinstance(v, str) and bool(v.strip()),
+    "turns": lambda v: isinstance(v, list) and bool(v),
+}
 
 
 @dataclass(frozen=True)
@@ -52,8 +58,10 @@ class Question:
 
 
 def _invalid(path, line: int, what: str) -> ValueError:
-    return ValueError(f"{path}:{line}: {what}; each line must be a JSON object with 'question_id' ({REQUIRED['question_id']}), "
-                      f"'category' ({REQUIRED['category']}) and 'turns' ({REQUIRED['turns']}), as in Spec-Bench's question.jsonl")
+    return ValueError(
+        f"{path}:{line}: {what}; each line must be a JSON object with 'question_id' ({REQUIRED['question_id']}), "
+        f"'category' ({REQUIRED['category']}) and 'turns' ({REQUIRED['turns']}), as in Spec-Bench's question.jsonl"
+    )
 
 
 def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
@@ -77,7 +85,9 @@ def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
             raise _invalid(path, number, f"a JSON {type(row).__name__}, not an object")
         missing = [name for name in REQUIRED if name not in row]
         if missing:
-            raise _invalid(path, number, f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+            raise _invalid(
+                path, number, f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}"
+            )
         for name, valid in _VALID.items():
             if not valid(row[name]):
                 raise _invalid(path, number, f"{name!r} is {row[name]!r}, not {REQUIRED[name]}")
@@ -88,9 +98,15 @@ def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
         if qid in seen:
             raise _invalid(path, number, f"'question_id' {qid!r} repeats line {seen[qid]}'s")
         seen[qid] = number
-        questions.append(Question(qid, category, tuple(turns), number, {k: v for k, v in row.items() if k not in REQUIRED}, str(path)))
+        questions.append(
+            Question(
+                qid, category, tuple(turns), number, {k: v for k, v in row.items() if k not in REQUIRED}, str(path)
+            )
+        )
     if not questions:
-        raise ValueError(f"{path}: no question in the file; each line must be a JSON object with 'question_id', 'category' and 'turns'")
+        raise ValueError(
+            f"{path}: no question in the file; each line must be a JSON object with 'question_id', 'category' and 'turns'"
+        )
     return questions
 
 
@@ -140,24 +156,31 @@ def check_lengths(questions: list[Question], tokenizer, max_new_tokens: int, lim
         return
     for q in questions:
         placeholder = ["x"] * (len(q.turns) - 1)  # an answer's tokens are counted as max_new_tokens below
-        needed = chat_ids(tokenizer, messages_for(q, len(q.turns) - 1, placeholder)).shape[1] + len(q.turns) * max_new_tokens
+        needed = (
+            chat_ids(tokenizer, messages_for(q, len(q.turns) - 1, placeholder)).shape[1] + len(q.turns) * max_new_tokens
+        )
         if needed > limit:
-            raise ValueError(f"{q.file}:{q.line}: question {q.question_id!r} needs up to {needed} tokens ({len(q.turns)} turn(s) in the "
-                             f"chat template and {max_new_tokens} new tokens per turn), more than the target's context of {limit} "
-                             f"tokens; shorten its turns or pass a smaller --max-new-tokens")
+            raise ValueError(
+                f"{q.file}:{q.line}: question {q.question_id!r} needs up to {needed} tokens ({len(q.turns)} turn(s) in the "
+                f"chat template and {max_new_tokens} new tokens per turn), more than the target's context of {limit} "
+                f"tokens; shorten its turns or pass a smaller --max-new-tokens"
+            )
 
 
 def categories_in_order(questions: list[Question]) -> list[str]:
     return list(dict.fromkeys(q.category for q in questions))
 
 
-def category_table(records: list[dict], units: list[tuple[int, int]], questions: list[Question],
-                   methods: tuple[str, ...]) -> dict:
+def category_table(
+    records: list[dict], units: list[tuple[int, int]], questions: list[Question], methods: tuple[str, ...]
+) -> dict:
     """Per category and ``overall``: the harness's summary (:func:`~hf_specdraft.bench.harness.summarize`) of its
     prompts, with each method's speedup against every baseline that ran (``speedup_vs``) and its MAL (``mal``)."""
     from .harness import _median_seconds, _speedup, summarize
 
-    groups = {c: {i for i, (q, _) in enumerate(units) if questions[q].category == c} for c in categories_in_order(questions)}
+    groups = {
+        c: {i for i, (q, _) in enumerate(units) if questions[q].category == c} for c in categories_in_order(questions)
+    }
     groups["overall"] = set(range(len(units)))
     table = {}
     for name, prompts in groups.items():
@@ -174,8 +197,13 @@ def category_table(records: list[dict], units: list[tuple[int, int]], questions:
     return table
 
 
-def run_prompts_bench(bundle: DefaultBundle, config, prompts: str | Path | list[Question],
-                      output: str | Path | None = None, warn: bool = True) -> dict:
+def run_prompts_bench(
+    bundle: DefaultBundle,
+    config,
+    prompts: str | Path | list[Question],
+    output: str | Path | None = None,
+    warn: bool = True,
+) -> dict:
     """Run ``config.methods`` on every turn of every question of ``prompts`` (a path, or :func:`parse_prompts`'s
     questions); return (and write to ``output``) the result: the harness's meta (hardware, dtype, versions) and the
     prompts file, ``categories`` (:func:`category_table`), the timing verdict, and every record (``prompt`` indexes
@@ -191,7 +219,9 @@ def run_prompts_bench(bundle: DefaultBundle, config, prompts: str | Path | list[
         question = questions[q]
         ids = chat_ids(bundle.tokenizer, messages_for(question, turn, answers)).to(bundle.target.device)
         item = TaskItem("chat", str(question.question_id), question.turns[turn], "")
-        return BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, bundle.extras)
+        return BenchContext(
+            bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, bundle.extras
+        )
 
     counter = _ForwardCounter(bundle.target)
     records: list[dict] = []
@@ -205,8 +235,9 @@ def run_prompts_bench(bundle: DefaultBundle, config, prompts: str | Path | list[
             answers: list[str] = []
             for turn in range(len(question.turns)):
                 units.append((q, turn))
-                first = time_prompt(context(q, turn, answers), len(units) - 1, config, counter, records, bar,
-                                    f"{question.category}, ")
+                first = time_prompt(
+                    context(q, turn, answers), len(units) - 1, config, counter, records, bar, f"{question.category}, "
+                )
                 # the next turn's context holds the target's own answer
                 answers.append(bundle.tokenizer.decode(first["target-only"]["tokens"], skip_special_tokens=True))
                 bar.update(1)
@@ -215,12 +246,20 @@ def run_prompts_bench(bundle: DefaultBundle, config, prompts: str | Path | list[
         counter.handle.remove()
     load = monitor.other_cores()
     categories = category_table(records, units, questions, tuple(config.methods))
-    meta = {"prompts": str(path), "questions": len(questions), "turns": len(units),
-            "categories": categories_in_order(questions)}
-    body = {"categories": categories, "units": [[q, turn] for q, turn in units],
-            "question_ids": [q.question_id for q in questions]}
-    return bench_result(bundle, config, meta, body, records, warmup, load, categories["overall"]["methods"], output,
-                        warn)
+    meta = {
+        "prompts": str(path),
+        "questions": len(questions),
+        "turns": len(units),
+        "categories": categories_in_order(questions),
+    }
+    body = {
+        "categories": categories,
+        "units": [[q, turn] for q, turn in units],
+        "question_ids": [q.question_id for q in questions],
+    }
+    return bench_result(
+        bundle, config, meta, body, records, warmup, load, categories["overall"]["methods"], output, warn
+    )
 
 
 def format_category_table(result: dict) -> str:
@@ -235,8 +274,9 @@ def format_category_table(result: dict) -> str:
 
     def block(title: str, cell) -> list[str]:
         header = f"{title:<{pad}}" + "".join(f"{n:>{width}}" for n in names)
-        return [header, "-" * len(header)] + [f"{m:<{pad}}" + "".join(f"{cell(categories[n]['methods'][m]):>{width}}" for n in names)
-                                              for m in methods]
+        return [header, "-" * len(header)] + [
+            f"{m:<{pad}}" + "".join(f"{cell(categories[n]['methods'][m]):>{width}}" for n in names) for m in methods
+        ]
 
     ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
     rows = block("speedup", lambda s: ratio(s["speedup_vs_target_only"]))
@@ -245,13 +285,23 @@ def format_category_table(result: dict) -> str:
     baselines = [b for b in BASELINES if b in methods]
     header = f"{'overall vs':<{pad}}" + "".join(f"{b:>{max(len(b) + 2, 10)}}" for b in baselines)
     rows += ["", header, "-" * len(header)]
-    rows += [f"{m:<{pad}}" + "".join(f"{ratio(categories['overall']['methods'][m]['speedup_vs'].get(b)):>{max(len(b) + 2, 10)}}"
-                                      for b in baselines) for m in methods]
+    rows += [
+        f"{m:<{pad}}"
+        + "".join(
+            f"{ratio(categories['overall']['methods'][m]['speedup_vs'].get(b)):>{max(len(b) + 2, 10)}}"
+            for b in baselines
+        )
+        for m in methods
+    ]
     counts = ", ".join(f"{n} {c['questions']}" for n, c in categories.items() if n != "overall")
-    rows.append(f"\nquestions per category: {counts}; {result['meta']['turns']} turns, {result['meta']['max_new_tokens']} new tokens each")
+    rows.append(
+        f"\nquestions per category: {counts}; {result['meta']['turns']} turns, {result['meta']['max_new_tokens']} new tokens each"
+    )
     timing = result["timing"]
-    rows.append(f"speedup: wall time of the baseline / the method's, median of {timing['repeats']} interleaved runs per turn; "
-                "MAL: new tokens per decoding step (target forward); =target: turns whose tokens equal target-only's")
+    rows.append(
+        f"speedup: wall time of the baseline / the method's, median of {timing['repeats']} interleaved runs per turn; "
+        "MAL: new tokens per decoding step (target forward); =target: turns whose tokens equal target-only's"
+    )
     if not timing["reliable"]:
         rows.insert(0, warning_text(timing))
     return "\n".join(rows)

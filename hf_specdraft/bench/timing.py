@@ -64,7 +64,9 @@ class LoadMonitor:
         (jiffies, own), now = self._start, _cpu_jiffies()
         if jiffies is None or now is None:
             return None
-        return other_cores(now[0] - jiffies[0], now[1] - jiffies[1], now[2], _own_cpu_seconds() - own, os.sysconf("SC_CLK_TCK")), now[2]
+        return other_cores(
+            now[0] - jiffies[0], now[1] - jiffies[1], now[2], _own_cpu_seconds() - own, os.sysconf("SC_CLK_TCK")
+        ), now[2]
 
 
 def other_cores(busy_jiffies: int, total_jiffies: int, cpus: int, own_seconds: float, ticks_per_second: int) -> float:
@@ -76,7 +78,11 @@ def other_cores(busy_jiffies: int, total_jiffies: int, cpus: int, own_seconds: f
 
 def relative_range(values: list[float]) -> float:
     """(max − min) / median of repeated timings; 0 for a single one."""
-    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 and statistics.median(values) else 0.0
+    return (
+        (max(values) - min(values)) / statistics.median(values)
+        if len(values) > 1 and statistics.median(values)
+        else 0.0
+    )
 
 
 def spread(values: list[float]) -> dict:
@@ -85,7 +91,9 @@ def spread(values: list[float]) -> dict:
     return {"min": min(values), "q1": quartiles[0], "median": quartiles[1], "q3": quartiles[2], "max": max(values)}
 
 
-def verdict(load: tuple[float, int] | None, threads: int, timing_noise: float | None, baseline_noise: float = 0.0) -> dict:
+def verdict(
+    load: tuple[float, int] | None, threads: int, timing_noise: float | None, baseline_noise: float = 0.0
+) -> dict:
     """Whether a run's ratios can be trusted, and why not. ``load``: :meth:`LoadMonitor.other_cores`; ``threads``: this
     process' compute threads; ``timing_noise``: how far the speedups moved between repeats where the methods repeated
     their work (None: no method did); ``baseline_noise``: how far target-only's own time moved. A speedup is a ratio of
@@ -96,25 +104,40 @@ def verdict(load: tuple[float, int] | None, threads: int, timing_noise: float | 
     other, cpus = load if load is not None else (None, None)
     free = max(cpus - threads, 0) if cpus is not None else None
     if other is not None and other > free + BUSY_CORES:
-        warnings.append(f"other processes used {other:.1f} of {cpus} CPU cores during the run while this one ran {threads} threads "
-                        f"({free} left free)")
+        warnings.append(
+            f"other processes used {other:.1f} of {cpus} CPU cores during the run while this one ran {threads} threads "
+            f"({free} left free)"
+        )
     threshold = max(NOISY_RANGE, 2 * baseline_noise)
     if other is not None and other <= free + QUIET_CORES:  # a quiet machine: its own variation, not a competitor
         threshold = max(threshold, EXTREME_RANGE)
     if timing_noise is not None and timing_noise > threshold:
-        warnings.append(f"the speedups moved by {timing_noise:.0%} between repeats (median over methods, where they repeated "
-                        f"their work), more than {threshold:.0%} (target-only's own time moved by {baseline_noise:.0%})")
+        warnings.append(
+            f"the speedups moved by {timing_noise:.0%} between repeats (median over methods, where they repeated "
+            f"their work), more than {threshold:.0%} (target-only's own time moved by {baseline_noise:.0%})"
+        )
     elif timing_noise is None and baseline_noise > NOISY_RANGE:
-        warnings.append(f"target-only's own time moved by {baseline_noise:.0%} between repeats, more than {NOISY_RANGE:.0%} "
-                        "(no other method repeated its work exactly, so its speedups cannot tell noise apart)")
-    return {"other_cpu_cores": other, "cpu_cores": cpus, "threads": threads, "timing_noise": timing_noise,
-            "baseline_noise": baseline_noise, "reliable": not warnings, "warnings": warnings}
+        warnings.append(
+            f"target-only's own time moved by {baseline_noise:.0%} between repeats, more than {NOISY_RANGE:.0%} "
+            "(no other method repeated its work exactly, so its speedups cannot tell noise apart)"
+        )
+    return {
+        "other_cpu_cores": other,
+        "cpu_cores": cpus,
+        "threads": threads,
+        "timing_noise": timing_noise,
+        "baseline_noise": baseline_noise,
+        "reliable": not warnings,
+        "warnings": warnings,
+    }
 
 
 def warning_text(timing: dict) -> str:
     """The loud line a command prints above an unreliable table (empty when reliable)."""
     if timing["reliable"]:
         return ""
-    return ("WARNING: these speed ratios are unreliable: " + "; ".join(timing["warnings"])
-            + ". Close other programs (or wait for them) and run again.")
-
+    return (
+        "WARNING: these speed ratios are unreliable: "
+        + "; ".join(timing["warnings"])
+        + ". Close other programs (or wait for them) and run again."
+    )

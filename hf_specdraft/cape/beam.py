@@ -20,8 +20,14 @@ from transformers import DynamicCache
 from ..core.tree import DraftTree
 
 
-def beam_search_proposal(scorer, input_ids: torch.LongTensor, depth: int, beam_width: int, budget: int,
-                         target_cache: DynamicCache | None = None) -> DraftTree:
+def beam_search_proposal(
+    scorer,
+    input_ids: torch.LongTensor,
+    depth: int,
+    beam_width: int,
+    budget: int,
+    target_cache: DynamicCache | None = None,
+) -> DraftTree:
     """Draft a tree by beam search over the draft model (the §5.3 baseline).
 
     Depth 0 holds the ``beam_width`` most probable tokens of q; at every further depth all beams are

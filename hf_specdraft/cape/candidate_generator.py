@@ -53,7 +53,9 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def __init__(self, drafter: TreeCandidateGenerator, config: CapeConfig | None = None, **options):
         super().__init__()
         if not isinstance(drafter, TreeCandidateGenerator):
-            raise TypeError(f"drafter must be an hf_specdraft TreeCandidateGenerator proposing a chain with draft_probs, got {type(drafter).__name__}")
+            raise TypeError(
+                f"drafter must be an hf_specdraft TreeCandidateGenerator proposing a chain with draft_probs, got {type(drafter).__name__}"
+            )
         self.config = method_config(CapeConfig, config, options)
         self.drafter = drafter
         self.num_draft_tokens = traits_of(drafter).num_draft_tokens  # γ where the loop's controller chooses none
@@ -98,7 +100,9 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     def _beam_scorer(self):
         if self.num_draft_tokens is None:
-            raise ValueError(f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(self.drafter).__name__} has no int num_draft_tokens")
+            raise ValueError(
+                f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(self.drafter).__name__} has no int num_draft_tokens"
+            )
         scorer = self.drafter.beam_scorer(self._distribution)  # a drafter with a tree forward (a draft model, GLIDE)
         if scorer is not None:
             return scorer
@@ -109,7 +113,11 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
         """q `(n, V)` from draft logits `(n, V)`; the warpers used here ignore ``input_ids``."""
-        return torch.softmax(self.warpers(None, logits.float()), dim=-1) if self.warpers else torch.softmax(logits.float(), dim=-1)
+        return (
+            torch.softmax(self.warpers(None, logits.float()), dim=-1)
+            if self.warpers
+            else torch.softmax(logits.float(), dim=-1)
+        )
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
@@ -124,7 +132,9 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def reads_target_cache(self) -> bool:
         return self.drafter.reads_target_cache
 
-    widens_chain = True  # its trees are the chain plus expansion leaves: the loop counts what the chain alone would accept
+    widens_chain = (
+        True  # its trees are the chain plus expansion leaves: the loop counts what the chain alone would accept
+    )
 
     @property
     def controller_anchor(self):
@@ -151,7 +161,9 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """The wrapped drafter's chain after the request's text `(1, L)` (:meth:`chain_request`), plus one expansion set
         per position within the budget."""
-        if self.scorer is not None:  # (a drafter that reads the target's state has no beam scorer: refused at construction)
+        if (
+            self.scorer is not None
+        ):  # (a drafter that reads the target's state has no beam scorer: refused at construction)
             return self._propose_beam(request)
         return self.expand(self.drafter.draft_tree(self.chain_request(request)), request)
 
@@ -171,7 +183,9 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def expand(self, chain: DraftTree, request: DraftRequest) -> DraftTree:
         """The wrapped drafter's ``chain`` widened by one expansion set per position (§4.2), for ``request``."""
         self.forward_calls = dict(self.drafter.forward_calls)
-        if not len(chain) or chain.copied:  # nothing drafted (a state-reading drafter's first call), or a copy of the text
+        if (
+            not len(chain) or chain.copied
+        ):  # nothing drafted (a state-reading drafter's first call), or a copy of the text
             return chain  # (GLIDE's copy_from_context: no q to size expansion sets by): nothing to widen
         if chain.draft_probs is None:
             raise ValueError(
@@ -179,14 +193,18 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
                 "draft's confidence max q, so wrap a drafter that returns its distributions (e.g. DraftModelCandidateGenerator, GLIDE)"
             )
         if not chain.is_chain:
-            raise ValueError(f"{type(self.drafter).__name__} proposed a tree; CAPE expands a chain (parents = [-1, 0, 1, ...])")
+            raise ValueError(
+                f"{type(self.drafter).__name__} proposed a tree; CAPE expands a chain (parents = [-1, 0, 1, ...])"
+            )
         if chain.draft_probs.is_cuda:  # time the expansion alone, not the draft kernels still queued
             torch.cuda.synchronize(chain.draft_probs.device)
         start = time.perf_counter()
         self._chain = chain
         config = self._step_config(len(chain), request)
         sizes, confidences = _sizes(chain.draft_probs, config)
-        tree = expand_proposal(chain, config, sizes, with_draft_probs=self.generation_config.do_sample)  # q: rejection sampling
+        tree = expand_proposal(
+            chain, config, sizes, with_draft_probs=self.generation_config.do_sample
+        )  # q: rejection sampling
         self.expansion_seconds.append(time.perf_counter() - start)
         self.expansion_sizes.append(sizes)
         self.confidences.append(confidences)
@@ -196,22 +214,33 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         """The wrapped drafter's batch proposer (one draft forward for every row), each row's chain then expanded;
         `None` in beam mode, or when the rows' CAPE settings or drafters differ."""
         overridden = type(self).draft_tree is not CapeCandidateGenerator.draft_tree  # an override drafts row by row
-        if (self.scorer is not None or overridden
-                or any(type(d) is not type(self) or d.config != self.config for d in drafters)):
+        if (
+            self.scorer is not None
+            or overridden
+            or any(type(d) is not type(self) or d.config != self.config for d in drafters)
+        ):
             return None
         inner = self.drafter.batch_drafter([d.drafter for d in drafters])
         return None if inner is None else _ExpandedBatch(drafters, inner)
 
     def _propose_beam(self, request: DraftRequest) -> DraftTree:
         depth = request.num_draft_tokens or self.num_draft_tokens
-        tree = beam_search_proposal(self.scorer, request.input_ids, depth, self.config.beam_width,
-                                    self.config.budget_for(depth), request.target_cache)
+        tree = beam_search_proposal(
+            self.scorer,
+            request.input_ids,
+            depth,
+            self.config.beam_width,
+            self.config.budget_for(depth),
+            request.target_cache,
+        )
         self.forward_calls = {"draft": self.scorer.forward_calls}
         widths = torch.bincount(tree.depth, minlength=depth).tolist() if len(tree) else []
         self.expansion_sizes.append([w - 1 for w in widths if w > 0])
         return tree
 
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+    def get_candidates(
+        self, input_ids: torch.LongTensor, **kwargs
+    ) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         """A chain-only loop cannot verify expansion sets, so it gets the wrapped drafter's chain (and its q)."""
         return self.drafter.get_candidates(input_ids, **kwargs)
 
@@ -238,7 +267,9 @@ class _ExpandedBatch(BatchProposer):
         self.inner.keep_rows(survivors)
 
 
-def build_cape_for_bench(chain_drafter: TreeCandidateGenerator, mode: str = "confidence", **options) -> CapeCandidateGenerator:
+def build_cape_for_bench(
+    chain_drafter: TreeCandidateGenerator, mode: str = "confidence", **options
+) -> CapeCandidateGenerator:
     """The bench harness's entry point: CAPE (``"confidence"``), fixed-K (``"fixed"``) or beam (``"beam"``) over ``chain_drafter``.
 
     Args:

@@ -14,6 +14,7 @@ from .expansion_sets import DEFAULT_SCHEDULE, check_schedule
 
 MODES = ("confidence", "fixed", "beam")
 
+
 @dataclass(frozen=True)
 class CapeConfig:
     """How :class:`~hf_specdraft.cape.CapeCandidateGenerator` widens a drafted chain.
@@ -79,4 +80,3 @@ class CapeConfig:
                 f"budget={self.budget} is smaller than the drafted chain ({length} tokens): CAPE verifies the whole chain "
                 f"plus its expansion sets, so raise budget to at least {length} or draft fewer tokens"
             )
-

@@ -43,7 +43,9 @@ def expansion_sizes(draft_probs: torch.Tensor, config: CapeConfig) -> torch.Long
 def _sizes(draft_probs: torch.Tensor, config: CapeConfig) -> tuple[list[int], list[float]]:
     """``(K_i, p_i)`` as Python lists: k ≤ a few dozen positions, so plain Python beats a dozen tiny tensor ops."""
     if config.mode == "beam":
-        raise ValueError("expansion_sizes applies to mode='confidence' or 'fixed'; beam mode drafts its own tree (see beam.py)")
+        raise ValueError(
+            "expansion_sizes applies to mode='confidence' or 'fixed'; beam mode drafts its own tree (see beam.py)"
+        )
     k, vocab = draft_probs.shape
     config.check_chain_length(k)
     confidence = draft_probs.amax(dim=-1).tolist() if k else []  # p_i = max q_i
@@ -52,8 +54,9 @@ def _sizes(draft_probs: torch.Tensor, config: CapeConfig) -> tuple[list[int], li
     return sizes, confidence
 
 
-def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | list[int] | None = None,
-                    with_draft_probs: bool = False) -> DraftTree:
+def expand_proposal(
+    chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | list[int] | None = None, with_draft_probs: bool = False
+) -> DraftTree:
     """Add each position's expansion set to a drafted chain, as leaves (Du et al. 2024, §4.2, "Proposal Expansion").
 
     Pure: reads only ``chain.draft_probs``; no draft forward is run, which is why CAPE costs almost no
@@ -73,9 +76,13 @@ def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | 
         (each set best-first). Leaf ``x'`` of X_i has parent ``chain.parents[i]``.
     """
     if chain.draft_probs is None:
-        raise ValueError("CAPE needs the draft distribution q of every drafted token, but the chain has draft_probs=None")
+        raise ValueError(
+            "CAPE needs the draft distribution q of every drafted token, but the chain has draft_probs=None"
+        )
     if not chain.is_chain:
-        raise ValueError("expand_proposal expands a chain (parents = [-1, 0, 1, ...]); got a tree with several branches")
+        raise ValueError(
+            "expand_proposal expands a chain (parents = [-1, 0, 1, ...]); got a tree with several branches"
+        )
     q = chain.draft_probs
     if sizes is None:
         sizes = _sizes(q, config)[0]
@@ -90,5 +97,7 @@ def expand_proposal(chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | 
         tokens=torch.tensor(tokens, dtype=torch.long, device=device),
         parents=torch.tensor(parents, dtype=torch.long, device=device),
         draft_probs=torch.cat([q, q[torch.tensor(position, device=device)]]) if with_draft_probs else None,
-        sampled=torch.cat([chain.sampled, chain.sampled.new_zeros(len(position))]) if with_draft_probs and chain.sampled is not None else None,
+        sampled=torch.cat([chain.sampled, chain.sampled.new_zeros(len(position))])
+        if with_draft_probs and chain.sampled is not None
+        else None,
     )

@@ -40,8 +40,10 @@ def check_schedule(schedule, name="schedule"):
     if bounds[-1] != 1.0:
         raise ValueError(f"the last {name} bound must be 1.0 so that every confidence has a K, got {bounds[-1]}")
     if any(k2 > k1 for k1, k2 in zip(sizes, sizes[1:])):
-        raise ValueError(f"{name} is not monotone: K must not grow with confidence (CAPE widens uncertain positions), "
-                         f"got K = {sizes} for bounds {bounds}")
+        raise ValueError(
+            f"{name} is not monotone: K must not grow with confidence (CAPE widens uncertain positions), "
+            f"got K = {sizes} for bounds {bounds}"
+        )
     return pairs
 
 
@@ -105,5 +107,7 @@ def expand(chain, q, schedule, budget):
     k, vocab = q.shape
     sizes = fit_budget(scheduled_sizes(q.amax(dim=-1).tolist() if k else [], schedule), budget - k, vocab)
     tokens, parents, _ = expansion_sets(chain.tolist(), q, sizes)
-    return (torch.tensor(tokens, dtype=torch.long, device=chain.device),
-            torch.tensor(parents, dtype=torch.long, device=chain.device))
+    return (
+        torch.tensor(tokens, dtype=torch.long, device=chain.device),
+        torch.tensor(parents, dtype=torch.long, device=chain.device),
+    )

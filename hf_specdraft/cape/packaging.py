@@ -47,7 +47,9 @@ def shipped_files() -> dict[str, Path]:
             if f"{name}.py" in files:
                 continue
             if name not in sources:
-                raise RuntimeError(f"custom_generate/ imports .{name}, which is neither a core module nor expansion_sets.py")
+                raise RuntimeError(
+                    f"custom_generate/ imports .{name}, which is neither a core module nor expansion_sets.py"
+                )
             files[f"{name}.py"] = sources[name]
             todo.append(sources[name])
     return dict(sorted(files.items()))

@@ -41,7 +41,9 @@ class _PairCounts:
     def add(self, ids: torch.Tensor) -> None:
         ids = torch.as_tensor(ids).long().flatten().cpu()
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise ValueError(f"token ids must be in [0, vocab_size={self.vocab_size}), got ids in [{int(ids.min())}, {int(ids.max())}]")
+            raise ValueError(
+                f"token ids must be in [0, vocab_size={self.vocab_size}), got ids in [{int(ids.min())}, {int(ids.max())}]"
+            )
         self.unigram += torch.bincount(ids, minlength=self.vocab_size)
         if ids.numel() < 2:
             return
@@ -60,7 +62,9 @@ class _PairCounts:
         self.pending, self.pending_size = [], 0
 
 
-def build_bigram_table(token_ids_iterable: Iterable, vocab_size: int, unseen: str = "most_frequent") -> torch.LongTensor:
+def build_bigram_table(
+    token_ids_iterable: Iterable, vocab_size: int, unseen: str = "most_frequent"
+) -> torch.LongTensor:
     """Argmax next-token table `(V,)` from sequences of token ids (lists or 1-D tensors, e.g. one per document; pairs
     are counted inside each sequence, never across two); ``vocab_size`` is V (``len(tokenizer)``), ``unseen`` as in the
     module docstring."""

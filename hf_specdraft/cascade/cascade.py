@@ -60,7 +60,9 @@ def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
     except (TypeError, ValueError, RuntimeError) as err:
         raise ValueError(f"k_matrix must be a square matrix of ints, got {k_matrix!r}") from err
     if matrix.dim() != 2 or tuple(matrix.shape) != (size, size):
-        raise ValueError(f"k_matrix must have shape ({size}, {size}) for {num_drafts} draft(s) + Max-Gram, got shape {tuple(matrix.shape)}")
+        raise ValueError(
+            f"k_matrix must have shape ({size}, {size}) for {num_drafts} draft(s) + Max-Gram, got shape {tuple(matrix.shape)}"
+        )
     integral = not (matrix.dtype == torch.bool or matrix.is_complex()) and (
         not matrix.is_floating_point() or bool((torch.isfinite(matrix) & (matrix == matrix.round())).all())
     )
@@ -70,9 +72,13 @@ def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
     if bool((matrix < 0).any()):
         raise ValueError(f"k_matrix entries must be >= 0 (token budgets), got {matrix.tolist()}")
     if bool(torch.tril(matrix, diagonal=-1).any()):
-        raise ValueError(f"k_matrix must be upper-triangular (entries below the diagonal are never used and must be 0), got {matrix.tolist()}")
+        raise ValueError(
+            f"k_matrix must be upper-triangular (entries below the diagonal are never used and must be 0), got {matrix.tolist()}"
+        )
     if int(matrix[0].sum()) == 0:
-        raise ValueError(f"k_matrix's first row (the budgets of the level the target reviews) sums to 0, so nothing would be drafted: {matrix.tolist()}")
+        raise ValueError(
+            f"k_matrix's first row (the budgets of the level the target reviews) sums to 0, so nothing would be drafted: {matrix.tolist()}"
+        )
     return matrix.tolist()
 
 
@@ -93,11 +99,19 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
     reads_target_cache = False  # never reads the target's cache
     compiles_draft = True  # compile_draft: every draft's forwards on a static cache of its own
 
-    def __init__(self, drafts: list[PreTrainedModel], config: CascadeConfig | None = None, bigram_table: torch.Tensor | None = None,
-                 max_gram: MaxGramCandidateGenerator | None = None, **options):
+    def __init__(
+        self,
+        drafts: list[PreTrainedModel],
+        config: CascadeConfig | None = None,
+        bigram_table: torch.Tensor | None = None,
+        max_gram: MaxGramCandidateGenerator | None = None,
+        **options,
+    ):
         super().__init__()
         if not isinstance(drafts, (list, tuple)) or not drafts:
-            raise ValueError("drafts must be a non-empty list of draft models, largest first (for Max-Gram alone use MaxGramCandidateGenerator)")
+            raise ValueError(
+                "drafts must be a non-empty list of draft models, largest first (for Max-Gram alone use MaxGramCandidateGenerator)"
+            )
         for i, draft in enumerate(drafts):
             if not isinstance(draft, PreTrainedModel):
                 raise TypeError(f"drafts[{i}] must be a transformers PreTrainedModel, got {type(draft).__name__}")
@@ -108,12 +122,16 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         k_matrix = self.config.k_matrix
         self.k_matrix = validate_k_matrix(default_k_matrix(len(drafts)) if k_matrix is None else k_matrix, len(drafts))
         self.lenience = self.config.lenience
-        self.max_gram = max_gram or MaxGramCandidateGenerator(bigram_table, num_draft_tokens=self.config.max_gram_tokens)
+        self.max_gram = max_gram or MaxGramCandidateGenerator(
+            bigram_table, num_draft_tokens=self.config.max_gram_tokens
+        )
         cap = self.config.num_draft_tokens
         # "auto": the loop's controller sets the cap every step, up to everything row 0's budgets can propose; outside
         # the loop (propose called directly) there is no cap, as in the paper
         self.max_draft_tokens = sum(self.k_matrix[0])
-        self.num_draft_tokens, self.adaptive_draft_length = (None, False) if cap is None else draft_length(cap, start=None)
+        self.num_draft_tokens, self.adaptive_draft_length = (
+            (None, False) if cap is None else draft_length(cap, start=None)
+        )
         self.max_length: int | None = None  # set by prepare: drafting past generate's max_length is wasted
         self._reset()
 
@@ -148,7 +166,9 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         cur_gen, _ = self.cascade_step(0, text, torch.zeros(0, device=text.device), limit)
         return DraftTree.chain(cur_gen[text.numel() : limit])
 
-    def cascade_step(self, level: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int) -> tuple[torch.LongTensor, torch.Tensor]:
+    def cascade_step(
+        self, level: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
         """``CascadeSpeculativeDraftingStep`` (Algorithm 1) for the level whose drafters are ``drafts[level:]`` + MaG.
 
         The reviewer of level ``level`` is the target (``level == 0``: the loop) or ``drafts[level - 1]``; ``curK`` is
@@ -172,7 +192,9 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
             return cur_gen, cur_probs  # the target reviews in the decoding loop, with lenience 1
         return self.review(level - 1, cur_gen, cur_probs, prefix_length)
 
-    def max_gram_step(self, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int) -> tuple[torch.LongTensor, torch.Tensor]:
+    def max_gram_step(
+        self, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Base case of Algorithm 1: MaG proposes its tokens; their ``q(x)`` is ``inf`` (never lenient)."""
         count = min(self.max_gram.num_draft_tokens, limit - cur_gen.numel())
         if count <= 0:
@@ -182,7 +204,9 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         inf = torch.full((tokens.numel(),), float("inf"), device=cur_probs.device)
         return torch.cat([cur_gen, tokens]), torch.cat([cur_probs, inf])
 
-    def review(self, index: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, review_index: int) -> tuple[torch.LongTensor, torch.Tensor]:
+    def review(
+        self, index: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, review_index: int
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
         """``review(M_d, curGen, curProbs, l)``: ``drafts[index]`` reviews ``cur_gen[review_index:]`` in one forward,
         keeps the accepted prefix (:func:`lenient_review`) and appends its own next token; the kept tokens carry its
         ``p(x)`` as their ``q(x)``, as in the official code. Returns the new `(cur_gen, cur_probs)`."""
@@ -215,9 +239,13 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         self.count_call(f"draft{index}")
         return logits
 
-    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> list[StaticDraftCache]:
+    def compile_draft(
+        self, generation_config: GenerationConfig, compile_config, target_cache
+    ) -> list[StaticDraftCache]:
         """On the compiled static path of a batch-1 call: every draft's reviews and drafts on a static cache of its own,
         compiled (:mod:`~hf_specdraft.core.draft_cache`; one role per level, so one model may sit at two levels)."""
-        self.caches = [StaticDraftCache(draft, generation_config, compile_config, role=f"cascade{i}") for i, draft in enumerate(self.drafts)]
+        self.caches = [
+            StaticDraftCache(draft, generation_config, compile_config, role=f"cascade{i}")
+            for i, draft in enumerate(self.drafts)
+        ]
         return self.caches
-

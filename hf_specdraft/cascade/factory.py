@@ -22,19 +22,25 @@ def _table(target: PreTrainedModel, bigram_table: torch.Tensor | str | Path | No
     return check_bigram_table(bigram_table, output_vocab_size(target)).to(target.device)
 
 
-def build_max_gram_for_bench(target: PreTrainedModel, bigram_table: torch.Tensor | str | Path | None = None, **options) -> MaxGramCandidateGenerator:
+def build_max_gram_for_bench(
+    target: PreTrainedModel, bigram_table: torch.Tensor | str | Path | None = None, **options
+) -> MaxGramCandidateGenerator:
     """Max-Gram alone. ``options``: ``num_draft_tokens`` (default "auto": chosen every step; the paper fixes 10), ``max_match_length`` (default 256)."""
     return MaxGramCandidateGenerator(_table(target, bigram_table), **options)
 
 
-def build_cascade_for_bench(target: PreTrainedModel, drafts: list, bigram_table: torch.Tensor | str | Path | None = None, **options) -> CascadeCandidateGenerator:
+def build_cascade_for_bench(
+    target: PreTrainedModel, drafts: list, bigram_table: torch.Tensor | str | Path | None = None, **options
+) -> CascadeCandidateGenerator:
     """CS Drafting with ``drafts`` (largest first) + Max-Gram, vocabularies checked now rather than at generate.
 
     ``options``: ``k_matrix`` (default :func:`~hf_specdraft.cascade.cascade.default_k_matrix`),
     ``lenience`` (default 1), ``max_gram_tokens`` (default 10), ``num_draft_tokens`` (cap per step).
     """
     if not isinstance(drafts, (list, tuple)) or not drafts:
-        raise ValueError("drafts must be a non-empty list of draft models (for Max-Gram alone use build_max_gram_for_bench)")
+        raise ValueError(
+            "drafts must be a non-empty list of draft models (for Max-Gram alone use build_max_gram_for_bench)"
+        )
     for i, draft in enumerate(drafts):
         if isinstance(draft, PreTrainedModel):
             check_same_vocab(target, draft, argument=f"drafts[{i}]")

@@ -37,7 +37,9 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def parameter_cost_coefficients(target: PreTrainedModel, drafts: Sequence[PreTrainedModel] | Mapping[str, PreTrainedModel]) -> dict[str, float]:
+def parameter_cost_coefficients(
+    target: PreTrainedModel, drafts: Sequence[PreTrainedModel] | Mapping[str, PreTrainedModel]
+) -> dict[str, float]:
     """The paper's heuristic ``c_i = params(M_di) / params(M_t)`` (§5.1), plus ``"max_gram": 0.0``.
 
     Args:
@@ -61,7 +63,9 @@ def _forward_seconds(model: PreTrainedModel, context: torch.Tensor, num_tokens: 
         if model.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        model(input_ids=context[None, -num_tokens:], **with_cache(model, cache), use_cache=True, logits_to_keep=num_tokens)
+        model(
+            input_ids=context[None, -num_tokens:], **with_cache(model, cache), use_cache=True, logits_to_keep=num_tokens
+        )
         if model.device.type == "cuda":
             torch.cuda.synchronize()
         if i >= 2:
@@ -82,11 +86,15 @@ def measure_cost_coefficients(
     this machine, each of ``num_tokens`` new tokens on a ``context_length``-token cache (a review or verification
     step's shape); ``"max_gram"``: one Max-Gram proposal (``max_gram``, or a default one) on the same context."""
     if num_tokens < 1 or context_length <= num_tokens:
-        raise ValueError(f"need 1 <= num_tokens < context_length, got num_tokens={num_tokens}, context_length={context_length}")
+        raise ValueError(
+            f"need 1 <= num_tokens < context_length, got num_tokens={num_tokens}, context_length={context_length}"
+        )
     vocab = int(target.config.get_text_config().vocab_size)
     context = torch.randint(0, vocab, (context_length,), generator=torch.Generator().manual_seed(seed))
     target_seconds = _forward_seconds(target, context, num_tokens, repeats)
-    coefficients = {name: _forward_seconds(d, context, num_tokens, repeats) / target_seconds for name, d in _named(drafts).items()}
+    coefficients = {
+        name: _forward_seconds(d, context, num_tokens, repeats) / target_seconds for name, d in _named(drafts).items()
+    }
     max_gram = max_gram or MaxGramCandidateGenerator()
     times = []
     for _ in range(repeats):
@@ -97,7 +105,9 @@ def measure_cost_coefficients(
     return coefficients
 
 
-def cascade_swi(new_tokens: int, target_calls: int, drafter_calls: Mapping[str, int], cost_coefficients: Mapping[str, float]) -> float:
+def cascade_swi(
+    new_tokens: int, target_calls: int, drafter_calls: Mapping[str, int], cost_coefficients: Mapping[str, float]
+) -> float:
     """SWI (§5.1) from call counts. Drafter names without a coefficient raise ``ValueError``."""
     return standardized_walltime_improvement(new_tokens, target_calls, dict(drafter_calls), dict(cost_coefficients))
 
@@ -107,7 +117,12 @@ def swi_from_stats(stats: SpeculativeStats, cost_coefficients: Mapping[str, floa
     return cascade_swi(stats.new_tokens, stats.num_steps, stats.drafter_calls, cost_coefficients)
 
 
-def swi_report(stats: SpeculativeStats, target: PreTrainedModel, drafts: Sequence[PreTrainedModel], measured: Mapping[str, float] | None = None) -> dict:
+def swi_report(
+    stats: SpeculativeStats,
+    target: PreTrainedModel,
+    drafts: Sequence[PreTrainedModel],
+    measured: Mapping[str, float] | None = None,
+) -> dict:
     """SWI under the parameter-count heuristic and, when given, measured coefficients, with the counts."""
     report = {
         "new_tokens": stats.new_tokens,

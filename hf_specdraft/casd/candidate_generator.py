@@ -42,7 +42,9 @@ def tokenize_context(context, tokenizer=None, argument: str = "context"):
     return context_token_ids(context, argument)
 
 
-def casd_acceptance(threshold: float = 0.1, top_k: int | None = None, strict: bool = False) -> ConditionalAcceptance | None:
+def casd_acceptance(
+    threshold: float = 0.1, top_k: int | None = None, strict: bool = False
+) -> ConditionalAcceptance | None:
     """The verification rule to pass as ``speculative_generate(acceptance=...)``: CASD's
     :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance` (δ = ``threshold``, validated even when ``strict``;
     ``top_k``: eq. 4's k, 5 in "CASD (Mixed)"), or ``None`` for exact verification (``strict``, lossless)."""
@@ -99,8 +101,10 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
     def check_vocabulary(self, vocab_size: int) -> None:
         """Raise ValueError when the context holds an id the target cannot score (``>= vocab_size``)."""
         if self.pool.max_token_id >= vocab_size:
-            raise ValueError(f"context holds token id {self.pool.max_token_id}, outside the target's vocabulary "
-                             f"[0, {vocab_size}); tokenize the context with the target's tokenizer")
+            raise ValueError(
+                f"context holds token id {self.pool.max_token_id}, outside the target's vocabulary "
+                f"[0, {vocab_size}); tokenize the context with the target's tokenizer"
+            )
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
@@ -110,7 +114,9 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """𝕋 ← R(p) for the request's text `(1, L)`; the target cache is not read."""
         input_ids = request.input_ids
-        if self.prompt_length is None or not self._continues(input_ids):  # a new generate call (stock loops skip prepare)
+        if self.prompt_length is None or not self._continues(
+            input_ids
+        ):  # a new generate call (stock loops skip prepare)
             self.prompt_length, self._prompt = input_ids.shape[1], input_ids[0].clone()
         config = self._step_config(request)
         suffix = input_ids[0, -config.max_suffix_length :]
@@ -123,9 +129,13 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
 
     def _continues(self, input_ids: torch.LongTensor) -> bool:
         """Whether ``input_ids`` extends the prompt this generator saw first."""
-        return input_ids.shape[1] >= self.prompt_length and torch.equal(input_ids[0, : self.prompt_length], self._prompt.to(input_ids.device))
+        return input_ids.shape[1] >= self.prompt_length and torch.equal(
+            input_ids[0, : self.prompt_length], self._prompt.to(input_ids.device)
+        )
 
-    def _with_output(self, tree: DraftTree, length: int, output: torch.Tensor, suffix: torch.Tensor, config: CasdConfig) -> tuple[DraftTree, int]:
+    def _with_output(
+        self, tree: DraftTree, length: int, output: torch.Tensor, suffix: torch.Tensor, config: CasdConfig
+    ) -> tuple[DraftTree, int]:
         """Merge the tree retrieved from the generated tokens with the context's: the longer match first."""
         own, own_length = retrieve(DraftPool(output.cpu(), config.max_suffix_length), suffix, config)
         if own_length == 0:
@@ -133,10 +143,14 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         first, second = (own, tree) if own_length > length else (tree, own)
         tokens, parents = first.tokens.tolist(), first.parents.tolist()
         add_nodes(tokens, parents, second, config.max_nodes)
-        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)), max(length, own_length)
+        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)), max(
+            length, own_length
+        )
 
 
-def build_casd_for_bench(target: PreTrainedModel, context_ids: torch.Tensor, **options) -> tuple[CasdCandidateGenerator, ConditionalAcceptance | None]:
+def build_casd_for_bench(
+    target: PreTrainedModel, context_ids: torch.Tensor, **options
+) -> tuple[CasdCandidateGenerator, ConditionalAcceptance | None]:
     """A CASD drafter and its acceptance rule, for the benchmark harness.
 
     Args:
@@ -149,7 +163,9 @@ def build_casd_for_bench(target: PreTrainedModel, context_ids: torch.Tensor, **o
         `(candidate_generator, acceptance)` for ``speculative_generate(candidate_generator=...,
         acceptance=...)``; ``acceptance`` is None in strict mode.
     """
-    acceptance = casd_acceptance(options.pop("threshold", 0.1), options.pop("top_k", None), options.pop("strict", False))
+    acceptance = casd_acceptance(
+        options.pop("threshold", 0.1), options.pop("top_k", None), options.pop("strict", False)
+    )
     generator = CasdCandidateGenerator(context_ids, **options)
     generator.check_vocabulary(output_vocab_size(target))
     return generator, acceptance

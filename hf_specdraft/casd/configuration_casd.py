@@ -36,7 +36,9 @@ class CasdConfig:
             prompt lookup decoding does; the longer match's tree comes first.
     """
 
-    max_nodes: int | str = AUTO  # the CASD paper, §3 / REST fix 64 ("choices=64"); "auto": the loop picks it per step (64 outside it)
+    max_nodes: int | str = (
+        AUTO  # the CASD paper, §3 / REST fix 64 ("choices=64"); "auto": the loop picks it per step (64 outside it)
+    )
     max_suffix_length: int = 16  # REST token spans 16 ... 2, first hit wins
     min_suffix_length: int = 2  # a 1-token match is too weak a signal to spend verification on
     max_draft_length: int = 10  # REST's continuation length ("long=10")

@@ -33,7 +33,9 @@ def compress_context(context: str, compressor: Callable[[str], str]) -> str:
     """Algorithm 1 lines 2–3: d_q ← Compress(d_q), for the prompt only (``TypeError`` for a ``compressor`` that is not
     callable, ``ValueError`` when it returns something other than text)."""
     if not callable(compressor):
-        raise TypeError(f"compressor must be a callable taking the context text and returning text, got {type(compressor).__name__}")
+        raise TypeError(
+            f"compressor must be a callable taking the context text and returning text, got {type(compressor).__name__}"
+        )
     compressed = compressor(context)
     if not isinstance(compressed, str):
         raise ValueError(f"compressor must return text (str), got {type(compressed).__name__}")
@@ -66,7 +68,9 @@ def _as_text(value, tokenizer, argument: str) -> str:
     return tokenizer.decode(context_token_ids(value, argument).tolist())
 
 
-def build_casd_inputs(tokenizer, question, context, compressor: Callable[[str], str] | None = None, prompt_template: str | None = None) -> CasdInputs:
+def build_casd_inputs(
+    tokenizer, question, context, compressor: Callable[[str], str] | None = None, prompt_template: str | None = None
+) -> CasdInputs:
     """Prompt ids and pool ids for one request (Algorithm 1 lines 1–5); arguments as :func:`casd_generate`.
 
     With a tokenizer, ``question`` and ``context`` may be text or token ids (ids are decoded into the template, by
@@ -91,7 +95,9 @@ def build_casd_inputs(tokenizer, question, context, compressor: Callable[[str], 
     try:
         prompt_text = template.format(context=context_text, question=_as_text(question, tokenizer, "question"))
     except (KeyError, IndexError) as error:
-        raise ValueError(f"prompt_template may only use the fields {{context}} and {{question}}, got {template!r}") from error
+        raise ValueError(
+            f"prompt_template may only use the fields {{context}} and {{question}}, got {template!r}"
+        ) from error
     prompt_ids = tokenizer(prompt_text, return_tensors="pt")["input_ids"]
     return CasdInputs(prompt_ids, context_ids, prompt_text)
 
@@ -140,14 +146,22 @@ def casd_generate(
     inputs = build_casd_inputs(tokenizer, question, context, compressor, prompt_template)
     generator = CasdCandidateGenerator(inputs.context_ids, config=config)
     prompt_ids = inputs.prompt_ids.to(model.device)
-    out = speculative_generate(model, prompt_ids, candidate_generator=generator, acceptance=acceptance, **generate_kwargs)
+    out = speculative_generate(
+        model, prompt_ids, candidate_generator=generator, acceptance=acceptance, **generate_kwargs
+    )
     sequences = out.sequences if isinstance(out, SpeculativeGenerateOutput) else out
     prompt_length = prompt_ids.shape[1]
-    text = None if tokenizer is None else tokenizer.decode(sequences[0, prompt_length:].tolist(), skip_special_tokens=True)
-    return CasdGenerateOutput(sequences, prompt_length, text, getattr(generator, "last_stats", None), list(generator.match_lengths))
+    text = (
+        None if tokenizer is None else tokenizer.decode(sequences[0, prompt_length:].tolist(), skip_special_tokens=True)
+    )
+    return CasdGenerateOutput(
+        sequences, prompt_length, text, getattr(generator, "last_stats", None), list(generator.match_lengths)
+    )
 
 
-def llmlingua2_compressor(rate: float = 1 / 3, model_name: str = LLMLINGUA2_MODEL, device_map: str = "cpu", **compress_kwargs) -> Callable[[str], str]:
+def llmlingua2_compressor(
+    rate: float = 1 / 3, model_name: str = LLMLINGUA2_MODEL, device_map: str = "cpu", **compress_kwargs
+) -> Callable[[str], str]:
     """An LLMLingua-2 context compressor (Pan et al. 2024), as used in the CASD paper (§4.4) at 3×, 5× and 10×.
 
     Needs the optional dependency ``llmlingua`` (``pip install "hf-specdraft[casd]"``) and downloads ``model_name``
@@ -160,7 +174,9 @@ def llmlingua2_compressor(rate: float = 1 / 3, model_name: str = LLMLINGUA2_MODE
     try:
         from llmlingua import PromptCompressor
     except ImportError as error:
-        raise ImportError('llmlingua2_compressor needs the optional dependency llmlingua: pip install "hf-specdraft[casd]"') from error
+        raise ImportError(
+            'llmlingua2_compressor needs the optional dependency llmlingua: pip install "hf-specdraft[casd]"'
+        ) from error
     compressor = PromptCompressor(model_name=model_name, use_llmlingua2=True, device_map=device_map)
 
     def compress(text: str) -> str:

@@ -30,7 +30,9 @@ def context_token_ids(context, argument: str = "context") -> np.ndarray:
     """Token ids given as a tensor, array or list, as an int64 array `(n,)`; ``ValueError`` naming ``argument`` for an
     empty context, a non-integer dtype, more than one sequence, or a negative id."""
     if context is None:
-        raise ValueError(f"{argument} is None: pass the context as text (with a tokenizer) or as token ids (a list, array or tensor)")
+        raise ValueError(
+            f"{argument} is None: pass the context as text (with a tokenizer) or as token ids (a list, array or tensor)"
+        )
     if isinstance(context, str):
         raise ValueError(f"{argument} is text; pass a tokenizer to turn it into token ids")
     if isinstance(context, torch.Tensor):
@@ -44,7 +46,9 @@ def context_token_ids(context, argument: str = "context") -> np.ndarray:
     if array.ndim == 2 and array.shape[0] == 1:
         array = array[0]
     if array.ndim != 1:
-        raise ValueError(f"{argument} must be one sequence of token ids (shape (n,) or (1, n)), got shape {array.shape}")
+        raise ValueError(
+            f"{argument} must be one sequence of token ids (shape (n,) or (1, n)), got shape {array.shape}"
+        )
     if array.size == 0:
         raise ValueError(f"{argument} is empty: CASD drafts from the request's context, so it needs at least one token")
     if not np.issubdtype(array.dtype, np.integer):
@@ -149,7 +153,9 @@ class DraftPool:
         """
         sequence = np.asarray(sequence, dtype=np.int64).reshape(-1)
         foreign = np.flatnonzero((sequence < 0) | (sequence > self.max_token_id))  # ids the pool cannot hold
-        usable = sequence.size - (int(foreign[-1]) + 1 if foreign.size else 0)  # (and must not wrap in the byte encoding)
+        usable = sequence.size - (
+            int(foreign[-1]) + 1 if foreign.size else 0
+        )  # (and must not wrap in the byte encoding)
         max_length = min(max_length, self.max_suffix_length, usable)
         best, best_rows = 0, None
         lo_len, hi_len = min_length, max_length
@@ -183,7 +189,9 @@ class DraftPool:
                 yield length, self._positions(rows, length)
             previous = count
 
-    def continuations(self, positions: np.ndarray, match_length: int, max_draft_length: int, max_matches: int) -> np.ndarray:
+    def continuations(
+        self, positions: np.ndarray, match_length: int, max_draft_length: int, max_matches: int
+    ) -> np.ndarray:
         """The ``max_draft_length`` tokens after each occurrence, in lexicographic row order.
 
         Rows are ordered by the suffix-array rank of their start (which orders their first ``max_suffix_length``

@@ -68,7 +68,13 @@ def top_trie_nodes(rows: np.ndarray, max_nodes: int) -> tuple[np.ndarray, ...]:
         token = by_depth[d, alive[start]]
         real = token >= 0
         local = np.where(real, np.cumsum(real) - 1, -1)  # new node index per group, -1 for ended rows
-        new = [size + np.arange(int(real.sum())), token[real], owner[alive[start[real]]], np.full(int(real.sum()), d), span[real]]
+        new = [
+            size + np.arange(int(real.sum())),
+            token[real],
+            owner[alive[start[real]]],
+            np.full(int(real.sum()), d),
+            span[real],
+        ]
         kept = _top([np.concatenate(pair) for pair in zip(kept, new)], max_nodes, k, m, total)
         in_top = np.zeros(new[0].size + 1, dtype=bool)  # over this depth's new nodes; the last slot is "ended"
         in_top[kept[0][kept[3] == d] - size] = True
@@ -116,8 +122,11 @@ def merge_continuations(continuations: np.ndarray, max_nodes: int, rows_sorted: 
 
 def _tree_of(pool: DraftPool, positions: np.ndarray, length: int, config: CasdConfig) -> DraftTree:
     """The frequency tree of the continuations of the occurrences at ``positions`` `(k,)`."""
-    return merge_continuations(pool.continuations(positions, length, config.max_draft_length, config.max_matches),
-                               config.max_nodes, rows_sorted=True)
+    return merge_continuations(
+        pool.continuations(positions, length, config.max_draft_length, config.max_matches),
+        config.max_nodes,
+        rows_sorted=True,
+    )
 
 
 def add_nodes(tokens: list[int], parents: list[int], tree: DraftTree, max_nodes: int) -> None:

@@ -166,8 +166,13 @@ def lenient_review(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torc
     return int(ok.long().cumprod(0).sum())
 
 
-def lenient_review_sampling(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torch.Tensor, lenience: float,
-                            generator: torch.Generator | None = None) -> tuple[int, int]:
+def lenient_review_sampling(
+    p: torch.Tensor,
+    candidates: torch.Tensor,
+    q_candidates: torch.Tensor,
+    lenience: float,
+    generator: torch.Generator | None = None,
+) -> tuple[int, int]:
     """Probabilistic (lenient) review by a draft when sampling (§3.1); arguments as :func:`lenient_review`, ``p`` warped.
 
     Candidate ``x_i`` passes when ``q(x_i) <= l * p_i(x_i)``, else with probability ``l * p_i(x_i) / q(x_i)``; the
@@ -189,7 +194,9 @@ def lenient_review_sampling(p: torch.Tensor, candidates: torch.Tensor, q_candida
     return k, int(torch.multinomial(p[k], 1, generator=generator))
 
 
-def accept_tree(rows, tree: DraftTree, acceptance: ConditionalAcceptance | None, eos_token_ids: list[int]) -> tuple[list[int], int]:
+def accept_tree(
+    rows, tree: DraftTree, acceptance: ConditionalAcceptance | None, eos_token_ids: list[int]
+) -> tuple[list[int], int]:
     """The accepted path through ``tree`` (siblings unique: :meth:`DraftTree.merge_duplicates`), root-to-leaf node
     indices, and the target's next token after it.
 

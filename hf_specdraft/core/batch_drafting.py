@@ -34,9 +34,13 @@ def target_key_mask(width: int, cached: list[int], positions: torch.Tensor, dtyp
         an additive mask `(A, 1, q, width)`: 0 where the column is the row's and at a position before the query's.
     """
     columns = torch.arange(width, device=positions.device)[None]
-    key_positions = columns - (width - torch.tensor(cached, device=positions.device))[:, None]  # (A, width); < 0: padding
+    key_positions = (
+        columns - (width - torch.tensor(cached, device=positions.device))[:, None]
+    )  # (A, width); < 0: padding
     allowed = (key_positions >= 0)[:, None, :] & (key_positions[:, None, :] < positions[:, :, None])
-    return torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )[:, None]
 
 
 class BatchProposer:
@@ -85,7 +89,10 @@ class BatchChainDrafter(BatchProposer):
         index = torch.tensor(survivors, dtype=torch.long)
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                layer.keys, layer.values = layer.keys.index_select(0, index.to(layer.keys.device)), layer.values.index_select(0, index.to(layer.keys.device))
+                layer.keys, layer.values = (
+                    layer.keys.index_select(0, index.to(layer.keys.device)),
+                    layer.values.index_select(0, index.to(layer.keys.device)),
+                )
 
     @torch.no_grad()
     def propose(self, requests: list, target: tuple | None = None) -> list[DraftTree]:
@@ -100,7 +107,11 @@ class BatchChainDrafter(BatchProposer):
         device, gamma = self.device, requests[0].num_draft_tokens or self.num_draft_tokens
         texts = [request.input_ids[0].to(device) for request in requests]
         keep = [common_prefix(seen.to(device), ids) for seen, ids in zip(self.seen, texts)]
-        if self.cache.layers and getattr(self.cache.layers[0], "keys", None) is not None and self.cache.layers[0].keys.numel():
+        if (
+            self.cache.layers
+            and getattr(self.cache.layers[0], "keys", None) is not None
+            and self.cache.layers[0].keys.numel()
+        ):
             repack_cache(self.cache, [self.columns[a][: keep[a]] for a in range(len(texts))], torch.arange(len(texts)))
         width = max(keep)
         feeds = [ids[k:].to(device) for ids, k in zip(texts, keep)]
@@ -113,7 +124,9 @@ class BatchChainDrafter(BatchProposer):
             mask[a, width - k : width] = 1
             mask[a, width + chunk - feed.numel() :] = 1
             positions[a, chunk - feed.numel() :] = k + torch.arange(feed.numel(), device=device)
-            self.columns[a] = torch.cat([torch.arange(width - k, width), torch.arange(width + chunk - feed.numel(), width + chunk)])
+            self.columns[a] = torch.cat(
+                [torch.arange(width - k, width), torch.arange(width + chunk - feed.numel(), width + chunk)]
+            )
         tokens, probs = [], []
         for step in range(gamma):
             logits = self.forward(ids, mask, positions)  # (A, V)

@@ -77,7 +77,12 @@ def trim_windows(cache: DynamicCache) -> None:
     """
     for layer in cache.layers:
         window = getattr(layer, "sliding_window", None)
-        if window and getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > window - 1 >= 0 and layer.cumulative_length >= window:
+        if (
+            window
+            and getattr(layer, "is_initialized", False)
+            and layer.keys.shape[-2] > window - 1 >= 0
+            and layer.cumulative_length >= window
+        ):
             layer.keys = layer.keys[:, :, -window + 1 :]
             layer.values = layer.values[:, :, -window + 1 :]
 
@@ -134,18 +139,27 @@ def repack_cache(cache: DynamicCache, keep: list[torch.Tensor], rows: torch.Tens
         filler = k[:1] if k.numel() else torch.zeros(1, dtype=torch.long)
         index[i] = torch.cat([filler.expand(width - k.numel()), k])  # padding slots copy a kept column: finite, masked
     rows = rows.cpu()
-    flats: dict[tuple, torch.Tensor] = {}  # (heads, columns, device) -> flat indices of the kept (row, head, column) vectors
+    flats: dict[
+        tuple, torch.Tensor
+    ] = {}  # (heads, columns, device) -> flat indices of the kept (row, head, column) vectors
     for layer in cache.layers:
         if getattr(layer, "keys", None) is None or not layer.keys.numel():
             continue  # a layer that holds nothing yet (pipeline-split or lazily built caches) has nothing to keep
         heads, columns = layer.keys.shape[1:3]
         key = (heads, columns, layer.keys.device)
         if key not in flats:  # layers may sit on several devices (device_map="auto")
-            flats[key] = ((rows[:, None, None] * heads + torch.arange(heads)[None, :, None]) * columns
-                          + index[:, None, :]).reshape(-1).to(layer.keys.device)
+            flats[key] = (
+                ((rows[:, None, None] * heads + torch.arange(heads)[None, :, None]) * columns + index[:, None, :])
+                .reshape(-1)
+                .to(layer.keys.device)
+            )
         flat = flats[key]  # one index_select per tensor: 3x faster on CPU than gather with an expanded index
-        layer.keys = layer.keys.reshape(-1, layer.keys.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
-        layer.values = layer.values.reshape(-1, layer.values.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
+        layer.keys = (
+            layer.keys.reshape(-1, layer.keys.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
+        )
+        layer.values = (
+            layer.values.reshape(-1, layer.values.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
+        )
 
 
 def row_cache(cache: DynamicCache, a: int, row: Row) -> DynamicCache:

@@ -44,8 +44,16 @@ PRIOR_WEIGHT = 1.0  # pseudo-count of each a_j's prior (the position before it)
 CONFIDENCE_BINS = 10  # â(c) is measured for draft tokens in ten bins of their probability c
 CONFIDENCE_PRIOR_WEIGHT = 2.0  # pseudo-count of each bin's prior, the bin's middle confidence (a calibrated draft)
 PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measured: a 2-core CPU's few-token forward
-EXPLORE_EVERY = 8  # every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
-COPY_MATCH_BINS = (2, 3, 5, 8, 16)  # a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on
+EXPLORE_EVERY = (
+    8  # every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
+)
+COPY_MATCH_BINS = (
+    2,
+    3,
+    5,
+    8,
+    16,
+)  # a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on
 # longer (cpu-copy-acceptance*.json: accepted per copy 2.6-2.8 after a 2-token match, 6.4 after 16 or more on chat)
 COPY_PRIOR = 0.6  # the prior of a copy's first token being right, in every match bin, replaced within a few copies
 COPY_START = 6  # tokens copied while the cost curve is not measured yet
@@ -63,8 +71,14 @@ class DraftLengthController:
             (:func:`~hf_specdraft.core.static_layout.bucket_for`): γ is weighed at that cost, never causing a compile.
     """
 
-    def __init__(self, max_draft_tokens: int = 8, widths: tuple[float, ...] = (1.0,), decay: float = 0.95, bucket=None,
-                 max_copy_tokens: int | None = None):
+    def __init__(
+        self,
+        max_draft_tokens: int = 8,
+        widths: tuple[float, ...] = (1.0,),
+        decay: float = 0.95,
+        bucket=None,
+        max_copy_tokens: int | None = None,
+    ):
         check_int("max_draft_tokens", max_draft_tokens)
         check_int("max_copy_tokens", max_copy_tokens, allow_none=True, what="None: max_draft_tokens")
         self.max_draft_tokens, self.widths, self.decay = max_draft_tokens, tuple(widths), decay
@@ -93,7 +107,9 @@ class DraftLengthController:
         self._reader = None  # (the cost curve it read, _verify_reader's function)
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
-        self.agree_seconds = None  # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
+        self.agree_seconds = (
+            None  # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
+        )
 
     def budget(self, gamma: int) -> int | None:
         """The tree budget (nodes) of a step drafting γ under the current option; ``None`` for a chain drafter."""
@@ -170,7 +186,9 @@ class DraftLengthController:
             return lambda n: verify[k] * max(1 + PRIOR_SLOPE * (n - k), 0.5)
         mean_n = sum(known) / len(known)
         mean_v = sum(verify[k] for k in known) / len(known)
-        slope = max(sum((k - mean_n) * (verify[k] - mean_v) for k in known) / sum((k - mean_n) ** 2 for k in known), 0.0)
+        slope = max(
+            sum((k - mean_n) * (verify[k] - mean_v) for k in known) / sum((k - mean_n) ** 2 for k in known), 0.0
+        )
         floor = min(verify.values())
         return lambda n: max(mean_v + slope * (n - mean_n), floor)
 
@@ -214,7 +232,9 @@ class DraftLengthController:
         if len(self.verify) < 2:
             return min(top, COPY_START)
         best, best_rate, expected, alive, verify = 0, 0.0, 1.0, 1.0, self._verify_reader()
-        for n, c in enumerate(self._rates(self.copy_hits[self._copy_bin], self.copy_tries[self._copy_bin], COPY_PRIOR)[:top], 1):
+        for n, c in enumerate(
+            self._rates(self.copy_hits[self._copy_bin], self.copy_tries[self._copy_bin], COPY_PRIOR)[:top], 1
+        ):
             alive *= c
             expected += alive
             rate = expected / verify(self.bucket(n + 1))
@@ -277,7 +297,9 @@ class DraftLengthController:
             gamma, self.option = min(1 if not self.verify else 3, top), last if not self.verify else 0
         elif self.confidence_stops:  # each draft stops on its own confidence (keep_drafting), up to the longest
             if last:  # a tree drafter: the width whose confidence-stopped steps realized the most tokens per second
-                rates = [t / s if s else float("inf") for t, s in zip(self.stop_tokens, self.stop_seconds)]  # unrun: first
+                rates = [
+                    t / s if s else float("inf") for t, s in zip(self.stop_tokens, self.stop_seconds)
+                ]  # unrun: first
                 self.option = max(range(len(self.widths)), key=rates.__getitem__)
                 if self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 - 1:  # and the other widths, in turn
                     self.option = self._other_width()
@@ -285,8 +307,10 @@ class DraftLengthController:
         else:
             verify = self._verify_reader()
             rates = [self.rates(o, verify) for o in range(len(self.widths))]
-            gamma, self.option = max(((g, o) for o in range(len(self.widths)) for g in range(1, top + 1)),
-                                     key=lambda c: rates[c[1]][c[0] - 1])
+            gamma, self.option = max(
+                ((g, o) for o in range(len(self.widths)) for g in range(1, top + 1)),
+                key=lambda c: rates[c[1]][c[0] - 1],
+            )
             phase = self.steps % EXPLORE_EVERY
             if phase == EXPLORE_EVERY - 1:  # probe beside the best γ, alternating sides
                 gamma = min(max(gamma + (1 if (self.steps // EXPLORE_EVERY) % 2 == 0 else -1), 1), top)
@@ -299,15 +323,26 @@ class DraftLengthController:
     def _stop_on_confidence(self) -> int:
         """Arm :meth:`keep_drafting` (this step's costs ``j · d + v(1 + max(j, width · j))``); the longest draft allowed."""
         d, width, verify = self.draft_per_token or 0.0, self.widths[self.option], self._verify_reader()
-        self._draft_costs = [j * d + verify(self.bucket(max(j, round(width * j)) + 1)) for j in range(self.max_draft_tokens + 1)]
+        self._draft_costs = [
+            j * d + verify(self.bucket(max(j, round(width * j)) + 1)) for j in range(self.max_draft_tokens + 1)
+        ]
         return self.max_draft_tokens
 
     def _other_width(self) -> int:
         """The width option an exploring step runs instead of the current one: each of the others in turn."""
         return (self.option + 1 + (self.steps // EXPLORE_EVERY) % (len(self.widths) - 1)) % len(self.widths)
 
-    def observe(self, drafted: int, accepted: list[int], draft_seconds: float, verify_seconds: float, verify_tokens: int,
-                on_chain: list[int] | None = None, confidences: list[list[float]] | None = None, copied: bool = False) -> None:
+    def observe(
+        self,
+        drafted: int,
+        accepted: list[int],
+        draft_seconds: float,
+        verify_seconds: float,
+        verify_tokens: int,
+        on_chain: list[int] | None = None,
+        confidences: list[list[float]] | None = None,
+        copied: bool = False,
+    ) -> None:
         """One step's outcome, under the current :attr:`option`.
 
         Args:
@@ -326,7 +361,9 @@ class DraftLengthController:
         self.steps += 1
         if copied:
             b = self._copy_bin
-            self.copy_tries[b], self.copy_hits[b] = self._count(self.copy_tries[b], self.copy_hits[b], drafted, accepted)
+            self.copy_tries[b], self.copy_hits[b] = self._count(
+                self.copy_tries[b], self.copy_hits[b], drafted, accepted
+            )
             if self.choices:
                 self.choices[-1] = drafted
             self._time_forward(verify_tokens, verify_seconds)
@@ -336,7 +373,9 @@ class DraftLengthController:
         if confidences is not None:  # the confidence bins: every judged draft token, accepted or not
             self.bin_tries = [t * self.decay for t in self.bin_tries]
             self.bin_hits = [h * self.decay for h in self.bin_hits]
-            for count, row in zip(accepted if on_chain is None else on_chain, confidences):  # a tree: its chain's tokens
+            for count, row in zip(
+                accepted if on_chain is None else on_chain, confidences
+            ):  # a tree: its chain's tokens
                 for j, c in enumerate(row[: count + 1]):
                     b = min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
                     self.bin_tries[b] += 1
@@ -346,14 +385,18 @@ class DraftLengthController:
             self.stop_seconds[o] = self.decay * self.stop_seconds[o] + draft_seconds / len(accepted) + verify_seconds
         if self._draft_costs is not None and self.choices:
             self.choices[-1] = drafted  # what a confidence-stopped step drafted, not the cap it was given
-            if drafted and not self._asked:  # a drafter that says it stops on confidence but never asked: choose γ again
+            if (
+                drafted and not self._asked
+            ):  # a drafter that says it stops on confidence but never asked: choose γ again
                 self.confidence_stops = False
         if on_chain is not None and o != 0 and self.widths[0] == 1.0:
             self.tries[0], self.hits[0] = self._count(self.tries[0], self.hits[0], drafted, on_chain)
         if drafted:
             self.measured_width[o] = 0.7 * self.measured_width[o] + 0.3 * max((verify_tokens - 1) / drafted, 1.0)
             per_token = draft_seconds / drafted
-            self.draft_per_token = per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
+            self.draft_per_token = (
+                per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
+            )
         self._time_forward(verify_tokens, verify_seconds)
 
     def _time_forward(self, verify_tokens: int, verify_seconds: float) -> None:
@@ -369,8 +412,20 @@ class DraftLengthController:
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: (anchor ref, state)}
-_CARRIED = ("verify", "verify_samples", "draft_per_token", "measured_width", "tries", "hits", "bin_tries", "bin_hits",
-            "stop_tokens", "stop_seconds", "copy_tries", "copy_hits")  # what a call passes on to the next
+_CARRIED = (
+    "verify",
+    "verify_samples",
+    "draft_per_token",
+    "measured_width",
+    "tries",
+    "hits",
+    "bin_tries",
+    "bin_hits",
+    "stop_tokens",
+    "stop_seconds",
+    "copy_tries",
+    "copy_hits",
+)  # what a call passes on to the next
 _ADDED = ("copy_tries", "copy_hits")  # fields a state saved by an earlier version lacks
 
 
@@ -396,7 +451,9 @@ def _fits(value, fresh) -> bool:
     if isinstance(fresh, list):
         return isinstance(value, list) and len(value) == len(fresh) and all(_fits(v, f) for v, f in zip(value, fresh))
     if isinstance(fresh, dict):
-        return isinstance(value, dict) and all(isinstance(v, number) and not isinstance(v, bool) and v >= 0 for v in value.values())
+        return isinstance(value, dict) and all(
+            isinstance(v, number) and not isinstance(v, bool) and v >= 0 for v in value.values()
+        )
     if fresh is None:
         return value is None or (isinstance(value, number) and not isinstance(value, bool) and value >= 0)
     return isinstance(value, number) and not isinstance(value, bool)
@@ -439,7 +496,9 @@ def recall(controller: DraftLengthController, model, drafter, setting: tuple = (
     return saved is not None and _restore(controller, saved)
 
 
-SAVE_EVERY = 30.0  # seconds between two saves of one entry to disk (a loop of short calls does not rewrite the file each time)
+SAVE_EVERY = (
+    30.0  # seconds between two saves of one entry to disk (a loop of short calls does not rewrite the file each time)
+)
 _SAVED: dict[str, float] = {}  # disk key -> when this process last saved it
 _PENDING: dict[str, tuple] = {}  # disk key -> (its file, the newest state not saved yet): saved when the process exits
 
@@ -489,7 +548,9 @@ def forget(model=None) -> None:
     try:
         _MEMORY.pop(model, None)
     except TypeError:
-        raise TypeError(f"forget(model) takes a model (the target passed to generate) or None, got {type(model).__name__}") from None
+        raise TypeError(
+            f"forget(model) takes a model (the target passed to generate) or None, got {type(model).__name__}"
+        ) from None
     for key in [k for k in _PENDING if belongs_to(k, model)]:
         del _PENDING[key]
     drop_states(model)

@@ -85,8 +85,13 @@ class DynamicDraftCache(DraftCache):
         self.past_key_values.crop(max_length)
 
     def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
-        out = self.model(input_ids=feed, **with_cache(self.model, self.past_key_values), use_cache=True,
-                         logits_to_keep=rows, **(extra or {}))
+        out = self.model(
+            input_ids=feed,
+            **with_cache(self.model, self.past_key_values),
+            use_cache=True,
+            logits_to_keep=rows,
+            **(extra or {}),
+        )
         return out.logits[0, -rows:]
 
 
@@ -100,10 +105,18 @@ class StaticDraftCache(DraftCache):
         reads: as :class:`DraftCache`'s; asked with ``committed=None`` for the warm-up's inputs.
     """
 
-    def __init__(self, draft_model, generation_config: GenerationConfig, compile_config: CompileConfig,
-                 role: str = "draft", reads: Callable | None = None):
+    def __init__(
+        self,
+        draft_model,
+        generation_config: GenerationConfig,
+        compile_config: CompileConfig,
+        role: str = "draft",
+        reads: Callable | None = None,
+    ):
         super().__init__(draft_model, reads)
-        hold_draft(draft_model)  # StaticCacheBusy while another call drafts or verifies with this model: the caller stays eager
+        hold_draft(
+            draft_model
+        )  # StaticCacheBusy while another call drafts or verifies with this model: the caller stays eager
         config = copy.copy(generation_config)
         config.compile_config, config.disable_compile = compile_config, False
         self.static = static_target(draft_model, config, 1, role=role, buckets=DRAFT_BUCKETS)
@@ -125,7 +138,9 @@ class StaticDraftCache(DraftCache):
         start, n = self.length, feed.shape[1]
         compiled = self.static.compiled and self.static.cache.layers[0].is_initialized and n <= DRAFT_BUCKETS[-1]
         logits = self._run(feed[0], start, self.static.bucket(n) if compiled else n, compiled, extra, rows)
-        if not compiled and self.static.compiled and not self.static.cache.warmed:  # the buffers exist now: every bucket, once
+        if (
+            not compiled and self.static.compiled and not self.static.cache.warmed
+        ):  # the buffers exist now: every bucket, once
             self.warm_up(extra)
         self.length = start + n
         return (logits[0, n - rows : n] if compiled else logits[0, -rows:]).float()
@@ -147,7 +162,9 @@ class StaticDraftCache(DraftCache):
             dummies = torch.zeros(bucket, dtype=torch.long)
             self.static.capture(bucket, lambda b=bucket, t=dummies: self._run(t, length - b, b, True, extra))
 
-    def _run(self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra, rows: int = 1) -> torch.Tensor:
+    def _run(
+        self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra, rows: int = 1
+    ) -> torch.Tensor:
         """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``; the whole buffer when compiled.
         Returns the logits of every query when compiled (a fixed shape), of the last ``rows`` when eager (a prompt)."""
         length = self.static.cache.max_cache_len if compiled else start + width
@@ -161,9 +178,17 @@ class StaticDraftCache(DraftCache):
         ids[0, : tokens.shape[0]].copy_(tokens)  # the feed stays where it was drafted: nothing is read back
         cache.set_write_columns([start], width, device)
         more = extra(columns) if extra is not None else {}
-        inputs = {"input_ids": ids, "position_ids": stage(buffers, "position_ids", columns[None], device),
-                  "attention_mask": stage(buffers, "attention_mask", cache.masks(visible, columns[None], keys), device),
-                  **{name: stage(buffers, name, value, device) if name.endswith("attention_mask") else value for name, value in more.items()}}
+        inputs = {
+            "input_ids": ids,
+            "position_ids": stage(buffers, "position_ids", columns[None], device),
+            "attention_mask": stage(buffers, "attention_mask", cache.masks(visible, columns[None], keys), device),
+            **{
+                name: stage(buffers, name, value, device) if name.endswith("attention_mask") else value
+                for name, value in more.items()
+            },
+        }
         if compiled:
             return self.static._forward(**inputs)[0]
-        return self.model(**inputs, **with_cache(self.model, self.static.cache), use_cache=True, logits_to_keep=rows).logits
+        return self.model(
+            **inputs, **with_cache(self.model, self.static.cache), use_cache=True, logits_to_keep=rows
+        ).logits

@@ -45,8 +45,10 @@ def output_vocab_size(model: PreTrainedModel) -> int:
 def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel, argument: str = "draft_model") -> None:
     target_vocab, draft_vocab = output_vocab_size(target), output_vocab_size(draft)
     if target_vocab != draft_vocab:
-        raise ValueError(f"{argument} predicts {draft_vocab} token ids but the target predicts {target_vocab}; a draft must "
-                         "share the target's vocabulary (use a draft trained with the target's tokenizer)")
+        raise ValueError(
+            f"{argument} predicts {draft_vocab} token ids but the target predicts {target_vocab}; a draft must "
+            "share the target's vocabulary (use a draft trained with the target's tokenizer)"
+        )
 
 
 def check_same_device(target: PreTrainedModel, draft: PreTrainedModel, argument: str = "draft_model") -> None:
@@ -55,16 +57,20 @@ def check_same_device(target: PreTrainedModel, draft: PreTrainedModel, argument:
     if getattr(target, "hf_device_map", None) is not None or getattr(draft, "hf_device_map", None) is not None:
         return  # a model split over devices (device_map="auto") hands tensors between its own devices
     if draft.device != target.device:
-        raise ValueError(f"{argument} is on {draft.device} but the target is on {target.device}: put the draft on the target's "
-                         f"device first, e.g. {argument}.to(target.device)")
+        raise ValueError(
+            f"{argument} is on {draft.device} but the target is on {target.device}: put the draft on the target's "
+            f"device first, e.g. {argument}.to(target.device)"
+        )
 
 
 def check_drafter(draft_model: PreTrainedModel, argument: str = "draft_model") -> None:
     """A drafter re-syncs its own cache by cropping it to the accepted prefix: attention layers only."""
     others = sorted({name for name in cache_layer_names(draft_model) if name not in ATTENTION_LAYERS})
     if others or recurrent_state(draft_model):
-        raise ValueError(f"{argument} is a {model_type(draft_model)!r} model whose cache holds {others or 'its own recurrent state'}; "
-                         "a draft model must be attention-only (its cache is cropped back to the accepted text every step)")
+        raise ValueError(
+            f"{argument} is a {model_type(draft_model)!r} model whose cache holds {others or 'its own recurrent state'}; "
+            "a draft model must be attention-only (its cache is cropped back to the accepted text every step)"
+        )
 
 
 def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList:
@@ -82,7 +88,9 @@ def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList
 
 
 AUTO = "auto"  # num_draft_tokens="auto": the loop's DraftLengthController picks γ every step (core/controller.py)
-AUTO_START = 5  # γ of an auto drafter wrapped by another (CAPE, the cascade), which reads it once: the papers' §5.1 value
+AUTO_START = (
+    5  # γ of an auto drafter wrapped by another (CAPE, the cascade), which reads it once: the papers' §5.1 value
+)
 AUTO_MAX = 8  # the longest draft the controller considers
 
 
@@ -97,12 +105,18 @@ class DrafterTraits:
     adaptive_budget: bool = False  # a tree drafter whose node budget the controller picks too
     max_draft_tokens: int = AUTO_MAX  # the longest γ the controller considers for it
     stops_on_confidence: bool = False  # a chain that asks the loop's stop rule after every drafted token
-    widens_chain: bool = False  # its trees are a chain plus leaves (CAPE): the controller learns what the chain alone accepts
+    widens_chain: bool = (
+        False  # its trees are a chain plus leaves (CAPE): the controller learns what the chain alone accepts
+    )
     reads_target_cache: bool = True  # propose() reads the target's cache (the loop builds a view only for those)
     tokens_in_vocab: bool = False  # its tokens come from a draft checked to share the target's vocabulary
     requires_model_outputs: bool = False  # it reads the target's state (core.target_state)
-    model_kwargs_overrides: dict = field(default_factory=dict)  # what it asks of the target's forward (core.target_state)
-    compiles_draft: bool = False  # it has compile_draft: on the compiled static path its draft runs on a static cache of its own
+    model_kwargs_overrides: dict = field(
+        default_factory=dict
+    )  # what it asks of the target's forward (core.target_state)
+    compiles_draft: bool = (
+        False  # it has compile_draft: on the compiled static path its draft runs on a static cache of its own
+    )
     learns_from_outcome: bool = False  # it learns from each step's DraftOutcome (update_candidate_strategy)
 
 
@@ -166,7 +180,9 @@ def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_ST
     if value == AUTO:
         return start, True
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{argument} must be a positive int or 'auto' (chosen every step from measured costs), got {value!r}")
+        raise ValueError(
+            f"{argument} must be a positive int or 'auto' (chosen every step from measured costs), got {value!r}"
+        )
     return value, False
 
 
@@ -192,7 +208,9 @@ class TreeCandidateGenerator(CandidateGenerator):
     requires_model_outputs = False
     controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
     stops_on_confidence = False  # a chain drafter that asks the request's stop_rule after every drafted token says True
-    tokens_in_vocab = False  # True for a drafter whose tokens come from a draft checked to share the target's vocabulary
+    tokens_in_vocab = (
+        False  # True for a drafter whose tokens come from a draft checked to share the target's vocabulary
+    )
     reads_target_cache = True  # it reads the request's target_cache (GLIDE); False: the loop builds it no view
     model_kwargs_overrides = MappingProxyType({})  # with requires_model_outputs: what it asks of the target's forward
     compiles_draft = False  # True for a drafter with compile_draft(generation_config, compile_config, target_cache)
@@ -233,13 +251,18 @@ class TreeCandidateGenerator(CandidateGenerator):
             return self.propose(request.input_ids, request.target_cache)
         return self.propose(request.input_ids, request.target_cache, target_state=request.target_state)
 
-    def propose(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None,
-                target_state: TargetState | None = None) -> DraftTree:
+    def propose(
+        self,
+        input_ids: torch.LongTensor,
+        target_cache: DynamicCache | None = None,
+        target_state: TargetState | None = None,
+    ) -> DraftTree:
         """Draft a tree to follow ``input_ids`` `(1, L)`; ``target_cache`` (read-only) covers ``input_ids[:, :-1]``. A
         :meth:`draft_tree` drafter answers a request holding these alone (its own γ, no rules)."""
         if self._answers_requests is None:
-            raise NotImplementedError(f"{type(self).__name__} implements neither propose(input_ids, target_cache) nor "
-                                      "draft_tree(request)")
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither propose(input_ids, target_cache) nor draft_tree(request)"
+            )
         return self._answers_requests(DraftRequest(input_ids, target_cache=target_cache, target_state=target_state))
 
     @property
@@ -247,8 +270,10 @@ class TreeCandidateGenerator(CandidateGenerator):
         """Whether the loop hands this drafter each step's :class:`DraftOutcome`: where its class refines :meth:`learn`
         or transformers' ``update_candidate_strategy``."""
         cls = type(self)
-        return (cls.learn is not TreeCandidateGenerator.learn
-                or cls.update_candidate_strategy is not TreeCandidateGenerator.update_candidate_strategy)
+        return (
+            cls.learn is not TreeCandidateGenerator.learn
+            or cls.update_candidate_strategy is not TreeCandidateGenerator.update_candidate_strategy
+        )
 
     def learn(self, outcome: DraftOutcome) -> None:
         """What the step kept of the proposal, handed to transformers' ``update_candidate_strategy``."""
@@ -300,7 +325,9 @@ class TreeCandidateGenerator(CandidateGenerator):
     def count_call(self, name: str, n: int = 1) -> None:
         self.forward_calls[name] = self.forward_calls.get(name, 0) + n
 
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+    def get_candidates(
+        self, input_ids: torch.LongTensor, **kwargs
+    ) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         model_kwargs = kwargs.get("model_kwargs") or {}
         chain = self.draft_tree(DraftRequest(input_ids, target_cache=output_cache(model_kwargs))).main_chain()
         ids = torch.cat([input_ids, chain.tokens.to(input_ids.device)[None]], dim=-1)
@@ -316,7 +343,9 @@ def _share_tensors(obj, memo: dict[int, object], visited: set[int], depth: int =
     if id(obj) in visited or depth > 8 or isinstance(obj, (str, bytes, int, float, bool, type(None))):
         return
     visited.add(id(obj))
-    if isinstance(obj, (torch.nn.Module, torch.Tensor, memoryview)) or type(obj).__module__ == "numpy":  # read-only while drafting
+    if (
+        isinstance(obj, (torch.nn.Module, torch.Tensor, memoryview)) or type(obj).__module__ == "numpy"
+    ):  # read-only while drafting
         memo[id(obj)] = obj
         return
     if isinstance(obj, dict):
@@ -386,21 +415,33 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         model, cache = self.draft_model, croppable_cache(self.draft_model)
 
         def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return model(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(model, cache), use_cache=True,
-                         logits_to_keep=1).logits[:, -1]
+            return model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                **with_cache(model, cache),
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
 
         return BatchChainDrafter(drafters, cache, forward, model.device)
 
 
-def same_drafters(first: TreeCandidateGenerator, drafters: list[TreeCandidateGenerator], model_attribute: str, owner: type) -> bool:
+def same_drafters(
+    first: TreeCandidateGenerator, drafters: list[TreeCandidateGenerator], model_attribute: str, owner: type
+) -> bool:
     """Whether every row drafts as ``first`` (same class, model object and γ) through ``owner``'s own ``draft_tree``,
     which the batch proposer stands in for (a subclass overriding ``draft_tree`` or ``propose`` drafts row by row)."""
     model = getattr(first, model_attribute)
     return type(first).draft_tree is owner.draft_tree and all(
-        type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens for d in drafters)
+        type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens
+        for d in drafters
+    )
 
 
-DrafterFactory = Callable[..., TreeCandidateGenerator]  # factory(draft_model, num_draft_tokens=γ or "auto"[, copy options])
+DrafterFactory = Callable[
+    ..., TreeCandidateGenerator
+]  # factory(draft_model, num_draft_tokens=γ or "auto"[, copy options])
 DRAFTERS: dict[str, DrafterFactory] = {}  # model_type -> drafter, filled by the method packages (hf_specdraft.glide)
 
 
@@ -410,16 +451,25 @@ def register_drafter(model_type: str, factory: DrafterFactory) -> None:
     if not isinstance(model_type, str) or not model_type:
         raise ValueError(f"model_type must be a non-empty string, got {model_type!r}")
     if not callable(factory):
-        raise TypeError(f"factory must be callable as factory(draft_model, num_draft_tokens=...), got {type(factory).__name__}")
+        raise TypeError(
+            f"factory must be callable as factory(draft_model, num_draft_tokens=...), got {type(factory).__name__}"
+        )
     DRAFTERS[model_type] = factory
 
 
-def drafter_for(draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO, copy_from_context=None,
-                max_copy_tokens: int | None = None) -> TreeCandidateGenerator:
+def drafter_for(
+    draft_model: PreTrainedModel,
+    num_draft_tokens: int | str = AUTO,
+    copy_from_context=None,
+    max_copy_tokens: int | None = None,
+) -> TreeCandidateGenerator:
     """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`; the copy
     options (GLIDE's) go to the factory where not None (a drafter that never copies takes only a false one)."""
-    copying = {name: value for name, value in (("copy_from_context", copy_from_context), ("max_copy_tokens", max_copy_tokens))
-               if value is not None}
+    copying = {
+        name: value
+        for name, value in (("copy_from_context", copy_from_context), ("max_copy_tokens", max_copy_tokens))
+        if value is not None
+    }
     factory = DRAFTERS.get(getattr(draft_model.config, "model_type", None), DraftModelCandidateGenerator)
     if factory is DraftModelCandidateGenerator:
         refuse_copying(draft_model, copying)
@@ -429,15 +479,22 @@ def drafter_for(draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO
 
 def refuse_copying(draft_model: PreTrainedModel, copying: dict) -> None:
     """Raise a ``ValueError`` naming the argument when ``copying`` asks a draft that never copies from the context to copy."""
-    asked = [f"{name}={value!r}" for name, value in copying.items() if value is not None and value is not False and value != 0]
+    asked = [
+        f"{name}={value!r}"
+        for name, value in copying.items()
+        if value is not None and value is not False and value != 0
+    ]
     if asked:
         kind = getattr(draft_model.config, "model_type", None)
-        raise ValueError(f"{', '.join(asked)}: a {kind!r} draft model does not copy from the context (GLIDE-family drafts, "
-                         f"model_type 'glide', do); leave copy_from_context and max_copy_tokens unset, or copy_from_context=False")
+        raise ValueError(
+            f"{', '.join(asked)}: a {kind!r} draft model does not copy from the context (GLIDE-family drafts, "
+            f"model_type 'glide', do); leave copy_from_context and max_copy_tokens unset, or copy_from_context=False"
+        )
 
 
-def draft_chain(generator: TreeCandidateGenerator, request: DraftRequest, next_logits,
-                device: torch.device) -> DraftTree:
+def draft_chain(
+    generator: TreeCandidateGenerator, request: DraftRequest, next_logits, device: torch.device
+) -> DraftTree:
     """Draft γ tokens (the request's, else the generator's) one by one on the generator's own cache, re-synced first to
     the request's text (:func:`resync`), stopping early where the request's ``stop_rule`` says so. The draft model's
     drafter and GLIDE share it.
@@ -457,7 +514,9 @@ def draft_chain(generator: TreeCandidateGenerator, request: DraftRequest, next_l
     feed = ids[keep:][None]  # invariant after this: the cache covers ids, then each drafted token
     tokens, probs, confidences = [], [], []
     for _ in range(request.num_draft_tokens or generator.num_draft_tokens):
-        context = torch.cat([ids[None], *tokens], dim=-1) if generator.warpers else ids[None]  # warpers see the drafted prefix
+        context = (
+            torch.cat([ids[None], *tokens], dim=-1) if generator.warpers else ids[None]
+        )  # warpers see the drafted prefix
         q = generator.draft_distribution(next_logits(feed), context)
         feed = generator.pick(q)  # (1, 1), left on the device: the next feed, and the tree's token
         tokens.append(feed)
@@ -516,7 +575,13 @@ class DraftModelTreeScorer:
         ``target_cache`` (read-only) is for GLIDE's scorer, which glimpses it here and in every :meth:`extend`."""
         ids = input_ids[0].to(self.draft_model.device)
         keep = resync_cache(self.cache, self.seen, ids)
-        logits = self._forward(target_cache, input_ids=ids[keep:][None], **with_cache(self.draft_model, self.cache), use_cache=True, logits_to_keep=1).logits[0, -1:]
+        logits = self._forward(
+            target_cache,
+            input_ids=ids[keep:][None],
+            **with_cache(self.draft_model, self.cache),
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[0, -1:]
         self.target_cache = target_cache
         self.seen = ids
         return self.distribution(logits)
@@ -536,11 +601,16 @@ class DraftModelTreeScorer:
         prefix, n = self.seen.numel(), tokens.numel()
         mask, node_positions = tree_mask(parents, prefix, dtype, device, queries=n)
         positions = node_positions[:, -n:]
-        keys = torch.cat([torch.arange(prefix, device=device), node_positions[0]])  # the cache holds the prefix, then every node
+        keys = torch.cat(
+            [torch.arange(prefix, device=device), node_positions[0]]
+        )  # the cache holds the prefix, then every node
         logits = self._forward(
-            self.target_cache, input_ids=tokens.to(device)[None], position_ids=positions,
+            self.target_cache,
+            input_ids=tokens.to(device)[None],
+            position_ids=positions,
             attention_mask=self.windows.masks(mask, positions, keys, self.cache),
-            **with_cache(self.draft_model, self.cache), use_cache=True,
+            **with_cache(self.draft_model, self.cache),
+            use_cache=True,
         ).logits[0]
         return self.distribution(logits)
 

@@ -43,13 +43,26 @@ class TargetRows:
     transformers' assisted decoding. Rows are processed only when acceptance asks for them.
     """
 
-    def __init__(self, logits: torch.Tensor, row: Row, tree: DraftTree, processor: LogitsProcessorList,
-                 generation_config: GenerationConfig, choices: list[int] | None = None):
-        self.logits, self.row, self.tree = logits, row, tree  # logits: (1+N, V) float32; the row's ids read only for processors
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        row: Row,
+        tree: DraftTree,
+        processor: LogitsProcessorList,
+        generation_config: GenerationConfig,
+        choices: list[int] | None = None,
+    ):
+        self.logits, self.row, self.tree = (
+            logits,
+            row,
+            tree,
+        )  # logits: (1+N, V) float32; the row's ids read only for processors
         self.processor = processor if len(processor) else None
         self.do_sample = generation_config.do_sample
         self._scores, self._probs, self._choice = {}, {}, {}
-        if choices is not None:  # greedy without processors: the argmax at every row, read back with the step's one read
+        if (
+            choices is not None
+        ):  # greedy without processors: the argmax at every row, read back with the step's one read
             self._choice = dict(enumerate(choices))
         elif self.processor is None and not self.do_sample:
             self._choice = dict(enumerate(logits.argmax(-1).tolist()))
@@ -73,7 +86,9 @@ class TargetRows:
     def choice(self, row: int) -> int:
         """The target's own token at this row: argmax, or a sample from p when sampling."""
         if row not in self._choice:
-            self._choice[row] = int(torch.multinomial(self.probs(row), 1)) if self.do_sample else int(self.scores(row).argmax())
+            self._choice[row] = (
+                int(torch.multinomial(self.probs(row), 1)) if self.do_sample else int(self.scores(row).argmax())
+            )
         return self._choice[row]
 
 
@@ -83,12 +98,16 @@ class HostStops:
 
     def __init__(self, stopping_criteria: StoppingCriteriaList | None, generation_config: GenerationConfig):
         criteria = list(stopping_criteria or [])
-        self.max_length = min([c.max_length for c in criteria if isinstance(c, MaxLengthCriteria)] + [generation_config.max_length])
+        self.max_length = min(
+            [c.max_length for c in criteria if isinstance(c, MaxLengthCriteria)] + [generation_config.max_length]
+        )
         self.eos: set[int] = set()
         for criterion in criteria:
             if isinstance(criterion, EosTokenCriteria):  # read once, before any step
                 self.eos.update(torch.as_tensor(criterion.eos_token_id).reshape(-1).tolist())
-        self.others = StoppingCriteriaList([c for c in criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
+        self.others = StoppingCriteriaList(
+            [c for c in criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
+        )
 
     def emit(self, row: Row, tokens: list[int], scores: list[torch.Tensor] | None) -> tuple[int, bool]:
         """How many of ``tokens`` row ``row`` appends (``row.tokens`` holds its sequence so far), and whether it stops
@@ -106,8 +125,15 @@ class HostStops:
         return len(tokens), False
 
 
-def accept_row(step, row: Row, logits: torch.Tensor, tree: DraftTree, choices: list[int] | None, draft_seconds: float,
-               forward_seconds: float) -> tuple[list[int], int]:
+def accept_row(
+    step,
+    row: Row,
+    logits: torch.Tensor,
+    tree: DraftTree,
+    choices: list[int] | None,
+    draft_seconds: float,
+    forward_seconds: float,
+) -> tuple[list[int], int]:
     """One row's share of a step: accept a path of its tree, emit it and the target's next token, record the step.
 
     ``logits`` `(1 + N, V)`: the target's scores at the row's last token and each node; ``choices``: its argmax there,
@@ -130,11 +156,19 @@ def accept_row(step, row: Row, logits: torch.Tensor, tree: DraftTree, choices: l
     return kept_nodes, len(path)
 
 
-def select_accepted(rows: TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig) -> tuple[list[int], int]:
+def select_accepted(
+    rows: TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig
+) -> tuple[list[int], int]:
     """The accepted path and the target's next token: when sampling exactly, speculative sampling for a chain with q
     (Leviathan et al. 2023, Algorithm 1) and multi-branch rejection sampling for a tree with q and ``sampled`` flags
     (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`); otherwise the tree walk of :func:`accept_tree`."""
-    if generation_config.do_sample and acceptance is None and len(tree) and tree.is_chain and tree.draft_probs is not None:
+    if (
+        generation_config.do_sample
+        and acceptance is None
+        and len(tree)
+        and tree.is_chain
+        and tree.draft_probs is not None
+    ):
         p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
         n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
         return list(range(n)), next_token
@@ -143,12 +177,21 @@ def select_accepted(rows: TargetRows, tree: DraftTree, acceptance, generation_co
     return accept_tree(rows, tree, acceptance, eos_list(generation_config))
 
 
-def emit_tokens(row: Row, tree: DraftTree, path: list[int], next_token: int, rows: TargetRows, stops: HostStops,
-                generation_config: GenerationConfig) -> int:
+def emit_tokens(
+    row: Row,
+    tree: DraftTree,
+    path: list[int],
+    next_token: int,
+    rows: TargetRows,
+    stops: HostStops,
+    generation_config: GenerationConfig,
+) -> int:
     """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would
     (:class:`HostStops`: on host tokens; a criterion of the user's own reads the device).
     Extends ``row.tokens`` (and so ``row.ids``) and ``row.done``; returns how many tokens were appended."""
-    tokens = ([tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()) + [next_token]
+    tokens = ([tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()) + [
+        next_token
+    ]
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
     out = row.out
     emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.others else None)

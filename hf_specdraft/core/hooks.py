@@ -9,4 +9,6 @@ and any later import of the glide package, however deep, finds it set.
 
 from __future__ import annotations
 
-custom_generate_writer = None  # writer(directory) writes custom_generate/ into a checkpoint; None: checkpoints carry none
+custom_generate_writer = (
+    None  # writer(directory) writes custom_generate/ into a checkpoint; None: checkpoints carry none
+)

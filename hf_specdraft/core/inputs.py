@@ -32,7 +32,9 @@ from .validation import check_copy_options
 def check_input_ids(input_ids, model=None) -> None:
     """A 2-D integer tensor of ids the model's embedding holds; a clear `ValueError` naming what is wrong otherwise."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be a 2-D LongTensor of shape (B, L), got {type(input_ids).__name__} {getattr(input_ids, 'shape', '')}")
+        raise ValueError(
+            f"input_ids must be a 2-D LongTensor of shape (B, L), got {type(input_ids).__name__} {getattr(input_ids, 'shape', '')}"
+        )
     if input_ids.shape[0] == 0:
         raise ValueError("input_ids holds no rows: pass at least one prompt")
     if input_ids.shape[1] == 0:
@@ -44,17 +46,23 @@ def check_input_ids(input_ids, model=None) -> None:
     if vocab is not None:
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= vocab:
-            raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the model's vocabulary [0, {vocab}): "
-                             "was the prompt tokenized with another model's tokenizer?")
+            raise ValueError(
+                f"input_ids holds token id {low if low < 0 else high}, outside the model's vocabulary [0, {vocab}): "
+                "was the prompt tokenized with another model's tokenizer?"
+            )
 
 
 def check_target_model(model) -> None:
     """The target must be a loaded transformers causal LM; a clear `TypeError` naming what was passed otherwise."""
     if isinstance(model, str):
-        raise TypeError(f"model must be the loaded target model, got the string {model!r}: load it first, e.g. "
-                        f"model = AutoModelForCausalLM.from_pretrained({model!r})")
+        raise TypeError(
+            f"model must be the loaded target model, got the string {model!r}: load it first, e.g. "
+            f"model = AutoModelForCausalLM.from_pretrained({model!r})"
+        )
     if not isinstance(model, PreTrainedModel) or not callable(getattr(model, "generate", None)):
-        raise TypeError(f"model must be a transformers PreTrainedModel with generate() (the target causal LM), got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a transformers PreTrainedModel with generate() (the target causal LM), got {type(model).__name__}"
+        )
 
 
 def check_unmarked_padding(input_ids: torch.Tensor, lengths: torch.Tensor, pad_token_id) -> None:
@@ -71,9 +79,11 @@ def check_unmarked_padding(input_ids: torch.Tensor, lengths: torch.Tensor, pad_t
     leading = (input_ids == pad).long().cumprod(-1).sum(-1)  # pad tokens before each row's first other token
     if int(leading.max()) > int(leading.min()):
         rows = (leading > leading.min()).nonzero().flatten().tolist()
-        raise ValueError(f"input_ids rows {rows} begin with pad tokens (pad_token_id={pad}) but no attention_mask marks them as padding: "
-                         "pass the tokenizer's attention_mask with the batch, e.g. speculative_generate(model, **tokenizer(prompts, "
-                         "padding=True, return_tensors='pt'), ...) with tokenizer.padding_side = 'left'")
+        raise ValueError(
+            f"input_ids rows {rows} begin with pad tokens (pad_token_id={pad}) but no attention_mask marks them as padding: "
+            "pass the tokenizer's attention_mask with the batch, e.g. speculative_generate(model, **tokenizer(prompts, "
+            "padding=True, return_tensors='pt'), ...) with tokenizer.padding_side = 'left'"
+        )
 
 
 def check_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
@@ -82,35 +92,47 @@ def check_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) 
     if attention_mask is None:
         return torch.full((batch,), length, dtype=torch.long)
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got "
-                         f"{type(attention_mask).__name__} {tuple(getattr(attention_mask, 'shape', ()))}")
+        raise ValueError(
+            f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got "
+            f"{type(attention_mask).__name__} {tuple(getattr(attention_mask, 'shape', ()))}"
+        )
     mask = attention_mask.detach().cpu()
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (token); got other values")
     mask = mask.long()
     lengths = mask.sum(-1)
     if bool((lengths == 0).any()):
-        raise ValueError(f"attention_mask rows {(lengths == 0).nonzero().flatten().tolist()} are all padding: every prompt needs a token")
+        raise ValueError(
+            f"attention_mask rows {(lengths == 0).nonzero().flatten().tolist()} are all padding: every prompt needs a token"
+        )
     left_padded = torch.arange(length)[None] >= (length - lengths)[:, None]
     if not torch.equal(mask.bool(), left_padded):
-        raise ValueError("attention_mask is not left padding: speculative decoding appends to the right of every row, so pad prompts "
-                         "on the left (tokenizer.padding_side = 'left', as for transformers' batched generate)")
+        raise ValueError(
+            "attention_mask is not left padding: speculative decoding appends to the right of every row, so pad prompts "
+            "on the left (tokenizer.padding_side = 'left', as for transformers' batched generate)"
+        )
     return lengths
 
 
 def check_generation_setup(input_ids, generation_config: GenerationConfig, model_kwargs: dict, acceptance) -> None:
     """What generate may hand the loop that speculative decoding cannot honour, refused by name before any forward."""
     if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
-        raise ValueError("num_beams and num_return_sequences must be 1 (generate expands the batch for them) with speculative decoding")
+        raise ValueError(
+            "num_beams and num_return_sequences must be 1 (generate expands the batch for them) with speculative decoding"
+        )
     check_input_ids(input_ids)
     static = generation_config.cache_implementation == "static"
     if generation_config.cache_implementation not in (None, "dynamic", "static"):
-        raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported by speculative decoding: "
-                         "leave it unset (a DynamicCache the loop compacts) or pass 'static' (a static cache the loop owns, compiled on CUDA)")
+        raise ValueError(
+            f"cache_implementation={generation_config.cache_implementation!r} is not supported by speculative decoding: "
+            "leave it unset (a DynamicCache the loop compacts) or pass 'static' (a static cache the loop owns, compiled on CUDA)"
+        )
     passed = output_cache(model_kwargs)
     if passed is not None and (not (static or isinstance(passed, DynamicCache)) or passed.get_seq_length() > 0):
-        raise ValueError(f"{CACHE_FIELD} must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: "
-                         "speculative decoding builds its own cache (cache_implementation='static' selects a static one)")
+        raise ValueError(
+            f"{CACHE_FIELD} must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: "
+            "speculative decoding builds its own cache (cache_implementation='static' selects a static one)"
+        )
     # use_cache=False (MPT's config default, for one) is not refused: the loop always verifies against its own
     # KV cache, and caching changes no output token.
     if acceptance is not None and not isinstance(acceptance, ConditionalAcceptance):
@@ -123,23 +145,30 @@ def check_batch_setup(generation_config: GenerationConfig, streamer, batch: int)
     if streamer is not None and batch > 1:
         raise ValueError("a streamer takes one sequence: stream with batch size 1, or drop streamer= for a batch")
     if generation_config.output_scores or generation_config.output_logits:
-        raise ValueError("output_scores / output_logits are per-step tensors of the whole batch, which rows that accept different "
-                         "numbers of tokens do not share: leave them off with a padded batch (batch size 1 unpadded supports them)")
+        raise ValueError(
+            "output_scores / output_logits are per-step tensors of the whole batch, which rows that accept different "
+            "numbers of tokens do not share: leave them off with a padded batch (batch size 1 unpadded supports them)"
+        )
 
 
-def resolve_generator(candidate_generator, draft_model, num_draft_tokens, copy_from_context=None,
-                      max_copy_tokens=None) -> TreeCandidateGenerator | list[TreeCandidateGenerator]:
+def resolve_generator(
+    candidate_generator, draft_model, num_draft_tokens, copy_from_context=None, max_copy_tokens=None
+) -> TreeCandidateGenerator | list[TreeCandidateGenerator]:
     """The drafter of a call: ``candidate_generator`` checked (a list: one per row; transformers' own wrapped, the same
     object once), or the registered drafter of ``draft_model`` with the call's copy options (``None``: the drafter's
     own default)."""
     check_copy_options(copy_from_context, max_copy_tokens, allow_none=True)
     if candidate_generator is not None and (copy_from_context is not None or max_copy_tokens is not None):
-        raise ValueError("copy_from_context= and max_copy_tokens= configure the drafter speculative_generate builds for draft_model=; "
-                         "with candidate_generator=, set them on the drafter, e.g. GlideCandidateGenerator(glide, copy_from_context=0)")
+        raise ValueError(
+            "copy_from_context= and max_copy_tokens= configure the drafter speculative_generate builds for draft_model=; "
+            "with candidate_generator=, set them on the drafter, e.g. GlideCandidateGenerator(glide, copy_from_context=0)"
+        )
     if candidate_generator is not None and draft_model is not None:
         raise ValueError("pass either candidate_generator= or draft_model=, not both")
     if candidate_generator is None and draft_model is None:
-        raise ValueError("speculative_generate needs a drafter: pass candidate_generator=<CandidateGenerator> or draft_model=<causal LM>")
+        raise ValueError(
+            "speculative_generate needs a drafter: pass candidate_generator=<CandidateGenerator> or draft_model=<causal LM>"
+        )
     if draft_model is not None:
         if isinstance(draft_model, str):
             raise TypeError(
@@ -159,7 +188,9 @@ def resolve_generator(candidate_generator, draft_model, num_draft_tokens, copy_f
         drafters = {id(g): resolve_generator(g, None, num_draft_tokens) for g in candidate_generator}
         return [drafters[id(g)] for g in candidate_generator]  # listed twice stays one object (row_drafters refuses it)
     if not isinstance(candidate_generator, CandidateGenerator):
-        raise TypeError(f"candidate_generator must be a transformers CandidateGenerator (or a list of one per row), got {type(candidate_generator).__name__}")
+        raise TypeError(
+            f"candidate_generator must be a transformers CandidateGenerator (or a list of one per row), got {type(candidate_generator).__name__}"
+        )
     if isinstance(candidate_generator, TreeCandidateGenerator):
         return candidate_generator
     return TransformersCandidateGenerator(candidate_generator)
@@ -170,12 +201,16 @@ def row_drafters(generator, batch: int) -> list[TreeCandidateGenerator]:
     own, which draft for one sequence, refuse to fork)."""
     if isinstance(generator, (list, tuple)):
         if len(generator) != batch:
-            raise ValueError(f"candidate_generator lists {len(generator)} drafters for a batch of {batch} rows: give one per row")
+            raise ValueError(
+                f"candidate_generator lists {len(generator)} drafters for a batch of {batch} rows: give one per row"
+            )
         bad = [type(g).__name__ for g in generator if not isinstance(g, CandidateGenerator)]
         if bad:
             raise TypeError(f"candidate_generator list must hold transformers CandidateGenerators, got {bad}")
         if batch > 1 and len({id(g) for g in generator}) != batch:
-            raise ValueError("candidate_generator lists the same drafter object twice: each row needs its own (drafter.fork())")
+            raise ValueError(
+                "candidate_generator lists the same drafter object twice: each row needs its own (drafter.fork())"
+            )
         return list(generator)
     if batch == 1:
         return [generator]
@@ -195,7 +230,9 @@ def row_processors(processors: LogitsProcessorList, row: int, batch: int) -> Log
     own = LogitsProcessorList()
     for processor in processors:
         mine = copy.copy(processor)
-        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(processor.prompt_ignore_length, torch.Tensor):
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(
+            processor.prompt_ignore_length, torch.Tensor
+        ):
             mine.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
         elif isinstance(processor, PrefixConstrainedLogitsProcessor):
             allowed = processor._prefix_allowed_tokens_fn

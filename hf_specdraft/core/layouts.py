@@ -67,7 +67,9 @@ class CacheLayout:
         only of a layout that builds a batch proposer)."""
         raise NotImplementedError
 
-    def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+    def verify(
+        self, rows: list[Row], trees: list[DraftTree], extra: dict
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
         """One forward over every row's ``[last token] + tree``, with ``extra`` (what the drafters ask of it,
         :mod:`~hf_specdraft.core.target_state`). Returns float32 logits `(A, Q, V)`, the verified ids `(A, Q)` and the
         asked ``hidden_states`` (or ``None``), on the device."""
@@ -121,8 +123,10 @@ class CacheLayout:
         if not self.one_row:
             return {"row_stats": tuple(row.out.stats for row in rows)}
         out = rows[0].out
-        return {"scores": tuple(out.scores) if generation_config.output_scores else None,
-                "logits": tuple(out.logits) if generation_config.output_logits else None}
+        return {
+            "scores": tuple(out.scores) if generation_config.output_scores else None,
+            "logits": tuple(out.logits) if generation_config.output_logits else None,
+        }
 
     def finish(self, stats) -> DynamicCache | None:
         """After the last step: what of the layout goes into ``stats``, and the cache the call returns (or ``None``)."""
@@ -149,8 +153,13 @@ class OwnedRow(DynamicLayout):
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
         start = time.perf_counter()
         if input_ids.shape[1] > 1:
-            out = self.model(input_ids=input_ids[:, :-1], **self.with_cache, use_cache=True, **no_logits_kwargs(self.model),
-                             **request.kwargs)
+            out = self.model(
+                input_ids=input_ids[:, :-1],
+                **self.with_cache,
+                use_cache=True,
+                **no_logits_kwargs(self.model),
+                **request.kwargs,
+            )
             if request.hidden:
                 prefill_states(out.hidden_states, rows)
         return time.perf_counter() - start
@@ -186,11 +195,23 @@ class SharedBatch(DynamicLayout):
         start = time.perf_counter()
         if input_ids.shape[1] > 1:
             device = input_ids.device
-            mask = (torch.arange(input_ids.shape[1], device=device)[None] >= torch.tensor([r.pad for r in rows], device=device)[:, None]).long()
+            mask = (
+                torch.arange(input_ids.shape[1], device=device)[None]
+                >= torch.tensor([r.pad for r in rows], device=device)[:, None]
+            ).long()
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], **self.with_cache,
-                             use_cache=True, **no_logits_kwargs(self.model), **request.kwargs)
-            for layer in self.cache.layers:  # padding columns hold whatever the model computed there; masked, but NaN would leak
+            out = self.model(
+                input_ids=input_ids[:, :-1],
+                attention_mask=mask[:, :-1],
+                position_ids=positions[:, :-1],
+                **self.with_cache,
+                use_cache=True,
+                **no_logits_kwargs(self.model),
+                **request.kwargs,
+            )
+            for layer in (
+                self.cache.layers
+            ):  # padding columns hold whatever the model computed there; masked, but NaN would leak
                 if layer.keys is not None:  # a KV-shared layer holds nothing of its own
                     layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
             if request.hidden:
@@ -205,7 +226,9 @@ class SharedBatch(DynamicLayout):
         return self.cache, [row.cached for row in active]
 
     def verify(self, rows, trees, extra):
-        ids, mask, positions = batch_verify_inputs(rows, trees, self.cache.get_seq_length(), self.windows.dtype, rows[0].device)
+        ids, mask, positions = batch_verify_inputs(
+            rows, trees, self.cache.get_seq_length(), self.windows.dtype, rows[0].device
+        )
         self._columns = self.cache.get_seq_length()  # invariant: row a holds the last rows[a].cached of these columns
         return self._forward({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, extra)
 
@@ -224,8 +247,11 @@ class SharedBatch(DynamicLayout):
     def leave(self, rows: list[Row], active: list[Row]) -> None:
         if len(active) < len(rows):
             columns = self.cache.get_seq_length()
-            repack_cache(self.cache, [torch.arange(columns - row.cached, columns) for row in active],
-                         torch.tensor([row.index for row in active], dtype=torch.long))
+            repack_cache(
+                self.cache,
+                [torch.arange(columns - row.cached, columns) for row in active],
+                torch.tensor([row.index for row in active], dtype=torch.long),
+            )
 
     def batch_proposer(self, drafters: list) -> None:
         self.together = drafters[0].batch_drafter(drafters)

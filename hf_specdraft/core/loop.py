@@ -122,16 +122,27 @@ def speculative_generate(
     if prepared:  # called by transformers' generate(custom_generate=speculative_generate)
         copying = copy_options(draft_model, generation_config, copy_from_context, max_copy_tokens)
         return _speculative_loop(
-            model, input_ids, logits_processor, stopping_criteria, generation_config,
-            resolve_generator(candidate_generator, draft_model, num_draft_tokens, *copying), acceptance, token_streamer, kwargs,
+            model,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            resolve_generator(candidate_generator, draft_model, num_draft_tokens, *copying),
+            acceptance,
+            token_streamer,
+            kwargs,
         )
     if input_ids is None:
         input_ids = kwargs.pop("inputs", None)
     check_target_model(model)
     check_input_ids(input_ids, model)
     check_padding(kwargs.get("attention_mask"), input_ids)  # a mask of another shape or padded on the right fails here
-    resolve_generator(candidate_generator, draft_model, num_draft_tokens,  # fail before generate's preparation
-                      *copy_options(draft_model, generation_config, copy_from_context, max_copy_tokens))
+    resolve_generator(
+        candidate_generator,
+        draft_model,
+        num_draft_tokens,  # fail before generate's preparation
+        *copy_options(draft_model, generation_config, copy_from_context, max_copy_tokens),
+    )
     max_new_tokens = kwargs.get("max_new_tokens")
     if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens <= 0):
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
@@ -154,7 +165,17 @@ def speculative_generate(
 
 
 @torch.no_grad()
-def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, generator, acceptance, streamer, model_kwargs):
+def _speculative_loop(
+    model,
+    input_ids,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    generator,
+    acceptance,
+    streamer,
+    model_kwargs,
+):
     """Check the call, set it up (:func:`setup_call`), prefill, run :func:`speculative_steps`, return what ``generate`` would."""
     check_target_model(model)
     check_input_ids(input_ids, model)
@@ -172,11 +193,23 @@ def _speculative_loop(model, input_ids, logits_processor, stopping_criteria, gen
     if ranks is not None and generation_config.do_sample:
         ranks.check_random_state(model.device)
     host_ids = input_ids.tolist()  # read once: from here on the loop extends each row's tokens on the host
-    rows = [Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), row_processors(logits_processor, r, batch),
-                tokens=host_ids[r]) for r, g in enumerate(row_drafters(generator, batch))]
+    rows = [
+        Row(
+            r,
+            input_ids[r : r + 1],
+            padded - int(lengths[r]),
+            g,
+            Outputs(SpeculativeStats()),
+            row_processors(logits_processor, r, batch),
+            tokens=host_ids[r],
+        )
+        for r, g in enumerate(row_drafters(generator, batch))
+    ]
     if chains and generation_config.cache_implementation == "static":
-        raise ValueError(f"cache_implementation='static' verifies with explicit 4-D masks, which {type(model).__name__} cannot take "
-                         f"({chains}): leave cache_implementation unset for this model")
+        raise ValueError(
+            f"cache_implementation='static' verifies with explicit 4-D masks, which {type(model).__name__} cannot take "
+            f"({chains}): leave cache_implementation unset for this model"
+        )
     if chains:
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     # the static path: the loop's static cache, verification compiled where transformers would; a concurrent static call
@@ -222,7 +255,9 @@ class Step:
     streamer: object = None
 
 
-def setup_call(model, rows: list[Row], stopping_criteria, generation_config: GenerationConfig, acceptance, streamer) -> Step:
+def setup_call(
+    model, rows: list[Row], stopping_criteria, generation_config: GenerationConfig, acceptance, streamer
+) -> Step:
     """Bind every row's drafter to the call, merge what they ask of the target (:class:`~hf_specdraft.core.target_state.StateRequest`)
     and build the call's one :class:`Step` on the layout it runs on (:func:`layout_for`)."""
     for row in rows:
@@ -230,8 +265,17 @@ def setup_call(model, rows: list[Row], stopping_criteria, generation_config: Gen
         row.traits = traits_of(row.generator)
     request = StateRequest(model, [row.generator for row in rows], [row.traits for row in rows])
     meter, vocab = StepMeter(StepClock(model.device)), output_vocab_size(model)
-    return Step(model, layout_for(model, generation_config, rows), generation_config,
-                HostStops(stopping_criteria, generation_config), request, meter, vocab, acceptance, streamer)
+    return Step(
+        model,
+        layout_for(model, generation_config, rows),
+        generation_config,
+        HostStops(stopping_criteria, generation_config),
+        request,
+        meter,
+        vocab,
+        acceptance,
+        streamer,
+    )
 
 
 def speculative_steps(step: Step, active: list[Row]) -> dict:
@@ -262,10 +306,17 @@ def attach_controller(step: Step, active: list[Row]) -> tuple | None:
     longest, bucket, layout_setting = step.cache.controller_limits(active[0].traits.max_draft_tokens, max(widths))
     # a copy from the text is free to draft: on a dynamic cache it may run to twice the longest draft (the static path's
     # buckets stop at the longest)
-    controller = step.meter.controller = DraftLengthController(longest, widths, bucket=bucket,
-                                                               max_copy_tokens=longest if bucket is not None else 2 * longest)
+    controller = step.meter.controller = DraftLengthController(
+        longest, widths, bucket=bucket, max_copy_tokens=longest if bucket is not None else 2 * longest
+    )
     model = step.model
-    setting = (len(drafters), layout_setting, bool(step.generation_config.do_sample), str(model.device), str(model.dtype))
+    setting = (
+        len(drafters),
+        layout_setting,
+        bool(step.generation_config.do_sample),
+        str(model.device),
+        str(model.dtype),
+    )
     controller.resumed = recall(controller, model, drafters[0], setting)
     ranks = RankAgreement.of(model)
     if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
@@ -295,8 +346,9 @@ def speculative_step(step: Step, active: list[Row]) -> list[Row]:
     return [active[a] for a in survivors]
 
 
-def accept_rows(step: Step, active: list[Row], trees: list[DraftTree], logits, verified,
-                hidden) -> tuple[list[list[int]], list[int]]:
+def accept_rows(
+    step: Step, active: list[Row], trees: list[DraftTree], logits, verified, hidden
+) -> tuple[list[list[int]], list[int]]:
     """After the step's one read-back (:func:`read_back`), every row accepts a path by its rule and emits it
     (:func:`~hf_specdraft.core.emission.accept_row`); a row whose drafter reads the target's state keeps the states of
     the columns it kept (on the device). Returns each row's kept columns and accepted count."""
@@ -305,8 +357,15 @@ def accept_rows(step: Step, active: list[Row], trees: list[DraftTree], logits, v
     draft_seconds, forward_seconds = step.meter.seconds()
     kept, accepted = [], []
     for a, (row, tree) in enumerate(zip(active, trees)):
-        kept_nodes, count = accept_row(step, row, logits[a, : 1 + len(tree)], tree, None if choices is None else choices[a],
-                                       draft_seconds[a], forward_seconds / len(active))
+        kept_nodes, count = accept_row(
+            step,
+            row,
+            logits[a, : 1 + len(tree)],
+            tree,
+            None if choices is None else choices[a],
+            draft_seconds[a],
+            forward_seconds / len(active),
+        )
         kept.append(kept_nodes)
         accepted.append(count)
         if hidden is not None and row.traits.requires_model_outputs:
@@ -329,7 +388,9 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
         if tree.token_list is None:
             tree.learn_tokens(row_ids[1 : 1 + len(tree)])
             if any(not 0 <= t < vocab for t in tree.token_list):
-                raise ValueError(f"{row.generator.name} proposed token ids outside the target's vocabulary [0, {vocab})")
+                raise ValueError(
+                    f"{row.generator.name} proposed token ids outside the target's vocabulary [0, {vocab})"
+                )
     return host[1]
 
 
@@ -344,8 +405,10 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
         meter.start_drafting()
         requests = [draft_request(row, meter.choice) for row in active]
         proposals = together.propose(requests, step.cache.batch_drafter_cache(active))
-        trees = [fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens), row.traits, limit)
-                 for row, tree in zip(active, proposals)]
+        trees = [
+            fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens), row.traits, limit)
+            for row, tree in zip(active, proposals)
+        ]
         meter.drafted(rows=len(active))
         return trees
     trees = []
@@ -356,7 +419,9 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
         request = draft_request(row, meter.choice, view, state)
         room = config.max_length - len(row.tokens)
         tree = fit_proposal(row.generator.draft_tree(request), row.generator, step.vocab, room, row.traits, limit)
-        if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution targets: the first-child chain
+        if (
+            "chains_only" in row.out.stats.extra and not tree.is_chain
+        ):  # ALiBi / convolution targets: the first-child chain
             tree = tree.main_chain()
             row.out.stats.extra["trees_verified_as_chains"] += 1
         trees.append(tree)
@@ -371,8 +436,14 @@ def draft_request(row: Row, choice: tuple, target_cache=None, target_state=None)
     return DraftRequest(row.text, row.tokens[row.pad :], target_cache, target_state, *choice)
 
 
-def fit_proposal(tree: DraftTree, generator: TreeCandidateGenerator, vocab: int, room: int, traits: DrafterTraits,
-                 max_nodes: int | None = None) -> DraftTree:
+def fit_proposal(
+    tree: DraftTree,
+    generator: TreeCandidateGenerator,
+    vocab: int,
+    room: int,
+    traits: DrafterTraits,
+    max_nodes: int | None = None,
+) -> DraftTree:
     """A proposal (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.draft_tree`'s) with duplicate siblings
     merged (:meth:`DraftTree.merge_duplicates`: verification needs unique siblings), cut to ``room - 1`` levels
     (``room``: tokens left before max_length; one is the target's own token) and its ids checked against the target's

@@ -12,13 +12,16 @@ thread trims at a time). The floor is where the first call left the process, wor
 would only fault the pages back in next call); it follows the process down when a call ends lower and up when a trim
 cannot get under it (live memory, such as a model loaded). Nothing happens without glibc or ``/proc``.
 """
+
 from __future__ import annotations
 
 import ctypes
 import os
 import threading
 
-ENV = "HF_SPECDRAFT_TRIM_MIB"  # the opt-in: MiB of growth past the floor that triggers a trim (unset, empty or 0: never)
+ENV = (
+    "HF_SPECDRAFT_TRIM_MIB"  # the opt-in: MiB of growth past the floor that triggers a trim (unset, empty or 0: never)
+)
 TRIM_MIB = 32  # the threshold the memory measurements ran with: small against a model, rare against a call's buffers
 
 _lock = threading.Lock()  # guards _floor and _trimming only: never held while malloc_trim runs
@@ -49,8 +52,10 @@ def trim_threshold_mib() -> float | None:
     except ValueError:
         mib = float("nan")
     if not mib >= 0 or mib == float("inf"):  # NaN, negative or infinite
-        raise ValueError(f"{ENV} must be unset, 0 (never trim: the default) or a positive number of MiB (e.g. {TRIM_MIB}), "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{ENV} must be unset, 0 (never trim: the default) or a positive number of MiB (e.g. {TRIM_MIB}), "
+            f"got {value!r}"
+        )
     return mib or None
 
 

@@ -100,7 +100,9 @@ class StepMeter:
         draft = [max(0.0, self.clock.seconds(*marks) - self._in_draft / rows) for marks in self._draft_marks]
         return draft, max(0.0, self.clock.seconds(*self._verify_marks) - self._in_verify)
 
-    def learn(self, active: list[Row], trees: list[DraftTree], kept: list[list[int]], accepted: list[int], width: int) -> None:
+    def learn(
+        self, active: list[Row], trees: list[DraftTree], kept: list[list[int]], accepted: list[int], width: int
+    ) -> None:
         """After accepting: what each row accepted, what the chain alone would have (for a drafter that widens its
         chain into a tree), the chain's confidences, and what drafting and the forward over ``width`` tokens cost."""
         controller = self.controller
@@ -114,14 +116,22 @@ class StepMeter:
         widens = len(controller.widths) > 1 and all(row.traits.widens_chain for row in active)
         on_chain = []  # what the chain alone would have accepted (greedy: exact; a path cut at eos or max_length is left
         if widens:  # out: it says nothing of the chain)
-            on_chain = [chain_accepted(tree, nodes) for tree, nodes, count in zip(trees, kept, accepted) if len(nodes) - 1 == count]
+            on_chain = [
+                chain_accepted(tree, nodes)
+                for tree, nodes, count in zip(trees, kept, accepted)
+                if len(nodes) - 1 == count
+            ]
         confidences = None  # the probabilities of the drafted chain's tokens, for the controller's confidence bins
-        if controller.confidence_stops and len(trees[0]) and (on_chain or not widens):  # a tree's chain: judged by on_chain
+        if (
+            controller.confidence_stops and len(trees[0]) and (on_chain or not widens)
+        ):  # a tree's chain: judged by on_chain
             drafted = active[0].generator.drafted_confidences(trees[0])
             confidences = None if drafted is None else [drafted]
         depth = max(tree.levels for tree in trees)  # the chain a tree's nodes hang on
         copied = all(copied)
-        controller.observe(depth, accepted, sum(draft), forward, width, on_chain or None, None if copied else confidences, copied)
+        controller.observe(
+            depth, accepted, sum(draft), forward, width, on_chain or None, None if copied else confidences, copied
+        )
 
 
 def step_choice(controller: DraftLengthController) -> tuple:

@@ -63,8 +63,12 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
     cache = layout.finish(stats)  # the static path's record; the cache a single row hands out
     if not generation_config.return_dict_in_generate:
         return sequences
-    return SpeculativeGenerateOutput(sequences=sequences, **{CACHE_FIELD: cache}, speculative_stats=stats,
-                                     **layout.result_fields(rows, generation_config))
+    return SpeculativeGenerateOutput(
+        sequences=sequences,
+        **{CACHE_FIELD: cache},
+        speculative_stats=stats,
+        **layout.result_fields(rows, generation_config),
+    )
 
 
 def padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> torch.LongTensor:
@@ -76,9 +80,13 @@ def padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> to
         pad_token = int(pad_token.flatten()[0])
     longest = max(row.ids.shape[1] for row in rows)
     if pad_token is None and any(row.ids.shape[1] < longest for row in rows):
-        raise ValueError("rows finished at different lengths and generation_config.pad_token_id is None: set pad_token_id "
-                         "(e.g. tokenizer.pad_token_id or the eos token id) to pad the finished rows")
-    sequences = torch.full((len(rows), longest), 0 if pad_token is None else pad_token, dtype=torch.long, device=rows[0].device)
+        raise ValueError(
+            "rows finished at different lengths and generation_config.pad_token_id is None: set pad_token_id "
+            "(e.g. tokenizer.pad_token_id or the eos token id) to pad the finished rows"
+        )
+    sequences = torch.full(
+        (len(rows), longest), 0 if pad_token is None else pad_token, dtype=torch.long, device=rows[0].device
+    )
     for row in rows:
         sequences[row.index, : row.ids.shape[1]] = row.ids[0]
     return sequences

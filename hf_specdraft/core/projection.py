@@ -121,7 +121,9 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
             for _ in range(CALIBRATION_REPEATS):  # interleaved, so a burst of other work hits both
                 seconds["linear"].append(_seconds(linear))
                 seconds["transposed"].append(_seconds(transposed))
-        _FASTER_TRANSPOSED[key] = statistics.median(seconds["transposed"]) < SWITCH_MARGIN * statistics.median(seconds["linear"])
+        _FASTER_TRANSPOSED[key] = statistics.median(seconds["transposed"]) < SWITCH_MARGIN * statistics.median(
+            seconds["linear"]
+        )
         _save_disk(key, _FASTER_TRANSPOSED[key])
     return _FASTER_TRANSPOSED[key]
 
@@ -136,14 +138,27 @@ def _transposed_product(weight: torch.Tensor, flat: torch.Tensor) -> torch.Tenso
 
 def calibrated_choices() -> list[dict]:
     """What :func:`transposed_is_faster` measured so far in this process (benchmarks record it)."""
-    return [{"weight": list(shape), "dtype": str(dtype).removeprefix("torch."), "rows": rows, "threads": threads, "transposed": faster}
-            for (shape, dtype, rows, threads), faster in sorted(_FASTER_TRANSPOSED.items(), key=str)]
+    return [
+        {
+            "weight": list(shape),
+            "dtype": str(dtype).removeprefix("torch."),
+            "rows": rows,
+            "threads": threads,
+            "transposed": faster,
+        }
+        for (shape, dtype, rows, threads), faster in sorted(_FASTER_TRANSPOSED.items(), key=str)
+    ]
 
 
 def _transposed_linear(module: nn.Linear, original, orientation: str):
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
         rows = hidden_states.numel() // max(hidden_states.shape[-1], 1)
-        if hidden_states.dim() < 2 or rows < 1 or hidden_states.requires_grad or (module.weight.requires_grad and torch.is_grad_enabled()):
+        if (
+            hidden_states.dim() < 2
+            or rows < 1
+            or hidden_states.requires_grad
+            or (module.weight.requires_grad and torch.is_grad_enabled())
+        ):
             return original(hidden_states)
         if orientation == "auto" and (rows > MAX_CALIBRATED_ROWS or not transposed_is_faster(module.weight, rows)):
             return original(hidden_states)
@@ -157,8 +172,13 @@ def _transposed_linear(module: nn.Linear, original, orientation: str):
 
 def _swappable(module: nn.Module) -> bool:
     """A plain CPU float ``nn.Linear`` whose forward nobody has wrapped (no accelerate hook, no adapter, no quantized layer)."""
-    return (type(module) is nn.Linear and module.weight.device.type == "cpu" and "forward" not in vars(module)
-            and not hasattr(module, "_hf_hook") and module.weight.dtype in (torch.float32, torch.float64))
+    return (
+        type(module) is nn.Linear
+        and module.weight.device.type == "cpu"
+        and "forward" not in vars(module)
+        and not hasattr(module, "_hf_hook")
+        and module.weight.dtype in (torch.float32, torch.float64)
+    )
 
 
 @contextlib.contextmanager

@@ -40,7 +40,9 @@ class Row:
     out: Outputs
     processor: LogitsProcessorList  # generate's processors with this row's state (inputs.row_processors)
     done: bool = False
-    tokens: list[int] = field(default_factory=list)  # ids on the host: read once before the loop, then extended by emission
+    tokens: list[int] = field(
+        default_factory=list
+    )  # ids on the host: read once before the loop, then extended by emission
     traits: DrafterTraits | None = None  # what its drafter declares (set once the call binds the drafter, setup_call)
     # a drafter that reads the target's state (core.target_state): the states not yet handed to it (the prefill's, then
     # each step's kept positions, on the device), whether it has proposed since the prefill, and the last step's accepted count
@@ -82,7 +84,9 @@ class Row:
         if not first:
             outputs, self.states = TargetOutputs(hidden_states=self.states), None
         self.proposed = True
-        return TargetState(outputs, first, self.matched, torch.arange(len(self.tokens) - self.pad, device=self.device)[None])
+        return TargetState(
+            outputs, first, self.matched, torch.arange(len(self.tokens) - self.pad, device=self.device)[None]
+        )
 
     @property
     def device(self) -> torch.device:

@@ -26,7 +26,10 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import CandidateGenerator
-from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, SinglePositionMultiTokenCandidateGenerator
+from transformers.generation.candidate_generator import (
+    DFlashTokenCandidateGenerator,
+    SinglePositionMultiTokenCandidateGenerator,
+)
 
 from .drafting import AUTO, DraftRequest, TreeCandidateGenerator, draft_length
 from .support import CACHE_FIELD
@@ -51,9 +54,11 @@ def refuse_glide_export(model) -> None:
     export = model.config.to_dict().get("hf_specdraft_export")
     if export:
         glide = repr(export["glide"]) if export.get("glide") else "<the GLIDE checkpoint it was exported from>"
-        raise ValueError(f"draft_model is a GLIDE exported for vLLM ({type(model).__name__}, hf-specdraft export), which drafts "
-                         f"right only in vLLM: in transformers pass the GLIDE itself, "
-                         f"draft_model=GlideForCausalLM.from_pretrained({glide})")
+        raise ValueError(
+            f"draft_model is a GLIDE exported for vLLM ({type(model).__name__}, hf-specdraft export), which drafts "
+            f"right only in vLLM: in transformers pass the GLIDE itself, "
+            f"draft_model=GlideForCausalLM.from_pretrained({glide})"
+        )
 
 
 def reads_target_state(model) -> bool:
@@ -76,16 +81,20 @@ class StateReadingDrafter(TreeCandidateGenerator):
     def __init__(self, draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO):
         super().__init__()
         if not reads_target_state(draft_model):
-            raise ValueError(f"draft_model must be a Gemma 4 assistant or a DFlash drafter (a config with {', '.join(DFLASH_FIELDS)}), "
-                             f"got {type(draft_model).__name__}")
+            raise ValueError(
+                f"draft_model must be a Gemma 4 assistant or a DFlash drafter (a config with {', '.join(DFLASH_FIELDS)}), "
+                f"got {type(draft_model).__name__}"
+            )
         refuse_glide_export(draft_model)
         self.draft_model = draft_model
         self.dflash = is_dflash(draft_model)
         if self.dflash:
             block = int(draft_model.config.block_size)
             if num_draft_tokens not in (AUTO, block):
-                raise ValueError(f"num_draft_tokens must be 'auto' or the DFlash drafter's block_size {block} (it drafts one block "
-                                 f"per forward), got {num_draft_tokens!r}")
+                raise ValueError(
+                    f"num_draft_tokens must be 'auto' or the DFlash drafter's block_size {block} (it drafts one block "
+                    f"per forward), got {num_draft_tokens!r}"
+                )
             self.num_draft_tokens, self.adaptive_draft_length = block, False
         else:
             self.num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens)
@@ -98,12 +107,14 @@ class StateReadingDrafter(TreeCandidateGenerator):
         """Build this call's generator (its state is per request: DFlash's cache, the assistant's first-step flag)."""
         super().prepare(target, generation_config)
         if self.dflash:
-            self.generator = DFlashTokenCandidateGenerator(self.draft_model, target.get_input_embeddings(),
-                                                           target.get_output_embeddings(), generation_config)
+            self.generator = DFlashTokenCandidateGenerator(
+                self.draft_model, target.get_input_embeddings(), target.get_output_embeddings(), generation_config
+            )
             self.model_kwargs_overrides = dict(self.generator.model_kwargs_overrides)
         else:
-            self.generator = SinglePositionMultiTokenCandidateGenerator(self.draft_model, target.get_input_embeddings(),
-                                                                        generation_config)
+            self.generator = SinglePositionMultiTokenCandidateGenerator(
+                self.draft_model, target.get_input_embeddings(), generation_config
+            )
             self.producers = cache_producers(target)
             self.model_kwargs_overrides = {"output_hidden_states": -1}  # the generator reads hidden_states[-1] alone
 
@@ -112,23 +123,37 @@ class StateReadingDrafter(TreeCandidateGenerator):
         returns logits."""
         input_ids, target_state = request.input_ids, request.target_state
         if target_state is None or self.generator is None:
-            raise ValueError(f"{type(self.draft_model).__name__} reads the target's hidden states, which transformers' assisted "
-                             "loop hands only to its own generators: call speculative_generate(target, ids, draft_model=...) or "
-                             "target.generate(ids, custom_generate=speculative_generate, draft_model=...)")
+            raise ValueError(
+                f"{type(self.draft_model).__name__} reads the target's hidden states, which transformers' assisted "
+                "loop hands only to its own generators: call speculative_generate(target, ids, draft_model=...) or "
+                "target.generate(ids, custom_generate=speculative_generate, draft_model=...)"
+            )
         outputs = target_state.outputs
         if not self.dflash:
             self.generator.num_assistant_tokens = request.num_draft_tokens or self.num_draft_tokens
             if outputs is not None:
-                outputs = TargetOutputs(hidden_states=outputs.hidden_states,
-                                        shared_kv_states=shared_kv(request.target_cache, self.producers))
+                outputs = TargetOutputs(
+                    hidden_states=outputs.hidden_states,
+                    shared_kv_states=shared_kv(request.target_cache, self.producers),
+                )
         ids, logits = self.generator.get_candidates(
-            input_ids, model_kwargs=target_state.model_kwargs(), model_outputs=outputs,
-            is_first_iteration=target_state.first, n_last_matches=target_state.matched)
+            input_ids,
+            model_kwargs=target_state.model_kwargs(),
+            model_outputs=outputs,
+            is_first_iteration=target_state.first,
+            n_last_matches=target_state.matched,
+        )
         tokens = ids[0, input_ids.shape[1] :]
         self.count_call("draft", 0 if not len(tokens) else 1 if self.dflash else len(tokens))
-        probs = None  # q: what the tokens were drawn from. DFlash samples from softmax(logits) when sampling; the assistant
+        probs = (
+            None  # q: what the tokens were drawn from. DFlash samples from softmax(logits) when sampling; the assistant
+        )
         # always takes its argmax, so under sampling it gives no q and the target samples each position itself (lossless)
-        if logits is not None and logits.shape[1] >= tokens.numel() and (self.dflash or not self.generation_config.do_sample):
+        if (
+            logits is not None
+            and logits.shape[1] >= tokens.numel()
+            and (self.dflash or not self.generation_config.do_sample)
+        ):
             probs = torch.softmax(logits[0, : tokens.numel()].float(), dim=-1)
         return DraftTree.chain(tokens, probs)
 
@@ -170,11 +195,17 @@ class TransformersCandidateGenerator(TreeCandidateGenerator):
         else:  # transformers' own state-reading generators (DFlash, MTP, Gemma 4's assistant), called as its loop does
             outputs = state.outputs
             if outputs is not None and self.producers is not None:  # Gemma 4's: the keys and values of the kept text
-                outputs = TargetOutputs(hidden_states=outputs.hidden_states,
-                                        shared_kv_states=shared_kv(request.target_cache, self.producers))
+                outputs = TargetOutputs(
+                    hidden_states=outputs.hidden_states,
+                    shared_kv_states=shared_kv(request.target_cache, self.producers),
+                )
             ids, logits = self.generator.get_candidates(
-                input_ids, model_kwargs={**state.model_kwargs(), CACHE_FIELD: request.target_cache},
-                model_outputs=outputs, is_first_iteration=state.first, n_last_matches=state.matched)
+                input_ids,
+                model_kwargs={**state.model_kwargs(), CACHE_FIELD: request.target_cache},
+                model_outputs=outputs,
+                is_first_iteration=state.first,
+                n_last_matches=state.matched,
+            )
         tokens = ids[0, input_ids.shape[1] :]
         probs = None
         if logits is not None and logits.shape[1] == tokens.numel():
@@ -188,6 +219,8 @@ class TransformersCandidateGenerator(TreeCandidateGenerator):
         return self.generator.update_candidate_strategy(input_ids, scores, num_matches)
 
     def fork(self) -> TreeCandidateGenerator:
-        raise ValueError(f"{type(self.generator).__name__} drafts for one sequence and cannot be copied per row; "
-                         "pass one prompt, a list of one drafter per row, or an hf_specdraft drafter "
-                         "(TreeCandidateGenerator)")
+        raise ValueError(
+            f"{type(self.generator).__name__} drafts for one sequence and cannot be copied per row; "
+            "pass one prompt, a list of one drafter per row, or an hf_specdraft drafter "
+            "(TreeCandidateGenerator)"
+        )

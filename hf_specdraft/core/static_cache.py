@@ -52,7 +52,11 @@ class LayerStorage:
             return None
         if self.buffer is None:
             self.buffer = torch.zeros(2, self.layers, *keys_shape, dtype=dtype, device=device)
-        if tuple(self.buffer.shape[2:]) != tuple(keys_shape) or self.buffer.dtype != dtype or self.buffer.device != device:
+        if (
+            tuple(self.buffer.shape[2:]) != tuple(keys_shape)
+            or self.buffer.dtype != dtype
+            or self.buffer.device != device
+        ):
             return None
         return self.buffer[0, i], self.buffer[1, i]
 
@@ -71,11 +75,17 @@ class StaticRowsLayer(CacheLayerMixin):
         # never overwrite a key any of its queries can still see (they reach back window - 1 columns at most). Past the
         # ring, `scratch` slots that no column maps to: warm-up dummies write there, never into a live slot
         self.ring, self.window, self.scratch = ring, window, scratch if ring is not None else 0
-        self.write_index: torch.Tensor | None = None  # (B, 1, Q, 1) long: the slots this forward writes (set by the cache)
+        self.write_index: torch.Tensor | None = (
+            None  # (B, 1, Q, 1) long: the slots this forward writes (set by the cache)
+        )
         self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
-        self.visible: int | None = None  # eager forwards attend to the first `visible` columns only; None: all (fixed shapes)
+        self.visible: int | None = (
+            None  # eager forwards attend to the first `visible` columns only; None: all (fixed shapes)
+        )
         self.prefilling = False  # the prefill (on an empty cache) attends to its own states only
-        self.storage: tuple[LayerStorage, int] | None = None  # (the cache's storage, this layer's index in it): full layers
+        self.storage: tuple[LayerStorage, int] | None = (
+            None  # (the cache's storage, this layer's index in it): full layers
+        )
         self.in_storage = False  # whether keys and values are views of that storage
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -83,7 +93,11 @@ class StaticRowsLayer(CacheLayerMixin):
         batch, heads = key_states.shape[:2]
         size = self.ring + self.scratch if self.ring is not None else self.max_cache_len
         shape = (batch, heads, size, key_states.shape[-1])
-        views = None if self.storage is None else self.storage[0].views(self.storage[1], shape, value_states.shape[-1], self.dtype, self.device)
+        views = (
+            None
+            if self.storage is None
+            else self.storage[0].views(self.storage[1], shape, value_states.shape[-1], self.dtype, self.device)
+        )
         self.in_storage = views is not None
         if views is not None:
             self.keys, self.values = views
@@ -95,12 +109,16 @@ class StaticRowsLayer(CacheLayerMixin):
             torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write `(B, H, Q, D)` states at the cache's write columns; return the whole buffers (the mask hides the rest)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         index, keys, values = self.write_index, key_states, value_states  # a ring layer's index holds slots already
-        if self.ring is not None and keys.shape[-2] > self.ring:  # only a prefill is wider than the ring: its newest columns stay
+        if (
+            self.ring is not None and keys.shape[-2] > self.ring
+        ):  # only a prefill is wider than the ring: its newest columns stay
             index, keys, values = index[:, :, -self.ring :], keys[:, :, -self.ring :], values[:, :, -self.ring :]
         self.keys.scatter_(2, index.expand_as(keys), keys)
         self.values.scatter_(2, index.expand_as(values), values)
@@ -135,11 +153,22 @@ class StaticRowsCache(Cache):
 
     is_compileable = True
 
-    def __init__(self, num_layers: int, batch_size: int, max_cache_len: int, windows: dict[int, tuple[int, int]] | None = None,
-                 scratch: int = 0, layer_windows: LayerWindows | None = None):
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        max_cache_len: int,
+        windows: dict[int, tuple[int, int]] | None = None,
+        scratch: int = 0,
+        layer_windows: LayerWindows | None = None,
+    ):
         windows = windows or {}  # layer -> (window, ring): the windowed layers kept on rings
-        super().__init__(layers=[StaticRowsLayer(max_cache_len, *reversed(windows.get(i, (None, None))), scratch=scratch)
-                                 for i in range(num_layers)])
+        super().__init__(
+            layers=[
+                StaticRowsLayer(max_cache_len, *reversed(windows.get(i, (None, None))), scratch=scratch)
+                for i in range(num_layers)
+            ]
+        )
         self.num_rows, self.max_cache_len, self.scratch = batch_size, max_cache_len, scratch
         full = [layer for layer in self.layers if layer.ring is None]
         self.storage = LayerStorage(len(full))
@@ -147,8 +176,12 @@ class StaticRowsCache(Cache):
             layer.storage = (self.storage, i)
         self.rings = sorted({layer.ring for layer in self.layers if layer.ring is not None})
         self.has_rings = bool(self.rings)
-        self._write_buffers: dict[tuple, torch.Tensor] = {}  # (ring or None, Q) -> (B, 1, Q, 1) long: a fixed buffer per width
-        self.inputs: dict[tuple, torch.Tensor] = {}  # a compiled forward's inputs, one fixed buffer per name and shape (stage)
+        self._write_buffers: dict[
+            tuple, torch.Tensor
+        ] = {}  # (ring or None, Q) -> (B, 1, Q, 1) long: a fixed buffer per width
+        self.inputs: dict[
+            tuple, torch.Tensor
+        ] = {}  # a compiled forward's inputs, one fixed buffer per name and shape (stage)
         self.buckets: dict[int, BucketInputs] = {}  # without windowed layers: each bucket's inputs, edited step to step
         # what the model's masks depend on (read once by the cache's owner: asking the model walks its parameters)
         self.layer_windows = layer_windows
@@ -157,8 +190,13 @@ class StaticRowsCache(Cache):
         types = [] if layer_windows is None else layer_windows.types
         self.kind_rings = {kind: layer.ring for kind, layer in zip(types, self.layers) if layer.ring is not None}
 
-    def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor,
-              starts: torch.Tensor | None = None):
+    def masks(
+        self,
+        mask: torch.Tensor,
+        query_positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        starts: torch.Tensor | None = None,
+    ):
         """The model's masks (host, in its dtype) from ``mask`` `(B, Q, L)` bool (seen) or `(B, 1, Q, L)` additive, per
         layer type where windows apply (:meth:`~hf_specdraft.core.verify.LayerWindows.masks`); with ``starts`` `(B,)`
         (each row's first written column), the ring layers' over their slots (:meth:`onto_rings`). Callers put them on
@@ -180,12 +218,19 @@ class StaticRowsCache(Cache):
             last = starts.to(mask.device)[:, None] + width - 1
             held = slots + ring * torch.div(last - slots, ring, rounding_mode="floor")  # (B, R)
             picked = mask.gather(-1, held.clamp(0, columns - 1)[:, None, None, :].expand(batch, 1, queries, ring))
-            picked = picked.masked_fill(~((held >= 0) & (held < columns))[:, None, None, :], torch.finfo(mask.dtype).min)
-            blocked = torch.full((batch, 1, queries, self.scratch), torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+            picked = picked.masked_fill(
+                ~((held >= 0) & (held < columns))[:, None, None, :], torch.finfo(mask.dtype).min
+            )
+            blocked = torch.full(
+                (batch, 1, queries, self.scratch), torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device
+            )
             return torch.cat([picked, blocked], dim=-1)
 
         if isinstance(masks, dict):
-            return {kind: onto_slots(mask, self.kind_rings[kind]) if kind in self.kind_rings else mask for kind, mask in masks.items()}
+            return {
+                kind: onto_slots(mask, self.kind_rings[kind]) if kind in self.kind_rings else mask
+                for kind, mask in masks.items()
+            }
         return onto_slots(masks, self.rings[0])
 
     def scratch_masks(self, masks, width: int):
@@ -196,14 +241,19 @@ class StaticRowsCache(Cache):
             return additive(seen.expand(self.num_rows, 1, width, ring + self.scratch), self.mask_dtype)
 
         if isinstance(masks, dict):
-            return {kind: scratch_mask(self.kind_rings[kind]) if kind in self.kind_rings else mask for kind, mask in masks.items()}
+            return {
+                kind: scratch_mask(self.kind_rings[kind]) if kind in self.kind_rings else mask
+                for kind, mask in masks.items()
+            }
         return scratch_mask(self.rings[0])
 
     def bucket_inputs(self, width: int, device: torch.device) -> BucketInputs:
         """The fixed inputs of bucket ``width``'s forward (:class:`BucketInputs`)."""
         inputs = self.buckets.get(width)
         if inputs is None or inputs.device != torch.device(device) or inputs.host_mask.dtype != self.mask_dtype:
-            inputs = self.buckets[width] = BucketInputs(self.num_rows, width, self.max_cache_len, self.mask_dtype, device)
+            inputs = self.buckets[width] = BucketInputs(
+                self.num_rows, width, self.max_cache_len, self.mask_dtype, device
+            )
         return inputs
 
     def use_write_index(self, index: torch.Tensor) -> None:
@@ -219,9 +269,16 @@ class StaticRowsCache(Cache):
         text) and the ring layers' scratch slots (past every slot a column maps to).
         """
         last = max(starts) + width
-        if len(starts) != self.num_rows or last > self.max_cache_len or min(starts) < 0 or (scratch and width > self.scratch and self.rings):
-            raise ValueError(f"write columns of {len(starts)} rows x {width} up to {last - 1} do not fit a static cache of "
-                             f"{self.num_rows} rows x {self.max_cache_len} columns")
+        if (
+            len(starts) != self.num_rows
+            or last > self.max_cache_len
+            or min(starts) < 0
+            or (scratch and width > self.scratch and self.rings)
+        ):
+            raise ValueError(
+                f"write columns of {len(starts)} rows x {width} up to {last - 1} do not fit a static cache of "
+                f"{self.num_rows} rows x {self.max_cache_len} columns"
+            )
         columns = host_tensor([c for start in starts for c in range(start, start + width)], (len(starts), width))
         for ring in [None, *self.rings]:
             if ring is None:
@@ -265,8 +322,13 @@ class StaticRowsCache(Cache):
             return
         dst = [start + i for k, i in zip(kept, range(len(kept))) if k != i]
         device = self.layers[0].keys.device
-        index = {ring: to_device([c if ring is None else c % ring for c in src + dst], device) for ring in [None, *self.rings]}
-        stored = self.storage.buffer is not None and all(layer.in_storage for layer in self.layers if layer.ring is None)
+        index = {
+            ring: to_device([c if ring is None else c % ring for c in src + dst], device)
+            for ring in [None, *self.rings]
+        }
+        stored = self.storage.buffer is not None and all(
+            layer.in_storage for layer in self.layers if layer.ring is None
+        )
         if stored:  # every full layer at once: (2, N, H, L, D) of this row
             s, d = index[None][: len(src)], index[None][len(src) :]
             view = self.storage.buffer[:, :, row]
@@ -288,7 +350,9 @@ class StaticRowsCache(Cache):
                 own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
                 own.keys = layer.keys[row : row + 1, :, start:stop]
                 own.values = layer.values[row : row + 1, :, start:stop]
-            elif layer.is_initialized:  # a ring: the newest window - 1 columns, in order (copies), as a trimmed sliding layer
+            elif (
+                layer.is_initialized
+            ):  # a ring: the newest window - 1 columns, in order (copies), as a trimmed sliding layer
                 slots = torch.arange(max(start, stop - layer.window + 1), stop, device=layer.keys.device) % layer.ring
                 own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
                 own.keys = layer.keys[row : row + 1].index_select(2, slots)
@@ -301,8 +365,11 @@ class StaticRowsCache(Cache):
     def fits(self, batch_size: int, max_cache_len: int, device: torch.device, dtype: torch.dtype) -> bool:
         """Whether a later call of ``batch_size`` rows needing ``max_cache_len`` columns can reuse this cache as it is."""
         layer = self.layers[0]
-        return (batch_size == self.num_rows and max_cache_len <= self.max_cache_len
-                and (not layer.is_initialized or (layer.device == device and layer.dtype == dtype)))
+        return (
+            batch_size == self.num_rows
+            and max_cache_len <= self.max_cache_len
+            and (not layer.is_initialized or (layer.device == device and layer.dtype == dtype))
+        )
 
 
 def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -331,7 +398,9 @@ class BucketInputs:
         cuda = self.device.type == "cuda"
         self.blocked = blocked_bits(dtype)
         self.host_mask = torch.zeros(batch, 1, width, length, dtype=dtype, pin_memory=cuda)
-        self.host_packed = torch.zeros(3, batch, width, dtype=torch.long, pin_memory=cuda)  # ids, positions, write columns
+        self.host_packed = torch.zeros(
+            3, batch, width, dtype=torch.long, pin_memory=cuda
+        )  # ids, positions, write columns
         self.mask_bits, self.packed = self.host_mask.view(BITS[dtype.itemsize]).numpy(), self.host_packed.numpy()
         self.attention_mask = self.host_mask.to(device) if cuda else self.host_mask
         self.all_packed = self.host_packed.to(device) if cuda else self.host_packed

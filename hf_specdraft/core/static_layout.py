@@ -48,8 +48,12 @@ BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph e
 MIN_CACHE_COLUMNS = 256  # a cache holds at least this many columns, and grows by doubling: a new size is a new graph
 # per bucket (minutes on a CPU), so calls with other prompt lengths should find the cache they need already there
 RECOMPILE_LIMIT = 4 * len(BUCKETS)  # graphs dynamo may keep per code object: every bucket at a few cache sizes
-_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its last StaticRowsCache}, reused when it fits
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile config's fields: compiled __call__}
+_CACHES: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # model -> {role: its last StaticRowsCache}, reused when it fits
+_COMPILED: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # model -> {compile config's fields: compiled __call__}
 _CAPTURED = threading.local()  # seconds the current thread has spent compiling and capturing buckets
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the lock of its static caches (every role)
 _LOCKS_GUARD = threading.Lock()
@@ -150,8 +154,15 @@ class StaticLayout(CacheLayout):
         one_row: one unpadded row (:attr:`~hf_specdraft.core.layouts.CacheLayout.one_row`), not a padded batch.
     """
 
-    def __init__(self, model, cache: StaticRowsCache, with_cache: dict, compile_config: CompileConfig | None,
-                 buckets: tuple[int, ...] = BUCKETS, one_row: bool = True):
+    def __init__(
+        self,
+        model,
+        cache: StaticRowsCache,
+        with_cache: dict,
+        compile_config: CompileConfig | None,
+        buckets: tuple[int, ...] = BUCKETS,
+        one_row: bool = True,
+    ):
         super().__init__(model)
         self.cache, self.buckets, self.one_row = cache, buckets, one_row
         self.compiled, self.compile_config = compile_config is not None, compile_config
@@ -196,8 +207,12 @@ class StaticLayout(CacheLayout):
                 positions = (columns[None] - pad).clamp(min=0)
                 visible = (columns[None, None] >= pad[:, :, None]) & (columns[None, None] <= columns[None, :, None])
                 visible |= columns[None, None] == columns[None, :, None]
-                inputs.update(position_ids=stage(None, "position_ids", positions, input_ids.device), attention_mask=stage(
-                    None, "attention_mask", cache.masks(visible, positions, columns[None] - pad), input_ids.device))
+                inputs.update(
+                    position_ids=stage(None, "position_ids", positions, input_ids.device),
+                    attention_mask=stage(
+                        None, "attention_mask", cache.masks(visible, positions, columns[None] - pad), input_ids.device
+                    ),
+                )
             cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
             try:
                 out = self.model(**inputs, **self.with_cache, use_cache=True, **self.prefill_kwargs, **request.kwargs)
@@ -243,10 +258,13 @@ class StaticLayout(CacheLayout):
         """What the static path compiled, and what its first forwards cost; the cache is kept for the next call, which
         overwrites it: not handed out."""
         drafts = [draft for draft in self.drafts if draft is not None]
-        stats.extra["static_cache"] = {"compiled": self.compiled, "buckets": list(self.buckets),
-                                       "warm_up_seconds": {str(b): s for b, s in self.warm_up_seconds.items()},
-                                       "draft_compiled": bool(drafts),
-                                       "draft_warm_up_seconds": {str(b): s for d in drafts for b, s in d.warm_up_seconds.items()}}
+        stats.extra["static_cache"] = {
+            "compiled": self.compiled,
+            "buckets": list(self.buckets),
+            "warm_up_seconds": {str(b): s for b, s in self.warm_up_seconds.items()},
+            "draft_compiled": bool(drafts),
+            "draft_warm_up_seconds": {str(b): s for d in drafts for b, s in d.warm_up_seconds.items()},
+        }
         return None
 
     def drafter_cache(self, a: int, row: Row):
@@ -257,7 +275,9 @@ class StaticLayout(CacheLayout):
         """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written where no row's
         state lives, :meth:`_dummy`), so the call's own steps never compile. ``extra``: what the drafters ask of the
         forward (:mod:`~hf_specdraft.core.target_state`): a graph of its own, returning those states too."""
-        if self.compiled and not self.cache.layers[0].is_initialized:  # buffers are allocated by an eager forward, never in a graph
+        if (
+            self.compiled and not self.cache.layers[0].is_initialized
+        ):  # buffers are allocated by an eager forward, never in a graph
             self._dummy(self.buckets[0], compiled=False)
         for bucket in self.buckets:
             if bucket > self.bucket(min(largest_tokens, self.buckets[-1])):
@@ -298,11 +318,19 @@ class StaticLayout(CacheLayout):
             cache.set_write_columns([length - width] * batch, width, device, scratch=True)
             own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
             positions = torch.zeros(batch, width, dtype=torch.long)
-            masks = cache.masks(own.expand(batch, width, length), positions, torch.zeros(batch, length, dtype=torch.long))
-            inputs = {"input_ids": stage(cache.inputs, "input_ids", torch.zeros(batch, width, dtype=torch.long), device),
-                      "position_ids": stage(cache.inputs, "position_ids", positions, device),
-                      "attention_mask": stage(cache.inputs, "attention_mask",
-                                              cache.scratch_masks(masks, width) if cache.has_rings else masks, device)}
+            masks = cache.masks(
+                own.expand(batch, width, length), positions, torch.zeros(batch, length, dtype=torch.long)
+            )
+            inputs = {
+                "input_ids": stage(cache.inputs, "input_ids", torch.zeros(batch, width, dtype=torch.long), device),
+                "position_ids": stage(cache.inputs, "position_ids", positions, device),
+                "attention_mask": stage(
+                    cache.inputs,
+                    "attention_mask",
+                    cache.scratch_masks(masks, width) if cache.has_rings else masks,
+                    device,
+                ),
+            }
         if compiled:
             self._forward(extra, **inputs)
         else:
@@ -321,7 +349,9 @@ class StaticLayout(CacheLayout):
         # output_logits) and states (the drafters) across a step, so they are copied out
         return out.logits.clone(), None if hidden is None else tuple(None if h is None else h.clone() for h in hidden)
 
-    def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+    def verify(
+        self, rows: list[Row], trees: list[DraftTree], extra: dict
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
         """One forward over every row's ``[last token] + tree``, padded to a bucket, with ``extra`` (what the drafters
         ask of it). Returns float32 logits `(A, Q, V)`, the verified ids `(A, Q)` and the asked hidden states (or
         ``None``) of the active ``rows``, in their order (on the device: nothing is read back)."""
@@ -364,7 +394,9 @@ class StaticLayout(CacheLayout):
                 mask[b, 0].diagonal()[:width] = 0
         for row, tree in zip(rows, trees):
             b, n, start = row.index, len(tree), len(row.tokens) - 1
-            ancestors, depth = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in tree.parent_list])  # the last token as root
+            ancestors, depth = tree_buffers(
+                [-1] + [0 if p < 0 else p + 1 for p in tree.parent_list]
+            )  # the last token as root
             ids[b][0] = row.tokens[-1]
             if tree.token_list is not None:
                 ids[b][1 : 1 + n] = tree.token_list
@@ -386,8 +418,11 @@ class StaticLayout(CacheLayout):
             ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
         positions = host_tensor([p for row in positions for p in row], (batch, width))
         masks = mask if keys is None else cache.masks(mask, positions, keys, starts=host_tensor(starts))
-        return {"input_ids": ids, "position_ids": stage(buffers, "position_ids", positions, device),
-                "attention_mask": stage(buffers, "attention_mask", masks, device)}
+        return {
+            "input_ids": ids,
+            "position_ids": stage(buffers, "position_ids", positions, device),
+            "attention_mask": stage(buffers, "attention_mask", masks, device),
+        }
 
     def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
         """Each row's accepted path moved into place (``cached[a]``: the columns row ``a``'s text held before the step,
@@ -415,8 +450,14 @@ def layout_for(model, generation_config: GenerationConfig, rows: list[Row]) -> C
     return static
 
 
-def static_target(model, generation_config: GenerationConfig, batch_size: int, role: str = "target",
-                  buckets: tuple[int, ...] = BUCKETS, one_row: bool = True) -> StaticLayout:
+def static_target(
+    model,
+    generation_config: GenerationConfig,
+    batch_size: int,
+    role: str = "target",
+    buckets: tuple[int, ...] = BUCKETS,
+    one_row: bool = True,
+) -> StaticLayout:
     """The static path of ``model`` in ``role`` ("target", or "draft" for a draft's own cache) for a call of
     ``batch_size`` rows: the cache it had in that role reused when it fits, or a new one of ``P + max_new_tokens +
     widest bucket`` columns rounded up to a power of two, at least :data:`MIN_CACHE_COLUMNS`. A target's windowed layers
@@ -428,8 +469,13 @@ def static_target(model, generation_config: GenerationConfig, batch_size: int, r
     if cache is None or not cache.fits(batch_size, needed, model.device, model.dtype):
         columns = max(MIN_CACHE_COLUMNS, 1 << (needed - 1).bit_length())
         windows = LayerWindows(model)  # read once: the model is slow to ask
-        cache = caches[role] = StaticRowsCache(model.config.get_text_config().num_hidden_layers, batch_size, columns,
-                                               windows.rings(buckets[-1], columns) if role == "target" else None,
-                                               scratch=buckets[-1], layer_windows=windows)
+        cache = caches[role] = StaticRowsCache(
+            model.config.get_text_config().num_hidden_layers,
+            batch_size,
+            columns,
+            windows.rings(buckets[-1], columns) if role == "target" else None,
+            scratch=buckets[-1],
+            layer_windows=windows,
+        )
     call_kwargs = with_cache(model, cache)  # asked once: the model walks its modules to answer
     return StaticLayout(model, cache, call_kwargs, compile_config, buckets, one_row)

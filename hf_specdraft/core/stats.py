@@ -34,7 +34,9 @@ class StepRecord:
     judged: int = 0  # drafted positions the target judged: accepted ones plus the first rejected one, if any
     overlaps: list[float] | None = None  # Σ_v min(p, q) at each judged chain position (None: no q, or a tree; a tensor
     # on the device until the call ends, SpeculativeStats.settle)
-    copied: bool = False  # the draft was copied from the text (a GLIDE drafter's copy_from_context), not drafted by a model
+    copied: bool = (
+        False  # the draft was copied from the text (a GLIDE drafter's copy_from_context), not drafted by a model
+    )
 
 
 def _total(name: str) -> property:
@@ -108,8 +110,12 @@ class SpeculativeStats:
     def acceptance_rate(self) -> float:
         """Deprecated: accepted / drafted, which is not the paper's α. Use :attr:`alpha`,
         :attr:`position_acceptance_rate` or :attr:`accepted_per_drafted`."""
-        warnings.warn("SpeculativeStats.acceptance_rate is deprecated: it is accepted / drafted, not the paper's α; use "
-                      ".alpha (1 - TV(p, q)), .position_acceptance_rate or .accepted_per_drafted", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "SpeculativeStats.acceptance_rate is deprecated: it is accepted / drafted, not the paper's α; use "
+            ".alpha (1 - TV(p, q)), .position_acceptance_rate or .accepted_per_drafted",
+            FutureWarning,
+            stacklevel=2,
+        )
         return self.accepted_per_drafted
 
     @property
@@ -203,7 +209,9 @@ def expected_speedup(alpha: float, num_draft_tokens: int, cost_coefficient: floa
     return expected_tokens / (gamma * c + 1)
 
 
-def standardized_walltime_improvement(new_tokens: int, target_calls: int, draft_calls: dict[str, int], cost_coefficients: dict[str, float]) -> float:
+def standardized_walltime_improvement(
+    new_tokens: int, target_calls: int, draft_calls: dict[str, int], cost_coefficients: dict[str, float]
+) -> float:
     """SWI (Chen et al. 2024, §5.1): ``n / (count(M_t) + Σ_i count(M_di) c_i)``.
 
     Target-only decoding scores 1.0 per token per call, so SWI is a speedup over it that does not depend
@@ -216,13 +224,29 @@ def standardized_walltime_improvement(new_tokens: int, target_calls: int, draft_
     return new_tokens / cost if cost else 0.0
 
 
-def record_step(stats: SpeculativeStats, rows, tree: DraftTree, path: list[int], emitted: int,
-                draft_seconds: float, verify_seconds: float) -> None:
+def record_step(
+    stats: SpeculativeStats,
+    rows,
+    tree: DraftTree,
+    path: list[int],
+    emitted: int,
+    draft_seconds: float,
+    verify_seconds: float,
+) -> None:
     """One step's record (``rows``: the row's :class:`~hf_specdraft.core.emission.TargetRows`)."""
     drafted, accepted = tree.levels, min(len(path), emitted)
     judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
-    stats.record(drafted=drafted, tree_size=len(tree), accepted=accepted, emitted=emitted, draft_seconds=draft_seconds,
-                 verify_seconds=verify_seconds, judged=judged, overlaps=chain_overlaps(rows, tree, judged), copied=tree.copied)
+    stats.record(
+        drafted=drafted,
+        tree_size=len(tree),
+        accepted=accepted,
+        emitted=emitted,
+        draft_seconds=draft_seconds,
+        verify_seconds=verify_seconds,
+        judged=judged,
+        overlaps=chain_overlaps(rows, tree, judged),
+        copied=tree.copied,
+    )
 
 
 def chain_overlaps(rows, tree: DraftTree, judged: int) -> torch.Tensor | None:

@@ -38,8 +38,10 @@ ATTENTION_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "DummyLayer")
 # Model types whose greedy output under this loop did not match their own ``generate`` in the architecture grid
 # (tests/test_architectures.py): refused by name until the cause is found, never decoded wrongly in silence.
 MISMATCHED_MODEL_TYPES = {
-    **dict.fromkeys(("roberta", "roberta-prelayernorm", "camembert", "data2vec-text", "xlm-roberta", "xlm-roberta-xl"),
-                    "used as a decoder, its speculative output did not match its own generate (RoBERTa-style embeddings)"),
+    **dict.fromkeys(
+        ("roberta", "roberta-prelayernorm", "camembert", "data2vec-text", "xlm-roberta", "xlm-roberta-xl"),
+        "used as a decoder, its speculative output did not match its own generate (RoBERTa-style embeddings)",
+    ),
     "cpmant": "its forward prepends its own prompt positions, so its cache does not line up with input_ids",
     "prophetnet": "its decoder takes one token per forward once it has a cache, and a verification feeds several",
     "dory": "its looped layers attend over cached states of earlier loops that a verification's tree mask does not line up with",
@@ -111,10 +113,12 @@ def check_batch_target(model: PreTrainedModel, generation_config, chains: str | 
         raise ValueError(f"{name} cannot verify a padded batch: {chains}; run one unpadded prompt at a time")
     window = cache_window(DynamicCache(config=model.config))
     if window is not None and length > window and generation_config.cache_implementation != "static":
-        raise ValueError(f"{name} has a sliding window of {window} tokens and max_length is {length}: batched "
-                         "speculative decoding on a DynamicCache supports windowed targets only within one window; "
-                         "lower max_new_tokens, pass cache_implementation='static' (windows by mask), or run one "
-                         "unpadded prompt at a time")
+        raise ValueError(
+            f"{name} has a sliding window of {window} tokens and max_length is {length}: batched "
+            "speculative decoding on a DynamicCache supports windowed targets only within one window; "
+            "lower max_new_tokens, pass cache_implementation='static' (windows by mask), or run one "
+            "unpadded prompt at a time"
+        )
 
 
 def uses_alibi(model: PreTrainedModel) -> bool:
@@ -137,8 +141,10 @@ def recurrent_state(model: PreTrainedModel) -> str | None:
     names = [name for name in cache_layer_names(model) if name not in ATTENTION_LAYERS]
     if not names:
         return None
-    return (f"its cache holds {sorted(set(names))} layers, whose recurrent state transformers' crop does not roll back "
-            "to the accepted tokens (a rejected draft would stay in the state)")
+    return (
+        f"its cache holds {sorted(set(names))} layers, whose recurrent state transformers' crop does not roll back "
+        "to the accepted tokens (a rejected draft would stay in the state)"
+    )
 
 
 def convolution_only(model: PreTrainedModel) -> bool:
@@ -161,9 +167,11 @@ def check_target(model: PreTrainedModel, argument: str = "model") -> None:
     """Raise a `ValueError` naming the model type when speculative decoding cannot run on ``model`` exactly."""
     why = recurrent_state(model)
     if why is not None:
-        raise ValueError(f"{argument} is a {model_type(model)!r} model, which speculative decoding refuses: {why}. Supported: "
-                         "attention-based causal LMs (LFM2-style convolution hybrids and ALiBi models with chains only); see "
-                         "the README's Architectures section")
+        raise ValueError(
+            f"{argument} is a {model_type(model)!r} model, which speculative decoding refuses: {why}. Supported: "
+            "attention-based causal LMs (LFM2-style convolution hybrids and ALiBi models with chains only); see "
+            "the README's Architectures section"
+        )
 
 
 def no_logits_kwargs(model: PreTrainedModel) -> dict:

@@ -35,7 +35,9 @@ class TargetOutputs(ModelOutput):
     `(1, n, hidden_size)` over the ``n`` positions the last step added to the target's cache, in text order."""
 
     hidden_states: tuple | None = None
-    shared_kv_states: dict | None = None  # Gemma 4's generators: {layer type: (keys, values)} of the target's producer layers
+    shared_kv_states: dict | None = (
+        None  # Gemma 4's generators: {layer type: (keys, values)} of the target's producer layers
+    )
 
 
 @dataclass
@@ -58,7 +60,9 @@ class StateRequest:
 
     def __init__(self, model, drafters, traits):
         self.kwargs: dict = {}
-        self.producers: dict[str, int] | None = None  # asked for return_shared_kv_states: the layers the loop reads them from
+        self.producers: dict[str, int] | None = (
+            None  # asked for return_shared_kv_states: the layers the loop reads them from
+        )
         askers = [(d, t) for d, t in zip(drafters, traits, strict=True) if t.requires_model_outputs]
         layers = model.config.get_text_config().num_hidden_layers
         wanted: set[int] | bool = set()
@@ -67,13 +71,19 @@ class StateRequest:
                 if key == HIDDEN:
                     wanted = _merge_layers(wanted, value, layers, drafter)
                 elif key == SHARED_KV and value:  # served from the cache the loop kept, not the verify forward's (which
-                    self.producers = cache_producers(model)  # holds a tree's rejected nodes): nothing asked of the forward
+                    self.producers = cache_producers(
+                        model
+                    )  # holds a tree's rejected nodes): nothing asked of the forward
                 elif key in self.kwargs and self.kwargs[key] != value:
-                    raise ValueError(f"the drafters ask the target's forward for {key}={self.kwargs[key]!r} and {value!r}: "
-                                     "give every row drafters that ask alike")
+                    raise ValueError(
+                        f"the drafters ask the target's forward for {key}={self.kwargs[key]!r} and {value!r}: "
+                        "give every row drafters that ask alike"
+                    )
                 elif key not in inspect.signature(model.forward).parameters:
-                    raise ValueError(f"{drafter.name} asks the target's forward for {key!r}, which "
-                                     f"{type(model).__name__}.forward does not take: this drafter needs another target model")
+                    raise ValueError(
+                        f"{drafter.name} asks the target's forward for {key!r}, which "
+                        f"{type(model).__name__}.forward does not take: this drafter needs another target model"
+                    )
                 else:
                     self.kwargs[key] = value
         if wanted is True:
@@ -94,14 +104,18 @@ def _merge_layers(wanted, value, layers: int, drafter):
         return wanted
     values = [value] if isinstance(value, int) else list(value) if isinstance(value, (list, tuple)) else None
     if values is None or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"{drafter.name}.model_kwargs_overrides['output_hidden_states'] must be True, an int or a list "
-                         f"of ints (indices into hidden_states, 0 the embeddings, {layers} the last layer), got {value!r}")
+        raise ValueError(
+            f"{drafter.name}.model_kwargs_overrides['output_hidden_states'] must be True, an int or a list "
+            f"of ints (indices into hidden_states, 0 the embeddings, {layers} the last layer), got {value!r}"
+        )
     out = set(wanted)
     for v in values:
         index = v + layers + 1 if v < 0 else v
         if not 0 <= index <= layers:
-            raise ValueError(f"{drafter.name} asks for hidden_states[{v}] of a target with {layers} layers "
-                             f"(valid: 0 to {layers}, or negative from the end)")
+            raise ValueError(
+                f"{drafter.name} asks for hidden_states[{v}] of a target with {layers} layers "
+                f"(valid: 0 to {layers}, or negative from the end)"
+            )
         out.add(index)
     return out
 
@@ -142,8 +156,10 @@ def cache_producers(target) -> dict[str, int]:
     config = target.config.get_text_config()
     types = getattr(config, "layer_types", None)
     if types is None:
-        raise ValueError(f"a Gemma 4 assistant attends to its target's cache by layer type, and {type(target).__name__}'s config "
-                         "names no layer_types: use the Gemma 4 (or 3n) model it was trained for")
+        raise ValueError(
+            f"a Gemma 4 assistant attends to its target's cache by layer type, and {type(target).__name__}'s config "
+            "names no layer_types: use the Gemma 4 (or 3n) model it was trained for"
+        )
     unshared = len(types) - (getattr(config, "num_kv_shared_layers", 0) or 0)
     return {kind: max(i for i in range(unshared) if types[i] == kind) for kind in set(types[:unshared])}
 

@@ -40,7 +40,9 @@ class DraftTree:
         self.token_list: list[int] | None = list(tokens) if isinstance(tokens, (list, tuple)) else None
         # host tokens become a tensor only when something asks for one (a host drafter's step needs none)
         self._tokens = None if self.token_list is not None else torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        self.parent_list: list[int] = [int(p) for p in parents] if isinstance(parents, (list, tuple, range)) else parents.reshape(-1).tolist()
+        self.parent_list: list[int] = (
+            [int(p) for p in parents] if isinstance(parents, (list, tuple, range)) else parents.reshape(-1).tolist()
+        )
         n = len(self.token_list) if self.token_list is not None else self._tokens.shape[0]
         if len(self.parent_list) != n:
             raise ValueError(f"tokens and parents must have the same length, got {n} and {len(self.parent_list)}")
@@ -53,13 +55,19 @@ class DraftTree:
         if sampled is not None:
             self.sampled = torch.as_tensor(sampled, dtype=torch.bool).reshape(-1)
             if self.sampled.shape[0] != n or draft_probs is None:
-                raise ValueError(f"sampled must have one flag per token ({n}) and needs draft_probs, got "
-                                 f"{self.sampled.shape[0]} flags and draft_probs={'None' if draft_probs is None else 'set'}")
+                raise ValueError(
+                    f"sampled must have one flag per token ({n}) and needs draft_probs, got "
+                    f"{self.sampled.shape[0]} flags and draft_probs={'None' if draft_probs is None else 'set'}"
+                )
         self._parents = self._depth = None
         self.origin: DraftTree | None = None  # the tree this one was cut from, keeping its leading nodes (select)
         self.known_tokens: list[int] | None = None  # a prefix of the tokens, known on the host (learn_tokens)
-        self.chain_confidences: list[float] | None = None  # the draft's q of each chain token, where its stop rule read them
-        self.copied = False  # copied from the text, no draft model ran (GLIDE's copy_from_context): CAPE leaves it as it is
+        self.chain_confidences: list[float] | None = (
+            None  # the draft's q of each chain token, where its stop rule read them
+        )
+        self.copied = (
+            False  # copied from the text, no draft model ran (GLIDE's copy_from_context): CAPE leaves it as it is
+        )
 
     def __repr__(self) -> str:
         tokens = self.token_list if self.token_list is not None else f"<{len(self)} on {self.tokens.device}>"
@@ -111,7 +119,9 @@ class DraftTree:
         tokens = [self.token_list[i] for i in index] if self.token_list is not None else self.tokens[pick]
         tree = DraftTree(tokens, parents if not isinstance(parents, torch.Tensor) else parents.tolist(), probs, sampled)
         tree.copied = self.copied  # a part of a copy from the text is one too
-        if isinstance(pick, slice):  # a leading part: its tokens, once known, are a prefix of this tree's (learn_tokens)
+        if isinstance(
+            pick, slice
+        ):  # a leading part: its tokens, once known, are a prefix of this tree's (learn_tokens)
             tree.origin = self
         return tree
 
@@ -224,8 +234,9 @@ def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return ancestors.to(parents.device), torch.tensor(depth, dtype=torch.long, device=parents.device)
 
 
-def tree_mask(parents, prefix_length: int, dtype: torch.dtype, device: torch.device,
-              queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_mask(
+    parents, prefix_length: int, dtype: torch.dtype, device: torch.device, queries: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask and positions for tree nodes on top of a cached prefix: each node sees the prefix and its ancestors-or-self.
 
     The library's one tree mask (verification, and a draft scoring a beam tree), built on the host

@@ -14,7 +14,9 @@ def check_int(name: str, value, minimum: int = 1, allow_none: bool = False, what
         return
     if not is_int(value) or value < minimum:
         valid = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {'None or ' if allow_none else ''}{valid}{f' ({what})' if what else ''}, got {value!r}")
+        raise ValueError(
+            f"{name} must be {'None or ' if allow_none else ''}{valid}{f' ({what})' if what else ''}, got {value!r}"
+        )
 
 
 def check_bool(name: str, value) -> None:
@@ -26,16 +28,24 @@ def method_config(config_class, config, options: dict):
     """The config a method's candidate generator runs with: ``config`` (an instance of ``config_class``) or one built
     from ``options`` (its fields as keywords), never both — the one calling convention of CAPE, the cascade and CASD."""
     if config is not None and options:
-        raise ValueError(f"pass either config= or {config_class.__name__} fields as keywords ({sorted(options)}), not both")
+        raise ValueError(
+            f"pass either config= or {config_class.__name__} fields as keywords ({sorted(options)}), not both"
+        )
     if config is not None and not isinstance(config, config_class):
-        hint = f"; pass options as keywords, e.g. {next(iter(config_class.__dataclass_fields__))}={config!r}" if is_int(config) else ""
+        hint = (
+            f"; pass options as keywords, e.g. {next(iter(config_class.__dataclass_fields__))}={config!r}"
+            if is_int(config)
+            else ""
+        )
         raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}{hint}")
     if config is not None:
         return config
     fields = set(config_class.__dataclass_fields__)
     unknown = sorted(set(options) - fields)
     if unknown:
-        raise TypeError(f"unexpected keyword argument(s) {unknown}; {config_class.__name__} fields are {sorted(fields)}")
+        raise TypeError(
+            f"unexpected keyword argument(s) {unknown}; {config_class.__name__} fields are {sorted(fields)}"
+        )
     return config_class(**options)
 
 
@@ -43,8 +53,13 @@ def check_copy_options(copy_from_context, max_copy_tokens, allow_none: bool = Fa
     """Raise a ``ValueError`` naming the argument unless ``copy_from_context`` is a bool or an int >= 0 (the shortest
     suffix match a drafter copies from the context after; 0 / ``False``: never) and ``max_copy_tokens`` a positive int
     or None (the longest copy). ``allow_none``: ``copy_from_context=None`` too (the drafter's own default)."""
-    if not (allow_none and copy_from_context is None) and not isinstance(copy_from_context, bool) and (
-            not is_int(copy_from_context) or copy_from_context < 0):
-        raise ValueError(f"copy_from_context must be an int >= 0 (the shortest match to copy from; 0 = never) or a bool "
-                         f"(False: never copy){' or None' if allow_none else ''}, got {copy_from_context!r}")
+    if (
+        not (allow_none and copy_from_context is None)
+        and not isinstance(copy_from_context, bool)
+        and (not is_int(copy_from_context) or copy_from_context < 0)
+    ):
+        raise ValueError(
+            f"copy_from_context must be an int >= 0 (the shortest match to copy from; 0 = never) or a bool "
+            f"(False: never copy){' or None' if allow_none else ''}, got {copy_from_context!r}"
+        )
     check_int("max_copy_tokens", max_copy_tokens, allow_none=True, what="the longest copy from the context")

@@ -23,7 +23,9 @@ from .tree import DraftTree, tree_mask
 WINDOWED_LAYER_TYPES = ("sliding_attention", "chunked_attention")  # transformers' names for layers with a window
 
 
-def tree_attention_inputs(tree: DraftTree, past_length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_attention_inputs(
+    tree: DraftTree, past_length: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask and positions to verify ``[last token] + tree.tokens`` on top of a cache of ``past_length``.
 
     The last accepted token sits at position ``past_length`` and sees the whole cache; node ``i`` sits at
@@ -48,18 +50,26 @@ class LayerWindows:
         declared = getattr(config, "layer_types", None)
         self.per_type, self.dtype = declared is not None, model.dtype
         self.types, self.windows = [], {}  # windows: {layer: window}
-        if (getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
-                or any(kind in WINDOWED_LAYER_TYPES for kind in declared or ())):  # else none can be built (Llama, GPT-2)
+        if (
+            getattr(config, "sliding_window", None)
+            or getattr(config, "attention_chunk_size", None)
+            or any(kind in WINDOWED_LAYER_TYPES for kind in declared or ())
+        ):  # else none can be built (Llama, GPT-2)
             self.types, kwargs = get_layer_types_and_kwargs(config)
             # kwargs cover the model's layers; a config's layer_types may list more (reduced test configs): not read
-            self.windows = {i: kw["sliding_window"] for i, (kind, kw) in enumerate(zip(self.types, kwargs))
-                            if kind in WINDOWED_LAYER_TYPES}
+            self.windows = {
+                i: kw["sliding_window"]
+                for i, (kind, kw) in enumerate(zip(self.types, kwargs))
+                if kind in WINDOWED_LAYER_TYPES
+            }
         self.windowed = bool(self.windows)
 
     def rings(self, widest: int, columns: int) -> dict[int, tuple[int, int]]:
         """``{layer: (window, ring)}`` for the windowed layers whose ring (``window + widest`` bucket) is shorter than a
         row of ``columns``: their static buffers stay the window's size at any length."""
-        return {i: (window, window + widest) for i, window in self.windows.items() if window and window + widest < columns}
+        return {
+            i: (window, window + widest) for i, window in self.windows.items() if window and window + widest < columns
+        }
 
     def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, cache=None):
         """The tree mask each attention layer takes (on ``cache``; ``None``: every column of ``mask`` is handed over).
@@ -89,13 +99,20 @@ class LayerWindows:
                 masks[kind] = mask
                 continue
             handed = mask.shape[-1] if cache is None else cache.get_mask_sizes(query_positions.shape[-1], i)[0]
-            keys, query = key_positions[..., -handed:].to(mask.device).unsqueeze(-2), query_positions[:, :, None].to(mask.device)
-            inside = (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)  # (B, Q, K)
+            keys, query = (
+                key_positions[..., -handed:].to(mask.device).unsqueeze(-2),
+                query_positions[:, :, None].to(mask.device),
+            )
+            inside = (
+                (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)
+            )  # (B, Q, K)
             masks[kind] = mask[..., -handed:].masked_fill(~inside[:, None], torch.finfo(mask.dtype).min)
         return masks if self.per_type else masks[self.types[0]]
 
 
-def batch_verify_inputs(rows: list[Row], trees: list[DraftTree], columns: int, dtype: torch.dtype, device: torch.device):
+def batch_verify_inputs(
+    rows: list[Row], trees: list[DraftTree], columns: int, dtype: torch.dtype, device: torch.device
+):
     """Inputs of one target forward over every row's ``[last token] + tree``, trees padded to the widest.
 
     Args:
@@ -133,7 +150,11 @@ def single_row_inputs(windows: LayerWindows, input_ids: torch.LongTensor, cache:
         return {"input_ids": verify_ids}
     mask, positions = tree_attention_inputs(tree, input_ids.shape[1] - 1, windows.dtype, input_ids.device)
     keys = torch.cat([torch.arange(input_ids.shape[1] - 1, device=input_ids.device), positions[0]])
-    return {"input_ids": verify_ids, "attention_mask": windows.masks(mask, positions, keys, cache), "position_ids": positions}
+    return {
+        "input_ids": verify_ids,
+        "attention_mask": windows.masks(mask, positions, keys, cache),
+        "position_ids": positions,
+    }
 
 
 def verify_tree(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> torch.Tensor:

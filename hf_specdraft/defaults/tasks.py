@@ -101,7 +101,9 @@ def chat_prompt(tokenizer, request: str) -> str:
     """``request`` as one user turn in ``tokenizer``'s chat template, ready for the assistant's answer."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("the chat task needs a tokenizer with a chat_template (an instruction-tuned target)")
-    return tokenizer.apply_chat_template([{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def _chat_item(item: TaskItem) -> TaskItem:
@@ -123,8 +125,9 @@ def _context_item(name: str, text: str, rng: random.Random, prompt_chars: int) -
     return TaskItem("context", name, prompt, reference[:REFERENCE_CHARS], context=before + after)
 
 
-def build_tasks(task: str, count: int = 100, seed: int = 0, corpus: Corpus | None = None,
-                context_prompt_chars: int = PROMPT_CHARS) -> list[TaskItem]:
+def build_tasks(
+    task: str, count: int = 100, seed: int = 0, corpus: Corpus | None = None, context_prompt_chars: int = PROMPT_CHARS
+) -> list[TaskItem]:
     """``count`` items of ``task`` from the held-out split, chosen with ``seed``.
 
     Args:
@@ -157,4 +160,6 @@ def build_tasks(task: str, count: int = 100, seed: int = 0, corpus: Corpus | Non
                 items.append(item)
         if len(items) == count:
             return items
-    raise ValueError(f"only {len(items)} {task!r} items could be built from {len(files)} held-out files; asked for {count}")
+    raise ValueError(
+        f"only {len(items)} {task!r} items could be built from {len(files)} held-out files; asked for {count}"
+    )

@@ -80,7 +80,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
         self.glide = glide
         self.config = method_config(GlideDraftingConfig, config, options)
-        self.num_draft_tokens, self.adaptive_draft_length = draft_length(self.config.num_draft_tokens)  # what the loop and CAPE read
+        self.num_draft_tokens, self.adaptive_draft_length = draft_length(
+            self.config.num_draft_tokens
+        )  # what the loop and CAPE read
         self._reset()
 
     stops_on_confidence = True  # draft_chain asks the request's stop_rule after every token
@@ -104,7 +106,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         self.cache = DynamicDraftCache(self.glide, self._glimpse, DynamicCache(config=self.glide.config))
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
         self.states = None  # state_input: the target's last hidden states still needed `(1, n, hidden)`, positions from states_from
-        self.states_from = 0  # the position of states[:, 0]: earlier states were fed already and are dropped (no growing copy)
+        self.states_from = (
+            0  # the position of states[:, 0]: earlier states were fed already and are dropped (no growing copy)
+        )
         self.fed = 0  # state_input with self-attention: positions whose first-step entries GLIDE's cache holds
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
@@ -176,15 +180,19 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def _take_states(self, target_state: TargetState | None) -> None:
         """Keep the target's last hidden states the loop hands over (every position, in order, once)."""
         if target_state is None:
-            raise ValueError("this GLIDE reads the target's hidden state (state_input=True), which transformers' assisted loop does "
-                             "not hand to a draft model: call speculative_generate(target, ids, draft_model=glide) or "
-                             "target.generate(ids, custom_generate=speculative_generate, draft_model=glide)")
+            raise ValueError(
+                "this GLIDE reads the target's hidden state (state_input=True), which transformers' assisted loop does "
+                "not hand to a draft model: call speculative_generate(target, ids, draft_model=glide) or "
+                "target.generate(ids, custom_generate=speculative_generate, draft_model=glide)"
+            )
         if target_state.first:
             self.states, self.states_from = None, 0
         if target_state.outputs is not None and target_state.outputs.hidden_states:
             new = target_state.outputs.hidden_states[-1].to(device=self.glide.device, dtype=self.glide.dtype)
             self.states = new if self.states is None else torch.cat([self.states, new], dim=1)
-            drop = max(self.fed - 1, 0) - self.states_from  # a proposal reads h from position fed - 1 on (_states_before)
+            drop = (
+                max(self.fed - 1, 0) - self.states_from
+            )  # a proposal reads h from position fed - 1 on (_states_before)
             if drop > 0:
                 self.states, self.states_from = self.states[:, drop:], self.states_from + drop
 
@@ -201,23 +209,36 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         ids = request.input_ids[0].to(device)
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
         if self.states is None or self.states_from + self.states.shape[1] != t or t < 1:
-            return DraftTree.chain(ids.new_zeros(0))  # no state yet (the first step of a call): the target decodes alone
+            return DraftTree.chain(
+                ids.new_zeros(0)
+            )  # no state yet (the first step of a call): the target decodes alone
         if glide.config.self_attention:
             start = min(self.fed, t)
             crop_to(self.cache, start)
             feed, state_in = ids[start:][None], self._states_before(start, t)
             position = torch.arange(start, t + 1, device=device)[None]
         else:
-            feed, state_in, position = ids[t:][None], self._states_before(t, t), torch.tensor([[t - 1]], device=device)  # h_{t-1}'s
+            feed, state_in, position = (
+                ids[t:][None],
+                self._states_before(t, t),
+                torch.tensor([[t - 1]], device=device),
+            )  # h_{t-1}'s
         tokens, probs, confidences = [], [], []
         for step in range(request.num_draft_tokens or self.num_draft_tokens):
-            out = glide(input_ids=feed, position_ids=position, target_hidden_states=state_in, logits_to_keep=1,
-                        **with_cache(glide, self.cache.past_key_values if glide.config.self_attention else None),
-                        use_cache=glide.config.self_attention,
-                        **glimpse)
+            out = glide(
+                input_ids=feed,
+                position_ids=position,
+                target_hidden_states=state_in,
+                logits_to_keep=1,
+                **with_cache(glide, self.cache.past_key_values if glide.config.self_attention else None),
+                use_cache=glide.config.self_attention,
+                **glimpse,
+            )
             if step == 0:
                 self.fed = t + 1
-            q = self.draft_distribution(out.logits[:, -1], torch.cat([ids[None], *tokens], dim=-1) if self.warpers else ids[None])
+            q = self.draft_distribution(
+                out.logits[:, -1], torch.cat([ids[None], *tokens], dim=-1) if self.warpers else ids[None]
+            )
             feed = self.pick(q)
             tokens.append(feed)
             probs.append(q[0])
@@ -235,7 +256,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         tree.chain_confidences = confidences if stop_rule is not None else None
         return tree
 
-    def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache) -> StaticDraftCache:
+    def compile_draft(
+        self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache
+    ) -> StaticDraftCache:
         """On the compiled static path of a batch-1 call: GLIDE's forwards on a static cache of its own, compiled, its
         glimpse reading the target's static buffers whole under a key mask (:func:`static_glimpse`). ``None`` (eager
         drafting) where the target keeps windowed layers on rings, or for a ``state_input`` GLIDE (it feeds states)."""
@@ -244,10 +267,13 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
         def glimpse(_, committed: int | None):  # the warm-up (committed None) sees every column: a query that saw none
             # would write NaN states, which a later full-buffer forward multiplies by its zero weights
-            return static_glimpse(target_cache, target_cache.max_cache_len if committed is None else committed, self.glide.dtype)
+            return static_glimpse(
+                target_cache, target_cache.max_cache_len if committed is None else committed, self.glide.dtype
+            )
 
-        self.cache = StaticDraftCache(self.glide, generation_config, compile_config,
-                                      reads=glimpse if self.glide.config.cross_attention else None)
+        self.cache = StaticDraftCache(
+            self.glide, generation_config, compile_config, reads=glimpse if self.glide.config.cross_attention else None
+        )
         return self.cache
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
@@ -260,10 +286,21 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             glimpse = {}
             if glide.config.cross_attention:
                 target_cache, cached = batch.target
-                glimpse = {"target_past_key_values": target_cache,
-                           "target_attention_mask": target_key_mask(target_cache.get_seq_length(), cached, positions, glide.dtype)}
-            return glide(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache(glide, cache), use_cache=True,
-                         logits_to_keep=1, **glimpse).logits[:, -1]
+                glimpse = {
+                    "target_past_key_values": target_cache,
+                    "target_attention_mask": target_key_mask(
+                        target_cache.get_seq_length(), cached, positions, glide.dtype
+                    ),
+                }
+            return glide(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                **with_cache(glide, cache),
+                use_cache=True,
+                logits_to_keep=1,
+                **glimpse,
+            ).logits[:, -1]
 
         batch = BatchChainDrafter(drafters, cache, forward, glide.device)
         return batch
@@ -271,8 +308,10 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def beam_scorer(self, distribution) -> GlideTreeScorer:
         """The scorer CAPE's beam mode (Du et al. 2024, §5.3, GLIDE+BeamSearch) drafts its tree with."""
         if self.requires_model_outputs:
-            raise ValueError("CAPE's beam mode scores tree nodes by the draft's tokens alone, and this GLIDE reads the target's state "
-                             "(state_input=True): use CAPE's default mode (the GLIDE chain widened by its confidence)")
+            raise ValueError(
+                "CAPE's beam mode scores tree nodes by the draft's tokens alone, and this GLIDE reads the target's state "
+                "(state_input=True): use CAPE's default mode (the GLIDE chain widened by its confidence)"
+            )
         return GlideTreeScorer(self.glide, distribution)
 
 
@@ -296,8 +335,10 @@ def check_same_split(target: PreTrainedModel, glide: PreTrainedModel) -> None:
     glide.config.check_tensor_parallel(glide_split)
     heads = kv_heads_per_rank(glide)
     if target_split > 1 and heads * target_split != glide.config.target_num_key_value_heads:
-        raise ValueError(f"glide reads {heads} KV heads per rank over {target_split} ranks, but the target has "
-                         f"{glide.config.target_num_key_value_heads}: load glide with tp_plan='auto' (docs/multi-gpu.md)")
+        raise ValueError(
+            f"glide reads {heads} KV heads per rank over {target_split} ranks, but the target has "
+            f"{glide.config.target_num_key_value_heads}: load glide with tp_plan='auto' (docs/multi-gpu.md)"
+        )
 
 
 def static_glimpse(target_cache: StaticRowsCache, committed: int, dtype: torch.dtype):
@@ -311,7 +352,10 @@ def static_glimpse(target_cache: StaticRowsCache, committed: int, dtype: torch.d
         keys = torch.arange(length)
         visible = keys[None, :] < columns.clamp(max=committed)[:, None]
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
-        return {"target_past_key_values": pairs, "target_attention_mask": mask[None, None]}  # host: the draft's forward stages it
+        return {
+            "target_past_key_values": pairs,
+            "target_attention_mask": mask[None, None],
+        }  # host: the draft's forward stages it
 
     return glimpse
 

@@ -251,18 +251,29 @@ class GlideConfig(PretrainedConfig):
         self.target_num_hidden_layers = target_num_hidden_layers
         self.target_hidden_size = target_hidden_size
         self.target_num_attention_heads = target_num_attention_heads
-        self.target_num_key_value_heads = target_num_key_value_heads if target_num_key_value_heads is not None else target_num_attention_heads
-        self.target_head_dim = target_head_dim if target_head_dim is not None else target_hidden_size // max(target_num_attention_heads, 1)
+        self.target_num_key_value_heads = (
+            target_num_key_value_heads if target_num_key_value_heads is not None else target_num_attention_heads
+        )
+        self.target_head_dim = (
+            target_head_dim if target_head_dim is not None else target_hidden_size // max(target_num_attention_heads, 1)
+        )
         self.target_vocab_size = target_vocab_size if target_vocab_size is not None else vocab_size
-        self.target_max_position_embeddings = target_max_position_embeddings if target_max_position_embeddings is not None else max_position_embeddings
-        self.target_rope_parameters = copy.deepcopy(target_rope_parameters) or {"rope_type": "default", "rope_theta": 10000.0}
+        self.target_max_position_embeddings = (
+            target_max_position_embeddings if target_max_position_embeddings is not None else max_position_embeddings
+        )
+        self.target_rope_parameters = copy.deepcopy(target_rope_parameters) or {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+        }
         self.target_name_or_path = target_name_or_path
         self.draft_token_ids = [int(i) for i in draft_token_ids] if draft_token_ids is not None else None
         self.state_input = state_input
         self.self_attention = self_attention
         if target_layer_ids is None:  # §4.1: l = N_T - N_D + m, the top target layers (0-based here)
             target_layer_ids = [target_num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)]
-        self.target_layer_ids = [int(i) for i in target_layer_ids] if isinstance(target_layer_ids, (list, tuple)) else target_layer_ids
+        self.target_layer_ids = (
+            [int(i) for i in target_layer_ids] if isinstance(target_layer_ids, (list, tuple)) else target_layer_ids
+        )
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -270,41 +281,74 @@ class GlideConfig(PretrainedConfig):
         super().__init__(**kwargs)
         if not cross_attention or not self_attention:  # the plan names only the sub-layers this GLIDE has
             absent = (() if cross_attention else (".cross_attn.",)) + (() if self_attention else (".self_attn.",))
-            self.base_model_tp_plan = {k: v for k, v in type(self).base_model_tp_plan.items() if not any(a in k for a in absent)}
+            self.base_model_tp_plan = {
+                k: v for k, v in type(self).base_model_tp_plan.items() if not any(a in k for a in absent)
+            }
 
     def _validate(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                     "head_dim", "max_position_embeddings", "block_size", "target_num_hidden_layers", "target_hidden_size",
-                     "target_num_attention_heads", "target_num_key_value_heads", "target_head_dim", "target_vocab_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+            "block_size",
+            "target_num_hidden_layers",
+            "target_hidden_size",
+            "target_num_attention_heads",
+            "target_num_key_value_heads",
+            "target_head_dim",
+            "target_vocab_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         for prefix in ("", "target_"):
-            heads, kv_heads = getattr(self, f"{prefix}num_attention_heads"), getattr(self, f"{prefix}num_key_value_heads")
+            heads, kv_heads = (
+                getattr(self, f"{prefix}num_attention_heads"),
+                getattr(self, f"{prefix}num_key_value_heads"),
+            )
             if heads % kv_heads:
-                raise ValueError(f"{prefix}num_attention_heads ({heads}) must be a multiple of "
-                                 f"{prefix}num_key_value_heads ({kv_heads})")
+                raise ValueError(
+                    f"{prefix}num_attention_heads ({heads}) must be a multiple of "
+                    f"{prefix}num_key_value_heads ({kv_heads})"
+                )
         if self.target_head_dim % 2:
             raise ValueError(f"target_head_dim must be even (RoPE rotates pairs), got {self.target_head_dim}")
         for name in ("cross_attention", "state_input", "self_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if not self.self_attention and not self.state_input:
-            raise ValueError("self_attention=False needs state_input=True: without its own cache and the target's state a draft "
-                             "step would not see the token before it")
+            raise ValueError(
+                "self_attention=False needs state_input=True: without its own cache and the target's state a draft "
+                "step would not see the token before it"
+            )
         if self.vocab_size != self.target_vocab_size:  # the logits' size, also with a reduced draft_token_ids
-            raise ValueError(f"vocab_size ({self.vocab_size}) must equal target_vocab_size ({self.target_vocab_size}): GLIDE drafts the target's tokens")
+            raise ValueError(
+                f"vocab_size ({self.vocab_size}) must equal target_vocab_size ({self.target_vocab_size}): GLIDE drafts the target's tokens"
+            )
         if not isinstance(self.target_rope_parameters, dict) or "rope_theta" not in self.target_rope_parameters:
-            raise ValueError(f"target_rope_parameters must be a dict with rope_type and rope_theta, got {self.target_rope_parameters!r}")
+            raise ValueError(
+                f"target_rope_parameters must be a dict with rope_type and rope_theta, got {self.target_rope_parameters!r}"
+            )
         if self.draft_token_ids is not None:
             ids = self.draft_token_ids
             if not ids or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= self.vocab_size:
-                raise ValueError(f"draft_token_ids must be distinct ids in [0, vocab_size={self.vocab_size}), at least one")
+                raise ValueError(
+                    f"draft_token_ids must be distinct ids in [0, vocab_size={self.vocab_size}), at least one"
+                )
         ids = self.target_layer_ids
         if not isinstance(ids, list) or len(ids) != self.num_hidden_layers:
-            raise ValueError(f"target_layer_ids must list one target layer per draft layer ({self.num_hidden_layers}), got {ids!r}")
+            raise ValueError(
+                f"target_layer_ids must list one target layer per draft layer ({self.num_hidden_layers}), got {ids!r}"
+            )
         if self.cross_attention and any(not 0 <= i < self.target_num_hidden_layers for i in ids):
-            raise ValueError(f"target_layer_ids must lie in [0, target_num_hidden_layers={self.target_num_hidden_layers}), got {ids}")
+            raise ValueError(
+                f"target_layer_ids must lie in [0, target_num_hidden_layers={self.target_num_hidden_layers}), got {ids}"
+            )
 
     @classmethod
     def from_target_config(
@@ -331,7 +375,9 @@ class GlideConfig(PretrainedConfig):
             kwargs: any other [`GlideConfig`] argument (``tie_word_embeddings``, ``block_size``, …).
         """
         if not isinstance(target_config, PretrainedConfig):
-            raise TypeError(f"target_config must be a transformers PretrainedConfig, got {type(target_config).__name__}")
+            raise TypeError(
+                f"target_config must be a transformers PretrainedConfig, got {type(target_config).__name__}"
+            )
         text = target_config.get_text_config()
         if target_layer_ids is None:  # §4.1: l = N_T - N_D + m, the top target layers (0-based here)
             target_layer_ids = [text.num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)]
@@ -380,8 +426,10 @@ class GlideConfig(PretrainedConfig):
             raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
         counts = {"num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads}
         if self.cross_attention:
-            counts.update(target_num_attention_heads=self.target_num_attention_heads,
-                          target_num_key_value_heads=self.target_num_key_value_heads)
+            counts.update(
+                target_num_attention_heads=self.target_num_attention_heads,
+                target_num_key_value_heads=self.target_num_key_value_heads,
+            )
         uneven = [f"{name}={count}" for name, count in counts.items() if count % tp_size]
         if uneven:
             raise ValueError(

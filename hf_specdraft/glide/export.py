@@ -54,16 +54,24 @@ def unexpressible(config) -> list[str]:
     if not getattr(config, "state_input", False):
         reasons.append("it does not read the target's state: build it with state_input=True")
     if getattr(config, "self_attention", True):
-        reasons.append("it has self-attention and a cache of its own, which the layout has no layer for: build it with "
-                       "self_attention=False")
+        reasons.append(
+            "it has self-attention and a cache of its own, which the layout has no layer for: build it with "
+            "self_attention=False"
+        )
     if not config.cross_attention:
-        reasons.append("it has no cross-attention to the target's KV (the vanilla drafter): the layout's layers are that attention")
+        reasons.append(
+            "it has no cross-attention to the target's KV (the vanilla drafter): the layout's layers are that attention"
+        )
     last = config.target_num_hidden_layers - 1
     if config.cross_attention and any(i != last for i in config.target_layer_ids):
-        reasons.append(f"it glimpses target layers {config.target_layer_ids}; the layout reads the target's last layer ({last}) only")
+        reasons.append(
+            f"it glimpses target layers {config.target_layer_ids}; the layout reads the target's last layer ({last}) only"
+        )
     if config.hidden_size != config.target_hidden_size:
-        reasons.append(f"its width {config.hidden_size} differs from the target's {config.target_hidden_size}: the layout feeds the "
-                       "target's embedding rows into pre_projection")
+        reasons.append(
+            f"its width {config.hidden_size} differs from the target's {config.target_hidden_size}: the layout feeds the "
+            "target's embedding rows into pre_projection"
+        )
     if config.attention_bias or config.mlp_bias:
         reasons.append("it has biases, which the layout's projections do not")
     if config.hidden_act not in ACTIVATIONS:
@@ -89,7 +97,9 @@ def assistant_weights(glide) -> dict[str, torch.Tensor]:
     for mine, theirs in TOP_NAMES.items():
         out[theirs] = ours.pop(mine)
     projection = ours.pop("model.pre_projection.weight").clone()  # (hidden, hidden + target_hidden)
-    projection[:, : config.hidden_size] /= math.sqrt(config.target_hidden_size)  # vLLM scales the embedding rows up by it
+    projection[:, : config.hidden_size] /= math.sqrt(
+        config.target_hidden_size
+    )  # vLLM scales the embedding rows up by it
     out["pre_projection.weight"] = projection
     head = ours.pop("lm_head.weight")
     for unused in ("model.embed_tokens.weight", "model.target_to_draft", "draft_token_ids"):  # input rows: the target's
@@ -113,18 +123,38 @@ def assistant_config(glide) -> PretrainedConfig:
     layers = config.num_hidden_layers
     rope = {key: value for key, value in dict(config.target_rope_parameters).items() if key != "partial_rotary_factor"}
     text = Gemma4TextConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=layers, num_attention_heads=config.target_num_attention_heads,
-        num_key_value_heads=config.target_num_key_value_heads, head_dim=config.target_head_dim,
-        global_head_dim=config.target_head_dim, hidden_activation=config.hidden_act,
-        max_position_embeddings=config.target_max_position_embeddings, rms_norm_eps=config.rms_norm_eps,
-        tie_word_embeddings=True, layer_types=["full_attention"] * layers, rope_parameters={"full_attention": rope},
-        attention_bias=False, final_logit_softcapping=None, vocab_size_per_layer_input=0, hidden_size_per_layer_input=0,
-        num_kv_shared_layers=layers, enable_moe_block=False, use_double_wide_mlp=False, attention_k_eq_v=False,
-        pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=config.target_num_attention_heads,
+        num_key_value_heads=config.target_num_key_value_heads,
+        head_dim=config.target_head_dim,
+        global_head_dim=config.target_head_dim,
+        hidden_activation=config.hidden_act,
+        max_position_embeddings=config.target_max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps,
+        tie_word_embeddings=True,
+        layer_types=["full_attention"] * layers,
+        rope_parameters={"full_attention": rope},
+        attention_bias=False,
+        final_logit_softcapping=None,
+        vocab_size_per_layer_input=0,
+        hidden_size_per_layer_input=0,
+        num_kv_shared_layers=layers,
+        enable_moe_block=False,
+        use_double_wide_mlp=False,
+        attention_k_eq_v=False,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
     )
-    assistant = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=config.target_hidden_size, use_ordered_embeddings=False,
-                                      tie_word_embeddings=True)
+    assistant = Gemma4AssistantConfig(
+        text_config=text,
+        backbone_hidden_size=config.target_hidden_size,
+        use_ordered_embeddings=False,
+        tie_word_embeddings=True,
+    )
     assistant.architectures = ["Gemma4AssistantForCausalLM"]
     setattr(assistant, EXPORT_KEY, {"serves_in": "vllm", "glide": glide_source(glide)})
     return assistant
@@ -173,8 +203,10 @@ def target_config_for_serving(target_config: PretrainedConfig) -> dict:
     if not getattr(text, "layer_types", None):
         window = getattr(text, "sliding_window", None)
         if window is not None and getattr(text, "use_sliding_window", True):
-            raise ValueError(f"the target has a sliding window of {window} tokens but no layer_types saying which layers use it: "
-                             "add layer_types to its config first")
+            raise ValueError(
+                f"the target has a sliding window of {window} tokens but no layer_types saying which layers use it: "
+                "add layer_types to its config first"
+            )
         data["layer_types"] = ["full_attention"] * text.num_hidden_layers
     return data
 
@@ -199,8 +231,11 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
     (output_dir / "README.md").write_text(model_card(glide))
     config = glide.config
     reduced = config.draft_token_ids is not None
-    generation = {key: getattr(config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")
-                  if getattr(config, key) is not None}
+    generation = {
+        key: getattr(config, key)
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id")
+        if getattr(config, key) is not None
+    }
     if reduced:  # vLLM sets these draft logits to -inf: every draft stays in GLIDE's vocabulary
         generation["suppress_tokens"] = excluded_ids(config)
     notes = {
@@ -210,12 +245,19 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
         "target": config.target_name_or_path,
         "draft_vocabulary": len(config.draft_token_ids) if reduced else None,
         "excluded_ids": f"the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's draft vocabulary have "
-                        "zero head rows and are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 "
-                        "MTP model sets to -inf" if reduced else None,
-        "approximations": ["ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's "
-                           "shared row"] if reduced else [],
-        "serve": {"speculative_config": {"method": "mtp", "model": str(output_dir), "num_speculative_tokens": 3},
-                  "target": "a copy of the target's directory whose config.json is target_config.json"},
+        "zero head rows and are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 "
+        "MTP model sets to -inf"
+        if reduced
+        else None,
+        "approximations": [
+            "ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's shared row"
+        ]
+        if reduced
+        else [],
+        "serve": {
+            "speculative_config": {"method": "mtp", "model": str(output_dir), "num_speculative_tokens": 3},
+            "target": "a copy of the target's directory whose config.json is target_config.json",
+        },
     }
     files = {"generation_config.json": generation, "export.json": notes}
     if target_config is not None:

@@ -20,7 +20,13 @@ from huggingface_hub import ModelCard, ModelCardData
 from ..core import hooks
 
 COMPOSED = "composed"  # save_glide_checkpoint's custom_generate left out: the writer the package root composes in
-CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id", "license")  # what save_glide_checkpoint's card_info may hold
+CARD_INFO_KEYS = (
+    "dataset",
+    "metrics",
+    "training_log",
+    "repo_id",
+    "license",
+)  # what save_glide_checkpoint's card_info may hold
 # what a training run leaves in its output directory that is no part of the published model
 LOCAL_ONLY = ["checkpoint-last*/**", "regenerated/**", "runs/**"]
 
@@ -38,8 +44,9 @@ def _hub_id(name: str | None) -> str | None:
     return name
 
 
-def save_glide_checkpoint(glide, directory, target_name: str | None = None, card_info: dict | None = None,
-                          custom_generate=COMPOSED) -> Path:
+def save_glide_checkpoint(
+    glide, directory, target_name: str | None = None, card_info: dict | None = None, custom_generate=COMPOSED
+) -> Path:
     """Save ``glide`` as a checkpoint that runs on the Hub with only transformers installed.
 
     Two ways to decode with it (both on the model card): ``target.generate(custom_generate=<dir or Hub id>,
@@ -61,7 +68,9 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
         `Path`: the checkpoint directory.
     """
     if custom_generate is not None and not callable(custom_generate) and custom_generate != COMPOSED:
-        raise TypeError(f"custom_generate must be callable as writer(directory) or None, got {type(custom_generate).__name__}")
+        raise TypeError(
+            f"custom_generate must be callable as writer(directory) or None, got {type(custom_generate).__name__}"
+        )
     if getattr(getattr(glide, "config", None), "model_type", None) != "glide" or not hasattr(glide, "save_pretrained"):
         raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
     card_info = dict(card_info or {})
@@ -75,8 +84,13 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
     # the folder's own drafter feeds tokens only: a GLIDE reading the target's state runs through hf_specdraft's loop
     writer = hooks.custom_generate_writer if custom_generate == COMPOSED else custom_generate
     writer = None if getattr(glide.config, "state_input", False) else writer
-    write_model_card(glide.config, directory, base_model=target_name or glide.config.target_name_or_path, custom_generate=writer is not None,
-                     **card_info)
+    write_model_card(
+        glide.config,
+        directory,
+        base_model=target_name or glide.config.target_name_or_path,
+        custom_generate=writer is not None,
+        **card_info,
+    )
     if writer is not None:
         writer(directory)  # CAPE's loop (write_custom_generate with readme=False: the card tags it)
     return directory
@@ -85,23 +99,44 @@ def save_glide_checkpoint(glide, directory, target_name: str | None = None, card
 def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_generate: bool) -> list[str]:
     """The card's usage snippet: GLIDE+CAPE through ``custom_generate``, then GLIDE through ``assistant_model``."""
     target, repo = base_model or "<target>", repo_id or "<this repo>"
-    lines = ["## Usage", "", "```python", "import torch", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-             "# float32: in bf16 a tree-verification forward and a one-token forward round differently, so greedy texts can part",
-             f'target = AutoModelForCausalLM.from_pretrained("{target}", dtype=torch.float32)',
-             f'inputs = AutoTokenizer.from_pretrained("{target}")("The quick brown fox", return_tensors="pt")']
+    lines = [
+        "## Usage",
+        "",
+        "```python",
+        "import torch",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        "# float32: in bf16 a tree-verification forward and a one-token forward round differently, so greedy texts can part",
+        f'target = AutoModelForCausalLM.from_pretrained("{target}", dtype=torch.float32)',
+        f'inputs = AutoTokenizer.from_pretrained("{target}")("The quick brown fox", return_tensors="pt")',
+    ]
     if custom_generate:
-        lines += ["", "# GLIDE + CAPE (tree verification), with only transformers installed; greedy, batch size 1",
-                  f'out = target.generate(**inputs, custom_generate="{repo}", trust_remote_code=True, max_new_tokens=128)']
+        lines += [
+            "",
+            "# GLIDE + CAPE (tree verification), with only transformers installed; greedy, batch size 1",
+            f'out = target.generate(**inputs, custom_generate="{repo}", trust_remote_code=True, max_new_tokens=128)',
+        ]
     if getattr(config, "state_input", False):  # transformers' assisted decoding hands a draft model no state
-        lines += ["", "# GLIDE reads the target's last hidden state: hf_specdraft's loop hands it over (pip install hf-specdraft)",
-                  "from hf_specdraft import speculative_generate",
-                  f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)',
-                  "out = speculative_generate(target, inputs.input_ids, draft_model=glide, max_new_tokens=128)", "```", ""]
+        lines += [
+            "",
+            "# GLIDE reads the target's last hidden state: hf_specdraft's loop hands it over (pip install hf-specdraft)",
+            "from hf_specdraft import speculative_generate",
+            f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)',
+            "out = speculative_generate(target, inputs.input_ids, draft_model=glide, max_new_tokens=128)",
+            "```",
+            "",
+        ]
         if not getattr(config, "self_attention", True):
-            lines += ["In Gemma 4's assistant layout: `hf-specdraft export` writes it as a checkpoint vLLM serves (method `mtp`).", ""]
+            lines += [
+                "In Gemma 4's assistant layout: `hf-specdraft export` writes it as a checkpoint vLLM serves (method `mtp`).",
+                "",
+            ]
         return lines
-    lines += ["", "# GLIDE in transformers' own assisted decoding",
-              f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)']
+    lines += [
+        "",
+        "# GLIDE in transformers' own assisted decoding",
+        f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)',
+    ]
     if config.cross_attention:
         lines.append("glide.attach(target)  # the draft reads the target's live KV cache")
     lines += ["out = target.generate(**inputs, assistant_model=glide, max_new_tokens=128)"]
@@ -109,9 +144,12 @@ def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_gen
         lines.append("glide.detach()")
     lines += ["```", ""]
     if custom_generate:
-        lines += ["`custom_generate/` options (keyword arguments of `generate`): `num_draft_tokens` (γ, default 5), "
-                  "`verification_budget` (default 32), `expansion_schedule` (default ((.3, 7), (.6, 5), (.8, 3), (1., 1))). "
-                  "In float32 its output equals the target's greedy decoding.", ""]
+        lines += [
+            "`custom_generate/` options (keyword arguments of `generate`): `num_draft_tokens` (γ, default 5), "
+            "`verification_budget` (default 32), `expansion_schedule` (default ((.3, 7), (.6, 5), (.8, 3), (1., 1))). "
+            "In float32 its output equals the target's greedy decoding.",
+            "",
+        ]
     return lines
 
 
@@ -128,17 +166,29 @@ def _training_lines(config, dataset: str | None, training_log: dict | None) -> l
         last, args = training_log["steps"][-1], training_log.get("arguments", {})
         for number, stage in enumerate(training_stages(training_log)[:-1], start=1):
             head = stage["steps"][-1]
-            lines.append(f"- stage {number}: {head['step']} steps, {head.get('tokens', '?')} tokens, final loss {head['loss']}, "
-                         f"{stage.get('train_seconds')} s; then, from its weights:")
-        lines += [f"- {last['step']} steps, {last['tokens']} tokens, final loss {last['loss']}, {training_log.get('train_seconds')} s "
-                  f"on {training_log.get('processes', 1)} process(es); block-wise mask L = {args.get('block_size') or config.block_size}, "
-                  f"lr {args.get('learning_rate')}, distillation weight {args.get('distillation_weight', 0.0)}"]
+            lines.append(
+                f"- stage {number}: {head['step']} steps, {head.get('tokens', '?')} tokens, final loss {head['loss']}, "
+                f"{stage.get('train_seconds')} s; then, from its weights:"
+            )
+        lines += [
+            f"- {last['step']} steps, {last['tokens']} tokens, final loss {last['loss']}, {training_log.get('train_seconds')} s "
+            f"on {training_log.get('processes', 1)} process(es); block-wise mask L = {args.get('block_size') or config.block_size}, "
+            f"lr {args.get('learning_rate')}, distillation weight {args.get('distillation_weight', 0.0)}"
+        ]
     regen = (training_log or {}).get("regeneration")
     if regen:
-        sampling = "greedy (temperature 0)" if not regen.get("temperature") else f"temperature {regen['temperature']}, top-p {regen.get('top_p')}"
-        lines.append(f"- responses regenerated by the target (sequence-level self-distillation, Du et al. 2024, Appendix B): {sampling}, "
-                     f"up to {regen.get('max_new_tokens')} new tokens, {regen.get('examples')} examples"
-                     + {"last": ", the last assistant turn of each conversation", "each": ", every assistant turn"}.get(regen.get("kind") == "messages" and regen.get("turns"), ""))
+        sampling = (
+            "greedy (temperature 0)"
+            if not regen.get("temperature")
+            else f"temperature {regen['temperature']}, top-p {regen.get('top_p')}"
+        )
+        lines.append(
+            f"- responses regenerated by the target (sequence-level self-distillation, Du et al. 2024, Appendix B): {sampling}, "
+            f"up to {regen.get('max_new_tokens')} new tokens, {regen.get('examples')} examples"
+            + {"last": ", the last assistant turn of each conversation", "each": ", every assistant turn"}.get(
+                regen.get("kind") == "messages" and regen.get("turns"), ""
+            )
+        )
     return lines
 
 
@@ -148,16 +198,28 @@ def _evaluation_lines(config, metrics: dict | None, training_log: dict | None) -
     evaluation = (training_log or {}).get("eval")
     if evaluation:
         block = (training_log.get("arguments") or {}).get("block_size") or config.block_size
-        lines += [f"Held-out data at step {evaluation.get('step')} ({evaluation.get('eval_positions')} positions; α = mean Σ_x min(p, q), "
-                  f"Leviathan et al. 2023, teacher-forced with the block-wise mask L = {block}):", "",
-                  f"- α: {evaluation.get('alpha')}", f"- greedy agreement: {evaluation.get('greedy_agreement')}"]
+        lines += [
+            f"Held-out data at step {evaluation.get('step')} ({evaluation.get('eval_positions')} positions; α = mean Σ_x min(p, q), "
+            f"Leviathan et al. 2023, teacher-forced with the block-wise mask L = {block}):",
+            "",
+            f"- α: {evaluation.get('alpha')}",
+            f"- greedy agreement: {evaluation.get('greedy_agreement')}",
+        ]
         if evaluation.get("tokens_per_forward") is not None:
-            lines.append(f"- tokens per target forward (hf_specdraft's loop, greedy, default γ): {evaluation['tokens_per_forward']}")
+            lines.append(
+                f"- tokens per target forward (hf_specdraft's loop, greedy, default γ): {evaluation['tokens_per_forward']}"
+            )
     twin = (training_log or {}).get("vanilla_twin")
     if twin and twin.get("eval"):
-        lines.append(f"- vanilla twin (no cross-attention, data: {twin.get('dataset')}): α {twin['eval'].get('alpha')}, "
-                     f"greedy agreement {twin['eval'].get('greedy_agreement')}"
-                     + (f", tokens per target forward {twin['eval']['tokens_per_forward']}" if twin["eval"].get("tokens_per_forward") else ""))
+        lines.append(
+            f"- vanilla twin (no cross-attention, data: {twin.get('dataset')}): α {twin['eval'].get('alpha')}, "
+            f"greedy agreement {twin['eval'].get('greedy_agreement')}"
+            + (
+                f", tokens per target forward {twin['eval']['tokens_per_forward']}"
+                if twin["eval"].get("tokens_per_forward")
+                else ""
+            )
+        )
     lines += [f"- {name.replace('_', ' ')}: {value}" for name, value in (metrics or {}).items()]
     return lines or ["- not measured yet"]
 
@@ -169,14 +231,26 @@ def push_checkpoint(output_dir, repo_id: str) -> str:
 
     api = HfApi()
     api.create_repo(repo_id, exist_ok=True)
-    commit = api.upload_folder(repo_id=repo_id, folder_path=str(output_dir), commit_message="Upload GLIDE draft model",
-                               ignore_patterns=LOCAL_ONLY)
+    commit = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(output_dir),
+        commit_message="Upload GLIDE draft model",
+        ignore_patterns=LOCAL_ONLY,
+    )
     return str(getattr(commit, "commit_url", commit))
 
 
-def write_model_card(config, output_dir, base_model: str | None = None, dataset: str | None = None,
-                     metrics: dict | None = None, training_log: dict | None = None, repo_id: str | None = None,
-                     custom_generate: bool = True, license: str | None = None) -> ModelCard:
+def write_model_card(
+    config,
+    output_dir,
+    base_model: str | None = None,
+    dataset: str | None = None,
+    metrics: dict | None = None,
+    training_log: dict | None = None,
+    repo_id: str | None = None,
+    custom_generate: bool = True,
+    license: str | None = None,
+) -> ModelCard:
     """Generate ``output_dir/README.md``: metadata (base model, data, tags), usage, shape, training, results.
 
     Args:
@@ -198,26 +272,56 @@ def write_model_card(config, output_dir, base_model: str | None = None, dataset:
     """
     check_license(license)
     kind = "GLIDE" if config.cross_attention else "vanilla drafter (GLIDE without cross-attention)"
-    tags = ["speculative-decoding", "glide", "draft-model", "hf-specdraft", "custom_code"] + (["custom_generate", "cape"] if custom_generate else [])
-    data = ModelCardData(base_model=_hub_id(base_model), datasets=[_hub_id(dataset)] if _hub_id(dataset) else None,
-                         library_name="transformers", pipeline_tag="text-generation", tags=tags, license=license)
-    lines = [f"# {kind} draft model for `{base_model or config.target_model_type}`", "",
-             "A draft model for speculative decoding (Du et al. 2024, *GLIDE with a CAPE*, §4.1): "
-             + ("each layer cross-attends to the target model's KV cache." if config.cross_attention else "no cross-attention; a baseline for GLIDE.")
-             + (" It also reads the target's last hidden state: `[embedding ; state]` in at the first draft step, its own "
-                "projected state after (Gemma 4's assistant, EAGLE), trained over unrolled draft steps."
-                if getattr(config, "state_input", False) else "")
-             + (" `custom_generate/` adds CAPE (§4.2): each drafted position is widened by the draft's confidence and "
-                "all candidates are verified as one tree." if custom_generate else ""), "",
-             *_usage_lines(config, base_model, repo_id, custom_generate),
-             "## Architecture", "", "| | |", "|---|---|",
-             f"| layers / hidden size | {config.num_hidden_layers} / {config.hidden_size} |",
-             f"| target layers read | {config.target_layer_ids if config.cross_attention else '-'} |",
-             f"| target state in / own self-attention | {'yes' if getattr(config, 'state_input', False) else 'no'} / "
-             f"{'yes' if getattr(config, 'self_attention', True) else 'no (Gemma 4 assistant layout)'} |",
-             f"| target | {config.target_model_type}, {config.target_num_hidden_layers} layers, {config.target_num_attention_heads} heads "
-             f"({config.target_num_key_value_heads} KV), head_dim {config.target_head_dim}, vocab {config.target_vocab_size} |",
-             "", *_training_lines(config, dataset, training_log), "", "## Evaluation", ""]
+    tags = ["speculative-decoding", "glide", "draft-model", "hf-specdraft", "custom_code"] + (
+        ["custom_generate", "cape"] if custom_generate else []
+    )
+    data = ModelCardData(
+        base_model=_hub_id(base_model),
+        datasets=[_hub_id(dataset)] if _hub_id(dataset) else None,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=tags,
+        license=license,
+    )
+    lines = [
+        f"# {kind} draft model for `{base_model or config.target_model_type}`",
+        "",
+        "A draft model for speculative decoding (Du et al. 2024, *GLIDE with a CAPE*, §4.1): "
+        + (
+            "each layer cross-attends to the target model's KV cache."
+            if config.cross_attention
+            else "no cross-attention; a baseline for GLIDE."
+        )
+        + (
+            " It also reads the target's last hidden state: `[embedding ; state]` in at the first draft step, its own "
+            "projected state after (Gemma 4's assistant, EAGLE), trained over unrolled draft steps."
+            if getattr(config, "state_input", False)
+            else ""
+        )
+        + (
+            " `custom_generate/` adds CAPE (§4.2): each drafted position is widened by the draft's confidence and "
+            "all candidates are verified as one tree."
+            if custom_generate
+            else ""
+        ),
+        "",
+        *_usage_lines(config, base_model, repo_id, custom_generate),
+        "## Architecture",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| layers / hidden size | {config.num_hidden_layers} / {config.hidden_size} |",
+        f"| target layers read | {config.target_layer_ids if config.cross_attention else '-'} |",
+        f"| target state in / own self-attention | {'yes' if getattr(config, 'state_input', False) else 'no'} / "
+        f"{'yes' if getattr(config, 'self_attention', True) else 'no (Gemma 4 assistant layout)'} |",
+        f"| target | {config.target_model_type}, {config.target_num_hidden_layers} layers, {config.target_num_attention_heads} heads "
+        f"({config.target_num_key_value_heads} KV), head_dim {config.target_head_dim}, vocab {config.target_vocab_size} |",
+        "",
+        *_training_lines(config, dataset, training_log),
+        "",
+        "## Evaluation",
+        "",
+    ]
     lines += _evaluation_lines(config, metrics, training_log)
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
     card.save(str(Path(output_dir) / "README.md"))

@@ -57,7 +57,9 @@ from .target_binding import TargetBindingMixin
 
 # transformers 5.24 renamed the cache argument of every forward (and the outputs' cache field) from
 # ``past_key_values`` to ``cache``: read once here, so this file runs on either side of the rename
-ATTENTION_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(LlamaAttention.forward).parameters else "past_key_values"
+ATTENTION_CACHE_ARGUMENT = (
+    "cache" if "cache" in inspect.signature(LlamaAttention.forward).parameters else "past_key_values"
+)
 OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 # One target layer's cache as the cross-attention reads it: keys and values `(B, kv_heads, S, head_dim)`
@@ -72,7 +74,9 @@ def own_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | Non
     return cache if cache is not None else past_key_values
 
 
-def read_target_layer(target_past_key_values, layer_idx: int, config: GlideConfig, kv_heads: int | None = None) -> TargetLayerKV | None:
+def read_target_layer(
+    target_past_key_values, layer_idx: int, config: GlideConfig, kv_heads: int | None = None
+) -> TargetLayerKV | None:
     """Keys and values of target layer ``layer_idx`` (0-based) from the target's cache, or `None` when it is empty.
 
     ``target_past_key_values`` is a transformers ``Cache`` whose ``layers[i]`` hold ``keys`` / ``values``
@@ -101,17 +105,24 @@ def read_target_layer(target_past_key_values, layer_idx: int, config: GlideConfi
     elif hasattr(layer, "keys") and hasattr(layer, "values"):
         keys, values = layer.keys, layer.values
     else:
-        raise ValueError(f"layer {layer_idx} of target_past_key_values ({type(layer).__name__}) has no readable keys/values; "
-                         "GLIDE needs an attention KV cache such as transformers' DynamicCache")
+        raise ValueError(
+            f"layer {layer_idx} of target_past_key_values ({type(layer).__name__}) has no readable keys/values; "
+            "GLIDE needs an attention KV cache such as transformers' DynamicCache"
+        )
     if keys is None or keys.numel() == 0:
         return None
     # sliding-window layers keep only the newest keys
     offset = int(layer.get_seq_length()) - keys.shape[-2] if hasattr(layer, "get_seq_length") else 0
     expected = (config.target_num_key_value_heads if kv_heads is None else kv_heads, config.target_head_dim)
     if keys.dim() != 4 or (keys.shape[1], keys.shape[3]) != expected or values.shape != keys.shape:
-        split = "" if expected[0] == config.target_num_key_value_heads else (
-            f" (this rank's {expected[0]} of the target's {config.target_num_key_value_heads} KV heads: GLIDE is split by tensor "
-            "parallelism, and so must the target be, over as many ranks)")
+        split = (
+            ""
+            if expected[0] == config.target_num_key_value_heads
+            else (
+                f" (this rank's {expected[0]} of the target's {config.target_num_key_value_heads} KV heads: GLIDE is split by tensor "
+                "parallelism, and so must the target be, over as many ranks)"
+            )
+        )
         raise ValueError(
             f"target_past_key_values layer {layer_idx} has keys {tuple(keys.shape)} / values {tuple(values.shape)}; GLIDE expects "
             f"(batch, {expected[0]}, seq, {expected[1]}) for the target it was built for{split}"
@@ -138,7 +149,9 @@ def cross_attention_mask(
         `(mask, visible)`: additive mask `(B|1, 1, q, S)` (0 attended, ``finfo.min`` blocked) and `(B|1, q, 1)`
         1.0 where the query sees at least one key (rows seeing nothing get a zero output, not NaN).
     """
-    limit = query_index if block_size is None else torch.div(query_index, block_size, rounding_mode="floor") * block_size
+    limit = (
+        query_index if block_size is None else torch.div(query_index, block_size, rounding_mode="floor") * block_size
+    )
     allowed = (key_index[None, :] < limit[:, None])[None]  # (1, q, S)
     if padding_mask is not None and padding_mask.dim() == 2 and padding_mask.shape[-1] > int(key_index.max()):
         allowed = allowed & padding_mask[:, key_index].bool()[:, None, :]
@@ -146,8 +159,9 @@ def cross_attention_mask(
     return mask[:, None], allowed.any(-1, keepdim=True).to(dtype)
 
 
-def self_attention_mask(past_seen: int, q_len: int, padding_mask: torch.Tensor | None, dtype: torch.dtype,
-                        device: torch.device) -> torch.Tensor | None:
+def self_attention_mask(
+    past_seen: int, q_len: int, padding_mask: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
     """Causal mask of GLIDE's own self-attention over its cache plus the new tokens.
 
     Returns:
@@ -160,9 +174,13 @@ def self_attention_mask(past_seen: int, q_len: int, padding_mask: torch.Tensor |
     allowed = (key_index[None, :] <= (past_seen + torch.arange(q_len, device=device))[:, None])[None]  # (1, q, kv)
     if padding_mask is not None:
         if padding_mask.shape[-1] != past_seen + q_len:
-            raise ValueError(f"attention_mask covers {padding_mask.shape[-1]} tokens; it must cover the cached and new tokens ({past_seen + q_len})")
+            raise ValueError(
+                f"attention_mask covers {padding_mask.shape[-1]} tokens; it must cover the cached and new tokens ({past_seen + q_len})"
+            )
         allowed = allowed & padding_mask[:, None, :].to(device).bool()
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)[
+        :, None
+    ]
 
 
 def draft_vocab_rows(config: GlideConfig) -> int:
@@ -182,9 +200,18 @@ def attention_interface(config: GlideConfig):
 
 def target_rotary_config(config: GlideConfig) -> LlamaConfig:
     """A config that makes ``LlamaRotaryEmbedding`` rotate exactly like the target (theta, scaling, head_dim)."""
-    names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-             "max_position_embeddings")
-    return LlamaConfig(rope_parameters=dict(config.target_rope_parameters), **{n: getattr(config, f"target_{n}") for n in names})
+    names = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+    )
+    return LlamaConfig(
+        rope_parameters=dict(config.target_rope_parameters), **{n: getattr(config, f"target_{n}") for n in names}
+    )
 
 
 class GlideCrossAttention(nn.Module):
@@ -209,7 +236,9 @@ class GlideCrossAttention(nn.Module):
         self.is_causal = False
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
-        if not config.self_attention:  # Gemma 4's assistant attention: each query head RMS-normed, its weight the only scale
+        if (
+            not config.self_attention
+        ):  # Gemma 4's assistant attention: each query head RMS-normed, its weight the only scale
             self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.scaling = 1.0
 
@@ -242,7 +271,9 @@ class GlideCrossAttention(nn.Module):
         values = values.to(device=query.device, dtype=query.dtype)
         if keys.shape[0] != batch:
             if keys.shape[0] != 1:
-                raise ValueError(f"target_past_key_values has batch size {keys.shape[0]} but the draft input has {batch}")
+                raise ValueError(
+                    f"target_past_key_values has batch size {keys.shape[0]} but the draft input has {batch}"
+                )
             keys, values = keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1)
         if target_attention_mask is not None:
             mask = target_attention_mask.to(query.dtype)
@@ -251,7 +282,14 @@ class GlideCrossAttention(nn.Module):
             key_index = torch.arange(keys.shape[-2], device=query.device) + offset
             mask, visible = cross_attention_mask(query_index, key_index, block_size, query.dtype, padding_mask)
         output, _ = attention_interface(self.config)(
-            self, query, keys, values, mask, dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, is_causal=False
+            self,
+            query,
+            keys,
+            values,
+            mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            is_causal=False,
         )
         return self.o_proj(output.reshape(batch, q_len, -1)) * visible
 
@@ -308,7 +346,12 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
             hidden_states = hidden_states + attended
         if hasattr(self, "cross_attn"):
             glimpsed = self.cross_attn(
-                self.cross_attn_layernorm(hidden_states), target_position_embeddings, target_kv, query_index, block_size, padding_mask,
+                self.cross_attn_layernorm(hidden_states),
+                target_position_embeddings,
+                target_kv,
+                query_index,
+                block_size,
+                padding_mask,
                 target_attention_mask,
             )
             if hasattr(self, "post_cross_attn_layernorm"):
@@ -347,12 +390,18 @@ class GlideModel(GlidePreTrainedModel):
         super().__init__(config)
         self.padding_idx = config.pad_token_id if config.draft_token_ids is None else None
         self.embed_tokens = nn.Embedding(draft_vocab_rows(config), config.hidden_size, self.padding_idx)
-        if config.draft_token_ids is not None:  # target id -> draft row; ids outside the draft vocabulary share the last row
+        if (
+            config.draft_token_ids is not None
+        ):  # target id -> draft row; ids outside the draft vocabulary share the last row
             to_draft = torch.full((config.vocab_size,), len(config.draft_token_ids), dtype=torch.long)
             to_draft[torch.tensor(config.draft_token_ids)] = torch.arange(len(config.draft_token_ids))
-            self.register_buffer("target_to_draft", to_draft)  # saved: from_pretrained builds modules on the meta device
+            self.register_buffer(
+                "target_to_draft", to_draft
+            )  # saved: from_pretrained builds modules on the meta device
         if config.state_input:  # Gemma 4's assistant / EAGLE: [embedding ; state] in, the next step's state out
-            self.pre_projection = nn.Linear(config.hidden_size + config.target_hidden_size, config.hidden_size, bias=False)
+            self.pre_projection = nn.Linear(
+                config.hidden_size + config.target_hidden_size, config.hidden_size, bias=False
+            )
             self.post_projection = nn.Linear(config.hidden_size, config.target_hidden_size, bias=False)
         self.layers = nn.ModuleList([GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -410,9 +459,11 @@ class GlideModel(GlidePreTrainedModel):
             expected = (*inputs_embeds.shape[:2], self.config.target_hidden_size)
             if target_hidden_states is None or tuple(target_hidden_states.shape) != expected:
                 got = None if target_hidden_states is None else tuple(target_hidden_states.shape)
-                raise ValueError(f"target_hidden_states must be {expected} (batch, tokens, target_hidden_size) for a GLIDE built with "
-                                 f"state_input=True, got {got}: hf_specdraft's speculative_generate(target, ids, draft_model=glide) "
-                                 "hands the target's state over; transformers' assisted decoding cannot")
+                raise ValueError(
+                    f"target_hidden_states must be {expected} (batch, tokens, target_hidden_size) for a GLIDE built with "
+                    f"state_input=True, got {got}: hf_specdraft's speculative_generate(target, ids, draft_model=glide) "
+                    "hands the target's state over; transformers' assisted decoding cannot"
+                )
             states = target_hidden_states.to(device=inputs_embeds.device, dtype=inputs_embeds.dtype)
             inputs_embeds = self.pre_projection(torch.cat([inputs_embeds, states], dim=-1))
         elif target_hidden_states is not None:
@@ -435,20 +486,38 @@ class GlideModel(GlidePreTrainedModel):
         if self.config.self_attention and attention_mask is not None and attention_mask.dim() == 4:
             causal_mask = attention_mask
         elif self.config.self_attention:
-            causal_mask = self_attention_mask(past_seen, inputs_embeds.shape[1], padding_mask, inputs_embeds.dtype, inputs_embeds.device)
+            causal_mask = self_attention_mask(
+                past_seen, inputs_embeds.shape[1], padding_mask, inputs_embeds.dtype, inputs_embeds.device
+            )
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
-        target_position_embeddings = self.target_rotary_emb(hidden_states, position_ids) if self.config.cross_attention else None
+        target_position_embeddings = (
+            self.target_rotary_emb(hidden_states, position_ids) if self.config.cross_attention else None
+        )
         for layer in self.layers:
             target_kv = None
             if self.config.cross_attention and target_past_key_values is not None:
-                target_kv = read_target_layer(target_past_key_values, layer.cross_attn.target_layer_idx, self.config,
-                                              layer.cross_attn.kv_heads_per_rank)
+                target_kv = read_target_layer(
+                    target_past_key_values,
+                    layer.cross_attn.target_layer_idx,
+                    self.config,
+                    layer.cross_attn.kv_heads_per_rank,
+                )
             hidden_states = layer(  # the cache by name: gradient checkpointing drops it (GradientCheckpointingLayer)
-                hidden_states, causal_mask, position_embeddings, target_position_embeddings, target_kv, query_index,
-                cache=past_key_values, block_size=cross_attention_block_size, padding_mask=padding_mask,
-                target_attention_mask=target_attention_mask)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: past_key_values})
+                hidden_states,
+                causal_mask,
+                position_embeddings,
+                target_position_embeddings,
+                target_kv,
+                query_index,
+                cache=past_key_values,
+                block_size=cross_attention_block_size,
+                padding_mask=padding_mask,
+                target_attention_mask=target_attention_mask,
+            )
+        return BaseModelOutputWithPast(
+            last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: past_key_values}
+        )
 
 
 @dataclass
@@ -488,7 +557,9 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         every id GLIDE cannot propose at the dtype's minimum (its probability is exactly 0). Identity without one."""
         if self.config.draft_token_ids is None:
             return draft_logits
-        full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), torch.finfo(draft_logits.dtype).min)
+        full = draft_logits.new_full(
+            (*draft_logits.shape[:-1], self.config.vocab_size), torch.finfo(draft_logits.dtype).min
+        )
         return full.index_copy_(-1, self.draft_token_ids, draft_logits[..., : self.draft_token_ids.numel()])
 
     def check_target(self, target) -> None:
@@ -499,7 +570,8 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
             raise ValueError(
                 "target does not match the target this GLIDE was built for"
                 + (f" ({self.config.target_name_or_path})" if self.config.target_name_or_path else "")
-                + ":\n  " + "\n  ".join(problems)
+                + ":\n  "
+                + "\n  ".join(problems)
             )
 
     def forward(
@@ -536,9 +608,18 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         if draft_rows and labels is not None:
             raise ValueError("labels score logits over the target's vocabulary: leave draft_rows=False to pass them")
         use_cache = use_cache if use_cache is not None else self.config.use_cache and not self.training
-        outputs = self.model(input_ids, attention_mask, position_ids, own_cache(past_key_values, cache), inputs_embeds, use_cache,
-                             self._attached_cache(target_past_key_values), cross_attention_block_size, target_attention_mask,
-                             target_hidden_states)
+        outputs = self.model(
+            input_ids,
+            attention_mask,
+            position_ids,
+            own_cache(past_key_values, cache),
+            inputs_embeds,
+            use_cache,
+            self._attached_cache(target_past_key_values),
+            cross_attention_block_size,
+            target_attention_mask,
+            target_hidden_states,
+        )
         hidden_states = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden_states = hidden_states[:, -logits_to_keep:]
@@ -550,9 +631,18 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         draft_state = self.model.post_projection(hidden_states) if self.config.state_input else None
-        return GlideOutput(loss=loss, logits=logits, draft_state=draft_state, **{OUTPUT_CACHE_FIELD: outputs.get(OUTPUT_CACHE_FIELD)})
+        return GlideOutput(
+            loss=loss, logits=logits, draft_state=draft_state, **{OUTPUT_CACHE_FIELD: outputs.get(OUTPUT_CACHE_FIELD)}
+        )
 
 
 GlideForCausalLM.register_for_auto_class("AutoModelForCausalLM")  # save_pretrained writes auto_map and copies this file
 
-__all__ = ["GlideCrossAttention", "GlideDecoderLayer", "GlideForCausalLM", "GlideModel", "GlideOutput", "GlidePreTrainedModel"]
+__all__ = [
+    "GlideCrossAttention",
+    "GlideDecoderLayer",
+    "GlideForCausalLM",
+    "GlideModel",
+    "GlideOutput",
+    "GlidePreTrainedModel",
+]

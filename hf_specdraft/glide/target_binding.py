@@ -59,9 +59,11 @@ class TargetBindingMixin:
         if not isinstance(target, nn.Module) or not hasattr(target, "config"):
             raise TypeError(f"target must be a transformers model, got {type(target).__name__}")
         if getattr(self.config, "state_input", False):
-            raise ValueError("this GLIDE reads the target's hidden state (state_input=True), which transformers' assisted decoding "
-                             "does not hand to a draft model: call speculative_generate(target, ids, draft_model=glide), or "
-                             "target.generate(ids, custom_generate=speculative_generate, draft_model=glide)")
+            raise ValueError(
+                "this GLIDE reads the target's hidden state (state_input=True), which transformers' assisted decoding "
+                "does not hand to a draft model: call speculative_generate(target, ids, draft_model=glide), or "
+                "target.generate(ids, custom_generate=speculative_generate, draft_model=glide)"
+            )
         self.check_target(target)
         self.detach()
         if self.config.cross_attention:

@@ -42,18 +42,36 @@ def main() -> None:
     shutil.copytree(CHECKPOINT_DIR, args.output_dir, dirs_exist_ok=True)
     recipe = dataclasses.replace(get_recipe("default"), seq_len=args.seq_len)
     data = prepare_data(recipe, args.output_dir)
-    windows = {f"heldout_ppl_{n}": heldout_text_windows(data.tokenizer, data.heldout_texts, n, 64, 0) for n in (256, args.seq_len)}
+    windows = {
+        f"heldout_ppl_{n}": heldout_text_windows(data.tokenizer, data.heldout_texts, n, 64, 0)
+        for n in (256, args.seq_len)
+    }
     model = LlamaForCausalLM.from_pretrained(args.output_dir / "target", dtype=torch.float32)
     log = {"before": perplexities(model, windows)}
-    schedule = TrainSchedule(steps=args.steps, batch_size=8, micro_batch_size=8, learning_rate=6e-4, warmup_steps=20, checkpoint_every=10**6)
+    schedule = TrainSchedule(
+        steps=args.steps, batch_size=8, micro_batch_size=8, learning_rate=6e-4, warmup_steps=20, checkpoint_every=10**6
+    )
     start = time.time()
-    log["steps"] = train_lm(model, data, recipe, schedule, args.output_dir / "target", "extend window", windows[f"heldout_ppl_{args.seq_len}"], seed_offset=7)
+    log["steps"] = train_lm(
+        model,
+        data,
+        recipe,
+        schedule,
+        args.output_dir / "target",
+        "extend window",
+        windows[f"heldout_ppl_{args.seq_len}"],
+        seed_offset=7,
+    )
     log["train_seconds"] = round(time.time() - start, 1)
-    log["after"] = perplexities(LlamaForCausalLM.from_pretrained(args.output_dir / "target", dtype=torch.float32), windows)
+    log["after"] = perplexities(
+        LlamaForCausalLM.from_pretrained(args.output_dir / "target", dtype=torch.float32), windows
+    )
     (HERE / "extension_log.json").write_text(json.dumps(log, indent=1) + "\n")
     bundle = load_default(args.output_dir)
     for chars in (700, 3000):
-        config = BenchConfig(task="context", methods=METHODS, num_prompts=20, max_new_tokens=64, context_prompt_chars=chars)
+        config = BenchConfig(
+            task="context", methods=METHODS, num_prompts=20, max_new_tokens=64, context_prompt_chars=chars
+        )
         result = run_bench(bundle, config, output=HERE / f"context-{chars}.json")
         print(chars, result["task_statistics"], format_table(result["summary"]), sep="\n")
 

@@ -78,7 +78,9 @@ def main() -> None:
     parser.add_argument("--output", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--target", default="tiny", choices=["tiny", "default"], help="default: also the embedded default")
+    parser.add_argument(
+        "--target", default="tiny", choices=["tiny", "default"], help="default: also the embedded default"
+    )
     parser.add_argument("--repeats", type=int, default=REPEATS, help="timed calls per row (the median is kept)")
     args = parser.parse_args()
     globals()["REPEATS"] = args.repeats
@@ -87,14 +89,32 @@ def main() -> None:
     if not cuda:
         torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         intermediate_size=32, max_position_embeddings=512, eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    targets = {"tiny": (LlamaForCausalLM(config).eval().to(device, dtype), torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1)))}
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        max_position_embeddings=512,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    targets = {
+        "tiny": (
+            LlamaForCausalLM(config).eval().to(device, dtype),
+            torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1)),
+        )
+    }
     if args.target == "default":
         from hf_specdraft.defaults import load_default
 
         bundle = load_default()
-        targets["smollm2"] = (bundle.target.to(device, dtype), bundle.tokenizer("def quicksort(arr):\n", return_tensors="pt").input_ids)
+        targets["smollm2"] = (
+            bundle.target.to(device, dtype),
+            bundle.tokenizer("def quicksort(arr):\n", return_tensors="pt").input_ids,
+        )
     rows = []
     for name, (target, ids) in targets.items():
         rows += measure(name, target, ids.to(device), cuda)
@@ -144,14 +164,28 @@ def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
 
     loop_module.speculative_steps = timed_steps
     rows = []
-    compiling = CompileConfig() if cuda else CompileConfig(backend="eager", mode=None)  # CPU: dynamo's graphs, no codegen
-    paths = {"dynamic": {}, "static": {"cache_implementation": "static", "disable_compile": True},
-             "static-compiled": {"cache_implementation": "static", "compile_config": compiling}}
+    compiling = (
+        CompileConfig() if cuda else CompileConfig(backend="eager", mode=None)
+    )  # CPU: dynamo's graphs, no codegen
+    paths = {
+        "dynamic": {},
+        "static": {"cache_implementation": "static", "disable_compile": True},
+        "static-compiled": {"cache_implementation": "static", "compile_config": compiling},
+    }
     for drafter, (depth, siblings) in {"chain-5": (5, 0), "tree-16": (4, 3)}.items():
         for path, kwargs in paths.items():
+
             def call(**extra):
-                return speculative_generate(target, ids, candidate_generator=Always(reference, depth, siblings, vocab), max_new_tokens=NEW_TOKENS,
-                                            return_dict_in_generate=True, **kwargs, **extra)
+                return speculative_generate(
+                    target,
+                    ids,
+                    candidate_generator=Always(reference, depth, siblings, vocab),
+                    max_new_tokens=NEW_TOKENS,
+                    return_dict_in_generate=True,
+                    **kwargs,
+                    **extra,
+                )
+
             call()
             if path == "dynamic":
                 LlamaForCausalLM.forward = timed_forward
@@ -163,7 +197,9 @@ def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
                 out = call()
                 total = time.perf_counter() - started
                 steps = len(out.speculative_stats.steps)
-                verify = sum(forwards[-steps:])  # one verification forward a step (the dynamic path's prefill is timed too)
+                verify = sum(
+                    forwards[-steps:]
+                )  # one verification forward a step (the dynamic path's prefill is timed too)
                 loop_ms.append(1000 * (total - verify - out.speculative_stats.prefill_seconds) / steps)
                 step_ms.append(1000 * (steps_seconds[-1] - verify) / steps)
                 call_ms.append(1000 * (total - steps_seconds[-1] - out.speculative_stats.prefill_seconds))
@@ -172,14 +208,28 @@ def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
             with SyncCounter() as syncs:
                 counted = call()
             later = syncs.per_step[2:]
-            row = {"target": name, "drafter": drafter, "path": path, "steps": steps, "loop_ms_per_step": statistics.median(loop_ms),
-                   "loop_ms_per_step_runs": loop_ms, "step_ms": statistics.median(step_ms), "step_ms_runs": step_ms,
-                   "call_fixed_ms": statistics.median(call_ms), "forward_ms": forward_ms, "syncs_per_step": statistics.mean(later),
-                   "syncs_per_step_max": max(later),
-                   "token_identical": counted.sequences[0].tolist() == reference[: counted.sequences.shape[1]], "syncs_first_two_steps": syncs.per_step[:2],
-                   "syncs_where": dict(sorted(syncs.where.items(), key=lambda kv: -kv[1])[:12])}
+            row = {
+                "target": name,
+                "drafter": drafter,
+                "path": path,
+                "steps": steps,
+                "loop_ms_per_step": statistics.median(loop_ms),
+                "loop_ms_per_step_runs": loop_ms,
+                "step_ms": statistics.median(step_ms),
+                "step_ms_runs": step_ms,
+                "call_fixed_ms": statistics.median(call_ms),
+                "forward_ms": forward_ms,
+                "syncs_per_step": statistics.mean(later),
+                "syncs_per_step_max": max(later),
+                "token_identical": counted.sequences[0].tolist() == reference[: counted.sequences.shape[1]],
+                "syncs_first_two_steps": syncs.per_step[:2],
+                "syncs_where": dict(sorted(syncs.where.items(), key=lambda kv: -kv[1])[:12]),
+            }
             rows.append(row)
-            print({k: v for k, v in row.items() if k not in ("syncs_where", "loop_ms_per_step_runs", "step_ms_runs")}, flush=True)
+            print(
+                {k: v for k, v in row.items() if k not in ("syncs_where", "loop_ms_per_step_runs", "step_ms_runs")},
+                flush=True,
+            )
     owner._forward, LlamaForCausalLM.forward = original, plain_forward
     loop_module.speculative_steps = plain_steps
     return rows
@@ -193,12 +243,20 @@ def write(args, rows: list[dict]) -> None:
     run = {"label": args.label, "commit": commit, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     if args.device.startswith("cuda"):
         cpu += f"; {torch.cuda.get_device_name()}"
-    result = {"meta": {"cpu": cpu, "device": args.device, "threads": torch.get_num_threads(), "dtype": args.dtype,
-                       "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-                       "target": "tiny: LlamaForCausalLM, 1 layer, hidden 32, vocab 96 (random); smollm2: the embedded default",
-                       "max_new_tokens": NEW_TOKENS,
-                       "repeats": REPEATS, "command": "python benchmarks/verification/static/loop_overhead.py --label LABEL --output FILE"},
-              "runs": []}
+    result = {
+        "meta": {
+            "cpu": cpu,
+            "device": args.device,
+            "threads": torch.get_num_threads(),
+            "dtype": args.dtype,
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+            "target": "tiny: LlamaForCausalLM, 1 layer, hidden 32, vocab 96 (random); smollm2: the embedded default",
+            "max_new_tokens": NEW_TOKENS,
+            "repeats": REPEATS,
+            "command": "python benchmarks/verification/static/loop_overhead.py --label LABEL --output FILE",
+        },
+        "runs": [],
+    }
     if args.output and os.path.exists(args.output):
         previous = json.load(open(args.output))
         result["runs"] = [r for r in previous.get("runs", []) if r["label"] != args.label]

@@ -51,14 +51,23 @@ class CausalLMDrafter:
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens the draft cache covers
 
     def _check(self, input_ids, target_cache, num_tokens):
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
-            raise ValueError(f"input_ids must be a non-empty tensor of shape (1, L), got {getattr(input_ids, 'shape', input_ids)!r}")
+        if (
+            not isinstance(input_ids, torch.Tensor)
+            or input_ids.dim() != 2
+            or input_ids.shape[0] != 1
+            or input_ids.shape[1] == 0
+        ):
+            raise ValueError(
+                f"input_ids must be a non-empty tensor of shape (1, L), got {getattr(input_ids, 'shape', input_ids)!r}"
+            )
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
         if not self.glimpses:
             return
         if not hasattr(target_cache, "get_seq_length"):
-            raise ValueError(f"target_cache must be the target's live transformers Cache, got {type(target_cache).__name__}")
+            raise ValueError(
+                f"target_cache must be the target's live transformers Cache, got {type(target_cache).__name__}"
+            )
         covered = target_cache.get_seq_length()
         if covered != input_ids.shape[1] - 1:  # invariant: the cache covers input_ids[:, :-1], the verified prefix only
             raise ValueError(
@@ -87,8 +96,9 @@ class CausalLMDrafter:
         keep = resync_cache(self.cache, self.seen, ids)  # drop the rejected draft tokens
         feed, tokens, probs = ids[keep:][None], [], []  # invariant after this: the cache covers ids, then each draft
         for _ in range(num_tokens):
-            logits = self.draft_model(input_ids=feed, **with_cache(self.draft_model, self.cache), use_cache=True, logits_to_keep=1,
-                                      **glimpse).logits[0, -1]
+            logits = self.draft_model(
+                input_ids=feed, **with_cache(self.draft_model, self.cache), use_cache=True, logits_to_keep=1, **glimpse
+            ).logits[0, -1]
             q = torch.softmax(logits.float(), dim=-1)
             feed = q.argmax()[None, None]
             tokens.append(feed[0])
@@ -140,7 +150,11 @@ def checkpoint_of_call(target):
     frame = sys._getframe(1)
     while frame is not None:
         local = frame.f_locals
-        if frame.f_code.co_name == "generate" and local.get("self") is target and isinstance(local.get("custom_generate"), str):
+        if (
+            frame.f_code.co_name == "generate"
+            and local.get("self") is target
+            and isinstance(local.get("custom_generate"), str)
+        ):
             return local["custom_generate"]
         frame = frame.f_back
     return None
@@ -150,12 +164,16 @@ def load_draft(target):
     """Load the draft saved next to this ``custom_generate/`` folder (same checkpoint), on the target's device and dtype."""
     checkpoint = checkpoint_of_call(target)
     if checkpoint is None:
-        raise ValueError("no draft model: pass assistant_model=<draft model> to generate, or call generate(custom_generate=<checkpoint with the draft>)")
+        raise ValueError(
+            "no draft model: pass assistant_model=<draft model> to generate, or call generate(custom_generate=<checkpoint with the draft>)"
+        )
     key = (checkpoint, str(target.device), target.dtype)
     if key not in _LOADED_DRAFTS:
         try:
             draft = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=True, dtype=target.dtype)
         except (OSError, ValueError) as error:
-            raise ValueError(f"{checkpoint!r} holds no loadable draft model ({error}); pass assistant_model=<draft model> to generate") from error
+            raise ValueError(
+                f"{checkpoint!r} holds no loadable draft model ({error}); pass assistant_model=<draft model> to generate"
+            ) from error
         _LOADED_DRAFTS[key] = draft.to(target.device).eval()
     return _LOADED_DRAFTS[key]

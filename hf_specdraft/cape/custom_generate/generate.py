@@ -39,9 +39,11 @@ def check_transformers_version(version: str = transformers.__version__) -> None:
     found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
     low, high = SUPPORTED_TRANSFORMERS
     if not low <= found < high:
-        raise ImportError(f"this custom_generate folder (hf_specdraft's speculative decoding loop) needs transformers>="
-                          f"{low[0]}.{low[1]},<{high[0]}.{high[1]}; found transformers {version}: pip install 'transformers>="
-                          f"{low[0]}.{low[1]},<{high[0]}.{high[1]}'")
+        raise ImportError(
+            f"this custom_generate folder (hf_specdraft's speculative decoding loop) needs transformers>="
+            f"{low[0]}.{low[1]},<{high[0]}.{high[1]}; found transformers {version}: pip install 'transformers>="
+            f"{low[0]}.{low[1]},<{high[0]}.{high[1]}'"
+        )
 
 
 check_transformers_version()  # before the siblings below import transformers internals
@@ -52,20 +54,48 @@ try:  # written beside this file by write_custom_generate, from hf_specdraft's c
     from .expansion_sets import DEFAULT_SCHEDULE, check_schedule
     from .loop import speculative_generate
     from .support import chains_only, check_target, model_type
-except ImportError:  # the template inside the installed library (absolute: transformers reads `from .` lines as sibling files)
+except (
+    ImportError
+):  # the template inside the installed library (absolute: transformers reads `from .` lines as sibling files)
     from hf_specdraft.cape.expansion_sets import DEFAULT_SCHEDULE, check_schedule
     from hf_specdraft.core.loop import speculative_generate
     from hf_specdraft.core.support import chains_only, check_target, model_type
 
 # generate() hands these to every custom_generate function; this greedy loop needs them unset
-_PASSED_THROUGH = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "negative_prompt_ids", "negative_prompt_attention_mask")
+_PASSED_THROUGH = (
+    "logits_processor",
+    "stopping_criteria",
+    "prefix_allowed_tokens_fn",
+    "negative_prompt_ids",
+    "negative_prompt_attention_mask",
+)
 # generation_config fields that would change greedy's choice; the loop takes the plain argmax
-_UNSUPPORTED_CONFIG = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens",
-                       "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id", "sequence_bias")
+_UNSUPPORTED_CONFIG = (
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "bad_words_ids",
+    "min_length",
+    "min_new_tokens",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "sequence_bias",
+)
 
 
-def generate(model, inputs=None, input_ids=None, generation_config=None, assistant_model=None,
-             num_draft_tokens=5, verification_budget=32, expansion_schedule=DEFAULT_SCHEDULE, streamer=None, **kwargs):
+def generate(
+    model,
+    inputs=None,
+    input_ids=None,
+    generation_config=None,
+    assistant_model=None,
+    num_draft_tokens=5,
+    verification_budget=32,
+    expansion_schedule=DEFAULT_SCHEDULE,
+    streamer=None,
+    **kwargs,
+):
     """Greedy GLIDE/draft + CAPE decoding; the ``custom_generate`` entry point transformers calls.
 
     Args:
@@ -82,19 +112,28 @@ def generate(model, inputs=None, input_ids=None, generation_config=None, assista
     """
     prompt = input_ids if input_ids is not None else inputs
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] == 0:
-        raise ValueError(f"input_ids must be a non-empty LongTensor of shape (1, L) (batch size 1), got {getattr(prompt, 'shape', prompt)!r}")
+        raise ValueError(
+            f"input_ids must be a non-empty LongTensor of shape (1, L) (batch size 1), got {getattr(prompt, 'shape', prompt)!r}"
+        )
     if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
     if not isinstance(verification_budget, int) or verification_budget < num_draft_tokens:
-        raise ValueError(f"verification_budget={verification_budget!r} is smaller than the drafted chain (num_draft_tokens={num_draft_tokens})")
+        raise ValueError(
+            f"verification_budget={verification_budget!r} is smaller than the drafted chain (num_draft_tokens={num_draft_tokens})"
+        )
     schedule = check_schedule(expansion_schedule, "expansion_schedule")
     config = _generation_setup(model, generation_config, kwargs)
     drafter = make_drafter(assistant_model if assistant_model is not None else load_draft(model), model)
     # the core loop as transformers' custom_generate callable; GenerationMixin.generate itself, since a checkpoint loaded
     # with trust_remote_code replaces model.generate with this very function
-    return GenerationMixin.generate(model, prompt, generation_config=config, custom_generate=speculative_generate,
-                                    candidate_generator=CapeTreeDrafter(drafter, num_draft_tokens, schedule, verification_budget),
-                                    token_streamer=streamer)
+    return GenerationMixin.generate(
+        model,
+        prompt,
+        generation_config=config,
+        custom_generate=speculative_generate,
+        candidate_generator=CapeTreeDrafter(drafter, num_draft_tokens, schedule, verification_budget),
+        token_streamer=streamer,
+    )
 
 
 def _generation_setup(model, generation_config, kwargs):
@@ -114,13 +153,19 @@ def _generation_setup(model, generation_config, kwargs):
     if unused:
         raise ValueError(f"unsupported generate arguments for the CAPE custom_generate loop: {sorted(unused)}")
     if config.do_sample or (config.num_beams or 1) > 1 or (config.num_return_sequences or 1) > 1:
-        raise ValueError("the CAPE custom_generate loop is greedy: pass do_sample=False and leave num_beams / num_return_sequences at 1")
+        raise ValueError(
+            "the CAPE custom_generate loop is greedy: pass do_sample=False and leave num_beams / num_return_sequences at 1"
+        )
     changed = [name for name in _UNSUPPORTED_CONFIG if getattr(config, name, None) not in (None, 0, 1.0, [])]
     if changed:
-        raise ValueError(f"generation options {changed} change greedy decoding and are not supported by the CAPE custom_generate loop")
+        raise ValueError(
+            f"generation options {changed} change greedy decoding and are not supported by the CAPE custom_generate loop"
+        )
     check_target(model)  # recurrent state: refused by name
     why = chains_only(model)
     if why is not None:  # the core loop would verify the tree's first chain only: no CAPE left
-        raise ValueError(f"the target is a {model_type(model)!r} model whose verification takes chains only ({why}), so CAPE's "
-                         "expansion sets cannot be verified; use hf_specdraft's speculative_generate with a chain drafter")
+        raise ValueError(
+            f"the target is a {model_type(model)!r} model whose verification takes chains only ({why}), so CAPE's "
+            "expansion sets cannot be verified; use hf_specdraft's speculative_generate with a chain drafter"
+        )
     return config

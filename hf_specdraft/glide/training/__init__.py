@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"GlideTrainingArguments": "trainer", "train_glide": "trainer", "main": "command", "build_parser": "command",
-            "load_data": "data", "token_stream": "objective"}
+_EXPORTS = {
+    "GlideTrainingArguments": "trainer",
+    "train_glide": "trainer",
+    "main": "command",
+    "build_parser": "command",
+    "load_data": "data",
+    "token_stream": "objective",
+}
 
 
 def __getattr__(name: str):

@@ -27,47 +27,93 @@ from .trainer import GlideTrainingArguments, train_glide
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-specdraft train-glide", description="Train a GLIDE draft model against a frozen target.")
+    parser = argparse.ArgumentParser(
+        prog="hf-specdraft train-glide", description="Train a GLIDE draft model against a frozen target."
+    )
     parser.add_argument("--target", required=True, help="target model: Hub id or local directory")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", nargs="+", help="token files (.safetensors/.pt) or text files / directories")
-    source.add_argument("--dataset", help="a 🤗 datasets dataset: json/jsonl/parquet/arrow file or directory, or a Hub id")
+    source.add_argument(
+        "--dataset", help="a 🤗 datasets dataset: json/jsonl/parquet/arrow file or directory, or a Hub id"
+    )
     parser.add_argument("--split", default="train", help="--dataset split to read from the Hub")
     parser.add_argument("--text-column", default="text", help="--dataset column of plain text")
-    parser.add_argument("--messages-column", default="messages", help="--dataset column of conversations (lists of {role, content})")
+    parser.add_argument(
+        "--messages-column", default="messages", help="--dataset column of conversations (lists of {role, content})"
+    )
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--tokenizer", help="tokenizer for text data (default: --target)")
     parser.add_argument("--glide", help="start from this GLIDE checkpoint instead of a fresh model")
     parser.add_argument("--num-layers", type=int, default=1, help="N_D (Appendix E: 1 up to 13B targets)")
     parser.add_argument("--hidden-size", type=int, help="d_D (default: the target's hidden size)")
     parser.add_argument("--vanilla", action="store_true", help="train the vanilla drafter (no cross-attention)")
-    parser.add_argument("--state-input", action="store_true",
-                        help="GLIDE reads the target's last hidden state (GlideConfig.state_input), trained over unrolled steps")
-    parser.add_argument("--assistant-layout", action="store_true",
-                        help="with --state-input: no self-attention, Gemma 4's assistant layout, which `hf-specdraft export` writes for vLLM")
-    parser.add_argument("--unrolled-steps", dest="unrolled_steps", type=int,
-                        help="draft steps unrolled per position in training (default: 2 with --state-input, else 1)")
+    parser.add_argument(
+        "--state-input",
+        action="store_true",
+        help="GLIDE reads the target's last hidden state (GlideConfig.state_input), trained over unrolled steps",
+    )
+    parser.add_argument(
+        "--assistant-layout",
+        action="store_true",
+        help="with --state-input: no self-attention, Gemma 4's assistant layout, which `hf-specdraft export` writes for vLLM",
+    )
+    parser.add_argument(
+        "--unrolled-steps",
+        dest="unrolled_steps",
+        type=int,
+        help="draft steps unrolled per position in training (default: 2 with --state-input, else 1)",
+    )
     parser.add_argument("--target-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     defaults = GlideTrainingArguments(output_dir=".")
-    for name, flag in (("max_steps", "--max-steps"), ("seq_len", "--seq-len"), ("per_device_batch_size", "--batch-size"),
-                       ("gradient_accumulation_steps", "--grad-accum"), ("warmup_steps", "--warmup-steps"), ("seed", "--seed"),
-                       ("logging_steps", "--logging-steps"), ("save_steps", "--save-steps"), ("eval_every", "--eval-every")):
+    for name, flag in (
+        ("max_steps", "--max-steps"),
+        ("seq_len", "--seq-len"),
+        ("per_device_batch_size", "--batch-size"),
+        ("gradient_accumulation_steps", "--grad-accum"),
+        ("warmup_steps", "--warmup-steps"),
+        ("seed", "--seed"),
+        ("logging_steps", "--logging-steps"),
+        ("save_steps", "--save-steps"),
+        ("eval_every", "--eval-every"),
+    ):
         parser.add_argument(flag, dest=name, type=int, default=getattr(defaults, name))
-    for name, flag in (("learning_rate", "--lr"), ("weight_decay", "--weight-decay"), ("min_lr_ratio", "--min-lr-ratio"),
-                       ("distillation_weight", "--distillation-weight"), ("distillation_temperature", "--distillation-temperature")):
+    for name, flag in (
+        ("learning_rate", "--lr"),
+        ("weight_decay", "--weight-decay"),
+        ("min_lr_ratio", "--min-lr-ratio"),
+        ("distillation_weight", "--distillation-weight"),
+        ("distillation_temperature", "--distillation-temperature"),
+    ):
         parser.add_argument(flag, dest=name, type=float, default=getattr(defaults, name))
-    parser.add_argument("--block-size", dest="block_size", type=int, help="block-wise mask L (default: the config's, 5)")
+    parser.add_argument(
+        "--block-size", dest="block_size", type=int, help="block-wise mask L (default: the config's, 5)"
+    )
     parser.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
-    parser.add_argument("--resume", dest="resume", action="store_true", default=None,
-                        help="continue from OUTPUT_DIR/checkpoint-last (the default whenever it exists); fail without one")
-    parser.add_argument("--no-resume", dest="resume", action="store_false", help="start over even if checkpoint-last exists")
-    parser.add_argument("--report-to", default="none", help="accelerate trackers: none, all (every installed one) or names, e.g. tensorboard")
+    parser.add_argument(
+        "--resume",
+        dest="resume",
+        action="store_true",
+        default=None,
+        help="continue from OUTPUT_DIR/checkpoint-last (the default whenever it exists); fail without one",
+    )
+    parser.add_argument(
+        "--no-resume", dest="resume", action="store_false", help="start over even if checkpoint-last exists"
+    )
+    parser.add_argument(
+        "--report-to",
+        default="none",
+        help="accelerate trackers: none, all (every installed one) or names, e.g. tensorboard",
+    )
     _add_regeneration_flags(parser)
     _add_evaluation_flags(parser)
     parser.add_argument("--dataset-name", help="what the data is, for the model card (default: --dataset)")
-    parser.add_argument("--license", help="the weights' license for the model card, a Hub license id such as apache-2.0")
+    parser.add_argument(
+        "--license", help="the weights' license for the model card, a Hub license id such as apache-2.0"
+    )
     parser.add_argument("--metrics", help="JSON file of measured metrics for the model card")
-    parser.add_argument("--compare-vanilla", help="a vanilla run's output dir (same data): its held-out α goes on the card")
+    parser.add_argument(
+        "--compare-vanilla", help="a vanilla run's output dir (same data): its held-out α goes on the card"
+    )
     parser.add_argument("--push-to-hub", action="store_true")
     parser.add_argument("--hub-model-id")
     parser.add_argument("--no-progress", dest="progress_bar", action="store_false")
@@ -76,21 +122,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_regeneration_flags(parser: argparse.ArgumentParser) -> None:
     defaults = RegenerationArguments()
-    group = parser.add_argument_group("regeneration (sequence-level self-distillation, Du et al. 2024, Appendix B; --dataset only)")
+    group = parser.add_argument_group(
+        "regeneration (sequence-level self-distillation, Du et al. 2024, Appendix B; --dataset only)"
+    )
     group.add_argument("--regenerate", action="store_true", help="the target writes the responses GLIDE trains on")
-    for name, kind in (("max_new_tokens", int), ("batch_size", int), ("temperature", float), ("top_p", float),
-                       ("prompt_tokens", int), ("batches_per_shard", int)):
-        group.add_argument(f"--regen-{name.replace('_', '-')}", dest=f"regen_{name}", type=kind, default=getattr(defaults, name))
-    group.add_argument("--regen-turns", choices=["last", "each"], default=defaults.turns, help="assistant turns to regenerate")
+    for name, kind in (
+        ("max_new_tokens", int),
+        ("batch_size", int),
+        ("temperature", float),
+        ("top_p", float),
+        ("prompt_tokens", int),
+        ("batches_per_shard", int),
+    ):
+        group.add_argument(
+            f"--regen-{name.replace('_', '-')}", dest=f"regen_{name}", type=kind, default=getattr(defaults, name)
+        )
+    group.add_argument(
+        "--regen-turns", choices=["last", "each"], default=defaults.turns, help="assistant turns to regenerate"
+    )
 
 
 def _add_evaluation_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("held-out evaluation (every --eval-every steps)")
-    group.add_argument("--eval-fraction", type=float, help="fraction of the data held out (default 0.05 with --eval-every)")
+    group.add_argument(
+        "--eval-fraction", type=float, help="fraction of the data held out (default 0.05 with --eval-every)"
+    )
     group.add_argument("--eval-examples", type=int, help="examples held out (instead of --eval-fraction)")
-    group.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens for the teacher-forced α")
-    group.add_argument("--eval-prompts", type=int, default=4, help="held-out prompts for tokens per target forward (0 = skip)")
-    group.add_argument("--eval-new-tokens", type=int, default=32, help="tokens generated per prompt for tokens per target forward")
+    group.add_argument(
+        "--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens for the teacher-forced α"
+    )
+    group.add_argument(
+        "--eval-prompts", type=int, default=4, help="held-out prompts for tokens per target forward (0 = skip)"
+    )
+    group.add_argument(
+        "--eval-new-tokens", type=int, default=32, help="tokens generated per prompt for tokens per target forward"
+    )
 
 
 def model_location_problem(value: str | None) -> str | None:
@@ -118,7 +184,10 @@ def _check_flags(parser, ns) -> None:
     for path in ns.data or ():
         if not Path(path).exists():
             parser.error(f"--data: {path!r} does not exist")
-    for flag, path in (("--metrics", ns.metrics), ("--compare-vanilla", ns.compare_vanilla and Path(ns.compare_vanilla) / "training_log.json")):
+    for flag, path in (
+        ("--metrics", ns.metrics),
+        ("--compare-vanilla", ns.compare_vanilla and Path(ns.compare_vanilla) / "training_log.json"),
+    ):
         if path and not Path(path).is_file():
             parser.error(f"{flag}: {str(path)!r} is not a file")
     if ns.regenerate and ns.dataset is None:
@@ -127,8 +196,12 @@ def _check_flags(parser, ns) -> None:
         parser.error("pass one of --eval-fraction and --eval-examples, not both")
     if ns.eval_fraction is not None and not 0 <= ns.eval_fraction < 1:
         parser.error(f"--eval-fraction must lie in [0, 1), got {ns.eval_fraction}")
-    for flag, value, least in (("--eval-examples", ns.eval_examples, 0), ("--eval-windows", ns.eval_windows, 1),
-                               ("--eval-prompts", ns.eval_prompts, 0), ("--eval-new-tokens", ns.eval_new_tokens, 1)):
+    for flag, value, least in (
+        ("--eval-examples", ns.eval_examples, 0),
+        ("--eval-windows", ns.eval_windows, 1),
+        ("--eval-prompts", ns.eval_prompts, 0),
+        ("--eval-new-tokens", ns.eval_new_tokens, 1),
+    ):
         if value is not None and value < least:
             parser.error(f"{flag} must be an int >= {least}, got {value}")
     if ns.eval_every and ns.eval_fraction is None and ns.eval_examples is None:
@@ -140,10 +213,16 @@ def _check_flags(parser, ns) -> None:
 def _arguments(parser, ns) -> tuple[GlideTrainingArguments, RegenerationArguments]:
     """The two argument dataclasses; their `ValueError` becomes a one-line argparse error."""
     fields = set(GlideTrainingArguments.__dataclass_fields__)
-    regen = {name: getattr(ns, f"regen_{name}") for name in RegenerationArguments.__dataclass_fields__ if name not in ("turns", "seed")}
+    regen = {
+        name: getattr(ns, f"regen_{name}")
+        for name in RegenerationArguments.__dataclass_fields__
+        if name not in ("turns", "seed")
+    }
     try:
-        args = GlideTrainingArguments(**{k: v for k, v in vars(ns).items() if k in fields and k != "dataset_name"},
-                                      dataset_name=ns.dataset_name or ns.dataset)
+        args = GlideTrainingArguments(
+            **{k: v for k, v in vars(ns).items() if k in fields and k != "dataset_name"},
+            dataset_name=ns.dataset_name or ns.dataset,
+        )
         return args, RegenerationArguments(**regen, turns=ns.regen_turns, seed=ns.seed)
     except ValueError as error:
         parser.error(str(error))
@@ -161,21 +240,42 @@ def dataset_inputs(ns, target, tokenizer, regen: RegenerationArguments) -> dict:
     column = detect_column(examples, ns.text_column, ns.messages_column)
     train, held = heldout_split(len(examples), ns.eval_fraction or 0.0, ns.eval_examples or 0, ns.seed)
     train, held = examples.select(train), examples.select(held)
-    extra = {"data": {"dataset": ns.dataset, "column": column.name, "kind": column.kind, "train_examples": len(train),
-                      "heldout_examples": len(held)}}
+    extra = {
+        "data": {
+            "dataset": ns.dataset,
+            "column": column.name,
+            "kind": column.kind,
+            "train_examples": len(train),
+            "heldout_examples": len(held),
+        }
+    }
     if ns.regenerate:
         if getattr(target, "hf_device_map", None) is None:
             target.to(PartialState().device)  # the target writes on the accelerator, not where from_pretrained left it
-        records = regenerate(target, tokenizer, regeneration_prompts(train, column, tokenizer, regen), ns.output_dir, regen,
-                             progress_bar=ns.progress_bar)
+        records = regenerate(
+            target,
+            tokenizer,
+            regeneration_prompts(train, column, tokenizer, regen),
+            ns.output_dir,
+            regen,
+            progress_bar=ns.progress_bar,
+        )
         documents = [r["prompt_ids"] + r["response_ids"] for r in records]
         extra["regeneration"] = {**vars(regen), "kind": column.kind, "examples": len(records)}
     else:
         documents = tokenize_texts(tokenizer, render_texts(train, column, tokenizer))
-    heldout = _documents_stream(tokenize_texts(tokenizer, render_texts(held, column, tokenizer)), tokenizer.eos_token_id) if len(held) else None
+    heldout = (
+        _documents_stream(tokenize_texts(tokenizer, render_texts(held, column, tokenizer)), tokenizer.eos_token_id)
+        if len(held)
+        else None
+    )
     prompts = regeneration_prompts(held, column, tokenizer, regen)[: ns.eval_prompts] if len(held) else []
-    return {"stream": _documents_stream(documents, tokenizer.eos_token_id), "heldout_stream": heldout, "heldout_prompts": prompts,
-            "extra_log": extra}
+    return {
+        "stream": _documents_stream(documents, tokenizer.eos_token_id),
+        "heldout_stream": heldout,
+        "heldout_prompts": prompts,
+        "extra_log": extra,
+    }
 
 
 def files_inputs(ns, seq_len: int) -> dict:
@@ -188,7 +288,12 @@ def files_inputs(ns, seq_len: int) -> dict:
     if heldout is not None and heldout.numel() >= 4:
         windows = heldout_windows(heldout, seq_len, ns.eval_prompts or 1)
         prompts = [w[: max(1, w.numel() // 2)].tolist() for w in windows][: ns.eval_prompts]
-    return {"stream": stream[: stream.numel() - held], "heldout_stream": heldout, "heldout_prompts": prompts, "extra_log": {}}
+    return {
+        "stream": stream[: stream.numel() - held],
+        "heldout_stream": heldout,
+        "heldout_prompts": prompts,
+        "extra_log": {},
+    }
 
 
 def _vanilla_twin(path: str | None) -> dict:
@@ -197,7 +302,9 @@ def _vanilla_twin(path: str | None) -> dict:
         return {}
     log = json.loads((Path(path) / "training_log.json").read_text())
     if not log.get("eval"):
-        raise ValueError(f"--compare-vanilla {path!r}: its training_log.json has no held-out evaluation (train it with --eval-every)")
+        raise ValueError(
+            f"--compare-vanilla {path!r}: its training_log.json has no held-out evaluation (train it with --eval-every)"
+        )
     if log.get("arguments", {}).get("dataset_name") is None:
         raise ValueError(f"--compare-vanilla {path!r}: its training_log.json does not say what data it was trained on")
     return {"vanilla_twin": {"path": str(path), "dataset": log["arguments"]["dataset_name"], "eval": log["eval"]}}
@@ -223,9 +330,15 @@ def _load_models(parser, ns, seed: int):
     torch.manual_seed(seed)
     if ns.assistant_layout and not ns.state_input:
         parser.error("--assistant-layout needs --state-input (the layout's draft reads the target's state)")
-    config = GlideConfig.from_target_config(target.config, num_hidden_layers=ns.num_layers, hidden_size=ns.hidden_size,
-                                            cross_attention=not ns.vanilla, target_name_or_path=ns.target,
-                                            state_input=ns.state_input, self_attention=not ns.assistant_layout)
+    config = GlideConfig.from_target_config(
+        target.config,
+        num_hidden_layers=ns.num_layers,
+        hidden_size=ns.hidden_size,
+        cross_attention=not ns.vanilla,
+        target_name_or_path=ns.target,
+        state_input=ns.state_input,
+        self_attention=not ns.assistant_layout,
+    )
     return target, GlideForCausalLM(config)
 
 
@@ -248,8 +361,14 @@ def _evaluation(ns, args: GlideTrainingArguments, glide, inputs: dict, tokenizer
     heldout = inputs["heldout_stream"] if inputs["heldout_stream"] is not None else torch.zeros(0, dtype=torch.long)
     eos = tokenizer.eos_token_id if tokenizer is not None else glide.config.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer is not None else None
-    return HeldOutEvaluation(heldout_windows(heldout, args.seq_len, ns.eval_windows), inputs["heldout_prompts"],
-                             args.block_size or glide.config.block_size, ns.eval_new_tokens, eos, pad)
+    return HeldOutEvaluation(
+        heldout_windows(heldout, args.seq_len, ns.eval_windows),
+        inputs["heldout_prompts"],
+        args.block_size or glide.config.block_size,
+        ns.eval_new_tokens,
+        eos,
+        pad,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,13 +386,22 @@ def main(argv: list[str] | None = None) -> int:
     inputs = dataset_inputs(ns, target, tokenizer, regen) if ns.dataset is not None else files_inputs(ns, args.seq_len)
     evaluation = _evaluation(ns, args, glide, inputs, tokenizer)
     metrics = json.loads(Path(ns.metrics).read_text()) if ns.metrics else None
-    log = train_glide(target, glide, inputs["stream"], args, metrics=metrics, evaluation=evaluation,
-                      extra_log={**inputs["extra_log"], **vanilla})
+    log = train_glide(
+        target,
+        glide,
+        inputs["stream"],
+        args,
+        metrics=metrics,
+        evaluation=evaluation,
+        extra_log={**inputs["extra_log"], **vanilla},
+    )
     if log["steps"] and PartialState().is_main_process:
         last = log["steps"][-1]
         scores = ", ".join(f"{k} {v}" for k, v in log.get("eval", {}).items() if k != "step")
-        print(f"GLIDE trained: {last['step']} steps, final loss {last['loss']}"
-              f"{', held-out ' + scores if scores else ''}, saved to {args.output_dir}")
+        print(
+            f"GLIDE trained: {last['step']} steps, final loss {last['loss']}"
+            f"{', held-out ' + scores if scores else ''}, saved to {args.output_dir}"
+        )
     return 0
 
 

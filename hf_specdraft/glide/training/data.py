@@ -30,7 +30,9 @@ def require_datasets():
     try:
         import datasets
     except ImportError as error:
-        raise ImportError('--dataset needs the datasets library: pip install "hf-specdraft[train]" (or pip install datasets)') from error
+        raise ImportError(
+            '--dataset needs the datasets library: pip install "hf-specdraft[train]" (or pip install datasets)'
+        ) from error
     return datasets
 
 
@@ -51,11 +53,15 @@ def load_examples(source: str, split: str = "train"):
         files = sorted(p for p in path.rglob("*") if p.suffix in DATASET_BUILDERS) if path.is_dir() else [path]
         kinds = {DATASET_BUILDERS.get(p.suffix) for p in files}
         if not files or None in kinds or len(kinds) > 1:
-            raise ValueError(f"--dataset {source!r} must be one kind of {sorted(DATASET_BUILDERS)} files (or a directory of "
-                             f"them), found {sorted({p.suffix or p.name for p in files}) or 'no such files'}")
+            raise ValueError(
+                f"--dataset {source!r} must be one kind of {sorted(DATASET_BUILDERS)} files (or a directory of "
+                f"them), found {sorted({p.suffix or p.name for p in files}) or 'no such files'}"
+            )
         return datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in files], split="train")
     if source.startswith((".", "/", "~")) or source.count("/") > 1 or not source.strip():
-        raise ValueError(f"--dataset {source!r} is neither an existing local file or directory nor a Hub dataset id like 'org/name'")
+        raise ValueError(
+            f"--dataset {source!r} is neither an existing local file or directory nor a Hub dataset id like 'org/name'"
+        )
     return datasets.load_dataset(source, split=split)  # the Hub (not reached by the tests: they run offline)
 
 
@@ -78,16 +84,24 @@ def detect_column(examples, text_column: str = "text", messages_column: str = "m
         return Column("messages", messages_column)
     if text_column in names:
         return Column("text", text_column)
-    raise ValueError(f"the dataset has neither a text column {text_column!r} (--text-column) nor a messages column "
-                     f"{messages_column!r} (--messages-column); its columns are {names}")
+    raise ValueError(
+        f"the dataset has neither a text column {text_column!r} (--text-column) nor a messages column "
+        f"{messages_column!r} (--messages-column); its columns are {names}"
+    )
 
 
 def check_messages(messages, index: int) -> list[dict]:
     """``messages`` as a list of ``{"role": str, "content": str}``, or a `ValueError` naming example ``index``."""
     if not isinstance(messages, list) or not messages:
-        raise ValueError(f"example {index}: messages must be a non-empty list of {{role, content}}, got {type(messages).__name__}")
+        raise ValueError(
+            f"example {index}: messages must be a non-empty list of {{role, content}}, got {type(messages).__name__}"
+        )
     for turn in messages:
-        if not isinstance(turn, dict) or not isinstance(turn.get("role"), str) or not isinstance(turn.get("content"), str):
+        if (
+            not isinstance(turn, dict)
+            or not isinstance(turn.get("role"), str)
+            or not isinstance(turn.get("content"), str)
+        ):
             raise ValueError(f"example {index}: every message must be {{'role': str, 'content': str}}, got {turn!r}")
     return [{"role": turn["role"], "content": turn["content"]} for turn in messages]
 
@@ -95,8 +109,10 @@ def check_messages(messages, index: int) -> list[dict]:
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
     """``messages`` as the target sees them: the tokenizer's chat template, as text (its special tokens included)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the dataset holds conversations but the target's tokenizer has no chat_template; pass --tokenizer "
-                         "with one, or a dataset with a text column (--text-column)")
+        raise ValueError(
+            "the dataset holds conversations but the target's tokenizer has no chat_template; pass --tokenizer "
+            "with one, or a dataset with a text column (--text-column)"
+        )
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
@@ -106,19 +122,25 @@ def render_texts(examples, column: Column, tokenizer) -> list[str]:
     if column.kind == "text":
         bad = [i for i, value in enumerate(values) if not isinstance(value, str)]
         if bad:
-            raise ValueError(f"text column {column.name!r} must hold strings; example {bad[0]} holds {type(values[bad[0]]).__name__}")
+            raise ValueError(
+                f"text column {column.name!r} must hold strings; example {bad[0]} holds {type(values[bad[0]]).__name__}"
+            )
         return list(values)
     return [render_chat(tokenizer, check_messages(messages, i)) for i, messages in enumerate(values)]
 
 
-def heldout_split(count: int, eval_fraction: float = 0.0, eval_examples: int = 0, seed: int = 0) -> tuple[list[int], list[int]]:
+def heldout_split(
+    count: int, eval_fraction: float = 0.0, eval_examples: int = 0, seed: int = 0
+) -> tuple[list[int], list[int]]:
     """``(train indices, held-out indices)`` of ``count`` examples: a seeded shuffle, so a vanilla twin trained with the
     same seed and data holds out the same examples. ``eval_examples`` wins over ``eval_fraction``."""
     order = list(range(count))
     random.Random(seed).shuffle(order)
     held = eval_examples or round(count * eval_fraction)
     if held and held >= count:
-        raise ValueError(f"holding out {held} of {count} examples leaves none to train on; lower --eval-examples / --eval-fraction")
+        raise ValueError(
+            f"holding out {held} of {count} examples leaves none to train on; lower --eval-examples / --eval-fraction"
+        )
     return sorted(order[held:]), sorted(order[:held])
 
 

@@ -32,7 +32,9 @@ def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> tor
         ValueError: the held-out stream has fewer than 2 tokens (a token and its successor).
     """
     if stream.numel() < 2:
-        raise ValueError(f"the held-out data holds {stream.numel()} tokens, too few to evaluate: raise --eval-fraction / --eval-examples")
+        raise ValueError(
+            f"the held-out data holds {stream.numel()} tokens, too few to evaluate: raise --eval-fraction / --eval-examples"
+        )
     length = min(seq_len, stream.numel())
     count = min(max_windows, stream.numel() // length)
     return stream[: count * length].view(count, length)
@@ -60,18 +62,34 @@ def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: 
         _, logits, _ = next(unrolled_passes(glide, batch, 1))
         return glide.to_target_logits(logits.float()).softmax(-1)
     mask, kv = None, batch.target_past_key_values
-    if kv is None and glide.config.cross_attention:  # every layer empty: nothing to glimpse (None would read an attached target)
+    if (
+        kv is None and glide.config.cross_attention
+    ):  # every layer empty: nothing to glimpse (None would read an attached target)
         kv = [(None, None)] * glide.config.target_num_hidden_layers
     elif delay is not None and kv is not None:
         mask = delay_mask(batch.input_ids.shape[1], delay).to(batch.input_ids.device)
-    logits = glide(input_ids=batch.input_ids, target_past_key_values=kv, use_cache=False,
-                   cross_attention_block_size=None if mask is not None else block_size, target_attention_mask=mask).logits
+    logits = glide(
+        input_ids=batch.input_ids,
+        target_past_key_values=kv,
+        use_cache=False,
+        cross_attention_block_size=None if mask is not None else block_size,
+        target_attention_mask=mask,
+    ).logits
     return logits.float().softmax(-1)
 
 
 @torch.no_grad()
-def teacher_forced_alpha(target, glide, windows, block_size: int | None = None, batch_size: int = 8, *, delay: int | None = None,
-                         skip: int = 0, glimpse: bool = True) -> dict[str, float]:
+def teacher_forced_alpha(
+    target,
+    glide,
+    windows,
+    block_size: int | None = None,
+    batch_size: int = 8,
+    *,
+    delay: int | None = None,
+    skip: int = 0,
+    glimpse: bool = True,
+) -> dict[str, float]:
     """α and greedy agreement of ``glide`` against ``target`` on held-out windows (see the module docstring).
 
     Args:
@@ -92,7 +110,9 @@ def teacher_forced_alpha(target, glide, windows, block_size: int | None = None, 
     with_kv = glimpse and glide.config.cross_attention
     alpha, agree, positions = torch.zeros((), device=device), torch.zeros((), device=device), 0
     for start in range(0, len(source), batch_size):
-        batch = source.batch(target, glide, torch.arange(start, min(start + batch_size, len(source))), device, with_kv, True)
+        batch = source.batch(
+            target, glide, torch.arange(start, min(start + batch_size, len(source))), device, with_kv, True
+        )
         q = draft_probs(glide, batch, block_size, delay)[:, skip:]  # (B, T - skip, V)
         if batch.target_logits is not None:
             p = batch.target_logits.float().softmax(-1)[:, skip:]
@@ -103,20 +123,37 @@ def teacher_forced_alpha(target, glide, windows, block_size: int | None = None, 
         alpha += overlap(p, q).sum()
         agree += (q.argmax(-1) == greedy).sum()
         positions += q.shape[0] * q.shape[1]
-    return {"alpha": round(alpha.item() / positions, 4), "greedy_agreement": round(agree.item() / positions, 4),
-            "eval_positions": positions}
+    return {
+        "alpha": round(alpha.item() / positions, 4),
+        "greedy_agreement": round(agree.item() / positions, 4),
+        "eval_positions": positions,
+    }
 
 
 @torch.no_grad()
-def tokens_per_forward(target, glide, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | None = None,
-                       pad_token_id: int | None = None) -> float:
+def tokens_per_forward(
+    target,
+    glide,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> float:
     """τ: tokens emitted per target forward by the library's loop with ``glide`` as the draft, greedy, default γ
     (``"auto"``), over ``prompts`` (each a list of token ids, run one at a time)."""
     device = next(target.parameters()).device
     stats = []
     for prompt in prompts:
-        out = speculative_generate(target, torch.tensor([prompt], device=device), draft_model=glide, max_new_tokens=max_new_tokens,
-                                   do_sample=False, eos_token_id=eos_token_id, pad_token_id=pad_token_id, return_dict_in_generate=True)
+        out = speculative_generate(
+            target,
+            torch.tensor([prompt], device=device),
+            draft_model=glide,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            return_dict_in_generate=True,
+        )
         stats.append(out.speculative_stats)
     return round(SpeculativeStats.merge(stats).mean_accepted_length, 4)
 
@@ -146,8 +183,9 @@ class HeldOutEvaluation:
         try:
             result = teacher_forced_alpha(target, glide, self.windows, self.block_size)
             if self.prompts:
-                result["tokens_per_forward"] = tokens_per_forward(target, glide, self.prompts, self.max_new_tokens,
-                                                                  self.eos_token_id, self.pad_token_id)
+                result["tokens_per_forward"] = tokens_per_forward(
+                    target, glide, self.prompts, self.max_new_tokens, self.eos_token_id, self.pad_token_id
+                )
         finally:
             glide.train(was_training)
         return result

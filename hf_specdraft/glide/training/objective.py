@@ -22,7 +22,16 @@ from ...core.support import with_cache
 from .batch import GlideBatch
 from .unrolled import unrolled_passes
 
-__all__ = ["GlideBatch", "TargetWindows", "WindowSource", "glide_loss", "target_memory", "target_probs", "token_stream", "window_source"]
+__all__ = [
+    "GlideBatch",
+    "TargetWindows",
+    "WindowSource",
+    "glide_loss",
+    "target_memory",
+    "target_probs",
+    "token_stream",
+    "window_source",
+]
 
 
 def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
@@ -39,7 +48,9 @@ def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
             raise TypeError(f"data has no 'input_ids' column: {error}") from error
     if isinstance(data, torch.Tensor):
         if data.dim() not in (1, 2) or data.is_floating_point():
-            raise ValueError(f"data must be an integer tensor of shape (T,) or (N, T), got {data.dtype} {tuple(data.shape)}")
+            raise ValueError(
+                f"data must be an integer tensor of shape (T,) or (N, T), got {data.dtype} {tuple(data.shape)}"
+            )
         return data.reshape(-1).long()
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
         pieces = []
@@ -50,7 +61,9 @@ def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
         if not pieces:
             raise ValueError("data is empty")
         return torch.cat(pieces)
-    raise TypeError(f"data must be a token-id tensor, a sequence of token-id sequences or a dataset with input_ids, got {type(data).__name__}")
+    raise TypeError(
+        f"data must be a token-id tensor, a sequence of token-id sequences or a dataset with input_ids, got {type(data).__name__}"
+    )
 
 
 @torch.no_grad()
@@ -67,7 +80,13 @@ def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits:
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()  # sliding-window layers keep every position, as in assisted decoding
     extra = {"output_hidden_states": [-1]} if with_hidden else {}
-    outputs = target(input_ids=input_ids, **with_cache(target, cache), use_cache=True, logits_to_keep=0 if with_logits else 1, **extra)
+    outputs = target(
+        input_ids=input_ids,
+        **with_cache(target, cache),
+        use_cache=True,
+        logits_to_keep=0 if with_logits else 1,
+        **extra,
+    )
     kv = tuple((getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers)
     logits = outputs.logits if with_logits else None
     return (kv, logits, outputs.hidden_states[-1]) if with_hidden else (kv, logits)
@@ -136,7 +155,9 @@ def window_source(data, glide, seq_len: int) -> WindowSource:
     ``seq_len`` long."""
     if isinstance(data, WindowSource):
         if data.seq_len != seq_len:
-            raise ValueError(f"seq_len={seq_len} but the data's windows hold {data.seq_len} tokens: set seq_len={data.seq_len}")
+            raise ValueError(
+                f"seq_len={seq_len} but the data's windows hold {data.seq_len} tokens: set seq_len={data.seq_len}"
+            )
         source = data
     else:
         eos = glide.config.eos_token_id if isinstance(glide.config.eos_token_id, int) else None
@@ -186,8 +207,13 @@ def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.T
     if glide.config.state_input or steps > 1:
         passes = unrolled_passes(model, batch, steps)
     else:
-        logits = model(input_ids=batch.input_ids, target_past_key_values=batch.target_past_key_values, cross_attention_block_size=block_size,
-                       use_cache=False, draft_rows=True).logits  # (B, T, rows): the draft's own rows
+        logits = model(
+            input_ids=batch.input_ids,
+            target_past_key_values=batch.target_past_key_values,
+            cross_attention_block_size=block_size,
+            use_cache=False,
+            draft_rows=True,
+        ).logits  # (B, T, rows): the draft's own rows
         passes = [(1, logits, torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device))]
     tau, w = args.distillation_temperature, args.distillation_weight
     p = target_probs(glide, batch, tau) if w > 0 else None
@@ -197,7 +223,9 @@ def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.T
         logits = logits.float()
         suffix = "" if steps == 1 else f"_{k}"
         scored = valid[:-1]  # the last position has no label in the window
-        ce = torch.nn.functional.cross_entropy(logits[:, :-1][:, scored].reshape(-1, logits.shape[-1]), labels[:, scored].reshape(-1))
+        ce = torch.nn.functional.cross_entropy(
+            logits[:, :-1][:, scored].reshape(-1, logits.shape[-1]), labels[:, scored].reshape(-1)
+        )
         parts["ce" + suffix] = ce.detach()
         if p is None:
             total = total + ce

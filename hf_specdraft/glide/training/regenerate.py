@@ -79,8 +79,11 @@ def regeneration_prompts(examples, column: Column, tokenizer, args: Regeneration
     values = examples[column.name]
     if column.kind == "text":
         return [ids[: args.prompt_tokens] for ids in tokenize_texts(tokenizer, list(values)) if ids]
-    texts = [render_chat(tokenizer, prompt, add_generation_prompt=True)
-             for i, messages in enumerate(values) for prompt in _conversation_prompts(check_messages(messages, i), args.turns)]
+    texts = [
+        render_chat(tokenizer, prompt, add_generation_prompt=True)
+        for i, messages in enumerate(values)
+        for prompt in _conversation_prompts(check_messages(messages, i), args.turns)
+    ]
     return tokenize_texts(tokenizer, texts)
 
 
@@ -93,25 +96,48 @@ def _reply(row: list[int], eos_token_id: int | None) -> list[int]:
 
 
 @torch.no_grad()
-def generate_replies(target, prompts: list[list[int]], pad_token_id: int, eos_token_id: int | None,
-                     args: RegenerationArguments, seed: int) -> list[list[int]]:
+def generate_replies(
+    target,
+    prompts: list[list[int]],
+    pad_token_id: int,
+    eos_token_id: int | None,
+    args: RegenerationArguments,
+    seed: int,
+) -> list[list[int]]:
     """The target's reply to each prompt: one left-padded ``generate`` call over `(B, max prompt length)`."""
     width = max(len(p) for p in prompts)
     device = next(target.parameters()).device
     input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the caller's RNG stream is left alone
+    sampling = (
+        {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p}
+        if args.temperature > 0
+        else {"do_sample": False}
+    )
+    with torch.random.fork_rng(
+        devices=[device] if device.type == "cuda" else []
+    ):  # the caller's RNG stream is left alone
         torch.manual_seed(seed)
-        out = target.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=args.max_new_tokens,
-                              pad_token_id=pad_token_id, eos_token_id=eos_token_id, top_k=None, **sampling)
+        out = target.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=args.max_new_tokens,
+            pad_token_id=pad_token_id,
+            eos_token_id=eos_token_id,
+            top_k=None,
+            **sampling,
+        )
     return [_reply(row, eos_token_id) for row in out[:, width:].tolist()]
 
 
 def _settings(target, prompts: list[list[int]], args: RegenerationArguments) -> dict:
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
-    return {**asdict(args), "num_prompts": len(prompts), "prompts_sha256": digest,
-            "target": getattr(target.config, "_name_or_path", None)}
+    return {
+        **asdict(args),
+        "num_prompts": len(prompts),
+        "prompts_sha256": digest,
+        "target": getattr(target.config, "_name_or_path", None),
+    }
 
 
 def _write_shard(path: Path, records: list[dict]) -> None:
@@ -120,8 +146,9 @@ def _write_shard(path: Path, records: list[dict]) -> None:
     os.replace(temporary, path)  # a shard is there whole or not at all
 
 
-def regenerate(target, tokenizer, prompts: list[list[int]], output_dir, args: RegenerationArguments,
-               progress_bar: bool = True) -> list[dict]:
+def regenerate(
+    target, tokenizer, prompts: list[list[int]], output_dir, args: RegenerationArguments, progress_bar: bool = True
+) -> list[dict]:
     """Have ``target`` continue every prompt, shard by shard into ``output_dir/regenerated`` (finished shards are kept).
 
     Returns:
@@ -136,8 +163,10 @@ def regenerate(target, tokenizer, prompts: list[list[int]], output_dir, args: Re
     directory = Path(output_dir) / "regenerated"
     settings, settings_file = _settings(target, prompts, args), directory / "settings.json"
     if settings_file.is_file() and json.loads(settings_file.read_text()) != settings:
-        raise ValueError(f"{str(directory)!r} holds responses regenerated with other settings or data ({settings_file.read_text()}); "
-                         "use another --output-dir or delete it")
+        raise ValueError(
+            f"{str(directory)!r} holds responses regenerated with other settings or data ({settings_file.read_text()}); "
+            "use another --output-dir or delete it"
+        )
     state.wait_for_everyone()
     if state.is_main_process:
         directory.mkdir(parents=True, exist_ok=True)
@@ -155,8 +184,18 @@ def regenerate(target, tokenizer, prompts: list[list[int]], output_dir, args: Re
         for start in range(k * size, min((k + 1) * size, len(prompts)), args.batch_size):
             batch = prompts[start : start + args.batch_size]
             replies = generate_replies(target, batch, pad, tokenizer.eos_token_id, args, args.seed + start)
-            records += [{"index": start + i, "prompt_ids": p, "response_ids": r, "prompt": tokenizer.decode(p),
-                         "response": tokenizer.decode(r)} for i, (p, r) in enumerate(zip(batch, replies))]
+            records += [
+                {
+                    "index": start + i,
+                    "prompt_ids": p,
+                    "response_ids": r,
+                    "prompt": tokenizer.decode(p),
+                    "response": tokenizer.decode(r),
+                }
+                for i, (p, r) in enumerate(zip(batch, replies))
+            ]
         _write_shard(path, records)
     state.wait_for_everyone()
-    return [json.loads(line) for path in sorted(directory.glob("shard-*.jsonl")) for line in path.read_text().splitlines()]
+    return [
+        json.loads(line) for path in sorted(directory.glob("shard-*.jsonl")) for line in path.read_text().splitlines()
+    ]

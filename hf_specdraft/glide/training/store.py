@@ -37,24 +37,42 @@ def target_answers(target: PreTrainedModel, input_ids: torch.Tensor, layer_ids: 
     """One frozen-target forward over ``input_ids`` `(B, T)`: a store's tensors for those windows (module docstring)."""
     kv, logits, hidden = target_memory(target, input_ids, with_logits=True, with_hidden=True)
     top = logits.float().softmax(-1).topk(top_k, dim=-1)
-    answers = {"input_ids": input_ids.to(torch.int32), "topk_ids": top.indices.to(torch.int32), "topk_probs": top.values.to(torch.float16),
-               "hidden": hidden.to(torch.bfloat16).contiguous()}
+    answers = {
+        "input_ids": input_ids.to(torch.int32),
+        "topk_ids": top.indices.to(torch.int32),
+        "topk_probs": top.values.to(torch.float16),
+        "hidden": hidden.to(torch.bfloat16).contiguous(),
+    }
     for i in layer_ids:
         answers[f"keys.{i}"] = kv[i][0].to(torch.bfloat16).contiguous()
         answers[f"values.{i}"] = kv[i][1].to(torch.bfloat16).contiguous()
     return answers
 
 
-def compute_store(target: PreTrainedModel, windows: torch.Tensor, layer_ids: list[int], top_k: int = TOP_K,
-                  batch_size: int = 8, progress_bar: bool = True) -> dict[str, torch.Tensor]:
+def compute_store(
+    target: PreTrainedModel,
+    windows: torch.Tensor,
+    layer_ids: list[int],
+    top_k: int = TOP_K,
+    batch_size: int = 8,
+    progress_bar: bool = True,
+) -> dict[str, torch.Tensor]:
     """A store in memory (no shards): :func:`target_answers` over ``windows`` `(N, T)`, ``batch_size`` at a time."""
-    parts = [target_answers(target, windows[i : i + batch_size], layer_ids, top_k)
-             for i in tqdm(range(0, len(windows), batch_size), desc="target answers", unit="batch", disable=not progress_bar)]
+    parts = [
+        target_answers(target, windows[i : i + batch_size], layer_ids, top_k)
+        for i in tqdm(range(0, len(windows), batch_size), desc="target answers", unit="batch", disable=not progress_bar)
+    ]
     return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
 
-def write_store(target: PreTrainedModel, windows: torch.Tensor, output_dir: str | Path, layer_ids: list[int],
-                top_k: int = TOP_K, shard_windows: int = SHARD_WINDOWS) -> Path:
+def write_store(
+    target: PreTrainedModel,
+    windows: torch.Tensor,
+    output_dir: str | Path,
+    layer_ids: list[int],
+    top_k: int = TOP_K,
+    shard_windows: int = SHARD_WINDOWS,
+) -> Path:
     """Run the target over ``windows`` shard by shard into ``output_dir``; shards already there are kept (resume).
 
     Raises:
@@ -62,8 +80,14 @@ def write_store(target: PreTrainedModel, windows: torch.Tensor, output_dir: str 
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"num_windows": int(windows.shape[0]), "seq_len": int(windows.shape[1]), "layer_ids": list(layer_ids), "top_k": top_k,
-            "shard_windows": shard_windows, "target": getattr(target.config, "_name_or_path", None)}
+    meta = {
+        "num_windows": int(windows.shape[0]),
+        "seq_len": int(windows.shape[1]),
+        "layer_ids": list(layer_ids),
+        "top_k": top_k,
+        "shard_windows": shard_windows,
+        "target": getattr(target.config, "_name_or_path", None),
+    }
     meta_file = output_dir / "store.json"
     if meta_file.is_file() and json.loads(meta_file.read_text()) != meta:
         raise ValueError(f"{str(output_dir)!r} holds a store built with other settings: {meta_file.read_text()}")
@@ -83,7 +107,9 @@ def load_store(path: str | Path) -> dict[str, torch.Tensor]:
     """Every finished shard of a store, concatenated along the window axis."""
     shards = sorted(Path(path).glob("shard-*.safetensors"))
     if not shards:
-        raise ValueError(f"{str(path)!r} holds no store shards (build one with write_store, e.g. python -m recipes.distillation)")
+        raise ValueError(
+            f"{str(path)!r} holds no store shards (build one with write_store, e.g. python -m recipes.distillation)"
+        )
     parts = [load_file(str(p)) for p in shards]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
@@ -113,16 +139,23 @@ class StoreWindows(WindowSource):
         ids = self.store["input_ids"]
         if int(ids.max()) >= glide.config.vocab_size or int(ids.min()) < 0:
             raise ValueError(f"the store has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
-        missing = sorted(set(glide.config.target_layer_ids) - set(self.layer_ids)) if glide.config.cross_attention else []
+        missing = (
+            sorted(set(glide.config.target_layer_ids) - set(self.layer_ids)) if glide.config.cross_attention else []
+        )
         if missing:
-            raise ValueError(f"GLIDE reads target layers {missing} but the store holds the keys and values of {self.layer_ids} only: "
-                             "write a store with those layers (write_store's layer_ids)")
+            raise ValueError(
+                f"GLIDE reads target layers {missing} but the store holds the keys and values of {self.layer_ids} only: "
+                "write a store with those layers (write_store's layer_ids)"
+            )
         if glide.config.state_input and "hidden" not in self.store:
-            raise ValueError("GLIDE reads the target's hidden state (state_input=True) but the store holds none: write a new store "
-                             "(write_store keeps it since hf_specdraft 0.2)")
+            raise ValueError(
+                "GLIDE reads the target's hidden state (state_input=True) but the store holds none: write a new store "
+                "(write_store keeps it since hf_specdraft 0.2)"
+            )
 
     def batch(self, target, glide, rows: torch.Tensor, device, with_kv: bool, with_p: bool) -> GlideBatch:
         """Rows ``rows`` `(B,)` of the store on ``device``: KV of the layers GLIDE reads (``with_kv``), top-k p (``with_p``)."""
+
         def take(key: str, dtype: torch.dtype) -> torch.Tensor:
             return self.store[key][rows].to(device=device, dtype=dtype)
 

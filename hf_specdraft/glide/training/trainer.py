@@ -43,7 +43,17 @@ from ...core.validation import check_int, is_int
 from ..model_card import check_license, save_glide_checkpoint
 from .objective import glide_loss, window_source
 
-TRACKERS = ("aim", "tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")  # accelerate's LoggerType
+TRACKERS = (
+    "aim",
+    "tensorboard",
+    "wandb",
+    "trackio",
+    "comet_ml",
+    "mlflow",
+    "clearml",
+    "dvclive",
+    "swanlab",
+)  # accelerate's LoggerType
 CHECKPOINT = "checkpoint-last"  # OUTPUT_DIR/checkpoint-last: the state a restarted run continues from
 
 
@@ -116,21 +126,36 @@ class GlideTrainingArguments:
     def __post_init__(self):
         if not self.output_dir:
             raise ValueError("output_dir must be a non-empty path")
-        for name, least, why in (("max_steps", 1, ""), ("per_device_batch_size", 1, ""), ("logging_steps", 1, ""),
-                                 ("gradient_accumulation_steps", 1, ""), ("save_steps", 0, "0 = never"),
-                                 ("eval_every", 0, "0 = never"), ("seed", 0, ""),
-                                 ("seq_len", 2, "a token and its successor")):
+        for name, least, why in (
+            ("max_steps", 1, ""),
+            ("per_device_batch_size", 1, ""),
+            ("logging_steps", 1, ""),
+            ("gradient_accumulation_steps", 1, ""),
+            ("save_steps", 0, "0 = never"),
+            ("eval_every", 0, "0 = never"),
+            ("seed", 0, ""),
+            ("seq_len", 2, "a token and its successor"),
+        ):
             check_int(name, getattr(self, name), least, what=why)
         rules = {"be > 0": lambda v: v > 0, "be >= 0": lambda v: v >= 0, "lie in [0, 1]": lambda v: 0 <= v <= 1}
-        for name, rule in (("learning_rate", "be > 0"), ("warmup_steps", "be >= 0"), ("weight_decay", "be >= 0"),
-                           ("max_grad_norm", "be > 0"), ("min_lr_ratio", "lie in [0, 1]"),
-                           ("distillation_weight", "lie in [0, 1]"), ("distillation_temperature", "be > 0")):
+        for name, rule in (
+            ("learning_rate", "be > 0"),
+            ("warmup_steps", "be >= 0"),
+            ("weight_decay", "be >= 0"),
+            ("max_grad_norm", "be > 0"),
+            ("min_lr_ratio", "lie in [0, 1]"),
+            ("distillation_weight", "lie in [0, 1]"),
+            ("distillation_temperature", "be > 0"),
+        ):
             if not rules[rule](getattr(self, name)):
                 raise ValueError(f"{name} must {rule}, got {getattr(self, name)}")
         sizes = (self.block_size,) if isinstance(self.block_size, int) else self.block_size
-        if sizes is not None and not (isinstance(sizes, (tuple, list)) and sizes and all(
-                is_int(size) and size >= 1 for size in sizes)):
-            raise ValueError(f"block_size must be None, a positive int or a non-empty tuple of them, got {self.block_size!r}")
+        if sizes is not None and not (
+            isinstance(sizes, (tuple, list)) and sizes and all(is_int(size) and size >= 1 for size in sizes)
+        ):
+            raise ValueError(
+                f"block_size must be None, a positive int or a non-empty tuple of them, got {self.block_size!r}"
+            )
         if isinstance(self.block_size, list):
             self.block_size = tuple(self.block_size)
         if self.unrolled_steps is not None and not (is_int(self.unrolled_steps) and 1 <= self.unrolled_steps <= 8):
@@ -161,9 +186,22 @@ class GlideTrainingArguments:
     def trajectory(self) -> dict:
         """The arguments that decide the trained weights (not where they go, how often they are logged or saved): a run
         resumes only a state written under the same ones."""
-        kept = ("max_steps", "seq_len", "per_device_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay",
-                "warmup_steps", "min_lr_ratio", "max_grad_norm", "block_size", "distillation_weight", "distillation_temperature",
-                "mixed_precision", "seed") + (("unrolled_steps",) if self.unrolled_steps is not None else ())
+        kept = (
+            "max_steps",
+            "seq_len",
+            "per_device_batch_size",
+            "gradient_accumulation_steps",
+            "learning_rate",
+            "weight_decay",
+            "warmup_steps",
+            "min_lr_ratio",
+            "max_grad_norm",
+            "block_size",
+            "distillation_weight",
+            "distillation_temperature",
+            "mixed_precision",
+            "seed",
+        ) + (("unrolled_steps",) if self.unrolled_steps is not None else ())
         return json.loads(json.dumps({name: getattr(self, name) for name in kept}))  # as trainer_state.json holds it
 
     @property
@@ -191,30 +229,42 @@ def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
         )
 
 
-
 def _setup(target, glide, args: GlideTrainingArguments):
-    precision = ("bf16" if torch.cuda.is_available() else "no") if args.mixed_precision == "auto" else args.mixed_precision
+    precision = (
+        ("bf16" if torch.cuda.is_available() else "no") if args.mixed_precision == "auto" else args.mixed_precision
+    )
     logging = {"log_with": args.trackers, "project_dir": str(Path(args.output_dir) / "runs")} if args.trackers else {}
-    accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=args.gradient_accumulation_steps, **logging)
+    accelerator = Accelerator(
+        mixed_precision=precision, gradient_accumulation_steps=args.gradient_accumulation_steps, **logging
+    )
     target.eval().requires_grad_(False)
     if getattr(target, "hf_device_map", None) is None:
         target.to(accelerator.device)
-    trained = [p for p in glide.parameters() if p.requires_grad]  # a frozen part (e.g. the target's embedding rows) stays
+    trained = [
+        p for p in glide.parameters() if p.requires_grad
+    ]  # a frozen part (e.g. the target's embedding rows) stays
     decay = [p for p in trained if p.ndim >= 2]
     no_decay = [p for p in trained if p.ndim < 2]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.learning_rate,
     )
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps, min_lr_rate=args.min_lr_ratio)
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, args.warmup_steps, args.max_steps, min_lr_rate=args.min_lr_ratio
+    )
     glide.train()
     model, optimizer, scheduler = accelerator.prepare(glide, optimizer, scheduler)
     if args.trackers is not None:
-        config = {k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}  # trackers take scalars only
+        config = {
+            k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))
+        }  # trackers take scalars only
         accelerator.init_trackers("train_glide", config=config)
     return accelerator, model, optimizer, scheduler
 
 
-def save_training_state(accelerator: Accelerator, args: GlideTrainingArguments, progress: dict, generator: torch.Generator) -> Path:
+def save_training_state(
+    accelerator: Accelerator, args: GlideTrainingArguments, progress: dict, generator: torch.Generator
+) -> Path:
     """Write ``output_dir/checkpoint-last``: accelerate's state (GLIDE's weights as safetensors, optimizer, scheduler,
     RNG states), each process's window sampler (safetensors) and ``trainer_state.json`` (``progress``: step, tokens,
     the log so far). Written beside it first and swapped in whole, so a kill mid-save leaves the previous one."""
@@ -238,18 +288,25 @@ def save_training_state(accelerator: Accelerator, args: GlideTrainingArguments, 
 
 def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
     """``checkpoint-last`` (or, after a kill between the two renames of a save, ``checkpoint-last.previous``) when resuming."""
-    found = [p for p in (Path(args.output_dir) / CHECKPOINT, Path(args.output_dir) / (CHECKPOINT + ".previous"))
-             if (p / "trainer_state.json").is_file()]
+    found = [
+        p
+        for p in (Path(args.output_dir) / CHECKPOINT, Path(args.output_dir) / (CHECKPOINT + ".previous"))
+        if (p / "trainer_state.json").is_file()
+    ]
     if args.resume is False or (args.resume is None and not found):
         return None
     if not found:
         raise ValueError(f"resume=True but {str(Path(args.output_dir) / CHECKPOINT)!r} holds no saved training state")
-    saved = json.loads((found[0] / "trainer_state.json").read_text()).get("arguments")  # None: saved before they were recorded
+    saved = json.loads((found[0] / "trainer_state.json").read_text()).get(
+        "arguments"
+    )  # None: saved before they were recorded
     changed = sorted(k for k, v in args.trajectory().items() if saved is not None and saved.get(k) != v)
     if changed:
-        raise ValueError(f"{str(found[0])!r} was written with other training arguments ("
-                         + ", ".join(f"{k}: {saved.get(k)!r} then, {getattr(args, k)!r} now" for k in changed)
-                         + "): pass resume=False (--no-resume) or another output_dir to start over")
+        raise ValueError(
+            f"{str(found[0])!r} was written with other training arguments ("
+            + ", ".join(f"{k}: {saved.get(k)!r} then, {getattr(args, k)!r} now" for k in changed)
+            + "): pass resume=False (--no-resume) or another output_dir to start over"
+        )
     return found[0]
 
 
@@ -265,7 +322,9 @@ def load_training_state(accelerator: Accelerator, directory: Path, generator: to
     return json.loads((directory / "trainer_state.json").read_text())
 
 
-def _train_step(accelerator, model, optimizer, scheduler, target, source, generator, block_size, args) -> tuple[dict, int]:
+def _train_step(
+    accelerator, model, optimizer, scheduler, target, source, generator, block_size, args
+) -> tuple[dict, int]:
     """One optimizer step over ``gradient_accumulation_steps`` micro-batches: the mean losses and the tokens seen."""
     glide = accelerator.unwrap_model(model)
     with_kv, with_p = glide.config.cross_attention, args.distillation_weight > 0
@@ -282,7 +341,9 @@ def _train_step(accelerator, model, optimizer, scheduler, target, source, genera
             scheduler.step()
             optimizer.zero_grad()
         for name, value in {"loss": loss.detach(), **parts}.items():
-            totals[name] = totals.get(name, 0.0) + float(accelerator.gather(value[None]).mean()) / args.gradient_accumulation_steps
+            totals[name] = (
+                totals.get(name, 0.0) + float(accelerator.gather(value[None]).mean()) / args.gradient_accumulation_steps
+            )
         tokens += batch.input_ids.numel() * accelerator.num_processes
     return totals, tokens
 
@@ -297,8 +358,15 @@ def _evaluate(accelerator, evaluation, target, model, step: int) -> dict | None:
     return result
 
 
-def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: GlideTrainingArguments, metrics: dict | None = None,
-                evaluation=None, extra_log: dict | None = None) -> dict:
+def train_glide(
+    target: PreTrainedModel,
+    glide: PreTrainedModel,
+    data,
+    args: GlideTrainingArguments,
+    metrics: dict | None = None,
+    evaluation=None,
+    extra_log: dict | None = None,
+) -> dict:
     """Train ``glide`` in place against the frozen ``target`` and write a checkpoint to ``args.output_dir``.
 
     Args:
@@ -322,11 +390,17 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
     if not isinstance(args, GlideTrainingArguments):
         raise TypeError(f"args must be a GlideTrainingArguments, got {type(args).__name__}")
     if evaluation is not None and not callable(evaluation):
-        raise TypeError(f"evaluation must be callable as evaluation(target, glide) or None, got {type(evaluation).__name__}")
+        raise TypeError(
+            f"evaluation must be callable as evaluation(target, glide) or None, got {type(evaluation).__name__}"
+        )
     if args.eval_every and evaluation is None:
-        raise ValueError(f"eval_every={args.eval_every} needs held-out data: pass evaluation (e.g. a HeldOutEvaluation)")
+        raise ValueError(
+            f"eval_every={args.eval_every} needs held-out data: pass evaluation (e.g. a HeldOutEvaluation)"
+        )
     source = window_source(data, glide, args.seq_len)
-    devices = [(m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None]  # where the caller put them
+    devices = [
+        (m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None
+    ]  # where the caller put them
     resume_from = _checkpoint_to_resume(args)
     accelerator, model, optimizer, scheduler = _setup(target, glide, args)
     generator = torch.Generator().manual_seed(args.seed + 1000 * accelerator.process_index)
@@ -335,15 +409,29 @@ def train_glide(target: PreTrainedModel, glide: PreTrainedModel, data, args: Gli
         progress = {**load_training_state(accelerator, resume_from, generator), "arguments": args.trajectory()}
         progress["resumed_from_step"] = progress["step"]
     progress = _run(accelerator, model, optimizer, scheduler, target, source, generator, args, evaluation, progress)
-    log = {"steps": progress["steps"], "train_seconds": round(progress["seconds"], 2), "processes": accelerator.num_processes,
-           "mixed_precision": accelerator.mixed_precision, "arguments": asdict(args), "train_tokens_available": source.tokens,
-           **({"eval": progress["evaluations"][-1], "evaluations": progress["evaluations"]} if progress["evaluations"] else {}),
-           **({"resumed_from_step": progress["resumed_from_step"]} if progress.get("resumed_from_step") else {}), **(extra_log or {})}
+    log = {
+        "steps": progress["steps"],
+        "train_seconds": round(progress["seconds"], 2),
+        "processes": accelerator.num_processes,
+        "mixed_precision": accelerator.mixed_precision,
+        "arguments": asdict(args),
+        "train_tokens_available": source.tokens,
+        **(
+            {"eval": progress["evaluations"][-1], "evaluations": progress["evaluations"]}
+            if progress["evaluations"]
+            else {}
+        ),
+        **({"resumed_from_step": progress["resumed_from_step"]} if progress.get("resumed_from_step") else {}),
+        **(extra_log or {}),
+    }
     if accelerator.is_main_process:
         save_checkpoint(accelerator.unwrap_model(model), target, log, args, metrics)
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    for module, device in devices:  # accelerate trained on its device (a visible GPU): hand both back where they came from
+    for (
+        module,
+        device,
+    ) in devices:  # accelerate trained on its device (a visible GPU): hand both back where they came from
         module.to(device)
     glide.eval()
     return log
@@ -353,16 +441,37 @@ def _run(accelerator, model, optimizer, scheduler, target, source, generator, ar
     """The loop from ``progress["step"] + 1`` to ``max_steps``: train, log, evaluate, save ``checkpoint-last``."""
     start = time.time() - progress["seconds"]
     block_sizes = args.block_sizes(accelerator.unwrap_model(model).config.block_size)
-    bar = tqdm(range(progress["step"] + 1, args.max_steps + 1), desc="train GLIDE", initial=progress["step"], total=args.max_steps,
-               disable=not (args.progress_bar and accelerator.is_main_process))
+    bar = tqdm(
+        range(progress["step"] + 1, args.max_steps + 1),
+        desc="train GLIDE",
+        initial=progress["step"],
+        total=args.max_steps,
+        disable=not (args.progress_bar and accelerator.is_main_process),
+    )
     for step in bar:
-        totals, tokens = _train_step(accelerator, model, optimizer, scheduler, target, source, generator,
-                                     block_sizes[step % len(block_sizes)], args)
+        totals, tokens = _train_step(
+            accelerator,
+            model,
+            optimizer,
+            scheduler,
+            target,
+            source,
+            generator,
+            block_sizes[step % len(block_sizes)],
+            args,
+        )
         progress["tokens"] += tokens
         bar.set_postfix(loss=f"{totals['loss']:.3f}")
         if step % args.logging_steps == 0 or step in (1, args.max_steps):
-            progress["steps"].append({"step": step, **{k: round(v, 4) for k, v in totals.items()}, "lr": scheduler.get_last_lr()[0],
-                                      "tokens": progress["tokens"], "seconds": round(time.time() - start, 2)})
+            progress["steps"].append(
+                {
+                    "step": step,
+                    **{k: round(v, 4) for k, v in totals.items()},
+                    "lr": scheduler.get_last_lr()[0],
+                    "tokens": progress["tokens"],
+                    "seconds": round(time.time() - start, 2),
+                }
+            )
             accelerator.log({f"train/{k}": v for k, v in progress["steps"][-1].items() if k != "step"}, step=step)
         if evaluation is not None and args.eval_every and (step % args.eval_every == 0 or step == args.max_steps):
             result = _evaluate(accelerator, evaluation, target, model, step)
@@ -382,8 +491,13 @@ def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metr
     ``checkpoint-last/``, the ``regenerated/`` data and the tracker ``runs/`` stay local)."""
     output_dir = Path(args.output_dir)
     base_model = getattr(target.config, "_name_or_path", None) or glide.config.target_name_or_path
-    card_info = {"dataset": args.dataset_name, "metrics": metrics, "training_log": log, "repo_id": args.hub_model_id,
-                 "license": args.license}
+    card_info = {
+        "dataset": args.dataset_name,
+        "metrics": metrics,
+        "training_log": log,
+        "repo_id": args.hub_model_id,
+        "license": args.license,
+    }
     save_glide_checkpoint(glide, output_dir, target_name=base_model, card_info=card_info)
     (output_dir / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if args.push_to_hub:

@@ -70,24 +70,32 @@ def unrolled_passes(model, batch: GlideBatch, steps: int) -> Iterator[tuple[int,
     state = None
     if config.state_input:
         if batch.target_hidden is None:
-            raise ValueError("a GLIDE built with state_input=True trains on the target's hidden states: the batch has none "
-                             "(a store written before they were kept, or a window source that does not compute them)")
+            raise ValueError(
+                "a GLIDE built with state_input=True trains on the target's hidden states: the batch has none "
+                "(a store written before they were kept, or a window source that does not compute them)"
+            )
         state = shifted(batch.target_hidden.to(dtype))
     cache = DynamicCache(config=config) if config.state_input and config.self_attention else None
     for k in range(1, steps + 1):
         start = index - k + 1
         kwargs = {}
         if config.cross_attention and batch.target_past_key_values is not None:
-            kwargs = {"target_past_key_values": batch.target_past_key_values,
-                      "target_attention_mask": glimpse_mask(length, k, dtype, device)}
+            kwargs = {
+                "target_past_key_values": batch.target_past_key_values,
+                "target_attention_mask": glimpse_mask(length, k, dtype, device),
+            }
         positions = index if config.self_attention else (start - 1).clamp(min=0)  # assistant layout: h_{t-1}'s position
         if cache is not None:
             kwargs.update(cache=cache, use_cache=True, attention_mask=self_attention_mask(length, k, dtype, device))
         else:
             kwargs["use_cache"] = False
-        out = model(input_ids=ids, position_ids=positions[None].expand(batch_size, -1), draft_rows=True,
-                    target_hidden_states=state, **kwargs)
+        out = model(
+            input_ids=ids,
+            position_ids=positions[None].expand(batch_size, -1),
+            draft_rows=True,
+            target_hidden_states=state,
+            **kwargs,
+        )
         yield k, out.logits, start >= 1
         if config.state_input:
             state = shifted(out.draft_state)
-
