@@ -1,5 +1,5 @@
-"""Every method against target-only greedy on one target, wherever that target lives: split by tensor parallelism over
-torchrun ranks (``tests/tp_worker.py``) or spread over CPU and disk by ``device_map="auto"`` (``tests/test_device_map.py``).
+"""Every method against target-only greedy on one target, wherever it lives: split by tensor parallelism over torchrun
+ranks (``tests/tp_worker.py``) or spread over CPU and disk by ``device_map="auto"`` (``tests/test_device_map.py``).
 
 :func:`lossless_checks` returns ``{check: {"ok": bool, "tokens": [...], "detail": str}}``: plain data, so a worker
 process can hand it to the parent test as JSON.
@@ -66,7 +66,7 @@ class StateCountingDrafter(DraftModelCandidateGenerator):
 
 
 def greedy_drafters(glide, draft, x: torch.LongTensor, vocab: int) -> dict:
-    """name -> a zero-argument builder of a fresh drafter: every method with its default options (γ "auto" where it has it)."""
+    """name -> a zero-argument builder of a fresh drafter: every method, default options (γ "auto" where it has it)."""
     table = torch.arange(vocab).roll(1)  # a bigram table for Max-Gram's fallback (random targets repeat little)
     return {
         "draft-model": lambda: DraftModelCandidateGenerator(draft),

@@ -1,4 +1,4 @@
-"""The paper's acceptance rate α (Du et al. 2024, §5.1 after Leviathan et al. 2023): 1 - TV(p, q) per judged position."""
+"""Acceptance rate α (Du et al. 2024, §5.1 after Leviathan et al. 2023): 1 - TV(p, q) per judged position."""
 
 from __future__ import annotations
 

@@ -100,19 +100,20 @@ OVERRIDES = {
 }
 
 TREES = """
-afmoe apertus apertus1p5_text arcee aria_text bart beam bert bert-generation big_bird biogpt bitnet blenderbot blenderbot-small codegen cohere cohere2
-cohere2_moe ctrl cwm diffllama doge electra emu3 ernie ernie4_5 exaone exaone4 falcon flex_olmo flint fuyu gemma gemma2 gemma3_text
-gemma4_unified gemma4_unified_text glm glm4 gpt-sw3 gpt2 gpt_bigcode gpt_neox gpt_neox_japanese gpt_oss gptj granite granite_swa
-granitemoe granitemoe_swa granitemoeshared helium hunyuan_v1_dense hunyuan_v1_moe hyperclovax internlm3 iquestcoder jais2 jetmoe llama
-llama4 llama4_text marian mbart megatron-bert minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral mllama
-modernbert-decoder moshi mvp nanochat nemotron olmo olmo2 olmo3 olmoe opt pegasus persimmon phi phi3 phimoe plbart qwen2 qwen2_moe
-qwen3 qwen3_moe rembert roformer sarvam_moe seed_oss smollm3 stablelm starcoder2 trocr vaultgemma whisper xglm
+afmoe apertus apertus1p5_text arcee aria_text bart beam bert bert-generation big_bird biogpt bitnet blenderbot
+blenderbot-small codegen cohere cohere2 cohere2_moe ctrl cwm diffllama doge electra emu3 ernie ernie4_5 exaone exaone4
+falcon flex_olmo flint fuyu gemma gemma2 gemma3_text gemma4_unified gemma4_unified_text glm glm4 gpt-sw3 gpt2
+gpt_bigcode gpt_neox gpt_neox_japanese gpt_oss gptj granite granite_swa granitemoe granitemoe_swa granitemoeshared
+helium hunyuan_v1_dense hunyuan_v1_moe hyperclovax internlm3 iquestcoder jais2 jetmoe llama llama4 llama4_text marian
+mbart megatron-bert minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral mllama modernbert-decoder moshi
+mvp nanochat nemotron olmo olmo2 olmo3 olmoe opt pegasus persimmon phi phi3 phimoe plbart qwen2 qwen2_moe qwen3
+qwen3_moe rembert roformer sarvam_moe seed_oss smollm3 stablelm starcoder2 trocr vaultgemma whisper xglm
 """.split()
 CHAINS = "bloom lfm2 mpt".split()  # ALiBi, convolution layers (Falcon with alibi=True: tests/test_support.py)
 REFUSED = """
-bailing_hybrid camembert cpmant data2vec-text deepseek_v4 dory falcon_h1 falcon_mamba inkling2_loop_text jamba lara_mini mamba minimax
-olmo_hybrid openai-gpt prophetnet
-qwen3_5 qwen3_5_text recurrent_gemma reformer roberta roberta-prelayernorm rwkv xlm xlm-roberta xlm-roberta-xl xlstm
+bailing_hybrid camembert cpmant data2vec-text deepseek_v4 dory falcon_h1 falcon_mamba inkling2_loop_text jamba lara_mini
+mamba minimax olmo_hybrid openai-gpt prophetnet qwen3_5 qwen3_5_text recurrent_gemma reformer roberta
+roberta-prelayernorm rwkv xlm xlm-roberta xlm-roberta-xl xlstm
 """.split()
 _NOT_TINY = (
     "no generic tiny config: MoE experts, a vision or audio tower or a large vocabulary keep it above 5M parameters"
@@ -122,9 +123,9 @@ _MLA = "multi-head latent attention: the generic tiny sizes do not fit its low-r
 SKIPPED = {
     **dict.fromkeys(
         "blt deepseek_v2 deepseek_v32 ernie4_5_moe exaone_moe gemma3 gemma4 git glm4_moe glm4_moe_lite glm_moe_dsa "
-        "got_ocr2 hy_v3 hy_v4 inkling2_text inkling_text kimi_linear kolibri1 laguna longcat_flash mellum mimo_v2_flash "
-        "moss_transcribe_diarize nemotron_h phi4_multimodal qwen3_5_moe qwen3_5_moe_text qwen3_next qwen4_exp "
-        "qwen4_exp_text roc_bert solar_open zaya".split(),
+        "got_ocr2 hy_v3 hy_v4 inkling2_text inkling_text kimi_linear kolibri1 laguna longcat_flash mellum "
+        "mimo_v2_flash moss_transcribe_diarize nemotron_h phi4_multimodal qwen3_5_moe qwen3_5_moe_text qwen3_next "
+        "qwen4_exp qwen4_exp_text roc_bert solar_open zaya".split(),
         _NOT_TINY,
     ),
     **dict.fromkeys(
@@ -136,7 +137,10 @@ SKIPPED = {
         "gemma3n_text gemma4_unified_assistant".split(),
         "KV-sharing layers: the generic tiny config leaves a layer type without its cache",
     ),
-    "gemma4_text": "KV-sharing layers need model-specific tiny sizes: tests/test_gemma4.py builds them (trees, batches, the static path)",
+    "gemma4_text": (
+        "KV-sharing layers need model-specific tiny sizes: tests/test_gemma4.py builds them (trees, batches, the "
+        "static path)"
+    ),
     **dict.fromkeys(
         "musicgen musicgen_melody".split(), "an audio model whose config holds two text configs (encoder and decoder)"
     ),
@@ -147,8 +151,8 @@ SKIPPED = {
     "gemma3n": "needs the timm library for its vision tower",
     "hrm_text": "its recurrent reasoning loop fails in transformers' own generate with the generic sizes",
     "lfm2_moe": "its config fails to build from the generic sizes (layer types); LFM2 itself: tests/test_support.py",
-    "lfm3": "the generic tiny config has only conv layers, where transformers' own generate fails; LFM2: tests/test_support.py",
-    "xlnet": "its config refuses a max_position_embeddings (no sequence length limit) and its forward keeps mems, not a KV cache",
+    "lfm3": "the generic tiny config has only conv layers, where transformers' generate fails (LFM2: test_support.py)",
+    "xlnet": "its config refuses max_position_embeddings (no length limit) and its forward keeps mems, not a KV cache",
     "xmod": "needs a language adapter chosen (set_default_language) before any forward",
 }
 
@@ -219,9 +223,8 @@ def test_grid_names_every_causal_lm():
     assert sum(map(len, (TREES, CHAINS, REFUSED, SKIPPED))) == len(grid), "a model type is classified twice"
     if not ON_5_24:
         grid = {name: status for name, status in grid.items() if name not in ADDED_IN_5_24}
-    assert set(grid) == set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), (
-        f"new: {sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(grid))}, gone: {sorted(set(grid) - set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))}"
-    )
+    mapped = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    assert set(grid) == mapped, f"new: {sorted(mapped - set(grid))}, gone: {sorted(set(grid) - mapped)}"
 
 
 @pytest.mark.parametrize("model_type", sorted(_classified()))

@@ -115,9 +115,9 @@ def test_batched_drafting_drafts_what_each_row_drafts_alone(kind):
 
 @pytest.mark.parametrize("kind", ["glide", "glide+cape"])
 def test_batched_glide_rows_copy_from_their_own_text(arch, kind):
-    """GLIDE's ``copy_from_context`` in a batch: a row whose text's suffix occurred before drafts the copy, as it does at
-    batch 1 (a copy of γ tokens at the first step, every row here: a fixed γ is honoured exactly), and each row stays its
-    own greedy output."""
+    """GLIDE's ``copy_from_context`` in a batch: a row whose text's suffix occurred before drafts the copy, as it does
+    at batch 1 (a copy of γ tokens at the first step, every row here: a fixed γ is honoured exactly), and each row stays
+    its own greedy output."""
     target = tiny_model(arch)
     glide = glide_for(target)
     builders = {

@@ -1,4 +1,4 @@
-"""`hf-specdraft bench --prompts FILE.jsonl`: Spec-Bench's question format, every turn in order, a table per category."""
+"""`hf-specdraft bench --prompts FILE.jsonl`: Spec-Bench's question format, each turn in order, a table per category."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CAPE (Du et al. 2024, §4.2, §5.3-5.4): expansion on hand-built q, lossless greedy decoding, ablation modes, errors."""
+"""CAPE (Du et al. 2024, §4.2, §5.3-5.4): expansion on hand-built q, lossless greedy decoding, ablations, errors."""
 
 from __future__ import annotations
 

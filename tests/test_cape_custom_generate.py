@@ -1,4 +1,4 @@
-"""The checkpoint-shipped CAPE ``custom_generate/`` folder: same expansion as the package, lossless, runs without hf_specdraft."""
+"""The CAPE ``custom_generate/`` folder a checkpoint ships: the package's expansion, lossless, without hf_specdraft."""
 
 from __future__ import annotations
 
@@ -101,8 +101,8 @@ def test_write_custom_generate_keeps_an_existing_model_card(tmp_path):
 
 
 def test_the_shipped_folder_is_made_of_the_core_s_own_files(tmp_path):
-    """No drift: the folder's loop is the core's loop, file for file; only the entry point and the drafter are templates.
-    It holds what generate.py imports, transitively, and nothing else."""
+    """No drift: the folder's loop is the core's loop, file for file; only the entry point and the drafter are
+    templates. It holds what generate.py imports, transitively, and nothing else."""
     import hf_specdraft.core.loop
     from hf_specdraft.cape.packaging import sibling_imports
 
@@ -145,7 +145,7 @@ COMMON = COMMON_CONFIG
 
 
 class ExpansionOracle:
-    """Chain right up to position 1, wrong there with the right token second in q: ends every path in an expansion token."""
+    """Right up to position 1, wrong there with the right token second in q: every path ends in an expansion token."""
     def __init__(self, reference):
         self.reference = reference[0]
     def propose(self, input_ids, target_cache, num_tokens):
@@ -169,7 +169,8 @@ for arch, cls in CONFIGS.items():
     target = AutoModelForCausalLM.from_config(cls(**COMMON)).eval()
     x = torch.randint(0, COMMON["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(1))
     ref = target.generate(x, max_new_tokens=24, do_sample=False)
-    run = lambda **kw: target.generate(input_ids=x, custom_generate=CKPT, trust_remote_code=True, max_new_tokens=24, **kw)
+    run = lambda **kw: target.generate(
+        input_ids=x, custom_generate=CKPT, trust_remote_code=True, max_new_tokens=24, **kw)
     draft = AutoModelForCausalLM.from_pretrained(CKPT)
     oracle = OracleDraft(draft.config).eval()
     oracle.reference = ref
@@ -180,14 +181,16 @@ for arch, cls in CONFIGS.items():
     results[arch] = {
         "explicit_draft": torch.equal(run(assistant_model=draft), ref),
         "draft_from_checkpoint": torch.equal(run(), ref),
-        "perfect_draft": arch != "llama" or torch.equal(run(assistant_model=target, num_draft_tokens=3), ref),  # once is enough
+        # one architecture is enough
+        "perfect_draft": arch != "llama" or torch.equal(run(assistant_model=target, num_draft_tokens=3), ref),
         "forced_expansion": torch.equal(forced, ref),
         "target_forwards": len(calls),
     }
 torch.manual_seed(0)  # a Mistral with a 6-token sliding window, generating past it through the folder
 windowed = AutoModelForCausalLM.from_config(MistralConfig(**{**COMMON, "sliding_window": 6})).eval()
 results["mistral_past_window"] = torch.equal(
-    windowed.generate(input_ids=x, custom_generate=CKPT, trust_remote_code=True, max_new_tokens=24, assistant_model=draft),
+    windowed.generate(
+        input_ids=x, custom_generate=CKPT, trust_remote_code=True, max_new_tokens=24, assistant_model=draft),
     windowed.generate(x, max_new_tokens=24, do_sample=False))
 results["imported"] = sorted(m for m in sys.modules if m.startswith("hf_specdraft"))
 try:

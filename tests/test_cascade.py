@@ -94,7 +94,7 @@ def test_draft_equal_to_target_is_fully_accepted():
 
 
 def test_auto_caps_the_cascade_every_step(arch):
-    """num_draft_tokens='auto' (the default): the loop's controller caps what the cascade proposes, up to row 0's sum."""
+    """num_draft_tokens='auto' (the default): the loop's controller caps the cascade's proposal, up to row 0's sum."""
     from hf_specdraft.core.controller import forget
 
     target, big, _, x, ref = models(arch)

@@ -1,4 +1,5 @@
-"""CASD (context-aware speculative decoding): retrieval from the context pool, strict = lossless, conditional verification, errors."""
+"""CASD (context-aware speculative decoding): retrieval from the context pool, strict = lossless, conditional
+verification, errors."""
 
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ def test_ids_beyond_uint16():
 
 
 def reference_tree(rows, max_nodes):
-    """A dict trie, ranked by (frequency desc, depth, lexicographic), ordered by (depth, frequency desc, lexicographic)."""
+    """A dict trie, ranked by (frequency desc, depth, path), ordered by (depth, frequency desc, path); paths compare
+    lexicographically."""
     count = {}
     for row in rows.tolist():
         for d in range(len(row)):

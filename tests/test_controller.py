@@ -428,8 +428,8 @@ def measured(controller: DraftLengthController, cost) -> DraftLengthController:
 
 
 def test_a_draft_stops_on_its_confidence():
-    """keep_drafting: confident tokens draft on where the cost curve is flat; a doubtful one stops the draft; a steep curve
-    stops even a confident draft early."""
+    """keep_drafting: confident tokens draft on where the cost curve is flat; a doubtful one stops the draft; a steep
+    curve stops even a confident draft early."""
     flat = measured(DraftLengthController(8), lambda n: 0.030)
     assert flat.choose() == 8  # the cap; the draft itself decides where to stop
     assert flat.keep_drafting([0.95]) and flat.keep_drafting([0.95] * 5)
@@ -596,8 +596,8 @@ def test_a_width_timed_once_is_not_read_above_the_curve():
 
 
 class ChainOracle(DraftModelCandidateGenerator):
-    """A chain drafter that goes through ``draft_chain`` (so its drafts stop on confidence) and costs next to nothing: it
-    drafts the target's greedy continuation ``reference`` (``shift=0``: always accepted) or each of its tokens + 1
+    """A chain drafter that goes through ``draft_chain`` (so its drafts stop on confidence) and costs next to nothing:
+    it drafts the target's greedy continuation ``reference`` (``shift=0``: always accepted) or each of its tokens + 1
     (``shift=1``: never accepted), at probability 0.9."""
 
     def __init__(self, target, reference, shift: int):

@@ -119,7 +119,7 @@ def test_shipped_drafters_are_small_bf16_and_name_their_target():
 
     total = sum(f.stat().st_size for f in SMOLLM2_DRAFTERS_DIR.rglob("*") if f.is_file())
     # 45 MiB for GLIDE, its twin (8,192 draft ids each: 2,048 of them for the natural language a chat target writes) and
-    # the small draft; 16 more for glide_assistant, the variant vLLM serves (untied: input rows the target's, head trained)
+    # the small draft; 16 more for glide_assistant, the variant vLLM serves (untied: target input rows, trained head)
     assert total <= 61 * 2**20, f"shipped drafters take {total / 2**20:.1f} MiB (at most 61)"
     for kind in SHIPPED:
         config = GlideConfig.from_pretrained(SMOLLM2_DRAFTERS_DIR / kind)
@@ -436,7 +436,7 @@ def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
 
 
 def test_the_fixed_grid_rows_run_and_the_report_weighs_auto_against_them(tiny_default, tmp_path):
-    """The default calls' grid: auto rows beside fixed γ and CAPE budgets, lossless; the report's line of auto / best fixed."""
+    """The default calls' grid: auto rows beside fixed γ and CAPE budgets, lossless; the report's auto / best fixed."""
     import benchmarks.methods  # noqa: F401  (registers the fixed grid: the lab's rows)
     from benchmarks.report.render import auto_against_fixed, auto_line, render
     from hf_specdraft.bench import BenchConfig, run_bench

@@ -45,8 +45,8 @@ def assistant_glide(target, **overrides) -> GlideForCausalLM:
 
 @pytest.fixture
 def all_layers_shared(monkeypatch):
-    """transformers 5.23 refuses an all-shared Gemma 4 text config in kv_sharing_modes (docs/architectures.md): an assistant
-    reads every layer's KV from its target."""
+    """transformers 5.23 refuses an all-shared Gemma 4 text config in kv_sharing_modes (docs/architectures.md): an
+    assistant reads every layer's KV from its target."""
     modes = Gemma4TextConfig.kv_sharing_modes
     monkeypatch.setattr(
         Gemma4TextConfig,
@@ -65,8 +65,8 @@ def all_layers_shared(monkeypatch):
 @pytest.mark.parametrize("layers", [1, 2])
 def test_the_export_computes_what_glide_computes_from_vllms_inputs(draft_vocab, layers, tmp_path, all_layers_shared):
     """The layout's forward (transformers' module as its reference) on the inputs vLLM builds gives GLIDE's next state
-    and logits; with a reduced head, vLLM's suppression of the excluded ids leaves every draft, greedy or sampled, inside
-    GLIDE's draft vocabulary."""
+    and logits; with a reduced head, vLLM's suppression of the excluded ids leaves every draft, greedy or sampled,
+    inside GLIDE's draft vocabulary."""
     target = tiny_model("llama")
     glide = assistant_glide(
         target, num_hidden_layers=layers, target_layer_ids=[1] * layers, draft_token_ids=draft_vocab
@@ -196,7 +196,7 @@ def test_the_weights_file_holds_only_the_layouts_tensors(tmp_path):
 
 
 def saved_assistant_glide(target, path, **overrides):
-    """An exportable GLIDE saved to ``path`` and loaded back, as a trained one is exported (its name is its directory)."""
+    """An exportable GLIDE saved to ``path`` and loaded back, as a trained one is exported (named by its directory)."""
     assistant_glide(target, **overrides).save_pretrained(path)
     return GlideForCausalLM.from_pretrained(path).eval()
 

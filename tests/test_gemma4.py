@@ -1,5 +1,5 @@
-"""Gemma 4 targets (KV-shared layers, per-layer inputs, sliding and full layer types) and Gemma 4's assistant drafters in
-the loop, on tiny random configs.
+"""Gemma 4 targets (KV-shared layers, per-layer inputs, sliding and full layer types) and Gemma 4's assistant drafters
+in the loop, on tiny random configs.
 
 transformers 5.23 needs two workarounds to build the tiny pair: the assistant's
 all-shared text config raises in ``kv_sharing_modes`` (patched here to report every layer ``"reuse"``), and a KV-shared
@@ -42,7 +42,7 @@ def text_config(window: int, **overrides) -> Gemma4TextConfig:
 
 
 def gemma4_target(window: int = 8, seed: int = 0):
-    """4 layers, sliding and full in turn, the last two reading the first two's keys and values (DummyLayer in the cache)."""
+    """4 layers, sliding and full in turn, the last two reading the first two's KV (a DummyLayer in the cache)."""
     torch.manual_seed(seed)
     config = text_config(
         window,

@@ -509,7 +509,7 @@ def test_glide_with_every_cape_mode_is_lossless(arch, mode, tmp_path):
 
 
 def test_glide_tree_scorer_equals_chain_drafting():
-    """q of every beam node equals GLIDE's q for that path drafted as a chain: tree mask, positions and glimpse agree."""
+    """q of each beam node equals GLIDE's q for that path drafted as a chain: tree mask, positions and glimpse agree."""
     from hf_specdraft.cape import CapeCandidateGenerator
 
     target = tiny_model("llama")

@@ -146,8 +146,12 @@ FRESH_PROCESS = textwrap.dedent(
     def run(arch, target):
         # the call under test; also returns the cache object of every target forward
         caches = []
-        hook = target.register_forward_pre_hook(lambda m, args, kwargs: caches.append(kwargs.get("cache", kwargs.get("past_key_values"))), with_kwargs=True)
-        out = target.generate(input_ids=x, custom_generate=arch + "_glide", trust_remote_code=True, max_new_tokens=MAX_NEW_TOKENS)
+        hook = target.register_forward_pre_hook(
+            lambda m, args, kwargs: caches.append(kwargs.get("cache", kwargs.get("past_key_values"))), with_kwargs=True
+        )
+        out = target.generate(
+            input_ids=x, custom_generate=arch + "_glide", trust_remote_code=True, max_new_tokens=MAX_NEW_TOKENS
+        )
         hook.remove()
         return out, caches
 
@@ -157,7 +161,10 @@ FRESH_PROCESS = textwrap.dedent(
         target = AutoModelForCausalLM.from_pretrained(arch + "_target").eval()
         reference = target.generate(x, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
         first, _ = run(arch, target)  # loads GLIDE from the checkpoint
-        cape_draft = [m for name, m in sys.modules.items() if name.startswith("transformers_modules") and name.endswith(".cape_draft")]
+        cape_draft = [
+            m for name, m in sys.modules.items()
+            if name.startswith("transformers_modules") and name.endswith(".cape_draft")
+        ]
         module = next(m for m in cape_draft if any(key[0] == arch + "_glide" for key in m._LOADED_DRAFTS))
         glide = next(draft for key, draft in module._LOADED_DRAFTS.items() if key[0] == arch + "_glide")
         drafter_class = module.CausalLMDrafter
@@ -283,7 +290,7 @@ def _word_tokenizer(directory):
 
 
 def test_model_card_snippet_runs_as_written(checkpoints):
-    """The README's python block, with the Hub ids pointed at the local checkpoints, in a process without hf_specdraft."""
+    """The README's python block, its Hub ids pointed at the local checkpoints, in a process without hf_specdraft."""
     arch = HUB_ARCHITECTURES[0]
     _word_tokenizer(checkpoints / f"{arch}_target")
     card = (checkpoints / f"{arch}_glide" / "README.md").read_text()

@@ -1,5 +1,5 @@
 """`hf-specdraft train-glide --dataset ... --regenerate --eval-every N` end to end on a tiny target: chat and
-text datasets, the target writing the replies (Du et al. 2024, Appendix B), held-out α on the card, resume after a kill."""
+text datasets, replies by the target (Du et al. 2024, Appendix B), held-out α on the card, resume after a kill."""
 
 from __future__ import annotations
 

@@ -102,16 +102,16 @@ def test_a_warm_started_drafter_extends_its_vocabulary_and_keeps_its_trained_row
     assert torch.allclose(
         rows[16:-1], target.get_input_embeddings().weight[extra[16:]], atol=1e-4
     )  # new ids: the target's rows
-    # every id maps to its own row in the grown vocabulary, ids outside it to the last: not the shipped map, which sent the
-    # new ids to row 16 (the first new id's), so the draft read and predicted them all as that one token
+    # every id maps to its own row in the grown vocabulary, ids outside it to the last: not the shipped map, which sent
+    # the new ids to row 16 (the first new id's), so the draft read and predicted them all as that one token
     expected = torch.full((target.config.vocab_size,), len(extra), dtype=torch.long)
     expected[torch.tensor(extra)] = torch.arange(len(extra))
     assert torch.equal(grown.model.target_to_draft, expected)
 
 
 def test_the_gpu_recipe_trains_a_state_glide_on_windows_the_target_runs_over(tmp_path, monkeypatch):
-    """benchmarks/gpu/train_default.py's path: no store (the target runs every step), the state GLIDE warm-started from a
-    plain one, whose reduced vocabulary it keeps; each checkpoint comes back as a tar cut into parts that join again."""
+    """benchmarks/gpu/train_default.py's path: no store (the target runs every step), the state GLIDE warm-started from
+    a plain one, whose reduced vocabulary it keeps; each checkpoint comes back as a tar cut into parts that rejoin."""
     import tarfile
 
     from benchmarks.gpu import train_default

@@ -65,7 +65,7 @@ def trained_state_glide(target, layout: str, output_dir) -> GlideForCausalLM:
 
 
 def state_at(target, text: torch.Tensor, t: int) -> tuple[DynamicCache, TargetState]:
-    """The target's cache and last hidden states over ``text[:, :t]``, as the loop hands them when x_t is the newest token."""
+    """The target's cache and last hidden states over ``text[:, :t]``, as the loop hands them when x_t is newest."""
     cache = DynamicCache(config=target.config)
     with torch.no_grad():
         out = target(text[:, :t], **with_cache(target, cache), use_cache=True, output_hidden_states=True)
@@ -79,8 +79,8 @@ def state_at(target, text: torch.Tensor, t: int) -> tuple[DynamicCache, TargetSt
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_unrolled_passes_give_the_drafts_of_every_step_in_the_loop(layout):
-    """Pass k at position j is draft step k of the draft that starts at j - k + 1: same q, with the glimpse, the target's
-    state at step 1 and the draft's own after, and (with self-attention) the cache the drafter keeps."""
+    """Pass k at position j is draft step k of the draft that starts at j - k + 1: same q, with the glimpse, the
+    target's state at step 1 and the draft's own after, and (with self-attention) the cache the drafter keeps."""
     target = tiny_model("llama")
     glide = make_state_glide(target, layout)
     text = greedy_text(target)
@@ -172,7 +172,7 @@ def test_state_glide_is_lossless_on_the_static_path_and_under_cape(layout, tmp_p
 @pytest.mark.slow
 def test_state_glide_samples_losslessly_within_noise(tmp_path):
     """Under sampling each drafted token carries the q it was drawn from. The loop's first step has no state to draft
-    from, so the second token is the first one drafted: its marginal follows the target's (chi-square over 400 draws)."""
+    from, so the second token is the first one drafted: its marginal follows the target's (chi-square, 400 draws)."""
     from test_sampling import P_VALUE, chi_square_p, first_two_joint
 
     target = tiny_model("llama")
@@ -226,8 +226,8 @@ def test_state_glide_trains_from_a_store_and_resumes_after_a_kill(tmp_path, monk
 
 @pytest.mark.slow  # trains several times (the default suite stays within five minutes)
 def test_unrolled_training_learns_the_second_step(tmp_path):
-    """Two unrolled steps teach the second draft step (its own state as input): its cross-entropy on the next tokens ends
-    lower than after training the first step alone, the same data, steps and seed."""
+    """Two unrolled steps teach the second draft step (its own state as input): its cross-entropy on the next tokens
+    ends lower than after training the first step alone, the same data, steps and seed."""
     from hf_specdraft.glide.training.objective import glide_loss
     from test_glide_training import periodic_stream
 
@@ -311,7 +311,7 @@ def test_state_glide_round_trips_through_save_pretrained(tmp_path):
 
 @pytest.mark.parametrize("layout", [None, *LAYOUTS])
 def test_copying_from_the_context_is_lossless_and_copies(layout, tmp_path):
-    """``copy_from_context``: where the text's suffix occurred before, the continuation is drafted instead of GLIDE's chain."""
+    """``copy_from_context``: where the text's suffix occurred before, its continuation is drafted, not GLIDE's."""
     target = tiny_model("llama")
     glide = (
         make_state_glide(target, layout)

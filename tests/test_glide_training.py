@@ -242,7 +242,7 @@ def test_train_glide_cli_names_a_missing_path_in_one_line(args, message, tmp_pat
 
 def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
     """A GLIDE over a reduced vocabulary (draft_token_ids) scores labels outside it as its last row, and p's mass there,
-    instead of the ~1e38 cross-entropy and infinite KL that its target-vocabulary logits (the dtype's minimum there) gave."""
+    instead of the ~1e38 cross-entropy and infinite KL from its target-vocabulary logits (the dtype's minimum there)."""
 
     from hf_specdraft.glide.training.objective import GlideBatch, glide_loss, target_memory
 

@@ -129,7 +129,7 @@ def test_the_static_cache_compiled_with_cuda_graphs_is_lossless_in_fp32(method):
 
 
 class HostOracle(OracleDrafter):
-    """The conftest oracle, reading the ids on the host (its reference stays there; the tree it returns is host data)."""
+    """The conftest oracle, reading ids on the host (its reference stays there; the tree it returns is host data)."""
 
     def propose(self, input_ids, target_cache=None):
         return super().propose(input_ids.cpu(), target_cache)
@@ -243,8 +243,8 @@ def test_cuda_graphs_for_a_left_padded_batch_of_four(cudagraphs):
 @pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
 @pytest.mark.parametrize("state_input", [False, True])
 def test_glide_trains_on_cuda_to_a_finite_loss(tmp_path, mixed_precision, state_input):
-    """train_glide on CUDA, the target run every step (the GPU recipe's path; bf16 is what ``mixed_precision="auto"`` picks
-    there): GLIDE's glimpse masks leave a row with nothing to see at position 0, which must not turn into NaN."""
+    """train_glide on CUDA, the target run every step (the GPU recipe's path; bf16 is what ``mixed_precision="auto"``
+    picks there): GLIDE's glimpse masks leave a row with nothing to see at position 0, which must not turn into NaN."""
     from accelerate.state import AcceleratorState
 
     from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide

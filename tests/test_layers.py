@@ -1,5 +1,5 @@
-"""The import contract: the core imports no method, each method package only the core, composition sits above; no cycles;
-and the library never imports the lab beside it (``benchmarks/``, ``recipes/``).
+"""The import contract: the core imports no method, each method package only the core, composition sits above; no
+cycles; and the library never imports the lab beside it (``benchmarks/``, ``recipes/``).
 
 Every ``import`` / ``from ... import`` in hf_specdraft (function-level ones included) is resolved to the
 package or core module it reaches; an arrow from a lower layer to a higher one, or between two methods,
@@ -106,8 +106,8 @@ def lab_imports(path: Path) -> set[str]:
 
 
 def test_the_package_never_imports_the_lab():
-    """The library is what users run, the lab lives beside it: benchmarks/ and recipes/ import hf_specdraft; nothing in hf_specdraft imports them (they are not
-    installed with it)."""
+    """The library is what users run, the lab lives beside it: benchmarks/ and recipes/ import hf_specdraft; nothing in
+    hf_specdraft imports them (they are not installed with it)."""
     found = {str(p.relative_to(PACKAGE.parent)): lab_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
     found = {path: names for path, names in found.items() if names}
     assert not found, "the package imports the lab:\n" + "\n".join(
@@ -426,7 +426,7 @@ def test_the_step_sees_one_kind_of_drafter():
 
 
 def test_a_drafter_with_compile_draft_declares_it():
-    """The loop compiles a drafter's draft where its traits say it can (``compiles_draft``), so every drafter class in the
+    """The loop compiles a drafter's draft where its traits allow (``compiles_draft``), so every drafter class in the
     package that has ``compile_draft`` declares it (CAPE: where its wrapped drafter does), and none that lacks it."""
     import hf_specdraft.cape  # noqa: F401  (every method's drafters, loaded)
     import hf_specdraft.cascade  # noqa: F401

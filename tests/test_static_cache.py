@@ -254,7 +254,7 @@ def test_a_draft_model_compiles_too_and_never_recompiles_after_warm_up(arch):
 
 @pytest.mark.parametrize("arch", COMPILED_ARCHITECTURES)
 def test_glide_compiles_with_its_glimpse_of_the_static_target_cache(arch):
-    """GLIDE's feeds on a static cache of its own, its cross-attention reading the target's whole buffers under a mask."""
+    """GLIDE's feeds on a static cache of its own, its cross-attention reading all the target's buffers under a mask."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -392,7 +392,7 @@ class _Row:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bucket_inputs_edited_step_to_step_equal_inputs_built_afresh(dtype):
     """core/static_cache: a bucket's mask, ids, positions and write columns, edited from the last step (text grown,
-    a new tree block, a slot finishing, a new call's shorter rows), equal what a fresh buffer builds for the same step."""
+    a new tree block, a slot finishing, a new call's shorter rows), equal what a fresh buffer builds for that step."""
     from hf_specdraft.core.static_cache import BucketInputs
 
     chain, tree = DraftTree([5, 6, 7], [-1, 0, 1]), DraftTree([8, 9, 10, 11], [-1, -1, 0, 1])

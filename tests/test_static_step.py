@@ -180,7 +180,7 @@ def batch_of_four():
     ids=["chain-eager", "chain-compiled", "tree-eager", "tree-compiled"],
 )
 def test_one_read_back_a_step(drafter, compile_config):
-    """Greedy chains (a draft model, γ = 3, its tokens left on the device) and trees (host tokens), batch 1 and 4: after the
+    """Greedy chains (a draft model, γ = 3, tokens left on the device) and trees (host tokens), batch 1 and 4: after the
     first two steps (the drafts' caches start), every step crosses the host-device line once, in hf_specdraft's code."""
     torch._dynamo.reset()
     target, draft = tiny_model("llama"), tiny_model("llama", seed=3, num_hidden_layers=1)
@@ -210,7 +210,7 @@ def test_one_read_back_a_step(drafter, compile_config):
 
 
 def test_the_counter_counts_what_it_should():
-    """A read of every kind counted, from hf_specdraft's code only; a copy to the device only where a device is named."""
+    """Every kind of read counted, from hf_specdraft's code only; a copy to the device only where a device is named."""
     from hf_specdraft.core import tree as tree_module
 
     with SyncCounter() as syncs:

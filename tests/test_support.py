@@ -13,7 +13,8 @@ from hf_specdraft.cascade import MaxGramCandidateGenerator
 from hf_specdraft.core.support import chains_only, check_target, sliding_window_layers
 
 TINY = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=None, eos_token_id=None)
-CHAIN_ONLY = {  # model type -> tiny config kwargs; ALiBi (a 2-D mask only) and convolution hybrids (crop rolls them back)
+# model type -> tiny config kwargs; ALiBi (a 2-D mask only) and convolution hybrids (crop rolls them back)
+CHAIN_ONLY = {
     "bloom": dict(hidden_size=32, n_layer=2, n_head=4),
     "falcon": dict(
         hidden_size=32,
@@ -143,7 +144,8 @@ def test_sliding_window_is_asked_the_way_transformers_builds_the_cache():
 
 
 def test_custom_generate_runs_qwen2_moe_with_an_unused_sliding_window(tmp_path):
-    """``custom_generate=<checkpoint dir>`` once refused Qwen2-MoE ("max_length reaches sliding_window=0"); it asks the cache now."""
+    """``custom_generate=<checkpoint dir>`` once refused Qwen2-MoE ("max_length reaches sliding_window=0"); it now asks
+    the cache."""
     from hf_specdraft.cape import write_custom_generate
 
     moe = build(

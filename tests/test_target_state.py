@@ -35,8 +35,8 @@ LAYERS = [
 
 
 class StateOracle(OracleDrafter):
-    """An oracle drafter (right, wrong or a tree whose accepted path is never the first child) that asks for the target's
-    states and keeps what it is handed."""
+    """An oracle drafter (right, wrong or a tree whose accepted path is never the first child) that asks for the
+    target's states and keeps what it is handed."""
 
     requires_model_outputs = True
     model_kwargs_overrides = {"output_hidden_states": LAYERS}
@@ -172,8 +172,8 @@ def test_a_drafter_that_asks_for_nothing_pays_nothing(monkeypatch, one_thread):
 
 
 def test_states_stay_on_the_device(one_thread):
-    """Asking for states adds no host-device crossing to a step: they are sliced (a chain) or gathered with indices copied
-    without a sync (a tree), never read."""
+    """Asking for states adds no host-device crossing to a step: they are sliced (a chain) or gathered with indices
+    copied without a sync (a tree), never read."""
     target = tiny_model("llama")
     x = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
     reference = greedy_reference(target, x, 16)
@@ -199,8 +199,8 @@ class TinyDFlashConfig(PretrainedConfig):
 class TinyDFlash(PreTrainedModel):
     """A drafter written to DFlash's contract (what transformers' DFlashTokenCandidateGenerator calls): the fused target
     states of its layers fill its own cache as keys and values, and one forward drafts the block from
-    ``[bonus token, mask × (block_size - 1)]`` (its output goes through the target's head). It records the context states
-    it receives, to check the hand-off."""
+    ``[bonus token, mask × (block_size - 1)]`` (its output goes through the target's head). It records the context
+    states it receives, to check the hand-off."""
 
     config_class = TinyDFlashConfig
 
@@ -241,8 +241,8 @@ def test_dflash_drafter_through_draft_model_is_lossless(arch, path, one_thread):
         target, x, draft_model=drafter, max_new_tokens=24, return_dict_in_generate=True, **kwargs
     )
     assert torch.equal(out.sequences, reference)
-    # the context it was handed: the prompt, then each step's last token and accepted tokens, as a plain forward computes
-    # the layers it names (hidden_states[i + 1] for target layer i)
+    # the context it was handed: the prompt, then each step's last token and accepted tokens, as a plain forward
+    # computes the layers it names (hidden_states[i + 1] for target layer i)
     handed = torch.cat(drafter.contexts, dim=1)[0]
     states = reference_states(target, out.sequences)
     expected = torch.cat([states[i + 1][0, : handed.shape[0]] for i in drafter.config.target_layer_ids], dim=-1)

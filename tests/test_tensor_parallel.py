@@ -4,7 +4,7 @@ One ``torchrun --standalone --nproc_per_node 2 tests/tp_worker.py`` launch per a
 ranks and hands the results back as JSON; each test below reads one of them. Every method's greedy output must equal
 the split target's own greedy output on *both* ranks, token for token; sampled runs must agree across ranks and with
 one process's run of the same models from the same seed; GLIDE split over the ranks must give the logits it gives
-whole. Llama (4 query / 2 KV heads) runs in the default suite (~35 s), Qwen2 (6 / 2, biased projections) under ``-m slow``.
+whole. Llama (4 query / 2 KV heads) runs by default (~35 s), Qwen2 (6 / 2, biased projections) under ``-m slow``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def save_models(folder: Path, arch: str) -> None:
 
 @pytest.fixture
 def ranks(arch_under_tp, tmp_path_factory) -> tuple[dict, dict]:
-    """``(rank 0's, rank 1's)`` results for the test's architecture, from one torchrun launch per architecture and test session."""
+    """``(rank0, rank1)`` results for the test's architecture; one torchrun launch per architecture per session."""
     arch = arch_under_tp
     if arch not in _LAUNCHED:
         folder = tmp_path_factory.mktemp(f"tp-{arch}")

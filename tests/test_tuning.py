@@ -134,7 +134,7 @@ def test_save_run_writes_meta_and_body(tmp_path, monkeypatch):
 
 
 def test_batching_bench_checks_every_batch_size_against_the_smallest(monkeypatch):
-    """Given in any order, batch sizes run smallest first, so each is compared with the smallest's target-only output."""
+    """Given in any order, batch sizes run smallest first, so each is compared with the smallest's target-only run."""
     from types import SimpleNamespace
 
     import torch

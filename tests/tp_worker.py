@@ -3,8 +3,8 @@
     PYTHONPATH=. torchrun --standalone --nproc_per_node 2 tests/tp_worker.py MODELS_DIR OUT_DIR llama qwen2
 
 ``MODELS_DIR/<arch>/`` holds ``target``, ``draft`` and ``glide`` checkpoints (``glide-uneven`` too for the refusals);
-each rank writes ``OUT_DIR/rank<r>.json``: ``{arch: {check: {"ok", "tokens", "detail"}}}``. The target, GLIDE and a second
-copy of the draft are split with ``tp_plan="auto"``; the plain draft is replicated on every rank.
+each rank writes ``OUT_DIR/rank<r>.json``: ``{arch: {check: {"ok", "tokens", "detail"}}}``. The target, GLIDE and a
+second copy of the draft are split with ``tp_plan="auto"``; the plain draft is replicated on every rank.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def split() -> DistributedConfig:
 
 
 def glide_logits(target, glide, single_target, single_glide) -> tuple[bool, list, str]:
-    """GLIDE split over the ranks, over this rank's shard of the target cache, against GLIDE whole over the whole cache."""
+    """GLIDE split over the ranks, on this rank's shard of the target cache, against whole GLIDE on the whole cache."""
     x = prompt(int(target.config.vocab_size), length=12, seed=9)
     shard, whole = DynamicCache(config=target.config), DynamicCache(config=single_target.config)
     target(input_ids=x[:, :-1], **with_cache(target, shard), use_cache=True)
