@@ -95,7 +95,7 @@ def test_draft_equal_to_target_is_fully_accepted():
 
 def test_auto_caps_the_cascade_every_step(arch):
     """num_draft_tokens='auto' (the default): the loop's controller caps the cascade's proposal, up to row 0's sum."""
-    from hf_specdraft.core.controller import forget
+    from hf_specdraft.core.controller_store import forget
 
     target, big, _, x, ref = models(arch)
     forget(target)  # the models are shared between tests: measure the cost curve afresh

@@ -254,7 +254,7 @@ def test_chain_accepted_reads_the_first_child_path():
 
 
 def test_a_second_call_starts_from_what_the_first_learned(steady_costs):
-    from hf_specdraft.core.controller import forget
+    from hf_specdraft.core.controller_store import forget
 
     target = tiny_model()
     x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
@@ -314,14 +314,14 @@ def test_what_a_process_learned_is_kept_on_disk_for_the_next(tmp_path, monkeypat
     from it without probing; forget(model) drops its entries; an unreadable file or entry is measured afresh."""
     import json
 
-    from hf_specdraft.core import controller
+    from hf_specdraft.core import controller_store as store
     from hf_specdraft.core.controller_store import MAX_ENTRIES, describe
 
     path = tmp_path / "cache" / "controller.json"
     monkeypatch.setenv("HF_SPECDRAFT_CONTROLLER_FILE", str(path))
-    monkeypatch.setattr(controller, "_MEMORY", type(controller._MEMORY)())
-    monkeypatch.setattr(controller, "_SAVED", {})
-    monkeypatch.setattr(controller, "_PENDING", {})
+    monkeypatch.setattr(store, "_MEMORY", type(store._MEMORY)())
+    monkeypatch.setattr(store, "_SAVED", {})
+    monkeypatch.setattr(store, "_PENDING", {})
     target = tiny_model()
     x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
     reference = greedy_reference(target, x, 40)
@@ -350,15 +350,15 @@ def test_what_a_process_learned_is_kept_on_disk_for_the_next(tmp_path, monkeypat
     }  # first run timed them under this suite's load
     entry["state"]["draft_per_token"] = 0.0005
     path.write_text(json.dumps(saved))
-    controller._MEMORY.clear()  # a new process
+    store._MEMORY.clear()  # a new process
     resumed = run()
     assert (
         resumed["controller_resumed"] is True and resumed["draft_lengths"][0] == 8
     )  # no probing: long from the first step
-    assert list(controller._PENDING) == list(saved)  # saved again within SAVE_EVERY: kept for the process's exit
-    controller._save_pending()
-    assert not controller._PENDING and json.loads(path.read_text()) != saved  # the newer state
-    controller.forget(target)
+    assert list(store._PENDING) == list(saved)  # saved again within SAVE_EVERY: kept for the process's exit
+    store._save_pending()
+    assert not store._PENDING and json.loads(path.read_text()) != saved  # the newer state
+    store.forget(target)
     assert json.loads(path.read_text()) == {}
     assert run(8)["draft_lengths"][:2] == [1, 3]  # measured afresh
     ((key, entry),) = json.loads(path.read_text()).items()
@@ -375,19 +375,19 @@ def test_what_a_process_learned_is_kept_on_disk_for_the_next(tmp_path, monkeypat
     broken += [json.dumps({key: {**entry, "state": {**entry["state"], name: value}}}) for name, value in wrong.items()]
     for text in broken:  # another version's file, or an edited one: measured afresh, never a crash
         path.write_text(text)
-        controller._MEMORY.clear()
+        store._MEMORY.clear()
         assert run(8)["controller_resumed"] is False
     path.write_text(json.dumps({key: entry}))
-    controller._MEMORY.clear()
+    store._MEMORY.clear()
     assert run(8)["controller_resumed"] is True  # the intact entry is read
     other = {"another CPU | torch 0.0 | 2 CPUs" + key[key.index(" || ") :]: entry}
     path.write_text(json.dumps({key: entry, **other}))
-    controller.forget()
+    store.forget()
     assert json.loads(path.read_text()) == other  # another machine's entries in a shared file stay
     monkeypatch.setenv("HF_SPECDRAFT_CONTROLLER_FILE", "")
     path.unlink()
-    controller._MEMORY.clear()
-    controller._SAVED.clear()
+    store._MEMORY.clear()
+    store._SAVED.clear()
     run(8)
     assert not path.exists()  # nothing on disk when the variable is set empty
 
@@ -663,7 +663,7 @@ def test_confidence_stops_with_drafts_always_right_and_always_wrong(arch, mode, 
 
 @pytest.mark.parametrize("bad", [3, "model", object()])
 def test_forget_names_a_bad_model(bad):
-    from hf_specdraft.core.controller import forget
+    from hf_specdraft.core.controller_store import forget
 
     with pytest.raises(TypeError, match="forget\\(model\\) takes a model"):
         forget(bad)
@@ -734,7 +734,8 @@ def test_a_copied_step_teaches_only_the_copy_rates_and_the_cost_curve():
 
 def test_a_state_saved_before_copies_were_learned_is_still_read():
     """A controller file written before the copy rates existed resumes the rest of what it learned."""
-    from hf_specdraft.core.controller import _CARRIED, _restore
+    from hf_specdraft.core.controller import _CARRIED
+    from hf_specdraft.core.controller_store import _restore
 
     old = measured(DraftLengthController(8), lambda n: 0.030)
     state = {name: getattr(old, name) for name in _CARRIED if not name.startswith("copy_")}

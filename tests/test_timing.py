@@ -317,7 +317,7 @@ def test_the_demo_s_warm_up_primes_the_controller(tiny_default):
     the timed length) leaves it primed, so even the first timed run starts from a learned state."""
     from hf_specdraft.bench import run_bench
     from hf_specdraft.cli import DEMO_METHODS
-    from hf_specdraft.core.controller import forget
+    from hf_specdraft.core.controller_store import forget
     from hf_specdraft.defaults import load_default
 
     bundle = load_default(tiny_default[0])

@@ -23,20 +23,14 @@ about that confidence, ten bins), and it drafts one more while some longer draft
 sets then filling the width times that length; which width runs is weighed by what each width's steps realized
 (decayed tokens over decayed seconds), and one step in every ``EXPLORE_EVERY`` runs the other width.
 
-What a call learned (cost curve, draft cost, acceptance counts) carries over to the next call of the same target and
-drafter (:func:`recall`, :func:`remember`), and to later processes on disk per machine and pair
-(:mod:`~hf_specdraft.core.controller_store`): only a pair's first call spends two steps measuring the curve.
-:func:`forget` drops it.
+What a call learned (:data:`_CARRIED`: cost curve, draft cost, acceptance counts) carries over to the next call of the
+same target and drafter, and to later processes on disk per machine and pair
+(:mod:`~hf_specdraft.core.controller_store`: ``recall``, ``remember``): only a pair's first call spends two steps
+measuring the curve. ``forget`` drops it.
 """
 
 from __future__ import annotations
 
-import atexit
-import copy
-import time
-import weakref
-
-from .controller_store import belongs_to, drop_states, entry_key, load_state, save_state, store_file
 from .validation import check_int
 
 PRIOR_ACCEPTANCE = 0.6  # the prior of a_0, replaced within a few steps by what the draft achieves
@@ -411,7 +405,6 @@ class DraftLengthController:
         self.verify_samples[verify_tokens] = samples + 1
 
 
-_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: (anchor ref, state)}
 _CARRIED = (
     "verify",
     "verify_samples",
@@ -427,130 +420,3 @@ _CARRIED = (
     "copy_hits",
 )  # what a call passes on to the next
 _ADDED = ("copy_tries", "copy_hits")  # fields a state saved by an earlier version lacks
-
-
-def _memory_key(drafter, controller: DraftLengthController, setting: tuple):
-    """Who a controller's state belongs to: the drafter's anchor (``controller_anchor``: its draft model, or its class),
-    the drafter's class (CAPE over GLIDE and GLIDE alone learn apart), the options weighed, and the call's ``setting``
-    (what else changes costs or acceptance: batch size, cache and compilation, sampling, the target's device and dtype)."""
-    anchor = drafter.controller_anchor  # declared on every TreeCandidateGenerator (None: its class)
-    anchor = type(drafter) if anchor is None else anchor
-    return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, setting)
-
-
-def _disk_key(model, anchor, key: tuple) -> str:
-    """The same key for the file (:func:`~hf_specdraft.core.controller_store.entry_key`): shapes and names, not ids."""
-    name, _, widths, longest, setting = key
-    return entry_key(model, anchor, name, (widths, longest, setting))
-
-
-def _fits(value, fresh) -> bool:
-    """Whether a saved field's ``value`` has the shape of the fresh controller's field ``fresh``: numbers where it holds
-    numbers (or None), lists of the same length, dicts of numbers (the cost curve's keys already made ints)."""
-    number = (int, float)
-    if isinstance(fresh, list):
-        return isinstance(value, list) and len(value) == len(fresh) and all(_fits(v, f) for v, f in zip(value, fresh))
-    if isinstance(fresh, dict):
-        return isinstance(value, dict) and all(
-            isinstance(v, number) and not isinstance(v, bool) and v >= 0 for v in value.values()
-        )
-    if fresh is None:
-        return value is None or (isinstance(value, number) and not isinstance(value, bool) and value >= 0)
-    return isinstance(value, number) and not isinstance(value, bool)
-
-
-def _restore(controller: DraftLengthController, state: dict) -> bool:
-    """Set ``controller``'s carried fields from a saved ``state`` (JSON: the cost curve's keys come back as strings);
-    ``False``, and nothing set, when any field does not fit (a file written by another version, or edited)."""
-    restored = {}
-    try:
-        for name in _CARRIED:
-            if name not in state and name in _ADDED:  # a file from before the field existed: it starts fresh
-                continue
-            value, fresh = state.get(name), getattr(controller, name)
-            if isinstance(fresh, dict) and isinstance(value, dict):
-                value = {int(k): v for k, v in value.items()}
-            if not _fits(value, fresh):
-                return False
-            restored[name] = value
-    except (TypeError, ValueError, AttributeError):
-        return False
-    for name, value in restored.items():
-        setattr(controller, name, value)
-    return True
-
-
-def recall(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> bool:
-    """Start ``controller`` from what the last call of ``model`` with this drafter and ``setting`` learned, in this
-    process or (failing that) saved on disk by an earlier one. Returns whether it did."""
-    anchor, key = _memory_key(drafter, controller, setting)
-    try:
-        remembered = _MEMORY.get(model, {}).get(key)
-    except TypeError:  # a model that cannot be weakly referenced
-        return False
-    if remembered is not None and remembered[0]() is anchor:  # not an id reused by another object
-        for name, value in remembered[1].items():
-            setattr(controller, name, copy.deepcopy(value))
-        return True
-    saved = load_state(_disk_key(model, anchor, key))
-    return saved is not None and _restore(controller, saved)
-
-
-SAVE_EVERY = (
-    30.0  # seconds between two saves of one entry to disk (a loop of short calls does not rewrite the file each time)
-)
-_SAVED: dict[str, float] = {}  # disk key -> when this process last saved it
-_PENDING: dict[str, tuple] = {}  # disk key -> (its file, the newest state not saved yet): saved when the process exits
-
-
-@atexit.register
-def _save_pending() -> None:
-    while _PENDING:
-        key, (path, state) = _PENDING.popitem()
-        save_state(key, state, path)
-
-
-def remember(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> None:
-    """Keep what ``controller`` learned for the next call of ``model`` with this drafter and ``setting`` (for the
-    process's lifetime or the model's, whichever ends first), and on disk for later processes."""
-    if not controller.verify:
-        return
-    anchor, key = _memory_key(drafter, controller, setting)
-    state = {name: copy.deepcopy(getattr(controller, name)) for name in _CARRIED}
-    try:
-        kept = _MEMORY.setdefault(model, {})
-        for stale in [k for k, (ref, _) in kept.items() if ref() is None]:  # draft models since deleted
-            del kept[stale]
-        kept[key] = (weakref.ref(anchor), state)
-    except TypeError:  # a model or anchor that cannot be weakly referenced: nothing is kept
-        return
-    path = store_file()
-    if path is None:
-        return
-    disk_key = _disk_key(model, anchor, key)
-    _PENDING.pop(disk_key, None)
-    if time.monotonic() - _SAVED.get(disk_key, float("-inf")) >= SAVE_EVERY:
-        _SAVED[disk_key] = time.monotonic()
-        save_state(disk_key, state, path)
-    else:
-        _PENDING[disk_key] = (path, state)
-
-
-def forget(model=None) -> None:
-    """Drop what the controller learned, for ``model`` (in any dtype or on any device) or (``None``) every model, in this
-    process and in this machine's entries on disk: the next call measures afresh."""
-    _SAVED.clear()
-    if model is None:
-        _MEMORY.clear()
-        _PENDING.clear()
-        drop_states()
-        return
-    try:
-        _MEMORY.pop(model, None)
-    except TypeError:
-        raise TypeError(
-            f"forget(model) takes a model (the target passed to generate) or None, got {type(model).__name__}"
-        ) from None
-    for key in [k for k in _PENDING if belongs_to(k, model)]:
-        del _PENDING[key]
-    drop_states(model)

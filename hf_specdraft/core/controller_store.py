@@ -1,7 +1,9 @@
-"""What the draft-length controller learned, kept on disk so that a new process starts where the last one left off.
+"""What the draft-length controller learned, kept so that the next call, and a new process, start where the last one
+left off.
 
-Within a process the next call resumes from what the controller (:mod:`~hf_specdraft.core.controller`) learned; this
-module keeps it in ``$HF_SPECDRAFT_CONTROLLER_FILE``, by default ``$HF_SPECDRAFT_CACHE/controller.json``
+Within a process the next call of a target and drafter resumes from what the controller
+(:mod:`~hf_specdraft.core.controller`) learned (:func:`recall`, :func:`remember`; :func:`forget` drops it); this
+module also keeps it in ``$HF_SPECDRAFT_CONTROLLER_FILE``, by default ``$HF_SPECDRAFT_CACHE/controller.json``
 (``~/.cache/hf_specdraft``), so a later process skips the probing steps (about 5 % of a first 48-token GLIDE call on a
 2-core CPU). An entry holds for one machine (CPU model, torch build, CPU count, GPU name) and one pair's shapes and
 checkpoint names, and a digest of their weights, so a checkpoint retrained in place starts afresh (:func:`entry_key`).
@@ -14,6 +16,8 @@ replacing JSON safely (:func:`read_json`, :func:`write_json`).
 
 from __future__ import annotations
 
+import atexit
+import copy
 import functools
 import hashlib
 import json
@@ -23,8 +27,14 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+from .controller import _ADDED, _CARRIED
+
+if TYPE_CHECKING:
+    from .controller import DraftLengthController
 
 
 def cache_file(variable: str, name: str) -> Path | None:
@@ -134,11 +144,12 @@ def describe(model) -> str:
 
 def entry_key(model, anchor, drafter_name: str, options: tuple) -> str:
     """The file's key of one target, drafter and call setting on this machine."""
-    return f"{machine_id()} || target {describe(model)} || {drafter_name} over {describe(anchor)} || {options!r} || format {FORMAT}"
+    target, drafter = describe(model), describe(anchor)
+    return f"{machine_id()} || target {target} || {drafter_name} over {drafter} || {options!r} || format {FORMAT}"
 
 
 def belongs_to(key: str, model) -> bool:
-    """Whether an :func:`entry_key` is one of this machine's entries for the target ``model`` (in any dtype or device)."""
+    """Whether an :func:`entry_key` is one of this machine's entries for the target ``model`` (any dtype or device)."""
     return key.startswith(f"{machine_id()} || target {identity(model)} ")
 
 
@@ -183,3 +194,133 @@ def drop_states(model=None) -> None:
         write_json(path, {k: v for k, v in read_json(path).items() if not mine(k)})
     except Exception:  # noqa: BLE001 - a cache
         pass
+
+
+_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: (anchor ref, state)}
+
+
+def _memory_key(drafter, controller: DraftLengthController, setting: tuple):
+    """Who a controller's state belongs to: the drafter's anchor (``controller_anchor``: its draft model, or its class),
+    the drafter's class (CAPE over GLIDE and GLIDE alone learn apart), the options weighed, and the call's ``setting``
+    (what else changes costs or acceptance: batch size, cache and compilation, sampling, the target's device and
+    dtype)."""
+    anchor = drafter.controller_anchor  # declared on every TreeCandidateGenerator (None: its class)
+    anchor = type(drafter) if anchor is None else anchor
+    return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, setting)
+
+
+def _disk_key(model, anchor, key: tuple) -> str:
+    """The same key for the file (:func:`~hf_specdraft.core.controller_store.entry_key`): shapes and names, not ids."""
+    name, _, widths, longest, setting = key
+    return entry_key(model, anchor, name, (widths, longest, setting))
+
+
+def _fits(value, fresh) -> bool:
+    """Whether a saved field's ``value`` has the shape of the fresh controller's field ``fresh``: numbers where it holds
+    numbers (or None), lists of the same length, dicts of numbers (the cost curve's keys already made ints)."""
+    number = (int, float)
+    if isinstance(fresh, list):
+        return isinstance(value, list) and len(value) == len(fresh) and all(_fits(v, f) for v, f in zip(value, fresh))
+    if isinstance(fresh, dict):
+        return isinstance(value, dict) and all(
+            isinstance(v, number) and not isinstance(v, bool) and v >= 0 for v in value.values()
+        )
+    if fresh is None:
+        return value is None or (isinstance(value, number) and not isinstance(value, bool) and value >= 0)
+    return isinstance(value, number) and not isinstance(value, bool)
+
+
+def _restore(controller: DraftLengthController, state: dict) -> bool:
+    """Set ``controller``'s carried fields from a saved ``state`` (JSON: the cost curve's keys come back as strings);
+    ``False``, and nothing set, when any field does not fit (a file written by another version, or edited)."""
+    restored = {}
+    try:
+        for name in _CARRIED:
+            if name not in state and name in _ADDED:  # a file from before the field existed: it starts fresh
+                continue
+            value, fresh = state.get(name), getattr(controller, name)
+            if isinstance(fresh, dict) and isinstance(value, dict):
+                value = {int(k): v for k, v in value.items()}
+            if not _fits(value, fresh):
+                return False
+            restored[name] = value
+    except (TypeError, ValueError, AttributeError):
+        return False
+    for name, value in restored.items():
+        setattr(controller, name, value)
+    return True
+
+
+def recall(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> bool:
+    """Start ``controller`` from what the last call of ``model`` with this drafter and ``setting`` learned, in this
+    process or (failing that) saved on disk by an earlier one. Returns whether it did."""
+    anchor, key = _memory_key(drafter, controller, setting)
+    try:
+        remembered = _MEMORY.get(model, {}).get(key)
+    except TypeError:  # a model that cannot be weakly referenced
+        return False
+    if remembered is not None and remembered[0]() is anchor:  # not an id reused by another object
+        for name, value in remembered[1].items():
+            setattr(controller, name, copy.deepcopy(value))
+        return True
+    saved = load_state(_disk_key(model, anchor, key))
+    return saved is not None and _restore(controller, saved)
+
+
+# seconds between two saves of one entry to disk (a loop of short calls does not rewrite the file each time)
+SAVE_EVERY = 30.0
+_SAVED: dict[str, float] = {}  # disk key -> when this process last saved it
+_PENDING: dict[str, tuple] = {}  # disk key -> (its file, the newest state not saved yet): saved when the process exits
+
+
+@atexit.register
+def _save_pending() -> None:
+    while _PENDING:
+        key, (path, state) = _PENDING.popitem()
+        save_state(key, state, path)
+
+
+def remember(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> None:
+    """Keep what ``controller`` learned for the next call of ``model`` with this drafter and ``setting`` (for the
+    process's lifetime or the model's, whichever ends first), and on disk for later processes."""
+    if not controller.verify:
+        return
+    anchor, key = _memory_key(drafter, controller, setting)
+    state = {name: copy.deepcopy(getattr(controller, name)) for name in _CARRIED}
+    try:
+        kept = _MEMORY.setdefault(model, {})
+        for stale in [k for k, (ref, _) in kept.items() if ref() is None]:  # draft models since deleted
+            del kept[stale]
+        kept[key] = (weakref.ref(anchor), state)
+    except TypeError:  # a model or anchor that cannot be weakly referenced: nothing is kept
+        return
+    path = store_file()
+    if path is None:
+        return
+    disk_key = _disk_key(model, anchor, key)
+    _PENDING.pop(disk_key, None)
+    if time.monotonic() - _SAVED.get(disk_key, float("-inf")) >= SAVE_EVERY:
+        _SAVED[disk_key] = time.monotonic()
+        save_state(disk_key, state, path)
+    else:
+        _PENDING[disk_key] = (path, state)
+
+
+def forget(model=None) -> None:
+    """Drop what the controller learned, for ``model`` (in any dtype or on any device) or (``None``) every model, in
+    this process and in this machine's entries on disk: the next call measures afresh."""
+    _SAVED.clear()
+    if model is None:
+        _MEMORY.clear()
+        _PENDING.clear()
+        drop_states()
+        return
+    try:
+        _MEMORY.pop(model, None)
+    except TypeError:
+        raise TypeError(
+            f"forget(model) takes a model (the target passed to generate) or None, got {type(model).__name__}"
+        ) from None
+    for key in [k for k in _PENDING if belongs_to(k, model)]:
+        del _PENDING[key]
+    drop_states(model)

@@ -39,7 +39,8 @@ from .acceptance import ConditionalAcceptance
 from .emission import HostStops, accept_row
 from .layouts import CacheLayout
 from .meter import StepClock, StepMeter
-from .controller import DraftLengthController, recall, remember
+from .controller import DraftLengthController
+from .controller_store import recall, remember
 from .memory import after_call, trim_threshold_mib
 from .distributed import RankAgreement
 from .drafting import DraftRequest, DrafterTraits, TreeCandidateGenerator, output_vocab_size, traits_of
