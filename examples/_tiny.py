@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]  # recipes/ lies beside examples/, ou
 
 
 def tiny_default_dir() -> Path:
-    """A ``python -m recipes.training --recipe tiny`` directory holding target, plain draft, GLIDE and the bigram table."""
+    """A ``python -m recipes.training --recipe tiny`` directory: target, plain draft, GLIDE and the bigram table."""
     cache = Path(os.environ.get("HF_SPECDRAFT_CACHE", Path.home() / ".cache" / "hf_specdraft"))
     path = Path(os.environ.get("HF_SPECDRAFT_TINY_DIR") or cache / "tiny-default")
     if not (path / "recipe.json").is_file():  # written last: its presence means the run finished

@@ -1,7 +1,8 @@
-"""Generate with Max-Gram alone and with a cascade of drafts above it (Chen et al. 2024).
+r"""Generate with Max-Gram alone and with a cascade of drafts above it (Chen et al. 2024).
 
     hf-specdraft build-bigram --tokenizer TOKENIZER_DIR --output bigram.safetensors   # optional: Max-Gram's fallback
-    python examples/generate_cascade.py --target Qwen/Qwen2.5-1.5B --drafts Qwen/Qwen2.5-0.5B --bigram bigram.safetensors
+    python examples/generate_cascade.py --target Qwen/Qwen2.5-1.5B --drafts Qwen/Qwen2.5-0.5B \
+        --bigram bigram.safetensors
     python examples/generate_cascade.py --tiny    # the repository's tiny recipe (recipes/training.py): seconds on a CPU
 
 ``--drafts`` go largest first and share the target's vocabulary. One timed run per method;
@@ -53,7 +54,7 @@ def main():
     reference = target.generate(**inputs, **kwargs)
     base = time.perf_counter() - start
     print(f"{'target-only':<10} {base:6.2f} s")
-    # K matrix: the official code's defaults (hf_specdraft.cascade.default_k_matrix); lenience only where a draft reviews
+    # K matrix: the official code's defaults (cascade.default_k_matrix); lenience only where a draft reviews
     for name, drafter in (
         ("max-gram", MaxGramCandidateGenerator(table)),
         ("cascade", CascadeCandidateGenerator(drafts, lenience=args.lenience, bigram_table=table)),
@@ -67,8 +68,9 @@ def main():
             return_dict_in_generate=True,
         )
         seconds, stats = time.perf_counter() - start, out.speculative_stats
+        lossless = torch.equal(out.sequences, reference)
         print(
-            f"{name:<10} {seconds:6.2f} s  speedup {base / seconds:.2f}x  = target-only: {torch.equal(out.sequences, reference)}  "
+            f"{name:<10} {seconds:6.2f} s  speedup {base / seconds:.2f}x  = target-only: {lossless}  "
             f"mean accepted length {stats.mean_accepted_length:.2f}  drafter calls {stats.drafter_calls}"
         )
     print(tokenizer.decode(out.sequences[0, inputs.input_ids.shape[1] :], skip_special_tokens=True))

@@ -1,4 +1,4 @@
-r"""CASD: drafts retrieved from the request's own context, verified exactly or conditionally (the CASD paper, Algorithm 1).
+r"""CASD: drafts retrieved from the request's own context, verified exactly or conditionally (CASD paper, Algorithm 1).
 
     python examples/generate_casd.py --model Qwen/Qwen2.5-1.5B-Instruct --context-file report.txt \
         --question "Which section describes the evaluation?"

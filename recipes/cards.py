@@ -31,8 +31,8 @@ def group_card_metrics(study: dict, name: str, bench: dict | None = None, method
         raise ValueError(f"name must be one of the study's drafters {sorted(study.get('drafters', {}))}, got {name!r}")
     drafter, meta = study["drafters"][name], study["meta"]
     metrics = {
-        "held-out requests": f"{meta['requests']} ({meta['prompts']}), the target answering {meta['max_new_tokens']} tokens "
-        f"greedily; {meta['cpu']}, {meta['threads']} threads"
+        "held-out requests": f"{meta['requests']} ({meta['prompts']}), the target answering "
+        f"{meta['max_new_tokens']} tokens greedily; {meta['cpu']}, {meta['threads']} threads"
     }
     for group, steps in drafter["teacher_forced_steps_1_3"].items():
         line = " / ".join(f"{value:.3f}" for value in steps)
@@ -53,7 +53,7 @@ def group_card_metrics(study: dict, name: str, bench: dict | None = None, method
 
 
 def rewrite_card(checkpoint: str | Path, metrics: dict) -> Path:
-    """Regenerate ``checkpoint``'s model card with ``metrics``; its data and training stages as its training log has them."""
+    """Regenerate ``checkpoint``'s model card with ``metrics``; its data and training stages from its training log."""
     from hf_specdraft.defaults.smollm2 import HUB_ID
     from hf_specdraft.glide import GlideForCausalLM
     from hf_specdraft.glide.model_card import write_model_card

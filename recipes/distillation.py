@@ -4,15 +4,16 @@ Training a drafter for a real target on 2 CPU cores cannot afford a target forwa
 (SmolLM2-135M runs ~400 tokens/s teacher-forced here). So the target runs once over the training windows
 and its answers are stored in resumable safetensors shards (:func:`hf_specdraft.glide.training.store.write_store`: the
 windows, the keys and values of the target layers GLIDE reads, the target's top-8 next tokens and their
-probabilities), which :func:`~hf_specdraft.glide.train_glide` reads as :class:`~hf_specdraft.glide.training.store.StoreWindows`.
-The windows are code from the corpus's train split, plus requests in the target's chat template answered with
-train-split functions; token-level distillation (the cheaper form of Du et al. 2024, Appendix B; DistillSpec) has the drafters
-learn the target's choices, not the corpus's, which is what greedy acceptance rewards.
+probabilities), which :func:`~hf_specdraft.glide.train_glide` reads as
+:class:`~hf_specdraft.glide.training.store.StoreWindows`. The windows are code from the corpus's train split, plus
+requests in the target's chat template answered with train-split functions; token-level distillation (the cheaper form
+of Du et al. 2024, Appendix B; DistillSpec) has the drafters learn the target's choices, not the corpus's, which is what
+greedy acceptance rewards.
 
 A second store holds the target's *own* text (``--self-generated``, the sequence-level
-distillation of Du et al. 2024, Appendix B): its greedy continuations of train-split prompts shaped like the bench tasks — code to complete,
-chat requests, file prefixes. Measured: an instruct target answers a code prompt by closing the code block and
-explaining it in prose, text a drafter trained on code alone drafts badly (teacher-forced top-1 agreement 0.21
+distillation of Du et al. 2024, Appendix B): its greedy continuations of train-split prompts shaped like the bench tasks
+(code to complete, chat requests, file prefixes). Measured: an instruct target answers a code prompt by closing the code
+block and explaining it in prose, text a drafter trained on code alone drafts badly (teacher-forced top-1 agreement 0.21
 on such a continuation vs 0.50 on code).
 
 Bench items come from the held-out split and never appear here.
@@ -148,7 +149,7 @@ def self_generated_windows(
 ) -> torch.Tensor:
     """The target's greedy continuations of ``prompts`` (prompt + continuation + eos, packed) as `(N, seq_len)` windows.
 
-    ``progress_dir``: each batch's continuations are kept there as they finish, so a killed run resumes after the last one.
+    ``progress_dir``: each batch's continuations are kept there once done, so a killed run resumes after the last one.
     """
     tokenizer.padding_side = "left"
     stream: list[int] = []
@@ -188,9 +189,9 @@ def answered_requests(
     max_new_tokens: int = 128,
     batch_size: int = 16,
 ) -> list[dict]:
-    """The target's greedy answers to ``requests`` (:func:`recipes.requests.training_requests`), kept shard by shard under
-    ``output_dir/turn-1`` and ``turn-2`` so a killed run resumes where it stopped; a two-turn request's second turn
-    is answered with the first answer in context.
+    """The target's greedy answers to ``requests`` (:func:`recipes.requests.training_requests`), kept shard by shard
+    under ``output_dir/turn-1`` and ``turn-2`` so a killed run resumes where it stopped; a two-turn request's second
+    turn is answered with the first answer in context.
 
     Returns:
         one record per request: ``{"group", "ids"}``, the whole conversation's token ids in the chat template.

@@ -77,8 +77,9 @@ def write_drafter_cards(
         drafts = ", ".join(sorted(set(meta.get("draft_dtypes", {}).values())))
         dtype = meta["dtype"] + (f" (drafters {drafts})" if drafts else "")
         metrics = {
-            "measured on": f"{meta['hardware']}, {dtype}, target {meta.get('target', 'not recorded')}, {meta['num_prompts']} "
-            f"held-out prompts of task `{meta['task']}` x {meta['max_new_tokens']} tokens, greedy ({meta['date']})"
+            "measured on": f"{meta['hardware']}, {dtype}, target {meta.get('target', 'not recorded')}, "
+            f"{meta['num_prompts']} held-out prompts of task `{meta['task']}` x {meta['max_new_tokens']} tokens, "
+            f"greedy ({meta['date']})"
         }
         for row in rows:
             s = summary.get(row)
@@ -101,8 +102,8 @@ def write_drafter_cards(
         if measured:
             steps = " / ".join(f"{a:.3f}" for a in measured["agreement_by_step"])
             metrics["greedy agreement at draft steps 1 / 2 / 3, each given the earlier ones"] = (
-                f"{steps}; α at step 1 {measured['alpha_step_1']:.3f} (teacher-forced on {agreement['heldout_tokens']} tokens the "
-                f"target wrote for held-out prompts; hf-specdraft's `{agreement_json}`)"
+                f"{steps}; α at step 1 {measured['alpha_step_1']:.3f} (teacher-forced on {agreement['heldout_tokens']} "
+                f"tokens the target wrote for held-out prompts; hf-specdraft's `{agreement_json}`)"
             )
         config = GlideConfig.from_pretrained(folder)
         log = (

@@ -16,7 +16,7 @@ def heldout_text_windows(
     tokenizer: PreTrainedTokenizerFast, texts: list[str], seq_len: int, count: int, seed: int
 ) -> torch.Tensor:
     """``[count, seq_len]`` held-out windows drawn with a fixed seed from every text's non-overlapping windows
-    (:func:`hf_specdraft.glide.training.evaluation.heldout_windows` of each text: none crosses from one text to the next)."""
+    (:func:`hf_specdraft.glide.training.evaluation.heldout_windows` of each text: none spans two texts)."""
     windows = []
     for ids in tokenize_texts(tokenizer, texts):
         if len(ids) >= seq_len:

@@ -33,7 +33,8 @@ class ModelRecipe:
             )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} must be divisible by num_key_value_heads={self.num_key_value_heads}"
+                f"num_attention_heads={self.num_attention_heads} must be divisible by "
+                f"num_key_value_heads={self.num_key_value_heads}"
             )
 
 
@@ -180,10 +181,11 @@ def check_recipe(path: str | Path) -> bool:
     return meta["hash"] == get_recipe(meta["recipe"]["name"]).hash()
 
 
-# GLIDE and its vanilla twin (same shape, no cross-attention) for each target recipe (Du et al. 2024, §4.1, §5.2): a configuration
-# of hf_specdraft.glide.train_glide. "model": GlideConfig.from_target_config's keywords (one layer: Appendix E, targets up
-# to 13B); "training": GlideTrainingArguments' (block size and seed its defaults: the config's L = 5, §4.1, and 0). Both
-# drafters train on the same token stream for the same steps, so the comparison isolates the glimpse.
+# GLIDE and its vanilla twin (same shape, no cross-attention) for each target recipe (Du et al. 2024, §4.1, §5.2): a
+# configuration of hf_specdraft.glide.train_glide. "model": GlideConfig.from_target_config's keywords (one layer:
+# Appendix E, targets up to 13B); "training": GlideTrainingArguments' (block size and seed its defaults: the config's
+# L = 5, §4.1, and 0). Both drafters train on the same token stream for the same steps: the comparison isolates the
+# glimpse.
 GLIDE_RECIPES: dict[str, dict[str, dict]] = {
     # ≈3M parameters; the frozen target's forward dominates each step on CPU (≈36 minutes on 2 cores; vanilla ≈15).
     "default": {

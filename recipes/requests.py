@@ -1,4 +1,4 @@
-"""Requests of the shapes people send a chat model, for the target to answer: the drafters' natural-language training mix.
+"""Requests shaped like those people send a chat model, for the target to answer: the drafters' natural-language mix.
 
 The shipped drafters first learned from Python source. A chat target is asked other things: conversation, translation,
 summaries, questions, arithmetic word problems, questions about a passage (the six groups of Spec-Bench: Xia et al.
@@ -41,20 +41,21 @@ GROUP_WEIGHTS = {
 }
 
 TOPICS = """
-photosynthesis, the water cycle, black holes, volcanoes, earthquakes, the immune system, vaccines, climate change, renewable
-energy, solar panels, wind turbines, electric cars, the Roman Empire, the printing press, the Industrial Revolution, ancient
-Egypt, the Silk Road, the Renaissance, democracy, inflation, interest rates, the stock market, compound interest, budgeting,
-saving for retirement, healthy sleep, meditation, regular exercise, a balanced diet, drinking enough water, learning a new
-language, public speaking, time management, remote work, job interviews, writing a resume, teamwork, leadership, negotiation,
-the internet, how email works, encryption, passwords, machine learning, neural networks, robots, smartphones, 3D printing,
-the moon landing, the solar system, Mars, comets, gravity, magnetism, electricity, rainbows, thunderstorms, ocean tides, coral
-reefs, rainforests, deserts, bees, migrating birds, dolphins, elephants, dinosaurs, evolution, DNA, bacteria, antibiotics, the
-human heart, the brain, memory, habits, happiness, friendship, gardening, composting, baking bread, making coffee, a vegetarian
-diet, chess, football, the Olympic Games, jazz, classical music, painting, photography, poetry, novels, libraries, museums,
-city parks, public transport, recycling, plastic pollution, clean water, volunteering, first aid, fire safety, road safety,
-traveling on a budget, packing for a trip, camping, hiking, cycling, running a marathon, yoga, board games, video games,
-social media, online privacy, fake news, critical thinking, the scientific method, statistics, probability, prime numbers,
-fractions, geometry, maps, time zones, calendars, the seasons, weather forecasts, airplanes, trains, bridges, skyscrapers
+photosynthesis, the water cycle, black holes, volcanoes, earthquakes, the immune system, vaccines, climate change,
+renewable energy, solar panels, wind turbines, electric cars, the Roman Empire, the printing press, the Industrial
+Revolution, ancient Egypt, the Silk Road, the Renaissance, democracy, inflation, interest rates, the stock market,
+compound interest, budgeting, saving for retirement, healthy sleep, meditation, regular exercise, a balanced diet,
+drinking enough water, learning a new language, public speaking, time management, remote work, job interviews, writing a
+resume, teamwork, leadership, negotiation, the internet, how email works, encryption, passwords, machine learning,
+neural networks, robots, smartphones, 3D printing, the moon landing, the solar system, Mars, comets, gravity, magnetism,
+electricity, rainbows, thunderstorms, ocean tides, coral reefs, rainforests, deserts, bees, migrating birds, dolphins,
+elephants, dinosaurs, evolution, DNA, bacteria, antibiotics, the human heart, the brain, memory, habits, happiness,
+friendship, gardening, composting, baking bread, making coffee, a vegetarian diet, chess, football, the Olympic Games,
+jazz, classical music, painting, photography, poetry, novels, libraries, museums, city parks, public transport,
+recycling, plastic pollution, clean water, volunteering, first aid, fire safety, road safety, traveling on a budget,
+packing for a trip, camping, hiking, cycling, running a marathon, yoga, board games, video games, social media, online
+privacy, fake news, critical thinking, the scientific method, statistics, probability, prime numbers, fractions,
+geometry, maps, time zones, calendars, the seasons, weather forecasts, airplanes, trains, bridges, skyscrapers
 """.replace("\n", " ").split(", ")
 TOPICS = [topic.strip() for topic in TOPICS if topic.strip()]
 
@@ -166,14 +167,17 @@ def math_problem(rng: random.Random) -> str:
     item = rng.choice(["apples", "books", "stickers", "cookies", "marbles", "pencils", "cards", "shells"])
     problems = [
         f"{name} has {a} {item}. She buys {b} more and then gives away {c}. How many {item} does she have now?",
-        f"A box holds {c} {item}. {name} fills {b} boxes and has {a} {item} left over. How many {item} are there in all?",
+        f"A box holds {c} {item}. {name} fills {b} boxes and has {a} {item} left over. "
+        f"How many {item} are there in all?",
         f"{name} reads {b} pages a day. How many days does it take to read a book of {b * c + a} pages?",
-        f"A shop sells {item} at {c} dollars each. {name} buys {b} of them and pays with a {100 if b * c < 100 else 500} dollar note. "
+        f"A shop sells {item} at {c} dollars each. {name} buys {b} of them "
+        f"and pays with a {100 if b * c < 100 else 500} dollar note. "
         "How much change does {name} get?".replace("{name}", name),
         f"A train travels {a * 10} kilometres in {c} hours. What is its average speed?",
         f"{name} saves {b} dollars a week. After {c} weeks she spends {a} dollars. How much money is left?",
         f"A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
-        f"There are {a + b} students in a class and {b} of them walk to school. What percentage of the class walks to school?",
+        f"There are {a + b} students in a class and {b} of them walk to school. "
+        "What percentage of the class walks to school?",
     ]
     return rng.choice(problems) + rng.choice(
         [" Solve it step by step.", " Show your reasoning.", " Explain each step.", ""]

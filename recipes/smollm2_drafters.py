@@ -1,8 +1,8 @@
 """Drafters for the real default target (SmolLM2-135M-Instruct), trained on this CPU from a distillation store.
 
 Three drafters share one shape family, one store (:mod:`.distillation`) and one training path —
-:func:`hf_specdraft.glide.train_glide` reading the store as :class:`~hf_specdraft.glide.training.store.StoreWindows` — so
-comparisons isolate what differs:
+:func:`hf_specdraft.glide.train_glide` reading the store as :class:`~hf_specdraft.glide.training.store.StoreWindows` —
+so comparisons isolate what differs:
 
 - ``glide``: GLIDE (Du et al. 2024, §4.1), one layer as wide as the target (576), cross-attending to the target's
   top layer (``l = N_T - N_D + m`` = 29) with the block-wise training mask (L = 5);
@@ -19,9 +19,9 @@ predicts most often in the store (FR-Spec / EAGLE-3), scattered back to the full
 embedding rows start from the target's (tied) embedding rows of those ids.
 
 Loss: KL from the target's renormalised top-k next-token distribution (``distillation_weight=1``: token-level
-distillation, the cheaper form of Du et al. 2024, Appendix B; the gradient of the cross-entropy against it): the drafts learn
-what the target says, which greedy acceptance rewards. Training is resumable: ``OUTPUT_DIR/state/<kind>/checkpoint-last``
-every ``save_steps`` steps, and a rerun of the same command continues from it.
+distillation, the cheaper form of Du et al. 2024, Appendix B; the gradient of the cross-entropy against it): the drafts
+learn what the target says, which greedy acceptance rewards. Training is resumable:
+``OUTPUT_DIR/state/<kind>/checkpoint-last`` every ``save_steps`` steps; rerunning the same command continues from it.
 
     # stage 1 on the corpus store; stage 2 from its weights, 600 steps, on the corpus store plus two stores of the
     # target's own text, each 3x (distillation.py's docstring builds them); stage 3 (what ships for glide and
@@ -219,15 +219,17 @@ def train_drafter(
     """Build one drafter and train it from ``store`` with :func:`~hf_specdraft.glide.train_glide`.
 
     Args:
-        kind: one of :data:`DRAFTERS` (``"glide"``, ``"vanilla"``, ``"small"``, ``"glide-state"``, ``"glide-assistant"``).
+        kind: one of :data:`DRAFTERS` (``"glide"``, ``"vanilla"``, ``"small"``, ``"glide-state"``,
+            ``"glide-assistant"``).
         store: a distillation store (:mod:`.distillation`), or windows the target runs over every step
-            (:class:`~hf_specdraft.glide.training.objective.TargetWindows`, the GPU recipe's: then ``init_from`` is required, for
-            its draft vocabulary).
+            (:class:`~hf_specdraft.glide.training.objective.TargetWindows`, the GPU recipe's: then ``init_from`` is
+            required, for its draft vocabulary).
         args: how it trains (a :data:`RECIPES` entry with its ``output_dir``: the fp32 checkpoint, ``training_log.json``
-            and ``checkpoint-last/``, which a rerun resumes from); its windows are the data's (``seq_len`` is set to them).
+            and ``checkpoint-last/``, which a rerun resumes from); its windows are the data's (``seq_len`` is theirs).
         drafter: what it is (default ``DRAFTERS[kind]``).
         init_from: a trained drafter checkpoint to start from (its draft vocabulary is kept; :func:`warm_start`).
-        extra_vocab: with ``init_from``, extend its vocabulary by this many ids from ``store`` (:func:`extended_vocabulary`).
+        extra_vocab: with ``init_from``, extend its vocabulary by this many ids from ``store``
+            (:func:`extended_vocabulary`).
 
     Returns:
         the trained drafter and its training log (with the drafter's shape, the data's size and the parameter count).
@@ -265,8 +267,8 @@ def train_drafter(
 
 
 def pin_target_rows(model: GlideForCausalLM, target: PreTrainedModel) -> None:
-    """Set ``model``'s input embedding to the target's rows of its draft vocabulary (the row every other id shares: their
-    mean) and freeze it: a serving engine that feeds the draft the target's own embeddings computes the same inputs."""
+    """Set ``model``'s input embedding to the target's rows of its draft vocabulary (the row every other id shares:
+    their mean) and freeze it: a serving engine feeding the draft the target's embeddings computes the same inputs."""
     rows = target.get_input_embeddings().weight.detach().float()
     ids = model.config.draft_token_ids
     with torch.no_grad():
@@ -298,9 +300,9 @@ def kept_rows(model: GlideForCausalLM, start_from: GlideForCausalLM) -> int:
 
 
 def warm_start(model: GlideForCausalLM, start_from: GlideForCausalLM) -> list[str]:
-    """Load ``start_from``'s weights into ``model`` wherever name and shape agree; returns the names left as initialised.
-    Only parameters: buffers follow ``model``'s own config (``target_to_draft`` maps target ids to *its* vocabulary's
-    rows; ``start_from``'s would send every id a wider vocabulary adds to the row after its own).
+    """Load ``start_from``'s weights into ``model`` wherever name and shape agree; returns the names left as
+    initialised. Only parameters: buffers follow ``model``'s own config (``target_to_draft`` maps target ids to *its*
+    vocabulary's rows; ``start_from``'s would send every id a wider vocabulary adds to the row after its own).
 
     A ``state_input`` drafter started from a plain one gets ``pre_projection = [I ; 0]``: at step 0 it reads the token's
     embedding exactly as ``start_from`` did, and learns from there what the target's state adds."""
@@ -322,8 +324,8 @@ def warm_start(model: GlideForCausalLM, start_from: GlideForCausalLM) -> list[st
 
 
 def earlier_checkpoint(directory: str | Path, kind: str) -> Path:
-    """Where a drafter of ``kind`` starts from in ``directory`` (drafters by kind, e.g. the shipped ones): the same kind's
-    checkpoint, else the one it warm-starts from (:data:`WARM_START`)."""
+    """Where a drafter of ``kind`` starts from in ``directory`` (drafters by kind, e.g. the shipped ones): the same
+    kind's checkpoint, else the one it warm-starts from (:data:`WARM_START`)."""
     same = Path(directory) / kind
     return same if (same / "config.json").is_file() else Path(directory) / WARM_START.get(kind, kind)
 
@@ -366,7 +368,7 @@ def ship_drafter(checkpoint: str | Path, destination: str | Path) -> Path:
 
 
 def _block_size(parser, value: str | None):
-    """``--block-size``: one L or several comma-separated (a tuple, taken by step in turn); `None` keeps the recipe's."""
+    """``--block-size``: one L or several comma-separated (a tuple, taken by step in turn); None keeps the recipe's."""
     if value is None:
         return None
     try:

@@ -3,9 +3,9 @@
 From the repository root (the 15.7M code LM of earlier versions; ``tiny`` is the tests' and examples' plumbing)::
 
     python -m recipes.training --output-dir runs/default                  # the CPU recipe (hours on 2 cores)
-    python -m recipes.training --output-dir runs/default --parts target --resume-target   # the target's second stage only
+    python -m recipes.training --output-dir runs/default --parts target --resume-target  # target's second stage only
     python -m recipes.training --recipe tiny --output-dir /tmp/tiny       # seconds; tests only
-    accelerate launch -m recipes.training --recipe gpu --output-dir runs/gpu-default   # `hf-specdraft bench --profile gpu`'s target
+    accelerate launch -m recipes.training --recipe gpu --output-dir runs/gpu-default  # the GPU bench profile's target
 
 Output directory layout (what ``hf_specdraft.defaults.load_default`` reads)::
 
@@ -339,8 +339,9 @@ def check_first_stage(log: dict, recipe: Recipe, output_dir: Path, parts: tuple[
         or "continuation" in log["target"]
     ):
         raise ValueError(
-            f"resume_target: {output_dir / 'training_log.json'} does not show a finished first stage of recipe {recipe.name!r} "
-            f"({recipe.target_schedule.steps} steps, no continuation started yet); retrain the target without resume_target"
+            f"resume_target: {output_dir / 'training_log.json'} does not show a finished first stage of recipe "
+            f"{recipe.name!r} ({recipe.target_schedule.steps} steps, no continuation started yet); retrain the target "
+            "without resume_target"
         )
     stale = [
         kind for kind in ("glide", "vanilla") if (output_dir / kind / "config.json").is_file() and kind not in parts
