@@ -18,6 +18,7 @@ import torch
 from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hf_specdraft import write_glide_custom_generate
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
 from hf_specdraft.glide.training import load_data
 
@@ -79,7 +80,7 @@ def main():
         push_to_hub=bool(args.hub_model_id),
         hub_model_id=args.hub_model_id,
     )
-    log = train_glide(target, glide, data, training_args)
+    log = train_glide(target, glide, data, training_args, custom_generate=write_glide_custom_generate)
     if PartialState().is_main_process:
         print(f"final loss {log['steps'][-1]['loss']}; checkpoint and model card in {training_args.output_dir}")
 

@@ -10,8 +10,9 @@ cascade, casd) imports only the core; this module, ``defaults``, ``bench`` and t
 ``import hf_specdraft`` loads no method and not torch (PEP 562): each public name below imports its module when it is
 first taken, so ``hf-specdraft --help`` answers at once. The wiring costs nothing at import:
 
-- GLIDE checkpoints ship CAPE's loop: :mod:`.core.hooks` holds a writer that imports :mod:`.cape.packaging` when a
-  checkpoint is saved;
+- GLIDE checkpoints ship CAPE's loop: :func:`write_glide_custom_generate` is the writer ``hf-specdraft train-glide``
+  passes to ``train_glide`` / ``save_glide_checkpoint`` (``custom_generate=``), importing :mod:`.cape.packaging` when
+  a checkpoint is saved;
 - ``import hf_specdraft.glide`` registers GLIDE with ``AutoConfig`` / ``AutoModelForCausalLM`` (its checkpoints load
   without ``trust_remote_code``) and as the drafter of ``speculative_generate(draft_model=<a GLIDE model>)``; taking
   :func:`speculative_generate` from here imports it too, so a GLIDE draft loaded with ``trust_remote_code`` still
@@ -21,8 +22,6 @@ first taken, so ``hf-specdraft --help`` answers at once. The wiring costs nothin
 from __future__ import annotations
 
 import importlib
-
-from .core import hooks as _hooks
 
 __version__ = "0.1.0"
 
@@ -59,14 +58,12 @@ _HELPERS = {  # reachable here as before, not part of __all__
 
 
 def write_glide_custom_generate(directory):
-    """CAPE's ``custom_generate/`` folder for a GLIDE checkpoint (the card tags it, so no README of its own): what
-    ``save_glide_checkpoint(..., custom_generate=...)`` writes by default."""
+    """CAPE's ``custom_generate/`` folder for a GLIDE checkpoint (the card tags it, so no README of its own): the
+    writer to pass as ``save_glide_checkpoint(..., custom_generate=write_glide_custom_generate)`` (or to
+    ``train_glide``)."""
     from .cape.packaging import write_custom_generate
 
     return write_custom_generate(directory, readme=False)
-
-
-_hooks.custom_generate_writer = write_glide_custom_generate  # GLIDE checkpoints ship CAPE's loop
 
 
 def __getattr__(name: str):

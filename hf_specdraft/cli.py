@@ -308,9 +308,11 @@ def prompts_methods(bundle) -> tuple[str, ...]:
 
 
 def cmd_train_glide(argv: list[str]) -> int:
+    from . import write_glide_custom_generate
     from .glide.training import main as train_glide_main
 
-    return train_glide_main(argv)
+    # GLIDE checkpoints ship CAPE's loop: the glide package imports no other method, so the writer is passed in
+    return train_glide_main(argv, custom_generate=write_glide_custom_generate)
 
 
 def cmd_build_bigram(argv: list[str]) -> int:

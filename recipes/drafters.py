@@ -20,6 +20,7 @@ LICENSE = "apache-2.0"  # the shipped drafters' weights carry the project's lice
 
 def train_default_drafter(kind: str, output_dir: Path, recipe: Recipe, train_ids: torch.Tensor) -> dict:
     """Train ``kind`` ("glide" or "vanilla") for the target in ``output_dir/target``; returns its training log."""
+    from hf_specdraft import write_glide_custom_generate
     from hf_specdraft.glide import GlideConfig, GlideForCausalLM, GlideTrainingArguments, train_glide
 
     if kind not in ("glide", "vanilla"):
@@ -36,7 +37,9 @@ def train_default_drafter(kind: str, output_dir: Path, recipe: Recipe, train_ids
         target.config, **spec["model"], cross_attention=kind == "glide", tie_word_embeddings=True
     )
     torch.manual_seed(args.seed)
-    log = train_glide(target, GlideForCausalLM(config), train_ids.long(), args)
+    log = train_glide(
+        target, GlideForCausalLM(config), train_ids.long(), args, custom_generate=write_glide_custom_generate
+    )
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     (output_dir / kind / "recipe.json").write_text(
         json.dumps({"recipe": spec, "hash": digest, "target_recipe": recipe.name}, indent=1) + "\n"

@@ -444,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as error:
             parser.error(f"--steps / --learning-rate / --seed: {error}")
+    from hf_specdraft import write_glide_custom_generate
     from hf_specdraft.defaults.smollm2 import HUB_ID, load_smollm2
     from hf_specdraft.glide.model_card import save_glide_checkpoint
     from hf_specdraft.glide.training.store import load_store
@@ -463,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(ns.output_dir) / kind,
             target_name=HUB_ID,
             card_info={"dataset": DATASET, "training_log": log, "license": LICENSE},
+            custom_generate=write_glide_custom_generate,
         )
         (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
         print(f"wrote {out}")

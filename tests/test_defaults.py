@@ -420,6 +420,7 @@ def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
     """The package ships weights, config, card and log only; the trust_remote_code files and custom_generate/ come
     from the library's one source when a drafter is saved for the Hub (save_glide_checkpoint)."""
     from recipes.smollm2_drafters import SHIPPED_FILES
+    from hf_specdraft import write_glide_custom_generate
     from hf_specdraft.glide import GlideForCausalLM, save_glide_checkpoint
 
     folder = SMOLLM2_DRAFTERS_DIR / kind
@@ -427,7 +428,7 @@ def test_shipped_drafters_carry_no_code_copies(kind, tmp_path):
         pytest.skip(f"no shipped {kind} drafter in this checkout")
     assert sorted(p.name for p in folder.iterdir()) == sorted(SHIPPED_FILES)
     drafter = GlideForCausalLM.from_pretrained(folder)
-    hub = save_glide_checkpoint(drafter, tmp_path / kind)
+    hub = save_glide_checkpoint(drafter, tmp_path / kind, custom_generate=write_glide_custom_generate)
     assert (hub / "modeling_glide.py").read_text() == (
         REPO / "hf_specdraft" / "glide" / "modeling_glide.py"
     ).read_text()

@@ -193,6 +193,7 @@ def test_plots_from_a_harness_run(tiny_env, tmp_path):
 def test_filled_model_card(tiny_env, tmp_path):
     from huggingface_hub import ModelCard
 
+    from hf_specdraft import write_glide_custom_generate
     from hf_specdraft.glide import GlideForCausalLM, save_glide_checkpoint
 
     trained = Path(tiny_env["HF_SPECDRAFT_TINY_DIR"]) / "glide"
@@ -210,6 +211,7 @@ def test_filled_model_card(tiny_env, tmp_path):
             "repo_id": "you/glide-vicuna",
             "license": "llama2",
         },
+        custom_generate=write_glide_custom_generate,
     )
     card = ModelCard.load(tmp_path / "README.md")
     assert card.data.base_model == "lmsys/vicuna-7b-v1.5" and card.data.license == "llama2"

@@ -33,7 +33,7 @@ def make_glide(target, seed: int = 1, **overrides) -> GlideForCausalLM:
     return GlideForCausalLM(config).eval()
 
 
-def briefly_trained_glide(target, output_dir) -> GlideForCausalLM:
+def briefly_trained_glide(target, output_dir, custom_generate=None) -> GlideForCausalLM:
     """GLIDE trained for 60 steps (< 1 s) on the target's own greedy text: drafts get accepted as well as rejected."""
     glide = make_glide(target)
     with torch.no_grad():
@@ -51,6 +51,7 @@ def briefly_trained_glide(target, output_dir) -> GlideForCausalLM:
             warmup_steps=3,
             progress_bar=False,
         ),
+        custom_generate=custom_generate,
     )
     return glide.eval()
 

@@ -15,6 +15,7 @@ from huggingface_hub import ModelCard
 from conftest import VOCAB, greedy_reference, run_without_hf_specdraft, tiny_model
 from hf_specdraft.cape.custom_generate.cape_draft import CausalLMDrafter, make_drafter
 from hf_specdraft.cape.custom_generate.generate import generate as cape_generate
+from hf_specdraft import write_glide_custom_generate
 from hf_specdraft.glide import save_glide_checkpoint
 from test_glide import briefly_trained_glide, make_glide, prompt, target_cache
 
@@ -96,12 +97,11 @@ def test_save_glide_checkpoint_rejects_bad_input(tmp_path):
 
 
 def test_save_glide_checkpoint_writes_the_custom_generate_it_is_given(tmp_path):
-    """CAPE's folder by default (composed in by the package root); another writer, or none, by argument."""
-    from hf_specdraft import write_glide_custom_generate
-
+    """The folder's writer is an argument (CAPE's, another, or none: the default, as the glide package imports no other
+    method)."""
     glide = make_glide(tiny_model("llama"))
     written = []
-    save_glide_checkpoint(glide, tmp_path / "none", custom_generate=None)
+    save_glide_checkpoint(glide, tmp_path / "none")
     save_glide_checkpoint(glide, tmp_path / "mine", custom_generate=written.append)
     save_glide_checkpoint(glide, tmp_path / "cape", custom_generate=write_glide_custom_generate)
     assert not (tmp_path / "none" / "custom_generate").exists() and written == [tmp_path / "mine"]
@@ -117,14 +117,21 @@ def checkpoints(tmp_path_factory):
     torch.set_num_threads(1)
     for arch in HUB_ARCHITECTURES:
         target = tiny_model(arch)
-        glide = briefly_trained_glide(target, root / f"{arch}_trained")  # train_glide writes its own checkpoint there
+        # train_glide writes its own checkpoint there
+        glide = briefly_trained_glide(target, root / f"{arch}_trained", custom_generate=write_glide_custom_generate)
         target.save_pretrained(root / f"{arch}_target")
         card_info = {
             "dataset": "the target's greedy text",
             "metrics": {"acceptance_rate": 0.5},
             "repo_id": f"my-org/glide-{arch}",
         }
-        save_glide_checkpoint(glide, root / f"{arch}_glide", target_name=f"my-org/tiny-{arch}", card_info=card_info)
+        save_glide_checkpoint(
+            glide,
+            root / f"{arch}_glide",
+            target_name=f"my-org/tiny-{arch}",
+            card_info=card_info,
+            custom_generate=write_glide_custom_generate,
+        )
     torch.save(prompt(7, seed=1), root / "inputs.pt")
     return root
 

@@ -177,7 +177,8 @@ def test_accelerate_launch_two_processes(tmp_path):
         "--dynamo_backend",
         "no",
         "-m",
-        "hf_specdraft.glide.training",
+        "hf_specdraft",
+        "train-glide",
         "--target",
         str(tmp_path / "target"),
         "--glide",
@@ -214,6 +215,7 @@ def test_accelerate_launch_two_processes(tmp_path):
     before = glide.state_dict()
     assert changed_parameters(before, trained) >= {"model.layers.0.cross_attn.q_proj.weight", "lm_head.weight"}
     assert "periodic test stream" in (tmp_path / "out" / "README.md").read_text()
+    assert (tmp_path / "out" / "custom_generate" / "generate.py").is_file()  # the command ships CAPE's loop
 
 
 @pytest.mark.parametrize(

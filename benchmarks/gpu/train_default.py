@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     started = time.perf_counter()
+    from hf_specdraft import write_glide_custom_generate
     from hf_specdraft.bench.harness import cpu_model
     from hf_specdraft.defaults.smollm2 import HUB_ID, load_smollm2
     from hf_specdraft.glide import GlideForCausalLM
@@ -253,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             work / f"{kind}-bf16",
             target_name=HUB_ID,
             card_info={"dataset": dataset, "training_log": log, "license": LICENSE},
+            custom_generate=write_glide_custom_generate,
         )
         (checkpoint / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
         result[kind] = {

@@ -9,8 +9,7 @@ acceptance rules (:mod:`.acceptance`, :mod:`.suffix_match`), a row's emission (:
 (:mod:`.static_cache`), the cache layouts
 (:mod:`.layouts`, :mod:`.static_layout`), costs and γ (:mod:`.controller`, :mod:`.controller_store`,
 :mod:`.meter`), tensor parallelism (:mod:`.distributed`), the result (:mod:`.outputs`, :mod:`.memory`), and the loop
-(:mod:`.loop`: ``speculative_generate``, the call's setup and the step). Beside it, :mod:`.hooks` holds what the
-package root lends the methods.
+(:mod:`.loop`: ``speculative_generate``, the call's setup and the step).
 
 Every module here imports only torch, transformers, the standard library and its siblings (``from .x import y``):
 the checkpoint-shipped ``custom_generate/`` folder is written from the very files its entry point imports

@@ -6,7 +6,8 @@ imported on first use and never shipped in a checkpoint. Three ways to decode wi
     glide.attach(target)                                              # stock transformers assisted decoding
     target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
 
-    save_glide_checkpoint(glide, "glide-dir", target_name="org/target")  # GLIDE + CAPE, only transformers needed
+    # GLIDE + CAPE, only transformers needed (the writer: hf_specdraft.write_glide_custom_generate)
+    save_glide_checkpoint(glide, "glide-dir", target_name="org/target", custom_generate=write_glide_custom_generate)
     target.generate(**inputs, custom_generate="glide-dir", trust_remote_code=True, max_new_tokens=64)
 
     speculative_generate(target, input_ids, candidate_generator=GlideCandidateGenerator(glide), max_new_tokens=64)

@@ -1,11 +1,15 @@
-"""A Hub-ready GLIDE checkpoint: model files, the model card (huggingface_hub ``ModelCard``) and CAPE's ``custom_generate/``.
+"""A Hub-ready GLIDE checkpoint: model files, the model card (huggingface_hub ``ModelCard``) and ``custom_generate/``.
+
+    from hf_specdraft import write_glide_custom_generate
 
     save_glide_checkpoint(glide, "glide-out", target_name="meta-llama/Llama-3.2-1B",
-                          card_info={"dataset": "my corpus", "metrics": {"acceptance_rate": 0.61}})
+                          card_info={"dataset": "my corpus", "metrics": {"acceptance_rate": 0.61}},
+                          custom_generate=write_glide_custom_generate)
 
 writes ``model.safetensors``, ``config.json`` with ``auto_map`` and the trust_remote_code files
-(``modeling_glide.py``, ``configuration_glide.py``, ``target_binding.py``), ``README.md``, and ``custom_generate/``
-(greedy GLIDE+CAPE, Du et al. 2024, §4.2). With only transformers installed, the directory (or its Hub copy) then decodes the target::
+(``modeling_glide.py``, ``configuration_glide.py``, ``target_binding.py``), ``README.md``, and CAPE's
+``custom_generate/`` (greedy GLIDE+CAPE, Du et al. 2024, §4.2). With only transformers installed, the directory (or
+its Hub copy) then decodes the target::
 
     target.generate(**inputs, custom_generate="glide-out", trust_remote_code=True, max_new_tokens=64)
 """
@@ -17,16 +21,8 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ..core import hooks
-
-COMPOSED = "composed"  # save_glide_checkpoint's custom_generate left out: the writer the package root composes in
-CARD_INFO_KEYS = (
-    "dataset",
-    "metrics",
-    "training_log",
-    "repo_id",
-    "license",
-)  # what save_glide_checkpoint's card_info may hold
+# what save_glide_checkpoint's card_info may hold
+CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id", "license")
 # what a training run leaves in its output directory that is no part of the published model
 LOCAL_ONLY = ["checkpoint-last*/**", "regenerated/**", "runs/**"]
 
@@ -45,7 +41,7 @@ def _hub_id(name: str | None) -> str | None:
 
 
 def save_glide_checkpoint(
-    glide, directory, target_name: str | None = None, card_info: dict | None = None, custom_generate=COMPOSED
+    glide, directory, target_name: str | None = None, card_info: dict | None = None, custom_generate=None
 ) -> Path:
     """Save ``glide`` as a checkpoint that runs on the Hub with only transformers installed.
 
@@ -61,13 +57,13 @@ def save_glide_checkpoint(
         card_info (`dict`, *optional*): more for the card, keys among ``dataset``, ``metrics``, ``training_log``,
             ``repo_id`` (the Hub id the usage snippets load) and ``license``; see [`write_model_card`].
         custom_generate (`Callable`, *optional*): ``writer(directory)`` writing the checkpoint's ``custom_generate/``
-            folder (``hf_specdraft.write_glide_custom_generate``: CAPE's), or `None` for none (the card then says so).
-            Left out: the writer the package root composes in, CAPE's (the glide package imports no other method).
+            folder: ``hf_specdraft.write_glide_custom_generate`` for CAPE's (the glide package imports no other
+            method, so its caller passes it). `None`: no folder (the card then says so).
 
     Returns:
         `Path`: the checkpoint directory.
     """
-    if custom_generate is not None and not callable(custom_generate) and custom_generate != COMPOSED:
+    if custom_generate is not None and not callable(custom_generate):
         raise TypeError(
             f"custom_generate must be callable as writer(directory) or None, got {type(custom_generate).__name__}"
         )
@@ -82,8 +78,7 @@ def save_glide_checkpoint(
     directory = Path(directory)
     glide.save_pretrained(directory)  # weights, config.json with auto_map, modeling_glide.py and its flat siblings
     # the folder's own drafter feeds tokens only: a GLIDE reading the target's state runs through hf_specdraft's loop
-    writer = hooks.custom_generate_writer if custom_generate == COMPOSED else custom_generate
-    writer = None if getattr(glide.config, "state_input", False) else writer
+    writer = None if getattr(glide.config, "state_input", False) else custom_generate
     write_model_card(
         glide.config,
         directory,
@@ -92,7 +87,7 @@ def save_glide_checkpoint(
         **card_info,
     )
     if writer is not None:
-        writer(directory)  # CAPE's loop (write_custom_generate with readme=False: the card tags it)
+        writer(directory)
     return directory
 
 

@@ -371,8 +371,10 @@ def _evaluation(ns, args: GlideTrainingArguments, glide, inputs: dict, tokenizer
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``hf-specdraft train-glide``: load the target and the data, train (resuming if it can), write the checkpoint."""
+def main(argv: list[str] | None = None, custom_generate=None) -> int:
+    """``hf-specdraft train-glide``: load the target and the data, train (resuming if it can), write the checkpoint
+    (with ``custom_generate/`` when given its writer, as :func:`~.trainer.train_glide` takes it: the command passes
+    CAPE's)."""
     parser = build_parser()
     ns = parser.parse_args(argv)
     _check_flags(parser, ns)
@@ -394,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics=metrics,
         evaluation=evaluation,
         extra_log={**inputs["extra_log"], **vanilla},
+        custom_generate=custom_generate,
     )
     if log["steps"] and PartialState().is_main_process:
         last = log["steps"][-1]

@@ -15,7 +15,7 @@ agreement and tokens per target forward on held-out data (trackers, ``training_l
     hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama --max-steps 2000
     # several processes / GPUs: the same command under accelerate (on CPUs, with ACCELERATE_USE_CPU=1 and --multi_gpu:
     # accelerate 1.x's `--cpu --num_processes N` starts ONE process unless mpirun is set up)
-    accelerate launch --num_processes 8 -m hf_specdraft.glide.training --target ... --data ... --output-dir ...
+    accelerate launch --num_processes 8 -m hf_specdraft train-glide --target ... --data ... --output-dir ...
 
 Large targets (Appendix A: 7B/13B with DeepSpeed ZeRO-2 on 8 GPUs, 33B with ZeRO-3; not tested here): ZeRO-2 shards
 GLIDE's optimizer state and gradients, and the frozen target, never passed to ``accelerator.prepare``, is one bf16 copy
@@ -62,8 +62,8 @@ class GlideTrainingArguments:
     """How to train GLIDE (defaults follow Appendix A where it says; batch sizes are per process).
 
     Args:
-        output_dir: where the checkpoint (:func:`save_glide_checkpoint`: model card and CAPE's ``custom_generate/``
-            included), ``training_log.json`` and ``checkpoint-last/`` go.
+        output_dir: where the checkpoint (:func:`save_glide_checkpoint`: model card included),
+            ``training_log.json`` and ``checkpoint-last/`` go.
         max_steps: optimizer steps; windows are drawn at random from the data.
         seq_len: tokens per training window.
         per_device_batch_size: windows per process per micro-batch.
@@ -366,6 +366,7 @@ def train_glide(
     metrics: dict | None = None,
     evaluation=None,
     extra_log: dict | None = None,
+    custom_generate=None,
 ) -> dict:
     """Train ``glide`` in place against the frozen ``target`` and write a checkpoint to ``args.output_dir``.
 
@@ -381,7 +382,10 @@ def train_glide(
         metrics: measured results to put in the model card (e.g. ``{"acceptance_rate": 0.62, "speedup": 1.9}``).
         evaluation: called as ``evaluation(target, glide) -> dict`` every ``args.eval_every`` steps and at the end
             (a :class:`~.evaluation.HeldOutEvaluation`); the last result is the log's ``eval`` and goes on the card.
-        extra_log: more for ``training_log.json`` and the card (e.g. ``{"regeneration": {...}, "vanilla_twin": {...}}``).
+        extra_log: more for ``training_log.json`` and the card (e.g. ``{"regeneration": {...}, "vanilla_twin":
+            {...}}``).
+        custom_generate (`Callable`, *optional*): the checkpoint's ``custom_generate/`` writer, as
+            :func:`save_glide_checkpoint` takes it (``hf_specdraft.write_glide_custom_generate``: CAPE's; `None`: none).
 
     Returns:
         the training log (also ``output_dir/training_log.json``): per-step loss / lr / tokens, evaluations, timing, arguments.
@@ -425,7 +429,7 @@ def train_glide(
         **(extra_log or {}),
     }
     if accelerator.is_main_process:
-        save_checkpoint(accelerator.unwrap_model(model), target, log, args, metrics)
+        save_checkpoint(accelerator.unwrap_model(model), target, log, args, metrics, custom_generate)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     for (
@@ -485,10 +489,10 @@ def _run(accelerator, model, optimizer, scheduler, target, source, generator, ar
     return progress
 
 
-def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metrics: dict | None) -> None:
+def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metrics: dict | None, custom_generate):
     """Write the Hub-ready checkpoint (:func:`save_glide_checkpoint`: weights, trust_remote_code files, ``README.md``
-    with the measured α, CAPE's ``custom_generate/``) and ``training_log.json``; push if asked (the resume state
-    ``checkpoint-last/``, the ``regenerated/`` data and the tracker ``runs/`` stay local)."""
+    with the measured α, ``custom_generate/`` when given its writer) and ``training_log.json``; push if asked (the
+    resume state ``checkpoint-last/``, the ``regenerated/`` data and the tracker ``runs/`` stay local)."""
     output_dir = Path(args.output_dir)
     base_model = getattr(target.config, "_name_or_path", None) or glide.config.target_name_or_path
     card_info = {
@@ -498,7 +502,9 @@ def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metr
         "repo_id": args.hub_model_id,
         "license": args.license,
     }
-    save_glide_checkpoint(glide, output_dir, target_name=base_model, card_info=card_info)
+    save_glide_checkpoint(
+        glide, output_dir, target_name=base_model, card_info=card_info, custom_generate=custom_generate
+    )
     (output_dir / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if args.push_to_hub:
         from ..model_card import push_checkpoint
