@@ -173,7 +173,7 @@ def lenient_review_sampling(
     lenience: float,
     generator: torch.Generator | None = None,
 ) -> tuple[int, int]:
-    """Probabilistic (lenient) review by a draft when sampling (§3.1); arguments as :func:`lenient_review`, ``p`` warped.
+    """Probabilistic lenient review by a draft when sampling (§3.1); arguments as :func:`lenient_review`, ``p`` warped.
 
     Candidate ``x_i`` passes when ``q(x_i) <= l * p_i(x_i)``, else with probability ``l * p_i(x_i) / q(x_i)``; the
     first rejection ends the review. MaG's tokens (``q = inf``, point masses) pass with probability ``p_i(x_i)``. The

@@ -19,7 +19,8 @@ from transformers import DynamicCache
 from .cache import common_prefix, repack_cache
 from .tree import DraftTree
 
-# forward(input_ids (A, k), attention_mask (A, K) 0/1 over cache + new columns, position_ids (A, k)) -> logits (A, V) of the last column
+# forward(input_ids (A, k), attention_mask (A, K) 0/1 over cache + new columns, position_ids (A, k))
+#   -> logits (A, V) of the last column
 DraftForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -27,16 +28,15 @@ def target_key_mask(width: int, cached: list[int], positions: torch.Tensor, dtyp
     """Which columns of a right-aligned batch target cache each draft query may read (GLIDE's glimpse in a batch).
 
     Args:
-        width: the target cache's columns; row ``a`` holds its positions ``0 .. cached[a] - 1`` in the last ``cached[a]``.
+        width: the target cache's columns; row ``a`` holds its positions ``0 .. cached[a] - 1`` in its last
+            ``cached[a]``.
         positions (`torch.LongTensor` of shape `(A, q)`): each query's sequence position.
 
     Returns:
         an additive mask `(A, 1, q, width)`: 0 where the column is the row's and at a position before the query's.
     """
     columns = torch.arange(width, device=positions.device)[None]
-    key_positions = (
-        columns - (width - torch.tensor(cached, device=positions.device))[:, None]
-    )  # (A, width); < 0: padding
+    key_positions = columns - (width - torch.tensor(cached, device=positions.device))[:, None]  # (A, width); <0: pad
     allowed = (key_positions >= 0)[:, None, :] & (key_positions[:, None, :] < positions[:, :, None])
     return torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(
         ~allowed, torch.finfo(dtype).min
@@ -69,8 +69,8 @@ class BatchChainDrafter(BatchProposer):
     """Chain drafting of ``num_draft_tokens`` (γ) tokens for every active row in one forward per token.
 
     Args:
-        drafters: the rows' drafters (forks of one :class:`~hf_specdraft.core.drafting.TreeCandidateGenerator` sharing a model):
-            each keeps its sampling settings and forward counts; the cache lives here.
+        drafters: the rows' drafters (forks of one :class:`~hf_specdraft.core.drafting.TreeCandidateGenerator`, one
+            model): each keeps its sampling settings and forward counts; the cache lives here.
         cache: the draft's empty cache, built as the drafter builds its own.
         forward: one draft forward (see :data:`DraftForward`); it may read ``self.target`` (set per step).
         device: the draft model's device, where its inputs are built (the target may sit elsewhere).
@@ -89,10 +89,8 @@ class BatchChainDrafter(BatchProposer):
         index = torch.tensor(survivors, dtype=torch.long)
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                layer.keys, layer.values = (
-                    layer.keys.index_select(0, index.to(layer.keys.device)),
-                    layer.values.index_select(0, index.to(layer.keys.device)),
-                )
+                rows = index.to(layer.keys.device)
+                layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
 
     @torch.no_grad()
     def propose(self, requests: list, target: tuple | None = None) -> list[DraftTree]:
@@ -107,12 +105,8 @@ class BatchChainDrafter(BatchProposer):
         device, gamma = self.device, requests[0].num_draft_tokens or self.num_draft_tokens
         texts = [request.input_ids[0].to(device) for request in requests]
         keep = [common_prefix(seen.to(device), ids) for seen, ids in zip(self.seen, texts)]
-        if (
-            self.cache.layers
-            and getattr(self.cache.layers[0], "keys", None) is not None
-            and self.cache.layers[0].keys.numel()
-        ):
-            repack_cache(self.cache, [self.columns[a][: keep[a]] for a in range(len(texts))], torch.arange(len(texts)))
+        # a layer that holds nothing yet (the first step) is left as it is
+        repack_cache(self.cache, [self.columns[a][: keep[a]] for a in range(len(texts))], torch.arange(len(texts)))
         width = max(keep)
         feeds = [ids[k:].to(device) for ids, k in zip(texts, keep)]
         chunk = max(f.numel() for f in feeds)

@@ -47,24 +47,19 @@ def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
     layer holds only its newest keys: its indices are shifted by what it no longer holds, and afterwards it
     is trimmed back to the ``window - 1`` keys the next forward can see (:func:`trim_windows`).
     """
-    length = cache.get_seq_length()
-    m = keep.numel()
-    if m == length:
-        trim_windows(cache)
-        return
-    if bool((keep == torch.arange(m, device=keep.device)).all()):
+    length, m = cache.get_seq_length(), keep.numel()
+    if m < length and bool((keep == torch.arange(m, device=keep.device)).all()):
         cache.crop(m - length)  # transformers 5.23 crops by a negative count of tokens to drop (sliding layers too)
-        trim_windows(cache)
-        return
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
-            shift = length - layer.keys.shape[-2]  # positions a sliding-window layer no longer holds
-            index = keep.to(layer.keys.device)
-            index = index[index >= shift] - shift
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
-            if hasattr(layer, "cumulative_length"):  # sliding-window layers count the tokens seen
-                layer.cumulative_length = m
+    elif m < length:
+        for layer in cache.layers:
+            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
+                shift = length - layer.keys.shape[-2]  # positions a sliding-window layer no longer holds
+                index = keep.to(layer.keys.device)
+                index = index[index >= shift] - shift
+                layer.keys = layer.keys.index_select(-2, index)
+                layer.values = layer.values.index_select(-2, index)
+                if hasattr(layer, "cumulative_length"):  # sliding-window layers count the tokens seen
+                    layer.cumulative_length = m
     trim_windows(cache)
 
 
@@ -101,8 +96,8 @@ def croppable_cache(model) -> DynamicCache:
 
 
 def common_prefix(seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
-    """How many of a draft cache's tokens ``seen`` `(S,)` a re-sync to the accepted text ``ids`` `(L,)` keeps: their common
-    prefix, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits)."""
+    """How many of a draft cache's tokens ``seen`` `(S,)` a re-sync to the accepted text ``ids`` `(L,)` keeps: their
+    common prefix, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits)."""
     seen = seen.to(ids.device)
     m = min(seen.numel(), ids.numel())
     differ = (seen[:m] != ids[:m]).nonzero()
@@ -139,9 +134,7 @@ def repack_cache(cache: DynamicCache, keep: list[torch.Tensor], rows: torch.Tens
         filler = k[:1] if k.numel() else torch.zeros(1, dtype=torch.long)
         index[i] = torch.cat([filler.expand(width - k.numel()), k])  # padding slots copy a kept column: finite, masked
     rows = rows.cpu()
-    flats: dict[
-        tuple, torch.Tensor
-    ] = {}  # (heads, columns, device) -> flat indices of the kept (row, head, column) vectors
+    flats: dict[tuple, torch.Tensor] = {}  # (heads, columns, device) -> flat indices of the kept (row, head, column)
     for layer in cache.layers:
         if getattr(layer, "keys", None) is None or not layer.keys.numel():
             continue  # a layer that holds nothing yet (pipeline-split or lazily built caches) has nothing to keep
@@ -153,26 +146,20 @@ def repack_cache(cache: DynamicCache, keep: list[torch.Tensor], rows: torch.Tens
                 .reshape(-1)
                 .to(layer.keys.device)
             )
-        flat = flats[key]  # one index_select per tensor: 3x faster on CPU than gather with an expanded index
-        layer.keys = (
-            layer.keys.reshape(-1, layer.keys.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
-        )
-        layer.values = (
-            layer.values.reshape(-1, layer.values.shape[-1]).index_select(0, flat).view(len(keep), heads, width, -1)
-        )
+        # one index_select per tensor: 3x faster on CPU than gather with an expanded index
+        keys, values = (t.reshape(-1, t.shape[-1]).index_select(0, flats[key]) for t in (layer.keys, layer.values))
+        layer.keys, layer.values = keys.view(len(keep), heads, width, -1), values.view(len(keep), heads, width, -1)
 
 
 def row_cache(cache: DynamicCache, a: int, row: Row) -> DynamicCache:
     """Row ``a``'s part of a shared batch cache as its own `(1, H, n_a, D)` cache of views (no copy), for a drafter."""
-    view = DynamicCache()
-    columns = cache.get_seq_length()
-    layers = []
+    view, columns = DynamicCache(), cache.get_seq_length()
+    view.layers = []
     for layer in cache.layers:
         own = DynamicLayer()
         if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
             own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
             own.keys = layer.keys[a : a + 1, :, columns - row.cached :]
             own.values = layer.values[a : a + 1, :, columns - row.cached :]
-        layers.append(own)
-    view.layers = layers
+        view.layers.append(own)
     return view

@@ -26,16 +26,6 @@ import torch.distributed as dist
 from .controller import _CARRIED
 
 
-def tensor_parallel_group(model):
-    """The process group ``model``'s tensor parallelism splits it over, or `None` for a model that is not split."""
-    if (getattr(model, "tp_size", None) or 1) <= 1 or not (dist.is_available() and dist.is_initialized()):
-        return None
-    mesh = getattr(model, "_device_mesh", None)  # transformers keeps the ("pp", "fsdp", "tp") mesh here
-    if mesh is not None and "tp" in (getattr(mesh, "mesh_dim_names", None) or ()):
-        return mesh.get_group("tp")
-    return dist.group.WORLD
-
-
 class RankAgreement:
     """The collectives that keep one call's ranks deciding alike (see the module docstring).
 
@@ -48,10 +38,13 @@ class RankAgreement:
 
     @classmethod
     def of(cls, model) -> RankAgreement | None:
-        """The agreement for ``model``'s ranks, or `None` when it is not split by tensor parallelism."""
-        group = tensor_parallel_group(model)
-        if group is None:
+        """The agreement for ``model``'s ranks (the process group its tensor parallelism splits it over), or `None` when
+        it is not split by tensor parallelism."""
+        if (getattr(model, "tp_size", None) or 1) <= 1 or not (dist.is_available() and dist.is_initialized()):
             return None
+        mesh = getattr(model, "_device_mesh", None)  # transformers keeps the ("pp", "fsdp", "tp") mesh here
+        tp_mesh = mesh is not None and "tp" in (getattr(mesh, "mesh_dim_names", None) or ())
+        group = mesh.get_group("tp") if tp_mesh else dist.group.WORLD
         return cls(group, torch.device("cpu") if dist.get_backend(group) == "gloo" else model.device)
 
     def slowest(self, *seconds: float) -> tuple[float, ...]:
@@ -67,16 +60,16 @@ class RankAgreement:
         return box[0]
 
     def align(self, controller) -> None:
-        """Start ``controller`` from the first rank's remembered state (each rank recalled its own, from its memory or its
-        machine's file) and feed it the slowest rank's seconds from now on."""
+        """Start ``controller`` from the first rank's remembered state (each rank recalled its own, from its memory or
+        its machine's file) and feed it the slowest rank's seconds from now on."""
         state = self.from_first_rank({name: getattr(controller, name) for name in _CARRIED})
         for name, value in state.items():
             setattr(controller, name, value)
         controller.agree_seconds = self.slowest
 
     def check_random_state(self, model_device: torch.device) -> None:
-        """Raise `ValueError` on every rank unless all ranks' global random generators (CPU, and the model's accelerator)
-        stand in the same state: only then do their draws agree token for token."""
+        """Raise `ValueError` on every rank unless all ranks' global random generators (CPU, and the model's
+        accelerator) stand in the same state: only then do their draws agree token for token."""
         digest = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
         if model_device.type == "cuda":
             digest.update(torch.cuda.get_rng_state(model_device).numpy().tobytes())
@@ -85,7 +78,7 @@ class RankAgreement:
         dist.all_gather(every, mine, group=self.group)
         if any(not torch.equal(other, every[0]) for other in every):
             raise ValueError(
-                "do_sample=True under tensor parallelism needs the same random state on every rank, or the ranks would draw "
-                f"different tokens: the {len(every)} ranks' generators differ. Seed every rank alike before generate, e.g. "
-                "torch.manual_seed(seed) or transformers.set_seed(seed) with one seed on all ranks"
+                "do_sample=True under tensor parallelism needs the same random state on every rank, or the ranks would "
+                f"draw different tokens: the {len(every)} ranks' generators differ. Seed every rank alike before "
+                "generate, e.g. torch.manual_seed(seed) or transformers.set_seed(seed) with one seed on all ranks"
             )

@@ -101,7 +101,8 @@ class StaticDraftCache(DraftCache):
 
     Args:
         draft_model: the draft. generation_config: the call's (``max_length`` sizes the cache).
-        compile_config: how the draft's forward compiles (the loop's, :func:`~hf_specdraft.core.static_layout.compile_config_for`).
+        compile_config: how the draft's forward compiles (the loop's,
+            :func:`~hf_specdraft.core.static_layout.compile_config_for`).
         reads: as :class:`DraftCache`'s; asked with ``committed=None`` for the warm-up's inputs.
     """
 
@@ -114,9 +115,8 @@ class StaticDraftCache(DraftCache):
         reads: Callable | None = None,
     ):
         super().__init__(draft_model, reads)
-        hold_draft(
-            draft_model
-        )  # StaticCacheBusy while another call drafts or verifies with this model: the caller stays eager
+        # StaticCacheBusy while another call drafts or verifies with this model: the caller stays eager
+        hold_draft(draft_model)
         config = copy.copy(generation_config)
         config.compile_config, config.disable_compile = compile_config, False
         self.static = static_target(draft_model, config, 1, role=role, buckets=DRAFT_BUCKETS)
@@ -138,9 +138,7 @@ class StaticDraftCache(DraftCache):
         start, n = self.length, feed.shape[1]
         compiled = self.static.compiled and self.static.cache.layers[0].is_initialized and n <= DRAFT_BUCKETS[-1]
         logits = self._run(feed[0], start, self.static.bucket(n) if compiled else n, compiled, extra, rows)
-        if (
-            not compiled and self.static.compiled and not self.static.cache.warmed
-        ):  # the buffers exist now: every bucket, once
+        if not compiled and self.static.compiled and not self.static.cache.warmed:  # the buffers exist now: warm up
             self.warm_up(extra)
         self.length = start + n
         return (logits[0, n - rows : n] if compiled else logits[0, -rows:]).float()
@@ -156,7 +154,7 @@ class StaticDraftCache(DraftCache):
         self.warm_up(extra)
 
     def warm_up(self, extra=None) -> None:
-        """Compile (and on CUDA capture) every bucket on dummy tokens in the cache's last columns, which no feed reaches."""
+        """Compile (on CUDA: capture) every bucket on dummy tokens in the cache's last columns, where no feed writes."""
         length = self.static.cache.max_cache_len
         for bucket in DRAFT_BUCKETS:
             dummies = torch.zeros(bucket, dtype=torch.long)
@@ -165,8 +163,8 @@ class StaticDraftCache(DraftCache):
     def _run(
         self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra, rows: int = 1
     ) -> torch.Tensor:
-        """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``; the whole buffer when compiled.
-        Returns the logits of every query when compiled (a fixed shape), of the last ``rows`` when eager (a prompt)."""
+        """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``, over the whole buffer when
+        compiled. Returns the logits of every query when compiled (a fixed shape), of the last ``rows`` when eager."""
         length = self.static.cache.max_cache_len if compiled else start + width
         cache = self.static.cache
         cache.set_visible(None if compiled else length)

@@ -52,8 +52,8 @@ def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel, argument: 
 
 
 def check_same_device(target: PreTrainedModel, draft: PreTrainedModel, argument: str = "draft_model") -> None:
-    """Refuse a draft off the target's device (it hands its tokens and q, or reads the cache, every step); never move it:
-    a user's model moved behind their back may not fit there."""
+    """Refuse a draft off the target's device (it hands its tokens and q, or reads the cache, every step); never move
+    it: a user's model moved behind their back may not fit there."""
     if getattr(target, "hf_device_map", None) is not None or getattr(draft, "hf_device_map", None) is not None:
         return  # a model split over devices (device_map="auto") hands tensors between its own devices
     if draft.device != target.device:
@@ -67,8 +67,9 @@ def check_drafter(draft_model: PreTrainedModel, argument: str = "draft_model") -
     """A drafter re-syncs its own cache by cropping it to the accepted prefix: attention layers only."""
     others = sorted({name for name in cache_layer_names(draft_model) if name not in ATTENTION_LAYERS})
     if others or recurrent_state(draft_model):
+        held = others or "its own recurrent state"
         raise ValueError(
-            f"{argument} is a {model_type(draft_model)!r} model whose cache holds {others or 'its own recurrent state'}; "
+            f"{argument} is a {model_type(draft_model)!r} model whose cache holds {held}; "
             "a draft model must be attention-only (its cache is cropped back to the accepted text every step)"
         )
 
@@ -88,9 +89,7 @@ def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList
 
 
 AUTO = "auto"  # num_draft_tokens="auto": the loop's DraftLengthController picks γ every step (core/controller.py)
-AUTO_START = (
-    5  # γ of an auto drafter wrapped by another (CAPE, the cascade), which reads it once: the papers' §5.1 value
-)
+AUTO_START = 5  # γ of an auto drafter another wraps (CAPE, the cascade), which reads it once: the papers' §5.1 value
 AUTO_MAX = 8  # the longest draft the controller considers
 
 
@@ -105,18 +104,14 @@ class DrafterTraits:
     adaptive_budget: bool = False  # a tree drafter whose node budget the controller picks too
     max_draft_tokens: int = AUTO_MAX  # the longest γ the controller considers for it
     stops_on_confidence: bool = False  # a chain that asks the loop's stop rule after every drafted token
-    widens_chain: bool = (
-        False  # its trees are a chain plus leaves (CAPE): the controller learns what the chain alone accepts
-    )
+    # its trees are a chain plus leaves (CAPE): the controller learns what the chain alone accepts
+    widens_chain: bool = False
     reads_target_cache: bool = True  # propose() reads the target's cache (the loop builds a view only for those)
     tokens_in_vocab: bool = False  # its tokens come from a draft checked to share the target's vocabulary
     requires_model_outputs: bool = False  # it reads the target's state (core.target_state)
-    model_kwargs_overrides: dict = field(
-        default_factory=dict
-    )  # what it asks of the target's forward (core.target_state)
-    compiles_draft: bool = (
-        False  # it has compile_draft: on the compiled static path its draft runs on a static cache of its own
-    )
+    model_kwargs_overrides: dict = field(default_factory=dict)  # what it asks of the target's forward
+    # it has compile_draft: on the compiled static path its draft runs on a static cache of its own
+    compiles_draft: bool = False
     learns_from_outcome: bool = False  # it learns from each step's DraftOutcome (update_candidate_strategy)
 
 
@@ -200,20 +195,19 @@ class TreeCandidateGenerator(CandidateGenerator):
     :meth:`propose`.
     """
 
+    # the DrafterTraits defaults (learns_from_outcome: a property below)
     num_draft_tokens = None
     adaptive_draft_length = False
     adaptive_budget = False
     max_draft_tokens = AUTO_MAX
     widens_chain = False
     requires_model_outputs = False
-    controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
-    stops_on_confidence = False  # a chain drafter that asks the request's stop_rule after every drafted token says True
-    tokens_in_vocab = (
-        False  # True for a drafter whose tokens come from a draft checked to share the target's vocabulary
-    )
-    reads_target_cache = True  # it reads the request's target_cache (GLIDE); False: the loop builds it no view
-    model_kwargs_overrides = MappingProxyType({})  # with requires_model_outputs: what it asks of the target's forward
+    stops_on_confidence = False
+    tokens_in_vocab = False
+    reads_target_cache = True
+    model_kwargs_overrides = MappingProxyType({})
     compiles_draft = False  # True for a drafter with compile_draft(generation_config, compile_config, target_cache)
+    controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
     seen_host = None  # draft_chain's last proposal: (the text it followed as a host list, its tree), for resync
     _answers_requests = None  # the draft_tree of the nearest class that implements it (what propose() calls)
 
@@ -306,13 +300,13 @@ class TreeCandidateGenerator(CandidateGenerator):
         return q.argmax(-1, keepdim=True)
 
     def beam_scorer(self, distribution: Callable[[torch.Tensor], torch.Tensor]) -> DraftModelTreeScorer | None:
-        """What scores a token tree with this drafter's model (:class:`DraftModelTreeScorer`'s three methods), for CAPE's
-        beam mode; ``None`` (the default): it has no tree forward. ``distribution`` maps logits `(n, V)` to q `(n, V)`."""
+        """What scores a token tree with this drafter's model (:class:`DraftModelTreeScorer`'s three methods), for
+        CAPE's beam mode; ``None`` (the default): it has no tree forward. ``distribution``: logits `(n, V)` -> q."""
         return None
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
-        """A proposer for the rows' ``drafters`` (this one and its forks) at once, one draft forward of batch B per token
-        (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`), or `None`: each row drafts alone."""
+        """A proposer for the rows' ``drafters`` (this one and its forks) at once, one draft forward of batch B per
+        token (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`), or `None`: each row drafts alone."""
         return None
 
     def fork(self) -> TreeCandidateGenerator:
@@ -343,9 +337,8 @@ def _share_tensors(obj, memo: dict[int, object], visited: set[int], depth: int =
     if id(obj) in visited or depth > 8 or isinstance(obj, (str, bytes, int, float, bool, type(None))):
         return
     visited.add(id(obj))
-    if (
-        isinstance(obj, (torch.nn.Module, torch.Tensor, memoryview)) or type(obj).__module__ == "numpy"
-    ):  # read-only while drafting
+    # read-only while drafting
+    if isinstance(obj, (torch.nn.Module, torch.Tensor, memoryview)) or type(obj).__module__ == "numpy":
         memo[id(obj)] = obj
         return
     if isinstance(obj, dict):
@@ -439,9 +432,8 @@ def same_drafters(
     )
 
 
-DrafterFactory = Callable[
-    ..., TreeCandidateGenerator
-]  # factory(draft_model, num_draft_tokens=γ or "auto"[, copy options])
+# factory(draft_model, num_draft_tokens=γ or "auto"[, copy options])
+DrafterFactory = Callable[..., TreeCandidateGenerator]
 DRAFTERS: dict[str, DrafterFactory] = {}  # model_type -> drafter, filled by the method packages (hf_specdraft.glide)
 
 
@@ -465,25 +457,19 @@ def drafter_for(
 ) -> TreeCandidateGenerator:
     """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`; the copy
     options (GLIDE's) go to the factory where not None (a drafter that never copies takes only a false one)."""
-    copying = {
-        name: value
-        for name, value in (("copy_from_context", copy_from_context), ("max_copy_tokens", max_copy_tokens))
-        if value is not None
-    }
+    options = {"copy_from_context": copy_from_context, "max_copy_tokens": max_copy_tokens}
     factory = DRAFTERS.get(getattr(draft_model.config, "model_type", None), DraftModelCandidateGenerator)
     if factory is DraftModelCandidateGenerator:
-        refuse_copying(draft_model, copying)
+        refuse_copying(draft_model, options)
         return factory(draft_model, num_draft_tokens=num_draft_tokens)
+    copying = {name: value for name, value in options.items() if value is not None}
     return factory(draft_model, num_draft_tokens=num_draft_tokens, **copying)
 
 
 def refuse_copying(draft_model: PreTrainedModel, copying: dict) -> None:
-    """Raise a ``ValueError`` naming the argument when ``copying`` asks a draft that never copies from the context to copy."""
-    asked = [
-        f"{name}={value!r}"
-        for name, value in copying.items()
-        if value is not None and value is not False and value != 0
-    ]
+    """Raise a ``ValueError`` naming the argument when ``copying`` asks a draft that never copies from the context to
+    copy (a ``None``, ``False`` or ``0`` asks nothing)."""
+    asked = [f"{name}={value!r}" for name, value in copying.items() if value is not None and value != 0]
     if asked:
         kind = getattr(draft_model.config, "model_type", None)
         raise ValueError(
@@ -514,15 +500,15 @@ def draft_chain(
     feed = ids[keep:][None]  # invariant after this: the cache covers ids, then each drafted token
     tokens, probs, confidences = [], [], []
     for _ in range(request.num_draft_tokens or generator.num_draft_tokens):
-        context = (
-            torch.cat([ids[None], *tokens], dim=-1) if generator.warpers else ids[None]
-        )  # warpers see the drafted prefix
+        # warpers see the drafted prefix
+        context = torch.cat([ids[None], *tokens], dim=-1) if generator.warpers else ids[None]
         q = generator.draft_distribution(next_logits(feed), context)
         feed = generator.pick(q)  # (1, 1), left on the device: the next feed, and the tree's token
         tokens.append(feed)
         probs.append(q[0])
-        if stop_rule is not None:  # the loop's controller: stop where another token is not worth its cost (one read per
-            confidences.append(float(q[0, feed[0, 0]]))  # drafted token, the rule's own)
+        if stop_rule is not None:
+            # the loop's controller: stop where another token is not worth its cost (one read per drafted token)
+            confidences.append(float(q[0, feed[0, 0]]))
             if not stop_rule(confidences):
                 break
     generator.count_call("draft", len(tokens))
@@ -601,9 +587,8 @@ class DraftModelTreeScorer:
         prefix, n = self.seen.numel(), tokens.numel()
         mask, node_positions = tree_mask(parents, prefix, dtype, device, queries=n)
         positions = node_positions[:, -n:]
-        keys = torch.cat(
-            [torch.arange(prefix, device=device), node_positions[0]]
-        )  # the cache holds the prefix, then every node
+        # the cache holds the prefix, then every node
+        keys = torch.cat([torch.arange(prefix, device=device), node_positions[0]])
         logits = self._forward(
             self.target_cache,
             input_ids=tokens.to(device)[None],

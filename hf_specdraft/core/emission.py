@@ -52,17 +52,12 @@ class TargetRows:
         generation_config: GenerationConfig,
         choices: list[int] | None = None,
     ):
-        self.logits, self.row, self.tree = (
-            logits,
-            row,
-            tree,
-        )  # logits: (1+N, V) float32; the row's ids read only for processors
+        # logits: (1+N, V) float32; the row's ids read only for processors
+        self.logits, self.row, self.tree = logits, row, tree
         self.processor = processor if len(processor) else None
         self.do_sample = generation_config.do_sample
         self._scores, self._probs, self._choice = {}, {}, {}
-        if (
-            choices is not None
-        ):  # greedy without processors: the argmax at every row, read back with the step's one read
+        if choices is not None:  # greedy without processors: the argmax at every row, read with the step's one read
             self._choice = dict(enumerate(choices))
         elif self.processor is None and not self.do_sample:
             self._choice = dict(enumerate(logits.argmax(-1).tolist()))
@@ -86,15 +81,14 @@ class TargetRows:
     def choice(self, row: int) -> int:
         """The target's own token at this row: argmax, or a sample from p when sampling."""
         if row not in self._choice:
-            self._choice[row] = (
-                int(torch.multinomial(self.probs(row), 1)) if self.do_sample else int(self.scores(row).argmax())
-            )
+            choice = torch.multinomial(self.probs(row), 1) if self.do_sample else self.scores(row).argmax()
+            self._choice[row] = int(choice)
         return self._choice[row]
 
 
 class HostStops:
-    """A call's stopping criteria (``None``: the config's ``max_length`` alone, which bounds every call), split into host
-    checks and the rest."""
+    """A call's stopping criteria (``None``: the config's ``max_length`` alone, which bounds every call), split into
+    host checks and the rest."""
 
     def __init__(self, stopping_criteria: StoppingCriteriaList | None, generation_config: GenerationConfig):
         criteria = list(stopping_criteria or [])
@@ -162,17 +156,12 @@ def select_accepted(
     """The accepted path and the target's next token: when sampling exactly, speculative sampling for a chain with q
     (Leviathan et al. 2023, Algorithm 1) and multi-branch rejection sampling for a tree with q and ``sampled`` flags
     (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`); otherwise the tree walk of :func:`accept_tree`."""
-    if (
-        generation_config.do_sample
-        and acceptance is None
-        and len(tree)
-        and tree.is_chain
-        and tree.draft_probs is not None
-    ):
+    exact_sampling = generation_config.do_sample and acceptance is None and len(tree)
+    if exact_sampling and tree.is_chain and tree.draft_probs is not None:
         p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
         n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
         return list(range(n)), next_token
-    if generation_config.do_sample and acceptance is None and len(tree) and tree.sampled is not None:
+    if exact_sampling and tree.sampled is not None:
         return tree_rejection_sampling(rows.probs, tree)
     return accept_tree(rows, tree, acceptance, eos_list(generation_config))
 
@@ -189,9 +178,8 @@ def emit_tokens(
     """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would
     (:class:`HostStops`: on host tokens; a criterion of the user's own reads the device).
     Extends ``row.tokens`` (and so ``row.ids``) and ``row.done``; returns how many tokens were appended."""
-    tokens = ([tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()) + [
-        next_token
-    ]
+    tokens = [tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()
+    tokens.append(next_token)
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
     out = row.out
     emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.others else None)

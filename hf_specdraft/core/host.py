@@ -13,8 +13,7 @@ import torch
 
 
 def copy_to_device(buffer: torch.Tensor, host: torch.Tensor) -> None:
-    """``buffer.copy_(host)`` without a sync: on CUDA the host tensor is staged in pinned memory and copied
-    asynchronously (a copy from pageable memory waits for the stream to drain first)."""
+    """``buffer.copy_(host)`` without a sync: on CUDA, staged in pinned memory and copied asynchronously."""
     if buffer.device.type == "cuda":
         host = host.pin_memory()
     buffer.copy_(host, non_blocking=True)
@@ -31,7 +30,7 @@ def on_device(tensor: torch.Tensor, device: torch.device | str) -> bool:
 def stage(buffers: dict | None, name: str, host, device: torch.device):
     """Host inputs (a tensor, or a dict of them) on ``device`` without a sync (:func:`copy_to_device`): into a fixed
     buffer per name and shape kept in ``buffers`` (a compiled graph's inputs keep their addresses, so CUDA graphs
-    replay on them without copying), or into fresh tensors when ``buffers`` is None (eager, shapes change every step)."""
+    replay on them without copying), or into fresh tensors when ``buffers`` is None (eager: shapes change)."""
     if isinstance(host, dict):
         return {kind: stage(buffers, f"{name}.{kind}", value, device) for kind, value in host.items()}
     if buffers is None and torch.device(device).type == "cpu":
@@ -48,8 +47,8 @@ def stage(buffers: dict | None, name: str, host, device: torch.device):
 
 
 def host_tensor(values, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-    """A CPU long tensor of the ints ``values`` (a flat list, or ``range``), viewed as ``shape``: made through a stdlib
-    ``array`` (``torch.tensor`` of a Python list costs ~12 µs plus ~0.3 µs an element on a CPU; this ~2.5 µs)."""
+    """A CPU long tensor of the ints ``values`` (a flat list, or ``range``), viewed as ``shape``, made through a stdlib
+    ``array`` (~2.5 µs, against ``torch.tensor``'s ~12 µs plus ~0.3 µs an element)."""
     values = array.array("q", values)
     tensor = torch.frombuffer(values, dtype=torch.long) if len(values) else torch.zeros(0, dtype=torch.long)
     return tensor if shape is None else tensor.view(shape)

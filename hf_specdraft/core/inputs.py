@@ -33,7 +33,8 @@ def check_input_ids(input_ids, model=None) -> None:
     """A 2-D integer tensor of ids the model's embedding holds; a clear `ValueError` naming what is wrong otherwise."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(
-            f"input_ids must be a 2-D LongTensor of shape (B, L), got {type(input_ids).__name__} {getattr(input_ids, 'shape', '')}"
+            "input_ids must be a 2-D LongTensor of shape (B, L), got "
+            f"{type(input_ids).__name__} {getattr(input_ids, 'shape', '')}"
         )
     if input_ids.shape[0] == 0:
         raise ValueError("input_ids holds no rows: pass at least one prompt")
@@ -61,15 +62,16 @@ def check_target_model(model) -> None:
         )
     if not isinstance(model, PreTrainedModel) or not callable(getattr(model, "generate", None)):
         raise TypeError(
-            f"model must be a transformers PreTrainedModel with generate() (the target causal LM), got {type(model).__name__}"
+            "model must be a transformers PreTrainedModel with generate() (the target causal LM), got "
+            f"{type(model).__name__}"
         )
 
 
 def check_unmarked_padding(input_ids: torch.Tensor, lengths: torch.Tensor, pad_token_id) -> None:
     """Refuse a batch whose rows begin with different numbers of pad tokens while the attention mask calls them tokens.
 
-    transformers' ``generate`` infers a mask from ``pad_token_id`` only when it differs from ``eos_token_id``; otherwise a
-    left-padded batch without ``attention_mask`` runs with every row attending to its padding. Plain ``generate`` only
+    transformers' ``generate`` infers a mask from ``pad_token_id`` only when it differs from ``eos_token_id``; otherwise
+    a left-padded batch without ``attention_mask`` runs with every row attending to its padding. Plain ``generate`` only
     warns; the speculative rows of a batch are verified together, so this is an error here. Equal runs (a shared BOS
     that happens to be the pad token) are not padding.
     """
@@ -80,9 +82,9 @@ def check_unmarked_padding(input_ids: torch.Tensor, lengths: torch.Tensor, pad_t
     if int(leading.max()) > int(leading.min()):
         rows = (leading > leading.min()).nonzero().flatten().tolist()
         raise ValueError(
-            f"input_ids rows {rows} begin with pad tokens (pad_token_id={pad}) but no attention_mask marks them as padding: "
-            "pass the tokenizer's attention_mask with the batch, e.g. speculative_generate(model, **tokenizer(prompts, "
-            "padding=True, return_tensors='pt'), ...) with tokenizer.padding_side = 'left'"
+            f"input_ids rows {rows} begin with pad tokens (pad_token_id={pad}) but no attention_mask marks them as "
+            "padding: pass the tokenizer's attention_mask with the batch, e.g. speculative_generate(model, "
+            "**tokenizer(prompts, padding=True, return_tensors='pt'), ...) with tokenizer.padding_side = 'left'"
         )
 
 
@@ -102,14 +104,13 @@ def check_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) 
     mask = mask.long()
     lengths = mask.sum(-1)
     if bool((lengths == 0).any()):
-        raise ValueError(
-            f"attention_mask rows {(lengths == 0).nonzero().flatten().tolist()} are all padding: every prompt needs a token"
-        )
+        empty = (lengths == 0).nonzero().flatten().tolist()
+        raise ValueError(f"attention_mask rows {empty} are all padding: every prompt needs a token")
     left_padded = torch.arange(length)[None] >= (length - lengths)[:, None]
     if not torch.equal(mask.bool(), left_padded):
         raise ValueError(
-            "attention_mask is not left padding: speculative decoding appends to the right of every row, so pad prompts "
-            "on the left (tokenizer.padding_side = 'left', as for transformers' batched generate)"
+            "attention_mask is not left padding: speculative decoding appends to the right of every row, so pad "
+            "prompts on the left (tokenizer.padding_side = 'left', as for transformers' batched generate)"
         )
     return lengths
 
@@ -118,20 +119,21 @@ def check_generation_setup(input_ids, generation_config: GenerationConfig, model
     """What generate may hand the loop that speculative decoding cannot honour, refused by name before any forward."""
     if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
         raise ValueError(
-            "num_beams and num_return_sequences must be 1 (generate expands the batch for them) with speculative decoding"
+            "num_beams and num_return_sequences must be 1 for speculative decoding (generate expands the batch by them)"
         )
     check_input_ids(input_ids)
-    static = generation_config.cache_implementation == "static"
-    if generation_config.cache_implementation not in (None, "dynamic", "static"):
+    implementation = generation_config.cache_implementation
+    if implementation not in (None, "dynamic", "static"):
         raise ValueError(
-            f"cache_implementation={generation_config.cache_implementation!r} is not supported by speculative decoding: "
-            "leave it unset (a DynamicCache the loop compacts) or pass 'static' (a static cache the loop owns, compiled on CUDA)"
+            f"cache_implementation={implementation!r} is not supported by speculative decoding: leave it unset "
+            "(a DynamicCache the loop compacts) or pass 'static' (a static cache the loop owns, compiled on CUDA)"
         )
-    passed = output_cache(model_kwargs)
+    passed, static = output_cache(model_kwargs), implementation == "static"
     if passed is not None and (not (static or isinstance(passed, DynamicCache)) or passed.get_seq_length() > 0):
         raise ValueError(
-            f"{CACHE_FIELD} must be empty or absent, got a {type(passed).__name__} holding {passed.get_seq_length()} tokens: "
-            "speculative decoding builds its own cache (cache_implementation='static' selects a static one)"
+            f"{CACHE_FIELD} must be empty or absent, got a {type(passed).__name__} holding "
+            f"{passed.get_seq_length()} tokens: speculative decoding builds its own cache "
+            "(cache_implementation='static' selects a static one)"
         )
     # use_cache=False (MPT's config default, for one) is not refused: the loop always verifies against its own
     # KV cache, and caching changes no output token.
@@ -160,14 +162,16 @@ def resolve_generator(
     check_copy_options(copy_from_context, max_copy_tokens, allow_none=True)
     if candidate_generator is not None and (copy_from_context is not None or max_copy_tokens is not None):
         raise ValueError(
-            "copy_from_context= and max_copy_tokens= configure the drafter speculative_generate builds for draft_model=; "
-            "with candidate_generator=, set them on the drafter, e.g. GlideCandidateGenerator(glide, copy_from_context=0)"
+            "copy_from_context= and max_copy_tokens= configure the drafter speculative_generate builds for "
+            "draft_model=; with candidate_generator=, set them on the drafter, e.g. "
+            "GlideCandidateGenerator(glide, copy_from_context=0)"
         )
     if candidate_generator is not None and draft_model is not None:
         raise ValueError("pass either candidate_generator= or draft_model=, not both")
     if candidate_generator is None and draft_model is None:
         raise ValueError(
-            "speculative_generate needs a drafter: pass candidate_generator=<CandidateGenerator> or draft_model=<causal LM>"
+            "speculative_generate needs a drafter: pass candidate_generator=<CandidateGenerator> or "
+            "draft_model=<causal LM>"
         )
     if draft_model is not None:
         if isinstance(draft_model, str):
@@ -189,7 +193,8 @@ def resolve_generator(
         return [drafters[id(g)] for g in candidate_generator]  # listed twice stays one object (row_drafters refuses it)
     if not isinstance(candidate_generator, CandidateGenerator):
         raise TypeError(
-            f"candidate_generator must be a transformers CandidateGenerator (or a list of one per row), got {type(candidate_generator).__name__}"
+            "candidate_generator must be a transformers CandidateGenerator (or a list of one per row), got "
+            f"{type(candidate_generator).__name__}"
         )
     if isinstance(candidate_generator, TreeCandidateGenerator):
         return candidate_generator

@@ -19,9 +19,8 @@ import ctypes
 import os
 import threading
 
-ENV = (
-    "HF_SPECDRAFT_TRIM_MIB"  # the opt-in: MiB of growth past the floor that triggers a trim (unset, empty or 0: never)
-)
+# the opt-in: MiB of growth past the floor that triggers a trim (unset, empty or 0: never)
+ENV = "HF_SPECDRAFT_TRIM_MIB"
 TRIM_MIB = 32  # the threshold the memory measurements ran with: small against a model, rare against a call's buffers
 
 _lock = threading.Lock()  # guards _floor and _trimming only: never held while malloc_trim runs

@@ -1,4 +1,4 @@
-"""What a call returns: the sequences, or :class:`SpeculativeGenerateOutput` with the statistics (``generate``'s contract)."""
+"""What a call returns, as ``generate`` does: the sequences, or :class:`SpeculativeGenerateOutput` with statistics."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class SpeculativeGenerateOutput(ModelOutput):
 
 
 def assemble_result(rows: list[Row], generator, generation_config: GenerationConfig, layout, chosen: dict):
-    """What ``generate`` returns: the sequences (finished rows padded on the right), or :class:`SpeculativeGenerateOutput`.
+    """The call's result: the sequences (finished rows padded on the right), or :class:`SpeculativeGenerateOutput`.
 
     What differs between one row and a padded batch, ``layout`` answers
     (:class:`~hf_specdraft.core.layouts.CacheLayout`): the call's statistics

@@ -121,9 +121,8 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
             for _ in range(CALIBRATION_REPEATS):  # interleaved, so a burst of other work hits both
                 seconds["linear"].append(_seconds(linear))
                 seconds["transposed"].append(_seconds(transposed))
-        _FASTER_TRANSPOSED[key] = statistics.median(seconds["transposed"]) < SWITCH_MARGIN * statistics.median(
-            seconds["linear"]
-        )
+        median = {name: statistics.median(times) for name, times in seconds.items()}
+        _FASTER_TRANSPOSED[key] = median["transposed"] < SWITCH_MARGIN * median["linear"]
         _save_disk(key, _FASTER_TRANSPOSED[key])
     return _FASTER_TRANSPOSED[key]
 
@@ -139,14 +138,8 @@ def _transposed_product(weight: torch.Tensor, flat: torch.Tensor) -> torch.Tenso
 def calibrated_choices() -> list[dict]:
     """What :func:`transposed_is_faster` measured so far in this process (benchmarks record it)."""
     return [
-        {
-            "weight": list(shape),
-            "dtype": str(dtype).removeprefix("torch."),
-            "rows": rows,
-            "threads": threads,
-            "transposed": faster,
-        }
-        for (shape, dtype, rows, threads), faster in sorted(_FASTER_TRANSPOSED.items(), key=str)
+        dict(weight=list(shape), dtype=str(dtype).removeprefix("torch."), rows=rows, threads=threads, transposed=fast)
+        for (shape, dtype, rows, threads), fast in sorted(_FASTER_TRANSPOSED.items(), key=str)
     ]
 
 
@@ -171,7 +164,7 @@ def _transposed_linear(module: nn.Linear, original, orientation: str):
 
 
 def _swappable(module: nn.Module) -> bool:
-    """A plain CPU float ``nn.Linear`` whose forward nobody has wrapped (no accelerate hook, no adapter, no quantized layer)."""
+    """A plain CPU float ``nn.Linear`` whose forward nobody wrapped (no accelerate hook, adapter or quantization)."""
     return (
         type(module) is nn.Linear
         and module.weight.device.type == "cpu"
@@ -197,9 +190,9 @@ def _transposed(modules: Iterable[nn.Module], orientation: str = "auto") -> Iter
 
 @contextlib.contextmanager
 def few_token_linears(model: nn.Module, orientation: str = "auto") -> Iterator[int]:
-    """Compute the plain CPU fp32 ``nn.Linear`` layers of ``model`` as ``W @ h.T`` inside the block (a one-row input as two
-    rows), where that is faster on this machine: for a few-token verification and, on CPUs whose one-row product runs on
-    one core, for plain decoding too (``with few_token_linears(model): model.generate(...)``).
+    """Compute the plain CPU fp32 ``nn.Linear`` layers of ``model`` as ``W @ h.T`` inside the block (a one-row input as
+    two rows), where that is faster on this machine: for a few-token verification and, on CPUs whose one-row product
+    runs on one core, for plain decoding too (``with few_token_linears(model): model.generate(...)``).
 
     Args:
         orientation: ``"auto"`` (default): per weight shape and row count, whichever orientation

@@ -11,11 +11,11 @@ call of this loop, so that ``speculative_generate(target, ids, draft_model=assis
 static path, the γ controller and CAPE's expansion, handing them the target's state as their protocol asks
 (:mod:`~hf_specdraft.core.target_state`):
 
-* a ``Gemma4AssistantForCausalLM`` (``SinglePositionMultiTokenCandidateGenerator``): the token's embedding ⊕ the target's
-  last hidden state in, Q-only attention to the keys and values of the target's last cached layer of each type; γ is its
-  ``num_assistant_tokens``. Those keys and values are read from the loop's cache after it kept the accepted path, so a
-  tree's rejected nodes never reach the assistant, and the verify forward returns only the last hidden state (transformers'
-  loop asks it for every layer's and for ``return_shared_kv_states``);
+* a ``Gemma4AssistantForCausalLM`` (``SinglePositionMultiTokenCandidateGenerator``): the token's embedding ⊕ the
+  target's last hidden state in, Q-only attention to the keys and values of the target's last cached layer of each
+  type; γ is its ``num_assistant_tokens``. Those keys and values are read from the loop's cache after it kept the
+  accepted path, so a tree's rejected nodes never reach the assistant, and the verify forward returns only the last
+  hidden state (transformers' loop asks it for every layer's and for ``return_shared_kv_states``);
 * a DFlash drafter (``DFlashTokenCandidateGenerator``; any model whose config names ``target_layer_ids``, ``block_size``
   and ``mask_token_id``): the named layers' states fused into its own cache, a block of ``block_size`` tokens drafted
   in one forward through the target's embeddings and head.
@@ -44,10 +44,6 @@ def is_dflash(model) -> bool:
     return all(getattr(model.config, name, None) is not None for name in DFLASH_FIELDS)
 
 
-def is_gemma4_assistant(model) -> bool:
-    return type(model).__name__.startswith(("Gemma4Assistant", "Gemma4UnifiedAssistant"))
-
-
 def refuse_glide_export(model) -> None:
     """A GLIDE exported for vLLM (``hf-specdraft export``; its config records the GLIDE it came from) is refused: its
     inputs are scaled for vLLM, and in transformers the GLIDE checkpoint itself is the drafter."""
@@ -62,8 +58,8 @@ def refuse_glide_export(model) -> None:
 
 
 def reads_target_state(model) -> bool:
-    """Whether ``draft_model`` is one of the state-reading drafters this module runs."""
-    return is_dflash(model) or is_gemma4_assistant(model)
+    """Whether ``draft_model`` is one of the state-reading drafters this module runs (DFlash, a Gemma 4 assistant)."""
+    return is_dflash(model) or type(model).__name__.startswith(("Gemma4Assistant", "Gemma4UnifiedAssistant"))
 
 
 class StateReadingDrafter(TreeCandidateGenerator):
@@ -82,8 +78,8 @@ class StateReadingDrafter(TreeCandidateGenerator):
         super().__init__()
         if not reads_target_state(draft_model):
             raise ValueError(
-                f"draft_model must be a Gemma 4 assistant or a DFlash drafter (a config with {', '.join(DFLASH_FIELDS)}), "
-                f"got {type(draft_model).__name__}"
+                "draft_model must be a Gemma 4 assistant or a DFlash drafter (a config with "
+                f"{', '.join(DFLASH_FIELDS)}), got {type(draft_model).__name__}"
             )
         refuse_glide_export(draft_model)
         self.draft_model = draft_model
@@ -100,7 +96,8 @@ class StateReadingDrafter(TreeCandidateGenerator):
             self.num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens)
         self.generator = None
         self.model_kwargs_overrides: dict = {}
-        self.producers: dict[str, int] = {}  # the assistant's layer types -> the target layer whose cache it reads
+        # the assistant's layer types -> the target layer whose cache it reads (None: DFlash's reads no cache)
+        self.producers: dict[str, int] | None = None
         self.reads_target_cache = not self.dflash
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
@@ -121,41 +118,41 @@ class StateReadingDrafter(TreeCandidateGenerator):
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """The generator's chain after the request's text `(1, L)` (γ: the request's, else its own), with q where it
         returns logits."""
-        input_ids, target_state = request.input_ids, request.target_state
-        if target_state is None or self.generator is None:
+        if request.target_state is None or self.generator is None:
             raise ValueError(
                 f"{type(self.draft_model).__name__} reads the target's hidden states, which transformers' assisted "
                 "loop hands only to its own generators: call speculative_generate(target, ids, draft_model=...) or "
                 "target.generate(ids, custom_generate=speculative_generate, draft_model=...)"
             )
-        outputs = target_state.outputs
         if not self.dflash:
             self.generator.num_assistant_tokens = request.num_draft_tokens or self.num_draft_tokens
-            if outputs is not None:
-                outputs = TargetOutputs(
-                    hidden_states=outputs.hidden_states,
-                    shared_kv_states=shared_kv(request.target_cache, self.producers),
-                )
-        ids, logits = self.generator.get_candidates(
-            input_ids,
-            model_kwargs=target_state.model_kwargs(),
-            model_outputs=outputs,
-            is_first_iteration=target_state.first,
-            n_last_matches=target_state.matched,
-        )
-        tokens = ids[0, input_ids.shape[1] :]
+        ids, logits = state_candidates(self.generator, request, self.producers, request.target_state.model_kwargs())
+        tokens = ids[0, request.input_ids.shape[1] :]
         self.count_call("draft", 0 if not len(tokens) else 1 if self.dflash else len(tokens))
-        probs = (
-            None  # q: what the tokens were drawn from. DFlash samples from softmax(logits) when sampling; the assistant
-        )
-        # always takes its argmax, so under sampling it gives no q and the target samples each position itself (lossless)
-        if (
-            logits is not None
-            and logits.shape[1] >= tokens.numel()
-            and (self.dflash or not self.generation_config.do_sample)
-        ):
+        # q: what the tokens were drawn from. DFlash samples from softmax(logits) when sampling; the assistant always
+        # takes its argmax, so under sampling it gives no q and the target samples each position itself (lossless)
+        probs = None
+        sampled_from_logits = self.dflash or not self.generation_config.do_sample
+        if logits is not None and logits.shape[1] >= tokens.numel() and sampled_from_logits:
             probs = torch.softmax(logits[0, : tokens.numel()].float(), dim=-1)
         return DraftTree.chain(tokens, probs)
+
+
+def state_candidates(generator: CandidateGenerator, request: DraftRequest, producers, model_kwargs: dict):
+    """``generator.get_candidates`` called as transformers' loop calls a state-reading generator, with the request's
+    target state (a Gemma 4 assistant's ``producers`` layers' keys and values read from the kept text's cache)."""
+    state = request.target_state
+    outputs = state.outputs
+    if outputs is not None and producers is not None:
+        kv = shared_kv(request.target_cache, producers)
+        outputs = TargetOutputs(hidden_states=outputs.hidden_states, shared_kv_states=kv)
+    return generator.get_candidates(
+        request.input_ids,
+        model_kwargs=model_kwargs,
+        model_outputs=outputs,
+        is_first_iteration=state.first,
+        n_last_matches=state.matched,
+    )
 
 
 def transformers_protocol(generator: CandidateGenerator) -> tuple[bool, dict]:
@@ -192,20 +189,9 @@ class TransformersCandidateGenerator(TreeCandidateGenerator):
         input_ids, state = request.input_ids, request.target_state
         if state is None:
             ids, logits = self.generator.get_candidates(input_ids)
-        else:  # transformers' own state-reading generators (DFlash, MTP, Gemma 4's assistant), called as its loop does
-            outputs = state.outputs
-            if outputs is not None and self.producers is not None:  # Gemma 4's: the keys and values of the kept text
-                outputs = TargetOutputs(
-                    hidden_states=outputs.hidden_states,
-                    shared_kv_states=shared_kv(request.target_cache, self.producers),
-                )
-            ids, logits = self.generator.get_candidates(
-                input_ids,
-                model_kwargs={**state.model_kwargs(), CACHE_FIELD: request.target_cache},
-                model_outputs=outputs,
-                is_first_iteration=state.first,
-                n_last_matches=state.matched,
-            )
+        else:  # transformers' own state-reading generators (DFlash, MTP, Gemma 4's assistant)
+            kwargs = {**state.model_kwargs(), CACHE_FIELD: request.target_cache}
+            ids, logits = state_candidates(self.generator, request, self.producers, kwargs)
         tokens = ids[0, input_ids.shape[1] :]
         probs = None
         if logits is not None and logits.shape[1] == tokens.numel():

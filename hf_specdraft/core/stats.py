@@ -32,11 +32,9 @@ class StepRecord:
     draft_seconds: float
     verify_seconds: float
     judged: int = 0  # drafted positions the target judged: accepted ones plus the first rejected one, if any
-    overlaps: list[float] | None = None  # Σ_v min(p, q) at each judged chain position (None: no q, or a tree; a tensor
-    # on the device until the call ends, SpeculativeStats.settle)
-    copied: bool = (
-        False  # the draft was copied from the text (a GLIDE drafter's copy_from_context), not drafted by a model
-    )
+    # Σ_v min(p, q) at each judged chain position (None: no q, or a tree; on the device until SpeculativeStats.settle)
+    overlaps: list[float] | None = None
+    copied: bool = False  # copied from the text (a GLIDE drafter's copy_from_context), not drafted by a model
 
 
 def _total(name: str) -> property:
@@ -163,7 +161,7 @@ class SpeculativeStats:
         return {"summary": self.summary(), "steps": [asdict(s) for s in self.steps]}
 
     def __repr__(self) -> str:
-        """One line of the figures a user reads first; the full data stays in :attr:`steps`, :meth:`summary`, :meth:`to_dict`."""
+        """One line of the figures a user reads first; the rest: :attr:`steps`, :meth:`summary`, :meth:`to_dict`."""
         figures = [f"steps={self.num_steps}", f"new_tokens={self.new_tokens}"]
         if self.num_steps:
             figures.append(f"mean_accepted_length={self.mean_accepted_length:.2f}")
@@ -233,9 +231,15 @@ def record_step(
     draft_seconds: float,
     verify_seconds: float,
 ) -> None:
-    """One step's record (``rows``: the row's :class:`~hf_specdraft.core.emission.TargetRows`)."""
+    """One step's record (``rows``: the row's :class:`~hf_specdraft.core.emission.TargetRows`). Its overlaps: ``1 -
+    TV(p, q)`` at the judged positions of a chain with q (row ``i`` of the target scores node ``i``: one prefix), left
+    on the device until :meth:`SpeculativeStats.settle`; ``None`` for a tree, no q, or another V."""
     drafted, accepted = tree.levels, min(len(path), emitted)
     judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
+    q, overlaps = tree.draft_probs, None
+    if judged and q is not None and tree.is_chain and q.shape[-1] == rows.logits.shape[-1]:
+        p = torch.stack([rows.probs(i) for i in range(judged)])
+        overlaps = overlap(p, q[:judged].to(p.device).float())
     stats.record(
         drafted=drafted,
         tree_size=len(tree),
@@ -244,17 +248,6 @@ def record_step(
         draft_seconds=draft_seconds,
         verify_seconds=verify_seconds,
         judged=judged,
-        overlaps=chain_overlaps(rows, tree, judged),
+        overlaps=overlaps,
         copied=tree.copied,
     )
-
-
-def chain_overlaps(rows, tree: DraftTree, judged: int) -> torch.Tensor | None:
-    """``1 - TV(p, q)`` at the first ``judged`` positions of a chain with q (row ``i`` of the target scores node ``i``:
-    one prefix), left on the device until :meth:`SpeculativeStats.settle`; ``None`` for a tree, no q, or another V."""
-    q = tree.draft_probs
-    if not judged or q is None or not tree.is_chain or q.shape[-1] != rows.logits.shape[-1]:
-        return None
-    p = torch.stack([rows.probs(i) for i in range(judged)])
-    q = q[:judged] if q.device == p.device else q[:judged].to(p.device)
-    return overlap(p, q.float())

@@ -12,10 +12,10 @@ node, and a forward that takes ``past_key_values``. Models fall in three groups:
   non-attention layers are short convolutions (LFM2's ``conv`` layers) keep, with past recording, the inputs a
   ``crop`` needs to roll their state back exactly: chains, on the cache's own ``crop``.
 - **refused**: the few model types listed in ``MISMATCHED_MODEL_TYPES`` (output that did not match their own
-  ``generate`` in the grid), and models with a recurrent state (Mamba and Mamba-2 layers, linear attention, RWKV, xLSTM: Mamba,
-  Jamba, Bamba, Zamba2, Falcon-H1, Qwen3-Next, …). transformers 5.23's ``LinearAttentionLayer.crop`` rolls back
-  the convolution inputs only, not the recurrent state, so a rejected draft would stay folded into the state and
-  the output would drift silently. :func:`check_target` raises before any forward, naming the model type.
+  ``generate`` in the grid), and models with a recurrent state (Mamba and Mamba-2 layers, linear attention, RWKV,
+  xLSTM: Mamba, Jamba, Bamba, Zamba2, Falcon-H1, Qwen3-Next, …). transformers 5.23's ``LinearAttentionLayer.crop``
+  rolls back the convolution inputs only, not the recurrent state, so a rejected draft would stay folded into the
+  state and the output would drift silently. :func:`check_target` raises before any forward, naming the model type.
 
 ``sliding_window_layers`` is the one answer to "does this model use a sliding window": the layers transformers
 itself builds as ``DynamicSlidingWindowLayer`` from ``layer_types`` / ``use_sliding_window`` /
@@ -32,8 +32,8 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
-# DummyLayer: a KV-shared layer (Gemma 4's E-models, Gemma 3n) holds nothing of its own and reads the keys and values its
-# producer layer cached, which the loop compacts like any other attention layer
+# DummyLayer: a KV-shared layer (Gemma 4's E-models, Gemma 3n) holds nothing of its own and reads the keys and values
+# its producer layer cached, which the loop compacts like any other attention layer
 ATTENTION_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "DummyLayer")
 # Model types whose greedy output under this loop did not match their own ``generate`` in the architecture grid
 # (tests/test_architectures.py): refused by name until the cause is found, never decoded wrongly in silence.
@@ -44,10 +44,10 @@ MISMATCHED_MODEL_TYPES = {
     ),
     "cpmant": "its forward prepends its own prompt positions, so its cache does not line up with input_ids",
     "prophetnet": "its decoder takes one token per forward once it has a cache, and a verification feeds several",
-    "dory": "its looped layers attend over cached states of earlier loops that a verification's tree mask does not line up with",
+    "dory": "its looped layers attend over cached states of earlier loops, which a verification's tree mask misses",
     "xlm": "its forward keeps its own dict of cached states, not a transformers Cache the loop can compact",
 }
-ALIBI_MODEL_TYPES = ("bloom", "mpt")  # Falcon: only with config.alibi
+ALIBI_MODEL_TYPES = ("bloom", "mpt")  # ALiBi bias built from a 2-D mask (Falcon: only with config.alibi)
 CONVOLUTION_LAYER_TYPES = ("conv",)  # layer_types whose state is a short window of inputs, which crop restores exactly
 
 
@@ -121,12 +121,6 @@ def check_batch_target(model: PreTrainedModel, generation_config, chains: str | 
         )
 
 
-def uses_alibi(model: PreTrainedModel) -> bool:
-    """ALiBi position bias built from a 2-D mask: trees are verified as chains."""
-    config = model.config.get_text_config()
-    return model_type(model) in ALIBI_MODEL_TYPES or bool(getattr(config, "alibi", False))
-
-
 def recurrent_state(model: PreTrainedModel) -> str | None:
     """Why ``model``'s cache cannot be rolled back to an accepted prefix (or the loop is known not to match it),
     or None when it can."""
@@ -156,7 +150,7 @@ def convolution_only(model: PreTrainedModel) -> bool:
 
 def chains_only(model: PreTrainedModel) -> str | None:
     """Why ``model`` verifies trees as chains (its first-child path), or None when it verifies trees."""
-    if uses_alibi(model):
+    if model_type(model) in ALIBI_MODEL_TYPES or getattr(model.config.get_text_config(), "alibi", False):
         return "ALiBi attention takes a 2-D mask only"
     if convolution_only(model):
         return "convolution layers roll back by crop only"
@@ -175,5 +169,5 @@ def check_target(model: PreTrainedModel, argument: str = "model") -> None:
 
 
 def no_logits_kwargs(model: PreTrainedModel) -> dict:
-    """``logits_to_keep=1`` where the model's forward takes it: a prefill needs the cache, not V logits per prompt token."""
+    """``logits_to_keep=1`` where the model's forward takes it: a prefill needs the cache, not V logits per token."""
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}

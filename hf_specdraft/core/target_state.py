@@ -35,9 +35,7 @@ class TargetOutputs(ModelOutput):
     `(1, n, hidden_size)` over the ``n`` positions the last step added to the target's cache, in text order."""
 
     hidden_states: tuple | None = None
-    shared_kv_states: dict | None = (
-        None  # Gemma 4's generators: {layer type: (keys, values)} of the target's producer layers
-    )
+    shared_kv_states: dict | None = None  # Gemma 4's: {layer type: (keys, values)} of the target's producer layers
 
 
 @dataclass
@@ -60,9 +58,7 @@ class StateRequest:
 
     def __init__(self, model, drafters, traits):
         self.kwargs: dict = {}
-        self.producers: dict[str, int] | None = (
-            None  # asked for return_shared_kv_states: the layers the loop reads them from
-        )
+        self.producers: dict[str, int] | None = None  # for return_shared_kv_states: the layers the loop reads them from
         askers = [(d, t) for d, t in zip(drafters, traits, strict=True) if t.requires_model_outputs]
         layers = model.config.get_text_config().num_hidden_layers
         wanted: set[int] | bool = set()
@@ -70,10 +66,10 @@ class StateRequest:
             for key, value in declared.model_kwargs_overrides.items():
                 if key == HIDDEN:
                     wanted = _merge_layers(wanted, value, layers, drafter)
-                elif key == SHARED_KV and value:  # served from the cache the loop kept, not the verify forward's (which
-                    self.producers = cache_producers(
-                        model
-                    )  # holds a tree's rejected nodes): nothing asked of the forward
+                elif key == SHARED_KV and value:
+                    # served from the cache the loop kept, not the verify forward's (which holds a tree's rejected
+                    # nodes): nothing asked of the forward
+                    self.producers = cache_producers(model)
                 elif key in self.kwargs and self.kwargs[key] != value:
                     raise ValueError(
                         f"the drafters ask the target's forward for {key}={self.kwargs[key]!r} and {value!r}: "
@@ -151,8 +147,8 @@ def prefill_states(hidden_states: tuple, rows) -> None:
 
 
 def cache_producers(target) -> dict[str, int]:
-    """The target layer whose cached keys and values a Gemma 4 assistant's layer of each type attends to: the last layer
-    of that type before the target's KV-shared layers (the ones transformers' Gemma 4 marks ``"store"``)."""
+    """The target layer whose cached keys and values a Gemma 4 assistant's layer of each type attends to: the last
+    layer of that type before the target's KV-shared layers (the ones transformers' Gemma 4 marks ``"store"``)."""
     config = target.config.get_text_config()
     types = getattr(config, "layer_types", None)
     if types is None:

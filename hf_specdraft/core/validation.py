@@ -32,11 +32,8 @@ def method_config(config_class, config, options: dict):
             f"pass either config= or {config_class.__name__} fields as keywords ({sorted(options)}), not both"
         )
     if config is not None and not isinstance(config, config_class):
-        hint = (
-            f"; pass options as keywords, e.g. {next(iter(config_class.__dataclass_fields__))}={config!r}"
-            if is_int(config)
-            else ""
-        )
+        first = next(iter(config_class.__dataclass_fields__))
+        hint = f"; pass options as keywords, e.g. {first}={config!r}" if is_int(config) else ""
         raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}{hint}")
     if config is not None:
         return config

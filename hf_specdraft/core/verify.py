@@ -50,11 +50,12 @@ class LayerWindows:
         declared = getattr(config, "layer_types", None)
         self.per_type, self.dtype = declared is not None, model.dtype
         self.types, self.windows = [], {}  # windows: {layer: window}
+        # without a window in the config, no windowed layer can be built (Llama, GPT-2)
         if (
             getattr(config, "sliding_window", None)
             or getattr(config, "attention_chunk_size", None)
             or any(kind in WINDOWED_LAYER_TYPES for kind in declared or ())
-        ):  # else none can be built (Llama, GPT-2)
+        ):
             self.types, kwargs = get_layer_types_and_kwargs(config)
             # kwargs cover the model's layers; a config's layer_types may list more (reduced test configs): not read
             self.windows = {
@@ -75,10 +76,10 @@ class LayerWindows:
         """The tree mask each attention layer takes (on ``cache``; ``None``: every column of ``mask`` is handed over).
 
         A windowed layer attends from a query at position ``p`` only to keys at positions ``> p - window``
-        (transformers' ``sliding_window_overlay``; chunked, Llama 4: keys in ``p``'s chunk of ``window`` positions), each
-        tree node counted at its own position. A sliding-window cache layer hands the attention only its newest keys
-        (``cache.get_mask_sizes``): its mask keeps only their columns. Every key a tree node may see is among them, since
-        every node sits at or after the last accepted position.
+        (transformers' ``sliding_window_overlay``; chunked, Llama 4: keys in ``p``'s chunk of ``window`` positions),
+        each tree node counted at its own position. A sliding-window cache layer hands the attention only its newest
+        keys (``cache.get_mask_sizes``): its mask keeps only their columns. Every key a tree node may see is among them,
+        since every node sits at or after the last accepted position.
 
         Args:
             mask: additive float mask `(B, 1, Q, K)` over every cached key plus the queries.
@@ -99,13 +100,10 @@ class LayerWindows:
                 masks[kind] = mask
                 continue
             handed = mask.shape[-1] if cache is None else cache.get_mask_sizes(query_positions.shape[-1], i)[0]
-            keys, query = (
-                key_positions[..., -handed:].to(mask.device).unsqueeze(-2),
-                query_positions[:, :, None].to(mask.device),
-            )
-            inside = (
-                (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)
-            )  # (B, Q, K)
+            keys = key_positions[..., -handed:].to(mask.device).unsqueeze(-2)
+            query = query_positions[:, :, None].to(mask.device)
+            # (B, Q, K)
+            inside = (query // window == keys // window) if kind == "chunked_attention" else (query - keys < window)
             masks[kind] = mask[..., -handed:].masked_fill(~inside[:, None], torch.finfo(mask.dtype).min)
         return masks if self.per_type else masks[self.types[0]]
 
@@ -158,7 +156,7 @@ def single_row_inputs(windows: LayerWindows, input_ids: torch.LongTensor, cache:
 
 
 def verify_tree(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> torch.Tensor:
-    """One target forward over ``[last token] + tree`` on a cache covering ``input_ids[:, :-1]`` `(1, L)`.
-    Returns float32 logits `(1+N, V)`: row 0 scores the token after the last one, row ``1+i`` the token after node ``i``."""
+    """One target forward over ``[last token] + tree`` on a cache covering ``input_ids[:, :-1]`` `(1, L)`. Returns
+    float32 logits `(1+N, V)`: row 0 scores the token after the last one, row ``1+i`` the token after node ``i``."""
     inputs = single_row_inputs(LayerWindows(model), input_ids, cache, tree)
     return model(**inputs, **with_cache(model, cache), use_cache=True).logits[0].float()
