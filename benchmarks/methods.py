@@ -395,6 +395,17 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
             cost_models=lambda e: {"draft": e["glide"]},
         )
     )
+# the default call as it copied before one-token matches were weighed: copies after a 2-token match only
+register_method(
+    Method(
+        "glide+copy2-auto",
+        lambda ctx: speculative_run(ctx, draft_model=ctx.extras["glide"], copy_from_context=2),
+        requires=("glide",),
+        description="speculative_generate(target, ids, draft_model=glide, copy_from_context=2): γ 'auto', copying "
+        "after a 2-token match",
+        cost_models=lambda e: {"draft": e["glide"]},
+    )
+)
 
 __all__ = [
     "CAPE_BUDGET",

@@ -9,7 +9,7 @@ import torch
 
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate
-from hf_specdraft.core.controller import DraftLengthController
+from hf_specdraft.core.controller import COPY_MATCH_BINS, DraftLengthController
 from test_method_grid import glide_for
 
 
@@ -727,7 +727,7 @@ def test_a_copied_step_teaches_only_the_copy_rates_and_the_cost_curve():
         controller.stop_seconds,
     ) == before
     assert (
-        controller.verify[13] == 0.05 and sum(controller.copy_tries[3]) == n and controller.confidence_stops
+        controller.verify[13] == 0.05 and sum(controller.copy_tries[COPY_MATCH_BINS.index(8)]) == n and controller.confidence_stops
     )  # the 8-15 bin
     assert controller.choices[-1] == n
 

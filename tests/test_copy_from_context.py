@@ -196,3 +196,27 @@ def test_the_headline_names_an_older_runs_copying_rows_by_what_they_ran():
     ] == ["glide+copy-auto", "draft-model+copy", "glide+copy+cape-auto-static", "glide+copy-γ3", "max-gram-auto"]
     assert row_name("glide-auto", new) == "glide-auto" and describe("glide-auto", new) == "γ 'auto', no copying"
     assert "copying" in describe("glide+copy-auto", old) and describe("retired-name", old) == ""
+
+
+def test_a_one_token_match_is_copied_only_where_the_controller_weighs_the_copy(setup):
+    _, glide, _, _ = setup
+    one = torch.tensor([[5, 7, 9, 3, 7]])  # "7" occurred before, "3 7" did not: a one-token match
+    two = torch.tensor([[5, 7, 9, 3, 5, 7]])  # "5 7" occurred before: a two-token match
+    asked = []
+
+    def rule(match, available):
+        asked.append(match)
+        return 2
+
+    auto = GlideCandidateGenerator(glide)  # the default call's drafter: "auto", copying from one-token matches
+    tree = auto.copy_from_text(DraftRequest(one, copy_rule=rule))
+    assert asked == [1] and tree is not None and tree.tokens.tolist() == [9, 3]
+    assert (
+        auto.copy_from_text(DraftRequest(one, copy_rule=lambda match, available: 0)) is None
+    )  # declined: GLIDE drafts
+    fixed = GlideCandidateGenerator(glide, num_draft_tokens=2)  # no controller weighs a copy: a match of 2 at least
+    assert fixed.copy_from_text(DraftRequest(one)) is None
+    assert fixed.copy_from_text(DraftRequest(two)).tokens.tolist() == [9, 3]
+    asked.clear()
+    assert GlideCandidateGenerator(glide, copy_from_context=2).copy_from_text(DraftRequest(one, copy_rule=rule)) is None
+    assert asked == []

@@ -41,14 +41,9 @@ PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measur
 EXPLORE_EVERY = (
     8  # every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
 )
-COPY_MATCH_BINS = (
-    2,
-    3,
-    5,
-    8,
-    16,
-)  # a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on
-# longer (cpu-copy-acceptance*.json: accepted per copy 2.6-2.8 after a 2-token match, 6.4 after 16 or more on chat)
+# a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on longer (cpu-copy-acceptance*.json:
+# accepted per copy 2.6-2.8 after a 2-token match, 6.4 after 16 or more on chat); a one-token match is Max-Gram's
+COPY_MATCH_BINS = (1, 2, 3, 5, 8, 16)
 COPY_PRIOR = 0.6  # the prior of a copy's first token being right, in every match bin, replaced within a few copies
 COPY_START = 6  # tokens copied while the cost curve is not measured yet
 

@@ -42,6 +42,9 @@ from .modeling_glide import read_target_layer
 
 
 COPY_TOKENS = 6  # the shortest copy: a match that long tends to continue for several tokens
+# where no controller weighs each copy (a fixed γ, a batch), a copy needs a match this long: after a one-token match
+# the text goes on as before about a third of the time on chat, half on summaries (the controller learns which)
+UNWEIGHED_SHORTEST = 2
 COPY_MATCH_CAP = 64  # matches this long count as equally long (bounds the work on endlessly repeating text)
 
 
@@ -161,11 +164,12 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         host = request.host_text  # the loop's host copy of the text: the match then reads nothing back from the device
         text = torch.tensor(host) if host is not None and len(host) == input_ids.shape[1] else input_ids[0]
         end, length = longest_suffix_match(text, max_match_length=COPY_MATCH_CAP)
-        if length < shortest:
+        weighed = self.adaptive_draft_length and request.copy_rule is not None  # "auto" at batch 1: the controller's
+        if length < (shortest if weighed else max(shortest, UNWEIGHED_SHORTEST)):
             return None
         available, longest = text.shape[0] - end - 1, self.config.max_copy_tokens
         gamma = request.num_draft_tokens or self.num_draft_tokens
-        if self.adaptive_draft_length and request.copy_rule is not None:  # "auto" at batch 1: the controller weighs it
+        if weighed:
             count = request.copy_rule(length, available if longest is None else min(available, longest))
         elif longest is not None:
             count = min(available, longest)
