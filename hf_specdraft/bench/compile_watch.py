@@ -30,7 +30,8 @@ def _watch_cudagraph_recordings() -> None:
 
 
 def _recompiles() -> list:
-    """Dynamo's kept compilation metrics that were recompiles (the objects: a later reading tells new ones by identity)."""
+    """Dynamo's kept compilation metrics that were recompiles (the objects: a later reading tells new ones by
+    identity)."""
     try:
         metrics = torch._dynamo.utils.get_compilation_metrics()
     except (AttributeError, RuntimeError):

@@ -85,26 +85,18 @@ def environment(bundle: DefaultBundle) -> dict:
     hardware = f"CPU: {cpu_model()}, {torch.get_num_threads()} threads"
     # the bundle's neural drafters by bench name (the plain draft and the models among the extras)
     drafters = {"draft": bundle.draft, **bundle.extras}
+    dtypes = {name: model.dtype for name, model in drafters.items() if isinstance(model, torch.nn.Module)}
+    versions = {module.__name__: module.__version__ for module in (torch, transformers, accelerate)}
     return {
         "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else hardware,
         "device": str(device),
         "dtype": str(bundle.target.dtype).removeprefix("torch."),
-        "draft_dtypes": {
-            name: str(model.dtype).removeprefix("torch.")
-            for name, model in drafters.items()
-            if isinstance(model, torch.nn.Module)
-        },
+        "draft_dtypes": {name: str(dtype).removeprefix("torch.") for name, dtype in dtypes.items()},
         "batch_size": 1,
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__,
-        },
+        "versions": {"python": platform.python_version(), **versions},
         "target": bundle.info.get("target_description") or str(bundle.path / "target"),
         "target_parameters": _parameters(bundle.target),
-        "draft_parameters": _parameters(bundle.draft),
-        # which orientation each few-row linear took on this CPU (hf_specdraft.core.projection calibrates it per machine)
+        # which orientation each few-row linear took on this CPU (core.projection calibrates it per machine)
         "few_token_linears": calibrated_choices(),
     }
 
@@ -114,8 +106,8 @@ def _parameters(model) -> int | None:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what :mod:`platform` knows: runs on two VMs of one cloud
-    can differ by 1.5x in speed, and the JSON should say which CPU it came from."""
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what :mod:`platform` knows: runs on two VMs of one
+    cloud can differ by 1.5x in speed, and the JSON should say which CPU it came from."""
     try:
         with open("/proc/cpuinfo") as info:
             names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
@@ -285,16 +277,13 @@ def summarize(
     (greedy decoding gives the same tokens and statistics on every repeat)."""
     timed = {m: [r for r in records if r["method"] == m] for m in methods}
     base = [r for r in timed["target-only"] if r.get("repeat", 0) == 0]
-    # the baselines every method's time is also set against, where they ran: the CPU's faster few-row linears, and
-    # transformers' static cache (compiled on CUDA / forced)
-    baselines = {"target_only": _median_seconds(timed["target-only"])}
-    baselines.update(
-        {
-            b.replace("-", "_").replace("+", "_"): _median_seconds(timed[b])
-            for b in (FAST_BASELINE, STATIC_BASELINE, COMPILED_BASELINE)
-            if b in timed
-        }
-    )
+    # the baselines every method's time is set against, where they ran: plain generate, the CPU's faster few-row
+    # linears, and transformers' static cache (compiled on CUDA / forced)
+    baselines = {
+        b.replace("-", "_").replace("+", "_"): _median_seconds(timed[b])
+        for b in ("target-only", FAST_BASELINE, STATIC_BASELINE, COMPILED_BASELINE)
+        if b in timed
+    }
     summary = {}
     for m, all_runs in timed.items():
         rs = [r for r in all_runs if r.get("repeat", 0) == 0]
@@ -351,22 +340,9 @@ def context_statistics(items: list[TaskItem], tokenizer, n: int = 4) -> dict:
         reference, context, prompt = (
             tokenizer(text, add_special_tokens=False).input_ids for text in (item.reference, item.context, item.prompt)
         )
-        rows.append(
-            (
-                len(prompt),
-                len(context),
-                copyable_fraction(reference, context, n),
-                copyable_fraction(reference, prompt, n),
-            )
-        )
-    mean = [round(sum(column) / len(rows), 4) for column in zip(*rows)]
-    return {
-        "ngram": n,
-        "prompt_tokens": mean[0],
-        "context_tokens": mean[1],
-        "reference_copyable_from_context": mean[2],
-        "reference_copyable_from_prompt": mean[3],
-    }
+        rows.append([len(prompt), len(context), *(copyable_fraction(reference, s, n) for s in (context, prompt))])
+    names = ("prompt_tokens", "context_tokens", "reference_copyable_from_context", "reference_copyable_from_prompt")
+    return {"ngram": n, **{name: round(sum(column) / len(rows), 4) for name, column in zip(names, zip(*rows))}}
 
 
 def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
@@ -374,6 +350,14 @@ def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
     if item.task == "chat":
         return tokenizer(chat_prompt(tokenizer, item.prompt), return_tensors="pt", add_special_tokens=False).input_ids
     return tokenizer(item.prompt, return_tensors="pt").input_ids
+
+
+def bench_context(bundle: DefaultBundle, item: TaskItem, ids: torch.Tensor, config: BenchConfig, extras: dict):
+    """One prompt's :class:`BenchContext`: ``ids`` `(1, L)` moved to the target's device."""
+    target = bundle.target
+    return BenchContext(
+        target, bundle.draft, bundle.tokenizer, item, ids.to(target.device), config.max_new_tokens, extras
+    )
 
 
 def run_noise(summary: dict) -> float | None:
@@ -424,6 +408,10 @@ def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _Forward
     }
 
 
+# what a later repeat's record keeps (its tokens and statistics repeat the first's)
+REPEAT_FIELDS = ("method", "seconds", "new_tokens", "target_calls", "drafted_tokens", "compiles", "controller_resumed")
+
+
 def time_prompt(
     ctx: BenchContext,
     index: int,
@@ -445,19 +433,7 @@ def time_prompt(
             if repeat == 0:
                 first[m] = record
             else:
-                record = {
-                    k: record[k]
-                    for k in (
-                        "method",
-                        "seconds",
-                        "new_tokens",
-                        "target_calls",
-                        "drafted_tokens",
-                        "compiles",
-                        "controller_resumed",
-                    )
-                    if k in record
-                }
+                record = {k: record[k] for k in REPEAT_FIELDS if k in record}
             records.append({"prompt": index, "repeat": repeat, **record})
     return first
 
@@ -524,18 +500,7 @@ def run_bench(
     items = items or build_tasks(
         config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars
     )
-    contexts = [
-        BenchContext(
-            bundle.target,
-            bundle.draft,
-            bundle.tokenizer,
-            item,
-            prompt_ids(bundle.tokenizer, item).to(bundle.target.device),
-            config.max_new_tokens,
-            extras,
-        )
-        for item in items
-    ]
+    contexts = [bench_context(bundle, item, prompt_ids(bundle.tokenizer, item), config, extras) for item in items]
     counter = _ForwardCounter(bundle.target)
     records = []
     monitor = LoadMonitor().start()
@@ -557,7 +522,7 @@ def run_bench(
     meta = {"profile": config.profile, "task": config.task, "num_prompts": len(items), "seed": config.seed}
     if config.task == "context":
         meta["context_prompt_chars"] = config.context_prompt_chars
-    body = {"summary": summary, "drafter_parameters": parameters}
+    body = {"summary": summary}
     if config.task == "context":
         body["task_statistics"] = context_statistics(items, bundle.tokenizer)
     return bench_result(bundle, config, meta, body, records, warmup, load, summary, output, warn)
@@ -592,21 +557,19 @@ def format_table(summary: dict, timing: dict | None = None) -> str:
         if not s.get("valid", True):
             verdict = "INVALID: compiled"  # its timed runs compiled: the time is the compiler's
         rows.append(
-            f"{name:<22}{cell(s['tokens_per_second'], 8, '.1f')}{cell(s['speedup_vs_target_only'], 8)}x{span:>18}  {verdict:<17}"
+            f"{name:<22}{cell(s['tokens_per_second'], 8, '.1f')}{cell(s['speedup_vs_target_only'], 8)}x"
+            f"{span:>18}  {verdict:<17}"
             + (f"{cell(s.get('speedup_vs_target_only_linears'), 11)}x" if fast else "")
             + f"{cell(s['mean_accepted_length'], 6)}{cell(s['alpha'], 7)}{cell(s['position_acceptance_rate'], 8)}"
             f"{cell(s['tokens_per_target_call'], 9)}"
             f"{'yes' if s['equals_target_only'] == 1 else 'no':>8}{cell(s['edit_similarity'], 9, '.3f')}"
         )
     if timing is not None:
-        other = (
-            "not measured"
-            if timing["other_cpu_cores"] is None
-            else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
-        )
+        cores = timing["other_cpu_cores"]
+        other = "not measured" if cores is None else f"{cores:.1f} of {timing['cpu_cores']} cores"
         rows.append(
-            f"timing: median of {timing['repeats']} runs per method and prompt, methods interleaved; other processes used "
-            f"{other}; {noise_words(timing)}"
+            f"timing: median of {timing['repeats']} runs per method and prompt, methods interleaved; other processes "
+            f"used {other}; {noise_words(timing)}"
         )
         if not timing["reliable"]:
             rows.insert(0, warning_text(timing))
@@ -631,7 +594,10 @@ def noise_words(timing: dict) -> str:
             f"no method repeated its work exactly between repeats; target-only's own time moved by "
             f"{timing.get('baseline_noise', 0.0):.0%}"
         )
-    return f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods, where they repeated their work)"
+    return (
+        f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods, where they repeated "
+        "their work)"
+    )
 
 
 def compile_words(counts: dict[str, int]) -> str:

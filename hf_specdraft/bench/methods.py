@@ -36,9 +36,8 @@ class BenchContext:
     prompt_ids: torch.Tensor  # (1, L)
     max_new_tokens: int
     extras: dict = field(default_factory=dict)  # trained drafters, tables, … keyed by name
-    overrides: dict = field(
-        default_factory=dict
-    )  # more generate arguments (a method's static-cache / compiled variant)
+    # more generate arguments (a method's static-cache / compiled variant)
+    overrides: dict = field(default_factory=dict)
 
     def generate_kwargs(self) -> dict:
         return {
@@ -58,9 +57,8 @@ class Method:
     requires: tuple[str, ...] = ()  # names in ctx.extras (or "draft") that must be present
     lossless: bool = True  # greedy output must equal target-only greedy
     description: str = ""
-    cost_models: Callable[[dict], dict] | None = (
-        None  # extras (+ "draft") -> {drafter_calls name: model or None (free)}, for SWI
-    )
+    # extras (+ "draft") -> {drafter_calls name: model or None (free)}, for SWI
+    cost_models: Callable[[dict], dict] | None = None
 
     def available(self, ctx_extras: dict, has_draft: bool) -> bool:
         return all((name == "draft" and has_draft) or name in ctx_extras for name in self.requires)
@@ -114,8 +112,8 @@ register_method(Method("target-only", _target_only, description="target.generate
 
 
 def with_linears(run):
-    """``run`` inside :func:`~hf_specdraft.core.projection.few_token_linears`: stock ``generate`` with the linears in the
-    orientation this CPU's BLAS runs fastest (what our loop uses), so its rows compare loops, not matrix kernels."""
+    """``run`` inside :func:`~hf_specdraft.core.projection.few_token_linears`: stock ``generate`` with the linears in
+    the orientation this CPU's BLAS runs fastest (what our loop uses), so its rows compare loops, not matrix kernels."""
 
     def wrapped(ctx):
         with few_token_linears(ctx.target):
@@ -124,8 +122,8 @@ def with_linears(run):
     return wrapped
 
 
-# the stock baselines as a user gets them with `with few_token_linears(target): target.generate(...)`: on the AMD VM a
-# one-token fp32 linear ran on one core, and this made plain greedy decoding 1.5x faster (hf_specdraft/core/projection.py)
+# the stock baselines as a user gets them with `with few_token_linears(target): target.generate(...)`: on the AMD VM
+# a one-token fp32 linear ran on one core, and this made plain greedy decoding 1.5x faster (core/projection.py)
 FAST_BASELINE = "target-only+linears"
 register_method(
     Method(
@@ -149,12 +147,12 @@ register_method(
 )
 
 
-# --- the default calls: γ, a tree's budget or the cascade's cap on what K proposes, chosen every step --------------------
+# --- the default calls: γ, a tree's budget or the cascade's cap on what K proposes, chosen every step -----------------
 
 
 def with_expansion_sizes(ctx: BenchContext, generator) -> tuple[torch.Tensor, SpeculativeStats]:
-    """:func:`speculative_run` with a CAPE-style ``generator``, recording its expansion-set sizes (per step, per position)
-    and its own share of the draft time in ``stats.extra``."""
+    """:func:`speculative_run` with a CAPE-style ``generator``, recording its expansion-set sizes (per step, per
+    position) and its own share of the draft time in ``stats.extra``."""
     sequences, stats = speculative_run(ctx, candidate_generator=generator)
     stats.extra["expansion_sizes"] = [list(map(int, sizes)) for sizes in generator.expansion_sizes]
     if generator.expansion_seconds:  # CAPE's own share of the draft time (confidence / fixed modes)
@@ -203,7 +201,8 @@ register_method(
         "draft-model-auto",
         lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=False),
         requires=("draft",),
-        description="speculative_generate(target, ids, draft_model=draft, copy_from_context=False): γ 'auto', no copying",
+        description="speculative_generate(target, ids, draft_model=draft, copy_from_context=False): γ 'auto', "
+        "no copying",
         cost_models=lambda e: {"draft": e["draft"]},
     )
 )
@@ -212,8 +211,8 @@ register_method(
         "draft-model+copy-auto",
         lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=2),
         requires=("draft",),
-        description="speculative_generate(target, ids, draft_model=draft): the default call with a GLIDE-family draft, γ "
-        "'auto', copying from the context (the controller sizes each copy)",
+        description="speculative_generate(target, ids, draft_model=draft): the default call with a GLIDE-family "
+        "draft, γ 'auto', copying from the context (the controller sizes each copy)",
         cost_models=lambda e: {"draft": e["draft"]},
     )
 )
@@ -222,14 +221,13 @@ register_method(
         "cascade-1draft-auto",
         lambda ctx: cascade_run(ctx, [ctx.draft], num_draft_tokens="auto"),
         requires=("draft",),
-        description="CascadeCandidateGenerator([draft]): the default call, default K, the cap 'auto' (chosen every step)",
+        description="CascadeCandidateGenerator([draft]): the default call, default K, the cap 'auto' (chosen every "
+        "step)",
         cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
     )
 )
-for _kind in (
-    "glide",
-    "vanilla",
-):  # the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
+# the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
+for _kind in ("glide", "vanilla"):
     register_method(
         Method(
             f"{_kind}+copy-auto",
@@ -281,13 +279,14 @@ register_method(
         "glide+cape-auto",
         lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx, copy=False)),
         requires=("glide",),
-        description="CapeCandidateGenerator(GlideCandidateGenerator(glide, copy_from_context=0)): γ and budget 'auto', no copying",
+        description="CapeCandidateGenerator(GlideCandidateGenerator(glide, copy_from_context=0)): γ and budget "
+        "'auto', no copying",
         cost_models=lambda e: {"draft": e["glide"]},
     )
 )
 
 
-# --- the static cache and compiled forwards (docs/static-cache.md) ------------------------------------------------------
+# --- the static cache and compiled forwards (docs/static-cache.md) ----------------------------------------------------
 # "<method>-static": cache_implementation="static", compiled where transformers compiles (CUDA), eager elsewhere;
 # "<method>-compiled": the same with compile_config=CompileConfig() given, so it compiles on any device (CPU included).
 # target-only-static is transformers' own static-cache decoding: the baseline a GPU user has (compiled automatically).

@@ -1,7 +1,7 @@
 """``hf-specdraft bench --prompts FILE.jsonl``: the field's benchmark format, run by the bench harness.
 
-A prompts file holds one JSON object a line in Spec-Bench's question format (Xia et al., "Unlocking Efficiency in Large
-Language Model Inference: A Comprehensive Survey of Speculative Decoding", ACL Findings 2024, arXiv:2401.07851):
+A prompts file holds one JSON object a line in Spec-Bench's question format (Xia et al., "Unlocking Efficiency in
+Large Language Model Inference: A Comprehensive Survey of Speculative Decoding", ACL Findings 2024, arXiv:2401.07851):
 
     {"question_id": 1, "category": "translation", "turns": ["Translate into French: ..."]}
     {"question_id": 2, "category": "multi-turn", "turns": ["What is a tarball?", "Now say it in one sentence."]}
@@ -9,8 +9,8 @@ Language Model Inference: A Comprehensive Survey of Speculative Decoding", ACL F
 Every turn runs in order, in the target's chat template, after the earlier turns and target-only's greedy answers to
 them (so every method sees the same context); other fields are kept, not used. Each (question, turn) is one timed prompt
 of the harness. The result has the harness's summary per category and overall, and each method's speedup against every
-baseline that ran (plain ``generate``, with the few-row linears, prompt lookup, assisted decoding). The project ships its
-own prompts in this format (:data:`DEFAULT_PROMPTS`; docs/benchmarks.md says where their text comes from):
+baseline that ran (plain ``generate``, with the few-row linears, prompt lookup, assisted decoding). The project ships
+its own prompts in this format (:data:`DEFAULT_PROMPTS`; docs/benchmarks.md says where their text comes from):
 
     hf-specdraft bench --prompts hf_specdraft/defaults/spec_prompts.jsonl --max-new-tokens 32
 """
@@ -33,15 +33,11 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "defaults" / "spec_pr
 # the baselines each method's speedup is reported against, where they ran: plain generate, generate with the few-row
 # linears, transformers' prompt lookup (prompt_lookup_num_tokens=10) and assisted decoding with the plain draft
 BASELINES = ("target-only", FAST_BASELINE, "prompt-lookup", "stock-assisted")
+# each required field: what it must be (in words, for errors) and the check
 REQUIRED = {
-    "question_id": "an int or a string",
-    "category": "a non-empty string",
-    "turns": "a non-empty list of non-empty strings",
-}
-_VALID = {
-    "question_id": lambda v: isinstance(v, (int, str)) and not isinstance(v, bool),
-    "category": lambda v: isinstance(v, str) and bool(v.strip()),
-    "turns": lambda v: isinstance(v, list) and bool(v),
+    "question_id": ("an int or a string", lambda v: isinstance(v, (int, str)) and not isinstance(v, bool)),
+    "category": ("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip())),
+    "turns": ("a non-empty list of non-empty strings", lambda v: isinstance(v, list) and bool(v)),
 }
 
 
@@ -58,9 +54,10 @@ class Question:
 
 
 def _invalid(path, line: int, what: str) -> ValueError:
+    fields = {name: words for name, (words, _) in REQUIRED.items()}
     return ValueError(
-        f"{path}:{line}: {what}; each line must be a JSON object with 'question_id' ({REQUIRED['question_id']}), "
-        f"'category' ({REQUIRED['category']}) and 'turns' ({REQUIRED['turns']}), as in Spec-Bench's question.jsonl"
+        f"{path}:{line}: {what}; each line must be a JSON object with 'question_id' ({fields['question_id']}), "
+        f"'category' ({fields['category']}) and 'turns' ({fields['turns']}), as in Spec-Bench's question.jsonl"
     )
 
 
@@ -88,9 +85,9 @@ def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
             raise _invalid(
                 path, number, f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}"
             )
-        for name, valid in _VALID.items():
+        for name, (words, valid) in REQUIRED.items():
             if not valid(row[name]):
-                raise _invalid(path, number, f"{name!r} is {row[name]!r}, not {REQUIRED[name]}")
+                raise _invalid(path, number, f"{name!r} is {row[name]!r}, not {words}")
         qid, category, turns = row["question_id"], row["category"], row["turns"]
         for index, turn in enumerate(turns):
             if not isinstance(turn, str) or not turn.strip():
@@ -98,14 +95,12 @@ def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
         if qid in seen:
             raise _invalid(path, number, f"'question_id' {qid!r} repeats line {seen[qid]}'s")
         seen[qid] = number
-        questions.append(
-            Question(
-                qid, category, tuple(turns), number, {k: v for k, v in row.items() if k not in REQUIRED}, str(path)
-            )
-        )
+        extra = {k: v for k, v in row.items() if k not in REQUIRED}
+        questions.append(Question(qid, category, tuple(turns), number, extra, str(path)))
     if not questions:
         raise ValueError(
-            f"{path}: no question in the file; each line must be a JSON object with 'question_id', 'category' and 'turns'"
+            f"{path}: no question in the file; each line must be a JSON object with 'question_id', 'category' and "
+            "'turns'"
         )
     return questions
 
@@ -130,7 +125,8 @@ def context_limit(model) -> int | None:
 
 
 def messages_for(question: Question, turn: int, answers: list[str]) -> list[dict]:
-    """The chat of ``question``'s turn ``turn`` (0-based): every earlier turn's user message and its answer, then this turn's."""
+    """The chat of ``question``'s turn ``turn`` (0-based): every earlier turn's user message and its answer, then this
+    turn's."""
     chat = []
     for index in range(turn):
         chat += [{"role": "user", "content": question.turns[index]}, {"role": "assistant", "content": answers[index]}]
@@ -155,15 +151,14 @@ def check_lengths(questions: list[Question], tokenizer, max_new_tokens: int, lim
     if limit is None:
         return
     for q in questions:
-        placeholder = ["x"] * (len(q.turns) - 1)  # an answer's tokens are counted as max_new_tokens below
-        needed = (
-            chat_ids(tokenizer, messages_for(q, len(q.turns) - 1, placeholder)).shape[1] + len(q.turns) * max_new_tokens
-        )
+        # an answer's tokens are counted as max_new_tokens
+        chat = messages_for(q, len(q.turns) - 1, ["x"] * (len(q.turns) - 1))
+        needed = chat_ids(tokenizer, chat).shape[1] + len(q.turns) * max_new_tokens
         if needed > limit:
             raise ValueError(
-                f"{q.file}:{q.line}: question {q.question_id!r} needs up to {needed} tokens ({len(q.turns)} turn(s) in the "
-                f"chat template and {max_new_tokens} new tokens per turn), more than the target's context of {limit} "
-                f"tokens; shorten its turns or pass a smaller --max-new-tokens"
+                f"{q.file}:{q.line}: question {q.question_id!r} needs up to {needed} tokens ({len(q.turns)} turn(s) in "
+                f"the chat template and {max_new_tokens} new tokens per turn), more than the target's context of "
+                f"{limit} tokens; shorten its turns or pass a smaller --max-new-tokens"
             )
 
 
@@ -189,8 +184,8 @@ def category_table(
         seconds = {m: _median_seconds([r for r in chosen if r["method"] == m]) for m in methods}
         for m in methods:
             summary[m]["speedup_vs"] = {b: _speedup(seconds[b], seconds[m]) or None for b in BASELINES if b in methods}
-            # MAL, new tokens per decoding step: the loop's mean accepted length (its prompt forward is no step), else new
-            # tokens per target forward (transformers' generate: its prompt forward yields the first token)
+            # MAL, new tokens per decoding step: the loop's mean accepted length (its prompt forward is no step), else
+            # new tokens per target forward (transformers' generate: its prompt forward yields the first token)
             loop = summary[m]["mean_accepted_length"]
             summary[m]["mal"] = loop if loop is not None else summary[m]["tokens_per_target_call"]
         table[name] = {"prompts": len(prompts), "questions": len({units[i][0] for i in prompts}), "methods": summary}
@@ -208,7 +203,7 @@ def run_prompts_bench(
     questions); return (and write to ``output``) the result: the harness's meta (hardware, dtype, versions) and the
     prompts file, ``categories`` (:func:`category_table`), the timing verdict, and every record (``prompt`` indexes
     ``units``: ``[question index, turn]``)."""
-    from .harness import _ForwardCounter, bench_result, check_methods, time_prompt, warm_up
+    from .harness import _ForwardCounter, bench_context, bench_result, check_methods, time_prompt, warm_up
 
     questions = read_prompts(prompts) if not isinstance(prompts, list) else prompts
     path = questions[0].file
@@ -217,11 +212,9 @@ def run_prompts_bench(
 
     def context(q: int, turn: int, answers: list[str]) -> BenchContext:
         question = questions[q]
-        ids = chat_ids(bundle.tokenizer, messages_for(question, turn, answers)).to(bundle.target.device)
+        ids = chat_ids(bundle.tokenizer, messages_for(question, turn, answers))
         item = TaskItem("chat", str(question.question_id), question.turns[turn], "")
-        return BenchContext(
-            bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, bundle.extras
-        )
+        return bench_context(bundle, item, ids, config, bundle.extras)
 
     counter = _ForwardCounter(bundle.target)
     records: list[dict] = []
@@ -246,20 +239,11 @@ def run_prompts_bench(
         counter.handle.remove()
     load = monitor.other_cores()
     categories = category_table(records, units, questions, tuple(config.methods))
-    meta = {
-        "prompts": str(path),
-        "questions": len(questions),
-        "turns": len(units),
-        "categories": categories_in_order(questions),
-    }
-    body = {
-        "categories": categories,
-        "units": [[q, turn] for q, turn in units],
-        "question_ids": [q.question_id for q in questions],
-    }
-    return bench_result(
-        bundle, config, meta, body, records, warmup, load, categories["overall"]["methods"], output, warn
-    )
+    meta = {"prompts": str(path), "questions": len(questions), "turns": len(units)}
+    meta["categories"] = categories_in_order(questions)
+    body = {"categories": categories, "units": [[q, turn] for q, turn in units]}
+    summary = categories["overall"]["methods"]
+    return bench_result(bundle, config, meta, body, records, warmup, load, summary, output, warn)
 
 
 def format_category_table(result: dict) -> str:
@@ -294,9 +278,8 @@ def format_category_table(result: dict) -> str:
         for m in methods
     ]
     counts = ", ".join(f"{n} {c['questions']}" for n, c in categories.items() if n != "overall")
-    rows.append(
-        f"\nquestions per category: {counts}; {result['meta']['turns']} turns, {result['meta']['max_new_tokens']} new tokens each"
-    )
+    meta = result["meta"]
+    rows.append(f"\nquestions per category: {counts}; {meta['turns']} turns, {meta['max_new_tokens']} new tokens each")
     timing = result["timing"]
     rows.append(
         f"speedup: wall time of the baseline / the method's, median of {timing['repeats']} interleaved runs per turn; "

@@ -78,11 +78,8 @@ def other_cores(busy_jiffies: int, total_jiffies: int, cpus: int, own_seconds: f
 
 def relative_range(values: list[float]) -> float:
     """(max − min) / median of repeated timings; 0 for a single one."""
-    return (
-        (max(values) - min(values)) / statistics.median(values)
-        if len(values) > 1 and statistics.median(values)
-        else 0.0
-    )
+    median = statistics.median(values) if len(values) > 1 else 0.0
+    return (max(values) - min(values)) / median if median else 0.0
 
 
 def spread(values: list[float]) -> dict:
@@ -136,8 +133,7 @@ def warning_text(timing: dict) -> str:
     """The loud line a command prints above an unreliable table (empty when reliable)."""
     if timing["reliable"]:
         return ""
+    reasons = "; ".join(timing["warnings"])
     return (
-        "WARNING: these speed ratios are unreliable: "
-        + "; ".join(timing["warnings"])
-        + ". Close other programs (or wait for them) and run again."
+        f"WARNING: these speed ratios are unreliable: {reasons}. Close other programs (or wait for them) and run again."
     )
