@@ -1,7 +1,8 @@
 """hf_specdraft: speculative decoding methods for 🤗 Transformers causal LMs.
 
     >>> from hf_specdraft import speculative_generate
-    >>> out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft, max_new_tokens=64)  # doctest: +SKIP
+    >>> out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft,
+    ...                       max_new_tokens=64)  # doctest: +SKIP
 
 Layers: the core (``hf_specdraft.core``: the loop and its steps) imports no method; each method package (glide, cape,
 cascade, casd) imports only the core; this module, ``defaults``, ``bench`` and the CLI compose them

@@ -4,7 +4,7 @@ what it runs.
     hf-specdraft demo                       # the shipped default: one method per idea vs target-only, one table
     hf-specdraft demo --target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID
     hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
-    hf-specdraft train-glide --target DIR (--data FILES | --dataset FILE_OR_HUB_ID [--regenerate]) --output-dir DIR   # see --help
+    hf-specdraft train-glide --target DIR (--data FILES | --dataset FILE_OR_HUB_ID [--regenerate]) --output-dir DIR
     hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
     hf-specdraft export GLIDE_DIR OUTPUT_DIR [--target DIR]              # a GLIDE as vLLM serves it (docs/serving.md)
 
@@ -50,9 +50,8 @@ def load_bundle(
     default for the embedded drafters, the target's dtype for a ``--draft`` checkpoint."""
     from .defaults import DefaultBundle, load_default
 
-    if (
-        target is None or (Path(target) / "target" / "config.json").is_file()
-    ):  # the default, or a recipes.training directory
+    # the default, or a recipes.training directory
+    if target is None or (Path(target) / "target" / "config.json").is_file():
         bundle = load_default(target, device=device, dtype=dtype, draft_dtype=draft_dtype)
         if draft is not None:
             bundle.draft = _load_causal_lm(draft, "--draft", bundle.target, draft_dtype)
@@ -104,7 +103,6 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
     from transformers import AutoModelForCausalLM
 
     check_checkpoint(name, argument)
-
     dtype = dtype or (like.dtype if like is not None else torch.float32)
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
@@ -117,8 +115,8 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
 
 # One method per idea, so the demo stays under two minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
 DEMO_METHODS = {
-    # *-auto: the default calls (GLIDE's copy from the context where the text recurs: +copy); draft-model-auto: the plain
-    # draft alone
+    # *-auto: the default calls (GLIDE's copy from the context where the text recurs: +copy); draft-model-auto: the
+    # plain draft alone
     "completion": (
         "target-only",
         "target-only+linears",
@@ -153,14 +151,8 @@ def cmd_demo(args) -> int:
     results, shown = [], []
     for task, names in (DEMO_METHODS_CUDA if bundle.target.device.type == "cuda" else DEMO_METHODS).items():
         methods = tuple(m for m in names if METHODS[m].available(bundle.extras, has_draft))
-        config = BenchConfig(
-            methods=methods,
-            task=task,
-            num_prompts=args.num_prompts,
-            max_new_tokens=args.max_new_tokens,
-            warmup=1,
-            repeats=args.repeats,
-        )
+        sizes = {"num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
+        config = BenchConfig(methods=methods, task=task, warmup=1, **sizes)
         output = Path(args.output) / f"demo-{task}.json" if args.output else None
         results.append((task, config, run_bench(bundle, config, output=output, warn=False)))
         shown += [m for m in methods if m not in shown]
@@ -170,8 +162,8 @@ def cmd_demo(args) -> int:
     for task, config, result in results:
         meta = result["meta"]
         print(
-            f"\n[{task}] {meta['hardware']}, {meta['dtype']}, target {meta['target_parameters'] / 1e6:.1f}M parameters, "
-            f"{config.num_prompts} held-out prompts x {config.max_new_tokens} new tokens (greedy)\n"
+            f"\n[{task}] {meta['hardware']}, {meta['dtype']}, target {meta['target_parameters'] / 1e6:.1f}M "
+            f"parameters, {config.num_prompts} held-out prompts x {config.max_new_tokens} new tokens (greedy)\n"
         )
         timing = {**result["timing"], "reliable": True}  # its warning, if any, is printed once above
         print(format_table(result["summary"], timing))
@@ -180,25 +172,19 @@ def cmd_demo(args) -> int:
     return 0
 
 
-DEMO_COLUMNS = (
-    (
-        "speedup",
-        "wall time of target-only / wall time of the method, same prompts, same run (median of the repeats per "
-        "prompt); below 1 the method is slower: a slowdown",
-    ),
-    ("per-prompt range", "the lowest and highest of those ratios over the prompts"),
-    (
-        "vs +linears",
-        "the same against target-only+linears: plain greedy generate with the few-row linears in the orientation "
-        "this CPU runs fastest, as the speculative loop uses them",
-    ),
-    ("MAL", "mean accepted length: tokens per target forward of the speculative loop"),
-    ("α", "the paper's acceptance rate, 1 - TV(p, q) per judged draft position (drafters with a distribution q)"),
-    ("acc/pos", "accepted / judged draft positions"),
-    ("tok/call", "tokens per target forward"),
-    ("=target", "output identical to target-only greedy (CASD's conditional rules may differ by design)"),
-    ("edit sim", "similarity to the held-out reference (1 = the same text)"),
-)
+DEMO_COLUMNS = {
+    "speedup": "wall time of target-only / wall time of the method, same prompts, same run (median of the repeats per "
+    "prompt); below 1 the method is slower: a slowdown",
+    "per-prompt range": "the lowest and highest of those ratios over the prompts",
+    "vs +linears": "the same against target-only+linears: plain greedy generate with the few-row linears in the "
+    "orientation this CPU runs fastest, as the speculative loop uses them",
+    "MAL": "mean accepted length: tokens per target forward of the speculative loop",
+    "α": "the paper's acceptance rate, 1 - TV(p, q) per judged draft position (drafters with a distribution q)",
+    "acc/pos": "accepted / judged draft positions",
+    "tok/call": "tokens per target forward",
+    "=target": "output identical to target-only greedy (CASD's conditional rules may differ by design)",
+    "edit sim": "similarity to the held-out reference (1 = the same text)",
+}
 
 
 def legend(methods: list[str], descriptions: dict[str, str], width: int = 100) -> str:
@@ -214,7 +200,9 @@ def legend(methods: list[str], descriptions: dict[str, str], width: int = 100) -
             lines += [f"  {'':<{pad}}{more}" for more in wrapped[1:]]
         return lines
 
-    return "\n".join(block("columns:", DEMO_COLUMNS) + block("methods:", [(m, descriptions[m]) for m in methods]))
+    return "\n".join(
+        block("columns:", DEMO_COLUMNS.items()) + block("methods:", [(m, descriptions[m]) for m in methods])
+    )
 
 
 def sample_text(result: dict, tokenizer, width: int = 240) -> str:
@@ -224,14 +212,18 @@ def sample_text(result: dict, tokenizer, width: int = 240) -> str:
     if not others:
         return ""
     best = max(others, key=lambda m: result["summary"][m]["speedup_vs_target_only"])
-    show = lambda m: tokenizer.decode(first[m]["tokens"], skip_special_tokens=True)[:width].replace("\n", "\n    ")  # noqa: E731
+
+    def show(m: str) -> str:
+        return tokenizer.decode(first[m]["tokens"], skip_special_tokens=True)[:width].replace("\n", "\n    ")
+
     same = "identical" if first[best]["tokens"] == first["target-only"]["tokens"] else "differs"
-    return f"\nprompt 1, target-only:\n    {show('target-only')}\nprompt 1, {best} (fastest here; {same}):\n    {show(best)}"
+    mine = f"\nprompt 1, {best} (fastest here; {same}):\n    {show(best)}"
+    return f"\nprompt 1, target-only:\n    {show('target-only')}{mine}"
 
 
 def bench_output_path(output: str | None, profile: str, task: str, overwrite: bool = False) -> Path:
-    """Where ``bench`` writes: ``--output`` as given, else ``benchmarks/results/<profile>-<task>.json`` unless that file
-    exists (a committed result) and ``--overwrite`` is not set; then a new timestamped file next to it."""
+    """Where ``bench`` writes: ``--output`` as given, else ``benchmarks/results/<profile>-<task>.json`` unless that
+    file exists (a committed result) and ``--overwrite`` is not set; then a new timestamped file next to it."""
     if output is not None:
         return Path(output)
     path = Path(f"benchmarks/results/{profile}-{task}.json")
@@ -250,21 +242,13 @@ def cmd_bench(args) -> int:
 
     methods = tuple(args.methods.split(",")) if args.methods else None
     target = args.target
+    common = dict(profile=args.profile, max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup)
     if args.prompts is not None:
         path = DEFAULT_PROMPTS if args.prompts == "default" else Path(args.prompts)
         read_prompts(path)  # a malformed file fails before any model loads
     else:
-        config = BenchConfig(
-            profile=args.profile,
-            methods=methods or BenchConfig.methods,
-            task=args.task,
-            num_prompts=args.num_prompts,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-            context_prompt_chars=args.context_prompt_chars,
-            repeats=args.repeats,
-            warmup=args.warmup,
-        )
+        task = {"task": args.task, "num_prompts": args.num_prompts, "context_prompt_chars": args.context_prompt_chars}
+        config = BenchConfig(methods=methods or BenchConfig.methods, seed=args.seed, **task, **common)
     if args.profile.startswith("gpu") and not torch.cuda.is_available():
         raise ValueError(f"--profile {args.profile} needs a CUDA device; use --profile cpu here")
     if args.prompts is None and args.profile == "gpu" and target is None:  # its bigger target, trained by a recipe
@@ -281,14 +265,7 @@ def cmd_bench(args) -> int:
         result = run_bench(bundle, config, output=output, warn=False)
         print(format_table(result["summary"], result["timing"]))
     else:
-        config = BenchConfig(
-            profile=args.profile,
-            methods=methods or prompts_methods(bundle),
-            task="chat",
-            max_new_tokens=args.max_new_tokens,
-            repeats=args.repeats,
-            warmup=args.warmup,
-        )
+        config = BenchConfig(methods=methods or prompts_methods(bundle), task="chat", **common)
         output = bench_output_path(args.output, config.profile, f"prompts-{path.stem}", args.overwrite)
         print(format_category_table(run_prompts_bench(bundle, config, path, output=output, warn=False)))
     print(f"\nwrote {output}")
@@ -296,8 +273,8 @@ def cmd_bench(args) -> int:
 
 
 def prompts_methods(bundle) -> tuple[str, ...]:
-    """``bench --prompts``'s methods without ``--methods``: the baselines (plain ``generate``, with the few-row linears,
-    prompt lookup, assisted decoding) and the demo's methods, those this bundle can run."""
+    """``bench --prompts``'s methods without ``--methods``: the baselines (plain ``generate``, with the few-row
+    linears, prompt lookup, assisted decoding) and the demo's methods, those this bundle can run."""
     from .bench import METHODS
     from .bench.prompts import BASELINES
 
@@ -455,9 +432,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if glide_dir == "default":
         from .defaults.smollm2 import converted_dir
 
-        glide_dir = str(
-            Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide_assistant"
-        )  # the exportable one
+        # the exportable one
+        glide_dir = str(Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide_assistant")
         target_dir = target_dir or str(converted_dir())
     for flag, directory in (("GLIDE", glide_dir), ("--target", target_dir)):
         if directory is not None and not (Path(directory) / "config.json").is_file():

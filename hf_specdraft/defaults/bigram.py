@@ -98,15 +98,9 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
         (tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts), answers * args.answers_weight
     )
     table = build_bigram_table(ids, len(tokenizer), unseen=args.unseen)
-    meta = {
-        "tokenizer": str(tokenizer_dir),
-        "split": args.split,
-        "files": str(len(files)),
-        "unseen": args.unseen,
-        "answers": str(len(answers)),
-        "answers_weight": str(args.answers_weight),
-    }
-    save_bigram_table(table, args.output, meta)
+    # save_bigram_table writes every value as a string
+    meta = {"tokenizer": tokenizer_dir, "split": args.split, "files": len(files), "unseen": args.unseen}
+    save_bigram_table(table, args.output, {**meta, "answers": len(answers), "answers_weight": args.answers_weight})
     print(
         f"wrote {args.output}: {table.numel()} entries from {len(files)} {args.split} files and {len(answers)} answers"
     )

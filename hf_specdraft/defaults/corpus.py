@@ -114,7 +114,8 @@ def build_corpus(packages: tuple[str, ...] = DEFAULT_PACKAGES, roots: dict[str, 
     heldout = [f for f in files if is_heldout(f.name)]
     if not train or not heldout:
         raise ValueError(
-            f"the corpus under {sorted(roots)} has {len(train)} train and {len(heldout)} held-out files; both must be non-empty"
+            f"the corpus under {sorted(roots)} has {len(train)} train and {len(heldout)} held-out files; both must be "
+            "non-empty"
         )
     versions = {"python": sys.version.split()[0]}
     for prefix in roots:

@@ -13,9 +13,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-CHECKPOINT_DIR = (
-    Path(__file__).parent / "checkpoint"
-)  # the 15.7M from-scratch default of earlier versions (recipes/training.py)
+# the 15.7M from-scratch default of earlier versions (recipes/training.py)
+CHECKPOINT_DIR = Path(__file__).parent / "checkpoint"
 SMOLLM2_DRAFTERS_DIR = Path(__file__).parent / "checkpoint_smollm2"
 
 
@@ -26,7 +25,7 @@ class DefaultBundle:
     tokenizer: PreTrainedTokenizerBase
     path: Path
     info: dict = field(default_factory=dict)  # recipe.json + training_log.json evaluation
-    extras: dict = field(default_factory=dict)  # further shipped drafters / tables, by bench name (e.g. "bigram_table")
+    extras: dict = field(default_factory=dict)  # more shipped drafters / tables, by bench name (e.g. "bigram_table")
 
 
 def load_smollm2_default(
@@ -122,7 +121,8 @@ def load_default(
     path = Path(path)
     if not (path / "target" / "config.json").is_file() or not (path / "tokenizer").is_dir():
         raise ValueError(
-            f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `python -m recipes.training`)"
+            f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `python -m "
+            "recipes.training`)"
         )
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -130,12 +130,11 @@ def load_default(
 
     draft_dtype = draft_dtype or dtype
     info = {}
-    for name in ("recipe.json", "training_log.json"):
-        if (path / name).is_file():
-            data = json.loads((path / name).read_text())
-            info[name.removesuffix(".json")] = (
-                data if name == "recipe.json" else {k: v for k, v in data.items() if k not in ("target", "draft")}
-            )
+    if (path / "recipe.json").is_file():
+        info["recipe"] = json.loads((path / "recipe.json").read_text())
+    if (path / "training_log.json").is_file():
+        log = json.loads((path / "training_log.json").read_text())
+        info["training_log"] = {k: v for k, v in log.items() if k not in ("target", "draft")}
     # the plain draft, the cascade's second, smaller one, and GLIDE and its vanilla twin, when trained for this target
     kinds = {
         "draft": ("draft", AutoModelForCausalLM),

@@ -113,7 +113,6 @@ def load_smollm2(
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     path = converted_dir()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    model.config._name_or_path = (
-        HUB_ID  # what it is, not where the cache put it (drafter configs and model cards record this)
-    )
+    # what it is, not where the cache put it (drafter configs and model cards record this)
+    model.config._name_or_path = HUB_ID
     return model, AutoTokenizer.from_pretrained(path)
