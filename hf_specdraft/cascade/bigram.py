@@ -41,9 +41,8 @@ class _PairCounts:
     def add(self, ids: torch.Tensor) -> None:
         ids = torch.as_tensor(ids).long().flatten().cpu()
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise ValueError(
-                f"token ids must be in [0, vocab_size={self.vocab_size}), got ids in [{int(ids.min())}, {int(ids.max())}]"
-            )
+            low, high = int(ids.min()), int(ids.max())
+            raise ValueError(f"token ids must be in [0, vocab_size={self.vocab_size}), got ids in [{low}, {high}]")
         self.unigram += torch.bincount(ids, minlength=self.vocab_size)
         if ids.numel() < 2:
             return

@@ -61,7 +61,8 @@ def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
         raise ValueError(f"k_matrix must be a square matrix of ints, got {k_matrix!r}") from err
     if matrix.dim() != 2 or tuple(matrix.shape) != (size, size):
         raise ValueError(
-            f"k_matrix must have shape ({size}, {size}) for {num_drafts} draft(s) + Max-Gram, got shape {tuple(matrix.shape)}"
+            f"k_matrix must have shape ({size}, {size}) for {num_drafts} draft(s) + Max-Gram, got shape "
+            f"{tuple(matrix.shape)}"
         )
     integral = not (matrix.dtype == torch.bool or matrix.is_complex()) and (
         not matrix.is_floating_point() or bool((torch.isfinite(matrix) & (matrix == matrix.round())).all())
@@ -73,11 +74,13 @@ def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
         raise ValueError(f"k_matrix entries must be >= 0 (token budgets), got {matrix.tolist()}")
     if bool(torch.tril(matrix, diagonal=-1).any()):
         raise ValueError(
-            f"k_matrix must be upper-triangular (entries below the diagonal are never used and must be 0), got {matrix.tolist()}"
+            "k_matrix must be upper-triangular (entries below the diagonal are never used and must be 0), got "
+            f"{matrix.tolist()}"
         )
     if int(matrix[0].sum()) == 0:
         raise ValueError(
-            f"k_matrix's first row (the budgets of the level the target reviews) sums to 0, so nothing would be drafted: {matrix.tolist()}"
+            "k_matrix's first row (the budgets of the level the target reviews) sums to 0, so nothing would be "
+            f"drafted: {matrix.tolist()}"
         )
     return matrix.tolist()
 
@@ -110,7 +113,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         super().__init__()
         if not isinstance(drafts, (list, tuple)) or not drafts:
             raise ValueError(
-                "drafts must be a non-empty list of draft models, largest first (for Max-Gram alone use MaxGramCandidateGenerator)"
+                "drafts must be a non-empty list of draft models, largest first (for Max-Gram alone use "
+                "MaxGramCandidateGenerator)"
             )
         for i, draft in enumerate(drafts):
             if not isinstance(draft, PreTrainedModel):
@@ -122,16 +126,12 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         k_matrix = self.config.k_matrix
         self.k_matrix = validate_k_matrix(default_k_matrix(len(drafts)) if k_matrix is None else k_matrix, len(drafts))
         self.lenience = self.config.lenience
-        self.max_gram = max_gram or MaxGramCandidateGenerator(
-            bigram_table, num_draft_tokens=self.config.max_gram_tokens
-        )
+        self.max_gram = max_gram or MaxGramCandidateGenerator(bigram_table, self.config.max_gram_tokens)
         cap = self.config.num_draft_tokens
         # "auto": the loop's controller sets the cap every step, up to everything row 0's budgets can propose; outside
         # the loop (propose called directly) there is no cap, as in the paper
         self.max_draft_tokens = sum(self.k_matrix[0])
-        self.num_draft_tokens, self.adaptive_draft_length = (
-            (None, False) if cap is None else draft_length(cap, start=None)
-        )
+        self.num_draft_tokens, self.adaptive_draft_length = draft_length(cap, start=None) if cap else (None, False)
         self.max_length: int | None = None  # set by prepare: drafting past generate's max_length is wasted
         self._reset()
 
@@ -141,7 +141,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
 
     @property
     def controller_anchor(self):
-        """What the loop's controller state belongs to across calls: the first draft (a Max-Gram-only cascade: the class)."""
+        """What the loop's controller state belongs to across calls: the first draft (a Max-Gram-only cascade: the
+        class)."""
         return self.drafts[0] if self.drafts else None
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
@@ -159,7 +160,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         drafted after the request's text `(1, L)`, at most its γ where the controller chose one (no q: the target
         verifies by exact match; the drafts keep caches of their own)."""
         text = request.input_ids[0]
-        limit = UNBOUNDED if self.max_length is None else self.max_length - 1  # the loop keeps room for its bonus token
+        # the loop keeps room for its bonus token
+        limit = UNBOUNDED if self.max_length is None else self.max_length - 1
         cap = request.num_draft_tokens or self.num_draft_tokens
         if cap is not None:
             limit = min(limit, text.numel() + cap)
@@ -242,8 +244,9 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
     def compile_draft(
         self, generation_config: GenerationConfig, compile_config, target_cache
     ) -> list[StaticDraftCache]:
-        """On the compiled static path of a batch-1 call: every draft's reviews and drafts on a static cache of its own,
-        compiled (:mod:`~hf_specdraft.core.draft_cache`; one role per level, so one model may sit at two levels)."""
+        """On the compiled static path of a batch-1 call: every draft's reviews and drafts on a static cache of its
+        own, compiled (:mod:`~hf_specdraft.core.draft_cache`; one role per level, so one model may sit at two
+        levels)."""
         self.caches = [
             StaticDraftCache(draft, generation_config, compile_config, role=f"cascade{i}")
             for i, draft in enumerate(self.drafts)

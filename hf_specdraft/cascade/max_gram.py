@@ -29,9 +29,8 @@ from ..core.suffix_match import longest_suffix_match
 from ..core.tree import DraftTree
 from ..core.validation import check_int
 
-MAX_GRAM_TOKENS = (
-    10  # §5.2 "we use MaG to generate 10 tokens at once, as it is rare for more than 10 tokens to be accepted"
-)
+# §5.2 "we use MaG to generate 10 tokens at once, as it is rare for more than 10 tokens to be accepted"
+MAX_GRAM_TOKENS = 10
 
 
 def bigram_chain(bigram_table: torch.LongTensor, token: torch.Tensor, num_tokens: int) -> torch.LongTensor:
@@ -127,21 +126,18 @@ def check_bigram_table(
     table: torch.Tensor, vocab_size: int | None = None, argument: str = "bigram_table"
 ) -> torch.LongTensor:
     """Validate a bigram table: a 1-D integer tensor of ids in ``[0, vocab_size)``, at most ``vocab_size`` long."""
-    if (
-        not isinstance(table, torch.Tensor)
-        or table.dim() != 1
-        or table.numel() == 0
-        or table.is_floating_point()
-        or table.dtype == torch.bool
-    ):
+    integral = isinstance(table, torch.Tensor) and not (table.is_floating_point() or table.dtype == torch.bool)
+    if not integral or table.dim() != 1 or table.numel() == 0:
         raise ValueError(
-            f"{argument} must be a non-empty 1-D integer tensor (next token id per token id), got {type(table).__name__} {tuple(getattr(table, 'shape', ()))}"
+            f"{argument} must be a non-empty 1-D integer tensor (next token id per token id), got "
+            f"{type(table).__name__} {tuple(getattr(table, 'shape', ()))}"
         )
     table = table.long()
     limit = table.numel() if vocab_size is None else vocab_size
     if vocab_size is not None and table.numel() > vocab_size:
         raise ValueError(
-            f"{argument} has {table.numel()} entries but the target predicts only {vocab_size} token ids; build it with the target's tokenizer"
+            f"{argument} has {table.numel()} entries but the target predicts only {vocab_size} token ids; build it "
+            "with the target's tokenizer"
         )
     if int(table.min()) < 0 or int(table.max()) >= max(limit, table.numel()):
         raise ValueError(f"{argument} holds token ids outside [0, {max(limit, table.numel())})")

@@ -5,7 +5,8 @@ verified exactly (``strict``, lossless) or by the conditional rule ``p(x) > max(
 optionally with top-k membership (eq. 4).
 
     >>> from hf_specdraft.casd import casd_generate
-    >>> out = casd_generate(model, tokenizer, question, context=document, threshold=0.1, max_new_tokens=64)  # doctest: +SKIP
+    >>> out = casd_generate(model, tokenizer, question, context=document, threshold=0.1,
+    ...                     max_new_tokens=64)  # doctest: +SKIP
 """
 
 from .candidate_generator import CasdCandidateGenerator, build_casd_for_bench, casd_acceptance, tokenize_context

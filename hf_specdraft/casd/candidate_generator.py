@@ -114,9 +114,8 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """𝕋 ← R(p) for the request's text `(1, L)`; the target cache is not read."""
         input_ids = request.input_ids
-        if self.prompt_length is None or not self._continues(
-            input_ids
-        ):  # a new generate call (stock loops skip prepare)
+        # a new generate call (stock loops skip prepare)
+        if self.prompt_length is None or not self._continues(input_ids):
             self.prompt_length, self._prompt = input_ids.shape[1], input_ids[0].clone()
         config = self._step_config(request)
         suffix = input_ids[0, -config.max_suffix_length :]
@@ -143,9 +142,8 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         first, second = (own, tree) if own_length > length else (tree, own)
         tokens, parents = first.tokens.tolist(), first.parents.tolist()
         add_nodes(tokens, parents, second, config.max_nodes)
-        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)), max(
-            length, own_length
-        )
+        merged = DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+        return merged, max(length, own_length)
 
 
 def build_casd_for_bench(

@@ -36,9 +36,8 @@ class CasdConfig:
             prompt lookup decoding does; the longer match's tree comes first.
     """
 
-    max_nodes: int | str = (
-        AUTO  # the CASD paper, §3 / REST fix 64 ("choices=64"); "auto": the loop picks it per step (64 outside it)
-    )
+    # the CASD paper, §3 / REST fix 64 ("choices=64"); "auto": the loop picks it per step (64 outside it)
+    max_nodes: int | str = AUTO
     max_suffix_length: int = 16  # REST token spans 16 ... 2, first hit wins
     min_suffix_length: int = 2  # a 1-token match is too weak a signal to spend verification on
     max_draft_length: int = 10  # REST's continuation length ("long=10")
@@ -54,7 +53,8 @@ class CasdConfig:
             check_bool(name, getattr(self, name))
         if self.min_suffix_length > self.max_suffix_length:
             raise ValueError(
-                f"min_suffix_length ({self.min_suffix_length}) must not exceed max_suffix_length ({self.max_suffix_length})"
+                f"min_suffix_length ({self.min_suffix_length}) must not exceed max_suffix_length "
+                f"({self.max_suffix_length})"
             )
 
     def to_dict(self) -> dict:

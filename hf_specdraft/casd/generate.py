@@ -150,13 +150,10 @@ def casd_generate(
         model, prompt_ids, candidate_generator=generator, acceptance=acceptance, **generate_kwargs
     )
     sequences = out.sequences if isinstance(out, SpeculativeGenerateOutput) else out
-    prompt_length = prompt_ids.shape[1]
-    text = (
-        None if tokenizer is None else tokenizer.decode(sequences[0, prompt_length:].tolist(), skip_special_tokens=True)
-    )
-    return CasdGenerateOutput(
-        sequences, prompt_length, text, getattr(generator, "last_stats", None), list(generator.match_lengths)
-    )
+    length = prompt_ids.shape[1]
+    text = None if tokenizer is None else tokenizer.decode(sequences[0, length:].tolist(), skip_special_tokens=True)
+    stats = getattr(generator, "last_stats", None)
+    return CasdGenerateOutput(sequences, length, text, stats, list(generator.match_lengths))
 
 
 def llmlingua2_compressor(

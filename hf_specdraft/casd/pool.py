@@ -152,10 +152,9 @@ class DraftPool:
             tokens that follow).
         """
         sequence = np.asarray(sequence, dtype=np.int64).reshape(-1)
-        foreign = np.flatnonzero((sequence < 0) | (sequence > self.max_token_id))  # ids the pool cannot hold
-        usable = sequence.size - (
-            int(foreign[-1]) + 1 if foreign.size else 0
-        )  # (and must not wrap in the byte encoding)
+        # ids the pool cannot hold (and must not wrap in the byte encoding)
+        foreign = np.flatnonzero((sequence < 0) | (sequence > self.max_token_id))
+        usable = sequence.size - (int(foreign[-1]) + 1 if foreign.size else 0)
         max_length = min(max_length, self.max_suffix_length, usable)
         best, best_rows = 0, None
         lo_len, hi_len = min_length, max_length
