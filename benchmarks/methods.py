@@ -35,10 +35,11 @@ COPY_TOKENS = (
     6  # a fixed-γ "+copy" row's copies (max_copy_tokens): a match that long tends to continue for several tokens
 )
 
-# Drafts' γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by `python -m benchmarks.studies.tune_glide`
-# on completion items 20..25 (benchmarks/results/cpu-tune-glide.json); the bench measures them on items 0..N-1.
-# The best γ follows the CPU's verification cost curve (hf_specdraft/core/projection.py, benchmarks/studies/projection.py), so it is tuned on the
-# machine that runs the bench. On the 2-core AMD EPYC VM of 2026-11-25 (one-row linears computed as two rows, a forward
+# Drafts' γ and CAPE's (γ, verification budget) for the default target on CPU, tuned by
+# `python -m benchmarks.studies.tune_glide` on completion items 20..25 (benchmarks/results/cpu-tune-glide.json); the
+# bench measures them on items 0..N-1. The best γ follows the CPU's verification cost curve
+# (hf_specdraft/core/projection.py, benchmarks/studies/projection.py), so it is tuned on the machine running the bench.
+# On the 2-core AMD EPYC VM of 2026-11-25 (one-row linears computed as two rows, a forward
 # over 2 tokens 0.9x a one-token forward, over 3-4 tokens 1.2x): GLIDE γ = 1 (1.98x; γ = 2: 1.80x, γ = 3: 1.81x,
 # γ = 5: 1.47x), CAPE γ = 2 with a 3-token budget (1.95x; γ = 2 / budget 2: 1.74x, γ = 1 / budget 3: 1.79x). On the
 # 2-core AVX-512 Xeon VM of the same day (2-3 tokens 1.0-1.1x, 4 tokens 1.5x): GLIDE γ = 2 (1.29x; γ = 1: 1.22x, γ = 3:
@@ -58,8 +59,8 @@ TUNED_K_1DRAFT = [[3, 0], [0, 1]]
 TUNED_MAX_GRAM_TOKENS = 3
 TUNED_K_2DRAFTS = [[3, 2, 10], [0, 1, 10], [0, 0, 10]]
 
-# CASD's draft-tree size for the default target on CPU, tuned by `python -m benchmarks.studies.tune_casd` on context items
-# 8..13 (benchmarks/results/cpu-tune-casd.json): 8 nodes 1.09x, 4 nodes 1.09x, 16: 1.01x, REST's 64: 0.91x; a
+# CASD's draft-tree size for the default target on CPU, tuned by `python -m benchmarks.studies.tune_casd` on context
+# items 8..13 (benchmarks/results/cpu-tune-casd.json): 8 nodes 1.09x, 4 nodes 1.09x, 16: 1.01x, REST's 64: 0.91x; a
 # 64-node verification costs ~2.5x a one-token forward here. The library's CasdConfig keeps REST's 64.
 CASD_MAX_NODES = 8
 
@@ -68,7 +69,7 @@ def _draft_costs(extras):
     return {"draft": extras["draft"]}
 
 
-# --- more baselines: the loop proposing nothing, stock assisted decoding with the few-row linears or GLIDE attached ----
+# --- more baselines: the loop proposing nothing, stock assisted decoding with the few-row linears or GLIDE attached
 
 
 class NullCandidateGenerator(TreeCandidateGenerator):
@@ -121,7 +122,7 @@ for _kind in ("glide", "vanilla"):
     )
 
 
-# --- the plain draft at a fixed γ, alone, copying and under CAPE --------------------------------------------------------
+# --- the plain draft at a fixed γ, alone, copying and under CAPE ------------------------------------------------------
 
 register_method(
     Method(
@@ -140,8 +141,8 @@ register_method(
         ),
         requires=("draft",),
         cost_models=_draft_costs,
-        description=f"speculative_generate with the plain draft (GLIDE-family), γ={GLIDE_GAMMA}, copying {COPY_TOKENS} tokens "
-        "from the context where its last 2 tokens recur",
+        description=f"speculative_generate with the plain draft (GLIDE-family), γ={GLIDE_GAMMA}, copying "
+        f"{COPY_TOKENS} tokens from the context where its last 2 tokens recur",
     )
 )
 register_method(
@@ -178,13 +179,14 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
             f"draft-model+{_label}",
             lambda ctx, m=_mode: _cape(ctx, m),
             requires=("draft",),
-            description=f"plain draft γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), one tree-verified forward",
+            description=f"plain draft γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), "
+            "one tree-verified forward",
             cost_models=_draft_costs,
         )
     )
 
 
-# --- cascade speculative drafting: the paper's default K and the tuned ones ----------------------------------------------
+# --- cascade speculative drafting: the paper's default K and the tuned ones -------------------------------------------
 
 
 def _max_gram(ctx):
@@ -227,7 +229,8 @@ register_method(
         "cascade-1draft-tuned",
         lambda ctx: cascade_run(ctx, [ctx.draft], TUNED_K_1DRAFT, max_gram_tokens=TUNED_MAX_GRAM_TOKENS),
         requires=("draft",),
-        description=f"CS drafting: plain draft + Max-Gram ({TUNED_MAX_GRAM_TOKENS} tokens), K = {TUNED_K_1DRAFT} (tuned)",
+        description=f"CS drafting: plain draft + Max-Gram ({TUNED_MAX_GRAM_TOKENS} tokens), "
+        f"K = {TUNED_K_1DRAFT} (tuned)",
         cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
     )
 )
@@ -242,7 +245,7 @@ register_method(
 )
 
 
-# --- CASD: the tuned tree size, fixed sizes beside it, and the lossy rules ------------------------------------------------
+# --- CASD: the tuned tree size, fixed sizes beside it, and the lossy rules --------------------------------------------
 
 
 def _casd(ctx, **options):
@@ -271,7 +274,8 @@ register_method(
         "casd-strict+output",
         lambda ctx: _casd(ctx, strict=True, draft_from_output=True),
         tasks=("context",),
-        description=f"CASD strict, retrieving from the generated tokens too (not in the CASD paper), {CASD_MAX_NODES} draft nodes",
+        description="CASD strict, retrieving from the generated tokens too (not in the CASD paper), "
+        f"{CASD_MAX_NODES} draft nodes",
     )
 )
 register_method(
@@ -294,11 +298,11 @@ register_method(
 )
 
 
-# --- GLIDE and its vanilla twin at a fixed γ, alone and with CAPE ---------------------------------------------------------
+# --- GLIDE and its vanilla twin at a fixed γ, alone and with CAPE -----------------------------------------------------
 
 
 def glide_chain(ctx, kind: str, gamma: int = GLIDE_GAMMA, copy: bool = False):
-    """The ``kind`` drafter at a fixed γ: copying ``COPY_TOKENS`` tokens from the context at a match (``copy``), or never."""
+    """The ``kind`` drafter at a fixed γ, copying ``COPY_TOKENS`` context tokens at a match (``copy``) or never."""
     from hf_specdraft.glide import GlideCandidateGenerator
 
     copying = {"max_copy_tokens": COPY_TOKENS} if copy else NO_COPY
@@ -366,8 +370,8 @@ register_method(
         "glide+copy+cape",
         lambda ctx: glide_cape(ctx, "confidence", copy=True),
         requires=("glide",),
-        description=f"GLIDE γ={CAPE_GAMMA} with cape expansion (budget {CAPE_BUDGET}), copying {COPY_TOKENS} tokens from the "
-        "context where its last 2 tokens recur",
+        description=f"GLIDE γ={CAPE_GAMMA} with cape expansion (budget {CAPE_BUDGET}), copying {COPY_TOKENS} tokens "
+        "from the context where its last 2 tokens recur",
         cost_models=lambda e: {"draft": e["glide"]},
     )
 )

@@ -41,7 +41,7 @@ from hf_specdraft.bench.compile_watch import compile_counters, compiled_between
 
 from benchmarks.studies.lossless import compare_greedy
 
-# SmolLM2-135M-Instruct's config.json (and its GGUF's metadata): 30 layers, 576 wide, 9 heads over 3 KV heads, tied embeddings
+# SmolLM2-135M-Instruct's config.json (and its GGUF's): 30 layers, 576 wide, 9 query / 3 KV heads, tied embeddings
 SMOLLM2 = dict(
     vocab_size=49152,
     hidden_size=576,
@@ -83,7 +83,7 @@ def default_calls(draft, glide, context: torch.Tensor) -> dict:
 
 
 def check(dtype_name: str, args, device: torch.device):
-    """Yield one row per call in ``dtype_name`` (the first call of each compiles its buckets: minutes on a GPU's host)."""
+    """Yield one row per call in ``dtype_name`` (the first call of each compiles its buckets: minutes on a GPU host)."""
     dtype = DTYPES[dtype_name]
     target, draft, glide = models(args.layers, device, dtype, args.seed)
     prompt = torch.randint(

@@ -7,23 +7,27 @@
 
 The recipe is the CPU study's (``benchmarks/verification/state-glide-corpus/train.sh``: the ``glide-state`` and
 ``vanilla`` kinds of :mod:`recipes.smollm2_drafters`, warm-started from the shipped pair, trained by
-:func:`~recipes.smollm2_drafters.train_drafter` through :func:`~hf_specdraft.glide.train_glide`), with the store replaced
-by the target itself: it runs on the device every step, over windows of 384 tokens (the bench prompts' length)
+:func:`~recipes.smollm2_drafters.train_drafter` through :func:`~hf_specdraft.glide.train_glide`), with the store
+replaced by the target itself: it runs on the device every step, over windows of 384 tokens (the bench prompts' length)
 drawn from the target's greedy answers to requests of the seven groups people send a chat model (conversation with
-a follow-up turn, translation, summaries, questions, arithmetic, questions about a passage, code: :mod:`recipes.requests`,
-the CPU retrain's data), from the train split of the local Python corpus (code, 15 % chat requests) and from the
-target's own greedy continuations of train-split prompts, both written first, on the device (seconds). The loss is KL from the
-target's whole next-token distribution (token-level distillation, Du et al. 2024, Appendix B). Both drafters get the same
-windows and the same number of steps: as many as fit the seconds left after a timed probe of each (4 steps). Both
-train in fp32 against the fp32 target (TF32 products on CUDA; bf16 autocast is untested there with GLIDE's masks).
+a follow-up turn, translation, summaries, questions, arithmetic, questions about a passage, code:
+:mod:`recipes.requests`, the CPU retrain's data), from the train split of the local Python corpus (code, 15 % chat
+requests) and from the target's own greedy continuations of train-split prompts, both written first, on the device
+(seconds). The loss is KL from the target's whole next-token distribution (token-level distillation, Du et al. 2024,
+Appendix B). Both drafters get the same windows and the same number of steps: as many as fit the seconds left after a
+timed probe of each (4 steps). Both train in fp32 against the fp32 target (TF32 products on CUDA; bf16 autocast is
+untested there with GLIDE's masks).
 
-Scored as the CPU table is (:func:`benchmarks.studies.state_glide.agreement`): greedy agreement at draft steps 1, 2 and 3,
-each conditional on the earlier ones, teacher-forced on the target's own greedy text for 48 held-out prompts, the target in
-fp32; the shipped pair is scored beside them. Those 35 windows are the CPU table's, kept in ``heldout-windows.safetensors``
-(``python -m recipes.distillation DIR --self-generated 48 --heldout --max-new-tokens 160 --seq-len 384`` on the CPU VM: the
-corpus's split depends on the machine's Python and packages, so the GPU machine would draw other prompts). What it writes (``--output``: at most 8 files, each under 16 MiB): the JSON
-and each bf16 checkpoint (config, weights, card, training log) as ``<kind>.tar`` cut into parts under 16 MiB
-(``cat <kind>.tar.part* | tar x``). ``--work`` holds the fp32 runs (under /tmp: it stays on the machine).
+Scored as the CPU table is (:func:`benchmarks.studies.state_glide.agreement`): greedy agreement at draft steps 1, 2 and
+3, each conditional on the earlier ones, teacher-forced on the target's own greedy text for 48 held-out prompts, the
+target in fp32; the shipped pair is scored beside them. Those 35 windows are the CPU table's, kept in
+``heldout-windows.safetensors``
+(``python -m recipes.distillation DIR --self-generated 48 --heldout --max-new-tokens 160 --seq-len 384`` on the CPU VM:
+the corpus's split depends on the machine's Python and packages, so the GPU machine would draw other prompts).
+
+What it writes (``--output``: at most 8 files, each under 16 MiB): the JSON and each bf16 checkpoint (config, weights,
+card, training log) as ``<kind>.tar`` cut into parts under 16 MiB (``cat <kind>.tar.part* | tar x``). ``--work`` holds
+the fp32 runs (under /tmp: it stays on the machine).
 """
 
 from __future__ import annotations
@@ -44,15 +48,15 @@ SHIPPED = Path(__file__).resolve().parents[2] / "hf_specdraft" / "defaults" / "c
 SEQ_LEN = 384  # the bench's prompts are about this long (the CPU corpus store's windows)
 PART_BYTES = 15 * 1024 * 1024  # a file back from the device is at most 16 MiB
 SELF_WEIGHT = 3  # the target's own text, repeated in the mix (the CPU study's --extra-weight)
-# the CPU table's held-out windows, kept in the repository: the corpus's split depends on the machine's Python and packages
+# the CPU table's held-out windows, kept here: the corpus's split depends on the machine's Python and packages
 HELDOUT = Path(__file__).with_name("heldout-windows.safetensors")
 PROBE_STEPS = 4  # a timed run's steps; its first (CUDA's warm-up) is left out
 DATASET = (
-    "the target's greedy answers to {requests} requests of seven groups (recipes/requests.py: project-written templates and "
-    "train-split docstrings, no evaluation set), the train split of the local Python corpus on the GPU machine (stdlib + "
-    "installed dependencies; 15 % as chat requests in SmolLM2's template), 384-token windows, and the target's own greedy "
-    f"continuations of {{prompts}} train-split prompts; the target's texts {SELF_WEIGHT}x; labels = the target's whole "
-    "next-token distribution, computed on the fly"
+    "the target's greedy answers to {requests} requests of seven groups (recipes/requests.py: project-written "
+    "templates and train-split docstrings, no evaluation set), the train split of the local Python corpus on the GPU "
+    "machine (stdlib + installed dependencies; 15 % as chat requests in SmolLM2's template), 384-token windows, and "
+    f"the target's own greedy continuations of {{prompts}} train-split prompts; the target's texts {SELF_WEIGHT}x; "
+    "labels = the target's whole next-token distribution, computed on the fly"
 )
 
 
@@ -78,9 +82,9 @@ def heldout_windows(count: int | None = None) -> torch.Tensor:
 
 
 def training_stream(target, tokenizer, windows: int, self_generated: int, requests: int, work: Path) -> torch.Tensor:
-    """The training tokens, flat: ``windows`` corpus windows, the target's text for ``self_generated`` train-split prompts
-    (128 new tokens each) and its answers to ``requests`` requests (:func:`recipes.requests.training_requests`, seed 0,
-    128 new tokens a turn, kept under ``work/answers``), each of the target's own texts :data:`SELF_WEIGHT` times."""
+    """The training tokens, flat: ``windows`` corpus windows, the target's text for ``self_generated`` train-split
+    prompts (128 new tokens each) and its answers to ``requests`` requests (:func:`recipes.requests.training_requests`,
+    seed 0, 128 new tokens a turn, kept under ``work/answers``), the target's texts each :data:`SELF_WEIGHT` times."""
     from recipes.distillation import (
         answered_requests,
         build_windows,
@@ -107,8 +111,8 @@ def training_stream(target, tokenizer, windows: int, self_generated: int, reques
 
 
 def train(kind: str, target, source, work: Path, steps: int, batch: int, dataset: str):
-    """One drafter of ``kind`` trained ``steps`` steps on ``source`` from the shipped weights (fp32: TF32 matrix products on
-    CUDA, no bf16 autocast); returns the model and its training log (with the stages it started from)."""
+    """One drafter of ``kind`` trained ``steps`` steps on ``source`` from the shipped weights (fp32: TF32 matrix
+    products on CUDA, no bf16 autocast); returns the model and its training log (with the stages it started from)."""
     from recipes.smollm2_drafters import RECIPES, earlier_checkpoint, earlier_stages, train_drafter
 
     args = dataclasses.replace(
@@ -197,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def score(checkpoint: Path) -> list[float]:
-        """Agreement of a saved bf16 checkpoint, loaded in fp32 (the shipped pair and the new one alike), fp32 products."""
+        """Agreement of a saved bf16 checkpoint loaded in fp32 (shipped pair and new one alike), fp32 products."""
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         model = GlideForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(args.device).eval()
         scores = agreement(target, model, test, batch_size=8, device=args.device)
@@ -221,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join(["python -m benchmarks.gpu.train_default", *(sys.argv[1:] if argv is None else argv)]),
             "train_tokens_available": source.tokens,
             "heldout_tokens": heldout.numel(),
-            "heldout": f"{len(heldout)} windows of the CPU table's held-out text (the target's greedy text for 48 held-out prompts)",
+            "heldout": f"{len(heldout)} windows of the CPU table's held-out text "
+            "(the target's greedy text for 48 held-out prompts)",
             "data_seconds": round(time.perf_counter() - started, 1),
         },
         "shipped": {kind: score(SHIPPED / kind) for kind in ("glide", "vanilla")},

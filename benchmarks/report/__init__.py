@@ -1,8 +1,8 @@
 """BENCHMARKS.md, its plots and the README's headline table, rendered from the committed JSON results (never typed by
 hand). Run from the repository root::
 
-    python -m benchmarks.report                  # BENCHMARKS.md + benchmarks/plots/*.png from benchmarks/results/*.json,
-                                                 # and the README's headline table from benchmarks/demo/*.json
+    python -m benchmarks.report               # BENCHMARKS.md + benchmarks/plots/*.png from benchmarks/results/*.json,
+                                              # and the README's headline table from benchmarks/demo/*.json
 """
 
 from .headline import write_headline

@@ -1,6 +1,7 @@
 """Plots for BENCHMARKS.md, drawn from the bench JSON files (never from numbers typed by hand).
 
-    python -m benchmarks.report     # writes benchmarks/plots/<result>-{speedup,acceptance,expansion}.png, then BENCHMARKS.md
+    # writes benchmarks/plots/<result>-{speedup,acceptance,expansion}.png, then BENCHMARKS.md
+    python -m benchmarks.report
 
 For each result file of ``hf-specdraft bench``:
 
@@ -81,7 +82,10 @@ def _figure(width: float = 7.0, height: float = 4.0):
 
 def _subtitle(result: dict) -> str:
     meta = result["meta"]
-    return f"{meta['hardware']}, {meta['dtype']}, task {meta['task']}, {meta['num_prompts']} prompts x {meta['max_new_tokens']} tokens"
+    return (
+        f"{meta['hardware']}, {meta['dtype']}, task {meta['task']}, {meta['num_prompts']} prompts x "
+        f"{meta['max_new_tokens']} tokens"
+    )
 
 
 def plot_speedup(result: dict, path: Path) -> Path:

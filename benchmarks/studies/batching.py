@@ -8,8 +8,8 @@ ratio to target-only ``generate`` at the same batch size, the mean accepted leng
 its own batch-1 target-only greedy output.
 
 Two target-only baselines: ``generate`` as transformers runs it, and the same with hf_specdraft's few-token linears
-(:mod:`hf_specdraft.core.projection`, which the speculative loop uses): on this CPU a 4-row ``nn.Linear`` takes MKL's slow
-small-M path, so part of a batched method's lead over stock ``generate`` is that projection, not speculation; the
+(:mod:`hf_specdraft.core.projection`, which the speculative loop uses): on this CPU a 4-row ``nn.Linear`` takes MKL's
+slow small-M path, so part of a batched method's lead over stock ``generate`` is that projection, not speculation; the
 second baseline separates the two. Stock assisted decoding runs at batch 1 only (transformers refuses more).
 
     python -m benchmarks.studies.batching --output benchmarks/verification/cpu-batching.json

@@ -137,7 +137,9 @@ def environment() -> dict:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "note": "single-threaded numpy retrieval; wall times on a shared machine include contention (see load_average_1m)",
+        "note": (
+            "single-threaded numpy retrieval; wall times on a shared machine include contention (see load_average_1m)"
+        ),
     }
 
 

@@ -1,9 +1,9 @@
 """How far do GLIDE's copies from the text run before the target leaves them? (What the copy rule has to learn.)
 
-Runs GLIDE on the embedded default with a fixed γ and every copy ``max(COPY_TOKENS, γ)`` tokens (``max_copy_tokens``: not
-sized by the controller, so how far each copy was right is seen up to that length) over held-out prompts of each task, and records
-per step whether it was a copy, the length of the suffix match it copied after, and how many tokens were accepted.
-Acceptance only: no timing, so it may run beside other work.
+Runs GLIDE on the embedded default with a fixed γ and every copy ``max(COPY_TOKENS, γ)`` tokens (``max_copy_tokens``:
+not sized by the controller, so how far each copy was right is seen up to that length) over held-out prompts of each
+task, and records per step whether it was a copy, the length of the suffix match it copied after, and how many tokens
+were accepted. Acceptance only: no timing, so it may run beside other work.
 
     python -m benchmarks.studies.copy_acceptance --output benchmarks/verification/cpu-copy-acceptance.json
 """

@@ -1,8 +1,9 @@
 """GLIDE's glimpse against training tokens: GLIDE and its vanilla twin trained on identical data at four
-sizes spanning 8x, scored teacher-forced on held-out code (Du et al. 2024, §5.2, Figure 4: the paper's margin is 5.4-23.5
-points of acceptance).
+sizes spanning 8x, scored teacher-forced on held-out code (Du et al. 2024, §5.2, Figure 4: the paper's margin is
+5.4-23.5 points of acceptance).
 
-    python -m benchmarks.studies.glide_gap_curve --work gap-work --output benchmarks/verification/cpu-glide-gap-curve.json
+    python -m benchmarks.studies.glide_gap_curve --work gap-work \\
+        --output benchmarks/verification/cpu-glide-gap-curve.json
 
 Each run trains a drafter from scratch for ``N / 8`` steps of 8 windows drawn (with replacement, by the run's seeded
 generator: the same draws for both drafters) from the first ``N`` windows of one distillation store of the

@@ -12,8 +12,9 @@ draft's argmax is the target's), averaged over every position past the first ``s
   runs GLIDE with nothing to attend to. The vanilla twin (same size and data, no cross-attention) is the baseline.
 - **target layer** (``--layers``): which target layer GLIDE should read. For each layer the shipped GLIDE's
   cross-attention (``q_proj``, ``o_proj``) is re-initialised and the whole draft fine-tuned ``--steps`` steps
-  (:func:`~hf_specdraft.glide.train_glide` on a store) on train-split windows reading that layer (the rest of its weights kept), then scored at delay 1; the vanilla twin
-  is fine-tuned the same steps on the same windows. The paper reads the top layers (``l = N_T - N_D + m``).
+  (:func:`~hf_specdraft.glide.train_glide` on a store) on train-split windows reading that layer (the rest of its
+  weights kept), then scored at delay 1; the vanilla twin is fine-tuned the same steps on the same windows.
+  The paper reads the top layers (``l = N_T - N_D + m``).
 """
 
 from __future__ import annotations
@@ -44,15 +45,16 @@ def heldout_code(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tenso
     windows = heldout_windows(stream, seq_len, num_windows)
     if windows.shape != (num_windows, seq_len):
         raise ValueError(
-            f"the held-out split holds {stream.numel() // seq_len} windows of {seq_len} tokens, fewer than --windows {num_windows}"
+            f"the held-out split holds {stream.numel() // seq_len} windows of {seq_len} tokens, fewer than --windows "
+            f"{num_windows}"
         )
     return windows
 
 
 def score(model, store: dict[str, torch.Tensor], delay: int | None = 1, skip: int = SKIP) -> dict[str, float]:
-    """α and greedy agreement of ``model`` on ``store``'s windows (:func:`~hf_specdraft.glide.training.evaluation.teacher_forced_alpha`
-    against the store's top-k), glimpsing the target keys ``k <= j - delay``; ``delay=None``: GLIDE with nothing to
-    glimpse (the vanilla twin never glimpses).
+    """α and greedy agreement of ``model`` on ``store``'s windows
+    (:func:`~hf_specdraft.glide.training.evaluation.teacher_forced_alpha` against the store's top-k), glimpsing the
+    target keys ``k <= j - delay``; ``delay=None``: GLIDE with nothing to glimpse (the vanilla twin never glimpses).
 
     Returns:
         ``{"alpha": mean 1 - TV(p, q), "agreement": mean [argmax q == argmax p]}`` over positions ``skip..``.

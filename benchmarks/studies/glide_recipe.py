@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     if not (work / "store" / "store.json").is_file():
         parser.error(
-            f"--work {args.work!r} holds no store: run python -m benchmarks.studies.glide_gap_curve --work {args.work} first"
+            f"--work {args.work!r} holds no store: run python -m benchmarks.studies.glide_gap_curve "
+            f"--work {args.work} first"
         )
     target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
     store = load_store(work / "store")
@@ -187,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         + (" --costs" if args.costs else ""),
         "data": f"the gap curve's first {SIZE} train-split windows of 256 tokens, 2 epochs (320 steps of 8 windows)",
         "heldout": "64 held-out code windows of 256 tokens, positions 16..",
-        "speed_model": "(1 + E_gamma) * c_target(1) / (gamma * c_draft + c_target(gamma + 1)), E from agreement by delay",
+        "speed_model": (
+            "(1 + E_gamma) * c_target(1) / (gamma * c_draft + c_target(gamma + 1)), E from agreement by delay"
+        ),
     }
 
     def save() -> None:

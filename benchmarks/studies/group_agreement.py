@@ -4,8 +4,8 @@ For each request of a prompts file (Spec-Bench's format: ``question_id``, ``cate
 arXiv:2401.07851) the target answers its first turn greedily in its chat template; then, per ``category``:
 
 - **teacher-forced**: the first draft token's greedy agreement at every position of the target's answer, the request
-  and the answer fed as they are (:func:`hf_specdraft.glide.training.evaluation.teacher_forced_alpha`, training's block-wise
-  glimpse);
+  and the answer fed as they are (:func:`hf_specdraft.glide.training.evaluation.teacher_forced_alpha`, training's
+  block-wise glimpse);
 - **in the loop**: ``speculative_generate`` with the drafter at γ = 1 and copying off, every step judged by the
   target: accepted / judged draft tokens, the first draft token's agreement as decoding meets it.
 

@@ -35,8 +35,8 @@ def k_grid(num_drafts: int, grid: str = "paper") -> list[list[list[int]]]:
     """Candidate K matrices for one or two neural drafts + Max-Gram.
 
     ``grid="paper"``: budgets around the official code's (MaG's row keeps its 10 tokens), for hardware where
-    verifying 15 tokens costs about one. ``grid="short"`` (one draft, reviewing 4 MaG tokens a forward): for hardware where
-    verification cost grows past a few tokens (a small target on a CPU: ``bench.projection``):
+    verifying 15 tokens costs about one. ``grid="short"`` (one draft, reviewing 4 MaG tokens a forward): for hardware
+    where verification cost grows past a few tokens (a small target on a CPU: ``bench.projection``):
     ``K[0] = (a, b)`` with ``2 <= a + b <= 4``. Algorithm 1's base case returns all of MaG's tokens at once, so a
     non-zero MaG budget adds MaG's whole draft (``max_gram_tokens``, the paper's 10) to the level: ``grid="mag"``
     (one draft) crosses a few short K with MaG lengths (``register_grid``'s ``max_gram_tokens``), each level asking
@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         lengths = tuple(int(m) for m in args.max_gram_tokens.split(","))
         if any(g < 1 for g in gammas) or any(m < 1 for m in lengths):
             raise ValueError(
-                f"--gammas and --max-gram-tokens must be positive integers, got {args.gammas!r} and {args.max_gram_tokens!r}"
+                f"--gammas and --max-gram-tokens must be positive integers, got {args.gammas!r} and "
+                f"{args.max_gram_tokens!r}"
             )
         names = register_grid(args.drafts, args.grid, lengths)
         gammas = register_draft_gammas(gammas)

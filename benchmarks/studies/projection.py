@@ -1,8 +1,8 @@
 """What a verification forward costs: the default target over 1 + N tokens on its cache, with the model's own
-own linear layers, with :func:`hf_specdraft.core.projection.few_token_projection` (the output projection as ``W @ h.T``) and with
-:func:`hf_specdraft.core.projection.few_token_linears` (every linear layer so), and with ``few_token_linears`` calibrated
-(``orientation="auto"``, what the loop uses: each few-row linear takes whichever orientation was faster on this CPU),
-against a one-token forward.
+own linear layers, with :func:`hf_specdraft.core.projection.few_token_projection` (the output projection as ``W @ h.T``)
+and with :func:`hf_specdraft.core.projection.few_token_linears` (every linear layer so), and with ``few_token_linears``
+calibrated (``orientation="auto"``, what the loop uses: each few-row linear takes whichever orientation was faster on
+this CPU), against a one-token forward.
 
     python -m benchmarks.studies.projection --output benchmarks/verification/cpu-verification-cost-amd-epyc.json
 

@@ -46,8 +46,8 @@ def conditional_agreement(model, batch: GlideBatch, steps: int, first: int = 0) 
     drafts whose steps 1..k-1 all drafted the target's argmax (only those reach step k under greedy verification).
     ``first``: count only drafts started at position ``first`` or later (e.g. a chat answer's, not its request's).
 
-    Needs p (``topk_ids`` or ``target_logits``). Teacher forcing feeds the window's tokens, which are the drafts a greedy
-    loop would have fed when the window is the target's own greedy text and the earlier steps agreed.
+    Needs p (``topk_ids`` or ``target_logits``). Teacher forcing feeds the window's tokens, which are the drafts a
+    greedy loop would have fed when the window is the target's own greedy text and the earlier steps agreed.
     """
     glide = extract_model_from_parallel(model)
     if batch.target_logits is not None:
@@ -231,7 +231,8 @@ def plot(result: dict, path: str | Path) -> Path:
     )
     cost.tick_params(axis="x", rotation=35, labelsize=8)
     fig.suptitle(
-        f"State-reading GLIDE ablation on SmolLM2-135M-Instruct ({result['machine']['cpu']}, {result['machine']['threads']} threads)"
+        f"State-reading GLIDE ablation on SmolLM2-135M-Instruct ({result['machine']['cpu']}, "
+        f"{result['machine']['threads']} threads)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

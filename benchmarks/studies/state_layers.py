@@ -1,12 +1,12 @@
 """Which of the target's layers tell GLIDE's first draft step most (a probe, before building EAGLE-3's fused input).
 
-The first draft step reads ``[embedding(x_t) ; h_{t-1}]`` and predicts the target's greedy token after ``x_t``. Today ``h`` is
-the target's last hidden state (after its final norm, ``hidden_states[-1]``); EAGLE-3 (Li et al. 2025, §3.3) fuses a low,
-a middle and a high layer instead. This probe asks which input carries more, without the rest of a draft: an MLP (norm,
-576 × k → 1,024, SiLU, → GLIDE's 6,145 output rows) per input, trained with cross-entropy on the target's argmax over
-train-split corpus windows (the CPU corpus store's), scored by greedy agreement on the CPU table's held-out text (the
-target's own greedy text for 48 held-out prompts). Same data, steps and seed for every input; each training size draws
-the first N windows. No context beyond what the states carry, so its agreement sits below a draft's: compare rows.
+The first draft step reads ``[embedding(x_t) ; h_{t-1}]`` and predicts the target's greedy token after ``x_t``. Today
+``h`` is the target's last hidden state (after its final norm, ``hidden_states[-1]``); EAGLE-3 (Li et al. 2025, §3.3)
+fuses a low, a middle and a high layer instead. This probe asks which input carries more, without the rest of a draft:
+an MLP (norm, 576 × k → 1,024, SiLU, → GLIDE's 6,145 output rows) per input, trained with cross-entropy on the target's
+argmax over train-split corpus windows (the CPU corpus store's), scored by greedy agreement on the CPU table's held-out
+text (the target's own greedy text for 48 held-out prompts). Same data, steps and seed for every input; each training
+size draws the first N windows. No context beyond what the states carry, so agreement is below a draft's: compare rows.
 
     python -m benchmarks.studies.state_layers --corpus-store store/corpus-state --heldout-store store/heldout-state \\
         --sizes 200,800 --output benchmarks/verification/state-layers-probe.json
@@ -41,8 +41,8 @@ def store_windows(path: str) -> torch.Tensor:
 
 @torch.no_grad()
 def features(target, windows: torch.Tensor, layers: list[int], to_row: torch.Tensor, batch: int = 8):
-    """For every position t >= 1 of ``windows``: ``embedding(x_t)``, ``hidden_states[l]`` at t - 1 for each l in ``layers``
-    (bf16, `(P, 576)` each) and the output row of the target's argmax at t (`(P,)`)."""
+    """For every position t >= 1 of ``windows``: ``embedding(x_t)``, ``hidden_states[l]`` at t - 1 for each l in
+    ``layers`` (bf16, `(P, 576)` each) and the output row of the target's argmax at t (`(P,)`)."""
     emb, states, labels = [], {layer: [] for layer in layers}, []
     for i in range(0, len(windows), batch):
         ids = windows[i : i + batch]
@@ -58,8 +58,8 @@ def features(target, windows: torch.Tensor, layers: list[int], to_row: torch.Ten
 def probe(
     train, test, layers: list[int], rows: int, positions: int, epochs: int = 4, hidden: int = 1024, batch: int = 512
 ) -> float:
-    """Held-out greedy agreement of an MLP trained on the first ``positions`` of ``train`` (an id outside GLIDE's vocabulary
-    never counts as agreed)."""
+    """Held-out greedy agreement of an MLP trained on the first ``positions`` of ``train`` (an id outside GLIDE's
+    vocabulary never counts as agreed)."""
     torch.manual_seed(0)
     width = train[0].shape[1] * (1 + len(layers))
     net = torch.nn.Sequential(

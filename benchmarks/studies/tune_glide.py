@@ -3,8 +3,9 @@
 The paper fixes γ = 5 and a 32-token budget for 7B-33B targets on GPUs, where a 32-token verification costs
 about what a 1-token one does. On a small target on a CPU it does not, and the cost curve differs between CPUs
 (SmolLM2-135M, 2 cores: 2–4 tokens ≈ 1.0–1.1×, 6 ≈ 1.4× a one-token forward on an AMD EPYC VM; 2–3 tokens ≈ 1.0–1.1×,
-4 ≈ 1.5× on an AVX-512 Xeon VM; ``python -m benchmarks.studies.projection``), so both are tuned per machine — on completion
-items after the bench's own prompts, ranked by wall-time ratio against target-only measured in the same run (methods interleaved)::
+4 ≈ 1.5× on an AVX-512 Xeon VM; ``python -m benchmarks.studies.projection``), so both are tuned per machine — on
+completion items after the bench's own prompts, ranked by wall-time ratio against target-only in the same run (methods
+interleaved)::
 
     python -m benchmarks.studies.tune_glide --num-prompts 6 --output benchmarks/results/cpu-tune-glide.json
 """

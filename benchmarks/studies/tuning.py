@@ -27,7 +27,7 @@ def run_tuning(
     parser: argparse.ArgumentParser, argv: list[str] | None, task: str, grids: dict[str, list[str]], module: str
 ) -> dict:
     """Run target-only and every method of ``grids`` side by side on ``task`` items after the bench's own; rank each
-    grid by wall-time ratio (``result["<grid>_ranking"]``), print the rankings, write ``--output``; return the result."""
+    grid by wall-time ratio (``result["<grid>_ranking"]``), print the rankings, write ``--output``; return it."""
     from hf_specdraft.defaults import load_default
 
     args = parser.parse_args(argv)

@@ -1,14 +1,14 @@
 """Does the default call's process grow over many calls of varied lengths? (The memory check of docs/cpu-notes.md.)
 
 Runs the README's default call (``speculative_generate(target, ids, draft_model=glide)`` on the embedded default) over
-``--calls`` prompts of varied lengths (held-out code cut at random points, 8 to 400 tokens) and varied ``max_new_tokens``
-(4 to 32), after ``--warmup`` calls of the same kind, and records the process's resident memory (``VmRSS``) every
-``--every`` calls. Freed buffers of ever new sizes stay in glibc's arenas and per-shape kernel caches (oneDNN's primitive
-cache on CPU) grow until their capacity; the loop trims the heap once the process grew ``HF_SPECDRAFT_TRIM_MIB`` past its
-floor (:mod:`hf_specdraft.core.memory`). The trim is off in the library by default; this script turns it on at
-``--trim-mib`` (32 unless told, the setting the documented bound was measured with; ``0``: off) so that it keeps
-measuring that bound. The JSON says where the process settles. ``--method plain`` runs ``target.generate`` alone;
-``--trim`` records the size after a ``malloc_trim(0)`` at every sample too.
+``--calls`` prompts of varied lengths (held-out code cut at random points, 8 to 400 tokens) and varied
+``max_new_tokens`` (4 to 32), after ``--warmup`` calls of the same kind, and records the process's resident memory
+(``VmRSS``) every ``--every`` calls. Freed buffers of ever new sizes stay in glibc's arenas and per-shape kernel caches
+(oneDNN's primitive cache on CPU) grow until their capacity; the loop trims the heap once the process grew
+``HF_SPECDRAFT_TRIM_MIB`` past its floor (:mod:`hf_specdraft.core.memory`). The trim is off in the library by default;
+this script turns it on at ``--trim-mib`` (32 unless told, the setting the documented bound was measured with; ``0``:
+off) so that it keeps measuring that bound. The JSON says where the process settles. ``--method plain`` runs
+``target.generate`` alone; ``--trim`` records the size after a ``malloc_trim(0)`` at every sample too.
 
     python benchmarks/verification/memory_growth.py --output benchmarks/verification/memory-49-cpu.json
 """

@@ -1,7 +1,9 @@
 """The loop's own host time and host-device crossings per step, on a target that costs next to nothing.
 
-    python benchmarks/verification/static/loop_overhead.py --label after --output benchmarks/verification/static/loop-overhead-cpu.json
-    python benchmarks/verification/static/loop_overhead.py --label gpu --device cuda --dtype bf16 --target default --output $OUT/loop-overhead-gpu.json
+    python benchmarks/verification/static/loop_overhead.py --label after \\
+        --output benchmarks/verification/static/loop-overhead-cpu.json
+    python benchmarks/verification/static/loop_overhead.py --label gpu --device cuda --dtype bf16 --target default \\
+        --output $OUT/loop-overhead-gpu.json
 
 A 1-layer, 32-wide Llama (vocabulary 96) and drafters that cost nothing: an always-right 5-token chain (6 tokens a
 step) and a 16-node tree (4 levels of the right token and 3 wrong siblings), their tokens host data. Every forward of
@@ -13,9 +15,9 @@ after the first two). On CUDA every timed forward is synchronized before and aft
 work), the compiled path uses transformers' ``CompileConfig()`` (inductor, CUDA graphs), and ``--target default`` adds
 the embedded default (SmolLM2-135M) beside the near-free target: the loop's time against a real verify forward.
 
-Each row gives ``loop_ms_per_step`` (the call's whole time but its forwards and prefill, over its steps: the call's fixed
-costs, ``generate``'s own preparation included, spread over ~20 steps), ``step_ms`` (the time inside the steps alone, but
-their forwards: what each further step costs) and ``call_fixed_ms`` (the rest, once a call).
+Each row gives ``loop_ms_per_step`` (the call's whole time but its forwards and prefill, over its steps: the call's
+fixed costs, ``generate``'s own preparation included, spread over ~20 steps), ``step_ms`` (the time inside the steps
+alone, but their forwards: what each further step costs) and ``call_fixed_ms`` (the rest, once a call).
 ``--label`` names the code measured; runs with other labels already in ``--output`` are kept,
 so a "before" run on an older checkout and an "after" run sit side by side (this file and ``tests/syncs.py``
 are copied there).
@@ -51,7 +53,7 @@ VOCAB, NEW_TOKENS, REPEATS = 96, 120, 7
 
 
 class Always(TreeCandidateGenerator):
-    """Knows the target's greedy continuation; ``siblings`` wrong tokens beside the right one at each of ``depth`` levels."""
+    """Knows the target's greedy continuation; ``siblings`` wrong tokens beside the right one on ``depth`` levels."""
 
     reads_target_cache = False
 
