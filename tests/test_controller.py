@@ -726,9 +726,12 @@ def test_a_copied_step_teaches_only_the_copy_rates_and_the_cost_curve():
         controller.bin_tries,
         controller.stop_seconds,
     ) == before
+    # COPY_MATCH_BINS.index(8): the 8-15 bin
     assert (
-        controller.verify[13] == 0.05 and sum(controller.copy_tries[COPY_MATCH_BINS.index(8)]) == n and controller.confidence_stops
-    )  # the 8-15 bin
+        controller.verify[13] == 0.05
+        and sum(controller.copy_tries[COPY_MATCH_BINS.index(8)]) == n
+        and controller.confidence_stops
+    )
     assert controller.choices[-1] == n
 
 
