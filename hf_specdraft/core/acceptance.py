@@ -40,8 +40,7 @@ def speculative_sampling(
     """
     k = candidates.numel()
     idx = torch.arange(k, device=candidates.device)
-    p_x = p[idx, candidates]
-    q_x = q[idx, candidates]
+    p_x, q_x = p[idx, candidates], q[idx, candidates]
     u = torch.rand(k, generator=generator, device=p.device) if k else p_x
     accepted = (u * q_x <= p_x).long().cumprod(0)  # u < p/q without dividing by a zero q
     n = int(accepted.sum())

@@ -114,13 +114,12 @@ class BatchChainDrafter(BatchProposer):
         mask = torch.zeros(len(texts), width + chunk, dtype=torch.long, device=device)
         positions = torch.zeros(len(texts), chunk, dtype=torch.long, device=device)
         for a, (feed, k) in enumerate(zip(feeds, keep)):
-            ids[a, chunk - feed.numel() :] = feed
+            start = chunk - feed.numel()  # the feed's left padding
+            ids[a, start:] = feed
             mask[a, width - k : width] = 1
-            mask[a, width + chunk - feed.numel() :] = 1
-            positions[a, chunk - feed.numel() :] = k + torch.arange(feed.numel(), device=device)
-            self.columns[a] = torch.cat(
-                [torch.arange(width - k, width), torch.arange(width + chunk - feed.numel(), width + chunk)]
-            )
+            mask[a, width + start :] = 1
+            positions[a, start:] = k + torch.arange(feed.numel(), device=device)
+            self.columns[a] = torch.cat([torch.arange(width - k, width), torch.arange(width + start, width + chunk)])
         tokens, probs = [], []
         for step in range(gamma):
             logits = self.forward(ids, mask, positions)  # (A, V)

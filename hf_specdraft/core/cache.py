@@ -64,12 +64,8 @@ def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
 
 
 def trim_windows(cache: DynamicCache) -> None:
-    """Drop the keys no later forward can see from sliding-window layers that record their past.
-
-    With past recording on (the loop turns it on, so that a rejected branch never pushes a key out of
-    the window), such a layer keeps every key until a crop. After compaction only the newest
-    ``window - 1`` are ever seen again, so the cache stays the window's size at any length.
-    """
+    """Drop the keys no later forward can see from sliding-window layers that record their past (:func:`target_cache`):
+    after compaction only the newest ``window - 1`` are seen again, so the cache stays the window's size."""
     for layer in cache.layers:
         window = getattr(layer, "sliding_window", None)
         if (
@@ -105,8 +101,7 @@ def common_prefix(seen: torch.Tensor, ids: torch.Tensor, limit: int | None = Non
 
 
 def resync_cache(cache: DynamicCache, seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
-    """Crop a draft's own cache (covering the 1-D tokens ``seen``) back to its common prefix with the accepted text
-    ``ids`` `(L,)`, never past ``limit`` (default ``L - 1``: the newest token is fed again for its logits).
+    """Crop a draft's cache (covering the tokens ``seen``) to its :func:`common_prefix` with the text ``ids`` `(L,)`.
 
     Every drafter that keeps its cache across steps (draft model, GLIDE, CAPE's beam scorer, the cascade's drafts,
     the shipped CAPE loop) re-syncs this way after verification. Returns the kept length: feed ``ids[keep:]`` next.
