@@ -323,10 +323,8 @@ def summarize(
         summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
         cost = _cost_coefficient(stats)  # E(speedup), Du et al. 2024, §5.1: from α, and from accepted / judged
         summary[m]["cost_coefficient"] = cost and cost[0]
-        for key, alpha in (
-            ("expected_speedup", summary[m]["alpha"]),
-            ("expected_speedup_position", summary[m]["position_acceptance_rate"]),
-        ):
+        for key, rate in (("expected_speedup", "alpha"), ("expected_speedup_position", "position_acceptance_rate")):
+            alpha = summary[m][rate]
             summary[m][key] = expected_speedup(alpha, cost[1], cost[0]) if cost and alpha is not None else None
     return summary
 
@@ -354,10 +352,8 @@ def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
 
 def bench_context(bundle: DefaultBundle, item: TaskItem, ids: torch.Tensor, config: BenchConfig, extras: dict):
     """One prompt's :class:`BenchContext`: ``ids`` `(1, L)` moved to the target's device."""
-    target = bundle.target
-    return BenchContext(
-        target, bundle.draft, bundle.tokenizer, item, ids.to(target.device), config.max_new_tokens, extras
-    )
+    ids = ids.to(bundle.target.device)
+    return BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, extras)
 
 
 def run_noise(summary: dict) -> float | None:

@@ -196,25 +196,28 @@ def _cape_default(ctx, copy: bool = True):
     return CapeCandidateGenerator(GlideCandidateGenerator(ctx.extras["glide"], **({} if copy else NO_COPY)))
 
 
-register_method(
-    Method(
-        "draft-model-auto",
-        lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=False),
-        requires=("draft",),
-        description="speculative_generate(target, ids, draft_model=draft, copy_from_context=False): γ 'auto', "
-        "no copying",
-        cost_models=lambda e: {"draft": e["draft"]},
-    )
+def register_drafting(name: str, run, drafter: str, description: str) -> Method:
+    """Register a row that drafts with one model, ``drafter`` (``"draft"`` or a key of the extras): it needs that
+    model, and SWI costs its calls (counted as ``"draft"``) by that model's size."""
+
+    def cost_models(extras: dict) -> dict:
+        return {"draft": extras[drafter]}
+
+    return register_method(Method(name, run, requires=(drafter,), description=description, cost_models=cost_models))
+
+
+register_drafting(
+    "draft-model-auto",
+    lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=False),
+    "draft",
+    "speculative_generate(target, ids, draft_model=draft, copy_from_context=False): γ 'auto', no copying",
 )
-register_method(
-    Method(
-        "draft-model+copy-auto",
-        lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=2),
-        requires=("draft",),
-        description="speculative_generate(target, ids, draft_model=draft): the default call with a GLIDE-family "
-        "draft, γ 'auto', copying from the context (the controller sizes each copy)",
-        cost_models=lambda e: {"draft": e["draft"]},
-    )
+register_drafting(
+    "draft-model+copy-auto",
+    lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=2),
+    "draft",
+    "speculative_generate(target, ids, draft_model=draft): the default call with a GLIDE-family draft, γ 'auto', "
+    "copying from the context (the controller sizes each copy)",
 )
 register_method(
     Method(
@@ -228,25 +231,18 @@ register_method(
 )
 # the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
 for _kind in ("glide", "vanilla"):
-    register_method(
-        Method(
-            f"{_kind}+copy-auto",
-            lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k]),
-            requires=(_kind,),
-            description=f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' "
-            "(chosen every step from measured costs), copying from the context where it recurs",
-            cost_models=lambda e, k=_kind: {"draft": e[k]},
-        )
+    register_drafting(
+        f"{_kind}+copy-auto",
+        lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k]),
+        _kind,
+        f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' (chosen every step from "
+        "measured costs), copying from the context where it recurs",
     )
-    register_method(
-        Method(
-            f"{_kind}-auto",
-            lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k], copy_from_context=False),
-            requires=(_kind,),
-            description=f"speculative_generate(target, ids, draft_model={_kind}, copy_from_context=False): "
-            "γ 'auto', no copying",
-            cost_models=lambda e, k=_kind: {"draft": e[k]},
-        )
+    register_drafting(
+        f"{_kind}-auto",
+        lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k], copy_from_context=False),
+        _kind,
+        f"speculative_generate(target, ids, draft_model={_kind}, copy_from_context=False): γ 'auto', no copying",
     )
 register_method(
     Method(
@@ -264,25 +260,18 @@ register_method(
         cost_models=lambda e: {"max_gram": None},
     )
 )
-register_method(
-    Method(
-        "glide+copy+cape-auto",
-        lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx)),
-        requires=("glide",),
-        description="CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto', "
-        "copying from the context where it recurs",
-        cost_models=lambda e: {"draft": e["glide"]},
-    )
+register_drafting(
+    "glide+copy+cape-auto",
+    lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx)),
+    "glide",
+    "CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto', copying from the "
+    "context where it recurs",
 )
-register_method(
-    Method(
-        "glide+cape-auto",
-        lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx, copy=False)),
-        requires=("glide",),
-        description="CapeCandidateGenerator(GlideCandidateGenerator(glide, copy_from_context=0)): γ and budget "
-        "'auto', no copying",
-        cost_models=lambda e: {"draft": e["glide"]},
-    )
+register_drafting(
+    "glide+cape-auto",
+    lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx, copy=False)),
+    "glide",
+    "CapeCandidateGenerator(GlideCandidateGenerator(glide, copy_from_context=0)): γ and budget 'auto', no copying",
 )
 
 
