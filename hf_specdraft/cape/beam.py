@@ -36,7 +36,8 @@ def beam_search_proposal(
     child path is the best-scored beam prefix.
 
     Args:
-        scorer: a :class:`~hf_specdraft.core.drafting.DraftModelTreeScorer` (or any object with ``start`` / ``extend`` / ``finish``).
+        scorer: a :class:`~hf_specdraft.core.drafting.DraftModelTreeScorer` (or any object with ``start`` /
+            ``extend`` / ``finish``).
         input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text.
         depth (`int`): γ, the deepest drafted position.
         beam_width (`int`): beams kept at each depth (4 in §5.3).

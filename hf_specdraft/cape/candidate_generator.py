@@ -2,8 +2,10 @@
 
     >>> from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
     >>> from hf_specdraft.cape import CapeCandidateGenerator, CapeConfig
-    >>> drafter = CapeCandidateGenerator(DraftModelCandidateGenerator(draft, num_draft_tokens=5), CapeConfig())  # doctest: +SKIP
-    >>> out = target.generate(input_ids, custom_generate=speculative_generate, candidate_generator=drafter)  # doctest: +SKIP
+    >>> chain = DraftModelCandidateGenerator(draft, num_draft_tokens=5)  # doctest: +SKIP
+    >>> drafter = CapeCandidateGenerator(chain, CapeConfig())  # doctest: +SKIP
+    >>> out = target.generate(  # doctest: +SKIP
+    ...     input_ids, custom_generate=speculative_generate, candidate_generator=drafter)
 
 Verification is :func:`hf_specdraft.speculative_generate`'s tree path: the linearized expanded proposal
 runs through the target in one forward under the CAPE mask (§4.2, "Verification of Expanded Proposals");
@@ -54,7 +56,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         super().__init__()
         if not isinstance(drafter, TreeCandidateGenerator):
             raise TypeError(
-                f"drafter must be an hf_specdraft TreeCandidateGenerator proposing a chain with draft_probs, got {type(drafter).__name__}"
+                "drafter must be an hf_specdraft TreeCandidateGenerator proposing a chain with draft_probs, got "
+                f"{type(drafter).__name__}"
             )
         self.config = method_config(CapeConfig, config, options)
         self.drafter = drafter
@@ -89,7 +92,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     @property
     def stops_on_confidence(self) -> bool:
-        """Whether the loop may stop the chain on its confidence: on the steps whose ``"auto"`` budget is the chain alone."""
+        """Whether the loop may stop the chain on its confidence: on steps whose ``"auto"`` budget is the chain only."""
         return self.adaptive_budget and self.drafter.stops_on_confidence
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
@@ -101,14 +104,16 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def _beam_scorer(self):
         if self.num_draft_tokens is None:
             raise ValueError(
-                f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(self.drafter).__name__} has no int num_draft_tokens"
+                f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(self.drafter).__name__} has no "
+                "int num_draft_tokens"
             )
         scorer = self.drafter.beam_scorer(self._distribution)  # a drafter with a tree forward (a draft model, GLIDE)
         if scorer is not None:
             return scorer
         raise ValueError(
-            f"mode='beam' drafts a beam-search tree, which needs a draft model: wrap a DraftModelCandidateGenerator, or give "
-            f"{type(self.drafter).__name__} a beam_scorer(distribution) method (see hf_specdraft.core.drafting.DraftModelTreeScorer)"
+            "mode='beam' drafts a beam-search tree, which needs a draft model: wrap a DraftModelCandidateGenerator, or "
+            f"give {type(self.drafter).__name__} a beam_scorer(distribution) method (see "
+            "hf_specdraft.core.drafting.DraftModelTreeScorer)"
         )
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
@@ -146,8 +151,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return self.scorer is None and traits_of(self.drafter).compiles_draft  # beam mode's tree scorer stays eager
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache):
-        """The compiled static path: the wrapped drafter's chain compiles where it can (beam mode's tree scorer stays eager).
-        Returns the chain drafter's static cache, or ``None``."""
+        """The compiled static path: the wrapped drafter's chain compiles where it can (beam mode's tree scorer stays
+        eager). Returns the chain drafter's static cache, or ``None``."""
         if self.compiles_draft:
             return self.drafter.compile_draft(generation_config, compile_config, target_cache)
         return None
@@ -161,9 +166,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """The wrapped drafter's chain after the request's text `(1, L)` (:meth:`chain_request`), plus one expansion set
         per position within the budget."""
-        if (
-            self.scorer is not None
-        ):  # (a drafter that reads the target's state has no beam scorer: refused at construction)
+        # (a drafter that reads the target's state has no beam scorer: refused at construction)
+        if self.scorer is not None:
             return self._propose_beam(request)
         return self.expand(self.drafter.draft_tree(self.chain_request(request)), request)
 
@@ -183,14 +187,15 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def expand(self, chain: DraftTree, request: DraftRequest) -> DraftTree:
         """The wrapped drafter's ``chain`` widened by one expansion set per position (§4.2), for ``request``."""
         self.forward_calls = dict(self.drafter.forward_calls)
-        if (
-            not len(chain) or chain.copied
-        ):  # nothing drafted (a state-reading drafter's first call), or a copy of the text
-            return chain  # (GLIDE's copy_from_context: no q to size expansion sets by): nothing to widen
+        # nothing drafted (a state-reading drafter's first call), or a copy of the text (GLIDE's copy_from_context:
+        # no q to size expansion sets by): nothing to widen
+        if not len(chain) or chain.copied:
+            return chain
         if chain.draft_probs is None:
             raise ValueError(
-                f"{type(self.drafter).__name__} proposed a chain without draft_probs; CAPE sizes each expansion set by the "
-                "draft's confidence max q, so wrap a drafter that returns its distributions (e.g. DraftModelCandidateGenerator, GLIDE)"
+                f"{type(self.drafter).__name__} proposed a chain without draft_probs; CAPE sizes each expansion set by "
+                "the draft's confidence max q, so wrap a drafter that returns its distributions (e.g. "
+                "DraftModelCandidateGenerator, GLIDE)"
             )
         if not chain.is_chain:
             raise ValueError(
@@ -202,9 +207,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         self._chain = chain
         config = self._step_config(len(chain), request)
         sizes, confidences = _sizes(chain.draft_probs, config)
-        tree = expand_proposal(
-            chain, config, sizes, with_draft_probs=self.generation_config.do_sample
-        )  # q: rejection sampling
+        # q: rejection sampling
+        tree = expand_proposal(chain, config, sizes, with_draft_probs=self.generation_config.do_sample)
         self.expansion_seconds.append(time.perf_counter() - start)
         self.expansion_sizes.append(sizes)
         self.confidences.append(confidences)
@@ -270,7 +274,8 @@ class _ExpandedBatch(BatchProposer):
 def build_cape_for_bench(
     chain_drafter: TreeCandidateGenerator, mode: str = "confidence", **options
 ) -> CapeCandidateGenerator:
-    """The bench harness's entry point: CAPE (``"confidence"``), fixed-K (``"fixed"``) or beam (``"beam"``) over ``chain_drafter``.
+    """The bench harness's entry point: CAPE (``"confidence"``), fixed-K (``"fixed"``) or beam (``"beam"``) over
+    ``chain_drafter``.
 
     Args:
         chain_drafter: GLIDE's drafter or a :class:`~hf_specdraft.DraftModelCandidateGenerator` (γ is its

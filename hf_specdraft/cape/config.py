@@ -77,6 +77,6 @@ class CapeConfig:
         """Raise when a chain of ``length`` drafted tokens does not fit the budget."""
         if length > self.budget_for(length):
             raise ValueError(
-                f"budget={self.budget} is smaller than the drafted chain ({length} tokens): CAPE verifies the whole chain "
-                f"plus its expansion sets, so raise budget to at least {length} or draft fewer tokens"
+                f"budget={self.budget} is smaller than the drafted chain ({length} tokens): CAPE verifies the whole "
+                f"chain plus its expansion sets, so raise budget to at least {length} or draft fewer tokens"
             )

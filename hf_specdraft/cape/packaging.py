@@ -1,7 +1,7 @@
 """Ship CAPE with a checkpoint: write the self-contained ``custom_generate/`` folder into a checkpoint directory.
 
-After ``write_custom_generate(d)``, with only torch and transformers installed (transformers loads a ``custom_generate/`` folder from a local
-directory as from the Hub)::
+After ``write_custom_generate(d)``, with only torch and transformers installed (transformers loads a
+``custom_generate/`` folder from a local directory as from the Hub)::
 
     target.generate(input_ids=x, custom_generate=str(d), trust_remote_code=True, max_new_tokens=64)
 
@@ -21,8 +21,9 @@ CORE = Path(__file__).parents[1] / "core"
 
 
 def sibling_imports(path: Path) -> set[str]:
-    """The flat siblings ``path`` imports: ``x`` of every ``from .x import y`` / ``from . import x``, function-level ones
-    included (the absolute ``hf_specdraft.`` imports of a template's installed-package fallback are not siblings)."""
+    """The flat siblings ``path`` imports: ``x`` of every ``from .x import y`` / ``from . import x``, function-level
+    ones included (the absolute ``hf_specdraft.`` imports of a template's installed-package fallback are not
+    siblings)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 1:

@@ -26,9 +26,8 @@ from .modeling_glide import GlideForCausalLM, GlideModel, GlidePreTrainedModel
 
 _TRAINING = ("GlideTrainingArguments", "train_glide")
 
-register_drafter(
-    GlideConfig.model_type, GlideCandidateGenerator
-)  # speculative_generate(draft_model=glide) glimpses the target
+# speculative_generate(draft_model=glide) glimpses the target
+register_drafter(GlideConfig.model_type, GlideCandidateGenerator)
 
 
 def register_auto_classes() -> None:

@@ -9,7 +9,8 @@ This file ships with checkpoints as trust_remote_code: it imports only ``transfo
 library), never ``hf_specdraft``.
 
     >>> from transformers import LlamaConfig
-    >>> target = LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+    >>> target = LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    ...                      vocab_size=100)
     >>> config = GlideConfig.from_target_config(target, num_hidden_layers=1, hidden_size=32)
     >>> config.target_layer_ids  # draft layer m reads target layer N_T - N_D + m
     [3]
@@ -56,8 +57,9 @@ def _rope_parameters(config, layer_ids: list[int] | None = None) -> dict[str, An
         kinds = {layer_types[i] for i in ids if 0 <= i < len(layer_types)}
         if len(kinds) != 1 or not isinstance(rope.get(next(iter(kinds))), dict):
             raise ValueError(
-                f"target_config has per-layer-type RoPE settings ({sorted(rope)}) and GLIDE reads target layers {ids} of types "
-                f"{sorted(kinds)}; pass target_layer_ids whose layers share one type (one RoPE for GLIDE's queries)"
+                f"target_config has per-layer-type RoPE settings ({sorted(rope)}) and GLIDE reads target layers {ids} "
+                f"of types {sorted(kinds)}; pass target_layer_ids whose layers share one type (one RoPE for GLIDE's "
+                "queries)"
             )
         rope = rope[next(iter(kinds))]
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
@@ -145,7 +147,8 @@ class GlideConfig(PretrainedConfig):
         target_num_key_value_heads (`int`, *optional*):
             KV heads of the target's cache (grouped-query attention; defaults to ``target_num_attention_heads``).
         target_head_dim (`int`, *optional*):
-            d_k, head size of the target's cached keys (defaults to ``target_hidden_size // target_num_attention_heads``).
+            d_k, head size of the target's cached keys (defaults to
+            ``target_hidden_size // target_num_attention_heads``).
         target_vocab_size (`int`, *optional*):
             The target's vocabulary size (defaults to ``vocab_size``).
         target_max_position_embeddings (`int`, *optional*):
@@ -261,10 +264,8 @@ class GlideConfig(PretrainedConfig):
         self.target_max_position_embeddings = (
             target_max_position_embeddings if target_max_position_embeddings is not None else max_position_embeddings
         )
-        self.target_rope_parameters = copy.deepcopy(target_rope_parameters) or {
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-        }
+        default_rope = {"rope_type": "default", "rope_theta": 10000.0}
+        self.target_rope_parameters = copy.deepcopy(target_rope_parameters) or default_rope
         self.target_name_or_path = target_name_or_path
         self.draft_token_ids = [int(i) for i in draft_token_ids] if draft_token_ids is not None else None
         self.state_input = state_input
@@ -307,10 +308,8 @@ class GlideConfig(PretrainedConfig):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         for prefix in ("", "target_"):
-            heads, kv_heads = (
-                getattr(self, f"{prefix}num_attention_heads"),
-                getattr(self, f"{prefix}num_key_value_heads"),
-            )
+            heads = getattr(self, f"{prefix}num_attention_heads")
+            kv_heads = getattr(self, f"{prefix}num_key_value_heads")
             if heads % kv_heads:
                 raise ValueError(
                     f"{prefix}num_attention_heads ({heads}) must be a multiple of "
@@ -328,11 +327,13 @@ class GlideConfig(PretrainedConfig):
             )
         if self.vocab_size != self.target_vocab_size:  # the logits' size, also with a reduced draft_token_ids
             raise ValueError(
-                f"vocab_size ({self.vocab_size}) must equal target_vocab_size ({self.target_vocab_size}): GLIDE drafts the target's tokens"
+                f"vocab_size ({self.vocab_size}) must equal target_vocab_size ({self.target_vocab_size}): GLIDE drafts "
+                "the target's tokens"
             )
         if not isinstance(self.target_rope_parameters, dict) or "rope_theta" not in self.target_rope_parameters:
             raise ValueError(
-                f"target_rope_parameters must be a dict with rope_type and rope_theta, got {self.target_rope_parameters!r}"
+                "target_rope_parameters must be a dict with rope_type and rope_theta, "
+                f"got {self.target_rope_parameters!r}"
             )
         if self.draft_token_ids is not None:
             ids = self.draft_token_ids
@@ -386,7 +387,8 @@ class GlideConfig(PretrainedConfig):
         if num_attention_heads is None:
             if hidden_size % target["head_dim"]:
                 raise ValueError(
-                    f"hidden_size ({hidden_size}) is not a multiple of the target's head_dim ({target['head_dim']}); pass num_attention_heads"
+                    f"hidden_size ({hidden_size}) is not a multiple of the target's head_dim ({target['head_dim']}); "
+                    "pass num_attention_heads"
                 )
             num_attention_heads = hidden_size // target["head_dim"]
         if intermediate_size is None:
@@ -433,12 +435,12 @@ class GlideConfig(PretrainedConfig):
         uneven = [f"{name}={count}" for name, count in counts.items() if count % tp_size]
         if uneven:
             raise ValueError(
-                f"this GLIDE cannot be split over tp_size={tp_size} tensor-parallel ranks like its target: {', '.join(uneven)} "
-                f"{'is' if len(uneven) == 1 else 'are'} not a multiple of {tp_size} (GLIDE's self-attention has "
-                f"{self.num_attention_heads} query / {self.num_key_value_heads} KV heads; the target it reads has "
-                f"{self.target_num_attention_heads} query / {self.target_num_key_value_heads} KV heads). Build GLIDE with head "
-                f"counts that divide by {tp_size} (GlideConfig.from_target_config(..., num_attention_heads=...)), or run "
-                "it beside a target that is not split"
+                f"this GLIDE cannot be split over tp_size={tp_size} tensor-parallel ranks like its target: "
+                f"{', '.join(uneven)} {'is' if len(uneven) == 1 else 'are'} not a multiple of {tp_size} (GLIDE's "
+                f"self-attention has {self.num_attention_heads} query / {self.num_key_value_heads} KV heads; the "
+                f"target it reads has {self.target_num_attention_heads} query / {self.target_num_key_value_heads} KV "
+                f"heads). Build GLIDE with head counts that divide by {tp_size} (GlideConfig.from_target_config(..., "
+                "num_attention_heads=...)), or run it beside a target that is not split"
             )
 
     def target_mismatches(self, target_config: PretrainedConfig) -> list[str]:

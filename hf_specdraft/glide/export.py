@@ -1,5 +1,5 @@
-"""A trained GLIDE written for vLLM: Gemma 4's assistant layout, which vLLM serves as its ``"mtp"`` speculative method on
-any target whose KV cache it can share (a Llama target included; docs/serving.md).
+"""A trained GLIDE written for vLLM: Gemma 4's assistant layout, which vLLM serves as its ``"mtp"`` speculative method
+on any target whose KV cache it can share (a Llama target included; docs/serving.md).
 
 The export is for vLLM only: in transformers the GLIDE checkpoint itself is the drafter (``draft_model=``), and
 ``draft_model=`` refuses an export, whose config records the GLIDE it came from (:data:`EXPORT_KEY`). The layouts agree
@@ -13,7 +13,8 @@ state])`` in, ``post_projection`` out. The weights map by name (:data:`LAYER_NAM
   id gets a zero row and is listed in ``generation_config.json``'s ``suppress_tokens``, whose draft logits vLLM's
   Gemma 4 MTP model sets to -inf (vllm 0.32.0), so drafts stay in GLIDE's vocabulary as in GLIDE.
 
-What cannot be expressed is refused by name, with the GLIDE option that would make it exportable (:func:`unexpressible`).
+What cannot be expressed is refused by name, with the GLIDE option that would make it exportable
+(:func:`unexpressible`).
 vLLM finds the layer to share from the target's ``layer_types``: the export writes the target's config with them beside
 the draft (``target_config.json``), never into the target's own directory.
 
@@ -65,12 +66,13 @@ def unexpressible(config) -> list[str]:
     last = config.target_num_hidden_layers - 1
     if config.cross_attention and any(i != last for i in config.target_layer_ids):
         reasons.append(
-            f"it glimpses target layers {config.target_layer_ids}; the layout reads the target's last layer ({last}) only"
+            f"it glimpses target layers {config.target_layer_ids}; the layout reads the target's last layer ({last}) "
+            "only"
         )
     if config.hidden_size != config.target_hidden_size:
         reasons.append(
-            f"its width {config.hidden_size} differs from the target's {config.target_hidden_size}: the layout feeds the "
-            "target's embedding rows into pre_projection"
+            f"its width {config.hidden_size} differs from the target's {config.target_hidden_size}: the layout feeds "
+            "the target's embedding rows into pre_projection"
         )
     if config.attention_bias or config.mlp_bias:
         reasons.append("it has biases, which the layout's projections do not")
@@ -97,9 +99,8 @@ def assistant_weights(glide) -> dict[str, torch.Tensor]:
     for mine, theirs in TOP_NAMES.items():
         out[theirs] = ours.pop(mine)
     projection = ours.pop("model.pre_projection.weight").clone()  # (hidden, hidden + target_hidden)
-    projection[:, : config.hidden_size] /= math.sqrt(
-        config.target_hidden_size
-    )  # vLLM scales the embedding rows up by it
+    # vLLM scales the embedding rows up by it
+    projection[:, : config.hidden_size] /= math.sqrt(config.target_hidden_size)
     out["pre_projection.weight"] = projection
     head = ours.pop("lm_head.weight")
     for unused in ("model.embed_tokens.weight", "model.target_to_draft", "draft_token_ids"):  # input rows: the target's
@@ -212,9 +213,9 @@ def target_config_for_serving(target_config: PretrainedConfig) -> dict:
 
 
 def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig | None = None) -> Path:
-    """Write ``glide`` into ``output_dir`` in Gemma 4's assistant layout, for vLLM (``config.json``, ``model.safetensors``,
-    ``generation_config.json``, ``README.md``, ``export.json``: what it is for and what was approximated) and, given the
-    target's config, the target's config with ``layer_types`` as ``target_config.json``.
+    """Write ``glide`` into ``output_dir`` in Gemma 4's assistant layout, for vLLM (``config.json``,
+    ``model.safetensors``, ``generation_config.json``, ``README.md``, ``export.json``: what it is for and what was
+    approximated) and, given the target's config, the target's config with ``layer_types`` as ``target_config.json``.
 
     Raises:
         ValueError: the GLIDE cannot be expressed in the layout (:func:`unexpressible`), or ``target_config`` is not the
@@ -241,12 +242,15 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
     notes = {
         "source": "hf_specdraft GLIDE (state_input, assistant layout)",
         "glide": glide_source(glide),
-        "serves_in": "vLLM only (speculative method 'mtp'); in transformers, use the GLIDE checkpoint itself as draft_model=",
+        "serves_in": "vLLM only (speculative method 'mtp'); in transformers, use the GLIDE checkpoint itself as "
+        "draft_model=",
         "target": config.target_name_or_path,
         "draft_vocabulary": len(config.draft_token_ids) if reduced else None,
-        "excluded_ids": f"the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's draft vocabulary have "
-        "zero head rows and are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 "
-        "MTP model sets to -inf"
+        "excluded_ids": (
+            f"the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's draft vocabulary have zero "
+            "head rows and are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 MTP model "
+            "sets to -inf"
+        )
         if reduced
         else None,
         "approximations": [

@@ -19,8 +19,8 @@ Usage with a stock target (transformers' own assisted decoding; batch size 1)::
     out = target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
     glide.detach()
 
-Under tensor parallelism (``torchrun``; ``GlideConfig.base_model_tp_plan``), load GLIDE split like its target, each rank's
-cross-attention reading its own shard of the target's KV heads (docs/multi-gpu.md)::
+Under tensor parallelism (``torchrun``; ``GlideConfig.base_model_tp_plan``), load GLIDE split like its target, each
+rank's cross-attention reading its own shard of the target's KV heads (docs/multi-gpu.md)::
 
     target = AutoModelForCausalLM.from_pretrained("org/x", tp_plan="auto")
     glide = AutoModelForCausalLM.from_pretrained("you/glide-for-x", trust_remote_code=True, tp_plan="auto")
@@ -92,7 +92,8 @@ def read_target_layer(
         layers = target_past_key_values
     else:
         raise TypeError(
-            f"target_past_key_values must be a transformers Cache or a sequence of (keys, values) pairs, got {type(target_past_key_values).__name__}"
+            "target_past_key_values must be a transformers Cache or a sequence of (keys, values) pairs, "
+            f"got {type(target_past_key_values).__name__}"
         )
     if layer_idx >= len(layers):
         raise ValueError(
@@ -115,17 +116,15 @@ def read_target_layer(
     offset = int(layer.get_seq_length()) - keys.shape[-2] if hasattr(layer, "get_seq_length") else 0
     expected = (config.target_num_key_value_heads if kv_heads is None else kv_heads, config.target_head_dim)
     if keys.dim() != 4 or (keys.shape[1], keys.shape[3]) != expected or values.shape != keys.shape:
-        split = (
-            ""
-            if expected[0] == config.target_num_key_value_heads
-            else (
-                f" (this rank's {expected[0]} of the target's {config.target_num_key_value_heads} KV heads: GLIDE is split by tensor "
-                "parallelism, and so must the target be, over as many ranks)"
+        split = ""
+        if expected[0] != config.target_num_key_value_heads:
+            split = (
+                f" (this rank's {expected[0]} of the target's {config.target_num_key_value_heads} KV heads: GLIDE is "
+                "split by tensor parallelism, and so must the target be, over as many ranks)"
             )
-        )
         raise ValueError(
-            f"target_past_key_values layer {layer_idx} has keys {tuple(keys.shape)} / values {tuple(values.shape)}; GLIDE expects "
-            f"(batch, {expected[0]}, seq, {expected[1]}) for the target it was built for{split}"
+            f"target_past_key_values layer {layer_idx} has keys {tuple(keys.shape)} / values {tuple(values.shape)}; "
+            f"GLIDE expects (batch, {expected[0]}, seq, {expected[1]}) for the target it was built for{split}"
         )
     return keys, values, offset
 
@@ -175,12 +174,12 @@ def self_attention_mask(
     if padding_mask is not None:
         if padding_mask.shape[-1] != past_seen + q_len:
             raise ValueError(
-                f"attention_mask covers {padding_mask.shape[-1]} tokens; it must cover the cached and new tokens ({past_seen + q_len})"
+                f"attention_mask covers {padding_mask.shape[-1]} tokens; it must cover the cached and new tokens "
+                f"({past_seen + q_len})"
             )
         allowed = allowed & padding_mask[:, None, :].to(device).bool()
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)[
-        :, None
-    ]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
 
 
 def draft_vocab_rows(config: GlideConfig) -> int:
@@ -236,9 +235,8 @@ class GlideCrossAttention(nn.Module):
         self.is_causal = False
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
-        if (
-            not config.self_attention
-        ):  # Gemma 4's assistant attention: each query head RMS-normed, its weight the only scale
+        # Gemma 4's assistant attention: each query head RMS-normed, its weight the only scale
+        if not config.self_attention:
             self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.scaling = 1.0
 
@@ -376,8 +374,8 @@ class GlidePreTrainedModel(PreTrainedModel):
 
     @classmethod
     def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
-        """``from_pretrained(..., tp_plan="auto")``: refuse, before any weight is read, a GLIDE whose heads cannot be split
-        over the tensor-parallel ranks like its target's (:meth:`GlideConfig.check_tensor_parallel`)."""
+        """``from_pretrained(..., tp_plan="auto")``: refuse, before any weight is read, a GLIDE whose heads cannot be
+        split over the tensor-parallel ranks like its target's (:meth:`GlideConfig.check_tensor_parallel`)."""
         if mesh_manager is not None and distributed_config is not None and (distributed_config.tp_size or 1) > 1:
             model.config.check_tensor_parallel(distributed_config.tp_size)
         return super().maybe_distribute_model(model, distributed_config, mesh_manager)
@@ -390,14 +388,12 @@ class GlideModel(GlidePreTrainedModel):
         super().__init__(config)
         self.padding_idx = config.pad_token_id if config.draft_token_ids is None else None
         self.embed_tokens = nn.Embedding(draft_vocab_rows(config), config.hidden_size, self.padding_idx)
-        if (
-            config.draft_token_ids is not None
-        ):  # target id -> draft row; ids outside the draft vocabulary share the last row
+        # target id -> draft row; ids outside the draft vocabulary share the last row
+        if config.draft_token_ids is not None:
             to_draft = torch.full((config.vocab_size,), len(config.draft_token_ids), dtype=torch.long)
             to_draft[torch.tensor(config.draft_token_ids)] = torch.arange(len(config.draft_token_ids))
-            self.register_buffer(
-                "target_to_draft", to_draft
-            )  # saved: from_pretrained builds modules on the meta device
+            # saved: from_pretrained builds modules on the meta device
+            self.register_buffer("target_to_draft", to_draft)
         if config.state_input:  # Gemma 4's assistant / EAGLE: [embedding ; state] in, the next step's state out
             self.pre_projection = nn.Linear(
                 config.hidden_size + config.target_hidden_size, config.hidden_size, bias=False
@@ -435,11 +431,14 @@ class GlideModel(GlidePreTrainedModel):
         """
         Args:
             input_ids (`torch.LongTensor` of shape `(B, q)`): tokens at sequence indices ``past .. past+q-1``.
-            attention_mask (`torch.Tensor` of shape `(B, past+q)`, *optional*): 2D padding mask (or a prepared 4D mask).
-            position_ids (`torch.LongTensor` of shape `(B, q)`, *optional*): RoPE positions (default ``past + arange(q)``).
+            attention_mask (`torch.Tensor` of shape `(B, past+q)`, *optional*): 2D padding mask (or a prepared 4D
+                mask).
+            position_ids (`torch.LongTensor` of shape `(B, q)`, *optional*): RoPE positions (default
+                ``past + arange(q)``).
             past_key_values (`Cache`, *optional*): GLIDE's own self-attention cache (``cache``, its name from
                 transformers 5.24 on, is taken as well).
-            target_past_key_values (*optional*): the target's cache (see [`read_target_layer`]); `None` = nothing to glimpse.
+            target_past_key_values (*optional*): the target's cache (see [`read_target_layer`]); `None` = nothing to
+                glimpse.
             cross_attention_block_size (`int`, *optional*): training only: the block-wise mask's L (§4.1).
             target_attention_mask (`torch.Tensor` of shape `(B, 1, q, S)`, *optional*): additive mask of the target keys
                 each query glimpses, given outright (see :class:`GlideCrossAttention`).
@@ -460,9 +459,9 @@ class GlideModel(GlidePreTrainedModel):
             if target_hidden_states is None or tuple(target_hidden_states.shape) != expected:
                 got = None if target_hidden_states is None else tuple(target_hidden_states.shape)
                 raise ValueError(
-                    f"target_hidden_states must be {expected} (batch, tokens, target_hidden_size) for a GLIDE built with "
-                    f"state_input=True, got {got}: hf_specdraft's speculative_generate(target, ids, draft_model=glide) "
-                    "hands the target's state over; transformers' assisted decoding cannot"
+                    f"target_hidden_states must be {expected} (batch, tokens, target_hidden_size) for a GLIDE built "
+                    f"with state_input=True, got {got}: hf_specdraft's speculative_generate(target, ids, "
+                    "draft_model=glide) hands the target's state over; transformers' assisted decoding cannot"
                 )
             states = target_hidden_states.to(device=inputs_embeds.device, dtype=inputs_embeds.dtype)
             inputs_embeds = self.pre_projection(torch.cat([inputs_embeds, states], dim=-1))
@@ -474,8 +473,8 @@ class GlideModel(GlidePreTrainedModel):
         past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
         query_index = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen
         if not self.config.self_attention and position_ids is not None:
-            # Gemma 4's assistant layout: a query stands at the position of the target state it reads, and sees the target's
-            # keys up to and including it
+            # Gemma 4's assistant layout: a query stands at the position of the target state it reads, and sees the
+            # target's keys up to and including it
             query_index = position_ids[0] + 1
         if position_ids is None:
             position_ids = query_index[None]
@@ -497,13 +496,12 @@ class GlideModel(GlidePreTrainedModel):
         for layer in self.layers:
             target_kv = None
             if self.config.cross_attention and target_past_key_values is not None:
+                cross = layer.cross_attn
                 target_kv = read_target_layer(
-                    target_past_key_values,
-                    layer.cross_attn.target_layer_idx,
-                    self.config,
-                    layer.cross_attn.kv_heads_per_rank,
+                    target_past_key_values, cross.target_layer_idx, self.config, cross.kv_heads_per_rank
                 )
-            hidden_states = layer(  # the cache by name: gradient checkpointing drops it (GradientCheckpointingLayer)
+            # the cache by name: gradient checkpointing drops it (GradientCheckpointingLayer)
+            hidden_states = layer(
                 hidden_states,
                 causal_mask,
                 position_embeddings,

@@ -86,8 +86,8 @@ class TargetBindingMixin:
             return target_past_key_values
         if self._glide_binding is None:
             raise ValueError(
-                "GLIDE has no target attached: call glide.attach(target) before target.generate(..., assistant_model=glide), "
-                "or pass target_past_key_values= (hf_specdraft's GlideCandidateGenerator does)"
+                "GLIDE has no target attached: call glide.attach(target) before target.generate(..., "
+                "assistant_model=glide), or pass target_past_key_values= (hf_specdraft's GlideCandidateGenerator does)"
             )
         return self._glide_binding.cache
 
@@ -127,7 +127,8 @@ class TargetBindingMixin:
                 covered = None if binding.cache is None else binding.cache.get_seq_length()
                 if input_ids is not None and covered != input_ids.shape[-1] - 1:
                     raise ValueError(
-                        f"GLIDE is attached to a {type(binding.target()).__name__} whose cache covers {covered} tokens, but it is asked to "
-                        f"continue {input_ids.shape[-1]} tokens: call glide.attach(model) with the model you call generate on"
+                        f"GLIDE is attached to a {type(binding.target()).__name__} whose cache covers {covered} "
+                        f"tokens, but it is asked to continue {input_ids.shape[-1]} tokens: call glide.attach(model) "
+                        "with the model you call generate on"
                     )
         return super().generate(*args, **kwargs)

@@ -1,5 +1,5 @@
-"""The draft side of the shipped CAPE ``custom_generate``: a greedy chain drafter that returns q, CAPE's tree over it for
-the core loop, and draft loading.
+"""The draft side of the shipped CAPE ``custom_generate``: a greedy chain drafter that returns q, CAPE's tree over it
+for the core loop, and draft loading.
 
 Self-contained (torch, transformers and hf_specdraft's core modules and ``expansion_sets.py`` written beside it): it
 ships inside a checkpoint's ``custom_generate/``.
@@ -71,8 +71,8 @@ class CausalLMDrafter:
         covered = target_cache.get_seq_length()
         if covered != input_ids.shape[1] - 1:  # invariant: the cache covers input_ids[:, :-1], the verified prefix only
             raise ValueError(
-                f"target_cache covers {covered} tokens but must cover input_ids[:, :-1] ({input_ids.shape[1] - 1} tokens): "
-                "GLIDE glimpses the verified prefix only (GLIDE §4.1)"
+                f"target_cache covers {covered} tokens but must cover input_ids[:, :-1] ({input_ids.shape[1] - 1} "
+                "tokens): GLIDE glimpses the verified prefix only (GLIDE §4.1)"
             )
 
     @torch.no_grad()
@@ -113,7 +113,8 @@ class CapeTreeDrafter(TreeCandidateGenerator):
 
     Args:
         drafter: a chain drafter (:class:`CausalLMDrafter`, or a draft model's own ``cape_drafter(target)``).
-        num_draft_tokens (`int`): γ. schedule: S(p) as checked ``(upper_bound, K)`` bins. budget (`int`): most tree nodes.
+        num_draft_tokens (`int`): γ. schedule: S(p) as checked ``(upper_bound, K)`` bins. budget (`int`): most tree
+            nodes.
     """
 
     def __init__(self, drafter, num_draft_tokens, schedule, budget):
@@ -161,11 +162,13 @@ def checkpoint_of_call(target):
 
 
 def load_draft(target):
-    """Load the draft saved next to this ``custom_generate/`` folder (same checkpoint), on the target's device and dtype."""
+    """Load the draft saved next to this ``custom_generate/`` folder (same checkpoint), on the target's device and
+    dtype."""
     checkpoint = checkpoint_of_call(target)
     if checkpoint is None:
         raise ValueError(
-            "no draft model: pass assistant_model=<draft model> to generate, or call generate(custom_generate=<checkpoint with the draft>)"
+            "no draft model: pass assistant_model=<draft model> to generate, or call "
+            "generate(custom_generate=<checkpoint with the draft>)"
         )
     key = (checkpoint, str(target.device), target.dtype)
     if key not in _LOADED_DRAFTS:
@@ -173,7 +176,8 @@ def load_draft(target):
             draft = AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=True, dtype=target.dtype)
         except (OSError, ValueError) as error:
             raise ValueError(
-                f"{checkpoint!r} holds no loadable draft model ({error}); pass assistant_model=<draft model> to generate"
+                f"{checkpoint!r} holds no loadable draft model ({error}); pass assistant_model=<draft model> to "
+                "generate"
             ) from error
         _LOADED_DRAFTS[key] = draft.to(target.device).eval()
     return _LOADED_DRAFTS[key]

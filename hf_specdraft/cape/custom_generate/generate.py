@@ -54,9 +54,8 @@ try:  # written beside this file by write_custom_generate, from hf_specdraft's c
     from .expansion_sets import DEFAULT_SCHEDULE, check_schedule
     from .loop import speculative_generate
     from .support import chains_only, check_target, model_type
-except (
-    ImportError
-):  # the template inside the installed library (absolute: transformers reads `from .` lines as sibling files)
+except ImportError:
+    # the template inside the installed library (absolute: transformers reads `from .` lines as sibling files)
     from hf_specdraft.cape.expansion_sets import DEFAULT_SCHEDULE, check_schedule
     from hf_specdraft.core.loop import speculative_generate
     from hf_specdraft.core.support import chains_only, check_target, model_type
@@ -108,24 +107,27 @@ def generate(
         expansion_schedule: S(p) as ``(upper_bound, K)`` bins.
 
     Returns:
-        `torch.LongTensor` `(1, L + n)`, or the core's ``SpeculativeGenerateOutput`` with ``return_dict_in_generate=True``.
+        `torch.LongTensor` `(1, L + n)`, or the core's ``SpeculativeGenerateOutput`` with
+        ``return_dict_in_generate=True``.
     """
     prompt = input_ids if input_ids is not None else inputs
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] == 0:
         raise ValueError(
-            f"input_ids must be a non-empty LongTensor of shape (1, L) (batch size 1), got {getattr(prompt, 'shape', prompt)!r}"
+            "input_ids must be a non-empty LongTensor of shape (1, L) (batch size 1), got "
+            f"{getattr(prompt, 'shape', prompt)!r}"
         )
     if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
     if not isinstance(verification_budget, int) or verification_budget < num_draft_tokens:
         raise ValueError(
-            f"verification_budget={verification_budget!r} is smaller than the drafted chain (num_draft_tokens={num_draft_tokens})"
+            f"verification_budget={verification_budget!r} is smaller than the drafted chain "
+            f"(num_draft_tokens={num_draft_tokens})"
         )
     schedule = check_schedule(expansion_schedule, "expansion_schedule")
     config = _generation_setup(model, generation_config, kwargs)
     drafter = make_drafter(assistant_model if assistant_model is not None else load_draft(model), model)
-    # the core loop as transformers' custom_generate callable; GenerationMixin.generate itself, since a checkpoint loaded
-    # with trust_remote_code replaces model.generate with this very function
+    # the core loop as transformers' custom_generate callable; GenerationMixin.generate itself, since a checkpoint
+    # loaded with trust_remote_code replaces model.generate with this very function
     return GenerationMixin.generate(
         model,
         prompt,
@@ -154,12 +156,14 @@ def _generation_setup(model, generation_config, kwargs):
         raise ValueError(f"unsupported generate arguments for the CAPE custom_generate loop: {sorted(unused)}")
     if config.do_sample or (config.num_beams or 1) > 1 or (config.num_return_sequences or 1) > 1:
         raise ValueError(
-            "the CAPE custom_generate loop is greedy: pass do_sample=False and leave num_beams / num_return_sequences at 1"
+            "the CAPE custom_generate loop is greedy: pass do_sample=False and leave num_beams / num_return_sequences "
+            "at 1"
         )
     changed = [name for name in _UNSUPPORTED_CONFIG if getattr(config, name, None) not in (None, 0, 1.0, [])]
     if changed:
         raise ValueError(
-            f"generation options {changed} change greedy decoding and are not supported by the CAPE custom_generate loop"
+            f"generation options {changed} change greedy decoding and are not supported by the CAPE custom_generate "
+            "loop"
         )
     check_target(model)  # recurrent state: refused by name
     why = chains_only(model)

@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--assistant-layout",
         action="store_true",
-        help="with --state-input: no self-attention, Gemma 4's assistant layout, which `hf-specdraft export` writes for vLLM",
+        help="with --state-input: no self-attention, Gemma 4's assistant layout, which `hf-specdraft export` writes "
+        "for vLLM",
     )
     parser.add_argument(
         "--unrolled-steps",
@@ -235,7 +236,8 @@ def _documents_stream(documents: list[list[int]], eos_token_id: int | None) -> t
 
 
 def dataset_inputs(ns, target, tokenizer, regen: RegenerationArguments) -> dict:
-    """``--dataset`` as training tokens and held-out data: ``{"stream", "heldout_stream", "heldout_prompts", "extra_log"}``."""
+    """``--dataset`` as training tokens and held-out data: ``{"stream", "heldout_stream", "heldout_prompts",
+    "extra_log"}``."""
     examples = load_examples(ns.dataset, ns.split)
     column = detect_column(examples, ns.text_column, ns.messages_column)
     train, held = heldout_split(len(examples), ns.eval_fraction or 0.0, ns.eval_examples or 0, ns.seed)
@@ -311,7 +313,8 @@ def _vanilla_twin(path: str | None) -> dict:
 
 
 def _load_models(parser, ns, seed: int):
-    """The target (``--target-dtype``) and GLIDE (``--glide``, or a fresh one shaped by ``--num-layers`` / ``--hidden-size``)."""
+    """The target (``--target-dtype``) and GLIDE (``--glide``, or a fresh one shaped by ``--num-layers`` /
+    ``--hidden-size``)."""
     from transformers import AutoModelForCausalLM
 
     from ..configuration_glide import GlideConfig

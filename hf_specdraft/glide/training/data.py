@@ -67,7 +67,7 @@ def load_examples(source: str, split: str = "train"):
 
 @dataclass(frozen=True)
 class Column:
-    """Which column holds the training text: ``kind`` is ``"text"`` (plain strings) or ``"messages"`` (conversations)."""
+    """Which column holds the training text: ``kind`` ``"text"`` (plain strings) or ``"messages"`` (conversations)."""
 
     kind: str
     name: str

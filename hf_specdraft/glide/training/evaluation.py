@@ -33,7 +33,8 @@ def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> tor
     """
     if stream.numel() < 2:
         raise ValueError(
-            f"the held-out data holds {stream.numel()} tokens, too few to evaluate: raise --eval-fraction / --eval-examples"
+            f"the held-out data holds {stream.numel()} tokens, too few to evaluate: raise --eval-fraction / "
+            "--eval-examples"
         )
     length = min(seq_len, stream.numel())
     count = min(max_windows, stream.numel() // length)
@@ -56,15 +57,14 @@ def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: 
     """q `(B, T, V)` over the target's vocabulary on ``batch``'s windows, glimpsing its target KV with the block-wise
     mask of L = ``block_size`` (training's, §4.1) or, given ``delay``, :func:`delay_mask`'s; GLIDE glimpses nothing when
     the batch holds no KV (``glimpse=False`` in :func:`teacher_forced_alpha`, or a vanilla drafter). A ``state_input``
-    GLIDE is scored at its first draft step (:func:`~.unrolled.unrolled_passes`: the glimpse and state the loop gives it;
-    the block size does not apply)."""
+    GLIDE is scored at its first draft step (:func:`~.unrolled.unrolled_passes`: the glimpse and state the loop gives
+    it; the block size does not apply)."""
     if getattr(glide.config, "state_input", False):
         _, logits, _ = next(unrolled_passes(glide, batch, 1))
         return glide.to_target_logits(logits.float()).softmax(-1)
     mask, kv = None, batch.target_past_key_values
-    if (
-        kv is None and glide.config.cross_attention
-    ):  # every layer empty: nothing to glimpse (None would read an attached target)
+    # every layer empty: nothing to glimpse (None would read an attached target)
+    if kv is None and glide.config.cross_attention:
         kv = [(None, None)] * glide.config.target_num_hidden_layers
     elif delay is not None and kv is not None:
         mask = delay_mask(batch.input_ids.shape[1], delay).to(batch.input_ids.device)

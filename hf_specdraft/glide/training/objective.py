@@ -62,7 +62,8 @@ def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
             raise ValueError("data is empty")
         return torch.cat(pieces)
     raise TypeError(
-        f"data must be a token-id tensor, a sequence of token-id sequences or a dataset with input_ids, got {type(data).__name__}"
+        "data must be a token-id tensor, a sequence of token-id sequences or a dataset with input_ids, got "
+        f"{type(data).__name__}"
     )
 
 
@@ -139,7 +140,7 @@ class TargetWindows(WindowSource):
             raise ValueError(f"data has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
 
     def batch(self, target, glide, rows: torch.Tensor, device, with_kv: bool, with_p: bool) -> GlideBatch:
-        """Rows ``rows`` `(B,)` on ``device``, the target run over them when GLIDE glimpses (``with_kv``) or learns p."""
+        """Rows ``rows`` `(B,)` on ``device``, the target run over them if GLIDE glimpses (``with_kv``) or learns p."""
         starts = rows[:, None] * self.stride + torch.arange(self.seq_len)
         input_ids = self.stream[starts].to(device)  # (B, T)
         state = bool(glide.config.state_input)

@@ -1,4 +1,5 @@
-"""Sequence-level self-distillation: the frozen target writes the responses GLIDE trains on (Du et al. 2024, Appendix B).
+"""Sequence-level self-distillation: the frozen target writes the responses GLIDE trains on (Du et al. 2024,
+Appendix B).
 
 The paper distils GLIDE on the target's own outputs rather than the dataset's human-written replies, so the draft learns
 the distribution p it will be judged against; Medusa-2 (Cai et al. 2024, §3.2 "self-distillation") and SpecForge
@@ -37,13 +38,15 @@ class RegenerationArguments:
     Args:
         max_new_tokens: longest reply the target writes per prompt.
         batch_size: prompts per ``generate`` call (left-padded).
-        temperature: sampling temperature; 0 = greedy (the draft then learns the target's argmax, what greedy decoding verifies).
+        temperature: sampling temperature; 0 = greedy (the draft then learns the target's argmax, what greedy
+            decoding verifies).
         top_p: nucleus sampling mass when sampling (1.0 = off).
         prompt_tokens: plain text only: the prefix of each text the target continues.
         batches_per_shard: batches per ``regenerated/shard-*.jsonl`` file (what a restart keeps).
         turns: conversations only: ``"last"`` regenerates the last assistant turn, ``"each"`` every assistant turn
             (one example per turn, the earlier turns as the dataset has them).
-        seed: sampling seed (the batch from prompt i on samples with ``seed + i``: a resumed run draws what an unbroken one would).
+        seed: sampling seed (the batch from prompt i on samples with ``seed + i``: a resumed run draws what an
+            unbroken one would).
     """
 
     max_new_tokens: int = 256
@@ -114,9 +117,8 @@ def generate_replies(
         if args.temperature > 0
         else {"do_sample": False}
     )
-    with torch.random.fork_rng(
-        devices=[device] if device.type == "cuda" else []
-    ):  # the caller's RNG stream is left alone
+    # the caller's RNG stream is left alone
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         out = target.generate(
             input_ids=input_ids,
@@ -164,8 +166,8 @@ def regenerate(
     settings, settings_file = _settings(target, prompts, args), directory / "settings.json"
     if settings_file.is_file() and json.loads(settings_file.read_text()) != settings:
         raise ValueError(
-            f"{str(directory)!r} holds responses regenerated with other settings or data ({settings_file.read_text()}); "
-            "use another --output-dir or delete it"
+            f"{str(directory)!r} holds responses regenerated with other settings or data "
+            f"({settings_file.read_text()}); use another --output-dir or delete it"
         )
     state.wait_for_everyone()
     if state.is_main_process:

@@ -144,8 +144,8 @@ class StoreWindows(WindowSource):
         )
         if missing:
             raise ValueError(
-                f"GLIDE reads target layers {missing} but the store holds the keys and values of {self.layer_ids} only: "
-                "write a store with those layers (write_store's layer_ids)"
+                f"GLIDE reads target layers {missing} but the store holds the keys and values of {self.layer_ids} "
+                "only: write a store with those layers (write_store's layer_ids)"
             )
         if glide.config.state_input and "hidden" not in self.store:
             raise ValueError(
@@ -154,7 +154,8 @@ class StoreWindows(WindowSource):
             )
 
     def batch(self, target, glide, rows: torch.Tensor, device, with_kv: bool, with_p: bool) -> GlideBatch:
-        """Rows ``rows`` `(B,)` of the store on ``device``: KV of the layers GLIDE reads (``with_kv``), top-k p (``with_p``)."""
+        """Rows ``rows`` `(B,)` of the store on ``device``: KV of the layers GLIDE reads (``with_kv``), top-k p
+        (``with_p``)."""
 
         def take(key: str, dtype: torch.dtype) -> torch.Tensor:
             return self.store[key][rows].to(device=device, dtype=dtype)

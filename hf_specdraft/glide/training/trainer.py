@@ -6,13 +6,15 @@ simulating at training time the KV-cache delay of inference (§4.1). The loss is
 mixed with distillation from the target's logits (Appendix B's token-level form; the sequence-level form, the target
 writing the responses, is ``--regenerate``: :mod:`.regenerate`). Where a target forward per step is too dear (a real
 target on a CPU), the same loop reads the target's KV and top-k from a precomputed store
-(:class:`~.store.StoreWindows`): the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are optimised: AdamW, warmup + cosine
-decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes through 🤗 accelerate. Every
-``save_steps`` steps the run saves ``checkpoint-last/`` (weights, optimizer, scheduler, step, RNG states), which a
-restarted run continues from; every ``eval_every`` steps a :class:`~.evaluation.HeldOutEvaluation` measures α, greedy
-agreement and tokens per target forward on held-out data (trackers, ``training_log.json``, the model card).
+(:class:`~.store.StoreWindows`): the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are
+optimised: AdamW, warmup + cosine decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes
+through 🤗 accelerate. Every ``save_steps`` steps the run saves ``checkpoint-last/`` (weights, optimizer, scheduler,
+step, RNG states), which a restarted run continues from; every ``eval_every`` steps a
+:class:`~.evaluation.HeldOutEvaluation` measures α, greedy agreement and tokens per target forward on held-out data
+(trackers, ``training_log.json``, the model card).
 
-    hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama --max-steps 2000
+    hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama \
+        --max-steps 2000
     # several processes / GPUs: the same command under accelerate (on CPUs, with ACCELERATE_USE_CPU=1 and --multi_gpu:
     # accelerate 1.x's `--cpu --num_processes N` starts ONE process unless mpirun is set up)
     accelerate launch --num_processes 8 -m hf_specdraft train-glide --target ... --data ... --output-dir ...
@@ -43,17 +45,8 @@ from ...core.validation import check_int, is_int
 from ..model_card import check_license, save_glide_checkpoint
 from .objective import glide_loss, window_source
 
-TRACKERS = (
-    "aim",
-    "tensorboard",
-    "wandb",
-    "trackio",
-    "comet_ml",
-    "mlflow",
-    "clearml",
-    "dvclive",
-    "swanlab",
-)  # accelerate's LoggerType
+# accelerate's LoggerType
+TRACKERS = ("aim", "tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
 CHECKPOINT = "checkpoint-last"  # OUTPUT_DIR/checkpoint-last: the state a restarted run continues from
 
 
@@ -84,9 +77,11 @@ class GlideTrainingArguments:
         mixed_precision: ``"auto"`` (bf16 on CUDA, none on CPU), ``"no"``, ``"bf16"`` or ``"fp16"``.
         seed: data order and initialisation seed (each process offsets it by its rank).
         logging_steps: log every this many steps.
-        save_steps: write ``output_dir/checkpoint-last`` every this many steps (0 = never): what a killed run resumes from.
+        save_steps: write ``output_dir/checkpoint-last`` every this many steps (0 = never): what a killed run resumes
+            from.
         resume: `None` continues from ``checkpoint-last`` when there is one, `True` requires one, `False` starts over.
-        eval_every: run the held-out evaluation passed to :func:`train_glide` every this many steps and at the end (0 = never).
+        eval_every: run the held-out evaluation passed to :func:`train_glide` every this many steps and at the end
+            (0 = never).
         report_to: accelerate trackers for the logs: ``"none"``, ``"all"`` (every installed one, like transformers'
             ``TrainingArguments``) or names among ``TRACKERS``, comma-separated (e.g. ``"tensorboard"``).
         progress_bar: show tqdm on the main process.
@@ -172,7 +167,7 @@ class GlideTrainingArguments:
             raise ValueError("push_to_hub=True needs hub_model_id='user/repo'")
 
     def block_sizes(self, config_block_size: int) -> tuple[int, ...]:
-        """The block-wise mask's L for each step in turn (step s takes ``[s % len]``); ``config_block_size`` without one."""
+        """The block-wise mask's L for each step in turn (step s takes ``[s % len]``); ``config_block_size`` if none."""
         if self.block_size is None:
             return (config_block_size,)
         return (self.block_size,) if isinstance(self.block_size, int) else tuple(self.block_size)
@@ -222,10 +217,10 @@ def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
         raise ValueError("glide was built for a different target:\n  " + "\n  ".join(problems))
     if (getattr(target, "tp_size", None) or 1) > 1:
         raise ValueError(
-            f"target is split over {target.tp_size} ranks by tensor parallelism (tp_plan): train_glide reads the whole target "
-            "cache in one process. Load the target unsplit, spread over the devices of one process with device_map='auto' "
-            "(GPUs, CPU, disk: accelerate's max_memory and offload_folder), train there, then load the trained GLIDE with "
-            "tp_plan='auto' beside the split target for decoding (docs/multi-gpu.md)"
+            f"target is split over {target.tp_size} ranks by tensor parallelism (tp_plan): train_glide reads the whole "
+            "target cache in one process. Load the target unsplit, spread over the devices of one process with "
+            "device_map='auto' (GPUs, CPU, disk: accelerate's max_memory and offload_folder), train there, then load "
+            "the trained GLIDE with tp_plan='auto' beside the split target for decoding (docs/multi-gpu.md)"
         )
 
 
@@ -240,9 +235,8 @@ def _setup(target, glide, args: GlideTrainingArguments):
     target.eval().requires_grad_(False)
     if getattr(target, "hf_device_map", None) is None:
         target.to(accelerator.device)
-    trained = [
-        p for p in glide.parameters() if p.requires_grad
-    ]  # a frozen part (e.g. the target's embedding rows) stays
+    # a frozen part (e.g. the target's embedding rows) stays
+    trained = [p for p in glide.parameters() if p.requires_grad]
     decay = [p for p in trained if p.ndim >= 2]
     no_decay = [p for p in trained if p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -255,9 +249,8 @@ def _setup(target, glide, args: GlideTrainingArguments):
     glide.train()
     model, optimizer, scheduler = accelerator.prepare(glide, optimizer, scheduler)
     if args.trackers is not None:
-        config = {
-            k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))
-        }  # trackers take scalars only
+        # trackers take scalars only
+        config = {k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers("train_glide", config=config)
     return accelerator, model, optimizer, scheduler
 
@@ -287,7 +280,7 @@ def save_training_state(
 
 
 def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
-    """``checkpoint-last`` (or, after a kill between the two renames of a save, ``checkpoint-last.previous``) when resuming."""
+    """``checkpoint-last`` (or, after a kill between a save's two renames, ``checkpoint-last.previous``) to resume."""
     found = [
         p
         for p in (Path(args.output_dir) / CHECKPOINT, Path(args.output_dir) / (CHECKPOINT + ".previous"))
@@ -297,9 +290,8 @@ def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
         return None
     if not found:
         raise ValueError(f"resume=True but {str(Path(args.output_dir) / CHECKPOINT)!r} holds no saved training state")
-    saved = json.loads((found[0] / "trainer_state.json").read_text()).get(
-        "arguments"
-    )  # None: saved before they were recorded
+    # None: saved before they were recorded
+    saved = json.loads((found[0] / "trainer_state.json").read_text()).get("arguments")
     changed = sorted(k for k, v in args.trajectory().items() if saved is not None and saved.get(k) != v)
     if changed:
         raise ValueError(
@@ -311,7 +303,8 @@ def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
 
 
 def load_training_state(accelerator: Accelerator, directory: Path, generator: torch.Generator) -> dict:
-    """Restore what :func:`save_training_state` wrote into the prepared model, optimizer and scheduler; return its progress."""
+    """Restore what :func:`save_training_state` wrote into the prepared model, optimizer and scheduler; return its
+    progress."""
     from safetensors.torch import load_file
 
     accelerator.load_state(str(directory))
@@ -388,7 +381,8 @@ def train_glide(
             :func:`save_glide_checkpoint` takes it (``hf_specdraft.write_glide_custom_generate``: CAPE's; `None`: none).
 
     Returns:
-        the training log (also ``output_dir/training_log.json``): per-step loss / lr / tokens, evaluations, timing, arguments.
+        the training log (also ``output_dir/training_log.json``): per-step loss / lr / tokens, evaluations, timing,
+        arguments.
     """
     _check_pair(target, glide)
     if not isinstance(args, GlideTrainingArguments):
@@ -402,9 +396,8 @@ def train_glide(
             f"eval_every={args.eval_every} needs held-out data: pass evaluation (e.g. a HeldOutEvaluation)"
         )
     source = window_source(data, glide, args.seq_len)
-    devices = [
-        (m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None
-    ]  # where the caller put them
+    # where the caller put them
+    devices = [(m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None]
     resume_from = _checkpoint_to_resume(args)
     accelerator, model, optimizer, scheduler = _setup(target, glide, args)
     generator = torch.Generator().manual_seed(args.seed + 1000 * accelerator.process_index)
@@ -432,10 +425,8 @@ def train_glide(
         save_checkpoint(accelerator.unwrap_model(model), target, log, args, metrics, custom_generate)
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    for (
-        module,
-        device,
-    ) in devices:  # accelerate trained on its device (a visible GPU): hand both back where they came from
+    # accelerate trained on its device (a visible GPU): hand both back where they came from
+    for module, device in devices:
         module.to(device)
     glide.eval()
     return log
@@ -453,16 +444,9 @@ def _run(accelerator, model, optimizer, scheduler, target, source, generator, ar
         disable=not (args.progress_bar and accelerator.is_main_process),
     )
     for step in bar:
+        block_size = block_sizes[step % len(block_sizes)]
         totals, tokens = _train_step(
-            accelerator,
-            model,
-            optimizer,
-            scheduler,
-            target,
-            source,
-            generator,
-            block_sizes[step % len(block_sizes)],
-            args,
+            accelerator, model, optimizer, scheduler, target, source, generator, block_size, args
         )
         progress["tokens"] += tokens
         bar.set_postfix(loss=f"{totals['loss']:.3f}")

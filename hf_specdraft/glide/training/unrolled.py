@@ -34,7 +34,8 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def glimpse_mask(seq_len: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """`(1, 1, T, T)` additive mask of the target keys ``i < j - step + 1`` the query at j glimpses at draft step ``step``."""
+    """`(1, 1, T, T)` additive mask of the target keys ``i < j - step + 1`` the query at j glimpses at draft step
+    ``step``."""
     index = torch.arange(seq_len, device=device)
     return _additive(index[None, :] < (index - step + 1)[:, None], dtype)[None, None]
 
@@ -50,7 +51,8 @@ def self_attention_mask(seq_len: int, step: int, dtype: torch.dtype, device) -> 
 
 
 def shifted(states: torch.Tensor) -> torch.Tensor:
-    """`(B, T, D)` -> the state each position's token is read with: position j gets ``states[:, j - 1]``, position 0 zeros."""
+    """`(B, T, D)` -> the state each position's token is read with: position j gets ``states[:, j - 1]``, position 0
+    zeros."""
     return torch.cat([states.new_zeros(states.shape[0], 1, states.shape[2]), states[:, :-1]], dim=1)
 
 
