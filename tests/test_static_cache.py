@@ -19,9 +19,8 @@ from hf_specdraft import speculative_generate
 from hf_specdraft.core.static_layout import _CACHES, bucket_for, compile_config_for
 from hf_specdraft.core.controller import DraftLengthController
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator, DrafterTraits
-from hf_specdraft.core.loop import fit_proposal
 from hf_specdraft.core.static_cache import StaticRowsCache
-from hf_specdraft.core.tree import DraftTree
+from hf_specdraft.core.tree import DraftTree, fit_proposal
 from hf_specdraft.glide import GlideCandidateGenerator
 from test_controller import AdaptiveOracle
 from test_method_grid import METHODS, TABLE, glide_for

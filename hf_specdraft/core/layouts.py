@@ -103,8 +103,8 @@ class CacheLayout:
         forward picks its own."""
         return few_token_linears(self.model)
 
-    def before_steps(self, request) -> None:
-        """Run once before the call's first step (the static path compiles every bucket there)."""
+    def before_steps(self, rows: list[Row], request, generation_config: GenerationConfig) -> None:
+        """Run once before the call's first step (the static path compiles every bucket, and its drafts, there)."""
 
     def call_stats(self, rows: list[Row]) -> SpeculativeStats:
         """The call's statistics: one row's own; a padded batch's rows merged (``row_stats`` keeps each) with what the

@@ -1,4 +1,4 @@
-"""The one speculative decoding loop every drafter shares, for any batch size: propose → verify → accept → emit → compact.
+"""The one speculative decoding loop every drafter shares, for any batch size: propose → verify → accept → emit → keep.
 
 This is the only module that touches transformers' generation internals. It runs as transformers'
 supported ``custom_generate`` callable, so ``generate`` prepares the generation config, the logits
@@ -43,7 +43,7 @@ from .controller import DraftLengthController
 from .controller_store import recall, remember
 from .memory import after_call, trim_threshold_mib
 from .distributed import RankAgreement
-from .drafting import DraftRequest, DrafterTraits, TreeCandidateGenerator, output_vocab_size, traits_of
+from .drafting import DraftRequest, output_vocab_size, traits_of
 from .inputs import (
     check_batch_setup,
     check_generation_setup,
@@ -57,12 +57,11 @@ from .inputs import (
     row_processors,
 )
 from .outputs import SpeculativeGenerateOutput, assemble_result
-from .static_layout import layout_for, static_call
-from .rows import Outputs, Row
-from .stats import SpeculativeStats
+from .static_layout import layout_for
+from .rows import Row, call_rows
 from .support import chains_only, check_batch_target, check_target
 from .target_state import StateRequest, joined, kept_states
-from .tree import DraftTree
+from .tree import DraftTree, check_vocab, fit_proposal
 
 
 __all__ = ["SpeculativeGenerateOutput", "speculative_generate", "speculative_step", "speculative_steps"]
@@ -97,11 +96,12 @@ def speculative_generate(
         num_draft_tokens: γ for ``draft_model``; ``"auto"`` (the default): chosen every step from the acceptance and the
             costs the loop measures (:mod:`~hf_specdraft.core.controller`).
         copy_from_context: for a GLIDE-family ``draft_model``, the shortest suffix match of the text it copies the
-            continuation of instead of drafting (:class:`~hf_specdraft.glide.GlideDraftingConfig`); ``False`` or 0: never
-            copy; ``None`` (the default): ``generation_config.copy_from_context`` where set, else the drafter's default (2).
-            A draft that never copies takes only ``False`` / 0.
+            continuation of instead of drafting (:class:`~hf_specdraft.glide.GlideDraftingConfig`); ``False`` or 0:
+            never copy; ``None`` (the default): ``generation_config.copy_from_context`` where set, else the drafter's
+            default (2). A draft that never copies takes only ``False`` / 0.
         max_copy_tokens: the longest copy from the context; ``None``: ``generation_config.max_copy_tokens`` where set,
-            else γ when ``num_draft_tokens`` is fixed (a proposal never runs past γ), the controller's choice with "auto".
+            else γ when ``num_draft_tokens`` is fixed (a proposal never runs past γ), the controller's choice with
+            "auto".
         acceptance: ``None`` for exact verification (greedy match, or speculative sampling when
             ``do_sample=True``: lossless), or a :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance` (CASD).
         token_streamer: a transformers streamer. Under ``generate(custom_generate=...)`` transformers drops
@@ -120,30 +120,25 @@ def speculative_generate(
         and isinstance(generation_config, GenerationConfig)
         and "use_cache" in kwargs
     )
+    if input_ids is None:
+        input_ids = kwargs.pop("inputs", None)
+    check_target_model(model)
+    check_input_ids(input_ids, model)
+    copying = copy_options(draft_model, generation_config, copy_from_context, max_copy_tokens)
+    generator = resolve_generator(candidate_generator, draft_model, num_draft_tokens, *copying)  # fails before generate
     if prepared:  # called by transformers' generate(custom_generate=speculative_generate)
-        copying = copy_options(draft_model, generation_config, copy_from_context, max_copy_tokens)
         return _speculative_loop(
             model,
             input_ids,
             logits_processor,
             stopping_criteria,
             generation_config,
-            resolve_generator(candidate_generator, draft_model, num_draft_tokens, *copying),
+            generator,
             acceptance,
             token_streamer,
             kwargs,
         )
-    if input_ids is None:
-        input_ids = kwargs.pop("inputs", None)
-    check_target_model(model)
-    check_input_ids(input_ids, model)
     check_padding(kwargs.get("attention_mask"), input_ids)  # a mask of another shape or padded on the right fails here
-    resolve_generator(
-        candidate_generator,
-        draft_model,
-        num_draft_tokens,  # fail before generate's preparation
-        *copy_options(draft_model, generation_config, copy_from_context, max_copy_tokens),
-    )
     max_new_tokens = kwargs.get("max_new_tokens")
     if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens <= 0):
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
@@ -177,9 +172,8 @@ def _speculative_loop(
     streamer,
     model_kwargs,
 ):
-    """Check the call, set it up (:func:`setup_call`), prefill, run :func:`speculative_steps`, return what ``generate`` would."""
-    check_target_model(model)
-    check_input_ids(input_ids, model)
+    """Check the call, set it up on its layout (:func:`~hf_specdraft.core.static_layout.layout_for`,
+    :func:`setup_call`), prefill, run :func:`speculative_steps`, return what ``generate`` would."""
     lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
     check_unmarked_padding(input_ids, lengths, generation_config.pad_token_id)
     trim = trim_threshold_mib()  # HF_SPECDRAFT_TRIM_MIB, the opt-in heap trim (core/memory.py): a bad value fails here
@@ -193,30 +187,18 @@ def _speculative_loop(
     ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike (core.distributed)
     if ranks is not None and generation_config.do_sample:
         ranks.check_random_state(model.device)
-    host_ids = input_ids.tolist()  # read once: from here on the loop extends each row's tokens on the host
-    rows = [
-        Row(
-            r,
-            input_ids[r : r + 1],
-            padded - int(lengths[r]),
-            g,
-            Outputs(SpeculativeStats()),
-            row_processors(logits_processor, r, batch),
-            tokens=host_ids[r],
-        )
-        for r, g in enumerate(row_drafters(generator, batch))
-    ]
     if chains and generation_config.cache_implementation == "static":
         raise ValueError(
             f"cache_implementation='static' verifies with explicit 4-D masks, which {type(model).__name__} cannot take "
             f"({chains}): leave cache_implementation unset for this model"
         )
+    processors = [row_processors(logits_processor, r, batch) for r in range(batch)]
+    rows = call_rows(input_ids, lengths, row_drafters(generator, batch), processors)
     if chains:
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
-    # the static path: the loop's static cache, verification compiled where transformers would; a concurrent static call
-    # on this model waits (the cache is one request's state)
-    with static_call(model) if generation_config.cache_implementation == "static" else contextlib.nullcontext():
-        step = setup_call(model, rows, stopping_criteria, generation_config, acceptance, streamer)
+    # the static path holds its cache for the whole call (a concurrent static call on this model waits)
+    with layout_for(model, generation_config, rows) as layout:
+        step = setup_call(model, layout, rows, stopping_criteria, generation_config, acceptance, streamer)
         if streamer is not None:
             streamer.put(input_ids.cpu())
         prefill = step.cache.prefill(input_ids, rows, step.request)
@@ -225,7 +207,8 @@ def _speculative_loop(
             row.done = len(row.tokens) >= generation_config.max_length
         active = [row for row in rows if not row.done]
         step.cache.leave(rows, active)
-        step.cache.before_steps(step.request)  # the static path compiles every bucket here, outside the steps' costs
+        # the static path compiles every bucket (and batch-1 drafts) here, outside the steps' costs
+        step.cache.before_steps(rows, step.request, generation_config)
         # few-token linears are timed per rank: off under tensor parallelism, where every rank must decide alike
         with contextlib.nullcontext() if ranks is not None else step.cache.linears():
             chosen = speculative_steps(step, active)
@@ -257,26 +240,22 @@ class Step:
 
 
 def setup_call(
-    model, rows: list[Row], stopping_criteria, generation_config: GenerationConfig, acceptance, streamer
+    model,
+    layout: CacheLayout,
+    rows: list[Row],
+    stopping_criteria,
+    generation_config: GenerationConfig,
+    acceptance,
+    streamer,
 ) -> Step:
-    """Bind every row's drafter to the call, merge what they ask of the target (:class:`~hf_specdraft.core.target_state.StateRequest`)
-    and build the call's one :class:`Step` on the layout it runs on (:func:`layout_for`)."""
+    """Bind every row's drafter to the call, merge what they ask of the target
+    (:class:`~hf_specdraft.core.target_state.StateRequest`) and build the call's one :class:`Step` on ``layout``."""
     for row in rows:
         row.generator.prepare(model, generation_config)
         row.traits = traits_of(row.generator)
     request = StateRequest(model, [row.generator for row in rows], [row.traits for row in rows])
-    meter, vocab = StepMeter(StepClock(model.device)), output_vocab_size(model)
-    return Step(
-        model,
-        layout_for(model, generation_config, rows),
-        generation_config,
-        HostStops(stopping_criteria, generation_config),
-        request,
-        meter,
-        vocab,
-        acceptance,
-        streamer,
-    )
+    stops, meter = HostStops(stopping_criteria, generation_config), StepMeter(StepClock(model.device))
+    return Step(model, layout, generation_config, stops, request, meter, output_vocab_size(model), acceptance, streamer)
 
 
 def speculative_steps(step: Step, active: list[Row]) -> dict:
@@ -298,8 +277,8 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
 
 
 def attach_controller(step: Step, active: list[Row]) -> tuple | None:
-    """With ``num_draft_tokens="auto"`` drafters, the call's γ (and "auto" tree budget) controller, resumed from the last
-    call's curve and counts. Returns what else changes costs or acceptance (the key of its state), or ``None``."""
+    """With ``num_draft_tokens="auto"`` drafters, the call's γ (and "auto" tree budget) controller, resumed from the
+    last call's curve and counts. Returns what else changes costs or acceptance (the key of its state), or ``None``."""
     if not active or not all(row.traits.adaptive_draft_length for row in active):
         return None
     drafters = [row.generator for row in active]
@@ -310,14 +289,8 @@ def attach_controller(step: Step, active: list[Row]) -> tuple | None:
     controller = step.meter.controller = DraftLengthController(
         longest, widths, bucket=bucket, max_copy_tokens=longest if bucket is not None else 2 * longest
     )
-    model = step.model
-    setting = (
-        len(drafters),
-        layout_setting,
-        bool(step.generation_config.do_sample),
-        str(model.device),
-        str(model.dtype),
-    )
+    model, sampling = step.model, bool(step.generation_config.do_sample)
+    setting = (len(drafters), layout_setting, sampling, str(model.device), str(model.dtype))
     controller.resumed = recall(controller, model, drafters[0], setting)
     ranks = RankAgreement.of(model)
     if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
@@ -328,15 +301,14 @@ def attach_controller(step: Step, active: list[Row]) -> tuple | None:
 
 
 def speculative_step(step: Step, active: list[Row]) -> list[Row]:
-    """One step of every active row: propose, verify in one forward, read back once, accept, keep. Returns the rows still
-    active.
+    """One step of every active row: propose, verify in one forward, read back once, accept, keep. Returns the rows
+    still active.
 
     The device is read once (:func:`read_back`: every row's verified tokens and the target's choices, under greedy
     decoding without logits processors); tree metadata, stop checks and statistics are host data. The step's clock and
     γ sit behind ``step.meter`` (:class:`~hf_specdraft.core.meter.StepMeter`).
     """
     meter = step.meter
-    meter.begin()  # γ (and the rules) every row's request carries, when the controller chooses them
     cached = [row.cached for row in active]  # before this step: row a's last cached[a] columns of the cache
     trees = draft_rows(step, active)  # propose
     logits, verified, hidden = meter.verify(step.cache.verify, active, trees, step.request.kwargs)  # (A, Q, V), (A, Q)
@@ -384,82 +356,44 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
     if all(tree.token_list is not None for tree in trees):  # every token on the host already: the argmax alone
         return logits.argmax(-1).tolist()
     host = torch.stack([verified[:, : logits.shape[1]], logits.argmax(-1)]).tolist()  # (2, A, Q)
-    vocab = logits.shape[-1]
     for row_ids, tree, row in zip(host[0], trees, active):
         if tree.token_list is None:
             tree.learn_tokens(row_ids[1 : 1 + len(tree)])
-            if any(not 0 <= t < vocab for t in tree.token_list):
-                raise ValueError(
-                    f"{row.generator.name} proposed token ids outside the target's vocabulary [0, {vocab})"
-                )
+            check_vocab(tree.token_list, logits.shape[-1], row.generator)
     return host[1]
 
 
 def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
-    """Every active row's proposal for its :class:`~hf_specdraft.core.drafting.DraftRequest` (the row's text, what its
-    drafter reads of the target, what the step's controller chose: ``meter.choice``), fitted to its room before
-    ``max_length`` and to the layout's ``max_nodes``: one batch proposer for all rows (the layout's ``together``), or
-    each row's drafter on its view of the target cache. The meter times each."""
-    config, meter, limit = step.generation_config, step.meter, step.cache.max_nodes
+    """Every active row's proposal for its :class:`~hf_specdraft.core.drafting.DraftRequest` (the row's text on the
+    device and on the host, what its drafter reads of the target, what the step's controller chose:
+    :meth:`~hf_specdraft.core.meter.StepMeter.begin`),
+    fitted to its room before ``max_length`` and to the layout's ``max_nodes``
+    (:func:`~hf_specdraft.core.tree.fit_proposal`): each row's drafter on its view of the target cache, or one batch
+    proposer for all rows (the layout's ``together``). The meter times each."""
+    step.meter.begin()  # the step's clock starts; γ (and the rules) every request carries, when the controller chooses
+    config, meter, limit, vocab = step.generation_config, step.meter, step.cache.max_nodes, step.vocab
     together = step.cache.together
-    if together is not None:
-        meter.start_drafting()
-        requests = [draft_request(row, meter.choice) for row in active]
-        proposals = together.propose(requests, step.cache.batch_drafter_cache(active))
-        trees = [
-            fit_proposal(tree, row.generator, step.vocab, config.max_length - len(row.tokens), row.traits, limit)
-            for row, tree in zip(active, proposals)
-        ]
-        meter.drafted(rows=len(active))
+    if together is None:
+        trees = []
+        for a, row in enumerate(active):
+            meter.start_drafting()
+            view = step.cache.drafter_cache(a, row) if row.traits.reads_target_cache else None
+            state = row.target_state() if step.request else None
+            request = DraftRequest(row.text, row.tokens[row.pad :], view, state, *meter.choice)
+            room = config.max_length - len(row.tokens)
+            tree = fit_proposal(row.generator.draft_tree(request), row.generator, vocab, room, row.traits, limit)
+            if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution: the first-child chain
+                tree = tree.main_chain()
+                row.out.stats.extra["trees_verified_as_chains"] += 1
+            trees.append(tree)
+            meter.drafted()
         return trees
-    trees = []
-    for a, row in enumerate(active):
-        meter.start_drafting()
-        view = step.cache.drafter_cache(a, row) if row.traits.reads_target_cache else None
-        state = row.target_state() if step.request else None
-        request = draft_request(row, meter.choice, view, state)
-        room = config.max_length - len(row.tokens)
-        tree = fit_proposal(row.generator.draft_tree(request), row.generator, step.vocab, room, row.traits, limit)
-        if (
-            "chains_only" in row.out.stats.extra and not tree.is_chain
-        ):  # ALiBi / convolution targets: the first-child chain
-            tree = tree.main_chain()
-            row.out.stats.extra["trees_verified_as_chains"] += 1
-        trees.append(tree)
-        meter.drafted()
+    meter.start_drafting()
+    requests = [DraftRequest(row.text, row.tokens[row.pad :], None, None, *meter.choice) for row in active]
+    proposals = together.propose(requests, step.cache.batch_drafter_cache(active))
+    trees = [
+        fit_proposal(tree, row.generator, vocab, config.max_length - len(row.tokens), row.traits, limit)
+        for row, tree in zip(active, proposals)
+    ]
+    meter.drafted(rows=len(active))
     return trees
-
-
-def draft_request(row: Row, choice: tuple, target_cache=None, target_state=None) -> DraftRequest:
-    """Row ``row``'s :class:`~hf_specdraft.core.drafting.DraftRequest` for this step: its text on the device and on the
-    host (a copy: the row's tokens grow), what its drafter reads of the target, and ``choice``: the controller's
-    ``(γ, budget, stop rule, copy rule)`` (``None`` each: the drafter's own)."""
-    return DraftRequest(row.text, row.tokens[row.pad :], target_cache, target_state, *choice)
-
-
-def fit_proposal(
-    tree: DraftTree,
-    generator: TreeCandidateGenerator,
-    vocab: int,
-    room: int,
-    traits: DrafterTraits,
-    max_nodes: int | None = None,
-) -> DraftTree:
-    """A proposal (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.draft_tree`'s) with duplicate siblings
-    merged (:meth:`DraftTree.merge_duplicates`: verification needs unique siblings), cut to ``room - 1`` levels
-    (``room``: tokens left before max_length; one is the target's own token) and its ids checked against the target's
-    vocabulary: on the host where the drafter gave them there, else when the step reads them back (:func:`read_back`),
-    or here for a drafter that may propose ids past the target's vocabulary (a forward would fail on them before the
-    read). Then its first ``max_nodes`` nodes (the static path's widest bucket; topological order keeps each parent)."""
-    tree = tree.merge_duplicates().truncate_depth(room - 1)
-    if tree.token_list is not None:
-        bad = any(not 0 <= t < vocab for t in tree.token_list)
-    elif len(tree) and not traits.tokens_in_vocab:
-        bad = int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0
-    else:
-        bad = False
-    if bad:
-        raise ValueError(f"{generator.name} proposed token ids outside the target's vocabulary [0, {vocab})")
-    if max_nodes is not None and len(tree) > max_nodes:
-        tree = tree.select(range(max_nodes), tree.parent_list[:max_nodes])
-    return tree

@@ -101,3 +101,13 @@ class Row:
     def cached(self) -> int:
         """Columns of the target cache this row uses: its text but the newest token."""
         return len(self.tokens) - 1 - self.pad
+
+
+def call_rows(input_ids: torch.LongTensor, lengths, drafters: list, processors: list) -> list[Row]:
+    """One :class:`Row` per prompt row of ``input_ids`` `(B, P)` (``lengths``: each row's unpadded length), with its
+    drafter and logits processors; its tokens read to the host once: from here on the loop extends them there."""
+    host_ids, padded = input_ids.tolist(), input_ids.shape[1]
+    return [
+        Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), p, tokens=host_ids[r])
+        for r, (g, p) in enumerate(zip(drafters, processors))
+    ]

@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 from .host import copy_to_device, host_tensor, on_device, to_device
-from .tree import tree_buffers
+from .tree import verify_block
 from .verify import LayerWindows
 
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a float dtype's item size -> the integer dtype of its bits
@@ -75,17 +75,14 @@ class StaticRowsLayer(CacheLayerMixin):
         # never overwrite a key any of its queries can still see (they reach back window - 1 columns at most). Past the
         # ring, `scratch` slots that no column maps to: warm-up dummies write there, never into a live slot
         self.ring, self.window, self.scratch = ring, window, scratch if ring is not None else 0
-        self.write_index: torch.Tensor | None = (
-            None  # (B, 1, Q, 1) long: the slots this forward writes (set by the cache)
-        )
+        # (B, 1, Q, 1) long: the slots this forward writes (set by the cache)
+        self.write_index: torch.Tensor | None = None
         self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
-        self.visible: int | None = (
-            None  # eager forwards attend to the first `visible` columns only; None: all (fixed shapes)
-        )
+        # eager forwards attend to the first `visible` columns only; None: all (fixed shapes)
+        self.visible: int | None = None
         self.prefilling = False  # the prefill (on an empty cache) attends to its own states only
-        self.storage: tuple[LayerStorage, int] | None = (
-            None  # (the cache's storage, this layer's index in it): full layers
-        )
+        # full layers: (the cache's storage, this layer's index in it)
+        self.storage: tuple[LayerStorage, int] | None = None
         self.in_storage = False  # whether keys and values are views of that storage
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -116,9 +113,7 @@ class StaticRowsLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         index, keys, values = self.write_index, key_states, value_states  # a ring layer's index holds slots already
-        if (
-            self.ring is not None and keys.shape[-2] > self.ring
-        ):  # only a prefill is wider than the ring: its newest columns stay
+        if self.ring is not None and keys.shape[-2] > self.ring:  # only a prefill is wider: its newest columns stay
             index, keys, values = index[:, :, -self.ring :], keys[:, :, -self.ring :], values[:, :, -self.ring :]
         self.keys.scatter_(2, index.expand_as(keys), keys)
         self.values.scatter_(2, index.expand_as(values), values)
@@ -176,12 +171,10 @@ class StaticRowsCache(Cache):
             layer.storage = (self.storage, i)
         self.rings = sorted({layer.ring for layer in self.layers if layer.ring is not None})
         self.has_rings = bool(self.rings)
-        self._write_buffers: dict[
-            tuple, torch.Tensor
-        ] = {}  # (ring or None, Q) -> (B, 1, Q, 1) long: a fixed buffer per width
-        self.inputs: dict[
-            tuple, torch.Tensor
-        ] = {}  # a compiled forward's inputs, one fixed buffer per name and shape (stage)
+        # (ring or None, Q) -> (B, 1, Q, 1) long: a fixed buffer per width
+        self._write_buffers: dict[tuple, torch.Tensor] = {}
+        # a compiled forward's inputs, one fixed buffer per name and shape (stage)
+        self.inputs: dict[tuple, torch.Tensor] = {}
         self.buckets: dict[int, BucketInputs] = {}  # without windowed layers: each bucket's inputs, edited step to step
         # what the model's masks depend on (read once by the cache's owner: asking the model walks its parameters)
         self.layer_windows = layer_windows
@@ -247,14 +240,22 @@ class StaticRowsCache(Cache):
             }
         return scratch_mask(self.rings[0])
 
-    def bucket_inputs(self, width: int, device: torch.device) -> BucketInputs:
-        """The fixed inputs of bucket ``width``'s forward (:class:`BucketInputs`)."""
+    def bucket_inputs(self, width: int, device: torch.device, rows=None, trees=None) -> dict:
+        """The inputs of bucket ``width``'s forward at their fixed addresses (:class:`BucketInputs`, edited in place
+        from the last step), filled for ``rows`` verifying ``trees`` (``None``: a warm-up's dummies); the cache then
+        writes at their write columns."""
         inputs = self.buckets.get(width)
         if inputs is None or inputs.device != torch.device(device) or inputs.host_mask.dtype != self.mask_dtype:
             inputs = self.buckets[width] = BucketInputs(
                 self.num_rows, width, self.max_cache_len, self.mask_dtype, device
             )
-        return inputs
+        self.set_visible(None)
+        if rows is None:
+            inputs.fill_warm_up()
+        else:
+            inputs.fill(rows, trees)
+        self.use_write_index(inputs.write_index)
+        return inputs.inputs()
 
     def use_write_index(self, index: torch.Tensor) -> None:
         """The next forward writes at ``index`` `(B, 1, Q, 1)` (every layer: a cache without rings)."""
@@ -352,7 +353,7 @@ class StaticRowsCache(Cache):
                 own.values = layer.values[row : row + 1, :, start:stop]
             elif (
                 layer.is_initialized
-            ):  # a ring: the newest window - 1 columns, in order (copies), as a trimmed sliding layer
+            ):  # a ring: the newest window - 1 columns, in order (copies), a trimmed sliding layer
                 slots = torch.arange(max(start, stop - layer.window + 1), stop, device=layer.keys.device) % layer.ring
                 own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
                 own.keys = layer.keys[row : row + 1].index_select(2, slots)
@@ -398,9 +399,7 @@ class BucketInputs:
         cuda = self.device.type == "cuda"
         self.blocked = blocked_bits(dtype)
         self.host_mask = torch.zeros(batch, 1, width, length, dtype=dtype, pin_memory=cuda)
-        self.host_packed = torch.zeros(
-            3, batch, width, dtype=torch.long, pin_memory=cuda
-        )  # ids, positions, write columns
+        self.host_packed = torch.zeros(3, batch, width, dtype=torch.long, pin_memory=cuda)  # ids, positions, writes
         self.mask_bits, self.packed = self.host_mask.view(BITS[dtype.itemsize]).numpy(), self.host_packed.numpy()
         self.attention_mask = self.host_mask.to(device) if cuda else self.host_mask
         self.all_packed = self.host_packed.to(device) if cuda else self.host_packed
@@ -485,21 +484,14 @@ class BucketInputs:
         self._send()
 
     def tree_block(self, parents: list[int]) -> tuple:
-        """The mask block of a tree over its own columns, as bits `(Q, Q)`, and each query's depth (``Q`` entries).
-
-        Query 0 is the last accepted token, query ``1 + i`` node ``i``: each sees its ancestors-or-self (SpecInfer);
-        a dummy query ``j > N`` sees only its own column. Depths: 0 for the last token, ``1 + depth(i)`` for node ``i``,
-        0 for dummies. Kept per tree shape: a drafter repeats its shapes."""
+        """A tree's :func:`~hf_specdraft.core.tree.verify_block` as mask bits `(Q, Q)`, and its queries' depths; kept
+        per tree shape: a drafter repeats its shapes."""
         key = tuple(parents)
         found = self.blocks.get(key)
         if found is not None:
             return found
-        width, n = self.width, len(parents)
-        ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in parents])  # the last token as the root
-        block = torch.full((width, width), self.blocked, dtype=BITS[self.host_mask.element_size()])
-        block[: 1 + n, : 1 + n].masked_fill_(ancestors, 0)
-        block.diagonal()[1 + n :] = 0
-        depths += [0] * (width - 1 - n)
+        seen, depths = verify_block(parents, self.width)
+        block = torch.full(seen.shape, self.blocked, dtype=BITS[self.host_mask.element_size()]).masked_fill_(seen, 0)
         if len(self.blocks) >= MAX_BLOCKS:
             self.blocks.clear()
         self.blocks[key] = found = (block.numpy(), depths)

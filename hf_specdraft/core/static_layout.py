@@ -41,7 +41,7 @@ from .rows import Row
 from .static_cache import StaticRowsCache
 from .support import no_logits_kwargs, with_cache
 from .target_state import prefill_states, rows_of
-from .tree import DraftTree, tree_buffers
+from .tree import DraftTree, verify_block
 from .verify import LayerWindows
 
 BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph each, captured on first use
@@ -224,20 +224,6 @@ class StaticLayout(CacheLayout):
         self.costs["widest_repacked"] = self.costs["holes_columns"] = cache.max_cache_len
         return time.perf_counter() - started
 
-    def compile_drafts(self, rows: list[Row], generation_config: GenerationConfig) -> None:
-        """On the compiled path of a batch-1 call, each drafter that can (``compiles_draft``) drafts on a static cache
-        of its own, compiled like this one (:mod:`~hf_specdraft.core.draft_cache`); one whose draft another thread's
-        call holds drafts eagerly."""
-        if not (self.compiled and self.one_row):
-            return
-        for row in rows:
-            if row.traits.compiles_draft:
-                try:
-                    made = row.generator.compile_draft(generation_config, self.compile_config, self.cache)
-                except StaticCacheBusy:
-                    continue
-                self.drafts.extend(made if isinstance(made, list) else [made])
-
     def linears(self):
         """Eager, the target's few-row linears (:class:`~hf_specdraft.core.layouts.CacheLayout`); compiled, its own
         kernels."""
@@ -247,10 +233,20 @@ class StaticLayout(CacheLayout):
         """The controller weighs each γ at the cost of its bucket, and never drafts past the widest."""
         return min(longest, self.max_nodes // int(widest)), self.bucket, (self.compiled, self.max_nodes)
 
-    def before_steps(self, request) -> None:
+    def before_steps(self, rows: list[Row], request, generation_config: GenerationConfig) -> None:
         """Every bucket compiles (and on CUDA is captured) before the first step of the first call, so no step ever
-        compiles, whatever tree a drafter proposes, in this call or a later one; the drafts' buckets too."""
+        compiles, whatever tree a drafter proposes, in this call or a later one. On the compiled path of a batch-1 call,
+        each drafter that can (``compiles_draft``) drafts on a static cache of its own, compiled like this one
+        (:mod:`~hf_specdraft.core.draft_cache`), its buckets warmed up too; one whose draft another thread's call holds
+        drafts eagerly."""
         self.warm_up(self.buckets[-1], request.kwargs)
+        for row in rows if self.compiled and self.one_row else []:
+            if row.traits.compiles_draft:
+                try:
+                    made = row.generator.compile_draft(generation_config, self.compile_config, self.cache)
+                except StaticCacheBusy:
+                    continue
+                self.drafts.extend(made if isinstance(made, list) else [made])
         for draft in self.drafts:
             draft.prepare()
 
@@ -308,13 +304,10 @@ class StaticLayout(CacheLayout):
         would write NaN states, which a later full-buffer forward multiplies by its zero weights)."""
         cache, device = self.cache, self.device
         batch, length = cache.num_rows, cache.max_cache_len
-        cache.set_visible(None)
         if not cache.windowed:  # the very buffers the bucket's steps fill
             inputs = cache.bucket_inputs(width, device)
-            inputs.fill_warm_up()
-            cache.use_write_index(inputs.write_index)
-            inputs = inputs.inputs()
         else:
+            cache.set_visible(None)
             cache.set_write_columns([length - width] * batch, width, device, scratch=True)
             own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
             positions = torch.zeros(batch, width, dtype=torch.long)
@@ -358,14 +351,10 @@ class StaticLayout(CacheLayout):
         width = self.bucket(1 + max(len(tree) for tree in trees))
         if self.compiled and graph_key(width, extra) not in self.cache.warmed:
             self.warm_up(width, extra)  # a bucket no warm-up covered: compiled here (safe mid-call), its time reported
-        if self.compiled and not self.cache.windowed:
-            self.cache.set_visible(None)
-            inputs = self.cache.bucket_inputs(width, rows[0].device)  # edited in place from the last step
-            inputs.fill(rows, trees)
-            self.cache.use_write_index(inputs.write_index)
-            inputs = inputs.inputs()
-        else:
+        if not self.compiled or self.cache.windowed:
             inputs = self._verify_inputs(rows, trees, width)
+        else:
+            inputs = self.cache.bucket_inputs(width, rows[0].device, rows, trees)
         # the active rows' slots, sent before the forward (no sync either way)
         index = to_device([row.index for row in rows], rows[0].device) if len(rows) < self.cache.num_rows else None
         (logits, hidden), ids = self._forward(extra, **inputs), inputs["input_ids"]
@@ -394,20 +383,17 @@ class StaticLayout(CacheLayout):
                 mask[b, 0].diagonal()[:width] = 0
         for row, tree in zip(rows, trees):
             b, n, start = row.index, len(tree), len(row.tokens) - 1
-            ancestors, depth = tree_buffers(
-                [-1] + [0 if p < 0 else p + 1 for p in tree.parent_list]
-            )  # the last token as root
+            block, depths = verify_block(tree.parent_list, width)
             ids[b][0] = row.tokens[-1]
             if tree.token_list is not None:
                 ids[b][1 : 1 + n] = tree.token_list
             elif n:
                 on_device.append((b, tree))
             cached = start - row.pad
-            positions[b] = [cached + d for d in depth] + [cached] * (width - 1 - n)
+            positions[b] = [cached + d for d in depths]
             starts[b] = start
             mask[b, 0, :, row.pad : start] = 0
-            mask[b, 0, : 1 + n, start : start + 1 + n].masked_fill_(ancestors, 0)
-            mask[b, 0].diagonal(start)[1 + n : width] = 0  # dummy nodes see only themselves
+            mask[b, 0, :, start : start + width].masked_fill_(block, 0)
             if keys is not None:
                 keys[b] -= row.pad
                 keys[b, start : start + width] = host_tensor(positions[b])
@@ -437,17 +423,17 @@ def graph_key(bucket: int, extra: dict | None):
     return bucket if not extra else (bucket, repr(sorted(extra.items())))
 
 
-def layout_for(model, generation_config: GenerationConfig, rows: list[Row]) -> CacheLayout:
-    """The call's cache layout: the static buffers (held by this call; a batch-1 draft compiles on its own static cache
-    where its drafter can, :meth:`StaticLayout.compile_drafts`), one unpadded row's own ``DynamicCache``, or a padded
-    batch's shared one."""
+@contextlib.contextmanager
+def layout_for(model, generation_config: GenerationConfig, rows: list[Row]):
+    """The call's cache layout, for the length of the call: the static buffers (held by this call,
+    :func:`static_call`), one unpadded row's own ``DynamicCache``, or a padded batch's shared one."""
     one_row = len(rows) == 1 and rows[0].pad == 0
-    if generation_config.cache_implementation != "static":
+    if generation_config.cache_implementation == "static":
+        with static_call(model):
+            yield static_target(model, generation_config, len(rows), one_row=one_row)
+    else:
         cache = croppable_cache(model) if not one_row else target_cache(model)  # repacked by index, or compacted
-        return OwnedRow(model, cache) if one_row else SharedBatch(model, cache)
-    static = static_target(model, generation_config, len(rows), one_row=one_row)
-    static.compile_drafts(rows, generation_config)
-    return static
+        yield OwnedRow(model, cache) if one_row else SharedBatch(model, cache)
 
 
 def static_target(

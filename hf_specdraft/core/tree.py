@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import torch
 
+from typing import TYPE_CHECKING
+
 from .host import host_tensor, stage
+
+if TYPE_CHECKING:  # the drafters' module builds on this one
+    from .drafting import DrafterTraits, TreeCandidateGenerator
 
 
 class DraftTree:
@@ -204,6 +209,37 @@ class DraftTree:
         return self.select(keep, [remap[self.parent_list[i]] if self.parent_list[i] >= 0 else -1 for i in keep])
 
 
+def fit_proposal(
+    tree: DraftTree,
+    generator: TreeCandidateGenerator,
+    vocab: int,
+    room: int,
+    traits: DrafterTraits,
+    max_nodes: int | None = None,
+) -> DraftTree:
+    """A proposal (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.draft_tree`'s) with duplicate siblings
+    merged (:meth:`DraftTree.merge_duplicates`: verification needs unique siblings), cut to ``room - 1`` levels
+    (``room``: tokens left before max_length; one is the target's own token) and its ids checked against the target's
+    vocabulary: on the host where the drafter gave them there, else when the step reads them back
+    (:func:`~hf_specdraft.core.loop.read_back`), or here for a drafter that may propose ids past the target's
+    vocabulary (a forward would fail on them before the read). Then its first ``max_nodes`` nodes (the static path's
+    widest bucket; topological order keeps each parent)."""
+    tree = tree.merge_duplicates().truncate_depth(room - 1)
+    if tree.token_list is not None:
+        check_vocab(tree.token_list, vocab, generator)
+    elif len(tree) and not traits.tokens_in_vocab:
+        check_vocab([int(tree.tokens.max()), int(tree.tokens.min())], vocab, generator)
+    if max_nodes is not None and len(tree) > max_nodes:
+        tree = tree.select(range(max_nodes), tree.parent_list[:max_nodes])
+    return tree
+
+
+def check_vocab(tokens: list[int], vocab: int, generator: TreeCandidateGenerator) -> None:
+    """A ``ValueError`` naming the drafter when a proposed token id lies outside the target's vocabulary."""
+    if any(not 0 <= t < vocab for t in tokens):
+        raise ValueError(f"{generator.name} proposed token ids outside the target's vocabulary [0, {vocab})")
+
+
 def tree_buffers(parents: list[int]) -> tuple[torch.Tensor, list[int]]:
     """:func:`build_tree_buffers` from host parents, in plain Python (a torch op per node costs more than the whole
     walk): the ancestor-or-self matrix `(N, N)` bool (host) and the depths."""
@@ -218,6 +254,19 @@ def tree_buffers(parents: list[int]) -> tuple[torch.Tensor, list[int]]:
     if not n:
         return torch.zeros(0, 0, dtype=torch.bool), depth
     return torch.frombuffer(flat, dtype=torch.bool).view(n, n), depth
+
+
+def verify_block(parents: list[int], width: int) -> tuple[torch.Tensor, list[int]]:
+    """What ``[last token] + tree`` sees of its own ``width`` columns in a verification forward padded to ``width``:
+    `(Q, Q)` bool (host), query 0 the last accepted token, query ``1 + i`` node ``i``, each seeing its ancestors-or-self
+    (SpecInfer), a dummy query ``j > N`` only its own column; and each query's depth (0 for the last token and the
+    dummies, ``1 + depth(i)`` for node ``i``), ``Q`` entries."""
+    n = len(parents)
+    ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in parents])  # the last token as the root
+    block = torch.zeros(width, width, dtype=torch.bool)
+    block[: 1 + n, : 1 + n] = ancestors
+    block.diagonal()[1 + n :] = True
+    return block, depths + [0] * (width - 1 - n)
 
 
 def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
