@@ -97,10 +97,9 @@ class MaxGramCandidateGenerator(TreeCandidateGenerator):
         max_match_length: int | None = 256,
     ):
         super().__init__()
-        num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens, start=MAX_GRAM_TOKENS)
+        self.num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens, start=MAX_GRAM_TOKENS)
         check_int("max_match_length", max_match_length, allow_none=True)
         self.bigram_table = check_bigram_table(bigram_table) if bigram_table is not None else None
-        self.num_draft_tokens = num_draft_tokens
         self.max_match_length = max_match_length
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:

@@ -56,18 +56,15 @@ def parameter_cost_coefficients(
 def _forward_seconds(model: PreTrainedModel, context: torch.Tensor, num_tokens: int, repeats: int) -> float:
     """Median seconds of one forward of ``num_tokens`` new tokens on a cache holding ``context``."""
     context = context.to(model.device)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     times = []
     for i in range(repeats + 2):  # 2 warm-up runs
-        cache = DynamicCache(config=model.config)
-        model(input_ids=context[None, :-num_tokens], **with_cache(model, cache), use_cache=True)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
+        kwargs = {**with_cache(model, DynamicCache(config=model.config)), "use_cache": True}
+        model(input_ids=context[None, :-num_tokens], **kwargs)
+        sync()
         start = time.perf_counter()
-        model(
-            input_ids=context[None, -num_tokens:], **with_cache(model, cache), use_cache=True, logits_to_keep=num_tokens
-        )
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
+        model(input_ids=context[None, -num_tokens:], **kwargs, logits_to_keep=num_tokens)
+        sync()
         if i >= 2:
             times.append(time.perf_counter() - start)
     return statistics.median(times)

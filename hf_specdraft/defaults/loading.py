@@ -6,7 +6,6 @@ bigram table); usage in the package docstring.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,7 @@ class DefaultBundle:
     draft: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
     path: Path
-    info: dict = field(default_factory=dict)  # recipe.json + training_log.json evaluation
+    info: dict = field(default_factory=dict)  # "target_description": what the bench's JSON calls the target
     extras: dict = field(default_factory=dict)  # more shipped drafters / tables, by bench name (e.g. "bigram_table")
 
 
@@ -129,12 +128,6 @@ def load_default(
     from ..glide import GlideForCausalLM
 
     draft_dtype = draft_dtype or dtype
-    info = {}
-    if (path / "recipe.json").is_file():
-        info["recipe"] = json.loads((path / "recipe.json").read_text())
-    if (path / "training_log.json").is_file():
-        log = json.loads((path / "training_log.json").read_text())
-        info["training_log"] = {k: v for k, v in log.items() if k not in ("target", "draft")}
     # the plain draft, the cascade's second, smaller one, and GLIDE and its vanilla twin, when trained for this target
     kinds = {
         "draft": ("draft", AutoModelForCausalLM),
@@ -145,5 +138,5 @@ def load_default(
     extras = shipped_extras(path, kinds, draft_dtype, device)
     target = AutoModelForCausalLM.from_pretrained(path / "target", dtype=dtype).to(device).eval()
     return DefaultBundle(
-        target, extras.pop("draft", None), AutoTokenizer.from_pretrained(path / "tokenizer"), path, info, extras
+        target, extras.pop("draft", None), AutoTokenizer.from_pretrained(path / "tokenizer"), path, {}, extras
     )
