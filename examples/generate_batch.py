@@ -34,9 +34,8 @@ def load(args):
         return bundle.target, bundle.tokenizer, bundle.extras["glide"]
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, device_map="auto")
-    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(
-        target.device
-    )  # hf_specdraft.glide (imported above) registers GLIDE
+    # hf_specdraft.glide (imported above) registers GLIDE
+    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(target.device)
     return target, AutoTokenizer.from_pretrained(args.target), glide
 
 
@@ -72,9 +71,8 @@ def main():
     reference, base = timed(lambda: target.generate(**batch, **kwargs))
     with few_token_linears(target):
         fast, fast_seconds = timed(lambda: target.generate(**batch, **kwargs))
-    drafter = GlideCandidateGenerator(
-        glide, num_draft_tokens=args.num_draft_tokens
-    )  # forked per row: one draft forward for all rows
+    # forked per row: one draft forward for all rows
+    drafter = GlideCandidateGenerator(glide, num_draft_tokens=args.num_draft_tokens)
     out, seconds = timed(
         lambda: target.generate(
             **batch,

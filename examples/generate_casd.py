@@ -27,11 +27,8 @@ def load(args):
         from hf_specdraft.defaults.tasks import build_tasks
 
         bundle, item = tiny_bundle(), build_tasks("context", count=1, seed=0)[0]
-        return (
-            bundle.target,
-            bundle.tokenizer,
-            (item.prompt, item.context, "{question}"),
-        )  # the prompt: only the code before the cut
+        # the prompt: only the code before the cut
+        return (bundle.target, bundle.tokenizer, (item.prompt, item.context, "{question}"))
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, device_map="auto")
     return model, AutoTokenizer.from_pretrained(args.model), (args.question, Path(args.context_file).read_text(), None)

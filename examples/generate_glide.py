@@ -24,9 +24,8 @@ def load(args):
         return bundle.target, bundle.tokenizer, bundle.extras["glide"]
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype, device_map="auto")
-    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(
-        target.device
-    )  # hf_specdraft.glide (imported above) registers GLIDE
+    # hf_specdraft.glide (imported above) registers GLIDE
+    glide = AutoModelForCausalLM.from_pretrained(args.glide, dtype=dtype).to(target.device)
     return target, AutoTokenizer.from_pretrained(args.target), glide
 
 

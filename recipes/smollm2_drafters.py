@@ -119,11 +119,8 @@ RECIPES: dict[str, GlideTrainingArguments] = {
     "glide-assistant": _recipe("glide-assistant"),
 }
 
-FINETUNE = {
-    "max_steps": 300,
-    "learning_rate": 5e-4,
-    "warmup_steps": 10,
-}  # stage 2: from stage 1's weights, on the target's own text
+# stage 2: from stage 1's weights, on the target's own text
+FINETUNE = {"max_steps": 300, "learning_rate": 5e-4, "warmup_steps": 10}
 
 
 def choose_draft_vocab(
@@ -245,9 +242,8 @@ def train_drafter(
     args = dataclasses.replace(args, seq_len=source.seq_len)
     start_from = GlideForCausalLM.from_pretrained(init_from, dtype=torch.float32) if init_from is not None else None
     vocab = draft_vocabulary(store, drafter["draft_vocab_size"], target, Path(args.output_dir), start_from, extra_vocab)
-    block_size = (
-        {} if args.block_size is None else {"block_size": max(args.block_sizes(1))}
-    )  # the config records the largest L
+    # the config records the largest L
+    block_size = {} if args.block_size is None else {"block_size": max(args.block_sizes(1))}
     model = build_drafter(target, vocab, drafter, seed=args.seed, **block_size)
     if start_from is not None:
         warm_start(model, start_from)
@@ -332,14 +328,8 @@ def earlier_checkpoint(directory: str | Path, kind: str) -> Path:
 
 def earlier_stages(log: dict) -> list[dict]:
     """The stages a fine-tune started from, oldest first: those ``log``'s run started from, then that run itself."""
-    keys = (
-        "steps",
-        "train_seconds",
-        "recipe",
-        "drafter",
-        "store_windows",
-        "store_tokens",
-    )  # "recipe": stages trained before train_glide
+    # "recipe": stages trained before train_glide
+    keys = ("steps", "train_seconds", "recipe", "drafter", "store_windows", "store_tokens")
     return [*training_stages(log)[:-1], {key: log[key] for key in keys if key in log}]
 
 

@@ -287,9 +287,8 @@ def train_default(
             # Both paths (fresh and resumed) continue from the saved bf16 checkpoint, so they match.
             model = LlamaForCausalLM.from_pretrained(output_dir / "target", dtype=torch.float32)
             start = time.time()
-            log["target"]["continuation"] = {
-                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")
-            }  # a cut-short run cannot be resumed again
+            # a cut-short run cannot be resumed again
+            log["target"]["continuation"] = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
             log_path.write_text(json.dumps(log, indent=1) + "\n")
             steps = train_lm(
                 model,
@@ -369,9 +368,8 @@ def evaluate_default(
                     model, data.tokenizer, corpus.heldout, recipe.seq_len, recipe.eval_windows // 4, recipe.seed
                 )
     windows = heldout_prompts(data.tokenizer, data.heldout_texts, recipe.eval_prompts, recipe.seed, continuation=64)
-    result["reference_repeat_fraction"] = round(
-        reference_repeat_fraction(windows), 4
-    )  # the held-out code's own repetition
+    # the held-out code's own repetition
+    result["reference_repeat_fraction"] = round(reference_repeat_fraction(windows), 4)
     result["eval_windows"] = int(eval_ids.shape[0])
     result["seq_len"] = recipe.seq_len
     if not math.isfinite(result["unigram_perplexity"]):

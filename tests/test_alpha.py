@@ -79,9 +79,8 @@ def test_position_acceptance_counts_judged_positions_only():
     wrong = speculative_generate(
         target, x, candidate_generator=OracleDrafter(ref, "wrong", k=4), max_new_tokens=20, return_dict_in_generate=True
     ).speculative_stats
-    assert (
-        wrong.num_steps == 20 and wrong.drafted_tokens == 16 * 4 + 3 + 2 + 1
-    )  # the last steps are cut to the length budget
+    # the last steps are cut to the length budget
+    assert wrong.num_steps == 20 and wrong.drafted_tokens == 16 * 4 + 3 + 2 + 1
     assert wrong.judged_tokens == 19  # one judged (rejected) position a step, not four; the last step drafts nothing
     assert wrong.position_acceptance_rate == wrong.accepted_per_drafted == 0.0
     right = speculative_generate(
@@ -99,9 +98,8 @@ def test_alpha_needs_a_chain_with_q():
         target, x, candidate_generator=OracleDrafter(ref, "tree", k=3), max_new_tokens=16, return_dict_in_generate=True
     ).speculative_stats
     assert tree.alpha is None and tree.alpha_positions == 0 and tree.alpha_by_position() == []
-    assert (
-        tree.position_acceptance_rate == tree.accepted_tokens / tree.judged_tokens > 0
-    )  # still defined for trees, per depth
+    # still defined for trees, per depth
+    assert tree.position_acceptance_rate == tree.accepted_tokens / tree.judged_tokens > 0
     repetitive = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]])
     lookup = speculative_generate(
         target,
@@ -225,8 +223,5 @@ def test_report_shows_older_files_accepted_per_drafted_under_its_own_name():
     }
     old = bench_section("old", {"meta": meta, "summary": {"glide": {"acceptance_rate": 0.123}}})
     row = next(line for line in old.splitlines() if line.startswith("| glide"))
-    assert row.split(" | ")[6:9] == [
-        "–",
-        "–",
-        "0.123",
-    ]  # α, acc/pos, acc/drafted (after tok/s, speedup, per-prompt range, vs +linears)
+    # α, acc/pos, acc/drafted (after tok/s, speedup, per-prompt range, vs +linears)
+    assert row.split(" | ")[6:9] == ["–", "–", "0.123"]

@@ -236,9 +236,8 @@ def test_architecture(model_type, one_thread):
         pytest.skip(SKIPPED[model_type])
     outcome = check_architecture(model_type)
     if status == "refused":
-        assert "refused" in outcome and f"'{model_type}" in outcome["refused"], (
-            outcome
-        )  # multimodal wrappers name their text model
+        # multimodal wrappers name their text model
+        assert "refused" in outcome and f"'{model_type}" in outcome["refused"], outcome
         return
     assert "refused" not in outcome, outcome
     assert outcome["right"] and outcome["wrong"] and outcome["tree"], outcome

@@ -96,9 +96,8 @@ def test_batched_drafting_drafts_what_each_row_drafts_alone(kind):
     }
     build = builders[kind]
     assert build().batch_drafter([build(), build()]) is not None  # drafters of one model propose together
-    assert (
-        DraftModelCandidateGenerator(target, 3).batch_drafter([DraftModelCandidateGenerator(target, 2)]) is None
-    )  # not other γs
+    # not other γs
+    assert DraftModelCandidateGenerator(target, 3).batch_drafter([DraftModelCandidateGenerator(target, 2)]) is None
     rows, ids, mask = padded_batch(lengths=(7, 2, 5))
     batched = speculative_generate(
         target, ids, attention_mask=mask, candidate_generator=build(), max_new_tokens=16, return_dict_in_generate=True
@@ -385,9 +384,8 @@ def test_batch_forwards_counted_once_and_per_row():
     draft = tiny_model("llama", seed=3, num_hidden_layers=1)
     rows, ids, mask = padded_batch()
     drafter = DraftModelCandidateGenerator(draft, 3)
-    assert (
-        drafter.batch_drafter([drafter.fork(), drafter.fork()]).device == draft.device
-    )  # draft inputs go to the draft's device
+    # draft inputs go to the draft's device
+    assert drafter.batch_drafter([drafter.fork(), drafter.fork()]).device == draft.device
     out = speculative_generate(
         target,
         ids,
@@ -438,9 +436,8 @@ def test_repack_skips_layers_that_hold_nothing():
     cache.layers = [full, empty]
     repack_cache(cache, [torch.tensor([1, 3]), torch.tensor([2])], torch.tensor([0, 1]))
     assert torch.equal(full.keys[0, 0], torch.arange(24, dtype=torch.float).view(2, 4, 3)[0, [1, 3]])
-    assert torch.equal(
-        full.keys[1, 0], torch.arange(24, dtype=torch.float).view(2, 4, 3)[1, [2, 2]]
-    )  # left slot: a masked copy
+    # left slot: a masked copy
+    assert torch.equal(full.keys[1, 0], torch.arange(24, dtype=torch.float).view(2, 4, 3)[1, [2, 2]])
     assert empty.keys is None
 
 

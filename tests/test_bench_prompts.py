@@ -151,9 +151,8 @@ def test_second_turn_runs_with_the_first_turn_and_the_target_s_answer_in_context
     )[0, expected.shape[1] :].tolist()
     second = next(r for r in result["records"] if r["prompt"] == 1 and r["method"] == "target-only")
     assert second["tokens"] == reference
-    assert all(
-        r["tokens"] == second["tokens"] for r in result["records"] if r["prompt"] == 1 and "tokens" in r
-    )  # lossless baselines
+    # lossless baselines
+    assert all(r["tokens"] == second["tokens"] for r in result["records"] if r["prompt"] == 1 and "tokens" in r)
 
 
 def test_the_table_has_every_category_and_an_overall_row_against_every_baseline(tokenizer):
@@ -175,9 +174,8 @@ def test_the_table_has_every_category_and_an_overall_row_against_every_baseline(
     for row in categories.values():
         for m in methods:
             cell = row["methods"][m]
-            assert (
-                cell["equals_target_only"] == 1.0 and cell["mal"] == cell["tokens_per_target_call"] > 0
-            )  # stock generate: per forward
+            # stock generate: per forward
+            assert cell["equals_target_only"] == 1.0 and cell["mal"] == cell["tokens_per_target_call"] > 0
             assert set(cell["speedup_vs"]) == set(methods) and cell["speedup_vs"][m] == pytest.approx(1.0)
     assert categories["overall"]["methods"]["target-only"]["speedup_vs_target_only"] == pytest.approx(1.0)
     for key in ("hardware", "dtype", "versions"):

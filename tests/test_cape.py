@@ -309,9 +309,8 @@ def test_budget_smaller_than_the_chain():
         CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 5), budget=4)
     target = tiny_model()
     x = prompt()
-    drafter = CapeCandidateGenerator(
-        ExpansionOracle(greedy_reference(target, x, 12), wrong_at=0, k=6), budget=4
-    )  # γ unknown up front
+    # γ unknown up front
+    drafter = CapeCandidateGenerator(ExpansionOracle(greedy_reference(target, x, 12), wrong_at=0, k=6), budget=4)
     with pytest.raises(ValueError, match="smaller than the drafted chain"):
         speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=12)
 

@@ -48,9 +48,8 @@ def test_template_loop_is_lossless(arch, draft_kind):
 def test_template_loop_verifies_with_transposed_linears(monkeypatch):
     import hf_specdraft.core.projection as projection
 
-    monkeypatch.setattr(
-        projection, "transposed_is_faster", lambda weight, rows: True
-    )  # a CPU where W @ h.T wins (the AMD VMs)
+    # a CPU where W @ h.T wins (the AMD VMs)
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: True)
     target = tiny_model("qwen2")
     x = prompt()
     rows_seen, original = [], torch.matmul
@@ -126,9 +125,8 @@ def test_the_shipped_folder_is_made_of_the_core_s_own_files(tmp_path):
                 todo.append(f"{sibling}.py")
     assert imported == written, f"shipped but never imported: {sorted(written - imported)}"
     entry = (folder / "generate.py").read_text()
-    assert (
-        "speculative_generate" in entry and "past_key_values" not in entry
-    )  # the entry runs no forward: the core's loop does
+    # the entry runs no forward: the core's loop does
+    assert "speculative_generate" in entry and "past_key_values" not in entry
 
 
 FRESH_PROCESS = r'''

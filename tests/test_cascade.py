@@ -43,9 +43,8 @@ def make(setup: str, target, big, small, lenience):
     if setup == "max_gram":
         return MaxGramCandidateGenerator(TABLE)
     drafts = {"one_draft": [big], "two_drafts": [big, small], "target_then_small": [target, small]}[setup]
-    k_matrix = (
-        [[3, 10], [0, 10]] if len(drafts) == 1 else [[2, 3, 10], [0, 1, 10], [0, 0, 10]]
-    )  # small budgets: random drafts rarely agree
+    # small budgets: random drafts rarely agree
+    k_matrix = [[3, 10], [0, 10]] if len(drafts) == 1 else [[2, 3, 10], [0, 1, 10], [0, 0, 10]]
     return CascadeCandidateGenerator(drafts, k_matrix=k_matrix, lenience=lenience, bigram_table=TABLE)
 
 
@@ -82,9 +81,8 @@ def test_greedy_equals_target_greedy(arch, setup, lenience):
 
 def test_draft_equal_to_target_is_fully_accepted():
     target, _, _, x, ref = models("llama")
-    drafter = CascadeCandidateGenerator(
-        [target], k_matrix=[[4, 0], [0, 3]], num_draft_tokens=None
-    )  # the paper's budgets alone
+    # the paper's budgets alone
+    drafter = CascadeCandidateGenerator([target], k_matrix=[[4, 0], [0, 3]], num_draft_tokens=None)
     out = speculative_generate(
         target, x, candidate_generator=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True
     )
@@ -112,9 +110,8 @@ def test_auto_caps_the_cascade_every_step(arch):
 
 def test_sliding_window_draft_past_its_window():
     target, _, _, x, _ = models("llama")
-    draft = tiny_model(
-        "mistral", seed=3, num_hidden_layers=1, sliding_window=8
-    )  # its cache cannot roll back past 8 tokens
+    # its cache cannot roll back past 8 tokens
+    draft = tiny_model("mistral", seed=3, num_hidden_layers=1, sliding_window=8)
     drafter = CascadeCandidateGenerator([draft], k_matrix=[[3, 10], [0, 10]], bigram_table=TABLE)
     out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=24)
     assert torch.equal(out, greedy_reference(target, x, 24))
@@ -147,9 +144,8 @@ def test_lenient_sampling_review_follows_section_3_1():
         / trials
     )
     assert strict == pytest.approx(0.1 / 0.5, abs=0.03) and lenient == pytest.approx(0.3 / 0.5, abs=0.03)
-    assert all(
-        lenient_review_sampling(p, torch.tensor([2]), torch.tensor([0.5]), 2.0, g)[0] == 1 for _ in range(50)
-    )  # 0.5 <= 2 * 0.3
+    # 0.5 <= 2 * 0.3
+    assert all(lenient_review_sampling(p, torch.tensor([2]), torch.tensor([0.5]), 2.0, g)[0] == 1 for _ in range(50))
     mag = (
         sum(
             lenient_review_sampling(p, torch.tensor([1]), torch.tensor([float("inf")]), 100.0, g)[0]
@@ -159,9 +155,8 @@ def test_lenient_sampling_review_follows_section_3_1():
     )
     assert mag == pytest.approx(0.6, abs=0.03)
     rejected_next = [lenient_review_sampling(p, torch.tensor([1]), torch.tensor([0.9]), 1.0, g) for _ in range(300)]
-    assert all(
-        token != 1 for n, token in rejected_next if n == 0
-    )  # the reviewer's own token after a rejection is another one
+    # the reviewer's own token after a rejection is another one
+    assert all(token != 1 for n, token in rejected_next if n == 0)
 
 
 @pytest.mark.slow  # 600 sampled runs (~50 s on 2 cores): CI runs it with -m slow

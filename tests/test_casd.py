@@ -181,13 +181,14 @@ def test_strict_equals_target_greedy(arch):
         out = speculative_generate(
             target, x, candidate_generator=generator, max_new_tokens=32, return_dict_in_generate=True
         )
+        # max_nodes="auto", the default: depth and budget per step
         auto = speculative_generate(
             target,
             x,
             candidate_generator=CasdCandidateGenerator(context),
             max_new_tokens=32,
             return_dict_in_generate=True,
-        )  # max_nodes="auto", the default: depth and budget per step
+        )
         assert torch.equal(auto.sequences, ref) and auto.speculative_stats.extra["draft_lengths"], name
         assert torch.equal(out.sequences, ref), name
         with_output = CasdCandidateGenerator(context, draft_from_output=True)
@@ -304,9 +305,8 @@ def test_mixed_rule_requires_top_k():
 
 def conditional_first_token(target, x, draft_token, threshold, eos=None):
     """The first generated token when CASD drafts ``draft_token`` right after the prompt."""
-    context = torch.cat(
-        [x[0, -2:], torch.tensor([draft_token])]
-    )  # the pool continues the prompt's last 2 tokens with it
+    # the pool continues the prompt's last 2 tokens with it
+    context = torch.cat([x[0, -2:], torch.tensor([draft_token])])
     generator = CasdCandidateGenerator(context, min_suffix_length=2)
     out = speculative_generate(
         target,

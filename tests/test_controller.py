@@ -43,10 +43,8 @@ def test_the_rule_is_the_stated_ratio():
     controller = DraftLengthController(4)
     controller.verify = {2: 0.02, 4: 0.03}
     controller.draft_per_token = 0.001
-    controller.tries, controller.hits = (
-        [[1e6] * 4],
-        [[0.5e6] * 4],
-    )  # one width option: a chain drafter; the prior weighs nothing
+    # one width option: a chain drafter; the prior weighs nothing
+    controller.tries, controller.hits = ([[1e6] * 4], [[0.5e6] * 4])
     assert controller.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
     assert controller.rate(3) == pytest.approx((1 + 0.5 + 0.25 + 0.125) / (3 * 0.001 + 0.03))
     assert controller.verify_seconds(3) == pytest.approx(0.025)  # on the line through the measured lengths
@@ -99,12 +97,10 @@ def test_auto_is_the_default_and_lossless(arch, kind):
         )
         assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     lengths = out.speculative_stats.extra["draft_lengths"]
-    assert lengths[:2] == [1, 3] and all(
-        1 <= g <= 8 for g in lengths[:-1]
-    )  # two points of the cost curve first, then chosen
-    assert (
-        0 <= lengths[-1] <= 8
-    )  # the last step drafts what room max_new_tokens leaves (a confidence-stopped one records it)
+    # two points of the cost curve first, then chosen
+    assert lengths[:2] == [1, 3] and all(1 <= g <= 8 for g in lengths[:-1])
+    # the last step drafts what room max_new_tokens leaves (a confidence-stopped one records it)
+    assert 0 <= lengths[-1] <= 8
 
 
 def test_cape_over_an_auto_drafter_is_adaptive_and_lossless(arch):
@@ -130,9 +126,8 @@ def test_cape_over_an_auto_drafter_is_adaptive_and_lossless(arch):
     assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     lengths = out.speculative_stats.extra["draft_lengths"]
     assert lengths[:2] == [1, 3]
-    assert all(
-        s.tree_size <= 2 * g for s, g in zip(out.speculative_stats.steps, lengths)
-    )  # budget 'auto': at most twice the chain
+    # budget 'auto': at most twice the chain
+    assert all(s.tree_size <= 2 * g for s, g in zip(out.speculative_stats.steps, lengths))
     assert drafter.adaptive_budget and len(requests) == len(lengths)  # each step's γ and budget, in its request
     assert all(r.budget in (r.num_draft_tokens, 2 * r.num_draft_tokens) for r in requests)
     fixed = CapeCandidateGenerator(GlideCandidateGenerator(glide_for(target), num_draft_tokens=2), budget=3)
@@ -203,23 +198,19 @@ def test_adaptive_drafts_always_right_and_always_wrong_stay_lossless(arch, mode,
     out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=40, return_dict_in_generate=True)
     assert torch.equal(out.sequences, reference)
     lengths = out.speculative_stats.extra["draft_lengths"]
-    assert (
-        [s.drafted for s in out.speculative_stats.steps[:2]] == lengths[:2] == [1, 3]
-    )  # the oracle drafts what it is told
+    # the oracle drafts what it is told
+    assert [s.drafted for s in out.speculative_stats.steps[:2]] == lengths[:2] == [1, 3]
     if mode == "right":  # every draft accepted: the controller drafts long
         assert max(lengths) >= 4 and all(s.accepted == s.drafted for s in out.speculative_stats.steps)
     else:  # nothing accepted: it settles on the shortest draft
-        assert (
-            max(set(lengths[2:]), key=lengths[2:].count) == 1 and out.speculative_stats.accepted_tokens == 0
-        )  # probes aside
+        # probes aside
+        assert max(set(lengths[2:]), key=lengths[2:].count) == 1 and out.speculative_stats.accepted_tokens == 0
 
 
 def test_a_rarely_drafted_position_is_read_near_the_one_before_it():
     controller = DraftLengthController(4)
-    controller.tries, controller.hits = (
-        [[100.0, 100.0, 1.0, 0.0]],
-        [[90.0, 90.0, 0.0, 0.0]],
-    )  # position 2 drafted once, rejected
+    # position 2 drafted once, rejected
+    controller.tries, controller.hits = ([[100.0, 100.0, 1.0, 0.0]], [[90.0, 90.0, 0.0, 0.0]])
     a = controller.acceptance()
     assert a[1] == pytest.approx(0.9, abs=0.01)
     assert a[2] == pytest.approx(a[1] / 2)  # one rejection against a prior of one pseudo-count at a_1: not 0
@@ -290,13 +281,14 @@ def test_a_second_call_starts_from_what_the_first_learned(steady_costs):
         ).speculative_stats.extra["controller_resumed"]
         is False
     )
+    # another batch size: its own costs
     batch = speculative_generate(
         target,
         torch.cat([x, x]),
         candidate_generator=AdaptiveOracle(reference, "right"),
         max_new_tokens=8,
         return_dict_in_generate=True,
-    )  # another batch size: its own costs
+    )
     assert batch.speculative_stats.extra["controller_resumed"] is False
     forget(target)
     third = speculative_generate(
@@ -342,19 +334,16 @@ def test_what_a_process_learned_is_kept_on_disk_for_the_next(tmp_path, monkeypat
     assert len(saved) == 1 and describe(target) in next(iter(saved)) and "AdaptiveOracle" in next(iter(saved))
     assert json.loads(json.dumps(saved)) == saved and MAX_ENTRIES >= 64
     ((key, entry),) = saved.items()
-    entry["state"]["verify"] = {
-        n: 0.01 + 0.0005 * int(n) for n in entry["state"]["verify"]
-    }  # an idle machine's costs: the
-    entry["state"]["verify_samples"] = {
-        n: 4 for n in entry["state"]["verify"]
-    }  # first run timed them under this suite's load
+    # an idle machine's costs: the
+    entry["state"]["verify"] = {n: 0.01 + 0.0005 * int(n) for n in entry["state"]["verify"]}
+    # first run timed them under this suite's load
+    entry["state"]["verify_samples"] = {n: 4 for n in entry["state"]["verify"]}
     entry["state"]["draft_per_token"] = 0.0005
     path.write_text(json.dumps(saved))
     store._MEMORY.clear()  # a new process
     resumed = run()
-    assert (
-        resumed["controller_resumed"] is True and resumed["draft_lengths"][0] == 8
-    )  # no probing: long from the first step
+    # no probing: long from the first step
+    assert resumed["controller_resumed"] is True and resumed["draft_lengths"][0] == 8
     assert list(store._PENDING) == list(saved)  # saved again within SAVE_EVERY: kept for the process's exit
     store._save_pending()
     assert not store._PENDING and json.loads(path.read_text()) != saved  # the newer state
@@ -397,9 +386,8 @@ def test_a_trees_confidences_are_judged_by_its_chain():
     not by the accepted path, which may run through an expansion token."""
     controller = DraftLengthController(4, widths=(1.0, 2.0))
     controller.option = 1
-    controller.observe(
-        2, [2], 0.002, 0.03, 5, on_chain=[0], confidences=[[0.95, 0.95]]
-    )  # the path left the chain at once
+    # the path left the chain at once
+    controller.observe(2, [2], 0.002, 0.03, 5, on_chain=[0], confidences=[[0.95, 0.95]])
     assert controller.bin_tries[9] == 1 and controller.bin_hits[9] == 0
     chain = DraftLengthController(4)
     chain.observe(2, [2], 0.002, 0.03, 3, confidences=[[0.95, 0.95]])  # a chain: its accepted tokens are its own
@@ -448,9 +436,8 @@ def test_the_confidence_bins_learn_what_a_confidence_is_worth():
     assert controller.accepted_given(0.95) == pytest.approx(0.95)  # the prior: a calibrated draft
     for _ in range(50):  # tokens drafted at 0.95 are always rejected: this draft is overconfident
         controller.choose()
-        controller.keep_drafting(
-            [0.95]
-        )  # what the drafter asks after its token (the answer is not what this test checks)
+        # what the drafter asks after its token (the answer is not what this test checks)
+        controller.keep_drafting([0.95])
         controller.observe(1, [0], 0.001, 0.03, 2, confidences=[[0.95]])
     assert controller.accepted_given(0.95) < 0.1 and controller.accepted_given(0.5) == pytest.approx(0.55)
     controller.choose()
@@ -487,9 +474,8 @@ def test_confidence_stops_stay_lossless(arch, kind):
     assert asked and all(0.0 <= c <= 1.0 for cs in asked for c in cs)  # the draft asked, with its tokens' probabilities
     assert [s.drafted for s in steps[:-1]] == lengths[: len(steps) - 1]  # the lengths recorded are the ones drafted
     drafted = [s.drafted for s in steps[:-1] if not s.copied]  # a copy from the text may run to 16 (copy_length)
-    assert (
-        all(1 <= d <= 8 for d in drafted) and min(drafted) < 8 and all(s.drafted <= 16 for s in steps)
-    )  # stopped before the cap
+    # stopped before the cap
+    assert all(1 <= d <= 8 for d in drafted) and min(drafted) < 8 and all(s.drafted <= 16 for s in steps)
 
 
 def test_the_stop_rule_goes_with_its_call_and_under_cape_stops_the_chain_alone():
@@ -498,9 +484,8 @@ def test_the_stop_rule_goes_with_its_call_and_under_cape_stops_the_chain_alone()
     target = tiny_model()
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(7))
     glide = GlideCandidateGenerator(glide_for(target))
-    speculative_generate(
-        target, x, candidate_generator=glide, max_new_tokens=12
-    )  # measured: the next call's drafts stop
+    # measured: the next call's drafts stop
+    speculative_generate(target, x, candidate_generator=glide, max_new_tokens=12)
     calls = []
 
     def fail(self, request):
@@ -546,13 +531,11 @@ def test_the_stop_rule_goes_with_its_call_and_under_cape_stops_the_chain_alone()
     assert len(stopped) >= len(steps) - 2  # every step but the first call's two probes stops on its confidence
     alone = [step for budget, gamma, step in stopped if budget == gamma]
     widened = [step for budget, gamma, step in stopped if budget == 2 * gamma]
-    assert (
-        len(alone) + len(widened) == len(stopped) and alone and widened
-    )  # both widths run, each a tree of its own size
+    # both widths run, each a tree of its own size
+    assert len(alone) + len(widened) == len(stopped) and alone and widened
     assert all(step.tree_size == step.drafted for step in alone)  # the chain alone: no expansion set
-    assert all(
-        step.drafted <= step.tree_size <= 2 * step.drafted for step in widened
-    )  # sets fill twice the stopped chain
+    # sets fill twice the stopped chain
+    assert all(step.drafted <= step.tree_size <= 2 * step.drafted for step in widened)
 
 
 def test_a_tree_drafters_widths_are_weighed_by_what_their_stopped_steps_realized():
@@ -570,9 +553,8 @@ def test_a_tree_drafters_widths_are_weighed_by_what_their_stopped_steps_realized
         assert 0.75 < options.count(expect) / len(options) < 0.95 and options[-8:].count(1 - expect) == 1
         controller.option = 1
         controller._stop_on_confidence()
-        assert controller._draft_costs[2] == pytest.approx(
-            2 * 0.001 + controller.verify_seconds(5)
-        )  # 2 chain tokens, 4 nodes
+        # 2 chain tokens, 4 nodes
+        assert controller._draft_costs[2] == pytest.approx(2 * 0.001 + controller.verify_seconds(5))
 
 
 def test_a_drafter_that_never_asks_is_given_gamma_again():
@@ -675,9 +657,8 @@ def test_a_copy_is_sized_by_how_often_copies_were_right():
     from hf_specdraft.core.controller import COPY_START, EXPLORE_EVERY
 
     unmeasured = DraftLengthController(8, max_copy_tokens=16)
-    assert (
-        unmeasured.copy_length(12, 40) == COPY_START and unmeasured.copy_length(3, 2) == 2
-    )  # no cost curve yet; the text's end
+    # no cost curve yet; the text's end
+    assert unmeasured.copy_length(12, 40) == COPY_START and unmeasured.copy_length(3, 2) == 2
     cost = lambda n: 0.030 + 0.004 * n  # noqa: E731 (seconds of an n-token forward)
     controller = measured(DraftLengthController(8, max_copy_tokens=16), cost)
     controller.verify.update({n: cost(n) for n in range(10, 18)})
@@ -685,9 +666,8 @@ def test_a_copy_is_sized_by_how_often_copies_were_right():
         controller.choose()
         n = controller.copy_length(20, 40)
         controller.observe(n, [n], 0.0, cost(n + 1), n + 1, copied=True)
-    assert (
-        controller.copy_length(20, 40) == 16 and controller.copy_length(20, 5) == 5
-    )  # the longest copy, or what the text has
+    # the longest copy, or what the text has
+    assert controller.copy_length(20, 40) == 16 and controller.copy_length(20, 5) == 5
     for _ in range(30):  # short matches: the first copied token right, the second never
         controller.choose()
         n = controller.copy_length(3, 40)
@@ -744,9 +724,8 @@ def test_a_state_saved_before_copies_were_learned_is_still_read():
     state = {name: getattr(old, name) for name in _CARRIED if not name.startswith("copy_")}
     fresh = DraftLengthController(8)
     assert _restore(fresh, json_round_trip(state)) and fresh.verify == old.verify and fresh.copy_tries == old.copy_tries
-    assert not _restore(
-        DraftLengthController(8), json_round_trip({**state, "copy_hits": [[1.0]]})
-    )  # a broken field still fails
+    # a broken field still fails
+    assert not _restore(DraftLengthController(8), json_round_trip({**state, "copy_hits": [[1.0]]}))
 
 
 def json_round_trip(state: dict) -> dict:
@@ -762,9 +741,8 @@ def test_one_slow_forward_does_not_make_every_longer_draft_look_dear():
     controller = measured(DraftLengthController(8), lambda n: 0.030 + 0.002 * n)
     controller.verify[3] = 1.6
     curve = [controller.verify_seconds(n) for n in range(1, 13)]
-    assert curve[2] == pytest.approx(0.038) and curve[5] == pytest.approx(
-        0.042
-    )  # v(3) read at v(4)'s; v(6) as measured
+    # v(3) read at v(4)'s; v(6) as measured
+    assert curve[2] == pytest.approx(0.038) and curve[5] == pytest.approx(0.042)
     assert curve == sorted(curve) and curve[11] >= curve[8]  # past the longest measured width: the line, never below it
     controller.confidence_stops = False
     assert controller.choose() >= 2  # the slow 3-token forward no longer keeps γ at 1

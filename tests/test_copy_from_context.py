@@ -134,9 +134,8 @@ def test_bad_copy_values_are_refused_by_name(setup):
     plain = tiny_model("llama", seed=3, num_hidden_layers=1)
     with pytest.raises(ValueError, match=r"copy_from_context=2: a 'llama' draft model does not copy from the context"):
         speculative_generate(target, ids, draft_model=plain, copy_from_context=2, max_new_tokens=4)
-    out = speculative_generate(
-        target, ids, draft_model=plain, copy_from_context=False, max_new_tokens=4
-    )  # nothing to turn off
+    # nothing to turn off
+    out = speculative_generate(target, ids, draft_model=plain, copy_from_context=False, max_new_tokens=4)
     assert out.shape[1] == ids.shape[1] + 4
     assert GlideDraftingConfig(copy_from_context=False).copy_from_context == 0
     assert GlideDraftingConfig(copy_from_context=True).copy_from_context == GlideDraftingConfig().copy_from_context
@@ -211,9 +210,8 @@ def test_a_one_token_match_is_copied_only_where_the_controller_weighs_the_copy(s
     auto = GlideCandidateGenerator(glide)  # the default call's drafter: "auto", copying from one-token matches
     tree = auto.copy_from_text(DraftRequest(one, copy_rule=rule))
     assert asked == [1] and tree is not None and tree.tokens.tolist() == [9, 3]
-    assert (
-        auto.copy_from_text(DraftRequest(one, copy_rule=lambda match, available: 0)) is None
-    )  # declined: GLIDE drafts
+    # declined: GLIDE drafts
+    assert auto.copy_from_text(DraftRequest(one, copy_rule=lambda match, available: 0)) is None
     fixed = GlideCandidateGenerator(glide, num_draft_tokens=2)  # no controller weighs a copy: a match of 2 at least
     assert fixed.copy_from_text(DraftRequest(one)) is None
     assert fixed.copy_from_text(DraftRequest(two)).tokens.tolist() == [9, 3]

@@ -50,13 +50,11 @@ def test_tiny_recipe_trains_and_loads(tiny_default):
     assert check_recipe(path)
     text = "def add(a, b):\n    return a + b\n"
     assert bundle.tokenizer.decode(bundle.tokenizer(text).input_ids) == text  # byte-level BPE round trip
-    assert (
-        bundle.target.config.num_key_value_heads < bundle.target.config.num_attention_heads
-    )  # grouped-query attention
+    # grouped-query attention
+    assert bundle.target.config.num_key_value_heads < bundle.target.config.num_attention_heads
     assert bundle.draft is not None
-    assert bundle.extras["bigram_table"].shape == (
-        len(bundle.tokenizer),
-    )  # Max-Gram's fallback, built from the same stream
+    # Max-Gram's fallback, built from the same stream
+    assert bundle.extras["bigram_table"].shape == (len(bundle.tokenizer),)
 
 
 @pytest.mark.slow  # ~28 s: trains the tiny target's continuation twice
@@ -87,9 +85,8 @@ def test_resume_target_runs_only_the_continuation(tiny_default, corpus, tmp_path
     with pytest.warns(UserWarning, match="trained on the previous target"):  # the tiny run has GLIDE drafters
         log = train_default(recipe, run, parts=("target",), corpus=corpus, resume_target=True)
     assert log["target"]["steps"][-1]["step"] == 30 and log["target"]["continuation"]["steps"][-1]["step"] == 4
-    assert (
-        "started" in json.loads((run / "training_log.json").read_text())["target"]["continuation"]
-    )  # written before training
+    # written before training
+    assert "started" in json.loads((run / "training_log.json").read_text())["target"]["continuation"]
     after = load_file(run / "target" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert json.loads((run / "recipe.json").read_text())["hash"] == recipe.hash()
@@ -97,9 +94,8 @@ def test_resume_target_runs_only_the_continuation(tiny_default, corpus, tmp_path
         ValueError, match="finished first stage"
     ):  # the continuation already ran (or started and was cut short)
         train_default(recipe, run, parts=("target",), corpus=corpus, resume_target=True)
-    assert get_recipe("tiny").to_dict().keys() == recipe.to_dict().keys() - {
-        "target_continuation"
-    }  # other recipes keep their hashes
+    # other recipes keep their hashes
+    assert get_recipe("tiny").to_dict().keys() == recipe.to_dict().keys() - {"target_continuation"}
 
 
 def test_load_default_rejects_other_directories(tmp_path):
@@ -137,12 +133,10 @@ def test_task_builders(task, corpus):
     heldout = {f.name for f in corpus.heldout}
     assert all(i.source in heldout and i.prompt and i.reference for i in items)
     if task == "context":
-        assert all(
-            i.prompt in i.context and len(i.context) > len(i.prompt) for i in items
-        )  # the pool sees more than the prompt
-        longer = build_tasks(
-            task, count=100, seed=0, corpus=corpus, context_prompt_chars=10**9
-        )  # the whole file before the cut
+        # the pool sees more than the prompt
+        assert all(i.prompt in i.context and len(i.context) > len(i.prompt) for i in items)
+        # the whole file before the cut
+        longer = build_tasks(task, count=100, seed=0, corpus=corpus, context_prompt_chars=10**9)
         assert [(i.source, i.reference, i.context) for i in longer] == [
             (i.source, i.reference, i.context) for i in items
         ]
@@ -182,9 +176,8 @@ def test_bench_json_schema(tiny_default, tmp_path):
     saved = json.loads((tmp_path / "bench.json").read_text())
     dtype = str(bundle.target.dtype).removeprefix("torch.")  # float32 on CPU, bf16 where a GPU is visible
     assert saved["meta"]["versions"]["transformers"] and saved["meta"]["dtype"] == dtype and saved["meta"]["hardware"]
-    assert (
-        saved["meta"]["draft_dtypes"]["draft"] == dtype
-    )  # a recipes.training directory's drafts load at the target's dtype
+    # a recipes.training directory's drafts load at the target's dtype
+    assert saved["meta"]["draft_dtypes"]["draft"] == dtype
     assert set(saved["summary"]) == set(config.methods)
     for name, s in saved["summary"].items():
         assert s["equals_target_only"] == 1.0, name  # every baseline here is lossless
@@ -326,10 +319,11 @@ def test_drafter_cards_record_measured_numbers(tiny_default, tmp_path):
     assert "CPU, float32 (drafters bfloat16)" in cards[0].read_text()
     assert cards == [run / "glide" / "README.md", run / "vanilla" / "README.md"]
     glide_card = cards[0].read_text()
+    # the row names its settings
     assert (
         "- glide+cape (GLIDE γ=" in glide_card
         and "α (1 - TV(p, q)) 0.250, accepted / judged positions 0.500, mean accepted length 3.000" in glide_card
-    )  # the row names its settings
+    )
     assert "not measured yet" not in glide_card
     assert "draft steps 1 / 2 / 3, each given the earlier ones: 0.500 / 0.600 / 0.700; α at step 1 0.450" in glide_card
     assert "draft steps 1 / 2 / 3" not in cards[1].read_text()  # the vanilla drafter was not in that study
@@ -347,10 +341,8 @@ def test_bench_config_errors():
     for bad in (0, -5, True, "all"):
         with pytest.raises(ValueError, match="context_prompt_chars"):
             BenchConfig(task="context", context_prompt_chars=bad)
-    assert (BenchConfig().context_prompt_chars, BenchConfig(profile="gpu").context_prompt_chars) == (
-        3000,
-        1400,
-    )  # SmolLM2 reads 8K; the gpu target 512-token windows
+    # SmolLM2 reads 8K; the gpu target 512-token windows
+    assert (BenchConfig().context_prompt_chars, BenchConfig(profile="gpu").context_prompt_chars) == (3000, 1400)
 
 
 def run_cli(*args):

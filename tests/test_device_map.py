@@ -45,9 +45,8 @@ def results(saved):
     folder, _, glide, draft = saved
     target = spread(folder, CPU_SHARE)
     placed = target.hf_device_map
-    assert {placed.get("model.layers.0"), placed.get("model.layers.1")} == {"cpu", "disk"}, (
-        placed
-    )  # split inside the stack
+    # split inside the stack
+    assert {placed.get("model.layers.0"), placed.get("model.layers.1")} == {"cpu", "disk"}, placed
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the function-scoped one_thread fixture, which a module fixture runs before
     try:

@@ -133,16 +133,13 @@ def test_plots_from_synthetic_json(tmp_path):
     from benchmarks.report.plots import acceptance_by_position, expansion_size_counts, make_plots
 
     result = synthetic_result()
-    assert acceptance_by_position(result) == {
-        "draft-model": [0.8, 0.5, 0.25],
-        "glide+cape": [0.9, 0.6],
-    }  # mean over prompts that drafted that deep
+    # mean over prompts that drafted that deep
+    assert acceptance_by_position(result) == {"draft-model": [0.8, 0.5, 0.25], "glide+cape": [0.9, 0.6]}
     assert expansion_size_counts(result) == {"glide+cape": {1: 6, 3: 2, 5: 2, 7: 2}}
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "cpu-completion.json").write_text(json.dumps(result))
-    (tmp_path / "results" / "overhead-cpu.json").write_text(
-        json.dumps({"meta": {}, "ratio": 1.0})
-    )  # not a method table: no plots
+    # not a method table: no plots
+    (tmp_path / "results" / "overhead-cpu.json").write_text(json.dumps({"meta": {}, "ratio": 1.0}))
     written = make_plots(tmp_path / "results", tmp_path / "plots")
     assert sorted(p.name for p in written) == [
         "cpu-completion-acceptance.png",
@@ -160,9 +157,8 @@ def test_plots_from_synthetic_json(tmp_path):
 def test_report_embeds_plots(tmp_path, monkeypatch):
     from benchmarks.report.render import render, write_report
 
-    assert render(tmp_path / "results", checkpoint=tmp_path).startswith(
-        "# Benchmarks"
-    )  # no results, no plots: still renders
+    # no results, no plots: still renders
+    assert render(tmp_path / "results", checkpoint=tmp_path).startswith("# Benchmarks")
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
     (tmp_path / "benchmarks" / "results" / "cpu-completion.json").write_text(json.dumps(synthetic_result()))
     monkeypatch.chdir(tmp_path)

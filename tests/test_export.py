@@ -88,17 +88,15 @@ def test_the_export_computes_what_glide_computes_from_vllms_inputs(draft_vocab, 
             use_cache=False,
         )
         keys, values = cache.layers[-1].keys, cache.layers[-1].values
-        embed = target.get_input_embeddings()(text[:, t : t + 1]) * math.sqrt(
-            target.config.hidden_size
-        )  # as vLLM feeds it
+        # as vLLM feeds it
+        embed = target.get_input_embeddings()(text[:, t : t + 1]) * math.sqrt(target.config.hidden_size)
         theirs = served(
             inputs_embeds=torch.cat([embed, state], dim=-1),
             position_ids=torch.tensor([[t - 1]]),
             shared_kv_states={"full_attention": (keys, values), "sliding_attention": (keys, values)},
         )
-    torch.testing.assert_close(
-        theirs.last_hidden_state, ours.draft_state, atol=1e-5, rtol=1e-4
-    )  # the next step's state
+    # the next step's state
+    torch.testing.assert_close(theirs.last_hidden_state, ours.draft_state, atol=1e-5, rtol=1e-4)
     if draft_vocab is None:
         torch.testing.assert_close(theirs.logits, ours.logits, atol=1e-5, rtol=1e-4)
     else:
@@ -108,13 +106,11 @@ def test_the_export_computes_what_glide_computes_from_vllms_inputs(draft_vocab, 
         others[ids] = False
         suppressed = GenerationConfig.from_pretrained(out).suppress_tokens or []
         assert sorted(suppressed) == others.nonzero().flatten().tolist()
-        served_logits = theirs.logits.index_fill(
-            -1, torch.tensor(suppressed), -float("inf")
-        )  # vLLM's Gemma4MTP.compute_logits
+        # vLLM's Gemma4MTP.compute_logits
+        served_logits = theirs.logits.index_fill(-1, torch.tensor(suppressed), -float("inf"))
         assert torch.equal(served_logits.argmax(-1), ours.logits.argmax(-1))  # greedy: GLIDE's draft
-        assert bool(
-            (served_logits.softmax(-1)[..., others] == 0).all()
-        )  # sampled: no mass outside the draft vocabulary
+        # sampled: no mass outside the draft vocabulary
+        assert bool((served_logits.softmax(-1)[..., others] == 0).all())
     notes = json.loads((out / "export.json").read_text())
     assert bool(notes["approximations"]) == (draft_vocab is not None)
     assert (
@@ -224,6 +220,5 @@ def test_draft_model_refuses_an_export_and_names_the_glide_to_use(tmp_path, all_
         ValueError, match="exported for vLLM.*" + re.escape(f"GlideForCausalLM.from_pretrained('{tmp_path / 'glide'}')")
     ):
         speculative_generate(target, ids, draft_model=served, max_new_tokens=4)
-    assert (
-        speculative_generate(target, ids, draft_model=glide, max_new_tokens=4).shape[1] == 10
-    )  # the GLIDE itself drafts
+    # the GLIDE itself drafts
+    assert speculative_generate(target, ids, draft_model=glide, max_new_tokens=4).shape[1] == 10

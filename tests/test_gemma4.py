@@ -160,9 +160,8 @@ def test_assistant_through_draft_model_is_lossless(assistant, kwargs, one_thread
     target = gemma4_target()
     x = prompt()
     reference = greedy_reference(target, x, 20)
-    assert torch.equal(
-        greedy_reference(target, x, 20, assistant_model=assistant), reference
-    )  # transformers' own loop agrees
+    # transformers' own loop agrees
+    assert torch.equal(greedy_reference(target, x, 20, assistant_model=assistant), reference)
     out = speculative_generate(
         target, x, draft_model=assistant, max_new_tokens=20, return_dict_in_generate=True, **kwargs
     )

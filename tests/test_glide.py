@@ -116,9 +116,8 @@ def test_vanilla_drafter_is_lossless_and_has_no_cross_attention():
     assert sum(p.numel() for p in vanilla.parameters()) < sum(p.numel() for p in glide.parameters())
     x = prompt(6, seed=2)
     expected = greedy_reference(target, x, 16)
-    assert torch.equal(
-        target.generate(x, assistant_model=vanilla, max_new_tokens=16, do_sample=False), expected
-    )  # no attach needed
+    # no attach needed
+    assert torch.equal(target.generate(x, assistant_model=vanilla, max_new_tokens=16, do_sample=False), expected)
     out = speculative_generate(
         target, x, candidate_generator=GlideCandidateGenerator(vanilla, num_draft_tokens=3), max_new_tokens=16
     )
@@ -190,9 +189,8 @@ def test_block_mask_hides_the_current_block():
     target = tiny_model("mistral")
     glide = make_glide(target)
     x = prompt(15, seed=5)
-    kv = [
-        (layer.keys, layer.values) for layer in target_cache(target, torch.cat([x, x[:, :1]], 1)).layers
-    ]  # KV for all 15
+    # KV for all 15
+    kv = [(layer.keys, layer.values) for layer in target_cache(target, torch.cat([x, x[:, :1]], 1)).layers]
     with torch.no_grad():
         base = glide(x, target_past_key_values=kv, cross_attention_block_size=5).logits
         keys = kv[1][0].clone()
@@ -406,9 +404,8 @@ def fresh_process_result(tmp_path_factory):
         torch.save(glide(x, target_past_key_values=target_cache(target, x)).logits, root / "logits.pt")
     torch.save(x, root / "inputs.pt")
     (root / "check.py").write_text(FRESH_PROCESS)
-    done = run_without_hf_specdraft(
-        root, "check.py", timeout=600
-    )  # a fresh process under a 15-worker parallel run took > 120 s
+    # a fresh process under a 15-worker parallel run took > 120 s
+    done = run_without_hf_specdraft(root, "check.py", timeout=600)
     files = sorted(p.name for p in (root / "glide").iterdir())
     return (
         json.loads(done.stdout.rsplit("RESULT ", 1)[1]),

@@ -16,6 +16,7 @@ from hf_specdraft.glide.training.store import StoreWindows, compute_store
 def _drafter(target, cross_attention=True, layer=None, seed=1):
     torch.manual_seed(seed)
     extra = {} if layer is None else {"target_layer_ids": [layer]}
+    # a reduced vocabulary, as the shipped drafters have
     config = GlideConfig.from_target_config(
         target.config,
         hidden_size=32,
@@ -23,7 +24,7 @@ def _drafter(target, cross_attention=True, layer=None, seed=1):
         cross_attention=cross_attention,
         draft_token_ids=list(range(48)),
         **extra,
-    )  # a reduced vocabulary, as the shipped drafters have
+    )
     model = GlideForCausalLM(config).eval()
     if cross_attention:  # a glimpse that changes the output (an untrained one may start silent)
         torch.nn.init.normal_(model.model.layers[0].cross_attn.o_proj.weight, std=1.0)

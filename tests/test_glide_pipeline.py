@@ -158,9 +158,8 @@ def test_chat_dataset_regenerated_by_the_target_and_evaluated(target_dir, tmp_pa
     greedy = target.generate(
         torch.tensor([records[0]["prompt_ids"]]), max_new_tokens=8, do_sample=False, eos_token_id=2, pad_token_id=1
     )
-    assert (
-        records[0]["response_ids"] == greedy[0, len(records[0]["prompt_ids"]) :].tolist()
-    )  # the target's own greedy reply
+    # the target's own greedy reply
+    assert records[0]["response_ids"] == greedy[0, len(records[0]["prompt_ids"]) :].tolist()
     card = (tmp_path / "out" / "README.md").read_text()
     assert f"- α: {log['eval']['alpha']}" in card and f"- greedy agreement: {log['eval']['greedy_agreement']}" in card
     assert (
@@ -354,9 +353,8 @@ def test_token_files_hold_out_their_tail_for_the_evaluation(target_dir, tmp_path
     ]
     assert main(argv) == 0
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())
-    assert (
-        log["train_tokens_available"] == 1200 - 60 and log["eval"]["eval_positions"] == 32
-    )  # --eval-fraction 0.05 by default: 60 tokens, one window
+    # --eval-fraction 0.05 by default: 60 tokens, one window
+    assert log["train_tokens_available"] == 1200 - 60 and log["eval"]["eval_positions"] == 32
     assert "tokens_per_forward" in log["eval"]
 
 

@@ -34,9 +34,8 @@ def test_a_variant_changes_the_recipe_field_it_names(variant, field, value):
     assert epochs == (2 if variant.startswith("x2") else 1)
     untouched = {f.name for f in dataclasses.fields(args)} - {field, "max_steps", "warmup_steps"}
     assert all(getattr(args, name) == getattr(RECIPES["glide"], name) for name in untouched)
-    layers = (
-        {"num_hidden_layers", "target_layer_ids"} if variant.endswith("layers2") else {field}
-    )  # a second layer reads a layer too
+    # a second layer reads a layer too
+    layers = {"num_hidden_layers", "target_layer_ids"} if variant.endswith("layers2") else {field}
     assert {k: v for k, v in drafter.items() if k not in layers} == {
         k: v for k, v in DRAFTERS["glide"].items() if k not in layers
     }
@@ -99,9 +98,8 @@ def test_a_warm_started_drafter_extends_its_vocabulary_and_keeps_its_trained_row
     rows, trained = grown.get_input_embeddings().weight, shipped.get_input_embeddings().weight
     assert rows.shape[0] == len(extra) + 1
     assert torch.allclose(rows[:16], trained[:16], atol=1e-4) and torch.allclose(rows[-1], trained[-1], atol=1e-4)
-    assert torch.allclose(
-        rows[16:-1], target.get_input_embeddings().weight[extra[16:]], atol=1e-4
-    )  # new ids: the target's rows
+    # new ids: the target's rows
+    assert torch.allclose(rows[16:-1], target.get_input_embeddings().weight[extra[16:]], atol=1e-4)
     # every id maps to its own row in the grown vocabulary, ids outside it to the last: not the shipped map, which sent
     # the new ids to row 16 (the first new id's), so the draft read and predicted them all as that one token
     expected = torch.full((target.config.vocab_size,), len(extra), dtype=torch.long)

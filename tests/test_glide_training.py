@@ -386,6 +386,7 @@ def test_a_run_from_a_store_resumes_to_the_weights_of_an_unbroken_one(tmp_path, 
             ),
         )
     resumed = make_glide(target)
+    # logging and saving may change
     log = train_glide(
         target,
         resumed,
@@ -393,7 +394,7 @@ def test_a_run_from_a_store_resumes_to_the_weights_of_an_unbroken_one(tmp_path, 
         quick_args(
             tmp_path / "killed", max_steps=8, logging_steps=2, save_steps=4, block_size=(1, 5), distillation_weight=1.0
         ),
-    )  # logging and saving may change
+    )
     assert log["resumed_from_step"] == 6
     for (name, a), b in zip(unbroken.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name)

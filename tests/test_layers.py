@@ -129,9 +129,8 @@ def test_the_lab_check_sees_an_import_of_the_lab(line, tmp_path):
     path = tmp_path / "module.py"
     path.write_text("import torch\n" + line + "\n")
     assert lab_imports(path)
-    path.write_text(
-        "from .recipes import x\nimport benchmarking\nfrom hf_specdraft.bench import run_bench\n"
-    )  # not the lab
+    # not the lab
+    path.write_text("from .recipes import x\nimport benchmarking\nfrom hf_specdraft.bench import run_bench\n")
     assert not lab_imports(path)
 
 
@@ -290,13 +289,8 @@ def test_the_core_s_reading_order_names_every_module():
     )
 
 
-LAYOUTS = {
-    "CacheLayout",
-    "DynamicLayout",
-    "OwnedRow",
-    "SharedBatch",
-    "StaticLayout",
-}  # core/layouts.py, core/static_layout.py
+# core/layouts.py, core/static_layout.py
+LAYOUTS = {"CacheLayout", "DynamicLayout", "OwnedRow", "SharedBatch", "StaticLayout"}
 DRAFT_CACHES = {"DraftCache", "DynamicDraftCache", "StaticDraftCache"}  # core/draft_cache.py
 LAYOUT_HOMES = {"core/layouts.py", "core/static_layout.py", "core/draft_cache.py"}  # where they are defined and built
 
@@ -454,11 +448,12 @@ def test_the_probe_check_sees_a_probe(tmp_path):
         "def f(row, drafter):\n    if getattr(row.generator, 'x', 0) or hasattr(drafter, 'compile_draft'):\n"
         "        drafter.num_draft_tokens = 3\n\n\ndef traits_of(generator):\n    return getattr(generator, 'x', 0)\n"
     )
+    # traits_of's read is not one
     assert sorted(p.split(" ", 1)[1] for p in drafter_probes(probe)) == [
         "drafter.num_draft_tokens = ...",
         "getattr(row.generator, ...)",
         "hasattr(drafter, ...)",
-    ]  # traits_of's read is not one
+    ]
     assert len(drafter_probes(probe, writes=False)) == 2
     probe.write_text(
         "def g(row, step, gamma):\n    row.generator.set_step(stop_rule=None)\n"
@@ -466,13 +461,14 @@ def test_the_probe_check_sees_a_probe(tmp_path):
         "    row.generator.calls += 1\n    setattr(row.generator, 'host_text', [])\n"
         "    row.tokens = []\n    request = step.meter.request(row)\n"
     )
+    # a row's own fields, a request built: no writes into a drafter
     assert sorted(p.split(" ", 1)[1] for p in drafter_probes(probe)) == [
         "row.generator.budget = ...",
         "row.generator.calls = ...",
         "row.generator.set_step(...)",
         "setattr(...)",
         "step.cache.together.num_draft_tokens = ...",
-    ]  # a row's own fields, a request built: no writes into a drafter
+    ]
     probe.write_text(
         "def h(generator, drafter):\n    return isinstance(generator, TreeCandidateGenerator) or (\n"
         "        isinstance(drafter, (drafting.TreeCandidateGenerator, int)))\n"

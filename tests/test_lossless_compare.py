@@ -30,8 +30,7 @@ def test_a_near_tie_resolved_the_other_way_is_told_from_a_lost_token():
     assert not tie["identical"] and tie["first_difference"] == 0 and tie["near_tie"]
     lost = compare_greedy(FixedLogits([0.0, 8.0, 6.0]), 2, reference, other)
     assert not lost["near_tie"] and lost["top2_gap"] == 2.0
-    assert not compare_greedy(FixedLogits([0.0, 8.0, 8.0, 0.0]), 2, reference, torch.tensor([[5, 6, 3, 3]]))[
-        "near_tie"
-    ]  # not a top-two
+    # not a top-two
+    assert not compare_greedy(FixedLogits([0.0, 8.0, 8.0, 0.0]), 2, reference, torch.tensor([[5, 6, 3, 3]]))["near_tie"]
     shorter = compare_greedy(FixedLogits([0.0, 8.0, 7.0]), 2, reference, reference[:, :3])
     assert not shorter["identical"] and shorter["first_difference"] == 1 and not shorter["near_tie"]

@@ -99,9 +99,8 @@ def test_candidate_generator_counts_calls_and_is_lossless():
     out = speculative_generate(target, x, candidate_generator=drafter, max_new_tokens=20, return_dict_in_generate=True)
     assert torch.equal(out.sequences, greedy_reference(target, x, 20))
     assert out.speculative_stats.drafter_calls == {"max_gram": out.speculative_stats.num_steps}
-    assert (
-        len(MaxGramCandidateGenerator(drafter.bigram_table).propose(x)) == 10
-    )  # outside the loop: the paper's fixed 10
+    # outside the loop: the paper's fixed 10
+    assert len(MaxGramCandidateGenerator(drafter.bigram_table).propose(x)) == 10
     assert (
         drafter.adaptive_draft_length
         and len(out.speculative_stats.extra["draft_lengths"]) == out.speculative_stats.num_steps
@@ -137,12 +136,8 @@ def test_bigram_table_larger_than_target_vocab():
 
 
 def test_build_bigram_table_argmax_ties_and_unseen():
-    corpus = [
-        [1, 2, 1, 2, 1, 3],
-        [3, 4],
-        [3, 5],
-        [4, 6],
-    ]  # 1->2 twice, 1->3 once; 3->4 / 3->5 tie; never across sequences
+    # 1->2 twice, 1->3 once; 3->4 / 3->5 tie; never across sequences
+    corpus = [[1, 2, 1, 2, 1, 3], [3, 4], [3, 5], [4, 6]]
     table = build_bigram_table(corpus, 8)
     assert table[1] == 2 and table[2] == 1 and table[3] == 4 and table[4] == 6
     most_frequent = 1  # 1 and 3 occur 3 times each; ties go to the smallest id

@@ -20,9 +20,8 @@ def test_logits_match_linear(rows):
     expected = nn.functional.linear(hidden, head.weight)
     with torch.no_grad(), few_token_projection(model, orientation="transposed") as applied:
         got = head(hidden)
-    assert (
-        applied and got.shape == expected.shape and got.is_contiguous()
-    )  # laid out as linear's: models view and complex-view it
+    # laid out as linear's: models view and complex-view it
+    assert applied and got.shape == expected.shape and got.is_contiguous()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -114,9 +113,8 @@ def test_auto_follows_the_calibration_per_row_count(monkeypatch, faster):
             monkeypatch.setattr(torch, "matmul", lambda a, b: calls.append(a.shape) or original(a, b))
             got = model(ids).logits
             monkeypatch.setattr(torch, "matmul", original)
-            model(
-                torch.randint(0, 512, (1, projection.MAX_CALIBRATED_ROWS + 1))
-            )  # a prefill keeps linear, uncalibrated
+            # a prefill keeps linear, uncalibrated
+            model(torch.randint(0, 512, (1, projection.MAX_CALIBRATED_ROWS + 1)))
     assert wrapped > 7 and set(asked) == {9} and bool(calls) == faster
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -129,9 +127,8 @@ def test_calibration_times_each_shape_once_and_is_recorded(monkeypatch):
     first = projection.transposed_is_faster(weight, 3)
     timed = []
     monkeypatch.setattr(projection, "_seconds", lambda run: timed.append(run) or 0.0)
-    assert (
-        projection.transposed_is_faster(torch.randn(96, 32), 3) == first and not timed
-    )  # same shape, dtype, rows: cached
+    # same shape, dtype, rows: cached
+    assert projection.transposed_is_faster(torch.randn(96, 32), 3) == first and not timed
     assert projection.transposed_is_faster(weight, 4) is False  # equal times: linear stays (W @ h.T must win by 10 %)
     assert len(timed) == 2 * projection.CALIBRATION_REPEATS
     assert projection.calibrated_choices() == [
@@ -180,9 +177,8 @@ def test_calibration_streams_copies_of_the_weight(monkeypatch):
     monkeypatch.setattr(nn.functional, "linear", lambda h, w: seen.append(w.data_ptr()) or original(h, w))
     weight = torch.randn(96, 32)
     projection.transposed_is_faster(weight, 1)
-    assert (
-        len(set(seen)) == 3 and weight.data_ptr() not in seen
-    )  # each pass reads three distinct copies, as a forward reads its layers
+    # each pass reads three distinct copies, as a forward reads its layers
+    assert len(set(seen)) == 3 and weight.data_ptr() not in seen
     assert len(seen) == 3 * (1 + projection.CALIBRATION_REPEATS)
 
 
@@ -257,9 +253,8 @@ def test_calibrations_persist_per_machine_across_processes(monkeypatch, tmp_path
     monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
     monkeypatch.setattr(projection, "machine_id", lambda: "another CPU | torch 0.0")
-    assert (
-        projection.transposed_is_faster(weight, 5) is False and len(timed) == 2 * projection.CALIBRATION_REPEATS
-    )  # measured anew
+    # measured anew
+    assert projection.transposed_is_faster(weight, 5) is False and len(timed) == 2 * projection.CALIBRATION_REPEATS
     assert set(json.loads(path.read_text())) == {"another CPU | torch 0.0", stored and next(iter(stored))}
     monkeypatch.setenv("HF_SPECDRAFT_CALIBRATION_FILE", "")
     assert projection.calibration_file() is None

@@ -136,9 +136,8 @@ def test_drafter_training_changes_parameters_and_resumes_to_the_same_weights(tmp
     drafter, args = tiny_recipe(tmp_path / "straight")
     straight, log = train_drafter("glide", target, store, args, drafter)
     untrained = build_drafter(target, straight.config.draft_token_ids, drafter)
-    assert all(
-        not torch.equal(p, q) for p, q in zip(untrained.parameters(), straight.parameters())
-    )  # every parameter moved
+    # every parameter moved
+    assert all(not torch.equal(p, q) for p, q in zip(untrained.parameters(), straight.parameters()))
     assert log["steps"][-1]["step"] == 6 and log["store_windows"] == 12 and log["draft_vocab_size"] == 40
 
     loss, calls = trainer.glide_loss, []
@@ -247,9 +246,8 @@ def test_a_tuple_of_block_sizes_trains_each_step_with_the_next_l_in_turn(tmp_pat
 
     monkeypatch.setattr(trainer, "glide_loss", spy)
     model, _ = train_drafter("glide", target, store, args, drafter)
-    assert (
-        seen == [3, 1, 3, 1, 3] and model.config.block_size == 3
-    )  # step s takes sizes[s % 2]; the config records the largest
+    # step s takes sizes[s % 2]; the config records the largest
+    assert seen == [3, 1, 3, 1, 3] and model.config.block_size == 3
     with pytest.raises(ValueError, match="block_size must be"):
         dataclasses.replace(args, block_size=(1, 0))
 
@@ -397,9 +395,8 @@ def test_self_distillation_uses_train_prompts_and_the_targets_own_greedy_text():
     windows = self_generated_windows(target, tok, short, max_new_tokens=6, batch_size=2, seq_len=32)
     stream = windows.flatten().tolist()
     expected = greedy_reference(target, tok([short[0]], max_length=10**6)["input_ids"], 6)[0].tolist()
-    assert (
-        stream[: len(expected)] == expected and stream[len(expected)] == tok.eos_token_id
-    )  # no padding, eos between texts
+    # no padding, eos between texts
+    assert stream[: len(expected)] == expected and stream[len(expected)] == tok.eos_token_id
 
 
 def test_report_lists_the_shipped_drafters_with_every_training_stage(tmp_path):

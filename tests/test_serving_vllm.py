@@ -18,9 +18,8 @@ import pytest
 
 from benchmarks.serving import vllm_check
 
-SHIPPED_GLIDE = (
-    Path(__file__).parents[1] / "hf_specdraft" / "defaults" / "checkpoint_smollm2" / "glide_assistant"
-)  # exportable
+# exportable
+SHIPPED_GLIDE = Path(__file__).parents[1] / "hf_specdraft" / "defaults" / "checkpoint_smollm2" / "glide_assistant"
 
 
 def index_reachable() -> bool:
@@ -54,6 +53,7 @@ def test_vllm_serves_the_exported_glide_losslessly_with_our_mean_accepted_length
     assert (SHIPPED_GLIDE / "config.json").is_file(), f"the shipped exportable GLIDE is missing: {SHIPPED_GLIDE}"
     assert exportable(SHIPPED_GLIDE), f"{SHIPPED_GLIDE} is not built with state_input=True, self_attention=False"
     output = tmp_path / "vllm_check.json"
+    # exits non-zero on any vllm_check.failures
     vllm_check.main(
         [
             "--glide",
@@ -69,16 +69,15 @@ def test_vllm_serves_the_exported_glide_losslessly_with_our_mean_accepted_length
             "--num-speculative-tokens",
             "3",
         ]
-    )  # exits non-zero on any vllm_check.failures
+    )
     overall = json.loads(output.read_text())["overall"]
     assert overall["token_identical"]["vllm_spec_vs_vllm"], (
         "vLLM's output changed when the exported GLIDE drafted for it"
     )
     assert overall["token_identical"]["ours_glide_vs_ours_target"]
     assert overall["vllm_counters"]["drafts"] > 0, "vLLM never drafted: the speculative config was not used"
-    assert overall["mal"]["ours_fixed"] >= vllm_check.MIN_MAL, overall[
-        "mal"
-    ]  # the GLIDE drafts: the comparison means something
+    # the GLIDE drafts: the comparison means something
+    assert overall["mal"]["ours_fixed"] >= vllm_check.MIN_MAL, overall["mal"]
     # the same drafter at the same γ on the same prompts: vLLM should accept what our loop accepts
     assert abs(overall["mal"]["vllm"] - overall["mal"]["ours_fixed"]) <= vllm_check.MAL_TOLERANCE, overall["mal"]
 

@@ -61,9 +61,8 @@ def windowed_config(arch: str, **overrides):
     if arch == "gemma2":
         return Gemma2Config(sliding_window=WINDOW, head_dim=8, **common)
     if arch == "gemma3":
-        layers = common[
-            "num_hidden_layers"
-        ]  # local and global layers alternate (Gemma 3 itself: five local, one global)
+        # local and global layers alternate (Gemma 3 itself: five local, one global)
+        layers = common["num_hidden_layers"]
         return Gemma3TextConfig(
             sliding_window=WINDOW,
             head_dim=8,
@@ -173,9 +172,8 @@ def test_glide_reads_one_rope_per_layer_type():
     config = windowed_config("gemma3")
     config.rope_parameters["sliding_attention"]["rope_theta"] = 10_000.0
     config.rope_parameters["full_attention"]["rope_theta"] = 1_000_000.0
-    assert (
-        GlideConfig.from_target_config(config, hidden_size=32).target_rope_parameters["rope_theta"] == 1_000_000.0
-    )  # reads layer 3
+    # reads layer 3
+    assert GlideConfig.from_target_config(config, hidden_size=32).target_rope_parameters["rope_theta"] == 1_000_000.0
     assert (
         GlideConfig.from_target_config(config, hidden_size=32, target_layer_ids=[2]).target_rope_parameters[
             "rope_theta"
@@ -200,9 +198,8 @@ def test_max_gram_and_casd_at_gemma3_scale():
     context = torch.randint(0, vocab, (32_768,), generator=g)
     casd = CasdCandidateGenerator(context)
     tree = casd.propose(context[20_000:20_010][None])
-    assert (
-        len(tree) >= 5 and tree.tokens.tolist() == context[20_010 : 20_010 + len(tree)].tolist()
-    )  # one occurrence: one chain
+    # one occurrence: one chain
+    assert len(tree) >= 5 and tree.tokens.tolist() == context[20_010 : 20_010 + len(tree)].tolist()
 
 
 def test_sliding_window_bench_pieces():

@@ -89,6 +89,7 @@ def test_every_bucket_compiles_before_the_first_step():
     target = tiny_model("llama")
     x = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     reference = greedy_reference(target, x, 32)
+    # steps only ever use the 2-token bucket
     first = static(
         target,
         x,
@@ -96,7 +97,7 @@ def test_every_bucket_compiles_before_the_first_step():
         max_new_tokens=32,
         compile_config=EAGER_GRAPHS,
         return_dict_in_generate=True,
-    )  # steps only ever use the 2-token bucket
+    )
     assert torch.equal(first.sequences, reference)
     assert set(first.speculative_stats.extra["static_cache"]["warm_up_seconds"]) == {"2", "4", "8", "16", "32", "64"}
     graphs = counters["stats"]["unique_graphs"]
@@ -109,6 +110,7 @@ def test_every_bucket_compiles_before_the_first_step():
             compile_config=EAGER_GRAPHS,
             return_dict_in_generate=True,
         )
+        # 16-node trees: a bucket no step has used
         wider = static(
             target,
             x,
@@ -116,7 +118,7 @@ def test_every_bucket_compiles_before_the_first_step():
             max_new_tokens=32,
             compile_config=EAGER_GRAPHS,
             return_dict_in_generate=True,
-        )  # 16-node trees: a bucket no step has used
+        )
     assert counters["stats"]["unique_graphs"] == graphs
     assert torch.equal(again.sequences, reference) and torch.equal(wider.sequences, reference)
     assert again.speculative_stats.extra["static_cache"]["warm_up_seconds"] == {}
@@ -133,9 +135,8 @@ def test_four_threads_share_one_model_on_the_static_path(compile_config):
     target, draft = tiny_model("qwen2"), tiny_model("qwen2", seed=3, num_hidden_layers=1)
     prompts = [torch.randint(0, VOCAB, (1, 6 + 3 * i), generator=torch.Generator().manual_seed(i)) for i in range(4)]
     references = [greedy_reference(target, x, 24) for x in prompts]
-    static(
-        target, prompts[0], draft_model=draft, num_draft_tokens=3, max_new_tokens=24, compile_config=compile_config
-    )  # compiles
+    # compiles
+    static(target, prompts[0], draft_model=draft, num_draft_tokens=3, max_new_tokens=24, compile_config=compile_config)
     outputs, errors = {}, []
 
     def request(i: int) -> None:

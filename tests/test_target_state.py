@@ -28,10 +28,8 @@ from hf_specdraft.core.state_drafting import StateReadingDrafter
 from syncs import SyncCounter
 
 EAGER_GRAPHS = CompileConfig(backend="eager", mode=None)  # the compiled path's graphs, without a compiler's minutes
-LAYERS = [
-    1,
-    2,
-]  # hidden_states entries of a 2-layer tiny target: the first layer's output and the last (after the norm)
+# hidden_states entries of a 2-layer tiny target: the first layer's output and the last (after the norm)
+LAYERS = [1, 2]
 
 
 class StateOracle(OracleDrafter):
@@ -217,9 +215,8 @@ class TinyDFlash(PreTrainedModel):
     ):
         self.contexts.append(context_hidden_states)
         states = torch.cat([self.fuse(context_hidden_states), noise_embeds], dim=1)[:, None]  # (1, 1, n + block, H)
-        cache = (
-            cache if cache is not None else past_key_values
-        )  # transformers 5.24 passes cache=, 5.23 past_key_values=
+        # transformers 5.24 passes cache=, 5.23 past_key_values=
+        cache = cache if cache is not None else past_key_values
         keys, values = cache.update(states, states, 0)
         scores = self.query(noise_embeds)[:, None] @ keys.transpose(-1, -2) / math.sqrt(keys.shape[-1])
         return BaseModelOutput(last_hidden_state=(scores.softmax(-1) @ values)[:, 0] + noise_embeds)

@@ -98,9 +98,8 @@ def ranks(arch_under_tp, tmp_path_factory) -> tuple[dict, dict]:
             timeout=900,
             stdin=subprocess.DEVNULL,
         )
-        failed = {
-            "load": {"ok": False, "detail": done.stdout[-2000:] + done.stderr[-4000:]}
-        }  # kept: one launch, also when it fails
+        # kept: one launch, also when it fails
+        failed = {"load": {"ok": False, "detail": done.stdout[-2000:] + done.stderr[-4000:]}}
         _LAUNCHED[arch] = [
             json.loads((folder / "out" / f"rank{r}.json").read_text())[arch] if done.returncode == 0 else failed
             for r in (0, 1)
@@ -173,9 +172,8 @@ def test_glide_plan_names_its_modules_and_stays_out_of_the_checkpoint(tmp_path):
 
 
 def test_head_counts_that_cannot_split_are_refused_naming_both():
-    config = GlideConfig.from_target_config(
-        tiny_model("llama").config, hidden_size=40
-    )  # 5 heads of its own, the target's 4 / 2
+    # 5 heads of its own, the target's 4 / 2
+    config = GlideConfig.from_target_config(tiny_model("llama").config, hidden_size=40)
     config.check_tensor_parallel(1)
     with pytest.raises(
         ValueError, match=r"tp_size=2 .*num_attention_heads=5.*target it reads has 4 query / 2 KV heads"

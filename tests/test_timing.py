@@ -98,9 +98,8 @@ def test_summary_adds_the_ratio_against_the_fast_baseline_when_it_ran():
     assert summary["target-only+linears"]["speedup_vs_target_only_linears"] == pytest.approx(1.0)
     assert "speedup_vs_target_only_linears" not in summarize(records[:1] + records[2:3], ("target-only", "m"))["m"]
     table = format_table(summary).splitlines()
-    assert (
-        "vs +linears" in table[0] and "2.00x" in table[-1]
-    )  # m's row: 3x against plain target-only, 2x against the fast one
+    # m's row: 3x against plain target-only, 2x against the fast one
+    assert "vs +linears" in table[0] and "2.00x" in table[-1]
     assert "vs +linears" not in format_table(summarize(records[:1] + records[2:3], ("target-only", "m")))
 
 
@@ -136,9 +135,8 @@ def test_demo_legend_lines_up_long_names():
     column = 2 + len("cascade-1draft-tuned") + 2  # every description starts past the longest name
     assert methods[0] == "  target-only" + " " * (column - 2 - len("target-only")) + "plain"
     assert methods[1].startswith("  cascade-1draft-tuned  a cascade") and len(methods) > 2
-    assert all(
-        line[:column].strip() == "" and line[column] != " " for line in methods[2:]
-    )  # wrapped lines hang under it
+    # wrapped lines hang under it
+    assert all(line[:column].strip() == "" and line[column] != " " for line in methods[2:])
     assert all(len(line) <= 100 for line in lines)
 
 

@@ -97,13 +97,10 @@ def test_greedy_tree_walk_and_lenient_chain_rules():
     p = torch.tensor([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3], [0.3, 0.3, 0.4]])
     q_candidates = torch.tensor([0.9, 0.8])
     cand = torch.tensor([1, 2])
-    assert accept_tree(ArgmaxRows(p), DraftTree.chain(cand), None, []) == (
-        [0],
-        0,
-    )  # 2 is not row 1's argmax: p's own 0 follows
-    tree = DraftTree(
-        torch.tensor([2, 1, 2]), torch.tensor([-1, -1, 1])
-    )  # the second root and its child are the argmax path
+    # 2 is not row 1's argmax: p's own 0 follows
+    assert accept_tree(ArgmaxRows(p), DraftTree.chain(cand), None, []) == ([0], 0)
+    # the second root and its child are the argmax path
+    tree = DraftTree(torch.tensor([2, 1, 2]), torch.tensor([-1, -1, 1]))
     rows = ArgmaxRows(torch.cat([p, torch.tensor([[0.6, 0.2, 0.2]])]))  # one row per node + the root's
     assert accept_tree(rows, tree, None, []) == ([1, 2], 0)
     assert lenient_review(p, cand, q_candidates, 1.0) == 1  # l = 1: exact

@@ -66,9 +66,8 @@ def joint() -> torch.Tensor:
     return torch.cat([first[a] * target_probs((a,)) for a in range(V)])
 
 
-DUPLICATES_TREE = DraftTree(
-    torch.tensor([0, 1, 0, 2, 3]), torch.tensor([-1, 0, -1, 2, 2])
-)  # two root children carry token 0
+# two root children carry token 0
+DUPLICATES_TREE = DraftTree(torch.tensor([0, 1, 0, 2, 3]), torch.tensor([-1, 0, -1, 2, 2]))
 ADVERSARIAL = {
     "duplicates": DUPLICATES_TREE,
     "duplicate subtrees": DraftTree(torch.tensor([1, 1, 1, 2, 2, 2, 4]), torch.tensor([-1, -1, -1, 0, 1, 2, 5])),

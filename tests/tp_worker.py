@@ -22,12 +22,13 @@ from transformers.distributed import DistributedConfig
 sys.path.insert(0, str(Path(__file__).parent))
 from multi_device_checks import record, lossless_checks, prompt, sampled  # noqa: E402
 
+# noqa: E402
 from hf_specdraft import (
     CapeCandidateGenerator,
     DraftModelCandidateGenerator,
     GlideCandidateGenerator,
     speculative_generate,
-)  # noqa: E402
+)
 from hf_specdraft.core.controller import DraftLengthController  # noqa: E402
 from hf_specdraft.core.distributed import RankAgreement  # noqa: E402
 from hf_specdraft.core.support import with_cache  # noqa: E402

@@ -233,9 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     write()  # a run killed later still has the baseline
     costs = {kind: step_cost(kind, target, source, work / "probe", args.batch, dataset) for kind in KINDS}
-    left = (
-        args.seconds - (time.perf_counter() - started) - 60 - sum(fixed for _, fixed in costs.values())
-    )  # 60: scoring, packing
+    # 60: scoring, packing
+    left = args.seconds - (time.perf_counter() - started) - 60 - sum(fixed for _, fixed in costs.values())
     steps = max(int(left / sum(per_step for per_step, _ in costs.values())), 0)
     result["meta"].update(
         probe={

@@ -69,10 +69,8 @@ def bench_section(name: str, result: dict, images: list[str] = ()) -> str:
         "|---|" + "---:|" * len(COLUMNS),
     ]
     for method, s in result["summary"].items():
-        s = {
-            "accepted_per_drafted": s.get("acceptance_rate"),
-            **s,
-        }  # older files named accepted / drafted "acceptance_rate"
+        # older files named accepted / drafted "acceptance_rate"
+        s = {"accepted_per_drafted": s.get("acceptance_rate"), **s}
         label = method if s.get("valid", True) else f"{method} **(invalid: compiled while timed)**"
         lines.append(f"| {label} | " + " | ".join(_cell(s.get(key), spec) for _, key, spec in COLUMNS) + " |")
     if auto_line(result["summary"]):
@@ -154,9 +152,8 @@ def timing_line(timing: dict | None) -> str:
         if timing.get("other_cpu_cores") is None
         else f"{timing['other_cpu_cores']:.1f} of {timing['cpu_cores']} cores"
     )
-    since_41 = (
-        "warmup_max_new_tokens" in timing
-    )  # warm-up at the timed length (the static cache's buckets); noise where work repeated
+    # warm-up at the timed length (the static cache's buckets); noise where work repeated
+    since_41 = "warmup_max_new_tokens" in timing
     if since_41:
         warm = (
             f"{timing['warmup_prompts']} warm-up prompt(s) untimed (the longest, "

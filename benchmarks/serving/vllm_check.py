@@ -38,9 +38,8 @@ CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")  # pulled in as CUDA b
 DEFAULT_VENV = Path.home() / ".cache" / "hf_specdraft" / "vllm-venv"
 MAX_MODEL_LEN = 1024  # prompts are < 300 tokens: room for them and the generated tokens
 WORKER = Path(__file__).with_name("vllm_worker.py")
-SHIPPED_GLIDE = (
-    Path(__file__).parents[2] / "hf_specdraft" / "defaults" / "checkpoint_smollm2" / "glide_assistant"
-)  # exportable
+# exportable
+SHIPPED_GLIDE = Path(__file__).parents[2] / "hf_specdraft" / "defaults" / "checkpoint_smollm2" / "glide_assistant"
 MIN_MAL = 1.3  # our loop's MAL at vLLM's γ below which the GLIDE drafts too little for the comparison to mean anything
 MAL_TOLERANCE = (
     0.1  # the same greedy drafts verified the same way: the two MALs differ only where the engines round differently
@@ -129,11 +128,8 @@ def run_vllm(python: Path, target: Path, draft: Path | None, prompts: list[dict]
             }
         )
     )
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "PYTHONPATH": "",
-    }  # nothing of this environment leaks into vLLM's
+    # nothing of this environment leaks into vLLM's
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": ""}
     with open(log, "w") as out:
         done = subprocess.run(
             [str(python), str(WORKER), str(request), str(result)],

@@ -47,6 +47,7 @@ def build_llm(request: dict):
             "model": request["draft"],
             "num_speculative_tokens": request["num_speculative_tokens"],
         }
+    # the LLM class turns stats off by default; get_metrics needs them
     return LLM(
         model=request["target"],
         speculative_config=speculative,
@@ -56,7 +57,7 @@ def build_llm(request: dict):
         max_num_seqs=1,
         seed=0,
         disable_log_stats=False,
-    )  # the LLM class turns stats off by default; get_metrics needs them
+    )
 
 
 def generate(llm, request: dict) -> list[dict]:
@@ -64,11 +65,12 @@ def generate(llm, request: dict) -> list[dict]:
     from vllm import SamplingParams, TokensPrompt
 
     params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"])
+    # warm-up: the first call pays one-time allocations
     llm.generate(
         [TokensPrompt(prompt_token_ids=request["prompts"][0])],
         SamplingParams(temperature=0.0, max_tokens=4),
         use_tqdm=False,
-    )  # warm-up: the first call pays one-time allocations
+    )
     rows = []
     for ids in request["prompts"]:
         before = counters(llm)

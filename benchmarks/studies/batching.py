@@ -142,9 +142,8 @@ def run(
     items = build_tasks("completion", count=skip_prompts + num_prompts, seed=0)[skip_prompts:]
     prompts = [prompt_ids(tok, item)[0] for item in items]
     kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, "eos_token_id": eos, "pad_token_id": pad}
-    batch_sizes = sorted(
-        set(batch_sizes)
-    )  # smallest first: every larger batch is checked against its target-only output
+    # smallest first: every larger batch is checked against its target-only output
+    batch_sizes = sorted(set(batch_sizes))
     table = methods(bundle, tuple(gammas))
     if only is not None:
         check_methods(only, gammas)

@@ -35,12 +35,13 @@ def time_forwards(model, prefix: int = 96, lengths=LENGTHS, repeats: int = 15, s
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.get_text_config().vocab_size
     cache = DynamicCache(config=model.config)
+    # what the loop uses: calibrated per machine
     settings = {
         "model's own": contextlib.nullcontext,
         "few_token_projection": lambda: few_token_projection(model, "transposed"),
         "few_token_linears": lambda: few_token_linears(model, "transposed"),
         "few_token_linears (auto)": lambda: few_token_linears(model),
-    }  # what the loop uses: calibrated per machine
+    }
     samples = {name: {n: [] for n in lengths} for name in settings}
     with torch.no_grad():
         model(torch.randint(0, vocab, (1, prefix), generator=g), **with_cache(model, cache), use_cache=True)

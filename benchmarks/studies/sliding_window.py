@@ -148,9 +148,8 @@ def run(bundle, window: int = 256, repeats: int = 9, new_tokens: int = 48) -> di
 
     x = held_out_prompt(bundle.tokenizer, 4 * window)
     glide = copy.deepcopy(bundle.extras["glide"])
-    glide.config.target_model_type = (
-        windowed.config.model_type
-    )  # same layers, shapes, RoPE and vocabulary: only the name differs
+    # same layers, shapes, RoPE and vocabulary: only the name differs
+    glide.config.target_model_type = windowed.config.model_type
     pairs = {"windowed": (windowed, glide), "no window": (target, bundle.extras["glide"])}
     end_to_end = {"prompt_tokens": x.shape[1], "new_tokens": new_tokens}
     for name, (model, drafter) in tqdm(pairs.items(), desc="end to end", unit="target"):

@@ -16,17 +16,8 @@ from hf_specdraft.bench.methods import METHODS, Method, register_method, specula
 from .tuning import run_tuning, tuning_parser
 
 GAMMAS = (1, 2, 3, 4, 5)
-CAPE_SETTINGS = (
-    (1, 2),
-    (2, 2),
-    (1, 3),
-    (2, 3),
-    (2, 5),
-    (3, 5),
-    (3, 7),
-    (4, 7),
-    (3, 12),
-)  # (γ, budget): a budget of B verifies ≤ B + 1 tokens
+# (γ, budget): a budget of B verifies ≤ B + 1 tokens
+CAPE_SETTINGS = ((1, 2), (2, 2), (1, 3), (2, 3), (2, 5), (3, 5), (3, 7), (4, 7), (3, 12))
 
 
 def register_grid() -> tuple[list[str], list[str]]:

@@ -166,9 +166,8 @@ def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
 
     loop_module.speculative_steps = timed_steps
     rows = []
-    compiling = (
-        CompileConfig() if cuda else CompileConfig(backend="eager", mode=None)
-    )  # CPU: dynamo's graphs, no codegen
+    # CPU: dynamo's graphs, no codegen
+    compiling = CompileConfig() if cuda else CompileConfig(backend="eager", mode=None)
     paths = {
         "dynamic": {},
         "static": {"cache_implementation": "static", "disable_compile": True},
@@ -199,9 +198,8 @@ def measure(name: str, target, ids: torch.Tensor, cuda: bool) -> list[dict]:
                 out = call()
                 total = time.perf_counter() - started
                 steps = len(out.speculative_stats.steps)
-                verify = sum(
-                    forwards[-steps:]
-                )  # one verification forward a step (the dynamic path's prefill is timed too)
+                # one verification forward a step (the dynamic path's prefill is timed too)
+                verify = sum(forwards[-steps:])
                 loop_ms.append(1000 * (total - verify - out.speculative_stats.prefill_seconds) / steps)
                 step_ms.append(1000 * (steps_seconds[-1] - verify) / steps)
                 call_ms.append(1000 * (total - steps_seconds[-1] - out.speculative_stats.prefill_seconds))
