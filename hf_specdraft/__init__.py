@@ -52,10 +52,6 @@ _EXPORTS = {  # public name -> the module (relative to this package) that define
     "speculative_sampling": ".core.acceptance",
     "standardized_walltime_improvement": ".core.stats",
 }
-_HELPERS = {  # reachable here as before, not part of __all__
-    "register_auto_classes": ".glide",
-    "write_custom_generate": ".cape.packaging",
-}
 
 
 def write_glide_custom_generate(directory):
@@ -68,7 +64,7 @@ def write_glide_custom_generate(directory):
 
 
 def __getattr__(name: str):
-    module = _EXPORTS.get(name) or _HELPERS.get(name)
+    module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name == "speculative_generate":
@@ -79,7 +75,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS) | set(_HELPERS))
+    return sorted(set(globals()) | set(_EXPORTS))
 
 
 __all__ = sorted(_EXPORTS)
