@@ -45,13 +45,12 @@ def _cpu_jiffies() -> tuple[int, int, int] | None:
 
 
 def _own_cpu_seconds() -> float:
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
+    return sum(os.times()[:4])  # user, system, children's user and system
 
 
 @dataclass
 class LoadMonitor:
-    """Measures what other processes take of the CPU between :meth:`start` and :meth:`share`."""
+    """Measures what other processes take of the CPU between :meth:`start` and :meth:`other_cores`."""
 
     _start: tuple[tuple[int, int, int] | None, float] = field(default=(None, 0.0), repr=False)
 

@@ -141,9 +141,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
 
     @property
     def controller_anchor(self):
-        """What the loop's controller state belongs to across calls: the first draft (a Max-Gram-only cascade: the
-        class)."""
-        return self.drafts[0] if self.drafts else None
+        """What the loop's controller state belongs to across calls: the first draft (the constructor refuses none)."""
+        return self.drafts[0]
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)

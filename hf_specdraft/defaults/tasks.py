@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..core.validation import check_int
 from .corpus import Corpus, build_corpus
@@ -34,9 +34,6 @@ class TaskItem:
     prompt: str
     reference: str
     context: str = ""  # "context" task only: the file without the reference span
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def edit_similarity(prediction: str, reference: str) -> float:
