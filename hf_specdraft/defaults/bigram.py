@@ -33,22 +33,17 @@ def answer_ids(folder: str | Path) -> list[list[int]]:
     return out
 
 
-def main_build_bigram(argv: list[str] | None = None) -> int:
-    """``hf-specdraft build-bigram``: tokenize a corpus, build the argmax bigram table, save it."""
+def build_bigram_parser() -> argparse.ArgumentParser:
+    """The options of ``hf-specdraft build-bigram`` (:func:`main_build_bigram`)."""
     parser = argparse.ArgumentParser(prog="hf-specdraft build-bigram", description=main_build_bigram.__doc__)
-    parser.add_argument(
-        "--tokenizer", default=None, help="tokenizer directory (default: the embedded default's, SmolLM2-135M-Instruct)"
-    )
+    parser.add_argument("--tokenizer", help="tokenizer directory (default: the embedded default target's)")
     parser.add_argument("--output", required=True, help="safetensors file to write")
     parser.add_argument(
         "--source",
-        default=None,
         help="a directory of .py files to use instead of the embedded default's corpus (split by file the same way)",
     )
     parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split (default: train)")
-    parser.add_argument(
-        "--max-files", type=int, default=None, help="read only the first N files of the split (quick runs)"
-    )
+    parser.add_argument("--max-files", type=int, help="read only the first N files of the split (quick runs)")
     parser.add_argument(
         "--unseen", choices=("most_frequent", "self"), default="most_frequent", help="what ids never seen map to"
     )
@@ -67,6 +62,12 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
         metavar="N",
         help="count every answer N times: the target's own text against the corpus's far larger one",
     )
+    return parser
+
+
+def main_build_bigram(argv: list[str] | None = None) -> int:
+    """``hf-specdraft build-bigram``: tokenize a corpus, build the argmax bigram table, save it."""
+    parser = build_bigram_parser()
     args = parser.parse_args(argv)
     for flag, value in (("--max-files", args.max_files), ("--answers-weight", args.answers_weight)):
         if value is not None and value < 1:
