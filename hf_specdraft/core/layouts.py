@@ -54,8 +54,8 @@ class CacheLayout:
         self.target_forwards = 0  # verification forwards, each serving every active row
 
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
-        """Every row's prompt but its newest token into the cache (the states ``request`` asks kept on the rows). Returns
-        seconds."""
+        """Every row's prompt but its newest token into the cache (the states ``request`` asks kept on the rows).
+        Returns seconds."""
         raise NotImplementedError
 
     def drafter_cache(self, a: int, row: Row):
@@ -93,8 +93,8 @@ class CacheLayout:
         forward per token."""
 
     def controller_limits(self, longest: int, widest: float) -> tuple[int, object, object]:
-        """``(longest γ, bucket, setting)`` for the γ controller: the longest chain it may choose, how a width is rounded
-        for its cost curve (``None``: not), and what of the layout changes costs (part of its state's key)."""
+        """``(longest γ, bucket, setting)`` for the γ controller: the longest chain it may choose, how a width is
+        rounded for its cost curve (``None``: not), and what of the layout changes costs (part of its state's key)."""
         return longest, None, False
 
     def linears(self):

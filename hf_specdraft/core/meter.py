@@ -42,8 +42,8 @@ class StepClock:
         return event
 
     def seconds(self, start, end, share: int = 1) -> float:
-        """Seconds from ``start`` to ``end`` (divided by ``share``: a batch forward's rows). On CUDA, read after the work
-        up to ``end`` is done (waits for it otherwise)."""
+        """Seconds from ``start`` to ``end`` (divided by ``share``: a batch forward's rows). On CUDA, read after the
+        work up to ``end`` is done (waits for it otherwise)."""
         if not self.events:
             return (end - start) / share
         end.synchronize()
@@ -114,17 +114,17 @@ class StepMeter:
             rows = [a for a, c in enumerate(copied) if not c]  # rates (the batch's draft forward cost what it cost)
             active, trees, kept, accepted = ([seq[a] for a in rows] for seq in (active, trees, kept, accepted))
         widens = len(controller.widths) > 1 and all(row.traits.widens_chain for row in active)
-        on_chain = []  # what the chain alone would have accepted (greedy: exact; a path cut at eos or max_length is left
-        if widens:  # out: it says nothing of the chain)
+        # what the chain alone would have accepted (greedy: exact; a path cut at eos or max_length is left out: it says
+        # nothing of the chain)
+        on_chain = []
+        if widens:
             on_chain = [
                 chain_accepted(tree, nodes)
                 for tree, nodes, count in zip(trees, kept, accepted)
                 if len(nodes) - 1 == count
             ]
         confidences = None  # the probabilities of the drafted chain's tokens, for the controller's confidence bins
-        if (
-            controller.confidence_stops and len(trees[0]) and (on_chain or not widens)
-        ):  # a tree's chain: judged by on_chain
+        if controller.confidence_stops and len(trees[0]) and (on_chain or not widens):  # a tree's chain: by on_chain
             drafted = active[0].generator.drafted_confidences(trees[0])
             confidences = None if drafted is None else [drafted]
         depth = max(tree.levels for tree in trees)  # the chain a tree's nodes hang on

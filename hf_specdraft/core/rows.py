@@ -40,12 +40,11 @@ class Row:
     out: Outputs
     processor: LogitsProcessorList  # generate's processors with this row's state (inputs.row_processors)
     done: bool = False
-    tokens: list[int] = field(
-        default_factory=list
-    )  # ids on the host: read once before the loop, then extended by emission
+    tokens: list[int] = field(default_factory=list)  # ids on the host: read once before the loop, then by emission
     traits: DrafterTraits | None = None  # what its drafter declares (set once the call binds the drafter, setup_call)
     # a drafter that reads the target's state (core.target_state): the states not yet handed to it (the prefill's, then
-    # each step's kept positions, on the device), whether it has proposed since the prefill, and the last step's accepted count
+    # each step's kept positions, on the device), whether it has proposed since the prefill, and the last step's
+    # accepted count
     states: tuple | None = None
     proposed: bool = False
     matched: int = 0
@@ -76,8 +75,9 @@ class Row:
 
     def target_state(self) -> TargetState | None:
         """What a state-reading drafter is told before it proposes (transformers' protocol,
-        :mod:`~hf_specdraft.core.target_state`): on its first proposal nothing (``is_first_iteration``: the prefill's states
-        wait for the first step's), afterwards the states of every position added since its last proposal, handed on once."""
+        :mod:`~hf_specdraft.core.target_state`): on its first proposal nothing (``is_first_iteration``: the prefill's
+        states wait for the first step's), afterwards the states of every position added since its last proposal,
+        handed on once."""
         if not self.traits.requires_model_outputs:
             return None
         first, outputs = not self.proposed, None

@@ -47,7 +47,8 @@ class LayerStorage:
         self.layers, self.buffer = layers, None
 
     def views(self, i: int, keys_shape: tuple, values_dim: int, dtype: torch.dtype, device: torch.device):
-        """Layer ``i``'s `(keys, values)` views, or ``None`` when its shape is not the storage's (the layer allocates its own)."""
+        """Layer ``i``'s `(keys, values)` views, or ``None`` when its shape is not the storage's (it allocates its
+        own)."""
         if keys_shape[-1] != values_dim:
             return None
         if self.buffer is None:
@@ -71,9 +72,9 @@ class StaticRowsLayer(CacheLayerMixin):
     def __init__(self, max_cache_len: int, ring: int | None = None, window: int | None = None, scratch: int = 0):
         super().__init__()
         self.max_cache_len = max_cache_len
-        # a windowed layer keeps only `ring` = window + widest bucket columns, column c in slot c % ring: a step's writes
-        # never overwrite a key any of its queries can still see (they reach back window - 1 columns at most). Past the
-        # ring, `scratch` slots that no column maps to: warm-up dummies write there, never into a live slot
+        # a windowed layer keeps only `ring` = window + widest bucket columns, column c in slot c % ring: a step's
+        # writes never overwrite a key any of its queries can still see (they reach back window - 1 columns at most).
+        # Past the ring, `scratch` slots that no column maps to: warm-up dummies write there, never into a live slot
         self.ring, self.window, self.scratch = ring, window, scratch if ring is not None else 0
         # (B, 1, Q, 1) long: the slots this forward writes (set by the cache)
         self.write_index: torch.Tensor | None = None
@@ -109,7 +110,7 @@ class StaticRowsLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `(B, H, Q, D)` states at the cache's write columns; return the whole buffers (the mask hides the rest)."""
+        """Write `(B, H, Q, D)` states at the cache's write columns; return the whole buffers (masks hide the rest)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         index, keys, values = self.write_index, key_states, value_states  # a ring layer's index holds slots already
@@ -200,7 +201,7 @@ class StaticRowsCache(Cache):
         return masks if starts is None or not self.has_rings else self.onto_rings(masks, starts, mask.shape[2])
 
     def onto_rings(self, masks, starts: torch.Tensor, width: int):
-        """Masks over a ring layer's slots, gathered from masks over the columns `(B, 1, Q, L)`; its scratch slots never seen.
+        """Masks over a ring layer's slots, gathered from masks over the columns `(B, 1, Q, L)`; scratch slots unseen.
 
         Slot ``c`` of a ring of ``R`` holds, for row ``b`` writing columns ``starts[b] .. starts[b] + width - 1``, the
         newest column ``s ≡ c (mod R)`` up to the last of them; ``s < 0`` (never written) is blocked."""
@@ -266,8 +267,8 @@ class StaticRowsCache(Cache):
         """The next forward writes row ``b``'s ``width`` states at columns ``starts[b] ..`` (a ring layer: their slots).
 
         Built on the host from ``starts`` (ints: nothing is read back) and copied into a fixed buffer per width (CUDA
-        graphs replay on its address). ``scratch``: a warm-up's dummies, at the full layers' last columns (past any row's
-        text) and the ring layers' scratch slots (past every slot a column maps to).
+        graphs replay on its address). ``scratch``: a warm-up's dummies, at the full layers' last columns (past any
+        row's text) and the ring layers' scratch slots (past every slot a column maps to).
         """
         last = max(starts) + width
         if (
@@ -299,8 +300,8 @@ class StaticRowsCache(Cache):
                     layer.write_index = buffer
 
     def set_visible(self, columns: int | None) -> None:
-        """Eager forwards attend to the first ``columns`` columns only (no compiled graph needs the full buffer); ``None``
-        for the whole buffer, the fixed shape a compiled forward takes."""
+        """Eager forwards attend to the first ``columns`` columns only (no compiled graph needs the full buffer);
+        ``None`` for the whole buffer, the fixed shape a compiled forward takes."""
         for layer in self.layers:
             layer.visible = columns
 
@@ -313,7 +314,7 @@ class StaticRowsCache(Cache):
             layer.committed = columns
 
     def keep(self, row: int, start: int, kept: list[int]) -> None:
-        """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (the accepted path moves into place).
+        """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (its accepted path moves there).
 
         ``kept[0] = 0`` is the last accepted token's own column; a first-child chain is already in place and moves
         nothing. One ``index_copy_`` for every full layer at once where they share a :class:`LayerStorage`, else one per
@@ -364,7 +365,7 @@ class StaticRowsCache(Cache):
         return view
 
     def fits(self, batch_size: int, max_cache_len: int, device: torch.device, dtype: torch.dtype) -> bool:
-        """Whether a later call of ``batch_size`` rows needing ``max_cache_len`` columns can reuse this cache as it is."""
+        """Whether a later call of ``batch_size`` rows needing ``max_cache_len`` columns can reuse this cache."""
         layer = self.layers[0]
         return (
             batch_size == self.num_rows
@@ -387,7 +388,7 @@ class BucketInputs:
     """The inputs of one bucket's forward on a static cache of ``batch`` rows x ``length`` columns.
 
     Args:
-        width: the bucket ``Q`` (tokens verified per row). dtype: the mask's (the model's). device: where the forward runs.
+        width: the bucket ``Q`` (tokens verified per row). dtype: the mask's (the model's). device: the forward's.
 
     Attributes:
         input_ids, position_ids (`(B, Q)` long), write_index (`(B, 1, Q, 1)` long), attention_mask (`(B, 1, Q, L)`):
@@ -415,7 +416,7 @@ class BucketInputs:
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": self.attention_mask}
 
     def _ready(self) -> None:
-        """Wait until the last copies out of the staging buffers have run (at once: a step reads back before the next)."""
+        """Wait until the last copies out of the staging buffers have run (at once: a step reads back first)."""
         if self.copied is not None:
             self.copied.synchronize()
 
@@ -427,9 +428,10 @@ class BucketInputs:
             self.copied.record()
 
     def fill(self, rows, trees) -> None:
-        """Every slot's inputs for one step: ``rows`` (``row.index`` its slot, ``row.tokens`` its host text, ``row.pad``)
-        each verifying ``[last token] + tree``; slots of no row (finished) verify dummies written into their own first
-        columns, each seeing only itself. Trees whose tokens are still on the device are copied there, device to device."""
+        """Every slot's inputs for one step: ``rows`` (``row.index`` its slot, ``row.tokens`` its host text,
+        ``row.pad``) each verifying ``[last token] + tree``; slots of no row (finished) verify dummies written into
+        their own first columns, each seeing only itself. Trees whose tokens are still on the device are copied there,
+        device to device."""
         self._ready()
         bits, packed, width = self.mask_bits, self.packed, self.width
         on_device, active = [], {row.index: (row, tree) for row, tree in zip(rows, trees)}

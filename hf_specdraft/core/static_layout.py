@@ -3,9 +3,9 @@
 by transformers' rules; beside it, the choice of a call's layout among the three (:func:`layout_for`: this module
 extends :mod:`~hf_specdraft.core.layouts`' interface).
 
-A compiled forward is one graph per input shape, so a step verifies ``[last token] + tree`` padded to the smallest bucket
-``Q >= 1 + N`` (:data:`BUCKETS`) with masked dummy nodes. Every forward on the static cache takes explicit inputs built on
-the host and moved once (a GPU forward is bound by launches, so no per-node kernel is spent on them):
+A compiled forward is one graph per input shape, so a step verifies ``[last token] + tree`` padded to the smallest
+bucket ``Q >= 1 + N`` (:data:`BUCKETS`) with masked dummy nodes. Every forward on the static cache takes explicit inputs
+built on the host and moved once (a GPU forward is bound by launches, so no per-node kernel is spent on them):
 
 * ``input_ids`` `(B, Q)`, ``position_ids`` `(B, Q)`: node ``i`` of row ``b`` at position ``cached_b + 1 + depth[i]``;
 * the write columns `(B, Q)`: row ``b`` writes at ``len(row.ids) - 1`` onward, past its committed text;
@@ -48,12 +48,8 @@ BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph e
 MIN_CACHE_COLUMNS = 256  # a cache holds at least this many columns, and grows by doubling: a new size is a new graph
 # per bucket (minutes on a CPU), so calls with other prompt lengths should find the cache they need already there
 RECOMPILE_LIMIT = 4 * len(BUCKETS)  # graphs dynamo may keep per code object: every bucket at a few cache sizes
-_CACHES: weakref.WeakKeyDictionary = (
-    weakref.WeakKeyDictionary()
-)  # model -> {role: its last StaticRowsCache}, reused when it fits
-_COMPILED: weakref.WeakKeyDictionary = (
-    weakref.WeakKeyDictionary()
-)  # model -> {compile config's fields: compiled __call__}
+_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its last StaticRowsCache}
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile config's fields: its __call__}
 _CAPTURED = threading.local()  # seconds the current thread has spent compiling and capturing buckets
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the lock of its static caches (every role)
 _LOCKS_GUARD = threading.Lock()
@@ -100,12 +96,13 @@ def hold_draft(model) -> None:
 
 def captured_seconds() -> float:
     """Seconds this thread has spent compiling and capturing buckets (target's and drafts'): the loop subtracts what a
-    step spent so, so that a bucket first needed mid-call never reaches the controller's costs or ``controller.json``."""
+    step spent so, so that a bucket first needed mid-call never reaches the controller's costs or
+    ``controller.json``."""
     return getattr(_CAPTURED, "seconds", 0.0)
 
 
 def compiled_call(model, compile_config: CompileConfig):
-    """``torch.compile(model.__call__)`` with ``compile_config``, made once per model and config and kept beside the model.
+    """``torch.compile(model.__call__)`` with ``compile_config``, made once per model and config, kept beside the model.
 
     Kept apart from transformers' ``get_compiled_call`` (which holds one compiled call per model and rebuilds it when
     the config changes): the loop's ``dynamic=False`` config and transformers' own default would otherwise replace each
@@ -271,9 +268,7 @@ class StaticLayout(CacheLayout):
         """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written where no row's
         state lives, :meth:`_dummy`), so the call's own steps never compile. ``extra``: what the drafters ask of the
         forward (:mod:`~hf_specdraft.core.target_state`): a graph of its own, returning those states too."""
-        if (
-            self.compiled and not self.cache.layers[0].is_initialized
-        ):  # buffers are allocated by an eager forward, never in a graph
+        if self.compiled and not self.cache.layers[0].is_initialized:  # buffers are allocated eagerly, never in a graph
             self._dummy(self.buckets[0], compiled=False)
         for bucket in self.buckets:
             if bucket > self.bucket(min(largest_tokens, self.buckets[-1])):
@@ -283,8 +278,8 @@ class StaticLayout(CacheLayout):
             self.capture(bucket, lambda b=bucket: self._dummy(b, compiled=True, extra=extra), graph_key(bucket, extra))
 
     def capture(self, bucket: int, run, key=None) -> None:
-        """``run()`` a bucket's compiled forward until it is compiled (and on CUDA captured); its seconds are recorded, and
-        kept out of the costs the controller learns (:func:`captured_seconds`)."""
+        """``run()`` a bucket's compiled forward until it is compiled (and on CUDA captured); its seconds are recorded,
+        and kept out of the costs the controller learns (:func:`captured_seconds`)."""
         started = time.perf_counter()
         for _ in range(3 if self.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
             run()
@@ -338,8 +333,8 @@ class StaticLayout(CacheLayout):
         hidden = out.hidden_states if extra.get("output_hidden_states") else None
         if not self.graphs:
             return out.logits, hidden
-        # a CUDA graph's outputs live in its pool and the next replay overwrites them: the loop keeps logits (acceptance,
-        # output_logits) and states (the drafters) across a step, so they are copied out
+        # a CUDA graph's outputs live in its pool and the next replay overwrites them: the loop keeps logits
+        # (acceptance, output_logits) and states (the drafters) across a step, so they are copied out
         return out.logits.clone(), None if hidden is None else tuple(None if h is None else h.clone() for h in hidden)
 
     def verify(
@@ -412,7 +407,8 @@ class StaticLayout(CacheLayout):
 
     def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
         """Each row's accepted path moved into place (``cached[a]``: the columns row ``a``'s text held before the step,
-        so its step began at column ``pad + cached[a]``); the committed length is ``len(row.tokens) - 1`` after emission."""
+        so its step began at column ``pad + cached[a]``); the committed length is ``len(row.tokens) - 1`` after
+        emission."""
         for row, columns, nodes in zip(rows, cached, kept):
             self.cache.keep(row.index, row.pad + columns, nodes)
         self.cache.set_committed(max(len(row.tokens) - 1 for row in rows))

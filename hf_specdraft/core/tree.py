@@ -67,12 +67,9 @@ class DraftTree:
         self._parents = self._depth = None
         self.origin: DraftTree | None = None  # the tree this one was cut from, keeping its leading nodes (select)
         self.known_tokens: list[int] | None = None  # a prefix of the tokens, known on the host (learn_tokens)
-        self.chain_confidences: list[float] | None = (
-            None  # the draft's q of each chain token, where its stop rule read them
-        )
-        self.copied = (
-            False  # copied from the text, no draft model ran (GLIDE's copy_from_context): CAPE leaves it as it is
-        )
+        # the draft's q of each chain token, where its stop rule read them
+        self.chain_confidences: list[float] | None = None
+        self.copied = False  # copied from the text, no draft model ran (GLIDE's copy_from_context): CAPE keeps it
 
     def __repr__(self) -> str:
         tokens = self.token_list if self.token_list is not None else f"<{len(self)} on {self.tokens.device}>"
