@@ -239,7 +239,8 @@ def record_step(
     q, overlaps = tree.draft_probs, None
     if judged and q is not None and tree.is_chain and q.shape[-1] == rows.logits.shape[-1]:
         p = torch.stack([rows.probs(i) for i in range(judged)])
-        overlaps = overlap(p, q[:judged].to(p.device).float())
+        q = q[:judged] if q.device == p.device else q[:judged].to(p.device)  # no copy (nor a counted read) when there
+        overlaps = overlap(p, q.float())
     stats.record(
         drafted=drafted,
         tree_size=len(tree),
