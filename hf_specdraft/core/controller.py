@@ -133,8 +133,8 @@ class DraftLengthController:
         return self._verify_reader()(n)
 
     def _verify_reader(self):
-        """:meth:`verify_seconds` as a function of ``n``, with the widths read and the line fitted once (a step weighs up
-        to ``2 · max_draft_tokens`` lengths), and kept until a forward is timed."""
+        """:meth:`verify_seconds` as a function of ``n``, the widths read and the line fitted once (a step weighs up to
+        ``2 · max_draft_tokens`` lengths), kept until a forward is timed."""
         key = (tuple(self.verify.items()), tuple(self.verify_samples.items()))
         if self._reader is not None and self._reader[0] == key:
             return self._reader[1]
@@ -156,7 +156,7 @@ class DraftLengthController:
         return seconds
 
     def _read_widths(self) -> dict[int, float]:
-        """The measured widths' seconds as read: a width timed once (whose first forward may have carried one-time kernel
+        """The measured widths' seconds as read: a width timed once (its first forward may have carried one-time kernel
         set-up) no higher than the line through the widths timed more often."""
         settled = {k: v for k, v in self.verify.items() if self.verify_samples.get(k, 2) >= 2}
         if len(settled) < 2:
@@ -166,7 +166,7 @@ class DraftLengthController:
 
     @staticmethod
     def _fit(verify: dict[int, float]):
-        """v(n) read off a line through the measured lengths (``PRIOR_SLOPE`` from a single one), as a function of ``n``."""
+        """v(n) read off a line through the measured lengths (``PRIOR_SLOPE`` from a single one), as a function."""
         known = sorted(verify)
         if not known:
             return lambda n: 0.0
@@ -251,7 +251,7 @@ class DraftLengthController:
 
     @property
     def stops_this_step(self) -> bool:
-        """Whether this step's draft stops on its confidence (:meth:`keep_drafting`): once the cost curve is measured."""
+        """Whether this step's draft stops on its confidence (:meth:`keep_drafting`): once the cost curve is known."""
         return self._draft_costs is not None
 
     def keep_drafting(self, confidences: list[float]) -> bool:
@@ -310,7 +310,7 @@ class DraftLengthController:
         return gamma
 
     def _stop_on_confidence(self) -> int:
-        """Arm :meth:`keep_drafting` (this step's costs ``j · d + v(1 + max(j, width · j))``); the longest draft allowed."""
+        """Arm :meth:`keep_drafting` (the step's costs ``j · d + v(1 + max(j, width · j))``); the longest draft."""
         d, width, verify = self.draft_per_token or 0.0, self.widths[self.option], self._verify_reader()
         self._draft_costs = [
             j * d + verify(self.bucket(max(j, round(width * j)) + 1)) for j in range(self.max_draft_tokens + 1)

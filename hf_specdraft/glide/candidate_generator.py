@@ -49,8 +49,8 @@ COPY_MATCH_CAP = 64  # matches this long count as equally long (bounds the work 
 
 
 def check_target_cache(target_cache, config, kv_heads: int | None = None) -> None:
-    """Raise `ValueError` unless ``target_cache`` holds readable keys/values for every layer GLIDE reads (``kv_heads`` per
-    layer: all the target's by default, a rank's share under tensor parallelism)."""
+    """Raise `ValueError` unless ``target_cache`` holds readable keys/values for every layer GLIDE reads (``kv_heads``
+    per layer: all the target's by default, a rank's share under tensor parallelism)."""
     if target_cache is None:
         raise ValueError(
             "target_cache is None: GLIDE cross-attends to the target's KV cache, so the decoding loop must pass the "
@@ -108,10 +108,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def _reset(self) -> None:
         self.cache = DynamicDraftCache(self.glide, self._glimpse, DynamicCache(config=self.glide.config))
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
-        self.states = None  # state_input: the target's last hidden states still needed `(1, n, hidden)`, positions from states_from
-        self.states_from = (
-            0  # the position of states[:, 0]: earlier states were fed already and are dropped (no growing copy)
-        )
+        # state_input: the target's last hidden states still needed `(1, n, hidden)`, from position states_from (earlier
+        # states were fed already and are dropped: no growing copy)
+        self.states, self.states_from = None, 0
         self.fed = 0  # state_input with self-attention: positions whose first-step entries GLIDE's cache holds
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
@@ -129,10 +128,10 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """Draft a chain of γ tokens after the request's text (or copy one from it, ``copy_from_context``).
 
-        The request (:class:`~hf_specdraft.core.drafting.DraftRequest`) holds the accepted text `(1, L)` (its last token,
-        the target's newest, at ``t = L - 1``), the target's live cache over ``input_ids[:, :-1]`` (read-only), for a
-        ``state_input`` GLIDE the target's states added since the last proposal (required), and γ, the stop rule and the
-        copy rule where the loop's controller chose them.
+        The request (:class:`~hf_specdraft.core.drafting.DraftRequest`) holds the accepted text `(1, L)` (its last
+        token, the target's newest, at ``t = L - 1``), the target's live cache over ``input_ids[:, :-1]`` (read-only),
+        for a ``state_input`` GLIDE the target's states added since the last proposal (required), and γ, the stop rule
+        and the copy rule where the loop's controller chose them.
 
         Returns:
             a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
@@ -194,21 +193,20 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         if target_state.outputs is not None and target_state.outputs.hidden_states:
             new = target_state.outputs.hidden_states[-1].to(device=self.glide.device, dtype=self.glide.dtype)
             self.states = new if self.states is None else torch.cat([self.states, new], dim=1)
-            drop = (
-                max(self.fed - 1, 0) - self.states_from
-            )  # a proposal reads h from position fed - 1 on (_states_before)
+            drop = max(self.fed - 1, 0) - self.states_from  # a proposal reads h from position fed - 1 on
             if drop > 0:
                 self.states, self.states_from = self.states[:, drop:], self.states_from + drop
 
     def _states_before(self, start: int, t: int) -> torch.Tensor:
-        """`(1, t + 1 - start, hidden)`: the state each position ``start .. t`` is read with, ``h_{j-1}`` (zeros at 0)."""
+        """`(1, t + 1 - start, hidden)`: the state each position ``start .. t`` is read with, ``h_{j-1}`` (0 at 0)."""
         kept = self.states[:, max(start - 1, 0) - self.states_from : t - self.states_from]
         return torch.cat([kept.new_zeros(1, 1, kept.shape[2]), kept], dim=1) if start == 0 else kept
 
     def _propose_from_state(self, request: DraftRequest, glimpse: dict) -> DraftTree:
-        """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``, each
-        later step the drafted token and its own ``draft_state``. With self-attention, GLIDE's cache first takes the
-        newly verified positions, each read with the target's state before it (as training's first pass sees them)."""
+        """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``,
+        each later step the drafted token and its own ``draft_state``. With self-attention, GLIDE's cache first takes
+        the newly verified positions, each read with the target's state before it (as training's first pass sees
+        them)."""
         glide, device, stop_rule = self.glide, self.glide.device, request.stop_rule
         ids = request.input_ids[0].to(device)
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
@@ -281,7 +279,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         return self.cache
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
-        """Every row's γ tokens in one GLIDE forward per token; each row glimpses its own columns of the target cache."""
+        """Every row's γ tokens in one GLIDE forward per token; each row glimpses its own target cache columns."""
         if self.requires_model_outputs or not same_drafters(self, drafters, "glide", GlideCandidateGenerator):
             return None  # a state_input GLIDE: each row proposes from its own states
         glide, cache = self.glide, DynamicCache(config=self.glide.config)
@@ -313,14 +311,14 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         """The scorer CAPE's beam mode (Du et al. 2024, §5.3, GLIDE+BeamSearch) drafts its tree with."""
         if self.requires_model_outputs:
             raise ValueError(
-                "CAPE's beam mode scores tree nodes by the draft's tokens alone, and this GLIDE reads the target's state "
-                "(state_input=True): use CAPE's default mode (the GLIDE chain widened by its confidence)"
+                "CAPE's beam mode scores tree nodes by the draft's tokens alone, and this GLIDE reads the target's "
+                "state (state_input=True): use CAPE's default mode (the GLIDE chain widened by its confidence)"
             )
         return GlideTreeScorer(self.glide, distribution)
 
 
 def kv_heads_per_rank(glide: PreTrainedModel) -> int:
-    """The target KV heads ``glide`` reads on this rank (a GLIDE class of an older checkpoint's remote code: all of them)."""
+    """The target KV heads ``glide`` reads on this rank (an older checkpoint's GLIDE class: all of them)."""
     return getattr(glide.base_model, "kv_heads_per_rank", glide.config.target_num_key_value_heads)
 
 
@@ -332,8 +330,9 @@ def check_same_split(target: PreTrainedModel, glide: PreTrainedModel) -> None:
     target_split, glide_split = getattr(target, "tp_size", None) or 1, getattr(glide, "tp_size", None) or 1
     if target_split != glide_split:
         raise ValueError(
-            f"glide reads the target's KV cache as this rank holds it, but the target is split over {target_split} tensor-parallel "
-            f"rank(s) and glide over {glide_split}: load glide the way the target was loaded, e.g. "
+            "glide reads the target's KV cache as this rank holds it, but the target is split over "
+            f"{target_split} tensor-parallel rank(s) and glide over {glide_split}: load glide the way the target was "
+            "loaded, e.g. "
             f"GlideForCausalLM.from_pretrained(path, tp_plan='auto') under the same torchrun (docs/multi-gpu.md)"
         )
     glide.config.check_tensor_parallel(glide_split)
@@ -346,9 +345,9 @@ def check_same_split(target: PreTrainedModel, glide: PreTrainedModel) -> None:
 
 
 def static_glimpse(target_cache: StaticRowsCache, committed: int, dtype: torch.dtype):
-    """GLIDE's glimpse on the static path: ``columns (Q,) -> inputs``, the target's buffers `(1, H, L, D)` per layer and a
-    key mask `(1, 1, Q, L)` letting a query at sequence index ``j`` see the committed target keys ``k < j`` (§4.1's
-    inference rule; ``committed``: the target's text but its newest token)."""
+    """GLIDE's glimpse on the static path: ``columns (Q,) -> inputs``, the target's buffers `(1, H, L, D)` per layer
+    and a key mask `(1, 1, Q, L)` letting a query at sequence index ``j`` see the committed target keys ``k < j``
+    (§4.1's inference rule; ``committed``: the target's text but its newest token)."""
     pairs = [(layer.keys, layer.values) for layer in target_cache.layers]
     length = target_cache.max_cache_len
 

@@ -24,10 +24,10 @@ class GlideDraftingConfig:
         num_draft_tokens: γ, the chain GLIDE drafts per step (§5.1: 5), or ``"auto"``: chosen every step.
         copy_from_context: when the text's last ``copy_from_context`` tokens (or more) occurred earlier in it, draft the
             tokens that followed their most recent longest occurrence (Max-Gram's match, CS Drafting §3.3) instead of
-            running GLIDE for that step (CAPE leaves such a step's chain as it is); 0 or ``False`` never copies, ``True``
-            is the default. Default 1, Max-Gram's match: with ``"auto"`` at batch 1 the controller weighs each copy by
-            how often copies after a match that long were right, against GLIDE's own step; elsewhere (a fixed γ, a
-            batch) a copy needs a 2-token match, after which the target's text mostly goes on as it did.
+            running GLIDE for that step (CAPE leaves such a step's chain as it is); 0 or ``False`` never copies,
+            ``True`` is the default. Default 1, Max-Gram's match: with ``"auto"`` at batch 1 the controller weighs each
+            copy by how often copies after a match that long were right, against GLIDE's own step; elsewhere (a fixed
+            γ, a batch) a copy needs a 2-token match, after which the target's text mostly goes on as it did.
         max_copy_tokens: how many tokens a copy proposes at most. ``None`` (the default): with ``"auto"`` at batch 1
             the controller decides per step whether to copy and how much, from how often such copies were right and
             what verification costs (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`); in a
