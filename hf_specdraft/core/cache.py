@@ -20,20 +20,21 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .rows import Row
-from .support import cache_window, convolution_only
+from .support import cache_window
 
 
-def target_cache(model) -> DynamicCache:
+def target_cache(model, convolution_only: bool) -> DynamicCache:
     """The target's cache for one ``generate`` call of one unpadded row that owns it.
 
     It keeps the layers transformers builds; sliding-window layers and convolution layers record their past during a
     step (a rejected branch never pushes an accepted key out of the window, and a crop restores a convolution's
     inputs), trimmed after compaction (:func:`trim_windows`). A padded batch shares a :func:`croppable_cache` instead:
     full layers, repacked by index (windowed targets stay within one window there,
-    :func:`~hf_specdraft.core.support.check_batch_target`).
+    :func:`~hf_specdraft.core.support.check_batch_target`). ``convolution_only``: the model's only non-attention layers
+    are short convolutions (:func:`~hf_specdraft.core.support.convolution_only`).
     """
     cache = DynamicCache(config=model.config)
-    if convolution_only(model) or cache_window(cache) is not None:
+    if convolution_only or cache_window(cache) is not None:
         cache.activate_past_recording()
     return cache
 

@@ -26,7 +26,7 @@ from transformers import CompileConfig, DynamicCache, GenerationConfig
 from .cache import croppable_cache
 from .host import stage
 from .static_layout import hold_draft, static_target
-from .support import with_cache
+from .support import support_of, with_cache
 
 DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # tokens per draft feed: one drafted token, or the accepted tokens after a step
 
@@ -119,7 +119,7 @@ class StaticDraftCache(DraftCache):
         hold_draft(draft_model)
         config = copy.copy(generation_config)
         config.compile_config, config.disable_compile = compile_config, False
-        self.static = static_target(draft_model, config, 1, role=role, buckets=DRAFT_BUCKETS)
+        self.static = static_target(draft_model, config, 1, support_of(draft_model), role=role, buckets=DRAFT_BUCKETS)
         self.length = 0
 
     @property

@@ -23,7 +23,7 @@ from .host import host_tensor
 from .projection import few_token_linears
 from .rows import Row
 from .stats import SpeculativeStats
-from .support import no_logits_kwargs, with_cache
+from .support import TargetSupport
 from .target_state import prefill_states
 from .tree import DraftTree
 from .verify import LayerWindows, batch_verify_inputs, single_row_inputs
@@ -134,11 +134,13 @@ class CacheLayout:
 
 
 class DynamicLayout(CacheLayout):
-    """A layout on a ``DynamicCache`` (``cache``): its forward, the model's own (the masks in the model's dtype)."""
+    """A layout on a ``DynamicCache`` (``cache``): its forward, the model's own (the masks in the model's dtype), taking
+    what the call read of the model (``support``, :class:`~hf_specdraft.core.support.TargetSupport`)."""
 
-    def __init__(self, model, cache: DynamicCache):
+    def __init__(self, model, cache: DynamicCache, support: TargetSupport):
         super().__init__(model)
-        self.cache, self.with_cache = cache, with_cache(model, cache)
+        self.cache, self.with_cache = cache, {support.cache_argument: cache}
+        self.prefill_kwargs = support.prefill_kwargs  # what a prefill adds (logits_to_keep=1 where the model takes it)
         self.windows = LayerWindows(model)  # what the masks depend on (asked once: the model walks its parameters)
 
     def _forward(self, inputs: dict, extra: dict):
@@ -157,7 +159,7 @@ class OwnedRow(DynamicLayout):
                 input_ids=input_ids[:, :-1],
                 **self.with_cache,
                 use_cache=True,
-                **no_logits_kwargs(self.model),
+                **self.prefill_kwargs,
                 **request.kwargs,
             )
             if request.hidden:
@@ -187,8 +189,8 @@ class SharedBatch(DynamicLayout):
 
     one_row = False
 
-    def __init__(self, model, cache: DynamicCache):
-        super().__init__(model, cache)
+    def __init__(self, model, cache: DynamicCache, support: TargetSupport):
+        super().__init__(model, cache, support)
         self._columns = 0  # the cache's width at the step's verification (keep reads it)
 
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
@@ -206,7 +208,7 @@ class SharedBatch(DynamicLayout):
                 position_ids=positions[:, :-1],
                 **self.with_cache,
                 use_cache=True,
-                **no_logits_kwargs(self.model),
+                **self.prefill_kwargs,
                 **request.kwargs,
             )
             for layer in (

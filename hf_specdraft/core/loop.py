@@ -59,7 +59,7 @@ from .inputs import (
 from .outputs import SpeculativeGenerateOutput, assemble_result
 from .static_layout import layout_for
 from .rows import Row, call_rows
-from .support import chains_only, check_batch_target, check_target
+from .support import check_batch_target, target_support
 from .target_state import StateRequest, joined, kept_states
 from .tree import DraftTree, check_vocab, fit_proposal
 
@@ -177,8 +177,8 @@ def _speculative_loop(
     lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
     check_unmarked_padding(input_ids, lengths, generation_config.pad_token_id)
     trim = trim_threshold_mib()  # HF_SPECDRAFT_TRIM_MIB, the opt-in heap trim (core/memory.py): a bad value fails here
-    check_target(model)  # recurrent-state models are refused before any forward (core.support)
-    chains = chains_only(model)  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
+    support = target_support(model)  # recurrent-state models are refused before any forward (core.support)
+    chains = support.chains  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
     batch, padded = input_ids.shape
     if batch > 1 or int(lengths[0]) < padded:  # a batch, or one left-padded prompt: rows share a right-aligned cache
         check_batch_setup(generation_config, streamer, batch)
@@ -197,7 +197,7 @@ def _speculative_loop(
     if chains:
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     # the static path holds its cache for the whole call (a concurrent static call on this model waits)
-    with layout_for(model, generation_config, rows) as layout:
+    with layout_for(model, generation_config, rows, support) as layout:
         step = setup_call(model, layout, rows, stopping_criteria, generation_config, acceptance, streamer)
         if streamer is not None:
             streamer.put(input_ids.cpu())

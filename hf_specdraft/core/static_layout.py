@@ -39,7 +39,7 @@ from .host import host_tensor, stage, to_device
 from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .rows import Row
 from .static_cache import StaticRowsCache
-from .support import no_logits_kwargs, with_cache
+from .support import TargetSupport
 from .target_state import prefill_states, rows_of
 from .tree import DraftTree, verify_block
 from .verify import LayerWindows
@@ -145,8 +145,8 @@ class StaticLayout(CacheLayout):
 
     Args:
         model: the target. cache: its :class:`~hf_specdraft.core.static_cache.StaticRowsCache`.
-        with_cache (`dict`): the cache under the argument name the model's forward takes
-            (:func:`~hf_specdraft.core.support.with_cache`).
+        support: what the call reads of ``model`` (:class:`~hf_specdraft.core.support.TargetSupport`): the argument
+            its forward takes the cache under, what a prefill adds.
         compile_config: ``None`` runs the forward eagerly.
         one_row: one unpadded row (:attr:`~hf_specdraft.core.layouts.CacheLayout.one_row`), not a padded batch.
     """
@@ -155,7 +155,7 @@ class StaticLayout(CacheLayout):
         self,
         model,
         cache: StaticRowsCache,
-        with_cache: dict,
+        support: TargetSupport,
         compile_config: CompileConfig | None,
         buckets: tuple[int, ...] = BUCKETS,
         one_row: bool = True,
@@ -164,8 +164,8 @@ class StaticLayout(CacheLayout):
         self.cache, self.buckets, self.one_row = cache, buckets, one_row
         self.compiled, self.compile_config = compile_config is not None, compile_config
         self.call = compiled_call(model, compile_config) if self.compiled else model.__call__
-        # what the forwards take of the model, asked once (the model walks its modules to answer)
-        self.device, self.with_cache, self.prefill_kwargs = model.device, with_cache, no_logits_kwargs(model)
+        self.device, self.with_cache = model.device, {support.cache_argument: cache}
+        self.prefill_kwargs = support.prefill_kwargs
         self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
         self.drafts: list = []  # the drafts' own static caches (StaticDraftCache) where they compile too
         if not hasattr(cache, "warmed"):
@@ -420,30 +420,34 @@ def graph_key(bucket: int, extra: dict | None):
 
 
 @contextlib.contextmanager
-def layout_for(model, generation_config: GenerationConfig, rows: list[Row]):
+def layout_for(model, generation_config: GenerationConfig, rows: list[Row], support: TargetSupport):
     """The call's cache layout, for the length of the call: the static buffers (held by this call,
-    :func:`static_call`), one unpadded row's own ``DynamicCache``, or a padded batch's shared one."""
+    :func:`static_call`), one unpadded row's own ``DynamicCache``, or a padded batch's shared one. ``support``: what the
+    call read of ``model`` (:func:`~hf_specdraft.core.support.target_support`)."""
     one_row = len(rows) == 1 and rows[0].pad == 0
     if generation_config.cache_implementation == "static":
         with static_call(model):
-            yield static_target(model, generation_config, len(rows), one_row=one_row)
+            yield static_target(model, generation_config, len(rows), support, one_row=one_row)
     else:
-        cache = croppable_cache(model) if not one_row else target_cache(model)  # repacked by index, or compacted
-        yield OwnedRow(model, cache) if one_row else SharedBatch(model, cache)
+        # repacked by index, or compacted
+        cache = croppable_cache(model) if not one_row else target_cache(model, support.convolution_only)
+        yield OwnedRow(model, cache, support) if one_row else SharedBatch(model, cache, support)
 
 
 def static_target(
     model,
     generation_config: GenerationConfig,
     batch_size: int,
+    support: TargetSupport,
     role: str = "target",
     buckets: tuple[int, ...] = BUCKETS,
     one_row: bool = True,
 ) -> StaticLayout:
     """The static path of ``model`` in ``role`` ("target", or "draft" for a draft's own cache) for a call of
-    ``batch_size`` rows: the cache it had in that role reused when it fits, or a new one of ``P + max_new_tokens +
-    widest bucket`` columns rounded up to a power of two, at least :data:`MIN_CACHE_COLUMNS`. A target's windowed layers
-    keep a ring of ``window + widest bucket`` columns (:meth:`~hf_specdraft.core.verify.LayerWindows.rings`)."""
+    ``batch_size`` rows (``support``: what the call reads of ``model``): the cache it had in that role reused when it
+    fits, or a new one of ``P + max_new_tokens + widest bucket`` columns rounded up to a power of two, at least
+    :data:`MIN_CACHE_COLUMNS`. A target's windowed layers keep a ring of ``window + widest bucket`` columns
+    (:meth:`~hf_specdraft.core.verify.LayerWindows.rings`)."""
     compile_config = compile_config_for(model, generation_config)
     needed = generation_config.max_length + buckets[-1]
     caches = _CACHES.setdefault(model, {})
@@ -459,5 +463,4 @@ def static_target(
             scratch=buckets[-1],
             layer_windows=windows,
         )
-    call_kwargs = with_cache(model, cache)  # asked once: the model walks its modules to answer
-    return StaticLayout(model, cache, call_kwargs, compile_config, buckets, one_row)
+    return StaticLayout(model, cache, support, compile_config, buckets, one_row)

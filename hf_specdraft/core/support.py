@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
@@ -166,6 +167,39 @@ def check_target(model: PreTrainedModel, argument: str = "model") -> None:
             "attention-based causal LMs (LFM2-style convolution hybrids and ALiBi models with chains only); see "
             "the README's Architectures section"
         )
+
+
+@dataclass(frozen=True)
+class TargetSupport:
+    """What a call reads of its target, asked once (:func:`support_of`): later code reads these fields instead of
+    asking the model again (its config and signatures are slow to ask).
+
+    Attributes:
+        cache_argument (`str`): the keyword its forward takes its cache under (:func:`cache_argument`).
+        chains (`str`, *optional*): why it verifies trees as chains (:func:`chains_only`), or ``None``.
+        convolution_only (`bool`): its only non-attention layers are short convolutions (:func:`convolution_only`).
+        prefill_kwargs (`dict`): what a prefill forward adds (:func:`no_logits_kwargs`).
+    """
+
+    cache_argument: str
+    chains: str | None
+    convolution_only: bool
+    prefill_kwargs: dict
+
+
+def support_of(model: PreTrainedModel) -> TargetSupport:
+    """What the loop reads of ``model`` (:class:`TargetSupport`), without refusing it (a draft's static cache asks too);
+    a target is checked first (:func:`target_support`)."""
+    return TargetSupport(
+        cache_argument(model) or "past_key_values", chains_only(model), convolution_only(model), no_logits_kwargs(model)
+    )
+
+
+def target_support(model: PreTrainedModel) -> TargetSupport:
+    """Refuse ``model`` where speculative decoding cannot run on it exactly (:func:`check_target`: before any forward),
+    else what the call reads of it (:func:`support_of`)."""
+    check_target(model)
+    return support_of(model)
 
 
 def no_logits_kwargs(model: PreTrainedModel) -> dict:
