@@ -449,12 +449,12 @@ def static_target(
     :data:`MIN_CACHE_COLUMNS`. A target's windowed layers keep a ring of ``window + widest bucket`` columns
     (:meth:`~hf_specdraft.core.verify.LayerWindows.rings`)."""
     compile_config = compile_config_for(model, generation_config)
+    windows = LayerWindows(model)  # read once a call, as a DynamicCache's layouts do: the model is slow to ask
     needed = generation_config.max_length + buckets[-1]
     caches = _CACHES.setdefault(model, {})
     cache = caches.get(role)
     if cache is None or not cache.fits(batch_size, needed, model.device, model.dtype):
         columns = max(MIN_CACHE_COLUMNS, 1 << (needed - 1).bit_length())
-        windows = LayerWindows(model)  # read once: the model is slow to ask
         cache = caches[role] = StaticRowsCache(
             model.config.get_text_config().num_hidden_layers,
             batch_size,
