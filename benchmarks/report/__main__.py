@@ -1,5 +1,5 @@
 """``python -m benchmarks.report [--results-dir DIR] [--output FILE]``: BENCHMARKS.md, its plots and the README's
-headline table (the README beside ``--output``), from the repository root."""
+headline and per-group tables (the README beside ``--output``), from the repository root."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .headline import write_headline
+from .headline import write_groups, write_headline
 from .render import write_report
 
 
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     demo_dir = Path(args.results_dir).parent / "demo"
     if write_headline(Path(args.output).parent / "README.md", demo_dir):
         print(f"wrote the README's headline table from {demo_dir}")
+    if write_groups(Path(args.output).parent / "README.md", demo_dir / "groups.json"):
+        print(f"wrote the README's per-group table from {demo_dir / 'groups.json'}")
     return 0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from hf_specdraft.defaults import SMOLLM2_DRAFTERS_DIR
 from hf_specdraft.glide.model_card import training_stages
 
+from .headline import groups_table
 from .plots import make_plots, plot_paths
 
 COLUMNS = [
@@ -476,6 +477,16 @@ def batching_section(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def groups_section(path: Path) -> str:
+    """The README's per-group table (:func:`~benchmarks.report.headline.groups_table`) under its own heading."""
+    return (
+        "## Held-out task groups\n\nThe default call on Spec-Bench's groups of questions (`hf-specdraft bench "
+        "--prompts`), one row per group: its speedup against `generate` and against `generate` with the few-row "
+        "linears, its MAL, the fastest method of the same run in that group, and whether every method's tokens "
+        f"equalled `generate`'s on every turn.\n\n{groups_table(path)}\n"
+    )
+
+
 def _images(name: str, plots_dir: Path, report_dir: Path) -> list[str]:
     """The plots of result ``name`` that exist, as links relative to the report's directory."""
     return [
@@ -534,6 +545,9 @@ def render(
     batching = results_dir.parent / "verification" / "cpu-batching.json"
     if batching.is_file():
         parts.append(batching_section(json.loads(batching.read_text())))
+    groups = results_dir.parent / "demo" / "groups.json"
+    if groups.is_file():
+        parts.append(groups_section(groups))
     benches = sorted(p for p in results_dir.glob("*.json") if p.name != overhead.name)
     if benches:
         parts.append("## Methods side by side\n")
