@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 from .host import copy_to_device, host_tensor, on_device, to_device
-from .tree import verify_block
+from .tree import tree_buffers
 from .verify import LayerWindows
 
 BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a float dtype's item size -> the integer dtype of its bits
@@ -53,11 +53,7 @@ class LayerStorage:
             return None
         if self.buffer is None:
             self.buffer = torch.zeros(2, self.layers, *keys_shape, dtype=dtype, device=device)
-        if (
-            tuple(self.buffer.shape[2:]) != tuple(keys_shape)
-            or self.buffer.dtype != dtype
-            or self.buffer.device != device
-        ):
+        if (self.buffer.shape[2:], self.buffer.dtype, self.buffer.device) != (torch.Size(keys_shape), dtype, device):
             return None
         return self.buffer[0, i], self.buffer[1, i]
 
@@ -91,11 +87,9 @@ class StaticRowsLayer(CacheLayerMixin):
         batch, heads = key_states.shape[:2]
         size = self.ring + self.scratch if self.ring is not None else self.max_cache_len
         shape = (batch, heads, size, key_states.shape[-1])
-        views = (
-            None
-            if self.storage is None
-            else self.storage[0].views(self.storage[1], shape, value_states.shape[-1], self.dtype, self.device)
-        )
+        views = None
+        if self.storage is not None:
+            views = self.storage[0].views(self.storage[1], shape, value_states.shape[-1], self.dtype, self.device)
         self.in_storage = views is not None
         if views is not None:
             self.keys, self.values = views
@@ -352,9 +346,8 @@ class StaticRowsCache(Cache):
                 own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
                 own.keys = layer.keys[row : row + 1, :, start:stop]
                 own.values = layer.values[row : row + 1, :, start:stop]
-            elif (
-                layer.is_initialized
-            ):  # a ring: the newest window - 1 columns, in order (copies), a trimmed sliding layer
+            elif layer.is_initialized:
+                # a ring: the newest window - 1 columns, in order (copies), a trimmed sliding layer
                 slots = torch.arange(max(start, stop - layer.window + 1), stop, device=layer.keys.device) % layer.ring
                 own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
                 own.keys = layer.keys[row : row + 1].index_select(2, slots)
@@ -372,6 +365,19 @@ class StaticRowsCache(Cache):
             and max_cache_len <= self.max_cache_len
             and (not layer.is_initialized or (layer.device == device and layer.dtype == dtype))
         )
+
+
+def verify_block(parents: list[int], width: int) -> tuple[torch.Tensor, list[int]]:
+    """What ``[last token] + tree`` sees of its own ``width`` columns in a verification forward padded to ``width``:
+    `(Q, Q)` bool (host), query 0 the last accepted token, query ``1 + i`` node ``i``, each seeing its ancestors-or-self
+    (SpecInfer), a dummy query ``j > N`` only its own column; and each query's depth (0 for the last token and the
+    dummies, ``1 + depth(i)`` for node ``i``), ``Q`` entries."""
+    n = len(parents)
+    ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in parents])  # the last token as the root
+    block = torch.zeros(width, width, dtype=torch.bool)
+    block[: 1 + n, : 1 + n] = ancestors
+    block.diagonal()[1 + n :] = True
+    return block, depths + [0] * (width - 1 - n)
 
 
 def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -486,8 +492,8 @@ class BucketInputs:
         self._send()
 
     def tree_block(self, parents: list[int]) -> tuple:
-        """A tree's :func:`~hf_specdraft.core.tree.verify_block` as mask bits `(Q, Q)`, and its queries' depths; kept
-        per tree shape: a drafter repeats its shapes."""
+        """A tree's :func:`verify_block` as mask bits `(Q, Q)`, and its queries' depths; kept per tree shape: a drafter
+        repeats its shapes."""
         key = tuple(parents)
         found = self.blocks.get(key)
         if found is not None:

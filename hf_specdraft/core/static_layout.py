@@ -38,10 +38,10 @@ from .cache import croppable_cache, target_cache
 from .host import host_tensor, stage, to_device
 from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .rows import Row
-from .static_cache import StaticRowsCache
+from .static_cache import StaticRowsCache, verify_block
 from .support import TargetSupport
 from .target_state import prefill_states, rows_of
-from .tree import DraftTree, verify_block
+from .tree import DraftTree
 from .verify import LayerWindows
 
 BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph each, captured on first use

@@ -253,19 +253,6 @@ def tree_buffers(parents: list[int]) -> tuple[torch.Tensor, list[int]]:
     return torch.frombuffer(flat, dtype=torch.bool).view(n, n), depth
 
 
-def verify_block(parents: list[int], width: int) -> tuple[torch.Tensor, list[int]]:
-    """What ``[last token] + tree`` sees of its own ``width`` columns in a verification forward padded to ``width``:
-    `(Q, Q)` bool (host), query 0 the last accepted token, query ``1 + i`` node ``i``, each seeing its ancestors-or-self
-    (SpecInfer), a dummy query ``j > N`` only its own column; and each query's depth (0 for the last token and the
-    dummies, ``1 + depth(i)`` for node ``i``), ``Q`` entries."""
-    n = len(parents)
-    ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in parents])  # the last token as the root
-    block = torch.zeros(width, width, dtype=torch.bool)
-    block[: 1 + n, : 1 + n] = ancestors
-    block.diagonal()[1 + n :] = True
-    return block, depths + [0] * (width - 1 - n)
-
-
 def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Ancestor-or-self matrix and depths of a tree.
 
