@@ -185,8 +185,6 @@ def _speculative_loop(
         check_batch_target(model, generation_config, chains)
     check_generation_setup(input_ids, generation_config, model_kwargs, acceptance)
     ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike (core.distributed)
-    if ranks is not None and generation_config.do_sample:
-        ranks.check_random_state(model.device)
     if chains and generation_config.cache_implementation == "static":
         raise ValueError(
             f"cache_implementation='static' verifies with explicit 4-D masks, which {type(model).__name__} cannot take "
@@ -198,14 +196,15 @@ def _speculative_loop(
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     # the static path holds its cache for the whole call (a concurrent static call on this model waits)
     with layout_for(model, generation_config, rows, support) as layout:
-        step = setup_call(model, layout, rows, stopping_criteria, generation_config, acceptance, streamer)
+        for row in rows:
+            row.done = len(row.tokens) >= generation_config.max_length
+        active = [row for row in rows if not row.done]
+        step = setup_call(model, layout, rows, active, stopping_criteria, generation_config, acceptance, streamer)
         if streamer is not None:
             streamer.put(input_ids.cpu())
         prefill = step.cache.prefill(input_ids, rows, step.request)
         for row in rows:
             row.out.stats.prefill_seconds = prefill / len(rows)
-            row.done = len(row.tokens) >= generation_config.max_length
-        active = [row for row in rows if not row.done]
         step.cache.leave(rows, active)
         # the static path compiles every bucket (and batch-1 drafts) here, outside the steps' costs
         step.cache.before_steps(rows, step.request, generation_config)
@@ -237,77 +236,79 @@ class Step:
     vocab: int  # the target's output vocabulary (asked once: the model's config is slow to ask)
     acceptance: ConditionalAcceptance | None = None
     streamer: object = None
+    # what the controller's state is kept under for the next call (controller_store)
+    controller_key: tuple | None = None
 
 
 def setup_call(
     model,
     layout: CacheLayout,
     rows: list[Row],
+    active: list[Row],
     stopping_criteria,
     generation_config: GenerationConfig,
     acceptance,
     streamer,
 ) -> Step:
-    """Bind every row's drafter to the call, merge what they ask of the target
-    (:class:`~hf_specdraft.core.target_state.StateRequest`) and build the call's one :class:`Step` on ``layout``."""
+    """Bind every row's drafter to the call; the ``active`` rows' controller (:func:`call_controller`) and what the
+    drafters ask of the target (:class:`~hf_specdraft.core.target_state.StateRequest`) go into one :class:`Step`."""
     for row in rows:
         row.generator.prepare(model, generation_config)
         row.traits = traits_of(row.generator)
+    controller, key = call_controller(model, layout, active, generation_config)
+    ranks = RankAgreement.of(model)  # tensor parallelism: every rank samples alike (checked before any forward)
+    if ranks is not None and generation_config.do_sample:
+        ranks.check_random_state(model.device)
     request = StateRequest(model, [row.generator for row in rows], [row.traits for row in rows])
-    stops, meter = HostStops(stopping_criteria, generation_config), StepMeter(StepClock(model.device))
-    return Step(model, layout, generation_config, stops, request, meter, output_vocab_size(model), acceptance, streamer)
+    stops, meter = HostStops(stopping_criteria, generation_config), StepMeter(StepClock(model.device), controller)
+    vocab = output_vocab_size(model)
+    return Step(model, layout, generation_config, stops, request, meter, vocab, acceptance, streamer, key)
 
 
 def speculative_steps(step: Step, active: list[Row]) -> dict:
-    """Speculative steps until every row is done (what they cost, the layout counts:
-    :class:`~hf_specdraft.core.layouts.CacheLayout`'s ``costs``). Returns, with a controller, the γ it chose at every
-    step and whether it resumed the last call's state (``draft_lengths``, ``controller_resumed``), else ``{}``.
-    """
+    """Speculative steps until every row is done (the layout counts their costs). Returns, with a controller, the γ it
+    chose at every step and whether it resumed the last call's state (``draft_lengths``, ``controller_resumed``)."""
     drafters = [row.generator for row in active]
     if drafters and not any(row.traits.requires_model_outputs for row in active):  # a batch proposer hands no state on
         step.cache.batch_proposer(drafters)  # where the layout allows (a padded batch)
-    setting = attach_controller(step, active)
     while active:
         active = speculative_step(step, active)
     controller = step.meter.controller
     if controller is None:
         return {}
-    remember(controller, step.model, drafters[0], setting)
+    remember(controller, step.model, drafters[0], step.controller_key)
     return {"draft_lengths": controller.choices, "controller_resumed": controller.resumed}
 
 
-def attach_controller(step: Step, active: list[Row]) -> tuple | None:
+def call_controller(
+    model, layout: CacheLayout, active: list[Row], generation_config: GenerationConfig
+) -> tuple[DraftLengthController | None, tuple | None]:
     """With ``num_draft_tokens="auto"`` drafters, the call's γ (and "auto" tree budget) controller, resumed from the
-    last call's curve and counts. Returns what else changes costs or acceptance (the key of its state), or ``None``."""
+    last call's curve and counts, and the key of its state (what else changes costs or acceptance); else ``None``s."""
     if not active or not all(row.traits.adaptive_draft_length for row in active):
-        return None
-    drafters = [row.generator for row in active]
+        return None, None
     widths = (1.0, 2.0) if all(row.traits.adaptive_budget for row in active) else (1.0,)
-    longest, bucket, layout_setting = step.cache.controller_limits(active[0].traits.max_draft_tokens, max(widths))
+    longest, bucket, layout_setting = layout.controller_limits(active[0].traits.max_draft_tokens, max(widths))
     # a copy from the text is free to draft: on a dynamic cache it may run to twice the longest draft (the static path's
     # buckets stop at the longest)
-    controller = step.meter.controller = DraftLengthController(
+    controller = DraftLengthController(
         longest, widths, bucket=bucket, max_copy_tokens=longest if bucket is not None else 2 * longest
     )
-    model, sampling = step.model, bool(step.generation_config.do_sample)
-    setting = (len(drafters), layout_setting, sampling, str(model.device), str(model.dtype))
-    controller.resumed = recall(controller, model, drafters[0], setting)
+    key = (len(active), layout_setting, bool(generation_config.do_sample), str(model.device), str(model.dtype))
+    controller.resumed = recall(controller, model, active[0].generator, key)
     ranks = RankAgreement.of(model)
     if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
         ranks.align(controller)
     # the chain stops on its draft's confidence (controller.keep_drafting, in each step's request)
-    controller.confidence_stops = step.cache.one_row and active[0].traits.stops_on_confidence
-    return setting
+    controller.confidence_stops = layout.one_row and active[0].traits.stops_on_confidence
+    return controller, key
 
 
 def speculative_step(step: Step, active: list[Row]) -> list[Row]:
     """One step of every active row: propose, verify in one forward, read back once, accept, keep. Returns the rows
-    still active.
-
-    The device is read once (:func:`read_back`: every row's verified tokens and the target's choices, under greedy
-    decoding without logits processors); tree metadata, stop checks and statistics are host data. The step's clock and
-    γ sit behind ``step.meter`` (:class:`~hf_specdraft.core.meter.StepMeter`).
-    """
+    still active. The device is read once (:func:`read_back`: every row's verified tokens and the target's choices,
+    under greedy decoding without logits processors); tree metadata, stop checks and statistics are host data. The
+    step's clock and γ sit behind ``step.meter`` (:class:`~hf_specdraft.core.meter.StepMeter`)."""
     meter = step.meter
     cached = [row.cached for row in active]  # before this step: row a's last cached[a] columns of the cache
     trees = draft_rows(step, active)  # propose
@@ -366,10 +367,9 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
 def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
     """Every active row's proposal for its :class:`~hf_specdraft.core.drafting.DraftRequest` (the row's text on the
     device and on the host, what its drafter reads of the target, what the step's controller chose:
-    :meth:`~hf_specdraft.core.meter.StepMeter.begin`),
-    fitted to its room before ``max_length`` and to the layout's ``max_nodes``
-    (:func:`~hf_specdraft.core.tree.fit_proposal`): each row's drafter on its view of the target cache, or one batch
-    proposer for all rows (the layout's ``together``). The meter times each."""
+    :meth:`~hf_specdraft.core.meter.StepMeter.begin`), fitted to its room before ``max_length`` and to the layout's
+    ``max_nodes`` (:func:`~hf_specdraft.core.tree.fit_proposal`): each row's drafter on its view of the target cache, or
+    one batch proposer for all rows (the layout's ``together``). The meter times each."""
     step.meter.begin()  # the step's clock starts; γ (and the rules) every request carries, when the controller chooses
     config, meter, limit, vocab = step.generation_config, step.meter, step.cache.max_nodes, step.vocab
     together = step.cache.together
