@@ -239,3 +239,22 @@ def test_cli_runs_a_prompts_file(tokenizer, tmp_path, capsys, monkeypatch):
     saved = json.loads(out.read_text())
     assert saved["meta"]["prompts"] == str(path) and list(saved["categories"]) == ["qa", "multi", "overall"]
     assert torch.is_tensor(torch.tensor(saved["units"]))
+
+
+def test_a_run_records_the_command_that_started_it(monkeypatch):
+    import sys
+    import types
+
+    from hf_specdraft.bench.harness import run_command
+
+    main = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/hf-specdraft", "bench", "--prompts", "default"])
+    assert run_command() == "hf-specdraft bench --prompts default"
+    monkeypatch.setattr(sys, "argv", ["/repo/benchmarks/bench.py", "--prompts", "f.jsonl"])
+    main.__spec__ = types.SimpleNamespace(name="benchmarks.bench")
+    assert run_command() == "python -m benchmarks.bench --prompts f.jsonl"
+    main.__spec__ = types.SimpleNamespace(name="hf_specdraft.__main__")
+    assert run_command() == "hf-specdraft --prompts f.jsonl"
+    main.__spec__ = None  # a notebook or a script run by path: no command line to repeat
+    assert run_command() is None

@@ -434,6 +434,18 @@ def time_prompt(
     return first
 
 
+def run_command() -> str | None:
+    """The command line that started this process: ``hf-specdraft ...``, ``python -m module ...`` (the lab's
+    ``python -m benchmarks.bench``), or ``None`` for a call from Python (a notebook, a test)."""
+    if sys.argv[0].endswith("hf-specdraft"):
+        return " ".join(["hf-specdraft", *sys.argv[1:]])
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is None or not spec.name:
+        return None
+    module = spec.name.removesuffix(".__main__")
+    return " ".join(["hf-specdraft" if module == "hf_specdraft" else f"python -m {module}", *sys.argv[1:]])
+
+
 def bench_result(
     bundle: DefaultBundle,
     config: BenchConfig,
@@ -449,9 +461,7 @@ def bench_result(
     """A run's JSON: ``meta`` (:func:`environment`, then ``meta``, the methods, the date and the command), ``body``,
     the timing verdict (:func:`~hf_specdraft.bench.timing.verdict` over ``summary``) and the records; written to
     ``output`` when given. ``warn``: an unreliable run also raises a ``UserWarning``."""
-    command = (
-        " ".join(["hf-specdraft", *sys.argv[1:]]) if sys.argv[0].endswith(("hf-specdraft", "__main__.py")) else None
-    )
+    command = run_command()
     result = {
         "meta": {
             **environment(bundle),
