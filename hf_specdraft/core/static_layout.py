@@ -38,10 +38,10 @@ from .cache import croppable_cache, target_cache
 from .host import host_tensor, stage, to_device
 from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .rows import Row
-from .static_cache import StaticRowsCache
+from .static_cache import StaticRowsCache, verify_block
 from .support import TargetSupport
 from .target_state import prefill_states, rows_of
-from .tree import DraftTree, tree_buffers
+from .tree import DraftTree
 from .verify import LayerWindows
 
 BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph each, captured on first use
@@ -378,19 +378,17 @@ class StaticLayout(CacheLayout):
                 mask[b, 0].diagonal()[:width] = 0
         for row, tree in zip(rows, trees):
             b, n, start = row.index, len(tree), len(row.tokens) - 1
-            # the last token as the root; straight into the mask (a bucket's own block is kept per tree shape instead)
-            ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in tree.parent_list])
+            block, depths = verify_block(tree.parent_list, width)
             ids[b][0] = row.tokens[-1]
             if tree.token_list is not None:
                 ids[b][1 : 1 + n] = tree.token_list
             elif n:
                 on_device.append((b, tree))
             cached = start - row.pad
-            positions[b] = [cached + d for d in depths] + [cached] * (width - 1 - n)
+            positions[b] = [cached + d for d in depths]
             starts[b] = start
             mask[b, 0, :, row.pad : start] = 0
-            mask[b, 0, : 1 + n, start : start + 1 + n].masked_fill_(ancestors, 0)
-            mask[b, 0].diagonal(start)[1 + n : width] = 0  # dummy nodes see only themselves
+            mask[b, 0, :, start : start + width].masked_fill_(block, 0)
             if keys is not None:
                 keys[b] -= row.pad
                 keys[b, start : start + width] = host_tensor(positions[b])
