@@ -1,9 +1,7 @@
 """CASD's drafter: draft trees retrieved from the request's own context (the CASD paper, §3, Algorithm 1).
 
-Notation: p is the target's distribution; retrieval drafts have no draft distribution q. Verification is
-the core loop's: exact (lossless context lookup decoding) with ``acceptance=None``, or CASD's conditional
-rule ``p(x) > max(δ, p(eos))`` (eq. 3), optionally with ``x ∈ top-k(p)`` (eq. 4), with
-``acceptance=ConditionalAcceptance(threshold=δ, top_k=k)``::
+p is the target's distribution; retrieved drafts have no q. The loop verifies exactly (``acceptance=None``, lossless)
+or by ``p(x) > max(δ, p(eos))`` (eq. 3), optionally with ``x ∈ top-k(p)`` (eq. 4)::
 
     generator = CasdCandidateGenerator(context_ids)
     out = target.generate(prompt_ids, custom_generate=speculative_generate, candidate_generator=generator,
@@ -23,16 +21,12 @@ from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .configuration_casd import PAPER_MAX_NODES, CasdConfig
 from .pool import DraftPool, context_token_ids
-from .retrieval import add_nodes, retrieve
+from .retrieval import merge_trees, retrieve
 
 
 def tokenize_context(context, tokenizer=None, argument: str = "context"):
-    """Token ids `(n,)` int64 of a context given as text (with ``tokenizer``) or as token ids.
-
-    Text is tokenized without special tokens: the pool holds the context's own tokens, not a BOS.
-
-    Raises ``ValueError`` naming ``argument`` for empty text or ids, text without a tokenizer, or bad ids.
-    """
+    """Token ids `(n,)` int64 of a context given as text (with ``tokenizer``, without special tokens: the pool holds
+    the context's own tokens, not a BOS) or as token ids; ``ValueError`` naming ``argument`` for bad input."""
     if isinstance(context, str):
         if tokenizer is None:
             raise ValueError(f"{argument} is text; pass tokenizer= to tokenize it, or pass token ids")
@@ -140,27 +134,15 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         if own_length == 0:
             return tree, length
         first, second = (own, tree) if own_length > length else (tree, own)
-        tokens, parents = first.tokens.tolist(), first.parents.tolist()
-        add_nodes(tokens, parents, second, config.max_nodes)
-        merged = DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
-        return merged, max(length, own_length)
+        return merge_trees(first, [second], config.max_nodes), max(length, own_length)
 
 
 def build_casd_for_bench(
     target: PreTrainedModel, context_ids: torch.Tensor, **options
 ) -> tuple[CasdCandidateGenerator, ConditionalAcceptance | None]:
-    """A CASD drafter and its acceptance rule, for the benchmark harness.
-
-    Args:
-        target: the target model (its vocabulary is checked against the context now).
-        context_ids (`torch.LongTensor` of shape `(n,)` or `(1, n)`): the full context.
-        options: ``threshold`` (δ, default 0.1), ``top_k`` (default None; 5 for "mixed"), ``strict``
-            (default False) and any :class:`CasdConfig` field.
-
-    Returns:
-        `(candidate_generator, acceptance)` for ``speculative_generate(candidate_generator=...,
-        acceptance=...)``; ``acceptance`` is None in strict mode.
-    """
+    """`(candidate_generator, acceptance)` for the benchmark harness, the context `(n,)` or `(1, n)` checked against
+    ``target``'s vocabulary now. ``options``: ``threshold`` (δ, default 0.1), ``top_k`` (default None; 5 for "mixed"),
+    ``strict`` (default False: with it ``acceptance`` is None) and any :class:`CasdConfig` field."""
     acceptance = casd_acceptance(
         options.pop("threshold", 0.1), options.pop("top_k", None), options.pop("strict", False)
     )

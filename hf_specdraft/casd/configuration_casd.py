@@ -1,11 +1,7 @@
-"""Options of CASD's context-aware drafting (the CASD paper, §3, "Context-aware drafting").
+"""Options of CASD's context-aware drafting (the CASD paper, §3), whose retrieval is REST's (He et al. 2024).
 
-The retrieval follows REST (He et al. 2024), which CASD uses unchanged: match the longest suffix of the
-current sequence in the draft pool (lengths 16 down to 2, first hit wins), take the continuations of its
-occurrences and keep the most frequent ones as a draft tree of at most 64 nodes.
-
-    >>> CasdConfig(max_nodes=32).max_nodes
-    32
+>>> CasdConfig(max_nodes=32).max_nodes
+32
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ class CasdConfig:
             prompt lookup decoding does; the longer match's tree comes first.
     """
 
-    # the CASD paper, §3 / REST fix 64 ("choices=64"); "auto": the loop picks it per step (64 outside it)
-    max_nodes: int | str = AUTO
+    max_nodes: int | str = AUTO  # the CASD paper and REST fix 64 ("choices=64"); "auto": the loop picks it per step
     max_suffix_length: int = 16  # REST token spans 16 ... 2, first hit wins
     min_suffix_length: int = 2  # a 1-token match is too weak a signal to spend verification on
     max_draft_length: int = 10  # REST's continuation length ("long=10")

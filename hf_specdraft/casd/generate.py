@@ -1,8 +1,7 @@
 """The CASD user call: question and context passed separately (the CASD paper, Algorithm 1, §3, §4.4).
 
-The draft pool always holds the *full* context; the prompt holds the context as it is, or compressed
-by any ``compressor`` callable (text -> text), e.g. LLMLingua-2 (Pan et al. 2024) through
-:func:`llmlingua2_compressor`. Dropped passages can then still be drafted from the pool (§4.4).
+The draft pool always holds the *full* context; the prompt holds it as it is, or compressed by a ``compressor``
+(text -> text, e.g. :func:`llmlingua2_compressor`), so dropped passages can still be drafted from the pool (§4.4).
 
     >>> out = casd_generate(model, tokenizer, "Who holds the record?", context=document,
     ...                     threshold=0.1, max_new_tokens=64)  # doctest: +SKIP
@@ -30,8 +29,7 @@ LLMLINGUA2_MODEL = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"  # the 
 
 
 def compress_context(context: str, compressor: Callable[[str], str]) -> str:
-    """Algorithm 1 lines 2–3: d_q ← Compress(d_q), for the prompt only (``TypeError`` for a ``compressor`` that is not
-    callable, ``ValueError`` when it returns something other than text)."""
+    """Algorithm 1 lines 2–3: d_q ← Compress(d_q), for the prompt only."""
     if not callable(compressor):
         raise TypeError(
             f"compressor must be a callable taking the context text and returning text, got {type(compressor).__name__}"
@@ -53,30 +51,22 @@ class CasdInputs:
 
 def _is_missing(question) -> bool:
     """No question: None or empty ids (context-only prompts such as code completion)."""
-    if question is None:
-        return True
     if isinstance(question, torch.Tensor):
         return question.numel() == 0
-    return not isinstance(question, str) and np.asarray(question).size == 0
+    return question is None or (not isinstance(question, str) and np.asarray(question).size == 0)
 
 
 def _as_text(value, tokenizer, argument: str) -> str:
     if _is_missing(value):
         return ""
-    if isinstance(value, str):
-        return value
-    return tokenizer.decode(context_token_ids(value, argument).tolist())
+    return value if isinstance(value, str) else tokenizer.decode(context_token_ids(value, argument).tolist())
 
 
 def build_casd_inputs(
     tokenizer, question, context, compressor: Callable[[str], str] | None = None, prompt_template: str | None = None
 ) -> CasdInputs:
-    """Prompt ids and pool ids for one request (Algorithm 1 lines 1–5); arguments as :func:`casd_generate`.
-
-    With a tokenizer, ``question`` and ``context`` may be text or token ids (ids are decoded into the template, by
-    default ``"{context}\\n\\n{question}"``; Table 7 of the CASD paper has the paper's). Without one both must be
-    token ids, the prompt is ``context + question``, and a compressor (which works on text) cannot be used.
-    """
+    """Prompt ids and pool ids for one request (Algorithm 1 lines 1–5); arguments as :func:`casd_generate`. Without a
+    tokenizer both are token ids, the prompt is ``context + question`` and no compressor (it works on text) applies."""
     if tokenizer is None:
         if compressor is not None:
             raise ValueError("compressor works on text: pass the target's tokenizer to casd_generate to use one")
@@ -159,13 +149,10 @@ def casd_generate(
 def llmlingua2_compressor(
     rate: float = 1 / 3, model_name: str = LLMLINGUA2_MODEL, device_map: str = "cpu", **compress_kwargs
 ) -> Callable[[str], str]:
-    """An LLMLingua-2 context compressor (Pan et al. 2024), as used in the CASD paper (§4.4) at 3×, 5× and 10×.
-
-    Needs the optional dependency ``llmlingua`` (``pip install "hf-specdraft[casd]"``) and downloads ``model_name``
-    (the token classifier, run on ``device_map``) on first use. ``rate``: the kept fraction of the context's tokens, in
-    (0, 1] (1/3 = the paper's "3×"); ``compress_kwargs`` go to ``PromptCompressor.compress_prompt`` (e.g.
-    ``force_tokens=["\\n"]``). Returns a ``text -> text`` callable for ``casd_generate(compressor=...)``.
-    """
+    """A ``text -> text`` LLMLingua-2 compressor (Pan et al. 2024; the CASD paper, §4.4, at 3×, 5× and 10×) for
+    ``casd_generate(compressor=...)``. Needs ``pip install "hf-specdraft[casd]"``; downloads ``model_name`` (run on
+    ``device_map``) on first use. ``rate``: the kept fraction of the context's tokens, in (0, 1] (1/3 = "3×");
+    ``compress_kwargs`` go to ``PromptCompressor.compress_prompt``."""
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 1:
         raise ValueError(f"rate must be in (0, 1] (the kept fraction of the context), got {rate!r}")
     try:

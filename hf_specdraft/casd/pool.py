@@ -1,14 +1,8 @@
-"""The draft pool: a suffix array over the request's own context (the CASD paper, Algorithm 1, line 1: R ← d_q).
+"""The draft pool R ← d_q: a suffix array over the request's full context (the CASD paper, Algorithm 1 line 1; §4.4).
 
-The pool is built once per request from the *full* context, also when the prompt holds a compressed
-context (§3 "Combination with prompt compression", §4.4). Lookups find the longest suffix of the current
-sequence that occurs in the context and return the positions of its occurrences (REST, He et al. 2024).
-
-Token ids are kept as int64 end to end, so vocabularies of any size work (the official retriever stored
-ids as u16 and corrupted vocabularies above 65,535).
-
-The suffix array is sorted by each suffix's first ``max_suffix_length`` tokens (rounded up to a power of two), all a
-lookup compares, ties in position order: prefix doubling (Manber & Myers 1993) with numpy sorts, ⌈log2 16⌉ = 4 rounds.
+Lookups find the longest suffix of the current sequence that occurs in the context (REST, He et al. 2024). Ids stay
+int64 (the official retriever stored u16 and broke vocabularies above 65,535). The array is sorted by each suffix's
+first ``max_suffix_length`` tokens, all a lookup compares: prefix doubling (Manber & Myers 1993), 4 numpy rounds.
 
     >>> pool = DraftPool([1, 2, 3, 1, 2, 4, 1, 2, 3])
     >>> length, positions = pool.match([9, 1, 2], min_length=2, max_length=16)
@@ -72,16 +66,13 @@ def _dense_rank(key: np.ndarray) -> np.ndarray:
 
 
 def build_suffix_array(tokens: np.ndarray, depth: int = 16) -> np.ndarray:
-    """Suffix array of ``tokens`` `(n,)` sorted by the first ``D >= depth`` tokens of each suffix, ties by position.
-
-    Prefix doubling: after the round with step ``h`` the rank of suffix ``i`` orders its first ``2h`` tokens, so
-    ``D = 2^⌈log2 depth⌉`` (or the whole suffix, once all prefixes differ); a suffix's end sorts before any token.
-    Returns the start positions `(n,)` int64 in sorted order.
-    """
+    """Start positions `(n,)` int64 of the suffixes of ``tokens`` `(n,)`, sorted by their first ``D >= depth`` tokens
+    (``D = 2^⌈log2 depth⌉`` or the whole suffix; a suffix's end sorts before any token), ties by position."""
     n = tokens.size
     rank = _dense_rank(tokens)  # no assumption on the id range: any vocabulary size
     h = 1
     while h < depth and int(rank.max()) < n:  # stop early once every prefix is distinct
+        # after this round, rank orders the first 2h tokens of each suffix
         second = np.zeros(n, dtype=np.int64)
         second[: n - h] = rank[h:]
         rank = _dense_rank(rank * (n + 1) + second)  # < (n + 1)^2: fits int64 for any realistic pool
@@ -109,55 +100,41 @@ class DraftPool:
         # Big-endian fixed-width bytes compare like the id sequences they encode, so a suffix is compared
         # with a pattern by one bytes comparison (a shorter suffix sorts first, as in the suffix array).
         self._dtype = np.dtype(">u4") if self.max_token_id < 2**32 else np.dtype(">u8")
-        self._width = self._dtype.itemsize
         self._bytes = self.tokens.astype(self._dtype).tobytes()
         self._sorted = memoryview(self.suffix_array)  # indexes to plain ints, faster than numpy scalars
 
     def __len__(self) -> int:
         return self.tokens.size
 
-    def _range(self, pattern: bytes) -> tuple[int, int]:
-        """Suffix-array rows ``[lo, hi)`` whose suffixes start with ``pattern`` (encoded ids)."""
-        data, width, size = self._bytes, self._width, len(pattern)
+    def _hit(self, suffix: np.ndarray) -> tuple[int, int] | None:
+        """Suffix-array rows ``[lo, hi)`` of the occurrences of ``suffix``, or None when none has a token after it."""
+        pattern, width = suffix.astype(self._dtype).tobytes(), self._dtype.itemsize
 
         def key(start: int) -> bytes:
-            return data[width * start : width * start + size]
+            return self._bytes[width * start : width * start + len(pattern)]
 
         lo = bisect.bisect_left(self._sorted, pattern, key=key)
         hi = bisect.bisect_right(self._sorted, pattern, lo=lo, key=key)
-        return lo, hi
-
-    def _hit(self, suffix: np.ndarray) -> tuple[int, int] | None:
-        """Rows of the occurrences of ``suffix`` that have at least one token after them, or None."""
-        lo, hi = self._range(suffix.astype(self._dtype).tobytes())
-        count = hi - lo
-        n, length = self.tokens.size, suffix.size
-        if count and length <= n and np.array_equal(self.tokens[n - length :], suffix):
+        count, n = hi - lo, self.tokens.size
+        if count and suffix.size <= n and np.array_equal(self.tokens[n - suffix.size :], suffix):
             count -= 1  # the occurrence ending the pool has no continuation
         return (lo, hi) if count > 0 else None
 
     def match(self, sequence, min_length: int = 2, max_length: int = 16) -> tuple[int, np.ndarray]:
-        """Longest suffix of ``sequence`` found in the pool (lengths ``max_length`` down to ``min_length``,
-        first hit wins; REST's exact-match retrieval, the CASD paper, §3).
-
-        A hit of length L implies one of length L-1 (drop its first token), so bisection over L finds the longest
-        in ~4 lookups instead of up to 15.
-
-        Args:
-            sequence (`np.ndarray`, `torch.LongTensor` or list of shape `(L,)`): the current sequence.
+        """Longest suffix of ``sequence`` `(L,)` (array, tensor or list) found in the pool, ``max_length`` down to
+        ``min_length`` tokens (REST's exact-match retrieval, the CASD paper, §3). A hit of length L implies one of
+        length L-1, so bisection over L finds the longest in ~4 lookups instead of up to 15.
 
         Returns:
-            `(length, positions)`: the matched length (0 when nothing matched) and the start positions
-            `(k,)` of its occurrences that have a continuation, in suffix-array order (grouped by the
-            tokens that follow).
+            `(length, positions)`: the matched length (0 when nothing matched) and the start positions `(k,)` of its
+            occurrences that have a continuation, in suffix-array order (grouped by the tokens that follow).
         """
         sequence = np.asarray(sequence, dtype=np.int64).reshape(-1)
         # ids the pool cannot hold (and must not wrap in the byte encoding)
         foreign = np.flatnonzero((sequence < 0) | (sequence > self.max_token_id))
         usable = sequence.size - (int(foreign[-1]) + 1 if foreign.size else 0)
-        max_length = min(max_length, self.max_suffix_length, usable)
         best, best_rows = 0, None
-        lo_len, hi_len = min_length, max_length
+        lo_len, hi_len = min_length, min(max_length, self.max_suffix_length, usable)
         while lo_len <= hi_len:
             mid = (lo_len + hi_len) // 2
             rows = self._hit(sequence[sequence.size - mid :])
@@ -174,14 +151,14 @@ class DraftPool:
         return positions[positions + length < self.tokens.size]
 
     def shorter_matches(self, sequence, longest: int, min_length: int):
-        """Yield ``(length, positions)`` for suffixes shorter than ``longest`` (down to ``min_length``)
-        whose occurrences differ from the previous, longer suffix's (more occurrences; a shorter suffix
-        occurs wherever a longer one does, so an equal count means the same continuations)."""
+        """Yield ``(length, positions)`` for suffixes shorter than ``longest`` (down to ``min_length``) with more
+        occurrences than the previous, longer one (a shorter suffix occurs wherever a longer one does, so an equal
+        count means the same continuations)."""
         sequence = np.asarray(sequence, dtype=np.int64).reshape(-1)
         previous = None
         for length in range(longest, min_length - 1, -1):
             rows = self._hit(sequence[sequence.size - length :])
-            if rows is None:  # cannot happen below a hit (a shorter suffix occurs wherever a longer one does)
+            if rows is None:  # cannot happen below a hit
                 continue
             count = rows[1] - rows[0]
             if previous is not None and count > previous:
@@ -191,14 +168,11 @@ class DraftPool:
     def continuations(
         self, positions: np.ndarray, match_length: int, max_draft_length: int, max_matches: int
     ) -> np.ndarray:
-        """The ``max_draft_length`` tokens after each occurrence, in lexicographic row order.
+        """The ``max_draft_length`` tokens after each occurrence at ``positions`` `(k,)`, in lexicographic row order.
 
-        Rows are ordered by the suffix-array rank of their start (which orders their first ``max_suffix_length``
-        tokens: one small argsort), deeper continuations by ``np.lexsort``.
-
-        ``positions`` `(k,)`: occurrence starts in suffix-array order, beyond ``max_matches`` an evenly spaced sample
-        (which keeps the continuations' frequencies). Returns `(min(k, max_matches), max_draft_length)` int64, ``-1``
-        past the pool's end.
+        Beyond ``max_matches`` occurrences an evenly spaced sample (which keeps the continuations' frequencies). Rows
+        are ordered by the suffix-array rank of their start (one small argsort), deeper ones by ``np.lexsort``.
+        Returns `(min(k, max_matches), max_draft_length)` int64, ``-1`` past the pool's end.
         """
         if positions.size > max_matches:
             positions = positions[np.linspace(0, positions.size - 1, max_matches).round().astype(np.int64)]

@@ -1,12 +1,6 @@
-"""Context-aware drafting: the draft tree 𝕋 retrieved from the pool (the CASD paper, Algorithm 1 line 7, eq. 2).
-
-Step by step (REST, He et al. 2024, which CASD uses for retrieval):
-
-1. :meth:`DraftPool.match` — the longest suffix of the current sequence (16 down to 2) that occurs in
-   the context;
-2. :meth:`DraftPool.continuations` — the tokens after each occurrence;
-3. :func:`merge_continuations` — a trie of those continuations whose nodes count how many continuations
-   pass through them (:func:`top_trie_nodes`); the ``max_nodes`` most frequent nodes form the tree.
+"""The draft tree 𝕋 retrieved from the pool (the CASD paper, Algorithm 1 line 7, eq. 2; REST, He et al. 2024):
+:meth:`DraftPool.match` finds the longest suffix of the text in the context, :meth:`DraftPool.continuations` reads
+what followed each occurrence, and the ``max_nodes`` most frequent nodes of their trie form the tree.
 
     >>> pool = DraftPool([7, 8, 1, 2, 7, 8, 1, 3, 7, 8, 1, 2])
     >>> tree, length = retrieve(pool, [5, 7, 8], CasdConfig(max_draft_length=2))
@@ -27,22 +21,13 @@ from .configuration_casd import PAPER_MAX_NODES, CasdConfig
 from .pool import DraftPool
 
 
-def _node_rank(counts: np.ndarray, depth: np.ndarray, ids: np.ndarray, k: int, m: int, total: int) -> np.ndarray:
-    """(frequency desc, depth asc, id asc) as one int64 key: smaller is better."""
-    return ((k - counts) * (m + 1) + depth) * total + ids
-
-
 def top_trie_nodes(rows: np.ndarray, max_nodes: int) -> tuple[np.ndarray, ...]:
-    """The ``max_nodes`` most frequent nodes of the trie of ``rows`` (ties: shallower, then earlier).
+    """The ``max_nodes`` most frequent nodes of the trie of ``rows`` `(k, m)` (sorted, ``-1`` after a row's end),
+    ties: shallower, then earlier. Returns `(ids, tokens, parents, depth, counts)`, each `(num_kept,)` int64.
 
-    The rows are sorted, so a node at depth ``d`` spans the contiguous rows sharing their first ``d + 1`` tokens; the
-    trie is walked depth by depth. A node never ranks above its parent and the ``max_nodes``-th best rank only
-    improves, so a node that leaves the top set never returns, nor does any descendant: its rows are dropped at once
-    (bounding the work on contexts with many distinct continuations).
-
-    ``rows`` `(k, m)`: sorted continuations, ``-1`` after a row's end (it sorts first: no token follows padding).
-    Returns `(ids, tokens, parents, depth, counts)` of the kept nodes, each `(num_kept,)` int64, ``parents`` as node
-    ids (``-1`` at depth 0).
+    A node at depth ``d`` spans the contiguous rows sharing their first ``d + 1`` tokens. A node never ranks above its
+    parent and the ``max_nodes``-th best rank only improves, so a node that leaves the top set never returns, nor does
+    any descendant: its rows are dropped at once (bounding the work on contexts with many distinct continuations).
     """
     k, m = rows.shape
     by_depth = np.ascontiguousarray(rows.T)  # (m, k)
@@ -89,22 +74,21 @@ def top_trie_nodes(rows: np.ndarray, max_nodes: int) -> tuple[np.ndarray, ...]:
 
 
 def _top(nodes: list[np.ndarray], max_nodes: int, k: int, m: int, total: int) -> list[np.ndarray]:
-    """The ``max_nodes`` best of ``nodes`` (ids, tokens, parents, depth, counts), by :func:`_node_rank`."""
+    """The ``max_nodes`` best of ``nodes`` (ids, tokens, parents, depth, counts) by (frequency desc, depth, id)."""
     if nodes[0].size <= max_nodes:
         return nodes
-    best = np.argpartition(_node_rank(nodes[4], nodes[3], nodes[0], k, m, total), max_nodes - 1)[:max_nodes]
+    ids, depth, counts = nodes[0], nodes[3], nodes[4]
+    rank = ((k - counts) * (m + 1) + depth) * total + ids  # one int64 key: smaller is better
+    best = np.argpartition(rank, max_nodes - 1)[:max_nodes]
     return [x[best] for x in nodes]
 
 
 def merge_continuations(continuations: np.ndarray, max_nodes: int, rows_sorted: bool = False) -> DraftTree:
-    """The draft tree of the ``max_nodes`` most frequent continuation prefixes (REST's pruned trie).
+    """The CPU draft tree of the ``max_nodes`` most frequent prefixes of ``continuations`` `(k, m)` (``-1``-padded;
+    ``rows_sorted``: already in lexicographic order), REST's pruned trie.
 
-    Nodes are ranked by (frequency desc, depth asc), which keeps every kept node's ancestors, and ordered by (depth,
-    frequency desc): each node's most frequent child comes first, so :meth:`DraftTree.main_chain` is the most
-    frequent continuation and ties between accepted paths of equal depth go to the more frequent one.
-
-    ``continuations`` `(k, m)`: token ids, ``-1``-padded (``rows_sorted``: already in lexicographic order, as
-    :meth:`DraftPool.continuations` returns them). Returns a CPU :class:`~hf_specdraft.core.tree.DraftTree`.
+    Ranking by (frequency desc, depth asc) keeps every kept node's ancestors; ordering by (depth, frequency desc)
+    puts each node's most frequent child first, so the main chain is the most frequent continuation.
     """
     if continuations.size == 0:
         return DraftTree.empty()
@@ -122,36 +106,34 @@ def merge_continuations(continuations: np.ndarray, max_nodes: int, rows_sorted: 
 
 def _tree_of(pool: DraftPool, positions: np.ndarray, length: int, config: CasdConfig) -> DraftTree:
     """The frequency tree of the continuations of the occurrences at ``positions`` `(k,)`."""
-    return merge_continuations(
-        pool.continuations(positions, length, config.max_draft_length, config.max_matches),
-        config.max_nodes,
-        rows_sorted=True,
-    )
+    rows = pool.continuations(positions, length, config.max_draft_length, config.max_matches)
+    return merge_continuations(rows, config.max_nodes, rows_sorted=True)
 
 
-def add_nodes(tokens: list[int], parents: list[int], tree: DraftTree, max_nodes: int) -> None:
-    """Add the nodes of ``tree`` missing from the tree (``tokens``, ``parents``), in ``tree``'s order,
-    while fewer than ``max_nodes``; a node whose parent could not be added is skipped. In place."""
+def merge_trees(first: DraftTree, others, max_nodes: int) -> DraftTree:
+    """``first``, topped up with the missing nodes of each tree of ``others`` in order while it has fewer than
+    ``max_nodes`` (a node whose parent could not be added is skipped); ``first`` keeps its nodes and order."""
+    tokens, parents = first.tokens.tolist(), first.parents.tolist()
     index = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
-    mapped = []  # node of ``tree`` -> node of the merged tree, or None
-    for token, parent in zip(tree.tokens.tolist(), tree.parents.tolist()):
-        merged_parent = -1 if parent < 0 else mapped[parent]
-        node = None if merged_parent is None else index.get((merged_parent, token))
-        if node is None and merged_parent is not None and len(tokens) < max_nodes:
-            node = index[(merged_parent, token)] = len(tokens)
-            tokens.append(token)
-            parents.append(merged_parent)
-        mapped.append(node)
+    for tree in others:
+        mapped = []  # node of ``tree`` -> node of the merged tree, or None
+        for token, parent in zip(tree.tokens.tolist(), tree.parents.tolist()):
+            merged_parent = -1 if parent < 0 else mapped[parent]
+            node = None if merged_parent is None else index.get((merged_parent, token))
+            if node is None and merged_parent is not None and len(tokens) < max_nodes:
+                node = index[(merged_parent, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(merged_parent)
+            mapped.append(node)
+        if len(tokens) >= max_nodes:  # before the next tree is built
+            break
+    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
 
 
 def retrieve(pool: DraftPool, sequence, config: CasdConfig) -> tuple[DraftTree, int]:
-    """𝕋 ← R(p) (the CASD paper, Algorithm 1 line 7, eq. 2): `(tree, match_length)` for ``sequence`` `(L,)` (prompt +
-    generated tokens, an array, tensor or list; its last ``config.max_suffix_length`` read) in ``pool``, empty and 0
-    when no suffix of at least ``min_suffix_length`` tokens occurs there with a continuation.
-
-    With ``config.fill_from_shorter_suffixes`` a tree smaller than ``max_nodes`` is topped up with the trees of ever
-    shorter suffixes; the longest match's tree keeps its nodes and order, so its main chain stays the tree's.
-    """
+    """𝕋 ← R(p): `(tree, match_length)` for ``sequence`` `(L,)` (array, tensor or list) in ``pool``, empty and 0 when
+    no suffix of ``min_suffix_length`` tokens or more occurs there with a continuation. With
+    ``config.fill_from_shorter_suffixes`` a smaller tree is topped up with the trees of ever shorter suffixes."""
     if config.max_nodes == AUTO:  # outside the loop's controller: the paper's tree size
         config = replace(config, max_nodes=PAPER_MAX_NODES)
     if isinstance(sequence, torch.Tensor):
@@ -162,9 +144,6 @@ def retrieve(pool: DraftPool, sequence, config: CasdConfig) -> tuple[DraftTree, 
     tree = _tree_of(pool, positions, longest, config)
     if not config.fill_from_shorter_suffixes or len(tree) >= config.max_nodes:
         return tree, longest
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    for length, positions in pool.shorter_matches(sequence, longest, config.min_suffix_length):
-        add_nodes(tokens, parents, _tree_of(pool, positions, length, config), config.max_nodes)
-        if len(tokens) >= config.max_nodes:
-            break
-    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)), longest
+    shorter = pool.shorter_matches(sequence, longest, config.min_suffix_length)
+    trees = (_tree_of(pool, positions, length, config) for length, positions in shorter)
+    return merge_trees(tree, trees, config.max_nodes), longest
