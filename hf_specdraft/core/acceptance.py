@@ -205,21 +205,18 @@ def accept_tree(
     (:class:`~hf_specdraft.core.emission.TargetRows`) gives ``choice(row)`` and ``probs(row)`` `(V,)`; row 0 scores the
     token after the last accepted one, row ``1 + i`` the one after node ``i``.
     """
-    parents = tree.parent_list
     tokens = tree.token_list if tree.token_list is not None else tree.tokens.tolist()
-    accepted, depth = [False] * len(tokens), [0] * len(tokens)
-    best = -1
-    for i, (parent, token) in enumerate(zip(parents, tokens)):
-        if parent >= 0 and not accepted[parent]:
+    paths: list[list[int] | None] = [None] * len(tokens)  # each accepted node's path, root's child first
+    best: list[int] = []
+    for i, (parent, token) in enumerate(zip(tree.parent_list, tokens)):
+        above = [] if parent < 0 else paths[parent]
+        if above is None:
             continue
-        row = parent + 1
-        ok = token == rows.choice(row)
+        ok = token == rows.choice(parent + 1)
         if not ok and acceptance is not None:
-            ok = acceptance.accepts(rows.probs(row), token, eos_token_ids)
+            ok = acceptance.accepts(rows.probs(parent + 1), token, eos_token_ids)
         if ok:
-            accepted[i] = True
-            depth[i] = 0 if parent < 0 else depth[parent] + 1
-            if best < 0 or depth[i] > depth[best]:
-                best = i
-    path = tree.path_to(best)
-    return path, rows.choice(best + 1)
+            paths[i] = above + [i]
+            if len(paths[i]) > len(best):
+                best = paths[i]
+    return best, rows.choice(best[-1] + 1 if best else 0)

@@ -56,7 +56,7 @@ class TargetRows:
         self.logits, self.row, self.tree = logits, row, tree
         self.processor = processor if len(processor) else None
         self.do_sample = generation_config.do_sample
-        self._scores, self._probs, self._choice = {}, {}, {}
+        self._scores, self._probs, self._choice, self._prefixes = {}, {}, {}, {}
         if choices is not None:  # greedy without processors: the argmax at every row, read with the step's one read
             self._choice = dict(enumerate(choices))
         elif self.processor is None and not self.do_sample:
@@ -67,11 +67,19 @@ class TargetRows:
             if self.processor is None:
                 self._scores[row] = self.logits[row]
             else:
-                input_ids = self.row.ids
-                path = self.tree.tokens[self.tree.path_to(row - 1)].to(input_ids.device)
-                prefix = torch.cat([input_ids, path[None]], dim=-1)
-                self._scores[row] = self.processor(prefix, self.logits[row : row + 1].clone())[0]
+                self._scores[row] = self.processor(self.prefix(row), self.logits[row : row + 1].clone())[0]
         return self._scores[row]
+
+    def prefix(self, row: int) -> torch.LongTensor:
+        """`(1, L + depth)`: what the processors see at ``row``, the accepted text and the path down to node
+        ``row - 1`` (each prefix built on its parent's)."""
+        if row not in self._prefixes:
+            if row == 0:
+                self._prefixes[0] = self.row.ids
+            else:
+                above = self.prefix(self.tree.parent_list[row - 1] + 1)
+                self._prefixes[row] = torch.cat([above, self.tree.tokens[None, row - 1 : row].to(above.device)], -1)
+        return self._prefixes[row]
 
     def probs(self, row: int) -> torch.Tensor:
         if row not in self._probs:  # read by acceptance and again by the α statistics

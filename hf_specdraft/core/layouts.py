@@ -76,7 +76,8 @@ class CacheLayout:
         raise NotImplementedError
 
     def count_step(self, width: int) -> None:
-        """Count one verification forward of ``width`` columns per row (:attr:`costs`)."""
+        """Count one verification forward of ``width`` columns per row (:attr:`costs`); each layout's :meth:`verify`
+        counts its own."""
         self.target_forwards += 1
         self.costs["holes_columns"] += width  # what a cache that only masks rejected columns would have grown by
 
@@ -144,6 +145,7 @@ class DynamicLayout(CacheLayout):
         self.windows = LayerWindows(model)  # what the masks depend on (asked once: the model walks its parameters)
 
     def _forward(self, inputs: dict, extra: dict):
+        self.count_step(inputs["input_ids"].shape[1])
         out = self.model(**inputs, **self.with_cache, use_cache=True, **extra)
         return out.logits.float(), inputs["input_ids"], out.hidden_states if extra.get("output_hidden_states") else None
 

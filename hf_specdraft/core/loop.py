@@ -327,7 +327,6 @@ def accept_rows(
     (:func:`~hf_specdraft.core.emission.accept_row`); a row whose drafter reads the target's state keeps the states of
     the columns it kept (on the device). Returns each row's kept columns and accepted count."""
     choices = read_back(step, active, trees, logits, verified)
-    step.cache.count_step(logits.shape[1])
     draft_seconds, forward_seconds = step.meter.seconds()
     kept, accepted = [], []
     for a, (row, tree) in enumerate(zip(active, trees)):

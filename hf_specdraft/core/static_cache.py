@@ -27,8 +27,7 @@ they are the inputs themselves. Nothing is read back.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .host import copy_to_device, host_tensor, on_device, to_device
 from .tree import tree_buffers
@@ -334,28 +333,6 @@ class StaticRowsCache(Cache):
                 s, d = index[layer.ring][: len(src)], index[layer.ring][len(src) :]
                 layer.keys[row].index_copy_(1, d, layer.keys[row].index_select(1, s))
                 layer.values[row].index_copy_(1, d, layer.values[row].index_select(1, s))
-
-    def row_view(self, row: int, start: int, stop: int) -> DynamicCache:
-        """Columns ``[start, stop)`` of row ``row`` as a `(1, H, stop - start, D)` ``DynamicCache`` of views (no copy):
-        what a drafter that reads the target cache (GLIDE) sees."""
-        view = DynamicCache()
-        layers = []
-        for layer in self.layers:
-            own = DynamicLayer() if layer.ring is None else DynamicSlidingWindowLayer(sliding_window=layer.window)
-            if layer.is_initialized and layer.ring is None:
-                own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
-                own.keys = layer.keys[row : row + 1, :, start:stop]
-                own.values = layer.values[row : row + 1, :, start:stop]
-            elif layer.is_initialized:
-                # a ring: the newest window - 1 columns, in order (copies), a trimmed sliding layer
-                slots = torch.arange(max(start, stop - layer.window + 1), stop, device=layer.keys.device) % layer.ring
-                own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
-                own.keys = layer.keys[row : row + 1].index_select(2, slots)
-                own.values = layer.values[row : row + 1].index_select(2, slots)
-                own.cumulative_length = stop - start
-            layers.append(own)
-        view.layers = layers
-        return view
 
     def fits(self, batch_size: int, max_cache_len: int, device: torch.device, dtype: torch.dtype) -> bool:
         """Whether a later call of ``batch_size`` rows needing ``max_cache_len`` columns can reuse this cache."""

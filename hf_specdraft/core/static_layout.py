@@ -32,7 +32,8 @@ import time
 import weakref
 
 import torch
-from transformers import CompileConfig, GenerationConfig
+from transformers import CompileConfig, DynamicCache, GenerationConfig
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .cache import croppable_cache, target_cache
 from .host import host_tensor, stage, to_device
@@ -262,7 +263,7 @@ class StaticLayout(CacheLayout):
 
     def drafter_cache(self, a: int, row: Row):
         """Row ``row``'s committed text in the cache, as views a drafter reads (GLIDE's glimpse)."""
-        return self.cache.row_view(row.index, row.pad, len(row.tokens) - 1)
+        return row_view(self.cache, row.index, row.pad, len(row.tokens) - 1)
 
     def warm_up(self, largest_tokens: int, extra: dict | None = None) -> None:
         """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written where no row's
@@ -344,6 +345,7 @@ class StaticLayout(CacheLayout):
         ask of it). Returns float32 logits `(A, Q, V)`, the verified ids `(A, Q)` and the asked hidden states (or
         ``None``) of the active ``rows``, in their order (on the device: nothing is read back)."""
         width = self.bucket(1 + max(len(tree) for tree in trees))
+        self.count_step(width)
         if self.compiled and graph_key(width, extra) not in self.cache.warmed:
             self.warm_up(width, extra)  # a bucket no warm-up covered: compiled here (safe mid-call), its time reported
         if not self.compiled or self.cache.windowed:
@@ -464,3 +466,22 @@ def static_target(
             layer_windows=windows,
         )
     return StaticLayout(model, cache, support, compile_config, buckets, one_row)
+
+
+def row_view(cache: StaticRowsCache, row: int, start: int, stop: int) -> DynamicCache:
+    """Columns ``[start, stop)`` of row ``row`` of ``cache`` as a `(1, H, stop - start, D)` ``DynamicCache`` of views
+    (no copy): what a drafter that reads the target cache (GLIDE) sees. A ring layer gives its newest ``window - 1``
+    columns in order (copies), as a trimmed sliding layer."""
+    view = DynamicCache()
+    view.layers = []
+    for layer in cache.layers:
+        own = DynamicLayer() if layer.ring is None else DynamicSlidingWindowLayer(sliding_window=layer.window)
+        if layer.is_initialized:
+            columns = slice(start, stop)
+            if layer.ring is not None:
+                columns = torch.arange(max(start, stop - layer.window + 1), stop, device=layer.keys.device) % layer.ring
+                own.cumulative_length = stop - start
+            own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
+            own.keys, own.values = layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns]
+        view.layers.append(own)
+    return view
