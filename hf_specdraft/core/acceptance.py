@@ -1,16 +1,8 @@
-"""Acceptance rules: which drafted tokens the reviewer keeps.
+"""Acceptance rules: which drafted tokens the reviewer keeps, each a small function of p (and q).
 
-Notation (Leviathan et al. 2023): p is the reviewer's (target's) distribution, q the drafter's; ``x`` a
-drafted token. Every rule here is a small pure function of p (and q) at one position.
-
-- :func:`accept_tree` — the loop's walk down a verified tree: exact match with the target's own token at each
-  node (argmax, or its sample: lossless), or CASD's condition; the deepest accepted node wins.
-- :func:`speculative_sampling` — Leviathan et al. 2023, Algorithm 1, for a chain with q (lossless in
-  distribution).
-- :func:`tree_rejection_sampling` — multi-branch rejection sampling down a tree (SpecInfer), for trees with q.
-- :func:`lenient_review` / :func:`lenient_review_sampling` — cascade speculative drafting §3.1: accept when the
-  argmax agrees or ``q(x) <= l * p(x)``; lossy, so the cascade applies it only when a *draft* reviews.
-- :class:`ConditionalAcceptance` — CASD eq. 3 (``p(x) > max(δ, p(eos))``) and eq. 4 (also ``x ∈ top-k(p)``).
+Notation (Leviathan et al. 2023): p is the reviewer's (target's) distribution, q the drafter's; ``x`` a drafted token.
+The loop's tree walk (:func:`accept_tree`), speculative sampling for a chain and multi-branch rejection sampling for a
+tree (lossless), the cascade's lenient review (§3.1, lossy: only a draft reviews so) and CASD's condition.
 """
 
 from __future__ import annotations
@@ -25,16 +17,14 @@ from .tree import DraftTree
 def speculative_sampling(
     p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[int, int]:
-    """Leviathan et al. 2023, Algorithm 1: accept ``x_i`` with probability ``min(1, p_i(x_i) / q_i(x_i))``.
-
-    On the first rejection the next token is drawn from ``norm(max(0, p_i - q_i))``; if all ``k`` are
-    accepted it is drawn from ``p_k``. The output is distributed exactly as sampling from p.
+    """Leviathan et al. 2023, Algorithm 1: accept ``x_i`` with probability ``min(1, p_i(x_i) / q_i(x_i))``; on the first
+    rejection draw the next token from ``norm(max(0, p_i - q_i))``, else from ``p_k``. Lossless in distribution.
 
     Args:
-        p (`torch.FloatTensor` of shape `(k+1, V)`): target probabilities (after temperature / top-k / top-p).
+        p (`torch.FloatTensor` of shape `(k+1, V)`): target probabilities (warped).
         q (`torch.FloatTensor` of shape `(k, V)`): draft probabilities the candidates were sampled from.
         candidates (`torch.LongTensor` of shape `(k,)`).
-        generator: optional RNG for reproducibility.
+        generator: optional RNG.
 
     Returns `(n_accepted, next_token)`.
     """
@@ -61,8 +51,8 @@ def tree_rejection_sampling(target_probs, tree, generator: torch.Generator | Non
     than drawn (CAPE's expansion sets, Du et al. 2024, §4.2). At each accepted node, r = p at that row, the children are
     tried in turn, drawn ones first: a drawn child ``x`` passes with probability ``min(1, r(x) / q(x))``, else
     ``r <- norm(max(0, r - q))``; a picked one with probability ``r(x)``, else ``r <- norm(r with r(x) = 0)``. The walk
-    goes down the first accepted child, or draws the next token from r. Each rejection leaves r the exact distribution
-    of the output given it, so the tokens follow p whatever the tree, accepted at least as often as by token matching.
+    goes down the first accepted child, or draws the next token from r (each rejection leaves r the exact distribution
+    of the output given it).
 
     Args:
         target_probs: ``row -> p`` `(V,)`: row 0 scores the children of the root, row ``i + 1`` those of node ``i``.
@@ -114,12 +104,9 @@ def check_lenience(lenience: float) -> float:
 
 @dataclass(frozen=True)
 class ConditionalAcceptance:
-    """CASD conditional verification (the CASD paper, §3, eq. 3–4).
-
-    A drafted token ``x`` whose ancestors were all accepted is accepted when
-    ``p(x) > max(threshold, p(eos))`` and, if ``top_k`` is set ("mixed", eq. 4), ``x`` is among the
-    ``top_k`` most probable tokens. The reviewer's own choice is always accepted, so the rule only ever
-    accepts more than exact verification does. The longest accepted path wins.
+    """CASD conditional verification (the CASD paper, §3, eq. 3–4): a drafted token ``x`` whose ancestors were all
+    accepted is accepted when ``p(x) > max(threshold, p(eos))`` and, if ``top_k`` is set ("mixed", eq. 4), ``x`` is
+    among the ``top_k`` most probable tokens. The reviewer's own choice is always accepted too.
 
     Args:
         threshold: δ in (0, 1). The paper's default is 0.1.
@@ -174,10 +161,9 @@ def lenient_review_sampling(
 ) -> tuple[int, int]:
     """Probabilistic lenient review by a draft when sampling (§3.1); arguments as :func:`lenient_review`, ``p`` warped.
 
-    Candidate ``x_i`` passes when ``q(x_i) <= l * p_i(x_i)``, else with probability ``l * p_i(x_i) / q(x_i)``; the
-    first rejection ends the review. MaG's tokens (``q = inf``, point masses) pass with probability ``p_i(x_i)``. The
-    reviewer's own token after the kept prefix is drawn from ``p`` there, less the rejected token. Lossy by design: only
-    drafts review this way (the target's review stays exact, so the output is not). Returns `(accepted, next_token)`.
+    Candidate ``x_i`` passes when ``q(x_i) <= l * p_i(x_i)``, else with probability ``l * p_i(x_i) / q(x_i)`` (MaG's
+    tokens, ``q = inf``: with probability ``p_i(x_i)``); the first rejection ends the review and the next token is drawn
+    from ``p`` there, less the rejected token. Returns `(accepted, next_token)`.
     """
     k = candidates.numel()
     p_x = p[torch.arange(k, device=p.device), candidates.to(p.device)].tolist()

@@ -1,12 +1,9 @@
-"""One draft forward for every row of a batch: chain drafting over a ragged draft cache (:mod:`hf_specdraft.core.loop`).
+"""One draft forward for every row of a batch: chain drafting over a ragged draft cache.
 
-Run per row, a draft model costs ``B`` forwards per drafted token; here it costs one of batch ``B``. The draft's
-own ``DynamicCache`` holds every active row; each row remembers which of its columns are valid (``columns[a]``, in
-sequence order) and which tokens they cover (``seen[a]``). A step re-syncs each row to its accepted text by common
-prefix (:func:`~hf_specdraft.core.cache.resync_cache`'s rule), gathers the kept columns back into a right-aligned block
-(:func:`~hf_specdraft.core.cache.repack_cache`), feeds each row's new tokens (left-padded to the longest feed: the
-padding slots stay in the cache as masked holes until the next gather) and drafts γ tokens in lockstep. The draft
-sees a 2D padding mask and explicit positions, so every row is computed as it would be alone.
+The draft's ``DynamicCache`` holds every active row; each row remembers its valid columns (``columns[a]``) and the
+tokens they cover (``seen[a]``). A step re-syncs each row to its accepted text by common prefix, gathers the kept
+columns into a right-aligned block, feeds each row's new tokens (left-padded: the padding slots stay as masked holes
+until the next gather) and drafts γ tokens in lockstep, with a 2D padding mask and explicit positions.
 """
 
 from __future__ import annotations
@@ -25,16 +22,9 @@ DraftForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 
 
 def target_key_mask(width: int, cached: list[int], positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Which columns of a right-aligned batch target cache each draft query may read (GLIDE's glimpse in a batch).
-
-    Args:
-        width: the target cache's columns; row ``a`` holds its positions ``0 .. cached[a] - 1`` in its last
-            ``cached[a]``.
-        positions (`torch.LongTensor` of shape `(A, q)`): each query's sequence position.
-
-    Returns:
-        an additive mask `(A, 1, q, width)`: 0 where the column is the row's and at a position before the query's.
-    """
+    """Which columns of a right-aligned batch target cache (``width`` columns, row ``a``'s in its last ``cached[a]``)
+    each draft query at ``positions`` `(A, q)` may read (GLIDE's glimpse in a batch): an additive mask
+    `(A, 1, q, width)`, 0 where the column is the row's and at a position before the query's."""
     columns = torch.arange(width, device=positions.device)[None]
     key_positions = columns - (width - torch.tensor(cached, device=positions.device))[:, None]  # (A, width); <0: pad
     allowed = (key_positions >= 0)[:, None, :] & (key_positions[:, None, :] < positions[:, :, None])
@@ -44,20 +34,15 @@ def target_key_mask(width: int, cached: list[int], positions: torch.Tensor, dtyp
 
 
 class BatchProposer:
-    """What the batched loop asks of a drafter that proposes for every active row at once
-    (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.batch_drafter` returns one).
-
-    Every step the loop calls :meth:`propose` with each row's request and what the proposer reads of the target's cache;
-    it calls :meth:`keep_rows` when rows leave the batch.
-    """
+    """A drafter that proposes for every active row at once: :meth:`propose` every step, :meth:`keep_rows` when rows
+    leave the batch."""
 
     target = None  # this step's (target cache, [cached columns per row]), kept by propose for the draft forwards
     forwards = 0  # draft forwards run for the whole batch (each one drafts a token for every active row)
 
     def propose(self, requests: list, target: tuple | None = None) -> list[DraftTree]:
-        """One proposal per row for its :class:`~hf_specdraft.core.drafting.DraftRequest` ``requests[a]`` (its text
-        `(1, L_a)` on any device: the proposer drafts on its own; γ where the loop's controller chose it), reading
-        ``target``: ``(target cache, [cached columns per row])``."""
+        """One proposal per row for its request ``requests[a]``, reading ``target``: ``(target cache, [cached columns
+        per row])``."""
         raise NotImplementedError
 
     def keep_rows(self, survivors: list[int]) -> None:
@@ -69,11 +54,10 @@ class BatchChainDrafter(BatchProposer):
     """Chain drafting of ``num_draft_tokens`` (γ) tokens for every active row in one forward per token.
 
     Args:
-        drafters: the rows' drafters (forks of one :class:`~hf_specdraft.core.drafting.TreeCandidateGenerator`, one
-            model): each keeps its sampling settings and forward counts; the cache lives here.
-        cache: the draft's empty cache, built as the drafter builds its own.
+        drafters: the rows' drafters (forks of one drafter): each keeps its sampling settings and forward counts.
+        cache: the draft's empty cache.
         forward: one draft forward (see :data:`DraftForward`); it may read ``self.target`` (set per step).
-        device: the draft model's device, where its inputs are built (the target may sit elsewhere).
+        device: the draft model's device, where its inputs are built.
     """
 
     def __init__(self, drafters: list, cache: DynamicCache, forward: DraftForward, device: torch.device):
@@ -94,10 +78,8 @@ class BatchChainDrafter(BatchProposer):
 
     @torch.no_grad()
     def propose(self, requests: list, target: tuple | None = None) -> list[DraftTree]:
-        """Draft a γ-token chain after each row's accepted text (γ: the requests', else the drafters'); the forward may
-        read :attr:`target`. A row whose drafter copies from its text
-        (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.copy_from_text`) gets its copy; when every row
-        copies, no draft forward runs."""
+        """Draft a γ-token chain after each row's accepted text; a row whose drafter copies from its text gets its copy
+        (when every row copies, no draft forward runs)."""
         self.target = target
         copies = [drafter.copy_from_text(request) for drafter, request in zip(self.drafters, requests)]
         if all(copy is not None for copy in copies):

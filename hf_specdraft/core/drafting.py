@@ -1,12 +1,9 @@
 """Drafters: the loop's contract with a drafter, the base every hf_specdraft drafter extends, the draft-model drafter,
 the registry of drafters by model type, and a draft model scoring a token tree (CAPE's beam mode).
 
-The loop and a drafter speak through declared objects, never attributes written into the drafter (SGLang's
-``EagleDraftInput`` / ``EagleVerifyInput``): a drafter declares what it is once per call (:class:`DrafterTraits`), is
-handed one :class:`DraftRequest` a step and answers with a :class:`DraftTree`, then learns from a :class:`DraftOutcome`.
-transformers' own ``CandidateGenerator`` s are wrapped once per call (:mod:`~hf_specdraft.core.state_drafting`); ours
-answer ``get_candidates`` with the tree's main chain too. The loop owns the target cache: a drafter may read it, never
-change it.
+A drafter declares what it is once per call (:class:`DrafterTraits`), is handed one :class:`DraftRequest` a step and
+answers with a :class:`DraftTree`, then learns from a :class:`DraftOutcome`. The loop owns the target cache: a drafter
+may read it, never change it.
 """
 
 from __future__ import annotations
@@ -30,10 +27,8 @@ from .verify import LayerWindows
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
-    """Rows of the model's output embedding (what its logits index), falling back to ``config.vocab_size``.
-
-    A draft with a reduced vocabulary mapped back to the target's (GLIDE's ``draft_token_ids``) indexes ``vocab_size``.
-    """
+    """Rows of the model's output embedding (what its logits index), else ``config.vocab_size`` (also for a draft whose
+    reduced vocabulary maps back to the target's, GLIDE's ``draft_token_ids``)."""
     if getattr(model.config, "draft_token_ids", None) is not None:
         return int(model.config.vocab_size)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -52,8 +47,7 @@ def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel, argument: 
 
 
 def check_same_device(target: PreTrainedModel, draft: PreTrainedModel, argument: str = "draft_model") -> None:
-    """Refuse a draft off the target's device (it hands its tokens and q, or reads the cache, every step); never move
-    it: a user's model moved behind their back may not fit there."""
+    """Refuse a draft off the target's device; never move it: a user's model moved behind their back may not fit."""
     if getattr(target, "hf_device_map", None) is not None or getattr(draft, "hf_device_map", None) is not None:
         return  # a model split over devices (device_map="auto") hands tensors between its own devices
     if draft.device != target.device:
@@ -95,9 +89,8 @@ AUTO_MAX = 8  # the longest draft the controller considers
 
 @dataclass(frozen=True)
 class DrafterTraits:
-    """What a drafter declares to the loop, read once per call (:func:`traits_of`): class attributes (or properties) of
-    :class:`TreeCandidateGenerator`, which every hf_specdraft drafter sets where it differs (transformers' own
-    generators get theirs from the adapter that wraps them, :mod:`~hf_specdraft.core.state_drafting`)."""
+    """What a drafter declares to the loop, read once per call (:func:`traits_of`) from the class attributes (or
+    properties) of :class:`TreeCandidateGenerator` that every drafter sets where it differs."""
 
     num_draft_tokens: int | None = None  # γ it drafts where the request names none (None: its own rule decides)
     adaptive_draft_length: bool = False  # num_draft_tokens="auto": the loop's controller picks γ every step
@@ -117,24 +110,20 @@ class DrafterTraits:
 
 @dataclass(frozen=True, slots=True)
 class DraftRequest:
-    """What the loop hands a drafter for one step (:meth:`TreeCandidateGenerator.draft_tree`). A choice left ``None`` is
-    the drafter's own: it drafts as it was configured.
+    """What the loop hands a drafter for one step. A choice left ``None`` is the drafter's own.
 
     Args:
         input_ids (`torch.LongTensor` of shape `(1, L)`): the row's accepted text, its last token the target's newest.
-        host_text (`list[int]`, *optional*): the same text on the host, so a drafter re-syncs its cache or matches the
-            text's suffix without reading the device.
-        target_cache (*optional*): the drafter's view of the target's cache, covering ``input_ids[:, :-1]``; read-only.
+        host_text (`list[int]`, *optional*): the same text on the host (re-sync or suffix match without a device read).
+        target_cache (*optional*): the drafter's read-only view of the target's cache, covering ``input_ids[:, :-1]``;
             ``None`` for a drafter that declares ``reads_target_cache=False``.
-        target_state (:class:`~hf_specdraft.core.target_state.TargetState`, *optional*): the target's state, for a
-            drafter that declares ``requires_model_outputs``.
+        target_state (`TargetState`, *optional*): the target's state, for a drafter that ``requires_model_outputs``.
         num_draft_tokens (`int`, *optional*): γ, as the loop's controller chose it for an ``"auto"`` drafter.
         budget (`int`, *optional*): a tree's node budget, as the controller chose it for an ``"auto"`` tree drafter.
         stop_rule (*optional*): ``confidences -> bool``, asked after each drafted token of a chain: whether another
-            token is worth its cost (:meth:`~hf_specdraft.core.controller.DraftLengthController.keep_drafting`).
+            token is worth its cost.
         copy_rule (*optional*): ``(match, available) -> tokens`` to copy from the text after a suffix match of
-            ``match`` tokens, 0: draft instead
-            (:meth:`~hf_specdraft.core.controller.DraftLengthController.copy_length`).
+            ``match`` tokens, 0: draft instead.
     """
 
     input_ids: torch.LongTensor
@@ -149,8 +138,7 @@ class DraftRequest:
 
 @dataclass(frozen=True, slots=True)
 class DraftOutcome:
-    """What the loop hands back after verifying a drafter's proposal, to a drafter that declares
-    ``learns_from_outcome`` (:meth:`TreeCandidateGenerator.learn`).
+    """What the loop hands back after verifying a proposal, to a drafter that declares ``learns_from_outcome``.
 
     Args:
         input_ids (`torch.LongTensor` of shape `(1, L')`): the row's text after the step (its emitted tokens appended).
@@ -170,8 +158,7 @@ class DraftOutcome:
 
 
 def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_START) -> tuple[int, bool]:
-    """``(γ, adaptive)`` of a drafter's ``num_draft_tokens``: a positive int is honoured exactly; ``"auto"`` starts at
-    ``start`` (what a wrapping drafter reads) and lets the loop choose every step."""
+    """``(γ, adaptive)`` of a drafter's ``num_draft_tokens``: a positive int exactly, or ``"auto"`` from ``start``."""
     if value == AUTO:
         return start, True
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -182,17 +169,14 @@ def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_ST
 
 
 def traits_of(generator: TreeCandidateGenerator) -> DrafterTraits:
-    """``generator``'s :class:`DrafterTraits`, as its class declares them (read once per call)."""
+    """``generator``'s :class:`DrafterTraits`, as its class declares them."""
     return DrafterTraits(**{name.name: getattr(generator, name.name) for name in fields(DrafterTraits)})
 
 
 class TreeCandidateGenerator(CandidateGenerator):
     """Base class of hf_specdraft drafters: :meth:`prepare` once per call, :meth:`draft_tree` every step, :meth:`learn`
-    after it (where the drafter learns), :meth:`finish_call` at the end; its :class:`DrafterTraits` as class attributes.
-
-    A drafter implements :meth:`draft_tree` (honouring the loop's γ, budget, rules) or :meth:`propose` (the text and the
-    target's cache alone). A subclass refining :meth:`propose` of a :meth:`draft_tree` drafter drafts through its
-    :meth:`propose`.
+    after it, :meth:`finish_call` at the end; its :class:`DrafterTraits` as class attributes. A drafter implements
+    :meth:`draft_tree` (honouring the loop's γ, budget, rules) or :meth:`propose` (the text and target cache alone).
     """
 
     # the DrafterTraits defaults (learns_from_outcome: a property below)
@@ -225,7 +209,7 @@ class TreeCandidateGenerator(CandidateGenerator):
 
     @property
     def name(self) -> str:
-        """What error messages call this drafter: its class (a wrapped transformers generator: that generator's)."""
+        """What error messages call this drafter."""
         return type(self).__name__
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
@@ -235,8 +219,7 @@ class TreeCandidateGenerator(CandidateGenerator):
         self.forward_calls = {}
 
     def finish_call(self, stats) -> None:
-        """The call's statistics when it ends (:class:`~hf_specdraft.core.stats.SpeculativeStats`, kept as
-        ``last_stats``)."""
+        """The call's statistics when it ends, kept as ``last_stats``."""
         self.last_stats = stats
 
     def draft_tree(self, request: DraftRequest) -> DraftTree:
@@ -251,8 +234,7 @@ class TreeCandidateGenerator(CandidateGenerator):
         target_cache: DynamicCache | None = None,
         target_state: TargetState | None = None,
     ) -> DraftTree:
-        """Draft a tree to follow ``input_ids`` `(1, L)`; ``target_cache`` (read-only) covers ``input_ids[:, :-1]``. A
-        :meth:`draft_tree` drafter answers a request holding these alone (its own γ, no rules)."""
+        """Draft a tree to follow ``input_ids`` `(1, L)`; ``target_cache`` (read-only) covers ``input_ids[:, :-1]``."""
         if self._answers_requests is None:
             raise NotImplementedError(
                 f"{type(self).__name__} implements neither propose(input_ids, target_cache) nor draft_tree(request)"
@@ -261,8 +243,7 @@ class TreeCandidateGenerator(CandidateGenerator):
 
     @property
     def learns_from_outcome(self) -> bool:
-        """Whether the loop hands this drafter each step's :class:`DraftOutcome`: where its class refines :meth:`learn`
-        or transformers' ``update_candidate_strategy``."""
+        """Whether its class refines :meth:`learn` or ``update_candidate_strategy`` (it is then handed outcomes)."""
         cls = type(self)
         return (
             cls.learn is not TreeCandidateGenerator.learn
@@ -274,13 +255,11 @@ class TreeCandidateGenerator(CandidateGenerator):
         self.update_candidate_strategy(outcome.input_ids, outcome.scores, outcome.accepted)
 
     def copy_from_text(self, request: DraftRequest) -> DraftTree | None:
-        """This step's draft copied from the request's text (GLIDE's ``copy_from_context``), or `None`: drafted by the
-        model. A batch proposer asks every row before its draft forward."""
+        """This step's draft copied from the request's text (GLIDE's ``copy_from_context``), or `None`: drafted."""
         return None
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
-        """The draft's probability of each token of the chain it drafted this step (``tree``, its proposal; a tree's
-        first-child chain), for the loop's controller (its confidence bins); ``None`` without ``draft_probs``."""
+        """q of each token of ``tree``'s first-child chain, for the loop's controller; ``None`` without q."""
         if tree.draft_probs is None or not len(tree):
             return None
         if tree.chain_confidences is not None:  # read already, one by one, by the stop rule
@@ -300,18 +279,16 @@ class TreeCandidateGenerator(CandidateGenerator):
         return q.argmax(-1, keepdim=True)
 
     def beam_scorer(self, distribution: Callable[[torch.Tensor], torch.Tensor]) -> DraftModelTreeScorer | None:
-        """What scores a token tree with this drafter's model (:class:`DraftModelTreeScorer`'s three methods), for
-        CAPE's beam mode; ``None`` (the default): it has no tree forward. ``distribution``: logits `(n, V)` -> q."""
+        """A :class:`DraftModelTreeScorer` over this drafter's model for CAPE's beam mode, or ``None``."""
         return None
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
-        """A proposer for the rows' ``drafters`` (this one and its forks) at once, one draft forward of batch B per
-        token (:class:`~hf_specdraft.core.batch_drafting.BatchChainDrafter`), or `None`: each row drafts alone."""
+        """A proposer for the rows' ``drafters`` (this one and its forks) at once, or `None`: each row drafts alone."""
         return None
 
     def fork(self) -> TreeCandidateGenerator:
         """A copy for another row of a batch: modules and tensors shared (drafters replace their per-request tensors,
-        never write into them), everything else copied; :meth:`prepare` resets each copy's per-request state."""
+        never write into them), everything else copied."""
         memo: dict[int, object] = {}
         _share_tensors(self, memo, set())
         return copy.deepcopy(self, memo)
@@ -352,13 +329,12 @@ def _share_tensors(obj, memo: dict[int, object], visited: set[int], depth: int =
 
 
 class DraftModelCandidateGenerator(TreeCandidateGenerator):
-    """Vanilla speculative decoding's drafter: a chain of γ tokens with their q from any small causal LM with the
-    target's vocabulary, on its own KV cache re-synced to the accepted text every step.
+    """Vanilla speculative decoding's drafter: a chain of γ tokens with their q from a small causal LM, on its own KV
+    cache re-synced to the accepted text every step.
 
     Args:
         draft_model: a causal LM sharing the target's vocabulary.
-        num_draft_tokens: γ, tokens drafted per step; ``"auto"`` (the default) lets the loop choose it every step from
-            the measured acceptance and costs (:mod:`~hf_specdraft.core.controller`).
+        num_draft_tokens: γ, tokens drafted per step; ``"auto"`` (the default): chosen by the loop every step.
     """
 
     reads_target_cache = False
@@ -390,8 +366,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         self._reset()
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> StaticDraftCache:
-        """The compiled static path (batch 1, after :meth:`prepare`): the draft on a static cache of its own, compiled
-        like the target's (:mod:`~hf_specdraft.core.draft_cache`). Returns that cache."""
+        """The compiled static path (batch 1): the draft on a static cache of its own. Returns that cache."""
         self.cache = StaticDraftCache(self.draft_model, generation_config, compile_config)
         return self.cache
 
@@ -424,7 +399,7 @@ def same_drafters(
     first: TreeCandidateGenerator, drafters: list[TreeCandidateGenerator], model_attribute: str, owner: type
 ) -> bool:
     """Whether every row drafts as ``first`` (same class, model object and γ) through ``owner``'s own ``draft_tree``,
-    which the batch proposer stands in for (a subclass overriding ``draft_tree`` or ``propose`` drafts row by row)."""
+    which the batch proposer stands in for."""
     model = getattr(first, model_attribute)
     return type(first).draft_tree is owner.draft_tree and all(
         type(d) is type(first) and getattr(d, model_attribute) is model and d.num_draft_tokens == first.num_draft_tokens
@@ -439,7 +414,7 @@ DRAFTERS: dict[str, DrafterFactory] = {}  # model_type -> drafter, filled by the
 
 def register_drafter(model_type: str, factory: DrafterFactory) -> None:
     """Draft models of ``model_type`` through ``factory(draft_model, num_draft_tokens=γ)`` rather than
-    :class:`DraftModelCandidateGenerator` (GLIDE registers its own): the loop imports no method, methods register."""
+    :class:`DraftModelCandidateGenerator`: the loop imports no method, methods register."""
     if not isinstance(model_type, str) or not model_type:
         raise ValueError(f"model_type must be a non-empty string, got {model_type!r}")
     if not callable(factory):
@@ -456,7 +431,7 @@ def drafter_for(
     max_copy_tokens: int | None = None,
 ) -> TreeCandidateGenerator:
     """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`; the copy
-    options (GLIDE's) go to the factory where not None (a drafter that never copies takes only a false one)."""
+    options go to the factory where not None."""
     options = {"copy_from_context": copy_from_context, "max_copy_tokens": max_copy_tokens}
     factory = DRAFTERS.get(getattr(draft_model.config, "model_type", None), DraftModelCandidateGenerator)
     if factory is DraftModelCandidateGenerator:
@@ -467,8 +442,7 @@ def drafter_for(
 
 
 def refuse_copying(draft_model: PreTrainedModel, copying: dict) -> None:
-    """Raise a ``ValueError`` naming the argument when ``copying`` asks a draft that never copies from the context to
-    copy (a ``None``, ``False`` or ``0`` asks nothing)."""
+    """Refuse copy options (other than ``None``, ``False``, 0) for a draft that never copies from the context."""
     asked = [f"{name}={value!r}" for name, value in copying.items() if value is not None and value != 0]
     if asked:
         kind = getattr(draft_model.config, "model_type", None)
@@ -481,19 +455,9 @@ def refuse_copying(draft_model: PreTrainedModel, copying: dict) -> None:
 def draft_chain(
     generator: TreeCandidateGenerator, request: DraftRequest, next_logits, device: torch.device
 ) -> DraftTree:
-    """Draft γ tokens (the request's, else the generator's) one by one on the generator's own cache, re-synced first to
-    the request's text (:func:`resync`), stopping early where the request's ``stop_rule`` says so. The draft model's
-    drafter and GLIDE share it.
-
-    Args:
-        generator: a drafter with ``cache``, ``seen`` and ``num_draft_tokens``.
-        request (:class:`DraftRequest`): the step's text `(1, L)` (on the host too where the loop gives it), γ, rule.
-        next_logits: ``feed (1, n) -> logits (1, V)`` of the token after ``feed``, run on ``generator.cache``.
-        device: where the draft runs.
-
-    Returns:
-        a chain :class:`DraftTree` with ``draft_probs`` q `(γ, V)`.
-    """
+    """Draft γ tokens one by one on ``generator.cache`` (re-synced first to the request's text), stopping early where
+    the request's ``stop_rule`` says so; ``next_logits``: ``feed (1, n) -> logits (1, V)`` on that cache. Returns a
+    chain :class:`DraftTree` with q `(γ, V)`. The draft model's drafter and GLIDE share it."""
     input_ids, stop_rule = request.input_ids, request.stop_rule
     ids = input_ids[0] if input_ids.device == torch.device(device) else input_ids[0].to(device)
     keep = resync(generator, ids, request.host_text)
@@ -524,8 +488,7 @@ def draft_chain(
 
 def resync(generator: TreeCandidateGenerator, ids: torch.Tensor, host: list[int] | None = None) -> int:
     """Crop ``generator.cache`` to its common prefix with the accepted text ``ids`` `(L,)`; returns the kept length.
-    Compared on the host where the text (``host``) and the last proposal's tokens (:attr:`DraftTree.token_list`) are
-    there, else on the device (:func:`~hf_specdraft.core.cache.resync_cache`)."""
+    Compared on the host where the text and the last proposal's tokens are there, else on the device."""
     last = generator.seen_host
     known = None if last is None else last[1].token_list if last[1].token_list is not None else last[1].known_tokens
     if host is None or known is None or len(host) != ids.shape[0]:
@@ -536,9 +499,8 @@ def resync(generator: TreeCandidateGenerator, ids: torch.Tensor, host: list[int]
 
 
 class DraftModelTreeScorer:
-    """A causal-LM draft over a growing token tree on its cached prefix, for CAPE's beam mode
-    (:func:`hf_specdraft.cape.beam.beam_search_proposal`): :meth:`start` caches the prefix and returns q after it,
-    :meth:`extend` q after each new node, :meth:`finish` drops the nodes again (GLIDE's scorer extends it).
+    """A causal-LM draft over a growing token tree on its cached prefix, for CAPE's beam mode: :meth:`start` caches the
+    prefix and returns q after it, :meth:`extend` q after each new node, :meth:`finish` drops the nodes again.
 
     Args:
         draft_model: a causal LM sharing the target's vocabulary.
@@ -558,7 +520,7 @@ class DraftModelTreeScorer:
 
     def start(self, input_ids: torch.LongTensor, target_cache: DynamicCache | None = None) -> torch.Tensor:
         """Cache ``input_ids`` `(1, L)` (re-using the prefix shared with the last step); q `(1, V)` after it.
-        ``target_cache`` (read-only) is for GLIDE's scorer, which glimpses it here and in every :meth:`extend`."""
+        ``target_cache`` (read-only) is for GLIDE's scorer."""
         ids = input_ids[0].to(self.draft_model.device)
         keep = resync_cache(self.cache, self.seen, ids)
         logits = self._forward(
@@ -573,16 +535,8 @@ class DraftModelTreeScorer:
         return self.distribution(logits)
 
     def extend(self, tokens: torch.LongTensor, parents: torch.LongTensor) -> torch.Tensor:
-        """Append the newest ``n`` nodes of a tree to the cache and return q after each of them.
-
-        Args:
-            tokens (`torch.LongTensor` of shape `(n,)`): the new nodes, the last ``n`` of the tree.
-            parents (`torch.LongTensor` of shape `(M,)`): parents of *all* ``M`` tree nodes so far,
-                the new ones included (``-1`` = child of the last prefix token).
-
-        Returns:
-            `torch.FloatTensor` of shape `(n, V)`.
-        """
+        """Append the newest nodes ``tokens`` `(n,)` of a tree to the cache and return q `(n, V)` after each of them.
+        ``parents`` `(M,)`: parents of all ``M`` nodes so far, the new ones included (``-1``: the last prefix token)."""
         device, dtype = self.draft_model.device, self.draft_model.dtype
         prefix, n = self.seen.numel(), tokens.numel()
         mask, node_positions = tree_mask(parents, prefix, dtype, device, queries=n)
@@ -600,7 +554,7 @@ class DraftModelTreeScorer:
         return self.distribution(logits)
 
     def _forward(self, target_cache: DynamicCache | None, **inputs):
-        """One draft forward; a subclass whose draft reads the target's cache (GLIDE) passes ``target_cache`` on."""
+        """One draft forward; GLIDE's scorer passes ``target_cache`` on."""
         self.forward_calls += 1
         return self.draft_model(**inputs)
 

@@ -1,10 +1,8 @@
-"""One row's share of a step after verification: the target's scores at its verified positions (:class:`TargetRows`),
-accept a path of its tree by its rule, emit it and the target's next token where ``generate`` would stop, and record the
-step (:func:`accept_row`).
+"""One row's share of a step after verification (:func:`accept_row`): accept a path of its tree by its rule, emit it and
+the target's next token where ``generate`` would stop, and record the step.
 
-``generate``'s stopping criteria, called per emitted token on the device's ``input_ids``, each cost a sync. The two
-every call has (``MaxLengthCriteria``, ``EosTokenCriteria``) need only the length and the newest token, which the loop
-holds on the host: :class:`HostStops` checks those there and calls the others only where the call has any.
+``generate``'s stopping criteria each cost a device sync per emitted token; the two every call has (max length, eos)
+need only host data, so :class:`HostStops` checks those on the host and calls the others only where the call has any.
 
 Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 """
@@ -36,11 +34,10 @@ def eos_list(generation_config: GenerationConfig) -> list[int]:
 
 
 class TargetRows:
-    """The target's next-token scores at each verified position of one row, processed lazily.
+    """The target's next-token scores at each verified position of one row, processed only when acceptance asks.
 
-    Row 0 scores the token after the last accepted one; row ``1+i`` the token after tree node ``i``.
-    Logits processors see the row's own prefix (the accepted text plus the node's path), as in
-    transformers' assisted decoding. Rows are processed only when acceptance asks for them.
+    Row 0 scores the token after the last accepted one; row ``1+i`` the token after tree node ``i``. Logits processors
+    see the row's own prefix (the accepted text plus the node's path), as in transformers' assisted decoding.
     """
 
     def __init__(
@@ -95,8 +92,7 @@ class TargetRows:
 
 
 class HostStops:
-    """A call's stopping criteria (``None``: the config's ``max_length`` alone, which bounds every call), split into
-    host checks and the rest."""
+    """A call's stopping criteria (``None``: the config's ``max_length`` alone), split into host checks and the rest."""
 
     def __init__(self, stopping_criteria: StoppingCriteriaList | None, generation_config: GenerationConfig):
         criteria = list(stopping_criteria or [])
@@ -112,9 +108,8 @@ class HostStops:
         )
 
     def emit(self, row: Row, tokens: list[int], scores: list[torch.Tensor] | None) -> tuple[int, bool]:
-        """How many of ``tokens`` row ``row`` appends (``row.tokens`` holds its sequence so far), and whether it stops
-        there: at ``max_length``, an eos token, or where another criterion says so (called on the sequence up to each
-        token, with that token's scores ``scores[j]`` `(1, V)`)."""
+        """How many of ``tokens`` the row appends, and whether it stops there: at ``max_length``, an eos token, or where
+        another criterion says so (called on the sequence up to each token, with its scores ``scores[j]`` `(1, V)`)."""
         length, extended = len(row.tokens), None
         for j, token in enumerate(tokens):
             if length + j + 1 >= self.max_length or token in self.eos:
@@ -138,9 +133,9 @@ def accept_row(
 ) -> tuple[list[int], int]:
     """One row's share of a step: accept a path of its tree, emit it and the target's next token, record the step.
 
-    ``logits`` `(1 + N, V)`: the target's scores at the row's last token and each node; ``choices``: its argmax there,
-    read back already (greedy), or ``None``; ``forward_seconds``: the row's share of the verification forward. Returns
-    `(kept_nodes, accepted)`: the columns the row keeps (0: its last token, ``1 + i``: node ``i``), tokens accepted.
+    ``logits`` `(1 + N, V)`: the target's scores at the row's last token and each node; ``choices``: its argmax there
+    (greedy), or ``None``. Returns the columns the row keeps (0: its last token, ``1 + i``: node ``i``) and the count of
+    tokens accepted.
     """
     started = time.perf_counter()
     rows = TargetRows(logits, row, tree, row.processor, step.generation_config, choices)
@@ -161,9 +156,8 @@ def accept_row(
 def select_accepted(
     rows: TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig
 ) -> tuple[list[int], int]:
-    """The accepted path and the target's next token: when sampling exactly, speculative sampling for a chain with q
-    (Leviathan et al. 2023, Algorithm 1) and multi-branch rejection sampling for a tree with q and ``sampled`` flags
-    (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`); otherwise the tree walk of :func:`accept_tree`."""
+    """The accepted path and the target's next token: when sampling exactly, speculative sampling for a chain with q and
+    multi-branch rejection sampling for a tree with q and ``sampled`` flags; otherwise the tree walk."""
     exact_sampling = generation_config.do_sample and acceptance is None and len(tree)
     if exact_sampling and tree.is_chain and tree.draft_probs is not None:
         p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
@@ -183,9 +177,8 @@ def emit_tokens(
     stops: HostStops,
     generation_config: GenerationConfig,
 ) -> int:
-    """Append the accepted tokens and the target's token one at a time, stopping where ``generate`` would
-    (:class:`HostStops`: on host tokens; a criterion of the user's own reads the device).
-    Extends ``row.tokens`` (and so ``row.ids``) and ``row.done``; returns how many tokens were appended."""
+    """Append the accepted tokens and the target's token, stopping where ``generate`` would; sets ``row.done`` and
+    returns how many tokens were appended."""
     tokens = [tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()
     tokens.append(next_token)
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
@@ -201,8 +194,8 @@ def emit_tokens(
 
 
 def chain_accepted(tree: DraftTree, kept_nodes: list[int]) -> int:
-    """How many tokens of the tree's first-child chain the kept path (``kept_nodes``, columns: ``1 + i`` is node ``i``)
-    starts with: what the step would have accepted with the chain alone (exactly, under greedy verification)."""
+    """How many tokens of the tree's first-child chain the kept path (``kept_nodes``: column ``1 + i`` is node ``i``)
+    starts with: what the chain alone would have accepted under greedy verification."""
     count = 0
     for chain_node, column in zip(tree.chain_nodes(), kept_nodes[1:]):
         if column != chain_node + 1:

@@ -1,12 +1,6 @@
 """Inputs of a call, checked before any forward: the prompt, its padding, the generation setup, one drafter per row and
-each row's own logits processors.
-
-Semantics follow transformers' batched ``generate``: prompts are left-padded with an ``attention_mask``, logits
-processors see the row with its left padding. Drafters: one per row. ``draft_model=`` builds one per row through the
-registry; one hf_specdraft drafter is copied per row (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.fork`:
-models and tables shared, per-request state fresh); a list gives each row its own. A transformers ``CandidateGenerator``
-is wrapped here, once (:class:`~hf_specdraft.core.state_drafting.TransformersCandidateGenerator`): the loop sees one
-kind of drafter.
+each row's own logits processors. Semantics follow transformers' batched ``generate`` (left padding with an
+``attention_mask``). A transformers ``CandidateGenerator`` is wrapped here, once: the loop sees one kind of drafter.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from .support import CACHE_FIELD, output_cache
 from .validation import check_copy_options
 
 
-def check_input_ids(input_ids, model=None) -> None:
+def check_input_ids(input_ids, model) -> None:
     """A 2-D integer tensor of ids the model's embedding holds; a clear `ValueError` naming what is wrong otherwise."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(
@@ -42,8 +36,7 @@ def check_input_ids(input_ids, model=None) -> None:
         raise ValueError("input_ids is empty: the prompt needs at least one token")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise ValueError(f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype}")
-    embeddings = model.get_input_embeddings() if model is not None else None
-    vocab = getattr(embeddings, "num_embeddings", None)
+    vocab = getattr(model.get_input_embeddings(), "num_embeddings", None)
     if vocab is not None:
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= vocab:
@@ -68,13 +61,9 @@ def check_target_model(model) -> None:
 
 
 def check_unmarked_padding(input_ids: torch.Tensor, lengths: torch.Tensor, pad_token_id) -> None:
-    """Refuse a batch whose rows begin with different numbers of pad tokens while the attention mask calls them tokens.
-
-    transformers' ``generate`` infers a mask from ``pad_token_id`` only when it differs from ``eos_token_id``; otherwise
-    a left-padded batch without ``attention_mask`` runs with every row attending to its padding. Plain ``generate`` only
-    warns; the speculative rows of a batch are verified together, so this is an error here. Equal runs (a shared BOS
-    that happens to be the pad token) are not padding.
-    """
+    """Refuse a batch whose rows begin with different numbers of pad tokens while the attention mask calls them tokens
+    (``generate`` infers no mask when ``pad_token_id`` is ``eos_token_id``, and only warns). Equal runs (a shared BOS
+    that happens to be the pad token) are not padding."""
     if input_ids.shape[0] < 2 or pad_token_id is None or bool((lengths < input_ids.shape[1]).any()):
         return  # one row, no pad token, or a mask that marks padding: nothing unmarked
     pad = int(pad_token_id.flatten()[0]) if isinstance(pad_token_id, torch.Tensor) else int(pad_token_id)
@@ -115,13 +104,12 @@ def check_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) 
     return lengths
 
 
-def check_generation_setup(input_ids, generation_config: GenerationConfig, model_kwargs: dict, acceptance) -> None:
+def check_generation_setup(generation_config: GenerationConfig, model_kwargs: dict, acceptance) -> None:
     """What generate may hand the loop that speculative decoding cannot honour, refused by name before any forward."""
     if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
         raise ValueError(
             "num_beams and num_return_sequences must be 1 for speculative decoding (generate expands the batch by them)"
         )
-    check_input_ids(input_ids)
     implementation = generation_config.cache_implementation
     if implementation not in (None, "dynamic", "static"):
         raise ValueError(
@@ -135,15 +123,13 @@ def check_generation_setup(input_ids, generation_config: GenerationConfig, model
             f"{passed.get_seq_length()} tokens: speculative decoding builds its own cache "
             "(cache_implementation='static' selects a static one)"
         )
-    # use_cache=False (MPT's config default, for one) is not refused: the loop always verifies against its own
-    # KV cache, and caching changes no output token.
+    # use_cache=False (MPT's config default) is not refused: the loop verifies against its own cache either way
     if acceptance is not None and not isinstance(acceptance, ConditionalAcceptance):
         raise TypeError(f"acceptance must be None or a ConditionalAcceptance, got {type(acceptance).__name__}")
 
 
 def check_batch_setup(generation_config: GenerationConfig, streamer, batch: int) -> None:
-    """What the batched loop does not do yet, refused by name before any forward (what the target cannot do in a batch:
-    :func:`~hf_specdraft.core.support.check_batch_target`)."""
+    """What the batched loop does not do, refused by name before any forward."""
     if streamer is not None and batch > 1:
         raise ValueError("a streamer takes one sequence: stream with batch size 1, or drop streamer= for a batch")
     if generation_config.output_scores or generation_config.output_logits:
@@ -156,9 +142,8 @@ def check_batch_setup(generation_config: GenerationConfig, streamer, batch: int)
 def resolve_generator(
     candidate_generator, draft_model, num_draft_tokens, copy_from_context=None, max_copy_tokens=None
 ) -> TreeCandidateGenerator | list[TreeCandidateGenerator]:
-    """The drafter of a call: ``candidate_generator`` checked (a list: one per row; transformers' own wrapped, the same
-    object once), or the registered drafter of ``draft_model`` with the call's copy options (``None``: the drafter's
-    own default)."""
+    """The drafter of a call: ``candidate_generator`` checked (a list: one per row; transformers' own wrapped), or the
+    registered drafter of ``draft_model`` with the call's copy options."""
     check_copy_options(copy_from_context, max_copy_tokens, allow_none=True)
     if candidate_generator is not None and (copy_from_context is not None or max_copy_tokens is not None):
         raise ValueError(
@@ -202,8 +187,7 @@ def resolve_generator(
 
 
 def row_drafters(generator, batch: int) -> list[TreeCandidateGenerator]:
-    """One drafter per row: ``generator`` itself for one row, a list as given, else forks of one drafter (transformers'
-    own, which draft for one sequence, refuse to fork)."""
+    """One drafter per row: ``generator`` itself for one row, a list as given, else forks of one drafter."""
     if isinstance(generator, (list, tuple)):
         if len(generator) != batch:
             raise ValueError(
@@ -223,13 +207,10 @@ def row_drafters(generator, batch: int) -> list[TreeCandidateGenerator]:
 
 
 def row_processors(processors: LogitsProcessorList, row: int, batch: int) -> LogitsProcessorList:
-    """Row ``row``'s own copy of ``generate``'s logits processors, which were built for the whole batch.
-
-    The loop calls them on one row at a time, so state kept per batch row is cut to that row: the repetition
-    penalty's per-row padding lengths `(B,)`, the batch id ``prefix_allowed_tokens_fn`` receives, the unconditional
-    context of classifier-free guidance (one running cache per row). Every other processor is copied shallowly, so
-    state it creates on its first call (SynthID's) is the row's own.
-    """
+    """Row ``row``'s own copy of ``generate``'s logits processors, built for the whole batch: state kept per batch row
+    is cut to that row (the repetition penalty's padding lengths, ``prefix_allowed_tokens_fn``'s batch id,
+    classifier-free guidance's context); every processor is copied shallowly, so state made on its first call is the
+    row's own."""
     if batch == 1:
         return processors
     own = LogitsProcessorList()
@@ -253,8 +234,8 @@ def row_processors(processors: LogitsProcessorList, row: int, batch: int) -> Log
 
 
 def copy_options(draft_model, generation_config: GenerationConfig | None, copy_from_context, max_copy_tokens) -> tuple:
-    """``(copy_from_context, max_copy_tokens)`` of a call: each as passed, else as ``generation_config`` carries it (for
-    ``draft_model=`` only: a ``candidate_generator`` was configured when it was built), else ``None``."""
+    """``(copy_from_context, max_copy_tokens)`` of a call: each as passed, else (for ``draft_model=`` only) as
+    ``generation_config`` carries it."""
     if draft_model is not None and generation_config is not None:
         if copy_from_context is None:
             copy_from_context = getattr(generation_config, "copy_from_context", None)

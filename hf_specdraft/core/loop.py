@@ -1,27 +1,16 @@
 """The one speculative decoding loop every drafter shares, for any batch size: propose → verify → accept → emit → keep.
 
-This is the only module that touches transformers' generation internals. It runs as transformers'
-supported ``custom_generate`` callable, so ``generate`` prepares the generation config, the logits
-processors and the stopping criteria exactly as it does for its own decoding methods::
+The only module that touches transformers' generation internals: it runs as a ``custom_generate`` callable
+(``target.generate(ids, custom_generate=speculative_generate, draft_model=draft)``), so ``generate`` prepares the
+config, processors and stopping criteria as for its own methods; a direct call goes through ``target.generate`` itself.
 
-    out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft, max_new_tokens=64)
+Each step (:func:`speculative_step`) every active row (:class:`~hf_specdraft.core.rows.Row`) proposes a tree, one
+target forward verifies every row's ``[last token] + tree``, each row accepts a path by its own rule and emits it plus
+the target's next token, and the cache keeps each row's accepted path. Rows stop at different times and leave the batch.
 
-or called directly (it then goes through ``target.generate`` itself)::
-
-    out = speculative_generate(target, input_ids, candidate_generator=MyDrafter(), max_new_tokens=64)
-
-A call decodes ``B >= 1`` rows (:class:`~hf_specdraft.core.rows.Row`); batch 1 is one row. Each step
-(:func:`speculative_step`) every active row proposes a tree, one target forward verifies every row's
-``[last token] + tree`` (:mod:`~hf_specdraft.core.verify`), each row accepts a path by its own rule
-(:mod:`~hf_specdraft.core.acceptance`) and emits it plus the target's next token, stopping where ``generate`` would;
-then the cache keeps each row's accepted path (:mod:`~hf_specdraft.core.cache`). Rows accept different numbers of
-tokens, stop at different times and then leave the batch.
-
-Invariant at the start of every step: each active row's text but its newest token sits in the target cache, in the
-cache's last ``row.cached`` columns. One unpadded row *owns* the cache (its columns are all of them); a padded batch
-*shares* it, right-aligned. Batch semantics follow transformers' batched ``generate``: ``max_length`` counts from the
-padded prompt, finished rows are padded with ``pad_token_id`` on the right; each row's greedy output equals its own
-batch-1 ``generate(do_sample=False)``.
+Invariant at the start of every step: each active row's text but its newest token sits in the target cache, in its last
+``row.cached`` columns (one unpadded row owns the cache; a padded batch shares it, right-aligned). Batch semantics
+follow transformers' batched ``generate``: each row's greedy output equals its batch-1 ``generate(do_sample=False)``.
 
 Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 """
@@ -86,29 +75,24 @@ def speculative_generate(
 
     Args:
         model: the target causal LM.
-        input_ids (`torch.LongTensor` of shape `(B, L)`): the prompts, left-padded with ``attention_mask`` when `B > 1`
-            (each row drafts and accepts on its own, :func:`speculative_steps`).
-        candidate_generator: any ``transformers.generation.CandidateGenerator``. hf_specdraft drafters
+        input_ids (`torch.LongTensor` of shape `(B, L)`): the prompts, left-padded with ``attention_mask`` when `B > 1`.
+        candidate_generator: any ``transformers.generation.CandidateGenerator``; hf_specdraft drafters
             (:class:`~hf_specdraft.core.drafting.TreeCandidateGenerator`) may propose trees.
-        draft_model: shortcut for ``candidate_generator=DraftModelCandidateGenerator(draft_model, num_draft_tokens)``
-            (the drafter registered for its model type instead, :func:`~hf_specdraft.core.drafting.register_drafter`:
-            ``GlideCandidateGenerator`` for a GLIDE draft).
-        num_draft_tokens: γ for ``draft_model``; ``"auto"`` (the default): chosen every step from the acceptance and the
-            costs the loop measures (:mod:`~hf_specdraft.core.controller`).
+        draft_model: shortcut for ``candidate_generator=DraftModelCandidateGenerator(draft_model, num_draft_tokens)``,
+            or the drafter registered for its model type (:func:`~hf_specdraft.core.drafting.register_drafter`).
+        num_draft_tokens: γ for ``draft_model``; ``"auto"`` (the default): chosen every step from the measured
+            acceptance and costs (:mod:`~hf_specdraft.core.controller`).
         copy_from_context: for a GLIDE-family ``draft_model``, the shortest suffix match of the text it copies the
-            continuation of instead of drafting (:class:`~hf_specdraft.glide.GlideDraftingConfig`); ``False`` or 0:
-            never copy; ``None`` (the default): ``generation_config.copy_from_context`` where set, else the drafter's
-            default (2). A draft that never copies takes only ``False`` / 0.
+            continuation of instead of drafting; ``False`` or 0: never copy; ``None`` (the default):
+            ``generation_config.copy_from_context`` where set, else the drafter's default (2). A draft that never
+            copies takes only ``False`` / 0.
         max_copy_tokens: the longest copy from the context; ``None``: ``generation_config.max_copy_tokens`` where set,
-            else γ when ``num_draft_tokens`` is fixed (a proposal never runs past γ), the controller's choice with
-            "auto".
-        acceptance: ``None`` for exact verification (greedy match, or speculative sampling when
-            ``do_sample=True``: lossless), or a :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance` (CASD).
-        token_streamer: a transformers streamer. Under ``generate(custom_generate=...)`` transformers drops
-            its own ``streamer=`` argument before calling a custom callable, so pass it under this name
-            there; a direct call also accepts ``streamer=``.
-        kwargs: anything ``generate`` takes (``max_new_tokens``, ``do_sample``, ``eos_token_id``,
-            ``stopping_criteria``, ``repetition_penalty``, ``return_dict_in_generate``, …).
+            else γ when ``num_draft_tokens`` is fixed, the controller's choice with "auto".
+        acceptance: ``None`` for exact verification (lossless), or a
+            :class:`~hf_specdraft.core.acceptance.ConditionalAcceptance` (CASD).
+        token_streamer: a transformers streamer. ``generate(custom_generate=...)`` drops its own ``streamer=`` before
+            calling a custom callable, so pass it under this name there; a direct call also accepts ``streamer=``.
+        kwargs: anything ``generate`` takes (``max_new_tokens``, ``do_sample``, ``eos_token_id``, …).
 
     Returns:
         `torch.LongTensor` `(B, L + n)`, or :class:`SpeculativeGenerateOutput` with
@@ -172,19 +156,18 @@ def _speculative_loop(
     streamer,
     model_kwargs,
 ):
-    """Check the call, set it up on its layout (:func:`~hf_specdraft.core.static_layout.layout_for`,
-    :func:`setup_call`), prefill, run :func:`speculative_steps`, return what ``generate`` would."""
+    """Check the call, set it up on its layout, prefill, run :func:`speculative_steps`, return the result."""
     lengths = check_padding(model_kwargs.get("attention_mask"), input_ids)
     check_unmarked_padding(input_ids, lengths, generation_config.pad_token_id)
-    trim = trim_threshold_mib()  # HF_SPECDRAFT_TRIM_MIB, the opt-in heap trim (core/memory.py): a bad value fails here
-    support = target_support(model)  # recurrent-state models are refused before any forward (core.support)
+    trim = trim_threshold_mib()  # the opt-in heap trim: a bad value fails here
+    support = target_support(model)  # recurrent-state models are refused before any forward
     chains = support.chains  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
     batch, padded = input_ids.shape
     if batch > 1 or int(lengths[0]) < padded:  # a batch, or one left-padded prompt: rows share a right-aligned cache
         check_batch_setup(generation_config, streamer, batch)
         check_batch_target(model, generation_config, chains)
-    check_generation_setup(input_ids, generation_config, model_kwargs, acceptance)
-    ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike (core.distributed)
+    check_generation_setup(generation_config, model_kwargs, acceptance)
+    ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike
     if chains and generation_config.cache_implementation == "static":
         raise ValueError(
             f"cache_implementation='static' verifies with explicit 4-D masks, which {type(model).__name__} cannot take "
@@ -222,13 +205,11 @@ def _speculative_loop(
 
 @dataclass(frozen=True)
 class Step:
-    """The call, set up once (:func:`setup_call`) and taken by every step: the target, where its cache lives (one
-    :class:`~hf_specdraft.core.layouts.CacheLayout`, which holds what changes during the call: its cache, its costs, a
-    batch proposer), how tokens are judged and when rows stop, what the drafters ask of the target's forwards, and how
-    the step is timed and γ chosen (the meter, which holds the call's controller)."""
+    """The call, set up once (:func:`setup_call`) and taken by every step: the target, its cache layout, how tokens are
+    judged and when rows stop, what the drafters ask of the target's forwards, and the step's meter (clock and γ)."""
 
     model: PreTrainedModel
-    cache: CacheLayout  # prefill, drafter_cache, verify, keep, max_nodes; one row or a batch (one_row)
+    cache: CacheLayout  # one row or a batch, owned or static: what changes during the call lives here
     generation_config: GenerationConfig
     stops: HostStops
     request: StateRequest  # what the drafters read of the target's forwards (empty: nothing more is computed)
@@ -250,8 +231,7 @@ def setup_call(
     acceptance,
     streamer,
 ) -> Step:
-    """Bind every row's drafter to the call; the ``active`` rows' controller (:func:`call_controller`) and what the
-    drafters ask of the target (:class:`~hf_specdraft.core.target_state.StateRequest`) go into one :class:`Step`."""
+    """Bind every row's drafter to the call and gather the call into one :class:`Step`."""
     for row in rows:
         row.generator.prepare(model, generation_config)
         row.traits = traits_of(row.generator)
@@ -266,8 +246,8 @@ def setup_call(
 
 
 def speculative_steps(step: Step, active: list[Row]) -> dict:
-    """Speculative steps until every row is done (the layout counts their costs). Returns, with a controller, the γ it
-    chose at every step and whether it resumed the last call's state (``draft_lengths``, ``controller_resumed``)."""
+    """Speculative steps until every row is done. Returns, with a controller, ``draft_lengths`` (the γ it chose at every
+    step) and ``controller_resumed`` (whether it resumed the last call's state)."""
     drafters = [row.generator for row in active]
     if drafters and not any(row.traits.requires_model_outputs for row in active):  # a batch proposer hands no state on
         step.cache.batch_proposer(drafters)  # where the layout allows (a padded batch)
@@ -283,8 +263,8 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
 def call_controller(
     model, layout: CacheLayout, active: list[Row], generation_config: GenerationConfig
 ) -> tuple[DraftLengthController | None, tuple | None]:
-    """With ``num_draft_tokens="auto"`` drafters, the call's γ (and "auto" tree budget) controller, resumed from the
-    last call's curve and counts, and the key of its state (what else changes costs or acceptance); else ``None``s."""
+    """With ``num_draft_tokens="auto"`` drafters, the call's γ (and tree budget) controller, resumed from the last call,
+    and the key its state is kept under; else ``None``s."""
     if not active or not all(row.traits.adaptive_draft_length for row in active):
         return None, None
     widths = (1.0, 2.0) if all(row.traits.adaptive_budget for row in active) else (1.0,)
@@ -306,9 +286,7 @@ def call_controller(
 
 def speculative_step(step: Step, active: list[Row]) -> list[Row]:
     """One step of every active row: propose, verify in one forward, read back once, accept, keep. Returns the rows
-    still active. The device is read once (:func:`read_back`: every row's verified tokens and the target's choices,
-    under greedy decoding without logits processors); tree metadata, stop checks and statistics are host data. The
-    step's clock and γ sit behind ``step.meter`` (:class:`~hf_specdraft.core.meter.StepMeter`)."""
+    still active. Tree metadata, stop checks and statistics are host data; the clock and γ sit behind ``step.meter``."""
     meter = step.meter
     cached = [row.cached for row in active]  # before this step: row a's last cached[a] columns of the cache
     trees = draft_rows(step, active)  # propose
@@ -323,9 +301,8 @@ def speculative_step(step: Step, active: list[Row]) -> list[Row]:
 def accept_rows(
     step: Step, active: list[Row], trees: list[DraftTree], logits, verified, hidden
 ) -> tuple[list[list[int]], list[int]]:
-    """After the step's one read-back (:func:`read_back`), every row accepts a path by its rule and emits it
-    (:func:`~hf_specdraft.core.emission.accept_row`); a row whose drafter reads the target's state keeps the states of
-    the columns it kept (on the device). Returns each row's kept columns and accepted count."""
+    """After the step's one read-back, every row accepts a path and emits it; a row whose drafter reads the target's
+    state keeps the states of its kept columns. Returns each row's kept columns and accepted count."""
     choices = read_back(step, active, trees, logits, verified)
     draft_seconds, forward_seconds = step.meter.seconds()
     kept, accepted = [], []
@@ -347,10 +324,9 @@ def accept_rows(
 
 
 def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: torch.Tensor, verified: torch.Tensor):
-    """The step's one device -> host read under greedy decoding without logits processors: every row's verified tokens
-    (a drafted tree's tokens reach the host here, :attr:`DraftTree.token_list`) and the target's argmax at every
-    verified position. Returns the argmax per row (lists), or ``None`` where acceptance reads scores itself (sampling,
-    processors, CASD's condition reads probabilities)."""
+    """The step's one device -> host read under greedy decoding without processors: every row's verified tokens (where
+    the tree's are not on the host yet) and the target's argmax at every verified position. Returns the argmax per row,
+    or ``None`` where acceptance reads scores itself (sampling, processors)."""
     if step.generation_config.do_sample or any(len(row.processor) for row in active):
         return None
     if all(tree.token_list is not None for tree in trees):  # every token on the host already: the argmax alone
@@ -364,11 +340,9 @@ def read_back(step: Step, active: list[Row], trees: list[DraftTree], logits: tor
 
 
 def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
-    """Every active row's proposal for its :class:`~hf_specdraft.core.drafting.DraftRequest` (the row's text on the
-    device and on the host, what its drafter reads of the target, what the step's controller chose:
-    :meth:`~hf_specdraft.core.meter.StepMeter.begin`), fitted to its room before ``max_length`` and to the layout's
-    ``max_nodes`` (:func:`~hf_specdraft.core.tree.fit_proposal`): each row's drafter on its view of the target cache, or
-    one batch proposer for all rows (the layout's ``together``). The meter times each."""
+    """Every active row's proposal for its :class:`~hf_specdraft.core.drafting.DraftRequest`, fitted to its room before
+    ``max_length`` and to the layout's ``max_nodes``: each row's drafter on its view of the target cache, or one batch
+    proposer for all rows (the layout's ``together``)."""
     step.meter.begin()  # the step's clock starts; γ (and the rules) every request carries, when the controller chooses
     config, meter, limit, vocab = step.generation_config, step.meter, step.cache.max_nodes, step.vocab
     together = step.cache.together

@@ -1,7 +1,4 @@
-"""What the loop keeps per request: a batch row and its outputs.
-
-Notation: p target distribution (Leviathan et al. 2023).
-"""
+"""What the loop keeps per request: a batch row and its outputs."""
 
 from __future__ import annotations
 
@@ -42,16 +39,14 @@ class Row:
     done: bool = False
     tokens: list[int] = field(default_factory=list)  # ids on the host: read once before the loop, then by emission
     traits: DrafterTraits | None = None  # what its drafter declares (set once the call binds the drafter, setup_call)
-    # a drafter that reads the target's state (core.target_state): the states not yet handed to it (the prefill's, then
-    # each step's kept positions, on the device), whether it has proposed since the prefill, and the last step's
-    # accepted count
+    # for a drafter that reads the target's state: the states not yet handed to it, whether it has proposed yet, and
+    # the last step's accepted count
     states: tuple | None = None
     proposed: bool = False
     matched: int = 0
 
     def __post_init__(self):
-        # the device copy of `tokens`, written when someone reads `ids` (a drafter, a criterion, the result), into a
-        # buffer that grows by doubling: a step that emits tokens does no device work for them
+        # the device copy of `tokens`, written only when `ids` is read, into a buffer that grows by doubling
         self._buffer = self.prompt.new_empty(1, self.prompt.shape[1] + 256)
         self._buffer[:, : self.prompt.shape[1]] = self.prompt
         self._written = self.prompt.shape[1]
@@ -74,10 +69,8 @@ class Row:
         return self._buffer[:, :length]
 
     def target_state(self) -> TargetState | None:
-        """What a state-reading drafter is told before it proposes (transformers' protocol,
-        :mod:`~hf_specdraft.core.target_state`): on its first proposal nothing (``is_first_iteration``: the prefill's
-        states wait for the first step's), afterwards the states of every position added since its last proposal,
-        handed on once."""
+        """What a state-reading drafter is told before it proposes: nothing on its first proposal
+        (``is_first_iteration``), afterwards the states of every position added since its last one."""
         if not self.traits.requires_model_outputs:
             return None
         first, outputs = not self.proposed, None
@@ -104,8 +97,8 @@ class Row:
 
 
 def call_rows(input_ids: torch.LongTensor, lengths, drafters: list, processors: list) -> list[Row]:
-    """One :class:`Row` per prompt row of ``input_ids`` `(B, P)` (``lengths``: each row's unpadded length), with its
-    drafter and logits processors; its tokens read to the host once: from here on the loop extends them there."""
+    """One :class:`Row` per prompt row of ``input_ids`` `(B, P)` (``lengths``: each row's unpadded length), its tokens
+    read to the host once: from here on the loop extends them there."""
     host_ids, padded = input_ids.tolist(), input_ids.shape[1]
     return [
         Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), p, tokens=host_ids[r])

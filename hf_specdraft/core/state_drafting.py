@@ -1,24 +1,13 @@
-"""transformers' own drafters in the loop: any ``CandidateGenerator`` of its own, and the state-reading ones (Gemma 4's
-assistants, DFlash block drafters) built for each call.
+"""transformers' own drafters in the loop: any ``CandidateGenerator`` of its own, wrapped once when the call resolves
+its drafter (:class:`TransformersCandidateGenerator`), and the state-reading ones transformers builds only inside its
+assisted loop, built here for each call (:class:`StateReadingDrafter`), so they run with batches, the static path and
+the γ controller, handed the target's state as their protocol asks (:mod:`~hf_specdraft.core.target_state`):
 
-:class:`TransformersCandidateGenerator` wraps a transformers ``CandidateGenerator`` passed as ``candidate_generator``
-(assisted decoding's, prompt lookup, a DFlash / MTP / Gemma 4 generator built by hand) once, when the call resolves its
-drafter, so the loop talks to one kind of drafter.
-
-transformers 5.23 ships their candidate generators (``generation/candidate_generator.py``), but builds them only inside
-its assisted loop (batch 1, chains, a ``DynamicCache``). :class:`StateReadingDrafter` builds the same generator for each
-call of this loop, so that ``speculative_generate(target, ids, draft_model=assistant)`` runs them with batches, the
-static path, the γ controller and CAPE's expansion, handing them the target's state as their protocol asks
-(:mod:`~hf_specdraft.core.target_state`):
-
-* a ``Gemma4AssistantForCausalLM`` (``SinglePositionMultiTokenCandidateGenerator``): the token's embedding ⊕ the
-  target's last hidden state in, Q-only attention to the keys and values of the target's last cached layer of each
-  type; γ is its ``num_assistant_tokens``. Those keys and values are read from the loop's cache after it kept the
-  accepted path, so a tree's rejected nodes never reach the assistant, and the verify forward returns only the last
-  hidden state (transformers' loop asks it for every layer's and for ``return_shared_kv_states``);
-* a DFlash drafter (``DFlashTokenCandidateGenerator``; any model whose config names ``target_layer_ids``, ``block_size``
-  and ``mask_token_id``): the named layers' states fused into its own cache, a block of ``block_size`` tokens drafted
-  in one forward through the target's embeddings and head.
+* a Gemma 4 assistant (``SinglePositionMultiTokenCandidateGenerator``): the target's last hidden state in, Q-only
+  attention to the keys and values of the target's last cached layer of each type, read from the loop's cache after it
+  kept the accepted path (so a tree's rejected nodes never reach it); γ is its ``num_assistant_tokens``;
+* a DFlash drafter (``DFlashTokenCandidateGenerator``; a config naming ``target_layer_ids``, ``block_size`` and
+  ``mask_token_id``): a block of ``block_size`` tokens drafted in one forward.
 """
 
 from __future__ import annotations
@@ -45,8 +34,7 @@ def is_dflash(model) -> bool:
 
 
 def refuse_glide_export(model) -> None:
-    """A GLIDE exported for vLLM (``hf-specdraft export``; its config records the GLIDE it came from) is refused: its
-    inputs are scaled for vLLM, and in transformers the GLIDE checkpoint itself is the drafter."""
+    """Refuse a GLIDE exported for vLLM (``hf-specdraft export``): its inputs are scaled for vLLM."""
     export = model.config.to_dict().get("hf_specdraft_export")
     if export:
         glide = repr(export["glide"]) if export.get("glide") else "<the GLIDE checkpoint it was exported from>"
@@ -67,8 +55,8 @@ class StateReadingDrafter(TreeCandidateGenerator):
 
     Args:
         draft_model: a Gemma 4 assistant or a DFlash drafter, on the target's device.
-        num_draft_tokens: γ of a Gemma 4 assistant (``"auto"``: chosen every step by the loop). A DFlash drafter
-            drafts its ``block_size`` in one forward: only ``"auto"`` or that size are accepted.
+        num_draft_tokens: γ of a Gemma 4 assistant (``"auto"``: chosen every step); a DFlash drafter takes only
+            ``"auto"`` or its ``block_size``.
     """
 
     requires_model_outputs = True
@@ -116,8 +104,7 @@ class StateReadingDrafter(TreeCandidateGenerator):
             self.model_kwargs_overrides = {"output_hidden_states": -1}  # the generator reads hidden_states[-1] alone
 
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """The generator's chain after the request's text `(1, L)` (γ: the request's, else its own), with q where it
-        returns logits."""
+        """The generator's chain after the request's text `(1, L)`, with q where it returns logits."""
         if request.target_state is None or self.generator is None:
             raise ValueError(
                 f"{type(self.draft_model).__name__} reads the target's hidden states, which transformers' assisted "
@@ -139,8 +126,8 @@ class StateReadingDrafter(TreeCandidateGenerator):
 
 
 def state_candidates(generator: CandidateGenerator, request: DraftRequest, producers, model_kwargs: dict):
-    """``generator.get_candidates`` called as transformers' loop calls a state-reading generator, with the request's
-    target state (a Gemma 4 assistant's ``producers`` layers' keys and values read from the kept text's cache)."""
+    """``generator.get_candidates`` called as transformers' loop calls a state-reading generator (with the keys and
+    values of a Gemma 4 assistant's ``producers`` layers, read from the kept text's cache)."""
     state = request.target_state
     outputs = state.outputs
     if outputs is not None and producers is not None:
@@ -156,19 +143,17 @@ def state_candidates(generator: CandidateGenerator, request: DraftRequest, produ
 
 
 def transformers_protocol(generator: CandidateGenerator) -> tuple[bool, dict]:
-    """What a transformers ``CandidateGenerator`` declares of transformers' state protocol (read once, when it is
-    wrapped): ``requires_model_outputs`` and ``model_kwargs_overrides`` (:mod:`~hf_specdraft.core.target_state`)."""
+    """``requires_model_outputs`` and ``model_kwargs_overrides``, as a transformers ``CandidateGenerator`` declares
+    them (read once, when it is wrapped)."""
     return bool(generator.requires_model_outputs), dict(getattr(generator, "model_kwargs_overrides", None) or {})
 
 
 class TransformersCandidateGenerator(TreeCandidateGenerator):
-    """One of transformers' own ``CandidateGenerator`` s as an hf_specdraft drafter: every step its ``get_candidates``,
-    called as transformers' assisted loop calls it (with the target's state where it declares it reads it), gives the
-    chain (with q where it returns logits for every token); every outcome goes to its ``update_candidate_strategy``.
+    """One of transformers' own ``CandidateGenerator`` s as an hf_specdraft drafter: its ``get_candidates`` gives each
+    step's chain (with q where it returns logits for every token), every outcome goes to ``update_candidate_strategy``.
 
     Args:
-        generator: the transformers ``CandidateGenerator``, used as it is: it drafts for one sequence, so it is never
-            copied for another row of a batch.
+        generator: the transformers ``CandidateGenerator``, used as it is (never copied for another row).
     """
 
     def __init__(self, generator: CandidateGenerator):

@@ -9,12 +9,11 @@ FIRST_WINDOW = 8  # look-back offsets compared in the first extension round; dou
 
 
 def longest_suffix_match(sequence: torch.LongTensor, max_match_length: int | None = None) -> tuple[int, int]:
-    """The earlier occurrence of the longest suffix of ``sequence`` (Max-Gram's match, §3.3).
+    """The earlier occurrence of the longest suffix of ``sequence`` `(L,)` (Max-Gram's match, §3.3).
 
     Among the positions ``j < L - 1`` with ``sequence[j - t] == sequence[L - 1 - t]`` for ``t = 0 .. m - 1``, the
-    longest ``m``, then the most recent ``j``: `(end, length)` = `(j, m)`, ``(-1, 0)`` when the last token is new.
-    ``sequence`` `(L,)`: prompt + generated tokens. ``max_match_length``: matches at least this long count as equally
-    long (bounding the work on endlessly repeating text; ``None``: no bound).
+    longest ``m``, then the most recent ``j``: `(j, m)`, ``(-1, 0)`` when the last token is new. Matches of at least
+    ``max_match_length`` count as equally long (bounding the work on endlessly repeating text).
     """
     length_total = sequence.numel()
     if length_total < 2:

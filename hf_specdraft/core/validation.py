@@ -25,8 +25,8 @@ def check_bool(name: str, value) -> None:
 
 
 def method_config(config_class, config, options: dict):
-    """The config a method's candidate generator runs with: ``config`` (an instance of ``config_class``) or one built
-    from ``options`` (its fields as keywords), never both — the one calling convention of CAPE, the cascade and CASD."""
+    """``config`` (an instance of ``config_class``) or one built from ``options`` (its fields as keywords), never both:
+    the one calling convention of CAPE, the cascade and CASD."""
     if config is not None and options:
         raise ValueError(
             f"pass either config= or {config_class.__name__} fields as keywords ({sorted(options)}), not both"
@@ -47,9 +47,8 @@ def method_config(config_class, config, options: dict):
 
 
 def check_copy_options(copy_from_context, max_copy_tokens, allow_none: bool = False) -> None:
-    """Raise a ``ValueError`` naming the argument unless ``copy_from_context`` is a bool or an int >= 0 (the shortest
-    suffix match a drafter copies from the context after; 0 / ``False``: never) and ``max_copy_tokens`` a positive int
-    or None (the longest copy). ``allow_none``: ``copy_from_context=None`` too (the drafter's own default)."""
+    """Raise a ``ValueError`` unless ``copy_from_context`` is a bool or an int >= 0 (or None with ``allow_none``) and
+    ``max_copy_tokens`` a positive int or None."""
     if (
         not (allow_none and copy_from_context is None)
         and not isinstance(copy_from_context, bool)
