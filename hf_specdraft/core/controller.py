@@ -1,35 +1,25 @@
 """Choosing γ at run time: the draft length that maximizes expected new tokens per second on this machine.
 
-A chain drafter with ``num_draft_tokens="auto"`` (the draft model's and GLIDE's default) drafts, each step,
+With ``num_draft_tokens="auto"`` (the draft model's and GLIDE's default) a chain drafter drafts, each step,
 
     γ* = argmax_γ  E[tokens | γ] / (γ · d + v(γ + 1)),    E[tokens | γ] = 1 + Σ_{i=1..γ} Π_{j=1..i} a_j
 
-over ``1 .. max_draft_tokens``. ``a_j`` is the decayed rate at which draft position ``j`` is accepted given the ones
-before it were, shrunk towards position ``j - 1``: ``a_j = (h_j + w · a_{j-1}) / (t_j + w)``, ``w = PRIOR_WEIGHT``,
-``a_0 = PRIOR_ACCEPTANCE`` (a rarely drafted position reads as good as the one before it, not as its last outcome).
-``d`` is the measured seconds per drafted token, ``v(n)`` those of a verification forward over ``n`` tokens: a running
-average per ``n``, started from the smaller of its first two timings (a first forward at a new width can carry kernel
-set-up), else a line through the measured ``n`` (``PRIOR_SLOPE`` from a single one). A tree drafter (CAPE with an
-``"auto"`` budget) also picks the width, the chain alone (1) or twice it (2), each with its own ``a_j``, ``v`` read at
-the tree's size ``1 + width · γ``. Everything is timed by the loop on the machine it runs on: a flat cost curve (a
-GPU) makes long drafts pay, a steep one or low acceptance short ones (Leviathan et al. 2023 §3.4 choose γ from the
-same ratio with a fixed cost coefficient).
+over ``1 .. max_draft_tokens``: ``a_j`` the decayed acceptance rate of draft position ``j`` given the ones before it,
+shrunk towards ``a_{j-1}`` (``a_0 = PRIOR_ACCEPTANCE``: a rarely drafted position reads as good as the one before it);
+``d`` the measured seconds per drafted token, ``v(n)`` those of a verification forward over ``n`` tokens. A tree
+drafter (CAPE with an ``"auto"`` budget) also picks the width, the chain alone (1) or twice it (2). Everything is timed
+on the machine the loop runs on: a flat cost curve (a GPU) makes long drafts pay, a steep one short ones (Leviathan et
+al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient). A chain drafter that knows q (batch 1)
+also stops each draft on its confidence (:meth:`DraftLengthController.keep_drafting`, as SpecDec++ and EAGLE-2 do).
 
-A chain drafter that knows q (the draft model, GLIDE; batch 1) also stops each draft on its confidence
-(:meth:`DraftLengthController.keep_drafting`, as SpecDec++ and EAGLE-2 do): after ``j`` tokens of probabilities
-``c_1 .. c_j`` the path survives with ``P_j = Π_{i<=j} â(c_i)`` (``â(c)``: the measured acceptance of draft tokens of
-about that confidence, ten bins), and it drafts one more while some longer draft, its unseen positions at their rates
-``a``, is expected to beat ``R_j = (1 + Σ_{i<=j} P_i) / (j · d + v(j + 1))``. CAPE's chain stops so too, its expansion
-sets then filling the width times that length; which width runs is weighed by what each width's steps realized
-(decayed tokens over decayed seconds), and one step in every ``EXPLORE_EVERY`` runs the other width.
-
-What a call learned (:data:`_CARRIED`: cost curve, draft cost, acceptance counts) carries over to the next call of the
-same target and drafter, and to later processes on disk per machine and pair
-(:mod:`~hf_specdraft.core.controller_store`: ``recall``, ``remember``): only a pair's first call spends two steps
-measuring the curve. ``forget`` drops it.
+What a call learned (:data:`_CARRIED`) carries over to the next call of the same target and drafter, in this process
+and on disk (:mod:`~hf_specdraft.core.controller_store`).
 """
 
 from __future__ import annotations
+
+import operator
+from itertools import accumulate
 
 from .validation import check_int
 
@@ -38,14 +28,19 @@ PRIOR_WEIGHT = 1.0  # pseudo-count of each a_j's prior (the position before it)
 CONFIDENCE_BINS = 10  # â(c) is measured for draft tokens in ten bins of their probability c
 CONFIDENCE_PRIOR_WEIGHT = 2.0  # pseudo-count of each bin's prior, the bin's middle confidence (a calibrated draft)
 PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measured: a 2-core CPU's few-token forward
-EXPLORE_EVERY = (
-    8  # every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
-)
+# every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
+EXPLORE_EVERY = 8
 # a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on longer (cpu-copy-acceptance*.json:
 # accepted per copy 2.6-2.8 after a 2-token match, 6.4 after 16 or more on chat); a one-token match is Max-Gram's
 COPY_MATCH_BINS = (1, 2, 3, 5, 8, 16)
 COPY_PRIOR = 0.6  # the prior of a copy's first token being right, in every match bin, replaced within a few copies
 COPY_START = 6  # tokens copied while the cost curve is not measured yet
+
+
+def expected(rates: list[float]) -> list[float]:
+    """Expected new tokens ``1 + Σ_{i<=n} Π_{j<=i} r_j`` of a draft of each length ``n = 0 .. len(rates)``, its
+    positions accepted at ``rates`` given the ones before (the target's own token always comes)."""
+    return list(accumulate(accumulate(rates, operator.mul), operator.add, initial=1.0))
 
 
 class DraftLengthController:
@@ -96,9 +91,8 @@ class DraftLengthController:
         self._reader = None  # (the cost curve it read, _verify_reader's function)
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
-        self.agree_seconds = (
-            None  # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
-        )
+        # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
+        self.agree_seconds = None
 
     def budget(self, gamma: int) -> int | None:
         """The tree budget (nodes) of a step drafting γ under the current option; ``None`` for a chain drafter."""
@@ -120,21 +114,15 @@ class DraftLengthController:
 
     def expected_tokens(self, gamma: int, option: int | None = None) -> float:
         """E[new tokens of a step that drafts γ] = 1 + Σ_i Π_{j<=i} a_j (the target's own token always comes)."""
-        total, alive = 1.0, 1.0
-        for a in self.acceptance(option)[:gamma]:
-            alive *= a
-            total += alive
-        return total
+        return expected(self.acceptance(option)[:gamma])[-1]
 
     def verify_seconds(self, n: int) -> float:
-        """v(n): measured, or read off a line through the measured lengths (clamped between the neighbouring measured
-        widths), never decreasing in ``n``. Timing noise only slows a forward, so a measured width is read no higher
-        than any longer one: one slow sample cannot make every longer draft look dear for good."""
+        """v(n): measured, or read off a line through the measured lengths, never decreasing in ``n`` (noise only slows
+        a forward: one slow sample must not make every longer draft look dear for good)."""
         return self._verify_reader()(n)
 
     def _verify_reader(self):
-        """:meth:`verify_seconds` as a function of ``n``, the widths read and the line fitted once (a step weighs up to
-        ``2 · max_draft_tokens`` lengths), kept until a forward is timed."""
+        """:meth:`verify_seconds` as a function of ``n``, fitted once and kept until a forward is timed."""
         key = (tuple(self.verify.items()), tuple(self.verify_samples.items()))
         if self._reader is not None and self._reader[0] == key:
             return self._reader[1]
@@ -156,8 +144,8 @@ class DraftLengthController:
         return seconds
 
     def _read_widths(self) -> dict[int, float]:
-        """The measured widths' seconds as read: a width timed once (its first forward may have carried one-time kernel
-        set-up) no higher than the line through the widths timed more often."""
+        """The measured widths' seconds; one timed once (maybe with kernel set-up) no higher than the line through the
+        others."""
         settled = {k: v for k, v in self.verify.items() if self.verify_samples.get(k, 2) >= 2}
         if len(settled) < 2:
             return dict(self.verify)
@@ -182,23 +170,16 @@ class DraftLengthController:
         return lambda n: max(mean_v + slope * (n - mean_n), floor)
 
     def rate(self, gamma: int, option: int | None = None) -> float:
-        """Expected new tokens per second of a step that drafts γ (``1 <= γ <= max_draft_tokens``; a tree of about
-        ``width · γ`` nodes)."""
+        """Expected new tokens per second of a step that drafts γ (a tree of about ``width · γ`` nodes)."""
         return self.rates(self.option if option is None else option, self._verify_reader())[gamma - 1]
 
     def rates(self, option: int, verify) -> list[float]:
-        """:meth:`rate` of γ = 1 .. ``max_draft_tokens`` under one width option (``verify``: a :meth:`_verify_reader`),
-        ``(1 + Σ_{i<=γ} Π_{j<=i} a_j) / (γ · d + v(1 + nodes))``, with the acceptance rates read once."""
-        d, width, total, alive, rates = self.draft_per_token or 0.0, self.measured_width[option], 1.0, 1.0, []
-        for gamma, a in enumerate(self.acceptance(option), 1):
-            alive *= a
-            total += alive
-            rates.append(total / (gamma * d + verify(self.bucket(max(gamma, round(width * gamma)) + 1))))
-        return rates
+        """:meth:`rate` of γ = 1 .. ``max_draft_tokens`` under one width option (``verify``: :meth:`_verify_reader`)."""
+        d, width, tokens = self.draft_per_token or 0.0, self.measured_width[option], expected(self.acceptance(option))
+        return [tokens[g] / (g * d + verify(self.bucket(max(g, round(width * g)) + 1))) for g in range(1, len(tokens))]
 
     def _count(self, tries: list[float], hits: list[float], drafted: int, accepted: list[int]) -> tuple[list, list]:
-        """``tries`` and ``hits`` per position, decayed, with a step's outcome added: positions up to the first rejected
-        one were judged."""
+        """``tries`` and ``hits`` decayed, plus a step's outcome (up to the first rejected position)."""
         tries, hits = [t * self.decay for t in tries], [h * self.decay for h in hits]
         for count in accepted:
             for j in range(min(count + 1, drafted, len(tries))):
@@ -208,36 +189,29 @@ class DraftLengthController:
 
     def copy_length(self, match: int, available: int) -> int:
         """How many of the ``available`` tokens that followed an earlier occurrence of the text's last ``match`` tokens
-        to copy as this step's draft (a drafter's ``copy_from_context``); ``0``: draft with the model instead.
+        to copy as this step's draft (``copy_from_context``); ``0``: draft with the model instead.
 
-        A copy of ``n`` is worth ``(1 + Σ_{i<=n} Π_{j<=i} c_j) / v(n + 1)`` tokens per second, ``c_j`` the rate at which
-        copied position ``j`` was right after a match of about this length (the ``a_j`` rule per bin of
-        ``COPY_MATCH_BINS``, from ``COPY_PRIOR``). It copies the best ``n`` where that beats :meth:`model_rate`, and
-        every ``EXPLORE_EVERY``-th declined copy anyway; ``COPY_START`` tokens before the cost curve is measured."""
+        A copy of ``n`` is worth ``(1 + Σ_{i<=n} Π_{j<=i} c_j) / v(n + 1)`` tokens per second (``c_j``: the ``a_j`` rule
+        per bin of ``COPY_MATCH_BINS``). The best ``n`` is copied where it beats :meth:`model_rate`, and every
+        ``EXPLORE_EVERY``-th declined copy anyway (so a bin's rates stay measured)."""
         self._copy_bin = max(i for i, edge in enumerate(COPY_MATCH_BINS) if match >= edge or i == 0)
         top = min(available, self.max_copy_tokens)
         if top < 1:
             return 0
         if len(self.verify) < 2:
             return min(top, COPY_START)
-        best, best_rate, expected, alive, verify = 0, 0.0, 1.0, 1.0, self._verify_reader()
-        for n, c in enumerate(
-            self._rates(self.copy_hits[self._copy_bin], self.copy_tries[self._copy_bin], COPY_PRIOR)[:top], 1
-        ):
-            alive *= c
-            expected += alive
-            rate = expected / verify(self.bucket(n + 1))
-            if rate > best_rate:
-                best, best_rate = n, rate
-        if best_rate >= self.model_rate(verify):
+        verify, b = self._verify_reader(), self._copy_bin
+        tokens = expected(self._rates(self.copy_hits[b], self.copy_tries[b], COPY_PRIOR)[:top])
+        rates = [tokens[n] / verify(self.bucket(n + 1)) for n in range(1, len(tokens))]
+        best = 1 + max(range(len(rates)), key=rates.__getitem__)
+        if rates[best - 1] >= self.model_rate(verify):
             self._declined = 0
             return best
         self._declined += 1
         return best if self._declined % EXPLORE_EVERY == 0 else 0
 
     def model_rate(self, verify=None) -> float:
-        """Tokens per second of the drafter's own steps: realized by the confidence-stopped steps of the current width,
-        else expected at the best γ."""
+        """Tokens per second of the drafter's own steps: realized if confidence-stopped, else expected at best γ."""
         o = self.option
         if self.confidence_stops and self.stop_seconds[o] > 0:
             return self.stop_tokens[o] / self.stop_seconds[o]
@@ -255,40 +229,35 @@ class DraftLengthController:
         return self._draft_costs is not None
 
     def keep_drafting(self, confidences: list[float]) -> bool:
-        """Whether to draft another token after ``confidences`` (the probabilities of the tokens drafted so far this
-        step), by the rule in the module docstring. ``True`` while the cost curve is not measured yet (the step drafts
-        the γ :meth:`choose` gave)."""
+        """Whether to draft another token after ``confidences`` (this step's drafted tokens' probabilities ``c_i``).
+
+        The path survives with ``P_j = Π_{i<=j} â(c_i)`` (:meth:`accepted_given`); drafting goes on while some longer
+        draft, its unseen positions at their rates ``a``, beats ``R_j = (1 + Σ P_i) / (j · d + v(j + 1))``. ``True``
+        while the cost curve is not measured yet."""
         if self._draft_costs is None:
             return True
         self._asked = True
         j = len(confidences)
         if j >= self.max_draft_tokens:
             return False
-        alive, expected = 1.0, 1.0
-        for c in confidences:
-            alive *= self.accepted_given(c)
-            expected += alive
-        now = expected / self._draft_costs[j]
-        ahead = self.acceptance(0)
-        for m in range(1, self.max_draft_tokens - j + 1):
-            alive *= ahead[j + m - 1]
-            expected += alive
-            if expected / self._draft_costs[j + m] > now:
-                return True
-        return False
+        # the drafted tokens at their confidences' rates, the unseen ones at the chain's a_j
+        tokens = expected([self.accepted_given(c) for c in confidences] + self.acceptance(0)[j:])
+        costs = self._draft_costs
+        return any(tokens[n] / costs[n] > tokens[j] / costs[j] for n in range(j + 1, self.max_draft_tokens + 1))
 
     def choose(self) -> int:
-        """γ for the next step (and :attr:`option`, the tree width whose :meth:`budget` the step uses); with
-        :attr:`confidence_stops`, the longest draft :meth:`keep_drafting` may allow."""
+        """γ for the next step (and :attr:`option`, the step's tree width); with :attr:`confidence_stops`, the cap.
+
+        A tree drafter that stops on confidence runs the width whose steps realized the most tokens per second; one step
+        in every ``EXPLORE_EVERY`` runs another width."""
         top, last = self.max_draft_tokens, len(self.widths) - 1
         self._draft_costs, self._asked = None, False
         if len(self.verify) < 2:  # the first steps measure two points of the cost curve: a short and a longer draft
             gamma, self.option = min(1 if not self.verify else 3, top), last if not self.verify else 0
         elif self.confidence_stops:  # each draft stops on its own confidence (keep_drafting), up to the longest
             if last:  # a tree drafter: the width whose confidence-stopped steps realized the most tokens per second
-                rates = [
-                    t / s if s else float("inf") for t, s in zip(self.stop_tokens, self.stop_seconds)
-                ]  # unrun: first
+                # an unrun width first
+                rates = [t / s if s else float("inf") for t, s in zip(self.stop_tokens, self.stop_seconds)]
                 self.option = max(range(len(self.widths)), key=rates.__getitem__)
                 if self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 - 1:  # and the other widths, in turn
                     self.option = self._other_width()
@@ -318,7 +287,7 @@ class DraftLengthController:
         return self.max_draft_tokens
 
     def _other_width(self) -> int:
-        """The width option an exploring step runs instead of the current one: each of the others in turn."""
+        """The width option an exploring step runs instead: each of the others in turn."""
         return (self.option + 1 + (self.steps // EXPLORE_EVERY) % (len(self.widths) - 1)) % len(self.widths)
 
     def observe(
@@ -340,31 +309,27 @@ class DraftLengthController:
             verify_tokens: tokens per row that forward verified (``1 + γ`` for a chain, ``1 +`` nodes for a tree).
             on_chain: for a tree step, how many tokens of its first-child chain each row's path starts with: counted
                 for the chain option (width 1) too, so its acceptance is measured on every step.
-            confidences: each row's probabilities of the tokens it drafted (what :meth:`keep_drafting` read), counted
-                into the bins of ``â(c)``; for a tree, its chain's (judged by ``on_chain``).
-            copied: a draft copied from the text (:meth:`copy_length`): it counts for that match bin's rates and the
-                cost curve only.
+            confidences: each row's drafted tokens' probabilities (a tree: its chain's), counted into ``â(c)``'s bins.
+            copied: a draft copied from the text (:meth:`copy_length`): it counts for that match bin and ``v`` only.
         """
         if self.agree_seconds is not None:
             draft_seconds, verify_seconds = self.agree_seconds(draft_seconds, verify_seconds)
         self.steps += 1
+        self._time_forward(verify_tokens, verify_seconds)
+        if self.choices and (copied or self._draft_costs is not None):
+            self.choices[-1] = drafted  # what a copy or a confidence-stopped step drafted, not the cap it was given
         if copied:
             b = self._copy_bin
             self.copy_tries[b], self.copy_hits[b] = self._count(
                 self.copy_tries[b], self.copy_hits[b], drafted, accepted
             )
-            if self.choices:
-                self.choices[-1] = drafted
-            self._time_forward(verify_tokens, verify_seconds)
             return
         o = self.option
         self.tries[o], self.hits[o] = self._count(self.tries[o], self.hits[o], drafted, accepted)
         if confidences is not None:  # the confidence bins: every judged draft token, accepted or not
             self.bin_tries = [t * self.decay for t in self.bin_tries]
             self.bin_hits = [h * self.decay for h in self.bin_hits]
-            for count, row in zip(
-                accepted if on_chain is None else on_chain, confidences
-            ):  # a tree: its chain's tokens
+            for count, row in zip(accepted if on_chain is None else on_chain, confidences):
                 for j, c in enumerate(row[: count + 1]):
                     b = min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
                     self.bin_tries[b] += 1
@@ -372,12 +337,8 @@ class DraftLengthController:
         if self._draft_costs is not None:  # the width's realized rate, weighed against the other widths'
             self.stop_tokens[o] = self.decay * self.stop_tokens[o] + 1 + sum(accepted) / len(accepted)
             self.stop_seconds[o] = self.decay * self.stop_seconds[o] + draft_seconds / len(accepted) + verify_seconds
-        if self._draft_costs is not None and self.choices:
-            self.choices[-1] = drafted  # what a confidence-stopped step drafted, not the cap it was given
-            if (
-                drafted and not self._asked
-            ):  # a drafter that says it stops on confidence but never asked: choose γ again
-                self.confidence_stops = False
+        if self._draft_costs is not None and self.choices and drafted and not self._asked:
+            self.confidence_stops = False  # a drafter that says it stops on confidence but never asked: choose γ again
         if on_chain is not None and o != 0 and self.widths[0] == 1.0:
             self.tries[0], self.hits[0] = self._count(self.tries[0], self.hits[0], drafted, on_chain)
         if drafted:
@@ -386,7 +347,6 @@ class DraftLengthController:
             self.draft_per_token = (
                 per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
             )
-        self._time_forward(verify_tokens, verify_seconds)
 
     def _time_forward(self, verify_tokens: int, verify_seconds: float) -> None:
         """One verification forward's seconds into the cost curve ``v``."""
@@ -400,18 +360,9 @@ class DraftLengthController:
         self.verify_samples[verify_tokens] = samples + 1
 
 
-_CARRIED = (
-    "verify",
-    "verify_samples",
-    "draft_per_token",
-    "measured_width",
-    "tries",
-    "hits",
-    "bin_tries",
-    "bin_hits",
-    "stop_tokens",
-    "stop_seconds",
-    "copy_tries",
-    "copy_hits",
-)  # what a call passes on to the next
+# what a call passes on to the next
+_CARRIED = tuple(
+    "verify verify_samples draft_per_token measured_width tries hits bin_tries bin_hits stop_tokens stop_seconds "
+    "copy_tries copy_hits".split()
+)
 _ADDED = ("copy_tries", "copy_hits")  # fields a state saved by an earlier version lacks

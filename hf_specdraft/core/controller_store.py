@@ -1,17 +1,11 @@
 """What the draft-length controller learned, kept so that the next call, and a new process, start where the last one
-left off.
+left off (a later process skips the probing steps: about 5 % of a first 48-token GLIDE call on a 2-core CPU).
 
-Within a process the next call of a target and drafter resumes from what the controller
-(:mod:`~hf_specdraft.core.controller`) learned (:func:`recall`, :func:`remember`; :func:`forget` drops it); this
-module also keeps it in ``$HF_SPECDRAFT_CONTROLLER_FILE``, by default ``$HF_SPECDRAFT_CACHE/controller.json``
-(``~/.cache/hf_specdraft``), so a later process skips the probing steps (about 5 % of a first 48-token GLIDE call on a
-2-core CPU). An entry holds for one machine (CPU model, torch build, CPU count, GPU name) and one pair's shapes and
-checkpoint names, and a digest of their weights, so a checkpoint retrained in place starts afresh (:func:`entry_key`).
-Set the variable empty to keep nothing on disk.
-
-The helpers first in this module serve every such file (this store, and :mod:`~hf_specdraft.core.projection`'s
-calibrations): where it is (:func:`cache_file`), which machine an entry holds for (:func:`machine_id`), and reading and
-replacing JSON safely (:func:`read_json`, :func:`write_json`).
+In this process: :func:`recall`, :func:`remember`, :func:`forget`. On disk: ``$HF_SPECDRAFT_CONTROLLER_FILE``, by
+default ``$HF_SPECDRAFT_CACHE/controller.json`` (``~/.cache/hf_specdraft``; set the variable empty to keep nothing),
+an entry per machine, pair of models (shapes, checkpoint names, a digest of their weights: :func:`entry_key`) and call
+setting. The file helpers (:func:`cache_file`, :func:`machine_id`, :func:`read_json`, :func:`write_json`) also serve
+:mod:`~hf_specdraft.core.projection`'s calibrations.
 """
 
 from __future__ import annotations
@@ -98,29 +92,22 @@ def weights_digest(model: torch.nn.Module) -> str:
     """A short digest of ``model``'s weights (values evenly spaced through its first and last two parameters), so
     that a checkpoint retrained under the same name and shape is told apart; computed once per model object.
     Parameters that are not plain tensors in memory (offloaded to ``meta``, sharded) give ``"-"``."""
-    try:
-        return _DIGESTS[model]
-    except (KeyError, TypeError):
-        pass
-    params = [p for _, p in model.named_parameters()]
-    digest = hashlib.sha1()
-    for p in params[:2] + params[-2:]:
-        if type(p.data) is not torch.Tensor or p.device.type == "meta":
-            digest = None
-            break
-        flat = p.detach().reshape(-1)
-        digest.update(flat[:: max(1, flat.numel() // DIGEST_VALUES)].float().cpu().numpy().tobytes())
-    value = "-" if digest is None else digest.hexdigest()[:12]
-    try:
-        _DIGESTS[model] = value
-    except TypeError:
-        pass
-    return value
+    if model not in _DIGESTS:
+        params = list(model.parameters())
+        digest = hashlib.sha1()
+        for p in params[:2] + params[-2:]:
+            if type(p.data) is not torch.Tensor or p.device.type == "meta":
+                digest = None
+                break
+            flat = p.detach().reshape(-1)
+            digest.update(flat[:: max(1, flat.numel() // DIGEST_VALUES)].float().cpu().numpy().tobytes())
+        _DIGESTS[model] = "-" if digest is None else digest.hexdigest()[:12]
+    return _DIGESTS[model]
 
 
 def identity(model) -> str:
-    """A model's class, shape, checkpoint name and :func:`weights_digest` (what its acceptance depends on), or a
-    class's name."""
+    """A model's class, shape, checkpoint name and :func:`weights_digest` (what acceptance depends on); for a
+    class, its name."""
     if isinstance(model, type):
         return model.__qualname__
     config = getattr(model, "config", None)
@@ -168,8 +155,7 @@ def _when(entry) -> float:
 
 
 def save_state(key: str, state: dict, path: Path | None = None) -> None:
-    """Save ``state`` (JSON-able) under ``key`` in ``path`` (default :func:`store_file`): read, merge, atomic replace.
-    A cache write never fails a call: a read-only directory or an odd file only skips it."""
+    """Save ``state`` (JSON-able) under ``key`` in ``path`` (default :func:`store_file`); a failed write is skipped."""
     path = store_file() if path is None else path
     if path is None:
         return
@@ -184,8 +170,7 @@ def save_state(key: str, state: dict, path: Path | None = None) -> None:
 
 
 def drop_states(model=None) -> None:
-    """Remove this machine's entries for the target ``model`` (any dtype or device), or (``None``) all of this
-    machine's entries; other machines' entries in a shared file stay."""
+    """Remove this machine's entries for the target ``model`` (any dtype or device), or (``None``) all of them."""
     path = store_file()
     if path is None or not path.is_file():
         return
@@ -200,24 +185,22 @@ _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model
 
 
 def _memory_key(drafter, controller: DraftLengthController, setting: tuple):
-    """Who a controller's state belongs to: the drafter's anchor (``controller_anchor``: its draft model, or its class),
-    the drafter's class (CAPE over GLIDE and GLIDE alone learn apart), the options weighed, and the call's ``setting``
-    (what else changes costs or acceptance: batch size, cache and compilation, sampling, the target's device and
-    dtype)."""
+    """Who a controller's state belongs to: the drafter's anchor (its draft model, or its class), the drafter's class
+    (CAPE over GLIDE and GLIDE alone learn apart), the options weighed, and the call's ``setting`` (batch size, cache,
+    sampling, device and dtype: what else changes costs or acceptance)."""
     anchor = drafter.controller_anchor  # declared on every TreeCandidateGenerator (None: its class)
     anchor = type(drafter) if anchor is None else anchor
     return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, setting)
 
 
 def _disk_key(model, anchor, key: tuple) -> str:
-    """The same key for the file (:func:`~hf_specdraft.core.controller_store.entry_key`): shapes and names, not ids."""
+    """The same key for the file (:func:`entry_key`): shapes and names, not ids."""
     name, _, widths, longest, setting = key
     return entry_key(model, anchor, name, (widths, longest, setting))
 
 
 def _fits(value, fresh) -> bool:
-    """Whether a saved field's ``value`` has the shape of the fresh controller's field ``fresh``: numbers where it holds
-    numbers (or None), lists of the same length, dicts of numbers (the cost curve's keys already made ints)."""
+    """Whether a saved field's ``value`` has the shape of the fresh controller's field ``fresh``."""
     number = (int, float)
     if isinstance(fresh, list):
         return isinstance(value, list) and len(value) == len(fresh) and all(_fits(v, f) for v, f in zip(value, fresh))
@@ -231,15 +214,15 @@ def _fits(value, fresh) -> bool:
 
 
 def _restore(controller: DraftLengthController, state: dict) -> bool:
-    """Set ``controller``'s carried fields from a saved ``state`` (JSON: the cost curve's keys come back as strings);
-    ``False``, and nothing set, when any field does not fit (a file written by another version, or edited)."""
+    """Set ``controller``'s carried fields from a saved ``state``; ``False``, and nothing set, when any field does not
+    fit (a file written by another version, or edited)."""
     restored = {}
     try:
         for name in _CARRIED:
             if name not in state and name in _ADDED:  # a file from before the field existed: it starts fresh
                 continue
             value, fresh = state.get(name), getattr(controller, name)
-            if isinstance(fresh, dict) and isinstance(value, dict):
+            if isinstance(fresh, dict) and isinstance(value, dict):  # JSON keys come back as strings
                 value = {int(k): v for k, v in value.items()}
             if not _fits(value, fresh):
                 return False
@@ -252,8 +235,8 @@ def _restore(controller: DraftLengthController, state: dict) -> bool:
 
 
 def recall(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> bool:
-    """Start ``controller`` from what the last call of ``model`` with this drafter and ``setting`` learned, in this
-    process or (failing that) saved on disk by an earlier one. Returns whether it did."""
+    """Start ``controller`` from what the last call of ``model`` with this drafter and ``setting`` learned (in this
+    process, else on disk). Returns whether it did."""
     anchor, key = _memory_key(drafter, controller, setting)
     try:
         remembered = _MEMORY.get(model, {}).get(key)
@@ -281,8 +264,8 @@ def _save_pending() -> None:
 
 
 def remember(controller: DraftLengthController, model, drafter, setting: tuple = ()) -> None:
-    """Keep what ``controller`` learned for the next call of ``model`` with this drafter and ``setting`` (for the
-    process's lifetime or the model's, whichever ends first), and on disk for later processes."""
+    """Keep what ``controller`` learned for the next call of ``model`` with this drafter and ``setting``, in this
+    process (while the model lives) and on disk."""
     if not controller.verify:
         return
     anchor, key = _memory_key(drafter, controller, setting)
@@ -307,8 +290,8 @@ def remember(controller: DraftLengthController, model, drafter, setting: tuple =
 
 
 def forget(model=None) -> None:
-    """Drop what the controller learned, for ``model`` (in any dtype or on any device) or (``None``) every model, in
-    this process and in this machine's entries on disk: the next call measures afresh."""
+    """Drop what the controller learned for ``model`` (any dtype or device) or (``None``) every model, in this process
+    and in this machine's entries on disk: the next call measures afresh."""
     _SAVED.clear()
     if model is None:
         _MEMORY.clear()

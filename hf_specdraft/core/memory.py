@@ -1,16 +1,10 @@
 """Freed host memory handed back to the system between calls, on request, so a long-running process does not grow.
 
-Calls of varied lengths allocate and free host buffers of ever new sizes; glibc's ``malloc`` keeps much of what is
-freed in its arenas, fragmented, so resident memory creeps up although little of it is live (+90 MiB after 350 varied
-default calls on a 2-core Xeon VM, all but a few MiB given back by ``malloc_trim(0)``).
-
-Off by default: ``malloc_trim`` holds every arena's lock while it runs, stalling the process's other threads. Set
-``HF_SPECDRAFT_TRIM_MIB`` to a number of MiB (``32`` in the measurements) to turn it on: a call checks the setting
-before it starts (a malformed value raises ``ValueError`` before any forward), and after it ends :func:`after_call`
-trims once the resident size has grown that many MiB past its floor, outside any lock another thread waits on (one
-thread trims at a time). The floor is where the first call left the process, working set included (trimming below it
-would only fault the pages back in next call); it follows the process down when a call ends lower and up when a trim
-cannot get under it (live memory, such as a model loaded). Nothing happens without glibc or ``/proc``.
+glibc's ``malloc`` keeps much of what calls of varied lengths free in its arenas, fragmented (+90 MiB after 350 varied
+calls on a 2-core Xeon VM, nearly all given back by ``malloc_trim(0)``). Off by default, as ``malloc_trim`` holds every
+arena's lock while it runs: ``HF_SPECDRAFT_TRIM_MIB`` (MiB, e.g. ``32``) turns it on. After a call
+:func:`after_call` trims once the resident size has grown that much past its floor (where the first call left the
+process; it moves down with the process, and up when a trim cannot get under it), outside every lock.
 """
 
 from __future__ import annotations
@@ -40,9 +34,8 @@ def resident_mib() -> float | None:
 
 
 def trim_threshold_mib() -> float | None:
-    """The MiB of growth past the floor that triggers a trim, from ``HF_SPECDRAFT_TRIM_MIB``; ``None`` when trimming is
-    off (the variable unset, empty or ``0``: the default). The loop reads it before a call starts, so a malformed value
-    fails before any forward: ``ValueError`` naming the variable and what it takes."""
+    """The MiB of growth past the floor that triggers a trim, from ``HF_SPECDRAFT_TRIM_MIB`` (``None``: off). Read
+    before a call starts, so a malformed value raises ``ValueError`` before any forward."""
     value = os.environ.get(ENV, "")
     if not value.strip():
         return None
@@ -59,8 +52,7 @@ def trim_threshold_mib() -> float | None:
 
 
 def _glibc():
-    """The process's own C library when it is glibc (``CDLL(None)``: the symbols already loaded, no search, no
-    subprocess), else ``None``."""
+    """The process's own C library when it is glibc (``CDLL(None)``: no search, no subprocess), else ``None``."""
     global _libc
     if _libc is None:
         try:
@@ -72,33 +64,26 @@ def _glibc():
 
 
 def _trim(libc) -> tuple[float | None, float | None]:
-    """``malloc_trim(0)``; the resident MiB before and after it."""
+    """``malloc_trim(0)``; the MiB it gave back and the resident MiB after it (``None``: not known)."""
     before = resident_mib()
     libc.malloc_trim(0)
-    return before, resident_mib()
+    after = resident_mib()
+    return (None if before is None or after is None else max(before - after, 0.0)), after
 
 
 def release_freed_memory() -> float | None:
     """Hand the memory glibc's ``malloc`` holds freed back to the system now (``malloc_trim(0)``), whatever
     ``HF_SPECDRAFT_TRIM_MIB`` says. Returns the MiB given back, or ``None`` where there is no glibc."""
     libc = _glibc()
-    if libc is None:
-        return None
-    before, after = _trim(libc)
-    return None if before is None or after is None else max(before - after, 0.0)
+    return None if libc is None else _trim(libc)[0]
 
 
 def after_call(threshold: float | None) -> float | None:
-    """After a call has ended and released its locks: a trim once the process has grown ``threshold`` MiB (what
-    :func:`trim_threshold_mib` read before the call; ``None``: off) past its floor. Returns the MiB given back, or
-    ``None`` when no trim ran."""
+    """After a call has ended and released its locks: a trim once the process has grown ``threshold`` MiB past its
+    floor (``None``: off). Returns the MiB given back, or ``None`` when no trim ran."""
     global _floor, _trimming
-    if not threshold:
-        return None
-    libc = _glibc()
-    if libc is None:
-        return None
-    now = resident_mib()
+    libc = _glibc() if threshold else None
+    now = None if libc is None else resident_mib()
     if now is None:
         return None
     with _lock:
@@ -108,12 +93,12 @@ def after_call(threshold: float | None) -> float | None:
         if now - _floor < threshold or _trimming:
             return None
         _trimming = True
-    before = after = None
+    given = after = None
     try:
-        before, after = _trim(libc)  # outside the lock: no thread waits for it
+        given, after = _trim(libc)  # outside the lock: no thread waits for it
     finally:
         with _lock:
             _trimming = False
             if after is not None:
                 _floor = max(_floor, after)  # what a trim cannot give back is live: the floor moves up to it
-    return None if before is None or after is None else max(before - after, 0.0)
+    return given

@@ -1,13 +1,10 @@
-"""A step's clock and its γ behind one object: what drafting and verification cost as the device sees it, the seconds a
-first compile took kept out of those costs, and the controller that chooses γ from them
-(:class:`~hf_specdraft.core.controller.DraftLengthController`). The step itself then reads as its five verbs
-(:func:`~hf_specdraft.core.loop.speculative_step`).
+"""A step's clock and its γ behind one object: drafting and verification costs as the device sees them (a first
+compile's seconds kept out), and the controller that chooses γ from them
+(:class:`~hf_specdraft.core.controller.DraftLengthController`).
 
-On a CPU a forward has run when the call returns, so ``time.perf_counter()`` around it is its cost. On CUDA the call
-returns once its kernels are queued: a host clock measures the launches, and the forward's own time is paid later,
-at the first read-back, outside the span. The controller would then see verification as nearly free and pick γ
-wrong. :class:`StepClock` records CUDA events instead (no sync: they are read after the step's one read-back, by
-when every event before it has completed); elsewhere it reads the host clock.
+On CUDA a forward returns once its kernels are queued, so a host clock would see verification as nearly free and the
+controller would pick γ wrong: :class:`StepClock` records CUDA events there (read after the step's one read-back, when
+they have completed, so no sync), the host clock elsewhere.
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ class StepClock:
         return event
 
     def seconds(self, start, end, share: int = 1) -> float:
-        """Seconds from ``start`` to ``end`` (divided by ``share``: a batch forward's rows). On CUDA, read after the
-        work up to ``end`` is done (waits for it otherwise)."""
+        """Seconds from ``start`` to ``end`` (``share``: a batch forward's rows); waits for ``end`` on CUDA."""
         if not self.events:
             return (end - start) / share
         end.synchronize()
@@ -51,9 +47,8 @@ class StepClock:
 
 
 class StepMeter:
-    """Times one step at a time and, with a controller (drafters with ``num_draft_tokens="auto"``), chooses what every
-    row's request carries before the step (:attr:`choice`: γ, a budget, the rules) and learns from what it accepted and
-    cost after it.
+    """Times one step at a time and, with a controller (``num_draft_tokens="auto"``), chooses what every row's request
+    carries before the step (:attr:`choice`) and learns from what it accepted and cost after it.
 
     Args:
         clock: marks on the device's timeline (:class:`StepClock`).
@@ -69,10 +64,14 @@ class StepMeter:
         self._verify_marks: tuple | None = None
 
     def begin(self) -> None:
-        """Before drafting: what the controller chooses for this step's requests (:func:`step_choice`)."""
+        """Before drafting: what the controller chooses for this step's requests: γ, a tree's budget and, for one row
+        whose chain stops on its confidence, the stop rule (once the cost curve is measured) and the copy rule."""
         self._draft_marks = []
-        if self.controller is not None:
-            self.choice = step_choice(self.controller)
+        controller = self.controller
+        if controller is not None:
+            gamma, stops = controller.choose(), controller.confidence_stops
+            stop = controller.keep_drafting if stops and controller.stops_this_step else None
+            self.choice = (gamma, controller.budget(gamma), stop, controller.copy_length if stops else None)
         self._captured = captured_seconds()
 
     def start_drafting(self) -> None:
@@ -94,8 +93,7 @@ class StepMeter:
         return out
 
     def seconds(self) -> tuple[list[float], float]:
-        """Each row's drafting seconds and the verify forward's, with any compile's seconds taken out: a first compile
-        never reaches the costs the controller learns (the step's one read-back has run, so the marks are ready)."""
+        """Each row's drafting seconds and the verify forward's, without any compile's seconds."""
         rows = len(self._draft_marks)
         draft = [max(0.0, self.clock.seconds(*marks) - self._in_draft / rows) for marks in self._draft_marks]
         return draft, max(0.0, self.clock.seconds(*self._verify_marks) - self._in_verify)
@@ -103,28 +101,21 @@ class StepMeter:
     def learn(
         self, active: list[Row], trees: list[DraftTree], kept: list[list[int]], accepted: list[int], width: int
     ) -> None:
-        """After accepting: what each row accepted, what the chain alone would have (for a drafter that widens its
-        chain into a tree), the chain's confidences, and what drafting and the forward over ``width`` tokens cost."""
+        """After accepting: the controller learns what each row accepted (and what a widened tree's chain alone would
+        have), the chain's confidences, and what drafting and the forward over ``width`` tokens cost."""
         controller = self.controller
         if controller is None:
             return
         draft, forward = self.seconds()
         copied = [tree.copied for tree in trees]  # copies from the text (copy_from_context), not the model's draft
-        if any(copied) and not all(copied):  # a batch where some rows copied: the drafting rows alone teach the model's
-            rows = [a for a, c in enumerate(copied) if not c]  # rates (the batch's draft forward cost what it cost)
+        if any(copied) and not all(copied):  # some rows copied: the drafting rows alone teach the model's rates
+            rows = [a for a, c in enumerate(copied) if not c]
             active, trees, kept, accepted = ([seq[a] for a in rows] for seq in (active, trees, kept, accepted))
         widens = len(controller.widths) > 1 and all(row.traits.widens_chain for row in active)
-        # what the chain alone would have accepted (greedy: exact; a path cut at eos or max_length is left out: it says
-        # nothing of the chain)
-        on_chain = []
-        if widens:
-            on_chain = [
-                chain_accepted(tree, nodes)
-                for tree, nodes, count in zip(trees, kept, accepted)
-                if len(nodes) - 1 == count
-            ]
-        confidences = None  # the probabilities of the drafted chain's tokens, for the controller's confidence bins
-        if controller.confidence_stops and len(trees[0]) and (on_chain or not widens):  # a tree's chain: by on_chain
+        # what the chain alone would have accepted (a path cut at eos or max_length says nothing of the chain)
+        on_chain = [chain_accepted(t, n) for t, n, c in zip(trees, kept, accepted) if len(n) - 1 == c] if widens else []
+        confidences = None  # the drafted chain's tokens' probabilities (a tree's chain: judged by on_chain)
+        if controller.confidence_stops and len(trees[0]) and (on_chain or not widens):
             drafted = active[0].generator.drafted_confidences(trees[0])
             confidences = None if drafted is None else [drafted]
         depth = max(tree.levels for tree in trees)  # the chain a tree's nodes hang on
@@ -132,14 +123,3 @@ class StepMeter:
         controller.observe(
             depth, accepted, sum(draft), forward, width, on_chain or None, None if copied else confidences, copied
         )
-
-
-def step_choice(controller: DraftLengthController) -> tuple:
-    """What the controller chooses for this step's requests: γ, a tree's budget and, for one row whose chain stops on
-    its confidence, the stop rule (asked only once it can answer: the cost curve measured) and the copy rule (a copy's
-    length weighed like γ). Returns ``(γ, budget, stop_rule, copy_rule)``."""
-    gamma = controller.choose()
-    budget = controller.budget(gamma)
-    if not controller.confidence_stops:
-        return gamma, budget, None, None
-    return gamma, budget, controller.keep_drafting if controller.stops_this_step else None, controller.copy_length

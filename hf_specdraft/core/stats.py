@@ -1,13 +1,10 @@
 """Statistics of a speculative decoding call, and the papers' speedup formulas.
 
 - α, the paper's acceptance rate (Du et al. 2024, §5.1 after Leviathan et al. 2023): ``E[Σ_v min(p(v), q(v))] =
-  1 - TV(p, q)``, averaged over the judged chain positions (up to and including the first rejection, p and q both
-  conditioned on accepted text). ``None`` without the draft's q (n-gram lookups, CASD) and for trees ("not
-  applicable" when more than one candidate is proposed).
-- position acceptance rate: accepted / judged positions, the per-token acceptance the run saw (greedy: how often the
-  draft's token is the target's).
-- accepted per drafted: accepted draft tokens / drafted depth; not an α (every position after a rejection counts
-  as a failure).
+  1 - TV(p, q)`` over the judged chain positions (up to the first rejection). ``None`` without the draft's q (n-gram
+  lookups, CASD) and for trees (more than one candidate).
+- position acceptance rate: accepted / judged positions (greedy: how often the draft's token is the target's).
+- accepted per drafted: accepted draft tokens / drafted depth; not an α (positions after a rejection count as failures).
 - mean accepted length τ: tokens emitted per target forward (accepted + the target's own token).
 - expected speedup: Leviathan et al. 2023 eq. 1, as used in Du et al. 2024, §5.1.
 - SWI: standardized walltime improvement, Chen et al. 2024, §5.1.
@@ -55,7 +52,7 @@ class SpeculativeStats:
         self.steps.append(StepRecord(**kwargs))
 
     def settle(self) -> None:
-        """Read every step's overlaps left on the device (the loop records them there, :func:`overlap`) in one read."""
+        """Read every step's overlaps left on the device in one read."""
         pending = [s for s in self.steps if isinstance(s.overlaps, torch.Tensor)]
         if not pending:
             return
@@ -87,11 +84,9 @@ class SpeculativeStats:
 
     def alpha_by_position(self) -> list[float]:
         """Entry ``i``: the paper's α at draft position ``i``, over steps that judged position ``i`` with q."""
-        rates = []
-        for i in range(max((len(s.overlaps) for s in self.steps if s.overlaps), default=0)):
-            values = [s.overlaps[i] for s in self.steps if s.overlaps and len(s.overlaps) > i]
-            rates.append(sum(values) / len(values))
-        return rates
+        overlaps = [s.overlaps for s in self.steps if s.overlaps]
+        positions = [[o[i] for o in overlaps if len(o) > i] for i in range(max(map(len, overlaps), default=0))]
+        return [sum(values) / len(values) for values in positions]
 
     @property
     def position_acceptance_rate(self) -> float:
@@ -106,8 +101,7 @@ class SpeculativeStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Deprecated: accepted / drafted, which is not the paper's α. Use :attr:`alpha`,
-        :attr:`position_acceptance_rate` or :attr:`accepted_per_drafted`."""
+        """Deprecated: accepted / drafted, which is not the paper's α."""
         warnings.warn(
             "SpeculativeStats.acceptance_rate is deprecated: it is accepted / drafted, not the paper's α; use "
             ".alpha (1 - TV(p, q)), .position_acceptance_rate or .accepted_per_drafted",
@@ -128,11 +122,8 @@ class SpeculativeStats:
     def acceptance_by_position(self) -> list[float]:
         """Entry ``i``: among steps that drafted ≥ i+1 tokens deep, the fraction that accepted ≥ i+1."""
         depth = max((s.drafted for s in self.steps), default=0)
-        rates = []
-        for i in range(depth):
-            tried = [s for s in self.steps if s.drafted > i]
-            rates.append(sum(s.accepted > i for s in tried) / len(tried))
-        return rates
+        tried = [[s for s in self.steps if s.drafted > i] for i in range(depth)]
+        return [sum(s.accepted > i for s in steps) / len(steps) for i, steps in enumerate(tried)]
 
     def summary(self) -> dict:
         return {
@@ -187,17 +178,14 @@ class SpeculativeStats:
 
 
 def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``Σ_v min(p(v), q(v)) = 1 - TV(p, q)`` over the last axis: the probability that speculative sampling
-    accepts a token drawn from q (Leviathan et al. 2023, §3.3). ``p``, ``q`` `(..., V)` -> `(...)`."""
+    """``Σ_v min(p(v), q(v)) = 1 - TV(p, q)``, the probability that speculative sampling accepts a token drawn from q
+    (Leviathan et al. 2023, §3.3). ``p``, ``q`` `(..., V)` -> `(...)`."""
     return torch.minimum(p, q).sum(-1)
 
 
 def expected_speedup(alpha: float, num_draft_tokens: int, cost_coefficient: float) -> float:
-    """Expected walltime improvement factor (Leviathan et al. 2023, Theorem 3.8; Du et al. 2024, §5.1).
-
-    ``(1 - α^(γ+1)) / ((1 - α)(γ c + 1))`` with α the per-token acceptance rate (:attr:`SpeculativeStats.alpha`),
-    γ the proposal length and c the cost coefficient (draft forward time / target forward time).
-    """
+    """Expected walltime improvement factor ``(1 - α^(γ+1)) / ((1 - α)(γ c + 1))`` (Leviathan et al. 2023, Theorem
+    3.8; Du et al. 2024, §5.1): α the acceptance rate, γ the proposal length, c draft / target forward time."""
     gamma, c = num_draft_tokens, cost_coefficient
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha (the acceptance rate) must be in [0, 1], got {alpha}")
@@ -210,11 +198,8 @@ def expected_speedup(alpha: float, num_draft_tokens: int, cost_coefficient: floa
 def standardized_walltime_improvement(
     new_tokens: int, target_calls: int, draft_calls: dict[str, int], cost_coefficients: dict[str, float]
 ) -> float:
-    """SWI (Chen et al. 2024, §5.1): ``n / (count(M_t) + Σ_i count(M_di) c_i)``.
-
-    Target-only decoding scores 1.0 per token per call, so SWI is a speedup over it that does not depend
-    on the machine once the ``c_i`` are fixed.
-    """
+    """SWI (Chen et al. 2024, §5.1): ``n / (count(M_t) + Σ_i count(M_di) c_i)``, a speedup over target-only decoding
+    that does not depend on the machine once the ``c_i`` are fixed."""
     missing = set(draft_calls) - set(cost_coefficients)
     if missing:
         raise ValueError(f"cost_coefficients has no entry for drafters {sorted(missing)}")
@@ -232,8 +217,7 @@ def record_step(
     verify_seconds: float,
 ) -> None:
     """One step's record (``rows``: the row's :class:`~hf_specdraft.core.emission.TargetRows`). Its overlaps: ``1 -
-    TV(p, q)`` at the judged positions of a chain with q (row ``i`` of the target scores node ``i``: one prefix), left
-    on the device until :meth:`SpeculativeStats.settle`; ``None`` for a tree, no q, or another V."""
+    TV(p, q)`` at the judged positions of a chain with q, left on the device until :meth:`SpeculativeStats.settle`."""
     drafted, accepted = tree.levels, min(len(path), emitted)
     judged = accepted + 1 if accepted == len(path) and accepted < drafted else accepted  # + the first rejected position
     q, overlaps = tree.draft_probs, None
