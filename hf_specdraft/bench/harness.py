@@ -1,16 +1,14 @@
 """One harness for every method: same prompts, one run, methods interleaved per prompt, JSON out.
 
-    hf-specdraft bench                                  # cpu profile on the embedded default
     hf-specdraft bench --methods target-only,draft-model-auto --num-prompts 5 --output bench.json
 
-Wall time is only reported as a ratio against target-only decoding measured in the same run on the
-same prompts: every method runs ``repeats`` times per prompt in a rotated order, the median per prompt
-counts, and the spread of the per-prompt ratios and the machine's load are reported
-(:mod:`hf_specdraft.bench.timing`).
+Wall time is only reported as a ratio against target-only decoding measured in the same run on the same prompts
+(repeats, medians and the machine's load: :mod:`hf_specdraft.bench.timing`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import statistics
@@ -33,14 +31,11 @@ from .methods import COMPILED_BASELINE, FAST_BASELINE, METHODS, STATIC_BASELINE,
 from .timing import LoadMonitor, relative_range, spread, verdict, warning_text
 
 PROFILES = {
-    # prompts per task, new tokens per prompt, characters of the file before the cut in a context-task prompt:
-    # cpu ≈ 800 tokens (SmolLM2 reads 8K; more makes every prefill seconds longer on 2 cores), gpu ≈ 380 tokens
-    # (inside the 512-token windows of the target the gpu profile trains)
-    # repeats: timed runs of every method per prompt, the median counts (3: one outlier cannot move it)
+    # context_prompt_chars: cpu ≈ 800 tokens (more makes every prefill seconds longer on 2 cores), gpu ≈ 380 tokens
+    # (inside the 512-token windows of the target the gpu profile trains); repeats 3: one outlier cannot move the median
     "cpu": {"num_prompts": 20, "max_new_tokens": 64, "context_prompt_chars": 3000, "repeats": 3},
     "gpu": {"num_prompts": 100, "max_new_tokens": 128, "context_prompt_chars": 2 * PROMPT_CHARS, "repeats": 3},
-    # the embedded default (SmolLM2-135M-Instruct) on a CUDA device, bf16: fewer prompts and repeats, longer answers, so
-    # that one task (eager rows at ~35 tok/s included) fits in about 10 minutes on one GPU
+    # the embedded default on CUDA, bf16: one task (eager rows at ~35 tok/s included) fits in about 10 minutes
     "gpu-default": {"num_prompts": 8, "max_new_tokens": 128, "context_prompt_chars": 3000, "repeats": 2},
 }
 
@@ -53,13 +48,10 @@ class BenchConfig:
     num_prompts: int | None = None
     max_new_tokens: int | None = None
     seed: int = 0
-    # untimed warm-up prompts, the longest of the task, each run by every method at the timed length before any timing:
-    # static caches are sized for the longest prompt + max_new_tokens + the widest bucket, every bucket is compiled (and
-    # on CUDA captured), the γ controller has learned this machine's costs, allocators have grown
-    warmup: int = 1
+    warmup: int = 1  # untimed runs on the longest prompts (:func:`warm_up`)
     context_prompt_chars: int | None = None  # context task: file characters before the cut in the prompt
     repeats: int | None = None  # timed runs per method and prompt, median kept
-    # (None: the profile's, for these four; 0 is not "unset": it is refused)
+    # (None: the profile's, for these four; 0 is refused)
 
     def __post_init__(self):
         if self.profile not in PROFILES:
@@ -83,15 +75,13 @@ def environment(bundle: DefaultBundle) -> dict:
 
     device = bundle.target.device
     hardware = f"CPU: {cpu_model()}, {torch.get_num_threads()} threads"
-    # the bundle's neural drafters by bench name (the plain draft and the models among the extras)
-    drafters = {"draft": bundle.draft, **bundle.extras}
-    dtypes = {name: model.dtype for name, model in drafters.items() if isinstance(model, torch.nn.Module)}
+    models = {"draft": bundle.draft, **bundle.extras}.items()
     versions = {module.__name__: module.__version__ for module in (torch, transformers, accelerate)}
     return {
         "hardware": torch.cuda.get_device_name(device) if device.type == "cuda" else hardware,
         "device": str(device),
         "dtype": str(bundle.target.dtype).removeprefix("torch."),
-        "draft_dtypes": {name: str(dtype).removeprefix("torch.") for name, dtype in dtypes.items()},
+        "draft_dtypes": {n: str(m.dtype).removeprefix("torch.") for n, m in models if isinstance(m, torch.nn.Module)},
         "batch_size": 1,
         "versions": {"python": platform.python_version(), **versions},
         "target": bundle.info.get("target_description") or str(bundle.path / "target"),
@@ -106,8 +96,7 @@ def _parameters(model) -> int | None:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what :mod:`platform` knows: runs on two VMs of one
-    cloud can differ by 1.5x in speed, and the JSON should say which CPU it came from."""
+    """The CPU's model name (``/proc/cpuinfo``, else :mod:`platform`): two VMs of one cloud can differ by 1.5x."""
     try:
         with open("/proc/cpuinfo") as info:
             names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
@@ -117,20 +106,28 @@ def cpu_model() -> str:
 
 
 class _ForwardCounter:
-    """Counts target forwards (a forward hook), so every method reports tokens per target call."""
+    """Counts target forwards (a forward hook), so every method reports tokens per target call. As a context it holds
+    the hook and measures what other processes take of the CPU meanwhile (``load``)."""
 
     def __init__(self, model):
-        self.count = 0
-        self.handle = model.register_forward_hook(self._hook)
+        self.count, self.model = 0, model
+
+    def __enter__(self) -> _ForwardCounter:
+        self.handle = self.model.register_forward_hook(self._hook)
+        self.monitor = LoadMonitor().start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+        self.load = self.monitor.other_cores()
 
     def _hook(self, *args):
         self.count += 1
 
 
 def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
-    """One timed call of ``method``: its seconds, tokens, target forwards, drafted tokens and statistics, and what torch
-    compiled or recorded during it (``compiles``, :func:`~hf_specdraft.bench.compile_watch.compiled_between`; read
-    outside the clock)."""
+    """One timed call of ``method``: seconds, tokens, target forwards, statistics, and what torch compiled meanwhile
+    (``compiles``: :func:`~hf_specdraft.bench.compile_watch.compiled_between`, read outside the clock)."""
     counter.count = 0
     before = compile_counters()
     sync = torch.cuda.synchronize if ctx.target.device.type == "cuda" else (lambda: None)
@@ -154,8 +151,7 @@ def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
     }
     if stats is not None:
         record["stats"] = stats.summary()
-        # whether the γ controller started from what an earlier call learned (None: no controller); the core's
-        # stats.extra may not say, so it is read with a default
+        # whether the γ controller started from an earlier call's state (None: no controller)
         record["controller_resumed"] = getattr(stats, "extra", {}).get("controller_resumed")
     return record
 
@@ -167,8 +163,8 @@ def _total(stats: list[dict], key: str) -> float:
 def _swi(stats: list[dict], method: str, parameters: dict, target_parameters: int) -> tuple[float | None, float | None]:
     """SWI (cascade §5.1) from the run's call counts: (parameter-count ``c_i``, measured in-run cost).
 
-    Measured: one target run costs this run's verify time per step; the drafters cost their measured
-    draft time. Parameter heuristic: ``c_i`` = drafter parameters / target parameters (Max-Gram: 0).
+    Measured: a target run costs this run's verify time per step, the drafters their measured draft time. Parameter
+    heuristic: ``c_i`` = drafter parameters / target parameters (Max-Gram: 0).
     """
     steps, new = _total(stats, "steps"), _total(stats, "new_tokens")
     if not steps:
@@ -185,8 +181,7 @@ def _swi(stats: list[dict], method: str, parameters: dict, target_parameters: in
 
 
 def _cost_coefficient(stats: list[dict]) -> tuple[float, int] | None:
-    """c measured in the run (one draft forward over one verification forward) and γ, for single-draft chain
-    methods; None for others."""
+    """c (one draft forward over one verification forward) and γ measured in the run, for single-draft chains."""
     calls = sum(s["drafter_calls"].get("draft", 0) for s in stats)
     steps = _total(stats, "steps")
     if not calls or not steps or any(set(s["drafter_calls"]) - {"draft"} for s in stats):
@@ -205,12 +200,6 @@ def _alpha(stats: list[dict]) -> float | None:
     return _ratio(sum(s["alpha"] * s["alpha_positions"] for s in judged), sum(s["alpha_positions"] for s in judged))
 
 
-def _expansion_ms(stats: list[dict], steps: int) -> float | None:
-    """CAPE's expansion time per step (part of the draft time), for methods that record it."""
-    timed = [s["extra"]["expansion_seconds"] for s in stats if "expansion_seconds" in s.get("extra", {})]
-    return 1000 * sum(timed) / steps if timed and steps else None
-
-
 def _median_seconds(records: list[dict]) -> dict[int, float]:
     """Median wall time per prompt over its timed repeats."""
     by_prompt: dict[int, list[float]] = {}
@@ -226,9 +215,8 @@ def _speedup(baseline: dict[int, float], medians: dict[int, float]) -> float:
 
 
 def same_work_prompts(records: list[dict]) -> set[int]:
-    """The prompts on which every repeat of a method did the same work (new tokens, target forwards, drafted tokens).
-    An adaptive method (γ, a tree's size chosen every step) may draft otherwise in another repeat: its time then moves
-    for a reason that is not noise."""
+    """The prompts on which every repeat of a method did the same work (new tokens, target forwards, drafted tokens):
+    an adaptive method may draft otherwise in another repeat, and its time then moves for a reason that is not noise."""
     work: dict[int, set] = {}
     for r in records:
         work.setdefault(r["prompt"], set()).add((r["new_tokens"], r["target_calls"], r.get("drafted_tokens")))
@@ -236,8 +224,8 @@ def same_work_prompts(records: list[dict]) -> set[int]:
 
 
 def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | None = None) -> list[float]:
-    """The method's speedup computed from each repeat alone (repeat r of every prompt, or of ``prompts``, against
-    target-only's repeat r, timed next to it): how far the headline ratio moves between repeats."""
+    """The speedup from each repeat alone (repeat r of every prompt, or of ``prompts``, against target-only's repeat r,
+    timed next to it): how far the headline ratio moves between repeats."""
 
     def seconds(rs):
         out: dict[int, dict[int, float]] = {}
@@ -255,19 +243,15 @@ def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | 
 
 
 def _compiles(records: list[dict]) -> dict:
-    """What the timed runs of one method compiled: the counts summed, and how many runs compiled (a run that did timed
-    the compiler too: the method's row is invalid)."""
-    total: dict[str, int] = {}
-    for record in records:
-        total = add_counts(total, record.get("compiles") or {})
-    runs = sum(compiled(record.get("compiles") or {}) for record in records)
-    return {"compiled_while_timed": total, "timed_runs_compiled": runs, "valid": runs == 0}
-
-
-def _controller_resumed(records: list[dict]) -> float | None:
-    """The share of timed runs whose γ controller started from an earlier call's state (None: no controller)."""
-    known = [r["controller_resumed"] for r in records if r.get("controller_resumed") is not None]
-    return sum(map(bool, known)) / len(known) if known else None
+    """What one method's timed runs compiled, and how many runs did: such a run timed the compiler (the row is
+    invalid)."""
+    moved = [record.get("compiles") or {} for record in records]
+    runs = sum(map(compiled, moved))
+    return {
+        "compiled_while_timed": functools.reduce(add_counts, moved, {}),
+        "timed_runs_compiled": runs,
+        "valid": not runs,
+    }
 
 
 def summarize(
@@ -277,8 +261,7 @@ def summarize(
     (greedy decoding gives the same tokens and statistics on every repeat)."""
     timed = {m: [r for r in records if r["method"] == m] for m in methods}
     base = [r for r in timed["target-only"] if r.get("repeat", 0) == 0]
-    # the baselines every method's time is set against, where they ran: plain generate, the CPU's faster few-row
-    # linears, and transformers' static cache (compiled on CUDA / forced)
+    # the baselines every method's time is set against, where they ran
     baselines = {
         b.replace("-", "_").replace("+", "_"): _median_seconds(timed[b])
         for b in ("target-only", FAST_BASELINE, STATIC_BASELINE, COMPILED_BASELINE)
@@ -291,9 +274,12 @@ def summarize(
         seconds, new = sum(medians.values()), sum(r["new_tokens"] for r in rs)
         stats = [r["stats"] for r in rs if "stats" in r]
         steps = _total(stats, "steps")
-        same_work = _repeat_speedups(all_runs, timed["target-only"], same_work_prompts(all_runs))
+        same_prompts = same_work_prompts(all_runs)
+        same_work = _repeat_speedups(all_runs, timed["target-only"], same_prompts)
         accepted = _total(stats, "accepted_tokens")
-        summary[m] = {
+        known = [r["controller_resumed"] for r in all_runs if r.get("controller_resumed") is not None]
+        expansion = [s["extra"]["expansion_seconds"] for s in stats if "expansion_seconds" in s.get("extra", {})]
+        summary[m] = row = {
             "prompts": len(rs),
             "repeats": len(all_runs) // max(len(rs), 1),
             "new_tokens": new,
@@ -303,9 +289,10 @@ def summarize(
             "speedup_by_repeat": _repeat_speedups(all_runs, timed["target-only"]),
             # the same over the prompts where the method repeated its work exactly: what timing noise alone moved
             "speedup_by_repeat_same_work": same_work,
-            "prompts_with_varying_work": len(rs) - len(same_work_prompts(all_runs)),
+            "prompts_with_varying_work": len(rs) - len(same_prompts),
             "timing_noise": relative_range(same_work) if same_work else None,  # None: no prompt repeated its work
-            "controller_resumed": _controller_resumed(all_runs),
+            # the share of timed runs whose γ controller started from an earlier call's state (None: no controller)
+            "controller_resumed": sum(map(bool, known)) / len(known) if known else None,
             **_compiles(all_runs),
             "tokens_per_target_call": new / max(sum(r["target_calls"] for r in rs), 1),
             "mean_accepted_length": _ratio(_total(stats, "new_tokens"), steps),
@@ -316,23 +303,22 @@ def summarize(
                 sum(s["verification_tokens_per_step"] * s["steps"] for s in stats), steps
             ),
             "draft_ms_per_step": _ratio(1000 * _total(stats, "draft_seconds"), steps),
-            "expansion_ms_per_step": _expansion_ms(stats, steps),
+            # CAPE's expansion time per step (part of the draft time), for methods that record it
+            "expansion_ms_per_step": _ratio(1000 * sum(expansion), steps) if expansion else None,
             "equals_target_only": sum(r["tokens"] == b["tokens"] for r, b in zip(rs, base)) / len(rs),
             "edit_similarity": sum(r["edit_similarity"] for r in rs) / len(rs),
         }
-        summary[m]["swi_parameters"], summary[m]["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
+        row["swi_parameters"], row["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
         cost = _cost_coefficient(stats)  # E(speedup), Du et al. 2024, §5.1: from α, and from accepted / judged
-        summary[m]["cost_coefficient"] = cost and cost[0]
+        row["cost_coefficient"] = cost and cost[0]
         for key, rate in (("expected_speedup", "alpha"), ("expected_speedup_position", "position_acceptance_rate")):
-            alpha = summary[m][rate]
-            summary[m][key] = expected_speedup(alpha, cost[1], cost[0]) if cost and alpha is not None else None
+            row[key] = expected_speedup(row[rate], cost[1], cost[0]) if cost and row[rate] is not None else None
     return summary
 
 
 def context_statistics(items: list[TaskItem], tokenizer, n: int = 4) -> dict:
-    """What a context-lookup drafter has to work with on the ``context`` task, averaged over ``items``:
-    prompt and context lengths in tokens, and the share of reference tokens inside an ``n``-gram of the
-    whole context vs of the prompt alone (:func:`~hf_specdraft.defaults.tasks.copyable_fraction`)."""
+    """What a context-lookup drafter has to work with on the ``context`` task, averaged over ``items``: prompt and
+    context lengths in tokens, and the share of reference tokens in an ``n``-gram of the context vs of the prompt."""
     rows = []
     for item in items:
         reference, context, prompt = (
@@ -357,8 +343,7 @@ def bench_context(bundle: DefaultBundle, item: TaskItem, ids: torch.Tensor, conf
 
 
 def run_noise(summary: dict) -> float | None:
-    """Median over the methods beside target-only of how far their speedup moved between repeats on the prompts where
-    they repeated their work (0 with one repeat); None when no method repeated its work on any prompt."""
+    """Median over the methods beside target-only of their ``timing_noise``; None when no method repeated its work."""
     noise = [s["timing_noise"] for m, s in summary.items() if m != "target-only" and s.get("timing_noise") is not None]
     return statistics.median(noise) if noise else None
 
@@ -382,10 +367,9 @@ def check_methods(bundle: DefaultBundle, methods: tuple[str, ...], task: str, ex
 
 
 def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _ForwardCounter) -> dict:
-    """Run every method, untimed, on the ``config.warmup`` longest prompts at the timed length (``max_new_tokens``):
-    a static cache sized for the longest call (and its compiled buckets) serves every timed call, and the γ controller
-    (kept per process) has learned this machine's costs, so the repeats time the steady state. Returns the JSON's
-    ``timing`` fields of the warm-up: its prompts, seconds per method (compiles included) and what each compiled."""
+    """Run every method, untimed, on the ``config.warmup`` longest prompts at the timed length: static caches are
+    sized (and buckets compiled) for the longest call and the γ controller has learned this machine's costs, so the
+    repeats time the steady state. Returns the warm-up's ``timing`` fields: prompts, seconds and compiles per method."""
     order = sorted(range(len(contexts)), key=lambda i: contexts[i].prompt_ids.shape[1], reverse=True)[: config.warmup]
     seconds: dict[str, float] = {}
     compiles: dict[str, dict] = {}
@@ -404,7 +388,7 @@ def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _Forward
     }
 
 
-# what a later repeat's record keeps (its tokens and statistics repeat the first's)
+# what a later repeat's record keeps (greedy: its tokens and statistics repeat the first's)
 REPEAT_FIELDS = ("method", "seconds", "new_tokens", "target_calls", "drafted_tokens", "compiles", "controller_resumed")
 
 
@@ -418,8 +402,7 @@ def time_prompt(
     label: str = "",
 ) -> dict[str, dict]:
     """Every method ``config.repeats`` times on prompt ``index``, in an order rotated per prompt and repeat (no method
-    always runs first or right after another), appended to ``records`` (a later repeat keeps its time, counts and
-    compiles: its tokens and statistics repeat the first's). Returns each method's first record."""
+    always runs first or right after another), appended to ``records``. Returns each method's first record."""
     first: dict[str, dict] = {}
     for repeat in range(config.repeats):
         bar.set_postfix_str(f"{label}repeat {repeat + 1}/{config.repeats}")
@@ -458,10 +441,8 @@ def bench_result(
     output: str | Path | None,
     warn: bool,
 ) -> dict:
-    """A run's JSON: ``meta`` (:func:`environment`, then ``meta``, the methods, the date and the command), ``body``,
-    the timing verdict (:func:`~hf_specdraft.bench.timing.verdict` over ``summary``) and the records; written to
-    ``output`` when given. ``warn``: an unreliable run also raises a ``UserWarning``."""
-    command = run_command()
+    """A run's JSON: ``meta`` (:func:`environment`, ``meta``, the methods, date and command), ``body``, the timing
+    verdict (:func:`~hf_specdraft.bench.timing.verdict`) and the records; written to ``output`` when given."""
     result = {
         "meta": {
             **environment(bundle),
@@ -470,7 +451,7 @@ def bench_result(
             "methods": list(config.methods),
             "descriptions": {m: METHODS[m].description for m in config.methods},  # what each name ran
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "command": command,
+            "command": run_command(),
         },
         **body,
         "timing": {
@@ -498,26 +479,19 @@ def run_bench(
     warn: bool = True,
 ) -> dict:
     """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result.
-
-    ``warn``: an unreliable run also raises a ``UserWarning`` (the commands pass ``False``: they print it with the
-    table)."""
+    ``warn``: an unreliable run also raises a ``UserWarning`` (the commands print it with the table instead)."""
     extras = {**bundle.extras, **(extras or {})}
     check_methods(bundle, config.methods, config.task, extras)
     items = items or build_tasks(
         config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars
     )
     contexts = [bench_context(bundle, item, prompt_ids(bundle.tokenizer, item), config, extras) for item in items]
-    counter = _ForwardCounter(bundle.target)
     records = []
-    monitor = LoadMonitor().start()
-    try:
+    with _ForwardCounter(bundle.target) as counter:
         warmup = warm_up(contexts, config, counter)
         bar = tqdm(contexts, desc=f"bench {config.task}")
         for index, ctx in enumerate(bar):
             time_prompt(ctx, index, config, counter, records, bar)
-    finally:
-        counter.handle.remove()
-    load = monitor.other_cores()
     named = {**extras, "draft": bundle.draft}
     parameters = {
         m: {name: _parameters(model) or 0 for name, model in METHODS[m].cost_models(named).items()}
@@ -526,12 +500,11 @@ def run_bench(
     }
     summary = summarize(records, config.methods, parameters, _parameters(bundle.target))
     meta = {"profile": config.profile, "task": config.task, "num_prompts": len(items), "seed": config.seed}
-    if config.task == "context":
-        meta["context_prompt_chars"] = config.context_prompt_chars
     body = {"summary": summary}
     if config.task == "context":
+        meta["context_prompt_chars"] = config.context_prompt_chars
         body["task_statistics"] = context_statistics(items, bundle.tokenizer)
-    return bench_result(bundle, config, meta, body, records, warmup, load, summary, output, warn)
+    return bench_result(bundle, config, meta, body, records, warmup, counter.load, summary, output, warn)
 
 
 def speed_word(speedup: float) -> str:

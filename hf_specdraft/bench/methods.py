@@ -1,13 +1,11 @@
 """The methods the bench harness and the demo put side by side, registered by name (:func:`register_method`): the
 baselines (stock ``generate``, with the few-row linears, prompt lookup, assisted decoding) and the library's default
-calls (γ, a tree's budget or a cascade's cap chosen every step: the ``*-auto`` rows), each also on the static cache and
-compiled. Rows at a fixed γ, tree size or K matrix, and settings tuned on particular machines, are the lab's
-(``benchmarks/methods.py``), registered the same way.
+calls (the ``*-auto`` rows), each also on the static cache and compiled. Rows at a fixed γ, tree size or K matrix are
+the lab's (``benchmarks/methods.py``), registered the same way.
 
-A method is a function ``run(ctx) -> (sequences (1, L+n), SpeculativeStats | None)``: stock ``generate``, or
-:func:`hf_specdraft.speculative_generate` through :func:`speculative_run`. A method that copies from the context says so
-in its name (``glide+copy-auto``); every other GLIDE-family row passes ``copy_from_context=0`` (:data:`NO_COPY`), so
-``glide-auto`` against ``vanilla-auto`` compares the drafters alone.
+A method is a function ``run(ctx) -> (sequences (1, L+n), SpeculativeStats | None)``. Only a row named ``+copy`` copies
+from the context; every other GLIDE-family row passes :data:`NO_COPY`, so ``glide-auto`` against ``vanilla-auto``
+compares the drafters alone.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ class BenchContext:
     prompt_ids: torch.Tensor  # (1, L)
     max_new_tokens: int
     extras: dict = field(default_factory=dict)  # trained drafters, tables, … keyed by name
-    # more generate arguments (a method's static-cache / compiled variant)
-    overrides: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)  # more generate arguments (a static-cache / compiled variant)
 
     def generate_kwargs(self) -> dict:
         return {
@@ -74,14 +71,17 @@ def register_method(method: Method) -> Method:
     return method
 
 
+def _row(name: str, run, description: str, **options) -> Method:
+    return register_method(Method(name, run, description=description, **options))
+
+
 def _target_only(ctx):
     return ctx.target.generate(ctx.prompt_ids, **ctx.generate_kwargs()), None
 
 
 def stock_generate(ctx, **kwargs) -> torch.Tensor:
-    """``target.generate`` with transformers' own warnings held back: assisted decoding calls the assistant's
-    ``generate`` with a generation config and arguments together, and its deprecation notice would land in the
-    middle of the bench's progress and tables (it is transformers' internal call, nothing the user passed)."""
+    """``target.generate`` with transformers' own warnings held back: assisted decoding's internal call to the
+    assistant's ``generate`` warns of a deprecation that is nothing the user passed, mid-table."""
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
@@ -108,12 +108,9 @@ def speculative_run(ctx: BenchContext, **kwargs) -> tuple[torch.Tensor, Speculat
     return out.sequences, out.speculative_stats
 
 
-register_method(Method("target-only", _target_only, description="target.generate(do_sample=False)"))
-
-
 def with_linears(run):
-    """``run`` inside :func:`~hf_specdraft.core.projection.few_token_linears`: stock ``generate`` with the linears in
-    the orientation this CPU's BLAS runs fastest (what our loop uses), so its rows compare loops, not matrix kernels."""
+    """``run`` inside :func:`~hf_specdraft.core.projection.few_token_linears` (the orientation this CPU's BLAS runs
+    fastest, as our loop uses it), so stock rows compare loops, not matrix kernels."""
 
     def wrapped(ctx):
         with few_token_linears(ctx.target):
@@ -122,29 +119,13 @@ def with_linears(run):
     return wrapped
 
 
-# the stock baselines as a user gets them with `with few_token_linears(target): target.generate(...)`: on the AMD VM
-# a one-token fp32 linear ran on one core, and this made plain greedy decoding 1.5x faster (core/projection.py)
+# the stock baseline as a user gets it with `with few_token_linears(target): target.generate(...)`: on the AMD VM a
+# one-token fp32 linear ran on one core, and this made plain greedy decoding 1.5x faster (core/projection.py)
 FAST_BASELINE = "target-only+linears"
-register_method(
-    Method(
-        FAST_BASELINE,
-        with_linears(_target_only),
-        description="target.generate(do_sample=False) inside few_token_linears",
-    )
-)
-register_method(
-    Method(
-        "stock-assisted",
-        stock_assisted,
-        requires=("draft",),
-        description="transformers assisted decoding with the plain draft",
-    )
-)
-register_method(
-    Method(
-        "prompt-lookup", prompt_lookup, description="transformers prompt lookup decoding (prompt_lookup_num_tokens=10)"
-    )
-)
+_row("target-only", _target_only, "target.generate(do_sample=False)")
+_row(FAST_BASELINE, with_linears(_target_only), "target.generate(do_sample=False) inside few_token_linears")
+_row("stock-assisted", stock_assisted, "transformers assisted decoding with the plain draft", requires=("draft",))
+_row("prompt-lookup", prompt_lookup, "transformers prompt lookup decoding (prompt_lookup_num_tokens=10)")
 
 
 # --- the default calls: γ, a tree's budget or the cascade's cap on what K proposes, chosen every step -----------------
@@ -155,7 +136,7 @@ def with_expansion_sizes(ctx: BenchContext, generator) -> tuple[torch.Tensor, Sp
     position) and its own share of the draft time in ``stats.extra``."""
     sequences, stats = speculative_run(ctx, candidate_generator=generator)
     stats.extra["expansion_sizes"] = [list(map(int, sizes)) for sizes in generator.expansion_sizes]
-    if generator.expansion_seconds:  # CAPE's own share of the draft time (confidence / fixed modes)
+    if generator.expansion_seconds:  # confidence / fixed modes
         stats.extra["expansion_seconds"] = sum(generator.expansion_seconds)
     return sequences, stats
 
@@ -172,8 +153,8 @@ def cascade_run(ctx: BenchContext, drafts: list, k_matrix: list[list[int]] | Non
 
 
 def casd_run(ctx: BenchContext, **options):
-    """CASD drafting from the task item's context (``ctx.item.context``), with its acceptance rule; ``options`` go to
-    :class:`~hf_specdraft.casd.CasdConfig` (its own defaults where not given)."""
+    """CASD drafting from the task item's context, with its acceptance rule; ``options`` go to
+    :class:`~hf_specdraft.casd.CasdConfig`."""
     from ..casd import build_casd_for_bench
 
     context_ids = torch.tensor(ctx.tokenizer(ctx.item.context, add_special_tokens=False).input_ids)
@@ -184,26 +165,22 @@ def casd_run(ctx: BenchContext, **options):
 def _max_gram_auto(ctx):
     from ..cascade import build_max_gram_for_bench
 
-    return speculative_run(
-        ctx, candidate_generator=build_max_gram_for_bench(ctx.target, ctx.extras.get("bigram_table"))
-    )
+    generator = build_max_gram_for_bench(ctx.target, ctx.extras.get("bigram_table"))
+    return speculative_run(ctx, candidate_generator=generator)
 
 
-def _cape_default(ctx, copy: bool = True):
+def _cape_auto(ctx, copy: bool = True):
     from ..cape import CapeCandidateGenerator
     from ..glide import GlideCandidateGenerator
 
-    return CapeCandidateGenerator(GlideCandidateGenerator(ctx.extras["glide"], **({} if copy else NO_COPY)))
+    generator = CapeCandidateGenerator(GlideCandidateGenerator(ctx.extras["glide"], **({} if copy else NO_COPY)))
+    return with_expansion_sizes(ctx, generator)
 
 
 def register_drafting(name: str, run, drafter: str, description: str) -> Method:
     """Register a row that drafts with one model, ``drafter`` (``"draft"`` or a key of the extras): it needs that
     model, and SWI costs its calls (counted as ``"draft"``) by that model's size."""
-
-    def cost_models(extras: dict) -> dict:
-        return {"draft": extras[drafter]}
-
-    return register_method(Method(name, run, requires=(drafter,), description=description, cost_models=cost_models))
+    return _row(name, run, description, requires=(drafter,), cost_models=lambda extras: {"draft": extras[drafter]})
 
 
 register_drafting(
@@ -219,17 +196,13 @@ register_drafting(
     "speculative_generate(target, ids, draft_model=draft): the default call with a GLIDE-family draft, γ 'auto', "
     "copying from the context (the controller sizes each copy)",
 )
-register_method(
-    Method(
-        "cascade-1draft-auto",
-        lambda ctx: cascade_run(ctx, [ctx.draft], num_draft_tokens="auto"),
-        requires=("draft",),
-        description="CascadeCandidateGenerator([draft]): the default call, default K, the cap 'auto' (chosen every "
-        "step)",
-        cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
-    )
+_row(
+    "cascade-1draft-auto",
+    lambda ctx: cascade_run(ctx, [ctx.draft], num_draft_tokens="auto"),
+    "CascadeCandidateGenerator([draft]): the default call, default K, the cap 'auto' (chosen every step)",
+    requires=("draft",),
+    cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
 )
-# the default call: speculative_generate(target, ids, draft_model=drafter), γ chosen every step
 for _kind in ("glide", "vanilla"):
     register_drafting(
         f"{_kind}+copy-auto",
@@ -244,32 +217,28 @@ for _kind in ("glide", "vanilla"):
         _kind,
         f"speculative_generate(target, ids, draft_model={_kind}, copy_from_context=False): γ 'auto', no copying",
     )
-register_method(
-    Method(
-        "casd-strict-auto",
-        lambda ctx: casd_run(ctx, strict=True, max_nodes="auto"),
-        tasks=("context",),
-        description="CasdCandidateGenerator(context): the default call, exact verification, tree depth and size 'auto'",
-    )
+_row(
+    "casd-strict-auto",
+    lambda ctx: casd_run(ctx, strict=True, max_nodes="auto"),
+    "CasdCandidateGenerator(context): the default call, exact verification, tree depth and size 'auto'",
+    tasks=("context",),
 )
-register_method(
-    Method(
-        "max-gram-auto",
-        _max_gram_auto,
-        description="Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)",
-        cost_models=lambda e: {"max_gram": None},
-    )
+_row(
+    "max-gram-auto",
+    _max_gram_auto,
+    "Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)",
+    cost_models=lambda e: {"max_gram": None},
 )
 register_drafting(
     "glide+copy+cape-auto",
-    lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx)),
+    _cape_auto,
     "glide",
     "CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto', copying from the "
     "context where it recurs",
 )
 register_drafting(
     "glide+cape-auto",
-    lambda ctx: with_expansion_sizes(ctx, _cape_default(ctx, copy=False)),
+    lambda ctx: _cape_auto(ctx, copy=False),
     "glide",
     "CapeCandidateGenerator(GlideCandidateGenerator(glide, copy_from_context=0)): γ and budget 'auto', no copying",
 )
@@ -306,19 +275,15 @@ def _variant(run, compiled: bool):
     return wrapped
 
 
-register_method(
-    Method(
-        STATIC_BASELINE,
-        _variant(_target_only, False),
-        description="target.generate(cache_implementation='static'): transformers compiles it on CUDA",
-    )
+_row(
+    STATIC_BASELINE,
+    _variant(_target_only, False),
+    "target.generate(cache_implementation='static'): transformers compiles it on CUDA",
 )
-register_method(
-    Method(
-        COMPILED_BASELINE,
-        _variant(_target_only, True),
-        description="target.generate(cache_implementation='static', compile_config=CompileConfig()) on any device",
-    )
+_row(
+    COMPILED_BASELINE,
+    _variant(_target_only, True),
+    "target.generate(cache_implementation='static', compile_config=CompileConfig()) on any device",
 )
 for _name in STATIC_METHODS:
     _method = METHODS[_name]

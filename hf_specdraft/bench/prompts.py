@@ -7,10 +7,9 @@ Large Language Model Inference: A Comprehensive Survey of Speculative Decoding",
     {"question_id": 2, "category": "multi-turn", "turns": ["What is a tarball?", "Now say it in one sentence."]}
 
 Every turn runs in order, in the target's chat template, after the earlier turns and target-only's greedy answers to
-them (so every method sees the same context); other fields are kept, not used. Each (question, turn) is one timed prompt
-of the harness. The result has the harness's summary per category and overall, and each method's speedup against every
-baseline that ran (plain ``generate``, with the few-row linears, prompt lookup, assisted decoding). The project ships
-its own prompts in this format (:data:`DEFAULT_PROMPTS`; docs/benchmarks.md says where their text comes from):
+them (so every method sees the same context); other fields are kept, not used. The result has the harness's summary
+per category and overall, with each method's speedup against every baseline that ran. The project ships its own
+prompts in this format (:data:`DEFAULT_PROMPTS`; docs/benchmarks.md says where their text comes from):
 
     hf-specdraft bench --prompts hf_specdraft/defaults/spec_prompts.jsonl --max-new-tokens 32
 """
@@ -27,11 +26,10 @@ from tqdm.auto import tqdm
 from ..defaults import DefaultBundle
 from ..defaults.tasks import TaskItem
 from .methods import FAST_BASELINE, BenchContext
-from .timing import LoadMonitor, warning_text
+from .timing import warning_text
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "defaults" / "spec_prompts.jsonl"
-# the baselines each method's speedup is reported against, where they ran: plain generate, generate with the few-row
-# linears, transformers' prompt lookup (prompt_lookup_num_tokens=10) and assisted decoding with the plain draft
+# the baselines each method's speedup is reported against, where they ran
 BASELINES = ("target-only", FAST_BASELINE, "prompt-lookup", "stock-assisted")
 # each required field: what it must be (in words, for errors) and the check
 REQUIRED = {
@@ -62,12 +60,11 @@ def _invalid(path, line: int, what: str) -> ValueError:
 
 
 def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
-    """The questions of a Spec-Bench-format JSONL text (blank lines skipped); ``path`` names it in errors.
+    """The questions of a Spec-Bench-format JSONL text (blank lines skipped).
 
     Raises:
-        ValueError: naming ``path``, the line number and what would be valid, for a line that is not JSON or not an
-            object, a missing field, a field of the wrong type, empty ``turns``, a repeated ``question_id``, or a
-            file with no question.
+        ValueError: naming ``path``, the line and what would be valid, for a line that is not a JSON object, a missing
+            or ill-typed field, empty ``turns``, a repeated ``question_id``, or a file with no question.
     """
     questions: list[Question] = []
     seen: dict = {}
@@ -106,11 +103,7 @@ def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
 
 
 def read_prompts(path: str | Path) -> list[Question]:
-    """The questions of a Spec-Bench-format JSONL file (:func:`parse_prompts`).
-
-    Raises:
-        ValueError: the file cannot be read, or is malformed (:func:`parse_prompts`).
-    """
+    """The questions of a Spec-Bench-format JSONL file; a `ValueError` if it cannot be read or is malformed."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -125,8 +118,7 @@ def context_limit(model) -> int | None:
 
 
 def messages_for(question: Question, turn: int, answers: list[str]) -> list[dict]:
-    """The chat of ``question``'s turn ``turn`` (0-based): every earlier turn's user message and its answer, then this
-    turn's."""
+    """The chat of ``question``'s turn ``turn`` (0-based): every earlier turn with its answer, then this one."""
     chat = []
     for index in range(turn):
         chat += [{"role": "user", "content": question.turns[index]}, {"role": "assistant", "content": answers[index]}]
@@ -142,16 +134,12 @@ def chat_ids(tokenizer, messages: list[dict]) -> torch.Tensor:
 
 
 def check_lengths(questions: list[Question], tokenizer, max_new_tokens: int, limit: int | None) -> None:
-    """Refuse, before anything runs, a question whose last turn could not fit the target's context: all its user
-    messages in the chat template, each earlier turn's answer at most ``max_new_tokens`` tokens, and this turn's.
-
-    Raises:
-        ValueError: naming the file, the line, the tokens needed and the target's limit.
-    """
+    """Raise a `ValueError` (file, line, tokens needed, the target's limit), before anything runs, for a question whose
+    last turn could not fit the target's context: its user messages in the chat template and ``max_new_tokens`` per
+    answer."""
     if limit is None:
         return
     for q in questions:
-        # an answer's tokens are counted as max_new_tokens
         chat = messages_for(q, len(q.turns) - 1, ["x"] * (len(q.turns) - 1))
         needed = chat_ids(tokenizer, chat).shape[1] + len(q.turns) * max_new_tokens
         if needed > limit:
@@ -169,8 +157,8 @@ def categories_in_order(questions: list[Question]) -> list[str]:
 def category_table(
     records: list[dict], units: list[tuple[int, int]], questions: list[Question], methods: tuple[str, ...]
 ) -> dict:
-    """Per category and ``overall``: the harness's summary (:func:`~hf_specdraft.bench.harness.summarize`) of its
-    prompts, with each method's speedup against every baseline that ran (``speedup_vs``) and its MAL (``mal``)."""
+    """Per category and ``overall``: the harness's summary of its prompts, with each method's speedup against every
+    baseline that ran (``speedup_vs``) and its MAL (``mal``)."""
     from .harness import _median_seconds, _speedup, summarize
 
     groups = {
@@ -184,8 +172,7 @@ def category_table(
         seconds = {m: _median_seconds([r for r in chosen if r["method"] == m]) for m in methods}
         for m in methods:
             summary[m]["speedup_vs"] = {b: _speedup(seconds[b], seconds[m]) or None for b in BASELINES if b in methods}
-            # MAL, new tokens per decoding step: the loop's mean accepted length (its prompt forward is no step), else
-            # new tokens per target forward (transformers' generate: its prompt forward yields the first token)
+            # MAL: the loop's mean accepted length, else new tokens per target forward (transformers' generate)
             loop = summary[m]["mean_accepted_length"]
             summary[m]["mal"] = loop if loop is not None else summary[m]["tokens_per_target_call"]
         table[name] = {"prompts": len(prompts), "questions": len({units[i][0] for i in prompts}), "methods": summary}
@@ -200,12 +187,12 @@ def run_prompts_bench(
     warn: bool = True,
 ) -> dict:
     """Run ``config.methods`` on every turn of every question of ``prompts`` (a path, or :func:`parse_prompts`'s
-    questions); return (and write to ``output``) the result: the harness's meta (hardware, dtype, versions) and the
-    prompts file, ``categories`` (:func:`category_table`), the timing verdict, and every record (``prompt`` indexes
-    ``units``: ``[question index, turn]``)."""
+    questions); return (and write to ``output``) the result: the harness's meta, ``categories``
+    (:func:`category_table`), the timing verdict, and every record (``prompt`` indexes ``units``: ``[question, turn]``).
+    """
     from .harness import _ForwardCounter, bench_context, bench_result, check_methods, time_prompt, warm_up
 
-    questions = read_prompts(prompts) if not isinstance(prompts, list) else prompts
+    questions = prompts if isinstance(prompts, list) else read_prompts(prompts)
     path = questions[0].file
     check_methods(bundle, config.methods, "chat", bundle.extras)
     check_lengths(questions, bundle.tokenizer, config.max_new_tokens, context_limit(bundle.target))
@@ -216,11 +203,9 @@ def run_prompts_bench(
         item = TaskItem("chat", str(question.question_id), question.turns[turn], "")
         return bench_context(bundle, item, ids, config, bundle.extras)
 
-    counter = _ForwardCounter(bundle.target)
     records: list[dict] = []
     units: list[tuple[int, int]] = []
-    monitor = LoadMonitor().start()
-    try:
+    with _ForwardCounter(bundle.target) as counter:
         # untimed warm-up on the longest first turns (later turns are longer still: a static cache may grow there)
         warmup = warm_up([context(q, 0, []) for q in range(len(questions))] if config.warmup else [], config, counter)
         bar = tqdm(total=sum(len(q.turns) for q in questions), desc=f"bench {Path(str(path)).name}", unit="turn")
@@ -235,48 +220,42 @@ def run_prompts_bench(
                 answers.append(bundle.tokenizer.decode(first["target-only"]["tokens"], skip_special_tokens=True))
                 bar.update(1)
         bar.close()
-    finally:
-        counter.handle.remove()
-    load = monitor.other_cores()
     categories = category_table(records, units, questions, tuple(config.methods))
     meta = {"prompts": str(path), "questions": len(questions), "turns": len(units)}
     meta["categories"] = categories_in_order(questions)
-    body = {"categories": categories, "units": [[q, turn] for q, turn in units]}
+    body = {"categories": categories, "units": [list(unit) for unit in units]}
     summary = categories["overall"]["methods"]
-    return bench_result(bundle, config, meta, body, records, warmup, load, summary, output, warn)
+    return bench_result(bundle, config, meta, body, records, warmup, counter.load, summary, output, warn)
 
 
 def format_category_table(result: dict) -> str:
-    """Spec-Bench's leaderboard layout: one row per method, its speedup against target-only per category and overall;
-    then MAL (tokens per target forward) and token identity with target-only, the same way; then the overall speedup
-    against every baseline that ran."""
+    """Spec-Bench's leaderboard layout: one row per method; its speedup against target-only, MAL and token identity
+    with target-only per category and overall; then the overall speedup against every baseline that ran."""
     categories = result["categories"]
     names = list(categories)
-    methods = list(next(iter(categories.values()))["methods"])
-    width = max(10, *(len(n) + 2 for n in names))
+    methods = list(categories["overall"]["methods"])
     pad = max(len(m) for m in methods) + 2
 
-    def block(title: str, cell) -> list[str]:
-        header = f"{title:<{pad}}" + "".join(f"{n:>{width}}" for n in names)
-        return [header, "-" * len(header)] + [
-            f"{m:<{pad}}" + "".join(f"{cell(categories[n]['methods'][m]):>{width}}" for n in names) for m in methods
+    def block(title: str, columns: list[str], widths: list[int], cell) -> list[str]:
+        """A blank line, a header, and one row per method ``m``: ``cell(m, column)`` under each column."""
+        header = f"{title:<{pad}}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths))
+        return ["", header, "-" * len(header)] + [
+            f"{m:<{pad}}" + "".join(f"{cell(m, c):>{w}}" for c, w in zip(columns, widths)) for m in methods
         ]
 
-    ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
-    rows = block("speedup", lambda s: ratio(s["speedup_vs_target_only"]))
-    rows += [""] + block("MAL", lambda s: f"{s['mal']:.2f}")
-    rows += [""] + block("=target", lambda s: f"{s['equals_target_only']:.0%}")
+    def of(m: str, name: str) -> dict:
+        return categories[name]["methods"][m]
+
+    def ratio(v):
+        return "-" if v is None else f"{v:.2f}x"
+
+    widths = [max(10, *(len(n) + 2 for n in names))] * len(names)
+    rows = block("speedup", names, widths, lambda m, n: ratio(of(m, n)["speedup_vs_target_only"]))[1:]
+    rows += block("MAL", names, widths, lambda m, n: f"{of(m, n)['mal']:.2f}")
+    rows += block("=target", names, widths, lambda m, n: f"{of(m, n)['equals_target_only']:.0%}")
     baselines = [b for b in BASELINES if b in methods]
-    header = f"{'overall vs':<{pad}}" + "".join(f"{b:>{max(len(b) + 2, 10)}}" for b in baselines)
-    rows += ["", header, "-" * len(header)]
-    rows += [
-        f"{m:<{pad}}"
-        + "".join(
-            f"{ratio(categories['overall']['methods'][m]['speedup_vs'].get(b)):>{max(len(b) + 2, 10)}}"
-            for b in baselines
-        )
-        for m in methods
-    ]
+    widths = [max(len(b) + 2, 10) for b in baselines]
+    rows += block("overall vs", baselines, widths, lambda m, b: ratio(of(m, "overall")["speedup_vs"].get(b)))
     counts = ", ".join(f"{n} {c['questions']}" for n, c in categories.items() if n != "overall")
     meta = result["meta"]
     rows.append(f"\nquestions per category: {counts}; {meta['turns']} turns, {meta['max_new_tokens']} new tokens each")
