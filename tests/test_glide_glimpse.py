@@ -9,8 +9,9 @@ import torch
 from conftest import tiny_model
 from hf_specdraft import GlideConfig, GlideForCausalLM
 from benchmarks.studies import glide_glimpse
-from hf_specdraft.glide.training.evaluation import delay_mask, draft_probs
+from hf_specdraft.glide.training.evaluation import draft_probs
 from hf_specdraft.glide.training.store import StoreWindows, compute_store
+from hf_specdraft.glide.training.unrolled import glimpse_mask
 
 
 def _drafter(target, cross_attention=True, layer=None, seed=1):
@@ -46,8 +47,8 @@ def draft_distribution(glide, store, delay):
     return draft_probs(glide, batch, delay=delay)
 
 
-def test_delay_mask_lets_position_j_see_keys_up_to_j_minus_delay():
-    mask = delay_mask(5, 2)
+def test_glimpse_mask_lets_position_j_see_keys_up_to_j_minus_delay():
+    mask = glimpse_mask(5, 2)
     allowed = (mask[0, 0] == 0).int()
     assert allowed.tolist() == [[0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]
 

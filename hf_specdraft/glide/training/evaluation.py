@@ -1,15 +1,9 @@
-"""Held-out evaluation of a GLIDE draft while it trains: teacher-forced α and agreement, and tokens per target forward.
+"""Held-out evaluation of a GLIDE draft while it trains (p the frozen target's next-token distribution, q GLIDE's):
 
-p is the frozen target's next-token distribution, q GLIDE's (Leviathan et al. 2023, Algorithm 1).
-
-- **α** (teacher-forced): GLIDE over held-out windows with the training-time block-wise mask (§4.1), α = mean over
-  positions of Σ_x min(p(x), q(x)) = 1 - TV(p, q) (Leviathan et al. 2023, §3.3; ``core.stats.overlap``);
-- **greedy agreement**: the share of those positions where argmax q == argmax p (greedy decoding accepts exactly these);
-- **tokens per target forward** τ: the loop's ``mean_accepted_length`` (``speculative_generate``, default settings,
-  greedy) on a few held-out prompts.
-
-    evaluate = HeldOutEvaluation(windows, prompts, block_size=5)
-    evaluate(target, glide)  # {"alpha": 0.61, "greedy_agreement": 0.55, "tokens_per_forward": 2.3, ...}
+- **α** (teacher-forced, with the training-time block-wise mask, §4.1): the mean over positions of
+  Σ_x min(p(x), q(x)) = 1 - TV(p, q) (Leviathan et al. 2023, §3.3);
+- **greedy agreement**: the share of those positions where argmax q == argmax p (what greedy decoding accepts);
+- **tokens per target forward** τ: the loop's ``mean_accepted_length`` (greedy, default settings) on held-out prompts.
 """
 
 from __future__ import annotations
@@ -21,16 +15,12 @@ import torch
 from ...core.loop import speculative_generate
 from ...core.stats import SpeculativeStats, overlap
 from .objective import GlideBatch, TargetWindows
-from .unrolled import unrolled_passes
+from .unrolled import glimpse_mask, unrolled_passes
 
 
 def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch.Tensor:
     """Up to ``max_windows`` non-overlapping windows `(N, T)` from the start of the held-out ``stream`` `(S,)`; a
-    stream shorter than ``seq_len`` gives one window of all of it.
-
-    Raises:
-        ValueError: the held-out stream has fewer than 2 tokens (a token and its successor).
-    """
+    stream shorter than ``seq_len`` gives one window of all of it."""
     if stream.numel() < 2:
         raise ValueError(
             f"the held-out data holds {stream.numel()} tokens, too few to evaluate: raise --eval-fraction / "
@@ -41,24 +31,11 @@ def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> tor
     return stream[: count * length].view(count, length)
 
 
-def delay_mask(seq_len: int, delay: int) -> torch.Tensor:
-    """`(1, 1, T, T)` additive cross-attention mask: the query at j glimpses the target keys ``k <= j - delay``.
-
-    In the loop the k-th drafted token of a step sees the cache with a delay of k (§4.1's "KV cache delay"); ``delay=1``
-    is the inference rule (``k < j``).
-    """
-    index = torch.arange(seq_len)
-    allowed = index[None, :] <= index[:, None] - delay
-    return torch.zeros(seq_len, seq_len).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
-
-
 @torch.no_grad()
 def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: int | None = None) -> torch.Tensor:
     """q `(B, T, V)` over the target's vocabulary on ``batch``'s windows, glimpsing its target KV with the block-wise
-    mask of L = ``block_size`` (training's, §4.1) or, given ``delay``, :func:`delay_mask`'s; GLIDE glimpses nothing when
-    the batch holds no KV (``glimpse=False`` in :func:`teacher_forced_alpha`, or a vanilla drafter). A ``state_input``
-    GLIDE is scored at its first draft step (:func:`~.unrolled.unrolled_passes`: the glimpse and state the loop gives
-    it; the block size does not apply)."""
+    mask of L = ``block_size`` (training's, §4.1) or a fixed cache ``delay`` (:func:`~.unrolled.glimpse_mask`); nothing
+    when the batch holds no KV. A ``state_input`` GLIDE is scored at its first draft step, as the loop runs it."""
     if getattr(glide.config, "state_input", False):
         _, logits, _ = next(unrolled_passes(glide, batch, 1))
         return glide.to_target_logits(logits.float()).softmax(-1)
@@ -67,7 +44,7 @@ def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: 
     if kv is None and glide.config.cross_attention:
         kv = [(None, None)] * glide.config.target_num_hidden_layers
     elif delay is not None and kv is not None:
-        mask = delay_mask(batch.input_ids.shape[1], delay).to(batch.input_ids.device)
+        mask = glimpse_mask(batch.input_ids.shape[1], delay, device=batch.input_ids.device)
     logits = glide(
         input_ids=batch.input_ids,
         target_past_key_values=kv,
@@ -139,8 +116,8 @@ def tokens_per_forward(
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
 ) -> float:
-    """τ: tokens emitted per target forward by the library's loop with ``glide`` as the draft, greedy, default γ
-    (``"auto"``), over ``prompts`` (each a list of token ids, run one at a time)."""
+    """τ: tokens emitted per target forward by the loop with ``glide`` as the draft (greedy, default γ) over
+    ``prompts``, one at a time."""
     device = next(target.parameters()).device
     stats = []
     for prompt in prompts:
@@ -160,7 +137,7 @@ def tokens_per_forward(
 
 @dataclass
 class HeldOutEvaluation:
-    """What :func:`~hf_specdraft.glide.training.trainer.train_glide` measures every ``eval_every`` steps.
+    """What :func:`~.trainer.train_glide` measures every ``eval_every`` steps, called as ``evaluate(target, glide)``.
 
     Args:
         windows: `(N, T)` held-out token windows for the teacher-forced α.

@@ -1,37 +1,43 @@
-"""GLIDE's training objective (GLIDE §4.1 "Block-wise Attention Mask", Appendix B): the data as windows of tokens, what
-the frozen target says about them (its KV cache, its next-token distribution), and the draft's loss against it.
-
-p is the target's next-token distribution, q GLIDE's (Leviathan et al. 2023, Algorithm 1).
-
-What the target says comes from a :class:`WindowSource`, so that :func:`~.trainer.train_glide` and
-:func:`~.evaluation.teacher_forced_alpha` read either one alike:
-
-    TargetWindows   windows of a token stream; the frozen target runs over each batch (KV + full logits)
-    StoreWindows    windows of a precomputed store (store.py): the target's KV and top-k, read, never recomputed
+"""GLIDE's training objective (GLIDE §4.1 "Block-wise Attention Mask", Appendix B): windows of tokens, what the frozen
+target says about them (its KV cache, p) and the draft's loss against it. p is the target's next-token distribution, q
+GLIDE's (Leviathan et al. 2023, Algorithm 1). A :class:`WindowSource` says where the target's side comes from:
+:class:`TargetWindows` runs the target over each batch, :class:`~.store.StoreWindows` reads a precomputed store.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from accelerate.utils import extract_model_from_parallel
 from transformers import DynamicCache, PreTrainedModel
 
 from ...core.support import with_cache
-from .batch import GlideBatch
 from .unrolled import unrolled_passes
 
-__all__ = [
-    "GlideBatch",
-    "TargetWindows",
-    "WindowSource",
-    "glide_loss",
-    "target_memory",
-    "target_probs",
-    "token_stream",
-    "window_source",
-]
+
+@dataclass
+class GlideBatch:
+    """One batch of windows and what the frozen target says about them: position t holds p for the token after
+    ``input_ids[:, t]``, whole (``target_logits``, on the fly) or as its top k (from a store).
+
+    Args:
+        input_ids: `(B, T)` the windows.
+        target_past_key_values: per target layer ``(keys, values)`` `(B, kv_heads, T, head_dim)` (post-RoPE; ``(None,
+            None)`` for a layer no one reads), or `None` when nobody glimpses.
+        target_logits: `(B, T, V)` the target's next-token logits, or `None`.
+        topk_ids: `(B, T, k)` the target's k most likely next tokens, most likely first, or `None`.
+        topk_probs: `(B, T, k)` their probabilities under p, or `None`.
+        target_hidden: `(B, T, hidden_size)` the target's last hidden state (after its final norm), or `None`.
+    """
+
+    input_ids: torch.Tensor
+    target_past_key_values: Sequence | None = None
+    target_logits: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_probs: torch.Tensor | None = None
+    target_hidden: torch.Tensor | None = None
 
 
 def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
@@ -69,14 +75,12 @@ def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
 
 @torch.no_grad()
 def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits: bool, with_hidden: bool = False):
-    """Run the frozen target over whole windows: its per-layer ``(keys, values)`` and, optionally, logits and its last
-    hidden state.
+    """Run the frozen target over whole windows `(B, T)`.
 
     Returns:
-        `(kv, logits)`: ``kv[l]`` = ``(keys, values)`` `(B, kv_heads, T, head_dim)` of target layer l (post-RoPE,
-        exactly what the cache holds at inference), and `(B, T, V)` logits or `None`; with ``with_hidden``,
-        `(kv, logits, hidden)` with ``hidden`` `(B, T, hidden_size)` the target's last hidden state (after its final
-        norm: what its LM head reads, ``hidden_states[-1]``).
+        `(kv, logits)`: ``kv[l]`` = ``(keys, values)`` `(B, kv_heads, T, head_dim)` of target layer l (post-RoPE, as
+        the cache holds them at inference), logits `(B, T, V)` or `None`; with ``with_hidden`` also the last hidden
+        state `(B, T, hidden_size)` (after the final norm).
     """
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()  # sliding-window layers keep every position, as in assisted decoding
@@ -94,28 +98,15 @@ def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits:
 
 
 class WindowSource:
-    """Numbered windows and what the frozen target says about them, a batch of rows at a time.
+    """Numbered windows of ``seq_len`` tokens (cut from ``tokens`` tokens) and what the frozen target says about them.
 
-    Attributes:
-        seq_len: tokens per window.
-        tokens: the tokens the windows are cut from (the training log's ``train_tokens_available``).
+    ``len(source)`` rows (training draws them uniformly); ``check(glide)`` raises `ValueError` for data ``glide``
+    cannot train on; ``batch(target, glide, rows, device, with_kv, with_p)`` is a :class:`GlideBatch` of rows `(B,)`,
+    with the target's KV of the layers ``glide`` reads (``with_kv``) and p (``with_p``).
     """
 
     seq_len: int
     tokens: int
-
-    def __len__(self) -> int:
-        """How many rows there are (training draws rows uniformly)."""
-        raise NotImplementedError
-
-    def check(self, glide) -> None:
-        """Raise `ValueError` for data ``glide`` cannot train on (before anything runs)."""
-        raise NotImplementedError
-
-    def batch(self, target, glide, rows: torch.Tensor, device, with_kv: bool, with_p: bool) -> GlideBatch:
-        """Rows ``rows`` `(B,)` on ``device``, with the target's KV of the layers ``glide`` reads (``with_kv``) and p
-        (``with_p``)."""
-        raise NotImplementedError
 
 
 class TargetWindows(WindowSource):
@@ -133,14 +124,12 @@ class TargetWindows(WindowSource):
         return max(0, (self.tokens - self.seq_len) // self.stride + 1)
 
     def check(self, glide) -> None:
-        """Raise `ValueError` for a stream shorter than a window or holding ids outside GLIDE's target vocabulary."""
         if self.tokens < self.seq_len:
             raise ValueError(f"data holds {self.tokens} tokens, fewer than seq_len={self.seq_len}")
         if int(self.stream.max()) >= glide.config.vocab_size or int(self.stream.min()) < 0:
             raise ValueError(f"data has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
 
     def batch(self, target, glide, rows: torch.Tensor, device, with_kv: bool, with_p: bool) -> GlideBatch:
-        """Rows ``rows`` `(B,)` on ``device``, the target run over them if GLIDE glimpses (``with_kv``) or learns p."""
         starts = rows[:, None] * self.stride + torch.arange(self.seq_len)
         input_ids = self.stream[starts].to(device)  # (B, T)
         state = bool(glide.config.state_input)
@@ -152,8 +141,7 @@ class TargetWindows(WindowSource):
 
 def window_source(data, glide, seq_len: int) -> WindowSource:
     """``data`` as a checked window source: token ids (:func:`token_stream`'s kinds) become :class:`TargetWindows` of
-    ``seq_len`` (the target runs every step); a source (:class:`~.store.StoreWindows`) is taken as it is, its windows
-    ``seq_len`` long."""
+    ``seq_len``; a source is taken as it is."""
     if isinstance(data, WindowSource):
         if data.seq_len != seq_len:
             raise ValueError(
@@ -168,17 +156,15 @@ def window_source(data, glide, seq_len: int) -> WindowSource:
 
 
 def _draft_rows(glide, target_ids: torch.Tensor) -> torch.Tensor:
-    """Target ids -> GLIDE's output rows: themselves, or for a reduced vocabulary (``draft_token_ids``) their row, every
-    id outside it the last row ("another token")."""
+    """Target ids -> GLIDE's output rows: themselves, or for a reduced vocabulary their row (the last: any other id)."""
     return target_ids if glide.config.draft_token_ids is None else glide.model.target_to_draft[target_ids]
 
 
 def target_probs(glide, batch: GlideBatch, temperature: float = 1.0) -> torch.Tensor | None:
     """p at ``temperature`` over GLIDE's output rows `(B, T, rows)`, or `None` when the batch has no p.
 
-    From the target's logits, ``softmax(logits / τ)``; from its top k, their probabilities renormalised at τ
-    (``softmax(log p_topk / τ)``, the same as the logits' when k is the whole vocabulary). A reduced-vocabulary GLIDE's
-    last row takes the mass of every id outside its vocabulary.
+    From the top k: ``softmax(log p_topk / τ)``, the logits' p when k is the whole vocabulary. A reduced-vocabulary
+    GLIDE's last row takes the mass of every id outside its vocabulary.
     """
     if batch.target_logits is not None:
         p = torch.softmax(batch.target_logits.float() / temperature, dim=-1)  # (B, T, V)
@@ -195,16 +181,14 @@ def target_probs(glide, batch: GlideBatch, temperature: float = 1.0) -> torch.Te
 
 def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.Tensor, dict]:
     """Next-token cross-entropy with the block-wise mask (§4.1), mixed with token-level distillation (Appendix B):
-    ``(1 - w) · CE(labels, q) + w · τ² · KL(p || q)``, ``w = args.distillation_weight``, ``τ =
-    args.distillation_temperature``, p whole or as its top k (:func:`target_probs`) at every position of the window
-    (the labels stop one short). A ``state_input`` GLIDE (or ``args.unrolled_steps > 1``) trains over its draft steps
-    unrolled (:mod:`.unrolled`), the loss the mean over the steps. A reduced-vocabulary GLIDE trains over its own rows
-    (every id outside it is the last row, for the labels and p): its logits over target ids put the dtype's minimum
-    there, which a loss would turn into ~1e38. ``model`` is GLIDE or GLIDE as accelerate prepared it (its own forward
-    runs, for autocast and gradient synchronisation).
+    ``(1 - w) · CE(labels, q) + w · τ² · KL(p || q)`` with ``w``, ``τ`` the distillation weight and temperature.
+
+    Unrolled draft steps (:mod:`.unrolled`) average their losses. A reduced-vocabulary GLIDE trains over its own rows:
+    its logits over target ids put the dtype's minimum outside them, which a loss would turn into ~1e38. ``model`` may
+    be GLIDE as accelerate prepared it (its own forward runs, for autocast and gradient synchronisation).
     """
     glide = extract_model_from_parallel(model)
-    steps = args.draft_steps(glide.config)
+    steps = args.unrolled_steps or (2 if glide.config.state_input else 1)
     if glide.config.state_input or steps > 1:
         passes = unrolled_passes(model, batch, steps)
     else:

@@ -1,30 +1,17 @@
 """Train GLIDE against a frozen target (GLIDE §4.1 "Block-wise Attention Mask", Appendices A and B).
 
-Each step the frozen target runs once over whole training windows and its KV cache becomes the memory the draft's
-cross-attention reads; the block-wise mask (block length L = 5) lets a token see only the target KV of earlier blocks,
-simulating at training time the KV-cache delay of inference (§4.1). The loss is next-token cross-entropy, optionally
-mixed with distillation from the target's logits (Appendix B's token-level form; the sequence-level form, the target
-writing the responses, is ``--regenerate``: :mod:`.regenerate`). Where a target forward per step is too dear (a real
-target on a CPU), the same loop reads the target's KV and top-k from a precomputed store
-(:class:`~.store.StoreWindows`): the shipped SmolLM2 drafters are this loop on a store. Only GLIDE's parameters are
-optimised: AdamW, warmup + cosine decay, gradient accumulation, bf16 mixed precision on GPU, any number of processes
-through 🤗 accelerate. Every ``save_steps`` steps the run saves ``checkpoint-last/`` (weights, optimizer, scheduler,
-step, RNG states), which a restarted run continues from; every ``eval_every`` steps a
-:class:`~.evaluation.HeldOutEvaluation` measures α, greedy agreement and tokens per target forward on held-out data
-(trackers, ``training_log.json``, the model card).
+Each step the frozen target runs over whole windows and its KV cache is the memory the draft's cross-attention reads;
+the block-wise mask (L = 5) lets a token see only the target KV of earlier blocks, simulating the KV-cache delay of
+inference (§4.1). The loss (:mod:`.objective`) is cross-entropy, optionally mixed with distillation from the target's
+logits (Appendix B; its sequence-level form is ``--regenerate``). Where a target forward per step is too dear, the loop
+reads the target's KV and top-k from a precomputed store (:class:`~.store.StoreWindows`). Only GLIDE's parameters are
+optimised: AdamW, warmup + cosine decay, gradient accumulation, any number of processes through 🤗 accelerate.
+``checkpoint-last/`` (weights, optimizer, scheduler, step, RNG states) is what a restarted run continues from. Large
+targets, device maps and tensor parallelism: docs/multi-gpu.md.
 
-    hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama \
-        --max-steps 2000
-    # several processes / GPUs: the same command under accelerate (on CPUs, with ACCELERATE_USE_CPU=1 and --multi_gpu:
-    # accelerate 1.x's `--cpu --num_processes N` starts ONE process unless mpirun is set up)
+    hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama
+    # on CPUs: ACCELERATE_USE_CPU=1 and --multi_gpu (accelerate 1.x's `--cpu --num_processes N` starts ONE process)
     accelerate launch --num_processes 8 -m hf_specdraft train-glide --target ... --data ... --output-dir ...
-
-Large targets (Appendix A: 7B/13B with DeepSpeed ZeRO-2 on 8 GPUs, 33B with ZeRO-3; not tested here): ZeRO-2 shards
-GLIDE's optimizer state and gradients, and the frozen target, never passed to ``accelerator.prepare``, is one bf16 copy
-per process. A target that does not fit one GPU is loaded with ``device_map="auto"`` in one process (``train_glide``
-leaves a model with an ``hf_device_map`` where it is; ``tests/test_device_map.py``) or wrapped by FSDP in your own code;
-GLIDE itself is small, and plain data parallelism suffices. A target split by tensor parallelism is refused (each
-rank's cache holds only its share of the KV heads). The target forward dominates the cost (Appendix F), not GLIDE.
 """
 
 from __future__ import annotations
@@ -55,8 +42,7 @@ class GlideTrainingArguments:
     """How to train GLIDE (defaults follow Appendix A where it says; batch sizes are per process).
 
     Args:
-        output_dir: where the checkpoint (:func:`save_glide_checkpoint`: model card included),
-            ``training_log.json`` and ``checkpoint-last/`` go.
+        output_dir: where the checkpoint (model card included), ``training_log.json`` and ``checkpoint-last/`` go.
         max_steps: optimizer steps; windows are drawn at random from the data.
         seq_len: tokens per training window.
         per_device_batch_size: windows per process per micro-batch.
@@ -71,19 +57,17 @@ class GlideTrainingArguments:
         distillation_weight: weight of KL(p_target || q_glide) against cross-entropy (Appendix B); 0 = off, 1 = p alone
             (what a store's top-k is for).
         distillation_temperature: temperature of both distributions in the KL term.
-        unrolled_steps: draft steps trained per position, unrolled (:mod:`.unrolled`, EAGLE-3's training-time test: a
-            later step reads the previous step's own state, as at inference); `None`: 2 for a ``state_input`` GLIDE, 1
-            (the block-wise mask, §4.1) otherwise.
+        unrolled_steps: draft steps trained per position, unrolled (:mod:`.unrolled`, EAGLE-3's training-time test);
+            `None`: 2 for a ``state_input`` GLIDE, 1 (the block-wise mask, §4.1) otherwise.
         mixed_precision: ``"auto"`` (bf16 on CUDA, none on CPU), ``"no"``, ``"bf16"`` or ``"fp16"``.
         seed: data order and initialisation seed (each process offsets it by its rank).
         logging_steps: log every this many steps.
-        save_steps: write ``output_dir/checkpoint-last`` every this many steps (0 = never): what a killed run resumes
-            from.
-        resume: `None` continues from ``checkpoint-last`` when there is one, `True` requires one, `False` starts over.
-        eval_every: run the held-out evaluation passed to :func:`train_glide` every this many steps and at the end
+        save_steps: write ``output_dir/checkpoint-last`` (what a killed run resumes from) every this many steps
             (0 = never).
-        report_to: accelerate trackers for the logs: ``"none"``, ``"all"`` (every installed one, like transformers'
-            ``TrainingArguments``) or names among ``TRACKERS``, comma-separated (e.g. ``"tensorboard"``).
+        resume: `None` continues from ``checkpoint-last`` when there is one, `True` requires one, `False` starts over.
+        eval_every: run the held-out evaluation every this many steps and at the end (0 = never).
+        report_to: accelerate trackers: ``"none"``, ``"all"`` (every installed one) or names among ``TRACKERS``,
+            comma-separated (e.g. ``"tensorboard"``).
         progress_bar: show tqdm on the main process.
         dataset_name: what the data is, for the model card (a Hub dataset id or a description).
         license: the weights' license for the model card, a Hub license id (e.g. ``"apache-2.0"``); `None` = none.
@@ -144,21 +128,18 @@ class GlideTrainingArguments:
         ):
             if not rules[rule](getattr(self, name)):
                 raise ValueError(f"{name} must {rule}, got {getattr(self, name)}")
+        if isinstance(self.block_size, list):
+            self.block_size = tuple(self.block_size)
         sizes = (self.block_size,) if isinstance(self.block_size, int) else self.block_size
-        if sizes is not None and not (
-            isinstance(sizes, (tuple, list)) and sizes and all(is_int(size) and size >= 1 for size in sizes)
-        ):
+        if sizes is not None and not (isinstance(sizes, tuple) and sizes and all(is_int(s) and s >= 1 for s in sizes)):
             raise ValueError(
                 f"block_size must be None, a positive int or a non-empty tuple of them, got {self.block_size!r}"
             )
-        if isinstance(self.block_size, list):
-            self.block_size = tuple(self.block_size)
         if self.unrolled_steps is not None and not (is_int(self.unrolled_steps) and 1 <= self.unrolled_steps <= 8):
             raise ValueError(f"unrolled_steps must be None or an int in [1, 8], got {self.unrolled_steps!r}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
-        trackers = [name.strip() for name in str(self.report_to).split(",")]
-        if self.report_to not in ("none", "all") and not set(trackers) <= set(TRACKERS):
+        if self.report_to not in ("none", "all") and not set(self.trackers) <= set(TRACKERS):
             raise ValueError(f"report_to must be 'none', 'all' or names among {list(TRACKERS)}, got {self.report_to!r}")
         if self.resume not in (None, True, False):
             raise ValueError(f"resume must be None (when there is a checkpoint), True or False, got {self.resume!r}")
@@ -170,41 +151,24 @@ class GlideTrainingArguments:
         """The block-wise mask's L for each step in turn (step s takes ``[s % len]``); ``config_block_size`` if none."""
         if self.block_size is None:
             return (config_block_size,)
-        return (self.block_size,) if isinstance(self.block_size, int) else tuple(self.block_size)
-
-    def draft_steps(self, config) -> int:
-        """Draft steps each training position unrolls for a GLIDE of ``config`` (``unrolled_steps`` or its default)."""
-        if self.unrolled_steps is not None:
-            return self.unrolled_steps
-        return 2 if getattr(config, "state_input", False) else 1
+        return (self.block_size,) if isinstance(self.block_size, int) else self.block_size
 
     def trajectory(self) -> dict:
         """The arguments that decide the trained weights (not where they go, how often they are logged or saved): a run
         resumes only a state written under the same ones."""
-        kept = (
-            "max_steps",
-            "seq_len",
-            "per_device_batch_size",
-            "gradient_accumulation_steps",
-            "learning_rate",
-            "weight_decay",
-            "warmup_steps",
-            "min_lr_ratio",
-            "max_grad_norm",
-            "block_size",
-            "distillation_weight",
-            "distillation_temperature",
-            "mixed_precision",
-            "seed",
-        ) + (("unrolled_steps",) if self.unrolled_steps is not None else ())
-        return json.loads(json.dumps({name: getattr(self, name) for name in kept}))  # as trainer_state.json holds it
+        aside = (
+            "output_dir logging_steps save_steps resume eval_every report_to progress_bar dataset_name license "
+            "push_to_hub hub_model_id"
+        ).split()
+        kept = {k: v for k, v in asdict(self).items() if k not in aside and (k != "unrolled_steps" or v is not None)}
+        return json.loads(json.dumps(kept))  # as trainer_state.json holds it
 
     @property
     def trackers(self):
         """``Accelerator(log_with=...)``: `None`, ``"all"`` or a list of tracker names."""
         if self.report_to == "none":
             return None
-        return "all" if self.report_to == "all" else [name.strip() for name in self.report_to.split(",")]
+        return "all" if self.report_to == "all" else [name.strip() for name in str(self.report_to).split(",")]
 
 
 def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
@@ -237,10 +201,11 @@ def _setup(target, glide, args: GlideTrainingArguments):
         target.to(accelerator.device)
     # a frozen part (e.g. the target's embedding rows) stays
     trained = [p for p in glide.parameters() if p.requires_grad]
-    decay = [p for p in trained if p.ndim >= 2]
-    no_decay = [p for p in trained if p.ndim < 2]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [
+            {"params": [p for p in trained if p.ndim >= 2], "weight_decay": args.weight_decay},
+            {"params": [p for p in trained if p.ndim < 2], "weight_decay": 0.0},
+        ],
         lr=args.learning_rate,
     )
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(
@@ -258,9 +223,8 @@ def _setup(target, glide, args: GlideTrainingArguments):
 def save_training_state(
     accelerator: Accelerator, args: GlideTrainingArguments, progress: dict, generator: torch.Generator
 ) -> Path:
-    """Write ``output_dir/checkpoint-last``: accelerate's state (GLIDE's weights as safetensors, optimizer, scheduler,
-    RNG states), each process's window sampler (safetensors) and ``trainer_state.json`` (``progress``: step, tokens,
-    the log so far). Written beside it first and swapped in whole, so a kill mid-save leaves the previous one."""
+    """Write ``output_dir/checkpoint-last``: accelerate's state, each process's window sampler and
+    ``trainer_state.json`` (``progress``). Written beside it, then swapped in whole: a kill mid-save keeps the last."""
     from safetensors.torch import save_file
 
     final = Path(args.output_dir) / CHECKPOINT
@@ -281,15 +245,12 @@ def save_training_state(
 
 def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
     """``checkpoint-last`` (or, after a kill between a save's two renames, ``checkpoint-last.previous``) to resume."""
-    found = [
-        p
-        for p in (Path(args.output_dir) / CHECKPOINT, Path(args.output_dir) / (CHECKPOINT + ".previous"))
-        if (p / "trainer_state.json").is_file()
-    ]
+    final = Path(args.output_dir) / CHECKPOINT
+    found = [p for p in (final, final.with_name(CHECKPOINT + ".previous")) if (p / "trainer_state.json").is_file()]
     if args.resume is False or (args.resume is None and not found):
         return None
     if not found:
-        raise ValueError(f"resume=True but {str(Path(args.output_dir) / CHECKPOINT)!r} holds no saved training state")
+        raise ValueError(f"resume=True but {str(final)!r} holds no saved training state")
     # None: saved before they were recorded
     saved = json.loads((found[0] / "trainer_state.json").read_text()).get("arguments")
     changed = sorted(k for k, v in args.trajectory().items() if saved is not None and saved.get(k) != v)
@@ -303,8 +264,7 @@ def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
 
 
 def load_training_state(accelerator: Accelerator, directory: Path, generator: torch.Generator) -> dict:
-    """Restore what :func:`save_training_state` wrote into the prepared model, optimizer and scheduler; return its
-    progress."""
+    """Restore what :func:`save_training_state` wrote into the prepared objects; return its progress."""
     from safetensors.torch import load_file
 
     accelerator.load_state(str(directory))
@@ -341,16 +301,6 @@ def _train_step(
     return totals, tokens
 
 
-def _evaluate(accelerator, evaluation, target, model, step: int) -> dict | None:
-    """Run the held-out evaluation on the main process (the others wait) and log it to the trackers."""
-    result = None
-    if accelerator.is_main_process:
-        result = {"step": step, **evaluation(target, accelerator.unwrap_model(model))}
-        accelerator.log({f"eval/{k}": v for k, v in result.items() if k != "step"}, step=step)
-    accelerator.wait_for_everyone()
-    return result
-
-
 def train_glide(
     target: PreTrainedModel,
     glide: PreTrainedModel,
@@ -364,19 +314,17 @@ def train_glide(
     """Train ``glide`` in place against the frozen ``target`` and write a checkpoint to ``args.output_dir``.
 
     Args:
-        target: the frozen target LM whose KV cache GLIDE reads (never updated; set to eval mode, no gradients,
-            and moved to the accelerator's device for training unless it has an ``hf_device_map``). Both ``target`` and
-            ``glide`` are moved back to the devices they were on when training ends.
+        target: the frozen target LM whose KV cache GLIDE reads (eval mode, no gradients; moved to the accelerator's
+            device unless it has an ``hf_device_map``). Both models go back to their devices when training ends.
         glide: a GLIDE model built for ``target`` (``GlideConfig.from_target_config``); the vanilla drafter
-            (``cross_attention=False``) trains the same way without needing target KV.
+            (``cross_attention=False``) trains the same way without target KV.
         data: token ids (see :func:`~.objective.token_stream`), whose windows the target runs over every step, or a
-            window source: a precomputed store's (:class:`~.store.StoreWindows`), which the target never runs over.
+            window source such as a precomputed store's (:class:`~.store.StoreWindows`).
         args: :class:`GlideTrainingArguments`.
-        metrics: measured results to put in the model card (e.g. ``{"acceptance_rate": 0.62, "speedup": 1.9}``).
+        metrics: measured results for the model card (e.g. ``{"acceptance_rate": 0.62, "speedup": 1.9}``).
         evaluation: called as ``evaluation(target, glide) -> dict`` every ``args.eval_every`` steps and at the end
             (a :class:`~.evaluation.HeldOutEvaluation`); the last result is the log's ``eval`` and goes on the card.
-        extra_log: more for ``training_log.json`` and the card (e.g. ``{"regeneration": {...}, "vanilla_twin":
-            {...}}``).
+        extra_log: more for ``training_log.json`` and the card (e.g. ``{"regeneration": {...}}``).
         custom_generate (`Callable`, *optional*): the checkpoint's ``custom_generate/`` writer, as
             :func:`save_glide_checkpoint` takes it (``hf_specdraft.write_glide_custom_generate``: CAPE's; `None`: none).
 
@@ -401,10 +349,11 @@ def train_glide(
     resume_from = _checkpoint_to_resume(args)
     accelerator, model, optimizer, scheduler = _setup(target, glide, args)
     generator = torch.Generator().manual_seed(args.seed + 1000 * accelerator.process_index)
-    progress = {"step": 0, "tokens": 0, "steps": [], "evaluations": [], "seconds": 0.0, "arguments": args.trajectory()}
+    progress = {"step": 0, "tokens": 0, "steps": [], "evaluations": [], "seconds": 0.0}
     if resume_from is not None:
-        progress = {**load_training_state(accelerator, resume_from, generator), "arguments": args.trajectory()}
+        progress = load_training_state(accelerator, resume_from, generator)
         progress["resumed_from_step"] = progress["step"]
+    progress["arguments"] = args.trajectory()
     progress = _run(accelerator, model, optimizer, scheduler, target, source, generator, args, evaluation, progress)
     log = {
         "steps": progress["steps"],
@@ -413,14 +362,12 @@ def train_glide(
         "mixed_precision": accelerator.mixed_precision,
         "arguments": asdict(args),
         "train_tokens_available": source.tokens,
-        **(
-            {"eval": progress["evaluations"][-1], "evaluations": progress["evaluations"]}
-            if progress["evaluations"]
-            else {}
-        ),
-        **({"resumed_from_step": progress["resumed_from_step"]} if progress.get("resumed_from_step") else {}),
-        **(extra_log or {}),
     }
+    if progress["evaluations"]:
+        log.update(eval=progress["evaluations"][-1], evaluations=progress["evaluations"])
+    if progress.get("resumed_from_step"):
+        log["resumed_from_step"] = progress["resumed_from_step"]
+    log.update(extra_log or {})
     if accelerator.is_main_process:
         save_checkpoint(accelerator.unwrap_model(model), target, log, args, metrics, custom_generate)
     accelerator.wait_for_everyone()
@@ -461,10 +408,13 @@ def _run(accelerator, model, optimizer, scheduler, target, source, generator, ar
                 }
             )
             accelerator.log({f"train/{k}": v for k, v in progress["steps"][-1].items() if k != "step"}, step=step)
-        if evaluation is not None and args.eval_every and (step % args.eval_every == 0 or step == args.max_steps):
-            result = _evaluate(accelerator, evaluation, target, model, step)
-            if result is not None:
+        # the held-out evaluation runs on the main process; the others wait
+        if args.eval_every and (step % args.eval_every == 0 or step == args.max_steps):
+            if accelerator.is_main_process:
+                result = {"step": step, **evaluation(target, accelerator.unwrap_model(model))}
+                accelerator.log({f"eval/{k}": v for k, v in result.items() if k != "step"}, step=step)
                 progress["evaluations"].append(result)
+            accelerator.wait_for_everyone()
         progress["step"], progress["seconds"] = step, time.time() - start
         if args.save_steps and (step % args.save_steps == 0 or step == args.max_steps):
             save_training_state(accelerator, args, progress, generator)
@@ -474,11 +424,9 @@ def _run(accelerator, model, optimizer, scheduler, target, source, generator, ar
 
 
 def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metrics: dict | None, custom_generate):
-    """Write the Hub-ready checkpoint (:func:`save_glide_checkpoint`: weights, trust_remote_code files, ``README.md``
-    with the measured α, ``custom_generate/`` when given its writer) and ``training_log.json``; push if asked (the
+    """Write the Hub-ready checkpoint (:func:`save_glide_checkpoint`) and ``training_log.json``; push if asked (the
     resume state ``checkpoint-last/``, the ``regenerated/`` data and the tracker ``runs/`` stay local)."""
     output_dir = Path(args.output_dir)
-    base_model = getattr(target.config, "_name_or_path", None) or glide.config.target_name_or_path
     card_info = {
         "dataset": args.dataset_name,
         "metrics": metrics,
@@ -486,6 +434,7 @@ def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metr
         "repo_id": args.hub_model_id,
         "license": args.license,
     }
+    base_model = getattr(target.config, "_name_or_path", None) or glide.config.target_name_or_path
     save_glide_checkpoint(
         glide, output_dir, target_name=base_model, card_info=card_info, custom_generate=custom_generate
     )

@@ -1,41 +1,37 @@
 """Draft steps unrolled over whole windows ("training-time test", EAGLE-3 §3.2): what GLIDE would draft at each step of
-each position, computed in one forward per step, for training and for held-out agreement by draft step.
+each position, one forward per step, for training and for held-out agreement by draft step.
 
-Notation over a window ``x_0 .. x_{T-1}``: ``h_j`` is the target's last hidden state at j (it predicts ``x_{j+1}``),
-p_j the target's next-token distribution there. A draft that starts at position t (the newest verified token, the
-target's cache covering ``0 .. t-1``) takes k steps; step k stands at ``j = t + k - 1`` and predicts ``x_{j+1}``.
-Pass k computes step k for every t at once (query j, ``t = j - k + 1``), teacher-forced on the window's tokens:
+A draft that starts at position t (the target's cache covering ``0 .. t-1``) stands at ``j = t + k - 1`` at step k and
+predicts ``x_{j+1}``. Pass k computes step k for every t at once (query j, ``t = j - k + 1``), teacher-forced:
 
-- the glimpse (GLIDE §4.1) sees the target keys ``i < t``, exactly the cache a draft of step k reads in the loop;
-- a ``state_input`` GLIDE reads ``h_{t-1}`` at step 1 and its own previous step's ``draft_state`` after (Gemma 4's
-  assistant; EAGLE's features), so the later passes are fed pass k-1's states, as inference feeds them;
-- a GLIDE with self-attention sees, at step k, its own cache as the loop leaves it: step-1 entries for every position
-  ``<= t`` and one entry for each of its steps 2..k. The passes share one cache, so pass k's queries attend to pass 1's
-  keys before them and to passes 2..k's keys on their own diagonal (the mask of :func:`self_attention_mask`);
-- without self-attention every step queries from position t - 1, the position of the target state it started from
-  (Gemma 4's assistant layout, as vLLM serves it).
-
-A GLIDE without ``state_input`` needs no cache: its pass k is the teacher-forced forward with the glimpse delayed by k.
+- the glimpse (GLIDE §4.1) sees the target keys ``i < t``, the cache a draft of step k reads in the loop;
+- a ``state_input`` GLIDE reads the target's hidden state ``h_{t-1}`` at step 1 and its own previous ``draft_state``
+  after (Gemma 4's assistant; EAGLE's features), as inference feeds them;
+- with self-attention, the passes share one cache: pass k attends to pass 1's keys ``<= t`` and to passes 2..k's on
+  their own diagonal (:func:`self_attention_mask`), the cache the loop leaves at step k;
+- without it every step queries from position t - 1 (Gemma 4's assistant layout, as vLLM serves it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate.utils import extract_model_from_parallel
 from transformers import DynamicCache
 
-from .batch import GlideBatch
+if TYPE_CHECKING:
+    from .objective import GlideBatch
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def glimpse_mask(seq_len: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """`(1, 1, T, T)` additive mask of the target keys ``i < j - step + 1`` the query at j glimpses at draft step
-    ``step``."""
+def glimpse_mask(seq_len: int, step: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """`(1, 1, T, T)` additive mask of the target keys ``i <= j - step`` the query at j glimpses at draft step ``step``
+    (in the loop the k-th drafted token sees the cache with a delay of k, §4.1; step 1 is the inference rule)."""
     index = torch.arange(seq_len, device=device)
     return _additive(index[None, :] < (index - step + 1)[:, None], dtype)[None, None]
 
@@ -51,17 +47,14 @@ def self_attention_mask(seq_len: int, step: int, dtype: torch.dtype, device) -> 
 
 
 def shifted(states: torch.Tensor) -> torch.Tensor:
-    """`(B, T, D)` -> the state each position's token is read with: position j gets ``states[:, j - 1]``, position 0
-    zeros."""
+    """`(B, T, D)` -> the state each position's token is read with: ``states[:, j - 1]`` at j, zeros at 0."""
     return torch.cat([states.new_zeros(states.shape[0], 1, states.shape[2]), states[:, :-1]], dim=1)
 
 
 def unrolled_passes(model, batch: GlideBatch, steps: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """Yield ``(k, logits, valid)`` for draft steps k = 1..``steps``: ``logits`` `(B, T, rows)` over GLIDE's own rows at
-    every query j (step k of the draft started at ``j - k + 1``), ``valid`` `(T,)` where that draft exists (it starts at
-    ``t >= 1``: the loop drafts only once the target has a state and a cache).
-
-    ``model`` is GLIDE or GLIDE as accelerate prepared it (its own forward runs, for autocast and gradient sync).
+    every query j (step k of the draft started at ``j - k + 1``), ``valid`` `(T,)` where that draft exists (``t >= 1``:
+    the loop drafts only once the target has a state and a cache). ``model`` may be GLIDE as accelerate prepared it.
     """
     glide = extract_model_from_parallel(model)
     config = glide.config
