@@ -1,10 +1,8 @@
-"""The argmax bigram table Max-Gram falls back to (Chen et al. 2024, §3.3).
+"""The argmax bigram table Max-Gram falls back to (Chen et al. 2024, §3.3; the paper counts Wikipedia).
 
-``table[t]`` is the token that most often follows ``t`` in a corpus (ties: the smallest id). The paper builds it from
-Wikipedia "to maintain the generality"; ``hf-specdraft build-bigram`` (``hf_specdraft.defaults.bigram``) from any
-corpus for a given tokenizer, by default the embedded default's train split. Tokens never followed by anything map to
-the corpus's most frequent token (``unseen="most_frequent"``) or to themselves (``unseen="self"``). Pairs are counted
-sparsely (``prev * V + next`` int64 keys): memory follows the distinct pairs, not ``V²``, and any id is exact::
+``table[t]`` is the token that most often follows ``t`` in a corpus (ties: the smallest id); a token never followed
+maps to the corpus's most frequent token (``unseen="most_frequent"``) or to itself (``unseen="self"``). Pairs are
+counted sparsely (``prev * V + next`` int64 keys), so memory follows the distinct pairs, not ``V²``::
 
     hf-specdraft build-bigram --output bigram.safetensors
     hf-specdraft build-bigram --tokenizer path/to/tokenizer_dir --source path/to/code --output bigram.safetensors
@@ -108,5 +106,6 @@ def load_bigram_table(path: str | Path, device: str | torch.device = "cpu") -> t
 
 
 def bigram_table_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata :func:`save_bigram_table` wrote into ``path``."""
     with safe_open(str(path), framework="pt", device="cpu") as f:
         return dict(f.metadata() or {})

@@ -1,25 +1,18 @@
-"""Cascade Speculative Drafting (CS Drafting): vertical and horizontal cascades (Chen et al. 2024, §3).
+"""Cascade Speculative Drafting (CS Drafting): vertical and horizontal cascades (Chen et al. 2024, §3, Algorithm 1).
 
-Drafters, largest first: neural drafts ``M_d1 … M_dn`` (``drafts[0..n-1]``) and Max-Gram (MaG, §3.3) at the
-bottom; the target ``M_t`` reviews last. Notation follows Algorithm 1 (``CascadeSpeculativeDraftingStep``):
+Drafters, largest first: neural drafts ``M_d1 … M_dn`` (``drafts[0..n-1]``), then Max-Gram (MaG, §3.3); the target
+reviews last, in the loop, exactly (lossless).
 
-- *horizontal cascade* (§3.2): at one level, drafter ``i`` (largest first) extends the draft until it is
-  ``k_1 + … + k_i`` tokens past the level's prefix: the cheap drafters produce the late, rarely accepted tokens.
-- *vertical cascade* (§3.1): a neural drafter never decodes autoregressively; it reviews the draft of the cascade
-  below it (the drafters after it, sub-matrix ``K[i+1:, i+1:]``) in one forward, keeps the accepted prefix and adds
-  its own next token.
-- ``K`` (`(n+1, n+1)`, upper triangular): row 0 holds the budgets of the level the target reviews, one per drafter
-  (``n`` drafts, then MaG); the sub-matrix from ``(i+1, i+1)`` drives the recursion in which ``drafts[i]`` reviews.
-  Per-drafter budgets, as in the official code (the paper's Table 2 ``k_12`` is ``K[0, 0] + K[0, 1]``); a zero
-  skips that drafter at that level.
-- lenience ``l`` (§3.1): a token ``x`` passes a draft's review when the reviewer's argmax is ``x`` or
-  ``q(x) <= l * p(x)``; as in §5.2 never when the target reviews (the loop verifies exactly: lossless) and never for
-  MaG's raw tokens; ``l = 1`` is exact review.
+- *horizontal cascade* (§3.2): at one level, drafter ``i`` extends the draft until it is ``k_1 + … + k_i`` tokens past
+  the level's prefix, so the cheap drafters produce the late, rarely accepted tokens.
+- *vertical cascade* (§3.1): a neural drafter never decodes autoregressively; it reviews the draft of the cascade below
+  it (sub-matrix ``K[i+1:, i+1:]``) in one forward, keeps the accepted prefix and adds its own next token.
+- ``K`` `(n+1, n+1)`, upper triangular: row 0 holds the per-drafter budgets of the level the target reviews, as in the
+  official code (the paper's Table 2 ``k_12`` is ``K[0, 0] + K[0, 1]``); a zero skips that drafter at that level.
+- lenience ``l`` (§3.1): ``x`` passes a draft's review when it is the reviewer's argmax or ``q(x) <= l * p(x)``; never
+  for MaG's raw tokens (§5.2). Reviews sample (:func:`lenient_review_sampling`) under ``do_sample=True``.
 
-Each review is one forward of the draft on its own KV cache, re-synced by common prefix; calls are counted as
-``"draft0"``, ``"draft1"``, … and ``"max_gram"`` for SWI (§5.1). Reviews are greedy with ``do_sample=False`` (the
-paper's temperature 0, §5.2), probabilistic on the drafts' warped distributions with ``do_sample=True``
-(:func:`lenient_review_sampling`); the loop's exact match against the target's own sample keeps the output lossless.
+Calls are counted as ``"draft0"``, ``"draft1"``, … and ``"max_gram"`` for SWI (§5.1).
 """
 
 from __future__ import annotations
@@ -48,12 +41,8 @@ def default_k_matrix(num_drafts: int) -> list[list[int]]:
 
 
 def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
-    """Check ``k_matrix`` for ``num_drafts`` neural drafts + MaG; returns it as nested int lists.
-
-    Raises:
-        ValueError: not a square ``(num_drafts + 1)``-sized integer matrix, a negative entry, a non-zero
-            entry below the diagonal, or a first row summing to 0 (the cascade would never draft).
-    """
+    """``k_matrix`` for ``num_drafts`` neural drafts + MaG as nested int lists, or ``ValueError``: not a square integer
+    matrix of size ``num_drafts + 1``, a negative entry or one below the diagonal, or a first row summing to 0."""
     size = num_drafts + 1
     try:
         matrix = torch.as_tensor(k_matrix)
@@ -123,13 +112,13 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         if max_gram is not None and not isinstance(max_gram, MaxGramCandidateGenerator):
             raise TypeError(f"max_gram must be a MaxGramCandidateGenerator, got {type(max_gram).__name__}")
         self.drafts = list(drafts)
-        k_matrix = self.config.k_matrix
-        self.k_matrix = validate_k_matrix(default_k_matrix(len(drafts)) if k_matrix is None else k_matrix, len(drafts))
+        k_matrix = default_k_matrix(len(drafts)) if self.config.k_matrix is None else self.config.k_matrix
+        self.k_matrix = validate_k_matrix(k_matrix, len(drafts))
         self.lenience = self.config.lenience
         self.max_gram = max_gram or MaxGramCandidateGenerator(bigram_table, self.config.max_gram_tokens)
         cap = self.config.num_draft_tokens
-        # "auto": the loop's controller sets the cap every step, up to everything row 0's budgets can propose; outside
-        # the loop (propose called directly) there is no cap, as in the paper
+        # "auto": the loop's controller sets the cap every step, up to all row 0's budgets can propose; outside the
+        # loop (propose called directly) there is no cap, as in the paper
         self.max_draft_tokens = sum(self.k_matrix[0])
         self.num_draft_tokens, self.adaptive_draft_length = draft_length(cap, start=None) if cap else (None, False)
         self.max_length: int | None = None  # set by prepare: drafting past generate's max_length is wasted
@@ -155,9 +144,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review: a chain of the tokens
-        drafted after the request's text `(1, L)`, at most its γ where the controller chose one (no q: the target
-        verifies by exact match; the drafts keep caches of their own)."""
+        """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review: the chain drafted after the
+        request's text `(1, L)`, at most its γ, without q (the target verifies by exact match)."""
         text = request.input_ids[0]
         # the loop keeps room for its bonus token
         limit = UNBOUNDED if self.max_length is None else self.max_length - 1
@@ -170,12 +158,11 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
     def cascade_step(
         self, level: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int
     ) -> tuple[torch.LongTensor, torch.Tensor]:
-        """``CascadeSpeculativeDraftingStep`` (Algorithm 1) for the level whose drafters are ``drafts[level:]`` + MaG.
+        """``CascadeSpeculativeDraftingStep`` (Algorithm 1) for drafters ``drafts[level:]`` + MaG, ``curK`` =
+        ``K[level:, level:]``, reviewed by the target (``level == 0``) or ``drafts[level - 1]``; level ``n + 1``: MaG.
 
-        The reviewer of level ``level`` is the target (``level == 0``: the loop) or ``drafts[level - 1]``; ``curK`` is
-        ``K[level:, level:]``; level ``n + 1`` is the base case, where MaG generates. ``cur_gen`` `(L + j,)`: the text
-        and the ``j`` tokens drafted so far, ``cur_probs`` `(j,)` their ``q(x)``; drafting stops at length ``limit``.
-        Returns `(cur_gen, cur_probs)` extended by this level's output.
+        ``cur_gen`` `(L + j,)`: the text and the ``j`` tokens drafted so far, ``cur_probs`` `(j,)` their ``q(x)``;
+        drafting stops at length ``limit``. Returns them extended by this level's output.
         """
         if level == len(self.drafts) + 1:
             return self.max_gram_step(cur_gen, cur_probs, limit)
@@ -209,8 +196,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         self, index: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, review_index: int
     ) -> tuple[torch.LongTensor, torch.Tensor]:
         """``review(M_d, curGen, curProbs, l)``: ``drafts[index]`` reviews ``cur_gen[review_index:]`` in one forward,
-        keeps the accepted prefix (:func:`lenient_review`) and appends its own next token; the kept tokens carry its
-        ``p(x)`` as their ``q(x)``, as in the official code. Returns the new `(cur_gen, cur_probs)`."""
+        keeps the accepted prefix and appends its own next token; kept tokens carry its ``p(x)`` as their ``q(x)``, as
+        in the official code. Returns the new `(cur_gen, cur_probs)`."""
         logits = self.draft_logits(index, cur_gen, review_index)  # (k+1, V)
         p = self.draft_distribution(logits, cur_gen[None])
         base = cur_gen.numel() - cur_probs.numel()  # the accepted text's length
@@ -227,11 +214,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         return cur_gen, torch.cat([cur_probs[: review_index - base], kept_q])
 
     def draft_logits(self, index: int, cur_gen: torch.LongTensor, review_index: int) -> torch.Tensor:
-        """Logits `(len(cur_gen) - review_index + 1, V)` of ``drafts[index]`` at positions ``review_index - 1 …``.
-
-        The draft's cache is cropped to the common prefix with the text it last saw (never past
-        ``review_index - 1``, so the first needed row is recomputed), then fed the rest.
-        """
+        """Logits `(len(cur_gen) - review_index + 1, V)` of ``drafts[index]`` at positions ``review_index - 1 …``; its
+        cache is cropped to the common prefix with the text it last saw (at most ``review_index - 1``), then fed."""
         draft, cache = self.drafts[index], self.caches[index]  # its own cache, dynamic or static (compile_draft)
         ids = cur_gen.to(draft.device)
         keep = resync_cache(cache, self.seen[index], ids, limit=review_index - 1)
@@ -243,9 +227,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
     def compile_draft(
         self, generation_config: GenerationConfig, compile_config, target_cache
     ) -> list[StaticDraftCache]:
-        """On the compiled static path of a batch-1 call: every draft's reviews and drafts on a static cache of its
-        own, compiled (:mod:`~hf_specdraft.core.draft_cache`; one role per level, so one model may sit at two
-        levels)."""
+        """The compiled static path of a batch-1 call: each draft on a compiled static cache of its own (one role per
+        level, so one model may sit at two levels)."""
         self.caches = [
             StaticDraftCache(draft, generation_config, compile_config, role=f"cascade{i}")
             for i, draft in enumerate(self.drafts)

@@ -1,9 +1,7 @@
-"""The cascade's options: the K matrix, lenience, Max-Gram's draft length and a cap on what the target verifies.
+"""The cascade's options (Chen et al. 2024: §3.1 vertical cascade and lenience, §3.2 horizontal, §3.3 Max-Gram).
 
-Chen et al. 2024 (docs/references.md): §3.1 vertical cascade and lenience, §3.2 horizontal cascade, §3.3 Max-Gram.
-
-    >>> CascadeConfig(lenience=2).lenience
-    2.0
+>>> CascadeConfig(lenience=2).lenience
+2.0
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ class CascadeConfig:
             an int is honoured exactly; ``None``: the budgets alone (the paper's setting).
     """
 
-    k_matrix: list[list[int]] | None = None  # checked against the drafts by the generator (validate_k_matrix)
+    k_matrix: list[list[int]] | None = None
     lenience: float = 1.0  # §3.1: l = 1 reviews exactly; Table 2 tunes it per task
     max_gram_tokens: int = MAX_GRAM_TOKENS
     num_draft_tokens: int | str | None = "auto"

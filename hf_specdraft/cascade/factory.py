@@ -34,15 +34,8 @@ def build_cascade_for_bench(
     target: PreTrainedModel, drafts: list, bigram_table: torch.Tensor | str | Path | None = None, **options
 ) -> CascadeCandidateGenerator:
     """CS Drafting with ``drafts`` (largest first) + Max-Gram, vocabularies checked now rather than at generate.
-
-    ``options``: ``k_matrix`` (default :func:`~hf_specdraft.cascade.cascade.default_k_matrix`),
-    ``lenience`` (default 1), ``max_gram_tokens`` (default 10), ``num_draft_tokens`` (cap per step).
-    """
-    if not isinstance(drafts, (list, tuple)) or not drafts:
-        raise ValueError(
-            "drafts must be a non-empty list of draft models (for Max-Gram alone use build_max_gram_for_bench)"
-        )
-    for i, draft in enumerate(drafts):
-        if isinstance(draft, PreTrainedModel):
-            check_same_vocab(target, draft, argument=f"drafts[{i}]")
-    return CascadeCandidateGenerator(list(drafts), bigram_table=_table(target, bigram_table), **options)
+    ``options``: :class:`~hf_specdraft.cascade.CascadeConfig` fields."""
+    generator = CascadeCandidateGenerator(drafts, bigram_table=_table(target, bigram_table), **options)
+    for i, draft in enumerate(generator.drafts):
+        check_same_vocab(target, draft, argument=f"drafts[{i}]")
+    return generator

@@ -1,14 +1,8 @@
 """Max-Gram (MaG): the statistical drafter at the bottom of a cascade (Chen et al. 2024, §3.3, App. A).
 
-MaG finds the longest earlier occurrence of the sequence's recent suffix in the prompt and the generated
-text, and proposes the tokens that followed it. When the last token never occurred before, it falls back
-to an argmax bigram table (``table[t]`` = the most frequent token after ``t`` in a corpus; see
-:mod:`hf_specdraft.cascade.bigram`) and follows that chain for the whole budget.
-
-Everything is tensor ops on the sequence's own device: one ``==`` over the sequence finds the places
-where the last token occurred, then each round extends all surviving matches by a window of look-back
-offsets at once (the window doubles every round), so the Python loop runs over match-length rounds,
-never over sequence positions. Token ids stay ``int64``, so vocabularies above 65,535 ids work.
+MaG proposes the tokens that followed the longest earlier occurrence of the text's suffix (tensor ops on the text's
+device, :func:`~hf_specdraft.core.suffix_match.longest_suffix_match`); when the last token never occurred before, the
+chain of an argmax bigram table (:mod:`hf_specdraft.cascade.bigram`).
 
     >>> seq = torch.tensor([5, 6, 7, 8, 1, 6, 7, 9, 2, 5, 6, 7])
     >>> longest_suffix_match(seq)  # "5 6 7" ends at position 2; "6 7" at 6 is shorter
@@ -51,16 +45,12 @@ def max_gram_draft(
     bigram_table: torch.LongTensor | None = None,
     max_match_length: int | None = None,
 ) -> torch.LongTensor:
-    """One Max-Gram proposal (§3.3, Appendix A): the ``num_tokens`` tokens that followed the longest match.
+    """One Max-Gram proposal (§3.3, Appendix A): the ``num_tokens`` tokens `(num_tokens,)` that followed the longest
+    match of ``sequence`` `(L,)`; with none, the chain of ``bigram_table`` `(V,)` from the last token, or `(0,)`.
 
-    The copy may run into the tokens it is itself proposing (an overlapping copy, as in LZ77): a match
-    ``d`` tokens back proposes ``sequence[j + 1 + (i mod d)]``, which is what re-running MaG on the
-    extended text finds when it repeats with period ``d`` (the official code searches the extended
-    text a second time for this). With no match, the bigram chain from the last token.
-
-    ``sequence`` `(L,)`: prompt + generated tokens; ``bigram_table`` `(V,)`: the fallback, without which an unmatched
-    sequence gets an empty proposal; ``max_match_length``: see :func:`longest_suffix_match`. Returns `(num_tokens,)`,
-    or `(0,)`.
+    The copy may run into the tokens it is itself proposing (an overlapping copy, as in LZ77): a match ``d`` tokens
+    back proposes ``sequence[j + 1 + (i mod d)]``, what re-running MaG on the extended text finds (the official code
+    searches it a second time for this).
     """
     end, _ = longest_suffix_match(sequence, max_match_length)
     if end >= 0:
@@ -72,10 +62,8 @@ def max_gram_draft(
 
 
 class MaxGramCandidateGenerator(TreeCandidateGenerator):
-    """Max-Gram alone as a drafter (Chen et al. 2024, §3.3): no model, near-zero cost.
-
-    Proposes a chain of ``num_draft_tokens`` tokens per step (:func:`max_gram_draft`). Its calls are counted
-    under ``"max_gram"`` in ``forward_calls``; SWI gives them cost 0 by default, as the paper does.
+    """Max-Gram alone as a drafter (Chen et al. 2024, §3.3): no model, near-zero cost; its calls are counted under
+    ``"max_gram"`` in ``forward_calls`` (SWI gives them cost 0 by default, as the paper does).
 
     Args:
         bigram_table (`torch.LongTensor` of shape `(V,)`, *optional*): argmax bigram fallback, e.g. from
@@ -117,7 +105,7 @@ class MaxGramCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        # γ: the loop's controller's where it chose one, else its own
+        """A chain of the request's γ tokens (its own where the controller chose none)."""
         return DraftTree.chain(self.draft(request.input_ids[0], request.num_draft_tokens))
 
 
@@ -132,12 +120,12 @@ def check_bigram_table(
             f"{type(table).__name__} {tuple(getattr(table, 'shape', ()))}"
         )
     table = table.long()
-    limit = table.numel() if vocab_size is None else vocab_size
     if vocab_size is not None and table.numel() > vocab_size:
         raise ValueError(
             f"{argument} has {table.numel()} entries but the target predicts only {vocab_size} token ids; build it "
             "with the target's tokenizer"
         )
-    if int(table.min()) < 0 or int(table.max()) >= max(limit, table.numel()):
-        raise ValueError(f"{argument} holds token ids outside [0, {max(limit, table.numel())})")
+    limit = table.numel() if vocab_size is None else vocab_size
+    if int(table.min()) < 0 or int(table.max()) >= limit:
+        raise ValueError(f"{argument} holds token ids outside [0, {limit})")
     return table

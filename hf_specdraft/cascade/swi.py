@@ -1,10 +1,8 @@
 """Standardized walltime improvement (SWI) for cascades (Chen et al. 2024, §5.1).
 
-``SWI = n / (count(M_t) + Σ_i count(M_di) c_i)``: ``n`` generated tokens, ``count`` the runs of each model (from
-``SpeculativeStats.drafter_calls``, ``"draft0"``, …, ``"max_gram"``; the target's are the verification steps, its
-prefill excluded as target-only decoding's is), ``c_i`` one run of drafter ``i`` relative to one of the target: the
-paper's heuristic, the ratio of parameter counts (:func:`parameter_cost_coefficients`, Table 2 "Speedup (MS)"; Max-Gram
-0, as in the official code), or timed forwards on this machine (:func:`measure_cost_coefficients`).
+``SWI = n / (count(M_t) + Σ_i count(M_di) c_i)``: ``n`` generated tokens, ``count`` each model's runs (the target's:
+the verification steps), ``c_i`` one run of drafter ``i`` relative to the target's: the ratio of parameter counts (the
+paper's heuristic, :func:`parameter_cost_coefficients`; Max-Gram 0) or timed (:func:`measure_cost_coefficients`).
 
     >>> cascade_swi(new_tokens=100, target_calls=30, drafter_calls={"draft0": 40, "max_gram": 90},
     ...             cost_coefficients={"draft0": 0.05, "max_gram": 0.0})
@@ -32,11 +30,6 @@ def _named(drafts: Sequence[PreTrainedModel] | Mapping[str, PreTrainedModel]) ->
     return {f"draft{i}": d for i, d in enumerate(drafts)}
 
 
-def count_parameters(model: torch.nn.Module) -> int:
-    """Parameters of ``model``, tied weights counted once (``parameters()`` deduplicates)."""
-    return sum(p.numel() for p in model.parameters())
-
-
 def parameter_cost_coefficients(
     target: PreTrainedModel, drafts: Sequence[PreTrainedModel] | Mapping[str, PreTrainedModel]
 ) -> dict[str, float]:
@@ -46,10 +39,12 @@ def parameter_cost_coefficients(
         target: the target model.
         drafts: a list (named ``draft0``, ``draft1``, … as the cascade counts them) or a name -> model map.
     """
-    target_params = count_parameters(target)
-    coefficients = {name: count_parameters(d) / target_params for name, d in _named(drafts).items()}
-    coefficients.setdefault("max_gram", 0.0)
-    return coefficients
+
+    def count(model: torch.nn.Module) -> int:
+        return sum(p.numel() for p in model.parameters())  # tied weights once: parameters() deduplicates
+
+    coefficients = {name: count(d) / count(target) for name, d in _named(drafts).items()}
+    return coefficients | {"max_gram": coefficients.get("max_gram", 0.0)}
 
 
 @torch.no_grad()
