@@ -1,34 +1,17 @@
 """GLIDE, the glimpse draft model (Du et al. 2024, "GLIDE with a CAPE", §4.1, Figure 2).
 
-A small decoder whose every layer is self-attention → **cross-attention to the target's KV cache** → MLP. The
-cross-attention has only query and output projections: the keys and values are the target's cached ones, already
-rotated by its RoPE, so the queries are rotated with the *target's* rotary settings at their absolute positions, and
-grouped-query heads expanded with ``repeat_kv`` (§4.1, Eq. MultiHead). Draft layer m reads target layer
-``N_T - N_D + m`` unless ``config.target_layer_ids`` says otherwise. A draft token at position j sees the target keys
-at positions k with ``k < j`` at inference (the target holds KV for the verified prefix only: §4.1, "KV cache
-delay"), and ``block(k) < block(j)`` in training (``cross_attention_block_size=L``, Mask_Block, L = 5), which
-simulates that delay; a token with nothing visible gets a zero cross-attention output.
+Every layer is self-attention → **cross-attention to the target's KV cache** → MLP. The cross-attention has only query
+and output projections: the cached keys are already rotated, so the queries are rotated with the *target's* RoPE at
+their absolute positions. Draft layer m reads target layer ``N_T - N_D + m`` unless ``config.target_layer_ids`` says
+otherwise. A draft token at position j sees target keys k with ``k < j`` at inference (the target caches the verified
+prefix only: "KV cache delay"), and ``block(k) < block(j)`` in training (Mask_Block, L = 5), which simulates that delay.
 
-This file ships with checkpoints as trust_remote_code: it imports only ``torch``, ``transformers`` and its flat
-siblings ``configuration_glide`` and ``target_binding`` (``attach`` for stock assisted decoding).
-
-Usage with a stock target (transformers' own assisted decoding; batch size 1)::
+Ships with checkpoints as trust_remote_code: imports only ``torch``, ``transformers`` and its flat siblings. With a
+stock target (batch size 1)::
 
     glide = AutoModelForCausalLM.from_pretrained("you/glide-for-x", trust_remote_code=True)
     glide.attach(target)  # a forward pre-hook records the target's live KV cache
     out = target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
-    glide.detach()
-
-Under tensor parallelism (``torchrun``; ``GlideConfig.base_model_tp_plan``), load GLIDE split like its target, each
-rank's cross-attention reading its own shard of the target's KV heads (docs/multi-gpu.md)::
-
-    target = AutoModelForCausalLM.from_pretrained("org/x", tp_plan="auto")
-    glide = AutoModelForCausalLM.from_pretrained("you/glide-for-x", trust_remote_code=True, tp_plan="auto")
-
-Usage with only transformers installed (GLIDE + CAPE, Du et al. 2024, §4.2; the checkpoint carries ``custom_generate/``,
-whose drafter hands GLIDE the target's live cache as ``target_past_key_values``)::
-
-    out = target.generate(**inputs, custom_generate="you/glide-for-x", trust_remote_code=True, max_new_tokens=64)
 """
 
 from __future__ import annotations
@@ -62,8 +45,8 @@ ATTENTION_CACHE_ARGUMENT = (
 )
 OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
-# One target layer's cache as the cross-attention reads it: keys and values `(B, kv_heads, S, head_dim)`
-# (post-RoPE) and the sequence index of their first entry (non-zero for a trimmed sliding-window layer).
+# keys and values `(B, kv_heads, S, head_dim)` (post-RoPE), and the sequence index of their first entry (non-zero for a
+# trimmed sliding-window layer)
 TargetLayerKV = tuple[torch.Tensor, torch.Tensor, int]
 
 
@@ -77,14 +60,10 @@ def own_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | Non
 def read_target_layer(
     target_past_key_values, layer_idx: int, config: GlideConfig, kv_heads: int | None = None
 ) -> TargetLayerKV | None:
-    """Keys and values of target layer ``layer_idx`` (0-based) from the target's cache, or `None` when it is empty.
-
-    ``target_past_key_values`` is a transformers ``Cache`` whose ``layers[i]`` hold ``keys`` / ``values``
-    `(B, kv_heads, S, head_dim)`, or a sequence of ``(keys, values)`` pairs per layer (what training passes), shaped
-    as ``config`` says; ``kv_heads``: all the target's by default, this rank's share under tensor parallelism
-    (:attr:`GlideCrossAttention.kv_heads_per_rank`).
-    """
-    if isinstance(target_past_key_values, Cache) or hasattr(target_past_key_values, "layers"):
+    """Keys and values of target layer ``layer_idx`` from the target's cache (a transformers ``Cache``, or per layer
+    ``(keys, values)`` pairs as training passes), or `None` when it is empty. ``kv_heads``: all the target's by
+    default, this rank's share under tensor parallelism."""
+    if hasattr(target_past_key_values, "layers"):  # a transformers Cache
         layers = target_past_key_values.layers
         if not layers:  # a lazily built DynamicCache() before its first update: nothing cached yet
             return None
@@ -116,12 +95,12 @@ def read_target_layer(
     offset = int(layer.get_seq_length()) - keys.shape[-2] if hasattr(layer, "get_seq_length") else 0
     expected = (config.target_num_key_value_heads if kv_heads is None else kv_heads, config.target_head_dim)
     if keys.dim() != 4 or (keys.shape[1], keys.shape[3]) != expected or values.shape != keys.shape:
-        split = ""
-        if expected[0] != config.target_num_key_value_heads:
-            split = (
-                f" (this rank's {expected[0]} of the target's {config.target_num_key_value_heads} KV heads: GLIDE is "
-                "split by tensor parallelism, and so must the target be, over as many ranks)"
-            )
+        split = (
+            f" (this rank's {expected[0]} of the target's {config.target_num_key_value_heads} KV heads: GLIDE is "
+            "split by tensor parallelism, and so must the target be, over as many ranks)"
+            if expected[0] != config.target_num_key_value_heads
+            else ""
+        )
         raise ValueError(
             f"target_past_key_values layer {layer_idx} has keys {tuple(keys.shape)} / values {tuple(values.shape)}; "
             f"GLIDE expects (batch, {expected[0]}, seq, {expected[1]}) for the target it was built for{split}"
@@ -136,17 +115,12 @@ def cross_attention_mask(
     dtype: torch.dtype,
     padding_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which target positions each draft query may glimpse.
-
-    Args:
-        query_index (`torch.LongTensor` of shape `(q,)`), key_index (`(S,)`): sequence indices j of the queries and k
-            of the cached target keys.
-        block_size (`int`, *optional*): `None` at inference (``k < j``); L in training (``block(k) < block(j)``).
-        padding_mask (`torch.Tensor` of shape `(B, >= max(key_index) + 1)`, *optional*): 2D mask, 0 for padding.
+    """Which target keys (sequence indices ``key_index`` `(S,)`) each draft query (``query_index`` `(q,)`) may glimpse:
+    ``k < j`` at inference (``block_size`` None), ``block(k) < block(j)`` in training; ``padding_mask`` `(B, >S)`.
 
     Returns:
-        `(mask, visible)`: additive mask `(B|1, 1, q, S)` (0 attended, ``finfo.min`` blocked) and `(B|1, q, 1)`
-        1.0 where the query sees at least one key (rows seeing nothing get a zero output, not NaN).
+        `(mask, visible)`: additive mask `(B|1, 1, q, S)` and `(B|1, q, 1)` 1.0 where the query sees at least one key
+        (rows seeing nothing get a zero output, not NaN).
     """
     limit = (
         query_index if block_size is None else torch.div(query_index, block_size, rounding_mode="floor") * block_size
@@ -161,12 +135,8 @@ def cross_attention_mask(
 def self_attention_mask(
     past_seen: int, q_len: int, padding_mask: torch.Tensor | None, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor | None:
-    """Causal mask of GLIDE's own self-attention over its cache plus the new tokens.
-
-    Returns:
-        an additive mask `(B|1, 1, q, past_seen + q)` (0 attended, ``finfo.min`` blocked), or `None` when a
-        single unpadded query may see everything (the fast path of every drafting step).
-    """
+    """Additive causal mask `(B|1, 1, q, past_seen + q)` of GLIDE's own self-attention, or `None` when a single
+    unpadded query may see everything (the fast path of every drafting step)."""
     if q_len == 1 and padding_mask is None:
         return None
     key_index = torch.arange(past_seen + q_len, device=device)
@@ -188,39 +158,26 @@ def draft_vocab_rows(config: GlideConfig) -> int:
 
 
 def attention_interface(config: GlideConfig):
-    """The attention kernel for ``config._attn_implementation`` (eager or sdpa), across transformers 5.x releases."""
+    """The attention kernel for ``config._attn_implementation`` (eager or sdpa)."""
     implementation = config._attn_implementation
     if implementation in (None, "eager"):
         return eager_attention_forward
-    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):
-        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-    return ALL_ATTENTION_FUNCTIONS[implementation]
+    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
 
 
 def target_rotary_config(config: GlideConfig) -> LlamaConfig:
     """A config that makes ``LlamaRotaryEmbedding`` rotate exactly like the target (theta, scaling, head_dim)."""
-    names = (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "max_position_embeddings",
-    )
+    # the rotary settings read only these (the vocabulary, depth and KV heads do not enter)
+    names = ("hidden_size", "num_attention_heads", "head_dim", "max_position_embeddings")
     return LlamaConfig(
         rope_parameters=dict(config.target_rope_parameters), **{n: getattr(config, f"target_{n}") for n in names}
     )
 
 
 class GlideCrossAttention(nn.Module):
-    """The glimpse (GLIDE §4.1): draft queries against one target layer's cached keys and values.
-
-    ``Q^{m,j} = H^m W_j`` projects the draft hidden states to the target's ``h`` query heads of size ``d_k``;
-    ``hd_j = softmax(Q K^T / sqrt(d_k)) V`` over the target's K/V (GQA via ``repeat_kv``); ``W^O`` projects the heads
-    back to the draft width; there are no key/value projections. Under tensor parallelism ``q_proj`` is split by
-    columns (each rank's query heads read its own cache shard) and ``o_proj`` by rows (one all-reduce), as the target's.
-    """
+    """The glimpse (GLIDE §4.1): ``Q^{m,j} = H^m W_j`` to the target's ``h`` query heads of size ``d_k``, then
+    ``softmax(Q K^T / sqrt(d_k)) V`` over one target layer's cached K/V (GQA via ``repeat_kv``) and ``W^O``; no key or
+    value projections. Under tensor parallelism each rank's query heads read its own cache shard."""
 
     def __init__(self, config: GlideConfig, layer_idx: int):
         super().__init__()
@@ -243,18 +200,15 @@ class GlideCrossAttention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        target_position_embeddings: tuple[torch.Tensor, torch.Tensor],
         target_kv: TargetLayerKV | None,
+        target_position_embeddings: tuple[torch.Tensor, torch.Tensor],
         query_index: torch.Tensor,
         block_size: int | None = None,
         padding_mask: torch.Tensor | None = None,
         target_attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``hidden_states`` `(B, q, hidden)` -> `(B, q, hidden)`; zeros when the target cache is empty.
-
-        ``target_attention_mask`` (`(B, 1, q, S)` additive, *optional*): which cached target keys each query sees, given
-        outright (batched drafting over rows whose caches are right-aligned, :mod:`hf_specdraft.core.batch_drafting`);
-        replaces the rule ``k < j`` on sequence indices."""
+        ``target_attention_mask`` `(B, 1, q, S)` (additive, batched drafting) replaces the rule ``k < j``."""
         if target_kv is None:
             return torch.zeros_like(hidden_states)
         keys, values, offset = target_kv
@@ -265,36 +219,24 @@ class GlideCrossAttention(nn.Module):
         query = query.transpose(1, 2)  # (B, this rank's heads, q, d_k)
         cos, sin = target_position_embeddings  # (B, q, d_k): the target's RoPE at the queries' absolute positions
         query = query * cos.unsqueeze(1) + rotate_half(query) * sin.unsqueeze(1)
-        keys = keys.to(device=query.device, dtype=query.dtype)
-        values = values.to(device=query.device, dtype=query.dtype)
-        if keys.shape[0] != batch:
-            if keys.shape[0] != 1:
-                raise ValueError(
-                    f"target_past_key_values has batch size {keys.shape[0]} but the draft input has {batch}"
-                )
-            keys, values = keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1)
+        if keys.shape[0] not in (1, batch):
+            raise ValueError(f"target_past_key_values has batch size {keys.shape[0]} but the draft input has {batch}")
+        keys, values = (t.to(device=query.device, dtype=query.dtype).expand(batch, -1, -1, -1) for t in (keys, values))
         if target_attention_mask is not None:
             mask = target_attention_mask.to(query.dtype)
             visible = (mask > torch.finfo(mask.dtype).min / 2).any(-1)[:, 0, :, None].to(query.dtype)
         else:
             key_index = torch.arange(keys.shape[-2], device=query.device) + offset
             mask, visible = cross_attention_mask(query_index, key_index, block_size, query.dtype, padding_mask)
+        dropout = self.attention_dropout if self.training else 0.0
         output, _ = attention_interface(self.config)(
-            self,
-            query,
-            keys,
-            values,
-            mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-            is_causal=False,
+            self, query, keys, values, mask, dropout=dropout, scaling=self.scaling
         )
         return self.o_proj(output.reshape(batch, q_len, -1)) * visible
 
     @property
     def kv_heads_per_rank(self) -> int:
-        """The target KV heads this cross-attention reads: all of them, or under tensor parallelism the share its
-        ``q_proj`` columns cover (whole GQA groups, ``target_num_key_value_heads / tp_size``)."""
+        """The target KV heads this cross-attention reads: all, or under tensor parallelism its ``q_proj`` shard's."""
         weight = self.q_proj.weight
         rows = weight.to_local().shape[0] if hasattr(weight, "to_local") else weight.shape[0]  # a DTensor's local shard
         return rows // (self.head_dim * self.num_key_value_groups)
@@ -302,9 +244,7 @@ class GlideCrossAttention(nn.Module):
 
 class GlideDecoderLayer(GradientCheckpointingLayer):
     """Self-attention → cross-attention to the target KV (absent in the vanilla drafter) → MLP, pre-norm residuals.
-
-    Without self-attention it is Gemma 4's assistant layer (and exports to it as it is): cross-attention with RMS-normed
-    query heads and unit scaling, then the MLP, each sub-layer's output normed again before its residual."""
+    Without self-attention it is Gemma 4's assistant layer: RMS-normed query heads, a norm after each sub-layer."""
 
     def __init__(self, config: GlideConfig, layer_idx: int):
         super().__init__()
@@ -326,14 +266,11 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        target_position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
         target_kv: TargetLayerKV | None,
-        query_index: torch.Tensor,
         cache: Cache | None = None,
-        block_size: int | None = None,
-        padding_mask: torch.Tensor | None = None,
-        target_attention_mask: torch.Tensor | None = None,
+        **glimpse,
     ) -> torch.Tensor:
+        """``glimpse``: the keyword arguments of :meth:`GlideCrossAttention.forward` after ``target_kv``."""
         if hasattr(self, "self_attn"):
             attended, _ = self.self_attn(
                 self.input_layernorm(hidden_states),
@@ -343,15 +280,7 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
             )
             hidden_states = hidden_states + attended
         if hasattr(self, "cross_attn"):
-            glimpsed = self.cross_attn(
-                self.cross_attn_layernorm(hidden_states),
-                target_position_embeddings,
-                target_kv,
-                query_index,
-                block_size,
-                padding_mask,
-                target_attention_mask,
-            )
+            glimpsed = self.cross_attn(self.cross_attn_layernorm(hidden_states), target_kv, **glimpse)
             if hasattr(self, "post_cross_attn_layernorm"):
                 glimpsed = self.post_cross_attn_layernorm(glimpsed)
             hidden_states = hidden_states + glimpsed
@@ -431,23 +360,15 @@ class GlideModel(GlidePreTrainedModel):
         """
         Args:
             input_ids (`torch.LongTensor` of shape `(B, q)`): tokens at sequence indices ``past .. past+q-1``.
-            attention_mask (`torch.Tensor` of shape `(B, past+q)`, *optional*): 2D padding mask (or a prepared 4D
-                mask).
-            position_ids (`torch.LongTensor` of shape `(B, q)`, *optional*): RoPE positions (default
-                ``past + arange(q)``).
-            past_key_values (`Cache`, *optional*): GLIDE's own self-attention cache (``cache``, its name from
-                transformers 5.24 on, is taken as well).
-            target_past_key_values (*optional*): the target's cache (see [`read_target_layer`]); `None` = nothing to
-                glimpse.
+            attention_mask (`torch.Tensor` of shape `(B, past+q)`, *optional*): 2D padding mask (or a prepared 4D one).
+            position_ids (`torch.LongTensor` of shape `(B, q)`, *optional*): RoPE positions (``past + arange(q)``).
+            past_key_values (`Cache`, *optional*): GLIDE's own self-attention cache (also taken as ``cache``).
+            target_past_key_values (*optional*): the target's cache ([`read_target_layer`]); `None`: nothing to glimpse.
             cross_attention_block_size (`int`, *optional*): training only: the block-wise mask's L (§4.1).
             target_attention_mask (`torch.Tensor` of shape `(B, 1, q, S)`, *optional*): additive mask of the target keys
-                each query glimpses, given outright (see :class:`GlideCrossAttention`).
-            target_hidden_states (`torch.Tensor` of shape `(B, q, target_hidden_size)`): required with ``state_input``
-                (only then): the target's last hidden state at the position before each token (zeros before the
-                first), or the draft's own from its previous step (``GlideOutput.draft_state``).
-
-        Returns:
-            ``BaseModelOutputWithPast`` whose ``last_hidden_state`` is after the final norm.
+                each query glimpses, given outright.
+            target_hidden_states (`torch.Tensor` of shape `(B, q, target_hidden_size)`): with ``state_input`` only: the
+                target's last hidden state before each token (zeros before the first), or ``GlideOutput.draft_state``.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
@@ -481,18 +402,22 @@ class GlideModel(GlidePreTrainedModel):
         padding_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
         if padding_mask is not None and bool(padding_mask.bool().all()):
             padding_mask = None  # no padding: the plain causal mask (and the mask-free single-query path) applies
-        causal_mask = None  # no self-attention: no mask to build
-        if self.config.self_attention and attention_mask is not None and attention_mask.dim() == 4:
-            causal_mask = attention_mask
-        elif self.config.self_attention:
+        causal_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 4 else None
+        if self.config.self_attention and causal_mask is None:
             causal_mask = self_attention_mask(
                 past_seen, inputs_embeds.shape[1], padding_mask, inputs_embeds.dtype, inputs_embeds.device
             )
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
-        target_position_embeddings = (
-            self.target_rotary_emb(hidden_states, position_ids) if self.config.cross_attention else None
-        )
+        glimpse = {}
+        if self.config.cross_attention:
+            glimpse = dict(
+                target_position_embeddings=self.target_rotary_emb(hidden_states, position_ids),
+                query_index=query_index,
+                block_size=cross_attention_block_size,
+                padding_mask=padding_mask,
+                target_attention_mask=target_attention_mask,
+            )
         for layer in self.layers:
             target_kv = None
             if self.config.cross_attention and target_past_key_values is not None:
@@ -502,16 +427,7 @@ class GlideModel(GlidePreTrainedModel):
                 )
             # the cache by name: gradient checkpointing drops it (GradientCheckpointingLayer)
             hidden_states = layer(
-                hidden_states,
-                causal_mask,
-                position_embeddings,
-                target_position_embeddings,
-                target_kv,
-                query_index,
-                cache=past_key_values,
-                block_size=cross_attention_block_size,
-                padding_mask=padding_mask,
-                target_attention_mask=target_attention_mask,
+                hidden_states, causal_mask, position_embeddings, target_kv, cache=past_key_values, **glimpse
             )
         return BaseModelOutputWithPast(
             last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: past_key_values}
@@ -527,12 +443,8 @@ class GlideOutput(CausalLMOutputWithPast):
 
 
 class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin):
-    """GLIDE with an LM head: a draft model for speculative decoding that glimpses the target's KV cache.
-
-    It drafts through transformers' stock assisted decoding once bound to its target with :meth:`attach`
-    (``target.generate(..., assistant_model=glide)``), or through hf_specdraft's ``GlideCandidateGenerator``,
-    which hands it the target cache explicitly.
-    """
+    """GLIDE with an LM head: drafts in stock assisted decoding once bound with :meth:`attach`, or through
+    hf_specdraft's ``GlideCandidateGenerator``, which hands it the target cache explicitly."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}  # tensor parallelism: every rank gets the whole logits, as Llama's
@@ -591,17 +503,14 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         **kwargs,
     ) -> GlideOutput:
         """
-        Args (the others as [`GlideModel.forward`]; ``target_past_key_values`` defaults to the attached target's live
-        cache, :meth:`attach`):
-            labels (`torch.LongTensor` of shape `(B, q)`, *optional*): next-token cross-entropy targets
-                (shifted inside, -100 ignored).
+        Args (the others as [`GlideModel.forward`]; ``target_past_key_values`` defaults to the attached target's cache):
+            labels (`torch.LongTensor` of shape `(B, q)`, *optional*): next-token targets (shifted inside; -100: none).
             logits_to_keep (`int`, *optional*): compute logits for the last ``logits_to_keep`` positions only (0: all).
             draft_rows (`bool`, *optional*): logits over GLIDE's own output rows (a reduced vocabulary's ids, then
-                "another token"), as training scores them, instead of over the target's vocabulary; no ``labels``.
+                "another token"), as training scores them; no ``labels``.
 
         Returns:
-            [`GlideOutput`] with ``logits`` `(B, q or logits_to_keep, vocab)` (``draft_rows``: `(..., rows)`) and, for a
-            ``state_input`` GLIDE, ``draft_state`` at the same positions.
+            [`GlideOutput`]: ``logits`` `(B, q or logits_to_keep, vocab or rows)`, ``draft_state`` at those positions.
         """
         if draft_rows and labels is not None:
             raise ValueError("labels score logits over the target's vocabulary: leave draft_rows=False to pass them")
@@ -618,11 +527,8 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
             target_attention_mask,
             target_hidden_states,
         )
-        hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            hidden_states = hidden_states[:, logits_to_keep]
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # 0: all
+        hidden_states = outputs.last_hidden_state[:, kept]
         logits = self.lm_head(hidden_states)
         logits = logits if draft_rows else self.to_target_logits(logits)
         loss = None
