@@ -1,30 +1,19 @@
-"""A static KV cache the loop owns: preallocated, written past each row's committed length, compacted by index; and
-the inputs of its forwards (docs/static-cache.md).
+"""A static KV cache the loop owns (``cache_implementation="static"``, docs/static-cache.md): one buffer
+`(B, H, max_cache_len, D)` a layer, allocated once and reused by later calls of the same shape.
 
-``generate(..., custom_generate=speculative_generate, cache_implementation="static")`` selects it. Every layer holds
-one buffer `(B, H, max_cache_len, D)` allocated once (and reused by later calls of the same shape,
-:mod:`~hf_specdraft.core.static_layout`). Row ``b`` keeps its text where it sits in ``row.ids``: columns
-``[pad_b, len(row.ids) - 1)`` (its left padding stays in ``[0, pad_b)``, never seen). A step writes the row's
-``[last token] + tree``, padded to a bucket of ``Q`` tokens, at columns ``len(row.ids) - 1`` onward, past what it
-has committed; acceptance copies the accepted nodes' columns into place with one ``index_copy_`` per tensor
-(:meth:`StaticRowsCache.keep`). Nothing is rewound: the committed length *is* ``len(row.ids) - 1``, and columns past
-it are hidden by the mask every forward takes until a later step overwrites them. gpt-fast overwrites rejected slots
-and hides them with the mask the same way; Sequoia compacts with ``index_copy_``.
-
-Why not transformers' ``StaticCache``: in 5.23 it writes at an internal ``cumulative_length`` for the whole batch and
-cannot crop (``is_croppable=False``); rows that accept different numbers of tokens need their own write columns.
+Row ``b`` keeps its text at columns ``[pad_b, len(row.ids) - 1)``. A step writes ``[last token] + tree``, padded to a
+bucket of ``Q`` tokens, past that; acceptance moves the accepted columns into place with one ``index_copy_``
+(:meth:`StaticRowsCache.keep`, as Sequoia compacts); nothing is rewound, and the mask hides the columns past a row's
+text (as gpt-fast does). transformers' ``StaticCache`` writes at one length for the whole batch and cannot crop.
 
 A compiled forward's inputs sit in fixed buffers per bucket, edited in place from step to step (:class:`BucketInputs`,
-a target without windowed layers): SGLang's CUDA-graph runner keeps one input buffer per captured batch size the same
-way. Between two steps a row's mask changes only where its text grew (columns ``[old start, start)`` become visible to
-every query) and in its tree block (columns ``[start, start + Q)``, :meth:`BucketInputs.tree_block`). The edits go
-through NumPy views of host staging buffers (a NumPy slice assignment costs well under a microsecond of host time, a
-torch op 5-10 µs on a CPU); the mask is edited as the bit patterns of its dtype (``0`` and ``finfo.min``), so bf16 needs
-no NumPy dtype. On CUDA the staging buffers are pinned and reach the device in two non-blocking copies a step; on CPU
-they are the inputs themselves. Nothing is read back.
+as SGLang's CUDA-graph runner keeps one per batch size): a row's mask changes only where its text grew and in its tree
+block, edited through NumPy views of host staging buffers (well under a microsecond, against 5-10 µs a torch op).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -66,19 +55,15 @@ class StaticRowsLayer(CacheLayerMixin):
 
     def __init__(self, max_cache_len: int, ring: int | None = None, window: int | None = None, scratch: int = 0):
         super().__init__()
-        self.max_cache_len = max_cache_len
-        # a windowed layer keeps only `ring` = window + widest bucket columns, column c in slot c % ring: a step's
-        # writes never overwrite a key any of its queries can still see (they reach back window - 1 columns at most).
-        # Past the ring, `scratch` slots that no column maps to: warm-up dummies write there, never into a live slot
-        self.ring, self.window, self.scratch = ring, window, scratch if ring is not None else 0
-        # (B, 1, Q, 1) long: the slots this forward writes (set by the cache)
-        self.write_index: torch.Tensor | None = None
+        # a windowed layer keeps `ring` = window + widest bucket columns, column c in slot c % ring (a step never
+        # overwrites a key its queries can see), then `scratch` slots no column maps to, for warm-up dummies
+        self.max_cache_len, self.ring, self.window = max_cache_len, ring, window
+        self.scratch = scratch if ring is not None else 0
+        self.write_index: torch.Tensor | None = None  # (B, 1, Q, 1) long: the slots this forward writes
         self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
-        # eager forwards attend to the first `visible` columns only; None: all (fixed shapes)
-        self.visible: int | None = None
+        self.visible: int | None = None  # eager forwards attend to the first `visible` columns; None: all
         self.prefilling = False  # the prefill (on an empty cache) attends to its own states only
-        # full layers: (the cache's storage, this layer's index in it)
-        self.storage: tuple[LayerStorage, int] | None = None
+        self.storage: tuple[LayerStorage, int] | None = None  # full layers: the cache's storage, this layer's index
         self.in_storage = False  # whether keys and values are views of that storage
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -86,15 +71,14 @@ class StaticRowsLayer(CacheLayerMixin):
         batch, heads = key_states.shape[:2]
         size = self.ring + self.scratch if self.ring is not None else self.max_cache_len
         shape = (batch, heads, size, key_states.shape[-1])
-        views = None
-        if self.storage is not None:
-            views = self.storage[0].views(self.storage[1], shape, value_states.shape[-1], self.dtype, self.device)
+        views = self.storage and self.storage[0].views(
+            self.storage[1], shape, value_states.shape[-1], self.dtype, self.device
+        )
         self.in_storage = views is not None
-        if views is not None:
-            self.keys, self.values = views
-        else:
-            self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            self.values = torch.zeros(batch, heads, size, value_states.shape[-1], dtype=self.dtype, device=self.device)
+        self.keys, self.values = views or (
+            torch.zeros(shape, dtype=self.dtype, device=self.device),
+            torch.zeros(batch, heads, size, value_states.shape[-1], dtype=self.dtype, device=self.device),
+        )
         if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs replay on these very buffers
             torch._dynamo.mark_static_address(self.keys)
             torch._dynamo.mark_static_address(self.values)
@@ -165,13 +149,10 @@ class StaticRowsCache(Cache):
             layer.storage = (self.storage, i)
         self.rings = sorted({layer.ring for layer in self.layers if layer.ring is not None})
         self.has_rings = bool(self.rings)
-        # (ring or None, Q) -> (B, 1, Q, 1) long: a fixed buffer per width
-        self._write_buffers: dict[tuple, torch.Tensor] = {}
-        # a compiled forward's inputs, one fixed buffer per name and shape (stage)
-        self.inputs: dict[tuple, torch.Tensor] = {}
+        self._write_buffers: dict[tuple, torch.Tensor] = {}  # (ring or None, Q) -> its fixed (B, 1, Q, 1) buffer
+        self.inputs: dict[tuple, torch.Tensor] = {}  # a compiled forward's inputs by name and shape (stage)
         self.buckets: dict[int, BucketInputs] = {}  # without windowed layers: each bucket's inputs, edited step to step
-        # what the model's masks depend on (read once by the cache's owner: asking the model walks its parameters)
-        self.layer_windows = layer_windows
+        self.layer_windows = layer_windows  # what the model's masks depend on, read once by the cache's owner
         self.mask_dtype = torch.float32 if layer_windows is None else layer_windows.dtype
         self.windowed = layer_windows is None or layer_windows.windowed  # whether masks differ per layer type
         types = [] if layer_windows is None else layer_windows.types
@@ -185,9 +166,8 @@ class StaticRowsCache(Cache):
         starts: torch.Tensor | None = None,
     ):
         """The model's masks (host, in its dtype) from ``mask`` `(B, Q, L)` bool (seen) or `(B, 1, Q, L)` additive, per
-        layer type where windows apply (:meth:`~hf_specdraft.core.verify.LayerWindows.masks`); with ``starts`` `(B,)`
-        (each row's first written column), the ring layers' over their slots (:meth:`onto_rings`). Callers put them on
-        the device with :func:`~hf_specdraft.core.host.stage`."""
+        layer type where windows apply; with ``starts`` `(B,)` (each row's first written column), the ring layers' over
+        their slots (:meth:`onto_rings`)."""
         if mask.dtype == torch.bool:
             mask = additive(mask[:, None], self.mask_dtype)
         masks = mask if self.layer_windows is None else self.layer_windows.masks(mask, query_positions, key_positions)
@@ -213,26 +193,24 @@ class StaticRowsCache(Cache):
             )
             return torch.cat([picked, blocked], dim=-1)
 
-        if isinstance(masks, dict):
-            return {
-                kind: onto_slots(mask, self.kind_rings[kind]) if kind in self.kind_rings else mask
-                for kind, mask in masks.items()
-            }
-        return onto_slots(masks, self.rings[0])
+        return self._per_ring(masks, onto_slots)
 
     def scratch_masks(self, masks, width: int):
         """A warm-up's masks on the ring layers: dummy ``q`` wrote scratch slot ``ring + q`` and sees only it."""
 
-        def scratch_mask(ring: int) -> torch.Tensor:
+        def scratch_mask(mask, ring: int) -> torch.Tensor:
             seen = torch.arange(ring + self.scratch)[None] == ring + torch.arange(width)[:, None]  # (Q, R + S)
             return additive(seen.expand(self.num_rows, 1, width, ring + self.scratch), self.mask_dtype)
 
-        if isinstance(masks, dict):
-            return {
-                kind: scratch_mask(self.kind_rings[kind]) if kind in self.kind_rings else mask
-                for kind, mask in masks.items()
-            }
-        return scratch_mask(self.rings[0])
+        return self._per_ring(masks, scratch_mask)
+
+    def _per_ring(self, masks, make):
+        """``make(mask, ring)`` for each ring layer type's mask in ``masks`` (a dict by type, or one mask)."""
+        if not isinstance(masks, dict):
+            return make(masks, self.rings[0])
+        return {
+            kind: make(mask, self.kind_rings[kind]) if kind in self.kind_rings else mask for kind, mask in masks.items()
+        }
 
     def bucket_inputs(self, width: int, device: torch.device, rows=None, trees=None) -> dict:
         """The inputs of bucket ``width``'s forward at their fixed addresses (:class:`BucketInputs`, edited in place
@@ -257,12 +235,9 @@ class StaticRowsCache(Cache):
             layer.write_index = index
 
     def set_write_columns(self, starts: list[int], width: int, device: torch.device, scratch: bool = False) -> None:
-        """The next forward writes row ``b``'s ``width`` states at columns ``starts[b] ..`` (a ring layer: their slots).
-
-        Built on the host from ``starts`` (ints: nothing is read back) and copied into a fixed buffer per width (CUDA
-        graphs replay on its address). ``scratch``: a warm-up's dummies, at the full layers' last columns (past any
-        row's text) and the ring layers' scratch slots (past every slot a column maps to).
-        """
+        """The next forward writes row ``b``'s ``width`` states at columns ``starts[b] ..`` (a ring layer: their slots),
+        built on the host into a fixed buffer per width. ``scratch``: a warm-up's dummies, at the ring layers' scratch
+        slots."""
         last = max(starts) + width
         if (
             len(starts) != self.num_rows
@@ -307,11 +282,9 @@ class StaticRowsCache(Cache):
             layer.committed = columns
 
     def keep(self, row: int, start: int, kept: list[int]) -> None:
-        """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (its accepted path moves there).
-
-        ``kept[0] = 0`` is the last accepted token's own column; a first-child chain is already in place and moves
-        nothing. One ``index_copy_`` for every full layer at once where they share a :class:`LayerStorage`, else one per
-        tensor, on the row's `(H, L, D)` view."""
+        """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (``kept[0] = 0``: its last
+        token; a first-child chain is already in place): one ``index_copy_`` for every full layer in a
+        :class:`LayerStorage`, else one per tensor."""
         src = [start + k for k, i in zip(kept, range(len(kept))) if k != i]
         if not src:
             return
@@ -344,17 +317,19 @@ class StaticRowsCache(Cache):
         )
 
 
-def verify_block(parents: list[int], width: int) -> tuple[torch.Tensor, list[int]]:
+@functools.lru_cache(maxsize=MAX_BLOCKS)
+def verify_block(parents: tuple[int, ...], width: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     """What ``[last token] + tree`` sees of its own ``width`` columns in a verification forward padded to ``width``:
     `(Q, Q)` bool (host), query 0 the last accepted token, query ``1 + i`` node ``i``, each seeing its ancestors-or-self
     (SpecInfer), a dummy query ``j > N`` only its own column; and each query's depth (0 for the last token and the
-    dummies, ``1 + depth(i)`` for node ``i``), ``Q`` entries."""
+    dummies, ``1 + depth(i)`` for node ``i``), ``Q`` entries. Kept per tree shape (a drafter repeats its shapes): the
+    results are shared, read-only."""
     n = len(parents)
     ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in parents])  # the last token as the root
     block = torch.zeros(width, width, dtype=torch.bool)
     block[: 1 + n, : 1 + n] = ancestors
     block.diagonal()[1 + n :] = True
-    return block, depths + [0] * (width - 1 - n)
+    return block, tuple(depths + [0] * (width - 1 - n))
 
 
 def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -475,7 +450,7 @@ class BucketInputs:
         found = self.blocks.get(key)
         if found is not None:
             return found
-        seen, depths = verify_block(parents, self.width)
+        seen, depths = verify_block(key, self.width)
         block = torch.full(seen.shape, self.blocked, dtype=BITS[self.host_mask.element_size()]).masked_fill_(seen, 0)
         if len(self.blocks) >= MAX_BLOCKS:
             self.blocks.clear()

@@ -1,26 +1,15 @@
-"""The static path of a call: every row at its own length in the fixed buffers of ``cache_implementation="static"``
-(:class:`StaticLayout`, on :class:`~hf_specdraft.core.static_cache.StaticRowsCache`), verified in fixed shapes, compiled
-by transformers' rules; beside it, the choice of a call's layout among the three (:func:`layout_for`: this module
-extends :mod:`~hf_specdraft.core.layouts`' interface).
+"""The static path of a call (:class:`StaticLayout`, docs/static-cache.md): every row at its own length in the fixed
+buffers of ``cache_implementation="static"`` (:class:`~hf_specdraft.core.static_cache.StaticRowsCache`), verified in
+fixed shapes and compiled by transformers' rules; and the choice of a call's layout (:func:`layout_for`).
 
-A compiled forward is one graph per input shape, so a step verifies ``[last token] + tree`` padded to the smallest
-bucket ``Q >= 1 + N`` (:data:`BUCKETS`) with masked dummy nodes. Every forward on the static cache takes explicit inputs
-built on the host and moved once (a GPU forward is bound by launches, so no per-node kernel is spent on them):
+A step verifies ``[last token] + tree`` padded to the smallest bucket ``Q >= 1 + N`` (:data:`BUCKETS`, one graph each)
+with masked dummy nodes, as Medusa, Sequoia and SGLang do: ``input_ids`` and ``position_ids`` `(B, Q)`, the write
+columns `(B, Q)`, and an additive mask `(B, 1, Q, max_cache_len)` where each node sees its row's text and its ancestors
+(SpecInfer, Miao et al. 2023), built on the host and moved once. Finished rows keep their slot and verify dummies.
 
-* ``input_ids`` `(B, Q)`, ``position_ids`` `(B, Q)`: node ``i`` of row ``b`` at position ``cached_b + 1 + depth[i]``;
-* the write columns `(B, Q)`: row ``b`` writes at ``len(row.ids) - 1`` onward, past its committed text;
-* an additive mask `(B, 1, Q, max_cache_len)` (one per layer type for windowed models): each node sees its row's text,
-  the last token and its ancestors (SpecInfer, Miao et al. 2023); a dummy node sees only itself; columns past a row's
-  text hold stale states and are never seen.
-
-Medusa, Sequoia and SGLang verify fixed-size trees the same way. Rows that already finished keep their batch slot (the
-shapes stay fixed): they verify dummies written into their own first columns, which nothing reads any more.
-
-Compiling follows transformers' rules (``GenerationMixin``'s ``_valid_auto_compile_criteria``): automatic on CUDA,
-forced or tuned elsewhere by ``compile_config=CompileConfig(...)``, off with ``disable_compile=True``; the forward is
-``torch.compile(model.__call__)`` with ``dynamic=False`` unless the config says otherwise (:func:`compile_config_for`).
-Each bucket's graph is warmed up once and reused by every later call whose cache fits: the cache is kept per model
-(:func:`static_target`) and held by one call at a time (:func:`static_call`). Prefill stays eager, as in transformers.
+Compiling follows ``GenerationMixin``'s rules: automatic on CUDA, forced elsewhere by ``compile_config``, off with
+``disable_compile=True`` (:func:`compile_config_for`). Each bucket is warmed up once and reused by later calls whose
+cache fits (:func:`static_target`), one call at a time (:func:`static_call`). Prefill stays eager.
 """
 
 from __future__ import annotations
@@ -46,8 +35,8 @@ from .tree import DraftTree
 from .verify import LayerWindows
 
 BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph each, captured on first use
-MIN_CACHE_COLUMNS = 256  # a cache holds at least this many columns, and grows by doubling: a new size is a new graph
-# per bucket (minutes on a CPU), so calls with other prompt lengths should find the cache they need already there
+# a cache holds at least this many columns, and grows by doubling (a new size compiles every bucket again)
+MIN_CACHE_COLUMNS = 256
 RECOMPILE_LIMIT = 4 * len(BUCKETS)  # graphs dynamo may keep per code object: every bucket at a few cache sizes
 _CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its last StaticRowsCache}
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile config's fields: its __call__}
@@ -70,9 +59,8 @@ def static_lock(model) -> threading.RLock:
 
 @contextlib.contextmanager
 def static_call(model):
-    """Hold ``model``'s static caches for one call: a concurrent static call on the same target waits here (a cache is
-    one request's state; sharing it would mix two requests' keys). Draft caches the call takes on the way
-    (:func:`hold_draft`) are released with it."""
+    """Hold ``model``'s static caches (one request's state) for one call: a concurrent static call waits here. Draft
+    caches taken on the way (:func:`hold_draft`) are released with it."""
     lock = static_lock(model)
     with lock:
         outer, _HELD.locks = getattr(_HELD, "locks", None), []
@@ -96,18 +84,14 @@ def hold_draft(model) -> None:
 
 
 def captured_seconds() -> float:
-    """Seconds this thread has spent compiling and capturing buckets (target's and drafts'): the loop subtracts what a
-    step spent so, so that a bucket first needed mid-call never reaches the controller's costs or
-    ``controller.json``."""
+    """Seconds this thread has spent compiling and capturing buckets, which the loop keeps out of the controller's
+    costs."""
     return getattr(_CAPTURED, "seconds", 0.0)
 
 
 def compiled_call(model, compile_config: CompileConfig):
-    """``torch.compile(model.__call__)`` with ``compile_config``, made once per model and config, kept beside the model.
-
-    Kept apart from transformers' ``get_compiled_call`` (which holds one compiled call per model and rebuilds it when
-    the config changes): the loop's ``dynamic=False`` config and transformers' own default would otherwise replace each
-    other's on every alternation (a bench running both), and each rebuild compiles again."""
+    """``torch.compile(model.__call__)`` with ``compile_config``, made once per model and config. Not transformers'
+    ``get_compiled_call``, which keeps one per model: alternating with transformers' own config would recompile."""
     key = repr(sorted(compile_config.to_dict().items()))
     calls = _COMPILED.setdefault(model, {})
     if torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT:  # dynamo's default 8 would fall back to eager silently
@@ -141,15 +125,13 @@ def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
 
 
 class StaticLayout(CacheLayout):
-    """The static cache's layout (:class:`~hf_specdraft.core.layouts.CacheLayout`): every row at its own length in fixed
-    buffers, verified in one forward per bucket, compiled where transformers would compile.
+    """The static cache's layout (:class:`~hf_specdraft.core.layouts.CacheLayout`).
 
     Args:
         model: the target. cache: its :class:`~hf_specdraft.core.static_cache.StaticRowsCache`.
-        support: what the call reads of ``model`` (:class:`~hf_specdraft.core.support.TargetSupport`): the argument
-            its forward takes the cache under, what a prefill adds.
+        support: what the call reads of ``model`` (:class:`~hf_specdraft.core.support.TargetSupport`).
         compile_config: ``None`` runs the forward eagerly.
-        one_row: one unpadded row (:attr:`~hf_specdraft.core.layouts.CacheLayout.one_row`), not a padded batch.
+        one_row: one unpadded row, not a padded batch.
     """
 
     def __init__(
@@ -187,11 +169,8 @@ class StaticLayout(CacheLayout):
         return bucket_for(tokens, self.buckets) if self.compiled else min(tokens, self.buckets[-1])
 
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
-        """Every row's prompt but its newest token into the cache (eager, at columns ``0 .. P - 2``), with the states
-        ``request`` asks kept on the rows (:func:`~hf_specdraft.core.target_state.prefill_states`). Returns seconds.
-
-        Row ``b``'s token at column ``j >= pad_b`` sits at position ``j - pad_b`` and sees columns ``pad_b .. j``; a
-        padding column sees only itself (finite, never seen again)."""
+        """Every row's prompt but its newest token into the cache, eagerly at columns ``0 .. P - 2`` (row ``b``'s column
+        ``j >= pad_b`` at position ``j - pad_b``; a padding column sees only itself). Returns seconds."""
         started, cache = time.perf_counter(), self.cache
         batch, width = input_ids.shape[0], input_ids.shape[1] - 1
         if width:
@@ -232,11 +211,9 @@ class StaticLayout(CacheLayout):
         return min(longest, self.max_nodes // int(widest)), self.bucket, (self.compiled, self.max_nodes)
 
     def before_steps(self, rows: list[Row], request, generation_config: GenerationConfig) -> None:
-        """Every bucket compiles (and on CUDA is captured) before the first step of the first call, so no step ever
-        compiles, whatever tree a drafter proposes, in this call or a later one. On the compiled path of a batch-1 call,
-        each drafter that can (``compiles_draft``) drafts on a static cache of its own, compiled like this one
-        (:mod:`~hf_specdraft.core.draft_cache`), its buckets warmed up too; one whose draft another thread's call holds
-        drafts eagerly."""
+        """Every bucket compiles (on CUDA: is captured) before the first step, so no step compiles. A compiled batch-1
+        call gives each drafter that ``compiles_draft`` a static cache of its own
+        (:mod:`~hf_specdraft.core.draft_cache`); one whose draft another call holds drafts eagerly."""
         self.warm_up(self.buckets[-1], request.kwargs)
         for row in rows if self.compiled and self.one_row else []:
             if row.traits.compiles_draft:
@@ -249,8 +226,7 @@ class StaticLayout(CacheLayout):
             draft.prepare()
 
     def finish(self, stats) -> None:
-        """What the static path compiled, and what its first forwards cost; the cache is kept for the next call, which
-        overwrites it: not handed out."""
+        """What the static path compiled and what its first forwards cost; the cache stays for the next call."""
         drafts = [draft for draft in self.drafts if draft is not None]
         stats.extra["static_cache"] = {
             "compiled": self.compiled,
@@ -266,9 +242,8 @@ class StaticLayout(CacheLayout):
         return row_view(self.cache, row.index, row.pad, len(row.tokens) - 1)
 
     def warm_up(self, largest_tokens: int, extra: dict | None = None) -> None:
-        """Compile and run every bucket up to the one holding ``largest_tokens`` once (on dummies written where no row's
-        state lives, :meth:`_dummy`), so the call's own steps never compile. ``extra``: what the drafters ask of the
-        forward (:mod:`~hf_specdraft.core.target_state`): a graph of its own, returning those states too."""
+        """Compile and run every bucket up to the one holding ``largest_tokens`` on dummies (:meth:`_dummy`). ``extra``:
+        what the drafters ask of the forward, a graph of its own."""
         if self.compiled and not self.cache.layers[0].is_initialized:  # buffers are allocated eagerly, never in a graph
             self._dummy(self.buckets[0], compiled=False)
         for bucket in self.buckets:
@@ -279,8 +254,8 @@ class StaticLayout(CacheLayout):
             self.capture(bucket, lambda b=bucket: self._dummy(b, compiled=True, extra=extra), graph_key(bucket, extra))
 
     def capture(self, bucket: int, run, key=None) -> None:
-        """``run()`` a bucket's compiled forward until it is compiled (and on CUDA captured); its seconds are recorded,
-        and kept out of the costs the controller learns (:func:`captured_seconds`)."""
+        """``run()`` a bucket's forward until it is compiled (on CUDA: captured), its seconds recorded
+        (:func:`captured_seconds`)."""
         started = time.perf_counter()
         for _ in range(3 if self.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
             run()
@@ -292,12 +267,9 @@ class StaticLayout(CacheLayout):
         _CAPTURED.seconds = captured_seconds() + seconds
 
     def _dummy(self, width: int, compiled: bool, extra: dict | None = None) -> None:
-        """One forward of ``width`` dummy tokens per row, each seeing only itself, written where no row's state lives:
-        the full layers' last columns (past any row's text and step) and the ring layers' scratch slots. Compiles (and
-        on CUDA captures) a bucket, or allocates the buffers eagerly. Safe at any point of a call.
-
-        Every key a dummy sees sits at its own position 0, so no window or chunk blocks it (a query that saw nothing
-        would write NaN states, which a later full-buffer forward multiplies by its zero weights)."""
+        """One forward of ``width`` dummy tokens per row where no row's state lives (the full layers' last columns, the
+        ring layers' scratch slots), each seeing only itself at position 0 (a query that saw nothing would write NaN).
+        Compiles a bucket, or allocates the buffers eagerly; safe at any point of a call."""
         cache, device = self.cache, self.device
         batch, length = cache.num_rows, cache.max_cache_len
         if not cache.windowed:  # the very buffers the bucket's steps fill
@@ -361,12 +333,8 @@ class StaticLayout(CacheLayout):
         return logits.float(), ids, hidden
 
     def _verify_inputs(self, rows: list[Row], trees: list[DraftTree], width: int) -> dict:
-        """Inputs of one verification forward of every batch slot, ``width`` tokens each, built afresh: eager (its width
-        changes every step; attending to the columns the rows reach only, as cheap as a DynamicCache), or a windowed
-        target's. One additive mask written in place and the ids and positions made from host lists, a dozen torch ops
-        a step (a loop of per-node ops cost more than a CPU's verification forward of a tiny model); a tree whose tokens
-        are still on the device (a draft's argmax) is copied there, device to device. The write columns are set on the
-        cache."""
+        """Inputs of one verification forward of every slot, ``width`` tokens each, built afresh from host lists (eager,
+        attending to the columns the rows reach only; or a windowed target's); sets the cache's write columns."""
         cache, fixed = self.cache, self.compiled
         batch, dtype = cache.num_rows, cache.mask_dtype
         length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
@@ -380,7 +348,7 @@ class StaticLayout(CacheLayout):
                 mask[b, 0].diagonal()[:width] = 0
         for row, tree in zip(rows, trees):
             b, n, start = row.index, len(tree), len(row.tokens) - 1
-            block, depths = verify_block(tree.parent_list, width)
+            block, depths = verify_block(tuple(tree.parent_list), width)
             ids[b][0] = row.tokens[-1]
             if tree.token_list is not None:
                 ids[b][1 : 1 + n] = tree.token_list
@@ -408,9 +376,7 @@ class StaticLayout(CacheLayout):
         }
 
     def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
-        """Each row's accepted path moved into place (``cached[a]``: the columns row ``a``'s text held before the step,
-        so its step began at column ``pad + cached[a]``); the committed length is ``len(row.tokens) - 1`` after
-        emission."""
+        """Each row's accepted path moved into place (its step began at column ``pad + cached[a]``)."""
         for row, columns, nodes in zip(rows, cached, kept):
             self.cache.keep(row.index, row.pad + columns, nodes)
         self.cache.set_committed(max(len(row.tokens) - 1 for row in rows))
