@@ -1,8 +1,5 @@
-"""GLIDE's training: everything that makes a GLIDE draft, nothing a trained one needs to decode (no file here ships in
-a checkpoint). ``trainer.py`` holds the one loop (``train_glide``), ``objective.py`` and ``unrolled.py`` the loss,
-``store.py`` the distillation store, ``data.py`` and ``regenerate.py`` the data, ``evaluation.py`` the held-out
-scores and ``command.py`` ``hf-specdraft train-glide``. The public names below are imported on first use (training
-pulls in accelerate and huggingface_hub's cards).
+"""GLIDE's training: everything that makes a GLIDE draft and nothing a trained one needs to decode (no file here ships
+in a checkpoint; docs/layout.md lists them). The public names are imported on first use (training pulls in accelerate).
 """
 
 from __future__ import annotations

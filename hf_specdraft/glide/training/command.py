@@ -3,11 +3,9 @@
     hf-specdraft train-glide --target Qwen/Qwen2.5-0.5B-Instruct --dataset chats.jsonl --regenerate \\
         --eval-every 200 --eval-examples 64 --output-dir glide-qwen --max-steps 2000
 
-loads the target and its tokenizer, reads the dataset (:mod:`.data`: a ``messages`` column rendered with the chat
-template, or a ``text`` column), holds out ``--eval-examples`` of it, has the target write the replies of the rest
-(``--regenerate``, :mod:`.regenerate`), trains (:func:`~.trainer.train_glide`, resuming from ``checkpoint-last``)
-and measures α, greedy agreement and tokens per target forward on the held-out part (:mod:`.evaluation`).
-Token or text files still go through ``--data``.
+loads the target, reads the data (:mod:`.data`), holds out ``--eval-examples`` of it, has the target write the replies
+of the rest (``--regenerate``, :mod:`.regenerate`), trains (:func:`~.trainer.train_glide`, resuming from
+``checkpoint-last``) and scores the held-out part (:mod:`.evaluation`).
 """
 
 from __future__ import annotations
@@ -33,37 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", required=True, help="target model: Hub id or local directory")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", nargs="+", help="token files (.safetensors/.pt) or text files / directories")
-    source.add_argument(
-        "--dataset", help="a 🤗 datasets dataset: json/jsonl/parquet/arrow file or directory, or a Hub id"
-    )
+    source.add_argument("--dataset", help="a 🤗 dataset: json/jsonl/parquet/arrow file or directory, or a Hub id")
     parser.add_argument("--split", default="train", help="--dataset split to read from the Hub")
     parser.add_argument("--text-column", default="text", help="--dataset column of plain text")
-    parser.add_argument(
-        "--messages-column", default="messages", help="--dataset column of conversations (lists of {role, content})"
-    )
+    parser.add_argument("--messages-column", default="messages", help="--dataset column of conversations")
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--tokenizer", help="tokenizer for text data (default: --target)")
     parser.add_argument("--glide", help="start from this GLIDE checkpoint instead of a fresh model")
     parser.add_argument("--num-layers", type=int, default=1, help="N_D (Appendix E: 1 up to 13B targets)")
     parser.add_argument("--hidden-size", type=int, help="d_D (default: the target's hidden size)")
     parser.add_argument("--vanilla", action="store_true", help="train the vanilla drafter (no cross-attention)")
+    parser.add_argument("--state-input", action="store_true", help="read the target's last hidden state")
     parser.add_argument(
-        "--state-input",
-        action="store_true",
-        help="GLIDE reads the target's last hidden state (GlideConfig.state_input), trained over unrolled steps",
+        "--assistant-layout", action="store_true", help="with --state-input: no self-attention (Gemma 4's, for vLLM)"
     )
-    parser.add_argument(
-        "--assistant-layout",
-        action="store_true",
-        help="with --state-input: no self-attention, Gemma 4's assistant layout, which `hf-specdraft export` writes "
-        "for vLLM",
-    )
-    parser.add_argument(
-        "--unrolled-steps",
-        dest="unrolled_steps",
-        type=int,
-        help="draft steps unrolled per position in training (default: 2 with --state-input, else 1)",
-    )
+    parser.add_argument("--unrolled-steps", type=int, help="draft steps per position (default: 2 with --state-input)")
     parser.add_argument("--target-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     defaults = GlideTrainingArguments(output_dir=".")
     for name, flag in (
@@ -76,45 +58,31 @@ def build_parser() -> argparse.ArgumentParser:
         ("logging_steps", "--logging-steps"),
         ("save_steps", "--save-steps"),
         ("eval_every", "--eval-every"),
-    ):
-        parser.add_argument(flag, dest=name, type=int, default=getattr(defaults, name))
-    for name, flag in (
         ("learning_rate", "--lr"),
         ("weight_decay", "--weight-decay"),
         ("min_lr_ratio", "--min-lr-ratio"),
         ("distillation_weight", "--distillation-weight"),
         ("distillation_temperature", "--distillation-temperature"),
     ):
-        parser.add_argument(flag, dest=name, type=float, default=getattr(defaults, name))
-    parser.add_argument(
-        "--block-size", dest="block_size", type=int, help="block-wise mask L (default: the config's, 5)"
-    )
+        parser.add_argument(flag, dest=name, type=type(getattr(defaults, name)), default=getattr(defaults, name))
+    parser.add_argument("--block-size", type=int, help="block-wise mask L (default: the config's, 5)")
     parser.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
     parser.add_argument(
         "--resume",
-        dest="resume",
         action="store_true",
         default=None,
-        help="continue from OUTPUT_DIR/checkpoint-last (the default whenever it exists); fail without one",
+        help="require OUTPUT_DIR/checkpoint-last (resumed by default if it exists)",
     )
     parser.add_argument(
         "--no-resume", dest="resume", action="store_false", help="start over even if checkpoint-last exists"
     )
-    parser.add_argument(
-        "--report-to",
-        default="none",
-        help="accelerate trackers: none, all (every installed one) or names, e.g. tensorboard",
-    )
+    parser.add_argument("--report-to", default="none", help="accelerate trackers: none, all, or names (tensorboard)")
     _add_regeneration_flags(parser)
     _add_evaluation_flags(parser)
     parser.add_argument("--dataset-name", help="what the data is, for the model card (default: --dataset)")
-    parser.add_argument(
-        "--license", help="the weights' license for the model card, a Hub license id such as apache-2.0"
-    )
+    parser.add_argument("--license", help="the weights' license for the model card, a Hub id such as apache-2.0")
     parser.add_argument("--metrics", help="JSON file of measured metrics for the model card")
-    parser.add_argument(
-        "--compare-vanilla", help="a vanilla run's output dir (same data): its held-out α goes on the card"
-    )
+    parser.add_argument("--compare-vanilla", help="a vanilla run's output dir (same data): its α goes on the card")
     parser.add_argument("--push-to-hub", action="store_true")
     parser.add_argument("--hub-model-id")
     parser.add_argument("--no-progress", dest="progress_bar", action="store_false")
@@ -127,37 +95,21 @@ def _add_regeneration_flags(parser: argparse.ArgumentParser) -> None:
         "regeneration (sequence-level self-distillation, Du et al. 2024, Appendix B; --dataset only)"
     )
     group.add_argument("--regenerate", action="store_true", help="the target writes the responses GLIDE trains on")
-    for name, kind in (
-        ("max_new_tokens", int),
-        ("batch_size", int),
-        ("temperature", float),
-        ("top_p", float),
-        ("prompt_tokens", int),
-        ("batches_per_shard", int),
-    ):
+    for name in ("max_new_tokens", "batch_size", "temperature", "top_p", "prompt_tokens", "batches_per_shard"):
+        default = getattr(defaults, name)
         group.add_argument(
-            f"--regen-{name.replace('_', '-')}", dest=f"regen_{name}", type=kind, default=getattr(defaults, name)
+            f"--regen-{name.replace('_', '-')}", dest=f"regen_{name}", type=type(default), default=default
         )
-    group.add_argument(
-        "--regen-turns", choices=["last", "each"], default=defaults.turns, help="assistant turns to regenerate"
-    )
+    group.add_argument("--regen-turns", choices=["last", "each"], default=defaults.turns, help="turns to regenerate")
 
 
 def _add_evaluation_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("held-out evaluation (every --eval-every steps)")
-    group.add_argument(
-        "--eval-fraction", type=float, help="fraction of the data held out (default 0.05 with --eval-every)"
-    )
+    group.add_argument("--eval-fraction", type=float, help="data fraction held out (default 0.05 with --eval-every)")
     group.add_argument("--eval-examples", type=int, help="examples held out (instead of --eval-fraction)")
-    group.add_argument(
-        "--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens for the teacher-forced α"
-    )
-    group.add_argument(
-        "--eval-prompts", type=int, default=4, help="held-out prompts for tokens per target forward (0 = skip)"
-    )
-    group.add_argument(
-        "--eval-new-tokens", type=int, default=32, help="tokens generated per prompt for tokens per target forward"
-    )
+    group.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens for α")
+    group.add_argument("--eval-prompts", type=int, default=4, help="prompts for tokens per target forward (0 = skip)")
+    group.add_argument("--eval-new-tokens", type=int, default=32, help="tokens generated per held-out prompt")
 
 
 def model_location_problem(value: str | None) -> str | None:
@@ -235,54 +187,34 @@ def _documents_stream(documents: list[list[int]], eos_token_id: int | None) -> t
     return token_stream([d for d in trimmed if d], eos_token_id)
 
 
-def dataset_inputs(ns, target, tokenizer, regen: RegenerationArguments) -> dict:
-    """``--dataset`` as training tokens and held-out data: ``{"stream", "heldout_stream", "heldout_prompts",
-    "extra_log"}``."""
+def dataset_inputs(ns, target, tokenizer, regen: RegenerationArguments) -> tuple:
+    """``--dataset`` as ``(training stream, held-out stream or None, held-out prompts, extra log)``."""
     examples = load_examples(ns.dataset, ns.split)
     column = detect_column(examples, ns.text_column, ns.messages_column)
     train, held = heldout_split(len(examples), ns.eval_fraction or 0.0, ns.eval_examples or 0, ns.seed)
     train, held = examples.select(train), examples.select(held)
-    extra = {
-        "data": {
-            "dataset": ns.dataset,
-            "column": column.name,
-            "kind": column.kind,
-            "train_examples": len(train),
-            "heldout_examples": len(held),
-        }
-    }
+    data = {"dataset": ns.dataset, "column": column.name, "kind": column.kind}
+    extra = {"data": {**data, "train_examples": len(train), "heldout_examples": len(held)}}
     if ns.regenerate:
         if getattr(target, "hf_device_map", None) is None:
             target.to(PartialState().device)  # the target writes on the accelerator, not where from_pretrained left it
-        records = regenerate(
-            target,
-            tokenizer,
-            regeneration_prompts(train, column, tokenizer, regen),
-            ns.output_dir,
-            regen,
-            progress_bar=ns.progress_bar,
-        )
+        prompts = regeneration_prompts(train, column, tokenizer, regen)
+        records = regenerate(target, tokenizer, prompts, ns.output_dir, regen, progress_bar=ns.progress_bar)
         documents = [r["prompt_ids"] + r["response_ids"] for r in records]
         extra["regeneration"] = {**vars(regen), "kind": column.kind, "examples": len(records)}
     else:
         documents = tokenize_texts(tokenizer, render_texts(train, column, tokenizer))
-    heldout = (
-        _documents_stream(tokenize_texts(tokenizer, render_texts(held, column, tokenizer)), tokenizer.eos_token_id)
-        if len(held)
-        else None
-    )
-    prompts = regeneration_prompts(held, column, tokenizer, regen)[: ns.eval_prompts] if len(held) else []
-    return {
-        "stream": _documents_stream(documents, tokenizer.eos_token_id),
-        "heldout_stream": heldout,
-        "heldout_prompts": prompts,
-        "extra_log": extra,
-    }
+    heldout, prompts = None, []
+    if len(held):
+        texts = render_texts(held, column, tokenizer)
+        heldout = _documents_stream(tokenize_texts(tokenizer, texts), tokenizer.eos_token_id)
+        prompts = regeneration_prompts(held, column, tokenizer, regen)[: ns.eval_prompts]
+    return _documents_stream(documents, tokenizer.eos_token_id), heldout, prompts, extra
 
 
-def files_inputs(ns, seq_len: int) -> dict:
-    """``--data`` files as training tokens; with ``--eval-fraction`` the stream's tail is held out (its windows' first
-    halves are the prompts)."""
+def files_inputs(ns, seq_len: int) -> tuple:
+    """``--data`` files as :func:`dataset_inputs`' four; with ``--eval-fraction`` the stream's tail is held out (its
+    windows' first halves are the prompts)."""
     stream = load_data(ns.data, ns.tokenizer or ns.target)
     held = round(stream.numel() * (ns.eval_fraction or 0.0))
     heldout = stream[stream.numel() - held :] if held else None
@@ -290,25 +222,21 @@ def files_inputs(ns, seq_len: int) -> dict:
     if heldout is not None and heldout.numel() >= 4:
         windows = heldout_windows(heldout, seq_len, ns.eval_prompts or 1)
         prompts = [w[: max(1, w.numel() // 2)].tolist() for w in windows][: ns.eval_prompts]
-    return {
-        "stream": stream[: stream.numel() - held],
-        "heldout_stream": heldout,
-        "heldout_prompts": prompts,
-        "extra_log": {},
-    }
+    return stream[: stream.numel() - held], heldout, prompts, {}
 
 
-def _vanilla_twin(path: str | None) -> dict:
-    """``{"vanilla_twin": {"path", "eval"}}`` from a vanilla run's ``training_log.json`` (empty without ``path``)."""
+def _vanilla_twin(parser, path: str | None) -> dict:
+    """``{"vanilla_twin": {"path", "dataset", "eval"}}`` from a vanilla run's ``training_log.json`` (empty without
+    ``path``)."""
     if path is None:
         return {}
     log = json.loads((Path(path) / "training_log.json").read_text())
     if not log.get("eval"):
-        raise ValueError(
+        parser.error(
             f"--compare-vanilla {path!r}: its training_log.json has no held-out evaluation (train it with --eval-every)"
         )
     if log.get("arguments", {}).get("dataset_name") is None:
-        raise ValueError(f"--compare-vanilla {path!r}: its training_log.json does not say what data it was trained on")
+        parser.error(f"--compare-vanilla {path!r}: its training_log.json does not say what data it was trained on")
     return {"vanilla_twin": {"path": str(path), "dataset": log["arguments"]["dataset_name"], "eval": log["eval"]}}
 
 
@@ -357,21 +285,16 @@ def _tokenizer(ns):
         return None
 
 
-def _evaluation(ns, args: GlideTrainingArguments, glide, inputs: dict, tokenizer) -> HeldOutEvaluation | None:
+def _evaluation(ns, args, glide, heldout, prompts, tokenizer) -> HeldOutEvaluation | None:
     """The held-out evaluation ``train_glide`` runs every ``--eval-every`` steps (`None` without it)."""
     if not args.eval_every:
         return None
-    heldout = inputs["heldout_stream"] if inputs["heldout_stream"] is not None else torch.zeros(0, dtype=torch.long)
+    heldout = heldout if heldout is not None else torch.zeros(0, dtype=torch.long)
     eos = tokenizer.eos_token_id if tokenizer is not None else glide.config.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer is not None else None
-    return HeldOutEvaluation(
-        heldout_windows(heldout, args.seq_len, ns.eval_windows),
-        inputs["heldout_prompts"],
-        args.block_size or glide.config.block_size,
-        ns.eval_new_tokens,
-        eos,
-        pad,
-    )
+    windows = heldout_windows(heldout, args.seq_len, ns.eval_windows)
+    block_size = args.block_size or glide.config.block_size
+    return HeldOutEvaluation(windows, prompts, block_size, ns.eval_new_tokens, eos, pad)
 
 
 def main(argv: list[str] | None = None, custom_generate=None) -> int:
@@ -382,23 +305,21 @@ def main(argv: list[str] | None = None, custom_generate=None) -> int:
     ns = parser.parse_args(argv)
     _check_flags(parser, ns)
     args, regen = _arguments(parser, ns)
-    try:
-        vanilla = _vanilla_twin(ns.compare_vanilla)
-    except ValueError as error:
-        parser.error(str(error))
+    vanilla = _vanilla_twin(parser, ns.compare_vanilla)
     target, glide = _load_models(parser, ns, args.seed)
     tokenizer = _tokenizer(ns)
-    inputs = dataset_inputs(ns, target, tokenizer, regen) if ns.dataset is not None else files_inputs(ns, args.seq_len)
-    evaluation = _evaluation(ns, args, glide, inputs, tokenizer)
-    metrics = json.loads(Path(ns.metrics).read_text()) if ns.metrics else None
+    if ns.dataset is not None:
+        stream, heldout, prompts, extra = dataset_inputs(ns, target, tokenizer, regen)
+    else:
+        stream, heldout, prompts, extra = files_inputs(ns, args.seq_len)
     log = train_glide(
         target,
         glide,
-        inputs["stream"],
+        stream,
         args,
-        metrics=metrics,
-        evaluation=evaluation,
-        extra_log={**inputs["extra_log"], **vanilla},
+        metrics=json.loads(Path(ns.metrics).read_text()) if ns.metrics else None,
+        evaluation=_evaluation(ns, args, glide, heldout, prompts, tokenizer),
+        extra_log={**extra, **vanilla},
         custom_generate=custom_generate,
     )
     if log["steps"] and PartialState().is_main_process:
@@ -409,6 +330,3 @@ def main(argv: list[str] | None = None, custom_generate=None) -> int:
             f"{', held-out ' + scores if scores else ''}, saved to {args.output_dir}"
         )
     return 0
-
-
-__all__ = ["build_parser", "dataset_inputs", "files_inputs", "main", "model_location_problem"]

@@ -1,15 +1,6 @@
-"""What GLIDE trains on: token / text files (``--data``) or a 🤗 ``datasets`` dataset (``--dataset``).
-
-A dataset holds either plain text (a ``text`` column) or conversations (a ``messages`` column: lists of
-``{"role", "content"}``), which the target's tokenizer renders with its chat template (``apply_chat_template``), so
-the draft learns the exact text the target sees at inference. Datasets come from local json / jsonl / parquet /
-arrow files, directories of them (or of ``Dataset.save_to_disk``), or the Hub::
-
-    examples = load_examples("chats.jsonl")                  # or "org/name" with split="train"
-    column = detect_column(examples, text_column="text", messages_column="messages")
-    texts = render_texts(examples, column, tokenizer)        # one str per example
-
-``datasets`` is an optional dependency (``pip install "hf-specdraft[train]"``), imported on first use.
+"""What GLIDE trains on: token / text files (``--data``) or a 🤗 ``datasets`` dataset (``--dataset``, an optional
+dependency imported on first use) of plain text (a ``text`` column) or conversations (a ``messages`` column of
+``{"role", "content"}``), rendered with the target's chat template so the draft learns the text the target sees.
 """
 
 from __future__ import annotations
@@ -37,13 +28,8 @@ def require_datasets():
 
 
 def load_examples(source: str, split: str = "train"):
-    """A ``datasets.Dataset`` from a local file, a directory of files, a ``save_to_disk`` directory or a Hub name.
-
-    Args:
-        source: a ``.json`` / ``.jsonl`` / ``.parquet`` / ``.arrow`` file, a directory of such files (one kind), a
-            directory written by ``Dataset.save_to_disk``, or a Hub dataset id (``"org/name"``).
-        split: the split to read (local files are read as one ``train`` split; ``split`` picks a Hub split).
-    """
+    """A ``datasets.Dataset`` from a ``.json`` / ``.jsonl`` / ``.parquet`` / ``.arrow`` file, a directory of such files
+    (one kind), a ``Dataset.save_to_disk`` directory, or a Hub dataset id (``"org/name"``, read at ``split``)."""
     datasets = require_datasets()
     path = Path(source).expanduser()
     if path.is_dir() and (path / "dataset_info.json").is_file() and (path / "state.json").is_file():
@@ -74,11 +60,7 @@ class Column:
 
 
 def detect_column(examples, text_column: str = "text", messages_column: str = "messages") -> Column:
-    """The conversations column when it exists (they carry the chat template), else the text column.
-
-    Raises:
-        ValueError: neither column exists; the message names the columns found.
-    """
+    """The conversations column when it exists (they carry the chat template), else the text column."""
     names = list(examples.column_names)
     if messages_column in names:
         return Column("messages", messages_column)
@@ -132,8 +114,8 @@ def render_texts(examples, column: Column, tokenizer) -> list[str]:
 def heldout_split(
     count: int, eval_fraction: float = 0.0, eval_examples: int = 0, seed: int = 0
 ) -> tuple[list[int], list[int]]:
-    """``(train indices, held-out indices)`` of ``count`` examples: a seeded shuffle, so a vanilla twin trained with the
-    same seed and data holds out the same examples. ``eval_examples`` wins over ``eval_fraction``."""
+    """``(train indices, held-out indices)`` of ``count`` examples, seeded: a vanilla twin with the same seed and data
+    holds out the same examples. ``eval_examples`` wins over ``eval_fraction``."""
     order = list(range(count))
     random.Random(seed).shuffle(order)
     held = eval_examples or round(count * eval_fraction)

@@ -59,11 +59,8 @@ def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
             )
         return data.reshape(-1).long()
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
-        pieces = []
-        for document in data:
-            pieces.append(torch.as_tensor(list(document), dtype=torch.long))
-            if eos_token_id is not None:
-                pieces.append(torch.tensor([eos_token_id]))
+        eos = [] if eos_token_id is None else [eos_token_id]
+        pieces = [torch.as_tensor([*map(int, document), *eos], dtype=torch.long) for document in data]
         if not pieces:
             raise ValueError("data is empty")
         return torch.cat(pieces)

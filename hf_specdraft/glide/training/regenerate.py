@@ -1,18 +1,10 @@
 """Sequence-level self-distillation: the frozen target writes the responses GLIDE trains on (Du et al. 2024,
-Appendix B).
+Appendix B), so the draft learns the p it will be judged against (as Medusa-2 §3.2 and SpecForge do).
 
-The paper distils GLIDE on the target's own outputs rather than the dataset's human-written replies, so the draft learns
-the distribution p it will be judged against; Medusa-2 (Cai et al. 2024, §3.2 "self-distillation") and SpecForge
-regenerate their data the same way. For a conversation the prompt is every turn before the last (or each) assistant
-turn, rendered with the chat template and a generation prompt; for plain text it is the first ``prompt_tokens``
-tokens. The target continues each prompt, batched and left-padded::
-
-    prompts = regeneration_prompts(examples, column, tokenizer, RegenerationArguments())
-    records = regenerate(target, tokenizer, prompts, "glide-out", RegenerationArguments())
-
-Generated replies go to ``OUTPUT_DIR/regenerated/shard-00000.jsonl`` … (``batch_size * batches_per_shard`` prompts a
-shard, each written whole through a temporary file): a run killed midway keeps its finished shards and a rerun
-generates only the rest. Under accelerate each process writes every ``num_processes``-th shard.
+A conversation's prompt is every turn before the last (or each) assistant turn, rendered with the chat template; plain
+text's is its first ``prompt_tokens`` tokens. Replies go to ``OUTPUT_DIR/regenerated/shard-*.jsonl``, each shard
+written whole: a rerun generates only the missing shards. Under accelerate each process writes every
+``num_processes``-th shard.
 """
 
 from __future__ import annotations
@@ -38,15 +30,13 @@ class RegenerationArguments:
     Args:
         max_new_tokens: longest reply the target writes per prompt.
         batch_size: prompts per ``generate`` call (left-padded).
-        temperature: sampling temperature; 0 = greedy (the draft then learns the target's argmax, what greedy
-            decoding verifies).
+        temperature: sampling temperature; 0 = greedy (the draft then learns the target's argmax).
         top_p: nucleus sampling mass when sampling (1.0 = off).
         prompt_tokens: plain text only: the prefix of each text the target continues.
         batches_per_shard: batches per ``regenerated/shard-*.jsonl`` file (what a restart keeps).
-        turns: conversations only: ``"last"`` regenerates the last assistant turn, ``"each"`` every assistant turn
-            (one example per turn, the earlier turns as the dataset has them).
-        seed: sampling seed (the batch from prompt i on samples with ``seed + i``: a resumed run draws what an
-            unbroken one would).
+        turns: conversations only: ``"last"`` or ``"each"`` assistant turn (one example per turn).
+        seed: sampling seed (the batch from prompt i samples with ``seed + i``: a resumed run draws what an unbroken
+            one would).
     """
 
     max_new_tokens: int = 256
@@ -69,33 +59,21 @@ class RegenerationArguments:
             raise ValueError(f"regeneration turns must be 'last' or 'each', got {self.turns!r}")
 
 
-def _conversation_prompts(messages: list[dict], turns: str) -> list[list[dict]]:
-    """The prompt turns before the last (or each) assistant turn; a conversation without one is a prompt as it is."""
-    assistant = [i for i, turn in enumerate(messages) if turn["role"] == "assistant" and i > 0]
-    if not assistant:
-        return [messages]
-    return [messages[:i] for i in (assistant if turns == "each" else assistant[-1:])]
-
-
 def regeneration_prompts(examples, column: Column, tokenizer, args: RegenerationArguments) -> list[list[int]]:
     """Token ids of every prompt the target continues, in dataset order (see the module docstring)."""
     values = examples[column.name]
     if column.kind == "text":
         return [ids[: args.prompt_tokens] for ids in tokenize_texts(tokenizer, list(values)) if ids]
-    texts = [
-        render_chat(tokenizer, prompt, add_generation_prompt=True)
-        for i, messages in enumerate(values)
-        for prompt in _conversation_prompts(check_messages(messages, i), args.turns)
-    ]
+    texts = []
+    for i, messages in enumerate(values):
+        messages = check_messages(messages, i)
+        # the turns before the last (or each) assistant turn; a conversation without one is a prompt as it is
+        ends = [j for j, turn in enumerate(messages) if turn["role"] == "assistant" and j > 0] or [len(messages)]
+        texts += [
+            render_chat(tokenizer, messages[:j], add_generation_prompt=True)
+            for j in (ends if args.turns == "each" else ends[-1:])
+        ]
     return tokenize_texts(tokenizer, texts)
-
-
-def _reply(row: list[int], eos_token_id: int | None) -> list[int]:
-    """A generated row up to and including its first eos (generate pads finished rows after it; without an eos
-    no row finishes early, so none is padded)."""
-    if eos_token_id is not None and eos_token_id in row:
-        return row[: row.index(eos_token_id) + 1]
-    return row
 
 
 @torch.no_grad()
@@ -129,17 +107,9 @@ def generate_replies(
             top_k=None,
             **sampling,
         )
-    return [_reply(row, eos_token_id) for row in out[:, width:].tolist()]
-
-
-def _settings(target, prompts: list[list[int]], args: RegenerationArguments) -> dict:
-    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
-    return {
-        **asdict(args),
-        "num_prompts": len(prompts),
-        "prompts_sha256": digest,
-        "target": getattr(target.config, "_name_or_path", None),
-    }
+    # up to and including the first eos: generate pads finished rows after it
+    rows = out[:, width:].tolist()
+    return [row[: row.index(eos_token_id) + 1] if eos_token_id in row else row for row in rows]
 
 
 def _write_shard(path: Path, records: list[dict]) -> None:
@@ -163,7 +133,13 @@ def regenerate(
         raise ValueError("there is nothing to regenerate: the dataset gave no prompts")
     state = PartialState()
     directory = Path(output_dir) / "regenerated"
-    settings, settings_file = _settings(target, prompts, args), directory / "settings.json"
+    settings = {
+        **asdict(args),
+        "num_prompts": len(prompts),
+        "prompts_sha256": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16],
+        "target": getattr(target.config, "_name_or_path", None),
+    }
+    settings_file = directory / "settings.json"
     if settings_file.is_file() and json.loads(settings_file.read_text()) != settings:
         raise ValueError(
             f"{str(directory)!r} holds responses regenerated with other settings or data "

@@ -1,19 +1,14 @@
-"""A distillation store: what the frozen target says about a set of windows, computed once and read by every run
-(training against a real target on a few CPU cores cannot afford a target forward per step). Resumable safetensors
-shards (``write_store``) hold:
+"""A distillation store: what the frozen target says about a set of windows, computed once and read by every run (a
+target forward per step is too dear on a few CPU cores). Resumable safetensors shards (``write_store``) hold:
 
 - ``input_ids`` `(N, T)` int32: the windows;
 - ``keys.{l}`` / ``values.{l}`` `(N, kv_heads, T, head_dim)` bf16: the cached (post-RoPE) keys and values of the target
-  layers GLIDE reads (§4.1: ``l = N_T - N_D + m``);
+  layers GLIDE reads (§4.1);
 - ``topk_ids`` / ``topk_probs`` `(N, T, k)` int32 / fp16: the target's k most likely next tokens and their
-  probabilities (token-level distillation, Du et al. 2024, Appendix B; DistillSpec);
+  probabilities (token-level distillation, Du et al. 2024, Appendix B);
 - ``hidden`` `(N, T, hidden_size)` bf16: the target's last hidden state, a ``state_input`` GLIDE's input.
 
-:class:`StoreWindows` is the store as a window source of :func:`~.trainer.train_glide` and
-:func:`~.evaluation.teacher_forced_alpha` (:class:`~.objective.TargetWindows` runs the target instead)::
-
-    write_store(target, windows, "store", layer_ids=[29])             # resumable: finished shards are kept
-    train_glide(target, glide, StoreWindows(load_store("store")), args)
+:class:`StoreWindows` reads it as a window source: ``train_glide(target, glide, StoreWindows(load_store(dir)), args)``.
 """
 
 from __future__ import annotations
@@ -57,7 +52,7 @@ def compute_store(
     batch_size: int = 8,
     progress_bar: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """A store in memory (no shards): :func:`target_answers` over ``windows`` `(N, T)`, ``batch_size`` at a time."""
+    """A store in memory (no shards) of ``windows`` `(N, T)`, ``batch_size`` at a time."""
     parts = [
         target_answers(target, windows[i : i + batch_size], layer_ids, top_k)
         for i in tqdm(range(0, len(windows), batch_size), desc="target answers", unit="batch", disable=not progress_bar)
@@ -80,14 +75,9 @@ def write_store(
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "num_windows": int(windows.shape[0]),
-        "seq_len": int(windows.shape[1]),
-        "layer_ids": list(layer_ids),
-        "top_k": top_k,
-        "shard_windows": shard_windows,
-        "target": getattr(target.config, "_name_or_path", None),
-    }
+    num_windows, seq_len = map(int, windows.shape)
+    meta = dict(num_windows=num_windows, seq_len=seq_len, layer_ids=list(layer_ids), top_k=top_k)
+    meta.update(shard_windows=shard_windows, target=getattr(target.config, "_name_or_path", None))
     meta_file = output_dir / "store.json"
     if meta_file.is_file() and json.loads(meta_file.read_text()) != meta:
         raise ValueError(f"{str(output_dir)!r} holds a store built with other settings: {meta_file.read_text()}")
@@ -115,12 +105,8 @@ def load_store(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 class StoreWindows(WindowSource):
-    """A store's windows as a window source: the target's KV and top-k are read, the target never runs.
-
-    Args:
-        store: :func:`load_store`'s or :func:`compute_store`'s tensors (windows may repeat, e.g. a store mixed in
-            several times to weigh it).
-    """
+    """A store as a window source (:func:`load_store`'s or :func:`compute_store`'s tensors; windows may repeat, e.g. a
+    store mixed in several times to weigh it): the target's KV and top-k are read, the target never runs."""
 
     def __init__(self, store: dict[str, torch.Tensor]):
         missing = {"input_ids", "topk_ids", "topk_probs"} - set(store)
@@ -135,7 +121,6 @@ class StoreWindows(WindowSource):
         return int(self.store["input_ids"].shape[0])
 
     def check(self, glide) -> None:
-        """Raise `ValueError` unless the store holds the target layers GLIDE reads and ids in its target vocabulary."""
         ids = self.store["input_ids"]
         if int(ids.max()) >= glide.config.vocab_size or int(ids.min()) < 0:
             raise ValueError(f"the store has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
@@ -154,9 +139,6 @@ class StoreWindows(WindowSource):
             )
 
     def batch(self, target, glide, rows: torch.Tensor, device, with_kv: bool, with_p: bool) -> GlideBatch:
-        """Rows ``rows`` `(B,)` of the store on ``device``: KV of the layers GLIDE reads (``with_kv``), top-k p
-        (``with_p``)."""
-
         def take(key: str, dtype: torch.dtype) -> torch.Tensor:
             return self.store[key][rows].to(device=device, dtype=dtype)
 

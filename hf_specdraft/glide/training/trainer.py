@@ -52,22 +52,17 @@ class GlideTrainingArguments:
         warmup_steps: linear warmup before the cosine decay.
         min_lr_ratio: the cosine decays to ``min_lr_ratio * learning_rate``.
         max_grad_norm: gradient clipping.
-        block_size: L of the block-wise mask; `None` uses ``glide.config.block_size`` (5, §4.1); a tuple cycles L by
-            step (step s trains with ``block_size[s % len]``), so one run mixes the cache delays the loop sees.
-        distillation_weight: weight of KL(p_target || q_glide) against cross-entropy (Appendix B); 0 = off, 1 = p alone
-            (what a store's top-k is for).
+        block_size: L of the block-wise mask (`None`: ``glide.config.block_size``, §4.1); a tuple cycles L by step.
+        distillation_weight: weight of KL(p || q) against cross-entropy (Appendix B); 0 = off, 1 = p alone.
         distillation_temperature: temperature of both distributions in the KL term.
-        unrolled_steps: draft steps trained per position, unrolled (:mod:`.unrolled`, EAGLE-3's training-time test);
-            `None`: 2 for a ``state_input`` GLIDE, 1 (the block-wise mask, §4.1) otherwise.
+        unrolled_steps: draft steps trained per position (:mod:`.unrolled`); `None`: 2 with ``state_input``, else 1.
         mixed_precision: ``"auto"`` (bf16 on CUDA, none on CPU), ``"no"``, ``"bf16"`` or ``"fp16"``.
         seed: data order and initialisation seed (each process offsets it by its rank).
         logging_steps: log every this many steps.
-        save_steps: write ``output_dir/checkpoint-last`` (what a killed run resumes from) every this many steps
-            (0 = never).
+        save_steps: write ``checkpoint-last`` (what a killed run resumes from) every this many steps (0 = never).
         resume: `None` continues from ``checkpoint-last`` when there is one, `True` requires one, `False` starts over.
         eval_every: run the held-out evaluation every this many steps and at the end (0 = never).
-        report_to: accelerate trackers: ``"none"``, ``"all"`` (every installed one) or names among ``TRACKERS``,
-            comma-separated (e.g. ``"tensorboard"``).
+        report_to: ``"none"``, ``"all"`` (every installed tracker) or comma-separated names among ``TRACKERS``.
         progress_bar: show tqdm on the main process.
         dataset_name: what the data is, for the model card (a Hub dataset id or a description).
         license: the weights' license for the model card, a Hub license id (e.g. ``"apache-2.0"``); `None` = none.
