@@ -1,17 +1,13 @@
 """The ``hf-specdraft`` command line (also ``python -m hf_specdraft``): one table of commands, each with its parser and
 what it runs.
 
-    hf-specdraft demo                       # the shipped default: one method per idea vs target-only, one table
-    hf-specdraft demo --target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID
+    hf-specdraft demo [--target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID]   # one method per idea vs target-only
     hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
     hf-specdraft train-glide --target DIR (--data FILES | --dataset FILE_OR_HUB_ID [--regenerate]) --output-dir DIR
     hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
     hf-specdraft export GLIDE_DIR OUTPUT_DIR [--target DIR]              # a GLIDE as vLLM serves it (docs/serving.md)
 
-The parsers use the standard library only, and each command imports torch and the library when it runs (``import
-hf_specdraft`` loads nothing eagerly), so ``hf-specdraft --help`` answers at once. The lab beside the package runs
-from a source checkout: ``python -m benchmarks.studies.<name>``, ``python -m recipes.<name>``, ``python -m
-benchmarks.report`` (BENCHMARKS.md and the README's headline table).
+The parsers use the standard library only and each command imports torch when it runs, so ``--help`` answers at once.
 """
 
 from __future__ import annotations
@@ -23,11 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlparse
-
-if TYPE_CHECKING:  # annotations only: the parsers import no torch
-    import torch
 
 DTYPE_NAMES = ("auto", "bf16", "fp16", "fp32")
 
@@ -39,18 +31,11 @@ def torch_dtype(name: str):
     return {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def load_bundle(
-    target: str | None,
-    draft: str | None,
-    device: str | None = None,
-    dtype: torch.dtype | None = None,
-    draft_dtype: torch.dtype | None = None,
-):
-    """The embedded default, or user checkpoints (local paths or Hub ids); ``draft_dtype`` `None`: the loader's
-    default for the embedded drafters, the target's dtype for a ``--draft`` checkpoint."""
+def load_bundle(target: str | None, draft: str | None, device=None, dtype=None, draft_dtype=None):
+    """The embedded default (or a ``recipes.training`` directory), or user checkpoints (local paths or Hub ids);
+    ``draft_dtype`` `None`: the loader's default for the embedded drafters, the target's for a ``--draft``."""
     from .defaults import DefaultBundle, load_default
 
-    # the default, or a recipes.training directory
     if target is None or (Path(target) / "target" / "config.json").is_file():
         bundle = load_default(target, device=device, dtype=dtype, draft_dtype=draft_dtype)
         if draft is not None:
@@ -64,12 +49,8 @@ def load_bundle(
 
 
 def check_checkpoint(name: str, argument: str) -> None:
-    """Fail at once, naming ``argument``, unless ``name`` is a directory here or a Hub id that can be had.
-
-    A path (absolute, ``./``, ``~``, or more than one ``/``) must exist. A Hub id must be in the local Hub cache when
-    ``HF_HUB_OFFLINE`` is set or the Hub's host does not resolve (no network): transformers would otherwise spend
-    tens of seconds on retries before an error that speaks of repo ids.
-    """
+    """Fail at once, naming ``argument``, unless ``name`` is a directory here or a Hub id that can be had: offline or
+    without network a Hub id must be in the local cache (transformers would retry for tens of seconds first)."""
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -98,7 +79,7 @@ def check_checkpoint(name: str, argument: str) -> None:
         ) from None
 
 
-def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | None = None):
+def _load_causal_lm(name: str, argument: str, like=None, dtype=None):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -113,10 +94,8 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype: torch.dtype | No
     return model.to(like.device if like is not None else ("cuda" if torch.cuda.is_available() else "cpu")).eval()
 
 
-# One method per idea, so the demo stays under two minutes on 2 CPU cores (`hf-specdraft bench` runs any of them).
+# One method per idea (the default calls, *-auto), so the demo stays under two minutes on 2 CPU cores.
 DEMO_METHODS = {
-    # *-auto: the default calls (GLIDE's copy from the context where the text recurs: +copy); draft-model-auto: the
-    # plain draft alone
     "completion": (
         "target-only",
         "target-only+linears",
@@ -128,7 +107,7 @@ DEMO_METHODS = {
     "context": ("target-only", "casd-strict-auto"),  # CASD drafts from the request's own context: its own task
 }
 # On CUDA the baseline users have is transformers' own static cache, compiled: the default calls run eager and on the
-# loop's static cache (compiled automatically there; the first call's compile is in the JSON's timing.warmup_seconds)
+# loop's static cache (compiled there; the first call's compile is in the JSON's timing.warmup_seconds)
 DEMO_METHODS_CUDA = {
     "completion": (
         "target-only",
@@ -147,10 +126,9 @@ def cmd_demo(args) -> int:
     from .bench.timing import warning_text
 
     bundle = load_bundle(args.target, args.draft)
-    has_draft = bundle.draft is not None
     results, shown = [], []
     for task, names in (DEMO_METHODS_CUDA if bundle.target.device.type == "cuda" else DEMO_METHODS).items():
-        methods = tuple(m for m in names if METHODS[m].available(bundle.extras, has_draft))
+        methods = tuple(m for m in names if METHODS[m].available(bundle.extras, bundle.draft is not None))
         sizes = {"num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
         config = BenchConfig(methods=methods, task=task, warmup=1, **sizes)
         output = Path(args.output) / f"demo-{task}.json" if args.output else None
@@ -222,8 +200,8 @@ def sample_text(result: dict, tokenizer, width: int = 240) -> str:
 
 
 def bench_output_path(output: str | None, profile: str, task: str, overwrite: bool = False) -> Path:
-    """Where ``bench`` writes: ``--output`` as given, else ``benchmarks/results/<profile>-<task>.json`` unless that
-    file exists (a committed result) and ``--overwrite`` is not set; then a new timestamped file next to it."""
+    """``--output``, else ``benchmarks/results/<profile>-<task>.json``, or a new timestamped file beside that one when
+    it exists (a committed result) and ``--overwrite`` is not set."""
     if output is not None:
         return Path(output)
     path = Path(f"benchmarks/results/{profile}-{task}.json")
@@ -233,8 +211,7 @@ def bench_output_path(output: str | None, profile: str, task: str, overwrite: bo
 
 
 def cmd_bench(args) -> int:
-    """``bench``: the task's held-out prompts, or with ``--prompts`` every turn of a Spec-Bench-format file and a
-    per-category table (:mod:`hf_specdraft.bench.prompts`)."""
+    """``bench``: the task's held-out prompts, or every turn of a ``--prompts`` file (:mod:`.bench.prompts`)."""
     import torch
 
     from .bench import BenchConfig, format_table, run_bench
@@ -273,15 +250,13 @@ def cmd_bench(args) -> int:
 
 
 def prompts_methods(bundle) -> tuple[str, ...]:
-    """``bench --prompts``'s methods without ``--methods``: the baselines (plain ``generate``, with the few-row
-    linears, prompt lookup, assisted decoding) and the demo's methods, those this bundle can run."""
+    """``bench --prompts``'s methods without ``--methods``: the baselines and the demo's, those this bundle can run."""
     from .bench import METHODS
     from .bench.prompts import BASELINES
 
     names = dict.fromkeys([*BASELINES, *DEMO_METHODS["completion"]])
-    return tuple(
-        m for m in names if "chat" in METHODS[m].tasks and METHODS[m].available(bundle.extras, bundle.draft is not None)
-    )
+    has_draft = bundle.draft is not None
+    return tuple(m for m in names if "chat" in METHODS[m].tasks and METHODS[m].available(bundle.extras, has_draft))
 
 
 def cmd_train_glide(argv: list[str]) -> int:
@@ -314,8 +289,8 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--target`` and ``--draft``, which ``demo`` and ``bench`` share."""
     parser.add_argument(
         "--target",
-        help="a causal LM (local directory or Hub id) or a `python -m recipes.training` "
-        "directory; the embedded default (SmolLM2-135M-Instruct) when not given",
+        help="a causal LM (local directory or Hub id) or a `python -m recipes.training` directory; the embedded "
+        "default (SmolLM2-135M-Instruct) when not given",
     )
     parser.add_argument("--draft", help="a draft causal LM with the target's vocabulary")
 
@@ -325,11 +300,7 @@ def demo_arguments(demo: argparse.ArgumentParser, method_names: tuple[str, ...])
     demo.add_argument("--num-prompts", type=int, default=2, help="held-out prompts per task")
     demo.add_argument("--max-new-tokens", type=int, default=40, help="new tokens per prompt")
     demo.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt; the median counts")
-    demo.add_argument(
-        "--output",
-        help="a directory for the runs' JSON (demo-<task>.json; the README's headline table is "
-        "generated from benchmarks/demo/)",
-    )
+    demo.add_argument("--output", help="a directory for the runs' JSON (demo-<task>.json)")
 
 
 def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
@@ -355,40 +326,32 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
     bench.add_argument(
         "--prompts",
         metavar="FILE.jsonl",
-        help="run every turn of a Spec-Bench-format file (question_id, category, "
-        "turns; 'default': the project's own held-out prompts) and print a per-category table; --task and "
-        "--num-prompts do not apply",
+        help="run every turn of a Spec-Bench-format file (question_id, category, turns; 'default': the project's own "
+        "held-out prompts) and print a per-category table; --task and --num-prompts do not apply",
     )
     bench.add_argument("--num-prompts", type=int, help="held-out prompts (default: the profile's, 20 on cpu)")
     bench.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default: the profile's, 64 on cpu)")
-    bench.add_argument(
-        "--repeats", type=int, help="timed runs per method and prompt, median kept (default: the profile's, 3)"
-    )
+    bench.add_argument("--repeats", type=int, help="timed runs per method and prompt, median kept (default: 3)")
     bench.add_argument(
         "--warmup",
         type=int,
         default=1,
-        help="untimed warm-up prompts (the longest), each run by every method "
-        "at --max-new-tokens before timing: caches sized and graphs compiled for the longest call",
+        help="untimed warm-up prompts (the longest), each run by every method at --max-new-tokens before timing",
     )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument(
         "--context-prompt-chars",
         type=int,
-        help="context task: characters of the file before the cut in the prompt "
-        "(default 3000 for --profile cpu, 1400 for gpu; the whole file before the cut: e.g. 1000000)",
+        help="context task: characters of the file before the cut in the prompt (default 3000 for --profile cpu, "
+        "1400 for gpu; the whole file before the cut: e.g. 1000000)",
     )
     model_arguments(bench)
     bench.add_argument(
         "--output",
-        help="JSON path (default benchmarks/results/<profile>-<task>.json; when that exists, a new "
-        "timestamped file beside it unless --overwrite)",
+        help="JSON path (default benchmarks/results/<profile>-<task>.json, or a new timestamped file beside it when "
+        "that exists and --overwrite is not given)",
     )
-    bench.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace benchmarks/results/<profile>-<task>.json when --output is not given",
-    )
+    bench.add_argument("--overwrite", action="store_true", help="replace the default --output file")
     bench.add_argument(
         "--dtype", default="auto", choices=DTYPE_NAMES, help="the target's; auto: fp32 on CPU, bf16 on CUDA"
     )
@@ -396,28 +359,27 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
         "--draft-dtype",
         default="auto",
         choices=DTYPE_NAMES,
-        help="the drafters'; auto: bf16 for the embedded default's (the weights they ship in; bf16 halves a "
-        "draft forward's weight reads), the target's for --draft and recipes.training drafters",
+        help="the drafters'; auto: bf16 for the embedded default's (the weights they ship in), the target's for "
+        "--draft and recipes.training drafters",
     )
     bench.add_argument(
         "--gpu-default-dir",
         default="runs/gpu-default",
-        help="where --profile gpu finds its target (`accelerate "
-        "launch -m recipes.training --recipe gpu --output-dir DIR` trains it)",
+        help="where --profile gpu finds its target (`accelerate launch -m recipes.training --recipe gpu`)",
     )
 
 
 def export_arguments(export: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
     export.add_argument(
         "glide",
-        help="a GLIDE checkpoint directory (built with state_input=True, self_attention=False), or "
-        "'default' for SmolLM2's shipped GLIDE in that layout (checkpoint_smollm2/glide_assistant)",
+        help="a GLIDE checkpoint directory (built with state_input=True, self_attention=False), or 'default' for "
+        "SmolLM2's shipped GLIDE in that layout (checkpoint_smollm2/glide_assistant)",
     )
     export.add_argument("output_dir", help="where the Gemma 4 assistant checkpoint goes")
     export.add_argument(
         "--target",
-        help="the target's checkpoint directory: its config is written beside the export with the "
-        "layer_types vLLM needs (target_config.json); the embedded SmolLM2 for 'default'",
+        help="the target's checkpoint directory: its config is written beside the export with the layer_types vLLM "
+        "needs (target_config.json); the embedded SmolLM2 for 'default'",
     )
 
 
@@ -432,7 +394,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     if glide_dir == "default":
         from .defaults.smollm2 import converted_dir
 
-        # the exportable one
         glide_dir = str(Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide_assistant")
         target_dir = target_dir or str(converted_dir())
     for flag, directory in (("GLIDE", glide_dir), ("--target", target_dir)):
@@ -446,11 +407,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: its line in ``--help``, what it runs, and what fills its parser.
-
-    ``run(args)`` takes the parsed arguments and returns the exit status; a command without ``arguments`` parses its
-    own: ``run(argv)`` gets the words after its name.
-    """
+    """One subcommand: its line in ``--help``, what it runs (``run(args)`` -> exit status), and what fills its parser;
+    a command without ``arguments`` parses its own: ``run(argv)`` gets the words after its name."""
 
     help: str
     run: Callable
@@ -458,21 +416,11 @@ class Command:
 
 
 COMMANDS = {
-    "demo": Command(
-        "compare one method per idea with target-only decoding on the shipped default (or --target)",
-        cmd_demo,
-        demo_arguments,
-    ),
+    "demo": Command("compare one method per idea with target-only decoding (or --target)", cmd_demo, demo_arguments),
     "bench": Command("benchmark methods side by side; writes JSON", cmd_bench, bench_arguments),
-    "train-glide": Command(
-        "train a GLIDE drafter for your target; see `hf-specdraft train-glide --help`", cmd_train_glide
-    ),
-    "build-bigram": Command(
-        "Max-Gram's bigram fallback table; see `hf-specdraft build-bigram --help`", cmd_build_bigram
-    ),
-    "export": Command(
-        "write a trained GLIDE in Gemma 4's assistant layout, which vLLM serves", cmd_export, export_arguments
-    ),
+    "train-glide": Command("train a GLIDE drafter for your target; see `train-glide --help`", cmd_train_glide),
+    "build-bigram": Command("Max-Gram's bigram fallback table; see `build-bigram --help`", cmd_build_bigram),
+    "export": Command("write a trained GLIDE in Gemma 4's assistant layout, for vLLM", cmd_export, export_arguments),
 }
 
 
@@ -484,8 +432,7 @@ def bench_method_names() -> tuple[str, ...]:
 
 
 def build_parser(method_names: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-    """The command's parser (standard library only). ``method_names``: what ``bench --help`` lists
-    (:func:`bench_method_names`)."""
+    """The command's parser (standard library only); ``bench --help`` lists ``method_names``."""
     parser = argparse.ArgumentParser(prog="hf-specdraft", description="Speculative decoding for 🤗 Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
