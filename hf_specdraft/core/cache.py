@@ -1,16 +1,10 @@
 """Cache operations of the loop and the drafters: compaction after acceptance, repacking a batch, windows, re-syncs.
 
-The loop owns the target's ``DynamicCache`` (:func:`target_cache`). After each step it keeps only the verified
-prefix and the accepted path:
-
-* a row that owns the cache (batch 1, unpadded) is *compacted* in place (:func:`compact_cache`: a crop when the
-  first-child chain was accepted, an ``index_select`` otherwise; sliding-window layers trimmed to their window);
-* a padded batch shares one right-aligned cache, *repacked* each step (:func:`repack_cache`: one ``index_select``
-  per tensor keeps every surviving row's columns). Why repacked, not holed: rejected tree columns leave the cache at
-  once, so attention and memory stay at the longest row's accepted length, never the sum of everything verified;
-  the gather costs one copy of the cache a step, which ``DynamicCache.update``'s own concatenation already pays.
-
-Drafters keep caches of their own and crop them back to the accepted text (:func:`resync_cache`).
+After each step the target's cache keeps only the verified prefix and the accepted path: a row that owns it is
+compacted in place (:func:`compact_cache`); a padded batch shares one right-aligned cache, repacked each step
+(:func:`repack_cache`) so that rejected columns leave at once and attention stays at the longest row's accepted length
+(the gather costs one copy a step, which ``DynamicCache.update``'s concatenation pays anyway). Drafters crop their own
+caches back to the accepted text (:func:`resync_cache`).
 """
 
 from __future__ import annotations
@@ -24,15 +18,9 @@ from .support import cache_window
 
 
 def target_cache(model, convolution_only: bool) -> DynamicCache:
-    """The target's cache for one ``generate`` call of one unpadded row that owns it.
-
-    It keeps the layers transformers builds; sliding-window layers and convolution layers record their past during a
-    step (a rejected branch never pushes an accepted key out of the window, and a crop restores a convolution's
-    inputs), trimmed after compaction (:func:`trim_windows`). A padded batch shares a :func:`croppable_cache` instead:
-    full layers, repacked by index (windowed targets stay within one window there,
-    :func:`~hf_specdraft.core.support.check_batch_target`). ``convolution_only``: the model's only non-attention layers
-    are short convolutions (:func:`~hf_specdraft.core.support.convolution_only`).
-    """
+    """The target's cache for one unpadded row that owns it: the layers transformers builds, sliding-window and
+    convolution layers recording their past during a step (a rejected branch never pushes an accepted key out of the
+    window, and a crop restores a convolution's inputs), trimmed after compaction (:func:`trim_windows`)."""
     cache = DynamicCache(config=model.config)
     if convolution_only or cache_window(cache) is not None:
         cache.activate_past_recording()
@@ -40,14 +28,10 @@ def target_cache(model, convolution_only: bool) -> DynamicCache:
 
 
 def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
-    """Keep only the sequence positions ``keep`` `(M,)` of every layer of ``cache``, in place.
-
-    When ``keep`` is ``arange(M)`` this is a crop. Otherwise keys/values are gathered with
-    ``index_select`` on the sequence dimension; cached keys are post-RoPE, and the kept tree nodes were
-    rotated at ``prefix_len + depth``, which is exactly their final sequence position. A sliding-window
-    layer holds only its newest keys: its indices are shifted by what it no longer holds, and afterwards it
-    is trimmed back to the ``window - 1`` keys the next forward can see (:func:`trim_windows`).
-    """
+    """Keep only the sequence positions ``keep`` `(M,)` of every layer of ``cache``, in place: a crop when ``keep`` is
+    ``arange(M)``, else an ``index_select`` (cached keys are post-RoPE, and a kept tree node was rotated at
+    ``prefix_len + depth``, its final position). A sliding-window layer's indices are shifted by what it no longer
+    holds."""
     length, m = cache.get_seq_length(), keep.numel()
     if m < length and bool((keep == torch.arange(m, device=keep.device)).all()):
         cache.crop(m - length)  # transformers 5.23 crops by a negative count of tokens to drop (sliding layers too)
@@ -65,8 +49,7 @@ def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
 
 
 def trim_windows(cache: DynamicCache) -> None:
-    """Drop the keys no later forward can see from sliding-window layers that record their past (:func:`target_cache`):
-    after compaction only the newest ``window - 1`` are seen again, so the cache stays the window's size."""
+    """Drop from sliding-window layers the keys no later forward can see (all but the newest ``window - 1``)."""
     for layer in cache.layers:
         window = getattr(layer, "sliding_window", None)
         if (
@@ -80,13 +63,9 @@ def trim_windows(cache: DynamicCache) -> None:
 
 
 def croppable_cache(model) -> DynamicCache:
-    """A cache for a draft that is cropped back to the accepted text every step, at any length.
-
-    The layers transformers builds for ``model``, with each sliding-window (or chunked) layer replaced by a full
-    one: such a layer drops the keys a crop past its window would need. transformers' own sliding masks select
-    the window on a full layer, and tree masks get it from :class:`~hf_specdraft.core.verify.LayerWindows`. A draft is
-    small, so keeping its whole past costs little; the target keeps its windows (the loop trims them).
-    """
+    """A cache cropped back to the accepted text every step, at any length: the layers transformers builds for
+    ``model``, each sliding-window (or chunked) layer replaced by a full one (which keeps the keys a crop past its
+    window needs; the masks still select the window)."""
     cache = DynamicCache(config=model.config)
     cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
     return cache
@@ -103,10 +82,7 @@ def common_prefix(seen: torch.Tensor, ids: torch.Tensor, limit: int | None = Non
 
 def resync_cache(cache: DynamicCache, seen: torch.Tensor, ids: torch.Tensor, limit: int | None = None) -> int:
     """Crop a draft's cache (covering the tokens ``seen``) to its :func:`common_prefix` with the text ``ids`` `(L,)`.
-
-    Every drafter that keeps its cache across steps (draft model, GLIDE, CAPE's beam scorer, the cascade's drafts,
-    the shipped CAPE loop) re-syncs this way after verification. Returns the kept length: feed ``ids[keep:]`` next.
-    """
+    Returns the kept length: feed ``ids[keep:]`` next."""
     return crop_to(cache, common_prefix(seen, ids, limit))
 
 

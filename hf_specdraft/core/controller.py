@@ -178,14 +178,13 @@ class DraftLengthController:
         d, width, tokens = self.draft_per_token or 0.0, self.measured_width[option], expected(self.acceptance(option))
         return [tokens[g] / (g * d + verify(self.bucket(max(g, round(width * g)) + 1))) for g in range(1, len(tokens))]
 
-    def _count(self, tries: list[float], hits: list[float], drafted: int, accepted: list[int]) -> tuple[list, list]:
-        """``tries`` and ``hits`` decayed, plus a step's outcome (up to the first rejected position)."""
-        tries, hits = [t * self.decay for t in tries], [h * self.decay for h in hits]
+    def _count(self, tries: list[list], hits: list[list], k: int, drafted: int, accepted: list[int]) -> None:
+        """Decay ``tries[k]`` and ``hits[k]`` and add a step's outcome (positions up to the first rejected one)."""
+        tries[k], hits[k] = [t * self.decay for t in tries[k]], [h * self.decay for h in hits[k]]
         for count in accepted:
-            for j in range(min(count + 1, drafted, len(tries))):
-                tries[j] += 1
-                hits[j] += j < count
-        return tries, hits
+            for j in range(min(count + 1, drafted, len(tries[k]))):
+                tries[k][j] += 1
+                hits[k][j] += j < count
 
     def copy_length(self, match: int, available: int) -> int:
         """How many of the ``available`` tokens that followed an earlier occurrence of the text's last ``match`` tokens
@@ -319,13 +318,9 @@ class DraftLengthController:
         if self.choices and (copied or self._draft_costs is not None):
             self.choices[-1] = drafted  # what a copy or a confidence-stopped step drafted, not the cap it was given
         if copied:
-            b = self._copy_bin
-            self.copy_tries[b], self.copy_hits[b] = self._count(
-                self.copy_tries[b], self.copy_hits[b], drafted, accepted
-            )
-            return
+            return self._count(self.copy_tries, self.copy_hits, self._copy_bin, drafted, accepted)
         o = self.option
-        self.tries[o], self.hits[o] = self._count(self.tries[o], self.hits[o], drafted, accepted)
+        self._count(self.tries, self.hits, o, drafted, accepted)
         if confidences is not None:  # the confidence bins: every judged draft token, accepted or not
             self.bin_tries = [t * self.decay for t in self.bin_tries]
             self.bin_hits = [h * self.decay for h in self.bin_hits]
@@ -340,7 +335,7 @@ class DraftLengthController:
         if self._draft_costs is not None and self.choices and drafted and not self._asked:
             self.confidence_stops = False  # a drafter that says it stops on confidence but never asked: choose γ again
         if on_chain is not None and o != 0 and self.widths[0] == 1.0:
-            self.tries[0], self.hits[0] = self._count(self.tries[0], self.hits[0], drafted, on_chain)
+            self._count(self.tries, self.hits, 0, drafted, on_chain)
         if drafted:
             self.measured_width[o] = 0.7 * self.measured_width[o] + 0.3 * max((verify_tokens - 1) / drafted, 1.0)
             per_token = draft_seconds / drafted

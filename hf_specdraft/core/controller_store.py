@@ -142,10 +142,7 @@ def belongs_to(key: str, model) -> bool:
 
 def load_state(key: str) -> dict | None:
     """The state saved under ``key``, or ``None``."""
-    path = store_file()
-    if path is None:
-        return None
-    entry = read_json(path).get(key)
+    entry = read_json(store_file()).get(key)
     return entry.get("state") if isinstance(entry, dict) and isinstance(entry.get("state"), dict) else None
 
 
@@ -193,24 +190,15 @@ def _memory_key(drafter, controller: DraftLengthController, setting: tuple):
     return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, setting)
 
 
-def _disk_key(model, anchor, key: tuple) -> str:
-    """The same key for the file (:func:`entry_key`): shapes and names, not ids."""
-    name, _, widths, longest, setting = key
-    return entry_key(model, anchor, name, (widths, longest, setting))
-
-
 def _fits(value, fresh) -> bool:
     """Whether a saved field's ``value`` has the shape of the fresh controller's field ``fresh``."""
-    number = (int, float)
     if isinstance(fresh, list):
-        return isinstance(value, list) and len(value) == len(fresh) and all(_fits(v, f) for v, f in zip(value, fresh))
-    if isinstance(fresh, dict):
-        return isinstance(value, dict) and all(
-            isinstance(v, number) and not isinstance(v, bool) and v >= 0 for v in value.values()
-        )
+        return isinstance(value, list) and len(value) == len(fresh) and all(map(_fits, value, fresh))
+    if isinstance(fresh, dict):  # the cost curve: seconds >= 0
+        return isinstance(value, dict) and all(_fits(v, 0.0) and v >= 0 for v in value.values())
     if fresh is None:
-        return value is None or (isinstance(value, number) and not isinstance(value, bool) and value >= 0)
-    return isinstance(value, number) and not isinstance(value, bool)
+        return value is None or (_fits(value, 0.0) and value >= 0)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _restore(controller: DraftLengthController, state: dict) -> bool:
@@ -246,7 +234,7 @@ def recall(controller: DraftLengthController, model, drafter, setting: tuple = (
         for name, value in remembered[1].items():
             setattr(controller, name, copy.deepcopy(value))
         return True
-    saved = load_state(_disk_key(model, anchor, key))
+    saved = load_state(entry_key(model, anchor, key[0], key[2:]))  # the file's key: shapes and names, not ids
     return saved is not None and _restore(controller, saved)
 
 
@@ -280,7 +268,7 @@ def remember(controller: DraftLengthController, model, drafter, setting: tuple =
     path = store_file()
     if path is None:
         return
-    disk_key = _disk_key(model, anchor, key)
+    disk_key = entry_key(model, anchor, key[0], key[2:])
     _PENDING.pop(disk_key, None)
     if time.monotonic() - _SAVED.get(disk_key, float("-inf")) >= SAVE_EVERY:
         _SAVED[disk_key] = time.monotonic()

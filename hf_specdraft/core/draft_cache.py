@@ -1,18 +1,12 @@
-"""A drafter's own cache and its forward: one interface, :class:`DraftCache`, with a dynamic and a static version, so a
-drafter drafts the same way on either (docs/static-cache.md).
+"""A drafter's own cache and its forward behind one interface, :class:`DraftCache`, so a drafter drafts the same way on
+a dynamic or a static cache (docs/static-cache.md).
 
 * :class:`DynamicDraftCache`: the draft's ``DynamicCache`` (every call outside the compiled static path);
-* :class:`StaticDraftCache`: on the compiled static path (``cache_implementation="static"``, compiled:
-  :func:`~hf_specdraft.core.static_layout.compile_config_for`) a batch-1 call's draft runs its feeds on a
-  :class:`~hf_specdraft.core.static_cache.StaticRowsCache` of one row instead, each feed padded to a bucket of
-  :data:`DRAFT_BUCKETS` and run through the draft's compiled forward (a feed longer than the widest bucket, the prompt,
-  runs eagerly on the same cache). A chain drafter feeds its draft the newly accepted tokens (1 to γ + 1 of them), then
-  one token per drafted token: on a GPU each of those one-token forwards is launches, like the target's.
+* :class:`StaticDraftCache`: on the compiled static path a batch-1 call's draft runs each feed padded to a bucket of
+  :data:`DRAFT_BUCKETS` through its compiled forward (a longer feed, the prompt, runs eagerly on the same cache).
 
-Either re-syncs through ``get_seq_length`` and ``crop`` (:func:`~hf_specdraft.core.drafting.draft_chain`; a static crop
-only moves the committed length back, later feeds overwrite the columns) and returns the logits after a feed
-(:meth:`DraftCache.forward`, :meth:`DraftCache.logits`). What a draft reads of the target (GLIDE's glimpse) comes from
-the ``reads`` function its drafter gives the cache, in the form that cache's forward takes (:meth:`DraftCache.glimpse`).
+Either re-syncs through ``get_seq_length`` and ``crop`` (a static crop only moves the committed length back) and
+returns the logits after a feed. What a draft reads of the target (GLIDE's glimpse) comes from its drafter's ``reads``.
 """
 
 from __future__ import annotations
@@ -57,13 +51,12 @@ class DraftCache:
         return None if self.reads is None else self.reads(target_cache, committed)
 
     def forward(self, feed: torch.LongTensor, extra=None) -> torch.Tensor:
-        """Write ``feed`` `(1, n)` after the covered tokens and return the draft's logits `(1, V)` after it (``extra``:
-        :meth:`glimpse`'s answer)."""
+        """Write ``feed`` `(1, n)` after the covered tokens; the draft's logits `(1, V)` after it."""
         return self.logits(feed, 1, extra)
 
     def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
-        """:meth:`forward`, keeping the logits `(rows, V)` at the feed's last ``rows`` tokens (a cascade draft reviewing
-        the tokens below it)."""
+        """:meth:`forward`, keeping the logits `(rows, V)` at the feed's last ``rows`` tokens (``extra``:
+        :meth:`glimpse`'s answer)."""
         raise NotImplementedError
 
     def prepare(self) -> None:
@@ -71,8 +64,8 @@ class DraftCache:
 
 
 class DynamicDraftCache(DraftCache):
-    """The draft's own ``DynamicCache`` (``past_key_values``; default :func:`~hf_specdraft.core.cache.croppable_cache`,
-    cropped back to the accepted text at any length). ``extra``: more keyword inputs of the draft's forward."""
+    """The draft's own ``DynamicCache`` (default :func:`~hf_specdraft.core.cache.croppable_cache`). ``extra``: more
+    keyword inputs of the draft's forward."""
 
     def __init__(self, draft_model, reads: Callable | None = None, past_key_values: DynamicCache | None = None):
         super().__init__(draft_model, reads)
@@ -96,14 +89,12 @@ class DynamicDraftCache(DraftCache):
 
 
 class StaticDraftCache(DraftCache):
-    """The draft's static cache and forward for one batch-1 call. ``extra``: ``columns (Q,) -> dict`` of more inputs of
-    fixed shape for queries at those sequence indices (GLIDE's glimpse of the target's static buffers and its key mask).
+    """The draft's static cache and compiled forward for one batch-1 call. ``extra``: ``columns (Q,) -> dict`` of more
+    inputs of fixed shape for queries at those sequence indices (GLIDE's glimpse of the target's static buffers).
 
     Args:
         draft_model: the draft. generation_config: the call's (``max_length`` sizes the cache).
-        compile_config: how the draft's forward compiles (the loop's,
-            :func:`~hf_specdraft.core.static_layout.compile_config_for`).
-        reads: as :class:`DraftCache`'s; asked with ``committed=None`` for the warm-up's inputs.
+        compile_config: how the draft's forward compiles (the loop's). reads: as :class:`DraftCache`'s.
     """
 
     def __init__(
@@ -135,17 +126,17 @@ class StaticDraftCache(DraftCache):
     @torch.no_grad()
     def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
         """Float32 logits `(rows, V)` (:meth:`DraftCache.logits`)."""
-        start, n = self.length, feed.shape[1]
-        compiled = self.static.compiled and self.static.cache.layers[0].is_initialized and n <= DRAFT_BUCKETS[-1]
-        logits = self._run(feed[0], start, self.static.bucket(n) if compiled else n, compiled, extra, rows)
-        if not compiled and self.static.compiled and not self.static.cache.warmed:  # the buffers exist now: warm up
+        start, n, static = self.length, feed.shape[1], self.static
+        compiled = static.compiled and static.cache.layers[0].is_initialized and n <= DRAFT_BUCKETS[-1]
+        logits = self._run(feed[0], start, static.bucket(n) if compiled else n, compiled, extra, rows)
+        if not compiled and static.compiled and not static.cache.warmed:  # the buffers exist now: warm up
             self.warm_up(extra)
         self.length = start + n
         return (logits[0, n - rows : n] if compiled else logits[0, -rows:]).float()
 
     def prepare(self) -> None:
-        """Before the loop's first step: allocate the buffers (one eager dummy forward in the last column) and compile
-        every bucket, so no drafting step compiles and the controller's draft costs never hold a compile."""
+        """Before the loop's first step: allocate the buffers and compile every bucket, so no drafting step compiles
+        (the controller's draft costs never hold a compile)."""
         if not self.static.compiled or self.static.cache.warmed:
             return
         extra = self.glimpse(None, None)
@@ -163,10 +154,10 @@ class StaticDraftCache(DraftCache):
     def _run(
         self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra, rows: int = 1
     ) -> torch.Tensor:
-        """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``, over the whole buffer when
-        compiled. Returns the logits of every query when compiled (a fixed shape), of the last ``rows`` when eager."""
-        length = self.static.cache.max_cache_len if compiled else start + width
+        """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``; the logits of every query
+        when compiled (a fixed shape), of the last ``rows`` when eager."""
         cache = self.static.cache
+        length = cache.max_cache_len if compiled else start + width
         cache.set_visible(None if compiled else length)
         columns = start + torch.arange(width)
         keys = torch.arange(length)
@@ -187,6 +178,4 @@ class StaticDraftCache(DraftCache):
         }
         if compiled:
             return self.static._forward(**inputs)[0]
-        return self.model(
-            **inputs, **with_cache(self.model, self.static.cache), use_cache=True, logits_to_keep=rows
-        ).logits
+        return self.model(**inputs, **with_cache(self.model, cache), use_cache=True, logits_to_keep=rows).logits

@@ -21,11 +21,7 @@ from .tree import DraftTree
 
 
 class StepClock:
-    """Marks on the device's timeline (CUDA events) or the host's (elsewhere).
-
-    Args:
-        device: where the forwards run.
-    """
+    """Marks on the timeline of ``device`` (where the forwards run: CUDA events) or the host's (elsewhere)."""
 
     def __init__(self, device: torch.device | str):
         self.events = torch.device(device).type == "cuda"
@@ -47,13 +43,8 @@ class StepClock:
 
 
 class StepMeter:
-    """Times one step at a time and, with a controller (``num_draft_tokens="auto"``), chooses what every row's request
-    carries before the step (:attr:`choice`) and learns from what it accepted and cost after it.
-
-    Args:
-        clock: marks on the device's timeline (:class:`StepClock`).
-        controller: the call's γ controller, or ``None`` (a fixed γ).
-    """
+    """Times one step at a time on ``clock`` and, with a ``controller`` (``num_draft_tokens="auto"``; ``None``: a fixed
+    γ), chooses what every row's request carries before the step (:attr:`choice`) and learns from the step after it."""
 
     def __init__(self, clock: StepClock, controller: DraftLengthController | None = None):
         self.clock, self.controller = clock, controller

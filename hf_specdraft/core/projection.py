@@ -1,35 +1,17 @@
 """The linear layers of a few-token forward on CPU, in whichever orientation the CPU's BLAS runs fastest.
 
-Verification runs the target over ``1 + N`` tokens (N ≈ 2–16). On CPU each ``linear(h, W)`` of those few rows, ``h``
-`(M, d_in)` and ``W`` `(d_out, d_in)`, can also be computed as ``W @ h.T``, and which is faster depends on the CPU. On
-2-core AMD EPYC VMs ``linear`` took MKL's small-M GEMM path, 1.5–4× slower than ``W @ h.T``; SmolLM2's vocabulary
-projection (49,152 × 576, fp32, torch 2.13, median of 30 calls)::
+Verification runs the target over ``1 + N`` tokens (N ≈ 2–16). Each ``linear(h, W)`` of those few rows, ``h``
+`(M, d_in)` and ``W`` `(d_out, d_in)`, can also be computed as ``W @ h.T``, and which is faster depends on the CPU: on
+2-core AMD EPYC VMs ``linear`` took MKL's small-M path, 1.5–4× slower (SmolLM2's vocabulary projection at M = 2:
+23.4 ms against 7.7 ms), on a 2-core AVX-512 Xeon VM the other way round. So it is measured: with ``"auto"`` a few-row
+linear runs ``W @ h.T`` only where :func:`transposed_is_faster` timed it at least 10 % faster on this machine. A one-row
+input runs as two rows there (MKL's matrix-vector product used one core on the AMD VM: 2.4-3.1× slower). Plain greedy
+``generate`` inside :func:`few_token_linears` ran 16.5 → 22.8 tokens/s there, token-identical: the bench's fair
+target-only baseline (``target-only+linears``). Only plain CPU fp32 / fp64 ``nn.Linear`` layers are wrapped; the sums
+differ only in their blocking (≤ 1e-4 on the default's logits).
 
-    M                  1      2      3      6      8     16
-    linear(h, W)    10.4   23.4   34.7   35.1   24.6   26.1   ms
-    W @ h.T         10.3    7.7   10.8    8.4    9.4   17.2   ms
-
-On a 2-core AVX-512 Xeon VM (same torch and MKL) it is the other way round (that projection: 2.3 / 2.3 / 4.4 ms with
-``linear`` at M = 1 / 2 / 4, 2.3 / 6.7 / 5.5 ms as ``W @ h.T``). So it is measured: by default
-(``orientation="auto"``) a few-row linear runs ``W @ h.T`` only where :func:`transposed_is_faster` timed it at least
-10 % faster for that weight shape and row count on this machine (once per process, on copies of the weight).
-
-A one-row ``linear`` is a matrix-vector product, which MKL ran on one core on the AMD VM (fp32), while two rows as
-``W @ h.T`` use both: a one-row input is computed as two (the row twice, the first column kept) where that times
-faster (2.4-3.1x there, streamed like a forward; in bf16 the matrix-vector path was faster, and bf16 weights are left
-alone). With every linear so computed, a whole forward over 2 new tokens cost 0.96× the model's own one-token forward
-on that VM (1.65× without; ``python -m benchmarks.studies.projection``), and plain greedy ``generate`` inside
-:func:`few_token_linears` ran 16.5 → 22.8 tokens/s, token-identical: there it is the fair target-only baseline the
-bench runs (``target-only+linears``).
-
-:func:`few_token_linears` wraps the forward of every plain CPU fp32 / fp64 ``nn.Linear`` of a model inside the block
-(through the model's own forward, so soft-capping, logit scales and ``logits_to_keep`` still apply); GPUs and
-bf16 / fp16 weights keep ``linear``. Both are fp32 dot products of the same numbers; only the summation blocking
-differs (≤ 1e-4 on the default's logits), as it already does between a 1-row and a 6-row ``linear``.
-
-This module imports torch and its sibling ``controller_store`` (the files on disk) only:
-:func:`hf_specdraft.cape.write_custom_generate` writes it, as it is, into the ``custom_generate/`` folder a checkpoint
-ships.
+This module imports torch and its sibling ``controller_store`` only: :func:`hf_specdraft.cape.write_custom_generate`
+ships it, as it is, in a checkpoint's ``custom_generate/`` folder.
 """
 
 from __future__ import annotations
@@ -66,17 +48,6 @@ def _disk_key(key: tuple) -> str:
     return f"{'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')} rows={rows} threads={threads}"
 
 
-def _load_disk() -> None:
-    """Fill this process' calibrations from the file once, for this machine only."""
-    if _ON_DISK["loaded"]:
-        return
-    _ON_DISK["loaded"] = True
-    stored = read_json(calibration_file()).get(machine_id(), {})
-    for key in list(_FASTER_TRANSPOSED):  # keys measured here already win
-        stored.pop(_disk_key(key), None)
-    _ON_DISK["stored"] = stored
-
-
 def _save_disk(key: tuple, faster: bool) -> None:
     """Add one calibration to the file (read, merge, atomic replace); a read-only cache directory only skips it."""
     path = calibration_file()
@@ -98,16 +69,13 @@ def _seconds(run) -> float:
 
 def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
     """Whether ``W @ h.T`` beats ``linear(h, W)`` for ``rows`` rows on this machine, timed once per weight shape,
-    dtype, row count and thread count (both interleaved, median of ``CALIBRATION_REPEATS``).
-
-    Timed as a forward runs them: on copies of ``weight`` together over ``CALIBRATION_BYTES``, each used once per pass,
-    so every weight streams from memory (from the cache a one-row ``linear`` looked as fast as the two-row product;
-    streamed, on the AMD VM, it was 2.4-2.7x slower). Takes ~0.1 s per shape and row count the first time (1-3 s for a
-    model's generation), microseconds after; the answers persist per CPU model and torch build in
-    :func:`calibration_file`, so a later process on the same machine measures nothing again."""
+    dtype, row count and thread count (interleaved, median of ``CALIBRATION_REPEATS``), and kept per machine in
+    :func:`calibration_file`. Timed on copies of ``weight`` over ``CALIBRATION_BYTES``, so every weight streams from
+    memory as in a forward (from the cache a one-row ``linear`` looked as fast as the two-row product)."""
     key = (tuple(weight.shape), weight.dtype, rows, torch.get_num_threads())
-    _load_disk()
-    if key not in _FASTER_TRANSPOSED and _disk_key(key) in _ON_DISK.get("stored", {}):  # measured by an earlier process
+    if not _ON_DISK["loaded"]:
+        _ON_DISK.update(loaded=True, stored=read_json(calibration_file()).get(machine_id(), {}))
+    if key not in _FASTER_TRANSPOSED and _disk_key(key) in _ON_DISK["stored"]:  # measured by an earlier process
         _FASTER_TRANSPOSED[key] = bool(_ON_DISK["stored"][_disk_key(key)])
     if key not in _FASTER_TRANSPOSED:
         hidden = torch.randn(rows, weight.shape[1], dtype=weight.dtype, generator=torch.Generator().manual_seed(rows))
@@ -117,19 +85,17 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
             linear = lambda: [nn.functional.linear(hidden, w) for w in weights]  # noqa: E731
             transposed = lambda: [_transposed_product(w, hidden) for w in weights]  # noqa: E731
             linear(), transposed()  # warm-up: first-call allocations
-            seconds = {"linear": [], "transposed": []}
-            for _ in range(CALIBRATION_REPEATS):  # interleaved, so a burst of other work hits both
-                seconds["linear"].append(_seconds(linear))
-                seconds["transposed"].append(_seconds(transposed))
-        median = {name: statistics.median(times) for name, times in seconds.items()}
-        _FASTER_TRANSPOSED[key] = median["transposed"] < SWITCH_MARGIN * median["linear"]
+            # interleaved, so a burst of other work hits both
+            by_linear, by_transposed = zip(
+                *[(_seconds(linear), _seconds(transposed)) for _ in range(CALIBRATION_REPEATS)]
+            )
+        _FASTER_TRANSPOSED[key] = statistics.median(by_transposed) < SWITCH_MARGIN * statistics.median(by_linear)
         _save_disk(key, _FASTER_TRANSPOSED[key])
     return _FASTER_TRANSPOSED[key]
 
 
 def _transposed_product(weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """``linear(flat, weight)`` as ``W @ h.T``: ``flat`` `(M, d_in)` -> `(M, d_out)`, laid out as linear's; one row as
-    two (a two-column GEMM streams the weight on both cores where MKL's matrix-vector product used one)."""
+    """``linear(flat, weight)`` as ``W @ h.T``: ``flat`` `(M, d_in)` -> `(M, d_out)`; one row as two (see above)."""
     if flat.shape[0] == 1:
         return torch.matmul(weight, flat.repeat(2, 1).T)[:, :1].T.contiguous()
     return torch.matmul(weight, flat.T).T.contiguous()  # the BLAS' fast orientation for small M on some CPUs
@@ -188,8 +154,7 @@ def _transposed(modules: Iterable[nn.Module], orientation: str = "auto") -> Iter
             del module.forward
 
 
-@contextlib.contextmanager
-def few_token_linears(model: nn.Module, orientation: str = "auto") -> Iterator[int]:
+def few_token_linears(model: nn.Module, orientation: str = "auto") -> contextlib.AbstractContextManager[int]:
     """Compute the plain CPU fp32 ``nn.Linear`` layers of ``model`` as ``W @ h.T`` inside the block (a one-row input as
     two rows), where that is faster on this machine: for a few-token verification and, on CPUs whose one-row product
     runs on one core, for plain decoding too (``with few_token_linears(model): model.generate(...)``).
@@ -199,17 +164,15 @@ def few_token_linears(model: nn.Module, orientation: str = "auto") -> Iterator[i
             :func:`transposed_is_faster` measured faster (the model's own ``linear`` unless ``W @ h.T`` wins by 10 %);
             ``"transposed"``: always ``W @ h.T`` up to any row count; ``"linear"``: nothing changes.
 
-    Applies only where it cannot change which code runs (see the module docstring). Yields how many modules it wrapped
-    (0 on GPU and with ``"linear"``); restores their own forward on exit, also on error.
+    Yields how many modules it wrapped (0 on GPU and with ``"linear"``); restores their own forward on exit.
     """
-    with _transposed(model.modules(), orientation) as swapped:
-        yield swapped
+    return _transposed(model.modules(), orientation)
 
 
 @contextlib.contextmanager
 def few_token_projection(model: nn.Module, orientation: str = "auto") -> Iterator[bool]:
-    """The same for the output embedding alone (what the loop used before :func:`few_token_linears`; the
-    verification-cost benchmark shows both). Yields whether it applied."""
+    """The same for the output embedding alone (the verification-cost benchmark's comparison); yields whether it
+    applied."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     with _transposed([head] if head is not None else [], orientation) as swapped:
         yield bool(swapped)

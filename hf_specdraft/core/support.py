@@ -1,25 +1,14 @@
 """Which models the loop can verify drafts for, asked of the model's config and of the cache transformers builds.
 
-Tree verification needs three things of a target: a KV cache whose positions can be gathered to the accepted
-path (:func:`~hf_specdraft.core.cache.compact_cache`), an attention that takes a 4-D mask with a position per tree
-node, and a forward that takes ``past_key_values``. Models fall in three groups:
+Tree verification needs a KV cache whose positions can be gathered to the accepted path, an attention that takes a 4-D
+mask, and a forward that takes ``past_key_values``. Models fall in three groups (docs/architectures.md):
 
-- **trees and chains**: attention-only models (Llama, Mistral, Qwen, Gemma, GPT-2, …): every layer of
-  ``DynamicCache(config=...)`` is a ``DynamicLayer`` or ``DynamicSlidingWindowLayer``.
-- **chains only**: ALiBi models (Bloom, MPT, Falcon with ``alibi=True``) build their position bias from a 2-D
-  padding mask and reject a 4-D tree mask, so every proposed tree is verified as its first-child chain
-  (:meth:`~hf_specdraft.core.tree.DraftTree.main_chain`; counted in ``speculative_stats.extra``). Models whose only
-  non-attention layers are short convolutions (LFM2's ``conv`` layers) keep, with past recording, the inputs a
-  ``crop`` needs to roll their state back exactly: chains, on the cache's own ``crop``.
-- **refused**: the few model types listed in ``MISMATCHED_MODEL_TYPES`` (output that did not match their own
-  ``generate`` in the grid), and models with a recurrent state (Mamba and Mamba-2 layers, linear attention, RWKV,
-  xLSTM: Mamba, Jamba, Bamba, Zamba2, Falcon-H1, Qwen3-Next, …). transformers 5.23's ``LinearAttentionLayer.crop``
-  rolls back the convolution inputs only, not the recurrent state, so a rejected draft would stay folded into the
-  state and the output would drift silently. :func:`check_target` raises before any forward, naming the model type.
-
-``sliding_window_layers`` is the one answer to "does this model use a sliding window": the layers transformers
-itself builds as ``DynamicSlidingWindowLayer`` from ``layer_types`` / ``use_sliding_window`` /
-``max_window_layers`` (a ``sliding_window`` attribute alone, e.g. Qwen2-MoE's ``0``, does not count).
+- **trees and chains**: attention-only models, every ``DynamicCache(config=...)`` layer a ``DynamicLayer`` or
+  ``DynamicSlidingWindowLayer``.
+- **chains only** (:func:`chains_only`): ALiBi models build their bias from a 2-D mask, so each tree is verified as its
+  first-child chain; short-convolution hybrids (LFM2) roll back by the cache's own ``crop`` (it records their inputs).
+- **refused** (:func:`check_target`, before any forward): ``MISMATCHED_MODEL_TYPES``, and models with a recurrent
+  state (Mamba, Jamba, RWKV, …): transformers' ``crop`` does not roll that state back, so the output would drift.
 """
 
 from __future__ import annotations
@@ -52,8 +41,7 @@ ALIBI_MODEL_TYPES = ("bloom", "mpt")  # ALiBi bias built from a 2-D mask (Falcon
 CONVOLUTION_LAYER_TYPES = ("conv",)  # layer_types whose state is a short window of inputs, which crop restores exactly
 
 
-# the names a model ``forward`` takes its KV cache under, newest first: transformers 5.24 renamed
-# ``past_key_values`` to ``cache`` (the old name still works there, with a deprecation warning)
+# the names a model ``forward`` takes its KV cache under, newest first (transformers 5.24 renamed past_key_values)
 CACHE_ARGUMENTS = ("cache", "past_key_values")
 # the name this transformers gives the cache in model outputs, generate's outputs and its model_kwargs
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -66,8 +54,7 @@ def _cache_argument_of(cls: type) -> str | None:
 
 
 def cache_argument(model: nn.Module) -> str | None:
-    """The keyword ``model``'s ``forward`` takes its KV cache under (``"cache"`` on transformers >= 5.24,
-    ``"past_key_values"`` before), or None when it takes none. Read once per model class."""
+    """The keyword ``model``'s ``forward`` takes its KV cache under (:data:`CACHE_ARGUMENTS`), or None."""
     return _cache_argument_of(type(model))
 
 
@@ -77,9 +64,8 @@ def with_cache(model: nn.Module, cache) -> dict:
 
 
 def output_cache(outputs):
-    """The cache a model output or a ``model_kwargs`` dict carries (``cache`` on transformers >= 5.24,
-    ``past_key_values`` before; either is read)."""
-    if isinstance(outputs, ModelOutput):  # maps the old name itself on 5.24, with a deprecation warning: ask by the new
+    """The cache a model output or a ``model_kwargs`` dict carries, under either name."""
+    if isinstance(outputs, ModelOutput):  # maps the old name itself on 5.24, with a deprecation warning
         return outputs.get(CACHE_FIELD)
     cache = outputs.get("cache")
     return cache if cache is not None else outputs.get("past_key_values")
@@ -100,15 +86,14 @@ def sliding_window_layers(model: PreTrainedModel) -> int:
 
 
 def cache_window(cache: DynamicCache) -> int | None:
-    """The smallest window of the cache's sliding-window layers (``sliding_window``, or Llama 4's
-    ``attention_chunk_size``, as transformers passed it to the layer); None without such layers."""
+    """The smallest window of the cache's sliding-window (or chunked) layers; None without such layers."""
     windows = [layer.sliding_window for layer in cache.layers if type(layer).__name__ == "DynamicSlidingWindowLayer"]
     return min(windows) if windows else None
 
 
 def check_batch_target(model: PreTrainedModel, generation_config, chains: str | None) -> None:
-    """Raise a `ValueError` where ``model`` cannot verify a padded batch: ``chains`` (why it verifies chains only,
-    :func:`chains_only`), or a sliding window shorter than ``max_length`` on a ``DynamicCache``."""
+    """Raise a `ValueError` where ``model`` cannot verify a padded batch: ``chains`` (:func:`chains_only`), or a
+    sliding window shorter than ``max_length`` on a ``DynamicCache``."""
     name, length = type(model).__name__, generation_config.max_length
     if chains:  # ALiBi, or a convolution state (per sequence)
         raise ValueError(f"{name} cannot verify a padded batch: {chains}; run one unpadded prompt at a time")
@@ -123,8 +108,7 @@ def check_batch_target(model: PreTrainedModel, generation_config, chains: str | 
 
 
 def recurrent_state(model: PreTrainedModel) -> str | None:
-    """Why ``model``'s cache cannot be rolled back to an accepted prefix (or the loop is known not to match it),
-    or None when it can."""
+    """Why ``model``'s cache cannot be rolled back to an accepted prefix (or the loop is known not to match it)."""
     if model_type(model) in MISMATCHED_MODEL_TYPES:
         return MISMATCHED_MODEL_TYPES[model_type(model)]
     if cache_argument(model) is None:
@@ -171,33 +155,23 @@ def check_target(model: PreTrainedModel, argument: str = "model") -> None:
 
 @dataclass(frozen=True)
 class TargetSupport:
-    """What a call reads of its target, asked once (:func:`support_of`): later code reads these fields instead of
-    asking the model again (its config and signatures are slow to ask).
+    """What a call reads of its target, asked once (its config and signatures are slow to ask)."""
 
-    Attributes:
-        cache_argument (`str`): the keyword its forward takes its cache under (:func:`cache_argument`).
-        chains (`str`, *optional*): why it verifies trees as chains (:func:`chains_only`), or ``None``.
-        convolution_only (`bool`): its only non-attention layers are short convolutions (:func:`convolution_only`).
-        prefill_kwargs (`dict`): what a prefill forward adds (:func:`no_logits_kwargs`).
-    """
-
-    cache_argument: str
-    chains: str | None
-    convolution_only: bool
-    prefill_kwargs: dict
+    cache_argument: str  # the keyword its forward takes its cache under
+    chains: str | None  # why it verifies trees as chains (chains_only), or None
+    convolution_only: bool  # its only non-attention layers are short convolutions
+    prefill_kwargs: dict  # what a prefill forward adds (no_logits_kwargs)
 
 
 def support_of(model: PreTrainedModel) -> TargetSupport:
-    """What the loop reads of ``model`` (:class:`TargetSupport`), without refusing it (a draft's static cache asks too);
-    a target is checked first (:func:`target_support`)."""
+    """What the loop reads of ``model``, without refusing it (a draft's static cache asks too)."""
     return TargetSupport(
         cache_argument(model) or "past_key_values", chains_only(model), convolution_only(model), no_logits_kwargs(model)
     )
 
 
 def target_support(model: PreTrainedModel) -> TargetSupport:
-    """Refuse ``model`` where speculative decoding cannot run on it exactly (:func:`check_target`: before any forward),
-    else what the call reads of it (:func:`support_of`)."""
+    """:func:`check_target`, then :func:`support_of`."""
     check_target(model)
     return support_of(model)
 

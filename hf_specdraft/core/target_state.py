@@ -1,17 +1,10 @@
 """The target's state handed to the drafters that ask for it: the named layers' hidden states at the kept positions.
 
 Drafters that read the target's hidden state (Gemma 4's assistant, DFlash, MTP heads, EAGLE) follow transformers'
-protocol (``generation/candidate_generator.py``): ``requires_model_outputs``, ``model_kwargs_overrides`` (e.g.
-``{"output_hidden_states": [2, 4]}``, entry 0 the embeddings) and ``get_candidates(input_ids, model_kwargs=,
-model_outputs=, is_first_iteration=, n_last_matches=)``. The loop honours it on every layout:
-
-* :class:`StateRequest` merges what the drafters ask into the target's forwards' keyword arguments; empty when none
-  asks, so such drafters pay nothing.
-* :func:`kept_states` gathers, after each verification, every asking row's states at the columns it kept (on device).
-* :class:`TargetOutputs` carries them to the drafter as ``model_outputs``: the tokens the last step added to the cache
-  (``n_last_matches + 1``), or on the first call the whole prompt, flagged ``is_first_iteration``.
-
-An hf_specdraft drafter that sets ``requires_model_outputs`` receives them in its request (:class:`TargetState`).
+protocol (``generation/candidate_generator.py``: ``requires_model_outputs``, ``model_kwargs_overrides``,
+``get_candidates(..., model_outputs=, is_first_iteration=, n_last_matches=)``). :class:`StateRequest` merges what
+they ask into the target's forwards (nothing when none asks), :func:`kept_states` gathers each asking row's states at
+the columns it kept, and :class:`TargetOutputs` hands them on (an hf_specdraft drafter gets :class:`TargetState`).
 """
 
 from __future__ import annotations
@@ -31,8 +24,7 @@ SHARED_KV = "return_shared_kv_states"  # Gemma 4: the keys and values of the las
 @dataclass
 class TargetOutputs(ModelOutput):
     """The target's outputs at the positions a step kept, for one row (transformers' ``model_outputs``):
-    ``hidden_states`` as the model returns them (entry 0 the embeddings, unrequested entries ``None``), each
-    `(1, n, hidden_size)` over the ``n`` positions the last step added to the target's cache, in text order."""
+    ``hidden_states`` (entry 0 the embeddings, unrequested entries ``None``), each `(1, n, hidden_size)`."""
 
     hidden_states: tuple | None = None
     shared_kv_states: dict | None = None  # Gemma 4's: {layer type: (keys, values)} of the target's producer layers
@@ -53,8 +45,7 @@ class TargetState:
 
 
 class StateRequest:
-    """What the call's drafters (each row's, with its :class:`~hf_specdraft.core.drafting.DrafterTraits`) ask of the
-    target's forwards, merged once per call into :attr:`kwargs` (empty when no drafter asks)."""
+    """What the call's drafters ask of the target's forwards, merged once per call into :attr:`kwargs`."""
 
     def __init__(self, model, drafters, traits):
         self.kwargs: dict = {}
@@ -66,9 +57,7 @@ class StateRequest:
             for key, value in declared.model_kwargs_overrides.items():
                 if key == HIDDEN:
                     wanted = _merge_layers(wanted, value, layers, drafter)
-                elif key == SHARED_KV and value:
-                    # served from the cache the loop kept, not the verify forward's (which holds a tree's rejected
-                    # nodes): nothing asked of the forward
+                elif key == SHARED_KV and value:  # served from the kept cache (the forward's holds rejected nodes)
                     self.producers = cache_producers(model)
                 elif key in self.kwargs and self.kwargs[key] != value:
                     raise ValueError(
@@ -82,10 +71,8 @@ class StateRequest:
                     )
                 else:
                     self.kwargs[key] = value
-        if wanted is True:
-            self.kwargs[HIDDEN] = True
-        elif wanted:
-            self.kwargs[HIDDEN] = sorted(wanted)
+        if wanted:
+            self.kwargs[HIDDEN] = True if wanted is True else sorted(wanted)
         self.hidden = HIDDEN in self.kwargs
 
     def __bool__(self) -> bool:
@@ -117,12 +104,10 @@ def _merge_layers(wanted, value, layers: int, drafter):
 
 
 def kept_states(hidden_states: tuple, a: int, columns: list[int]) -> tuple:
-    """Row ``a``'s entries of a forward's ``hidden_states`` at its kept ``columns`` (``0 .. n`` for a chain, a slice; a
-    tree's kept nodes, one gather copied without a sync). Entries the forward left ``None`` stay ``None``."""
+    """Row ``a``'s entries of a forward's ``hidden_states`` at its kept ``columns`` (a chain's: a slice)."""
     if columns == list(range(len(columns))):
         return tuple(None if h is None else h[a : a + 1, : len(columns)] for h in hidden_states)
-    device = next(h.device for h in hidden_states if h is not None)
-    index = to_device(columns, device)
+    index = to_device(columns, next(h.device for h in hidden_states if h is not None))
     return tuple(None if h is None else h[a : a + 1].index_select(1, index) for h in hidden_states)
 
 
@@ -139,8 +124,8 @@ def rows_of(hidden_states: tuple, index: torch.Tensor) -> tuple:
 
 
 def prefill_states(hidden_states: tuple, rows) -> None:
-    """Each state-reading row keeps the prefill's states of its prompt (its padding columns left out), to hand on with
-    the first step's."""
+    """Each state-reading row keeps the prefill's states of its prompt (without padding), handed on with the first
+    step's."""
     for a, row in enumerate(rows):
         if row.traits.requires_model_outputs:
             row.states = tuple(None if h is None else h[a : a + 1, row.pad :] for h in hidden_states)
@@ -148,7 +133,7 @@ def prefill_states(hidden_states: tuple, rows) -> None:
 
 def cache_producers(target) -> dict[str, int]:
     """The target layer whose cached keys and values a Gemma 4 assistant's layer of each type attends to: the last
-    layer of that type before the target's KV-shared layers (the ones transformers' Gemma 4 marks ``"store"``)."""
+    layer of that type before the target's KV-shared layers."""
     config = target.config.get_text_config()
     types = getattr(config, "layer_types", None)
     if types is None:
