@@ -1,10 +1,8 @@
 """What torch compiled between two moments: a timed run that compiled measured the compiler, not the method.
 
-:func:`compile_counters` reads the process' counters; :func:`compiled_between` keeps what moved between two readings:
-``unique_graphs`` (graphs dynamo handed to a backend), ``frames_compiled`` (frames dynamo compiled, recompiles
-included), ``recompiles`` (compiles after a guard failure, told from dynamo's compilation metrics, which keep the last
-64), ``graph_breaks``, ``cudagraph_skips`` (inductor's "skipping cudagraphs" warnings) and ``cudagraphs_recorded``
-(dynamo's ``CUDAGRAPH_RECORDING`` compile callback; 0 where torch has none). Every name is read with a default, so a
+:func:`compile_counters` reads the process' counters (:data:`COUNTERS`: dynamo's graphs, frames, recompiles told from
+its last 64 compilation metrics, graph breaks, inductor's cudagraph skips, and CUDA graphs recorded, seen by a compile
+callback); :func:`compiled_between` keeps what moved between two readings. Every name is read with a default, so a
 torch version that renames one reads 0 for it instead of failing.
 """
 
@@ -17,21 +15,19 @@ _RECORDED = [0]  # CUDA graphs recorded since the callback was registered
 
 
 def _on_compile_start(args=None) -> None:
-    trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
-    if trigger == "CUDAGRAPH_RECORDING":
+    if getattr(getattr(args, "callback_trigger", None), "name", None) == "CUDAGRAPH_RECORDING":
         _RECORDED[0] += 1
 
 
 def _watch_cudagraph_recordings() -> None:
-    """Register :func:`_on_compile_start` with dynamo's compile callbacks (again after ``torch._dynamo.reset()``)."""
+    """Register :func:`_on_compile_start` with dynamo (again after ``torch._dynamo.reset()``)."""
     handler = getattr(torch._dynamo, "callback_handler", None)
     if handler is not None and _on_compile_start not in getattr(handler, "start_callbacks", [_on_compile_start]):
         handler.register_start_callback(_on_compile_start)
 
 
 def _recompiles() -> list:
-    """Dynamo's kept compilation metrics that were recompiles (the objects: a later reading tells new ones by
-    identity)."""
+    """Dynamo's kept compilation metrics that were recompiles (objects: a later reading tells new ones by identity)."""
     try:
         metrics = torch._dynamo.utils.get_compilation_metrics()
     except (AttributeError, RuntimeError):
@@ -54,8 +50,7 @@ def compile_counters() -> dict:
 
 
 def compiled_between(before: dict, after: dict) -> dict[str, int]:
-    """What moved from reading ``before`` to reading ``after``: ``{counter: increase}``, counters that stayed left out
-    (an empty dict: nothing compiled, recorded or skipped)."""
+    """``{counter: increase}`` from reading ``before`` to ``after``, counters that stayed left out."""
     seen = {id(m) for m in before["recompiles"]}
     moved = {name: after[name] - before[name] for name in COUNTERS if name != "recompiles"}
     moved["recompiles"] = sum(id(m) not in seen for m in after["recompiles"])

@@ -1,38 +1,28 @@
 """Timing a user can trust: repeats, medians, spread, and a loud word when the machine is busy.
 
-A ratio of wall times is only as good as the machine was quiet. The harness runs every method on a prompt ``repeats``
-times in a rotated order, keeps the median per prompt (as ``torch.utils.benchmark`` and pyperf do), reports the spread
-of the per-prompt ratios, and watches two signs of a busy machine:
-
-- other processes' CPU use during the run, in cores (Linux ``/proc/stat`` minus this process' own CPU time), against
-  the cores this process' threads leave free;
-- the timing noise: the relative range (max − min) / median of the speedups computed from each repeat alone, the
-  median over methods. Only prompts on which a method did the same work in every repeat (new tokens, target forwards,
-  drafted tokens) count: an adaptive drafter may draft otherwise in a later repeat, and its time then moves for a
-  reason that is not noise (CASD's auto tree took 13, 14 and 16 target forwards on one prompt in three repeats). Where
-  no method repeated its work, target-only's own time is the measure.
-
-Either past its threshold makes the run *unreliable*: the result says so and the command prints it.
+The harness runs every method on a prompt ``repeats`` times in a rotated order, keeps the median per prompt (as
+``torch.utils.benchmark`` and pyperf do), and watches two signs of a busy machine: other processes' CPU use during the
+run (``/proc/stat`` minus this process' own time) against the cores our threads leave free; and the timing noise, the
+relative range of the speedups computed from each repeat alone, over the prompts where a method repeated its work
+exactly (an adaptive drafter may draft otherwise in a later repeat, a move that is not noise). Either past its
+threshold makes the run *unreliable*: the result says so and the command prints it.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import dataclass, field
 
 BUSY_CORES = 0.25  # other processes took a quarter core more than our threads left free: they competed with us
 NOISY_RANGE = 0.15  # a speedup that moves by more than 15 % between repeats cannot be quoted to two digits
-# what a quiet VM's own daemons and hypervisor take (an idle 2-core Xeon VM: 0.1 core during the demo, whose speedups
-# still moved by 18 % between its 3 short repeats): below it, a moving speedup is the machine's own variation, not a
-# competitor, and only an extreme one says the run is unreliable
+# what a quiet VM's own daemons take (an idle 2-core Xeon VM: 0.1 core, its demo's speedups still moving by 18 %):
+# below it, a moving speedup is the machine's own variation, and only an extreme one says the run is unreliable
 QUIET_CORES = 0.15
 EXTREME_RANGE = 0.35
 
 
 def _cpu_jiffies() -> tuple[int, int, int] | None:
-    """(busy, total) jiffies of all CPUs since boot and the number of CPUs, from /proc/stat; None where there is
-    none (macOS, Windows)."""
+    """(busy, total) jiffies of all CPUs since boot and the number of CPUs; None without /proc/stat."""
     try:
         with open("/proc/stat") as f:
             lines = f.read().splitlines()
@@ -48,11 +38,8 @@ def _own_cpu_seconds() -> float:
     return sum(os.times()[:4])  # user, system, children's user and system
 
 
-@dataclass
 class LoadMonitor:
     """Measures what other processes take of the CPU between :meth:`start` and :meth:`other_cores`."""
-
-    _start: tuple[tuple[int, int, int] | None, float] = field(default=(None, 0.0), repr=False)
 
     def start(self) -> LoadMonitor:
         self._start = (_cpu_jiffies(), _own_cpu_seconds())
@@ -82,7 +69,7 @@ def relative_range(values: list[float]) -> float:
 
 
 def spread(values: list[float]) -> dict:
-    """min, quartiles and max of per-prompt ratios (quartiles need two or more)."""
+    """min, quartiles and max of per-prompt ratios."""
     quartiles = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
     return {"min": min(values), "q1": quartiles[0], "median": quartiles[1], "q3": quartiles[2], "max": max(values)}
 
@@ -90,12 +77,11 @@ def spread(values: list[float]) -> dict:
 def verdict(
     load: tuple[float, int] | None, threads: int, timing_noise: float | None, baseline_noise: float = 0.0
 ) -> dict:
-    """Whether a run's ratios can be trusted, and why not. ``load``: :meth:`LoadMonitor.other_cores`; ``threads``: this
-    process' compute threads; ``timing_noise``: how far the speedups moved between repeats where the methods repeated
-    their work (None: no method did); ``baseline_noise``: how far target-only's own time moved. A speedup is a ratio of
-    two such times, so on a quiet machine it moves by up to twice that: noise counts beyond both :data:`NOISY_RANGE` and
-    twice the baseline's, and where other processes stayed within :data:`QUIET_CORES` of the free cores, only beyond
-    :data:`EXTREME_RANGE`. Without a ``timing_noise``, target-only's own time beyond :data:`NOISY_RANGE` is the sign."""
+    """Whether a run's ratios can be trusted, and why not. ``load``: :meth:`LoadMonitor.other_cores`; ``timing_noise``:
+    how far the speedups moved between repeats (None: no method repeated its work); ``baseline_noise``: how far
+    target-only's own time moved. A speedup is a ratio of two such times, so noise counts beyond both
+    :data:`NOISY_RANGE` and twice the baseline's, and on a quiet machine (:data:`QUIET_CORES`) only beyond
+    :data:`EXTREME_RANGE`; without a ``timing_noise``, target-only's own time beyond :data:`NOISY_RANGE` is the sign."""
     warnings = []
     other, cpus = load if load is not None else (None, None)
     free = max(cpus - threads, 0) if cpus is not None else None
