@@ -7,6 +7,7 @@ tree (lossless), the cascade's lenient review (§3.1, lossy: only a draft review
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -122,7 +123,7 @@ class ConditionalAcceptance:
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
             raise ValueError(f"top_k must be None or a positive int, got {self.top_k!r}")
 
-    def accepts(self, probs: torch.Tensor, token: int, eos_token_ids: list[int]) -> bool:
+    def accepts(self, probs: torch.Tensor, token: int, eos_token_ids: Collection[int]) -> bool:
         """``probs`` `(V,)`: the reviewer's distribution at the token's position."""
         p_x = float(probs[token])
         p_eos = max((float(probs[e]) for e in eos_token_ids if 0 <= e < probs.numel()), default=0.0)
@@ -180,16 +181,14 @@ def lenient_review_sampling(
 
 
 def accept_tree(
-    rows, tree: DraftTree, acceptance: ConditionalAcceptance | None, eos_token_ids: list[int]
+    rows, tree: DraftTree, acceptance: ConditionalAcceptance | None, eos_token_ids: Collection[int]
 ) -> tuple[list[int], int]:
-    """The accepted path through ``tree`` (siblings unique: :meth:`DraftTree.merge_duplicates`), root-to-leaf node
-    indices, and the target's next token after it.
+    """The accepted path through ``tree`` (siblings unique), root-to-leaf node indices, and the target's next token.
 
-    A node is accepted when its parent was and its token equals the target's choice at the parent's row (exact:
-    lossless for greedy, and for sampling since the choice is a sample from p) or passes ``acceptance`` (CASD's rule,
-    ``p(eos)`` read at ``eos_token_ids``). The deepest accepted node wins (earliest on ties). ``rows``
-    (:class:`~hf_specdraft.core.emission.TargetRows`) gives ``choice(row)`` and ``probs(row)`` `(V,)`; row 0 scores the
-    token after the last accepted one, row ``1 + i`` the one after node ``i``.
+    A node is accepted when its parent was and its token equals the target's choice at the parent's row (lossless: the
+    choice is the argmax, or a sample from p) or passes ``acceptance`` (CASD's rule). The deepest accepted node wins
+    (earliest on ties). ``rows`` gives ``choice(row)`` and ``probs(row)`` `(V,)`: row 0 scores the token after the last
+    accepted one, row ``1 + i`` the one after node ``i``.
     """
     tokens = tree.token_list if tree.token_list is not None else tree.tokens.tolist()
     paths: list[list[int] | None] = [None] * len(tokens)  # each accepted node's path, root's child first

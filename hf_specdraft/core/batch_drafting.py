@@ -116,16 +116,15 @@ class BatchChainDrafter(BatchProposer):
             tokens.append(ids)
             probs.append(torch.stack(q))
             if step < gamma - 1:  # the last drafted token is not fed: its KV is computed next step if accepted
-                columns = mask.shape[1]
                 mask = torch.cat([mask, mask.new_ones(len(texts), 1)], dim=-1)
                 positions = positions[:, -1:] + 1
-                for a in range(len(texts)):
-                    self.columns[a] = torch.cat([self.columns[a], torch.tensor([columns])])
         drafted = torch.cat(tokens, dim=-1)  # (A, γ)
         q = torch.stack(probs, dim=1)  # (A, γ, V)
+        fed = torch.arange(width + chunk, width + chunk + gamma - 1)  # the columns of the drafted tokens fed back
         trees = []
         for a, drafter in enumerate(self.drafters):
             drafter.count_call("draft", gamma)
+            self.columns[a] = torch.cat([self.columns[a], fed])
             self.seen[a] = torch.cat([texts[a], drafted[a, :-1]])
             sampled = torch.ones(gamma, dtype=torch.bool) if drafter.generation_config.do_sample else None
             trees.append(DraftTree.chain(drafted[a], q[a], sampled) if copies[a] is None else copies[a])

@@ -424,34 +424,6 @@ def register_drafter(model_type: str, factory: DrafterFactory) -> None:
     DRAFTERS[model_type] = factory
 
 
-def drafter_for(
-    draft_model: PreTrainedModel,
-    num_draft_tokens: int | str = AUTO,
-    copy_from_context=None,
-    max_copy_tokens: int | None = None,
-) -> TreeCandidateGenerator:
-    """The drafter registered for ``draft_model``'s model type, else :class:`DraftModelCandidateGenerator`; the copy
-    options go to the factory where not None."""
-    options = {"copy_from_context": copy_from_context, "max_copy_tokens": max_copy_tokens}
-    factory = DRAFTERS.get(getattr(draft_model.config, "model_type", None), DraftModelCandidateGenerator)
-    if factory is DraftModelCandidateGenerator:
-        refuse_copying(draft_model, options)
-        return factory(draft_model, num_draft_tokens=num_draft_tokens)
-    copying = {name: value for name, value in options.items() if value is not None}
-    return factory(draft_model, num_draft_tokens=num_draft_tokens, **copying)
-
-
-def refuse_copying(draft_model: PreTrainedModel, copying: dict) -> None:
-    """Refuse copy options (other than ``None``, ``False``, 0) for a draft that never copies from the context."""
-    asked = [f"{name}={value!r}" for name, value in copying.items() if value is not None and value != 0]
-    if asked:
-        kind = getattr(draft_model.config, "model_type", None)
-        raise ValueError(
-            f"{', '.join(asked)}: a {kind!r} draft model does not copy from the context (GLIDE-family drafts, "
-            f"model_type 'glide', do); leave copy_from_context and max_copy_tokens unset, or copy_from_context=False"
-        )
-
-
 def draft_chain(
     generator: TreeCandidateGenerator, request: DraftRequest, next_logits, device: torch.device
 ) -> DraftTree:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .acceptance import accept_tree, speculative_sampling, tree_rejection_sampling
@@ -23,16 +23,6 @@ from .stats import record_step
 from .tree import DraftTree
 
 
-def eos_list(generation_config: GenerationConfig) -> list[int]:
-    """The eos token ids of ``generation_config`` as a list (empty without one)."""
-    eos = generation_config.eos_token_id
-    if eos is None:
-        return []
-    if isinstance(eos, torch.Tensor):
-        return eos.flatten().tolist()
-    return [eos] if isinstance(eos, int) else list(eos)
-
-
 class TargetRows:
     """The target's next-token scores at each verified position of one row, processed only when acceptance asks.
 
@@ -40,19 +30,10 @@ class TargetRows:
     see the row's own prefix (the accepted text plus the node's path), as in transformers' assisted decoding.
     """
 
-    def __init__(
-        self,
-        logits: torch.Tensor,
-        row: Row,
-        tree: DraftTree,
-        processor: LogitsProcessorList,
-        generation_config: GenerationConfig,
-        choices: list[int] | None = None,
-    ):
+    def __init__(self, logits: torch.Tensor, row: Row, tree: DraftTree, do_sample: bool, choices: list[int] | None):
         # logits: (1+N, V) float32; the row's ids read only for processors
-        self.logits, self.row, self.tree = logits, row, tree
-        self.processor = processor if len(processor) else None
-        self.do_sample = generation_config.do_sample
+        self.logits, self.row, self.tree, self.do_sample = logits, row, tree, do_sample
+        self.processor = row.processor if len(row.processor) else None
         self._scores, self._probs, self._choice, self._prefixes = {}, {}, {}, {}
         if choices is not None:  # greedy without processors: the argmax at every row, read with the step's one read
             self._choice = dict(enumerate(choices))
@@ -138,10 +119,10 @@ def accept_row(
     tokens accepted.
     """
     started = time.perf_counter()
-    rows = TargetRows(logits, row, tree, row.processor, step.generation_config, choices)
-    path, next_token = select_accepted(rows, tree, step.acceptance, step.generation_config)
+    rows = TargetRows(logits, row, tree, step.generation_config.do_sample, choices)
+    path, next_token = select_accepted(rows, step.acceptance, step.stops.eos)
     verify_seconds = forward_seconds + time.perf_counter() - started
-    emitted = emit_tokens(row, tree, path, next_token, rows, step.stops, step.generation_config)
+    emitted = emit_tokens(rows, path, next_token, step.stops, step.generation_config)
     if step.streamer is not None:
         step.streamer.put(torch.tensor(row.tokens[-emitted:]))
     kept_nodes = [0] + [i + 1 for i in path[: emitted - 1]]  # the last token's column and the accepted path's
@@ -153,41 +134,34 @@ def accept_row(
     return kept_nodes, len(path)
 
 
-def select_accepted(
-    rows: TargetRows, tree: DraftTree, acceptance, generation_config: GenerationConfig
-) -> tuple[list[int], int]:
+def select_accepted(rows: TargetRows, acceptance, eos: set[int]) -> tuple[list[int], int]:
     """The accepted path and the target's next token: when sampling exactly, speculative sampling for a chain with q and
-    multi-branch rejection sampling for a tree with q and ``sampled`` flags; otherwise the tree walk."""
-    exact_sampling = generation_config.do_sample and acceptance is None and len(tree)
+    multi-branch rejection sampling for a tree with q and ``sampled`` flags; otherwise the tree walk (CASD's condition
+    reads p at the call's ``eos`` ids)."""
+    tree = rows.tree
+    exact_sampling = rows.do_sample and acceptance is None and len(tree)
     if exact_sampling and tree.is_chain and tree.draft_probs is not None:
         p = torch.stack([rows.probs(r) for r in range(len(tree) + 1)])
         n, next_token = speculative_sampling(p, tree.draft_probs.to(p.device).float(), tree.tokens.to(p.device))
         return list(range(n)), next_token
     if exact_sampling and tree.sampled is not None:
         return tree_rejection_sampling(rows.probs, tree)
-    return accept_tree(rows, tree, acceptance, eos_list(generation_config))
+    return accept_tree(rows, tree, acceptance, eos)
 
 
-def emit_tokens(
-    row: Row,
-    tree: DraftTree,
-    path: list[int],
-    next_token: int,
-    rows: TargetRows,
-    stops: HostStops,
-    generation_config: GenerationConfig,
-) -> int:
+def emit_tokens(rows: TargetRows, path: list[int], next_token: int, stops: HostStops, config: GenerationConfig) -> int:
     """Append the accepted tokens and the target's token, stopping where ``generate`` would; sets ``row.done`` and
     returns how many tokens were appended."""
+    row, tree = rows.row, rows.tree
     tokens = [tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()
     tokens.append(next_token)
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
     out = row.out
     emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.others else None)
     for j in range(emitted):
-        if generation_config.output_scores:
+        if config.output_scores:
             out.scores.append(rows.scores(row_of[j])[None])
-        if generation_config.output_logits:
+        if config.output_logits:
             out.logits.append(rows.logits[row_of[j]][None])
     row.tokens.extend(tokens[:emitted])  # row.ids follows when next read
     return emitted
@@ -196,9 +170,5 @@ def emit_tokens(
 def chain_accepted(tree: DraftTree, kept_nodes: list[int]) -> int:
     """How many tokens of the tree's first-child chain the kept path (``kept_nodes``: column ``1 + i`` is node ``i``)
     starts with: what the chain alone would have accepted under greedy verification."""
-    count = 0
-    for chain_node, column in zip(tree.chain_nodes(), kept_nodes[1:]):
-        if column != chain_node + 1:
-            break
-        count += 1
-    return count
+    pairs = list(zip(tree.chain_nodes(), kept_nodes[1:]))
+    return next((i for i, (node, column) in enumerate(pairs) if column != node + 1), len(pairs))

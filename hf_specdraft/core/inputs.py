@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (
 )
 
 from .acceptance import ConditionalAcceptance
-from .drafting import TreeCandidateGenerator, drafter_for, refuse_copying
+from .drafting import DRAFTERS, DraftModelCandidateGenerator, TreeCandidateGenerator
 from .state_drafting import StateReadingDrafter, TransformersCandidateGenerator, reads_target_state
 from .support import CACHE_FIELD, output_cache
 from .validation import check_copy_options
@@ -166,10 +166,6 @@ def resolve_generator(
             )
         if not isinstance(draft_model, PreTrainedModel):
             raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
-        if reads_target_state(draft_model):  # Gemma 4's assistants and DFlash drafters: transformers' own generators
-            refuse_copying(draft_model, {"copy_from_context": copy_from_context, "max_copy_tokens": max_copy_tokens})
-            return StateReadingDrafter(draft_model, num_draft_tokens)
-        # GLIDE registers its own drafter: it reads the target's cache (and copies from the context)
         return drafter_for(draft_model, num_draft_tokens, copy_from_context, max_copy_tokens)
     if isinstance(candidate_generator, (list, tuple)):  # one drafter per row of a batch
         if not candidate_generator:
@@ -184,6 +180,26 @@ def resolve_generator(
     if isinstance(candidate_generator, TreeCandidateGenerator):
         return candidate_generator
     return TransformersCandidateGenerator(candidate_generator)
+
+
+def drafter_for(draft_model, num_draft_tokens, copy_from_context, max_copy_tokens) -> TreeCandidateGenerator:
+    """The drafter of ``draft_model``: transformers' own for Gemma 4's assistants and DFlash drafters, the one
+    registered for its model type (GLIDE's, which alone take the copy options), else a
+    :class:`~hf_specdraft.core.drafting.DraftModelCandidateGenerator`."""
+    options = {"copy_from_context": copy_from_context, "max_copy_tokens": max_copy_tokens}
+    kind = getattr(draft_model.config, "model_type", None)
+    if kind in DRAFTERS and not reads_target_state(draft_model):
+        copying = {name: value for name, value in options.items() if value is not None}
+        return DRAFTERS[kind](draft_model, num_draft_tokens=num_draft_tokens, **copying)
+    asked = [f"{name}={value!r}" for name, value in options.items() if value is not None and value != 0]
+    if asked:
+        raise ValueError(
+            f"{', '.join(asked)}: a {kind!r} draft model does not copy from the context (GLIDE-family drafts, "
+            f"model_type 'glide', do); leave copy_from_context and max_copy_tokens unset, or copy_from_context=False"
+        )
+    if reads_target_state(draft_model):
+        return StateReadingDrafter(draft_model, num_draft_tokens)
+    return DraftModelCandidateGenerator(draft_model, num_draft_tokens=num_draft_tokens)
 
 
 def row_drafters(generator, batch: int) -> list[TreeCandidateGenerator]:

@@ -305,17 +305,10 @@ def accept_rows(
     state keeps the states of its kept columns. Returns each row's kept columns and accepted count."""
     choices = read_back(step, active, trees, logits, verified)
     draft_seconds, forward_seconds = step.meter.seconds()
-    kept, accepted = [], []
+    kept, accepted, share = [], [], forward_seconds / len(active)  # each row's share of the verification forward
     for a, (row, tree) in enumerate(zip(active, trees)):
-        kept_nodes, count = accept_row(
-            step,
-            row,
-            logits[a, : 1 + len(tree)],
-            tree,
-            None if choices is None else choices[a],
-            draft_seconds[a],
-            forward_seconds / len(active),
-        )
+        choice = None if choices is None else choices[a]
+        kept_nodes, count = accept_row(step, row, logits[a, : 1 + len(tree)], tree, choice, draft_seconds[a], share)
         kept.append(kept_nodes)
         accepted.append(count)
         if hidden is not None and row.traits.requires_model_outputs:

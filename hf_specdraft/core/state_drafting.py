@@ -60,7 +60,6 @@ class StateReadingDrafter(TreeCandidateGenerator):
     """
 
     requires_model_outputs = True
-    reads_target_cache = False  # its generator reads the target's state, never the loop's cache view
 
     def __init__(self, draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO):
         super().__init__()
@@ -86,7 +85,7 @@ class StateReadingDrafter(TreeCandidateGenerator):
         self.model_kwargs_overrides: dict = {}
         # the assistant's layer types -> the target layer whose cache it reads (None: DFlash's reads no cache)
         self.producers: dict[str, int] | None = None
-        self.reads_target_cache = not self.dflash
+        self.reads_target_cache = not self.dflash  # the assistant reads the target's last layers' keys and values
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         """Build this call's generator (its state is per request: DFlash's cache, the assistant's first-step flag)."""
