@@ -16,7 +16,7 @@ from hf_specdraft.cape import (
     expansion_sizes,
 )
 from hf_specdraft.core.drafting import TreeCandidateGenerator
-from hf_specdraft.core.tree import DraftTree, build_tree_buffers
+from hf_specdraft.core.tree import DraftTree, tree_buffers
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 
 
@@ -105,7 +105,7 @@ def test_expansion_sets_are_next_best_leaves_beside_their_chain_token():
     assert tree.parents[3:].tolist() == [-1] + [0] * 3 + [1] * 5  # a leaf's parent is its chain token's parent
     assert torch.equal(tree.draft_probs[3:], q[[0, 1, 1, 1, 2, 2, 2, 2, 2]])  # row = q at the leaf's position
     assert (
-        build_tree_buffers(tree.parents)[0][3:, 3:] == torch.eye(len(tree) - 3, dtype=torch.bool)
+        tree_buffers(tree.parent_list)[0][3:, 3:] == torch.eye(len(tree) - 3, dtype=torch.bool)
     ).all()  # leaves: no descendants
     assert tree.main_chain().tokens.tolist() == [3, 1, 7]
 
@@ -118,7 +118,7 @@ def test_tree_mask_is_the_cape_mask_of_the_paper():
     cape_mask = torch.tensor(
         [[(j <= gamma and pos[i - 1] > j) or i == j for j in range(1, beta + 1)] for i in range(1, beta + 1)]
     )
-    assert torch.equal(build_tree_buffers(tree.parents)[0], cape_mask)
+    assert torch.equal(tree_buffers(tree.parent_list)[0], cape_mask)
 
 
 def test_fixed_mode_and_small_vocabulary():

@@ -9,7 +9,7 @@ from transformers import DynamicCache
 from hf_specdraft.core.support import with_cache
 from hf_specdraft import ConditionalAcceptance, DraftTree, expected_speedup, standardized_walltime_improvement
 from hf_specdraft.core.acceptance import accept_tree, check_lenience, lenient_review
-from hf_specdraft.core.tree import build_tree_buffers
+from hf_specdraft.core.tree import tree_buffers
 from hf_specdraft.core.cache import compact_cache, resync_cache
 from hf_specdraft.core.verify import tree_attention_inputs
 from conftest import ARCHITECTURES, tiny_model
@@ -23,9 +23,9 @@ def test_tree_buffers_by_hand():
     #    2   3      4
     #        |
     #        5
-    parents = torch.tensor([-1, -1, 0, 0, 1, 3])
-    ancestors, depth = build_tree_buffers(parents)
-    assert depth.tolist() == [0, 0, 1, 1, 1, 2]
+    parents = [-1, -1, 0, 0, 1, 3]
+    ancestors, depth = tree_buffers(parents)
+    assert depth == [0, 0, 1, 1, 1, 2]
     assert ancestors[5].nonzero().flatten().tolist() == [0, 3, 5]
     assert ancestors[4].nonzero().flatten().tolist() == [1, 4]
     tree = DraftTree(torch.arange(6), parents)

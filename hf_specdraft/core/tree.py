@@ -1,15 +1,14 @@
 """Token trees: the data a drafter proposes, and the buffers that verify it in one target forward.
 
-A tree is *data*: ``tokens[i]`` and ``parents[i]`` for nodes ``i = 0..N-1``, with ``parents[i] < i`` and
-``-1`` for a node whose parent is the last accepted token (the "root", which is not part of the tree).
-A chain is the tree ``parents = [-1, 0, 1, ...]``. Verification (SpecInfer, Miao et al. 2023; Medusa,
-Cai et al. 2024) runs ``[last token] + tokens`` through the target with a mask in which each node sees
-the verified prefix and its own ancestors, at position ``prefix_len + depth``.
+A tree is *data*: ``tokens[i]`` and ``parents[i] < i``, ``-1`` for a child of the last accepted token (the "root",
+not part of the tree); a chain is ``parents = [-1, 0, 1, ...]``. Verification (SpecInfer, Miao et al. 2023; Medusa,
+Cai et al. 2024) runs ``[last token] + tokens`` through the target, each node at position ``prefix_len + depth``
+seeing the verified prefix and its own ancestors.
 
     >>> tree = DraftTree(tokens=torch.tensor([5, 6, 7]), parents=torch.tensor([-1, -1, 0]))
     >>> tree.depth.tolist()
     [0, 0, 1]
-    >>> build_tree_buffers(tree.parents)[0].int().tolist()
+    >>> tree_buffers(tree.parent_list)[0].int().tolist()
     [[1, 0, 0], [0, 1, 0], [1, 0, 1]]
 """
 
@@ -29,16 +28,15 @@ class DraftTree:
     """A drafter's proposal.
 
     Args:
-        tokens (`torch.LongTensor` of shape `(N,)`, or a list of ints): proposed token ids, where the drafter made
-            them (nothing is read back to build a tree). ``token_list`` holds them on the host once known (given as a
-            list, or filled from the loop's one read-back after verification).
-        parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): each node's parent, ``-1`` for
-            children of the last accepted token, ``parents[i] < i``; kept as host data (:attr:`parent_list`).
+        tokens (`torch.LongTensor` of shape `(N,)`, or a list of ints): proposed ids, where the drafter made them;
+            :attr:`token_list` holds them on the host once known (given as a list, or from the step's read-back).
+        parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): each node's parent (``-1``: the
+            root), kept as host data (:attr:`parent_list`).
         draft_probs (`torch.FloatTensor` of shape `(N, V)`, *optional*): q at each node's position, for speculative
             sampling (Leviathan et al. 2023, Algorithm 1) and lenient acceptance.
         sampled (`torch.BoolTensor` of shape `(N,)`, *optional*): True where the token was *drawn* from its q row
-            (not picked, e.g. a CAPE expansion token): under sampling such trees are verified by multi-branch
-            rejection sampling (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`).
+            (not picked, e.g. a CAPE expansion token): such trees are verified by multi-branch rejection sampling
+            (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`).
     """
 
     def __init__(self, tokens, parents, draft_probs: torch.Tensor | None = None, sampled=None):
@@ -53,22 +51,19 @@ class DraftTree:
             raise ValueError(f"tokens and parents must have the same length, got {n} and {len(self.parent_list)}")
         if any(p < -1 or p >= i for i, p in enumerate(self.parent_list)):
             raise ValueError(f"parents must satisfy -1 <= parents[i] < i (topological order), got {self.parent_list}")
-        self.draft_probs = draft_probs
         if draft_probs is not None and draft_probs.shape[0] != n:
             raise ValueError(f"draft_probs must have one row per token ({n}), got shape {tuple(draft_probs.shape)}")
-        self.sampled = None
-        if sampled is not None:
-            self.sampled = torch.as_tensor(sampled, dtype=torch.bool).reshape(-1)
-            if self.sampled.shape[0] != n or draft_probs is None:
-                raise ValueError(
-                    f"sampled must have one flag per token ({n}) and needs draft_probs, got "
-                    f"{self.sampled.shape[0]} flags and draft_probs={'None' if draft_probs is None else 'set'}"
-                )
+        self.draft_probs = draft_probs
+        self.sampled = None if sampled is None else torch.as_tensor(sampled, dtype=torch.bool).reshape(-1)
+        if self.sampled is not None and (self.sampled.shape[0] != n or draft_probs is None):
+            raise ValueError(
+                f"sampled must have one flag per token ({n}) and needs draft_probs, got "
+                f"{self.sampled.shape[0]} flags and draft_probs={'None' if draft_probs is None else 'set'}"
+            )
         self._parents = self._depth = None
         self.origin: DraftTree | None = None  # the tree this one was cut from, keeping its leading nodes (select)
         self.known_tokens: list[int] | None = None  # a prefix of the tokens, known on the host (learn_tokens)
-        # the draft's q of each chain token, where its stop rule read them
-        self.chain_confidences: list[float] | None = None
+        self.chain_confidences: list[float] | None = None  # the draft's q of each chain token, read by its stop rule
         self.copied = False  # copied from the text, no draft model ran (GLIDE's copy_from_context): CAPE keeps it
 
     def __repr__(self) -> str:
@@ -109,27 +104,23 @@ class DraftTree:
         return max(self.depth_list) + 1 if self.parent_list else 0
 
     def select(self, index, parents) -> DraftTree:
-        """The nodes ``index`` (a list of ints, or `(M,)`) with their q rows and flags, under new ``parents``; a leading
-        range of nodes is sliced (no index reaches the device)."""
-        index = list(index) if not isinstance(index, torch.Tensor) else index.tolist()
-        if index == list(range(len(index))):
-            pick = slice(0, len(index))
-        else:
-            pick = torch.tensor(index, dtype=torch.long).to(self.tokens.device, non_blocking=True)
+        """The nodes ``index`` (a list of ints, or `(M,)`) with their q rows and flags, under new ``parents``. A leading
+        range of nodes is sliced (no index reaches the device), and its tokens, once known, are a prefix of this tree's
+        (its :attr:`origin`, :meth:`learn_tokens`)."""
+        index = index.tolist() if isinstance(index, torch.Tensor) else list(index)
+        leading = index == list(range(len(index)))
+        pick = slice(0, len(index)) if leading else torch.tensor(index).to(self.tokens.device, non_blocking=True)
         probs = None if self.draft_probs is None else self.draft_probs[pick]
-        sampled = None if self.sampled is None else self.sampled[pick if isinstance(pick, slice) else index]
+        sampled = None if self.sampled is None else self.sampled[pick if leading else index]
         tokens = [self.token_list[i] for i in index] if self.token_list is not None else self.tokens[pick]
-        tree = DraftTree(tokens, parents if not isinstance(parents, torch.Tensor) else parents.tolist(), probs, sampled)
+        tree = DraftTree(tokens, parents, probs, sampled)
         tree.copied = self.copied  # a part of a copy from the text is one too
-        if isinstance(
-            pick, slice
-        ):  # a leading part: its tokens, once known, are a prefix of this tree's (learn_tokens)
-            tree.origin = self
+        tree.origin = self if leading else None
         return tree
 
     def learn_tokens(self, tokens: list[int]) -> None:
-        """The tokens, read back on the host: kept as :attr:`token_list`, and as the known prefix of every tree this one
-        is a leading part of (a drafter that re-syncs its cache compares its own proposal with the accepted text)."""
+        """The tokens, read back: kept as :attr:`token_list`, and as the known prefix of every tree this one leads (a
+        drafter that re-syncs its cache compares its own proposal with the accepted text)."""
         self.token_list = tokens
         origin = self.origin
         while origin is not None:
@@ -176,10 +167,10 @@ class DraftTree:
         return self.select(nodes, list(range(-1, len(nodes) - 1)))
 
     def merge_duplicates(self) -> DraftTree:
-        """The same tree with duplicate siblings (same parent, same token) merged into the first, which keeps its q row
-        and flag and adopts the others' children (merged in turn). Verification needs unique siblings: under sampling
-        two copies would both match the row's one target sample, and picking the deeper of their subtrees biases the
-        output. Returns ``self`` when no siblings repeat (a chain, always: nothing is read)."""
+        """The tree with duplicate siblings (same parent and token) merged into the first, which keeps its q row and
+        flag and adopts the others' children. Verification needs unique siblings: under sampling two copies would both
+        match the row's one target sample, and the deeper of their subtrees would bias the output. ``self`` when none
+        repeat."""
         if self.is_chain:
             return self
         keep, remap, parents, new_index = [], [], [], {}
@@ -214,13 +205,10 @@ def fit_proposal(
     traits: DrafterTraits,
     max_nodes: int | None = None,
 ) -> DraftTree:
-    """A proposal (:meth:`~hf_specdraft.core.drafting.TreeCandidateGenerator.draft_tree`'s) with duplicate siblings
-    merged (:meth:`DraftTree.merge_duplicates`: verification needs unique siblings), cut to ``room - 1`` levels
-    (``room``: tokens left before max_length; one is the target's own token) and its ids checked against the target's
-    vocabulary: on the host where the drafter gave them there, else when the step reads them back
-    (:func:`~hf_specdraft.core.loop.read_back`), or here for a drafter that may propose ids past the target's
-    vocabulary (a forward would fail on them before the read). Then its first ``max_nodes`` nodes (the static path's
-    widest bucket; topological order keeps each parent)."""
+    """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length,
+    one of them the target's own) and to its first ``max_nodes`` nodes (the static path's widest bucket). Its ids are
+    checked against the target's vocabulary here where they are on the host or the drafter may exceed it (a forward
+    would fail on them), else at the step's read-back (:func:`~hf_specdraft.core.loop.read_back`)."""
     tree = tree.merge_duplicates().truncate_depth(room - 1)
     if tree.token_list is not None:
         check_vocab(tree.token_list, vocab, generator)
@@ -238,8 +226,9 @@ def check_vocab(tokens: list[int], vocab: int, generator: TreeCandidateGenerator
 
 
 def tree_buffers(parents: list[int]) -> tuple[torch.Tensor, list[int]]:
-    """:func:`build_tree_buffers` from host parents, in plain Python (a torch op per node costs more than the whole
-    walk): the ancestor-or-self matrix `(N, N)` bool (host) and the depths."""
+    """Ancestor-or-self matrix and depths of a tree of topological ``parents`` (``-1``: the root), in plain Python (a
+    torch op per node costs more than the whole walk): ``ancestors[i, j]`` `(N, N)` bool (host) is True when node ``j``
+    is node ``i`` or one of its ancestors."""
     n = len(parents)
     flat = bytearray(n * n)  # row-major (N, N) bools, one byte each
     depth: list[int] = []
@@ -253,27 +242,12 @@ def tree_buffers(parents: list[int]) -> tuple[torch.Tensor, list[int]]:
     return torch.frombuffer(flat, dtype=torch.bool).view(n, n), depth
 
 
-def build_tree_buffers(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ancestor-or-self matrix and depths of a tree.
-
-    Args:
-        parents (`torch.LongTensor` of shape `(N,)`): topological parent indices (``-1`` = root).
-
-    Returns:
-        `(ancestors, depth)`: ``ancestors[i, j]`` is True when node ``j`` is node ``i`` or one of its
-        ancestors (`(N, N)` bool); ``depth`` `(N,)` long.
-    """
-    ancestors, depth = tree_buffers(parents.tolist())
-    return ancestors.to(parents.device), torch.tensor(depth, dtype=torch.long, device=parents.device)
-
-
 def tree_mask(
     parents, prefix_length: int, dtype: torch.dtype, device: torch.device, queries: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask and positions for tree nodes on top of a cached prefix: each node sees the prefix and its ancestors-or-self.
-
-    The library's one tree mask (verification, and a draft scoring a beam tree), built on the host
-    (:func:`tree_buffers`) and copied once without a sync (a per-node loop of device ops costs more than a forward).
+    """The library's one tree mask (verification, and a draft scoring a beam tree): each node sees the cached prefix and
+    its ancestors-or-self. Built on the host and copied once without a sync (device ops per node cost more than a
+    forward).
 
     Args:
         parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): every node's (``-1``: the prefix).
@@ -281,9 +255,9 @@ def tree_mask(
         queries (`int`, *optional*): only the last ``queries`` nodes are fed (the others are cached); default all.
 
     Returns:
-        `(attention_mask, position_ids)`: an additive float mask `(1, 1, queries, prefix_length + N)` in ``dtype`` (0
-        where attended, ``finfo.min`` where blocked; a bool mask is silently wrong with eager attention) and the
-        positions ``prefix_length + depth`` of *all* N nodes, `(1, N)` long (the queries' are the last ``queries``).
+        `(attention_mask, position_ids)`: an additive float mask `(1, 1, queries, prefix_length + N)` in ``dtype``
+        (``finfo.min`` where blocked: a bool mask is silently wrong with eager attention) and the positions
+        ``prefix_length + depth`` of *all* N nodes, `(1, N)` long.
     """
     ancestors, depth = tree_buffers(parents if isinstance(parents, list) else parents.tolist())
     n = len(depth)
