@@ -5,8 +5,7 @@
     >>> drafter = CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 5))  # doctest: +SKIP
     >>> target.generate(input_ids, custom_generate=speculative_generate, candidate_generator=drafter)  # doctest: +SKIP
 
-``write_custom_generate(directory)`` puts a self-contained ``custom_generate/`` folder (greedy CAPE with a
-draft passed as ``assistant_model=``) into a checkpoint directory, so that only transformers is needed.
+``write_custom_generate(directory)`` ships greedy CAPE as a checkpoint's ``custom_generate/`` folder.
 """
 
 from ..core.drafting import DraftModelTreeScorer

@@ -1,15 +1,8 @@
 """Beam-search proposal expansion: the GLIDE+BeamSearch baseline of Du et al. 2024, §5.3 (beam 4) and §5.4.
 
-Unlike CAPE, every top-ranked token is *fed back* to the draft to draft its own continuation, so the
-proposal is a tree with many branches and each depth costs a draft forward over the whole beam. This is
-the cost §5.4 measures (speculation 5.5 ms -> 10.9 ms per step against CAPE's +0.2 ms).
-
-Here the beams share one batch-1 draft cache: the prefix is cached once and every depth appends the
-beam's new nodes with a tree mask (each node sees the prefix and its own ancestors, at position
-``prefix_len + depth``), so no cache is copied or reordered. Beam scores are cumulative log q; the tree
-keeps every node that was ever in the beam (a trie of the beams' prefixes), capped by the budget.
-
-Notation: q is the draft distribution (Leviathan et al. 2023).
+Unlike CAPE, every top-ranked token is fed back to the draft, so each depth costs a draft forward over the whole beam
+(§5.4: speculation 5.5 ms -> 10.9 ms per step, against CAPE's +0.2 ms). The beams share one batch-1 draft cache, each
+depth appended under a tree mask, so no cache is copied or reordered. q is the draft distribution.
 """
 
 from __future__ import annotations
@@ -28,12 +21,9 @@ def beam_search_proposal(
     budget: int,
     target_cache: DynamicCache | None = None,
 ) -> DraftTree:
-    """Draft a tree by beam search over the draft model (the §5.3 baseline).
-
-    Depth 0 holds the ``beam_width`` most probable tokens of q; at every further depth all beams are
-    extended by one draft forward, and the ``beam_width`` best (beam, token) pairs by cumulative log q
-    become the new beams and the new nodes. Nodes are listed depth by depth, best first, so the first
-    child path is the best-scored beam prefix.
+    """Draft a tree by beam search over the draft model (the §5.3 baseline): at each depth the ``beam_width`` best
+    (beam, token) pairs by cumulative log q become the new beams and nodes, listed best first, so the first-child path
+    is the best-scored beam prefix; the tree is the trie of every beam, capped by the budget.
 
     Args:
         scorer: a :class:`~hf_specdraft.core.drafting.DraftModelTreeScorer` (or any object with ``start`` /
@@ -45,7 +35,7 @@ def beam_search_proposal(
         target_cache: the target's live cache (covers ``input_ids[:, :-1]``), handed to ``scorer.start``.
 
     Returns:
-        :class:`~hf_specdraft.core.tree.DraftTree` (without ``draft_probs``: exact tree verification never reads q).
+        :class:`~hf_specdraft.core.tree.DraftTree` without ``draft_probs`` (exact tree verification never reads q).
     """
     q_root = scorer.start(input_ids, target_cache)  # (1, V)
     vocab = q_root.shape[-1]

@@ -1,17 +1,7 @@
 """CAPE's drafter: a chain drafter's proposal, widened by confidence and verified as one tree (Du et al. 2024, §4.2).
 
-    >>> from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
-    >>> from hf_specdraft.cape import CapeCandidateGenerator, CapeConfig
-    >>> chain = DraftModelCandidateGenerator(draft, num_draft_tokens=5)  # doctest: +SKIP
-    >>> drafter = CapeCandidateGenerator(chain, CapeConfig())  # doctest: +SKIP
-    >>> out = target.generate(  # doctest: +SKIP
-    ...     input_ids, custom_generate=speculative_generate, candidate_generator=drafter)
-
-Verification is :func:`hf_specdraft.speculative_generate`'s tree path: the linearized expanded proposal
-runs through the target in one forward under the CAPE mask (§4.2, "Verification of Expanded Proposals");
-the accepted path may end in an expansion token and the target's own next token follows it.
-
-Notation: q is the draft distribution, p = max q the draft's confidence (§4.2).
+The loop's tree path runs the linearized expanded proposal through the target in one forward under the CAPE mask; the
+accepted path may end in an expansion token. q is the draft distribution, p = max q the draft's confidence.
 """
 
 from __future__ import annotations
@@ -44,12 +34,10 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         config (:class:`CapeConfig`, *optional*): defaults to ``CapeConfig(**options)``.
         options: :class:`CapeConfig` fields, when ``config`` is not given.
 
-    Attributes:
-        expansion_sizes (`list[list[int]]`): per step of the current ``generate`` call, K_i of each drafted
-            position (beam mode: beams at each depth minus one). Reset by :meth:`prepare`.
-        confidences (`list[list[float]]`): per step, p_i = max q_i of each drafted position (empty in beam mode).
-        expansion_seconds (`list[float]`): per step, the time spent expanding the chain (CAPE's own cost
-            inside the draft time; §5.4 reports it as +0.2 ms on a 5.5 ms speculation step). Empty in beam mode.
+    Attributes (per step of the last ``generate`` call):
+        expansion_sizes (`list[list[int]]`): K_i of each drafted position (beam mode: beams at each depth minus one).
+        confidences (`list[list[float]]`): p_i = max q_i of each drafted position (empty in beam mode).
+        expansion_seconds (`list[float]`): the time spent expanding the chain (§5.4: +0.2 ms on a 5.5 ms step).
     """
 
     def __init__(self, drafter: TreeCandidateGenerator, config: CapeConfig | None = None, **options):
@@ -82,8 +70,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return self.adaptive_draft_length and self.config.budget == AUTO and self.config.mode != "beam"
 
     def _step_config(self, length: int, request: DraftRequest) -> CapeConfig:
-        """This step's config: an ``"auto"`` budget is the request's (chosen for the request's γ, scaled to a chain that
-        stopped early at ``length``), or twice the chain."""
+        """This step's config: an ``"auto"`` budget is the request's (scaled to a chain that stopped early at
+        ``length``), or twice the chain."""
         if self.config.budget != AUTO:
             return self.config
         gamma = request.num_draft_tokens or self.num_draft_tokens
@@ -96,8 +84,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return self.adaptive_budget and self.drafter.stops_on_confidence
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
-        """The draft's probability of each token of this step's chain (read before it was widened), as far as the chain
-        of ``tree``, the proposal the loop verified (cut at ``max_length``), goes."""
+        """The draft's probability of each token of this step's chain before it was widened, as far as the chain of
+        ``tree`` (the verified proposal, cut at ``max_length``) goes."""
         confidences = None if self._chain is None else self.drafter.drafted_confidences(self._chain)
         return None if confidences is None else confidences[: len(tree.chain_nodes())]
 
@@ -118,11 +106,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
         """q `(n, V)` from draft logits `(n, V)`; the warpers used here ignore ``input_ids``."""
-        return (
-            torch.softmax(self.warpers(None, logits.float()), dim=-1)
-            if self.warpers
-            else torch.softmax(logits.float(), dim=-1)
-        )
+        logits = logits.float()
+        return torch.softmax(self.warpers(None, logits) if self.warpers else logits, dim=-1)
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
@@ -137,9 +122,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def reads_target_cache(self) -> bool:
         return self.drafter.reads_target_cache
 
-    widens_chain = (
-        True  # its trees are the chain plus expansion leaves: the loop counts what the chain alone would accept
-    )
+    # its trees are the chain plus expansion leaves: the loop counts what the chain alone would accept
+    widens_chain = True
 
     @property
     def controller_anchor(self):
@@ -151,8 +135,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return self.scorer is None and traits_of(self.drafter).compiles_draft  # beam mode's tree scorer stays eager
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache):
-        """The compiled static path: the wrapped drafter's chain compiles where it can (beam mode's tree scorer stays
-        eager). Returns the chain drafter's static cache, or ``None``."""
+        """The wrapped drafter's static cache on the compiled static path, or ``None`` (beam mode stays eager)."""
         if self.compiles_draft:
             return self.drafter.compile_draft(generation_config, compile_config, target_cache)
         return None
@@ -164,9 +147,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """The wrapped drafter's chain after the request's text `(1, L)` (:meth:`chain_request`), plus one expansion set
-        per position within the budget."""
-        # (a drafter that reads the target's state has no beam scorer: refused at construction)
+        """The wrapped drafter's chain after the request's text `(1, L)`, plus one expansion set per position within
+        the budget."""
         if self.scorer is not None:
             return self._propose_beam(request)
         return self.expand(self.drafter.draft_tree(self.chain_request(request)), request)
@@ -177,7 +159,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return request if request.budget is None else replace(request, budget=None)
 
     def learn(self, outcome: DraftOutcome) -> None:
-        """The step's outcome, handed on to the wrapped drafter (the chain is the part of the tree it drafted)."""
+        """The step's outcome, handed on to the wrapped drafter."""
         self.drafter.learn(outcome)
 
     @property
@@ -207,7 +189,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         self._chain = chain
         config = self._step_config(len(chain), request)
         sizes, confidences = _sizes(chain.draft_probs, config)
-        # q: rejection sampling
         tree = expand_proposal(chain, config, sizes, with_draft_probs=self.generation_config.do_sample)
         self.expansion_seconds.append(time.perf_counter() - start)
         self.expansion_sizes.append(sizes)
@@ -274,13 +255,6 @@ class _ExpandedBatch(BatchProposer):
 def build_cape_for_bench(
     chain_drafter: TreeCandidateGenerator, mode: str = "confidence", **options
 ) -> CapeCandidateGenerator:
-    """The bench harness's entry point: CAPE (``"confidence"``), fixed-K (``"fixed"``) or beam (``"beam"``) over
-    ``chain_drafter``.
-
-    Args:
-        chain_drafter: GLIDE's drafter or a :class:`~hf_specdraft.DraftModelCandidateGenerator` (γ is its
-            ``num_draft_tokens``; beam mode needs the latter or a drafter with ``beam_scorer``).
-        mode: one of ``"confidence"``, ``"fixed"``, ``"beam"`` (Du et al. 2024, §4.2, §5.4, §5.3).
-        options: other :class:`CapeConfig` fields (``budget``, ``schedule``, ``fixed_k``, ``beam_width``).
-    """
+    """The bench harness's entry point: CAPE (``"confidence"``, §4.2), fixed-K (``"fixed"``, §5.4) or beam (``"beam"``,
+    §5.3) over ``chain_drafter``; ``options``: other :class:`CapeConfig` fields."""
     return CapeCandidateGenerator(chain_drafter, CapeConfig(mode=mode, **options))

@@ -1,8 +1,4 @@
-"""CAPE's options: the confidence schedule S(p), the verification budget and the ablation modes.
-
-Reference: Du et al. 2024, "GLIDE with a CAPE" (docs/references.md), §4.2 (proposal expansion),
-§5.3 (GLIDE+BeamSearch baseline, beam 4) and §5.4 (fixed-size expansion, K = 4).
-"""
+"""CAPE's options (Du et al. 2024, §4.2 proposal expansion, §5.3 beam-search baseline, §5.4 fixed-size expansion)."""
 
 from __future__ import annotations
 
@@ -20,19 +16,15 @@ class CapeConfig:
     """How :class:`~hf_specdraft.cape.CapeCandidateGenerator` widens a drafted chain.
 
     Args:
-        schedule (`tuple[tuple[float, int], ...]`): S(p) as ``(upper_bound, K)`` bins: a drafted position
-            whose confidence p = max q falls in ``(previous_bound, upper_bound]`` gets ``K`` extra tokens.
-            Bounds increase strictly and the last one is 1.0 so every p is covered; ``K`` never grows
-            with confidence (a confident draft needs fewer alternatives, §4.2 and Figure 1(b)).
-        budget (`int` or ``"auto"``): most tokens sent to verification per step besides the last accepted one: the
-            chain plus all expansion sets (or the beam tree); §5.3 uses 32 ("maximum number of tokens for
-            verification at each step"). Expansion sets of earlier positions are filled first. ``"auto"`` (the
-            default): the loop's controller chooses, per step, the chain alone or twice the chain's length (the
-            chain stopping on its confidence where the drafter allows it), by measured costs and acceptance (a cheap
-            verification on a GPU: long chains and wide trees; a 2-core CPU: short ones).
-        mode (`str`): ``"confidence"`` (CAPE), ``"fixed"`` (every position gets ``fixed_k`` extra tokens,
-            the §5.4 ablation) or ``"beam"`` (beam-search expansion, the §5.3 baseline; it runs extra
-            draft forwards by nature).
+        schedule (`tuple[tuple[float, int], ...]`): S(p) as ``(upper_bound, K)`` bins: a drafted position whose
+            confidence p = max q falls in ``(previous_bound, upper_bound]`` gets ``K`` extra tokens. Bounds increase
+            strictly up to 1.0; ``K`` never grows with confidence (§4.2 and Figure 1(b)).
+        budget (`int` or ``"auto"``): most tokens verified per step besides the last accepted one: the chain plus
+            all expansion sets, earlier positions first (or the beam tree); §5.3 uses 32. ``"auto"`` (the default):
+            the loop's controller chooses, per step, the chain alone or twice its length by measured costs and
+            acceptance.
+        mode (`str`): ``"confidence"`` (CAPE), ``"fixed"`` (every position gets ``fixed_k`` extra tokens, §5.4) or
+            ``"beam"`` (beam-search expansion, the §5.3 baseline, with extra draft forwards).
         fixed_k (`int`): K for ``mode="fixed"``; 4 is "the average size of the practical expansion sets" (§5.4).
         beam_width (`int`): beams for ``mode="beam"``; 4 as in §5.3.
     """
@@ -51,23 +43,6 @@ class CapeConfig:
             check_int("budget", self.budget, what="tokens verified per step (or 'auto')")
         check_int("fixed_k", self.fixed_k, minimum=0)
         check_int("beam_width", self.beam_width)
-
-    @property
-    def bounds(self) -> tuple[float, ...]:
-        """Upper bounds of the confidence bins, increasing, last = 1.0."""
-        return tuple(bound for bound, _ in self.schedule)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        """K of each confidence bin (non-increasing)."""
-        return tuple(k for _, k in self.schedule)
-
-    @property
-    def max_expansion(self) -> int:
-        """The largest expansion set this config can ask for."""
-        if self.mode == "fixed":
-            return self.fixed_k
-        return max(self.sizes)
 
     def budget_for(self, length: int) -> int:
         """The budget of a step whose chain has ``length`` tokens: the set one, or twice the chain for ``"auto"``."""

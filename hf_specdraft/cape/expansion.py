@@ -1,12 +1,8 @@
 """CAPE's proposal expansion: widen each drafted position by the draft's own uncertainty (Du et al. 2024, §4.2).
 
-Notation: q_i is the draft distribution at drafted position i (the ``draft_probs`` row of chain token
-x_{t+i}), p_i = max q_i its confidence, S(p) the schedule, K_i = S(p_i) the size of the expansion set
-X_i: the K_i most probable tokens of q_i other than x_{t+i}.
-
-The expanded proposal is *linearized* as in §4.2: the chain first, then X_0, X_1, ... . Each expansion
-token is a leaf whose parent is the parent of its chain token, i.e. it sees the chain tokens before its
-position and itself, which is exactly the mask_CAPE of §4.2 expressed as a :class:`~hf_specdraft.core.tree.DraftTree`:
+q_i is the draft distribution at drafted position i, p_i = max q_i its confidence, K_i = S(p_i) the size of the
+expansion set X_i (the K_i most probable tokens of q_i besides the chain token). The proposal is linearized as in
+§4.2, the chain then X_0, X_1, ...; a leaf of X_i shares its chain token's parent, which is mask_CAPE as a tree:
 
     >>> import torch
     >>> q = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.15, 0.1, 0.05, 0.7]])  # p_0 = .5 -> K = 5, p_1 = .7 -> K = 3
@@ -25,10 +21,7 @@ from .expansion_sets import expansion_sets, fit_budget, scheduled_sizes
 
 
 def expansion_sizes(draft_probs: torch.Tensor, config: CapeConfig) -> torch.LongTensor:
-    """K_i = S(p_i) for every drafted position, capped by the verification budget (§4.2).
-
-    The budget left after the chain (``config.budget - k``) is spent on the earliest positions first: an
-    early position is accepted more often than a later one, so its alternatives are worth more.
+    """K_i = S(p_i) for every drafted position, the budget left after the chain spent on the earliest first (§4.2).
 
     Args:
         draft_probs (`torch.FloatTensor` of shape `(k, V)`): q at each of the ``k`` drafted positions.
@@ -50,8 +43,7 @@ def _sizes(draft_probs: torch.Tensor, config: CapeConfig) -> tuple[list[int], li
     config.check_chain_length(k)
     confidence = draft_probs.amax(dim=-1).tolist() if k else []  # p_i = max q_i
     wanted = [config.fixed_k] * k if config.mode == "fixed" else scheduled_sizes(confidence, config.schedule)
-    sizes = fit_budget(wanted, config.budget_for(k) - k, vocab)
-    return sizes, confidence
+    return fit_budget(wanted, config.budget_for(k) - k, vocab), confidence
 
 
 def expand_proposal(
@@ -59,17 +51,15 @@ def expand_proposal(
 ) -> DraftTree:
     """Add each position's expansion set to a drafted chain, as leaves (Du et al. 2024, §4.2, "Proposal Expansion").
 
-    Pure: reads only ``chain.draft_probs``; no draft forward is run, which is why CAPE costs almost no
-    draft time (§5.4: +0.2 ms on a 5.5 ms speculation step). One ``topk`` over q does the tensor work.
+    Reads only ``chain.draft_probs`` (one ``topk``, no draft forward: why CAPE costs +0.2 ms of draft time, §5.4).
 
     Args:
         chain (:class:`~hf_specdraft.core.tree.DraftTree`): a chain of ``k`` tokens with ``draft_probs`` `(k, V)`.
         config (:class:`CapeConfig`): the schedule and the budget.
         sizes (`torch.LongTensor` or `list[int]` of length `k`, *optional*): precomputed :func:`expansion_sizes`.
-        with_draft_probs (`bool`): also return ``draft_probs`` (leaf rows repeat q_i) and, when the chain has
-            them, ``sampled`` flags (expansion leaves are picked, not drawn), which multi-branch rejection sampling
-            reads under ``do_sample=True``. Off for greedy decoding: its exact match never reads q, and copying
-            ``(N, V)`` rows is most of the expansion's cost on CPU.
+        with_draft_probs (`bool`): also return ``draft_probs`` (leaf rows repeat q_i) and ``sampled`` flags (leaves
+            are picked, not drawn) for rejection sampling under ``do_sample=True``. Off for greedy decoding, which
+            never reads q: copying `(N, V)` rows is most of the expansion's cost on CPU.
 
     Returns:
         :class:`~hf_specdraft.core.tree.DraftTree` of ``k + sum(K_i)`` nodes: the chain, then X_0, X_1, ...

@@ -1,13 +1,8 @@
-"""CAPE's expansion rule on plain lists and tensors (Du et al. 2024, "GLIDE with a CAPE", §4.2).
+"""CAPE's expansion rule on lists and tensors (Du et al. 2024, §4.2): the set X_i, the K_i = S(max q_i) most probable
+tokens of the draft distribution q_i besides chain token i, as leaves beside it.
 
-Notation: q_i is the draft distribution at drafted position i, p_i = max q_i its confidence, S(p) the
-schedule of ``(upper_bound, K)`` bins, K_i = S(p_i) the size of the expansion set X_i: the K_i most probable
-tokens of q_i other than the chain token x_{t+i}. Each token of X_i is a leaf beside x_{t+i}: its parent is
-the chain token before position i (``i - 1``; ``-1`` for the last accepted token).
-
-One source for both users of the rule: the library's :mod:`hf_specdraft.cape.expansion` (which builds a
-``DraftTree`` from a ``CapeConfig``) and the ``custom_generate/`` loop a checkpoint ships
-(:func:`hf_specdraft.cape.write_custom_generate` writes this file beside it). So it imports torch alone.
+One source for the library (:mod:`hf_specdraft.cape.expansion`) and the ``custom_generate/`` folder a checkpoint
+ships (:func:`hf_specdraft.cape.write_custom_generate` writes this file there), so it imports torch alone.
 
     >>> scheduled_sizes([0.5, 0.7], DEFAULT_SCHEDULE), fit_budget([5, 3], room=4, vocab=4)
     ([5, 3], [3, 1])
@@ -21,11 +16,8 @@ DEFAULT_SCHEDULE = ((0.3, 7), (0.6, 5), (0.8, 3), (1.0, 1))
 
 
 def check_schedule(schedule, name="schedule"):
-    """``schedule`` as validated ``((upper_bound, K), ...)`` bins, else a `ValueError` naming ``name``.
-
-    Bounds increase strictly within (0, 1] up to 1.0 (every p has a K); K are ints >= 0 that never grow with
-    confidence (a confident draft needs fewer alternatives, §4.2 and Figure 1(b)).
-    """
+    """``schedule`` as validated ``((upper_bound, K), ...)`` bins (bounds increasing strictly up to 1.0, K ints >= 0
+    never growing with confidence), else a `ValueError` naming ``name``."""
     try:
         pairs = tuple((float(bound), k) for bound, k in schedule)
     except (TypeError, ValueError):
@@ -48,22 +40,16 @@ def check_schedule(schedule, name="schedule"):
 
 
 def scheduled_sizes(confidence, schedule):
-    """S(p_i) for each confidence p_i (`list[float]`), in the paper's right-closed bins.
-
-    Bounds are rounded to float32 like p (q is float32), so p = 0.3 lands in (0, 0.3] and not in the next bin.
-    Plain Python: k is a few dozen positions at most, where a dozen tiny tensor ops cost more.
-    """
+    """S(p_i) for each confidence p_i (`list[float]`), in the paper's right-closed bins; bounds are rounded to float32
+    like p, so p = 0.3 lands in (0, 0.3] and not in the next bin."""
     bounds = torch.tensor([bound for bound, _ in schedule], dtype=torch.float32).tolist()
     sizes = [size for _, size in schedule]
     return [next((size for bound, size in zip(bounds, sizes) if p <= bound), sizes[-1]) for p in confidence]
 
 
 def fit_budget(wanted, room, vocab):
-    """Cap the wanted K_i so that all sets fit ``room`` tokens (the budget left after the chain), earliest first.
-
-    An early position is accepted more often than a later one, so its alternatives are worth more. A set never
-    holds more than ``vocab - 1`` tokens (every token but the chain token).
-    """
+    """Cap the wanted K_i so that all sets fit ``room`` tokens (and ``vocab - 1`` each), earliest first: an early
+    position is accepted more often than a later one, so its alternatives are worth more."""
     sizes = []
     for want in wanted:
         take = max(0, min(want, vocab - 1, room))
@@ -73,17 +59,9 @@ def fit_budget(wanted, room, vocab):
 
 
 def expansion_sets(chain, q, sizes):
-    """The linearized expanded proposal of §4.2: the chain, then X_0, X_1, ... (each set best-first).
-
-    Args:
-        chain (`list[int]`): the k drafted tokens.
-        q (`torch.FloatTensor` of shape `(k, V)`): their draft distributions.
-        sizes (`list[int]`): K_i per position (see :func:`fit_budget`).
-
-    Returns:
-        `(tokens, parents, position)` as lists: ``tokens``/``parents`` of the ``k + sum K_i`` nodes (chain parents
-        ``-1, 0, 1, ...``; a leaf of X_i has parent ``i - 1``) and, per leaf, the chain position ``i`` it widens.
-    """
+    """The linearized expanded proposal of §4.2 for ``chain`` (`list[int]`, k tokens), ``q`` `(k, V)` and K_i
+    ``sizes``: lists `(tokens, parents, position)` of the chain then X_0, X_1, ... (each best-first; a leaf of X_i has
+    parent ``i - 1``), ``position`` the chain position each leaf widens."""
     tokens, parents, position = list(chain), list(range(-1, len(chain) - 1)), []
     widest = min(max(sizes, default=0), q.shape[-1] - 1)
     if not chain or widest == 0:
@@ -98,12 +76,8 @@ def expansion_sets(chain, q, sizes):
 
 
 def expand(chain, q, schedule, budget):
-    """CAPE's proposal for the shipped loop: ``(tokens, parents)`` `torch.LongTensor`s on ``chain``'s device.
-
-    Args:
-        chain (`torch.LongTensor` of shape `(k,)`), q (`torch.FloatTensor` of shape `(k, V)`): the drafted chain.
-        schedule: validated bins (:func:`check_schedule`); budget (`int`): most tree tokens per step (>= k).
-    """
+    """CAPE's proposal for the shipped loop: ``(tokens, parents)`` on ``chain``'s device for ``chain`` `(k,)`, ``q``
+    `(k, V)`, validated ``schedule`` bins and ``budget`` (most tree tokens per step, >= k)."""
     k, vocab = q.shape
     sizes = fit_budget(scheduled_sizes(q.amax(dim=-1).tolist() if k else [], schedule), budget - k, vocab)
     tokens, parents, _ = expansion_sets(chain.tolist(), q, sizes)

@@ -1,13 +1,8 @@
-"""Ship CAPE with a checkpoint: write the self-contained ``custom_generate/`` folder into a checkpoint directory.
-
-After ``write_custom_generate(d)``, with only torch and transformers installed (transformers loads a
-``custom_generate/`` folder from a local directory as from the Hub)::
+"""Ship CAPE with a checkpoint: after ``write_custom_generate(d)``, with only torch and transformers installed,
 
     target.generate(input_ids=x, custom_generate=str(d), trust_remote_code=True, max_new_tokens=64)
 
-runs greedy CAPE with the draft saved in ``d`` (or with ``assistant_model=<draft>``). The same works
-from the Hub once ``d`` is pushed. ``python -m pytest tests/test_cape_custom_generate.py`` checks it in a
-fresh process where hf_specdraft cannot be imported.
+runs greedy CAPE with the draft saved in ``d`` (or ``assistant_model=<draft>``), locally or from the Hub.
 """
 
 from __future__ import annotations
@@ -21,9 +16,7 @@ CORE = Path(__file__).parents[1] / "core"
 
 
 def sibling_imports(path: Path) -> set[str]:
-    """The flat siblings ``path`` imports: ``x`` of every ``from .x import y`` / ``from . import x``, function-level
-    ones included (the absolute ``hf_specdraft.`` imports of a template's installed-package fallback are not
-    siblings)."""
+    """The flat siblings ``path`` imports: ``x`` of every ``from .x import y`` / ``from . import x``, anywhere in it."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
@@ -32,13 +25,8 @@ def sibling_imports(path: Path) -> set[str]:
 
 
 def shipped_files() -> dict[str, Path]:
-    """What the folder holds, by the name each file gets there, and its one source.
-
-    Only the entry point (``generate.py``: the Hub call's options and checks) and the drafter (``cape_draft.py``) are
-    templates. The rest is what they import, transitively: the core's own modules (torch, transformers and flat
-    siblings only, ``tests/test_layers.py`` checks it) and CAPE's ``expansion_sets.py``, each written as it is; a core
-    module the shipped loop never imports stays home.
-    """
+    """The folder's files by name, each with its one source: the templates ``generate.py`` and ``cape_draft.py``, and
+    what they import, transitively, written as it is (core modules and ``expansion_sets.py``)."""
     sources = {path.stem: path for path in sorted(CORE.glob("*.py")) if path.name != "__init__.py"}
     sources["expansion_sets"] = Path(__file__).parent / "expansion_sets.py"
     files = {"generate.py": TEMPLATE / "generate.py", "cape_draft.py": TEMPLATE / "cape_draft.py"}
@@ -79,23 +67,17 @@ The output equals the target's greedy decoding.
 
 
 def write_custom_generate(directory: str | Path, readme: bool = True) -> list[Path]:
-    """Copy the CAPE ``custom_generate/`` folder into a checkpoint directory.
+    """Copy the CAPE ``custom_generate/`` folder into a checkpoint directory; returns the files written.
 
     Args:
         directory: the checkpoint directory (created if missing); files go to ``directory/custom_generate/``
             and replace earlier copies.
         readme: also write a ``README.md`` tagged ``custom_generate`` when the directory has none (a model
             card written by the checkpoint's own save path is left untouched).
-
-    Returns:
-        `list[Path]`: the files written.
     """
     target = Path(directory) / "custom_generate"
     target.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, source in shipped_files().items():
-        shutil.copyfile(source, target / name)
-        written.append(target / name)
+    written = [shutil.copyfile(source, target / name) for name, source in shipped_files().items()]
     card = Path(directory) / "README.md"
     if readme and not card.exists():
         card.write_text(README.replace("{repo}", Path(directory).name), encoding="utf-8")

@@ -1,13 +1,7 @@
 """The draft side of the shipped CAPE ``custom_generate``: a greedy chain drafter that returns q, CAPE's tree over it
-for the core loop, and draft loading.
-
-Self-contained (torch, transformers and hf_specdraft's core modules and ``expansion_sets.py`` written beside it): it
-ships inside a checkpoint's ``custom_generate/``.
-
-A chain drafter is any object with ``propose(input_ids, target_cache, num_tokens) -> (tokens (k,), q (k, V))``;
-:class:`CapeTreeDrafter` expands its chain into CAPE's tree (Du et al. 2024, §4.2) for the core loop.
-A draft model may bring its own drafter through a ``cape_drafter(target)`` method; any other causal LM, GLIDE
-included (its layers read the target cache), gets :class:`CausalLMDrafter`.
+for the core loop (Du et al. 2024, §4.2), and draft loading. A chain drafter is any object with
+``propose(input_ids, target_cache, num_tokens) -> (tokens (k,), q (k, V))``: a draft model's own
+``cape_drafter(target)``, else :class:`CausalLMDrafter`.
 """
 
 import sys
@@ -32,12 +26,8 @@ _LOADED_DRAFTS = {}  # (checkpoint, device, dtype) -> draft model, so repeated g
 
 
 class CausalLMDrafter:
-    """Greedy chain drafting with a causal LM that keeps its own KV cache across steps.
-
-    A draft that glimpses the target (GLIDE, Du et al. 2024, §4.1: ``config.cross_attention``) reads the target's
-    *live* cache at every drafted token: the loop hands over the cache covering ``input_ids[:, :-1]``, the verified
-    prefix up to ``t - 1``, exactly what §4.1 lets GLIDE see at inference ("KV cache delay"); it is only read.
-    The draft's own cache is re-synced to the accepted text by common prefix.
+    """Greedy chain drafting with a causal LM that keeps its own KV cache, re-synced to the accepted text by common
+    prefix. A draft that glimpses (GLIDE, §4.1) reads the target's live cache, which covers ``input_ids[:, :-1]``.
 
     Args:
         draft_model: a causal LM sharing the target's vocabulary (a GLIDE checkpoint included).
@@ -77,19 +67,8 @@ class CausalLMDrafter:
 
     @torch.no_grad()
     def propose(self, input_ids, target_cache, num_tokens):
-        """Draft ``num_tokens`` greedy tokens after ``input_ids``.
-
-        Args:
-            input_ids (`torch.LongTensor` of shape `(1, L)`): the accepted text; its last token is the target's
-                bonus token, at position ``t = L - 1``.
-            target_cache (`Cache`): the target's live cache covering ``input_ids[:, :-1]`` (read by a draft that
-                glimpses, unused otherwise).
-            num_tokens (`int`): γ, the chain length k.
-
-        Returns:
-            `(tokens, q)`: `torch.LongTensor` `(k,)` drafted ids and `torch.FloatTensor` `(k, V)` float32 draft
-            distributions (q at each drafted position; ``tokens[i] = argmax q[i]``).
-        """
+        """Draft ``num_tokens`` (γ = k) greedy tokens after ``input_ids`` `(1, L)`, reading ``target_cache`` (covering
+        ``input_ids[:, :-1]``) when the draft glimpses. Returns `(tokens, q)`: ids `(k,)` and float32 q `(k, V)`."""
         self._check(input_ids, target_cache, num_tokens)
         glimpse = {"target_past_key_values": target_cache} if self.glimpses else {}
         ids = input_ids[0].to(self.draft_model.device)
@@ -108,14 +87,8 @@ class CausalLMDrafter:
 
 
 class CapeTreeDrafter(TreeCandidateGenerator):
-    """CAPE over a chain drafter, as the core loop's drafter: each step the chain of γ greedy tokens with q, every
-    position's expansion set of K_i = S(max q_i) next-best tokens as leaves beside it, within the verification budget.
-
-    Args:
-        drafter: a chain drafter (:class:`CausalLMDrafter`, or a draft model's own ``cape_drafter(target)``).
-        num_draft_tokens (`int`): γ. schedule: S(p) as checked ``(upper_bound, K)`` bins. budget (`int`): most tree
-            nodes.
-    """
+    """CAPE over a chain ``drafter`` for the core loop: each step γ = ``num_draft_tokens`` greedy tokens, each with its
+    expansion set of K_i = S(max q_i) next-best tokens (``schedule`` bins) beside it, ``budget`` nodes at most."""
 
     def __init__(self, drafter, num_draft_tokens, schedule, budget):
         super().__init__()
@@ -128,8 +101,8 @@ class CapeTreeDrafter(TreeCandidateGenerator):
 
 
 def make_drafter(draft_model, target):
-    """The drafter for ``draft_model``: its own ``cape_drafter(target)`` if it has one, else :class:`CausalLMDrafter`
-    (glimpsing the target cache when the draft cross-attends to it, after checking it was built for ``target``)."""
+    """The drafter for ``draft_model``: its own ``cape_drafter(target)``, else :class:`CausalLMDrafter` (glimpsing when
+    the draft cross-attends to the target, after checking it was built for ``target``)."""
     if output_vocab_size(draft_model) != output_vocab_size(target):
         raise ValueError(
             f"the draft predicts {output_vocab_size(draft_model)} token ids but the target predicts "
@@ -143,11 +116,8 @@ def make_drafter(draft_model, target):
 
 
 def checkpoint_of_call(target):
-    """The ``custom_generate=`` string that ``target.generate`` was called with, or ``None``.
-
-    transformers passes every ``generate`` argument to this function except ``custom_generate`` itself, so
-    the checkpoint that holds the draft is read from the calling ``generate`` frame (transformers 5.17-5.23).
-    """
+    """The ``custom_generate=`` string that ``target.generate`` was called with, or ``None``: transformers passes
+    every argument but that one on, so it is read from the calling ``generate`` frame."""
     frame = sys._getframe(1)
     while frame is not None:
         local = frame.f_locals
@@ -162,8 +132,7 @@ def checkpoint_of_call(target):
 
 
 def load_draft(target):
-    """Load the draft saved next to this ``custom_generate/`` folder (same checkpoint), on the target's device and
-    dtype."""
+    """Load the draft saved in this folder's checkpoint, on the target's device and dtype."""
     checkpoint = checkpoint_of_call(target)
     if checkpoint is None:
         raise ValueError(

@@ -7,19 +7,9 @@ Runs with only torch and transformers installed::
     out = target.generate(input_ids=x, custom_generate="<dir>", trust_remote_code=True,
                           assistant_model=draft, max_new_tokens=64)  # any causal LM with the target's vocabulary
 
-Each step: the draft proposes a greedy chain of γ = ``num_draft_tokens`` tokens with their distributions
-q_i; every position gets an expansion set of the K_i = S(max q_i) next-best tokens (leaves beside the
-chain token); chain and sets go through the target in one forward under a tree mask; the deepest path
-that matches the target's argmax is kept, plus the target's own next token. The output equals the
-target's greedy decoding.
-
-This file is only the entry point: the decoding loop is hf_specdraft's own core (``loop.py`` and the core modules it
-imports, written beside this file at save time from ``hf_specdraft/core/``), the drafter is ``cape_draft.py`` and
-CAPE's S(p) and expansion sets are ``expansion_sets.py``.
-
-Options (keyword arguments of ``generate``): ``num_draft_tokens`` (γ, default 5), ``verification_budget``
-(most tokens verified per step, default 32 as in §5.3), ``expansion_schedule`` ((upper_bound, K) bins,
-default ((.3, 7), (.6, 5), (.8, 3), (1., 1))). Greedy decoding, batch size 1, unpadded prompt.
+Each step the draft proposes γ greedy tokens, each widened by the K_i = S(max q_i) next-best tokens, and the target
+verifies them as one tree: the output equals the target's greedy decoding. This file is the entry point; the loop is
+hf_specdraft's core (``loop.py`` and its siblings), the drafter ``cape_draft.py``. Greedy, batch size 1, unpadded.
 """
 
 import copy
@@ -102,8 +92,8 @@ def generate(
         inputs / input_ids (`torch.LongTensor` of shape `(1, L)`): the prompt.
         generation_config: defaults to ``model.generation_config``; other keyword arguments update a copy.
         assistant_model: the draft; ``None`` loads the draft saved in the ``custom_generate`` checkpoint.
-        num_draft_tokens (`int`): γ, chain tokens drafted per step.
-        verification_budget (`int`): most tokens verified per step (chain + expansion sets), ≥ γ.
+        num_draft_tokens (`int`): γ, chain tokens drafted per step (default 5).
+        verification_budget (`int`): most tokens verified per step (chain + expansion sets), ≥ γ (32 as in §5.3).
         expansion_schedule: S(p) as ``(upper_bound, K)`` bins.
 
     Returns:
