@@ -254,8 +254,7 @@ class DraftLengthController:
         if len(self.verify) < 2:  # the first steps measure two points of the cost curve: a short and a longer draft
             gamma, self.option = min(1 if not self.verify else 3, top), last if not self.verify else 0
         elif self.confidence_stops:  # each draft stops on its own confidence (keep_drafting), up to the longest
-            if last:  # a tree drafter: the width whose confidence-stopped steps realized the most tokens per second
-                # an unrun width first
+            if last:  # a tree drafter: the width whose stopped steps realized the most tokens per second (unrun: first)
                 rates = [t / s if s else float("inf") for t, s in zip(self.stop_tokens, self.stop_seconds)]
                 self.option = max(range(len(self.widths)), key=rates.__getitem__)
                 if self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 - 1:  # and the other widths, in turn

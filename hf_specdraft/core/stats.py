@@ -225,14 +225,6 @@ def record_step(
         p = torch.stack([rows.probs(i) for i in range(judged)])
         q = q[:judged] if q.device == p.device else q[:judged].to(p.device)  # no copy (nor a counted read) when there
         overlaps = overlap(p, q.float())
-    stats.record(
-        drafted=drafted,
-        tree_size=len(tree),
-        accepted=accepted,
-        emitted=emitted,
-        draft_seconds=draft_seconds,
-        verify_seconds=verify_seconds,
-        judged=judged,
-        overlaps=overlaps,
-        copied=tree.copied,
+    stats.steps.append(
+        StepRecord(drafted, len(tree), accepted, emitted, draft_seconds, verify_seconds, judged, overlaps, tree.copied)
     )
