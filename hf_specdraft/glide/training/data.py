@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from .objective import token_stream
+
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 # datasets' packaged builder for each file kind --dataset reads locally
 DATASET_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow"}
@@ -79,11 +81,7 @@ def check_messages(messages, index: int) -> list[dict]:
             f"example {index}: messages must be a non-empty list of {{role, content}}, got {type(messages).__name__}"
         )
     for turn in messages:
-        if (
-            not isinstance(turn, dict)
-            or not isinstance(turn.get("role"), str)
-            or not isinstance(turn.get("content"), str)
-        ):
+        if not (isinstance(turn, dict) and all(isinstance(turn.get(key), str) for key in ("role", "content"))):
             raise ValueError(f"example {index}: every message must be {{'role': str, 'content': str}}, got {turn!r}")
     return [{"role": turn["role"], "content": turn["content"]} for turn in messages]
 
@@ -134,8 +132,6 @@ def tokenize_texts(tokenizer, texts: list[str]) -> list[list[int]]:
 def load_data(paths: list[str], tokenizer_path: str | None) -> torch.Tensor:
     """Token ids from files (``--data``): ``.safetensors`` / ``.pt`` tensors (``input_ids`` or the only tensor), or
     text files / directories of text files tokenized with the target's tokenizer."""
-    from .objective import token_stream
-
     tensors, texts = [], []
     for path in map(Path, paths):
         if not path.exists():

@@ -75,9 +75,14 @@ def write_store(
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    num_windows, seq_len = map(int, windows.shape)
-    meta = dict(num_windows=num_windows, seq_len=seq_len, layer_ids=list(layer_ids), top_k=top_k)
-    meta.update(shard_windows=shard_windows, target=getattr(target.config, "_name_or_path", None))
+    meta = {
+        "num_windows": int(windows.shape[0]),
+        "seq_len": int(windows.shape[1]),
+        "layer_ids": list(layer_ids),
+        "top_k": top_k,
+        "shard_windows": shard_windows,
+        "target": getattr(target.config, "_name_or_path", None),
+    }
     meta_file = output_dir / "store.json"
     if meta_file.is_file() and json.loads(meta_file.read_text()) != meta:
         raise ValueError(f"{str(output_dir)!r} holds a store built with other settings: {meta_file.read_text()}")

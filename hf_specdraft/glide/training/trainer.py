@@ -1,17 +1,13 @@
 """Train GLIDE against a frozen target (GLIDE §4.1 "Block-wise Attention Mask", Appendices A and B).
 
-Each step the frozen target runs over whole windows and its KV cache is the memory the draft's cross-attention reads;
-the block-wise mask (L = 5) lets a token see only the target KV of earlier blocks, simulating the KV-cache delay of
-inference (§4.1). The loss (:mod:`.objective`) is cross-entropy, optionally mixed with distillation from the target's
-logits (Appendix B; its sequence-level form is ``--regenerate``). Where a target forward per step is too dear, the loop
-reads the target's KV and top-k from a precomputed store (:class:`~.store.StoreWindows`). Only GLIDE's parameters are
-optimised: AdamW, warmup + cosine decay, gradient accumulation, any number of processes through 🤗 accelerate.
-``checkpoint-last/`` (weights, optimizer, scheduler, step, RNG states) is what a restarted run continues from. Large
-targets, device maps and tensor parallelism: docs/multi-gpu.md.
+Each step the draft's cross-attention reads the frozen target's KV cache over whole windows, under the block-wise mask
+that simulates inference's KV-cache delay (§4.1); the loss is :mod:`.objective`'s, and a precomputed store
+(:class:`~.store.StoreWindows`) can stand in for the target forward. Only GLIDE's parameters are optimised (AdamW,
+warmup + cosine decay, any number of processes through 🤗 accelerate); ``checkpoint-last/`` is what a restarted run
+continues from. Large targets, device maps and tensor parallelism: docs/multi-gpu.md.
 
-    hf-specdraft train-glide --target meta-llama/Llama-3.2-1B --data corpus.txt --output-dir glide-llama
-    # on CPUs: ACCELERATE_USE_CPU=1 and --multi_gpu (accelerate 1.x's `--cpu --num_processes N` starts ONE process)
     accelerate launch --num_processes 8 -m hf_specdraft train-glide --target ... --data ... --output-dir ...
+    # on CPUs: ACCELERATE_USE_CPU=1 and --multi_gpu (accelerate 1.x's `--cpu --num_processes N` starts ONE process)
 """
 
 from __future__ import annotations

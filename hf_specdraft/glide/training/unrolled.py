@@ -73,17 +73,13 @@ def unrolled_passes(model, batch: GlideBatch, steps: int) -> Iterator[tuple[int,
     cache = DynamicCache(config=config) if config.state_input and config.self_attention else None
     for k in range(1, steps + 1):
         start = index - k + 1
-        kwargs = {}
+        kwargs = {"use_cache": cache is not None}
         if config.cross_attention and batch.target_past_key_values is not None:
-            kwargs = {
-                "target_past_key_values": batch.target_past_key_values,
-                "target_attention_mask": glimpse_mask(length, k, dtype, device),
-            }
-        positions = index if config.self_attention else (start - 1).clamp(min=0)  # assistant layout: h_{t-1}'s position
+            kwargs["target_past_key_values"] = batch.target_past_key_values
+            kwargs["target_attention_mask"] = glimpse_mask(length, k, dtype, device)
         if cache is not None:
-            kwargs.update(cache=cache, use_cache=True, attention_mask=self_attention_mask(length, k, dtype, device))
-        else:
-            kwargs["use_cache"] = False
+            kwargs.update(cache=cache, attention_mask=self_attention_mask(length, k, dtype, device))
+        positions = index if config.self_attention else (start - 1).clamp(min=0)  # assistant layout: h_{t-1}'s position
         out = model(
             input_ids=ids,
             position_ids=positions[None].expand(batch_size, -1),
