@@ -1,11 +1,6 @@
 """CAPE: confidence-aware proposal expansion (Du et al. 2024, §4.2), with the fixed-K (§5.4) and beam (§5.3) ablations.
 
-    >>> from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
-    >>> from hf_specdraft.cape import CapeCandidateGenerator
-    >>> drafter = CapeCandidateGenerator(DraftModelCandidateGenerator(draft, 5))  # doctest: +SKIP
-    >>> target.generate(input_ids, custom_generate=speculative_generate, candidate_generator=drafter)  # doctest: +SKIP
-
-``write_custom_generate(directory)`` ships greedy CAPE as a checkpoint's ``custom_generate/`` folder.
+Usage: docs/methods.md; ``write_custom_generate(directory)`` ships greedy CAPE as a checkpoint's ``custom_generate/``.
 """
 
 from ..core.drafting import DraftModelTreeScorer

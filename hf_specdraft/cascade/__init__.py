@@ -1,12 +1,4 @@
-"""Cascade Speculative Drafting with Max-Gram (Chen et al. 2024).
-
->>> from hf_specdraft import speculative_generate
->>> from hf_specdraft.cascade import CascadeCandidateGenerator, load_bigram_table
->>> drafter = CascadeCandidateGenerator([draft], k_matrix=[[5, 10], [0, 10]], lenience=2,
-...                                     bigram_table=load_bigram_table("bigram.safetensors"))  # doctest: +SKIP
->>> out = target.generate(input_ids, custom_generate=speculative_generate, candidate_generator=drafter,
-...                       max_new_tokens=64)  # doctest: +SKIP
-"""
+"""Cascade Speculative Drafting with Max-Gram (Chen et al. 2024); usage: docs/methods.md."""
 
 from .bigram import build_bigram_table, load_bigram_table, save_bigram_table
 from .cascade import CascadeCandidateGenerator, default_k_matrix, lenient_review, validate_k_matrix

@@ -25,38 +25,11 @@ FORMAT = "hf_specdraft.bigram_table.v1"
 MERGE_EVERY = 4_000_000  # pending pair keys before they are reduced to (unique key, count); bounds memory
 
 
-class _PairCounts:
-    """Sparse counts of ``(prev, next)`` pairs, reduced every ``MERGE_EVERY`` pending keys."""
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-        self.keys = torch.zeros(0, dtype=torch.long)
-        self.counts = torch.zeros(0, dtype=torch.long)
-        self.unigram = torch.zeros(vocab_size, dtype=torch.long)
-        self.pending: list[torch.Tensor] = []
-        self.pending_size = 0
-
-    def add(self, ids: torch.Tensor) -> None:
-        ids = torch.as_tensor(ids).long().flatten().cpu()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            low, high = int(ids.min()), int(ids.max())
-            raise ValueError(f"token ids must be in [0, vocab_size={self.vocab_size}), got ids in [{low}, {high}]")
-        self.unigram += torch.bincount(ids, minlength=self.vocab_size)
-        if ids.numel() < 2:
-            return
-        self.pending.append(ids[:-1] * self.vocab_size + ids[1:])
-        self.pending_size += ids.numel() - 1
-        if self.pending_size >= MERGE_EVERY:
-            self.merge()
-
-    def merge(self) -> None:
-        if not self.pending:
-            return
-        keys = torch.cat([self.keys, *self.pending])
-        counts = torch.cat([self.counts, torch.ones(self.pending_size, dtype=torch.long)])
-        self.keys, inverse = torch.unique(keys, return_inverse=True)
-        self.counts = torch.zeros(self.keys.numel(), dtype=torch.long).index_add_(0, inverse, counts)
-        self.pending, self.pending_size = [], 0
+def _merge(keys: torch.Tensor, counts: torch.Tensor, pending: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(unique key, count)`` of the counted ``keys`` and the ``pending`` key tensors (one count each)."""
+    added = torch.ones(sum(p.numel() for p in pending), dtype=torch.long)
+    keys, inverse = torch.unique(torch.cat([keys, *pending]), return_inverse=True)
+    return keys, torch.zeros(keys.numel(), dtype=torch.long).index_add_(0, inverse, torch.cat([counts, added]))
 
 
 def build_bigram_table(
@@ -68,17 +41,27 @@ def build_bigram_table(
     check_int("vocab_size", vocab_size)
     if unseen not in ("most_frequent", "self"):
         raise ValueError(f"unseen must be 'most_frequent' or 'self', got {unseen!r}")
-    pairs = _PairCounts(vocab_size)
+    keys = counts = torch.zeros(0, dtype=torch.long)
+    unigram = torch.zeros(vocab_size, dtype=torch.long)
+    pending, pending_size = [], 0
     for ids in token_ids_iterable:
-        pairs.add(ids)
-    pairs.merge()
-    if unseen == "most_frequent" and int(pairs.unigram.sum()) > 0:
-        table = torch.full((vocab_size,), int(pairs.unigram.argmax()), dtype=torch.long)
+        ids = torch.as_tensor(ids).long().flatten().cpu()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+            low, high = int(ids.min()), int(ids.max())
+            raise ValueError(f"token ids must be in [0, vocab_size={vocab_size}), got ids in [{low}, {high}]")
+        unigram += torch.bincount(ids, minlength=vocab_size)
+        pending.append(ids[:-1] * vocab_size + ids[1:])  # pair keys, empty for fewer than 2 ids
+        pending_size += pending[-1].numel()
+        if pending_size >= MERGE_EVERY:
+            (keys, counts), pending, pending_size = _merge(keys, counts, pending), [], 0
+    keys, counts = _merge(keys, counts, pending)
+    if unseen == "most_frequent" and int(unigram.sum()) > 0:
+        table = torch.full((vocab_size,), int(unigram.argmax()), dtype=torch.long)
     else:
         table = torch.arange(vocab_size, dtype=torch.long)
-    if pairs.keys.numel():
-        prev, nxt = pairs.keys // vocab_size, pairs.keys % vocab_size  # keys are sorted: by prev, then next
-        order = torch.sort(-pairs.counts, stable=True).indices  # most frequent first; ties keep the smaller next
+    if keys.numel():
+        prev, nxt = keys // vocab_size, keys % vocab_size  # keys are sorted: by prev, then next
+        order = torch.sort(-counts, stable=True).indices  # most frequent first; ties keep the smaller next
         order = order[torch.sort(prev[order], stable=True).indices]  # group by prev, keeping that order
         first = torch.ones(order.numel(), dtype=torch.bool)
         first[1:] = prev[order][1:] != prev[order][:-1]

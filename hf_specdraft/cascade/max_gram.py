@@ -9,8 +9,6 @@ chain of an argmax bigram table (:mod:`hf_specdraft.cascade.bigram`).
     (2, 3)
     >>> max_gram_draft(seq, 3).tolist()
     [8, 1, 6]
-
-Time one proposal at an 8K-token context: ``python -m benchmarks.studies.max_gram`` (from the repository root).
 """
 
 from __future__ import annotations
@@ -25,18 +23,6 @@ from ..core.validation import check_int
 
 # §5.2 "we use MaG to generate 10 tokens at once, as it is rare for more than 10 tokens to be accepted"
 MAX_GRAM_TOKENS = 10
-
-
-def bigram_chain(bigram_table: torch.LongTensor, token: torch.Tensor, num_tokens: int) -> torch.LongTensor:
-    """Follow an argmax bigram table ``num_tokens`` steps from ``token`` (0-d; ids outside the table map to themselves).
-    Returns `(num_tokens,)`; the loop runs over the draft budget, not the sequence, and never leaves the device."""
-    out = torch.empty(num_tokens, dtype=torch.long, device=bigram_table.device)
-    token = token.to(bigram_table.device)
-    size = bigram_table.numel()
-    for i in range(num_tokens):
-        token = torch.where(token < size, bigram_table[token.clamp(max=size - 1)], token)
-        out[i] = token
-    return out
 
 
 def max_gram_draft(
@@ -58,7 +44,13 @@ def max_gram_draft(
         return sequence[end + 1 + torch.arange(num_tokens, device=sequence.device) % distance]
     if bigram_table is None or sequence.numel() == 0:
         return sequence[:0]
-    return bigram_chain(bigram_table, sequence[-1], num_tokens).to(sequence.device)
+    # the table's chain (ids outside it map to themselves): a loop over the budget, not the text, on the device
+    out = torch.empty(num_tokens, dtype=torch.long, device=bigram_table.device)
+    token, size = sequence[-1].to(bigram_table.device), bigram_table.numel()
+    for i in range(num_tokens):
+        token = torch.where(token < size, bigram_table[token.clamp(max=size - 1)], token)
+        out[i] = token
+    return out.to(sequence.device)
 
 
 class MaxGramCandidateGenerator(TreeCandidateGenerator):
@@ -75,7 +67,6 @@ class MaxGramCandidateGenerator(TreeCandidateGenerator):
     """
 
     reads_target_cache = False  # never reads the target's cache
-
     max_draft_tokens = MAX_GRAM_TOKENS  # the longest draft the loop's controller considers for it
 
     def __init__(

@@ -1,12 +1,7 @@
 """CASD: context-aware speculative decoding (the CASD paper, an anonymous ICLR 2025 submission; docs/references.md).
 
-Drafts are retrieved from the request's own context (a suffix-array draft pool, REST-style trees) and
-verified exactly (``strict``, lossless) or by the conditional rule ``p(x) > max(δ, p(eos))`` (eq. 3),
-optionally with top-k membership (eq. 4).
-
-    >>> from hf_specdraft.casd import casd_generate
-    >>> out = casd_generate(model, tokenizer, question, context=document, threshold=0.1,
-    ...                     max_new_tokens=64)  # doctest: +SKIP
+Drafts are retrieved from the request's own context and verified exactly (``strict``, lossless) or by the conditional
+rule ``p(x) > max(δ, p(eos))`` (eq. 3), optionally with top-k membership (eq. 4). Usage: docs/methods.md.
 """
 
 from .candidate_generator import CasdCandidateGenerator, build_casd_for_bench, casd_acceptance, tokenize_context

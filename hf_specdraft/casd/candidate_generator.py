@@ -1,11 +1,7 @@
 """CASD's drafter: draft trees retrieved from the request's own context (the CASD paper, §3, Algorithm 1).
 
 p is the target's distribution; retrieved drafts have no q. The loop verifies exactly (``acceptance=None``, lossless)
-or by ``p(x) > max(δ, p(eos))`` (eq. 3), optionally with ``x ∈ top-k(p)`` (eq. 4)::
-
-    generator = CasdCandidateGenerator(context_ids)
-    out = target.generate(prompt_ids, custom_generate=speculative_generate, candidate_generator=generator,
-                          acceptance=ConditionalAcceptance(threshold=0.1), max_new_tokens=64)
+or with :func:`casd_acceptance`'s rule.
 """
 
 from __future__ import annotations
@@ -47,11 +43,8 @@ def casd_acceptance(
 
 
 class CasdCandidateGenerator(TreeCandidateGenerator):
-    """Drafts trees retrieved from a context (the CASD paper, Algorithm 1: line 1 builds R, line 7 retrieves 𝕋).
-
-    The pool is built once, here, from the full context (the prompt may hold a compressed copy, §3, §4.4). Each step
-    matches the longest suffix (16 down to 2 tokens) of the text in the pool and merges the continuations of its
-    occurrences into a tree of the most frequent ones (REST, He et al. 2024).
+    """Drafts trees retrieved from a context (the CASD paper, Algorithm 1: line 1 builds R, line 7 retrieves 𝕋): the
+    pool is built here, once, from the full context (the prompt may hold a compressed copy, §4.4).
 
     Args:
         context (`str`, `torch.LongTensor`, `np.ndarray` or list of ints): the full context d_q, as text
@@ -108,8 +101,9 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """𝕋 ← R(p) for the request's text `(1, L)`; the target cache is not read."""
         input_ids = request.input_ids
-        # a new generate call (stock loops skip prepare)
-        if self.prompt_length is None or not self._continues(input_ids):
+        known = self.prompt_length is not None and input_ids.shape[1] >= self.prompt_length
+        if not (known and torch.equal(input_ids[0, : self.prompt_length], self._prompt.to(input_ids.device))):
+            # a new generate call (stock loops skip prepare)
             self.prompt_length, self._prompt = input_ids.shape[1], input_ids[0].clone()
         config = self._step_config(request)
         suffix = input_ids[0, -config.max_suffix_length :]
@@ -119,12 +113,6 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
             tree, length = self._with_output(tree, length, output, suffix, config)
         self.match_lengths.append(length)
         return DraftTree(tree.tokens.to(input_ids.device), tree.parents.to(input_ids.device))
-
-    def _continues(self, input_ids: torch.LongTensor) -> bool:
-        """Whether ``input_ids`` extends the prompt this generator saw first."""
-        return input_ids.shape[1] >= self.prompt_length and torch.equal(
-            input_ids[0, : self.prompt_length], self._prompt.to(input_ids.device)
-        )
 
     def _with_output(
         self, tree: DraftTree, length: int, output: torch.Tensor, suffix: torch.Tensor, config: CasdConfig

@@ -2,10 +2,6 @@
 
 The draft pool always holds the *full* context; the prompt holds it as it is, or compressed by a ``compressor``
 (text -> text, e.g. :func:`llmlingua2_compressor`), so dropped passages can still be drafted from the pool (§4.4).
-
-    >>> out = casd_generate(model, tokenizer, "Who holds the record?", context=document,
-    ...                     threshold=0.1, max_new_tokens=64)  # doctest: +SKIP
-    >>> out.text, out.speculative_stats.mean_accepted_length  # doctest: +SKIP
 """
 
 from __future__ import annotations

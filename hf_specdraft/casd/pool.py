@@ -81,13 +81,8 @@ def build_suffix_array(tokens: np.ndarray, depth: int = 16) -> np.ndarray:
 
 
 class DraftPool:
-    """The retrieval index R of Algorithm 1 in the CASD paper, built from the context's token ids.
-
-    Args:
-        context_ids (`torch.LongTensor`, `np.ndarray` or list of shape `(n,)` or `(1, n)`): the full
-            context d_q as token ids.
-        max_suffix_length: longest suffix a lookup will match (the suffix array is sorted that deep).
-    """
+    """The retrieval index R of Algorithm 1 in the CASD paper, over ``context_ids`` (the full context d_q: a tensor,
+    array or list `(n,)` or `(1, n)`), sorted as deep as the longest suffix a lookup matches, ``max_suffix_length``."""
 
     def __init__(self, context_ids, max_suffix_length: int = 16):
         check_int("max_suffix_length", max_suffix_length)
@@ -97,8 +92,7 @@ class DraftPool:
         self.suffix_array = build_suffix_array(self.tokens, max_suffix_length)
         self.rank = np.empty_like(self.suffix_array)  # inverse suffix array: position -> row
         self.rank[self.suffix_array] = np.arange(self.suffix_array.size)
-        # Big-endian fixed-width bytes compare like the id sequences they encode, so a suffix is compared
-        # with a pattern by one bytes comparison (a shorter suffix sorts first, as in the suffix array).
+        # big-endian fixed-width bytes compare like the id sequences they encode: one bytes comparison per lookup step
         self._dtype = np.dtype(">u4") if self.max_token_id < 2**32 else np.dtype(">u8")
         self._bytes = self.tokens.astype(self._dtype).tobytes()
         self._sorted = memoryview(self.suffix_array)  # indexes to plain ints, faster than numpy scalars
@@ -121,14 +115,9 @@ class DraftPool:
         return (lo, hi) if count > 0 else None
 
     def match(self, sequence, min_length: int = 2, max_length: int = 16) -> tuple[int, np.ndarray]:
-        """Longest suffix of ``sequence`` `(L,)` (array, tensor or list) found in the pool, ``max_length`` down to
-        ``min_length`` tokens (REST's exact-match retrieval, the CASD paper, §3). A hit of length L implies one of
-        length L-1, so bisection over L finds the longest in ~4 lookups instead of up to 15.
-
-        Returns:
-            `(length, positions)`: the matched length (0 when nothing matched) and the start positions `(k,)` of its
-            occurrences that have a continuation, in suffix-array order (grouped by the tokens that follow).
-        """
+        """`(length, positions)` of the longest suffix of ``sequence`` `(L,)` found in the pool, ``max_length`` down
+        to ``min_length`` tokens (0 when none): the starts `(k,)` of its occurrences with a continuation, in
+        suffix-array order. A hit of length L implies one of length L-1, so bisection over L finds it in ~4 lookups."""
         sequence = np.asarray(sequence, dtype=np.int64).reshape(-1)
         # ids the pool cannot hold (and must not wrap in the byte encoding)
         foreign = np.flatnonzero((sequence < 0) | (sequence > self.max_token_id))
@@ -168,12 +157,9 @@ class DraftPool:
     def continuations(
         self, positions: np.ndarray, match_length: int, max_draft_length: int, max_matches: int
     ) -> np.ndarray:
-        """The ``max_draft_length`` tokens after each occurrence at ``positions`` `(k,)`, in lexicographic row order.
-
-        Beyond ``max_matches`` occurrences an evenly spaced sample (which keeps the continuations' frequencies). Rows
-        are ordered by the suffix-array rank of their start (one small argsort), deeper ones by ``np.lexsort``.
-        Returns `(min(k, max_matches), max_draft_length)` int64, ``-1`` past the pool's end.
-        """
+        """The ``max_draft_length`` tokens after each occurrence at ``positions`` `(k,)` (beyond ``max_matches``, an
+        evenly spaced sample, which keeps the frequencies), sorted: `(min(k, max_matches), max_draft_length)` int64,
+        ``-1`` past the pool's end."""
         if positions.size > max_matches:
             positions = positions[np.linspace(0, positions.size - 1, max_matches).round().astype(np.int64)]
         starts = positions + match_length  # < len(self): match() only returns occurrences with a continuation
