@@ -1,8 +1,5 @@
-"""``hf-specdraft build-bigram``: Max-Gram's bigram fallback table from the embedded default's corpus and tokenizer.
-
-The table itself (:func:`hf_specdraft.cascade.build_bigram_table`) is the cascade package's; this command reads
-the project's corpus (:mod:`.corpus`) and, without ``--tokenizer``, the default target's tokenizer, so it lives
-here, above the methods.
+"""``hf-specdraft build-bigram``: Max-Gram's bigram fallback table (:func:`hf_specdraft.cascade.build_bigram_table`)
+from the embedded default's corpus and tokenizer, which is why this command lives here, above the methods.
 """
 
 from __future__ import annotations
@@ -16,8 +13,8 @@ from ..cascade.bigram import build_bigram_table, save_bigram_table
 
 
 def answer_ids(folder: str | Path) -> list[list[int]]:
-    """Every conversation in a folder of answer shards (``*.jsonl``, searched recursively; one JSON object a line with
-    ``prompt_ids`` and ``response_ids``): the prompt's ids then the answer's, one list each."""
+    """Every conversation in a folder of answer shards (``*.jsonl``, recursively; JSON lines with ``prompt_ids`` and
+    ``response_ids``): the prompt's ids then the answer's, one list each."""
     shards = sorted(Path(folder).rglob("*.jsonl"))
     if not shards:
         raise ValueError(f"{str(folder)!r} holds no .jsonl answer shards")
@@ -38,10 +35,7 @@ def build_bigram_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-specdraft build-bigram", description=main_build_bigram.__doc__)
     parser.add_argument("--tokenizer", help="tokenizer directory (default: the embedded default target's)")
     parser.add_argument("--output", required=True, help="safetensors file to write")
-    parser.add_argument(
-        "--source",
-        help="a directory of .py files to use instead of the embedded default's corpus (split by file the same way)",
-    )
+    parser.add_argument("--source", help="a directory of .py files to use instead of the embedded default's corpus")
     parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split (default: train)")
     parser.add_argument("--max-files", type=int, help="read only the first N files of the split (quick runs)")
     parser.add_argument(
@@ -52,8 +46,7 @@ def build_bigram_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="DIR",
-        help="also count a folder of the target's answers (JSON lines with prompt_ids and response_ids, as the "
-        "drafters' distillation recipe keeps them); may be repeated",
+        help="also count a folder of the target's answers (JSON lines with prompt_ids, response_ids); repeatable",
     )
     parser.add_argument(
         "--answers-weight",
@@ -99,7 +92,6 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
         (tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts), answers * args.answers_weight
     )
     table = build_bigram_table(ids, len(tokenizer), unseen=args.unseen)
-    # save_bigram_table writes every value as a string
     meta = {"tokenizer": tokenizer_dir, "split": args.split, "files": len(files), "unseen": args.unseen}
     save_bigram_table(table, args.output, {**meta, "answers": len(answers), "answers_weight": args.answers_weight})
     print(

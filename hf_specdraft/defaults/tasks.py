@@ -1,16 +1,10 @@
-"""Held-out evaluation tasks built from the corpus's held-out files, with a fixed seed.
+"""Held-out evaluation tasks built from the corpus's held-out files, with a fixed seed, scored by edit similarity
+(Levenshtein ratio, as LongBench scores LCC).
 
 - ``completion``: complete a function from its signature and docstring (GLIDE, CAPE, cascade).
-- ``context``: complete the next lines of a file with the rest of the same file as context, like the
-  LCC / RepoBench-P code tasks of the CASD paper (§4): the prompt holds only the code just before the cut (the
-  target was trained on 256-token windows), while ``context`` holds the whole file minus the lines to
-  predict — the draft pool CASD retrieves from.
-- ``chat``: a request written from a held-out function's signature and docstring ("Write a Python function ..."),
-  for instruction-tuned targets: ``prompt`` is the user message (:func:`chat_prompt`), ``reference`` the source.
-
-Every task is scored by edit similarity (Levenshtein ratio, as LongBench scores LCC).
-
-    >>> items = build_tasks("completion", count=100)  # doctest: +SKIP
+- ``context``: complete the next lines of a file, like the LCC / RepoBench-P tasks of the CASD paper (§4): the prompt
+  holds the code just before the cut, ``context`` the whole file minus the lines to predict (CASD's draft pool).
+- ``chat``: a request written from a held-out function's signature and docstring, for instruction-tuned targets.
 """
 
 from __future__ import annotations
@@ -50,10 +44,8 @@ def edit_similarity(prediction: str, reference: str) -> float:
 
 
 def copyable_fraction(reference: list[int], source: list[int], n: int = 4) -> float:
-    """Share of ``reference``'s tokens that lie inside an ``n``-gram also found in ``source``.
-
-    On the ``context`` task it tells how much of the true continuation a context-lookup drafter (CASD,
-    prompt lookup) could copy from ``source``: the whole context, or only the prompt the target sees.
+    """Share of ``reference``'s tokens that lie inside an ``n``-gram also found in ``source``: how much of the true
+    continuation a context-lookup drafter (CASD, prompt lookup) could copy.
 
         >>> copyable_fraction([1, 2, 3, 4, 9], [0, 1, 2, 3, 4], n=4)
         0.8
@@ -128,10 +120,8 @@ def build_tasks(
     """``count`` items of ``task`` from the held-out split, chosen with ``seed``.
 
     Args:
-        context_prompt_chars: ``context`` task only: how much of the file before the cut the prompt holds
-            (cut back to a line start). The default fits the embedded default's 256-token windows; a
-            long-context target can read the whole file before the cut, as LCC's prompts do (pass a large
-            number). The items (files, cuts, references, contexts) do not depend on it.
+        context_prompt_chars: ``context`` task only: how much of the file before the cut the prompt holds (cut back
+            to a line start; a large number: the whole file, as LCC's prompts). The items do not depend on it.
 
     Raises:
         ValueError: unknown task, ``context_prompt_chars`` not a positive int, or fewer than ``count`` items.
