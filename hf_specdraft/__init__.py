@@ -4,20 +4,14 @@
     >>> out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft,
     ...                       max_new_tokens=64)  # doctest: +SKIP
 
-Layers: the core (``hf_specdraft.core``: the loop and its steps) imports no method; each method package (glide, cape,
-cascade, casd) imports only the core; this module, ``defaults``, ``bench`` and the CLI compose them
-(``tests/test_layers.py`` checks it). What one method lends another is wired here.
+Layers: the core (``hf_specdraft.core``) imports no method; each method package (glide, cape, cascade, casd) imports
+only the core; this module, ``defaults``, ``bench`` and the CLI compose them (``tests/test_layers.py`` checks it).
 
-``import hf_specdraft`` loads no method and not torch (PEP 562): each public name below imports its module when it is
-first taken, so ``hf-specdraft --help`` answers at once. The wiring costs nothing at import:
-
-- GLIDE checkpoints ship CAPE's loop: :func:`write_glide_custom_generate` is the writer ``hf-specdraft train-glide``
-  passes to ``train_glide`` / ``save_glide_checkpoint`` (``custom_generate=``), importing :mod:`.cape.packaging` when
-  a checkpoint is saved;
-- ``import hf_specdraft.glide`` registers GLIDE with ``AutoConfig`` / ``AutoModelForCausalLM`` (its checkpoints load
-  without ``trust_remote_code``) and as the drafter of ``speculative_generate(draft_model=<a GLIDE model>)``; taking
-  :func:`speculative_generate` from here imports it too, so a GLIDE draft loaded with ``trust_remote_code`` still
-  glimpses the target.
+``import hf_specdraft`` loads no method and not torch (PEP 562): each public name imports its module when first taken.
+What one method lends another is wired here: GLIDE checkpoints ship CAPE's loop (:func:`write_glide_custom_generate`),
+and taking :func:`speculative_generate` imports :mod:`.glide`, which registers GLIDE with the Auto classes and as the
+drafter of ``draft_model=<a GLIDE model>`` (so a GLIDE draft loaded with ``trust_remote_code`` still glimpses the
+target).
 """
 
 from __future__ import annotations
@@ -26,38 +20,26 @@ import importlib
 
 __version__ = "0.1.0"
 
-_EXPORTS = {  # public name -> the module (relative to this package) that defines it
-    "CapeCandidateGenerator": ".cape",
-    "CapeConfig": ".cape",
-    "CascadeCandidateGenerator": ".cascade",
-    "CascadeConfig": ".cascade",
-    "CasdCandidateGenerator": ".casd",
-    "CasdConfig": ".casd",
-    "ConditionalAcceptance": ".core.acceptance",
-    "DraftModelCandidateGenerator": ".core.drafting",
-    "DraftTree": ".core.tree",
-    "GlideCandidateGenerator": ".glide",
-    "GlideConfig": ".glide",
-    "GlideForCausalLM": ".glide",
-    "MaxGramCandidateGenerator": ".cascade",
-    "SpeculativeGenerateOutput": ".core.loop",
-    "SpeculativeStats": ".core.stats",
-    "StateReadingDrafter": ".core.state_drafting",
-    "TargetState": ".core.target_state",
-    "TreeCandidateGenerator": ".core.drafting",
-    "casd_generate": ".casd",
-    "expected_speedup": ".core.stats",
-    "few_token_linears": ".core.projection",
-    "speculative_generate": ".core.loop",
-    "speculative_sampling": ".core.acceptance",
-    "standardized_walltime_improvement": ".core.stats",
+_MODULES = {  # the module (relative to this package) -> the public names it defines
+    ".cape": ("CapeCandidateGenerator", "CapeConfig"),
+    ".cascade": ("CascadeCandidateGenerator", "CascadeConfig", "MaxGramCandidateGenerator"),
+    ".casd": ("CasdCandidateGenerator", "CasdConfig", "casd_generate"),
+    ".glide": ("GlideCandidateGenerator", "GlideConfig", "GlideForCausalLM"),
+    ".core.acceptance": ("ConditionalAcceptance", "speculative_sampling"),
+    ".core.drafting": ("DraftModelCandidateGenerator", "TreeCandidateGenerator"),
+    ".core.loop": ("SpeculativeGenerateOutput", "speculative_generate"),
+    ".core.projection": ("few_token_linears",),
+    ".core.state_drafting": ("StateReadingDrafter",),
+    ".core.stats": ("SpeculativeStats", "expected_speedup", "standardized_walltime_improvement"),
+    ".core.target_state": ("TargetState",),
+    ".core.tree": ("DraftTree",),
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def write_glide_custom_generate(directory):
-    """CAPE's ``custom_generate/`` folder for a GLIDE checkpoint (the card tags it, so no README of its own): the
-    writer to pass as ``save_glide_checkpoint(..., custom_generate=write_glide_custom_generate)`` (or to
-    ``train_glide``)."""
+    """CAPE's ``custom_generate/`` folder for a GLIDE checkpoint (the card tags it, so no README of its own): pass it
+    as ``save_glide_checkpoint(..., custom_generate=write_glide_custom_generate)`` or to ``train_glide``."""
     from .cape.packaging import write_custom_generate
 
     return write_custom_generate(directory, readme=False)
