@@ -41,15 +41,7 @@ class CausalLMDrafter:
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens the draft cache covers
 
     def _check(self, input_ids, target_cache, num_tokens):
-        if (
-            not isinstance(input_ids, torch.Tensor)
-            or input_ids.dim() != 2
-            or input_ids.shape[0] != 1
-            or input_ids.shape[1] == 0
-        ):
-            raise ValueError(
-                f"input_ids must be a non-empty tensor of shape (1, L), got {getattr(input_ids, 'shape', input_ids)!r}"
-            )
+        check_input_ids(input_ids)
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
         if not self.glimpses:
@@ -84,6 +76,16 @@ class CausalLMDrafter:
             probs.append(q)
         self.seen = torch.cat([ids, *tokens])[:-1]  # the last drafted token was never fed
         return torch.cat(tokens), torch.stack(probs)
+
+
+def check_input_ids(input_ids):
+    """Raise `ValueError` unless ``input_ids`` is a non-empty tensor of shape `(1, L)`."""
+    shape = tuple(getattr(input_ids, "shape", ()))
+    if not isinstance(input_ids, torch.Tensor) or len(shape) != 2 or shape[0] != 1 or shape[1] == 0:
+        raise ValueError(
+            f"input_ids must be a non-empty tensor of shape (1, L) (batch size 1), got "
+            f"{getattr(input_ids, 'shape', input_ids)!r}"
+        )
 
 
 class CapeTreeDrafter(TreeCandidateGenerator):

@@ -15,7 +15,6 @@ hf_specdraft's core (``loop.py`` and its siblings), the drafter ``cape_draft.py`
 import copy
 import re
 
-import torch
 import transformers
 from transformers import GenerationMixin
 
@@ -28,17 +27,17 @@ def check_transformers_version(version: str = transformers.__version__) -> None:
     """Raise `ImportError` naming the version needed unless ``version`` is in :data:`SUPPORTED_TRANSFORMERS`."""
     found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
     low, high = SUPPORTED_TRANSFORMERS
+    needed = f"transformers>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
     if not low <= found < high:
         raise ImportError(
-            f"this custom_generate folder (hf_specdraft's speculative decoding loop) needs transformers>="
-            f"{low[0]}.{low[1]},<{high[0]}.{high[1]}; found transformers {version}: pip install 'transformers>="
-            f"{low[0]}.{low[1]},<{high[0]}.{high[1]}'"
+            f"this custom_generate folder (hf_specdraft's speculative decoding loop) needs {needed}; found "
+            f"transformers {version}: pip install '{needed}'"
         )
 
 
 check_transformers_version()  # before the siblings below import transformers internals
 
-from .cape_draft import CapeTreeDrafter, load_draft, make_drafter  # noqa: E402  (after the version check)
+from .cape_draft import CapeTreeDrafter, check_input_ids, load_draft, make_drafter  # noqa: E402  (after the version check)
 
 try:  # written beside this file by write_custom_generate, from hf_specdraft's core and cape/expansion_sets.py
     from .expansion_sets import DEFAULT_SCHEDULE, check_schedule
@@ -101,11 +100,7 @@ def generate(
         ``return_dict_in_generate=True``.
     """
     prompt = input_ids if input_ids is not None else inputs
-    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] == 0:
-        raise ValueError(
-            "input_ids must be a non-empty LongTensor of shape (1, L) (batch size 1), got "
-            f"{getattr(prompt, 'shape', prompt)!r}"
-        )
+    check_input_ids(prompt)
     if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
     if not isinstance(verification_budget, int) or verification_budget < num_draft_tokens:
