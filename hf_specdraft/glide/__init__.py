@@ -1,16 +1,9 @@
 """GLIDE: a draft model that glimpses the target's KV cache (Du et al. 2024, "GLIDE with a CAPE", §4.1).
 
-The package's files are listed in docs/layout.md; ``training/`` (``train_glide``, ``GlideTrainingArguments``) is
-imported on first use and never shipped in a checkpoint. Three ways to decode with GLIDE::
-
-    glide.attach(target)                                              # stock transformers assisted decoding
-    target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
-
-    # GLIDE + CAPE, only transformers needed (the writer: hf_specdraft.write_glide_custom_generate)
-    save_glide_checkpoint(glide, "glide-dir", target_name="org/target", custom_generate=write_glide_custom_generate)
-    target.generate(**inputs, custom_generate="glide-dir", trust_remote_code=True, max_new_tokens=64)
-
-    speculative_generate(target, input_ids, candidate_generator=GlideCandidateGenerator(glide), max_new_tokens=64)
+Files are listed in docs/layout.md; ``training/`` (``train_glide``, ``GlideTrainingArguments``) is imported on first
+use and never shipped in a checkpoint. Decode with ``glide.attach(target)`` then ``target.generate(...,
+assistant_model=glide)``, with a checkpoint's ``custom_generate/`` (:func:`save_glide_checkpoint`), or with
+``speculative_generate(target, input_ids, candidate_generator=GlideCandidateGenerator(glide))``.
 """
 
 from __future__ import annotations
@@ -31,8 +24,8 @@ register_drafter(GlideConfig.model_type, GlideCandidateGenerator)
 
 
 def register_auto_classes() -> None:
-    """Register GLIDE with ``AutoConfig`` / ``AutoModelForCausalLM`` so an installed hf_specdraft loads GLIDE
-    checkpoints without ``trust_remote_code`` (checkpoints also carry ``auto_map`` for users without it)."""
+    """Register GLIDE with ``AutoConfig`` / ``AutoModelForCausalLM``: GLIDE checkpoints then load without
+    ``trust_remote_code``."""
     AutoConfig.register(GlideConfig.model_type, GlideConfig, exist_ok=True)
     AutoModelForCausalLM.register(GlideConfig, GlideForCausalLM, exist_ok=True)
 

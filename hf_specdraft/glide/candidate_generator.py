@@ -1,16 +1,9 @@
 """GLIDE as an hf_specdraft drafter: a chain of γ tokens drafted while glimpsing the target's KV cache.
 
-    from hf_specdraft import speculative_generate
-    from hf_specdraft.glide import GlideCandidateGenerator
-    out = speculative_generate(target, input_ids, candidate_generator=GlideCandidateGenerator(glide), max_new_tokens=64)
-
-The loop hands :meth:`GlideCandidateGenerator.propose` the target's live cache, which covers
-``input_ids[:, :-1]``: the verified prefix up to ``t - 1`` that GLIDE §4.1 lets the draft glimpse. Unlike
-stock assisted decoding, the loop prefills the target before the first draft, so even the first step
-glimpses the prompt. Each drafted token comes with its draft distribution q, so speculative sampling
-(Leviathan et al. 2023, Algorithm 1) keeps ``do_sample=True`` exact.
-
-Notation: p target distribution, q draft distribution; γ is ``num_draft_tokens``.
+The loop hands :meth:`GlideCandidateGenerator.draft_tree` the target's live cache, which covers ``input_ids[:, :-1]``:
+the verified prefix GLIDE §4.1 lets the draft glimpse (the loop prefills the target first, so even the first step
+glimpses the prompt). Each drafted token comes with q, so speculative sampling (Leviathan et al. 2023, Algorithm 1)
+keeps ``do_sample=True`` exact. Notation: p target distribution, q draft distribution; γ is ``num_draft_tokens``.
 """
 
 from __future__ import annotations
@@ -49,8 +42,8 @@ COPY_MATCH_CAP = 64  # matches this long count as equally long (bounds the work 
 
 
 def check_target_cache(target_cache, config, kv_heads: int | None = None) -> None:
-    """Raise `ValueError` unless ``target_cache`` holds readable keys/values for every layer GLIDE reads (``kv_heads``
-    per layer: all the target's by default, a rank's share under tensor parallelism)."""
+    """Raise `ValueError` unless ``target_cache`` holds readable keys/values for every layer GLIDE reads (``kv_heads``:
+    a rank's share under tensor parallelism)."""
     if target_cache is None:
         raise ValueError(
             "target_cache is None: GLIDE cross-attends to the target's KV cache, so the decoding loop must pass the "
@@ -64,15 +57,12 @@ def check_target_cache(target_cache, config, kv_heads: int | None = None) -> Non
 
 
 class GlideCandidateGenerator(TreeCandidateGenerator):
-    """Drafts with GLIDE (GLIDE §4.1): γ tokens, each conditioned on the target's cached keys and values.
-
-    GLIDE keeps its own self-attention cache across steps, re-synced to the accepted text by common prefix, and never
-    writes to the target cache.
+    """Drafts γ tokens with GLIDE (§4.1), each glimpsing the target's cached keys and values; GLIDE keeps its own
+    cache across steps, re-synced to the accepted text by common prefix, and never writes to the target cache.
 
     Args:
-        glide: a GLIDE model (``config.model_type == "glide"``): :class:`GlideForCausalLM`, or the same class
-            loaded from the Hub with ``trust_remote_code=True``. The vanilla drafter (``cross_attention=False``)
-            works too and ignores the target cache.
+        glide: a GLIDE model (``config.model_type == "glide"``), also one loaded with ``trust_remote_code=True`` or
+            the vanilla drafter (``cross_attention=False``), which ignores the target cache.
         config (:class:`GlideDraftingConfig`, *optional*): the options; or pass its fields as keywords
             (``num_draft_tokens``: γ, tokens drafted per step, §5.1 uses 5).
     """
@@ -83,9 +73,8 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
         self.glide = glide
         self.config = method_config(GlideDraftingConfig, config, options)
-        self.num_draft_tokens, self.adaptive_draft_length = draft_length(
-            self.config.num_draft_tokens
-        )  # what the loop and CAPE read
+        # what the loop and CAPE read
+        self.num_draft_tokens, self.adaptive_draft_length = draft_length(self.config.num_draft_tokens)
         self._reset()
 
     stops_on_confidence = True  # draft_chain asks the request's stop_rule after every token
@@ -108,8 +97,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def _reset(self) -> None:
         self.cache = DynamicDraftCache(self.glide, self._glimpse, DynamicCache(config=self.glide.config))
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
-        # state_input: the target's last hidden states still needed `(1, n, hidden)`, from position states_from (earlier
-        # states were fed already and are dropped: no growing copy)
+        # state_input: the target's last hidden states still needed `(1, n, hidden)`, from position states_from
         self.states, self.states_from = None, 0
         self.fed = 0  # state_input with self-attention: positions whose first-step entries GLIDE's cache holds
 
@@ -126,16 +114,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """Draft a chain of γ tokens after the request's text (or copy one from it, ``copy_from_context``).
-
-        The request (:class:`~hf_specdraft.core.drafting.DraftRequest`) holds the accepted text `(1, L)` (its last
-        token, the target's newest, at ``t = L - 1``), the target's live cache over ``input_ids[:, :-1]`` (read-only),
-        for a ``state_input`` GLIDE the target's states added since the last proposal (required), and γ, the stop rule
-        and the copy rule where the loop's controller chose them.
-
-        Returns:
-            a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)` (q at each position).
-        """
+        """Draft a chain of γ tokens after the request's text `(1, L)` (or copy one from it, ``copy_from_context``),
+        glimpsing the target's cache over ``input_ids[:, :-1]``; a ``state_input`` GLIDE also reads the target's new
+        states. Returns a chain :class:`~hf_specdraft.core.tree.DraftTree` with ``draft_probs`` `(γ, V)`."""
         copied = self.copy_from_text(request)
         if self.requires_model_outputs:
             self._take_states(request.target_state)
@@ -153,10 +134,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         return {"target_past_key_values": target_cache}
 
     def copy_from_text(self, request: DraftRequest) -> DraftTree | None:
-        """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the request's text's
-        suffix, when it is at least that long (no q: the target judges them exactly); else `None`. As many as
-        ``max_copy_tokens`` says, or without it: γ when γ is fixed (a proposal never runs longer than the γ asked for),
-        with "auto" what the request's ``copy_rule`` says (without one, in a batch, ``max(COPY_TOKENS, γ)``)."""
+        """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the text's suffix, when
+        it is at least that long (no q: the target judges them exactly); else `None`. As many as ``max_copy_tokens``
+        says, else γ when fixed, with "auto" the request's ``copy_rule`` (in a batch ``max(COPY_TOKENS, γ)``)."""
         shortest, input_ids = self.config.copy_from_context, request.input_ids
         if not shortest or input_ids.shape[1] <= shortest:
             return None
@@ -203,28 +183,21 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         return torch.cat([kept.new_zeros(1, 1, kept.shape[2]), kept], dim=1) if start == 0 else kept
 
     def _propose_from_state(self, request: DraftRequest, glimpse: dict) -> DraftTree:
-        """A ``state_input`` GLIDE's chain (Gemma 4's assistant, EAGLE): step 1 reads ``[embedding(x_t) ; h_{t-1}]``,
-        each later step the drafted token and its own ``draft_state``. With self-attention, GLIDE's cache first takes
-        the newly verified positions, each read with the target's state before it (as training's first pass sees
-        them)."""
+        """A ``state_input`` GLIDE's chain: step 1 reads ``[embedding(x_t) ; h_{t-1}]``, later steps the drafted token
+        and its own ``draft_state``; with self-attention, GLIDE's cache first takes the newly verified positions."""
         glide, device, stop_rule = self.glide, self.glide.device, request.stop_rule
         ids = request.input_ids[0].to(device)
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
         if self.states is None or self.states_from + self.states.shape[1] != t or t < 1:
-            return DraftTree.chain(
-                ids.new_zeros(0)
-            )  # no state yet (the first step of a call): the target decodes alone
+            # no state yet (the first step of a call): the target decodes alone
+            return DraftTree.chain(ids.new_zeros(0))
         if glide.config.self_attention:
             start = min(self.fed, t)
             crop_to(self.cache, start)
             feed, state_in = ids[start:][None], self._states_before(start, t)
             position = torch.arange(start, t + 1, device=device)[None]
-        else:
-            feed, state_in, position = (
-                ids[t:][None],
-                self._states_before(t, t),
-                torch.tensor([[t - 1]], device=device),
-            )  # h_{t-1}'s
+        else:  # queried from h_{t-1}'s position
+            feed, state_in, position = ids[t:][None], self._states_before(t, t), torch.tensor([[t - 1]], device=device)
         tokens, probs, confidences = [], [], []
         for step in range(request.num_draft_tokens or self.num_draft_tokens):
             out = glide(
@@ -261,9 +234,8 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def compile_draft(
         self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache
     ) -> StaticDraftCache:
-        """On the compiled static path of a batch-1 call: GLIDE's forwards on a static cache of its own, compiled, its
-        glimpse reading the target's static buffers whole under a key mask (:func:`static_glimpse`). ``None`` (eager
-        drafting) where the target keeps windowed layers on rings, or for a ``state_input`` GLIDE (it feeds states)."""
+        """The compiled static path of a batch-1 call: GLIDE on a static cache of its own, glimpsing the target's static
+        buffers under a key mask (:func:`static_glimpse`). ``None`` (eager) for windowed rings or a ``state_input``."""
         if target_cache.has_rings or self.requires_model_outputs:
             return None
 
@@ -304,7 +276,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
                 **glimpse,
             ).logits[:, -1]
 
-        batch = BatchChainDrafter(drafters, cache, forward, glide.device)
+        batch = BatchChainDrafter(drafters, cache, forward, glide.device)  # forward reads batch.target
         return batch
 
     def beam_scorer(self, distribution) -> GlideTreeScorer:
@@ -345,9 +317,8 @@ def check_same_split(target: PreTrainedModel, glide: PreTrainedModel) -> None:
 
 
 def static_glimpse(target_cache: StaticRowsCache, committed: int, dtype: torch.dtype):
-    """GLIDE's glimpse on the static path: ``columns (Q,) -> inputs``, the target's buffers `(1, H, L, D)` per layer
-    and a key mask `(1, 1, Q, L)` letting a query at sequence index ``j`` see the committed target keys ``k < j``
-    (§4.1's inference rule; ``committed``: the target's text but its newest token)."""
+    """GLIDE's glimpse on the static path: ``columns (Q,) ->`` the target's buffers `(1, H, L, D)` per layer and a key
+    mask `(1, 1, Q, L)`: a query at ``j`` sees the target keys ``k < min(j, committed)`` (§4.1's inference rule)."""
     pairs = [(layer.keys, layer.values) for layer in target_cache.layers]
     length = target_cache.max_cache_len
 
@@ -355,20 +326,15 @@ def static_glimpse(target_cache: StaticRowsCache, committed: int, dtype: torch.d
         keys = torch.arange(length)
         visible = keys[None, :] < columns.clamp(max=committed)[:, None]
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
-        return {
-            "target_past_key_values": pairs,
-            "target_attention_mask": mask[None, None],
-        }  # host: the draft's forward stages it
+        # host: the draft's forward stages it
+        return {"target_past_key_values": pairs, "target_attention_mask": mask[None, None]}
 
     return glimpse
 
 
 class GlideTreeScorer(DraftModelTreeScorer):
-    """:class:`~hf_specdraft.core.drafting.DraftModelTreeScorer` for GLIDE: every beam node glimpses the target cache.
-
-    Tree nodes sit past the target cache (which covers ``input_ids[:, :-1]``), so each sees the whole verified prefix,
-    as in chain drafting (§4.1); CAPE's beam mode drafts as deep as the GLIDE generator's ``num_draft_tokens``.
-    """
+    """:class:`~hf_specdraft.core.drafting.DraftModelTreeScorer` for GLIDE: every beam node sits past the target cache
+    (over ``input_ids[:, :-1]``), so each glimpses the whole verified prefix, as in chain drafting (§4.1)."""
 
     def _forward(self, target_cache: DynamicCache | None, **inputs):
         if self.draft_model.config.cross_attention:

@@ -1,19 +1,9 @@
 """GLIDE configuration (Du et al. 2024, "GLIDE with a CAPE", §4.1, Appendices A and E).
 
-GLIDE is a small draft decoder whose layers cross-attend to the *target* model's KV cache. Its config
-therefore describes two models: the draft itself (``hidden_size``, ``num_hidden_layers``, …) and the target
-it was built for (``target_*``), whose cached keys and values the cross-attention reads. The target fields
-let a GLIDE checkpoint refuse a target it cannot read (:meth:`GlideConfig.target_mismatches`).
-
-This file ships with checkpoints as trust_remote_code: it imports only ``transformers`` (and the standard
-library), never ``hf_specdraft``.
-
-    >>> from transformers import LlamaConfig
-    >>> target = LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    ...                      vocab_size=100)
-    >>> config = GlideConfig.from_target_config(target, num_hidden_layers=1, hidden_size=32)
-    >>> config.target_layer_ids  # draft layer m reads target layer N_T - N_D + m
-    [3]
+GLIDE's layers cross-attend to the *target's* KV cache, so its config describes two models: the draft itself
+(``hidden_size``, ``num_hidden_layers``, …) and the target whose cache it reads (``target_*``), which lets a checkpoint
+refuse a target it cannot read (:meth:`GlideConfig.target_mismatches`). Ships with checkpoints as trust_remote_code: it
+imports only ``transformers`` and the standard library.
 """
 
 from __future__ import annotations
@@ -23,18 +13,10 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-# What must agree between a GLIDE checkpoint and the target it is paired with: the cross-attention's
-# queries are shaped (and rotated) for these, and the drafted token ids must mean the same thing.
-_TARGET_FIELDS = (
-    "model_type",
-    "num_hidden_layers",
-    "hidden_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "vocab_size",
-    "rope_parameters",
-)
+_SHAPES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+# What must agree between a GLIDE checkpoint and its target: the cross-attention's queries are shaped (and rotated) for
+# these, and the drafted token ids must mean the same thing.
+_TARGET_FIELDS = ("model_type", *_SHAPES, "rope_parameters")
 
 
 def _head_dim(config) -> int:
@@ -42,9 +24,8 @@ def _head_dim(config) -> int:
 
 
 def _rope_parameters(config, layer_ids: list[int] | None = None) -> dict[str, Any]:
-    """The RoPE settings of the target layers GLIDE reads, as one flat transformers 5 ``rope_parameters`` dict
-    (rope_theta included). Targets with one RoPE per layer type (Gemma 3: local and global layers rotate with
-    different thetas) give the settings of the read layers' type; ``layer_ids`` None: the last layer's."""
+    """The RoPE of the target layers GLIDE reads (``layer_ids`` None: the last), as one flat ``rope_parameters`` dict;
+    a target with one RoPE per layer type (Gemma 3) gives that of the read layers' type."""
     rope = getattr(config, "rope_parameters", None)
     if rope is None:  # configs written before transformers 5 kept rope_theta / rope_scaling apart
         rope = dict(getattr(config, "rope_scaling", None) or {})
@@ -70,12 +51,16 @@ def _rope_parameters(config, layer_ids: list[int] | None = None) -> dict[str, An
     return rope
 
 
-def target_description(target_config, layer_ids: list[int] | None = None) -> dict[str, Any]:
-    """The ``_TARGET_FIELDS`` of a target's (text) config, as :class:`GlideConfig` records them for the target
-    layers ``layer_ids`` it reads (they decide the RoPE of a target with one per layer type)."""
+def _text_config(target_config) -> PretrainedConfig:
     if not isinstance(target_config, PretrainedConfig):
         raise TypeError(f"target_config must be a transformers PretrainedConfig, got {type(target_config).__name__}")
-    text = target_config.get_text_config()
+    return target_config.get_text_config()
+
+
+def target_description(target_config, layer_ids: list[int] | None = None) -> dict[str, Any]:
+    """The ``_TARGET_FIELDS`` of a target's (text) config, as :class:`GlideConfig` records them for the target
+    layers ``layer_ids`` it reads."""
+    text = _text_config(target_config)
     return {
         "model_type": text.model_type,
         "num_hidden_layers": text.num_hidden_layers,
@@ -89,11 +74,8 @@ def target_description(target_config, layer_ids: list[int] | None = None) -> dic
 
 
 class GlideConfig(PretrainedConfig):
-    r"""Configuration of a [`GlideForCausalLM`]: a small decoder with self-attention → cross-attention to the
-    target's KV cache → MLP in every layer (GLIDE §4.1, Figure 2).
-
-    Defaults describe the paper's GLIDE for a Vicuna-7B (Llama-2-7B-shaped) target (Appendix A: one layer,
-    hidden size 4096). Build a config for your own target with [`GlideConfig.from_target_config`].
+    r"""Configuration of a [`GlideForCausalLM`] (GLIDE §4.1, Figure 2). Defaults describe the paper's GLIDE for a
+    Vicuna-7B target (Appendix A); build one for your own target with [`GlideConfig.from_target_config`].
 
     Args:
         vocab_size (`int`, *optional*, defaults to 32000):
@@ -147,31 +129,26 @@ class GlideConfig(PretrainedConfig):
         target_num_key_value_heads (`int`, *optional*):
             KV heads of the target's cache (grouped-query attention; defaults to ``target_num_attention_heads``).
         target_head_dim (`int`, *optional*):
-            d_k, head size of the target's cached keys (defaults to
-            ``target_hidden_size // target_num_attention_heads``).
+            d_k, head size of the cached target keys (default ``target_hidden_size // target_num_attention_heads``).
         target_vocab_size (`int`, *optional*):
             The target's vocabulary size (defaults to ``vocab_size``).
         target_max_position_embeddings (`int`, *optional*):
             The target's ``max_position_embeddings`` (RoPE scaling types read it).
         target_rope_parameters (`dict`, *optional*):
-            The target's RoPE (default: theta 10000): the cross-attention rotates its queries as the target rotated
-            the cached keys.
+            The target's RoPE (default: theta 10000): the cross-attention's queries are rotated as the cached keys were.
         target_name_or_path (`str`, *optional*):
             Informational: the checkpoint GLIDE was trained against (model cards, error messages).
         draft_token_ids (`list[int]`, *optional*):
-            A reduced draft vocabulary (as FR-Spec and EAGLE-3 use): the target ids GLIDE can propose, most frequent
-            first. The embedding and LM head hold ``len(draft_token_ids) + 1`` rows (the last stands for every other
-            input token); the logits are scattered back to ``vocab_size``, other ids at the dtype's minimum. A 49K-token
-            LM head costs a small target more than a draft layer does; `None` keeps the full vocabulary.
+            A reduced draft vocabulary (FR-Spec, EAGLE-3): the target ids GLIDE can propose. The embedding and LM head
+            hold ``len(draft_token_ids) + 1`` rows (the last: every other input token); logits are scattered back to
+            ``vocab_size``, other ids at the dtype's minimum. `None` keeps the full vocabulary.
         state_input (`bool`, *optional*, defaults to `False`):
-            Read the target's state (as Gemma 4's assistant and EAGLE do): the first draft step's input is
-            ``pre_projection([embedding(x_t) ; h_{t-1}])``, ``h_{t-1}`` the target's last hidden state (after its final
-            norm) before the token; each later step's uses the draft's own previous state (``post_projection`` of its
-            last hidden state). Its drafter asks the loop for ``hidden_states[-1]``; it trains over unrolled steps.
+            Read the target's state (Gemma 4's assistant, EAGLE): the first draft step's input is
+            ``pre_projection([embedding(x_t) ; h_{t-1}])``, ``h_{t-1}`` the target's last hidden state; later steps use
+            the draft's own ``post_projection`` of its last hidden state.
         self_attention (`bool`, *optional*, defaults to `True`):
             Keep the draft's own self-attention and its KV cache. `False` (``state_input`` only) is Gemma 4's
-            assistant layout: cross-attention and MLP only, no cache of its own, every draft step queried from the
-            position of the target state it started from; vLLM serves it as it is (``hf-specdraft export``).
+            assistant layout: cross-attention and MLP only, no cache of its own (``hf-specdraft export`` writes it).
     """
 
     model_type = "glide"
@@ -287,23 +264,8 @@ class GlideConfig(PretrainedConfig):
             }
 
     def _validate(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "max_position_embeddings",
-            "block_size",
-            "target_num_hidden_layers",
-            "target_hidden_size",
-            "target_num_attention_heads",
-            "target_num_key_value_heads",
-            "target_head_dim",
-            "target_vocab_size",
-        ):
+        names = (*_SHAPES, "intermediate_size", "max_position_embeddings", "block_size")
+        for name in (*names, *(f"target_{n}" for n in _SHAPES)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -375,11 +337,7 @@ class GlideConfig(PretrainedConfig):
             target_layer_ids: target layer read by each draft layer; defaults to ``N_T - N_D + m``.
             kwargs: any other [`GlideConfig`] argument (``tie_word_embeddings``, ``block_size``, …).
         """
-        if not isinstance(target_config, PretrainedConfig):
-            raise TypeError(
-                f"target_config must be a transformers PretrainedConfig, got {type(target_config).__name__}"
-            )
-        text = target_config.get_text_config()
+        text = _text_config(target_config)
         if target_layer_ids is None:  # §4.1: l = N_T - N_D + m, the top target layers (0-based here)
             target_layer_ids = [text.num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)]
         target = target_description(target_config, target_layer_ids)
@@ -400,9 +358,7 @@ class GlideConfig(PretrainedConfig):
             max_position_embeddings=getattr(text, "max_position_embeddings", 4096),
             rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
             rope_parameters=copy.deepcopy(target["rope_parameters"]),  # same positions, same rotary settings
-            pad_token_id=getattr(text, "pad_token_id", None),
-            bos_token_id=getattr(text, "bos_token_id", None),
-            eos_token_id=getattr(text, "eos_token_id", None),
+            **{name: getattr(text, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")},
             target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
         )
         return cls(
@@ -418,21 +374,13 @@ class GlideConfig(PretrainedConfig):
         )
 
     def check_tensor_parallel(self, tp_size: int) -> None:
-        """Raise `ValueError` unless every head count GLIDE splits under tensor parallelism divides by ``tp_size``.
-
-        Each rank's cross-attention must hold whole GQA groups of exactly the target KV heads that rank's cache holds,
-        and its own self-attention whole heads: with ``tp_size`` ranks, the target's query and KV heads and GLIDE's own
-        query and KV heads must all be multiples of ``tp_size`` (transformers' colwise split gives the last rank a
-        shorter slice otherwise, and that rank's queries would meet another rank's keys)."""
+        """Raise `ValueError` unless every head count GLIDE splits under tensor parallelism divides by ``tp_size``
+        (else transformers' colwise split gives the last rank a shorter slice, and its queries meet another's keys)."""
         if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
             raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
-        counts = {"num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads}
-        if self.cross_attention:
-            counts.update(
-                target_num_attention_heads=self.target_num_attention_heads,
-                target_num_key_value_heads=self.target_num_key_value_heads,
-            )
-        uneven = [f"{name}={count}" for name, count in counts.items() if count % tp_size]
+        prefixes = ("", "target_") if self.cross_attention else ("",)
+        names = [f"{p}{n}" for p in prefixes for n in ("num_attention_heads", "num_key_value_heads")]
+        uneven = [f"{name}={getattr(self, name)}" for name in names if getattr(self, name) % tp_size]
         if uneven:
             raise ValueError(
                 f"this GLIDE cannot be split over tp_size={tp_size} tensor-parallel ranks like its target: "

@@ -1,24 +1,14 @@
-"""A trained GLIDE written for vLLM: Gemma 4's assistant layout, which vLLM serves as its ``"mtp"`` speculative method
-on any target whose KV cache it can share (a Llama target included; docs/serving.md).
+"""A trained GLIDE written for vLLM in Gemma 4's assistant layout, which vLLM serves as its ``"mtp"`` method on any
+target whose KV cache it can share (docs/serving.md). ``draft_model=`` refuses an export (its config records the GLIDE
+it came from, :data:`EXPORT_KEY`): in transformers the GLIDE checkpoint itself is the drafter.
 
-The export is for vLLM only: in transformers the GLIDE checkpoint itself is the drafter (``draft_model=``), and
-``draft_model=`` refuses an export, whose config records the GLIDE it came from (:data:`EXPORT_KEY`). The layouts agree
-where GLIDE is built with ``state_input=True, self_attention=False``: Q-only attention over the target's last layer's
-keys and values, RMS-normed query heads at unit scaling, a norm after each sub-layer, ``pre_projection([embedding ;
-state])`` in, ``post_projection`` out. The weights map by name (:data:`LAYER_NAMES`), except:
+A GLIDE built with ``state_input=True, self_attention=False`` maps by name (:data:`LAYER_NAMES`), except that vLLM
+feeds the target's embedding rows times ``sqrt(hidden_size)`` (the embedding half of ``pre_projection`` is divided by
+it), and the head is one tied table over the whole vocabulary: a reduced vocabulary's other ids get zero rows and are
+listed as ``suppress_tokens``, which vLLM's Gemma 4 MTP model sets to -inf. What cannot be expressed is refused by name
+(:func:`unexpressible`). The target's config is written beside the draft with ``layer_types`` (``target_config.json``).
 
-- the input embedding: vLLM feeds the **target's** embedding rows times ``sqrt(hidden_size)`` (Gemma's scale), so the
-  embedding half of ``pre_projection`` is divided by it (transformers' Gemma 4 assistant generator does not feed that);
-- the head: one tied table over the whole vocabulary. A reduced-vocabulary GLIDE's rows go to their ids, every other
-  id gets a zero row and is listed in ``generation_config.json``'s ``suppress_tokens``, whose draft logits vLLM's
-  Gemma 4 MTP model sets to -inf (vllm 0.32.0), so drafts stay in GLIDE's vocabulary as in GLIDE.
-
-What cannot be expressed is refused by name, with the GLIDE option that would make it exportable
-(:func:`unexpressible`).
-vLLM finds the layer to share from the target's ``layer_types``: the export writes the target's config with them beside
-the draft (``target_config.json``), never into the target's own directory.
-
-    hf-specdraft export default exported/   # SmolLM2's shipped GLIDE in that layout, with the embedded target's config
+    hf-specdraft export default exported/   # SmolLM2's shipped GLIDE in that layout, with the target's config
 """
 
 from __future__ import annotations
@@ -157,24 +147,13 @@ def assistant_config(glide) -> PretrainedConfig:
         tie_word_embeddings=True,
     )
     assistant.architectures = ["Gemma4AssistantForCausalLM"]
-    setattr(assistant, EXPORT_KEY, {"serves_in": "vllm", "glide": glide_source(glide)})
+    setattr(assistant, EXPORT_KEY, {"serves_in": "vllm", "glide": str(glide.name_or_path) or None})
     return assistant
-
-
-def glide_source(glide) -> str | None:
-    """The GLIDE checkpoint ``glide`` was loaded from (``None``: built in memory)."""
-    return str(glide.name_or_path) or None
-
-
-def excluded_ids(config) -> list[int]:
-    """The ids a reduced-vocabulary GLIDE never drafts (empty for a full vocabulary)."""
-    kept = set(config.draft_token_ids if config.draft_token_ids is not None else range(config.vocab_size))
-    return [i for i in range(config.vocab_size) if i not in kept]
 
 
 def model_card(glide) -> str:
     """The export's README.md: what it is for, and what to use in transformers instead."""
-    source = glide_source(glide)
+    source = str(glide.name_or_path)  # empty: built in memory
     glide_line = f"`{source}`" if source else "the GLIDE checkpoint it was exported from"
     return f"""---
 library_name: vllm
@@ -197,8 +176,8 @@ What the export approximates is listed in `export.json`.
 
 
 def target_config_for_serving(target_config: PretrainedConfig) -> dict:
-    """The target's config as a dict with ``layer_types`` (every layer ``"full_attention"`` unless it says otherwise),
-    which vLLM reads to find the target layer the draft shares."""
+    """The target's config as a dict with ``layer_types`` (all ``"full_attention"`` unless it says otherwise), which
+    vLLM reads to find the target layer the draft shares."""
     data = target_config.to_dict()
     text = target_config.get_text_config()
     if not getattr(text, "layer_types", None):
@@ -213,9 +192,8 @@ def target_config_for_serving(target_config: PretrainedConfig) -> dict:
 
 
 def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig | None = None) -> Path:
-    """Write ``glide`` into ``output_dir`` in Gemma 4's assistant layout, for vLLM (``config.json``,
-    ``model.safetensors``, ``generation_config.json``, ``README.md``, ``export.json``: what it is for and what was
-    approximated) and, given the target's config, the target's config with ``layer_types`` as ``target_config.json``.
+    """Write ``glide`` into ``output_dir`` in Gemma 4's assistant layout for vLLM (``config.json``, weights,
+    ``generation_config.json``, ``README.md``, ``export.json``) and, given ``target_config``, ``target_config.json``.
 
     Raises:
         ValueError: the GLIDE cannot be expressed in the layout (:func:`unexpressible`), or ``target_config`` is not the
@@ -231,38 +209,33 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
     save_file(weights, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
     (output_dir / "README.md").write_text(model_card(glide))
     config = glide.config
-    reduced = config.draft_token_ids is not None
-    generation = {
-        key: getattr(config, key)
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id")
-        if getattr(config, key) is not None
-    }
-    if reduced:  # vLLM sets these draft logits to -inf: every draft stays in GLIDE's vocabulary
-        generation["suppress_tokens"] = excluded_ids(config)
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+    generation = {key: getattr(config, key) for key in ids if getattr(config, key) is not None}
     notes = {
         "source": "hf_specdraft GLIDE (state_input, assistant layout)",
-        "glide": glide_source(glide),
+        "glide": str(glide.name_or_path) or None,
         "serves_in": "vLLM only (speculative method 'mtp'); in transformers, use the GLIDE checkpoint itself as "
         "draft_model=",
         "target": config.target_name_or_path,
-        "draft_vocabulary": len(config.draft_token_ids) if reduced else None,
-        "excluded_ids": (
-            f"the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's draft vocabulary have zero "
-            "head rows and are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 MTP model "
-            "sets to -inf"
-        )
-        if reduced
-        else None,
-        "approximations": [
-            "ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's shared row"
-        ]
-        if reduced
-        else [],
+        "draft_vocabulary": None,
+        "excluded_ids": None,
+        "approximations": [],
         "serve": {
             "speculative_config": {"method": "mtp", "model": str(output_dir), "num_speculative_tokens": 3},
             "target": "a copy of the target's directory whose config.json is target_config.json",
         },
     }
+    if config.draft_token_ids is not None:  # vLLM sets these draft logits to -inf: drafts stay in GLIDE's vocabulary
+        generation["suppress_tokens"] = sorted(set(range(config.vocab_size)) - set(config.draft_token_ids))
+        notes["draft_vocabulary"] = len(config.draft_token_ids)
+        notes["excluded_ids"] = (
+            f"the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's draft vocabulary have zero "
+            "head rows and are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 MTP model "
+            "sets to -inf"
+        )
+        notes["approximations"] = [
+            "ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's shared row"
+        ]
     files = {"generation_config.json": generation, "export.json": notes}
     if target_config is not None:
         files["target_config.json"] = target_config_for_serving(target_config)

@@ -1,15 +1,8 @@
 """A Hub-ready GLIDE checkpoint: model files, the model card (huggingface_hub ``ModelCard``) and ``custom_generate/``.
 
-    from hf_specdraft import write_glide_custom_generate
-
-    save_glide_checkpoint(glide, "glide-out", target_name="meta-llama/Llama-3.2-1B",
-                          card_info={"dataset": "my corpus", "metrics": {"acceptance_rate": 0.61}},
-                          custom_generate=write_glide_custom_generate)
-
-writes ``model.safetensors``, ``config.json`` with ``auto_map`` and the trust_remote_code files
-(``modeling_glide.py``, ``configuration_glide.py``, ``target_binding.py``), ``README.md``, and CAPE's
-``custom_generate/`` (greedy GLIDE+CAPE, Du et al. 2024, §4.2). With only transformers installed, the directory (or
-its Hub copy) then decodes the target::
+:func:`save_glide_checkpoint` writes the weights, ``config.json`` with ``auto_map`` and the trust_remote_code files,
+``README.md`` and CAPE's ``custom_generate/`` (greedy GLIDE+CAPE, Du et al. 2024, §4.2); with only transformers
+installed, the directory (or its Hub copy) then decodes the target::
 
     target.generate(**inputs, custom_generate="glide-out", trust_remote_code=True, max_new_tokens=64)
 """
@@ -43,11 +36,8 @@ def _hub_id(name: str | None) -> str | None:
 def save_glide_checkpoint(
     glide, directory, target_name: str | None = None, card_info: dict | None = None, custom_generate=None
 ) -> Path:
-    """Save ``glide`` as a checkpoint that runs on the Hub with only transformers installed.
-
-    Two ways to decode with it (both on the model card): ``target.generate(custom_generate=<dir or Hub id>,
-    trust_remote_code=True)`` runs GLIDE+CAPE (Du et al. 2024, §4.1-4.2); ``glide.attach(target)`` then
-    ``target.generate(assistant_model=glide)`` runs GLIDE in transformers' assisted decoding.
+    """Save ``glide`` as a checkpoint that runs on the Hub with only transformers installed: through
+    ``target.generate(custom_generate=...)`` (GLIDE+CAPE) or ``assistant_model=glide`` after ``glide.attach(target)``.
 
     Args:
         glide: a GLIDE model ([`GlideForCausalLM`], or the same class loaded with ``trust_remote_code``).
@@ -57,8 +47,7 @@ def save_glide_checkpoint(
         card_info (`dict`, *optional*): more for the card, keys among ``dataset``, ``metrics``, ``training_log``,
             ``repo_id`` (the Hub id the usage snippets load) and ``license``; see [`write_model_card`].
         custom_generate (`Callable`, *optional*): ``writer(directory)`` writing the checkpoint's ``custom_generate/``
-            folder: ``hf_specdraft.write_glide_custom_generate`` for CAPE's (the glide package imports no other
-            method, so its caller passes it). `None`: no folder (the card then says so).
+            (``hf_specdraft.write_glide_custom_generate`` for CAPE's); `None`: no folder (the card then says so).
 
     Returns:
         `Path`: the checkpoint directory.
@@ -130,17 +119,17 @@ def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_gen
                 "",
             ]
         return lines
+    assisted = ["out = target.generate(**inputs, assistant_model=glide, max_new_tokens=128)"]
+    if config.cross_attention:
+        assisted = ["glide.attach(target)  # the draft reads the target's live KV cache", *assisted, "glide.detach()"]
     lines += [
         "",
         "# GLIDE in transformers' own assisted decoding",
         f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)',
+        *assisted,
+        "```",
+        "",
     ]
-    if config.cross_attention:
-        lines.append("glide.attach(target)  # the draft reads the target's live KV cache")
-    lines += ["out = target.generate(**inputs, assistant_model=glide, max_new_tokens=128)"]
-    if config.cross_attention:
-        lines.append("glide.detach()")
-    lines += ["```", ""]
     if custom_generate:
         lines += [
             "`custom_generate/` options (keyword arguments of `generate`): `num_draft_tokens` (γ, default 5), "
@@ -152,8 +141,8 @@ def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_gen
 
 
 def training_stages(training_log: dict) -> list[dict]:
-    """Every stage of a drafter's training, oldest first, the log's own run last. A fine-tune records the runs it
-    started from as ``earlier_stages`` (logs written before there were three stages: ``stage_1``)."""
+    """Every stage of a drafter's training, oldest first, the log's own run last (``earlier_stages``, or in older logs
+    ``stage_1``)."""
     earlier = training_log.get("earlier_stages") or ([training_log["stage_1"]] if training_log.get("stage_1") else [])
     return [stage for stage in (*earlier, training_log) if stage and stage.get("steps")]
 
@@ -176,11 +165,8 @@ def _training_lines(config, dataset: str | None, training_log: dict | None) -> l
         ]
     regen = (training_log or {}).get("regeneration")
     if regen:
-        sampling = (
-            "greedy (temperature 0)"
-            if not regen.get("temperature")
-            else f"temperature {regen['temperature']}, top-p {regen.get('top_p')}"
-        )
+        temperature = regen.get("temperature")
+        sampling = f"temperature {temperature}, top-p {regen.get('top_p')}" if temperature else "greedy (temperature 0)"
         lines.append(
             "- responses regenerated by the target (sequence-level self-distillation, Du et al. 2024, Appendix B): "
             f"{sampling}, up to {regen.get('max_new_tokens')} new tokens, {regen.get('examples')} examples"
@@ -205,28 +191,23 @@ def _evaluation_lines(config, metrics: dict | None, training_log: dict | None) -
             f"- greedy agreement: {evaluation.get('greedy_agreement')}",
         ]
         if evaluation.get("tokens_per_forward") is not None:
-            lines.append(
-                "- tokens per target forward (hf_specdraft's loop, greedy, default γ): "
-                f"{evaluation['tokens_per_forward']}"
-            )
+            loop = "hf_specdraft's loop, greedy, default γ"
+            lines.append(f"- tokens per target forward ({loop}): {evaluation['tokens_per_forward']}")
     twin = (training_log or {}).get("vanilla_twin")
     if twin and twin.get("eval"):
+        scores, per_forward = twin["eval"], twin["eval"].get("tokens_per_forward")
         lines.append(
-            f"- vanilla twin (no cross-attention, data: {twin.get('dataset')}): α {twin['eval'].get('alpha')}, "
-            f"greedy agreement {twin['eval'].get('greedy_agreement')}"
-            + (
-                f", tokens per target forward {twin['eval']['tokens_per_forward']}"
-                if twin["eval"].get("tokens_per_forward")
-                else ""
-            )
+            f"- vanilla twin (no cross-attention, data: {twin.get('dataset')}): α {scores.get('alpha')}, "
+            f"greedy agreement {scores.get('greedy_agreement')}"
+            + (f", tokens per target forward {per_forward}" if per_forward else "")
         )
     lines += [f"- {name.replace('_', ' ')}: {value}" for name, value in (metrics or {}).items()]
     return lines or ["- not measured yet"]
 
 
 def push_checkpoint(output_dir, repo_id: str) -> str:
-    """Upload a checkpoint directory to the Hub repo ``repo_id`` (created if missing); the resume state, the regenerated
-    data and the tracker logs stay local. Returns the commit URL."""
+    """Upload a checkpoint directory but ``LOCAL_ONLY`` to the Hub repo ``repo_id`` (created if missing); returns the
+    commit URL."""
     from huggingface_hub import HfApi
 
     api = HfApi()
@@ -257,16 +238,12 @@ def write_model_card(
         config: the GLIDE config.
         base_model: the target (a Hub id goes into the ``base_model`` metadata; a local path only into the text).
         dataset: the training data (a Hub id goes into ``datasets`` metadata).
-        metrics: measured numbers, e.g. ``acceptance_rate``, ``mean_accepted_length``, ``expected_speedup``,
-            ``walltime_speedup``, ``num_draft_tokens``, ``hardware``.
-        training_log: the log :func:`train_glide` returns (steps, final loss, time; its ``eval``: held-out α, greedy
-            agreement, tokens per target forward; ``regeneration``: the sampling settings; ``vanilla_twin``: its
-            ``eval``).
+        metrics: measured numbers, e.g. ``acceptance_rate``, ``mean_accepted_length``, ``hardware``.
+        training_log: the log :func:`train_glide` returns (steps, loss, time, ``eval``, ``regeneration``,
+            ``vanilla_twin``).
         repo_id: the Hub id the usage snippets load (default ``"<this repo>"``).
-        custom_generate: whether the checkpoint carries CAPE's ``custom_generate/`` ([`save_glide_checkpoint`]
-            writes it): adds the ``custom_generate`` tag and the ``target.generate(custom_generate=...)`` snippet.
-        license: the weights' license as a Hub license id (``"apache-2.0"``, ``"mit"``, ``"other"``, ...);
-            `None` leaves it out (the Hub then shows none: set it before publishing).
+        custom_generate: whether the checkpoint carries CAPE's ``custom_generate/`` (adds its tag and snippet).
+        license: the weights' license as a Hub license id (``"apache-2.0"``, ...); `None` leaves it out.
 
     Raises:
         ValueError: ``license`` is not a non-empty str.
@@ -284,27 +261,25 @@ def write_model_card(
         tags=tags,
         license=license,
     )
+    intro = "A draft model for speculative decoding (Du et al. 2024, *GLIDE with a CAPE*, §4.1): " + (
+        "each layer cross-attends to the target model's KV cache."
+        if config.cross_attention
+        else "no cross-attention; a baseline for GLIDE."
+    )
+    if getattr(config, "state_input", False):
+        intro += (
+            " It also reads the target's last hidden state: `[embedding ; state]` in at the first draft step, its own "
+            "projected state after (Gemma 4's assistant, EAGLE), trained over unrolled draft steps."
+        )
+    if custom_generate:
+        intro += (
+            " `custom_generate/` adds CAPE (§4.2): each drafted position is widened by the draft's confidence and "
+            "all candidates are verified as one tree."
+        )
     lines = [
         f"# {kind} draft model for `{base_model or config.target_model_type}`",
         "",
-        "A draft model for speculative decoding (Du et al. 2024, *GLIDE with a CAPE*, §4.1): "
-        + (
-            "each layer cross-attends to the target model's KV cache."
-            if config.cross_attention
-            else "no cross-attention; a baseline for GLIDE."
-        )
-        + (
-            " It also reads the target's last hidden state: `[embedding ; state]` in at the first draft step, its own "
-            "projected state after (Gemma 4's assistant, EAGLE), trained over unrolled draft steps."
-            if getattr(config, "state_input", False)
-            else ""
-        )
-        + (
-            " `custom_generate/` adds CAPE (§4.2): each drafted position is widened by the draft's confidence and "
-            "all candidates are verified as one tree."
-            if custom_generate
-            else ""
-        ),
+        intro,
         "",
         *_usage_lines(config, base_model, repo_id, custom_generate),
         "## Architecture",

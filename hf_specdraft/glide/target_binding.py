@@ -2,13 +2,7 @@
 
 ``target.generate(..., assistant_model=glide)`` never hands a draft the target's cache, so
 :meth:`TargetBindingMixin.attach` records it with a forward pre-hook on the target, and GLIDE's forward glimpses it
-when no ``target_past_key_values`` is passed (hf_specdraft's own loop passes the cache explicitly)::
-
-    glide.attach(target)
-    out = target.generate(**inputs, assistant_model=glide, max_new_tokens=64)
-    glide.detach()
-
-Ships beside ``modeling_glide.py`` as trust_remote_code (a flat sibling: torch and transformers only).
+when no ``target_past_key_values`` is passed. Ships beside ``modeling_glide.py`` as trust_remote_code.
 """
 
 from __future__ import annotations
@@ -44,18 +38,14 @@ class _TargetBinding:
 
 
 class TargetBindingMixin:
-    """``attach`` / ``detach`` and the ``generate`` that keeps GLIDE in step with stock assisted decoding.
-
-    Mixed into :class:`GlideForCausalLM` ahead of ``PreTrainedModel``; relies on ``self.config.cross_attention``,
-    ``self.config.num_hidden_layers`` and ``self.check_target``.
-    """
+    """``attach`` / ``detach`` and the ``generate`` that keeps GLIDE in step with stock assisted decoding (mixed into
+    :class:`GlideForCausalLM` ahead of ``PreTrainedModel``; relies on its ``config`` and ``check_target``)."""
 
     _glide_binding: _TargetBinding | None = None
 
     def attach(self, target: nn.Module) -> "TargetBindingMixin":
         """Bind GLIDE to ``target`` for ``target.generate(..., assistant_model=glide)``: a forward pre-hook records the
-        cache of each target forward, its live ``DynamicCache``, which at drafting time covers exactly the verified
-        prefix (``input_ids[:, :-1]``). Replaces a previous binding. Returns ``self``."""
+        target's live cache, which at drafting time covers the verified prefix. Replaces a previous binding."""
         if not isinstance(target, nn.Module) or not hasattr(target, "config"):
             raise TypeError(f"target must be a transformers model, got {type(target).__name__}")
         if getattr(self.config, "state_input", False):
@@ -92,24 +82,18 @@ class TargetBindingMixin:
         return self._glide_binding.cache
 
     def adjust_generation_fn(self, *args, **kwargs):
-        """Load the generation config as any model does, but keep GLIDE's own ``generate``.
-
-        A GLIDE checkpoint's ``custom_generate/`` decodes its *target* with GLIDE+CAPE. transformers would also
-        install it as the loaded GLIDE's ``generate`` (``from_pretrained(..., trust_remote_code=True)``), while
-        stock assisted decoding drafts by calling ``glide.generate`` (``target.generate(assistant_model=glide)``
-        after :meth:`attach`), so the installed instance attribute is dropped again.
-        """
+        """Keep GLIDE's own ``generate``: the checkpoint's ``custom_generate/`` decodes its *target*, and transformers
+        would install it as the loaded GLIDE's ``generate``, which stock assisted decoding calls to draft."""
         super().adjust_generation_fn(*args, **kwargs)
         self.__dict__.pop("generate", None)
 
     def generate(self, *args, **kwargs):
-        """``GenerationMixin.generate`` that keeps the attached target's cache in step with assisted decoding.
+        """``GenerationMixin.generate``, once per assisted-decoding round, kept in step with the attached target.
 
-        Stock assisted decoding calls this once per round. The first round comes before the target has run (a recorded
-        cache is stale), so GLIDE drafts it without a glimpse; the next round empties GLIDE's own cache so the prefix is
-        fed again glimpsing (with two or more layers the keys and values of layers >= 1 depend on layer 0's glimpse).
-        Later rounds must find the target cache covering ``input_ids[:, :-1]``, else GLIDE is attached to another model.
-        """
+        The first round comes before the target has run, so GLIDE drafts it without a glimpse; the next empties GLIDE's
+        own cache so the prefix is fed again glimpsing (with two or more layers, layers >= 1 depend on layer 0's
+        glimpse). Later rounds must find the target cache covering ``input_ids[:, :-1]``, else GLIDE is attached to
+        another model."""
         binding = self._glide_binding
         if self.config.cross_attention and binding is None and kwargs.get("target_past_key_values") is None:
             self._attached_cache(None)  # raises: no target attached
