@@ -105,14 +105,15 @@ def cpu_model() -> str:
     return names[0] if names else (platform.processor() or platform.machine())
 
 
-class _ForwardCounter:
-    """Counts target forwards (a forward hook), so every method reports tokens per target call. As a context it holds
-    the hook and measures what other processes take of the CPU meanwhile (``load``)."""
+class _BenchRun:
+    """One run's state: the timed ``records``, the warm-up's ``timing`` fields, a forward hook counting target forwards
+    (``count``: every method reports tokens per target call) and, as a context, what other processes took of the CPU
+    meanwhile (``load``)."""
 
     def __init__(self, model):
-        self.count, self.model = 0, model
+        self.count, self.model, self.records, self.warmup = 0, model, [], {}
 
-    def __enter__(self) -> _ForwardCounter:
+    def __enter__(self) -> _BenchRun:
         self.handle = self.model.register_forward_hook(self._hook)
         self.monitor = LoadMonitor().start()
         return self
@@ -125,7 +126,7 @@ class _ForwardCounter:
         self.count += 1
 
 
-def run_one(method: str, ctx: BenchContext, counter: _ForwardCounter) -> dict:
+def run_one(method: str, ctx: BenchContext, counter: _BenchRun) -> dict:
     """One timed call of ``method``: seconds, tokens, target forwards, statistics, and what torch compiled meanwhile
     (``compiles``: :func:`~hf_specdraft.bench.compile_watch.compiled_between`, read outside the clock)."""
     counter.count = 0
@@ -366,7 +367,7 @@ def check_methods(bundle: DefaultBundle, methods: tuple[str, ...], task: str, ex
             raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
 
 
-def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _ForwardCounter) -> dict:
+def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _BenchRun) -> dict:
     """Run every method, untimed, on the ``config.warmup`` longest prompts at the timed length: static caches are
     sized (and buckets compiled) for the longest call and the γ controller has learned this machine's costs, so the
     repeats time the steady state. Returns the warm-up's ``timing`` fields: prompts, seconds and compiles per method."""
@@ -392,28 +393,20 @@ def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _Forward
 REPEAT_FIELDS = ("method", "seconds", "new_tokens", "target_calls", "drafted_tokens", "compiles", "controller_resumed")
 
 
-def time_prompt(
-    ctx: BenchContext,
-    index: int,
-    config: BenchConfig,
-    counter: _ForwardCounter,
-    records: list[dict],
-    bar,
-    label: str = "",
-) -> dict[str, dict]:
+def time_prompt(ctx: BenchContext, index: int, config: BenchConfig, run: _BenchRun, bar, label: str = "") -> dict:
     """Every method ``config.repeats`` times on prompt ``index``, in an order rotated per prompt and repeat (no method
-    always runs first or right after another), appended to ``records``. Returns each method's first record."""
+    always runs first or right after another), appended to ``run.records``. Returns each method's first record."""
     first: dict[str, dict] = {}
     for repeat in range(config.repeats):
         bar.set_postfix_str(f"{label}repeat {repeat + 1}/{config.repeats}")
         shift = (index + repeat) % len(config.methods)
         for m in config.methods[shift:] + config.methods[:shift]:
-            record = run_one(m, ctx, counter)
+            record = run_one(m, ctx, run)
             if repeat == 0:
                 first[m] = record
             else:
                 record = {k: record[k] for k in REPEAT_FIELDS if k in record}
-            records.append({"prompt": index, "repeat": repeat, **record})
+            run.records.append({"prompt": index, "repeat": repeat, **record})
     return first
 
 
@@ -429,20 +422,10 @@ def run_command() -> str | None:
     return " ".join(["hf-specdraft" if module == "hf_specdraft" else f"python -m {module}", *sys.argv[1:]])
 
 
-def bench_result(
-    bundle: DefaultBundle,
-    config: BenchConfig,
-    meta: dict,
-    body: dict,
-    records: list[dict],
-    warmup: dict,
-    load,
-    summary: dict,
-    output: str | Path | None,
-    warn: bool,
-) -> dict:
+def bench_result(bundle: DefaultBundle, config: BenchConfig, run: _BenchRun, meta, body, summary, output, warn) -> dict:
     """A run's JSON: ``meta`` (:func:`environment`, ``meta``, the methods, date and command), ``body``, the timing
-    verdict (:func:`~hf_specdraft.bench.timing.verdict`) and the records; written to ``output`` when given."""
+    verdict (:func:`~hf_specdraft.bench.timing.verdict` over ``summary``) and the records; written to ``output`` when
+    given, with a ``UserWarning`` when ``warn`` and unreliable."""
     result = {
         "meta": {
             **environment(bundle),
@@ -456,11 +439,11 @@ def bench_result(
         **body,
         "timing": {
             "repeats": config.repeats,
-            **warmup,
+            **run.warmup,
             "invalid_methods": [m for m, s in summary.items() if not s["valid"]],
-            **verdict(load, torch.get_num_threads(), run_noise(summary), baseline_noise(records)),
+            **verdict(run.load, torch.get_num_threads(), run_noise(summary), baseline_noise(run.records)),
         },
-        "records": records,
+        "records": run.records,
     }
     if warn and not result["timing"]["reliable"]:
         warnings.warn(warning_text(result["timing"]), stacklevel=3)
@@ -486,25 +469,24 @@ def run_bench(
         config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars
     )
     contexts = [bench_context(bundle, item, prompt_ids(bundle.tokenizer, item), config, extras) for item in items]
-    records = []
-    with _ForwardCounter(bundle.target) as counter:
-        warmup = warm_up(contexts, config, counter)
+    with _BenchRun(bundle.target) as run:
+        run.warmup = warm_up(contexts, config, run)
         bar = tqdm(contexts, desc=f"bench {config.task}")
         for index, ctx in enumerate(bar):
-            time_prompt(ctx, index, config, counter, records, bar)
+            time_prompt(ctx, index, config, run, bar)
     named = {**extras, "draft": bundle.draft}
     parameters = {
         m: {name: _parameters(model) or 0 for name, model in METHODS[m].cost_models(named).items()}
         for m in config.methods
         if METHODS[m].cost_models is not None
     }
-    summary = summarize(records, config.methods, parameters, _parameters(bundle.target))
+    summary = summarize(run.records, config.methods, parameters, _parameters(bundle.target))
     meta = {"profile": config.profile, "task": config.task, "num_prompts": len(items), "seed": config.seed}
     body = {"summary": summary}
     if config.task == "context":
         meta["context_prompt_chars"] = config.context_prompt_chars
         body["task_statistics"] = context_statistics(items, bundle.tokenizer)
-    return bench_result(bundle, config, meta, body, records, warmup, counter.load, summary, output, warn)
+    return bench_result(bundle, config, run, meta, body, summary, output, warn)
 
 
 def speed_word(speedup: float) -> str:

@@ -190,7 +190,7 @@ def run_prompts_bench(
     questions); return (and write to ``output``) the result: the harness's meta, ``categories``
     (:func:`category_table`), the timing verdict, and every record (``prompt`` indexes ``units``: ``[question, turn]``).
     """
-    from .harness import _ForwardCounter, bench_context, bench_result, check_methods, time_prompt, warm_up
+    from .harness import _BenchRun, bench_context, bench_result, check_methods, time_prompt, warm_up
 
     questions = prompts if isinstance(prompts, list) else read_prompts(prompts)
     path = questions[0].file
@@ -203,29 +203,28 @@ def run_prompts_bench(
         item = TaskItem("chat", str(question.question_id), question.turns[turn], "")
         return bench_context(bundle, item, ids, config, bundle.extras)
 
-    records: list[dict] = []
     units: list[tuple[int, int]] = []
-    with _ForwardCounter(bundle.target) as counter:
+    with _BenchRun(bundle.target) as run:
         # untimed warm-up on the longest first turns (later turns are longer still: a static cache may grow there)
-        warmup = warm_up([context(q, 0, []) for q in range(len(questions))] if config.warmup else [], config, counter)
+        run.warmup = warm_up([context(q, 0, []) for q in range(len(questions))] if config.warmup else [], config, run)
         bar = tqdm(total=sum(len(q.turns) for q in questions), desc=f"bench {Path(str(path)).name}", unit="turn")
         for q, question in enumerate(questions):
             answers: list[str] = []
             for turn in range(len(question.turns)):
                 units.append((q, turn))
                 first = time_prompt(
-                    context(q, turn, answers), len(units) - 1, config, counter, records, bar, f"{question.category}, "
+                    context(q, turn, answers), len(units) - 1, config, run, bar, f"{question.category}, "
                 )
                 # the next turn's context holds the target's own answer
                 answers.append(bundle.tokenizer.decode(first["target-only"]["tokens"], skip_special_tokens=True))
                 bar.update(1)
         bar.close()
-    categories = category_table(records, units, questions, tuple(config.methods))
+    categories = category_table(run.records, units, questions, tuple(config.methods))
     meta = {"prompts": str(path), "questions": len(questions), "turns": len(units)}
     meta["categories"] = categories_in_order(questions)
     body = {"categories": categories, "units": [list(unit) for unit in units]}
     summary = categories["overall"]["methods"]
-    return bench_result(bundle, config, meta, body, records, warmup, counter.load, summary, output, warn)
+    return bench_result(bundle, config, run, meta, body, summary, output, warn)
 
 
 def format_category_table(result: dict) -> str:
