@@ -52,12 +52,8 @@ def trim_windows(cache: DynamicCache) -> None:
     """Drop from sliding-window layers the keys no later forward can see (all but the newest ``window - 1``)."""
     for layer in cache.layers:
         window = getattr(layer, "sliding_window", None)
-        if (
-            window
-            and getattr(layer, "is_initialized", False)
-            and layer.keys.shape[-2] > window - 1 >= 0
-            and layer.cumulative_length >= window
-        ):
+        held = window and getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > window - 1 >= 0
+        if held and layer.cumulative_length >= window:
             layer.keys = layer.keys[:, :, -window + 1 :]
             layer.values = layer.values[:, :, -window + 1 :]
 
@@ -113,11 +109,8 @@ def repack_cache(cache: DynamicCache, keep: list[torch.Tensor], rows: torch.Tens
         heads, columns = layer.keys.shape[1:3]
         key = (heads, columns, layer.keys.device)
         if key not in flats:  # layers may sit on several devices (device_map="auto")
-            flats[key] = (
-                ((rows[:, None, None] * heads + torch.arange(heads)[None, :, None]) * columns + index[:, None, :])
-                .reshape(-1)
-                .to(layer.keys.device)
-            )
+            flat = (rows[:, None, None] * heads + torch.arange(heads)[None, :, None]) * columns + index[:, None, :]
+            flats[key] = flat.reshape(-1).to(layer.keys.device)
         # one index_select per tensor: 3x faster on CPU than gather with an expanded index
         keys, values = (t.reshape(-1, t.shape[-1]).index_select(0, flats[key]) for t in (layer.keys, layer.values))
         layer.keys, layer.values = keys.view(len(keep), heads, width, -1), values.view(len(keep), heads, width, -1)

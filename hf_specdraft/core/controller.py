@@ -37,7 +37,7 @@ COPY_PRIOR = 0.6  # the prior of a copy's first token being right, in every matc
 COPY_START = 6  # tokens copied while the cost curve is not measured yet
 
 
-def expected(rates: list[float]) -> list[float]:
+def _expected(rates: list[float]) -> list[float]:
     """Expected new tokens ``1 + Σ_{i<=n} Π_{j<=i} r_j`` of a draft of each length ``n = 0 .. len(rates)``, its
     positions accepted at ``rates`` given the ones before (the target's own token always comes)."""
     return list(accumulate(accumulate(rates, operator.mul), operator.add, initial=1.0))
@@ -114,7 +114,7 @@ class DraftLengthController:
 
     def expected_tokens(self, gamma: int, option: int | None = None) -> float:
         """E[new tokens of a step that drafts γ] = 1 + Σ_i Π_{j<=i} a_j (the target's own token always comes)."""
-        return expected(self.acceptance(option)[:gamma])[-1]
+        return _expected(self.acceptance(option)[:gamma])[-1]
 
     def verify_seconds(self, n: int) -> float:
         """v(n): measured, or read off a line through the measured lengths, never decreasing in ``n`` (noise only slows
@@ -129,16 +129,14 @@ class DraftLengthController:
         read, settled, low = self._read_widths(), {}, float("inf")
         for k in sorted(read, reverse=True):
             low = settled[k] = min(low, read[k])
-        line, widths, read_off = self._fit(settled), sorted(settled), {}
+        line, widths, known = self._fit(settled), sorted(settled), dict(settled)
 
         def seconds(n: int) -> float:
-            if n in settled:
-                return settled[n]
-            if n not in read_off:
+            if n not in known:  # read off the line, between the measured neighbours
                 shorter = max((settled[k] for k in widths if k < n), default=0.0)
                 longer = min((settled[k] for k in widths if k > n), default=float("inf"))
-                read_off[n] = min(max(line(n), shorter), longer)
-            return read_off[n]
+                known[n] = min(max(line(n), shorter), longer)
+            return known[n]
 
         self._reader = (key, seconds)
         return seconds
@@ -175,7 +173,7 @@ class DraftLengthController:
 
     def rates(self, option: int, verify) -> list[float]:
         """:meth:`rate` of γ = 1 .. ``max_draft_tokens`` under one width option (``verify``: :meth:`_verify_reader`)."""
-        d, width, tokens = self.draft_per_token or 0.0, self.measured_width[option], expected(self.acceptance(option))
+        d, width, tokens = self.draft_per_token or 0.0, self.measured_width[option], _expected(self.acceptance(option))
         return [tokens[g] / (g * d + verify(self.bucket(max(g, round(width * g)) + 1))) for g in range(1, len(tokens))]
 
     def _count(self, tries: list[list], hits: list[list], k: int, drafted: int, accepted: list[int]) -> None:
@@ -200,7 +198,7 @@ class DraftLengthController:
         if len(self.verify) < 2:
             return min(top, COPY_START)
         verify, b = self._verify_reader(), self._copy_bin
-        tokens = expected(self._rates(self.copy_hits[b], self.copy_tries[b], COPY_PRIOR)[:top])
+        tokens = _expected(self._rates(self.copy_hits[b], self.copy_tries[b], COPY_PRIOR)[:top])
         rates = [tokens[n] / verify(self.bucket(n + 1)) for n in range(1, len(tokens))]
         best = 1 + max(range(len(rates)), key=rates.__getitem__)
         if rates[best - 1] >= self.model_rate(verify):
@@ -240,7 +238,7 @@ class DraftLengthController:
         if j >= self.max_draft_tokens:
             return False
         # the drafted tokens at their confidences' rates, the unseen ones at the chain's a_j
-        tokens = expected([self.accepted_given(c) for c in confidences] + self.acceptance(0)[j:])
+        tokens = _expected([self.accepted_given(c) for c in confidences] + self.acceptance(0)[j:])
         costs = self._draft_costs
         return any(tokens[n] / costs[n] > tokens[j] / costs[j] for n in range(j + 1, self.max_draft_tokens + 1))
 

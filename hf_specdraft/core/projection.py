@@ -112,12 +112,8 @@ def calibrated_choices() -> list[dict]:
 def _transposed_linear(module: nn.Linear, original, orientation: str):
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
         rows = hidden_states.numel() // max(hidden_states.shape[-1], 1)
-        if (
-            hidden_states.dim() < 2
-            or rows < 1
-            or hidden_states.requires_grad
-            or (module.weight.requires_grad and torch.is_grad_enabled())
-        ):
+        grad = hidden_states.requires_grad or (module.weight.requires_grad and torch.is_grad_enabled())
+        if hidden_states.dim() < 2 or rows < 1 or grad:
             return original(hidden_states)
         if orientation == "auto" and (rows > MAX_CALIBRATED_ROWS or not transposed_is_faster(module.weight, rows)):
             return original(hidden_states)
