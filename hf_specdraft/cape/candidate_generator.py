@@ -22,11 +22,9 @@ from .expansion import _sizes, expand_proposal
 
 
 class CapeCandidateGenerator(TreeCandidateGenerator):
-    """Confidence-aware proposal expansion (CAPE) over any chain drafter that reports q.
-
-    ``mode="confidence"`` and ``"fixed"`` call the wrapped drafter once per step and add expansion sets
-    computed from the q it already returned: no extra draft forward (§4.2). ``mode="beam"`` replaces the
-    chain by a beam-search tree of the same depth γ (§5.3), which needs the draft model itself.
+    """Confidence-aware proposal expansion (CAPE) over any chain drafter that reports q: ``mode="confidence"`` and
+    ``"fixed"`` widen its chain from that q, with no extra draft forward (§4.2); ``mode="beam"`` drafts a beam-search
+    tree of the same depth γ instead (§5.3), which needs the draft model itself.
 
     Args:
         drafter (:class:`~hf_specdraft.core.drafting.TreeCandidateGenerator`): proposes a chain with

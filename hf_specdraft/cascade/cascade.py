@@ -75,10 +75,7 @@ def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
 
 
 class CascadeCandidateGenerator(TreeCandidateGenerator):
-    """CS Drafting (Chen et al. 2024, Algorithm 1) as a chain drafter for the decoding loop.
-
-    Each step runs ``CascadeSpeculativeDraftingStep`` (``isFirstCall``) down to the target's review, which is the
-    loop's exact verification (lenience 1, as Algorithm 1 sets).
+    """CS Drafting (Chen et al. 2024, Algorithm 1) as a chain drafter; the target's review is the loop's verification.
 
     Args:
         drafts: neural drafts ``[M_d1, …, M_dn]``, largest first, each sharing the target's vocabulary.
