@@ -166,17 +166,13 @@ def _check_flags(parser, ns) -> None:
 def _arguments(parser, ns) -> tuple[GlideTrainingArguments, RegenerationArguments]:
     """The two argument dataclasses; their `ValueError` becomes a one-line argparse error."""
     fields = set(GlideTrainingArguments.__dataclass_fields__)
-    regen = {
-        name: getattr(ns, f"regen_{name}")
-        for name in RegenerationArguments.__dataclass_fields__
-        if name not in ("turns", "seed")
-    }
+    regen = {k.removeprefix("regen_"): v for k, v in vars(ns).items() if k.startswith("regen_")}  # --regen-* flags
     try:
         args = GlideTrainingArguments(
             **{k: v for k, v in vars(ns).items() if k in fields and k != "dataset_name"},
             dataset_name=ns.dataset_name or ns.dataset,
         )
-        return args, RegenerationArguments(**regen, turns=ns.regen_turns, seed=ns.seed)
+        return args, RegenerationArguments(**regen, seed=ns.seed)
     except ValueError as error:
         parser.error(str(error))
 

@@ -77,15 +77,10 @@ def regeneration_prompts(examples, column: Column, tokenizer, args: Regeneration
 
 
 @torch.no_grad()
-def generate_replies(
-    target,
-    prompts: list[list[int]],
-    pad_token_id: int,
-    eos_token_id: int | None,
-    args: RegenerationArguments,
-    seed: int,
-) -> list[list[int]]:
+def generate_replies(target, tokenizer, prompts: list[list[int]], args: RegenerationArguments, seed: int) -> list:
     """The target's reply to each prompt: one left-padded ``generate`` call over `(B, max prompt length)`."""
+    eos_token_id = tokenizer.eos_token_id
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_token_id or 0)
     width = max(len(p) for p in prompts)
     device = next(target.parameters()).device
     input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
@@ -150,7 +145,6 @@ def regenerate(
         directory.mkdir(parents=True, exist_ok=True)
         settings_file.write_text(json.dumps(settings, indent=1) + "\n")
     state.wait_for_everyone()
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     size = args.batch_size * args.batches_per_shard
     mine = [k for k in range(0, -(-len(prompts) // size)) if k % state.num_processes == state.process_index]
     target.eval()
@@ -161,7 +155,7 @@ def regenerate(
         records = []
         for start in range(k * size, min((k + 1) * size, len(prompts)), args.batch_size):
             batch = prompts[start : start + args.batch_size]
-            replies = generate_replies(target, batch, pad, tokenizer.eos_token_id, args, args.seed + start)
+            replies = generate_replies(target, tokenizer, batch, args, args.seed + start)
             records += [
                 {
                     "index": start + i,
