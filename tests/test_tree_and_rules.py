@@ -9,9 +9,8 @@ from transformers import DynamicCache
 from hf_specdraft.core.support import with_cache
 from hf_specdraft import ConditionalAcceptance, DraftTree, expected_speedup, standardized_walltime_improvement
 from hf_specdraft.core.acceptance import accept_tree, check_lenience, lenient_review
-from hf_specdraft.core.tree import tree_buffers
+from hf_specdraft.core.tree import tree_buffers, tree_mask
 from hf_specdraft.core.cache import compact_cache, resync_cache
-from hf_specdraft.core.verify import tree_attention_inputs
 from conftest import ARCHITECTURES, tiny_model
 
 
@@ -29,7 +28,8 @@ def test_tree_buffers_by_hand():
     assert ancestors[5].nonzero().flatten().tolist() == [0, 3, 5]
     assert ancestors[4].nonzero().flatten().tolist() == [1, 4]
     tree = DraftTree(torch.arange(6), parents)
-    mask, positions = tree_attention_inputs(tree, past_length=3, dtype=torch.float32, device=torch.device("cpu"))
+    rooted = [-1] + [p + 1 for p in parents]  # the last accepted token is the root of what is verified
+    mask, positions = tree_mask(rooted, 3, torch.float32, torch.device("cpu"))
     assert mask.shape == (1, 1, 7, 10)
     assert positions.tolist() == [[3, 4, 4, 5, 5, 5, 6]]
     visible = mask[0, 0] == 0
@@ -62,7 +62,7 @@ def test_tree_verification_and_compaction_match_a_fresh_run(arch, attn):
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(prefix[:, :-1], **with_cache(model, cache))
-        mask, pos = tree_attention_inputs(tree, 8, model.dtype, torch.device("cpu"))
+        mask, pos = tree_mask([-1] + [p + 1 for p in tree.parent_list], 8, model.dtype, torch.device("cpu"))
         logits = model(
             torch.cat([prefix[:, -1:], tree.tokens[None]], 1),
             attention_mask=mask,

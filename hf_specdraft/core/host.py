@@ -1,9 +1,5 @@
-"""Host data onto the device without a sync, and host tensors made cheaply (the static path's one read-back a step).
-
-A copy from pageable host memory onto a CUDA device waits for the stream to drain; these stage through pinned memory and
-copy asynchronously. ``torch.tensor`` of a Python list costs ~12 µs plus ~0.3 µs an element of host time on a CPU;
-:func:`host_tensor` goes through a stdlib ``array`` instead.
-"""
+"""Host data onto the device without a sync (a copy from pageable memory onto CUDA waits for the stream to drain: these
+stage through pinned memory and copy asynchronously), and host tensors made cheaply (:func:`host_tensor`)."""
 
 from __future__ import annotations
 
@@ -22,9 +18,7 @@ def copy_to_device(buffer: torch.Tensor, host: torch.Tensor) -> None:
 def on_device(tensor: torch.Tensor, device: torch.device | str) -> bool:
     """Whether ``tensor`` lives on ``device`` ("cuda" names the current CUDA device)."""
     device = torch.device(device)
-    if tensor.device.type != device.type:
-        return False
-    return device.index is None or tensor.device.index == device.index or (device.type == "cpu")
+    return tensor.device.type == device.type and (device.type == "cpu" or device.index in (None, tensor.device.index))
 
 
 def stage(buffers: dict | None, name: str, host, device: torch.device):

@@ -1,14 +1,7 @@
-"""Where the target's cache lives during a call: one declared interface, :class:`CacheLayout`, and one object of it per
-call, so the loop's step (:func:`~hf_specdraft.core.loop.speculative_step`) holds no branch on the layout.
-
-* :class:`OwnedRow`: one unpadded row owns a ``DynamicCache`` (compacted in place after each step);
-* :class:`SharedBatch`: a padded batch shares one right-aligned ``DynamicCache`` (repacked each step);
-* :class:`~hf_specdraft.core.static_layout.StaticLayout`: the static buffers of ``cache_implementation="static"``.
-
-The call's setup picks one (:func:`~hf_specdraft.core.static_layout.layout_for`). The layout also answers what differs
-between one row and a batch: the statistics and the fields the call returns (:meth:`CacheLayout.call_stats`,
-:meth:`CacheLayout.result_fields`). gpt-fast's speculative step is short because its cache is one object; these are
-the loop's.
+"""Where the target's cache lives during a call: one interface, :class:`CacheLayout`, and one object of it per call
+(:func:`~hf_specdraft.core.static_layout.layout_for`), so the step holds no branch on the layout (as gpt-fast's cache):
+:class:`OwnedRow` (one unpadded row's ``DynamicCache``, compacted in place), :class:`SharedBatch` (a padded batch's
+right-aligned ``DynamicCache``, repacked each step) or :class:`~hf_specdraft.core.static_layout.StaticLayout`.
 """
 
 from __future__ import annotations
@@ -30,18 +23,14 @@ from .verify import LayerWindows, batch_verify_inputs, single_row_inputs
 
 
 class CacheLayout:
-    """What the step asks of the target's cache, whatever its layout.
+    """What the step asks of the target's cache, and what differs between one row and a batch, whatever the layout.
 
     Attributes:
-        one_row (`bool`): one unpadded row (its chain may stop on its draft's confidence; the call returns its scores,
-            logits and cache), not a padded batch.
-        together: the batch proposer drafting every row in one draft forward per token (:meth:`batch_proposer`), or
-            ``None``: each row's drafter proposes on its own.
-        max_nodes (`int`, *optional*): the most tree nodes one row verifies (the static path's widest bucket), or
-            ``None``: no limit.
-        costs (`dict`): what the layout cost over the call, for a batch's statistics: ``repack_seconds`` and ``steps``
-            (gathers), ``widest_repacked`` (the widest the repacked cache got), ``holes_columns`` (how wide a cache
-            masking rejected columns in place would have grown from the prompt: every step's verified width, summed).
+        one_row (`bool`): one unpadded row (the call returns its scores, logits and cache), not a padded batch.
+        together: the batch proposer drafting every row in one draft forward per token, or ``None``.
+        max_nodes (`int`, *optional*): the most tree nodes one row verifies (the static path's widest bucket).
+        costs (`dict`): a batch's costs over the call: ``repack_seconds`` and ``steps`` (gathers), ``widest_repacked``,
+            ``holes_columns`` (how wide a cache masking rejected columns in place would have grown from the prompt).
     """
 
     one_row = True
@@ -54,8 +43,7 @@ class CacheLayout:
         self.target_forwards = 0  # verification forwards, each serving every active row
 
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
-        """Every row's prompt but its newest token into the cache (the states ``request`` asks kept on the rows).
-        Returns seconds."""
+        """Every row's prompt but its newest token into the cache (the states ``request`` asks kept); seconds."""
         raise NotImplementedError
 
     def drafter_cache(self, a: int, row: Row):
@@ -63,21 +51,16 @@ class CacheLayout:
         raise NotImplementedError
 
     def batch_drafter_cache(self, active: list[Row]) -> tuple:
-        """What :attr:`together` reads of the target's cache: the cache and each active row's cached columns (asked
-        only of a layout that builds a batch proposer)."""
+        """What :attr:`together` reads of the target's cache: the cache and each active row's cached columns."""
         raise NotImplementedError
 
-    def verify(
-        self, rows: list[Row], trees: list[DraftTree], extra: dict
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
-        """One forward over every row's ``[last token] + tree``, with ``extra`` (what the drafters ask of it,
-        :mod:`~hf_specdraft.core.target_state`). Returns float32 logits `(A, Q, V)`, the verified ids `(A, Q)` and the
-        asked ``hidden_states`` (or ``None``), on the device."""
+    def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple:
+        """One forward over every row's ``[last token] + tree``, with ``extra`` (what the drafters ask of it). Returns
+        float32 logits `(A, Q, V)`, the verified ids `(A, Q)` and the asked ``hidden_states`` (or ``None``)."""
         raise NotImplementedError
 
     def count_step(self, width: int) -> None:
-        """Count one verification forward of ``width`` columns per row (:attr:`costs`); each layout's :meth:`verify`
-        counts its own."""
+        """Count one verification forward of ``width`` columns per row (each layout's :meth:`verify` counts its own)."""
         self.target_forwards += 1
         self.costs["holes_columns"] += width  # what a cache that only masks rejected columns would have grown by
 
@@ -90,8 +73,7 @@ class CacheLayout:
         """Rows done before any step (their prompt already at ``max_length``) leave the cache."""
 
     def batch_proposer(self, drafters: list) -> None:
-        """Where the layout and ``drafters`` allow, :attr:`together`: one proposer drafting every row in one draft
-        forward per token."""
+        """Sets :attr:`together` where the layout and ``drafters`` allow."""
 
     def controller_limits(self, longest: int, widest: float) -> tuple[int, object, object]:
         """``(longest γ, bucket, setting)`` for the γ controller: the longest chain it may choose, how a width is
@@ -99,18 +81,15 @@ class CacheLayout:
         return longest, None, False
 
     def linears(self):
-        """The context the steps run in: the target's few-row linears
-        (:func:`~hf_specdraft.core.projection.few_token_linears`) where its own kernels would be slower; a compiled
-        forward picks its own."""
+        """The context the steps run in: the target's few-row linears (where its own kernels would be slower)."""
         return few_token_linears(self.model)
 
     def before_steps(self, rows: list[Row], request, generation_config: GenerationConfig) -> None:
         """Run once before the call's first step (the static path compiles every bucket, and its drafts, there)."""
 
     def call_stats(self, rows: list[Row]) -> SpeculativeStats:
-        """The call's statistics: one row's own; a padded batch's rows merged (``row_stats`` keeps each) with what the
-        layout cost (``extra["cache_layout"]``) and ``extra["batch_forwards"]``: the rows' own statistics count a batch
-        forward once in every row it served."""
+        """The call's statistics: one row's own; a batch's rows merged, with ``extra["cache_layout"]`` (:attr:`costs`)
+        and ``extra["batch_forwards"]`` (the rows' own statistics count a batch forward once in every row it served)."""
         if self.one_row:
             return rows[0].out.stats
         stats = SpeculativeStats.merge([row.out.stats for row in rows])
@@ -119,8 +98,7 @@ class CacheLayout:
         return stats
 
     def result_fields(self, rows: list[Row], generation_config: GenerationConfig) -> dict:
-        """What :class:`~hf_specdraft.core.outputs.SpeculativeGenerateOutput` carries besides the sequences, the
-        statistics and the cache: one row's scores and logits (where asked), a padded batch's ``row_stats``."""
+        """The output's other fields: one row's scores and logits (where asked), a padded batch's ``row_stats``."""
         if not self.one_row:
             return {"row_stats": tuple(row.out.stats for row in rows)}
         out = rows[0].out
@@ -130,50 +108,55 @@ class CacheLayout:
         }
 
     def finish(self, stats) -> DynamicCache | None:
-        """After the last step: what of the layout goes into ``stats``, and the cache the call returns (or ``None``)."""
+        """After the last step: what of the layout goes into ``stats``, and the cache the call returns (``None``: a
+        batch's, which finished rows left, is not handed out)."""
         return None
 
 
 class DynamicLayout(CacheLayout):
-    """A layout on a ``DynamicCache`` (``cache``): its forward, the model's own (the masks in the model's dtype), taking
-    what the call read of the model (``support``, :class:`~hf_specdraft.core.support.TargetSupport`)."""
+    """A layout on a ``DynamicCache``, run by the model's own forward (masks in its dtype)."""
 
     def __init__(self, model, cache: DynamicCache, support: TargetSupport):
         super().__init__(model)
-        self.cache, self.with_cache = cache, {support.cache_argument: cache}
+        self.cache, self.with_cache = cache, {support.cache_argument: cache, "use_cache": True}
         self.prefill_kwargs = support.prefill_kwargs  # what a prefill adds (logits_to_keep=1 where the model takes it)
         self.windows = LayerWindows(model)  # what the masks depend on (asked once: the model walks its parameters)
-
-    def _forward(self, inputs: dict, extra: dict):
-        self.count_step(inputs["input_ids"].shape[1])
-        out = self.model(**inputs, **self.with_cache, use_cache=True, **extra)
-        return out.logits.float(), inputs["input_ids"], out.hidden_states if extra.get("output_hidden_states") else None
-
-
-class OwnedRow(DynamicLayout):
-    """One unpadded row that owns its ``DynamicCache`` (its columns are all of them,
-    :func:`~hf_specdraft.core.cache.target_cache`)."""
 
     def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
         start = time.perf_counter()
         if input_ids.shape[1] > 1:
+            padding = {}
+            if not self.one_row:  # each row's text from its first unpadded column, at positions from 0
+                pads = torch.tensor([r.pad for r in rows], device=input_ids.device)
+                mask = (torch.arange(input_ids.shape[1], device=input_ids.device)[None] >= pads[:, None]).long()
+                padding = {"attention_mask": mask[:, :-1], "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)[:, :-1]}
             out = self.model(
-                input_ids=input_ids[:, :-1],
-                **self.with_cache,
-                use_cache=True,
-                **self.prefill_kwargs,
-                **request.kwargs,
+                input_ids=input_ids[:, :-1], **padding, **self.with_cache, **self.prefill_kwargs, **request.kwargs
             )
+            # padding columns hold whatever the model computed there: masked, but NaN would leak
+            for layer in self.cache.layers if padding else ():
+                if layer.keys is not None:  # a KV-shared layer holds nothing of its own
+                    layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
             if request.hidden:
                 prefill_states(out.hidden_states, rows)
+        if not self.one_row:
+            self.costs["widest_repacked"] = self.costs["holes_columns"] = self.cache.get_seq_length()
         return time.perf_counter() - start
+
+    def _forward(self, inputs: dict, extra: dict):
+        self.count_step(inputs["input_ids"].shape[1])
+        out = self.model(**inputs, **self.with_cache, **extra)
+        return out.logits.float(), inputs["input_ids"], out.hidden_states if extra.get("output_hidden_states") else None
+
+
+class OwnedRow(DynamicLayout):
+    """One unpadded row that owns its ``DynamicCache`` (:func:`~hf_specdraft.core.cache.target_cache`)."""
 
     def drafter_cache(self, a: int, row: Row) -> DynamicCache:
         return self.cache
 
     def verify(self, rows, trees, extra):
-        inputs = single_row_inputs(self.windows, rows[0].ids, self.cache, trees[0])
-        return self._forward(inputs, extra)
+        return self._forward(single_row_inputs(self.windows, rows[0].ids, self.cache, trees[0]), extra)
 
     def keep(self, rows, cached, kept, survivors):
         """The row is compacted, finished or not: the returned cache covers ``sequences[:, :-1]``."""
@@ -186,42 +169,10 @@ class OwnedRow(DynamicLayout):
 
 class SharedBatch(DynamicLayout):
     """A padded batch sharing one right-aligned ``DynamicCache`` (:func:`~hf_specdraft.core.cache.croppable_cache`: full
-    layers, repacked by index), repacked each step (finished rows leave it): the :class:`CacheLayout` costs record
-    ``repack_seconds`` and ``steps`` (gathers) and ``widest_repacked``."""
+    layers), repacked by index each step (finished rows leave it)."""
 
     one_row = False
-
-    def __init__(self, model, cache: DynamicCache, support: TargetSupport):
-        super().__init__(model, cache, support)
-        self._columns = 0  # the cache's width at the step's verification (keep reads it)
-
-    def prefill(self, input_ids: torch.LongTensor, rows: list[Row], request) -> float:
-        start = time.perf_counter()
-        if input_ids.shape[1] > 1:
-            device = input_ids.device
-            mask = (
-                torch.arange(input_ids.shape[1], device=device)[None]
-                >= torch.tensor([r.pad for r in rows], device=device)[:, None]
-            ).long()
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(
-                input_ids=input_ids[:, :-1],
-                attention_mask=mask[:, :-1],
-                position_ids=positions[:, :-1],
-                **self.with_cache,
-                use_cache=True,
-                **self.prefill_kwargs,
-                **request.kwargs,
-            )
-            for layer in (
-                self.cache.layers
-            ):  # padding columns hold whatever the model computed there; masked, but NaN would leak
-                if layer.keys is not None:  # a KV-shared layer holds nothing of its own
-                    layer.keys, layer.values = layer.keys.nan_to_num(), layer.values.nan_to_num()
-            if request.hidden:
-                prefill_states(out.hidden_states, rows)
-        self.costs["widest_repacked"] = self.costs["holes_columns"] = self.cache.get_seq_length()
-        return time.perf_counter() - start
+    _columns = 0  # the cache's width at the step's verification (keep reads it)
 
     def drafter_cache(self, a: int, row: Row) -> DynamicCache:
         return row_cache(self.cache, a, row)
@@ -230,10 +181,8 @@ class SharedBatch(DynamicLayout):
         return self.cache, [row.cached for row in active]
 
     def verify(self, rows, trees, extra):
-        ids, mask, positions = batch_verify_inputs(
-            rows, trees, self.cache.get_seq_length(), self.windows.dtype, rows[0].device
-        )
         self._columns = self.cache.get_seq_length()  # invariant: row a holds the last rows[a].cached of these columns
+        ids, mask, positions = batch_verify_inputs(rows, trees, self._columns, self.windows.dtype, rows[0].device)
         return self._forward({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, extra)
 
     def keep(self, rows, cached, kept, survivors):
@@ -259,6 +208,3 @@ class SharedBatch(DynamicLayout):
 
     def batch_proposer(self, drafters: list) -> None:
         self.together = drafters[0].batch_drafter(drafters)
-
-    def finish(self, stats) -> None:
-        return None  # the batch's cache is not handed out (rows left it as they finished)

@@ -20,14 +20,12 @@ class SpeculativeGenerateOutput(ModelOutput):
     Args:
         sequences (`torch.LongTensor` of shape `(B, L)`): prompt + generated tokens (a batch's finished rows padded with
             ``pad_token_id`` on the right).
-        scores (`tuple(torch.FloatTensor)`, *optional*): processed target scores `(1, V)` per generated
-            token (``output_scores=True``).
-        logits (`tuple(torch.FloatTensor)`, *optional*): raw target logits `(1, V)` per generated token
-            (``output_logits=True``).
-        cache: the target cache, covering ``sequences[:, :-1]``, under the name this transformers gives it in
-            ``generate``'s outputs (``cache`` from 5.24 on); ``past_key_values`` holds it on 5.23.
+        scores (`tuple(torch.FloatTensor)`, *optional*): processed target scores `(1, V)` per token (``output_scores``).
+        logits (`tuple(torch.FloatTensor)`, *optional*): raw target logits `(1, V)` per token (``output_logits``).
+        cache: the target cache, covering ``sequences[:, :-1]`` (``past_key_values`` on transformers 5.23, as
+            ``generate``'s outputs name it).
         speculative_stats (:class:`~hf_specdraft.core.stats.SpeculativeStats`): per-step statistics (of every row, for a
-            padded batch: :func:`speculative_steps`).
+            padded batch).
         row_stats (`tuple(SpeculativeStats)`, *optional*): a padded batch's statistics per row.
     """
 
@@ -44,13 +42,8 @@ class SpeculativeGenerateOutput(ModelOutput):
 
 def assemble_result(rows: list[Row], generator, generation_config: GenerationConfig, layout, chosen: dict):
     """The call's result: the sequences (finished rows padded on the right), or :class:`SpeculativeGenerateOutput`.
-
-    What differs between one row and a padded batch, ``layout`` answers
-    (:class:`~hf_specdraft.core.layouts.CacheLayout`): the call's statistics
-    (:meth:`~hf_specdraft.core.layouts.CacheLayout.call_stats`), the cache it hands out
-    (:meth:`~hf_specdraft.core.layouts.CacheLayout.finish`) and the other fields (one row's scores, a batch's
-    ``row_stats``). ``chosen``: what the γ controller chose (:func:`~hf_specdraft.core.loop.speculative_steps`).
-    """
+    ``layout`` answers what differs between one row and a padded batch
+    (:class:`~hf_specdraft.core.layouts.CacheLayout`); ``chosen``: what the γ controller chose."""
     for row in rows:
         row.out.stats.settle()
         row.out.stats.drafter_calls = dict(row.generator.forward_calls)  # transformers' own generators count none
@@ -73,20 +66,13 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
 
 def padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> torch.LongTensor:
     """`(B, longest)`: every row's ids, rows that finished early padded with ``pad_token_id`` on the right."""
-    if len(rows) == 1:
-        return rows[0].ids
     pad_token = generation_config.pad_token_id
     if isinstance(pad_token, torch.Tensor):
         pad_token = int(pad_token.flatten()[0])
-    longest = max(row.ids.shape[1] for row in rows)
-    if pad_token is None and any(row.ids.shape[1] < longest for row in rows):
+    if pad_token is None and len({row.ids.shape[1] for row in rows}) > 1:
         raise ValueError(
             "rows finished at different lengths and generation_config.pad_token_id is None: set pad_token_id "
             "(e.g. tokenizer.pad_token_id or the eos token id) to pad the finished rows"
         )
-    sequences = torch.full(
-        (len(rows), longest), 0 if pad_token is None else pad_token, dtype=torch.long, device=rows[0].device
-    )
-    for row in rows:
-        sequences[row.index, : row.ids.shape[1]] = row.ids[0]
-    return sequences
+    # rows are in batch order (row.index)
+    return torch.nn.utils.rnn.pad_sequence([row.ids[0] for row in rows], batch_first=True, padding_value=pad_token or 0)

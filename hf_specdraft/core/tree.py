@@ -14,9 +14,10 @@ seeing the verified prefix and its own ancestors.
 
 from __future__ import annotations
 
-import torch
-
+from functools import cached_property
 from typing import TYPE_CHECKING
+
+import torch
 
 from .host import host_tensor, stage
 
@@ -28,25 +29,23 @@ class DraftTree:
     """A drafter's proposal.
 
     Args:
-        tokens (`torch.LongTensor` of shape `(N,)`, or a list of ints): proposed ids, where the drafter made them;
-            :attr:`token_list` holds them on the host once known (given as a list, or from the step's read-back).
-        parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): each node's parent (``-1``: the
-            root), kept as host data (:attr:`parent_list`).
+        tokens (`torch.LongTensor` of shape `(N,)`, or a list of ints): proposed ids, where the drafter made them
+            (:attr:`token_list`: on the host, once known: given as a list, or from the step's read-back).
+        parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): each node's parent (``-1``: root).
         draft_probs (`torch.FloatTensor` of shape `(N, V)`, *optional*): q at each node's position, for speculative
             sampling (Leviathan et al. 2023, Algorithm 1) and lenient acceptance.
-        sampled (`torch.BoolTensor` of shape `(N,)`, *optional*): True where the token was *drawn* from its q row
-            (not picked, e.g. a CAPE expansion token): such trees are verified by multi-branch rejection sampling
-            (:func:`~hf_specdraft.core.acceptance.tree_rejection_sampling`).
+        sampled (`torch.BoolTensor` of shape `(N,)`, *optional*): True where the token was *drawn* from its q row (not
+            picked, e.g. a CAPE expansion token), verified by multi-branch rejection sampling.
     """
 
     def __init__(self, tokens, parents, draft_probs: torch.Tensor | None = None, sampled=None):
         self.token_list: list[int] | None = list(tokens) if isinstance(tokens, (list, tuple)) else None
-        # host tokens become a tensor only when something asks for one (a host drafter's step needs none)
-        self._tokens = None if self.token_list is not None else torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        if self.token_list is None:  # host tokens become a tensor only when asked (a host drafter's step needs none)
+            self.tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         self.parent_list: list[int] = (
             [int(p) for p in parents] if isinstance(parents, (list, tuple, range)) else parents.reshape(-1).tolist()
         )
-        n = len(self.token_list) if self.token_list is not None else self._tokens.shape[0]
+        n = len(self.token_list) if self.token_list is not None else self.tokens.shape[0]
         if len(self.parent_list) != n:
             raise ValueError(f"tokens and parents must have the same length, got {n} and {len(self.parent_list)}")
         if any(p < -1 or p >= i for i, p in enumerate(self.parent_list)):
@@ -60,7 +59,6 @@ class DraftTree:
                 f"sampled must have one flag per token ({n}) and needs draft_probs, got "
                 f"{self.sampled.shape[0]} flags and draft_probs={'None' if draft_probs is None else 'set'}"
             )
-        self._parents = self._depth = None
         self.origin: DraftTree | None = None  # the tree this one was cut from, keeping its leading nodes (select)
         self.known_tokens: list[int] | None = None  # a prefix of the tokens, known on the host (learn_tokens)
         self.chain_confidences: list[float] | None = None  # the draft's q of each chain token, read by its stop rule
@@ -70,28 +68,23 @@ class DraftTree:
         tokens = self.token_list if self.token_list is not None else f"<{len(self)} on {self.tokens.device}>"
         return f"DraftTree(tokens={tokens}, parents={self.parent_list})"
 
-    @property
+    @cached_property
     def tokens(self) -> torch.Tensor:
         """``(N,)`` long: the tokens where the drafter made them (host tokens: a CPU tensor, made when first asked)."""
-        if self._tokens is None:
-            self._tokens = host_tensor(self.token_list)
-        return self._tokens
+        return host_tensor(self.token_list)
 
-    @property
+    @cached_property
     def parents(self) -> torch.Tensor:
         """``(N,)`` long on the tokens' device (made from :attr:`parent_list` when first asked)."""
-        if self._parents is None:
-            self._parents = torch.tensor(self.parent_list, dtype=torch.long, device=self.tokens.device)
-        return self._parents
+        return torch.tensor(self.parent_list, dtype=torch.long, device=self.tokens.device)
 
-    @property
+    @cached_property
     def depth_list(self) -> list[int]:
         """Depth of each node (host); children of the root have depth 0."""
-        if self._depth is None:
-            self._depth = []
-            for p in self.parent_list:
-                self._depth.append(0 if p < 0 else self._depth[p] + 1)
-        return self._depth
+        depth = []
+        for p in self.parent_list:
+            depth.append(0 if p < 0 else depth[p] + 1)
+        return depth
 
     @property
     def depth(self) -> torch.Tensor:
@@ -154,11 +147,10 @@ class DraftTree:
 
     def chain_nodes(self) -> list[int]:
         """Node indices of the first-child path from the root (a drafter's greedy chain, which CAPE widens)."""
-        nodes, parent = [], -1
+        nodes = []
         for i, p in enumerate(self.parent_list):
-            if p == parent:
+            if p == (nodes[-1] if nodes else -1):
                 nodes.append(i)
-                parent = i
         return nodes
 
     def main_chain(self) -> DraftTree:
@@ -182,19 +174,15 @@ class DraftTree:
                 keep.append(len(remap))
                 parents.append(key[0])
             remap.append(new_index[key])
-        if len(keep) == len(self):
-            return self
-        return self.select(keep, parents)
+        return self if len(keep) == len(self) else self.select(keep, parents)
 
     def truncate_depth(self, max_depth: int) -> DraftTree:
         """Drop nodes at depth ``>= max_depth`` (the length budget); parents stay topological."""
         if len(self) <= max_depth:  # no node can be that deep
             return self
         keep = [i for i, d in enumerate(self.depth_list) if d < max_depth]
-        if len(keep) == len(self):
-            return self
-        remap = {old: new for new, old in enumerate(keep)}
-        return self.select(keep, [remap[self.parent_list[i]] if self.parent_list[i] >= 0 else -1 for i in keep])
+        remap = {-1: -1} | {old: new for new, old in enumerate(keep)}
+        return self if len(keep) == len(self) else self.select(keep, [remap[self.parent_list[i]] for i in keep])
 
 
 def fit_proposal(
@@ -245,19 +233,13 @@ def tree_buffers(parents: list[int]) -> tuple[torch.Tensor, list[int]]:
 def tree_mask(
     parents, prefix_length: int, dtype: torch.dtype, device: torch.device, queries: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The library's one tree mask (verification, and a draft scoring a beam tree): each node sees the cached prefix and
-    its ancestors-or-self. Built on the host and copied once without a sync (device ops per node cost more than a
-    forward).
+    """The library's one tree mask (verification, a draft scoring a beam tree), built on the host and copied once
+    without a sync (device ops per node cost more than a forward): each of the ``N`` nodes (``parents``: a list or a
+    tensor, read once; ``-1``: the prefix) sees the ``prefix_length`` cached tokens and its ancestors-or-self.
 
-    Args:
-        parents (list of ints, or `torch.LongTensor` of shape `(N,)`, read once): every node's (``-1``: the prefix).
-        prefix_length (`int`): tokens cached before the tree, at positions ``0 .. prefix_length - 1``.
-        queries (`int`, *optional*): only the last ``queries`` nodes are fed (the others are cached); default all.
-
-    Returns:
-        `(attention_mask, position_ids)`: an additive float mask `(1, 1, queries, prefix_length + N)` in ``dtype``
-        (``finfo.min`` where blocked: a bool mask is silently wrong with eager attention) and the positions
-        ``prefix_length + depth`` of *all* N nodes, `(1, N)` long.
+    Returns `(attention_mask, position_ids)`: an additive mask `(1, 1, queries, prefix_length + N)` in ``dtype`` (a bool
+    mask is silently wrong with eager attention) for the last ``queries`` nodes (default all; the others are cached),
+    and the positions ``prefix_length + depth`` of *all* nodes, `(1, N)` long.
     """
     ancestors, depth = tree_buffers(parents if isinstance(parents, list) else parents.tolist())
     n = len(depth)

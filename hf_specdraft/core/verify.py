@@ -1,13 +1,10 @@
 """Verification inputs: what one target forward over every active row's ``[last token] + tree`` takes.
 
-A tree is verified in one forward (SpecInfer, Miao et al. 2023; Medusa, Cai et al. 2024): node ``i`` sits at position
-``past + 1 + depth[i]`` and sees the verified prefix, the last accepted token and its own ancestors. Two layouts:
-
-* **one row that owns the cache** (batch 1, unpadded): a chain keeps the model's own causal mask (the fast SDPA
-  path), a tree takes the float tree mask and explicit positions, windowed per layer type
-  (:class:`LayerWindows`: sliding-window and chunked layers verify trees at any length);
-* **a padded batch** sharing one right-aligned cache (:mod:`hf_specdraft.core.cache`): every row's tree padded to
-  the widest, one 4D mask (:func:`batch_verify_inputs`).
+Node ``i`` sits at position ``past + 1 + depth[i]`` and sees the verified prefix, the last accepted token and its own
+ancestors (SpecInfer, Miao et al. 2023; Medusa, Cai et al. 2024): :func:`~hf_specdraft.core.tree.tree_mask` of the tree
+rooted at the last token (``[-1] + [p + 1 for p in parents]``). One row that owns its cache keeps the model's causal
+mask for a chain (SDPA's fast path) and takes a tree mask windowed per layer type (:class:`LayerWindows`) for a tree;
+a padded batch sharing one right-aligned cache pads every row's tree to the widest (:func:`batch_verify_inputs`).
 """
 
 from __future__ import annotations
@@ -20,30 +17,13 @@ from .rows import Row
 from .support import with_cache
 from .tree import DraftTree, tree_mask
 
-WINDOWED_LAYER_TYPES = ("sliding_attention", "chunked_attention")  # transformers' names for layers with a window
-
-
-def tree_attention_inputs(
-    tree: DraftTree, past_length: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask and positions to verify ``[last token] + tree.tokens`` on top of a cache of ``past_length``.
-
-    The last accepted token sits at position ``past_length`` and sees the whole cache; node ``i`` sits at
-    ``past_length + 1 + depth[i]`` and sees the cache, the last token and its ancestors-or-self: the tree with the
-    last token as its root, through :func:`tree_mask`.
-
-    Returns:
-        `(attention_mask, position_ids)`: an additive float mask `(1, 1, 1+N, past_length+1+N)` in
-        ``dtype`` and `(1, 1+N)` long positions.
-    """
-    return tree_mask([-1] + [0 if p < 0 else p + 1 for p in tree.parent_list], past_length, dtype, device)
+WINDOWED = ("sliding_attention", "chunked_attention")  # transformers' names for layer types with a window
 
 
 class LayerWindows:
-    """What a model's attention masks depend on, read once per call from its config (asking it costs more than a step's
-    mask): the layer types, the window of each sliding-window or chunked layer, whether the model takes one mask per
-    layer type (a dict; Mistral-style configs without ``layer_types`` window every layer and take one tensor), and the
-    masks' dtype (the model's)."""
+    """What a model's attention masks depend on, read once per call from its config (asking costs more than a step's
+    mask): the layer types, each windowed layer's window, whether the model takes one mask per layer type (a dict;
+    Mistral-style configs without ``layer_types`` take one tensor) and the masks' dtype."""
 
     def __init__(self, model):
         config = model.config.get_text_config()
@@ -51,17 +31,12 @@ class LayerWindows:
         self.per_type, self.dtype = declared is not None, model.dtype
         self.types, self.windows = [], {}  # windows: {layer: window}
         # without a window in the config, no windowed layer can be built (Llama, GPT-2)
-        if (
-            getattr(config, "sliding_window", None)
-            or getattr(config, "attention_chunk_size", None)
-            or any(kind in WINDOWED_LAYER_TYPES for kind in declared or ())
-        ):
+        window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
+        if window or any(kind in WINDOWED for kind in declared or ()):
             self.types, kwargs = get_layer_types_and_kwargs(config)
             # kwargs cover the model's layers; a config's layer_types may list more (reduced test configs): not read
             self.windows = {
-                i: kw["sliding_window"]
-                for i, (kind, kw) in enumerate(zip(self.types, kwargs))
-                if kind in WINDOWED_LAYER_TYPES
+                i: kw["sliding_window"] for i, (kind, kw) in enumerate(zip(self.types, kwargs)) if kind in WINDOWED
             }
         self.windowed = bool(self.windows)
 
@@ -75,29 +50,18 @@ class LayerWindows:
     def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, cache=None):
         """The tree mask each attention layer takes (on ``cache``; ``None``: every column of ``mask`` is handed over).
 
-        A windowed layer attends from a query at position ``p`` only to keys at positions ``> p - window``
-        (transformers' ``sliding_window_overlay``; chunked, Llama 4: keys in ``p``'s chunk of ``window`` positions),
-        each tree node counted at its own position. A sliding-window cache layer hands the attention only its newest
-        keys (``cache.get_mask_sizes``): its mask keeps only their columns. Every key a tree node may see is among them,
-        since every node sits at or after the last accepted position.
-
-        Args:
-            mask: additive float mask `(B, 1, Q, K)` over every cached key plus the queries.
-            query_positions: `(B, Q)` long, as passed to the model.
-            key_positions: `(K,)` or `(B, K)` long, the position of each of ``mask``'s columns.
-
-        Returns:
-            ``mask`` (no windowed layer), a dict ``{layer type: (B, 1, Q, K_type) mask}``, or one windowed mask.
-        """
+        ``mask`` `(B, 1, Q, K)` is over every cached key plus the queries, at ``query_positions`` `(B, Q)` and
+        ``key_positions`` `(K,)` or `(B, K)`. A windowed layer attends from position ``p`` only to keys ``> p - window``
+        (chunked, Llama 4: in ``p``'s chunk), each tree node at its own position; a sliding-window cache layer hands
+        the attention only its newest keys (``cache.get_mask_sizes``), among them every key a node may see. Returns
+        ``mask`` (no windowed layer), a dict ``{layer type: (B, 1, Q, K_type) mask}``, or one windowed mask."""
         if not self.windowed:
             return mask
         masks = {}
         for i, kind in enumerate(self.types):
-            if kind in masks:
-                continue
             window = self.windows.get(i)
-            if window is None:
-                masks[kind] = mask
+            if kind in masks or window is None:  # a layer type's mask is the same in each of its layers
+                masks.setdefault(kind, mask)
                 continue
             handed = mask.shape[-1] if cache is None else cache.get_mask_sizes(query_positions.shape[-1], i)[0]
             keys = key_positions[..., -handed:].to(mask.device).unsqueeze(-2)
@@ -111,32 +75,22 @@ class LayerWindows:
 def batch_verify_inputs(
     rows: list[Row], trees: list[DraftTree], columns: int, dtype: torch.dtype, device: torch.device
 ):
-    """Inputs of one target forward over every row's ``[last token] + tree``, trees padded to the widest.
-
-    Args:
-        rows: the ``A`` active rows; row ``a`` occupies the last ``rows[a].cached`` of the cache's ``columns``.
-        trees: one proposal per row, ``N_a`` nodes.
-
-    Returns:
-        `(input_ids, attention_mask, position_ids)`: `(A, Q)` tokens with ``Q = 1 + max N_a`` (padded slots hold
-        token 0), an additive float mask `(A, 1, Q, columns + Q)` (each node sees its row's cached columns, its last
-        token and its ancestors; a padded slot sees only itself) and `(A, Q)` positions.
-    """
+    """`(input_ids, attention_mask, position_ids)` of one target forward over every row's ``[last token] + tree``:
+    `(A, Q)` ids (``Q = 1 + max N_a``, padded slots hold token 0), an additive mask `(A, 1, Q, columns + Q)` (a padded
+    slot sees only itself) and `(A, Q)` positions; row ``a`` occupies the last ``rows[a].cached`` of ``columns``."""
     width = 1 + max(len(t) for t in trees)
     ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
     positions = torch.zeros(len(rows), width, dtype=torch.long, device=device)
     mask = torch.full((len(rows), 1, width, columns + width), torch.finfo(dtype).min, dtype=dtype, device=device)
-    diagonal = torch.arange(width, device=device)
-    mask[:, 0, diagonal, columns + diagonal] = 0  # padded slots see themselves (a row of all -inf would be NaN)
+    mask[:, 0, :, columns:].diagonal(dim1=-2, dim2=-1).fill_(0)  # padded slots see themselves (all -inf would be NaN)
     for a, (row, tree) in enumerate(zip(rows, trees)):
         q = 1 + len(tree)
         ids[a, 0] = row.ids[0, -1]
         ids[a, 1:q] = tree.tokens.to(device)
-        row_mask, row_positions = tree_attention_inputs(tree, row.cached, dtype, device)
+        row_mask, row_positions = tree_mask([-1] + [p + 1 for p in tree.parent_list], row.cached, dtype, device)
         positions[a, :q] = row_positions[0]
         positions[a, q:] = row.cached
-        mask[a, 0, :q, columns - row.cached : columns] = row_mask[0, 0, :, : row.cached]
-        mask[a, 0, :q, columns : columns + q] = row_mask[0, 0, :, row.cached :]
+        mask[a, 0, :q, columns - row.cached : columns + q] = row_mask[0, 0]  # the row's cached columns, then its tree
     return ids, mask, positions
 
 
@@ -144,10 +98,11 @@ def single_row_inputs(windows: LayerWindows, input_ids: torch.LongTensor, cache:
     """Inputs of the forward over ``[last token] + tree`` for one unpadded row that owns ``cache`` (covering
     ``input_ids[:, :-1]``): a chain keeps the model's own causal mask, a tree takes the tree mask, per layer type."""
     verify_ids = torch.cat([input_ids[:, -1:], tree.tokens.to(input_ids.device)[None]], dim=-1)
-    if not len(tree) or tree.is_chain:
+    if tree.is_chain:  # an empty tree too
         return {"input_ids": verify_ids}
-    mask, positions = tree_attention_inputs(tree, input_ids.shape[1] - 1, windows.dtype, input_ids.device)
-    keys = torch.cat([torch.arange(input_ids.shape[1] - 1, device=input_ids.device), positions[0]])
+    past = input_ids.shape[1] - 1
+    mask, positions = tree_mask([-1] + [p + 1 for p in tree.parent_list], past, windows.dtype, input_ids.device)
+    keys = torch.cat([torch.arange(past, device=input_ids.device), positions[0]])
     return {
         "input_ids": verify_ids,
         "attention_mask": windows.masks(mask, positions, keys, cache),
