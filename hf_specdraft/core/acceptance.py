@@ -46,14 +46,13 @@ def speculative_sampling(
 
 
 def tree_rejection_sampling(target_probs, tree, generator: torch.Generator | None = None) -> tuple[list[int], int]:
-    """Multi-branch rejection sampling down a token tree: lossless in distribution, and it uses q.
+    """SpecInfer's multi-step speculative sampling down a token tree (Miao et al. 2023, Algorithm 2): lossless, with q.
 
-    SpecInfer's multi-step speculative sampling (Miao et al. 2023, Algorithm 2), extended to children *picked* rather
-    than drawn (CAPE's expansion sets, Du et al. 2024, §4.2). At each accepted node, r = p at that row, the children are
-    tried in turn, drawn ones first: a drawn child ``x`` passes with probability ``min(1, r(x) / q(x))``, else
-    ``r <- norm(max(0, r - q))``; a picked one with probability ``r(x)``, else ``r <- norm(r with r(x) = 0)``. The walk
-    goes down the first accepted child, or draws the next token from r (each rejection leaves r the exact distribution
-    of the output given it).
+    Extended to children *picked* rather than drawn (CAPE's expansion sets, Du et al. 2024, §4.2). At each accepted
+    node, r = p at that row, the children are tried in turn, drawn ones first: a drawn child ``x`` passes with
+    probability ``min(1, r(x) / q(x))``, else ``r <- norm(max(0, r - q))``; a picked one with probability ``r(x)``, else
+    ``r <- norm(r with r(x) = 0)``. The walk goes down the first accepted child, or draws the next token from r (each
+    rejection leaves r the exact distribution of the output given it).
 
     Args:
         target_probs: ``row -> p`` `(V,)`: row 0 scores the children of the root, row ``i + 1`` those of node ``i``.
@@ -140,9 +139,9 @@ def lenient_review(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torc
     Args:
         p (`torch.FloatTensor` of shape `(k+1, V)`): the reviewer's distribution at each position.
         candidates (`torch.LongTensor` of shape `(k,)`).
-        q_candidates (`torch.FloatTensor` of shape `(k,)`): ``q(x)`` of each candidate under the drafter
-            that proposed it; ``inf`` for tokens that must match exactly (MaG's).
-        lenience: ``l >= 1``; ``1`` accepts only the reviewer's argmax (the official code applies the
+        q_candidates (`torch.FloatTensor` of shape `(k,)`): ``q(x)`` of each candidate under its drafter; ``inf`` for
+            tokens that must match exactly (MaG's).
+        lenience: ``l >= 1``; ``1`` accepts only the reviewer's argmax (as the official code, which applies the
             lenient clause only when ``l > 1``).
     """
     k = candidates.numel()

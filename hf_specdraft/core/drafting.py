@@ -97,14 +97,12 @@ class DrafterTraits:
     adaptive_budget: bool = False  # a tree drafter whose node budget the controller picks too
     max_draft_tokens: int = AUTO_MAX  # the longest γ the controller considers for it
     stops_on_confidence: bool = False  # a chain that asks the loop's stop rule after every drafted token
-    # its trees are a chain plus leaves (CAPE): the controller learns what the chain alone accepts
-    widens_chain: bool = False
+    widens_chain: bool = False  # a chain plus leaves (CAPE): the controller learns what the chain alone accepts
     reads_target_cache: bool = True  # propose() reads the target's cache (the loop builds a view only for those)
     tokens_in_vocab: bool = False  # its tokens come from a draft checked to share the target's vocabulary
     requires_model_outputs: bool = False  # it reads the target's state (core.target_state)
     model_kwargs_overrides: dict = field(default_factory=dict)  # what it asks of the target's forward
-    # it has compile_draft: on the compiled static path its draft runs on a static cache of its own
-    compiles_draft: bool = False
+    compiles_draft: bool = False  # it has compile_draft: its draft runs on a static cache on the compiled path
     learns_from_outcome: bool = False  # it learns from each step's DraftOutcome (update_candidate_strategy)
 
 
@@ -407,8 +405,7 @@ def same_drafters(
     )
 
 
-# factory(draft_model, num_draft_tokens=γ or "auto"[, copy options])
-DrafterFactory = Callable[..., TreeCandidateGenerator]
+DrafterFactory = Callable[..., TreeCandidateGenerator]  # factory(draft_model, num_draft_tokens=γ[, copy options])
 DRAFTERS: dict[str, DrafterFactory] = {}  # model_type -> drafter, filled by the method packages (hf_specdraft.glide)
 
 

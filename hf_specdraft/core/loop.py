@@ -174,13 +174,11 @@ def _speculative_loop(
             f"({chains}): leave cache_implementation unset for this model"
         )
     processors = [row_processors(logits_processor, r, batch) for r in range(batch)]
-    rows = call_rows(input_ids, lengths, row_drafters(generator, batch), processors)
+    rows = call_rows(input_ids, lengths, row_drafters(generator, batch), processors, generation_config.max_length)
     if chains:
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     # the static path holds its cache for the whole call (a concurrent static call on this model waits)
     with layout_for(model, generation_config, rows, support) as layout:
-        for row in rows:
-            row.done = len(row.tokens) >= generation_config.max_length
         active = [row for row in rows if not row.done]
         step = setup_call(model, layout, rows, active, stopping_criteria, generation_config, acceptance, streamer)
         if streamer is not None:
@@ -217,8 +215,7 @@ class Step:
     vocab: int  # the target's output vocabulary (asked once: the model's config is slow to ask)
     acceptance: ConditionalAcceptance | None = None
     streamer: object = None
-    # what the controller's state is kept under for the next call (controller_store)
-    controller_key: tuple | None = None
+    controller_key: tuple | None = None  # what the controller's state is kept under for the next call
 
 
 def setup_call(
@@ -269,8 +266,7 @@ def call_controller(
         return None, None
     widths = (1.0, 2.0) if all(row.traits.adaptive_budget for row in active) else (1.0,)
     longest, bucket, layout_setting = layout.controller_limits(active[0].traits.max_draft_tokens, max(widths))
-    # a copy from the text is free to draft: on a dynamic cache it may run to twice the longest draft (the static path's
-    # buckets stop at the longest)
+    # a copy from the text costs no draft forward: up to twice the longest draft (the static path's buckets stop there)
     controller = DraftLengthController(
         longest, widths, bucket=bucket, max_copy_tokens=longest if bucket is not None else 2 * longest
     )

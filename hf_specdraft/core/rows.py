@@ -39,8 +39,7 @@ class Row:
     done: bool = False
     tokens: list[int] = field(default_factory=list)  # ids on the host: read once before the loop, then by emission
     traits: DrafterTraits | None = None  # what its drafter declares (set once the call binds the drafter, setup_call)
-    # for a drafter that reads the target's state: the states not yet handed to it, whether it has proposed yet, and
-    # the last step's accepted count
+    # a state-reading drafter's: the states not yet handed to it, whether it proposed yet, the last accepted count
     states: tuple | None = None
     proposed: bool = False
     matched: int = 0
@@ -96,11 +95,12 @@ class Row:
         return len(self.tokens) - 1 - self.pad
 
 
-def call_rows(input_ids: torch.LongTensor, lengths, drafters: list, processors: list) -> list[Row]:
+def call_rows(input_ids: torch.LongTensor, lengths, drafters: list, processors: list, max_length: int) -> list[Row]:
     """One :class:`Row` per prompt row of ``input_ids`` `(B, P)` (``lengths``: each row's unpadded length), its tokens
-    read to the host once: from here on the loop extends them there."""
-    host_ids, padded = input_ids.tolist(), input_ids.shape[1]
+    read to the host once: from here on the loop extends them there; a prompt at ``max_length`` is done already."""
+    host, padded = input_ids.tolist(), input_ids.shape[1]
+    done = padded >= max_length
     return [
-        Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), p, tokens=host_ids[r])
+        Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), p, done, host[r])
         for r, (g, p) in enumerate(zip(drafters, processors))
     ]

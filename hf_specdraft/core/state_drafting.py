@@ -83,8 +83,7 @@ class StateReadingDrafter(TreeCandidateGenerator):
             self.num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens)
         self.generator = None
         self.model_kwargs_overrides: dict = {}
-        # the assistant's layer types -> the target layer whose cache it reads (None: DFlash's reads no cache)
-        self.producers: dict[str, int] | None = None
+        self.producers: dict[str, int] | None = None  # the assistant's layer type -> the target layer it reads
         self.reads_target_cache = not self.dflash  # the assistant reads the target's last layers' keys and values
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
