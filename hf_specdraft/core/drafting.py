@@ -108,51 +108,30 @@ class DrafterTraits:
 
 @dataclass(frozen=True, slots=True)
 class DraftRequest:
-    """What the loop hands a drafter for one step. A choice left ``None`` is the drafter's own.
+    """What the loop hands a drafter for one step. A choice left ``None`` is the drafter's own."""
 
-    Args:
-        input_ids (`torch.LongTensor` of shape `(1, L)`): the row's accepted text, its last token the target's newest.
-        host_text (`list[int]`, *optional*): the same text on the host (re-sync or suffix match without a device read).
-        target_cache (*optional*): the drafter's read-only view of the target's cache, covering ``input_ids[:, :-1]``;
-            ``None`` for a drafter that declares ``reads_target_cache=False``.
-        target_state (`TargetState`, *optional*): the target's state, for a drafter that ``requires_model_outputs``.
-        num_draft_tokens (`int`, *optional*): γ, as the loop's controller chose it for an ``"auto"`` drafter.
-        budget (`int`, *optional*): a tree's node budget, as the controller chose it for an ``"auto"`` tree drafter.
-        stop_rule (*optional*): ``confidences -> bool``, asked after each drafted token of a chain: whether another
-            token is worth its cost.
-        copy_rule (*optional*): ``(match, available) -> tokens`` to copy from the text after a suffix match of
-            ``match`` tokens, 0: draft instead.
-    """
-
-    input_ids: torch.LongTensor
-    host_text: list[int] | None = None
-    target_cache: object = None
-    target_state: TargetState | None = None
-    num_draft_tokens: int | None = None
-    budget: int | None = None
+    input_ids: torch.LongTensor  # (1, L): the row's accepted text, its last token the target's newest
+    host_text: list[int] | None = None  # the same text on the host (re-sync or suffix match without a device read)
+    target_cache: object = None  # a read-only view of the target's cache over input_ids[:, :-1] (reads_target_cache)
+    target_state: TargetState | None = None  # the target's state, for a drafter that requires_model_outputs
+    num_draft_tokens: int | None = None  # γ, as the loop's controller chose it for an "auto" drafter
+    budget: int | None = None  # a tree's node budget, as the controller chose it for an "auto" tree drafter
+    # confidences -> bool, asked after each drafted token of a chain: whether another token is worth its cost
     stop_rule: Callable[[list[float]], bool] | None = None
+    # (match, available) -> tokens to copy from the text after a suffix match of `match` tokens (0: draft instead)
     copy_rule: Callable[[int, int], int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DraftOutcome:
-    """What the loop hands back after verifying a proposal, to a drafter that declares ``learns_from_outcome``.
+    """What the loop hands back after verifying a proposal, to a drafter that declares ``learns_from_outcome``."""
 
-    Args:
-        input_ids (`torch.LongTensor` of shape `(1, L')`): the row's text after the step (its emitted tokens appended).
-        scores (`torch.FloatTensor` of shape `(1, n + 1, V)`): the target's logits at the kept columns (its last token,
-            then the accepted path), what transformers' ``update_candidate_strategy`` reads.
-        accepted (`int`): draft tokens accepted.
-        kept (`list[int]`): the verified columns kept (0: the last token, ``1 + i``: node ``i``).
-        draft_seconds (`float`): what drafting cost the row. verify_seconds (`float`): its share of verification.
-    """
-
-    input_ids: torch.LongTensor
-    scores: torch.FloatTensor
-    accepted: int
-    kept: list[int]
-    draft_seconds: float
-    verify_seconds: float
+    input_ids: torch.LongTensor  # (1, L'): the row's text after the step (its emitted tokens appended)
+    scores: torch.FloatTensor  # (1, n + 1, V): the target's logits at the kept columns (update_candidate_strategy's)
+    accepted: int  # draft tokens accepted
+    kept: list[int]  # the verified columns kept (0: the last token, 1 + i: node i)
+    draft_seconds: float  # what drafting cost the row
+    verify_seconds: float  # its share of verification
 
 
 def draft_length(value, argument: str = "num_draft_tokens", start: int = AUTO_START) -> tuple[int, bool]:

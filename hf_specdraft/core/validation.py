@@ -49,11 +49,8 @@ def method_config(config_class, config, options: dict):
 def check_copy_options(copy_from_context, max_copy_tokens, allow_none: bool = False) -> None:
     """Raise a ``ValueError`` unless ``copy_from_context`` is a bool or an int >= 0 (or None with ``allow_none``) and
     ``max_copy_tokens`` a positive int or None."""
-    if (
-        not (allow_none and copy_from_context is None)
-        and not isinstance(copy_from_context, bool)
-        and (not is_int(copy_from_context) or copy_from_context < 0)
-    ):
+    valid = isinstance(copy_from_context, int) and copy_from_context >= 0  # a bool too: True and False are ints >= 0
+    if not valid and not (allow_none and copy_from_context is None):
         raise ValueError(
             f"copy_from_context must be an int >= 0 (the shortest match to copy from; 0 = never) or a bool "
             f"(False: never copy){' or None' if allow_none else ''}, got {copy_from_context!r}"
