@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from transformers.generation import PromptLookupCandidateGenerator
@@ -110,19 +108,6 @@ def test_alpha_needs_a_chain_with_q():
     ).speculative_stats
     assert lookup.alpha is None
     assert lookup.summary()["alpha"] is None
-
-
-def test_acceptance_rate_is_deprecated_and_unchanged():
-    target, draft = tiny_model(), tiny_model(seed=9, num_hidden_layers=1)
-    stats = speculative_generate(
-        target, prompt(), draft_model=draft, num_draft_tokens=3, max_new_tokens=12, return_dict_in_generate=True
-    ).speculative_stats
-    with pytest.warns(FutureWarning, match="alpha"):
-        old = stats.acceptance_rate
-    assert old == stats.accepted_per_drafted
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        stats.summary()  # the summary no longer touches the deprecated name
 
 
 def _record(

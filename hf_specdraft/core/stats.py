@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -37,6 +36,14 @@ class StepRecord:
 def _total(name: str) -> property:
     """A property summing field ``name`` of every step."""
     return property(lambda self: sum(getattr(s, name) for s in self.steps), doc=f"Σ of every step's ``{name}``.")
+
+
+# the figures of SpeculativeStats.summary() after "steps", in order: properties, or methods called without arguments
+SUMMARY = (
+    "new_tokens drafted_tokens accepted_tokens judged_tokens alpha alpha_positions alpha_by_position "
+    "position_acceptance_rate accepted_per_drafted mean_accepted_length verification_tokens_per_step "
+    "acceptance_by_position draft_seconds verify_seconds prefill_seconds drafter_calls"
+).split()
 
 
 @dataclass(repr=False)
@@ -100,17 +107,6 @@ class SpeculativeStats:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
-    def acceptance_rate(self) -> float:
-        """Deprecated: accepted / drafted, which is not the paper's α."""
-        warnings.warn(
-            "SpeculativeStats.acceptance_rate is deprecated: it is accepted / drafted, not the paper's α; use "
-            ".alpha (1 - TV(p, q)), .position_acceptance_rate or .accepted_per_drafted",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return self.accepted_per_drafted
-
-    @property
     def mean_accepted_length(self) -> float:
         """τ: tokens emitted per target forward (1.0 = no gain over target-only decoding)."""
         return self.new_tokens / self.num_steps if self.num_steps else 0.0
@@ -126,27 +122,14 @@ class SpeculativeStats:
         return [sum(s.accepted > i for s in steps) / len(steps) for i, steps in enumerate(tried)]
 
     def summary(self) -> dict:
-        return {
-            "steps": self.num_steps,
-            "new_tokens": self.new_tokens,
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "judged_tokens": self.judged_tokens,
-            "alpha": self.alpha,
-            "alpha_positions": self.alpha_positions,
-            "alpha_by_position": self.alpha_by_position(),
-            "position_acceptance_rate": self.position_acceptance_rate,
-            "accepted_per_drafted": self.accepted_per_drafted,
-            "mean_accepted_length": self.mean_accepted_length,
-            "verification_tokens_per_step": self.verification_tokens_per_step,
-            "acceptance_by_position": self.acceptance_by_position(),
-            "draft_seconds": self.draft_seconds,
-            "verify_seconds": self.verify_seconds,
-            "prefill_seconds": self.prefill_seconds,
-            "drafter_calls": dict(self.drafter_calls),
-            **({"copied_steps": sum(s.copied for s in self.steps)} if any(s.copied for s in self.steps) else {}),
-            **({"extra": self.extra} if self.extra else {}),
-        }
+        """Every summary figure by name (:data:`SUMMARY`), then copied steps and :attr:`extra` where there are any."""
+        figures = {"steps": self.num_steps}
+        for name in SUMMARY:
+            value = getattr(self, name)
+            figures[name] = value() if callable(value) else dict(value) if isinstance(value, dict) else value
+        if any(s.copied for s in self.steps):
+            figures["copied_steps"] = sum(s.copied for s in self.steps)
+        return {**figures, "extra": self.extra} if self.extra else figures
 
     def to_dict(self) -> dict:
         return {"summary": self.summary(), "steps": [asdict(s) for s in self.steps]}
