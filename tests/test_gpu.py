@@ -11,7 +11,7 @@ import torch
 
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import DraftModelCandidateGenerator, GlideCandidateGenerator, speculative_generate
-from hf_specdraft.bench.compile_watch import compile_counters, compiled_between
+from hf_specdraft.bench.timing import compile_counters, compiled_between
 from benchmarks.studies.lossless import compare_greedy
 from test_method_grid import METHODS, glide_for
 from test_sliding_window import WINDOW, prompt, windowed_model

@@ -230,7 +230,7 @@ def test_a_timed_run_that_compiled_marks_its_row_invalid(tmp_path):
 def test_compile_counters_see_a_graph_and_a_recompile():
     import torch
 
-    from hf_specdraft.bench.compile_watch import compile_counters, compiled, compiled_between
+    from hf_specdraft.bench.timing import compile_counters, compiled, compiled_between
 
     double = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
     before = compile_counters()

@@ -37,7 +37,7 @@ from hf_specdraft import (
     GlideForCausalLM,
 )
 from hf_specdraft import MaxGramCandidateGenerator, speculative_generate
-from hf_specdraft.bench.compile_watch import compile_counters, compiled_between
+from hf_specdraft.bench.timing import compile_counters, compiled_between
 
 from benchmarks.studies.lossless import compare_greedy
 

@@ -26,9 +26,9 @@ from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, c
 from ..core.stats import expected_speedup
 from ..core.validation import check_int
 from ..core.projection import calibrated_choices
-from .compile_watch import add_counts, compile_counters, compiled, compiled_between
 from .methods import COMPILED_BASELINE, FAST_BASELINE, METHODS, STATIC_BASELINE, BenchContext
-from .timing import LoadMonitor, relative_range, spread, verdict, warning_text
+from .timing import LoadMonitor, add_counts, compile_counters, compiled, compiled_between
+from .timing import relative_range, spread, verdict, warning_text
 
 PROFILES = {
     # context_prompt_chars: cpu ≈ 800 tokens (more makes every prefill seconds longer on 2 cores), gpu ≈ 380 tokens
@@ -128,7 +128,7 @@ class _BenchRun:
 
 def run_one(method: str, ctx: BenchContext, counter: _BenchRun) -> dict:
     """One timed call of ``method``: seconds, tokens, target forwards, statistics, and what torch compiled meanwhile
-    (``compiles``: :func:`~hf_specdraft.bench.compile_watch.compiled_between`, read outside the clock)."""
+    (``compiles``: :func:`~hf_specdraft.bench.timing.compiled_between`, read outside the clock)."""
     counter.count = 0
     before = compile_counters()
     sync = torch.cuda.synchronize if ctx.target.device.type == "cuda" else (lambda: None)
@@ -562,5 +562,5 @@ def noise_words(timing: dict) -> str:
 
 
 def compile_words(counts: dict[str, int]) -> str:
-    """Counts of :mod:`~hf_specdraft.bench.compile_watch` in words: ``3 unique_graphs, 1 recompiles``."""
+    """Counts of :func:`~hf_specdraft.bench.timing.compile_counters` in words: ``3 unique_graphs, 1 recompiles``."""
     return ", ".join(f"{value} {name}" for name, value in counts.items()) or "nothing"
