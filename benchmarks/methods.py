@@ -283,7 +283,6 @@ register_method(
         "casd-conditional",
         lambda ctx: _casd(ctx, threshold=0.1),
         tasks=("context",),
-        lossless=False,
         description=f"CASD, conditional verification p > max(0.1, p(eos)) (eq. 3), {CASD_MAX_NODES} draft nodes",
     )
 )
@@ -292,7 +291,6 @@ register_method(
         "casd-mixed",
         lambda ctx: _casd(ctx, threshold=0.1, top_k=5),
         tasks=("context",),
-        lossless=False,
         description=f"CASD, conditional + top-5 (eq. 4), {CASD_MAX_NODES} draft nodes",
     )
 )

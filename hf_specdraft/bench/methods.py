@@ -52,7 +52,6 @@ class Method:
     run: Callable[[BenchContext], tuple[torch.Tensor, SpeculativeStats | None]]
     tasks: tuple[str, ...] = ("completion", "context", "chat")
     requires: tuple[str, ...] = ()  # names in ctx.extras (or "draft") that must be present
-    lossless: bool = True  # greedy output must equal target-only greedy
     description: str = ""
     # extras (+ "draft") -> {drafter_calls name: model or None (free)}, for SWI
     cost_models: Callable[[dict], dict] | None = None
