@@ -24,7 +24,7 @@ def settle(cost, accept: float, steps: int = 80, max_tokens: int = 8) -> int:
         while accepted < gamma and draws.random() < accept:
             accepted += 1
         controller.observe(gamma, [accepted], 0.001 * gamma, cost(gamma + 1), gamma + 1)
-    return max(range(1, max_tokens + 1), key=controller.rate)
+    return max(range(1, max_tokens + 1), key=lambda g: controller.rates(0)[g - 1])
 
 
 def test_a_flat_cost_curve_and_high_acceptance_draft_long():
@@ -45,9 +45,9 @@ def test_the_rule_is_the_stated_ratio():
     controller.draft_per_token = 0.001
     # one width option: a chain drafter; the prior weighs nothing
     controller.tries, controller.hits = ([[1e6] * 4], [[0.5e6] * 4])
-    assert controller.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
-    assert controller.rate(3) == pytest.approx((1 + 0.5 + 0.25 + 0.125) / (3 * 0.001 + 0.03))
-    assert controller.verify_seconds(3) == pytest.approx(0.025)  # on the line through the measured lengths
+    assert controller.cost_curve()(3) == pytest.approx(0.025)  # on the line through the measured lengths
+    assert controller.rates(0)[1] == pytest.approx((1 + 0.5 + 0.25) / (2 * 0.001 + 0.025))
+    assert controller.rates(0)[2] == pytest.approx((1 + 0.5 + 0.25 + 0.125) / (3 * 0.001 + 0.03))
 
 
 def test_explicit_ints_are_honoured_exactly():
@@ -148,7 +148,7 @@ def test_tree_budget_drops_expansions_that_do_not_pay():
         nodes = controller.budget(gamma)
         assert nodes == (2 * gamma if wide else gamma)
         controller.observe(gamma, [accepted], 0.001 * gamma, 0.03 * (1 + 0.3 * nodes), nodes + 1)
-    best = max(((g, o) for o in (0, 1) for g in range(1, 7)), key=lambda c: controller.rate(*c))
+    best = max(((g, o) for o in (0, 1) for g in range(1, 7)), key=lambda c: controller.rates(c[1])[c[0] - 1])
     assert best[1] == 0  # the chain alone
     flat = DraftLengthController(6, widths=(1.0, 2.0))
     for _ in range(120):  # a flat curve (a GPU) and expansions worth 15 points: the wide tree wins
@@ -158,7 +158,7 @@ def test_tree_budget_drops_expansions_that_do_not_pay():
         while accepted < gamma and draws.random() < accept:
             accepted += 1
         flat.observe(gamma, [accepted], 0.0001 * gamma, 0.03, flat.budget(gamma) + 1)
-    assert max(((g, o) for o in (0, 1) for g in range(1, 7)), key=lambda c: flat.rate(*c))[1] == 1
+    assert max(((g, o) for o in (0, 1) for g in range(1, 7)), key=lambda c: flat.rates(c[1])[c[0] - 1])[1] == 1
 
 
 class AdaptiveOracle(OracleDrafter):
@@ -554,7 +554,7 @@ def test_a_tree_drafters_widths_are_weighed_by_what_their_stopped_steps_realized
         controller.option = 1
         controller._stop_on_confidence()
         # 2 chain tokens, 4 nodes
-        assert controller._draft_costs[2] == pytest.approx(2 * 0.001 + controller.verify_seconds(5))
+        assert controller._draft_costs[2] == pytest.approx(2 * 0.001 + controller.cost_curve()(5))
 
 
 def test_a_drafter_that_never_asks_is_given_gamma_again():
@@ -572,7 +572,7 @@ def test_a_width_timed_once_is_not_read_above_the_curve():
         for n in (2, 3):
             controller.observe(n - 1, [0], 0.001, 0.030 + 0.001 * n, n)
     controller.observe(4, [0], 0.001, 2.0, 5)  # a first 5-token forward that carried a one-time set-up
-    assert controller.verify_seconds(5) < 0.05 and controller.verify_seconds(8) < 0.05
+    assert controller.cost_curve()(5) < 0.05 and controller.cost_curve()(8) < 0.05
     controller.observe(4, [0], 0.001, 0.036, 5)  # timed again: the smaller of the two stands
     assert controller.verify[5] == pytest.approx(0.036)
 
@@ -740,7 +740,7 @@ def test_one_slow_forward_does_not_make_every_longer_draft_look_dear():
     the most."""
     controller = measured(DraftLengthController(8), lambda n: 0.030 + 0.002 * n)
     controller.verify[3] = 1.6
-    curve = [controller.verify_seconds(n) for n in range(1, 13)]
+    curve = [controller.cost_curve()(n) for n in range(1, 13)]
     # v(3) read at v(4)'s; v(6) as measured
     assert curve[2] == pytest.approx(0.038) and curve[5] == pytest.approx(0.042)
     assert curve == sorted(curve) and curve[11] >= curve[8]  # past the longest measured width: the line, never below it

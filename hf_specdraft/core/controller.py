@@ -88,7 +88,7 @@ class DraftLengthController:
         self.copy_hits = [[0.0] * self.max_copy_tokens for _ in COPY_MATCH_BINS]
         self._copy_bin = 0  # the match bin of the copy this step proposed
         self._declined = 0  # copies declined in a row (every EXPLORE_EVERY-th is taken, so a bin's rates stay measured)
-        self._reader = None  # (the cost curve it read, _verify_reader's function)
+        self._reader = None  # (the cost curve it read, cost_curve's function)
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
         # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
@@ -112,17 +112,10 @@ class DraftLengthController:
             rates.append(prior)
         return rates
 
-    def expected_tokens(self, gamma: int, option: int | None = None) -> float:
-        """E[new tokens of a step that drafts γ] = 1 + Σ_i Π_{j<=i} a_j (the target's own token always comes)."""
-        return _expected(self.acceptance(option)[:gamma])[-1]
-
-    def verify_seconds(self, n: int) -> float:
-        """v(n): measured, or read off a line through the measured lengths, never decreasing in ``n`` (noise only slows
-        a forward: one slow sample must not make every longer draft look dear for good)."""
-        return self._verify_reader()(n)
-
-    def _verify_reader(self):
-        """:meth:`verify_seconds` as a function of ``n``, fitted once and kept until a forward is timed."""
+    def cost_curve(self):
+        """v(n), the seconds of a verification forward over ``n`` tokens, as a function: measured, or read off a line
+        through the measured lengths, never decreasing in ``n`` (noise only slows a forward: one slow sample must not
+        make every longer draft look dear for good). Fitted once and kept until a forward is timed."""
         key = (tuple(self.verify.items()), tuple(self.verify_samples.items()))
         if self._reader is not None and self._reader[0] == key:
             return self._reader[1]
@@ -167,13 +160,11 @@ class DraftLengthController:
         floor = min(verify.values())
         return lambda n: max(mean_v + slope * (n - mean_n), floor)
 
-    def rate(self, gamma: int, option: int | None = None) -> float:
-        """Expected new tokens per second of a step that drafts γ (a tree of about ``width · γ`` nodes)."""
-        return self.rates(self.option if option is None else option, self._verify_reader())[gamma - 1]
-
-    def rates(self, option: int, verify) -> list[float]:
-        """:meth:`rate` of γ = 1 .. ``max_draft_tokens`` under one width option (``verify``: :meth:`_verify_reader`)."""
+    def rates(self, option: int, verify=None) -> list[float]:
+        """Expected new tokens per second of a step drafting γ = 1 .. ``max_draft_tokens`` under one width ``option`` (a
+        tree of about width · γ nodes); ``verify``: :meth:`cost_curve`'s function."""
         d, width, tokens = self.draft_per_token or 0.0, self.measured_width[option], _expected(self.acceptance(option))
+        verify = verify or self.cost_curve()
         return [tokens[g] / (g * d + verify(self.bucket(max(g, round(width * g)) + 1))) for g in range(1, len(tokens))]
 
     def _count(self, tries: list[list], hits: list[list], k: int, drafted: int, accepted: list[int]) -> None:
@@ -197,7 +188,7 @@ class DraftLengthController:
             return 0
         if len(self.verify) < 2:
             return min(top, COPY_START)
-        verify, b = self._verify_reader(), self._copy_bin
+        verify, b = self.cost_curve(), self._copy_bin
         tokens = _expected(self._rates(self.copy_hits[b], self.copy_tries[b], COPY_PRIOR)[:top])
         rates = [tokens[n] / verify(self.bucket(n + 1)) for n in range(1, len(tokens))]
         best = 1 + max(range(len(rates)), key=rates.__getitem__)
@@ -212,7 +203,7 @@ class DraftLengthController:
         o = self.option
         if self.confidence_stops and self.stop_seconds[o] > 0:
             return self.stop_tokens[o] / self.stop_seconds[o]
-        return max(self.rates(o, verify or self._verify_reader()))
+        return max(self.rates(o, verify))
 
     def accepted_given(self, confidence: float) -> float:
         """``â(c)``: the measured rate at which draft tokens of about probability ``c`` are accepted."""
@@ -259,7 +250,7 @@ class DraftLengthController:
                     self.option = self._other_width()
             gamma = self._stop_on_confidence()
         else:
-            verify = self._verify_reader()
+            verify = self.cost_curve()
             rates = [self.rates(o, verify) for o in range(len(self.widths))]
             gamma, self.option = max(
                 ((g, o) for o in range(len(self.widths)) for g in range(1, top + 1)),
@@ -276,7 +267,7 @@ class DraftLengthController:
 
     def _stop_on_confidence(self) -> int:
         """Arm :meth:`keep_drafting` (the step's costs ``j · d + v(1 + max(j, width · j))``); the longest draft."""
-        d, width, verify = self.draft_per_token or 0.0, self.widths[self.option], self._verify_reader()
+        d, width, verify = self.draft_per_token or 0.0, self.widths[self.option], self.cost_curve()
         self._draft_costs = [
             j * d + verify(self.bucket(max(j, round(width * j)) + 1)) for j in range(self.max_draft_tokens + 1)
         ]
