@@ -56,3 +56,43 @@ def check_copy_options(copy_from_context, max_copy_tokens, allow_none: bool = Fa
             f"(False: never copy){' or None' if allow_none else ''}, got {copy_from_context!r}"
         )
     check_int("max_copy_tokens", max_copy_tokens, allow_none=True, what="the longest copy from the context")
+
+
+def check_checkpoint(name: str, argument: str) -> None:
+    """Raise a ``ValueError`` naming ``argument`` unless ``name`` is a directory here or a Hub id that can be had:
+    offline or without network a Hub id must be in the local cache (transformers would retry for tens of seconds)."""
+    import socket
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(
+                f"{argument} {name!r} is a file; pass a checkpoint directory (with config.json) or a Hub id"
+            )
+        return
+    try:
+        validate_repo_id(name)  # refuses paths: a leading '/', '.' or '~', more than one '/', a backslash
+    except HFValidationError:
+        raise ValueError(
+            f"{argument} {name!r}: no such directory (and not a Hub repo id like 'namespace/name')"
+        ) from None
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return  # downloaded before: loads offline
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and HF_HUB_OFFLINE is set: "
+            "pass a local checkpoint directory, or unset HF_HUB_OFFLINE to download it"
+        )
+    try:
+        socket.getaddrinfo(host, 443)  # a name lookup only: no request is sent to the Hub
+    except OSError:
+        raise ValueError(
+            f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and the Hub ({host}) cannot "
+            "be reached from this machine: pass a local checkpoint directory"
+        ) from None
