@@ -10,7 +10,7 @@ from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
 from hf_specdraft import speculative_generate
 from hf_specdraft.cape.custom_generate.generate import generate as cape_generate
 from hf_specdraft.cascade import MaxGramCandidateGenerator
-from hf_specdraft.core.support import chains_only, check_target, sliding_window_layers
+from hf_specdraft.core.support import cache_layer_names, chains_only, check_target
 
 TINY = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=None, eos_token_id=None)
 # model type -> tiny config kwargs; ALiBi (a 2-D mask only) and convolution hybrids (crop rolls them back)
@@ -118,6 +118,11 @@ def test_attention_targets_pass():
         model = tiny_model(arch)
         check_target(model)
         assert chains_only(model) is None
+
+
+def sliding_window_layers(model) -> int:
+    """How many of ``model``'s layers transformers caches as sliding-window layers (0: none)."""
+    return cache_layer_names(model).count("DynamicSlidingWindowLayer")
 
 
 def test_sliding_window_is_asked_the_way_transformers_builds_the_cache():

@@ -80,11 +80,6 @@ def cache_layer_names(model: PreTrainedModel) -> list[str]:
     return [type(layer).__name__ for layer in DynamicCache(config=model.config).layers]
 
 
-def sliding_window_layers(model: PreTrainedModel) -> int:
-    """How many of ``model``'s layers transformers caches as sliding-window layers (0: none)."""
-    return sum(name == "DynamicSlidingWindowLayer" for name in cache_layer_names(model))
-
-
 def cache_window(cache: DynamicCache) -> int | None:
     """The smallest window of the cache's sliding-window (or chunked) layers; None without such layers."""
     windows = [layer.sliding_window for layer in cache.layers if type(layer).__name__ == "DynamicSlidingWindowLayer"]
@@ -160,22 +155,17 @@ class TargetSupport:
     cache_argument: str  # the keyword its forward takes its cache under
     chains: str | None  # why it verifies trees as chains (chains_only), or None
     convolution_only: bool  # its only non-attention layers are short convolutions
-    prefill_kwargs: dict  # what a prefill forward adds (no_logits_kwargs)
+    prefill_kwargs: dict  # what a prefill forward adds (logits_to_keep=1 where it takes it)
 
 
 def support_of(model: PreTrainedModel) -> TargetSupport:
     """What the loop reads of ``model``, without refusing it (a draft's static cache asks too)."""
-    return TargetSupport(
-        cache_argument(model) or "past_key_values", chains_only(model), convolution_only(model), no_logits_kwargs(model)
-    )
+    # logits_to_keep=1 where the forward takes it: a prefill needs the cache, not V logits per token
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    return TargetSupport(cache_argument(model) or "past_key_values", chains_only(model), convolution_only(model), keep)
 
 
 def target_support(model: PreTrainedModel) -> TargetSupport:
     """:func:`check_target`, then :func:`support_of`."""
     check_target(model)
     return support_of(model)
-
-
-def no_logits_kwargs(model: PreTrainedModel) -> dict:
-    """``logits_to_keep=1`` where the model's forward takes it: a prefill needs the cache, not V logits per token."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
