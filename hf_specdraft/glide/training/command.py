@@ -49,23 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--unrolled-steps", type=int, help="draft steps per position (default: 2 with --state-input)")
     parser.add_argument("--target-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     defaults = GlideTrainingArguments(output_dir=".")
-    for name, flag in (
-        ("max_steps", "--max-steps"),
-        ("seq_len", "--seq-len"),
-        ("per_device_batch_size", "--batch-size"),
-        ("gradient_accumulation_steps", "--grad-accum"),
-        ("warmup_steps", "--warmup-steps"),
-        ("seed", "--seed"),
-        ("logging_steps", "--logging-steps"),
-        ("save_steps", "--save-steps"),
-        ("eval_every", "--eval-every"),
-        ("learning_rate", "--lr"),
-        ("weight_decay", "--weight-decay"),
-        ("min_lr_ratio", "--min-lr-ratio"),
-        ("distillation_weight", "--distillation-weight"),
-        ("distillation_temperature", "--distillation-temperature"),
-    ):
-        parser.add_argument(flag, dest=name, type=type(getattr(defaults, name)), default=getattr(defaults, name))
+    short = {"per_device_batch_size": "batch-size", "gradient_accumulation_steps": "grad-accum", "learning_rate": "lr"}
+    for name in (
+        "max_steps seq_len per_device_batch_size gradient_accumulation_steps warmup_steps seed logging_steps "
+        "save_steps eval_every learning_rate weight_decay min_lr_ratio distillation_weight distillation_temperature"
+    ).split():
+        flag, default = "--" + short.get(name, name.replace("_", "-")), getattr(defaults, name)
+        parser.add_argument(flag, dest=name, type=type(default), default=default)
     parser.add_argument("--block-size", type=int, help="block-wise mask L (default: the config's, 5)")
     parser.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
     parser.add_argument(
