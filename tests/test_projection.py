@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from hf_specdraft import speculative_generate
-from hf_specdraft.core.projection import few_token_linears, few_token_projection
+from hf_specdraft.core.projection import few_token_linears
 
 from conftest import OracleDrafter, greedy_reference, tiny_model
 
@@ -18,10 +18,10 @@ def test_logits_match_linear(rows):
     hidden = torch.randn(1, rows, model.config.hidden_size)
     head = model.get_output_embeddings()
     expected = nn.functional.linear(hidden, head.weight)
-    with torch.no_grad(), few_token_projection(model, orientation="transposed") as applied:
+    with torch.no_grad(), few_token_linears(head, orientation="transposed") as applied:
         got = head(hidden)
     # laid out as linear's: models view and complex-view it
-    assert applied and got.shape == expected.shape and got.is_contiguous()
+    assert applied == 1 and got.shape == expected.shape and got.is_contiguous()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -52,7 +52,7 @@ def test_bias_and_restore_on_error():
     head = model.get_output_embeddings()
     head.bias = nn.Parameter(torch.randn(300))
     hidden = torch.randn(1, 4, model.config.hidden_size)
-    with pytest.raises(RuntimeError, match="boom"), torch.no_grad(), few_token_projection(model):
+    with pytest.raises(RuntimeError, match="boom"), torch.no_grad(), few_token_linears(head):
         torch.testing.assert_close(head(hidden), nn.functional.linear(hidden, head.weight, head.bias))
         raise RuntimeError("boom")
     assert "forward" not in vars(head)  # the class' own forward again
@@ -62,19 +62,15 @@ def test_not_applied_where_it_could_change_what_runs():
     model = tiny_model("llama")
     head = model.get_output_embeddings()
     head.forward = head.forward  # somebody else's wrapper (accelerate hooks, adapters) stays untouched
-    with few_token_projection(model) as applied:
-        assert not applied
-    del head.forward
-    model.lm_head = nn.Sequential(model.lm_head)
-    with few_token_projection(model) as applied:
+    with few_token_linears(head) as applied:
         assert not applied
 
 
 def test_keeps_linear_under_autograd():
     model = tiny_model("llama").train()
     hidden = torch.randn(1, 4, model.config.hidden_size, requires_grad=True)
-    with few_token_projection(model):
-        model.get_output_embeddings()(hidden).sum().backward()
+    with few_token_linears(model.lm_head):
+        model.lm_head(hidden).sum().backward()
     assert hidden.grad is not None and model.lm_head.weight.grad is not None
 
 
@@ -154,7 +150,7 @@ def test_one_row_runs_as_two(monkeypatch):
     head = model.get_output_embeddings()
     hidden = torch.randn(1, 1, model.config.hidden_size)
     columns, original = [], torch.matmul
-    with torch.no_grad(), few_token_projection(model, orientation="transposed"):
+    with torch.no_grad(), few_token_linears(head, orientation="transposed"):
         monkeypatch.setattr(torch, "matmul", lambda a, b: columns.append(b.shape[-1]) or original(a, b))
         got = head(hidden)
         monkeypatch.setattr(torch, "matmul", original)

@@ -1,6 +1,6 @@
-"""What a verification forward costs: the default target over 1 + N tokens on its cache, with the model's own
-own linear layers, with :func:`hf_specdraft.core.projection.few_token_projection` (the output projection as ``W @ h.T``)
-and with :func:`hf_specdraft.core.projection.few_token_linears` (every linear layer so), and with ``few_token_linears``
+"""What a verification forward costs: the default target over 1 + N tokens on its cache, with the model's
+own linear layers, with :func:`hf_specdraft.core.projection.few_token_linears` over the output projection alone (as
+``W @ h.T``: the setting ``few_token_projection``) and over every linear layer, and with ``few_token_linears``
 calibrated (``orientation="auto"``, what the loop uses: each few-row linear takes whichever orientation was faster on
 this CPU), against a one-token forward.
 
@@ -25,7 +25,7 @@ from transformers import DynamicCache
 
 from hf_specdraft.core.support import with_cache
 from benchmarks.studies import save_run
-from hf_specdraft.core.projection import few_token_linears, few_token_projection
+from hf_specdraft.core.projection import few_token_linears
 
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
@@ -38,7 +38,7 @@ def time_forwards(model, prefix: int = 96, lengths=LENGTHS, repeats: int = 15, s
     # what the loop uses: calibrated per machine
     settings = {
         "model's own": contextlib.nullcontext,
-        "few_token_projection": lambda: few_token_projection(model, "transposed"),
+        "few_token_projection": lambda: few_token_linears(model.get_output_embeddings(), "transposed"),
         "few_token_linears": lambda: few_token_linears(model, "transposed"),
         "few_token_linears (auto)": lambda: few_token_linears(model),
     }

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -137,10 +137,22 @@ def _swappable(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def _transposed(modules: Iterable[nn.Module], orientation: str = "auto") -> Iterator[int]:
+def few_token_linears(model: nn.Module, orientation: str = "auto") -> Iterator[int]:
+    """Compute the plain CPU fp32 ``nn.Linear`` layers of ``model`` as ``W @ h.T`` inside the block (a one-row input as
+    two rows), where that is faster on this machine: for a few-token verification and, on CPUs whose one-row product
+    runs on one core, for plain decoding too (``with few_token_linears(model): model.generate(...)``).
+
+    Args:
+        model: a model, or any module of it (``model.get_output_embeddings()``: the output projection alone).
+        orientation: ``"auto"`` (default): per weight shape and row count, whichever orientation
+            :func:`transposed_is_faster` measured faster (the model's own ``linear`` unless ``W @ h.T`` wins by 10 %);
+            ``"transposed"``: always ``W @ h.T`` up to any row count; ``"linear"``: nothing changes.
+
+    Yields how many modules it wrapped (0 on GPU and with ``"linear"``); restores their own forward on exit.
+    """
     if orientation not in ORIENTATIONS:
         raise ValueError(f"orientation must be one of {ORIENTATIONS}, got {orientation!r}")
-    swapped = [m for m in modules if _swappable(m)] if orientation != "linear" else []
+    swapped = [m for m in model.modules() if _swappable(m)] if orientation != "linear" else []
     for module in swapped:
         module.forward = _transposed_linear(module, module.forward, orientation)
     try:
@@ -148,27 +160,3 @@ def _transposed(modules: Iterable[nn.Module], orientation: str = "auto") -> Iter
     finally:
         for module in swapped:
             del module.forward
-
-
-def few_token_linears(model: nn.Module, orientation: str = "auto") -> contextlib.AbstractContextManager[int]:
-    """Compute the plain CPU fp32 ``nn.Linear`` layers of ``model`` as ``W @ h.T`` inside the block (a one-row input as
-    two rows), where that is faster on this machine: for a few-token verification and, on CPUs whose one-row product
-    runs on one core, for plain decoding too (``with few_token_linears(model): model.generate(...)``).
-
-    Args:
-        orientation: ``"auto"`` (default): per weight shape and row count, whichever orientation
-            :func:`transposed_is_faster` measured faster (the model's own ``linear`` unless ``W @ h.T`` wins by 10 %);
-            ``"transposed"``: always ``W @ h.T`` up to any row count; ``"linear"``: nothing changes.
-
-    Yields how many modules it wrapped (0 on GPU and with ``"linear"``); restores their own forward on exit.
-    """
-    return _transposed(model.modules(), orientation)
-
-
-@contextlib.contextmanager
-def few_token_projection(model: nn.Module, orientation: str = "auto") -> Iterator[bool]:
-    """The same for the output embedding alone (the verification-cost benchmark's comparison); yields whether it
-    applied."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    with _transposed([head] if head is not None else [], orientation) as swapped:
-        yield bool(swapped)
