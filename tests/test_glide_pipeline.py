@@ -314,11 +314,11 @@ def test_argument_classes_and_the_missing_library_are_explained(tmp_path, monkey
         GlideTrainingArguments(output_dir=str(tmp_path), report_to="nonsense")
     with pytest.raises(ValueError, match="turns"):
         RegenerationArguments(turns="first")
-    from hf_specdraft.glide.training.data import require_datasets
+    from hf_specdraft.glide.training.data import load_examples
 
     monkeypatch.setitem(__import__("sys").modules, "datasets", None)
     with pytest.raises(ImportError, match=r'pip install "hf-specdraft\[train\]"'):
-        require_datasets()
+        load_examples("org/name")
 
 
 def test_token_files_hold_out_their_tail_for_the_evaluation(target_dir, tmp_path):

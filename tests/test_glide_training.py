@@ -255,7 +255,7 @@ def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
     )
     ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
     assert bool((ids % 3 != 0).any())  # labels outside the draft's vocabulary
-    kv, logits = target_memory(target, ids, with_logits=True)
+    kv, logits, _ = target_memory(target, ids, with_logits=True)
     args = GlideTrainingArguments(output_dir="unused", distillation_weight=0.5, distillation_temperature=1.0)
     loss, parts = glide_loss(glide, GlideBatch(ids, kv, logits), 5, args)
     rows = VOCAB // 3 + 1
@@ -295,7 +295,7 @@ def test_top_k_loss_is_the_full_logits_loss_when_k_is_the_vocabulary(draft_token
     target = tiny_model("llama")
     glide = make_glide(target, draft_token_ids=draft_token_ids)
     ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
-    kv, logits = target_memory(target, ids, with_logits=True)
+    kv, logits, _ = target_memory(target, ids, with_logits=True)
     top = logits.softmax(-1).topk(VOCAB, dim=-1)
     args = GlideTrainingArguments(output_dir="unused", distillation_weight=0.7, distillation_temperature=temperature)
     whole, whole_parts = glide_loss(glide, GlideBatch(ids, kv, logits), 5, args)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from .objective import token_stream
 
@@ -18,21 +20,15 @@ TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 DATASET_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".arrow": "arrow"}
 
 
-def require_datasets():
-    """The ``datasets`` module, or an `ImportError` saying how to install it."""
+def load_examples(source: str, split: str = "train"):
+    """A ``datasets.Dataset`` from a ``.json`` / ``.jsonl`` / ``.parquet`` / ``.arrow`` file, a directory of such files
+    (one kind), a ``Dataset.save_to_disk`` directory, or a Hub dataset id (``"org/name"``, read at ``split``)."""
     try:
         import datasets
     except ImportError as error:
         raise ImportError(
             '--dataset needs the datasets library: pip install "hf-specdraft[train]" (or pip install datasets)'
         ) from error
-    return datasets
-
-
-def load_examples(source: str, split: str = "train"):
-    """A ``datasets.Dataset`` from a ``.json`` / ``.jsonl`` / ``.parquet`` / ``.arrow`` file, a directory of such files
-    (one kind), a ``Dataset.save_to_disk`` directory, or a Hub dataset id (``"org/name"``, read at ``split``)."""
-    datasets = require_datasets()
     path = Path(source).expanduser()
     if path.is_dir() and (path / "dataset_info.json").is_file() and (path / "state.json").is_file():
         loaded = datasets.load_from_disk(str(path))
@@ -139,8 +135,6 @@ def load_data(paths: list[str], tokenizer_path: str | None) -> torch.Tensor:
         files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES) if path.is_dir() else [path]
         for file in files:
             if file.suffix == ".safetensors":
-                from safetensors.torch import load_file
-
                 loaded = load_file(file)
                 tensors.append(loaded["input_ids"] if "input_ids" in loaded else next(iter(loaded.values())))
             elif file.suffix == ".pt":
@@ -148,8 +142,6 @@ def load_data(paths: list[str], tokenizer_path: str | None) -> torch.Tensor:
             else:
                 texts.append(file.read_text(encoding="utf-8", errors="replace"))
     if texts:
-        from transformers import AutoTokenizer
-
         if tokenizer_path is None:
             raise ValueError("--data has text files: pass --tokenizer (defaults to --target)")
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)

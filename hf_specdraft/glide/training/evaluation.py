@@ -137,21 +137,13 @@ def tokens_per_forward(
 
 @dataclass
 class HeldOutEvaluation:
-    """What :func:`~.trainer.train_glide` measures every ``eval_every`` steps, called as ``evaluate(target, glide)``.
+    """What :func:`~.trainer.train_glide` measures every ``eval_every`` steps, called as ``evaluate(target, glide)``."""
 
-    Args:
-        windows: `(N, T)` held-out token windows for the teacher-forced α.
-        prompts: held-out prompts (token ids) for τ; empty skips τ.
-        block_size: L of the block-wise mask (the training one).
-        max_new_tokens: tokens the loop generates per prompt for τ.
-        eos_token_id / pad_token_id: for the loop's ``generate`` arguments.
-    """
-
-    windows: torch.Tensor
-    prompts: list[list[int]]
-    block_size: int
-    max_new_tokens: int = 32
-    eos_token_id: int | None = None
+    windows: torch.Tensor  # (N, T) held-out token windows for the teacher-forced α
+    prompts: list[list[int]]  # held-out prompts (token ids) for τ; empty skips τ
+    block_size: int  # L of the block-wise mask (the training one)
+    max_new_tokens: int = 32  # tokens the loop generates per prompt for τ
+    eos_token_id: int | None = None  # for the loop's generate arguments
     pad_token_id: int | None = None
 
     def __call__(self, target, glide) -> dict[str, float]:

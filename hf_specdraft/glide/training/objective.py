@@ -20,24 +20,16 @@ from .unrolled import unrolled_passes
 @dataclass
 class GlideBatch:
     """One batch of windows and what the frozen target says about them: position t holds p for the token after
-    ``input_ids[:, t]``, whole (``target_logits``, on the fly) or as its top k (from a store).
+    ``input_ids[:, t]``, whole (``target_logits``, on the fly) or as its top k (from a store)."""
 
-    Args:
-        input_ids: `(B, T)` the windows.
-        target_past_key_values: per target layer ``(keys, values)`` `(B, kv_heads, T, head_dim)` (post-RoPE; ``(None,
-            None)`` for a layer no one reads), or `None` when nobody glimpses.
-        target_logits: `(B, T, V)` the target's next-token logits, or `None`.
-        topk_ids: `(B, T, k)` the target's k most likely next tokens, most likely first, or `None`.
-        topk_probs: `(B, T, k)` their probabilities under p, or `None`.
-        target_hidden: `(B, T, hidden_size)` the target's last hidden state (after its final norm), or `None`.
-    """
-
-    input_ids: torch.Tensor
+    input_ids: torch.Tensor  # (B, T) the windows
+    # per target layer (keys, values) (B, kv_heads, T, head_dim), post-RoPE ((None, None) for a layer no one reads);
+    # None when nobody glimpses
     target_past_key_values: Sequence | None = None
-    target_logits: torch.Tensor | None = None
-    topk_ids: torch.Tensor | None = None
-    topk_probs: torch.Tensor | None = None
-    target_hidden: torch.Tensor | None = None
+    target_logits: torch.Tensor | None = None  # (B, T, V) the target's next-token logits
+    topk_ids: torch.Tensor | None = None  # (B, T, k) the target's k most likely next tokens, most likely first
+    topk_probs: torch.Tensor | None = None  # (B, T, k) their probabilities under p
+    target_hidden: torch.Tensor | None = None  # (B, T, hidden_size) the target's last hidden state (after its norm)
 
 
 def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
@@ -75,9 +67,9 @@ def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits:
     """Run the frozen target over whole windows `(B, T)`.
 
     Returns:
-        `(kv, logits)`: ``kv[l]`` = ``(keys, values)`` `(B, kv_heads, T, head_dim)` of target layer l (post-RoPE, as
-        the cache holds them at inference), logits `(B, T, V)` or `None`; with ``with_hidden`` also the last hidden
-        state `(B, T, hidden_size)` (after the final norm).
+        `(kv, logits, hidden)`: ``kv[l]`` = ``(keys, values)`` `(B, kv_heads, T, head_dim)` of target layer l
+        (post-RoPE, as the cache holds them at inference), logits `(B, T, V)` and the last hidden state `(B, T,
+        hidden_size)` (after the final norm), each `None` unless asked for.
     """
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()  # sliding-window layers keep every position, as in assisted decoding
@@ -90,8 +82,7 @@ def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits:
         **extra,
     )
     kv = tuple((getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers)
-    logits = outputs.logits if with_logits else None
-    return (kv, logits, outputs.hidden_states[-1]) if with_hidden else (kv, logits)
+    return kv, outputs.logits if with_logits else None, outputs.hidden_states[-1] if with_hidden else None
 
 
 class WindowSource:
@@ -132,8 +123,8 @@ class TargetWindows(WindowSource):
         state = bool(glide.config.state_input)
         if not (with_kv or with_p or state):
             return GlideBatch(input_ids)
-        kv, logits, *hidden = target_memory(target, input_ids, with_p, with_hidden=state)
-        return GlideBatch(input_ids, kv if with_kv else None, logits, target_hidden=hidden[0] if state else None)
+        kv, logits, hidden = target_memory(target, input_ids, with_p, with_hidden=state)
+        return GlideBatch(input_ids, kv if with_kv else None, logits, target_hidden=hidden)
 
 
 def window_source(data, glide, seq_len: int) -> WindowSource:

@@ -25,27 +25,16 @@ from .data import Column, check_messages, render_chat, tokenize_texts
 
 @dataclass
 class RegenerationArguments:
-    """How the target writes the training responses (the sampling settings go into the model card).
+    """How the target writes the training responses (the sampling settings go into the model card)."""
 
-    Args:
-        max_new_tokens: longest reply the target writes per prompt.
-        batch_size: prompts per ``generate`` call (left-padded).
-        temperature: sampling temperature; 0 = greedy (the draft then learns the target's argmax).
-        top_p: nucleus sampling mass when sampling (1.0 = off).
-        prompt_tokens: plain text only: the prefix of each text the target continues.
-        batches_per_shard: batches per ``regenerated/shard-*.jsonl`` file (what a restart keeps).
-        turns: conversations only: ``"last"`` or ``"each"`` assistant turn (one example per turn).
-        seed: sampling seed (the batch from prompt i samples with ``seed + i``: a resumed run draws what an unbroken
-            one would).
-    """
-
-    max_new_tokens: int = 256
-    batch_size: int = 8
-    temperature: float = 0.0
-    top_p: float = 1.0
-    prompt_tokens: int = 32
-    batches_per_shard: int = 4
-    turns: str = "last"
+    max_new_tokens: int = 256  # longest reply the target writes per prompt
+    batch_size: int = 8  # prompts per generate call (left-padded)
+    temperature: float = 0.0  # 0 = greedy (the draft then learns the target's argmax)
+    top_p: float = 1.0  # nucleus sampling mass when sampling (1.0 = off)
+    prompt_tokens: int = 32  # plain text only: the prefix of each text the target continues
+    batches_per_shard: int = 4  # batches per regenerated/shard-*.jsonl file (what a restart keeps)
+    turns: str = "last"  # conversations only: "last" or "each" assistant turn (one example per turn)
+    # the batch from prompt i samples with seed + i: a resumed run draws what an unbroken one would
     seed: int = 0
 
     def __post_init__(self):

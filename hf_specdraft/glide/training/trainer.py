@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import LoggerType
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
@@ -28,69 +30,42 @@ from ...core.validation import check_int, is_int
 from ..model_card import check_license, save_glide_checkpoint
 from .objective import glide_loss, window_source
 
-# accelerate's LoggerType
-TRACKERS = ("aim", "tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
+TRACKERS = tuple(t.value for t in LoggerType if t != LoggerType.ALL)
 CHECKPOINT = "checkpoint-last"  # OUTPUT_DIR/checkpoint-last: the state a restarted run continues from
 
 
 @dataclass
 class GlideTrainingArguments:
-    """How to train GLIDE (defaults follow Appendix A where it says; batch sizes are per process).
+    """How to train GLIDE (defaults follow Appendix A where it says; batch sizes are per process)."""
 
-    Args:
-        output_dir: where the checkpoint (model card included), ``training_log.json`` and ``checkpoint-last/`` go.
-        max_steps: optimizer steps; windows are drawn at random from the data.
-        seq_len: tokens per training window.
-        per_device_batch_size: windows per process per micro-batch.
-        gradient_accumulation_steps: micro-batches per optimizer step (Appendix A: effective batch 64).
-        learning_rate: peak AdamW learning rate (Appendix A: 5e-4).
-        weight_decay: AdamW weight decay on matrices.
-        warmup_steps: linear warmup before the cosine decay.
-        min_lr_ratio: the cosine decays to ``min_lr_ratio * learning_rate``.
-        max_grad_norm: gradient clipping.
-        block_size: L of the block-wise mask (`None`: ``glide.config.block_size``, §4.1); a tuple cycles L by step.
-        distillation_weight: weight of KL(p || q) against cross-entropy (Appendix B); 0 = off, 1 = p alone.
-        distillation_temperature: temperature of both distributions in the KL term.
-        unrolled_steps: draft steps trained per position (:mod:`.unrolled`); `None`: 2 with ``state_input``, else 1.
-        mixed_precision: ``"auto"`` (bf16 on CUDA, none on CPU), ``"no"``, ``"bf16"`` or ``"fp16"``.
-        seed: data order and initialisation seed (each process offsets it by its rank).
-        logging_steps: log every this many steps.
-        save_steps: write ``checkpoint-last`` (what a killed run resumes from) every this many steps (0 = never).
-        resume: `None` continues from ``checkpoint-last`` when there is one, `True` requires one, `False` starts over.
-        eval_every: run the held-out evaluation every this many steps and at the end (0 = never).
-        report_to: ``"none"``, ``"all"`` (every installed tracker) or comma-separated names among ``TRACKERS``.
-        progress_bar: show tqdm on the main process.
-        dataset_name: what the data is, for the model card (a Hub dataset id or a description).
-        license: the weights' license for the model card, a Hub license id (e.g. ``"apache-2.0"``); `None` = none.
-        push_to_hub: upload the checkpoint and card to ``hub_model_id`` after training.
-        hub_model_id: ``"user/repo"`` to push to.
-    """
-
-    output_dir: str
-    max_steps: int = 1000
-    seq_len: int = 256
-    per_device_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 5e-4
-    weight_decay: float = 0.0
-    warmup_steps: int = 50
-    min_lr_ratio: float = 0.1
-    max_grad_norm: float = 1.0
+    output_dir: str  # the checkpoint (model card included), training_log.json and checkpoint-last/
+    max_steps: int = 1000  # optimizer steps; windows are drawn at random from the data
+    seq_len: int = 256  # tokens per training window
+    per_device_batch_size: int = 8  # windows per process per micro-batch
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step (Appendix A: effective batch 64)
+    learning_rate: float = 5e-4  # peak AdamW learning rate (Appendix A)
+    weight_decay: float = 0.0  # AdamW weight decay on matrices
+    warmup_steps: int = 50  # linear warmup before the cosine decay
+    min_lr_ratio: float = 0.1  # the cosine decays to min_lr_ratio * learning_rate
+    max_grad_norm: float = 1.0  # gradient clipping
+    # L of the block-wise mask (None: glide.config.block_size, §4.1); a tuple cycles L by step
     block_size: int | tuple[int, ...] | None = None
-    distillation_weight: float = 0.0
-    distillation_temperature: float = 1.0
-    unrolled_steps: int | None = None
-    mixed_precision: str = "auto"
-    seed: int = 0
+    distillation_weight: float = 0.0  # weight of KL(p || q) against cross-entropy (Appendix B); 0 = off, 1 = p alone
+    distillation_temperature: float = 1.0  # temperature of both distributions in the KL term
+    unrolled_steps: int | None = None  # draft steps trained per position (.unrolled); None: 2 with state_input, else 1
+    mixed_precision: str = "auto"  # "auto" (bf16 on CUDA, none on CPU), "no", "bf16" or "fp16"
+    seed: int = 0  # data order and initialisation seed (each process offsets it by its rank)
     logging_steps: int = 10
-    save_steps: int = 500  # a kill loses at most this many steps; each save writes GLIDE + AdamW's two moments
-    resume: bool | None = None
-    eval_every: int = 0
-    report_to: str = "none"
-    progress_bar: bool = True
-    dataset_name: str | None = None
-    license: str | None = None
-    push_to_hub: bool = False
+    # write checkpoint-last (what a killed run resumes from) every this many steps (0 = never): a kill loses at most
+    # this many steps; each save writes GLIDE and AdamW's two moments
+    save_steps: int = 500
+    resume: bool | None = None  # None: from checkpoint-last if there is one; True: one is required; False: start over
+    eval_every: int = 0  # run the held-out evaluation every this many steps and at the end (0 = never)
+    report_to: str = "none"  # "none", "all" (every installed tracker) or comma-separated names among TRACKERS
+    progress_bar: bool = True  # tqdm on the main process
+    dataset_name: str | None = None  # what the data is, for the model card (a Hub dataset id or a description)
+    license: str | None = None  # the weights' license for the model card, a Hub license id (e.g. "apache-2.0")
+    push_to_hub: bool = False  # upload the checkpoint and card to hub_model_id ("user/repo") after training
     hub_model_id: str | None = None
 
     def __post_init__(self):
@@ -121,8 +96,8 @@ class GlideTrainingArguments:
                 raise ValueError(f"{name} must {rule}, got {getattr(self, name)}")
         if isinstance(self.block_size, list):
             self.block_size = tuple(self.block_size)
-        sizes = (self.block_size,) if isinstance(self.block_size, int) else self.block_size
-        if sizes is not None and not (isinstance(sizes, tuple) and sizes and all(is_int(s) and s >= 1 for s in sizes)):
+        sizes = self.block_sizes(1)
+        if not (isinstance(sizes, tuple) and sizes and all(is_int(s) and s >= 1 for s in sizes)):
             raise ValueError(
                 f"block_size must be None, a positive int or a non-empty tuple of them, got {self.block_size!r}"
             )
@@ -216,8 +191,6 @@ def save_training_state(
 ) -> Path:
     """Write ``output_dir/checkpoint-last``: accelerate's state, each process's window sampler and
     ``trainer_state.json`` (``progress``). Written beside it, then swapped in whole: a kill mid-save keeps the last."""
-    from safetensors.torch import save_file
-
     final = Path(args.output_dir) / CHECKPOINT
     staging, previous = final.with_name(CHECKPOINT + ".partial"), final.with_name(CHECKPOINT + ".previous")
     accelerator.wait_for_everyone()
@@ -256,8 +229,6 @@ def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
 
 def load_training_state(accelerator: Accelerator, directory: Path, generator: torch.Generator) -> dict:
     """Restore what :func:`save_training_state` wrote into the prepared objects; return its progress."""
-    from safetensors.torch import load_file
-
     accelerator.load_state(str(directory))
     sampler = directory / f"sampler_{accelerator.process_index}.safetensors"
     if not sampler.is_file():
@@ -285,9 +256,8 @@ def _train_step(
             scheduler.step()
             optimizer.zero_grad()
         for name, value in {"loss": loss.detach(), **parts}.items():
-            totals[name] = (
-                totals.get(name, 0.0) + float(accelerator.gather(value[None]).mean()) / args.gradient_accumulation_steps
-            )
+            mean = float(accelerator.gather(value[None]).mean())
+            totals[name] = totals.get(name, 0.0) + mean / args.gradient_accumulation_steps
         tokens += batch.input_ids.numel() * accelerator.num_processes
     return totals, tokens
 
