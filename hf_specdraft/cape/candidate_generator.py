@@ -47,25 +47,30 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             )
         self.config = method_config(CapeConfig, config, options)
         self.drafter = drafter
-        self.num_draft_tokens = traits_of(drafter).num_draft_tokens  # γ where the loop's controller chooses none
+        self._declare_traits()
         if self.num_draft_tokens is not None:
             self.config.check_chain_length(self.num_draft_tokens)  # fail at construction, not at the first step
-        self.requires_model_outputs = drafter.requires_model_outputs
         self.scorer = self._beam_scorer() if self.config.mode == "beam" else None
         self.expansion_sizes: list[list[int]] = []
         self.confidences: list[list[float]] = []
         self.expansion_seconds: list[float] = []
         self._chain: DraftTree | None = None  # this step's chain before it was widened (drafted_confidences reads it)
 
-    @property
-    def adaptive_draft_length(self) -> bool:
-        """Whether the loop picks γ every step: when the wrapped chain drafter's ``num_draft_tokens`` is ``"auto"``."""
-        return bool(self.drafter.adaptive_draft_length)
-
-    @property
-    def adaptive_budget(self) -> bool:
-        """Whether the loop also picks the budget every step (``budget="auto"``, confidence or fixed mode)."""
-        return self.adaptive_draft_length and self.config.budget == AUTO and self.config.mode != "beam"
+    def _declare_traits(self) -> None:
+        """CAPE's :class:`~hf_specdraft.core.drafting.DrafterTraits` from the wrapped drafter's: read when built and
+        again once that drafter is prepared (it may declare what it asks of the target only then)."""
+        inner = traits_of(self.drafter)
+        self.num_draft_tokens = inner.num_draft_tokens  # γ where the loop's controller chooses none
+        self.adaptive_draft_length = inner.adaptive_draft_length
+        # the loop also picks the budget every step (budget="auto", confidence or fixed mode)
+        self.adaptive_budget = inner.adaptive_draft_length and self.config.budget == AUTO and self.config.mode != "beam"
+        # the loop may stop the chain on its confidence on steps whose "auto" budget is the chain only
+        self.stops_on_confidence = self.adaptive_budget and inner.stops_on_confidence
+        self.reads_target_cache = inner.reads_target_cache
+        self.requires_model_outputs = inner.requires_model_outputs
+        self.model_kwargs_overrides = dict(inner.model_kwargs_overrides)  # what it asks of the target's forward
+        anchor = self.drafter.controller_anchor
+        self.controller_anchor = type(self.drafter) if anchor is None else anchor
 
     def _step_config(self, length: int, request: DraftRequest) -> CapeConfig:
         """This step's config: an ``"auto"`` budget is the request's (scaled to a chain that stopped early at
@@ -75,11 +80,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         gamma = request.num_draft_tokens or self.num_draft_tokens
         budget = round(request.budget * length / gamma) if request.budget and isinstance(gamma, int) else 2 * length
         return replace(self.config, budget=max(length, budget))
-
-    @property
-    def stops_on_confidence(self) -> bool:
-        """Whether the loop may stop the chain on its confidence: on steps whose ``"auto"`` budget is the chain only."""
-        return self.adaptive_budget and self.drafter.stops_on_confidence
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
         """The draft's probability of each token of this step's chain before it was widened, as far as the chain of
@@ -110,23 +110,15 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
         self.drafter.prepare(target, generation_config)
+        self._declare_traits()
         if self.scorer is not None:
             self.scorer.reset()
             self.scorer.forward_calls = 0
         self.expansion_sizes, self.confidences, self.expansion_seconds = [], [], []
         self._chain = None
 
-    @property
-    def reads_target_cache(self) -> bool:
-        return self.drafter.reads_target_cache
-
     # its trees are the chain plus expansion leaves: the loop counts what the chain alone would accept
     widens_chain = True
-
-    @property
-    def controller_anchor(self):
-        anchor = self.drafter.controller_anchor
-        return type(self.drafter) if anchor is None else anchor
 
     @property
     def compiles_draft(self) -> bool:
@@ -137,11 +129,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         if self.compiles_draft:
             return self.drafter.compile_draft(generation_config, compile_config, target_cache)
         return None
-
-    @property
-    def model_kwargs_overrides(self) -> dict:
-        """What the wrapped drafter asks of the target's forward (:mod:`~hf_specdraft.core.target_state`)."""
-        return dict(self.drafter.model_kwargs_overrides)
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:

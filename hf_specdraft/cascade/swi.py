@@ -53,16 +53,15 @@ def _forward_seconds(model: PreTrainedModel, context: torch.Tensor, num_tokens: 
     context = context.to(model.device)
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     times = []
-    for i in range(repeats + 2):  # 2 warm-up runs
+    for _ in range(repeats + 2):
         kwargs = {**with_cache(model, DynamicCache(config=model.config)), "use_cache": True}
         model(input_ids=context[None, :-num_tokens], **kwargs)
         sync()
         start = time.perf_counter()
         model(input_ids=context[None, -num_tokens:], **kwargs, logits_to_keep=num_tokens)
         sync()
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[2:])  # after 2 warm-up runs
 
 
 def measure_cost_coefficients(
