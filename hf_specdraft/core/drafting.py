@@ -471,13 +471,7 @@ class DraftModelTreeScorer:
         ``target_cache`` (read-only) is for GLIDE's scorer."""
         ids = input_ids[0].to(self.draft_model.device)
         keep = resync_cache(self.cache, self.seen, ids)
-        logits = self._forward(
-            target_cache,
-            input_ids=ids[keep:][None],
-            **with_cache(self.draft_model, self.cache),
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[0, -1:]
+        logits = self._forward(target_cache, input_ids=ids[keep:][None], logits_to_keep=1).logits[0, -1:]
         self.target_cache = target_cache
         self.seen = ids
         return self.distribution(logits)
@@ -496,15 +490,13 @@ class DraftModelTreeScorer:
             input_ids=tokens.to(device)[None],
             position_ids=positions,
             attention_mask=self.windows.masks(mask, positions, keys, self.cache),
-            **with_cache(self.draft_model, self.cache),
-            use_cache=True,
         ).logits[0]
         return self.distribution(logits)
 
     def _forward(self, target_cache: DynamicCache | None, **inputs):
-        """One draft forward; GLIDE's scorer passes ``target_cache`` on."""
+        """One draft forward on the scorer's cache; GLIDE's scorer passes ``target_cache`` on."""
         self.forward_calls += 1
-        return self.draft_model(**inputs)
+        return self.draft_model(**inputs, **with_cache(self.draft_model, self.cache), use_cache=True)
 
     def finish(self) -> None:
         """Drop the tree nodes: the cache covers the prefix again."""

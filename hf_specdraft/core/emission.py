@@ -34,11 +34,9 @@ class TargetRows:
         # logits: (1+N, V) float32; the row's ids read only for processors
         self.logits, self.row, self.tree, self.do_sample = logits, row, tree, do_sample
         self.processor = row.processor if len(row.processor) else None
-        self._scores, self._probs, self._choice, self._prefixes = {}, {}, {}, {}
-        if choices is not None:  # greedy without processors: the argmax at every row, read with the step's one read
-            self._choice = dict(enumerate(choices))
-        elif self.processor is None and not self.do_sample:
-            self._choice = dict(enumerate(logits.argmax(-1).tolist()))
+        self._scores, self._probs, self._prefixes = {}, {}, {}
+        # greedy without processors: the argmax at every row, read with the step's one read (else chosen when asked)
+        self._choice = {} if choices is None else dict(enumerate(choices))
 
     def scores(self, row: int) -> torch.Tensor:
         if row not in self._scores:
@@ -80,10 +78,8 @@ class HostStops:
         self.max_length = min(
             [c.max_length for c in criteria if isinstance(c, MaxLengthCriteria)] + [generation_config.max_length]
         )
-        self.eos: set[int] = set()
-        for criterion in criteria:
-            if isinstance(criterion, EosTokenCriteria):  # read once, before any step
-                self.eos.update(torch.as_tensor(criterion.eos_token_id).reshape(-1).tolist())
+        eos = [c.eos_token_id for c in criteria if isinstance(c, EosTokenCriteria)]  # read once, before any step
+        self.eos: set[int] = {token for ids in eos for token in torch.as_tensor(ids).reshape(-1).tolist()}
         self.others = StoppingCriteriaList(
             [c for c in criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
         )
