@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from hf_specdraft import speculative_generate
 from hf_specdraft.cascade import (
@@ -18,9 +19,14 @@ from hf_specdraft.cascade import (
     max_gram_draft,
     save_bigram_table,
 )
-from hf_specdraft.cascade.bigram import bigram_table_metadata
 from hf_specdraft.defaults.bigram import main_build_bigram
 from conftest import VOCAB, greedy_reference, tiny_model
+
+
+def bigram_table_metadata(path) -> dict[str, str]:
+    """The string metadata save_bigram_table wrote into ``path``."""
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return dict(f.metadata() or {})
 
 
 def t(*ids):

@@ -86,9 +86,3 @@ def load_bigram_table(path: str | Path, device: str | torch.device = "cpu") -> t
             raise ValueError(f"{str(path)!r} holds no {TABLE_KEY!r} tensor; it was not written by save_bigram_table")
         table = f.get_tensor(TABLE_KEY)
     return check_bigram_table(table, argument=f"the table in {str(path)!r}").to(device)
-
-
-def bigram_table_metadata(path: str | Path) -> dict[str, str]:
-    """The string metadata :func:`save_bigram_table` wrote into ``path``."""
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        return dict(f.metadata() or {})

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..core.acceptance import check_lenience
 from ..core.drafting import draft_length
@@ -39,6 +39,3 @@ class CascadeConfig:
         check_int("max_gram_tokens", self.max_gram_tokens)
         if self.num_draft_tokens is not None:
             draft_length(self.num_draft_tokens)  # a positive int or "auto", named in the error
-
-    def to_dict(self) -> dict:
-        return asdict(self)

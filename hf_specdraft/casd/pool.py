@@ -97,9 +97,6 @@ class DraftPool:
         self._bytes = self.tokens.astype(self._dtype).tobytes()
         self._sorted = memoryview(self.suffix_array)  # indexes to plain ints, faster than numpy scalars
 
-    def __len__(self) -> int:
-        return self.tokens.size
-
     def _hit(self, suffix: np.ndarray) -> tuple[int, int] | None:
         """Suffix-array rows ``[lo, hi)`` of the occurrences of ``suffix``, or None when none has a token after it."""
         pattern, width = suffix.astype(self._dtype).tobytes(), self._dtype.itemsize
@@ -162,7 +159,7 @@ class DraftPool:
         ``-1`` past the pool's end."""
         if positions.size > max_matches:
             positions = positions[np.linspace(0, positions.size - 1, max_matches).round().astype(np.int64)]
-        starts = positions + match_length  # < len(self): match() only returns occurrences with a continuation
+        starts = positions + match_length  # < the pool's size: match() only returns occurrences with a continuation
         index = starts[:, None] + np.arange(max_draft_length)[None, :]
         rows = np.where(index < self.tokens.size, self.tokens[np.minimum(index, self.tokens.size - 1)], -1)
         if max_draft_length <= self.max_suffix_length:
