@@ -201,12 +201,17 @@ def _alpha(stats: list[dict]) -> float | None:
     return _ratio(sum(s["alpha"] * s["alpha_positions"] for s in judged), sum(s["alpha_positions"] for s in judged))
 
 
+def _grouped(records: list[dict], key: str, value) -> dict:
+    """``{record[key]: [value(record), ...]}`` in the records' order."""
+    groups: dict = {}
+    for r in records:
+        groups.setdefault(r[key], []).append(value(r))
+    return groups
+
+
 def _median_seconds(records: list[dict]) -> dict[int, float]:
     """Median wall time per prompt over its timed repeats."""
-    by_prompt: dict[int, list[float]] = {}
-    for r in records:
-        by_prompt.setdefault(r["prompt"], []).append(r["seconds"])
-    return {p: statistics.median(v) for p, v in by_prompt.items()}
+    return {p: statistics.median(v) for p, v in _grouped(records, "prompt", lambda r: r["seconds"]).items()}
 
 
 def _speedup(baseline: dict[int, float], medians: dict[int, float]) -> float:
@@ -218,10 +223,8 @@ def _speedup(baseline: dict[int, float], medians: dict[int, float]) -> float:
 def same_work_prompts(records: list[dict]) -> set[int]:
     """The prompts on which every repeat of a method did the same work (new tokens, target forwards, drafted tokens):
     an adaptive method may draft otherwise in another repeat, and its time then moves for a reason that is not noise."""
-    work: dict[int, set] = {}
-    for r in records:
-        work.setdefault(r["prompt"], set()).add((r["new_tokens"], r["target_calls"], r.get("drafted_tokens")))
-    return {prompt for prompt, done in work.items() if len(done) == 1}
+    work = _grouped(records, "prompt", lambda r: (r["new_tokens"], r["target_calls"], r.get("drafted_tokens")))
+    return {prompt for prompt, done in work.items() if len(set(done)) == 1}
 
 
 def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | None = None) -> list[float]:
@@ -351,11 +354,8 @@ def run_noise(summary: dict) -> float | None:
 
 def baseline_noise(records: list[dict]) -> float:
     """How far target-only's total time over the prompts moved between repeats: what this machine shows at rest."""
-    totals: dict[int, float] = {}
-    for record in records:
-        if record["method"] == "target-only":
-            totals[record["repeat"]] = totals.get(record["repeat"], 0.0) + record["seconds"]
-    return relative_range(list(totals.values()))
+    base = [r for r in records if r["method"] == "target-only"]
+    return relative_range([sum(times) for times in _grouped(base, "repeat", lambda r: r["seconds"]).values()])
 
 
 def check_methods(bundle: DefaultBundle, methods: tuple[str, ...], task: str, extras: dict) -> None:
