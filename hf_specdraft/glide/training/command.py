@@ -126,12 +126,8 @@ def _check_flags(parser, ns) -> None:
         parser.error("pass one of --eval-fraction and --eval-examples, not both")
     if ns.eval_fraction is not None and not 0 <= ns.eval_fraction < 1:
         parser.error(f"--eval-fraction must lie in [0, 1), got {ns.eval_fraction}")
-    for flag, value, least in (
-        ("--eval-examples", ns.eval_examples, 0),
-        ("--eval-windows", ns.eval_windows, 1),
-        ("--eval-prompts", ns.eval_prompts, 0),
-        ("--eval-new-tokens", ns.eval_new_tokens, 1),
-    ):
+    for flag, least in {"--eval-examples": 0, "--eval-windows": 1, "--eval-prompts": 0, "--eval-new-tokens": 1}.items():
+        value = getattr(ns, flag[2:].replace("-", "_"))
         if value is not None and value < least:
             parser.error(f"{flag} must be an int >= {least}, got {value}")
     if ns.eval_every and ns.eval_fraction is None and ns.eval_examples is None:
