@@ -107,34 +107,6 @@ def teacher_forced_alpha(
     }
 
 
-@torch.no_grad()
-def tokens_per_forward(
-    target,
-    glide,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    eos_token_id: int | None = None,
-    pad_token_id: int | None = None,
-) -> float:
-    """τ: tokens emitted per target forward by the loop with ``glide`` as the draft (greedy, default γ) over
-    ``prompts``, one at a time."""
-    device = next(target.parameters()).device
-    stats = []
-    for prompt in prompts:
-        out = speculative_generate(
-            target,
-            torch.tensor([prompt], device=device),
-            draft_model=glide,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            return_dict_in_generate=True,
-        )
-        stats.append(out.speculative_stats)
-    return round(SpeculativeStats.merge(stats).mean_accepted_length, 4)
-
-
 @dataclass
 class HeldOutEvaluation:
     """What :func:`~.trainer.train_glide` measures every ``eval_every`` steps, called as ``evaluate(target, glide)``."""
@@ -152,9 +124,26 @@ class HeldOutEvaluation:
         try:
             result = teacher_forced_alpha(target, glide, self.windows, self.block_size)
             if self.prompts:
-                result["tokens_per_forward"] = tokens_per_forward(
-                    target, glide, self.prompts, self.max_new_tokens, self.eos_token_id, self.pad_token_id
-                )
+                result["tokens_per_forward"] = self.tokens_per_forward(target, glide)
         finally:
             glide.train(was_training)
         return result
+
+    def tokens_per_forward(self, target, glide) -> float:
+        """τ: tokens emitted per target forward by the loop with ``glide`` as the draft (greedy, default γ) over the
+        prompts, one at a time."""
+        device = next(target.parameters()).device
+        stats = [
+            speculative_generate(
+                target,
+                torch.tensor([prompt], device=device),
+                draft_model=glide,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                eos_token_id=self.eos_token_id,
+                pad_token_id=self.pad_token_id,
+                return_dict_in_generate=True,
+            ).speculative_stats
+            for prompt in self.prompts
+        ]
+        return round(SpeculativeStats.merge(stats).mean_accepted_length, 4)

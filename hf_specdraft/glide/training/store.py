@@ -129,10 +129,8 @@ class StoreWindows(WindowSource):
         ids = self.store["input_ids"]
         if int(ids.max()) >= glide.config.vocab_size or int(ids.min()) < 0:
             raise ValueError(f"the store has token ids outside the target's vocabulary [0, {glide.config.vocab_size})")
-        missing = (
-            sorted(set(glide.config.target_layer_ids) - set(self.layer_ids)) if glide.config.cross_attention else []
-        )
-        if missing:
+        missing = sorted(set(glide.config.target_layer_ids) - set(self.layer_ids))
+        if missing and glide.config.cross_attention:
             raise ValueError(
                 f"GLIDE reads target layers {missing} but the store holds the keys and values of {self.layer_ids} "
                 "only: write a store with those layers (write_store's layer_ids)"

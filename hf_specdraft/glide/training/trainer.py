@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_with_min_lr_schedule_with_warmup
 
 from ...core.validation import check_int, is_int
-from ..model_card import check_license, save_glide_checkpoint
+from ..model_card import check_license, push_checkpoint, save_glide_checkpoint
 from .objective import glide_loss, window_source
 
 TRACKERS = tuple(t.value for t in LoggerType if t != LoggerType.ALL)
@@ -71,29 +71,20 @@ class GlideTrainingArguments:
     def __post_init__(self):
         if not self.output_dir:
             raise ValueError("output_dir must be a non-empty path")
-        for name, least, why in (
-            ("max_steps", 1, ""),
-            ("per_device_batch_size", 1, ""),
-            ("logging_steps", 1, ""),
-            ("gradient_accumulation_steps", 1, ""),
-            ("save_steps", 0, "0 = never"),
-            ("eval_every", 0, "0 = never"),
-            ("seed", 0, ""),
-            ("seq_len", 2, "a token and its successor"),
+        for name in ("max_steps", "per_device_batch_size", "logging_steps", "gradient_accumulation_steps"):
+            check_int(name, getattr(self, name))
+        check_int("save_steps", self.save_steps, 0, what="0 = never")
+        check_int("eval_every", self.eval_every, 0, what="0 = never")
+        check_int("seed", self.seed, 0)
+        check_int("seq_len", self.seq_len, 2, what="a token and its successor")
+        for rule, names, valid in (
+            ("be > 0", "learning_rate max_grad_norm distillation_temperature", lambda v: v > 0),
+            ("be >= 0", "warmup_steps weight_decay", lambda v: v >= 0),
+            ("lie in [0, 1]", "min_lr_ratio distillation_weight", lambda v: 0 <= v <= 1),
         ):
-            check_int(name, getattr(self, name), least, what=why)
-        rules = {"be > 0": lambda v: v > 0, "be >= 0": lambda v: v >= 0, "lie in [0, 1]": lambda v: 0 <= v <= 1}
-        for name, rule in (
-            ("learning_rate", "be > 0"),
-            ("warmup_steps", "be >= 0"),
-            ("weight_decay", "be >= 0"),
-            ("max_grad_norm", "be > 0"),
-            ("min_lr_ratio", "lie in [0, 1]"),
-            ("distillation_weight", "lie in [0, 1]"),
-            ("distillation_temperature", "be > 0"),
-        ):
-            if not rules[rule](getattr(self, name)):
-                raise ValueError(f"{name} must {rule}, got {getattr(self, name)}")
+            for name in names.split():
+                if not valid(getattr(self, name)):
+                    raise ValueError(f"{name} must {rule}, got {getattr(self, name)}")
         if isinstance(self.block_size, list):
             self.block_size = tuple(self.block_size)
         sizes = self.block_sizes(1)
@@ -401,6 +392,4 @@ def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metr
     )
     (output_dir / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if args.push_to_hub:
-        from ..model_card import push_checkpoint
-
         push_checkpoint(output_dir, args.hub_model_id)
