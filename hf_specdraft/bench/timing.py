@@ -7,10 +7,8 @@ relative range of the speedups computed from each repeat alone, over the prompts
 exactly (an adaptive drafter may draft otherwise in a later repeat, a move that is not noise). Either past its
 threshold makes the run *unreliable*: the result says so and the command prints it.
 
-A timed run that compiled measured the compiler, not the method: :func:`compile_counters` reads the process' counters
-(:data:`COUNTERS`: dynamo's graphs, frames, recompiles told from its last 64 compilation metrics, graph breaks,
-inductor's cudagraph skips, and CUDA graphs recorded, seen by a compile callback); :func:`compiled_between` keeps what
-moved between two readings. Every name is read with a default, so a torch version that renames one reads 0 for it.
+A timed run that compiled timed the compiler: :func:`compile_counters` reads torch's counters (:data:`COUNTERS`), each
+with a default (a renamed one reads 0); :func:`compiled_between` keeps what moved between two readings.
 """
 
 from __future__ import annotations
@@ -133,6 +131,8 @@ def warning_text(timing: dict) -> str:
 
 # --- what torch compiled between two moments -------------------------------------------------------------------------
 
+# dynamo's graphs, frames, recompiles (told from its last 64 compilation metrics) and graph breaks, inductor's cudagraph
+# skips, and the CUDA graphs recorded (seen by a compile callback)
 COUNTERS = ("unique_graphs", "frames_compiled", "recompiles", "graph_breaks", "cudagraph_skips", "cudagraphs_recorded")
 _RECORDED = [0]  # CUDA graphs recorded since the callback was registered
 
