@@ -8,11 +8,11 @@ import array
 import torch
 
 
-def copy_to_device(buffer: torch.Tensor, host: torch.Tensor) -> None:
+def copy_to_device(buffer: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
     """``buffer.copy_(host)`` without a sync: on CUDA, staged in pinned memory and copied asynchronously."""
     if buffer.device.type == "cuda":
         host = host.pin_memory()
-    buffer.copy_(host, non_blocking=True)
+    return buffer.copy_(host, non_blocking=True)
 
 
 def on_device(tensor: torch.Tensor, device: torch.device | str) -> bool:
@@ -22,9 +22,8 @@ def on_device(tensor: torch.Tensor, device: torch.device | str) -> bool:
 
 
 def stage(buffers: dict | None, name: str, host, device: torch.device):
-    """Host inputs (a tensor, or a dict of them) on ``device`` without a sync (:func:`copy_to_device`): into a fixed
-    buffer per name and shape kept in ``buffers`` (a compiled graph's inputs keep their addresses, so CUDA graphs
-    replay on them without copying), or into fresh tensors when ``buffers`` is None (eager: shapes change)."""
+    """Host inputs (a tensor, or a dict of them) on ``device`` without a sync: into a buffer per name and shape kept in
+    ``buffers`` (CUDA graphs replay on fixed addresses), or into fresh tensors when ``buffers`` is None (eager)."""
     if isinstance(host, dict):
         return {kind: stage(buffers, f"{name}.{kind}", value, device) for kind, value in host.items()}
     if buffers is None and torch.device(device).type == "cpu":
@@ -36,8 +35,7 @@ def stage(buffers: dict | None, name: str, host, device: torch.device):
         if buffers is not None:
             torch._dynamo.mark_static_address(buffer)
             buffers[key] = buffer
-    copy_to_device(buffer, host)
-    return buffer
+    return copy_to_device(buffer, host)
 
 
 def host_tensor(values, shape: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -53,6 +51,4 @@ def to_device(values: list[int], device: torch.device) -> torch.Tensor:
     host = host_tensor(values)
     if torch.device(device).type == "cpu":
         return host
-    out = torch.empty(len(values), dtype=torch.long, device=device)
-    copy_to_device(out, host)
-    return out
+    return copy_to_device(torch.empty(len(values), dtype=torch.long, device=device), host)

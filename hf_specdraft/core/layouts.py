@@ -70,7 +70,7 @@ class CacheLayout:
         raise NotImplementedError
 
     def leave(self, rows: list[Row], active: list[Row]) -> None:
-        """Rows done before any step (their prompt already at ``max_length``) leave the cache."""
+        """Rows done before any step leave the cache (none are: ``generate`` refuses a prompt at ``max_length``)."""
 
     def batch_proposer(self, drafters: list) -> None:
         """Sets :attr:`together` where the layout and ``drafters`` allow."""
@@ -108,8 +108,7 @@ class CacheLayout:
         }
 
     def finish(self, stats) -> DynamicCache | None:
-        """After the last step: what of the layout goes into ``stats``, and the cache the call returns (``None``: a
-        batch's, which finished rows left, is not handed out)."""
+        """After the last step: what of the layout goes into ``stats``; the cache handed out (a batch's: none)."""
         return None
 
 
@@ -182,8 +181,7 @@ class SharedBatch(DynamicLayout):
 
     def verify(self, rows, trees, extra):
         self._columns = self.cache.get_seq_length()  # invariant: row a holds the last rows[a].cached of these columns
-        ids, mask, positions = batch_verify_inputs(rows, trees, self._columns, self.windows.dtype, rows[0].device)
-        return self._forward({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, extra)
+        return self._forward(batch_verify_inputs(rows, trees, self._columns, self.windows.dtype, rows[0].device), extra)
 
     def keep(self, rows, cached, kept, survivors):
         if not survivors:
@@ -196,15 +194,6 @@ class SharedBatch(DynamicLayout):
         self.costs["widest_repacked"] = max(self.costs["widest_repacked"], self.cache.get_seq_length())
         if self.together is not None and len(survivors) < len(rows):
             self.together.keep_rows(survivors)
-
-    def leave(self, rows: list[Row], active: list[Row]) -> None:
-        if len(active) < len(rows):
-            columns = self.cache.get_seq_length()
-            repack_cache(
-                self.cache,
-                [torch.arange(columns - row.cached, columns) for row in active],
-                torch.tensor([row.index for row in active], dtype=torch.long),
-            )
 
     def batch_proposer(self, drafters: list) -> None:
         self.together = drafters[0].batch_drafter(drafters)

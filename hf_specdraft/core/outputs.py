@@ -18,8 +18,7 @@ class SpeculativeGenerateOutput(ModelOutput):
     """``return_dict_in_generate=True`` result.
 
     Args:
-        sequences (`torch.LongTensor` of shape `(B, L)`): prompt + generated tokens (a batch's finished rows padded with
-            ``pad_token_id`` on the right).
+        sequences (`torch.LongTensor` of shape `(B, L)`): prompt + generated tokens (finished rows padded on the right).
         scores (`tuple(torch.FloatTensor)`, *optional*): processed target scores `(1, V)` per token (``output_scores``).
         logits (`tuple(torch.FloatTensor)`, *optional*): raw target logits `(1, V)` per token (``output_logits``).
         cache: the target cache, covering ``sequences[:, :-1]`` (``past_key_values`` on transformers 5.23, as
@@ -41,9 +40,8 @@ class SpeculativeGenerateOutput(ModelOutput):
 
 
 def assemble_result(rows: list[Row], generator, generation_config: GenerationConfig, layout, chosen: dict):
-    """The call's result: the sequences (finished rows padded on the right), or :class:`SpeculativeGenerateOutput`.
-    ``layout`` answers what differs between one row and a padded batch
-    (:class:`~hf_specdraft.core.layouts.CacheLayout`); ``chosen``: what the γ controller chose."""
+    """The call's result: the sequences, or :class:`SpeculativeGenerateOutput` (``layout`` answers what differs between
+    one row and a padded batch; ``chosen``: what the γ controller chose)."""
     for row in rows:
         row.out.stats.settle()
         row.out.stats.drafter_calls = dict(row.generator.forward_calls)  # transformers' own generators count none

@@ -1,9 +1,8 @@
 """Token trees: the data a drafter proposes, and the buffers that verify it in one target forward.
 
-A tree is *data*: ``tokens[i]`` and ``parents[i] < i``, ``-1`` for a child of the last accepted token (the "root",
-not part of the tree); a chain is ``parents = [-1, 0, 1, ...]``. Verification (SpecInfer, Miao et al. 2023; Medusa,
-Cai et al. 2024) runs ``[last token] + tokens`` through the target, each node at position ``prefix_len + depth``
-seeing the verified prefix and its own ancestors.
+A tree is *data*: ``tokens[i]`` and ``parents[i] < i`` (``-1``: a child of the last accepted token, the root). It is
+verified (SpecInfer, Miao et al. 2023; Medusa, Cai et al. 2024) in one forward over ``[last token] + tokens``, each
+node at position ``prefix_len + depth`` seeing the verified prefix and its own ancestors.
 
     >>> tree = DraftTree(tokens=torch.tensor([5, 6, 7]), parents=torch.tensor([-1, -1, 0]))
     >>> tree.depth.tolist()
@@ -15,14 +14,10 @@ seeing the verified prefix and its own ancestors.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import torch
 
 from .host import host_tensor, stage
-
-if TYPE_CHECKING:  # the drafters' module builds on this one
-    from .drafting import DrafterTraits, TreeCandidateGenerator
 
 
 class DraftTree:
@@ -97,9 +92,8 @@ class DraftTree:
         return max(self.depth_list) + 1 if self.parent_list else 0
 
     def select(self, index, parents) -> DraftTree:
-        """The nodes ``index`` (a list of ints, or `(M,)`) with their q rows and flags, under new ``parents``. A leading
-        range of nodes is sliced (no index reaches the device), and its tokens, once known, are a prefix of this tree's
-        (its :attr:`origin`, :meth:`learn_tokens`)."""
+        """The nodes ``index`` (ints, or `(M,)`) with their q rows and flags, under new ``parents``. A leading range is
+        sliced (no index reaches the device) and keeps this tree as its :attr:`origin` (:meth:`learn_tokens`)."""
         index = index.tolist() if isinstance(index, torch.Tensor) else list(index)
         leading = index == list(range(len(index)))
         pick = slice(0, len(index)) if leading else torch.tensor(index).to(self.tokens.device, non_blocking=True)
@@ -159,10 +153,9 @@ class DraftTree:
         return self.select(nodes, list(range(-1, len(nodes) - 1)))
 
     def merge_duplicates(self) -> DraftTree:
-        """The tree with duplicate siblings (same parent and token) merged into the first, which keeps its q row and
-        flag and adopts the others' children. Verification needs unique siblings: under sampling two copies would both
-        match the row's one target sample, and the deeper of their subtrees would bias the output. ``self`` when none
-        repeat."""
+        """Duplicate siblings (same parent and token) merged into the first, which keeps its q row and flag and adopts
+        the others' children (``self`` when none repeat): under sampling two copies would both match the row's one
+        target sample, and the deeper of their subtrees would bias the output."""
         if self.is_chain:
             return self
         keep, remap, parents, new_index = [], [], [], {}
@@ -185,18 +178,11 @@ class DraftTree:
         return self if len(keep) == len(self) else self.select(keep, [remap[self.parent_list[i]] for i in keep])
 
 
-def fit_proposal(
-    tree: DraftTree,
-    generator: TreeCandidateGenerator,
-    vocab: int,
-    room: int,
-    traits: DrafterTraits,
-    max_nodes: int | None = None,
-) -> DraftTree:
+def fit_proposal(tree: DraftTree, generator, vocab: int, room: int, traits, max_nodes: int | None = None) -> DraftTree:
     """A proposal with duplicate siblings merged, cut to ``room - 1`` levels (``room``: tokens left before max_length,
     one of them the target's own) and to its first ``max_nodes`` nodes (the static path's widest bucket). Its ids are
-    checked against the target's vocabulary here where they are on the host or the drafter may exceed it (a forward
-    would fail on them), else at the step's read-back (:func:`~hf_specdraft.core.loop.read_back`)."""
+    checked against the vocabulary here where they are on the host or ``traits`` (the drafter's ``DrafterTraits``) let
+    them exceed it (a forward would fail on them), else at the step's read-back (``loop.read_back``)."""
     tree = tree.merge_duplicates().truncate_depth(room - 1)
     if tree.token_list is not None:
         check_vocab(tree.token_list, vocab, generator)
@@ -207,8 +193,8 @@ def fit_proposal(
     return tree
 
 
-def check_vocab(tokens: list[int], vocab: int, generator: TreeCandidateGenerator) -> None:
-    """A ``ValueError`` naming the drafter when a proposed token id lies outside the target's vocabulary."""
+def check_vocab(tokens: list[int], vocab: int, generator) -> None:
+    """A ``ValueError`` naming the drafter (``generator.name``) when a proposed id lies outside the vocabulary."""
     if any(not 0 <= t < vocab for t in tokens):
         raise ValueError(f"{generator.name} proposed token ids outside the target's vocabulary [0, {vocab})")
 
@@ -234,13 +220,11 @@ def tree_mask(
     parents, prefix_length: int, dtype: torch.dtype, device: torch.device, queries: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The library's one tree mask (verification, a draft scoring a beam tree), built on the host and copied once
-    without a sync (device ops per node cost more than a forward): each of the ``N`` nodes (``parents``: a list or a
-    tensor, read once; ``-1``: the prefix) sees the ``prefix_length`` cached tokens and its ancestors-or-self.
-
-    Returns `(attention_mask, position_ids)`: an additive mask `(1, 1, queries, prefix_length + N)` in ``dtype`` (a bool
-    mask is silently wrong with eager attention) for the last ``queries`` nodes (default all; the others are cached),
-    and the positions ``prefix_length + depth`` of *all* nodes, `(1, N)` long.
-    """
+    without a sync (device ops per node cost more than a forward). Each of the ``N`` nodes (``parents``: a list or a
+    tensor, read once; ``-1``: the prefix) sees the ``prefix_length`` cached tokens and its ancestors-or-self. Returns
+    an additive mask `(1, 1, queries, prefix_length + N)` in ``dtype`` (a bool mask is silently wrong with eager
+    attention) for the last ``queries`` nodes (default all), and *all* nodes' positions ``prefix_length + depth``
+    `(1, N)` long."""
     ancestors, depth = tree_buffers(parents if isinstance(parents, list) else parents.tolist())
     n = len(depth)
     queries = n if queries is None else queries

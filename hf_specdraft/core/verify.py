@@ -1,10 +1,7 @@
-"""Verification inputs: what one target forward over every active row's ``[last token] + tree`` takes.
-
-Node ``i`` sits at position ``past + 1 + depth[i]`` and sees the verified prefix, the last accepted token and its own
-ancestors (SpecInfer, Miao et al. 2023; Medusa, Cai et al. 2024): :func:`~hf_specdraft.core.tree.tree_mask` of the tree
-rooted at the last token (``[-1] + [p + 1 for p in parents]``). One row that owns its cache keeps the model's causal
-mask for a chain (SDPA's fast path) and takes a tree mask windowed per layer type (:class:`LayerWindows`) for a tree;
-a padded batch sharing one right-aligned cache pads every row's tree to the widest (:func:`batch_verify_inputs`).
+"""Verification inputs: what one target forward over every active row's ``[last token] + tree`` takes, the mask being
+:func:`~hf_specdraft.core.tree.tree_mask` of the tree rooted at the last token (``[-1] + [p + 1 for p in parents]``).
+One row keeps the model's causal mask for a chain (SDPA's fast path) and takes a mask per layer type for a tree
+(:class:`LayerWindows`); a padded batch pads every row's tree to the widest (:func:`batch_verify_inputs`).
 """
 
 from __future__ import annotations
@@ -21,9 +18,8 @@ WINDOWED = ("sliding_attention", "chunked_attention")  # transformers' names for
 
 
 class LayerWindows:
-    """What a model's attention masks depend on, read once per call from its config (asking costs more than a step's
-    mask): the layer types, each windowed layer's window, whether the model takes one mask per layer type (a dict;
-    Mistral-style configs without ``layer_types`` take one tensor) and the masks' dtype."""
+    """What a model's attention masks depend on, read once per call (asking costs more than a step's mask): the layer
+    types, each windowed layer's window, whether it takes a mask per layer type (Mistral-style: one) and the dtype."""
 
     def __init__(self, model):
         config = model.config.get_text_config()
@@ -48,13 +44,11 @@ class LayerWindows:
         }
 
     def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, cache=None):
-        """The tree mask each attention layer takes (on ``cache``; ``None``: every column of ``mask`` is handed over).
-
-        ``mask`` `(B, 1, Q, K)` is over every cached key plus the queries, at ``query_positions`` `(B, Q)` and
-        ``key_positions`` `(K,)` or `(B, K)`. A windowed layer attends from position ``p`` only to keys ``> p - window``
-        (chunked, Llama 4: in ``p``'s chunk), each tree node at its own position; a sliding-window cache layer hands
-        the attention only its newest keys (``cache.get_mask_sizes``), among them every key a node may see. Returns
-        ``mask`` (no windowed layer), a dict ``{layer type: (B, 1, Q, K_type) mask}``, or one windowed mask."""
+        """The tree mask each attention layer takes: ``mask`` `(B, 1, Q, K)` covers every cached key plus the queries,
+        at ``query_positions`` `(B, Q)` and ``key_positions`` `(K,)` or `(B, K)`. A windowed layer attends from position
+        ``p`` only to keys ``> p - window`` (chunked, Llama 4: in ``p``'s chunk), each node at its own position; a
+        sliding-window layer of ``cache`` hands the attention only its newest keys (``None``: every column), every key a
+        node may see among them. Returns ``mask`` (no windowed layer), ``{layer type: (B, 1, Q, K_t) mask}`` or one."""
         if not self.windowed:
             return mask
         masks = {}
@@ -74,8 +68,8 @@ class LayerWindows:
 
 def batch_verify_inputs(
     rows: list[Row], trees: list[DraftTree], columns: int, dtype: torch.dtype, device: torch.device
-):
-    """`(input_ids, attention_mask, position_ids)` of one target forward over every row's ``[last token] + tree``:
+) -> dict:
+    """``input_ids``, ``attention_mask`` and ``position_ids`` of one forward over every row's ``[last token] + tree``:
     `(A, Q)` ids (``Q = 1 + max N_a``, padded slots hold token 0), an additive mask `(A, 1, Q, columns + Q)` (a padded
     slot sees only itself) and `(A, Q)` positions; row ``a`` occupies the last ``rows[a].cached`` of ``columns``."""
     width = 1 + max(len(t) for t in trees)
@@ -91,7 +85,7 @@ def batch_verify_inputs(
         positions[a, :q] = row_positions[0]
         positions[a, q:] = row.cached
         mask[a, 0, :q, columns - row.cached : columns + q] = row_mask[0, 0]  # the row's cached columns, then its tree
-    return ids, mask, positions
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
 
 
 def single_row_inputs(windows: LayerWindows, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> dict:
