@@ -109,6 +109,7 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         if max_gram is not None and not isinstance(max_gram, MaxGramCandidateGenerator):
             raise TypeError(f"max_gram must be a MaxGramCandidateGenerator, got {type(max_gram).__name__}")
         self.drafts = list(drafts)
+        self.controller_anchor = self.drafts[0]  # what the loop's controller state belongs to across calls
         k_matrix = default_k_matrix(len(drafts)) if self.config.k_matrix is None else self.config.k_matrix
         self.k_matrix = validate_k_matrix(k_matrix, len(drafts))
         self.lenience = self.config.lenience
@@ -124,11 +125,6 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
     def _reset(self) -> None:
         self.caches = [DynamicDraftCache(d) for d in self.drafts]
         self.seen = [torch.zeros(0, dtype=torch.long, device=d.device) for d in self.drafts]  # tokens each cache covers
-
-    @property
-    def controller_anchor(self):
-        """What the loop's controller state belongs to across calls: the first draft (the constructor refuses none)."""
-        return self.drafts[0]
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)

@@ -62,20 +62,12 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         super().__init__()
         self.config = method_config(CasdConfig, config, options)
         self.pool = DraftPool(tokenize_context(context, tokenizer), self.config.max_suffix_length)
-        self.num_draft_tokens = self.config.max_draft_length  # the tree's depth where the controller chooses none
+        # the tree's depth where the controller chooses none, and the deepest it considers
+        self.num_draft_tokens = self.max_draft_tokens = self.config.max_draft_length
+        # max_nodes="auto": the loop picks the tree's depth (as γ) and node budget every step
+        self.adaptive_draft_length = self.adaptive_budget = self.config.max_nodes == AUTO
         self.match_lengths: list[int] = []
         self.prompt_length: int | None = None  # set by the first propose() of a generate call
-
-    @property
-    def adaptive_draft_length(self) -> bool:
-        """``max_nodes="auto"``: the loop picks the tree's depth (as γ) and node budget every step."""
-        return self.config.max_nodes == AUTO
-
-    adaptive_budget = adaptive_draft_length
-
-    @property
-    def max_draft_tokens(self) -> int:
-        return self.config.max_draft_length
 
     def _step_config(self, request: DraftRequest) -> CasdConfig:
         """This step's retrieval options: for ``"auto"`` the depth (as γ) and node budget the request carries (the

@@ -114,19 +114,12 @@ def merge_trees(first: DraftTree, others, max_nodes: int) -> DraftTree:
     """``first``, topped up with the missing nodes of each tree of ``others`` in order while it has fewer than
     ``max_nodes`` (a node whose parent could not be added is skipped); ``first`` keeps its nodes and order."""
     tokens, parents = first.tokens.tolist(), first.parents.tolist()
-    index = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
     for tree in others:
-        mapped = []  # node of ``tree`` -> node of the merged tree, or None
-        for token, parent in zip(tree.tokens.tolist(), tree.parents.tolist()):
-            merged_parent = -1 if parent < 0 else mapped[parent]
-            node = None if merged_parent is None else index.get((merged_parent, token))
-            if node is None and merged_parent is not None and len(tokens) < max_nodes:
-                node = index[(merged_parent, token)] = len(tokens)
-                tokens.append(token)
-                parents.append(merged_parent)
-            mapped.append(node)
         if len(tokens) >= max_nodes:  # before the next tree is built
             break
+        parents += [p + len(tokens) if p >= 0 else -1 for p in tree.parents.tolist()]
+        merged = DraftTree(tokens + tree.tokens.tolist(), parents).merge_duplicates()  # first occurrences, in order
+        tokens, parents = merged.token_list[:max_nodes], merged.parent_list[:max_nodes]
     return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
 
 
