@@ -69,9 +69,6 @@ class CacheLayout:
         ``cached[a]``: the columns row ``a`` held before the step; only ``survivors`` (active indices) stay."""
         raise NotImplementedError
 
-    def leave(self, rows: list[Row], active: list[Row]) -> None:
-        """Rows done before any step leave the cache (none are: ``generate`` refuses a prompt at ``max_length``)."""
-
     def batch_proposer(self, drafters: list) -> None:
         """Sets :attr:`together` where the layout and ``drafters`` allow."""
 

@@ -174,24 +174,22 @@ def _speculative_loop(
             f"({chains}): leave cache_implementation unset for this model"
         )
     processors = [row_processors(logits_processor, r, batch) for r in range(batch)]
-    rows = call_rows(input_ids, lengths, row_drafters(generator, batch), processors, generation_config.max_length)
+    rows = call_rows(input_ids, lengths, row_drafters(generator, batch), processors)
     if chains:
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     # the static path holds its cache for the whole call (a concurrent static call on this model waits)
     with layout_for(model, generation_config, rows, support) as layout:
-        active = [row for row in rows if not row.done]
-        step = setup_call(model, layout, rows, active, stopping_criteria, generation_config, acceptance, streamer)
+        step = setup_call(model, layout, rows, stopping_criteria, generation_config, acceptance, streamer)
         if streamer is not None:
             streamer.put(input_ids.cpu())
         prefill = step.cache.prefill(input_ids, rows, step.request)
         for row in rows:
             row.out.stats.prefill_seconds = prefill / len(rows)
-        step.cache.leave(rows, active)
         # the static path compiles every bucket (and batch-1 drafts) here, outside the steps' costs
         step.cache.before_steps(rows, step.request, generation_config)
         # few-token linears are timed per rank: off under tensor parallelism, where every rank must decide alike
         with contextlib.nullcontext() if ranks is not None else step.cache.linears():
-            chosen = speculative_steps(step, active)
+            chosen = speculative_steps(step, list(rows))  # generate refuses a prompt at max_length: all take a step
         if streamer is not None:
             streamer.end()
         out = assemble_result(rows, generator, generation_config, step.cache, chosen)
@@ -222,7 +220,6 @@ def setup_call(
     model,
     layout: CacheLayout,
     rows: list[Row],
-    active: list[Row],
     stopping_criteria,
     generation_config: GenerationConfig,
     acceptance,
@@ -232,7 +229,7 @@ def setup_call(
     for row in rows:
         row.generator.prepare(model, generation_config)
         row.traits = traits_of(row.generator)
-    controller, key = call_controller(model, layout, active, generation_config)
+    controller, key = call_controller(model, layout, rows, generation_config)
     ranks = RankAgreement.of(model)  # tensor parallelism: every rank samples alike (checked before any forward)
     if ranks is not None and generation_config.do_sample:
         ranks.check_random_state(model.device)
@@ -258,25 +255,25 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
 
 
 def call_controller(
-    model, layout: CacheLayout, active: list[Row], generation_config: GenerationConfig
+    model, layout: CacheLayout, rows: list[Row], generation_config: GenerationConfig
 ) -> tuple[DraftLengthController | None, tuple | None]:
     """With ``num_draft_tokens="auto"`` drafters, the call's γ (and tree budget) controller, resumed from the last call,
     and the key its state is kept under; else ``None``s."""
-    if not active or not all(row.traits.adaptive_draft_length for row in active):
+    if not all(row.traits.adaptive_draft_length for row in rows):
         return None, None
-    widths = (1.0, 2.0) if all(row.traits.adaptive_budget for row in active) else (1.0,)
-    longest, bucket, layout_setting = layout.controller_limits(active[0].traits.max_draft_tokens, max(widths))
+    widths = (1.0, 2.0) if all(row.traits.adaptive_budget for row in rows) else (1.0,)
+    longest, bucket, layout_setting = layout.controller_limits(rows[0].traits.max_draft_tokens, max(widths))
     # a copy from the text costs no draft forward: up to twice the longest draft (the static path's buckets stop there)
     controller = DraftLengthController(
         longest, widths, bucket=bucket, max_copy_tokens=longest if bucket is not None else 2 * longest
     )
-    key = (len(active), layout_setting, bool(generation_config.do_sample), str(model.device), str(model.dtype))
-    controller.resumed = recall(controller, model, active[0].generator, key)
+    key = (len(rows), layout_setting, bool(generation_config.do_sample), str(model.device), str(model.dtype))
+    controller.resumed = recall(controller, model, rows[0].generator, key)
     ranks = RankAgreement.of(model)
     if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
         ranks.align(controller)
     # the chain stops on its draft's confidence (controller.keep_drafting, in each step's request)
-    controller.confidence_stops = layout.one_row and active[0].traits.stops_on_confidence
+    controller.confidence_stops = layout.one_row and rows[0].traits.stops_on_confidence
     return controller, key
 
 

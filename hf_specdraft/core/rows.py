@@ -95,12 +95,11 @@ class Row:
         return len(self.tokens) - 1 - self.pad
 
 
-def call_rows(input_ids: torch.LongTensor, lengths, drafters: list, processors: list, max_length: int) -> list[Row]:
+def call_rows(input_ids: torch.LongTensor, lengths, drafters: list, processors: list) -> list[Row]:
     """One :class:`Row` per prompt row of ``input_ids`` `(B, P)` (``lengths``: each row's unpadded length), its tokens
-    read to the host once: from here on the loop extends them there; a prompt at ``max_length`` is done already."""
+    read to the host once: from here on the loop extends them there."""
     host, padded = input_ids.tolist(), input_ids.shape[1]
-    done = padded >= max_length
     return [
-        Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), p, done, host[r])
+        Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), p, False, host[r])
         for r, (g, p) in enumerate(zip(drafters, processors))
     ]
