@@ -86,10 +86,8 @@ def teacher_forced_alpha(
     device = next(glide.parameters()).device
     with_kv = glimpse and glide.config.cross_attention
     alpha, agree, positions = torch.zeros((), device=device), torch.zeros((), device=device), 0
-    for start in range(0, len(source), batch_size):
-        batch = source.batch(
-            target, glide, torch.arange(start, min(start + batch_size, len(source))), device, with_kv, True
-        )
+    for rows in torch.arange(len(source)).split(batch_size):
+        batch = source.batch(target, glide, rows, device, with_kv, True)
         q = draft_probs(glide, batch, block_size, delay)[:, skip:]  # (B, T - skip, V)
         if batch.target_logits is not None:
             p = batch.target_logits.float().softmax(-1)[:, skip:]
