@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -93,7 +94,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
                 f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(self.drafter).__name__} has no "
                 "int num_draft_tokens"
             )
-        scorer = self.drafter.beam_scorer(self._distribution)  # a drafter with a tree forward (a draft model, GLIDE)
+        # a drafter with a tree forward (a draft model, GLIDE); q `(n, V)` warped as sampled (no warper reads input_ids)
+        scorer = self.drafter.beam_scorer(partial(self.draft_distribution, input_ids=None))
         if scorer is not None:
             return scorer
         raise ValueError(
@@ -101,11 +103,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             f"give {type(self.drafter).__name__} a beam_scorer(distribution) method (see "
             "hf_specdraft.core.drafting.DraftModelTreeScorer)"
         )
-
-    def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
-        """q `(n, V)` from draft logits `(n, V)`; the warpers used here ignore ``input_ids``."""
-        logits = logits.float()
-        return torch.softmax(self.warpers(None, logits) if self.warpers else logits, dim=-1)
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)

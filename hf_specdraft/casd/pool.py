@@ -55,14 +55,7 @@ def context_token_ids(context, argument: str = "context") -> np.ndarray:
 
 def _dense_rank(key: np.ndarray) -> np.ndarray:
     """1-based dense rank of each element of ``key`` `(n,)` (equal keys, equal ranks)."""
-    order = np.argsort(key)  # numpy's default (vectorized quicksort) is ~4x faster than a stable sort here
-    sorted_key = key[order]
-    starts = np.empty(key.size, dtype=bool)
-    starts[0] = True
-    np.not_equal(sorted_key[1:], sorted_key[:-1], out=starts[1:])
-    rank = np.empty(key.size, dtype=np.int64)
-    rank[order] = np.cumsum(starts)
-    return rank
+    return np.unique(key, return_inverse=True)[1] + 1
 
 
 def build_suffix_array(tokens: np.ndarray, depth: int = 16) -> np.ndarray:

@@ -11,14 +11,14 @@ from transformers import AutoModelForCausalLM
 
 try:  # written beside this file by write_custom_generate, from hf_specdraft's core and cape/expansion_sets.py
     from .cache import croppable_cache, resync_cache
-    from .drafting import TreeCandidateGenerator, output_vocab_size
+    from .drafting import TreeCandidateGenerator, check_same_vocab
     from .expansion_sets import expand
     from .support import with_cache
     from .tree import DraftTree
 except ImportError:  # the template inside the installed library
     from hf_specdraft.cape.expansion_sets import expand
     from hf_specdraft.core.cache import croppable_cache, resync_cache
-    from hf_specdraft.core.drafting import TreeCandidateGenerator, output_vocab_size
+    from hf_specdraft.core.drafting import TreeCandidateGenerator, check_same_vocab
     from hf_specdraft.core.support import with_cache
     from hf_specdraft.core.tree import DraftTree
 
@@ -105,11 +105,7 @@ class CapeTreeDrafter(TreeCandidateGenerator):
 def make_drafter(draft_model, target):
     """The drafter for ``draft_model``: its own ``cape_drafter(target)``, else :class:`CausalLMDrafter` (glimpsing when
     the draft cross-attends to the target, after checking it was built for ``target``)."""
-    if output_vocab_size(draft_model) != output_vocab_size(target):
-        raise ValueError(
-            f"the draft predicts {output_vocab_size(draft_model)} token ids but the target predicts "
-            f"{output_vocab_size(target)}; the draft must share the target's vocabulary"
-        )
+    check_same_vocab(target, draft_model, argument="the draft")
     if hasattr(draft_model, "cape_drafter"):
         return draft_model.cape_drafter(target)
     if hasattr(draft_model, "check_target"):  # GLIDE: a draft built for one kind of target
