@@ -13,11 +13,13 @@ The parsers use the standard library only and each command imports torch when it
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 DTYPE_NAMES = ("auto", "bf16", "fp16", "fp32")
 
@@ -46,11 +48,40 @@ def load_bundle(target: str | None, draft: str | None, device=None, dtype=None, 
     return DefaultBundle(model, draft_model, AutoTokenizer.from_pretrained(target), Path(target))
 
 
+def check_checkpoint(name: str, argument: str) -> None:
+    """Fail at once, naming ``argument``, unless ``name`` is a directory here or a Hub id that can be had: offline or
+    without network a Hub id must be in the local cache (transformers would retry for tens of seconds first)."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(
+                f"{argument} {name!r} is a file; pass a checkpoint directory (with config.json) or a Hub id"
+            )
+        return
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
+        raise ValueError(f"{argument} {name!r}: no such directory")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return  # downloaded before: loads offline
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and HF_HUB_OFFLINE is set: "
+            "pass a local checkpoint directory, or unset HF_HUB_OFFLINE to download it"
+        )
+    try:
+        socket.getaddrinfo(host, 443)  # a name lookup only: no request is sent to the Hub
+    except OSError:
+        raise ValueError(
+            f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and the Hub ({host}) cannot "
+            "be reached from this machine: pass a local checkpoint directory"
+        ) from None
+
+
 def _load_causal_lm(name: str, argument: str, like=None, dtype=None):
     import torch
     from transformers import AutoModelForCausalLM
-
-    from .core.validation import check_checkpoint
 
     check_checkpoint(name, argument)
     dtype = dtype or (like.dtype if like is not None else torch.float32)

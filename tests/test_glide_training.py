@@ -221,8 +221,8 @@ def test_accelerate_launch_two_processes(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--target", "/nonexistent/model"], "--target '/nonexistent/model': no such directory"),
-        (["--target", "{here}", "--glide", "./no/such/glide"], "--glide './no/such/glide': no such directory"),
+        (["--target", "/nonexistent/model"], "--target: '/nonexistent/model' is not a directory"),
+        (["--target", "{here}", "--glide", "./no/such/glide"], "--glide: './no/such/glide' is not a directory"),
         (["--target", "{here}", "--data", "/no/such/file.py"], "--data: '/no/such/file.py' does not exist"),
         (["--target", "{here}"], "--target: cannot load a causal LM from"),
     ],

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 from accelerate import PartialState
 
-from ...core.validation import check_checkpoint
 from .data import detect_column, heldout_split, load_data, load_examples, render_texts, tokenize_texts
 from .evaluation import HeldOutEvaluation, heldout_windows
 from .objective import token_stream
@@ -103,14 +102,28 @@ def _add_evaluation_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--eval-new-tokens", type=int, default=32, help="tokens generated per held-out prompt")
 
 
+def model_location_problem(value: str | None) -> str | None:
+    """Why ``value`` can be neither a local checkpoint directory nor a Hub repo id (``None`` when it may be one)."""
+    if value is None or Path(value).expanduser().is_dir():
+        return None
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    local = value.startswith((".", "/", "~")) or Path(value).expanduser().exists()
+    if not local:
+        try:
+            validate_repo_id(value)
+            return None
+        except HFValidationError:
+            pass
+    return f"{value!r} is not a directory (and not a Hub repo id like 'namespace/name')"
+
+
 def _check_flags(parser, ns) -> None:
     """One-line argparse errors for paths and evaluation settings (before any model is loaded)."""
     for flag, value in (("--target", ns.target), ("--glide", ns.glide), ("--tokenizer", ns.tokenizer)):
-        try:
-            if value is not None:
-                check_checkpoint(value, flag)
-        except ValueError as error:
-            parser.error(str(error))
+        problem = model_location_problem(value)
+        if problem:
+            parser.error(f"{flag}: {problem}")
     for path in ns.data or ():
         if not Path(path).exists():
             parser.error(f"--data: {path!r} does not exist")
