@@ -355,7 +355,7 @@ def test_buckets_and_caps():
     assert capped.tokens.tolist() == [0, 1, 2] and capped.parents.tolist() == [-1, 0, -1]
     controller = DraftLengthController(8, bucket=bucket_for)
     controller.verify = {2: 0.01, 4: 0.02, 8: 0.03}
-    assert controller.verify_seconds(controller.bucket(6)) == 0.03  # γ = 5 costs its bucket's forward
+    assert controller.cost_curve()(controller.bucket(6)) == 0.03  # γ = 5 costs its bucket's forward
 
 
 def test_the_cache_keeps_rows_apart():
