@@ -163,19 +163,11 @@ class StaticDraftCache(DraftCache):
         keys = torch.arange(length)
         visible = keys[None, None, :] <= columns[None, :, None]  # causal: the committed text and the feed up to itself
         device, buffers = self.model.device, cache.inputs if compiled else None
-        ids = stage(buffers, "input_ids", torch.zeros(1, width, dtype=torch.long), device)
-        ids[0, : tokens.shape[0]].copy_(tokens)  # the feed stays where it was drafted: nothing is read back
-        cache.set_write_columns([start], width, device)
-        more = extra(columns) if extra is not None else {}
-        inputs = {
-            "input_ids": ids,
-            "position_ids": stage(buffers, "position_ids", columns[None], device),
-            "attention_mask": stage(buffers, "attention_mask", cache.masks(visible, columns[None], keys), device),
-            **{
-                name: stage(buffers, name, value, device) if name.endswith("attention_mask") else value
-                for name, value in more.items()
-            },
-        }
+        ids, mask = torch.zeros(1, width, dtype=torch.long), cache.masks(visible, columns[None], keys)
+        inputs = cache.forward_inputs([start], ids, columns[None], mask, device, compiled)
+        inputs["input_ids"][0, : tokens.shape[0]].copy_(tokens)  # the feed stays where it was drafted: no read-back
+        for name, value in (extra(columns) if extra is not None else {}).items():
+            inputs[name] = stage(buffers, name, value, device) if name.endswith("attention_mask") else value
         if compiled:
             return self.static._forward(**inputs)[0]
         return self.model(**inputs, **with_cache(self.model, cache), use_cache=True, logits_to_keep=rows).logits

@@ -18,7 +18,7 @@ import functools
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .host import copy_to_device, host_tensor, on_device, to_device
+from .host import copy_to_device, host_tensor, on_device, stage, to_device
 from .tree import tree_buffers
 from .verify import LayerWindows
 
@@ -266,6 +266,15 @@ class StaticRowsCache(Cache):
             for layer in self.layers:
                 if layer.ring == ring:
                     layer.write_index = buffer
+
+    def forward_inputs(self, starts, ids, positions, mask, device, fixed: bool, scratch: bool = False) -> dict:
+        """The next forward writes at columns ``starts[b] ..`` (:meth:`set_write_columns`); its ``input_ids`` and
+        ``position_ids`` `(B, Q)` and ``attention_mask`` (:meth:`masks`), host tensors, staged on ``device``: into
+        :attr:`inputs`' fixed buffers when ``fixed`` (a compiled forward's), else fresh."""
+        self.set_write_columns(starts, ids.shape[1], device, scratch)
+        buffers = self.inputs if fixed else None
+        named = zip(("input_ids", "position_ids", "attention_mask"), (ids, positions, mask))
+        return {name: stage(buffers, name, value, device) for name, value in named}
 
     def set_visible(self, columns: int | None) -> None:
         """Eager forwards attend to the first ``columns`` columns only (no compiled graph needs the full buffer);

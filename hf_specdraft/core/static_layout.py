@@ -276,22 +276,11 @@ class StaticLayout(CacheLayout):
             inputs = cache.bucket_inputs(width, device)
         else:
             cache.set_visible(None)
-            cache.set_write_columns([length - width] * batch, width, device, scratch=True)
             own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
-            positions = torch.zeros(batch, width, dtype=torch.long)
-            masks = cache.masks(
-                own.expand(batch, width, length), positions, torch.zeros(batch, length, dtype=torch.long)
-            )
-            inputs = {
-                "input_ids": stage(cache.inputs, "input_ids", torch.zeros(batch, width, dtype=torch.long), device),
-                "position_ids": stage(cache.inputs, "position_ids", positions, device),
-                "attention_mask": stage(
-                    cache.inputs,
-                    "attention_mask",
-                    cache.scratch_masks(masks, width) if cache.has_rings else masks,
-                    device,
-                ),
-            }
+            zeros = torch.zeros(batch, width, dtype=torch.long)  # the dummies' ids and positions
+            masks = cache.masks(own.expand(batch, width, length), zeros, torch.zeros(batch, length, dtype=torch.long))
+            masks = cache.scratch_masks(masks, width) if cache.has_rings else masks
+            inputs = cache.forward_inputs([length - width] * batch, zeros, zeros, masks, device, True, scratch=True)
         if compiled:
             self._forward(extra, **inputs)
         else:
@@ -362,18 +351,13 @@ class StaticLayout(CacheLayout):
             if keys is not None:
                 keys[b] -= row.pad
                 keys[b, start : start + width] = host_tensor(positions[b])
-        device, buffers = rows[0].device, cache.inputs if fixed else None
-        cache.set_write_columns(starts, width, device)
-        ids = stage(buffers, "input_ids", host_tensor([t for row in ids for t in row], (batch, width)), device)
-        for b, tree in on_device:
-            ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
+        ids = host_tensor([t for row in ids for t in row], (batch, width))
         positions = host_tensor([p for row in positions for p in row], (batch, width))
         masks = mask if keys is None else cache.masks(mask, positions, keys, starts=host_tensor(starts))
-        return {
-            "input_ids": ids,
-            "position_ids": stage(buffers, "position_ids", positions, device),
-            "attention_mask": stage(buffers, "attention_mask", masks, device),
-        }
+        inputs = cache.forward_inputs(starts, ids, positions, masks, rows[0].device, fixed)
+        for b, tree in on_device:
+            inputs["input_ids"][b, 1 : 1 + len(tree)].copy_(tree.tokens)
+        return inputs
 
     def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
         """Each row's accepted path moved into place (its step began at column ``pad + cached[a]``)."""
