@@ -34,8 +34,7 @@ class RegenerationArguments:
     prompt_tokens: int = 32  # plain text only: the prefix of each text the target continues
     batches_per_shard: int = 4  # batches per regenerated/shard-*.jsonl file (what a restart keeps)
     turns: str = "last"  # conversations only: "last" or "each" assistant turn (one example per turn)
-    # the batch from prompt i samples with seed + i: a resumed run draws what an unbroken one would
-    seed: int = 0
+    seed: int = 0  # the batch from prompt i samples with seed + i: a resumed run draws what an unbroken one would
 
     def __post_init__(self):
         for name in ("max_new_tokens", "batch_size", "prompt_tokens", "batches_per_shard"):

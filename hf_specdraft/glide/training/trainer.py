@@ -156,8 +156,7 @@ def _setup(target, glide, args: GlideTrainingArguments):
     target.eval().requires_grad_(False)
     if getattr(target, "hf_device_map", None) is None:
         target.to(accelerator.device)
-    # a frozen part (e.g. the target's embedding rows) stays
-    trained = [p for p in glide.parameters() if p.requires_grad]
+    trained = [p for p in glide.parameters() if p.requires_grad]  # a frozen part (e.g. the target's embeddings) stays
     optimizer = torch.optim.AdamW(
         [
             {"params": [p for p in trained if p.ndim >= 2], "weight_decay": args.weight_decay},
@@ -206,8 +205,7 @@ def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
         return None
     if not found:
         raise ValueError(f"resume=True but {str(final)!r} holds no saved training state")
-    # None: saved before they were recorded
-    saved = json.loads((found[0] / "trainer_state.json").read_text()).get("arguments")
+    saved = json.loads((found[0] / "trainer_state.json").read_text()).get("arguments")  # None: an older save
     changed = sorted(k for k, v in args.trajectory().items() if saved is not None and saved.get(k) != v)
     if changed:
         raise ValueError(
