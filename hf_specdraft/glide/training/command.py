@@ -11,6 +11,7 @@ of the rest (``--regenerate``, :mod:`.regenerate`), trains (:func:`~.trainer.tra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -108,13 +109,10 @@ def model_location_problem(value: str | None) -> str | None:
         return None
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    local = value.startswith((".", "/", "~")) or Path(value).expanduser().exists()
-    if not local:
-        try:
+    with contextlib.suppress(HFValidationError):  # it refuses a path: a leading '.', '/' or '~', two '/', a backslash
+        if not Path(value).expanduser().exists():
             validate_repo_id(value)
             return None
-        except HFValidationError:
-            pass
     return f"{value!r} is not a directory (and not a Hub repo id like 'namespace/name')"
 
 
