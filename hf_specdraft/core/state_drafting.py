@@ -111,33 +111,42 @@ class StateReadingDrafter(TreeCandidateGenerator):
             )
         if not self.dflash:
             self.generator.num_assistant_tokens = request.num_draft_tokens or self.num_draft_tokens
-        ids, logits = state_candidates(self.generator, request, self.producers, request.target_state.model_kwargs())
-        tokens = ids[0, request.input_ids.shape[1] :]
-        self.count_call("draft", 0 if not len(tokens) else 1 if self.dflash else len(tokens))
         # q: what the tokens were drawn from. DFlash samples from softmax(logits) when sampling; the assistant always
         # takes its argmax, so under sampling it gives no q and the target samples each position itself (lossless)
-        probs = None
-        sampled_from_logits = self.dflash or not self.generation_config.do_sample
-        if logits is not None and logits.shape[1] >= tokens.numel() and sampled_from_logits:
-            probs = torch.softmax(logits[0, : tokens.numel()].float(), dim=-1)
-        return DraftTree.chain(tokens, probs)
+        gives_probs = self.dflash or not self.generation_config.do_sample
+        kwargs = request.target_state.model_kwargs()
+        tree = candidates_chain(self.generator, request, self.producers, kwargs, gives_probs)
+        self.count_call("draft", 0 if not len(tree) else 1 if self.dflash else len(tree))
+        return tree
 
 
-def state_candidates(generator: CandidateGenerator, request: DraftRequest, producers, model_kwargs: dict):
-    """``generator.get_candidates`` called as transformers' loop calls a state-reading generator (with the keys and
-    values of a Gemma 4 assistant's ``producers`` layers, read from the kept text's cache)."""
+def candidates_chain(
+    generator: CandidateGenerator, request: DraftRequest, producers, model_kwargs: dict | None, gives_probs: bool = True
+) -> DraftTree:
+    """``generator.get_candidates``' chain after the request's text `(1, L)`, called as transformers' loop calls it (a
+    state-reading generator with ``model_kwargs``, the target's state and the keys and values of a Gemma 4 assistant's
+    ``producers`` layers, read from the kept text's cache); with q where it gives logits for every token and
+    ``gives_probs``."""
     state = request.target_state
-    outputs = state.outputs
-    if outputs is not None and producers is not None:
-        kv = shared_kv(request.target_cache, producers)
-        outputs = TargetOutputs(hidden_states=outputs.hidden_states, shared_kv_states=kv)
-    return generator.get_candidates(
-        request.input_ids,
-        model_kwargs=model_kwargs,
-        model_outputs=outputs,
-        is_first_iteration=state.first,
-        n_last_matches=state.matched,
-    )
+    if state is None:
+        ids, logits = generator.get_candidates(request.input_ids)
+    else:
+        outputs = state.outputs
+        if outputs is not None and producers is not None:
+            kv = shared_kv(request.target_cache, producers)
+            outputs = TargetOutputs(hidden_states=outputs.hidden_states, shared_kv_states=kv)
+        ids, logits = generator.get_candidates(
+            request.input_ids,
+            model_kwargs=model_kwargs,
+            model_outputs=outputs,
+            is_first_iteration=state.first,
+            n_last_matches=state.matched,
+        )
+    tokens = ids[0, request.input_ids.shape[1] :]
+    probs = None
+    if gives_probs and logits is not None and logits.shape[1] == tokens.numel():
+        probs = torch.softmax(logits[0].float(), dim=-1)
+    return DraftTree.chain(tokens, probs)
 
 
 def transformers_protocol(generator: CandidateGenerator) -> tuple[bool, dict]:
@@ -169,17 +178,9 @@ class TransformersCandidateGenerator(TreeCandidateGenerator):
         self.producers = cache_producers(target) if self.model_kwargs_overrides.get(SHARED_KV) else None
 
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        input_ids, state = request.input_ids, request.target_state
-        if state is None:
-            ids, logits = self.generator.get_candidates(input_ids)
-        else:  # transformers' own state-reading generators (DFlash, MTP, Gemma 4's assistant)
-            kwargs = {**state.model_kwargs(), CACHE_FIELD: request.target_cache}
-            ids, logits = state_candidates(self.generator, request, self.producers, kwargs)
-        tokens = ids[0, input_ids.shape[1] :]
-        probs = None
-        if logits is not None and logits.shape[1] == tokens.numel():
-            probs = torch.softmax(logits[0].float(), dim=-1)
-        return DraftTree.chain(tokens, probs)
+        state = request.target_state  # transformers' own state-reading generators (DFlash, MTP, Gemma 4's assistant)
+        kwargs = None if state is None else {**state.model_kwargs(), CACHE_FIELD: request.target_cache}
+        return candidates_chain(self.generator, request, self.producers, kwargs)
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
         return self.generator.get_candidates(input_ids, **kwargs)
