@@ -4,15 +4,10 @@ The only module that touches transformers' generation internals: it runs as a ``
 (``target.generate(ids, custom_generate=speculative_generate, draft_model=draft)``), so ``generate`` prepares the
 config, processors and stopping criteria as for its own methods; a direct call goes through ``target.generate`` itself.
 
-Each step (:func:`speculative_step`) every active row (:class:`~hf_specdraft.core.rows.Row`) proposes a tree, one
-target forward verifies every row's ``[last token] + tree``, each row accepts a path by its own rule and emits it plus
-the target's next token, and the cache keeps each row's accepted path. Rows stop at different times and leave the batch.
-
-Invariant at the start of every step: each active row's text but its newest token sits in the target cache, in its last
-``row.cached`` columns (one unpadded row owns the cache; a padded batch shares it, right-aligned). Batch semantics
-follow transformers' batched ``generate``: each row's greedy output equals its batch-1 ``generate(do_sample=False)``.
-
-Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
+Invariant at the start of every step (:func:`speculative_step`): each active row's text but its newest token sits in the
+target cache, in its last ``row.cached`` columns (one unpadded row owns the cache; a padded batch shares it,
+right-aligned). Rows stop at different times and leave the batch; each row's greedy output equals its batch-1
+``generate(do_sample=False)``. Notation: p target distribution, q draft distribution (Leviathan et al. 2023).
 """
 
 from __future__ import annotations
@@ -179,7 +174,7 @@ def _speculative_loop(
         rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     # the static path holds its cache for the whole call (a concurrent static call on this model waits)
     with layout_for(model, generation_config, rows, support) as layout:
-        step = setup_call(model, layout, rows, stopping_criteria, generation_config, acceptance, streamer)
+        step = setup_call(model, layout, rows, stopping_criteria, generation_config, acceptance, streamer, ranks)
         if streamer is not None:
             streamer.put(input_ids.cpu())
         prefill = step.cache.prefill(input_ids, rows, step.request)
@@ -224,13 +219,13 @@ def setup_call(
     generation_config: GenerationConfig,
     acceptance,
     streamer,
+    ranks: RankAgreement | None,
 ) -> Step:
     """Bind every row's drafter to the call and gather the call into one :class:`Step`."""
     for row in rows:
         row.generator.prepare(model, generation_config)
         row.traits = traits_of(row.generator)
-    controller, key = call_controller(model, layout, rows, generation_config)
-    ranks = RankAgreement.of(model)  # tensor parallelism: every rank samples alike (checked before any forward)
+    controller, key = call_controller(model, layout, rows, generation_config, ranks)
     if ranks is not None and generation_config.do_sample:
         ranks.check_random_state(model.device)
     request = StateRequest(model, [row.generator for row in rows], [row.traits for row in rows])
@@ -243,7 +238,7 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
     """Speculative steps until every row is done. Returns, with a controller, ``draft_lengths`` (the γ it chose at every
     step) and ``controller_resumed`` (whether it resumed the last call's state)."""
     drafters = [row.generator for row in active]
-    if drafters and not any(row.traits.requires_model_outputs for row in active):  # a batch proposer hands no state on
+    if not any(row.traits.requires_model_outputs for row in active):  # a batch proposer hands no state on
         step.cache.batch_proposer(drafters)  # where the layout allows (a padded batch)
     while active:
         active = speculative_step(step, active)
@@ -255,7 +250,7 @@ def speculative_steps(step: Step, active: list[Row]) -> dict:
 
 
 def call_controller(
-    model, layout: CacheLayout, rows: list[Row], generation_config: GenerationConfig
+    model, layout: CacheLayout, rows: list[Row], generation_config: GenerationConfig, ranks: RankAgreement | None
 ) -> tuple[DraftLengthController | None, tuple | None]:
     """With ``num_draft_tokens="auto"`` drafters, the call's γ (and tree budget) controller, resumed from the last call,
     and the key its state is kept under; else ``None``s."""
@@ -269,7 +264,6 @@ def call_controller(
     )
     key = (len(rows), layout_setting, bool(generation_config.do_sample), str(model.device), str(model.dtype))
     controller.resumed = recall(controller, model, rows[0].generator, key)
-    ranks = RankAgreement.of(model)
     if ranks is not None:  # tensor parallelism: rank 0's state, the slowest rank's seconds, so every rank picks one γ
         ranks.align(controller)
     # the chain stops on its draft's confidence (controller.keep_drafting, in each step's request)
