@@ -38,7 +38,8 @@ def test_cape_drafter_returns_a_greedy_chain_with_q():
     assert tokens.shape == (4,) and q.shape == (4, VOCAB) and q.dtype == torch.float32
     torch.testing.assert_close(q.sum(-1), torch.ones(4))
     assert torch.equal(tokens, q.argmax(-1))
-    assert drafter.cache.get_seq_length() == drafter.seen.numel() == 9 + 3  # own cache: the text + fed draft tokens
+    own = drafter.generator  # its own cache: the text + the fed draft tokens
+    assert own.cache.get_seq_length() == own.seen.numel() == 9 + 3
 
 
 def test_cape_drafter_glimpses_the_target_cache():

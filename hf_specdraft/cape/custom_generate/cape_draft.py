@@ -10,24 +10,23 @@ import torch
 from transformers import AutoModelForCausalLM
 
 try:  # written beside this file by write_custom_generate, from hf_specdraft's core and cape/expansion_sets.py
-    from .cache import croppable_cache, resync_cache
+    from .drafting import DraftModelCandidateGenerator, DraftRequest, draft_chain
     from .drafting import TreeCandidateGenerator, check_same_vocab
     from .expansion_sets import expand
-    from .support import with_cache
     from .tree import DraftTree
 except ImportError:  # the template inside the installed library
     from hf_specdraft.cape.expansion_sets import expand
-    from hf_specdraft.core.cache import croppable_cache, resync_cache
+    from hf_specdraft.core.drafting import DraftModelCandidateGenerator, DraftRequest, draft_chain
     from hf_specdraft.core.drafting import TreeCandidateGenerator, check_same_vocab
-    from hf_specdraft.core.support import with_cache
     from hf_specdraft.core.tree import DraftTree
 
 _LOADED_DRAFTS = {}  # (checkpoint, device, dtype) -> draft model, so repeated generate calls load it once
 
 
 class CausalLMDrafter:
-    """Greedy chain drafting with a causal LM that keeps its own KV cache, re-synced to the accepted text by common
-    prefix. A draft that glimpses (GLIDE, §4.1) reads the target's live cache, which covers ``input_ids[:, :-1]``.
+    """Greedy chain drafting with a causal LM: the core's draft-model drafter, on its own KV cache re-synced to the
+    accepted text by common prefix. A draft that glimpses (GLIDE, §4.1) reads the target's live cache, which covers
+    ``input_ids[:, :-1]``.
 
     Args:
         draft_model: a causal LM sharing the target's vocabulary (a GLIDE checkpoint included).
@@ -35,10 +34,8 @@ class CausalLMDrafter:
     """
 
     def __init__(self, draft_model, glimpses=False):
-        self.draft_model = draft_model
+        self.generator = DraftModelCandidateGenerator(draft_model)  # greedy: never prepared, so no sampling warpers
         self.glimpses = glimpses
-        self.cache = croppable_cache(draft_model)  # sliding-window drafts too crop back past their window
-        self.seen = torch.zeros(0, dtype=torch.long)  # tokens the draft cache covers
 
     def _check(self, input_ids, target_cache, num_tokens):
         check_input_ids(input_ids)
@@ -62,20 +59,12 @@ class CausalLMDrafter:
         """Draft ``num_tokens`` (γ = k) greedy tokens after ``input_ids`` `(1, L)`, reading ``target_cache`` (covering
         ``input_ids[:, :-1]``) when the draft glimpses. Returns `(tokens, q)`: ids `(k,)` and float32 q `(k, V)`."""
         self._check(input_ids, target_cache, num_tokens)
-        glimpse = {"target_past_key_values": target_cache} if self.glimpses else {}
-        ids = input_ids[0].to(self.draft_model.device)
-        keep = resync_cache(self.cache, self.seen, ids)  # drop the rejected draft tokens
-        feed, tokens, probs = ids[keep:][None], [], []  # invariant after this: the cache covers ids, then each draft
-        for _ in range(num_tokens):
-            logits = self.draft_model(
-                input_ids=feed, **with_cache(self.draft_model, self.cache), use_cache=True, logits_to_keep=1, **glimpse
-            ).logits[0, -1]
-            q = torch.softmax(logits.float(), dim=-1)
-            feed = q.argmax()[None, None]
-            tokens.append(feed[0])
-            probs.append(q)
-        self.seen = torch.cat([ids, *tokens])[:-1]  # the last drafted token was never fed
-        return torch.cat(tokens), torch.stack(probs)
+        glimpse = {"target_past_key_values": target_cache} if self.glimpses else None
+        drafter, request = self.generator, DraftRequest(input_ids, num_draft_tokens=num_tokens)
+        chain = draft_chain(
+            drafter, request, lambda feed: drafter.cache.forward(feed, glimpse), drafter.draft_model.device
+        )
+        return chain.tokens, chain.draft_probs
 
 
 def check_input_ids(input_ids):
