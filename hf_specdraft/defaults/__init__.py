@@ -7,6 +7,6 @@ recipes that trained the drafters live beside the package, in the repository's `
     >>> bundle.target, bundle.draft, bundle.tokenizer, bundle.extras["glide"]  # doctest: +SKIP
 """
 
-from .loading import CHECKPOINT_DIR, SMOLLM2_DRAFTERS_DIR, DefaultBundle, load_default, load_smollm2_default
+from .loading import SMOLLM2_DRAFTERS_DIR, DefaultBundle, load_default, load_smollm2_default
 
-__all__ = ["CHECKPOINT_DIR", "SMOLLM2_DRAFTERS_DIR", "DefaultBundle", "load_default", "load_smollm2_default"]
+__all__ = ["SMOLLM2_DRAFTERS_DIR", "DefaultBundle", "load_default", "load_smollm2_default"]

@@ -14,8 +14,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from .smollm2 import device_and_dtype
 
-# the 15.7M from-scratch default of earlier versions (recipes/training.py)
-CHECKPOINT_DIR = Path(__file__).parent / "checkpoint"
 SMOLLM2_DRAFTERS_DIR = Path(__file__).parent / "checkpoint_smollm2"
 
 

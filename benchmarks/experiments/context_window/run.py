@@ -19,7 +19,8 @@ from transformers import LlamaForCausalLM
 
 from benchmarks import methods  # noqa: F401  (registers the casd-* rows run below)
 from hf_specdraft.bench import BenchConfig, format_table, run_bench
-from hf_specdraft.defaults.loading import CHECKPOINT_DIR, load_default
+import hf_specdraft.defaults
+from hf_specdraft.defaults.loading import load_default
 
 from recipes.evaluation import evaluate_perplexity, heldout_text_windows
 from recipes.recipe import TrainSchedule, get_recipe
@@ -33,13 +34,21 @@ def perplexities(model, windows: dict) -> dict:
     return {name: round(evaluate_perplexity(model, ids), 3) for name, ids in windows.items()}
 
 
+# the 15.7M from-scratch default of earlier versions (recipes/training.py), no longer shipped
+EARLIER_DEFAULT = Path(hf_specdraft.defaults.__file__).parent / "checkpoint"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output_dir", type=Path, help="where the copy of the default is extended (about 60 MB)")
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--seq-len", type=int, default=1024)
     args = parser.parse_args()
-    shutil.copytree(CHECKPOINT_DIR, args.output_dir, dirs_exist_ok=True)
+    if not EARLIER_DEFAULT.is_dir():
+        raise SystemExit(
+            f"this experiment extends the earlier from-scratch default, which no longer ships: {EARLIER_DEFAULT}"
+        )
+    shutil.copytree(EARLIER_DEFAULT, args.output_dir, dirs_exist_ok=True)
     recipe = dataclasses.replace(get_recipe("default"), seq_len=args.seq_len)
     data = prepare_data(recipe, args.output_dir)
     windows = {
