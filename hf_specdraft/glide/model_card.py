@@ -18,6 +18,7 @@ from huggingface_hub import ModelCard, ModelCardData
 CARD_INFO_KEYS = ("dataset", "metrics", "training_log", "repo_id", "license")
 # what a training run leaves in its output directory that is no part of the published model
 LOCAL_ONLY = ["checkpoint-last*/**", "regenerated/**", "runs/**"]
+TEMPLATE = Path(__file__).with_name("model_card_template.md")  # the card's text (Jinja2, rendered by huggingface_hub)
 
 
 def check_license(license) -> None:
@@ -80,129 +81,11 @@ def save_glide_checkpoint(
     return directory
 
 
-def _usage_lines(config, base_model: str | None, repo_id: str | None, custom_generate: bool) -> list[str]:
-    """The card's usage snippet: GLIDE+CAPE through ``custom_generate``, then GLIDE through ``assistant_model``."""
-    target, repo = base_model or "<target>", repo_id or "<this repo>"
-    lines = [
-        "## Usage",
-        "",
-        "```python",
-        "import torch",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        "",
-        "# float32: in bf16 a tree-verification forward and a one-token forward round differently, so greedy texts can "
-        "part",
-        f'target = AutoModelForCausalLM.from_pretrained("{target}", dtype=torch.float32)',
-        f'inputs = AutoTokenizer.from_pretrained("{target}")("The quick brown fox", return_tensors="pt")',
-    ]
-    if custom_generate:
-        lines += [
-            "",
-            "# GLIDE + CAPE (tree verification), with only transformers installed; greedy, batch size 1",
-            f'out = target.generate(**inputs, custom_generate="{repo}", trust_remote_code=True, max_new_tokens=128)',
-        ]
-    if getattr(config, "state_input", False):  # transformers' assisted decoding hands a draft model no state
-        lines += [
-            "",
-            "# GLIDE reads the target's last hidden state: hf_specdraft's loop hands it over (pip install "
-            "hf-specdraft)",
-            "from hf_specdraft import speculative_generate",
-            f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)',
-            "out = speculative_generate(target, inputs.input_ids, draft_model=glide, max_new_tokens=128)",
-            "```",
-            "",
-        ]
-        if not getattr(config, "self_attention", True):
-            lines += [
-                "In Gemma 4's assistant layout: `hf-specdraft export` writes it as a checkpoint vLLM serves (method "
-                "`mtp`).",
-                "",
-            ]
-        return lines
-    assisted = ["out = target.generate(**inputs, assistant_model=glide, max_new_tokens=128)"]
-    if config.cross_attention:
-        assisted = ["glide.attach(target)  # the draft reads the target's live KV cache", *assisted, "glide.detach()"]
-    lines += [
-        "",
-        "# GLIDE in transformers' own assisted decoding",
-        f'glide = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)',
-        *assisted,
-        "```",
-        "",
-    ]
-    if custom_generate:
-        lines += [
-            "`custom_generate/` options (keyword arguments of `generate`): `num_draft_tokens` (γ, default 5), "
-            "`verification_budget` (default 32), `expansion_schedule` (default ((.3, 7), (.6, 5), (.8, 3), (1., 1))). "
-            "In float32 its output equals the target's greedy decoding.",
-            "",
-        ]
-    return lines
-
-
 def training_stages(training_log: dict) -> list[dict]:
     """Every stage of a drafter's training, oldest first, the log's own run last (``earlier_stages``, or in older logs
     ``stage_1``)."""
     earlier = training_log.get("earlier_stages") or ([training_log["stage_1"]] if training_log.get("stage_1") else [])
     return [stage for stage in (*earlier, training_log) if stage and stage.get("steps")]
-
-
-def _training_lines(config, dataset: str | None, training_log: dict | None) -> list[str]:
-    lines = ["## Training", "", f"- data: {dataset or 'not recorded'}"]
-    if training_log and training_log.get("steps"):
-        last, args = training_log["steps"][-1], training_log.get("arguments", {})
-        for number, stage in enumerate(training_stages(training_log)[:-1], start=1):
-            head = stage["steps"][-1]
-            lines.append(
-                f"- stage {number}: {head['step']} steps, {head.get('tokens', '?')} tokens, final loss {head['loss']}, "
-                f"{stage.get('train_seconds')} s; then, from its weights:"
-            )
-        lines += [
-            f"- {last['step']} steps, {last['tokens']} tokens, final loss {last['loss']}, "
-            f"{training_log.get('train_seconds')} s on {training_log.get('processes', 1)} process(es); block-wise mask "
-            f"L = {args.get('block_size') or config.block_size}, lr {args.get('learning_rate')}, distillation weight "
-            f"{args.get('distillation_weight', 0.0)}"
-        ]
-    regen = (training_log or {}).get("regeneration")
-    if regen:
-        temperature = regen.get("temperature")
-        sampling = f"temperature {temperature}, top-p {regen.get('top_p')}" if temperature else "greedy (temperature 0)"
-        lines.append(
-            "- responses regenerated by the target (sequence-level self-distillation, Du et al. 2024, Appendix B): "
-            f"{sampling}, up to {regen.get('max_new_tokens')} new tokens, {regen.get('examples')} examples"
-            + {"last": ", the last assistant turn of each conversation", "each": ", every assistant turn"}.get(
-                regen.get("kind") == "messages" and regen.get("turns"), ""
-            )
-        )
-    return lines
-
-
-def _evaluation_lines(config, metrics: dict | None, training_log: dict | None) -> list[str]:
-    """The held-out evaluation the run measured (:mod:`.evaluation`), the vanilla twin's beside it, then ``metrics``."""
-    lines = []
-    evaluation = (training_log or {}).get("eval")
-    if evaluation:
-        block = (training_log.get("arguments") or {}).get("block_size") or config.block_size
-        lines += [
-            f"Held-out data at step {evaluation.get('step')} ({evaluation.get('eval_positions')} positions; α = mean "
-            f"Σ_x min(p, q), Leviathan et al. 2023, teacher-forced with the block-wise mask L = {block}):",
-            "",
-            f"- α: {evaluation.get('alpha')}",
-            f"- greedy agreement: {evaluation.get('greedy_agreement')}",
-        ]
-        if evaluation.get("tokens_per_forward") is not None:
-            loop = "hf_specdraft's loop, greedy, default γ"
-            lines.append(f"- tokens per target forward ({loop}): {evaluation['tokens_per_forward']}")
-    twin = (training_log or {}).get("vanilla_twin")
-    if twin and twin.get("eval"):
-        scores, per_forward = twin["eval"], twin["eval"].get("tokens_per_forward")
-        lines.append(
-            f"- vanilla twin (no cross-attention, data: {twin.get('dataset')}): α {scores.get('alpha')}, "
-            f"greedy agreement {scores.get('greedy_agreement')}"
-            + (f", tokens per target forward {per_forward}" if per_forward else "")
-        )
-    lines += [f"- {name.replace('_', ' ')}: {value}" for name, value in (metrics or {}).items()]
-    return lines or ["- not measured yet"]
 
 
 def push_checkpoint(output_dir, repo_id: str) -> str:
@@ -232,7 +115,8 @@ def write_model_card(
     custom_generate: bool = True,
     license: str | None = None,
 ) -> ModelCard:
-    """Generate ``output_dir/README.md``: metadata (base model, data, tags), usage, shape, training, results.
+    """Render ``output_dir/README.md`` from ``model_card_template.md``: metadata (base model, data, tags), usage,
+    shape, training, results.
 
     Args:
         config: the GLIDE config.
@@ -249,7 +133,6 @@ def write_model_card(
         ValueError: ``license`` is not a non-empty str.
     """
     check_license(license)
-    kind = "GLIDE" if config.cross_attention else "vanilla drafter (GLIDE without cross-attention)"
     tags = ["speculative-decoding", "glide", "draft-model", "hf-specdraft", "custom_code"] + (
         ["custom_generate", "cape"] if custom_generate else []
     )
@@ -261,45 +144,21 @@ def write_model_card(
         tags=tags,
         license=license,
     )
-    intro = "A draft model for speculative decoding (Du et al. 2024, *GLIDE with a CAPE*, §4.1): " + (
-        "each layer cross-attends to the target model's KV cache."
-        if config.cross_attention
-        else "no cross-attention; a baseline for GLIDE."
+    log = training_log or {}
+    card = ModelCard.from_template(
+        data,
+        template_path=str(TEMPLATE),
+        config=config,
+        base_model=base_model,
+        target=base_model or "<target>",
+        repo=repo_id or "<this repo>",
+        dataset=dataset,
+        log=log,
+        stages=training_stages(log)[:-1] if log.get("steps") else [],
+        metrics=metrics or {},
+        custom_generate=custom_generate,
+        state_input=getattr(config, "state_input", False),
+        self_attention=getattr(config, "self_attention", True),
     )
-    if getattr(config, "state_input", False):
-        intro += (
-            " It also reads the target's last hidden state: `[embedding ; state]` in at the first draft step, its own "
-            "projected state after (Gemma 4's assistant, EAGLE), trained over unrolled draft steps."
-        )
-    if custom_generate:
-        intro += (
-            " `custom_generate/` adds CAPE (§4.2): each drafted position is widened by the draft's confidence and "
-            "all candidates are verified as one tree."
-        )
-    lines = [
-        f"# {kind} draft model for `{base_model or config.target_model_type}`",
-        "",
-        intro,
-        "",
-        *_usage_lines(config, base_model, repo_id, custom_generate),
-        "## Architecture",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| layers / hidden size | {config.num_hidden_layers} / {config.hidden_size} |",
-        f"| target layers read | {config.target_layer_ids if config.cross_attention else '-'} |",
-        f"| target state in / own self-attention | {'yes' if getattr(config, 'state_input', False) else 'no'} / "
-        f"{'yes' if getattr(config, 'self_attention', True) else 'no (Gemma 4 assistant layout)'} |",
-        f"| target | {config.target_model_type}, {config.target_num_hidden_layers} layers, "
-        f"{config.target_num_attention_heads} heads ({config.target_num_key_value_heads} KV), head_dim "
-        f"{config.target_head_dim}, vocab {config.target_vocab_size} |",
-        "",
-        *_training_lines(config, dataset, training_log),
-        "",
-        "## Evaluation",
-        "",
-    ]
-    lines += _evaluation_lines(config, metrics, training_log)
-    card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
     card.save(str(Path(output_dir) / "README.md"))
     return card
