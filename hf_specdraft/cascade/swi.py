@@ -33,12 +33,8 @@ def _named(drafts: Sequence[PreTrainedModel] | Mapping[str, PreTrainedModel]) ->
 def parameter_cost_coefficients(
     target: PreTrainedModel, drafts: Sequence[PreTrainedModel] | Mapping[str, PreTrainedModel]
 ) -> dict[str, float]:
-    """The paper's heuristic ``c_i = params(M_di) / params(M_t)`` (§5.1), plus ``"max_gram": 0.0``.
-
-    Args:
-        target: the target model.
-        drafts: a list (named ``draft0``, ``draft1``, … as the cascade counts them) or a name -> model map.
-    """
+    """The paper's heuristic ``c_i = params(M_di) / params(M_t)`` (§5.1), plus ``"max_gram": 0.0``; ``drafts``: a list
+    (named ``draft0``, ``draft1``, … as the cascade counts them) or a name -> model map."""
 
     def count(model: torch.nn.Module) -> int:
         return sum(p.numel() for p in model.parameters())  # tied weights once: parameters() deduplicates

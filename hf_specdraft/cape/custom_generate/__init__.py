@@ -1,5 +1,2 @@
-"""The ``custom_generate/`` folder a checkpoint carries: greedy CAPE decoding with only torch and transformers.
-
-:func:`hf_specdraft.cape.write_custom_generate` copies these files, with the core modules they import, into
-``<checkpoint>/custom_generate/``; this ``__init__.py`` only makes the folder part of the installed package.
-"""
+"""The templates of the ``custom_generate/`` folder a checkpoint carries (greedy CAPE with only torch and
+transformers), which :func:`hf_specdraft.cape.write_custom_generate` copies with the core modules they import."""
