@@ -140,17 +140,6 @@ def belongs_to(key: str, model) -> bool:
     return key.startswith(f"{machine_id()} || target {identity(model)} ")
 
 
-def load_state(key: str) -> dict | None:
-    """The state saved under ``key``, or ``None``."""
-    entry = read_json(store_file()).get(key)
-    return entry.get("state") if isinstance(entry, dict) and isinstance(entry.get("state"), dict) else None
-
-
-def _when(entry) -> float:
-    saved = entry.get("saved") if isinstance(entry, dict) else None
-    return saved if isinstance(saved, (int, float)) else 0.0
-
-
 def save_state(key: str, state: dict, path: Path | None = None) -> None:
     """Save ``state`` (JSON-able) under ``key`` in ``path`` (default :func:`store_file`); a failed write is skipped."""
     path = store_file() if path is None else path
@@ -159,8 +148,10 @@ def save_state(key: str, state: dict, path: Path | None = None) -> None:
     try:
         data = read_json(path)
         data[key] = {"saved": time.time(), "state": state}
-        if len(data) > MAX_ENTRIES:
-            data = dict(sorted(data.items(), key=lambda item: _when(item[1]))[-MAX_ENTRIES:])
+        if len(data) > MAX_ENTRIES:  # the newest entries stay (an unreadable time counts as the oldest)
+            when = {k: v.get("saved") if isinstance(v, dict) else None for k, v in data.items()}
+            when = {k: t if isinstance(t, (int, float)) else 0.0 for k, t in when.items()}
+            data = dict(sorted(data.items(), key=lambda item: when[item[0]])[-MAX_ENTRIES:])
         write_json(path, data)
     except Exception:  # noqa: BLE001 - a cache
         pass
@@ -234,8 +225,10 @@ def recall(controller: DraftLengthController, model, drafter, setting: tuple = (
         for name, value in remembered[1].items():
             setattr(controller, name, copy.deepcopy(value))
         return True
-    saved = load_state(entry_key(model, anchor, key[0], key[2:]))  # the file's key: shapes and names, not ids
-    return saved is not None and _restore(controller, saved)
+    # the file's key: shapes and names, not ids
+    entry = read_json(store_file()).get(entry_key(model, anchor, key[0], key[2:]))
+    saved = entry.get("state") if isinstance(entry, dict) else None
+    return isinstance(saved, dict) and _restore(controller, saved)
 
 
 # seconds between two saves of one entry to disk (a loop of short calls does not rewrite the file each time)

@@ -226,13 +226,9 @@ class StaticRowsCache(Cache):
             inputs.fill_warm_up()
         else:
             inputs.fill(rows, trees)
-        self.use_write_index(inputs.write_index)
+        for layer in self.layers:  # a cache without rings: every layer writes at the bucket's columns
+            layer.write_index = inputs.write_index
         return inputs.inputs()
-
-    def use_write_index(self, index: torch.Tensor) -> None:
-        """The next forward writes at ``index`` `(B, 1, Q, 1)` (every layer: a cache without rings)."""
-        for layer in self.layers:
-            layer.write_index = index
 
     def set_write_columns(self, starts: list[int], width: int, device: torch.device, scratch: bool = False) -> None:
         """The next forward writes row ``b``'s ``width`` states at columns ``starts[b] ..`` (a ring layer: their slots),
@@ -346,11 +342,6 @@ def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
 
 
-def blocked_bits(dtype: torch.dtype) -> int:
-    """The bit pattern of ``finfo(dtype).min`` (a blocked mask entry) as a signed integer of the same width."""
-    return int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(BITS[dtype.itemsize]))
-
-
 class BucketInputs:
     """The inputs of one bucket's forward on a static cache of ``batch`` rows x ``length`` columns.
 
@@ -365,7 +356,8 @@ class BucketInputs:
     def __init__(self, batch: int, width: int, length: int, dtype: torch.dtype, device: torch.device):
         self.batch, self.width, self.length, self.device = batch, width, length, torch.device(device)
         cuda = self.device.type == "cuda"
-        self.blocked = blocked_bits(dtype)
+        # the bit pattern of finfo(dtype).min (a blocked mask entry) as a signed integer of the same width
+        self.blocked = int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(BITS[dtype.itemsize]))
         self.host_mask = torch.zeros(batch, 1, width, length, dtype=dtype, pin_memory=cuda)
         self.host_packed = torch.zeros(3, batch, width, dtype=torch.long, pin_memory=cuda)  # ids, positions, writes
         self.mask_bits, self.packed = self.host_mask.view(BITS[dtype.itemsize]).numpy(), self.host_packed.numpy()

@@ -30,7 +30,7 @@ from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .rows import Row
 from .static_cache import StaticRowsCache, verify_block
 from .support import TargetSupport
-from .target_state import prefill_states, rows_of
+from .target_state import prefill_states
 from .tree import DraftTree
 from .verify import LayerWindows
 
@@ -235,7 +235,6 @@ class StaticLayout(CacheLayout):
             "draft_compiled": bool(drafts),
             "draft_warm_up_seconds": {str(b): s for d in drafts for b, s in d.warm_up_seconds.items()},
         }
-        return None
 
     def drafter_cache(self, a: int, row: Row):
         """Row ``row``'s committed text in the cache, as views a drafter reads (GLIDE's glimpse)."""
@@ -318,7 +317,7 @@ class StaticLayout(CacheLayout):
         (logits, hidden), ids = self._forward(extra, **inputs), inputs["input_ids"]
         if index is not None:
             logits, ids = logits.index_select(0, index), ids.index_select(0, index)
-            hidden = None if hidden is None else rows_of(hidden, index)
+            hidden = None if hidden is None else tuple(h if h is None else h.index_select(0, index) for h in hidden)
         return logits.float(), ids, hidden
 
     def _verify_inputs(self, rows: list[Row], trees: list[DraftTree], width: int) -> dict:

@@ -118,11 +118,6 @@ def joined(before: tuple | None, after: tuple) -> tuple:
     return tuple(None if x is None else torch.cat([x, y], dim=1) for x, y in zip(before, after))
 
 
-def rows_of(hidden_states: tuple, index: torch.Tensor) -> tuple:
-    """The batch rows ``index`` of every entry (the static path's active slots)."""
-    return tuple(None if h is None else h.index_select(0, index) for h in hidden_states)
-
-
 def prefill_states(hidden_states: tuple, rows) -> None:
     """Each state-reading row keeps the prefill's states of its prompt (without padding), handed on with the first
     step's."""
