@@ -401,15 +401,20 @@ def register_drafter(model_type: str, factory: DrafterFactory) -> None:
 
 
 def draft_chain(
-    generator: TreeCandidateGenerator, request: DraftRequest, next_logits, device: torch.device
+    generator: TreeCandidateGenerator,
+    request: DraftRequest,
+    next_logits,
+    device: torch.device,
+    feed: torch.LongTensor | None = None,
 ) -> DraftTree:
     """Draft γ tokens one by one on ``generator.cache`` (re-synced first to the request's text), stopping early where
     the request's ``stop_rule`` says so; ``next_logits``: ``feed (1, n) -> logits (1, V)`` on that cache. Returns a
-    chain :class:`DraftTree` with q `(γ, V)`. The draft model's drafter and GLIDE share it."""
+    chain :class:`DraftTree` with q `(γ, V)`. The draft model's drafter and GLIDE share it; ``feed`` `(1, n)`: the first
+    forward's tokens where the caller has readied the cache itself (a ``state_input`` GLIDE), no re-sync then."""
     input_ids, stop_rule = request.input_ids, request.stop_rule
     ids = input_ids[0] if input_ids.device == torch.device(device) else input_ids[0].to(device)
-    keep = resync(generator, ids, request.host_text)
-    feed = ids[keep:][None]  # invariant after this: the cache covers ids, then each drafted token
+    if feed is None:  # invariant after this: the cache covers ids, then each drafted token
+        feed = ids[resync(generator, ids, request.host_text) :][None]
     tokens, probs, confidences = [], [], []
     for _ in range(request.num_draft_tokens or generator.num_draft_tokens):
         # warpers see the drafted prefix

@@ -185,51 +185,36 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def _propose_from_state(self, request: DraftRequest, glimpse: dict) -> DraftTree:
         """A ``state_input`` GLIDE's chain: step 1 reads ``[embedding(x_t) ; h_{t-1}]``, later steps the drafted token
         and its own ``draft_state``; with self-attention, GLIDE's cache first takes the newly verified positions."""
-        glide, device, stop_rule = self.glide, self.glide.device, request.stop_rule
+        glide, device, own = self.glide, self.glide.device, self.glide.config.self_attention
         ids = request.input_ids[0].to(device)
         t = ids.shape[0] - 1  # the newest token's position: the target's cache and states cover 0 .. t-1
         if self.states is None or self.states_from + self.states.shape[1] != t or t < 1:
             # no state yet (the first step of a call): the target decodes alone
             return DraftTree.chain(ids.new_zeros(0))
-        if glide.config.self_attention:
-            start = min(self.fed, t)
+        start = min(self.fed, t) if own else t  # without self-attention: queried from h_{t-1}'s position
+        if own:
             crop_to(self.cache, start)
-            feed, state_in = ids[start:][None], self._states_before(start, t)
-            position = torch.arange(start, t + 1, device=device)[None]
-        else:  # queried from h_{t-1}'s position
-            feed, state_in, position = ids[t:][None], self._states_before(t, t), torch.tensor([[t - 1]], device=device)
-        tokens, probs, confidences = [], [], []
-        for step in range(request.num_draft_tokens or self.num_draft_tokens):
+        state_in = self._states_before(start, t)
+        position = torch.arange(start, t + 1, device=device)[None] if own else torch.tensor([[t - 1]], device=device)
+
+        def next_logits(feed: torch.Tensor) -> torch.Tensor:
+            nonlocal state_in, position
             out = glide(
                 input_ids=feed,
                 position_ids=position,
                 target_hidden_states=state_in,
                 logits_to_keep=1,
-                **with_cache(glide, self.cache.past_key_values if glide.config.self_attention else None),
-                use_cache=glide.config.self_attention,
+                **with_cache(glide, self.cache.past_key_values if own else None),
+                use_cache=own,
                 **glimpse,
             )
-            if step == 0:
-                self.fed = t + 1
-            q = self.draft_distribution(
-                out.logits[:, -1], torch.cat([ids[None], *tokens], dim=-1) if self.warpers else ids[None]
-            )
-            feed = self.pick(q)
-            tokens.append(feed)
-            probs.append(q[0])
+            self.fed = t + 1
             state_in = out.draft_state[:, -1:]
-            if glide.config.self_attention:
-                position = torch.tensor([[t + step + 1]], device=device)
-            if stop_rule is not None:
-                confidences.append(float(q[0, feed[0, 0]]))
-                if not stop_rule(confidences):
-                    break
-        self.count_call("draft", len(tokens))
-        drafted = torch.cat(tokens, dim=-1)[0]
-        sampled = torch.ones(drafted.shape[0], dtype=torch.bool) if self.generation_config.do_sample else None
-        tree = DraftTree.chain(drafted, torch.stack(probs), sampled)
-        tree.chain_confidences = confidences if stop_rule is not None else None
-        return tree
+            if own:
+                position = position[:, -1:] + 1
+            return out.logits[:, -1]
+
+        return draft_chain(self, request, next_logits, device, feed=ids[start:][None])
 
     def compile_draft(
         self, generation_config: GenerationConfig, compile_config, target_cache: StaticRowsCache
