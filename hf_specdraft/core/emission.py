@@ -126,7 +126,7 @@ def accept_row(
         index = slice(0, len(kept_nodes)) if kept_nodes == list(range(len(kept_nodes))) else kept_nodes
         outcome = DraftOutcome(row.text, logits[index][None], len(path), kept_nodes, draft_seconds, verify_seconds)
         row.generator.learn(outcome)
-    record_step(row.out.stats, rows, tree, path, emitted, draft_seconds, verify_seconds)
+    record_step(row.stats, rows, tree, path, emitted, draft_seconds, verify_seconds)
     return kept_nodes, len(path)
 
 
@@ -152,13 +152,12 @@ def emit_tokens(rows: TargetRows, path: list[int], next_token: int, stops: HostS
     tokens = [tree.token_list[i] for i in path] if tree.token_list is not None else tree.tokens[path].tolist()
     tokens.append(next_token)
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
-    out = row.out
     emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.others else None)
     for j in range(emitted):
         if config.output_scores:
-            out.scores.append(rows.scores(row_of[j])[None])
+            row.scores.append(rows.scores(row_of[j])[None])
         if config.output_logits:
-            out.logits.append(rows.logits[row_of[j]][None])
+            row.logits.append(rows.logits[row_of[j]][None])
     row.tokens.extend(tokens[:emitted])  # row.ids follows when next read
     return emitted
 

@@ -88,8 +88,8 @@ class CacheLayout:
         """The call's statistics: one row's own; a batch's rows merged, with ``extra["cache_layout"]`` (:attr:`costs`)
         and ``extra["batch_forwards"]`` (the rows' own statistics count a batch forward once in every row it served)."""
         if self.one_row:
-            return rows[0].out.stats
-        stats = SpeculativeStats.merge([row.out.stats for row in rows])
+            return rows[0].stats
+        stats = SpeculativeStats.merge([row.stats for row in rows])
         forwards = {"target": self.target_forwards, "draft": None if self.together is None else self.together.forwards}
         stats.extra.update(batch_size=len(rows), cache_layout=dict(self.costs), batch_forwards=forwards)
         return stats
@@ -97,11 +97,11 @@ class CacheLayout:
     def result_fields(self, rows: list[Row], generation_config: GenerationConfig) -> dict:
         """The output's other fields: one row's scores and logits (where asked), a padded batch's ``row_stats``."""
         if not self.one_row:
-            return {"row_stats": tuple(row.out.stats for row in rows)}
-        out = rows[0].out
+            return {"row_stats": tuple(row.stats for row in rows)}
+        row = rows[0]
         return {
-            "scores": tuple(out.scores) if generation_config.output_scores else None,
-            "logits": tuple(out.logits) if generation_config.output_logits else None,
+            "scores": tuple(row.scores) if generation_config.output_scores else None,
+            "logits": tuple(row.logits) if generation_config.output_logits else None,
         }
 
     def finish(self, stats) -> DynamicCache | None:

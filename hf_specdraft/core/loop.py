@@ -171,7 +171,7 @@ def _speculative_loop(
     processors = [row_processors(logits_processor, r, batch) for r in range(batch)]
     rows = call_rows(input_ids, lengths, row_drafters(generator, batch), processors)
     if chains:
-        rows[0].out.stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
+        rows[0].stats.extra.update(trees_verified_as_chains=0, chains_only=f"{type(model).__name__}: {chains}")
     # the static path holds its cache for the whole call (a concurrent static call on this model waits)
     with layout_for(model, generation_config, rows, support) as layout:
         step = setup_call(model, layout, rows, stopping_criteria, generation_config, acceptance, streamer, ranks)
@@ -179,7 +179,7 @@ def _speculative_loop(
             streamer.put(input_ids.cpu())
         prefill = step.cache.prefill(input_ids, rows, step.request)
         for row in rows:
-            row.out.stats.prefill_seconds = prefill / len(rows)
+            row.stats.prefill_seconds = prefill / len(rows)
         # the static path compiles every bucket (and batch-1 drafts) here, outside the steps' costs
         step.cache.before_steps(rows, step.request, generation_config)
         # few-token linears are timed per rank: off under tensor parallelism, where every rank must decide alike
@@ -335,9 +335,9 @@ def draft_rows(step: Step, active: list[Row]) -> list[DraftTree]:
             request = DraftRequest(row.text, row.tokens[row.pad :], view, state, *meter.choice)
             room = config.max_length - len(row.tokens)
             tree = fit_proposal(row.generator.draft_tree(request), row.generator, vocab, room, row.traits, limit)
-            if "chains_only" in row.out.stats.extra and not tree.is_chain:  # ALiBi / convolution: the first-child chain
+            if "chains_only" in row.stats.extra and not tree.is_chain:  # ALiBi / convolution: the first-child chain
                 tree = tree.main_chain()
-                row.out.stats.extra["trees_verified_as_chains"] += 1
+                row.stats.extra["trees_verified_as_chains"] += 1
             trees.append(tree)
             meter.drafted()
         return trees

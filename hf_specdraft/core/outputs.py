@@ -43,8 +43,8 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
     """The call's result: the sequences, or :class:`SpeculativeGenerateOutput` (``layout`` answers what differs between
     one row and a padded batch; ``chosen``: what the γ controller chose)."""
     for row in rows:
-        row.out.stats.settle()
-        row.out.stats.drafter_calls = dict(row.generator.forward_calls)  # transformers' own generators count none
+        row.stats.settle()
+        row.stats.drafter_calls = dict(row.generator.forward_calls)  # transformers' own generators count none
     stats = layout.call_stats(rows)
     if chosen.get("draft_lengths"):  # num_draft_tokens="auto": the γ chosen at every step, and whether it resumed
         stats.extra.update(chosen)

@@ -18,15 +18,6 @@ if TYPE_CHECKING:  # the drafters' module reaches the rows through the cache hel
 
 
 @dataclass
-class Outputs:
-    """What the loop accumulates for a row besides its sequence."""
-
-    stats: SpeculativeStats
-    scores: list = field(default_factory=list)
-    logits: list = field(default_factory=list)
-
-
-@dataclass
 class Row:
     """One request of the batch (batch 1 is one row)."""
 
@@ -34,7 +25,6 @@ class Row:
     prompt: torch.LongTensor  # (1, P): the padded prompt row, on the target's device
     pad: int  # left padding of the prompt
     generator: CandidateGenerator
-    out: Outputs
     processor: LogitsProcessorList  # generate's processors with this row's state (inputs.row_processors)
     done: bool = False
     tokens: list[int] = field(default_factory=list)  # ids on the host: read once before the loop, then by emission
@@ -43,6 +33,10 @@ class Row:
     states: tuple | None = None
     proposed: bool = False
     matched: int = 0
+    # what the loop accumulates for the row besides its tokens: its statistics, and scores and logits where asked
+    stats: SpeculativeStats = field(default_factory=SpeculativeStats)
+    scores: list = field(default_factory=list)
+    logits: list = field(default_factory=list)
 
     def __post_init__(self):
         # the device copy of `tokens`, written only when `ids` is read, into a buffer that grows by doubling
@@ -100,6 +94,6 @@ def call_rows(input_ids: torch.LongTensor, lengths, drafters: list, processors: 
     read to the host once: from here on the loop extends them there."""
     host, padded = input_ids.tolist(), input_ids.shape[1]
     return [
-        Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, Outputs(SpeculativeStats()), p, False, host[r])
+        Row(r, input_ids[r : r + 1], padded - int(lengths[r]), g, p, False, host[r])
         for r, (g, p) in enumerate(zip(drafters, processors))
     ]
