@@ -47,8 +47,5 @@ def host_tensor(values, shape: tuple[int, ...] | None = None) -> torch.Tensor:
 
 
 def to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """A long tensor of host ``values`` on ``device``, copied without a sync (:func:`copy_to_device`)."""
-    host = host_tensor(values)
-    if torch.device(device).type == "cpu":
-        return host
-    return copy_to_device(torch.empty(len(values), dtype=torch.long, device=device), host)
+    """A long tensor of host ``values`` on ``device``, copied without a sync (:func:`stage`)."""
+    return stage(None, "values", host_tensor(values), device)

@@ -123,10 +123,9 @@ class StateReadingDrafter(TreeCandidateGenerator):
 def candidates_chain(
     generator: CandidateGenerator, request: DraftRequest, producers, model_kwargs: dict | None, gives_probs: bool = True
 ) -> DraftTree:
-    """``generator.get_candidates``' chain after the request's text `(1, L)`, called as transformers' loop calls it (a
-    state-reading generator with ``model_kwargs``, the target's state and the keys and values of a Gemma 4 assistant's
-    ``producers`` layers, read from the kept text's cache); with q where it gives logits for every token and
-    ``gives_probs``."""
+    """``generator``'s chain after the request's text `(1, L)`, asked as transformers' loop asks (a state-reading one
+    with ``model_kwargs``, the target's state and a Gemma 4 assistant's ``producers`` layers' keys and values, read from
+    the kept text's cache); with q where ``gives_probs`` and it gives logits for every token."""
     state = request.target_state
     if state is None:
         ids, logits = generator.get_candidates(request.input_ids)
