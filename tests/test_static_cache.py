@@ -182,6 +182,22 @@ class PartlyRight(AdaptiveOracle):
         return DraftTree.chain(torch.cat([tokens[:right], (tokens[right:] + 1) % VOCAB]))
 
 
+def test_a_glide_that_cannot_compile_over_rings_drafts_eagerly():
+    """GLIDE glimpses no ring layers from a compiled draft: on a windowed target it drafts eagerly, losslessly."""
+    target = windowed_model("gemma3")
+    x = prompt(WINDOW + 3)
+    out = static(
+        target,
+        x,
+        candidate_generator=GlideCandidateGenerator(glide_for(target)),
+        max_new_tokens=8,
+        return_dict_in_generate=True,
+        compile_config=CompileConfig(backend="eager", mode=None),
+    )
+    assert torch.equal(out.sequences, target.generate(x, max_new_tokens=8, do_sample=False))
+    assert not out.speculative_stats.extra["static_cache"]["draft_compiled"]
+
+
 def compiled_call(target, x, drafter):
     return static(
         target,

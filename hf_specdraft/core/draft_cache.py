@@ -59,9 +59,6 @@ class DraftCache:
         :meth:`glimpse`'s answer)."""
         raise NotImplementedError
 
-    def prepare(self) -> None:
-        """Before the loop's first step (the static version compiles every bucket there)."""
-
 
 class DynamicDraftCache(DraftCache):
     """The draft's own ``DynamicCache`` (default :func:`~hf_specdraft.core.cache.croppable_cache`). ``extra``: more
@@ -112,10 +109,6 @@ class StaticDraftCache(DraftCache):
         config.compile_config, config.disable_compile = compile_config, False
         self.static = static_target(draft_model, config, 1, support_of(draft_model), role=role, buckets=DRAFT_BUCKETS)
         self.length = 0
-
-    @property
-    def warm_up_seconds(self) -> dict[int, float]:
-        return self.static.warm_up_seconds
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length

@@ -221,19 +221,19 @@ class StaticLayout(CacheLayout):
                     made = row.generator.compile_draft(generation_config, self.compile_config, self.cache)
                 except StaticCacheBusy:
                     continue
-                self.drafts.extend(made if isinstance(made, list) else [made])
+                # None: this drafter drafts eagerly here (GLIDE over ring layers)
+                self.drafts.extend(d for d in (made if isinstance(made, list) else [made]) if d is not None)
         for draft in self.drafts:
             draft.prepare()
 
     def finish(self, stats) -> None:
         """What the static path compiled and what its first forwards cost; the cache stays for the next call."""
-        drafts = [draft for draft in self.drafts if draft is not None]
         stats.extra["static_cache"] = {
             "compiled": self.compiled,
             "buckets": list(self.buckets),
             "warm_up_seconds": {str(b): s for b, s in self.warm_up_seconds.items()},
-            "draft_compiled": bool(drafts),
-            "draft_warm_up_seconds": {str(b): s for d in drafts for b, s in d.warm_up_seconds.items()},
+            "draft_compiled": bool(self.drafts),
+            "draft_warm_up_seconds": {str(b): s for d in self.drafts for b, s in d.static.warm_up_seconds.items()},
         }
 
     def drafter_cache(self, a: int, row: Row):
