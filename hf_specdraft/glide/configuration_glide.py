@@ -168,97 +168,71 @@ class GlideConfig(PretrainedConfig):
         "layers.*.mlp.down_proj": "rowwise",
     }
 
-    def __init__(
-        self,
-        vocab_size: int = 32000,
-        hidden_size: int = 4096,
-        intermediate_size: int = 11008,
-        num_hidden_layers: int = 1,
-        num_attention_heads: int = 32,
-        num_key_value_heads: int | None = None,
-        head_dim: int | None = None,
-        hidden_act: str = "silu",
-        max_position_embeddings: int = 4096,
-        initializer_range: float = 0.02,
-        rms_norm_eps: float = 1e-6,
-        use_cache: bool = True,
-        tie_word_embeddings: bool = False,
-        rope_parameters: dict | None = None,
-        attention_bias: bool = False,
-        attention_dropout: float = 0.0,
-        mlp_bias: bool = False,
-        cross_attention: bool = True,
-        target_layer_ids: list[int] | None = None,
-        block_size: int = 5,
-        target_model_type: str = "llama",
-        target_num_hidden_layers: int = 32,
-        target_hidden_size: int = 4096,
-        target_num_attention_heads: int = 32,
-        target_num_key_value_heads: int | None = None,
-        target_head_dim: int | None = None,
-        target_vocab_size: int | None = None,
-        target_max_position_embeddings: int | None = None,
-        target_rope_parameters: dict | None = None,
-        target_name_or_path: str | None = None,
-        draft_token_ids: list[int] | None = None,
-        state_input: bool = False,
-        self_attention: bool = True,
-        pad_token_id: int | None = None,
-        bos_token_id: int | None = None,
-        eos_token_id: int | list[int] | None = None,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads if num_key_value_heads is not None else num_attention_heads
-        self.head_dim = head_dim if head_dim is not None else hidden_size // max(num_attention_heads, 1)
-        self.hidden_act = hidden_act
-        self.max_position_embeddings = max_position_embeddings
-        self.initializer_range = initializer_range
-        self.rms_norm_eps = rms_norm_eps
-        self.use_cache = use_cache
-        self.tie_word_embeddings = tie_word_embeddings
-        self.rope_parameters = copy.deepcopy(rope_parameters)
-        self.attention_bias = attention_bias
-        self.attention_dropout = attention_dropout
-        self.mlp_bias = mlp_bias
-        self.cross_attention = cross_attention
-        self.block_size = block_size
-        self.target_model_type = target_model_type
-        self.target_num_hidden_layers = target_num_hidden_layers
-        self.target_hidden_size = target_hidden_size
-        self.target_num_attention_heads = target_num_attention_heads
-        self.target_num_key_value_heads = (
-            target_num_key_value_heads if target_num_key_value_heads is not None else target_num_attention_heads
-        )
-        self.target_head_dim = (
-            target_head_dim if target_head_dim is not None else target_hidden_size // max(target_num_attention_heads, 1)
-        )
-        self.target_vocab_size = target_vocab_size if target_vocab_size is not None else vocab_size
-        self.target_max_position_embeddings = (
-            target_max_position_embeddings if target_max_position_embeddings is not None else max_position_embeddings
-        )
+    # the fields, in the Args order: transformers makes a config a dataclass and writes its __init__
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 1
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 4096
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    use_cache: bool = True
+    tie_word_embeddings: bool = False
+    rope_parameters: dict | None = None
+    attention_bias: bool = False
+    attention_dropout: float = 0.0
+    mlp_bias: bool = False
+    cross_attention: bool = True
+    target_layer_ids: list[int] | None = None
+    block_size: int = 5
+    target_model_type: str = "llama"
+    target_num_hidden_layers: int = 32
+    target_hidden_size: int = 4096
+    target_num_attention_heads: int = 32
+    target_num_key_value_heads: int | None = None
+    target_head_dim: int | None = None
+    target_vocab_size: int | None = None
+    target_max_position_embeddings: int | None = None
+    target_rope_parameters: dict | None = None
+    target_name_or_path: str | None = None
+    draft_token_ids: list[int] | None = None
+    state_input: bool = False
+    self_attention: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        for prefix in ("", "target_"):  # the draft's and the target's attention: MHA and hidden // heads by default
+            heads = getattr(self, f"{prefix}num_attention_heads")
+            if getattr(self, f"{prefix}num_key_value_heads") is None:
+                setattr(self, f"{prefix}num_key_value_heads", heads)
+            if getattr(self, f"{prefix}head_dim") is None:
+                setattr(self, f"{prefix}head_dim", getattr(self, f"{prefix}hidden_size") // max(heads, 1))
+        if self.target_vocab_size is None:
+            self.target_vocab_size = self.vocab_size
+        if self.target_max_position_embeddings is None:
+            self.target_max_position_embeddings = self.max_position_embeddings
+        self.rope_parameters = copy.deepcopy(self.rope_parameters)
         default_rope = {"rope_type": "default", "rope_theta": 10000.0}
-        self.target_rope_parameters = copy.deepcopy(target_rope_parameters) or default_rope
-        self.target_name_or_path = target_name_or_path
-        self.draft_token_ids = [int(i) for i in draft_token_ids] if draft_token_ids is not None else None
-        self.state_input = state_input
-        self.self_attention = self_attention
-        if target_layer_ids is None:  # §4.1: l = N_T - N_D + m, the top target layers (0-based here)
-            target_layer_ids = [target_num_hidden_layers - num_hidden_layers + m for m in range(num_hidden_layers)]
-        self.target_layer_ids = (
-            [int(i) for i in target_layer_ids] if isinstance(target_layer_ids, (list, tuple)) else target_layer_ids
-        )
-        self.pad_token_id = pad_token_id
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
+        self.target_rope_parameters = copy.deepcopy(self.target_rope_parameters) or default_rope
+        if self.draft_token_ids is not None:
+            self.draft_token_ids = [int(i) for i in self.draft_token_ids]
+        if self.target_layer_ids is None:  # §4.1: l = N_T - N_D + m, the top target layers (0-based here)
+            top = self.target_num_hidden_layers - self.num_hidden_layers
+            self.target_layer_ids = [top + m for m in range(self.num_hidden_layers)]
+        if isinstance(self.target_layer_ids, (list, tuple)):
+            self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         self._validate()
-        super().__init__(**kwargs)
-        if not cross_attention or not self_attention:  # the plan names only the sub-layers this GLIDE has
-            absent = (() if cross_attention else (".cross_attn.",)) + (() if self_attention else (".self_attn.",))
+        super().__post_init__(**kwargs)
+        if not self.cross_attention or not self.self_attention:  # the plan names only the sub-layers this GLIDE has
+            absent = (() if self.cross_attention else (".cross_attn.",)) + (
+                () if self.self_attention else (".self_attn.",)
+            )
             self.base_model_tp_plan = {
                 k: v for k, v in type(self).base_model_tp_plan.items() if not any(a in k for a in absent)
             }
