@@ -75,80 +75,9 @@ def target_description(target_config, layer_ids: list[int] | None = None) -> dic
 
 class GlideConfig(PretrainedConfig):
     r"""Configuration of a [`GlideForCausalLM`] (GLIDE §4.1, Figure 2). Defaults describe the paper's GLIDE for a
-    Vicuna-7B target (Appendix A); build one for your own target with [`GlideConfig.from_target_config`].
-
-    Args:
-        vocab_size (`int`, *optional*, defaults to 32000):
-            The target's vocabulary: GLIDE drafts token ids the target verifies.
-        hidden_size (`int`, *optional*, defaults to 4096):
-            d_D. Appendix E: a wide single layer beats a deep narrow draft; 4096 for 7B/13B targets.
-        intermediate_size (`int`, *optional*, defaults to 11008):
-            MLP width (the target's ratio to ``hidden_size`` by default in ``from_target_config``).
-        num_hidden_layers (`int`, *optional*, defaults to 1):
-            N_D. Appendix E: 1 layer for targets up to 13B, 2 for 33B; every layer is sequential latency.
-        num_attention_heads (`int`, *optional*, defaults to 32):
-            Heads of the draft's own self-attention.
-        num_key_value_heads (`int`, *optional*):
-            KV heads of the draft's self-attention (defaults to ``num_attention_heads``: the draft is small).
-        head_dim (`int`, *optional*):
-            Head size of the draft's self-attention (defaults to ``hidden_size // num_attention_heads``).
-        hidden_act (`str`, *optional*, defaults to `"silu"`):
-            MLP activation (Llama's SwiGLU).
-        max_position_embeddings (`int`, *optional*, defaults to 4096):
-            Longest position the draft's RoPE is set up for (the target's by default).
-        initializer_range (`float`, *optional*, defaults to 0.02):
-            Std of the normal init; GLIDE is trained from scratch (§4.1).
-        rms_norm_eps (`float`, *optional*, defaults to 1e-6):
-            RMSNorm epsilon.
-        use_cache (`bool`, *optional*, defaults to `True`):
-            Keep the draft's own self-attention KV cache while drafting.
-        tie_word_embeddings (`bool`, *optional*, defaults to `False`):
-            Share the input embedding and LM head (saves ``vocab × hidden`` parameters for small drafts).
-        rope_parameters (`dict`, *optional*):
-            RoPE of the draft's *self*-attention (``rope_type``, ``rope_theta``, …); the target's by default.
-        attention_bias (`bool`, *optional*, defaults to `False`):
-            Bias in the attention projections (Llama has none).
-        attention_dropout (`float`, *optional*, defaults to 0.0):
-            Attention dropout while training.
-        mlp_bias (`bool`, *optional*, defaults to `False`):
-            Bias in the MLP projections.
-        cross_attention (`bool`, *optional*, defaults to `True`):
-            `False` builds the paper's "Vanilla Drafter" (§5.2, Figure 4): the same model without cross-attention.
-        target_layer_ids (`list[int]`, *optional*):
-            Which target layer (0-based) each draft layer reads. Defaults to §4.1's ``l = N_T - N_D + m``.
-        block_size (`int`, *optional*, defaults to 5):
-            L of the block-wise cross-attention mask in training (§4.1): it simulates inference's KV-cache delay.
-        target_model_type (`str`, *optional*, defaults to `"llama"`):
-            ``model_type`` of the target (an architecture check, not an identity check).
-        target_num_hidden_layers (`int`, *optional*, defaults to 32):
-            N_T, layers of the target.
-        target_hidden_size (`int`, *optional*, defaults to 4096):
-            Hidden size of the target.
-        target_num_attention_heads (`int`, *optional*, defaults to 32):
-            h, query heads of the target: the cross-attention projects to ``h × d_k`` (§4.1, Q^{m,j} = H^m W_j).
-        target_num_key_value_heads (`int`, *optional*):
-            KV heads of the target's cache (grouped-query attention; defaults to ``target_num_attention_heads``).
-        target_head_dim (`int`, *optional*):
-            d_k, head size of the cached target keys (default ``target_hidden_size // target_num_attention_heads``).
-        target_vocab_size (`int`, *optional*):
-            The target's vocabulary size (defaults to ``vocab_size``).
-        target_max_position_embeddings (`int`, *optional*):
-            The target's ``max_position_embeddings`` (RoPE scaling types read it).
-        target_rope_parameters (`dict`, *optional*):
-            The target's RoPE (default: theta 10000): the cross-attention's queries are rotated as the cached keys were.
-        target_name_or_path (`str`, *optional*):
-            Informational: the checkpoint GLIDE was trained against (model cards, error messages).
-        draft_token_ids (`list[int]`, *optional*):
-            A reduced draft vocabulary (FR-Spec, EAGLE-3): the target ids GLIDE can propose. The embedding and LM head
-            hold ``len(draft_token_ids) + 1`` rows (the last: every other input token); logits are scattered back to
-            ``vocab_size``, other ids at the dtype's minimum. `None` keeps the full vocabulary.
-        state_input (`bool`, *optional*, defaults to `False`):
-            Read the target's state (Gemma 4's assistant, EAGLE): the first draft step's input is
-            ``pre_projection([embedding(x_t) ; h_{t-1}])``, ``h_{t-1}`` the target's last hidden state; later steps use
-            the draft's own ``post_projection`` of its last hidden state.
-        self_attention (`bool`, *optional*, defaults to `True`):
-            Keep the draft's own self-attention and its KV cache. `False` (``state_input`` only) is Gemma 4's
-            assistant layout: cross-attention and MLP only, no cache of its own (``hf-specdraft export`` writes it).
+    Vicuna-7B target (Appendix A); build one for your own target with [`GlideConfig.from_target_config`]. Every option
+    is a keyword argument, each field below says what it is and why its default; ``target_*`` record the target whose KV
+    cache GLIDE reads.
     """
 
     model_type = "glide"
@@ -168,39 +97,49 @@ class GlideConfig(PretrainedConfig):
         "layers.*.mlp.down_proj": "rowwise",
     }
 
-    # the fields, in the Args order: transformers makes a config a dataclass and writes its __init__
-    vocab_size: int = 32000
-    hidden_size: int = 4096
-    intermediate_size: int = 11008
-    num_hidden_layers: int = 1
-    num_attention_heads: int = 32
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 4096
-    initializer_range: float = 0.02
+    # the fields: transformers makes a config a dataclass and writes its __init__
+    vocab_size: int = 32000  # the target's vocabulary: GLIDE drafts token ids the target verifies
+    hidden_size: int = 4096  # d_D; Appendix E: a wide single layer beats a deep narrow draft (4096 for 7B/13B targets)
+    intermediate_size: int = 11008  # MLP width (from_target_config: the target's ratio to hidden_size)
+    num_hidden_layers: int = 1  # N_D; Appendix E: 1 up to 13B targets, 2 for 33B (every layer is sequential latency)
+    num_attention_heads: int = 32  # heads of the draft's own self-attention
+    num_key_value_heads: int | None = None  # its KV heads (None: num_attention_heads, the draft is small)
+    head_dim: int | None = None  # its head size (None: hidden_size // num_attention_heads)
+    hidden_act: str = "silu"  # MLP activation (Llama's SwiGLU)
+    max_position_embeddings: int = 4096  # the longest position the draft's RoPE is set up for (the target's by default)
+    initializer_range: float = 0.02  # std of the normal init: GLIDE is trained from scratch (§4.1)
     rms_norm_eps: float = 1e-6
-    use_cache: bool = True
-    tie_word_embeddings: bool = False
+    use_cache: bool = True  # keep the draft's own self-attention KV cache while drafting
+    tie_word_embeddings: bool = False  # share the input embedding and LM head (saves vocab × hidden for small drafts)
+    # RoPE of the draft's *self*-attention (rope_type, rope_theta, …); from_target_config: the target's
     rope_parameters: dict | None = None
-    attention_bias: bool = False
-    attention_dropout: float = 0.0
-    mlp_bias: bool = False
-    cross_attention: bool = True
-    target_layer_ids: list[int] | None = None
-    block_size: int = 5
-    target_model_type: str = "llama"
-    target_num_hidden_layers: int = 32
+    attention_bias: bool = False  # bias in the attention projections (Llama has none)
+    attention_dropout: float = 0.0  # attention dropout while training
+    mlp_bias: bool = False  # bias in the MLP projections
+    cross_attention: bool = True  # False: the paper's "Vanilla Drafter" (§5.2, Figure 4), the same model without it
+    target_layer_ids: list[int] | None = None  # the target layer (0-based) each draft layer reads; §4.1's N_T - N_D + m
+    block_size: int = 5  # L of the block-wise cross-attention mask in training (§4.1): it simulates the KV-cache delay
+    target_model_type: str = "llama"  # the target's model_type (an architecture check, not an identity check)
+    target_num_hidden_layers: int = 32  # N_T, layers of the target
     target_hidden_size: int = 4096
-    target_num_attention_heads: int = 32
-    target_num_key_value_heads: int | None = None
-    target_head_dim: int | None = None
-    target_vocab_size: int | None = None
-    target_max_position_embeddings: int | None = None
+    target_num_attention_heads: int = 32  # h: the cross-attention projects to h × d_k (§4.1, Q^{m,j} = H^m W_j)
+    target_num_key_value_heads: int | None = None  # KV heads of the target's cache (GQA; None: its attention heads)
+    target_head_dim: int | None = None  # d_k of the cached target keys (None: target_hidden_size // its heads)
+    target_vocab_size: int | None = None  # None: vocab_size
+    target_max_position_embeddings: int | None = None  # RoPE scaling types read it (None: max_position_embeddings)
+    # the cross-attention's queries are rotated as the cached keys were (None: theta 10000)
     target_rope_parameters: dict | None = None
-    target_name_or_path: str | None = None
+    target_name_or_path: str | None = None  # informational: the checkpoint GLIDE was trained against (cards, errors)
+    # a reduced draft vocabulary (FR-Spec, EAGLE-3): the target ids GLIDE can propose; the embedding and LM head hold
+    # len(draft_token_ids) + 1 rows (the last: every other input token), logits are scattered back to vocab_size with
+    # other ids at the dtype's minimum. None: the full vocabulary
     draft_token_ids: list[int] | None = None
+    # read the target's state (Gemma 4's assistant, EAGLE): the first draft step's input is
+    # pre_projection([embedding(x_t) ; h_{t-1}]), h_{t-1} the target's last hidden state; later steps the draft's own
+    # post_projection of its last hidden state
     state_input: bool = False
+    # False (state_input only): Gemma 4's assistant layout, cross-attention and MLP only, no cache of its own
+    # (hf-specdraft export writes it)
     self_attention: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
