@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from string import Template
 
 import torch
 from safetensors.torch import save_file
@@ -36,6 +37,7 @@ LAYER_NAMES = {
 }
 EXPORT_KEY = "hf_specdraft_export"  # in the export's config.json: what it is for and the GLIDE it was exported from
 TOP_NAMES = {"model.norm.weight": "model.norm.weight", "model.post_projection.weight": "post_projection.weight"}
+TEMPLATE = Path(__file__).with_name("export_card_template.md")  # the export's README.md ($glide_line filled in)
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")  # act-and-mul kinds vLLM's Gemma 4 MLP takes
 
 
@@ -155,24 +157,7 @@ def model_card(glide) -> str:
     """The export's README.md: what it is for, and what to use in transformers instead."""
     source = str(glide.name_or_path)  # empty: built in memory
     glide_line = f"`{source}`" if source else "the GLIDE checkpoint it was exported from"
-    return f"""---
-library_name: vllm
-tags: [speculative-decoding, glide, gemma4_assistant]
----
-
-# A GLIDE drafter exported for vLLM
-
-This is a GLIDE drafter (hf_specdraft) written in Gemma 4's assistant layout, which vLLM serves as its `"mtp"`
-speculative method: `speculative_config={{"method": "mtp", "model": "<this directory>", "num_speculative_tokens": 3}}`,
-on a copy of the target whose `config.json` is `target_config.json` (it adds `layer_types`).
-
-It is for vLLM only. Its `pre_projection` expects vLLM's inputs (the target's embedding rows times sqrt(hidden_size)),
-so transformers' own Gemma 4 assistant generation would draft from the wrong inputs; hf_specdraft refuses it as
-`draft_model=`. In transformers, draft with the GLIDE checkpoint itself: {glide_line}
-(`GlideForCausalLM.from_pretrained(...)`, passed as `draft_model=` to `hf_specdraft.speculative_generate`).
-
-What the export approximates is listed in `export.json`.
-"""
+    return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(glide_line=glide_line)
 
 
 def target_config_for_serving(target_config: PretrainedConfig) -> dict:
