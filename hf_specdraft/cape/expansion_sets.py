@@ -76,12 +76,8 @@ def expansion_sets(chain, q, sizes):
 
 
 def expand(chain, q, schedule, budget):
-    """CAPE's proposal for the shipped loop: ``(tokens, parents)`` on ``chain``'s device for ``chain`` `(k,)`, ``q``
-    `(k, V)`, validated ``schedule`` bins and ``budget`` (most tree tokens per step, >= k)."""
+    """CAPE's proposal for the shipped loop: host lists ``(tokens, parents)`` for ``chain`` `(k,)`, ``q`` `(k, V)`,
+    validated ``schedule`` bins and ``budget`` (most tree tokens per step, >= k)."""
     k, vocab = q.shape
     sizes = fit_budget(scheduled_sizes(q.amax(dim=-1).tolist() if k else [], schedule), budget - k, vocab)
-    tokens, parents, _ = expansion_sets(chain.tolist(), q, sizes)
-    return (
-        torch.tensor(tokens, dtype=torch.long, device=chain.device),
-        torch.tensor(parents, dtype=torch.long, device=chain.device),
-    )
+    return expansion_sets(chain.tolist(), q, sizes)[:2]

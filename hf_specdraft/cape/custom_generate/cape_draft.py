@@ -87,8 +87,7 @@ class CapeTreeDrafter(TreeCandidateGenerator):
 
     def propose(self, input_ids, target_cache=None):
         chain, q = self.drafter.propose(input_ids, target_cache, self.num_draft_tokens)
-        tokens, parents = expand(chain.to(input_ids.device), q.to(input_ids.device), self.schedule, self.budget)
-        return DraftTree(tokens, parents)
+        return DraftTree(*expand(chain, q, self.schedule, self.budget))  # host lists: the loop stages them once
 
 
 def make_drafter(draft_model, target):
