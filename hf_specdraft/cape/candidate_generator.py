@@ -74,8 +74,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         self.controller_anchor = type(self.drafter) if anchor is None else anchor
 
     def _step_config(self, length: int, request: DraftRequest) -> CapeConfig:
-        """This step's config: an ``"auto"`` budget is the request's (scaled to a chain that stopped early at
-        ``length``), or twice the chain."""
+        """This step's ``"auto"`` budget: the request's (scaled to a chain cut at ``length``), else twice the chain."""
         if self.config.budget != AUTO:
             return self.config
         gamma = request.num_draft_tokens or self.num_draft_tokens
@@ -129,8 +128,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """The wrapped drafter's chain after the request's text `(1, L)`, plus one expansion set per position within
-        the budget."""
+        """The wrapped drafter's chain after the request's text `(1, L)`, each position widened within the budget."""
         if self.scorer is not None:
             return self._propose_beam(request)
         return self.expand(self.drafter.draft_tree(self.chain_request(request)), request)

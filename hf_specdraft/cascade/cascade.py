@@ -220,8 +220,7 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
     def compile_draft(
         self, generation_config: GenerationConfig, compile_config, target_cache
     ) -> list[StaticDraftCache]:
-        """The compiled static path of a batch-1 call: each draft on a compiled static cache of its own (one role per
-        level, so one model may sit at two levels)."""
+        """A batch-1 compiled call: each draft on its own static cache, one role per level (a model may sit at two)."""
         self.caches = [
             StaticDraftCache(draft, generation_config, compile_config, role=f"cascade{i}")
             for i, draft in enumerate(self.drafts)

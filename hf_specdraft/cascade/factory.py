@@ -25,8 +25,7 @@ def _table(target: PreTrainedModel, bigram_table: torch.Tensor | str | Path | No
 def build_max_gram_for_bench(
     target: PreTrainedModel, bigram_table: torch.Tensor | str | Path | None = None, **options
 ) -> MaxGramCandidateGenerator:
-    """Max-Gram alone. ``options``: ``num_draft_tokens`` (default "auto": chosen every step; the paper fixes 10),
-    ``max_match_length`` (default 256)."""
+    """Max-Gram alone; ``options``: ``num_draft_tokens`` (default "auto"; the paper fixes 10), ``max_match_length``."""
     return MaxGramCandidateGenerator(_table(target, bigram_table), **options)
 
 

@@ -130,9 +130,8 @@ class DraftPool:
         return positions[positions + length < self.tokens.size]
 
     def shorter_matches(self, sequence, longest: int, min_length: int):
-        """Yield ``(length, positions)`` for suffixes shorter than ``longest`` (down to ``min_length``) with more
-        occurrences than the previous, longer one (a shorter suffix occurs wherever a longer one does, so an equal
-        count means the same continuations)."""
+        """Yield ``(length, positions)`` for suffixes shorter than ``longest`` (down to ``min_length``) occurring more
+        often than the previous, longer one (whose occurrences it includes: an equal count, the same continuations)."""
         sequence = np.asarray(sequence, dtype=np.int64).reshape(-1)
         previous = None
         for length in range(longest, min_length - 1, -1):
@@ -147,9 +146,8 @@ class DraftPool:
     def continuations(
         self, positions: np.ndarray, match_length: int, max_draft_length: int, max_matches: int
     ) -> np.ndarray:
-        """The ``max_draft_length`` tokens after each occurrence at ``positions`` `(k,)` (beyond ``max_matches``, an
-        evenly spaced sample, which keeps the frequencies), sorted: `(min(k, max_matches), max_draft_length)` int64,
-        ``-1`` past the pool's end."""
+        """The ``max_draft_length`` tokens after each occurrence at ``positions`` `(k,)` (past ``max_matches``: an even
+        sample, keeping the frequencies), sorted: `(min(k, max_matches), max_draft_length)` int64, -1 past the end."""
         if positions.size > max_matches:
             positions = positions[np.linspace(0, positions.size - 1, max_matches).round().astype(np.int64)]
         starts = positions + match_length  # < the pool's size: match() only returns occurrences with a continuation
