@@ -208,8 +208,7 @@ def _restore(controller: DraftLengthController, state: dict) -> bool:
             restored[name] = value
     except (TypeError, ValueError, AttributeError):
         return False
-    for name, value in restored.items():
-        setattr(controller, name, value)
+    vars(controller).update(restored)
     return True
 
 
@@ -222,8 +221,7 @@ def recall(controller: DraftLengthController, model, drafter, setting: tuple = (
     except TypeError:  # a model that cannot be weakly referenced
         return False
     if remembered is not None and remembered[0]() is anchor:  # not an id reused by another object
-        for name, value in remembered[1].items():
-            setattr(controller, name, copy.deepcopy(value))
+        vars(controller).update(copy.deepcopy(remembered[1]))
         return True
     # the file's key: shapes and names, not ids
     entry = read_json(store_file()).get(entry_key(model, anchor, key[0], key[2:]))

@@ -44,8 +44,7 @@ class RankAgreement:
         """Start ``controller`` from the first rank's remembered state and feed it the slowest rank's seconds."""
         box = [{name: getattr(controller, name) for name in _CARRIED}]
         dist.broadcast_object_list(box, group=self.group, group_src=0, device=self.device)
-        for name, value in box[0].items():
-            setattr(controller, name, value)
+        vars(controller).update(box[0])
         controller.agree_seconds = self.slowest
 
     def check_random_state(self, model_device: torch.device) -> None:

@@ -1,14 +1,12 @@
 """The linear layers of a few-token forward on CPU, in whichever orientation the CPU's BLAS runs fastest.
 
 Verification runs the target over ``1 + N`` tokens (N ≈ 2–16). Each ``linear(h, W)`` of those few rows, ``h``
-`(M, d_in)` and ``W`` `(d_out, d_in)`, can also be computed as ``W @ h.T``, and which is faster depends on the CPU: on
-2-core AMD EPYC VMs ``linear`` took MKL's small-M path, 1.5–4× slower (SmolLM2's vocabulary projection at M = 2:
-23.4 ms against 7.7 ms), on a 2-core AVX-512 Xeon VM the other way round. So it is measured: with ``"auto"`` a few-row
-linear runs ``W @ h.T`` only where :func:`transposed_is_faster` timed it at least 10 % faster on this machine. A one-row
-input runs as two rows there (MKL's matrix-vector product used one core on the AMD VM: 2.4-3.1× slower). Plain greedy
-``generate`` inside :func:`few_token_linears` ran 16.5 → 22.8 tokens/s there, token-identical: the bench's fair
-target-only baseline (``target-only+linears``). Only plain CPU fp32 / fp64 ``nn.Linear`` layers are wrapped; the sums
-differ only in their blocking (≤ 1e-4 on the default's logits).
+`(M, d_in)` and ``W`` `(d_out, d_in)`, can also be computed as ``W @ h.T``, and which is faster depends on the CPU
+(MKL's small-M path made ``linear`` 1.5–4× slower on 2-core AMD EPYC VMs, the other way round on an AVX-512 Xeon; a
+one-row product used one core: BENCHMARKS.md). So with ``"auto"`` a few-row linear runs ``W @ h.T`` (a one-row input
+as two rows) only where :func:`transposed_is_faster` timed it at least 10 % faster on this machine. Only plain CPU fp32
+/ fp64 ``nn.Linear`` layers are wrapped; the sums differ only in their blocking (≤ 1e-4 on the default's logits). The
+bench's ``target-only+linears`` baseline runs plain ``generate`` inside :func:`few_token_linears` (token-identical).
 
 This module imports torch and its sibling ``controller_store`` only: :func:`hf_specdraft.cape.write_custom_generate`
 ships it, as it is, in a checkpoint's ``custom_generate/`` folder.

@@ -221,7 +221,7 @@ class StaticRowsCache(Cache):
             inputs = self.buckets[width] = BucketInputs(
                 self.num_rows, width, self.max_cache_len, self.mask_dtype, device
             )
-        self.set_visible(None)
+        self.set_layers(visible=None)
         if rows is None:
             inputs.fill_warm_up()
         else:
@@ -272,28 +272,21 @@ class StaticRowsCache(Cache):
         named = zip(("input_ids", "position_ids", "attention_mask"), (ids, positions, mask))
         return {name: stage(buffers, name, value, device) for name, value in named}
 
-    def set_visible(self, columns: int | None) -> None:
-        """Eager forwards attend to the first ``columns`` columns only (no compiled graph needs the full buffer);
-        ``None`` for the whole buffer, the fixed shape a compiled forward takes."""
+    def set_layers(self, **values) -> None:
+        """Set :class:`StaticRowsLayer` attributes on every layer: ``visible`` (eager forwards attend to the first
+        ``visible`` columns only; ``None``: the whole buffer, the fixed shape a compiled forward takes), ``committed``,
+        ``prefilling``."""
         for layer in self.layers:
-            layer.visible = columns
-
-    def set_prefilling(self, prefilling: bool) -> None:
-        for layer in self.layers:
-            layer.prefilling = prefilling
-
-    def set_committed(self, columns: int) -> None:
-        for layer in self.layers:
-            layer.committed = columns
+            vars(layer).update(values)
 
     def keep(self, row: int, start: int, kept: list[int]) -> None:
         """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (``kept[0] = 0``: its last
         token; a first-child chain is already in place): one ``index_copy_`` for every full layer in a
         :class:`LayerStorage`, else one per tensor."""
-        src = [start + k for k, i in zip(kept, range(len(kept))) if k != i]
-        if not src:
+        dst = [start + i for i, k in enumerate(kept) if k != i]
+        if not dst:
             return
-        dst = [start + i for k, i in zip(kept, range(len(kept))) if k != i]
+        src = [start + k for i, k in enumerate(kept) if k != i]
         device = self.layers[0].keys.device
         index = {
             ring: to_device([c if ring is None else c % ring for c in src + dst], device)

@@ -118,10 +118,9 @@ def compile_config_for(model, generation_config: GenerationConfig) -> CompileCon
 
 def bucket_for(tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
     """The smallest bucket holding ``tokens`` verified tokens per row."""
-    for bucket in buckets:
-        if bucket >= tokens:
-            return bucket
-    raise ValueError(f"{tokens} tokens per row do not fit the largest verification bucket {buckets[-1]}")
+    if tokens > buckets[-1]:
+        raise ValueError(f"{tokens} tokens per row do not fit the largest verification bucket {buckets[-1]}")
+    return next(bucket for bucket in buckets if bucket >= tokens)
 
 
 class StaticLayout(CacheLayout):
@@ -174,8 +173,7 @@ class StaticLayout(CacheLayout):
         started, cache = time.perf_counter(), self.cache
         batch, width = input_ids.shape[0], input_ids.shape[1] - 1
         if width:
-            cache.set_visible(width)  # the prefill is eager: it attends to its own columns only
-            cache.set_committed(0)
+            cache.set_layers(visible=width, committed=0)  # the prefill is eager: it attends to its own columns only
             cache.set_write_columns([0] * batch, width, input_ids.device)
             inputs = {"input_ids": input_ids[:, :-1]}
             pads = [row.pad for row in rows]
@@ -190,14 +188,14 @@ class StaticLayout(CacheLayout):
                         None, "attention_mask", cache.masks(visible, positions, columns[None] - pad), input_ids.device
                     ),
                 )
-            cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
+            cache.set_layers(prefilling=True)  # attends to its own states; ring layers keep the newest of them
             try:
                 out = self.model(**inputs, **self.with_cache, use_cache=True, **self.prefill_kwargs, **request.kwargs)
             finally:
-                cache.set_prefilling(False)
+                cache.set_layers(prefilling=False)
             if request.hidden:
                 prefill_states(out.hidden_states, rows)
-        cache.set_committed(width)
+        cache.set_layers(committed=width)
         self.costs["widest_repacked"] = self.costs["holes_columns"] = cache.max_cache_len
         return time.perf_counter() - started
 
@@ -274,7 +272,7 @@ class StaticLayout(CacheLayout):
         if not cache.windowed:  # the very buffers the bucket's steps fill
             inputs = cache.bucket_inputs(width, device)
         else:
-            cache.set_visible(None)
+            cache.set_layers(visible=None)
             own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
             zeros = torch.zeros(batch, width, dtype=torch.long)  # the dummies' ids and positions
             masks = cache.masks(own.expand(batch, width, length), zeros, torch.zeros(batch, length, dtype=torch.long))
@@ -326,7 +324,7 @@ class StaticLayout(CacheLayout):
         cache, fixed = self.cache, self.compiled
         batch, dtype = cache.num_rows, cache.mask_dtype
         length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
-        cache.set_visible(None if fixed else length)
+        cache.set_layers(visible=None if fixed else length)
         mask = torch.full((batch, 1, width, length), torch.finfo(dtype).min, dtype=dtype)
         ids, positions, starts = [[0] * width for _ in range(batch)], [[0] * width for _ in range(batch)], [0] * batch
         keys = torch.arange(length).repeat(batch, 1) if cache.windowed else None  # each column's position, per row
@@ -362,7 +360,7 @@ class StaticLayout(CacheLayout):
         """Each row's accepted path moved into place (its step began at column ``pad + cached[a]``)."""
         for row, columns, nodes in zip(rows, cached, kept):
             self.cache.keep(row.index, row.pad + columns, nodes)
-        self.cache.set_committed(max(len(row.tokens) - 1 for row in rows))
+        self.cache.set_layers(committed=max(len(row.tokens) - 1 for row in rows))
 
 
 def graph_key(bucket: int, extra: dict | None):
