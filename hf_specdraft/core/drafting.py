@@ -401,11 +401,7 @@ def register_drafter(model_type: str, factory: DrafterFactory) -> None:
 
 
 def draft_chain(
-    generator: TreeCandidateGenerator,
-    request: DraftRequest,
-    next_logits,
-    device: torch.device,
-    feed: torch.LongTensor | None = None,
+    generator: TreeCandidateGenerator, request: DraftRequest, next_logits, device: torch.device, feed=None
 ) -> DraftTree:
     """Draft γ tokens one by one on ``generator.cache`` (re-synced first to the request's text), stopping early where
     the request's ``stop_rule`` says so; ``next_logits``: ``feed (1, n) -> logits (1, V)`` on that cache. Returns a
