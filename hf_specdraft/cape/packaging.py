@@ -13,6 +13,7 @@ from pathlib import Path
 
 TEMPLATE = Path(__file__).parent / "custom_generate"
 CORE = Path(__file__).parents[1] / "core"
+CARD = Path(__file__).with_name("card_template.md")  # the README.md written beside the folder ({repo} filled in)
 
 
 def sibling_imports(path: Path) -> set[str]:
@@ -44,28 +45,6 @@ def shipped_files() -> dict[str, Path]:
     return dict(sorted(files.items()))
 
 
-README = """---
-library_name: transformers
-tags:
-- custom_generate
-- speculative-decoding
----
-
-# Greedy speculative decoding with CAPE
-
-`custom_generate/generate.py` runs greedy speculative decoding with confidence-aware proposal expansion
-(CAPE, Du et al. 2024, "GLIDE with a CAPE", §4.2) and tree verification, needing only `torch` and `transformers`:
-
-```python
-out = target.generate(input_ids=input_ids, custom_generate="{repo}", trust_remote_code=True, max_new_tokens=64)
-```
-
-Pass `assistant_model=<draft>` to use another draft than the one saved here. Options: `num_draft_tokens`
-(default 5), `verification_budget` (default 32), `expansion_schedule` (default ((.3, 7), (.6, 5), (.8, 3), (1., 1))).
-The output equals the target's greedy decoding.
-"""
-
-
 def write_custom_generate(directory: str | Path, readme: bool = True) -> list[Path]:
     """Copy the CAPE ``custom_generate/`` folder into a checkpoint directory; returns the files written.
 
@@ -80,6 +59,6 @@ def write_custom_generate(directory: str | Path, readme: bool = True) -> list[Pa
     written = [shutil.copyfile(source, target / name) for name, source in shipped_files().items()]
     card = Path(directory) / "README.md"
     if readme and not card.exists():
-        card.write_text(README.replace("{repo}", Path(directory).name), encoding="utf-8")
+        card.write_text(CARD.read_text(encoding="utf-8").replace("{repo}", Path(directory).name), encoding="utf-8")
         written.append(card)
     return written
