@@ -119,7 +119,11 @@ class DraftLengthController:
         key = (tuple(self.verify.items()), tuple(self.verify_samples.items()))
         if self._reader is not None and self._reader[0] == key:
             return self._reader[1]
-        read, settled, low = self._read_widths(), {}, float("inf")
+        twice = {k: v for k, v in self.verify.items() if self.verify_samples.get(k, 2) >= 2}
+        # a width timed once (maybe with kernel set-up) reads no higher than the line through those timed twice
+        above = self._fit(twice) if len(twice) >= 2 else lambda n: float("inf")
+        read = {k: v if k in twice else min(v, above(k)) for k, v in self.verify.items()}
+        settled, low = {}, float("inf")
         for k in sorted(read, reverse=True):
             low = settled[k] = min(low, read[k])
         line, widths, known = self._fit(settled), sorted(settled), dict(settled)
@@ -133,15 +137,6 @@ class DraftLengthController:
 
         self._reader = (key, seconds)
         return seconds
-
-    def _read_widths(self) -> dict[int, float]:
-        """The measured widths' seconds; one timed once (maybe with kernel set-up) no higher than the line through the
-        others."""
-        settled = {k: v for k, v in self.verify.items() if self.verify_samples.get(k, 2) >= 2}
-        if len(settled) < 2:
-            return dict(self.verify)
-        line = self._fit(settled)
-        return {k: v if k in settled else min(v, line(k)) for k, v in self.verify.items()}
 
     @staticmethod
     def _fit(verify: dict[int, float]):

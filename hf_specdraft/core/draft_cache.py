@@ -151,7 +151,7 @@ class StaticDraftCache(DraftCache):
         when compiled (a fixed shape), of the last ``rows`` when eager."""
         cache = self.static.cache
         length = cache.max_cache_len if compiled else start + width
-        cache.set_layers(visible=None if compiled else length)
+        cache.set_visible(None if compiled else length)
         columns = start + torch.arange(width)
         keys = torch.arange(length)
         visible = keys[None, None, :] <= columns[None, :, None]  # causal: the committed text and the feed up to itself

@@ -221,7 +221,7 @@ class StaticRowsCache(Cache):
             inputs = self.buckets[width] = BucketInputs(
                 self.num_rows, width, self.max_cache_len, self.mask_dtype, device
             )
-        self.set_layers(visible=None)
+        self.set_visible(None)
         if rows is None:
             inputs.fill_warm_up()
         else:
@@ -272,12 +272,19 @@ class StaticRowsCache(Cache):
         named = zip(("input_ids", "position_ids", "attention_mask"), (ids, positions, mask))
         return {name: stage(buffers, name, value, device) for name, value in named}
 
-    def set_layers(self, **values) -> None:
-        """Set :class:`StaticRowsLayer` attributes on every layer: ``visible`` (eager forwards attend to the first
-        ``visible`` columns only; ``None``: the whole buffer, the fixed shape a compiled forward takes), ``committed``,
-        ``prefilling``."""
+    def set_visible(self, columns: int | None) -> None:
+        """Eager forwards attend to the first ``columns`` columns only (no compiled graph needs the full buffer);
+        ``None`` for the whole buffer, the fixed shape a compiled forward takes."""
         for layer in self.layers:
-            vars(layer).update(values)
+            layer.visible = columns
+
+    def set_prefilling(self, prefilling: bool) -> None:
+        for layer in self.layers:
+            layer.prefilling = prefilling
+
+    def set_committed(self, columns: int) -> None:
+        for layer in self.layers:
+            layer.committed = columns
 
     def keep(self, row: int, start: int, kept: list[int]) -> None:
         """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (``kept[0] = 0``: its last

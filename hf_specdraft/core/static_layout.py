@@ -173,7 +173,8 @@ class StaticLayout(CacheLayout):
         started, cache = time.perf_counter(), self.cache
         batch, width = input_ids.shape[0], input_ids.shape[1] - 1
         if width:
-            cache.set_layers(visible=width, committed=0)  # the prefill is eager: it attends to its own columns only
+            cache.set_visible(width)  # the prefill is eager: it attends to its own columns only
+            cache.set_committed(0)
             cache.set_write_columns([0] * batch, width, input_ids.device)
             inputs = {"input_ids": input_ids[:, :-1]}
             pads = [row.pad for row in rows]
@@ -188,14 +189,14 @@ class StaticLayout(CacheLayout):
                         None, "attention_mask", cache.masks(visible, positions, columns[None] - pad), input_ids.device
                     ),
                 )
-            cache.set_layers(prefilling=True)  # attends to its own states; ring layers keep the newest of them
+            cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
             try:
                 out = self.model(**inputs, **self.with_cache, use_cache=True, **self.prefill_kwargs, **request.kwargs)
             finally:
-                cache.set_layers(prefilling=False)
+                cache.set_prefilling(False)
             if request.hidden:
                 prefill_states(out.hidden_states, rows)
-        cache.set_layers(committed=width)
+        cache.set_committed(width)
         self.costs["widest_repacked"] = self.costs["holes_columns"] = cache.max_cache_len
         return time.perf_counter() - started
 
@@ -234,9 +235,25 @@ class StaticLayout(CacheLayout):
             "draft_warm_up_seconds": {str(b): s for d in self.drafts for b, s in d.static.warm_up_seconds.items()},
         }
 
-    def drafter_cache(self, a: int, row: Row):
-        """Row ``row``'s committed text in the cache, as views a drafter reads (GLIDE's glimpse)."""
-        return row_view(self.cache, row.index, row.pad, len(row.tokens) - 1)
+    def drafter_cache(self, a: int, row: Row) -> DynamicCache:
+        """Row ``row``'s committed text, columns ``[pad, len(tokens) - 1)``, as a `(1, H, n, D)` ``DynamicCache`` of
+        views (no copy) that a drafter reads (GLIDE's glimpse). A ring layer gives its newest ``window - 1`` columns in
+        order (copies), as a trimmed sliding layer."""
+        b, start, stop = row.index, row.pad, len(row.tokens) - 1
+        view = DynamicCache()
+        view.layers = []
+        for layer in self.cache.layers:
+            own = DynamicLayer() if layer.ring is None else DynamicSlidingWindowLayer(sliding_window=layer.window)
+            if layer.is_initialized:
+                columns = slice(start, stop)
+                if layer.ring is not None:
+                    columns = torch.arange(max(start, stop - layer.window + 1), stop, device=layer.keys.device)
+                    columns = columns % layer.ring
+                    own.cumulative_length = stop - start
+                own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
+                own.keys, own.values = layer.keys[b : b + 1, :, columns], layer.values[b : b + 1, :, columns]
+            view.layers.append(own)
+        return view
 
     def warm_up(self, largest_tokens: int, extra: dict | None = None) -> None:
         """Compile and run every bucket up to the one holding ``largest_tokens`` on dummies (:meth:`_dummy`). ``extra``:
@@ -272,7 +289,7 @@ class StaticLayout(CacheLayout):
         if not cache.windowed:  # the very buffers the bucket's steps fill
             inputs = cache.bucket_inputs(width, device)
         else:
-            cache.set_layers(visible=None)
+            cache.set_visible(None)
             own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
             zeros = torch.zeros(batch, width, dtype=torch.long)  # the dummies' ids and positions
             masks = cache.masks(own.expand(batch, width, length), zeros, torch.zeros(batch, length, dtype=torch.long))
@@ -324,7 +341,7 @@ class StaticLayout(CacheLayout):
         cache, fixed = self.cache, self.compiled
         batch, dtype = cache.num_rows, cache.mask_dtype
         length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
-        cache.set_layers(visible=None if fixed else length)
+        cache.set_visible(None if fixed else length)
         mask = torch.full((batch, 1, width, length), torch.finfo(dtype).min, dtype=dtype)
         ids, positions, starts = [[0] * width for _ in range(batch)], [[0] * width for _ in range(batch)], [0] * batch
         keys = torch.arange(length).repeat(batch, 1) if cache.windowed else None  # each column's position, per row
@@ -360,7 +377,7 @@ class StaticLayout(CacheLayout):
         """Each row's accepted path moved into place (its step began at column ``pad + cached[a]``)."""
         for row, columns, nodes in zip(rows, cached, kept):
             self.cache.keep(row.index, row.pad + columns, nodes)
-        self.cache.set_layers(committed=max(len(row.tokens) - 1 for row in rows))
+        self.cache.set_committed(max(len(row.tokens) - 1 for row in rows))
 
 
 def graph_key(bucket: int, extra: dict | None):
@@ -413,22 +430,3 @@ def static_target(
             layer_windows=windows,
         )
     return StaticLayout(model, cache, support, compile_config, buckets, one_row)
-
-
-def row_view(cache: StaticRowsCache, row: int, start: int, stop: int) -> DynamicCache:
-    """Columns ``[start, stop)`` of row ``row`` of ``cache`` as a `(1, H, stop - start, D)` ``DynamicCache`` of views
-    (no copy): what a drafter that reads the target cache (GLIDE) sees. A ring layer gives its newest ``window - 1``
-    columns in order (copies), as a trimmed sliding layer."""
-    view = DynamicCache()
-    view.layers = []
-    for layer in cache.layers:
-        own = DynamicLayer() if layer.ring is None else DynamicSlidingWindowLayer(sliding_window=layer.window)
-        if layer.is_initialized:
-            columns = slice(start, stop)
-            if layer.ring is not None:
-                columns = torch.arange(max(start, stop - layer.window + 1), stop, device=layer.keys.device) % layer.ring
-                own.cumulative_length = stop - start
-            own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
-            own.keys, own.values = layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns]
-        view.layers.append(own)
-    return view
