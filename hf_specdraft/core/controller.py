@@ -149,9 +149,8 @@ class DraftLengthController:
             return lambda n: verify[k] * max(1 + PRIOR_SLOPE * (n - k), 0.5)
         mean_n = sum(known) / len(known)
         mean_v = sum(verify[k] for k in known) / len(known)
-        slope = max(
-            sum((k - mean_n) * (verify[k] - mean_v) for k in known) / sum((k - mean_n) ** 2 for k in known), 0.0
-        )
+        spread = sum((k - mean_n) ** 2 for k in known)
+        slope = max(sum((k - mean_n) * (verify[k] - mean_v) for k in known) / spread, 0.0)
         floor = min(verify.values())
         return lambda n: max(mean_v + slope * (n - mean_n), floor)
 
@@ -321,10 +320,8 @@ class DraftLengthController:
             self._count(self.tries, self.hits, 0, drafted, on_chain)
         if drafted:
             self.measured_width[o] = 0.7 * self.measured_width[o] + 0.3 * max((verify_tokens - 1) / drafted, 1.0)
-            per_token = draft_seconds / drafted
-            self.draft_per_token = (
-                per_token if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per_token
-            )
+            per_token, before = draft_seconds / drafted, self.draft_per_token
+            self.draft_per_token = per_token if before is None else 0.7 * before + 0.3 * per_token
 
     def _time_forward(self, verify_tokens: int, verify_seconds: float) -> None:
         """One verification forward's seconds into the cost curve ``v``."""

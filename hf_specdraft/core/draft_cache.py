@@ -75,13 +75,8 @@ class DynamicDraftCache(DraftCache):
         self.past_key_values.crop(max_length)
 
     def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
-        out = self.model(
-            input_ids=feed,
-            **with_cache(self.model, self.past_key_values),
-            use_cache=True,
-            logits_to_keep=rows,
-            **(extra or {}),
-        )
+        own = with_cache(self.model, self.past_key_values)
+        out = self.model(input_ids=feed, **own, use_cache=True, logits_to_keep=rows, **(extra or {}))
         return out.logits[0, -rows:]
 
 

@@ -84,9 +84,8 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
             transposed = lambda: [_transposed_product(w, hidden) for w in weights]  # noqa: E731
             linear(), transposed()  # warm-up: first-call allocations
             # interleaved, so a burst of other work hits both
-            by_linear, by_transposed = zip(
-                *[(_seconds(linear), _seconds(transposed)) for _ in range(CALIBRATION_REPEATS)]
-            )
+            pairs = [(_seconds(linear), _seconds(transposed)) for _ in range(CALIBRATION_REPEATS)]
+            by_linear, by_transposed = zip(*pairs)
         _FASTER_TRANSPOSED[key] = statistics.median(by_transposed) < SWITCH_MARGIN * statistics.median(by_linear)
         _save_disk(key, _FASTER_TRANSPOSED[key])
     return _FASTER_TRANSPOSED[key]

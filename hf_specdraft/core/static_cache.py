@@ -185,12 +185,9 @@ class StaticRowsCache(Cache):
             last = starts.to(mask.device)[:, None] + width - 1
             held = slots + ring * torch.div(last - slots, ring, rounding_mode="floor")  # (B, R)
             picked = mask.gather(-1, held.clamp(0, columns - 1)[:, None, None, :].expand(batch, 1, queries, ring))
-            picked = picked.masked_fill(
-                ~((held >= 0) & (held < columns))[:, None, None, :], torch.finfo(mask.dtype).min
-            )
-            blocked = torch.full(
-                (batch, 1, queries, self.scratch), torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device
-            )
+            low = torch.finfo(mask.dtype).min
+            picked = picked.masked_fill(~((held >= 0) & (held < columns))[:, None, None, :], low)
+            blocked = torch.full((batch, 1, queries, self.scratch), low, dtype=mask.dtype, device=mask.device)
             return torch.cat([picked, blocked], dim=-1)
 
         return self._per_ring(masks, onto_slots)

@@ -183,12 +183,9 @@ class StaticLayout(CacheLayout):
                 positions = (columns[None] - pad).clamp(min=0)
                 visible = (columns[None, None] >= pad[:, :, None]) & (columns[None, None] <= columns[None, :, None])
                 visible |= columns[None, None] == columns[None, :, None]
-                inputs.update(
-                    position_ids=stage(None, "position_ids", positions, input_ids.device),
-                    attention_mask=stage(
-                        None, "attention_mask", cache.masks(visible, positions, columns[None] - pad), input_ids.device
-                    ),
-                )
+                mask = cache.masks(visible, positions, columns[None] - pad)
+                inputs["position_ids"] = stage(None, "position_ids", positions, input_ids.device)
+                inputs["attention_mask"] = stage(None, "attention_mask", mask, input_ids.device)
             cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
             try:
                 out = self.model(**inputs, **self.with_cache, use_cache=True, **self.prefill_kwargs, **request.kwargs)
