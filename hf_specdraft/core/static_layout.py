@@ -28,7 +28,7 @@ from .cache import croppable_cache, target_cache
 from .host import host_tensor, stage, to_device
 from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .rows import Row
-from .static_cache import StaticRowsCache, verify_block
+from .static_cache import StaticRowsCache, blocked_mask, verify_block
 from .support import TargetSupport
 from .target_state import prefill_states
 from .tree import DraftTree
@@ -339,13 +339,13 @@ class StaticLayout(CacheLayout):
         batch, dtype = cache.num_rows, cache.mask_dtype
         length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
         cache.set_visible(None if fixed else length)
-        mask = torch.full((batch, 1, width, length), torch.finfo(dtype).min, dtype=dtype)
+        mask, bits = blocked_mask((batch, 1, width, length), dtype)  # made visible through its bits (NumPy)
         ids, positions, starts = [[0] * width for _ in range(batch)], [[0] * width for _ in range(batch)], [0] * batch
         keys = torch.arange(length).repeat(batch, 1) if cache.windowed else None  # each column's position, per row
         active, on_device = {row.index for row in rows}, []
         for b in range(batch):
             if b not in active:  # a finished slot: dummies at its own first columns, each seeing itself
-                mask[b, 0].diagonal()[:width] = 0
+                bits[b, 0, range(width), range(width)] = 0
         for row, tree in zip(rows, trees):
             b, n, start = row.index, len(tree), len(row.tokens) - 1
             block, depths = verify_block(tuple(tree.parent_list), width)
@@ -357,8 +357,8 @@ class StaticLayout(CacheLayout):
             cached = start - row.pad
             positions[b] = [cached + d for d in depths]
             starts[b] = start
-            mask[b, 0, :, row.pad : start] = 0
-            mask[b, 0, :, start : start + width].masked_fill_(block, 0)
+            bits[b, 0, :, row.pad : start] = 0
+            bits[b, 0, :, start : start + width][block.numpy()] = 0
             if keys is not None:
                 keys[b] -= row.pad
                 keys[b, start : start + width] = host_tensor(positions[b])
