@@ -17,12 +17,34 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..core.drafting import output_vocab_size
 from ..core.validation import check_int
-from .max_gram import check_bigram_table
 
 TABLE_KEY = "bigram_table"
 FORMAT = "hf_specdraft.bigram_table.v1"
 MERGE_EVERY = 4_000_000  # pending pair keys before they are reduced to (unique key, count); bounds memory
+
+
+def check_bigram_table(
+    table: torch.Tensor, vocab_size: int | None = None, argument: str = "bigram_table"
+) -> torch.LongTensor:
+    """Validate a bigram table: a 1-D integer tensor of ids in ``[0, vocab_size)``, at most ``vocab_size`` long."""
+    integral = isinstance(table, torch.Tensor) and not (table.is_floating_point() or table.dtype == torch.bool)
+    if not integral or table.dim() != 1 or table.numel() == 0:
+        raise ValueError(
+            f"{argument} must be a non-empty 1-D integer tensor (next token id per token id), got "
+            f"{type(table).__name__} {tuple(getattr(table, 'shape', ()))}"
+        )
+    table = table.long()
+    if vocab_size is not None and table.numel() > vocab_size:
+        raise ValueError(
+            f"{argument} has {table.numel()} entries but the target predicts only {vocab_size} token ids; build it "
+            "with the target's tokenizer"
+        )
+    limit = table.numel() if vocab_size is None else vocab_size
+    if int(table.min()) < 0 or int(table.max()) >= limit:
+        raise ValueError(f"{argument} holds token ids outside [0, {limit})")
+    return table
 
 
 def _merge(keys: torch.Tensor, counts: torch.Tensor, pending: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,3 +107,12 @@ def load_bigram_table(path: str | Path, device: str | torch.device = "cpu") -> t
             raise ValueError(f"{str(path)!r} holds no {TABLE_KEY!r} tensor; it was not written by save_bigram_table")
         table = f.get_tensor(TABLE_KEY)
     return check_bigram_table(table, argument=f"the table in {str(path)!r}").to(device)
+
+
+def target_bigram_table(target, bigram_table: torch.Tensor | str | Path | None) -> torch.LongTensor | None:
+    """A table (a tensor, or a file written by :func:`save_bigram_table`) checked against ``target``'s vocabulary."""
+    if isinstance(bigram_table, (str, Path)):
+        bigram_table = load_bigram_table(bigram_table)
+    if bigram_table is None:
+        return None
+    return check_bigram_table(bigram_table, output_vocab_size(target)).to(target.device)

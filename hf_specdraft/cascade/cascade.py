@@ -17,6 +17,8 @@ Calls are counted as ``"draft0"``, ``"draft1"``, … and ``"max_gram"`` for SWI 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
@@ -26,6 +28,7 @@ from ..core.tree import DraftTree
 from ..core.cache import resync_cache
 from ..core.draft_cache import DynamicDraftCache, StaticDraftCache
 from ..core.validation import method_config
+from .bigram import target_bigram_table
 from .config import CascadeConfig
 from .max_gram import MAX_GRAM_TOKENS, MaxGramCandidateGenerator
 
@@ -112,7 +115,6 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         self.controller_anchor = self.drafts[0]  # what the loop's controller state belongs to across calls
         k_matrix = default_k_matrix(len(drafts)) if self.config.k_matrix is None else self.config.k_matrix
         self.k_matrix = validate_k_matrix(k_matrix, len(drafts))
-        self.lenience = self.config.lenience
         self.max_gram = max_gram or MaxGramCandidateGenerator(bigram_table, self.config.max_gram_tokens)
         cap = self.config.num_draft_tokens
         # "auto": the loop's controller sets the cap every step, up to all row 0's budgets can propose; outside the
@@ -196,10 +198,12 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         base = cur_gen.numel() - cur_probs.numel()  # the accepted text's length
         candidates = cur_gen[review_index:].to(p.device)
         if self.generation_config.do_sample:
-            accepted, token = lenient_review_sampling(p, candidates, cur_probs[review_index - base :], self.lenience)
+            accepted, token = lenient_review_sampling(
+                p, candidates, cur_probs[review_index - base :], self.config.lenience
+            )
             next_token = torch.tensor([token], device=p.device)
         else:
-            accepted = lenient_review(p, candidates, cur_probs[review_index - base :], self.lenience)
+            accepted = lenient_review(p, candidates, cur_probs[review_index - base :], self.config.lenience)
             next_token = p[accepted].argmax(-1, keepdim=True)
         kept = torch.cat([candidates[:accepted], next_token])
         kept_q = p[torch.arange(accepted + 1, device=p.device), kept].to(cur_probs.device)
@@ -226,3 +230,14 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
             for i, draft in enumerate(self.drafts)
         ]
         return self.caches
+
+
+def build_cascade_for_bench(
+    target: PreTrainedModel, drafts: list, bigram_table: torch.Tensor | str | Path | None = None, **options
+) -> CascadeCandidateGenerator:
+    """CS Drafting with ``drafts`` (largest first) + Max-Gram for the benchmark harness, vocabularies checked now
+    rather than at generate. ``options``: :class:`~hf_specdraft.cascade.CascadeConfig` fields."""
+    generator = CascadeCandidateGenerator(drafts, bigram_table=target_bigram_table(target, bigram_table), **options)
+    for i, draft in enumerate(generator.drafts):
+        check_same_vocab(target, draft, argument=f"drafts[{i}]")
+    return generator

@@ -13,6 +13,8 @@ chain of an argmax bigram table (:mod:`hf_specdraft.cascade.bigram`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
@@ -20,6 +22,7 @@ from ..core.drafting import DraftRequest, TreeCandidateGenerator, draft_length, 
 from ..core.suffix_match import longest_suffix_match
 from ..core.tree import DraftTree
 from ..core.validation import check_int
+from .bigram import check_bigram_table, target_bigram_table
 
 # §5.2 "we use MaG to generate 10 tokens at once, as it is rare for more than 10 tokens to be accepted"
 MAX_GRAM_TOKENS = 10
@@ -100,23 +103,9 @@ class MaxGramCandidateGenerator(TreeCandidateGenerator):
         return DraftTree.chain(self.draft(request.input_ids[0], request.num_draft_tokens))
 
 
-def check_bigram_table(
-    table: torch.Tensor, vocab_size: int | None = None, argument: str = "bigram_table"
-) -> torch.LongTensor:
-    """Validate a bigram table: a 1-D integer tensor of ids in ``[0, vocab_size)``, at most ``vocab_size`` long."""
-    integral = isinstance(table, torch.Tensor) and not (table.is_floating_point() or table.dtype == torch.bool)
-    if not integral or table.dim() != 1 or table.numel() == 0:
-        raise ValueError(
-            f"{argument} must be a non-empty 1-D integer tensor (next token id per token id), got "
-            f"{type(table).__name__} {tuple(getattr(table, 'shape', ()))}"
-        )
-    table = table.long()
-    if vocab_size is not None and table.numel() > vocab_size:
-        raise ValueError(
-            f"{argument} has {table.numel()} entries but the target predicts only {vocab_size} token ids; build it "
-            "with the target's tokenizer"
-        )
-    limit = table.numel() if vocab_size is None else vocab_size
-    if int(table.min()) < 0 or int(table.max()) >= limit:
-        raise ValueError(f"{argument} holds token ids outside [0, {limit})")
-    return table
+def build_max_gram_for_bench(
+    target: PreTrainedModel, bigram_table: torch.Tensor | str | Path | None = None, **options
+) -> MaxGramCandidateGenerator:
+    """Max-Gram alone for the benchmark harness, ``bigram_table`` (a tensor or a file) checked against ``target`` now;
+    ``options``: ``num_draft_tokens`` (default "auto"; the paper fixes 10), ``max_match_length``."""
+    return MaxGramCandidateGenerator(target_bigram_table(target, bigram_table), **options)
