@@ -35,7 +35,7 @@ from transformers import (
     get_cosine_with_min_lr_schedule_with_warmup,
 )
 
-from hf_specdraft.defaults.corpus import Corpus, build_corpus
+from hf_specdraft.defaults.corpus import HELDOUT_PERCENT, Corpus, build_corpus
 from hf_specdraft.glide.training.data import tokenize_texts
 from hf_specdraft.glide.training.objective import token_stream
 from .evaluation import (
@@ -261,7 +261,12 @@ def train_default(
         {
             "recipe": recipe.name,
             "recipe_hash": recipe.hash(),
-            "corpus": corpus.describe(),
+            "corpus": {
+                "train_files": len(corpus.train),
+                "heldout_files": len(corpus.heldout),
+                "versions": corpus.versions,
+                "heldout_percent": HELDOUT_PERCENT,
+            },
             "train_tokens": int(data.train_ids.numel()),
         }
     )

@@ -45,40 +45,11 @@ class Corpus:
     heldout: list[SourceFile]
     versions: dict[str, str] = field(default_factory=dict)
 
-    def describe(self) -> dict:
-        return {
-            "train_files": len(self.train),
-            "heldout_files": len(self.heldout),
-            "versions": self.versions,
-            "heldout_percent": HELDOUT_PERCENT,
-        }
-
 
 def is_heldout(name: str) -> bool:
     """Whether a file (by its stable name) belongs to the held-out split."""
     digest = hashlib.sha1(name.encode("utf-8")).digest()
     return int.from_bytes(digest[:4], "big") % 100 < HELDOUT_PERCENT
-
-
-def _walk_py(root: Path, prefix: str, skip_site_packages: bool = False) -> list[SourceFile]:
-    files = []
-    skip = {"__pycache__", *(("site-packages", "dist-packages") if skip_site_packages else ())}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(set(dirnames) - skip)
-        for path in (Path(dirpath) / name for name in sorted(filenames) if name.endswith(".py")):
-            try:
-                size = path.stat().st_size
-            except OSError:
-                continue
-            if 0 < size <= MAX_FILE_BYTES:
-                files.append(SourceFile(f"{prefix}/{path.relative_to(root).as_posix()}", path))
-    return files
-
-
-def source_roots(packages: tuple[str, ...] = DEFAULT_PACKAGES) -> dict[str, Path]:
-    """Map each corpus source ("stdlib", package names) to the directory holding its source."""
-    roots = {name: Path(importlib.import_module(name).__file__).parent for name in packages}
-    return {"stdlib": Path(sysconfig.get_paths()["stdlib"]), **roots}
 
 
 def build_corpus(packages: tuple[str, ...] = DEFAULT_PACKAGES, roots: dict[str, Path] | None = None) -> Corpus:
@@ -91,13 +62,24 @@ def build_corpus(packages: tuple[str, ...] = DEFAULT_PACKAGES, roots: dict[str, 
     Raises:
         ValueError: a root that is not a readable directory, or a corpus with no file in a split.
     """
-    roots = dict(roots) if roots is not None else source_roots(packages)
+    if roots is None:
+        roots = {"stdlib": sysconfig.get_paths()["stdlib"]}
+        roots |= {name: Path(importlib.import_module(name).__file__).parent for name in packages}
     files: list[SourceFile] = []
     for prefix, root in roots.items():
         root = Path(root)
         if not root.is_dir() or not os.access(root, os.R_OK):
             raise ValueError(f"corpus root {prefix!r}={str(root)!r} is not a readable directory")
-        files.extend(_walk_py(root, prefix, skip_site_packages=prefix == "stdlib"))
+        skip = {"__pycache__", *(("site-packages", "dist-packages") if prefix == "stdlib" else ())}
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(set(dirnames) - skip)
+            for path in (Path(dirpath) / name for name in sorted(filenames) if name.endswith(".py")):
+                try:
+                    size = path.stat().st_size
+                except OSError:
+                    continue
+                if 0 < size <= MAX_FILE_BYTES:
+                    files.append(SourceFile(f"{prefix}/{path.relative_to(root).as_posix()}", path))
     files.sort(key=lambda f: f.name)
     train = [f for f in files if not is_heldout(f.name)]
     heldout = [f for f in files if is_heldout(f.name)]

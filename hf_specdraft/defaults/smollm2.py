@@ -82,12 +82,12 @@ def convert(source: Path, output_dir: Path) -> Path:
     return output_dir
 
 
-def converted_dir(refresh: bool = False) -> Path:
-    """The cached safetensors copy of the packaged GGUF, converting it first if needed (or if ``refresh``)."""
+def converted_dir() -> Path:
+    """The cached safetensors copy of the packaged GGUF, converting it first if needed."""
     source = gguf_path()
     output_dir = cache_dir() / "smollm2-135m-instruct"
     stamp_file = output_dir / "conversion.json"
-    if refresh or not stamp_file.is_file() or json.loads(stamp_file.read_text()) != _stamp(source):
+    if not stamp_file.is_file() or json.loads(stamp_file.read_text()) != _stamp(source):
         output_dir.parent.mkdir(parents=True, exist_ok=True)
         convert(source, output_dir)
     return output_dir
