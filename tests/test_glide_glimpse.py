@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_model
 from hf_specdraft import GlideConfig, GlideForCausalLM
 from benchmarks.studies import glide_glimpse
-from hf_specdraft.glide.training.evaluation import draft_probs
+from benchmarks.studies.glide_glimpse import draft_probs
 from hf_specdraft.glide.training.store import StoreWindows, compute_store
 from hf_specdraft.glide.training.unrolled import glimpse_mask
 
@@ -40,7 +40,7 @@ def setup():
 
 
 def draft_distribution(glide, store, delay):
-    """q over the store's windows with the package's scorer's forward: glimpsing at ``delay``, or nothing (`None`)."""
+    """q over the store's windows with the study's scorer's forward: glimpsing at ``delay``, or nothing (`None`)."""
     batch = StoreWindows(store).batch(
         None, glide, torch.arange(len(store["input_ids"])), "cpu", delay is not None, False
     )

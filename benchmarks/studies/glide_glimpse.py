@@ -25,10 +25,90 @@ import tempfile
 
 import torch
 
-from hf_specdraft.glide.training.evaluation import heldout_windows, teacher_forced_alpha
+from hf_specdraft.core.stats import overlap
+from hf_specdraft.glide.training.evaluation import heldout_windows
+from hf_specdraft.glide.training.objective import GlideBatch, TargetWindows
 from hf_specdraft.glide.training.store import StoreWindows, compute_store
+from hf_specdraft.glide.training.unrolled import glimpse_mask, unrolled_passes
 
 SKIP = 16  # the first positions of a window have almost no context to glimpse
+
+
+@torch.no_grad()
+def draft_probs(glide, batch: GlideBatch, block_size: int | None = None, delay: int | None = None) -> torch.Tensor:
+    """q `(B, T, V)` over the target's vocabulary on ``batch``'s windows, glimpsing its target KV with the block-wise
+    mask of L = ``block_size`` (training's, §4.1) or a fixed cache ``delay``
+    (:func:`~hf_specdraft.glide.training.unrolled.glimpse_mask`); nothing when the batch holds no KV. A ``state_input``
+    GLIDE is scored at its first draft step, as the loop runs it."""
+    if getattr(glide.config, "state_input", False):
+        _, logits, _ = next(unrolled_passes(glide, batch, 1))
+        return glide.to_target_logits(logits.float()).softmax(-1)
+    mask, kv = None, batch.target_past_key_values
+    # every layer empty: nothing to glimpse (None would read an attached target)
+    if kv is None and glide.config.cross_attention:
+        kv = [(None, None)] * glide.config.target_num_hidden_layers
+    elif delay is not None and kv is not None:
+        mask = glimpse_mask(batch.input_ids.shape[1], delay, device=batch.input_ids.device)
+    logits = glide(
+        input_ids=batch.input_ids,
+        target_past_key_values=kv,
+        use_cache=False,
+        cross_attention_block_size=None if mask is not None else block_size,
+        target_attention_mask=mask,
+    ).logits
+    return logits.float().softmax(-1)
+
+
+@torch.no_grad()
+def teacher_forced_alpha(
+    target,
+    glide,
+    windows,
+    block_size: int | None = None,
+    batch_size: int = 8,
+    *,
+    delay: int | None = None,
+    skip: int = 0,
+    glimpse: bool = True,
+) -> dict[str, float]:
+    """α = mean Σ_x min(p, q) and greedy agreement of ``glide`` against ``target`` on held-out windows, teacher-forced:
+    the package's held-out scorer (:func:`~hf_specdraft.glide.training.evaluation.teacher_forced_alpha`) with a fixed
+    cache delay, a store's top-k and the first positions left out.
+
+    Args:
+        target: the frozen target (run over the windows; unused for a store).
+        windows: `(N, T)` token windows, or a window source (:class:`~hf_specdraft.glide.training.store.StoreWindows`:
+            p is the store's top k, unnormalised, so α is then a lower bound by the mass outside it).
+        block_size: L of the block-wise mask GLIDE glimpses with (training's); ``delay`` instead: a fixed cache delay.
+        skip: leave out each window's first ``skip`` positions (they have little context to glimpse).
+        glimpse: `False` runs GLIDE with nothing to glimpse.
+
+    Returns:
+        ``{"alpha": mean Σ_x min(p, q), "greedy_agreement": mean [argmax q == argmax p], "eval_positions": count}``.
+    """
+    source = windows  # a window source as it is; `(N, T)` token windows the target runs over:
+    if isinstance(windows, torch.Tensor):
+        source = TargetWindows(windows.reshape(-1), windows.shape[-1], stride=windows.shape[-1])
+    device = next(glide.parameters()).device
+    with_kv = glimpse and glide.config.cross_attention
+    alpha, agree, positions = torch.zeros((), device=device), torch.zeros((), device=device), 0
+    for rows in torch.arange(len(source)).split(batch_size):
+        batch = source.batch(target, glide, rows, device, with_kv, True)
+        q = draft_probs(glide, batch, block_size, delay)[:, skip:]  # (B, T - skip, V)
+        if batch.target_logits is not None:
+            p = batch.target_logits.float().softmax(-1)[:, skip:]
+            greedy = p.argmax(-1)
+        else:
+            p = q.new_zeros(q.shape).scatter_(-1, batch.topk_ids[:, skip:], batch.topk_probs[:, skip:])
+            greedy = batch.topk_ids[:, skip:, 0]
+        alpha += overlap(p, q).sum()
+        agree += (q.argmax(-1) == greedy).sum()
+        positions += q.shape[0] * q.shape[1]
+    return {
+        "alpha": round(alpha.item() / positions, 4),
+        "greedy_agreement": round(agree.item() / positions, 4),
+        "eval_positions": positions,
+    }
 
 
 def heldout_code(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tensor:
@@ -52,8 +132,8 @@ def heldout_code(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tenso
 
 
 def score(model, store: dict[str, torch.Tensor], delay: int | None = 1, skip: int = SKIP) -> dict[str, float]:
-    """α and greedy agreement of ``model`` on ``store``'s windows
-    (:func:`~hf_specdraft.glide.training.evaluation.teacher_forced_alpha` against the store's top-k), glimpsing the
+    """α and greedy agreement of ``model`` on ``store``'s windows (:func:`teacher_forced_alpha` against the store's
+    top-k), glimpsing the
     target keys ``k <= j - delay``; ``delay=None``: GLIDE with nothing to glimpse (the vanilla twin never glimpses).
 
     Returns:

@@ -4,7 +4,7 @@ For each request of a prompts file (Spec-Bench's format: ``question_id``, ``cate
 arXiv:2401.07851) the target answers its first turn greedily in its chat template; then, per ``category``:
 
 - **teacher-forced**: the first draft token's greedy agreement at every position of the target's answer, the request
-  and the answer fed as they are (:func:`hf_specdraft.glide.training.evaluation.teacher_forced_alpha`, training's
+  and the answer fed as they are (:func:`benchmarks.studies.glide_glimpse.teacher_forced_alpha`, training's
   block-wise glimpse);
 - **in the loop**: ``speculative_generate`` with the drafter at γ = 1 and copying off, every step judged by the
   target: accepted / judged draft tokens, the first draft token's agreement as decoding meets it.
@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from hf_specdraft import speculative_generate
 from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
-from hf_specdraft.glide.training.evaluation import teacher_forced_alpha
+from benchmarks.studies.glide_glimpse import teacher_forced_alpha
 from hf_specdraft.glide.training.objective import TargetWindows
 from benchmarks.studies.state_glide import conditional_agreement
 

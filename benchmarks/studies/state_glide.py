@@ -32,7 +32,7 @@ from hf_specdraft import speculative_generate
 from hf_specdraft.bench.harness import cpu_model, prompt_ids
 from hf_specdraft.defaults.tasks import build_tasks
 from hf_specdraft.glide import GlideCandidateGenerator, GlideForCausalLM
-from hf_specdraft.glide.training.evaluation import teacher_forced_alpha
+from benchmarks.studies.glide_glimpse import teacher_forced_alpha
 from hf_specdraft.glide.training.objective import GlideBatch, WindowSource
 from hf_specdraft.glide.training.store import StoreWindows, load_store
 from hf_specdraft.glide.training.unrolled import unrolled_passes
