@@ -104,9 +104,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         """Check that ``target`` is the kind of target GLIDE was built for, then start a fresh draft cache."""
         super().prepare(target, generation_config)
-        problems = self.glide.config.target_mismatches(target.config)
-        if problems:
-            raise ValueError("glide was built for a different target:\n  " + "\n  ".join(problems))
+        self.glide.check_target(target)
         check_same_vocab(target, self.glide, argument="glide")
         check_same_device(target, self.glide, argument="glide")
         check_same_split(target, self.glide)

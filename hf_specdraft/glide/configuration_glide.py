@@ -19,10 +19,6 @@ _SHAPES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_v
 _TARGET_FIELDS = ("model_type", *_SHAPES, "rope_parameters")
 
 
-def _head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def _rope_parameters(config, layer_ids: list[int] | None = None) -> dict[str, Any]:
     """The RoPE of the target layers GLIDE reads (``layer_ids`` None: the last), as one flat ``rope_parameters`` dict;
     a target with one RoPE per layer type (Gemma 3) gives that of the read layers' type."""
@@ -67,7 +63,7 @@ def target_description(target_config, layer_ids: list[int] | None = None) -> dic
         "hidden_size": text.hidden_size,
         "num_attention_heads": text.num_attention_heads,
         "num_key_value_heads": getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-        "head_dim": _head_dim(text),
+        "head_dim": getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
         "vocab_size": text.vocab_size,
         "rope_parameters": _rope_parameters(text, layer_ids),
     }
@@ -152,10 +148,9 @@ class GlideConfig(PretrainedConfig):
                 setattr(self, f"{prefix}num_key_value_heads", heads)
             if getattr(self, f"{prefix}head_dim") is None:
                 setattr(self, f"{prefix}head_dim", getattr(self, f"{prefix}hidden_size") // max(heads, 1))
-        if self.target_vocab_size is None:
-            self.target_vocab_size = self.vocab_size
-        if self.target_max_position_embeddings is None:
-            self.target_max_position_embeddings = self.max_position_embeddings
+        for name in ("vocab_size", "max_position_embeddings"):  # the target's: the draft's by default
+            if getattr(self, f"target_{name}") is None:
+                setattr(self, f"target_{name}", getattr(self, name))
         self.rope_parameters = copy.deepcopy(self.rope_parameters)
         default_rope = {"rope_type": "default", "rope_theta": 10000.0}
         self.target_rope_parameters = copy.deepcopy(self.target_rope_parameters) or default_rope
@@ -168,10 +163,8 @@ class GlideConfig(PretrainedConfig):
             self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         self._validate()
         super().__post_init__(**kwargs)
-        if not self.cross_attention or not self.self_attention:  # the plan names only the sub-layers this GLIDE has
-            absent = (() if self.cross_attention else (".cross_attn.",)) + (
-                () if self.self_attention else (".self_attn.",)
-            )
+        absent = [f".{kind}_attn." for kind in ("cross", "self") if not getattr(self, f"{kind}_attention")]
+        if absent:  # the plan names only the sub-layers this GLIDE has
             self.base_model_tp_plan = {
                 k: v for k, v in type(self).base_model_tp_plan.items() if not any(a in k for a in absent)
             }

@@ -127,27 +127,16 @@ def assistant_config(glide) -> PretrainedConfig:
         hidden_activation=config.hidden_act,
         max_position_embeddings=config.target_max_position_embeddings,
         rms_norm_eps=config.rms_norm_eps,
-        tie_word_embeddings=True,
         layer_types=["full_attention"] * layers,
         rope_parameters={"full_attention": rope},
-        attention_bias=False,
-        final_logit_softcapping=None,
         vocab_size_per_layer_input=0,
         hidden_size_per_layer_input=0,
         num_kv_shared_layers=layers,
-        enable_moe_block=False,
-        use_double_wide_mlp=False,
-        attention_k_eq_v=False,
         pad_token_id=config.pad_token_id,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
     )
-    assistant = Gemma4AssistantConfig(
-        text_config=text,
-        backbone_hidden_size=config.target_hidden_size,
-        use_ordered_embeddings=False,
-        tie_word_embeddings=True,
-    )
+    assistant = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=config.target_hidden_size)
     assistant.architectures = ["Gemma4AssistantForCausalLM"]
     setattr(assistant, EXPORT_KEY, {"serves_in": "vllm", "glide": str(glide.name_or_path) or None})
     return assistant
@@ -184,9 +173,8 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
         ValueError: the GLIDE cannot be expressed in the layout (:func:`unexpressible`), or ``target_config`` is not the
             target it was built for.
     """
-    problems = glide.config.target_mismatches(target_config) if target_config is not None else []
-    if problems:
-        raise ValueError("target_config is not the target this GLIDE was built for:\n  " + "\n  ".join(problems))
+    if target_config is not None:
+        glide.check_target(target_config)
     weights = assistant_weights(glide)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

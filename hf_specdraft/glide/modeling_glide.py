@@ -157,14 +157,6 @@ def draft_vocab_rows(config: GlideConfig) -> int:
     return config.vocab_size if config.draft_token_ids is None else len(config.draft_token_ids) + 1
 
 
-def attention_interface(config: GlideConfig):
-    """The attention kernel for ``config._attn_implementation`` (eager or sdpa)."""
-    implementation = config._attn_implementation
-    if implementation in (None, "eager"):
-        return eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-
-
 def target_rotary_config(config: GlideConfig) -> LlamaConfig:
     """A config that makes ``LlamaRotaryEmbedding`` rotate exactly like the target (theta, scaling, head_dim)."""
     # the rotary settings read only these (the vocabulary, depth and KV heads do not enter)
@@ -229,9 +221,10 @@ class GlideCrossAttention(nn.Module):
             key_index = torch.arange(keys.shape[-2], device=query.device) + offset
             mask, visible = cross_attention_mask(query_index, key_index, block_size, query.dtype, padding_mask)
         dropout = self.attention_dropout if self.training else 0.0
-        output, _ = attention_interface(self.config)(
-            self, query, keys, values, mask, dropout=dropout, scaling=self.scaling
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation or "eager", eager_attention_forward
         )
+        output, _ = attention(self, query, keys, values, mask, dropout=dropout, scaling=self.scaling)
         return self.o_proj(output.reshape(batch, q_len, -1)) * visible
 
     @property
@@ -474,14 +467,11 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
 
     def check_target(self, target) -> None:
         """Raise `ValueError` unless ``target`` (a model or its config) is the kind of target GLIDE was built for."""
-        config = getattr(target, "config", target)
-        problems = self.config.target_mismatches(config)
+        problems = self.config.target_mismatches(getattr(target, "config", target))
         if problems:
+            name = f" ({self.config.target_name_or_path})" if self.config.target_name_or_path else ""
             raise ValueError(
-                "target does not match the target this GLIDE was built for"
-                + (f" ({self.config.target_name_or_path})" if self.config.target_name_or_path else "")
-                + ":\n  "
-                + "\n  ".join(problems)
+                f"the target given is not the target this GLIDE was built for{name}:\n  " + "\n  ".join(problems)
             )
 
     def forward(
