@@ -31,6 +31,8 @@ from hf_specdraft.cascade.max_gram import MAX_GRAM_TOKENS
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator, TreeCandidateGenerator
 from hf_specdraft.core.tree import DraftTree
 
+from . import swi  # noqa: F401  (adds SWI, c and E(speedup) to every bench summary)
+
 COPY_TOKENS = (
     6  # a fixed-γ "+copy" row's copies (max_copy_tokens): a match that long tends to continue for several tokens
 )
@@ -63,10 +65,6 @@ TUNED_K_2DRAFTS = [[3, 2, 10], [0, 1, 10], [0, 0, 10]]
 # items 8..13 (benchmarks/results/cpu-tune-casd.json): 8 nodes 1.09x, 4 nodes 1.09x, 16: 1.01x, REST's 64: 0.91x; a
 # 64-node verification costs ~2.5x a one-token forward here. The library's CasdConfig keeps REST's 64.
 CASD_MAX_NODES = 8
-
-
-def _draft_costs(extras):
-    return {"draft": extras["draft"]}
 
 
 # --- more baselines: the loop proposing nothing, stock assisted decoding with the few-row linears or GLIDE attached
@@ -130,7 +128,6 @@ register_method(
         lambda ctx: speculative_run(ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA, copy_from_context=False),
         requires=("draft",),
         description=f"speculative_generate with the plain draft, γ={GLIDE_GAMMA}, no copying",
-        cost_models=_draft_costs,
     )
 )
 register_method(
@@ -140,7 +137,6 @@ register_method(
             ctx, draft_model=ctx.draft, num_draft_tokens=GLIDE_GAMMA, copy_from_context=2, max_copy_tokens=COPY_TOKENS
         ),
         requires=("draft",),
-        cost_models=_draft_costs,
         description=f"speculative_generate with the plain draft (GLIDE-family), γ={GLIDE_GAMMA}, copying "
         f"{COPY_TOKENS} tokens from the context where its last 2 tokens recur",
     )
@@ -151,7 +147,6 @@ register_method(
         lambda ctx: speculative_run(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, TUNED_GAMMA)),
         requires=("draft",),
         description=f"plain draft, γ={TUNED_GAMMA} (tuned)",
-        cost_models=_draft_costs,
     )
 )
 for _gamma in (2, 3, 4, 5):
@@ -161,7 +156,6 @@ for _gamma in (2, 3, 4, 5):
             lambda ctx, g=_gamma: speculative_run(ctx, candidate_generator=DraftModelCandidateGenerator(ctx.draft, g)),
             requires=("draft",),
             description=f"speculative_generate with the plain draft, γ={_gamma} fixed",
-            cost_models=_draft_costs,
         )
     )
 
@@ -181,7 +175,6 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
             requires=("draft",),
             description=f"plain draft γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), "
             "one tree-verified forward",
-            cost_models=_draft_costs,
         )
     )
 
@@ -203,7 +196,6 @@ register_method(
         "max-gram",
         _max_gram,
         description=f"Max-Gram ({MAX_GRAM_TOKENS} tokens) with the bigram fallback",
-        cost_models=lambda e: {"max_gram": None},
     )
 )
 register_method(
@@ -212,7 +204,6 @@ register_method(
         lambda ctx: cascade_run(ctx, [ctx.draft]),
         requires=("draft",),
         description="CS drafting: plain draft + Max-Gram, default K matrix",
-        cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
     )
 )
 register_method(
@@ -221,7 +212,6 @@ register_method(
         lambda ctx: cascade_run(ctx, [ctx.draft, ctx.extras["small_draft"]]),
         requires=("draft", "small_draft"),
         description="CS drafting: plain draft + smaller draft + Max-Gram",
-        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None},
     )
 )
 register_method(
@@ -231,7 +221,6 @@ register_method(
         requires=("draft",),
         description=f"CS drafting: plain draft + Max-Gram ({TUNED_MAX_GRAM_TOKENS} tokens), "
         f"K = {TUNED_K_1DRAFT} (tuned)",
-        cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
     )
 )
 register_method(
@@ -240,7 +229,6 @@ register_method(
         lambda ctx: cascade_run(ctx, [ctx.draft, ctx.extras["small_draft"]], TUNED_K_2DRAFTS),
         requires=("draft", "small_draft"),
         description=f"CS drafting: two drafts + Max-Gram, K = {TUNED_K_2DRAFTS} (tuned)",
-        cost_models=lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None},
     )
 )
 
@@ -317,16 +305,12 @@ def glide_cape(ctx, mode, gamma: int = CAPE_GAMMA, budget: int = CAPE_BUDGET, co
 
 
 def _register_glide_rows(kind: str) -> None:
-    def costs(e):
-        return {"draft": e[kind]}
-
     register_method(
         Method(
             kind,
             lambda ctx: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind)),
             requires=(kind,),
             description=f"speculative_generate with the default's {kind} drafter, γ={GLIDE_GAMMA}, no copying",
-            cost_models=costs,
         )
     )
     register_method(
@@ -336,7 +320,6 @@ def _register_glide_rows(kind: str) -> None:
             requires=(kind,),
             description=f"speculative_generate with the default's {kind} drafter, γ={GLIDE_GAMMA}, copying "
             f"{COPY_TOKENS} tokens from the context where its last 2 tokens recur",
-            cost_models=costs,
         )
     )
     for gamma in (2, 3, 4, 5):  # fixed γ beside auto, for comparison
@@ -346,7 +329,6 @@ def _register_glide_rows(kind: str) -> None:
                 lambda ctx, g=gamma: speculative_run(ctx, candidate_generator=glide_chain(ctx, kind, g)),
                 requires=(kind,),
                 description=f"speculative_generate with the default's {kind} drafter, γ={gamma} fixed, no copying",
-                cost_models=costs,
             )
         )
         register_method(
@@ -356,7 +338,6 @@ def _register_glide_rows(kind: str) -> None:
                 requires=(kind,),
                 description=f"speculative_generate with the default's {kind} drafter, γ={gamma} fixed, "
                 f"copying {COPY_TOKENS} tokens from the context where its last 2 tokens recur",
-                cost_models=costs,
             )
         )
 
@@ -370,7 +351,6 @@ register_method(
         requires=("glide",),
         description=f"GLIDE γ={CAPE_GAMMA} with cape expansion (budget {CAPE_BUDGET}), copying {COPY_TOKENS} tokens "
         "from the context where its last 2 tokens recur",
-        cost_models=lambda e: {"draft": e["glide"]},
     )
 )
 for _gamma, _budget in (
@@ -384,7 +364,6 @@ for _gamma, _budget in (
             lambda ctx, g=_gamma, b=_budget: glide_cape(ctx, "confidence", g, b),
             requires=("glide",),
             description=f"GLIDE γ={_gamma} with cape expansion (budget {_budget}), no copying",
-            cost_models=lambda e: {"draft": e["glide"]},
         )
     )
 for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "beam")):
@@ -394,7 +373,6 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
             lambda ctx, m=_mode: glide_cape(ctx, m),
             requires=("glide",),
             description=f"GLIDE γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), no copying",
-            cost_models=lambda e: {"draft": e["glide"]},
         )
     )
 # the default call as it copied before one-token matches were weighed: copies after a 2-token match only
@@ -405,7 +383,6 @@ register_method(
         requires=("glide",),
         description="speculative_generate(target, ids, draft_model=glide, copy_from_context=2): γ 'auto', copying "
         "after a 2-token match",
-        cost_models=lambda e: {"draft": e["glide"]},
     )
 )
 

@@ -30,7 +30,7 @@ _MODULES = {  # the module (relative to this package) -> the public names it def
     ".core.loop": ("SpeculativeGenerateOutput", "speculative_generate"),
     ".core.projection": ("few_token_linears",),
     ".core.state_drafting": ("StateReadingDrafter",),
-    ".core.stats": ("SpeculativeStats", "expected_speedup", "standardized_walltime_improvement"),
+    ".core.stats": ("SpeculativeStats", "expected_speedup"),
     ".core.target_state": ("TargetState",),
     ".core.tree": ("DraftTree",),
 }

@@ -92,8 +92,8 @@ def write_drafter_cards(
                 "α (1 - TV(p, q))": s.get("alpha"),
                 "accepted / judged positions": s.get("position_acceptance_rate"),
                 "mean accepted length": s["mean_accepted_length"],
-                "c": s["cost_coefficient"],
-                "E(speedup)": s["expected_speedup"],
+                "c": s.get("cost_coefficient"),
+                "E(speedup)": s.get("expected_speedup"),
                 "wall-time speedup vs target-only": s["speedup_vs_target_only"],
                 "vs target-only with few_token_linears": s.get("speedup_vs_target_only_linears"),
             }

@@ -13,14 +13,16 @@ from hf_specdraft.cascade import (
     CascadeCandidateGenerator,
     MaxGramCandidateGenerator,
     build_cascade_for_bench,
-    cascade_swi,
     default_k_matrix,
     lenient_review,
+    validate_k_matrix,
+)
+from benchmarks.swi import (
+    cascade_swi,
     measure_cost_coefficients,
     parameter_cost_coefficients,
     swi_from_stats,
     swi_report,
-    validate_k_matrix,
 )
 from conftest import VOCAB, greedy_reference, tiny_model
 from test_sampling import first_two_joint
@@ -344,7 +346,7 @@ def test_draft_vocabulary_differs_from_target():
         build_cascade_for_bench(target, [big, odd])
 
 
-# --- SWI -----------------------------------------------------------------------------------------------
+# --- SWI (the lab's measure, benchmarks/swi.py) --------------------------------------------------------
 
 
 def test_swi_arithmetic():
@@ -353,6 +355,9 @@ def test_swi_arithmetic():
         100, 30, {"draft0": 40, "draft1": 100, "max_gram": 90}, {"draft0": 0.05, "draft1": 0.01, "max_gram": 0.0}
     ) == pytest.approx(100 / 33)
     assert cascade_swi(50, 50, {}, {}) == 1.0  # target-only decoding
+    assert cascade_swi(100, 40, {"draft": 200}, {"draft": 0.05}) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="cost_coefficients"):
+        cascade_swi(100, 40, {"draft": 200}, {})
     with pytest.raises(ValueError, match="draft1"):
         cascade_swi(10, 5, {"draft1": 3}, {"draft0": 0.1})
     stats = SpeculativeStats(drafter_calls={"draft0": 8, "max_gram": 10})

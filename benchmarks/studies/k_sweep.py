@@ -71,11 +71,6 @@ def register_grid(
             drafts = [ctx.draft] if num_drafts == 1 else [ctx.draft, ctx.extras["small_draft"]]
             return cascade_run(ctx, drafts, k, max_gram_tokens=mag)
 
-        costs = (
-            (lambda e: {"draft0": e["draft"], "max_gram": None})
-            if num_drafts == 1
-            else (lambda e: {"draft0": e["draft"], "draft1": e["small_draft"], "max_gram": None})
-        )
         if name not in METHODS:
             register_method(
                 Method(
@@ -83,7 +78,6 @@ def register_grid(
                     run,
                     requires=("draft",) if num_drafts == 1 else ("draft", "small_draft"),
                     description=f"CS drafting, K = {k_matrix}, MaG {mag} tokens",
-                    cost_models=costs,
                 )
             )
         names[name] = k_matrix
@@ -104,7 +98,6 @@ def register_draft_gammas(gammas: tuple[int, ...] = (2, 3, 4, 5, 8)) -> list[str
                     ),
                     requires=("draft",),
                     description=f"plain draft γ={gamma}",
-                    cost_models=lambda e: {"draft": e["draft"]},
                 )
             )
         names.append(name)

@@ -37,7 +37,6 @@ def register_grid() -> tuple[list[str], list[str]]:
                     ),
                     requires=("glide",),
                     description=f"GLIDE γ={gamma}",
-                    cost_models=lambda e: {"draft": e["glide"]},
                 )
             )
         gammas.append(name)
@@ -55,7 +54,6 @@ def register_grid() -> tuple[list[str], list[str]]:
                     ),
                     requires=("glide",),
                     description=f"GLIDE γ={gamma} + CAPE, budget {budget}",
-                    cost_models=lambda e: {"draft": e["glide"]},
                 )
             )
         capes.append(name)

@@ -23,7 +23,6 @@ from tqdm.auto import tqdm
 
 from ..defaults import DefaultBundle
 from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, copyable_fraction, edit_similarity
-from ..core.stats import expected_speedup
 from ..core.validation import check_int
 from ..core.projection import calibrated_choices
 from .methods import COMPILED_BASELINE, FAST_BASELINE, METHODS, STATIC_BASELINE, BenchContext
@@ -38,6 +37,8 @@ PROFILES = {
     # the embedded default on CUDA, bf16: one task (eager rows at ~35 tok/s included) fits in about 10 minutes
     "gpu-default": {"num_prompts": 8, "max_new_tokens": 128, "context_prompt_chars": 3000, "repeats": 2},
 }
+# ``(summary, records, models by name) -> None`` callables that add fields to a run's summary (the lab's SWI)
+SUMMARY_FIELDS: list = []
 
 
 @dataclass
@@ -85,14 +86,10 @@ def environment(bundle: DefaultBundle) -> dict:
         "batch_size": 1,
         "versions": {"python": platform.python_version(), **versions},
         "target": bundle.info.get("target_description") or str(bundle.path / "target"),
-        "target_parameters": _parameters(bundle.target),
+        "target_parameters": sum(p.numel() for p in bundle.target.parameters()),
         # which orientation each few-row linear took on this CPU (core.projection calibrates it per machine)
         "few_token_linears": calibrated_choices(),
     }
-
-
-def _parameters(model) -> int | None:
-    return sum(p.numel() for p in model.parameters()) if model is not None else None
 
 
 def cpu_model() -> str:
@@ -159,36 +156,6 @@ def run_one(method: str, ctx: BenchContext, counter: _BenchRun) -> dict:
 
 def _total(stats: list[dict], key: str) -> float:
     return sum(s[key] for s in stats)
-
-
-def _swi(stats: list[dict], method: str, parameters: dict, target_parameters: int) -> tuple[float | None, float | None]:
-    """SWI (cascade §5.1) from the run's call counts: (parameter-count ``c_i``, measured in-run cost).
-
-    Measured: a target run costs this run's verify time per step, the drafters their measured draft time. Parameter
-    heuristic: ``c_i`` = drafter parameters / target parameters (Max-Gram: 0).
-    """
-    steps, new = _total(stats, "steps"), _total(stats, "new_tokens")
-    if not steps:
-        return None, None
-    verify_per_step = _total(stats, "verify_seconds") / steps
-    measured = new * verify_per_step / (steps * verify_per_step + _total(stats, "draft_seconds"))
-    if METHODS[method].cost_models is None:
-        return None, measured
-    models = parameters.get(method, {})
-    drafter_cost = sum(
-        count * models.get(name, 0) / target_parameters for s in stats for name, count in s["drafter_calls"].items()
-    )
-    return new / (steps + drafter_cost), measured
-
-
-def _cost_coefficient(stats: list[dict]) -> tuple[float, int] | None:
-    """c (one draft forward over one verification forward) and γ measured in the run, for single-draft chains."""
-    calls = sum(s["drafter_calls"].get("draft", 0) for s in stats)
-    steps = _total(stats, "steps")
-    if not calls or not steps or any(set(s["drafter_calls"]) - {"draft"} for s in stats):
-        return None
-    draft, verify = _total(stats, "draft_seconds") / calls, _total(stats, "verify_seconds") / steps
-    return draft / verify, round(calls / steps)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -258,9 +225,7 @@ def _compiles(records: list[dict]) -> dict:
     }
 
 
-def summarize(
-    records: list[dict], methods: tuple[str, ...], parameters: dict | None = None, target_parameters: int = 1
-) -> dict:
+def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
     """Per method: speed from the median time per prompt (all repeats), everything else from the first repeat
     (greedy decoding gives the same tokens and statistics on every repeat)."""
     timed = {m: [r for r in records if r["method"] == m] for m in methods}
@@ -283,7 +248,7 @@ def summarize(
         accepted = _total(stats, "accepted_tokens")
         known = [r["controller_resumed"] for r in all_runs if r.get("controller_resumed") is not None]
         expansion = [s["extra"]["expansion_seconds"] for s in stats if "expansion_seconds" in s.get("extra", {})]
-        summary[m] = row = {
+        summary[m] = {
             "prompts": len(rs),
             "repeats": len(all_runs) // max(len(rs), 1),
             "new_tokens": new,
@@ -312,11 +277,6 @@ def summarize(
             "equals_target_only": sum(r["tokens"] == b["tokens"] for r, b in zip(rs, base)) / len(rs),
             "edit_similarity": sum(r["edit_similarity"] for r in rs) / len(rs),
         }
-        row["swi_parameters"], row["swi_measured"] = _swi(stats, m, parameters or {}, target_parameters)
-        cost = _cost_coefficient(stats)  # E(speedup), Du et al. 2024, §5.1: from α, and from accepted / judged
-        row["cost_coefficient"] = cost and cost[0]
-        for key, rate in (("expected_speedup", "alpha"), ("expected_speedup_position", "position_acceptance_rate")):
-            row[key] = expected_speedup(row[rate], cost[1], cost[0]) if cost and row[rate] is not None else None
     return summary
 
 
@@ -474,13 +434,9 @@ def run_bench(
         bar = tqdm(contexts, desc=f"bench {config.task}")
         for index, ctx in enumerate(bar):
             time_prompt(ctx, index, config, run, bar)
-    named = {**extras, "draft": bundle.draft}
-    parameters = {
-        m: {name: _parameters(model) or 0 for name, model in METHODS[m].cost_models(named).items()}
-        for m in config.methods
-        if METHODS[m].cost_models is not None
-    }
-    summary = summarize(run.records, config.methods, parameters, _parameters(bundle.target))
+    summary = summarize(run.records, config.methods)
+    for add_fields in SUMMARY_FIELDS:
+        add_fields(summary, run.records, {**extras, "draft": bundle.draft, "target": bundle.target})
     meta = {"profile": config.profile, "task": config.task, "num_prompts": len(items), "seed": config.seed}
     body = {"summary": summary}
     if config.task == "context":

@@ -53,8 +53,6 @@ class Method:
     tasks: tuple[str, ...] = ("completion", "context", "chat")
     requires: tuple[str, ...] = ()  # names in ctx.extras (or "draft") that must be present
     description: str = ""
-    # extras (+ "draft") -> {drafter_calls name: model or None (free)}, for SWI
-    cost_models: Callable[[dict], dict] | None = None
 
     def available(self, ctx_extras: dict, has_draft: bool) -> bool:
         return all((name == "draft" and has_draft) or name in ctx_extras for name in self.requires)
@@ -176,45 +174,38 @@ def _cape_auto(ctx, copy: bool = True):
     return with_expansion_sizes(ctx, generator)
 
 
-def register_drafting(name: str, run, drafter: str, description: str) -> Method:
-    """Register a row that drafts with one model, ``drafter`` (``"draft"`` or a key of the extras): it needs that
-    model, and SWI costs its calls (counted as ``"draft"``) by that model's size."""
-    return _row(name, run, description, requires=(drafter,), cost_models=lambda extras: {"draft": extras[drafter]})
-
-
-register_drafting(
+_row(
     "draft-model-auto",
     lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=False),
-    "draft",
     "speculative_generate(target, ids, draft_model=draft, copy_from_context=False): γ 'auto', no copying",
+    requires=("draft",),
 )
-register_drafting(
+_row(
     "draft-model+copy-auto",
     lambda ctx: speculative_run(ctx, draft_model=ctx.draft, copy_from_context=2),
-    "draft",
     "speculative_generate(target, ids, draft_model=draft): the default call with a GLIDE-family draft, γ 'auto', "
     "copying from the context (the controller sizes each copy)",
+    requires=("draft",),
 )
 _row(
     "cascade-1draft-auto",
     lambda ctx: cascade_run(ctx, [ctx.draft], num_draft_tokens="auto"),
     "CascadeCandidateGenerator([draft]): the default call, default K, the cap 'auto' (chosen every step)",
     requires=("draft",),
-    cost_models=lambda e: {"draft0": e["draft"], "max_gram": None},
 )
 for _kind in ("glide", "vanilla"):
-    register_drafting(
+    _row(
         f"{_kind}+copy-auto",
         lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k]),
-        _kind,
         f"speculative_generate(target, ids, draft_model={_kind}): the default call, γ 'auto' (chosen every step from "
         "measured costs), copying from the context where it recurs",
+        requires=(_kind,),
     )
-    register_drafting(
+    _row(
         f"{_kind}-auto",
         lambda ctx, k=_kind: speculative_run(ctx, draft_model=ctx.extras[k], copy_from_context=False),
-        _kind,
         f"speculative_generate(target, ids, draft_model={_kind}, copy_from_context=False): γ 'auto', no copying",
+        requires=(_kind,),
     )
 _row(
     "casd-strict-auto",
@@ -222,24 +213,19 @@ _row(
     "CasdCandidateGenerator(context): the default call, exact verification, tree depth and size 'auto'",
     tasks=("context",),
 )
+_row("max-gram-auto", _max_gram_auto, "Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)")
 _row(
-    "max-gram-auto",
-    _max_gram_auto,
-    "Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)",
-    cost_models=lambda e: {"max_gram": None},
-)
-register_drafting(
     "glide+copy+cape-auto",
     _cape_auto,
-    "glide",
     "CapeCandidateGenerator(GlideCandidateGenerator(glide)): the default call, γ and budget 'auto', copying from the "
     "context where it recurs",
+    requires=("glide",),
 )
-register_drafting(
+_row(
     "glide+cape-auto",
     lambda ctx: _cape_auto(ctx, copy=False),
-    "glide",
     "CapeCandidateGenerator(GlideCandidateGenerator(glide, copy_from_context=0)): γ and budget 'auto', no copying",
+    requires=("glide",),
 )
 
 

@@ -7,7 +7,6 @@
 - accepted per drafted: accepted draft tokens / drafted depth; not an α (positions after a rejection count as failures).
 - mean accepted length τ: tokens emitted per target forward (accepted + the target's own token).
 - expected speedup: Leviathan et al. 2023 eq. 1, as used in Du et al. 2024, §5.1.
-- SWI: standardized walltime improvement, Chen et al. 2024, §5.1.
 """
 
 from __future__ import annotations
@@ -176,18 +175,6 @@ def expected_speedup(alpha: float, num_draft_tokens: int, cost_coefficient: floa
         raise ValueError(f"num_draft_tokens and cost_coefficient must be >= 0, got {gamma} and {c}")
     expected_tokens = gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
     return expected_tokens / (gamma * c + 1)
-
-
-def standardized_walltime_improvement(
-    new_tokens: int, target_calls: int, draft_calls: dict[str, int], cost_coefficients: dict[str, float]
-) -> float:
-    """SWI (Chen et al. 2024, §5.1): ``n / (count(M_t) + Σ_i count(M_di) c_i)``, a speedup over target-only decoding
-    that does not depend on the machine once the ``c_i`` are fixed."""
-    missing = set(draft_calls) - set(cost_coefficients)
-    if missing:
-        raise ValueError(f"cost_coefficients has no entry for drafters {sorted(missing)}")
-    cost = target_calls + sum(count * cost_coefficients[name] for name, count in draft_calls.items())
-    return new_tokens / cost if cost else 0.0
 
 
 def record_step(
