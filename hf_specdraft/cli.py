@@ -267,10 +267,10 @@ def cmd_train_glide(argv: list[str]) -> int:
     return train_glide_main(argv, custom_generate=write_glide_custom_generate)
 
 
-def cmd_build_bigram(argv: list[str]) -> int:
-    from .defaults.bigram import main_build_bigram
+def cmd_build_bigram(args: argparse.Namespace) -> int:
+    from .defaults.bigram import build_bigram
 
-    return main_build_bigram(argv)
+    return build_bigram(args)
 
 
 # --- the parsers: standard library only ------------------------------------------------------------------------------
@@ -369,6 +369,30 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
     )
 
 
+def bigram_arguments(parser: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
+    parser.add_argument("--tokenizer", help="tokenizer directory (default: the embedded default target's)")
+    parser.add_argument("--output", required=True, help="safetensors file to write")
+    parser.add_argument("--source", help="a directory of .py files to use instead of the embedded default's corpus")
+    parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split")
+    parser.add_argument("--max-files", type=int, help="read only the first N files of the split (quick runs)")
+    parser.add_argument(
+        "--unseen", choices=("most_frequent", "self"), default="most_frequent", help="what ids never seen map to"
+    )
+    parser.add_argument(
+        "--answers",
+        action="append",
+        metavar="DIR",
+        help="also count a folder of the target's answers (JSON lines with prompt_ids, response_ids); repeatable",
+    )
+    parser.add_argument(
+        "--answers-weight",
+        type=int,
+        default=1,
+        metavar="N",
+        help="count every answer N times: the target's own text against the corpus's far larger one",
+    )
+
+
 def export_arguments(export: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
     export.add_argument(
         "glide",
@@ -419,7 +443,7 @@ COMMANDS = {
     "demo": Command("compare one method per idea with target-only decoding (or --target)", cmd_demo, demo_arguments),
     "bench": Command("benchmark methods side by side; writes JSON", cmd_bench, bench_arguments),
     "train-glide": Command("train a GLIDE drafter for your target; see `train-glide --help`", cmd_train_glide),
-    "build-bigram": Command("Max-Gram's bigram fallback table; see `build-bigram --help`", cmd_build_bigram),
+    "build-bigram": Command("Max-Gram's bigram fallback table", cmd_build_bigram, bigram_arguments),
     "export": Command("write a trained GLIDE in Gemma 4's assistant layout, for vLLM", cmd_export, export_arguments),
 }
 

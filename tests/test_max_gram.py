@@ -19,7 +19,7 @@ from hf_specdraft.cascade import (
     max_gram_draft,
     save_bigram_table,
 )
-from hf_specdraft.defaults.bigram import main_build_bigram
+from hf_specdraft.cli import main
 from conftest import VOCAB, greedy_reference, tiny_model
 
 
@@ -175,7 +175,7 @@ def test_save_load_round_trip(tmp_path):
         load_bigram_table(tmp_path / "missing.safetensors")
 
 
-def test_cli_builds_a_table(tmp_path):
+def test_cli_builds_a_table(tmp_path, capsys):
     from hf_specdraft.defaults.corpus import is_heldout
     from recipes.tokenizer import train_tokenizer
 
@@ -188,7 +188,7 @@ def test_cli_builds_a_table(tmp_path):
     tok_dir = tmp_path / "tok"
     train_tokenizer(texts, vocab_size=300).save_pretrained(tok_dir)
     output = tmp_path / "table.safetensors"
-    assert main_build_bigram(["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(output)]) == 0
+    assert main(["build-bigram", "--tokenizer", str(tok_dir), "--source", str(source), "--output", str(output)]) == 0
     table = load_bigram_table(output)
     assert table.numel() == 300 and bigram_table_metadata(output)["split"] == "train"
     # the target's answers, weighted past the corpus: after id 7 the answers say 9, whatever the corpus says
@@ -198,8 +198,9 @@ def test_cli_builds_a_table(tmp_path):
     (tmp_path / "answers" / "requests.jsonl").write_text(json.dumps({"group": "qa", "turns": ["hi"]}) + "\n")
     weighted = tmp_path / "weighted.safetensors"
     assert (
-        main_build_bigram(
+        main(
             [
+                "build-bigram",
                 "--tokenizer",
                 str(tok_dir),
                 "--source",
@@ -215,7 +216,7 @@ def test_cli_builds_a_table(tmp_path):
         == 0
     )
     assert int(load_bigram_table(weighted)[7]) == 9 and bigram_table_metadata(weighted)["answers"] == "1"
-    with pytest.raises(SystemExit):  # a folder without answers is refused by name
-        main_build_bigram(
-            ["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(weighted), "--answers", str(source)]
-        )
+    # a folder without answers is refused by name
+    argv = ["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(weighted), "--answers", str(source)]
+    assert main(["build-bigram", *argv]) == 2
+    assert f"hf-specdraft build-bigram: error: --answers: {str(source)!r} holds no .jsonl" in capsys.readouterr().err

@@ -4,12 +4,12 @@ from the embedded default's corpus and tokenizer, which is why this command live
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from pathlib import Path
 
 from ..cascade.bigram import build_bigram_table, save_bigram_table
+from ..core.validation import check_int
 
 
 def answer_ids(folder: str | Path) -> list[list[int]]:
@@ -30,51 +30,22 @@ def answer_ids(folder: str | Path) -> list[list[int]]:
     return out
 
 
-def build_bigram_parser() -> argparse.ArgumentParser:
-    """The options of ``hf-specdraft build-bigram`` (:func:`main_build_bigram`)."""
-    parser = argparse.ArgumentParser(prog="hf-specdraft build-bigram", description=main_build_bigram.__doc__)
-    parser.add_argument("--tokenizer", help="tokenizer directory (default: the embedded default target's)")
-    parser.add_argument("--output", required=True, help="safetensors file to write")
-    parser.add_argument("--source", help="a directory of .py files to use instead of the embedded default's corpus")
-    parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split (default: train)")
-    parser.add_argument("--max-files", type=int, help="read only the first N files of the split (quick runs)")
-    parser.add_argument(
-        "--unseen", choices=("most_frequent", "self"), default="most_frequent", help="what ids never seen map to"
-    )
-    parser.add_argument(
-        "--answers",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="also count a folder of the target's answers (JSON lines with prompt_ids, response_ids); repeatable",
-    )
-    parser.add_argument(
-        "--answers-weight",
-        type=int,
-        default=1,
-        metavar="N",
-        help="count every answer N times: the target's own text against the corpus's far larger one",
-    )
-    return parser
-
-
-def main_build_bigram(argv: list[str] | None = None) -> int:
-    """``hf-specdraft build-bigram``: tokenize a corpus, build the argmax bigram table, save it."""
-    parser = build_bigram_parser()
-    args = parser.parse_args(argv)
+def build_bigram(args) -> int:
+    """``hf-specdraft build-bigram`` (its options: ``hf_specdraft.cli``): tokenize a corpus, build the argmax bigram
+    table, save it."""
     for flag, value in (("--max-files", args.max_files), ("--answers-weight", args.answers_weight)):
-        if value is not None and value < 1:
-            parser.error(f"{flag} must be a positive int, got {value}")
+        if value is not None:
+            check_int(flag, value)
     from transformers import AutoTokenizer
 
     from .corpus import build_corpus
     from .smollm2 import converted_dir
 
-    def checked(prefix: str, make):  # a bad argument is one argparse error line, named by its flag
+    def checked(prefix: str, make):  # a bad argument is one error line, named by its flag
         try:
             return make()
         except ValueError as err:
-            parser.error(f"{prefix}{err}")
+            raise ValueError(f"{prefix}{err}") from None
 
     tokenizer_dir = (
         Path(args.tokenizer)
@@ -82,10 +53,10 @@ def main_build_bigram(argv: list[str] | None = None) -> int:
         else checked("--tokenizer not given and the default target is not available: ", converted_dir)
     )
     if not tokenizer_dir.is_dir():
-        parser.error(f"--tokenizer {str(tokenizer_dir)!r} is not a directory")
+        raise ValueError(f"--tokenizer {str(tokenizer_dir)!r} is not a directory")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     corpus = checked("--source: ", lambda: build_corpus(roots={"source": Path(args.source)} if args.source else None))
-    answers = checked("--answers: ", lambda: [ids for folder in args.answers for ids in answer_ids(folder)])
+    answers = checked("--answers: ", lambda: [ids for folder in args.answers or () for ids in answer_ids(folder)])
     files = getattr(corpus, args.split)[: args.max_files]
     texts = (f.read() for f in files)
     ids = itertools.chain(
