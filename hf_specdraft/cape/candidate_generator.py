@@ -23,15 +23,13 @@ from .expansion import _sizes, expand_proposal
 
 
 class CapeCandidateGenerator(TreeCandidateGenerator):
-    """Confidence-aware proposal expansion (CAPE) over any chain drafter that reports q: ``mode="confidence"`` and
-    ``"fixed"`` widen its chain from that q, with no extra draft forward (§4.2); ``mode="beam"`` drafts a beam-search
-    tree of the same depth γ instead (§5.3), which needs the draft model itself.
+    """CAPE over any chain drafter that reports q: ``mode="confidence"`` and ``"fixed"`` widen its chain from that q,
+    with no extra draft forward (§4.2); ``mode="beam"`` drafts a beam-search tree of depth γ instead (§5.3).
 
     Args:
         drafter (:class:`~hf_specdraft.core.drafting.TreeCandidateGenerator`): proposes a chain with
             ``draft_probs`` (e.g. :class:`~hf_specdraft.DraftModelCandidateGenerator`, or GLIDE's drafter).
-        config (:class:`CapeConfig`, *optional*): defaults to ``CapeConfig(**options)``.
-        options: :class:`CapeConfig` fields, when ``config`` is not given.
+        config (:class:`CapeConfig`, *optional*): or pass its fields as keywords.
 
     Attributes (per step of the last ``generate`` call):
         expansion_sizes (`list[list[int]]`): K_i of each drafted position (beam mode: beams at each depth minus one).
@@ -58,8 +56,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         self._chain: DraftTree | None = None  # this step's chain before it was widened (drafted_confidences reads it)
 
     def _declare_traits(self) -> None:
-        """CAPE's :class:`~hf_specdraft.core.drafting.DrafterTraits` from the wrapped drafter's: read when built and
-        again once that drafter is prepared (it may declare what it asks of the target only then)."""
+        """CAPE's traits from the wrapped drafter's, read again once it is prepared (it may declare some only then)."""
         inner = traits_of(self.drafter)
         self.num_draft_tokens = inner.num_draft_tokens  # γ where the loop's controller chooses none
         self.adaptive_draft_length = inner.adaptive_draft_length
@@ -82,8 +79,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return replace(self.config, budget=max(length, budget))
 
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
-        """The draft's probability of each token of this step's chain before it was widened, as far as the chain of
-        ``tree`` (the verified proposal, cut at ``max_length``) goes."""
+        """q of each token of this step's unwidened chain, as far as ``tree``'s chain (cut at ``max_length``) goes."""
         confidences = None if self._chain is None else self.drafter.drafted_confidences(self._chain)
         return None if confidences is None else confidences[: len(tree.chain_nodes())]
 
@@ -128,7 +124,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """The wrapped drafter's chain after the request's text `(1, L)`, each position widened within the budget."""
         if self.scorer is not None:
             return self._propose_beam(request)
         return self.expand(self.drafter.draft_tree(self.chain_request(request)), request)
@@ -139,7 +134,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return request if request.budget is None else replace(request, budget=None)
 
     def learn(self, outcome: DraftOutcome) -> None:
-        """The step's outcome, handed on to the wrapped drafter."""
         self.drafter.learn(outcome)
 
     @property
@@ -147,7 +141,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return self.drafter.learns_from_outcome
 
     def expand(self, chain: DraftTree, request: DraftRequest) -> DraftTree:
-        """The wrapped drafter's ``chain`` widened by one expansion set per position (§4.2), for ``request``."""
+        """``chain`` widened by one expansion set per position (§4.2)."""
         self.forward_calls = dict(self.drafter.forward_calls)
         # nothing drafted (a state-reading drafter's first call), or a copy of the text (GLIDE's copy_from_context:
         # no q to size expansion sets by): nothing to widen
@@ -176,8 +170,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return tree
 
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
-        """The wrapped drafter's batch proposer (one draft forward for every row), each row's chain then expanded;
-        `None` in beam mode, or when the rows' CAPE settings or drafters differ."""
+        """The wrapped drafter's batch proposer, each row's chain then expanded; `None` in beam mode, or when the rows'
+        CAPE settings or drafters differ."""
         overridden = type(self).draft_tree is not CapeCandidateGenerator.draft_tree  # an override drafts row by row
         if (
             self.scorer is not None

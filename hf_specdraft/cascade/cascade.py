@@ -139,8 +139,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review: the chain drafted after the
-        request's text `(1, L)`, at most its γ, without q (the target verifies by exact match)."""
+        """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review: a chain of at most γ, without
+        q (the target verifies by exact match)."""
         text = request.input_ids[0]
         # the loop keeps room for its bonus token
         limit = UNBOUNDED if self.max_length is None else self.max_length - 1
@@ -196,14 +196,12 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         logits = self.draft_logits(index, cur_gen, review_index)  # (k+1, V)
         p = self.draft_distribution(logits, cur_gen[None])
         base = cur_gen.numel() - cur_probs.numel()  # the accepted text's length
-        candidates = cur_gen[review_index:].to(p.device)
+        candidates, q = cur_gen[review_index:].to(p.device), cur_probs[review_index - base :]
         if self.generation_config.do_sample:
-            accepted, token = lenient_review_sampling(
-                p, candidates, cur_probs[review_index - base :], self.config.lenience
-            )
+            accepted, token = lenient_review_sampling(p, candidates, q, self.config.lenience)
             next_token = torch.tensor([token], device=p.device)
         else:
-            accepted = lenient_review(p, candidates, cur_probs[review_index - base :], self.config.lenience)
+            accepted = lenient_review(p, candidates, q, self.config.lenience)
             next_token = p[accepted].argmax(-1, keepdim=True)
         kept = torch.cat([candidates[:accepted], next_token])
         kept_q = p[torch.arange(accepted + 1, device=p.device), kept].to(cur_probs.device)

@@ -1,8 +1,6 @@
-"""The draft pool R ← d_q: a suffix array over the request's full context (the CASD paper, Algorithm 1 line 1; §4.4).
-
-Lookups find the longest suffix of the current sequence that occurs in the context (REST, He et al. 2024). Ids stay
-int64 (the official retriever stored u16 and broke vocabularies above 65,535). The array is sorted by each suffix's
-first ``max_suffix_length`` tokens, all a lookup compares: prefix doubling (Manber & Myers 1993), 4 numpy rounds.
+"""The draft pool R ← d_q: a suffix array over the request's full context (the CASD paper, Algorithm 1 line 1; REST,
+He et al. 2024), sorted by each suffix's first ``max_suffix_length`` tokens, all a lookup compares (prefix doubling,
+Manber & Myers 1993). Ids stay int64: the official retriever stored u16 and broke vocabularies above 65,535.
 
     >>> pool = DraftPool([1, 2, 3, 1, 2, 4, 1, 2, 3])
     >>> length, positions = pool.match([9, 1, 2], min_length=2, max_length=16)
@@ -21,8 +19,7 @@ from ..core.validation import check_int
 
 
 def context_token_ids(context, argument: str = "context") -> np.ndarray:
-    """Token ids given as a tensor, array or list, as an int64 array `(n,)`; ``ValueError`` naming ``argument`` for an
-    empty context, a non-integer dtype, more than one sequence, or a negative id."""
+    """Token ids (a tensor, array or list) as an int64 array `(n,)`, else a ``ValueError`` naming ``argument``."""
     if context is None:
         raise ValueError(
             f"{argument} is None: pass the context as text (with a tokenizer) or as token ids (a list, array or tensor)"
@@ -54,7 +51,7 @@ def context_token_ids(context, argument: str = "context") -> np.ndarray:
 
 
 def _dense_rank(key: np.ndarray) -> np.ndarray:
-    """1-based dense rank of each element of ``key`` `(n,)` (equal keys, equal ranks)."""
+    """1-based dense rank of each element of ``key`` `(n,)`."""
     return np.unique(key, return_inverse=True)[1] + 1
 
 
@@ -74,8 +71,7 @@ def build_suffix_array(tokens: np.ndarray, depth: int = 16) -> np.ndarray:
 
 
 class DraftPool:
-    """The retrieval index R of Algorithm 1 in the CASD paper, over ``context_ids`` (the full context d_q: a tensor,
-    array or list `(n,)` or `(1, n)`), sorted as deep as the longest suffix a lookup matches, ``max_suffix_length``."""
+    """The retrieval index R (Algorithm 1) over ``context_ids``, the full context d_q `(n,)` or `(1, n)`."""
 
     def __init__(self, context_ids, max_suffix_length: int = 16):
         check_int("max_suffix_length", max_suffix_length)
@@ -105,9 +101,9 @@ class DraftPool:
         return (lo, hi) if count > 0 else None
 
     def match(self, sequence, min_length: int = 2, max_length: int = 16) -> tuple[int, np.ndarray]:
-        """`(length, positions)` of the longest suffix of ``sequence`` `(L,)` found in the pool, ``max_length`` down
-        to ``min_length`` tokens (0 when none): the starts `(k,)` of its occurrences with a continuation, in
-        suffix-array order. A hit of length L implies one of length L-1, so bisection over L finds it in ~4 lookups."""
+        """`(length, positions)` of the longest suffix of ``sequence`` `(L,)` in the pool (``min_length`` to
+        ``max_length`` tokens; 0 when none) and the starts `(k,)` of its occurrences with a continuation. A hit of
+        length L implies one of length L-1, so bisection over L finds it in ~4 lookups."""
         sequence = np.asarray(sequence, dtype=np.int64).reshape(-1)
         # ids the pool cannot hold (and must not wrap in the byte encoding)
         foreign = np.flatnonzero((sequence < 0) | (sequence > self.max_token_id))
