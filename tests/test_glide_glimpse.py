@@ -9,8 +9,8 @@ import torch
 from conftest import tiny_model
 from hf_specdraft import GlideConfig, GlideForCausalLM
 from benchmarks.studies import glide_glimpse
-from benchmarks.studies.glide_glimpse import draft_probs
-from hf_specdraft.glide.training.store import StoreWindows, compute_store
+from benchmarks.studies.glide_glimpse import compute_store, draft_probs
+from hf_specdraft.glide.training.store import StoreWindows
 from hf_specdraft.glide.training.unrolled import glimpse_mask
 
 

@@ -13,7 +13,7 @@ from conftest import tiny_model
 from hf_specdraft.glide import GlideConfig, GlideForCausalLM
 from benchmarks.studies import glide_glimpse, glide_recipe
 from benchmarks.studies.glide_gap_curve import variant_recipe
-from hf_specdraft.glide.training.store import compute_store
+from benchmarks.studies.glide_glimpse import compute_store
 from recipes.smollm2_drafters import DRAFTERS, RECIPES, extended_vocabulary, train_drafter
 
 

@@ -194,7 +194,8 @@ def test_state_glide_samples_losslessly_within_noise(tmp_path):
 
 @pytest.mark.slow  # trains several times (the default suite stays within five minutes)
 def test_state_glide_trains_from_a_store_and_resumes_after_a_kill(tmp_path, monkeypatch):
-    from hf_specdraft.glide.training.store import StoreWindows, compute_store
+    from benchmarks.studies.glide_glimpse import compute_store
+    from hf_specdraft.glide.training.store import StoreWindows
     from test_glide_training import periodic_stream, quick_args, train_killed_after
 
     target = tiny_model("qwen2")

@@ -277,7 +277,7 @@ def test_reduced_vocabulary_loss_is_finite_and_trains_the_other_row():
 
 def tiny_store(target, windows: int = 8, seq_len: int = 32) -> dict:
     """A store in memory of the learnable stream's windows: the target's KV of its top layer and top-8 (store.py)."""
-    from hf_specdraft.glide.training.store import compute_store
+    from benchmarks.studies.glide_glimpse import compute_store
 
     ids = periodic_stream()[: windows * seq_len].view(windows, seq_len)
     return compute_store(target, ids, [target.config.num_hidden_layers - 1], progress_bar=False)

@@ -34,9 +34,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_specdraft.glide.training.store import compute_store
-
-from .glide_glimpse import heldout_code, score
+from .glide_glimpse import compute_store, heldout_code, score
 
 SIZES = (160, 320, 640, 1280)  # windows of 256 tokens: 41K to 328K tokens, 8x
 ABLATION_SIZE = 640

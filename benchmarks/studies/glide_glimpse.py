@@ -24,11 +24,13 @@ import json
 import tempfile
 
 import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
 from hf_specdraft.core.stats import overlap
 from hf_specdraft.glide.training.evaluation import heldout_windows
 from hf_specdraft.glide.training.objective import GlideBatch, TargetWindows
-from hf_specdraft.glide.training.store import StoreWindows, compute_store
+from hf_specdraft.glide.training.store import TOP_K, StoreWindows, target_answers
 from hf_specdraft.glide.training.unrolled import glimpse_mask, unrolled_passes
 
 SKIP = 16  # the first positions of a window have almost no context to glimpse
@@ -109,6 +111,23 @@ def teacher_forced_alpha(
         "greedy_agreement": round(agree.item() / positions, 4),
         "eval_positions": positions,
     }
+
+
+def compute_store(
+    target: PreTrainedModel,
+    windows: torch.Tensor,
+    layer_ids: list[int],
+    top_k: int = TOP_K,
+    batch_size: int = 8,
+    progress_bar: bool = True,
+) -> dict[str, torch.Tensor]:
+    """A store in memory (no shards) of ``windows`` `(N, T)`, ``batch_size`` at a time: the tensors
+    :func:`~hf_specdraft.glide.training.store.write_store` writes."""
+    parts = [
+        target_answers(target, windows[i : i + batch_size], layer_ids, top_k)
+        for i in tqdm(range(0, len(windows), batch_size), desc="target answers", unit="batch", disable=not progress_bar)
+    ]
+    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
 
 def heldout_code(tokenizer, num_windows: int, seq_len: int = 256) -> torch.Tensor:

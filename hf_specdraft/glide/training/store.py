@@ -44,22 +44,6 @@ def target_answers(target: PreTrainedModel, input_ids: torch.Tensor, layer_ids: 
     return answers
 
 
-def compute_store(
-    target: PreTrainedModel,
-    windows: torch.Tensor,
-    layer_ids: list[int],
-    top_k: int = TOP_K,
-    batch_size: int = 8,
-    progress_bar: bool = True,
-) -> dict[str, torch.Tensor]:
-    """A store in memory (no shards) of ``windows`` `(N, T)`, ``batch_size`` at a time."""
-    parts = [
-        target_answers(target, windows[i : i + batch_size], layer_ids, top_k)
-        for i in tqdm(range(0, len(windows), batch_size), desc="target answers", unit="batch", disable=not progress_bar)
-    ]
-    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-
-
 def write_store(
     target: PreTrainedModel,
     windows: torch.Tensor,
@@ -110,13 +94,13 @@ def load_store(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 class StoreWindows(WindowSource):
-    """A store as a window source (:func:`load_store`'s or :func:`compute_store`'s tensors; windows may repeat, e.g. a
+    """A store as a window source (:func:`load_store`'s tensors; windows may repeat, e.g. a
     store mixed in several times to weigh it): the target's KV and top-k are read, the target never runs."""
 
     def __init__(self, store: dict[str, torch.Tensor]):
         missing = {"input_ids", "topk_ids", "topk_probs"} - set(store)
         if missing:
-            raise ValueError(f"store lacks {sorted(missing)}: build it with write_store or compute_store")
+            raise ValueError(f"store lacks {sorted(missing)}: build it with write_store")
         self.store = store
         self.layer_ids = sorted(int(key.split(".")[1]) for key in store if key.startswith("keys."))
         self.seq_len = int(store["input_ids"].shape[1])
