@@ -49,7 +49,6 @@ class StateRequest:
 
     def __init__(self, model, drafters, traits):
         self.kwargs: dict = {}
-        self.producers: dict[str, int] | None = None  # for return_shared_kv_states: the layers the loop reads them from
         askers = [(d, t) for d, t in zip(drafters, traits, strict=True) if t.requires_model_outputs]
         layers = model.config.get_text_config().num_hidden_layers
         wanted: set[int] | bool = set()
@@ -57,8 +56,8 @@ class StateRequest:
             for key, value in declared.model_kwargs_overrides.items():
                 if key == HIDDEN:
                     wanted = _merge_layers(wanted, value, layers, drafter)
-                elif key == SHARED_KV and value:  # served from the kept cache (the forward's holds rejected nodes)
-                    self.producers = cache_producers(model)
+                elif key == SHARED_KV and value:  # the drafter reads them from the kept cache (not the forward's)
+                    continue
                 elif key in self.kwargs and self.kwargs[key] != value:
                     raise ValueError(
                         f"the drafters ask the target's forward for {key}={self.kwargs[key]!r} and {value!r}: "
@@ -91,16 +90,13 @@ def _merge_layers(wanted, value, layers: int, drafter):
             f"{drafter.name}.model_kwargs_overrides['output_hidden_states'] must be True, an int or a list "
             f"of ints (indices into hidden_states, 0 the embeddings, {layers} the last layer), got {value!r}"
         )
-    out = set(wanted)
-    for v in values:
-        index = v + layers + 1 if v < 0 else v
-        if not 0 <= index <= layers:
-            raise ValueError(
-                f"{drafter.name} asks for hidden_states[{v}] of a target with {layers} layers "
-                f"(valid: 0 to {layers}, or negative from the end)"
-            )
-        out.add(index)
-    return out
+    bad = [v for v in values if not -layers - 1 <= v <= layers]
+    if bad:
+        raise ValueError(
+            f"{drafter.name} asks for hidden_states[{bad[0]}] of a target with {layers} layers "
+            f"(valid: 0 to {layers}, or negative from the end)"
+        )
+    return set(wanted) | {v % (layers + 1) for v in values}  # -1: the last layer's index
 
 
 def kept_states(hidden_states: tuple, a: int, columns: list[int]) -> tuple:
