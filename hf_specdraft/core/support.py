@@ -1,14 +1,9 @@
 """Which models the loop can verify drafts for, asked of the model's config and of the cache transformers builds.
 
 Tree verification needs a KV cache whose positions can be gathered to the accepted path, an attention that takes a 4-D
-mask, and a forward that takes ``past_key_values``. Models fall in three groups (docs/architectures.md):
-
-- **trees and chains**: attention-only models, every ``DynamicCache(config=...)`` layer a ``DynamicLayer`` or
-  ``DynamicSlidingWindowLayer``.
-- **chains only** (:func:`chains_only`): ALiBi models build their bias from a 2-D mask, so each tree is verified as its
-  first-child chain; short-convolution hybrids (LFM2) roll back by the cache's own ``crop`` (it records their inputs).
-- **refused** (:func:`check_target`, before any forward): ``MISMATCHED_MODEL_TYPES``, and models with a recurrent
-  state (Mamba, Jamba, RWKV, …): transformers' ``crop`` does not roll that state back, so the output would drift.
+mask, and a forward that takes a cache. Attention-only models verify trees; ALiBi models and short-convolution hybrids
+chains only (:func:`chains_only`); models with a recurrent state, which transformers' ``crop`` does not roll back, are
+refused before any forward (:func:`check_target`). The groups, model by model: docs/architectures.md.
 """
 
 from __future__ import annotations
@@ -84,22 +79,6 @@ def cache_window(cache: DynamicCache) -> int | None:
     """The smallest window of the cache's sliding-window (or chunked) layers; None without such layers."""
     windows = [layer.sliding_window for layer in cache.layers if type(layer).__name__ == "DynamicSlidingWindowLayer"]
     return min(windows) if windows else None
-
-
-def check_batch_target(model: PreTrainedModel, generation_config, chains: str | None) -> None:
-    """Raise a `ValueError` where ``model`` cannot verify a padded batch: ``chains`` (:func:`chains_only`), or a
-    sliding window shorter than ``max_length`` on a ``DynamicCache``."""
-    name, length = type(model).__name__, generation_config.max_length
-    if chains:  # ALiBi, or a convolution state (per sequence)
-        raise ValueError(f"{name} cannot verify a padded batch: {chains}; run one unpadded prompt at a time")
-    window = cache_window(DynamicCache(config=model.config))
-    if window is not None and length > window and generation_config.cache_implementation != "static":
-        raise ValueError(
-            f"{name} has a sliding window of {window} tokens and max_length is {length}: batched "
-            "speculative decoding on a DynamicCache supports windowed targets only within one window; "
-            "lower max_new_tokens, pass cache_implementation='static' (windows by mask), or run one "
-            "unpadded prompt at a time"
-        )
 
 
 def recurrent_state(model: PreTrainedModel) -> str | None:
