@@ -1,10 +1,8 @@
 """Keeping the ranks of a tensor-parallel target in step (``from_pretrained(..., tp_plan="auto")`` under torchrun).
 
 Every rank runs the whole loop, and every target forward is a collective: the ranks must propose trees of the same
-shape at every step. What a step decides from is identical on every rank except two things. The clock: γ ``"auto"``
-is chosen from measured seconds, so the controller is fed the slowest rank's (one all-reduce per step) and starts from
-rank 0's remembered state. The random state, with ``do_sample=True``: a sampling call compares the ranks' generator
-states first and refuses to start when they differ. (CPU few-token linears, timed per rank, are off here.)
+shape at every step. They could differ only in the measured seconds γ ``"auto"`` is chosen from, and in the random
+state under ``do_sample=True``: docs/multi-gpu.md says how each is kept in step.
 """
 
 from __future__ import annotations

@@ -2,14 +2,9 @@
 
 Verification runs the target over ``1 + N`` tokens (N ≈ 2–16). Each ``linear(h, W)`` of those few rows, ``h``
 `(M, d_in)` and ``W`` `(d_out, d_in)`, can also be computed as ``W @ h.T``, and which is faster depends on the CPU
-(MKL's small-M path made ``linear`` 1.5–4× slower on 2-core AMD EPYC VMs, the other way round on an AVX-512 Xeon; a
-one-row product used one core: BENCHMARKS.md). So with ``"auto"`` a few-row linear runs ``W @ h.T`` (a one-row input
-as two rows) only where :func:`transposed_is_faster` timed it at least 10 % faster on this machine. Only plain CPU fp32
-/ fp64 ``nn.Linear`` layers are wrapped; the sums differ only in their blocking (≤ 1e-4 on the default's logits). The
-bench's ``target-only+linears`` baseline runs plain ``generate`` inside :func:`few_token_linears` (token-identical).
-
-This module imports torch and its sibling ``controller_store`` only: :func:`hf_specdraft.cape.write_custom_generate`
-ships it, as it is, in a checkpoint's ``custom_generate/`` folder.
+(docs/cpu-notes.md). So with ``"auto"`` a few-row linear runs ``W @ h.T`` (a one-row input as two rows) only where
+:func:`transposed_is_faster` timed it at least 10 % faster on this machine. Only plain CPU fp32 / fp64 ``nn.Linear``
+layers are wrapped; the sums differ only in their blocking (≤ 1e-4 on the default's logits).
 """
 
 from __future__ import annotations
