@@ -70,11 +70,7 @@ class BatchChainDrafter(BatchProposer):
         self.drafters = [self.drafters[a] for a in survivors]
         self.seen = [self.seen[a] for a in survivors]
         self.columns = [self.columns[a] for a in survivors]
-        index = torch.tensor(survivors, dtype=torch.long)
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                rows = index.to(layer.keys.device)
-                layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+        self.cache.batch_select_indices(torch.tensor(survivors, dtype=torch.long))
 
     @torch.no_grad()
     def propose(self, requests: list, target: tuple | None = None) -> list[DraftTree]:

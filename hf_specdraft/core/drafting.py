@@ -156,18 +156,6 @@ class TreeCandidateGenerator(CandidateGenerator):
     :meth:`draft_tree` (honouring the loop's γ, budget, rules) or :meth:`propose` (the text and target cache alone).
     """
 
-    # the DrafterTraits defaults (learns_from_outcome: a property below)
-    num_draft_tokens = None
-    adaptive_draft_length = False
-    adaptive_budget = False
-    max_draft_tokens = AUTO_MAX
-    widens_chain = False
-    requires_model_outputs = False
-    stops_on_confidence = False
-    tokens_in_vocab = False
-    reads_target_cache = True
-    model_kwargs_overrides = MappingProxyType({})
-    compiles_draft = False  # True for a drafter with compile_draft(generation_config, compile_config, target_cache)
     controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
     seen_host = None  # draft_chain's last proposal: (the text it followed as a host list, its tree), for resync
     _answers_requests = None  # the draft_tree of the nearest class that implements it (what propose() calls)
@@ -284,6 +272,12 @@ class TreeCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         return None
+
+
+# the DrafterTraits defaults as class attributes, overridden where a drafter differs (learns_from_outcome: a property)
+for _name, _default in vars(DrafterTraits(model_kwargs_overrides=MappingProxyType({}))).items():
+    if _name != "learns_from_outcome":
+        setattr(TreeCandidateGenerator, _name, _default)
 
 
 def _share_tensors(obj, memo: dict[int, object], visited: set[int], depth: int = 0) -> None:
