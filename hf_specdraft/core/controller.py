@@ -1,19 +1,13 @@
-"""Choosing γ at run time: the draft length that maximizes expected new tokens per second on this machine.
-
-With ``num_draft_tokens="auto"`` (the draft model's and GLIDE's default) a chain drafter drafts, each step,
+"""Choosing γ at run time (``num_draft_tokens="auto"``; docs/usage.md, "Draft length"): each step, the draft length
+that maximizes expected new tokens per second on this machine,
 
     γ* = argmax_γ  E[tokens | γ] / (γ · d + v(γ + 1)),    E[tokens | γ] = 1 + Σ_{i=1..γ} Π_{j=1..i} a_j
 
 over ``1 .. max_draft_tokens``: ``a_j`` the decayed acceptance rate of draft position ``j`` given the ones before it,
-shrunk towards ``a_{j-1}`` (``a_0 = PRIOR_ACCEPTANCE``: a rarely drafted position reads as good as the one before it);
-``d`` the measured seconds per drafted token, ``v(n)`` those of a verification forward over ``n`` tokens. A tree
-drafter (CAPE with an ``"auto"`` budget) also picks the width, the chain alone (1) or twice it (2). Everything is timed
-on the machine the loop runs on: a flat cost curve (a GPU) makes long drafts pay, a steep one short ones (Leviathan et
-al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient). A chain drafter that knows q (batch 1)
-also stops each draft on its confidence (:meth:`DraftLengthController.keep_drafting`, as SpecDec++ and EAGLE-2 do).
-
-What a call learned (:data:`_CARRIED`) carries over to the next call of the same target and drafter, in this process
-and on disk (:mod:`~hf_specdraft.core.controller_store`).
+``d`` the measured seconds per drafted token, ``v(n)`` those of a verification forward over ``n`` tokens (Leviathan et
+al. 2023 §3.4 choose γ from the same ratio with a fixed cost coefficient). A tree drafter also picks its width; a chain
+drafter that knows q also stops each draft on its confidence (:meth:`DraftLengthController.keep_drafting`, as SpecDec++
+and EAGLE-2 do).
 """
 
 from __future__ import annotations
@@ -105,12 +99,11 @@ class DraftLengthController:
 
     @staticmethod
     def _rates(hits: list[float], tries: list[float], prior: float) -> list[float]:
-        """Each position's rate, shrunk towards the position before it (the first towards ``prior``)."""
-        rates = []
-        for h, t in zip(hits, tries):
-            prior = (h + PRIOR_WEIGHT * prior) / (t + PRIOR_WEIGHT)
-            rates.append(prior)
-        return rates
+        """Each position's rate ``(hits + PRIOR_WEIGHT · r) / (tries + PRIOR_WEIGHT)``, shrunk towards ``r``, the rate
+        of the position before it (the first's: ``prior``)."""
+        return list(
+            accumulate(zip(hits, tries), lambda r, c: (c[0] + PRIOR_WEIGHT * r) / (c[1] + PRIOR_WEIGHT), initial=prior)
+        )[1:]
 
     def cost_curve(self):
         """v(n), the seconds of a verification forward over ``n`` tokens, as a function: measured, or read off a line
@@ -335,7 +328,7 @@ class DraftLengthController:
         self.verify_samples[verify_tokens] = samples + 1
 
 
-# what a call passes on to the next
+# what a call passes on to the next (core/controller_store.py)
 _CARRIED = tuple(
     "verify verify_samples draft_per_token measured_width tries hits bin_tries bin_hits stop_tokens stop_seconds "
     "copy_tries copy_hits".split()

@@ -1,10 +1,6 @@
-"""What the draft-length controller learned, kept so that the next call, and a new process, start where the last one
-left off (a later process skips the probing steps: about 5 % of a first 48-token GLIDE call on a 2-core CPU).
-
-In this process: :func:`recall`, :func:`remember`, :func:`forget`. On disk: ``$HF_SPECDRAFT_CONTROLLER_FILE``, by
-default ``$HF_SPECDRAFT_CACHE/controller.json`` (``~/.cache/hf_specdraft``; set the variable empty to keep nothing),
-an entry per machine, pair of models (shapes, checkpoint names, a digest of their weights: :func:`entry_key`) and call
-setting. The file helpers (:func:`cache_file`, :func:`machine_id`, :func:`read_json`, :func:`write_json`) also serve
+"""What the draft-length controller learned, kept for the next call (:func:`recall`, :func:`remember`, :func:`forget`)
+and on disk for a new process (docs/usage.md, "Draft length"; a later process skips the probing steps): an entry per
+machine, pair of models (:func:`entry_key`) and call setting. The file helpers also serve
 :mod:`~hf_specdraft.core.projection`'s calibrations.
 """
 
@@ -77,7 +73,8 @@ MAX_ENTRIES = 256  # the file keeps the most recently saved entries
 
 
 def store_file() -> Path | None:
-    """The store's file (see the module docstring); ``None`` when ``$HF_SPECDRAFT_CONTROLLER_FILE`` is set empty."""
+    """``$HF_SPECDRAFT_CONTROLLER_FILE``, by default ``$HF_SPECDRAFT_CACHE/controller.json`` (``~/.cache/hf_specdraft``;
+    ``None`` when the variable is set empty)."""
     return cache_file("HF_SPECDRAFT_CONTROLLER_FILE", "controller.json")
 
 
@@ -135,16 +132,13 @@ def entry_key(model, anchor, drafter_name: str, options: tuple) -> str:
     return f"{machine_id()} || target {target} || {drafter_name} over {drafter} || {options!r} || format {FORMAT}"
 
 
-def belongs_to(key: str, model) -> bool:
-    """Whether an :func:`entry_key` is one of this machine's entries for the target ``model`` (any dtype or device)."""
-    return key.startswith(f"{machine_id()} || target {identity(model)} ")
+def mine(key: str, model=None) -> bool:
+    """Whether an :func:`entry_key` is one of this machine's entries (for the target ``model``, any dtype or device)."""
+    return key.startswith(f"{machine_id()} || " + ("" if model is None else f"target {identity(model)} "))
 
 
-def save_state(key: str, state: dict, path: Path | None = None) -> None:
-    """Save ``state`` (JSON-able) under ``key`` in ``path`` (default :func:`store_file`); a failed write is skipped."""
-    path = store_file() if path is None else path
-    if path is None:
-        return
+def save_state(key: str, state: dict, path: Path) -> None:
+    """Save ``state`` (JSON-able) under ``key`` in ``path``; a failed write is skipped."""
     try:
         data = read_json(path)
         data[key] = {"saved": time.time(), "state": state}
@@ -153,18 +147,6 @@ def save_state(key: str, state: dict, path: Path | None = None) -> None:
             when = {k: t if isinstance(t, (int, float)) else 0.0 for k, t in when.items()}
             data = dict(sorted(data.items(), key=lambda item: when[item[0]])[-MAX_ENTRIES:])
         write_json(path, data)
-    except Exception:  # noqa: BLE001 - a cache
-        pass
-
-
-def drop_states(model=None) -> None:
-    """Remove this machine's entries for the target ``model`` (any dtype or device), or (``None``) all of them."""
-    path = store_file()
-    if path is None or not path.is_file():
-        return
-    try:
-        mine = (lambda k: k.startswith(f"{machine_id()} || ")) if model is None else (lambda k: belongs_to(k, model))
-        write_json(path, {k: v for k, v in read_json(path).items() if not mine(k)})
     except Exception:  # noqa: BLE001 - a cache
         pass
 
@@ -272,17 +254,20 @@ def forget(model=None) -> None:
     """Drop what the controller learned for ``model`` (any dtype or device) or (``None``) every model, in this process
     and in this machine's entries on disk: the next call measures afresh."""
     _SAVED.clear()
-    if model is None:
-        _MEMORY.clear()
-        _PENDING.clear()
-        drop_states()
-        return
     try:
-        _MEMORY.pop(model, None)
+        if model is None:
+            _MEMORY.clear()
+        else:
+            _MEMORY.pop(model, None)
     except TypeError:
         raise TypeError(
             f"forget(model) takes a model (the target passed to generate) or None, got {type(model).__name__}"
         ) from None
-    for key in [k for k in _PENDING if belongs_to(k, model)]:
+    for key in [k for k in _PENDING if mine(k, model)]:
         del _PENDING[key]
-    drop_states(model)
+    path = store_file()
+    try:
+        if path is not None and path.is_file():
+            write_json(path, {k: v for k, v in read_json(path).items() if not mine(k, model)})
+    except Exception:  # noqa: BLE001 - a cache
+        pass
