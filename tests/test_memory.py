@@ -31,7 +31,7 @@ class FakeLibc:
 def fake_process(monkeypatch):
     resident = [1000.0]
     libc = FakeLibc(resident, gives=30.0)
-    monkeypatch.setattr(memory, "_libc", libc)
+    monkeypatch.setattr(memory, "_glibc", lambda: libc)
     monkeypatch.setattr(memory, "_floor", None)
     monkeypatch.setattr(memory, "resident_mib", lambda: resident[0])
     monkeypatch.delenv("HF_SPECDRAFT_TRIM_MIB", raising=False)
@@ -78,15 +78,14 @@ def test_the_threshold_is_set_by_environment(fake_process, monkeypatch):
 
 
 def test_nothing_happens_without_glibc(monkeypatch):
-    monkeypatch.setattr(memory, "_libc", False)
+    monkeypatch.setattr(memory, "_glibc", lambda: None)
     assert memory.release_freed_memory() is None and memory.after_call(memory.TRIM_MIB) is None
 
 
 def test_glibc_is_found_without_a_search(monkeypatch):
     """The C library already loaded (``CDLL(None)``), not ``ctypes.util.find_library``, which starts a subprocess."""
-    monkeypatch.setattr(memory, "_libc", None)
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: pytest.fail("find_library searched for a library"))
-    memory._glibc()
+    memory._glibc.__wrapped__()
 
 
 def calls_with_a_forward_counter(target):
@@ -98,7 +97,7 @@ def calls_with_a_forward_counter(target):
 def test_a_call_trims_nothing_by_default(monkeypatch):
     """Unset, the heap is left alone: no trim, not even a read of the resident size."""
     monkeypatch.delenv("HF_SPECDRAFT_TRIM_MIB", raising=False)
-    monkeypatch.setattr(memory, "_libc", FakeLibc([1000.0], gives=30.0))
+    monkeypatch.setattr(memory, "_glibc", lambda: FakeLibc([1000.0], gives=30.0))
     monkeypatch.setattr(memory, "_floor", 0.0)
     monkeypatch.setattr(memory, "resident_mib", lambda: pytest.fail("the resident size was read"))
     monkeypatch.setattr(memory, "_trim", lambda libc: pytest.fail("the heap was trimmed"))
@@ -154,7 +153,7 @@ def test_the_trim_runs_outside_every_lock(monkeypatch, cache):
             return 1
 
     monkeypatch.setenv("HF_SPECDRAFT_TRIM_MIB", "1e-9")
-    monkeypatch.setattr(memory, "_libc", LockCheckingLibc())
+    monkeypatch.setattr(memory, "_glibc", lambda: LockCheckingLibc())
     monkeypatch.setattr(memory, "_floor", 0.0)
     monkeypatch.setattr(memory, "resident_mib", lambda: 100.0)
     kwargs = {} if cache is None else {"cache_implementation": cache}

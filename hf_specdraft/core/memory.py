@@ -10,6 +10,7 @@ process; it moves down with the process, and up when a trim cannot get under it)
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 
@@ -20,7 +21,6 @@ TRIM_MIB = 32  # the threshold the memory measurements ran with: small against a
 _lock = threading.Lock()  # guards _floor and _trimming only: never held while malloc_trim runs
 _floor: float | None = None  # resident MiB a call may end at without a trim, less the threshold (after_call)
 _trimming = False  # a thread is trimming now: others skip theirs rather than wait
-_libc = None  # glibc, once found; False where there is none
 
 
 def resident_mib() -> float | None:
@@ -51,16 +51,14 @@ def trim_threshold_mib() -> float | None:
     return mib or None
 
 
+@functools.cache
 def _glibc():
     """The process's own C library when it is glibc (``CDLL(None)``: no search, no subprocess), else ``None``."""
-    global _libc
-    if _libc is None:
-        try:
-            lib = ctypes.CDLL(None)
-        except (OSError, TypeError):  # TypeError: Windows takes no None
-            lib = None
-        _libc = lib if lib is not None and hasattr(lib, "malloc_trim") else False
-    return _libc or None
+    try:
+        lib = ctypes.CDLL(None)
+    except (OSError, TypeError):  # TypeError: Windows takes no None
+        return None
+    return lib if hasattr(lib, "malloc_trim") else None
 
 
 def _trim(libc) -> tuple[float | None, float | None]:

@@ -1,13 +1,8 @@
-"""transformers' own drafters in the loop: any ``CandidateGenerator`` of its own, wrapped once when the call resolves
-its drafter (:class:`TransformersCandidateGenerator`), and the state-reading ones transformers builds only inside its
-assisted loop, built here for each call (:class:`StateReadingDrafter`), so they run with batches, the static path and
-the γ controller, handed the target's state as their protocol asks (:mod:`~hf_specdraft.core.target_state`):
-
-* a Gemma 4 assistant (``SinglePositionMultiTokenCandidateGenerator``): the target's last hidden state in, Q-only
-  attention to the keys and values of the target's last cached layer of each type, read from the loop's cache after it
-  kept the accepted path (so a tree's rejected nodes never reach it); γ is its ``num_assistant_tokens``;
-* a DFlash drafter (``DFlashTokenCandidateGenerator``; a config naming ``target_layer_ids``, ``block_size`` and
-  ``mask_token_id``): a block of ``block_size`` tokens drafted in one forward.
+"""transformers' own drafters in the loop (docs/methods.md): any ``CandidateGenerator`` of its own, wrapped once
+(:class:`TransformersCandidateGenerator`), and the state-reading ones transformers builds only inside its assisted loop
+(:class:`StateReadingDrafter`: a Gemma 4 assistant, a DFlash drafter), built here for each call so they run with
+batches, the static path and the γ controller, handed the target's state as their protocol asks
+(:mod:`~hf_specdraft.core.target_state`).
 """
 
 from __future__ import annotations
