@@ -21,9 +21,8 @@ def beam_search_proposal(
     budget: int,
     target_cache: DynamicCache | None = None,
 ) -> DraftTree:
-    """Draft a tree by beam search over the draft model (the §5.3 baseline): at each depth the ``beam_width`` best
-    (beam, token) pairs by cumulative log q become the new beams and nodes, listed best first, so the first-child path
-    is the best-scored beam prefix; the tree is the trie of every beam, capped by the budget.
+    """Draft a tree by beam search over the draft model (§5.3): at each depth the ``beam_width`` best (beam, token)
+    pairs by cumulative log q become the new beams and nodes, best first (the first-child path is the best beam).
 
     Args:
         scorer: a :class:`~hf_specdraft.core.drafting.DraftModelTreeScorer` (or any object with ``start`` /

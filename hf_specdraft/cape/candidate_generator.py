@@ -117,10 +117,8 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         return self.scorer is None and traits_of(self.drafter).compiles_draft  # beam mode's tree scorer stays eager
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache):
-        """The wrapped drafter's static cache on the compiled static path, or ``None`` (beam mode stays eager)."""
-        if self.compiles_draft:
-            return self.drafter.compile_draft(generation_config, compile_config, target_cache)
-        return None
+        """The wrapped drafter's static cache on the compiled static path (called only where ``compiles_draft``)."""
+        return self.drafter.compile_draft(generation_config, compile_config, target_cache)
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:

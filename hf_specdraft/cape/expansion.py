@@ -1,8 +1,6 @@
-"""CAPE's proposal expansion: widen each drafted position by the draft's own uncertainty (Du et al. 2024, §4.2).
-
-q_i is the draft distribution at drafted position i, p_i = max q_i its confidence, K_i = S(p_i) the size of the
-expansion set X_i (the K_i most probable tokens of q_i besides the chain token). The proposal is linearized as in
-§4.2, the chain then X_0, X_1, ...; a leaf of X_i shares its chain token's parent, which is mask_CAPE as a tree:
+"""CAPE's proposal expansion (Du et al. 2024, §4.2): q_i is the draft distribution at drafted position i, p_i = max q_i
+its confidence, X_i the K_i = S(p_i) most probable tokens of q_i besides the chain token. The proposal is linearized as
+in §4.2, the chain then X_0, X_1, ...; a leaf of X_i shares its chain token's parent (mask_CAPE as a tree):
 
     >>> import torch
     >>> q = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.15, 0.1, 0.05, 0.7]])  # p_0 = .5 -> K = 5, p_1 = .7 -> K = 3
@@ -49,9 +47,8 @@ def _sizes(draft_probs: torch.Tensor, config: CapeConfig) -> tuple[list[int], li
 def expand_proposal(
     chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | list[int] | None = None, with_draft_probs: bool = False
 ) -> DraftTree:
-    """Add each position's expansion set to a drafted chain, as leaves (Du et al. 2024, §4.2, "Proposal Expansion").
-
-    Reads only ``chain.draft_probs`` (one ``topk``, no draft forward: why CAPE costs +0.2 ms of draft time, §5.4).
+    """Add each position's expansion set to a drafted chain, as leaves (§4.2, "Proposal Expansion"). Reads only
+    ``chain.draft_probs`` (one ``topk``, no draft forward: why CAPE costs +0.2 ms of draft time, §5.4).
 
     Args:
         chain (:class:`~hf_specdraft.core.tree.DraftTree`): a chain of ``k`` tokens with ``draft_probs`` `(k, V)`.

@@ -26,8 +26,7 @@ def sibling_imports(path: Path) -> set[str]:
 
 
 def shipped_files() -> dict[str, Path]:
-    """The folder's files by name, each with its one source: the templates ``generate.py`` and ``cape_draft.py``, and
-    what they import, transitively, written as it is (core modules and ``expansion_sets.py``)."""
+    """The folder's files by name and source: the two templates and what they import, transitively, as it is."""
     sources = {path.stem: path for path in sorted(CORE.glob("*.py")) if path.name != "__init__.py"}
     sources["expansion_sets"] = Path(__file__).parent / "expansion_sets.py"
     files = {"generate.py": TEMPLATE / "generate.py", "cape_draft.py": TEMPLATE / "cape_draft.py"}

@@ -57,8 +57,8 @@ def _merge(keys: torch.Tensor, counts: torch.Tensor, pending: list[torch.Tensor]
 def build_bigram_table(
     token_ids_iterable: Iterable, vocab_size: int, unseen: str = "most_frequent"
 ) -> torch.LongTensor:
-    """Argmax next-token table `(V,)` from sequences of token ids (lists or 1-D tensors, e.g. one per document; pairs
-    are counted inside each, never across two); ``vocab_size``: V (``len(tokenizer)``); ``unseen``: see the module."""
+    """Argmax next-token table `(V,)` from sequences of token ids (e.g. one per document; pairs are counted inside each,
+    never across two); ``vocab_size``: V (``len(tokenizer)``); ``unseen``: see the module."""
     check_int("vocab_size", vocab_size)
     if unseen not in ("most_frequent", "self"):
         raise ValueError(f"unseen must be 'most_frequent' or 'self', got {unseen!r}")

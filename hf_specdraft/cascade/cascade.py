@@ -44,8 +44,7 @@ def default_k_matrix(num_drafts: int) -> list[list[int]]:
 
 
 def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
-    """``k_matrix`` for ``num_drafts`` neural drafts + MaG as nested int lists, or ``ValueError``: not a square integer
-    matrix of size ``num_drafts + 1``, a negative entry or one below the diagonal, or a first row summing to 0."""
+    """``k_matrix`` for ``num_drafts`` neural drafts + MaG as nested int lists, else a ``ValueError``."""
     size = num_drafts + 1
     try:
         matrix = torch.as_tensor(k_matrix)
@@ -139,8 +138,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review: a chain of at most γ, without
-        q (the target verifies by exact match)."""
+        """Algorithm 1 from the top (``isFirstCall``), stopping before the target's review: a chain of at most γ,
+        without q (the target verifies by exact match)."""
         text = request.input_ids[0]
         # the loop keeps room for its bonus token
         limit = UNBOUNDED if self.max_length is None else self.max_length - 1
@@ -153,12 +152,9 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
     def cascade_step(
         self, level: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int
     ) -> tuple[torch.LongTensor, torch.Tensor]:
-        """``CascadeSpeculativeDraftingStep`` (Algorithm 1) for drafters ``drafts[level:]`` + MaG, ``curK`` =
-        ``K[level:, level:]``, reviewed by the target (``level == 0``) or ``drafts[level - 1]``; level ``n + 1``: MaG.
-
-        ``cur_gen`` `(L + j,)`: the text and the ``j`` tokens drafted so far, ``cur_probs`` `(j,)` their ``q(x)``;
-        drafting stops at length ``limit``. Returns them extended by this level's output.
-        """
+        """``CascadeSpeculativeDraftingStep`` (Algorithm 1) for ``drafts[level:]`` + MaG, ``curK = K[level:, level:]``,
+        reviewed by the target (``level == 0``) or ``drafts[level - 1]``; level ``n + 1``: MaG. ``cur_gen`` `(L + j,)`:
+        the text and the ``j`` tokens drafted so far, ``cur_probs`` `(j,)` their ``q(x)``, extended up to ``limit``."""
         if level == len(self.drafts) + 1:
             return self.max_gram_step(cur_gen, cur_probs, limit)
         budgets = self.k_matrix[level][level:]  # [k_1, …] for drafters drafts[level:] + MaG
@@ -191,8 +187,7 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         self, index: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, review_index: int
     ) -> tuple[torch.LongTensor, torch.Tensor]:
         """``review(M_d, curGen, curProbs, l)``: ``drafts[index]`` reviews ``cur_gen[review_index:]`` in one forward,
-        keeps the accepted prefix and appends its own next token; kept tokens carry its ``p(x)`` as their ``q(x)``, as
-        in the official code. Returns the new `(cur_gen, cur_probs)`."""
+        keeps the accepted prefix and appends its own next token; kept tokens carry its ``p(x)`` as their ``q(x)``."""
         logits = self.draft_logits(index, cur_gen, review_index)  # (k+1, V)
         p = self.draft_distribution(logits, cur_gen[None])
         base = cur_gen.numel() - cur_probs.numel()  # the accepted text's length
@@ -233,8 +228,8 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
 def build_cascade_for_bench(
     target: PreTrainedModel, drafts: list, bigram_table: torch.Tensor | str | Path | None = None, **options
 ) -> CascadeCandidateGenerator:
-    """CS Drafting with ``drafts`` (largest first) + Max-Gram for the benchmark harness, vocabularies checked now
-    rather than at generate. ``options``: :class:`~hf_specdraft.cascade.CascadeConfig` fields."""
+    """CS Drafting with ``drafts`` + Max-Gram for the benchmark harness, vocabularies checked now rather than at
+    generate. ``options``: :class:`~hf_specdraft.cascade.CascadeConfig` fields."""
     generator = CascadeCandidateGenerator(drafts, bigram_table=target_bigram_table(target, bigram_table), **options)
     for i, draft in enumerate(generator.drafts):
         check_same_vocab(target, draft, argument=f"drafts[{i}]")

@@ -1,8 +1,4 @@
-"""The cascade's options (Chen et al. 2024: §3.1 vertical cascade and lenience, §3.2 horizontal, §3.3 Max-Gram).
-
->>> CascadeConfig(lenience=2).lenience
-2.0
-"""
+"""The cascade's options (Chen et al. 2024: §3.1 vertical cascade and lenience, §3.2 horizontal, §3.3 Max-Gram)."""
 
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ class CascadeConfig:
 
     Args:
         k_matrix: ``K``, `(n+1, n+1)` upper-triangular per-drafter budgets for ``n`` drafts + Max-Gram (see
-            :mod:`hf_specdraft.cascade.cascade`); checked against the drafts when the generator is built.
-            ``None``: :func:`~hf_specdraft.cascade.default_k_matrix` (the official code's settings).
+            :mod:`hf_specdraft.cascade.cascade`). ``None``: :func:`~hf_specdraft.cascade.default_k_matrix`.
         lenience: ``l >= 1`` for reviews by drafts (§3.1); 1 is exact review. Never applied when the target reviews.
         max_gram_tokens: tokens Max-Gram proposes per call (§3.3: a fixed 10).
         num_draft_tokens: cap on the tokens proposed to the target per step (γ). ``"auto"`` (the default): the loop's

@@ -35,11 +35,9 @@ def max_gram_draft(
     max_match_length: int | None = None,
 ) -> torch.LongTensor:
     """One Max-Gram proposal (§3.3, Appendix A): the ``num_tokens`` tokens `(num_tokens,)` that followed the longest
-    match of ``sequence`` `(L,)`; with none, the chain of ``bigram_table`` `(V,)` from the last token, or `(0,)`.
-
-    The copy may run into the tokens it is itself proposing (an overlapping copy, as in LZ77): a match ``d`` tokens
-    back proposes ``sequence[j + 1 + (i mod d)]``, what re-running MaG on the extended text finds (the official code
-    searches it a second time for this).
+    match of ``sequence`` `(L,)`; with none, the chain of ``bigram_table`` `(V,)` from the last token, or `(0,)`. The
+    copy may run into the tokens it is proposing (as in LZ77): a match ``d`` tokens back proposes
+    ``sequence[j + 1 + (i mod d)]``, what re-running MaG on the extended text finds (the official code searches twice).
     """
     end, _ = longest_suffix_match(sequence, max_match_length)
     if end >= 0:

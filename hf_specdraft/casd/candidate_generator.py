@@ -21,8 +21,8 @@ from .retrieval import merge_trees, retrieve
 
 
 def tokenize_context(context, tokenizer=None, argument: str = "context"):
-    """Token ids `(n,)` int64 of a context given as text (with ``tokenizer``, without special tokens: the pool holds
-    the context's own tokens, not a BOS) or as token ids; ``ValueError`` naming ``argument`` for bad input."""
+    """Token ids `(n,)` int64 of a context given as text (tokenized without special tokens: the pool holds the
+    context's own tokens, not a BOS) or as token ids; ``ValueError`` naming ``argument`` for bad input."""
     if isinstance(context, str):
         if tokenizer is None:
             raise ValueError(f"{argument} is text; pass tokenizer= to tokenize it, or pass token ids")
@@ -43,8 +43,8 @@ def casd_acceptance(
 
 
 class CasdCandidateGenerator(TreeCandidateGenerator):
-    """Drafts trees retrieved from a context (the CASD paper, Algorithm 1: line 1 builds R, line 7 retrieves 𝕋): the
-    pool is built here, once, from the full context (the prompt may hold a compressed copy, §4.4).
+    """Drafts trees retrieved from a context (Algorithm 1: line 1 builds R, here, once, from the full context, which the
+    prompt may hold compressed, §4.4; line 7 retrieves 𝕋).
 
     Args:
         context (`str`, `torch.LongTensor`, `np.ndarray` or list of ints): the full context d_q, as text
@@ -70,15 +70,14 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         self.prompt_length: int | None = None  # set by the first propose() of a generate call
 
     def _step_config(self, request: DraftRequest) -> CasdConfig:
-        """This step's retrieval options: for ``"auto"`` the depth (as γ) and node budget the request carries (the
-        loop's controller chose them; the paper's 64 nodes where it chose none), else the configured ones."""
+        """This step's options: for ``"auto"`` the depth (as γ) and node budget the loop's controller chose (else the
+        paper's 64 nodes)."""
         if self.config.max_nodes != AUTO:
             return self.config
         depth = min(request.num_draft_tokens or self.num_draft_tokens, self.config.max_draft_length)
         return replace(self.config, max_nodes=request.budget or PAPER_MAX_NODES, max_draft_length=depth)
 
     def check_vocabulary(self, vocab_size: int) -> None:
-        """Raise ValueError when the context holds an id the target cannot score (``>= vocab_size``)."""
         if self.pool.max_token_id >= vocab_size:
             raise ValueError(
                 f"context holds token id {self.pool.max_token_id}, outside the target's vocabulary "
@@ -91,7 +90,7 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         self.match_lengths, self.prompt_length = [], None
 
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        """𝕋 ← R(p) for the request's text `(1, L)`; the target cache is not read."""
+        """𝕋 ← R(p) for the request's text `(1, L)`."""
         input_ids = request.input_ids
         known = self.prompt_length is not None and input_ids.shape[1] >= self.prompt_length
         if not (known and torch.equal(input_ids[0, : self.prompt_length], self._prompt.to(input_ids.device))):
@@ -109,7 +108,7 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
     def _with_output(
         self, tree: DraftTree, length: int, output: torch.Tensor, suffix: torch.Tensor, config: CasdConfig
     ) -> tuple[DraftTree, int]:
-        """Merge the tree retrieved from the generated tokens with the context's: the longer match first."""
+        """The context's tree merged with the generated tokens' tree, the longer match first."""
         own, own_length = retrieve(DraftPool(output.cpu(), config.max_suffix_length), suffix, config)
         if own_length == 0:
             return tree, length
@@ -120,9 +119,8 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
 def build_casd_for_bench(
     target: PreTrainedModel, context_ids: torch.Tensor, **options
 ) -> tuple[CasdCandidateGenerator, ConditionalAcceptance | None]:
-    """`(candidate_generator, acceptance)` for the benchmark harness, the context `(n,)` or `(1, n)` checked against
-    ``target``'s vocabulary now. ``options``: ``threshold`` (δ, default 0.1), ``top_k`` (default None; 5 for "mixed"),
-    ``strict`` (default False: with it ``acceptance`` is None) and any :class:`CasdConfig` field."""
+    """`(candidate_generator, acceptance)` for the benchmark harness, the context `(n,)` checked against ``target`` now.
+    ``options``: ``threshold``, ``top_k``, ``strict`` (as :func:`casd_acceptance`) and :class:`CasdConfig` fields."""
     acceptance = casd_acceptance(
         options.pop("threshold", 0.1), options.pop("top_k", None), options.pop("strict", False)
     )

@@ -1,8 +1,4 @@
-"""Options of CASD's context-aware drafting (the CASD paper, §3), whose retrieval is REST's (He et al. 2024).
-
->>> CasdConfig(max_nodes=32).max_nodes
-32
-"""
+"""Options of CASD's context-aware drafting (the CASD paper, §3), whose retrieval is REST's (He et al. 2024)."""
 
 from __future__ import annotations
 
@@ -19,9 +15,8 @@ class CasdConfig:
     """How the draft pool is searched and how the draft tree 𝕋 (the CASD paper, eq. 2) is built.
 
     Args:
-        max_nodes: most nodes of the draft tree (the most frequent continuation prefixes). ``"auto"`` (the default):
-            in hf_specdraft's loop the draft-length controller picks the tree's depth and node budget every step
-            (:mod:`hf_specdraft.core.controller`); elsewhere (a direct ``propose``) the paper's 64.
+        max_nodes: most nodes of the draft tree. ``"auto"`` (the default): the loop's controller picks the tree's
+            depth and node budget every step; elsewhere (a direct ``propose``) the paper's 64.
         max_suffix_length, min_suffix_length: the longest and shortest suffix of the text looked up in the pool.
         max_draft_length: continuation length taken after each occurrence (the tree's depth m, eq. 2).
         max_matches: most occurrences merged per step (beyond it an evenly spaced sample, which keeps the

@@ -1,7 +1,6 @@
-"""The CASD user call: question and context passed separately (the CASD paper, Algorithm 1, §3, §4.4).
-
-The draft pool always holds the *full* context; the prompt holds it as it is, or compressed by a ``compressor``
-(text -> text, e.g. :func:`llmlingua2_compressor`), so dropped passages can still be drafted from the pool (§4.4).
+"""The CASD user call, question and context apart (the CASD paper, Algorithm 1, §4.4): the draft pool holds the *full*
+context, the prompt holds it as it is or compressed (:func:`llmlingua2_compressor`), whose dropped passages the pool
+can still draft.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ def build_casd_inputs(
     tokenizer, question, context, compressor: Callable[[str], str] | None = None, prompt_template: str | None = None
 ) -> CasdInputs:
     """Prompt ids and pool ids for one request (Algorithm 1 lines 1–5); arguments as :func:`casd_generate`. Without a
-    tokenizer both are token ids, the prompt is ``context + question`` and no compressor (it works on text) applies."""
+    tokenizer both are ids and the prompt is ``context + question``."""
     if tokenizer is None:
         if compressor is not None:
             raise ValueError("compressor works on text: pass the target's tokenizer to casd_generate to use one")
@@ -145,9 +144,8 @@ def casd_generate(
 def llmlingua2_compressor(
     rate: float = 1 / 3, model_name: str = LLMLINGUA2_MODEL, device_map: str = "cpu", **compress_kwargs
 ) -> Callable[[str], str]:
-    """A ``text -> text`` LLMLingua-2 compressor (Pan et al. 2024; the CASD paper, §4.4, at 3×, 5× and 10×) for
-    ``casd_generate(compressor=...)``. Needs ``pip install "hf-specdraft[casd]"``; downloads ``model_name`` (run on
-    ``device_map``) on first use. ``rate``: the kept fraction of the context's tokens, in (0, 1] (1/3 = "3×");
+    """A ``text -> text`` LLMLingua-2 compressor (Pan et al. 2024; the CASD paper, §4.4) for ``casd_generate``. Needs
+    ``pip install "hf-specdraft[casd]"``. ``rate``: the kept fraction of the context's tokens, in (0, 1] (1/3 = "3×");
     ``compress_kwargs`` go to ``PromptCompressor.compress_prompt``."""
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 1:
         raise ValueError(f"rate must be in (0, 1] (the kept fraction of the context), got {rate!r}")

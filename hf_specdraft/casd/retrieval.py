@@ -1,6 +1,5 @@
-"""The draft tree 𝕋 retrieved from the pool (the CASD paper, Algorithm 1 line 7, eq. 2; REST, He et al. 2024):
-:meth:`DraftPool.match` finds the longest suffix of the text in the context, :meth:`DraftPool.continuations` reads
-what followed each occurrence, and the ``max_nodes`` most frequent nodes of their trie form the tree.
+"""The draft tree 𝕋 retrieved from the pool (the CASD paper, Algorithm 1 line 7, eq. 2; REST, He et al. 2024): the
+``max_nodes`` most frequent nodes of the trie of what followed the text's longest suffix in the context.
 
     >>> pool = DraftPool([7, 8, 1, 2, 7, 8, 1, 3, 7, 8, 1, 2])
     >>> tree, length = retrieve(pool, [5, 7, 8], CasdConfig(max_draft_length=2))
@@ -84,12 +83,9 @@ def _top(nodes: list[np.ndarray], max_nodes: int, k: int, m: int, total: int) ->
 
 
 def merge_continuations(continuations: np.ndarray, max_nodes: int, rows_sorted: bool = False) -> DraftTree:
-    """The CPU draft tree of the ``max_nodes`` most frequent prefixes of ``continuations`` `(k, m)` (``-1``-padded;
-    ``rows_sorted``: already in lexicographic order), REST's pruned trie.
-
-    Ranking by (frequency desc, depth asc) keeps every kept node's ancestors; ordering by (depth, frequency desc)
-    puts each node's most frequent child first, so the main chain is the most frequent continuation.
-    """
+    """REST's pruned trie: the CPU draft tree of the ``max_nodes`` most frequent prefixes of ``continuations`` `(k, m)`
+    (``-1``-padded; ``rows_sorted``: already in lexicographic order). Ranking by (frequency desc, depth asc) keeps
+    every kept node's ancestors; ordering by (depth, frequency desc) makes the main chain the most frequent one."""
     if continuations.size == 0:
         return DraftTree.empty()
     if not rows_sorted:
@@ -124,8 +120,7 @@ def merge_trees(first: DraftTree, others, max_nodes: int) -> DraftTree:
 
 
 def retrieve(pool: DraftPool, sequence, config: CasdConfig) -> tuple[DraftTree, int]:
-    """𝕋 ← R(p): `(tree, match_length)` for ``sequence`` `(L,)` (array, tensor or list) in ``pool``, empty and 0 when
-    no suffix of ``min_suffix_length`` tokens or more occurs there with a continuation. With
+    """𝕋 ← R(p): `(tree, match_length)` for ``sequence`` `(L,)` in ``pool`` (empty and 0 without a match); with
     ``config.fill_from_shorter_suffixes`` a smaller tree is topped up with the trees of ever shorter suffixes."""
     if config.max_nodes == AUTO:  # outside the loop's controller: the paper's tree size
         config = replace(config, max_nodes=PAPER_MAX_NODES)

@@ -1,7 +1,6 @@
-"""The draft side of the shipped CAPE ``custom_generate``: a greedy chain drafter that returns q, CAPE's tree over it
-for the core loop (Du et al. 2024, §4.2), and draft loading. A chain drafter is any object with
-``propose(input_ids, target_cache, num_tokens) -> (tokens (k,), q (k, V))``: a draft model's own
-``cape_drafter(target)``, else :class:`CausalLMDrafter`.
+"""The draft side of the shipped CAPE folder: a greedy chain drafter, CAPE's tree over it (Du et al. 2024, §4.2), and
+draft loading. A chain drafter has ``propose(input_ids, target_cache, num_tokens) -> (tokens (k,), q (k, V))``: a draft
+model's own ``cape_drafter(target)``, else :class:`CausalLMDrafter`.
 """
 
 import sys
@@ -24,9 +23,8 @@ _LOADED_DRAFTS = {}  # (checkpoint, device, dtype) -> draft model, so repeated g
 
 
 class CausalLMDrafter:
-    """Greedy chain drafting with a causal LM: the core's draft-model drafter, on its own KV cache re-synced to the
-    accepted text by common prefix. A draft that glimpses (GLIDE, §4.1) reads the target's live cache, which covers
-    ``input_ids[:, :-1]``.
+    """Greedy chain drafting with a causal LM on its own KV cache (the core's draft-model drafter). A draft that
+    glimpses (GLIDE, §4.1) reads the target's live cache, which covers ``input_ids[:, :-1]``.
 
     Args:
         draft_model: a causal LM sharing the target's vocabulary (a GLIDE checkpoint included).
@@ -78,8 +76,8 @@ def check_input_ids(input_ids):
 
 
 class CapeTreeDrafter(TreeCandidateGenerator):
-    """CAPE over a chain ``drafter`` for the core loop: each step γ = ``num_draft_tokens`` greedy tokens, each with its
-    expansion set of K_i = S(max q_i) next-best tokens (``schedule`` bins) beside it, ``budget`` nodes at most."""
+    """CAPE over a chain ``drafter``: γ greedy tokens a step, each with its K_i = S(max q_i) next-best tokens beside
+    it, ``budget`` nodes at most."""
 
     def __init__(self, drafter, num_draft_tokens, schedule, budget):
         super().__init__()

@@ -1,15 +1,13 @@
-"""Greedy speculative decoding with CAPE (confidence-aware proposal expansion, Du et al. 2024, §4.2).
-
-Runs with only torch and transformers installed::
+"""Greedy speculative decoding with CAPE (Du et al. 2024, §4.2), with only torch and transformers installed::
 
     out = target.generate(input_ids=x, custom_generate="<checkpoint dir or Hub id>", trust_remote_code=True,
                           max_new_tokens=64)                      # the draft saved in that checkpoint
     out = target.generate(input_ids=x, custom_generate="<dir>", trust_remote_code=True,
                           assistant_model=draft, max_new_tokens=64)  # any causal LM with the target's vocabulary
 
-Each step the draft proposes γ greedy tokens, each widened by the K_i = S(max q_i) next-best tokens, and the target
-verifies them as one tree: the output equals the target's greedy decoding. This file is the entry point; the loop is
-hf_specdraft's core (``loop.py`` and its siblings), the drafter ``cape_draft.py``. Greedy, batch size 1, unpadded.
+The draft proposes γ greedy tokens, each widened by the K_i = S(max q_i) next-best tokens, and the target verifies
+them as one tree: the output is the target's greedy decoding. The loop is hf_specdraft's core (``loop.py`` and its
+siblings), the drafter ``cape_draft.py``. Batch size 1, unpadded.
 """
 
 import copy
@@ -84,7 +82,7 @@ def generate(
     streamer=None,
     **kwargs,
 ):
-    """Greedy GLIDE/draft + CAPE decoding; the ``custom_generate`` entry point transformers calls.
+    """Greedy draft + CAPE decoding: the ``custom_generate`` entry point transformers calls.
 
     Args:
         model: the target causal LM.
