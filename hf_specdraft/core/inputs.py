@@ -68,8 +68,8 @@ def check_unmarked_padding(input_ids: torch.Tensor, lengths: torch.Tensor, pad_t
         return  # one row, no pad token, or a mask that marks padding: nothing unmarked
     pad = int(pad_token_id.flatten()[0]) if isinstance(pad_token_id, torch.Tensor) else int(pad_token_id)
     leading = (input_ids == pad).long().cumprod(-1).sum(-1)  # pad tokens before each row's first other token
-    if int(leading.max()) > int(leading.min()):
-        rows = (leading > leading.min()).nonzero().flatten().tolist()
+    rows = (leading > leading.min()).nonzero().flatten().tolist()
+    if rows:
         raise ValueError(
             f"input_ids rows {rows} begin with pad tokens (pad_token_id={pad}) but no attention_mask marks them as "
             "padding: pass the tokenizer's attention_mask with the batch, e.g. speculative_generate(model, "
@@ -90,10 +90,9 @@ def check_padding(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) 
     mask = attention_mask.detach().cpu()
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (token); got other values")
-    mask = mask.long()
-    lengths = mask.sum(-1)
-    if bool((lengths == 0).any()):
-        empty = (lengths == 0).nonzero().flatten().tolist()
+    lengths = mask.long().sum(-1)
+    empty = (lengths == 0).nonzero().flatten().tolist()
+    if empty:
         raise ValueError(f"attention_mask rows {empty} are all padding: every prompt needs a token")
     left_padded = torch.arange(length)[None] >= (length - lengths)[:, None]
     if not torch.equal(mask.bool(), left_padded):
@@ -258,14 +257,3 @@ def row_processors(processors: LogitsProcessorList, row: int, batch: int) -> Log
             mine.unconditional_context = context
         own.append(mine)
     return own
-
-
-def copy_options(draft_model, generation_config: GenerationConfig | None, copy_from_context, max_copy_tokens) -> tuple:
-    """``(copy_from_context, max_copy_tokens)`` of a call: each as passed, else (for ``draft_model=`` only) as
-    ``generation_config`` carries it."""
-    if draft_model is not None and generation_config is not None:
-        if copy_from_context is None:
-            copy_from_context = getattr(generation_config, "copy_from_context", None)
-        if max_copy_tokens is None:
-            max_copy_tokens = getattr(generation_config, "max_copy_tokens", None)
-    return copy_from_context, max_copy_tokens

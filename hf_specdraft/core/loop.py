@@ -35,7 +35,6 @@ from .inputs import (
     check_padding,
     check_target_model,
     check_unmarked_padding,
-    copy_options,
     resolve_generator,
     row_drafters,
     row_processors,
@@ -103,8 +102,14 @@ def speculative_generate(
         input_ids = kwargs.pop("inputs", None)
     check_target_model(model)
     check_input_ids(input_ids, model)
-    copying = copy_options(draft_model, generation_config, copy_from_context, max_copy_tokens)
-    generator = resolve_generator(candidate_generator, draft_model, num_draft_tokens, *copying)  # fails before generate
+    config = generation_config if draft_model is not None else None  # it carries the copy options a call leaves unset
+    if copy_from_context is None:
+        copy_from_context = getattr(config, "copy_from_context", None)
+    if max_copy_tokens is None:
+        max_copy_tokens = getattr(config, "max_copy_tokens", None)
+    generator = resolve_generator(  # a bad drafter fails here, before generate
+        candidate_generator, draft_model, num_draft_tokens, copy_from_context, max_copy_tokens
+    )
     if prepared:  # called by transformers' generate(custom_generate=speculative_generate)
         return _speculative_loop(
             model,
