@@ -1,7 +1,8 @@
-"""The lab's bench rows: fixed γ, tree sizes and K matrices beside the library's "auto" rows, and the settings tuned on
-the machines that measured them. Importing this module registers them in :data:`hf_specdraft.bench.METHODS`; the
-package registers only what ``hf-specdraft bench`` and ``hf-specdraft demo`` run by default (baselines and the
-default calls). Run a grid from the repository root with these rows registered::
+"""The lab's bench rows: fixed γ, tree sizes and K matrices beside the library's "auto" rows, those rows compiled on any
+device (``-compiled``), and the settings tuned on the machines that measured them. Importing this module registers
+them in :data:`hf_specdraft.bench.METHODS`; the package registers only what ``hf-specdraft bench`` and ``hf-specdraft
+demo`` run by default (baselines and the default calls, eager and ``-static``). Run a grid from the repository root
+with these rows registered::
 
     python -m benchmarks.bench --task completion --methods target-only,glide,glide-γ3,glide-auto,max-gram
 
@@ -13,9 +14,12 @@ compares the drafters alone (GLIDE against its twin). A fixed-γ copying row cop
 
 from __future__ import annotations
 
+from transformers import CompileConfig
+
 from hf_specdraft.bench.methods import (
     METHODS,
     NO_COPY,
+    STATIC_METHODS,
     Method,
     cascade_run,
     casd_run,
@@ -23,6 +27,7 @@ from hf_specdraft.bench.methods import (
     register_method,
     speculative_run,
     stock_assisted,
+    static_variant,
     stock_generate,
     with_expansion_sizes,
     with_linears,
@@ -385,6 +390,31 @@ register_method(
         "after a 2-token match",
     )
 )
+
+# --- the default calls compiled on any device (docs/static-cache.md) --------------------------------------------------
+# "<method>-compiled": "<method>-static" with compile_config=CompileConfig() given, so it compiles on a CPU too;
+# target-only-compiled is transformers' own static-cache decoding, compiled the same way.
+
+
+def compile_everywhere() -> CompileConfig:
+    """transformers' default ``CompileConfig`` (``reduce-overhead``: CUDA graphs on a GPU), allowed on every device."""
+    config = CompileConfig()
+    config._compile_all_devices = True  # what transformers' own generate reads to compile outside CUDA
+    return config
+
+
+def _compiling() -> dict:
+    return {"compile_config": compile_everywhere()}  # looked up per call: a test swaps in dynamo's eager backend
+
+
+static_variant(
+    METHODS["target-only"],
+    "compiled",
+    _compiling,
+    description="target.generate(cache_implementation='static', compile_config=CompileConfig()) on any device",
+)
+for _name in STATIC_METHODS:
+    static_variant(METHODS[_name], "compiled", _compiling, ", compile_config=CompileConfig()")
 
 __all__ = [
     "CAPE_BUDGET",

@@ -250,6 +250,7 @@ def test_the_warm_up_runs_the_longest_prompts_at_the_timed_length(monkeypatch):
 
     import torch
 
+    from benchmarks import methods  # noqa: F401  (the lab's -compiled rows)
     from hf_specdraft.bench import harness
 
     seen = []
@@ -282,7 +283,8 @@ def test_after_the_warm_up_no_timed_run_compiles_and_every_controller_resumed(ti
     whose γ controller the warm-up primes. Without a warm-up the first timed runs compile, and the row says so."""
     from transformers import CompileConfig
 
-    from hf_specdraft.bench import methods, run_bench
+    from benchmarks import methods  # the lab's -compiled rows
+    from hf_specdraft.bench import run_bench
     from hf_specdraft.defaults import load_default
 
     def eager_everywhere():

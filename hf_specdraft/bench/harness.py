@@ -25,7 +25,7 @@ from ..defaults import DefaultBundle
 from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, copyable_fraction, edit_similarity
 from ..core.validation import check_int
 from ..core.projection import calibrated_choices
-from .methods import COMPILED_BASELINE, FAST_BASELINE, METHODS, STATIC_BASELINE, BenchContext
+from .methods import METHODS, BenchContext
 from .timing import LoadMonitor, add_counts, compile_counters, compiled, compiled_between
 from .timing import relative_range, spread, verdict, warning_text
 
@@ -230,11 +230,9 @@ def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
     (greedy decoding gives the same tokens and statistics on every repeat)."""
     timed = {m: [r for r in records if r["method"] == m] for m in methods}
     base = [r for r in timed["target-only"] if r.get("repeat", 0) == 0]
-    # the baselines every method's time is set against, where they ran
+    # the baselines every method's time is set against, where they ran: target-only and its +linears, -static, …
     baselines = {
-        b.replace("-", "_").replace("+", "_"): _median_seconds(timed[b])
-        for b in ("target-only", FAST_BASELINE, STATIC_BASELINE, COMPILED_BASELINE)
-        if b in timed
+        b.replace("-", "_").replace("+", "_"): _median_seconds(timed[b]) for b in timed if b.startswith("target-only")
     }
     summary = {}
     for m, all_runs in timed.items():

@@ -1,7 +1,7 @@
 """The methods the bench harness and the demo put side by side, registered by name (:func:`register_method`): the
 baselines (stock ``generate``, with the few-row linears, prompt lookup, assisted decoding) and the library's default
-calls (the ``*-auto`` rows), each also on the static cache and compiled. Rows at a fixed γ, tree size or K matrix are
-the lab's (``benchmarks/methods.py``), registered the same way.
+calls (the ``*-auto`` rows), each also on the static cache. Rows at a fixed γ, tree size or K matrix, and compiled
+on any device, are the lab's (``benchmarks/methods.py``), registered the same way.
 
 A method is a function ``run(ctx) -> (sequences (1, L+n), SpeculativeStats | None)``. Only a row named ``+copy`` copies
 from the context; every other GLIDE-family row passes :data:`NO_COPY`, so ``glide-auto`` against ``vanilla-auto``
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.loop import speculative_generate
 from ..core.projection import few_token_linears
@@ -229,11 +229,10 @@ _row(
 )
 
 
-# --- the static cache and compiled forwards (docs/static-cache.md) ----------------------------------------------------
+# --- the static cache (docs/static-cache.md) --------------------------------------------------------------------------
 # "<method>-static": cache_implementation="static", compiled where transformers compiles (CUDA), eager elsewhere;
-# "<method>-compiled": the same with compile_config=CompileConfig() given, so it compiles on any device (CPU included).
 # target-only-static is transformers' own static-cache decoding: the baseline a GPU user has (compiled automatically).
-STATIC_BASELINE, COMPILED_BASELINE = "target-only-static", "target-only-compiled"
+# The lab adds "<method>-compiled" rows, compiled on any device (benchmarks/methods.py).
 STATIC_METHODS = (
     "glide+copy-auto",
     "vanilla+copy-auto",
@@ -245,40 +244,24 @@ STATIC_METHODS = (
 )
 
 
-def compile_everywhere() -> CompileConfig:
-    """transformers' default ``CompileConfig`` (``reduce-overhead``: CUDA graphs on a GPU), allowed on every device."""
-    config = CompileConfig()
-    config._compile_all_devices = True  # what transformers' own generate reads to compile outside CUDA
-    return config
+def static_variant(method: Method, suffix: str, overrides=dict, words: str = "", description: str = "") -> Method:
+    """Register ``<method>-<suffix>``: ``method`` with ``cache_implementation="static"`` and ``overrides()`` (made per
+    call) added to its generate arguments; its description is ``description``, else ``method``'s and ``words``."""
+
+    def run(ctx):
+        more = {"cache_implementation": "static", **overrides()}
+        return method.run(dataclasses.replace(ctx, overrides={**ctx.overrides, **more}))
+
+    description = description or f"{method.description}; cache_implementation='static'{words}"
+    return register_method(
+        dataclasses.replace(method, name=f"{method.name}-{suffix}", run=run, description=description)
+    )
 
 
-def _variant(run, compiled: bool):
-    def wrapped(ctx):
-        overrides = {"cache_implementation": "static", **({"compile_config": compile_everywhere()} if compiled else {})}
-        return run(dataclasses.replace(ctx, overrides={**ctx.overrides, **overrides}))
-
-    return wrapped
-
-
-_row(
-    STATIC_BASELINE,
-    _variant(_target_only, False),
-    "target.generate(cache_implementation='static'): transformers compiles it on CUDA",
-)
-_row(
-    COMPILED_BASELINE,
-    _variant(_target_only, True),
-    "target.generate(cache_implementation='static', compile_config=CompileConfig()) on any device",
+static_variant(
+    METHODS["target-only"],
+    "static",
+    description="target.generate(cache_implementation='static'): transformers compiles it on CUDA",
 )
 for _name in STATIC_METHODS:
-    _method = METHODS[_name]
-    for _suffix, _compiled in (("static", False), ("compiled", True)):
-        register_method(
-            dataclasses.replace(
-                _method,
-                name=f"{_name}-{_suffix}",
-                run=_variant(_method.run, _compiled),
-                description=f"{_method.description}; cache_implementation='static'"
-                + (", compile_config=CompileConfig()" if _compiled else ""),
-            )
-        )
+    static_variant(METHODS[_name], "static")
