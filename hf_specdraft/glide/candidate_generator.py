@@ -95,7 +95,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         return self.glide  # the next call with the same GLIDE starts from what this one learned
 
     def _reset(self) -> None:
-        self.cache = DynamicDraftCache(self.glide, self._glimpse, DynamicCache(config=self.glide.config))
+        self.cache = DynamicDraftCache(self.glide, lambda target_cache, committed: glimpse_of(self.glide, target_cache))
         self.seen = torch.zeros(0, dtype=torch.long)  # tokens GLIDE's own cache covers
         # state_input: the target's last hidden states still needed `(1, n, hidden)`, from position states_from
         self.states, self.states_from = None, 0
@@ -122,14 +122,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             return copied
         cross = self.glide.config.cross_attention
         if self.requires_model_outputs:
-            return self._propose_from_state(request, self._glimpse(request.target_cache, None) if cross else {})
+            return self._propose_from_state(request, glimpse_of(self.glide, request.target_cache) if cross else {})
         glimpse = self.cache.glimpse(request.target_cache, request.input_ids.shape[1] - 1) if cross else None
         return draft_chain(self, request, lambda feed: self.cache.forward(feed, glimpse), self.glide.device)
-
-    def _glimpse(self, target_cache, committed: int | None) -> dict:
-        """What GLIDE's forwards read of the target on its own ``DynamicCache``: the target's live cache (§4.1)."""
-        check_target_cache(target_cache, self.glide.config, kv_heads_per_rank(self.glide))
-        return {"target_past_key_values": target_cache}
 
     def copy_from_text(self, request: DraftRequest) -> DraftTree | None:
         """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the text's suffix, when
@@ -243,12 +238,8 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             glimpse = {}
             if glide.config.cross_attention:
                 target_cache, cached = batch.target
-                glimpse = {
-                    "target_past_key_values": target_cache,
-                    "target_attention_mask": target_key_mask(
-                        target_cache.get_seq_length(), cached, positions, glide.dtype
-                    ),
-                }
+                keys = target_key_mask(target_cache.get_seq_length(), cached, positions, glide.dtype)
+                glimpse = {"target_past_key_values": target_cache, "target_attention_mask": keys}
             return glide(
                 input_ids=ids,
                 attention_mask=mask,
@@ -270,6 +261,12 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
                 "state (state_input=True): use CAPE's default mode (the GLIDE chain widened by its confidence)"
             )
         return GlideTreeScorer(self.glide, distribution)
+
+
+def glimpse_of(glide: PreTrainedModel, target_cache) -> dict:
+    """What GLIDE's forwards read of the target on a ``DynamicCache`` of its own: the target's live cache (§4.1)."""
+    check_target_cache(target_cache, glide.config, kv_heads_per_rank(glide))
+    return {"target_past_key_values": target_cache}
 
 
 def kv_heads_per_rank(glide: PreTrainedModel) -> int:
@@ -320,7 +317,5 @@ class GlideTreeScorer(DraftModelTreeScorer):
     (over ``input_ids[:, :-1]``), so each glimpses the whole verified prefix, as in chain drafting (§4.1)."""
 
     def _forward(self, target_cache: DynamicCache | None, **inputs):
-        if self.draft_model.config.cross_attention:
-            check_target_cache(target_cache, self.draft_model.config, kv_heads_per_rank(self.draft_model))
-            inputs["target_past_key_values"] = target_cache
-        return super()._forward(target_cache, **inputs)
+        glimpse = glimpse_of(self.draft_model, target_cache) if self.draft_model.config.cross_attention else {}
+        return super()._forward(target_cache, **inputs, **glimpse)

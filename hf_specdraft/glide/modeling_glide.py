@@ -227,13 +227,6 @@ class GlideCrossAttention(nn.Module):
         output, _ = attention(self, query, keys, values, mask, dropout=dropout, scaling=self.scaling)
         return self.o_proj(output.reshape(batch, q_len, -1)) * visible
 
-    @property
-    def kv_heads_per_rank(self) -> int:
-        """The target KV heads this cross-attention reads: all, or under tensor parallelism its ``q_proj`` shard's."""
-        weight = self.q_proj.weight
-        rows = weight.to_local().shape[0] if hasattr(weight, "to_local") else weight.shape[0]  # a DTensor's local shard
-        return rows // (self.head_dim * self.num_key_value_groups)
-
 
 class GlideDecoderLayer(GradientCheckpointingLayer):
     """Self-attention → cross-attention to the target KV (absent in the vanilla drafter) → MLP, pre-norm residuals.
@@ -326,14 +319,18 @@ class GlideModel(GlidePreTrainedModel):
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         if config.cross_attention:  # the target's rotary settings: its cached keys were rotated with these
             self.target_rotary_emb = LlamaRotaryEmbedding(config=target_rotary_config(config))
-        self.gradient_checkpointing = False
         self.post_init()
 
     @property
     def kv_heads_per_rank(self) -> int:
-        """The target KV heads every cross-attention reads on this rank (all of them without tensor parallelism)."""
-        cross = [layer.cross_attn for layer in self.layers[:1] if hasattr(layer, "cross_attn")]
-        return cross[0].kv_heads_per_rank if cross else self.config.target_num_key_value_heads
+        """The target KV heads the cross-attentions read on this rank: all, or under tensor parallelism their ``q_proj``
+        shard's."""
+        if not self.config.cross_attention:
+            return self.config.target_num_key_value_heads
+        cross = self.layers[0].cross_attn
+        weight = cross.q_proj.weight
+        rows = weight.to_local().shape[0] if hasattr(weight, "to_local") else weight.shape[0]  # a DTensor's local shard
+        return rows // (cross.head_dim * cross.num_key_value_groups)
 
     def forward(
         self,
@@ -414,10 +411,8 @@ class GlideModel(GlidePreTrainedModel):
         for layer in self.layers:
             target_kv = None
             if self.config.cross_attention and target_past_key_values is not None:
-                cross = layer.cross_attn
-                target_kv = read_target_layer(
-                    target_past_key_values, cross.target_layer_idx, self.config, cross.kv_heads_per_rank
-                )
+                index = layer.cross_attn.target_layer_idx
+                target_kv = read_target_layer(target_past_key_values, index, self.config, self.kv_heads_per_rank)
             # the cache by name: gradient checkpointing drops it (GradientCheckpointingLayer)
             hidden_states = layer(
                 hidden_states, causal_mask, position_embeddings, target_kv, cache=past_key_values, **glimpse
