@@ -128,9 +128,7 @@ class ConditionalAcceptance:
         p_eos = max((float(probs[e]) for e in eos_token_ids if 0 <= e < probs.numel()), default=0.0)
         if not p_x > max(self.threshold, p_eos):
             return False
-        if self.top_k is not None:
-            return p_x >= float(probs.topk(min(self.top_k, probs.numel())).values[-1])
-        return True
+        return self.top_k is None or p_x >= float(probs.topk(min(self.top_k, probs.numel())).values[-1])
 
 
 def lenient_review(p: torch.Tensor, candidates: torch.Tensor, q_candidates: torch.Tensor, lenience: float) -> int:
