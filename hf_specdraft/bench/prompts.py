@@ -25,6 +25,8 @@ from tqdm.auto import tqdm
 
 from ..defaults import DefaultBundle
 from ..defaults.tasks import TaskItem
+from .harness import _BenchRun, _median_seconds, _speedup, bench_context, bench_result, check_methods, summarize
+from .harness import time_prompt, warm_up
 from .methods import FAST_BASELINE, BenchContext
 from .timing import warning_text
 
@@ -111,12 +113,6 @@ def read_prompts(path: str | Path) -> list[Question]:
     return parse_prompts(text, path)
 
 
-def context_limit(model) -> int | None:
-    """The target's context length (``max_position_embeddings``), None if its config does not say."""
-    config = getattr(model.config, "get_text_config", lambda: model.config)()
-    return getattr(config, "max_position_embeddings", None)
-
-
 def messages_for(question: Question, turn: int, answers: list[str]) -> list[dict]:
     """The chat of ``question``'s turn ``turn`` (0-based): every earlier turn with its answer, then this one."""
     chat = []
@@ -159,8 +155,6 @@ def category_table(
 ) -> dict:
     """Per category and ``overall``: the harness's summary of its prompts, with each method's speedup against every
     baseline that ran (``speedup_vs``) and its MAL (``mal``)."""
-    from .harness import _median_seconds, _speedup, summarize
-
     groups = {
         c: {i for i, (q, _) in enumerate(units) if questions[q].category == c} for c in categories_in_order(questions)
     }
@@ -190,12 +184,11 @@ def run_prompts_bench(
     questions); return (and write to ``output``) the result: the harness's meta, ``categories``
     (:func:`category_table`), the timing verdict, and every record (``prompt`` indexes ``units``: ``[question, turn]``).
     """
-    from .harness import _BenchRun, bench_context, bench_result, check_methods, time_prompt, warm_up
-
     questions = prompts if isinstance(prompts, list) else read_prompts(prompts)
     path = questions[0].file
     check_methods(bundle, config.methods, "chat", bundle.extras)
-    check_lengths(questions, bundle.tokenizer, config.max_new_tokens, context_limit(bundle.target))
+    limit = getattr(bundle.target.config.get_text_config(), "max_position_embeddings", None)  # the target's context
+    check_lengths(questions, bundle.tokenizer, config.max_new_tokens, limit)
 
     def context(q: int, turn: int, answers: list[str]) -> BenchContext:
         question = questions[q]

@@ -1,14 +1,7 @@
-"""Timing a user can trust: repeats, medians, spread, and a loud word when the machine is busy.
-
-The harness runs every method on a prompt ``repeats`` times in a rotated order, keeps the median per prompt (as
-``torch.utils.benchmark`` and pyperf do), and watches two signs of a busy machine: other processes' CPU use during the
-run (``/proc/stat`` minus this process' own time) against the cores our threads leave free; and the timing noise, the
-relative range of the speedups computed from each repeat alone, over the prompts where a method repeated its work
-exactly (an adaptive drafter may draft otherwise in a later repeat, a move that is not noise). Either past its
-threshold makes the run *unreliable*: the result says so and the command prints it.
-
-A timed run that compiled timed the compiler: :func:`compile_counters` reads torch's counters (:data:`COUNTERS`), each
-with a default (a renamed one reads 0); :func:`compiled_between` keeps what moved between two readings.
+"""Timing a user can trust: medians of repeats (as ``torch.utils.benchmark`` and pyperf), spread, and a loud word
+when the machine is busy: other processes' CPU use (``/proc/stat`` minus our own) beyond the cores our threads leave
+free, or speedups that move between repeats where a method repeated its work exactly (docs/benchmarks.md). A timed
+run that compiled timed the compiler: :func:`compile_counters` reads torch's counters, a renamed one as 0.
 """
 
 from __future__ import annotations
