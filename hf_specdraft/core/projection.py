@@ -46,12 +46,10 @@ def _save_disk(key: tuple, faster: bool) -> None:
     path = calibration_file()
     if path is None:
         return
-    try:
+    with contextlib.suppress(OSError):
         data = read_json(path)
         data.setdefault(machine_id(), {})[_disk_key(key)] = faster
         write_json(path, data)
-    except OSError:
-        pass
 
 
 def _seconds(run) -> float:
