@@ -1,12 +1,10 @@
-"""A trained GLIDE written for vLLM in Gemma 4's assistant layout, which vLLM serves as its ``"mtp"`` method on any
-target whose KV cache it can share (docs/serving.md). ``draft_model=`` refuses an export (its config records the GLIDE
-it came from, :data:`EXPORT_KEY`): in transformers the GLIDE checkpoint itself is the drafter.
+"""A trained GLIDE written for vLLM in Gemma 4's assistant layout, which vLLM serves as its ``"mtp"`` method
+(docs/serving.md); ``draft_model=`` refuses an export (its config records its GLIDE, :data:`EXPORT_KEY`).
 
 A GLIDE built with ``state_input=True, self_attention=False`` maps by name (:data:`LAYER_NAMES`), except that vLLM
 feeds the target's embedding rows times ``sqrt(hidden_size)`` (the embedding half of ``pre_projection`` is divided by
-it), and the head is one tied table over the whole vocabulary: a reduced vocabulary's other ids get zero rows and are
-listed as ``suppress_tokens``, which vLLM's Gemma 4 MTP model sets to -inf. What cannot be expressed is refused by name
-(:func:`unexpressible`). The target's config is written beside the draft with ``layer_types`` (``target_config.json``).
+it), and the head is one tied table over the whole vocabulary: a reduced vocabulary's other ids get zero rows, listed as
+``suppress_tokens``. What cannot be expressed is refused by name (:func:`unexpressible`).
 
     hf-specdraft export default exported/   # SmolLM2's shipped GLIDE in that layout, with the target's config
 """
@@ -142,13 +140,6 @@ def assistant_config(glide) -> PretrainedConfig:
     return assistant
 
 
-def model_card(glide) -> str:
-    """The export's README.md: what it is for, and what to use in transformers instead."""
-    source = str(glide.name_or_path)  # empty: built in memory
-    glide_line = f"`{source}`" if source else "the GLIDE checkpoint it was exported from"
-    return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(glide_line=glide_line)
-
-
 def target_config_for_serving(target_config: PretrainedConfig) -> dict:
     """The target's config as a dict with ``layer_types`` (all ``"full_attention"`` unless it says otherwise), which
     vLLM reads to find the target layer the draft shares."""
@@ -180,13 +171,16 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
     output_dir.mkdir(parents=True, exist_ok=True)
     assistant_config(glide).save_pretrained(output_dir)
     save_file(weights, str(output_dir / "model.safetensors"), metadata={"format": "pt"})
-    (output_dir / "README.md").write_text(model_card(glide))
+    source = str(glide.name_or_path) or None  # None: built in memory
+    glide_line = f"`{source}`" if source else "the GLIDE checkpoint it was exported from"
+    card = Template(TEMPLATE.read_text(encoding="utf-8")).substitute(glide_line=glide_line)
+    (output_dir / "README.md").write_text(card)
     config = glide.config
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
     generation = {key: getattr(config, key) for key in ids if getattr(config, key) is not None}
     notes = {
         "source": "hf_specdraft GLIDE (state_input, assistant layout)",
-        "glide": str(glide.name_or_path) or None,
+        "glide": source,
         "serves_in": "vLLM only (speculative method 'mtp'); in transformers, use the GLIDE checkpoint itself as "
         "draft_model=",
         "target": config.target_name_or_path,
