@@ -60,12 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
     parser.add_argument(
         "--resume",
-        action="store_true",
-        default=None,
-        help="require OUTPUT_DIR/checkpoint-last (resumed by default if it exists)",
-    )
-    parser.add_argument(
-        "--no-resume", dest="resume", action="store_false", help="start over even if checkpoint-last exists"
+        action=argparse.BooleanOptionalAction,
+        help="require OUTPUT_DIR/checkpoint-last (resumed by default if it exists); --no-resume: start over",
     )
     parser.add_argument("--report-to", default="none", help="accelerate trackers: none, all, or names (tensorboard)")
     _add_regeneration_flags(parser)
@@ -119,8 +115,7 @@ def model_location_problem(value: str | None) -> str | None:
 def _check_flags(parser, ns) -> None:
     """One-line argparse errors for paths and evaluation settings (before any model is loaded)."""
     for flag, value in (("--target", ns.target), ("--glide", ns.glide), ("--tokenizer", ns.tokenizer)):
-        problem = model_location_problem(value)
-        if problem:
+        if problem := model_location_problem(value):
             parser.error(f"{flag}: {problem}")
     for path in ns.data or ():
         if not Path(path).exists():
@@ -206,8 +201,7 @@ def files_inputs(ns, seq_len: int) -> tuple:
 
 
 def _vanilla_twin(parser, path: str | None) -> dict:
-    """``{"vanilla_twin": {"path", "dataset", "eval"}}`` from a vanilla run's ``training_log.json`` (empty without
-    ``path``)."""
+    """``{"vanilla_twin": {"path", "dataset", "eval"}}`` from a vanilla run's ``training_log.json`` (or nothing)."""
     if path is None:
         return {}
     log = json.loads((Path(path) / "training_log.json").read_text())
@@ -221,8 +215,7 @@ def _vanilla_twin(parser, path: str | None) -> dict:
 
 
 def _load_models(parser, ns, seed: int):
-    """The target (``--target-dtype``) and GLIDE (``--glide``, or a fresh one shaped by ``--num-layers`` /
-    ``--hidden-size``)."""
+    """The target (``--target-dtype``) and GLIDE (``--glide``, or a fresh one shaped by the flags)."""
     from transformers import AutoModelForCausalLM
 
     from ..configuration_glide import GlideConfig

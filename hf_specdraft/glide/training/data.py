@@ -6,8 +6,8 @@ dependency imported on first use) of plain text (a ``text`` column) or conversat
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import load_file
@@ -31,8 +31,7 @@ def load_examples(source: str, split: str = "train"):
         ) from error
     path = Path(source).expanduser()
     if path.is_dir() and (path / "dataset_info.json").is_file() and (path / "state.json").is_file():
-        loaded = datasets.load_from_disk(str(path))
-        return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        return datasets.load_from_disk(str(path))  # a Dataset's directory (a DatasetDict's has no state.json)
     if path.exists():
         files = sorted(p for p in path.rglob("*") if p.suffix in DATASET_BUILDERS) if path.is_dir() else [path]
         kinds = {DATASET_BUILDERS.get(p.suffix) for p in files}
@@ -49,8 +48,7 @@ def load_examples(source: str, split: str = "train"):
     return datasets.load_dataset(source, split=split)  # the Hub (not reached by the tests: they run offline)
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(NamedTuple):
     """Which column holds the training text: ``kind`` ``"text"`` (plain strings) or ``"messages"`` (conversations)."""
 
     kind: str

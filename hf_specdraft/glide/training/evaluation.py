@@ -81,27 +81,23 @@ class HeldOutEvaluation:
         glide.eval()
         try:
             result = teacher_forced_alpha(target, glide, self.windows, self.block_size)
-            if self.prompts:
-                result["tokens_per_forward"] = self.tokens_per_forward(target, glide)
+            # τ: the loop's tokens per target forward with glide as the draft (greedy, default γ), a prompt at a time
+            device = next(target.parameters()).device
+            stats = [
+                speculative_generate(
+                    target,
+                    torch.tensor([prompt], device=device),
+                    draft_model=glide,
+                    max_new_tokens=self.max_new_tokens,
+                    do_sample=False,
+                    eos_token_id=self.eos_token_id,
+                    pad_token_id=self.pad_token_id,
+                    return_dict_in_generate=True,
+                ).speculative_stats
+                for prompt in self.prompts
+            ]
+            if stats:
+                result["tokens_per_forward"] = round(SpeculativeStats.merge(stats).mean_accepted_length, 4)
         finally:
             glide.train(was_training)
         return result
-
-    def tokens_per_forward(self, target, glide) -> float:
-        """τ: tokens emitted per target forward by the loop with ``glide`` as the draft (greedy, default γ) over the
-        prompts, one at a time."""
-        device = next(target.parameters()).device
-        stats = [
-            speculative_generate(
-                target,
-                torch.tensor([prompt], device=device),
-                draft_model=glide,
-                max_new_tokens=self.max_new_tokens,
-                do_sample=False,
-                eos_token_id=self.eos_token_id,
-                pad_token_id=self.pad_token_id,
-                return_dict_in_generate=True,
-            ).speculative_stats
-            for prompt in self.prompts
-        ]
-        return round(SpeculativeStats.merge(stats).mean_accepted_length, 4)

@@ -1,10 +1,8 @@
 """Train GLIDE against a frozen target (GLIDE §4.1 "Block-wise Attention Mask", Appendices A and B).
 
-Each step the draft's cross-attention reads the frozen target's KV cache over whole windows, under the block-wise mask
-that simulates inference's KV-cache delay (§4.1); the loss is :mod:`.objective`'s, and a precomputed store
-(:class:`~.store.StoreWindows`) can stand in for the target forward. Only GLIDE's parameters are optimised (AdamW,
-warmup + cosine decay, any number of processes through 🤗 accelerate); ``checkpoint-last/`` is what a restarted run
-continues from. Large targets, device maps and tensor parallelism: docs/multi-gpu.md.
+The loss is :mod:`.objective`'s; a precomputed store (:class:`~.store.StoreWindows`) can stand in for the target.
+Only GLIDE's parameters are optimised (AdamW, warmup + cosine decay, any number of processes through 🤗 accelerate);
+``checkpoint-last/`` is what a restarted run continues from. Large targets and tensor parallelism: docs/multi-gpu.md.
 
     accelerate launch --num_processes 8 -m hf_specdraft train-glide --target ... --data ... --output-dir ...
     # on CPUs: ACCELERATE_USE_CPU=1 and --multi_gpu (accelerate 1.x's `--cpu --num_processes N` starts ONE process)
@@ -123,9 +121,8 @@ class GlideTrainingArguments:
     @property
     def trackers(self):
         """``Accelerator(log_with=...)``: `None`, ``"all"`` or a list of tracker names."""
-        if self.report_to == "none":
-            return None
-        return "all" if self.report_to == "all" else [name.strip() for name in str(self.report_to).split(",")]
+        names = [name.strip() for name in str(self.report_to).split(",")]
+        return {"none": None, "all": "all"}.get(self.report_to, names)
 
 
 def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
@@ -178,7 +175,7 @@ def _setup(target, glide, args: GlideTrainingArguments):
 
 def save_training_state(
     accelerator: Accelerator, args: GlideTrainingArguments, progress: dict, generator: torch.Generator
-) -> Path:
+) -> None:
     """Write ``output_dir/checkpoint-last``: accelerate's state, each process's window sampler and
     ``trainer_state.json`` (``progress``). Written beside it, then swapped in whole: a kill mid-save keeps the last."""
     final = Path(args.output_dir) / CHECKPOINT
@@ -194,7 +191,6 @@ def save_training_state(
         os.replace(staging, final)
         shutil.rmtree(previous, ignore_errors=True)
     accelerator.wait_for_everyone()
-    return final
 
 
 def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
