@@ -1,11 +1,9 @@
-"""The argmax bigram table Max-Gram falls back to (Chen et al. 2024, §3.3; the paper counts Wikipedia).
+"""The argmax bigram table Max-Gram falls back to (Chen et al. 2024, §3.3; the paper counts Wikipedia), built by
+``hf-specdraft build-bigram``.
 
 ``table[t]`` is the token that most often follows ``t`` in a corpus (ties: the smallest id); a token never followed
 maps to the corpus's most frequent token (``unseen="most_frequent"``) or to itself (``unseen="self"``). Pairs are
-counted sparsely (``prev * V + next`` int64 keys), so memory follows the distinct pairs, not ``V²``::
-
-    hf-specdraft build-bigram --output bigram.safetensors
-    hf-specdraft build-bigram --tokenizer path/to/tokenizer_dir --source path/to/code --output bigram.safetensors
+counted sparsely (``prev * V + next`` int64 keys), so memory follows the distinct pairs, not ``V²``.
 """
 
 from __future__ import annotations
@@ -14,8 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from ..core.drafting import output_vocab_size
 from ..core.validation import check_int
@@ -102,11 +99,10 @@ def load_bigram_table(path: str | Path, device: str | torch.device = "cpu") -> t
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"bigram table file {str(path)!r} does not exist (build one with `hf-specdraft build-bigram`)")
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        if TABLE_KEY not in f.keys():
-            raise ValueError(f"{str(path)!r} holds no {TABLE_KEY!r} tensor; it was not written by save_bigram_table")
-        table = f.get_tensor(TABLE_KEY)
-    return check_bigram_table(table, argument=f"the table in {str(path)!r}").to(device)
+    tensors = load_file(str(path))
+    if TABLE_KEY not in tensors:
+        raise ValueError(f"{str(path)!r} holds no {TABLE_KEY!r} tensor; it was not written by save_bigram_table")
+    return check_bigram_table(tensors[TABLE_KEY], argument=f"the table in {str(path)!r}").to(device)
 
 
 def target_bigram_table(target, bigram_table: torch.Tensor | str | Path | None) -> torch.LongTensor | None:

@@ -51,14 +51,9 @@ def top_trie_nodes(rows: np.ndarray, max_nodes: int) -> tuple[np.ndarray, ...]:
         span = np.diff(start, append=alive.size)
         token = by_depth[d, alive[start]]
         real = token >= 0
+        count = int(real.sum())
         local = np.where(real, np.cumsum(real) - 1, -1)  # new node index per group, -1 for ended rows
-        new = [
-            size + np.arange(int(real.sum())),
-            token[real],
-            owner[alive[start[real]]],
-            np.full(int(real.sum()), d),
-            span[real],
-        ]
+        new = [size + np.arange(count), token[real], owner[alive[start[real]]], np.full(count, d), span[real]]
         kept = _top([np.concatenate(pair) for pair in zip(kept, new)], max_nodes, k, m, total)
         in_top = np.zeros(new[0].size + 1, dtype=bool)  # over this depth's new nodes; the last slot is "ended"
         in_top[kept[0][kept[3] == d] - size] = True
