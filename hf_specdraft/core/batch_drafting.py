@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from .cache import common_prefix, repack_cache
+from .support import with_cache
 from .tree import DraftTree
 
 # forward(input_ids (A, k), attention_mask (A, K) 0/1 over cache + new columns, position_ids (A, k))
@@ -65,6 +66,25 @@ class BatchChainDrafter(BatchProposer):
         self.num_draft_tokens = drafters[0].num_draft_tokens  # γ where the loop chooses none
         self.seen = [torch.zeros(0, dtype=torch.long) for _ in drafters]
         self.columns = [torch.zeros(0, dtype=torch.long) for _ in drafters]
+
+    @classmethod
+    def of_model(cls, drafters: list, model, cache: DynamicCache, inputs=None) -> BatchChainDrafter:
+        """Chain drafting through the causal LM ``model`` on ``cache``; ``inputs(batch, position_ids)``: further inputs
+        of every forward (GLIDE's glimpse of the target cache in ``batch.target``)."""
+
+        def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                **with_cache(model, cache),
+                use_cache=True,
+                logits_to_keep=1,
+                **({} if inputs is None else inputs(batch, positions)),
+            ).logits[:, -1]
+
+        batch = cls(drafters, cache, forward, model.device)
+        return batch
 
     def keep_rows(self, survivors: list[int]) -> None:
         self.drafters = [self.drafters[a] for a in survivors]

@@ -89,8 +89,7 @@ AUTO_MAX = 8  # the longest draft the controller considers
 
 @dataclass(frozen=True)
 class DrafterTraits:
-    """What a drafter declares to the loop, read once per call (:func:`traits_of`) from the class attributes (or
-    properties) of :class:`TreeCandidateGenerator` that every drafter sets where it differs."""
+    """What a drafter declares to the loop, read once per call (:func:`traits_of`) from its attributes."""
 
     num_draft_tokens: int | None = None  # γ it drafts where the request names none (None: its own rule decides)
     adaptive_draft_length: bool = False  # num_draft_tokens="auto": the loop's controller picks γ every step
@@ -351,19 +350,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchChainDrafter | None:
         if not same_drafters(self, drafters, "draft_model", DraftModelCandidateGenerator):
             return None
-        model, cache = self.draft_model, croppable_cache(self.draft_model)
-
-        def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                **with_cache(model, cache),
-                use_cache=True,
-                logits_to_keep=1,
-            ).logits[:, -1]
-
-        return BatchChainDrafter(drafters, cache, forward, model.device)
+        return BatchChainDrafter.of_model(drafters, self.draft_model, croppable_cache(self.draft_model))
 
 
 def same_drafters(
