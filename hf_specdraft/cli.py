@@ -21,23 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-DTYPE_NAMES = ("auto", "bf16", "fp16", "fp32")
+DTYPES = {"auto": None, "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --dtype name -> torch's
 
 
-def torch_dtype(name: str):
-    """The torch dtype of a ``--dtype`` / ``--draft-dtype`` name (`None` for auto: the loader's default)."""
+def load_bundle(target: str | None, draft: str | None, dtype: str = "auto", draft_dtype: str = "auto"):
+    """The embedded default (or a ``recipes.training`` directory), or user checkpoints (local paths or Hub ids);
+    dtypes by ``--dtype`` name, auto: the loader's default (for ``draft_dtype``: the embedded drafters' own, the
+    target's for a ``--draft``)."""
     import torch
 
-    return {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
-
-
-def load_bundle(target: str | None, draft: str | None, device=None, dtype=None, draft_dtype=None):
-    """The embedded default (or a ``recipes.training`` directory), or user checkpoints (local paths or Hub ids);
-    ``draft_dtype`` `None`: the loader's default for the embedded drafters, the target's for a ``--draft``."""
     from .defaults import DefaultBundle, load_default
 
+    dtype, draft_dtype = (DTYPES[name] and getattr(torch, DTYPES[name]) for name in (dtype, draft_dtype))
     if target is None or (Path(target) / "target" / "config.json").is_file():
-        bundle = load_default(target, device=device, dtype=dtype, draft_dtype=draft_dtype)
+        bundle = load_default(target, dtype=dtype, draft_dtype=draft_dtype)
         if draft is not None:
             bundle.draft = _load_causal_lm(draft, "--draft", bundle.target, draft_dtype)
         return bundle
@@ -66,17 +63,14 @@ def check_checkpoint(name: str, argument: str) -> None:
         return  # downloaded before: loads offline
     host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
     if constants.HF_HUB_OFFLINE:
-        raise ValueError(
-            f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and HF_HUB_OFFLINE is set: "
-            "pass a local checkpoint directory, or unset HF_HUB_OFFLINE to download it"
-        )
-    try:
-        socket.getaddrinfo(host, 443)  # a name lookup only: no request is sent to the Hub
-    except OSError:
-        raise ValueError(
-            f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and the Hub ({host}) cannot "
-            "be reached from this machine: pass a local checkpoint directory"
-        ) from None
+        why = "HF_HUB_OFFLINE is set: pass a local checkpoint directory, or unset HF_HUB_OFFLINE to download it"
+    else:
+        try:
+            socket.getaddrinfo(host, 443)  # a name lookup only: no request is sent to the Hub
+            return
+        except OSError:
+            why = f"the Hub ({host}) cannot be reached from this machine: pass a local checkpoint directory"
+    raise ValueError(f"{argument} {name!r} is neither a directory here nor in the local Hub cache, and {why}")
 
 
 def _load_causal_lm(name: str, argument: str, like=None, dtype=None):
@@ -236,7 +230,7 @@ def cmd_bench(args) -> int:
                 "run: train it first from a source checkout (≤ 6 min on one H200), `accelerate launch -m "
                 f"recipes.training --recipe gpu --output-dir {target}`, or pass --target"
             )
-    bundle = load_bundle(target, args.draft, dtype=torch_dtype(args.dtype), draft_dtype=torch_dtype(args.draft_dtype))
+    bundle = load_bundle(target, args.draft, args.dtype, args.draft_dtype)
     if args.prompts is None:
         output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
         result = run_bench(bundle, config, output=output, warn=False)
@@ -352,13 +346,11 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
         "that exists and --overwrite is not given)",
     )
     bench.add_argument("--overwrite", action="store_true", help="replace the default --output file")
-    bench.add_argument(
-        "--dtype", default="auto", choices=DTYPE_NAMES, help="the target's; auto: fp32 on CPU, bf16 on CUDA"
-    )
+    bench.add_argument("--dtype", default="auto", choices=DTYPES, help="the target's; auto: fp32 on CPU, bf16 on CUDA")
     bench.add_argument(
         "--draft-dtype",
         default="auto",
-        choices=DTYPE_NAMES,
+        choices=DTYPES,
         help="the drafters'; auto: bf16 for the embedded default's (the weights they ship in), the target's for "
         "--draft and recipes.training drafters",
     )
