@@ -64,13 +64,9 @@ def token_stream(data, eos_token_id: int | None = None) -> torch.Tensor:
 
 @torch.no_grad()
 def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits: bool, with_hidden: bool = False):
-    """Run the frozen target over whole windows `(B, T)`.
-
-    Returns:
-        `(kv, logits, hidden)`: ``kv[l]`` = ``(keys, values)`` `(B, kv_heads, T, head_dim)` of target layer l
-        (post-RoPE, as the cache holds them at inference), logits `(B, T, V)` and the last hidden state `(B, T,
-        hidden_size)` (after the final norm), each `None` unless asked for.
-    """
+    """Run the frozen target over whole windows `(B, T)`: `(kv, logits, hidden)`, with ``kv[l]`` = ``(keys, values)``
+    `(B, kv_heads, T, head_dim)` of target layer l (post-RoPE, as the cache holds them), logits `(B, T, V)` and the last
+    hidden state `(B, T, hidden_size)` (after the final norm), the last two `None` unless asked for."""
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()  # sliding-window layers keep every position, as in assisted decoding
     extra = {"output_hidden_states": [-1]} if with_hidden else {}
@@ -98,11 +94,9 @@ class WindowSource:
 
 
 class TargetWindows(WindowSource):
-    """Windows of a token stream whose target side the frozen target computes on the fly, batch by batch.
-
-    Row i is ``stream[i * stride : i * stride + seq_len]``: with ``stride=1`` (training) every offset is a row, so a
-    random row is a random window; with ``stride=seq_len`` (held-out scoring) the rows are non-overlapping.
-    """
+    """Windows of a token stream whose target side the frozen target computes batch by batch: row i is
+    ``stream[i * stride : i * stride + seq_len]``, every offset in training (``stride=1``), non-overlapping windows for
+    held-out scoring (``stride=seq_len``)."""
 
     def __init__(self, stream: torch.Tensor, seq_len: int, stride: int = 1):
         self.stream, self.seq_len, self.stride = token_stream(stream), seq_len, stride

@@ -21,19 +21,17 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from transformers import DynamicCache
 
+from ..modeling_glide import cross_attention_mask
+
 if TYPE_CHECKING:
     from .objective import GlideBatch
-
-
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def glimpse_mask(seq_len: int, step: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
     """`(1, 1, T, T)` additive mask of the target keys ``i <= j - step`` the query at j glimpses at draft step ``step``
     (in the loop the k-th drafted token sees the cache with a delay of k, §4.1; step 1 is the inference rule)."""
     index = torch.arange(seq_len, device=device)
-    return _additive(index[None, :] < (index - step + 1)[:, None], dtype)[None, None]
+    return cross_attention_mask(index - step + 1, index, None, dtype)[0]  # inference's rule, each query moved back
 
 
 def self_attention_mask(seq_len: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -43,7 +41,8 @@ def self_attention_mask(seq_len: int, step: int, dtype: torch.dtype, device) -> 
     start = index - step + 1  # (T,) t of each query
     blocks = [index[None, :] <= start[:, None]]
     blocks += [index[None, :] == (start + m - 1)[:, None] for m in range(2, step + 1)]
-    return _additive(torch.cat(blocks, dim=1), dtype)[None, None]
+    allowed = torch.cat(blocks, dim=1)[None, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def shifted(states: torch.Tensor) -> torch.Tensor:
