@@ -140,11 +140,10 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         if length < (shortest if weighed else max(shortest, UNWEIGHED_SHORTEST)):
             return None
         available, longest = text.shape[0] - end - 1, self.config.max_copy_tokens
+        cap = available if longest is None else min(available, longest)
         gamma = request.num_draft_tokens or self.num_draft_tokens
-        if weighed:
-            count = request.copy_rule(length, available if longest is None else min(available, longest))
-        elif longest is not None:
-            count = min(available, longest)
+        if weighed or longest is not None:
+            count = request.copy_rule(length, cap) if weighed else cap
         else:
             count = max(COPY_TOKENS, gamma) if self.adaptive_draft_length else gamma
         if not count:  # the loop's controller expects more from GLIDE's own draft here
@@ -232,26 +231,15 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         """Every row's γ tokens in one GLIDE forward per token; each row glimpses its own target cache columns."""
         if self.requires_model_outputs or not same_drafters(self, drafters, "glide", GlideCandidateGenerator):
             return None  # a state_input GLIDE: each row proposes from its own states
-        glide, cache = self.glide, DynamicCache(config=self.glide.config)
+        glide = self.glide
 
-        def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            glimpse = {}
-            if glide.config.cross_attention:
-                target_cache, cached = batch.target
-                keys = target_key_mask(target_cache.get_seq_length(), cached, positions, glide.dtype)
-                glimpse = {"target_past_key_values": target_cache, "target_attention_mask": keys}
-            return glide(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                **with_cache(glide, cache),
-                use_cache=True,
-                logits_to_keep=1,
-                **glimpse,
-            ).logits[:, -1]
+        def glimpse(batch: BatchChainDrafter, positions: torch.Tensor) -> dict:  # each row its own target cache columns
+            target_cache, cached = batch.target
+            keys = target_key_mask(target_cache.get_seq_length(), cached, positions, glide.dtype)
+            return {"target_past_key_values": target_cache, "target_attention_mask": keys}
 
-        batch = BatchChainDrafter(drafters, cache, forward, glide.device)  # forward reads batch.target
-        return batch
+        reads = glimpse if glide.config.cross_attention else None
+        return BatchChainDrafter.of_model(drafters, glide, DynamicCache(config=glide.config), reads)
 
     def beam_scorer(self, distribution) -> GlideTreeScorer:
         """The scorer CAPE's beam mode (Du et al. 2024, §5.3, GLIDE+BeamSearch) drafts its tree with."""
