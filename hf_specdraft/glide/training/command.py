@@ -281,10 +281,8 @@ def main(argv: list[str] | None = None, custom_generate=None) -> int:
     vanilla = _vanilla_twin(parser, ns.compare_vanilla)
     target, glide = _load_models(parser, ns, args.seed)
     tokenizer = _tokenizer(ns)
-    if ns.dataset is not None:
-        stream, heldout, prompts, extra = dataset_inputs(ns, target, tokenizer, regen)
-    else:
-        stream, heldout, prompts, extra = files_inputs(ns, args.seq_len)
+    inputs = dataset_inputs(ns, target, tokenizer, regen) if ns.dataset is not None else files_inputs(ns, args.seq_len)
+    stream, heldout, prompts, extra = inputs
     log = train_glide(
         target,
         glide,

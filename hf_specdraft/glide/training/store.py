@@ -94,8 +94,8 @@ def load_store(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 class StoreWindows(WindowSource):
-    """A store as a window source (:func:`load_store`'s tensors; windows may repeat, e.g. a
-    store mixed in several times to weigh it): the target's KV and top-k are read, the target never runs."""
+    """A store as a window source (:func:`load_store`'s tensors; windows may repeat, e.g. a store mixed in several
+    times to weigh it): the target's KV and top-k are read, the target never runs."""
 
     def __init__(self, store: dict[str, torch.Tensor]):
         missing = {"input_ids", "topk_ids", "topk_probs"} - set(store)
