@@ -19,7 +19,7 @@ from transformers.generation.logits_process import (
 from .acceptance import ConditionalAcceptance
 from .drafting import DRAFTERS, DraftModelCandidateGenerator, TreeCandidateGenerator
 from .state_drafting import StateReadingDrafter, TransformersCandidateGenerator, reads_target_state
-from .support import CACHE_FIELD, cache_window, output_cache
+from .support import CACHE_FIELD, output_cache
 from .validation import check_copy_options
 
 
@@ -127,27 +127,14 @@ def check_generation_setup(generation_config: GenerationConfig, model_kwargs: di
         raise TypeError(f"acceptance must be None or a ConditionalAcceptance, got {type(acceptance).__name__}")
 
 
-def check_batch_setup(model, generation_config: GenerationConfig, streamer, batch: int, chains: str | None) -> None:
-    """What the batched loop does not do, refused by name before any forward: a streamer, per-step scores, a target that
-    verifies ``chains`` only (:func:`~.support.chains_only`), a sliding window shorter than ``max_length`` on a
-    ``DynamicCache``."""
+def check_batch_setup(generation_config: GenerationConfig, streamer, batch: int) -> None:
+    """What the batched loop does not do, refused by name before any forward."""
     if streamer is not None and batch > 1:
         raise ValueError("a streamer takes one sequence: stream with batch size 1, or drop streamer= for a batch")
     if generation_config.output_scores or generation_config.output_logits:
         raise ValueError(
             "output_scores / output_logits are per-step tensors of the whole batch, which rows that accept different "
             "numbers of tokens do not share: leave them off with a padded batch (batch size 1 unpadded supports them)"
-        )
-    name, length = type(model).__name__, generation_config.max_length
-    if chains:  # ALiBi, or a convolution state (per sequence)
-        raise ValueError(f"{name} cannot verify a padded batch: {chains}; run one unpadded prompt at a time")
-    window = cache_window(DynamicCache(config=model.config))
-    if window is not None and length > window and generation_config.cache_implementation != "static":
-        raise ValueError(
-            f"{name} has a sliding window of {window} tokens and max_length is {length}: batched "
-            "speculative decoding on a DynamicCache supports windowed targets only within one window; "
-            "lower max_new_tokens, pass cache_implementation='static' (windows by mask), or run one "
-            "unpadded prompt at a time"
         )
 
 

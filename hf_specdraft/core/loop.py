@@ -42,7 +42,7 @@ from .inputs import (
 from .outputs import SpeculativeGenerateOutput, assemble_result
 from .static_layout import layout_for
 from .rows import Row, call_rows
-from .support import target_support
+from .support import check_batch_target, target_support
 from .target_state import StateRequest, joined, kept_states
 from .tree import DraftTree, check_vocab, fit_proposal
 
@@ -164,7 +164,8 @@ def _speculative_loop(
     chains = support.chains  # ALiBi / convolution targets verify the tree's first-child chain (refused in a batch)
     batch, padded = input_ids.shape
     if batch > 1 or int(lengths[0]) < padded:  # a batch, or one left-padded prompt: rows share a right-aligned cache
-        check_batch_setup(model, generation_config, streamer, batch, chains)
+        check_batch_setup(generation_config, streamer, batch)
+        check_batch_target(model, generation_config, chains)
     check_generation_setup(generation_config, model_kwargs, acceptance)
     ranks = RankAgreement.of(model)  # a tensor-parallel target: every rank must decide alike
     if chains and generation_config.cache_implementation == "static":

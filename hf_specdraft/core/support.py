@@ -81,6 +81,22 @@ def cache_window(cache: DynamicCache) -> int | None:
     return min(windows) if windows else None
 
 
+def check_batch_target(model: PreTrainedModel, generation_config, chains: str | None) -> None:
+    """Raise a `ValueError` where ``model`` cannot verify a padded batch: ``chains`` (:func:`chains_only`), or a
+    sliding window shorter than ``max_length`` on a ``DynamicCache``."""
+    name, length = type(model).__name__, generation_config.max_length
+    if chains:  # ALiBi, or a convolution state (per sequence)
+        raise ValueError(f"{name} cannot verify a padded batch: {chains}; run one unpadded prompt at a time")
+    window = cache_window(DynamicCache(config=model.config))
+    if window is not None and length > window and generation_config.cache_implementation != "static":
+        raise ValueError(
+            f"{name} has a sliding window of {window} tokens and max_length is {length}: batched "
+            "speculative decoding on a DynamicCache supports windowed targets only within one window; "
+            "lower max_new_tokens, pass cache_implementation='static' (windows by mask), or run one "
+            "unpadded prompt at a time"
+        )
+
+
 def recurrent_state(model: PreTrainedModel) -> str | None:
     """Why ``model``'s cache cannot be rolled back to an accepted prefix (or the loop is known not to match it)."""
     if model_type(model) in MISMATCHED_MODEL_TYPES:
