@@ -18,13 +18,9 @@ def answer_ids(folder: str | Path) -> list[list[int]]:
     shards = sorted(Path(folder).rglob("*.jsonl"))
     if not shards:
         raise ValueError(f"{str(folder)!r} holds no .jsonl answer shards")
-    out = []
-    for shard in shards:
-        for line in shard.read_text().splitlines():
-            record = json.loads(line)
-            if "response_ids" not in record:
-                continue  # e.g. a kept list of requests, not answers
-            out.append(list(record.get("prompt_ids", [])) + list(record["response_ids"]))
+    records = [json.loads(line) for shard in shards for line in shard.read_text().splitlines()]
+    # lines without response_ids are no answers (e.g. a kept list of requests)
+    out = [[*record.get("prompt_ids", []), *record["response_ids"]] for record in records if "response_ids" in record]
     if not out:
         raise ValueError(f"{str(folder)!r}: no line has 'response_ids'")
     return out
@@ -58,9 +54,8 @@ def build_bigram(args) -> int:
     corpus = checked("--source: ", lambda: build_corpus(roots={"source": Path(args.source)} if args.source else None))
     answers = checked("--answers: ", lambda: [ids for folder in args.answers or () for ids in answer_ids(folder)])
     files = getattr(corpus, args.split)[: args.max_files]
-    texts = (f.read() for f in files)
     ids = itertools.chain(
-        (tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts), answers * args.answers_weight
+        (tokenizer(f.read(), add_special_tokens=False)["input_ids"] for f in files), answers * args.answers_weight
     )
     table = build_bigram_table(ids, len(tokenizer), unseen=args.unseen)
     meta = {"tokenizer": tokenizer_dir, "split": args.split, "files": len(files), "unseen": args.unseen}

@@ -95,11 +95,6 @@ def chat_prompt(tokenizer, request: str) -> str:
     )
 
 
-def _chat_item(item: TaskItem) -> TaskItem:
-    body = item.prompt + item.reference
-    return TaskItem("chat", item.source, chat_request(item), body[:REFERENCE_CHARS])
-
-
 def _context_item(name: str, text: str, rng: random.Random, prompt_chars: int) -> TaskItem | None:
     lines = text.splitlines(keepends=True)
     if len(lines) < 40:
@@ -135,16 +130,15 @@ def build_tasks(
     rng.shuffle(files)
     items: list[TaskItem] = []
     for f in files:
-        text = f.read()
-        if task in ("completion", "chat"):
-            candidates = function_items(f.name, text)
-            if candidates:
-                item = rng.choice(candidates)  # one per file: no file dominates the task
-                items.append(item if task == "completion" else _chat_item(item))
+        if task == "context":
+            item = _context_item(f.name, f.read(), rng, context_prompt_chars)
         else:
-            item = _context_item(f.name, text, rng, context_prompt_chars)
-            if item is not None:
-                items.append(item)
+            candidates = function_items(f.name, f.read())
+            item = candidates and rng.choice(candidates)  # one per file: no file dominates the task
+        if item and task == "chat":
+            item = TaskItem("chat", item.source, chat_request(item), (item.prompt + item.reference)[:REFERENCE_CHARS])
+        if item:
+            items.append(item)
         if len(items) == count:
             return items
     raise ValueError(
