@@ -24,57 +24,29 @@ def top_trie_nodes(rows: np.ndarray, max_nodes: int) -> tuple[np.ndarray, ...]:
     """The ``max_nodes`` most frequent nodes of the trie of ``rows`` `(k, m)` (sorted, ``-1`` after a row's end),
     ties: shallower, then earlier. Returns `(ids, tokens, parents, depth, counts)`, each `(num_kept,)` int64.
 
-    A node at depth ``d`` spans the contiguous rows sharing their first ``d + 1`` tokens. A node never ranks above its
-    parent and the ``max_nodes``-th best rank only improves, so a node that leaves the top set never returns, nor does
-    any descendant: its rows are dropped at once (bounding the work on contexts with many distinct continuations).
+    A node at depth ``d`` is a group of contiguous rows sharing their first ``d + 1`` tokens; it never ranks above its
+    parent, so the kept nodes hold every kept node's ancestors.
     """
     k, m = rows.shape
-    by_depth = np.ascontiguousarray(rows.T)  # (m, k)
+    by_depth = rows.T  # (m, k)
     boundary = np.ones((m, k), dtype=bool)
     np.not_equal(by_depth[:, 1:], by_depth[:, :-1], out=boundary[:, 1:])
-    for d in range(1, m):  # a change at depth d-1 changes every longer prefix
-        boundary[d] |= boundary[d - 1]
-    total = k * m + 1  # bound on node ids
-    kept = [np.zeros(0, dtype=np.int64) for _ in range(5)]  # ids, tokens, parents, depth, counts of the top set
-    alive, owner, size = np.arange(k), np.full(k, -1, dtype=np.int64), 0
-    for d in range(m):
-        if not boundary[d:, alive[1:]].any():  # the alive rows agree to the end: the rest is one chain
-            chain = by_depth[d:, alive[0]]
-            chain = chain[: int(np.argmax(chain < 0))] if bool((chain < 0).any()) else chain
-            if chain.size == 0:  # the alive rows all end here
-                break
-            ids = size + np.arange(chain.size)
-            parents = np.concatenate([owner[alive[:1]], ids[:-1]])
-            new = [ids, chain, parents, d + np.arange(chain.size), np.full(chain.size, alive.size)]
-            return _top([np.concatenate(pair) for pair in zip(kept, new)], max_nodes, k, m, total)
-        start = np.flatnonzero(boundary[d, alive])  # alive rows are whole groups of kept depth-(d-1) nodes
-        span = np.diff(start, append=alive.size)
-        token = by_depth[d, alive[start]]
-        real = token >= 0
-        count = int(real.sum())
-        local = np.where(real, np.cumsum(real) - 1, -1)  # new node index per group, -1 for ended rows
-        new = [size + np.arange(count), token[real], owner[alive[start[real]]], np.full(count, d), span[real]]
-        kept = _top([np.concatenate(pair) for pair in zip(kept, new)], max_nodes, k, m, total)
-        in_top = np.zeros(new[0].size + 1, dtype=bool)  # over this depth's new nodes; the last slot is "ended"
-        in_top[kept[0][kept[3] == d] - size] = True
-        row_node = np.repeat(local, span)
-        stay = in_top[row_node]  # row_node = -1 reads the "ended" slot
-        owner[alive[stay]] = row_node[stay] + size
-        alive = alive[stay]
-        size += new[0].size
-        if alive.size == 0:
-            break
-    return tuple(kept)
-
-
-def _top(nodes: list[np.ndarray], max_nodes: int, k: int, m: int, total: int) -> list[np.ndarray]:
-    """The ``max_nodes`` best of ``nodes`` (ids, tokens, parents, depth, counts) by (frequency desc, depth, id)."""
+    boundary = np.logical_or.accumulate(boundary, axis=0)  # a change at depth d-1 changes every longer prefix
+    group = np.cumsum(boundary.ravel()).reshape(m, k) - 1  # (m, k): each row's group at each depth
+    depth, start = np.nonzero(boundary)  # each group's depth and first row, in group order
+    last = np.append(depth[1:] != depth[:-1], True)  # the last group of a depth ends at row k
+    counts = np.where(last, k, np.append(start[1:], k)) - start
+    tokens = by_depth[depth, start]
+    real = tokens >= 0  # rows that ended before this depth make no node
+    node = np.cumsum(real) - 1  # node id of each real group
+    parents = np.where(depth > 0, node[group[np.maximum(depth - 1, 0), start]], -1)
+    nodes = [node[real], tokens[real], parents[real], depth[real], counts[real]]
     if nodes[0].size <= max_nodes:
-        return nodes
+        return tuple(nodes)
     ids, depth, counts = nodes[0], nodes[3], nodes[4]
-    rank = ((k - counts) * (m + 1) + depth) * total + ids  # one int64 key: smaller is better
+    rank = ((k - counts) * (m + 1) + depth) * ids.size + ids  # one int64 key: smaller is better
     best = np.argpartition(rank, max_nodes - 1)[:max_nodes]
-    return [x[best] for x in nodes]
+    return tuple(x[best] for x in nodes)
 
 
 def merge_continuations(continuations: np.ndarray, max_nodes: int, rows_sorted: bool = False) -> DraftTree:
