@@ -19,6 +19,7 @@ from .validation import check_int
 
 PRIOR_ACCEPTANCE = 0.6  # the prior of a_0, replaced within a few steps by what the draft achieves
 PRIOR_WEIGHT = 1.0  # pseudo-count of each a_j's prior (the position before it)
+DECAY = 0.95  # how much of the acceptance counts each step keeps
 CONFIDENCE_BINS = 10  # â(c) is measured for draft tokens in ten bins of their probability c
 CONFIDENCE_PRIOR_WEIGHT = 2.0  # pseudo-count of each bin's prior, the bin's middle confidence (a calibrated draft)
 PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measured: a 2-core CPU's few-token forward
@@ -44,23 +45,22 @@ class DraftLengthController:
         max_draft_tokens: the longest draft considered.
         widths: the tree budgets considered, in nodes per chain token: ``(1.0,)`` for a chain drafter, ``(1.0, 2.0)``
             for a tree drafter with an ``"auto"`` budget (CAPE), each with acceptance counts of its own.
-        decay: how much of the acceptance counts each step keeps.
         bucket: on the static cache, the width a forward over ``n`` tokens really runs at
             (:func:`~hf_specdraft.core.static_layout.bucket_for`): γ is weighed at that cost, never causing a compile.
+        max_copy_tokens: the longest copy from the text (:meth:`copy_length`), by default ``max_draft_tokens``.
     """
 
     def __init__(
         self,
         max_draft_tokens: int = 8,
         widths: tuple[float, ...] = (1.0,),
-        decay: float = 0.95,
         bucket=None,
         max_copy_tokens: int | None = None,
     ):
         check_int("max_draft_tokens", max_draft_tokens)
         check_int("max_copy_tokens", max_copy_tokens, allow_none=True, what="None: max_draft_tokens")
-        self.max_draft_tokens, self.widths, self.decay = max_draft_tokens, tuple(widths), decay
-        self.max_copy_tokens = max_copy_tokens or max_draft_tokens  # the longest copy from the text (copy_length)
+        self.max_draft_tokens, self.widths = max_draft_tokens, tuple(widths)
+        self.max_copy_tokens = max_copy_tokens or max_draft_tokens
         self.bucket = bucket or (lambda tokens: tokens)  # tokens verified -> the forward's real width (static buckets)
         # per width option, per draft position j (0-based): times judged and times accepted, decayed
         self.tries = [[0.0] * max_draft_tokens for _ in self.widths]
@@ -156,7 +156,7 @@ class DraftLengthController:
 
     def _count(self, tries: list[list], hits: list[list], k: int, drafted: int, accepted: list[int]) -> None:
         """Decay ``tries[k]`` and ``hits[k]`` and add a step's outcome (positions up to the first rejected one)."""
-        tries[k], hits[k] = [t * self.decay for t in tries[k]], [h * self.decay for h in hits[k]]
+        tries[k], hits[k] = [t * DECAY for t in tries[k]], [h * DECAY for h in hits[k]]
         for count in accepted:
             for j in range(min(count + 1, drafted, len(tries[k]))):
                 tries[k][j] += 1
@@ -297,16 +297,16 @@ class DraftLengthController:
         o = self.option
         self._count(self.tries, self.hits, o, drafted, accepted)
         if confidences is not None:  # the confidence bins: every judged draft token, accepted or not
-            self.bin_tries = [t * self.decay for t in self.bin_tries]
-            self.bin_hits = [h * self.decay for h in self.bin_hits]
+            self.bin_tries = [t * DECAY for t in self.bin_tries]
+            self.bin_hits = [h * DECAY for h in self.bin_hits]
             for count, row in zip(accepted if on_chain is None else on_chain, confidences):
                 for j, c in enumerate(row[: count + 1]):
                     b = min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
                     self.bin_tries[b] += 1
                     self.bin_hits[b] += j < count
         if self._draft_costs is not None:  # the width's realized rate, weighed against the other widths'
-            self.stop_tokens[o] = self.decay * self.stop_tokens[o] + 1 + sum(accepted) / len(accepted)
-            self.stop_seconds[o] = self.decay * self.stop_seconds[o] + draft_seconds / len(accepted) + verify_seconds
+            self.stop_tokens[o] = DECAY * self.stop_tokens[o] + 1 + sum(accepted) / len(accepted)
+            self.stop_seconds[o] = DECAY * self.stop_seconds[o] + draft_seconds / len(accepted) + verify_seconds
         if self._draft_costs is not None and self.choices and drafted and not self._asked:
             self.confidence_stops = False  # a drafter that says it stops on confidence but never asked: choose γ again
         if on_chain is not None and o != 0 and self.widths[0] == 1.0:

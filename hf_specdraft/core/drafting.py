@@ -312,15 +312,12 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
     tokens_in_vocab = True  # prepare checks the draft's vocabulary against the target's
     compiles_draft = True
 
-    @property
-    def controller_anchor(self) -> PreTrainedModel:
-        return self.draft_model  # the next call with the same draft starts from what this one learned
-
     def __init__(self, draft_model: PreTrainedModel, num_draft_tokens: int | str = AUTO):
         super().__init__()
         if not isinstance(draft_model, PreTrainedModel):
             raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
         self.draft_model = draft_model
+        self.controller_anchor = draft_model  # the next call with the same draft starts from what this one learned
         self.num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens)
         self._reset()
 
