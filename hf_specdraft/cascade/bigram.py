@@ -77,13 +77,11 @@ def build_bigram_table(
         table = torch.full((vocab_size,), int(unigram.argmax()), dtype=torch.long)
     else:
         table = torch.arange(vocab_size, dtype=torch.long)
-    if keys.numel():
-        prev, nxt = keys // vocab_size, keys % vocab_size  # keys are sorted: by prev, then next
-        order = torch.sort(-counts, stable=True).indices  # most frequent first; ties keep the smaller next
-        order = order[torch.sort(prev[order], stable=True).indices]  # group by prev, keeping that order
-        first = torch.ones(order.numel(), dtype=torch.bool)
-        first[1:] = prev[order][1:] != prev[order][:-1]
-        table[prev[order][first]] = nxt[order][first]
+    # per prev, the next of the largest count * V + (V - 1 - next): the most frequent, ties the smallest id
+    score = counts * vocab_size + vocab_size - 1 - keys % vocab_size
+    best = torch.full((vocab_size,), -1, dtype=torch.long).scatter_reduce_(0, keys // vocab_size, score, "amax")
+    followed = best >= 0
+    table[followed] = vocab_size - 1 - best[followed] % vocab_size
     return table
 
 

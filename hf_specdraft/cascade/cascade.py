@@ -55,9 +55,7 @@ def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
             f"k_matrix must have shape ({size}, {size}) for {num_drafts} draft(s) + Max-Gram, got shape "
             f"{tuple(matrix.shape)}"
         )
-    integral = not (matrix.dtype == torch.bool or matrix.is_complex()) and (
-        not matrix.is_floating_point() or bool((torch.isfinite(matrix) & (matrix == matrix.round())).all())
-    )
+    integral = matrix.dtype != torch.bool and not matrix.is_complex() and bool((matrix == matrix.long()).all())
     if not integral:
         raise ValueError(f"k_matrix entries must be integers, got {matrix.tolist()}")
     matrix = matrix.long()
