@@ -4,9 +4,6 @@
     >>> out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft,
     ...                       max_new_tokens=64)  # doctest: +SKIP
 
-Layers: the core (``hf_specdraft.core``) imports no method; each method package (glide, cape, cascade, casd) imports
-only the core; this module, ``defaults``, ``bench`` and the CLI compose them (``tests/test_layers.py`` checks it).
-
 ``import hf_specdraft`` loads no method and not torch (PEP 562): each public name imports its module when first taken.
 What one method lends another is wired here: GLIDE checkpoints ship CAPE's loop (:func:`write_glide_custom_generate`),
 and taking :func:`speculative_generate` imports :mod:`.glide`, which registers GLIDE with the Auto classes and as the

@@ -1,8 +1,5 @@
 """Load the embedded default (or any directory ``python -m recipes.training`` wrote) as transformers objects: the
-target (SmolLM2-135M-Instruct, :mod:`.smollm2`), its tokenizer and the drafters this project trained for it, shipped in
-``checkpoint_smollm2/`` (GLIDE, its vanilla twin, also the plain draft, a smaller draft for the cascade and Max-Gram's
-bigram table).
-"""
+target (:mod:`.smollm2`), its tokenizer and the drafters shipped for it in ``checkpoint_smollm2/``."""
 
 from __future__ import annotations
 
