@@ -54,9 +54,8 @@ def beam_search_proposal(
         scores, flat = best[finite], flat[finite]
         if flat.numel() == 0:
             break
-        rows = flat // vocab
         tokens.append(flat % vocab)
-        parents.append(frontier[rows])
+        parents.append(frontier[flat // vocab])  # each new node's beam
         frontier = count + torch.arange(flat.numel(), device=flat.device)
         count += flat.numel()
     scorer.finish()

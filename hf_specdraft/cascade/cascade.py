@@ -11,8 +11,7 @@ reviews last, in the loop, exactly (lossless).
   official code (the paper's Table 2 ``k_12`` is ``K[0, 0] + K[0, 1]``); a zero skips that drafter at that level.
 - lenience ``l`` (§3.1): ``x`` passes a draft's review when it is the reviewer's argmax or ``q(x) <= l * p(x)``; never
   for MaG's raw tokens (§5.2). Reviews sample (:func:`lenient_review_sampling`) under ``do_sample=True``.
-
-Calls are counted as ``"draft0"``, ``"draft1"``, … and ``"max_gram"`` for SWI (§5.1).
+- calls are counted as ``"draft0"``, ``"draft1"``, … and ``"max_gram"`` (SWI's costs, §5.1).
 """
 
 from __future__ import annotations

@@ -55,8 +55,7 @@ def max_gram_draft(
 
 
 class MaxGramCandidateGenerator(TreeCandidateGenerator):
-    """Max-Gram alone as a drafter (Chen et al. 2024, §3.3): no model, near-zero cost; its calls are counted under
-    ``"max_gram"`` in ``forward_calls`` (SWI gives them cost 0 by default, as the paper does).
+    """Max-Gram alone as a drafter (Chen et al. 2024, §3.3): no model, near-zero cost; calls count as ``"max_gram"``.
 
     Args:
         bigram_table (`torch.LongTensor` of shape `(V,)`, *optional*): argmax bigram fallback, e.g. from
