@@ -283,9 +283,8 @@ class GlidePreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["GlideDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values", "cache", "target_past_key_values"]
+    # no flash or flex attention (transformers' default): the cross-attention needs an arbitrary mask over target keys
     _supports_sdpa = True
-    _supports_flash_attn = False  # the cross-attention needs an arbitrary mask over the target's keys
-    _supports_flex_attn = False
 
     @classmethod
     def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
