@@ -50,8 +50,7 @@ def copyable_fraction(reference: list[int], source: list[int], n: int = 4) -> fl
         >>> copyable_fraction([1, 2, 3, 4, 9], [0, 1, 2, 3, 4], n=4)
         0.8
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    check_int("n", n)
     grams = {tuple(source[i : i + n]) for i in range(len(source) - n + 1)}
     covered = [False] * len(reference)
     for i in range(len(reference) - n + 1):
@@ -68,11 +67,10 @@ def function_items(name: str, text: str) -> list[TaskItem]:
     lines = text.splitlines(keepends=True)
     items = []
     for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 2:
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+        if not isinstance(node, functions) or len(node.body) < 2 or ast.get_docstring(node, clean=False) is None:
             continue
         doc = node.body[0]
-        if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
-            continue
         start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
         prompt = "".join(lines[start : doc.end_lineno])
         body = "".join(lines[doc.end_lineno : node.end_lineno])
