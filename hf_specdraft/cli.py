@@ -280,16 +280,14 @@ def answer_ids(folder: str | Path) -> list[list[int]]:
 def cmd_build_bigram(args: argparse.Namespace) -> int:
     """``build-bigram``: Max-Gram's fallback table (:func:`.cascade.build_bigram_table`) from the embedded default's
     corpus (or ``--source``) and tokenizer (or ``--tokenizer``) and the target's answers."""
+    for flag, value in (("--max-files", args.max_files), ("--answers-weight", args.answers_weight)):
+        if value is not None and value < 1:  # before the slow imports below
+            raise ValueError(f"{flag} must be a positive int, got {value}")
     from transformers import AutoTokenizer
 
     from .cascade.bigram import build_bigram_table, save_bigram_table
-    from .core.validation import check_int
     from .defaults.corpus import build_corpus
     from .defaults.smollm2 import converted_dir
-
-    for flag, value in (("--max-files", args.max_files), ("--answers-weight", args.answers_weight)):
-        if value is not None:
-            check_int(flag, value)
 
     def checked(prefix: str, make):  # a bad argument is one error line, named by its flag
         try:
