@@ -20,51 +20,39 @@ from .configuration_casd import PAPER_MAX_NODES, CasdConfig
 from .pool import DraftPool
 
 
-def top_trie_nodes(rows: np.ndarray, max_nodes: int) -> tuple[np.ndarray, ...]:
-    """The ``max_nodes`` most frequent nodes of the trie of ``rows`` `(k, m)` (sorted, ``-1`` after a row's end),
-    ties: shallower, then earlier. Returns `(ids, tokens, parents, depth, counts)`, each `(num_kept,)` int64.
-
-    A node at depth ``d`` is a group of contiguous rows sharing their first ``d + 1`` tokens; it never ranks above its
-    parent, so the kept nodes hold every kept node's ancestors.
-    """
-    k, m = rows.shape
-    by_depth = rows.T  # (m, k)
-    boundary = np.ones((m, k), dtype=bool)
-    np.not_equal(by_depth[:, 1:], by_depth[:, :-1], out=boundary[:, 1:])
-    boundary = np.logical_or.accumulate(boundary, axis=0)  # a change at depth d-1 changes every longer prefix
-    group = np.cumsum(boundary.ravel()).reshape(m, k) - 1  # (m, k): each row's group at each depth
-    depth, start = np.nonzero(boundary)  # each group's depth and first row, in group order
-    last = np.append(depth[1:] != depth[:-1], True)  # the last group of a depth ends at row k
-    counts = np.where(last, k, np.append(start[1:], k)) - start
-    tokens = by_depth[depth, start]
-    real = tokens >= 0  # rows that ended before this depth make no node
-    node = np.cumsum(real) - 1  # node id of each real group
-    parents = np.where(depth > 0, node[group[np.maximum(depth - 1, 0), start]], -1)
-    nodes = [node[real], tokens[real], parents[real], depth[real], counts[real]]
-    if nodes[0].size <= max_nodes:
-        return tuple(nodes)
-    ids, depth, counts = nodes[0], nodes[3], nodes[4]
-    rank = ((k - counts) * (m + 1) + depth) * ids.size + ids  # one int64 key: smaller is better
-    best = np.argpartition(rank, max_nodes - 1)[:max_nodes]
-    return tuple(x[best] for x in nodes)
-
-
 def merge_continuations(continuations: np.ndarray, max_nodes: int, rows_sorted: bool = False) -> DraftTree:
     """REST's pruned trie: the CPU draft tree of the ``max_nodes`` most frequent prefixes of ``continuations`` `(k, m)`
-    (``-1``-padded; ``rows_sorted``: already in lexicographic order). Ranking by (frequency desc, depth asc) keeps
-    every kept node's ancestors; ordering by (depth, frequency desc) makes the main chain the most frequent one."""
+    (``-1``-padded; ``rows_sorted``: already in lexicographic order), ties: shallower, then earlier.
+
+    A node at depth ``d`` is a group of contiguous sorted rows sharing their first ``d + 1`` tokens. It never ranks
+    above its parent, so the kept nodes hold every kept node's ancestors; ordered by (depth, frequency desc), the main
+    chain is the most frequent continuation.
+    """
     if continuations.size == 0:
         return DraftTree.empty()
     if not rows_sorted:
         continuations = continuations[np.lexsort(continuations.T[::-1])]  # lexsort's last key is the primary one
-    ids, tokens, parents, depth, counts = top_trie_nodes(continuations, max_nodes)
-    if ids.size == 0:
+    k, m = continuations.shape
+    by_depth = continuations.T  # (m, k)
+    boundary = np.ones((m, k), dtype=bool)
+    np.not_equal(by_depth[:, 1:], by_depth[:, :-1], out=boundary[:, 1:])
+    boundary = np.logical_or.accumulate(boundary, axis=0)  # a change at depth d-1 changes every longer prefix
+    group = np.cumsum(boundary.ravel()).reshape(m, k) - 1  # (m, k): each row's group at each depth
+    depth, start = np.nonzero(boundary)  # each group's depth and first row; its index is its id
+    last = np.append(depth[1:] != depth[:-1], True)  # the last group of a depth ends at row k
+    counts = np.where(last, k, np.append(start[1:], k)) - start
+    tokens = by_depth[depth, start]
+    kept = np.flatnonzero(tokens >= 0)  # rows that ended before a depth make no node there
+    if kept.size > max_nodes:
+        rank = ((k - counts[kept]) * (m + 1) + depth[kept]) * tokens.size + kept  # one int64 key: smaller is better
+        kept = kept[np.argpartition(rank, max_nodes - 1)[:max_nodes]]
+    if kept.size == 0:
         return DraftTree.empty()
-    order = np.lexsort((ids, -counts, depth))  # (depth, frequency desc, id): parents first
-    ids, tokens, parents = ids[order], tokens[order], parents[order]
-    position = {node: i for i, node in enumerate(ids.tolist())}
-    new_parents = [position[p] if p >= 0 else -1 for p in parents.tolist()]
-    return DraftTree(torch.from_numpy(tokens), torch.tensor(new_parents, dtype=torch.long))
+    kept = kept[np.lexsort((kept, -counts[kept], depth[kept]))]  # (depth, frequency desc, id): parents first
+    position = np.full(tokens.size, -1)
+    position[kept] = np.arange(kept.size)
+    parents = np.where(depth[kept] > 0, position[group[np.maximum(depth[kept] - 1, 0), start[kept]]], -1)
+    return DraftTree(torch.from_numpy(tokens[kept]), torch.from_numpy(parents))
 
 
 def _tree_of(pool: DraftPool, positions: np.ndarray, length: int, config: CasdConfig) -> DraftTree:
