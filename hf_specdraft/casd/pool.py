@@ -131,9 +131,7 @@ class DraftPool:
         sequence = np.asarray(sequence, dtype=np.int64).reshape(-1)
         previous = None
         for length in range(longest, min_length - 1, -1):
-            rows = self._hit(sequence[sequence.size - length :])
-            if rows is None:  # cannot happen below a hit
-                continue
+            rows = self._hit(sequence[sequence.size - length :])  # never None: a suffix of a hit is a hit
             count = rows[1] - rows[0]
             if previous is not None and count > previous:
                 yield length, self._positions(rows, length)
