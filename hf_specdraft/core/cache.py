@@ -1,10 +1,8 @@
 """Cache operations of the loop and the drafters: compaction after acceptance, repacking a batch, windows, re-syncs.
 
-After each step the target's cache keeps only the verified prefix and the accepted path: a row that owns it is
-compacted in place (:func:`compact_cache`); a padded batch shares one right-aligned cache, repacked each step
-(:func:`repack_cache`) so that rejected columns leave at once and attention stays at the longest row's accepted length
-(the gather costs one copy a step, which ``DynamicCache.update``'s concatenation pays anyway). Drafters crop their own
-caches back to the accepted text (:func:`resync_cache`).
+A row that owns the target's cache compacts it in place after each step (:func:`compact_cache`); a padded batch's
+shared, right-aligned cache is repacked (:func:`repack_cache`: rejected columns leave at once, for one copy a step,
+which ``DynamicCache.update``'s concatenation pays anyway). Drafters crop their own caches back to the accepted text.
 """
 
 from __future__ import annotations
@@ -13,14 +11,13 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .rows import Row
 from .support import cache_window
 
 
 def target_cache(model, convolution_only: bool) -> DynamicCache:
     """The target's cache for one unpadded row that owns it: the layers transformers builds, sliding-window and
     convolution layers recording their past during a step (a rejected branch never pushes an accepted key out of the
-    window, and a crop restores a convolution's inputs), trimmed after compaction (:func:`trim_windows`)."""
+    window, and a crop restores a convolution's inputs), trimmed after compaction (:func:`compact_cache`)."""
     cache = DynamicCache(config=model.config)
     if convolution_only or cache_window(cache) is not None:
         cache.activate_past_recording()
@@ -31,7 +28,7 @@ def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
     """Keep only the sequence positions ``keep`` `(M,)` of every layer of ``cache``, in place: a crop when ``keep`` is
     ``arange(M)``, else an ``index_select`` (cached keys are post-RoPE, and a kept tree node was rotated at
     ``prefix_len + depth``, its final position). A sliding-window layer's indices are shifted by what it no longer
-    holds."""
+    holds, and it keeps only the keys a later forward sees."""
     length, m = cache.get_seq_length(), keep.numel()
     if m < length and bool((keep == torch.arange(m, device=keep.device)).all()):
         cache.crop(m - length)  # transformers 5.23 crops by a negative count of tokens to drop (sliding layers too)
@@ -45,11 +42,7 @@ def compact_cache(cache: DynamicCache, keep: torch.Tensor) -> None:
                 layer.values = layer.values.index_select(-2, index)
                 if hasattr(layer, "cumulative_length"):  # sliding-window layers count the tokens seen
                     layer.cumulative_length = m
-    trim_windows(cache)
-
-
-def trim_windows(cache: DynamicCache) -> None:
-    """Drop from sliding-window layers the keys no later forward can see (all but the newest ``window - 1``)."""
+    # sliding-window layers drop the keys no later forward can see: all but the newest window - 1
     for layer in cache.layers:
         window = getattr(layer, "sliding_window", None)
         held = window and getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > window - 1 >= 0
@@ -114,17 +107,3 @@ def repack_cache(cache: DynamicCache, keep: list[torch.Tensor], rows: torch.Tens
         # one index_select per tensor: 3x faster on CPU than gather with an expanded index
         keys, values = (t.reshape(-1, t.shape[-1]).index_select(0, flats[key]) for t in (layer.keys, layer.values))
         layer.keys, layer.values = keys.view(len(keep), heads, width, -1), values.view(len(keep), heads, width, -1)
-
-
-def row_cache(cache: DynamicCache, a: int, row: Row) -> DynamicCache:
-    """Row ``a``'s part of a shared batch cache as its own `(1, H, n_a, D)` cache of views (no copy), for a drafter."""
-    view, columns = DynamicCache(), cache.get_seq_length()
-    view.layers = []
-    for layer in cache.layers:
-        own = DynamicLayer()
-        if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
-            own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
-            own.keys = layer.keys[a : a + 1, :, columns - row.cached :]
-            own.values = layer.values[a : a + 1, :, columns - row.cached :]
-        view.layers.append(own)
-    return view

@@ -1,7 +1,6 @@
 """Where the target's cache lives during a call: one interface, :class:`CacheLayout`, and one object of it per call
 (:func:`~hf_specdraft.core.static_layout.layout_for`), so the step holds no branch on the layout (as gpt-fast's cache):
-:class:`OwnedRow` (one unpadded row's ``DynamicCache``, compacted in place), :class:`SharedBatch` (a padded batch's
-right-aligned ``DynamicCache``, repacked each step) or :class:`~hf_specdraft.core.static_layout.StaticLayout`.
+:class:`OwnedRow`, :class:`SharedBatch` or :class:`~hf_specdraft.core.static_layout.StaticLayout`.
 """
 
 from __future__ import annotations
@@ -10,8 +9,9 @@ import time
 
 import torch
 from transformers import DynamicCache, GenerationConfig
+from transformers.cache_utils import DynamicLayer
 
-from .cache import compact_cache, repack_cache, row_cache
+from .cache import compact_cache, repack_cache
 from .host import host_tensor
 from .projection import few_token_linears
 from .rows import Row
@@ -50,19 +50,16 @@ class CacheLayout:
         """What active row ``a``'s drafter reads of the target's cache (its committed text), read-only."""
         raise NotImplementedError
 
-    def batch_drafter_cache(self, active: list[Row]) -> tuple:
-        """What :attr:`together` reads of the target's cache: the cache and each active row's cached columns."""
-        raise NotImplementedError
-
     def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple:
         """One forward over every row's ``[last token] + tree``, with ``extra`` (what the drafters ask of it). Returns
         float32 logits `(A, Q, V)`, the verified ids `(A, Q)` and the asked ``hidden_states`` (or ``None``)."""
         raise NotImplementedError
 
     def count_step(self, width: int) -> None:
-        """Count one verification forward of ``width`` columns per row (each layout's :meth:`verify` counts its own)."""
+        """Count one verification forward of ``width`` columns per row (what a cache that only masks rejected columns
+        would have grown by)."""
         self.target_forwards += 1
-        self.costs["holes_columns"] += width  # what a cache that only masks rejected columns would have grown by
+        self.costs["holes_columns"] += width
 
     def keep(self, rows: list[Row], cached: list[int], kept: list[list[int]], survivors: list[int]) -> None:
         """Each row keeps its cached text and its ``kept`` verified columns (0: its last token, ``1 + i``: node ``i``);
@@ -84,25 +81,21 @@ class CacheLayout:
     def before_steps(self, rows: list[Row], request, generation_config: GenerationConfig) -> None:
         """Run once before the call's first step (the static path compiles every bucket, and its drafts, there)."""
 
-    def call_stats(self, rows: list[Row]) -> SpeculativeStats:
-        """The call's statistics: one row's own; a batch's rows merged, with ``extra["cache_layout"]`` (:attr:`costs`)
-        and ``extra["batch_forwards"]`` (the rows' own statistics count a batch forward once in every row it served)."""
+    def call_result(self, rows: list[Row], generation_config: GenerationConfig) -> tuple[SpeculativeStats, dict]:
+        """The call's statistics and the output's other fields: one row's own, and its scores and logits (where asked);
+        a padded batch's rows' statistics merged, with ``extra["cache_layout"]`` (:attr:`costs`) and
+        ``extra["batch_forwards"]`` (the rows' own count a batch forward once in every row it served), and each row's
+        (``row_stats``)."""
         if self.one_row:
-            return rows[0].stats
+            row = rows[0]
+            return row.stats, {
+                "scores": tuple(row.scores) if generation_config.output_scores else None,
+                "logits": tuple(row.logits) if generation_config.output_logits else None,
+            }
         stats = SpeculativeStats.merge([row.stats for row in rows])
         forwards = {"target": self.target_forwards, "draft": None if self.together is None else self.together.forwards}
         stats.extra.update(batch_size=len(rows), cache_layout=dict(self.costs), batch_forwards=forwards)
-        return stats
-
-    def result_fields(self, rows: list[Row], generation_config: GenerationConfig) -> dict:
-        """The output's other fields: one row's scores and logits (where asked), a padded batch's ``row_stats``."""
-        if not self.one_row:
-            return {"row_stats": tuple(row.stats for row in rows)}
-        row = rows[0]
-        return {
-            "scores": tuple(row.scores) if generation_config.output_scores else None,
-            "logits": tuple(row.logits) if generation_config.output_logits else None,
-        }
+        return stats, {"row_stats": tuple(row.stats for row in rows)}
 
     def finish(self, stats) -> DynamicCache | None:
         """After the last step: what of the layout goes into ``stats``; the cache handed out (a batch's: none)."""
@@ -171,9 +164,19 @@ class SharedBatch(DynamicLayout):
     _columns = 0  # the cache's width at the step's verification (keep reads it)
 
     def drafter_cache(self, a: int, row: Row) -> DynamicCache:
-        return row_cache(self.cache, a, row)
+        """Row ``a``'s part of the cache as its own `(1, H, n_a, D)` cache of views (no copy)."""
+        view, columns = DynamicCache(), self.cache.get_seq_length()  # a DynamicCache() holds no layers yet
+        for layer in self.cache.layers:
+            own = DynamicLayer()
+            if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+                own.dtype, own.device, own.is_initialized = layer.keys.dtype, layer.keys.device, True
+                own.keys = layer.keys[a : a + 1, :, columns - row.cached :]
+                own.values = layer.values[a : a + 1, :, columns - row.cached :]
+            view.layers.append(own)
+        return view
 
     def batch_drafter_cache(self, active: list[Row]) -> tuple[DynamicCache, list[int]]:
+        """What :attr:`together` reads of the target's cache: the cache and each active row's cached columns."""
         return self.cache, [row.cached for row in active]
 
     def verify(self, rows, trees, extra):

@@ -45,25 +45,11 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
     for row in rows:
         row.stats.settle()
         row.stats.drafter_calls = dict(row.generator.forward_calls)  # transformers' own generators count none
-    stats = layout.call_stats(rows)
+    stats, fields = layout.call_result(rows, generation_config)
     if chosen.get("draft_lengths"):  # num_draft_tokens="auto": the γ chosen at every step, and whether it resumed
         stats.extra.update(chosen)
     for drafter in {id(g): g for g in (generator if isinstance(generator, (list, tuple)) else [generator])}.values():
         drafter.finish_call(stats)
-    sequences = padded_sequences(rows, generation_config)
-    cache = layout.finish(stats)  # the static path's record; the cache a single row hands out
-    if not generation_config.return_dict_in_generate:
-        return sequences
-    return SpeculativeGenerateOutput(
-        sequences=sequences,
-        **{CACHE_FIELD: cache},
-        speculative_stats=stats,
-        **layout.result_fields(rows, generation_config),
-    )
-
-
-def padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> torch.LongTensor:
-    """`(B, longest)`: every row's ids, rows that finished early padded with ``pad_token_id`` on the right."""
     pad_token = generation_config.pad_token_id
     if isinstance(pad_token, torch.Tensor):
         pad_token = int(pad_token.flatten()[0])
@@ -72,5 +58,15 @@ def padded_sequences(rows: list[Row], generation_config: GenerationConfig) -> to
             "rows finished at different lengths and generation_config.pad_token_id is None: set pad_token_id "
             "(e.g. tokenizer.pad_token_id or the eos token id) to pad the finished rows"
         )
-    # rows are in batch order (row.index)
-    return torch.nn.utils.rnn.pad_sequence([row.ids[0] for row in rows], batch_first=True, padding_value=pad_token or 0)
+    # (B, longest), rows in batch order (row.index), those that finished early padded on the right
+    ids = [row.ids[0] for row in rows]
+    sequences = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=pad_token or 0)
+    cache = layout.finish(stats)  # the static path's record; the cache a single row hands out
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    return SpeculativeGenerateOutput(
+        sequences=sequences,
+        **{CACHE_FIELD: cache},
+        speculative_stats=stats,
+        **fields,
+    )
