@@ -207,8 +207,7 @@ def test_sliding_window_bench_pieces():
     the same verification logits past the window, and the trimmed one is the smaller; its report section renders."""
     from conftest import tiny_model
     from benchmarks.report.render import sliding_window_section
-    from benchmarks.studies.sliding_window import cache_bytes, main, prefilled, windowed_copy
-    from hf_specdraft.core.verify import verify_tree
+    from benchmarks.studies.sliding_window import cache_bytes, main, prefilled, verify_tree, windowed_copy
     from hf_specdraft.core.tree import DraftTree
 
     llama = tiny_model("llama")

@@ -38,10 +38,17 @@ from hf_specdraft.core.loop import speculative_generate
 from hf_specdraft.core.projection import few_token_linears
 from hf_specdraft.core.support import with_cache
 from hf_specdraft.core.tree import DraftTree
-from hf_specdraft.core.verify import verify_tree
+from hf_specdraft.core.verify import LayerWindows, single_row_inputs
 
 TREE_PARENTS = [-1, 0, 1, -1, 0, 3, -1, 2]  # 8 nodes, depth up to 3, three roots: a CAPE-sized tree
 CHAIN_LENGTH = 4
+
+
+def verify_tree(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> torch.Tensor:
+    """One target forward over ``[last token] + tree`` on a cache covering ``input_ids[:, :-1]`` `(1, L)`. Returns
+    float32 logits `(1+N, V)`: row 0 scores the token after the last one, row ``1+i`` the token after node ``i``."""
+    inputs = single_row_inputs(LayerWindows(model), input_ids, cache, tree)
+    return model(**inputs, **with_cache(model, cache), use_cache=True).logits[0].float()
 
 
 def windowed_copy(target, window: int) -> MistralForCausalLM:

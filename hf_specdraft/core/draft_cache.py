@@ -1,12 +1,7 @@
 """A drafter's own cache and its forward behind one interface, :class:`DraftCache`, so a drafter drafts the same way on
-a dynamic or a static cache (docs/static-cache.md).
-
-* :class:`DynamicDraftCache`: the draft's ``DynamicCache`` (every call outside the compiled static path);
-* :class:`StaticDraftCache`: on the compiled static path a batch-1 call's draft runs each feed padded to a bucket of
-  :data:`DRAFT_BUCKETS` through its compiled forward (a longer feed, the prompt, runs eagerly on the same cache).
-
-Either re-syncs through ``get_seq_length`` and ``crop`` (a static crop only moves the committed length back) and
-returns the logits after a feed. What a draft reads of the target (GLIDE's glimpse) comes from its drafter's ``reads``.
+a dynamic cache (:class:`DynamicDraftCache`) or, in a batch-1 call on the compiled static path, a static one whose feeds
+run padded to a bucket of :data:`DRAFT_BUCKETS` through its compiled forward (:class:`StaticDraftCache`; a longer feed,
+the prompt, runs eagerly on the same cache). docs/static-cache.md.
 """
 
 from __future__ import annotations
@@ -26,38 +21,29 @@ DRAFT_BUCKETS = (1, 2, 4, 8, 16)  # tokens per draft feed: one drafted token, or
 
 
 class DraftCache:
-    """A draft model's cache and forward, as a drafter drafts on it.
+    """A draft model's cache and forward, as a drafter drafts on it: ``get_seq_length()`` and ``crop(max_length)``
+    (transformers' convention: a negative ``max_length`` drops that many) re-sync it to the accepted text (a static
+    crop only moves the committed length back); ``logits(feed, rows, extra)`` writes ``feed`` `(1, n)` after the
+    covered tokens and returns the draft's logits `(rows, V)` at its last ``rows`` tokens (``extra``: :meth:`glimpse`'s
+    answer).
 
     Args:
         draft_model: the draft.
         reads: ``(target_cache, committed) -> extra``: what the draft's forwards read of the target at a step (GLIDE's
             glimpse; ``committed``: the target's text but its newest token, ``None``: all of it), in the form
-            :meth:`forward`'s ``extra`` takes on this cache; ``None`` (the default): the draft reads nothing of it.
+            ``logits``' ``extra`` takes on this cache; ``None`` (the default): the draft reads nothing of it.
     """
 
     def __init__(self, draft_model, reads: Callable | None = None):
         self.model, self.reads = draft_model, reads
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """How many tokens the cache covers."""
-        raise NotImplementedError
-
-    def crop(self, max_length: int) -> None:
-        """Keep the first ``max_length`` tokens; transformers' convention: a negative ``max_length`` drops that many."""
-        raise NotImplementedError
 
     def glimpse(self, target_cache, committed: int | None):
         """What this step's forwards read of the target (the ``reads`` the drafter gave), or ``None``."""
         return None if self.reads is None else self.reads(target_cache, committed)
 
     def forward(self, feed: torch.LongTensor, extra=None) -> torch.Tensor:
-        """Write ``feed`` `(1, n)` after the covered tokens; the draft's logits `(1, V)` after it."""
+        """The draft's logits `(1, V)` after ``feed`` `(1, n)`."""
         return self.logits(feed, 1, extra)
-
-    def logits(self, feed: torch.LongTensor, rows: int, extra=None) -> torch.Tensor:
-        """:meth:`forward`, keeping the logits `(rows, V)` at the feed's last ``rows`` tokens (``extra``:
-        :meth:`glimpse`'s answer)."""
-        raise NotImplementedError
 
 
 class DynamicDraftCache(DraftCache):
@@ -117,36 +103,25 @@ class StaticDraftCache(DraftCache):
         start, n, static = self.length, feed.shape[1], self.static
         compiled = static.compiled and static.cache.layers[0].is_initialized and n <= DRAFT_BUCKETS[-1]
         logits = self._run(feed[0], start, static.bucket(n) if compiled else n, compiled, extra, rows)
-        if not compiled and static.compiled and not static.cache.warmed:  # the buffers exist now: warm up
-            self.warm_up(extra)
         self.length = start + n
         return (logits[0, n - rows : n] if compiled else logits[0, -rows:]).float()
 
     def prepare(self) -> None:
-        """Before the loop's first step: allocate the buffers and compile every bucket, so no drafting step compiles
-        (the controller's draft costs never hold a compile)."""
-        if not self.static.compiled or self.static.cache.warmed:
-            return
-        extra = self.glimpse(None, None)
-        if not self.static.cache.layers[0].is_initialized:
-            self._run(torch.zeros(1, dtype=torch.long), self.static.cache.max_cache_len - 1, 1, False, extra)
-        self.warm_up(extra)
+        """Before the loop's first step: allocate the buffers and compile (on CUDA: capture) every bucket on dummy
+        tokens in the cache's last columns, where no feed writes, so no drafting step compiles (the controller's draft
+        costs never hold a compile)."""
+        extra, length = self.glimpse(None, None), self.static.cache.max_cache_len
+        zeros = torch.zeros(DRAFT_BUCKETS[-1], dtype=torch.long)
+        self.static.warm_up(
+            DRAFT_BUCKETS[-1], dummy=lambda b, compiled: self._run(zeros[:b], length - b, b, compiled, extra)
+        )
 
-    def warm_up(self, extra=None) -> None:
-        """Compile (on CUDA: capture) every bucket on dummy tokens in the cache's last columns, where no feed writes."""
-        length = self.static.cache.max_cache_len
-        for bucket in DRAFT_BUCKETS:
-            dummies = torch.zeros(bucket, dtype=torch.long)
-            self.static.capture(bucket, lambda b=bucket, t=dummies: self._run(t, length - b, b, True, extra))
-
-    def _run(
-        self, tokens: torch.LongTensor, start: int, width: int, compiled: bool, extra, rows: int = 1
-    ) -> torch.Tensor:
+    def _run(self, tokens: torch.Tensor, start: int, width: int, compiled: bool, extra, rows: int = 1) -> torch.Tensor:
         """One forward of ``tokens`` (padded to ``width``) written at columns ``start ..``; the logits of every query
         when compiled (a fixed shape), of the last ``rows`` when eager."""
         cache = self.static.cache
         length = cache.max_cache_len if compiled else start + width
-        cache.set_visible(None if compiled else length)
+        cache.visible = None if compiled else length
         columns = start + torch.arange(width)
         keys = torch.arange(length)
         visible = keys[None, None, :] <= columns[None, :, None]  # causal: the committed text and the feed up to itself

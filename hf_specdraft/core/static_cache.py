@@ -1,14 +1,12 @@
 """A static KV cache the loop owns (``cache_implementation="static"``, docs/static-cache.md): one buffer
-`(B, H, max_cache_len, D)` a layer, allocated once and reused by later calls of the same shape.
+`(B, H, max_cache_len, D)` a layer, allocated once and reused by later calls of the same shape. Row ``b`` keeps its
+text at columns ``[pad_b, len(row.ids) - 1)``; a step writes ``[last token] + tree``, padded to a bucket of ``Q``
+tokens, past that, and acceptance moves the accepted columns into place (:meth:`StaticRowsCache.keep`, as Sequoia
+compacts). Nothing is rewound: the mask hides the columns past a row's text (as gpt-fast does). transformers'
+``StaticCache`` writes at one length for the whole batch and cannot crop.
 
-Row ``b`` keeps its text at columns ``[pad_b, len(row.ids) - 1)``. A step writes ``[last token] + tree``, padded to a
-bucket of ``Q`` tokens, past that; acceptance moves the accepted columns into place with one ``index_copy_``
-(:meth:`StaticRowsCache.keep`, as Sequoia compacts); nothing is rewound, and the mask hides the columns past a row's
-text (as gpt-fast does). transformers' ``StaticCache`` writes at one length for the whole batch and cannot crop.
-
-A compiled forward's inputs sit in fixed buffers per bucket, edited in place from step to step (:class:`BucketInputs`,
-as SGLang's CUDA-graph runner keeps one per batch size): a row's mask changes only where its text grew and in its tree
-block, edited through NumPy views of host staging buffers (well under a microsecond, against 5-10 µs a torch op).
+A compiled forward's inputs sit in fixed buffers per bucket, edited in place from step to step through NumPy views of
+host staging buffers (:class:`BucketInputs`, as SGLang's CUDA-graph runner keeps one per batch size).
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import functools
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .host import copy_to_device, host_tensor, on_device, stage, to_device
+from .host import host_tensor, stage, to_device
 from .tree import tree_buffers
 from .verify import LayerWindows
 
@@ -35,8 +33,7 @@ class LayerStorage:
         self.layers, self.buffer = layers, None
 
     def views(self, i: int, keys_shape: tuple, values_dim: int, dtype: torch.dtype, device: torch.device):
-        """Layer ``i``'s `(keys, values)` views, or ``None`` when its shape is not the storage's (it allocates its
-        own)."""
+        """Layer ``i``'s `(keys, values)` views, or ``None`` when its shape is not the storage's (it keeps its own)."""
         if keys_shape[-1] != values_dim:
             return None
         if self.buffer is None:
@@ -53,16 +50,14 @@ class StaticRowsLayer(CacheLayerMixin):
     is_compileable = True
     is_sliding = False  # windowed layers see their window through the mask, on a ring of their own (below)
 
-    def __init__(self, max_cache_len: int, ring: int | None = None, window: int | None = None, scratch: int = 0):
+    def __init__(self, owner, max_cache_len: int, ring: int | None = None, window: int | None = None, scratch: int = 0):
         super().__init__()
         # a windowed layer keeps `ring` = window + widest bucket columns, column c in slot c % ring (a step never
         # overwrites a key its queries can see), then `scratch` slots no column maps to, for warm-up dummies
         self.max_cache_len, self.ring, self.window = max_cache_len, ring, window
         self.scratch = scratch if ring is not None else 0
         self.write_index: torch.Tensor | None = None  # (B, 1, Q, 1) long: the slots this forward writes
-        self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
-        self.visible: int | None = None  # eager forwards attend to the first `visible` columns; None: all
-        self.prefilling = False  # the prefill (on an empty cache) attends to its own states only
+        self.owner: StaticRowsCache = owner  # what every layer attends to is set there, once for all
         self.storage: tuple[LayerStorage, int] | None = None  # full layers: the cache's storage, this layer's index
         self.in_storage = False  # whether keys and values are views of that storage
 
@@ -95,21 +90,22 @@ class StaticRowsLayer(CacheLayerMixin):
             index, keys, values = index[:, :, -self.ring :], keys[:, :, -self.ring :], values[:, :, -self.ring :]
         self.keys.scatter_(2, index.expand_as(keys), keys)
         self.values.scatter_(2, index.expand_as(values), values)
-        if self.prefilling:
+        if self.owner.prefilling:
             return key_states, value_states
-        if self.visible is not None and self.ring is None:
-            return self.keys[:, :, : self.visible], self.values[:, :, : self.visible]
+        visible = self.owner.visible
+        if visible is not None and self.ring is None:
+            return self.keys[:, :, :visible], self.values[:, :, :visible]
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        if self.prefilling:
+        if self.owner.prefilling:
             return query_length, 0
         if self.ring is not None:
             return self.ring + self.scratch, 0
-        return (self.max_cache_len if self.visible is None else self.visible), 0
+        return (self.max_cache_len if self.owner.visible is None else self.owner.visible), 0
 
     def get_seq_length(self) -> int:
-        return 0 if not self.is_initialized else self.committed
+        return 0 if not self.is_initialized else self.owner.committed
 
     def get_max_length(self) -> int:
         return self.max_cache_len
@@ -124,8 +120,6 @@ class StaticRowsCache(Cache):
         max_cache_len: columns per row: the longest padded prompt plus new tokens plus the widest bucket.
     """
 
-    is_compileable = True
-
     def __init__(
         self,
         num_layers: int,
@@ -138,48 +132,49 @@ class StaticRowsCache(Cache):
         windows = windows or {}  # layer -> (window, ring): the windowed layers kept on rings
         super().__init__(
             layers=[
-                StaticRowsLayer(max_cache_len, *reversed(windows.get(i, (None, None))), scratch=scratch)
+                StaticRowsLayer(self, max_cache_len, *reversed(windows.get(i, (None, None))), scratch=scratch)
                 for i in range(num_layers)
             ]
         )
         self.num_rows, self.max_cache_len, self.scratch = batch_size, max_cache_len, scratch
+        self.visible: int | None = None  # eager forwards attend to the first `visible` columns; None: all
+        self.prefilling = False  # the prefill (on an empty cache) attends to its own states only
+        self.committed = 0  # the longest row's committed columns (informative: every forward takes its own mask)
         full = [layer for layer in self.layers if layer.ring is None]
         self.storage = LayerStorage(len(full))
         for i, layer in enumerate(full):
             layer.storage = (self.storage, i)
         self.rings = sorted({layer.ring for layer in self.layers if layer.ring is not None})
         self.has_rings = bool(self.rings)
-        self._write_buffers: dict[tuple, torch.Tensor] = {}  # (ring or None, Q) -> its fixed (B, 1, Q, 1) buffer
-        self.inputs: dict[tuple, torch.Tensor] = {}  # a compiled forward's inputs by name and shape (stage)
-        self.buckets: dict[int, BucketInputs] = {}  # without windowed layers: each bucket's inputs, edited step to step
+        # a compiled forward's inputs and each ring's (B, 1, Q, 1) write slots, by name and shape (stage)
+        self.inputs: dict[tuple, torch.Tensor] = {}
+        self.warmed: set = set()  # graphs (buckets) already compiled and run on this cache, by this or an earlier call
+        self.buckets: dict[int, BucketInputs] = {}  # each bucket's inputs (staging), edited step to step
         self.layer_windows = layer_windows  # what the model's masks depend on, read once by the cache's owner
         self.mask_dtype = torch.float32 if layer_windows is None else layer_windows.dtype
         self.windowed = layer_windows is None or layer_windows.windowed  # whether masks differ per layer type
         types = [] if layer_windows is None else layer_windows.types
         self.kind_rings = {kind: layer.ring for kind, layer in zip(types, self.layers) if layer.ring is not None}
 
-    def masks(
-        self,
-        mask: torch.Tensor,
-        query_positions: torch.Tensor,
-        key_positions: torch.Tensor,
-        starts: torch.Tensor | None = None,
-    ):
+    def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, starts=None):
         """The model's masks (host, in its dtype) from ``mask`` `(B, Q, L)` bool (seen) or `(B, 1, Q, L)` additive, per
         layer type where windows apply; with ``starts`` `(B,)` (each row's first written column), the ring layers' over
         their slots (:meth:`onto_rings`)."""
         if mask.dtype == torch.bool:
             mask = additive(mask[:, None], self.mask_dtype)
         masks = mask if self.layer_windows is None else self.layer_windows.masks(mask, query_positions, key_positions)
-        return masks if starts is None or not self.has_rings else self.onto_rings(masks, starts, mask.shape[2])
+        return masks if starts is None or not self.has_rings else self.onto_rings(masks, mask.shape[2], starts)
 
-    def onto_rings(self, masks, starts: torch.Tensor, width: int):
-        """Masks over a ring layer's slots, gathered from masks over the columns `(B, 1, Q, L)`; scratch slots unseen.
-
-        Slot ``c`` of a ring of ``R`` holds, for row ``b`` writing columns ``starts[b] .. starts[b] + width - 1``, the
-        newest column ``s ≡ c (mod R)`` up to the last of them; ``s < 0`` (never written) is blocked."""
+    def onto_rings(self, masks, width: int, starts: torch.Tensor | None = None):
+        """Masks over the ring layers' slots (scratch slots unseen), from ``masks`` over the columns `(B, 1, Q, L)` (a
+        dict by layer type, or one mask). Slot ``c`` of a ring of ``R`` holds, for row ``b`` writing columns
+        ``starts[b] .. starts[b] + width - 1``, the newest column ``s ≡ c (mod R)`` up to the last of them (``s < 0``,
+        never written: blocked). ``starts=None``: a warm-up's, dummy ``q`` seeing only the scratch slot ``R + q``."""
 
         def onto_slots(mask: torch.Tensor, ring: int) -> torch.Tensor:
+            if starts is None:
+                seen = torch.arange(ring + self.scratch)[None] == ring + torch.arange(width)[:, None]  # (Q, R + S)
+                return additive(seen.expand(self.num_rows, 1, width, ring + self.scratch), self.mask_dtype)
             batch, _, queries, columns = mask.shape
             slots = torch.arange(ring, device=mask.device)
             last = starts.to(mask.device)[:, None] + width - 1
@@ -190,47 +185,44 @@ class StaticRowsCache(Cache):
             blocked = torch.full((batch, 1, queries, self.scratch), low, dtype=mask.dtype, device=mask.device)
             return torch.cat([picked, blocked], dim=-1)
 
-        return self._per_ring(masks, onto_slots)
-
-    def scratch_masks(self, masks, width: int):
-        """A warm-up's masks on the ring layers: dummy ``q`` wrote scratch slot ``ring + q`` and sees only it."""
-
-        def scratch_mask(mask, ring: int) -> torch.Tensor:
-            seen = torch.arange(ring + self.scratch)[None] == ring + torch.arange(width)[:, None]  # (Q, R + S)
-            return additive(seen.expand(self.num_rows, 1, width, ring + self.scratch), self.mask_dtype)
-
-        return self._per_ring(masks, scratch_mask)
-
-    def _per_ring(self, masks, make):
-        """``make(mask, ring)`` for each ring layer type's mask in ``masks`` (a dict by type, or one mask)."""
         if not isinstance(masks, dict):
-            return make(masks, self.rings[0])
+            return onto_slots(masks, self.rings[0])
         return {
-            kind: make(mask, self.kind_rings[kind]) if kind in self.kind_rings else mask for kind, mask in masks.items()
+            kind: onto_slots(mask, self.kind_rings[kind]) if kind in self.kind_rings else mask
+            for kind, mask in masks.items()
         }
 
-    def bucket_inputs(self, width: int, device: torch.device, rows=None, trees=None) -> dict:
-        """The inputs of bucket ``width``'s forward at their fixed addresses (:class:`BucketInputs`, edited in place
-        from the last step), filled for ``rows`` verifying ``trees`` (``None``: a warm-up's dummies); the cache then
-        writes at their write columns."""
-        inputs = self.buckets.get(width)
+    def staging(self, bucket: int, device: torch.device) -> BucketInputs:
+        """Bucket ``bucket``'s :class:`BucketInputs` on ``device``, kept from the last step (edited in place)."""
+        inputs = self.buckets.get(bucket)
         if inputs is None or inputs.device != torch.device(device) or inputs.host_mask.dtype != self.mask_dtype:
-            inputs = self.buckets[width] = BucketInputs(
-                self.num_rows, width, self.max_cache_len, self.mask_dtype, device
+            inputs = self.buckets[bucket] = BucketInputs(
+                self.num_rows, bucket, self.max_cache_len, self.mask_dtype, device
             )
-        self.set_visible(None)
-        if rows is None:
-            inputs.fill_warm_up()
-        else:
-            inputs.fill(rows, trees)
+        return inputs
+
+    def bucket_inputs(self, bucket: int, device, rows=None, trees=None, width=None, length=None) -> dict:
+        """The inputs of bucket ``bucket``'s forward at their fixed addresses (:meth:`staging`), filled for ``rows``
+        verifying ``trees`` (``None``: a warm-up's dummies); the cache then writes at their write columns. ``length``:
+        an eager forward's, cut to its first ``width`` queries and ``length`` columns."""
+        inputs = self.staging(bucket, device)
+        self.visible = length
+        on_device = inputs.fill_warm_up() if rows is None else inputs.fill(rows, trees)
+        ids, positions, mask = inputs.input_ids, inputs.position_ids, inputs.attention_mask
+        write_index = inputs.write_index
+        if length is not None:  # an eager forward: its own queries, the columns the rows reach
+            ids, positions, write_index = ids[:, :width], positions[:, :width], write_index[:, :, :width]
+            mask = mask[:, :, :width, :length]
+        for b, tree in on_device:
+            ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
         for layer in self.layers:  # a cache without rings: every layer writes at the bucket's columns
-            layer.write_index = inputs.write_index
-        return inputs.inputs()
+            layer.write_index = write_index
+        return {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
 
     def set_write_columns(self, starts: list[int], width: int, device: torch.device, scratch: bool = False) -> None:
         """The next forward writes row ``b``'s ``width`` states at columns ``starts[b] ..`` (a ring layer: their slots),
-        built on the host into a fixed buffer per width. ``scratch``: a warm-up's dummies, at the ring layers' scratch
-        slots."""
+        built on the host into a fixed buffer per width (:attr:`inputs`). ``scratch``: a warm-up's dummies, at the ring
+        layers' scratch slots."""
         last = max(starts) + width
         if (
             len(starts) != self.num_rows
@@ -244,21 +236,13 @@ class StaticRowsCache(Cache):
             )
         columns = host_tensor([c for start in starts for c in range(start, start + width)], (len(starts), width))
         for ring in [None, *self.rings]:
-            if ring is None:
-                slots = columns
-            elif scratch:
+            slots = columns if ring is None else columns.remainder(ring)
+            if scratch and ring is not None:
                 slots = (ring + torch.arange(width)).expand(len(starts), width)
-            else:
-                slots = columns.remainder(ring)
-            buffer = self._write_buffers.get((ring, width))
-            if buffer is None or not on_device(buffer, device):
-                buffer = torch.zeros(len(starts), 1, width, 1, dtype=torch.long, device=device)
-                torch._dynamo.mark_static_address(buffer)
-                self._write_buffers[(ring, width)] = buffer
-            copy_to_device(buffer, slots[:, None, :, None])
+            index = stage(self.inputs, f"write_index.{ring}", slots[:, None, :, None], device)
             for layer in self.layers:
                 if layer.ring == ring:
-                    layer.write_index = buffer
+                    layer.write_index = index
 
     def forward_inputs(self, starts, ids, positions, mask, device, fixed: bool, scratch: bool = False) -> dict:
         """The next forward writes at columns ``starts[b] ..`` (:meth:`set_write_columns`); its ``input_ids`` and
@@ -268,20 +252,6 @@ class StaticRowsCache(Cache):
         buffers = self.inputs if fixed else None
         named = zip(("input_ids", "position_ids", "attention_mask"), (ids, positions, mask))
         return {name: stage(buffers, name, value, device) for name, value in named}
-
-    def set_visible(self, columns: int | None) -> None:
-        """Eager forwards attend to the first ``columns`` columns only (no compiled graph needs the full buffer);
-        ``None`` for the whole buffer, the fixed shape a compiled forward takes."""
-        for layer in self.layers:
-            layer.visible = columns
-
-    def set_prefilling(self, prefilling: bool) -> None:
-        for layer in self.layers:
-            layer.prefilling = prefilling
-
-    def set_committed(self, columns: int) -> None:
-        for layer in self.layers:
-            layer.committed = columns
 
     def keep(self, row: int, start: int, kept: list[int]) -> None:
         """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (``kept[0] = 0``: its last
@@ -296,15 +266,12 @@ class StaticRowsCache(Cache):
             ring: to_device([c if ring is None else c % ring for c in src + dst], device)
             for ring in [None, *self.rings]
         }
-        stored = self.storage.buffer is not None and all(
-            layer.in_storage for layer in self.layers if layer.ring is None
-        )
-        if stored:  # every full layer at once: (2, N, H, L, D) of this row
+        if self.storage.buffer is not None:  # every full layer in it at once: (2, N, H, L, D) of this row
             s, d = index[None][: len(src)], index[None][len(src) :]
             view = self.storage.buffer[:, :, row]
             view.index_copy_(3, d, view.index_select(3, s))
         for layer in self.layers:
-            if layer.is_initialized and not (stored and layer.ring is None):
+            if layer.is_initialized and not layer.in_storage:
                 s, d = index[layer.ring][: len(src)], index[layer.ring][len(src) :]
                 layer.keys[row].index_copy_(1, d, layer.keys[row].index_select(1, s))
                 layer.values[row].index_copy_(1, d, layer.values[row].index_select(1, s))
@@ -320,18 +287,18 @@ class StaticRowsCache(Cache):
 
 
 @functools.lru_cache(maxsize=MAX_BLOCKS)
-def verify_block(parents: tuple[int, ...], width: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+def verify_block(parents: tuple[int, ...], width: int, dtype: torch.dtype) -> tuple:
     """What ``[last token] + tree`` sees of its own ``width`` columns in a verification forward padded to ``width``:
-    `(Q, Q)` bool (host), query 0 the last accepted token, query ``1 + i`` node ``i``, each seeing its ancestors-or-self
-    (SpecInfer), a dummy query ``j > N`` only its own column; and each query's depth (0 for the last token and the
-    dummies, ``1 + depth(i)`` for node ``i``), ``Q`` entries. Kept per tree shape (a drafter repeats its shapes): the
-    results are shared, read-only."""
+    `(Q, Q)` bits of an additive mask in ``dtype`` (NumPy, as :func:`blocked_mask`'s), query 0 the last accepted token,
+    query ``1 + i`` node ``i``, each seeing its ancestors-or-self (SpecInfer), a dummy query ``j > N`` only its own
+    column; and each query's depth (0 for the last token and the dummies, ``1 + depth(i)`` for node ``i``), ``Q``
+    entries. Kept per tree shape (a drafter repeats its shapes): the results are shared, read-only."""
     n = len(parents)
     ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in parents])  # the last token as the root
-    block = torch.zeros(width, width, dtype=torch.bool)
-    block[: 1 + n, : 1 + n] = ancestors
-    block.diagonal()[1 + n :] = True
-    return block, tuple(depths + [0] * (width - 1 - n))
+    seen = torch.zeros(width, width, dtype=torch.bool)
+    seen[: 1 + n, : 1 + n] = ancestors
+    seen.diagonal()[1 + n :] = True
+    return additive(seen, dtype).view(BITS[dtype.itemsize]).numpy(), tuple(depths + [0] * (width - 1 - n))
 
 
 def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -348,15 +315,9 @@ def blocked_mask(shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool = 
 
 
 class BucketInputs:
-    """The inputs of one bucket's forward on a static cache of ``batch`` rows x ``length`` columns.
-
-    Args:
-        width: the bucket ``Q`` (tokens verified per row). dtype: the mask's (the model's). device: the forward's.
-
-    Attributes:
-        input_ids, position_ids (`(B, Q)` long), write_index (`(B, 1, Q, 1)` long), attention_mask (`(B, 1, Q, L)`):
-            the forward's inputs, at fixed addresses (CUDA graphs replay on them).
-    """
+    """The inputs of one bucket's forward (``width`` = ``Q`` tokens a row) on a static cache of ``batch`` rows x
+    ``length`` columns, at fixed addresses on ``device`` (CUDA graphs replay on them): ``input_ids``, ``position_ids``
+    `(B, Q)`, ``write_index`` `(B, 1, Q, 1)` and ``attention_mask`` `(B, 1, Q, L)` in ``dtype``."""
 
     def __init__(self, batch: int, width: int, length: int, dtype: torch.dtype, device: torch.device):
         self.batch, self.width, self.length, self.device = batch, width, length, torch.device(device)
@@ -372,11 +333,7 @@ class BucketInputs:
         for tensor in (self.attention_mask, self.all_packed, self.input_ids, self.position_ids, self.write_index):
             torch._dynamo.mark_static_address(tensor)
         self.slots: list = [None] * batch  # what each slot's mask holds: (pad, start), "dummy", or None (rebuild it)
-        self.blocks: dict[tuple, tuple] = {}  # tree shape -> (tree_block, depths): see tree_block
         self.copied = None  # CUDA: an event after the last step's copies (the staging buffers are free again)
-
-    def inputs(self) -> dict:
-        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": self.attention_mask}
 
     def _ready(self) -> None:
         """Wait until the last copies out of the staging buffers have run (at once: a step reads back first)."""
@@ -390,21 +347,25 @@ class BucketInputs:
             self.copied = torch.cuda.Event()
             self.copied.record()
 
-    def fill(self, rows, trees) -> None:
+    def fill(self, rows, trees) -> list:
         """Every slot's inputs for one step: ``rows`` (``row.index`` its slot, ``row.tokens`` its host text,
         ``row.pad``) each verifying ``[last token] + tree``; slots of no row (finished) verify dummies written into
-        their own first columns, each seeing only itself. Trees whose tokens are still on the device are copied there,
-        device to device."""
+        their own first columns, each seeing only itself. Returns ``(slot, tree)`` for the trees whose tokens are still
+        on the device, for the caller to copy into the forward's ``input_ids`` (device to device)."""
         self._ready()
-        bits, packed, width = self.mask_bits, self.packed, self.width
+        bits, packed, width, dtype = self.mask_bits, self.packed, self.width, self.host_mask.dtype
         on_device, active = [], {row.index: (row, tree) for row, tree in zip(rows, trees)}
         for b in range(self.batch):
-            if b not in active:
-                self._dummy_slot(b)
+            if b not in active:  # dummies in the slot's first columns, each seeing only itself
+                if self.slots[b] != "dummy":
+                    bits[b] = self.blocked
+                    bits[b, 0, range(width), range(width)] = 0
+                    packed[0, b], packed[1, b], packed[2, b] = 0, 0, range(width)
+                    self.slots[b] = "dummy"
                 continue
             row, tree = active[b]
             n, start, pad = len(tree), len(row.tokens) - 1, row.pad
-            block, depths = self.tree_block(tree.parent_list)
+            block, depths = verify_block(tuple(tree.parent_list), width, dtype)
             held = self.slots[b]
             if held is None or held == "dummy" or held[0] != pad or held[1] > start:  # another call's row, or none yet
                 bits[b] = self.blocked
@@ -424,19 +385,9 @@ class BucketInputs:
             packed[1, b] = [cached + d for d in depths]
             packed[2, b] = range(start, start + width)
         self._send()
-        for b, tree in on_device:
-            self.input_ids[b, 1 : 1 + len(tree)].copy_(tree.tokens)
+        return on_device
 
-    def _dummy_slot(self, b: int) -> None:
-        if self.slots[b] == "dummy":
-            return
-        bits, packed, width = self.mask_bits, self.packed, self.width
-        bits[b] = self.blocked
-        bits[b, 0, range(width), range(width)] = 0
-        packed[0, b], packed[1, b], packed[2, b] = 0, 0, range(width)
-        self.slots[b] = "dummy"
-
-    def fill_warm_up(self) -> None:
+    def fill_warm_up(self) -> list:
         """Dummies at the last ``Q`` columns of every row (past any row's text and step), each seeing only itself at
         position 0: a warm-up forward that compiles (and captures) the bucket without touching a row's state."""
         self._ready()
@@ -447,17 +398,4 @@ class BucketInputs:
         packed[0], packed[1], packed[2] = 0, 0, columns
         self.slots = [None] * self.batch  # the next step rebuilds every slot
         self._send()
-
-    def tree_block(self, parents: list[int]) -> tuple:
-        """A tree's :func:`verify_block` as mask bits `(Q, Q)`, and its queries' depths; kept per tree shape: a drafter
-        repeats its shapes."""
-        key = tuple(parents)
-        found = self.blocks.get(key)
-        if found is not None:
-            return found
-        seen, depths = verify_block(key, self.width)
-        block = torch.full(seen.shape, self.blocked, dtype=BITS[self.host_mask.element_size()]).masked_fill_(seen, 0)
-        if len(self.blocks) >= MAX_BLOCKS:
-            self.blocks.clear()
-        self.blocks[key] = found = (block.numpy(), depths)
-        return found
+        return []

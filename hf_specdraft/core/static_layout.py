@@ -1,15 +1,12 @@
 """The static path of a call (:class:`StaticLayout`, docs/static-cache.md): every row at its own length in the fixed
-buffers of ``cache_implementation="static"`` (:class:`~hf_specdraft.core.static_cache.StaticRowsCache`), verified in
-fixed shapes and compiled by transformers' rules; and the choice of a call's layout (:func:`layout_for`).
+buffers of ``cache_implementation="static"`` (:class:`~hf_specdraft.core.static_cache.StaticRowsCache`); and the choice
+of a call's layout (:func:`layout_for`).
 
 A step verifies ``[last token] + tree`` padded to the smallest bucket ``Q >= 1 + N`` (:data:`BUCKETS`, one graph each)
-with masked dummy nodes, as Medusa, Sequoia and SGLang do: ``input_ids`` and ``position_ids`` `(B, Q)`, the write
-columns `(B, Q)`, and an additive mask `(B, 1, Q, max_cache_len)` where each node sees its row's text and its ancestors
-(SpecInfer, Miao et al. 2023), built on the host and moved once. Finished rows keep their slot and verify dummies.
-
-Compiling follows ``GenerationMixin``'s rules: automatic on CUDA, forced elsewhere by ``compile_config``, off with
-``disable_compile=True`` (:func:`compile_config_for`). Each bucket is warmed up once and reused by later calls whose
-cache fits (:func:`static_target`), one call at a time (:func:`static_call`). Prefill stays eager.
+with masked dummy nodes, as Medusa, Sequoia and SGLang do; each node sees its row's text and its ancestors (SpecInfer,
+Miao et al. 2023) through a mask built on the host and moved once. Finished rows keep their slot and verify dummies.
+Compiling follows ``GenerationMixin``'s rules (:func:`compile_config_for`); each bucket is warmed up once and reused by
+later calls whose cache fits (:func:`static_target`), one call at a time (:func:`static_call`). Prefill stays eager.
 """
 
 from __future__ import annotations
@@ -25,10 +22,10 @@ from transformers import CompileConfig, DynamicCache, GenerationConfig
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .cache import croppable_cache, target_cache
-from .host import host_tensor, stage, to_device
+from .host import stage, to_device
 from .layouts import CacheLayout, OwnedRow, SharedBatch
 from .rows import Row
-from .static_cache import StaticRowsCache, blocked_mask, verify_block
+from .static_cache import StaticRowsCache
 from .support import TargetSupport
 from .target_state import prefill_states
 from .tree import DraftTree
@@ -84,8 +81,7 @@ def hold_draft(model) -> None:
 
 
 def captured_seconds() -> float:
-    """Seconds this thread has spent compiling and capturing buckets, which the loop keeps out of the controller's
-    costs."""
+    """Seconds this thread has spent compiling and capturing buckets (kept out of the controller's costs)."""
     return getattr(_CAPTURED, "seconds", 0.0)
 
 
@@ -102,14 +98,13 @@ def compiled_call(model, compile_config: CompileConfig):
 
 
 def compile_config_for(model, generation_config: GenerationConfig) -> CompileConfig | None:
-    """The ``CompileConfig`` the verification forward compiles with, or ``None`` for eager (transformers' rules)."""
+    """The ``CompileConfig`` the verification forward compiles with, or ``None`` for eager (transformers' rules; its
+    ``GenerationConfig.validate`` refuses a ``compile_config`` of another type)."""
     if generation_config.disable_compile:
         return None
     config = generation_config.compile_config
     if config is None and model.device.type != "cuda":
         return None  # as transformers: automatic on CUDA only; a CompileConfig forces it elsewhere
-    if config is not None and not isinstance(config, CompileConfig):
-        raise TypeError(f"compile_config must be a transformers.CompileConfig, got {type(config).__name__}")
     config = copy.deepcopy(config) if config is not None else CompileConfig()
     if config.dynamic is None:
         config.dynamic = False  # one graph per bucket: fixed shapes, never a dynamic-shape recompile
@@ -147,16 +142,10 @@ class StaticLayout(CacheLayout):
         self.compiled, self.compile_config = compile_config is not None, compile_config
         self.call = compiled_call(model, compile_config) if self.compiled else model.__call__
         self.device, self.with_cache = model.device, {support.cache_argument: cache}
+        self.max_nodes = buckets[-1] - 1  # the most tree nodes one row verifies: the widest bucket but the last token
         self.prefill_kwargs = support.prefill_kwargs
         self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
         self.drafts: list = []  # the drafts' own static caches (StaticDraftCache) where they compile too
-        if not hasattr(cache, "warmed"):
-            cache.warmed = set()  # buckets already compiled and run on this cache (by this or an earlier call)
-
-    @property
-    def max_nodes(self) -> int:
-        """The most tree nodes one row verifies: the widest bucket but the last token."""
-        return self.buckets[-1] - 1
 
     @property
     def graphs(self) -> bool:
@@ -173,8 +162,7 @@ class StaticLayout(CacheLayout):
         started, cache = time.perf_counter(), self.cache
         batch, width = input_ids.shape[0], input_ids.shape[1] - 1
         if width:
-            cache.set_visible(width)  # the prefill is eager: it attends to its own columns only
-            cache.set_committed(0)
+            cache.visible, cache.committed = width, 0  # the prefill is eager: it attends to its own columns only
             cache.set_write_columns([0] * batch, width, input_ids.device)
             inputs = {"input_ids": input_ids[:, :-1]}
             pads = [row.pad for row in rows]
@@ -186,20 +174,19 @@ class StaticLayout(CacheLayout):
                 mask = cache.masks(visible, positions, columns[None] - pad)
                 inputs["position_ids"] = stage(None, "position_ids", positions, input_ids.device)
                 inputs["attention_mask"] = stage(None, "attention_mask", mask, input_ids.device)
-            cache.set_prefilling(True)  # attends to its own states; ring layers keep the newest of them
+            cache.prefilling = True  # attends to its own states; ring layers keep the newest of them
             try:
                 out = self.model(**inputs, **self.with_cache, use_cache=True, **self.prefill_kwargs, **request.kwargs)
             finally:
-                cache.set_prefilling(False)
+                cache.prefilling = False
             if request.hidden:
                 prefill_states(out.hidden_states, rows)
-        cache.set_committed(width)
+        cache.committed = width
         self.costs["widest_repacked"] = self.costs["holes_columns"] = cache.max_cache_len
         return time.perf_counter() - started
 
     def linears(self):
-        """Eager, the target's few-row linears (:class:`~hf_specdraft.core.layouts.CacheLayout`); compiled, its own
-        kernels."""
+        """Eager, the target's few-row linears (as :class:`CacheLayout`'s); compiled, its own kernels."""
         return contextlib.nullcontext() if self.compiled else super().linears()
 
     def controller_limits(self, longest: int, widest: float) -> tuple[int, object, object]:
@@ -237,8 +224,7 @@ class StaticLayout(CacheLayout):
         views (no copy) that a drafter reads (GLIDE's glimpse). A ring layer gives its newest ``window - 1`` columns in
         order (copies), as a trimmed sliding layer."""
         b, start, stop = row.index, row.pad, len(row.tokens) - 1
-        view = DynamicCache()
-        view.layers = []
+        view = DynamicCache()  # no layers of its own yet
         for layer in self.cache.layers:
             own = DynamicLayer() if layer.ring is None else DynamicSlidingWindowLayer(sliding_window=layer.window)
             if layer.is_initialized:
@@ -252,30 +238,25 @@ class StaticLayout(CacheLayout):
             view.layers.append(own)
         return view
 
-    def warm_up(self, largest_tokens: int, extra: dict | None = None) -> None:
-        """Compile and run every bucket up to the one holding ``largest_tokens`` on dummies (:meth:`_dummy`). ``extra``:
-        what the drafters ask of the forward, a graph of its own."""
-        if self.compiled and not self.cache.layers[0].is_initialized:  # buffers are allocated eagerly, never in a graph
-            self._dummy(self.buckets[0], compiled=False)
-        for bucket in self.buckets:
-            if bucket > self.bucket(min(largest_tokens, self.buckets[-1])):
-                break
-            if graph_key(bucket, extra) in self.cache.warmed or not self.compiled:
-                continue
-            self.capture(bucket, lambda b=bucket: self._dummy(b, compiled=True, extra=extra), graph_key(bucket, extra))
-
-    def capture(self, bucket: int, run, key=None) -> None:
-        """``run()`` a bucket's forward until it is compiled (on CUDA: captured), its seconds recorded
-        (:func:`captured_seconds`)."""
-        started = time.perf_counter()
-        for _ in range(3 if self.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
-            run()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.cache.warmed.add(bucket if key is None else key)
-        seconds = time.perf_counter() - started
-        self.warm_up_seconds[bucket] = seconds
-        _CAPTURED.seconds = captured_seconds() + seconds
+    def warm_up(self, largest_tokens: int, extra: dict | None = None, dummy=None) -> None:
+        """Compile (on CUDA: capture) and run every bucket up to the one holding ``largest_tokens`` on dummies, its
+        seconds recorded (:func:`captured_seconds`). ``extra``: what the drafters ask of the forward, a graph of its
+        own; ``dummy(width, compiled)``: one forward of ``width`` dummies per row (default :meth:`_dummy`)."""
+        if not self.compiled:
+            return
+        dummy = dummy or (lambda width, compiled: self._dummy(width, compiled, extra))
+        if not self.cache.layers[0].is_initialized:  # buffers are allocated eagerly, never in a graph
+            dummy(self.buckets[0], False)
+        last = bucket_for(min(largest_tokens, self.buckets[-1]), self.buckets)
+        for bucket in (b for b in self.buckets if b <= last and graph_key(b, extra) not in self.cache.warmed):
+            started = time.perf_counter()
+            for _ in range(3 if self.device.type == "cuda" else 1):  # CUDA graphs record on a later run than the first
+                dummy(bucket, True)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.cache.warmed.add(graph_key(bucket, extra))
+            self.warm_up_seconds[bucket] = seconds = time.perf_counter() - started
+            _CAPTURED.seconds = captured_seconds() + seconds
 
     def _dummy(self, width: int, compiled: bool, extra: dict | None = None) -> None:
         """One forward of ``width`` dummy tokens per row where no row's state lives (the full layers' last columns, the
@@ -286,11 +267,11 @@ class StaticLayout(CacheLayout):
         if not cache.windowed:  # the very buffers the bucket's steps fill
             inputs = cache.bucket_inputs(width, device)
         else:
-            cache.set_visible(None)
+            cache.visible = None
             own = torch.arange(length - width, length)[:, None] == torch.arange(length)[None]  # (Q, L)
             zeros = torch.zeros(batch, width, dtype=torch.long)  # the dummies' ids and positions
             masks = cache.masks(own.expand(batch, width, length), zeros, torch.zeros(batch, length, dtype=torch.long))
-            masks = cache.scratch_masks(masks, width) if cache.has_rings else masks
+            masks = cache.onto_rings(masks, width) if cache.has_rings else masks
             inputs = cache.forward_inputs([length - width] * batch, zeros, zeros, masks, device, True, scratch=True)
         if compiled:
             self._forward(extra, **inputs)
@@ -310,9 +291,7 @@ class StaticLayout(CacheLayout):
         # (acceptance, output_logits) and states (the drafters) across a step, so they are copied out
         return out.logits.clone(), None if hidden is None else tuple(None if h is None else h.clone() for h in hidden)
 
-    def verify(
-        self, rows: list[Row], trees: list[DraftTree], extra: dict
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+    def verify(self, rows: list[Row], trees: list[DraftTree], extra: dict) -> tuple:
         """One forward over every row's ``[last token] + tree``, padded to a bucket, with ``extra`` (what the drafters
         ask of it). Returns float32 logits `(A, Q, V)`, the verified ids `(A, Q)` and the asked hidden states (or
         ``None``) of the active ``rows``, in their order (on the device: nothing is read back)."""
@@ -320,10 +299,7 @@ class StaticLayout(CacheLayout):
         self.count_step(width)
         if self.compiled and graph_key(width, extra) not in self.cache.warmed:
             self.warm_up(width, extra)  # a bucket no warm-up covered: compiled here (safe mid-call), its time reported
-        if not self.compiled or self.cache.windowed:
-            inputs = self._verify_inputs(rows, trees, width)
-        else:
-            inputs = self.cache.bucket_inputs(width, rows[0].device, rows, trees)
+        inputs = self._verify_inputs(rows, trees, width)
         # the active rows' slots, sent before the forward (no sync either way)
         index = to_device([row.index for row in rows], rows[0].device) if len(rows) < self.cache.num_rows else None
         (logits, hidden), ids = self._forward(extra, **inputs), inputs["input_ids"]
@@ -333,39 +309,26 @@ class StaticLayout(CacheLayout):
         return logits.float(), ids, hidden
 
     def _verify_inputs(self, rows: list[Row], trees: list[DraftTree], width: int) -> dict:
-        """Inputs of one verification forward of every slot, ``width`` tokens each, built afresh from host lists (eager,
-        attending to the columns the rows reach only; or a windowed target's); sets the cache's write columns."""
-        cache, fixed = self.cache, self.compiled
-        batch, dtype = cache.num_rows, cache.mask_dtype
-        length = cache.max_cache_len if fixed else max(width, *(len(row.tokens) - 1 + width for row in rows))
-        cache.set_visible(None if fixed else length)
-        mask, bits = blocked_mask((batch, 1, width, length), dtype)  # made visible through its bits (NumPy)
-        ids, positions, starts = [[0] * width for _ in range(batch)], [[0] * width for _ in range(batch)], [0] * batch
-        keys = torch.arange(length).repeat(batch, 1) if cache.windowed else None  # each column's position, per row
-        active, on_device = {row.index for row in rows}, []
-        for b in range(batch):
-            if b not in active:  # a finished slot: dummies at its own first columns, each seeing itself
-                bits[b, 0, range(width), range(width)] = 0
-        for row, tree in zip(rows, trees):
-            b, n, start = row.index, len(tree), len(row.tokens) - 1
-            block, depths = verify_block(tuple(tree.parent_list), width)
-            ids[b][0] = row.tokens[-1]
-            if tree.token_list is not None:
-                ids[b][1 : 1 + n] = tree.token_list
-            elif n:
-                on_device.append((b, tree))
-            cached = start - row.pad
-            positions[b] = [cached + d for d in depths]
-            starts[b] = start
-            bits[b, 0, :, row.pad : start] = 0
-            bits[b, 0, :, start : start + width][block.numpy()] = 0
-            if keys is not None:
-                keys[b] -= row.pad
-                keys[b, start : start + width] = host_tensor(positions[b])
-        ids = host_tensor([t for row in ids for t in row], (batch, width))
-        positions = host_tensor([p for row in positions for p in row], (batch, width))
-        masks = mask if keys is None else cache.masks(mask, positions, keys, starts=host_tensor(starts))
-        inputs = cache.forward_inputs(starts, ids, positions, masks, rows[0].device, fixed)
+        """Inputs of one verification forward of every slot, ``width`` tokens each, staged in its bucket's inputs
+        (:meth:`~hf_specdraft.core.static_cache.StaticRowsCache.staging`): cut to the columns the rows reach when eager,
+        and made into each layer type's masks on the host for a windowed target."""
+        cache, device, length, bucket = self.cache, rows[0].device, None, width  # compiled: every column, a bucket
+        if not self.compiled:
+            length = max(width, *(len(row.tokens) - 1 + width for row in rows))
+            bucket = bucket_for(width, self.buckets)
+        if not cache.windowed:
+            return cache.bucket_inputs(bucket, device, rows, trees, width, length)
+        staging = cache.staging(bucket, "cpu")
+        on_device = staging.fill(rows, trees)
+        ids, positions, columns = staging.host_packed[:, :, :width]
+        keys = torch.arange(length or cache.max_cache_len).repeat(cache.num_rows, 1)  # each column's position, per row
+        for row in rows:
+            start = len(row.tokens) - 1
+            keys[row.index] -= row.pad
+            keys[row.index, start : start + width] = positions[row.index]
+        masks = cache.masks(staging.host_mask[:, :, :width, : keys.shape[1]], positions, keys, starts=columns[:, 0])
+        cache.visible = length
+        inputs = cache.forward_inputs(columns[:, 0].tolist(), ids, positions, masks, device, self.compiled)
         for b, tree in on_device:
             inputs["input_ids"][b, 1 : 1 + len(tree)].copy_(tree.tokens)
         return inputs
@@ -374,7 +337,7 @@ class StaticLayout(CacheLayout):
         """Each row's accepted path moved into place (its step began at column ``pad + cached[a]``)."""
         for row, columns, nodes in zip(rows, cached, kept):
             self.cache.keep(row.index, row.pad + columns, nodes)
-        self.cache.set_committed(max(len(row.tokens) - 1 for row in rows))
+        self.cache.committed = max(len(row.tokens) - 1 for row in rows)
 
 
 def graph_key(bucket: int, extra: dict | None):
@@ -409,8 +372,8 @@ def static_target(
     """The static path of ``model`` in ``role`` ("target", or "draft" for a draft's own cache) for a call of
     ``batch_size`` rows (``support``: what the call reads of ``model``): the cache it had in that role reused when it
     fits, or a new one of ``P + max_new_tokens + widest bucket`` columns rounded up to a power of two, at least
-    :data:`MIN_CACHE_COLUMNS`. A target's windowed layers keep a ring of ``window + widest bucket`` columns
-    (:meth:`~hf_specdraft.core.verify.LayerWindows.rings`)."""
+    :data:`MIN_CACHE_COLUMNS`. A target's windowed layers keep a ring of ``window + widest bucket`` columns where it is
+    shorter than a row: their static buffers stay the window's size at any length."""
     compile_config = compile_config_for(model, generation_config)
     windows = LayerWindows(model)  # read once a call, as a DynamicCache's layouts do: the model is slow to ask
     needed = generation_config.max_length + buckets[-1]
@@ -418,11 +381,12 @@ def static_target(
     cache = caches.get(role)
     if cache is None or not cache.fits(batch_size, needed, model.device, model.dtype):
         columns = max(MIN_CACHE_COLUMNS, 1 << (needed - 1).bit_length())
+        rings = {i: (w, w + buckets[-1]) for i, w in windows.windows.items() if w and w + buckets[-1] < columns}
         cache = caches[role] = StaticRowsCache(
             model.config.get_text_config().num_hidden_layers,
             batch_size,
             columns,
-            windows.rings(buckets[-1], columns) if role == "target" else None,
+            rings if role == "target" else None,
             scratch=buckets[-1],
             layer_windows=windows,
         )

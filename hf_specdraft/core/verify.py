@@ -11,7 +11,6 @@ from transformers import DynamicCache
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .rows import Row
-from .support import with_cache
 from .tree import DraftTree, tree_mask
 
 WINDOWED = ("sliding_attention", "chunked_attention")  # transformers' names for layer types with a window
@@ -35,13 +34,6 @@ class LayerWindows:
                 i: kw["sliding_window"] for i, (kind, kw) in enumerate(zip(self.types, kwargs)) if kind in WINDOWED
             }
         self.windowed = bool(self.windows)
-
-    def rings(self, widest: int, columns: int) -> dict[int, tuple[int, int]]:
-        """``{layer: (window, ring)}`` for the windowed layers whose ring (``window + widest`` bucket) is shorter than a
-        row of ``columns``: their static buffers stay the window's size at any length."""
-        return {
-            i: (window, window + widest) for i, window in self.windows.items() if window and window + widest < columns
-        }
 
     def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, cache=None):
         """The tree mask each attention layer takes: ``mask`` `(B, 1, Q, K)` covers every cached key plus the queries,
@@ -102,10 +94,3 @@ def single_row_inputs(windows: LayerWindows, input_ids: torch.LongTensor, cache:
         "attention_mask": windows.masks(mask, positions, keys, cache),
         "position_ids": positions,
     }
-
-
-def verify_tree(model, input_ids: torch.LongTensor, cache: DynamicCache, tree: DraftTree) -> torch.Tensor:
-    """One target forward over ``[last token] + tree`` on a cache covering ``input_ids[:, :-1]`` `(1, L)`. Returns
-    float32 logits `(1+N, V)`: row 0 scores the token after the last one, row ``1+i`` the token after node ``i``."""
-    inputs = single_row_inputs(LayerWindows(model), input_ids, cache, tree)
-    return model(**inputs, **with_cache(model, cache), use_cache=True).logits[0].float()
