@@ -122,9 +122,21 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
 
     @torch.no_grad()
     def draft_tree(self, request: DraftRequest) -> DraftTree:
-        if self.scorer is not None:
-            return self._propose_beam(request)
-        return self.expand(self.drafter.draft_tree(self.chain_request(request)), request)
+        if self.scorer is None:
+            return self.expand(self.drafter.draft_tree(self.chain_request(request)), request)
+        depth = request.num_draft_tokens or self.num_draft_tokens  # beam mode (§5.3): a beam-search tree γ deep
+        tree = beam_search_proposal(
+            self.scorer,
+            request.input_ids,
+            depth,
+            self.config.beam_width,
+            self.config.budget_for(depth),
+            request.target_cache,
+        )
+        self.forward_calls = {"draft": self.scorer.forward_calls}
+        widths = torch.bincount(tree.depth, minlength=depth).tolist() if len(tree) else []
+        self.expansion_sizes.append([w - 1 for w in widths if w > 0])
+        return tree
 
     @staticmethod
     def chain_request(request: DraftRequest) -> DraftRequest:
@@ -179,21 +191,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             return None
         inner = self.drafter.batch_drafter([d.drafter for d in drafters])
         return None if inner is None else _ExpandedBatch(drafters, inner)
-
-    def _propose_beam(self, request: DraftRequest) -> DraftTree:
-        depth = request.num_draft_tokens or self.num_draft_tokens
-        tree = beam_search_proposal(
-            self.scorer,
-            request.input_ids,
-            depth,
-            self.config.beam_width,
-            self.config.budget_for(depth),
-            request.target_cache,
-        )
-        self.forward_calls = {"draft": self.scorer.forward_calls}
-        widths = torch.bincount(tree.depth, minlength=depth).tolist() if len(tree) else []
-        self.expansion_sizes.append([w - 1 for w in widths if w > 0])
-        return tree
 
     def get_candidates(
         self, input_ids: torch.LongTensor, **kwargs

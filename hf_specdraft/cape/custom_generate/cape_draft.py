@@ -35,29 +35,26 @@ class CausalLMDrafter:
         self.generator = DraftModelCandidateGenerator(draft_model)  # greedy: never prepared, so no sampling warpers
         self.glimpses = glimpses
 
-    def _check(self, input_ids, target_cache, num_tokens):
-        check_input_ids(input_ids)
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
-            raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
-        if not self.glimpses:
-            return
-        if not hasattr(target_cache, "get_seq_length"):
-            raise ValueError(
-                f"target_cache must be the target's live transformers Cache, got {type(target_cache).__name__}"
-            )
-        covered = target_cache.get_seq_length()
-        if covered != input_ids.shape[1] - 1:  # invariant: the cache covers input_ids[:, :-1], the verified prefix only
-            raise ValueError(
-                f"target_cache covers {covered} tokens but must cover input_ids[:, :-1] ({input_ids.shape[1] - 1} "
-                "tokens): GLIDE glimpses the verified prefix only (GLIDE §4.1)"
-            )
-
     @torch.no_grad()
     def propose(self, input_ids, target_cache, num_tokens):
         """Draft ``num_tokens`` (γ = k) greedy tokens after ``input_ids`` `(1, L)`, reading ``target_cache`` (covering
         ``input_ids[:, :-1]``) when the draft glimpses. Returns `(tokens, q)`: ids `(k,)` and float32 q `(k, V)`."""
-        self._check(input_ids, target_cache, num_tokens)
-        glimpse = {"target_past_key_values": target_cache} if self.glimpses else None
+        check_input_ids(input_ids)
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+        glimpse = None
+        if self.glimpses:
+            if not hasattr(target_cache, "get_seq_length"):
+                raise ValueError(
+                    f"target_cache must be the target's live transformers Cache, got {type(target_cache).__name__}"
+                )
+            covered = target_cache.get_seq_length()
+            if covered != input_ids.shape[1] - 1:  # invariant: the cache covers input_ids[:, :-1], the verified prefix
+                raise ValueError(
+                    f"target_cache covers {covered} tokens but must cover input_ids[:, :-1] ({input_ids.shape[1] - 1} "
+                    "tokens): GLIDE glimpses the verified prefix only (GLIDE §4.1)"
+                )
+            glimpse = {"target_past_key_values": target_cache}
         drafter, request = self.generator, DraftRequest(input_ids, num_draft_tokens=num_tokens)
         chain = draft_chain(
             drafter, request, lambda feed: drafter.cache.forward(feed, glimpse), drafter.draft_model.device
