@@ -70,14 +70,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         anchor = self.drafter.controller_anchor
         self.controller_anchor = type(self.drafter) if anchor is None else anchor
 
-    def _step_config(self, length: int, request: DraftRequest) -> CapeConfig:
-        """This step's ``"auto"`` budget: the request's (scaled to a chain cut at ``length``), else twice the chain."""
-        if self.config.budget != AUTO:
-            return self.config
-        gamma = request.num_draft_tokens or self.num_draft_tokens
-        budget = round(request.budget * length / gamma) if request.budget and isinstance(gamma, int) else 2 * length
-        return replace(self.config, budget=max(length, budget))
-
     def drafted_confidences(self, tree: DraftTree) -> list[float] | None:
         """q of each token of this step's unwidened chain, as far as ``tree``'s chain (cut at ``max_length``) goes."""
         confidences = None if self._chain is None else self.drafter.drafted_confidences(self._chain)
@@ -171,7 +163,11 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             torch.cuda.synchronize(chain.draft_probs.device)
         start = time.perf_counter()
         self._chain = chain
-        config = self._step_config(len(chain), request)
+        config, length = self.config, len(chain)
+        if config.budget == AUTO:  # the request's budget (scaled to a chain cut short), else twice the chain
+            gamma = request.num_draft_tokens or self.num_draft_tokens
+            budget = round(request.budget * length / gamma) if request.budget and isinstance(gamma, int) else 2 * length
+            config = replace(config, budget=max(length, budget))
         sizes, confidences = _sizes(chain.draft_probs, config)
         tree = expand_proposal(chain, config, sizes, with_draft_probs=self.generation_config.do_sample)
         self.expansion_seconds.append(time.perf_counter() - start)

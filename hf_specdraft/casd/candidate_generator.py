@@ -101,19 +101,13 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         tree, length = retrieve(self.pool, suffix, config)
         output = input_ids[0, self.prompt_length :]
         if config.draft_from_output and output.numel() > config.min_suffix_length:
-            tree, length = self._with_output(tree, length, output, suffix, config)
+            # the tree retrieved from the generated tokens too, the longer match's first
+            own, own_length = retrieve(DraftPool(output.cpu(), config.max_suffix_length), suffix, config)
+            if own_length:
+                first, second = (own, tree) if own_length > length else (tree, own)
+                tree, length = merge_trees(first, [second], config.max_nodes), max(length, own_length)
         self.match_lengths.append(length)
         return DraftTree(tree.tokens.to(input_ids.device), tree.parents.to(input_ids.device))
-
-    def _with_output(
-        self, tree: DraftTree, length: int, output: torch.Tensor, suffix: torch.Tensor, config: CasdConfig
-    ) -> tuple[DraftTree, int]:
-        """The context's tree merged with the generated tokens' tree, the longer match first."""
-        own, own_length = retrieve(DraftPool(output.cpu(), config.max_suffix_length), suffix, config)
-        if own_length == 0:
-            return tree, length
-        first, second = (own, tree) if own_length > length else (tree, own)
-        return merge_trees(first, [second], config.max_nodes), max(length, own_length)
 
 
 def build_casd_for_bench(
