@@ -69,14 +69,6 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         self.match_lengths: list[int] = []
         self.prompt_length: int | None = None  # set by the first propose() of a generate call
 
-    def _step_config(self, request: DraftRequest) -> CasdConfig:
-        """This step's options: for ``"auto"`` the depth (as γ) and node budget the loop's controller chose (else the
-        paper's 64 nodes)."""
-        if self.config.max_nodes != AUTO:
-            return self.config
-        depth = min(request.num_draft_tokens or self.num_draft_tokens, self.config.max_draft_length)
-        return replace(self.config, max_nodes=request.budget or PAPER_MAX_NODES, max_draft_length=depth)
-
     def check_vocabulary(self, vocab_size: int) -> None:
         if self.pool.max_token_id >= vocab_size:
             raise ValueError(
@@ -96,7 +88,11 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         if not (known and torch.equal(input_ids[0, : self.prompt_length], self._prompt.to(input_ids.device))):
             # a new generate call (stock loops skip prepare)
             self.prompt_length, self._prompt = input_ids.shape[1], input_ids[0].clone()
-        config = self._step_config(request)
+        # "auto": the depth (as γ) and node budget the loop's controller chose, else the paper's 64 nodes
+        config = self.config
+        if config.max_nodes == AUTO:
+            depth = min(request.num_draft_tokens or self.num_draft_tokens, config.max_draft_length)
+            config = replace(config, max_nodes=request.budget or PAPER_MAX_NODES, max_draft_length=depth)
         suffix = input_ids[0, -config.max_suffix_length :]
         tree, length = retrieve(self.pool, suffix, config)
         output = input_ids[0, self.prompt_length :]
