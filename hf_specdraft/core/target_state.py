@@ -56,8 +56,8 @@ class StateRequest:
             for key, value in declared.model_kwargs_overrides.items():
                 if key == HIDDEN:
                     wanted = _merge_layers(wanted, value, layers, drafter)
-                elif key == SHARED_KV and value:  # the drafter reads them from the kept cache (not the forward's)
-                    continue
+                elif key == SHARED_KV and value:  # read from the kept cache (not the forward's): the target must say
+                    cache_producers(model)  # which layers produce them, or this refuses it at once
                 elif key in self.kwargs and self.kwargs[key] != value:
                     raise ValueError(
                         f"the drafters ask the target's forward for {key}={self.kwargs[key]!r} and {value!r}: "
