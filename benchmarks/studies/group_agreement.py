@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -153,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             "prompts": str(ns.prompts),
             "requests": len(rows),
             "max_new_tokens": ns.max_new_tokens,
-            "command": "python -m benchmarks.studies.group_agreement " + " ".join(argv or []),
+            "command": "python -m benchmarks.studies.group_agreement "
+            + " ".join(sys.argv[1:] if argv is None else argv),
         },
         "drafters": {},
     }
