@@ -80,14 +80,16 @@ def _load_causal_lm(name: str, argument: str, like=None, dtype=None):
     from transformers import AutoModelForCausalLM
 
     check_checkpoint(name, argument)
-    dtype = dtype or (like.dtype if like is not None else torch.float32)
+    cuda = torch.cuda.is_available()
+    # auto, as for the embedded default: fp32 on CPU (exact greedy comparisons), bf16 on CUDA; a draft: the target's
+    dtype = dtype or (like.dtype if like is not None else (torch.bfloat16 if cuda else torch.float32))
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(
             f"{argument} {name!r} is not a causal LM checkpoint that AutoModelForCausalLM can load: {err}"
         ) from err
-    return model.to(like.device if like is not None else ("cuda" if torch.cuda.is_available() else "cpu")).eval()
+    return model.to(like.device if like is not None else ("cuda" if cuda else "cpu")).eval()
 
 
 # One method per idea (the default calls, *-auto), so the demo stays under two minutes on 2 CPU cores.

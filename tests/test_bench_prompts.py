@@ -258,3 +258,33 @@ def test_a_run_records_the_command_that_started_it(monkeypatch):
     assert run_command() == "hf-specdraft --prompts f.jsonl"
     main.__spec__ = None  # a notebook or a script run by path: no command line to repeat
     assert run_command() is None
+
+
+def test_a_user_target_loads_as_the_help_says_for_auto(monkeypatch, tmp_path):
+    """``--dtype auto``: fp32 on CPU, bf16 on CUDA, as the embedded default loads; a ``--draft`` takes the target's."""
+    import transformers
+
+    from hf_specdraft import cli
+
+    loaded = []
+
+    class Loaded:
+        def __init__(self, dtype):
+            self.dtype, self.device = dtype, "cpu"
+
+        def to(self, device):
+            return self
+
+        def eval(self):
+            return self
+
+    def from_pretrained(name, dtype):
+        loaded.append(dtype)
+        return Loaded(dtype)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    for cuda, expected in ((False, torch.float32), (True, torch.bfloat16)):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        target = cli._load_causal_lm(str(tmp_path), "--target")
+        cli._load_causal_lm(str(tmp_path), "--draft", like=target)
+        assert loaded[-2:] == [expected, expected]
