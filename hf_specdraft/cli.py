@@ -120,31 +120,31 @@ DEMO_METHODS_CUDA = {
 
 
 def cmd_demo(args) -> int:
-    from .bench import METHODS, BenchConfig, format_table, run_bench
+    from .bench import BenchConfig, format_table, run_bench
+    from .bench.harness import runnable
     from .bench.timing import warning_text
 
     bundle = load_bundle(args.target, args.draft)
-    results, shown = [], []
+    sizes = {"num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
+    results = {}
     for task, names in (DEMO_METHODS_CUDA if bundle.target.device.type == "cuda" else DEMO_METHODS).items():
-        methods = tuple(m for m in names if METHODS[m].available(bundle.extras, bundle.draft is not None))
-        sizes = {"num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
-        config = BenchConfig(methods=methods, task=task, warmup=1, **sizes)
+        config = BenchConfig(methods=runnable(names, bundle, task), task=task, warmup=1, **sizes)
         output = Path(args.output) / f"demo-{task}.json" if args.output else None
-        results.append((task, config, run_bench(bundle, config, output=output, warn=False)))
-        shown += [m for m in methods if m not in shown]
-    unreliable = [warning_text(result["timing"]) for _, _, result in results if not result["timing"]["reliable"]]
+        results[task] = run_bench(bundle, config, output=output, warn=False)
+    unreliable = [warning_text(result["timing"]) for result in results.values() if not result["timing"]["reliable"]]
     if unreliable:  # once, above every table
         print("\n" + unreliable[0])
-    for task, config, result in results:
+    for task, result in results.items():
         meta = result["meta"]
         print(
             f"\n[{task}] {meta['hardware']}, {meta['dtype']}, target {meta['target_parameters'] / 1e6:.1f}M "
-            f"parameters, {config.num_prompts} held-out prompts x {config.max_new_tokens} new tokens (greedy)\n"
+            f"parameters, {args.num_prompts} held-out prompts x {args.max_new_tokens} new tokens (greedy)\n"
         )
-        timing = {**result["timing"], "reliable": True}  # its warning, if any, is printed once above
-        print(format_table(result["summary"], timing))
+        # its warning, if any, is printed once above
+        print(format_table(result["summary"], {**result["timing"], "reliable": True}))
         print(sample_text(result, bundle.tokenizer))
-    print("\n" + legend(shown, {m: METHODS[m].description for m in shown}))
+    descriptions = {m: text for result in results.values() for m, text in result["meta"]["descriptions"].items()}
+    print("\n" + legend(list(descriptions), descriptions))
     return 0
 
 
@@ -169,12 +169,11 @@ def legend(methods: list[str], descriptions: dict[str, str], width: int = 100) -
 
     def block(title: str, entries) -> list[str]:
         pad = max(len(name) for name, _ in entries) + 2
-        lines = [title]
-        for name, text in entries:
-            wrapped = textwrap.wrap(text, width - pad - 2) or [""]
-            lines.append(f"  {name:<{pad}}{wrapped[0]}")
-            lines += [f"  {'':<{pad}}{more}" for more in wrapped[1:]]
-        return lines
+        return [title] + [
+            textwrap.fill(text, width, initial_indent=f"  {name:<{pad}}", subsequent_indent=" " * (pad + 2))
+            or f"  {name:<{pad}}"
+            for name, text in entries
+        ]
 
     return "\n".join(
         block("columns:", DEMO_COLUMNS.items()) + block("methods:", [(m, descriptions[m]) for m in methods])
@@ -213,7 +212,8 @@ def cmd_bench(args) -> int:
     import torch
 
     from .bench import BenchConfig, format_table, run_bench
-    from .bench.prompts import DEFAULT_PROMPTS, format_category_table, read_prompts, run_prompts_bench
+    from .bench.harness import runnable
+    from .bench.prompts import BASELINES, DEFAULT_PROMPTS, format_category_table, read_prompts, run_prompts_bench
 
     methods = tuple(args.methods.split(",")) if args.methods else None
     target = args.target
@@ -240,21 +240,13 @@ def cmd_bench(args) -> int:
         result = run_bench(bundle, config, output=output, warn=False)
         print(format_table(result["summary"], result["timing"]))
     else:
-        config = BenchConfig(methods=methods or prompts_methods(bundle), task="chat", **common)
+        # without --methods: the baselines and the demo's, those this bundle can run
+        default = runnable(dict.fromkeys([*BASELINES, *DEMO_METHODS["completion"]]), bundle, "chat")
+        config = BenchConfig(methods=methods or default, task="chat", **common)
         output = bench_output_path(args.output, config.profile, f"prompts-{path.stem}", args.overwrite)
         print(format_category_table(run_prompts_bench(bundle, config, path, output=output, warn=False)))
     print(f"\nwrote {output}")
     return 0
-
-
-def prompts_methods(bundle) -> tuple[str, ...]:
-    """``bench --prompts``'s methods without ``--methods``: the baselines and the demo's, those this bundle can run."""
-    from .bench import METHODS
-    from .bench.prompts import BASELINES
-
-    names = dict.fromkeys([*BASELINES, *DEMO_METHODS["completion"]])
-    has_draft = bundle.draft is not None
-    return tuple(m for m in names if "chat" in METHODS[m].tasks and METHODS[m].available(bundle.extras, has_draft))
 
 
 def cmd_train_glide(argv: list[str]) -> int:
@@ -493,13 +485,6 @@ COMMANDS = {
 }
 
 
-def bench_method_names() -> tuple[str, ...]:
-    """The benchmark methods ``bench --help`` lists (importing them imports torch)."""
-    from .bench.methods import METHODS
-
-    return tuple(METHODS)
-
-
 def build_parser(method_names: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     """The command's parser (standard library only); ``bench --help`` lists ``method_names``."""
     parser = argparse.ArgumentParser(prog="hf-specdraft", description="Speculative decoding for 🤗 Transformers.")
@@ -518,7 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     command = COMMANDS.get(argv[0]) if argv else None
     if command is not None and command.arguments is None:
         return command.run(argv[1:])
-    args = build_parser(bench_method_names() if argv[:1] == ["bench"] else ()).parse_args(argv)
+    method_names = ()
+    if argv[:1] == ["bench"]:  # bench --help lists the methods (importing them imports torch)
+        from .bench.methods import METHODS
+
+        method_names = tuple(METHODS)
+    args = build_parser(method_names).parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
     except ValueError as err:

@@ -111,16 +111,13 @@ class _BenchRun:
         self.count, self.model, self.records, self.warmup = 0, model, [], {}
 
     def __enter__(self) -> _BenchRun:
-        self.handle = self.model.register_forward_hook(self._hook)
+        self.handle = self.model.register_forward_hook(lambda *args: setattr(self, "count", self.count + 1))
         self.monitor = LoadMonitor().start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.handle.remove()
         self.load = self.monitor.other_cores()
-
-    def _hook(self, *args):
-        self.count += 1
 
 
 def run_one(method: str, ctx: BenchContext, counter: _BenchRun) -> dict:
@@ -162,10 +159,10 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator else None
 
 
-def _alpha(stats: list[dict]) -> float | None:
-    """The paper's α over every judged position of the method's calls (weighted by positions); None without q."""
-    judged = [s for s in stats if s.get("alpha_positions")]
-    return _ratio(sum(s["alpha"] * s["alpha_positions"] for s in judged), sum(s["alpha_positions"] for s in judged))
+def _weighted(stats: list[dict], key: str, weight: str) -> float | None:
+    """The mean of ``key`` over the calls, weighted by ``weight``; calls without ``weight`` (α without q) skipped."""
+    weighted = [s for s in stats if s.get(weight)]
+    return _ratio(sum(s[key] * s[weight] for s in weighted), _total(weighted, weight))
 
 
 def _grouped(records: list[dict], key: str, value) -> dict:
@@ -213,18 +210,6 @@ def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | 
     ]
 
 
-def _compiles(records: list[dict]) -> dict:
-    """What one method's timed runs compiled, and how many runs did: such a run timed the compiler (the row is
-    invalid)."""
-    moved = [record.get("compiles") or {} for record in records]
-    runs = sum(map(compiled, moved))
-    return {
-        "compiled_while_timed": functools.reduce(add_counts, moved, {}),
-        "timed_runs_compiled": runs,
-        "valid": not runs,
-    }
-
-
 def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
     """Per method: speed from the median time per prompt (all repeats), everything else from the first repeat
     (greedy decoding gives the same tokens and statistics on every repeat)."""
@@ -246,6 +231,9 @@ def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
         accepted = _total(stats, "accepted_tokens")
         known = [r["controller_resumed"] for r in all_runs if r.get("controller_resumed") is not None]
         expansion = [s["extra"]["expansion_seconds"] for s in stats if "expansion_seconds" in s.get("extra", {})]
+        # what the timed runs compiled, and how many did: such a run timed the compiler (the row is invalid)
+        moved = [r.get("compiles") or {} for r in all_runs]
+        compiling = sum(map(compiled, moved))
         summary[m] = {
             "prompts": len(rs),
             "repeats": len(all_runs) // max(len(rs), 1),
@@ -260,15 +248,16 @@ def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
             "timing_noise": relative_range(same_work) if same_work else None,  # None: no prompt repeated its work
             # the share of timed runs whose γ controller started from an earlier call's state (None: no controller)
             "controller_resumed": sum(map(bool, known)) / len(known) if known else None,
-            **_compiles(all_runs),
+            "compiled_while_timed": functools.reduce(add_counts, moved, {}),
+            "timed_runs_compiled": compiling,
+            "valid": not compiling,
             "tokens_per_target_call": new / max(sum(r["target_calls"] for r in rs), 1),
             "mean_accepted_length": _ratio(_total(stats, "new_tokens"), steps),
-            "alpha": _alpha(stats),
+            # the paper's α over every judged position of the method's calls (None without q)
+            "alpha": _weighted(stats, "alpha", "alpha_positions"),
             "position_acceptance_rate": _ratio(accepted, sum(s.get("judged_tokens", 0) for s in stats)),
             "accepted_per_drafted": _ratio(accepted, _total(stats, "drafted_tokens")),
-            "verification_tokens_per_step": _ratio(
-                sum(s["verification_tokens_per_step"] * s["steps"] for s in stats), steps
-            ),
+            "verification_tokens_per_step": _weighted(stats, "verification_tokens_per_step", "steps"),
             "draft_ms_per_step": _ratio(1000 * _total(stats, "draft_seconds"), steps),
             # CAPE's expansion time per step (part of the draft time), for methods that record it
             "expansion_ms_per_step": _ratio(1000 * sum(expansion), steps) if expansion else None,
@@ -314,6 +303,12 @@ def baseline_noise(records: list[dict]) -> float:
     """How far target-only's total time over the prompts moved between repeats: what this machine shows at rest."""
     base = [r for r in records if r["method"] == "target-only"]
     return relative_range([sum(times) for times in _grouped(base, "repeat", lambda r: r["seconds"]).values()])
+
+
+def runnable(names, bundle: DefaultBundle, task: str) -> tuple[str, ...]:
+    """Those of the method ``names`` that run on ``task`` with the drafters ``bundle`` holds (:func:`check_methods`)."""
+    has_draft = bundle.draft is not None
+    return tuple(m for m in names if task in METHODS[m].tasks and METHODS[m].available(bundle.extras, has_draft))
 
 
 def check_methods(bundle: DefaultBundle, methods: tuple[str, ...], task: str, extras: dict) -> None:
@@ -482,9 +477,15 @@ def format_table(summary: dict, timing: dict | None = None) -> str:
     if timing is not None:
         cores = timing["other_cpu_cores"]
         other = "not measured" if cores is None else f"{cores:.1f} of {timing['cpu_cores']} cores"
+        if timing.get("timing_noise") is None:
+            noise = "no method repeated its work exactly between repeats; target-only's own time moved by "
+            noise += f"{timing.get('baseline_noise', 0.0):.0%}"
+        else:
+            noise = f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods, where "
+            noise += "they repeated their work)"
         rows.append(
             f"timing: median of {timing['repeats']} runs per method and prompt, methods interleaved; other processes "
-            f"used {other}; {noise_words(timing)}"
+            f"used {other}; {noise}"
         )
         if not timing["reliable"]:
             rows.insert(0, warning_text(timing))
@@ -494,27 +495,9 @@ def format_table(summary: dict, timing: dict | None = None) -> str:
             "INVALID: "
             + "; ".join(
                 f"{name} compiled in {summary[name]['timed_runs_compiled']} of its timed runs "
-                f"({compile_words(summary[name]['compiled_while_timed'])})"
+                f"({', '.join(f'{v} {c}' for c, v in summary[name]['compiled_while_timed'].items()) or 'nothing'})"
                 for name in invalid
             )
             + ": their times include compiling (a bucket or cache size no warm-up run reached)"
         )
     return "\n".join(rows)
-
-
-def noise_words(timing: dict) -> str:
-    """How far the speedups moved between repeats, in words (a run's ``timing``)."""
-    if timing.get("timing_noise") is None:
-        return (
-            f"no method repeated its work exactly between repeats; target-only's own time moved by "
-            f"{timing.get('baseline_noise', 0.0):.0%}"
-        )
-    return (
-        f"a speedup moved by {timing['timing_noise']:.0%} between repeats (median over methods, where they repeated "
-        "their work)"
-    )
-
-
-def compile_words(counts: dict[str, int]) -> str:
-    """Counts of :func:`~hf_specdraft.bench.timing.compile_counters` in words: ``3 unique_graphs, 1 recompiles``."""
-    return ", ".join(f"{value} {name}" for name, value in counts.items()) or "nothing"
