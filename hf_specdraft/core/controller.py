@@ -164,10 +164,9 @@ class DraftLengthController:
 
     def copy_length(self, match: int, available: int) -> int:
         """How many of the ``available`` tokens that followed an earlier occurrence of the text's last ``match`` tokens
-        to copy as this step's draft (``copy_from_context``); ``0``: draft with the model instead.
-
-        A copy of ``n`` is worth ``(1 + Σ_{i<=n} Π_{j<=i} c_j) / v(n + 1)`` tokens per second (``c_j``: the ``a_j`` rule
-        per bin of ``COPY_MATCH_BINS``). The best ``n`` is copied where it beats :meth:`model_rate`, and every
+        to copy as this step's draft (``copy_from_context``); ``0``: draft with the model instead. A copy of ``n`` is
+        worth ``(1 + Σ_{i<=n} Π_{j<=i} c_j) / v(n + 1)`` tokens per second (``c_j``: the ``a_j`` rule per bin of
+        ``COPY_MATCH_BINS``); the best ``n`` is copied where it beats :meth:`model_rate`, and every
         ``EXPLORE_EVERY``-th declined copy anyway (so a bin's rates stay measured)."""
         self._copy_bin = max(i for i, edge in enumerate(COPY_MATCH_BINS) if match >= edge or i == 0)
         top = min(available, self.max_copy_tokens)
@@ -205,7 +204,6 @@ class DraftLengthController:
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Whether to draft another token after ``confidences`` (this step's drafted tokens' probabilities ``c_i``).
-
         The path survives with ``P_j = Π_{i<=j} â(c_i)`` (:meth:`accepted_given`); drafting goes on while some longer
         draft, its unseen positions at their rates ``a``, beats ``R_j = (1 + Σ P_i) / (j · d + v(j + 1))``. ``True``
         while the cost curve is not measured yet."""
@@ -221,9 +219,8 @@ class DraftLengthController:
         return any(tokens[n] / costs[n] > tokens[j] / costs[j] for n in range(j + 1, self.max_draft_tokens + 1))
 
     def choose(self) -> int:
-        """γ for the next step (and :attr:`option`, the step's tree width); with :attr:`confidence_stops`, the cap.
-
-        A tree drafter that stops on confidence runs the width whose steps realized the most tokens per second; one step
+        """γ for the next step (and :attr:`option`, the step's tree width); with :attr:`confidence_stops`, the cap. A
+        tree drafter that stops on confidence runs the width whose steps realized the most tokens per second; one step
         in every ``EXPLORE_EVERY`` runs another width."""
         top, last = self.max_draft_tokens, len(self.widths) - 1
         self._draft_costs, self._asked = None, False
@@ -289,7 +286,14 @@ class DraftLengthController:
         if self.agree_seconds is not None:
             draft_seconds, verify_seconds = self.agree_seconds(draft_seconds, verify_seconds)
         self.steps += 1
-        self._time_forward(verify_tokens, verify_seconds)
+        old, samples = self.verify.get(verify_tokens), self.verify_samples.get(verify_tokens, 0)
+        if old is None:  # the cost curve v
+            self.verify[verify_tokens] = verify_seconds
+        elif samples == 1:  # the second forward at this width: the first may have carried one-time costs
+            self.verify[verify_tokens] = min(old, verify_seconds)
+        else:  # a running average; one sample moves it up by at most 30 % (a spike of another process's load)
+            self.verify[verify_tokens] = 0.7 * old + 0.3 * min(verify_seconds, 2 * old)
+        self.verify_samples[verify_tokens] = samples + 1
         if self.choices and (copied or self._draft_costs is not None):
             self.choices[-1] = drafted  # what a copy or a confidence-stopped step drafted, not the cap it was given
         if copied:
@@ -315,17 +319,6 @@ class DraftLengthController:
             self.measured_width[o] = 0.7 * self.measured_width[o] + 0.3 * max((verify_tokens - 1) / drafted, 1.0)
             per_token, before = draft_seconds / drafted, self.draft_per_token
             self.draft_per_token = per_token if before is None else 0.7 * before + 0.3 * per_token
-
-    def _time_forward(self, verify_tokens: int, verify_seconds: float) -> None:
-        """One verification forward's seconds into the cost curve ``v``."""
-        old, samples = self.verify.get(verify_tokens), self.verify_samples.get(verify_tokens, 0)
-        if old is None:
-            self.verify[verify_tokens] = verify_seconds
-        elif samples == 1:  # the second forward at this width: the first may have carried one-time costs
-            self.verify[verify_tokens] = min(old, verify_seconds)
-        else:  # a running average; one sample moves it up by at most 30 % (a spike of another process's load)
-            self.verify[verify_tokens] = 0.7 * old + 0.3 * min(verify_seconds, 2 * old)
-        self.verify_samples[verify_tokens] = samples + 1
 
 
 # what a call passes on to the next (core/controller_store.py)
