@@ -220,6 +220,36 @@ def answered_requests(
     return records
 
 
+def written_requests(
+    target: PreTrainedModel, tokenizer, count: int, seed: int, output_dir: str | Path, batch_size: int = 16
+) -> list[tuple[str, list[str]]]:
+    """Requests the target writes itself (:func:`recipes.requests.writing_prompts`), sampled at temperature 0.6 and
+    kept shard by shard under ``output_dir`` so a killed run resumes; fewer than ``count`` where a writing is unusable.
+    """
+    from hf_specdraft.glide.training.regenerate import RegenerationArguments, regenerate
+
+    from .requests import requests_from_written, writing_prompts
+
+    drawn = writing_prompts(count, seed)
+    asks = [i for i, (group, _) in enumerate(drawn) if group != "math"]  # math problems stay templated
+    prompts = [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": drawn[i][1]}], add_generation_prompt=True, return_dict=False
+            )
+        )
+        for i in asks
+    ]
+    args = RegenerationArguments(
+        max_new_tokens=112, batch_size=batch_size, batches_per_shard=2, temperature=0.6, top_p=0.9, seed=seed
+    )
+    replies = regenerate(target, tokenizer, prompts, output_dir, args)
+    written = [""] * len(drawn)
+    for i, reply in zip(asks, replies):
+        written[i] = tokenizer.decode(reply["response_ids"], skip_special_tokens=True)
+    return requests_from_written(drawn, written, seed)
+
+
 def kept_requests(path: Path, draw) -> list[tuple[str, list[str]]]:
     """The requests kept at ``path`` (JSON lines of ``{"group", "turns"}``), else ``draw()``'s, written there first: a
     resumed run answers the same requests even where the corpus they were drawn from has changed since."""
@@ -278,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="with --requests: the seed that draws them (another seed, other requests)",
     )
+    parser.add_argument(
+        "--written",
+        action="store_true",
+        help="with --requests: the target writes the requests itself (sampled), then answers them greedily",
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="with --requests: prompts per generate call")
     parser.add_argument(
         "--heldout",
@@ -294,10 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests:  # every answer is kept as it is written, so a rerun resumes; then the store, shard by shard
         from .requests import training_requests
 
-        requests = kept_requests(
-            Path(args.output_dir) / "answers" / "requests.jsonl",
-            lambda: training_requests(args.requests, args.request_seed),
-        )
+        def draw():
+            if args.written:  # the target writes the requests first (kept under answers/written, resumable)
+                answers = Path(args.output_dir) / "answers"
+                return written_requests(
+                    target, tokenizer, args.requests, args.request_seed, answers / "written", args.batch_size
+                )
+            return training_requests(args.requests, args.request_seed)
+
+        requests = kept_requests(Path(args.output_dir) / "answers" / "requests.jsonl", draw)
         records = answered_requests(
             target, tokenizer, requests, Path(args.output_dir) / "answers", args.max_new_tokens, args.batch_size
         )

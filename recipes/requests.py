@@ -14,7 +14,9 @@ never used):
   (the standard library, PSF licence, and the installed dependencies, permissive licences; split by file, as the
   corpus is), so no held-out file lends text to training;
 - arithmetic word problems: templates filled with random numbers (:func:`math_problem`);
-- code requests: train-split functions, as :mod:`recipes.distillation` already builds them.
+- code requests: train-split functions, as :mod:`recipes.distillation` already builds them;
+- with ``--written``: requests the target writes itself, sampled, from project-written instructions
+  (:data:`WRITING_ASKS`, :func:`writing_prompts`): other phrasings than the templates give.
 
     >>> from recipes.requests import training_requests
     >>> requests = training_requests(200, seed=0)         # [(group, [turn, ...]), ...]
@@ -254,5 +256,97 @@ def training_requests(
             if not items:
                 continue
             turns = [chat_request(rng.choice(items))]
+        requests.append((group, turns))
+    return requests
+
+
+# Requests the target writes itself: the templates above give a few hundred phrasings, and people ask in many more.
+# The target, sampled, writes the question, sentence or paragraph, then answers it greedily like any other request.
+PEOPLE = [
+    "a student",
+    "a nurse",
+    "a retired farmer",
+    "a small business owner",
+    "a parent of two",
+    "a tourist",
+    "a teenager",
+    "a software engineer",
+    "a chef",
+    "a history teacher",
+    "a truck driver",
+    "a librarian",
+    "a football coach",
+    "a shy new employee",
+    "a grandmother",
+    "a musician",
+]
+WRITING_ASKS = {
+    "qa": "Write one question about {t} that {p} might ask. Reply with the question only.",
+    "conversation": "Write one request that {p} might send to a chat assistant about {t}. Reply with the request only.",
+    "translation": "Write one everyday sentence that {p} might say about {t}. Reply with the sentence only.",
+    "summarization": "Write a short paragraph of four sentences about {t}, as {p} would tell it.",
+    "rag": "Write a short factual paragraph of three sentences about {t}.",
+    "code": "Write one request that {p} might make for a small Python function. Reply with the request only.",
+}
+
+
+def writing_prompts(count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``count`` instructions ``(group, instruction)`` asking the target to write a request, a sentence or a passage,
+    drawn by :data:`GROUP_WEIGHTS` (math stays templated: its numbers must be random, not written)."""
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be a positive int, got {count!r}")
+    rng = random.Random(seed)
+    groups, weights = zip(*GROUP_WEIGHTS.items())
+    drawn = []
+    for _ in range(count):
+        group = rng.choices(groups, weights)[0]
+        ask = WRITING_ASKS.get(group)
+        drawn.append((group, ask.format(t=rng.choice(TOPICS), p=rng.choice(PEOPLE)) if ask else ""))
+    return drawn
+
+
+def _written_text(text: str, group: str) -> str | None:
+    """The target's writing made into request text, or ``None`` where it wrote nothing usable: a one-line request,
+    question or sentence (its first line, quotes and labels off), or a paragraph (whole, 150-1,200 characters)."""
+    text = text.strip()
+    if group in ("summarization", "rag"):
+        text = " ".join(text.split())
+        return text if 150 <= len(text) <= 1200 else None
+    line = text.split("\n")[0].strip()
+    if '"' in line:  # "A tourist might ask: \"…\"": the quoted words are the request
+        line = line.split('"', 1)[1]
+    line = re.sub(r"^(question|request|sentence)\s*:\s*", "", line, flags=re.IGNORECASE).strip().strip('"“”').strip()
+    if line.endswith(":") or (group == "qa" and "?" not in line):
+        return None
+    return line if 15 <= len(line) <= 300 else None
+
+
+def requests_from_written(
+    drawn: list[tuple[str, str]], written: list[str], seed: int = 0
+) -> list[tuple[str, list[str]]]:
+    """Requests ``(group, turns)`` from the target's writing (``written[i]`` answers ``drawn[i]``), in the shapes the
+    templated requests take; a math slot gets a templated problem, an unusable writing is skipped."""
+    if len(drawn) != len(written):
+        raise ValueError(f"written has {len(written)} texts for {len(drawn)} instructions")
+    rng = random.Random(seed)
+    requests = []
+    for (group, _), text in zip(drawn, written):
+        if group == "math":
+            requests.append((group, [math_problem(rng)]))
+            continue
+        text = _written_text(text, group)
+        if text is None:
+            continue
+        if group == "conversation":
+            turns = [text, rng.choice(FOLLOW_UPS)]
+        elif group == "translation":
+            turns = [f"Translate the following sentence into {rng.choice(LANGUAGES)}:\n\n{text}"]
+        elif group == "summarization":
+            turns = [f"{rng.choice(SUMMARY_ASKS)}\n\n{text}"]
+        elif group == "rag":
+            question = rng.choice(RAG_ASKS).format(k=_keyword(text, rng))
+            turns = [f"Answer the question using the passage below.\n\nPassage: {text}\n\nQuestion: {question}"]
+        else:
+            turns = [text]
         requests.append((group, turns))
     return requests
