@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .data import detect_column, heldout_split, load_data, load_examples, render_texts, tokenize_texts
 from .evaluation import HeldOutEvaluation, heldout_windows
@@ -48,14 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--unrolled-steps", type=int, help="draft steps per position (default: 2 with --state-input)")
     parser.add_argument("--target-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    defaults = GlideTrainingArguments(output_dir=".")
-    short = {"per_device_batch_size": "batch-size", "gradient_accumulation_steps": "grad-accum", "learning_rate": "lr"}
-    for name in (
+    _add_typed_flags(
+        parser,
+        GlideTrainingArguments(output_dir="."),
         "max_steps seq_len per_device_batch_size gradient_accumulation_steps warmup_steps seed logging_steps "
-        "save_steps eval_every learning_rate weight_decay min_lr_ratio distillation_weight distillation_temperature"
-    ).split():
-        flag, default = "--" + short.get(name, name.replace("_", "-")), getattr(defaults, name)
-        parser.add_argument(flag, dest=name, type=type(default), default=default)
+        "save_steps eval_every learning_rate weight_decay min_lr_ratio distillation_weight distillation_temperature",
+    )
     parser.add_argument("--block-size", type=int, help="block-wise mask L (default: the config's, 5)")
     parser.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
     parser.add_argument(
@@ -64,8 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="require OUTPUT_DIR/checkpoint-last (resumed by default if it exists); --no-resume: start over",
     )
     parser.add_argument("--report-to", default="none", help="accelerate trackers: none, all, or names (tensorboard)")
-    _add_regeneration_flags(parser)
-    _add_evaluation_flags(parser)
+    group = parser.add_argument_group(
+        "regeneration (sequence-level self-distillation, Du et al. 2024, Appendix B; --dataset only)"
+    )
+    group.add_argument("--regenerate", action="store_true", help="the target writes the responses GLIDE trains on")
+    names = "max_new_tokens batch_size temperature top_p prompt_tokens batches_per_shard"
+    _add_typed_flags(group, RegenerationArguments(), names, prefix="regen_")
+    group.add_argument(
+        "--regen-turns", choices=["last", "each"], default=RegenerationArguments.turns, help="turns to regenerate"
+    )
+    group = parser.add_argument_group("held-out evaluation (every --eval-every steps)")
+    group.add_argument("--eval-fraction", type=float, help="data fraction held out (default 0.05 with --eval-every)")
+    group.add_argument("--eval-examples", type=int, help="examples held out (instead of --eval-fraction)")
+    group.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens for α")
+    group.add_argument("--eval-prompts", type=int, default=4, help="prompts for tokens per target forward (0 = skip)")
+    group.add_argument("--eval-new-tokens", type=int, default=32, help="tokens generated per held-out prompt")
     parser.add_argument("--dataset-name", help="what the data is, for the model card (default: --dataset)")
     parser.add_argument("--license", help="the weights' license for the model card, a Hub id such as apache-2.0")
     parser.add_argument("--metrics", help="JSON file of measured metrics for the model card")
@@ -76,27 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_regeneration_flags(parser: argparse.ArgumentParser) -> None:
-    defaults = RegenerationArguments()
-    group = parser.add_argument_group(
-        "regeneration (sequence-level self-distillation, Du et al. 2024, Appendix B; --dataset only)"
-    )
-    group.add_argument("--regenerate", action="store_true", help="the target writes the responses GLIDE trains on")
-    for name in ("max_new_tokens", "batch_size", "temperature", "top_p", "prompt_tokens", "batches_per_shard"):
-        default = getattr(defaults, name)
-        group.add_argument(
-            f"--regen-{name.replace('_', '-')}", dest=f"regen_{name}", type=type(default), default=default
-        )
-    group.add_argument("--regen-turns", choices=["last", "each"], default=defaults.turns, help="turns to regenerate")
-
-
-def _add_evaluation_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("held-out evaluation (every --eval-every steps)")
-    group.add_argument("--eval-fraction", type=float, help="data fraction held out (default 0.05 with --eval-every)")
-    group.add_argument("--eval-examples", type=int, help="examples held out (instead of --eval-fraction)")
-    group.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens for α")
-    group.add_argument("--eval-prompts", type=int, default=4, help="prompts for tokens per target forward (0 = skip)")
-    group.add_argument("--eval-new-tokens", type=int, default=32, help="tokens generated per held-out prompt")
+def _add_typed_flags(parser, defaults, names: str, prefix: str = "") -> None:
+    """A flag for each field of the dataclass ``defaults`` in ``names``, of its type and default (``dest`` prefixed)."""
+    short = {"per_device_batch_size": "batch-size", "gradient_accumulation_steps": "grad-accum", "learning_rate": "lr"}
+    for name in names.split():
+        flag, default = "--" + short.get(name, (prefix + name).replace("_", "-")), getattr(defaults, name)
+        parser.add_argument(flag, dest=prefix + name, type=type(default), default=default)
 
 
 def model_location_problem(value: str | None) -> str | None:
@@ -140,20 +137,6 @@ def _check_flags(parser, ns) -> None:
         ns.eval_fraction = 0.05  # a twentieth of the data: a few hundred examples of a typical fine-tuning set
     if (ns.eval_fraction or ns.eval_examples) and not ns.eval_every:
         parser.error("--eval-fraction / --eval-examples hold data out for --eval-every N (a positive number of steps)")
-
-
-def _arguments(parser, ns) -> tuple[GlideTrainingArguments, RegenerationArguments]:
-    """The two argument dataclasses; their `ValueError` becomes a one-line argparse error."""
-    fields = set(GlideTrainingArguments.__dataclass_fields__)
-    regen = {k.removeprefix("regen_"): v for k, v in vars(ns).items() if k.startswith("regen_")}  # --regen-* flags
-    try:
-        args = GlideTrainingArguments(
-            **{k: v for k, v in vars(ns).items() if k in fields and k != "dataset_name"},
-            dataset_name=ns.dataset_name or ns.dataset,
-        )
-        return args, RegenerationArguments(**regen, seed=ns.seed)
-    except ValueError as error:
-        parser.error(str(error))
 
 
 def _documents_stream(documents: list[list[int]], eos_token_id: int | None) -> torch.Tensor:
@@ -216,8 +199,6 @@ def _vanilla_twin(parser, path: str | None) -> dict:
 
 def _load_models(parser, ns, seed: int):
     """The target (``--target-dtype``) and GLIDE (``--glide``, or a fresh one shaped by the flags)."""
-    from transformers import AutoModelForCausalLM
-
     from ..configuration_glide import GlideConfig
     from ..modeling_glide import GlideForCausalLM
 
@@ -246,18 +227,6 @@ def _load_models(parser, ns, seed: int):
     return target, GlideForCausalLM(config)
 
 
-def _tokenizer(ns):
-    """The target's tokenizer (``--tokenizer``); `None` for ``--data`` token files with none beside the target."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(ns.tokenizer or ns.target)
-    except (OSError, ValueError):
-        if ns.dataset is not None:
-            raise
-        return None
-
-
 def _evaluation(ns, args, glide, heldout, prompts, tokenizer) -> HeldOutEvaluation | None:
     """The held-out evaluation ``train_glide`` runs every ``--eval-every`` steps (`None` without it)."""
     if not args.eval_every:
@@ -277,10 +246,23 @@ def main(argv: list[str] | None = None, custom_generate=None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     _check_flags(parser, ns)
-    args, regen = _arguments(parser, ns)
+    fields = set(GlideTrainingArguments.__dataclass_fields__)
+    try:  # the dataclasses' ValueError as a one-line argparse error
+        args = GlideTrainingArguments(
+            **{k: v for k, v in vars(ns).items() if k in fields} | {"dataset_name": ns.dataset_name or ns.dataset}
+        )
+        regen = {k.removeprefix("regen_"): v for k, v in vars(ns).items() if k.startswith("regen_")}
+        regen = RegenerationArguments(**regen, seed=ns.seed)
+    except ValueError as error:
+        parser.error(str(error))
     vanilla = _vanilla_twin(parser, ns.compare_vanilla)
     target, glide = _load_models(parser, ns, args.seed)
-    tokenizer = _tokenizer(ns)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ns.tokenizer or ns.target)
+    except (OSError, ValueError):
+        if ns.dataset is not None:
+            raise
+        tokenizer = None  # --data token files need none
     inputs = dataset_inputs(ns, target, tokenizer, regen) if ns.dataset is not None else files_inputs(ns, args.seq_len)
     stream, heldout, prompts, extra = inputs
     log = train_glide(

@@ -14,8 +14,7 @@ import torch
 
 from ...core.loop import speculative_generate
 from ...core.stats import SpeculativeStats, overlap
-from .objective import TargetWindows
-from .unrolled import unrolled_passes
+from .objective import TargetWindows, draft_passes
 
 
 def heldout_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch.Tensor:
@@ -45,15 +44,7 @@ def teacher_forced_alpha(target, glide, windows: torch.Tensor, block_size: int, 
     alpha, agree = torch.zeros((), device=device), torch.zeros((), device=device)
     for rows in torch.arange(len(source)).split(batch_size):
         batch = source.batch(target, glide, rows, device, glide.config.cross_attention, True)
-        if glide.config.state_input:
-            logits = glide.to_target_logits(next(unrolled_passes(glide, batch, 1))[1].float())
-        else:
-            logits = glide(
-                input_ids=batch.input_ids,
-                target_past_key_values=batch.target_past_key_values,
-                use_cache=False,
-                cross_attention_block_size=block_size,
-            ).logits
+        logits = glide.to_target_logits(next(iter(draft_passes(glide, batch, block_size)))[1])
         q, p = logits.float().softmax(-1), batch.target_logits.float().softmax(-1)  # (B, T, V)
         alpha += overlap(p, q).sum()
         agree += (q.argmax(-1) == p.argmax(-1)).sum()

@@ -161,6 +161,21 @@ def target_probs(glide, batch: GlideBatch, temperature: float = 1.0) -> torch.Te
     return rows.scatter_add_(-1, _draft_rows(glide, batch.topk_ids.long()), p)
 
 
+def draft_passes(model, batch: GlideBatch, block_size: int, steps: int = 1):
+    """:func:`~.unrolled.unrolled_passes`' ``(k, logits (B, T, rows), valid (T,))``; a one-step GLIDE without
+    ``state_input`` runs one forward with the block-wise mask of L = ``block_size`` (§4.1), valid everywhere."""
+    if extract_model_from_parallel(model).config.state_input or steps > 1:
+        return unrolled_passes(model, batch, steps)
+    logits = model(
+        input_ids=batch.input_ids,
+        target_past_key_values=batch.target_past_key_values,
+        cross_attention_block_size=block_size,
+        use_cache=False,
+        draft_rows=True,
+    ).logits
+    return [(1, logits, torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device))]
+
+
 def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.Tensor, dict]:
     """Next-token cross-entropy with the block-wise mask (§4.1), mixed with token-level distillation (Appendix B):
     ``(1 - w) · CE(labels, q) + w · τ² · KL(p || q)`` with ``w``, ``τ`` the distillation weight and temperature.
@@ -171,17 +186,7 @@ def glide_loss(model, batch: GlideBatch, block_size: int, args) -> tuple[torch.T
     """
     glide = extract_model_from_parallel(model)
     steps = args.unrolled_steps or (2 if glide.config.state_input else 1)
-    if glide.config.state_input or steps > 1:
-        passes = unrolled_passes(model, batch, steps)
-    else:
-        logits = model(
-            input_ids=batch.input_ids,
-            target_past_key_values=batch.target_past_key_values,
-            cross_attention_block_size=block_size,
-            use_cache=False,
-            draft_rows=True,
-        ).logits  # (B, T, rows): the draft's own rows
-        passes = [(1, logits, torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device))]
+    passes = draft_passes(model, batch, block_size, steps)
     tau, w = args.distillation_temperature, args.distillation_weight
     p = target_probs(glide, batch, tau) if w > 0 else None
     labels = _draft_rows(glide, batch.input_ids[:, 1:])

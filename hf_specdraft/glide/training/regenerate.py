@@ -143,14 +143,8 @@ def regenerate(
             batch = prompts[start : start + args.batch_size]
             replies = generate_replies(target, tokenizer, batch, args, args.seed + start)
             records += [
-                {
-                    "index": start + i,
-                    "prompt_ids": p,
-                    "response_ids": r,
-                    "prompt": tokenizer.decode(p),
-                    "response": tokenizer.decode(r),
-                }
-                for i, (p, r) in enumerate(zip(batch, replies))
+                dict(index=i, prompt_ids=p, response_ids=r, prompt=tokenizer.decode(p), response=tokenizer.decode(r))
+                for i, (p, r) in enumerate(zip(batch, replies), start)
             ]
         _write_shard(path, records)
     state.wait_for_everyone()

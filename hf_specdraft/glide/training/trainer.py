@@ -142,7 +142,8 @@ def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
         )
 
 
-def _setup(target, glide, args: GlideTrainingArguments):
+def _setup(target, glide, args: GlideTrainingArguments, resume_from: Path | None):
+    """Accelerate's objects, the window sampler and the progress so far (restored from ``resume_from``, if given)."""
     precision = (
         ("bf16" if torch.cuda.is_available() else "no") if args.mixed_precision == "auto" else args.mixed_precision
     )
@@ -170,7 +171,19 @@ def _setup(target, glide, args: GlideTrainingArguments):
         # trackers take scalars only
         config = {k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers("train_glide", config=config)
-    return accelerator, model, optimizer, scheduler
+    generator = torch.Generator().manual_seed(args.seed + 1000 * accelerator.process_index)
+    progress = {"step": 0, "tokens": 0, "steps": [], "evaluations": [], "seconds": 0.0}
+    if resume_from is not None:
+        # what save_training_state wrote, into the prepared objects
+        accelerator.load_state(str(resume_from))
+        sampler = resume_from / f"sampler_{accelerator.process_index}.safetensors"
+        if not sampler.is_file():
+            raise ValueError(f"{str(resume_from)!r} was saved by a run with fewer processes: it has no {sampler.name}")
+        generator.set_state(load_file(str(sampler))["state"])
+        progress = json.loads((resume_from / "trainer_state.json").read_text())
+        progress["resumed_from_step"] = progress["step"]
+    progress["arguments"] = args.trajectory()
+    return accelerator, model, optimizer, scheduler, generator, progress
 
 
 def save_training_state(
@@ -210,41 +223,6 @@ def _checkpoint_to_resume(args: GlideTrainingArguments) -> Path | None:
             + "): pass resume=False (--no-resume) or another output_dir to start over"
         )
     return found[0]
-
-
-def load_training_state(accelerator: Accelerator, directory: Path, generator: torch.Generator) -> dict:
-    """Restore what :func:`save_training_state` wrote into the prepared objects; return its progress."""
-    accelerator.load_state(str(directory))
-    sampler = directory / f"sampler_{accelerator.process_index}.safetensors"
-    if not sampler.is_file():
-        raise ValueError(f"{str(directory)!r} was saved by a run with fewer processes: it has no {sampler.name}")
-    generator.set_state(load_file(str(sampler))["state"])
-    return json.loads((directory / "trainer_state.json").read_text())
-
-
-def _train_step(
-    accelerator, model, optimizer, scheduler, target, source, generator, block_size, args
-) -> tuple[dict, int]:
-    """One optimizer step over ``gradient_accumulation_steps`` micro-batches: the mean losses and the tokens seen."""
-    glide = accelerator.unwrap_model(model)
-    with_kv, with_p = glide.config.cross_attention, args.distillation_weight > 0
-    totals, tokens = {}, 0
-    for _ in range(args.gradient_accumulation_steps):
-        rows = torch.randint(0, len(source), (args.per_device_batch_size,), generator=generator)
-        batch = source.batch(target, glide, rows, accelerator.device, with_kv, with_p)
-        with accelerator.accumulate(model):
-            loss, parts = glide_loss(model, batch, block_size, args)
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:
-                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-        for name, value in {"loss": loss.detach(), **parts}.items():
-            mean = float(accelerator.gather(value[None]).mean())
-            totals[name] = totals.get(name, 0.0) + mean / args.gradient_accumulation_steps
-        tokens += batch.input_ids.numel() * accelerator.num_processes
-    return totals, tokens
 
 
 def train_glide(
@@ -292,14 +270,9 @@ def train_glide(
     source = window_source(data, glide, args.seq_len)
     # where the caller put them
     devices = [(m, m.device) for m in (target, glide) if getattr(m, "hf_device_map", None) is None]
-    resume_from = _checkpoint_to_resume(args)
-    accelerator, model, optimizer, scheduler = _setup(target, glide, args)
-    generator = torch.Generator().manual_seed(args.seed + 1000 * accelerator.process_index)
-    progress = {"step": 0, "tokens": 0, "steps": [], "evaluations": [], "seconds": 0.0}
-    if resume_from is not None:
-        progress = load_training_state(accelerator, resume_from, generator)
-        progress["resumed_from_step"] = progress["step"]
-    progress["arguments"] = args.trajectory()
+    accelerator, model, optimizer, scheduler, generator, progress = _setup(
+        target, glide, args, _checkpoint_to_resume(args)
+    )
     progress = _run(accelerator, model, optimizer, scheduler, target, source, generator, args, evaluation, progress)
     log = {
         "steps": progress["steps"],
@@ -326,9 +299,12 @@ def train_glide(
 
 
 def _run(accelerator, model, optimizer, scheduler, target, source, generator, args, evaluation, progress) -> dict:
-    """The loop from ``progress["step"] + 1`` to ``max_steps``: train, log, evaluate, save ``checkpoint-last``."""
+    """The loop from ``progress["step"] + 1`` to ``max_steps``: an optimizer step over ``gradient_accumulation_steps``
+    micro-batches, the mean losses logged, the held-out evaluation, ``checkpoint-last`` saved."""
     start = time.time() - progress["seconds"]
-    block_sizes = args.block_sizes(accelerator.unwrap_model(model).config.block_size)
+    glide = accelerator.unwrap_model(model)
+    block_sizes = args.block_sizes(glide.config.block_size)
+    with_kv, with_p = glide.config.cross_attention, args.distillation_weight > 0
     bar = tqdm(
         range(progress["step"] + 1, args.max_steps + 1),
         desc="train GLIDE",
@@ -337,11 +313,22 @@ def _run(accelerator, model, optimizer, scheduler, target, source, generator, ar
         disable=not (args.progress_bar and accelerator.is_main_process),
     )
     for step in bar:
-        block_size = block_sizes[step % len(block_sizes)]
-        totals, tokens = _train_step(
-            accelerator, model, optimizer, scheduler, target, source, generator, block_size, args
-        )
-        progress["tokens"] += tokens
+        totals = {}
+        for _ in range(args.gradient_accumulation_steps):
+            rows = torch.randint(0, len(source), (args.per_device_batch_size,), generator=generator)
+            batch = source.batch(target, glide, rows, accelerator.device, with_kv, with_p)
+            with accelerator.accumulate(model):
+                loss, parts = glide_loss(model, batch, block_sizes[step % len(block_sizes)], args)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            for name, value in {"loss": loss.detach(), **parts}.items():
+                mean = float(accelerator.gather(value[None]).mean())
+                totals[name] = totals.get(name, 0.0) + mean / args.gradient_accumulation_steps
+            progress["tokens"] += batch.input_ids.numel() * accelerator.num_processes
         bar.set_postfix(loss=f"{totals['loss']:.3f}")
         if step % args.logging_steps == 0 or step in (1, args.max_steps):
             progress["steps"].append(
@@ -357,7 +344,7 @@ def _run(accelerator, model, optimizer, scheduler, target, source, generator, ar
         # the held-out evaluation runs on the main process; the others wait
         if args.eval_every and (step % args.eval_every == 0 or step == args.max_steps):
             if accelerator.is_main_process:
-                result = {"step": step, **evaluation(target, accelerator.unwrap_model(model))}
+                result = {"step": step, **evaluation(target, glide)}
                 accelerator.log({f"eval/{k}": v for k, v in result.items() if k != "step"}, step=step)
                 progress["evaluations"].append(result)
             accelerator.wait_for_everyone()
