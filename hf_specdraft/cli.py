@@ -334,7 +334,7 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", help="a draft causal LM with the target's vocabulary")
 
 
-def demo_arguments(demo: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
+def demo_arguments(demo: argparse.ArgumentParser) -> None:
     model_arguments(demo)
     demo.add_argument("--num-prompts", type=int, default=2, help="held-out prompts per task")
     demo.add_argument("--max-new-tokens", type=int, default=40, help="new tokens per prompt")
@@ -342,7 +342,9 @@ def demo_arguments(demo: argparse.ArgumentParser, method_names: tuple[str, ...])
     demo.add_argument("--output", help="a directory for the runs' JSON (demo-<task>.json)")
 
 
-def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
+def bench_arguments(bench: argparse.ArgumentParser) -> None:
+    from .bench.methods import METHODS  # --help lists them (importing them imports torch)
+
     bench.add_argument(
         "--profile",
         default="cpu",
@@ -353,8 +355,8 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
     bench.add_argument(
         "--methods",
         help="comma-separated method names (default: target-only,stock-assisted,prompt-lookup,"
-        "draft-model-auto; a source checkout's `python -m benchmarks.bench` adds the studies' fixed-γ rows)"
-        + ("; one of: " + ", ".join(method_names) if method_names else "; `hf-specdraft bench --help` lists them"),
+        "draft-model-auto; a source checkout's `python -m benchmarks.bench` adds the studies' fixed-γ rows); one "
+        "of: " + ", ".join(METHODS),
     )
     bench.add_argument(
         "--task",
@@ -406,7 +408,7 @@ def bench_arguments(bench: argparse.ArgumentParser, method_names: tuple[str, ...
     )
 
 
-def bigram_arguments(parser: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
+def bigram_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", help="tokenizer directory (default: the embedded default target's)")
     parser.add_argument("--output", required=True, help="safetensors file to write")
     parser.add_argument("--source", help="a directory of .py files to use instead of the embedded default's corpus")
@@ -430,7 +432,7 @@ def bigram_arguments(parser: argparse.ArgumentParser, method_names: tuple[str, .
     )
 
 
-def export_arguments(export: argparse.ArgumentParser, method_names: tuple[str, ...]) -> None:
+def export_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument(
         "glide",
         help="a GLIDE checkpoint directory (built with state_input=True, self_attention=False), or 'default' for "
@@ -473,7 +475,7 @@ class Command:
 
     help: str
     run: Callable
-    arguments: Callable[[argparse.ArgumentParser, tuple[str, ...]], None] | None = None
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
 
 
 COMMANDS = {
@@ -485,15 +487,15 @@ COMMANDS = {
 }
 
 
-def build_parser(method_names: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-    """The command's parser (standard library only); ``bench --help`` lists ``method_names``."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of ``command`` alone (standard library only, but for ``bench``'s)."""
     parser = argparse.ArgumentParser(prog="hf-specdraft", description="Speculative decoding for 🤗 Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, command in COMMANDS.items():
-        if command.arguments is None:  # listed in --help here; main() hands its words to its own parser
-            sub.add_parser(name, help=command.help, add_help=False)
-        else:
-            command.arguments(sub.add_parser(name, help=command.help, formatter_class=_DefaultsHelp), method_names)
+    for name, spec in COMMANDS.items():
+        # a command without arguments is listed in --help here; main() hands its words to its own parser
+        child = sub.add_parser(name, help=spec.help, add_help=spec.arguments is not None, formatter_class=_DefaultsHelp)
+        if name == command and spec.arguments is not None:
+            spec.arguments(child)
     return parser
 
 
@@ -503,12 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     command = COMMANDS.get(argv[0]) if argv else None
     if command is not None and command.arguments is None:
         return command.run(argv[1:])
-    method_names = ()
-    if argv[:1] == ["bench"]:  # bench --help lists the methods (importing them imports torch)
-        from .bench.methods import METHODS
-
-        method_names = tuple(METHODS)
-    args = build_parser(method_names).parse_args(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
     except ValueError as err:

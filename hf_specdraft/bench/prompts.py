@@ -54,10 +54,10 @@ class Question:
 
 
 def _invalid(path, line: int, what: str) -> ValueError:
-    fields = {name: words for name, (words, _) in REQUIRED.items()}
+    qid, category, turns = (words for words, _ in REQUIRED.values())
     return ValueError(
-        f"{path}:{line}: {what}; each line must be a JSON object with 'question_id' ({fields['question_id']}), "
-        f"'category' ({fields['category']}) and 'turns' ({fields['turns']}), as in Spec-Bench's question.jsonl"
+        f"{path}:{line}: {what}; each line must be a JSON object with 'question_id' ({qid}), 'category' ({category}) "
+        f"and 'turns' ({turns}), as in Spec-Bench's question.jsonl"
     )
 
 
@@ -190,8 +190,7 @@ def run_prompts_bench(
     limit = getattr(bundle.target.config.get_text_config(), "max_position_embeddings", None)  # the target's context
     check_lengths(questions, bundle.tokenizer, config.max_new_tokens, limit)
 
-    def context(q: int, turn: int, answers: list[str]) -> BenchContext:
-        question = questions[q]
+    def context(question: Question, turn: int, answers: list[str]) -> BenchContext:
         ids = chat_ids(bundle.tokenizer, messages_for(question, turn, answers))
         item = TaskItem("chat", str(question.question_id), question.turns[turn], "")
         return bench_context(bundle, item, ids, config, bundle.extras)
@@ -199,14 +198,14 @@ def run_prompts_bench(
     units: list[tuple[int, int]] = []
     with _BenchRun(bundle.target) as run:
         # untimed warm-up on the longest first turns (later turns are longer still: a static cache may grow there)
-        run.warmup = warm_up([context(q, 0, []) for q in range(len(questions))] if config.warmup else [], config, run)
+        run.warmup = warm_up([context(q, 0, []) for q in questions] if config.warmup else [], config, run)
         bar = tqdm(total=sum(len(q.turns) for q in questions), desc=f"bench {Path(str(path)).name}", unit="turn")
         for q, question in enumerate(questions):
             answers: list[str] = []
             for turn in range(len(question.turns)):
                 units.append((q, turn))
                 first = time_prompt(
-                    context(q, turn, answers), len(units) - 1, config, run, bar, f"{question.category}, "
+                    context(question, turn, answers), len(units) - 1, config, run, bar, f"{question.category}, "
                 )
                 # the next turn's context holds the target's own answer
                 answers.append(bundle.tokenizer.decode(first["target-only"]["tokens"], skip_special_tokens=True))
@@ -216,8 +215,7 @@ def run_prompts_bench(
     meta = {"prompts": str(path), "questions": len(questions), "turns": len(units)}
     meta["categories"] = categories_in_order(questions)
     body = {"categories": categories, "units": [list(unit) for unit in units]}
-    summary = categories["overall"]["methods"]
-    return bench_result(bundle, config, run, meta, body, summary, output, warn)
+    return bench_result(bundle, config, run, meta, body, categories["overall"]["methods"], output, warn)
 
 
 def format_category_table(result: dict) -> str:

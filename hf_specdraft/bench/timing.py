@@ -32,15 +32,12 @@ def _cpu_jiffies() -> tuple[int, int, int] | None:
     return total - idle, total, sum(line.startswith("cpu") and line[3:4].isdigit() for line in lines)
 
 
-def _own_cpu_seconds() -> float:
-    return sum(os.times()[:4])  # user, system, children's user and system
-
-
 class LoadMonitor:
-    """Measures what other processes take of the CPU between :meth:`start` and :meth:`other_cores`."""
+    """Measures what other processes take of the CPU between :meth:`start` and :meth:`other_cores` (our own time:
+    user, system, children's user and system)."""
 
     def start(self) -> LoadMonitor:
-        self._start = (_cpu_jiffies(), _own_cpu_seconds())
+        self._start = (_cpu_jiffies(), sum(os.times()[:4]))
         return self
 
     def other_cores(self) -> tuple[float, int] | None:
@@ -48,9 +45,8 @@ class LoadMonitor:
         (jiffies, own), now = self._start, _cpu_jiffies()
         if jiffies is None or now is None:
             return None
-        return other_cores(
-            now[0] - jiffies[0], now[1] - jiffies[1], now[2], _own_cpu_seconds() - own, os.sysconf("SC_CLK_TCK")
-        ), now[2]
+        own = sum(os.times()[:4]) - own
+        return other_cores(now[0] - jiffies[0], now[1] - jiffies[1], now[2], own, os.sysconf("SC_CLK_TCK")), now[2]
 
 
 def other_cores(busy_jiffies: int, total_jiffies: int, cpus: int, own_seconds: float, ticks_per_second: int) -> float:
