@@ -117,10 +117,8 @@ def _check_flags(parser, ns) -> None:
     for path in ns.data or ():
         if not Path(path).exists():
             parser.error(f"--data: {path!r} does not exist")
-    for flag, path in (
-        ("--metrics", ns.metrics),
-        ("--compare-vanilla", ns.compare_vanilla and Path(ns.compare_vanilla) / "training_log.json"),
-    ):
+    vanilla_log = ns.compare_vanilla and Path(ns.compare_vanilla) / "training_log.json"
+    for flag, path in (("--metrics", ns.metrics), ("--compare-vanilla", vanilla_log)):
         if path and not Path(path).is_file():
             parser.error(f"{flag}: {str(path)!r} is not a file")
     if ns.regenerate and ns.dataset is None:

@@ -69,13 +69,12 @@ def target_memory(target: PreTrainedModel, input_ids: torch.Tensor, with_logits:
     hidden state `(B, T, hidden_size)` (after the final norm), the last two `None` unless asked for."""
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()  # sliding-window layers keep every position, as in assisted decoding
-    extra = {"output_hidden_states": [-1]} if with_hidden else {}
     outputs = target(
         input_ids=input_ids,
         **with_cache(target, cache),
         use_cache=True,
         logits_to_keep=0 if with_logits else 1,
-        **extra,
+        **({"output_hidden_states": [-1]} if with_hidden else {}),
     )
     kv = tuple((getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in cache.layers)
     return kv, outputs.logits if with_logits else None, outputs.hidden_states[-1] if with_hidden else None
@@ -124,17 +123,15 @@ class TargetWindows(WindowSource):
 def window_source(data, glide, seq_len: int) -> WindowSource:
     """``data`` as a checked window source: token ids (:func:`token_stream`'s kinds) become :class:`TargetWindows` of
     ``seq_len``; a source is taken as it is."""
-    if isinstance(data, WindowSource):
-        if data.seq_len != seq_len:
-            raise ValueError(
-                f"seq_len={seq_len} but the data's windows hold {data.seq_len} tokens: set seq_len={data.seq_len}"
-            )
-        source = data
-    else:
+    if not isinstance(data, WindowSource):
         eos = glide.config.eos_token_id if isinstance(glide.config.eos_token_id, int) else None
-        source = TargetWindows(token_stream(data, eos), seq_len)
-    source.check(glide)
-    return source
+        data = TargetWindows(token_stream(data, eos), seq_len)
+    elif data.seq_len != seq_len:
+        raise ValueError(
+            f"seq_len={seq_len} but the data's windows hold {data.seq_len} tokens: set seq_len={data.seq_len}"
+        )
+    data.check(glide)
+    return data
 
 
 def _draft_rows(glide, target_ids: torch.Tensor) -> torch.Tensor:
