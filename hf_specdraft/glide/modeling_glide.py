@@ -45,10 +45,6 @@ ATTENTION_CACHE_ARGUMENT = (
 )
 OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
-# keys and values `(B, kv_heads, S, head_dim)` (post-RoPE), and the sequence index of their first entry (non-zero for a
-# trimmed sliding-window layer)
-TargetLayerKV = tuple[torch.Tensor, torch.Tensor, int]
-
 
 def own_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | None:
     """GLIDE's own cache, passed under either name (``cache`` from transformers 5.24 on, ``past_key_values`` before)."""
@@ -59,10 +55,11 @@ def own_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | Non
 
 def read_target_layer(
     target_past_key_values, layer_idx: int, config: GlideConfig, kv_heads: int | None = None
-) -> TargetLayerKV | None:
-    """Keys and values of target layer ``layer_idx`` from the target's cache (a transformers ``Cache``, or per layer
-    ``(keys, values)`` pairs as training passes), or `None` when it is empty. ``kv_heads``: all the target's by
-    default, this rank's share under tensor parallelism."""
+) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """Keys and values `(B, kv_heads, S, head_dim)` (post-RoPE) of target layer ``layer_idx`` from the target's cache (a
+    transformers ``Cache``, or per layer ``(keys, values)`` pairs as training passes) and the sequence index of their
+    first entry (non-zero for a trimmed sliding-window layer), or `None` when it is empty. ``kv_heads``: all the
+    target's by default, this rank's share under tensor parallelism."""
     if hasattr(target_past_key_values, "layers"):  # a transformers Cache
         layers = target_past_key_values.layers
         if not layers:  # a lazily built DynamicCache() before its first update: nothing cached yet
@@ -157,15 +154,6 @@ def draft_vocab_rows(config: GlideConfig) -> int:
     return config.vocab_size if config.draft_token_ids is None else len(config.draft_token_ids) + 1
 
 
-def target_rotary_config(config: GlideConfig) -> LlamaConfig:
-    """A config that makes ``LlamaRotaryEmbedding`` rotate exactly like the target (theta, scaling, head_dim)."""
-    # the rotary settings read only these (the vocabulary, depth and KV heads do not enter)
-    names = ("hidden_size", "num_attention_heads", "head_dim", "max_position_embeddings")
-    return LlamaConfig(
-        rope_parameters=dict(config.target_rope_parameters), **{n: getattr(config, f"target_{n}") for n in names}
-    )
-
-
 class GlideCrossAttention(nn.Module):
     """The glimpse (GLIDE §4.1): ``Q^{m,j} = H^m W_j`` to the target's ``h`` query heads of size ``d_k``, then
     ``softmax(Q K^T / sqrt(d_k)) V`` over one target layer's cached K/V (GQA via ``repeat_kv``) and ``W^O``; no key or
@@ -174,16 +162,14 @@ class GlideCrossAttention(nn.Module):
     def __init__(self, config: GlideConfig, layer_idx: int):
         super().__init__()
         self.config = config
-        self.layer_idx = layer_idx
         self.target_layer_idx = config.target_layer_ids[layer_idx]
-        self.num_heads = config.target_num_attention_heads
         self.head_dim = config.target_head_dim
         self.num_key_value_groups = config.target_num_attention_heads // config.target_num_key_value_heads
         self.scaling = self.head_dim**-0.5
-        self.attention_dropout = config.attention_dropout
         self.is_causal = False
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
+        width = config.target_num_attention_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.attention_bias)
         # Gemma 4's assistant attention: each query head RMS-normed, its weight the only scale
         if not config.self_attention:
             self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
@@ -192,15 +178,20 @@ class GlideCrossAttention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        target_kv: TargetLayerKV | None,
+        target_past_key_values,
+        kv_heads: int,
         target_position_embeddings: tuple[torch.Tensor, torch.Tensor],
         query_index: torch.Tensor,
         block_size: int | None = None,
         padding_mask: torch.Tensor | None = None,
         target_attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``hidden_states`` `(B, q, hidden)` -> `(B, q, hidden)`; zeros when the target cache is empty.
-        ``target_attention_mask`` `(B, 1, q, S)` (additive, batched drafting) replaces the rule ``k < j``."""
+        """``hidden_states`` `(B, q, hidden)` -> `(B, q, hidden)`; zeros when the target cache is absent or empty.
+        ``kv_heads``: [`read_target_layer`]'s. ``target_attention_mask`` `(B, 1, q, S)` (additive, batched drafting)
+        replaces the rule ``k < j``."""
+        target_kv = None
+        if target_past_key_values is not None:
+            target_kv = read_target_layer(target_past_key_values, self.target_layer_idx, self.config, kv_heads)
         if target_kv is None:
             return torch.zeros_like(hidden_states)
         keys, values, offset = target_kv
@@ -220,7 +211,7 @@ class GlideCrossAttention(nn.Module):
         else:
             key_index = torch.arange(keys.shape[-2], device=query.device) + offset
             mask, visible = cross_attention_mask(query_index, key_index, block_size, query.dtype, padding_mask)
-        dropout = self.attention_dropout if self.training else 0.0
+        dropout = self.config.attention_dropout if self.training else 0.0
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation or "eager", eager_attention_forward
         )
@@ -252,11 +243,10 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        target_kv: TargetLayerKV | None,
         cache: Cache | None = None,
         **glimpse,
     ) -> torch.Tensor:
-        """``glimpse``: the keyword arguments of :meth:`GlideCrossAttention.forward` after ``target_kv``."""
+        """``glimpse``: the keyword arguments of :meth:`GlideCrossAttention.forward` after ``hidden_states``."""
         if hasattr(self, "self_attn"):
             attended, _ = self.self_attn(
                 self.input_layernorm(hidden_states),
@@ -266,7 +256,7 @@ class GlideDecoderLayer(GradientCheckpointingLayer):
             )
             hidden_states = hidden_states + attended
         if hasattr(self, "cross_attn"):
-            glimpsed = self.cross_attn(self.cross_attn_layernorm(hidden_states), target_kv, **glimpse)
+            glimpsed = self.cross_attn(self.cross_attn_layernorm(hidden_states), **glimpse)
             if hasattr(self, "post_cross_attn_layernorm"):
                 glimpsed = self.post_cross_attn_layernorm(glimpsed)
             hidden_states = hidden_states + glimpsed
@@ -316,8 +306,13 @@ class GlideModel(GlidePreTrainedModel):
         self.layers = nn.ModuleList([GlideDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
-        if config.cross_attention:  # the target's rotary settings: its cached keys were rotated with these
-            self.target_rotary_emb = LlamaRotaryEmbedding(config=target_rotary_config(config))
+        if config.cross_attention:  # the target's RoPE, which rotated its cached keys (only these settings enter)
+            names = ("hidden_size", "num_attention_heads", "head_dim", "max_position_embeddings")
+            rotary = LlamaConfig(
+                rope_parameters=dict(config.target_rope_parameters),
+                **{n: getattr(config, f"target_{n}") for n in names},
+            )
+            self.target_rotary_emb = LlamaRotaryEmbedding(config=rotary)
         self.post_init()
 
     @property
@@ -401,6 +396,8 @@ class GlideModel(GlidePreTrainedModel):
         glimpse = {}
         if self.config.cross_attention:
             glimpse = dict(
+                target_past_key_values=target_past_key_values,
+                kv_heads=self.kv_heads_per_rank,
                 target_position_embeddings=self.target_rotary_emb(hidden_states, position_ids),
                 query_index=query_index,
                 block_size=cross_attention_block_size,
@@ -408,14 +405,8 @@ class GlideModel(GlidePreTrainedModel):
                 target_attention_mask=target_attention_mask,
             )
         for layer in self.layers:
-            target_kv = None
-            if self.config.cross_attention and target_past_key_values is not None:
-                index = layer.cross_attn.target_layer_idx
-                target_kv = read_target_layer(target_past_key_values, index, self.config, self.kv_heads_per_rank)
             # the cache by name: gradient checkpointing drops it (GradientCheckpointingLayer)
-            hidden_states = layer(
-                hidden_states, causal_mask, position_embeddings, target_kv, cache=past_key_values, **glimpse
-            )
+            hidden_states = layer(hidden_states, causal_mask, position_embeddings, cache=past_key_values, **glimpse)
         return BaseModelOutputWithPast(
             last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: past_key_values}
         )
