@@ -1,9 +1,7 @@
-"""Drafters: the loop's contract with a drafter, the base every hf_specdraft drafter extends, the draft-model drafter,
-the registry of drafters by model type, and a draft model scoring a token tree (CAPE's beam mode).
-
-A drafter declares what it is once per call (:class:`DrafterTraits`), is handed one :class:`DraftRequest` a step and
-answers with a :class:`DraftTree`, then learns from a :class:`DraftOutcome`. The loop owns the target cache: a drafter
-may read it, never change it.
+"""Drafters: the loop's contract with a drafter (its :class:`DrafterTraits` read once per call, a :class:`DraftRequest`
+a step answered with a :class:`DraftTree`, a :class:`DraftOutcome` to learn from), the base every drafter extends, the
+draft-model drafter, the registry of drafters by model type, and a draft model scoring a token tree (CAPE's beam mode).
+The loop owns the target cache: a drafter may read it, never change it.
 """
 
 from __future__ import annotations
@@ -54,17 +52,6 @@ def check_same_device(target: PreTrainedModel, draft: PreTrainedModel, argument:
         raise ValueError(
             f"{argument} is on {draft.device} but the target is on {target.device}: put the draft on the target's "
             f"device first, e.g. {argument}.to(target.device)"
-        )
-
-
-def check_drafter(draft_model: PreTrainedModel, argument: str = "draft_model") -> None:
-    """A drafter re-syncs its own cache by cropping it to the accepted prefix: attention layers only."""
-    others = sorted({name for name in cache_layer_names(draft_model) if name not in ATTENTION_LAYERS})
-    if others or recurrent_state(draft_model):
-        held = others or "its own recurrent state"
-        raise ValueError(
-            f"{argument} is a {model_type(draft_model)!r} model whose cache holds {held}; "
-            "a draft model must be attention-only (its cache is cropped back to the accepted text every step)"
         )
 
 
@@ -152,8 +139,7 @@ def traits_of(generator: TreeCandidateGenerator) -> DrafterTraits:
 class TreeCandidateGenerator(CandidateGenerator):
     """Base class of hf_specdraft drafters: :meth:`prepare` once per call, :meth:`draft_tree` every step, :meth:`learn`
     after it, :meth:`finish_call` at the end; its :class:`DrafterTraits` as class attributes. A drafter implements
-    :meth:`draft_tree` (honouring the loop's γ, budget, rules) or :meth:`propose` (the text and target cache alone).
-    """
+    :meth:`draft_tree` (honouring the loop's γ, budget, rules) or :meth:`propose` (the text and target cache alone)."""
 
     controller_anchor = None  # what the controller's learned state belongs to across calls (None: the drafter's class)
     seen_host = None  # draft_chain's last proposal: (the text it followed as a host list, its tree), for resync
@@ -329,7 +315,14 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         super().prepare(target, generation_config)
         check_same_vocab(target, self.draft_model)
         check_same_device(target, self.draft_model)
-        check_drafter(self.draft_model)
+        # its cache is re-synced by cropping it to the accepted prefix: attention layers only
+        others = sorted({name for name in cache_layer_names(self.draft_model) if name not in ATTENTION_LAYERS})
+        if others or recurrent_state(self.draft_model):
+            raise ValueError(
+                f"draft_model is a {model_type(self.draft_model)!r} model whose cache holds "
+                f"{others or 'its own recurrent state'}; a draft model must be attention-only (its cache is cropped "
+                "back to the accepted text every step)"
+            )
         self._reset()
 
     def compile_draft(self, generation_config: GenerationConfig, compile_config, target_cache) -> StaticDraftCache:
@@ -381,10 +374,9 @@ def register_drafter(model_type: str, factory: DrafterFactory) -> None:
 def draft_chain(
     generator: TreeCandidateGenerator, request: DraftRequest, next_logits, device: torch.device, feed=None
 ) -> DraftTree:
-    """Draft γ tokens one by one on ``generator.cache`` (re-synced first to the request's text), stopping early where
-    the request's ``stop_rule`` says so; ``next_logits``: ``feed (1, n) -> logits (1, V)`` on that cache. Returns a
-    chain :class:`DraftTree` with q `(γ, V)`. The draft model's drafter and GLIDE share it; ``feed`` `(1, n)`: the first
-    forward's tokens where the caller has readied the cache itself (a ``state_input`` GLIDE), no re-sync then."""
+    """Draft γ tokens one by one on ``generator.cache`` (re-synced first to the request's text) through ``next_logits``
+    (``feed (1, n) -> logits (1, V)``), stopping where the request's ``stop_rule`` says so: a chain with q `(γ, V)`.
+    ``feed`` `(1, n)`: the first forward's tokens where a caller readied the cache itself (a ``state_input`` GLIDE)."""
     input_ids, stop_rule = request.input_ids, request.stop_rule
     ids = input_ids[0] if input_ids.device == torch.device(device) else input_ids[0].to(device)
     if feed is None:  # invariant after this: the cache covers ids, then each drafted token
@@ -426,8 +418,8 @@ def resync(generator: TreeCandidateGenerator, ids: torch.Tensor, host: list[int]
 
 
 class DraftModelTreeScorer:
-    """A causal-LM draft over a growing token tree on its cached prefix, for CAPE's beam mode: :meth:`start` caches the
-    prefix and returns q after it, :meth:`extend` q after each new node, :meth:`finish` drops the nodes again.
+    """A causal-LM draft scoring a growing token tree past its cached prefix (CAPE's beam mode): :meth:`start` caches
+    the prefix and returns q after it, :meth:`extend` q after each new node, :meth:`finish` drops the nodes.
 
     Args:
         draft_model: a causal LM sharing the target's vocabulary.

@@ -56,8 +56,7 @@ class CacheLayout:
         raise NotImplementedError
 
     def count_step(self, width: int) -> None:
-        """Count one verification forward of ``width`` columns per row (what a cache that only masks rejected columns
-        would have grown by)."""
+        """Count a verification forward of ``width`` columns a row (what a cache masking rejected columns grows by)."""
         self.target_forwards += 1
         self.costs["holes_columns"] += width
 
@@ -82,10 +81,9 @@ class CacheLayout:
         """Run once before the call's first step (the static path compiles every bucket, and its drafts, there)."""
 
     def call_result(self, rows: list[Row], generation_config: GenerationConfig) -> tuple[SpeculativeStats, dict]:
-        """The call's statistics and the output's other fields: one row's own, and its scores and logits (where asked);
-        a padded batch's rows' statistics merged, with ``extra["cache_layout"]`` (:attr:`costs`) and
-        ``extra["batch_forwards"]`` (the rows' own count a batch forward once in every row it served), and each row's
-        (``row_stats``)."""
+        """The call's statistics and the output's other fields: one row's own, with its scores and logits (where asked);
+        a padded batch's rows' merged, with ``extra["cache_layout"]`` (:attr:`costs`), ``extra["batch_forwards"]`` (the
+        rows count a batch forward once in every row it served) and each row's (``row_stats``)."""
         if self.one_row:
             row = rows[0]
             return row.stats, {

@@ -2,11 +2,10 @@
 `(B, H, max_cache_len, D)` a layer, allocated once and reused by later calls of the same shape. Row ``b`` keeps its
 text at columns ``[pad_b, len(row.ids) - 1)``; a step writes ``[last token] + tree``, padded to a bucket of ``Q``
 tokens, past that, and acceptance moves the accepted columns into place (:meth:`StaticRowsCache.keep`, as Sequoia
-compacts). Nothing is rewound: the mask hides the columns past a row's text (as gpt-fast does). transformers'
-``StaticCache`` writes at one length for the whole batch and cannot crop.
-
-A compiled forward's inputs sit in fixed buffers per bucket, edited in place from step to step through NumPy views of
-host staging buffers (:class:`BucketInputs`, as SGLang's CUDA-graph runner keeps one per batch size).
+compacts). Nothing is rewound: the mask hides the columns past a row's text (as gpt-fast does); transformers'
+``StaticCache`` writes at one length for the whole batch and cannot crop. A compiled forward's inputs sit in fixed
+buffers per bucket, edited in place through NumPy views of host staging buffers (:class:`BucketInputs`, as SGLang's
+CUDA-graph runner keeps one per batch size).
 """
 
 from __future__ import annotations
@@ -157,9 +156,8 @@ class StaticRowsCache(Cache):
         self.kind_rings = {kind: layer.ring for kind, layer in zip(types, self.layers) if layer.ring is not None}
 
     def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, starts=None):
-        """The model's masks (host, in its dtype) from ``mask`` `(B, Q, L)` bool (seen) or `(B, 1, Q, L)` additive, per
-        layer type where windows apply; with ``starts`` `(B,)` (each row's first written column), the ring layers' over
-        their slots (:meth:`onto_rings`)."""
+        """The model's masks (host, in its dtype, per layer type where windows apply) from ``mask`` `(B, Q, L)` bool or
+        `(B, 1, Q, L)` additive; with ``starts`` `(B,)` (each row's first written column), over the rings' slots."""
         if mask.dtype == torch.bool:
             mask = additive(mask[:, None], self.mask_dtype)
         masks = mask if self.layer_windows is None else self.layer_windows.masks(mask, query_positions, key_positions)
@@ -202,9 +200,9 @@ class StaticRowsCache(Cache):
         return inputs
 
     def bucket_inputs(self, bucket: int, device, rows=None, trees=None, width=None, length=None) -> dict:
-        """The inputs of bucket ``bucket``'s forward at their fixed addresses (:meth:`staging`), filled for ``rows``
-        verifying ``trees`` (``None``: a warm-up's dummies); the cache then writes at their write columns. ``length``:
-        an eager forward's, cut to its first ``width`` queries and ``length`` columns."""
+        """Bucket ``bucket``'s forward inputs at their fixed addresses (:meth:`staging`), filled for ``rows`` verifying
+        ``trees`` (``None``: a warm-up's dummies), the layers writing at their write columns. ``length``: an eager
+        forward's, cut to its first ``width`` queries and ``length`` columns."""
         inputs = self.staging(bucket, device)
         self.visible = length
         on_device = inputs.fill_warm_up() if rows is None else inputs.fill(rows, trees)
@@ -220,9 +218,8 @@ class StaticRowsCache(Cache):
         return {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
 
     def set_write_columns(self, starts: list[int], width: int, device: torch.device, scratch: bool = False) -> None:
-        """The next forward writes row ``b``'s ``width`` states at columns ``starts[b] ..`` (a ring layer: their slots),
-        built on the host into a fixed buffer per width (:attr:`inputs`). ``scratch``: a warm-up's dummies, at the ring
-        layers' scratch slots."""
+        """The next forward writes row ``b``'s ``width`` states at columns ``starts[b] ..`` (a ring layer: their slots;
+        ``scratch``: a warm-up's, at the rings' scratch slots), staged in a fixed buffer per width (:attr:`inputs`)."""
         last = max(starts) + width
         if (
             len(starts) != self.num_rows
@@ -245,18 +242,16 @@ class StaticRowsCache(Cache):
                     layer.write_index = index
 
     def forward_inputs(self, starts, ids, positions, mask, device, fixed: bool, scratch: bool = False) -> dict:
-        """The next forward writes at columns ``starts[b] ..`` (:meth:`set_write_columns`); its ``input_ids`` and
-        ``position_ids`` `(B, Q)` and ``attention_mask`` (:meth:`masks`), host tensors, staged on ``device``: into
-        :attr:`inputs`' fixed buffers when ``fixed`` (a compiled forward's), else fresh."""
+        """The next forward writes at columns ``starts[b] ..`` (:meth:`set_write_columns`); its host ``input_ids``,
+        ``position_ids`` `(B, Q)` and ``attention_mask`` staged on ``device`` (in :attr:`inputs` when ``fixed``)."""
         self.set_write_columns(starts, ids.shape[1], device, scratch)
         buffers = self.inputs if fixed else None
         named = zip(("input_ids", "position_ids", "attention_mask"), (ids, positions, mask))
         return {name: stage(buffers, name, value, device) for name, value in named}
 
     def keep(self, row: int, start: int, kept: list[int]) -> None:
-        """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (``kept[0] = 0``: its last
-        token; a first-child chain is already in place): one ``index_copy_`` for every full layer in a
-        :class:`LayerStorage`, else one per tensor."""
+        """Row ``row`` keeps the verified columns ``start + kept[i]`` at ``start + i`` (``kept[0] = 0``: its last token;
+        a first-child chain is in place): one ``index_copy_`` for the full layers' storage, else one a tensor."""
         dst = [start + i for i, k in enumerate(kept) if k != i]
         if not dst:
             return
@@ -288,11 +283,10 @@ class StaticRowsCache(Cache):
 
 @functools.lru_cache(maxsize=MAX_BLOCKS)
 def verify_block(parents: tuple[int, ...], width: int, dtype: torch.dtype) -> tuple:
-    """What ``[last token] + tree`` sees of its own ``width`` columns in a verification forward padded to ``width``:
-    `(Q, Q)` bits of an additive mask in ``dtype`` (NumPy, as :func:`blocked_mask`'s), query 0 the last accepted token,
-    query ``1 + i`` node ``i``, each seeing its ancestors-or-self (SpecInfer), a dummy query ``j > N`` only its own
-    column; and each query's depth (0 for the last token and the dummies, ``1 + depth(i)`` for node ``i``), ``Q``
-    entries. Kept per tree shape (a drafter repeats its shapes): the results are shared, read-only."""
+    """What ``[last token] + tree`` sees of its own columns in a forward padded to ``width``: `(Q, Q)` bits of an
+    additive mask in ``dtype`` (NumPy, as :func:`blocked_mask`'s; query ``1 + i`` is node ``i``, seeing its
+    ancestors-or-self, a dummy only itself), and each query's depth (0: the last token, the dummies). Kept per tree
+    shape (a drafter repeats its shapes): shared, read-only."""
     n = len(parents)
     ancestors, depths = tree_buffers([-1] + [0 if p < 0 else p + 1 for p in parents])  # the last token as the root
     seen = torch.zeros(width, width, dtype=torch.bool)
@@ -307,9 +301,8 @@ def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def blocked_mask(shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool = False):
-    """A host additive mask of ``shape`` in ``dtype``, every entry blocked (``finfo(dtype).min``), and a NumPy view of
-    its bits: assigning 0 there makes entries visible (well under a microsecond a slice, against 5-10 µs a torch op;
-    bf16 needs no NumPy dtype)."""
+    """A host additive mask of ``shape`` in ``dtype``, every entry blocked, and a NumPy view of its bits: assigning 0
+    there makes entries visible (under a microsecond a slice, against 5-10 µs a torch op; bf16 needs no NumPy dtype)."""
     mask = torch.full(shape, torch.finfo(dtype).min, dtype=dtype, pin_memory=pin_memory)
     return mask, mask.view(BITS[dtype.itemsize]).numpy()
 
@@ -349,9 +342,8 @@ class BucketInputs:
 
     def fill(self, rows, trees) -> list:
         """Every slot's inputs for one step: ``rows`` (``row.index`` its slot, ``row.tokens`` its host text,
-        ``row.pad``) each verifying ``[last token] + tree``; slots of no row (finished) verify dummies written into
-        their own first columns, each seeing only itself. Returns ``(slot, tree)`` for the trees whose tokens are still
-        on the device, for the caller to copy into the forward's ``input_ids`` (device to device)."""
+        ``row.pad``) each verifying ``[last token] + tree``; a slot of no row verifies dummies in its first columns.
+        Returns ``(slot, tree)`` for the trees whose tokens are on the device, for the caller to copy in."""
         self._ready()
         bits, packed, width, dtype = self.mask_bits, self.packed, self.width, self.host_mask.dtype
         on_device, active = [], {row.index: (row, tree) for row, tree in zip(rows, trees)}
@@ -388,8 +380,7 @@ class BucketInputs:
         return on_device
 
     def fill_warm_up(self) -> list:
-        """Dummies at the last ``Q`` columns of every row (past any row's text and step), each seeing only itself at
-        position 0: a warm-up forward that compiles (and captures) the bucket without touching a row's state."""
+        """Dummies at every row's last ``Q`` columns, each seeing only itself at position 0: a warm-up forward."""
         self._ready()
         bits, packed, width, length = self.mask_bits, self.packed, self.width, self.length
         bits[:] = self.blocked

@@ -1,10 +1,8 @@
 """The static path of a call (:class:`StaticLayout`, docs/static-cache.md): every row at its own length in the fixed
 buffers of ``cache_implementation="static"`` (:class:`~hf_specdraft.core.static_cache.StaticRowsCache`); and the choice
-of a call's layout (:func:`layout_for`).
-
-A step verifies ``[last token] + tree`` padded to the smallest bucket ``Q >= 1 + N`` (:data:`BUCKETS`, one graph each)
-with masked dummy nodes, as Medusa, Sequoia and SGLang do; each node sees its row's text and its ancestors (SpecInfer,
-Miao et al. 2023) through a mask built on the host and moved once. Finished rows keep their slot and verify dummies.
+of a call's layout (:func:`layout_for`). A step verifies ``[last token] + tree`` padded with masked dummies to the
+smallest bucket ``Q >= 1 + N`` (:data:`BUCKETS`, one graph each; Medusa, Sequoia and SGLang do the same), each node
+seeing its row's text and its ancestors (SpecInfer) through a mask built on the host. Finished rows verify dummies.
 Compiling follows ``GenerationMixin``'s rules (:func:`compile_config_for`); each bucket is warmed up once and reused by
 later calls whose cache fits (:func:`static_target`), one call at a time (:func:`static_call`). Prefill stays eager.
 """
@@ -48,8 +46,7 @@ class StaticCacheBusy(RuntimeError):
 
 
 def static_lock(model) -> threading.RLock:
-    """The lock a static call holds on ``model``'s static caches for its whole length. Reentrant: one call may use a
-    model as target and draft."""
+    """The lock a static call holds on ``model``'s static caches (reentrant: a call may use it as target and draft)."""
     with _LOCKS_GUARD:
         return _LOCKS.setdefault(model, threading.RLock())
 
@@ -194,9 +191,8 @@ class StaticLayout(CacheLayout):
         return min(longest, self.max_nodes // int(widest)), self.bucket, (self.compiled, self.max_nodes)
 
     def before_steps(self, rows: list[Row], request, generation_config: GenerationConfig) -> None:
-        """Every bucket compiles (on CUDA: is captured) before the first step, so no step compiles. A compiled batch-1
-        call gives each drafter that ``compiles_draft`` a static cache of its own
-        (:mod:`~hf_specdraft.core.draft_cache`); one whose draft another call holds drafts eagerly."""
+        """Every bucket compiles (on CUDA: is captured) before the first step; in a compiled batch-1 call each drafter
+        that ``compiles_draft`` gets a static cache of its own (one whose draft another call holds drafts eagerly)."""
         self.warm_up(self.buckets[-1], request.kwargs)
         for row in rows if self.compiled and self.one_row else []:
             if row.traits.compiles_draft:
@@ -221,8 +217,7 @@ class StaticLayout(CacheLayout):
 
     def drafter_cache(self, a: int, row: Row) -> DynamicCache:
         """Row ``row``'s committed text, columns ``[pad, len(tokens) - 1)``, as a `(1, H, n, D)` ``DynamicCache`` of
-        views (no copy) that a drafter reads (GLIDE's glimpse). A ring layer gives its newest ``window - 1`` columns in
-        order (copies), as a trimmed sliding layer."""
+        views for a drafter to read (GLIDE's glimpse); a ring layer's newest ``window - 1`` columns copied in order."""
         b, start, stop = row.index, row.pad, len(row.tokens) - 1
         view = DynamicCache()  # no layers of its own yet
         for layer in self.cache.layers:
@@ -239,9 +234,9 @@ class StaticLayout(CacheLayout):
         return view
 
     def warm_up(self, largest_tokens: int, extra: dict | None = None, dummy=None) -> None:
-        """Compile (on CUDA: capture) and run every bucket up to the one holding ``largest_tokens`` on dummies, its
-        seconds recorded (:func:`captured_seconds`). ``extra``: what the drafters ask of the forward, a graph of its
-        own; ``dummy(width, compiled)``: one forward of ``width`` dummies per row (default :meth:`_dummy`)."""
+        """Compile (on CUDA: capture) every bucket up to the one holding ``largest_tokens`` on dummies, timed
+        (:func:`captured_seconds`). ``extra``: what the drafters ask of the forward (a graph of its own);
+        ``dummy(width, compiled)``: one forward of ``width`` dummies per row (default :meth:`_dummy`)."""
         if not self.compiled:
             return
         dummy = dummy or (lambda width, compiled: self._dummy(width, compiled, extra))
@@ -259,9 +254,8 @@ class StaticLayout(CacheLayout):
             _CAPTURED.seconds = captured_seconds() + seconds
 
     def _dummy(self, width: int, compiled: bool, extra: dict | None = None) -> None:
-        """One forward of ``width`` dummy tokens per row where no row's state lives (the full layers' last columns, the
-        ring layers' scratch slots), each seeing only itself at position 0 (a query that saw nothing would write NaN).
-        Compiles a bucket, or allocates the buffers eagerly; safe at any point of a call."""
+        """One forward of ``width`` dummies a row where no row's state lives (the full layers' last columns, the rings'
+        scratch slots), each seeing itself at position 0 (seeing nothing writes NaN); safe at any point of a call."""
         cache, device = self.cache, self.device
         batch, length = cache.num_rows, cache.max_cache_len
         if not cache.windowed:  # the very buffers the bucket's steps fill
@@ -309,9 +303,8 @@ class StaticLayout(CacheLayout):
         return logits.float(), ids, hidden
 
     def _verify_inputs(self, rows: list[Row], trees: list[DraftTree], width: int) -> dict:
-        """Inputs of one verification forward of every slot, ``width`` tokens each, staged in its bucket's inputs
-        (:meth:`~hf_specdraft.core.static_cache.StaticRowsCache.staging`): cut to the columns the rows reach when eager,
-        and made into each layer type's masks on the host for a windowed target."""
+        """Every slot's ``width`` verified inputs, staged in its bucket's inputs (cut to the columns the rows reach when
+        eager; a windowed target's masks made per layer type on the host)."""
         cache, device, length, bucket = self.cache, rows[0].device, None, width  # compiled: every column, a bucket
         if not self.compiled:
             length = max(width, *(len(row.tokens) - 1 + width for row in rows))
@@ -347,9 +340,8 @@ def graph_key(bucket: int, extra: dict | None):
 
 @contextlib.contextmanager
 def layout_for(model, generation_config: GenerationConfig, rows: list[Row], support: TargetSupport):
-    """The call's cache layout, for the length of the call: the static buffers (held by this call,
-    :func:`static_call`), one unpadded row's own ``DynamicCache``, or a padded batch's shared one. ``support``: what the
-    call read of ``model`` (:func:`~hf_specdraft.core.support.target_support`)."""
+    """The call's cache layout while it runs: the static buffers (held by this call, :func:`static_call`), one unpadded
+    row's own ``DynamicCache``, or a padded batch's shared one (``support``: what the call read of ``model``)."""
     one_row = len(rows) == 1 and rows[0].pad == 0
     if generation_config.cache_implementation == "static":
         with static_call(model):
@@ -369,11 +361,10 @@ def static_target(
     buckets: tuple[int, ...] = BUCKETS,
     one_row: bool = True,
 ) -> StaticLayout:
-    """The static path of ``model`` in ``role`` ("target", or "draft" for a draft's own cache) for a call of
-    ``batch_size`` rows (``support``: what the call reads of ``model``): the cache it had in that role reused when it
-    fits, or a new one of ``P + max_new_tokens + widest bucket`` columns rounded up to a power of two, at least
-    :data:`MIN_CACHE_COLUMNS`. A target's windowed layers keep a ring of ``window + widest bucket`` columns where it is
-    shorter than a row: their static buffers stay the window's size at any length."""
+    """The static path of ``model`` in ``role`` ("target", or "draft" for a draft's own cache) for ``batch_size`` rows:
+    the cache it had in that role where it fits, else one of ``P + max_new_tokens + widest bucket`` columns rounded up
+    to a power of two (at least :data:`MIN_CACHE_COLUMNS`). A target's windowed layers keep a ring of ``window + widest
+    bucket`` columns where that is shorter than a row: their buffers stay the window's size at any length."""
     compile_config = compile_config_for(model, generation_config)
     windows = LayerWindows(model)  # read once a call, as a DynamicCache's layouts do: the model is slow to ask
     needed = generation_config.max_length + buckets[-1]
