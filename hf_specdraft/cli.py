@@ -215,15 +215,17 @@ def cmd_bench(args) -> int:
     from .bench.harness import runnable
     from .bench.prompts import BASELINES, DEFAULT_PROMPTS, format_category_table, read_prompts, run_prompts_bench
 
-    methods = tuple(args.methods.split(",")) if args.methods else None
+    methods = {"methods": tuple(args.methods.split(","))} if args.methods else {}
     target = args.target
     common = dict(profile=args.profile, max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup)
     if args.prompts is not None:
         path = DEFAULT_PROMPTS if args.prompts == "default" else Path(args.prompts)
         read_prompts(path)  # a malformed file fails before any model loads
+        output = bench_output_path(args.output, args.profile, f"prompts-{path.stem}", args.overwrite)
     else:
         task = {"task": args.task, "num_prompts": args.num_prompts, "context_prompt_chars": args.context_prompt_chars}
-        config = BenchConfig(methods=methods or BenchConfig.methods, seed=args.seed, **task, **common)
+        config = BenchConfig(seed=args.seed, **methods, **task, **common)
+        output = bench_output_path(args.output, args.profile, args.task, args.overwrite)
     if args.profile.startswith("gpu") and not torch.cuda.is_available():
         raise ValueError(f"--profile {args.profile} needs a CUDA device; use --profile cpu here")
     if args.prompts is None and args.profile == "gpu" and target is None:  # its bigger target, trained by a recipe
@@ -236,14 +238,11 @@ def cmd_bench(args) -> int:
             )
     bundle = load_bundle(target, args.draft, args.dtype, args.draft_dtype)
     if args.prompts is None:
-        output = bench_output_path(args.output, config.profile, config.task, args.overwrite)
         result = run_bench(bundle, config, output=output, warn=False)
         print(format_table(result["summary"], result["timing"]))
-    else:
-        # without --methods: the baselines and the demo's, those this bundle can run
+    else:  # without --methods: the baselines and the demo's, those this bundle can run
         default = runnable(dict.fromkeys([*BASELINES, *DEMO_METHODS["completion"]]), bundle, "chat")
-        config = BenchConfig(methods=methods or default, task="chat", **common)
-        output = bench_output_path(args.output, config.profile, f"prompts-{path.stem}", args.overwrite)
+        config = BenchConfig(**{"methods": default, **methods}, task="chat", **common)
         print(format_category_table(run_prompts_bench(bundle, config, path, output=output, warn=False)))
     print(f"\nwrote {output}")
     return 0

@@ -131,7 +131,7 @@ def run_one(method: str, ctx: BenchContext, counter: _BenchRun) -> dict:
     sequences, stats = METHODS[method].run(ctx)
     sync()
     seconds = time.perf_counter() - start
-    moved = compiled_between(before, compile_counters())
+    compiles = compiled_between(before, compile_counters())
     new = sequences[0, ctx.prompt_ids.shape[1] :]
     text = ctx.tokenizer.decode(new, skip_special_tokens=True)
     record = {
@@ -140,7 +140,7 @@ def run_one(method: str, ctx: BenchContext, counter: _BenchRun) -> dict:
         "new_tokens": int(new.numel()),
         "target_calls": counter.count,
         "drafted_tokens": getattr(stats, "drafted_tokens", None),
-        "compiles": moved,
+        "compiles": compiles,
         "edit_similarity": edit_similarity(text[: len(ctx.item.reference)], ctx.item.reference),
         "tokens": new.tolist(),
     }
@@ -299,12 +299,6 @@ def run_noise(summary: dict) -> float | None:
     return statistics.median(noise) if noise else None
 
 
-def baseline_noise(records: list[dict]) -> float:
-    """How far target-only's total time over the prompts moved between repeats: what this machine shows at rest."""
-    base = [r for r in records if r["method"] == "target-only"]
-    return relative_range([sum(times) for times in _grouped(base, "repeat", lambda r: r["seconds"]).values()])
-
-
 def runnable(names, bundle: DefaultBundle, task: str) -> tuple[str, ...]:
     """Those of the method ``names`` that run on ``task`` with the drafters ``bundle`` holds (:func:`check_methods`)."""
     has_draft = bundle.draft is not None
@@ -379,6 +373,9 @@ def bench_result(bundle: DefaultBundle, config: BenchConfig, run: _BenchRun, met
     """A run's JSON: ``meta`` (:func:`environment`, ``meta``, the methods, date and command), ``body``, the timing
     verdict (:func:`~hf_specdraft.bench.timing.verdict` over ``summary``) and the records; written to ``output`` when
     given, with a ``UserWarning`` when ``warn`` and unreliable."""
+    # how far target-only's total time over the prompts moved between repeats: what this machine shows at rest
+    repeats = _grouped([r for r in run.records if r["method"] == "target-only"], "repeat", lambda r: r["seconds"])
+    at_rest = [sum(times) for times in repeats.values()]
     result = {
         "meta": {
             **environment(bundle),
@@ -394,7 +391,7 @@ def bench_result(bundle: DefaultBundle, config: BenchConfig, run: _BenchRun, met
             "repeats": config.repeats,
             **run.warmup,
             "invalid_methods": [m for m, s in summary.items() if not s["valid"]],
-            **verdict(run.load, torch.get_num_threads(), run_noise(summary), baseline_noise(run.records)),
+            **verdict(run.load, torch.get_num_threads(), run_noise(summary), relative_range(at_rest)),
         },
         "records": run.records,
     }

@@ -17,10 +17,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..cape import CapeCandidateGenerator
+from ..cascade import build_cascade_for_bench, build_max_gram_for_bench
+from ..casd import build_casd_for_bench
 from ..core.loop import speculative_generate
 from ..core.projection import few_token_linears
 from ..core.stats import SpeculativeStats
 from ..defaults.tasks import TaskItem
+from ..glide import GlideCandidateGenerator
 
 NO_COPY = {"copy_from_context": 0}  # every GLIDE-family row whose name does not say "+copy"
 
@@ -141,8 +145,6 @@ def with_expansion_sizes(ctx: BenchContext, generator) -> tuple[torch.Tensor, Sp
 def cascade_run(ctx: BenchContext, drafts: list, k_matrix: list[list[int]] | None = None, **options):
     """Cascade speculative drafting over ``drafts`` and Max-Gram (with the run's bigram table, if any): the K matrix's
     budgets alone (the paper), unless ``options`` ask for ``num_draft_tokens="auto"``."""
-    from ..cascade import build_cascade_for_bench
-
     options = options if k_matrix is None else {"k_matrix": k_matrix, **options}
     options.setdefault("num_draft_tokens", None)
     table = ctx.extras.get("bigram_table")
@@ -152,24 +154,12 @@ def cascade_run(ctx: BenchContext, drafts: list, k_matrix: list[list[int]] | Non
 def casd_run(ctx: BenchContext, **options):
     """CASD drafting from the task item's context, with its acceptance rule; ``options`` go to
     :class:`~hf_specdraft.casd.CasdConfig`."""
-    from ..casd import build_casd_for_bench
-
     context_ids = torch.tensor(ctx.tokenizer(ctx.item.context, add_special_tokens=False).input_ids)
     generator, acceptance = build_casd_for_bench(ctx.target, context_ids, **options)
     return speculative_run(ctx, candidate_generator=generator, acceptance=acceptance)
 
 
-def _max_gram_auto(ctx):
-    from ..cascade import build_max_gram_for_bench
-
-    generator = build_max_gram_for_bench(ctx.target, ctx.extras.get("bigram_table"))
-    return speculative_run(ctx, candidate_generator=generator)
-
-
 def _cape_auto(ctx, copy: bool = True):
-    from ..cape import CapeCandidateGenerator
-    from ..glide import GlideCandidateGenerator
-
     generator = CapeCandidateGenerator(GlideCandidateGenerator(ctx.extras["glide"], **({} if copy else NO_COPY)))
     return with_expansion_sizes(ctx, generator)
 
@@ -213,7 +203,13 @@ _row(
     "CasdCandidateGenerator(context): the default call, exact verification, tree depth and size 'auto'",
     tasks=("context",),
 )
-_row("max-gram-auto", _max_gram_auto, "Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)")
+_row(
+    "max-gram-auto",
+    lambda ctx: speculative_run(
+        ctx, candidate_generator=build_max_gram_for_bench(ctx.target, ctx.extras.get("bigram_table"))
+    ),
+    "Max-Gram with the bigram fallback, γ 'auto' (1-10, chosen every step)",
+)
 _row(
     "glide+copy+cape-auto",
     _cape_auto,
