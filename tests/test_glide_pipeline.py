@@ -77,34 +77,9 @@ def texts(count: int = 12) -> list[dict]:
 
 
 def run(target_dir, dataset, output_dir, *extra: str) -> dict:
-    argv = [
-        "--target",
-        str(target_dir),
-        "--dataset",
-        str(dataset),
-        "--output-dir",
-        str(output_dir),
-        "--max-steps",
-        "8",
-        "--seq-len",
-        "32",
-        "--batch-size",
-        "4",
-        "--lr",
-        "3e-3",
-        "--warmup-steps",
-        "2",
-        "--logging-steps",
-        "2",
-        "--hidden-size",
-        "32",
-        "--no-progress",
-        "--regen-max-new-tokens",
-        "8",
-        "--regen-batch-size",
-        "4",
-        *extra,
-    ]
+    argv = ["--target", str(target_dir), "--dataset", str(dataset), "--output-dir", str(output_dir)]
+    argv += "--max-steps 8 --seq-len 32 --batch-size 4 --lr 3e-3 --warmup-steps 2 --logging-steps 2".split()
+    argv += ["--hidden-size", "32", "--no-progress", "--regen-max-new-tokens", "8", "--regen-batch-size", "4", *extra]
     assert main(argv) == 0
     return json.loads((output_dir / "training_log.json").read_text())
 

@@ -163,46 +163,12 @@ def test_accelerate_launch_two_processes(tmp_path):
         "TRANSFORMERS_VERBOSITY": "error",
         "HF_MODULES_CACHE": str(tmp_path / "modules"),
     }
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "-m",
-        "hf_specdraft",
-        "train-glide",
-        "--target",
-        str(tmp_path / "target"),
-        "--glide",
-        str(tmp_path / "init"),
-        "--data",
-        str(tmp_path / "ids.safetensors"),
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--max-steps",
-        "30",
-        "--seq-len",
-        "32",
-        "--batch-size",
-        "2",
-        "--lr",
-        "3e-3",
-        "--warmup-steps",
-        "3",
-        "--logging-steps",
-        "5",
-        "--no-progress",
-        "--dataset-name",
-        "periodic test stream",
-    ]
+    launch = "-m accelerate.commands.launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no"
+    command = [sys.executable, *launch.split(), "--dynamo_backend", "no", "-m", "hf_specdraft", "train-glide"]
+    command += ["--target", str(tmp_path / "target"), "--glide", str(tmp_path / "init")]
+    command += ["--data", str(tmp_path / "ids.safetensors"), "--output-dir", str(tmp_path / "out")]
+    command += "--max-steps 30 --seq-len 32 --batch-size 2 --lr 3e-3 --warmup-steps 3 --logging-steps 5".split()
+    command += ["--no-progress", "--dataset-name", "periodic test stream"]
     done = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL
     )

@@ -331,14 +331,10 @@ def _run(accelerator, model, optimizer, scheduler, target, source, generator, ar
             progress["tokens"] += batch.input_ids.numel() * accelerator.num_processes
         bar.set_postfix(loss=f"{totals['loss']:.3f}")
         if step % args.logging_steps == 0 or step in (1, args.max_steps):
+            losses = {k: round(v, 4) for k, v in totals.items()}
+            lr, seconds = scheduler.get_last_lr()[0], round(time.time() - start, 2)
             progress["steps"].append(
-                {
-                    "step": step,
-                    **{k: round(v, 4) for k, v in totals.items()},
-                    "lr": scheduler.get_last_lr()[0],
-                    "tokens": progress["tokens"],
-                    "seconds": round(time.time() - start, 2),
-                }
+                {"step": step, **losses, "lr": lr, "tokens": progress["tokens"], "seconds": seconds}
             )
             accelerator.log({f"train/{k}": v for k, v in progress["steps"][-1].items() if k != "step"}, step=step)
         # the held-out evaluation runs on the main process; the others wait
@@ -360,13 +356,9 @@ def save_checkpoint(glide, target, log: dict, args: GlideTrainingArguments, metr
     """Write the Hub-ready checkpoint (:func:`save_glide_checkpoint`) and ``training_log.json``; push if asked (the
     resume state ``checkpoint-last/``, the ``regenerated/`` data and the tracker ``runs/`` stay local)."""
     output_dir = Path(args.output_dir)
-    card_info = {
-        "dataset": args.dataset_name,
-        "metrics": metrics,
-        "training_log": log,
-        "repo_id": args.hub_model_id,
-        "license": args.license,
-    }
+    card_info = dict(
+        dataset=args.dataset_name, metrics=metrics, training_log=log, repo_id=args.hub_model_id, license=args.license
+    )
     base_model = getattr(target.config, "_name_or_path", None) or glide.config.target_name_or_path
     save_glide_checkpoint(
         glide, output_dir, target_name=base_model, card_info=card_info, custom_generate=custom_generate
