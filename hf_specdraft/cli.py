@@ -144,7 +144,7 @@ def cmd_demo(args) -> int:
         print(format_table(result["summary"], {**result["timing"], "reliable": True}))
         print(sample_text(result, bundle.tokenizer))
     descriptions = {m: text for result in results.values() for m, text in result["meta"]["descriptions"].items()}
-    print("\n" + legend(list(descriptions), descriptions))
+    print("\n" + legend(descriptions))
     return 0
 
 
@@ -163,8 +163,9 @@ DEMO_COLUMNS = {
 }
 
 
-def legend(methods: list[str], descriptions: dict[str, str], width: int = 100) -> str:
-    """The columns and the methods, one per line, names padded to the longest and descriptions wrapped beneath it."""
+def legend(descriptions: dict[str, str], width: int = 100) -> str:
+    """The columns and the methods (``descriptions`` by name), one per line, names padded to the longest and
+    descriptions wrapped beneath it."""
     import textwrap
 
     def block(title: str, entries) -> list[str]:
@@ -175,9 +176,7 @@ def legend(methods: list[str], descriptions: dict[str, str], width: int = 100) -
             for name, text in entries
         ]
 
-    return "\n".join(
-        block("columns:", DEMO_COLUMNS.items()) + block("methods:", [(m, descriptions[m]) for m in methods])
-    )
+    return "\n".join(block("columns:", DEMO_COLUMNS.items()) + block("methods:", descriptions.items()))
 
 
 def sample_text(result: dict, tokenizer, width: int = 240) -> str:

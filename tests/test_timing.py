@@ -127,9 +127,7 @@ def test_noise_is_judged_against_what_the_baseline_itself_shows():
 def test_demo_legend_lines_up_long_names():
     from hf_specdraft.cli import legend
 
-    text = legend(
-        ["target-only", "cascade-1draft-tuned"], {"target-only": "plain", "cascade-1draft-tuned": "a cascade " * 20}
-    )
+    text = legend({"target-only": "plain", "cascade-1draft-tuned": "a cascade " * 20})
     lines = text.splitlines()
     methods = lines[lines.index("methods:") + 1 :]
     column = 2 + len("cascade-1draft-tuned") + 2  # every description starts past the longest name

@@ -166,10 +166,10 @@ def _weighted(stats: list[dict], key: str, weight: str) -> float | None:
 
 
 def _grouped(records: list[dict], key: str, value) -> dict:
-    """``{record[key]: [value(record), ...]}`` in the records' order."""
+    """``{record[key]: [value(record), ...]}`` in the records' order (a record without ``key``: repeat 0)."""
     groups: dict = {}
     for r in records:
-        groups.setdefault(r[key], []).append(value(r))
+        groups.setdefault(r.get(key, 0), []).append(value(r))
     return groups
 
 
@@ -195,12 +195,9 @@ def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | 
     """The speedup from each repeat alone (repeat r of every prompt, or of ``prompts``, against target-only's repeat r,
     timed next to it): how far the headline ratio moves between repeats."""
 
-    def seconds(rs):
-        out: dict[int, dict[int, float]] = {}
-        for r in rs:
-            if prompts is None or r["prompt"] in prompts:
-                out.setdefault(r.get("repeat", 0), {})[r["prompt"]] = r["seconds"]
-        return out
+    def seconds(rs) -> dict[int, dict[int, float]]:
+        kept = [r for r in rs if prompts is None or r["prompt"] in prompts]
+        return {k: dict(v) for k, v in _grouped(kept, "repeat", lambda r: (r["prompt"], r["seconds"])).items()}
 
     mine, theirs = seconds(records), seconds(base)
     return [
