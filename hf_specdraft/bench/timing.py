@@ -131,30 +131,21 @@ def _on_compile_start(args=None) -> None:
         _RECORDED[0] += 1
 
 
-def _watch_cudagraph_recordings() -> None:
-    """Register :func:`_on_compile_start` with dynamo (again after ``torch._dynamo.reset()``)."""
-    handler = getattr(torch._dynamo, "callback_handler", None)
+def compile_counters() -> dict:
+    """One reading of the counters (see the module docstring); pass two to :func:`compiled_between`."""
+    handler = getattr(torch._dynamo, "callback_handler", None)  # registered again after torch._dynamo.reset()
     if handler is not None and _on_compile_start not in getattr(handler, "start_callbacks", [_on_compile_start]):
         handler.register_start_callback(_on_compile_start)
-
-
-def _recompiles() -> list:
-    """Dynamo's kept compilation metrics that were recompiles (objects: a later reading tells new ones by identity)."""
     try:
         metrics = torch._dynamo.utils.get_compilation_metrics()
     except (AttributeError, RuntimeError):
-        return []
-    return [m for m in metrics if getattr(m, "recompile_reason", None)]
-
-
-def compile_counters() -> dict:
-    """One reading of the counters (see the module docstring); pass two to :func:`compiled_between`."""
-    _watch_cudagraph_recordings()
+        metrics = []
     counters = torch._dynamo.utils.counters
     return {
         "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
         "frames_compiled": int(counters["frames"].get("total", 0)),
-        "recompiles": _recompiles(),
+        # the kept compilation metrics that were recompiles (objects: a later reading tells new ones by identity)
+        "recompiles": [m for m in metrics if getattr(m, "recompile_reason", None)],
         "graph_breaks": int(sum(counters["graph_break"].values())),
         "cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0)),
         "cudagraphs_recorded": _RECORDED[0],
