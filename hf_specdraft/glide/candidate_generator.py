@@ -72,6 +72,10 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         if not isinstance(glide, PreTrainedModel) or getattr(glide.config, "model_type", None) != "glide":
             raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
         self.glide = glide
+        self.controller_anchor = glide  # the next call with the same GLIDE starts from what this one learned
+        # a state_input GLIDE reads the target's last hidden state (hf_specdraft.core.target_state)
+        self.requires_model_outputs = bool(getattr(glide.config, "state_input", False))
+        self.model_kwargs_overrides = {"output_hidden_states": -1} if self.requires_model_outputs else {}
         self.config = method_config(GlideDraftingConfig, config, options)
         # what the loop and CAPE read
         self.num_draft_tokens, self.adaptive_draft_length = draft_length(self.config.num_draft_tokens)
@@ -80,19 +84,6 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     stops_on_confidence = True  # draft_chain asks the request's stop_rule after every token
     tokens_in_vocab = True  # GLIDE shares its target's vocabulary (checked when it binds to the target)
     compiles_draft = True  # compile_draft: its forwards on a static cache of its own (eager where it cannot)
-
-    @property
-    def requires_model_outputs(self) -> bool:
-        """A ``state_input`` GLIDE reads the target's last hidden state (:mod:`hf_specdraft.core.target_state`)."""
-        return bool(getattr(self.glide.config, "state_input", False))
-
-    @property
-    def model_kwargs_overrides(self) -> dict:
-        return {"output_hidden_states": -1} if self.requires_model_outputs else {}
-
-    @property
-    def controller_anchor(self) -> PreTrainedModel:
-        return self.glide  # the next call with the same GLIDE starts from what this one learned
 
     def _reset(self) -> None:
         self.cache = DynamicDraftCache(self.glide, lambda target_cache, committed: glimpse_of(self.glide, target_cache))
@@ -169,11 +160,6 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
             if drop > 0:
                 self.states, self.states_from = self.states[:, drop:], self.states_from + drop
 
-    def _states_before(self, start: int, t: int) -> torch.Tensor:
-        """`(1, t + 1 - start, hidden)`: the state each position ``start .. t`` is read with, ``h_{j-1}`` (0 at 0)."""
-        kept = self.states[:, max(start - 1, 0) - self.states_from : t - self.states_from]
-        return torch.cat([kept.new_zeros(1, 1, kept.shape[2]), kept], dim=1) if start == 0 else kept
-
     def _propose_from_state(self, request: DraftRequest, glimpse: dict) -> DraftTree:
         """A ``state_input`` GLIDE's chain: step 1 reads ``[embedding(x_t) ; h_{t-1}]``, later steps the drafted token
         and its own ``draft_state``; with self-attention, GLIDE's cache first takes the newly verified positions."""
@@ -186,7 +172,9 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         start = min(self.fed, t) if own else t  # without self-attention: queried from h_{t-1}'s position
         if own:
             crop_to(self.cache, start)
-        state_in = self._states_before(start, t)
+        # (1, t + 1 - start, hidden): the state each position start .. t is read with, h_{j-1} (zeros at 0)
+        kept = self.states[:, max(start - 1, 0) - self.states_from : t - self.states_from]
+        state_in = torch.cat([kept.new_zeros(1, 1, kept.shape[2]), kept], dim=1) if start == 0 else kept
         position = torch.arange(start, t + 1, device=device)[None] if own else torch.tensor([[t - 1]], device=device)
 
         def next_logits(feed: torch.Tensor) -> torch.Tensor:

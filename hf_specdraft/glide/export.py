@@ -37,6 +37,7 @@ EXPORT_KEY = "hf_specdraft_export"  # in the export's config.json: what it is fo
 TOP_NAMES = {"model.norm.weight": "model.norm.weight", "model.post_projection.weight": "post_projection.weight"}
 TEMPLATE = Path(__file__).with_name("export_card_template.md")  # the export's README.md ($glide_line filled in)
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")  # act-and-mul kinds vLLM's Gemma 4 MLP takes
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def unexpressible(config) -> list[str]:
@@ -130,9 +131,7 @@ def assistant_config(glide) -> PretrainedConfig:
         vocab_size_per_layer_input=0,
         hidden_size_per_layer_input=0,
         num_kv_shared_layers=layers,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
+        **{key: getattr(config, key) for key in TOKEN_IDS},
     )
     assistant = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=config.target_hidden_size)
     assistant.architectures = ["Gemma4AssistantForCausalLM"]
@@ -175,34 +174,33 @@ def export_glide(glide, output_dir: str | Path, target_config: PretrainedConfig 
     glide_line = f"`{source}`" if source else "the GLIDE checkpoint it was exported from"
     card = Template(TEMPLATE.read_text(encoding="utf-8")).substitute(glide_line=glide_line)
     (output_dir / "README.md").write_text(card)
-    config = glide.config
-    ids = ("bos_token_id", "eos_token_id", "pad_token_id")
-    generation = {key: getattr(config, key) for key in ids if getattr(config, key) is not None}
+    config, reduced = glide.config, glide.config.draft_token_ids
+    generation = {key: getattr(config, key) for key in TOKEN_IDS if getattr(config, key) is not None}
     notes = {
         "source": "hf_specdraft GLIDE (state_input, assistant layout)",
         "glide": source,
         "serves_in": "vLLM only (speculative method 'mtp'); in transformers, use the GLIDE checkpoint itself as "
         "draft_model=",
         "target": config.target_name_or_path,
-        "draft_vocabulary": None,
-        "excluded_ids": None,
-        "approximations": [],
+        "draft_vocabulary": len(reduced) if reduced else None,
+        "excluded_ids": (
+            f"the {config.vocab_size - len(reduced)} ids outside GLIDE's draft vocabulary have zero head rows and are "
+            "listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 MTP model sets to -inf"
+            if reduced
+            else None
+        ),
+        "approximations": (
+            ["ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's shared row"]
+            if reduced
+            else []
+        ),
         "serve": {
             "speculative_config": {"method": "mtp", "model": str(output_dir), "num_speculative_tokens": 3},
             "target": "a copy of the target's directory whose config.json is target_config.json",
         },
     }
-    if config.draft_token_ids is not None:  # vLLM sets these draft logits to -inf: drafts stay in GLIDE's vocabulary
-        generation["suppress_tokens"] = sorted(set(range(config.vocab_size)) - set(config.draft_token_ids))
-        notes["draft_vocabulary"] = len(config.draft_token_ids)
-        notes["excluded_ids"] = (
-            f"the {config.vocab_size - len(config.draft_token_ids)} ids outside GLIDE's draft vocabulary have zero "
-            "head rows and are listed as suppress_tokens in generation_config.json, which vLLM's Gemma 4 MTP model "
-            "sets to -inf"
-        )
-        notes["approximations"] = [
-            "ids outside the draft vocabulary are read with the target's own embedding rows, not GLIDE's shared row"
-        ]
+    if reduced is not None:  # vLLM sets these draft logits to -inf: drafts stay in GLIDE's vocabulary
+        generation["suppress_tokens"] = sorted(set(range(config.vocab_size)) - set(reduced))
     files = {"generation_config.json": generation, "export.json": notes}
     if target_config is not None:
         files["target_config.json"] = target_config_for_serving(target_config)

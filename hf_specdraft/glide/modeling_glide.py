@@ -361,8 +361,8 @@ class GlideModel(GlidePreTrainedModel):
             inputs_embeds = self.embed_tokens(rows)
         if self.config.state_input:
             expected = (*inputs_embeds.shape[:2], self.config.target_hidden_size)
-            if target_hidden_states is None or tuple(target_hidden_states.shape) != expected:
-                got = None if target_hidden_states is None else tuple(target_hidden_states.shape)
+            got = None if target_hidden_states is None else tuple(target_hidden_states.shape)
+            if got != expected:
                 raise ValueError(
                     f"target_hidden_states must be {expected} (batch, tokens, target_hidden_size) for a GLIDE built "
                     f"with state_input=True, got {got}: hf_specdraft's speculative_generate(target, ids, "

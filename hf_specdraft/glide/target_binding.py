@@ -94,25 +94,22 @@ class TargetBindingMixin:
         own cache so the prefix is fed again glimpsing (with two or more layers, layers >= 1 depend on layer 0's
         glimpse). Later rounds must find the target cache covering ``input_ids[:, :-1]``, else GLIDE is attached to
         another model."""
-        binding = self._glide_binding
-        if self.config.cross_attention and binding is None and kwargs.get("target_past_key_values") is None:
-            self._attached_cache(None)  # raises: no target attached
-        if binding is not None:
-            if passed_cache(kwargs) is None:
-                binding.cache = None
-                binding.unglimpsed = self.config.num_hidden_layers > 1
-            else:
-                if binding.unglimpsed and binding.cache is not None:
-                    own = passed_cache(kwargs)
-                    if own.get_seq_length():
-                        own.crop(-own.get_seq_length())  # rebuilt from the prompt on, every layer glimpsing
-                    binding.unglimpsed = False
-                input_ids = kwargs.get("input_ids", args[0] if args else None)
-                covered = None if binding.cache is None else binding.cache.get_seq_length()
-                if input_ids is not None and covered != input_ids.shape[-1] - 1:
-                    raise ValueError(
-                        f"GLIDE is attached to a {type(binding.target()).__name__} whose cache covers {covered} "
-                        f"tokens, but it is asked to continue {input_ids.shape[-1]} tokens: call glide.attach(model) "
-                        "with the model you call generate on"
-                    )
+        binding, own = self._glide_binding, passed_cache(kwargs)
+        if binding is None:
+            if self.config.cross_attention and kwargs.get("target_past_key_values") is None:
+                self._attached_cache(None)  # raises: no target attached
+        elif own is None:
+            binding.cache, binding.unglimpsed = None, self.config.num_hidden_layers > 1
+        else:
+            if binding.unglimpsed and binding.cache is not None:
+                own.crop(-own.get_seq_length())  # rebuilt from the prompt on, every layer glimpsing
+                binding.unglimpsed = False
+            input_ids = kwargs.get("input_ids", args[0] if args else None)
+            covered = None if binding.cache is None else binding.cache.get_seq_length()
+            if input_ids is not None and covered != input_ids.shape[-1] - 1:
+                raise ValueError(
+                    f"GLIDE is attached to a {type(binding.target()).__name__} whose cache covers {covered} "
+                    f"tokens, but it is asked to continue {input_ids.shape[-1]} tokens: call glide.attach(model) "
+                    "with the model you call generate on"
+                )
         return super().generate(*args, **kwargs)
