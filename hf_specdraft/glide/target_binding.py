@@ -32,10 +32,6 @@ class _TargetBinding:
         if cache is not None:
             self.cache = cache
 
-    def remove(self) -> None:
-        self.handle.remove()
-        self.cache = None
-
 
 class TargetBindingMixin:
     """``attach`` / ``detach`` and the ``generate`` that keeps GLIDE in step with stock assisted decoding (mixed into
@@ -63,7 +59,7 @@ class TargetBindingMixin:
     def detach(self) -> None:
         """Remove the hook :meth:`attach` placed on the target (no-op when not attached)."""
         if self._glide_binding is not None:
-            self._glide_binding.remove()
+            self._glide_binding.handle.remove()  # the target then holds no reference to the binding or its cache
             self._glide_binding = None
 
     @property
