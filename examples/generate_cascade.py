@@ -1,6 +1,6 @@
 r"""Generate with Max-Gram alone and with a cascade of drafts above it (Chen et al. 2024).
 
-    hf-specdraft build-bigram --tokenizer TOKENIZER_DIR --output bigram.safetensors   # optional: Max-Gram's fallback
+    python -m recipes.bigram --tokenizer TOKENIZER_DIR --output bigram.safetensors   # optional: Max-Gram's fallback
     python examples/generate_cascade.py --target Qwen/Qwen2.5-1.5B --drafts Qwen/Qwen2.5-0.5B \
         --bigram bigram.safetensors
     python examples/generate_cascade.py --tiny    # the repository's tiny recipe (recipes/training.py): seconds on a CPU
@@ -36,7 +36,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", help="target model: Hub id or directory")
     parser.add_argument("--drafts", nargs="+", default=[], help="draft models, largest first")
-    parser.add_argument("--bigram", help="bigram table from `hf-specdraft build-bigram` (Max-Gram's fallback)")
+    parser.add_argument("--bigram", help="Max-Gram's fallback table (save_bigram_table; `python -m recipes.bigram`)")
     parser.add_argument("--prompt", default="import os\n\n\ndef list_python_files(root):\n")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--lenience", type=float, default=2.0, help="l: drafts reviewing drafts accept more leniently")

@@ -4,7 +4,6 @@ what it runs.
     hf-specdraft demo [--target PATH_OR_HUB_ID --draft PATH_OR_HUB_ID]   # one method per idea vs target-only
     hf-specdraft bench --profile cpu --output benchmarks/results/cpu-completion.json
     hf-specdraft train-glide --target DIR (--data FILES | --dataset FILE_OR_HUB_ID [--regenerate]) --output-dir DIR
-    hf-specdraft build-bigram --output FILE [--tokenizer DIR]            # Max-Gram's fallback table
     hf-specdraft export GLIDE_DIR OUTPUT_DIR [--target DIR]              # a GLIDE as vLLM serves it (docs/serving.md)
 
 The parsers use the standard library only and each command imports torch when it runs, so ``--help`` answers at once.
@@ -13,8 +12,6 @@ The parsers use the standard library only and each command imports torch when it
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import socket
 import sys
 import time
@@ -255,61 +252,6 @@ def cmd_train_glide(argv: list[str]) -> int:
     return train_glide_main(argv, custom_generate=write_glide_custom_generate)
 
 
-def answer_ids(folder: str | Path) -> list[list[int]]:
-    """Every conversation in a folder of answer shards (``*.jsonl``, recursively; JSON lines with ``prompt_ids`` and
-    ``response_ids``): the prompt's ids then the answer's, one list each."""
-    shards = sorted(Path(folder).rglob("*.jsonl"))
-    if not shards:
-        raise ValueError(f"{str(folder)!r} holds no .jsonl answer shards")
-    records = [json.loads(line) for shard in shards for line in shard.read_text().splitlines()]
-    # lines without response_ids are no answers (e.g. a kept list of requests)
-    out = [[*record.get("prompt_ids", []), *record["response_ids"]] for record in records if "response_ids" in record]
-    if not out:
-        raise ValueError(f"{str(folder)!r}: no line has 'response_ids'")
-    return out
-
-
-def cmd_build_bigram(args: argparse.Namespace) -> int:
-    """``build-bigram``: Max-Gram's fallback table (:func:`.cascade.build_bigram_table`) from the embedded default's
-    corpus (or ``--source``) and tokenizer (or ``--tokenizer``) and the target's answers."""
-    for flag, value in (("--max-files", args.max_files), ("--answers-weight", args.answers_weight)):
-        if value is not None and value < 1:  # before the slow imports below
-            raise ValueError(f"{flag} must be a positive int, got {value}")
-    from transformers import AutoTokenizer
-
-    from .cascade.bigram import build_bigram_table, save_bigram_table
-    from .defaults.corpus import build_corpus
-    from .defaults.smollm2 import converted_dir
-
-    def checked(prefix: str, make):  # a bad argument is one error line, named by its flag
-        try:
-            return make()
-        except ValueError as err:
-            raise ValueError(f"{prefix}{err}") from None
-
-    tokenizer_dir = (
-        Path(args.tokenizer)
-        if args.tokenizer is not None
-        else checked("--tokenizer not given and the default target is not available: ", converted_dir)
-    )
-    if not tokenizer_dir.is_dir():
-        raise ValueError(f"--tokenizer {str(tokenizer_dir)!r} is not a directory")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    corpus = checked("--source: ", lambda: build_corpus(roots={"source": Path(args.source)} if args.source else None))
-    answers = checked("--answers: ", lambda: [ids for folder in args.answers or () for ids in answer_ids(folder)])
-    files = getattr(corpus, args.split)[: args.max_files]
-    ids = itertools.chain(
-        (tokenizer(f.read(), add_special_tokens=False)["input_ids"] for f in files), answers * args.answers_weight
-    )
-    table = build_bigram_table(ids, len(tokenizer), unseen=args.unseen)
-    meta = {"tokenizer": tokenizer_dir, "split": args.split, "files": len(files), "unseen": args.unseen}
-    save_bigram_table(table, args.output, {**meta, "answers": len(answers), "answers_weight": args.answers_weight})
-    print(
-        f"wrote {args.output}: {table.numel()} entries from {len(files)} {args.split} files and {len(answers)} answers"
-    )
-    return 0
-
-
 # --- the parsers: standard library only ------------------------------------------------------------------------------
 
 
@@ -406,30 +348,6 @@ def bench_arguments(bench: argparse.ArgumentParser) -> None:
     )
 
 
-def bigram_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokenizer", help="tokenizer directory (default: the embedded default target's)")
-    parser.add_argument("--output", required=True, help="safetensors file to write")
-    parser.add_argument("--source", help="a directory of .py files to use instead of the embedded default's corpus")
-    parser.add_argument("--split", choices=("train", "heldout"), default="train", help="corpus split")
-    parser.add_argument("--max-files", type=int, help="read only the first N files of the split (quick runs)")
-    parser.add_argument(
-        "--unseen", choices=("most_frequent", "self"), default="most_frequent", help="what ids never seen map to"
-    )
-    parser.add_argument(
-        "--answers",
-        action="append",
-        metavar="DIR",
-        help="also count a folder of the target's answers (JSON lines with prompt_ids, response_ids); repeatable",
-    )
-    parser.add_argument(
-        "--answers-weight",
-        type=int,
-        default=1,
-        metavar="N",
-        help="count every answer N times: the target's own text against the corpus's far larger one",
-    )
-
-
 def export_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument(
         "glide",
@@ -480,7 +398,6 @@ COMMANDS = {
     "demo": Command("compare one method per idea with target-only decoding (or --target)", cmd_demo, demo_arguments),
     "bench": Command("benchmark methods side by side; writes JSON", cmd_bench, bench_arguments),
     "train-glide": Command("train a GLIDE drafter for your target; see `train-glide --help`", cmd_train_glide),
-    "build-bigram": Command("Max-Gram's bigram fallback table", cmd_build_bigram, bigram_arguments),
     "export": Command("write a trained GLIDE in Gemma 4's assistant layout, for vLLM", cmd_export, export_arguments),
 }
 

@@ -1,8 +1,7 @@
-"""Max-Gram on hand-written sequences, and the bigram table: build, save, load, CLI."""
+"""Max-Gram on hand-written sequences, and the bigram table: build, save, load."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -19,7 +18,6 @@ from hf_specdraft.cascade import (
     max_gram_draft,
     save_bigram_table,
 )
-from hf_specdraft.cli import main
 from conftest import VOCAB, greedy_reference, tiny_model
 
 
@@ -173,50 +171,3 @@ def test_save_load_round_trip(tmp_path):
     )
     with pytest.raises(ValueError, match="does not exist"):
         load_bigram_table(tmp_path / "missing.safetensors")
-
-
-def test_cli_builds_a_table(tmp_path, capsys):
-    from hf_specdraft.defaults.corpus import is_heldout
-    from recipes.tokenizer import train_tokenizer
-
-    source = tmp_path / "code"
-    source.mkdir()
-    texts = [f"def f{i}(x):\n    return x + {i}\n" for i in range(40)]
-    for i, text in enumerate(texts):
-        (source / f"m{i}.py").write_text(text)
-    assert any(is_heldout(f"source/m{i}.py") for i in range(40))  # both splits non-empty
-    tok_dir = tmp_path / "tok"
-    train_tokenizer(texts, vocab_size=300).save_pretrained(tok_dir)
-    output = tmp_path / "table.safetensors"
-    assert main(["build-bigram", "--tokenizer", str(tok_dir), "--source", str(source), "--output", str(output)]) == 0
-    table = load_bigram_table(output)
-    assert table.numel() == 300 and bigram_table_metadata(output)["split"] == "train"
-    # the target's answers, weighted past the corpus: after id 7 the answers say 9, whatever the corpus says
-    answers = tmp_path / "answers" / "turn-1"
-    answers.mkdir(parents=True)
-    (answers / "shard-00000.jsonl").write_text(json.dumps({"prompt_ids": [5, 7], "response_ids": [9, 7, 9]}) + "\n")
-    (tmp_path / "answers" / "requests.jsonl").write_text(json.dumps({"group": "qa", "turns": ["hi"]}) + "\n")
-    weighted = tmp_path / "weighted.safetensors"
-    assert (
-        main(
-            [
-                "build-bigram",
-                "--tokenizer",
-                str(tok_dir),
-                "--source",
-                str(source),
-                "--output",
-                str(weighted),
-                "--answers",
-                str(tmp_path / "answers"),
-                "--answers-weight",
-                "1000",
-            ]
-        )
-        == 0
-    )
-    assert int(load_bigram_table(weighted)[7]) == 9 and bigram_table_metadata(weighted)["answers"] == "1"
-    # a folder without answers is refused by name
-    argv = ["--tokenizer", str(tok_dir), "--source", str(source), "--output", str(weighted), "--answers", str(source)]
-    assert main(["build-bigram", *argv]) == 2
-    assert f"hf-specdraft build-bigram: error: --answers: {str(source)!r} holds no .jsonl" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""The argmax bigram table Max-Gram falls back to (Chen et al. 2024, §3.3; the paper counts Wikipedia), built by
-``hf-specdraft build-bigram``.
+"""The argmax bigram table Max-Gram falls back to (Chen et al. 2024, §3.3; the paper counts Wikipedia); the shipped
+one's recipe is ``python -m recipes.bigram``.
 
 ``table[t]`` is the token that most often follows ``t`` in a corpus (ties: the smallest id); a token never followed
 maps to the corpus's most frequent token (``unseen="most_frequent"``) or to itself (``unseen="self"``). Pairs are
@@ -96,7 +96,7 @@ def load_bigram_table(path: str | Path, device: str | torch.device = "cpu") -> t
     """Read a table written by :func:`save_bigram_table`. Returns `torch.LongTensor` `(V,)`."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"bigram table file {str(path)!r} does not exist (build one with `hf-specdraft build-bigram`)")
+        raise ValueError(f"bigram table file {str(path)!r} does not exist (write one with save_bigram_table)")
     tensors = load_file(str(path))
     if TABLE_KEY not in tensors:
         raise ValueError(f"{str(path)!r} holds no {TABLE_KEY!r} tensor; it was not written by save_bigram_table")
