@@ -14,6 +14,8 @@ compares the drafters alone (GLIDE against its twin). A fixed-γ copying row cop
 
 from __future__ import annotations
 
+import dataclasses
+
 from transformers import CompileConfig
 
 from hf_specdraft.bench.methods import (
@@ -27,7 +29,6 @@ from hf_specdraft.bench.methods import (
     register_method,
     speculative_run,
     stock_assisted,
-    static_variant,
     stock_generate,
     with_expansion_sizes,
     with_linears,
@@ -403,18 +404,27 @@ def compile_everywhere() -> CompileConfig:
     return config
 
 
-def _compiling() -> dict:
-    return {"compile_config": compile_everywhere()}  # looked up per call: a test swaps in dynamo's eager backend
+def compiled_variant(method: Method, description: str = "") -> Method:
+    """Register ``<method>-compiled``: ``<method>-static`` with ``compile_config=compile_everywhere()``, made per call
+    (a test swaps in dynamo's eager backend); its description is ``description``, else the static row's and the
+    config."""
+    static = METHODS[f"{method.name}-static"]
+
+    def run(ctx):
+        return static.run(dataclasses.replace(ctx, overrides={**ctx.overrides, "compile_config": compile_everywhere()}))
+
+    description = description or f"{static.description}, compile_config=CompileConfig()"
+    return register_method(
+        dataclasses.replace(method, name=f"{method.name}-compiled", run=run, description=description)
+    )
 
 
-static_variant(
+compiled_variant(
     METHODS["target-only"],
-    "compiled",
-    _compiling,
-    description="target.generate(cache_implementation='static', compile_config=CompileConfig()) on any device",
+    "target.generate(cache_implementation='static', compile_config=CompileConfig()) on any device",
 )
 for _name in STATIC_METHODS:
-    static_variant(METHODS[_name], "compiled", _compiling, ", compile_config=CompileConfig()")
+    compiled_variant(METHODS[_name])
 
 __all__ = [
     "CAPE_BUDGET",

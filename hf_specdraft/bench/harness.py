@@ -8,13 +8,13 @@ Wall time is only reported as a ratio against target-only decoding measured in t
 
 from __future__ import annotations
 
-import functools
 import json
 import platform
 import statistics
 import sys
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, c
 from ..core.validation import check_int
 from ..core.projection import calibrated_choices
 from .methods import METHODS, BenchContext
-from .timing import LoadMonitor, add_counts, compile_counters, compiled, compiled_between
+from .timing import LoadMonitor, compile_counters, compiled, compiled_between
 from .timing import relative_range, spread, verdict, warning_text
 
 PROFILES = {
@@ -191,12 +191,12 @@ def same_work_prompts(records: list[dict]) -> set[int]:
     return {prompt for prompt, done in work.items() if len(set(done)) == 1}
 
 
-def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int] | None = None) -> list[float]:
-    """The speedup from each repeat alone (repeat r of every prompt, or of ``prompts``, against target-only's repeat r,
-    timed next to it): how far the headline ratio moves between repeats."""
+def _repeat_speedups(records: list[dict], base: list[dict], prompts: set[int]) -> list[float]:
+    """The speedup from each repeat alone (repeat r of ``prompts`` against target-only's repeat r, timed next to it):
+    how far the headline ratio moves between repeats."""
 
     def seconds(rs) -> dict[int, dict[int, float]]:
-        kept = [r for r in rs if prompts is None or r["prompt"] in prompts]
+        kept = [r for r in rs if r["prompt"] in prompts]
         return {k: dict(v) for k, v in _grouped(kept, "repeat", lambda r: (r["prompt"], r["seconds"])).items()}
 
     mine, theirs = seconds(records), seconds(base)
@@ -238,14 +238,13 @@ def summarize(records: list[dict], methods: tuple[str, ...]) -> dict:
             "tokens_per_second": new / seconds if seconds else 0.0,
             **{f"speedup_vs_{name}": _speedup(other, medians) for name, other in baselines.items()},
             "speedup_spread": spread([baselines["target_only"][p] / medians[p] for p in medians]) if medians else None,
-            "speedup_by_repeat": _repeat_speedups(all_runs, timed["target-only"]),
-            # the same over the prompts where the method repeated its work exactly: what timing noise alone moved
-            "speedup_by_repeat_same_work": same_work,
             "prompts_with_varying_work": len(rs) - len(same_prompts),
-            "timing_noise": relative_range(same_work) if same_work else None,  # None: no prompt repeated its work
+            # how far the speedup moved between repeats over the prompts where the method repeated its work exactly:
+            # what timing noise alone moved (None: no prompt repeated its work)
+            "timing_noise": relative_range(same_work) if same_work else None,
             # the share of timed runs whose γ controller started from an earlier call's state (None: no controller)
             "controller_resumed": sum(map(bool, known)) / len(known) if known else None,
-            "compiled_while_timed": functools.reduce(add_counts, moved, {}),
+            "compiled_while_timed": dict(sum(map(Counter, moved), Counter())),
             "timed_runs_compiled": compiling,
             "valid": not compiling,
             "tokens_per_target_call": new / max(sum(r["target_calls"] for r in rs), 1),
@@ -277,17 +276,24 @@ def context_statistics(items: list[TaskItem], tokenizer, n: int = 4) -> dict:
     return {"ngram": n, **{name: round(sum(column) / len(rows), 4) for name, column in zip(names, zip(*rows))}}
 
 
+def chat_ids(tokenizer, chat: str | list[dict]) -> torch.Tensor:
+    """`(1, L)` ids of ``chat`` (one user turn, or chat messages) in the chat template, ready for the answer."""
+    return tokenizer(chat_prompt(tokenizer, chat), return_tensors="pt", add_special_tokens=False).input_ids
+
+
 def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
     """`(1, L)` prompt ids of ``item``: a ``chat`` request goes through the target's chat template."""
-    if item.task == "chat":
-        return tokenizer(chat_prompt(tokenizer, item.prompt), return_tensors="pt", add_special_tokens=False).input_ids
-    return tokenizer(item.prompt, return_tensors="pt").input_ids
+    return (
+        chat_ids(tokenizer, item.prompt)
+        if item.task == "chat"
+        else tokenizer(item.prompt, return_tensors="pt").input_ids
+    )
 
 
-def bench_context(bundle: DefaultBundle, item: TaskItem, ids: torch.Tensor, config: BenchConfig, extras: dict):
+def bench_context(bundle: DefaultBundle, item: TaskItem, ids: torch.Tensor, config: BenchConfig) -> BenchContext:
     """One prompt's :class:`BenchContext`: ``ids`` `(1, L)` moved to the target's device."""
     ids = ids.to(bundle.target.device)
-    return BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, extras)
+    return BenchContext(bundle.target, bundle.draft, bundle.tokenizer, item, ids, config.max_new_tokens, bundle.extras)
 
 
 def run_noise(summary: dict) -> float | None:
@@ -302,12 +308,12 @@ def runnable(names, bundle: DefaultBundle, task: str) -> tuple[str, ...]:
     return tuple(m for m in names if task in METHODS[m].tasks and METHODS[m].available(bundle.extras, has_draft))
 
 
-def check_methods(bundle: DefaultBundle, methods: tuple[str, ...], task: str, extras: dict) -> None:
-    """Raise `ValueError` for a method that does not run on ``task`` or needs a drafter this run does not have."""
+def check_methods(bundle: DefaultBundle, methods: tuple[str, ...], task: str) -> None:
+    """Raise `ValueError` for a method that does not run on ``task`` or needs a drafter ``bundle`` does not hold."""
     for m in methods:
         if task not in METHODS[m].tasks:
             raise ValueError(f"method {m!r} runs on tasks {METHODS[m].tasks}, not {task!r}")
-        if not METHODS[m].available(extras, bundle.draft is not None):
+        if not METHODS[m].available(bundle.extras, bundle.draft is not None):
             raise ValueError(f"method {m!r} needs {METHODS[m].requires}, which this run does not have")
 
 
@@ -317,13 +323,13 @@ def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _BenchRu
     repeats time the steady state. Returns the warm-up's ``timing`` fields: prompts, seconds and compiles per method."""
     order = sorted(range(len(contexts)), key=lambda i: contexts[i].prompt_ids.shape[1], reverse=True)[: config.warmup]
     seconds: dict[str, float] = {}
-    compiles: dict[str, dict] = {}
+    compiles: dict[str, Counter] = {}
     for index in tqdm(order, desc="warm-up (untimed)", disable=not order):
         for m in config.methods:  # the first call pays compiles (static / compiled methods): its time is kept
             started = time.perf_counter()
             record = run_one(m, contexts[index], counter)
             seconds[m] = seconds.get(m, 0.0) + time.perf_counter() - started
-            compiles[m] = add_counts(compiles.get(m, {}), record["compiles"])
+            compiles.setdefault(m, Counter()).update(record["compiles"])
     return {
         "warmup_prompts": len(order),
         "warmup_prompt_tokens": [int(contexts[i].prompt_ids.shape[1]) for i in order],
@@ -403,19 +409,17 @@ def bench_result(bundle: DefaultBundle, config: BenchConfig, run: _BenchRun, met
 def run_bench(
     bundle: DefaultBundle,
     config: BenchConfig,
-    extras: dict | None = None,
     output: str | Path | None = None,
     items: list[TaskItem] | None = None,
     warn: bool = True,
 ) -> dict:
     """Run ``config.methods`` on ``config.num_prompts`` items of ``config.task``; return (and write) the result.
     ``warn``: an unreliable run also raises a ``UserWarning`` (the commands print it with the table instead)."""
-    extras = {**bundle.extras, **(extras or {})}
-    check_methods(bundle, config.methods, config.task, extras)
+    check_methods(bundle, config.methods, config.task)
     items = items or build_tasks(
         config.task, count=config.num_prompts, seed=config.seed, context_prompt_chars=config.context_prompt_chars
     )
-    contexts = [bench_context(bundle, item, prompt_ids(bundle.tokenizer, item), config, extras) for item in items]
+    contexts = [bench_context(bundle, item, prompt_ids(bundle.tokenizer, item), config) for item in items]
     with _BenchRun(bundle.target) as run:
         run.warmup = warm_up(contexts, config, run)
         bar = tqdm(contexts, desc=f"bench {config.task}")
@@ -423,7 +427,7 @@ def run_bench(
             time_prompt(ctx, index, config, run, bar)
     summary = summarize(run.records, config.methods)
     for add_fields in SUMMARY_FIELDS:
-        add_fields(summary, run.records, {**extras, "draft": bundle.draft, "target": bundle.target})
+        add_fields(summary, run.records, {**bundle.extras, "draft": bundle.draft, "target": bundle.target})
     meta = {"profile": config.profile, "task": config.task, "num_prompts": len(items), "seed": config.seed}
     body = {"summary": summary}
     if config.task == "context":

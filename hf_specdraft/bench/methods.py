@@ -240,24 +240,19 @@ STATIC_METHODS = (
 )
 
 
-def static_variant(method: Method, suffix: str, overrides=dict, words: str = "", description: str = "") -> Method:
-    """Register ``<method>-<suffix>``: ``method`` with ``cache_implementation="static"`` and ``overrides()`` (made per
-    call) added to its generate arguments; its description is ``description``, else ``method``'s and ``words``."""
+def static_variant(method: Method, description: str = "") -> Method:
+    """Register ``<method>-static``: ``method`` with ``cache_implementation="static"`` added to its generate
+    arguments; its description is ``description``, else ``method``'s with the cache named."""
 
     def run(ctx):
-        more = {"cache_implementation": "static", **overrides()}
-        return method.run(dataclasses.replace(ctx, overrides={**ctx.overrides, **more}))
+        return method.run(dataclasses.replace(ctx, overrides={**ctx.overrides, "cache_implementation": "static"}))
 
-    description = description or f"{method.description}; cache_implementation='static'{words}"
-    return register_method(
-        dataclasses.replace(method, name=f"{method.name}-{suffix}", run=run, description=description)
-    )
+    description = description or f"{method.description}; cache_implementation='static'"
+    return register_method(dataclasses.replace(method, name=f"{method.name}-static", run=run, description=description))
 
 
 static_variant(
-    METHODS["target-only"],
-    "static",
-    description="target.generate(cache_implementation='static'): transformers compiles it on CUDA",
+    METHODS["target-only"], "target.generate(cache_implementation='static'): transformers compiles it on CUDA"
 )
 for _name in STATIC_METHODS:
-    static_variant(METHODS[_name], "static")
+    static_variant(METHODS[_name])

@@ -20,13 +20,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from ..defaults import DefaultBundle
 from ..defaults.tasks import TaskItem
-from .harness import _BenchRun, _median_seconds, _speedup, bench_context, bench_result, check_methods, summarize
-from .harness import time_prompt, warm_up
+from .harness import _BenchRun, _median_seconds, _speedup, bench_context, bench_result, chat_ids, check_methods
+from .harness import summarize, time_prompt, warm_up
 from .methods import FAST_BASELINE, BenchContext
 from .timing import warning_text
 
@@ -121,14 +120,6 @@ def messages_for(question: Question, turn: int, answers: list[str]) -> list[dict
     return chat + [{"role": "user", "content": question.turns[turn]}]
 
 
-def chat_ids(tokenizer, messages: list[dict]) -> torch.Tensor:
-    """`(1, L)` ids of ``messages`` in ``tokenizer``'s chat template, ready for the assistant's answer."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("--prompts needs a target whose tokenizer has a chat_template (an instruction-tuned target)")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-
-
 def check_lengths(questions: list[Question], tokenizer, max_new_tokens: int, limit: int | None) -> None:
     """Raise a `ValueError` (file, line, tokens needed, the target's limit), before anything runs, for a question whose
     last turn could not fit the target's context: its user messages in the chat template and ``max_new_tokens`` per
@@ -186,14 +177,14 @@ def run_prompts_bench(
     """
     questions = prompts if isinstance(prompts, list) else read_prompts(prompts)
     path = questions[0].file
-    check_methods(bundle, config.methods, "chat", bundle.extras)
+    check_methods(bundle, config.methods, "chat")
     limit = getattr(bundle.target.config.get_text_config(), "max_position_embeddings", None)  # the target's context
     check_lengths(questions, bundle.tokenizer, config.max_new_tokens, limit)
 
     def context(question: Question, turn: int, answers: list[str]) -> BenchContext:
         ids = chat_ids(bundle.tokenizer, messages_for(question, turn, answers))
         item = TaskItem("chat", str(question.question_id), question.turns[turn], "")
-        return bench_context(bundle, item, ids, config, bundle.extras)
+        return bench_context(bundle, item, ids, config)
 
     units: list[tuple[int, int]] = []
     with _BenchRun(bundle.target) as run:

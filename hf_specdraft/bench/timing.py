@@ -160,11 +160,6 @@ def compiled_between(before: dict, after: dict) -> dict[str, int]:
     return {name: moved[name] for name in COUNTERS if moved[name] > 0}
 
 
-def add_counts(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
-    """``total`` with ``more``'s counts added (both as :func:`compiled_between` returns them)."""
-    return {name: total.get(name, 0) + more.get(name, 0) for name in COUNTERS if total.get(name, 0) + more.get(name, 0)}
-
-
 # a timed run is invalid when any of these moved: it compiled a graph, or recorded a CUDA graph, inside its timing
 COMPILING = ("unique_graphs", "frames_compiled", "recompiles", "cudagraphs_recorded")
 

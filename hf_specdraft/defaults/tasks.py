@@ -84,13 +84,13 @@ def chat_request(item: TaskItem) -> str:
     return f"Write a Python function with this signature and docstring:\n\n```python\n{item.prompt.rstrip()}\n```"
 
 
-def chat_prompt(tokenizer, request: str) -> str:
-    """``request`` as one user turn in ``tokenizer``'s chat template, ready for the assistant's answer."""
+def chat_prompt(tokenizer, request: str | list[dict]) -> str:
+    """``request`` (one user turn, or chat messages) in ``tokenizer``'s chat template, ready for the assistant's
+    answer."""
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("the chat task needs a tokenizer with a chat_template (an instruction-tuned target)")
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True
-    )
+        raise ValueError("chat prompts need a tokenizer with a chat_template (an instruction-tuned target)")
+    chat = [{"role": "user", "content": request}] if isinstance(request, str) else request
+    return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 
 
 def _context_item(name: str, text: str, rng: random.Random, prompt_chars: int) -> TaskItem | None:
