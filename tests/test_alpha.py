@@ -8,8 +8,15 @@ from transformers.generation import PromptLookupCandidateGenerator
 
 from hf_specdraft import DraftModelCandidateGenerator, speculative_generate
 from hf_specdraft.bench.harness import summarize
-from hf_specdraft.core.stats import SpeculativeStats, expected_speedup, overlap
+from hf_specdraft.core.stats import SpeculativeStats, StepRecord, expected_speedup, overlap
 from conftest import VOCAB, OracleDrafter, greedy_reference, tiny_model
+
+
+def alpha_by_position(stats: SpeculativeStats) -> list[float]:
+    """Entry ``i``: the paper's α at draft position ``i``, over steps that judged position ``i`` with q."""
+    overlaps = [s.overlaps for s in stats.steps if s.overlaps]
+    positions = [[o[i] for o in overlaps if len(o) > i] for i in range(max(map(len, overlaps), default=0))]
+    return [sum(values) / len(values) for values in positions]
 
 
 class RecordingDrafter(DraftModelCandidateGenerator):
@@ -64,7 +71,7 @@ def test_alpha_is_one_minus_tv_at_every_judged_position():
         expected_all += expected
     assert stats.alpha == pytest.approx(sum(expected_all) / len(expected_all), abs=1e-6)
     assert stats.alpha_positions == stats.judged_tokens == len(expected_all)
-    by_position = stats.alpha_by_position()
+    by_position = alpha_by_position(stats)
     firsts = [s.overlaps[0] for s in stats.steps if s.overlaps]
     assert by_position[0] == pytest.approx(sum(firsts) / len(firsts), abs=1e-6)
 
@@ -95,7 +102,7 @@ def test_alpha_needs_a_chain_with_q():
     tree = speculative_generate(
         target, x, candidate_generator=OracleDrafter(ref, "tree", k=3), max_new_tokens=16, return_dict_in_generate=True
     ).speculative_stats
-    assert tree.alpha is None and tree.alpha_positions == 0 and tree.alpha_by_position() == []
+    assert tree.alpha is None and tree.alpha_positions == 0 and alpha_by_position(tree) == []
     # still defined for trees, per depth
     assert tree.position_acceptance_rate == tree.accepted_tokens / tree.judged_tokens > 0
     repetitive = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]])
@@ -177,22 +184,11 @@ def test_bench_summary_weights_alpha_by_positions_and_feeds_it_to_expected_speed
 
 def test_merge_keeps_judged_positions_and_overlaps():
     a, b = SpeculativeStats(), SpeculativeStats()
-    a.record(
-        drafted=3, tree_size=3, accepted=1, emitted=2, draft_seconds=0, verify_seconds=0, judged=2, overlaps=[0.9, 0.2]
-    )
-    b.record(
-        drafted=3,
-        tree_size=3,
-        accepted=3,
-        emitted=4,
-        draft_seconds=0,
-        verify_seconds=0,
-        judged=3,
-        overlaps=[1.0, 0.8, 0.6],
-    )
+    a.steps.append(StepRecord(3, 3, 1, 2, 0, 0, judged=2, overlaps=[0.9, 0.2]))
+    b.steps.append(StepRecord(3, 3, 3, 4, 0, 0, judged=3, overlaps=[1.0, 0.8, 0.6]))
     merged = SpeculativeStats.merge([a, b])
     assert merged.alpha == pytest.approx(3.5 / 5)
-    assert merged.alpha_by_position() == pytest.approx([0.95, 0.5, 0.6])
+    assert alpha_by_position(merged) == pytest.approx([0.95, 0.5, 0.6])
     assert merged.position_acceptance_rate == pytest.approx(4 / 5)
 
 

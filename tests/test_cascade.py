@@ -9,6 +9,7 @@ import torch
 from transformers import GenerationConfig
 
 from hf_specdraft import SpeculativeStats, speculative_generate
+from hf_specdraft.core.stats import StepRecord
 from hf_specdraft.cascade import (
     CascadeCandidateGenerator,
     MaxGramCandidateGenerator,
@@ -362,9 +363,7 @@ def test_swi_arithmetic():
         cascade_swi(10, 5, {"draft1": 3}, {"draft0": 0.1})
     stats = SpeculativeStats(drafter_calls={"draft0": 8, "max_gram": 10})
     for emitted in (4, 3, 5, 4):
-        stats.record(
-            drafted=5, tree_size=5, accepted=emitted - 1, emitted=emitted, draft_seconds=0.0, verify_seconds=0.0
-        )
+        stats.steps.append(StepRecord(5, 5, emitted - 1, emitted, 0.0, 0.0))
     assert swi_from_stats(stats, {"draft0": 0.25, "max_gram": 0.0}) == pytest.approx(16 / (4 + 2))
 
 
@@ -376,7 +375,7 @@ def test_cost_coefficients():
     measured = measure_cost_coefficients(target, [big], context_length=24, num_tokens=4, repeats=2)
     assert set(measured) == {"draft0", "max_gram"} and all(c > 0 for c in measured.values())
     stats = SpeculativeStats(drafter_calls={"draft0": 3, "draft1": 3, "max_gram": 2})
-    stats.record(drafted=3, tree_size=3, accepted=3, emitted=4, draft_seconds=0.0, verify_seconds=0.0)
+    stats.steps.append(StepRecord(3, 3, 3, 4, 0.0, 0.0))
     report = swi_report(stats, target, [big, small], measured | {"draft1": 0.1})
     assert report["swi_params"] == pytest.approx(4 / (1 + 3 * heuristic["draft0"] + 3 * heuristic["draft1"]))
     assert report["swi_measured"] > 0

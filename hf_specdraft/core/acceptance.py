@@ -35,14 +35,12 @@ def speculative_sampling(
     u = torch.rand(k, generator=generator, device=p.device) if k else p_x
     accepted = (u * q_x <= p_x).long().cumprod(0)  # u < p/q without dividing by a zero q
     n = int(accepted.sum())
-    if n < k:
-        residual = (p[n] - q[n]).clamp(min=0)
-        if float(residual.sum()) <= 0:  # p == q at this position: the residual is undefined, use p
-            residual = p[n]
-        next_token = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    else:
-        next_token = int(torch.multinomial(p[k], 1, generator=generator))
-    return n, next_token
+    if n == k:
+        return n, int(torch.multinomial(p[k], 1, generator=generator))
+    residual = (p[n] - q[n]).clamp(min=0)
+    if float(residual.sum()) <= 0:  # p == q at this position: the residual is undefined, use p
+        residual = p[n]
+    return n, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
 
 
 def tree_rejection_sampling(target_probs, tree, generator: torch.Generator | None = None) -> tuple[list[int], int]:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 
 import torch
 
@@ -39,7 +40,7 @@ def _total(name: str) -> property:
 
 # the figures of SpeculativeStats.summary() after "steps", in order: properties, or methods called without arguments
 SUMMARY = (
-    "new_tokens drafted_tokens accepted_tokens judged_tokens alpha alpha_positions alpha_by_position "
+    "new_tokens drafted_tokens accepted_tokens judged_tokens alpha alpha_positions "
     "position_acceptance_rate accepted_per_drafted mean_accepted_length verification_tokens_per_step "
     "acceptance_by_position draft_seconds verify_seconds prefill_seconds drafter_calls"
 ).split()
@@ -54,17 +55,12 @@ class SpeculativeStats:
     drafter_calls: dict[str, int] = field(default_factory=dict)  # per-model forward counts (cascade, SWI)
     extra: dict = field(default_factory=dict)  # method-specific records (e.g. CAPE's expansion-set sizes)
 
-    def record(self, **kwargs) -> None:
-        self.steps.append(StepRecord(**kwargs))
-
     def settle(self) -> None:
         """Read every step's overlaps left on the device in one read."""
         pending = [s for s in self.steps if isinstance(s.overlaps, torch.Tensor)]
-        if not pending:
-            return
-        values, start = torch.cat([s.overlaps.reshape(-1).float() for s in pending]).tolist(), 0
+        values = iter(torch.cat([s.overlaps.reshape(-1).float() for s in pending]).tolist() if pending else [])
         for record in pending:
-            record.overlaps, start = values[start : start + record.overlaps.numel()], start + record.overlaps.numel()
+            record.overlaps = list(islice(values, record.overlaps.numel()))
 
     @property
     def num_steps(self) -> int:
@@ -87,12 +83,6 @@ class SpeculativeStats:
     def alpha_positions(self) -> int:
         """How many judged positions :attr:`alpha` averages over."""
         return sum(len(s.overlaps) for s in self.steps if s.overlaps)
-
-    def alpha_by_position(self) -> list[float]:
-        """Entry ``i``: the paper's α at draft position ``i``, over steps that judged position ``i`` with q."""
-        overlaps = [s.overlaps for s in self.steps if s.overlaps]
-        positions = [[o[i] for o in overlaps if len(o) > i] for i in range(max(map(len, overlaps), default=0))]
-        return [sum(values) / len(values) for values in positions]
 
     @property
     def position_acceptance_rate(self) -> float:
@@ -145,8 +135,6 @@ class SpeculativeStats:
         if "batch_size" in self.extra:
             figures.append(f"batch_size={self.extra['batch_size']}")
         return f"SpeculativeStats({', '.join(figures)})"
-
-    __str__ = __repr__
 
     @classmethod
     def merge(cls, stats: list[SpeculativeStats]) -> SpeculativeStats:
