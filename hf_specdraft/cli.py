@@ -34,26 +34,24 @@ def load_bundle(target: str | None, draft: str | None, dtype: str = "auto", draf
     dtype, draft_dtype = (DTYPES[name] and getattr(torch, DTYPES[name]) for name in (dtype, draft_dtype))
     if target is None or (Path(target) / "target" / "config.json").is_file():
         bundle = load_default(target, dtype=dtype, draft_dtype=draft_dtype)
-        if draft is not None:
-            bundle.draft = _load_causal_lm(draft, "--draft", bundle.target, draft_dtype)
-        return bundle
-    from transformers import AutoTokenizer
+    else:
+        from transformers import AutoTokenizer
 
-    model = _load_causal_lm(target, "--target", dtype=dtype)
-    draft_model = _load_causal_lm(draft, "--draft", model, draft_dtype) if draft else None
-    return DefaultBundle(model, draft_model, AutoTokenizer.from_pretrained(target), Path(target))
+        model = _load_causal_lm(target, "--target", dtype=dtype)
+        bundle = DefaultBundle(model, None, AutoTokenizer.from_pretrained(target), Path(target))
+    if draft is not None:
+        bundle.draft = _load_causal_lm(draft, "--draft", bundle.target, draft_dtype)
+    return bundle
 
 
 def check_checkpoint(name: str, argument: str) -> None:
     """Fail at once, naming ``argument``, unless ``name`` is a directory here or a Hub id that can be had: offline or
     without network a Hub id must be in the local cache (transformers would retry for tens of seconds first)."""
     path = Path(name).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ValueError(
-                f"{argument} {name!r} is a file; pass a checkpoint directory (with config.json) or a Hub id"
-            )
+    if path.is_dir():
         return
+    if path.exists():
+        raise ValueError(f"{argument} {name!r} is a file; pass a checkpoint directory (with config.json) or a Hub id")
     if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
         raise ValueError(f"{argument} {name!r}: no such directory")
     from huggingface_hub import constants, try_to_load_from_cache
@@ -137,8 +135,7 @@ def cmd_demo(args) -> int:
             f"\n[{task}] {meta['hardware']}, {meta['dtype']}, target {meta['target_parameters'] / 1e6:.1f}M "
             f"parameters, {args.num_prompts} held-out prompts x {args.max_new_tokens} new tokens (greedy)\n"
         )
-        # its warning, if any, is printed once above
-        print(format_table(result["summary"], {**result["timing"], "reliable": True}))
+        print(format_table(result["summary"], {**result["timing"], "reliable": True}))  # its warning: once, above
         print(sample_text(result, bundle.tokenizer))
     descriptions = {m: text for result in results.values() for m, text in result["meta"]["descriptions"].items()}
     print("\n" + legend(descriptions))
@@ -178,18 +175,17 @@ def legend(descriptions: dict[str, str], width: int = 100) -> str:
 
 def sample_text(result: dict, tokenizer, width: int = 240) -> str:
     """The first prompt's continuation by target-only and by the fastest other method, side by side in text."""
-    first = {r["method"]: r for r in result["records"] if r["prompt"] == 0 and r.get("repeat", 0) == 0}
+    first = {r["method"]: r["tokens"] for r in result["records"] if r["prompt"] == 0 and r.get("repeat", 0) == 0}
     others = [m for m in result["summary"] if m != "target-only"]
     if not others:
         return ""
     best = max(others, key=lambda m: result["summary"][m]["speedup_vs_target_only"])
 
     def show(m: str) -> str:
-        return tokenizer.decode(first[m]["tokens"], skip_special_tokens=True)[:width].replace("\n", "\n    ")
+        return "\n    " + tokenizer.decode(first[m], skip_special_tokens=True)[:width].replace("\n", "\n    ")
 
-    same = "identical" if first[best]["tokens"] == first["target-only"]["tokens"] else "differs"
-    mine = f"\nprompt 1, {best} (fastest here; {same}):\n    {show(best)}"
-    return f"\nprompt 1, target-only:\n    {show('target-only')}{mine}"
+    same = "identical" if first[best] == first["target-only"] else "differs"
+    return f"\nprompt 1, target-only:{show('target-only')}\nprompt 1, {best} (fastest here; {same}):{show(best)}"
 
 
 def bench_output_path(output: str | None, profile: str, task: str, overwrite: bool = False) -> Path:
@@ -371,9 +367,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     glide_dir, target_dir = args.glide, args.target
     if glide_dir == "default":
+        from .defaults import SMOLLM2_DRAFTERS_DIR
         from .defaults.smollm2 import converted_dir
 
-        glide_dir = str(Path(__file__).parent / "defaults" / "checkpoint_smollm2" / "glide_assistant")
+        glide_dir = str(SMOLLM2_DRAFTERS_DIR / "glide_assistant")
         target_dir = target_dir or str(converted_dir())
     for flag, directory in (("GLIDE", glide_dir), ("--target", target_dir)):
         if directory is not None and not (Path(directory) / "config.json").is_file():
