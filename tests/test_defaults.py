@@ -362,9 +362,9 @@ def test_demo_on_a_busy_machine_says_its_ratios_are_unreliable(tiny_default):
     """Busy loops on every core this process leaves free, plus one: the demo must say so, loudly."""
     import torch
 
-    from hf_specdraft.bench.timing import _cpu_jiffies
+    from hf_specdraft.bench.timing import cpu_reading
 
-    cpus = _cpu_jiffies()[2] if _cpu_jiffies() else (os.cpu_count() or 1)
+    cpus = cpu_reading()[2] if cpu_reading() else (os.cpu_count() or 1)
     loops = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(min(max(cpus - torch.get_num_threads(), 0) + 1, 8))

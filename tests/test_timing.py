@@ -11,7 +11,7 @@ from hf_specdraft.bench.timing import (
     EXTREME_RANGE,
     NOISY_RANGE,
     QUIET_CORES,
-    LoadMonitor,
+    cpu_reading,
     other_cores,
     relative_range,
     spread,
@@ -22,9 +22,11 @@ from hf_specdraft.bench.timing import (
 
 def test_other_cores_subtracts_own_time():
     # 2 CPUs, 1 s: 200 jiffies in all, 190 busy, 1 s of them ours -> 0.9 of a core went to others
-    assert other_cores(190, 200, 2, 1.0, 100) == pytest.approx(0.9)
-    assert other_cores(50, 200, 2, 1.0, 100) == 0.0  # never negative (jiffy rounding)
-    assert other_cores(0, 0, 2, 0.0, 100) == 0.0
+    start = (1000, 5000, 2, 3.0)
+    assert other_cores(start, (1190, 5200, 2, 4.0), 100) == (pytest.approx(0.9), 2)
+    assert other_cores(start, (1050, 5200, 2, 4.0), 100) == (0.0, 2)  # never negative (jiffy rounding)
+    assert other_cores(start, start, 100) == (0.0, 2)
+    assert other_cores(None, start) is None  # no /proc/stat
 
 
 def test_verdict_flags_competition_for_our_cores_only():
@@ -38,7 +40,7 @@ def test_verdict_flags_competition_for_our_cores_only():
 
 
 def test_monitor_reads_this_machine():
-    load = LoadMonitor().start().other_cores()
+    load = other_cores(cpu_reading(), cpu_reading())
     assert load is None or (load[0] >= 0 and load[1] >= 1)
 
 

@@ -26,7 +26,7 @@ from ..defaults.tasks import PROMPT_CHARS, TaskItem, build_tasks, chat_prompt, c
 from ..core.validation import check_int
 from ..core.projection import calibrated_choices
 from .methods import METHODS, BenchContext
-from .timing import LoadMonitor, compile_counters, compiled, compiled_between
+from .timing import compile_counters, compiled, compiled_between, cpu_reading, other_cores
 from .timing import relative_range, spread, verdict, warning_text
 
 PROFILES = {
@@ -112,12 +112,12 @@ class _BenchRun:
 
     def __enter__(self) -> _BenchRun:
         self.handle = self.model.register_forward_hook(lambda *args: setattr(self, "count", self.count + 1))
-        self.monitor = LoadMonitor().start()
+        self.start = cpu_reading()
         return self
 
     def __exit__(self, *exc) -> None:
         self.handle.remove()
-        self.load = self.monitor.other_cores()
+        self.load = other_cores(self.start, cpu_reading())
 
 
 def run_one(method: str, ctx: BenchContext, counter: _BenchRun) -> dict:

@@ -52,10 +52,10 @@ class Question:
     file: str = "<prompts>"  # the file's path, for errors
 
 
-def _invalid(path, line: int, what: str) -> ValueError:
+def _invalid(where: str, what: str) -> ValueError:
     qid, category, turns = (words for words, _ in REQUIRED.values())
     return ValueError(
-        f"{path}:{line}: {what}; each line must be a JSON object with 'question_id' ({qid}), 'category' ({category}) "
+        f"{where}: {what}; each line must be a JSON object with 'question_id' ({qid}), 'category' ({category}) "
         f"and 'turns' ({turns}), as in Spec-Bench's question.jsonl"
     )
 
@@ -72,34 +72,30 @@ def parse_prompts(text: str, path: str | Path = "<prompts>") -> list[Question]:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        where = f"{path}:{number}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise _invalid(path, number, f"not valid JSON ({err.msg} at column {err.colno})") from None
+            raise _invalid(where, f"not valid JSON ({err.msg} at column {err.colno})") from None
         if not isinstance(row, dict):
-            raise _invalid(path, number, f"a JSON {type(row).__name__}, not an object")
+            raise _invalid(where, f"a JSON {type(row).__name__}, not an object")
         missing = [name for name in REQUIRED if name not in row]
         if missing:
-            raise _invalid(
-                path, number, f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}"
-            )
+            raise _invalid(where, f"missing field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
         for name, (words, valid) in REQUIRED.items():
             if not valid(row[name]):
-                raise _invalid(path, number, f"{name!r} is {row[name]!r}, not {words}")
+                raise _invalid(where, f"{name!r} is {row[name]!r}, not {words}")
         qid, category, turns = row["question_id"], row["category"], row["turns"]
         for index, turn in enumerate(turns):
             if not isinstance(turn, str) or not turn.strip():
-                raise _invalid(path, number, f"turn {index + 1} of 'turns' is {turn!r}, not a non-empty string")
+                raise _invalid(where, f"turn {index + 1} of 'turns' is {turn!r}, not a non-empty string")
         if qid in seen:
-            raise _invalid(path, number, f"'question_id' {qid!r} repeats line {seen[qid]}'s")
+            raise _invalid(where, f"'question_id' {qid!r} repeats line {seen[qid]}'s")
         seen[qid] = number
         extra = {k: v for k, v in row.items() if k not in REQUIRED}
         questions.append(Question(qid, category, tuple(turns), number, extra, str(path)))
     if not questions:
-        raise ValueError(
-            f"{path}: no question in the file; each line must be a JSON object with 'question_id', 'category' and "
-            "'turns'"
-        )
+        raise _invalid(str(path), "no question in the file")
     return questions
 
 

@@ -19,8 +19,9 @@ QUIET_CORES = 0.15
 EXTREME_RANGE = 0.35
 
 
-def _cpu_jiffies() -> tuple[int, int, int] | None:
-    """(busy, total) jiffies of all CPUs since boot and the number of CPUs; None without /proc/stat."""
+def cpu_reading() -> tuple[int, int, int, float] | None:
+    """(busy, total) jiffies of all CPUs since boot, the number of CPUs, and our own CPU seconds (user, system,
+    children's user and system); None without /proc/stat. Two readings give :func:`other_cores`."""
     try:
         with open("/proc/stat") as f:
             lines = f.read().splitlines()
@@ -29,31 +30,18 @@ def _cpu_jiffies() -> tuple[int, int, int] | None:
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is counted in user)
-    return total - idle, total, sum(line.startswith("cpu") and line[3:4].isdigit() for line in lines)
+    cpus = sum(line.startswith("cpu") and line[3:4].isdigit() for line in lines)
+    return total - idle, total, cpus, sum(os.times()[:4])
 
 
-class LoadMonitor:
-    """Measures what other processes take of the CPU between :meth:`start` and :meth:`other_cores` (our own time:
-    user, system, children's user and system)."""
-
-    def start(self) -> LoadMonitor:
-        self._start = (_cpu_jiffies(), sum(os.times()[:4]))
-        return self
-
-    def other_cores(self) -> tuple[float, int] | None:
-        """(cores' worth of CPU other processes used since :meth:`start`, CPUs); None if not measurable."""
-        (jiffies, own), now = self._start, _cpu_jiffies()
-        if jiffies is None or now is None:
-            return None
-        own = sum(os.times()[:4]) - own
-        return other_cores(now[0] - jiffies[0], now[1] - jiffies[1], now[2], own, os.sysconf("SC_CLK_TCK")), now[2]
-
-
-def other_cores(busy_jiffies: int, total_jiffies: int, cpus: int, own_seconds: float, ticks_per_second: int) -> float:
-    """``(busy − own) / total × cpus``: how many cores' worth of time went to other processes."""
-    if total_jiffies <= 0:
-        return 0.0
-    return min(max((busy_jiffies - own_seconds * ticks_per_second) / total_jiffies, 0.0), 1.0) * cpus
+def other_cores(start, end, ticks_per_second: int | None = None) -> tuple[float, int] | None:
+    """(how many cores' worth of time went to other processes from reading ``start`` to ``end``, ``(busy − own) /
+    total × cpus``, and the CPUs); None if not measurable."""
+    if start is None or end is None:
+        return None
+    busy, total, _, own = (b - a for a, b in zip(start, end))
+    others = (busy - own * (ticks_per_second or os.sysconf("SC_CLK_TCK"))) / total if total > 0 else 0.0
+    return min(max(others, 0.0), 1.0) * end[2], end[2]
 
 
 def relative_range(values: list[float]) -> float:
@@ -71,7 +59,7 @@ def spread(values: list[float]) -> dict:
 def verdict(
     load: tuple[float, int] | None, threads: int, timing_noise: float | None, baseline_noise: float = 0.0
 ) -> dict:
-    """Whether a run's ratios can be trusted, and why not. ``load``: :meth:`LoadMonitor.other_cores`; ``timing_noise``:
+    """Whether a run's ratios can be trusted, and why not. ``load``: :func:`other_cores`; ``timing_noise``:
     how far the speedups moved between repeats (None: no method repeated its work); ``baseline_noise``: how far
     target-only's own time moved. A speedup is a ratio of two such times, so noise counts beyond both
     :data:`NOISY_RANGE` and twice the baseline's, and on a quiet machine (:data:`QUIET_CORES`) only beyond
