@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 from itertools import accumulate
+from statistics import fmean, linear_regression
 
 from .validation import check_int
 
@@ -140,11 +141,9 @@ class DraftLengthController:
         if len(known) == 1:
             k = known[0]
             return lambda n: verify[k] * max(1 + PRIOR_SLOPE * (n - k), 0.5)
-        mean_n = sum(known) / len(known)
-        mean_v = sum(verify[k] for k in known) / len(known)
-        spread = sum((k - mean_n) ** 2 for k in known)
-        slope = max(sum((k - mean_n) * (verify[k] - mean_v) for k in known) / spread, 0.0)
-        floor = min(verify.values())
+        seconds = [verify[k] for k in known]
+        slope = max(linear_regression(known, seconds).slope, 0.0)  # least squares
+        mean_n, mean_v, floor = fmean(known), fmean(seconds), min(seconds)
         return lambda n: max(mean_v + slope * (n - mean_n), floor)
 
     def rates(self, option: int, verify=None) -> list[float]:

@@ -7,6 +7,7 @@ machine, pair of models (:func:`entry_key`) and call setting. The file helpers a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import functools
 import hashlib
@@ -39,11 +40,8 @@ def cache_file(variable: str, name: str) -> Path | None:
 def machine_id() -> str:
     """The CPU model and torch build what was measured holds for (another CPU or BLAS is measured anew)."""
     model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     return f"{model} | torch {torch.__version__} | {os.cpu_count()} CPUs"
 
 
@@ -70,14 +68,8 @@ def write_json(path: Path, data: dict) -> None:
 
 
 MAX_ENTRIES = 256  # the file keeps the most recently saved entries
-
-
-def store_file() -> Path | None:
-    """``$HF_SPECDRAFT_CONTROLLER_FILE``, by default ``$HF_SPECDRAFT_CACHE/controller.json`` (``~/.cache/hf_specdraft``;
-    ``None`` when the variable is set empty)."""
-    return cache_file("HF_SPECDRAFT_CONTROLLER_FILE", "controller.json")
-
-
+# the file (cache_file): $HF_SPECDRAFT_CONTROLLER_FILE, by default $HF_SPECDRAFT_CACHE/controller.json
+STORE = ("HF_SPECDRAFT_CONTROLLER_FILE", "controller.json")
 FORMAT = 1  # the state's layout; an entry of another format is not read
 
 
@@ -138,8 +130,8 @@ def mine(key: str, model=None) -> bool:
 
 
 def save_state(key: str, state: dict, path: Path) -> None:
-    """Save ``state`` (JSON-able) under ``key`` in ``path``; a failed write is skipped."""
-    try:
+    """Save ``state`` (JSON-able) under ``key`` in ``path``; a failed write is skipped (a cache)."""
+    with contextlib.suppress(Exception):
         data = read_json(path)
         data[key] = {"saved": time.time(), "state": state}
         if len(data) > MAX_ENTRIES:  # the newest entries stay (an unreadable time counts as the oldest)
@@ -147,8 +139,6 @@ def save_state(key: str, state: dict, path: Path) -> None:
             when = {k: t if isinstance(t, (int, float)) else 0.0 for k, t in when.items()}
             data = dict(sorted(data.items(), key=lambda item: when[item[0]])[-MAX_ENTRIES:])
         write_json(path, data)
-    except Exception:  # noqa: BLE001 - a cache
-        pass
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target model -> {key: (anchor ref, state)}
@@ -206,7 +196,7 @@ def recall(controller: DraftLengthController, model, drafter, setting: tuple = (
         vars(controller).update(copy.deepcopy(remembered[1]))
         return True
     # the file's key: shapes and names, not ids
-    entry = read_json(store_file()).get(entry_key(model, anchor, key[0], key[2:]))
+    entry = read_json(cache_file(*STORE)).get(entry_key(model, anchor, key[0], key[2:]))
     saved = entry.get("state") if isinstance(entry, dict) else None
     return isinstance(saved, dict) and _restore(controller, saved)
 
@@ -238,7 +228,7 @@ def remember(controller: DraftLengthController, model, drafter, setting: tuple =
         kept[key] = (weakref.ref(anchor), state)
     except TypeError:  # a model or anchor that cannot be weakly referenced: nothing is kept
         return
-    path = store_file()
+    path = cache_file(*STORE)
     if path is None:
         return
     disk_key = entry_key(model, anchor, key[0], key[2:])
@@ -265,9 +255,7 @@ def forget(model=None) -> None:
         ) from None
     for key in [k for k in _PENDING if mine(k, model)]:
         del _PENDING[key]
-    path = store_file()
-    try:
+    path = cache_file(*STORE)
+    with contextlib.suppress(Exception):  # a cache
         if path is not None and path.is_file():
             write_json(path, {k: v for k, v in read_json(path).items() if not mine(k, model)})
-    except Exception:  # noqa: BLE001 - a cache
-        pass
