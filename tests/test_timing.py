@@ -258,7 +258,7 @@ def test_the_warm_up_runs_the_longest_prompts_at_the_timed_length(monkeypatch):
 
     def fake_run_one(method, ctx, counter):
         seen.append((method, ctx.prompt_ids.shape[1], ctx.max_new_tokens))
-        return {"compiles": {"unique_graphs": 1} if method == "max-gram-auto-compiled" else {}}
+        return {"seconds": 0.5, "compiles": {"unique_graphs": 1} if method == "max-gram-auto-compiled" else {}}
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     contexts = [
@@ -274,6 +274,7 @@ def test_the_warm_up_runs_the_longest_prompts_at_the_timed_length(monkeypatch):
     ]
     assert warm["warmup_prompt_tokens"] == [200, 90] and warm["warmup_max_new_tokens"] == 64
     assert warm["warmup_compiles"] == {"target-only": {}, "max-gram-auto-compiled": {"unique_graphs": 2}}
+    assert warm["warmup_seconds"] == {"target-only": 1.0, "max-gram-auto-compiled": 1.0}  # both prompts' runs
     assert harness.warm_up(contexts, BenchConfig(methods=("target-only",), warmup=0), None)["warmup_prompts"] == 0
 
 

@@ -322,13 +322,12 @@ def warm_up(contexts: list[BenchContext], config: BenchConfig, counter: _BenchRu
     sized (and buckets compiled) for the longest call and the γ controller has learned this machine's costs, so the
     repeats time the steady state. Returns the warm-up's ``timing`` fields: prompts, seconds and compiles per method."""
     order = sorted(range(len(contexts)), key=lambda i: contexts[i].prompt_ids.shape[1], reverse=True)[: config.warmup]
-    seconds: dict[str, float] = {}
+    seconds: Counter = Counter()
     compiles: dict[str, Counter] = {}
     for index in tqdm(order, desc="warm-up (untimed)", disable=not order):
         for m in config.methods:  # the first call pays compiles (static / compiled methods): its time is kept
-            started = time.perf_counter()
             record = run_one(m, contexts[index], counter)
-            seconds[m] = seconds.get(m, 0.0) + time.perf_counter() - started
+            seconds[m] += record["seconds"]
             compiles.setdefault(m, Counter()).update(record["compiles"])
     return {
         "warmup_prompts": len(order),

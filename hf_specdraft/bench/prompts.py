@@ -1,17 +1,9 @@
-"""``hf-specdraft bench --prompts FILE.jsonl``: the field's benchmark format, run by the bench harness.
+"""``hf-specdraft bench --prompts FILE.jsonl``: Spec-Bench's question format (Xia et al., ACL Findings 2024,
+arXiv:2401.07851), one JSON object a line with ``question_id``, ``category`` and ``turns``, run by the bench harness.
+Every turn runs in the target's chat template after the earlier turns and target-only's greedy answers to them (so every
+method sees the same context); the result has the harness's summary per category and overall (docs/benchmarks.md).
 
-A prompts file holds one JSON object a line in Spec-Bench's question format (Xia et al., "Unlocking Efficiency in
-Large Language Model Inference: A Comprehensive Survey of Speculative Decoding", ACL Findings 2024, arXiv:2401.07851):
-
-    {"question_id": 1, "category": "translation", "turns": ["Translate into French: ..."]}
     {"question_id": 2, "category": "multi-turn", "turns": ["What is a tarball?", "Now say it in one sentence."]}
-
-Every turn runs in order, in the target's chat template, after the earlier turns and target-only's greedy answers to
-them (so every method sees the same context); other fields are kept, not used. The result has the harness's summary
-per category and overall, with each method's speedup against every baseline that ran. The project ships its own
-prompts in this format (:data:`DEFAULT_PROMPTS`; docs/benchmarks.md says where their text comes from):
-
-    hf-specdraft bench --prompts hf_specdraft/defaults/spec_prompts.jsonl --max-new-tokens 32
 """
 
 from __future__ import annotations
