@@ -174,22 +174,16 @@ def run_prompts_bench(
         item = TaskItem("chat", str(question.question_id), question.turns[turn], "")
         return bench_context(bundle, item, ids, config)
 
-    units: list[tuple[int, int]] = []
+    units = [(q, turn) for q, question in enumerate(questions) for turn in range(len(question.turns))]
+    answers: list[str] = []  # the target's own answers to the question's earlier turns
     with _BenchRun(bundle.target) as run:
         # untimed warm-up on the longest first turns (later turns are longer still: a static cache may grow there)
         run.warmup = warm_up([context(q, 0, []) for q in questions] if config.warmup else [], config, run)
-        bar = tqdm(total=sum(len(q.turns) for q in questions), desc=f"bench {Path(str(path)).name}", unit="turn")
-        for q, question in enumerate(questions):
-            answers: list[str] = []
-            for turn in range(len(question.turns)):
-                units.append((q, turn))
-                first = time_prompt(
-                    context(question, turn, answers), len(units) - 1, config, run, bar, f"{question.category}, "
-                )
-                # the next turn's context holds the target's own answer
-                answers.append(bundle.tokenizer.decode(first["target-only"]["tokens"], skip_special_tokens=True))
-                bar.update(1)
-        bar.close()
+        bar = tqdm(units, desc=f"bench {Path(str(path)).name}", unit="turn")
+        for index, (q, turn) in enumerate(bar):
+            question, answers = questions[q], answers[:turn]
+            first = time_prompt(context(question, turn, answers), index, config, run, bar, f"{question.category}, ")
+            answers.append(bundle.tokenizer.decode(first["target-only"]["tokens"], skip_special_tokens=True))
     categories = category_table(run.records, units, questions, tuple(config.methods))
     meta = {"prompts": str(path), "questions": len(questions), "turns": len(units)}
     meta["categories"] = categories_in_order(questions)
