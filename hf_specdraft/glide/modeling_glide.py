@@ -36,7 +36,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from .configuration_glide import GlideConfig
-from .target_binding import TargetBindingMixin
+from .target_binding import TargetBindingMixin, passed_cache
 
 # transformers 5.24 renamed the cache argument of every forward (and the outputs' cache field) from
 # ``past_key_values`` to ``cache``: read once here, so this file runs on either side of the rename
@@ -44,13 +44,6 @@ ATTENTION_CACHE_ARGUMENT = (
     "cache" if "cache" in inspect.signature(LlamaAttention.forward).parameters else "past_key_values"
 )
 OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-def own_cache(past_key_values: Cache | None, cache: Cache | None) -> Cache | None:
-    """GLIDE's own cache, passed under either name (``cache`` from transformers 5.24 on, ``past_key_values`` before)."""
-    if past_key_values is not None and cache is not None and past_key_values is not cache:
-        raise ValueError("pass GLIDE's own cache once, as cache= or as past_key_values=, not two different caches")
-    return cache if cache is not None else past_key_values
 
 
 def read_target_layer(
@@ -372,7 +365,7 @@ class GlideModel(GlidePreTrainedModel):
             inputs_embeds = self.pre_projection(torch.cat([inputs_embeds, states], dim=-1))
         elif target_hidden_states is not None:
             raise ValueError("target_hidden_states is read only by a GLIDE built with state_input=True")
-        past_key_values = own_cache(past_key_values, cache)
+        past_key_values = passed_cache(past_key_values, cache)
         if use_cache and past_key_values is None and self.config.self_attention:
             past_key_values = DynamicCache(config=self.config)
         past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -494,7 +487,7 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
             input_ids,
             attention_mask,
             position_ids,
-            own_cache(past_key_values, cache),
+            passed_cache(past_key_values, cache),
             inputs_embeds,
             use_cache,
             self._attached_cache(target_past_key_values),

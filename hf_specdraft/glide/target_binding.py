@@ -12,10 +12,11 @@ import weakref
 from torch import nn
 
 
-def passed_cache(kwargs: dict):
+def passed_cache(past_key_values, cache):
     """The cache a forward call was handed: ``cache=`` from transformers 5.24 on, ``past_key_values=`` before."""
-    cache = kwargs.get("cache")
-    return cache if cache is not None else kwargs.get("past_key_values")
+    if past_key_values is not None and cache is not None and past_key_values is not cache:
+        raise ValueError("pass the cache once, as cache= or as past_key_values=, not two different caches")
+    return cache if cache is not None else past_key_values
 
 
 class _TargetBinding:
@@ -28,7 +29,7 @@ class _TargetBinding:
         self.handle = target.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module, args, kwargs):
-        cache = passed_cache(kwargs)
+        cache = passed_cache(kwargs.get("past_key_values"), kwargs.get("cache"))
         if cache is not None:
             self.cache = cache
 
@@ -90,7 +91,7 @@ class TargetBindingMixin:
         own cache so the prefix is fed again glimpsing (with two or more layers, layers >= 1 depend on layer 0's
         glimpse). Later rounds must find the target cache covering ``input_ids[:, :-1]``, else GLIDE is attached to
         another model."""
-        binding, own = self._glide_binding, passed_cache(kwargs)
+        binding, own = self._glide_binding, passed_cache(kwargs.get("past_key_values"), kwargs.get("cache"))
         if binding is None:
             if self.config.cross_attention and kwargs.get("target_past_key_values") is None:
                 self._attached_cache(None)  # raises: no target attached
