@@ -48,7 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--assistant-layout", action="store_true", help="with --state-input: no self-attention (Gemma 4's, for vLLM)"
     )
     parser.add_argument("--unrolled-steps", type=int, help="draft steps per position (default: 2 with --state-input)")
-    parser.add_argument("--target-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     _add_typed_flags(
         parser,
         GlideTrainingArguments(output_dir="."),
@@ -80,7 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--eval-new-tokens", type=int, default=32, help="tokens generated per held-out prompt")
     parser.add_argument("--dataset-name", help="what the data is, for the model card (default: --dataset)")
     parser.add_argument("--license", help="the weights' license for the model card, a Hub id such as apache-2.0")
-    parser.add_argument("--metrics", help="JSON file of measured metrics for the model card")
     parser.add_argument("--compare-vanilla", help="a vanilla run's output dir (same data): its α goes on the card")
     parser.add_argument("--push-to-hub", action="store_true")
     parser.add_argument("--hub-model-id")
@@ -118,9 +116,8 @@ def _check_flags(parser, ns) -> None:
         if not Path(path).exists():
             parser.error(f"--data: {path!r} does not exist")
     vanilla_log = ns.compare_vanilla and Path(ns.compare_vanilla) / "training_log.json"
-    for flag, path in (("--metrics", ns.metrics), ("--compare-vanilla", vanilla_log)):
-        if path and not Path(path).is_file():
-            parser.error(f"{flag}: {str(path)!r} is not a file")
+    if vanilla_log and not vanilla_log.is_file():
+        parser.error(f"--compare-vanilla: {str(vanilla_log)!r} is not a file")
     if ns.regenerate and ns.dataset is None:
         parser.error("--regenerate needs --dataset (prompts come from its examples)")
     if ns.eval_fraction is not None and ns.eval_examples is not None:
@@ -196,7 +193,7 @@ def _vanilla_twin(parser, path: str | None) -> dict:
 
 
 def _load_models(parser, ns, seed: int):
-    """The target (``--target-dtype``) and GLIDE (``--glide``, or a fresh one shaped by the flags)."""
+    """The target (in its checkpoint's dtype) and GLIDE (``--glide``, or a fresh one shaped by the flags)."""
     from ..configuration_glide import GlideConfig
     from ..modeling_glide import GlideForCausalLM
 
@@ -206,8 +203,7 @@ def _load_models(parser, ns, seed: int):
         except (OSError, ValueError) as error:
             parser.error(f"{flag}: cannot load {what} from {name!r}: {str(error).splitlines()[0]}")
 
-    dtype = "auto" if ns.target_dtype == "auto" else getattr(torch, ns.target_dtype)
-    target = load("--target", "a causal LM", ns.target, AutoModelForCausalLM.from_pretrained, dtype=dtype)
+    target = load("--target", "a causal LM", ns.target, AutoModelForCausalLM.from_pretrained, dtype="auto")
     if ns.glide:
         return target, load("--glide", "a GLIDE checkpoint", ns.glide, GlideForCausalLM.from_pretrained)
     torch.manual_seed(seed)
@@ -268,7 +264,6 @@ def main(argv: list[str] | None = None, custom_generate=None) -> int:
         glide,
         stream,
         args,
-        metrics=json.loads(Path(ns.metrics).read_text()) if ns.metrics else None,
         evaluation=_evaluation(ns, args, glide, heldout, prompts, tokenizer),
         extra_log={**extra, **vanilla},
         custom_generate=custom_generate,

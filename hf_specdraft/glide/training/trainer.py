@@ -130,9 +130,7 @@ def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
         raise TypeError(f"target must be a transformers PreTrainedModel, got {type(target).__name__}")
     if not isinstance(glide, PreTrainedModel) or getattr(glide.config, "model_type", None) != "glide":
         raise TypeError(f"glide must be a GLIDE model (config.model_type 'glide'), got {type(glide).__name__}")
-    problems = glide.config.target_mismatches(target.config)
-    if problems:
-        raise ValueError("glide was built for a different target:\n  " + "\n  ".join(problems))
+    glide.check_target(target)
     if (getattr(target, "tp_size", None) or 1) > 1:
         raise ValueError(
             f"target is split over {target.tp_size} ranks by tensor parallelism (tp_plan): train_glide reads the whole "
