@@ -4,7 +4,7 @@ the default here is ``"auto"``: the loop picks γ every step from measured accep
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..core.drafting import AUTO, draft_length
 from ..core.validation import check_copy_options
@@ -35,6 +35,3 @@ class GlideDraftingConfig:
         if isinstance(self.copy_from_context, bool):  # False: never copy; True: copy after the default match length
             object.__setattr__(self, "copy_from_context", type(self).copy_from_context if self.copy_from_context else 0)
         check_copy_options(self.copy_from_context, self.max_copy_tokens)
-
-    def to_dict(self) -> dict:
-        return asdict(self)

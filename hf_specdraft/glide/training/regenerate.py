@@ -73,9 +73,8 @@ def generate_replies(target, tokenizer, prompts: list[list[int]], args: Regenera
     device = next(target.parameters()).device
     input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    sampling = {"do_sample": args.temperature > 0}
-    if args.temperature > 0:
-        sampling.update(temperature=args.temperature, top_p=args.top_p)
+    greedy = {"do_sample": False}  # also against a generation_config that samples
+    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.temperature else greedy
     # the caller's RNG stream is left alone
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
