@@ -486,15 +486,13 @@ def format_table(summary: dict, timing: dict | None = None) -> str:
         )
         if not timing["reliable"]:
             rows.insert(0, warning_text(timing))
-    invalid = [name for name, s in summary.items() if not s.get("valid", True)]
+    invalid = [
+        f"{name} compiled in {s['timed_runs_compiled']} of its timed runs "
+        f"({', '.join(f'{v} {c}' for c, v in s['compiled_while_timed'].items()) or 'nothing'})"
+        for name, s in summary.items()
+        if not s.get("valid", True)
+    ]
     if invalid:
-        rows.append(
-            "INVALID: "
-            + "; ".join(
-                f"{name} compiled in {summary[name]['timed_runs_compiled']} of its timed runs "
-                f"({', '.join(f'{v} {c}' for c, v in summary[name]['compiled_while_timed'].items()) or 'nothing'})"
-                for name in invalid
-            )
-            + ": their times include compiling (a bucket or cache size no warm-up run reached)"
-        )
+        reason = "their times include compiling (a bucket or cache size no warm-up run reached)"
+        rows.append(f"INVALID: {'; '.join(invalid)}: {reason}")
     return "\n".join(rows)
