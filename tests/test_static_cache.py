@@ -21,6 +21,7 @@ from hf_specdraft.core.controller import DraftLengthController
 from hf_specdraft.core.drafting import DraftModelCandidateGenerator, DrafterTraits
 from hf_specdraft.core.static_cache import StaticRowsCache
 from hf_specdraft.core.tree import DraftTree, fit_proposal
+from hf_specdraft.core.verify import LayerWindows
 from hf_specdraft.glide import GlideCandidateGenerator
 from test_controller import AdaptiveOracle
 from test_method_grid import METHODS, TABLE, glide_for
@@ -375,7 +376,7 @@ def test_buckets_and_caps():
 
 
 def test_the_cache_keeps_rows_apart():
-    cache = StaticRowsCache(num_layers=1, batch_size=2, max_cache_len=8)
+    cache = StaticRowsCache(num_layers=1, batch_size=2, max_cache_len=8, layer_windows=LayerWindows(tiny_model()))
     keys = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
     cache.set_write_columns([0, 4], 3, "cpu")
     cache.update(keys, keys + 100, 0)

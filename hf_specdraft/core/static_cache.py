@@ -1,11 +1,8 @@
 """A static KV cache the loop owns (``cache_implementation="static"``, docs/static-cache.md): one buffer
-`(B, H, max_cache_len, D)` a layer, allocated once and reused by later calls of the same shape. Row ``b`` keeps its
-text at columns ``[pad_b, len(row.ids) - 1)``; a step writes ``[last token] + tree``, padded to a bucket of ``Q``
-tokens, past that, and acceptance moves the accepted columns into place (:meth:`StaticRowsCache.keep`, as Sequoia
-compacts). Nothing is rewound: the mask hides the columns past a row's text (as gpt-fast does); transformers'
-``StaticCache`` writes at one length for the whole batch and cannot crop. A compiled forward's inputs sit in fixed
-buffers per bucket, edited in place through NumPy views of host staging buffers (:class:`BucketInputs`, as SGLang's
-CUDA-graph runner keeps one per batch size).
+`(B, H, max_cache_len, D)` a layer, reused by later calls of the same shape. Row ``b`` keeps its text at columns
+``[pad_b, len(row.ids) - 1)``; a step writes ``[last token] + tree``, padded to a bucket of ``Q`` tokens, past that;
+:meth:`StaticRowsCache.keep` moves the accepted columns into place. Nothing is rewound: the mask hides the columns past
+a row's text (transformers' ``StaticCache`` writes at one length for the whole batch and cannot crop).
 """
 
 from __future__ import annotations
@@ -124,9 +121,9 @@ class StaticRowsCache(Cache):
         num_layers: int,
         batch_size: int,
         max_cache_len: int,
+        layer_windows: LayerWindows,
         windows: dict[int, tuple[int, int]] | None = None,
         scratch: int = 0,
-        layer_windows: LayerWindows | None = None,
     ):
         windows = windows or {}  # layer -> (window, ring): the windowed layers kept on rings
         super().__init__(
@@ -150,9 +147,8 @@ class StaticRowsCache(Cache):
         self.warmed: set = set()  # graphs (buckets) already compiled and run on this cache, by this or an earlier call
         self.buckets: dict[int, BucketInputs] = {}  # each bucket's inputs (staging), edited step to step
         self.layer_windows = layer_windows  # what the model's masks depend on, read once by the cache's owner
-        self.mask_dtype = torch.float32 if layer_windows is None else layer_windows.dtype
-        self.windowed = layer_windows is None or layer_windows.windowed  # whether masks differ per layer type
-        types = [] if layer_windows is None else layer_windows.types
+        self.mask_dtype, self.windowed = layer_windows.dtype, layer_windows.windowed  # windowed: masks per layer type
+        types = layer_windows.types
         self.kind_rings = {kind: layer.ring for kind, layer in zip(types, self.layers) if layer.ring is not None}
 
     def masks(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, starts=None):
@@ -160,7 +156,7 @@ class StaticRowsCache(Cache):
         `(B, 1, Q, L)` additive; with ``starts`` `(B,)` (each row's first written column), over the rings' slots."""
         if mask.dtype == torch.bool:
             mask = additive(mask[:, None], self.mask_dtype)
-        masks = mask if self.layer_windows is None else self.layer_windows.masks(mask, query_positions, key_positions)
+        masks = self.layer_windows.masks(mask, query_positions, key_positions)
         return masks if starts is None or not self.has_rings else self.onto_rings(masks, mask.shape[2], starts)
 
     def onto_rings(self, masks, width: int, starts: torch.Tensor | None = None):

@@ -1,10 +1,7 @@
-"""The static path of a call (:class:`StaticLayout`, docs/static-cache.md): every row at its own length in the fixed
-buffers of ``cache_implementation="static"`` (:class:`~hf_specdraft.core.static_cache.StaticRowsCache`); and the choice
-of a call's layout (:func:`layout_for`). A step verifies ``[last token] + tree`` padded with masked dummies to the
-smallest bucket ``Q >= 1 + N`` (:data:`BUCKETS`, one graph each; Medusa, Sequoia and SGLang do the same), each node
-seeing its row's text and its ancestors (SpecInfer) through a mask built on the host. Finished rows verify dummies.
-Compiling follows ``GenerationMixin``'s rules (:func:`compile_config_for`); each bucket is warmed up once and reused by
-later calls whose cache fits (:func:`static_target`), one call at a time (:func:`static_call`). Prefill stays eager.
+"""The static path of a call (:class:`StaticLayout`, docs/static-cache.md), every row at its own length in the fixed
+buffers of a :class:`~hf_specdraft.core.static_cache.StaticRowsCache`, and the choice of a call's layout
+(:func:`layout_for`). A step verifies ``[last token] + tree`` padded with masked dummies to the smallest bucket
+``Q >= 1 + N`` (:data:`BUCKETS`: one compiled graph each, warmed up once and reused by later calls whose cache fits).
 """
 
 from __future__ import annotations
@@ -55,8 +52,7 @@ def static_lock(model) -> threading.RLock:
 def static_call(model):
     """Hold ``model``'s static caches (one request's state) for one call: a concurrent static call waits here. Draft
     caches taken on the way (:func:`hold_draft`) are released with it."""
-    lock = static_lock(model)
-    with lock:
+    with static_lock(model):
         outer, _HELD.locks = getattr(_HELD, "locks", None), []
         try:
             yield
@@ -377,8 +373,8 @@ def static_target(
             model.config.get_text_config().num_hidden_layers,
             batch_size,
             columns,
+            windows,
             rings if role == "target" else None,
             scratch=buckets[-1],
-            layer_windows=windows,
         )
     return StaticLayout(model, cache, support, compile_config, buckets, one_row)
