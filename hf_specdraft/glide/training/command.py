@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--regen-turns", choices=["last", "each"], default=RegenerationArguments.turns, help="turns to regenerate"
     )
     group = parser.add_argument_group("held-out evaluation (every --eval-every steps)")
-    group.add_argument("--eval-fraction", type=float, help="data fraction held out (default 0.05 with --eval-every)")
-    group.add_argument("--eval-examples", type=int, help="examples held out (instead of --eval-fraction)")
+    held_out = group.add_mutually_exclusive_group()
+    held_out.add_argument("--eval-fraction", type=float, help="data fraction held out (default 0.05 with --eval-every)")
+    held_out.add_argument("--eval-examples", type=int, help="examples held out (instead of --eval-fraction)")
     group.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq-len tokens for α")
     group.add_argument("--eval-prompts", type=int, default=4, help="prompts for tokens per target forward (0 = skip)")
     group.add_argument("--eval-new-tokens", type=int, default=32, help="tokens generated per held-out prompt")
@@ -120,8 +121,6 @@ def _check_flags(parser, ns) -> None:
         parser.error(f"--compare-vanilla: {str(vanilla_log)!r} is not a file")
     if ns.regenerate and ns.dataset is None:
         parser.error("--regenerate needs --dataset (prompts come from its examples)")
-    if ns.eval_fraction is not None and ns.eval_examples is not None:
-        parser.error("pass one of --eval-fraction and --eval-examples, not both")
     if ns.eval_fraction is not None and not 0 <= ns.eval_fraction < 1:
         parser.error(f"--eval-fraction must lie in [0, 1), got {ns.eval_fraction}")
     for flag, least in {"--eval-examples": 0, "--eval-windows": 1, "--eval-prompts": 0, "--eval-new-tokens": 1}.items():
