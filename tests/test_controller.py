@@ -551,10 +551,11 @@ def test_a_tree_drafters_widths_are_weighed_by_what_their_stopped_steps_realized
             accepted = wide_accepts if controller.option == 1 else 1
             controller.observe(2, [accepted], 0.002, 0.034 + 0.004 * controller.option, 3 + 2 * controller.option)
         assert 0.75 < options.count(expect) / len(options) < 0.95 and options[-8:].count(1 - expect) == 1
-        controller.option = 1
-        controller._stop_on_confidence()
-        # 2 chain tokens, 4 nodes
-        assert controller._draft_costs[2] == pytest.approx(2 * 0.001 + controller.cost_curve()(5))
+        controller.choose()  # the stop rule reads the chosen width's cost: 2 chain tokens, 2 or 4 nodes
+        assert controller._draft_costs[2] == pytest.approx(
+            2 * 0.001 + controller.cost_curve()(3 + 2 * controller.option)
+        )
+        assert controller.option == expect
 
 
 def test_a_drafter_that_never_asks_is_given_gamma_again():

@@ -149,9 +149,14 @@ class DraftLengthController:
     def rates(self, option: int, verify=None) -> list[float]:
         """Expected new tokens per second of a step drafting γ = 1 .. ``max_draft_tokens`` under one width ``option`` (a
         tree of about width · γ nodes); ``verify``: :meth:`cost_curve`'s function."""
-        d, width, tokens = self.draft_per_token or 0.0, self.measured_width[option], _expected(self.acceptance(option))
-        verify = verify or self.cost_curve()
-        return [tokens[g] / (g * d + verify(self.bucket(max(g, round(width * g)) + 1))) for g in range(1, len(tokens))]
+        tokens, costs = _expected(self.acceptance(option)), self._costs(self.measured_width[option], verify)
+        return [tokens[g] / costs[g] for g in range(1, len(tokens))]
+
+    def _costs(self, width: float, verify=None) -> list[float]:
+        """``j · d + v(1 + max(j, width · j))``: the seconds of a step drafting ``j = 0 .. max_draft_tokens`` tokens, a
+        tree of about width · j nodes."""
+        d, verify = self.draft_per_token or 0.0, verify or self.cost_curve()
+        return [j * d + verify(self.bucket(max(j, round(width * j)) + 1)) for j in range(self.max_draft_tokens + 1)]
 
     def _count(self, tries: list[list], hits: list[list], k: int, drafted: int, accepted: list[int]) -> None:
         """Decay ``tries[k]`` and ``hits[k]`` and add a step's outcome (positions up to the first rejected one)."""
@@ -165,7 +170,7 @@ class DraftLengthController:
         """How many of the ``available`` tokens that followed an earlier occurrence of the text's last ``match`` tokens
         to copy as this step's draft (``copy_from_context``); ``0``: draft with the model instead. A copy of ``n`` is
         worth ``(1 + Σ_{i<=n} Π_{j<=i} c_j) / v(n + 1)`` tokens per second (``c_j``: the ``a_j`` rule per bin of
-        ``COPY_MATCH_BINS``); the best ``n`` is copied where it beats :meth:`model_rate`, and every
+        ``COPY_MATCH_BINS``); the best ``n`` is copied where it beats the drafter's own rate, and every
         ``EXPLORE_EVERY``-th declined copy anyway (so a bin's rates stay measured)."""
         self._copy_bin = max(i for i, edge in enumerate(COPY_MATCH_BINS) if match >= edge or i == 0)
         top = min(available, self.max_copy_tokens)
@@ -177,18 +182,14 @@ class DraftLengthController:
         tokens = _expected(self._rates(self.copy_hits[b], self.copy_tries[b], COPY_PRIOR)[:top])
         rates = [tokens[n] / verify(self.bucket(n + 1)) for n in range(1, len(tokens))]
         best = 1 + max(range(len(rates)), key=rates.__getitem__)
-        if rates[best - 1] >= self.model_rate(verify):
+        o = self.option  # the drafter's own steps' tokens per second: realized if confidence-stopped, else expected
+        stopped = self.confidence_stops and self.stop_seconds[o] > 0
+        own = self.stop_tokens[o] / self.stop_seconds[o] if stopped else max(self.rates(o, verify))
+        if rates[best - 1] >= own:
             self._declined = 0
             return best
         self._declined += 1
         return best if self._declined % EXPLORE_EVERY == 0 else 0
-
-    def model_rate(self, verify=None) -> float:
-        """Tokens per second of the drafter's own steps: realized if confidence-stopped, else expected at best γ."""
-        o = self.option
-        if self.confidence_stops and self.stop_seconds[o] > 0:
-            return self.stop_tokens[o] / self.stop_seconds[o]
-        return max(self.rates(o, verify))
 
     def accepted_given(self, confidence: float) -> float:
         """``â(c)``: the measured rate at which draft tokens of about probability ``c`` are accepted."""
@@ -231,7 +232,8 @@ class DraftLengthController:
                 self.option = max(range(len(self.widths)), key=rates.__getitem__)
                 if self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 - 1:  # and the other widths, in turn
                     self.option = self._other_width()
-            gamma = self._stop_on_confidence()
+            # arm keep_drafting with the step's costs; the longest draft
+            self._draft_costs, gamma = self._costs(self.widths[self.option]), top
         else:
             verify = self.cost_curve()
             rates = [self.rates(o, verify) for o in range(len(self.widths))]
@@ -247,14 +249,6 @@ class DraftLengthController:
                 gamma = max(range(1, top + 1), key=lambda g: rates[self.option][g - 1])
         self.choices.append(gamma)
         return gamma
-
-    def _stop_on_confidence(self) -> int:
-        """Arm :meth:`keep_drafting` (the step's costs ``j · d + v(1 + max(j, width · j))``); the longest draft."""
-        d, width, verify = self.draft_per_token or 0.0, self.widths[self.option], self.cost_curve()
-        self._draft_costs = [
-            j * d + verify(self.bucket(max(j, round(width * j)) + 1)) for j in range(self.max_draft_tokens + 1)
-        ]
-        return self.max_draft_tokens
 
     def _other_width(self) -> int:
         """The width option an exploring step runs instead: each of the others in turn."""
