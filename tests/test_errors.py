@@ -214,12 +214,3 @@ def test_cli_help_imports_neither_torch_nor_transformers():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
     done = subprocess.run([sys.executable, "-m", "hf_specdraft", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and all(name in done.stdout for name in ("demo", "bench", "train-glide", "export"))
-
-
-def test_the_earlier_training_entry_points_at_train_glide():
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "hf_specdraft.glide.training", "--output-dir", "unused"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "hf-specdraft train-glide" in done.stderr, done.stderr

@@ -61,7 +61,7 @@ def load_smollm2_default(
 
 def shipped_extras(directory: Path, kinds: dict[str, str], dtype: torch.dtype, device) -> dict:
     """The drafters of ``directory`` that are there (``kinds``: subfolder -> bench name) and Max-Gram's fallback table
-    (``bigram.safetensors``, ``hf-specdraft build-bigram``), by bench name."""
+    (``bigram.safetensors``, ``python -m recipes.bigram``), by bench name."""
     from ..cascade.bigram import load_bigram_table
     from ..glide import register_auto_classes
 
