@@ -232,8 +232,7 @@ class DraftLengthController:
                 self.option = max(range(len(self.widths)), key=rates.__getitem__)
                 if self.steps % EXPLORE_EVERY == EXPLORE_EVERY // 2 - 1:  # and the other widths, in turn
                     self.option = self._other_width()
-            # arm keep_drafting with the step's costs; the longest draft
-            self._draft_costs, gamma = self._costs(self.widths[self.option]), top
+            self._draft_costs, gamma = self._costs(self.widths[self.option]), top  # arms keep_drafting; the longest
         else:
             verify = self.cost_curve()
             rates = [self.rates(o, verify) for o in range(len(self.widths))]

@@ -55,20 +55,6 @@ def check_same_device(target: PreTrainedModel, draft: PreTrainedModel, argument:
         )
 
 
-def sampling_warpers(generation_config: GenerationConfig) -> LogitsProcessorList:
-    """The temperature / top-k / top-p warpers a draft applies to q so that it samples like the target."""
-    warpers = LogitsProcessorList()
-    if not generation_config.do_sample:
-        return warpers
-    if generation_config.temperature is not None and generation_config.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(generation_config.temperature))
-    if generation_config.top_k is not None and generation_config.top_k != 0:
-        warpers.append(TopKLogitsWarper(generation_config.top_k))
-    if generation_config.top_p is not None and generation_config.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(generation_config.top_p))
-    return warpers
-
-
 AUTO = "auto"  # num_draft_tokens="auto": the loop's DraftLengthController picks γ every step (core/controller.py)
 AUTO_START = 5  # γ of an auto drafter another wraps (CAPE, the cascade), which reads it once: the papers' §5.1 value
 AUTO_MAX = 8  # the longest draft the controller considers
@@ -164,9 +150,15 @@ class TreeCandidateGenerator(CandidateGenerator):
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         """Bind to one ``generate`` call: remember the sampling settings, reset per-call state."""
-        self.generation_config = generation_config
-        self.warpers = sampling_warpers(generation_config)
-        self.forward_calls = {}
+        self.generation_config, self.forward_calls = generation_config, {}
+        self.warpers = LogitsProcessorList()  # temperature / top-k / top-p on q: the draft samples like the target
+        if generation_config.do_sample:
+            if generation_config.temperature not in (None, 1.0):
+                self.warpers.append(TemperatureLogitsWarper(generation_config.temperature))
+            if generation_config.top_k:
+                self.warpers.append(TopKLogitsWarper(generation_config.top_k))
+            if generation_config.top_p is not None and generation_config.top_p < 1.0:
+                self.warpers.append(TopPLogitsWarper(generation_config.top_p))
 
     def finish_call(self, stats) -> None:
         """The call's statistics when it ends, kept as ``last_stats``."""
@@ -443,8 +435,7 @@ class DraftModelTreeScorer:
         ids = input_ids[0].to(self.draft_model.device)
         keep = resync_cache(self.cache, self.seen, ids)
         logits = self._forward(target_cache, input_ids=ids[keep:][None], logits_to_keep=1).logits[0, -1:]
-        self.target_cache = target_cache
-        self.seen = ids
+        self.target_cache, self.seen = target_cache, ids
         return self.distribution(logits)
 
     def extend(self, tokens: torch.LongTensor, parents: torch.LongTensor) -> torch.Tensor:
@@ -471,6 +462,4 @@ class DraftModelTreeScorer:
 
     def finish(self) -> None:
         """Drop the tree nodes: the cache covers the prefix again."""
-        extra = self.cache.get_seq_length() - self.seen.numel()
-        if extra > 0:
-            self.cache.crop(-extra)
+        crop_to(self.cache, self.seen.numel())

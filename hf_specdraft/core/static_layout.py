@@ -135,15 +135,11 @@ class StaticLayout(CacheLayout):
         self.compiled, self.compile_config = compile_config is not None, compile_config
         self.call = compiled_call(model, compile_config) if self.compiled else model.__call__
         self.device, self.with_cache = model.device, {support.cache_argument: cache}
+        self.graphs = self.compiled and self.device.type == "cuda"  # CUDA graphs replay: outputs live in their pool
         self.max_nodes = buckets[-1] - 1  # the most tree nodes one row verifies: the widest bucket but the last token
         self.prefill_kwargs = support.prefill_kwargs
         self.warm_up_seconds: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forwards in this call
         self.drafts: list = []  # the drafts' own static caches (StaticDraftCache) where they compile too
-
-    @property
-    def graphs(self) -> bool:
-        """Whether the forward replays CUDA graphs (compiled on CUDA): its outputs then live in the graphs' pool."""
-        return self.compiled and self.device.type == "cuda"
 
     def bucket(self, tokens: int) -> int:
         """The width a forward over ``tokens`` tokens per row runs at: its bucket when compiled, itself when eager."""
