@@ -24,8 +24,7 @@ DECAY = 0.95  # how much of the acceptance counts each step keeps
 CONFIDENCE_BINS = 10  # â(c) is measured for draft tokens in ten bins of their probability c
 CONFIDENCE_PRIOR_WEIGHT = 2.0  # pseudo-count of each bin's prior, the bin's middle confidence (a calibrated draft)
 PRIOR_SLOPE = 0.1  # v(n + 1) / v(1) - v(n) / v(1) before two lengths are measured: a 2-core CPU's few-token forward
-# every 8th step drafts one more or one less than the best, so the cost curve stays measured around it
-EXPLORE_EVERY = 8
+EXPLORE_EVERY = 8  # every 8th step drafts one more or one less than the best: the cost curve stays measured near it
 # a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on longer (cpu-copy-acceptance*.json:
 # accepted per copy 2.6-2.8 after a 2-token match, 6.4 after 16 or more on chat); a one-token match is Max-Gram's
 COPY_MATCH_BINS = (1, 2, 3, 5, 8, 16)
@@ -86,8 +85,7 @@ class DraftLengthController:
         self._reader = None  # (the cost curve it read, cost_curve's function)
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
-        # tensor parallelism: (draft, verify) seconds -> the slowest rank's (core.distributed)
-        self.agree_seconds = None
+        self.agree_seconds = None  # tensor parallel (core.distributed): (draft, verify) seconds -> the slowest rank's
 
     def budget(self, gamma: int) -> int | None:
         """The tree budget (nodes) of a step drafting γ under the current option; ``None`` for a chain drafter."""

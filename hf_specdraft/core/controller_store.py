@@ -68,8 +68,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 MAX_ENTRIES = 256  # the file keeps the most recently saved entries
-# the file (cache_file): $HF_SPECDRAFT_CONTROLLER_FILE, by default $HF_SPECDRAFT_CACHE/controller.json
-STORE = ("HF_SPECDRAFT_CONTROLLER_FILE", "controller.json")
+STORE = ("HF_SPECDRAFT_CONTROLLER_FILE", "controller.json")  # the file, by default $HF_SPECDRAFT_CACHE/controller.json
 FORMAT = 1  # the state's layout; an entry of another format is not read
 
 
@@ -201,8 +200,7 @@ def recall(controller: DraftLengthController, model, drafter, setting: tuple = (
     return isinstance(saved, dict) and _restore(controller, saved)
 
 
-# seconds between two saves of one entry to disk (a loop of short calls does not rewrite the file each time)
-SAVE_EVERY = 30.0
+SAVE_EVERY = 30.0  # seconds between two saves of an entry (a loop of short calls does not rewrite the file each time)
 _SAVED: dict[str, float] = {}  # disk key -> when this process last saved it
 _PENDING: dict[str, tuple] = {}  # disk key -> (its file, the newest state not saved yet): saved when the process exits
 

@@ -27,8 +27,7 @@ from .tree import DraftTree
 from .verify import LayerWindows
 
 BUCKETS = (2, 4, 8, 16, 32, 64)  # verified tokens per row; one compiled graph each, captured on first use
-# a cache holds at least this many columns, and grows by doubling (a new size compiles every bucket again)
-MIN_CACHE_COLUMNS = 256
+MIN_CACHE_COLUMNS = 256  # a cache's fewest columns; it grows by doubling (a new size compiles every bucket again)
 RECOMPILE_LIMIT = 4 * len(BUCKETS)  # graphs dynamo may keep per code object: every bucket at a few cache sizes
 _CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its last StaticRowsCache}
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile config's fields: its __call__}
