@@ -294,8 +294,7 @@ class DraftModelCandidateGenerator(TreeCandidateGenerator):
         super().__init__()
         if not isinstance(draft_model, PreTrainedModel):
             raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
-        self.draft_model = draft_model
-        self.controller_anchor = draft_model  # the next call with the same draft starts from what this one learned
+        self.draft_model = self.controller_anchor = draft_model  # anchor: a later call with this draft resumes
         self.num_draft_tokens, self.adaptive_draft_length = draft_length(num_draft_tokens)
         self._reset()
 

@@ -176,8 +176,7 @@ class StaticRowsCache(Cache):
             picked = mask.gather(-1, held.clamp(0, columns - 1)[:, None, None, :].expand(batch, 1, queries, ring))
             low = torch.finfo(mask.dtype).min
             picked = picked.masked_fill(~((held >= 0) & (held < columns))[:, None, None, :], low)
-            blocked = torch.full((batch, 1, queries, self.scratch), low, dtype=mask.dtype, device=mask.device)
-            return torch.cat([picked, blocked], dim=-1)
+            return torch.nn.functional.pad(picked, (0, self.scratch), value=low)  # the scratch slots, blocked
 
         if not isinstance(masks, dict):
             return onto_slots(masks, self.rings[0])
