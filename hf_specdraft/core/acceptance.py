@@ -69,29 +69,26 @@ def tree_rejection_sampling(target_probs, tree, generator: torch.Generator | Non
     path, row = [], 0
     while True:
         r = target_probs(row).float().clone()
-        chosen = None
         for child in sorted(children[row], key=lambda c: not sampled[c]):  # drawn children first
             x = tokens[child]
             u = float(torch.rand((), generator=generator))
             if sampled[child]:
                 q = tree.draft_probs[child].to(r.device).float()
                 if u * float(q[x]) <= float(r[x]):
-                    chosen = child
                     break
                 residual = (r - q).clamp(min=0)
             else:
                 if u < float(r[x]):
-                    chosen = child
                     break
                 residual = r.clone()
                 residual[x] = 0
             total = float(residual.sum())
             if total > 0:  # (0 only by float rounding: r is then kept)
                 r = residual / total
-        if chosen is None:
+        else:  # every child rejected
             return path, int(torch.multinomial(r, 1, generator=generator))
-        path.append(chosen)
-        row = chosen + 1
+        path.append(child)
+        row = child + 1
 
 
 def check_lenience(lenience: float) -> float:

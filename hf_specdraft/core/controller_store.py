@@ -147,8 +147,7 @@ def _memory_key(drafter, controller: DraftLengthController, setting: tuple):
     """Who a controller's state belongs to: the drafter's anchor (its draft model, or its class), the drafter's class
     (CAPE over GLIDE and GLIDE alone learn apart), the options weighed, and the call's ``setting`` (batch size, cache,
     sampling, device and dtype: what else changes costs or acceptance)."""
-    anchor = drafter.controller_anchor  # declared on every TreeCandidateGenerator (None: its class)
-    anchor = type(drafter) if anchor is None else anchor
+    anchor = type(drafter) if drafter.controller_anchor is None else drafter.controller_anchor
     return anchor, (type(drafter).__qualname__, id(anchor), controller.widths, controller.max_draft_tokens, setting)
 
 
