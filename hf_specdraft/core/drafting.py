@@ -166,9 +166,8 @@ class TreeCandidateGenerator(CandidateGenerator):
 
     def draft_tree(self, request: DraftRequest) -> DraftTree:
         """This step's proposal for ``request``; by default its text, target cache (and state) go to :meth:`propose`."""
-        if request.target_state is None:
-            return self.propose(request.input_ids, request.target_cache)
-        return self.propose(request.input_ids, request.target_cache, target_state=request.target_state)
+        state = {} if request.target_state is None else {"target_state": request.target_state}  # propose may lack it
+        return self.propose(request.input_ids, request.target_cache, **state)
 
     def propose(
         self,
