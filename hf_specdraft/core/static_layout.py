@@ -356,7 +356,6 @@ def static_target(
     the cache it had in that role where it fits, else one of ``P + max_new_tokens + widest bucket`` columns rounded up
     to a power of two (at least :data:`MIN_CACHE_COLUMNS`). A target's windowed layers keep a ring of ``window + widest
     bucket`` columns where that is shorter than a row: their buffers stay the window's size at any length."""
-    compile_config = compile_config_for(model, generation_config)
     windows = LayerWindows(model)  # read once a call, as a DynamicCache's layouts do: the model is slow to ask
     needed = generation_config.max_length + buckets[-1]
     caches = _CACHES.setdefault(model, {})
@@ -372,4 +371,4 @@ def static_target(
             rings if role == "target" else None,
             scratch=buckets[-1],
         )
-    return StaticLayout(model, cache, support, compile_config, buckets, one_row)
+    return StaticLayout(model, cache, support, compile_config_for(model, generation_config), buckets, one_row)
