@@ -122,11 +122,11 @@ def test_calibration_times_each_shape_once_and_is_recorded(monkeypatch):
     weight = torch.randn(96, 32)
     first = projection.transposed_is_faster(weight, 3)
     timed = []
-    monkeypatch.setattr(projection, "_seconds", lambda run: timed.append(run) or 0.0)
+    monkeypatch.setattr(projection.timeit.Timer, "timeit", lambda timer, number: timed.append(timer) or 0.0)
     # same shape, dtype, rows: cached
     assert projection.transposed_is_faster(torch.randn(96, 32), 3) == first and not timed
     assert projection.transposed_is_faster(weight, 4) is False  # equal times: linear stays (W @ h.T must win by 10 %)
-    assert len(timed) == 2 * projection.CALIBRATION_REPEATS
+    assert len(timed) == 2 * (projection.CALIBRATION_REPEATS + 1)  # a warm-up run of each, then the timed ones
     assert projection.calibrated_choices() == [
         {"weight": [96, 32], "dtype": "float32", "rows": 3, "threads": torch.get_num_threads(), "transposed": first},
         {"weight": [96, 32], "dtype": "float32", "rows": 4, "threads": torch.get_num_threads(), "transposed": False},
@@ -244,13 +244,14 @@ def test_calibrations_persist_per_machine_across_processes(monkeypatch, tmp_path
     monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})  # a new process: nothing in memory
     monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
     timed = []
-    monkeypatch.setattr(projection, "_seconds", lambda run: timed.append(run) or 0.0)
+    monkeypatch.setattr(projection.timeit.Timer, "timeit", lambda timer, number: timed.append(timer) or 0.0)
     assert projection.transposed_is_faster(weight, 5) == first and not timed  # read from the file
     monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
     monkeypatch.setattr(projection, "machine_id", lambda: "another CPU | torch 0.0")
     # measured anew
-    assert projection.transposed_is_faster(weight, 5) is False and len(timed) == 2 * projection.CALIBRATION_REPEATS
+    assert projection.transposed_is_faster(weight, 5) is False
+    assert len(timed) == 2 * (projection.CALIBRATION_REPEATS + 1)
     assert set(json.loads(path.read_text())) == {"another CPU | torch 0.0", stored and next(iter(stored))}
     monkeypatch.setenv("HF_SPECDRAFT_CALIBRATION_FILE", "")
     assert projection.calibration_file() is None

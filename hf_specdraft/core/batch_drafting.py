@@ -17,10 +17,6 @@ from .cache import common_prefix, repack_cache
 from .support import with_cache
 from .tree import DraftTree
 
-# forward(input_ids (A, k), attention_mask (A, K) 0/1 over cache + new columns, position_ids (A, k))
-#   -> logits (A, V) of the last column
-DraftForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
 
 def target_key_mask(width: int, cached: list[int], positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Which columns of a right-aligned batch target cache (``width`` columns, row ``a``'s in its last ``cached[a]``)
@@ -52,39 +48,36 @@ class BatchProposer:
 
 
 class BatchChainDrafter(BatchProposer):
-    """Chain drafting of ``num_draft_tokens`` (γ) tokens for every active row in one forward per token.
+    """Chain drafting of ``num_draft_tokens`` (γ) tokens for every active row in one forward per token of a causal LM.
 
     Args:
         drafters: the rows' drafters (forks of one drafter): each keeps its sampling settings and forward counts.
+        model: the draft causal LM, on whose device the inputs are built.
         cache: the draft's empty cache.
-        forward: one draft forward (see :data:`DraftForward`); it may read ``self.target`` (set per step).
-        device: the draft model's device, where its inputs are built.
+        inputs (*optional*): ``inputs(batch, position_ids) -> dict``, further inputs of every forward (GLIDE's glimpse
+            of the target cache in ``batch.target``, set per step).
     """
 
-    def __init__(self, drafters: list, cache: DynamicCache, forward: DraftForward, device: torch.device):
-        self.drafters, self.cache, self.forward, self.device = list(drafters), cache, forward, torch.device(device)
+    def __init__(self, drafters: list, model, cache: DynamicCache, inputs: Callable | None = None):
+        self.drafters, self.model, self.cache, self.inputs = list(drafters), model, cache, inputs
+        self.device = model.device
         self.num_draft_tokens = drafters[0].num_draft_tokens  # γ where the loop chooses none
         self.seen = [torch.zeros(0, dtype=torch.long) for _ in drafters]
         self.columns = [torch.zeros(0, dtype=torch.long) for _ in drafters]
 
     @classmethod
-    def of_model(cls, drafters: list, model, cache: DynamicCache, inputs=None) -> BatchChainDrafter:
-        """Chain drafting through the causal LM ``model`` on ``cache``; ``inputs(batch, position_ids)``: further inputs
-        of every forward (GLIDE's glimpse of the target cache in ``batch.target``)."""
+    def of_model(cls, drafters: list, model, cache: DynamicCache, inputs: Callable | None = None) -> BatchChainDrafter:
+        """The drafters' name for building one: the arguments are the class's."""
+        return cls(drafters, model, cache, inputs)
 
-        def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                **with_cache(model, cache),
-                use_cache=True,
-                logits_to_keep=1,
-                **({} if inputs is None else inputs(batch, positions)),
-            ).logits[:, -1]
-
-        batch = cls(drafters, cache, forward, model.device)
-        return batch
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The draft's logits `(A, V)` at the last column of ``ids`` `(A, k)`, ``mask`` `(A, K)` 0/1 over the cache
+        and the new columns, ``positions`` `(A, k)`."""
+        extra = {} if self.inputs is None else self.inputs(self, positions)
+        own = with_cache(self.model, self.cache)
+        return self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, **own, use_cache=True, logits_to_keep=1, **extra
+        ).logits[:, -1]
 
     def keep_rows(self, survivors: list[int]) -> None:
         self.drafters = [self.drafters[a] for a in survivors]

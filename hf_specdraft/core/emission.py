@@ -39,11 +39,10 @@ class TargetRows:
         self._choice = {} if choices is None else dict(enumerate(choices))
 
     def scores(self, row: int) -> torch.Tensor:
+        if self.processor is None:
+            return self.logits[row]
         if row not in self._scores:
-            if self.processor is None:
-                self._scores[row] = self.logits[row]
-            else:
-                self._scores[row] = self.processor(self.prefix(row), self.logits[row : row + 1].clone())[0]
+            self._scores[row] = self.processor(self.prefix(row), self.logits[row : row + 1].clone())[0]
         return self._scores[row]
 
     def prefix(self, row: int) -> torch.LongTensor:

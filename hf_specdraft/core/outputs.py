@@ -64,9 +64,4 @@ def assemble_result(rows: list[Row], generator, generation_config: GenerationCon
     cache = layout.finish(stats)  # the static path's record; the cache a single row hands out
     if not generation_config.return_dict_in_generate:
         return sequences
-    return SpeculativeGenerateOutput(
-        sequences=sequences,
-        **{CACHE_FIELD: cache},
-        speculative_stats=stats,
-        **fields,
-    )
+    return SpeculativeGenerateOutput(sequences=sequences, **{CACHE_FIELD: cache}, speculative_stats=stats, **fields)

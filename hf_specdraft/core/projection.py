@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
+import timeit
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,12 +52,6 @@ def _save_disk(key: tuple, faster: bool) -> None:
         write_json(path, data)
 
 
-def _seconds(run) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
 def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
     """Whether ``W @ h.T`` beats ``linear(h, W)`` for ``rows`` rows on this machine, timed once per weight shape,
     dtype, row count and thread count (interleaved, median of ``CALIBRATION_REPEATS``), and kept per machine in
@@ -73,11 +67,11 @@ def transposed_is_faster(weight: torch.Tensor, rows: int) -> bool:
         copies = min(MAX_CALIBRATION_COPIES, max(1, -(-CALIBRATION_BYTES // (weight.numel() * weight.element_size()))))
         with torch.no_grad():
             weights = [weight.detach().clone() for _ in range(copies)]
-            linear = lambda: [nn.functional.linear(hidden, w) for w in weights]  # noqa: E731
-            transposed = lambda: [_transposed_product(w, hidden) for w in weights]  # noqa: E731
-            linear(), transposed()  # warm-up: first-call allocations
+            linear = timeit.Timer(lambda: [nn.functional.linear(hidden, w) for w in weights])
+            transposed = timeit.Timer(lambda: [_transposed_product(w, hidden) for w in weights])
+            linear.timeit(1), transposed.timeit(1)  # warm-up: first-call allocations
             # interleaved, so a burst of other work hits both
-            pairs = [(_seconds(linear), _seconds(transposed)) for _ in range(CALIBRATION_REPEATS)]
+            pairs = [(linear.timeit(1), transposed.timeit(1)) for _ in range(CALIBRATION_REPEATS)]
             by_linear, by_transposed = zip(*pairs)
         _FASTER_TRANSPOSED[key] = statistics.median(by_transposed) < SWITCH_MARGIN * statistics.median(by_linear)
         _save_disk(key, _FASTER_TRANSPOSED[key])
