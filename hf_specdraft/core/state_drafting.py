@@ -28,18 +28,6 @@ def is_dflash(model) -> bool:
     return all(getattr(model.config, name, None) is not None for name in DFLASH_FIELDS)
 
 
-def refuse_glide_export(model) -> None:
-    """Refuse a GLIDE exported for vLLM (``hf-specdraft export``): its inputs are scaled for vLLM."""
-    export = model.config.to_dict().get("hf_specdraft_export")
-    if export:
-        glide = repr(export["glide"]) if export.get("glide") else "<the GLIDE checkpoint it was exported from>"
-        raise ValueError(
-            f"draft_model is a GLIDE exported for vLLM ({type(model).__name__}, hf-specdraft export), which drafts "
-            f"right only in vLLM: in transformers pass the GLIDE itself, "
-            f"draft_model=GlideForCausalLM.from_pretrained({glide})"
-        )
-
-
 def reads_target_state(model) -> bool:
     """Whether ``draft_model`` is one of the state-reading drafters this module runs (DFlash, a Gemma 4 assistant)."""
     return is_dflash(model) or type(model).__name__.startswith(("Gemma4Assistant", "Gemma4UnifiedAssistant"))
@@ -63,7 +51,14 @@ class StateReadingDrafter(TreeCandidateGenerator):
                 "draft_model must be a Gemma 4 assistant or a DFlash drafter (a config with "
                 f"{', '.join(DFLASH_FIELDS)}), got {type(draft_model).__name__}"
             )
-        refuse_glide_export(draft_model)
+        export = draft_model.config.to_dict().get("hf_specdraft_export")  # its inputs are scaled for vLLM
+        if export:
+            glide = repr(export["glide"]) if export.get("glide") else "<the GLIDE checkpoint it was exported from>"
+            raise ValueError(
+                f"draft_model is a GLIDE exported for vLLM ({type(draft_model).__name__}, hf-specdraft export), which "
+                f"drafts right only in vLLM: in transformers pass the GLIDE itself, "
+                f"draft_model=GlideForCausalLM.from_pretrained({glide})"
+            )
         self.draft_model = draft_model
         self.dflash = is_dflash(draft_model)
         if self.dflash:
@@ -137,10 +132,8 @@ def candidates_chain(
             n_last_matches=state.matched,
         )
     tokens = ids[0, request.input_ids.shape[1] :]
-    probs = None
-    if gives_probs and logits is not None and logits.shape[1] == tokens.numel():
-        probs = torch.softmax(logits[0].float(), dim=-1)
-    return DraftTree.chain(tokens, probs)
+    gives_probs = gives_probs and logits is not None and logits.shape[1] == tokens.numel()
+    return DraftTree.chain(tokens, torch.softmax(logits[0].float(), dim=-1) if gives_probs else None)
 
 
 def transformers_protocol(generator: CandidateGenerator) -> tuple[bool, dict]:
