@@ -19,7 +19,7 @@ from ..core.tree import DraftTree
 from ..core.validation import method_config
 from .beam import beam_search_proposal
 from .config import CapeConfig
-from .expansion import _sizes, expand_proposal
+from .expansion import _sizes, check_chain, expand_proposal
 
 
 class CapeCandidateGenerator(TreeCandidateGenerator):
@@ -49,10 +49,22 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         self._declare_traits()
         if self.num_draft_tokens is not None:
             self.config.check_chain_length(self.num_draft_tokens)  # fail at construction, not at the first step
-        self.scorer = self._beam_scorer() if self.config.mode == "beam" else None
-        self.expansion_sizes: list[list[int]] = []
-        self.confidences: list[list[float]] = []
-        self.expansion_seconds: list[float] = []
+        self.scorer = None
+        if self.config.mode == "beam":
+            if self.num_draft_tokens is None:
+                raise ValueError(
+                    f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(drafter).__name__} has no "
+                    "int num_draft_tokens"
+                )
+            # a drafter with a tree forward (a draft model, GLIDE); q `(n, V)` warped as sampled (no warper reads ids)
+            self.scorer = drafter.beam_scorer(partial(self.draft_distribution, input_ids=None))
+            if self.scorer is None:
+                raise ValueError(
+                    "mode='beam' drafts a beam-search tree, which needs a draft model: wrap a "
+                    f"DraftModelCandidateGenerator, or give {type(drafter).__name__} a beam_scorer(distribution) "
+                    "method (see hf_specdraft.core.drafting.DraftModelTreeScorer)"
+                )
+        self.expansion_sizes, self.confidences, self.expansion_seconds = [], [], []  # see Attributes
         self._chain: DraftTree | None = None  # this step's chain before it was widened (drafted_confidences reads it)
 
     def _declare_traits(self) -> None:
@@ -74,22 +86,6 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         """q of each token of this step's unwidened chain, as far as ``tree``'s chain (cut at ``max_length``) goes."""
         confidences = None if self._chain is None else self.drafter.drafted_confidences(self._chain)
         return None if confidences is None else confidences[: len(tree.chain_nodes())]
-
-    def _beam_scorer(self):
-        if self.num_draft_tokens is None:
-            raise ValueError(
-                f"mode='beam' drafts as deep as the wrapped drafter's chain, but {type(self.drafter).__name__} has no "
-                "int num_draft_tokens"
-            )
-        # a drafter with a tree forward (a draft model, GLIDE); q `(n, V)` warped as sampled (no warper reads input_ids)
-        scorer = self.drafter.beam_scorer(partial(self.draft_distribution, input_ids=None))
-        if scorer is not None:
-            return scorer
-        raise ValueError(
-            "mode='beam' drafts a beam-search tree, which needs a draft model: wrap a DraftModelCandidateGenerator, or "
-            f"give {type(self.drafter).__name__} a beam_scorer(distribution) method (see "
-            "hf_specdraft.core.drafting.DraftModelTreeScorer)"
-        )
 
     def prepare(self, target: PreTrainedModel, generation_config: GenerationConfig) -> None:
         super().prepare(target, generation_config)
@@ -149,16 +145,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
         # no q to size expansion sets by): nothing to widen
         if not len(chain) or chain.copied:
             return chain
-        if chain.draft_probs is None:
-            raise ValueError(
-                f"{type(self.drafter).__name__} proposed a chain without draft_probs; CAPE sizes each expansion set by "
-                "the draft's confidence max q, so wrap a drafter that returns its distributions (e.g. "
-                "DraftModelCandidateGenerator, GLIDE)"
-            )
-        if not chain.is_chain:
-            raise ValueError(
-                f"{type(self.drafter).__name__} proposed a tree; CAPE expands a chain (parents = [-1, 0, 1, ...])"
-            )
+        check_chain(chain, f"the proposal of {type(self.drafter).__name__}")
         if chain.draft_probs.is_cuda:  # time the expansion alone, not the draft kernels still queued
             torch.cuda.synchronize(chain.draft_probs.device)
         start = time.perf_counter()

@@ -44,6 +44,18 @@ def _sizes(draft_probs: torch.Tensor, config: CapeConfig) -> tuple[list[int], li
     return fit_budget(wanted, config.budget_for(k) - k, vocab), confidence
 
 
+def check_chain(chain: DraftTree, source: str = "the chain") -> None:
+    """Raise a `ValueError` naming ``source`` unless ``chain`` is a chain (parents = [-1, 0, 1, ...]) with q."""
+    if chain.draft_probs is None:
+        raise ValueError(
+            f"{source} came without draft_probs (draft_probs=None); CAPE sizes each expansion set by the draft's "
+            "confidence max q, so use a drafter that returns its distributions (e.g. DraftModelCandidateGenerator, "
+            "GLIDE)"
+        )
+    if not chain.is_chain:
+        raise ValueError(f"{source} is a tree with several branches; CAPE expands a chain (parents = [-1, 0, 1, ...])")
+
+
 def expand_proposal(
     chain: DraftTree, config: CapeConfig, sizes: torch.Tensor | list[int] | None = None, with_draft_probs: bool = False
 ) -> DraftTree:
@@ -62,14 +74,7 @@ def expand_proposal(
         :class:`~hf_specdraft.core.tree.DraftTree` of ``k + sum(K_i)`` nodes: the chain, then X_0, X_1, ...
         (each set best-first). Leaf ``x'`` of X_i has parent ``chain.parents[i]``.
     """
-    if chain.draft_probs is None:
-        raise ValueError(
-            "CAPE needs the draft distribution q of every drafted token, but the chain has draft_probs=None"
-        )
-    if not chain.is_chain:
-        raise ValueError(
-            "expand_proposal expands a chain (parents = [-1, 0, 1, ...]); got a tree with several branches"
-        )
+    check_chain(chain)
     q = chain.draft_probs
     if sizes is None:
         sizes = _sizes(q, config)[0]

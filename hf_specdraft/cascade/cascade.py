@@ -54,8 +54,7 @@ def validate_k_matrix(k_matrix, num_drafts: int) -> list[list[int]]:
             f"k_matrix must have shape ({size}, {size}) for {num_drafts} draft(s) + Max-Gram, got shape "
             f"{tuple(matrix.shape)}"
         )
-    integral = matrix.dtype != torch.bool and not matrix.is_complex() and bool((matrix == matrix.long()).all())
-    if not integral:
+    if matrix.dtype == torch.bool or matrix.is_complex() or not bool((matrix == matrix.long()).all()):
         raise ValueError(f"k_matrix entries must be integers, got {matrix.tolist()}")
     matrix = matrix.long()
     if bool((matrix < 0).any()):
@@ -152,8 +151,14 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         """``CascadeSpeculativeDraftingStep`` (Algorithm 1) for ``drafts[level:]`` + MaG, ``curK = K[level:, level:]``,
         reviewed by the target (``level == 0``) or ``drafts[level - 1]``; level ``n + 1``: MaG. ``cur_gen`` `(L + j,)`:
         the text and the ``j`` tokens drafted so far, ``cur_probs`` `(j,)` their ``q(x)``, extended up to ``limit``."""
-        if level == len(self.drafts) + 1:
-            return self.max_gram_step(cur_gen, cur_probs, limit)
+        if level == len(self.drafts) + 1:  # the base case: MaG's tokens, whose q(x) is inf (never lenient)
+            count = min(self.max_gram.num_draft_tokens, limit - cur_gen.numel())
+            if count <= 0:
+                return cur_gen, cur_probs
+            tokens = self.max_gram.draft(cur_gen, count).to(cur_gen.device)
+            self.count_call("max_gram")
+            inf = torch.full((tokens.numel(),), float("inf"), device=cur_probs.device)
+            return torch.cat([cur_gen, tokens]), torch.cat([cur_probs, inf])
         budgets = self.k_matrix[level][level:]  # [k_1, …] for drafters drafts[level:] + MaG
         prefix_length = cur_gen.numel()
         goal = prefix_length
@@ -167,18 +172,6 @@ class CascadeCandidateGenerator(TreeCandidateGenerator):
         if level == 0:
             return cur_gen, cur_probs  # the target reviews in the decoding loop, with lenience 1
         return self.review(level - 1, cur_gen, cur_probs, prefix_length)
-
-    def max_gram_step(
-        self, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, limit: int
-    ) -> tuple[torch.LongTensor, torch.Tensor]:
-        """Base case of Algorithm 1: MaG proposes its tokens; their ``q(x)`` is ``inf`` (never lenient)."""
-        count = min(self.max_gram.num_draft_tokens, limit - cur_gen.numel())
-        if count <= 0:
-            return cur_gen, cur_probs
-        tokens = self.max_gram.draft(cur_gen, count).to(cur_gen.device)
-        self.count_call("max_gram")
-        inf = torch.full((tokens.numel(),), float("inf"), device=cur_probs.device)
-        return torch.cat([cur_gen, tokens]), torch.cat([cur_probs, inf])
 
     def review(
         self, index: int, cur_gen: torch.LongTensor, cur_probs: torch.Tensor, review_index: int

@@ -23,9 +23,7 @@ from .retrieval import merge_trees, retrieve
 def tokenize_context(context, tokenizer=None, argument: str = "context"):
     """Token ids `(n,)` int64 of a context given as text (tokenized without special tokens: the pool holds the
     context's own tokens, not a BOS) or as token ids; ``ValueError`` naming ``argument`` for bad input."""
-    if isinstance(context, str):
-        if tokenizer is None:
-            raise ValueError(f"{argument} is text; pass tokenizer= to tokenize it, or pass token ids")
+    if isinstance(context, str) and tokenizer is not None:  # text without one: context_token_ids says so
         if not context.strip():
             raise ValueError(f"{argument} is empty: CASD drafts from the request's context, so it needs some text")
         context = tokenizer(context, add_special_tokens=False)["input_ids"]
@@ -66,8 +64,7 @@ class CasdCandidateGenerator(TreeCandidateGenerator):
         self.num_draft_tokens = self.max_draft_tokens = self.config.max_draft_length
         # max_nodes="auto": the loop picks the tree's depth (as γ) and node budget every step
         self.adaptive_draft_length = self.adaptive_budget = self.config.max_nodes == AUTO
-        self.match_lengths: list[int] = []
-        self.prompt_length: int | None = None  # set by the first propose() of a generate call
+        self.match_lengths, self.prompt_length = [], None  # prompt_length: set by a generate call's first draft
 
     def check_vocabulary(self, vocab_size: int) -> None:
         if self.pool.max_token_id >= vocab_size:
@@ -111,9 +108,8 @@ def build_casd_for_bench(
 ) -> tuple[CasdCandidateGenerator, ConditionalAcceptance | None]:
     """`(candidate_generator, acceptance)` for the benchmark harness, the context `(n,)` checked against ``target`` now.
     ``options``: ``threshold``, ``top_k``, ``strict`` (as :func:`casd_acceptance`) and :class:`CasdConfig` fields."""
-    acceptance = casd_acceptance(
-        options.pop("threshold", 0.1), options.pop("top_k", None), options.pop("strict", False)
-    )
+    rule = {name: options.pop(name) for name in ("threshold", "top_k", "strict") if name in options}
+    acceptance = casd_acceptance(**rule)
     generator = CasdCandidateGenerator(context_ids, **options)
     generator.check_vocabulary(output_vocab_size(target))
     return generator, acceptance

@@ -137,8 +137,7 @@ def casd_generate(
     sequences = out.sequences if isinstance(out, SpeculativeGenerateOutput) else out
     length = prompt_ids.shape[1]
     text = None if tokenizer is None else tokenizer.decode(sequences[0, length:].tolist(), skip_special_tokens=True)
-    stats = getattr(generator, "last_stats", None)
-    return CasdGenerateOutput(sequences, length, text, stats, list(generator.match_lengths))
+    return CasdGenerateOutput(sequences, length, text, getattr(generator, "last_stats", None), generator.match_lengths)
 
 
 def llmlingua2_compressor(
