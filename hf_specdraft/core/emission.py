@@ -152,10 +152,11 @@ def emit_tokens(rows: TargetRows, path: list[int], next_token: int, stops: HostS
     tokens.append(next_token)
     row_of = [0] + [i + 1 for i in path]  # the verified row that scored each appended token
     emitted, row.done = stops.emit(row, tokens, [rows.scores(r)[None] for r in row_of] if stops.others else None)
-    if config.output_scores:
-        row.scores.extend(rows.scores(r)[None] for r in row_of[:emitted])
-    if config.output_logits:
-        row.logits.extend(rows.logits[r][None] for r in row_of[:emitted])
+    for j in range(emitted):
+        if config.output_scores:
+            row.scores.append(rows.scores(row_of[j])[None])
+        if config.output_logits:
+            row.logits.append(rows.logits[row_of[j]][None])
     row.tokens.extend(tokens[:emitted])  # row.ids follows when next read
     return emitted
 

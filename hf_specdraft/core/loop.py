@@ -22,7 +22,7 @@ from transformers.generation import CandidateGenerator
 from .acceptance import ConditionalAcceptance
 from .emission import HostStops, accept_row
 from .layouts import CacheLayout
-from .meter import StepMeter
+from .meter import StepClock, StepMeter
 from .controller import DraftLengthController
 from .controller_store import recall, remember
 from .memory import after_call, trim_threshold_mib
@@ -234,7 +234,7 @@ def setup_call(
     if ranks is not None and generation_config.do_sample:
         ranks.check_random_state(model.device)
     request = StateRequest(model, [row.generator for row in rows], [row.traits for row in rows])
-    stops, meter = HostStops(stopping_criteria, generation_config), StepMeter(model.device, controller)
+    stops, meter = HostStops(stopping_criteria, generation_config), StepMeter(StepClock(model.device), controller)
     vocab = output_vocab_size(model)
     return Step(model, layout, generation_config, stops, request, meter, vocab, acceptance, streamer, key)
 

@@ -3,7 +3,7 @@ compile's seconds kept out), and the controller that chooses γ from them
 (:class:`~hf_specdraft.core.controller.DraftLengthController`).
 
 On CUDA a forward returns once its kernels are queued, so a host clock would see verification as nearly free and the
-controller would pick γ wrong: :class:`StepMeter` records CUDA events there (read after the step's one read-back, when
+controller would pick γ wrong: :class:`StepClock` records CUDA events there (read after the step's one read-back, when
 they have completed, so no sync), the host clock elsewhere.
 """
 
@@ -20,18 +20,11 @@ from .rows import Row
 from .tree import DraftTree
 
 
-class StepMeter:
-    """Times one step at a time on the timeline of ``device`` (where the forwards run: CUDA events) or the host's
-    (elsewhere) and, with a ``controller`` (``num_draft_tokens="auto"``; ``None``: a fixed γ), chooses what every
-    row's request carries before the step (:attr:`choice`) and learns from the step after it."""
+class StepClock:
+    """Marks on the timeline of ``device`` (where the forwards run: CUDA events) or the host's (elsewhere)."""
 
-    def __init__(self, device: torch.device | str, controller: DraftLengthController | None = None):
-        self.events, self.controller = torch.device(device).type == "cuda", controller
-        self._captured = self._in_draft = self._in_verify = 0.0
-        self.choice: tuple = (None, None, None, None)  # the step's γ, budget, stop, copy rules (None: the drafter's)
-        self._start = None
-        self._draft_marks: list[tuple] = []
-        self._verify_marks: tuple | None = None
+    def __init__(self, device: torch.device | str):
+        self.events = torch.device(device).type == "cuda"
 
     def mark(self):
         """A point in time: a recorded ``torch.cuda.Event`` on CUDA, ``perf_counter()`` seconds elsewhere."""
@@ -41,12 +34,25 @@ class StepMeter:
         event.record()
         return event
 
-    def elapsed(self, start, end, share: int = 1) -> float:
+    def seconds(self, start, end, share: int = 1) -> float:
         """Seconds from ``start`` to ``end`` (``share``: a batch forward's rows); waits for ``end`` on CUDA."""
         if not self.events:
             return (end - start) / share
         end.synchronize()
         return start.elapsed_time(end) / 1e3 / share
+
+
+class StepMeter:
+    """Times one step at a time on ``clock`` and, with a ``controller`` (``num_draft_tokens="auto"``; ``None``: a fixed
+    γ), chooses what every row's request carries before the step (:attr:`choice`) and learns from the step after it."""
+
+    def __init__(self, clock: StepClock, controller: DraftLengthController | None = None):
+        self.clock, self.controller = clock, controller
+        self._captured = self._in_draft = self._in_verify = 0.0
+        self.choice: tuple = (None, None, None, None)  # the step's γ, budget, stop, copy rules (None: the drafter's)
+        self._start = None
+        self._draft_marks: list[tuple] = []
+        self._verify_marks: tuple | None = None
 
     def begin(self) -> None:
         """Before drafting: what the controller chooses for this step's requests: γ, a tree's budget and, for one row
@@ -61,27 +67,27 @@ class StepMeter:
 
     def start_drafting(self) -> None:
         """A row's drafting (or one batch proposal's) starts."""
-        self._start = self.mark()
+        self._start = self.clock.mark()
 
     def drafted(self, rows: int = 0) -> None:
         """The drafting started last is done: one row's, or one batch proposal's for ``rows`` rows (each a share)."""
-        end = self.mark()
+        end = self.clock.mark()
         self._draft_marks += [(self._start, end, rows)] * rows if rows else [(self._start, end)]
         self._in_draft = captured_seconds() - self._captured
 
     def verify(self, run, *args):
         """``run(*args)`` (the step's one target forward) between two marks; its result."""
-        start = self.mark()
+        start = self.clock.mark()
         out = run(*args)
-        self._verify_marks = (start, self.mark())
+        self._verify_marks = (start, self.clock.mark())
         self._in_verify = captured_seconds() - self._captured - self._in_draft
         return out
 
     def seconds(self) -> tuple[list[float], float]:
         """Each row's drafting seconds and the verify forward's, without any compile's seconds."""
         rows = len(self._draft_marks)
-        draft = [max(0.0, self.elapsed(*marks) - self._in_draft / rows) for marks in self._draft_marks]
-        return draft, max(0.0, self.elapsed(*self._verify_marks) - self._in_verify)
+        draft = [max(0.0, self.clock.seconds(*marks) - self._in_draft / rows) for marks in self._draft_marks]
+        return draft, max(0.0, self.clock.seconds(*self._verify_marks) - self._in_verify)
 
     def learn(
         self, active: list[Row], trees: list[DraftTree], kept: list[list[int]], accepted: list[int], width: int
