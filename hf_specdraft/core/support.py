@@ -43,19 +43,15 @@ CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ 
 
 
 @functools.cache
-def _cache_argument_of(cls: type) -> str | None:
+def cache_argument(cls: type) -> str | None:
+    """The keyword a model class's ``forward`` takes its KV cache under (:data:`CACHE_ARGUMENTS`), or None."""
     parameters = inspect.signature(cls.forward).parameters
     return next((name for name in CACHE_ARGUMENTS if name in parameters), None)
 
 
-def cache_argument(model: nn.Module) -> str | None:
-    """The keyword ``model``'s ``forward`` takes its KV cache under (:data:`CACHE_ARGUMENTS`), or None."""
-    return _cache_argument_of(type(model))
-
-
 def with_cache(model: nn.Module, cache) -> dict:
-    """``{cache_argument(model): cache}``: the keyword argument that hands ``model`` its cache, on any transformers."""
-    return {cache_argument(model) or "past_key_values": cache}
+    """The keyword argument that hands ``model`` its cache (:func:`cache_argument`), on any transformers."""
+    return {cache_argument(type(model)) or "past_key_values": cache}
 
 
 def output_cache(outputs):
@@ -101,7 +97,7 @@ def recurrent_state(model: PreTrainedModel) -> str | None:
     """Why ``model``'s cache cannot be rolled back to an accepted prefix (or the loop is known not to match it)."""
     if model_type(model) in MISMATCHED_MODEL_TYPES:
         return MISMATCHED_MODEL_TYPES[model_type(model)]
-    if cache_argument(model) is None:
+    if cache_argument(type(model)) is None:
         return "its forward takes no KV cache (no cache to verify drafts against and roll back)"
     if convolution_only(model):
         return None
@@ -157,7 +153,8 @@ def support_of(model: PreTrainedModel) -> TargetSupport:
     """What the loop reads of ``model``, without refusing it (a draft's static cache asks too)."""
     # logits_to_keep=1 where the forward takes it: a prefill needs the cache, not V logits per token
     keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    return TargetSupport(cache_argument(model) or "past_key_values", chains_only(model), convolution_only(model), keep)
+    argument = cache_argument(type(model)) or "past_key_values"
+    return TargetSupport(argument, chains_only(model), convolution_only(model), keep)
 
 
 def target_support(model: PreTrainedModel) -> TargetSupport:
