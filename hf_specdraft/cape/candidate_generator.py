@@ -122,8 +122,7 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
             request.target_cache,
         )
         self.forward_calls = {"draft": self.scorer.forward_calls}
-        widths = torch.bincount(tree.depth, minlength=depth).tolist() if len(tree) else []
-        self.expansion_sizes.append([w - 1 for w in widths if w > 0])
+        self.expansion_sizes.append([tree.depth_list.count(d) - 1 for d in range(tree.levels)])  # host lists
         return tree
 
     @staticmethod
@@ -165,12 +164,9 @@ class CapeCandidateGenerator(TreeCandidateGenerator):
     def batch_drafter(self, drafters: list[TreeCandidateGenerator]) -> BatchProposer | None:
         """The wrapped drafter's batch proposer, each row's chain then expanded; `None` in beam mode, or when the rows'
         CAPE settings or drafters differ."""
-        overridden = type(self).draft_tree is not CapeCandidateGenerator.draft_tree  # an override drafts row by row
-        if (
-            self.scorer is not None
-            or overridden
-            or any(type(d) is not type(self) or d.config != self.config for d in drafters)
-        ):
+        if self.scorer is not None or type(self).draft_tree is not CapeCandidateGenerator.draft_tree:
+            return None  # beam mode, or a subclass whose draft_tree drafts row by row
+        if any(type(d) is not type(self) or d.config != self.config for d in drafters):
             return None
         inner = self.drafter.batch_drafter([d.drafter for d in drafters])
         return None if inner is None else _ExpandedBatch(drafters, inner)
