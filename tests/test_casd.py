@@ -428,6 +428,8 @@ def test_context_errors(tokenizer):
         CasdCandidateGenerator([3, -1, 4])
     with pytest.raises(ValueError, match="context must hold integer token ids"):
         CasdCandidateGenerator(torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="integer token ids, got a tensor of dtype torch.bfloat16"):
+        CasdCandidateGenerator(torch.tensor([1.0, 2.0], dtype=torch.bfloat16))  # numpy has no bfloat16
     with pytest.raises(ValueError, match="context must be one sequence"):
         CasdCandidateGenerator(torch.zeros(2, 3, dtype=torch.long))
 

@@ -26,7 +26,9 @@ def context_token_ids(context, argument: str = "context") -> np.ndarray:
         )
     if isinstance(context, str):
         raise ValueError(f"{argument} is text; pass a tokenizer to turn it into token ids")
-    if isinstance(context, torch.Tensor):  # a float, complex or bool dtype fails the integer check below
+    if isinstance(context, torch.Tensor):
+        if context.is_floating_point() or context.is_complex() or context.dtype == torch.bool:
+            raise ValueError(f"{argument} must hold integer token ids, got a tensor of dtype {context.dtype}")
         context = context.detach().cpu()
     try:
         array = np.asarray(context)
