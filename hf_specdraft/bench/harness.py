@@ -283,11 +283,9 @@ def chat_ids(tokenizer, chat: str | list[dict]) -> torch.Tensor:
 
 def prompt_ids(tokenizer, item: TaskItem) -> torch.Tensor:
     """`(1, L)` prompt ids of ``item``: a ``chat`` request goes through the target's chat template."""
-    return (
-        chat_ids(tokenizer, item.prompt)
-        if item.task == "chat"
-        else tokenizer(item.prompt, return_tensors="pt").input_ids
-    )
+    if item.task == "chat":
+        return chat_ids(tokenizer, item.prompt)
+    return tokenizer(item.prompt, return_tensors="pt").input_ids
 
 
 def bench_context(bundle: DefaultBundle, item: TaskItem, ids: torch.Tensor, config: BenchConfig) -> BenchContext:

@@ -58,7 +58,9 @@ class SpeculativeStats:
     def settle(self) -> None:
         """Read every step's overlaps left on the device in one read."""
         pending = [s for s in self.steps if isinstance(s.overlaps, torch.Tensor)]
-        values = iter(torch.cat([s.overlaps.reshape(-1).float() for s in pending]).tolist() if pending else [])
+        if not pending:
+            return
+        values = iter(torch.cat([s.overlaps.reshape(-1).float() for s in pending]).tolist())
         for record in pending:
             record.overlaps = list(islice(values, record.overlaps.numel()))
 
