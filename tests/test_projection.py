@@ -77,7 +77,7 @@ def test_keeps_linear_under_autograd():
 def test_loop_uses_it_and_stays_lossless(monkeypatch):
     import hf_specdraft.core.projection as projection
 
-    monkeypatch.setattr(projection, "fastest_kernel", lambda weight, rows: "transposed")  # as calibrated on the AMD VMs
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: True)  # as calibrated on the AMD VMs
     model = tiny_model("qwen2", vocab_size=2048)
     prompt = torch.randint(0, 2048, (1, 9), generator=torch.Generator().manual_seed(3))
     reference = greedy_reference(model, prompt, 24)
@@ -98,8 +98,7 @@ def test_auto_follows_the_calibration_per_row_count(monkeypatch, faster):
     import hf_specdraft.core.projection as projection
 
     asked = []
-    kernel = "transposed" if faster else "linear"
-    monkeypatch.setattr(projection, "fastest_kernel", lambda weight, rows: asked.append(rows) or kernel)
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: asked.append(rows) or faster)
     model = tiny_model("llama", vocab_size=512)
     ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(0))
     calls = []
@@ -119,20 +118,18 @@ def test_auto_follows_the_calibration_per_row_count(monkeypatch, faster):
 def test_calibration_times_each_shape_once_and_is_recorded(monkeypatch):
     import hf_specdraft.core.projection as projection
 
-    monkeypatch.setattr(projection, "_FASTEST", {})
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     weight = torch.randn(96, 32)
-    first = projection.fastest_kernel(weight, 3)
+    first = projection.transposed_is_faster(weight, 3)
     timed = []
     monkeypatch.setattr(projection.timeit.Timer, "timeit", lambda timer, number: timed.append(timer) or 0.0)
     # same shape, dtype, rows: cached
-    assert projection.fastest_kernel(torch.randn(96, 32), 3) == first and not timed
-    # equal times: linear stays (another kernel must win by 10 %)
-    assert projection.fastest_kernel(weight, 4) == "linear"
-    kernels = len(projection._kernels(weight))
-    assert len(timed) == kernels * (projection.CALIBRATION_REPEATS + 1)  # a warm-up run of each, then the timed ones
+    assert projection.transposed_is_faster(torch.randn(96, 32), 3) == first and not timed
+    assert projection.transposed_is_faster(weight, 4) is False  # equal times: linear stays (W @ h.T must win by 10 %)
+    assert len(timed) == 2 * (projection.CALIBRATION_REPEATS + 1)  # a warm-up run of each, then the timed ones
     assert projection.calibrated_choices() == [
-        {"weight": [96, 32], "dtype": "float32", "rows": 3, "threads": torch.get_num_threads(), "kernel": first},
-        {"weight": [96, 32], "dtype": "float32", "rows": 4, "threads": torch.get_num_threads(), "kernel": "linear"},
+        {"weight": [96, 32], "dtype": "float32", "rows": 3, "threads": torch.get_num_threads(), "transposed": first},
+        {"weight": [96, 32], "dtype": "float32", "rows": 4, "threads": torch.get_num_threads(), "transposed": False},
     ]
 
 
@@ -159,7 +156,7 @@ def test_one_row_runs_as_two(monkeypatch):
         monkeypatch.setattr(torch, "matmul", original)
     assert columns == [2] and got.shape == (1, 1, 1024) and got.is_contiguous()
     torch.testing.assert_close(got, nn.functional.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(projection, "fastest_kernel", lambda weight, rows: "linear")
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: False)
     with torch.no_grad(), few_token_linears(model):  # auto, calibrated slower: linear's own path
         monkeypatch.setattr(torch, "matmul", lambda a, b: columns.append(b.shape[-1]) or original(a, b))
         head(hidden)
@@ -169,13 +166,13 @@ def test_one_row_runs_as_two(monkeypatch):
 def test_calibration_streams_copies_of_the_weight(monkeypatch):
     import hf_specdraft.core.projection as projection
 
-    monkeypatch.setattr(projection, "_FASTEST", {})
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     monkeypatch.setattr(projection, "CALIBRATION_BYTES", 96 * 32 * 4 * 3)  # three copies of a (96, 32) fp32 weight
     seen = []
     original = nn.functional.linear
     monkeypatch.setattr(nn.functional, "linear", lambda h, w: seen.append(w.data_ptr()) or original(h, w))
     weight = torch.randn(96, 32)
-    projection.fastest_kernel(weight, 1)
+    projection.transposed_is_faster(weight, 1)
     # each pass reads three distinct copies, as a forward reads its layers
     assert len(set(seen)) == 3 and weight.data_ptr() not in seen
     assert len(seen) == 3 * (1 + projection.CALIBRATION_REPEATS)
@@ -212,16 +209,12 @@ def test_report_renders_one_verification_table_per_cpu():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("mode", ["right", "wrong"])
-@pytest.mark.parametrize("kernel", ["transposed", "packed"])
-def test_every_row_count_stays_lossless(monkeypatch, arch, mode, kernel):
-    """With W @ h.T (one row as two) or MKL's packed GEMM forced for every row count, the loop's greedy output and
-    plain greedy generate inside few_token_linears both equal target-only greedy, with drafts always right and always
-    wrong."""
+def test_every_row_count_transposed_stays_lossless(monkeypatch, arch, mode):
+    """With W @ h.T forced for every row count (one row as two), the loop's greedy output and plain greedy
+    generate inside few_token_linears both equal target-only greedy, with drafts always right and always wrong."""
     import hf_specdraft.core.projection as projection
 
-    if kernel == "packed" and not torch.backends.mkl.is_available():
-        pytest.skip("this torch build has no MKL")
-    monkeypatch.setattr(projection, "fastest_kernel", lambda weight, rows: kernel)
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: True)
     model = tiny_model(arch, vocab_size=1024)
     prompt = torch.randint(0, 1024, (1, 7), generator=torch.Generator().manual_seed(11))
     reference = greedy_reference(model, prompt, 20)
@@ -242,81 +235,23 @@ def test_calibrations_persist_per_machine_across_processes(monkeypatch, tmp_path
 
     path = tmp_path / "few_token_linears.json"
     monkeypatch.setenv("HF_SPECDRAFT_CALIBRATION_FILE", str(path))
-    monkeypatch.setattr(projection, "_FASTEST", {})
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
     weight = torch.randn(80, 24)
-    first = projection.fastest_kernel(weight, 5)
+    first = projection.transposed_is_faster(weight, 5)
     stored = json.loads(path.read_text())
     assert stored == {projection.machine_id(): {"80x24 float32 rows=5 threads=%d" % torch.get_num_threads(): first}}
-    monkeypatch.setattr(projection, "_FASTEST", {})  # a new process: nothing in memory
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})  # a new process: nothing in memory
     monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
     timed = []
     monkeypatch.setattr(projection.timeit.Timer, "timeit", lambda timer, number: timed.append(timer) or 0.0)
-    assert projection.fastest_kernel(weight, 5) == first and not timed  # read from the file
-    monkeypatch.setattr(projection, "_FASTEST", {})
+    assert projection.transposed_is_faster(weight, 5) == first and not timed  # read from the file
+    monkeypatch.setattr(projection, "_FASTER_TRANSPOSED", {})
     monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
     monkeypatch.setattr(projection, "machine_id", lambda: "another CPU | torch 0.0")
     # measured anew
-    assert projection.fastest_kernel(weight, 5) == "linear"
-    assert len(timed) == len(projection._kernels(weight)) * (projection.CALIBRATION_REPEATS + 1)
+    assert projection.transposed_is_faster(weight, 5) is False
+    assert len(timed) == 2 * (projection.CALIBRATION_REPEATS + 1)
     assert set(json.loads(path.read_text())) == {"another CPU | torch 0.0", stored and next(iter(stored))}
     monkeypatch.setenv("HF_SPECDRAFT_CALIBRATION_FILE", "")
     assert projection.calibration_file() is None
-
-
-needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch build has no MKL")
-
-
-@needs_mkl
-@pytest.mark.parametrize("rows", [1, 2, 6, 17])
-def test_packed_matches_linear_and_is_packed_once(monkeypatch, rows):
-    import hf_specdraft.core.projection as projection
-
-    model = tiny_model("llama", vocab_size=4096)
-    head = model.get_output_embeddings()
-    head.bias = nn.Parameter(torch.randn(4096))
-    hidden = torch.randn(1, rows, model.config.hidden_size)
-    packs, original = [], torch.ops.mkl._mkl_reorder_linear_weight
-    monkeypatch.setattr(projection, "_PACKED", projection.WeakIdKeyDictionary())
-    with torch.no_grad(), few_token_linears(head, orientation="packed") as applied:
-        monkeypatch.setattr(torch.ops.mkl, "_mkl_reorder_linear_weight", lambda w, m: packs.append(m) or original(w, m))
-        got, again = head(hidden), head(hidden)
-        monkeypatch.setattr(torch.ops.mkl, "_mkl_reorder_linear_weight", original)
-    expected = nn.functional.linear(hidden, head.weight, head.bias)
-    assert applied == 1 and got.shape == expected.shape and got.is_contiguous() and len(packs) == 1
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(again, got)
-
-
-@needs_mkl
-def test_a_changed_weight_is_packed_again_and_short_memory_keeps_linear(monkeypatch):
-    import hf_specdraft.core.projection as projection
-
-    head = tiny_model("llama", vocab_size=512).get_output_embeddings()
-    hidden = torch.randn(1, 4, head.in_features)
-    with torch.no_grad(), few_token_linears(head, orientation="packed"):
-        head(hidden)
-        head.weight.mul_(2)  # an optimizer step or a loaded state dict: the packed copy would be stale
-        torch.testing.assert_close(head(hidden), nn.functional.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
-        head.weight.mul_(2)
-        monkeypatch.setattr(projection, "PACKING_HEADROOM", 2**62)  # no machine has this much free: linear runs
-        torch.testing.assert_close(head(hidden), nn.functional.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
-    assert projection.packed_weight(head.weight) is None
-
-
-def test_an_older_calibration_entry_is_timed_again(monkeypatch, tmp_path):
-    """A file written before the packed kernel holds bools: the choice among three kernels is measured anew."""
-    import json
-
-    import hf_specdraft.core.projection as projection
-
-    path = tmp_path / "few_token_linears.json"
-    key = "80x24 float32 rows=5 threads=%d" % torch.get_num_threads()
-    path.write_text(json.dumps({projection.machine_id(): {key: True}}))
-    monkeypatch.setenv("HF_SPECDRAFT_CALIBRATION_FILE", str(path))
-    monkeypatch.setattr(projection, "_FASTEST", {})
-    monkeypatch.setattr(projection, "_ON_DISK", {"loaded": False})
-    timed = []
-    monkeypatch.setattr(projection.timeit.Timer, "timeit", lambda timer, number: timed.append(timer) or 0.0)
-    assert projection.fastest_kernel(torch.randn(80, 24), 5) == "linear" and timed
-    assert json.loads(path.read_text())[projection.machine_id()][key] == "linear"

@@ -1,8 +1,8 @@
 """What a verification forward costs: the default target over 1 + N tokens on its cache, with the model's
 own linear layers, with :func:`hf_specdraft.core.projection.few_token_linears` over the output projection alone (as
-``W @ h.T``: the setting ``few_token_projection``) and over every linear layer, with every linear layer by MKL's
-packed GEMM (``few_token_linears (packed)``), and with ``few_token_linears`` calibrated (``orientation="auto"``, what
-the loop uses: each few-row linear takes whichever kernel was fastest on this CPU), against a one-token forward.
+``W @ h.T``: the setting ``few_token_projection``) and over every linear layer, and with ``few_token_linears``
+calibrated (``orientation="auto"``, what the loop uses: each few-row linear takes whichever orientation was faster on
+this CPU), against a one-token forward.
 
     python -m benchmarks.studies.projection --output benchmarks/verification/cpu-verification-cost-amd-epyc.json
 
@@ -40,7 +40,6 @@ def time_forwards(model, prefix: int = 96, lengths=LENGTHS, repeats: int = 15, s
         "model's own": contextlib.nullcontext,
         "few_token_projection": lambda: few_token_linears(model.get_output_embeddings(), "transposed"),
         "few_token_linears": lambda: few_token_linears(model, "transposed"),
-        "few_token_linears (packed)": lambda: few_token_linears(model, "packed"),
         "few_token_linears (auto)": lambda: few_token_linears(model),
     }
     samples = {name: {n: [] for n in lengths} for name in settings}
