@@ -58,7 +58,8 @@ DATASET = (
     "15 % as chat requests in SmolLM2's template), the target's own greedy continuations of train-split prompts, and "
     "its greedy answers to requests of seven groups (conversation with a follow-up turn, translation, summaries, "
     "questions, arithmetic word problems, questions about a passage, code; recipes/requests.py: project-written "
-    "templates and train-split docstrings, no evaluation set); labels = the target's top-8 next-token distribution"
+    "templates, train-split docstrings and requests the target wrote itself from project-written instructions, no "
+    "evaluation set); labels = the target's top-8 next-token distribution"
 )
 
 # What each drafter is: GlideConfig.from_target_config's keywords (num_hidden_layers 1, Appendix E: one layer up to 13B
