@@ -115,6 +115,19 @@ def test_auto_follows_the_calibration_per_row_count(monkeypatch, faster):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_each_input_shape_is_decided_once_per_block(monkeypatch):
+    """A verification's linears look their decision up by input shape: the calibration is asked once per shape."""
+    import hf_specdraft.core.projection as projection
+
+    asked = []
+    monkeypatch.setattr(projection, "transposed_is_faster", lambda weight, rows: asked.append(rows) or False)
+    head = tiny_model("llama", vocab_size=512).get_output_embeddings()
+    with torch.no_grad(), few_token_linears(head):
+        for rows in (3, 3, 2, 3, 2):
+            head(torch.randn(1, rows, head.in_features))
+    assert asked == [3, 2]
+
+
 def test_calibration_times_each_shape_once_and_is_recorded(monkeypatch):
     import hf_specdraft.core.projection as projection
 
