@@ -22,9 +22,9 @@
 #   requests    the project's held-out requests of seven groups (hf_specdraft/defaults/spec_prompts.jsonl: conversation
 #               with its second turn, translation, summaries, questions, math, retrieval, code), a per-group table beside
 #               transformers' prompt lookup and assisted decoding
-#   train       the state-reading GLIDE and its vanilla twin, from the shipped pair, trained against the default
-#               target on the GPU on its answers to requests of seven groups and on code, no store, as many tokens as
-#               fit CALL_SECONDS, scored at draft steps 1-3 beside the shipped
+#   train       GLIDE and its vanilla twin, from the shipped pair, trained against the default target on the GPU on
+#               its answers to requests of seven groups (templated, and written by the target itself) and on code, no
+#               store, as many tokens as fit CALL_SECONDS, scored per group and at draft steps 1-3 beside the shipped
 #               pair (benchmarks/gpu/train_default.py); train-default.json and the packed checkpoints to the results
 #   report      BENCHMARKS.md regenerated (here, after copying the JSON into benchmarks/results/)
 # Each step gets what is left of CALL_SECONDS (570 by default, for job runners that stop a command after 10 minutes;
@@ -99,7 +99,7 @@ for step in "$@"; do
     train)
       need wheels gguf cuda || { status=1; continue; }
       size=(--seconds $(( $(left) - 20 )))
-      [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 500 --windows 16 --self-generated 4 --requests 4 --heldout-windows 2 --batch 2)
+      [ "$DRY_RUN" = 1 ] && size=(--device cpu --seconds 500 --windows 16 --self-generated 4 --requests 4 --written 4 --heldout-windows 2 --group-prompts 1 --batch 2)
       timeout "$(left)" python3 -m benchmarks.gpu.train_default --output "$FILES" --work "$TMP_ROOT/glide-gpu" "${size[@]}" || status=1 ;;
     *) echo "unknown step '$step': first, control, status, overhead, completion, chat, context, requests, train or report" >&2; exit 2 ;;
   esac

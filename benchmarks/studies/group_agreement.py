@@ -54,7 +54,7 @@ def answers(target, tokenizer, rows: list[dict], max_new_tokens: int) -> list[tu
             add_generation_prompt=True,
             return_tensors="pt",
             return_dict=True,
-        )["input_ids"]
+        )["input_ids"].to(target.device)
         full = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         out.append((row["category"], full[0].tolist(), ids.shape[1]))
     return out
@@ -65,7 +65,7 @@ def in_loop(target, glide, answered, max_new_tokens: int) -> dict[str, dict]:
     """Per category: accepted / judged draft tokens at γ = 1 with copying off, and whether every output was greedy's."""
     per: dict[str, list] = {}
     for category, ids, prompt_length in answered:
-        prompt = torch.tensor([ids[:prompt_length]])
+        prompt = torch.tensor([ids[:prompt_length]], device=target.device)
         drafter = GlideCandidateGenerator(glide, num_draft_tokens=1, copy_from_context=0)
         out = speculative_generate(
             target, prompt, candidate_generator=drafter, max_new_tokens=max_new_tokens, return_dict_in_generate=True
@@ -105,12 +105,33 @@ def by_step(target, glide, answered, steps: int = 3) -> dict[str, list[float]]:
     per: dict[str, list[list[int]]] = {}
     for category, ids, prompt_length in answered:
         source = TargetWindows(torch.tensor(ids), seq_len=len(ids), stride=len(ids))
-        batch = source.batch(target, glide, torch.tensor([0]), "cpu", glide.config.cross_attention, True)
+        batch = source.batch(target, glide, torch.tensor([0]), target.device, glide.config.cross_attention, True)
         totals = per.setdefault(category, [[0, 0] for _ in range(steps)])
         for k, (agreed, tried) in enumerate(conditional_agreement(glide, batch, steps, first=prompt_length - 1)):
             totals[k][0] += agreed
             totals[k][1] += tried
     return {c: [round(a / t, 4) if t else 0.0 for a, t in totals] for c, totals in per.items()}
+
+
+def first_of_each(rows: list[dict], limit: int) -> list[dict]:
+    """The first ``limit`` rows of each ``category``, in category order (0: all rows)."""
+    if not limit:
+        return rows
+    kept: dict[str, list] = {}
+    for row in rows:
+        kept.setdefault(row["category"], []).append(row)
+    return [row for group in kept.values() for row in group[:limit]]
+
+
+def score(target, glide, answered, max_new_tokens: int, loop: bool = True) -> dict:
+    """Every measure of one drafter per category: teacher-forced step 1 and steps 1-3, and (``loop``) in the loop."""
+    scores = {
+        "teacher_forced_step_1": teacher_forced(target, glide, answered),
+        "teacher_forced_steps_1_3": by_step(target, glide, answered),
+    }
+    if loop:
+        scores["in_loop_step_1"] = in_loop(target, glide, answered, max_new_tokens)
+    return scores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,12 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         drafters[name] = path
     if ns.max_new_tokens < 1 or ns.limit < 0:
         parser.error("--max-new-tokens must be >= 1 and --limit >= 0")
-    rows = read_prompts(ns.prompts)
-    if ns.limit:
-        kept: dict[str, list] = {}
-        for row in rows:
-            kept.setdefault(row["category"], []).append(row)
-        rows = [row for group in kept.values() for row in group[: ns.limit]]
+    rows = first_of_each(read_prompts(ns.prompts), ns.limit)
     from hf_specdraft.defaults.smollm2 import load_smollm2
 
     torch.manual_seed(0)
@@ -161,12 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, path in drafters.items():
         glide = GlideForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        result["drafters"][name] = {
-            "path": path,
-            "teacher_forced_step_1": teacher_forced(target, glide, answered),
-            "teacher_forced_steps_1_3": by_step(target, glide, answered),
-            "in_loop_step_1": in_loop(target, glide, answered, ns.max_new_tokens),
-        }
+        result["drafters"][name] = {"path": path, **score(target, glide, answered, ns.max_new_tokens)}
         print(name, json.dumps(result["drafters"][name], indent=1))
     result["meta"]["seconds"] = round(time.time() - start, 1)
     if ns.output:
