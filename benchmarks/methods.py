@@ -392,6 +392,23 @@ register_method(
     )
 )
 
+# the default call with its GLIDE's copy table switched off: copying from the request's own text only
+register_method(
+    Method(
+        "glide+copy-no-table-auto",
+        lambda ctx: speculative_run(ctx, candidate_generator=_glide_without_table(ctx)),
+        requires=("glide",),
+        description="GlideCandidateGenerator(glide, copy_from_table=False): the default call without its copy table",
+    )
+)
+
+
+def _glide_without_table(ctx):
+    from hf_specdraft.glide import GlideCandidateGenerator
+
+    return GlideCandidateGenerator(ctx.extras["glide"], copy_from_table=False)
+
+
 # --- the default calls compiled on any device (docs/static-cache.md) --------------------------------------------------
 # "<method>-compiled": "<method>-static" with compile_config=CompileConfig() given, so it compiles on a CPU too;
 # target-only-compiled is transformers' own static-cache decoding, compiled the same way.

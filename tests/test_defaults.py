@@ -115,8 +115,9 @@ def test_shipped_drafters_are_small_bf16_and_name_their_target():
 
     total = sum(f.stat().st_size for f in SMOLLM2_DRAFTERS_DIR.rglob("*") if f.is_file())
     # 45 MiB for GLIDE, its twin (8,192 draft ids each: 2,048 of them for the natural language a chat target writes) and
-    # the small draft; 16 more for glide_assistant, the variant vLLM serves (untied: target input rows, trained head)
-    assert total <= 61 * 2**20, f"shipped drafters take {total / 2**20:.1f} MiB (at most 61)"
+    # the small draft; 16 more for glide_assistant, the variant vLLM serves (untied: target input rows, trained head);
+    # under 1 more for GLIDE's copy table (72,880 contexts of the target's answers)
+    assert total <= 62 * 2**20, f"shipped drafters take {total / 2**20:.1f} MiB (at most 62)"
     for kind in SHIPPED:
         config = GlideConfig.from_pretrained(SMOLLM2_DRAFTERS_DIR / kind)
         assert config.target_name_or_path == HUB_ID and config.cross_attention == kind.startswith("glide")

@@ -3,8 +3,8 @@
 Read bottom-up, as the loop runs a step (docs/layout.md says what each module does): the proposal (:mod:`.tree`),
 statistics and rows (:mod:`.stats`, :mod:`.rows`), what a target can verify (:mod:`.support`), the verification
 forward (:mod:`.verify`, :mod:`.host`), the cache (:mod:`.cache`), acceptance (:mod:`.acceptance`,
-:mod:`.suffix_match`), emission (:mod:`.emission`), the drafters (:mod:`.batch_drafting`, :mod:`.drafting`,
-:mod:`.draft_cache`, :mod:`.target_state`, :mod:`.state_drafting`), the call's checks (:mod:`.inputs`,
+:mod:`.suffix_match`, :mod:`.ngram_table`), emission (:mod:`.emission`), the drafters (:mod:`.batch_drafting`,
+:mod:`.drafting`, :mod:`.draft_cache`, :mod:`.target_state`, :mod:`.state_drafting`), the call's checks (:mod:`.inputs`,
 :mod:`.projection`, :mod:`.validation`), the cache layouts (:mod:`.static_cache`, :mod:`.layouts`,
 :mod:`.static_layout`), costs and γ (:mod:`.controller`, :mod:`.controller_store`, :mod:`.meter`), tensor parallelism
 (:mod:`.distributed`), the result (:mod:`.outputs`, :mod:`.memory`), and the loop (:mod:`.loop`).

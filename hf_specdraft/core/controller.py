@@ -28,6 +28,7 @@ EXPLORE_EVERY = 8  # every 8th step drafts one more or one less than the best: t
 # a copy's suffix-match lengths, binned (lower edges): a longer match tends to run on longer (cpu-copy-acceptance*.json:
 # accepted per copy 2.6-2.8 after a 2-token match, 6.4 after 16 or more on chat); a one-token match is Max-Gram's
 COPY_MATCH_BINS = (1, 2, 3, 5, 8, 16)
+TABLE_BIN = len(COPY_MATCH_BINS)  # the bin after them: chains copied from a checkpoint's table (core/ngram_table.py)
 COPY_PRIOR = 0.6  # the prior of a copy's first token being right, in every match bin, replaced within a few copies
 COPY_START = 6  # tokens copied while the cost curve is not measured yet
 
@@ -78,10 +79,11 @@ class DraftLengthController:
         self.stop_tokens = [0.0] * len(self.widths)  # per width, what confidence-stopped steps gave and cost (decayed)
         self.stop_seconds = [0.0] * len(self.widths)
         # copies from the text (copy_length): per match bin, per position, times judged and accepted (decayed)
-        self.copy_tries = [[0.0] * self.max_copy_tokens for _ in COPY_MATCH_BINS]
-        self.copy_hits = [[0.0] * self.max_copy_tokens for _ in COPY_MATCH_BINS]
+        self.copy_tries = [[0.0] * self.max_copy_tokens for _ in range(TABLE_BIN + 1)]
+        self.copy_hits = [[0.0] * self.max_copy_tokens for _ in range(TABLE_BIN + 1)]
         self._copy_bin = 0  # the match bin of the copy this step proposed
-        self._declined = 0  # copies declined in a row (every EXPLORE_EVERY-th is taken, so a bin's rates stay measured)
+        # per bin, copies declined in a row (every EXPLORE_EVERY-th is taken, so a bin's rates stay measured)
+        self._declined = [0] * (TABLE_BIN + 1)
         self._reader = None  # (the cost curve it read, cost_curve's function)
         self._draft_costs: list[float] | None = None  # this step's j · d + v(j + 1) for j = 0 .. max_draft_tokens
         self._asked = False  # whether this step's drafter called keep_drafting
@@ -166,11 +168,14 @@ class DraftLengthController:
 
     def copy_length(self, match: int, available: int) -> int:
         """How many of the ``available`` tokens that followed an earlier occurrence of the text's last ``match`` tokens
-        to copy as this step's draft (``copy_from_context``); ``0``: draft with the model instead. A copy of ``n`` is
+        to copy as this step's draft (``copy_from_context``; ``match`` 0: a chain from the drafter's copy table, counted
+        in a bin of its own); ``0``: draft with the model instead. A copy of ``n`` is
         worth ``(1 + Σ_{i<=n} Π_{j<=i} c_j) / v(n + 1)`` tokens per second (``c_j``: the ``a_j`` rule per bin of
         ``COPY_MATCH_BINS``); the best ``n`` is copied where it beats the drafter's own rate, and every
         ``EXPLORE_EVERY``-th declined copy anyway (so a bin's rates stay measured)."""
-        self._copy_bin = max(i for i, edge in enumerate(COPY_MATCH_BINS) if match >= edge or i == 0)
+        self._copy_bin = (
+            TABLE_BIN if match == 0 else max(i for i, e in enumerate(COPY_MATCH_BINS) if match >= e or i == 0)
+        )
         top = min(available, self.max_copy_tokens)
         if top < 1:
             return 0
@@ -184,10 +189,10 @@ class DraftLengthController:
         stopped = self.confidence_stops and self.stop_seconds[o] > 0
         own = self.stop_tokens[o] / self.stop_seconds[o] if stopped else max(self.rates(o, verify))
         if rates[best - 1] >= own:
-            self._declined = 0
+            self._declined[b] = 0
             return best
-        self._declined += 1
-        return best if self._declined % EXPLORE_EVERY == 0 else 0
+        self._declined[b] += 1
+        return best if self._declined[b] % EXPLORE_EVERY == 0 else 0
 
     def accepted_given(self, confidence: float) -> float:
         """``â(c)``: the measured rate at which draft tokens of about probability ``c`` are accepted."""

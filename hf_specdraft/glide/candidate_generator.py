@@ -28,6 +28,7 @@ from ..core.cache import crop_to
 from ..core.target_state import TargetState
 from ..core.tree import DraftTree
 from ..core.validation import method_config
+from ..core.ngram_table import CHAIN_TOKENS, copy_table_of
 from ..core.suffix_match import longest_suffix_match
 from ..core.support import with_cache
 from .drafting_config import GlideDraftingConfig
@@ -120,14 +121,24 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
     def copy_from_text(self, request: DraftRequest) -> DraftTree | None:
         """``copy_from_context``: the tokens after the most recent longest earlier occurrence of the text's suffix, when
         it is at least that long (no q: the target judges them exactly); else `None`. As many as ``max_copy_tokens``
-        says, else γ when fixed, with "auto" the request's ``copy_rule`` (in a batch ``max(COPY_TOKENS, γ)``)."""
+        says, else γ when fixed, with "auto" the request's ``copy_rule`` (in a batch ``max(COPY_TOKENS, γ)``). With
+        "auto" at batch 1, where the text offers no copy, the chain of the checkpoint's copy table, if it has one."""
         shortest, input_ids = self.config.copy_from_context, request.input_ids
         if not shortest or input_ids.shape[1] <= shortest:
             return None
         host = request.host_text  # the loop's host copy of the text: the match then reads nothing back from the device
-        text = torch.tensor(host) if host is not None and len(host) == input_ids.shape[1] else input_ids[0]
-        end, length = longest_suffix_match(text, max_match_length=COPY_MATCH_CAP)
+        if host is None or len(host) != input_ids.shape[1]:
+            host = input_ids[0].tolist()
         weighed = self.adaptive_draft_length and request.copy_rule is not None  # "auto" at batch 1: the controller's
+        copied = self._copy_from_context(request, torch.tensor(host), weighed)
+        if copied is None and weighed and self.config.copy_from_table:  # the table of the target's own text
+            copied = self._copy_from_table(request, host)
+        return copied
+
+    def _copy_from_context(self, request: DraftRequest, text: torch.Tensor, weighed: bool) -> DraftTree | None:
+        """The context copy of :meth:`copy_from_text` (``text`` `(L,)`), or `None`."""
+        shortest, input_ids = self.config.copy_from_context, request.input_ids
+        end, length = longest_suffix_match(text, max_match_length=COPY_MATCH_CAP)
         if length < (shortest if weighed else max(shortest, UNWEIGHED_SHORTEST)):
             return None
         available, longest = text.shape[0] - end - 1, self.config.max_copy_tokens
@@ -140,6 +151,18 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         if not count:  # the loop's controller expects more from GLIDE's own draft here
             return None
         tree = DraftTree.chain(text[end + 1 : end + 1 + count].to(input_ids.device))
+        tree.copied = True
+        return tree
+
+    def _copy_from_table(self, request: DraftRequest, text: list[int]) -> DraftTree | None:
+        """The chain of the checkpoint's :class:`~hf_specdraft.core.ngram_table.NGramTable` after ``text``, sized by the
+        controller from how often the table's earlier chains were right (its own copy bin); `None` without one."""
+        table = copy_table_of(self.glide)
+        chain = table.chain(text, self.config.max_copy_tokens or CHAIN_TOKENS) if table is not None else []
+        count = request.copy_rule(0, len(chain)) if chain else 0
+        if not count:
+            return None
+        tree = DraftTree.chain(torch.tensor(chain[:count], device=request.input_ids.device))
         tree.copied = True
         return tree
 

@@ -137,6 +137,10 @@ class GlideConfig(PretrainedConfig):
     # False (state_input only): Gemma 4's assistant layout, cross-attention and MLP only, no cache of its own
     # (hf-specdraft export writes it)
     self_attention: bool = True
+    # a table of what followed each short context in the target's own text (core.ngram_table), copied from where the
+    # request's text offers no copy; its buffers copy_table_keys / copy_table_tokens hold this many entries (0: none)
+    copy_table_size: int = 0
+    copy_table_orders: list[int] | None = None  # the context lengths its keys were built for
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -209,6 +213,11 @@ class GlideConfig(PretrainedConfig):
                 raise ValueError(
                     f"draft_token_ids must be distinct ids in [0, vocab_size={self.vocab_size}), at least one"
                 )
+        size, orders = self.copy_table_size, self.copy_table_orders
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"copy_table_size must be an int >= 0 (0: no table), got {size!r}")
+        if size and (not orders or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in orders)):
+            raise ValueError(f"copy_table_orders must list the table's context lengths (ints >= 1), got {orders!r}")
         ids = self.target_layer_ids
         if not isinstance(ids, list) or len(ids) != self.num_hidden_layers:
             raise ValueError(

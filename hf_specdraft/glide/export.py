@@ -38,6 +38,7 @@ TOP_NAMES = {"model.norm.weight": "model.norm.weight", "model.post_projection.we
 TEMPLATE = Path(__file__).with_name("export_card_template.md")  # the export's README.md ($glide_line filled in)
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")  # act-and-mul kinds vLLM's Gemma 4 MLP takes
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+COPY_TABLE = ("copy_table_keys", "copy_table_tokens")  # a GLIDE's copy table (core/ngram_table.py): left out
 
 
 def unexpressible(config) -> list[str]:
@@ -94,7 +95,8 @@ def assistant_weights(glide) -> dict[str, torch.Tensor]:
     projection[:, : config.hidden_size] /= math.sqrt(config.target_hidden_size)
     out["pre_projection.weight"] = projection
     head = ours.pop("lm_head.weight")
-    for unused in ("model.embed_tokens.weight", "model.target_to_draft", "draft_token_ids"):  # input rows: the target's
+    # input rows are the target's; a copy table is the loop's, not the model's (vLLM copies nothing from one)
+    for unused in ("model.embed_tokens.weight", "model.target_to_draft", "draft_token_ids", *COPY_TABLE):
         ours.pop(unused, None)
     if config.draft_token_ids is not None:  # the head's rows to their ids, zero rows elsewhere
         full = torch.zeros(config.vocab_size, config.hidden_size)

@@ -427,6 +427,9 @@ class GlideForCausalLM(TargetBindingMixin, GlidePreTrainedModel, GenerationMixin
         self.lm_head = nn.Linear(config.hidden_size, draft_vocab_rows(config), bias=False)
         if config.draft_token_ids is not None:
             self.register_buffer("draft_token_ids", torch.tensor(config.draft_token_ids, dtype=torch.long))
+        if config.copy_table_size:  # what followed each short context in the target's text (copied from, not run)
+            self.register_buffer("copy_table_keys", torch.zeros(config.copy_table_size, dtype=torch.long))
+            self.register_buffer("copy_table_tokens", torch.zeros(config.copy_table_size, dtype=torch.int32))
         self.post_init()
         if self.generation_config is not None:  # §5.1: γ = 5, fixed, every step (stock assisted decoding reads these)
             self.generation_config.num_assistant_tokens = 5
