@@ -127,12 +127,13 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         if not shortest or input_ids.shape[1] <= shortest:
             return None
         host = request.host_text  # the loop's host copy of the text: the match then reads nothing back from the device
-        if host is None or len(host) != input_ids.shape[1]:
-            host = input_ids[0].tolist()
+        if host is not None and len(host) != input_ids.shape[1]:
+            host = None
+        text = torch.tensor(host) if host is not None else input_ids[0]
         weighed = self.adaptive_draft_length and request.copy_rule is not None  # "auto" at batch 1: the controller's
-        copied = self._copy_from_context(request, torch.tensor(host), weighed)
+        copied = self._copy_from_context(request, text, weighed)
         if copied is None and weighed and self.config.copy_from_table:  # the table of the target's own text
-            copied = self._copy_from_table(request, host)
+            copied = self._copy_from_table(request, host, text)
         return copied
 
     def _copy_from_context(self, request: DraftRequest, text: torch.Tensor, weighed: bool) -> DraftTree | None:
@@ -154,11 +155,15 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         tree.copied = True
         return tree
 
-    def _copy_from_table(self, request: DraftRequest, text: list[int]) -> DraftTree | None:
-        """The chain of the checkpoint's :class:`~hf_specdraft.core.ngram_table.NGramTable` after ``text``, sized by the
-        controller from how often the table's earlier chains were right (its own copy bin); `None` without one."""
+    def _copy_from_table(self, request: DraftRequest, host: list[int] | None, text: torch.Tensor) -> DraftTree | None:
+        """The chain of the checkpoint's :class:`~hf_specdraft.core.ngram_table.NGramTable` after the text (``host``,
+        else the tail of ``text`` read back), sized by the controller from how often the table's chains were right (its
+        own copy bin); `None` without a table or a chain."""
         table = copy_table_of(self.glide)
-        chain = table.chain(text, self.config.max_copy_tokens or CHAIN_TOKENS) if table is not None else []
+        if table is None:
+            return None
+        tail = host[-max(table.orders) :] if host is not None else text[-max(table.orders) :].tolist()
+        chain = table.chain(tail, self.config.max_copy_tokens or CHAIN_TOKENS)
         count = request.copy_rule(0, len(chain)) if chain else 0
         if not count:
             return None
