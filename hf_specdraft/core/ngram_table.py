@@ -25,6 +25,11 @@ _PRIME, _MASK = 1_000_003, (1 << 63) - 1
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its keys buffer's id, NGramTable)
 
 
+def _check_orders(orders) -> None:
+    if not orders or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in orders):
+        raise ValueError(f"orders must be positive context lengths, got {orders!r}")
+
+
 def context_key(context: Sequence[int]) -> int:
     """One int64 key for a context of token ids (its length mixed in, so no two orders share a key)."""
     key = len(context)
@@ -39,8 +44,7 @@ def build_ngram_table(
     """``(keys, tokens)``, both `(N,)`, int64 and int32: for every context of ``orders`` tokens in ``texts`` that
     occurred at least ``min_count`` times, the token that followed it most often, kept where it did at least
     ``min_share`` of the time."""
-    if not orders or any(not isinstance(k, int) or k < 1 for k in orders):
-        raise ValueError(f"orders must be positive context lengths, got {orders!r}")
+    _check_orders(orders)
     if not isinstance(min_count, int) or min_count < 1 or not 0 < min_share <= 1:
         raise ValueError(f"min_count must be an int >= 1 and min_share in (0, 1], got {min_count!r}, {min_share!r}")
     counts: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -76,8 +80,7 @@ class NGramTable:
                 f"keys and tokens must be 1-D tensors of one length, int64 and int32/int64, got {tuple(keys.shape)} "
                 f"{keys.dtype} and {tuple(tokens.shape)} {tokens.dtype}"
             )
-        if not orders or any(not isinstance(k, int) or k < 1 for k in orders):
-            raise ValueError(f"orders must be positive context lengths, got {orders!r}")
+        _check_orders(orders)
         self.orders = tuple(sorted(set(orders), reverse=True))
         self.next = dict(zip(keys.tolist(), tokens.tolist()))
 
@@ -88,15 +91,21 @@ class NGramTable:
         """Up to ``max_tokens`` tokens to follow ``text``, each by the longest context the table holds; `[]`: none."""
         chain, tail = [], list(text[-self.orders[0] :])
         for _ in range(max_tokens):
-            token = next(
-                (t for k in self.orders if len(tail) >= k and (t := self.next.get(context_key(tail[-k:]))) is not None),
-                None,
-            )
+            token = self._after(tail)
             if token is None:
                 break
             chain.append(token)
             tail.append(token)
         return chain
+
+    def _after(self, tail: list[int]) -> int | None:
+        """The token that followed the longest context of ``tail`` the table holds, or `None`."""
+        for k in self.orders:
+            if len(tail) >= k:
+                token = self.next.get(context_key(tail[-k:]))
+                if token is not None:
+                    return token
+        return None
 
 
 def copy_table_of(model) -> NGramTable | None:
