@@ -80,6 +80,26 @@ def test_the_default_call_copies_from_the_checkpoints_table_losslessly(tmp_path)
         GlideCandidateGenerator(tabled, copy_from_table="no")
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("table_is", ["right", "wrong"])
+def test_a_table_that_is_always_right_or_always_wrong_stays_lossless(tmp_path, arch, table_is):
+    """Whatever the table proposes, the target judges it: its greedy text comes out, on more than one architecture."""
+    target = tiny_model(arch)
+    torch.manual_seed(2)
+    GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32)).save_pretrained(tmp_path)
+    ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5))[:20][None]
+    reference = greedy_reference(target, ids, NEW_TOKENS)[0].tolist()
+    shift = 0 if table_is == "right" else 1  # "wrong": every context the text has, followed by another token
+    windows = [reference[i - 3 : i] + [(reference[i] + shift) % VOCAB] for i in range(3, len(reference))]
+    write_copy_table(tmp_path, windows, orders=(3,), min_count=1)
+    glide = GlideForCausalLM.from_pretrained(tmp_path).eval()
+    out = speculative_generate(target, ids, draft_model=glide, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
+    assert out.sequences[0].tolist() == reference
+    copied = [s for s in out.speculative_stats.steps if s.copied]
+    if table_is == "wrong":  # every copy the table makes is rejected at its first token (context copies aside)
+        assert copied and min(s.accepted for s in copied) == 0
+
+
 def test_the_recipe_refuses_what_is_not_a_glide_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="GLIDE checkpoint directory"):
         write_copy_table(tmp_path, [[1, 2, 3]])
