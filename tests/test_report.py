@@ -119,6 +119,21 @@ def test_benchmarks_md_shows_the_table_when_the_run_exists(groups_json, tmp_path
     assert "## Held-out task groups" not in render(results, drafters_dir=tmp_path)
 
 
+def test_benchmarks_md_shows_the_same_run_on_other_machines_after_the_readme_s(groups_json, tmp_path):
+    results = groups_json.parents[1] / "results"
+    results.mkdir()
+    other = groups_json.parents[1] / "verification" / "other-cpu" / "groups.json"
+    other.parent.mkdir(parents=True)
+    result = json.loads(groups_json.read_text())
+    result["meta"]["hardware"] = "CPU: another, 2 threads"
+    result["categories"]["overall"]["methods"]["glide+copy-auto"] = method(1.9, 1.4, 1.6)
+    other.write_text(json.dumps(result))
+    text = render(results, drafters_dir=tmp_path)
+    ours, theirs = groups_table(groups_json), groups_table(other)
+    assert ours in text and theirs in text and text.index(ours) < text.index(theirs)
+    assert "CPU: another, 2 threads" in theirs and "| overall | 1.90× | 1.40× | 1.60 |" in theirs
+
+
 def test_a_result_without_groups_is_refused(tmp_path):
     path = tmp_path / "completion.json"
     path.write_text(json.dumps({"meta": {}, "summary": {}}))

@@ -477,13 +477,15 @@ def batching_section(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
-def groups_section(path: Path) -> str:
-    """The README's per-group table (:func:`~benchmarks.report.headline.groups_table`) under its own heading."""
+def groups_section(path: Path, elsewhere: list[Path] = ()) -> str:
+    """The README's per-group table (:func:`~benchmarks.report.headline.groups_table`) under its own heading, then the
+    tables of the same command run on other machines (``elsewhere``)."""
+    others = "".join(f"\nThe same command on another machine:\n\n{groups_table(p)}\n" for p in elsewhere)
     return (
         "## Held-out task groups\n\nThe default call on Spec-Bench's groups of questions (`hf-specdraft bench "
         "--prompts`), one row per group: its speedup against `generate` and against `generate` with the few-row "
         "linears, its MAL, the fastest method of the same run in that group, and whether every method's tokens "
-        f"equalled `generate`'s on every turn.\n\n{groups_table(path)}\n"
+        f"equalled `generate`'s on every turn.\n\n{groups_table(path)}\n{others}"
     )
 
 
@@ -546,8 +548,8 @@ def render(
     if batching.is_file():
         parts.append(batching_section(json.loads(batching.read_text())))
     groups = results_dir.parent / "demo" / "groups.json"
-    if groups.is_file():
-        parts.append(groups_section(groups))
+    if groups.is_file():  # and the same runs on other machines, one folder each
+        parts.append(groups_section(groups, sorted((results_dir.parent / "verification").glob("*/groups.json"))))
     benches = sorted(p for p in results_dir.glob("*.json") if p.name != overhead.name)
     if benches:
         parts.append("## Methods side by side\n")
