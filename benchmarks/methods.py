@@ -381,14 +381,14 @@ for _mode, _label in (("confidence", "cape"), ("fixed", "fixed-k"), ("beam", "be
             description=f"GLIDE γ={CAPE_GAMMA} with {_label} expansion (budget {CAPE_BUDGET}), no copying",
         )
     )
-# the default call copying from one-token matches too (Max-Gram's match), each copy weighed by the controller
+# the default call as it copied before one-token matches were weighed: copies after a 2-token match only
 register_method(
     Method(
-        "glide+copy1-auto",
-        lambda ctx: speculative_run(ctx, draft_model=ctx.extras["glide"], copy_from_context=1),
+        "glide+copy2-auto",
+        lambda ctx: speculative_run(ctx, draft_model=ctx.extras["glide"], copy_from_context=2),
         requires=("glide",),
-        description="speculative_generate(target, ids, draft_model=glide, copy_from_context=1): γ 'auto', copying "
-        "after a match of one token or more",
+        description="speculative_generate(target, ids, draft_model=glide, copy_from_context=2): γ 'auto', copying "
+        "after a 2-token match",
     )
 )
 

