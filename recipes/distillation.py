@@ -25,11 +25,18 @@ Bench items come from the held-out split and never appear here.
 
 ``--requests`` asks the target the requests of :mod:`recipes.requests` (conversation with a follow-up turn, translation,
 summaries, questions, arithmetic, questions about a passage, code) and stores its answers: what a chat target is asked.
+
+Generation is the slow part. ``--generation-dtype bfloat16`` writes the text with a bfloat16 copy of the target, several
+times faster on a CPU with bfloat16 instructions, while the store's labels still come from the float32 target: the text
+is then the bfloat16 copy's greedy answers, which leave the float32 target's after a few dozen tokens, and every label
+is the float32 target's own next-token distribution on it. Such text is kept apart (``answers-bfloat16/``,
+``generated-bfloat16/``), so a resumed run never mixes the two.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 from pathlib import Path
@@ -250,6 +257,21 @@ def written_requests(
     return requests_from_written(drawn, written, seed)
 
 
+def generation_model(target: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    """The model that writes the training text: ``target`` itself in its own dtype, else a copy in ``dtype`` (the
+    store's labels still come from ``target``)."""
+    if dtype == target.dtype:
+        return target
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"generation dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+    return copy.deepcopy(target).to(dtype)
+
+
+def text_dir(output_dir: str | Path, name: str, dtype: torch.dtype) -> Path:
+    """Where text written in ``dtype`` is kept: ``output_dir/name``, with a ``-bfloat16`` suffix for such text."""
+    return Path(output_dir) / (name if dtype == torch.float32 else f"{name}-{str(dtype).removeprefix('torch.')}")
+
+
 def kept_requests(path: Path, draw) -> list[tuple[str, list[str]]]:
     """The requests kept at ``path`` (JSON lines of ``{"group", "turns"}``), else ``draw()``'s, written there first: a
     resumed run answers the same requests even where the corpus they were drawn from has changed since."""
@@ -315,6 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch-size", type=int, default=16, help="with --requests: prompts per generate call")
     parser.add_argument(
+        "--generation-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="with --requests or --self-generated: the dtype of the target copy that writes the text (bfloat16: "
+        "several times faster on a CPU with bfloat16 instructions; the labels still come from the float32 target)",
+    )
+    parser.add_argument(
         "--heldout",
         action="store_true",
         help="with --self-generated: prompts from the held-out split (an evaluation store)",
@@ -326,24 +355,24 @@ def main(argv: list[str] | None = None) -> int:
     from hf_specdraft.defaults.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(dtype=torch.float32, device="cpu")
+    dtype = getattr(torch, args.generation_dtype)
+    writer = generation_model(target, dtype)  # writes the text; the store's labels come from `target`
     if args.requests:  # every answer is kept as it is written, so a rerun resumes; then the store, shard by shard
         from .requests import training_requests
 
         def draw():
             if args.written:  # the target writes the requests first (kept under answers/written, resumable)
-                answers = Path(args.output_dir) / "answers"
                 return written_requests(
-                    target, tokenizer, args.requests, args.request_seed, answers / "written", args.batch_size
+                    writer, tokenizer, args.requests, args.request_seed, answers / "written", args.batch_size
                 )
             return training_requests(args.requests, args.request_seed)
 
-        requests = kept_requests(Path(args.output_dir) / "answers" / "requests.jsonl", draw)
-        records = answered_requests(
-            target, tokenizer, requests, Path(args.output_dir) / "answers", args.max_new_tokens, args.batch_size
-        )
+        answers = text_dir(args.output_dir, "answers", dtype)
+        requests = kept_requests(answers / "requests.jsonl", draw)
+        records = answered_requests(writer, tokenizer, requests, answers, args.max_new_tokens, args.batch_size)
         windows = request_windows(records, tokenizer.eos_token_id, args.seq_len)
     elif args.self_generated:  # generation is the slow part: its windows are kept, so a rerun only resumes the shards
-        saved = Path(args.output_dir) / "windows.safetensors"
+        saved = text_dir(args.output_dir, "windows", dtype).with_suffix(".safetensors")
         if saved.is_file():
             windows = load_file(str(saved))["input_ids"]
         else:
@@ -351,12 +380,12 @@ def main(argv: list[str] | None = None) -> int:
                 tokenizer, args.self_generated, skip=args.skip_prompts, split="heldout" if args.heldout else "train"
             )
             windows = self_generated_windows(
-                target,
+                writer,
                 tokenizer,
                 prompts,
                 max_new_tokens=args.max_new_tokens,
                 seq_len=args.seq_len,
-                progress_dir=Path(args.output_dir) / "generated",
+                progress_dir=text_dir(args.output_dir, "generated", dtype),
             )
             saved.parent.mkdir(parents=True, exist_ok=True)
             save_file({"input_ids": windows.contiguous()}, str(saved))

@@ -376,6 +376,26 @@ class _CharTokenizer:
         return BatchEncoding({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)})
 
 
+def test_a_bfloat16_copy_writes_the_text_and_the_float32_target_keeps_the_labels(tmp_path):
+    from recipes.distillation import generation_model, self_generated_windows, text_dir
+
+    target = tiny_model("llama")
+    before = [p.clone() for p in target.parameters()]
+    assert generation_model(target, torch.float32) is target
+    writer = generation_model(target, torch.bfloat16)
+    assert writer is not target and {p.dtype for p in writer.parameters()} == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 and p.equal(q) for p, q in zip(target.parameters(), before))  # untouched
+    with pytest.raises(ValueError, match="generation dtype must be torch.float32 or torch.bfloat16, got torch.float16"):
+        generation_model(target, torch.float16)
+    # text written in another dtype is kept apart, so a resumed run never mixes the two
+    assert text_dir(tmp_path, "answers", torch.float32) == tmp_path / "answers"
+    assert text_dir(tmp_path, "answers", torch.bfloat16) == tmp_path / "answers-bfloat16"
+    tok = _CharTokenizer()
+    windows = self_generated_windows(writer, tok, ["def f(x):\n"], max_new_tokens=6, batch_size=1, seq_len=16)
+    expected = greedy_reference(writer, tok(["def f(x):\n"], max_length=10**6)["input_ids"], 6)[0].tolist()
+    assert windows.flatten().tolist()[: len(expected)] == expected
+
+
 def test_self_distillation_uses_train_prompts_and_the_targets_own_greedy_text():
     from recipes.distillation import self_distillation_prompts, self_generated_windows
 
