@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         from .requests import training_requests
 
         def draw():
-            if args.written:  # the target writes the requests first (kept under answers/written, resumable)
+            if args.written:  # the target writes the requests first (kept under the answers' written/, resumable)
                 return written_requests(
                     writer, tokenizer, args.requests, args.request_seed, answers / "written", args.batch_size
                 )
