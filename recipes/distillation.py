@@ -28,8 +28,9 @@ summaries, questions, arithmetic, questions about a passage, code) and stores it
 
 Generation is the slow part. ``--generation-dtype bfloat16`` writes the text with a bfloat16 copy of the target, several
 times faster on a CPU with bfloat16 instructions, while the store's labels still come from the float32 target: the text
-is then the bfloat16 copy's greedy answers, which leave the float32 target's after a few dozen tokens, and every label
-is the float32 target's own next-token distribution on it. Such text is kept apart (``answers-bfloat16/``,
+is then the bfloat16 copy's greedy answers, where the float32 target would have chosen another token about once in 70
+(``--check-answers`` says how often on your machine), and every label is the float32 target's own next-token
+distribution on it. Such text is kept apart (``answers-bfloat16/``,
 ``generated-bfloat16/``), so a resumed run never mixes the two.
 """
 
@@ -272,6 +273,29 @@ def text_dir(output_dir: str | Path, name: str, dtype: torch.dtype) -> Path:
     return Path(output_dir) / (name if dtype == torch.float32 else f"{name}-{str(dtype).removeprefix('torch.')}")
 
 
+@torch.inference_mode()
+def answer_agreement(target: PreTrainedModel, answers_dir: str | Path) -> tuple[float, int]:
+    """How often ``target``'s own greedy token is the token written, over every answer kept under ``answers_dir``
+    (each turn's ``regenerated/shard-*.jsonl``), teacher-forced: 1.0 for text ``target`` wrote itself greedily.
+
+    Returns:
+        ``(share, positions)``: the share of answer positions whose token is ``target``'s argmax, and how many.
+    """
+    agree = positions = 0
+    for shard in sorted(Path(answers_dir).glob("**/regenerated/shard-*.jsonl")):
+        for record in map(json.loads, shard.read_text().splitlines()):
+            prompt, answer = record["prompt_ids"], record["response_ids"]
+            if not answer:
+                continue
+            ids = torch.tensor([prompt + answer], device=target.device)
+            greedy = target(ids).logits[0, len(prompt) - 1 : -1].argmax(-1)
+            agree += int((greedy == ids[0, len(prompt) :]).sum())
+            positions += len(answer)
+    if not positions:
+        raise ValueError(f"{str(answers_dir)!r} holds no answers (regenerated/shard-*.jsonl): write them first")
+    return agree / positions, positions
+
+
 def kept_requests(path: Path, draw) -> list[tuple[str, list[str]]]:
     """The requests kept at ``path`` (JSON lines of ``{"group", "turns"}``), else ``draw()``'s, written there first: a
     resumed run answers the same requests even where the corpus they were drawn from has changed since."""
@@ -344,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
         "several times faster on a CPU with bfloat16 instructions; the labels still come from the float32 target)",
     )
     parser.add_argument(
+        "--check-answers",
+        action="store_true",
+        help="with --requests: print how often the float32 target's own greedy token is the token its answers hold "
+        "(1.0 for float32 answers; with --generation-dtype bfloat16, how close the copy's text is)",
+    )
+    parser.add_argument(
         "--heldout",
         action="store_true",
         help="with --self-generated: prompts from the held-out split (an evaluation store)",
@@ -370,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         answers = text_dir(args.output_dir, "answers", dtype)
         requests = kept_requests(answers / "requests.jsonl", draw)
         records = answered_requests(writer, tokenizer, requests, answers, args.max_new_tokens, args.batch_size)
+        if args.check_answers:
+            share, positions = answer_agreement(target, answers)
+            print(f"the float32 target's greedy token is the one written at {share:.4f} of {positions} answer tokens")
         windows = request_windows(records, tokenizer.eos_token_id, args.seq_len)
     elif args.self_generated:  # generation is the slow part: its windows are kept, so a rerun only resumes the shards
         saved = text_dir(args.output_dir, "windows", dtype).with_suffix(".safetensors")

@@ -396,6 +396,24 @@ def test_a_bfloat16_copy_writes_the_text_and_the_float32_target_keeps_the_labels
     assert windows.flatten().tolist()[: len(expected)] == expected
 
 
+def test_answer_agreement_is_one_for_the_targets_own_greedy_answers_and_counts_each_other_token(tmp_path):
+    from recipes.distillation import answer_agreement
+
+    target = tiny_model("llama")
+    prompt = [5, 9, 13, 2, 7]
+    answer = greedy_reference(target, torch.tensor([prompt]), 8)[0, len(prompt) :].tolist()
+    shard = tmp_path / "answers" / "turn-1" / "regenerated" / "shard-00000.jsonl"
+    shard.parent.mkdir(parents=True)
+    shard.write_text(json.dumps({"prompt_ids": prompt, "response_ids": answer}) + "\n")
+    assert answer_agreement(target, tmp_path / "answers") == (1.0, 8)
+    changed = answer[:-1] + [(answer[-1] + 1) % VOCAB]  # its last token is not the target's choice
+    shard.write_text(shard.read_text() + json.dumps({"prompt_ids": prompt, "response_ids": changed}) + "\n")
+    share, positions = answer_agreement(target, tmp_path / "answers")
+    assert (share, positions) == (15 / 16, 16)
+    with pytest.raises(ValueError, match="holds no answers"):
+        answer_agreement(target, tmp_path / "empty")
+
+
 def test_self_distillation_uses_train_prompts_and_the_targets_own_greedy_text():
     from recipes.distillation import self_distillation_prompts, self_generated_windows
 
