@@ -276,13 +276,14 @@ def text_dir(output_dir: str | Path, name: str, dtype: torch.dtype) -> Path:
 @torch.inference_mode()
 def answer_agreement(target: PreTrainedModel, answers_dir: str | Path) -> tuple[float, int]:
     """How often ``target``'s own greedy token is the token written, over every answer kept under ``answers_dir``
-    (each turn's ``regenerated/shard-*.jsonl``), teacher-forced: 1.0 for text ``target`` wrote itself greedily.
+    (``turn-*/regenerated/shard-*.jsonl``; not the sampled requests of ``written/``), teacher-forced: 1.0 for text
+    ``target`` wrote itself greedily.
 
     Returns:
         ``(share, positions)``: the share of answer positions whose token is ``target``'s argmax, and how many.
     """
     agree = positions = 0
-    for shard in sorted(Path(answers_dir).glob("**/regenerated/shard-*.jsonl")):
+    for shard in sorted(Path(answers_dir).glob("turn-*/regenerated/shard-*.jsonl")):
         for record in map(json.loads, shard.read_text().splitlines()):
             prompt, answer = record["prompt_ids"], record["response_ids"]
             if not answer:
@@ -292,7 +293,7 @@ def answer_agreement(target: PreTrainedModel, answers_dir: str | Path) -> tuple[
             agree += int((greedy == ids[0, len(prompt) :]).sum())
             positions += len(answer)
     if not positions:
-        raise ValueError(f"{str(answers_dir)!r} holds no answers (regenerated/shard-*.jsonl): write them first")
+        raise ValueError(f"{str(answers_dir)!r} holds no answers (turn-*/regenerated/shard-*.jsonl): write them first")
     return agree / positions, positions
 
 
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         "--check-answers",
         action="store_true",
         help="with --requests: print how often the float32 target's own greedy token is the token its answers hold "
-        "(1.0 for float32 answers; with --generation-dtype bfloat16, how close the copy's text is)",
+        "(1.0 for float32 answers; with --generation-dtype bfloat16, how close the copy's text is); one float32 "
+        "forward per answer, about as long as the store's own pass",
     )
     parser.add_argument(
         "--heldout",

@@ -406,6 +406,10 @@ def test_answer_agreement_is_one_for_the_targets_own_greedy_answers_and_counts_e
     shard.parent.mkdir(parents=True)
     shard.write_text(json.dumps({"prompt_ids": prompt, "response_ids": answer}) + "\n")
     assert answer_agreement(target, tmp_path / "answers") == (1.0, 8)
+    written = tmp_path / "answers" / "written" / "regenerated" / "shard-00000.jsonl"  # sampled requests: not answers
+    written.parent.mkdir(parents=True)
+    written.write_text(json.dumps({"prompt_ids": prompt, "response_ids": [(t + 1) % VOCAB for t in answer]}) + "\n")
+    assert answer_agreement(target, tmp_path / "answers") == (1.0, 8)
     changed = answer[:-1] + [(answer[-1] + 1) % VOCAB]  # its last token is not the target's choice
     shard.write_text(shard.read_text() + json.dumps({"prompt_ids": prompt, "response_ids": changed}) + "\n")
     share, positions = answer_agreement(target, tmp_path / "answers")
