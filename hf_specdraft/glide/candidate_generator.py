@@ -162,7 +162,7 @@ class GlideCandidateGenerator(TreeCandidateGenerator):
         table = copy_table_of(self.glide)
         if table is None:
             return None
-        tail = host[-max(table.orders) :] if host is not None else text[-max(table.orders) :].tolist()
+        tail = host if host is not None else text[-table.orders[0] :].tolist()  # chain() reads its longest context
         chain = table.chain(tail, self.config.max_copy_tokens or CHAIN_TOKENS)
         count = request.copy_rule(0, len(chain)) if chain else 0
         if not count:
