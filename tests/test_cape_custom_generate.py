@@ -232,6 +232,7 @@ def test_custom_generate_directory_runs_without_hf_specdraft(tmp_path):
         PYTHONPATH=str(blocker),
         HF_MODULES_CACHE=str(tmp_path / "modules"),
         HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
         TRANSFORMERS_VERBOSITY="error",
     )
     done = subprocess.run(

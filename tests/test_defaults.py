@@ -347,8 +347,10 @@ def test_bench_config_errors():
 
 
 def run_cli(*args):
+    """The CLI in a fresh process, one thread (tiny models; beside the other test worker two would oversubscribe)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "hf_specdraft", *args], capture_output=True, text=True, cwd=REPO, timeout=300
+        [sys.executable, "-m", "hf_specdraft", *args], capture_output=True, text=True, cwd=REPO, timeout=300, env=env
     )
 
 

@@ -20,7 +20,9 @@ EXAMPLES = REPO / "examples"
 
 @pytest.fixture(scope="module")
 def tiny_env(tmp_path_factory, tiny_default):
-    """Environment for examples and notebooks: the run's tiny default (conftest), the repository importable."""
+    """Environment for examples and notebooks: the run's tiny default (conftest), the repository importable, one
+    thread (beside the other test worker, two threads a process oversubscribe two cores, and the few-token linears'
+    calibration of many tiny products then runs tens of times slower)."""
     root = tmp_path_factory.mktemp("examples")
     return {
         "HF_SPECDRAFT_TINY": "1",
@@ -28,6 +30,7 @@ def tiny_env(tmp_path_factory, tiny_default):
         "HF_SPECDRAFT_CACHE": str(root / "cache"),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "TQDM_DISABLE": "1",
+        "OMP_NUM_THREADS": "1",
     }
 
 
