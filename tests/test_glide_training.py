@@ -103,6 +103,19 @@ def test_train_vanilla_drafter(tmp_path):
     assert "vanilla drafter" in (tmp_path / "README.md").read_text()
 
 
+def test_a_second_run_in_one_process_may_train_at_another_precision(tmp_path):
+    """A notebook trains in float32, then in bfloat16: accelerate alone refuses the second precision in one process."""
+    target = tiny_model("llama")
+    for precision in ("no", "bf16", "no"):
+        log = train_glide(
+            target,
+            make_glide(target),
+            periodic_stream(),
+            quick_args(tmp_path / precision, max_steps=2, mixed_precision=precision),
+        )
+        assert log["mixed_precision"] == precision
+
+
 @pytest.mark.parametrize(
     "overrides, argument",
     [

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import LoggerType
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
@@ -140,12 +141,22 @@ def _check_pair(target: PreTrainedModel, glide: PreTrainedModel) -> None:
         )
 
 
+def _release_precision(precision: str) -> None:
+    """Let a second run in one process (a notebook) train at another precision: accelerate keeps one precision per
+    process and refuses a new ``Accelerator`` with another. A single process only: a launched run's processes share
+    the state accelerate's launcher set up, which stays as it is."""
+    held = AcceleratorState._shared_state.get("_mixed_precision")
+    if held is not None and str(held) != precision and PartialState().num_processes == 1:
+        AcceleratorState._reset_state()
+
+
 def _setup(target, glide, args: GlideTrainingArguments, resume_from: Path | None):
     """Accelerate's objects, the window sampler and the progress so far (restored from ``resume_from``, if given)."""
     precision = (
         ("bf16" if torch.cuda.is_available() else "no") if args.mixed_precision == "auto" else args.mixed_precision
     )
     logging = {"log_with": args.trackers, "project_dir": str(Path(args.output_dir) / "runs")} if args.trackers else {}
+    _release_precision(precision)
     accelerator = Accelerator(
         mixed_precision=precision, gradient_accumulation_steps=args.gradient_accumulation_steps, **logging
     )
