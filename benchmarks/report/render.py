@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -496,6 +497,20 @@ def _images(name: str, plots_dir: Path, report_dir: Path) -> list[str]:
     ]
 
 
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+
+
+def current_commands(text: str) -> str:
+    """``text`` with each ``python -m hf_specdraft.bench.NAME`` that a result recorded before the studies left the
+    package written as it runs today, ``python -m benchmarks.studies.NAME`` (the same script and flags)."""
+
+    def moved(match: re.Match) -> str:
+        name = match.group(1)
+        return f"python -m benchmarks.studies.{name}" if (STUDIES / f"{name}.py").is_file() else match.group(0)
+
+    return re.sub(r"python -m hf_specdraft\.bench\.(\w+)", moved, text)
+
+
 def render(
     results_dir: str | Path = "benchmarks/results",
     checkpoint: str | Path | None = None,
@@ -557,7 +572,7 @@ def render(
             bench_section(p.stem, json.loads(p.read_text()), _images(p.stem, plots_dir, Path(report_dir)))
             for p in benches
         )
-    return "\n".join(parts)
+    return current_commands("\n".join(parts))
 
 
 def write_report(output: str | Path = "BENCHMARKS.md", results_dir: str | Path = "benchmarks/results") -> Path:
