@@ -132,3 +132,17 @@ def test_report_section_renders_both_tables():
     text = glide_glimpse_section(result)
     assert "| glide, delay 1 | 0.407 | 0.467 |" in text and "| glide, layer 29 | 0.366 | 0.404 | 1.558 |" in text
     assert "| vanilla, shipped | 0.360 | 0.410 | – |" in text
+
+
+def test_group_agreement_counts_the_answer_tokens_a_draft_vocabulary_can_propose():
+    from benchmarks.studies.group_agreement import vocabulary_coverage
+
+    target = tiny_model("llama")
+    glide = _drafter(target)  # draft ids 0-47
+    answered = [("qa", [90, 91, 5, 60, 7], 2), ("qa", [1, 47, 48], 1), ("code", [3, 4], 2)]
+    assert vocabulary_coverage(glide, answered) == {
+        "qa": {"coverage": 0.6, "tokens": 5},  # 5 and 7, then 47, of 5, 60, 7, 47, 48
+        "code": {"coverage": 0.0, "tokens": 0},
+    }
+    glide.config.draft_token_ids = None  # the whole vocabulary
+    assert vocabulary_coverage(glide, answered)["qa"]["coverage"] == 1.0

@@ -123,9 +123,26 @@ def first_of_each(rows: list[dict], limit: int) -> list[dict]:
     return [row for group in kept.values() for row in group[:limit]]
 
 
+def vocabulary_coverage(glide, answered) -> dict[str, dict]:
+    """Per category: the share of the target's answer tokens that the drafter can propose at all, those among its
+    draft vocabulary (``config.draft_token_ids``; every id when it scores the whole vocabulary): the ceiling of its
+    agreement."""
+    ids = glide.config.draft_token_ids
+    inside = None if ids is None else set(ids)
+    per: dict[str, list[int]] = {}
+    for category, tokens, prompt_length in answered:
+        answer = tokens[prompt_length:]
+        entry = per.setdefault(category, [0, 0])
+        entry[0] += len(answer) if inside is None else sum(token in inside for token in answer)
+        entry[1] += len(answer)
+    return {c: {"coverage": round(a / n, 4) if n else 0.0, "tokens": n} for c, (a, n) in per.items()}
+
+
 def score(target, glide, answered, max_new_tokens: int, loop: bool = True) -> dict:
-    """Every measure of one drafter per category: teacher-forced step 1 and steps 1-3, and (``loop``) in the loop."""
+    """Every measure of one drafter per category: its vocabulary's coverage of the answers, teacher-forced step 1 and
+    steps 1-3, and (``loop``) in the loop."""
     scores = {
+        "draft_vocabulary_coverage": vocabulary_coverage(glide, answered),
         "teacher_forced_step_1": teacher_forced(target, glide, answered),
         "teacher_forced_steps_1_3": by_step(target, glide, answered),
     }
