@@ -340,6 +340,8 @@ def test_training_command_writes_hub_ready_drafters_with_cards(tmp_path, monkeyp
                 str(tmp_path / "out2"),
                 "--steps",
                 "1",
+                "--mixed-precision",
+                "bf16",  # bfloat16 autocast on the CPU
             ]
         )
         == 0
@@ -348,6 +350,7 @@ def test_training_command_writes_hub_ready_drafters_with_cards(tmp_path, monkeyp
     assert [stage["steps"][-1]["step"] for stage in third["earlier_stages"]] == [2, 300] and third["steps"][-1][
         "step"
     ] == 1  # FINETUNE: 300
+    assert third["mixed_precision"] == "bf16" and log["mixed_precision"] == "no"
     card = (tmp_path / "out3" / "glide" / "README.md").read_text()
     assert "- stage 1: 2 steps" in card and "- stage 2: 300 steps" in card
     with pytest.raises(SystemExit):
