@@ -106,3 +106,37 @@ def test_the_recipe_refuses_what_is_not_a_glide_checkpoint(tmp_path):
     tiny_model("llama").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="model_type 'llama'"):
         write_copy_table(tmp_path, [[1, 2, 3]])
+
+
+def test_a_twin_takes_the_table_of_a_glide_of_the_same_target(tmp_path):
+    """recipes.copy_table --table-from: the vanilla twin (no cross-attention) copies from the same table, losslessly."""
+    from recipes.copy_table import copy_table_from
+
+    target = tiny_model("llama")
+    torch.manual_seed(1)
+    glide_dir, twin_dir, other_dir = tmp_path / "glide", tmp_path / "twin", tmp_path / "other"
+    GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32)).save_pretrained(glide_dir)
+    config = GlideConfig.from_target_config(target.config, hidden_size=32, cross_attention=False)
+    GlideForCausalLM(config).save_pretrained(twin_dir)
+    with pytest.raises(ValueError, match="carries no copy table"):
+        copy_table_from(twin_dir, glide_dir)
+    ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(3))[:24][None]
+    reference = greedy_reference(target, ids, NEW_TOKENS)
+    size = write_copy_table(glide_dir, [reference[0].tolist()], orders=(3, 2), min_count=1)
+    plain = GlideForCausalLM.from_pretrained(twin_dir).eval()
+    assert copy_table_from(twin_dir, glide_dir) == size
+    twin = GlideForCausalLM.from_pretrained(twin_dir).eval()
+    assert not twin.config.cross_attention and twin.config.copy_table_orders == [3, 2]
+    assert torch.equal(twin.copy_table_keys, GlideForCausalLM.from_pretrained(glide_dir).copy_table_keys)
+    steps = {}
+    for name, drafter in (("plain", plain), ("tabled", twin)):
+        out = speculative_generate(
+            target, ids, draft_model=drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True
+        )
+        assert torch.equal(out.sequences, reference)
+        steps[name] = len(out.speculative_stats.steps)
+    assert steps["tabled"] < steps["plain"]
+    other = tiny_model("llama", vocab_size=VOCAB + 8)  # another target: its token ids mean other tokens
+    GlideForCausalLM(GlideConfig.from_target_config(other.config, hidden_size=32)).save_pretrained(other_dir)
+    with pytest.raises(ValueError, match="a copy table holds one target's token ids"):
+        copy_table_from(other_dir, glide_dir)
