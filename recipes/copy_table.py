@@ -52,9 +52,8 @@ def write_copy_table(
 def copy_table_from(checkpoint: str | Path, source: str | Path) -> int:
     """Write the copy table ``source`` carries into ``checkpoint`` (replacing any earlier one); both drafters of the
     same target (the table holds target token ids). Returns its entries."""
-    _glide_files(checkpoint)
+    ours = _glide_files(checkpoint)[2]
     weights, _, config = _glide_files(source, "--table-from")
-    ours = json.loads((Path(checkpoint) / "config.json").read_text())
     if not config.get("copy_table_size"):
         raise ValueError(f"--table-from {str(source)!r} carries no copy table")
     if (ours.get("target_name_or_path"), ours.get("target_vocab_size")) != (

@@ -80,13 +80,16 @@ def test_the_default_call_copies_from_the_checkpoints_table_losslessly(tmp_path)
         GlideCandidateGenerator(tabled, copy_from_table="no")
 
 
+@pytest.mark.parametrize("cross_attention", [True, False], ids=["glide", "vanilla-twin"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("table_is", ["right", "wrong"])
-def test_a_table_that_is_always_right_or_always_wrong_stays_lossless(tmp_path, arch, table_is):
-    """Whatever the table proposes, the target judges it: its greedy text comes out, on more than one architecture."""
+def test_a_table_that_is_always_right_or_always_wrong_stays_lossless(tmp_path, arch, table_is, cross_attention):
+    """Whatever the table proposes, the target judges it: its greedy text comes out, on more than one architecture,
+    for GLIDE and for its vanilla twin."""
     target = tiny_model(arch)
     torch.manual_seed(2)
-    GlideForCausalLM(GlideConfig.from_target_config(target.config, hidden_size=32)).save_pretrained(tmp_path)
+    config = GlideConfig.from_target_config(target.config, hidden_size=32, cross_attention=cross_attention)
+    GlideForCausalLM(config).save_pretrained(tmp_path)
     ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5))[:20][None]
     reference = greedy_reference(target, ids, NEW_TOKENS)[0].tolist()
     shift = 0 if table_is == "right" else 1  # "wrong": every context the text has, followed by another token
@@ -120,6 +123,8 @@ def test_a_twin_takes_the_table_of_a_glide_of_the_same_target(tmp_path):
     GlideForCausalLM(config).save_pretrained(twin_dir)
     with pytest.raises(ValueError, match="carries no copy table"):
         copy_table_from(twin_dir, glide_dir)
+    with pytest.raises(ValueError, match="--table-from must be a GLIDE checkpoint directory"):
+        copy_table_from(twin_dir, tmp_path / "missing")
     ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(3))[:24][None]
     reference = greedy_reference(target, ids, NEW_TOKENS)
     size = write_copy_table(glide_dir, [reference[0].tolist()], orders=(3, 2), min_count=1)
